@@ -1,0 +1,19 @@
+//! Event stores: implementations of the domain's [`EventStore`] port.
+//!
+//! - [`memory::MemoryStore`] keeps everything in process memory, for unit tests and simulation.
+//! - [`sqlite::SqliteStore`] keeps one SQLite file with group commit, the embedded default.
+//!
+//! Both apply the same append rules (`rules.rs`) and share one catch-up subscription
+//! (`subscription.rs`), so they cannot drift apart in what they accept or deliver. A store must
+//! never acknowledge an append that is not durable for its kind, and never skip or repeat an event
+//! in a subscription.
+//!
+//! [`EventStore`]: opledger_domain::store::EventStore
+
+pub mod memory;
+mod rules;
+pub mod sqlite;
+mod subscription;
+
+pub use memory::{MemoryStore, MemorySubscription};
+pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};

@@ -1,0 +1,313 @@
+//! The embedded event store: one SQLite file in WAL mode with `synchronous=FULL`.
+//!
+//! One writer thread owns the only read-write connection and commits queued appends in groups
+//! (see `sqlite/writer.rs`), so concurrent callers share one fsync and positions increase in commit
+//! order. Reads go through a small pool of read-only connections on blocking threads (see
+//! `sqlite/reader.rs`) and never wait for the writer. Subscriptions read the log after their last
+//! position and wait on a `watch` channel the writer updates after each commit.
+//!
+//! It must never acknowledge an append before the COMMIT that holds it has returned, never write
+//! to a file it did not create or cannot read the schema of, and never run a blocking SQLite call
+//! on an async executor thread. One file must be opened by one `SqliteStore` at a time: a second
+//! opener (another process included) cannot corrupt the data, because every write runs under
+//! SQLite's write lock and rechecks the stream's version, but its commits would not wake this
+//! store's subscriptions.
+
+mod codec;
+mod reader;
+mod schema;
+mod writer;
+
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::store::{
+    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
+    StreamName, Subscription,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use self::reader::ReadPool;
+use self::writer::{AppendRequest, CommitCounters};
+use super::rules;
+use super::subscription::CatchUp;
+
+/// The schema version this build creates and reads (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+/// Most appends waiting for the writer; callers beyond it wait for room (back-pressure).
+pub const APPEND_QUEUE_CAPACITY: usize = 1024;
+/// Most appends one group commit carries.
+pub const MAX_APPENDS_PER_COMMIT: usize = 256;
+/// Read-only connections in the reader pool, and so the most reads running at once.
+pub const READ_POOL_SIZE: usize = 4;
+/// How long a connection waits for a lock held by another connection before failing, in ms.
+pub const BUSY_TIMEOUT_MS: u64 = 5_000;
+
+/// The SQLite event store. Cloning gives another handle to the same store; the store shuts down
+/// when [`SqliteStore::close`] is called or the last handle is dropped.
+#[derive(Clone)]
+pub struct SqliteStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    path: PathBuf,
+    /// The writer's queue; `None` once the store is closed.
+    appends: Mutex<Option<mpsc::Sender<AppendRequest>>>,
+    /// The writer thread, until someone waits for it to finish.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    readers: Arc<ReadPool>,
+    /// The newest committed position, as the writer published it.
+    head: watch::Receiver<Option<GlobalPosition>>,
+    counters: Arc<CommitCounters>,
+}
+
+/// How well group commit is working: commits that wrote events, and the appends they wrote.
+/// `appends / commits` is the average number of callers that shared one fsync. Appends that
+/// wrote nothing (refused, or already stored) are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed that wrote at least one event.
+    pub commits: u64,
+    /// Appends written by those transactions.
+    pub appends: u64,
+}
+
+impl SqliteStore {
+    /// Opens the store in the file at `path`, creating the file and the schema if needed.
+    ///
+    /// It is async because opening reads the file (and may recover a WAL left by a crash): the
+    /// work runs on a blocking thread, not the caller's executor thread. Fails with
+    /// [`StoreError::IncompatibleSchema`] for a file from a newer opledger,
+    /// [`StoreError::Corrupt`] for a file that is not an SQLite database, and
+    /// [`StoreError::Unavailable`] when the file cannot be opened, is another program's database,
+    /// or cannot be put in WAL mode. A refused file is left unmodified.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open_blocking(path))
+            .await
+            .map_err(|error| StoreError::Unavailable {
+                reason: format!("opening the store failed: {error}"),
+            })?
+    }
+
+    fn open_blocking(path: PathBuf) -> Result<Self, StoreError> {
+        let connection = schema::open_writer(&path)?;
+        let head = schema::head_position(&connection)?;
+        let readers = (0..READ_POOL_SIZE)
+            .map(|_| schema::open_reader(&path))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (head_sender, head_receiver) = watch::channel(head);
+        let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
+        let counters = Arc::new(CommitCounters::default());
+        let writer = writer::spawn(
+            connection,
+            &path,
+            append_receiver,
+            head_sender,
+            Arc::clone(&counters),
+        )?;
+        tracing::debug!(path = %path.display(), ?head, "sqlite event store opened");
+        Ok(Self {
+            shared: Arc::new(Shared {
+                readers: Arc::new(ReadPool::new(path.clone(), readers)),
+                path,
+                appends: Mutex::new(Some(append_sender)),
+                writer: Mutex::new(Some(writer)),
+                head: head_receiver,
+                counters,
+            }),
+        })
+    }
+
+    /// Closes the store for every handle: appends already queued are committed and answered,
+    /// later calls fail with [`StoreError::Closed`], and so do subscriptions, from their next
+    /// read or wait on; the file is left with its WAL checkpointed. Waits for
+    /// the writer thread to finish; if another handle closed the store first, returns at once.
+    pub async fn close(self) -> Result<(), StoreError> {
+        let Some(writer) = self.shared.shut_down() else {
+            return Ok(());
+        };
+        let joined = tokio::task::spawn_blocking(move || writer.join())
+            .await
+            .map_err(|error| StoreError::Unavailable {
+                reason: format!("waiting for the writer failed: {error}"),
+            })?;
+        joined.map_err(|_| StoreError::Unavailable {
+            reason:
+                "the writer thread panicked; appends it had not answered may or may not be stored"
+                    .into(),
+        })
+    }
+
+    /// Counts of commits and of the appends they carried since the store was opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The file this store keeps its events in.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn ensure_open(&self) -> Result<(), StoreError> {
+        if lock(&self.shared.appends).is_some() {
+            Ok(())
+        } else {
+            Err(StoreError::Closed)
+        }
+    }
+}
+
+impl Shared {
+    /// Stops accepting work and returns the writer thread, if nobody has taken it yet.
+    fn shut_down(&self) -> Option<JoinHandle<()>> {
+        // Readers first: the last connection to close checkpoints the WAL into the file and
+        // removes it, and only the writer's connection can do that.
+        self.readers.close();
+        // Dropping our sender lets the writer finish the queue and stop once every append in
+        // flight (which holds a clone of the sender) has been queued.
+        drop(lock(&self.appends).take());
+        lock(&self.writer).take()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let Some(writer) = self.shut_down() else {
+            return;
+        };
+        // Outside an async runtime, wait for the writer to finish the queued appends. Inside one,
+        // blocking here could stall the very tasks the writer waits for, so the writer finishes
+        // on its own; callers that must know when it is done use `close().await`.
+        if tokio::runtime::Handle::try_current().is_err() && writer.join().is_err() {
+            tracing::error!("the SQLite writer thread panicked");
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.shared.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventStore for SqliteStore {
+    type Subscription = SqliteSubscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<AppendOutcome, StoreError> {
+        rules::check_append(stream, &events)?;
+        let sender = lock(&self.shared.appends)
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        let request = AppendRequest {
+            stream: stream.clone(),
+            expected,
+            events,
+            reply,
+        };
+        // Holding a sender keeps the queue open, so a failed send means the writer thread died.
+        sender
+            .send(request)
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                reason: "the SQLite writer thread has stopped; reopen the store".into(),
+            })?;
+        drop(sender);
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::AppendOutcomeUnknown {
+                stream: stream.clone(),
+                reason: "the SQLite writer thread stopped before answering".into(),
+            })
+        })
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.shared
+            .readers
+            .read_stream(stream, from, max_count)
+            .await
+    }
+
+    async fn read_all(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.shared.readers.read_all(start, max_count).await
+    }
+
+    /// Answered from the position the writer publishes after each commit, without a query: the
+    /// writer is the only one that moves it, and publishes before acknowledging.
+    async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
+        self.ensure_open()?;
+        Ok(*self.shared.head.borrow())
+    }
+
+    async fn subscribe_all(&self, start: LogStart) -> Result<SqliteSubscription, StoreError> {
+        self.ensure_open()?;
+        let source = Arc::clone(&self.shared.readers);
+        Ok(SqliteSubscription {
+            inner: CatchUp::new(source, start, self.shared.head.clone()),
+        })
+    }
+}
+
+/// A catch-up subscription to a [`SqliteStore`]'s log. It does not keep the store open: once the
+/// store is closed or its last handle dropped, `next` fails with [`StoreError::Closed`].
+pub struct SqliteSubscription {
+    inner: CatchUp<Arc<ReadPool>>,
+}
+
+impl std::fmt::Debug for SqliteSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteSubscription").finish_non_exhaustive()
+    }
+}
+
+impl Subscription for SqliteSubscription {
+    async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
+        self.inner.next().await
+    }
+}
+
+/// Maps a SQLite error to the port's: a file that is not a database or fails SQLite's own
+/// checks is corrupt, anything else makes the store unavailable. `context` says what was being
+/// done.
+fn sqlite_error(context: impl Display, error: rusqlite::Error) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+            StoreError::Corrupt {
+                reason: format!("{context}: {error}"),
+            }
+        }
+        _ => StoreError::Unavailable {
+            reason: format!("{context}: {error}"),
+        },
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values (an optional sender, an optional join handle) are replaced whole, so a
+    // panic elsewhere cannot leave them half-changed.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Opening an opledger SQLite file: connection settings, the schema and its version.
+//!
+//! A file is read before it is changed: one from a newer opledger, one that another program
+//! created, or one that is not a database at all is refused and left byte for byte as it was.
+//! Only then is it switched to WAL with `synchronous=FULL`, and both settings are read back,
+//! because SQLite silently keeps another journal mode when it cannot switch (e.g. in memory).
+
+use std::path::Path;
+use std::time::Duration;
+
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::StoreError;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::codec;
+use super::{sqlite_error, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
+
+/// The schema of version 1. `AUTOINCREMENT` makes SQLite never hand out a position twice, even
+/// if the newest event were ever removed by hand; positions then start at 1. `STRICT` refuses
+/// values of the wrong type instead of converting them.
+const CREATE_SCHEMA_V1: &str = "
+    CREATE TABLE events (
+        position   INTEGER PRIMARY KEY AUTOINCREMENT,
+        stream     TEXT    NOT NULL,
+        version    INTEGER NOT NULL CHECK (version >= 0),
+        event_id   BLOB    NOT NULL UNIQUE CHECK (length(event_id) = 16),
+        event_type TEXT    NOT NULL,
+        data       BLOB    NOT NULL,
+        metadata   BLOB    NOT NULL,
+        UNIQUE (stream, version)
+    ) STRICT;
+";
+
+/// `PRAGMA synchronous` reads back 2 for FULL.
+const SYNCHRONOUS_FULL: i64 = 2;
+
+/// Opens the one read-write connection, creating or checking the schema.
+pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut connection = Connection::open_with_flags(path, flags)
+        .map_err(|error| sqlite_error(format_args!("cannot open `{}`", path.display()), error))?;
+    connection
+        .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(|error| sqlite_error("cannot set the busy timeout", error))?;
+
+    // Everything up to the journal-mode switch only reads, so a refused file stays untouched.
+    let found = schema_version(&connection, path)?;
+    check_version(found)?;
+    if found == 0 && has_objects(&connection)? {
+        return Err(StoreError::Unavailable {
+            reason: format!(
+                "`{}` is an SQLite database that opledger did not create (it has tables but no schema \
+                 version); refusing to write into it",
+                path.display()
+            ),
+        });
+    }
+
+    enable_wal(&connection, path)?;
+    enable_full_sync(&connection)?;
+    if found == 0 {
+        create_schema(&mut connection)?;
+    }
+    check_schema(&connection, path)?;
+    Ok(connection)
+}
+
+/// Opens a read-only connection for the reader pool.
+pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags).map_err(|error| {
+        sqlite_error(
+            format_args!("cannot open `{}` for reading", path.display()),
+            error,
+        )
+    })?;
+    connection
+        .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(|error| sqlite_error("cannot set the busy timeout", error))?;
+    Ok(connection)
+}
+
+/// The position of the newest stored event.
+pub(super) fn head_position(connection: &Connection) -> Result<Option<GlobalPosition>, StoreError> {
+    let newest: Option<i64> = connection
+        .query_row("SELECT MAX(position) FROM events", [], |row| row.get(0))
+        .map_err(|error| sqlite_error("cannot read the log's head position", error))?;
+    newest.map(codec::position_from_sql).transpose()
+}
+
+fn schema_version(connection: &Connection, path: &Path) -> Result<i64, StoreError> {
+    // This is the first statement that reads the file, so a file that is not a database fails
+    // here (SQLITE_NOTADB, reported as corrupt by `sqlite_error`).
+    connection
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|error| {
+            sqlite_error(
+                format_args!("cannot read the schema version of `{}`", path.display()),
+                error,
+            )
+        })
+}
+
+fn check_version(found: i64) -> Result<(), StoreError> {
+    if (0..=SCHEMA_VERSION).contains(&found) {
+        Ok(())
+    } else {
+        Err(StoreError::IncompatibleSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        })
+    }
+}
+
+fn has_objects(connection: &Connection) -> Result<bool, StoreError> {
+    let objects: i64 = connection
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+        .map_err(|error| sqlite_error("cannot list the database's tables", error))?;
+    Ok(objects > 0)
+}
+
+fn enable_wal(connection: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mode: String = connection
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|error| sqlite_error("cannot switch to WAL", error))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable {
+            reason: format!(
+                "`{}` cannot be put in WAL mode (its journal mode stays `{mode}`); the store needs WAL so \
+                 readers never block the writer",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn enable_full_sync(connection: &Connection) -> Result<(), StoreError> {
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(|error| sqlite_error("cannot set synchronous=FULL", error))?;
+    let level: i64 = connection
+        .pragma_query_value(None, "synchronous", |row| row.get(0))
+        .map_err(|error| sqlite_error("cannot read back the synchronous level", error))?;
+    if level != SYNCHRONOUS_FULL {
+        return Err(StoreError::Unavailable {
+            reason: format!("synchronous is {level} after setting FULL ({SYNCHRONOUS_FULL}); appends would not be durable"),
+        });
+    }
+    Ok(())
+}
+
+fn create_schema(connection: &mut Connection) -> Result<(), StoreError> {
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| sqlite_error("cannot start the schema transaction", error))?;
+    // Another process may have created the schema between our first look and this lock.
+    let found: i64 = transaction
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|error| sqlite_error("cannot read the schema version", error))?;
+    check_version(found)?;
+    if found == 0 {
+        transaction
+            .execute_batch(CREATE_SCHEMA_V1)
+            .map_err(|error| sqlite_error("cannot create the schema", error))?;
+        transaction
+            .pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(|error| sqlite_error("cannot record the schema version", error))?;
+    }
+    transaction
+        .commit()
+        .map_err(|error| sqlite_error("cannot commit the schema", error))
+}
+
+fn check_schema(connection: &Connection, path: &Path) -> Result<(), StoreError> {
+    let tables: i64 = connection
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'events'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|error| sqlite_error("cannot look for the events table", error))?;
+    if tables != 1 {
+        return Err(StoreError::Corrupt {
+            reason: format!(
+                "`{}` has schema version {SCHEMA_VERSION} but no events table",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! The real clock and the real source of randomness, behind the domain's ports.
+
+use chrono::{DateTime, Utc};
+use opledger_domain::ids::{AttemptId, IdempotencyKey, OperationId};
+use opledger_domain::ports::{Clock, IdSource};
+use uuid::Uuid;
+
+/// The wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// Ids and keys from the operating system's secure random source (UUIDv4 via `getrandom`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RandomIds;
+
+impl IdSource for RandomIds {
+    fn new_operation_id(&self) -> OperationId {
+        OperationId::from_uuid(Uuid::new_v4())
+    }
+
+    fn new_attempt_id(&self) -> AttemptId {
+        AttemptId::from_uuid(Uuid::new_v4())
+    }
+
+    fn new_idempotency_key(&self) -> IdempotencyKey {
+        // 122 random bits; the prefix tells a reader in a provider's logs where the key came from.
+        IdempotencyKey::new(format!("opk_{}", Uuid::new_v4().simple()))
+            .expect("a prefixed UUID is a valid idempotency key")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_fresh_every_time_and_carry_no_input() {
+        let ids = RandomIds;
+        let a = ids.new_idempotency_key();
+        let b = ids.new_idempotency_key();
+        assert_ne!(a, b);
+        assert!(
+            a.as_str().starts_with("opk_") && a.as_str().len() == 36,
+            "{a}"
+        );
+    }
+}

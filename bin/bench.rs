@@ -1,0 +1,247 @@
+//! `opledger bench store`: lifecycles per second on the embedded store, then a full replay.
+//!
+//! Each lifecycle is the minimal real one, through the same application service the product
+//! uses: record an intent, start an attempt, record its success — three conditional appends to
+//! one stream, each durable (synchronous=FULL) before the next begins. Concurrency comes from
+//! independent operations, so group commit can share fsyncs between them.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opledger_domain::app::{IntentRequest, LoadedOperation};
+use opledger_domain::codec;
+use opledger_domain::command::Command;
+use opledger_domain::contract::{
+    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+};
+use opledger_domain::ids::{ExternalObjectId, WorkerId};
+use opledger_domain::ports::IdSource;
+use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
+use opledger_projections::totals::Totals;
+use tokio::sync::mpsc;
+
+use crate::cli::{BenchArgs, BenchStoreArgs, BenchTarget, CliError};
+use crate::intent::{open_ledger, SqliteLedger};
+
+/// Most concurrent lifecycles a run may ask for.
+const MAX_CONCURRENCY: u32 = 1024;
+/// Most lifecycles per concurrency level.
+const MAX_OPERATIONS: u32 = 10_000_000;
+
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    match args.target {
+        BenchTarget::Store(args) => {
+            tokio::select! {
+                result = store(args) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            }
+        }
+    }
+}
+
+async fn store(args: BenchStoreArgs) -> Result<(), CliError> {
+    if args.operations == 0 || args.operations > MAX_OPERATIONS {
+        return Err(CliError::Other(format!(
+            "--operations must be between 1 and {MAX_OPERATIONS}"
+        )));
+    }
+    if let Some(bad) = args
+        .concurrency
+        .iter()
+        .find(|c| **c == 0 || **c > MAX_CONCURRENCY)
+    {
+        return Err(CliError::Other(format!(
+            "--concurrency {bad} is out of range; use 1 to {MAX_CONCURRENCY}"
+        )));
+    }
+    let path = args.db.unwrap_or_else(|| fresh_path("bench"));
+    if path.exists() {
+        return Err(CliError::Other(format!(
+            "{} exists; the benchmark needs a fresh file",
+            path.display()
+        )));
+    }
+    eprintln!("# ledger file: {}", path.display());
+    let ledger = Arc::new(open_ledger(&path).await?);
+    for &concurrency in &args.concurrency {
+        let before = ledger.store().commit_stats();
+        let measured = lifecycles(&ledger, concurrency, args.operations).await?;
+        let after = ledger.store().commit_stats();
+        let per_commit = (after.appends - before.appends) as f64
+            / (after.commits - before.commits).max(1) as f64;
+        println!(
+            "bench=store backend=sqlite concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.3} p99_ms={:.3} appends_per_commit={per_commit:.1}",
+            args.operations,
+            f64::from(args.operations) / measured.elapsed.as_secs_f64(),
+            millis(measured.percentile(50)),
+            millis(measured.percentile(99)),
+        );
+    }
+    replay(&ledger).await?;
+    crate::intent::close(&ledger).await
+}
+
+struct Measured {
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Measured {
+    fn percentile(&self, p: usize) -> Duration {
+        let index = (self.latencies.len() * p / 100).min(self.latencies.len().saturating_sub(1));
+        self.latencies.get(index).copied().unwrap_or_default()
+    }
+}
+
+async fn lifecycles(
+    ledger: &Arc<SqliteLedger>,
+    concurrency: u32,
+    operations: u32,
+) -> Result<Measured, CliError> {
+    let next = Arc::new(AtomicU32::new(0));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..concurrency {
+        let ledger = Arc::clone(ledger);
+        let next = Arc::clone(&next);
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= operations {
+                    return Ok::<_, CliError>(latencies);
+                }
+                let begun = Instant::now();
+                lifecycle(&ledger, worker, index).await?;
+                latencies.push(begun.elapsed());
+            }
+        }));
+    }
+    let mut latencies = Vec::with_capacity(operations as usize);
+    for worker in workers {
+        let done = worker
+            .await
+            .map_err(|error| CliError::Other(format!("a benchmark worker failed: {error}")))?;
+        latencies.extend(done?);
+    }
+    let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    Ok(Measured { elapsed, latencies })
+}
+
+async fn lifecycle(
+    ledger: &SqliteLedger,
+    worker: u32,
+    index: u32,
+) -> Result<LoadedOperation, CliError> {
+    let recorded = ledger
+        .record_intent(IntentRequest {
+            tenant: "bench".into(),
+            owner: None,
+            provider: "bench-crm".into(),
+            account: "acct-1".into(),
+            credential_fingerprint: "fp-1".into(),
+            action: "create_task".into(),
+            args: serde_json::json!({"title": format!("Call client {index}"), "due": "2026-12-01"}),
+            source_id: None,
+            requires_approval: false,
+        })
+        .await?;
+    let intent = recorded.intent().clone();
+    let attempt_id = opledger_adapters::system::RandomIds.new_attempt_id();
+    let start = Command::StartAttempt {
+        attempt_id,
+        worker: WorkerId::new(format!("bench-{worker}"))?,
+        lease_ms: 30_000,
+        binding: SendBinding {
+            account: intent.account,
+            credential_fingerprint: intent.credential_fingerprint,
+            args_hash: intent.args_hash,
+        },
+        capabilities: ProviderCapabilities {
+            deduplication: Deduplication::IdempotencyKey {
+                retention_s: 86_400,
+                safety_margin_s: 3_600,
+            },
+            lookup: LookupSupport::Consistent,
+        },
+        policy: RetryPolicy::default(),
+    };
+    let claimed = ledger.execute_from(recorded.operation, &start).await?;
+    let success = Command::RecordSuccess {
+        attempt_id,
+        external_id: ExternalObjectId::new(format!("task-{index}"))?,
+        provider_request_id: None,
+    };
+    Ok(ledger.execute_from(claimed, &success).await?)
+}
+
+/// Reads the whole log, decodes every event and folds it into the totals read model. Reading runs
+/// one batch ahead of decoding, so the two cores share the work; memory stays at two batches.
+async fn replay(ledger: &Arc<SqliteLedger>) -> Result<(), CliError> {
+    reset_peak_rss();
+    let (sender, mut batches) = mpsc::channel(2);
+    let reader_ledger = Arc::clone(ledger);
+    let reader = tokio::spawn(async move {
+        let mut start = LogStart::Beginning;
+        loop {
+            let batch = reader_ledger
+                .store()
+                .read_all(start, MAX_READ_BATCH)
+                .await?;
+            let Some(last) = batch.last() else {
+                return Ok::<_, CliError>(());
+            };
+            start = LogStart::After(last.position);
+            if sender.send(batch).await.is_err() {
+                return Ok(());
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut totals = Totals::default();
+    while let Some(batch) = batches.recv().await {
+        for recorded in &batch {
+            totals.apply(&codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?);
+        }
+    }
+    reader
+        .await
+        .map_err(|error| CliError::Other(format!("the replay reader failed: {error}")))??;
+    let elapsed = started.elapsed();
+    println!(
+        "bench=replay backend=sqlite events={} events_per_s={:.0} max_rss_mb={}",
+        totals.events,
+        totals.events as f64 / elapsed.as_secs_f64(),
+        peak_rss_mb().map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
+    );
+    eprintln!("# replayed totals: {totals:?}");
+    Ok(())
+}
+
+fn millis(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// A path for a fresh ledger file in the system's temporary directory.
+pub fn fresh_path(purpose: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "opledger-{purpose}-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ))
+}
+
+/// Resets the kernel's peak-RSS mark, so the replay's peak is measured on its own (Linux only).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The peak resident set size since the last reset, in MiB (Linux only).
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

@@ -1,0 +1,63 @@
+//! The `opledger` command: the ledger's door for people and scripts.
+//!
+//! This file parses the command line and hands over; each subcommand lives in its own module.
+//! Errors from below are reported once, here, as a message that says what to do, and a non-zero
+//! exit status. Nothing here panics on user input.
+
+mod bench;
+mod cli;
+mod demo;
+mod intent;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Demo(args) => demo::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Record(args) => intent::record(args).await,
+            Command::Approve(args) => intent::approve(args).await,
+            Command::Deny(args) => intent::deny(args).await,
+            Command::Status(args) => intent::status(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,414 @@
+//! The application services: load an operation, decide a command against it, append the
+//! outcome at the version it was decided on. Generic over the ports, so the same code runs on the
+//! memory store in tests and on SQLite or KurrentDB in production.
+//!
+//! The rule this module must never break: events are appended at the exact version the decision
+//! saw. When another writer got there first, the decision is thrown away and made again on the
+//! new state — never forced through.
+
+use serde_json::Value;
+use tracing::{debug, info, instrument, warn};
+
+use crate::args::{ArgsHash, ArgsSnapshot};
+use crate::codec::{self, DecodeError};
+use crate::command::Command;
+use crate::decider::{decide, Rejection};
+use crate::error::ValidationError;
+use crate::event::{IntentRecorded, OperationEvent};
+use crate::ids::{
+    AccountId, ActionName, ActorId, CredentialFingerprint, OperationId, OwnerId, ProviderId,
+    SourceId, StreamVersion, TenantId,
+};
+use crate::ports::{Clock, IdSource};
+use crate::state::{evolve, OperationState};
+use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
+
+/// How many times a command is decided again after losing a race for the stream version before
+/// the caller is told the operation is contended.
+pub const MAX_DECIDE_ROUNDS: usize = 16;
+
+/// Why an application command did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The input was invalid; nothing was written.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The domain refused the command; nothing was written.
+    #[error("operation {operation_id}: {rejection}")]
+    Rejected {
+        /// The operation concerned.
+        operation_id: OperationId,
+        /// Why.
+        rejection: Rejection,
+    },
+    /// No such operation.
+    #[error("operation {operation_id} does not exist; record an intent first")]
+    NotFound {
+        /// The operation asked for.
+        operation_id: OperationId,
+    },
+    /// A source delivery id was redelivered with a different request.
+    #[error("source id `{source_id}` already recorded operation {operation_id} with different {differs}; a new request needs a new source id")]
+    SourceReused {
+        /// The operation the source id recorded.
+        operation_id: OperationId,
+        /// The source id.
+        source_id: SourceId,
+        /// What differs.
+        differs: &'static str,
+    },
+    /// Other writers kept winning the race for the stream.
+    #[error("operation {operation_id} changed {rounds} times while deciding; try again")]
+    Contended {
+        /// The operation concerned.
+        operation_id: OperationId,
+        /// How many rounds were lost.
+        rounds: usize,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A stored event could not be read.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// An operation as loaded from its stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedOperation {
+    /// Its id.
+    pub operation_id: OperationId,
+    /// Its folded state.
+    pub state: OperationState,
+    /// The version of its last event (`None`: no stream).
+    pub version: Option<StreamVersion>,
+}
+
+/// A request to record an intent, as it arrives from an API or the command line: raw text,
+/// validated by [`IntentRequest::validate`] before anything is written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IntentRequest {
+    /// The tenant.
+    pub tenant: String,
+    /// Who asks, if known.
+    pub owner: Option<String>,
+    /// The provider.
+    pub provider: String,
+    /// The account at the provider.
+    pub account: String,
+    /// The fingerprint of the account's credentials.
+    pub credential_fingerprint: String,
+    /// The action.
+    pub action: String,
+    /// The arguments: a JSON object.
+    pub args: Value,
+    /// The delivery's id (tool-call id, queue message id), so a redelivery finds this operation.
+    pub source_id: Option<String>,
+    /// Whether a person must approve before sending.
+    pub requires_approval: bool,
+}
+
+/// A validated intent request, ready to be recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidIntent {
+    tenant: TenantId,
+    owner: Option<OwnerId>,
+    provider: ProviderId,
+    account: AccountId,
+    credential_fingerprint: CredentialFingerprint,
+    action: ActionName,
+    args: ArgsSnapshot,
+    source_id: Option<SourceId>,
+    requires_approval: bool,
+}
+
+impl IntentRequest {
+    /// Checks every field; the first problem found is returned, naming its field.
+    pub fn validate(self) -> Result<ValidIntent, ValidationError> {
+        Ok(ValidIntent {
+            tenant: TenantId::new(self.tenant)?,
+            owner: self.owner.map(OwnerId::new).transpose()?,
+            provider: ProviderId::new(self.provider)?,
+            account: AccountId::new(self.account)?,
+            credential_fingerprint: CredentialFingerprint::new(self.credential_fingerprint)?,
+            action: ActionName::new(self.action)?,
+            args: ArgsSnapshot::new(self.args)?,
+            source_id: self.source_id.map(SourceId::new).transpose()?,
+            requires_approval: self.requires_approval,
+        })
+    }
+}
+
+/// The result of recording an intent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedIntent {
+    /// The operation, as it stands now.
+    pub operation: LoadedOperation,
+    /// `true` when this call created it; `false` when a redelivery found it.
+    pub created: bool,
+}
+
+impl RecordedIntent {
+    /// The recorded intent.
+    pub fn intent(&self) -> &IntentRecorded {
+        self.operation
+            .state
+            .intent
+            .as_ref()
+            .expect("a recorded operation always has its intent")
+    }
+}
+
+/// The ledger's application services over an event store, a clock and an id source.
+#[derive(Clone, Debug)]
+pub struct Ledger<S, C, I> {
+    store: S,
+    clock: C,
+    ids: I,
+}
+
+impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
+    /// Services over these ports.
+    pub fn new(store: S, clock: C, ids: I) -> Self {
+        Self { store, clock, ids }
+    }
+
+    /// The event store underneath.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Loads an operation by folding its whole stream; an operation never recorded loads as
+    /// [`crate::state::Status::New`] with no version.
+    pub async fn load(&self, operation_id: OperationId) -> Result<LoadedOperation, AppError> {
+        let stream = StreamName::for_operation(operation_id);
+        let mut state = OperationState::initial();
+        let mut version = None;
+        loop {
+            let from = version.map_or(StreamVersion::FIRST, StreamVersion::next);
+            let batch = self
+                .store
+                .read_stream(&stream, from, MAX_READ_BATCH)
+                .await?;
+            let full = batch.len() == MAX_READ_BATCH;
+            for recorded in &batch {
+                state = evolve(state, &codec::decode(recorded)?);
+                version = Some(recorded.version);
+            }
+            if !full {
+                return Ok(LoadedOperation {
+                    operation_id,
+                    state,
+                    version,
+                });
+            }
+        }
+    }
+
+    /// Loads an operation that must exist.
+    pub async fn get(&self, operation_id: OperationId) -> Result<LoadedOperation, AppError> {
+        let loaded = self.load(operation_id).await?;
+        if loaded.version.is_none() {
+            return Err(AppError::NotFound { operation_id });
+        }
+        Ok(loaded)
+    }
+
+    /// Records an intent (design rules 1–3). With a source id the operation id is derived from
+    /// (tenant, source id), and a redelivery returns the operation already recorded — decided by
+    /// the store's no-stream condition, so two concurrent deliveries still make one operation.
+    #[instrument(skip_all, fields(tenant = %request.tenant, operation_id))]
+    pub async fn record_intent(&self, request: IntentRequest) -> Result<RecordedIntent, AppError> {
+        let valid = request.validate()?;
+        let operation_id = match &valid.source_id {
+            Some(source) => OperationId::for_source(&valid.tenant, source),
+            None => self.ids.new_operation_id(),
+        };
+        tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
+        let args_hash = valid.args.hash();
+        let intent = IntentRecorded {
+            operation_id,
+            tenant: valid.tenant.clone(),
+            owner: valid.owner.clone(),
+            provider: valid.provider.clone(),
+            account: valid.account.clone(),
+            credential_fingerprint: valid.credential_fingerprint.clone(),
+            action: valid.action.clone(),
+            args: valid.args.clone(),
+            args_hash,
+            idempotency_key: self.ids.new_idempotency_key(),
+            source_id: valid.source_id.clone(),
+            requires_approval: valid.requires_approval,
+            at: self.clock.now(),
+        };
+        // Decide on "nothing recorded yet" without reading: if a redelivery got there first, the
+        // no-stream append conflicts and the next round sees the existing intent.
+        let fresh = LoadedOperation {
+            operation_id,
+            state: OperationState::initial(),
+            version: None,
+        };
+        match self
+            .execute_from(fresh, &Command::RecordIntent(intent))
+            .await
+        {
+            Ok(operation) => {
+                info!("intent recorded");
+                Ok(RecordedIntent {
+                    operation,
+                    created: true,
+                })
+            }
+            Err(AppError::Rejected {
+                rejection: Rejection::AlreadyRecorded { .. },
+                ..
+            }) => {
+                let operation = self.get(operation_id).await?;
+                check_redelivery(&operation, &valid)?;
+                debug!("redelivered source found the existing operation");
+                Ok(RecordedIntent {
+                    operation,
+                    created: false,
+                })
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Approves exactly the snapshot with `args_hash`.
+    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    pub async fn approve(
+        &self,
+        operation_id: OperationId,
+        approver: ActorId,
+        args_hash: ArgsHash,
+    ) -> Result<LoadedOperation, AppError> {
+        self.execute(
+            operation_id,
+            &Command::GrantApproval {
+                approver,
+                args_hash,
+            },
+        )
+        .await
+    }
+
+    /// Denies the snapshot with `args_hash`; the operation will never be sent.
+    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    pub async fn deny(
+        &self,
+        operation_id: OperationId,
+        approver: ActorId,
+        args_hash: ArgsHash,
+        reason: String,
+    ) -> Result<LoadedOperation, AppError> {
+        self.execute(
+            operation_id,
+            &Command::DenyApproval {
+                approver,
+                args_hash,
+                reason,
+            },
+        )
+        .await
+    }
+
+    /// Decides `command` on the operation's current state and appends the events at the version
+    /// decided on; after losing a race, reloads and decides again (up to [`MAX_DECIDE_ROUNDS`]).
+    /// Returns the operation as it stands after the command.
+    pub async fn execute(
+        &self,
+        operation_id: OperationId,
+        command: &Command,
+    ) -> Result<LoadedOperation, AppError> {
+        let loaded = self.load(operation_id).await?;
+        self.execute_from(loaded, command).await
+    }
+
+    /// Like [`Ledger::execute`], but decides first on a state the caller already holds (from the
+    /// previous command), saving a read. A stale state costs nothing but a lost race: the append
+    /// is conditional on the version, and the next round reloads.
+    pub async fn execute_from(
+        &self,
+        mut loaded: LoadedOperation,
+        command: &Command,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let stream = StreamName::for_operation(operation_id);
+        for round in 0..MAX_DECIDE_ROUNDS {
+            if round > 0 {
+                loaded = self.load(operation_id).await?;
+            }
+            let events = decide(command, &loaded.state, self.clock.now()).map_err(|rejection| {
+                AppError::Rejected {
+                    operation_id,
+                    rejection,
+                }
+            })?;
+            if events.is_empty() {
+                return Ok(loaded);
+            }
+            let expected = ExpectedVersion::from_last(loaded.version);
+            let data = encode_all(operation_id, expected, &events);
+            match self.store.append(&stream, expected, data).await {
+                Ok(outcome) => {
+                    loaded.state = events.iter().fold(loaded.state, evolve);
+                    loaded.version = Some(outcome.next_expected);
+                    debug!(%operation_id, command = command.name(), events = events.len(), "appended");
+                    return Ok(loaded);
+                }
+                Err(StoreError::VersionConflict { actual, .. }) => {
+                    debug!(%operation_id, command = command.name(), ?actual, "lost the race for the stream; deciding again");
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        warn!(%operation_id, command = command.name(), "operation kept changing while deciding");
+        Err(AppError::Contended {
+            operation_id,
+            rounds: MAX_DECIDE_ROUNDS,
+        })
+    }
+}
+
+/// Encodes `events` to follow `expected`, each with its deterministic id.
+pub fn encode_all(
+    operation_id: OperationId,
+    expected: ExpectedVersion,
+    events: &[OperationEvent],
+) -> Vec<crate::store::EventData> {
+    let mut version = expected.first_new_version();
+    events
+        .iter()
+        .map(|event| {
+            let data = codec::encode(operation_id, version, event);
+            version = version.next();
+            data
+        })
+        .collect()
+}
+
+fn check_redelivery(existing: &LoadedOperation, valid: &ValidIntent) -> Result<(), AppError> {
+    let intent = existing
+        .state
+        .intent
+        .as_ref()
+        .expect("an existing operation has its intent");
+    let differs = if intent.provider != valid.provider || intent.account != valid.account {
+        Some("provider or account")
+    } else if intent.action != valid.action {
+        Some("action")
+    } else if intent.args_hash != valid.args.hash() {
+        Some("arguments")
+    } else {
+        None
+    };
+    match (differs, &valid.source_id) {
+        (Some(differs), Some(source_id)) => Err(AppError::SourceReused {
+            operation_id: existing.operation_id,
+            source_id: source_id.clone(),
+            differs,
+        }),
+        _ => Ok(()),
+    }
+}

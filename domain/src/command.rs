@@ -1,0 +1,137 @@
+//! What can be asked of an operation. Each command is decided by [`crate::decider::decide`]
+//! against the current state and the time it is decided at.
+
+use chrono::{DateTime, Utc};
+
+use crate::args::ArgsHash;
+use crate::contract::{ProviderCapabilities, RetryPolicy, SendBinding};
+use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::ids::{ActorId, AttemptId, ExternalObjectId, ProviderRequestId, WorkerId};
+
+/// Shortest lease a worker may take on an attempt, in milliseconds.
+pub const MIN_LEASE_MS: u64 = 100;
+/// Longest lease a worker may take on an attempt, in milliseconds.
+pub const MAX_LEASE_MS: u64 = 10 * 60 * 1000;
+/// Longest free text a person writes into the ledger (notes, reasons), in bytes.
+pub const MAX_NOTE_BYTES: usize = 4 * 1024;
+/// Longest text from a provider or transport kept in an event (messages, evidence), in bytes;
+/// longer text is cut, because an outside system's verbosity must not fail a recording.
+pub const MAX_PROVIDER_TEXT_BYTES: usize = 16 * 1024;
+
+/// A request to change an operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Record the frozen intent; only an operation with no history accepts it.
+    RecordIntent(IntentRecorded),
+    /// Approve the snapshot with `args_hash`.
+    GrantApproval {
+        /// Who approves.
+        approver: ActorId,
+        /// The snapshot the approver saw; must be the recorded one.
+        args_hash: ArgsHash,
+    },
+    /// Refuse the snapshot with `args_hash`.
+    DenyApproval {
+        /// Who refuses.
+        approver: ActorId,
+        /// The snapshot the approver saw; must be the recorded one.
+        args_hash: ArgsHash,
+        /// Why.
+        reason: String,
+    },
+    /// Claim the operation for one attempt: the single-sender move `pending → in_flight`.
+    StartAttempt {
+        /// The new attempt's id.
+        attempt_id: AttemptId,
+        /// The worker claiming it.
+        worker: WorkerId,
+        /// How long the claim holds without an outcome, in milliseconds.
+        lease_ms: u64,
+        /// What the send would use, checked against the intent.
+        binding: SendBinding,
+        /// What the provider promises, for the retry contract.
+        capabilities: ProviderCapabilities,
+        /// The retry budget.
+        policy: RetryPolicy,
+    },
+    /// The provider confirmed `attempt_id` with an object.
+    RecordSuccess {
+        /// The attempt answered.
+        attempt_id: AttemptId,
+        /// The object created.
+        external_id: ExternalObjectId,
+        /// The provider's request id, if given.
+        provider_request_id: Option<ProviderRequestId>,
+    },
+    /// The provider definitively refused `attempt_id`.
+    RecordRejection {
+        /// The attempt refused.
+        attempt_id: AttemptId,
+        /// The provider's code.
+        code: String,
+        /// The provider's explanation.
+        message: String,
+    },
+    /// `attempt_id` ended without a clear outcome.
+    RecordUnknown {
+        /// The attempt concerned.
+        attempt_id: AttemptId,
+        /// What the transport reported.
+        error: String,
+    },
+    /// `attempt_id`'s lease has run out.
+    ExpireLease {
+        /// The attempt whose lease is checked.
+        attempt_id: AttemptId,
+    },
+    /// Record what a lookup at the provider found, and what follows from it.
+    RecordReconciliation {
+        /// What the lookup found.
+        result: ReconciliationResult,
+        /// The provider's evidence.
+        evidence: String,
+        /// What a retry would use, for the retry contract.
+        binding: SendBinding,
+        /// What the provider promises.
+        capabilities: ProviderCapabilities,
+        /// The retry budget.
+        policy: RetryPolicy,
+        /// When a retry may start, if one is allowed (the caller adds jittered backoff).
+        retry_not_before: DateTime<Utc>,
+    },
+    /// Stop automation and hand the operation to a person.
+    RequireReview {
+        /// Why.
+        reason: String,
+        /// What is known.
+        evidence: String,
+    },
+    /// A person decided about an operation in review.
+    ResolveReview {
+        /// Who decided.
+        reviewer: ActorId,
+        /// What.
+        decision: ReviewDecision,
+        /// Their note.
+        note: String,
+    },
+}
+
+impl Command {
+    /// The command's name, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RecordIntent(_) => "record_intent",
+            Self::GrantApproval { .. } => "grant_approval",
+            Self::DenyApproval { .. } => "deny_approval",
+            Self::StartAttempt { .. } => "start_attempt",
+            Self::RecordSuccess { .. } => "record_success",
+            Self::RecordRejection { .. } => "record_rejection",
+            Self::RecordUnknown { .. } => "record_unknown",
+            Self::ExpireLease { .. } => "expire_lease",
+            Self::RecordReconciliation { .. } => "record_reconciliation",
+            Self::RequireReview { .. } => "require_review",
+            Self::ResolveReview { .. } => "resolve_review",
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Random command sequences never break the ledger's invariants.
+//!
+//! Each case picks a provider shape and whether approval is needed, then throws up to 60 random
+//! commands at the decider (most of them refused, which is the point) while a simulated clock
+//! moves forward by random steps. After every accepted command the invariants are checked.
+
+use chrono::Duration;
+use proptest::prelude::*;
+
+use super::fixtures::*;
+use crate::codec;
+use crate::command::Command;
+use crate::contract::check_automatic_retry;
+use crate::event::{OperationEvent, ReconciliationResult, ReviewDecision};
+use crate::ids::{OperationId, StreamVersion};
+use crate::state::{evolve, fold, PendingSince, Status};
+use crate::store::{RecordedEvent, StreamName};
+
+#[derive(Clone, Debug)]
+enum Which {
+    Current,
+    Earlier(usize),
+    Never,
+}
+
+#[derive(Clone, Debug)]
+enum Action {
+    Grant,
+    Deny,
+    Start,
+    Succeed(Which, u8),
+    Reject(Which),
+    Unknown(Which),
+    Expire(Which),
+    Reconcile(Option<u8>),
+    RequireReview,
+    Resolve(u8, u8),
+}
+
+fn which() -> impl Strategy<Value = Which> {
+    prop_oneof![4 => Just(Which::Current), 2 => (0..4_usize).prop_map(Which::Earlier), 1 => Just(Which::Never)]
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        1 => Just(Action::Grant),
+        1 => Just(Action::Deny),
+        4 => Just(Action::Start),
+        3 => (which(), 0..3_u8).prop_map(|(w, id)| Action::Succeed(w, id)),
+        1 => which().prop_map(Action::Reject),
+        3 => which().prop_map(Action::Unknown),
+        2 => which().prop_map(Action::Expire),
+        3 => proptest::option::of(0..3_u8).prop_map(Action::Reconcile),
+        1 => Just(Action::RequireReview),
+        2 => (0..3_u8, 0..3_u8).prop_map(|(d, id)| Action::Resolve(d, id)),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<(Action, i64)>> {
+    // Steps of up to 2 h, so key retention (23 h usable) and the 1 h retry budget both run out
+    // in some cases and not in others.
+    prop::collection::vec((action(), 0..7_200_i64), 1..60)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_command_sequences_never_break_an_invariant(
+        shape in 0..3_u8,
+        requires_approval in any::<bool>(),
+        steps in steps(),
+    ) {
+        let capabilities = match shape { 0 => keyed(), 1 => labelled(), _ => lookup_only() };
+        let first = intent(requires_approval);
+        let mut history = vec![OperationEvent::IntentRecorded(first.clone())];
+        let mut state = fold(&history);
+        let mut now = t0();
+        let mut next_attempt = 1_u128;
+
+        for (action, advance_s) in steps {
+            now += Duration::seconds(advance_s);
+            let pick = |which: &Which| match which {
+                Which::Current => state.current_attempt.as_ref().map_or(attempt(999), |a| a.attempt_id),
+                Which::Earlier(index) => state.attempt_ids.get(*index).copied().unwrap_or(attempt(998)),
+                Which::Never => attempt(997),
+            };
+            let command = match &action {
+                Action::Grant => grant(),
+                Action::Deny => Command::DenyApproval { approver: actor("boss"), args_hash: first.args_hash.clone(), reason: "no".into() },
+                Action::Start => {
+                    next_attempt += 1;
+                    let Command::StartAttempt { worker, lease_ms, binding, policy, .. } = start(0, capabilities) else {
+                        unreachable!("start builds a StartAttempt");
+                    };
+                    Command::StartAttempt { attempt_id: attempt(next_attempt), worker, lease_ms, binding, capabilities, policy }
+                }
+                Action::Succeed(w, id) => Command::RecordSuccess { attempt_id: pick(w), external_id: external(&format!("73{id}")), provider_request_id: None },
+                Action::Reject(w) => Command::RecordRejection { attempt_id: pick(w), code: "422".into(), message: "no".into() },
+                Action::Unknown(w) => Command::RecordUnknown { attempt_id: pick(w), error: "timeout".into() },
+                Action::Expire(w) => Command::ExpireLease { attempt_id: pick(w) },
+                Action::Reconcile(found) => Command::RecordReconciliation {
+                    result: match found {
+                        Some(id) => ReconciliationResult::Found { external_id: external(&format!("73{id}")), account: first.account.clone() },
+                        None => ReconciliationResult::NotFound { authoritative: false },
+                    },
+                    evidence: "lookup".into(),
+                    binding: binding(),
+                    capabilities,
+                    policy: policy(),
+                    retry_not_before: now + Duration::seconds(5),
+                },
+                Action::RequireReview => Command::RequireReview { reason: "stuck".into(), evidence: String::new() },
+                Action::Resolve(decision, id) => Command::ResolveReview {
+                    reviewer: actor("operator"),
+                    decision: match decision {
+                        0 => ReviewDecision::Retry,
+                        1 => ReviewDecision::ConfirmSucceeded { external_id: external(&format!("73{id}")) },
+                        _ => ReviewDecision::Abandon,
+                    },
+                    note: String::new(),
+                },
+            };
+
+            let Ok(events) = super::decide(&command, &state, now) else { continue };
+            let before = state.clone();
+            for event in &events {
+                // Attempt numbers strictly grow, one at a time.
+                if let OperationEvent::AttemptStarted(started) = event {
+                    prop_assert_eq!(started.attempt_number, before.attempts + 1);
+                    prop_assert_eq!(&before.status, &Status::Pending, "attempts start only from pending");
+                    // No attempt after the first without a valid contract or a person's decision.
+                    if before.attempts > 0 {
+                        match before.pending_since {
+                            Some(PendingSince::ReviewerRetry) => {}
+                            Some(PendingSince::RetryScheduled) => prop_assert!(
+                                check_automatic_retry(&capabilities, &policy(), &before, &binding(), now).is_ok(),
+                                "an automatic retry started without a valid contract"
+                            ),
+                            other => prop_assert!(false, "attempt {} started from {:?}", started.attempt_number, other),
+                        }
+                    }
+                }
+                if before.status.is_terminal() {
+                    prop_assert!(
+                        matches!(event, OperationEvent::LateResponseReceived(_) | OperationEvent::DuplicateDetected(_) | OperationEvent::ReconciliationRecorded(_)),
+                        "a {} operation got {}", before.status.name(), event.type_name()
+                    );
+                }
+                // Every event survives the codec unchanged.
+                let operation = OperationId::from_uuid(uuid::Uuid::from_u128(7));
+                let data = codec::encode(operation, StreamVersion::new(history.len() as u64), event);
+                let recorded = RecordedEvent {
+                    stream: StreamName::for_operation(operation),
+                    version: StreamVersion::new(history.len() as u64),
+                    position: crate::ids::GlobalPosition::new(1),
+                    event_id: data.event_id,
+                    event_type: data.event_type,
+                    data: data.data,
+                    metadata: data.metadata,
+                };
+                prop_assert_eq!(&codec::decode(&recorded).expect("decodes"), event);
+                state = evolve(state, event);
+                history.push(event.clone());
+            }
+
+            // A success carries an external id and keeps its first one; terminal stays terminal.
+            if let Status::Succeeded { external_id } = &before.status {
+                prop_assert_eq!(state.external_id(), Some(external_id));
+            }
+            if before.status.is_terminal() {
+                prop_assert_eq!(state.status.name(), before.status.name());
+            }
+            if state.status.name() == "succeeded" {
+                prop_assert!(state.external_id().is_some());
+            }
+            // The arguments never change under an operation.
+            prop_assert_eq!(state.intent.as_ref(), Some(&first));
+            // The incremental state is the fold of the whole history.
+            prop_assert_eq!(&fold(&history), &state);
+        }
+    }
+}

@@ -1,0 +1,719 @@
+//! Given events / when command / then events, for every arrow of the state machine and for
+//! every refusal.
+
+use super::fixtures::*;
+use super::Rejection;
+use crate::args::ArgsSnapshot;
+use crate::command::Command;
+use crate::contract::{ContractViolation, ProviderCapabilities};
+use crate::event::{OperationEvent, ReconciliationResult, ReviewDecision};
+use crate::ids::AccountId;
+use crate::state::Status;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+fn recorded() -> Scenario {
+    given(vec![OperationEvent::IntentRecorded(intent(false))])
+}
+
+fn awaiting_approval() -> Scenario {
+    given(vec![OperationEvent::IntentRecorded(intent(true))])
+}
+
+fn in_flight(capabilities: ProviderCapabilities) -> Scenario {
+    recorded().when(&start(1, capabilities), t0()).scenario
+}
+
+fn unknown_after_first_attempt(capabilities: ProviderCapabilities) -> Scenario {
+    in_flight(capabilities).when(&unknown(1), at_s(10)).scenario
+}
+
+fn reconcile(
+    result: ReconciliationResult,
+    capabilities: ProviderCapabilities,
+    not_before: DateTime<Utc>,
+) -> Command {
+    Command::RecordReconciliation {
+        result,
+        evidence: "GET /tasks?label=op-7 → []".into(),
+        binding: binding(),
+        capabilities,
+        policy: policy(),
+        retry_not_before: not_before,
+    }
+}
+
+fn not_found() -> ReconciliationResult {
+    ReconciliationResult::NotFound {
+        authoritative: false,
+    }
+}
+
+fn found(id: &str) -> ReconciliationResult {
+    ReconciliationResult::Found {
+        external_id: external(id),
+        account: intent(false).account,
+    }
+}
+
+fn needs_review() -> Scenario {
+    unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(not_found(), lookup_only(), at_s(20)), at_s(20))
+        .scenario
+}
+
+fn resolve(decision: ReviewDecision) -> Command {
+    Command::ResolveReview {
+        reviewer: actor("operator"),
+        decision,
+        note: "checked the CRM by hand".into(),
+    }
+}
+
+// --- intent and approval ---------------------------------------------------------------------
+
+#[test]
+fn recording_an_intent_makes_it_pending() {
+    let outcome = given(vec![]).when(&Command::RecordIntent(intent(false)), t0());
+    assert_eq!(outcome.then_types(), ["IntentRecorded"]);
+    assert_eq!(outcome.status(), "pending");
+}
+
+#[test]
+fn recording_an_intent_that_needs_approval_waits_for_it() {
+    let outcome = given(vec![]).when(&Command::RecordIntent(intent(true)), t0());
+    assert_eq!(outcome.status(), "awaiting_approval");
+}
+
+#[test]
+fn recording_an_intent_twice_is_refused() {
+    let outcome = recorded().when(&Command::RecordIntent(intent(false)), t0());
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::AlreadyRecorded { status: "pending" }
+    );
+}
+
+#[test]
+fn an_intent_whose_hash_does_not_match_its_arguments_is_refused() {
+    let mut forged = intent(false);
+    forged.args = ArgsSnapshot::new(json!({"title": "Something else"})).expect("valid");
+    let outcome = given(vec![]).when(&Command::RecordIntent(forged), t0());
+    assert!(matches!(outcome.rejection(), Rejection::Invalid(error) if error.field == "args_hash"));
+}
+
+#[test]
+fn commands_on_an_operation_never_recorded_are_refused() {
+    for command in [grant(), start(1, keyed()), success(1, "731"), unknown(1)] {
+        let outcome = given(vec![]).when(&command, t0());
+        assert_eq!(
+            outcome.rejection(),
+            &Rejection::NotRecorded,
+            "{}",
+            command.name()
+        );
+    }
+}
+
+#[test]
+fn approval_of_the_recorded_snapshot_makes_it_pending() {
+    let outcome = awaiting_approval().when(&grant(), at_s(1));
+    assert_eq!(outcome.then_types(), ["ApprovalGranted"]);
+    assert_eq!(outcome.status(), "pending");
+}
+
+#[test]
+fn approval_of_other_arguments_is_refused() {
+    let other = ArgsSnapshot::new(json!({"title": "Call the client", "due": "today"}))
+        .expect("valid")
+        .hash();
+    let command = Command::GrantApproval {
+        approver: actor("boss"),
+        args_hash: other.clone(),
+    };
+    let outcome = awaiting_approval().when(&command, at_s(1));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::ArgsHashMismatch {
+            recorded: intent(true).args_hash,
+            offered: other
+        }
+    );
+}
+
+#[test]
+fn approving_twice_changes_nothing() {
+    let outcome = awaiting_approval()
+        .when(&grant(), at_s(1))
+        .and(&grant(), at_s(2));
+    assert!(outcome.events().is_empty());
+}
+
+#[test]
+fn an_operation_that_needs_approval_cannot_start_before_it() {
+    let outcome = awaiting_approval().when(&start(1, keyed()), at_s(1));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::NotAllowed {
+            command: "start_attempt",
+            status: "awaiting_approval"
+        }
+    );
+}
+
+#[test]
+fn a_denied_operation_is_never_sent_or_approved() {
+    let deny = Command::DenyApproval {
+        approver: actor("boss"),
+        args_hash: intent(true).args_hash,
+        reason: "wrong client".into(),
+    };
+    let outcome = awaiting_approval().when(&deny, at_s(1));
+    assert_eq!(outcome.then_types(), ["ApprovalDenied"]);
+    assert_eq!(outcome.status(), "denied");
+    let denied = outcome.scenario;
+    assert!(matches!(
+        denied.when(&start(1, keyed()), at_s(2)).rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+    let denied = awaiting_approval().when(&deny, at_s(1)).scenario;
+    assert!(matches!(
+        denied.when(&grant(), at_s(2)).rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+#[test]
+fn an_operation_without_approval_cannot_be_approved() {
+    let outcome = recorded().when(&grant(), at_s(1));
+    assert!(matches!(
+        outcome.rejection(),
+        Rejection::NotAllowed {
+            command: "grant_approval",
+            ..
+        }
+    ));
+}
+
+// --- attempts ---------------------------------------------------------------------------------
+
+#[test]
+fn starting_an_attempt_claims_the_operation_with_a_lease() {
+    let outcome = recorded().when(&start(1, keyed()), t0());
+    let [OperationEvent::AttemptStarted(started)] = outcome.events() else {
+        panic!("expected one AttemptStarted, got {:?}", outcome.events());
+    };
+    assert_eq!(started.attempt_number, 1);
+    assert_eq!(started.lease_deadline, at_s(30));
+    assert_eq!(outcome.status(), "in_flight");
+}
+
+#[test]
+fn a_second_worker_cannot_claim_an_operation_in_flight() {
+    let outcome = in_flight(keyed()).when(&start(2, keyed()), at_s(1));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::NotAllowed {
+            command: "start_attempt",
+            status: "in_flight"
+        }
+    );
+}
+
+#[test]
+fn an_attempt_bound_to_another_account_credentials_or_arguments_is_refused() {
+    let mut other_account = binding();
+    other_account.account = AccountId::new("acct-2").expect("valid");
+    let mut other_credentials = binding();
+    other_credentials.credential_fingerprint =
+        crate::ids::CredentialFingerprint::new("fp-2").expect("valid");
+    let mut other_args = binding();
+    other_args.args_hash = ArgsSnapshot::new(json!({"title": "x"}))
+        .expect("valid")
+        .hash();
+    for offered in [other_account, other_credentials, other_args] {
+        let Command::StartAttempt {
+            attempt_id,
+            worker,
+            lease_ms,
+            capabilities,
+            policy,
+            ..
+        } = start(1, keyed())
+        else {
+            unreachable!("start builds a StartAttempt");
+        };
+        let command = Command::StartAttempt {
+            attempt_id,
+            worker,
+            lease_ms,
+            binding: offered,
+            capabilities,
+            policy,
+        };
+        let outcome = recorded().when(&command, t0());
+        assert!(
+            matches!(outcome.rejection(), Rejection::BindingChanged(_)),
+            "{:?}",
+            outcome.rejection()
+        );
+    }
+}
+
+#[test]
+fn a_lease_outside_its_limits_is_refused() {
+    for lease_ms in [0, crate::command::MAX_LEASE_MS + 1] {
+        let Command::StartAttempt {
+            attempt_id,
+            worker,
+            binding,
+            capabilities,
+            policy,
+            ..
+        } = start(1, keyed())
+        else {
+            unreachable!("start builds a StartAttempt");
+        };
+        let command = Command::StartAttempt {
+            attempt_id,
+            worker,
+            lease_ms,
+            binding,
+            capabilities,
+            policy,
+        };
+        assert!(
+            matches!(recorded().when(&command, t0()).rejection(), Rejection::Invalid(e) if e.field == "lease_ms")
+        );
+    }
+}
+
+#[test]
+fn a_confirmed_response_succeeds_with_its_external_id() {
+    let outcome = in_flight(keyed()).when(&success(1, "731"), at_s(1));
+    assert_eq!(outcome.then_types(), ["AttemptSucceeded"]);
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn a_definitive_refusal_rejects_the_operation() {
+    let command = Command::RecordRejection {
+        attempt_id: attempt(1),
+        code: "422".into(),
+        message: "due date in the past".into(),
+    };
+    let outcome = in_flight(keyed()).when(&command, at_s(1));
+    assert_eq!(outcome.then_types(), ["AttemptRejected"]);
+    assert_eq!(outcome.status(), "rejected");
+    let again = outcome.scenario.when(&command, at_s(2));
+    assert!(
+        again.events().is_empty(),
+        "a repeated refusal of the same attempt records nothing new"
+    );
+}
+
+#[test]
+fn a_timeout_makes_the_outcome_unknown_and_is_not_recorded_twice() {
+    let outcome = in_flight(keyed()).when(&unknown(1), at_s(10));
+    assert_eq!(outcome.then_types(), ["OutcomeUnknown"]);
+    assert_eq!(outcome.status(), "unknown");
+    assert_eq!(outcome.scenario.state().unknown_since, Some(at_s(10)));
+    assert!(outcome.and(&unknown(1), at_s(11)).events().is_empty());
+}
+
+#[test]
+fn a_lease_cannot_expire_before_its_deadline() {
+    let expire = Command::ExpireLease {
+        attempt_id: attempt(1),
+    };
+    let outcome = in_flight(keyed()).when(&expire, at_s(29));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::LeaseStillValid {
+            lease_deadline: at_s(30)
+        }
+    );
+}
+
+#[test]
+fn an_expired_lease_makes_the_outcome_unknown() {
+    let outcome = in_flight(keyed()).when(
+        &Command::ExpireLease {
+            attempt_id: attempt(1),
+        },
+        at_s(30),
+    );
+    assert_eq!(outcome.then_types(), ["LeaseExpired"]);
+    assert_eq!(outcome.status(), "unknown");
+}
+
+#[test]
+fn a_response_for_an_attempt_never_started_is_refused() {
+    let outcome = in_flight(keyed()).when(&success(9, "731"), at_s(1));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::UnknownAttempt {
+            attempt_id: attempt(9)
+        }
+    );
+}
+
+// --- reconciliation and retries --------------------------------------------------------------
+
+#[test]
+fn reconciliation_that_finds_the_object_settles_unknown_as_succeeded() {
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(found("731"), lookup_only(), at_s(20)), at_s(20));
+    assert_eq!(outcome.then_types(), ["ReconciliationRecorded"]);
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn an_object_found_in_another_account_is_not_evidence() {
+    let elsewhere = ReconciliationResult::Found {
+        external_id: external("731"),
+        account: AccountId::new("acct-2").expect("valid"),
+    };
+    let outcome = unknown_after_first_attempt(labelled())
+        .when(&reconcile(elsewhere, labelled(), at_s(20)), at_s(20));
+    assert!(matches!(
+        outcome.rejection(),
+        Rejection::EvidenceFromAnotherAccount { .. }
+    ));
+}
+
+#[test]
+fn no_evidence_under_a_fresh_idempotency_key_schedules_a_retry_with_the_same_key() {
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(25)), at_s(20));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "RetryScheduled"]
+    );
+    let state = outcome.scenario.state();
+    assert_eq!(state.status, Status::Pending);
+    assert_eq!(state.retry_not_before, Some(at_s(25)));
+    assert_eq!(
+        state.intent.as_ref().map(|i| i.idempotency_key.as_str()),
+        Some("opk_test")
+    );
+}
+
+#[test]
+fn no_evidence_under_a_unique_label_schedules_a_retry() {
+    let outcome = unknown_after_first_attempt(labelled())
+        .when(&reconcile(not_found(), labelled(), at_s(20)), at_s(20));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "RetryScheduled"]
+    );
+}
+
+#[test]
+fn an_empty_search_without_deduplication_goes_to_review_not_to_a_retry() {
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(not_found(), lookup_only(), at_s(20)), at_s(20));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+    assert_eq!(outcome.status(), "needs_review");
+    assert!(outcome
+        .scenario
+        .state()
+        .review_reason
+        .is_some_and(|r| r.contains("neither honours")));
+}
+
+#[test]
+fn no_evidence_after_the_key_retention_minus_margin_goes_to_review() {
+    // Retention 24 h, margin 1 h: from 23 h after the first send the key is no longer trusted.
+    let late = at_s(23 * 3600);
+    let outcome =
+        unknown_after_first_attempt(keyed()).when(&reconcile(not_found(), keyed(), late), late);
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+}
+
+#[test]
+fn a_scheduled_retry_waits_for_its_time_then_starts_attempt_two() {
+    let scheduled = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(25)), at_s(20))
+        .scenario;
+    let early = scheduled.when(&start(2, keyed()), at_s(24));
+    assert_eq!(
+        early.rejection(),
+        &Rejection::NotYetDue {
+            not_before: at_s(25)
+        }
+    );
+    let outcome = early.scenario.when(&start(2, keyed()), at_s(25));
+    let [OperationEvent::AttemptStarted(started)] = outcome.events() else {
+        panic!("expected one AttemptStarted");
+    };
+    assert_eq!(started.attempt_number, 2);
+}
+
+#[test]
+fn a_scheduled_retry_whose_key_expired_while_waiting_is_refused_and_goes_to_review() {
+    let scheduled = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(25)), at_s(20))
+        .scenario;
+    let outcome = scheduled.when(&start(2, keyed()), at_s(23 * 3600));
+    assert!(matches!(
+        outcome.rejection(),
+        Rejection::RetryNotAllowed(ContractViolation::KeyRetentionPassed { .. })
+    ));
+    let review = Command::RequireReview {
+        reason: "retry contract expired while queued".into(),
+        evidence: String::new(),
+    };
+    let outcome = outcome.scenario.when(&review, at_s(23 * 3600));
+    assert_eq!(outcome.status(), "needs_review");
+}
+
+#[test]
+fn retries_stop_at_the_attempt_budget() {
+    // policy(): at most 3 attempts.
+    let mut scenario = unknown_after_first_attempt(keyed());
+    for n in 2..=3 {
+        let now = at_s(100 * i64::try_from(n).expect("small"));
+        scenario = scenario
+            .when(&reconcile(not_found(), keyed(), now), now)
+            .and(&start(n, keyed()), now)
+            .and(&unknown(n), now)
+            .scenario;
+    }
+    let outcome = scenario.when(&reconcile(not_found(), keyed(), at_s(400)), at_s(400));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+    assert!(outcome
+        .scenario
+        .state()
+        .review_reason
+        .is_some_and(|r| r.contains("3 attempts")));
+}
+
+#[test]
+fn reconciliation_is_refused_where_nothing_is_unknown() {
+    let outcome = in_flight(keyed()).when(&reconcile(not_found(), keyed(), at_s(1)), at_s(1));
+    assert!(matches!(
+        outcome.rejection(),
+        Rejection::NotAllowed {
+            command: "record_reconciliation",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn review_cannot_be_required_of_an_operation_in_flight_or_never_attempted() {
+    let review = Command::RequireReview {
+        reason: "why not".into(),
+        evidence: String::new(),
+    };
+    assert!(matches!(
+        in_flight(keyed()).when(&review, at_s(1)).rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+    assert!(matches!(
+        recorded().when(&review, at_s(1)).rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+// --- review -----------------------------------------------------------------------------------
+
+#[test]
+fn a_reviewer_retry_allows_an_attempt_without_a_retry_contract() {
+    let outcome = needs_review().when(&resolve(ReviewDecision::Retry), at_s(30));
+    assert_eq!(outcome.status(), "pending");
+    let outcome = outcome.and(&start(2, lookup_only()), at_s(31));
+    assert_eq!(outcome.then_types(), ["AttemptStarted"]);
+}
+
+#[test]
+fn a_reviewer_can_confirm_the_object_they_found() {
+    let outcome = needs_review().when(
+        &resolve(ReviewDecision::ConfirmSucceeded {
+            external_id: external("731"),
+        }),
+        at_s(30),
+    );
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn a_reviewer_can_give_up_for_good() {
+    let outcome = needs_review().when(&resolve(ReviewDecision::Abandon), at_s(30));
+    assert_eq!(outcome.status(), "abandoned");
+    assert!(matches!(
+        outcome
+            .scenario
+            .when(&start(2, keyed()), at_s(31))
+            .rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+#[test]
+fn review_decisions_are_refused_outside_review() {
+    assert!(matches!(
+        in_flight(keyed())
+            .when(&resolve(ReviewDecision::Retry), at_s(1))
+            .rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+#[test]
+fn an_oversized_reviewer_note_is_refused() {
+    let command = Command::ResolveReview {
+        reviewer: actor("op"),
+        decision: ReviewDecision::Abandon,
+        note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
+    };
+    assert!(
+        matches!(needs_review().when(&command, at_s(30)).rejection(), Rejection::Invalid(e) if e.field == "note")
+    );
+}
+
+// --- late responses, no regression, duplicates -----------------------------------------------
+
+#[test]
+fn a_late_confirmation_settles_an_unknown_operation() {
+    let outcome = unknown_after_first_attempt(lookup_only()).when(&success(1, "731"), at_s(40));
+    assert_eq!(outcome.then_types(), ["LateResponseReceived"]);
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn a_late_confirmation_settles_an_operation_waiting_for_review() {
+    let outcome = needs_review().when(&success(1, "731"), at_s(40));
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn late_success_after_reconciliation_is_not_regressed() {
+    let succeeded = unknown_after_first_attempt(labelled())
+        .when(&reconcile(found("731"), labelled(), at_s(20)), at_s(20))
+        .scenario;
+    for command in [
+        unknown(1),
+        Command::ExpireLease {
+            attempt_id: attempt(1),
+        },
+        success(1, "731"),
+    ] {
+        let outcome = given(succeeded.history.clone()).when(&command, at_s(60));
+        assert!(
+            outcome.events().is_empty(),
+            "{} must change nothing",
+            command.name()
+        );
+        assert_eq!(
+            outcome.scenario.state().external_id(),
+            Some(&external("731"))
+        );
+    }
+}
+
+#[test]
+fn a_late_refusal_after_success_is_kept_as_evidence_without_regression() {
+    let succeeded = in_flight(keyed())
+        .when(&success(1, "731"), at_s(1))
+        .scenario;
+    let refusal = Command::RecordRejection {
+        attempt_id: attempt(1),
+        code: "500".into(),
+        message: "late".into(),
+    };
+    let outcome = succeeded.when(&refusal, at_s(2));
+    assert_eq!(outcome.then_types(), ["LateResponseReceived"]);
+    assert_eq!(outcome.status(), "succeeded");
+}
+
+#[test]
+fn a_different_external_id_for_a_confirmed_operation_is_a_detected_duplicate() {
+    let succeeded = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(found("731"), lookup_only(), at_s(20)), at_s(20))
+        .scenario;
+    let outcome = succeeded.when(&success(1, "732"), at_s(21));
+    assert_eq!(
+        outcome.then_types(),
+        ["LateResponseReceived", "DuplicateDetected"]
+    );
+    let state = outcome.scenario.state();
+    assert_eq!(
+        state.external_id(),
+        Some(&external("731")),
+        "the first confirmed object stays the outcome"
+    );
+    assert_eq!(state.duplicates, vec![external("732")]);
+}
+
+#[test]
+fn reconciliation_finding_another_object_for_a_confirmed_operation_is_a_detected_duplicate() {
+    let succeeded = in_flight(labelled())
+        .when(&success(1, "731"), at_s(1))
+        .scenario;
+    let outcome = succeeded.when(&reconcile(found("732"), labelled(), at_s(2)), at_s(2));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "DuplicateDetected"]
+    );
+    assert_eq!(outcome.status(), "succeeded");
+}
+
+#[test]
+fn a_late_confirmation_of_attempt_one_while_attempt_two_is_in_flight_settles_it() {
+    let retrying = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(20)), at_s(20))
+        .and(&start(2, keyed()), at_s(20))
+        .scenario;
+    let outcome = retrying.when(&success(1, "731"), at_s(21));
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+    let outcome = outcome.and(&success(2, "731"), at_s(22));
+    assert!(
+        outcome.events().is_empty(),
+        "the key replayed the same object: nothing new"
+    );
+}
+
+#[test]
+fn the_seed_incident_is_caught_the_lost_response_does_not_become_a_second_task() {
+    // The article's story: task 731 was created, its response was lost. With a lookup-only CRM,
+    // the empty search right after must not authorise a second create.
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(not_found(), lookup_only(), at_s(11)), at_s(11));
+    assert_eq!(outcome.status(), "needs_review");
+    assert!(matches!(
+        outcome
+            .scenario
+            .when(&start(2, lookup_only()), at_s(12))
+            .rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}

@@ -1,0 +1,317 @@
+//! The events of an operation's stream: immutable, past-tense facts.
+//!
+//! Every arrow of the state machine in the design is one of these, appended to the operation's
+//! own stream. Events are never edited or deleted; a new shape of an event is a new schema
+//! version read beside the old one (see [`crate::codec`]).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::args::{ArgsHash, ArgsSnapshot};
+use crate::ids::{
+    AccountId, ActionName, ActorId, AttemptId, CredentialFingerprint, ExternalObjectId,
+    IdempotencyKey, OperationId, OwnerId, ProviderId, ProviderRequestId, SourceId, TenantId,
+    WorkerId,
+};
+
+/// What the user asked to be done, frozen: the first event of every operation stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentRecorded {
+    /// The operation's stable id.
+    pub operation_id: OperationId,
+    /// Whose operation it is.
+    pub tenant: TenantId,
+    /// Who asked for it, if known.
+    pub owner: Option<OwnerId>,
+    /// The external system it changes.
+    pub provider: ProviderId,
+    /// The account at that provider it is bound to.
+    pub account: AccountId,
+    /// The fingerprint of that account's credentials when the intent was recorded.
+    pub credential_fingerprint: CredentialFingerprint,
+    /// What it does there.
+    pub action: ActionName,
+    /// The frozen arguments.
+    pub args: ArgsSnapshot,
+    /// The hash of the frozen arguments' canonical JSON.
+    pub args_hash: ArgsHash,
+    /// The key every attempt of this operation carries.
+    pub idempotency_key: IdempotencyKey,
+    /// The delivery that asked for it, when one was named.
+    pub source_id: Option<SourceId>,
+    /// Whether a person must approve it before it may be sent.
+    pub requires_approval: bool,
+    /// When it was recorded.
+    pub at: DateTime<Utc>,
+}
+
+/// A person approved exactly the snapshot with this hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalGranted {
+    /// Who approved.
+    pub approver: ActorId,
+    /// The snapshot the approval covers.
+    pub args_hash: ArgsHash,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A person refused the snapshot with this hash; the operation will never be sent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalDenied {
+    /// Who denied.
+    pub approver: ActorId,
+    /// The snapshot the denial covers.
+    pub args_hash: ArgsHash,
+    /// Why, in their words.
+    pub reason: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A worker claimed the operation and is about to send it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptStarted {
+    /// This attempt's id.
+    pub attempt_id: AttemptId,
+    /// 1 for the first attempt, then strictly growing.
+    pub attempt_number: u32,
+    /// The worker that owns it.
+    pub worker: WorkerId,
+    /// When the claim lapses if no outcome is recorded.
+    pub lease_deadline: DateTime<Utc>,
+    /// When it started.
+    pub at: DateTime<Utc>,
+}
+
+/// The provider confirmed the attempt and named the object it created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptSucceeded {
+    /// The attempt answered.
+    pub attempt_id: AttemptId,
+    /// The object the provider created.
+    pub external_id: ExternalObjectId,
+    /// The provider's id of the request, when it gave one.
+    pub provider_request_id: Option<ProviderRequestId>,
+    /// When the response arrived.
+    pub at: DateTime<Utc>,
+}
+
+/// The provider definitively refused the attempt: nothing was applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRejected {
+    /// The attempt refused.
+    pub attempt_id: AttemptId,
+    /// The provider's code (status and error code).
+    pub code: String,
+    /// The provider's explanation.
+    pub message: String,
+    /// When the response arrived.
+    pub at: DateTime<Utc>,
+}
+
+/// The attempt may or may not have been applied (timeout after sending, reset, unclear 5xx).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutcomeUnknown {
+    /// The attempt concerned.
+    pub attempt_id: AttemptId,
+    /// What the transport reported.
+    pub error: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// The attempt's lease ran out with no outcome recorded. Its request may still be running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseExpired {
+    /// The attempt concerned.
+    pub attempt_id: AttemptId,
+    /// The deadline that passed.
+    pub lease_deadline: DateTime<Utc>,
+    /// When the expiry was noticed.
+    pub at: DateTime<Utc>,
+}
+
+/// What a lookup at the provider found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReconciliationResult {
+    /// The object exists, in this account.
+    Found {
+        /// The object the provider holds for this operation.
+        external_id: ExternalObjectId,
+        /// The account it belongs to.
+        account: AccountId,
+    },
+    /// Nothing was found.
+    NotFound {
+        /// Whether the lookup is consistent; a lagging search index proves nothing.
+        authoritative: bool,
+    },
+    /// The lookup gave no usable answer.
+    Inconclusive {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The result of asking the provider what became of the operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconciliationRecorded {
+    /// What was found.
+    pub result: ReconciliationResult,
+    /// The evidence, as the provider gave it.
+    pub evidence: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A retry of the same operation, with the same key, is allowed from `not_before` on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryScheduled {
+    /// The earliest start of the next attempt.
+    pub not_before: DateTime<Utc>,
+    /// Why a retry is safe.
+    pub reason: String,
+    /// When it was scheduled.
+    pub at: DateTime<Utc>,
+}
+
+/// Automation stops: a person must decide.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewRequired {
+    /// Why automation cannot go on.
+    pub reason: String,
+    /// What is known, for the reviewer.
+    pub evidence: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// What a reviewer decided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReviewDecision {
+    /// Send again, with the same key.
+    Retry,
+    /// The reviewer found the object: the operation succeeded with this id.
+    ConfirmSucceeded {
+        /// The object the reviewer found.
+        external_id: ExternalObjectId,
+    },
+    /// Give up: the operation will not be sent again.
+    Abandon,
+}
+
+/// A reviewer decided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewResolved {
+    /// Who decided.
+    pub reviewer: ActorId,
+    /// What they decided.
+    pub decision: ReviewDecision,
+    /// Their note.
+    pub note: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// A response that arrived after its attempt stopped being the open one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LateResponse {
+    /// The provider confirmed, naming an object.
+    Succeeded {
+        /// The object it names.
+        external_id: ExternalObjectId,
+        /// The provider's request id, when given.
+        provider_request_id: Option<ProviderRequestId>,
+    },
+    /// The provider refused.
+    Rejected {
+        /// The provider's code.
+        code: String,
+        /// The provider's explanation.
+        message: String,
+    },
+}
+
+/// A response arrived late. A late confirmation is the provider's own evidence and settles an
+/// unresolved operation; it never changes one already settled.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateResponseReceived {
+    /// The attempt it answers.
+    pub attempt_id: AttemptId,
+    /// What it said.
+    pub response: LateResponse,
+    /// When it arrived.
+    pub at: DateTime<Utc>,
+}
+
+/// A second external object showed up for an operation already confirmed with another one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DuplicateDetected {
+    /// The object the operation was confirmed with; it stays the operation's outcome.
+    pub confirmed_external_id: ExternalObjectId,
+    /// The other object.
+    pub duplicate_external_id: ExternalObjectId,
+    /// How it was found (a late response, a reconciliation).
+    pub found_by: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// Every fact an operation's stream can hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperationEvent {
+    /// See [`IntentRecorded`].
+    IntentRecorded(IntentRecorded),
+    /// See [`ApprovalGranted`].
+    ApprovalGranted(ApprovalGranted),
+    /// See [`ApprovalDenied`].
+    ApprovalDenied(ApprovalDenied),
+    /// See [`AttemptStarted`].
+    AttemptStarted(AttemptStarted),
+    /// See [`AttemptSucceeded`].
+    AttemptSucceeded(AttemptSucceeded),
+    /// See [`AttemptRejected`].
+    AttemptRejected(AttemptRejected),
+    /// See [`OutcomeUnknown`].
+    OutcomeUnknown(OutcomeUnknown),
+    /// See [`LeaseExpired`].
+    LeaseExpired(LeaseExpired),
+    /// See [`ReconciliationRecorded`].
+    ReconciliationRecorded(ReconciliationRecorded),
+    /// See [`RetryScheduled`].
+    RetryScheduled(RetryScheduled),
+    /// See [`ReviewRequired`].
+    ReviewRequired(ReviewRequired),
+    /// See [`ReviewResolved`].
+    ReviewResolved(ReviewResolved),
+    /// See [`LateResponseReceived`].
+    LateResponseReceived(LateResponseReceived),
+    /// See [`DuplicateDetected`].
+    DuplicateDetected(DuplicateDetected),
+}
+
+impl OperationEvent {
+    /// When the fact happened.
+    pub fn at(&self) -> DateTime<Utc> {
+        match self {
+            Self::IntentRecorded(e) => e.at,
+            Self::ApprovalGranted(e) => e.at,
+            Self::ApprovalDenied(e) => e.at,
+            Self::AttemptStarted(e) => e.at,
+            Self::AttemptSucceeded(e) => e.at,
+            Self::AttemptRejected(e) => e.at,
+            Self::OutcomeUnknown(e) => e.at,
+            Self::LeaseExpired(e) => e.at,
+            Self::ReconciliationRecorded(e) => e.at,
+            Self::RetryScheduled(e) => e.at,
+            Self::ReviewRequired(e) => e.at,
+            Self::ReviewResolved(e) => e.at,
+            Self::LateResponseReceived(e) => e.at,
+            Self::DuplicateDetected(e) => e.at,
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Identifiers of the ledger, each its own type so one can never be passed where another belongs.
+//!
+//! Text ids are validated once, at construction: after that a value of the type is known to be
+//! non-empty, bounded in length and free of control characters. Nothing here generates randomness;
+//! random ids come in from the [`crate::ports::IdSource`] port.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use uuid::Uuid;
+
+use crate::error::ValidationError;
+
+/// Longest text id the ledger accepts, in bytes.
+pub const MAX_TEXT_ID_BYTES: usize = 256;
+
+/// Namespace of every UUIDv5 opledger derives; fixed forever, because derived ids are stored.
+const OPLEDGER_NAMESPACE: Uuid = Uuid::from_u128(0x6f70_6c65_6467_4572_8000_0000_0000_0001);
+
+fn check_text(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    if value.trim().is_empty() {
+        return Err(ValidationError::new(field, "must not be empty"));
+    }
+    if value.len() > MAX_TEXT_ID_BYTES {
+        return Err(ValidationError::new(
+            field,
+            format!(
+                "is {} bytes long; the limit is {MAX_TEXT_ID_BYTES} bytes",
+                value.len()
+            ),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ValidationError::new(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! text_id {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates and wraps the text; the error names the field and what is wrong.
+            pub fn new(value: impl Into<String>) -> Result<Self, ValidationError> {
+                let value = value.into();
+                check_text($field, &value)?;
+                Ok(Self(value))
+            }
+
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = ValidationError;
+            fn try_from(value: String) -> Result<Self, Self::Error> {
+                Self::new(value)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+text_id!(
+    /// The customer of opledger an operation belongs to; tenants never see each other's operations.
+    TenantId,
+    "tenant"
+);
+text_id!(
+    /// The concrete account inside a provider (one CRM instance, one portal) an operation is bound to.
+    AccountId,
+    "account"
+);
+text_id!(
+    /// The external system an operation changes, e.g. `hubspot` or `stand-keyed`.
+    ProviderId,
+    "provider"
+);
+text_id!(
+    /// A fingerprint of the credentials used for an account, so a send with other credentials is caught.
+    CredentialFingerprint,
+    "credential_fingerprint"
+);
+text_id!(
+    /// What the operation does at the provider, e.g. `create_task`.
+    ActionName,
+    "action"
+);
+text_id!(
+    /// The id of the delivery that asked for the operation (a tool-call id, a queue message id).
+    SourceId,
+    "source_id"
+);
+text_id!(
+    /// Who asked for the operation (a user or agent id); for audit, never part of identity.
+    OwnerId,
+    "owner"
+);
+text_id!(
+    /// The worker that made an attempt; for incident reviews.
+    WorkerId,
+    "worker"
+);
+text_id!(
+    /// A person who approved, denied or reviewed an operation.
+    ActorId,
+    "actor"
+);
+text_id!(
+    /// The id the external system gave the object it created (e.g. task `731`).
+    ExternalObjectId,
+    "external_id"
+);
+text_id!(
+    /// The provider's own id of one request, when it returns one; evidence for reconciliation.
+    ProviderRequestId,
+    "provider_request_id"
+);
+text_id!(
+    /// The idempotency key sent with every attempt of one operation. Random; carries no personal data.
+    IdempotencyKey,
+    "idempotency_key"
+);
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// Wraps a UUID that came from an [`crate::ports::IdSource`] or from storage.
+            pub const fn from_uuid(value: Uuid) -> Self {
+                Self(value)
+            }
+
+            /// The UUID inside.
+            pub const fn as_uuid(&self) -> Uuid {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = ValidationError;
+            fn from_str(value: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(value).map(Self).map_err(|_| {
+                    ValidationError::new(stringify!($name), format!("`{value}` is not a UUID"))
+                })
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// The stable identity of one requested side effect, for its whole life.
+    OperationId
+);
+uuid_id!(
+    /// One try to carry an operation out over the network.
+    AttemptId
+);
+uuid_id!(
+    /// The id of one stored event: deterministic, so a retried append writes nothing twice.
+    EventId
+);
+
+impl OperationId {
+    /// The operation id of a delivery: the same (tenant, source id) always maps to the same id, so
+    /// a redelivered tool call or queue message finds the operation it already created.
+    ///
+    /// ```
+    /// use opledger_domain::ids::{OperationId, SourceId, TenantId};
+    /// let tenant = TenantId::new("acme").unwrap();
+    /// let call = SourceId::new("toolcall-17").unwrap();
+    /// assert_eq!(OperationId::for_source(&tenant, &call), OperationId::for_source(&tenant, &call));
+    /// let other = TenantId::new("globex").unwrap();
+    /// assert_ne!(OperationId::for_source(&tenant, &call), OperationId::for_source(&other, &call));
+    /// ```
+    pub fn for_source(tenant: &TenantId, source: &SourceId) -> Self {
+        // The separator is a control character, which ids may not contain, so
+        // ("a", "b\u{1f}c") and ("a\u{1f}b", "c") can never collide.
+        let name = format!("source\u{1f}{}\u{1f}{}", tenant.as_str(), source.as_str());
+        Self(Uuid::new_v5(&OPLEDGER_NAMESPACE, name.as_bytes()))
+    }
+}
+
+impl EventId {
+    /// The id of the event that `operation`'s stream would hold at `version` with this type and
+    /// data: UUIDv5 over the operation, the version and a SHA-256 of the content.
+    ///
+    /// The content is part of the id on purpose. Ids from (operation, version) alone would give
+    /// every decision made at one version the same id, and a store that treats a re-append of
+    /// known ids as "already written" would then acknowledge a *losing* writer's different events
+    /// as if they were its own — two workers would both believe they claimed the send. With the
+    /// content in the id, re-sending the same append is idempotent, and a different decision at
+    /// the same version is the version conflict it must be.
+    ///
+    /// ```
+    /// use opledger_domain::ids::{EventId, OperationId, StreamVersion};
+    /// let operation = OperationId::from_uuid(uuid::Uuid::from_u128(1));
+    /// let v1 = StreamVersion::new(1);
+    /// let a = EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"a"}"#);
+    /// assert_eq!(a, EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"a"}"#));
+    /// assert_ne!(a, EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"b"}"#));
+    /// ```
+    pub fn for_operation_event(
+        operation: OperationId,
+        version: StreamVersion,
+        event_type: &str,
+        data: &[u8],
+    ) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut content = Sha256::new();
+        content.update(event_type.as_bytes());
+        content.update([0]);
+        content.update(data);
+        let mut name = [0_u8; 56];
+        name[..16].copy_from_slice(operation.0.as_bytes());
+        name[16..24].copy_from_slice(&version.0.to_be_bytes());
+        name[24..].copy_from_slice(&content.finalize());
+        Self(Uuid::new_v5(&OPLEDGER_NAMESPACE, &name))
+    }
+}
+
+/// The version of the last event in a stream; the first event of a stream has version 0
+/// (KurrentDB's stream revision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StreamVersion(u64);
+
+impl StreamVersion {
+    /// The version of a stream's first event.
+    pub const FIRST: Self = Self(0);
+
+    /// Wraps a raw stream version.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The raw version number.
+    pub const fn value(self) -> u64 {
+        self.0
+    }
+
+    /// The version that follows this one.
+    pub const fn next(self) -> Self {
+        Self(self.0 + 1)
+    }
+}
+
+impl fmt::Display for StreamVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The position of an event in the store's global log; strictly increasing in commit order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GlobalPosition(u64);
+
+impl GlobalPosition {
+    /// Wraps a raw position.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The raw position number.
+    pub const fn value(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for GlobalPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_ids_refuse_empty_oversized_and_control_text() {
+        assert!(TenantId::new("").is_err());
+        assert!(TenantId::new("   ").is_err());
+        assert!(TenantId::new("a".repeat(MAX_TEXT_ID_BYTES + 1)).is_err());
+        assert!(TenantId::new("a\nb").is_err());
+        let error = AccountId::new("").unwrap_err();
+        assert_eq!(error.field, "account");
+        assert!(TenantId::new("acme").is_ok());
+    }
+
+    #[test]
+    fn text_ids_refuse_invalid_values_when_deserialized() {
+        let parsed: Result<TenantId, _> = serde_json::from_str("\"\"");
+        assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn event_ids_differ_by_operation_version_and_content_and_are_stable() {
+        let a = OperationId::from_uuid(Uuid::from_u128(1));
+        let b = OperationId::from_uuid(Uuid::from_u128(2));
+        let v0 = StreamVersion::FIRST;
+        let id = |operation, version, kind: &str, data: &[u8]| {
+            EventId::for_operation_event(operation, version, kind, data)
+        };
+        assert_eq!(id(a, v0, "T", b"{}"), id(a, v0, "T", b"{}"));
+        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0.next(), "T", b"{}"));
+        assert_ne!(id(a, v0, "T", b"{}"), id(b, v0, "T", b"{}"));
+        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0, "U", b"{}"));
+        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0, "T", b"{ }"));
+    }
+}

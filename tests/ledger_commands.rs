@@ -1,0 +1,213 @@
+//! The first application commands over real stores: record an intent (with redelivery), approve,
+//! deny, load by folding, and the single-sender claim — on the memory store and on a real SQLite
+//! file.
+
+use std::sync::Arc;
+
+use opledger_adapters::system::{RandomIds, SystemClock};
+use opledger_adapters::{MemoryStore, SqliteStore};
+use opledger_domain::app::{AppError, IntentRequest, Ledger};
+use opledger_domain::args::ArgsSnapshot;
+use opledger_domain::command::Command;
+use opledger_domain::contract::{
+    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+};
+use opledger_domain::decider::Rejection;
+use opledger_domain::event::IntentRecorded;
+use opledger_domain::ids::{ActorId, OperationId, WorkerId};
+use opledger_domain::ports::IdSource;
+use opledger_domain::state::Status;
+use opledger_domain::store::{EventStore, LogStart, StreamName, MAX_READ_BATCH};
+use serde_json::json;
+
+fn request(source_id: Option<&str>) -> IntentRequest {
+    IntentRequest {
+        tenant: "acme".into(),
+        owner: Some("anna".into()),
+        provider: "crm".into(),
+        account: "acct-1".into(),
+        credential_fingerprint: "fp-1".into(),
+        action: "create_task".into(),
+        args: json!({"title": "Call the client", "due": "tomorrow"}),
+        source_id: source_id.map(str::to_owned),
+        requires_approval: false,
+    }
+}
+
+fn start_command(intent: &IntentRecorded, worker: &str) -> Command {
+    Command::StartAttempt {
+        attempt_id: RandomIds.new_attempt_id(),
+        worker: WorkerId::new(worker).expect("valid worker"),
+        lease_ms: 30_000,
+        binding: SendBinding {
+            account: intent.account.clone(),
+            credential_fingerprint: intent.credential_fingerprint.clone(),
+            args_hash: intent.args_hash.clone(),
+        },
+        capabilities: ProviderCapabilities {
+            deduplication: Deduplication::UniqueLabel,
+            lookup: LookupSupport::Consistent,
+        },
+        policy: RetryPolicy::default(),
+    }
+}
+
+async fn all_events<S: EventStore>(store: &S) -> usize {
+    store
+        .read_all(LogStart::Beginning, MAX_READ_BATCH)
+        .await
+        .expect("read the log")
+        .len()
+}
+
+macro_rules! ledger_suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+
+            async fn ledger() -> (Arc<Ledger<impl EventStore + Clone + 'static, SystemClock, RandomIds>>, Option<tempfile::TempDir>) {
+                let (store, dir) = $make;
+                (Arc::new(Ledger::new(store, SystemClock, RandomIds)), dir)
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn an_intent_without_a_source_id_is_a_new_operation_every_time() {
+                let (ledger, _dir) = ledger().await;
+                let first = ledger.record_intent(request(None)).await.expect("recorded");
+                let second = ledger.record_intent(request(None)).await.expect("recorded");
+                assert!(first.created && second.created);
+                assert_ne!(first.intent().operation_id, second.intent().operation_id);
+                assert_ne!(first.intent().idempotency_key, second.intent().idempotency_key);
+                assert_eq!(first.intent().args_hash, second.intent().args_hash, "same text, same hash, still two operations");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn thirty_two_concurrent_redeliveries_of_one_source_make_one_operation() {
+                let (ledger, _dir) = ledger().await;
+                let mut tasks = Vec::new();
+                for _ in 0..32 {
+                    let ledger = Arc::clone(&ledger);
+                    tasks.push(tokio::spawn(async move { ledger.record_intent(request(Some("toolcall-1"))).await }));
+                }
+                let mut created = 0;
+                let mut keys = std::collections::HashSet::new();
+                for task in tasks {
+                    let recorded = task.await.expect("task ran").expect("recorded");
+                    created += usize::from(recorded.created);
+                    keys.insert(recorded.intent().idempotency_key.clone());
+                    assert_eq!(recorded.operation.version.map(|v| v.value()), Some(0));
+                }
+                assert_eq!(created, 1, "exactly one delivery creates the operation");
+                assert_eq!(keys.len(), 1, "every delivery sees the one key");
+                assert_eq!(all_events(ledger.store()).await, 1, "one IntentRecorded in the whole log");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_source_id_reused_for_other_arguments_is_refused_and_writes_nothing() {
+                let (ledger, _dir) = ledger().await;
+                ledger.record_intent(request(Some("toolcall-1"))).await.expect("recorded");
+                let mut changed = request(Some("toolcall-1"));
+                changed.args = json!({"title": "Call someone else"});
+                let error = ledger.record_intent(changed).await.expect_err("refused");
+                assert!(matches!(error, AppError::SourceReused { differs: "arguments", .. }), "{error}");
+                assert_eq!(all_events(ledger.store()).await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn invalid_intents_are_refused_with_the_field_named_and_nothing_written() {
+                let (ledger, _dir) = ledger().await;
+                let mut not_an_object = request(None);
+                not_an_object.args = json!("call the client");
+                let mut no_tenant = request(None);
+                no_tenant.tenant = String::new();
+                let mut huge = request(None);
+                huge.args = json!({"body": "x".repeat(opledger_domain::args::MAX_ARGS_BYTES + 1)});
+                for (bad, field) in [(not_an_object, "args"), (no_tenant, "tenant"), (huge, "args")] {
+                    match ledger.record_intent(bad).await {
+                        Err(AppError::Invalid(error)) => assert_eq!(error.field, field, "{error}"),
+                        other => panic!("expected a validation error on {field}, got {other:?}"),
+                    }
+                }
+                assert_eq!(all_events(ledger.store()).await, 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn approval_is_bound_to_the_recorded_snapshot() {
+                let (ledger, _dir) = ledger().await;
+                let mut needs_approval = request(None);
+                needs_approval.requires_approval = true;
+                let recorded = ledger.record_intent(needs_approval).await.expect("recorded");
+                let operation_id = recorded.intent().operation_id;
+                assert_eq!(recorded.operation.state.status, Status::AwaitingApproval);
+                let other = ArgsSnapshot::new(json!({"title": "Call the client", "due": "today"})).expect("valid").hash();
+                let refused = ledger.approve(operation_id, ActorId::new("boss").expect("valid"), other).await;
+                assert!(matches!(refused, Err(AppError::Rejected { rejection: Rejection::ArgsHashMismatch { .. }, .. })));
+                let approved = ledger
+                    .approve(operation_id, ActorId::new("boss").expect("valid"), recorded.intent().args_hash.clone())
+                    .await
+                    .expect("approved");
+                assert_eq!(approved.state.status, Status::Pending);
+                let reloaded = ledger.get(operation_id).await.expect("loads");
+                assert_eq!(reloaded, approved, "the folded stream equals the state the command returned");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_denied_operation_cannot_be_claimed() {
+                let (ledger, _dir) = ledger().await;
+                let mut needs_approval = request(None);
+                needs_approval.requires_approval = true;
+                let recorded = ledger.record_intent(needs_approval).await.expect("recorded");
+                let intent = recorded.intent().clone();
+                let denied = ledger
+                    .deny(intent.operation_id, ActorId::new("boss").expect("valid"), intent.args_hash.clone(), "wrong client".into())
+                    .await
+                    .expect("denied");
+                assert_eq!(denied.state.status, Status::Denied);
+                let claim = ledger.execute(intent.operation_id, &start_command(&intent, "w")).await;
+                assert!(matches!(claim, Err(AppError::Rejected { rejection: Rejection::NotAllowed { .. }, .. })));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn of_sixteen_racing_workers_exactly_one_claims_the_send() {
+                let (ledger, _dir) = ledger().await;
+                let recorded = ledger.record_intent(request(None)).await.expect("recorded");
+                let intent = recorded.intent().clone();
+                let mut tasks = Vec::new();
+                for worker in 0..16 {
+                    let ledger = Arc::clone(&ledger);
+                    let command = start_command(&intent, &format!("worker-{worker}"));
+                    tasks.push(tokio::spawn(async move { ledger.execute(intent.operation_id, &command).await }));
+                }
+                let mut winners = 0;
+                for task in tasks {
+                    match task.await.expect("task ran") {
+                        Ok(_) => winners += 1,
+                        Err(AppError::Rejected { rejection: Rejection::NotAllowed { status: "in_flight", .. }, .. }) => {}
+                        Err(other) => panic!("unexpected: {other}"),
+                    }
+                }
+                assert_eq!(winners, 1);
+                let state = ledger.get(intent.operation_id).await.expect("loads").state;
+                assert_eq!(state.attempts, 1, "one AttemptStarted in the stream");
+                let stream = ledger.store().read_stream(&StreamName::for_operation(intent.operation_id), opledger_domain::ids::StreamVersion::FIRST, 100).await.expect("reads");
+                assert_eq!(stream.len(), 2);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn an_operation_never_recorded_is_reported_as_not_found() {
+                let (ledger, _dir) = ledger().await;
+                let missing = OperationId::from_uuid(uuid::Uuid::from_u128(12345));
+                assert!(matches!(ledger.get(missing).await, Err(AppError::NotFound { .. })));
+            }
+        }
+    };
+}
+
+ledger_suite!(memory, (MemoryStore::new(), None));
+ledger_suite!(sqlite, {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let store = SqliteStore::open(dir.path().join("ledger.db"))
+        .await
+        .expect("opens");
+    (store, Some(dir))
+});
