@@ -13,6 +13,7 @@
 //! SQLite's write lock and rechecks the stream's version, but its commits would not wake this
 //! store's subscriptions.
 
+mod checkpointer;
 mod codec;
 mod reader;
 mod schema;

@@ -61,7 +61,9 @@ impl ReadPool {
         let stream = stream.clone();
         self.run(move |connection| {
             let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM events WHERE stream = ?1 AND version >= ?2 ORDER BY version LIMIT ?3"
+                "SELECT {EVENT_COLUMNS} FROM events \
+                 WHERE stream_id = (SELECT stream_id FROM streams WHERE name = ?1) AND version >= ?2 \
+                 ORDER BY version LIMIT ?3"
             );
             query_events(connection, &sql, params![stream.as_str(), from, limit as i64])
                 .map_err(|error| sqlite_error(format_args!("cannot read stream `{stream}`"), error))?

@@ -15,21 +15,45 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use super::codec;
 use super::{sqlite_error, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 
-/// The schema of version 1. `AUTOINCREMENT` makes SQLite never hand out a position twice, even
-/// if the newest event were ever removed by hand; positions then start at 1. `STRICT` refuses
-/// values of the wrong type instead of converting them.
+/// The schema of version 1.
+///
+/// `streams` gives each stream a small integer id in creation order and holds its last version.
+/// The `(stream_id, version)` uniqueness index is keyed by that id, not by the name: operation
+/// ids are random, so a name-keyed index would dirty one random page per append, while ids in
+/// creation order keep the streams being written now on a few neighbouring pages. Fewer dirty
+/// pages per group commit is fewer WAL frames per fsync — the store's main cost. The name stays
+/// in `events` too, so reading the log needs no join.
+///
+/// `AUTOINCREMENT` makes SQLite never hand out a position twice, even if the newest event were
+/// ever removed by hand; positions then start at 1. `STRICT` refuses values of the wrong type
+/// instead of converting them.
 const CREATE_SCHEMA_V1: &str = "
+    CREATE TABLE streams (
+        stream_id    INTEGER PRIMARY KEY,
+        name         TEXT    NOT NULL UNIQUE,
+        last_version INTEGER NOT NULL CHECK (last_version >= 0)
+    ) STRICT;
     CREATE TABLE events (
         position   INTEGER PRIMARY KEY AUTOINCREMENT,
-        stream     TEXT    NOT NULL,
+        stream_id  INTEGER NOT NULL REFERENCES streams (stream_id),
         version    INTEGER NOT NULL CHECK (version >= 0),
+        stream     TEXT    NOT NULL,
         event_id   BLOB    NOT NULL UNIQUE CHECK (length(event_id) = 16),
         event_type TEXT    NOT NULL,
         data       BLOB    NOT NULL,
         metadata   BLOB    NOT NULL,
-        UNIQUE (stream, version)
+        UNIQUE (stream_id, version)
     ) STRICT;
 ";
+
+/// Pages of WAL after which the writer copies the WAL back into the database file. SQLite's
+/// default (1000 pages) makes every few group commits pay for a checkpoint that rewrites the
+/// same hot index pages again; 10 000 pages (about 40 MiB) rewrites them far less often, at the
+/// price of a larger WAL to replay after a crash.
+pub(super) const WAL_AUTOCHECKPOINT_PAGES: i64 = 10_000;
+/// The writer's page cache, in KiB: enough to keep the indexes of a few million events in
+/// memory, so a conflict check or an index insert does not read pages back from the OS.
+pub(super) const WRITER_CACHE_KIB: i64 = 64 * 1024;
 
 /// `PRAGMA synchronous` reads back 2 for FULL.
 const SYNCHRONOUS_FULL: i64 = 2;
@@ -60,6 +84,11 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
 
     enable_wal(&connection, path)?;
     enable_full_sync(&connection)?;
+    connection
+        .execute_batch(&format!(
+            "PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}; PRAGMA cache_size = -{WRITER_CACHE_KIB};"
+        ))
+        .map_err(|error| sqlite_error("cannot set the writer's cache and checkpoint sizes", error))?;
     if found == 0 {
         create_schema(&mut connection)?;
     }
@@ -177,15 +206,15 @@ fn create_schema(connection: &mut Connection) -> Result<(), StoreError> {
 fn check_schema(connection: &Connection, path: &Path) -> Result<(), StoreError> {
     let tables: i64 = connection
         .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'events'",
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('events', 'streams')",
             [],
             |row| row.get(0),
         )
         .map_err(|error| sqlite_error("cannot look for the events table", error))?;
-    if tables != 1 {
+    if tables != 2 {
         return Err(StoreError::Corrupt {
             reason: format!(
-                "`{}` has schema version {SCHEMA_VERSION} but no events table",
+                "`{}` has schema version {SCHEMA_VERSION} but lacks its events or streams table",
                 path.display()
             ),
         });

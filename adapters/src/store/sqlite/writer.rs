@@ -19,6 +19,7 @@ use opledger_domain::store::{AppendOutcome, EventData, ExpectedVersion, StoreErr
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::checkpointer::Checkpointer;
 use super::codec;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::store::rules::{self, AppendPlan};
@@ -58,16 +59,21 @@ pub(super) fn spawn(
     counters: Arc<CommitCounters>,
 ) -> Result<JoinHandle<()>, StoreError> {
     let span = tracing::debug_span!("sqlite_writer", path = %path.display());
+    let checkpointer = Checkpointer::spawn(path)?;
     std::thread::Builder::new()
         .name("opledger-sqlite-writer".into())
         .spawn(move || {
             let _entered = span.entered();
-            Writer {
+            let writer = Writer {
                 connection,
                 head,
                 counters,
-            }
-            .run(requests);
+                checkpointer,
+            };
+            let checkpointer = writer.run(requests);
+            // Its connection must close before the writer's, so that the writer's is the last
+            // one and checkpoints and removes the WAL on close.
+            checkpointer.stop();
         })
         .map_err(|error| StoreError::Unavailable {
             reason: format!("cannot start the SQLite writer thread: {error}"),
@@ -78,6 +84,7 @@ struct Writer {
     connection: Connection,
     head: watch::Sender<Option<GlobalPosition>>,
     counters: Arc<CommitCounters>,
+    checkpointer: Checkpointer,
 }
 
 /// What one append did inside the batch's transaction.
@@ -111,7 +118,8 @@ impl From<StoreError> for Failure {
 }
 
 impl Writer {
-    fn run(self, mut requests: mpsc::Receiver<AppendRequest>) {
+    /// Commits appends until the queue closes; hands back the checkpointer to be stopped.
+    fn run(self, mut requests: mpsc::Receiver<AppendRequest>) -> Checkpointer {
         let mut batch = Vec::with_capacity(MAX_APPENDS_PER_COMMIT);
         // `blocking_recv_many` waits for the first request, then takes whatever else is queued:
         // that drain is the group commit. It returns 0 only once the channel is closed and empty.
@@ -124,6 +132,7 @@ impl Writer {
             }
         }
         tracing::debug!("append queue closed; the writer stops");
+        self.checkpointer
     }
 
     /// Runs `batch` in one transaction and returns each append's answer, in order.
@@ -169,6 +178,7 @@ impl Writer {
             // Publish before answering, so a caller that reads the head after its append
             // returned sees at least its own position.
             let previous = self.head.send_replace(Some(newest));
+            self.checkpointer.nudge();
             assert!(
                 previous < Some(newest),
                 "the single writer's positions only grow"
@@ -181,8 +191,11 @@ impl Writer {
             .collect()
     }
 
-    /// Opens the batch's transaction and applies every append in its own savepoint. An error
-    /// means the transaction must be rolled back and nothing in it was written.
+    /// Opens the batch's transaction and applies every append in it. Every refusal (a conflict,
+    /// a reused event id) is decided before that append writes anything, so a refused append
+    /// needs no rollback and costs the others nothing; savepoints per append would copy every
+    /// page the batch touches again for each append. An error means the transaction must be
+    /// rolled back and nothing in it was written.
     fn apply_all(
         &self,
         batch: &[AppendRequest],
@@ -191,17 +204,9 @@ impl Writer {
         exec(connection, "BEGIN IMMEDIATE")?;
         let mut results = Vec::with_capacity(batch.len());
         for request in batch {
-            exec(connection, "SAVEPOINT append")?;
             let result = match apply(connection, request) {
-                Ok(applied) => {
-                    exec(connection, "RELEASE append")?;
-                    Ok(applied)
-                }
-                Err(Failure::Refused(refusal)) => {
-                    exec(connection, "ROLLBACK TO append")?;
-                    exec(connection, "RELEASE append")?;
-                    Err(refusal)
-                }
+                Ok(applied) => Ok(applied),
+                Err(Failure::Refused(refusal)) => Err(refusal),
                 Err(Failure::Storage(error)) => return Err(error),
             };
             // SQLite ends a transaction on its own after some failures (a full disk, an I/O
@@ -228,49 +233,91 @@ impl Writer {
     }
 }
 
-/// Applies one append inside the open savepoint.
+/// Applies one append inside the batch's transaction; a refusal is returned before it writes.
 fn apply(connection: &Connection, request: &AppendRequest) -> Result<Applied, Failure> {
     let stream = &request.stream;
-    let last = last_version(connection, stream)?;
+    let found = find_stream(connection, stream)?;
+    let last = found.map(|(_, last)| last);
+    let conflict = || Failure::Refused(rules::version_conflict(stream, request.expected, last));
     match rules::plan_append(request.expected, last) {
-        AppendPlan::Write { first } => insert(connection, request, first).map(Applied::Written),
+        AppendPlan::Write { first } => {
+            let Some(new_last) = last_version_after(first, request.events.len()) else {
+                return Err(Failure::Refused(StoreError::InvalidAppend {
+                    reason: format!("stream `{stream}` cannot grow past version {}", i64::MAX),
+                }));
+            };
+            check_ids_unused(connection, request)?;
+            let stream_id = match found {
+                Some((stream_id, _)) => {
+                    set_last_version(connection, stream_id, new_last)?;
+                    stream_id
+                }
+                None => create_stream(connection, stream, new_last)?,
+            };
+            insert(connection, request, stream_id, first).map(Applied::Written)
+        }
         AppendPlan::CheckStored { first } => {
-            let stored = stored_from(connection, stream, first, request.events.len())?;
+            let Some((stream_id, _)) = found else {
+                return Err(conflict());
+            };
+            let stored = stored_from(connection, stream, stream_id, first, request.events.len())?;
             let ids: Vec<EventId> = stored.iter().map(|(event_id, _)| *event_id).collect();
             match stored.last() {
                 Some((_, outcome)) if rules::is_same_append(&ids, &request.events) => {
                     Ok(Applied::AlreadyStored(*outcome))
                 }
-                _ => Err(Failure::Refused(rules::version_conflict(
-                    stream,
-                    request.expected,
-                    last,
-                ))),
+                _ => Err(conflict()),
             }
         }
-        AppendPlan::Conflict => Err(Failure::Refused(rules::version_conflict(
-            stream,
-            request.expected,
-            last,
-        ))),
+        AppendPlan::Conflict => Err(conflict()),
     }
 }
 
-/// The stream's last version, read inside the write transaction so no other commit can move it
-/// before this append is applied. The `UNIQUE (stream, version)` index answers it in one seek.
-fn last_version(
+/// The version of the last event of an append of `count` events starting at `first`, as SQLite
+/// stores it; `None` past what SQLite can hold.
+fn last_version_after(first: StreamVersion, count: usize) -> Option<i64> {
+    let count = i64::try_from(count).ok()?;
+    codec::version_to_sql(first)?.checked_add(count - 1)
+}
+
+/// The stream's id and last version, read inside the write transaction so no other commit can
+/// move it before this append is applied.
+fn find_stream(
     connection: &Connection,
     stream: &StreamName,
-) -> Result<Option<StreamVersion>, StoreError> {
+) -> Result<Option<(i64, StreamVersion)>, StoreError> {
     let mut statement = connection
-        .prepare_cached("SELECT MAX(version) FROM events WHERE stream = ?1")
-        .map_err(|error| sqlite_error("cannot prepare the version query", error))?;
-    let last: Option<i64> = statement
-        .query_row([stream.as_str()], |row| row.get(0))
+        .prepare_cached("SELECT stream_id, last_version FROM streams WHERE name = ?1")
+        .map_err(|error| sqlite_error("cannot prepare the stream query", error))?;
+    let found: Option<(i64, i64)> = statement
+        .query_row([stream.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()
         .map_err(|error| {
             sqlite_error(format_args!("cannot read the version of `{stream}`"), error)
         })?;
-    last.map(codec::version_from_sql).transpose()
+    found
+        .map(|(stream_id, last)| Ok((stream_id, codec::version_from_sql(last)?)))
+        .transpose()
+}
+
+fn create_stream(
+    connection: &Connection,
+    stream: &StreamName,
+    last: i64,
+) -> Result<i64, StoreError> {
+    connection
+        .prepare_cached("INSERT INTO streams (name, last_version) VALUES (?1, ?2)")
+        .and_then(|mut statement| statement.execute(params![stream.as_str(), last]))
+        .map_err(|error| sqlite_error(format_args!("cannot create stream `{stream}`"), error))?;
+    Ok(connection.last_insert_rowid())
+}
+
+fn set_last_version(connection: &Connection, stream_id: i64, last: i64) -> Result<(), StoreError> {
+    connection
+        .prepare_cached("UPDATE streams SET last_version = ?2 WHERE stream_id = ?1")
+        .and_then(|mut statement| statement.execute(params![stream_id, last]))
+        .map(drop)
+        .map_err(|error| sqlite_error("cannot record the stream's version", error))
 }
 
 /// Up to `count` stored events of `stream` from version `first` on: their ids, and the outcome
@@ -278,6 +325,7 @@ fn last_version(
 fn stored_from(
     connection: &Connection,
     stream: &StreamName,
+    stream_id: i64,
     first: StreamVersion,
     count: usize,
 ) -> Result<Vec<(EventId, AppendOutcome)>, StoreError> {
@@ -286,12 +334,12 @@ fn stored_from(
         codec::version_to_sql(first).expect("a version at or below a stored one fits in SQLite");
     let mut statement = connection
         .prepare_cached(
-            "SELECT event_id, version, position FROM events WHERE stream = ?1 AND version >= ?2 \
+            "SELECT event_id, version, position FROM events WHERE stream_id = ?1 AND version >= ?2 \
              ORDER BY version LIMIT ?3",
         )
         .map_err(|error| sqlite_error("cannot prepare the stored-events query", error))?;
     let rows = statement
-        .query_map(params![stream.as_str(), first, count as i64], |row| {
+        .query_map(params![stream_id, first, count as i64], |row| {
             Ok((
                 row.get::<_, Vec<u8>>(0)?,
                 row.get::<_, i64>(1)?,
@@ -312,30 +360,30 @@ fn stored_from(
     Ok(stored)
 }
 
-/// Inserts the append's events from version `first` on.
+/// Inserts the append's events from version `first` on. The caller checked that every version
+/// fits in SQLite.
 fn insert(
     connection: &Connection,
     request: &AppendRequest,
+    stream_id: i64,
     first: StreamVersion,
 ) -> Result<AppendOutcome, Failure> {
     let stream = &request.stream;
     let mut statement = connection
         .prepare_cached(
-            "INSERT INTO events (stream, version, event_id, event_type, data, metadata) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO events (stream_id, version, stream, event_id, event_type, data, metadata) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .map_err(|error| sqlite_error("cannot prepare the insert", error))?;
     let mut version = first;
     let mut outcome = None;
     for event in &request.events {
-        let Some(sql_version) = codec::version_to_sql(version) else {
-            return Err(Failure::Refused(StoreError::InvalidAppend {
-                reason: format!("stream `{stream}` cannot grow past version {}", i64::MAX),
-            }));
-        };
+        let sql_version = codec::version_to_sql(version)
+            .expect("the caller checked the append's last version fits");
         let inserted = statement.execute(params![
-            stream.as_str(),
+            stream_id,
             sql_version,
+            stream.as_str(),
             event.event_id.as_uuid().as_bytes().as_slice(),
             event.event_type,
             event.data,
@@ -343,9 +391,7 @@ fn insert(
         ]);
         match inserted {
             Ok(_) => {}
-            Err(error) if is_unique_violation(&error) => {
-                return Err(reused_event_id(connection, stream, event.event_id, error))
-            }
+            // The ids were checked unused before writing, so any failure here is storage's.
             Err(error) => {
                 return Err(Failure::Storage(sqlite_error(
                     format_args!("cannot append to `{stream}`"),
@@ -363,50 +409,38 @@ fn insert(
     Ok(outcome.expect("an append carries at least one event; check_append refused empty ones"))
 }
 
-fn is_unique_violation(error: &rusqlite::Error) -> bool {
-    matches!(error, rusqlite::Error::SqliteFailure(failure, _) if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE)
-}
-
-/// Explains a unique violation on insert. The stream's version was read in this transaction, so
-/// the violated constraint is the event id's; the lookup names where that id is stored.
-fn reused_event_id(
-    connection: &Connection,
-    stream: &StreamName,
-    event_id: EventId,
-    error: rusqlite::Error,
-) -> Failure {
-    let stored = connection
+/// Refuses an append whose event ids are already stored anywhere: an id names one event, and
+/// reusing it elsewhere would make a retried append impossible to recognise. Checked before the
+/// append writes, so the refusal needs no rollback; the `UNIQUE` index still backs it up.
+fn check_ids_unused(connection: &Connection, request: &AppendRequest) -> Result<(), Failure> {
+    let mut statement = connection
         .prepare_cached("SELECT stream, version FROM events WHERE event_id = ?1")
-        .and_then(|mut statement| {
-            statement
-                .query_row([event_id.as_uuid().as_bytes().as_slice()], |row| {
-                    Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-                })
-                .optional()
-        });
-    match stored {
-        Ok(Some((stored_stream, stored_version))) => {
-            match (
-                StreamName::new(stored_stream),
-                codec::version_from_sql(stored_version),
-            ) {
-                (Ok(stored_stream), Ok(stored_version)) => Failure::Refused(
-                    rules::event_id_reused(stream, event_id, &stored_stream, stored_version),
-                ),
-                (Err(_), _) | (_, Err(_)) => Failure::Storage(StoreError::Corrupt {
-                    reason: format!("the row holding event id {event_id} does not decode"),
-                }),
-            }
+        .map_err(|error| sqlite_error("cannot prepare the event id query", error))?;
+    for event in &request.events {
+        let event_id = event.event_id;
+        let stored: Option<(String, i64)> = statement
+            .query_row([event_id.as_uuid().as_bytes().as_slice()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+            .map_err(|error| {
+                sqlite_error(format_args!("cannot look up event id {event_id}"), error)
+            })?;
+        if let Some((stored_stream, stored_version)) = stored {
+            let corrupt = || StoreError::Corrupt {
+                reason: format!("the row holding event id {event_id} does not decode"),
+            };
+            let stored_stream = StreamName::new(stored_stream).map_err(|_| corrupt())?;
+            let stored_version = codec::version_from_sql(stored_version).map_err(|_| corrupt())?;
+            return Err(Failure::Refused(rules::event_id_reused(
+                &request.stream,
+                event_id,
+                &stored_stream,
+                stored_version,
+            )));
         }
-        Ok(None) => Failure::Storage(sqlite_error(
-            format_args!("cannot append to `{stream}`"),
-            error,
-        )),
-        Err(lookup) => Failure::Storage(sqlite_error(
-            format_args!("cannot look up event id {event_id}"),
-            lookup,
-        )),
     }
+    Ok(())
 }
 
 /// Runs a statement without results through the statement cache.
