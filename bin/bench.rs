@@ -38,6 +38,16 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             }
         }
+        BenchTarget::Replay(args) => {
+            let ledger = Arc::new(crate::intent::open_existing_ledger(&args.db).await?);
+            let result = tokio::select! {
+                result = replay(&ledger) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            let closed = crate::intent::close(&ledger).await;
+            result?;
+            closed
+        }
     }
 }
 

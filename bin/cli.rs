@@ -68,6 +68,16 @@ pub enum BenchTarget {
     /// Minimal lifecycles (intent, attempt started, succeeded) on a fresh SQLite file at several
     /// concurrencies, then a replay of the whole log; prints one `bench=…` line per measurement.
     Store(BenchStoreArgs),
+    /// Replay an existing ledger file: read the whole log, decode every event and fold it into
+    /// the totals read model; prints `bench=replay …`.
+    Replay(BenchReplayArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchReplayArgs {
+    /// The ledger file to replay (left as it is).
+    #[arg(long)]
+    pub db: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -22,6 +22,18 @@ pub async fn close(ledger: &SqliteLedger) -> Result<(), CliError> {
     Ok(ledger.store().clone().close().await?)
 }
 
+/// Opens a ledger file that must already exist: reading or deciding on a ledger that was never
+/// written is a mistaken path, not a reason to create an empty file.
+pub async fn open_existing_ledger(path: &Path) -> Result<SqliteLedger, CliError> {
+    if !path.exists() {
+        return Err(CliError::Other(format!(
+            "no ledger at {}; pass --db (or set OPLEDGER_DB) to the file `opledger record` wrote",
+            path.display()
+        )));
+    }
+    open_ledger(path).await
+}
+
 /// Opens (or creates) the ledger file.
 pub async fn open_ledger(path: &Path) -> Result<SqliteLedger, CliError> {
     let store = SqliteStore::open(path).await?;
@@ -73,7 +85,7 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
 
 pub async fn approve(args: DecisionArgs) -> Result<(), CliError> {
     let (operation_id, approver, args_hash) = parse_decision(&args)?;
-    let ledger = open_ledger(&args.store.db).await?;
+    let ledger = open_existing_ledger(&args.store.db).await?;
     let result = ledger.approve(operation_id, approver, args_hash).await;
     let closed = close(&ledger).await;
     print_state(&result?);
@@ -83,7 +95,7 @@ pub async fn approve(args: DecisionArgs) -> Result<(), CliError> {
 
 pub async fn deny(args: DenyArgs) -> Result<(), CliError> {
     let (operation_id, approver, args_hash) = parse_decision(&args.decision)?;
-    let ledger = open_ledger(&args.decision.store.db).await?;
+    let ledger = open_existing_ledger(&args.decision.store.db).await?;
     let result = ledger
         .deny(operation_id, approver, args_hash, args.reason)
         .await;
@@ -95,7 +107,7 @@ pub async fn deny(args: DenyArgs) -> Result<(), CliError> {
 
 pub async fn status(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
-    let ledger = open_ledger(&args.store.db).await?;
+    let ledger = open_existing_ledger(&args.store.db).await?;
     let result = show(&ledger, operation_id, args.json).await;
     let closed = close(&ledger).await;
     result?;

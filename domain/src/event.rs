@@ -42,6 +42,7 @@ pub struct IntentRecorded {
     /// Whether a person must approve it before it may be sent.
     pub requires_approval: bool,
     /// When it was recorded.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -53,6 +54,7 @@ pub struct ApprovalGranted {
     /// The snapshot the approval covers.
     pub args_hash: ArgsHash,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -66,6 +68,7 @@ pub struct ApprovalDenied {
     /// Why, in their words.
     pub reason: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -79,8 +82,10 @@ pub struct AttemptStarted {
     /// The worker that owns it.
     pub worker: WorkerId,
     /// When the claim lapses if no outcome is recorded.
+    #[serde(with = "crate::timestamp")]
     pub lease_deadline: DateTime<Utc>,
     /// When it started.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -94,6 +99,7 @@ pub struct AttemptSucceeded {
     /// The provider's id of the request, when it gave one.
     pub provider_request_id: Option<ProviderRequestId>,
     /// When the response arrived.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -107,6 +113,7 @@ pub struct AttemptRejected {
     /// The provider's explanation.
     pub message: String,
     /// When the response arrived.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -118,6 +125,7 @@ pub struct OutcomeUnknown {
     /// What the transport reported.
     pub error: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -127,8 +135,10 @@ pub struct LeaseExpired {
     /// The attempt concerned.
     pub attempt_id: AttemptId,
     /// The deadline that passed.
+    #[serde(with = "crate::timestamp")]
     pub lease_deadline: DateTime<Utc>,
     /// When the expiry was noticed.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -163,6 +173,7 @@ pub struct ReconciliationRecorded {
     /// The evidence, as the provider gave it.
     pub evidence: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -170,10 +181,12 @@ pub struct ReconciliationRecorded {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryScheduled {
     /// The earliest start of the next attempt.
+    #[serde(with = "crate::timestamp")]
     pub not_before: DateTime<Utc>,
     /// Why a retry is safe.
     pub reason: String,
     /// When it was scheduled.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -185,6 +198,7 @@ pub struct ReviewRequired {
     /// What is known, for the reviewer.
     pub evidence: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -213,6 +227,7 @@ pub struct ReviewResolved {
     /// Their note.
     pub note: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -245,6 +260,7 @@ pub struct LateResponseReceived {
     /// What it said.
     pub response: LateResponse,
     /// When it arrived.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 
@@ -258,6 +274,7 @@ pub struct DuplicateDetected {
     /// How it was found (a late response, a reconciliation).
     pub found_by: String,
     /// When.
+    #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
 }
 

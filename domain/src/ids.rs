@@ -142,7 +142,7 @@ text_id!(
 );
 
 macro_rules! uuid_id {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(transparent)]
@@ -170,7 +170,7 @@ macro_rules! uuid_id {
             type Err = ValidationError;
             fn from_str(value: &str) -> Result<Self, Self::Err> {
                 Uuid::parse_str(value).map(Self).map_err(|_| {
-                    ValidationError::new(stringify!($name), format!("`{value}` is not a UUID"))
+                    ValidationError::new($field, format!("`{value}` is not a UUID such as 6f1c2a3e-0b1d-4c5e-9f00-112233445566"))
                 })
             }
         }
@@ -179,15 +179,18 @@ macro_rules! uuid_id {
 
 uuid_id!(
     /// The stable identity of one requested side effect, for its whole life.
-    OperationId
+    OperationId,
+    "operation_id"
 );
 uuid_id!(
     /// One try to carry an operation out over the network.
-    AttemptId
+    AttemptId,
+    "attempt_id"
 );
 uuid_id!(
     /// The id of one stored event: deterministic, so a retried append writes nothing twice.
-    EventId
+    EventId,
+    "event_id"
 );
 
 impl OperationId {

@@ -16,3 +16,4 @@ pub mod ids;
 pub mod ports;
 pub mod state;
 pub mod store;
+pub mod timestamp;
