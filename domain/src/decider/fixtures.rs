@@ -101,11 +101,21 @@ pub fn policy() -> RetryPolicy {
 }
 
 pub fn start(n: u128, capabilities: ProviderCapabilities) -> Command {
+    start_with(n, capabilities, binding(), 30_000)
+}
+
+/// A claim of attempt `n` with the given binding and lease.
+pub fn start_with(
+    n: u128,
+    capabilities: ProviderCapabilities,
+    binding: SendBinding,
+    lease_ms: u64,
+) -> Command {
     Command::StartAttempt {
         attempt_id: attempt(n),
         worker: WorkerId::new("worker-1").expect("valid"),
-        lease_ms: 30_000,
-        binding: binding(),
+        lease_ms,
+        binding,
         capabilities,
         policy: policy(),
     }

@@ -90,10 +90,7 @@ proptest! {
                 Action::Deny => Command::DenyApproval { approver: actor("boss"), args_hash: first.args_hash.clone(), reason: "no".into() },
                 Action::Start => {
                     next_attempt += 1;
-                    let Command::StartAttempt { worker, lease_ms, binding, policy, .. } = start(0, capabilities) else {
-                        unreachable!("start builds a StartAttempt");
-                    };
-                    Command::StartAttempt { attempt_id: attempt(next_attempt), worker, lease_ms, binding, capabilities, policy }
+                    start(next_attempt, capabilities)
                 }
                 Action::Succeed(w, id) => Command::RecordSuccess { attempt_id: pick(w), external_id: external(&format!("73{id}")), provider_request_id: None },
                 Action::Reject(w) => Command::RecordRejection { attempt_id: pick(w), code: "422".into(), message: "no".into() },

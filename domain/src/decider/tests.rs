@@ -232,25 +232,7 @@ fn an_attempt_bound_to_another_account_credentials_or_arguments_is_refused() {
         .expect("valid")
         .hash();
     for offered in [other_account, other_credentials, other_args] {
-        let Command::StartAttempt {
-            attempt_id,
-            worker,
-            lease_ms,
-            capabilities,
-            policy,
-            ..
-        } = start(1, keyed())
-        else {
-            unreachable!("start builds a StartAttempt");
-        };
-        let command = Command::StartAttempt {
-            attempt_id,
-            worker,
-            lease_ms,
-            binding: offered,
-            capabilities,
-            policy,
-        };
+        let command = start_with(1, keyed(), offered, 30_000);
         let outcome = recorded().when(&command, t0());
         assert!(
             matches!(outcome.rejection(), Rejection::BindingChanged(_)),
@@ -263,25 +245,7 @@ fn an_attempt_bound_to_another_account_credentials_or_arguments_is_refused() {
 #[test]
 fn a_lease_outside_its_limits_is_refused() {
     for lease_ms in [0, crate::command::MAX_LEASE_MS + 1] {
-        let Command::StartAttempt {
-            attempt_id,
-            worker,
-            binding,
-            capabilities,
-            policy,
-            ..
-        } = start(1, keyed())
-        else {
-            unreachable!("start builds a StartAttempt");
-        };
-        let command = Command::StartAttempt {
-            attempt_id,
-            worker,
-            lease_ms,
-            binding,
-            capabilities,
-            policy,
-        };
+        let command = start_with(1, keyed(), binding(), lease_ms);
         assert!(
             matches!(recorded().when(&command, t0()).rejection(), Rejection::Invalid(e) if e.field == "lease_ms")
         );
