@@ -190,6 +190,7 @@ async fn walk(ledger: &Arc<crate::intent::SqliteLedger>) -> Result<String, CliEr
         capabilities,
         policy: RetryPolicy::default(),
         retry_not_before: chrono::Utc::now(),
+        next_check_not_before: chrono::Utc::now(),
     };
     let settled = ledger.execute(operation_id, &reconcile).await?;
     println!(

@@ -7,5 +7,6 @@
 
 pub mod store;
 pub mod system;
+pub mod workers;
 
 pub use store::{memory::MemoryStore, sqlite::SqliteStore};

@@ -33,6 +33,12 @@ impl IdSource for RandomIds {
         IdempotencyKey::new(format!("opk_{}", Uuid::new_v4().simple()))
             .expect("a prefixed UUID is a valid idempotency key")
     }
+
+    fn random_below(&self, bound: u64) -> u64 {
+        // 64 random bits from a v4 UUID; the modulo bias is negligible for backoff jitter.
+        let bits = Uuid::new_v4().as_u64_pair().0;
+        bits.checked_rem(bound).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

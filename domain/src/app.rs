@@ -178,6 +178,16 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         &self.store
     }
 
+    /// The clock decisions are made with.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The source of fresh ids and randomness.
+    pub fn ids(&self) -> &I {
+        &self.ids
+    }
+
     /// Loads an operation by folding its whole stream; an operation never recorded loads as
     /// [`crate::state::Status::New`] with no version.
     pub async fn load(&self, operation_id: OperationId) -> Result<LoadedOperation, AppError> {

@@ -8,9 +8,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::event::{
-    ApprovalDenied, ApprovalGranted, AttemptRejected, AttemptStarted, AttemptSucceeded,
-    DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired, OperationEvent,
-    OutcomeUnknown, ReconciliationRecorded, RetryScheduled, ReviewRequired, ReviewResolved,
+    ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
+    AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
+    OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled, ReviewRequired,
+    ReviewResolved,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
 use crate::store::{EventData, RecordedEvent};
@@ -99,6 +100,7 @@ event_codec!(
     AttemptSucceeded,
     AttemptRejected,
     OutcomeUnknown,
+    AttemptNotSent,
     LeaseExpired,
     ReconciliationRecorded,
     RetryScheduled,

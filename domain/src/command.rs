@@ -79,6 +79,15 @@ pub enum Command {
         /// What the transport reported.
         error: String,
     },
+    /// Provably nothing of `attempt_id` was applied; the operation may be sent again later.
+    RecordNotSent {
+        /// The attempt concerned.
+        attempt_id: AttemptId,
+        /// Why nothing was applied.
+        reason: String,
+        /// The earliest start of the next attempt (the caller adds backoff and Retry-After).
+        retry_not_before: DateTime<Utc>,
+    },
     /// `attempt_id`'s lease has run out.
     ExpireLease {
         /// The attempt whose lease is checked.
@@ -98,6 +107,8 @@ pub enum Command {
         policy: RetryPolicy,
         /// When a retry may start, if one is allowed (the caller adds jittered backoff).
         retry_not_before: DateTime<Utc>,
+        /// When to look again, if the operation stays unknown (the caller adds backoff).
+        next_check_not_before: DateTime<Utc>,
     },
     /// Stop automation and hand the operation to a person.
     RequireReview {
@@ -128,6 +139,7 @@ impl Command {
             Self::RecordSuccess { .. } => "record_success",
             Self::RecordRejection { .. } => "record_rejection",
             Self::RecordUnknown { .. } => "record_unknown",
+            Self::RecordNotSent { .. } => "record_not_sent",
             Self::ExpireLease { .. } => "expire_lease",
             Self::RecordReconciliation { .. } => "record_reconciliation",
             Self::RequireReview { .. } => "require_review",

@@ -64,6 +64,8 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
     /// Longest time from the first attempt to the start of the last one, in milliseconds.
     pub max_total_ms: u64,
+    /// Most lookups that may leave an operation unknown before it goes to a person.
+    pub max_reconciliations: u32,
 }
 
 impl Default for RetryPolicy {
@@ -71,6 +73,7 @@ impl Default for RetryPolicy {
         Self {
             max_attempts: 5,
             max_total_ms: 15 * 60 * 1000,
+            max_reconciliations: 10,
         }
     }
 }

@@ -32,14 +32,15 @@ use crate::command::{
     Command, MAX_LEASE_MS, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MIN_LEASE_MS,
 };
 use crate::contract::{
-    check_automatic_retry, check_binding, milliseconds, ContractViolation, MAX_ATTEMPTS_LIMIT,
+    check_automatic_retry, check_binding, milliseconds, ContractViolation, LookupSupport,
+    ProviderCapabilities, RetryPolicy, MAX_ATTEMPTS_LIMIT,
 };
 use crate::error::ValidationError;
 use crate::event::{
-    ApprovalDenied, ApprovalGranted, AttemptRejected, AttemptStarted, AttemptSucceeded,
-    DuplicateDetected, LateResponse, LateResponseReceived, LeaseExpired, OperationEvent,
-    OutcomeUnknown, ReconciliationRecorded, ReconciliationResult, RetryScheduled, ReviewDecision,
-    ReviewRequired, ReviewResolved,
+    ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
+    AttemptSucceeded, DuplicateDetected, LateResponse, LateResponseReceived, LeaseExpired,
+    OperationEvent, OutcomeUnknown, ReconciliationRecorded, ReconciliationResult, RetryScheduled,
+    ReviewDecision, ReviewRequired, ReviewResolved,
 };
 use crate::ids::{AccountId, AttemptId, ExternalObjectId};
 use crate::state::{OperationState, PendingSince, Status};
@@ -287,6 +288,25 @@ pub fn decide(
                 })],
             }
         }
+        Command::RecordNotSent {
+            attempt_id,
+            reason,
+            retry_not_before,
+        } => {
+            check_attempt(state, *attempt_id)?;
+            match state.status {
+                Status::InFlight if state.is_current_attempt(*attempt_id) => {
+                    vec![OperationEvent::AttemptNotSent(AttemptNotSent {
+                        attempt_id: *attempt_id,
+                        reason: clip(reason),
+                        retry_not_before: (*retry_not_before).max(now),
+                        at: now,
+                    })]
+                }
+                // Settled or superseded already: "nothing was sent" adds nothing.
+                _ => Vec::new(),
+            }
+        }
         Command::RecordUnknown { attempt_id, error } => {
             check_attempt(state, *attempt_id)?;
             match state.status {
@@ -326,6 +346,7 @@ pub fn decide(
             capabilities,
             policy,
             retry_not_before,
+            next_check_not_before,
         } => {
             if let ReconciliationResult::Found { account, .. } = result {
                 if *account != intent.account {
@@ -335,30 +356,40 @@ pub fn decide(
                     });
                 }
             }
-            let recorded = OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
-                result: result.clone(),
-                evidence: clip(evidence),
-                at: now,
-            });
+            let recorded = |next_check_not_before| {
+                OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
+                    result: result.clone(),
+                    evidence: clip(evidence),
+                    next_check_not_before,
+                    at: now,
+                })
+            };
             match (&state.status, result) {
-                (Status::Unknown, ReconciliationResult::Found { .. }) => vec![recorded],
+                (Status::Unknown, ReconciliationResult::Found { .. }) => vec![recorded(None)],
                 (Status::Unknown, _) => {
-                    let next =
-                        match check_automatic_retry(capabilities, policy, state, binding, now) {
-                            Ok(()) => OperationEvent::RetryScheduled(RetryScheduled {
+                    match check_automatic_retry(capabilities, policy, state, binding, now) {
+                        Ok(()) => vec![
+                            recorded(None),
+                            OperationEvent::RetryScheduled(RetryScheduled {
                                 not_before: (*retry_not_before).max(now),
                                 reason:
                                     "no evidence of the earlier attempts; the retry contract holds"
                                         .to_owned(),
                                 at: now,
                             }),
-                            Err(violation) => OperationEvent::ReviewRequired(ReviewRequired {
+                        ],
+                        Err(_) if may_keep_checking(result, capabilities, policy, state, now) => {
+                            vec![recorded(Some((*next_check_not_before).max(now)))]
+                        }
+                        Err(violation) => vec![
+                            recorded(None),
+                            OperationEvent::ReviewRequired(ReviewRequired {
                                 reason: format!("no evidence, and no safe retry: {violation}"),
                                 evidence: clip(evidence),
                                 at: now,
                             }),
-                        };
-                    vec![recorded, next]
+                        ],
+                    }
                 }
                 (
                     Status::Succeeded {
@@ -369,7 +400,7 @@ pub fn decide(
                     if confirmed == external_id {
                         Vec::new()
                     } else {
-                        let mut events = vec![recorded];
+                        let mut events = vec![recorded(None)];
                         events.extend(duplicate_of(state, external_id, "reconciliation", now));
                         events
                     }
@@ -379,10 +410,9 @@ pub fn decide(
             }
         }
         Command::RequireReview { reason, evidence } => {
-            let from_unresolved = state.status == Status::Unknown
-                || (state.status == Status::Pending
-                    && state.pending_since == Some(PendingSince::RetryScheduled));
-            if !from_unresolved {
+            // From pending too: a send can become impossible while queued (the retry contract ran
+            // out, the account's binding changed), and only a person can decide what then.
+            if !matches!(state.status, Status::Unknown | Status::Pending) {
                 return Err(refuse());
             }
             check_note("reason", reason)?;
@@ -468,6 +498,34 @@ fn duplicate_of(
             at: now,
         })
     })
+}
+
+/// Whether an operation without a safe retry may stay unknown and be looked up again rather
+/// than go to a person now: only while the lookup budget lasts, and only when the answer could
+/// still change — the lookup was inconclusive, or a lagging search may not show the object yet.
+fn may_keep_checking(
+    result: &ReconciliationResult,
+    capabilities: &ProviderCapabilities,
+    policy: &RetryPolicy,
+    state: &OperationState,
+    now: DateTime<Utc>,
+) -> bool {
+    if state.reconciliations.saturating_add(1) >= policy.max_reconciliations {
+        return false;
+    }
+    match (result, capabilities.lookup) {
+        (ReconciliationResult::Inconclusive { .. }, _) => true,
+        (
+            ReconciliationResult::NotFound {
+                authoritative: false,
+            },
+            LookupSupport::EventuallyConsistent { lag_ms },
+        ) => state
+            .unknown_since
+            .and_then(|since| since.checked_add_signed(milliseconds(lag_ms)))
+            .is_some_and(|indexed_by| now < indexed_by),
+        _ => false,
+    }
 }
 
 /// Cuts outside text to the limit at a character boundary.

@@ -129,6 +129,23 @@ pub struct OutcomeUnknown {
     pub at: DateTime<Utc>,
 }
 
+/// Provably nothing of the attempt was applied (the connection was never made, the provider
+/// answered 429, or it said the same key is still being processed): the operation is pending
+/// again, with the same key, under the same conditions it was claimed under.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptNotSent {
+    /// The attempt concerned.
+    pub attempt_id: AttemptId,
+    /// Why nothing was applied.
+    pub reason: String,
+    /// The earliest start of the next attempt.
+    #[serde(with = "crate::timestamp")]
+    pub retry_not_before: DateTime<Utc>,
+    /// When.
+    #[serde(with = "crate::timestamp")]
+    pub at: DateTime<Utc>,
+}
+
 /// The attempt's lease ran out with no outcome recorded. Its request may still be running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseExpired {
@@ -172,6 +189,13 @@ pub struct ReconciliationRecorded {
     pub result: ReconciliationResult,
     /// The evidence, as the provider gave it.
     pub evidence: String,
+    /// When the operation stays unknown: the earliest time to look again.
+    #[serde(
+        default,
+        with = "crate::timestamp::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_check_not_before: Option<DateTime<Utc>>,
     /// When.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
@@ -295,6 +319,8 @@ pub enum OperationEvent {
     AttemptRejected(AttemptRejected),
     /// See [`OutcomeUnknown`].
     OutcomeUnknown(OutcomeUnknown),
+    /// See [`AttemptNotSent`].
+    AttemptNotSent(AttemptNotSent),
     /// See [`LeaseExpired`].
     LeaseExpired(LeaseExpired),
     /// See [`ReconciliationRecorded`].
@@ -322,6 +348,7 @@ impl OperationEvent {
             Self::AttemptSucceeded(e) => e.at,
             Self::AttemptRejected(e) => e.at,
             Self::OutcomeUnknown(e) => e.at,
+            Self::AttemptNotSent(e) => e.at,
             Self::LeaseExpired(e) => e.at,
             Self::ReconciliationRecorded(e) => e.at,
             Self::RetryScheduled(e) => e.at,

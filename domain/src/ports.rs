@@ -22,4 +22,6 @@ pub trait IdSource: Send + Sync {
     fn new_attempt_id(&self) -> AttemptId;
     /// A new idempotency key: random, with no personal data in it.
     fn new_idempotency_key(&self) -> IdempotencyKey;
+    /// A uniformly random number in `0..bound` (0 when `bound` is 0), for jittered backoff.
+    fn random_below(&self, bound: u64) -> u64;
 }

@@ -78,6 +78,17 @@ pub enum PendingSince {
     ReviewerRetry,
 }
 
+/// Work an operation waits for (see [`OperationState::next_work`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Work {
+    /// Claim it and send it.
+    Send,
+    /// Its attempt's lease ran out: record that the outcome is unknown.
+    Sweep,
+    /// Look it up at the provider.
+    Reconcile,
+}
+
 /// The latest attempt of an operation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptInfo {
@@ -91,6 +102,9 @@ pub struct AttemptInfo {
     pub lease_deadline: DateTime<Utc>,
     /// When it started.
     pub started_at: DateTime<Utc>,
+    /// How the operation was pending when this attempt claimed it; restored if provably nothing
+    /// was sent, so the next attempt passes exactly the checks this one had to.
+    pub claimed_from: PendingSince,
 }
 
 /// The state of one operation, folded from its stream.
@@ -114,6 +128,10 @@ pub struct OperationState {
     pub retry_not_before: Option<DateTime<Utc>>,
     /// When it last became unknown.
     pub unknown_since: Option<DateTime<Utc>>,
+    /// Lookups made since it last became unknown.
+    pub reconciliations: u32,
+    /// While unknown: the earliest time to look again.
+    pub next_check_not_before: Option<DateTime<Utc>>,
     /// The latest error or refusal, for people.
     pub last_error: Option<String>,
     /// Why it needs review, when it does.
@@ -143,6 +161,8 @@ impl OperationState {
             attempt_ids: Vec::new(),
             retry_not_before: None,
             unknown_since: None,
+            reconciliations: 0,
+            next_check_not_before: None,
             last_error: None,
             review_reason: None,
             duplicates: Vec::new(),
@@ -163,6 +183,22 @@ impl OperationState {
         self.current_attempt
             .as_ref()
             .is_some_and(|current| current.attempt_id == attempt)
+    }
+
+    /// What work the operation waits for, and from when: a send once pending is due, a sweep
+    /// once the lease has run out, a lookup once the next check is due. `None` when only an
+    /// outside event (approval, review, a response) can move it.
+    pub fn next_work(&self) -> Option<(DateTime<Utc>, Work)> {
+        let since = self.updated_at?;
+        match &self.status {
+            Status::Pending => Some((self.retry_not_before.unwrap_or(since), Work::Send)),
+            Status::InFlight => self
+                .current_attempt
+                .as_ref()
+                .map(|attempt| (attempt.lease_deadline, Work::Sweep)),
+            Status::Unknown => Some((self.next_check_not_before.unwrap_or(since), Work::Reconcile)),
+            _ => None,
+        }
     }
 
     /// Whether `attempt` is one of this operation's attempts.
@@ -197,6 +233,10 @@ impl OperationState {
         }
         if status == Status::Unknown && self.status != Status::Unknown {
             self.unknown_since = self.updated_at;
+            self.reconciliations = 0;
+        }
+        if status != Status::Unknown {
+            self.next_check_not_before = None;
         }
         self.status = status;
     }
@@ -247,6 +287,7 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
                 worker: started.worker.clone(),
                 lease_deadline: started.lease_deadline,
                 started_at: started.at,
+                claimed_from: state.pending_since.unwrap_or(PendingSince::Recorded),
             });
             state.enter(Status::InFlight);
         }
@@ -259,6 +300,16 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.last_error = Some(unknown.error.clone());
             state.enter(Status::Unknown);
         }
+        OperationEvent::AttemptNotSent(not_sent) => {
+            state.last_error = Some(format!("not sent: {}", not_sent.reason));
+            let claimed_from = state
+                .current_attempt
+                .as_ref()
+                .map_or(PendingSince::Recorded, |attempt| attempt.claimed_from);
+            state.enter(Status::Pending);
+            state.pending_since = Some(claimed_from);
+            state.retry_not_before = Some(not_sent.retry_not_before);
+        }
         OperationEvent::LeaseExpired(expired) => {
             state.last_error = Some(format!("lease expired at {}", expired.lease_deadline));
             state.enter(Status::Unknown);
@@ -266,6 +317,12 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
         OperationEvent::ReconciliationRecorded(reconciled) => {
             if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
                 state.succeed(external_id);
+            } else if state.status == Status::Unknown {
+                state.reconciliations += 1;
+                state.next_check_not_before = reconciled.next_check_not_before;
+                if let ReconciliationResult::Inconclusive { reason } = &reconciled.result {
+                    state.last_error = Some(format!("lookup inconclusive: {reason}"));
+                }
             }
         }
         OperationEvent::RetryScheduled(retry) => {

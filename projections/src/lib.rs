@@ -5,3 +5,4 @@
 //! It must never depend on anything but the events it is given, in log order.
 
 pub mod totals;
+pub mod work_queue;

@@ -20,6 +20,8 @@ pub struct Totals {
     pub confirmed_responses: u64,
     /// Definitive refusals.
     pub rejections: u64,
+    /// Attempts provably not applied (never connected, rate limited, key in flight).
+    pub not_sent: u64,
     /// Attempts that ended without a known outcome (timeouts, expired leases).
     pub unknown_outcomes: u64,
     /// Reconciliations that found the object.
@@ -43,6 +45,7 @@ impl Totals {
             OperationEvent::AttemptStarted(_) => &mut self.attempts,
             OperationEvent::AttemptSucceeded(_) => &mut self.confirmed_responses,
             OperationEvent::AttemptRejected(_) => &mut self.rejections,
+            OperationEvent::AttemptNotSent(_) => &mut self.not_sent,
             OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => {
                 &mut self.unknown_outcomes
             }
@@ -79,6 +82,7 @@ mod tests {
             OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
                 result,
                 evidence: String::new(),
+                next_check_not_before: None,
                 at: at(),
             })
         };

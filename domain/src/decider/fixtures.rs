@@ -95,6 +95,7 @@ pub fn lookup_only() -> ProviderCapabilities {
 
 pub fn policy() -> RetryPolicy {
     RetryPolicy {
+        max_reconciliations: 3,
         max_attempts: 3,
         max_total_ms: 3_600_000,
     }

@@ -31,6 +31,7 @@ enum Action {
     Succeed(Which, u8),
     Reject(Which),
     Unknown(Which),
+    NotSent(Which),
     Expire(Which),
     Reconcile(Option<u8>),
     RequireReview,
@@ -49,6 +50,7 @@ fn action() -> impl Strategy<Value = Action> {
         3 => (which(), 0..3_u8).prop_map(|(w, id)| Action::Succeed(w, id)),
         1 => which().prop_map(Action::Reject),
         3 => which().prop_map(Action::Unknown),
+        2 => which().prop_map(Action::NotSent),
         2 => which().prop_map(Action::Expire),
         3 => proptest::option::of(0..3_u8).prop_map(Action::Reconcile),
         1 => Just(Action::RequireReview),
@@ -77,6 +79,8 @@ proptest! {
         let mut state = fold(&history);
         let mut now = t0();
         let mut next_attempt = 1_u128;
+        // Whether an attempt ended without a known outcome since the last reviewer's retry.
+        let mut uncertain_since_decision = false;
 
         for (action, advance_s) in steps {
             now += Duration::seconds(advance_s);
@@ -95,6 +99,7 @@ proptest! {
                 Action::Succeed(w, id) => Command::RecordSuccess { attempt_id: pick(w), external_id: external(&format!("73{id}")), provider_request_id: None },
                 Action::Reject(w) => Command::RecordRejection { attempt_id: pick(w), code: "422".into(), message: "no".into() },
                 Action::Unknown(w) => Command::RecordUnknown { attempt_id: pick(w), error: "timeout".into() },
+                Action::NotSent(w) => Command::RecordNotSent { attempt_id: pick(w), reason: "429".into(), retry_not_before: now + Duration::seconds(30) },
                 Action::Expire(w) => Command::ExpireLease { attempt_id: pick(w) },
                 Action::Reconcile(found) => Command::RecordReconciliation {
                     result: match found {
@@ -106,6 +111,7 @@ proptest! {
                     capabilities,
                     policy: policy(),
                     retry_not_before: now + Duration::seconds(5),
+                    next_check_not_before: now + Duration::seconds(5),
                 },
                 Action::RequireReview => Command::RequireReview { reason: "stuck".into(), evidence: String::new() },
                 Action::Resolve(decision, id) => Command::ResolveReview {
@@ -126,8 +132,9 @@ proptest! {
                 if let OperationEvent::AttemptStarted(started) = event {
                     prop_assert_eq!(started.attempt_number, before.attempts + 1);
                     prop_assert_eq!(&before.status, &Status::Pending, "attempts start only from pending");
-                    // No attempt after the first without a valid contract or a person's decision.
-                    if before.attempts > 0 {
+                    // No attempt after an uncertain one without a valid contract or a person's
+                    // decision (attempts provably not sent leave nothing to be uncertain about).
+                    if uncertain_since_decision {
                         match before.pending_since {
                             Some(PendingSince::ReviewerRetry) => {}
                             Some(PendingSince::RetryScheduled) => prop_assert!(
@@ -157,6 +164,13 @@ proptest! {
                     metadata: data.metadata,
                 };
                 prop_assert_eq!(&codec::decode(&recorded).expect("decodes"), event);
+                match event {
+                    OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => uncertain_since_decision = true,
+                    OperationEvent::ReviewResolved(resolved) if resolved.decision == ReviewDecision::Retry => {
+                        uncertain_since_decision = false;
+                    }
+                    _ => {}
+                }
                 state = evolve(state, event);
                 history.push(event.clone());
             }

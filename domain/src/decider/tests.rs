@@ -40,6 +40,7 @@ fn reconcile(
         capabilities,
         policy: policy(),
         retry_not_before: not_before,
+        next_check_not_before: not_before,
     }
 }
 
@@ -481,7 +482,7 @@ fn reconciliation_is_refused_where_nothing_is_unknown() {
 }
 
 #[test]
-fn review_cannot_be_required_of_an_operation_in_flight_or_never_attempted() {
+fn review_can_be_required_of_a_pending_operation_but_not_of_one_in_flight() {
     let review = Command::RequireReview {
         reason: "why not".into(),
         evidence: String::new(),
@@ -490,10 +491,8 @@ fn review_cannot_be_required_of_an_operation_in_flight_or_never_attempted() {
         in_flight(keyed()).when(&review, at_s(1)).rejection(),
         Rejection::NotAllowed { .. }
     ));
-    assert!(matches!(
-        recorded().when(&review, at_s(1)).rejection(),
-        Rejection::NotAllowed { .. }
-    ));
+    // A pending send can become impossible while queued (binding changed, contract ran out).
+    assert_eq!(recorded().when(&review, at_s(1)).status(), "needs_review");
 }
 
 // --- review -----------------------------------------------------------------------------------
@@ -668,16 +667,105 @@ fn a_late_confirmation_of_attempt_one_while_attempt_two_is_in_flight_settles_it(
 
 #[test]
 fn the_seed_incident_is_caught_the_lost_response_does_not_become_a_second_task() {
-    // The article's story: task 731 was created, its response was lost. With a lookup-only CRM,
-    // the empty search right after must not authorise a second create.
+    // The article's story: task 731 was created, its response was lost. With a lookup-only CRM
+    // whose search lags 5 s, the empty search right after proves nothing: the operation stays
+    // unknown and is looked up again; no second create is ever allowed.
     let outcome = unknown_after_first_attempt(lookup_only())
-        .when(&reconcile(not_found(), lookup_only(), at_s(11)), at_s(11));
-    assert_eq!(outcome.status(), "needs_review");
+        .when(&reconcile(not_found(), lookup_only(), at_s(12)), at_s(11));
+    assert_eq!(outcome.then_types(), ["ReconciliationRecorded"]);
+    let state = outcome.scenario.state();
+    assert_eq!(state.status, Status::Unknown);
+    assert_eq!(state.next_check_not_before, Some(at_s(12)));
+    assert_eq!(state.reconciliations, 1);
+    let outcome = outcome.and(&start(2, lookup_only()), at_s(12));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+    // Once the index has had its lag (unknown at 10 s + 5 s), an empty search ends in review.
+    let outcome = outcome
+        .scenario
+        .when(&reconcile(not_found(), lookup_only(), at_s(16)), at_s(16));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+}
+
+#[test]
+fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
+    // policy(): at most 3 lookups leave the operation unknown.
+    let inconclusive = || ReconciliationResult::Inconclusive {
+        reason: "503".into(),
+    };
+    let mut scenario = unknown_after_first_attempt(lookup_only());
+    for n in 1..=2 {
+        let outcome = scenario.when(
+            &reconcile(inconclusive(), lookup_only(), at_s(20)),
+            at_s(20),
+        );
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "lookup {n}"
+        );
+        scenario = outcome.scenario;
+    }
+    let outcome = scenario.when(
+        &reconcile(inconclusive(), lookup_only(), at_s(20)),
+        at_s(20),
+    );
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+}
+
+#[test]
+fn an_attempt_provably_not_sent_is_pending_again_under_the_conditions_it_was_claimed_under() {
+    let not_sent = Command::RecordNotSent {
+        attempt_id: attempt(1),
+        reason: "429 rate limited".into(),
+        retry_not_before: at_s(30),
+    };
+    let outcome = in_flight(lookup_only()).when(&not_sent, at_s(1));
+    assert_eq!(outcome.then_types(), ["AttemptNotSent"]);
+    let state = outcome.scenario.state();
+    assert_eq!(state.status, Status::Pending);
+    assert_eq!(
+        state.pending_since,
+        Some(crate::state::PendingSince::Recorded)
+    );
+    assert_eq!(state.retry_not_before, Some(at_s(30)));
+    let early = outcome.scenario.when(&start(2, lookup_only()), at_s(29));
+    assert_eq!(
+        early.rejection(),
+        &Rejection::NotYetDue {
+            not_before: at_s(30)
+        }
+    );
+    let outcome = early.scenario.when(&start(2, lookup_only()), at_s(30));
+    assert_eq!(outcome.then_types(), ["AttemptStarted"]);
+}
+
+#[test]
+fn a_retry_that_was_not_sent_still_needs_its_contract_on_the_next_claim() {
+    let scheduled = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(20)), at_s(20))
+        .and(&start(2, keyed()), at_s(20))
+        .and(
+            &Command::RecordNotSent {
+                attempt_id: attempt(2),
+                reason: "409 idempotency_in_flight".into(),
+                retry_not_before: at_s(21),
+            },
+            at_s(20),
+        )
+        .scenario;
+    assert_eq!(
+        scheduled.state().pending_since,
+        Some(crate::state::PendingSince::RetryScheduled)
+    );
+    let outcome = scheduled.when(&start(3, keyed()), at_s(23 * 3600));
     assert!(matches!(
-        outcome
-            .scenario
-            .when(&start(2, lookup_only()), at_s(12))
-            .rejection(),
-        Rejection::NotAllowed { .. }
+        outcome.rejection(),
+        Rejection::RetryNotAllowed(ContractViolation::KeyRetentionPassed { .. })
     ));
 }

@@ -1,0 +1,207 @@
+//! In-process workers: find due work through the work-queue projection and drive it with the
+//! engine, with bounded concurrency and a clean shutdown.
+//!
+//! One task follows the global log (catch-up, then live) into a [`WorkQueue`], dispatches every
+//! operation whose work is due (a send, a sweep of an expired lease, a lookup) to the engine, at
+//! most `max_concurrent` at a time and never the same operation twice at once. Shutdown stops
+//! dispatching and waits (bounded) for the drives in progress, so a send that was made is
+//! recorded; a drive cut off by the bound leaves its attempt in flight, which the next run sweeps
+//! to unknown and reconciles. It must never guess an outcome to finish faster.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opledger_domain::app::AppError;
+use opledger_domain::codec;
+use opledger_domain::engine::Engine;
+use opledger_domain::ids::OperationId;
+use opledger_domain::ports::{Clock, IdSource};
+use opledger_domain::provider::Providers;
+use opledger_domain::store::{EventStore, LogStart, StoreError, Subscription};
+use opledger_projections::work_queue::WorkQueue;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, warn};
+
+/// Most drives any configuration may run at once.
+pub const MAX_CONCURRENT_LIMIT: usize = 1024;
+
+/// How the workers pace themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Most operations driven at once (sends, sweeps and lookups together).
+    pub max_concurrent: usize,
+    /// The longest sleep between looks at the queue when nothing is due, in milliseconds.
+    pub idle_poll_ms: u64,
+    /// The shortest pause before the same operation is driven again when nothing about it
+    /// changed (a drive failed, or found nothing to do), in milliseconds.
+    pub redrive_pause_ms: u64,
+    /// How long shutdown waits for drives in progress, in milliseconds.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 16,
+            idle_poll_ms: 200,
+            redrive_pause_ms: 500,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
+/// What the workers did, reported at shutdown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Drives started.
+    pub drives: u64,
+    /// Drives that failed (the store or a decode failed); their operations are retried later.
+    pub failed_drives: u64,
+    /// Drives still running when the shutdown grace ran out.
+    pub abandoned_at_shutdown: usize,
+}
+
+/// Why the workers stopped on their own.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The log subscription failed.
+    #[error("the workers' log subscription failed: {0}")]
+    Store(#[from] StoreError),
+    /// An event in the log could not be decoded.
+    #[error("the workers cannot read the log: {0}")]
+    Decode(#[from] codec::DecodeError),
+}
+
+/// Running workers.
+#[derive(Debug)]
+pub struct Workers {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<WorkerStats, WorkerError>>,
+}
+
+impl Workers {
+    /// Starts the workers for `engine`.
+    pub fn spawn<S, C, I, P>(engine: Arc<Engine<S, C, I, P>>, config: WorkerConfig) -> Self
+    where
+        S: EventStore + 'static,
+        C: Clock + 'static,
+        I: IdSource + 'static,
+        P: Providers + 'static,
+    {
+        let (stop, stopped) = watch::channel(false);
+        let config = WorkerConfig {
+            max_concurrent: config.max_concurrent.clamp(1, MAX_CONCURRENT_LIMIT),
+            ..config
+        };
+        let task = tokio::spawn(run(engine, config, stopped));
+        Self { stop, task }
+    }
+
+    /// Stops dispatching, waits for the drives in progress (up to the grace), and reports.
+    pub async fn shutdown(self) -> Result<WorkerStats, WorkerError> {
+        let _ = self.stop.send(true);
+        match self.task.await {
+            Ok(result) => result,
+            Err(error) => Err(WorkerError::Store(StoreError::Unavailable {
+                reason: format!("the worker task failed: {error}"),
+            })),
+        }
+    }
+}
+
+async fn run<S, C, I, P>(
+    engine: Arc<Engine<S, C, I, P>>,
+    config: WorkerConfig,
+    mut stopped: watch::Receiver<bool>,
+) -> Result<WorkerStats, WorkerError>
+where
+    S: EventStore + 'static,
+    C: Clock + 'static,
+    I: IdSource + 'static,
+    P: Providers + 'static,
+{
+    let mut subscription = engine
+        .ledger()
+        .store()
+        .subscribe_all(LogStart::Beginning)
+        .await?;
+    let mut queue = WorkQueue::new();
+    let mut running: JoinSet<(OperationId, Result<(), AppError>)> = JoinSet::new();
+    let mut busy = HashSet::new();
+    let mut last_driven: HashMap<OperationId, Instant> = HashMap::new();
+    let mut stats = WorkerStats::default();
+    let idle = Duration::from_millis(config.idle_poll_ms.max(1));
+    let redrive_pause = Duration::from_millis(config.redrive_pause_ms);
+
+    loop {
+        let now = engine.ledger().clock().now();
+        let room = config.max_concurrent.saturating_sub(running.len());
+        if room > 0 {
+            // Ask for more than there is room for: some due operations are already running.
+            for (operation_id, work) in queue.due(now, room + busy.len() + last_driven.len()) {
+                if running.len() >= config.max_concurrent {
+                    break;
+                }
+                let recently = last_driven
+                    .get(&operation_id)
+                    .is_some_and(|at| at.elapsed() < redrive_pause);
+                if busy.contains(&operation_id) || recently {
+                    continue;
+                }
+                debug!(%operation_id, ?work, "dispatching");
+                busy.insert(operation_id);
+                last_driven.insert(operation_id, Instant::now());
+                stats.drives += 1;
+                let engine = Arc::clone(&engine);
+                running.spawn(
+                    async move { (operation_id, engine.drive(operation_id).await.map(drop)) },
+                );
+            }
+        }
+        let wait = queue
+            .next_due_at()
+            .and_then(|due_at| (due_at - now).to_std().ok())
+            .map_or(idle, |until_due| until_due.min(idle));
+
+        tokio::select! {
+            biased;
+            _ = stopped.changed() => break,
+            event = subscription.next() => {
+                let recorded = event?;
+                if let Some(operation_id) = recorded.stream.operation_id() {
+                    queue.apply(operation_id, &codec::decode(&recorded)?);
+                    // Something changed: it may be driven again at once.
+                    last_driven.remove(&operation_id);
+                }
+            }
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                if let Ok((operation_id, result)) = done {
+                    busy.remove(&operation_id);
+                    if let Err(error) = result {
+                        stats.failed_drives += 1;
+                        warn!(%operation_id, %error, "drive failed; the operation will be driven again");
+                    }
+                }
+            }
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+
+    // Stop taking work; let the drives in progress record what their sends did.
+    let grace = tokio::time::sleep(Duration::from_millis(config.shutdown_grace_ms));
+    tokio::pin!(grace);
+    while !running.is_empty() {
+        tokio::select! {
+            _ = running.join_next() => {}
+            () = &mut grace => {
+                stats.abandoned_at_shutdown = running.len();
+                warn!(drives = running.len(), "shutdown grace ran out; their attempts stay in flight until swept");
+                running.abort_all();
+                break;
+            }
+        }
+    }
+    Ok(stats)
+}

@@ -1,0 +1,462 @@
+//! The execution engine: the article's `execute` and `reconcile`, done right, over the ports.
+//!
+//! `drive` moves one operation as far as it can go now: a pending operation is claimed (one
+//! conditional append; exactly one worker wins), its binding and retry contract are checked again
+//! right before the send, the attempt is sent with the operation's key, and what the provider
+//! said is recorded with another conditional append. An expired lease becomes unknown (it does
+//! not prove the request stopped). An unknown operation is looked up; evidence settles it, a valid
+//! retry contract schedules a retry of the same operation with the same key, anything else goes to
+//! a person. Every answer carries the one sentence the agent may say.
+//!
+//! It must never send without a recorded claim, never send to an account other than the one the
+//! intent is bound to, and never decide on its own that an unclear attempt failed.
+
+use chrono::{DateTime, Utc};
+use tracing::{info, warn, Instrument};
+
+use crate::app::{AppError, Ledger, LoadedOperation};
+use crate::command::Command;
+use crate::contract::{milliseconds, RetryPolicy, SendBinding};
+use crate::decider::Rejection;
+use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::ids::{ActorId, OperationId, WorkerId};
+use crate::ports::{Clock, IdSource};
+use crate::provider::{
+    operation_label, LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+};
+use crate::sentence::agent_sentence;
+use crate::state::{OperationState, Status};
+use crate::store::EventStore;
+
+/// Most steps one `drive` call takes (claim + send, sweep, lookup) before it returns.
+pub const MAX_DRIVE_STEPS: usize = 4;
+/// The longest wait a provider's Retry-After may impose, in milliseconds.
+pub const MAX_RETRY_AFTER_MS: u64 = 10 * 60 * 1000;
+
+/// How the engine paces and bounds its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnginePolicy {
+    /// How long a claim holds without an outcome, in milliseconds. Must exceed the providers'
+    /// request timeouts, or healthy slow sends are swept to unknown.
+    pub lease_ms: u64,
+    /// The retry and lookup budget.
+    pub retry: RetryPolicy,
+    /// The first backoff, in milliseconds; it doubles per attempt or lookup.
+    pub backoff_base_ms: u64,
+    /// The longest backoff, in milliseconds.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for EnginePolicy {
+    fn default() -> Self {
+        Self {
+            lease_ms: 30_000,
+            retry: RetryPolicy::default(),
+            backoff_base_ms: 500,
+            backoff_max_ms: 60_000,
+        }
+    }
+}
+
+/// Where an operation stands after the engine worked on it, and what the agent may say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The operation.
+    pub operation: LoadedOperation,
+    /// The one truthful sentence for the agent.
+    pub sentence: String,
+}
+
+impl Report {
+    fn of(operation: LoadedOperation) -> Self {
+        let sentence = agent_sentence(&operation.state);
+        Self {
+            operation,
+            sentence,
+        }
+    }
+
+    /// The operation's state.
+    pub fn state(&self) -> &OperationState {
+        &self.operation.state
+    }
+}
+
+/// The engine over a ledger and the providers it sends to.
+#[derive(Debug)]
+pub struct Engine<S, C, I, P> {
+    ledger: Ledger<S, C, I>,
+    providers: P,
+    policy: EnginePolicy,
+    worker: WorkerId,
+}
+
+impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
+    /// An engine that claims attempts as `worker`.
+    pub fn new(
+        ledger: Ledger<S, C, I>,
+        providers: P,
+        policy: EnginePolicy,
+        worker: WorkerId,
+    ) -> Self {
+        Self {
+            ledger,
+            providers,
+            policy,
+            worker,
+        }
+    }
+
+    /// The ledger underneath.
+    pub fn ledger(&self) -> &Ledger<S, C, I> {
+        &self.ledger
+    }
+
+    /// The providers the engine sends to.
+    pub fn providers(&self) -> &P {
+        &self.providers
+    }
+
+    /// Moves the operation as far as it can go now and reports where it stands: terminal → its
+    /// result; awaiting approval or review → as is; in flight → its status (or unknown, once the
+    /// lease has run out); unknown → looked up; pending and due → claimed, sent, recorded.
+    pub async fn drive(&self, operation_id: OperationId) -> Result<Report, AppError> {
+        let mut loaded = self.ledger.get(operation_id).await?;
+        for _ in 0..MAX_DRIVE_STEPS {
+            let now = self.ledger.clock().now();
+            let due = loaded
+                .state
+                .next_work()
+                .is_some_and(|(due_at, _)| due_at <= now);
+            if !due {
+                break;
+            }
+            loaded = match loaded.state.status {
+                Status::Pending => self.attempt(loaded).await?,
+                Status::InFlight => self.expire(loaded).await?,
+                Status::Unknown => self.reconcile_loaded(loaded).await?,
+                _ => break,
+            };
+        }
+        Ok(Report::of(loaded))
+    }
+
+    /// Records a reviewer's decision and, for a retry, drives the operation on.
+    pub async fn resolve_review(
+        &self,
+        operation_id: OperationId,
+        reviewer: ActorId,
+        decision: ReviewDecision,
+        note: String,
+    ) -> Result<Report, AppError> {
+        let retry = decision == ReviewDecision::Retry;
+        let command = Command::ResolveReview {
+            reviewer,
+            decision,
+            note,
+        };
+        let resolved = self.ledger.execute(operation_id, &command).await?;
+        if retry {
+            return self.drive(operation_id).await;
+        }
+        Ok(Report::of(resolved))
+    }
+
+    /// Claims, sends and records one attempt of a pending operation.
+    async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let intent = intent_of(&loaded)?.clone();
+        let Some(capabilities) = self.providers.capabilities(&intent.provider) else {
+            return self
+                .require_review(
+                    loaded,
+                    format!(
+                        "provider `{}` is not configured, so the operation cannot be sent",
+                        intent.provider
+                    ),
+                )
+                .await;
+        };
+        let Some(credential_fingerprint) = self
+            .providers
+            .credential_fingerprint(&intent.provider, &intent.account)
+        else {
+            return self
+                .require_review(
+                    loaded,
+                    format!(
+                        "account `{}` of provider `{}` is not configured any more; the operation stays bound to it",
+                        intent.account, intent.provider
+                    ),
+                )
+                .await;
+        };
+        let binding = SendBinding {
+            account: intent.account.clone(),
+            credential_fingerprint,
+            // The hash of what will actually be sent, recomputed, not copied from the intent.
+            args_hash: intent.args.hash(),
+        };
+        let attempt_id = self.ledger.ids().new_attempt_id();
+        let claim = Command::StartAttempt {
+            attempt_id,
+            worker: self.worker.clone(),
+            lease_ms: self.policy.lease_ms,
+            binding,
+            capabilities,
+            policy: self.policy.retry,
+        };
+        let claimed = match self.ledger.execute_from(loaded, &claim).await {
+            Ok(claimed) => claimed,
+            Err(AppError::Rejected {
+                rejection:
+                    Rejection::RetryNotAllowed(violation) | Rejection::BindingChanged(violation),
+                ..
+            }) => {
+                let current = self.ledger.get(operation_id).await?;
+                return self
+                    .require_review(
+                        current,
+                        format!("the send is not safe any more: {violation}"),
+                    )
+                    .await;
+            }
+            // Another worker claimed it, or its time has not come: report where it stands.
+            Err(AppError::Rejected {
+                rejection: Rejection::NotAllowed { .. } | Rejection::NotYetDue { .. },
+                ..
+            }) => return self.ledger.get(operation_id).await,
+            Err(error) => return Err(error),
+        };
+        let attempt_number = claimed.state.attempts;
+        let request = SendRequest {
+            operation_id,
+            attempt_id,
+            provider: intent.provider.clone(),
+            account: intent.account.clone(),
+            action: intent.action.clone(),
+            args: intent.args.clone(),
+            idempotency_key: intent.idempotency_key.clone(),
+            label: operation_label(operation_id),
+        };
+        let span = tracing::info_span!(
+            "send",
+            %operation_id,
+            %attempt_id,
+            attempt_number,
+            provider = %intent.provider,
+            account = %intent.account,
+            external_id = tracing::field::Empty,
+        );
+        let outcome = self
+            .providers
+            .execute(&request)
+            .instrument(span.clone())
+            .await;
+        let now = self.ledger.clock().now();
+        let command = match outcome {
+            SendOutcome::Confirmed {
+                external_id,
+                provider_request_id,
+            } => {
+                span.record("external_id", tracing::field::display(&external_id));
+                info!(parent: &span, "confirmed");
+                Command::RecordSuccess {
+                    attempt_id,
+                    external_id,
+                    provider_request_id,
+                }
+            }
+            SendOutcome::Rejected { code, message } => {
+                info!(parent: &span, %code, "rejected");
+                Command::RecordRejection {
+                    attempt_id,
+                    code,
+                    message,
+                }
+            }
+            SendOutcome::Uncertain { error, .. } => {
+                warn!(parent: &span, %error, "outcome unknown");
+                Command::RecordUnknown { attempt_id, error }
+            }
+            SendOutcome::NotSent {
+                reason,
+                retry_after_ms,
+            } => {
+                info!(parent: &span, %reason, "not sent");
+                Command::RecordNotSent {
+                    attempt_id,
+                    reason,
+                    retry_not_before: self.later(now, attempt_number, retry_after_ms),
+                }
+            }
+        };
+        // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
+        // unknown and the reconciler finds what the provider did. Nothing is guessed.
+        self.ledger
+            .execute_from(claimed, &command)
+            .instrument(span)
+            .await
+    }
+
+    /// Records that an in-flight attempt's lease ran out.
+    async fn expire(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
+        let Some(attempt) = loaded.state.current_attempt.clone() else {
+            return Ok(loaded);
+        };
+        warn!(operation_id = %loaded.operation_id, attempt_id = %attempt.attempt_id, "lease expired; the outcome is unknown");
+        let command = Command::ExpireLease {
+            attempt_id: attempt.attempt_id,
+        };
+        match self.ledger.execute_from(loaded, &command).await {
+            Err(AppError::Rejected {
+                operation_id,
+                rejection: Rejection::LeaseStillValid { .. },
+            }) => self.ledger.get(operation_id).await,
+            other => other,
+        }
+    }
+
+    /// Asks the provider what became of an unknown operation and records the answer.
+    async fn reconcile_loaded(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let intent = intent_of(&loaded)?.clone();
+        let (Some(capabilities), Some(credential_fingerprint)) = (
+            self.providers.capabilities(&intent.provider),
+            self.providers
+                .credential_fingerprint(&intent.provider, &intent.account),
+        ) else {
+            return self
+                .require_review(
+                    loaded,
+                    format!("provider `{}` / account `{}` is not configured, so the operation cannot be looked up", intent.provider, intent.account),
+                )
+                .await;
+        };
+        let request = LookupRequest {
+            operation_id,
+            provider: intent.provider.clone(),
+            account: intent.account.clone(),
+            idempotency_key: intent.idempotency_key.clone(),
+            label: operation_label(operation_id),
+        };
+        let span = tracing::info_span!("lookup", %operation_id, provider = %intent.provider, account = %intent.account);
+        let lookup = self
+            .providers
+            .lookup(&request)
+            .instrument(span.clone())
+            .await;
+        let (result, evidence, retry_after_ms) = match lookup {
+            LookupOutcome::Found {
+                external_id,
+                account,
+                evidence,
+            } => {
+                info!(parent: &span, %external_id, "found");
+                (
+                    ReconciliationResult::Found {
+                        external_id,
+                        account,
+                    },
+                    evidence,
+                    None,
+                )
+            }
+            LookupOutcome::NotFound {
+                authoritative,
+                evidence,
+            } => (
+                ReconciliationResult::NotFound { authoritative },
+                evidence,
+                None,
+            ),
+            LookupOutcome::Unavailable {
+                reason,
+                retry_after_ms,
+            } => (
+                ReconciliationResult::Inconclusive {
+                    reason: reason.clone(),
+                },
+                reason,
+                retry_after_ms,
+            ),
+        };
+        let now = self.ledger.clock().now();
+        let state = &loaded.state;
+        let command = Command::RecordReconciliation {
+            result,
+            evidence,
+            binding: SendBinding {
+                account: intent.account.clone(),
+                credential_fingerprint,
+                args_hash: intent.args.hash(),
+            },
+            capabilities,
+            policy: self.policy.retry,
+            retry_not_before: self.later(now, state.attempts, retry_after_ms),
+            next_check_not_before: self.later(
+                now,
+                state.reconciliations.saturating_add(1),
+                retry_after_ms,
+            ),
+        };
+        match self
+            .ledger
+            .execute_from(loaded, &command)
+            .instrument(span)
+            .await
+        {
+            Err(AppError::Rejected {
+                rejection: Rejection::EvidenceFromAnotherAccount { bound, found },
+                ..
+            }) => {
+                let current = self.ledger.get(operation_id).await?;
+                self.require_review(current, format!("the lookup returned an object of account `{found}`, not `{bound}`: no evidence"))
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    async fn require_review(
+        &self,
+        loaded: LoadedOperation,
+        reason: String,
+    ) -> Result<LoadedOperation, AppError> {
+        warn!(operation_id = %loaded.operation_id, %reason, "handing the operation to a person");
+        let evidence = loaded.state.last_error.clone().unwrap_or_default();
+        match self
+            .ledger
+            .execute_from(loaded, &Command::RequireReview { reason, evidence })
+            .await
+        {
+            // Someone else moved it on meanwhile; report where it is.
+            Err(AppError::Rejected {
+                operation_id,
+                rejection: Rejection::NotAllowed { .. },
+            }) => self.ledger.get(operation_id).await,
+            other => other,
+        }
+    }
+
+    /// `now` plus the jittered exponential backoff for the `n`th try, or the provider's
+    /// Retry-After (capped) when that is longer.
+    fn later(&self, now: DateTime<Utc>, n: u32, retry_after_ms: Option<u64>) -> DateTime<Utc> {
+        let exponent = n.saturating_sub(1).min(30);
+        let backoff = self
+            .policy
+            .backoff_base_ms
+            .saturating_mul(1_u64 << exponent)
+            .min(self.policy.backoff_max_ms);
+        // "Equal jitter": half fixed, half random, so retries spread out but never bunch at 0.
+        let jittered = backoff / 2 + self.ledger.ids().random_below(backoff / 2 + 1);
+        let wait = jittered.max(retry_after_ms.unwrap_or(0).min(MAX_RETRY_AFTER_MS));
+        now.checked_add_signed(milliseconds(wait)).unwrap_or(now)
+    }
+}
+
+fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
+    loaded.state.intent.as_ref().ok_or(AppError::NotFound {
+        operation_id: loaded.operation_id,
+    })
+}

@@ -1,0 +1,141 @@
+//! The provider port: what the ledger needs from an external system it changes (a CRM).
+//!
+//! An adapter says what the provider can promise ([`ProviderCapabilities`]), carries out one
+//! attempt ([`Providers::execute`]) and looks an operation up ([`Providers::lookup`]). It
+//! classifies what happened honestly: `Confirmed` only with the provider's object id, `Rejected`
+//! only when the provider proved nothing was applied, `NotSent` only when provably nothing left
+//! the client or the provider said it processed nothing; everything else is `Uncertain`. A title
+//! match is never evidence: a lookup matches the operation's own label or key, in its account.
+
+use std::future::Future;
+
+use crate::args::ArgsSnapshot;
+use crate::contract::ProviderCapabilities;
+use crate::ids::{
+    AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
+    OperationId, ProviderId, ProviderRequestId,
+};
+
+/// One attempt to carry an operation out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendRequest {
+    /// The operation.
+    pub operation_id: OperationId,
+    /// This attempt.
+    pub attempt_id: AttemptId,
+    /// The provider to send to.
+    pub provider: ProviderId,
+    /// The account there.
+    pub account: AccountId,
+    /// What to do.
+    pub action: ActionName,
+    /// The frozen arguments.
+    pub args: ArgsSnapshot,
+    /// The operation's key, the same on every attempt.
+    pub idempotency_key: IdempotencyKey,
+    /// The operation's external label (see [`operation_label`]).
+    pub label: String,
+}
+
+/// How one attempt ended, as the adapter could tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// The provider confirmed and named the object.
+    Confirmed {
+        /// The object created (or, for a replayed key or an existing label, the one created first).
+        external_id: ExternalObjectId,
+        /// The provider's request id, when given.
+        provider_request_id: Option<ProviderRequestId>,
+    },
+    /// The provider refused definitively: nothing was applied.
+    Rejected {
+        /// Status and error code, e.g. `422 validation_failed`.
+        code: String,
+        /// The provider's explanation.
+        message: String,
+    },
+    /// It may have been applied (timeout after sending, reset, unclear 5xx).
+    Uncertain {
+        /// What the transport or provider reported.
+        error: String,
+        /// How long the provider asked us to wait, if it did, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
+    /// Provably nothing was applied by this attempt (the connection was never made, the provider
+    /// answered 429, or it said the same key is still being processed).
+    NotSent {
+        /// Why.
+        reason: String,
+        /// How long the provider asked us to wait, if it did, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
+}
+
+/// A request for evidence of what became of an operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LookupRequest {
+    /// The operation.
+    pub operation_id: OperationId,
+    /// The provider.
+    pub provider: ProviderId,
+    /// The account the operation is bound to.
+    pub account: AccountId,
+    /// The operation's key.
+    pub idempotency_key: IdempotencyKey,
+    /// The operation's external label.
+    pub label: String,
+}
+
+/// What a lookup found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupOutcome {
+    /// The provider holds an object for this operation.
+    Found {
+        /// Its id.
+        external_id: ExternalObjectId,
+        /// The account it belongs to.
+        account: AccountId,
+        /// The provider's answer, for the ledger.
+        evidence: String,
+    },
+    /// Nothing was found.
+    NotFound {
+        /// Whether the lookup is consistent; a lagging search proves nothing.
+        authoritative: bool,
+        /// The provider's answer, for the ledger.
+        evidence: String,
+    },
+    /// The lookup could not be made or gave no usable answer.
+    Unavailable {
+        /// Why.
+        reason: String,
+        /// How long the provider asked us to wait, if it did, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
+}
+
+/// Every provider the ledger can send to, routed by [`ProviderId`].
+pub trait Providers: Send + Sync {
+    /// What `provider` can promise; `None` when it is not configured.
+    fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities>;
+
+    /// The fingerprint of the credentials configured now for `account` at `provider`; `None`
+    /// when the account is not configured. Compared with the intent's before every send.
+    fn credential_fingerprint(
+        &self,
+        provider: &ProviderId,
+        account: &AccountId,
+    ) -> Option<CredentialFingerprint>;
+
+    /// Carries out one attempt.
+    fn execute(&self, request: &SendRequest) -> impl Future<Output = SendOutcome> + Send;
+
+    /// Looks the operation up.
+    fn lookup(&self, request: &LookupRequest) -> impl Future<Output = LookupOutcome> + Send;
+}
+
+/// The label an operation carries to the provider (a unique external id or a custom field), so
+/// that a lookup can find exactly this operation's object: `opl-` and the operation id.
+pub fn operation_label(operation_id: OperationId) -> String {
+    format!("opl-{operation_id}")
+}

@@ -1,0 +1,126 @@
+//! What the agent may say about an operation: one sentence that follows the state (design rule
+//! 11). "Done" needs a checkable ground: only a confirmed success names an object, and it names
+//! exactly the one the provider confirmed.
+
+use crate::state::{OperationState, Status};
+
+/// The one truthful sentence an agent may say about an operation in `state`.
+///
+/// ```
+/// use opledger_domain::sentence::agent_sentence;
+/// use opledger_domain::state::OperationState;
+/// assert!(agent_sentence(&OperationState::initial()).contains("not been recorded"));
+/// ```
+pub fn agent_sentence(state: &OperationState) -> String {
+    let what = state.intent.as_ref().map_or_else(
+        || "the operation".to_owned(),
+        |intent| format!("the {} request", intent.action.as_str().replace('_', " ")),
+    );
+    match &state.status {
+        Status::New => "This request has not been recorded, so nothing was done.".to_owned(),
+        Status::AwaitingApproval => {
+            format!("I have recorded {what}; it is waiting for approval and nothing has been sent yet.")
+        }
+        Status::Denied => format!(
+            "{} was denied, so nothing was sent{}.",
+            capitalize(&what),
+            reason_suffix(state.last_error.as_deref())
+        ),
+        Status::Pending if state.attempts == 0 => {
+            format!("I have recorded {what}; it has not been sent yet.")
+        }
+        Status::Pending | Status::InFlight => {
+            format!("I am sending {what} now; the system has not confirmed it yet.")
+        }
+        Status::Succeeded { external_id } => {
+            format!("Done: the system confirmed {what} and created object {external_id}.")
+        }
+        Status::Rejected => format!(
+            "The system refused {what}, so nothing was created{}.",
+            reason_suffix(state.last_error.as_deref())
+        ),
+        Status::Unknown => format!(
+            "The system has not confirmed {what} yet; I am checking whether it was created. Please do not repeat it."
+        ),
+        Status::NeedsReview => format!(
+            "I could not confirm whether {what} went through; a person is checking it now. Please do not repeat it."
+        ),
+        Status::Abandoned => format!("{} was cancelled after review.", capitalize(&what)),
+    }
+}
+
+fn reason_suffix(reason: Option<&str>) -> String {
+    reason.map_or_else(String::new, |reason| format!(" ({reason})"))
+}
+
+fn capitalize(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decider::fixtures::{at_s, external, intent};
+    use crate::event::{AttemptStarted, AttemptSucceeded, OperationEvent, OutcomeUnknown};
+    use crate::ids::WorkerId;
+    use crate::state::fold;
+
+    fn history_to(last: Option<OperationEvent>) -> OperationState {
+        let attempt = crate::decider::fixtures::attempt(1);
+        let mut events = vec![
+            OperationEvent::IntentRecorded(intent(false)),
+            OperationEvent::AttemptStarted(AttemptStarted {
+                attempt_id: attempt,
+                attempt_number: 1,
+                worker: WorkerId::new("w").expect("valid"),
+                lease_deadline: at_s(30),
+                at: at_s(0),
+            }),
+        ];
+        events.extend(last);
+        fold(&events)
+    }
+
+    #[test]
+    fn a_success_names_exactly_the_confirmed_object() {
+        let state = history_to(Some(OperationEvent::AttemptSucceeded(AttemptSucceeded {
+            attempt_id: crate::decider::fixtures::attempt(1),
+            external_id: external("731"),
+            provider_request_id: None,
+            at: at_s(1),
+        })));
+        let sentence = agent_sentence(&state);
+        assert!(
+            sentence.starts_with("Done") && sentence.contains("731"),
+            "{sentence}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_outcome_never_says_done_and_asks_not_to_repeat() {
+        let state = history_to(Some(OperationEvent::OutcomeUnknown(OutcomeUnknown {
+            attempt_id: crate::decider::fixtures::attempt(1),
+            error: "timeout".into(),
+            at: at_s(10),
+        })));
+        let sentence = agent_sentence(&state);
+        assert!(!sentence.contains("Done"), "{sentence}");
+        assert!(
+            sentence.contains("not confirmed") && sentence.contains("checking"),
+            "{sentence}"
+        );
+    }
+
+    #[test]
+    fn only_a_success_ever_says_done() {
+        for state in [
+            history_to(None),
+            fold(&[OperationEvent::IntentRecorded(intent(true))]),
+        ] {
+            assert!(!agent_sentence(&state).contains("Done"));
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The work queue: which operations wait for the engine, and from when.
+//!
+//! A read model folded from the global log: for every operation not yet settled it keeps the
+//! folded state and the time its next piece of work is due (a send once pending, a sweep once a
+//! lease has run out, a lookup once the next check is due). Workers ask it what is due instead of
+//! scanning the ledger. Settled operations (succeeded, rejected, denied, abandoned) leave it, so
+//! its size follows the open work, not the log.
+
+use std::collections::{BTreeSet, HashMap};
+
+use chrono::{DateTime, Utc};
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::OperationId;
+use opledger_domain::state::{evolve, OperationState, Work};
+
+/// Operations not yet settled, with when each is next due.
+#[derive(Debug, Default)]
+pub struct WorkQueue {
+    open: HashMap<OperationId, OperationState>,
+    /// (due at, operation, work), ordered by due time.
+    due: BTreeSet<(DateTime<Utc>, OperationId, Work)>,
+    due_of: HashMap<OperationId, (DateTime<Utc>, Work)>,
+}
+
+impl WorkQueue {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds one event of `operation_id`'s stream into the queue.
+    pub fn apply(&mut self, operation_id: OperationId, event: &OperationEvent) {
+        let state = self.open.remove(&operation_id).unwrap_or_default();
+        let state = evolve(state, event);
+        if let Some(previous) = self.due_of.remove(&operation_id) {
+            self.due.remove(&(previous.0, operation_id, previous.1));
+        }
+        if state.status.is_terminal() {
+            return;
+        }
+        if let Some((due_at, work)) = state.next_work() {
+            self.due.insert((due_at, operation_id, work));
+            self.due_of.insert(operation_id, (due_at, work));
+        }
+        self.open.insert(operation_id, state);
+    }
+
+    /// Up to `limit` operations whose work is due at `now`, the longest-waiting first.
+    pub fn due(&self, now: DateTime<Utc>, limit: usize) -> Vec<(OperationId, Work)> {
+        self.due
+            .iter()
+            .take_while(|(due_at, _, _)| *due_at <= now)
+            .take(limit)
+            .map(|(_, operation_id, work)| (*operation_id, *work))
+            .collect()
+    }
+
+    /// When the next piece of work falls due, if any is waiting.
+    pub fn next_due_at(&self) -> Option<DateTime<Utc>> {
+        self.due.first().map(|(due_at, _, _)| *due_at)
+    }
+
+    /// How many operations are open (not settled).
+    pub fn open_operations(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The folded state of an open operation.
+    pub fn state(&self, operation_id: OperationId) -> Option<&OperationState> {
+        self.open.get(&operation_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use opledger_domain::args::ArgsSnapshot;
+    use opledger_domain::event::{AttemptStarted, AttemptSucceeded, IntentRecorded};
+    use opledger_domain::ids::{
+        AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
+        ProviderId, TenantId, WorkerId,
+    };
+    use uuid::Uuid;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + seconds, 0)
+            .single()
+            .expect("valid")
+    }
+
+    fn intent(operation_id: OperationId) -> OperationEvent {
+        let args = ArgsSnapshot::new(serde_json::json!({"title": "t"})).expect("valid");
+        OperationEvent::IntentRecorded(IntentRecorded {
+            operation_id,
+            tenant: TenantId::new("t").expect("valid"),
+            owner: None,
+            provider: ProviderId::new("p").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            credential_fingerprint: CredentialFingerprint::new("f").expect("valid"),
+            action: ActionName::new("create").expect("valid"),
+            args_hash: args.hash(),
+            args,
+            idempotency_key: IdempotencyKey::new("k").expect("valid"),
+            source_id: None,
+            requires_approval: false,
+            at: at(0),
+        })
+    }
+
+    #[test]
+    fn a_recorded_operation_is_due_for_sending_then_for_a_sweep_then_leaves_when_settled() {
+        let operation = OperationId::from_uuid(Uuid::from_u128(1));
+        let attempt = AttemptId::from_uuid(Uuid::from_u128(2));
+        let mut queue = WorkQueue::new();
+        queue.apply(operation, &intent(operation));
+        assert_eq!(queue.due(at(0), 10), vec![(operation, Work::Send)]);
+        queue.apply(
+            operation,
+            &OperationEvent::AttemptStarted(AttemptStarted {
+                attempt_id: attempt,
+                attempt_number: 1,
+                worker: WorkerId::new("w").expect("valid"),
+                lease_deadline: at(30),
+                at: at(1),
+            }),
+        );
+        assert!(
+            queue.due(at(29), 10).is_empty(),
+            "not due before the lease runs out"
+        );
+        assert_eq!(queue.due(at(30), 10), vec![(operation, Work::Sweep)]);
+        assert_eq!(queue.next_due_at(), Some(at(30)));
+        queue.apply(
+            operation,
+            &OperationEvent::AttemptSucceeded(AttemptSucceeded {
+                attempt_id: attempt,
+                external_id: ExternalObjectId::new("731").expect("valid"),
+                provider_request_id: None,
+                at: at(2),
+            }),
+        );
+        assert_eq!(queue.open_operations(), 0);
+        assert_eq!(queue.next_due_at(), None);
+    }
+}
