@@ -211,3 +211,80 @@ ledger_suite!(sqlite, {
         .expect("opens");
     (store, Some(dir))
 });
+
+/// A memory store whose next append is written but reported as "outcome unknown", the way a
+/// dropped connection or a failed COMMIT acknowledgement looks to a client.
+#[derive(Clone, Default)]
+struct UnclearOnce {
+    inner: MemoryStore,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EventStore for UnclearOnce {
+    type Subscription = <MemoryStore as EventStore>::Subscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: opledger_domain::store::ExpectedVersion,
+        events: Vec<opledger_domain::store::EventData>,
+    ) -> Result<opledger_domain::store::AppendOutcome, opledger_domain::store::StoreError> {
+        let outcome = self.inner.append(stream, expected, events).await?;
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(opledger_domain::store::StoreError::AppendOutcomeUnknown {
+                stream: stream.clone(),
+                reason: "connection dropped after sending".into(),
+            });
+        }
+        Ok(outcome)
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: opledger_domain::ids::StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<opledger_domain::store::RecordedEvent>, opledger_domain::store::StoreError>
+    {
+        self.inner.read_stream(stream, from, max_count).await
+    }
+
+    async fn read_all(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<opledger_domain::store::RecordedEvent>, opledger_domain::store::StoreError>
+    {
+        self.inner.read_all(start, max_count).await
+    }
+
+    async fn head_position(
+        &self,
+    ) -> Result<Option<opledger_domain::ids::GlobalPosition>, opledger_domain::store::StoreError>
+    {
+        self.inner.head_position().await
+    }
+
+    async fn subscribe_all(
+        &self,
+        start: LogStart,
+    ) -> Result<Self::Subscription, opledger_domain::store::StoreError> {
+        self.inner.subscribe_all(start).await
+    }
+}
+
+#[tokio::test]
+async fn an_append_whose_outcome_was_unclear_is_sent_again_and_written_once() {
+    let store = UnclearOnce::default();
+    let ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
+    let recorded = ledger.record_intent(request(None)).await.expect("recorded");
+    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let intent = recorded.intent().clone();
+    let claimed = ledger
+        .execute(intent.operation_id, &start_command(&intent, "w"))
+        .await
+        .expect("the unclear claim is resolved by sending it again");
+    assert_eq!(claimed.state.status, Status::InFlight);
+    assert_eq!(claimed.version.map(|v| v.value()), Some(1));
+    assert_eq!(all_events(&store).await, 2, "the claim is stored once");
+}

@@ -23,6 +23,9 @@ use crate::ports::{Clock, IdSource};
 use crate::state::{evolve, OperationState};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
 
+/// How many times the same append is sent when the store cannot tell whether it was written.
+pub const MAX_UNCLEAR_APPEND_TRIES: usize = 3;
+
 /// How many times a command is decided again after losing a race for the stream version before
 /// the caller is told the operation is contended.
 pub const MAX_DECIDE_ROUNDS: usize = 16;
@@ -360,7 +363,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             }
             let expected = ExpectedVersion::from_last(loaded.version);
             let data = encode_all(operation_id, expected, &events);
-            match self.store.append(&stream, expected, data).await {
+            match self.append_resolving_unclear(&stream, expected, data).await {
                 Ok(outcome) => {
                     loaded.state = events.iter().fold(loaded.state, evolve);
                     loaded.version = Some(outcome.next_expected);
@@ -378,6 +381,30 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             operation_id,
             rounds: MAX_DECIDE_ROUNDS,
         })
+    }
+
+    /// Appends, and when the store cannot say whether the append was written, sends the very
+    /// same events again at the same expected version: their ids are deterministic, so the store
+    /// answers "already written" or a version conflict, never writes twice. Bounded; if the
+    /// outcome stays unclear the caller gets the error and nothing is assumed.
+    async fn append_resolving_unclear(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<crate::store::EventData>,
+    ) -> Result<crate::store::AppendOutcome, StoreError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.store.append(stream, expected, events.clone()).await {
+                Err(StoreError::AppendOutcomeUnknown { reason, .. })
+                    if tries < MAX_UNCLEAR_APPEND_TRIES =>
+                {
+                    warn!(%stream, %reason, "append outcome unknown; sending the same events again");
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -399,17 +426,21 @@ pub fn encode_all(
 }
 
 fn check_redelivery(existing: &LoadedOperation, valid: &ValidIntent) -> Result<(), AppError> {
-    let intent = existing
-        .state
-        .intent
-        .as_ref()
-        .expect("an existing operation has its intent");
+    let Some(intent) = existing.state.intent.as_ref() else {
+        return Err(AppError::NotFound {
+            operation_id: existing.operation_id,
+        });
+    };
     let differs = if intent.provider != valid.provider || intent.account != valid.account {
         Some("provider or account")
+    } else if intent.credential_fingerprint != valid.credential_fingerprint {
+        Some("credentials")
     } else if intent.action != valid.action {
         Some("action")
     } else if intent.args_hash != valid.args.hash() {
         Some("arguments")
+    } else if intent.requires_approval != valid.requires_approval {
+        Some("approval requirement")
     } else {
         None
     };

@@ -12,6 +12,8 @@ use crate::ids::{ActorId, AttemptId, ExternalObjectId, ProviderRequestId, Worker
 pub const MIN_LEASE_MS: u64 = 100;
 /// Longest lease a worker may take on an attempt, in milliseconds.
 pub const MAX_LEASE_MS: u64 = 10 * 60 * 1000;
+/// Furthest ahead a retry or a lookup may be scheduled, in milliseconds.
+pub const MAX_SCHEDULE_AHEAD_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Longest free text a person writes into the ledger (notes, reasons), in bytes.
 pub const MAX_NOTE_BYTES: usize = 4 * 1024;
 /// Longest text from a provider or transport kept in an event (messages, evidence), in bytes;

@@ -29,7 +29,8 @@ use chrono::{DateTime, Utc};
 
 use crate::args::ArgsHash;
 use crate::command::{
-    Command, MAX_LEASE_MS, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MIN_LEASE_MS,
+    Command, MAX_LEASE_MS, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MAX_SCHEDULE_AHEAD_MS,
+    MIN_LEASE_MS,
 };
 use crate::contract::{
     check_automatic_retry, check_binding, milliseconds, ContractViolation, LookupSupport,
@@ -186,6 +187,18 @@ pub fn decide(
             capabilities,
             policy,
         } => {
+            if state.knows_attempt(*attempt_id) {
+                // The same claim again (its append's outcome was unclear): nothing new. Any other
+                // reuse of an attempt id would let a late answer to one attempt pass for another's.
+                if state.status == Status::InFlight && state.is_current_attempt(*attempt_id) {
+                    return Ok(Vec::new());
+                }
+                return Err(ValidationError::new(
+                    "attempt_id",
+                    format!("{attempt_id} was already used by an earlier attempt; every attempt needs a fresh id"),
+                )
+                .into());
+            }
             if state.status != Status::Pending {
                 return Err(refuse());
             }
@@ -219,7 +232,9 @@ pub fn decide(
                 attempt_id: *attempt_id,
                 attempt_number: state.attempts + 1,
                 worker: worker.clone(),
-                lease_deadline: now + milliseconds(*lease_ms),
+                lease_deadline: now.checked_add_signed(milliseconds(*lease_ms)).ok_or_else(
+                    || ValidationError::new("now", "is too close to the end of time for a lease"),
+                )?,
                 at: now,
             })]
         }
@@ -299,7 +314,7 @@ pub fn decide(
                     vec![OperationEvent::AttemptNotSent(AttemptNotSent {
                         attempt_id: *attempt_id,
                         reason: clip(reason),
-                        retry_not_before: (*retry_not_before).max(now),
+                        retry_not_before: schedule(*retry_not_before, now),
                         at: now,
                     })]
                 }
@@ -371,7 +386,7 @@ pub fn decide(
                         Ok(()) => vec![
                             recorded(None),
                             OperationEvent::RetryScheduled(RetryScheduled {
-                                not_before: (*retry_not_before).max(now),
+                                not_before: schedule(*retry_not_before, now),
                                 reason:
                                     "no evidence of the earlier attempts; the retry contract holds"
                                         .to_owned(),
@@ -379,7 +394,7 @@ pub fn decide(
                             }),
                         ],
                         Err(_) if may_keep_checking(result, capabilities, policy, state, now) => {
-                            vec![recorded(Some((*next_check_not_before).max(now)))]
+                            vec![recorded(Some(schedule(*next_check_not_before, now)))]
                         }
                         Err(violation) => vec![
                             recorded(None),
@@ -526,6 +541,16 @@ fn may_keep_checking(
             .is_some_and(|indexed_by| now < indexed_by),
         _ => false,
     }
+}
+
+/// A caller's "not before" time, kept between now and [`MAX_SCHEDULE_AHEAD_MS`] from now: a
+/// schedule in the past means "now", and one absurdly far ahead is a caller's bug that must not
+/// park the operation for good (or write a timestamp other readers cannot parse).
+fn schedule(requested: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
+    let latest = now
+        .checked_add_signed(milliseconds(MAX_SCHEDULE_AHEAD_MS))
+        .unwrap_or(now);
+    requested.clamp(now, latest.max(now))
 }
 
 /// Cuts outside text to the limit at a character boundary.

@@ -1,8 +1,11 @@
 //! The current state of one operation: a left fold of its events ([`evolve`]).
 //!
 //! `evolve` never refuses an event: events are facts that already happened. It trusts that they
-//! were produced by [`crate::decider::decide`], and checks the invariants that must hold whatever
-//! history it is given (a success keeps its first external id; attempt numbers only grow).
+//! were produced by [`crate::decider::decide`]. A history that breaks an invariant (a success
+//! left, an attempt number that does not grow) can only come from outside the decider — a hand
+//! edit, another client of the store — so debug builds stop on it, and release builds keep the
+//! invariant instead of folding the break in: a success keeps its first external id, attempt
+//! numbers only grow. Loading a stream must not crash a server.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -128,6 +131,8 @@ pub struct OperationState {
     pub retry_not_before: Option<DateTime<Utc>>,
     /// When it last became unknown.
     pub unknown_since: Option<DateTime<Utc>>,
+    /// Attempts that ended without a known outcome (a timeout, an expired lease).
+    pub uncertain_attempts: u32,
     /// Lookups made since it last became unknown.
     pub reconciliations: u32,
     /// While unknown: the earliest time to look again.
@@ -161,6 +166,7 @@ impl OperationState {
             attempt_ids: Vec::new(),
             retry_not_before: None,
             unknown_since: None,
+            uncertain_attempts: 0,
             reconciliations: 0,
             next_check_not_before: None,
             last_error: None,
@@ -206,24 +212,27 @@ impl OperationState {
         self.attempt_ids.contains(&attempt)
     }
 
-    /// Whether the operation was attempted but is not settled: a late confirmation settles it.
-    pub fn is_unsettled_after_attempt(&self) -> bool {
-        self.attempts > 0
-            && matches!(
-                self.status,
-                Status::Pending | Status::InFlight | Status::Unknown | Status::NeedsReview
-            )
+    /// Whether a late confirmation of one of its attempts settles the operation as succeeded:
+    /// it was attempted and is not already confirmed. That includes `rejected` and `abandoned`:
+    /// the provider's own confirmation outranks a refusal of another attempt or a reviewer who
+    /// gave up without it. A denied operation was never sent and cannot be confirmed.
+    pub fn settles_with_late_confirmation(&self) -> bool {
+        self.attempts > 0 && !matches!(self.status, Status::Succeeded { .. } | Status::Denied)
     }
 
     fn enter(&mut self, status: Status) {
         // A confirmed success is never left (design rule 7); the decider guarantees it and
         // a history that says otherwise must not be folded into a regression.
-        assert!(
-            !matches!(self.status, Status::Succeeded { .. })
-                || matches!(status, Status::Succeeded { .. }),
+        let leaves_success = matches!(self.status, Status::Succeeded { .. })
+            && !matches!(status, Status::Succeeded { .. });
+        debug_assert!(
+            !leaves_success,
             "a succeeded operation cannot move to {}",
             status.name()
         );
+        if leaves_success {
+            return;
+        }
         if status != Status::Pending {
             self.pending_since = None;
             self.retry_not_before = None;
@@ -272,13 +281,13 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.enter(Status::Denied);
         }
         OperationEvent::AttemptStarted(started) => {
-            assert!(
+            debug_assert!(
                 started.attempt_number > state.attempts,
                 "attempt numbers only grow: {} after {}",
                 started.attempt_number,
                 state.attempts
             );
-            state.attempts = started.attempt_number;
+            state.attempts = state.attempts.max(started.attempt_number);
             state.attempt_ids.push(started.attempt_id);
             state.first_attempt_at.get_or_insert(started.at);
             state.current_attempt = Some(AttemptInfo {
@@ -294,9 +303,17 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
         OperationEvent::AttemptSucceeded(succeeded) => state.succeed(&succeeded.external_id),
         OperationEvent::AttemptRejected(rejected) => {
             state.last_error = Some(format!("{}: {}", rejected.code, rejected.message));
-            state.enter(Status::Rejected);
+            // A refusal proves only that *this* attempt applied nothing. After an attempt whose
+            // outcome is unknown (a retry refused as "duplicate" because the first one worked),
+            // the operation is still unknown, and reconciliation finds out.
+            if state.uncertain_attempts > 0 {
+                state.enter(Status::Unknown);
+            } else {
+                state.enter(Status::Rejected);
+            }
         }
         OperationEvent::OutcomeUnknown(unknown) => {
+            state.uncertain_attempts += 1;
             state.last_error = Some(unknown.error.clone());
             state.enter(Status::Unknown);
         }
@@ -311,6 +328,7 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.retry_not_before = Some(not_sent.retry_not_before);
         }
         OperationEvent::LeaseExpired(expired) => {
+            state.uncertain_attempts += 1;
             state.last_error = Some(format!("lease expired at {}", expired.lease_deadline));
             state.enter(Status::Unknown);
         }
@@ -344,7 +362,7 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
         },
         OperationEvent::LateResponseReceived(late) => {
             if let LateResponse::Succeeded { external_id, .. } = &late.response {
-                if state.is_unsettled_after_attempt() {
+                if state.settles_with_late_confirmation() {
                     state.succeed(external_id);
                 }
             }

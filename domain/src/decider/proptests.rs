@@ -151,6 +151,12 @@ proptest! {
                         "a {} operation got {}", before.status.name(), event.type_name()
                     );
                 }
+                // A refusal ends an operation only if no earlier attempt may have applied it.
+                if let OperationEvent::AttemptRejected(_) = event {
+                    let after = evolve(state.clone(), event);
+                    let rejected = after.status == Status::Rejected;
+                    prop_assert_eq!(rejected, before.uncertain_attempts == 0);
+                }
                 // Every event survives the codec unchanged.
                 let operation = OperationId::from_uuid(uuid::Uuid::from_u128(7));
                 let data = codec::encode(operation, StreamVersion::new(history.len() as u64), event);
@@ -179,8 +185,13 @@ proptest! {
             if let Status::Succeeded { external_id } = &before.status {
                 prop_assert_eq!(state.external_id(), Some(external_id));
             }
-            if before.status.is_terminal() {
-                prop_assert_eq!(state.status.name(), before.status.name());
+            // Terminal stays terminal, except that the provider's own late confirmation settles a
+            // rejected or abandoned operation as succeeded.
+            if before.status.is_terminal() && state.status != before.status {
+                let settled_late = matches!(before.status, Status::Rejected | Status::Abandoned)
+                    && state.external_id().is_some()
+                    && events.iter().any(|event| matches!(event, OperationEvent::LateResponseReceived(_)));
+                prop_assert!(settled_late, "{} became {}", before.status.name(), state.status.name());
             }
             if state.status.name() == "succeeded" {
                 prop_assert!(state.external_id().is_some());

@@ -769,3 +769,137 @@ fn a_retry_that_was_not_sent_still_needs_its_contract_on_the_next_claim() {
         Rejection::RetryNotAllowed(ContractViolation::KeyRetentionPassed { .. })
     ));
 }
+
+// --- refusals after uncertainty, reused ids, bounds --------------------------------------------
+
+#[test]
+fn a_refused_retry_after_an_unknown_attempt_leaves_the_operation_unknown_not_rejected() {
+    // Attempt 1 timed out; attempt 2 is refused as a duplicate *because* attempt 1 worked.
+    let refused = unknown_after_first_attempt(labelled())
+        .when(&reconcile(not_found(), labelled(), at_s(20)), at_s(20))
+        .and(&start(2, labelled()), at_s(20))
+        .and(
+            &Command::RecordRejection {
+                attempt_id: attempt(2),
+                code: "400 DUPLICATE_VALUE".into(),
+                message: "label exists".into(),
+            },
+            at_s(21),
+        );
+    assert_eq!(refused.then_types(), ["AttemptRejected"]);
+    assert_eq!(refused.status(), "unknown");
+    let found = refused.and(&reconcile(found("731"), labelled(), at_s(22)), at_s(22));
+    assert_eq!(found.scenario.state().external_id(), Some(&external("731")));
+}
+
+#[test]
+fn a_late_confirmation_settles_a_rejected_or_abandoned_operation() {
+    let rejected = in_flight(keyed())
+        .when(
+            &Command::RecordRejection {
+                attempt_id: attempt(1),
+                code: "422".into(),
+                message: "no".into(),
+            },
+            at_s(1),
+        )
+        .scenario;
+    let abandoned = needs_review()
+        .when(&resolve(ReviewDecision::Abandon), at_s(30))
+        .scenario;
+    for settled in [rejected, abandoned] {
+        let outcome = settled.when(&success(1, "731"), at_s(40));
+        assert_eq!(outcome.then_types(), ["LateResponseReceived"]);
+        assert_eq!(
+            outcome.scenario.state().external_id(),
+            Some(&external("731"))
+        );
+    }
+}
+
+#[test]
+fn the_same_claim_again_changes_nothing_and_a_reused_attempt_id_is_refused() {
+    let again = in_flight(keyed()).when(&start(1, keyed()), at_s(1));
+    assert!(again.events().is_empty());
+    let reused = unknown_after_first_attempt(keyed())
+        .when(&reconcile(not_found(), keyed(), at_s(20)), at_s(20))
+        .and(&start(1, keyed()), at_s(20));
+    assert!(matches!(reused.rejection(), Rejection::Invalid(error) if error.field == "attempt_id"));
+}
+
+#[test]
+fn a_schedule_absurdly_far_ahead_is_kept_within_a_week() {
+    let far = at_s(10) + chrono::Duration::days(365 * 9000);
+    let outcome = in_flight(keyed()).when(
+        &Command::RecordNotSent {
+            attempt_id: attempt(1),
+            reason: "429".into(),
+            retry_not_before: far,
+        },
+        at_s(10),
+    );
+    let state = outcome.scenario.state();
+    assert_eq!(
+        state.retry_not_before,
+        Some(
+            at_s(10) + chrono::Duration::milliseconds(crate::command::MAX_SCHEDULE_AHEAD_MS as i64)
+        )
+    );
+}
+
+#[test]
+fn a_denial_of_other_arguments_is_refused() {
+    let other = ArgsSnapshot::new(json!({"title": "other"}))
+        .expect("valid")
+        .hash();
+    let deny = Command::DenyApproval {
+        approver: actor("boss"),
+        args_hash: other,
+        reason: "no".into(),
+    };
+    assert!(matches!(
+        awaiting_approval().when(&deny, at_s(1)).rejection(),
+        Rejection::ArgsHashMismatch { .. }
+    ));
+}
+
+#[test]
+fn no_evidence_after_the_retry_time_budget_goes_to_review() {
+    // policy(): retries allowed for one hour after the first attempt.
+    let late = at_s(3600);
+    let outcome = unknown_after_first_attempt(labelled())
+        .when(&reconcile(not_found(), labelled(), late), late);
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+    assert!(outcome
+        .scenario
+        .state()
+        .review_reason
+        .is_some_and(|reason| reason.contains("retries were allowed until")));
+}
+
+#[test]
+fn an_unknown_operation_can_be_handed_to_a_person_directly() {
+    let review = Command::RequireReview {
+        reason: "lookup keeps failing".into(),
+        evidence: "503 x10".into(),
+    };
+    let outcome = unknown_after_first_attempt(keyed()).when(&review, at_s(20));
+    assert_eq!(outcome.status(), "needs_review");
+}
+
+#[test]
+fn reconciliation_is_refused_before_any_attempt_and_during_review() {
+    for scenario in [recorded(), needs_review(), awaiting_approval()] {
+        let outcome = scenario.when(&reconcile(not_found(), keyed(), at_s(40)), at_s(40));
+        assert!(matches!(
+            outcome.rejection(),
+            Rejection::NotAllowed {
+                command: "record_reconciliation",
+                ..
+            }
+        ));
+    }
+}

@@ -2,8 +2,9 @@
 //!
 //! Callers queue appends on a bounded channel. The thread takes the first, drains whatever else
 //! is already queued (up to [`MAX_APPENDS_PER_COMMIT`]), and runs them all in one
-//! `BEGIN IMMEDIATE … COMMIT`, so concurrent callers share one fsync. Each append runs in its own
-//! savepoint: a conflict or a refused append rolls back only itself. Being the single writer is
+//! `BEGIN IMMEDIATE … COMMIT`, so concurrent callers share one fsync. Every refusal (a conflict, a
+//! reused event id) is decided before that append writes anything, so a refused append costs the
+//! others nothing; a storage failure rolls the whole batch back. Being the single writer is
 //! what makes positions increase in commit order, which subscriptions rely on.
 //!
 //! It must never answer an append with success before the COMMIT that made it durable has
@@ -105,7 +106,7 @@ impl Applied {
 
 /// Why one append did not apply.
 enum Failure {
-    /// The append was refused (conflict, reused event id); only its savepoint is rolled back.
+    /// The append was refused (conflict, reused event id) before it wrote anything.
     Refused(StoreError),
     /// Storage failed; the whole batch is rolled back.
     Storage(StoreError),
