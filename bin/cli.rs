@@ -40,6 +40,24 @@ pub enum Command {
     Deny(DenyArgs),
     /// Show an operation's current state and its full event history.
     Status(StatusArgs),
+    /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
+    /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
+    /// to queue faults (drop the request, drop the response, late response, 5xx before or after
+    /// commit, 429 with Retry-After), move its clock, and list what it stored.
+    Stand(StandArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StandArgs {
+    /// The loopback address to listen on (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    pub listen: String,
+    /// How long a keyed Idempotency-Key is remembered, in seconds of the stand's clock.
+    #[arg(long, default_value_t = 86_400)]
+    pub key_retention_s: u64,
+    /// How long a plain task stays invisible to search, in milliseconds of the stand's clock.
+    #[arg(long, default_value_t = 2_000)]
+    pub search_lag_ms: u64,
 }
 
 /// Where the ledger lives.

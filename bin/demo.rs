@@ -1,226 +1,305 @@
-//! `opledger demo`: the ledger's rules, shown on a fresh embedded store.
+//! `opledger demo`: the article's story, played against real parts.
 //!
-//! It records a real intent in a real SQLite file and puts the rules in front of the reader:
-//! redelivery finds the same operation, an approval covers one exact snapshot, exactly one of two
-//! racing workers claims the send, a lost response is `unknown` (not an error and not a retry),
-//! reconciliation evidence settles it, and a late second object is recorded as a duplicate. The
-//! provider's answers in steps 5–7 are fed to the ledger by this demo, as a CRM adapter would;
-//! real CRM traffic against the fault-injecting stand arrives with the execution engine.
+//! A real SQLite ledger file, the fault-injecting CRM stand on a loopback port, the HTTP
+//! adapters and the engine. Three scenarios:
+//! 1. a lookup-only CRM applies the task and the response is lost: unknown, the lagging search
+//!    finds the task once it is indexed, succeeded — one task, and the agent names it; then the
+//!    same tool call is delivered again and finds the same operation;
+//! 2. the same CRM, but the request never arrived: an empty search after the index lag does not
+//!    allow another create, so a person is asked;
+//! 3. a CRM with idempotency keys loses the request: the key lookup says it never arrived, and
+//!    the same operation is retried with the same key — one task.
+//!
+//! The last line is computed, not written: `demo: scenarios=N passed=N duplicates=0` counts the
+//! stand's stored objects and the ledger's states.
 
-use std::sync::Arc;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
 
-use opledger_domain::app::{AppError, IntentRequest};
-use opledger_domain::args::ArgsSnapshot;
-use opledger_domain::command::Command;
-use opledger_domain::contract::{
-    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+use opledger_adapters::provider::{
+    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
 };
-use opledger_domain::event::ReconciliationResult;
-use opledger_domain::ids::{ActorId, ExternalObjectId, WorkerId};
-use opledger_domain::ports::IdSource;
+use opledger_adapters::stand::{
+    Fault, FaultKind, FaultMethod, Shape as StandShape, Stand, StandAdmin, StandConfig,
+};
+use opledger_adapters::system::{RandomIds, SystemClock};
+use opledger_adapters::SqliteStore;
+use opledger_domain::app::IntentRequest;
+use opledger_domain::contract::RetryPolicy;
+use opledger_domain::engine::{Engine, EnginePolicy, Report};
+use opledger_domain::ids::{AccountId, OperationId, ProviderId, WorkerId};
+use opledger_domain::provider::{operation_label, Providers};
+use opledger_domain::state::Status;
 
 use crate::bench::fresh_path;
 use crate::cli::{CliError, DemoArgs};
 use crate::intent::open_ledger;
+use crate::timeline;
+
+/// The demo's search index lag, in milliseconds (the stand's and the adapter's).
+const SEARCH_LAG_MS: u64 = 1_000;
+/// The longest one scenario may take before it counts as failed.
+const SCENARIO_DEADLINE: Duration = Duration::from_secs(20);
+const ACCOUNT: &str = "acct-1";
+
+type DemoEngine = Engine<SqliteStore, SystemClock, RandomIds, HttpProviders>;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Settles as succeeded with exactly one object at the CRM.
+    OneObject,
+    /// Ends with a person, with no object at the CRM.
+    ReviewWithoutObject,
+}
+
+struct Scenario {
+    title: &'static str,
+    provider: &'static str,
+    shape: StandShape,
+    fault: FaultKind,
+    expect: Expect,
+}
 
 pub async fn run(args: DemoArgs) -> Result<(), CliError> {
     let path = args.db.unwrap_or_else(|| fresh_path("demo"));
-    println!("opledger demo — ledger file {}", path.display());
-    let ledger = Arc::new(open_ledger(&path).await?);
+    let stand = Stand::start(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        StandConfig {
+            search_lag_ms: SEARCH_LAG_MS,
+            ..StandConfig::default()
+        },
+    )
+    .await
+    .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
+    println!(
+        "opledger demo — ledger {} — CRM stand {}",
+        path.display(),
+        stand.base_url()
+    );
+    let admin =
+        StandAdmin::new(stand.base_url()).map_err(|error| CliError::Other(error.to_string()))?;
+    let engine = engine(&path, &stand.base_url()).await?;
     let result = tokio::select! {
-        result = walk(&ledger) => result,
+        result = scenarios(&engine, &admin) => result,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
-    let closed = crate::intent::close(&ledger).await;
-    if let Ok(operation_id) = &result {
-        println!(
-            "\nInspect it yourself:\n  opledger status --db {} {operation_id}",
-            path.display()
-        );
+    let closed = engine.ledger().store().clone().close().await;
+    stand.shutdown().await;
+    let (total, passed, duplicates) = result?;
+    closed?;
+    println!(
+        "\nInspect any operation: opledger status --db {} <operation_id>",
+        path.display()
+    );
+    println!("demo: scenarios={total} passed={passed} duplicates={duplicates}");
+    if passed == total && duplicates == 0 {
+        Ok(())
+    } else {
+        Err(CliError::Other(format!(
+            "{} of {total} scenarios failed",
+            total - passed
+        )))
     }
-    result?;
-    closed
 }
 
-async fn walk(ledger: &Arc<crate::intent::SqliteLedger>) -> Result<String, CliError> {
-    let args = serde_json::json!({"title": "Call the client", "due": "2026-12-01"});
+async fn engine(path: &std::path::Path, base_url: &str) -> Result<DemoEngine, CliError> {
+    let account = |name: &str| -> Result<Vec<AccountConfig>, CliError> {
+        Ok(vec![AccountConfig::with_token(
+            AccountId::new(name)?,
+            format!("token-{name}"),
+        )])
+    };
+    let config = |shape| -> Result<HttpProviderConfig, CliError> {
+        let mut config = HttpProviderConfig::new(shape, base_url, account(ACCOUNT)?);
+        config.request_timeout_ms = 1_000;
+        config.connect_timeout_ms = 500;
+        config.search_lag_ms = SEARCH_LAG_MS;
+        Ok(config)
+    };
+    let providers = HttpProviders::from_configs([
+        (ProviderId::new("crm-plain")?, config(ProviderShape::Plain)?),
+        (ProviderId::new("crm-keyed")?, config(ProviderShape::Keyed)?),
+    ])
+    .map_err(|error| CliError::Other(error.to_string()))?;
+    let ledger = open_ledger(path).await?;
+    let policy = EnginePolicy {
+        lease_ms: 5_000,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            max_total_ms: 60_000,
+            max_reconciliations: 30,
+        },
+        backoff_base_ms: 100,
+        backoff_max_ms: 400,
+    };
+    Ok(Engine::new(
+        ledger,
+        providers,
+        policy,
+        WorkerId::new("demo-worker")?,
+    ))
+}
+
+async fn scenarios(
+    engine: &DemoEngine,
+    admin: &StandAdmin,
+) -> Result<(usize, usize, usize), CliError> {
+    let scenarios = [
+        Scenario {
+            title: "The article's story: the CRM creates the task, the response is lost",
+            provider: "crm-plain",
+            shape: StandShape::Plain,
+            fault: FaultKind::DropResponse,
+            expect: Expect::OneObject,
+        },
+        Scenario {
+            title: "Lookup-only CRM, the request never arrived: an empty search is no licence to create",
+            provider: "crm-plain",
+            shape: StandShape::Plain,
+            fault: FaultKind::DropRequest,
+            expect: Expect::ReviewWithoutObject,
+        },
+        Scenario {
+            title: "CRM with idempotency keys, the request never arrived: a safe retry with the same key",
+            provider: "crm-keyed",
+            shape: StandShape::Keyed,
+            fault: FaultKind::DropRequest,
+            expect: Expect::OneObject,
+        },
+    ];
+    let mut passed = 0;
+    let mut duplicates = 0;
+    for (number, scenario) in scenarios.iter().enumerate() {
+        println!("\n{}. {}", number + 1, scenario.title);
+        let (ok, extra) = play(engine, admin, scenario, number + 1).await?;
+        passed += usize::from(ok);
+        duplicates += extra;
+        println!(
+            "   => {}",
+            if ok { "as expected" } else { "NOT as expected" }
+        );
+    }
+    Ok((scenarios.len(), passed, duplicates))
+}
+
+/// Plays one scenario; returns whether it ended as expected and how many duplicate objects the
+/// CRM holds for it.
+async fn play(
+    engine: &DemoEngine,
+    admin: &StandAdmin,
+    scenario: &Scenario,
+    number: usize,
+) -> Result<(bool, usize), CliError> {
+    let provider = ProviderId::new(scenario.provider)?;
+    let account = AccountId::new(ACCOUNT)?;
+    let fingerprint = engine
+        .providers()
+        .credential_fingerprint(&provider, &account)
+        .ok_or_else(|| CliError::Other(format!("{provider} has no {account}")))?;
     let request = IntentRequest {
         tenant: "acme".into(),
         owner: Some("manager-anna".into()),
-        provider: "crm".into(),
-        account: "acme-crm-eu".into(),
-        credential_fingerprint: "fp-2026-11".into(),
+        provider: provider.to_string(),
+        account: account.to_string(),
+        credential_fingerprint: fingerprint.to_string(),
         action: "create_task".into(),
-        args: args.clone(),
-        source_id: Some("toolcall-0001".into()),
-        requires_approval: true,
+        args: serde_json::json!({"title": "Call the client", "due": "2026-12-01"}),
+        source_id: Some(format!("toolcall-demo-{number}")),
+        requires_approval: false,
     };
-
-    println!("\n1. The agent's tool call asks for a task; the intent is recorded before anything is sent.");
-    let recorded = ledger.record_intent(request.clone()).await?;
-    let intent = recorded.intent().clone();
-    let operation_id = intent.operation_id;
-    println!(
-        "   operation {operation_id}  key {}  state {}",
-        intent.idempotency_key,
-        recorded.operation.state.status.name()
-    );
-
-    println!("\n2. The same tool call is delivered again, 32 times at once: still one operation.");
-    let mut redeliveries = Vec::new();
-    for _ in 0..32 {
-        let ledger = Arc::clone(ledger);
-        let request = request.clone();
-        redeliveries.push(tokio::spawn(
-            async move { ledger.record_intent(request).await },
-        ));
-    }
-    let mut created = 0;
-    for redelivery in redeliveries {
-        let again = redelivery
-            .await
-            .map_err(|error| CliError::Other(error.to_string()))??;
-        if again.intent().operation_id != operation_id {
-            return Err(CliError::Other(
-                "a redelivery found another operation; the ledger is broken".into(),
-            ));
-        }
-        created += usize::from(again.created);
-    }
-    println!("   new operations created by the redeliveries: {created}");
-
-    println!("\n3. An approval for changed arguments (due today) is refused; the recorded snapshot is approved.");
-    let changed =
-        ArgsSnapshot::new(serde_json::json!({"title": "Call the client", "due": "2026-11-30"}))?
-            .hash();
-    match ledger
-        .approve(operation_id, ActorId::new("lead-boris")?, changed)
-        .await
-    {
-        Err(AppError::Rejected { rejection, .. }) => println!("   refused: {rejection}"),
-        other => {
-            return Err(CliError::Other(format!(
-                "the changed approval was not refused: {other:?}"
-            )))
-        }
-    }
-    let approved = ledger
-        .approve(
-            operation_id,
-            ActorId::new("lead-boris")?,
-            intent.args_hash.clone(),
+    let recorded = engine.ledger().record_intent(request.clone()).await?;
+    let operation_id = recorded.intent().operation_id;
+    let key = recorded.intent().idempotency_key.to_string();
+    println!("   intent recorded: operation {operation_id}, key {key}");
+    admin
+        .queue_fault(
+            &Fault::new(scenario.fault.clone())
+                .shape(scenario.shape)
+                .method(FaultMethod::Post),
         )
-        .await?;
-    println!("   approved → {}", approved.state.status.name());
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?;
+    println!(
+        "   the stand will {} the first create",
+        scenario.fault.name().replace('_', " ")
+    );
 
-    println!("\n4. Two workers race to claim the send: exactly one wins.");
-    let capabilities = ProviderCapabilities {
-        deduplication: Deduplication::None,
-        lookup: LookupSupport::EventuallyConsistent { lag_ms: 2_000 },
-    };
-    let binding = SendBinding {
-        account: intent.account.clone(),
-        credential_fingerprint: intent.credential_fingerprint.clone(),
-        args_hash: intent.args_hash.clone(),
-    };
-    let mut claims = Vec::new();
-    for worker in ["worker-a", "worker-b"] {
-        let ledger = Arc::clone(ledger);
-        let command = Command::StartAttempt {
-            attempt_id: opledger_adapters::system::RandomIds.new_attempt_id(),
-            worker: WorkerId::new(worker)?,
-            lease_ms: 30_000,
-            binding: binding.clone(),
-            capabilities,
-            policy: RetryPolicy::default(),
-        };
-        claims.push(tokio::spawn(async move {
-            (worker, ledger.execute(operation_id, &command).await)
-        }));
-    }
-    let mut winner = None;
-    for claim in claims {
-        let (worker, result) = claim
-            .await
-            .map_err(|error| CliError::Other(error.to_string()))?;
-        match result {
-            Ok(claimed) => {
-                let attempt = claimed
-                    .state
-                    .current_attempt
-                    .clone()
-                    .ok_or_else(|| CliError::Other("a claim without an attempt".into()))?;
-                println!(
-                    "   {worker}: claimed attempt {} (#{})",
-                    attempt.attempt_id, attempt.number
-                );
-                winner = Some(attempt.attempt_id);
-            }
-            Err(AppError::Rejected { rejection, .. }) => {
-                println!("   {worker}: refused — {rejection}")
-            }
-            Err(error) => return Err(error.into()),
+    let first = engine.drive(operation_id).await?;
+    println!(
+        "   after the first send: {} — agent: \"{}\"",
+        first.state().status.name(),
+        first.sentence
+    );
+    let last = settle(engine, operation_id).await?;
+    println!(
+        "   finally: {} — agent: \"{}\"",
+        last.state().status.name(),
+        last.sentence
+    );
+
+    // The same tool call delivered again must find the same operation and send nothing.
+    let again = engine.ledger().record_intent(request).await?;
+    let redelivery_ok = !again.created && again.intent().operation_id == operation_id;
+    println!(
+        "   the tool call delivered again: {}",
+        if redelivery_ok {
+            "same operation, nothing sent"
+        } else {
+            "A SECOND OPERATION"
         }
+    );
+
+    let label = operation_label(operation_id);
+    let objects = admin
+        .objects(Some(ACCOUNT))
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?
+        .into_iter()
+        .filter(|object| {
+            object.key.as_deref() == Some(key.as_str())
+                || object.label.as_deref() == Some(label.as_str())
+        })
+        .collect::<Vec<_>>();
+    let ids: Vec<&str> = objects.iter().map(|object| object.id.as_str()).collect();
+    println!("   the CRM holds {} task(s) for it: {ids:?}", objects.len());
+    println!("   timeline:");
+    for line in timeline::lines(&timeline::history(engine.ledger().store(), operation_id).await?) {
+        println!("     {line}");
     }
-    let attempt_id =
-        winner.ok_or_else(|| CliError::Other("no worker claimed the operation".into()))?;
+    let state = last.state();
+    let ok = redelivery_ok
+        && match scenario.expect {
+            Expect::OneObject => {
+                objects.len() == 1
+                    && state.external_id().map(|id| id.as_str()) == Some(objects[0].id.as_str())
+            }
+            Expect::ReviewWithoutObject => {
+                objects.is_empty() && state.status == Status::NeedsReview
+            }
+        };
+    Ok((ok, objects.len().saturating_sub(1) + state.duplicates.len()))
+}
 
-    println!("\n5. The CRM creates task 731 but the response is lost: the outcome is unknown, not failed.");
-    let unknown = Command::RecordUnknown {
-        attempt_id,
-        error: "read timed out after 10 s; the request was sent".into(),
-    };
-    let after = ledger.execute(operation_id, &unknown).await?;
-    println!(
-        "   state {} — no automatic retry: this CRM has no idempotency keys",
-        after.state.status.name()
-    );
-
-    println!("\n6. Reconciliation asks the CRM by the operation's label and finds task 731 in the same account.");
-    let reconcile = Command::RecordReconciliation {
-        result: ReconciliationResult::Found {
-            external_id: ExternalObjectId::new("731")?,
-            account: intent.account.clone(),
-        },
-        evidence: format!(
-            "search label={operation_id} → task 731 in {}",
-            intent.account
-        ),
-        binding,
-        capabilities,
-        policy: RetryPolicy::default(),
-        retry_not_before: chrono::Utc::now(),
-        next_check_not_before: chrono::Utc::now(),
-    };
-    let settled = ledger.execute(operation_id, &reconcile).await?;
-    println!(
-        "   state {} with external id {}",
-        settled.state.status.name(),
-        settled.state.external_id().map_or("?", |id| id.as_str())
-    );
-
-    println!(
-        "\n7. A late response names task 732: recorded as a duplicate; the outcome stays 731."
-    );
-    let late = Command::RecordSuccess {
-        attempt_id,
-        external_id: ExternalObjectId::new("732")?,
-        provider_request_id: None,
-    };
-    let last = ledger.execute(operation_id, &late).await?;
-    println!(
-        "   state {} with external id {}, duplicates {:?}",
-        last.state.status.name(),
-        last.state.external_id().map_or("?", |id| id.as_str()),
-        last.state
-            .duplicates
-            .iter()
-            .map(ExternalObjectId::as_str)
-            .collect::<Vec<_>>()
-    );
-    println!(
-        "\nThe stream holds {} events, each appended at the version it was decided on.",
-        last.version.map_or(0, |v| v.value() + 1)
-    );
-    Ok(operation_id.to_string())
+/// Drives the operation until it is settled or waits for a person, sleeping until its next work
+/// is due in between.
+async fn settle(engine: &DemoEngine, operation_id: OperationId) -> Result<Report, CliError> {
+    let deadline = Instant::now() + SCENARIO_DEADLINE;
+    loop {
+        let report = engine.drive(operation_id).await?;
+        let state = report.state();
+        let waiting_for_work = matches!(
+            state.status,
+            Status::Pending | Status::InFlight | Status::Unknown
+        );
+        if !waiting_for_work || Instant::now() >= deadline {
+            return Ok(report);
+        }
+        let now = chrono::Utc::now();
+        let pause = state
+            .next_work()
+            .and_then(|(due_at, _)| (due_at - now).to_std().ok())
+            .unwrap_or(Duration::from_millis(20))
+            .clamp(Duration::from_millis(20), Duration::from_secs(2));
+        tokio::time::sleep(pause).await;
+    }
 }

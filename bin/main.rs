@@ -8,6 +8,8 @@ mod bench;
 mod cli;
 mod demo;
 mod intent;
+mod stand;
+mod timeline;
 
 use std::process::ExitCode;
 
@@ -17,7 +19,9 @@ use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // The demo prints its own story; its expected warnings (lost responses) would clutter it.
+    let quiet = matches!(cli.command, Command::Demo(_));
+    init_logging(cli.verbose, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -36,6 +40,7 @@ fn main() -> ExitCode {
             Command::Approve(args) => intent::approve(args).await,
             Command::Deny(args) => intent::deny(args).await,
             Command::Status(args) => intent::status(args).await,
+            Command::Stand(args) => stand::run(args).await,
         }
     });
     match result {
@@ -47,8 +52,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, quiet: bool) {
     let default = match verbose {
+        0 if quiet => "error",
         0 => "warn",
         1 => "info",
         2 => "debug",

@@ -5,6 +5,8 @@
 //! Nothing here decides what an operation may do; that is the domain's job. Adapters only keep
 //! the ports' promises.
 
+pub mod provider;
+pub mod stand;
 pub mod store;
 pub mod system;
 pub mod workers;

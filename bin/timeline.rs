@@ -1,0 +1,112 @@
+//! A readable timeline of one operation: every event with its offset from the intent and what it
+//! means, for people reading a demo, an incident or an audit.
+
+use opledger_domain::codec;
+use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
+use opledger_domain::ids::{OperationId, StreamVersion};
+use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
+
+use crate::cli::CliError;
+
+/// Every event of the operation's stream, decoded, in order.
+pub async fn history<S: EventStore>(
+    store: &S,
+    operation_id: OperationId,
+) -> Result<Vec<OperationEvent>, CliError> {
+    let stream = StreamName::for_operation(operation_id);
+    let mut events = Vec::new();
+    let mut from = StreamVersion::FIRST;
+    loop {
+        let batch = store.read_stream(&stream, from, MAX_READ_BATCH).await?;
+        let full = batch.len() == MAX_READ_BATCH;
+        for recorded in &batch {
+            events.push(codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?);
+            from = recorded.version.next();
+        }
+        if !full {
+            return Ok(events);
+        }
+    }
+}
+
+/// The timeline as lines: `+   12 ms  AttemptStarted        attempt #1 by demo-worker`.
+pub fn lines(events: &[OperationEvent]) -> Vec<String> {
+    let Some(start) = events.first().map(OperationEvent::at) else {
+        return Vec::new();
+    };
+    events
+        .iter()
+        .map(|event| {
+            let offset_ms = (event.at() - start).num_milliseconds();
+            format!(
+                "+{offset_ms:>6} ms  {:<24}{}",
+                event.type_name(),
+                describe(event)
+            )
+        })
+        .collect()
+}
+
+fn describe(event: &OperationEvent) -> String {
+    match event {
+        OperationEvent::IntentRecorded(e) => format!(
+            "{} at {}/{} key {} args {}",
+            e.action,
+            e.provider,
+            e.account,
+            e.idempotency_key,
+            e.args.canonical_json()
+        ),
+        OperationEvent::ApprovalGranted(e) => format!("by {}", e.approver),
+        OperationEvent::ApprovalDenied(e) => format!("by {}: {}", e.approver, e.reason),
+        OperationEvent::AttemptStarted(e) => format!(
+            "attempt #{} ({}) by {}",
+            e.attempt_number, e.attempt_id, e.worker
+        ),
+        OperationEvent::AttemptSucceeded(e) => format!("confirmed: object {}", e.external_id),
+        OperationEvent::AttemptRejected(e) => format!("refused: {} {}", e.code, e.message),
+        OperationEvent::OutcomeUnknown(e) => format!("no outcome: {}", e.error),
+        OperationEvent::AttemptNotSent(e) => format!("nothing applied: {}", e.reason),
+        OperationEvent::LeaseExpired(e) => format!("lease of {} ran out", e.attempt_id),
+        OperationEvent::ReconciliationRecorded(e) => match &e.result {
+            ReconciliationResult::Found {
+                external_id,
+                account,
+            } => {
+                format!("found object {external_id} in {account} ({})", e.evidence)
+            }
+            ReconciliationResult::NotFound { authoritative } => format!(
+                "not found{} ({})",
+                if *authoritative {
+                    ""
+                } else {
+                    ", which proves nothing yet"
+                },
+                e.evidence
+            ),
+            ReconciliationResult::Inconclusive { reason } => format!("inconclusive: {reason}"),
+        },
+        OperationEvent::RetryScheduled(e) => format!("same key, {}", e.reason),
+        OperationEvent::ReviewRequired(e) => e.reason.clone(),
+        OperationEvent::ReviewResolved(e) => {
+            let decision = match &e.decision {
+                ReviewDecision::Retry => "retry".to_owned(),
+                ReviewDecision::ConfirmSucceeded { external_id } => {
+                    format!("confirmed object {external_id}")
+                }
+                ReviewDecision::Abandon => "abandoned".to_owned(),
+            };
+            format!("{} decided: {decision} ({})", e.reviewer, e.note)
+        }
+        OperationEvent::LateResponseReceived(e) => match &e.response {
+            LateResponse::Succeeded { external_id, .. } => {
+                format!("late confirmation: object {external_id}")
+            }
+            LateResponse::Rejected { code, .. } => format!("late refusal: {code}"),
+        },
+        OperationEvent::DuplicateDetected(e) => format!(
+            "object {} duplicates {} ({})",
+            e.duplicate_external_id, e.confirmed_external_id, e.found_by
+        ),
+    }
+}
