@@ -3,7 +3,7 @@
 //!
 //! Each test starts its own stand on an ephemeral port, so the stand clock, task ids and the
 //! fault queue are never shared. The admin API is driven over plain HTTP by the small helper
-//! below, as the contract in `notes/stand-contract.md` describes it, so these tests check the
+//! below, as the contract in the stand's module docs describes it, so these tests check the
 //! adapters against the contract rather than against the stand's Rust API.
 
 use std::net::SocketAddr;

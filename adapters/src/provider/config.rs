@@ -38,7 +38,7 @@ pub const DEFAULT_KEY_SAFETY_MARGIN_S: u64 = 60 * 60;
 /// Default search-index lag of a plain provider, in milliseconds (the stand's default).
 pub const DEFAULT_SEARCH_LAG_MS: u64 = 2_000;
 
-/// Which of the three CRM API shapes a provider speaks (see `notes/stand-contract.md`).
+/// Which of the three CRM API shapes a provider speaks (the contract is in the stand's module docs, `crate::stand`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {
     /// Creates carry an `Idempotency-Key`; the provider replays the first response (Stripe).

@@ -1,5 +1,5 @@
 //! HTTP provider adapters: the domain's [`Providers`] port over reqwest, for the three CRM API
-//! shapes of `notes/stand-contract.md`.
+//! shapes whose contract is written out in the stand's module docs ([`crate::stand`]).
 //!
 //! [`Providers`]: opledger_domain::provider::Providers
 //!

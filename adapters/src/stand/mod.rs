@@ -64,7 +64,7 @@
 //!
 //! # The contract
 //!
-//! Copied from `notes/stand-contract.md`; the stand and the HTTP provider adapters share it.
+//! The stand and the HTTP provider adapters (`crate::provider`) share this contract.
 //!
 //! ```text
 //! Everything JSON. Accounts are path segments. Every provider request carries
