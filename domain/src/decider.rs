@@ -33,8 +33,8 @@ use crate::command::{
     MIN_LEASE_MS,
 };
 use crate::contract::{
-    check_automatic_retry, check_binding, milliseconds, ContractViolation, LookupSupport,
-    ProviderCapabilities, RetryPolicy, MAX_ATTEMPTS_LIMIT,
+    check_automatic_retry, check_binding, check_retry_budget, milliseconds, ContractViolation,
+    LookupSupport, ProviderCapabilities, RetryPolicy, MAX_ATTEMPTS_LIMIT,
 };
 use crate::error::ValidationError;
 use crate::event::{
@@ -216,9 +216,18 @@ pub fn decide(
                 return Err(Rejection::NotYetDue { not_before });
             }
             check_binding(state, binding).map_err(Rejection::BindingChanged)?;
-            if state.pending_since == Some(PendingSince::RetryScheduled) {
-                check_automatic_retry(capabilities, policy, state, binding, now)
-                    .map_err(Rejection::RetryNotAllowed)?;
+            match state.pending_since {
+                Some(PendingSince::RetryScheduled) => {
+                    check_automatic_retry(capabilities, policy, state, binding, now)
+                        .map_err(Rejection::RetryNotAllowed)?;
+                }
+                // Attempts provably not sent (429, no connection) still count against the
+                // budget: a CRM that keeps refusing must end with a person, not loop.
+                Some(PendingSince::Recorded) if state.attempts > 0 => {
+                    check_retry_budget(policy, state, now).map_err(Rejection::RetryNotAllowed)?;
+                }
+                // A reviewer's retry is the person's decision; only the hard limit applies.
+                _ => {}
             }
             if state.attempts >= MAX_ATTEMPTS_LIMIT {
                 return Err(Rejection::RetryNotAllowed(

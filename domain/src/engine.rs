@@ -414,6 +414,12 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 self.require_review(current, format!("the lookup returned an object of account `{found}`, not `{bound}`: no evidence"))
                     .await
             }
+            // Another worker recorded its lookup first and moved the operation on: report
+            // where it stands now, as a lost claim does.
+            Err(AppError::Rejected {
+                rejection: Rejection::NotAllowed { .. },
+                ..
+            }) => self.ledger.get(operation_id).await,
             other => other,
         }
     }

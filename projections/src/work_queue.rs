@@ -35,7 +35,9 @@ impl WorkQueue {
         if let Some(previous) = self.due_of.remove(&operation_id) {
             self.due.remove(&(previous.0, operation_id, previous.1));
         }
-        if state.status.is_terminal() {
+        // A settled operation left the queue; a late annotation of it (a late response, a
+        // duplicate) folds onto an empty state and must not bring it back.
+        if state.status.is_terminal() || state.intent.is_none() {
             return;
         }
         if let Some((due_at, work)) = state.next_work() {

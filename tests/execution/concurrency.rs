@@ -1,0 +1,235 @@
+//! Several workers at once: the claim is one conditional append, so exactly one of them sends.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opledger_adapters::stand::FaultKind;
+use opledger_adapters::workers::{WorkerConfig, Workers};
+use opledger_domain::ids::OperationId;
+use opledger_domain::state::Status;
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
+use crate::support::{eventually, names, Crm, Harness, ACCOUNT};
+
+const RACED_OPERATIONS: usize = 20;
+const WORKER_OPERATIONS: usize = 10;
+const RACED_LOOKUPS: usize = 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_operation_driven_by_two_workers_at_the_same_moment_is_sent_once() {
+    let h = Harness::start().await;
+    let other = h.second_worker("worker-b");
+    let mut intents = Vec::new();
+    for n in 0..RACED_OPERATIONS {
+        let recorded = h
+            .record(h.request(Crm::Plain, Some(&format!("toolcall-{n}"))))
+            .await;
+        intents.push(recorded.intent().clone());
+    }
+
+    // Both workers get every operation at the same moment.
+    let mut drives = JoinSet::new();
+    for intent in &intents {
+        let together = Arc::new(Barrier::new(2));
+        for engine in [Arc::clone(&h.engine), Arc::clone(&other)] {
+            let together = Arc::clone(&together);
+            let operation_id = intent.operation_id;
+            drives.spawn(async move {
+                together.wait().await;
+                engine.drive(operation_id).await
+            });
+        }
+    }
+    while let Some(joined) = drives.join_next().await {
+        let report = joined
+            .expect("the drive task")
+            .expect("both drives succeed");
+        assert!(
+            matches!(
+                report.state().status,
+                Status::InFlight | Status::Succeeded { .. }
+            ),
+            "a loser reports the winner's progress: {:?}",
+            report.state()
+        );
+    }
+
+    // A plain CRM creates on every POST: a double send would show up as a second task.
+    assert_eq!(h.creates(Crm::Plain).await.len(), RACED_OPERATIONS);
+    assert_eq!(h.objects_in(ACCOUNT).await.len(), RACED_OPERATIONS);
+    for intent in &intents {
+        let objects = h.objects_for(Crm::Plain, intent).await;
+        assert_eq!(objects.len(), 1, "{objects:?}");
+        assert_eq!(
+            h.state(intent.operation_id)
+                .await
+                .external_id()
+                .map(|id| id.as_str()),
+            Some(objects[0].id.as_str())
+        );
+        assert_eq!(
+            h.event_names(intent.operation_id).await,
+            ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"],
+            "exactly one claim"
+        );
+    }
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_operation_looked_up_by_two_workers_at_the_same_moment_is_retried_once() {
+    let h = Harness::start().await;
+    let other = h.second_worker("worker-b");
+    h.queue(
+        Crm::Keyed
+            .create_fault(FaultKind::DropRequest)
+            .times(RACED_LOOKUPS as u32),
+    )
+    .await;
+    let mut intents = Vec::new();
+    for n in 0..RACED_LOOKUPS {
+        let recorded = h
+            .record(h.request(Crm::Keyed, Some(&format!("toolcall-{n}"))))
+            .await;
+        let intent = recorded.intent().clone();
+        h.first_attempt_left_unknown(intent.operation_id).await;
+        intents.push(intent);
+    }
+
+    // Both workers find every unknown operation due for a lookup at the same moment.
+    let mut drives = JoinSet::new();
+    for intent in &intents {
+        let together = Arc::new(Barrier::new(2));
+        for engine in [Arc::clone(&h.engine), Arc::clone(&other)] {
+            let together = Arc::clone(&together);
+            let operation_id = intent.operation_id;
+            drives.spawn(async move {
+                together.wait().await;
+                (operation_id, engine.drive(operation_id).await)
+            });
+        }
+    }
+    let mut failures = Vec::new();
+    while let Some(joined) = drives.join_next().await {
+        let (operation_id, drive) = joined.expect("the drive task");
+        if let Err(error) = drive {
+            failures.push(format!("{operation_id}: {error}"));
+        }
+    }
+    for intent in &intents {
+        h.settle(intent.operation_id).await;
+    }
+
+    for intent in &intents {
+        let objects = h.objects_for(Crm::Keyed, intent).await;
+        assert_eq!(objects.len(), 1, "{objects:?}");
+        let names = h.event_names(intent.operation_id).await;
+        assert_eq!(
+            names
+                .iter()
+                .filter(|name| **name == "RetryScheduled")
+                .count(),
+            1,
+            "one retry: {names:?}"
+        );
+        assert_eq!(
+            names
+                .iter()
+                .filter(|name| **name == "AttemptStarted")
+                .count(),
+            2,
+            "the first attempt and one retry: {names:?}"
+        );
+        assert_eq!(names.last(), Some(&"AttemptSucceeded"), "{names:?}");
+    }
+    assert!(
+        failures.is_empty(),
+        "a worker that lost the race to record a lookup reports where the operation stands, it does not fail: {failures:#?}"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_drive_every_recorded_intent_to_exactly_one_task_and_shut_down_cleanly() {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropResponse))
+        .await;
+    let workers = Workers::spawn(
+        Arc::clone(&h.engine),
+        WorkerConfig {
+            max_concurrent: 4,
+            idle_poll_ms: 20,
+            redrive_pause_ms: 50,
+            shutdown_grace_ms: 5_000,
+        },
+    );
+    let mut intents = Vec::new();
+    for n in 0..WORKER_OPERATIONS {
+        let recorded = h
+            .record(h.request(Crm::Keyed, Some(&format!("toolcall-{n}"))))
+            .await;
+        intents.push(recorded.intent().clone());
+    }
+    let operations: Vec<OperationId> = intents.iter().map(|intent| intent.operation_id).collect();
+
+    // The test never drives: it only watches the ledger.
+    eventually(
+        "every operation succeeded",
+        Duration::from_secs(30),
+        || async {
+            for operation_id in &operations {
+                if !matches!(
+                    h.state(*operation_id).await.status,
+                    Status::Succeeded { .. }
+                ) {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+    let stats = workers.shutdown().await.expect("the workers stop cleanly");
+
+    assert!(stats.drives >= WORKER_OPERATIONS as u64, "{stats:?}");
+    assert_eq!(stats.abandoned_at_shutdown, 0, "{stats:?}");
+    assert_eq!(stats.failed_drives, 0, "{stats:?}");
+    assert_eq!(h.objects_in(ACCOUNT).await.len(), WORKER_OPERATIONS);
+    let mut external_ids = HashSet::new();
+    let mut reconciled = 0;
+    for intent in &intents {
+        let objects = h.objects_for(Crm::Keyed, intent).await;
+        assert_eq!(objects.len(), 1, "one task per key: {objects:?}");
+        let state = h.state(intent.operation_id).await;
+        assert_eq!(
+            state.external_id().map(|id| id.as_str()),
+            Some(objects[0].id.as_str())
+        );
+        external_ids.insert(objects[0].id.clone());
+        let names = names(&h.events(intent.operation_id).await);
+        if names
+            == [
+                "IntentRecorded",
+                "AttemptStarted",
+                "OutcomeUnknown",
+                "ReconciliationRecorded",
+            ]
+        {
+            reconciled += 1;
+        } else {
+            assert_eq!(
+                names,
+                ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"]
+            );
+        }
+    }
+    assert_eq!(external_ids.len(), WORKER_OPERATIONS);
+    assert_eq!(
+        reconciled, 1,
+        "the one lost response was settled by a key lookup"
+    );
+    assert_eq!(h.creates(Crm::Keyed).await.len(), WORKER_OPERATIONS);
+    h.finish().await;
+}

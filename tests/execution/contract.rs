@@ -1,0 +1,238 @@
+//! The binding and the retry contract: a send goes only to the account the operation is bound
+//! to, with the credentials it was recorded with, and a retry only while the provider still
+//! remembers the key. Otherwise a person decides, and nothing reaches the CRM.
+
+use chrono::Duration as ChronoDuration;
+use opledger_adapters::stand::FaultKind;
+use opledger_domain::event::{OperationEvent, ReconciliationResult};
+use opledger_domain::state::Status;
+
+use crate::support::{
+    names, settle, wait_until, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN, OTHER_ACCOUNT,
+    OTHER_ACCOUNT_TOKEN, WORKER,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_whose_crm_account_was_switched_goes_to_a_person_and_nothing_is_sent() {
+    let h = Harness::start().await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+    // The configuration changed: the provider now acts only in the other account.
+    let switched = h.engine_with(
+        h.setup
+            .providers(&h.base_url(), &[(OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN)]),
+        WORKER,
+    );
+
+    let report = settle(&switched, intent.operation_id).await;
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report
+        .state()
+        .review_reason
+        .clone()
+        .expect("a review has a reason");
+    assert!(reason.contains(ACCOUNT), "{reason}");
+    assert!(h.requests().await.is_empty(), "no request reached the CRM");
+    assert!(h.objects_in(ACCOUNT).await.is_empty());
+    assert!(h.objects_in(OTHER_ACCOUNT).await.is_empty());
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        ["IntentRecorded", "ReviewRequired"]
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_whose_account_credentials_changed_goes_to_a_person_and_nothing_is_sent() {
+    let h = Harness::start().await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+    let rotated = h.engine_with(
+        h.setup.providers(
+            &h.base_url(),
+            &[(ACCOUNT, &format!("{ACCOUNT_TOKEN}-rotated"))],
+        ),
+        WORKER,
+    );
+
+    let report = settle(&rotated, intent.operation_id).await;
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report
+        .state()
+        .review_reason
+        .clone()
+        .expect("a review has a reason");
+    assert!(
+        reason.contains("credentials") && reason.contains(ACCOUNT),
+        "{reason}"
+    );
+    assert!(h.requests().await.is_empty(), "no request reached the CRM");
+    assert!(h.objects_in(ACCOUNT).await.is_empty());
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        ["IntentRecorded", "ReviewRequired"]
+    );
+    h.finish().await;
+}
+
+/// A keyed provider that remembers keys for 2 s, of which the ledger may use 1 s.
+fn short_key_retention() -> Setup {
+    Setup {
+        stand_key_retention_s: 2,
+        key_retention_s: 2,
+        key_safety_margin_s: 1,
+        ..Setup::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_its_retention_is_not_retried_even_when_the_lookup_finds_nothing() {
+    let h = Harness::with(short_key_retention()).await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropRequest))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+    let operation_id = intent.operation_id;
+    // The first attempt ends unknown, and its worker stops before it looks the operation up.
+    let unknown = h.first_attempt_left_unknown(operation_id).await;
+
+    // Wait until the usable part of the key's retention has passed.
+    let first_sent_at = unknown.first_attempt_at.expect("the key was sent once");
+    let usable = ChronoDuration::seconds(
+        i64::try_from(h.setup.key_retention_s - h.setup.key_safety_margin_s).expect("small"),
+    );
+    wait_until(first_sent_at + usable + ChronoDuration::milliseconds(50)).await;
+    let report = h.drive(operation_id).await;
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report
+        .state()
+        .review_reason
+        .clone()
+        .expect("a review has a reason");
+    assert!(reason.contains("idempotency key"), "{reason}");
+    assert!(
+        h.objects_for(Crm::Keyed, intent).await.is_empty(),
+        "no blind retry, no task"
+    );
+    assert_eq!(h.creates(Crm::Keyed).await.len(), 1);
+    assert_eq!(h.lookups().await.len(), 1, "the key was looked up");
+    let events = h.events(operation_id).await;
+    assert_eq!(
+        names(&events),
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+            "ReviewRequired",
+        ]
+    );
+    assert!(
+        matches!(
+            &events[3],
+            OperationEvent::ReconciliationRecorded(reconciled)
+                if reconciled.result == ReconciliationResult::NotFound { authoritative: true }
+        ),
+        "{:?}",
+        events[3]
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_scheduled_inside_the_key_retention_is_checked_again_before_it_is_sent() {
+    // The key is usable for 2 s after the first send; the retry's backoff is longer than that.
+    let mut setup = Setup {
+        stand_key_retention_s: 3,
+        key_retention_s: 3,
+        key_safety_margin_s: 1,
+        ..Setup::default()
+    };
+    setup.policy.backoff_base_ms = 5_000;
+    setup.policy.backoff_max_ms = 5_000;
+    let h = Harness::with(setup).await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropRequest))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+
+    let report = h.settle(intent.operation_id).await;
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report
+        .state()
+        .review_reason
+        .clone()
+        .expect("a review has a reason");
+    assert!(
+        reason.contains("not safe any more") && reason.contains("idempotency key"),
+        "{reason}"
+    );
+    assert!(h.objects_for(Crm::Keyed, intent).await.is_empty());
+    assert_eq!(h.creates(Crm::Keyed).await.len(), 1, "no second send");
+    let events = h.events(intent.operation_id).await;
+    assert_eq!(
+        names(&events),
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+            "RetryScheduled",
+            "ReviewRequired",
+        ]
+    );
+    // The retry was allowed when it was scheduled, and due only after the key's usable window.
+    let (OperationEvent::AttemptStarted(started), OperationEvent::RetryScheduled(retry)) =
+        (&events[1], &events[4])
+    else {
+        panic!("{events:?}");
+    };
+    assert!(retry.at < started.at + ChronoDuration::seconds(2));
+    assert!(retry.not_before > started.at + ChronoDuration::seconds(2));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crm_that_keeps_rate_limiting_is_attempted_no_more_often_than_the_policy_allows() {
+    const RATE_LIMITED_CREATES: u32 = 10;
+    let h = Harness::start().await;
+    let max_attempts = h.setup.policy.retry.max_attempts;
+    assert!(max_attempts < RATE_LIMITED_CREATES);
+    h.queue(
+        Crm::Keyed
+            .create_fault(FaultKind::RateLimit {
+                retry_after_s: 0,
+                retry_after_http_date: false,
+            })
+            .times(RATE_LIMITED_CREATES),
+    )
+    .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+
+    let report = h.settle(intent.operation_id).await;
+
+    let creates = h.creates(Crm::Keyed).await;
+    assert!(
+        creates.len() <= max_attempts as usize,
+        "RetryPolicy::max_attempts is {max_attempts} attempts in total, yet {} creates were sent",
+        creates.len()
+    );
+    assert!(h.objects_for(Crm::Keyed, intent).await.is_empty());
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let names = h.event_names(intent.operation_id).await;
+    assert_eq!(
+        names
+            .iter()
+            .filter(|name| **name == "AttemptStarted")
+            .count(),
+        max_attempts as usize,
+        "{names:?}"
+    );
+    assert_eq!(names.last(), Some(&"ReviewRequired"), "{names:?}");
+    h.finish().await;
+}

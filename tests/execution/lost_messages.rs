@@ -1,0 +1,310 @@
+//! Lost and late messages: the network hides what the CRM did, and the ledger finds out before
+//! it ever sends again.
+
+use opledger_adapters::stand::FaultKind;
+use opledger_domain::command::Command;
+use opledger_domain::event::{OperationEvent, ReconciliationResult};
+use opledger_domain::ids::ExternalObjectId;
+use opledger_domain::state::Status;
+use opledger_projections::work_queue::WorkQueue;
+
+use crate::support::{names, Crm, Harness, Setup};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_arrived_is_retried_with_the_same_key_and_creates_one_task() {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropRequest))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+
+    let report = h.settle(intent.operation_id).await;
+
+    let objects = h.objects_for(Crm::Keyed, intent).await;
+    assert_eq!(objects.len(), 1, "exactly one task: {objects:?}");
+    assert_eq!(
+        report.state().status,
+        Status::Succeeded {
+            external_id: ExternalObjectId::new(objects[0].id.clone()).expect("a valid id")
+        }
+    );
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+            "RetryScheduled",
+            "AttemptStarted",
+            "AttemptSucceeded",
+        ]
+    );
+    // Both creates carried the operation's one key; the lookup between them found nothing.
+    let posts = h.creates(Crm::Keyed).await;
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert!(posts
+        .iter()
+        .all(|post| post.key.as_deref() == Some(intent.idempotency_key.as_str())));
+    assert_eq!(posts[0].outcome, "fault:drop_request");
+    let events = h.events(intent.operation_id).await;
+    assert!(
+        matches!(
+            &events[3],
+            OperationEvent::ReconciliationRecorded(reconciled)
+                if reconciled.result == ReconciliationResult::NotFound { authoritative: true }
+        ),
+        "{:?}",
+        events[3]
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_lost_after_the_crm_applied_the_task_is_settled_by_a_lookup_of_its_label() {
+    let h = Harness::start().await;
+    h.queue(Crm::Labelled.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Labelled, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+
+    let report = h.settle(intent.operation_id).await;
+
+    let objects = h.objects_for(Crm::Labelled, intent).await;
+    assert_eq!(objects.len(), 1, "exactly one task: {objects:?}");
+    let external_id = ExternalObjectId::new(objects[0].id.clone()).expect("a valid id");
+    assert_eq!(
+        report.state().status,
+        Status::Succeeded {
+            external_id: external_id.clone()
+        }
+    );
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+        ],
+        "found by the lookup, never sent a second time"
+    );
+    assert_eq!(h.creates(Crm::Labelled).await.len(), 1);
+    assert!(
+        report.sentence.contains(external_id.as_str()),
+        "the agent names the task: {}",
+        report.sentence
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_only_crm_with_a_lagging_index_keeps_the_operation_unknown_until_the_task_is_indexed(
+) {
+    let h = Harness::with(Setup {
+        stand_search_lag_ms: 60_000,
+        search_lag_ms: 60_000,
+        ..Setup::default()
+    })
+    .await;
+    h.queue(Crm::Plain.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Plain, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+    let operation_id = intent.operation_id;
+
+    let first = h.drive(operation_id).await;
+    assert_eq!(first.state().status, Status::Unknown);
+    for _ in 0..3 {
+        let report = h.drive_when_due(operation_id).await;
+        assert_eq!(
+            report.state().status,
+            Status::Unknown,
+            "an empty search of a lagging index proves nothing"
+        );
+        assert_eq!(report.state().attempts, 1, "no second attempt");
+    }
+    let objects = h.objects_for(Crm::Plain, intent).await;
+    assert_eq!(objects.len(), 1, "the CRM did create it: {objects:?}");
+    assert_eq!(h.creates(Crm::Plain).await.len(), 1);
+    let searches = h.lookups().await.len();
+    assert!(searches >= 4, "it kept looking: {searches} searches");
+
+    // The index catches up.
+    h.admin
+        .advance_clock_ms(61_000)
+        .await
+        .expect("the stand clock moves");
+    let report = h.drive_when_due(operation_id).await;
+
+    assert_eq!(
+        report.state().status,
+        Status::Succeeded {
+            external_id: ExternalObjectId::new(objects[0].id.clone()).expect("a valid id")
+        }
+    );
+    assert_eq!(h.objects_for(Crm::Plain, intent).await, objects);
+    assert_eq!(h.creates(Crm::Plain).await.len(), 1);
+    let events = h.events(operation_id).await;
+    let names = names(&events);
+    assert_eq!(
+        names[..3],
+        ["IntentRecorded", "AttemptStarted", "OutcomeUnknown"]
+    );
+    let lookups = &events[3..];
+    assert!(
+        lookups.len() >= 5,
+        "at least four empty searches and the one that found it: {names:?}"
+    );
+    let (found, empty) = lookups.split_last().expect("lookups were recorded");
+    assert!(
+        empty.iter().all(|event| matches!(
+            event,
+            OperationEvent::ReconciliationRecorded(reconciled)
+                if reconciled.result == ReconciliationResult::NotFound { authoritative: false }
+        )),
+        "{names:?}"
+    );
+    assert!(
+        matches!(
+            found,
+            OperationEvent::ReconciliationRecorded(reconciled)
+                if matches!(&reconciled.result, ReconciliationResult::Found { external_id, .. } if external_id.as_str() == objects[0].id)
+        ),
+        "{found:?}"
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_after_reconciliation_changes_nothing_and_a_different_late_id_is_a_duplicate(
+) {
+    let h = Harness::with(Setup {
+        request_timeout_ms: 500,
+        connect_timeout_ms: 300,
+        ..Setup::default()
+    })
+    .await;
+    h.queue(Crm::Labelled.create_fault(FaultKind::LateResponse { delay_ms: 1_500 }))
+        .await;
+    let recorded = h.record(h.request(Crm::Labelled, Some("toolcall-1"))).await;
+    let intent = recorded.intent();
+    let operation_id = intent.operation_id;
+
+    let report = h.settle(operation_id).await;
+
+    let objects = h.objects_for(Crm::Labelled, intent).await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let confirmed = ExternalObjectId::new(objects[0].id.clone()).expect("a valid id");
+    assert_eq!(
+        report.state().status,
+        Status::Succeeded {
+            external_id: confirmed.clone()
+        }
+    );
+    let settled = h.event_names(operation_id).await;
+    assert_eq!(
+        settled,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+        ]
+    );
+
+    // The answer the client gave up on arrives after all, as the engine would record it.
+    let first_attempt = report.state().attempt_ids[0];
+    let late = |external_id: ExternalObjectId| Command::RecordSuccess {
+        attempt_id: first_attempt,
+        external_id,
+        provider_request_id: None,
+    };
+    let unchanged = h
+        .ledger()
+        .execute(operation_id, &late(confirmed.clone()))
+        .await
+        .expect("a late confirmation of the same task is accepted");
+    assert_eq!(
+        unchanged.version, report.operation.version,
+        "nothing appended"
+    );
+    assert_eq!(h.event_names(operation_id).await, settled);
+
+    let other = ExternalObjectId::new("999999").expect("a valid id");
+    let after = h
+        .ledger()
+        .execute(operation_id, &late(other.clone()))
+        .await
+        .expect("a late confirmation of another task is recorded");
+    assert_eq!(
+        after.state.status,
+        Status::Succeeded {
+            external_id: confirmed.clone()
+        },
+        "no regression: the first confirmed task stays the outcome"
+    );
+    assert_eq!(after.state.duplicates, std::slice::from_ref(&other));
+    let events = h.events(operation_id).await;
+    assert_eq!(
+        names(&events[settled.len()..]),
+        ["LateResponseReceived", "DuplicateDetected"]
+    );
+    assert!(
+        matches!(
+            events.last(),
+            Some(OperationEvent::DuplicateDetected(duplicate))
+                if duplicate.confirmed_external_id == confirmed && duplicate.duplicate_external_id == other
+        ),
+        "{:?}",
+        events.last()
+    );
+    assert_eq!(h.objects_for(Crm::Labelled, intent).await.len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_duplicate_of_a_settled_operation_leaves_no_open_work_for_the_workers() {
+    let h = Harness::start().await;
+    let recorded = h.record(h.request(Crm::Labelled, Some("toolcall-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    let report = h.settle(operation_id).await;
+    let first_attempt = report.state().attempt_ids[0];
+    h.ledger()
+        .execute(
+            operation_id,
+            &Command::RecordSuccess {
+                attempt_id: first_attempt,
+                external_id: ExternalObjectId::new("999999").expect("a valid id"),
+                provider_request_id: None,
+            },
+        )
+        .await
+        .expect("the late duplicate is recorded");
+    let events = h.events(operation_id).await;
+    assert_eq!(
+        names(&events),
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "AttemptSucceeded",
+            "LateResponseReceived",
+            "DuplicateDetected",
+        ]
+    );
+
+    // The workers' read model, folded from the same stream.
+    let mut queue = WorkQueue::new();
+    for event in &events {
+        queue.apply(operation_id, event);
+    }
+
+    assert_eq!(queue.next_due_at(), None);
+    assert_eq!(
+        queue.state(operation_id).map(|state| state.status.name()),
+        None,
+        "a settled operation is not open work"
+    );
+    assert_eq!(queue.open_operations(), 0);
+    h.finish().await;
+}
