@@ -903,3 +903,27 @@ fn reconciliation_is_refused_before_any_attempt_and_during_review() {
         ));
     }
 }
+
+#[test]
+fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
+    // policy(): at most 3 attempts.
+    let not_sent = |n| Command::RecordNotSent {
+        attempt_id: attempt(n),
+        reason: "429 rate limited".into(),
+        retry_not_before: at_s(0),
+    };
+    let mut scenario = in_flight(lookup_only())
+        .when(&not_sent(1), at_s(1))
+        .scenario;
+    for n in 2..=3 {
+        scenario = scenario
+            .when(&start(n, lookup_only()), at_s(2))
+            .and(&not_sent(n), at_s(2))
+            .scenario;
+    }
+    let outcome = scenario.when(&start(4, lookup_only()), at_s(3));
+    assert!(matches!(
+        outcome.rejection(),
+        Rejection::RetryNotAllowed(ContractViolation::AttemptsExhausted { attempts: 3, .. })
+    ));
+}
