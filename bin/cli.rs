@@ -40,11 +40,24 @@ pub enum Command {
     Deny(DenyArgs),
     /// Show an operation's current state and its full event history.
     Status(StatusArgs),
+    /// Walk the whole log and report every event edited, removed or moved behind the ledger's
+    /// back, by stream and version (exit status 4 when anything is found).
+    Verify(VerifyArgs),
     /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
     /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
     /// commit, 429 with Retry-After), move its clock, and list what it stored.
     Stand(StandArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The ledger file to verify (read only).
+    #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -193,6 +206,12 @@ pub enum CliError {
     /// Anything else at the edge (files, terminals).
     #[error("{0}")]
     Other(String),
+    /// `verify` found tampering.
+    #[error("the ledger shows {findings} sign(s) of tampering")]
+    Tampered {
+        /// How many findings.
+        findings: usize,
+    },
     /// The user interrupted.
     #[error("interrupted; everything acknowledged so far is in the ledger")]
     Interrupted,
@@ -209,6 +228,7 @@ impl CliError {
                 | AppError::SourceReused { .. },
             ) => ExitCode::from(3),
             Self::Interrupted => ExitCode::from(130),
+            Self::Tampered { .. } => ExitCode::from(4),
             _ => ExitCode::FAILURE,
         }
     }

@@ -10,6 +10,7 @@ mod demo;
 mod intent;
 mod stand;
 mod timeline;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
             Command::Deny(args) => intent::deny(args).await,
             Command::Status(args) => intent::status(args).await,
             Command::Stand(args) => stand::run(args).await,
+            Command::Verify(args) => verify::run(args).await,
         }
     });
     match result {

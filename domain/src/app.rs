@@ -10,6 +10,7 @@ use serde_json::Value;
 use tracing::{debug, info, instrument, warn};
 
 use crate::args::{ArgsHash, ArgsSnapshot};
+use crate::chain::ChainHash;
 use crate::codec::{self, DecodeError};
 use crate::command::Command;
 use crate::decider::{decide, Rejection};
@@ -85,6 +86,8 @@ pub struct LoadedOperation {
     pub state: OperationState,
     /// The version of its last event (`None`: no stream).
     pub version: Option<StreamVersion>,
+    /// The chain hash of its last event, which the next event links to.
+    pub chain: Option<ChainHash>,
 }
 
 /// A request to record an intent, as it arrives from an API or the command line: raw text,
@@ -197,6 +200,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         let stream = StreamName::for_operation(operation_id);
         let mut state = OperationState::initial();
         let mut version = None;
+        let mut chain = None;
         loop {
             let from = version.map_or(StreamVersion::FIRST, StreamVersion::next);
             let batch = self
@@ -207,12 +211,14 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             for recorded in &batch {
                 state = evolve(state, &codec::decode(recorded)?);
                 version = Some(recorded.version);
+                chain = codec::chain_of(&recorded.metadata);
             }
             if !full {
                 return Ok(LoadedOperation {
                     operation_id,
                     state,
                     version,
+                    chain,
                 });
             }
         }
@@ -260,6 +266,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             operation_id,
             state: OperationState::initial(),
             version: None,
+            chain: None,
         };
         match self
             .execute_from(fresh, &Command::RecordIntent(intent))
@@ -362,11 +369,12 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 return Ok(loaded);
             }
             let expected = ExpectedVersion::from_last(loaded.version);
-            let data = encode_all(operation_id, expected, &events);
+            let (data, chain) = encode_all(operation_id, expected, &events, loaded.chain.as_ref());
             match self.append_resolving_unclear(&stream, expected, data).await {
                 Ok(outcome) => {
                     loaded.state = events.iter().fold(loaded.state, evolve);
                     loaded.version = Some(outcome.next_expected);
+                    loaded.chain = chain;
                     debug!(%operation_id, command = command.name(), events = events.len(), "appended");
                     return Ok(loaded);
                 }
@@ -408,21 +416,26 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     }
 }
 
-/// Encodes `events` to follow `expected`, each with its deterministic id.
+/// Encodes `events` to follow `expected` (whose last event has the chain hash `previous`), each
+/// with its deterministic id and chain link; returns them and the chain hash of the last one.
 pub fn encode_all(
     operation_id: OperationId,
     expected: ExpectedVersion,
     events: &[OperationEvent],
-) -> Vec<crate::store::EventData> {
+    previous: Option<&ChainHash>,
+) -> (Vec<crate::store::EventData>, Option<ChainHash>) {
     let mut version = expected.first_new_version();
-    events
+    let mut chain = previous.copied();
+    let encoded = events
         .iter()
         .map(|event| {
-            let data = codec::encode(operation_id, version, event);
+            let (data, link) = codec::encode(operation_id, version, event, chain.as_ref());
+            chain = Some(link);
             version = version.next();
             data
         })
-        .collect()
+        .collect();
+    (encoded, chain)
 }
 
 fn check_redelivery(existing: &LoadedOperation, valid: &ValidIntent) -> Result<(), AppError> {

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::chain::{self, ChainHash};
 use crate::event::{
     ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
     AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
@@ -20,13 +21,19 @@ use crate::store::{EventData, RecordedEvent};
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// The metadata this build writes, as bytes.
-const CURRENT_METADATA: &[u8] = br#"{"schema_version":1}"#;
+/// The metadata this build writes starts with these bytes, followed by the chain hash (64 hex
+/// digits) and `"}`; recognised without a JSON parse, because replay decodes millions.
+const METADATA_PREFIX: &[u8] = br#"{"schema_version":1,"chain":""#;
+const METADATA_SUFFIX: &[u8] = br#""}"#;
 
 /// The metadata stored beside every event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventMetadata {
     /// The schema version of the event's data.
     pub schema_version: u32,
+    /// The event's link in its stream's hash chain (see [`crate::chain`]), as hex.
+    #[serde(default)]
+    pub chain: Option<String>,
 }
 
 /// An event that could not be read.
@@ -114,21 +121,44 @@ event_codec!(
 /// the operation, the version and the content, so re-sending the same append is recognised as
 /// already written while a different decision at that version conflicts
 /// (see [`EventId::for_operation_event`]).
-pub fn encode(operation: OperationId, version: StreamVersion, event: &OperationEvent) -> EventData {
-    let metadata = EventMetadata {
-        schema_version: SCHEMA_VERSION,
-    };
+///
+/// The metadata carries the event's chain hash, linked to `previous` (the chain hash of the
+/// stream's event before it; `None` for the first); the new hash is returned for the next event.
+pub fn encode(
+    operation: OperationId,
+    version: StreamVersion,
+    event: &OperationEvent,
+    previous: Option<&ChainHash>,
+) -> (EventData, ChainHash) {
     let event_type = event.type_name();
     let data = event
         .encode_data()
         .expect("operation events are plain data and always serialize");
-    EventData {
+    let chain = chain::link(previous, version, event_type, &data);
+    let metadata = EventMetadata {
+        schema_version: SCHEMA_VERSION,
+        chain: Some(chain.to_hex()),
+    };
+    let encoded = EventData {
         event_id: EventId::for_operation_event(operation, version, event_type, &data),
         event_type: event_type.to_owned(),
         data,
         metadata: serde_json::to_vec(&metadata)
             .expect("metadata is plain data and always serializes"),
+    };
+    (encoded, chain)
+}
+
+/// The chain hash a stored event carries, if it carries a well-formed one.
+pub fn chain_of(metadata: &[u8]) -> Option<ChainHash> {
+    if let Some(hex) = metadata
+        .strip_prefix(METADATA_PREFIX)
+        .and_then(|rest| rest.strip_suffix(METADATA_SUFFIX))
+    {
+        return ChainHash::parse_hex(std::str::from_utf8(hex).ok()?);
     }
+    let parsed: EventMetadata = serde_json::from_slice(metadata).ok()?;
+    ChainHash::parse_hex(parsed.chain.as_deref()?)
 }
 
 /// Decodes a stored event.
@@ -141,9 +171,10 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
     };
     // Nearly every event carries exactly the metadata this build writes; recognise it without
     // parsing, because a replay decodes millions of them.
-    let metadata = if recorded.metadata == CURRENT_METADATA {
+    let metadata = if recorded.metadata.starts_with(METADATA_PREFIX) {
         EventMetadata {
             schema_version: SCHEMA_VERSION,
+            chain: None,
         }
     } else {
         serde_json::from_slice(&recorded.metadata)
@@ -163,5 +194,28 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
             version: recorded.version,
             event_type: recorded.event_type.clone(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recognised_metadata_bytes_are_what_encode_writes() {
+        let chain = chain::link(None, StreamVersion::FIRST, "T", b"{}");
+        let metadata = serde_json::to_vec(&EventMetadata {
+            schema_version: SCHEMA_VERSION,
+            chain: Some(chain.to_hex()),
+        })
+        .expect("serializes");
+        assert!(metadata.starts_with(METADATA_PREFIX) && metadata.ends_with(METADATA_SUFFIX));
+        assert_eq!(chain_of(&metadata), Some(chain));
+        let spaced = format!(r#"{{ "chain": "{chain}", "schema_version": 1 }}"#);
+        assert_eq!(
+            chain_of(spaced.as_bytes()),
+            Some(chain),
+            "other spellings parse too"
+        );
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod args;
+pub mod chain;
 pub mod codec;
 pub mod command;
 pub mod contract;
@@ -20,3 +21,4 @@ pub mod sentence;
 pub mod state;
 pub mod store;
 pub mod timestamp;
+pub mod verify;

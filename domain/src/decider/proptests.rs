@@ -159,7 +159,7 @@ proptest! {
                 }
                 // Every event survives the codec unchanged.
                 let operation = OperationId::from_uuid(uuid::Uuid::from_u128(7));
-                let data = codec::encode(operation, StreamVersion::new(history.len() as u64), event);
+                let (data, _) = codec::encode(operation, StreamVersion::new(history.len() as u64), event, None);
                 let recorded = RecordedEvent {
                     stream: StreamName::for_operation(operation),
                     version: StreamVersion::new(history.len() as u64),

@@ -1,0 +1,234 @@
+//! `verify`: walks the log and reports every event that was edited, removed or moved behind the
+//! ledger's back, by stream and version.
+//!
+//! Pure: it is fed the log in position order and keeps, per stream, the last version and chain
+//! hash it saw (memory grows with the number of streams, not events). For each event it checks:
+//! the version follows the stream's previous one (a gap is a removed event, a step back a
+//! moved one); the event id still binds this content to this version (ids are derived from
+//! operation, version and content, so a moved event names the version it belongs to); the chain
+//! hash links to the previous event; and, where the store numbers its log without gaps (SQLite),
+//! that no position is missing. After a finding it re-synchronises on the stored chain hash, so
+//! one edit is one finding, not a cascade.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::chain;
+use crate::chain::ChainHash;
+use crate::codec;
+use crate::ids::{EventId, GlobalPosition, StreamVersion};
+use crate::store::{RecordedEvent, StreamName};
+
+/// How far around an event's version the verifier looks for the version its id belongs to.
+pub const MOVED_SEARCH_WINDOW: u64 = 64;
+
+/// What kind of tampering a finding shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tampering {
+    /// The content no longer matches its id or chain hash.
+    Edited,
+    /// Events are missing: a version gap in a stream, or a position gap in the log.
+    Removed,
+    /// The event sits at another version than the one it was written at.
+    Reordered,
+    /// The event carries no usable chain hash, so it cannot be verified.
+    Unchained,
+}
+
+impl Tampering {
+    /// The kind's name, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Edited => "edited",
+            Self::Removed => "removed",
+            Self::Reordered => "reordered",
+            Self::Unchained => "unchained",
+        }
+    }
+}
+
+/// One problem found in the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// What kind.
+    pub kind: Tampering,
+    /// The stream concerned (`None` for a gap in the global log).
+    pub stream: Option<StreamName>,
+    /// The version concerned (for a removal: the first missing version).
+    pub version: Option<StreamVersion>,
+    /// The position of the event where it was noticed.
+    pub position: GlobalPosition,
+    /// What exactly, in a sentence.
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<9}", self.kind.name().to_uppercase())?;
+        if let Some(stream) = &self.stream {
+            write!(f, " {stream}")?;
+        }
+        if let Some(version) = self.version {
+            write!(f, " v{version}")?;
+        }
+        write!(f, " @{}: {}", self.position, self.detail)
+    }
+}
+
+/// Checks a log fed to it in position order.
+#[derive(Debug)]
+pub struct Verifier {
+    streams: HashMap<StreamName, (StreamVersion, Option<ChainHash>)>,
+    last_position: Option<GlobalPosition>,
+    contiguous_positions: bool,
+    events: u64,
+}
+
+impl Verifier {
+    /// A verifier; `contiguous_positions` when the store numbers its log 1, 2, 3… without gaps
+    /// (SQLite does; KurrentDB's positions are byte offsets and do not).
+    pub fn new(contiguous_positions: bool) -> Self {
+        Self {
+            streams: HashMap::new(),
+            last_position: None,
+            contiguous_positions,
+            events: 0,
+        }
+    }
+
+    /// Events checked so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Streams seen so far.
+    pub fn streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Checks the next event of the log.
+    pub fn check(&mut self, event: &RecordedEvent) -> Vec<Finding> {
+        self.events += 1;
+        let mut findings = Vec::new();
+        let finding = |kind, version: Option<StreamVersion>, detail: String| Finding {
+            kind,
+            stream: Some(event.stream.clone()),
+            version,
+            position: event.position,
+            detail,
+        };
+
+        let expected_position = self.last_position.map_or(1, |last| last.value() + 1);
+        if self
+            .last_position
+            .is_some_and(|last| event.position <= last)
+        {
+            findings.push(finding(
+                Tampering::Reordered,
+                Some(event.version),
+                "the log's positions go backwards here".into(),
+            ));
+        } else if self.contiguous_positions && event.position.value() > expected_position {
+            findings.push(Finding {
+                kind: Tampering::Removed,
+                stream: None,
+                version: None,
+                position: event.position,
+                detail: format!(
+                    "positions {expected_position}..{} are missing from the log",
+                    event.position.value() - 1
+                ),
+            });
+        }
+        self.last_position = Some(
+            self.last_position
+                .map_or(event.position, |last| last.max(event.position)),
+        );
+
+        let (expected_version, previous) = match self.streams.get(&event.stream) {
+            Some((last, chain)) => (last.next(), *chain),
+            None => (StreamVersion::FIRST, None),
+        };
+        let stored_chain = codec::chain_of(&event.metadata);
+        let content_belongs_at = |version: StreamVersion| match event.stream.operation_id() {
+            Some(operation) => {
+                EventId::for_operation_event(operation, version, &event.event_type, &event.data)
+                    == event.event_id
+            }
+            // Streams that are not operations carry ids opledger did not derive; skip the check.
+            None => true,
+        };
+
+        if !content_belongs_at(event.version) {
+            // Either the content was changed, or the whole event was moved to another version.
+            let low = event.version.value().saturating_sub(MOVED_SEARCH_WINDOW);
+            let high = event.version.value().saturating_add(MOVED_SEARCH_WINDOW);
+            match (low..=high)
+                .map(StreamVersion::new)
+                .find(|version| content_belongs_at(*version))
+            {
+                Some(original) => findings.push(finding(
+                    Tampering::Reordered,
+                    Some(event.version),
+                    format!("this event was written as version {original}"),
+                )),
+                None => findings.push(finding(
+                    Tampering::Edited,
+                    Some(event.version),
+                    "its type or data no longer match its event id".into(),
+                )),
+            }
+        } else if event.version > expected_version {
+            findings.push(finding(
+                Tampering::Removed,
+                Some(expected_version),
+                format!(
+                    "versions {expected_version}..{} of the stream are missing",
+                    event.version.value() - 1
+                ),
+            ));
+        } else if event.version < expected_version {
+            findings.push(finding(
+                Tampering::Reordered,
+                Some(event.version),
+                format!(
+                    "version {} comes after version {}",
+                    event.version,
+                    expected_version.value().saturating_sub(1)
+                ),
+            ));
+        } else {
+            match stored_chain {
+                None => findings.push(finding(
+                    Tampering::Unchained,
+                    Some(event.version),
+                    "no chain hash in its metadata".into(),
+                )),
+                Some(stored) => {
+                    let computed = chain::link(
+                        previous.as_ref(),
+                        event.version,
+                        &event.event_type,
+                        &event.data,
+                    );
+                    if computed != stored {
+                        findings.push(finding(
+                            Tampering::Edited,
+                            Some(event.version),
+                            "its chain hash does not link to the previous event of its stream"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        // Re-synchronise on what is stored, so the next event is judged on its own.
+        let version = self
+            .streams
+            .get(&event.stream)
+            .map_or(event.version, |(last, _)| (*last).max(event.version));
+        self.streams
+            .insert(event.stream.clone(), (version, stored_chain));
+        findings
+    }
+}
