@@ -6,6 +6,7 @@
 //! the ports' promises.
 
 pub mod provider;
+pub mod readmodel;
 pub mod stand;
 pub mod store;
 pub mod system;

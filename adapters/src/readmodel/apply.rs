@@ -1,0 +1,628 @@
+//! One batch of the log in, one transaction out: decode, fold, write, advance the checkpoint.
+//!
+//! The checkpoint is written in the same transaction as the changes it covers; that is the whole
+//! of the exactly-once argument. Each operation's folded state is read from the operations table
+//! inside the transaction, so an event later in the same batch sees the earlier ones. Nothing
+//! here keeps state between batches, and nothing here may commit part of a batch.
+
+use std::collections::BTreeMap;
+
+use opledger_domain::codec;
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
+use opledger_domain::state::OperationState;
+use opledger_domain::store::RecordedEvent;
+use opledger_projections::chains::ChainChange;
+use opledger_projections::duplicates::{self, DuplicateChange, SimilarIntent, SimilarIntentQuery};
+use opledger_projections::metrics::Counter;
+use opledger_projections::operations::OperationRow;
+use opledger_projections::read_models::{fold_event, Changes};
+use opledger_projections::review_queue::{ReviewChange, ReviewProgress};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::sql::{self, corrupt};
+use super::{ReadModelError, MAX_BATCH_EVENTS};
+
+/// What one batch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Events folded into the read models.
+    pub applied: usize,
+    /// Events at or below the checkpoint, already applied earlier and left alone.
+    pub skipped: usize,
+    /// Events of streams that are not operation streams; passed over, checkpoint advanced.
+    pub other_streams: usize,
+    /// The checkpoint after the batch.
+    pub checkpoint: Option<GlobalPosition>,
+}
+
+/// The checkpoint as committed.
+pub(super) fn read_checkpoint(
+    connection: &Connection,
+) -> Result<Option<GlobalPosition>, ReadModelError> {
+    let stored: Option<i64> = connection
+        .query_row("SELECT position FROM checkpoint WHERE id = 1", [], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(|error| ReadModelError::sqlite("reading the checkpoint", error))?;
+    stored.map(sql::position_from).transpose()
+}
+
+/// Applies `events` in one transaction (see [`super::ReadModelStore::apply_batch`]).
+pub(super) fn apply_batch(
+    connection: &mut Connection,
+    events: &[RecordedEvent],
+) -> Result<BatchOutcome, ReadModelError> {
+    if events.len() > MAX_BATCH_EVENTS {
+        return Err(ReadModelError::BatchTooLarge {
+            events: events.len(),
+        });
+    }
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| ReadModelError::sqlite("starting a batch", error))?;
+    let start = read_checkpoint(&transaction)?;
+    let mut outcome = BatchOutcome {
+        checkpoint: start,
+        ..BatchOutcome::default()
+    };
+    // Counters are summed over the batch and written once: a few rows instead of one per event.
+    let mut counters: BTreeMap<Counter, u64> = BTreeMap::new();
+    for recorded in events {
+        let position = recorded.position;
+        // A prefix at or below the checkpoint was applied by an earlier batch (a runner that
+        // re-read after a restart, a caller handing the same events over again): skip it. After
+        // the first new event, anything not above the last one is out of order, not a repeat.
+        if outcome.checkpoint == start && start.is_some_and(|checkpoint| position <= checkpoint) {
+            outcome.skipped += 1;
+            continue;
+        }
+        if let Some(last) = outcome.checkpoint.filter(|last| position <= *last) {
+            return Err(ReadModelError::OutOfOrder {
+                last,
+                found: position,
+            });
+        }
+        match recorded.stream.operation_id() {
+            Some(operation_id) => {
+                apply_event(&transaction, operation_id, recorded, &mut counters)?;
+                outcome.applied += 1;
+            }
+            None => outcome.other_streams += 1,
+        }
+        outcome.checkpoint = Some(position);
+    }
+    if outcome.checkpoint != start {
+        write_counters(&transaction, &counters)?;
+        if let Some(checkpoint) = outcome.checkpoint {
+            write_checkpoint(&transaction, checkpoint)?;
+        }
+    }
+    transaction
+        .commit()
+        .map_err(|error| ReadModelError::sqlite("committing a batch", error))?;
+    Ok(outcome)
+}
+
+fn apply_event(
+    transaction: &Transaction<'_>,
+    operation_id: OperationId,
+    recorded: &RecordedEvent,
+    counters: &mut BTreeMap<Counter, u64>,
+) -> Result<(), ReadModelError> {
+    let position = recorded.position;
+    let event =
+        codec::decode(recorded).map_err(|source| ReadModelError::Decode { position, source })?;
+    let previous = load_state(transaction, operation_id)?;
+    let similar = match duplicates::similar_intent_query(operation_id, &event) {
+        Some(query) => find_similar(transaction, &query)?,
+        None => Vec::new(),
+    };
+    let is_new = previous.is_none();
+    let folded = fold_event(
+        operation_id,
+        previous,
+        recorded.version,
+        position,
+        &similar,
+        &event,
+    )
+    .map_err(|source| ReadModelError::Fold { position, source })?;
+    let state = serde_json::to_string(&folded.state).map_err(|error| {
+        corrupt(format!(
+            "the state of operation {operation_id} cannot be stored: {error}"
+        ))
+    })?;
+    write_changes(transaction, &folded.changes, &state, is_new)?;
+    for counter in &folded.changes.metrics {
+        *counters.entry(*counter).or_default() += 1;
+    }
+    Ok(())
+}
+
+/// The operation's folded state and the version of its last event, if any event was folded.
+fn load_state(
+    transaction: &Transaction<'_>,
+    operation_id: OperationId,
+) -> Result<Option<(OperationState, StreamVersion)>, ReadModelError> {
+    let mut statement = transaction
+        .prepare_cached(
+            "SELECT folded_state, stream_version FROM operations WHERE operation_id = ?1",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing to load an operation", error))?;
+    let stored: Option<(String, i64)> = statement
+        .query_row([operation_id.to_string()], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()
+        .map_err(|error| ReadModelError::sqlite("loading an operation's state", error))?;
+    let Some((state, version)) = stored else {
+        return Ok(None);
+    };
+    let state = serde_json::from_str(&state).map_err(|error| {
+        corrupt(format!(
+            "the stored state of operation {operation_id} cannot be read: {error}"
+        ))
+    })?;
+    Ok(Some((state, sql::version_from(version)?)))
+}
+
+fn find_similar(
+    transaction: &Transaction<'_>,
+    query: &SimilarIntentQuery,
+) -> Result<Vec<SimilarIntent>, ReadModelError> {
+    // `INDEXED BY` because without statistics SQLite prefers the creation-time index (it serves
+    // the range and the order) and then reads every operation recorded within the window to
+    // compare its request — quadratic in a busy window. The request index narrows to identical
+    // requests first and still yields them newest first.
+    let mut statement = transaction
+        .prepare_cached(
+            "SELECT operation_id, source_id, created_at FROM operations
+             INDEXED BY operations_by_request
+             WHERE tenant = ?1 AND provider = ?2 AND account = ?3 AND action = ?4
+               AND args_hash = ?5 AND created_at >= ?6 AND created_at <= ?7
+               AND operation_id <> ?8
+             ORDER BY created_at DESC, operation_id DESC
+             LIMIT ?9",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing to find similar intents", error))?;
+    let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+    let rows = statement
+        .query_map(
+            params![
+                query.tenant.as_str(),
+                query.provider.as_str(),
+                query.account.as_str(),
+                query.action.as_str(),
+                query.args_hash.as_str(),
+                sql::time(query.from),
+                sql::time(query.to),
+                query.operation_id.to_string(),
+                limit,
+            ],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            },
+        )
+        .map_err(|error| ReadModelError::sqlite("finding similar intents", error))?;
+    let mut similar = Vec::new();
+    for row in rows {
+        let (operation_id, source_id, recorded_at) =
+            row.map_err(|error| ReadModelError::sqlite("reading a similar intent", error))?;
+        similar.push(SimilarIntent {
+            operation_id: sql::operation_from(&operation_id)?,
+            source_id: source_id
+                .map(|source| sql::id_from(source, opledger_domain::ids::SourceId::new))
+                .transpose()?,
+            recorded_at: sql::time_from(&recorded_at)?,
+        });
+    }
+    Ok(similar)
+}
+
+fn write_changes(
+    transaction: &Transaction<'_>,
+    changes: &Changes,
+    state: &str,
+    is_new: bool,
+) -> Result<(), ReadModelError> {
+    if is_new {
+        insert_operation(transaction, &changes.operation, state)?;
+    } else {
+        update_operation(transaction, &changes.operation, state)?;
+    }
+    if let Some(review) = &changes.review {
+        write_review(transaction, review)?;
+    }
+    for duplicate in &changes.duplicates {
+        write_duplicate(transaction, duplicate)?;
+    }
+    for chain in &changes.chains {
+        write_chain(transaction, chain)?;
+    }
+    Ok(())
+}
+
+fn insert_operation(
+    transaction: &Transaction<'_>,
+    row: &OperationRow,
+    state: &str,
+) -> Result<(), ReadModelError> {
+    let mut statement = transaction
+        .prepare_cached(
+            "INSERT INTO operations (operation_id, tenant, provider, account, action, args_hash,
+                 source_id, state, attempts, external_id, last_error, created_at, updated_at,
+                 stream_version, last_position, lease_deadline, unknown_since,
+                 needs_review_reason, folded_state)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18, ?19)",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing to insert an operation", error))?;
+    statement
+        .execute(params![
+            row.operation_id.to_string(),
+            row.tenant.as_str(),
+            row.provider.as_str(),
+            row.account.as_str(),
+            row.action.as_str(),
+            row.args_hash.as_str(),
+            row.source_id.as_ref().map(|id| id.as_str()),
+            row.state,
+            row.attempts,
+            row.external_id.as_ref().map(|id| id.as_str()),
+            row.last_error,
+            sql::time(row.created_at),
+            sql::time(row.updated_at),
+            sql::version(row.stream_version)?,
+            sql::position(row.last_position)?,
+            sql::opt_time(row.lease_deadline),
+            sql::opt_time(row.unknown_since),
+            row.needs_review_reason,
+            state,
+        ])
+        .map_err(|error| {
+            ReadModelError::sqlite(format!("inserting operation {}", row.operation_id), error)
+        })?;
+    Ok(())
+}
+
+fn update_operation(
+    transaction: &Transaction<'_>,
+    row: &OperationRow,
+    state: &str,
+) -> Result<(), ReadModelError> {
+    // Only what an event can change: the binding, arguments and creation time are the intent's,
+    // fixed forever, and leaving them out of the SET keeps their indexes untouched.
+    let mut statement = transaction
+        .prepare_cached(
+            "UPDATE operations SET state = ?2, attempts = ?3, external_id = ?4, last_error = ?5,
+                 updated_at = ?6, stream_version = ?7, last_position = ?8, lease_deadline = ?9,
+                 unknown_since = ?10, needs_review_reason = ?11, folded_state = ?12
+             WHERE operation_id = ?1",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing to update an operation", error))?;
+    let changed = statement
+        .execute(params![
+            row.operation_id.to_string(),
+            row.state,
+            row.attempts,
+            row.external_id.as_ref().map(|id| id.as_str()),
+            row.last_error,
+            sql::time(row.updated_at),
+            sql::version(row.stream_version)?,
+            sql::position(row.last_position)?,
+            sql::opt_time(row.lease_deadline),
+            sql::opt_time(row.unknown_since),
+            row.needs_review_reason,
+            state,
+        ])
+        .map_err(|error| {
+            ReadModelError::sqlite(format!("updating operation {}", row.operation_id), error)
+        })?;
+    expect_one_row(changed, "operation", row.operation_id)
+}
+
+fn write_review(
+    transaction: &Transaction<'_>,
+    change: &ReviewChange,
+) -> Result<(), ReadModelError> {
+    match change {
+        ReviewChange::Enter(entry) => {
+            let progress = &entry.progress;
+            let lookup = progress.lookup.as_ref();
+            let review = progress.review.as_ref();
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO review_queue (operation_id, state, since, tenant, provider,
+                         account, attempts, lookups, last_error, last_lookup_result,
+                         last_lookup_evidence, last_lookup_at, review_reason, review_evidence,
+                         updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing a review entry", error))?;
+            statement
+                .execute(params![
+                    entry.operation_id.to_string(),
+                    progress.state,
+                    sql::time(entry.since),
+                    entry.tenant.as_str(),
+                    entry.provider.as_str(),
+                    entry.account.as_str(),
+                    progress.attempts,
+                    progress.lookups,
+                    progress.last_error,
+                    lookup.map(|l| l.result.as_str()),
+                    lookup.map(|l| l.evidence.as_str()),
+                    lookup.map(|l| sql::time(l.at)),
+                    review.map(|r| r.reason.as_str()),
+                    review.map(|r| r.evidence.as_str()),
+                    sql::time(progress.updated_at),
+                ])
+                .map_err(|error| {
+                    ReadModelError::sqlite(
+                        format!("queueing operation {} for review", entry.operation_id),
+                        error,
+                    )
+                })?;
+            Ok(())
+        }
+        ReviewChange::Update {
+            operation_id,
+            progress,
+        } => update_review(transaction, *operation_id, progress),
+        ReviewChange::Leave { operation_id } => {
+            let mut statement = transaction
+                .prepare_cached("DELETE FROM review_queue WHERE operation_id = ?1")
+                .map_err(|error| ReadModelError::sqlite("preparing a review removal", error))?;
+            let removed = statement
+                .execute([operation_id.to_string()])
+                .map_err(|error| {
+                    ReadModelError::sqlite(
+                        format!("removing operation {operation_id} from the review queue"),
+                        error,
+                    )
+                })?;
+            expect_one_row(removed, "review entry", *operation_id)
+        }
+    }
+}
+
+fn update_review(
+    transaction: &Transaction<'_>,
+    operation_id: OperationId,
+    progress: &ReviewProgress,
+) -> Result<(), ReadModelError> {
+    // Evidence this event does not bring (NULL) keeps what an earlier event brought.
+    let lookup = progress.lookup.as_ref();
+    let review = progress.review.as_ref();
+    let mut statement = transaction
+        .prepare_cached(
+            "UPDATE review_queue SET state = ?2, attempts = ?3, lookups = ?4, last_error = ?5,
+                 updated_at = ?6,
+                 last_lookup_result = coalesce(?7, last_lookup_result),
+                 last_lookup_evidence = coalesce(?8, last_lookup_evidence),
+                 last_lookup_at = coalesce(?9, last_lookup_at),
+                 review_reason = coalesce(?10, review_reason),
+                 review_evidence = coalesce(?11, review_evidence)
+             WHERE operation_id = ?1",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing a review update", error))?;
+    let changed = statement
+        .execute(params![
+            operation_id.to_string(),
+            progress.state,
+            progress.attempts,
+            progress.lookups,
+            progress.last_error,
+            sql::time(progress.updated_at),
+            lookup.map(|l| l.result.as_str()),
+            lookup.map(|l| l.evidence.as_str()),
+            lookup.map(|l| sql::time(l.at)),
+            review.map(|r| r.reason.as_str()),
+            review.map(|r| r.evidence.as_str()),
+        ])
+        .map_err(|error| {
+            ReadModelError::sqlite(
+                format!("updating the review entry of operation {operation_id}"),
+                error,
+            )
+        })?;
+    expect_one_row(changed, "review entry", operation_id)
+}
+
+fn write_duplicate(
+    transaction: &Transaction<'_>,
+    change: &DuplicateChange,
+) -> Result<(), ReadModelError> {
+    match change {
+        DuplicateChange::Detected(found) => {
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO duplicate_detections (position, operation_id, provider, account,
+                         confirmed_external_id, duplicate_external_id, found_by, at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing a duplicate record", error))?;
+            statement
+                .execute(params![
+                    sql::position(found.position)?,
+                    found.operation_id.to_string(),
+                    found.provider.as_str(),
+                    found.account.as_str(),
+                    found.confirmed_external_id.as_str(),
+                    found.duplicate_external_id.as_str(),
+                    found.found_by,
+                    sql::time(found.at),
+                ])
+                .map_err(|error| ReadModelError::sqlite("recording a detected duplicate", error))?;
+        }
+        DuplicateChange::PossibleIntent(pair) => {
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO possible_duplicate_intents (operation_id, earlier_operation_id,
+                         tenant, provider, account, action, args_hash, source_id,
+                         earlier_source_id, gap_ms, at, position)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing a possible duplicate", error))?;
+            statement
+                .execute(params![
+                    pair.operation_id.to_string(),
+                    pair.earlier_operation_id.to_string(),
+                    pair.tenant.as_str(),
+                    pair.provider.as_str(),
+                    pair.account.as_str(),
+                    pair.action.as_str(),
+                    pair.args_hash.as_str(),
+                    pair.source_id.as_ref().map(|id| id.as_str()),
+                    pair.earlier_source_id.as_ref().map(|id| id.as_str()),
+                    pair.gap_ms,
+                    sql::time(pair.at),
+                    sql::position(pair.position)?,
+                ])
+                .map_err(|error| {
+                    ReadModelError::sqlite("flagging a possible duplicate intent", error)
+                })?;
+        }
+    }
+    Ok(())
+}
+
+fn write_chain(transaction: &Transaction<'_>, change: &ChainChange) -> Result<(), ReadModelError> {
+    match change {
+        ChainChange::Attempt {
+            attempt_id,
+            operation_id,
+            number,
+            worker,
+            started_at,
+            position,
+        } => {
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO attempts (attempt_id, operation_id, attempt_number, worker,
+                         started_at, position)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing an attempt entry", error))?;
+            statement
+                .execute(params![
+                    attempt_id.to_string(),
+                    operation_id.to_string(),
+                    number,
+                    worker.as_str(),
+                    sql::time(*started_at),
+                    sql::position(*position)?,
+                ])
+                .map_err(|error| ReadModelError::sqlite("indexing an attempt", error))?;
+        }
+        ChainChange::Source {
+            tenant,
+            source_id,
+            operation_id,
+            position,
+        } => {
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO sources (tenant, source_id, operation_id, position)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing a source entry", error))?;
+            statement
+                .execute(params![
+                    tenant.as_str(),
+                    source_id.as_str(),
+                    operation_id.to_string(),
+                    sql::position(*position)?,
+                ])
+                .map_err(|error| ReadModelError::sqlite("indexing a source id", error))?;
+        }
+        ChainChange::ExternalId {
+            provider,
+            account,
+            external_id,
+            operation_id,
+            role,
+            position,
+        } => {
+            // Naming the same object again keeps the first position and the strongest role.
+            let mut statement = transaction
+                .prepare_cached(
+                    "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
+                         position)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                     ON CONFLICT (provider, account, external_id, operation_id) DO UPDATE
+                     SET role = excluded.role
+                     WHERE (CASE excluded.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
+                                ELSE 0 END)
+                         > (CASE external_ids.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
+                                ELSE 0 END)",
+                )
+                .map_err(|error| ReadModelError::sqlite("preparing an external id entry", error))?;
+            statement
+                .execute(params![
+                    provider.as_str(),
+                    account.as_str(),
+                    external_id.as_str(),
+                    operation_id.to_string(),
+                    role.name(),
+                    sql::position(*position)?,
+                ])
+                .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
+        }
+    }
+    Ok(())
+}
+
+fn write_counters(
+    transaction: &Transaction<'_>,
+    counters: &BTreeMap<Counter, u64>,
+) -> Result<(), ReadModelError> {
+    let mut statement = transaction
+        .prepare_cached(
+            "INSERT INTO counters (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing a counter", error))?;
+    for (counter, raise) in counters {
+        let raise = i64::try_from(*raise)
+            .map_err(|_| corrupt(format!("counter {} overflows", counter.name())))?;
+        statement
+            .execute(params![counter.name(), raise])
+            .map_err(|error| ReadModelError::sqlite("raising a counter", error))?;
+    }
+    Ok(())
+}
+
+fn write_checkpoint(
+    transaction: &Transaction<'_>,
+    position: GlobalPosition,
+) -> Result<(), ReadModelError> {
+    transaction
+        .execute(
+            "INSERT INTO checkpoint (id, position) VALUES (1, ?1)
+             ON CONFLICT (id) DO UPDATE SET position = excluded.position",
+            [sql::position(position)?],
+        )
+        .map_err(|error| ReadModelError::sqlite("advancing the checkpoint", error))?;
+    Ok(())
+}
+
+/// A row that must exist was not there: the read model lost track of the operation.
+fn expect_one_row(
+    changed: usize,
+    what: &str,
+    operation_id: OperationId,
+) -> Result<(), ReadModelError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(corrupt(format!(
+            "the {what} of operation {operation_id} was expected but {changed} rows matched"
+        )))
+    }
+}

@@ -1,0 +1,200 @@
+//! The read-model store: the projections' read models in their own SQLite file, fed from the
+//! ledger's global log by a checkpointed runner.
+//!
+//! What people and services query — operations by state, the review queue, duplicates, the
+//! attempt/external/source id index, metrics — is folded by the pure folds of
+//! `opledger_projections` and written here. The file is disposable: it can always be rebuilt
+//! from position zero ([`rebuild`]), and nothing in it is ever a ground for a decision, because it
+//! lags the log.
+//!
+//! The one promise it must never break: every event of the log is applied exactly once. Each
+//! batch's changes and the checkpoint (the position of the last event applied) are committed in
+//! one SQLite transaction with `synchronous=FULL`, so after a crash the file holds either all of a
+//! batch or none of it, and the runner resumes right after the checkpoint. Events at or below the
+//! checkpoint are skipped, and an event that does not continue its operation's stream stops the
+//! runner instead of being folded. It must never run a blocking SQLite call on an async executor
+//! thread: [`ReadModelStore`] is blocking, and [`ReadModels`] moves each call to a blocking thread.
+//!
+//! - `schema.rs`: opening the file, its settings, the schema and its version;
+//! - `apply.rs`: one batch of events → one transaction;
+//! - `query.rs`: the query API;
+//! - `runner.rs`: the async handle, the runner, the rebuild and the lag.
+
+mod apply;
+mod query;
+mod runner;
+mod schema;
+mod sql;
+
+use std::path::{Path, PathBuf};
+
+use opledger_domain::codec::DecodeError;
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::{RecordedEvent, StoreError};
+use opledger_projections::context::FoldError;
+use rusqlite::Connection;
+
+pub use apply::BatchOutcome;
+pub use query::{
+    AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
+    OperationPage, ReviewItem, SharedExternalId,
+};
+pub use runner::{rebuild, Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
+
+/// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
+/// a table or the stored form of an operation's folded state changes; a file from an older build
+/// is then rebuilt, not migrated (the log is the source of truth).
+pub const SCHEMA_VERSION: i64 = 1;
+/// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
+/// long a query waits behind a commit.
+pub const MAX_BATCH_EVENTS: usize = 512;
+/// Most rows one query returns.
+pub const MAX_QUERY_ROWS: usize = 1000;
+/// How long a connection waits for a lock held by another connection before failing, in ms.
+pub const BUSY_TIMEOUT_MS: u64 = 5_000;
+
+/// What went wrong with the read models. None of these leaves a batch half-applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadModelError {
+    /// The file was written by a newer opledger.
+    #[error("read-model file `{path}` uses schema version {found}; this opledger supports up to {supported}. Upgrade opledger, or rebuild the read models into a new file")]
+    IncompatibleSchema {
+        /// The file.
+        path: PathBuf,
+        /// The schema version found.
+        found: i64,
+        /// The newest schema version this build knows.
+        supported: i64,
+    },
+    /// The file is another program's database.
+    #[error("`{path}` is an SQLite database that opledger did not create (it has tables but no schema version); refusing to write into it")]
+    ForeignDatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A rebuild was pointed at a file that exists.
+    #[error("`{path}` already exists; a rebuild writes a fresh file, so remove it or choose another path")]
+    AlreadyExists {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A rebuild's new file cannot be created.
+    #[error("cannot create `{path}`: {source}")]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite failed.
+    #[error("read-model database error while {context}: {source}")]
+    Sqlite {
+        /// What was being done.
+        context: String,
+        /// What SQLite said.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// Stored data is not what this build wrote.
+    #[error("read-model data is corrupt: {reason}; rebuild the read models")]
+    Corrupt {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The event store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// An event of the log cannot be decoded.
+    #[error("the event at position {position} cannot be read: {source}")]
+    Decode {
+        /// Its position.
+        position: GlobalPosition,
+        /// Why.
+        #[source]
+        source: DecodeError,
+    },
+    /// An event cannot be folded into the read models.
+    #[error("the event at position {position} cannot be applied: {source}")]
+    Fold {
+        /// Its position.
+        position: GlobalPosition,
+        /// Why.
+        #[source]
+        source: FoldError,
+    },
+    /// A batch is not in position order after the checkpoint.
+    #[error("position {found} does not follow {last} in the batch; events must come in log order")]
+    OutOfOrder {
+        /// The last position accepted.
+        last: GlobalPosition,
+        /// The position offered after it.
+        found: GlobalPosition,
+    },
+    /// A batch is over the limit.
+    #[error("a batch of {events} events is over the limit of {MAX_BATCH_EVENTS}")]
+    BatchTooLarge {
+        /// Its size.
+        events: usize,
+    },
+    /// A query's input is invalid.
+    #[error("invalid query: {reason}")]
+    InvalidQuery {
+        /// What is wrong, in a sentence.
+        reason: String,
+    },
+    /// The blocking thread running a call failed (it panicked or the runtime is shutting down).
+    #[error("the read-model worker failed: {reason}")]
+    Worker {
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl ReadModelError {
+    fn sqlite(context: impl Into<String>, source: rusqlite::Error) -> Self {
+        Self::Sqlite {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The read models in one SQLite file: blocking, one connection. Use [`ReadModels`] from async
+/// code.
+#[derive(Debug)]
+pub struct ReadModelStore {
+    connection: Connection,
+    path: PathBuf,
+}
+
+impl ReadModelStore {
+    /// Opens the read models in the file at `path`, creating the file and the schema if needed.
+    /// A file from a newer opledger or from another program is refused and left unmodified.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadModelError> {
+        let path = path.as_ref().to_path_buf();
+        let connection = schema::open(&path)?;
+        Ok(Self { connection, path })
+    }
+
+    /// The file the read models live in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The position of the last event applied (`None`: nothing yet).
+    pub fn checkpoint(&self) -> Result<Option<GlobalPosition>, ReadModelError> {
+        apply::read_checkpoint(&self.connection)
+    }
+
+    /// Decodes and folds `events` (in log order) and writes every read model's changes and the
+    /// new checkpoint in one transaction. Events at or below the checkpoint are skipped, so
+    /// handing the same events over again applies nothing twice. On any error nothing of the
+    /// batch is written.
+    pub fn apply_batch(
+        &mut self,
+        events: &[RecordedEvent],
+    ) -> Result<BatchOutcome, ReadModelError> {
+        apply::apply_batch(&mut self.connection, events)
+    }
+}

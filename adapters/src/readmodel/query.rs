@@ -1,0 +1,765 @@
+//! The query API over the read models: what the `ops` command line, the review screen and the
+//! incident tools ask.
+//!
+//! Every query is one read of committed data and returns at most [`MAX_QUERY_ROWS`] rows. Queries
+//! return the projections' own types where one exists ([`OperationRow`], [`DetectedDuplicate`],
+//! [`PossibleDuplicateIntent`]) so that a row means the same whether a fold produced it or a query
+//! read it back. Nothing here writes.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use opledger_domain::args::ArgsHash;
+use opledger_domain::ids::{
+    AccountId, ActionName, ExternalObjectId, OperationId, ProviderId, SourceId, TenantId,
+    MAX_TEXT_ID_BYTES,
+};
+use opledger_projections::chains::ExternalIdRole;
+use opledger_projections::duplicates::{DetectedDuplicate, PossibleDuplicateIntent};
+use opledger_projections::metrics::Counter;
+use opledger_projections::operations::{OperationRow, STATE_NAMES};
+use opledger_projections::review_queue::{LookupEvidence, ReviewEvidence};
+use rusqlite::types::{FromSql, ToSql};
+use rusqlite::{params, OptionalExtension, Row};
+use uuid::Uuid;
+
+use super::sql::{self, corrupt};
+use super::{ReadModelError, ReadModelStore, MAX_QUERY_ROWS};
+
+/// Which operations to list. Every condition set must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OperationFilter {
+    /// Only operations in this state (one of [`STATE_NAMES`]).
+    pub state: Option<String>,
+    /// Only this tenant's operations.
+    pub tenant: Option<TenantId>,
+    /// Only operations recorded before this time.
+    pub older_than: Option<DateTime<Utc>>,
+}
+
+/// Where a page of operations ended; pass it back to get the next page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationCursor {
+    /// When the last operation listed was recorded.
+    pub created_at: DateTime<Utc>,
+    /// The last operation listed.
+    pub operation_id: OperationId,
+}
+
+/// One page of operations, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationPage {
+    /// The operations.
+    pub operations: Vec<OperationRow>,
+    /// Where the next page starts; `None` when this is the last.
+    pub next: Option<OperationCursor>,
+}
+
+/// An operation in the review queue, with the evidence gathered so far.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReviewItem {
+    /// The operation.
+    pub operation_id: OperationId,
+    /// `unknown` or `needs_review`.
+    pub state: &'static str,
+    /// When it became unresolved.
+    pub since: DateTime<Utc>,
+    /// Whose it is.
+    pub tenant: TenantId,
+    /// Where it was sent.
+    pub provider: ProviderId,
+    /// The account it is bound to.
+    pub account: AccountId,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Lookups made since it last became unknown.
+    pub lookups: u32,
+    /// The latest error or refusal.
+    pub last_error: Option<String>,
+    /// The latest lookup while it has been unresolved.
+    pub last_lookup: Option<LookupEvidence>,
+    /// Why automation handed it over, once it did.
+    pub review: Option<ReviewEvidence>,
+    /// When its latest event happened.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One external object named by more than one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedExternalId {
+    /// The provider it lives at.
+    pub provider: ProviderId,
+    /// The account it lives in.
+    pub account: AccountId,
+    /// The object's id.
+    pub external_id: ExternalObjectId,
+    /// The operations naming it and how, in the order they named it.
+    pub operations: Vec<(OperationId, ExternalIdRole)>,
+}
+
+/// Everything that suggests one request became two objects; each list newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DuplicatesReport {
+    /// `DuplicateDetected` facts.
+    pub detected: Vec<DetectedDuplicate>,
+    /// External objects named by more than one operation.
+    pub shared_external_ids: Vec<SharedExternalId>,
+    /// Pairs of identical intents from different deliveries, flagged for a person.
+    pub possible_intents: Vec<PossibleDuplicateIntent>,
+}
+
+/// Attempts per operation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttemptStats {
+    /// Operations counted.
+    pub operations: u64,
+    /// Attempts over all of them.
+    pub sum: u64,
+    /// (attempts, how many operations took that many), by attempts; at most one row per
+    /// possible attempt count, so bounded by the domain's attempt limit.
+    pub histogram: Vec<(u32, u64)>,
+}
+
+/// The operation that has been unresolved the longest in one state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OldestUnresolved {
+    /// The operation.
+    pub operation_id: OperationId,
+    /// Since when.
+    pub since: DateTime<Utc>,
+}
+
+/// What an operator watches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Operations per state; every state is present, with zero if none.
+    pub by_state: BTreeMap<&'static str, u64>,
+    /// The counters of recorded facts; every counter is present.
+    pub counters: BTreeMap<Counter, u64>,
+    /// Attempts per operation.
+    pub attempts: AttemptStats,
+    /// Pairs of intents flagged as possible duplicates.
+    pub possible_duplicate_intents: u64,
+    /// External objects named by more than one operation.
+    pub shared_external_ids: u64,
+    /// The operation unknown the longest.
+    pub oldest_unknown: Option<OldestUnresolved>,
+    /// The operation waiting for a person the longest.
+    pub oldest_needs_review: Option<OldestUnresolved>,
+}
+
+impl Metrics {
+    /// One counter's value.
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.counters.get(&counter).copied().unwrap_or(0)
+    }
+}
+
+const OPERATION_COLUMNS: &str = "operation_id, tenant, provider, account, action, args_hash,
+    source_id, state, attempts, external_id, last_error, created_at, updated_at, stream_version,
+    last_position, lease_deadline, unknown_since, needs_review_reason";
+
+const REVIEW_COLUMNS: &str = "operation_id, state, since, tenant, provider, account, attempts,
+    lookups, last_error, last_lookup_result, last_lookup_evidence, last_lookup_at, review_reason,
+    review_evidence, updated_at";
+
+impl ReadModelStore {
+    /// One operation, if the read models have seen it.
+    pub fn operation(
+        &self,
+        operation_id: OperationId,
+    ) -> Result<Option<OperationRow>, ReadModelError> {
+        let raw = self
+            .connection
+            .query_row(
+                &format!("SELECT {OPERATION_COLUMNS} FROM operations WHERE operation_id = ?1"),
+                [operation_id.to_string()],
+                RawOperation::from_row,
+            )
+            .optional()
+            .map_err(|error| ReadModelError::sqlite("reading an operation", error))?;
+        raw.map(RawOperation::decode).transpose()
+    }
+
+    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first,
+    /// starting after `after`.
+    pub fn list_operations(
+        &self,
+        filter: &OperationFilter,
+        limit: usize,
+        after: Option<&OperationCursor>,
+    ) -> Result<OperationPage, ReadModelError> {
+        let limit = limit.min(MAX_QUERY_ROWS);
+        let mut conditions: Vec<String> = Vec::new();
+        let mut values: Vec<Box<dyn ToSql>> = Vec::new();
+        // Placeholders are numbered in the order values are added, so each condition names the
+        // one it just added.
+        let mut bind = |value: Box<dyn ToSql>| {
+            values.push(value);
+            values.len()
+        };
+        if let Some(state) = &filter.state {
+            if !STATE_NAMES.contains(&state.as_str()) {
+                return Err(ReadModelError::InvalidQuery {
+                    reason: format!(
+                        "`{state}` is not a state; use one of {}",
+                        STATE_NAMES.join(", ")
+                    ),
+                });
+            }
+            conditions.push(format!("state = ?{}", bind(Box::new(state.clone()))));
+        }
+        if let Some(tenant) = &filter.tenant {
+            let tenant = bind(Box::new(tenant.as_str().to_owned()));
+            conditions.push(format!("tenant = ?{tenant}"));
+        }
+        if let Some(older_than) = filter.older_than {
+            let older_than = bind(Box::new(sql::time(older_than)));
+            conditions.push(format!("created_at < ?{older_than}"));
+        }
+        if let Some(cursor) = after {
+            let created = bind(Box::new(sql::time(cursor.created_at)));
+            let operation = bind(Box::new(cursor.operation_id.to_string()));
+            conditions.push(format!(
+                "(created_at, operation_id) > (?{created}, ?{operation})"
+            ));
+        }
+        // One more than asked tells whether another page follows.
+        let fetch = bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
+        let filter_text = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conditions.join(" AND "))
+        };
+        let query = format!(
+            "SELECT {OPERATION_COLUMNS} FROM operations {filter_text}
+             ORDER BY created_at, operation_id LIMIT ?{fetch}"
+        );
+        let mut statement = self
+            .connection
+            .prepare(&query)
+            .map_err(|error| ReadModelError::sqlite("preparing to list operations", error))?;
+        let parameters: Vec<&dyn ToSql> = values.iter().map(|value| value.as_ref()).collect();
+        let raw = statement
+            .query_map(parameters.as_slice(), RawOperation::from_row)
+            .map_err(|error| ReadModelError::sqlite("listing operations", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading listed operations", error))?;
+        let mut operations = raw
+            .into_iter()
+            .map(RawOperation::decode)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = if operations.len() > limit {
+            operations.truncate(limit);
+            operations.last().map(|last| OperationCursor {
+                created_at: last.created_at,
+                operation_id: last.operation_id,
+            })
+        } else {
+            None
+        };
+        Ok(OperationPage { operations, next })
+    }
+
+    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) unresolved operations, the longest-waiting
+    /// first.
+    pub fn review_queue(&self, limit: usize) -> Result<Vec<ReviewItem>, ReadModelError> {
+        let mut statement = self
+            .connection
+            .prepare_cached(&format!(
+                "SELECT {REVIEW_COLUMNS} FROM review_queue ORDER BY since, operation_id LIMIT ?1"
+            ))
+            .map_err(|error| ReadModelError::sqlite("preparing to read the review queue", error))?;
+        let raw = statement
+            .query_map([row_limit(limit)], RawReview::from_row)
+            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?;
+        raw.into_iter().map(RawReview::decode).collect()
+    }
+
+    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) of each kind of duplicate, newest first.
+    pub fn duplicates(&self, limit: usize) -> Result<DuplicatesReport, ReadModelError> {
+        Ok(DuplicatesReport {
+            detected: self.detected_duplicates(limit)?,
+            shared_external_ids: self.shared_external_ids(limit)?,
+            possible_intents: self.possible_duplicate_intents(limit)?,
+        })
+    }
+
+    /// The operation an id leads to: an operation id, an attempt id, an external object id or a
+    /// source (delivery) id, tried in that order. An external id named by several operations
+    /// leads to the one confirmed with it (else the first to name it); a source id used by
+    /// several tenants leads to the first recorded. `None` when nothing matches.
+    pub fn trace(&self, id: &str) -> Result<Option<OperationId>, ReadModelError> {
+        let id = id.trim();
+        if id.is_empty() || id.len() > MAX_TEXT_ID_BYTES {
+            return Ok(None);
+        }
+        // Ids are stored in their canonical (lowercase, hyphenated) form; accept any UUID form.
+        if let Ok(uuid) = Uuid::parse_str(id) {
+            let canonical = uuid.hyphenated().to_string();
+            for query in [
+                "SELECT operation_id FROM operations WHERE operation_id = ?1",
+                "SELECT operation_id FROM attempts WHERE attempt_id = ?1
+                 ORDER BY position LIMIT 1",
+            ] {
+                if let Some(found) = self.first_operation(query, &canonical)? {
+                    return Ok(Some(found));
+                }
+            }
+        }
+        for query in [
+            "SELECT operation_id FROM external_ids WHERE external_id = ?1
+             ORDER BY role = 'confirmed' DESC, position LIMIT 1",
+            "SELECT operation_id FROM sources WHERE source_id = ?1 ORDER BY position LIMIT 1",
+        ] {
+            if let Some(found) = self.first_operation(query, id)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Counts by state, counters, attempts per operation, duplicates and the oldest unresolved
+    /// operations.
+    pub fn metrics(&self) -> Result<Metrics, ReadModelError> {
+        let mut metrics = Metrics {
+            by_state: STATE_NAMES.iter().map(|name| (*name, 0)).collect(),
+            counters: Counter::ALL.iter().map(|counter| (*counter, 0)).collect(),
+            ..Metrics::default()
+        };
+        for (state, count) in
+            self.counts::<String>("SELECT state, count(*) FROM operations GROUP BY state")?
+        {
+            let name = state_name(&state)?;
+            metrics.by_state.insert(name, count);
+        }
+        for (name, value) in self.counts::<String>("SELECT name, value FROM counters")? {
+            // A counter this build does not know is one a newer build wrote; it is left out
+            // rather than failing the whole report.
+            if let Some(counter) = Counter::ALL.iter().find(|c| c.name() == name) {
+                metrics.counters.insert(*counter, value);
+            }
+        }
+        for (attempts, operations) in
+            self.counts::<i64>("SELECT attempts, count(*) FROM operations GROUP BY attempts")?
+        {
+            let attempts = sql::small_count_from(attempts)?;
+            metrics.attempts.operations += operations;
+            metrics.attempts.sum += u64::from(attempts) * operations;
+            metrics.attempts.histogram.push((attempts, operations));
+        }
+        metrics.attempts.histogram.sort_unstable();
+        metrics.possible_duplicate_intents =
+            self.count("SELECT count(*) FROM possible_duplicate_intents")?;
+        metrics.shared_external_ids = self.count(
+            "SELECT count(*) FROM (SELECT 1 FROM external_ids
+             GROUP BY provider, account, external_id HAVING count(*) > 1)",
+        )?;
+        metrics.oldest_unknown = self.oldest_in("unknown")?;
+        metrics.oldest_needs_review = self.oldest_in("needs_review")?;
+        Ok(metrics)
+    }
+
+    fn first_operation(
+        &self,
+        query: &str,
+        id: &str,
+    ) -> Result<Option<OperationId>, ReadModelError> {
+        let found: Option<String> = self
+            .connection
+            .query_row(query, [id], |row| row.get(0))
+            .optional()
+            .map_err(|error| ReadModelError::sqlite("tracing an id", error))?;
+        found.as_deref().map(sql::operation_from).transpose()
+    }
+
+    fn detected_duplicates(&self, limit: usize) -> Result<Vec<DetectedDuplicate>, ReadModelError> {
+        let mut statement = self
+            .connection
+            .prepare_cached(
+                "SELECT position, operation_id, provider, account, confirmed_external_id,
+                     duplicate_external_id, found_by, at
+                 FROM duplicate_detections ORDER BY position DESC LIMIT ?1",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing to read duplicates", error))?;
+        let raw = statement
+            .query_map([row_limit(limit)], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, String>(5)?,
+                    row.get::<_, String>(6)?,
+                    row.get::<_, String>(7)?,
+                ))
+            })
+            .map_err(|error| ReadModelError::sqlite("reading duplicates", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading duplicates", error))?;
+        raw.into_iter()
+            .map(
+                |(position, operation, provider, account, confirmed, duplicate, found_by, at)| {
+                    Ok(DetectedDuplicate {
+                        position: sql::position_from(position)?,
+                        operation_id: sql::operation_from(&operation)?,
+                        provider: sql::id_from(provider, ProviderId::new)?,
+                        account: sql::id_from(account, AccountId::new)?,
+                        confirmed_external_id: sql::id_from(confirmed, ExternalObjectId::new)?,
+                        duplicate_external_id: sql::id_from(duplicate, ExternalObjectId::new)?,
+                        found_by,
+                        at: sql::time_from(&at)?,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    fn shared_external_ids(&self, limit: usize) -> Result<Vec<SharedExternalId>, ReadModelError> {
+        let mut groups = self
+            .connection
+            .prepare_cached(
+                "SELECT provider, account, external_id FROM external_ids
+                 GROUP BY provider, account, external_id HAVING count(*) > 1
+                 ORDER BY max(position) DESC LIMIT ?1",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing to read shared ids", error))?;
+        let keys = groups
+            .query_map([row_limit(limit)], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(|error| ReadModelError::sqlite("reading shared ids", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading shared ids", error))?;
+        let mut members = self
+            .connection
+            .prepare_cached(
+                "SELECT operation_id, role FROM external_ids
+                 WHERE provider = ?1 AND account = ?2 AND external_id = ?3
+                 ORDER BY position, operation_id LIMIT ?4",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing to read shared ids", error))?;
+        let mut shared = Vec::with_capacity(keys.len());
+        for (provider, account, external_id) in keys {
+            let rows = members
+                .query_map(
+                    params![provider, account, external_id, row_limit(MAX_QUERY_ROWS)],
+                    |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                )
+                .map_err(|error| ReadModelError::sqlite("reading shared ids", error))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| ReadModelError::sqlite("reading shared ids", error))?;
+            let operations = rows
+                .into_iter()
+                .map(|(operation, role)| Ok((sql::operation_from(&operation)?, role_from(&role)?)))
+                .collect::<Result<Vec<_>, ReadModelError>>()?;
+            shared.push(SharedExternalId {
+                provider: sql::id_from(provider, ProviderId::new)?,
+                account: sql::id_from(account, AccountId::new)?,
+                external_id: sql::id_from(external_id, ExternalObjectId::new)?,
+                operations,
+            });
+        }
+        Ok(shared)
+    }
+
+    fn possible_duplicate_intents(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<PossibleDuplicateIntent>, ReadModelError> {
+        let mut statement = self
+            .connection
+            .prepare_cached(
+                "SELECT operation_id, earlier_operation_id, tenant, provider, account, action,
+                     args_hash, source_id, earlier_source_id, gap_ms, at, position
+                 FROM possible_duplicate_intents
+                 ORDER BY position DESC, earlier_operation_id LIMIT ?1",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing to read flagged intents", error))?;
+        let raw = statement
+            .query_map([row_limit(limit)], RawPossibleIntent::from_row)
+            .map_err(|error| ReadModelError::sqlite("reading flagged intents", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading flagged intents", error))?;
+        raw.into_iter().map(RawPossibleIntent::decode).collect()
+    }
+
+    fn counts<K: FromSql>(&self, query: &str) -> Result<Vec<(K, u64)>, ReadModelError> {
+        let mut statement = self
+            .connection
+            .prepare_cached(query)
+            .map_err(|error| ReadModelError::sqlite("preparing a count", error))?;
+        let raw = statement
+            .query_map([], |row| Ok((row.get::<_, K>(0)?, row.get::<_, i64>(1)?)))
+            .map_err(|error| ReadModelError::sqlite("counting", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("counting", error))?;
+        raw.into_iter()
+            .map(|(key, count)| Ok((key, sql::count_from(count)?)))
+            .collect()
+    }
+
+    fn count(&self, query: &str) -> Result<u64, ReadModelError> {
+        let count: i64 = self
+            .connection
+            .query_row(query, [], |row| row.get(0))
+            .map_err(|error| ReadModelError::sqlite("counting", error))?;
+        sql::count_from(count)
+    }
+
+    fn oldest_in(&self, state: &str) -> Result<Option<OldestUnresolved>, ReadModelError> {
+        let found: Option<(String, String)> = self
+            .connection
+            .query_row(
+                "SELECT operation_id, since FROM review_queue WHERE state = ?1
+                 ORDER BY since, operation_id LIMIT 1",
+                [state],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(|error| ReadModelError::sqlite("finding the oldest unresolved", error))?;
+        found
+            .map(|(operation, since)| {
+                Ok(OldestUnresolved {
+                    operation_id: sql::operation_from(&operation)?,
+                    since: sql::time_from(&since)?,
+                })
+            })
+            .transpose()
+    }
+}
+
+fn row_limit(limit: usize) -> i64 {
+    i64::try_from(limit.min(MAX_QUERY_ROWS)).unwrap_or(0)
+}
+
+fn state_name(text: &str) -> Result<&'static str, ReadModelError> {
+    STATE_NAMES
+        .iter()
+        .find(|name| **name == text)
+        .copied()
+        .ok_or_else(|| corrupt(format!("`{text}` is not a state")))
+}
+
+fn role_from(text: &str) -> Result<ExternalIdRole, ReadModelError> {
+    [
+        ExternalIdRole::Confirmed,
+        ExternalIdRole::Duplicate,
+        ExternalIdRole::Reported,
+    ]
+    .into_iter()
+    .find(|role| role.name() == text)
+    .ok_or_else(|| corrupt(format!("`{text}` is not an external id role")))
+}
+
+/// An operations row as SQLite returned it, before its values are checked.
+struct RawOperation {
+    operation_id: String,
+    tenant: String,
+    provider: String,
+    account: String,
+    action: String,
+    args_hash: String,
+    source_id: Option<String>,
+    state: String,
+    attempts: i64,
+    external_id: Option<String>,
+    last_error: Option<String>,
+    created_at: String,
+    updated_at: String,
+    stream_version: i64,
+    last_position: i64,
+    lease_deadline: Option<String>,
+    unknown_since: Option<String>,
+    needs_review_reason: Option<String>,
+}
+
+impl RawOperation {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            operation_id: row.get(0)?,
+            tenant: row.get(1)?,
+            provider: row.get(2)?,
+            account: row.get(3)?,
+            action: row.get(4)?,
+            args_hash: row.get(5)?,
+            source_id: row.get(6)?,
+            state: row.get(7)?,
+            attempts: row.get(8)?,
+            external_id: row.get(9)?,
+            last_error: row.get(10)?,
+            created_at: row.get(11)?,
+            updated_at: row.get(12)?,
+            stream_version: row.get(13)?,
+            last_position: row.get(14)?,
+            lease_deadline: row.get(15)?,
+            unknown_since: row.get(16)?,
+            needs_review_reason: row.get(17)?,
+        })
+    }
+
+    fn decode(self) -> Result<OperationRow, ReadModelError> {
+        Ok(OperationRow {
+            operation_id: sql::operation_from(&self.operation_id)?,
+            tenant: sql::id_from(self.tenant, TenantId::new)?,
+            provider: sql::id_from(self.provider, ProviderId::new)?,
+            account: sql::id_from(self.account, AccountId::new)?,
+            action: sql::id_from(self.action, ActionName::new)?,
+            args_hash: ArgsHash::parse(&self.args_hash)
+                .map_err(|error| corrupt(format!("stored args hash: {error}")))?,
+            source_id: self
+                .source_id
+                .map(|id| sql::id_from(id, SourceId::new))
+                .transpose()?,
+            state: state_name(&self.state)?,
+            attempts: sql::small_count_from(self.attempts)?,
+            external_id: self
+                .external_id
+                .map(|id| sql::id_from(id, ExternalObjectId::new))
+                .transpose()?,
+            last_error: self.last_error,
+            created_at: sql::time_from(&self.created_at)?,
+            updated_at: sql::time_from(&self.updated_at)?,
+            stream_version: sql::version_from(self.stream_version)?,
+            last_position: sql::position_from(self.last_position)?,
+            lease_deadline: sql::opt_time_from(self.lease_deadline)?,
+            unknown_since: sql::opt_time_from(self.unknown_since)?,
+            needs_review_reason: self.needs_review_reason,
+        })
+    }
+}
+
+/// A review-queue row as SQLite returned it.
+struct RawReview {
+    operation_id: String,
+    state: String,
+    since: String,
+    tenant: String,
+    provider: String,
+    account: String,
+    attempts: i64,
+    lookups: i64,
+    last_error: Option<String>,
+    lookup_result: Option<String>,
+    lookup_evidence: Option<String>,
+    lookup_at: Option<String>,
+    review_reason: Option<String>,
+    review_evidence: Option<String>,
+    updated_at: String,
+}
+
+impl RawReview {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            operation_id: row.get(0)?,
+            state: row.get(1)?,
+            since: row.get(2)?,
+            tenant: row.get(3)?,
+            provider: row.get(4)?,
+            account: row.get(5)?,
+            attempts: row.get(6)?,
+            lookups: row.get(7)?,
+            last_error: row.get(8)?,
+            lookup_result: row.get(9)?,
+            lookup_evidence: row.get(10)?,
+            lookup_at: row.get(11)?,
+            review_reason: row.get(12)?,
+            review_evidence: row.get(13)?,
+            updated_at: row.get(14)?,
+        })
+    }
+
+    fn decode(self) -> Result<ReviewItem, ReadModelError> {
+        let last_lookup = match (self.lookup_result, self.lookup_at) {
+            (Some(result), Some(at)) => Some(LookupEvidence {
+                result,
+                evidence: self.lookup_evidence.unwrap_or_default(),
+                at: sql::time_from(&at)?,
+            }),
+            _ => None,
+        };
+        Ok(ReviewItem {
+            operation_id: sql::operation_from(&self.operation_id)?,
+            state: state_name(&self.state)?,
+            since: sql::time_from(&self.since)?,
+            tenant: sql::id_from(self.tenant, TenantId::new)?,
+            provider: sql::id_from(self.provider, ProviderId::new)?,
+            account: sql::id_from(self.account, AccountId::new)?,
+            attempts: sql::small_count_from(self.attempts)?,
+            lookups: sql::small_count_from(self.lookups)?,
+            last_error: self.last_error,
+            last_lookup,
+            review: self.review_reason.map(|reason| ReviewEvidence {
+                reason,
+                evidence: self.review_evidence.unwrap_or_default(),
+            }),
+            updated_at: sql::time_from(&self.updated_at)?,
+        })
+    }
+}
+
+/// A flagged pair of intents as SQLite returned it.
+struct RawPossibleIntent {
+    operation_id: String,
+    earlier_operation_id: String,
+    tenant: String,
+    provider: String,
+    account: String,
+    action: String,
+    args_hash: String,
+    source_id: Option<String>,
+    earlier_source_id: Option<String>,
+    gap_ms: i64,
+    at: String,
+    position: i64,
+}
+
+impl RawPossibleIntent {
+    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            operation_id: row.get(0)?,
+            earlier_operation_id: row.get(1)?,
+            tenant: row.get(2)?,
+            provider: row.get(3)?,
+            account: row.get(4)?,
+            action: row.get(5)?,
+            args_hash: row.get(6)?,
+            source_id: row.get(7)?,
+            earlier_source_id: row.get(8)?,
+            gap_ms: row.get(9)?,
+            at: row.get(10)?,
+            position: row.get(11)?,
+        })
+    }
+
+    fn decode(self) -> Result<PossibleDuplicateIntent, ReadModelError> {
+        Ok(PossibleDuplicateIntent {
+            operation_id: sql::operation_from(&self.operation_id)?,
+            earlier_operation_id: sql::operation_from(&self.earlier_operation_id)?,
+            tenant: sql::id_from(self.tenant, TenantId::new)?,
+            provider: sql::id_from(self.provider, ProviderId::new)?,
+            account: sql::id_from(self.account, AccountId::new)?,
+            action: sql::id_from(self.action, ActionName::new)?,
+            args_hash: ArgsHash::parse(&self.args_hash)
+                .map_err(|error| corrupt(format!("stored args hash: {error}")))?,
+            source_id: self
+                .source_id
+                .map(|id| sql::id_from(id, SourceId::new))
+                .transpose()?,
+            earlier_source_id: self
+                .earlier_source_id
+                .map(|id| sql::id_from(id, SourceId::new))
+                .transpose()?,
+            gap_ms: self.gap_ms,
+            at: sql::time_from(&self.at)?,
+            position: sql::position_from(self.position)?,
+        })
+    }
+}

@@ -1,0 +1,348 @@
+//! Feeding the read models from the log: the async handle, the checkpointed runner, the rebuild
+//! and the lag.
+//!
+//! [`ReadModels`] is the async face of the blocking [`ReadModelStore`]: every call runs on a
+//! blocking thread (`spawn_blocking`), never on an executor thread. [`ProjectionRunner::run`]
+//! subscribes to the log right after the checkpoint (catch-up, then live) and applies whatever has
+//! arrived, up to a bounded batch, in one transaction at a time. Its only memory is one batch and
+//! a bounded buffer of events read ahead. It must never acknowledge progress it has not committed:
+//! the checkpoint it resumes from is the one in the file, written with the changes it covers.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use super::{BatchOutcome, ReadModelError, ReadModelStore, MAX_BATCH_EVENTS};
+
+/// Most events the runner reads ahead of what it has applied: two batches, so the next batch is
+/// usually ready when a commit ends, while a slow disk stops the reading instead of filling memory.
+pub const RUNNER_BUFFER_EVENTS: usize = 2 * MAX_BATCH_EVENTS;
+
+/// The read models, shared: cloning gives another handle to the same file and connection. Calls
+/// from several tasks are serialised on the one connection, each waiting at most one batch.
+#[derive(Clone, Debug)]
+pub struct ReadModels {
+    store: Arc<Mutex<ReadModelStore>>,
+    path: Arc<PathBuf>,
+}
+
+impl ReadModels {
+    /// Opens the read models in the file at `path` (see [`ReadModelStore::open`]) on a blocking
+    /// thread.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, ReadModelError> {
+        let path = path.as_ref().to_path_buf();
+        let store = blocking(move || ReadModelStore::open(path)).await?;
+        Ok(Self::from_store(store))
+    }
+
+    /// Shares a store opened with [`ReadModelStore::open`].
+    pub fn from_store(store: ReadModelStore) -> Self {
+        let path = Arc::new(store.path().to_path_buf());
+        Self {
+            store: Arc::new(Mutex::new(store)),
+            path,
+        }
+    }
+
+    /// The file the read models live in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `work` on the store on a blocking thread: the way to every query, e.g.
+    /// `read_models.call(|store| store.review_queue(20)).await`.
+    pub async fn call<T, F>(&self, work: F) -> Result<T, ReadModelError>
+    where
+        F: FnOnce(&mut ReadModelStore) -> Result<T, ReadModelError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let store = Arc::clone(&self.store);
+        blocking(move || work(&mut lock(&store))).await
+    }
+
+    /// The position of the last event applied.
+    pub async fn checkpoint(&self) -> Result<Option<GlobalPosition>, ReadModelError> {
+        self.call(|store| store.checkpoint()).await
+    }
+
+    /// Applies a batch in one transaction (see [`ReadModelStore::apply_batch`]).
+    pub async fn apply_batch(
+        &self,
+        events: Vec<RecordedEvent>,
+    ) -> Result<BatchOutcome, ReadModelError> {
+        self.call(move |store| store.apply_batch(&events)).await
+    }
+
+    /// How far the read models are behind `store`'s log.
+    pub async fn lag<S: EventStore>(&self, store: &S) -> Result<Lag, ReadModelError> {
+        // Checkpoint first: the head can only move forward meanwhile, so the figure may
+        // overstate the lag by what arrived in between, never understate it.
+        let checkpoint = self.checkpoint().await?;
+        let head = store.head_position().await?;
+        Ok(Lag::between(head, checkpoint))
+    }
+}
+
+/// How far the read models are behind the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lag {
+    /// The newest position in the log.
+    pub head: Option<GlobalPosition>,
+    /// The last position applied.
+    pub checkpoint: Option<GlobalPosition>,
+    /// `head − checkpoint`, in positions (0 when caught up). For the SQLite and memory stores a
+    /// position is one event; for KurrentDB positions are byte offsets in its log.
+    pub positions: u64,
+}
+
+impl Lag {
+    /// The lag between a head and a checkpoint.
+    pub fn between(head: Option<GlobalPosition>, checkpoint: Option<GlobalPosition>) -> Self {
+        let value = |position: Option<GlobalPosition>| position.map_or(0, GlobalPosition::value);
+        Self {
+            head,
+            checkpoint,
+            positions: value(head).saturating_sub(value(checkpoint)),
+        }
+    }
+}
+
+/// What a run did before it stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Transactions committed.
+    pub batches: u64,
+    /// Events applied.
+    pub applied: u64,
+    /// The checkpoint when it stopped.
+    pub checkpoint: Option<GlobalPosition>,
+}
+
+/// Applies the log to the read models, from the checkpoint on, in bounded batches.
+#[derive(Clone, Copy, Debug)]
+pub struct ProjectionRunner {
+    max_batch_events: usize,
+}
+
+impl Default for ProjectionRunner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProjectionRunner {
+    /// A runner with batches of up to [`MAX_BATCH_EVENTS`].
+    pub fn new() -> Self {
+        Self {
+            max_batch_events: MAX_BATCH_EVENTS,
+        }
+    }
+
+    /// The same runner with batches of up to `events` (kept between 1 and [`MAX_BATCH_EVENTS`]).
+    /// Smaller batches commit more often, so progress is visible sooner and a crash loses less
+    /// work, at one fsync per batch.
+    pub fn with_max_batch_events(self, events: usize) -> Self {
+        Self {
+            max_batch_events: events.clamp(1, MAX_BATCH_EVENTS),
+        }
+    }
+
+    /// Follows `store`'s log from the read models' checkpoint until `stop` completes or something
+    /// fails. Each batch is whatever has arrived (at least one event, at most the batch limit),
+    /// committed with its checkpoint; `stop` is honoured between batches, so a batch being
+    /// written is finished first. An error leaves the read models at the last committed batch;
+    /// running again resumes there.
+    pub async fn run<S: EventStore>(
+        &self,
+        store: &S,
+        read_models: &ReadModels,
+        stop: impl Future<Output = ()>,
+    ) -> Result<RunReport, ReadModelError> {
+        let checkpoint = read_models.checkpoint().await?;
+        info!(?checkpoint, path = %read_models.path().display(), "projection runner starting");
+        let mut subscription = store
+            .subscribe_all(checkpoint.map_or(LogStart::Beginning, LogStart::After))
+            .await?;
+        let (sender, mut receiver) = mpsc::channel(RUNNER_BUFFER_EVENTS);
+        // The subscription is read in its own future, so the next events arrive while a batch
+        // commits. A read error travels down the channel behind the events read before it, so
+        // those are still applied, in order, before the run stops.
+        let feed = async move {
+            loop {
+                let next = subscription.next().await;
+                let failed = next.is_err();
+                if sender.send(next).await.is_err() || failed {
+                    break;
+                }
+            }
+            // Ending here would end the run below before it applied what is buffered; the run
+            // ends when the applier reaches the error (or `stop`) instead.
+            std::future::pending::<()>().await;
+        };
+        let apply = async {
+            tokio::pin!(stop);
+            let mut report = RunReport {
+                checkpoint,
+                ..RunReport::default()
+            };
+            loop {
+                let first = tokio::select! {
+                    biased;
+                    () = &mut stop => return Ok(report),
+                    next = receiver.recv() => next,
+                };
+                let Some(first) = first else {
+                    return Err(feed_ended());
+                };
+                let mut batch = vec![first?];
+                let mut failure: Option<StoreError> = None;
+                while batch.len() < self.max_batch_events {
+                    match receiver.try_recv() {
+                        Ok(Ok(event)) => batch.push(event),
+                        Ok(Err(error)) => {
+                            failure = Some(error);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let outcome = read_models.apply_batch(batch).await?;
+                report.batches += 1;
+                report.applied += outcome.applied as u64;
+                report.checkpoint = outcome.checkpoint;
+                debug!(
+                    applied = outcome.applied,
+                    checkpoint = ?outcome.checkpoint,
+                    "read-model batch committed"
+                );
+                if let Some(error) = failure {
+                    return Err(error.into());
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            result = apply => result,
+            () = feed => Err(feed_ended()),
+        }
+    }
+}
+
+/// Builds the read models from position zero into a new file at `path`, up to the log's head as
+/// it was when the rebuild started, and returns them; a [`ProjectionRunner`] continues from there.
+///
+/// The file must not exist: a rebuild never writes over read models someone may be reading (swap
+/// files when nothing has them open). A rebuild that fails or is interrupted leaves a consistent
+/// prefix, which a runner can simply continue.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use opledger_adapters::readmodel::rebuild;
+/// use opledger_adapters::MemoryStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let ledger = MemoryStore::new();
+/// let read_models = rebuild(&ledger, dir.path().join("read-models.db")).await?;
+/// assert_eq!(read_models.lag(&ledger).await?.positions, 0);
+/// let queue = read_models.call(|store| store.review_queue(20)).await?;
+/// assert!(queue.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub async fn rebuild<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+) -> Result<ReadModels, ReadModelError> {
+    let path = path.as_ref().to_path_buf();
+    let read_models = ReadModels::from_store(
+        blocking(move || {
+            // Creating the file exclusively refuses an existing one without a race.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|source| match source.kind() {
+                    std::io::ErrorKind::AlreadyExists => {
+                        ReadModelError::AlreadyExists { path: path.clone() }
+                    }
+                    _ => ReadModelError::Create {
+                        path: path.clone(),
+                        source,
+                    },
+                })?;
+            ReadModelStore::open(path)
+        })
+        .await?,
+    );
+    let head = store.head_position().await?;
+    let mut checkpoint = None;
+    while checkpoint < head {
+        let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
+        let batch = store.read_all(start, MAX_BATCH_EVENTS).await?;
+        if batch.is_empty() {
+            return Err(StoreError::Corrupt {
+                reason: format!(
+                    "the log's head is at {head:?} but nothing after {start:?} can be read"
+                ),
+            }
+            .into());
+        }
+        checkpoint = read_models.apply_batch(batch).await?.checkpoint;
+    }
+    info!(?checkpoint, path = %read_models.path().display(), "read models rebuilt");
+    Ok(read_models)
+}
+
+fn feed_ended() -> ReadModelError {
+    ReadModelError::Worker {
+        reason: "the log feed ended without an error".into(),
+    }
+}
+
+async fn blocking<T, F>(work: F) -> Result<T, ReadModelError>
+where
+    F: FnOnce() -> Result<T, ReadModelError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| ReadModelError::Worker {
+            reason: error.to_string(),
+        })?
+}
+
+fn lock(store: &Mutex<ReadModelStore>) -> MutexGuard<'_, ReadModelStore> {
+    // A call that panicked dropped its open transaction, and dropping a rusqlite transaction rolls
+    // it back: the connection is as the last commit left it, so it is safe to go on using.
+    store.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_is_head_minus_checkpoint_and_never_negative() {
+        let p = |value| Some(GlobalPosition::new(value));
+        assert_eq!(Lag::between(None, None).positions, 0);
+        assert_eq!(Lag::between(p(7), None).positions, 7);
+        assert_eq!(Lag::between(p(7), p(4)).positions, 3);
+        assert_eq!(Lag::between(p(7), p(7)).positions, 0);
+        assert_eq!(Lag::between(p(4), p(7)).positions, 0);
+    }
+
+    #[test]
+    fn batch_sizes_stay_within_the_limit() {
+        assert_eq!(ProjectionRunner::new().max_batch_events, MAX_BATCH_EVENTS);
+        let tiny = ProjectionRunner::new().with_max_batch_events(0);
+        assert_eq!(tiny.max_batch_events, 1);
+        let huge = ProjectionRunner::new().with_max_batch_events(usize::MAX);
+        assert_eq!(huge.max_batch_events, MAX_BATCH_EVENTS);
+    }
+}

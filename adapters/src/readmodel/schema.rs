@@ -1,0 +1,293 @@
+//! Opening a read-model file: connection settings, the schema and its version.
+//!
+//! As with the event store's file, a file is read before it is changed: one from a newer opledger
+//! or one another program created is refused and left as it was. Then it is switched to WAL
+//! (queries never block the runner's commits) with `synchronous=FULL` (a committed checkpoint
+//! survives power loss, so a restart never re-applies what it already holds), and both settings
+//! are read back because SQLite silently keeps another mode when it cannot switch.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::{ReadModelError, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
+
+/// The schema of version 1. One table per read model, plus the checkpoint.
+///
+/// `operations` also keeps each operation's folded state as JSON (`folded_state`): the runner
+/// reads it back to fold the operation's next event, so no per-operation state is held in
+/// memory. Its immutable columns (binding, arguments, created_at) are written once, at the
+/// intent; later events update only what changes, so only the state index is rewritten.
+///
+/// The id index (`attempts`, `sources`, `external_ids`) is keyed by the id *and* the operation:
+/// the read model records what the log says, and if a hand-written history ever reused an id for
+/// two operations, both stay traceable instead of one event stopping the runner.
+///
+/// `STRICT` refuses values of the wrong type instead of converting them.
+const CREATE_SCHEMA_V1: &str = "
+    CREATE TABLE checkpoint (
+        id       INTEGER PRIMARY KEY CHECK (id = 1),
+        position INTEGER NOT NULL CHECK (position >= 0)
+    ) STRICT;
+
+    CREATE TABLE operations (
+        operation_id        TEXT    PRIMARY KEY,
+        tenant              TEXT    NOT NULL,
+        provider            TEXT    NOT NULL,
+        account             TEXT    NOT NULL,
+        action              TEXT    NOT NULL,
+        args_hash           TEXT    NOT NULL,
+        source_id           TEXT,
+        state               TEXT    NOT NULL,
+        attempts            INTEGER NOT NULL CHECK (attempts >= 0),
+        external_id         TEXT,
+        last_error          TEXT,
+        created_at          TEXT    NOT NULL,
+        updated_at          TEXT    NOT NULL,
+        stream_version      INTEGER NOT NULL CHECK (stream_version >= 0),
+        last_position       INTEGER NOT NULL CHECK (last_position >= 0),
+        lease_deadline      TEXT,
+        unknown_since       TEXT,
+        needs_review_reason TEXT,
+        folded_state        TEXT    NOT NULL
+    ) STRICT;
+    CREATE INDEX operations_by_created ON operations (created_at, operation_id);
+    CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
+    CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
+    CREATE INDEX operations_by_request
+        ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
+
+    CREATE TABLE review_queue (
+        operation_id         TEXT    PRIMARY KEY,
+        state                TEXT    NOT NULL CHECK (state IN ('unknown', 'needs_review')),
+        since                TEXT    NOT NULL,
+        tenant               TEXT    NOT NULL,
+        provider             TEXT    NOT NULL,
+        account              TEXT    NOT NULL,
+        attempts             INTEGER NOT NULL CHECK (attempts >= 0),
+        lookups              INTEGER NOT NULL CHECK (lookups >= 0),
+        last_error           TEXT,
+        last_lookup_result   TEXT,
+        last_lookup_evidence TEXT,
+        last_lookup_at       TEXT,
+        review_reason        TEXT,
+        review_evidence      TEXT,
+        updated_at           TEXT    NOT NULL
+    ) STRICT;
+    CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
+    CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
+
+    CREATE TABLE duplicate_detections (
+        position              INTEGER PRIMARY KEY,
+        operation_id          TEXT    NOT NULL,
+        provider              TEXT    NOT NULL,
+        account               TEXT    NOT NULL,
+        confirmed_external_id TEXT    NOT NULL,
+        duplicate_external_id TEXT    NOT NULL,
+        found_by              TEXT    NOT NULL,
+        at                    TEXT    NOT NULL
+    ) STRICT;
+
+    CREATE TABLE possible_duplicate_intents (
+        operation_id         TEXT    NOT NULL,
+        earlier_operation_id TEXT    NOT NULL,
+        tenant               TEXT    NOT NULL,
+        provider             TEXT    NOT NULL,
+        account              TEXT    NOT NULL,
+        action               TEXT    NOT NULL,
+        args_hash            TEXT    NOT NULL,
+        source_id            TEXT,
+        earlier_source_id    TEXT,
+        gap_ms               INTEGER NOT NULL CHECK (gap_ms >= 0),
+        at                   TEXT    NOT NULL,
+        position             INTEGER NOT NULL,
+        PRIMARY KEY (operation_id, earlier_operation_id)
+    ) STRICT;
+    CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
+
+    CREATE TABLE attempts (
+        attempt_id     TEXT    NOT NULL,
+        operation_id   TEXT    NOT NULL,
+        attempt_number INTEGER NOT NULL CHECK (attempt_number >= 1),
+        worker         TEXT    NOT NULL,
+        started_at     TEXT    NOT NULL,
+        position       INTEGER NOT NULL,
+        PRIMARY KEY (attempt_id, operation_id)
+    ) STRICT;
+
+    CREATE TABLE sources (
+        tenant       TEXT    NOT NULL,
+        source_id    TEXT    NOT NULL,
+        operation_id TEXT    NOT NULL,
+        position     INTEGER NOT NULL,
+        PRIMARY KEY (tenant, source_id, operation_id)
+    ) STRICT;
+    CREATE INDEX sources_by_id ON sources (source_id, position);
+
+    CREATE TABLE external_ids (
+        provider     TEXT    NOT NULL,
+        account      TEXT    NOT NULL,
+        external_id  TEXT    NOT NULL,
+        operation_id TEXT    NOT NULL,
+        role         TEXT    NOT NULL CHECK (role IN ('confirmed', 'duplicate', 'reported')),
+        position     INTEGER NOT NULL,
+        PRIMARY KEY (provider, account, external_id, operation_id)
+    ) STRICT;
+    CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
+
+    CREATE TABLE counters (
+        name  TEXT    PRIMARY KEY,
+        value INTEGER NOT NULL CHECK (value >= 0)
+    ) STRICT;
+";
+
+/// The tables of version 1; a file claiming the version must have all of them.
+const TABLES_V1: [&str; 9] = [
+    "checkpoint",
+    "operations",
+    "review_queue",
+    "duplicate_detections",
+    "possible_duplicate_intents",
+    "attempts",
+    "sources",
+    "external_ids",
+    "counters",
+];
+
+/// `PRAGMA synchronous` reads back 2 for FULL.
+const SYNCHRONOUS_FULL: i64 = 2;
+
+/// Opens (and if needed creates) the read-model file.
+pub(super) fn open(path: &Path) -> Result<Connection, ReadModelError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut connection = Connection::open_with_flags(path, flags)
+        .map_err(|error| ReadModelError::sqlite(format!("opening `{}`", path.display()), error))?;
+    connection
+        .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(|error| ReadModelError::sqlite("setting the busy timeout", error))?;
+
+    // Everything up to the journal-mode switch only reads, so a refused file stays untouched.
+    let found = schema_version(&connection, path)?;
+    check_version(found, path)?;
+    if found == 0 && has_objects(&connection)? {
+        return Err(ReadModelError::ForeignDatabase {
+            path: path.to_path_buf(),
+        });
+    }
+
+    enable_wal(&connection, path)?;
+    enable_full_sync(&connection)?;
+    if found == 0 {
+        create_schema(&mut connection, path)?;
+    }
+    check_tables(&connection, path)?;
+    Ok(connection)
+}
+
+fn schema_version(connection: &Connection, path: &Path) -> Result<i64, ReadModelError> {
+    // The first statement that reads the file: a file that is not a database fails here.
+    connection
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|error| {
+            ReadModelError::sqlite(
+                format!("reading the schema version of `{}`", path.display()),
+                error,
+            )
+        })
+}
+
+fn check_version(found: i64, path: &Path) -> Result<(), ReadModelError> {
+    if (0..=SCHEMA_VERSION).contains(&found) {
+        Ok(())
+    } else {
+        Err(ReadModelError::IncompatibleSchema {
+            path: path.to_path_buf(),
+            found,
+            supported: SCHEMA_VERSION,
+        })
+    }
+}
+
+fn has_objects(connection: &Connection) -> Result<bool, ReadModelError> {
+    let objects: i64 = connection
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("listing the database's tables", error))?;
+    Ok(objects > 0)
+}
+
+fn enable_wal(connection: &Connection, path: &Path) -> Result<(), ReadModelError> {
+    let mode: String = connection
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("switching to WAL", error))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(ReadModelError::Corrupt {
+            reason: format!(
+                "`{}` cannot be put in WAL mode (its journal mode stays `{mode}`)",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn enable_full_sync(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(|error| ReadModelError::sqlite("setting synchronous=FULL", error))?;
+    let level: i64 = connection
+        .pragma_query_value(None, "synchronous", |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("reading back the synchronous level", error))?;
+    if level != SYNCHRONOUS_FULL {
+        return Err(ReadModelError::Corrupt {
+            reason: format!(
+                "synchronous is {level} after setting FULL ({SYNCHRONOUS_FULL}); checkpoints would not be durable"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn create_schema(connection: &mut Connection, path: &Path) -> Result<(), ReadModelError> {
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| ReadModelError::sqlite("starting the schema transaction", error))?;
+    // Another process may have created the schema between our first look and this lock.
+    let found: i64 = transaction
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("reading the schema version", error))?;
+    check_version(found, path)?;
+    if found == 0 {
+        transaction
+            .execute_batch(CREATE_SCHEMA_V1)
+            .map_err(|error| ReadModelError::sqlite("creating the schema", error))?;
+        transaction
+            .pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(|error| ReadModelError::sqlite("recording the schema version", error))?;
+    }
+    transaction
+        .commit()
+        .map_err(|error| ReadModelError::sqlite("committing the schema", error))
+}
+
+fn check_tables(connection: &Connection, path: &Path) -> Result<(), ReadModelError> {
+    let mut statement = connection
+        .prepare("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?1")
+        .map_err(|error| ReadModelError::sqlite("looking for the read-model tables", error))?;
+    for table in TABLES_V1 {
+        let present: i64 = statement
+            .query_row([table], |row| row.get(0))
+            .map_err(|error| ReadModelError::sqlite("looking for the read-model tables", error))?;
+        if present != 1 {
+            return Err(ReadModelError::Corrupt {
+                reason: format!(
+                    "`{}` has schema version {SCHEMA_VERSION} but lacks the `{table}` table",
+                    path.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}

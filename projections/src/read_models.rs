@@ -1,0 +1,184 @@
+//! All read models at once: one event in, every read model's change out.
+//!
+//! This is the one entry point a runner calls per event. It checks that the event continues its
+//! operation's stream, folds the operation's state with the domain's own [`evolve`], and asks each
+//! read model for its change given the state before and after. The runner writes the changes and
+//! the new state together; keeping the state beside the read models (not in memory) is what lets
+//! the runner resume anywhere and hold no more than one batch in memory. Nothing here does I/O.
+
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
+use opledger_domain::state::{evolve, OperationState};
+
+use crate::chains::{self, ChainChange};
+use crate::context::{check_continuity, FoldContext, FoldError};
+use crate::duplicates::{self, DuplicateChange, SimilarIntent};
+use crate::metrics::{self, Counter};
+use crate::operations::{self, OperationRow};
+use crate::review_queue::{self, ReviewChange};
+
+/// Every read model's change for one event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changes {
+    /// The operation's new row.
+    pub operation: OperationRow,
+    /// The review queue's change.
+    pub review: Option<ReviewChange>,
+    /// New duplicate records.
+    pub duplicates: Vec<DuplicateChange>,
+    /// New index entries.
+    pub chains: Vec<ChainChange>,
+    /// Counters to raise by one.
+    pub metrics: Vec<Counter>,
+}
+
+/// An event folded: the operation's new state (to store for its next event) and the changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Folded {
+    /// The operation's state after the event.
+    pub state: OperationState,
+    /// What every read model does with the event.
+    pub changes: Changes,
+}
+
+/// Every read model's change for one event, given its context.
+pub fn project(ctx: &FoldContext<'_>, event: &OperationEvent) -> Result<Changes, FoldError> {
+    let operation = operations::change(ctx, event).ok_or(FoldError::NoIntent {
+        operation_id: ctx.operation_id,
+        version: ctx.version,
+    })?;
+    Ok(Changes {
+        operation,
+        review: review_queue::changes(ctx, event),
+        duplicates: duplicates::changes(ctx, event),
+        chains: chains::changes(ctx, event),
+        metrics: metrics::changes(ctx, event),
+    })
+}
+
+/// Folds the event at `version` of `operation_id`'s stream, at `position` in the log, onto the
+/// operation's previous state and version (`None`: nothing folded for it yet).
+///
+/// `similar_intents` are the earlier intents found with
+/// [`duplicates::similar_intent_query`] when the event is an intent; empty otherwise.
+pub fn fold_event(
+    operation_id: OperationId,
+    previous: Option<(OperationState, StreamVersion)>,
+    version: StreamVersion,
+    position: GlobalPosition,
+    similar_intents: &[SimilarIntent],
+    event: &OperationEvent,
+) -> Result<Folded, FoldError> {
+    let (before, last) = match previous {
+        Some((state, last)) => (state, Some(last)),
+        None => (OperationState::initial(), None),
+    };
+    check_continuity(operation_id, last, version)?;
+    // A stream starts with its intent; without it the rows would be invented, not folded.
+    if before.intent.is_none() && !matches!(event, OperationEvent::IntentRecorded(_)) {
+        return Err(FoldError::NoIntent {
+            operation_id,
+            version,
+        });
+    }
+    let after = evolve(before.clone(), event);
+    let ctx = FoldContext {
+        operation_id,
+        version,
+        position,
+        before: &before,
+        after: &after,
+        similar_intents,
+    };
+    let changes = project(&ctx, event)?;
+    Ok(Folded {
+        state: after,
+        changes,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod test_support;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read_models::test_support::{events, intent, operation};
+    use opledger_domain::state::fold;
+
+    #[test]
+    fn folding_event_by_event_keeps_the_state_the_domain_folds() {
+        let history = events::late_duplicate(operation(1), "731", "732");
+        let mut previous = None;
+        for (index, event) in history.iter().enumerate() {
+            let version = StreamVersion::new(index as u64);
+            let folded = fold_event(
+                operation(1),
+                previous,
+                version,
+                GlobalPosition::new(index as u64 + 1),
+                &[],
+                event,
+            )
+            .expect("folds");
+            previous = Some((folded.state, version));
+        }
+        assert_eq!(previous.map(|(state, _)| state), Some(fold(&history)));
+    }
+
+    #[test]
+    fn an_event_applied_twice_or_skipped_is_refused() {
+        let history = events::unknown_then_found(operation(1), "731");
+        let first = fold_event(
+            operation(1),
+            None,
+            StreamVersion::FIRST,
+            GlobalPosition::new(1),
+            &[],
+            &history[0],
+        )
+        .expect("folds");
+        let previous = Some((first.state.clone(), StreamVersion::FIRST));
+        let again = fold_event(
+            operation(1),
+            previous.clone(),
+            StreamVersion::FIRST,
+            GlobalPosition::new(1),
+            &[],
+            &history[0],
+        );
+        assert!(matches!(again, Err(FoldError::OutOfOrder { .. })));
+        let skipped = fold_event(
+            operation(1),
+            previous,
+            StreamVersion::new(2),
+            GlobalPosition::new(3),
+            &[],
+            &history[2],
+        );
+        assert!(matches!(skipped, Err(FoldError::OutOfOrder { .. })));
+    }
+
+    #[test]
+    fn a_stream_that_does_not_start_with_its_intent_is_refused() {
+        let history = events::unknown_then_found(operation(1), "731");
+        let refused = fold_event(
+            operation(1),
+            None,
+            StreamVersion::FIRST,
+            GlobalPosition::new(1),
+            &[],
+            &history[1],
+        );
+        assert!(matches!(refused, Err(FoldError::NoIntent { .. })));
+        assert!(fold_event(
+            operation(2),
+            None,
+            StreamVersion::FIRST,
+            GlobalPosition::new(1),
+            &[],
+            &intent(operation(2), None, 0),
+        )
+        .is_ok());
+    }
+}
