@@ -38,8 +38,42 @@ pub enum Command {
     Approve(DecisionArgs),
     /// Deny an operation that awaits approval; it will never be sent.
     Deny(DenyArgs),
-    /// Show an operation's current state and its full event history.
+    /// Show an operation's current state and its full event history (the same as `ops show`).
     Status(StatusArgs),
+    /// List operations from the read models, or show one operation.
+    Ops(OpsArgs),
+    /// Find the operation behind any id (operation, attempt, external object or source id) and
+    /// print its whole chain: intent, attempts, responses, reconciliations, decisions.
+    Trace(TraceArgs),
+    /// The operations waiting for a person: list them, show one, record a decision.
+    Review(ReviewArgs),
+    /// Follow the global log live and print outcome events, one line each, starting with the
+    /// event's global position (resume with `--from <last position>`).
+    ///
+    /// Friendly types (--type) and the events they stand for:
+    ///   succeeded     AttemptSucceeded, ReconciliationRecorded (found),
+    ///                 ReviewResolved (confirm), LateResponseReceived (a success that settles)
+    ///   unknown       OutcomeUnknown, LeaseExpired
+    ///   rejected      AttemptRejected
+    ///   needs_review  ReviewRequired
+    ///   duplicate     DuplicateDetected
+    ///   denied        ApprovalDenied
+    ///   abandoned     ReviewResolved (abandon)
+    ///   recorded      IntentRecorded
+    ///   approved      ApprovalGranted
+    ///   started       AttemptStarted
+    ///   not_sent      AttemptNotSent
+    ///   lookup        ReconciliationRecorded (not found, inconclusive)
+    ///   retry         RetryScheduled, ReviewResolved (retry)
+    ///   late          LateResponseReceived (a refusal, or a success that settles nothing)
+    ///
+    /// The ledger file is polled (every 200 ms when idle), so writes by other processes show up.
+    #[command(verbatim_doc_comment)]
+    Tail(TailArgs),
+    /// Rebuild the read models from position 0 into a fresh file next to the views file; with
+    /// --verify compare it with the live views table by table (exit 1 on any difference),
+    /// otherwise replace the live views with it atomically.
+    Replay(ReplayArgs),
     /// Walk the whole log and report every event edited, removed or moved behind the ledger's
     /// back, by stream and version (exit status 4 when anything is found).
     Verify(VerifyArgs),
@@ -191,6 +225,153 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// Where the read models live.
+#[derive(Debug, Args)]
+pub struct ViewsArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The read-model file (default: `<db>.views`); created and caught up on first use.
+    #[arg(long)]
+    pub views: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct OpsArgs {
+    #[command(subcommand)]
+    pub command: OpsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OpsCommand {
+    /// One row per operation, oldest first: id, tenant, account, action, state, attempts,
+    /// external id, created and updated times, age.
+    List(OpsListArgs),
+    /// An operation's state, the sentence the agent may say, and its timeline.
+    Show(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OpsListArgs {
+    #[command(flatten)]
+    pub views: ViewsArgs,
+    /// Only operations in this state: unknown, needs_review, pending, in_flight, succeeded,
+    /// rejected, denied, abandoned, awaiting_approval.
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only this tenant's operations.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only operations recorded longer ago than this: a number and a unit s, m, h or d
+    /// (e.g. 10m, 2h, 3d).
+    // Hyphen values are taken so that `-3d` gets this command's own message, not clap's.
+    #[arg(long, allow_hyphen_values = true)]
+    pub older_than: Option<String>,
+    /// Most rows to print (1 to 1000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub views: ViewsArgs,
+    /// An operation id, an attempt id, an external object id or a source (delivery) id.
+    pub id: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    #[command(subcommand)]
+    pub command: ReviewCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReviewCommand {
+    /// Operations unknown or waiting for a person, the longest-waiting first.
+    List(ReviewListArgs),
+    /// One operation's evidence and timeline.
+    Show(StatusArgs),
+    /// Record a person's decision about an operation in review.
+    Resolve(ReviewResolveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReviewListArgs {
+    #[command(flatten)]
+    pub views: ViewsArgs,
+    /// Most rows to print (1 to 1000).
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "confirm", "abandon"])))]
+pub struct ReviewResolveArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The operation id.
+    pub operation_id: String,
+    /// Who decides.
+    #[arg(long)]
+    pub reviewer: String,
+    /// Send it again with the same key (the workers or `serve` send it; this command does not).
+    #[arg(long)]
+    pub retry: bool,
+    /// The object exists at the provider with this id: the operation succeeded.
+    #[arg(long, value_name = "EXTERNAL_ID")]
+    pub confirm: Option<String>,
+    /// Give up: it will never be sent again.
+    #[arg(long)]
+    pub abandon: bool,
+    /// Why, in a sentence (kept in the ledger).
+    #[arg(long)]
+    pub note: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Start after this global position (default: from the beginning).
+    #[arg(long)]
+    pub from: Option<u64>,
+    /// Friendly types to print, comma-separated (default: succeeded, unknown, rejected,
+    /// needs_review, duplicate, denied, abandoned); `all` prints every event.
+    #[arg(long = "type", value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Stop after printing this many events (default: follow until Ctrl-C).
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Print one JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub views: ViewsArgs,
+    /// Compare the rebuild with the live views instead of replacing them (exit 1 on any
+    /// difference).
+    #[arg(long)]
+    pub verify: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Everything a subcommand can fail with, each with the exit code scripts can branch on.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -206,6 +387,18 @@ pub enum CliError {
     /// Anything else at the edge (files, terminals).
     #[error("{0}")]
     Other(String),
+    /// The read models failed.
+    #[error("{0}")]
+    ReadModel(#[from] opledger_adapters::readmodel::ReadModelError),
+    /// Nothing matches the id asked for.
+    #[error("{0}")]
+    NotFound(String),
+    /// `replay --verify` found the live read models differ from a rebuild.
+    #[error("the live read models differ from a rebuild in {tables} table(s); run `opledger replay` to replace them")]
+    Differs {
+        /// How many tables differ.
+        tables: usize,
+    },
     /// `verify` found tampering.
     #[error("the ledger shows {findings} sign(s) of tampering")]
     Tampered {
@@ -221,12 +414,24 @@ impl CliError {
     /// 2 for bad input (nothing written), 3 for a refusal by the ledger's rules, 1 otherwise.
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            Self::Invalid(_) | Self::App(AppError::Invalid(_)) => ExitCode::from(2),
+            // The decider checks some inputs itself (note lengths); those are bad input too.
+            Self::Invalid(_)
+            | Self::App(
+                AppError::Invalid(_)
+                | AppError::Rejected {
+                    rejection: opledger_domain::decider::Rejection::Invalid(_),
+                    ..
+                },
+            ) => ExitCode::from(2),
             Self::App(
                 AppError::Rejected { .. }
                 | AppError::NotFound { .. }
                 | AppError::SourceReused { .. },
             ) => ExitCode::from(3),
+            Self::NotFound(_) => ExitCode::from(3),
+            Self::ReadModel(opledger_adapters::readmodel::ReadModelError::InvalidQuery {
+                ..
+            }) => ExitCode::from(2),
             Self::Interrupted => ExitCode::from(130),
             Self::Tampered { .. } => ExitCode::from(4),
             _ => ExitCode::FAILURE,

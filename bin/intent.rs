@@ -1,5 +1,5 @@
-//! `opledger record | approve | deny | status`: the first application commands, on the embedded
-//! SQLite ledger.
+//! `opledger record | approve | deny`: the first application commands, on the embedded SQLite
+//! ledger (`status` is `ops show`, in ops.rs).
 
 use std::path::Path;
 
@@ -7,12 +7,10 @@ use opledger_adapters::system::{RandomIds, SystemClock};
 use opledger_adapters::SqliteStore;
 use opledger_domain::app::{IntentRequest, Ledger, LoadedOperation};
 use opledger_domain::args::ArgsHash;
-use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
-use opledger_domain::ids::{ActorId, OperationId, StreamVersion};
-use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
+use opledger_domain::ids::{ActorId, OperationId};
 
-use crate::cli::{CliError, DecisionArgs, DenyArgs, RecordArgs, StatusArgs};
+use crate::cli::{CliError, DecisionArgs, DenyArgs, RecordArgs};
 
 /// The ledger over the embedded store with the real clock and randomness.
 pub type SqliteLedger = Ledger<SqliteStore, SystemClock, RandomIds>;
@@ -105,75 +103,6 @@ pub async fn deny(args: DenyArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn status(args: StatusArgs) -> Result<(), CliError> {
-    let operation_id: OperationId = args.operation_id.parse()?;
-    let ledger = open_existing_ledger(&args.store.db).await?;
-    let result = show(&ledger, operation_id, args.json).await;
-    let closed = close(&ledger).await;
-    result?;
-    closed
-}
-
-async fn show(
-    ledger: &SqliteLedger,
-    operation_id: OperationId,
-    json: bool,
-) -> Result<(), CliError> {
-    let loaded = ledger.get(operation_id).await?;
-    let stream = StreamName::for_operation(operation_id);
-    let mut history = Vec::new();
-    let mut from = StreamVersion::FIRST;
-    loop {
-        let batch = ledger
-            .store()
-            .read_stream(&stream, from, MAX_READ_BATCH)
-            .await?;
-        let full = batch.len() == MAX_READ_BATCH;
-        for recorded in &batch {
-            let data: serde_json::Value =
-                serde_json::from_slice(&recorded.data).map_err(|error| {
-                    CliError::Other(format!("event {} is not JSON: {error}", recorded.version))
-                })?;
-            codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?;
-            history.push((
-                recorded.version,
-                recorded.position,
-                recorded.event_type.clone(),
-                data,
-            ));
-            from = recorded.version.next();
-        }
-        if !full {
-            break;
-        }
-    }
-    if json {
-        let events: Vec<_> = history
-            .iter()
-            .map(|(version, position, event_type, data)| {
-                serde_json::json!({"version": version, "position": position, "type": event_type, "data": data})
-            })
-            .collect();
-        let out = serde_json::json!({"operation_id": operation_id, "state": loaded.state, "version": loaded.version, "events": events});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out)
-                .map_err(|error| CliError::Other(error.to_string()))?
-        );
-        return Ok(());
-    }
-    print_state(&loaded);
-    println!("history:");
-    for (version, position, event_type, data) in history {
-        let at = data
-            .get("at")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("?");
-        println!("  v{version:<3} @{position:<8} {at}  {event_type}");
-    }
-    Ok(())
-}
-
 fn parse_decision(args: &DecisionArgs) -> Result<(OperationId, ActorId, ArgsHash), CliError> {
     Ok((
         args.operation_id.parse()?,
@@ -182,7 +111,8 @@ fn parse_decision(args: &DecisionArgs) -> Result<(OperationId, ActorId, ArgsHash
     ))
 }
 
-fn print_state(loaded: &LoadedOperation) {
+/// Prints an operation's state, one field a line.
+pub fn print_state(loaded: &LoadedOperation) {
     let state = &loaded.state;
     println!("operation_id    {}", loaded.operation_id);
     println!("state           {}", state.status.name());

@@ -8,15 +8,21 @@ mod bench;
 mod cli;
 mod demo;
 mod intent;
+mod ops;
+mod replay;
+mod review;
 mod stand;
+mod tail;
 mod timeline;
+mod trace;
 mod verify;
+mod views;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, OpsCommand, ReviewCommand};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -40,7 +46,19 @@ fn main() -> ExitCode {
             Command::Record(args) => intent::record(args).await,
             Command::Approve(args) => intent::approve(args).await,
             Command::Deny(args) => intent::deny(args).await,
-            Command::Status(args) => intent::status(args).await,
+            Command::Status(args) => ops::show(args).await,
+            Command::Ops(args) => match args.command {
+                OpsCommand::List(args) => ops::list(args).await,
+                OpsCommand::Show(args) => ops::show(args).await,
+            },
+            Command::Trace(args) => trace::run(args).await,
+            Command::Review(args) => match args.command {
+                ReviewCommand::List(args) => review::list(args).await,
+                ReviewCommand::Show(args) => review::show(args).await,
+                ReviewCommand::Resolve(args) => review::resolve(args).await,
+            },
+            Command::Tail(args) => tail::run(args).await,
+            Command::Replay(args) => replay::run(args).await,
             Command::Stand(args) => stand::run(args).await,
             Command::Verify(args) => verify::run(args).await,
         }

@@ -4,7 +4,7 @@
 use opledger_domain::codec;
 use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{OperationId, StreamVersion};
-use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
+use opledger_domain::store::{EventStore, RecordedEvent, StreamName, MAX_READ_BATCH};
 
 use crate::cli::CliError;
 
@@ -13,15 +13,28 @@ pub async fn history<S: EventStore>(
     store: &S,
     operation_id: OperationId,
 ) -> Result<Vec<OperationEvent>, CliError> {
+    Ok(recorded_history(store, operation_id)
+        .await?
+        .into_iter()
+        .map(|(_, event)| event)
+        .collect())
+}
+
+/// Every event of the operation's stream as stored (version, position, raw data) and decoded.
+pub async fn recorded_history<S: EventStore>(
+    store: &S,
+    operation_id: OperationId,
+) -> Result<Vec<(RecordedEvent, OperationEvent)>, CliError> {
     let stream = StreamName::for_operation(operation_id);
     let mut events = Vec::new();
     let mut from = StreamVersion::FIRST;
     loop {
         let batch = store.read_stream(&stream, from, MAX_READ_BATCH).await?;
         let full = batch.len() == MAX_READ_BATCH;
-        for recorded in &batch {
-            events.push(codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?);
+        for recorded in batch {
+            let event = codec::decode(&recorded).map_err(opledger_domain::app::AppError::from)?;
             from = recorded.version.next();
+            events.push((recorded, event));
         }
         if !full {
             return Ok(events);
@@ -47,7 +60,8 @@ pub fn lines(events: &[OperationEvent]) -> Vec<String> {
         .collect()
 }
 
-fn describe(event: &OperationEvent) -> String {
+/// What one event means, in a phrase.
+pub fn describe(event: &OperationEvent) -> String {
     match event {
         OperationEvent::IntentRecorded(e) => format!(
             "{} at {}/{} key {} args {}",

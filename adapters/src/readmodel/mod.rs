@@ -18,9 +18,11 @@
 //! - `schema.rs`: opening the file, its settings, the schema and its version;
 //! - `apply.rs`: one batch of events → one transaction;
 //! - `query.rs`: the query API;
-//! - `runner.rs`: the async handle, the runner, the rebuild and the lag.
+//! - `runner.rs`: the async handle, the runner, the rebuild and the lag;
+//! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files.
 
 mod apply;
+mod catch_up;
 mod query;
 mod runner;
 mod schema;
@@ -35,6 +37,7 @@ use opledger_projections::context::FoldError;
 use rusqlite::Connection;
 
 pub use apply::BatchOutcome;
+pub use catch_up::{catch_up, compare_files, CatchUpProgress, TableDifference};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, SharedExternalId,

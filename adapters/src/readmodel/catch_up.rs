@@ -1,0 +1,178 @@
+//! Bounded catch-up and comparison of read-model files, for one-shot tools (the audit commands,
+//! `replay --verify`) that must bring the read models up to the log's head and then stop, rather
+//! than follow the log forever as [`super::ProjectionRunner`] does.
+//!
+//! [`catch_up`] must never apply past the target it was given, so two files caught up to the same
+//! target hold the same rows. [`compare_files`] only reads: it opens both files read-only.
+
+use std::path::Path;
+
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::{EventStore, LogStart, StoreError};
+use rusqlite::{Connection, OpenFlags};
+
+use super::{ReadModelError, ReadModels, MAX_BATCH_EVENTS};
+
+/// Where a [`catch_up`] stands: reported after every committed batch and at the end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CatchUpProgress {
+    /// The position it catches up to.
+    pub target: Option<GlobalPosition>,
+    /// The checkpoint now.
+    pub checkpoint: Option<GlobalPosition>,
+    /// Events applied by this catch-up so far.
+    pub applied: u64,
+    /// Events the catch-up had to apply when it started (target − checkpoint, in positions).
+    pub behind: u64,
+}
+
+/// Applies the log to `read_models` from their checkpoint up to `target` (the log's head when it
+/// started, if `None`), in bounded batches, and stops. Events after the target are never applied.
+/// `progress` is called after each committed batch.
+pub async fn catch_up<S: EventStore>(
+    store: &S,
+    read_models: &ReadModels,
+    target: Option<GlobalPosition>,
+    mut progress: impl FnMut(&CatchUpProgress),
+) -> Result<CatchUpProgress, ReadModelError> {
+    let target = match target {
+        Some(target) => Some(target),
+        None => store.head_position().await?,
+    };
+    let mut checkpoint = read_models.checkpoint().await?;
+    let value = |position: Option<GlobalPosition>| position.map_or(0, GlobalPosition::value);
+    let mut report = CatchUpProgress {
+        target,
+        checkpoint,
+        applied: 0,
+        behind: value(target).saturating_sub(value(checkpoint)),
+    };
+    while checkpoint < target {
+        let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
+        let mut batch = store.read_all(start, MAX_BATCH_EVENTS).await?;
+        // The target bounds the run: later events wait for the next catch-up.
+        batch.retain(|event| Some(event.position) <= target);
+        if batch.is_empty() {
+            return Err(StoreError::Corrupt {
+                reason: format!(
+                    "the log reaches {target:?} but nothing after {start:?} can be read"
+                ),
+            }
+            .into());
+        }
+        let outcome = read_models.apply_batch(batch).await?;
+        // A checkpoint that did not move would loop forever; the store promised events after it.
+        if outcome.checkpoint <= checkpoint {
+            return Err(ReadModelError::Corrupt {
+                reason: format!("the checkpoint stayed at {checkpoint:?} after a batch"),
+            });
+        }
+        checkpoint = outcome.checkpoint;
+        report.checkpoint = checkpoint;
+        report.applied += outcome.applied as u64;
+        progress(&report);
+    }
+    Ok(report)
+}
+
+/// How one table differs between two read-model files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableDifference {
+    /// The table.
+    pub table: String,
+    /// Rows in the first file: `None` when the table is missing there.
+    pub left_rows: Option<u64>,
+    /// Rows in the second file: `None` when the table is missing there.
+    pub right_rows: Option<u64>,
+    /// Distinct rows of the first file that the second lacks.
+    pub only_left: u64,
+    /// Distinct rows of the second file that the first lacks.
+    pub only_right: u64,
+}
+
+/// Compares two read-model files table by table (every table, the checkpoint included) and
+/// returns the tables that differ; empty when they hold the same rows. Both files are opened
+/// read-only; the comparison runs inside SQLite, so memory stays bounded whatever the sizes.
+/// Blocking: call it from a blocking thread.
+pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, ReadModelError> {
+    let open = |path: &Path| {
+        Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|error| {
+            ReadModelError::sqlite(format!("opening `{}` to compare", path.display()), error)
+        })
+    };
+    let connection = open(left)?;
+    // Attaching by a bound parameter keeps any character of the path out of the SQL text.
+    let right_text = right.to_str().ok_or_else(|| ReadModelError::InvalidQuery {
+        reason: format!("`{}` is not a UTF-8 path", right.display()),
+    })?;
+    connection
+        .execute("ATTACH DATABASE ?1 AS other", [right_text])
+        .map_err(|error| ReadModelError::sqlite("attaching the file to compare with", error))?;
+    let tables = |schema: &str| -> Result<Vec<String>, ReadModelError> {
+        let mut statement = connection
+            .prepare(&format!(
+                "SELECT name FROM {schema}.sqlite_schema WHERE type = 'table' ORDER BY name"
+            ))
+            .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
+        let names = statement
+            .query_map([], |row| row.get::<_, String>(0))
+            .map_err(|error| ReadModelError::sqlite("listing tables", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
+        Ok(names)
+    };
+    let left_tables = tables("main")?;
+    let right_tables = tables("other")?;
+    let count = |query: &str| -> Result<u64, ReadModelError> {
+        let value: i64 = connection
+            .query_row(query, [], |row| row.get(0))
+            .map_err(|error| ReadModelError::sqlite("comparing tables", error))?;
+        super::sql::count_from(value)
+    };
+    let mut all: Vec<&String> = left_tables.iter().chain(right_tables.iter()).collect();
+    all.sort();
+    all.dedup();
+    let mut differences = Vec::new();
+    for table in all {
+        // Table names come from the files' own schema; quoting keeps them names, not SQL.
+        let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+        let in_left = left_tables.contains(table);
+        let in_right = right_tables.contains(table);
+        let left_rows = if in_left {
+            Some(count(&format!("SELECT count(*) FROM main.{quoted}"))?)
+        } else {
+            None
+        };
+        let right_rows = if in_right {
+            Some(count(&format!("SELECT count(*) FROM other.{quoted}"))?)
+        } else {
+            None
+        };
+        let (only_left, only_right) = if in_left && in_right {
+            (
+                count(&format!(
+                    "SELECT count(*) FROM (SELECT * FROM main.{quoted} EXCEPT SELECT * FROM other.{quoted})"
+                ))?,
+                count(&format!(
+                    "SELECT count(*) FROM (SELECT * FROM other.{quoted} EXCEPT SELECT * FROM main.{quoted})"
+                ))?,
+            )
+        } else {
+            (left_rows.unwrap_or(0), right_rows.unwrap_or(0))
+        };
+        if left_rows != right_rows || only_left > 0 || only_right > 0 {
+            differences.push(TableDifference {
+                table: table.clone(),
+                left_rows,
+                right_rows,
+                only_left,
+                only_right,
+            });
+        }
+    }
+    Ok(differences)
+}

@@ -1,0 +1,219 @@
+//! `opledger ops list | show` (and `status`, the same as `ops show`): operations as the read models
+//! list them, and one operation as the ledger itself folds it.
+//!
+//! `show` reads the operation's own stream, never the read models, so what it prints is never
+//! behind the ledger.
+
+use chrono::Utc;
+use opledger_adapters::readmodel::OperationFilter;
+use opledger_domain::error::ValidationError;
+use opledger_domain::ids::{OperationId, TenantId};
+use opledger_domain::sentence::agent_sentence;
+use opledger_domain::store::EventStore;
+use opledger_projections::operations::{OperationRow, STATE_NAMES};
+use serde_json::json;
+
+use crate::cli::{CliError, OpsListArgs, StatusArgs};
+use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
+use crate::timeline;
+use crate::views::{self, age, check_limit, print_json, print_table};
+
+/// The states `--state` accepts: every state but `new`, which no recorded operation is in.
+fn listable_states() -> impl Iterator<Item = &'static str> {
+    STATE_NAMES.iter().copied().filter(|name| *name != "new")
+}
+
+pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
+    // Every input is checked before anything is opened, so bad input never creates a file.
+    if let Some(state) = &args.state {
+        if !listable_states().any(|name| name == state) {
+            return Err(ValidationError::new(
+                "--state",
+                format!(
+                    "`{state}` is not a state; use one of {}",
+                    listable_states().collect::<Vec<_>>().join(", ")
+                ),
+            )
+            .into());
+        }
+    }
+    let tenant = args
+        .tenant
+        .as_deref()
+        .map(|tenant| {
+            TenantId::new(tenant)
+                .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
+        })
+        .transpose()?;
+    let older_than = args
+        .older_than
+        .as_deref()
+        .map(|text| views::parse_duration("--older-than", text))
+        .transpose()?;
+    let limit = check_limit(args.limit)?;
+    let now = Utc::now();
+    let filter = OperationFilter {
+        state: args.state.clone(),
+        tenant,
+        older_than: older_than.map(|duration| now - duration),
+    };
+    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let result = async {
+        let read_models =
+            views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json)
+                .await?;
+        Ok::<_, CliError>(
+            read_models
+                .call(move |store| store.list_operations(&filter, limit, None))
+                .await?,
+        )
+    }
+    .await;
+    let closed = close(&ledger).await;
+    let page = result?;
+    closed?;
+    if args.json {
+        let rows: Vec<_> = page
+            .operations
+            .iter()
+            .map(|row| operation_json(row, now))
+            .collect();
+        return print_json(&json!({"operations": rows, "more": page.next.is_some()}));
+    }
+    let rows: Vec<Vec<String>> = page
+        .operations
+        .iter()
+        .map(|row| {
+            vec![
+                row.operation_id.to_string(),
+                row.tenant.to_string(),
+                row.account.to_string(),
+                row.action.to_string(),
+                row.state.to_owned(),
+                row.attempts.to_string(),
+                row.external_id
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), ToString::to_string),
+                views::time(row.created_at),
+                views::time(row.updated_at),
+                age(now, row.created_at),
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "OPERATION",
+            "TENANT",
+            "ACCOUNT",
+            "ACTION",
+            "STATE",
+            "ATTEMPTS",
+            "EXTERNAL_ID",
+            "CREATED",
+            "UPDATED",
+            "AGE",
+        ],
+        &rows,
+    );
+    println!(
+        "{} operation(s){}",
+        page.operations.len(),
+        if page.next.is_some() {
+            "; more match: raise --limit or narrow the filter"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// One listed operation as JSON.
+pub fn operation_json(row: &OperationRow, now: chrono::DateTime<Utc>) -> serde_json::Value {
+    json!({
+        "operation_id": row.operation_id,
+        "tenant": row.tenant,
+        "provider": row.provider,
+        "account": row.account,
+        "action": row.action,
+        "source_id": row.source_id,
+        "state": row.state,
+        "attempts": row.attempts,
+        "external_id": row.external_id,
+        "last_error": row.last_error,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "age_s": (now - row.created_at).num_seconds().max(0),
+        "needs_review_reason": row.needs_review_reason,
+    })
+}
+
+/// `ops show` and `status`.
+pub async fn show(args: StatusArgs) -> Result<(), CliError> {
+    let operation_id: OperationId = args.operation_id.parse()?;
+    let ledger = open_existing_ledger(&args.store.db).await?;
+    let result = print_operation(&ledger, operation_id, args.json).await;
+    let closed = close(&ledger).await;
+    result?;
+    closed
+}
+
+/// Prints an operation's state, the agent's sentence and its timeline (or all of it as JSON).
+pub async fn print_operation(
+    ledger: &SqliteLedger,
+    operation_id: OperationId,
+    json: bool,
+) -> Result<(), CliError> {
+    let loaded = ledger.get(operation_id).await?;
+    let sentence = agent_sentence(&loaded.state);
+    let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
+    if json {
+        return print_json(&json!({
+            "operation_id": operation_id,
+            "state": loaded.state,
+            "version": loaded.version,
+            "sentence": sentence,
+            "events": events,
+            "timeline": lines,
+        }));
+    }
+    print_state(&loaded);
+    println!("sentence        {sentence}");
+    println!("timeline:");
+    for line in &lines {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+/// The operation's events as JSON and as readable timeline lines, each line starting with the
+/// event's global position and stream version.
+pub async fn timeline_of<S: EventStore>(
+    store: &S,
+    operation_id: OperationId,
+) -> Result<(Vec<serde_json::Value>, Vec<String>), CliError> {
+    let history = timeline::recorded_history(store, operation_id).await?;
+    let decoded: Vec<_> = history.iter().map(|(_, event)| event.clone()).collect();
+    let mut events = Vec::with_capacity(history.len());
+    for (recorded, _) in &history {
+        let data: serde_json::Value = serde_json::from_slice(&recorded.data).map_err(|error| {
+            CliError::Other(format!(
+                "event {} of {operation_id} is not JSON: {error}",
+                recorded.version
+            ))
+        })?;
+        events.push(json!({
+            "version": recorded.version,
+            "position": recorded.position,
+            "type": recorded.event_type,
+            "data": data,
+        }));
+    }
+    let lines = history
+        .iter()
+        .zip(timeline::lines(&decoded))
+        .map(|((recorded, _), line)| {
+            format!("@{:<7} v{:<3} {line}", recorded.position, recorded.version)
+        })
+        .collect();
+    Ok((events, lines))
+}

@@ -1,0 +1,191 @@
+//! `opledger replay [--verify]`: rebuild the read models from position 0 into a fresh file next to
+//! the views file, then either compare it with the live views table by table (`--verify`) or put
+//! it in their place with one atomic rename.
+//!
+//! Both files are brought to the same position (the log's head when the replay started), so a
+//! difference is a real one, not writes that arrived in between. It must never rename over a
+//! views file another process has open: SQLite would pair that process's write-ahead log with the
+//! new file.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use opledger_adapters::readmodel::{compare_files, ReadModels, TableDifference};
+use serde_json::json;
+
+use crate::cli::{CliError, ReplayArgs};
+use crate::intent::{close, open_existing_ledger, SqliteLedger};
+use crate::views::{self, print_json};
+
+pub async fn run(args: ReplayArgs) -> Result<(), CliError> {
+    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let live = views::views_path(&args.views);
+    let temporary = sibling(&live, &format!(".replay-{}", std::process::id()));
+    let result = tokio::select! {
+        result = replay(&ledger, &args, &live, &temporary) => result,
+        _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+    };
+    let closed = close(&ledger).await;
+    // Whatever happened, the temporary file is not left behind (after a rename it is gone).
+    remove_database(&temporary);
+    result?;
+    closed
+}
+
+async fn replay(
+    ledger: &SqliteLedger,
+    args: &ReplayArgs,
+    live: &Path,
+    temporary: &Path,
+) -> Result<(), CliError> {
+    let store = ledger.store();
+    let head = opledger_domain::store::EventStore::head_position(store).await?;
+    // A leftover from an interrupted replay of this same process id is stale.
+    remove_database(temporary);
+    let started = Instant::now();
+    let rebuilt = ReadModels::open(temporary).await?;
+    let report =
+        views::catch_up_showing_progress(store, &rebuilt, head, "replaying", args.json).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    // Closing the connection folds its write-ahead log into the file, so the file alone is whole.
+    drop(rebuilt);
+    let rate = if seconds > 0.0 {
+        report.applied as f64 / seconds
+    } else {
+        0.0
+    };
+    let summary = format!(
+        "replayed {} events in {seconds:.2} s ({rate:.0} events/s)",
+        report.applied
+    );
+    if args.verify {
+        let live_models = ReadModels::open(live).await?;
+        views::catch_up_showing_progress(store, &live_models, head, "catching up", args.json)
+            .await?;
+        drop(live_models);
+        let (left, right) = (live.to_path_buf(), temporary.to_path_buf());
+        let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
+            .await
+            .map_err(|error| CliError::Other(format!("the comparison failed: {error}")))??;
+        report_differences(args.json, &summary, report.applied, seconds, &differences)?;
+        return if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(CliError::Differs {
+                tables: differences.len(),
+            })
+        };
+    }
+    replace(live, temporary).await?;
+    if args.json {
+        return print_json(&json!({
+            "events": report.applied,
+            "seconds": seconds,
+            "events_per_s": rate,
+            "replaced": live,
+        }));
+    }
+    println!("{summary}");
+    println!("replaced {}", live.display());
+    Ok(())
+}
+
+fn report_differences(
+    json: bool,
+    summary: &str,
+    events: u64,
+    seconds: f64,
+    differences: &[TableDifference],
+) -> Result<(), CliError> {
+    if json {
+        let rows: Vec<_> = differences
+            .iter()
+            .map(|d| {
+                json!({
+                    "table": d.table,
+                    "live_rows": d.left_rows,
+                    "replayed_rows": d.right_rows,
+                    "only_live": d.only_left,
+                    "only_replayed": d.only_right,
+                })
+            })
+            .collect();
+        return print_json(&json!({
+            "events": events,
+            "seconds": seconds,
+            "verified": true,
+            "differences": rows,
+        }));
+    }
+    println!("{summary}");
+    let rows = |count: Option<u64>| count.map_or_else(|| "missing".to_owned(), |n| n.to_string());
+    for d in differences {
+        println!(
+            "table {}: live {} rows, replayed {} rows; {} only in live, {} only in replayed",
+            d.table,
+            rows(d.left_rows),
+            rows(d.right_rows),
+            d.only_left,
+            d.only_right
+        );
+    }
+    if differences.is_empty() {
+        println!("verified: the live read models equal a rebuild from position 0, table by table");
+    }
+    Ok(())
+}
+
+/// Renames `temporary` over `live`, after making sure nobody has `live` open.
+async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
+    let live_wal = sibling(live, "-wal");
+    if live_wal.exists() {
+        // A write-ahead log left by a connection that did not close cleanly is folded in (and
+        // removed) by opening and closing the file; if it stays, someone has the file open.
+        if let Ok(models) = ReadModels::open(live).await {
+            drop(models);
+        }
+        if live_wal.exists() {
+            return Err(CliError::Other(format!(
+                "{} is open in another process (its write-ahead log {} exists); stop the \
+                 workers or service using it and run `opledger replay` again, or pass --views \
+                 to replay into another file",
+                live.display(),
+                live_wal.display()
+            )));
+        }
+    }
+    for suffix in ["-wal", "-shm"] {
+        let leftover = sibling(temporary, suffix);
+        if leftover.exists() {
+            return Err(CliError::Other(format!(
+                "the replayed file was not closed cleanly ({} exists); nothing was replaced",
+                leftover.display()
+            )));
+        }
+    }
+    std::fs::rename(temporary, live).map_err(|error| {
+        CliError::Other(format!(
+            "cannot move {} to {}: {error}",
+            temporary.display(),
+            live.display()
+        ))
+    })?;
+    // The old file's shared-memory index describes the old file; SQLite rebuilds it.
+    let _ = std::fs::remove_file(sibling(live, "-shm"));
+    Ok(())
+}
+
+/// `path` with `suffix` appended to its file name.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name: OsString = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Removes an SQLite file and its side files, if present.
+fn remove_database(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(sibling(path, suffix));
+    }
+}

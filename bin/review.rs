@@ -1,0 +1,272 @@
+//! `opledger review list | show | resolve`: the operations waiting for a person, the evidence
+//! gathered about each, and the person's decision.
+//!
+//! A decision is a command decided by the ledger like any other (`ResolveReview`), never a write
+//! to the read models; this command sends nothing to a provider — a retry is carried out by the
+//! workers.
+
+use chrono::Utc;
+use opledger_domain::command::{Command, MAX_NOTE_BYTES};
+use opledger_domain::error::ValidationError;
+use opledger_domain::event::{OperationEvent, ReconciliationResult, ReviewDecision};
+use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId};
+use opledger_domain::sentence::agent_sentence;
+use serde_json::json;
+
+use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
+use crate::intent::{close, open_existing_ledger, print_state};
+use crate::ops::timeline_of;
+use crate::timeline;
+use crate::views::{self, age, check_limit, print_json, print_table};
+
+pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
+    let limit = check_limit(args.limit)?;
+    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let result = async {
+        let read_models =
+            views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json)
+                .await?;
+        Ok::<_, CliError>(
+            read_models
+                .call(move |store| store.review_queue(limit))
+                .await?,
+        )
+    }
+    .await;
+    let closed = close(&ledger).await;
+    let queue = result?;
+    closed?;
+    let now = Utc::now();
+    if args.json {
+        let rows: Vec<_> = queue
+            .iter()
+            .map(|item| {
+                json!({
+                    "operation_id": item.operation_id,
+                    "state": item.state,
+                    "since": item.since,
+                    "age_s": (now - item.since).num_seconds().max(0),
+                    "tenant": item.tenant,
+                    "provider": item.provider,
+                    "account": item.account,
+                    "attempts": item.attempts,
+                    "lookups": item.lookups,
+                    "last_error": item.last_error,
+                    "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
+                        "result": lookup.result,
+                        "evidence": lookup.evidence,
+                        "at": lookup.at,
+                    })),
+                    "reason": item.review.as_ref().map(|review| &review.reason),
+                    "evidence": item.review.as_ref().map(|review| &review.evidence),
+                    "updated_at": item.updated_at,
+                })
+            })
+            .collect();
+        return print_json(&json!({ "queue": rows }));
+    }
+    let rows: Vec<Vec<String>> = queue
+        .iter()
+        .map(|item| {
+            let reason = item
+                .review
+                .as_ref()
+                .map(|review| review.reason.clone())
+                .or_else(|| item.last_error.clone())
+                .unwrap_or_else(|| "-".into());
+            let evidence = item
+                .review
+                .as_ref()
+                .map(|review| review.evidence.clone())
+                .or_else(|| {
+                    item.last_lookup
+                        .as_ref()
+                        .map(|lookup| format!("{}: {}", lookup.result, lookup.evidence))
+                })
+                .unwrap_or_else(|| "-".into());
+            vec![
+                item.operation_id.to_string(),
+                item.state.to_owned(),
+                age(now, item.since),
+                item.tenant.to_string(),
+                item.account.to_string(),
+                item.attempts.to_string(),
+                item.lookups.to_string(),
+                reason,
+                evidence,
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "OPERATION",
+            "STATE",
+            "AGE",
+            "TENANT",
+            "ACCOUNT",
+            "ATTEMPTS",
+            "LOOKUPS",
+            "REASON",
+            "EVIDENCE",
+        ],
+        &rows,
+    );
+    println!("{} operation(s) unresolved", queue.len());
+    Ok(())
+}
+
+pub async fn show(args: StatusArgs) -> Result<(), CliError> {
+    let operation_id: OperationId = args.operation_id.parse()?;
+    let ledger = open_existing_ledger(&args.store.db).await?;
+    let result = async {
+        let loaded = ledger.get(operation_id).await?;
+        let history = timeline::history(ledger.store(), operation_id).await?;
+        let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
+        Ok::<_, CliError>((loaded, history, events, lines))
+    }
+    .await;
+    let closed = close(&ledger).await;
+    let (loaded, history, events, lines) = result?;
+    closed?;
+    let evidence = evidence_of(&history);
+    let sentence = agent_sentence(&loaded.state);
+    let state = loaded.state.status.name();
+    if args.json {
+        return print_json(&json!({
+            "operation_id": operation_id,
+            "in_review": state == "needs_review",
+            "state": loaded.state,
+            "sentence": sentence,
+            "evidence": evidence,
+            "events": events,
+            "timeline": lines,
+        }));
+    }
+    print_state(&loaded);
+    println!("sentence        {sentence}");
+    if state != "needs_review" {
+        println!("note            not waiting for a person (state {state}); nothing to resolve");
+    }
+    println!("evidence:");
+    if evidence.is_empty() {
+        println!("  none recorded");
+    }
+    for line in &evidence {
+        println!("  {line}");
+    }
+    println!("timeline:");
+    for line in &lines {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
+/// What automation learned before it handed over: every unclear outcome, lookup and hand-over.
+fn evidence_of(history: &[OperationEvent]) -> Vec<String> {
+    history
+        .iter()
+        .filter_map(|event| match event {
+            OperationEvent::OutcomeUnknown(e) => {
+                Some(format!("{}  no outcome: {}", views::time(e.at), e.error))
+            }
+            OperationEvent::LeaseExpired(e) => Some(format!(
+                "{}  lease of {} ran out",
+                views::time(e.at),
+                e.attempt_id
+            )),
+            OperationEvent::ReconciliationRecorded(e) => {
+                let result = match &e.result {
+                    ReconciliationResult::Found {
+                        external_id,
+                        account,
+                    } => format!("found {external_id} in {account}"),
+                    ReconciliationResult::NotFound {
+                        authoritative: true,
+                    } => "not found (authoritative)".into(),
+                    ReconciliationResult::NotFound {
+                        authoritative: false,
+                    } => "not found (search may lag)".into(),
+                    ReconciliationResult::Inconclusive { reason } => {
+                        format!("inconclusive: {reason}")
+                    }
+                };
+                Some(format!(
+                    "{}  lookup {result}: {}",
+                    views::time(e.at),
+                    e.evidence
+                ))
+            }
+            OperationEvent::ReviewRequired(e) => Some(format!(
+                "{}  handed to a person: {} — {}",
+                views::time(e.at),
+                e.reason,
+                e.evidence
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+pub async fn resolve(args: ReviewResolveArgs) -> Result<(), CliError> {
+    let operation_id: OperationId = args.operation_id.parse()?;
+    let reviewer = ActorId::new(args.reviewer.clone())
+        .map_err(|error| ValidationError::new("--reviewer", error.message))?;
+    let decision = match (&args.confirm, args.retry, args.abandon) {
+        (Some(external_id), false, false) => ReviewDecision::ConfirmSucceeded {
+            external_id: ExternalObjectId::new(external_id.clone())
+                .map_err(|error| ValidationError::new("--confirm", error.message))?,
+        },
+        (None, true, false) => ReviewDecision::Retry,
+        (None, false, true) => ReviewDecision::Abandon,
+        // clap's argument group makes exactly one required; this keeps the rule here as well.
+        _ => {
+            return Err(ValidationError::new(
+                "--retry/--confirm/--abandon",
+                "pass exactly one of --retry, --confirm EXTERNAL_ID or --abandon",
+            )
+            .into())
+        }
+    };
+    let note = args.note.trim().to_owned();
+    if note.is_empty() || note.len() > MAX_NOTE_BYTES {
+        return Err(ValidationError::new(
+            "--note",
+            format!("must say why, in 1 to {MAX_NOTE_BYTES} bytes"),
+        )
+        .into());
+    }
+    let ledger = open_existing_ledger(&args.store.db).await?;
+    let command = Command::ResolveReview {
+        reviewer,
+        decision: decision.clone(),
+        note,
+    };
+    let result = ledger.execute(operation_id, &command).await;
+    let closed = close(&ledger).await;
+    let loaded = result?;
+    closed?;
+    let what = match &decision {
+        ReviewDecision::Retry => "retry: the operation is pending again under the same key. \
+             The workers (in-process workers or the service) send it; this command has no \
+             provider configuration and sends nothing."
+            .to_owned(),
+        ReviewDecision::ConfirmSucceeded { external_id } => {
+            format!("confirmed: the operation succeeded with object {external_id}.")
+        }
+        ReviewDecision::Abandon => "abandoned: the operation will never be sent again.".into(),
+    };
+    if args.json {
+        return print_json(&json!({
+            "operation_id": operation_id,
+            "recorded": "ReviewResolved",
+            "state": loaded.state.status.name(),
+            "version": loaded.version,
+            "message": what,
+            "sentence": agent_sentence(&loaded.state),
+        }));
+    }
+    println!("recorded        ReviewResolved ({what})");
+    print_state(&loaded);
+    println!("sentence        {}", agent_sentence(&loaded.state));
+    Ok(())
+}

@@ -1,0 +1,583 @@
+//! The audit and operator commands end to end: the real `opledger` binary against a real SQLite
+//! ledger written in a temporary directory by the library (`Ledger` over `SqliteStore`), with
+//! operations driven into several states by commands, no provider involved.
+//!
+//! What is checked: `ops list` filters (table and JSON), `ops show` and `status`, `trace` from an
+//! attempt id, a source id and an external id, the review queue and a person's decision, `tail`'s
+//! positions and resumption, `replay --verify`, and that bad input exits 2 naming the flag.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use opledger_adapters::system::{RandomIds, SystemClock};
+use opledger_adapters::SqliteStore;
+use opledger_domain::app::{IntentRequest, Ledger};
+use opledger_domain::command::Command;
+use opledger_domain::contract::{
+    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+};
+use opledger_domain::event::IntentRecorded;
+use opledger_domain::ids::{AttemptId, ExternalObjectId, OperationId, WorkerId};
+use opledger_domain::ports::IdSource;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// Longer than any healthy run of one command takes; a command still running then has hung.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
+/// Events the fixture writes: 3 + 4 + 1 + 1 + 3.
+const FIXTURE_EVENTS: usize = 12;
+
+/// A ledger with one operation in each of several states.
+struct Fixture {
+    _dir: TempDir,
+    db: PathBuf,
+    succeeded: OperationId,
+    succeeded_attempt: AttemptId,
+    review: OperationId,
+    review_attempt: AttemptId,
+    pending: OperationId,
+    awaiting: OperationId,
+    rejected: OperationId,
+}
+
+type SqliteLedger = Ledger<SqliteStore, SystemClock, RandomIds>;
+
+async fn record(
+    ledger: &SqliteLedger,
+    tenant: &str,
+    source: &str,
+    requires_approval: bool,
+) -> IntentRecorded {
+    ledger
+        .record_intent(IntentRequest {
+            tenant: tenant.into(),
+            owner: None,
+            provider: "crm".into(),
+            account: "acct-1".into(),
+            credential_fingerprint: "fp-1".into(),
+            action: "create_task".into(),
+            args: json!({"title": format!("task for {source}")}),
+            source_id: Some(source.into()),
+            requires_approval,
+        })
+        .await
+        .expect("the intent is recorded")
+        .intent()
+        .clone()
+}
+
+async fn start(ledger: &SqliteLedger, intent: &IntentRecorded) -> AttemptId {
+    let attempt_id = RandomIds.new_attempt_id();
+    let command = Command::StartAttempt {
+        attempt_id,
+        worker: WorkerId::new("worker-1").expect("a valid worker id"),
+        lease_ms: 30_000,
+        binding: SendBinding {
+            account: intent.account.clone(),
+            credential_fingerprint: intent.credential_fingerprint.clone(),
+            args_hash: intent.args_hash.clone(),
+        },
+        capabilities: ProviderCapabilities {
+            deduplication: Deduplication::None,
+            lookup: LookupSupport::Consistent,
+        },
+        policy: RetryPolicy::default(),
+    };
+    execute(ledger, intent, command).await;
+    attempt_id
+}
+
+async fn execute(ledger: &SqliteLedger, intent: &IntentRecorded, command: Command) {
+    if let Err(error) = ledger.execute(intent.operation_id, &command).await {
+        panic!("{} on {}: {error}", command.name(), intent.operation_id);
+    }
+}
+
+impl Fixture {
+    fn build() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = dir.path().join("ledger.db");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (succeeded, succeeded_attempt, review, review_attempt, pending, awaiting, rejected) =
+            runtime.block_on(async {
+                let store = SqliteStore::open(&db).await.expect("the ledger opens");
+                let ledger = Ledger::new(store, SystemClock, RandomIds);
+
+                let done = record(&ledger, "acme", "src-succeeded", false).await;
+                let done_attempt = start(&ledger, &done).await;
+                let success = Command::RecordSuccess {
+                    attempt_id: done_attempt,
+                    external_id: ExternalObjectId::new("obj-731").expect("a valid id"),
+                    provider_request_id: None,
+                };
+                execute(&ledger, &done, success).await;
+
+                let review = record(&ledger, "acme", "src-review", false).await;
+                let review_attempt = start(&ledger, &review).await;
+                let unknown = Command::RecordUnknown {
+                    attempt_id: review_attempt,
+                    error: "read timeout after 10 s".into(),
+                };
+                execute(&ledger, &review, unknown).await;
+                let hand_over = Command::RequireReview {
+                    reason: "no evidence and no safe retry".into(),
+                    evidence: "search by label found nothing".into(),
+                };
+                execute(&ledger, &review, hand_over).await;
+
+                let pending = record(&ledger, "globex", "src-pending", false).await;
+                let awaiting = record(&ledger, "globex", "src-awaiting", true).await;
+
+                let refused = record(&ledger, "acme", "src-rejected", false).await;
+                let refused_attempt = start(&ledger, &refused).await;
+                let rejection = Command::RecordRejection {
+                    attempt_id: refused_attempt,
+                    code: "422".into(),
+                    message: "title too long".into(),
+                };
+                execute(&ledger, &refused, rejection).await;
+
+                ledger
+                    .store()
+                    .clone()
+                    .close()
+                    .await
+                    .expect("the ledger closes");
+                (
+                    done.operation_id,
+                    done_attempt,
+                    review.operation_id,
+                    review_attempt,
+                    pending.operation_id,
+                    awaiting.operation_id,
+                    refused.operation_id,
+                )
+            });
+        Self {
+            _dir: dir,
+            db,
+            succeeded,
+            succeeded_attempt,
+            review,
+            review_attempt,
+            pending,
+            awaiting,
+            rejected,
+        }
+    }
+
+    fn db(&self) -> &str {
+        self.db.to_str().expect("a UTF-8 path")
+    }
+
+    /// Runs `opledger <args> --db <ledger>` and waits for it, failing the test if it hangs.
+    fn run(&self, args: &[&str]) -> Output {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--db", self.db()]);
+        opledger(&all)
+    }
+}
+
+fn opledger(args: &[&str]) -> Output {
+    let mut child = Process::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(args)
+        .env_remove("OPLEDGER_DB")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the opledger binary starts");
+    // Drain both pipes on threads, so a chatty child never blocks on a full pipe.
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut buffer = Vec::new();
+        out.read_to_end(&mut buffer).map(|_| buffer)
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut buffer = Vec::new();
+        err.read_to_end(&mut buffer).map(|_| buffer)
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child can be waited for") {
+            break status;
+        }
+        if started.elapsed() > COMMAND_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`opledger {}` ran past {COMMAND_DEADLINE:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: out_thread
+            .join()
+            .expect("the stdout reader")
+            .expect("stdout is read"),
+        stderr: err_thread
+            .join()
+            .expect("the stderr reader")
+            .expect("stderr is read"),
+    }
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn succeeded(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        stdout(output),
+        stderr(output)
+    );
+    stdout(output)
+}
+
+fn json_of(output: &Output) -> Value {
+    serde_json::from_str(&succeeded(output)).expect("the output is JSON")
+}
+
+/// The operation ids of an `ops list --json` answer, in order.
+fn listed(output: &Output) -> Vec<String> {
+    json_of(output)["operations"]
+        .as_array()
+        .expect("an operations array")
+        .iter()
+        .map(|row| row["operation_id"].as_str().expect("an id").to_owned())
+        .collect()
+}
+
+/// The leading global position of every line.
+fn positions(text: &str) -> Vec<u64> {
+    text.lines()
+        .map(|line| {
+            line.split_whitespace()
+                .next()
+                .and_then(|first| first.parse().ok())
+                .unwrap_or_else(|| panic!("a line without a leading position: {line}"))
+        })
+        .collect()
+}
+
+#[test]
+fn ops_list_filters_by_state_and_tenant_as_a_table_and_as_json() {
+    let fixture = Fixture::build();
+
+    let all = listed(&fixture.run(&["ops", "list", "--json"]));
+    assert_eq!(all.len(), 5, "{all:?}");
+
+    let review = listed(&fixture.run(&["ops", "list", "--state", "needs_review", "--json"]));
+    assert_eq!(review, vec![fixture.review.to_string()]);
+
+    let globex = listed(&fixture.run(&["ops", "list", "--tenant", "globex", "--json"]));
+    assert_eq!(
+        globex,
+        vec![fixture.pending.to_string(), fixture.awaiting.to_string()]
+    );
+
+    let both = listed(&fixture.run(&[
+        "ops", "list", "--tenant", "acme", "--state", "rejected", "--json",
+    ]));
+    assert_eq!(both, vec![fixture.rejected.to_string()]);
+
+    let old = listed(&fixture.run(&["ops", "list", "--older-than", "1d", "--json"]));
+    assert!(old.is_empty(), "nothing was recorded a day ago: {old:?}");
+
+    let table = succeeded(&fixture.run(&["ops", "list", "--state", "succeeded"]));
+    assert!(table.starts_with("OPERATION"), "{table}");
+    assert!(table.contains(&fixture.succeeded.to_string()), "{table}");
+    assert!(table.contains("obj-731"), "{table}");
+    assert!(!table.contains(&fixture.review.to_string()), "{table}");
+    assert!(table.contains("1 operation(s)"), "{table}");
+
+    // The default views file sits next to the ledger and was created on first use.
+    assert!(PathBuf::from(format!("{}.views", fixture.db())).exists());
+}
+
+#[test]
+fn ops_show_and_status_print_the_sentence_and_the_timeline() {
+    let fixture = Fixture::build();
+    let id = fixture.succeeded.to_string();
+    for command in [&["ops", "show"][..], &["status"][..]] {
+        let mut args = command.to_vec();
+        args.push(&id);
+        let text = succeeded(&fixture.run(&args));
+        assert!(text.contains("state           succeeded"), "{text}");
+        assert!(text.contains("Done: the system confirmed"), "{text}");
+        assert!(text.contains("object obj-731"), "{text}");
+        for event in ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"] {
+            assert!(text.contains(event), "{event} missing:\n{text}");
+        }
+    }
+    let json = json_of(&fixture.run(&["ops", "show", &id, "--json"]));
+    assert_eq!(json["events"].as_array().map(Vec::len), Some(3));
+    assert!(json["sentence"]
+        .as_str()
+        .is_some_and(|s| s.contains("obj-731")));
+}
+
+#[test]
+fn trace_finds_the_operation_from_an_attempt_id_a_source_id_and_an_external_id() {
+    let fixture = Fixture::build();
+
+    let from_attempt = succeeded(&fixture.run(&["trace", &fixture.review_attempt.to_string()]));
+    assert!(
+        from_attempt.contains("matched         attempt_id"),
+        "{from_attempt}"
+    );
+    assert!(
+        from_attempt.contains(&format!("operation_id    {}", fixture.review)),
+        "{from_attempt}"
+    );
+    for event in [
+        "IntentRecorded",
+        "AttemptStarted",
+        "OutcomeUnknown",
+        "ReviewRequired",
+    ] {
+        assert!(from_attempt.contains(event), "{event}:\n{from_attempt}");
+    }
+
+    let from_source = json_of(&fixture.run(&["trace", "src-succeeded", "--json"]));
+    assert_eq!(from_source["matched"]["link"], "source_id");
+    assert_eq!(from_source["operation_id"], fixture.succeeded.to_string());
+
+    let from_external = json_of(&fixture.run(&["trace", "obj-731", "--json"]));
+    assert_eq!(from_external["matched"]["link"], "external_id");
+    assert_eq!(from_external["operation_id"], fixture.succeeded.to_string());
+
+    let from_attempt_of_success =
+        json_of(&fixture.run(&["trace", &fixture.succeeded_attempt.to_string(), "--json"]));
+    assert_eq!(from_attempt_of_success["matched"]["link"], "attempt_id");
+
+    let unknown = fixture.run(&["trace", "no-such-id"]);
+    assert_eq!(unknown.status.code(), Some(3), "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains("nothing in the ledger matches `no-such-id`"));
+}
+
+#[test]
+fn review_list_shows_the_operation_in_review_with_its_reason_and_evidence() {
+    let fixture = Fixture::build();
+    let table = succeeded(&fixture.run(&["review", "list"]));
+    assert!(table.contains(&fixture.review.to_string()), "{table}");
+    assert!(table.contains("needs_review"), "{table}");
+    assert!(table.contains("no evidence and no safe retry"), "{table}");
+    assert!(table.contains("search by label found nothing"), "{table}");
+
+    let json = json_of(&fixture.run(&["review", "list", "--json"]));
+    let queue = json["queue"].as_array().expect("a queue");
+    assert_eq!(queue.len(), 1, "{json}");
+    assert_eq!(queue[0]["operation_id"], fixture.review.to_string());
+    assert_eq!(queue[0]["reason"], "no evidence and no safe retry");
+    assert_eq!(queue[0]["attempts"], 1);
+
+    let shown = succeeded(&fixture.run(&["review", "show", &fixture.review.to_string()]));
+    assert!(shown.contains("handed to a person"), "{shown}");
+    assert!(shown.contains("read timeout after 10 s"), "{shown}");
+}
+
+#[test]
+fn review_resolve_abandon_records_the_decision_and_a_second_resolve_is_refused() {
+    let fixture = Fixture::build();
+    let id = fixture.review.to_string();
+    let resolve = [
+        "review",
+        "resolve",
+        &id,
+        "--reviewer",
+        "anna",
+        "--abandon",
+        "--note",
+        "checked the CRM: nothing there",
+    ];
+    let first = succeeded(&fixture.run(&resolve));
+    assert!(first.contains("ReviewResolved"), "{first}");
+    assert!(first.contains("state           abandoned"), "{first}");
+
+    let shown = succeeded(&fixture.run(&["ops", "show", &id]));
+    assert!(shown.contains("ReviewResolved"), "{shown}");
+    assert!(shown.contains("anna decided: abandoned"), "{shown}");
+
+    let again = fixture.run(&resolve);
+    assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));
+    assert!(stderr(&again).contains("abandoned"), "{}", stderr(&again));
+
+    // The queue no longer holds it.
+    let queue = json_of(&fixture.run(&["review", "list", "--json"]));
+    assert_eq!(queue["queue"].as_array().map(Vec::len), Some(0), "{queue}");
+
+    // A retry says who sends it, since this command sends nothing.
+    let not_in_review = fixture.run(&[
+        "review",
+        "resolve",
+        &fixture.pending.to_string(),
+        "--reviewer",
+        "anna",
+        "--retry",
+        "--note",
+        "try again",
+    ]);
+    assert_eq!(not_in_review.status.code(), Some(3));
+}
+
+#[test]
+fn tail_prints_positions_and_resumes_from_the_last_one_without_repeats() {
+    let fixture = Fixture::build();
+    let first = succeeded(&fixture.run(&["tail", "--from", "0", "--type", "all", "--limit", "5"]));
+    let first_positions = positions(&first);
+    assert_eq!(first_positions, vec![1, 2, 3, 4, 5], "{first}");
+    let last = first_positions[4].to_string();
+    let rest_count = (FIXTURE_EVENTS - 5).to_string();
+    let rest = succeeded(&fixture.run(&[
+        "tail",
+        "--from",
+        &last,
+        "--type",
+        "all",
+        "--limit",
+        &rest_count,
+    ]));
+    let rest_positions = positions(&rest);
+    assert_eq!(rest_positions, (6..=12).collect::<Vec<u64>>(), "{rest}");
+
+    // By default only outcomes: the first is the success at position 3.
+    let outcomes = succeeded(&fixture.run(&["tail", "--limit", "3"]));
+    let lines: Vec<&str> = outcomes.lines().collect();
+    assert!(
+        lines[0].starts_with("3 ") && lines[0].contains("succeeded"),
+        "{outcomes}"
+    );
+    assert!(lines[1].contains("unknown"), "{outcomes}");
+    assert!(lines[2].contains("needs_review"), "{outcomes}");
+
+    let json = succeeded(&fixture.run(&[
+        "tail", "--from", "0", "--type", "rejected", "--limit", "1", "--json",
+    ]));
+    let event: Value = serde_json::from_str(json.trim()).expect("a JSON line");
+    assert_eq!(event["type"], "rejected");
+    assert_eq!(event["position"], 12);
+    assert_eq!(event["operation_id"], fixture.rejected.to_string());
+}
+
+#[test]
+fn replay_verify_finds_no_differences_in_untouched_views_and_replay_replaces_them() {
+    let fixture = Fixture::build();
+    let views = fixture.db.with_extension("db.views");
+    succeeded(&fixture.run(&["ops", "list"]));
+    assert!(views.exists());
+
+    let verified = succeeded(&fixture.run(&["replay", "--verify"]));
+    assert!(
+        verified.contains(&format!("replayed {FIXTURE_EVENTS} events in")),
+        "{verified}"
+    );
+    assert!(verified.contains("events/s"), "{verified}");
+    assert!(verified.contains("verified"), "{verified}");
+
+    let replaced = succeeded(&fixture.run(&["replay"]));
+    assert!(replaced.contains("replaced"), "{replaced}");
+    let leftovers: Vec<_> = std::fs::read_dir(fixture.db.parent().expect("a directory"))
+        .expect("the directory lists")
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("replay"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(
+        listed(&fixture.run(&["ops", "list", "--json"])).len(),
+        5,
+        "the replaced views answer queries"
+    );
+    let again = json_of(&fixture.run(&["replay", "--verify", "--json"]));
+    assert_eq!(again["differences"].as_array().map(Vec::len), Some(0));
+}
+
+#[test]
+fn bad_inputs_exit_2_with_a_message_naming_the_flag() {
+    let fixture = Fixture::build();
+    let id = fixture.review.to_string();
+    let cases: [(&[&str], &str); 7] = [
+        (&["ops", "list", "--state", "done"], "--state"),
+        (
+            &["ops", "list", "--older-than", "10 minutes"],
+            "--older-than",
+        ),
+        (&["ops", "list", "--older-than", "-3d"], "--older-than"),
+        (&["ops", "list", "--limit", "0"], "--limit"),
+        (&["ops", "show", "not-a-uuid"], "operation_id"),
+        (&["tail", "--type", "finished", "--limit", "1"], "--type"),
+        (
+            &[
+                "review",
+                "resolve",
+                &id,
+                "--reviewer",
+                "anna",
+                "--confirm",
+                "",
+                "--note",
+                "x",
+            ],
+            "--confirm",
+        ),
+    ];
+    for (args, flag) in cases {
+        let output = fixture.run(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(flag),
+            "{args:?} does not name {flag}: {}",
+            stderr(&output)
+        );
+    }
+    // Bad input creates no views file.
+    assert!(!Path::new(&format!("{}.views", fixture.db())).exists());
+}
+
+#[test]
+fn replay_verify_reports_a_table_that_differs_and_exits_1() {
+    let fixture = Fixture::build();
+    succeeded(&fixture.run(&["ops", "list"]));
+    let views = PathBuf::from(format!("{}.views", fixture.db()));
+    let connection = rusqlite::Connection::open(&views).expect("the views open");
+    let removed = connection
+        .execute(
+            "DELETE FROM operations WHERE operation_id = ?1",
+            [fixture.pending.to_string()],
+        )
+        .expect("a row is removed");
+    assert_eq!(removed, 1);
+    drop(connection);
+
+    let output = fixture.run(&["replay", "--verify"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("table operations: live 4 rows, replayed 5 rows"),
+        "{text}"
+    );
+    assert!(stderr(&output).contains("differ"), "{}", stderr(&output));
+}
