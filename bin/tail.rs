@@ -159,13 +159,19 @@ async fn render<S: EventStore>(
     let event = codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?;
     let kind = match friendly_type(&event) {
         Some(kind) => kind,
-        // Whether a late success settles the operation depends on the state before it.
+        // Whether a late success or a found object settles the operation depends on the state
+        // before it: on an operation already confirmed it is a late answer or a lookup (its
+        // duplicate, if any, follows as its own event), never a second success.
         None => {
             let before = state_before(store, recorded).await?;
-            if matches!(before.status, Status::Succeeded { .. }) {
-                "late"
-            } else {
-                "succeeded"
+            match (&event, &before.status) {
+                (_, Status::Succeeded { .. })
+                    if matches!(event, OperationEvent::ReconciliationRecorded(_)) =>
+                {
+                    "lookup"
+                }
+                (_, Status::Succeeded { .. }) => "late",
+                _ => "succeeded",
             }
         }
     };
@@ -195,7 +201,8 @@ async fn render<S: EventStore>(
     Ok(Some(line))
 }
 
-/// The friendly type of an event; `None` for a late success, which needs the state before it.
+/// The friendly type of an event; `None` for a late success or a found object, which need the
+/// state before them.
 fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
     Some(match event {
         OperationEvent::IntentRecorded(_) => "recorded",
@@ -207,7 +214,7 @@ fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
         OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => "unknown",
         OperationEvent::AttemptNotSent(_) => "not_sent",
         OperationEvent::ReconciliationRecorded(e) => match e.result {
-            ReconciliationResult::Found { .. } => "succeeded",
+            ReconciliationResult::Found { .. } => return None,
             _ => "lookup",
         },
         OperationEvent::RetryScheduled(_) => "retry",

@@ -581,3 +581,68 @@ fn replay_verify_reports_a_table_that_differs_and_exits_1() {
     );
     assert!(stderr(&output).contains("differ"), "{}", stderr(&output));
 }
+
+#[test]
+fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_success() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("ledger.db");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let store = SqliteStore::open(&db).await.expect("the ledger opens");
+        let ledger = Ledger::new(store, SystemClock, RandomIds);
+        let intent = record(&ledger, "acme", "src-dup", false).await;
+        let attempt_id = start(&ledger, &intent).await;
+        let success = Command::RecordSuccess {
+            attempt_id,
+            external_id: ExternalObjectId::new("obj-1").expect("a valid id"),
+            provider_request_id: None,
+        };
+        execute(&ledger, &intent, success).await;
+        let second_object = Command::RecordReconciliation {
+            result: opledger_domain::event::ReconciliationResult::Found {
+                external_id: ExternalObjectId::new("obj-2").expect("a valid id"),
+                account: intent.account.clone(),
+            },
+            evidence: "search found obj-2 with this label".into(),
+            binding: SendBinding {
+                account: intent.account.clone(),
+                credential_fingerprint: intent.credential_fingerprint.clone(),
+                args_hash: intent.args_hash.clone(),
+            },
+            capabilities: ProviderCapabilities {
+                deduplication: Deduplication::None,
+                lookup: LookupSupport::Consistent,
+            },
+            policy: RetryPolicy::default(),
+            retry_not_before: chrono::Utc::now(),
+            next_check_not_before: chrono::Utc::now(),
+        };
+        execute(&ledger, &intent, second_object).await;
+        ledger
+            .store()
+            .clone()
+            .close()
+            .await
+            .expect("the ledger closes");
+    });
+    let output = opledger(&[
+        "tail",
+        "--db",
+        db.to_str().expect("a UTF-8 path"),
+        "--from",
+        "0",
+        "--type",
+        "succeeded,duplicate",
+        "--limit",
+        "2",
+    ]);
+    let text = succeeded(&output);
+    let kinds: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(kinds, ["succeeded", "duplicate"], "{text}");
+}
