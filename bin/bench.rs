@@ -5,11 +5,12 @@
 //! one stream, each durable (synchronous=FULL) before the next begins. Concurrency comes from
 //! independent operations, so group commit can share fsyncs between them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use opledger_adapters::readmodel;
 use opledger_domain::app::{IntentRequest, LoadedOperation};
 use opledger_domain::codec;
 use opledger_domain::command::Command;
@@ -48,6 +49,46 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             result?;
             closed
         }
+        BenchTarget::Projections(args) => {
+            let ledger = Arc::new(crate::intent::open_existing_ledger(&args.db).await?);
+            let target = fresh_path("projections");
+            let result = tokio::select! {
+                result = projections(&ledger, &target) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            let closed = crate::intent::close(&ledger).await;
+            remove_read_models(&target);
+            result?;
+            closed
+        }
+    }
+}
+
+/// Rebuilds the read models from position 0 into `target` and reports the rate and the peak
+/// memory of the rebuild alone.
+async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), CliError> {
+    reset_peak_rss();
+    let started = Instant::now();
+    let head = opledger_domain::store::EventStore::head_position(ledger.store()).await?;
+    let (read_models, report) = readmodel::rebuild_to(ledger.store(), target, head).await?;
+    let elapsed = started.elapsed();
+    let peak = peak_rss_mb();
+    drop(read_models);
+    let events = report.applied;
+    println!(
+        "bench=projection-rebuild events={events} events_per_s={:.0} max_rss_mb={}",
+        events as f64 / elapsed.as_secs_f64(),
+        peak.map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
+    );
+    Ok(())
+}
+
+/// Removes a benchmark's read-model file and its SQLite companions, whatever is left of them.
+fn remove_read_models(path: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(name));
     }
 }
 

@@ -51,7 +51,7 @@ pub enum Command {
     /// event's global position (resume with `--from <last position>`).
     ///
     /// Friendly types (--type) and the events they stand for:
-    ///   succeeded     AttemptSucceeded, ReconciliationRecorded (found),
+    ///   succeeded     AttemptSucceeded, ReconciliationRecorded (found, settling),
     ///                 ReviewResolved (confirm), LateResponseReceived (a success that settles)
     ///   unknown       OutcomeUnknown, LeaseExpired
     ///   rejected      AttemptRejected
@@ -63,7 +63,8 @@ pub enum Command {
     ///   approved      ApprovalGranted
     ///   started       AttemptStarted
     ///   not_sent      AttemptNotSent
-    ///   lookup        ReconciliationRecorded (not found, inconclusive)
+    ///   lookup        ReconciliationRecorded (not found, inconclusive, or found on an
+    ///                 operation already succeeded: its duplicate follows as `duplicate`)
     ///   retry         RetryScheduled, ReviewResolved (retry)
     ///   late          LateResponseReceived (a refusal, or a success that settles nothing)
     ///
@@ -136,6 +137,9 @@ pub enum BenchTarget {
     /// Replay an existing ledger file: read the whole log, decode every event and fold it into
     /// the totals read model; prints `bench=replay …`.
     Replay(BenchReplayArgs),
+    /// Rebuild the SQLite read models from position 0 of an existing ledger file into a fresh
+    /// temporary file (removed afterwards); prints `bench=projection-rebuild …`.
+    Projections(BenchReplayArgs),
 }
 
 #[derive(Debug, Args)]

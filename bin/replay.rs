@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use opledger_adapters::readmodel::{compare_files, ReadModels, TableDifference};
+use opledger_adapters::readmodel::{compare_files, rebuild_to, ReadModels, TableDifference};
 use serde_json::json;
 
 use crate::cli::{CliError, ReplayArgs};
@@ -44,9 +44,9 @@ async fn replay(
     // A leftover from an interrupted replay of this same process id is stale.
     remove_database(temporary);
     let started = Instant::now();
-    let rebuilt = ReadModels::open(temporary).await?;
-    let report =
-        views::catch_up_showing_progress(store, &rebuilt, head, "replaying", args.json).await?;
+    // The rebuild folds in memory and writes the file without a journal; it appears at
+    // `temporary` only once complete and fsynced.
+    let (rebuilt, report) = rebuild_to(store, temporary, head).await?;
     let seconds = started.elapsed().as_secs_f64();
     // Closing the connection folds its write-ahead log into the file, so the file alone is whole.
     drop(rebuilt);

@@ -141,8 +141,8 @@ fn apply_event(
 }
 
 /// The operation's folded state and the version of its last event, if any event was folded.
-fn load_state(
-    transaction: &Transaction<'_>,
+pub(super) fn load_state(
+    transaction: &Connection,
     operation_id: OperationId,
 ) -> Result<Option<(OperationState, StreamVersion)>, ReadModelError> {
     let mut statement = transaction
@@ -167,8 +167,8 @@ fn load_state(
     Ok(Some((state, sql::version_from(version)?)))
 }
 
-fn find_similar(
-    transaction: &Transaction<'_>,
+pub(super) fn find_similar(
+    transaction: &Connection,
     query: &SimilarIntentQuery,
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     // `INDEXED BY` because without statistics SQLite prefers the creation-time index (it serves
@@ -247,8 +247,8 @@ fn write_changes(
     Ok(())
 }
 
-fn insert_operation(
-    transaction: &Transaction<'_>,
+pub(super) fn insert_operation(
+    transaction: &Connection,
     row: &OperationRow,
     state: &str,
 ) -> Result<(), ReadModelError> {
@@ -290,8 +290,8 @@ fn insert_operation(
     Ok(())
 }
 
-fn update_operation(
-    transaction: &Transaction<'_>,
+pub(super) fn update_operation(
+    transaction: &Connection,
     row: &OperationRow,
     state: &str,
 ) -> Result<(), ReadModelError> {
@@ -326,8 +326,8 @@ fn update_operation(
     expect_one_row(changed, "operation", row.operation_id)
 }
 
-fn write_review(
-    transaction: &Transaction<'_>,
+pub(super) fn write_review(
+    transaction: &Connection,
     change: &ReviewChange,
 ) -> Result<(), ReadModelError> {
     match change {
@@ -392,7 +392,7 @@ fn write_review(
 }
 
 fn update_review(
-    transaction: &Transaction<'_>,
+    transaction: &Connection,
     operation_id: OperationId,
     progress: &ReviewProgress,
 ) -> Result<(), ReadModelError> {
@@ -434,8 +434,8 @@ fn update_review(
     expect_one_row(changed, "review entry", operation_id)
 }
 
-fn write_duplicate(
-    transaction: &Transaction<'_>,
+pub(super) fn write_duplicate(
+    transaction: &Connection,
     change: &DuplicateChange,
 ) -> Result<(), ReadModelError> {
     match change {
@@ -492,7 +492,10 @@ fn write_duplicate(
     Ok(())
 }
 
-fn write_chain(transaction: &Transaction<'_>, change: &ChainChange) -> Result<(), ReadModelError> {
+pub(super) fn write_chain(
+    transaction: &Connection,
+    change: &ChainChange,
+) -> Result<(), ReadModelError> {
     match change {
         ChainChange::Attempt {
             attempt_id,
@@ -578,8 +581,8 @@ fn write_chain(transaction: &Transaction<'_>, change: &ChainChange) -> Result<()
     Ok(())
 }
 
-fn write_counters(
-    transaction: &Transaction<'_>,
+pub(super) fn write_counters(
+    transaction: &Connection,
     counters: &BTreeMap<Counter, u64>,
 ) -> Result<(), ReadModelError> {
     let mut statement = transaction
@@ -598,8 +601,8 @@ fn write_counters(
     Ok(())
 }
 
-fn write_checkpoint(
-    transaction: &Transaction<'_>,
+pub(super) fn write_checkpoint(
+    transaction: &Connection,
     position: GlobalPosition,
 ) -> Result<(), ReadModelError> {
     transaction

@@ -18,12 +18,14 @@
 //! - `schema.rs`: opening the file, its settings, the schema and its version;
 //! - `apply.rs`: one batch of events → one transaction;
 //! - `query.rs`: the query API;
-//! - `runner.rs`: the async handle, the runner, the rebuild and the lag;
+//! - `runner.rs`: the async handle, the runner and the lag;
+//! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files.
 
 mod apply;
 mod catch_up;
 mod query;
+mod rebuild;
 mod runner;
 mod schema;
 mod sql;
@@ -42,7 +44,11 @@ pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, SharedExternalId,
 };
-pub use runner::{rebuild, Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
+pub use rebuild::{
+    rebuild, rebuild_to, RebuildReport, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS,
+    REBUILD_COMMIT_EVENTS,
+};
+pub use runner::{Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
 /// a table or the stored form of an operation's folded state changes; a file from an older build

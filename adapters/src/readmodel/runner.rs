@@ -1,5 +1,4 @@
-//! Feeding the read models from the log: the async handle, the checkpointed runner, the rebuild
-//! and the lag.
+//! Feeding the read models from the log: the async handle, the checkpointed runner and the lag.
 //!
 //! [`ReadModels`] is the async face of the blocking [`ReadModelStore`]: every call runs on a
 //! blocking thread (`spawn_blocking`), never on an executor thread. [`ProjectionRunner::run`]
@@ -231,72 +230,6 @@ impl ProjectionRunner {
             () = feed => Err(feed_ended()),
         }
     }
-}
-
-/// Builds the read models from position zero into a new file at `path`, up to the log's head as
-/// it was when the rebuild started, and returns them; a [`ProjectionRunner`] continues from there.
-///
-/// The file must not exist: a rebuild never writes over read models someone may be reading (swap
-/// files when nothing has them open). A rebuild that fails or is interrupted leaves a consistent
-/// prefix, which a runner can simply continue.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use opledger_adapters::readmodel::rebuild;
-/// use opledger_adapters::MemoryStore;
-///
-/// let dir = tempfile::tempdir()?;
-/// let ledger = MemoryStore::new();
-/// let read_models = rebuild(&ledger, dir.path().join("read-models.db")).await?;
-/// assert_eq!(read_models.lag(&ledger).await?.positions, 0);
-/// let queue = read_models.call(|store| store.review_queue(20)).await?;
-/// assert!(queue.is_empty());
-/// # Ok(())
-/// # }
-/// ```
-pub async fn rebuild<S: EventStore>(
-    store: &S,
-    path: impl AsRef<Path>,
-) -> Result<ReadModels, ReadModelError> {
-    let path = path.as_ref().to_path_buf();
-    let read_models = ReadModels::from_store(
-        blocking(move || {
-            // Creating the file exclusively refuses an existing one without a race.
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(|source| match source.kind() {
-                    std::io::ErrorKind::AlreadyExists => {
-                        ReadModelError::AlreadyExists { path: path.clone() }
-                    }
-                    _ => ReadModelError::Create {
-                        path: path.clone(),
-                        source,
-                    },
-                })?;
-            ReadModelStore::open(path)
-        })
-        .await?,
-    );
-    let head = store.head_position().await?;
-    let mut checkpoint = None;
-    while checkpoint < head {
-        let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
-        let batch = store.read_all(start, MAX_BATCH_EVENTS).await?;
-        if batch.is_empty() {
-            return Err(StoreError::Corrupt {
-                reason: format!(
-                    "the log's head is at {head:?} but nothing after {start:?} can be read"
-                ),
-            }
-            .into());
-        }
-        checkpoint = read_models.apply_batch(batch).await?.checkpoint;
-    }
-    info!(?checkpoint, path = %read_models.path().display(), "read models rebuilt");
-    Ok(read_models)
 }
 
 fn feed_ended() -> ReadModelError {

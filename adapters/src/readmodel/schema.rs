@@ -187,6 +187,37 @@ pub(super) fn open(path: &Path) -> Result<Connection, ReadModelError> {
     Ok(connection)
 }
 
+/// Creates the schema in a new, empty file for a rebuild, set for writing fast: no journal and
+/// no fsyncs, one connection holding the file exclusively, and a page cache of `cache_kib` KiB.
+/// Only for a file that nobody else knows of and that is discarded if the rebuild does not
+/// finish (see `rebuild.rs`); [`open`] puts the finished file back to WAL with
+/// `synchronous=FULL`.
+pub(super) fn create_for_rebuild(
+    path: &Path,
+    cache_kib: i64,
+) -> Result<Connection, ReadModelError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut connection = Connection::open_with_flags(path, flags)
+        .map_err(|error| ReadModelError::sqlite(format!("opening `{}`", path.display()), error))?;
+    let found = schema_version(&connection, path)?;
+    if found != 0 || has_objects(&connection)? {
+        return Err(ReadModelError::AlreadyExists {
+            path: path.to_path_buf(),
+        });
+    }
+    connection
+        .execute_batch(&format!(
+            "PRAGMA journal_mode = OFF;
+             PRAGMA synchronous = OFF;
+             PRAGMA locking_mode = EXCLUSIVE;
+             PRAGMA cache_size = -{cache_kib};"
+        ))
+        .map_err(|error| ReadModelError::sqlite("setting up the rebuild file", error))?;
+    create_schema(&mut connection, path)?;
+    check_tables(&connection, path)?;
+    Ok(connection)
+}
+
 fn schema_version(connection: &Connection, path: &Path) -> Result<i64, ReadModelError> {
     // The first statement that reads the file: a file that is not a database fails here.
     connection

@@ -1,0 +1,741 @@
+//! The rebuild from position zero: the same folds as the runner, written the fast way.
+//!
+//! The runner ([`super::apply`]) keeps no state between batches and reads each operation's
+//! folded state back from the file, so that it can stop and resume anywhere. A rebuild needs
+//! neither: it writes a fresh file nobody reads until it is complete. So here the open
+//! operations' states and rows are held in memory and written when they fall out of a bounded
+//! cache (or at the end), the similar-intent lookup is answered from a bounded in-memory window,
+//! and the file is written without a journal or fsyncs, in large transactions, and moved into
+//! place only after a final fsync. The contents must be exactly the runner's: the same
+//! [`fold_event`] is called with the same inputs, and every row is written with the runner's own
+//! statements.
+//!
+//! Why dropping SQLite's durability here is safe: the rebuild writes a temporary file that only
+//! this rebuild knows. A crash or an error at any point leaves that file incomplete and not at
+//! the target path; it is discarded (removed on error, ignored after a crash, since a rebuild
+//! never reads it). The target path appears — by a hard link, which never replaces an existing
+//! file — only after the finished file has been fsynced, and the directory is fsynced after it.
+//! It must never write into a file anyone else has open.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Duration, Utc};
+use opledger_domain::args::ArgsHash;
+use opledger_domain::codec::{self, DecodeError};
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::{
+    AccountId, ActionName, GlobalPosition, OperationId, ProviderId, StreamVersion, TenantId,
+};
+use opledger_domain::state::OperationState;
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
+use opledger_projections::duplicates::{
+    self, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
+};
+use opledger_projections::metrics::Counter;
+use opledger_projections::operations::OperationRow;
+use opledger_projections::read_models::fold_event;
+use rusqlite::Connection;
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::sql::corrupt;
+use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
+
+/// Most operations whose folded state the rebuild holds in memory at once. An operation's events
+/// are mostly close together in the log, so nearly every event finds its operation here; one
+/// that does not is read back from the file, as the runner always does. Bounds the rebuild's
+/// memory whatever the length of the log.
+pub const MAX_OPEN_OPERATIONS: usize = 16_384;
+/// Most earlier intents the similar-intent window holds. The window keeps the intents recorded
+/// within a few [`POSSIBLE_DUPLICATE_WINDOW_S`] of the newest one; past this limit it is narrowed
+/// further, down to the intents that are newest.
+pub const MAX_WINDOW_INTENTS: usize = 65_536;
+/// Bits of the filter remembering the requests of the intents the window let go of: 2 MiB. At
+/// 4 probes it answers "maybe" for a request it never saw about once in 10,000 lookups after a
+/// million distinct requests, and more often after more; a "maybe" costs one lookup in the file.
+const REQUEST_FILTER_BITS: usize = 1 << 24;
+/// Events written per transaction. Without a journal a commit costs no fsync; committing still
+/// bounds the dirty pages SQLite holds.
+pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
+/// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
+const READ_AHEAD_BATCHES: usize = 2;
+/// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
+const REBUILD_CACHE_KIB: i64 = 65_536;
+
+/// What a rebuild did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Events folded into the read models.
+    pub applied: u64,
+    /// Events of streams that are not operation streams; passed over.
+    pub other_streams: u64,
+    /// The position of the last event applied (`None`: the log was empty).
+    pub checkpoint: Option<GlobalPosition>,
+}
+
+/// Builds the read models from position zero into a new file at `path`, up to the log's head as
+/// it was when the rebuild started, and returns them; a [`super::ProjectionRunner`] continues
+/// from there.
+///
+/// The file must not exist: a rebuild never writes over read models someone may be reading (swap
+/// files when nothing has them open). The rows are built in a temporary file beside `path`, which
+/// appears at `path` only when complete; a rebuild that fails removes it, and one that is
+/// interrupted leaves no file at `path`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use opledger_adapters::readmodel::rebuild;
+/// use opledger_adapters::MemoryStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let ledger = MemoryStore::new();
+/// let read_models = rebuild(&ledger, dir.path().join("read-models.db")).await?;
+/// assert_eq!(read_models.lag(&ledger).await?.positions, 0);
+/// let queue = read_models.call(|store| store.review_queue(20)).await?;
+/// assert!(queue.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub async fn rebuild<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+) -> Result<ReadModels, ReadModelError> {
+    let head = store.head_position().await?;
+    Ok(rebuild_to(store, path, head).await?.0)
+}
+
+/// [`rebuild`] up to `target` exactly (the position, say, that another file is caught up to),
+/// with what it did. Events after `target` are left for a runner.
+pub async fn rebuild_to<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+    target: Option<GlobalPosition>,
+) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    let path = path.as_ref().to_path_buf();
+    if path.exists() {
+        return Err(ReadModelError::AlreadyExists { path });
+    }
+    let temporary = temporary_path(&path);
+    let result = build(store, &temporary, &path, target).await;
+    // After success the temporary name is already gone; after a failure it is worthless.
+    remove_file_and_journal(&temporary);
+    let report = result?;
+    let opened = tokio::task::spawn_blocking(move || ReadModelStore::open(path))
+        .await
+        .map_err(|error| ReadModelError::Worker {
+            reason: error.to_string(),
+        })??;
+    let read_models = ReadModels::from_store(opened);
+    info!(checkpoint = ?report.checkpoint, applied = report.applied,
+        path = %read_models.path().display(), "read models rebuilt");
+    Ok((read_models, report))
+}
+
+/// Reads the log in one task and folds on a blocking thread, so reading and writing share the
+/// cores; then publishes the file at `path`.
+async fn build<S: EventStore>(
+    store: &S,
+    temporary: &Path,
+    path: &Path,
+    target: Option<GlobalPosition>,
+) -> Result<RebuildReport, ReadModelError> {
+    let (sender, receiver) = mpsc::channel::<Result<Vec<Decoded>, StoreError>>(READ_AHEAD_BATCHES);
+    let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut rebuilder = Rebuilder::create(&temporary_owned)?;
+        rebuilder.fold_all(receiver)?;
+        let report = rebuilder.finish()?;
+        publish(&temporary_owned, &path_owned)?;
+        Ok::<_, ReadModelError>(report)
+    });
+    let reader = async {
+        let mut checkpoint: Option<GlobalPosition> = None;
+        while checkpoint < target {
+            let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
+            let read = match store.read_all(start, MAX_READ_BATCH).await {
+                Ok(mut batch) if !batch.is_empty() => {
+                    batch.retain(|event| Some(event.position) <= target);
+                    checkpoint = batch.last().map(|event| event.position).or(target);
+                    Ok(batch)
+                }
+                Ok(_) => Err(StoreError::Corrupt {
+                    reason: format!(
+                        "the log's head is at {target:?} but nothing after {start:?} can be read"
+                    ),
+                }),
+                Err(error) => Err(error),
+            };
+            // Decoding on its own blocking thread keeps it off both the executor and the fold.
+            let read = match read {
+                Ok(batch) => tokio::task::spawn_blocking(move || decode_all(batch))
+                    .await
+                    .map_err(|error| StoreError::Corrupt {
+                        reason: format!("decoding a batch failed: {error}"),
+                    }),
+                Err(error) => Err(error),
+            };
+            let failed = read.is_err();
+            // A closed channel means the writer stopped; its error is the one to report.
+            if sender.send(read).await.is_err() || failed {
+                break;
+            }
+        }
+        drop(sender);
+    };
+    let ((), written) = tokio::join!(reader, writer);
+    written.map_err(|error| ReadModelError::Worker {
+        reason: error.to_string(),
+    })?
+}
+
+/// An event as read, with its decoded form when it belongs to an operation stream.
+struct Decoded {
+    recorded: RecordedEvent,
+    event: Option<Result<OperationEvent, DecodeError>>,
+}
+
+fn decode_all(batch: Vec<RecordedEvent>) -> Vec<Decoded> {
+    batch
+        .into_iter()
+        .map(|recorded| {
+            let event = recorded
+                .stream
+                .operation_id()
+                .map(|_| codec::decode(&recorded));
+            Decoded { recorded, event }
+        })
+        .collect()
+}
+
+/// An open operation: its folded state and the row it has now, not yet written.
+struct OpenOperation {
+    state: OperationState,
+    version: StreamVersion,
+    row: OperationRow,
+    /// Whether the file has a row for it already (it was written once and read back).
+    in_file: bool,
+    /// Whether `row` and `state` are newer than the file.
+    dirty: bool,
+    /// The event count when it was last touched; the least recent are written out first.
+    last_used: u64,
+}
+
+/// What identifies "the same request" for the possible-duplicate check: the columns of the
+/// runner's `operations_by_request` lookup.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RequestKey {
+    tenant: TenantId,
+    provider: ProviderId,
+    account: AccountId,
+    action: ActionName,
+    args_hash: ArgsHash,
+}
+
+impl RequestKey {
+    fn of(query: &SimilarIntentQuery) -> Self {
+        Self {
+            tenant: query.tenant.clone(),
+            provider: query.provider.clone(),
+            account: query.account.clone(),
+            action: query.action.clone(),
+            args_hash: query.args_hash.clone(),
+        }
+    }
+}
+
+/// The intents folded so far that were recorded at or after `floor`, by request: exactly the
+/// rows the runner's lookup could find in that time range. The intents let go of (below `floor`)
+/// are remembered only in a fixed-size filter of their requests, which never misses one: a lookup
+/// whose window reaches below `floor` for a request the filter may have seen is answered from the
+/// file instead. So the answers are always the runner's, and the memory is fixed.
+struct IntentWindow {
+    by_request: HashMap<RequestKey, Vec<SimilarIntent>>,
+    entries: usize,
+    floor: DateTime<Utc>,
+    newest: DateTime<Utc>,
+    let_go: RequestFilter,
+}
+
+/// What [`IntentWindow::find`] knows.
+enum WindowAnswer {
+    /// The runner's answer.
+    Found(Vec<SimilarIntent>),
+    /// The query reaches intents the window let go of: ask the file.
+    AskTheFile,
+}
+
+impl IntentWindow {
+    fn new() -> Self {
+        Self {
+            by_request: HashMap::new(),
+            entries: 0,
+            floor: DateTime::<Utc>::MIN_UTC,
+            newest: DateTime::<Utc>::MIN_UTC,
+            let_go: RequestFilter::new(),
+        }
+    }
+
+    /// The earlier intents the runner's query would return, newest first.
+    fn find(&self, query: &SimilarIntentQuery) -> WindowAnswer {
+        let key = RequestKey::of(query);
+        if query.from < self.floor && self.let_go.may_contain(&key) {
+            return WindowAnswer::AskTheFile;
+        }
+        let Some(candidates) = self.by_request.get(&key) else {
+            return WindowAnswer::Found(Vec::new());
+        };
+        let mut found: Vec<SimilarIntent> = candidates
+            .iter()
+            .filter(|intent| {
+                intent.operation_id != query.operation_id
+                    && intent.recorded_at >= query.from
+                    && intent.recorded_at <= query.to
+            })
+            .cloned()
+            .collect();
+        // The runner orders by the stored texts; stored times sort as text in time order
+        // (sql.rs) and a UUID's hyphenated lowercase text sorts as its bytes, so this is the
+        // same order.
+        found.sort_by_key(|intent| std::cmp::Reverse((intent.recorded_at, intent.operation_id)));
+        found.truncate(query.limit);
+        WindowAnswer::Found(found)
+    }
+
+    fn insert(&mut self, query: &SimilarIntentQuery, intent: SimilarIntent) {
+        let key = RequestKey::of(query);
+        self.newest = self.newest.max(intent.recorded_at);
+        if intent.recorded_at < self.floor {
+            self.let_go.insert(&key);
+            return;
+        }
+        self.by_request.entry(key).or_default().push(intent);
+        self.entries += 1;
+        if self.entries > MAX_WINDOW_INTENTS {
+            self.narrow();
+        }
+    }
+
+    /// Lets go of the intents too old to matter to the newest ones, and of the older half if
+    /// that is not enough (a burst of intents within one window).
+    fn narrow(&mut self) {
+        let span = Duration::seconds(2 * POSSIBLE_DUPLICATE_WINDOW_S);
+        let by_age = self.newest.checked_sub_signed(span).unwrap_or(self.newest);
+        self.raise_floor(by_age);
+        if self.entries > MAX_WINDOW_INTENTS / 2 {
+            let mut times: Vec<DateTime<Utc>> = self
+                .by_request
+                .values()
+                .flatten()
+                .map(|intent| intent.recorded_at)
+                .collect();
+            let middle = times.len() / 2;
+            let (_, median, _) = times.select_nth_unstable(middle);
+            let median = *median;
+            self.raise_floor(median);
+        }
+        assert!(
+            self.entries <= MAX_WINDOW_INTENTS,
+            "narrowing keeps the intent window within its limit"
+        );
+    }
+
+    fn raise_floor(&mut self, floor: DateTime<Utc>) {
+        if floor <= self.floor {
+            return;
+        }
+        self.floor = floor;
+        let let_go = &mut self.let_go;
+        self.by_request.retain(|key, intents| {
+            let before = intents.len();
+            intents.retain(|intent| intent.recorded_at >= floor);
+            if intents.len() < before {
+                let_go.insert(key);
+            }
+            !intents.is_empty()
+        });
+        self.entries = self.by_request.values().map(Vec::len).sum();
+    }
+}
+
+/// A Bloom filter of requests: fixed size, no false negatives, and false positives that only
+/// cost a lookup in the file.
+struct RequestFilter {
+    bits: Vec<u64>,
+}
+
+impl RequestFilter {
+    /// Probes per request.
+    const PROBES: u64 = 4;
+
+    fn new() -> Self {
+        Self {
+            bits: vec![0; REQUEST_FILTER_BITS / 64],
+        }
+    }
+
+    /// The bits of `key`, by double hashing one 64-bit hash (std's SipHash with fixed keys).
+    fn probes(key: &RequestKey) -> impl Iterator<Item = usize> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        let hash = hasher.finish();
+        let (first, step) = (hash & 0xffff_ffff, (hash >> 32) | 1);
+        (0..Self::PROBES).map(move |probe| {
+            // The modulus is a power of two below 2^32, so the value fits any usize.
+            (first.wrapping_add(probe.wrapping_mul(step)) % REQUEST_FILTER_BITS as u64) as usize
+        })
+    }
+
+    fn insert(&mut self, key: &RequestKey) {
+        for bit in Self::probes(key) {
+            self.bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+
+    fn may_contain(&self, key: &RequestKey) -> bool {
+        Self::probes(key).all(|bit| self.bits[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+}
+
+/// The fold of a whole log into a fresh file: the connection, the open operations, the intent
+/// window and the summed counters.
+struct Rebuilder {
+    connection: Connection,
+    open: HashMap<OperationId, OpenOperation>,
+    window: IntentWindow,
+    counters: BTreeMap<Counter, u64>,
+    report: RebuildReport,
+    /// Events seen, for the cache's recency and the commit rhythm.
+    clock: u64,
+}
+
+impl Rebuilder {
+    fn create(temporary: &Path) -> Result<Self, ReadModelError> {
+        // Creating the file exclusively: a name another rebuild is using is never shared.
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(temporary)
+            .map_err(|source| ReadModelError::Create {
+                path: temporary.to_path_buf(),
+                source,
+            })?;
+        let connection = schema::create_for_rebuild(temporary, REBUILD_CACHE_KIB)?;
+        begin(&connection)?;
+        Ok(Self {
+            connection,
+            open: HashMap::new(),
+            window: IntentWindow::new(),
+            counters: BTreeMap::new(),
+            report: RebuildReport::default(),
+            clock: 0,
+        })
+    }
+
+    fn fold_all(
+        &mut self,
+        mut receiver: mpsc::Receiver<Result<Vec<Decoded>, StoreError>>,
+    ) -> Result<(), ReadModelError> {
+        while let Some(batch) = receiver.blocking_recv() {
+            for decoded in batch? {
+                self.fold(&decoded.recorded, decoded.event)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn fold(
+        &mut self,
+        recorded: &RecordedEvent,
+        event: Option<Result<OperationEvent, DecodeError>>,
+    ) -> Result<(), ReadModelError> {
+        let position = recorded.position;
+        if let Some(last) = self.report.checkpoint.filter(|last| position <= *last) {
+            return Err(ReadModelError::OutOfOrder {
+                last,
+                found: position,
+            });
+        }
+        self.report.checkpoint = Some(position);
+        let (Some(operation_id), Some(event)) = (recorded.stream.operation_id(), event) else {
+            self.report.other_streams += 1;
+            return Ok(());
+        };
+        self.clock += 1;
+        let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
+        let (previous, in_file) = self.take_state(operation_id, recorded.version)?;
+        let query = duplicates::similar_intent_query(operation_id, &event);
+        let similar = match &query {
+            Some(query) => self.find_similar(query)?,
+            None => Vec::new(),
+        };
+        let folded = fold_event(
+            operation_id,
+            previous,
+            recorded.version,
+            position,
+            &similar,
+            &event,
+        )
+        .map_err(|source| ReadModelError::Fold { position, source })?;
+        let changes = folded.changes;
+        if let Some(review) = &changes.review {
+            apply::write_review(&self.connection, review)?;
+        }
+        for duplicate in &changes.duplicates {
+            apply::write_duplicate(&self.connection, duplicate)?;
+        }
+        for chain in &changes.chains {
+            apply::write_chain(&self.connection, chain)?;
+        }
+        for counter in &changes.metrics {
+            *self.counters.entry(*counter).or_default() += 1;
+        }
+        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
+            self.window.insert(
+                query,
+                SimilarIntent {
+                    operation_id,
+                    source_id: intent.source_id.clone(),
+                    recorded_at: changes.operation.created_at,
+                },
+            );
+        }
+        self.open.insert(
+            operation_id,
+            OpenOperation {
+                state: folded.state,
+                version: recorded.version,
+                row: changes.operation,
+                in_file,
+                dirty: true,
+                last_used: self.clock,
+            },
+        );
+        self.report.applied += 1;
+        if self.open.len() > MAX_OPEN_OPERATIONS {
+            self.write_least_recent()?;
+        }
+        if self.clock % REBUILD_COMMIT_EVENTS == 0 {
+            commit(&self.connection)?;
+            begin(&self.connection)?;
+        }
+        Ok(())
+    }
+
+    /// The operation's folded state before the event and whether the file has its row. An
+    /// operation's first event (version 0) needs no look in the file: a correct log has no
+    /// earlier one, and a log that repeats an intent fails on the row's key when it is written.
+    fn take_state(
+        &mut self,
+        operation_id: OperationId,
+        version: StreamVersion,
+    ) -> Result<(Option<(OperationState, StreamVersion)>, bool), ReadModelError> {
+        if let Some(open) = self.open.remove(&operation_id) {
+            return Ok((Some((open.state, open.version)), open.in_file));
+        }
+        if version == StreamVersion::FIRST {
+            return Ok((None, false));
+        }
+        let loaded = apply::load_state(&self.connection, operation_id)?;
+        let in_file = loaded.is_some();
+        Ok((loaded, in_file))
+    }
+
+    fn find_similar(
+        &mut self,
+        query: &SimilarIntentQuery,
+    ) -> Result<Vec<SimilarIntent>, ReadModelError> {
+        if let WindowAnswer::Found(found) = self.window.find(query) {
+            return Ok(found);
+        }
+        // The window no longer covers the query: write every open row so the file holds every
+        // intent folded so far, as the runner's file would, and ask it.
+        self.write_open(|_| true)?;
+        apply::find_similar(&self.connection, query)
+    }
+
+    /// Writes out and forgets the least recently used half of the open operations.
+    fn write_least_recent(&mut self) -> Result<(), ReadModelError> {
+        let mut ages: Vec<u64> = self.open.values().map(|open| open.last_used).collect();
+        let middle = ages.len() / 2;
+        let (_, cutoff, _) = ages.select_nth_unstable(middle);
+        let cutoff = *cutoff;
+        self.write_open(|open| open.last_used < cutoff)?;
+        self.open.retain(|_, open| open.last_used >= cutoff);
+        Ok(())
+    }
+
+    /// Writes the rows of the open operations `which` selects that are newer than the file.
+    fn write_open(&mut self, which: impl Fn(&OpenOperation) -> bool) -> Result<(), ReadModelError> {
+        for open in self.open.values_mut() {
+            if !open.dirty || !which(open) {
+                continue;
+            }
+            let state = serde_json::to_string(&open.state).map_err(|error| {
+                corrupt(format!(
+                    "the state of operation {} cannot be stored: {error}",
+                    open.row.operation_id
+                ))
+            })?;
+            if open.in_file {
+                apply::update_operation(&self.connection, &open.row, &state)?;
+            } else {
+                apply::insert_operation(&self.connection, &open.row, &state)?;
+            }
+            open.in_file = true;
+            open.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Writes what is still open, the counters and the checkpoint, and closes the file.
+    fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
+        self.write_open(|_| true)?;
+        if let Some(checkpoint) = self.report.checkpoint {
+            apply::write_counters(&self.connection, &self.counters)?;
+            apply::write_checkpoint(&self.connection, checkpoint)?;
+        }
+        commit(&self.connection)?;
+        self.connection
+            .close()
+            .map_err(|(_, error)| ReadModelError::sqlite("closing the rebuilt file", error))?;
+        Ok(self.report)
+    }
+}
+
+fn begin(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|error| ReadModelError::sqlite("starting a rebuild transaction", error))
+}
+
+fn commit(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .execute_batch("COMMIT")
+        .map_err(|error| ReadModelError::sqlite("committing a rebuild transaction", error))
+}
+
+/// Makes the finished temporary file durable and gives it its name, without replacing a file
+/// that appeared there meanwhile.
+fn publish(temporary: &Path, path: &Path) -> Result<(), ReadModelError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ReadModelError::Create { path, source }
+    };
+    File::open(temporary)
+        .and_then(|file| file.sync_all())
+        .map_err(io(temporary))?;
+    std::fs::hard_link(temporary, path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::AlreadyExists => ReadModelError::AlreadyExists {
+            path: path.to_path_buf(),
+        },
+        _ => ReadModelError::Create {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    std::fs::remove_file(temporary).map_err(io(temporary))?;
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    File::open(directory)
+        .and_then(|file| file.sync_all())
+        .map_err(io(directory))
+}
+
+/// A name beside `path` for the file being built, unique to this process and call.
+fn temporary_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(
+        ".rebuild-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    PathBuf::from(name)
+}
+
+fn remove_file_and_journal(path: &Path) {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        // Absent is the expected case; anything else leaves a stray temporary file, nothing more.
+        let _ = std::fs::remove_file(PathBuf::from(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn query(operation: u128, at: DateTime<Utc>) -> SimilarIntentQuery {
+        let window = Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S);
+        SimilarIntentQuery {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(operation)),
+            tenant: TenantId::new("t").expect("valid"),
+            provider: ProviderId::new("p").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            action: ActionName::new("create").expect("valid"),
+            args_hash: ArgsHash::parse(&format!("sha256:{}", "a".repeat(64))).expect("valid"),
+            from: at - window,
+            to: at + window,
+            limit: duplicates::MAX_SIMILAR_INTENTS_CHECKED,
+        }
+    }
+
+    fn intent(operation: u128, at: DateTime<Utc>) -> SimilarIntent {
+        SimilarIntent {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(operation)),
+            source_id: None,
+            recorded_at: at,
+        }
+    }
+
+    #[test]
+    fn the_window_answers_newest_first_without_the_asker_and_refuses_below_its_floor() {
+        let base = Utc
+            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let mut window = IntentWindow::new();
+        for n in 1..=3 {
+            window.insert(
+                &query(n, base),
+                intent(n, base + Duration::seconds(n as i64)),
+            );
+        }
+        let WindowAnswer::Found(found) = window.find(&query(2, base)) else {
+            panic!("nothing let go of yet");
+        };
+        let ids: Vec<_> = found.iter().map(|i| i.operation_id).collect();
+        assert_eq!(
+            ids,
+            vec![
+                OperationId::from_uuid(uuid::Uuid::from_u128(3)),
+                OperationId::from_uuid(uuid::Uuid::from_u128(1)),
+            ]
+        );
+        // Letting go of nothing (all are newer than the floor) keeps answering.
+        window.raise_floor(base);
+        assert!(matches!(
+            window.find(&query(9, base)),
+            WindowAnswer::Found(_)
+        ));
+        // Letting go of the first two sends an overlapping query to the file.
+        window.raise_floor(base + Duration::seconds(3));
+        assert!(matches!(
+            window.find(&query(9, base)),
+            WindowAnswer::AskTheFile
+        ));
+        let later = base + Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S + 3);
+        assert!(matches!(
+            window.find(&query(9, later)),
+            WindowAnswer::Found(_)
+        ));
+    }
+}
