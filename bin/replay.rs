@@ -11,7 +11,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use opledger_adapters::readmodel::{compare_files, rebuild_to, ReadModels, TableDifference};
+use opledger_adapters::readmodel::{
+    compare_files, is_read_model_file, rebuild_to, ReadModels, TableDifference,
+};
 use serde_json::json;
 
 use crate::cli::{CliError, ReplayArgs};
@@ -138,6 +140,21 @@ fn report_differences(
 
 /// Renames `temporary` over `live`, after making sure nobody has `live` open.
 async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
+    if live.exists() {
+        let checked = live.to_owned();
+        let is_views = tokio::task::spawn_blocking(move || is_read_model_file(&checked))
+            .await
+            .map_err(|error| {
+                CliError::Other(format!("checking {} failed: {error}", live.display()))
+            })??;
+        if !is_views {
+            return Err(CliError::Other(format!(
+                "{} exists and is not a read-model file; replay replaces only read models. \
+                 Check --views (it must not name the ledger), or move that file away",
+                live.display()
+            )));
+        }
+    }
     let live_wal = sibling(live, "-wal");
     if live_wal.exists() {
         // A write-ahead log left by a connection that did not close cleanly is folded in (and

@@ -171,6 +171,29 @@ impl Fixture {
         }
     }
 
+    /// A ledger file with a single intent, in its own temporary directory (removed when the
+    /// returned handle is dropped).
+    fn build_with_one_intent() -> (TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = dir.path().join("short.db");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let store = SqliteStore::open(&db).await.expect("the ledger opens");
+            let ledger = Ledger::new(store, SystemClock, RandomIds);
+            record(&ledger, "acme", "src-short", false).await;
+            ledger
+                .store()
+                .clone()
+                .close()
+                .await
+                .expect("the ledger closes");
+        });
+        (dir, db)
+    }
+
     fn db(&self) -> &str {
         self.db.to_str().expect("a UTF-8 path")
     }
@@ -645,4 +668,46 @@ fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_
         .filter_map(|line| line.split_whitespace().nth(3))
         .collect();
     assert_eq!(kinds, ["succeeded", "duplicate"], "{text}");
+}
+
+#[test]
+fn replay_refuses_to_replace_a_views_path_that_is_not_a_read_model_file() {
+    let fixture = Fixture::build();
+    let other = Fixture::build();
+    let before = std::fs::read(&other.db).expect("the other ledger reads");
+    let output = fixture.run(&["replay", "--views", other.db()]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("is not a read-model file"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        std::fs::read(&other.db).expect("the other ledger still reads"),
+        before,
+        "the file named by --views is left untouched"
+    );
+}
+
+#[test]
+fn views_built_from_another_ledger_are_refused_instead_of_answering() {
+    let fixture = Fixture::build();
+    succeeded(&fixture.run(&["ops", "list"]));
+    let views = fixture.db.with_extension("db.views");
+    // A much shorter ledger, queried with the first ledger's views.
+    let (_short_dir, short) = Fixture::build_with_one_intent();
+    let output = opledger(&[
+        "ops",
+        "list",
+        "--db",
+        short.to_str().expect("a UTF-8 path"),
+        "--views",
+        views.to_str().expect("a UTF-8 path"),
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("belong to another ledger file"),
+        "{}",
+        stderr(&output)
+    );
 }

@@ -35,11 +35,19 @@ pub async fn catch_up<S: EventStore>(
     target: Option<GlobalPosition>,
     mut progress: impl FnMut(&CatchUpProgress),
 ) -> Result<CatchUpProgress, ReadModelError> {
+    let head_requested = target.is_none();
     let target = match target {
         Some(target) => Some(target),
         None => store.head_position().await?,
     };
     let mut checkpoint = read_models.checkpoint().await?;
+    // Caught up to the head but past it: these read models describe another log.
+    if head_requested && checkpoint > target {
+        return Err(ReadModelError::AheadOfLedger {
+            checkpoint: checkpoint.map_or(0, GlobalPosition::value),
+            head: target.map_or(0, GlobalPosition::value),
+        });
+    }
     let value = |position: Option<GlobalPosition>| position.map_or(0, GlobalPosition::value);
     let mut report = CatchUpProgress {
         target,
@@ -175,4 +183,27 @@ pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, 
         }
     }
     Ok(differences)
+}
+
+/// Whether `path` is a read-model file (it has the read models' checkpoint and operations
+/// tables), checked read-only. Tools that replace a views file call this first, so a mistaken
+/// `--views` pointing at a ledger or any other database is refused instead of overwritten.
+/// Blocking: call it from a blocking thread.
+pub fn is_read_model_file(path: &Path) -> Result<bool, ReadModelError> {
+    let connection = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|error| {
+        ReadModelError::sqlite(format!("opening `{}` to check it", path.display()), error)
+    })?;
+    let tables: i64 = connection
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN ('checkpoint', 'operations')",
+            [],
+            |row| row.get(0),
+        )
+        // A file that is not a database at all is not a read-model file either.
+        .unwrap_or(0);
+    Ok(tables == 2)
 }

@@ -39,7 +39,7 @@ use opledger_projections::context::FoldError;
 use rusqlite::Connection;
 
 pub use apply::BatchOutcome;
-pub use catch_up::{catch_up, compare_files, CatchUpProgress, TableDifference};
+pub use catch_up::{catch_up, compare_files, is_read_model_file, CatchUpProgress, TableDifference};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, SharedExternalId,
@@ -80,6 +80,15 @@ pub enum ReadModelError {
     ForeignDatabase {
         /// The file.
         path: PathBuf,
+    },
+    /// The read models have applied more of a log than the ledger holds: they were built from
+    /// another ledger file (or the ledger was cut), and every answer from them would be wrong.
+    #[error("the read models are at position {checkpoint} but the ledger ends at {head}: they belong to another ledger file (or events were removed). Rebuild them with `opledger replay`, or pass the right --db / --views")]
+    AheadOfLedger {
+        /// The read models' checkpoint.
+        checkpoint: u64,
+        /// The ledger's last position (0: empty).
+        head: u64,
     },
     /// A rebuild was pointed at a file that exists.
     #[error("`{path}` already exists; a rebuild writes a fresh file, so remove it or choose another path")]
