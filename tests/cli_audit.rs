@@ -68,21 +68,31 @@ async fn record(
         .clone()
 }
 
+/// What a send of `intent` is bound to, as the engine would build it.
+fn binding_of(intent: &IntentRecorded) -> SendBinding {
+    SendBinding {
+        account: intent.account.clone(),
+        credential_fingerprint: intent.credential_fingerprint.clone(),
+        args_hash: intent.args_hash.clone(),
+    }
+}
+
+/// A provider without deduplication and with a consistent lookup.
+fn no_dedup_consistent_lookup() -> ProviderCapabilities {
+    ProviderCapabilities {
+        deduplication: Deduplication::None,
+        lookup: LookupSupport::Consistent,
+    }
+}
+
 async fn start(ledger: &SqliteLedger, intent: &IntentRecorded) -> AttemptId {
     let attempt_id = RandomIds.new_attempt_id();
     let command = Command::StartAttempt {
         attempt_id,
         worker: WorkerId::new("worker-1").expect("a valid worker id"),
         lease_ms: 30_000,
-        binding: SendBinding {
-            account: intent.account.clone(),
-            credential_fingerprint: intent.credential_fingerprint.clone(),
-            args_hash: intent.args_hash.clone(),
-        },
-        capabilities: ProviderCapabilities {
-            deduplication: Deduplication::None,
-            lookup: LookupSupport::Consistent,
-        },
+        binding: binding_of(intent),
+        capabilities: no_dedup_consistent_lookup(),
         policy: RetryPolicy::default(),
     };
     execute(ledger, intent, command).await;
@@ -630,15 +640,8 @@ fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_
                 account: intent.account.clone(),
             },
             evidence: "search found obj-2 with this label".into(),
-            binding: SendBinding {
-                account: intent.account.clone(),
-                credential_fingerprint: intent.credential_fingerprint.clone(),
-                args_hash: intent.args_hash.clone(),
-            },
-            capabilities: ProviderCapabilities {
-                deduplication: Deduplication::None,
-                lookup: LookupSupport::Consistent,
-            },
+            binding: binding_of(&intent),
+            capabilities: no_dedup_consistent_lookup(),
             policy: RetryPolicy::default(),
             retry_not_before: chrono::Utc::now(),
             next_check_not_before: chrono::Utc::now(),
