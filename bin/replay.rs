@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use opledger_adapters::readmodel::{
-    compare_files, is_read_model_file, rebuild_to, ReadModels, TableDifference,
+    compare_files, is_read_model_file, rebuild_to, ReadModelError, ReadModels, TableDifference,
 };
 use serde_json::json;
 
@@ -43,12 +43,33 @@ async fn replay(
 ) -> Result<(), CliError> {
     let store = ledger.store();
     let head = opledger_domain::store::EventStore::head_position(store).await?;
+    // Verifying compares two files at one position. The live views may already be past the head
+    // read above (another process caught them up meanwhile), so rebuild to whichever is further.
+    let target = if args.verify {
+        let live_models = ReadModels::open(live).await?;
+        let checkpoint = live_models.checkpoint().await?;
+        drop(live_models);
+        if checkpoint > head {
+            // Re-read the head: events may have been appended since it was first read.
+            let now = opledger_domain::store::EventStore::head_position(store).await?;
+            if checkpoint > now {
+                return Err(ReadModelError::AheadOfLedger {
+                    checkpoint: checkpoint.map_or(0, |p| p.value()),
+                    head: now.map_or(0, |p| p.value()),
+                }
+                .into());
+            }
+        }
+        head.max(checkpoint)
+    } else {
+        head
+    };
     // A leftover from an interrupted replay of this same process id is stale.
     remove_database(temporary);
     let started = Instant::now();
     // The rebuild folds in memory and writes the file without a journal; it appears at
     // `temporary` only once complete and fsynced.
-    let (rebuilt, report) = rebuild_to(store, temporary, head).await?;
+    let (rebuilt, report) = rebuild_to(store, temporary, target).await?;
     let seconds = started.elapsed().as_secs_f64();
     // Closing the connection folds its write-ahead log into the file, so the file alone is whole.
     drop(rebuilt);
@@ -63,13 +84,22 @@ async fn replay(
     );
     if args.verify {
         let live_models = ReadModels::open(live).await?;
-        views::catch_up_showing_progress(store, &live_models, head, "catching up", args.json)
+        views::catch_up_showing_progress(store, &live_models, target, "catching up", args.json)
             .await?;
-        drop(live_models);
         let (left, right) = (live.to_path_buf(), temporary.to_path_buf());
         let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
             .await
             .map_err(|error| CliError::Other(format!("the comparison failed: {error}")))??;
+        // If another process applied events to the live views while they were compared, the
+        // differences may be those events, not a fault: say so instead of reporting them.
+        if live_models.checkpoint().await? != target {
+            return Err(CliError::Other(
+                "the live views moved on during the comparison (another process is applying \
+                 events to them); run `opledger replay --verify` again when it is idle"
+                    .to_owned(),
+            ));
+        }
+        drop(live_models);
         report_differences(args.json, &summary, report.applied, seconds, &differences)?;
         return if differences.is_empty() {
             Ok(())

@@ -714,3 +714,27 @@ fn views_built_from_another_ledger_are_refused_instead_of_answering() {
         stderr(&output)
     );
 }
+
+#[test]
+fn replay_verify_refuses_views_that_are_ahead_of_the_ledger() {
+    let fixture = Fixture::build();
+    succeeded(&fixture.run(&["ops", "list"]));
+    let views = fixture.db.with_extension("db.views");
+    let before = std::fs::read(&views).expect("the views read");
+    let (_short_dir, short) = Fixture::build_with_one_intent();
+    let output = opledger(&[
+        "replay",
+        "--verify",
+        "--db",
+        short.to_str().expect("a UTF-8 path"),
+        "--views",
+        views.to_str().expect("a UTF-8 path"),
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("belong to another ledger file"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(std::fs::read(&views).expect("the views still read"), before);
+}
