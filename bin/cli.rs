@@ -28,7 +28,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Walk through the ledger's rules on a fresh embedded store and print what it recorded.
+    /// Play the article's story on a fresh SQLite ledger against an in-process CRM stand: a lost
+    /// response settled by a lagging search, a lost request on a lookup-only CRM handed to a
+    /// person, and a safe retry with the same key; ends with `demo: scenarios=… passed=…
+    /// duplicates=…` computed from the stand's objects and the ledger's states.
     Demo(DemoArgs),
     /// Measure the embedded store (see `opledger bench store --help`).
     Bench(BenchArgs),

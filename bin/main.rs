@@ -24,7 +24,11 @@ use clap::Parser;
 
 use cli::{Cli, Command, OpsCommand, ReviewCommand};
 
+/// The exit status of a process stopped by a closed pipe (128 + SIGPIPE), as shells expect.
+const BROKEN_PIPE_EXIT: i32 = 141;
+
 fn main() -> ExitCode {
+    exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     // The demo prints its own story; its expected warnings (lost responses) would clutter it.
     let quiet = matches!(cli.command, Command::Demo(_));
@@ -70,6 +74,27 @@ fn main() -> ExitCode {
             error.exit_code()
         }
     }
+}
+
+/// `opledger ops list | head -1` closes the pipe early. Rust ignores SIGPIPE, so the next
+/// `println!` panics with a backtrace; a command-line tool should instead stop quietly, as one
+/// killed by SIGPIPE would. Everything already done stands: output is printed after the ledger
+/// recorded what the command did. (Restoring SIGPIPE itself would need unsafe code, which the
+/// workspace forbids.)
+fn exit_quietly_on_broken_pipe() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        default_hook(info);
+    }));
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

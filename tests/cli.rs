@@ -187,3 +187,29 @@ fn help_explains_every_command() {
         assert!(text.contains(command), "--help lacks {command}:\n{text}");
     }
 }
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_stops_the_command_quietly_not_with_a_panic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    for n in 0..3 {
+        let output = record(
+            &db,
+            &format!("toolcall-{n}"),
+            r#"{"title": "Call the client"}"#,
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+    }
+    // Like `opledger ops list | head -0`: the reader is gone before the first line is written.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["ops", "list", "--db", db.to_str().expect("utf-8")])
+        .env_remove("OPLEDGER_DB")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("runs");
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    assert_eq!(output.status.code(), Some(141));
+}
