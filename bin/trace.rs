@@ -18,6 +18,9 @@ use crate::ops::timeline_of;
 use crate::timeline;
 use crate::views::{self, print_json};
 
+/// Most operations one traced id may list; the best match is shown in full, the rest by id.
+const MAX_TRACE_MATCHES: usize = 10;
+
 /// Which link of the chain an id matched.
 struct Link {
     /// `operation_id`, `attempt_id`, `external_id` or `source_id`.
@@ -46,7 +49,10 @@ async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), 
     let read_models =
         views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json).await?;
     let query = id.to_owned();
-    let Some(operation_id) = read_models.call(move |store| store.trace(&query)).await? else {
+    let candidates = read_models
+        .call(move |store| store.trace_candidates(&query, MAX_TRACE_MATCHES))
+        .await?;
+    let Some((&operation_id, others)) = candidates.split_first() else {
         return Err(CliError::NotFound(format!(
             "nothing in the ledger matches `{id}`; trace takes an operation id, an attempt id, \
              the external system's object id or the source (tool-call/message) id as recorded — \
@@ -74,9 +80,17 @@ async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), 
             "events": events,
             "timeline": lines,
             "duplicates": duplicates,
+            "other_matches": others,
         }));
     }
     println!("matched         {} ({})", link.kind, link.detail);
+    if !others.is_empty() {
+        let listed: Vec<String> = others.iter().map(ToString::to_string).collect();
+        println!(
+            "also matched    {} (the same id names other operations; trace each by its operation id)",
+            listed.join(" ")
+        );
+    }
     print_state(&loaded);
     println!("sentence        {sentence}");
     println!("chain:");

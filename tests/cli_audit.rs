@@ -738,3 +738,46 @@ fn replay_verify_refuses_views_that_are_ahead_of_the_ledger() {
     );
     assert_eq!(std::fs::read(&views).expect("the views still read"), before);
 }
+
+#[test]
+fn trace_of_a_source_id_used_by_two_tenants_names_both_operations() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("ledger.db");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (first, second) = runtime.block_on(async {
+        let store = SqliteStore::open(&db).await.expect("the ledger opens");
+        let ledger = Ledger::new(store, SystemClock, RandomIds);
+        let first = record(&ledger, "acme", "call-shared", false).await;
+        let second = record(&ledger, "globex", "call-shared", false).await;
+        ledger
+            .store()
+            .clone()
+            .close()
+            .await
+            .expect("the ledger closes");
+        (first.operation_id, second.operation_id)
+    });
+    assert_ne!(
+        first, second,
+        "a source id is unique only within its tenant"
+    );
+    let db_arg = db.to_str().expect("a UTF-8 path");
+    let text = succeeded(&opledger(&["trace", "call-shared", "--db", db_arg]));
+    assert!(text.contains(&first.to_string()), "{text}");
+    assert!(
+        text.contains(&format!("also matched    {second}")),
+        "{text}"
+    );
+    let json = json_of(&opledger(&[
+        "trace",
+        "call-shared",
+        "--json",
+        "--db",
+        db_arg,
+    ]));
+    assert_eq!(json["operation_id"], first.to_string());
+    assert_eq!(json["other_matches"], json!([second.to_string()]));
+}

@@ -382,7 +382,7 @@ impl<S: EventStore> Harness<S> {
         let story = STORIES[n % STORIES.len()];
         // Some titles repeat, so identical intents get flagged as possible duplicates too.
         let title = format!("Call client {}", n % 13);
-        let source = (n % 3 == 0).then(|| format!("call-{n}"));
+        let source = n.is_multiple_of(3).then(|| format!("call-{n}"));
         let intent = self
             .record("acme", source.as_deref(), &title, story == Story::Denied)
             .await;

@@ -321,6 +321,65 @@ impl ReadModelStore {
         Ok(None)
     }
 
+    /// Every operation `id` may name, up to `limit`, the best match first (the order of
+    /// [`Self::trace`]). An external id can name objects of several accounts or providers, and a
+    /// source id is unique only within a tenant, so an incident reviewer must see them all rather
+    /// than one picked silently.
+    pub fn trace_candidates(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<OperationId>, ReadModelError> {
+        let id = id.trim();
+        let limit = row_limit(limit);
+        let mut found: Vec<OperationId> = Vec::new();
+        if id.is_empty() || id.len() > MAX_TEXT_ID_BYTES {
+            return Ok(found);
+        }
+        let canonical = Uuid::parse_str(id)
+            .map(|uuid| uuid.hyphenated().to_string())
+            .ok();
+        let mut queries: Vec<(&str, &str)> = Vec::new();
+        if let Some(canonical) = canonical.as_deref() {
+            queries.push((
+                "SELECT operation_id FROM operations WHERE operation_id = ?1 LIMIT ?2",
+                canonical,
+            ));
+            queries.push(("SELECT operation_id FROM attempts WHERE attempt_id = ?1 ORDER BY position LIMIT ?2", canonical));
+        }
+        queries.push((
+            "SELECT operation_id FROM external_ids WHERE external_id = ?1
+             ORDER BY role = 'confirmed' DESC, position LIMIT ?2",
+            id,
+        ));
+        queries.push((
+            "SELECT operation_id FROM sources WHERE source_id = ?1 ORDER BY position LIMIT ?2",
+            id,
+        ));
+        for (query, value) in queries {
+            let mut statement = self
+                .connection
+                .prepare_cached(query)
+                .map_err(|error| ReadModelError::sqlite("preparing to trace an id", error))?;
+            let rows = statement
+                .query_map(rusqlite::params![value, limit], |row| {
+                    row.get::<_, String>(0)
+                })
+                .map_err(|error| ReadModelError::sqlite("tracing an id", error))?;
+            for row in rows {
+                let raw = row.map_err(|error| ReadModelError::sqlite("tracing an id", error))?;
+                let operation = sql::operation_from(&raw)?;
+                if !found.contains(&operation) {
+                    found.push(operation);
+                }
+                if found.len() as i64 >= limit {
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// Counts by state, counters, attempts per operation, duplicates and the oldest unresolved
     /// operations.
     pub fn metrics(&self) -> Result<Metrics, ReadModelError> {

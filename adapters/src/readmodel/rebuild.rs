@@ -519,7 +519,7 @@ impl Rebuilder {
         if self.open.len() > MAX_OPEN_OPERATIONS {
             self.write_least_recent()?;
         }
-        if self.clock % REBUILD_COMMIT_EVENTS == 0 {
+        if self.clock.is_multiple_of(REBUILD_COMMIT_EVENTS) {
             commit(&self.connection)?;
             begin(&self.connection)?;
         }
