@@ -9,21 +9,32 @@
 //! awaiting_approval--DenyApproval (same args hash)---------> denied
 //! pending          --StartAttempt (binding, contract)------> in_flight
 //! in_flight        --RecordSuccess (external id)-----------> succeeded
-//! in_flight        --RecordRejection-----------------------> rejected
+//! in_flight        --RecordRejection-----------------------> rejected (unknown after an unclear attempt)
 //! in_flight        --RecordUnknown / ExpireLease-----------> unknown
+//! in_flight        --RecordNotSent (provably nothing sent)-> pending (as claimed, budget counts)
 //! unknown          --RecordReconciliation: found-----------> succeeded
 //! unknown          --RecordReconciliation: none, contract--> pending (same key)
+//! unknown          --RecordReconciliation: may still show--> unknown (look again later)
 //! unknown          --RecordReconciliation: none, no contract> needs_review
-//! unknown          --RequireReview-------------------------> needs_review
+//! unknown, pending --RequireReview-------------------------> needs_review
 //! needs_review     --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
 //! succeeded        --a different external id---------------> succeeded + DuplicateDetected
 //! ```
 //!
-//! Two refinements the design implies: a late confirmation of one of our own attempts is the
-//! provider's own evidence and settles an attempted, unsettled operation (it is the
-//! `in_flight → succeeded` response arriving late); and a scheduled retry whose contract has run
-//! out while it waited (rule 9: "re-checked right before each send") goes to review, because it is
-//! still the unresolved `unknown` it came from.
+//! Refinements the design implies, each tested:
+//! - a late confirmation of one of our own attempts is the provider's own evidence and settles
+//!   an attempted operation that is not confirmed yet — rejected and abandoned included (it is the
+//!   `in_flight → succeeded` response arriving late);
+//! - a refusal ends an operation as rejected only if no earlier attempt may have applied it;
+//!   after an unclear attempt it stays unknown (a retry refused as "duplicate" is evidence the
+//!   first attempt worked);
+//! - an attempt provably not sent (never connected, 429, the key still in flight) returns the
+//!   operation to pending under exactly the conditions it was claimed under, and still counts
+//!   against the attempt budget;
+//! - an empty answer from a lagging search (inside its lag) or an inconclusive lookup keeps the
+//!   operation unknown for another look, within the lookup budget — it never authorises a create;
+//! - a pending operation whose send became impossible while queued (the retry contract ran out,
+//!   rule 9: "re-checked right before each send"; the binding changed) goes to review.
 
 use chrono::{DateTime, Utc};
 
