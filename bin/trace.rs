@@ -63,10 +63,9 @@ async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), 
     let history = timeline::history(ledger.store(), operation_id).await?;
     let link = matched_link(id, operation_id, &history);
     let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
-    // The read models keep the newest MAX_QUERY_ROWS of each kind of duplicate; older ones of
-    // this operation are still in its own stream (`DuplicateDetected`) and so in the timeline.
+    // Filtered by operation in the read models, so old duplicates are found as well as new ones.
     let report = read_models
-        .call(|store| store.duplicates(MAX_QUERY_ROWS))
+        .call(move |store| store.duplicates_of(operation_id, MAX_QUERY_ROWS))
         .await?;
     let duplicates = duplicates_of(&report, operation_id);
     let sentence = agent_sentence(&loaded.state);

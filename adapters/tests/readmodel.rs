@@ -1253,6 +1253,29 @@ async fn detected_duplicates_and_external_ids_shared_by_operations_are_reported(
             (fixture.id("shared"), ExternalIdRole::Confirmed),
         ]
     );
+
+    // Per operation: only what concerns it, found by query rather than among the newest rows.
+    let late_dup = fixture.id("late_dup");
+    let of_late = fixture
+        .read_models
+        .call(move |store| store.duplicates_of(late_dup, 100))
+        .await
+        .expect("duplicates of one operation");
+    assert_eq!(of_late.detected.len(), 1);
+    assert_eq!(of_late.detected[0].operation_id, late_dup);
+    assert!(of_late.shared_external_ids.is_empty());
+    let shared_op = fixture.id("shared");
+    let of_shared = fixture
+        .read_models
+        .call(move |store| store.duplicates_of(shared_op, 100))
+        .await
+        .expect("duplicates of one operation");
+    assert!(of_shared.detected.is_empty());
+    assert_eq!(of_shared.shared_external_ids.len(), 1);
+    assert_eq!(
+        of_shared.shared_external_ids[0].external_id.as_str(),
+        "task-plain-1"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -281,9 +281,25 @@ impl ReadModelStore {
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) of each kind of duplicate, newest first.
     pub fn duplicates(&self, limit: usize) -> Result<DuplicatesReport, ReadModelError> {
         Ok(DuplicatesReport {
-            detected: self.detected_duplicates(limit)?,
-            shared_external_ids: self.shared_external_ids(limit)?,
-            possible_intents: self.possible_duplicate_intents(limit)?,
+            detected: self.detected_duplicates(None, limit)?,
+            shared_external_ids: self.shared_external_ids(None, limit)?,
+            possible_intents: self.possible_duplicate_intents(None, limit)?,
+        })
+    }
+
+    /// The duplicates that concern one operation, however old: the same report as
+    /// [`Self::duplicates`], filtered in SQL rather than from the newest rows of the whole ledger.
+    pub fn duplicates_of(
+        &self,
+        operation_id: OperationId,
+        limit: usize,
+    ) -> Result<DuplicatesReport, ReadModelError> {
+        let operation = operation_id.to_string();
+        let operation = Some(operation.as_str());
+        Ok(DuplicatesReport {
+            detected: self.detected_duplicates(operation, limit)?,
+            shared_external_ids: self.shared_external_ids(operation, limit)?,
+            possible_intents: self.possible_duplicate_intents(operation, limit)?,
         })
     }
 
@@ -434,17 +450,22 @@ impl ReadModelStore {
         found.as_deref().map(sql::operation_from).transpose()
     }
 
-    fn detected_duplicates(&self, limit: usize) -> Result<Vec<DetectedDuplicate>, ReadModelError> {
+    fn detected_duplicates(
+        &self,
+        operation: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DetectedDuplicate>, ReadModelError> {
         let mut statement = self
             .connection
             .prepare_cached(
                 "SELECT position, operation_id, provider, account, confirmed_external_id,
                      duplicate_external_id, found_by, at
-                 FROM duplicate_detections ORDER BY position DESC LIMIT ?1",
+                 FROM duplicate_detections WHERE ?2 IS NULL OR operation_id = ?2
+                 ORDER BY position DESC LIMIT ?1",
             )
             .map_err(|error| ReadModelError::sqlite("preparing to read duplicates", error))?;
         let raw = statement
-            .query_map([row_limit(limit)], |row| {
+            .query_map(params![row_limit(limit), operation], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, String>(1)?,
@@ -477,17 +498,23 @@ impl ReadModelStore {
             .collect()
     }
 
-    fn shared_external_ids(&self, limit: usize) -> Result<Vec<SharedExternalId>, ReadModelError> {
+    fn shared_external_ids(
+        &self,
+        operation: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SharedExternalId>, ReadModelError> {
         let mut groups = self
             .connection
             .prepare_cached(
                 "SELECT provider, account, external_id FROM external_ids
+                 WHERE ?2 IS NULL OR (provider, account, external_id) IN
+                     (SELECT provider, account, external_id FROM external_ids WHERE operation_id = ?2)
                  GROUP BY provider, account, external_id HAVING count(*) > 1
                  ORDER BY max(position) DESC LIMIT ?1",
             )
             .map_err(|error| ReadModelError::sqlite("preparing to read shared ids", error))?;
         let keys = groups
-            .query_map([row_limit(limit)], |row| {
+            .query_map(params![row_limit(limit), operation], |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
@@ -531,6 +558,7 @@ impl ReadModelStore {
 
     fn possible_duplicate_intents(
         &self,
+        operation: Option<&str>,
         limit: usize,
     ) -> Result<Vec<PossibleDuplicateIntent>, ReadModelError> {
         let mut statement = self
@@ -539,11 +567,15 @@ impl ReadModelStore {
                 "SELECT operation_id, earlier_operation_id, tenant, provider, account, action,
                      args_hash, source_id, earlier_source_id, gap_ms, at, position
                  FROM possible_duplicate_intents
+                 WHERE ?2 IS NULL OR operation_id = ?2 OR earlier_operation_id = ?2
                  ORDER BY position DESC, earlier_operation_id LIMIT ?1",
             )
             .map_err(|error| ReadModelError::sqlite("preparing to read flagged intents", error))?;
         let raw = statement
-            .query_map([row_limit(limit)], RawPossibleIntent::from_row)
+            .query_map(
+                params![row_limit(limit), operation],
+                RawPossibleIntent::from_row,
+            )
             .map_err(|error| ReadModelError::sqlite("reading flagged intents", error))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| ReadModelError::sqlite("reading flagged intents", error))?;
