@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use opledger_adapters::SqliteStore;
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{EventData, EventStore, ExpectedVersion, StoreError, StreamName};
+use opledger_domain::store::{
+    EventData, EventStore, ExpectedVersion, StoreError, StreamName, Subscription,
+};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -413,4 +415,41 @@ async fn check_after_sigkill(path: &Path, acks: &[Ack]) {
     }
     assert!(acks.len() >= ACKS_BEFORE_KILL);
     store.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_sees_commits_made_by_another_store_on_the_same_file() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = db_path(&dir);
+    let follower = SqliteStore::open(&path)
+        .await
+        .expect("open the following store");
+    let mut subscription = follower
+        .subscribe_all(opledger_domain::store::LogStart::Beginning)
+        .await
+        .expect("subscribe");
+    // Another opener of the file, as another process would be: its commits do not notify the
+    // follower's subscription, which must still find them.
+    let writer = SqliteStore::open(&path)
+        .await
+        .expect("open the writing store");
+    let outcome = writer
+        .append(
+            &stream("elsewhere"),
+            ExpectedVersion::NoStream,
+            events(500, 2),
+        )
+        .await
+        .expect("append");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let event = tokio::time::timeout(Duration::from_secs(10), subscription.next())
+            .await
+            .expect("the subscription found the other store's commit in time")
+            .expect("next event");
+        seen.push(event.position);
+    }
+    assert_eq!(seen.last().copied(), Some(outcome.position));
+    writer.close().await.expect("close the writer");
+    follower.close().await.expect("close the follower");
 }

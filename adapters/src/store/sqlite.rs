@@ -8,10 +8,11 @@
 //!
 //! It must never acknowledge an append before the COMMIT that holds it has returned, never write
 //! to a file it did not create or cannot read the schema of, and never run a blocking SQLite call
-//! on an async executor thread. One file must be opened by one `SqliteStore` at a time: a second
-//! opener (another process included) cannot corrupt the data, because every write runs under
-//! SQLite's write lock and rechecks the stream's version, but its commits would not wake this
-//! store's subscriptions.
+//! on an async executor thread. Several openers of one file (other processes included) are safe:
+//! every write runs under SQLite's write lock and rechecks the stream's version. Group commit
+//! only groups one opener's appends, and another opener's commits do not notify this store's
+//! subscriptions; a caught-up subscription therefore also looks at the log every
+//! `UNANNOUNCED_POLL_MS` (see the subscription module), so it finds them within that delay.
 
 mod checkpointer;
 mod codec;

@@ -15,6 +15,11 @@ use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
 use tokio::sync::watch;
 
+/// How long a caught-up subscription waits for its own store's commit notice before it looks at
+/// the log anyway, in milliseconds: another process writing to the same file (a CLI recording a
+/// review decision beside a running service) commits without notifying this one.
+pub(crate) const UNANNOUNCED_POLL_MS: u64 = 250;
+
 /// How many events a subscription reads from the store at once; bounds its buffer.
 pub(crate) const SUBSCRIPTION_READ_BATCH: usize = 512;
 const _: () = assert!(SUBSCRIPTION_READ_BATCH <= MAX_READ_BATCH);
@@ -77,8 +82,22 @@ impl<S: LogSource> CatchUp<S> {
             }
             // Caught up. An error here means the store dropped its sender: it is closed, and
             // any head it published before closing was already seen by `borrow_and_update`.
-            if self.head.changed().await.is_err() {
-                return Err(StoreError::Closed);
+            let wait = std::time::Duration::from_millis(UNANNOUNCED_POLL_MS);
+            match tokio::time::timeout(wait, self.head.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(StoreError::Closed),
+                Err(_) => {
+                    // No notice: look for commits another process made. Positions are assigned
+                    // under the file's write lock, in commit order, so reading after the last
+                    // delivered position still cannot skip or repeat.
+                    let batch = self
+                        .source
+                        .read_log(self.delivered, SUBSCRIPTION_READ_BATCH)
+                        .await?;
+                    if !batch.is_empty() {
+                        self.accept(batch, None)?;
+                    }
+                }
             }
         }
     }
