@@ -132,12 +132,12 @@ async fn engine(path: &std::path::Path, base_url: &str) -> Result<DemoEngine, Cl
         backoff_base_ms: 100,
         backoff_max_ms: 400,
     };
-    Ok(Engine::new(
+    Ok(Engine::try_new(
         ledger,
         providers,
         policy,
         WorkerId::new("demo-worker")?,
-    ))
+    )?)
 }
 
 async fn scenarios(

@@ -18,6 +18,7 @@ use crate::app::{AppError, Ledger, LoadedOperation};
 use crate::command::Command;
 use crate::contract::{milliseconds, RetryPolicy, SendBinding};
 use crate::decider::Rejection;
+use crate::error::ValidationError;
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
 use crate::ids::{ActorId, OperationId, WorkerId};
 use crate::ports::{Clock, IdSource};
@@ -45,6 +46,23 @@ pub struct EnginePolicy {
     pub backoff_base_ms: u64,
     /// The longest backoff, in milliseconds.
     pub backoff_max_ms: u64,
+}
+
+impl EnginePolicy {
+    /// Checks the policy against the providers it will drive: the lease must outlast the
+    /// longest send, or the sweeper would call a send that is still running "unknown".
+    pub fn check(&self, longest_send_ms: u64) -> Result<(), ValidationError> {
+        if longest_send_ms > 0 && self.lease_ms <= longest_send_ms {
+            return Err(ValidationError::new(
+                "lease_ms",
+                format!(
+                    "is {} ms, but one send may take up to {longest_send_ms} ms; make the lease longer than that, or the providers' timeouts shorter",
+                    self.lease_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for EnginePolicy {
@@ -92,7 +110,20 @@ pub struct Engine<S, C, I, P> {
 }
 
 impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
-    /// An engine that claims attempts as `worker`.
+    /// An engine that claims attempts as `worker`, after checking its policy against the
+    /// providers (see [`EnginePolicy::check`]).
+    pub fn try_new(
+        ledger: Ledger<S, C, I>,
+        providers: P,
+        policy: EnginePolicy,
+        worker: WorkerId,
+    ) -> Result<Self, ValidationError> {
+        policy.check(providers.longest_send_ms())?;
+        Ok(Self::new(ledger, providers, policy, worker))
+    }
+
+    /// An engine that claims attempts as `worker`, without checking the policy against the
+    /// providers (tests that want a lease shorter than a send use this).
     pub fn new(
         ledger: Ledger<S, C, I>,
         providers: P,
@@ -465,4 +496,30 @@ fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
     loaded.state.intent.as_ref().ok_or(AppError::NotFound {
         operation_id: loaded.operation_id,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_shorter_than_the_longest_send_is_refused_with_both_numbers() {
+        let policy = EnginePolicy {
+            lease_ms: 2_000,
+            ..EnginePolicy::default()
+        };
+        let error = policy
+            .check(2_000)
+            .expect_err("a lease equal to the send is too short");
+        assert_eq!(error.field, "lease_ms");
+        assert!(
+            error.message.contains("2000 ms") && error.message.contains("up to 2000"),
+            "{error}"
+        );
+        assert!(policy.check(1_999).is_ok());
+        assert!(
+            policy.check(0).is_ok(),
+            "an unknown send time cannot be checked"
+        );
+    }
 }

@@ -132,6 +132,12 @@ pub trait Providers: Send + Sync {
 
     /// Looks the operation up.
     fn lookup(&self, request: &LookupRequest) -> impl Future<Output = LookupOutcome> + Send;
+
+    /// The longest one [`Providers::execute`] call can take, in milliseconds (0: unknown). A
+    /// claim's lease must outlast it, or a healthy slow send is swept to unknown while it runs.
+    fn longest_send_ms(&self) -> u64 {
+        0
+    }
 }
 
 /// The label an operation carries to the provider (a unique external id or a custom field), so

@@ -193,6 +193,14 @@ impl HttpProvider {
         self.capabilities
     }
 
+    /// The longest one send can take, in milliseconds: waiting up to the request timeout for a
+    /// free request slot, then up to the request timeout for the request itself.
+    pub fn longest_send_ms(&self) -> u64 {
+        u64::try_from(self.request_timeout.as_millis())
+            .unwrap_or(u64::MAX / 2)
+            .saturating_mul(2)
+    }
+
     /// The fingerprint of `account`'s token; `None` when the account is not configured.
     pub fn credential_fingerprint(&self, account: &AccountId) -> Option<CredentialFingerprint> {
         self.accounts

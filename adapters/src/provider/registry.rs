@@ -72,6 +72,14 @@ fn not_configured(provider: &ProviderId) -> String {
 }
 
 impl Providers for HttpProviders {
+    fn longest_send_ms(&self) -> u64 {
+        self.providers
+            .values()
+            .map(HttpProvider::longest_send_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
     fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities> {
         self.get(provider).map(HttpProvider::capabilities)
     }
@@ -142,6 +150,13 @@ mod tests {
             )
         });
         HttpProviders::from_configs(configs).expect("valid configs")
+    }
+
+    #[test]
+    fn the_longest_send_is_twice_the_longest_request_timeout_and_zero_when_empty() {
+        // Default request timeout: 10 s — a slot wait plus the request itself.
+        assert_eq!(registry().longest_send_ms(), 20_000);
+        assert_eq!(HttpProviders::default().longest_send_ms(), 0);
     }
 
     #[test]
