@@ -6,9 +6,13 @@
 
 use chrono::Utc;
 use opledger_adapters::readmodel::OperationFilter;
+use opledger_domain::app::{AppError, LoadedOperation};
+use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
+use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{OperationId, TenantId};
 use opledger_domain::sentence::agent_sentence;
+use opledger_domain::state::fold;
 use opledger_domain::store::EventStore;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
 use serde_json::json;
@@ -163,9 +167,13 @@ pub async fn print_operation(
     operation_id: OperationId,
     json: bool,
 ) -> Result<(), CliError> {
-    let loaded = ledger.get(operation_id).await?;
+    let OperationView {
+        loaded,
+        events,
+        lines,
+        ..
+    } = view_of(ledger.store(), operation_id).await?;
     let sentence = agent_sentence(&loaded.state);
-    let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
     if json {
         return print_json(&json!({
             "operation_id": operation_id,
@@ -185,35 +193,62 @@ pub async fn print_operation(
     Ok(())
 }
 
-/// The operation's events as JSON and as readable timeline lines, each line starting with the
-/// event's global position and stream version.
-pub async fn timeline_of<S: EventStore>(
+/// One operation, read once: its state is folded from exactly the events shown, so the two
+/// agree even while other writers append to the stream.
+pub struct OperationView {
+    /// The operation as folded from `history`.
+    pub loaded: LoadedOperation,
+    /// Its events, decoded.
+    pub history: Vec<OperationEvent>,
+    /// Its events as stored (version, position, type, data), for `--json`.
+    pub events: Vec<serde_json::Value>,
+    /// Its readable timeline, one line per event.
+    pub lines: Vec<String>,
+}
+
+/// Reads an operation's stream once and builds everything `ops show`, `trace` and `review show`
+/// print from it.
+pub async fn view_of<S: EventStore>(
     store: &S,
     operation_id: OperationId,
-) -> Result<(Vec<serde_json::Value>, Vec<String>), CliError> {
-    let history = timeline::recorded_history(store, operation_id).await?;
-    let decoded: Vec<_> = history.iter().map(|(_, event)| event.clone()).collect();
-    let mut events = Vec::with_capacity(history.len());
-    for (recorded, _) in &history {
-        let data: serde_json::Value = serde_json::from_slice(&recorded.data).map_err(|error| {
+) -> Result<OperationView, CliError> {
+    let recorded = timeline::recorded_history(store, operation_id).await?;
+    let Some((last, _)) = recorded.last() else {
+        return Err(AppError::NotFound { operation_id }.into());
+    };
+    let loaded_version = Some(last.version);
+    let chain = codec::chain_of(&last.metadata);
+    let history: Vec<OperationEvent> = recorded.iter().map(|(_, event)| event.clone()).collect();
+    let mut events = Vec::with_capacity(recorded.len());
+    for (stored, _) in &recorded {
+        let data: serde_json::Value = serde_json::from_slice(&stored.data).map_err(|error| {
             CliError::Other(format!(
                 "event {} of {operation_id} is not JSON: {error}",
-                recorded.version
+                stored.version
             ))
         })?;
         events.push(json!({
-            "version": recorded.version,
-            "position": recorded.position,
-            "type": recorded.event_type,
+            "version": stored.version,
+            "position": stored.position,
+            "type": stored.event_type,
             "data": data,
         }));
     }
-    let lines = history
+    let lines = recorded
         .iter()
-        .zip(timeline::lines(&decoded))
-        .map(|((recorded, _), line)| {
-            format!("@{:<7} v{:<3} {line}", recorded.position, recorded.version)
-        })
+        .zip(timeline::lines(&history))
+        .map(|((stored, _), line)| format!("@{:<7} v{:<3} {line}", stored.position, stored.version))
         .collect();
-    Ok((events, lines))
+    let loaded = LoadedOperation {
+        operation_id,
+        state: fold(&history),
+        version: loaded_version,
+        chain,
+    };
+    Ok(OperationView {
+        loaded,
+        history,
+        events,
+        lines,
+    })
 }

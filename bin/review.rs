@@ -15,8 +15,7 @@ use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
 use crate::intent::{close, open_existing_ledger, print_state};
-use crate::ops::timeline_of;
-use crate::timeline;
+use crate::ops::view_of;
 use crate::views::{self, age, check_limit, print_json, print_table};
 
 pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
@@ -119,10 +118,8 @@ pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
     let ledger = open_existing_ledger(&args.store.db).await?;
     let result = async {
-        let loaded = ledger.get(operation_id).await?;
-        let history = timeline::history(ledger.store(), operation_id).await?;
-        let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
-        Ok::<_, CliError>((loaded, history, events, lines))
+        let view = view_of(ledger.store(), operation_id).await?;
+        Ok::<_, CliError>((view.loaded, view.history, view.events, view.lines))
     }
     .await;
     let closed = close(&ledger).await;

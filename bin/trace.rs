@@ -14,8 +14,7 @@ use uuid::Uuid;
 
 use crate::cli::{CliError, TraceArgs};
 use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
-use crate::ops::timeline_of;
-use crate::timeline;
+use crate::ops::{view_of, OperationView};
 use crate::views::{self, print_json};
 
 /// Most operations one traced id may list; the best match is shown in full, the rest by id.
@@ -59,10 +58,13 @@ async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), 
              check for a typo, or the --db it was recorded in"
         )));
     };
-    let loaded = ledger.get(operation_id).await?;
-    let history = timeline::history(ledger.store(), operation_id).await?;
+    let OperationView {
+        loaded,
+        history,
+        events,
+        lines,
+    } = view_of(ledger.store(), operation_id).await?;
     let link = matched_link(id, operation_id, &history);
-    let (events, lines) = timeline_of(ledger.store(), operation_id).await?;
     // Filtered by operation in the read models, so old duplicates are found as well as new ones.
     let report = read_models
         .call(move |store| store.duplicates_of(operation_id, MAX_QUERY_ROWS))
