@@ -276,6 +276,10 @@ pub struct OpsListArgs {
     /// Most rows to print (1 to 1000).
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+    /// Start after this operation (the last one of the previous page, as printed after the
+    /// table or as `next` in JSON).
+    #[arg(long)]
+    pub after: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -5,7 +5,7 @@
 //! behind the ledger.
 
 use chrono::Utc;
-use opledger_adapters::readmodel::OperationFilter;
+use opledger_adapters::readmodel::{OperationCursor, OperationFilter, ReadModelError};
 use opledger_domain::app::{AppError, LoadedOperation};
 use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
@@ -55,6 +55,14 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
         .map(|text| views::parse_duration("--older-than", text))
         .transpose()?;
     let limit = check_limit(args.limit)?;
+    let after = args
+        .after
+        .as_deref()
+        .map(|text| {
+            text.parse::<OperationId>()
+                .map_err(|error| ValidationError::new("--after", error.message))
+        })
+        .transpose()?;
     let now = Utc::now();
     let filter = OperationFilter {
         state: args.state.clone(),
@@ -68,7 +76,26 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
                 .await?;
         Ok::<_, CliError>(
             read_models
-                .call(move |store| store.list_operations(&filter, limit, None))
+                .call(move |store| {
+                    // The cursor is the named operation's place in the listing order.
+                    let cursor = match after {
+                        Some(operation_id) => match store.operation(operation_id)? {
+                            Some(row) => Some(OperationCursor {
+                                created_at: row.created_at,
+                                operation_id,
+                            }),
+                            None => {
+                                return Err(ReadModelError::InvalidQuery {
+                                    reason: format!(
+                                        "--after {operation_id} names no operation of this ledger; pass the id printed as the next page's start"
+                                    ),
+                                })
+                            }
+                        },
+                        None => None,
+                    };
+                    store.list_operations(&filter, limit, cursor.as_ref())
+                })
                 .await?,
         )
     }
@@ -82,7 +109,8 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
             .iter()
             .map(|row| operation_json(row, now))
             .collect();
-        return print_json(&json!({"operations": rows, "more": page.next.is_some()}));
+        let next = page.next.as_ref().map(|cursor| cursor.operation_id);
+        return print_json(&json!({"operations": rows, "more": next.is_some(), "next": next}));
     }
     let rows: Vec<Vec<String>> = page
         .operations
@@ -119,15 +147,14 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
         ],
         &rows,
     );
-    println!(
-        "{} operation(s){}",
-        page.operations.len(),
-        if page.next.is_some() {
-            "; more match: raise --limit or narrow the filter"
-        } else {
-            ""
-        }
-    );
+    match &page.next {
+        Some(cursor) => println!(
+            "{} operation(s); more match: next page with --after {}",
+            page.operations.len(),
+            cursor.operation_id
+        ),
+        None => println!("{} operation(s)", page.operations.len()),
+    }
     Ok(())
 }
 

@@ -781,3 +781,34 @@ fn trace_of_a_source_id_used_by_two_tenants_names_both_operations() {
     assert_eq!(json["operation_id"], first.to_string());
     assert_eq!(json["other_matches"], json!([second.to_string()]));
 }
+
+#[test]
+fn ops_list_pages_with_after_cover_every_operation_once() {
+    let fixture = Fixture::build();
+    let all = listed(&fixture.run(&["ops", "list", "--json"]));
+    assert_eq!(all.len(), 5);
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..5 {
+        let mut args = vec!["ops", "list", "--json", "--limit", "2"];
+        if let Some(after) = after.as_deref() {
+            args.extend(["--after", after]);
+        }
+        let page = json_of(&fixture.run(&args));
+        paged.extend(
+            page["operations"]
+                .as_array()
+                .expect("operations")
+                .iter()
+                .map(|row| row["operation_id"].as_str().expect("an id").to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(paged, all, "the pages, in order, are the whole list");
+    let bad = fixture.run(&["ops", "list", "--after", "not-a-uuid"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("--after"), "{}", stderr(&bad));
+}
