@@ -536,7 +536,12 @@ impl ReadModelStore {
         for (provider, account, external_id) in keys {
             let rows = members
                 .query_map(
-                    params![provider, account, external_id, row_limit(MAX_QUERY_ROWS)],
+                    params![
+                        provider,
+                        account,
+                        external_id,
+                        row_limit(MAX_OPERATIONS_PER_SHARED_ID)
+                    ],
                     |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
                 )
                 .map_err(|error| ReadModelError::sqlite("reading shared ids", error))?
@@ -626,6 +631,11 @@ impl ReadModelStore {
             .transpose()
     }
 }
+
+/// Most operations listed for one external id named by several: an object shared by more than
+/// this is listed with its first ones, which is enough to investigate and keeps a duplicates
+/// query within `limit × this` rows instead of `limit × MAX_QUERY_ROWS`.
+pub const MAX_OPERATIONS_PER_SHARED_ID: usize = 16;
 
 fn row_limit(limit: usize) -> i64 {
     i64::try_from(limit.min(MAX_QUERY_ROWS)).unwrap_or(0)
