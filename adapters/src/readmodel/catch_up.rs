@@ -40,6 +40,14 @@ pub async fn catch_up<S: EventStore>(
         Some(target) => Some(target),
         None => store.head_position().await?,
     };
+    let first = store
+        .read_all(LogStart::Beginning, 1)
+        .await?
+        .first()
+        .map(|event| event.event_id);
+    read_models
+        .call(move |store| store.check_ledger_identity(first))
+        .await?;
     let mut checkpoint = read_models.checkpoint().await?;
     // Caught up to the head but past it: these read models describe another log.
     if head_requested && checkpoint > target {
@@ -123,7 +131,8 @@ pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, 
     let tables = |schema: &str| -> Result<Vec<String>, ReadModelError> {
         let mut statement = connection
             .prepare(&format!(
-                "SELECT name FROM {schema}.sqlite_schema WHERE type = 'table' ORDER BY name"
+                "SELECT name FROM {schema}.sqlite_schema
+                 WHERE type = 'table' AND name <> 'ledger_identity' ORDER BY name"
             ))
             .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
         let names = statement

@@ -33,10 +33,10 @@ mod sql;
 use std::path::{Path, PathBuf};
 
 use opledger_domain::codec::DecodeError;
-use opledger_domain::ids::GlobalPosition;
+use opledger_domain::ids::{EventId, GlobalPosition};
 use opledger_domain::store::{RecordedEvent, StoreError};
 use opledger_projections::context::FoldError;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 pub use apply::BatchOutcome;
 pub use catch_up::{catch_up, compare_files, is_read_model_file, CatchUpProgress, TableDifference};
@@ -89,6 +89,12 @@ pub enum ReadModelError {
         checkpoint: u64,
         /// The ledger's last position (0: empty).
         head: u64,
+    },
+    /// The read models were built from a ledger whose first event differs from this one's.
+    #[error("the read models in `{path}` were built from another ledger (its first event differs); rebuild them with `opledger replay`, or pass the right --db / --views")]
+    AnotherLedger {
+        /// The read-model file.
+        path: PathBuf,
     },
     /// A rebuild was pointed at a file that exists.
     #[error("`{path}` already exists; a rebuild writes a fresh file, so remove it or choose another path")]
@@ -203,6 +209,44 @@ impl ReadModelStore {
     /// The position of the last event applied (`None`: nothing yet).
     pub fn checkpoint(&self) -> Result<Option<GlobalPosition>, ReadModelError> {
         apply::read_checkpoint(&self.connection)
+    }
+
+    /// Ties the read models to one ledger by the id of its first event, remembered on first use:
+    /// a views file reused after its ledger was replaced would otherwise skip the new ledger's
+    /// events up to the old checkpoint and answer with the old ledger's operations. `first` is
+    /// the ledger's first event id now (`None`: the ledger is empty). The identity lives in its own
+    /// table, outside the read models proper, so rebuilds and comparisons ignore it.
+    pub fn check_ledger_identity(&self, first: Option<EventId>) -> Result<(), ReadModelError> {
+        self.connection
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS ledger_identity (first_event_id BLOB NOT NULL) STRICT",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing the ledger identity", error))?;
+        let stored: Option<Vec<u8>> = self
+            .connection
+            .query_row(
+                "SELECT first_event_id FROM ledger_identity LIMIT 1",
+                [],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|error| ReadModelError::sqlite("reading the ledger identity", error))?;
+        let now = first.map(|id| id.as_uuid().as_bytes().to_vec());
+        match (stored, now) {
+            (Some(stored), Some(now)) if stored == now => Ok(()),
+            (None, Some(now)) => self
+                .connection
+                .execute(
+                    "INSERT INTO ledger_identity (first_event_id) VALUES (?1)",
+                    [now],
+                )
+                .map(drop)
+                .map_err(|error| ReadModelError::sqlite("recording the ledger identity", error)),
+            (None, None) => Ok(()),
+            (Some(_), _) => Err(ReadModelError::AnotherLedger {
+                path: self.path.clone(),
+            }),
+        }
     }
 
     /// Decodes and folds `events` (in log order) and writes every read model's changes and the
