@@ -105,59 +105,66 @@ async fn execute(ledger: &SqliteLedger, intent: &IntentRecorded, command: Comman
     }
 }
 
+/// Opens the ledger file at `db` (creating it), runs `work` on it, and closes it, so the file is
+/// whole before a command reads it.
+fn on_ledger<T>(db: &Path, work: impl AsyncFnOnce(&SqliteLedger) -> T) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let store = SqliteStore::open(db).await.expect("the ledger opens");
+        let ledger = Ledger::new(store, SystemClock, RandomIds);
+        let result = work(&ledger).await;
+        ledger
+            .store()
+            .clone()
+            .close()
+            .await
+            .expect("the ledger closes");
+        result
+    })
+}
+
 impl Fixture {
     fn build() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let db = dir.path().join("ledger.db");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
         let (succeeded, succeeded_attempt, review, review_attempt, pending, awaiting, rejected) =
-            runtime.block_on(async {
-                let store = SqliteStore::open(&db).await.expect("the ledger opens");
-                let ledger = Ledger::new(store, SystemClock, RandomIds);
-
-                let done = record(&ledger, "acme", "src-succeeded", false).await;
-                let done_attempt = start(&ledger, &done).await;
+            on_ledger(&db, async |ledger| {
+                let done = record(ledger, "acme", "src-succeeded", false).await;
+                let done_attempt = start(ledger, &done).await;
                 let success = Command::RecordSuccess {
                     attempt_id: done_attempt,
                     external_id: ExternalObjectId::new("obj-731").expect("a valid id"),
                     provider_request_id: None,
                 };
-                execute(&ledger, &done, success).await;
+                execute(ledger, &done, success).await;
 
-                let review = record(&ledger, "acme", "src-review", false).await;
-                let review_attempt = start(&ledger, &review).await;
+                let review = record(ledger, "acme", "src-review", false).await;
+                let review_attempt = start(ledger, &review).await;
                 let unknown = Command::RecordUnknown {
                     attempt_id: review_attempt,
                     error: "read timeout after 10 s".into(),
                 };
-                execute(&ledger, &review, unknown).await;
+                execute(ledger, &review, unknown).await;
                 let hand_over = Command::RequireReview {
                     reason: "no evidence and no safe retry".into(),
                     evidence: "search by label found nothing".into(),
                 };
-                execute(&ledger, &review, hand_over).await;
+                execute(ledger, &review, hand_over).await;
 
-                let pending = record(&ledger, "globex", "src-pending", false).await;
-                let awaiting = record(&ledger, "globex", "src-awaiting", true).await;
+                let pending = record(ledger, "globex", "src-pending", false).await;
+                let awaiting = record(ledger, "globex", "src-awaiting", true).await;
 
-                let refused = record(&ledger, "acme", "src-rejected", false).await;
-                let refused_attempt = start(&ledger, &refused).await;
+                let refused = record(ledger, "acme", "src-rejected", false).await;
+                let refused_attempt = start(ledger, &refused).await;
                 let rejection = Command::RecordRejection {
                     attempt_id: refused_attempt,
                     code: "422".into(),
                     message: "title too long".into(),
                 };
-                execute(&ledger, &refused, rejection).await;
-
-                ledger
-                    .store()
-                    .clone()
-                    .close()
-                    .await
-                    .expect("the ledger closes");
+                execute(ledger, &refused, rejection).await;
                 (
                     done.operation_id,
                     done_attempt,
@@ -186,20 +193,8 @@ impl Fixture {
     fn build_with_one_intent() -> (TempDir, PathBuf) {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let db = dir.path().join("short.db");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
-            let store = SqliteStore::open(&db).await.expect("the ledger opens");
-            let ledger = Ledger::new(store, SystemClock, RandomIds);
-            record(&ledger, "acme", "src-short", false).await;
-            ledger
-                .store()
-                .clone()
-                .close()
-                .await
-                .expect("the ledger closes");
+        on_ledger(&db, async |ledger| {
+            record(ledger, "acme", "src-short", false).await;
         });
         (dir, db)
     }
@@ -263,6 +258,18 @@ fn opledger(args: &[&str]) -> Output {
             .expect("the stderr reader")
             .expect("stderr is read"),
     }
+}
+
+/// Runs `opledger <args> --db <db> --views <views>`: a ledger queried through chosen views.
+fn run_with_views(args: &[&str], db: &Path, views: &Path) -> Output {
+    let mut all = args.to_vec();
+    all.extend([
+        "--db",
+        db.to_str().expect("a UTF-8 path"),
+        "--views",
+        views.to_str().expect("a UTF-8 path"),
+    ]);
+    opledger(&all)
 }
 
 fn stdout(output: &Output) -> String {
@@ -619,21 +626,15 @@ fn replay_verify_reports_a_table_that_differs_and_exits_1() {
 fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_success() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = dir.path().join("ledger.db");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let store = SqliteStore::open(&db).await.expect("the ledger opens");
-        let ledger = Ledger::new(store, SystemClock, RandomIds);
-        let intent = record(&ledger, "acme", "src-dup", false).await;
-        let attempt_id = start(&ledger, &intent).await;
+    on_ledger(&db, async |ledger| {
+        let intent = record(ledger, "acme", "src-dup", false).await;
+        let attempt_id = start(ledger, &intent).await;
         let success = Command::RecordSuccess {
             attempt_id,
             external_id: ExternalObjectId::new("obj-1").expect("a valid id"),
             provider_request_id: None,
         };
-        execute(&ledger, &intent, success).await;
+        execute(ledger, &intent, success).await;
         let second_object = Command::RecordReconciliation {
             result: opledger_domain::event::ReconciliationResult::Found {
                 external_id: ExternalObjectId::new("obj-2").expect("a valid id"),
@@ -646,13 +647,7 @@ fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_
             retry_not_before: chrono::Utc::now(),
             next_check_not_before: chrono::Utc::now(),
         };
-        execute(&ledger, &intent, second_object).await;
-        ledger
-            .store()
-            .clone()
-            .close()
-            .await
-            .expect("the ledger closes");
+        execute(ledger, &intent, second_object).await;
     });
     let output = opledger(&[
         "tail",
@@ -699,14 +694,7 @@ fn views_built_from_another_ledger_are_refused_instead_of_answering() {
     let views = fixture.db.with_extension("db.views");
     // A much shorter ledger, queried with the first ledger's views.
     let (_short_dir, short) = Fixture::build_with_one_intent();
-    let output = opledger(&[
-        "ops",
-        "list",
-        "--db",
-        short.to_str().expect("a UTF-8 path"),
-        "--views",
-        views.to_str().expect("a UTF-8 path"),
-    ]);
+    let output = run_with_views(&["ops", "list"], &short, &views);
     assert!(!output.status.success());
     assert!(
         stderr(&output).contains("another ledger"),
@@ -722,14 +710,7 @@ fn replay_verify_refuses_views_that_are_ahead_of_the_ledger() {
     let views = fixture.db.with_extension("db.views");
     let before = std::fs::read(&views).expect("the views read");
     let (_short_dir, short) = Fixture::build_with_one_intent();
-    let output = opledger(&[
-        "replay",
-        "--verify",
-        "--db",
-        short.to_str().expect("a UTF-8 path"),
-        "--views",
-        views.to_str().expect("a UTF-8 path"),
-    ]);
+    let output = run_with_views(&["replay", "--verify"], &short, &views);
     assert!(!output.status.success());
     assert!(
         stderr(&output).contains("belong to another ledger file"),
@@ -743,21 +724,9 @@ fn replay_verify_refuses_views_that_are_ahead_of_the_ledger() {
 fn trace_of_a_source_id_used_by_two_tenants_names_both_operations() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = dir.path().join("ledger.db");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (first, second) = runtime.block_on(async {
-        let store = SqliteStore::open(&db).await.expect("the ledger opens");
-        let ledger = Ledger::new(store, SystemClock, RandomIds);
-        let first = record(&ledger, "acme", "call-shared", false).await;
-        let second = record(&ledger, "globex", "call-shared", false).await;
-        ledger
-            .store()
-            .clone()
-            .close()
-            .await
-            .expect("the ledger closes");
+    let (first, second) = on_ledger(&db, async |ledger| {
+        let first = record(ledger, "acme", "call-shared", false).await;
+        let second = record(ledger, "globex", "call-shared", false).await;
         (first.operation_id, second.operation_id)
     });
     assert_ne!(
@@ -820,14 +789,7 @@ fn views_of_another_ledger_of_the_same_length_are_refused() {
     let views = first.db.with_extension("db.views");
     // Another ledger as long as the first: the checkpoint alone cannot tell them apart.
     let second = Fixture::build();
-    let output = opledger(&[
-        "ops",
-        "list",
-        "--db",
-        second.db(),
-        "--views",
-        views.to_str().expect("a UTF-8 path"),
-    ]);
+    let output = run_with_views(&["ops", "list"], &second.db, &views);
     assert!(!output.status.success());
     assert!(
         stderr(&output).contains("were built from another ledger"),
