@@ -228,24 +228,36 @@ impl HttpProvider {
         .await
     }
 
-    async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
-        if request.provider != self.id {
-            return SendOutcome::NotSent {
-                reason: format!(
-                    "the request is for provider `{}`, not `{}`",
-                    request.provider, self.id
-                ),
-                retry_after_ms: None,
-            };
+    /// The credential for a call routed to this provider and `account`, or why there is none
+    /// (nothing is sent then).
+    fn credential_for(
+        &self,
+        provider: &ProviderId,
+        account: &AccountId,
+    ) -> Result<&Credential, String> {
+        if *provider != self.id {
+            return Err(format!(
+                "the call is for provider `{provider}`, not `{}`",
+                self.id
+            ));
         }
-        let Some(credential) = self.accounts.get(&request.account) else {
-            return SendOutcome::NotSent {
-                reason: format!(
-                    "account `{}` is not configured at provider `{}`",
-                    request.account, self.id
-                ),
-                retry_after_ms: None,
-            };
+        self.accounts.get(account).ok_or_else(|| {
+            format!(
+                "account `{account}` is not configured at provider `{}`",
+                self.id
+            )
+        })
+    }
+
+    async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
+        let credential = match self.credential_for(&request.provider, &request.account) {
+            Ok(credential) => credential,
+            Err(reason) => {
+                return SendOutcome::NotSent {
+                    reason,
+                    retry_after_ms: None,
+                }
+            }
         };
         if request.action.as_str() != CREATE_TASK_ACTION {
             return SendOutcome::Rejected {
@@ -318,23 +330,14 @@ impl HttpProvider {
     }
 
     async fn lookup_unlogged(&self, request: &LookupRequest) -> LookupOutcome {
-        if request.provider != self.id {
-            return LookupOutcome::Unavailable {
-                reason: format!(
-                    "the lookup is for provider `{}`, not `{}`",
-                    request.provider, self.id
-                ),
-                retry_after_ms: None,
-            };
-        }
-        let Some(credential) = self.accounts.get(&request.account) else {
-            return LookupOutcome::Unavailable {
-                reason: format!(
-                    "account `{}` is not configured at provider `{}`",
-                    request.account, self.id
-                ),
-                retry_after_ms: None,
-            };
+        let credential = match self.credential_for(&request.provider, &request.account) {
+            Ok(credential) => credential,
+            Err(reason) => {
+                return LookupOutcome::Unavailable {
+                    reason,
+                    retry_after_ms: None,
+                }
+            }
         };
         let prepared = match self.shape {
             Shape::Keyed => keyed::find(request),
