@@ -81,6 +81,11 @@ pub enum Command {
     /// Walk the whole log and report every event edited, removed or moved behind the ledger's
     /// back, by stream and version (exit status 4 when anything is found).
     Verify(VerifyArgs),
+    /// Run the HTTP API agents and services use: record, approve, execute, list, trace, review,
+    /// a Server-Sent Events feed of outcomes, Prometheus metrics. With no --config, runs the
+    /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
+    /// demo tokens printed at start). Stops cleanly on SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
     /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
     /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
@@ -96,6 +101,20 @@ pub struct VerifyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML; see opledger.example.toml). Without it: the embedded
+    /// default with a demo provider.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Listen here instead of the configuration's `listen` (port 0 picks a free one).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The SQLite ledger file of the embedded default (ignored with --config, whose `store` names it).
+    #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
+    pub db: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -401,6 +420,9 @@ pub enum CliError {
     /// The read models failed.
     #[error("{0}")]
     ReadModel(#[from] opledger_adapters::readmodel::ReadModelError),
+    /// The server's configuration is wrong; nothing was opened.
+    #[error("{0}")]
+    Config(String),
     /// Nothing matches the id asked for.
     #[error("{0}")]
     NotFound(String),
@@ -440,6 +462,7 @@ impl CliError {
                 | AppError::SourceReused { .. },
             ) => ExitCode::from(3),
             Self::NotFound(_) => ExitCode::from(3),
+            Self::Config(_) => ExitCode::from(2),
             Self::ReadModel(opledger_adapters::readmodel::ReadModelError::InvalidQuery {
                 ..
             }) => ExitCode::from(2),

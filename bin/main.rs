@@ -11,6 +11,7 @@ mod intent;
 mod ops;
 mod replay;
 mod review;
+mod serve;
 mod stand;
 mod tail;
 mod timeline;
@@ -63,6 +64,7 @@ fn main() -> ExitCode {
             },
             Command::Tail(args) => tail::run(args).await,
             Command::Replay(args) => replay::run(args).await,
+            Command::Serve(args) => serve::run(args).await,
             Command::Stand(args) => stand::run(args).await,
             Command::Verify(args) => verify::run(args).await,
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
-use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::{evolve, OperationState, Status};
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, MAX_READ_BATCH};
 use serde_json::json;
@@ -30,7 +30,7 @@ const READ_BATCH: usize = 512;
 const _: () = assert!(READ_BATCH <= MAX_READ_BATCH);
 
 /// Every friendly type `--type` accepts; see `opledger tail --help` for the events behind each.
-const TYPES: [&str; 14] = [
+pub const TYPES: [&str; 14] = [
     "succeeded",
     "unknown",
     "rejected",
@@ -47,7 +47,7 @@ const TYPES: [&str; 14] = [
     "late",
 ];
 /// The outcomes printed when `--type` is not given.
-const DEFAULT_TYPES: [&str; 7] = [
+pub const DEFAULT_TYPES: [&str; 7] = [
     "succeeded",
     "unknown",
     "rejected",
@@ -58,7 +58,7 @@ const DEFAULT_TYPES: [&str; 7] = [
 ];
 
 pub async fn run(args: TailArgs) -> Result<(), CliError> {
-    let wanted = wanted_types(&args.types)?;
+    let wanted = wanted_types("--type", &args.types)?;
     if args.limit == Some(0) {
         return Err(ValidationError::new(
             "--limit",
@@ -85,7 +85,11 @@ pub async fn run(args: TailArgs) -> Result<(), CliError> {
     closed
 }
 
-fn wanted_types(given: &[String]) -> Result<BTreeSet<&'static str>, ValidationError> {
+/// The friendly types named in `given` (the defaults when empty); `field` names the input in errors.
+pub fn wanted_types(
+    field: &str,
+    given: &[String],
+) -> Result<BTreeSet<&'static str>, ValidationError> {
     if given.is_empty() {
         return Ok(DEFAULT_TYPES.into_iter().collect());
     }
@@ -97,7 +101,7 @@ fn wanted_types(given: &[String]) -> Result<BTreeSet<&'static str>, ValidationEr
         }
         let known = TYPES.iter().find(|known| **known == name).ok_or_else(|| {
             ValidationError::new(
-                "--type",
+                field,
                 format!(
                     "`{name}` is not an event type; use `all` or some of {}",
                     TYPES.join(", ")
@@ -145,6 +149,16 @@ async fn follow<S: EventStore>(
     }
 }
 
+/// An event of the log as an outcome: its operation, friendly type and decoded event.
+pub struct Outcome {
+    /// The operation it belongs to.
+    pub operation_id: OperationId,
+    /// Its friendly type (one of [`TYPES`]).
+    pub kind: &'static str,
+    /// The event.
+    pub event: OperationEvent,
+}
+
 /// The line for one event, if its friendly type is wanted.
 async fn render<S: EventStore>(
     store: &S,
@@ -152,6 +166,46 @@ async fn render<S: EventStore>(
     wanted: &BTreeSet<&'static str>,
     json: bool,
 ) -> Result<Option<String>, CliError> {
+    let Some(outcome) = outcome_of(store, recorded).await? else {
+        return Ok(None);
+    };
+    if !wanted.contains(outcome.kind) {
+        return Ok(None);
+    }
+    let line = if json {
+        outcome_json(recorded, &outcome).to_string()
+    } else {
+        format!(
+            "{:<8} {}  {}  {:<12} {:<22} {}",
+            recorded.position,
+            outcome.event.at().format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            outcome.operation_id,
+            outcome.kind,
+            recorded.event_type,
+            timeline::describe(&outcome.event)
+        )
+    };
+    Ok(Some(line))
+}
+
+/// One outcome as JSON, as `tail --json` prints it and the server streams it.
+pub fn outcome_json(recorded: &RecordedEvent, outcome: &Outcome) -> serde_json::Value {
+    json!({
+        "position": recorded.position,
+        "type": outcome.kind,
+        "event_type": recorded.event_type,
+        "operation_id": outcome.operation_id,
+        "version": recorded.version,
+        "at": outcome.event.at(),
+        "detail": timeline::describe(&outcome.event),
+    })
+}
+
+/// Classifies one event of the log; `None` for events outside operation streams.
+pub async fn outcome_of<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+) -> Result<Option<Outcome>, CliError> {
     // Only operation streams carry operation events.
     let Some(operation_id) = recorded.stream.operation_id() else {
         return Ok(None);
@@ -175,30 +229,11 @@ async fn render<S: EventStore>(
             }
         }
     };
-    if !wanted.contains(kind) {
-        return Ok(None);
-    }
-    let detail = timeline::describe(&event);
-    let line = if json {
-        json!({
-            "position": recorded.position,
-            "type": kind,
-            "event_type": recorded.event_type,
-            "operation_id": operation_id,
-            "version": recorded.version,
-            "at": event.at(),
-            "detail": detail,
-        })
-        .to_string()
-    } else {
-        format!(
-            "{:<8} {}  {operation_id}  {kind:<12} {:<22} {detail}",
-            recorded.position,
-            event.at().format("%Y-%m-%dT%H:%M:%S%.3fZ"),
-            recorded.event_type
-        )
-    };
-    Ok(Some(line))
+    Ok(Some(Outcome {
+        operation_id,
+        kind,
+        event,
+    }))
 }
 
 /// The friendly type of an event; `None` for a late success or a found object, which need the

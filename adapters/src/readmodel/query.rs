@@ -278,6 +278,44 @@ impl ReadModelStore {
         raw.into_iter().map(RawReview::decode).collect()
     }
 
+    /// [`Self::review_queue`] restricted to `tenants` (an operator's scope), the longest-waiting
+    /// first; an empty scope lists nothing.
+    pub fn review_queue_of(
+        &self,
+        tenants: &[TenantId],
+        limit: usize,
+    ) -> Result<Vec<ReviewItem>, ReadModelError> {
+        let mut items = Vec::new();
+        // One query per tenant keeps the age index in use; the merge keeps the queue's order.
+        for tenant in tenants.iter().take(MAX_QUERY_ROWS) {
+            let mut statement = self
+                .connection
+                .prepare_cached(&format!(
+                    "SELECT {REVIEW_COLUMNS} FROM review_queue WHERE tenant = ?1
+                     ORDER BY since, operation_id LIMIT ?2"
+                ))
+                .map_err(|error| {
+                    ReadModelError::sqlite("preparing to read a tenant's review queue", error)
+                })?;
+            let raw = statement
+                .query_map(
+                    rusqlite::params![tenant.as_str(), row_limit(limit)],
+                    RawReview::from_row,
+                )
+                .map_err(|error| ReadModelError::sqlite("reading a tenant's review queue", error))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| {
+                    ReadModelError::sqlite("reading a tenant's review queue", error)
+                })?;
+            for row in raw {
+                items.push(RawReview::decode(row)?);
+            }
+        }
+        items.sort_by_key(|item| (item.since, item.operation_id));
+        items.truncate(limit.min(MAX_QUERY_ROWS));
+        Ok(items)
+    }
+
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) of each kind of duplicate, newest first.
     pub fn duplicates(&self, limit: usize) -> Result<DuplicatesReport, ReadModelError> {
         Ok(DuplicatesReport {

@@ -1,0 +1,120 @@
+//! Bearer tokens: who is calling, and which operations they may see.
+//!
+//! Tokens are kept as SHA-256 digests, so a lookup's timing says nothing about how much of a
+//! guessed token was right, and a memory dump holds no usable token. A tenant sees only its own
+//! operations; anything else answers 404 exactly as a missing operation does, so a caller cannot
+//! learn that another tenant's operation exists. Review is a separate scope held by operators.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::http::{header, HeaderMap, StatusCode};
+use opledger_domain::ids::TenantId;
+use sha2::{Digest, Sha256};
+
+use super::config::Principal;
+use super::error::ApiError;
+
+/// The longest `Authorization` header read, in bytes.
+const MAX_AUTHORIZATION_BYTES: usize = 1024;
+
+/// Every token the server accepts, by digest.
+#[derive(Debug)]
+pub struct Tokens {
+    by_digest: BTreeMap<[u8; 32], Principal>,
+}
+
+impl Tokens {
+    /// Keeps the digests of `tokens`.
+    pub fn new(tokens: BTreeMap<String, Principal>) -> Self {
+        Self {
+            by_digest: tokens
+                .into_iter()
+                .map(|(token, principal)| (digest(&token), principal))
+                .collect(),
+        }
+    }
+
+    /// Who the request's bearer token belongs to.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Principal, ApiError> {
+        let unauthorized = |message: &str| {
+            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned())
+        };
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+            unauthorized("no Authorization header; send `Authorization: Bearer <your token>`")
+        })?;
+        if value.len() > MAX_AUTHORIZATION_BYTES {
+            return Err(unauthorized("the Authorization header is too long"));
+        }
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|text| text.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        self.by_digest
+            .get(&digest(token))
+            .ok_or_else(|| unauthorized("the token is not known to this server"))
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Which tenants' operations a caller may see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every tenant's (an operator with no tenant list).
+    All,
+    /// These tenants' only.
+    Tenants(BTreeSet<TenantId>),
+}
+
+impl Scope {
+    /// The scope of `principal`.
+    pub fn of(principal: &Principal) -> Self {
+        match principal {
+            Principal::Tenant(tenant) => Self::Tenants(BTreeSet::from([tenant.clone()])),
+            Principal::Operator { tenants: None, .. } => Self::All,
+            Principal::Operator {
+                tenants: Some(tenants),
+                ..
+            } => Self::Tenants(tenants.clone()),
+        }
+    }
+
+    /// Whether an operation of `tenant` is visible.
+    pub fn allows(&self, tenant: &TenantId) -> bool {
+        match self {
+            Self::All => true,
+            Self::Tenants(tenants) => tenants.contains(tenant),
+        }
+    }
+}
+
+/// The caller must be a tenant (recording and acting on operations is the tenant's business);
+/// returns the tenant.
+pub fn tenant_of(principal: &Principal) -> Result<&TenantId, ApiError> {
+    match principal {
+        Principal::Tenant(tenant) => Ok(tenant),
+        Principal::Operator { .. } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "an operator token cannot record or act on operations; use the tenant's token",
+        )),
+    }
+}
+
+/// The caller must be an operator (the review queue and its decisions); returns the operator's
+/// name and scope.
+pub fn operator_of(principal: &Principal) -> Result<(&str, Scope), ApiError> {
+    match principal {
+        Principal::Operator { name, .. } => Ok((name, Scope::of(principal))),
+        Principal::Tenant(_) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the review queue needs an operator token (configured under [[operators]])",
+        )),
+    }
+}

@@ -1,0 +1,851 @@
+//! `opledger serve`'s configuration: one TOML file (see `opledger.example.toml` at the top of the
+//! repository), checked whole before anything is opened or bound.
+//!
+//! Every error names the field and the line of the file it is on, because an operator reading
+//! "invalid config" at 3 a.m. needs to know where to look. Secrets (tenant, operator and provider
+//! tokens) may be written inline for a laptop, but belong in environment variables (`token_env`),
+//! which are read here, once, at start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use opledger_adapters::provider::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use opledger_adapters::workers::MAX_CONCURRENT_LIMIT;
+use opledger_domain::contract::RetryPolicy;
+use opledger_domain::engine::EnginePolicy;
+use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The largest configuration file read, in bytes.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+/// Most tenants, operators or providers one file may name.
+pub const MAX_ENTRIES: usize = 10_000;
+/// The shortest token accepted: shorter ones are guessable.
+pub const MIN_TOKEN_CHARS: usize = 16;
+/// The largest request body any configuration may allow, in bytes.
+pub const MAX_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
+/// Most concurrent SSE streams any configuration may allow.
+pub const MAX_SSE_LIMIT: usize = 10_000;
+/// The longest `wait_ms` any configuration may allow an execute call, in milliseconds.
+pub const MAX_WAIT_LIMIT_MS: u64 = 10 * 60 * 1000;
+
+/// A configuration error, with the file and line it points at when there is one.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}{}: {field}: {message}", line.map(|line| format!(":{line}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// The 1-based line, when the problem is at a place in the file.
+    pub line: Option<usize>,
+    /// The field, as a dotted path (`tenants[1].token_env`).
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+/// The store a server keeps its ledger in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// The embedded SQLite file.
+    Sqlite(PathBuf),
+    /// A KurrentDB / EventStoreDB connection string.
+    KurrentDb(String),
+}
+
+/// Who a bearer token belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// A tenant's agents and services: their own operations only.
+    Tenant(TenantId),
+    /// A person working the review queue, for some tenants or all.
+    Operator {
+        /// Their name, recorded as the reviewer.
+        name: String,
+        /// The tenants whose queue they work (`None`: every tenant).
+        tenants: Option<BTreeSet<TenantId>>,
+    },
+}
+
+/// Request limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Most concurrent SSE streams.
+    pub max_sse_connections: usize,
+    /// The longest an execute call may wait, in milliseconds.
+    pub max_wait_ms: u64,
+    /// The wait of an execute call that names none, in milliseconds.
+    pub default_wait_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 256 * 1024,
+            max_sse_connections: 64,
+            max_wait_ms: 30_000,
+            default_wait_ms: 5_000,
+        }
+    }
+}
+
+/// A checked configuration, ready to start a server.
+#[derive(Debug)]
+pub struct ServeConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The ledger.
+    pub store: StoreUrl,
+    /// The read-model file (`None`: beside the SQLite ledger, or `opledger.views` for KurrentDB).
+    pub views: Option<PathBuf>,
+    /// The engine's lease, retry budget and backoff.
+    pub policy: EnginePolicy,
+    /// Most operations the background workers drive at once.
+    pub workers: usize,
+    /// Request limits.
+    pub limits: Limits,
+    /// Every bearer token and whom it stands for.
+    pub tokens: BTreeMap<String, Principal>,
+    /// The providers and their accounts, built (their HTTP clients ready).
+    pub providers: Vec<HttpProvider>,
+}
+
+// ---- the file's shape (serde) ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Option<Spanned<String>>,
+    store: Option<Spanned<String>>,
+    views: Option<PathBuf>,
+    #[serde(default)]
+    engine: EngineSection,
+    #[serde(default)]
+    limits: LimitsSection,
+    #[serde(default)]
+    tenants: Vec<TokenHolder>,
+    #[serde(default)]
+    operators: Vec<Operator>,
+    #[serde(default)]
+    providers: Vec<Provider>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EngineSection {
+    lease_ms: Option<Spanned<u64>>,
+    workers: Option<Spanned<usize>>,
+    backoff_base_ms: Option<u64>,
+    backoff_max_ms: Option<Spanned<u64>>,
+    max_attempts: Option<Spanned<u32>>,
+    max_total_ms: Option<u64>,
+    max_reconciliations: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    max_body_bytes: Option<Spanned<usize>>,
+    max_sse_connections: Option<Spanned<usize>>,
+    max_wait_ms: Option<Spanned<u64>>,
+    default_wait_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenHolder {
+    id: Spanned<String>,
+    token: Option<Spanned<String>>,
+    token_env: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Operator {
+    id: Spanned<String>,
+    token: Option<Spanned<String>>,
+    token_env: Option<Spanned<String>>,
+    tenants: Option<Vec<Spanned<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Provider {
+    id: Spanned<String>,
+    shape: Spanned<String>,
+    base_url: Spanned<String>,
+    request_timeout_ms: Option<u64>,
+    connect_timeout_ms: Option<u64>,
+    key_retention_s: Option<u64>,
+    key_safety_margin_s: Option<u64>,
+    search_lag_ms: Option<u64>,
+    accounts: Vec<ProviderAccount>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderAccount {
+    id: Spanned<String>,
+    token: Option<Spanned<String>>,
+    token_env: Option<Spanned<String>>,
+}
+
+/// Reads and checks the configuration file at `path`.
+pub fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
+    let file = path.display().to_string();
+    let whole = |field: &str, message: String| ConfigError {
+        file: file.clone(),
+        line: None,
+        field: field.to_owned(),
+        message,
+    };
+    let size = std::fs::metadata(path)
+        .map_err(|error| {
+            whole(
+                "file",
+                format!("cannot be read ({error}); pass --config with the path of a TOML file, or leave --config out for the embedded default"),
+            )
+        })?
+        .len();
+    if size > MAX_CONFIG_BYTES {
+        return Err(whole(
+            "file",
+            format!("is {size} bytes; a configuration is at most {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|error| whole("file", format!("cannot be read as UTF-8 text ({error})")))?;
+    parse(&file, &text, &|name| std::env::var(name).ok())
+}
+
+/// Checks a configuration text; `env` reads an environment variable (tests pass their own).
+pub fn parse(
+    file: &str,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ServeConfig, ConfigError> {
+    let parsed: File = toml::from_str(text).map_err(|error| ConfigError {
+        file: file.to_owned(),
+        line: error.span().map(|span| line_of(text, span.start)),
+        field: "syntax".into(),
+        // The parser's own message quotes the offending line; its first line is enough here.
+        message: error.message().trim().to_owned(),
+    })?;
+    Checker { file, text, env }.check(parsed)
+}
+
+struct Checker<'a> {
+    file: &'a str,
+    text: &'a str,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Checker<'_> {
+    fn error(&self, span: Option<Range<usize>>, field: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: span.map(|span| line_of(self.text, span.start)),
+            field: field.to_owned(),
+            message,
+        }
+    }
+
+    fn check(&self, file: File) -> Result<ServeConfig, ConfigError> {
+        let listen = match &file.listen {
+            Some(listen) => listen.get_ref().parse::<SocketAddr>().map_err(|_| {
+                self.error(
+                    Some(listen.span()),
+                    "listen",
+                    format!(
+                        "`{}` is not an address; write IP:port, e.g. \"127.0.0.1:8080\"",
+                        listen.get_ref()
+                    ),
+                )
+            })?,
+            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let store = match &file.store {
+            Some(store) => parse_store(store.get_ref())
+                .map_err(|message| self.error(Some(store.span()), "store", message))?,
+            None => StoreUrl::Sqlite(PathBuf::from(crate::cli::DEFAULT_DB)),
+        };
+        let (policy, workers) = self.engine(&file.engine)?;
+        let limits = self.limits(&file.limits)?;
+        for (name, count) in [
+            ("tenants", file.tenants.len()),
+            ("operators", file.operators.len()),
+            ("providers", file.providers.len()),
+        ] {
+            if count > MAX_ENTRIES {
+                return Err(self.error(
+                    None,
+                    name,
+                    format!("lists {count}; at most {MAX_ENTRIES} are allowed"),
+                ));
+            }
+        }
+        let tokens = self.tokens(&file)?;
+        let providers = self.providers(&file.providers)?;
+        Ok(ServeConfig {
+            listen,
+            store,
+            views: file.views,
+            policy,
+            workers,
+            limits,
+            tokens,
+            providers,
+        })
+    }
+
+    fn engine(&self, section: &EngineSection) -> Result<(EnginePolicy, usize), ConfigError> {
+        let defaults = EnginePolicy::default();
+        let retry_defaults = RetryPolicy::default();
+        let lease_ms = spanned_or(&section.lease_ms, defaults.lease_ms);
+        if !(1_000..=3_600_000).contains(&lease_ms) {
+            return Err(self.error(
+                span(&section.lease_ms),
+                "engine.lease_ms",
+                format!("is {lease_ms}; use 1000 to 3600000 ms (longer than any send may take)"),
+            ));
+        }
+        let workers = spanned_or(&section.workers, 16);
+        if !(1..=MAX_CONCURRENT_LIMIT).contains(&workers) {
+            return Err(self.error(
+                span(&section.workers),
+                "engine.workers",
+                format!("is {workers}; use 1 to {MAX_CONCURRENT_LIMIT} concurrent drives"),
+            ));
+        }
+        let backoff_base_ms = section.backoff_base_ms.unwrap_or(defaults.backoff_base_ms);
+        let backoff_max_ms = spanned_or(&section.backoff_max_ms, defaults.backoff_max_ms);
+        if backoff_base_ms == 0 || backoff_max_ms < backoff_base_ms || backoff_max_ms > 3_600_000 {
+            return Err(self.error(
+                span(&section.backoff_max_ms),
+                "engine.backoff_max_ms",
+                format!("is {backoff_max_ms} with backoff_base_ms {backoff_base_ms}; the base must be at least 1 ms and the maximum between the base and 3600000 ms"),
+            ));
+        }
+        let max_attempts = spanned_or(&section.max_attempts, retry_defaults.max_attempts);
+        if !(1..=100).contains(&max_attempts) {
+            return Err(self.error(
+                span(&section.max_attempts),
+                "engine.max_attempts",
+                format!("is {max_attempts}; use 1 to 100"),
+            ));
+        }
+        let policy = EnginePolicy {
+            lease_ms,
+            retry: RetryPolicy {
+                max_attempts,
+                max_total_ms: section.max_total_ms.unwrap_or(retry_defaults.max_total_ms),
+                max_reconciliations: section
+                    .max_reconciliations
+                    .unwrap_or(retry_defaults.max_reconciliations),
+            },
+            backoff_base_ms,
+            backoff_max_ms,
+        };
+        Ok((policy, workers))
+    }
+
+    fn limits(&self, section: &LimitsSection) -> Result<Limits, ConfigError> {
+        let defaults = Limits::default();
+        let limits = Limits {
+            max_body_bytes: spanned_or(&section.max_body_bytes, defaults.max_body_bytes),
+            max_sse_connections: spanned_or(
+                &section.max_sse_connections,
+                defaults.max_sse_connections,
+            ),
+            max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
+            default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
+        };
+        if !(1024..=MAX_BODY_LIMIT_BYTES).contains(&limits.max_body_bytes) {
+            return Err(self.error(
+                span(&section.max_body_bytes),
+                "limits.max_body_bytes",
+                format!(
+                    "is {}; use 1024 to {MAX_BODY_LIMIT_BYTES}",
+                    limits.max_body_bytes
+                ),
+            ));
+        }
+        if !(1..=MAX_SSE_LIMIT).contains(&limits.max_sse_connections) {
+            return Err(self.error(
+                span(&section.max_sse_connections),
+                "limits.max_sse_connections",
+                format!(
+                    "is {}; use 1 to {MAX_SSE_LIMIT}",
+                    limits.max_sse_connections
+                ),
+            ));
+        }
+        if limits.max_wait_ms > MAX_WAIT_LIMIT_MS {
+            return Err(self.error(
+                span(&section.max_wait_ms),
+                "limits.max_wait_ms",
+                format!("is {}; use 0 to {MAX_WAIT_LIMIT_MS}", limits.max_wait_ms),
+            ));
+        }
+        if limits.default_wait_ms > limits.max_wait_ms {
+            return Err(self.error(
+                span(&section.default_wait_ms),
+                "limits.default_wait_ms",
+                format!(
+                    "is {}, above max_wait_ms {}; make it at most max_wait_ms",
+                    limits.default_wait_ms, limits.max_wait_ms
+                ),
+            ));
+        }
+        Ok(limits)
+    }
+
+    fn tokens(&self, file: &File) -> Result<BTreeMap<String, Principal>, ConfigError> {
+        let mut tokens = BTreeMap::new();
+        let mut tenants = BTreeSet::new();
+        for (index, holder) in file.tenants.iter().enumerate() {
+            let field = format!("tenants[{index}]");
+            let tenant = TenantId::new(holder.id.get_ref().clone()).map_err(|error| {
+                self.error(
+                    Some(holder.id.span()),
+                    &format!("{field}.id"),
+                    error.message,
+                )
+            })?;
+            if !tenants.insert(tenant.clone()) {
+                return Err(self.error(
+                    Some(holder.id.span()),
+                    &format!("{field}.id"),
+                    format!("tenant `{tenant}` is listed twice; list each tenant once"),
+                ));
+            }
+            let token = self.token(&field, &holder.id, &holder.token, &holder.token_env)?;
+            self.insert_token(&mut tokens, token, Principal::Tenant(tenant), &holder.id)?;
+        }
+        for (index, operator) in file.operators.iter().enumerate() {
+            let field = format!("operators[{index}]");
+            let name = operator.id.get_ref().trim().to_owned();
+            if name.is_empty() || name.len() > 128 {
+                return Err(self.error(
+                    Some(operator.id.span()),
+                    &format!("{field}.id"),
+                    "must be 1 to 128 characters; it is recorded as the reviewer".into(),
+                ));
+            }
+            let scope = match &operator.tenants {
+                None => None,
+                Some(list) => {
+                    let mut scope = BTreeSet::new();
+                    for (position, tenant) in list.iter().enumerate() {
+                        let id = TenantId::new(tenant.get_ref().clone()).map_err(|error| {
+                            self.error(
+                                Some(tenant.span()),
+                                &format!("{field}.tenants[{position}]"),
+                                error.message,
+                            )
+                        })?;
+                        if !tenants.contains(&id) {
+                            return Err(self.error(
+                                Some(tenant.span()),
+                                &format!("{field}.tenants[{position}]"),
+                                format!("names tenant `{id}`, which is not under [[tenants]]; add it there or remove it here"),
+                            ));
+                        }
+                        scope.insert(id);
+                    }
+                    Some(scope)
+                }
+            };
+            let token = self.token(&field, &operator.id, &operator.token, &operator.token_env)?;
+            self.insert_token(
+                &mut tokens,
+                token,
+                Principal::Operator {
+                    name,
+                    tenants: scope,
+                },
+                &operator.id,
+            )?;
+        }
+        Ok(tokens)
+    }
+
+    fn insert_token(
+        &self,
+        tokens: &mut BTreeMap<String, Principal>,
+        token: String,
+        principal: Principal,
+        at: &Spanned<String>,
+    ) -> Result<(), ConfigError> {
+        if tokens.insert(token, principal).is_some() {
+            return Err(self.error(
+                Some(at.span()),
+                "token",
+                format!(
+                    "`{}` has the same token as another tenant or operator; every token must be unique",
+                    at.get_ref()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The token given inline or through an environment variable (exactly one of the two).
+    fn token(
+        &self,
+        field: &str,
+        owner: &Spanned<String>,
+        inline: &Option<Spanned<String>>,
+        env: &Option<Spanned<String>>,
+    ) -> Result<String, ConfigError> {
+        let (token, at, name) = match (inline, env) {
+            (Some(token), None) => (token.get_ref().clone(), token.span(), "token"),
+            (None, Some(variable)) => {
+                let value = (self.env)(variable.get_ref()).ok_or_else(|| {
+                    self.error(
+                        Some(variable.span()),
+                        &format!("{field}.token_env"),
+                        format!(
+                            "environment variable `{}` is not set; export it before starting the server",
+                            variable.get_ref()
+                        ),
+                    )
+                })?;
+                (value, variable.span(), "token_env")
+            }
+            (Some(token), Some(_)) => {
+                return Err(self.error(
+                    Some(token.span()),
+                    &format!("{field}.token"),
+                    "is given together with token_env; keep one (token_env keeps the secret out of the file)".into(),
+                ))
+            }
+            (None, None) => {
+                return Err(self.error(
+                    Some(owner.span()),
+                    field,
+                    "has no token; add token_env = \"VARIABLE\" (or token = \"…\" for local use)"
+                        .into(),
+                ))
+            }
+        };
+        let token = token.trim().to_owned();
+        if token.chars().count() < MIN_TOKEN_CHARS || token.chars().any(char::is_whitespace) {
+            return Err(self.error(
+                Some(at),
+                &format!("{field}.{name}"),
+                format!("the token must be at least {MIN_TOKEN_CHARS} characters without spaces; generate one, e.g. with `openssl rand -hex 24`"),
+            ));
+        }
+        Ok(token)
+    }
+
+    fn providers(&self, providers: &[Provider]) -> Result<Vec<HttpProvider>, ConfigError> {
+        let mut seen = BTreeSet::new();
+        let mut configs = Vec::with_capacity(providers.len());
+        for (index, provider) in providers.iter().enumerate() {
+            let field = format!("providers[{index}]");
+            let id = ProviderId::new(provider.id.get_ref().clone()).map_err(|error| {
+                self.error(
+                    Some(provider.id.span()),
+                    &format!("{field}.id"),
+                    error.message,
+                )
+            })?;
+            if !seen.insert(id.clone()) {
+                return Err(self.error(
+                    Some(provider.id.span()),
+                    &format!("{field}.id"),
+                    format!("provider `{id}` is listed twice; list each provider once"),
+                ));
+            }
+            let shape: Shape = provider.shape.get_ref().parse().map_err(|error| {
+                self.error(
+                    Some(provider.shape.span()),
+                    &format!("{field}.shape"),
+                    format!("{error}"),
+                )
+            })?;
+            if provider.accounts.is_empty() {
+                return Err(self.error(
+                    Some(provider.id.span()),
+                    &format!("{field}.accounts"),
+                    "is empty; add at least one [[providers.accounts]] with id and token_env"
+                        .into(),
+                ));
+            }
+            let mut accounts = Vec::with_capacity(provider.accounts.len());
+            let mut account_ids = BTreeSet::new();
+            for (position, account) in provider.accounts.iter().enumerate() {
+                let account_field = format!("{field}.accounts[{position}]");
+                let account_id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
+                    self.error(
+                        Some(account.id.span()),
+                        &format!("{account_field}.id"),
+                        error.message,
+                    )
+                })?;
+                if !account_ids.insert(account_id.clone()) {
+                    return Err(self.error(
+                        Some(account.id.span()),
+                        &format!("{account_field}.id"),
+                        format!("account `{account_id}` is listed twice for `{id}`"),
+                    ));
+                }
+                // Provider credentials are the CRM's, not ours: any non-empty value is taken.
+                let token = match (&account.token, &account.token_env) {
+                    (Some(token), None) if !token.get_ref().trim().is_empty() => {
+                        token.get_ref().trim().to_owned()
+                    }
+                    (None, Some(variable)) => (self.env)(variable.get_ref())
+                        .filter(|value| !value.trim().is_empty())
+                        .ok_or_else(|| {
+                            self.error(
+                                Some(variable.span()),
+                                &format!("{account_field}.token_env"),
+                                format!("environment variable `{}` is not set or empty; export the account's API token there", variable.get_ref()),
+                            )
+                        })?,
+                    _ => {
+                        return Err(self.error(
+                            Some(account.id.span()),
+                            &account_field,
+                            "needs exactly one of token_env = \"VARIABLE\" or token = \"…\""
+                                .into(),
+                        ))
+                    }
+                };
+                accounts.push(AccountConfig::with_token(account_id, token));
+            }
+            let mut config =
+                HttpProviderConfig::new(shape, provider.base_url.get_ref().clone(), accounts);
+            if let Some(value) = provider.request_timeout_ms {
+                config.request_timeout_ms = value;
+            }
+            if let Some(value) = provider.connect_timeout_ms {
+                config.connect_timeout_ms = value;
+            }
+            if let Some(value) = provider.key_retention_s {
+                config.key_retention_s = value;
+            }
+            if let Some(value) = provider.key_safety_margin_s {
+                config.key_safety_margin_s = value;
+            }
+            if let Some(value) = provider.search_lag_ms {
+                config.search_lag_ms = value;
+            }
+            // The adapter checks URLs and timeouts itself; its message is placed at the provider.
+            let built = HttpProvider::new(id, &config).map_err(|error| {
+                self.error(Some(provider.base_url.span()), &field, format!("{error}"))
+            })?;
+            configs.push(built);
+        }
+        Ok(configs)
+    }
+}
+
+/// Parses `sqlite:///abs/path`, `sqlite://relative/path`, a bare path, or a KurrentDB URL.
+pub fn parse_store(text: &str) -> Result<StoreUrl, String> {
+    let text = text.trim();
+    if let Some(path) = text.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(
+                "`sqlite://` names no file; write sqlite:///var/lib/opledger/opledger.db".into(),
+            );
+        }
+        return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+    }
+    if text.starts_with("kurrentdb://")
+        || text.starts_with("kurrentdb+discover://")
+        || text.starts_with("esdb://")
+        || text.starts_with("esdb+discover://")
+    {
+        return Ok(StoreUrl::KurrentDb(text.to_owned()));
+    }
+    Err(format!(
+        "`{text}` is not a store URL; write sqlite:///path/to/ledger.db, or kurrentdb://host:2113 / esdb://host:2113"
+    ))
+}
+
+fn spanned_or<T: Copy>(value: &Option<Spanned<T>>, default: T) -> T {
+    value.as_ref().map_or(default, |value| *value.get_ref())
+}
+
+fn span<T>(value: &Option<Spanned<T>>) -> Option<Range<usize>> {
+    value.as_ref().map(Spanned::span)
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef0123";
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "ACME_TOKEN" => Some(TOKEN.into()),
+            "OPS_TOKEN" => Some("ops-0123456789abcdef".into()),
+            "CRM_TOKEN" => Some("crm-secret".into()),
+            _ => None,
+        }
+    }
+
+    fn check(text: &str) -> Result<ServeConfig, ConfigError> {
+        parse("serve.toml", text, &env)
+    }
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:9090"
+store = "sqlite:///tmp/ledger.db"
+
+[engine]
+lease_ms = 20000
+workers = 8
+
+[[tenants]]
+id = "acme"
+token_env = "ACME_TOKEN"
+
+[[operators]]
+id = "oncall"
+token_env = "OPS_TOKEN"
+tenants = ["acme"]
+
+[[providers]]
+id = "crm"
+shape = "keyed"
+base_url = "http://127.0.0.1:8787"
+
+[[providers.accounts]]
+id = "acct-1"
+token_env = "CRM_TOKEN"
+"#;
+
+    #[test]
+    fn a_complete_file_is_read_with_its_tokens_and_providers() {
+        let config = check(GOOD).expect("valid");
+        assert_eq!(config.listen.port(), 9090);
+        assert_eq!(
+            config.store,
+            StoreUrl::Sqlite(PathBuf::from("/tmp/ledger.db"))
+        );
+        assert_eq!(config.policy.lease_ms, 20_000);
+        assert_eq!(config.workers, 8);
+        assert_eq!(
+            config.tokens.get(TOKEN),
+            Some(&Principal::Tenant(TenantId::new("acme").expect("id")))
+        );
+        assert!(matches!(
+            config.tokens.get("ops-0123456789abcdef"),
+            Some(Principal::Operator { tenants: Some(t), .. }) if t.len() == 1
+        ));
+        assert_eq!(config.providers.len(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_line() {
+        let cases: [(&str, &str, &str, usize); 6] = [
+            ("workers = 8", "workers = 0", "engine.workers", 7),
+            (
+                "token_env = \"ACME_TOKEN\"",
+                "token_env = \"MISSING\"",
+                "tenants[0].token_env",
+                11,
+            ),
+            (
+                "shape = \"keyed\"",
+                "shape = \"soap\"",
+                "providers[0].shape",
+                20,
+            ),
+            (
+                "tenants = [\"acme\"]",
+                "tenants = [\"other\"]",
+                "operators[0].tenants[0]",
+                16,
+            ),
+            (
+                "listen = \"127.0.0.1:9090\"",
+                "listen = \"localhost\"",
+                "listen",
+                2,
+            ),
+            (
+                "store = \"sqlite:///tmp/ledger.db\"",
+                "store = \"postgres://x\"",
+                "store",
+                3,
+            ),
+        ];
+        for (from, to, field, line) in cases {
+            let text = GOOD.replace(from, to);
+            let error = check(&text).expect_err(to);
+            assert_eq!(error.field, field, "{to}: {error}");
+            assert_eq!(error.line, Some(line), "{to}: {error}");
+            assert!(error
+                .to_string()
+                .starts_with(&format!("serve.toml:{line}: ")));
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_types_are_syntax_errors_with_a_line() {
+        let error = check(&GOOD.replace("workers = 8", "workerz = 8")).expect_err("unknown");
+        assert_eq!(error.line, Some(7));
+        assert!(error.message.contains("workerz"), "{error}");
+        let error = check(&GOOD.replace("workers = 8", "workers = \"eight\"")).expect_err("type");
+        assert_eq!(error.line, Some(7), "{error}");
+    }
+
+    #[test]
+    fn short_or_shared_tokens_are_refused() {
+        let short = GOOD.replace("token_env = \"ACME_TOKEN\"", "token = \"short\"");
+        assert_eq!(check(&short).expect_err("short").field, "tenants[0].token");
+        let shared = GOOD.replace("token_env = \"OPS_TOKEN\"", "token_env = \"ACME_TOKEN\"");
+        assert_eq!(check(&shared).expect_err("shared").field, "token");
+    }
+
+    #[test]
+    fn the_example_in_the_repository_is_a_valid_configuration() {
+        let text = include_str!("../../opledger.example.toml");
+        let env = |name: &str| match name {
+            "ACME_API_TOKEN" => Some("acme-0123456789abcdef".to_owned()),
+            "OPS_TOKEN" => Some("ops-0123456789abcdef".to_owned()),
+            "HUBSPOT_ACCT1_TOKEN" => Some("hubspot-secret".to_owned()),
+            _ => None,
+        };
+        let config = parse("opledger.example.toml", text, &env).expect("the example is valid");
+        assert_eq!(config.tokens.len(), 2);
+        assert_eq!(config.providers.len(), 1);
+        let error = parse("opledger.example.toml", text, &|_| None).expect_err("no env");
+        assert_eq!(error.field, "tenants[0].token_env");
+    }
+
+    #[test]
+    fn store_urls_are_sqlite_paths_or_kurrentdb_connection_strings() {
+        assert_eq!(
+            parse_store("sqlite://ledger.db"),
+            Ok(StoreUrl::Sqlite(PathBuf::from("ledger.db")))
+        );
+        assert!(matches!(
+            parse_store("esdb://localhost:2113?tls=false"),
+            Ok(StoreUrl::KurrentDb(_))
+        ));
+        assert!(parse_store("sqlite://").is_err());
+        assert!(parse_store("/var/ledger.db").is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! The API's one error shape, `{"error": {"code": "...", "message": "..."}}`, and how every error
+//! from below maps onto a status code.
+//!
+//! A refusal by the ledger's rules is a 409 and a problem with the input a 400/422: in both cases
+//! nothing was written. A store that failed mid-append is a 503 whose message says the request
+//! may be repeated as it is — every write the API offers is idempotent (a source id, the
+//! operation's own stream version).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use opledger_adapters::readmodel::ReadModelError;
+use opledger_domain::app::AppError;
+use opledger_domain::decider::Rejection;
+use opledger_domain::error::ValidationError;
+use opledger_domain::store::StoreError;
+use serde_json::json;
+use tracing::error;
+
+/// An error as the API answers it.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable, machine-readable code.
+    pub code: &'static str,
+    /// What went wrong and what to do, for a person.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// No such operation — also what another tenant's operation looks like, so that existence
+    /// does not leak.
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} does not exist (or is not yours)"),
+        )
+    }
+
+    /// The input is wrong; nothing was written.
+    pub fn invalid(error: ValidationError) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            error.to_string(),
+        )
+    }
+
+    /// Something failed inside; logged with its detail.
+    pub fn internal(what: &str, detail: impl std::fmt::Display) -> Self {
+        error!(%detail, "{what}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("{what}; the server log has the detail"),
+        )
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        Self::invalid(error)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::AppendOutcomeUnknown { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome_unknown",
+                format!("{error}; repeat the same request: it is idempotent"),
+            ),
+            StoreError::InvalidAppend { .. } => {
+                Self::internal("the ledger refused an append", error)
+            }
+            _ => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!("the ledger is unavailable ({error}); try again shortly"),
+            ),
+        }
+    }
+}
+
+impl From<AppError> for ApiError {
+    fn from(error: AppError) -> Self {
+        match error {
+            AppError::Invalid(error) => Self::invalid(error),
+            AppError::NotFound { operation_id } => {
+                Self::not_found(format!("operation {operation_id}"))
+            }
+            // The decider checks some inputs itself (note lengths): bad input, not a refusal.
+            AppError::Rejected {
+                rejection: Rejection::Invalid(_),
+                ..
+            } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_input",
+                error.to_string(),
+            ),
+            AppError::Rejected { .. } => {
+                Self::new(StatusCode::CONFLICT, "refused", error.to_string())
+            }
+            AppError::SourceReused { .. } => {
+                Self::new(StatusCode::CONFLICT, "source_id_reused", error.to_string())
+            }
+            AppError::Contended { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "contended",
+                error.to_string(),
+            ),
+            AppError::Store(error) => error.into(),
+            AppError::Decode(error) => Self::internal("a stored event could not be read", error),
+        }
+    }
+}
+
+impl From<ReadModelError> for ApiError {
+    fn from(error: ReadModelError) -> Self {
+        match error {
+            ReadModelError::InvalidQuery { reason } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", reason)
+            }
+            ReadModelError::Store(error) => error.into(),
+            other => Self::internal("the read models failed", other),
+        }
+    }
+}
+
+impl From<crate::cli::CliError> for ApiError {
+    fn from(error: crate::cli::CliError) -> Self {
+        use crate::cli::CliError;
+        match error {
+            CliError::Invalid(error) => Self::invalid(error),
+            CliError::App(error) => error.into(),
+            CliError::Store(error) => error.into(),
+            CliError::NotFound(message) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            other => Self::internal("the request failed", other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        json_reply(self.status, &body)
+    }
+}
+
+/// A JSON response with this status.
+pub fn json_reply(status: StatusCode, body: &serde_json::Value) -> Response {
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}

@@ -1,0 +1,281 @@
+//! `GET /metrics` in Prometheus' text format, and the middleware that times every request.
+//!
+//! Ledger figures come from the read models (counts by state, the oldest unknown and
+//! needs-review operations' ages, reconciliations that confirmed a success, duplicates found,
+//! attempts per operation); request latencies are measured here, per route template (never per
+//! raw path, so the number of series stays bounded). Only aggregates are shown: no operation id,
+//! no tenant.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use opledger_projections::metrics::Counter;
+
+use super::error::ApiError;
+use super::Shared;
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+const BUCKETS_S: [f64; 14] = [
+    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    /// Per bucket of [`BUCKETS_S`] (not cumulative), then the overflow.
+    counts: [u64; BUCKETS_S.len() + 1],
+    sum_s: f64,
+}
+
+/// Request counts and latencies, per method, route template and status.
+#[derive(Debug, Default)]
+pub struct RequestMetrics {
+    latencies: Mutex<BTreeMap<(String, String), Histogram>>,
+    statuses: Mutex<BTreeMap<(String, String, u16), u64>>,
+}
+
+impl RequestMetrics {
+    fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        {
+            let mut latencies = self
+                .latencies
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let histogram = latencies
+                .entry((method.to_owned(), route.to_owned()))
+                .or_default();
+            let bucket = BUCKETS_S
+                .iter()
+                .position(|bound| seconds <= *bound)
+                .unwrap_or(BUCKETS_S.len());
+            histogram.counts[bucket] += 1;
+            histogram.sum_s += seconds;
+        }
+        let mut statuses = self.statuses.lock().unwrap_or_else(PoisonError::into_inner);
+        *statuses
+            .entry((method.to_owned(), route.to_owned(), status))
+            .or_default() += 1;
+    }
+
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP opledger_http_requests_total HTTP requests answered, by method, route and status."
+        );
+        let _ = writeln!(out, "# TYPE opledger_http_requests_total counter");
+        for ((method, route, status), count) in self
+            .statuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "opledger_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP opledger_http_request_duration_seconds Time to answer a request (to the headers, for streams)."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE opledger_http_request_duration_seconds histogram"
+        );
+        for ((method, route), histogram) in self
+            .latencies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            let labels = format!("method=\"{method}\",route=\"{route}\"");
+            let mut cumulative = 0;
+            for (bound, count) in BUCKETS_S.iter().zip(histogram.counts) {
+                cumulative += count;
+                let _ = writeln!(
+                    out,
+                    "opledger_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {cumulative}"
+                );
+            }
+            cumulative += histogram.counts[BUCKETS_S.len()];
+            let _ = writeln!(
+                out,
+                "opledger_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {cumulative}"
+            );
+            let _ = writeln!(
+                out,
+                "opledger_http_request_duration_seconds_sum{{{labels}}} {}",
+                histogram.sum_s
+            );
+            let _ = writeln!(
+                out,
+                "opledger_http_request_duration_seconds_count{{{labels}}} {cumulative}"
+            );
+        }
+    }
+}
+
+/// Times every request by its route template.
+pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    shared.requests.observe(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+pub async fn render(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    let metrics = shared.read_models.call(|store| store.metrics()).await?;
+    let lag = shared
+        .read_models
+        .lag(shared.engine.ledger().store())
+        .await?;
+    let now = Utc::now();
+    let mut out = String::with_capacity(4096);
+    let gauge = |out: &mut String, name: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+    };
+    gauge(
+        &mut out,
+        "opledger_operations",
+        "Operations by current state.",
+    );
+    for (state, count) in &metrics.by_state {
+        let _ = writeln!(out, "opledger_operations{{state=\"{state}\"}} {count}");
+    }
+    gauge(
+        &mut out,
+        "opledger_oldest_unknown_age_seconds",
+        "Age of the operation unknown the longest (0 when none is unknown).",
+    );
+    let age = |since: Option<chrono::DateTime<Utc>>| {
+        since.map_or(0, |since| (now - since).num_seconds().max(0))
+    };
+    let _ = writeln!(
+        out,
+        "opledger_oldest_unknown_age_seconds {}",
+        age(metrics.oldest_unknown.as_ref().map(|oldest| oldest.since))
+    );
+    gauge(
+        &mut out,
+        "opledger_oldest_needs_review_age_seconds",
+        "Age of the operation waiting for a person the longest (0 when none waits).",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_oldest_needs_review_age_seconds {}",
+        age(metrics
+            .oldest_needs_review
+            .as_ref()
+            .map(|oldest| oldest.since))
+    );
+    for (counter, name, help) in [
+        (
+            Counter::IntentsRecorded,
+            "opledger_intents_recorded_total",
+            "Intents recorded.",
+        ),
+        (
+            Counter::AttemptsStarted,
+            "opledger_attempts_started_total",
+            "Attempts started.",
+        ),
+        (
+            Counter::UnknownOutcomes,
+            "opledger_unknown_outcomes_total",
+            "Attempts that ended without a known outcome.",
+        ),
+        (
+            Counter::ReconciliationsConfirmed,
+            "opledger_reconciliations_confirmed_total",
+            "Lookups that found the object of an unconfirmed operation and so confirmed it.",
+        ),
+        (
+            Counter::ReviewsRequired,
+            "opledger_reviews_required_total",
+            "Hand-overs to a person.",
+        ),
+        (
+            Counter::DuplicatesDetected,
+            "opledger_duplicates_detected_total",
+            "Second objects found for confirmed operations.",
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let _ = writeln!(out, "{name} {}", metrics.counter(counter));
+    }
+    gauge(
+        &mut out,
+        "opledger_shared_external_ids",
+        "External objects named by more than one operation.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_shared_external_ids {}",
+        metrics.shared_external_ids
+    );
+    gauge(
+        &mut out,
+        "opledger_possible_duplicate_intents",
+        "Pairs of identical intents from different deliveries, flagged for a person.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_possible_duplicate_intents {}",
+        metrics.possible_duplicate_intents
+    );
+    gauge(
+        &mut out,
+        "opledger_operations_by_attempts",
+        "Operations by the number of attempts they took.",
+    );
+    for (attempts, operations) in &metrics.attempts.histogram {
+        let _ = writeln!(
+            out,
+            "opledger_operations_by_attempts{{attempts=\"{attempts}\"}} {operations}"
+        );
+    }
+    gauge(
+        &mut out,
+        "opledger_read_model_lag_events",
+        "Log positions the read models have not applied yet.",
+    );
+    let _ = writeln!(out, "opledger_read_model_lag_events {}", lag.positions);
+    gauge(
+        &mut out,
+        "opledger_event_streams_open",
+        "Server-Sent Event streams open now.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_event_streams_open {}",
+        shared.limits.max_sse_connections - shared.sse.available_permits()
+    );
+    shared.requests.render(&mut out);
+    Ok((
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}

@@ -1,0 +1,308 @@
+//! `opledger serve`: the HTTP service agents and services talk to.
+//!
+//! One process holds the ledger (the embedded SQLite file by default), the engine and its
+//! background workers, the read-model runner, and the API. Start-up checks the whole
+//! configuration before opening or binding anything. Shutdown (SIGTERM or Ctrl-C) stops
+//! accepting, ends the event streams, lets requests in progress finish (an execute call stops
+//! waiting, but a send already made is recorded), waits (bounded) for the workers' drives, and
+//! closes the store after its last acknowledged append is durable. An acknowledged intent is
+//! never lost: the API answers 2xx only after the ledger's append returned.
+//!
+//! Without `--config` it runs the embedded default with the CRM stand in-process as a demo
+//! provider, so `opledger serve` alone gives a working API.
+
+mod api;
+mod auth;
+pub mod config;
+mod error;
+mod events;
+mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use opledger_adapters::provider::{
+    AccountConfig, HttpProvider, HttpProviderConfig, HttpProviders, Shape,
+};
+use opledger_adapters::readmodel::{ProjectionRunner, ReadModels};
+use opledger_adapters::stand::{Stand, StandConfig};
+use opledger_adapters::system::{RandomIds, SystemClock};
+use opledger_adapters::workers::{WorkerConfig, Workers};
+use opledger_adapters::SqliteStore;
+use opledger_domain::app::Ledger;
+use opledger_domain::engine::Engine;
+use opledger_domain::ids::{AccountId, ProviderId, TenantId, WorkerId};
+use tokio::sync::{watch, Semaphore};
+use tracing::{info, warn};
+
+use self::auth::Tokens;
+use self::config::{Limits, Principal, ServeConfig, StoreUrl};
+use self::events::TenantCache;
+use self::metrics::RequestMetrics;
+use crate::cli::{CliError, ServeArgs};
+
+/// The OpenAPI description of every route, served at `/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// The embedded default's tokens: for a first look on a laptop, printed at start.
+const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
+const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
+const DEMO_ACCOUNT: &str = "demo";
+const DEMO_CRM_TOKEN: &str = "demo-crm-token";
+
+/// The ledger the server keeps.
+// KurrentDB lands as a second store; this alias becomes the choice between the two.
+pub type ServeStore = SqliteStore;
+/// The engine the server drives operations with.
+pub type ServeEngine = Engine<ServeStore, SystemClock, RandomIds, HttpProviders>;
+
+/// What every request handler shares.
+pub struct Shared {
+    /// The engine (and, through it, the ledger and the providers).
+    pub engine: Arc<ServeEngine>,
+    /// The read models, kept up to date by the runner.
+    pub read_models: ReadModels,
+    /// Who each bearer token is.
+    pub tokens: Tokens,
+    /// Request limits.
+    pub limits: Limits,
+    /// Request counts and latencies.
+    pub requests: RequestMetrics,
+    /// Places for event streams.
+    pub sse: Arc<Semaphore>,
+    /// Becomes `true` when the server is shutting down.
+    pub shutdown: watch::Receiver<bool>,
+    /// Which operation belongs to which tenant, for the event streams.
+    pub tenants: TenantCache,
+}
+
+pub async fn run(args: ServeArgs) -> Result<(), CliError> {
+    let (mut config, stand) = match &args.config {
+        Some(path) => (
+            config::load(path).map_err(|e| CliError::Config(e.to_string()))?,
+            None,
+        ),
+        None => {
+            let (config, stand) = embedded_default(&args).await?;
+            (config, Some(stand))
+        }
+    };
+    if let Some(listen) = &args.listen {
+        config.listen = listen.parse::<SocketAddr>().map_err(|_| {
+            opledger_domain::error::ValidationError::new(
+                "--listen",
+                format!("`{listen}` is not an address; write IP:port, e.g. 127.0.0.1:8080"),
+            )
+        })?;
+    }
+    let result = serve(config).await;
+    if let Some(stand) = stand {
+        stand.shutdown().await;
+    }
+    result
+}
+
+async fn serve(config: ServeConfig) -> Result<(), CliError> {
+    let ledger_path =
+        match &config.store {
+            StoreUrl::Sqlite(path) => path.clone(),
+            StoreUrl::KurrentDb(_) => return Err(CliError::Config(
+                "store: the KurrentDB backend is not part of this build yet; use sqlite:///path"
+                    .into(),
+            )),
+        };
+    let views_path = config.views.clone().unwrap_or_else(|| {
+        let mut path = ledger_path.clone().into_os_string();
+        path.push(".views");
+        PathBuf::from(path)
+    });
+    // Bound first: a port in use is found before the ledger is opened.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|error| {
+            CliError::Other(format!(
+                "cannot listen on {} ({error}); pick another address with --listen or `listen` in the config",
+                config.listen
+            ))
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|error| CliError::Other(format!("cannot read the bound address: {error}")))?;
+    let store = SqliteStore::open(&ledger_path).await?;
+    let read_models = ReadModels::open(&views_path).await?;
+    crate::views::catch_up_showing_progress(
+        &store,
+        &read_models,
+        None,
+        "catching up the read models",
+        false,
+    )
+    .await?;
+    let providers =
+        HttpProviders::new(config.providers).map_err(|e| CliError::Config(e.to_string()))?;
+    let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
+    let engine = Arc::new(Engine::try_new(
+        Ledger::new(store.clone(), SystemClock, RandomIds),
+        providers,
+        config.policy,
+        worker,
+    )?);
+    let (stop, stopping) = watch::channel(false);
+    let workers = Workers::spawn(
+        Arc::clone(&engine),
+        WorkerConfig {
+            max_concurrent: config.workers,
+            ..WorkerConfig::default()
+        },
+    );
+    let runner = {
+        let store = store.clone();
+        let read_models = read_models.clone();
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            ProjectionRunner::new()
+                .run(&store, &read_models, async move {
+                    let _ = stopping.wait_for(|stop| *stop).await;
+                })
+                .await
+        })
+    };
+    let shared = Arc::new(Shared {
+        engine: Arc::clone(&engine),
+        read_models,
+        tokens: Tokens::new(config.tokens),
+        limits: config.limits,
+        requests: RequestMetrics::default(),
+        sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),
+        shutdown: stopping.clone(),
+        tenants: TenantCache::default(),
+    });
+    println!(
+        "opledger serve: listening on http://{local} (ledger {}, read models {})",
+        ledger_path.display(),
+        views_path.display()
+    );
+    info!(%local, "serving");
+    let served = axum::serve(listener, api::router(shared))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            info!("shutting down: no new connections; finishing requests in progress");
+            let _ = stop.send(true);
+        })
+        .await;
+    // Every path below runs, whatever failed first, so the store is always closed cleanly.
+    let worker_stats = workers.shutdown().await;
+    let runner_result = runner.await;
+    let closed = store.close().await;
+    served.map_err(|error| CliError::Other(format!("the server failed: {error}")))?;
+    match worker_stats {
+        Ok(stats) => {
+            if stats.abandoned_at_shutdown > 0 {
+                warn!(
+                    abandoned = stats.abandoned_at_shutdown,
+                    "drives were still running at shutdown; their attempts stay in flight and are swept to unknown at the next start"
+                );
+            }
+            println!(
+                "opledger serve: stopped (workers drove {} time(s), {} still running at shutdown)",
+                stats.drives, stats.abandoned_at_shutdown
+            );
+        }
+        Err(error) => warn!(%error, "the workers had stopped with an error"),
+    }
+    match runner_result {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => warn!(%error, "the read-model runner had stopped with an error"),
+        Err(error) => warn!(%error, "the read-model runner failed"),
+    }
+    closed?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The configuration `opledger serve` runs with when given none: the SQLite ledger at `--db`, the
+/// CRM stand in-process on a free loopback port as provider `crm` (keyed shape, account `demo`),
+/// one tenant `demo` and one operator, with the demo tokens printed.
+async fn embedded_default(args: &ServeArgs) -> Result<(ServeConfig, Stand), CliError> {
+    let stand = Stand::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        StandConfig {
+            accounts: vec![(DEMO_ACCOUNT.to_owned(), DEMO_CRM_TOKEN.to_owned())],
+            ..StandConfig::default()
+        },
+    )
+    .await
+    .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
+    let mut providers = Vec::new();
+    for (id, shape) in [("crm", Shape::Keyed), ("crm-plain", Shape::Plain)] {
+        let mut provider = HttpProviderConfig::new(
+            shape,
+            stand.base_url(),
+            vec![AccountConfig::with_token(
+                AccountId::new(DEMO_ACCOUNT)?,
+                DEMO_CRM_TOKEN,
+            )],
+        );
+        provider.request_timeout_ms = 5_000;
+        providers.push(
+            HttpProvider::new(ProviderId::new(id)?, &provider)
+                .map_err(|error| CliError::Other(error.to_string()))?,
+        );
+    }
+    let mut tokens = BTreeMap::new();
+    tokens.insert(
+        DEMO_TENANT_TOKEN.to_owned(),
+        Principal::Tenant(TenantId::new("demo")?),
+    );
+    tokens.insert(
+        DEMO_OPERATOR_TOKEN.to_owned(),
+        Principal::Operator {
+            name: "demo-operator".into(),
+            tenants: None,
+        },
+    );
+    println!(
+        "opledger serve: no --config, so the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `demo`, tenant `demo` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
+        args.db.display(),
+        stand.base_url()
+    );
+    let config = ServeConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        store: StoreUrl::Sqlite(args.db.clone()),
+        views: None,
+        policy: opledger_domain::engine::EnginePolicy {
+            lease_ms: 15_000,
+            ..Default::default()
+        },
+        workers: 16,
+        limits: Limits::default(),
+        tokens,
+        providers,
+    };
+    Ok((config, stand))
+}
