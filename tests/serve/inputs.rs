@@ -1,0 +1,266 @@
+//! Every bad input gets a clear 4xx in the one error shape, and nothing is written.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::{Harness, TENANT_A_TOKEN};
+
+fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, code: &str, what: &str) {
+    assert_eq!(status, expected, "{what}: {body}");
+    assert_eq!(body["error"]["code"], code, "{what}: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.len() > 10),
+        "{what}: the message must say what is wrong: {body}"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_with_a_clear_error_and_write_nothing() {
+    let harness = Harness::new("max_body_bytes = 4096").await;
+    let server = harness.serve();
+    let (_, existing) = server.record(TENANT_A_TOKEN, "crm", "kept", None).await;
+    let id = existing["operation_id"].as_str().expect("id").to_owned();
+    // The workers send it; once it has settled, only a bad request could move the log.
+    server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+        .await;
+    let head = server.log_head().await;
+    let valid = json!({"provider": "crm", "account": "acct-1", "action": "create_task", "args": {"title": "x"}});
+    let with = |key: &str, value: Value| {
+        let mut body = valid.clone();
+        body[key] = value;
+        body
+    };
+    let cases: Vec<(&str, Vec<u8>, StatusCode, &str)> = vec![
+        (
+            "malformed JSON",
+            b"{\"provider\": ".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            "not JSON at all",
+            b"provider=crm".to_vec(),
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            "a wrong type",
+            with("args", json!("a string")).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "a number for text",
+            with("provider", json!(7)).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "an unknown field",
+            with("priority", json!("high")).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "a missing field",
+            json!({"provider": "crm"}).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "an unknown provider",
+            with("provider", json!("salesforce"))
+                .to_string()
+                .into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "an unknown account",
+            with("account", json!("acct-9")).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "an empty action",
+            with("action", json!("")).to_string().into_bytes(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "an oversized body",
+            with("args", json!({"text": "x".repeat(8_000)}))
+                .to_string()
+                .into_bytes(),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+        ),
+    ];
+    for (what, body, expected, code) in cases {
+        let (status, answer) = server
+            .call_raw("/v1/operations", TENANT_A_TOKEN, body)
+            .await;
+        assert_error(status, &answer, expected, code, what);
+    }
+    let gets: Vec<(String, StatusCode, &str)> = vec![
+        (
+            "/v1/operations?limit=0".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/operations?limit=1001".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/operations?state=exploded".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/operations?older_than=-3d".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/operations?colour=red".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/operations/not-a-uuid".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/events?types=everything".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/events?after=minus-one".into(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+        ),
+        (
+            "/v1/nothing-here".into(),
+            StatusCode::NOT_FOUND,
+            "no_such_route",
+        ),
+    ];
+    for (path, expected, code) in gets {
+        let (status, answer) = server
+            .call(Method::GET, &path, Some(TENANT_A_TOKEN), None)
+            .await;
+        assert_error(status, &answer, expected, code, &path);
+    }
+    for wait in ["-1", "soon", "999999999"] {
+        let path = format!("/v1/operations/{id}/execute?wait_ms={wait}");
+        let (status, answer) = server
+            .call(Method::POST, &path, Some(TENANT_A_TOKEN), None)
+            .await;
+        assert_error(
+            status,
+            &answer,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            &path,
+        );
+    }
+    let bad_approvals = [
+        json!({"approver": "", "args_hash": existing["args_hash"]}),
+        json!({"approver": "boss", "args_hash": "md5:abc"}),
+        json!({"approver": "boss"}),
+    ];
+    for body in bad_approvals {
+        let (status, answer) = server
+            .call(
+                Method::POST,
+                &format!("/v1/operations/{id}/approve"),
+                Some(TENANT_A_TOKEN),
+                Some(&body),
+            )
+            .await;
+        assert_error(
+            status,
+            &answer,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            &body.to_string(),
+        );
+    }
+    let (status, answer) = server.call(Method::GET, "/v1/operations", None, None).await;
+    assert_error(
+        status,
+        &answer,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "no token",
+    );
+    let (status, answer) = server
+        .call(
+            Method::GET,
+            "/v1/operations",
+            Some("not-a-known-token-at-all"),
+            None,
+        )
+        .await;
+    assert_error(
+        status,
+        &answer,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "unknown token",
+    );
+    let (status, answer) = server
+        .call(Method::DELETE, "/v1/operations", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_error(
+        status,
+        &answer,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "DELETE",
+    );
+
+    assert_eq!(
+        server.log_head().await,
+        head,
+        "a refused request wrote to the ledger"
+    );
+    assert_eq!(harness.objects().await.len(), 1);
+}
+
+#[tokio::test]
+async fn every_documented_route_is_served() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (status, spec) = server
+        .call(Method::GET, "/v1/openapi.json", None, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let id = "00000000-0000-4000-8000-000000000000";
+    for (path, methods) in spec["paths"].as_object().expect("paths") {
+        for method in methods.as_object().expect("methods").keys() {
+            if path == "/v1/events" {
+                continue; // a stream; tests/serve/stream.rs covers it
+            }
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+            let concrete = path.replace("{id}", id);
+            let (status, body) = server
+                .call(
+                    method.clone(),
+                    &concrete,
+                    Some(TENANT_A_TOKEN),
+                    Some(&json!({})),
+                )
+                .await;
+            assert_ne!(body["error"]["code"], "no_such_route", "{method} {path}");
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! A tenant never sees, lists, executes, reviews or subscribes to another tenant's operations:
+//! every such request answers exactly as for an operation that does not exist.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::{Harness, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN};
+
+#[tokio::test]
+async fn another_tenants_operation_answers_404_everywhere_as_if_it_did_not_exist() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    // Awaiting approval, so nothing but a request could move it.
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "A's task"}, "source_id": "a-call-1", "requires_approval": true});
+    let (_, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let missing = "00000000-0000-4000-8000-000000000000";
+    let approval = json!({"approver": "b", "args_hash": recorded["args_hash"]});
+    for (method, path, body) in [
+        (Method::GET, format!("/v1/operations/{id}"), None),
+        (Method::GET, format!("/v1/operations/{id}/events"), None),
+        (
+            Method::POST,
+            format!("/v1/operations/{id}/execute?wait_ms=0"),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/v1/operations/{id}/approve"),
+            Some(approval.clone()),
+        ),
+        (Method::GET, format!("/v1/trace/{id}"), None),
+        (Method::GET, "/v1/trace/a-call-1".to_owned(), None),
+    ] {
+        let (status, body_b) = server
+            .call(method.clone(), &path, Some(TENANT_B_TOKEN), body.as_ref())
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body_b}");
+        assert_eq!(body_b["error"]["code"], "not_found");
+        // The answer for a missing operation has the same shape: nothing tells the two apart.
+        let missing_path = path.replace(&id, missing);
+        if missing_path != path {
+            let (missing_status, missing_body) = server
+                .call(
+                    method.clone(),
+                    &missing_path,
+                    Some(TENANT_B_TOKEN),
+                    body.as_ref(),
+                )
+                .await;
+            assert_eq!(missing_status, status, "{missing_path}");
+            assert_eq!(missing_body["error"]["code"], body_b["error"]["code"]);
+        }
+    }
+    // B's listing is empty, and naming A's operation as a cursor is refused like a stranger's.
+    let (status, listed) = server
+        .call(Method::GET, "/v1/operations", Some(TENANT_B_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["operations"].as_array().map(Vec::len), Some(0));
+    let (status, _) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations?after={id}"),
+            Some(TENANT_B_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = server
+        .call(
+            Method::GET,
+            "/v1/operations?tenant=tenant-a",
+            Some(TENANT_B_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Nothing was sent on B's behalf, and A's operation is untouched.
+    assert!(harness.objects().await.is_empty());
+    let (_, own) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(own["state"], "awaiting_approval");
+    assert_eq!(own["version"], 0);
+}
+
+#[tokio::test]
+async fn a_tenants_event_stream_carries_only_its_own_operations() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (_, a) = server.record(TENANT_A_TOKEN, "crm", "A", None).await;
+    let (_, b) = server.record(TENANT_B_TOKEN, "crm", "B", None).await;
+    let mut stream = server.events(TENANT_B_TOKEN, "?types=all", None).await;
+    assert_eq!(stream.status, StatusCode::OK);
+    let events = stream.drain(Duration::from_millis(800)).await;
+    assert!(!events.is_empty());
+    assert!(
+        events
+            .iter()
+            .all(|event| event.data["operation_id"] == b["operation_id"]),
+        "{events:?}"
+    );
+    assert!(events
+        .iter()
+        .all(|event| event.data["operation_id"] != a["operation_id"]));
+}
+
+#[tokio::test]
+async fn review_is_an_operator_scope_and_a_scoped_operator_sees_only_its_tenants() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (status, body) = server
+        .call(Method::GET, "/v1/review", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (_, recorded) = server.record(TENANT_A_TOKEN, "crm", "A", None).await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let decision = json!({"decision": "abandon", "note": "n"});
+    let (status, _) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(TENANT_A_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_B_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // An operator with every tenant in scope reaches it; it is not in review, so it is refused.
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    // An operator token cannot record.
+    let (status, _) = server.record(OPERATOR_TOKEN, "crm", "x", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

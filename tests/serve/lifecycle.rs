@@ -1,0 +1,282 @@
+//! The lifecycle an agent platform runs: record, execute, answer truthfully; redelivery; approval
+//! bound to the snapshot; the operator's review; listings, trace, history and metrics.
+
+use opledger_adapters::stand::{Fault, FaultKind, FaultMethod, Shape};
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::support::{Harness, OPERATOR_TOKEN, TENANT_A_TOKEN};
+
+#[tokio::test]
+async fn an_intent_is_recorded_executed_and_confirmed_with_one_object_at_the_crm() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (status, recorded) = server
+        .record(TENANT_A_TOKEN, "crm", "Call the client", Some("toolcall-1"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    assert_eq!(recorded["state"], "pending");
+    assert_eq!(recorded["created"], true);
+    assert!(recorded["idempotency_key"]
+        .as_str()
+        .is_some_and(|k| !k.is_empty()));
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+
+    let (status, executed) = server.execute(TENANT_A_TOKEN, &id, 5_000).await;
+    assert_eq!(status, StatusCode::OK, "{executed}");
+    assert_eq!(executed["state"], "succeeded");
+    let external_id = executed["external_id"].as_str().expect("an external id");
+    assert!(executed["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("Done") && m.contains(external_id)));
+    let objects = harness.objects().await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(objects[0].id, external_id);
+
+    let (status, history) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}/events"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let types: Vec<&str> = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|event| event["type"].as_str())
+        .collect();
+    assert_eq!(
+        types,
+        ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"]
+    );
+
+    // Executing a settled operation again sends nothing and says the same.
+    let (_, again) = server.execute(TENANT_A_TOKEN, &id, 1_000).await;
+    assert_eq!(again["external_id"], external_id);
+    assert_eq!(harness.objects().await.len(), 1);
+
+    let (status, listed) = server
+        .call(
+            Method::GET,
+            "/v1/operations?state=succeeded",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["operations"][0]["operation_id"], id.as_str());
+
+    let (status, traced) = server
+        .call(
+            Method::GET,
+            &format!("/v1/trace/{external_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{traced}");
+    assert_eq!(traced["operation_id"], id.as_str());
+    let (_, by_source) = server
+        .call(
+            Method::GET,
+            "/v1/trace/toolcall-1",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(by_source["operation_id"], id.as_str());
+
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("opledger_operations{state=\"succeeded\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("opledger_intents_recorded_total 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("opledger_http_request_duration_seconds_bucket{method=\"POST\",route=\"/v1/operations/{id}/execute\""), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_redelivered_tool_call_finds_the_same_operation_and_other_arguments_are_refused() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (first_status, first) = server
+        .record(TENANT_A_TOKEN, "crm", "Call", Some("toolcall-7"))
+        .await;
+    assert_eq!(first_status, StatusCode::CREATED);
+    let (again_status, again) = server
+        .record(TENANT_A_TOKEN, "crm", "Call", Some("toolcall-7"))
+        .await;
+    assert_eq!(again_status, StatusCode::OK, "{again}");
+    assert_eq!(again["created"], false);
+    assert_eq!(again["operation_id"], first["operation_id"]);
+    assert_eq!(again["idempotency_key"], first["idempotency_key"]);
+    let (other_status, other) = server
+        .record(TENANT_A_TOKEN, "crm", "Email", Some("toolcall-7"))
+        .await;
+    assert_eq!(other_status, StatusCode::CONFLICT, "{other}");
+    assert_eq!(other["error"]["code"], "source_id_reused");
+}
+
+#[tokio::test]
+async fn approval_is_bound_to_the_recorded_snapshot_and_nothing_is_sent_before_it() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let body = json!({
+        "provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "Wire 10 000 EUR"}, "requires_approval": true,
+    });
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    assert_eq!(recorded["state"], "awaiting_approval");
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let (_, executed) = server.execute(TENANT_A_TOKEN, &id, 200).await;
+    assert_eq!(executed["state"], "awaiting_approval");
+    assert!(harness.objects().await.is_empty());
+
+    let wrong = json!({"approver": "boss", "args_hash": format!("sha256:{}", "0".repeat(64))});
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/approve"),
+            Some(TENANT_A_TOKEN),
+            Some(&wrong),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "refused");
+
+    let right = json!({"approver": "boss", "args_hash": recorded["args_hash"]});
+    let (status, approved) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/approve"),
+            Some(TENANT_A_TOKEN),
+            Some(&right),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    assert_eq!(approved["state"], "pending");
+    let settled = server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+        .await;
+    assert_eq!(harness.objects().await.len(), 1, "{settled}");
+}
+
+#[tokio::test]
+async fn a_denied_operation_is_never_sent() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let body = json!({
+        "provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "Delete everything"}, "requires_approval": true,
+    });
+    let (_, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let deny = json!({"approver": "boss", "args_hash": recorded["args_hash"], "reason": "no"});
+    let (status, denied) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/deny"),
+            Some(TENANT_A_TOKEN),
+            Some(&deny),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{denied}");
+    assert_eq!(denied["state"], "denied");
+    let (_, executed) = server.execute(TENANT_A_TOKEN, &id, 200).await;
+    assert_eq!(executed["state"], "denied");
+    assert!(harness.objects().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    harness
+        .admin
+        .queue_fault(&Fault {
+            shape: Some(Shape::Plain),
+            account: None,
+            method: Some(FaultMethod::Post),
+            kind: FaultKind::DropRequest,
+            times: 1,
+        })
+        .await
+        .expect("fault queued");
+    let (_, recorded) = server
+        .record(TENANT_A_TOKEN, "crm-plain", "Call", None)
+        .await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let (_, executed) = server.execute(TENANT_A_TOKEN, &id, 200).await;
+    assert!(
+        executed["message"]
+            .as_str()
+            .is_some_and(|m| !m.starts_with("Done")),
+        "the agent must not say done: {executed}"
+    );
+    let waiting = server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["needs_review"])
+        .await;
+    assert!(harness.objects().await.is_empty(), "{waiting}");
+
+    let (status, queue) = server
+        .call(Method::GET, "/v1/review", Some(OPERATOR_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{queue}");
+    assert_eq!(queue["queue"][0]["operation_id"], id.as_str());
+    assert!(queue["queue"][0]["reason"].is_string());
+
+    let stale =
+        json!({"decision": "abandon", "note": "looked at old evidence", "expected_version": 0});
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_TOKEN),
+            Some(&stale),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "stale");
+
+    let decision = json!({"decision": "abandon", "note": "the client cancelled", "expected_version": waiting["version"]});
+    let (status, decided) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    assert_eq!(decided["state"], "abandoned");
+    let (_, queue) = server
+        .call(Method::GET, "/v1/review", Some(OPERATOR_TOKEN), None)
+        .await;
+    assert_eq!(queue["queue"].as_array().map(Vec::len), Some(0), "{queue}");
+}

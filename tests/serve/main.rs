@@ -1,0 +1,9 @@
+//! `opledger serve` end to end: a real child process on a real SQLite file, talked to over real
+//! HTTP, sending to the CRM stand on loopback.
+
+mod inputs;
+mod isolation;
+mod lifecycle;
+mod shutdown;
+mod stream;
+mod support;

@@ -1,0 +1,412 @@
+//! The real parts every serve test stands on: the CRM stand on an ephemeral loopback port, a
+//! configuration file naming it, and a real `opledger serve` child process on its own port and
+//! SQLite file, talked to over HTTP — plus a small Server-Sent Events reader.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use opledger_adapters::stand::{Stand, StandAdmin, StandConfig, StandObject};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+pub const TENANT_A_TOKEN: &str = "tenant-a-token-0123456789";
+pub const TENANT_B_TOKEN: &str = "tenant-b-token-0123456789";
+pub const OPERATOR_TOKEN: &str = "operator-all-0123456789";
+pub const OPERATOR_B_TOKEN: &str = "operator-b-only-0123456789";
+/// The stand's account and the token it knows it by.
+pub const ACCOUNT: &str = "acct-1";
+const ACCOUNT_TOKEN: &str = "token-acct-1";
+/// The stand's search lag, short so lookup-only scenarios settle quickly.
+pub const SEARCH_LAG_MS: u64 = 200;
+/// How long a test waits for the server to start or for an outcome before it fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A stand and a directory holding a ledger and a configuration, from which servers start.
+pub struct Harness {
+    pub dir: TempDir,
+    /// Kept so the stand runs as long as the harness.
+    _stand: Stand,
+    pub admin: StandAdmin,
+    pub config: PathBuf,
+}
+
+impl Harness {
+    /// A fresh stand and directory; `limits` is extra TOML for the `[limits]` table.
+    pub async fn new(limits: &str) -> Self {
+        let stand = Stand::start(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            StandConfig {
+                search_lag_ms: SEARCH_LAG_MS,
+                ..StandConfig::default()
+            },
+        )
+        .await
+        .expect("the stand starts");
+        let admin = stand.admin().expect("admin client");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("serve.toml");
+        let ledger = dir.path().join("ledger.db");
+        let base = stand.base_url();
+        let text = format!(
+            r#"
+listen = "127.0.0.1:0"
+store = "sqlite://{ledger}"
+
+[engine]
+lease_ms = 5000
+workers = 4
+backoff_base_ms = 50
+backoff_max_ms = 200
+max_attempts = 3
+max_total_ms = 60000
+max_reconciliations = 5
+
+[limits]
+{limits}
+
+[[tenants]]
+id = "tenant-a"
+token = "{TENANT_A_TOKEN}"
+
+[[tenants]]
+id = "tenant-b"
+token = "{TENANT_B_TOKEN}"
+
+[[operators]]
+id = "oncall"
+token = "{OPERATOR_TOKEN}"
+
+[[operators]]
+id = "b-reviewer"
+token = "{OPERATOR_B_TOKEN}"
+tenants = ["tenant-b"]
+
+[[providers]]
+id = "crm"
+shape = "keyed"
+base_url = "{base}"
+request_timeout_ms = 2000
+connect_timeout_ms = 500
+
+[[providers.accounts]]
+id = "{ACCOUNT}"
+token = "{ACCOUNT_TOKEN}"
+
+[[providers]]
+id = "crm-plain"
+shape = "plain"
+base_url = "{base}"
+request_timeout_ms = 2000
+connect_timeout_ms = 500
+search_lag_ms = {SEARCH_LAG_MS}
+
+[[providers.accounts]]
+id = "{ACCOUNT}"
+token = "{ACCOUNT_TOKEN}"
+"#,
+            ledger = ledger.display(),
+        );
+        std::fs::write(&config, text).expect("config written");
+        Self {
+            dir,
+            _stand: stand,
+            admin,
+            config,
+        }
+    }
+
+    /// Starts `opledger serve` on this harness's configuration.
+    pub fn serve(&self) -> Server {
+        Server::start(&self.config, self.dir.path())
+    }
+
+    /// The stand's objects.
+    pub async fn objects(&self) -> Vec<StandObject> {
+        self.admin.objects(None).await.expect("stand objects")
+    }
+}
+
+/// A running `opledger serve` child process.
+pub struct Server {
+    child: Child,
+    pub base: String,
+    client: reqwest::Client,
+    /// Every line the server printed on stdout after its address.
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(config: &Path, dir: &Path) -> Self {
+        let stderr = std::fs::File::create(dir.join(format!(
+            "serve-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        )))
+        .expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("opledger serve starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let started = Instant::now();
+        let base = loop {
+            let line = lines
+                .recv_timeout(DEADLINE.saturating_sub(started.elapsed()))
+                .expect("the server prints its address");
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let address = rest.split_whitespace().next().expect("an address");
+                break address.to_owned();
+            }
+        };
+        Self {
+            child,
+            base,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+            lines,
+        }
+    }
+
+    /// Sends a request with `token` (if any) and a JSON `body` (if any); returns the status and
+    /// the parsed JSON body (`Null` if it was not JSON).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.expect("the server answers");
+        let status = response.status();
+        let text = response.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Sends raw bytes as the body.
+    pub async fn call_raw(&self, path: &str, token: &str, body: Vec<u8>) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("the server answers");
+        let status = response.status();
+        let text = response.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Records a create_task intent for `tenant_token`; returns the status and body.
+    pub async fn record(
+        &self,
+        token: &str,
+        provider: &str,
+        title: &str,
+        source_id: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut body = json!({
+            "provider": provider,
+            "account": ACCOUNT,
+            "action": "create_task",
+            "args": {"title": title},
+        });
+        if let Some(source_id) = source_id {
+            body["source_id"] = json!(source_id);
+        }
+        self.call(Method::POST, "/v1/operations", Some(token), Some(&body))
+            .await
+    }
+
+    /// Executes an operation, waiting up to `wait_ms`.
+    pub async fn execute(
+        &self,
+        token: &str,
+        operation_id: &str,
+        wait_ms: u64,
+    ) -> (StatusCode, Value) {
+        self.call(
+            Method::POST,
+            &format!("/v1/operations/{operation_id}/execute?wait_ms={wait_ms}"),
+            Some(token),
+            None,
+        )
+        .await
+    }
+
+    /// Polls the operation until `done` holds for its state, or fails after the deadline.
+    pub async fn wait_for_state(&self, token: &str, operation_id: &str, done: &[&str]) -> Value {
+        let started = Instant::now();
+        loop {
+            let (status, body) = self
+                .call(
+                    Method::GET,
+                    &format!("/v1/operations/{operation_id}"),
+                    Some(token),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            if done.contains(&body["state"].as_str().unwrap_or_default()) {
+                return body;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "operation {operation_id} stayed {} instead of {done:?}",
+                body["state"]
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The log's head position, from `/healthz`.
+    pub async fn log_head(&self) -> u64 {
+        let (status, body) = self.call(Method::GET, "/healthz", None, None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["log_head"].as_u64().unwrap_or(0)
+    }
+
+    /// Opens an event stream.
+    pub async fn events(
+        &self,
+        token: &str,
+        query: &str,
+        last_event_id: Option<u64>,
+    ) -> EventStream {
+        let mut request = self
+            .client
+            .get(format!("{}/v1/events{query}", self.base))
+            .bearer_auth(token);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        let response = request.send().await.expect("the server answers");
+        EventStream {
+            status: response.status(),
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its exit code and what it printed
+    /// after starting.
+    pub fn terminate(mut self) -> (Option<i32>, Vec<String>) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                let printed: Vec<String> = self.lines.try_iter().collect();
+                return (status.code(), printed);
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the server did not stop within {DEADLINE:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One Server-Sent Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SseEvent {
+    pub id: u64,
+    pub event: String,
+    pub data: Value,
+}
+
+/// An open event stream.
+pub struct EventStream {
+    pub status: StatusCode,
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl EventStream {
+    /// The next event, or `None` if none arrives within `wait` (or the stream ended).
+    pub async fn next(&mut self, wait: Duration) -> Option<SseEvent> {
+        let deadline = Instant::now() + wait;
+        loop {
+            while let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse_block(&block) {
+                    return Some(event);
+                }
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match tokio::time::timeout(left, self.response.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.buffer.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Every event that arrives until none comes for `quiet`.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next(quiet).await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+fn parse_block(block: &str) -> Option<SseEvent> {
+    let (mut id, mut event, mut data) = (None, None, None);
+    for line in block.lines() {
+        if let Some(value) = line.strip_prefix("id:") {
+            id = value.trim().parse().ok();
+        } else if let Some(value) = line.strip_prefix("event:") {
+            event = Some(value.trim().to_owned());
+        } else if let Some(value) = line.strip_prefix("data:") {
+            data = serde_json::from_str(value.trim()).ok();
+        }
+    }
+    Some(SseEvent {
+        id: id?,
+        event: event?,
+        data: data?,
+    })
+}
