@@ -49,6 +49,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             result?;
             closed
         }
+        BenchTarget::Http(args) => crate::bench_http::run(args).await,
         BenchTarget::Projections(args) => {
             let ledger = Arc::new(crate::intent::open_existing_ledger(&args.db).await?);
             let target = fresh_path("projections");

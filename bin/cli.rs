@@ -162,6 +162,32 @@ pub enum BenchTarget {
     /// Rebuild the SQLite read models from position 0 of an existing ledger file into a fresh
     /// temporary file (removed afterwards); prints `bench=projection-rebuild …`.
     Projections(BenchReplayArgs),
+    /// The HTTP service end to end: record + execute against the CRM stand on loopback, at each
+    /// concurrency; prints `bench=http concurrency=… operations=… ops_per_s=… p50_ms=… p99_ms=…`.
+    /// Without --url it starts the stand and `opledger serve` itself on a fresh ledger file.
+    Http(BenchHttpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchHttpArgs {
+    /// Operations (record + execute) per concurrency level.
+    #[arg(long, default_value_t = 5_000)]
+    pub operations: u32,
+    /// Concurrency levels to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    pub concurrency: Vec<u32>,
+    /// A running server to drive (default: start one here).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// A tenant token of that server.
+    #[arg(long, env = "OPLEDGER_TOKEN")]
+    pub token: Option<String>,
+    /// The provider to send to (with --url).
+    #[arg(long, default_value = "crm")]
+    pub provider: String,
+    /// The account at that provider (with --url).
+    #[arg(long, default_value = "demo")]
+    pub account: String,
 }
 
 #[derive(Debug, Args)]

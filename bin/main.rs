@@ -5,6 +5,7 @@
 //! exit status. Nothing here panics on user input.
 
 mod bench;
+mod bench_http;
 mod cli;
 mod demo;
 mod intent;

@@ -26,6 +26,8 @@ use tracing::{debug, warn};
 
 /// Most drives any configuration may run at once.
 pub const MAX_CONCURRENT_LIMIT: usize = 1024;
+/// The longest head start a caller may get before the workers take a send, in milliseconds.
+pub const MAX_SEND_DELAY_MS: u64 = 10 * 60 * 1000;
 
 /// How the workers pace themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +39,9 @@ pub struct WorkerConfig {
     /// The shortest pause before the same operation is driven again when nothing about it
     /// changed (a drive failed, or found nothing to do), in milliseconds.
     pub redrive_pause_ms: u64,
+    /// How long after a send falls due the workers take it, in milliseconds: the head start a
+    /// caller executing the operation itself gets (0: at once).
+    pub send_delay_ms: u64,
     /// How long shutdown waits for drives in progress, in milliseconds.
     pub shutdown_grace_ms: u64,
 }
@@ -47,6 +52,7 @@ impl Default for WorkerConfig {
             max_concurrent: 16,
             idle_poll_ms: 200,
             redrive_pause_ms: 500,
+            send_delay_ms: 0,
             shutdown_grace_ms: 10_000,
         }
     }
@@ -127,7 +133,8 @@ where
         .store()
         .subscribe_all(LogStart::Beginning)
         .await?;
-    let mut queue = WorkQueue::new();
+    let send_delay = i64::try_from(config.send_delay_ms.min(MAX_SEND_DELAY_MS)).unwrap_or(0);
+    let mut queue = WorkQueue::with_send_delay(chrono::Duration::milliseconds(send_delay));
     let mut running: JoinSet<(OperationId, Result<(), AppError>)> = JoinSet::new();
     let mut busy = HashSet::new();
     let mut last_driven: HashMap<OperationId, Instant> = HashMap::new();

@@ -43,8 +43,10 @@ use crate::ops::{operation_json, view_of};
 const FRESHNESS_WAIT: Duration = Duration::from_secs(2);
 /// How often the wait above looks again.
 const FRESHNESS_POLL: Duration = Duration::from_millis(2);
-/// While another worker's attempt is in flight, how often an execute call looks for its outcome.
-const IN_FLIGHT_POLL: Duration = Duration::from_millis(20);
+/// While another worker's attempt is in flight, an execute call looks for its outcome after this
+/// pause, doubling up to [`IN_FLIGHT_POLL_MAX`]: a send usually ends within milliseconds.
+const IN_FLIGHT_POLL_MIN: Duration = Duration::from_millis(1);
+const IN_FLIGHT_POLL_MAX: Duration = Duration::from_millis(20);
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
 
@@ -415,6 +417,7 @@ async fn drive_until(
     wait: Duration,
 ) -> Result<LoadedOperation, ApiError> {
     let deadline = Instant::now() + wait;
+    let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
     loop {
         let report = shared.engine.drive(operation_id).await?;
         let state = report.state();
@@ -424,7 +427,11 @@ async fn drive_until(
         }
         let pause = match (&state.status, state.next_work()) {
             // Another worker is sending it: look for its outcome soon.
-            (Status::InFlight, _) => IN_FLIGHT_POLL,
+            (Status::InFlight, _) => {
+                let pause = in_flight_pause;
+                in_flight_pause = (in_flight_pause * 2).min(IN_FLIGHT_POLL_MAX);
+                pause
+            }
             (Status::Pending | Status::Unknown, Some((due_at, _))) => (due_at - Utc::now())
                 .to_std()
                 .unwrap_or(Duration::ZERO)

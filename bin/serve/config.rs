@@ -12,13 +12,16 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use opledger_adapters::provider::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
-use opledger_adapters::workers::MAX_CONCURRENT_LIMIT;
+use opledger_adapters::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::EnginePolicy;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
 use serde::Deserialize;
 use toml::Spanned;
 
+/// How long the background workers leave a fresh send to an API caller who may execute it, in
+/// milliseconds: executing on request is the fast path, the workers are the safety net.
+pub const DEFAULT_WORKER_SEND_DELAY_MS: u64 = 1_000;
 /// The largest configuration file read, in bytes.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// Most tenants, operators or providers one file may name.
@@ -106,6 +109,8 @@ pub struct ServeConfig {
     pub policy: EnginePolicy,
     /// Most operations the background workers drive at once.
     pub workers: usize,
+    /// How long the workers leave a fresh send to the caller who may execute it, in ms.
+    pub worker_send_delay_ms: u64,
     /// Request limits.
     pub limits: Limits,
     /// Every bearer token and whom it stands for.
@@ -139,6 +144,7 @@ struct File {
 struct EngineSection {
     lease_ms: Option<Spanned<u64>>,
     workers: Option<Spanned<usize>>,
+    worker_send_delay_ms: Option<Spanned<u64>>,
     backoff_base_ms: Option<u64>,
     backoff_max_ms: Option<Spanned<u64>>,
     max_attempts: Option<Spanned<u32>>,
@@ -274,6 +280,17 @@ impl Checker<'_> {
             None => StoreUrl::Sqlite(PathBuf::from(crate::cli::DEFAULT_DB)),
         };
         let (policy, workers) = self.engine(&file.engine)?;
+        let worker_send_delay_ms = spanned_or(
+            &file.engine.worker_send_delay_ms,
+            DEFAULT_WORKER_SEND_DELAY_MS,
+        );
+        if worker_send_delay_ms > MAX_SEND_DELAY_MS {
+            return Err(self.error(
+                span(&file.engine.worker_send_delay_ms),
+                "engine.worker_send_delay_ms",
+                format!("is {worker_send_delay_ms}; use 0 to {MAX_SEND_DELAY_MS}"),
+            ));
+        }
         let limits = self.limits(&file.limits)?;
         for (name, count) in [
             ("tenants", file.tenants.len()),
@@ -296,6 +313,7 @@ impl Checker<'_> {
             views: file.views,
             policy,
             workers,
+            worker_send_delay_ms,
             limits,
             tokens,
             providers,

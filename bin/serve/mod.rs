@@ -47,7 +47,7 @@ use crate::cli::{CliError, ServeArgs};
 pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// The embedded default's tokens: for a first look on a laptop, printed at start.
-const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
+pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
 const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
 const DEMO_ACCOUNT: &str = "demo";
 const DEMO_CRM_TOKEN: &str = "demo-crm-token";
@@ -85,7 +85,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             None,
         ),
         None => {
-            let (config, stand) = embedded_default(&args).await?;
+            let (config, stand) = embedded_default(&args.db).await?;
             (config, Some(stand))
         }
     };
@@ -97,14 +97,19 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             )
         })?;
     }
-    let result = serve(config).await;
+    let result = serve(config, shutdown_signal(), None).await;
     if let Some(stand) = stand {
         stand.shutdown().await;
     }
     result
 }
 
-async fn serve(config: ServeConfig) -> Result<(), CliError> {
+/// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
+pub async fn serve(
+    config: ServeConfig,
+    until: impl std::future::Future<Output = ()> + Send + 'static,
+    ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), CliError> {
     let ledger_path =
         match &config.store {
             StoreUrl::Sqlite(path) => path.clone(),
@@ -154,6 +159,7 @@ async fn serve(config: ServeConfig) -> Result<(), CliError> {
         Arc::clone(&engine),
         WorkerConfig {
             max_concurrent: config.workers,
+            send_delay_ms: config.worker_send_delay_ms,
             ..WorkerConfig::default()
         },
     );
@@ -185,9 +191,12 @@ async fn serve(config: ServeConfig) -> Result<(), CliError> {
         views_path.display()
     );
     info!(%local, "serving");
+    if let Some(ready) = ready {
+        let _ = ready.send(local);
+    }
     let served = axum::serve(listener, api::router(shared))
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            until.await;
             info!("shutting down: no new connections; finishing requests in progress");
             let _ = stop.send(true);
         })
@@ -248,7 +257,7 @@ async fn shutdown_signal() {
 /// The configuration `opledger serve` runs with when given none: the SQLite ledger at `--db`, the
 /// CRM stand in-process on a free loopback port as provider `crm` (keyed shape, account `demo`),
 /// one tenant `demo` and one operator, with the demo tokens printed.
-async fn embedded_default(args: &ServeArgs) -> Result<(ServeConfig, Stand), CliError> {
+pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stand), CliError> {
     let stand = Stand::start(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         StandConfig {
@@ -288,18 +297,19 @@ async fn embedded_default(args: &ServeArgs) -> Result<(ServeConfig, Stand), CliE
     );
     println!(
         "opledger serve: no --config, so the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `demo`, tenant `demo` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
-        args.db.display(),
+        db.display(),
         stand.base_url()
     );
     let config = ServeConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        store: StoreUrl::Sqlite(args.db.clone()),
+        store: StoreUrl::Sqlite(db.to_path_buf()),
         views: None,
         policy: opledger_domain::engine::EnginePolicy {
             lease_ms: 15_000,
             ..Default::default()
         },
         workers: 16,
+        worker_send_delay_ms: config::DEFAULT_WORKER_SEND_DELAY_MS,
         limits: Limits::default(),
         tokens,
         providers,

@@ -20,12 +20,25 @@ pub struct WorkQueue {
     /// (due at, operation, work), ordered by due time.
     due: BTreeSet<(DateTime<Utc>, OperationId, Work)>,
     due_of: HashMap<OperationId, (DateTime<Utc>, Work)>,
+    /// How much later than due a send is offered (see [`WorkQueue::with_send_delay`]).
+    send_delay: chrono::Duration,
 }
 
 impl WorkQueue {
     /// An empty queue.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty queue that offers sends `delay` after they fall due (sweeps and lookups as they
+    /// fall due). A service that executes operations on request gives its callers this head
+    /// start, so background workers do not race the caller for a fresh claim; they remain the
+    /// safety net for operations nobody executes.
+    pub fn with_send_delay(delay: chrono::Duration) -> Self {
+        Self {
+            send_delay: delay.max(chrono::Duration::zero()),
+            ..Self::default()
+        }
     }
 
     /// Folds one event of `operation_id`'s stream into the queue.
@@ -41,6 +54,10 @@ impl WorkQueue {
             return;
         }
         if let Some((due_at, work)) = state.next_work() {
+            let due_at = match work {
+                Work::Send => due_at + self.send_delay,
+                Work::Sweep | Work::Reconcile => due_at,
+            };
             self.due.insert((due_at, operation_id, work));
             self.due_of.insert(operation_id, (due_at, work));
         }
@@ -108,6 +125,16 @@ mod tests {
             requires_approval: false,
             at: at(0),
         })
+    }
+
+    #[test]
+    fn a_send_delay_offers_fresh_sends_later_so_a_caller_executing_them_goes_first() {
+        let operation = OperationId::from_uuid(Uuid::from_u128(7));
+        let mut queue = WorkQueue::with_send_delay(chrono::Duration::seconds(2));
+        queue.apply(operation, &intent(operation));
+        assert!(queue.due(at(1), 10).is_empty());
+        assert_eq!(queue.next_due_at(), Some(at(2)));
+        assert_eq!(queue.due(at(2), 10), vec![(operation, Work::Send)]);
     }
 
     #[test]

@@ -163,6 +163,7 @@ async fn workers_drive_every_recorded_intent_to_exactly_one_task_and_shut_down_c
             idle_poll_ms: 20,
             redrive_pause_ms: 50,
             shutdown_grace_ms: 5_000,
+            ..WorkerConfig::default()
         },
     );
     let mut intents = Vec::new();

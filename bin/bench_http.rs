@@ -1,0 +1,244 @@
+//! `opledger bench http`: the service end to end, as an agent platform uses it — record an
+//! intent, then execute it and wait for the outcome — over real HTTP on loopback, against the CRM
+//! stand, with the SQLite ledger at synchronous=FULL.
+//!
+//! Without `--url` it starts everything itself (a fresh ledger file in the temporary directory,
+//! the stand, `opledger serve`'s embedded default) and removes the file afterwards; with `--url`
+//! and `--token` it drives a server that is already running. One operation's latency is from
+//! sending the record request to receiving the execute answer; an operation counts only when
+//! the answer says `succeeded`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opledger_domain::error::ValidationError;
+use serde_json::{json, Value};
+
+use crate::bench::fresh_path;
+use crate::cli::{BenchHttpArgs, CliError};
+use crate::serve;
+
+/// Most concurrent clients.
+const MAX_CONCURRENCY: u32 = 1024;
+/// Most operations per concurrency level.
+const MAX_OPERATIONS: u32 = 1_000_000;
+/// How long one execute call may wait for its outcome, in milliseconds.
+const EXECUTE_WAIT_MS: u64 = 10_000;
+
+pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
+    if args.concurrency.is_empty()
+        || args
+            .concurrency
+            .iter()
+            .any(|c| *c == 0 || *c > MAX_CONCURRENCY)
+    {
+        return Err(ValidationError::new(
+            "--concurrency",
+            format!("give levels from 1 to {MAX_CONCURRENCY}, comma-separated"),
+        )
+        .into());
+    }
+    if args.operations == 0 || args.operations > MAX_OPERATIONS {
+        return Err(ValidationError::new(
+            "--operations",
+            format!("{} must be from 1 to {MAX_OPERATIONS}", args.operations),
+        )
+        .into());
+    }
+    match (&args.url, &args.token) {
+        (Some(url), Some(token)) => {
+            let provider = args.provider.clone();
+            let account = args.account.clone();
+            tokio::select! {
+                result = measure_all(&args, url, token, &provider, &account) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            }
+        }
+        (Some(_), None) | (None, Some(_)) => Err(ValidationError::new(
+            "--url",
+            "--url and --token go together (the server's address and a tenant token); leave both out to benchmark a server started here",
+        )
+        .into()),
+        (None, None) => self_hosted(&args).await,
+    }
+}
+
+/// Starts the stand and the embedded default on a fresh file, measures, stops, removes the file.
+async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
+    let path = fresh_path("bench-http");
+    let (mut config, stand) = serve::embedded_default(&path).await?;
+    config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve::serve(
+        config,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Some(ready_tx),
+    ));
+    let result = match ready_rx.await {
+        Ok(address) => {
+            let url = format!("http://{address}");
+            tokio::select! {
+                result = measure_all(args, &url, serve::DEMO_TENANT_TOKEN, "crm", "demo") => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            }
+        }
+        Err(_) => Err(CliError::Other("the server did not start".into())),
+    };
+    let _ = stop_tx.send(());
+    let served = server
+        .await
+        .map_err(|error| CliError::Other(format!("the server task failed: {error}")))?;
+    stand.shutdown().await;
+    for suffix in ["", "-wal", "-shm", ".views", ".views-wal", ".views-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+    result?;
+    served
+}
+
+async fn measure_all(
+    args: &BenchHttpArgs,
+    url: &str,
+    token: &str,
+    provider: &str,
+    account: &str,
+) -> Result<(), CliError> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(MAX_CONCURRENCY as usize)
+        .timeout(Duration::from_millis(EXECUTE_WAIT_MS + 5_000))
+        .build()
+        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
+    // A short warm-up opens connections and pages in the ledger.
+    let warmup = Target {
+        client: client.clone(),
+        url: url.to_owned(),
+        token: token.to_owned(),
+        provider: provider.to_owned(),
+        account: account.to_owned(),
+    };
+    measure(&warmup, 8, 200.min(args.operations)).await?;
+    for &concurrency in &args.concurrency {
+        let (elapsed, mut latencies) = measure(&warmup, concurrency, args.operations).await?;
+        latencies.sort_unstable();
+        let percentile = |p: f64| {
+            let index = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+            latencies[index].as_secs_f64() * 1000.0
+        };
+        println!(
+            "bench=http concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.2} p99_ms={:.2}",
+            latencies.len(),
+            latencies.len() as f64 / elapsed.as_secs_f64(),
+            percentile(0.50),
+            percentile(0.99)
+        );
+    }
+    Ok(())
+}
+
+struct Target {
+    client: reqwest::Client,
+    url: String,
+    token: String,
+    provider: String,
+    account: String,
+}
+
+/// Runs `operations` record+execute pairs with `concurrency` clients; returns the wall time and
+/// each operation's latency.
+async fn measure(
+    target: &Target,
+    concurrency: u32,
+    operations: u32,
+) -> Result<(Duration, Vec<Duration>), CliError> {
+    let next = Arc::new(AtomicU32::new(0));
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let next = Arc::clone(&next);
+        let target = Target {
+            client: target.client.clone(),
+            url: target.url.clone(),
+            token: target.token.clone(),
+            provider: target.provider.clone(),
+            account: target.account.clone(),
+        };
+        clients.spawn(async move {
+            let mut latencies = Vec::new();
+            while next.fetch_add(1, Ordering::Relaxed) < operations {
+                let began = Instant::now();
+                one(&target).await?;
+                latencies.push(began.elapsed());
+            }
+            Ok::<_, CliError>(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(operations as usize);
+    while let Some(joined) = clients.join_next().await {
+        let part =
+            joined.map_err(|error| CliError::Other(format!("a client task failed: {error}")))??;
+        latencies.extend(part);
+    }
+    Ok((started.elapsed(), latencies))
+}
+
+/// One operation: record, execute, and check the answer says it succeeded.
+async fn one(target: &Target) -> Result<(), CliError> {
+    let body = json!({
+        "provider": target.provider,
+        "account": target.account,
+        "action": "create_task",
+        "args": {"title": "bench"},
+    });
+    let recorded = post(target, "/v1/operations", Some(body)).await?;
+    let id = recorded["operation_id"]
+        .as_str()
+        .ok_or_else(|| CliError::Other(format!("record answered without an id: {recorded}")))?;
+    let executed = post(
+        target,
+        &format!("/v1/operations/{id}/execute?wait_ms={EXECUTE_WAIT_MS}"),
+        None,
+    )
+    .await?;
+    if executed["state"] != "succeeded" {
+        return Err(CliError::Other(format!(
+            "operation {id} ended {} instead of succeeded: {executed}",
+            executed["state"]
+        )));
+    }
+    Ok(())
+}
+
+async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Value, CliError> {
+    let mut request = target
+        .client
+        .post(format!("{}{path}", target.url))
+        .bearer_auth(&target.token);
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|error| CliError::Other(format!("POST {path} failed: {error}")))?;
+    let status = response.status();
+    let text = response
+        .text()
+        .await
+        .map_err(|error| CliError::Other(format!("POST {path}: reading the answer: {error}")))?;
+    if !status.is_success() {
+        return Err(CliError::Other(format!(
+            "POST {path} answered {status}: {text}"
+        )));
+    }
+    serde_json::from_str(&text).map_err(|error| {
+        CliError::Other(format!("POST {path} answered non-JSON ({error}): {text}"))
+    })
+}
