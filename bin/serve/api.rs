@@ -235,6 +235,24 @@ async fn visible(
     }
 }
 
+/// Checks the caller may act on an operation without reading its stream when its tenant is
+/// known (its tenant never changes); anything else is the same 404 as a missing operation.
+async fn check_visible(
+    shared: &Shared,
+    scope: &Scope,
+    operation_id: OperationId,
+) -> Result<(), ApiError> {
+    let tenant = shared
+        .tenants
+        .tenant_of(shared.engine.ledger().store(), operation_id)
+        .await?;
+    if tenant.is_some_and(|tenant| scope.allows(&tenant)) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("operation {operation_id}")))
+    }
+}
+
 // ---- handlers ----
 
 async fn record(State(shared): State<Arc<Shared>>, request: Request) -> Result<Response, ApiError> {
@@ -272,6 +290,9 @@ async fn record(State(shared): State<Arc<Shared>>, request: Request) -> Result<R
     // Validated whole before the ledger sees it, so a bad field writes nothing.
     let _ = request.clone().validate()?;
     let recorded = shared.engine.ledger().record_intent(request).await?;
+    shared
+        .tenants
+        .remember(recorded.operation.operation_id, tenant.clone());
     let status = if recorded.created {
         StatusCode::CREATED
     } else {
@@ -337,7 +358,7 @@ async fn approve(
     let body: ApproveBody = body(&shared, request).await?;
     let approver = ActorId::new(body.approver).map_err(|e| field("approver", e))?;
     let args_hash = ArgsHash::parse(&body.args_hash).map_err(|e| field("args_hash", e))?;
-    visible(&shared, &scope, operation_id).await?;
+    check_visible(&shared, &scope, operation_id).await?;
     let loaded = shared
         .engine
         .ledger()
@@ -358,7 +379,7 @@ async fn deny(
     let body: DenyBody = body(&shared, request).await?;
     let approver = ActorId::new(body.approver).map_err(|e| field("approver", e))?;
     let args_hash = ArgsHash::parse(&body.args_hash).map_err(|e| field("args_hash", e))?;
-    visible(&shared, &scope, operation_id).await?;
+    check_visible(&shared, &scope, operation_id).await?;
     let loaded = shared
         .engine
         .ledger()
@@ -400,7 +421,7 @@ async fn execute(
                 ))
             })?,
     };
-    visible(&shared, &scope, operation_id).await?;
+    check_visible(&shared, &scope, operation_id).await?;
     let span = tracing::info_span!("execute", %operation_id, wait_ms);
     let loaded = drive_until(&shared, operation_id, Duration::from_millis(wait_ms))
         .instrument(span)

@@ -49,7 +49,18 @@ pub struct TenantCache {
 }
 
 impl TenantCache {
-    async fn tenant_of(
+    /// Remembers the tenant of an operation just recorded.
+    pub fn remember(&self, operation_id: OperationId, tenant: TenantId) {
+        let mut tenants = self.lock();
+        if tenants.len() >= MAX_CACHED_TENANTS {
+            tenants.clear();
+        }
+        tenants.insert(operation_id, tenant);
+    }
+
+    /// The tenant of an operation (`None`: no such operation), from memory or its first event.
+    /// An operation's tenant never changes, so a remembered one is never stale.
+    pub async fn tenant_of(
         &self,
         store: &ServeStore,
         operation_id: OperationId,
@@ -72,11 +83,7 @@ impl TenantCache {
         let OperationEvent::IntentRecorded(intent) = event else {
             return Ok(None);
         };
-        let mut tenants = self.lock();
-        if tenants.len() >= MAX_CACHED_TENANTS {
-            tenants.clear();
-        }
-        tenants.insert(operation_id, intent.tenant.clone());
+        self.remember(operation_id, intent.tenant.clone());
         Ok(Some(intent.tenant))
     }
 
