@@ -23,6 +23,7 @@ mod wire;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -75,6 +76,8 @@ pub enum KurrentDbStandError {
 struct Shared {
     log: Mutex<log::Log>,
     faults: Mutex<VecDeque<AppendFault>>,
+    /// Connections dropped by a fault.
+    dropped_by_fault: AtomicU64,
 }
 
 impl Shared {
@@ -178,6 +181,20 @@ impl KurrentDbStand {
         }
         faults.push_back(fault);
         Ok(())
+    }
+
+    /// Faults queued and not yet injected.
+    pub fn pending_faults(&self) -> usize {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Connections the stand has dropped because a fault said so.
+    pub fn connections_dropped_by_faults(&self) -> u64 {
+        self.shared.dropped_by_fault.load(Ordering::Relaxed)
     }
 
     /// How many records the log holds, system or not.
@@ -287,6 +304,7 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) {
     let connection = Arc::new(Connection::default());
+    let shared_for_count = Arc::clone(&shared);
     let handler = {
         let connection = Arc::clone(&connection);
         hyper::service::service_fn(move |request| {
@@ -301,7 +319,10 @@ async fn serve(
                 debug!(%error, "KurrentDB stand connection ended");
             }
         }
-        () = connection.drop_requested.notified() => debug!("KurrentDB stand dropped a connection (fault)"),
+        () = connection.drop_requested.notified() => {
+            shared_for_count.dropped_by_fault.fetch_add(1, Ordering::Relaxed);
+            debug!("KurrentDB stand dropped a connection (fault)");
+        }
         _ = stopped.wait_for(|stop| *stop) => {}
     }
     // Whatever ended it, streams still being served on it must end too.

@@ -216,8 +216,18 @@ impl KurrentDbStore {
     }
 
     /// Up to `max_count` events of `stream` from `from` on, as the server has them; a missing
-    /// stream reads as empty.
+    /// stream reads as empty. Bounded by the read deadline, which the client does not enforce.
     async fn read_stream_events(
+        &self,
+        stream: &StreamName,
+        from: StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.within_read_deadline(self.read_stream_unbounded(stream, from, max_count))
+            .await
+    }
+
+    async fn read_stream_unbounded(
         &self,
         stream: &StreamName,
         from: StreamVersion,
@@ -268,6 +278,14 @@ impl KurrentDbStore {
 
     /// The last version of `stream` (`None`: it does not exist).
     async fn last_version(&self, stream: &StreamName) -> Result<Option<StreamVersion>, StoreError> {
+        self.within_read_deadline(self.last_version_unbounded(stream))
+            .await
+    }
+
+    async fn last_version_unbounded(
+        &self,
+        stream: &StreamName,
+    ) -> Result<Option<StreamVersion>, StoreError> {
         let options = ReadStreamOptions::default()
             .backwards()
             .position(StreamPosition::End)
@@ -298,6 +316,32 @@ impl KurrentDbStore {
     /// Reads the log: forwards from `start` (the server's reads include the position named, the
     /// port's exclude it) or backwards from the end.
     async fn read_log(
+        &self,
+        start: Option<LogStart>,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.within_read_deadline(self.read_log_unbounded(start, max_count))
+            .await
+    }
+
+    /// Runs a read under the read deadline.
+    async fn within_read_deadline<T>(
+        &self,
+        read: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.read_deadline(), read)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable {
+                    reason: format!(
+                        "KurrentDB did not answer a read within {} ms",
+                        self.shared.config.read_deadline_ms
+                    ),
+                })
+            })
+    }
+
+    async fn read_log_unbounded(
         &self,
         start: Option<LogStart>,
         max_count: usize,
@@ -399,9 +443,14 @@ impl EventStore for KurrentDbStore {
         });
         let proposed: Vec<_> = events.iter().map(codec::client_event).collect();
         let (generation, client) = self.client();
-        let answer = client
-            .append_to_stream(self.server_stream(stream), &options, proposed)
-            .await;
+        // The client only sends the deadline to the server (`grpc-timeout`); it does not enforce
+        // it itself, so a connection that hangs would hang the append. Enforced here too.
+        let answer = tokio::time::timeout(
+            self.append_deadline(),
+            client.append_to_stream(self.server_stream(stream), &options, proposed),
+        )
+        .await
+        .unwrap_or(Err(kurrentdb::Error::DeadlineExceeded));
         match answer {
             Ok(written) => resolve::written(self, stream, expected, &events, written).await,
             Err(kurrentdb::Error::WrongExpectedVersion { current, .. }) => {
