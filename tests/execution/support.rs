@@ -79,7 +79,8 @@ pub enum LedgerStore {
 /// Either store's subscription.
 pub enum LedgerSubscription {
     Sqlite(SqliteSubscription),
-    KurrentDb(KurrentDbSubscription),
+    /// Boxed: a KurrentDB subscription carries the client's stream state.
+    KurrentDb(Box<KurrentDbSubscription>),
 }
 
 impl LedgerStore {
@@ -156,7 +157,7 @@ impl EventStore for LedgerStore {
         Ok(match self {
             Self::Sqlite(store) => LedgerSubscription::Sqlite(store.subscribe_all(start).await?),
             Self::KurrentDb(store) => {
-                LedgerSubscription::KurrentDb(store.subscribe_all(start).await?)
+                LedgerSubscription::KurrentDb(Box::new(store.subscribe_all(start).await?))
             }
         })
     }
