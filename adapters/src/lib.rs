@@ -5,6 +5,8 @@
 //! Nothing here decides what an operation may do; that is the domain's job. Adapters only keep
 //! the ports' promises.
 
+#[cfg(feature = "kurrentdb-stand")]
+pub mod kurrentdb_stand;
 pub mod provider;
 pub mod readmodel;
 pub mod stand;
@@ -12,4 +14,4 @@ pub mod store;
 pub mod system;
 pub mod workers;
 
-pub use store::{memory::MemoryStore, sqlite::SqliteStore};
+pub use store::{kurrentdb::KurrentDbStore, memory::MemoryStore, sqlite::SqliteStore};

@@ -7,13 +7,11 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
 use opledger_domain::app::Ledger;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::event::OperationEvent;
@@ -21,9 +19,18 @@ use opledger_domain::ids::{ExternalObjectId, OperationId};
 use opledger_domain::provider::SendOutcome;
 use opledger_domain::state::Status;
 
-use crate::support::{claim_and_send, names, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN};
+use crate::support::{
+    claim_and_send, names, Crm, Harness, LedgerStore, Setup, ACCOUNT, ACCOUNT_TOKEN,
+};
 
-const CHILD_TEST: &str = "crash::sigkill_child_claims_sends_and_hangs";
+/// The child's test name, as the test binary knows it: `crash::…` in `execution`, and
+/// `execution::crash::…` in `execution_kurrentdb`, which includes these modules.
+fn child_test() -> String {
+    let module = module_path!()
+        .split_once("::")
+        .map_or("", |(_crate, module)| module);
+    format!("{module}::sigkill_child_claims_sends_and_hangs")
+}
 const CHILD_DB_ENV: &str = "OPLEDGER_EXECUTION_CHILD_DB";
 const CHILD_STAND_ENV: &str = "OPLEDGER_EXECUTION_CHILD_STAND";
 const CHILD_OPERATION_ENV: &str = "OPLEDGER_EXECUTION_CHILD_OPERATION";
@@ -56,9 +63,7 @@ async fn sigkill_child_claims_sends_and_hangs() {
     let operation_id: OperationId = operation
         .parse()
         .expect("the parent passes an operation id");
-    let store = SqliteStore::open(PathBuf::from(db))
-        .await
-        .expect("the child opens the ledger file");
+    let store = LedgerStore::open(&db.to_string_lossy()).await;
     let ledger = Ledger::new(store, SystemClock, RandomIds);
     let providers = Setup::default().providers(&stand, &[(ACCOUNT, ACCOUNT_TOKEN)]);
     let (_, outcome) = claim_and_send(
@@ -94,8 +99,8 @@ async fn a_worker_killed_after_the_crm_answered_leaves_an_attempt_that_reconcili
     let stderr_path = h.path().with_extension("child.stderr");
     let mut child = ChildGuard(
         Command::new(std::env::current_exe().expect("the test binary's path"))
-            .args(["--ignored", "--exact", CHILD_TEST, "--nocapture"])
-            .env(CHILD_DB_ENV, h.path())
+            .args(["--ignored", "--exact", &child_test(), "--nocapture"])
+            .env(CHILD_DB_ENV, h.store_location())
             .env(CHILD_STAND_ENV, h.base_url())
             .env(CHILD_OPERATION_ENV, operation_id.to_string())
             .stdin(Stdio::null())

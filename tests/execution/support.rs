@@ -3,6 +3,10 @@
 //! and the engine — plus the few ways a test looks at them (the operation's event stream, the
 //! stand's objects and request log).
 //!
+//! The same scenarios run twice: in the `execution` test binary on a SQLite ledger file, and in
+//! `execution_kurrentdb` (which includes these modules) on the KurrentDB store over the protocol
+//! stand. [`backend`] tells which; [`LedgerStore`] is either store behind one type.
+//!
 //! Nothing here sleeps and hopes: every wait is either "until a time the ledger recorded" or a
 //! poll with a deadline that fails the test with what it saw.
 
@@ -13,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use opledger_adapters::kurrentdb_stand::KurrentDbStand;
 use opledger_adapters::provider::{
     AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
 };
@@ -20,28 +25,152 @@ use opledger_adapters::stand::{
     Fault, FaultKind, FaultMethod, LoggedRequest, Shape as StandShape, Stand, StandAdmin,
     StandConfig, StandObject,
 };
+use opledger_adapters::store::{KurrentDbSubscription, SqliteSubscription};
 use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
+use opledger_adapters::{KurrentDbStore, SqliteStore};
 use opledger_domain::app::{IntentRequest, Ledger, RecordedIntent};
 use opledger_domain::codec;
 use opledger_domain::command::Command;
 use opledger_domain::contract::{RetryPolicy, SendBinding};
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::event::{IntentRecorded, OperationEvent};
+use opledger_domain::ids::GlobalPosition;
 use opledger_domain::ids::{
     AccountId, AttemptId, OperationId, ProviderId, StreamVersion, WorkerId,
 };
 use opledger_domain::ports::IdSource;
 use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
 use opledger_domain::state::{OperationState, Status};
-use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
+use opledger_domain::store::{
+    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
+    StreamName, Subscription, MAX_READ_BATCH,
+};
 use serde_json::json;
 use tempfile::TempDir;
 
 /// The engine every test drives: the production types, nothing stubbed.
-pub type TestEngine = Engine<SqliteStore, SystemClock, RandomIds, HttpProviders>;
+pub type TestEngine = Engine<LedgerStore, SystemClock, RandomIds, HttpProviders>;
 /// The ledger underneath it.
-pub type TestLedger = Ledger<SqliteStore, SystemClock, RandomIds>;
+pub type TestLedger = Ledger<LedgerStore, SystemClock, RandomIds>;
+
+/// Which event store the scenarios run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    KurrentDb,
+}
+
+/// The store of this test binary: `execution_kurrentdb` runs on KurrentDB, `execution` on SQLite.
+pub fn backend() -> Backend {
+    if env!("CARGO_CRATE_NAME") == "execution_kurrentdb" {
+        Backend::KurrentDb
+    } else {
+        Backend::Sqlite
+    }
+}
+
+/// Either store, so the engine's type does not depend on the backend.
+#[derive(Clone, Debug)]
+pub enum LedgerStore {
+    Sqlite(SqliteStore),
+    KurrentDb(KurrentDbStore),
+}
+
+/// Either store's subscription.
+pub enum LedgerSubscription {
+    Sqlite(SqliteSubscription),
+    /// Boxed: a KurrentDB subscription carries the client's stream state.
+    KurrentDb(Box<KurrentDbSubscription>),
+}
+
+impl LedgerStore {
+    /// Opens the ledger at `location`: a file path for SQLite, a connection string for KurrentDB.
+    pub async fn open(location: &str) -> Self {
+        match backend() {
+            Backend::Sqlite => Self::Sqlite(
+                SqliteStore::open(location)
+                    .await
+                    .expect("open the ledger file"),
+            ),
+            Backend::KurrentDb => Self::KurrentDb(
+                KurrentDbStore::connect(location)
+                    .await
+                    .expect("connect to the KurrentDB stand"),
+            ),
+        }
+    }
+
+    /// Closes the store as a stopping process does (a KurrentDB client has nothing to close).
+    pub async fn close(self) {
+        if let Self::Sqlite(store) = self {
+            store.close().await.expect("the ledger file closes");
+        }
+    }
+}
+
+impl EventStore for LedgerStore {
+    type Subscription = LedgerSubscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<AppendOutcome, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.append(stream, expected, events).await,
+            Self::KurrentDb(store) => store.append(stream, expected, events).await,
+        }
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.read_stream(stream, from, max_count).await,
+            Self::KurrentDb(store) => store.read_stream(stream, from, max_count).await,
+        }
+    }
+
+    async fn read_all(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.read_all(start, max_count).await,
+            Self::KurrentDb(store) => store.read_all(start, max_count).await,
+        }
+    }
+
+    async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.head_position().await,
+            Self::KurrentDb(store) => store.head_position().await,
+        }
+    }
+
+    async fn subscribe_all(&self, start: LogStart) -> Result<LedgerSubscription, StoreError> {
+        Ok(match self {
+            Self::Sqlite(store) => LedgerSubscription::Sqlite(store.subscribe_all(start).await?),
+            Self::KurrentDb(store) => {
+                LedgerSubscription::KurrentDb(Box::new(store.subscribe_all(start).await?))
+            }
+        })
+    }
+}
+
+impl Subscription for LedgerSubscription {
+    async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
+        match self {
+            Self::Sqlite(subscription) => subscription.next().await,
+            Self::KurrentDb(subscription) => subscription.next().await,
+        }
+    }
+}
 
 /// The account operations are bound to, and the token the stand knows it by.
 pub const ACCOUNT: &str = "acct-1";
@@ -205,6 +334,8 @@ pub struct Harness {
     pub engine: Arc<TestEngine>,
     stand: Stand,
     path: PathBuf,
+    /// The KurrentDB stand holding the ledger, when the backend is KurrentDB.
+    kurrentdb: Option<KurrentDbStand>,
     /// Keeps the ledger file until the harness is dropped.
     _dir: TempDir,
 }
@@ -228,9 +359,16 @@ impl Harness {
         .await
         .expect("the CRM stand starts on an ephemeral loopback port");
         let admin = stand.admin().expect("an admin client for the stand");
-        let store = SqliteStore::open(&path)
-            .await
-            .expect("open the ledger file");
+        let kurrentdb = match backend() {
+            Backend::Sqlite => None,
+            Backend::KurrentDb => Some(
+                KurrentDbStand::start()
+                    .await
+                    .expect("the KurrentDB stand starts on an ephemeral loopback port"),
+            ),
+        };
+        let location = store_location(&path, kurrentdb.as_ref());
+        let store = LedgerStore::open(&location).await;
         let providers = setup.providers(&stand.base_url(), &[(ACCOUNT, ACCOUNT_TOKEN)]);
         let engine = Arc::new(Engine::new(
             Ledger::new(store, SystemClock, RandomIds),
@@ -244,8 +382,14 @@ impl Harness {
             engine,
             stand,
             path,
+            kurrentdb,
             _dir: dir,
         }
+    }
+
+    /// Where the ledger is: the file path (SQLite) or the stand's connection string (KurrentDB).
+    pub fn store_location(&self) -> String {
+        store_location(&self.path, self.kurrentdb.as_ref())
     }
 
     pub fn ledger(&self) -> &TestLedger {
@@ -433,20 +577,13 @@ impl Harness {
     /// Closes the ledger file, as a stopping process does. The engine is unusable until
     /// [`Harness::reopen_store`].
     pub async fn close_store(&self) {
-        self.ledger()
-            .store()
-            .clone()
-            .close()
-            .await
-            .expect("the ledger file closes");
+        self.ledger().store().clone().close().await;
     }
 
     /// Opens the ledger file again and builds a fresh engine over it, with freshly built
     /// providers: what a restarted process has.
     pub async fn reopen_store(&mut self) {
-        let store = SqliteStore::open(&self.path)
-            .await
-            .expect("reopen the ledger file");
+        let store = LedgerStore::open(&self.store_location()).await;
         let providers = self
             .setup
             .providers(&self.stand.base_url(), &[(ACCOUNT, ACCOUNT_TOKEN)]);
@@ -462,6 +599,13 @@ impl Harness {
     pub async fn finish(self) {
         self.close_store().await;
         self.stand.shutdown().await;
+    }
+}
+
+fn store_location(path: &Path, kurrentdb: Option<&KurrentDbStand>) -> String {
+    match kurrentdb {
+        Some(stand) => stand.connection_string(),
+        None => path.display().to_string(),
     }
 }
 
@@ -526,7 +670,7 @@ fn pause_until(due_at: Option<DateTime<Utc>>) -> Duration {
 }
 
 /// Every event of the operation's stream, decoded.
-pub async fn stream_events(store: &SqliteStore, operation_id: OperationId) -> Vec<OperationEvent> {
+pub async fn stream_events(store: &LedgerStore, operation_id: OperationId) -> Vec<OperationEvent> {
     let stream = StreamName::for_operation(operation_id);
     let mut events = Vec::new();
     let mut from = StreamVersion::FIRST;

@@ -4,12 +4,20 @@
 //! check once per store, so a failure reads as `sqlite::thirty_two_racing_appends_have_exactly_one_winner`.
 //! [`sqlite_file`] adds what only a store on disk can promise: data that survives a restart, a
 //! refused file left alone, and acknowledged appends that survive a SIGKILL.
+//!
+//! `kurrentdb` runs the suite against the KurrentDB store on the protocol stand (a fresh stand
+//! per check); `kurrentdb_server` runs it against a real server when `OPLEDGER_KURRENTDB_URL` is
+//! set (each check in its own stream namespace, so a shared server's other data stays out), and
+//! otherwise prints that it was skipped. One check is not in their list: KurrentDB does not refuse
+//! an event id already stored in another stream (see `store/kurrentdb.rs`).
 
 mod sqlite_file;
 mod suite;
 mod support;
 
-use opledger_adapters::{MemoryStore, SqliteStore};
+use opledger_adapters::kurrentdb_stand::KurrentDbStand;
+use opledger_adapters::store::kurrentdb::KurrentDbConfig;
+use opledger_adapters::{KurrentDbStore, MemoryStore, SqliteStore};
 use tempfile::TempDir;
 
 /// How a check gets a fresh, empty store and what is done with it afterwards.
@@ -63,13 +71,84 @@ impl Harness for SqliteHarness {
     }
 }
 
-/// One `#[tokio::test]` per check for one store, in a module named after the store.
-macro_rules! conformance_suite {
-    ($backend:ident, $harness:ty) => {
-        mod $backend {
-            use super::*;
+/// The KurrentDB store on a fresh protocol stand.
+struct KurrentDbStandHarness {
+    store: KurrentDbStore,
+    _stand: KurrentDbStand,
+}
 
-            conformance_suite!(@checks $harness;
+/// A store whose log is every stream of one fresh namespace, so the suite's stream names
+/// ("race", "a", …) are all in the global log.
+async fn kurrentdb_store(connection_string: &str) -> KurrentDbStore {
+    let mut config = KurrentDbConfig::from_connection_string(connection_string)
+        .expect("a valid connection string");
+    config.namespace = format!("conformance-{}-", uuid::Uuid::new_v4().simple());
+    config.log_prefix = String::new();
+    KurrentDbStore::connect_with(config)
+        .await
+        .expect("connect to KurrentDB")
+}
+
+impl Harness for KurrentDbStandHarness {
+    type Store = KurrentDbStore;
+
+    async fn start() -> Self {
+        let stand = KurrentDbStand::start()
+            .await
+            .expect("start the KurrentDB stand");
+        // System records in $all that the log's filter must keep out.
+        stand.write_system_events(3);
+        let store = kurrentdb_store(&stand.connection_string()).await;
+        Self {
+            store,
+            _stand: stand,
+        }
+    }
+
+    fn store(&self) -> KurrentDbStore {
+        self.store.clone()
+    }
+
+    async fn finish(self) {}
+}
+
+/// The KurrentDB store on the server named by `OPLEDGER_KURRENTDB_URL`.
+struct KurrentDbServerHarness(KurrentDbStore);
+
+/// The variable naming a real KurrentDB server for the opt-in checks.
+const SERVER_URL_VAR: &str = "OPLEDGER_KURRENTDB_URL";
+
+impl KurrentDbServerHarness {
+    fn url() -> Option<String> {
+        let url = std::env::var(SERVER_URL_VAR)
+            .ok()
+            .filter(|url| !url.is_empty());
+        if url.is_none() {
+            eprintln!("skipped: set {SERVER_URL_VAR}=esdb://localhost:2113?tls=false to run this check against a real KurrentDB server");
+        }
+        url
+    }
+}
+
+impl Harness for KurrentDbServerHarness {
+    type Store = KurrentDbStore;
+
+    async fn start() -> Self {
+        let url = std::env::var(SERVER_URL_VAR).expect("checked by the caller");
+        Self(kurrentdb_store(&url).await)
+    }
+
+    fn store(&self) -> KurrentDbStore {
+        self.0.clone()
+    }
+
+    async fn finish(self) {}
+}
+
+/// The checks every store passes.
+macro_rules! common_checks {
+    ($callback:ident ! ($($prefix:tt)*)) => {
+        $callback!($($prefix)*
                 thirty_two_racing_appends_have_exactly_one_winner,
                 thirty_two_racing_creations_of_one_stream_have_exactly_one_winner,
                 appending_no_stream_to_an_existing_stream_conflicts_with_its_last_version,
@@ -77,7 +156,6 @@ macro_rules! conformance_suite {
                 appending_behind_or_ahead_of_the_stream_conflicts_with_its_last_version,
                 re_appending_the_same_event_ids_returns_the_first_outcome_and_writes_nothing,
                 re_appending_at_the_same_version_with_other_ids_conflicts,
-                an_event_id_stored_elsewhere_is_refused_and_nothing_is_written,
                 positions_strictly_increase_in_commit_order_across_sixteen_concurrent_writers,
                 a_subscription_started_while_writers_run_delivers_every_event_once_in_order,
                 a_subscription_after_a_position_starts_strictly_after_it,
@@ -91,8 +169,46 @@ macro_rules! conformance_suite {
                 an_append_over_the_event_count_limit_is_refused_and_writes_nothing,
                 recorded_events_carry_exactly_the_appended_type_data_and_metadata,
                 the_head_position_is_none_for_an_empty_log_then_the_newest_position,
-            );
+        );
+    };
+}
+
+/// One `#[tokio::test]` per check for one store, in a module named after the store.
+macro_rules! conformance_suite {
+    ($backend:ident, $harness:ty) => {
+        mod $backend {
+            use super::*;
+
+            common_checks!(conformance_suite!(@checks $harness;));
+            conformance_suite!(@checks $harness; an_event_id_stored_elsewhere_is_refused_and_nothing_is_written);
         }
+    };
+    (@without_unique_ids $backend:ident, $harness:ty) => {
+        mod $backend {
+            use super::*;
+
+            common_checks!(conformance_suite!(@checks $harness;));
+        }
+    };
+    (@opt_in $backend:ident, $harness:ty) => {
+        mod $backend {
+            use super::*;
+
+            common_checks!(conformance_suite!(@opt_in_checks $harness;));
+        }
+    };
+    (@opt_in_checks $harness:ty; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                if KurrentDbServerHarness::url().is_none() {
+                    return;
+                }
+                let harness = <$harness as Harness>::start().await;
+                crate::suite::$check(harness.store()).await;
+                harness.finish().await;
+            }
+        )+
     };
     (@checks $harness:ty; $($check:ident),+ $(,)?) => {
         $(
@@ -108,3 +224,5 @@ macro_rules! conformance_suite {
 
 conformance_suite!(memory, MemoryHarness);
 conformance_suite!(sqlite, SqliteHarness);
+conformance_suite!(@without_unique_ids kurrentdb, KurrentDbStandHarness);
+conformance_suite!(@opt_in kurrentdb_server, KurrentDbServerHarness);

@@ -2,18 +2,22 @@
 //!
 //! - [`memory::MemoryStore`] keeps everything in process memory, for unit tests and simulation.
 //! - [`sqlite::SqliteStore`] keeps one SQLite file with group commit, the embedded default.
+//! - [`kurrentdb::KurrentDbStore`] keeps the ledger in a KurrentDB (EventStoreDB) cluster, for
+//!   several `opledger serve` instances sharing one ledger; the server applies its own rules.
 //!
-//! Both apply the same append rules (`rules.rs`) and share one catch-up subscription
+//! The first two apply the same append rules (`rules.rs`) and share one catch-up subscription
 //! (`subscription.rs`), so they cannot drift apart in what they accept or deliver. A store must
 //! never acknowledge an append that is not durable for its kind, and never skip or repeat an event
 //! in a subscription.
 //!
 //! [`EventStore`]: opledger_domain::store::EventStore
 
+pub mod kurrentdb;
 pub mod memory;
 mod rules;
 pub mod sqlite;
 mod subscription;
 
+pub use kurrentdb::{KurrentDbError, KurrentDbStore, KurrentDbSubscription};
 pub use memory::{MemoryStore, MemorySubscription};
 pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};
