@@ -17,6 +17,9 @@ pub mod config;
 mod error;
 mod events;
 mod metrics;
+mod store;
+
+pub use self::store::ServeStore;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,7 +33,7 @@ use opledger_adapters::readmodel::{ProjectionRunner, ReadModels};
 use opledger_adapters::stand::{Stand, StandConfig};
 use opledger_adapters::system::{RandomIds, SystemClock};
 use opledger_adapters::workers::{WorkerConfig, Workers};
-use opledger_adapters::SqliteStore;
+use opledger_adapters::{KurrentDbStore, SqliteStore};
 use opledger_domain::app::Ledger;
 use opledger_domain::engine::Engine;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId, WorkerId};
@@ -52,9 +55,6 @@ const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
 const DEMO_ACCOUNT: &str = "demo";
 const DEMO_CRM_TOKEN: &str = "demo-crm-token";
 
-/// The ledger the server keeps.
-// KurrentDB lands as a second store; this alias becomes the choice between the two.
-pub type ServeStore = SqliteStore;
 /// The engine the server drives operations with.
 pub type ServeEngine = Engine<ServeStore, SystemClock, RandomIds, HttpProviders>;
 
@@ -110,19 +110,17 @@ pub async fn serve(
     until: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), CliError> {
-    let ledger_path =
-        match &config.store {
-            StoreUrl::Sqlite(path) => path.clone(),
-            StoreUrl::KurrentDb(_) => return Err(CliError::Config(
-                "store: the KurrentDB backend is not part of this build yet; use sqlite:///path"
-                    .into(),
-            )),
-        };
-    let views_path = config.views.clone().unwrap_or_else(|| {
-        let mut path = ledger_path.clone().into_os_string();
-        path.push(".views");
-        PathBuf::from(path)
-    });
+    // The read models are local to each server, beside the SQLite ledger or in the working
+    // directory; with KurrentDB every instance keeps its own, fed from the shared log.
+    let (ledger_name, default_views) = match &config.store {
+        StoreUrl::Sqlite(path) => {
+            let mut views = path.clone().into_os_string();
+            views.push(".views");
+            (path.display().to_string(), PathBuf::from(views))
+        }
+        StoreUrl::KurrentDb(url) => (redacted(url), PathBuf::from("opledger.views")),
+    };
+    let views_path = config.views.clone().unwrap_or(default_views);
     // Bound first: a port in use is found before the ledger is opened.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -135,7 +133,14 @@ pub async fn serve(
     let local = listener
         .local_addr()
         .map_err(|error| CliError::Other(format!("cannot read the bound address: {error}")))?;
-    let store = SqliteStore::open(&ledger_path).await?;
+    let store = match &config.store {
+        StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
+        StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
+            KurrentDbStore::connect(url)
+                .await
+                .map_err(|error| CliError::Other(format!("cannot reach KurrentDB: {error}")))?,
+        ),
+    };
     let read_models = ReadModels::open(&views_path).await?;
     crate::views::catch_up_showing_progress(
         &store,
@@ -187,7 +192,7 @@ pub async fn serve(
     });
     println!(
         "opledger serve: listening on http://{local} (ledger {}, read models {})",
-        ledger_path.display(),
+        ledger_name,
         views_path.display()
     );
     info!(%local, "serving");
@@ -315,4 +320,14 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         providers,
     };
     Ok((config, stand))
+}
+
+/// A connection string without its password, for logs and the start line.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://…@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
 }

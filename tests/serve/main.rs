@@ -3,6 +3,7 @@
 
 mod inputs;
 mod isolation;
+mod kurrentdb;
 mod lifecycle;
 mod shutdown;
 mod stream;

@@ -38,6 +38,11 @@ pub struct Harness {
 impl Harness {
     /// A fresh stand and directory; `limits` is extra TOML for the `[limits]` table.
     pub async fn new(limits: &str) -> Self {
+        Self::with_store(limits, None).await
+    }
+
+    /// The same with the ledger in KurrentDB at `store_url` (`None`: a SQLite file).
+    pub async fn with_store(limits: &str, store_url: Option<String>) -> Self {
         let stand = Stand::start(
             SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             StandConfig {
@@ -51,11 +56,14 @@ impl Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("serve.toml");
         let ledger = dir.path().join("ledger.db");
+        let store = store_url.unwrap_or_else(|| format!("sqlite://{}", ledger.display()));
+        let views = dir.path().join("ledger.views");
         let base = stand.base_url();
         let text = format!(
             r#"
 listen = "127.0.0.1:0"
-store = "sqlite://{ledger}"
+store = "{store}"
+views = "{views}"
 
 [engine]
 lease_ms = 5000
@@ -109,7 +117,7 @@ search_lag_ms = {SEARCH_LAG_MS}
 id = "{ACCOUNT}"
 token = "{ACCOUNT_TOKEN}"
 "#,
-            ledger = ledger.display(),
+            views = views.display(),
         );
         std::fs::write(&config, text).expect("config written");
         Self {
@@ -142,13 +150,13 @@ pub struct Server {
 
 impl Server {
     fn start(config: &Path, dir: &Path) -> Self {
-        let stderr = std::fs::File::create(dir.join(format!(
+        let log = dir.join(format!(
             "serve-{}.log",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos())
-        )))
-        .expect("log file");
+        ));
+        let stderr = std::fs::File::create(&log).expect("log file");
         let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
             .args(["serve", "--config"])
             .arg(config)
@@ -170,7 +178,12 @@ impl Server {
         let base = loop {
             let line = lines
                 .recv_timeout(DEADLINE.saturating_sub(started.elapsed()))
-                .expect("the server prints its address");
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "the server did not print its address ({error}); its log:\n{}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    )
+                });
             if let Some(rest) = line.split("listening on ").nth(1) {
                 let address = rest.split_whitespace().next().expect("an address");
                 break address.to_owned();
