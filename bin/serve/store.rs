@@ -35,8 +35,8 @@ impl ServeStore {
 pub enum ServeSubscription {
     /// The SQLite store's.
     Sqlite(SqliteSubscription),
-    /// The KurrentDB store's.
-    KurrentDb(KurrentDbSubscription),
+    /// The KurrentDB store's (boxed: it is much larger than the SQLite one).
+    KurrentDb(Box<KurrentDbSubscription>),
 }
 
 impl Subscription for ServeSubscription {
@@ -102,7 +102,7 @@ impl EventStore for ServeStore {
             Self::KurrentDb(store) => store
                 .subscribe_all(start)
                 .await
-                .map(ServeSubscription::KurrentDb),
+                .map(|subscription| ServeSubscription::KurrentDb(Box::new(subscription))),
         }
     }
 }
