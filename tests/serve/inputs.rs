@@ -264,3 +264,33 @@ async fn every_documented_route_is_served() {
         }
     }
 }
+
+#[tokio::test]
+async fn arguments_over_their_own_limit_are_refused_even_when_the_body_fits() {
+    let harness = Harness::new("max_body_bytes = 1048576").await;
+    let server = harness.serve();
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"text": "x".repeat(100_000)}});
+    let (status, answer) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_error(
+        status,
+        &answer,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_input",
+        "100 KB of arguments",
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("args")),
+        "{answer}"
+    );
+    assert_eq!(server.log_head().await, 0);
+}
