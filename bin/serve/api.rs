@@ -49,6 +49,12 @@ const IN_FLIGHT_POLL_MIN: Duration = Duration::from_millis(1);
 const IN_FLIGHT_POLL_MAX: Duration = Duration::from_millis(20);
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
+/// The longest id `trace` takes, in bytes.
+const MAX_TRACE_ID_BYTES: usize = 512;
+/// Rows in a page when `limit` is not given.
+const DEFAULT_PAGE_ROWS: usize = 50;
+/// The longest a client may take to send its request body.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router).
@@ -111,6 +117,29 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+// ---- extractors ----
+
+/// The `{id}` of a route, with a JSON error when the path cannot be decoded (e.g. `%FF`).
+struct IdPath(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(Self(id)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_path",
+                format!("the path is not understood: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
 // ---- request bodies ----
 
 #[derive(Debug, Deserialize)]
@@ -157,15 +186,36 @@ struct ReviewBody {
 /// where the JSON is wrong.
 async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<T, ApiError> {
     let limit = shared.limits.max_body_bytes;
-    let bytes = axum::body::to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|_| {
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(request.into_body(), limit),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} s; send it whole",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )
+    })?;
+    let bytes = read.map_err(|error| {
+        if is_length_limit(&error) {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
                 format!("the request body is larger than {limit} bytes; send less (arguments are frozen snapshots, not documents)"),
             )
-        })?;
+        } else {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_unreadable",
+                format!("the request body could not be read ({error}); send it again"),
+            )
+        }
+    })?;
     serde_json::from_slice(&bytes).map_err(|error| {
         use serde_json::error::Category;
         match error.classify() {
@@ -181,6 +231,18 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
             ),
         }
     })
+}
+
+/// Whether reading a body failed on the size limit (rather than on the connection).
+fn is_length_limit(error: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = current.source();
+    }
+    false
 }
 
 fn operation_id(text: &str) -> Result<OperationId, ApiError> {
@@ -287,8 +349,7 @@ async fn record(State(shared): State<Arc<Shared>>, request: Request) -> Result<R
         source_id: body.source_id,
         requires_approval: body.requires_approval,
     };
-    // Validated whole before the ledger sees it, so a bad field writes nothing.
-    let _ = request.clone().validate()?;
+    // `record_intent` validates every field before it appends, so a bad field writes nothing.
     let recorded = shared.engine.ledger().record_intent(request).await?;
     shared
         .tenants
@@ -306,7 +367,7 @@ async fn record(State(shared): State<Arc<Shared>>, request: Request) -> Result<R
 
 async fn show(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
@@ -316,7 +377,7 @@ async fn show(
 
 async fn history(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
@@ -348,7 +409,7 @@ async fn history(
 
 async fn approve(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     request: Request,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
@@ -369,7 +430,7 @@ async fn approve(
 
 async fn deny(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     request: Request,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
@@ -396,7 +457,7 @@ struct ExecuteQuery {
 
 async fn execute(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     query: Result<Query<ExecuteQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -440,7 +501,12 @@ async fn drive_until(
     let deadline = Instant::now() + wait;
     let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
     loop {
-        let report = shared.engine.drive(operation_id).await?;
+        // Spawned, so a caller who hangs up cannot cancel a send half-way: the drive always
+        // records what the provider answered.
+        let engine = Arc::clone(&shared.engine);
+        let report = tokio::spawn(async move { engine.drive(operation_id).await })
+            .await
+            .map_err(|error| ApiError::internal("a drive failed", error))??;
         let state = report.state();
         let now = Instant::now();
         if now >= deadline {
@@ -639,7 +705,7 @@ async fn review_queue(
 
 async fn review(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     request: Request,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
@@ -686,10 +752,15 @@ async fn review(
             ));
         }
     }
-    let report = shared
-        .engine
-        .resolve_review(operation_id, reviewer, decision, body.note)
-        .await?;
+    // Spawned for the same reason as a drive: a retry decided here sends at once.
+    let engine = Arc::clone(&shared.engine);
+    let report = tokio::spawn(async move {
+        engine
+            .resolve_review(operation_id, reviewer, decision, body.note)
+            .await
+    })
+    .await
+    .map_err(|error| ApiError::internal("a review decision failed", error))??;
     Ok(json_reply(
         StatusCode::OK,
         &operation_view(&report.operation),
@@ -698,22 +769,42 @@ async fn review(
 
 async fn trace(
     State(shared): State<Arc<Shared>>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
     let id = id.trim().to_owned();
-    if id.is_empty() || id.len() > 512 {
+    if id.is_empty() || id.len() > MAX_TRACE_ID_BYTES {
         return Err(ApiError::invalid(ValidationError::new(
             "id",
-            "must be 1 to 512 characters: an operation, attempt, external object or source id",
+            format!("must be 1 to {MAX_TRACE_ID_BYTES} bytes: an operation, attempt, external object or source id"),
         )));
     }
     fresh_read_models(&shared).await?;
     let query = id.clone();
+    let visible_scope = scope.clone();
+    // Filtered by tenant before the cap: short external ids ("731") and source ids repeat across
+    // tenants, and another tenant's matches must not crowd out the caller's own.
     let candidates = shared
         .read_models
-        .call(move |store| store.trace_candidates(&query, MAX_TRACE_MATCHES))
+        .call(move |store| {
+            let mut visible = Vec::new();
+            for candidate in store.trace_candidates(&query, MAX_QUERY_ROWS)? {
+                let allowed = match &visible_scope {
+                    Scope::All => true,
+                    Scope::Tenants(_) => store
+                        .operation(candidate)?
+                        .is_some_and(|row| visible_scope.allows(&row.tenant)),
+                };
+                if allowed {
+                    visible.push(candidate);
+                }
+                if visible.len() >= MAX_TRACE_MATCHES {
+                    break;
+                }
+            }
+            Ok(visible)
+        })
         .await?;
     let store = shared.engine.ledger().store();
     let mut matches = Vec::new();
@@ -790,7 +881,9 @@ async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
 }
 
 fn page_limit(text: Option<&str>) -> Result<usize, ApiError> {
-    let Some(text) = text else { return Ok(50) };
+    let Some(text) = text else {
+        return Ok(DEFAULT_PAGE_ROWS);
+    };
     text.parse::<usize>()
         .ok()
         .filter(|limit| (1..=MAX_QUERY_ROWS).contains(limit))

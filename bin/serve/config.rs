@@ -83,6 +83,8 @@ pub struct Limits {
     pub max_wait_ms: u64,
     /// The wait of an execute call that names none, in milliseconds.
     pub default_wait_ms: u64,
+    /// How long shutdown waits for requests in progress before dropping them, in milliseconds.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for Limits {
@@ -92,6 +94,7 @@ impl Default for Limits {
             max_sse_connections: 64,
             max_wait_ms: 30_000,
             default_wait_ms: 5_000,
+            shutdown_grace_ms: 35_000,
         }
     }
 }
@@ -159,6 +162,7 @@ struct LimitsSection {
     max_sse_connections: Option<Spanned<usize>>,
     max_wait_ms: Option<Spanned<u64>>,
     default_wait_ms: Option<Spanned<u64>>,
+    shutdown_grace_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -381,7 +385,18 @@ impl Checker<'_> {
             ),
             max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
             default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
+            shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
         };
+        if !(1_000..=MAX_WAIT_LIMIT_MS).contains(&limits.shutdown_grace_ms) {
+            return Err(self.error(
+                span(&section.shutdown_grace_ms),
+                "limits.shutdown_grace_ms",
+                format!(
+                    "is {}; use 1000 to {MAX_WAIT_LIMIT_MS} (longer than max_wait_ms lets every execute call answer)",
+                    limits.shutdown_grace_ms
+                ),
+            ));
+        }
         if !(1024..=MAX_BODY_LIMIT_BYTES).contains(&limits.max_body_bytes) {
             return Err(self.error(
                 span(&section.max_body_bytes),

@@ -184,6 +184,24 @@ async fn next_event(feed: &mut Feed) -> Option<Event> {
             }
         };
         let store = feed.shared.engine.ledger().store();
+        let Some(operation_id) = recorded.stream.operation_id() else {
+            continue;
+        };
+        // The tenant first: another tenant's events are never decoded for this stream, so
+        // nothing of theirs can end it or slow it.
+        let visible = match &feed.scope {
+            Scope::All => true,
+            Scope::Tenants(_) => match feed.shared.tenants.tenant_of(store, operation_id).await {
+                Ok(tenant) => tenant.is_some_and(|tenant| feed.scope.allows(&tenant)),
+                Err(error) => {
+                    warn!(message = %error.message, %operation_id, "event stream ends: a tenant could not be read");
+                    return None;
+                }
+            },
+        };
+        if !visible {
+            continue;
+        }
         let outcome = match outcome_of(store, &recorded).await {
             Ok(Some(outcome)) => outcome,
             Ok(None) => continue,
@@ -193,26 +211,6 @@ async fn next_event(feed: &mut Feed) -> Option<Event> {
             }
         };
         if !feed.wanted.contains(outcome.kind) {
-            continue;
-        }
-        let visible = match &feed.scope {
-            Scope::All => true,
-            Scope::Tenants(_) => {
-                match feed
-                    .shared
-                    .tenants
-                    .tenant_of(store, outcome.operation_id)
-                    .await
-                {
-                    Ok(tenant) => tenant.is_some_and(|tenant| feed.scope.allows(&tenant)),
-                    Err(error) => {
-                        warn!(message = %error.message, "event stream ends: a tenant could not be read");
-                        return None;
-                    }
-                }
-            }
-        };
-        if !visible {
             continue;
         }
         return Some(

@@ -97,6 +97,17 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             )
         })?;
     }
+    // The demo tokens are printed and the same everywhere: never offer them beyond this machine.
+    if stand.is_some() && !config.listen.ip().is_loopback() {
+        return Err(opledger_domain::error::ValidationError::new(
+            "--listen",
+            format!(
+                "{} is not a loopback address, and without --config the server runs with the public demo tokens; listen on 127.0.0.1, or write a configuration with your own tokens",
+                config.listen
+            ),
+        )
+        .into());
+    }
     let result = serve(config, shutdown_signal(), None).await;
     if let Some(stand) = stand {
         stand.shutdown().await;
@@ -199,13 +210,25 @@ pub async fn serve(
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let served = axum::serve(listener, api::router(shared))
-        .with_graceful_shutdown(async move {
-            until.await;
-            info!("shutting down: no new connections; finishing requests in progress");
-            let _ = stop.send(true);
-        })
-        .await;
+    let grace = std::time::Duration::from_millis(config.limits.shutdown_grace_ms);
+    let mut draining = stopping.clone();
+    let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
+        until.await;
+        info!("shutting down: no new connections; finishing requests in progress");
+        let _ = stop.send(true);
+    });
+    // Requests in progress get `shutdown_grace_ms` to finish; a client that never finishes its
+    // request must not keep the store from closing.
+    let served = tokio::select! {
+        served = std::future::IntoFuture::into_future(graceful) => served,
+        () = async {
+            let _ = draining.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(grace).await;
+        } => {
+            warn!(grace_ms = grace.as_millis() as u64, "requests still open after the shutdown grace are dropped");
+            Ok(())
+        }
+    };
     // Every path below runs, whatever failed first, so the store is always closed cleanly.
     let worker_stats = workers.shutdown().await;
     let runner_result = runner.await;
@@ -235,8 +258,18 @@ pub async fn serve(
     Ok(())
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+/// Resolves on SIGTERM or Ctrl-C (SIGINT); a second signal ends the process at once (what was
+/// acknowledged is already durable; an attempt in flight is swept to unknown at the next start).
 async fn shutdown_signal() {
+    first_signal().await;
+    tokio::spawn(async {
+        first_signal().await;
+        eprintln!("second signal: stopping now");
+        std::process::exit(130);
+    });
+}
+
+async fn first_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

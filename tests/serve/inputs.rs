@@ -151,6 +151,11 @@ async fn bad_requests_are_refused_with_a_clear_error_and_write_nothing() {
             StatusCode::NOT_FOUND,
             "no_such_route",
         ),
+        (
+            "/v1/operations/%FF".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_path",
+        ),
     ];
     for (path, expected, code) in gets {
         let (status, answer) = server

@@ -280,3 +280,167 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
         .await;
     assert_eq!(queue["queue"].as_array().map(Vec::len), Some(0), "{queue}");
 }
+
+#[tokio::test]
+async fn listings_filter_by_state_and_age_and_page_with_next() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let mut recorded = Vec::new();
+    for _ in 0..3 {
+        recorded.push(server.marker(TENANT_A_TOKEN).await);
+    }
+    let list = |query: String| {
+        let server = &server;
+        async move {
+            let (status, body) = server
+                .call(
+                    Method::GET,
+                    &format!("/v1/operations{query}"),
+                    Some(TENANT_A_TOKEN),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{query}: {body}");
+            let ids: Vec<String> = body["operations"]
+                .as_array()
+                .expect("operations")
+                .iter()
+                .filter_map(|row| row["operation_id"].as_str().map(str::to_owned))
+                .collect();
+            (ids, body["next"].as_str().map(str::to_owned))
+        }
+    };
+    let (first_page, next) = list("?state=awaiting_approval&limit=2".into()).await;
+    assert_eq!(first_page.len(), 2);
+    let next = next.expect("a next page");
+    let (second_page, none) = list(format!("?state=awaiting_approval&limit=2&after={next}")).await;
+    assert_eq!(second_page.len(), 1);
+    assert_eq!(none, None);
+    let mut all: Vec<String> = first_page.into_iter().chain(second_page).collect();
+    all.sort();
+    recorded.sort();
+    assert_eq!(
+        all, recorded,
+        "every operation exactly once across the pages"
+    );
+    let (old, _) = list("?older_than=10m".into()).await;
+    assert!(
+        old.is_empty(),
+        "nothing was recorded ten minutes ago: {old:?}"
+    );
+    let (unknown, _) = list("?state=unknown".into()).await;
+    assert!(unknown.is_empty());
+}
+
+async fn operation_in_review(harness: &Harness, server: &crate::support::Server) -> String {
+    harness
+        .admin
+        .queue_fault(&Fault {
+            shape: Some(Shape::Plain),
+            account: None,
+            method: Some(FaultMethod::Post),
+            kind: FaultKind::DropRequest,
+            times: 1,
+        })
+        .await
+        .expect("fault queued");
+    let (_, recorded) = server
+        .record(TENANT_A_TOKEN, "crm-plain", "Call", None)
+        .await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    server.execute(TENANT_A_TOKEN, &id, 200).await;
+    server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["needs_review"])
+        .await;
+    id
+}
+
+#[tokio::test]
+async fn an_operator_confirms_an_object_found_by_hand_and_the_agent_may_then_say_done() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let id = operation_in_review(&harness, &server).await;
+    let decision = json!({"decision": "confirm", "external_id": "found-by-hand-9", "note": "it is in the CRM"});
+    let (status, decided) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    assert_eq!(decided["state"], "succeeded");
+    assert_eq!(decided["external_id"], "found-by-hand-9");
+    assert!(decided["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("Done")));
+    assert!(
+        harness.objects().await.is_empty(),
+        "confirming sends nothing"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_retry_sends_the_same_operation_once_more() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let id = operation_in_review(&harness, &server).await;
+    let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
+    let (status, decided) = server
+        .call(
+            Method::POST,
+            &format!("/v1/operations/{id}/review"),
+            Some(OPERATOR_TOKEN),
+            Some(&decision),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    let settled = server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+        .await;
+    let objects = harness.objects().await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(settled["external_id"], objects[0].id.as_str());
+}
+
+#[tokio::test]
+async fn serve_without_a_configuration_gives_a_working_api_on_loopback_only() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("default.db");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--db"])
+        .arg(&db)
+        .output()
+        .expect("runs");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("loopback"));
+    assert!(!db.exists(), "a refused start opens nothing");
+
+    let server = crate::support::Server::start_with(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--db",
+            &db.display().to_string(),
+        ],
+        dir.path(),
+    );
+    let body = json!({"provider": "crm", "account": "demo", "action": "create_task",
+        "args": {"title": "first call"}});
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some("demo-tenant-token"),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("id");
+    let (_, executed) = server.execute("demo-tenant-token", id, 5_000).await;
+    assert_eq!(executed["state"], "succeeded", "{executed}");
+    let (code, _) = server.terminate();
+    assert_eq!(code, Some(0));
+}

@@ -130,7 +130,10 @@ token = "{ACCOUNT_TOKEN}"
 
     /// Starts `opledger serve` on this harness's configuration.
     pub fn serve(&self) -> Server {
-        Server::start(&self.config, self.dir.path())
+        Server::start_with(
+            &["serve", "--config", &self.config.display().to_string()],
+            self.dir.path(),
+        )
     }
 
     /// The stand's objects.
@@ -149,7 +152,8 @@ pub struct Server {
 }
 
 impl Server {
-    fn start(config: &Path, dir: &Path) -> Self {
+    /// Starts `opledger` with `args`; its log goes to a file in `dir`.
+    pub fn start_with(args: &[&str], dir: &Path) -> Self {
         let log = dir.join(format!(
             "serve-{}.log",
             std::time::SystemTime::now()
@@ -158,8 +162,7 @@ impl Server {
         ));
         let stderr = std::fs::File::create(&log).expect("log file");
         let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
-            .args(["serve", "--config"])
-            .arg(config)
+            .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -238,6 +241,20 @@ impl Server {
         let status = response.status();
         let text = response.text().await.expect("a body");
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Records an intent that waits for approval, so nothing else happens to it: a marker that
+    /// shows where a stream has got to. Returns its operation id.
+    pub async fn marker(&self, token: &str) -> String {
+        let body = json!({
+            "provider": "crm", "account": ACCOUNT, "action": "create_task",
+            "args": {"title": "marker"}, "requires_approval": true,
+        });
+        let (status, recorded) = self
+            .call(Method::POST, "/v1/operations", Some(token), Some(&body))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{recorded}");
+        recorded["operation_id"].as_str().expect("an id").to_owned()
     }
 
     /// Records a create_task intent for `tenant_token`; returns the status and body.
@@ -396,13 +413,22 @@ impl EventStream {
         }
     }
 
-    /// Every event that arrives until none comes for `quiet`.
-    pub async fn drain(&mut self, quiet: Duration) -> Vec<SseEvent> {
+    /// Every event up to and including the first that `last` picks; fails the test if it does
+    /// not arrive within the deadline.
+    pub async fn until(&mut self, last: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
+        let started = Instant::now();
         let mut events = Vec::new();
-        while let Some(event) = self.next(quiet).await {
+        loop {
+            let left = DEADLINE.saturating_sub(started.elapsed());
+            let Some(event) = self.next(left).await else {
+                panic!("the awaited event never came; received {events:?}");
+            };
+            let done = last(&event);
             events.push(event);
+            if done {
+                return events;
+            }
         }
-        events
     }
 }
 
