@@ -17,6 +17,7 @@
 //! file — only after the finished file has been fsynced, and the directory is fsynced after it.
 //! It must never write into a file anyone else has open.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -30,12 +31,14 @@ use opledger_domain::ids::{
 };
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
+use opledger_projections::chains::ChainChange;
+use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{
     self, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
 };
 use opledger_projections::metrics::Counter;
-use opledger_projections::operations::OperationRow;
-use opledger_projections::read_models::fold_event;
+use opledger_projections::operations;
+use opledger_projections::read_models::fold_in_place;
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -59,10 +62,14 @@ const REQUEST_FILTER_BITS: usize = 1 << 24;
 /// Events written per transaction. Without a journal a commit costs no fsync; committing still
 /// bounds the dirty pages SQLite holds.
 pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
+/// Most id-index entries (attempts, sources, external ids) held before they are written, sorted.
+pub const MAX_BUFFERED_CHAINS: usize = 32_768;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
 const REBUILD_CACHE_KIB: i64 = 65_536;
+/// The rebuilt file's page size, in bytes.
+const REBUILD_PAGE_SIZE: u32 = 4096;
 
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -210,14 +217,18 @@ fn decode_all(batch: Vec<RecordedEvent>) -> Vec<Decoded> {
         .collect()
 }
 
-/// An open operation: its folded state and the row it has now, not yet written.
+/// An open operation: its folded state, not yet written, and what its row is built from.
 struct OpenOperation {
     state: OperationState,
-    version: StreamVersion,
-    row: OperationRow,
+    /// The version of the last event folded (`None`: none yet).
+    version: Option<StreamVersion>,
+    /// The position of the last event folded.
+    position: GlobalPosition,
+    /// When the last event folded happened.
+    at: DateTime<Utc>,
     /// Whether the file has a row for it already (it was written once and read back).
     in_file: bool,
-    /// Whether `row` and `state` are newer than the file.
+    /// Whether `state` is newer than the file.
     dirty: bool,
     /// The event count when it was last touched; the least recent are written out first.
     last_used: u64,
@@ -410,6 +421,49 @@ struct Rebuilder {
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
     clock: u64,
+    /// Whether the secondary indexes exist yet.
+    indexed: bool,
+    /// Id-index entries not yet written (at most [`MAX_BUFFERED_CHAINS`]).
+    chains: Vec<ChainChange>,
+}
+
+/// Where an id-index entry goes: its table, then its primary key as SQLite orders it (text by
+/// its bytes, which is also how `str` and a UUID's hyphenated lowercase text compare).
+fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, OperationId) {
+    match chain {
+        ChainChange::Attempt {
+            attempt_id,
+            operation_id,
+            ..
+        } => (0, Some(attempt_id.as_uuid()), "", "", "", *operation_id),
+        ChainChange::Source {
+            tenant,
+            source_id,
+            operation_id,
+            ..
+        } => (
+            1,
+            None,
+            tenant.as_str(),
+            source_id.as_str(),
+            "",
+            *operation_id,
+        ),
+        ChainChange::ExternalId {
+            provider,
+            account,
+            external_id,
+            operation_id,
+            ..
+        } => (
+            2,
+            None,
+            provider.as_str(),
+            account.as_str(),
+            external_id.as_str(),
+            *operation_id,
+        ),
+    }
 }
 
 impl Rebuilder {
@@ -423,7 +477,8 @@ impl Rebuilder {
                 path: temporary.to_path_buf(),
                 source,
             })?;
-        let connection = schema::create_for_rebuild(temporary, REBUILD_CACHE_KIB)?;
+        let connection =
+            schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
         begin(&connection)?;
         Ok(Self {
             connection,
@@ -432,6 +487,8 @@ impl Rebuilder {
             counters: BTreeMap::new(),
             report: RebuildReport::default(),
             clock: 0,
+            indexed: false,
+            chains: Vec::new(),
         })
     }
 
@@ -466,55 +523,80 @@ impl Rebuilder {
         };
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
-        let (previous, in_file) = self.take_state(operation_id, recorded.version)?;
         let query = duplicates::similar_intent_query(operation_id, &event);
         let similar = match &query {
             Some(query) => self.find_similar(query)?,
             None => Vec::new(),
         };
-        let folded = fold_event(
+        let clock = self.clock;
+        let open = match self.open.entry(operation_id) {
+            Entry::Occupied(open) => open.into_mut(),
+            Entry::Vacant(vacant) => {
+                // An operation's first event (version 0) needs no look in the file: a correct
+                // log has no earlier one, and a log that repeats an intent fails on the row's
+                // key when it is written.
+                let loaded = if recorded.version == StreamVersion::FIRST {
+                    None
+                } else {
+                    apply::load_state(&self.connection, operation_id)?
+                };
+                let in_file = loaded.is_some();
+                let (state, version) = match loaded {
+                    Some((state, version)) => (state, Some(version)),
+                    None => (OperationState::initial(), None),
+                };
+                vacant.insert(OpenOperation {
+                    state,
+                    version,
+                    position,
+                    at: event.at(),
+                    in_file,
+                    dirty: false,
+                    last_used: clock,
+                })
+            }
+        };
+        let changes = fold_in_place(
             operation_id,
-            previous,
+            &mut open.state,
+            open.version,
             recorded.version,
             position,
             &similar,
             &event,
         )
         .map_err(|source| ReadModelError::Fold { position, source })?;
-        let changes = folded.changes;
+        open.version = Some(recorded.version);
+        open.position = position;
+        open.at = event.at();
+        open.dirty = true;
+        open.last_used = clock;
+        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
+            let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
+            self.window.insert(
+                query,
+                SimilarIntent {
+                    operation_id,
+                    source_id: intent.source_id.clone(),
+                    recorded_at,
+                },
+            );
+        }
         if let Some(review) = &changes.review {
             apply::write_review(&self.connection, review)?;
         }
         for duplicate in &changes.duplicates {
             apply::write_duplicate(&self.connection, duplicate)?;
         }
-        for chain in &changes.chains {
-            apply::write_chain(&self.connection, chain)?;
+        // Nothing reads the id index during a rebuild, so its entries wait to be written in
+        // key order (see `write_chains`).
+        self.chains.extend(changes.chains);
+        if self.chains.len() >= MAX_BUFFERED_CHAINS {
+            self.write_chains()?;
         }
         for counter in &changes.metrics {
             *self.counters.entry(*counter).or_default() += 1;
         }
-        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
-            self.window.insert(
-                query,
-                SimilarIntent {
-                    operation_id,
-                    source_id: intent.source_id.clone(),
-                    recorded_at: changes.operation.created_at,
-                },
-            );
-        }
-        self.open.insert(
-            operation_id,
-            OpenOperation {
-                state: folded.state,
-                version: recorded.version,
-                row: changes.operation,
-                in_file,
-                dirty: true,
-                last_used: self.clock,
-            },
-        );
         self.report.applied += 1;
         if self.open.len() > MAX_OPEN_OPERATIONS {
             self.write_least_recent()?;
@@ -526,25 +608,6 @@ impl Rebuilder {
         Ok(())
     }
 
-    /// The operation's folded state before the event and whether the file has its row. An
-    /// operation's first event (version 0) needs no look in the file: a correct log has no
-    /// earlier one, and a log that repeats an intent fails on the row's key when it is written.
-    fn take_state(
-        &mut self,
-        operation_id: OperationId,
-        version: StreamVersion,
-    ) -> Result<(Option<(OperationState, StreamVersion)>, bool), ReadModelError> {
-        if let Some(open) = self.open.remove(&operation_id) {
-            return Ok((Some((open.state, open.version)), open.in_file));
-        }
-        if version == StreamVersion::FIRST {
-            return Ok((None, false));
-        }
-        let loaded = apply::load_state(&self.connection, operation_id)?;
-        let in_file = loaded.is_some();
-        Ok((loaded, in_file))
-    }
-
     fn find_similar(
         &mut self,
         query: &SimilarIntentQuery,
@@ -553,8 +616,10 @@ impl Rebuilder {
             return Ok(found);
         }
         // The window no longer covers the query: write every open row so the file holds every
-        // intent folded so far, as the runner's file would, and ask it.
+        // intent folded so far, as the runner's file would, and ask it. Its query needs the
+        // request index, so from here on the indexes are kept row by row.
         self.write_open(|_| true)?;
+        self.create_indexes()?;
         apply::find_similar(&self.connection, query)
     }
 
@@ -569,22 +634,36 @@ impl Rebuilder {
         Ok(())
     }
 
-    /// Writes the rows of the open operations `which` selects that are newer than the file.
+    /// Writes the rows of the open operations `which` selects that are newer than the file, in
+    /// the order of their ids, so that consecutive rows land next to each other in the id index.
     fn write_open(&mut self, which: impl Fn(&OpenOperation) -> bool) -> Result<(), ReadModelError> {
-        for open in self.open.values_mut() {
-            if !open.dirty || !which(open) {
-                continue;
-            }
+        let mut chosen: Vec<(&OperationId, &mut OpenOperation)> = self
+            .open
+            .iter_mut()
+            .filter(|(_, open)| open.dirty && which(open))
+            .collect();
+        chosen.sort_unstable_by_key(|(operation_id, _)| **operation_id);
+        for (operation_id, open) in chosen {
+            let version = open
+                .version
+                .expect("an open operation that is dirty has folded an event");
+            let row = operations::row(*operation_id, &open.state, version, open.position, open.at)
+                .ok_or(ReadModelError::Fold {
+                    position: open.position,
+                    source: FoldError::NoIntent {
+                        operation_id: *operation_id,
+                        version,
+                    },
+                })?;
             let state = serde_json::to_string(&open.state).map_err(|error| {
                 corrupt(format!(
-                    "the state of operation {} cannot be stored: {error}",
-                    open.row.operation_id
+                    "the state of operation {operation_id} cannot be stored: {error}"
                 ))
             })?;
             if open.in_file {
-                apply::update_operation(&self.connection, &open.row, &state)?;
+                apply::update_operation(&self.connection, &row, &state)?;
             } else {
-                apply::insert_operation(&self.connection, &open.row, &state)?;
+                apply::insert_operation(&self.connection, &row, &state)?;
             }
             open.in_file = true;
             open.dirty = false;
@@ -592,13 +671,41 @@ impl Rebuilder {
         Ok(())
     }
 
+    /// Writes the buffered id-index entries, each table's in the order of its key, so that each
+    /// insert lands beside the last one in the key's B-tree instead of on a random page. The
+    /// sort is stable: entries with one key keep their log order, which the external-id upsert
+    /// (first position kept, strongest role) depends on.
+    fn write_chains(&mut self) -> Result<(), ReadModelError> {
+        let mut chains = std::mem::take(&mut self.chains);
+        chains.sort_by(|left, right| chain_key(left).cmp(&chain_key(right)));
+        for chain in &chains {
+            apply::write_chain(&self.connection, chain)?;
+        }
+        chains.clear();
+        // The emptied buffer keeps its allocation for the next round.
+        self.chains = chains;
+        Ok(())
+    }
+
+    /// Creates the secondary indexes, once: at the end, or before the first query that needs
+    /// them.
+    fn create_indexes(&mut self) -> Result<(), ReadModelError> {
+        if !self.indexed {
+            schema::create_indexes(&self.connection)?;
+            self.indexed = true;
+        }
+        Ok(())
+    }
+
     /// Writes what is still open, the counters and the checkpoint, and closes the file.
     fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
         self.write_open(|_| true)?;
+        self.write_chains()?;
         if let Some(checkpoint) = self.report.checkpoint {
             apply::write_counters(&self.connection, &self.counters)?;
             apply::write_checkpoint(&self.connection, checkpoint)?;
         }
+        self.create_indexes()?;
         commit(&self.connection)?;
         self.connection
             .close()
