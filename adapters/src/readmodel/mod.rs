@@ -45,8 +45,8 @@ pub use query::{
     OperationPage, ReviewItem, SharedExternalId,
 };
 pub use rebuild::{
-    rebuild, rebuild_to, RebuildReport, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS,
-    REBUILD_COMMIT_EVENTS,
+    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_CHAINS,
+    MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
 

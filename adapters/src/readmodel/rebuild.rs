@@ -71,6 +71,48 @@ const REBUILD_CACHE_KIB: i64 = 65_536;
 /// The rebuilt file's page size, in bytes.
 const REBUILD_PAGE_SIZE: u32 = 4096;
 
+/// The bounds on what a rebuild holds in memory, whatever the length of the log. Only tests
+/// have a reason to change them: small ones make every path that a long log takes (operations
+/// written out early and read back, intents let go of and looked up in the file, several
+/// transactions) happen on a short one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RebuildLimits {
+    /// Most operations whose folded state is held at once ([`MAX_OPEN_OPERATIONS`]).
+    pub max_open_operations: usize,
+    /// Most intents the similar-intent window holds ([`MAX_WINDOW_INTENTS`]).
+    pub max_window_intents: usize,
+    /// Most id-index entries waiting to be written ([`MAX_BUFFERED_CHAINS`]).
+    pub max_buffered_chains: usize,
+    /// Events per transaction ([`REBUILD_COMMIT_EVENTS`]).
+    pub commit_events: u64,
+}
+
+impl Default for RebuildLimits {
+    fn default() -> Self {
+        Self {
+            max_open_operations: MAX_OPEN_OPERATIONS,
+            max_window_intents: MAX_WINDOW_INTENTS,
+            max_buffered_chains: MAX_BUFFERED_CHAINS,
+            commit_events: REBUILD_COMMIT_EVENTS,
+        }
+    }
+}
+
+impl RebuildLimits {
+    fn check(&self) -> Result<(), ReadModelError> {
+        if self.max_open_operations == 0
+            || self.max_window_intents < 2
+            || self.max_buffered_chains == 0
+            || self.commit_events == 0
+        {
+            return Err(ReadModelError::InvalidQuery {
+                reason: format!("rebuild limits too small to make progress: {self:?}"),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RebuildReport {
@@ -80,6 +122,12 @@ pub struct RebuildReport {
     pub other_streams: u64,
     /// The position of the last event applied (`None`: the log was empty).
     pub checkpoint: Option<GlobalPosition>,
+    /// Operations whose state was read back from the file because they had been written out
+    /// to keep within [`RebuildLimits::max_open_operations`].
+    pub read_back: u64,
+    /// Similar-intent lookups answered from the file because the window had let go of intents
+    /// they may need.
+    pub asked_the_file: u64,
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
@@ -121,12 +169,24 @@ pub async fn rebuild_to<S: EventStore>(
     path: impl AsRef<Path>,
     target: Option<GlobalPosition>,
 ) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    rebuild_to_with(store, path, target, RebuildLimits::default()).await
+}
+
+/// [`rebuild_to`] within other memory bounds than the defaults. The file is the same whatever
+/// the limits; only the time it takes changes.
+pub async fn rebuild_to_with<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+    target: Option<GlobalPosition>,
+    limits: RebuildLimits,
+) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    limits.check()?;
     let path = path.as_ref().to_path_buf();
     if path.exists() {
         return Err(ReadModelError::AlreadyExists { path });
     }
     let temporary = temporary_path(&path);
-    let result = build(store, &temporary, &path, target).await;
+    let result = build(store, &temporary, &path, target, limits).await;
     // After success the temporary name is already gone; after a failure it is worthless.
     remove_file_and_journal(&temporary);
     let report = result?;
@@ -148,11 +208,12 @@ async fn build<S: EventStore>(
     temporary: &Path,
     path: &Path,
     target: Option<GlobalPosition>,
+    limits: RebuildLimits,
 ) -> Result<RebuildReport, ReadModelError> {
     let (sender, receiver) = mpsc::channel::<Result<Vec<Decoded>, StoreError>>(READ_AHEAD_BATCHES);
     let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
     let writer = tokio::task::spawn_blocking(move || {
-        let mut rebuilder = Rebuilder::create(&temporary_owned)?;
+        let mut rebuilder = Rebuilder::create(&temporary_owned, limits)?;
         rebuilder.fold_all(receiver)?;
         let report = rebuilder.finish()?;
         publish(&temporary_owned, &path_owned)?;
@@ -265,6 +326,8 @@ impl RequestKey {
 struct IntentWindow {
     by_request: HashMap<RequestKey, Vec<SimilarIntent>>,
     entries: usize,
+    /// Most entries held; at least 2.
+    max_entries: usize,
     floor: DateTime<Utc>,
     newest: DateTime<Utc>,
     let_go: RequestFilter,
@@ -279,10 +342,11 @@ enum WindowAnswer {
 }
 
 impl IntentWindow {
-    fn new() -> Self {
+    fn new(max_entries: usize) -> Self {
         Self {
             by_request: HashMap::new(),
             entries: 0,
+            max_entries,
             floor: DateTime::<Utc>::MIN_UTC,
             newest: DateTime::<Utc>::MIN_UTC,
             let_go: RequestFilter::new(),
@@ -324,18 +388,20 @@ impl IntentWindow {
         }
         self.by_request.entry(key).or_default().push(intent);
         self.entries += 1;
-        if self.entries > MAX_WINDOW_INTENTS {
+        if self.entries > self.max_entries {
             self.narrow();
         }
     }
 
     /// Lets go of the intents too old to matter to the newest ones, and of the older half if
-    /// that is not enough (a burst of intents within one window).
+    /// that is not enough (a burst of intents within one window). Intents recorded at the same
+    /// time as the middle one go too: with many at one time (an injected clock, a hand-written
+    /// log) keeping them would keep the window over its limit.
     fn narrow(&mut self) {
         let span = Duration::seconds(2 * POSSIBLE_DUPLICATE_WINDOW_S);
         let by_age = self.newest.checked_sub_signed(span).unwrap_or(self.newest);
         self.raise_floor(by_age);
-        if self.entries > MAX_WINDOW_INTENTS / 2 {
+        if self.entries > self.max_entries / 2 {
             let mut times: Vec<DateTime<Utc>> = self
                 .by_request
                 .values()
@@ -344,11 +410,13 @@ impl IntentWindow {
                 .collect();
             let middle = times.len() / 2;
             let (_, median, _) = times.select_nth_unstable(middle);
-            let median = *median;
-            self.raise_floor(median);
+            let above_median = median
+                .checked_add_signed(Duration::nanoseconds(1))
+                .unwrap_or(*median);
+            self.raise_floor(above_median);
         }
         assert!(
-            self.entries <= MAX_WINDOW_INTENTS,
+            self.entries <= self.max_entries,
             "narrowing keeps the intent window within its limit"
         );
     }
@@ -423,8 +491,9 @@ struct Rebuilder {
     clock: u64,
     /// Whether the secondary indexes exist yet.
     indexed: bool,
-    /// Id-index entries not yet written (at most [`MAX_BUFFERED_CHAINS`]).
+    /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_chains`]).
     chains: Vec<ChainChange>,
+    limits: RebuildLimits,
 }
 
 /// Where an id-index entry goes: its table, then its primary key as SQLite orders it (text by
@@ -467,7 +536,7 @@ fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, 
 }
 
 impl Rebuilder {
-    fn create(temporary: &Path) -> Result<Self, ReadModelError> {
+    fn create(temporary: &Path, limits: RebuildLimits) -> Result<Self, ReadModelError> {
         // Creating the file exclusively: a name another rebuild is using is never shared.
         OpenOptions::new()
             .write(true)
@@ -483,12 +552,13 @@ impl Rebuilder {
         Ok(Self {
             connection,
             open: HashMap::new(),
-            window: IntentWindow::new(),
+            window: IntentWindow::new(limits.max_window_intents),
             counters: BTreeMap::new(),
             report: RebuildReport::default(),
             clock: 0,
             indexed: false,
             chains: Vec::new(),
+            limits,
         })
     }
 
@@ -541,6 +611,7 @@ impl Rebuilder {
                     apply::load_state(&self.connection, operation_id)?
                 };
                 let in_file = loaded.is_some();
+                self.report.read_back += u64::from(in_file);
                 let (state, version) = match loaded {
                     Some((state, version)) => (state, Some(version)),
                     None => (OperationState::initial(), None),
@@ -591,17 +662,17 @@ impl Rebuilder {
         // Nothing reads the id index during a rebuild, so its entries wait to be written in
         // key order (see `write_chains`).
         self.chains.extend(changes.chains);
-        if self.chains.len() >= MAX_BUFFERED_CHAINS {
+        if self.chains.len() >= self.limits.max_buffered_chains {
             self.write_chains()?;
         }
         for counter in &changes.metrics {
             *self.counters.entry(*counter).or_default() += 1;
         }
         self.report.applied += 1;
-        if self.open.len() > MAX_OPEN_OPERATIONS {
+        if self.open.len() > self.limits.max_open_operations {
             self.write_least_recent()?;
         }
-        if self.clock.is_multiple_of(REBUILD_COMMIT_EVENTS) {
+        if self.clock.is_multiple_of(self.limits.commit_events) {
             commit(&self.connection)?;
             begin(&self.connection)?;
         }
@@ -618,6 +689,7 @@ impl Rebuilder {
         // The window no longer covers the query: write every open row so the file holds every
         // intent folded so far, as the runner's file would, and ask it. Its query needs the
         // request index, so from here on the indexes are kept row by row.
+        self.report.asked_the_file += 1;
         self.write_open(|_| true)?;
         self.create_indexes()?;
         apply::find_similar(&self.connection, query)
@@ -809,7 +881,7 @@ mod tests {
             .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
             .single()
             .expect("valid");
-        let mut window = IntentWindow::new();
+        let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
         for n in 1..=3 {
             window.insert(
                 &query(n, base),
@@ -843,6 +915,23 @@ mod tests {
         assert!(matches!(
             window.find(&query(9, later)),
             WindowAnswer::Found(_)
+        ));
+    }
+
+    #[test]
+    fn a_window_full_of_intents_recorded_at_one_time_lets_them_all_go_and_asks_the_file() {
+        let at = Utc
+            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let mut window = IntentWindow::new(2);
+        for n in 1..=5 {
+            window.insert(&query(n, at), intent(n, at));
+            assert!(window.entries <= 2, "the window keeps within its limit");
+        }
+        assert!(matches!(
+            window.find(&query(9, at)),
+            WindowAnswer::AskTheFile
         ));
     }
 }
