@@ -3,12 +3,19 @@
 //! The runner ([`super::apply`]) keeps no state between batches and reads each operation's
 //! folded state back from the file, so that it can stop and resume anywhere. A rebuild needs
 //! neither: it writes a fresh file nobody reads until it is complete. So here the open
-//! operations' states and rows are held in memory and written when they fall out of a bounded
-//! cache (or at the end), the similar-intent lookup is answered from a bounded in-memory window,
-//! and the file is written without a journal or fsyncs, in large transactions, and moved into
-//! place only after a final fsync. The contents must be exactly the runner's: the same
-//! [`fold_event`] is called with the same inputs, and every row is written with the runner's own
-//! statements.
+//! operations' states are folded in place in memory ([`fold_in_place`]) and each operation's row
+//! is built and written once, when it falls out of a bounded cache (or at the end); the
+//! similar-intent lookup is answered from a bounded in-memory window; the id-index entries are
+//! buffered and written in key order; the secondary indexes are created by sorting after the
+//! rows are in; and the file is written without a journal or fsyncs, in large transactions, and
+//! moved into place only after a final fsync. The contents must be exactly the runner's: the same
+//! fold with the same inputs, the row from the same function ([`operations::row`]), every row
+//! written with the runner's own statements — and tests compare the files table by table,
+//! within the default limits and within tiny ones that force every path.
+//!
+//! Memory is bounded by [`RebuildLimits`], not by the log: open operations, window intents,
+//! buffered index entries, SQLite's page cache ([`REBUILD_CACHE_KIB`], which also bounds the
+//! index sorter before it spills to temporary files) and the batches read ahead.
 //!
 //! Why dropping SQLite's durability here is safe: the rebuild writes a temporary file that only
 //! this rebuild knows. A crash or an error at any point leaves that file incomplete and not at
