@@ -86,7 +86,7 @@ async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), Cl
 
 /// Removes a benchmark's read-model file and its SQLite companions, whatever is left of them.
 fn remove_read_models(path: &Path) {
-    for suffix in ["", "-wal", "-shm", "-journal"] {
+    for suffix in ["", "-wal", "-shm", "-journal", ".lock"] {
         let mut name = path.as_os_str().to_owned();
         name.push(suffix);
         let _ = std::fs::remove_file(PathBuf::from(name));

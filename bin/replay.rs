@@ -5,14 +5,15 @@
 //! Both files are brought to the same position (the log's head when the replay started), so a
 //! difference is a real one, not writes that arrived in between. It must never rename over a
 //! views file another process has open: SQLite would pair that process's write-ahead log with the
-//! new file.
+//! new file. The views' lock file makes sure of that (`readmodel::replace_views`).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use opledger_adapters::readmodel::{
-    compare_files, is_read_model_file, rebuild_to, ReadModelError, ReadModels, TableDifference,
+    compare_files, is_read_model_file, rebuild_to, replace_views, ReadModelError, ReadModels,
+    TableDifference,
 };
 use serde_json::json;
 
@@ -168,7 +169,7 @@ fn report_differences(
     Ok(())
 }
 
-/// Renames `temporary` over `live`, after making sure nobody has `live` open.
+/// Renames `temporary` over `live` when nobody has `live` open (see `replace_views`).
 async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
     if live.exists() {
         let checked = live.to_owned();
@@ -185,41 +186,12 @@ async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
             )));
         }
     }
-    let live_wal = sibling(live, "-wal");
-    if live_wal.exists() {
-        // A write-ahead log left by a connection that did not close cleanly is folded in (and
-        // removed) by opening and closing the file; if it stays, someone has the file open.
-        if let Ok(models) = ReadModels::open(live).await {
-            drop(models);
-        }
-        if live_wal.exists() {
-            return Err(CliError::Other(format!(
-                "{} is open in another process (its write-ahead log {} exists); stop the \
-                 workers or service using it and run `opledger replay` again, or pass --views \
-                 to replay into another file",
-                live.display(),
-                live_wal.display()
-            )));
-        }
-    }
-    for suffix in ["-wal", "-shm"] {
-        let leftover = sibling(temporary, suffix);
-        if leftover.exists() {
-            return Err(CliError::Other(format!(
-                "the replayed file was not closed cleanly ({} exists); nothing was replaced",
-                leftover.display()
-            )));
-        }
-    }
-    std::fs::rename(temporary, live).map_err(|error| {
-        CliError::Other(format!(
-            "cannot move {} to {}: {error}",
-            temporary.display(),
-            live.display()
-        ))
-    })?;
-    // The old file's shared-memory index describes the old file; SQLite rebuilds it.
-    let _ = std::fs::remove_file(sibling(live, "-shm"));
+    let (from, to) = (temporary.to_owned(), live.to_owned());
+    tokio::task::spawn_blocking(move || replace_views(&from, &to))
+        .await
+        .map_err(|error| {
+            CliError::Other(format!("replacing {} failed: {error}", live.display()))
+        })??;
     Ok(())
 }
 
@@ -230,9 +202,10 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Removes an SQLite file and its side files, if present.
+/// Removes an SQLite file and its side files, if present. Only for a file whose name is this
+/// process's own (its lock file is then no one else's).
 fn remove_database(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
+    for suffix in ["", "-wal", "-shm", "-journal", ".lock"] {
         let _ = std::fs::remove_file(sibling(path, suffix));
     }
 }

@@ -4,13 +4,15 @@
 //!
 //! What is checked: `ops list` filters (table and JSON), `ops show` and `status`, `trace` from an
 //! attempt id, a source id and an external id, the review queue and a person's decision, `tail`'s
-//! positions and resumption, `replay --verify`, and that bad input exits 2 naming the flag.
+//! positions and resumption, `replay --verify`, that `replay` never replaces views another process
+//! has open, and that bad input exits 2 naming the flag.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use opledger_adapters::readmodel::ReadModelStore;
 use opledger_adapters::system::{RandomIds, SystemClock};
 use opledger_adapters::SqliteStore;
 use opledger_domain::app::{IntentRequest, Ledger};
@@ -548,6 +550,33 @@ fn replay_verify_finds_no_differences_in_untouched_views_and_replay_replaces_the
     );
     let again = json_of(&fixture.run(&["replay", "--verify", "--json"]));
     assert_eq!(again["differences"].as_array().map(Vec::len), Some(0));
+}
+
+#[test]
+fn replay_never_replaces_views_another_process_has_open_and_does_once_it_closes() {
+    let fixture = Fixture::build();
+    succeeded(&fixture.run(&["ops", "list"]));
+    let views = fixture.db.with_extension("db.views");
+    // This test process is the other process: a reader with the views open, as a worker or a
+    // query would have them.
+    let reader = ReadModelStore::open(&views).expect("the views open");
+    let before = reader.checkpoint().expect("a checkpoint");
+    let output = fixture.run(&["replay"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("is open in another process"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(reader.checkpoint().expect("still readable"), before);
+    drop(reader);
+    let replaced = succeeded(&fixture.run(&["replay"]));
+    assert!(replaced.contains("replaced"), "{replaced}");
+    assert_eq!(
+        listed(&fixture.run(&["ops", "list", "--json"])).len(),
+        5,
+        "the replaced views answer queries"
+    );
 }
 
 #[test]

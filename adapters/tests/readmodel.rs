@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use opledger_adapters::readmodel::{
-    rebuild, OperationFilter, ProjectionRunner, ReadModelError, ReadModelStore, ReadModels,
-    RunReport, MAX_BATCH_EVENTS,
+    rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError, ReadModelStore,
+    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS,
 };
 use opledger_adapters::system::RandomIds;
 use opledger_adapters::{MemoryStore, SqliteStore};
@@ -651,6 +651,95 @@ async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
         "incremental vs rebuild",
     );
     assert_agrees_with_the_ledger(&harness.ledger, &read_models).await;
+}
+
+/// Limits small enough that a short log takes every path a long one does: operations written
+/// out early and read back, intents let go of by the window and looked up in the file (which
+/// also creates the indexes before the end), several id-index flushes and transactions.
+const TINY_LIMITS: RebuildLimits = RebuildLimits {
+    max_open_operations: 3,
+    max_window_intents: 4,
+    max_buffered_chains: 5,
+    commit_events: 7,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the_incremental_run() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = MemoryStore::new();
+    let harness = Arc::new(Harness::new(store.clone()));
+    // Concurrent stories interleave operations in the log, so with three open at most many are
+    // written out and read back; titles repeat every 13 stories, so the window, holding four
+    // intents, must ask the file about requests it let go of.
+    harness.play_concurrently(0..120, 4).await;
+    let live_path = dir.path().join("live.db");
+    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let running = Running::start(ProjectionRunner::new(), &store, &read_models);
+    caught_up(&store, &read_models).await;
+    running.stop().await;
+
+    let head = store.head_position().await.expect("head");
+    let tiny_path = dir.path().join("tiny.db");
+    let (tiny, report) = rebuild_to_with(&store, &tiny_path, head, TINY_LIMITS)
+        .await
+        .expect("a rebuild within tiny limits");
+    assert_eq!(report.checkpoint, head);
+    assert!(
+        report.read_back > 0,
+        "operations were read back: {report:?}"
+    );
+    assert!(
+        report.asked_the_file > 0,
+        "the window asked the file: {report:?}"
+    );
+    drop(tiny);
+    let default_path = dir.path().join("default.db");
+    let (default, report) = rebuild_to_with(&store, &default_path, head, RebuildLimits::default())
+        .await
+        .expect("a rebuild within the default limits");
+    assert_eq!(
+        (report.read_back, report.asked_the_file),
+        (0, 0),
+        "a short log fits the default limits"
+    );
+    drop(default);
+    let live = dump_of(live_path).await;
+    assert_same_tables(
+        &live,
+        &dump_of(tiny_path).await,
+        "incremental vs tiny rebuild",
+    );
+    assert_same_tables(
+        &live,
+        &dump_of(default_path).await,
+        "incremental vs default rebuild",
+    );
+    let flagged = &live["possible_duplicate_intents"];
+    assert!(
+        !flagged.is_empty(),
+        "the stories flag possible duplicates, so the window's answers were compared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebuild_limits_that_cannot_make_progress_are_refused() {
+    let dir = TempDir::new().expect("temp dir");
+    let harness = Harness::new(MemoryStore::new());
+    harness.play_nth(0).await;
+    let head = harness.store().head_position().await.expect("head");
+    let limits = RebuildLimits {
+        max_open_operations: 0,
+        ..RebuildLimits::default()
+    };
+    let path = dir.path().join("read.db");
+    let error = rebuild_to_with(harness.store(), &path, head, limits)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(error, ReadModelError::InvalidQuery { .. }),
+        "{error}"
+    );
+    assert!(!path.exists(), "nothing was created");
 }
 
 // ----- crashes -----------------------------------------------------------------------------------

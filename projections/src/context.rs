@@ -9,7 +9,7 @@
 use std::fmt;
 
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
-use opledger_domain::state::OperationState;
+use opledger_domain::state::{OperationState, Status};
 
 use crate::duplicates::SimilarIntent;
 
@@ -22,8 +22,10 @@ pub struct FoldContext<'a> {
     pub version: StreamVersion,
     /// The event's position in the global log.
     pub position: GlobalPosition,
-    /// The operation folded up to, not including, this event.
-    pub before: &'a OperationState,
+    /// Where the operation stood before this event. Only its status: the folds compare where an
+    /// operation stood with where it stands, and giving them no more lets a fold run in place
+    /// without a copy of the whole state per event.
+    pub status_before: &'a Status,
     /// The operation folded up to and including this event.
     pub after: &'a OperationState,
     /// For an `IntentRecorded`: earlier intents of the same tenant, provider, account, action and

@@ -9,6 +9,7 @@
 //! fold of the whole log.
 
 use opledger_domain::event::{OperationEvent, ReconciliationResult};
+use opledger_domain::state::Status;
 
 use crate::context::FoldContext;
 
@@ -68,7 +69,8 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<Counter> {
         // A find for an operation already confirmed is either the same object again or a
         // duplicate; only the find that settles the operation confirms a success.
         OperationEvent::ReconciliationRecorded(reconciled) => {
-            let settled = ctx.before.external_id().is_none() && ctx.after.external_id().is_some();
+            let settled = !matches!(ctx.status_before, Status::Succeeded { .. })
+                && ctx.after.external_id().is_some();
             (matches!(reconciled.result, ReconciliationResult::Found { .. }) && settled)
                 .then_some(Counter::ReconciliationsConfirmed)
         }

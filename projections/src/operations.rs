@@ -13,7 +13,7 @@ use opledger_domain::ids::{
     AccountId, ActionName, ExternalObjectId, GlobalPosition, OperationId, ProviderId, SourceId,
     StreamVersion, TenantId,
 };
-use opledger_domain::state::Status;
+use opledger_domain::state::{OperationState, Status};
 
 use crate::context::FoldContext;
 
@@ -76,11 +76,30 @@ pub struct OperationRow {
 /// only when the state after the event has no intent, which [`crate::read_models::project`]
 /// reports as a broken stream.
 pub fn change(ctx: &FoldContext<'_>, event: &OperationEvent) -> Option<OperationRow> {
-    let state = ctx.after;
+    row(
+        ctx.operation_id,
+        ctx.after,
+        ctx.version,
+        ctx.position,
+        event.at(),
+    )
+}
+
+/// The row of an operation whose state, folded up to the event at `version` and `position`
+/// (which happened at `event_at`), is `state`. The same row as [`change`] gives for that event;
+/// a fold that keeps the state can so build the row once, when it writes it, instead of after
+/// every event. `None` when the state has no intent.
+pub fn row(
+    operation_id: OperationId,
+    state: &OperationState,
+    version: StreamVersion,
+    position: GlobalPosition,
+    event_at: DateTime<Utc>,
+) -> Option<OperationRow> {
     let intent = state.intent.as_ref()?;
     let unresolved = matches!(state.status, Status::Unknown | Status::NeedsReview);
     Some(OperationRow {
-        operation_id: ctx.operation_id,
+        operation_id,
         tenant: intent.tenant.clone(),
         provider: intent.provider.clone(),
         account: intent.account.clone(),
@@ -94,9 +113,9 @@ pub fn change(ctx: &FoldContext<'_>, event: &OperationEvent) -> Option<Operation
         created_at: intent.at,
         // `evolve` sets it from every event; the event's own time is the same value, and keeps
         // the row complete should a state ever lack it.
-        updated_at: state.updated_at.unwrap_or_else(|| event.at()),
-        stream_version: ctx.version,
-        last_position: ctx.position,
+        updated_at: state.updated_at.unwrap_or(event_at),
+        stream_version: version,
+        last_position: position,
         lease_deadline: match state.status {
             Status::InFlight => state.current_attempt.as_ref().map(|a| a.lease_deadline),
             _ => None,

@@ -41,19 +41,50 @@ pub struct Folded {
     pub changes: Changes,
 }
 
+/// Every read model's change for one event but the operation's row: what a fold that keeps the
+/// operation's state (see [`fold_in_place`]) writes per event. The row it builds from the state
+/// when it writes it ([`operations::row`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventChanges {
+    /// The review queue's change.
+    pub review: Option<ReviewChange>,
+    /// New duplicate records.
+    pub duplicates: Vec<DuplicateChange>,
+    /// New index entries.
+    pub chains: Vec<ChainChange>,
+    /// Counters to raise by one.
+    pub metrics: Vec<Counter>,
+}
+
 /// Every read model's change for one event, given its context.
 pub fn project(ctx: &FoldContext<'_>, event: &OperationEvent) -> Result<Changes, FoldError> {
     let operation = operations::change(ctx, event).ok_or(FoldError::NoIntent {
         operation_id: ctx.operation_id,
         version: ctx.version,
     })?;
+    let EventChanges {
+        review,
+        duplicates,
+        chains,
+        metrics,
+    } = project_event(ctx, event);
     Ok(Changes {
         operation,
+        review,
+        duplicates,
+        chains,
+        metrics,
+    })
+}
+
+/// Every read model's change for one event but the operation's row.
+pub fn project_event(ctx: &FoldContext<'_>, event: &OperationEvent) -> EventChanges {
+    EventChanges {
         review: review_queue::changes(ctx, event),
         duplicates: duplicates::changes(ctx, event),
         chains: chains::changes(ctx, event),
         metrics: metrics::changes(ctx, event),
-    })
+    }
 }
 
 /// Folds the event at `version` of `operation_id`'s stream, at `position` in the log, onto the
@@ -69,32 +100,80 @@ pub fn fold_event(
     similar_intents: &[SimilarIntent],
     event: &OperationEvent,
 ) -> Result<Folded, FoldError> {
-    let (before, last) = match previous {
+    let (mut state, last) = match previous {
         Some((state, last)) => (state, Some(last)),
         None => (OperationState::initial(), None),
     };
+    let EventChanges {
+        review,
+        duplicates,
+        chains,
+        metrics,
+    } = fold_in_place(
+        operation_id,
+        &mut state,
+        last,
+        version,
+        position,
+        similar_intents,
+        event,
+    )?;
+    let operation = operations::row(operation_id, &state, version, position, event.at()).ok_or(
+        FoldError::NoIntent {
+            operation_id,
+            version,
+        },
+    )?;
+    Ok(Folded {
+        state,
+        changes: Changes {
+            operation,
+            review,
+            duplicates,
+            chains,
+            metrics,
+        },
+    })
+}
+
+/// [`fold_event`] on a state held by the caller: `state` (folded up to the event at `last`) is
+/// advanced over the event, and the changes of every read model but the operation's row are
+/// returned. On an error `state` is left as it was. Nothing is copied but the status before the
+/// event, so a fold that keeps many operations' states pays per event only for what changes.
+pub fn fold_in_place(
+    operation_id: OperationId,
+    state: &mut OperationState,
+    last: Option<StreamVersion>,
+    version: StreamVersion,
+    position: GlobalPosition,
+    similar_intents: &[SimilarIntent],
+    event: &OperationEvent,
+) -> Result<EventChanges, FoldError> {
     check_continuity(operation_id, last, version)?;
     // A stream starts with its intent; without it the rows would be invented, not folded.
-    if before.intent.is_none() && !matches!(event, OperationEvent::IntentRecorded(_)) {
+    if state.intent.is_none() && !matches!(event, OperationEvent::IntentRecorded(_)) {
         return Err(FoldError::NoIntent {
             operation_id,
             version,
         });
     }
-    let after = evolve(before.clone(), event);
+    let status_before = state.status.clone();
+    *state = evolve(std::mem::take(state), event);
+    // Every state after an event has its intent: the first event is the intent (checked above)
+    // and `evolve` never drops it.
+    debug_assert!(
+        state.intent.is_some(),
+        "a folded operation keeps its intent"
+    );
     let ctx = FoldContext {
         operation_id,
         version,
         position,
-        before: &before,
-        after: &after,
+        status_before: &status_before,
+        after: state,
         similar_intents,
     };
-    let changes = project(&ctx, event)?;
-    Ok(Folded {
-        state: after,
-        changes,
-    })
+    Ok(project_event(&ctx, event))
 }
 
 #[cfg(test)]

@@ -94,13 +94,21 @@ pub enum ReviewChange {
 
 /// Whether an operation in `state` belongs in the queue.
 pub fn is_unresolved(state: &OperationState) -> bool {
-    matches!(state.status, Status::Unknown | Status::NeedsReview)
+    is_unresolved_status(&state.status)
+}
+
+/// Whether an operation whose status is `status` belongs in the queue.
+pub fn is_unresolved_status(status: &Status) -> bool {
+    matches!(status, Status::Unknown | Status::NeedsReview)
 }
 
 /// The queue's change for one event, if any.
 pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Option<ReviewChange> {
     let operation_id = ctx.operation_id;
-    match (is_unresolved(ctx.before), is_unresolved(ctx.after)) {
+    match (
+        is_unresolved_status(ctx.status_before),
+        is_unresolved(ctx.after),
+    ) {
         (false, false) => None,
         (true, false) => Some(ReviewChange::Leave { operation_id }),
         (was, true) => {

@@ -20,7 +20,8 @@
 //! - `query.rs`: the query API;
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
-//! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files.
+//! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
+//! - `swap.rs`: the lock that lets `opledger replay` replace a views file nobody has open.
 
 mod apply;
 mod catch_up;
@@ -29,6 +30,7 @@ mod rebuild;
 mod runner;
 mod schema;
 mod sql;
+mod swap;
 
 use std::path::{Path, PathBuf};
 
@@ -45,10 +47,11 @@ pub use query::{
     OperationPage, ReviewItem, SharedExternalId,
 };
 pub use rebuild::{
-    rebuild, rebuild_to, RebuildReport, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS,
-    REBUILD_COMMIT_EVENTS,
+    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_CHAINS,
+    MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
+pub use swap::{lock_path, replace_views};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
 /// a table or the stored form of an operation's folded state changes; a file from an older build
@@ -101,6 +104,27 @@ pub enum ReadModelError {
     AlreadyExists {
         /// The file.
         path: PathBuf,
+    },
+    /// A views file cannot be replaced: another process has it open.
+    #[error("`{path}` is open in another process (a worker, a service or a query); stop it and run `opledger replay` again, or pass --views to replay into another file")]
+    InUse {
+        /// The views file.
+        path: PathBuf,
+    },
+    /// A views file stayed locked by a replacement for longer than [`BUSY_TIMEOUT_MS`].
+    #[error("`{path}` is being replaced by `opledger replay` and stayed locked for over {BUSY_TIMEOUT_MS} ms; try again")]
+    BeingReplaced {
+        /// The views file.
+        path: PathBuf,
+    },
+    /// A views file's lock file cannot be opened or locked.
+    #[error("cannot lock `{path}`: {source}")]
+    Lock {
+        /// The lock file.
+        path: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
     },
     /// A rebuild's new file cannot be created.
     #[error("cannot create `{path}`: {source}")]
@@ -190,15 +214,27 @@ impl ReadModelError {
 pub struct ReadModelStore {
     connection: Connection,
     path: PathBuf,
+    /// Held while the file is open, so `opledger replay` never renames a file over it (see
+    /// `swap.rs`). Declared after the connection: fields drop in order, so the connection is
+    /// closed (its write-ahead log folded in) before the lock is released.
+    _lock: swap::ViewsLock,
 }
 
 impl ReadModelStore {
     /// Opens the read models in the file at `path`, creating the file and the schema if needed.
     /// A file from a newer opledger or from another program is refused and left unmodified.
+    /// While open it holds a shared lock on `<path>.lock` (created if needed): a replacement of
+    /// the file ([`replace_views`]) is refused while any store has it open, and an open waits
+    /// for a replacement in progress to end (at most [`BUSY_TIMEOUT_MS`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadModelError> {
         let path = path.as_ref().to_path_buf();
+        let lock = swap::shared(&path)?;
         let connection = schema::open(&path)?;
-        Ok(Self { connection, path })
+        Ok(Self {
+            connection,
+            path,
+            _lock: lock,
+        })
     }
 
     /// The file the read models live in.

@@ -3,12 +3,19 @@
 //! The runner ([`super::apply`]) keeps no state between batches and reads each operation's
 //! folded state back from the file, so that it can stop and resume anywhere. A rebuild needs
 //! neither: it writes a fresh file nobody reads until it is complete. So here the open
-//! operations' states and rows are held in memory and written when they fall out of a bounded
-//! cache (or at the end), the similar-intent lookup is answered from a bounded in-memory window,
-//! and the file is written without a journal or fsyncs, in large transactions, and moved into
-//! place only after a final fsync. The contents must be exactly the runner's: the same
-//! [`fold_event`] is called with the same inputs, and every row is written with the runner's own
-//! statements.
+//! operations' states are folded in place in memory ([`fold_in_place`]) and each operation's row
+//! is built and written once, when it falls out of a bounded cache (or at the end); the
+//! similar-intent lookup is answered from a bounded in-memory window; the id-index entries are
+//! buffered and written in key order; the secondary indexes are created by sorting after the
+//! rows are in; and the file is written without a journal or fsyncs, in large transactions, and
+//! moved into place only after a final fsync. The contents must be exactly the runner's: the same
+//! fold with the same inputs, the row from the same function ([`operations::row`]), every row
+//! written with the runner's own statements — and tests compare the files table by table,
+//! within the default limits and within tiny ones that force every path.
+//!
+//! Memory is bounded by [`RebuildLimits`], not by the log: open operations, window intents,
+//! buffered index entries, SQLite's page cache ([`REBUILD_CACHE_KIB`], which also bounds the
+//! index sorter before it spills to temporary files) and the batches read ahead.
 //!
 //! Why dropping SQLite's durability here is safe: the rebuild writes a temporary file that only
 //! this rebuild knows. A crash or an error at any point leaves that file incomplete and not at
@@ -17,6 +24,7 @@
 //! file — only after the finished file has been fsynced, and the directory is fsynced after it.
 //! It must never write into a file anyone else has open.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -30,12 +38,14 @@ use opledger_domain::ids::{
 };
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
+use opledger_projections::chains::ChainChange;
+use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{
     self, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
 };
 use opledger_projections::metrics::Counter;
-use opledger_projections::operations::OperationRow;
-use opledger_projections::read_models::fold_event;
+use opledger_projections::operations;
+use opledger_projections::read_models::fold_in_place;
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -59,10 +69,56 @@ const REQUEST_FILTER_BITS: usize = 1 << 24;
 /// Events written per transaction. Without a journal a commit costs no fsync; committing still
 /// bounds the dirty pages SQLite holds.
 pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
+/// Most id-index entries (attempts, sources, external ids) held before they are written, sorted.
+pub const MAX_BUFFERED_CHAINS: usize = 32_768;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
 const REBUILD_CACHE_KIB: i64 = 65_536;
+/// The rebuilt file's page size, in bytes.
+const REBUILD_PAGE_SIZE: u32 = 4096;
+
+/// The bounds on what a rebuild holds in memory, whatever the length of the log. Only tests
+/// have a reason to change them: small ones make every path that a long log takes (operations
+/// written out early and read back, intents let go of and looked up in the file, several
+/// transactions) happen on a short one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RebuildLimits {
+    /// Most operations whose folded state is held at once ([`MAX_OPEN_OPERATIONS`]).
+    pub max_open_operations: usize,
+    /// Most intents the similar-intent window holds ([`MAX_WINDOW_INTENTS`]).
+    pub max_window_intents: usize,
+    /// Most id-index entries waiting to be written ([`MAX_BUFFERED_CHAINS`]).
+    pub max_buffered_chains: usize,
+    /// Events per transaction ([`REBUILD_COMMIT_EVENTS`]).
+    pub commit_events: u64,
+}
+
+impl Default for RebuildLimits {
+    fn default() -> Self {
+        Self {
+            max_open_operations: MAX_OPEN_OPERATIONS,
+            max_window_intents: MAX_WINDOW_INTENTS,
+            max_buffered_chains: MAX_BUFFERED_CHAINS,
+            commit_events: REBUILD_COMMIT_EVENTS,
+        }
+    }
+}
+
+impl RebuildLimits {
+    fn check(&self) -> Result<(), ReadModelError> {
+        if self.max_open_operations == 0
+            || self.max_window_intents < 2
+            || self.max_buffered_chains == 0
+            || self.commit_events == 0
+        {
+            return Err(ReadModelError::InvalidQuery {
+                reason: format!("rebuild limits too small to make progress: {self:?}"),
+            });
+        }
+        Ok(())
+    }
+}
 
 /// What a rebuild did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,6 +129,12 @@ pub struct RebuildReport {
     pub other_streams: u64,
     /// The position of the last event applied (`None`: the log was empty).
     pub checkpoint: Option<GlobalPosition>,
+    /// Operations whose state was read back from the file because they had been written out
+    /// to keep within [`RebuildLimits::max_open_operations`].
+    pub read_back: u64,
+    /// Similar-intent lookups answered from the file because the window had let go of intents
+    /// they may need.
+    pub asked_the_file: u64,
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
@@ -114,12 +176,24 @@ pub async fn rebuild_to<S: EventStore>(
     path: impl AsRef<Path>,
     target: Option<GlobalPosition>,
 ) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    rebuild_to_with(store, path, target, RebuildLimits::default()).await
+}
+
+/// [`rebuild_to`] within other memory bounds than the defaults. The file is the same whatever
+/// the limits; only the time it takes changes.
+pub async fn rebuild_to_with<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+    target: Option<GlobalPosition>,
+    limits: RebuildLimits,
+) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    limits.check()?;
     let path = path.as_ref().to_path_buf();
     if path.exists() {
         return Err(ReadModelError::AlreadyExists { path });
     }
     let temporary = temporary_path(&path);
-    let result = build(store, &temporary, &path, target).await;
+    let result = build(store, &temporary, &path, target, limits).await;
     // After success the temporary name is already gone; after a failure it is worthless.
     remove_file_and_journal(&temporary);
     let report = result?;
@@ -141,11 +215,12 @@ async fn build<S: EventStore>(
     temporary: &Path,
     path: &Path,
     target: Option<GlobalPosition>,
+    limits: RebuildLimits,
 ) -> Result<RebuildReport, ReadModelError> {
     let (sender, receiver) = mpsc::channel::<Result<Vec<Decoded>, StoreError>>(READ_AHEAD_BATCHES);
     let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
     let writer = tokio::task::spawn_blocking(move || {
-        let mut rebuilder = Rebuilder::create(&temporary_owned)?;
+        let mut rebuilder = Rebuilder::create(&temporary_owned, limits)?;
         rebuilder.fold_all(receiver)?;
         let report = rebuilder.finish()?;
         publish(&temporary_owned, &path_owned)?;
@@ -210,14 +285,18 @@ fn decode_all(batch: Vec<RecordedEvent>) -> Vec<Decoded> {
         .collect()
 }
 
-/// An open operation: its folded state and the row it has now, not yet written.
+/// An open operation: its folded state, not yet written, and what its row is built from.
 struct OpenOperation {
     state: OperationState,
-    version: StreamVersion,
-    row: OperationRow,
+    /// The version of the last event folded (`None`: none yet).
+    version: Option<StreamVersion>,
+    /// The position of the last event folded.
+    position: GlobalPosition,
+    /// When the last event folded happened.
+    at: DateTime<Utc>,
     /// Whether the file has a row for it already (it was written once and read back).
     in_file: bool,
-    /// Whether `row` and `state` are newer than the file.
+    /// Whether `state` is newer than the file.
     dirty: bool,
     /// The event count when it was last touched; the least recent are written out first.
     last_used: u64,
@@ -254,6 +333,8 @@ impl RequestKey {
 struct IntentWindow {
     by_request: HashMap<RequestKey, Vec<SimilarIntent>>,
     entries: usize,
+    /// Most entries held; at least 2.
+    max_entries: usize,
     floor: DateTime<Utc>,
     newest: DateTime<Utc>,
     let_go: RequestFilter,
@@ -268,10 +349,11 @@ enum WindowAnswer {
 }
 
 impl IntentWindow {
-    fn new() -> Self {
+    fn new(max_entries: usize) -> Self {
         Self {
             by_request: HashMap::new(),
             entries: 0,
+            max_entries,
             floor: DateTime::<Utc>::MIN_UTC,
             newest: DateTime::<Utc>::MIN_UTC,
             let_go: RequestFilter::new(),
@@ -313,18 +395,20 @@ impl IntentWindow {
         }
         self.by_request.entry(key).or_default().push(intent);
         self.entries += 1;
-        if self.entries > MAX_WINDOW_INTENTS {
+        if self.entries > self.max_entries {
             self.narrow();
         }
     }
 
     /// Lets go of the intents too old to matter to the newest ones, and of the older half if
-    /// that is not enough (a burst of intents within one window).
+    /// that is not enough (a burst of intents within one window). Intents recorded at the same
+    /// time as the middle one go too: with many at one time (an injected clock, a hand-written
+    /// log) keeping them would keep the window over its limit.
     fn narrow(&mut self) {
         let span = Duration::seconds(2 * POSSIBLE_DUPLICATE_WINDOW_S);
         let by_age = self.newest.checked_sub_signed(span).unwrap_or(self.newest);
         self.raise_floor(by_age);
-        if self.entries > MAX_WINDOW_INTENTS / 2 {
+        if self.entries > self.max_entries / 2 {
             let mut times: Vec<DateTime<Utc>> = self
                 .by_request
                 .values()
@@ -333,11 +417,13 @@ impl IntentWindow {
                 .collect();
             let middle = times.len() / 2;
             let (_, median, _) = times.select_nth_unstable(middle);
-            let median = *median;
-            self.raise_floor(median);
+            let above_median = median
+                .checked_add_signed(Duration::nanoseconds(1))
+                .unwrap_or(*median);
+            self.raise_floor(above_median);
         }
         assert!(
-            self.entries <= MAX_WINDOW_INTENTS,
+            self.entries <= self.max_entries,
             "narrowing keeps the intent window within its limit"
         );
     }
@@ -410,10 +496,54 @@ struct Rebuilder {
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
     clock: u64,
+    /// Whether the secondary indexes exist yet.
+    indexed: bool,
+    /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_chains`]).
+    chains: Vec<ChainChange>,
+    limits: RebuildLimits,
+}
+
+/// Where an id-index entry goes: its table, then its primary key as SQLite orders it (text by
+/// its bytes, which is also how `str` and a UUID's hyphenated lowercase text compare).
+fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, OperationId) {
+    match chain {
+        ChainChange::Attempt {
+            attempt_id,
+            operation_id,
+            ..
+        } => (0, Some(attempt_id.as_uuid()), "", "", "", *operation_id),
+        ChainChange::Source {
+            tenant,
+            source_id,
+            operation_id,
+            ..
+        } => (
+            1,
+            None,
+            tenant.as_str(),
+            source_id.as_str(),
+            "",
+            *operation_id,
+        ),
+        ChainChange::ExternalId {
+            provider,
+            account,
+            external_id,
+            operation_id,
+            ..
+        } => (
+            2,
+            None,
+            provider.as_str(),
+            account.as_str(),
+            external_id.as_str(),
+            *operation_id,
+        ),
+    }
 }
 
 impl Rebuilder {
-    fn create(temporary: &Path) -> Result<Self, ReadModelError> {
+    fn create(temporary: &Path, limits: RebuildLimits) -> Result<Self, ReadModelError> {
         // Creating the file exclusively: a name another rebuild is using is never shared.
         OpenOptions::new()
             .write(true)
@@ -423,15 +553,19 @@ impl Rebuilder {
                 path: temporary.to_path_buf(),
                 source,
             })?;
-        let connection = schema::create_for_rebuild(temporary, REBUILD_CACHE_KIB)?;
+        let connection =
+            schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
         begin(&connection)?;
         Ok(Self {
             connection,
             open: HashMap::new(),
-            window: IntentWindow::new(),
+            window: IntentWindow::new(limits.max_window_intents),
             counters: BTreeMap::new(),
             report: RebuildReport::default(),
             clock: 0,
+            indexed: false,
+            chains: Vec::new(),
+            limits,
         })
     }
 
@@ -466,83 +600,90 @@ impl Rebuilder {
         };
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
-        let (previous, in_file) = self.take_state(operation_id, recorded.version)?;
         let query = duplicates::similar_intent_query(operation_id, &event);
         let similar = match &query {
             Some(query) => self.find_similar(query)?,
             None => Vec::new(),
         };
-        let folded = fold_event(
+        let clock = self.clock;
+        let open = match self.open.entry(operation_id) {
+            Entry::Occupied(open) => open.into_mut(),
+            Entry::Vacant(vacant) => {
+                // An operation's first event (version 0) needs no look in the file: a correct
+                // log has no earlier one, and a log that repeats an intent fails on the row's
+                // key when it is written.
+                let loaded = if recorded.version == StreamVersion::FIRST {
+                    None
+                } else {
+                    apply::load_state(&self.connection, operation_id)?
+                };
+                let in_file = loaded.is_some();
+                self.report.read_back += u64::from(in_file);
+                let (state, version) = match loaded {
+                    Some((state, version)) => (state, Some(version)),
+                    None => (OperationState::initial(), None),
+                };
+                vacant.insert(OpenOperation {
+                    state,
+                    version,
+                    position,
+                    at: event.at(),
+                    in_file,
+                    dirty: false,
+                    last_used: clock,
+                })
+            }
+        };
+        let changes = fold_in_place(
             operation_id,
-            previous,
+            &mut open.state,
+            open.version,
             recorded.version,
             position,
             &similar,
             &event,
         )
         .map_err(|source| ReadModelError::Fold { position, source })?;
-        let changes = folded.changes;
+        open.version = Some(recorded.version);
+        open.position = position;
+        open.at = event.at();
+        open.dirty = true;
+        open.last_used = clock;
+        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
+            let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
+            self.window.insert(
+                query,
+                SimilarIntent {
+                    operation_id,
+                    source_id: intent.source_id.clone(),
+                    recorded_at,
+                },
+            );
+        }
         if let Some(review) = &changes.review {
             apply::write_review(&self.connection, review)?;
         }
         for duplicate in &changes.duplicates {
             apply::write_duplicate(&self.connection, duplicate)?;
         }
-        for chain in &changes.chains {
-            apply::write_chain(&self.connection, chain)?;
+        // Nothing reads the id index during a rebuild, so its entries wait to be written in
+        // key order (see `write_chains`).
+        self.chains.extend(changes.chains);
+        if self.chains.len() >= self.limits.max_buffered_chains {
+            self.write_chains()?;
         }
         for counter in &changes.metrics {
             *self.counters.entry(*counter).or_default() += 1;
         }
-        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
-            self.window.insert(
-                query,
-                SimilarIntent {
-                    operation_id,
-                    source_id: intent.source_id.clone(),
-                    recorded_at: changes.operation.created_at,
-                },
-            );
-        }
-        self.open.insert(
-            operation_id,
-            OpenOperation {
-                state: folded.state,
-                version: recorded.version,
-                row: changes.operation,
-                in_file,
-                dirty: true,
-                last_used: self.clock,
-            },
-        );
         self.report.applied += 1;
-        if self.open.len() > MAX_OPEN_OPERATIONS {
+        if self.open.len() > self.limits.max_open_operations {
             self.write_least_recent()?;
         }
-        if self.clock.is_multiple_of(REBUILD_COMMIT_EVENTS) {
+        if self.clock.is_multiple_of(self.limits.commit_events) {
             commit(&self.connection)?;
             begin(&self.connection)?;
         }
         Ok(())
-    }
-
-    /// The operation's folded state before the event and whether the file has its row. An
-    /// operation's first event (version 0) needs no look in the file: a correct log has no
-    /// earlier one, and a log that repeats an intent fails on the row's key when it is written.
-    fn take_state(
-        &mut self,
-        operation_id: OperationId,
-        version: StreamVersion,
-    ) -> Result<(Option<(OperationState, StreamVersion)>, bool), ReadModelError> {
-        if let Some(open) = self.open.remove(&operation_id) {
-            return Ok((Some((open.state, open.version)), open.in_file));
-        }
-        if version == StreamVersion::FIRST {
-            return Ok((None, false));
-        }
-        let loaded = apply::load_state(&self.connection, operation_id)?;
-        let in_file = loaded.is_some();
-        Ok((loaded, in_file))
     }
 
     fn find_similar(
@@ -553,8 +694,11 @@ impl Rebuilder {
             return Ok(found);
         }
         // The window no longer covers the query: write every open row so the file holds every
-        // intent folded so far, as the runner's file would, and ask it.
+        // intent folded so far, as the runner's file would, and ask it. Its query needs the
+        // request index, so from here on the indexes are kept row by row.
+        self.report.asked_the_file += 1;
         self.write_open(|_| true)?;
+        self.create_indexes()?;
         apply::find_similar(&self.connection, query)
     }
 
@@ -569,22 +713,36 @@ impl Rebuilder {
         Ok(())
     }
 
-    /// Writes the rows of the open operations `which` selects that are newer than the file.
+    /// Writes the rows of the open operations `which` selects that are newer than the file, in
+    /// the order of their ids, so that consecutive rows land next to each other in the id index.
     fn write_open(&mut self, which: impl Fn(&OpenOperation) -> bool) -> Result<(), ReadModelError> {
-        for open in self.open.values_mut() {
-            if !open.dirty || !which(open) {
-                continue;
-            }
+        let mut chosen: Vec<(&OperationId, &mut OpenOperation)> = self
+            .open
+            .iter_mut()
+            .filter(|(_, open)| open.dirty && which(open))
+            .collect();
+        chosen.sort_unstable_by_key(|(operation_id, _)| **operation_id);
+        for (operation_id, open) in chosen {
+            let version = open
+                .version
+                .expect("an open operation that is dirty has folded an event");
+            let row = operations::row(*operation_id, &open.state, version, open.position, open.at)
+                .ok_or(ReadModelError::Fold {
+                    position: open.position,
+                    source: FoldError::NoIntent {
+                        operation_id: *operation_id,
+                        version,
+                    },
+                })?;
             let state = serde_json::to_string(&open.state).map_err(|error| {
                 corrupt(format!(
-                    "the state of operation {} cannot be stored: {error}",
-                    open.row.operation_id
+                    "the state of operation {operation_id} cannot be stored: {error}"
                 ))
             })?;
             if open.in_file {
-                apply::update_operation(&self.connection, &open.row, &state)?;
+                apply::update_operation(&self.connection, &row, &state)?;
             } else {
-                apply::insert_operation(&self.connection, &open.row, &state)?;
+                apply::insert_operation(&self.connection, &row, &state)?;
             }
             open.in_file = true;
             open.dirty = false;
@@ -592,13 +750,41 @@ impl Rebuilder {
         Ok(())
     }
 
+    /// Writes the buffered id-index entries, each table's in the order of its key, so that each
+    /// insert lands beside the last one in the key's B-tree instead of on a random page. The
+    /// sort is stable: entries with one key keep their log order, which the external-id upsert
+    /// (first position kept, strongest role) depends on.
+    fn write_chains(&mut self) -> Result<(), ReadModelError> {
+        let mut chains = std::mem::take(&mut self.chains);
+        chains.sort_by(|left, right| chain_key(left).cmp(&chain_key(right)));
+        for chain in &chains {
+            apply::write_chain(&self.connection, chain)?;
+        }
+        chains.clear();
+        // The emptied buffer keeps its allocation for the next round.
+        self.chains = chains;
+        Ok(())
+    }
+
+    /// Creates the secondary indexes, once: at the end, or before the first query that needs
+    /// them.
+    fn create_indexes(&mut self) -> Result<(), ReadModelError> {
+        if !self.indexed {
+            schema::create_indexes(&self.connection)?;
+            self.indexed = true;
+        }
+        Ok(())
+    }
+
     /// Writes what is still open, the counters and the checkpoint, and closes the file.
     fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
         self.write_open(|_| true)?;
+        self.write_chains()?;
         if let Some(checkpoint) = self.report.checkpoint {
             apply::write_counters(&self.connection, &self.counters)?;
             apply::write_checkpoint(&self.connection, checkpoint)?;
         }
+        self.create_indexes()?;
         commit(&self.connection)?;
         self.connection
             .close()
@@ -702,7 +888,7 @@ mod tests {
             .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
             .single()
             .expect("valid");
-        let mut window = IntentWindow::new();
+        let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
         for n in 1..=3 {
             window.insert(
                 &query(n, base),
@@ -736,6 +922,23 @@ mod tests {
         assert!(matches!(
             window.find(&query(9, later)),
             WindowAnswer::Found(_)
+        ));
+    }
+
+    #[test]
+    fn a_window_full_of_intents_recorded_at_one_time_lets_them_all_go_and_asks_the_file() {
+        let at = Utc
+            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let mut window = IntentWindow::new(2);
+        for n in 1..=5 {
+            window.insert(&query(n, at), intent(n, at));
+            assert!(window.entries <= 2, "the window keeps within its limit");
+        }
+        assert!(matches!(
+            window.find(&query(9, at)),
+            WindowAnswer::AskTheFile
         ));
     }
 }

@@ -13,7 +13,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::{ReadModelError, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 
-/// The schema of version 1. One table per read model, plus the checkpoint.
+/// The tables of version 1. One table per read model, plus the checkpoint.
 ///
 /// `operations` also keeps each operation's folded state as JSON (`folded_state`): the runner
 /// reads it back to fold the operation's next event, so no per-operation state is held in
@@ -25,7 +25,12 @@ use super::{ReadModelError, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 /// two operations, both stay traceable instead of one event stopping the runner.
 ///
 /// `STRICT` refuses values of the wrong type instead of converting them.
-const CREATE_SCHEMA_V1: &str = "
+///
+/// A CHECK lists allowed values with `OR`, not `IN (…)`: SQLite evaluates an `IN` list of three
+/// or more constants by building a temporary B-tree of them for every row it checks, which cost
+/// more than the rest of an `external_ids` insert. Files made before say `IN`; the rule is the
+/// same, so they are not a different schema version.
+const CREATE_TABLES_V1: &str = "
     CREATE TABLE checkpoint (
         id       INTEGER PRIMARY KEY CHECK (id = 1),
         position INTEGER NOT NULL CHECK (position >= 0)
@@ -52,11 +57,6 @@ const CREATE_SCHEMA_V1: &str = "
         needs_review_reason TEXT,
         folded_state        TEXT    NOT NULL
     ) STRICT;
-    CREATE INDEX operations_by_created ON operations (created_at, operation_id);
-    CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
-    CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
-    CREATE INDEX operations_by_request
-        ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
 
     CREATE TABLE review_queue (
         operation_id         TEXT    PRIMARY KEY,
@@ -75,8 +75,6 @@ const CREATE_SCHEMA_V1: &str = "
         review_evidence      TEXT,
         updated_at           TEXT    NOT NULL
     ) STRICT;
-    CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
-    CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
 
     CREATE TABLE duplicate_detections (
         position              INTEGER PRIMARY KEY,
@@ -104,7 +102,6 @@ const CREATE_SCHEMA_V1: &str = "
         position             INTEGER NOT NULL,
         PRIMARY KEY (operation_id, earlier_operation_id)
     ) STRICT;
-    CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
 
     CREATE TABLE attempts (
         attempt_id     TEXT    NOT NULL,
@@ -123,23 +120,39 @@ const CREATE_SCHEMA_V1: &str = "
         position     INTEGER NOT NULL,
         PRIMARY KEY (tenant, source_id, operation_id)
     ) STRICT;
-    CREATE INDEX sources_by_id ON sources (source_id, position);
 
     CREATE TABLE external_ids (
         provider     TEXT    NOT NULL,
         account      TEXT    NOT NULL,
         external_id  TEXT    NOT NULL,
         operation_id TEXT    NOT NULL,
-        role         TEXT    NOT NULL CHECK (role IN ('confirmed', 'duplicate', 'reported')),
+        role         TEXT    NOT NULL
+            CHECK (role = 'confirmed' OR role = 'duplicate' OR role = 'reported'),
         position     INTEGER NOT NULL,
         PRIMARY KEY (provider, account, external_id, operation_id)
     ) STRICT;
-    CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
 
     CREATE TABLE counters (
         name  TEXT    PRIMARY KEY,
         value INTEGER NOT NULL CHECK (value >= 0)
     ) STRICT;
+";
+
+/// The secondary indexes of version 1. Apart from the tables because a rebuild creates them
+/// after loading the rows: sorting once reads and writes each index page once, where keeping
+/// them in order row by row inserts on random pages once they outgrow the page cache. Their
+/// text is the same either way, so the schemas are identical.
+const CREATE_INDEXES_V1: &str = "
+    CREATE INDEX operations_by_created ON operations (created_at, operation_id);
+    CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
+    CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
+    CREATE INDEX operations_by_request
+        ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
+    CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
+    CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
+    CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
+    CREATE INDEX sources_by_id ON sources (source_id, position);
+    CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
 ";
 
 /// The tables of version 1; a file claiming the version must have all of them.
@@ -181,19 +194,30 @@ pub(super) fn open(path: &Path) -> Result<Connection, ReadModelError> {
     enable_wal(&connection, path)?;
     enable_full_sync(&connection)?;
     if found == 0 {
-        create_schema(&mut connection, path)?;
+        create_schema(&mut connection, path, Indexes::Now)?;
     }
     check_tables(&connection, path)?;
     Ok(connection)
 }
 
-/// Creates the schema in a new, empty file for a rebuild, set for writing fast: no journal and
-/// no fsyncs, one connection holding the file exclusively, and a page cache of `cache_kib` KiB.
-/// Only for a file that nobody else knows of and that is discarded if the rebuild does not
-/// finish (see `rebuild.rs`); [`open`] puts the finished file back to WAL with
-/// `synchronous=FULL`.
+/// Whether [`create_schema`] creates the secondary indexes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Indexes {
+    /// With the tables: every row written later keeps them in order.
+    Now,
+    /// Not yet: a rebuild loads the rows first and then calls [`create_indexes`].
+    Later,
+}
+
+/// Creates the tables in a new, empty file for a rebuild, set for writing fast: no journal and
+/// no fsyncs, one connection holding the file exclusively, pages of `page_size` bytes and a page
+/// cache of `cache_kib` KiB. The secondary indexes are left out until [`create_indexes`]: a
+/// query that needs one must not run before. Only for a file that nobody else knows of and that
+/// is discarded if the rebuild does not finish (see `rebuild.rs`); [`open`] puts the finished
+/// file back to WAL with `synchronous=FULL`.
 pub(super) fn create_for_rebuild(
     path: &Path,
+    page_size: u32,
     cache_kib: i64,
 ) -> Result<Connection, ReadModelError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -207,15 +231,24 @@ pub(super) fn create_for_rebuild(
     }
     connection
         .execute_batch(&format!(
-            "PRAGMA journal_mode = OFF;
+            "PRAGMA page_size = {page_size};
+             PRAGMA journal_mode = OFF;
              PRAGMA synchronous = OFF;
              PRAGMA locking_mode = EXCLUSIVE;
              PRAGMA cache_size = -{cache_kib};"
         ))
         .map_err(|error| ReadModelError::sqlite("setting up the rebuild file", error))?;
-    create_schema(&mut connection, path)?;
+    create_schema(&mut connection, path, Indexes::Later)?;
     check_tables(&connection, path)?;
     Ok(connection)
+}
+
+/// Creates the secondary indexes a rebuild left out ([`create_for_rebuild`]); each one is built
+/// by sorting the rows already written.
+pub(super) fn create_indexes(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .execute_batch(CREATE_INDEXES_V1)
+        .map_err(|error| ReadModelError::sqlite("creating the indexes", error))
 }
 
 fn schema_version(connection: &Connection, path: &Path) -> Result<i64, ReadModelError> {
@@ -281,7 +314,11 @@ fn enable_full_sync(connection: &Connection) -> Result<(), ReadModelError> {
     Ok(())
 }
 
-fn create_schema(connection: &mut Connection, path: &Path) -> Result<(), ReadModelError> {
+fn create_schema(
+    connection: &mut Connection,
+    path: &Path,
+    indexes: Indexes,
+) -> Result<(), ReadModelError> {
     let transaction = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| ReadModelError::sqlite("starting the schema transaction", error))?;
@@ -292,8 +329,13 @@ fn create_schema(connection: &mut Connection, path: &Path) -> Result<(), ReadMod
     check_version(found, path)?;
     if found == 0 {
         transaction
-            .execute_batch(CREATE_SCHEMA_V1)
+            .execute_batch(CREATE_TABLES_V1)
             .map_err(|error| ReadModelError::sqlite("creating the schema", error))?;
+        if indexes == Indexes::Now {
+            transaction
+                .execute_batch(CREATE_INDEXES_V1)
+                .map_err(|error| ReadModelError::sqlite("creating the indexes", error))?;
+        }
         transaction
             .pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|error| ReadModelError::sqlite("recording the schema version", error))?;
