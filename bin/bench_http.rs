@@ -26,6 +26,10 @@ const MAX_OPERATIONS: u32 = 1_000_000;
 /// How long one execute call may wait for its outcome, in milliseconds.
 const EXECUTE_WAIT_MS: u64 = 10_000;
 
+/// This run's id, in every task's arguments: runs against the same server never repeat a request.
+static RUN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());
+
 pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
     if args.concurrency.is_empty()
         || args
@@ -170,9 +174,13 @@ async fn measure(
         };
         clients.spawn(async move {
             let mut latencies = Vec::new();
-            while next.fetch_add(1, Ordering::Relaxed) < operations {
+            loop {
+                let number = next.fetch_add(1, Ordering::Relaxed);
+                if number >= operations {
+                    break;
+                }
                 let began = Instant::now();
-                one(&target).await?;
+                one(&target, number).await?;
                 latencies.push(began.elapsed());
             }
             Ok::<_, CliError>(latencies)
@@ -187,13 +195,15 @@ async fn measure(
     Ok((started.elapsed(), latencies))
 }
 
-/// One operation: record, execute, and check the answer says it succeeded.
-async fn one(target: &Target) -> Result<(), CliError> {
+/// One operation: record, execute, and check the answer says it succeeded. Every operation
+/// asks for a different task: identical requests from different deliveries are flagged as
+/// possible duplicate intents, which is not the traffic being measured.
+async fn one(target: &Target, number: u32) -> Result<(), CliError> {
     let body = json!({
         "provider": target.provider,
         "account": target.account,
         "action": "create_task",
-        "args": {"title": "bench"},
+        "args": {"title": format!("bench task {number}"), "run": RUN.as_str()},
     });
     let recorded = post(target, "/v1/operations", Some(body)).await?;
     let id = recorded["operation_id"]
