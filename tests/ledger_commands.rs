@@ -103,6 +103,28 @@ macro_rules! ledger_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_decision_on_a_version_that_moved_on_is_refused_and_writes_nothing() {
+                let (ledger, _dir) = ledger().await;
+                let mut asked = request(None);
+                asked.requires_approval = true;
+                let recorded = ledger.record_intent(asked).await.expect("recorded");
+                let seen = recorded.operation.clone();
+                let operation_id = seen.operation_id;
+                let hash = recorded.intent().args_hash.clone();
+                // Someone else approves while a person still looks at version 0.
+                ledger.approve(operation_id, ActorId::new("boss").expect("actor"), hash.clone()).await.expect("approved");
+                let deny = Command::DenyApproval {
+                    approver: ActorId::new("auditor").expect("actor"),
+                    args_hash: hash,
+                    reason: "looked at the old state".into(),
+                };
+                let error = ledger.execute_on_seen(seen, &deny).await.expect_err("moved on");
+                assert!(matches!(error, AppError::Moved { .. }), "{error}");
+                assert_eq!(all_events(ledger.store()).await, 2, "nothing appended");
+                assert_eq!(ledger.get(operation_id).await.expect("loaded").state.status, Status::Pending);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_source_id_reused_for_other_arguments_is_refused_and_writes_nothing() {
                 let (ledger, _dir) = ledger().await;
                 ledger.record_intent(request(Some("toolcall-1"))).await.expect("recorded");

@@ -752,12 +752,21 @@ async fn review(
             ));
         }
     }
+    // With `expected_version` the decision is appended on exactly that version (a concurrent
+    // lookup or late answer makes it `stale`, atomically); without, on the current one.
     // Spawned for the same reason as a drive: a retry decided here sends at once.
     let engine = Arc::clone(&shared.engine);
+    let pinned = body.expected_version.is_some();
     let report = tokio::spawn(async move {
-        engine
-            .resolve_review(operation_id, reviewer, decision, body.note)
-            .await
+        if pinned {
+            engine
+                .resolve_review_seen(loaded, reviewer, decision, body.note)
+                .await
+        } else {
+            engine
+                .resolve_review(operation_id, reviewer, decision, body.note)
+                .await
+        }
     })
     .await
     .map_err(|error| ApiError::internal("a review decision failed", error))??;

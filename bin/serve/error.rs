@@ -115,6 +115,7 @@ impl From<AppError> for ApiError {
             AppError::SourceReused { .. } => {
                 Self::new(StatusCode::CONFLICT, "source_id_reused", error.to_string())
             }
+            AppError::Moved { .. } => Self::new(StatusCode::CONFLICT, "stale", error.to_string()),
             AppError::Contended { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "contended",

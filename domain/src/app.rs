@@ -61,6 +61,17 @@ pub enum AppError {
         /// What differs.
         differs: &'static str,
     },
+    /// The operation moved on past the version the caller decided on (a person looked at older
+    /// evidence); nothing was written.
+    #[error("operation {operation_id} is at version {} now, not {}: new evidence arrived; look again before deciding", actual.map_or(0, StreamVersion::value), seen.map_or(0, StreamVersion::value))]
+    Moved {
+        /// The operation concerned.
+        operation_id: OperationId,
+        /// The version the caller decided on.
+        seen: Option<StreamVersion>,
+        /// The version it is at.
+        actual: Option<StreamVersion>,
+    },
     /// Other writers kept winning the race for the stream.
     #[error("operation {operation_id} changed {rounds} times while deciding; try again")]
     Contended {
@@ -389,6 +400,44 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             operation_id,
             rounds: MAX_DECIDE_ROUNDS,
         })
+    }
+
+    /// Decides `command` once, on exactly `loaded` — the version a person looked at — and appends
+    /// only if the stream is still there: if anything was appended meanwhile, nothing is written
+    /// and [`AppError::Moved`] says so. Unlike [`Ledger::execute_from`] it never decides again on
+    /// evidence the caller has not seen.
+    pub async fn execute_on_seen(
+        &self,
+        mut loaded: LoadedOperation,
+        command: &Command,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let events = decide(command, &loaded.state, self.clock.now()).map_err(|rejection| {
+            AppError::Rejected {
+                operation_id,
+                rejection,
+            }
+        })?;
+        if events.is_empty() {
+            return Ok(loaded);
+        }
+        let expected = ExpectedVersion::from_last(loaded.version);
+        let (data, chain) = encode_all(operation_id, expected, &events, loaded.chain.as_ref());
+        let stream = StreamName::for_operation(operation_id);
+        match self.append_resolving_unclear(&stream, expected, data).await {
+            Ok(outcome) => {
+                loaded.state = events.iter().fold(loaded.state, evolve);
+                loaded.version = Some(outcome.next_expected);
+                loaded.chain = chain;
+                Ok(loaded)
+            }
+            Err(StoreError::VersionConflict { actual, .. }) => Err(AppError::Moved {
+                operation_id,
+                seen: loaded.version,
+                actual,
+            }),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Appends, and when the store cannot say whether the append was written, sends the very

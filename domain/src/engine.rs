@@ -172,6 +172,30 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         Ok(Report::of(loaded))
     }
 
+    /// Records a reviewer's decision taken on exactly `seen` (the version the reviewer looked at):
+    /// refused with [`AppError::Moved`] if the operation moved on meanwhile. For a retry, drives
+    /// the operation on.
+    pub async fn resolve_review_seen(
+        &self,
+        seen: LoadedOperation,
+        reviewer: ActorId,
+        decision: ReviewDecision,
+        note: String,
+    ) -> Result<Report, AppError> {
+        let operation_id = seen.operation_id;
+        let retry = decision == ReviewDecision::Retry;
+        let command = Command::ResolveReview {
+            reviewer,
+            decision,
+            note,
+        };
+        let resolved = self.ledger.execute_on_seen(seen, &command).await?;
+        if retry {
+            return self.drive(operation_id).await;
+        }
+        Ok(Report::of(resolved))
+    }
+
     /// Records a reviewer's decision and, for a retry, drives the operation on.
     pub async fn resolve_review(
         &self,
