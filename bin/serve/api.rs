@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{info, Instrument};
 
-use super::auth::{operator_of, tenant_of, Scope};
+use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
 use super::{events, metrics, Shared};
 use crate::ops::{operation_json, view_of};
@@ -157,17 +157,12 @@ struct RecordBody {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ApproveBody {
-    approver: String,
+struct ApprovalBody {
+    /// Who decides; required with a tenant token, taken from the token for an approver.
+    approver: Option<String>,
     args_hash: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DenyBody {
-    approver: String,
-    args_hash: String,
-    reason: String,
+    /// Why, when denying.
+    reason: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,15 +298,14 @@ async fn check_visible(
     shared: &Shared,
     scope: &Scope,
     operation_id: OperationId,
-) -> Result<(), ApiError> {
+) -> Result<TenantId, ApiError> {
     let tenant = shared
         .tenants
         .tenant_of(shared.engine.ledger().store(), operation_id)
         .await?;
-    if tenant.is_some_and(|tenant| scope.allows(&tenant)) {
-        Ok(())
-    } else {
-        Err(ApiError::not_found(format!("operation {operation_id}")))
+    match tenant {
+        Some(tenant) if scope.allows(&tenant) => Ok(tenant),
+        _ => Err(ApiError::not_found(format!("operation {operation_id}"))),
     }
 }
 
@@ -412,20 +406,7 @@ async fn approve(
     IdPath(id): IdPath,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let principal = shared.tokens.authenticate(request.headers())?;
-    let scope = Scope::of(principal);
-    tenant_of(principal)?;
-    let operation_id = operation_id(&id)?;
-    let body: ApproveBody = body(&shared, request).await?;
-    let approver = ActorId::new(body.approver).map_err(|e| field("approver", e))?;
-    let args_hash = ArgsHash::parse(&body.args_hash).map_err(|e| field("args_hash", e))?;
-    check_visible(&shared, &scope, operation_id).await?;
-    let loaded = shared
-        .engine
-        .ledger()
-        .approve(operation_id, approver, args_hash)
-        .await?;
-    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+    approval(&shared, &id, request, Approval::Grant).await
 }
 
 async fn deny(
@@ -433,19 +414,56 @@ async fn deny(
     IdPath(id): IdPath,
     request: Request,
 ) -> Result<Response, ApiError> {
+    approval(&shared, &id, request, Approval::Deny).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Approval {
+    Grant,
+    Deny,
+}
+
+/// Approves or denies exactly the recorded snapshot (named by its hash), as the approver the
+/// token stands for (see [`approver_for`]).
+async fn approval(
+    shared: &Shared,
+    id: &str,
+    request: Request,
+    kind: Approval,
+) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
     let scope = Scope::of(principal);
-    tenant_of(principal)?;
-    let operation_id = operation_id(&id)?;
-    let body: DenyBody = body(&shared, request).await?;
-    let approver = ActorId::new(body.approver).map_err(|e| field("approver", e))?;
+    let operation_id = operation_id(id)?;
+    let body: ApprovalBody = body(shared, request).await?;
     let args_hash = ArgsHash::parse(&body.args_hash).map_err(|e| field("args_hash", e))?;
-    check_visible(&shared, &scope, operation_id).await?;
-    let loaded = shared
-        .engine
-        .ledger()
-        .deny(operation_id, approver, args_hash, body.reason)
-        .await?;
+    let reason = match (kind, body.reason) {
+        (Approval::Deny, Some(reason)) => Some(reason),
+        (Approval::Deny, None) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "reason",
+                "is required to deny: say why, in a sentence",
+            )))
+        }
+        (Approval::Grant, Some(_)) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "reason",
+                "is only taken when denying",
+            )))
+        }
+        (Approval::Grant, None) => None,
+    };
+    let tenant = check_visible(shared, &scope, operation_id).await?;
+    let name = approver_for(principal, &tenant, &shared.approval_guard, body.approver)?;
+    let approver = ActorId::new(name).map_err(|e| field("approver", e))?;
+    let ledger = shared.engine.ledger();
+    let loaded = match reason {
+        Some(reason) => {
+            ledger
+                .deny(operation_id, approver, args_hash, reason)
+                .await?
+        }
+        None => ledger.approve(operation_id, approver, args_hash).await?,
+    };
     Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
 }
 

@@ -76,8 +76,13 @@ impl Scope {
     pub fn of(principal: &Principal) -> Self {
         match principal {
             Principal::Tenant(tenant) => Self::Tenants(BTreeSet::from([tenant.clone()])),
-            Principal::Operator { tenants: None, .. } => Self::All,
+            Principal::Operator { tenants: None, .. }
+            | Principal::Approver { tenants: None, .. } => Self::All,
             Principal::Operator {
+                tenants: Some(tenants),
+                ..
+            }
+            | Principal::Approver {
                 tenants: Some(tenants),
                 ..
             } => Self::Tenants(tenants.clone()),
@@ -98,10 +103,10 @@ impl Scope {
 pub fn tenant_of(principal: &Principal) -> Result<&TenantId, ApiError> {
     match principal {
         Principal::Tenant(tenant) => Ok(tenant),
-        Principal::Operator { .. } => Err(ApiError::new(
+        Principal::Operator { .. } | Principal::Approver { .. } => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "an operator token cannot record or act on operations; use the tenant's token",
+            "an operator or approver token cannot record or execute operations; use the tenant's token",
         )),
     }
 }
@@ -111,10 +116,56 @@ pub fn tenant_of(principal: &Principal) -> Result<&TenantId, ApiError> {
 pub fn operator_of(principal: &Principal) -> Result<(&str, Scope), ApiError> {
     match principal {
         Principal::Operator { name, .. } => Ok((name, Scope::of(principal))),
-        Principal::Tenant(_) => Err(ApiError::new(
+        Principal::Tenant(_) | Principal::Approver { .. } => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             "the review queue needs an operator token (configured under [[operators]])",
+        )),
+    }
+}
+
+/// The tenants whose approvals only an approver may give: every tenant some approver covers.
+pub fn guarded_by_approvers(tokens: &Tokens) -> Scope {
+    let mut guarded = BTreeSet::new();
+    for principal in tokens.by_digest.values() {
+        match principal {
+            Principal::Approver { tenants: None, .. } => return Scope::All,
+            Principal::Approver {
+                tenants: Some(tenants),
+                ..
+            } => guarded.extend(tenants.iter().cloned()),
+            _ => {}
+        }
+    }
+    Scope::Tenants(guarded)
+}
+
+/// Who may approve or deny an operation of `tenant`, and under which name: an approver in
+/// scope (recorded under their configured name), or — only while no approver covers the
+/// tenant — the tenant's own token, naming the person in `approver`.
+pub fn approver_for(
+    principal: &Principal,
+    tenant: &TenantId,
+    guarded: &Scope,
+    named: Option<String>,
+) -> Result<String, ApiError> {
+    match principal {
+        Principal::Approver { name, .. } => Ok(name.clone()),
+        Principal::Tenant(_) if guarded.allows(tenant) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this tenant's approvals need an approver token (configured under [[approvers]]); the tenant's own token cannot approve",
+        )),
+        Principal::Tenant(_) => named.ok_or_else(|| {
+            ApiError::invalid(opledger_domain::error::ValidationError::new(
+                "approver",
+                "is required: the person who approves or denies",
+            ))
+        }),
+        Principal::Operator { .. } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "an operator token cannot approve; use an approver token (or the tenant's, while the tenant has no approver)",
         )),
     }
 }

@@ -70,6 +70,15 @@ pub enum Principal {
         /// The tenants whose queue they work (`None`: every tenant).
         tenants: Option<BTreeSet<TenantId>>,
     },
+    /// A person who approves or denies operations awaiting approval, for some tenants or all.
+    /// Once a tenant has an approver, its own token can no longer approve: an agent holding the
+    /// tenant's token cannot approve its own request.
+    Approver {
+        /// Their name, recorded as the approver.
+        name: String,
+        /// The tenants whose operations they decide (`None`: every tenant).
+        tenants: Option<BTreeSet<TenantId>>,
+    },
 }
 
 /// Request limits.
@@ -138,6 +147,8 @@ struct File {
     tenants: Vec<TokenHolder>,
     #[serde(default)]
     operators: Vec<Operator>,
+    #[serde(default)]
+    approvers: Vec<Operator>,
     #[serde(default)]
     providers: Vec<Provider>,
 }
@@ -299,6 +310,7 @@ impl Checker<'_> {
         for (name, count) in [
             ("tenants", file.tenants.len()),
             ("operators", file.operators.len()),
+            ("approvers", file.approvers.len()),
             ("providers", file.providers.len()),
         ] {
             if count > MAX_ENTRIES {
@@ -460,51 +472,68 @@ impl Checker<'_> {
             self.insert_token(&mut tokens, token, Principal::Tenant(tenant), &holder.id)?;
         }
         for (index, operator) in file.operators.iter().enumerate() {
-            let field = format!("operators[{index}]");
-            let name = operator.id.get_ref().trim().to_owned();
-            if name.is_empty() || name.len() > 128 {
-                return Err(self.error(
-                    Some(operator.id.span()),
-                    &format!("{field}.id"),
-                    "must be 1 to 128 characters; it is recorded as the reviewer".into(),
-                ));
-            }
-            let scope = match &operator.tenants {
-                None => None,
-                Some(list) => {
-                    let mut scope = BTreeSet::new();
-                    for (position, tenant) in list.iter().enumerate() {
-                        let id = TenantId::new(tenant.get_ref().clone()).map_err(|error| {
-                            self.error(
-                                Some(tenant.span()),
-                                &format!("{field}.tenants[{position}]"),
-                                error.message,
-                            )
-                        })?;
-                        if !tenants.contains(&id) {
-                            return Err(self.error(
-                                Some(tenant.span()),
-                                &format!("{field}.tenants[{position}]"),
-                                format!("names tenant `{id}`, which is not under [[tenants]]; add it there or remove it here"),
-                            ));
-                        }
-                        scope.insert(id);
-                    }
-                    Some(scope)
-                }
+            let (name, scope, token) = self.person("operators", index, operator, &tenants)?;
+            let principal = Principal::Operator {
+                name,
+                tenants: scope,
             };
-            let token = self.token(&field, &operator.id, &operator.token, &operator.token_env)?;
-            self.insert_token(
-                &mut tokens,
-                token,
-                Principal::Operator {
-                    name,
-                    tenants: scope,
-                },
-                &operator.id,
-            )?;
+            self.insert_token(&mut tokens, token, principal, &operator.id)?;
+        }
+        for (index, approver) in file.approvers.iter().enumerate() {
+            let (name, scope, token) = self.person("approvers", index, approver, &tenants)?;
+            let principal = Principal::Approver {
+                name,
+                tenants: scope,
+            };
+            self.insert_token(&mut tokens, token, principal, &approver.id)?;
         }
         Ok(tokens)
+    }
+
+    /// An operator's or approver's name (recorded as the reviewer or approver), tenant scope
+    /// (`None`: every tenant) and token.
+    fn person(
+        &self,
+        section: &str,
+        index: usize,
+        person: &Operator,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<(String, Option<BTreeSet<TenantId>>, String), ConfigError> {
+        let field = format!("{section}[{index}]");
+        let name = person.id.get_ref().trim().to_owned();
+        if name.is_empty() || name.len() > 128 {
+            return Err(self.error(
+                Some(person.id.span()),
+                &format!("{field}.id"),
+                "must be 1 to 128 characters; it is recorded with every decision".into(),
+            ));
+        }
+        let scope = match &person.tenants {
+            None => None,
+            Some(list) => {
+                let mut scope = BTreeSet::new();
+                for (position, tenant) in list.iter().enumerate() {
+                    let id = TenantId::new(tenant.get_ref().clone()).map_err(|error| {
+                        self.error(
+                            Some(tenant.span()),
+                            &format!("{field}.tenants[{position}]"),
+                            error.message,
+                        )
+                    })?;
+                    if !tenants.contains(&id) {
+                        return Err(self.error(
+                            Some(tenant.span()),
+                            &format!("{field}.tenants[{position}]"),
+                            format!("names tenant `{id}`, which is not under [[tenants]]; add it there or remove it here"),
+                        ));
+                    }
+                    scope.insert(id);
+                }
+                Some(scope)
+            }
+        };
+        let token = self.token(&field, &person.id, &person.token, &person.token_env)?;
+        Ok((name, scope, token))
     }
 
     fn insert_token(
@@ -858,11 +887,16 @@ token_env = "CRM_TOKEN"
         let env = |name: &str| match name {
             "ACME_API_TOKEN" => Some("acme-0123456789abcdef".to_owned()),
             "OPS_TOKEN" => Some("ops-0123456789abcdef".to_owned()),
+            "APPROVER_TOKEN" => Some("approver-0123456789abcdef".to_owned()),
             "HUBSPOT_ACCT1_TOKEN" => Some("hubspot-secret".to_owned()),
             _ => None,
         };
         let config = parse("opledger.example.toml", text, &env).expect("the example is valid");
-        assert_eq!(config.tokens.len(), 2);
+        assert_eq!(config.tokens.len(), 3);
+        assert!(config
+            .tokens
+            .values()
+            .any(|principal| matches!(principal, Principal::Approver { name, .. } if name == "finance-lead")));
         assert_eq!(config.providers.len(), 1);
         let error = parse("opledger.example.toml", text, &|_| None).expect_err("no env");
         assert_eq!(error.field, "tenants[0].token_env");

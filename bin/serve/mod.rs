@@ -76,6 +76,8 @@ pub struct Shared {
     pub shutdown: watch::Receiver<bool>,
     /// Which operation belongs to which tenant, for the event streams.
     pub tenants: TenantCache,
+    /// The tenants whose approvals need an approver token.
+    pub approval_guard: auth::Scope,
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
@@ -191,10 +193,12 @@ pub async fn serve(
                 .await
         })
     };
+    let tokens = Tokens::new(config.tokens);
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
         read_models,
-        tokens: Tokens::new(config.tokens),
+        approval_guard: auth::guarded_by_approvers(&tokens),
+        tokens,
         limits: config.limits,
         requests: RequestMetrics::default(),
         sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),

@@ -4,7 +4,9 @@
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{Harness, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN};
+use crate::support::{
+    Harness, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN,
+};
 
 #[tokio::test]
 async fn another_tenants_operation_answers_404_everywhere_as_if_it_did_not_exist() {
@@ -163,4 +165,83 @@ async fn review_is_an_operator_scope_and_a_scoped_operator_sees_only_its_tenants
     // An operator token cannot record.
     let (status, _) = server.record(OPERATOR_TOKEN, "crm", "x", None).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_approver_is_recorded() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "Refund 500 EUR"}, "requires_approval": true});
+    let (_, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_B_TOKEN),
+            Some(&body),
+        )
+        .await;
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let approval = json!({"approver": "the agent itself", "args_hash": recorded["args_hash"]});
+    let path = format!("/v1/operations/{id}/approve");
+    let (status, refused) = server
+        .call(Method::POST, &path, Some(TENANT_B_TOKEN), Some(&approval))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    let (status, _) = server
+        .call(Method::POST, &path, Some(OPERATOR_TOKEN), Some(&approval))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "an operator does not approve"
+    );
+    let (_, a_recorded) = server.record(TENANT_A_TOKEN, "crm", "A", None).await;
+    let a_path = format!(
+        "/v1/operations/{}/approve",
+        a_recorded["operation_id"].as_str().expect("id")
+    );
+    let (status, _) = server
+        .call(
+            Method::POST,
+            &a_path,
+            Some(APPROVER_B_TOKEN),
+            Some(&approval),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "B's approver does not see A's operations"
+    );
+
+    let by_approver = json!({"args_hash": recorded["args_hash"]});
+    let (status, approved) = server
+        .call(
+            Method::POST,
+            &path,
+            Some(APPROVER_B_TOKEN),
+            Some(&by_approver),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    assert_eq!(approved["state"], "pending");
+    let (_, history) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}/events"),
+            Some(TENANT_B_TOKEN),
+            None,
+        )
+        .await;
+    let grant = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|event| event["type"] == "ApprovalGranted")
+        .expect("an approval");
+    assert_eq!(
+        grant["data"]["approver"], "b-approver",
+        "recorded under the token's name"
+    );
 }

@@ -18,6 +18,7 @@ pub const TENANT_A_TOKEN: &str = "tenant-a-token-0123456789";
 pub const TENANT_B_TOKEN: &str = "tenant-b-token-0123456789";
 pub const OPERATOR_TOKEN: &str = "operator-all-0123456789";
 pub const OPERATOR_B_TOKEN: &str = "operator-b-only-0123456789";
+pub const APPROVER_B_TOKEN: &str = "approver-b-only-0123456789";
 /// The stand's account and the token it knows it by.
 pub const ACCOUNT: &str = "acct-1";
 const ACCOUNT_TOKEN: &str = "token-acct-1";
@@ -92,6 +93,11 @@ token = "{OPERATOR_TOKEN}"
 [[operators]]
 id = "b-reviewer"
 token = "{OPERATOR_B_TOKEN}"
+tenants = ["tenant-b"]
+
+[[approvers]]
+id = "b-approver"
+token = "{APPROVER_B_TOKEN}"
 tenants = ["tenant-b"]
 
 [[providers]]
