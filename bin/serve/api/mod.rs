@@ -1,0 +1,388 @@
+//! The HTTP API's routes, and what every handler shares: the path and body extractors with
+//! their errors, the operation view, the tenant checks and the read-your-writes wait.
+//!
+//! Every handler authenticates first, checks its whole input before it touches the ledger, and
+//! decides nothing itself: recording, approving, executing and reviewing go through the ledger
+//! and the engine, listings come from the read models, single operations from their own stream.
+//! A handler never returns 2xx for something the ledger has not durably recorded. The handlers
+//! live by concern: operations.rs (record, show, history, approve/deny, execute), queries.rs
+//! (listings, the review queue, trace), review.rs (an operator's decision).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use chrono::Utc;
+use opledger_adapters::readmodel::{
+    OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS,
+};
+use opledger_domain::app::{IntentRequest, LoadedOperation};
+use opledger_domain::args::ArgsHash;
+use opledger_domain::error::ValidationError;
+use opledger_domain::event::ReviewDecision;
+use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId, StreamVersion, TenantId};
+use opledger_domain::provider::Providers;
+use opledger_domain::sentence::agent_sentence;
+use opledger_domain::state::Status;
+use opledger_domain::store::EventStore;
+use opledger_projections::operations::STATE_NAMES;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tracing::{info, Instrument};
+
+use super::auth::{approver_for, operator_of, tenant_of, Scope};
+use super::error::{json_reply, ApiError};
+use super::{events, metrics, Shared};
+use crate::ops::{operation_json, view_of};
+
+mod operations;
+mod queries;
+mod review;
+
+/// How long a listing waits for the read models to reach the log's head as it was when the
+/// request arrived (read your writes), before answering from where they are.
+const FRESHNESS_WAIT: Duration = Duration::from_secs(2);
+/// How often the wait above looks again.
+const FRESHNESS_POLL: Duration = Duration::from_millis(2);
+/// Rows in a page when `limit` is not given.
+const DEFAULT_PAGE_ROWS: usize = 50;
+/// The longest a client may take to send its request body.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
+/// and the black-box tests call each route of the router).
+#[cfg(test)]
+const ROUTES: [(&str, &str); 14] = [
+    ("post", "/v1/operations"),
+    ("get", "/v1/operations"),
+    ("get", "/v1/operations/{id}"),
+    ("get", "/v1/operations/{id}/events"),
+    ("post", "/v1/operations/{id}/approve"),
+    ("post", "/v1/operations/{id}/deny"),
+    ("post", "/v1/operations/{id}/execute"),
+    ("post", "/v1/operations/{id}/review"),
+    ("get", "/v1/review"),
+    ("get", "/v1/trace/{id}"),
+    ("get", "/v1/events"),
+    ("get", "/metrics"),
+    ("get", "/healthz"),
+    ("get", "/v1/openapi.json"),
+];
+
+/// The router over the shared state.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/v1/operations",
+            post(operations::record).get(queries::list),
+        )
+        .route("/v1/operations/{id}", get(operations::show))
+        .route("/v1/operations/{id}/events", get(operations::history))
+        .route("/v1/operations/{id}/approve", post(operations::approve))
+        .route("/v1/operations/{id}/deny", post(operations::deny))
+        .route("/v1/operations/{id}/execute", post(operations::execute))
+        .route("/v1/operations/{id}/review", post(review::review))
+        .route("/v1/review", get(queries::review_queue))
+        .route("/v1/trace/{id}", get(queries::trace))
+        .route("/v1/events", get(events::stream))
+        .route("/metrics", get(metrics::render))
+        .route("/healthz", get(health))
+        .route("/v1/openapi.json", get(openapi))
+        .fallback(not_a_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            metrics::observe,
+        ))
+        .with_state(shared)
+}
+
+async fn not_a_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_route",
+        "no such route; GET /v1/openapi.json lists them",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method; GET /v1/openapi.json lists them",
+    )
+}
+
+// ---- extractors ----
+
+/// The `{id}` of a route, with a JSON error when the path cannot be decoded (e.g. `%FF`).
+struct IdPath(String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(id)) => Ok(Self(id)),
+            Err(rejection) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_path",
+                format!("the path is not understood: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// Reads the body (at most the configured size) and parses it as `T`, with errors that say
+/// where the JSON is wrong.
+async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<T, ApiError> {
+    let limit = shared.limits.max_body_bytes;
+    let read = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        axum::body::to_bytes(request.into_body(), limit),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} s; send it whole",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )
+    })?;
+    let bytes = read.map_err(|error| {
+        if is_length_limit(&error) {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the request body is larger than {limit} bytes; send less (arguments are frozen snapshots, not documents)"),
+            )
+        } else {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_unreadable",
+                format!("the request body could not be read ({error}); send it again"),
+            )
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|error| {
+        use serde_json::error::Category;
+        match error.classify() {
+            Category::Data => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_input",
+                format!("the body does not match the request: {error}"),
+            ),
+            _ => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_json",
+                format!("the body is not valid JSON: {error}"),
+            ),
+        }
+    })
+}
+
+/// Whether reading a body failed on the size limit (rather than on the connection).
+fn is_length_limit(error: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if current.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = current.source();
+    }
+    false
+}
+
+fn operation_id(text: &str) -> Result<OperationId, ApiError> {
+    text.parse::<OperationId>()
+        .map_err(|error| ApiError::invalid(ValidationError::new("id", error.message)))
+}
+
+// ---- views ----
+
+/// An operation as every endpoint returns it.
+fn operation_view(loaded: &LoadedOperation) -> Value {
+    let state = &loaded.state;
+    let intent = state.intent.as_ref();
+    json!({
+        "operation_id": loaded.operation_id,
+        "state": state.status.name(),
+        "message": agent_sentence(state),
+        "external_id": state.external_id(),
+        "attempts": state.attempts,
+        "attempt_ids": state.attempt_ids,
+        "tenant": intent.map(|i| &i.tenant),
+        "provider": intent.map(|i| &i.provider),
+        "account": intent.map(|i| &i.account),
+        "action": intent.map(|i| &i.action),
+        "args": intent.map(|i| i.args.as_map()),
+        "args_hash": intent.map(|i| &i.args_hash),
+        "idempotency_key": intent.map(|i| &i.idempotency_key),
+        "source_id": intent.and_then(|i| i.source_id.as_ref()),
+        "owner": intent.and_then(|i| i.owner.as_ref()),
+        "requires_approval": intent.map(|i| i.requires_approval),
+        "last_error": state.last_error,
+        "review_reason": state.review_reason,
+        "unknown_since": state.unknown_since,
+        "duplicates": state.duplicates,
+        "updated_at": state.updated_at,
+        "version": loaded.version,
+    })
+}
+
+/// Loads an operation the caller may see; anything else is the same 404 as a missing one.
+async fn visible(
+    shared: &Shared,
+    scope: &Scope,
+    operation_id: OperationId,
+) -> Result<LoadedOperation, ApiError> {
+    let loaded = shared.engine.ledger().get(operation_id).await?;
+    let tenant = loaded.state.intent.as_ref().map(|intent| &intent.tenant);
+    if tenant.is_some_and(|tenant| scope.allows(tenant)) {
+        Ok(loaded)
+    } else {
+        Err(ApiError::not_found(format!("operation {operation_id}")))
+    }
+}
+
+/// Checks the caller may act on an operation without reading its stream when its tenant is
+/// known (its tenant never changes); anything else is the same 404 as a missing operation.
+async fn check_visible(
+    shared: &Shared,
+    scope: &Scope,
+    operation_id: OperationId,
+) -> Result<TenantId, ApiError> {
+    let tenant = shared
+        .tenants
+        .tenant_of(shared.engine.ledger().store(), operation_id)
+        .await?;
+    match tenant {
+        Some(tenant) if scope.allows(&tenant) => Ok(tenant),
+        _ => Err(ApiError::not_found(format!("operation {operation_id}"))),
+    }
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+    let store = shared.engine.ledger().store();
+    let lag = shared.read_models.lag(store).await?;
+    let head = store.head_position().await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "status": "ok",
+            "log_head": head,
+            "read_model_checkpoint": lag.checkpoint,
+            "read_model_lag_events": lag.positions,
+        }),
+    ))
+}
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        Body::from(super::OPENAPI),
+    )
+        .into_response()
+}
+
+// ---- helpers ----
+
+/// Waits (bounded) until the read models have applied the log up to its head as it is now, so
+/// a listing right after a write shows the write.
+async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
+    let Some(head) = shared.engine.ledger().store().head_position().await? else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    loop {
+        let checkpoint = shared.read_models.checkpoint().await?;
+        if checkpoint.is_some_and(|checkpoint| checkpoint >= head) {
+            return Ok(());
+        }
+        if started.elapsed() >= FRESHNESS_WAIT {
+            tracing::warn!(?checkpoint, %head, "answering from read models that are behind the log");
+            return Ok(());
+        }
+        tokio::time::sleep(FRESHNESS_POLL).await;
+    }
+}
+
+fn page_limit(text: Option<&str>) -> Result<usize, ApiError> {
+    let Some(text) = text else {
+        return Ok(DEFAULT_PAGE_ROWS);
+    };
+    text.parse::<usize>()
+        .ok()
+        .filter(|limit| (1..=MAX_QUERY_ROWS).contains(limit))
+        .ok_or_else(|| {
+            ApiError::invalid(ValidationError::new(
+                "limit",
+                format!("`{text}` must be a whole number from 1 to {MAX_QUERY_ROWS}"),
+            ))
+        })
+}
+
+fn query_error(error: &axum::extract::rejection::QueryRejection) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_input",
+        format!("the query string is not understood: {}", error.body_text()),
+    )
+}
+
+/// A validation error re-labelled with the body field it came from.
+fn field(name: &str, error: ValidationError) -> ApiError {
+    ApiError::invalid(ValidationError::new(name, error.message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_describes_exactly_the_routes_served() {
+        let spec: Value = serde_json::from_str(super::super::OPENAPI).expect("the spec is JSON");
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, methods) in spec["paths"].as_object().expect("paths") {
+            for method in methods.as_object().expect("methods").keys() {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+        documented.sort();
+        let mut served: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(method, path)| ((*method).to_owned(), (*path).to_owned()))
+            .collect();
+        served.sort();
+        assert_eq!(documented, served);
+    }
+
+    #[test]
+    fn every_documented_error_status_uses_the_error_shape() {
+        let spec: Value = serde_json::from_str(super::super::OPENAPI).expect("the spec is JSON");
+        for (path, methods) in spec["paths"].as_object().expect("paths") {
+            for (method, operation) in methods.as_object().expect("methods") {
+                for (status, response) in operation["responses"].as_object().expect("responses") {
+                    if status.starts_with('4') || status.starts_with('5') {
+                        assert_eq!(
+                            response["$ref"], "#/components/responses/Error",
+                            "{method} {path} {status}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

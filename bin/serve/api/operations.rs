@@ -1,0 +1,282 @@
+//! Acting on one operation: record an intent, show it and its history, approve or deny it,
+//! execute it and wait for its outcome.
+
+// The handlers share the parent module's imports, extractors and helpers.
+use super::*;
+
+/// While another worker's attempt is in flight, an execute call looks for its outcome after this
+/// pause, doubling up to [`IN_FLIGHT_POLL_MAX`]: a send usually ends within milliseconds.
+const IN_FLIGHT_POLL_MIN: Duration = Duration::from_millis(1);
+const IN_FLIGHT_POLL_MAX: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordBody {
+    provider: String,
+    account: String,
+    action: String,
+    args: Value,
+    source_id: Option<String>,
+    owner: Option<String>,
+    #[serde(default)]
+    requires_approval: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalBody {
+    /// Who decides; required with a tenant token, taken from the token for an approver.
+    approver: Option<String>,
+    args_hash: String,
+    /// Why, when denying.
+    reason: Option<String>,
+}
+
+pub(super) async fn record(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(request.headers())?;
+    let tenant = tenant_of(principal)?.clone();
+    let body: RecordBody = body(&shared, request).await?;
+    let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
+    let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
+    let providers = shared.engine.providers();
+    if providers.capabilities(&provider).is_none() {
+        return Err(ApiError::invalid(ValidationError::new(
+            "provider",
+            format!("`{provider}` is not configured on this server; use one of its [[providers]]"),
+        )));
+    }
+    let fingerprint = providers
+        .credential_fingerprint(&provider, &account)
+        .ok_or_else(|| {
+            ApiError::invalid(ValidationError::new(
+                "account",
+                format!("`{account}` is not an account of provider `{provider}` on this server"),
+            ))
+        })?;
+    let request = IntentRequest {
+        tenant: tenant.to_string(),
+        owner: body.owner,
+        provider: body.provider,
+        account: body.account,
+        credential_fingerprint: fingerprint.to_string(),
+        action: body.action,
+        args: body.args,
+        source_id: body.source_id,
+        requires_approval: body.requires_approval,
+    };
+    // `record_intent` validates every field before it appends, so a bad field writes nothing.
+    let recorded = shared.engine.ledger().record_intent(request).await?;
+    shared
+        .tenants
+        .remember(recorded.operation.operation_id, tenant.clone());
+    let status = if recorded.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut view = operation_view(&recorded.operation);
+    view["created"] = json!(recorded.created);
+    info!(operation_id = %recorded.operation.operation_id, created = recorded.created, %tenant, "intent recorded");
+    Ok(json_reply(status, &view))
+}
+
+pub(super) async fn show(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let loaded = visible(&shared, &scope, operation_id(&id)?).await?;
+    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+}
+
+pub(super) async fn history(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let operation_id = operation_id(&id)?;
+    // Checked on the same read that is returned, so the answer cannot leak another tenant's.
+    let view = view_of(shared.engine.ledger().store(), operation_id)
+        .await
+        .map_err(ApiError::from)?;
+    let tenant = view
+        .loaded
+        .state
+        .intent
+        .as_ref()
+        .map(|intent| &intent.tenant);
+    if !tenant.is_some_and(|tenant| scope.allows(tenant)) {
+        return Err(ApiError::not_found(format!("operation {operation_id}")));
+    }
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "operation_id": operation_id,
+            "state": view.loaded.state.status.name(),
+            "version": view.loaded.version,
+            "events": view.events,
+            "timeline": view.lines,
+        }),
+    ))
+}
+
+pub(super) async fn approve(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    request: Request,
+) -> Result<Response, ApiError> {
+    approval(&shared, &id, request, Approval::Grant).await
+}
+
+pub(super) async fn deny(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    request: Request,
+) -> Result<Response, ApiError> {
+    approval(&shared, &id, request, Approval::Deny).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Approval {
+    Grant,
+    Deny,
+}
+
+/// Approves or denies exactly the recorded snapshot (named by its hash), as the approver the
+/// token stands for (see [`approver_for`]).
+async fn approval(
+    shared: &Shared,
+    id: &str,
+    request: Request,
+    kind: Approval,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(request.headers())?;
+    let scope = Scope::of(principal);
+    let operation_id = operation_id(id)?;
+    let body: ApprovalBody = body(shared, request).await?;
+    let args_hash = ArgsHash::parse(&body.args_hash).map_err(|e| field("args_hash", e))?;
+    let reason = match (kind, body.reason) {
+        (Approval::Deny, Some(reason)) => Some(reason),
+        (Approval::Deny, None) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "reason",
+                "is required to deny: say why, in a sentence",
+            )))
+        }
+        (Approval::Grant, Some(_)) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "reason",
+                "is only taken when denying",
+            )))
+        }
+        (Approval::Grant, None) => None,
+    };
+    let tenant = check_visible(shared, &scope, operation_id).await?;
+    let name = approver_for(principal, &tenant, &shared.approval_guard, body.approver)?;
+    let approver = ActorId::new(name).map_err(|e| field("approver", e))?;
+    let ledger = shared.engine.ledger();
+    let loaded = match reason {
+        Some(reason) => {
+            ledger
+                .deny(operation_id, approver, args_hash, reason)
+                .await?
+        }
+        None => ledger.approve(operation_id, approver, args_hash).await?,
+    };
+    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExecuteQuery {
+    wait_ms: Option<String>,
+}
+
+pub(super) async fn execute(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    query: Result<Query<ExecuteQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(&headers)?;
+    let scope = Scope::of(principal);
+    tenant_of(principal)?;
+    let operation_id = operation_id(&id)?;
+    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let wait_ms = match query.wait_ms.as_deref() {
+        None => shared.limits.default_wait_ms,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|wait| *wait <= shared.limits.max_wait_ms)
+            .ok_or_else(|| {
+                ApiError::invalid(ValidationError::new(
+                    "wait_ms",
+                    format!(
+                        "`{text}` must be a whole number of milliseconds from 0 to {}",
+                        shared.limits.max_wait_ms
+                    ),
+                ))
+            })?,
+    };
+    check_visible(&shared, &scope, operation_id).await?;
+    let span = tracing::info_span!("execute", %operation_id, wait_ms);
+    let loaded = drive_until(&shared, operation_id, Duration::from_millis(wait_ms))
+        .instrument(span)
+        .await?;
+    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+}
+
+/// Drives the operation until it settles, needs a person, or the wait runs out — whichever comes
+/// first. A drive in progress is never cut off by the deadline: an outcome the provider gave is
+/// always recorded before answering.
+async fn drive_until(
+    shared: &Shared,
+    operation_id: OperationId,
+    wait: Duration,
+) -> Result<LoadedOperation, ApiError> {
+    let deadline = Instant::now() + wait;
+    let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
+    loop {
+        // Spawned, so a caller who hangs up cannot cancel a send half-way: the drive always
+        // records what the provider answered.
+        let engine = Arc::clone(&shared.engine);
+        let report = tokio::spawn(async move { engine.drive(operation_id).await })
+            .await
+            .map_err(|error| ApiError::internal("a drive failed", error))??;
+        let state = report.state();
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(report.operation);
+        }
+        let pause = match (&state.status, state.next_work()) {
+            // Another worker is sending it: look for its outcome soon.
+            (Status::InFlight, _) => {
+                let pause = in_flight_pause;
+                in_flight_pause = (in_flight_pause * 2).min(IN_FLIGHT_POLL_MAX);
+                pause
+            }
+            (Status::Pending | Status::Unknown, Some((due_at, _))) => (due_at - Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+                .max(Duration::from_millis(1)),
+            // Settled, awaiting approval, or with a person: nothing more will happen by waiting.
+            _ => return Ok(report.operation),
+        };
+        let remaining = deadline - now;
+        if pause >= remaining {
+            return Ok(report.operation);
+        }
+        let mut shutdown = shared.shutdown.clone();
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            // A server going down answers with where the operation stands now.
+            _ = shutdown.wait_for(|stopping| *stopping) => return Ok(report.operation),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Reading many operations: listings from the read models, the operators' review queue, and
+//! the chain behind any id.
+
+// The handlers share the parent module's imports, extractors and helpers.
+use super::*;
+
+/// Most operations a traced id may match.
+const MAX_TRACE_MATCHES: usize = 10;
+/// The longest id `trace` takes, in bytes.
+const MAX_TRACE_ID_BYTES: usize = 512;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    state: Option<String>,
+    older_than: Option<String>,
+    limit: Option<String>,
+    after: Option<String>,
+    tenant: Option<String>,
+}
+
+pub(super) async fn list(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(&headers)?;
+    let scope = Scope::of(principal);
+    let Query(query) = query.map_err(|error| query_error(&error))?;
+    if let Some(state) = &query.state {
+        if state == "new" || !STATE_NAMES.contains(&state.as_str()) {
+            return Err(ApiError::invalid(ValidationError::new(
+                "state",
+                format!(
+                    "`{state}` is not a state; use one of {}",
+                    STATE_NAMES
+                        .iter()
+                        .filter(|name| **name != "new")
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )));
+        }
+    }
+    let older_than = query
+        .older_than
+        .as_deref()
+        .map(|text| crate::views::parse_duration("older_than", text))
+        .transpose()?;
+    let limit = page_limit(query.limit.as_deref())?;
+    let after = query
+        .after
+        .as_deref()
+        .map(|text| {
+            text.parse::<OperationId>()
+                .map_err(|error| ValidationError::new("after", error.message))
+        })
+        .transpose()?;
+    // A tenant lists its own operations; an operator one tenant of its scope at a time or all.
+    let tenant = match (&scope, query.tenant.as_deref()) {
+        (_, Some(text)) => {
+            let tenant = TenantId::new(text).map_err(|e| field("tenant", e))?;
+            if !scope.allows(&tenant) {
+                return Err(ApiError::not_found(format!("tenant {tenant}")));
+            }
+            Some(tenant)
+        }
+        (Scope::Tenants(tenants), None) if tenants.len() == 1 => tenants.iter().next().cloned(),
+        (Scope::All, None) => None,
+        (Scope::Tenants(_), None) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "tenant",
+                "this token sees several tenants; name one with ?tenant=",
+            )))
+        }
+    };
+    fresh_read_models(&shared).await?;
+    let now = Utc::now();
+    let filter = OperationFilter {
+        state: query.state.clone(),
+        tenant: tenant.clone(),
+        older_than: older_than.map(|duration| now - duration),
+    };
+    let page = shared
+        .read_models
+        .call(move |store| {
+            let cursor = match after {
+                Some(operation_id) => match store.operation(operation_id)? {
+                    // The cursor must be an operation of the listed tenant, or paging would tell
+                    // another tenant's operation ids apart from unknown ones.
+                    Some(row) if tenant.as_ref().is_none_or(|t| *t == row.tenant) => {
+                        Some(OperationCursor {
+                            created_at: row.created_at,
+                            operation_id,
+                        })
+                    }
+                    _ => {
+                        return Err(ReadModelError::InvalidQuery {
+                            reason: format!(
+                                "after={operation_id} names no operation of yours; pass the `next` of the previous page"
+                            ),
+                        })
+                    }
+                },
+                None => None,
+            };
+            store.list_operations(&filter, limit, cursor.as_ref())
+        })
+        .await?;
+    let rows: Vec<Value> = page
+        .operations
+        .iter()
+        .map(|row| operation_json(row, now))
+        .collect();
+    let next = page.next.as_ref().map(|cursor| cursor.operation_id);
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({"operations": rows, "next": next}),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReviewQueueQuery {
+    limit: Option<String>,
+}
+
+pub(super) async fn review_queue(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<ReviewQueueQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (_, scope) = operator_of(shared.tokens.authenticate(&headers)?)?;
+    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let limit = page_limit(query.limit.as_deref())?;
+    fresh_read_models(&shared).await?;
+    let queue = shared
+        .read_models
+        .call(move |store| match scope {
+            Scope::All => store.review_queue(limit),
+            Scope::Tenants(tenants) => {
+                store.review_queue_of(&tenants.into_iter().collect::<Vec<_>>(), limit)
+            }
+        })
+        .await?;
+    let now = Utc::now();
+    let rows: Vec<Value> = queue
+        .iter()
+        .map(|item| {
+            json!({
+                "operation_id": item.operation_id,
+                "state": item.state,
+                "since": item.since,
+                "age_s": (now - item.since).num_seconds().max(0),
+                "tenant": item.tenant,
+                "provider": item.provider,
+                "account": item.account,
+                "attempts": item.attempts,
+                "lookups": item.lookups,
+                "last_error": item.last_error,
+                "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
+                    "result": lookup.result,
+                    "evidence": lookup.evidence,
+                    "at": lookup.at,
+                })),
+                "reason": item.review.as_ref().map(|review| &review.reason),
+                "evidence": item.review.as_ref().map(|review| &review.evidence),
+                "updated_at": item.updated_at,
+            })
+        })
+        .collect();
+    Ok(json_reply(StatusCode::OK, &json!({"queue": rows})))
+}
+
+pub(super) async fn trace(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let id = id.trim().to_owned();
+    if id.is_empty() || id.len() > MAX_TRACE_ID_BYTES {
+        return Err(ApiError::invalid(ValidationError::new(
+            "id",
+            format!("must be 1 to {MAX_TRACE_ID_BYTES} bytes: an operation, attempt, external object or source id"),
+        )));
+    }
+    fresh_read_models(&shared).await?;
+    let query = id.clone();
+    let visible_scope = scope.clone();
+    // Filtered by tenant before the cap: short external ids ("731") and source ids repeat across
+    // tenants, and another tenant's matches must not crowd out the caller's own.
+    let candidates = shared
+        .read_models
+        .call(move |store| {
+            let mut visible = Vec::new();
+            for candidate in store.trace_candidates(&query, MAX_QUERY_ROWS)? {
+                let allowed = match &visible_scope {
+                    Scope::All => true,
+                    Scope::Tenants(_) => store
+                        .operation(candidate)?
+                        .is_some_and(|row| visible_scope.allows(&row.tenant)),
+                };
+                if allowed {
+                    visible.push(candidate);
+                }
+                if visible.len() >= MAX_TRACE_MATCHES {
+                    break;
+                }
+            }
+            Ok(visible)
+        })
+        .await?;
+    let store = shared.engine.ledger().store();
+    let mut matches = Vec::new();
+    for candidate in candidates {
+        let view = view_of(store, candidate).await.map_err(ApiError::from)?;
+        let tenant = view
+            .loaded
+            .state
+            .intent
+            .as_ref()
+            .map(|intent| &intent.tenant);
+        if tenant.is_some_and(|tenant| scope.allows(tenant)) {
+            matches.push(view);
+        }
+    }
+    let Some(first) = matches.first() else {
+        return Err(ApiError::not_found(format!("anything matching `{id}`")));
+    };
+    let others: Vec<OperationId> = matches[1..]
+        .iter()
+        .map(|view| view.loaded.operation_id)
+        .collect();
+    let mut body = operation_view(&first.loaded);
+    body["query"] = json!(id);
+    body["events"] = json!(first.events);
+    body["timeline"] = json!(first.lines);
+    body["other_matches"] = json!(others);
+    Ok(json_reply(StatusCode::OK, &body))
+}

@@ -1,0 +1,91 @@
+//! An operator's decision on an operation that is unknown or needs review: retry with the same
+//! key, confirm an object found by hand, or abandon — optionally pinned to the version the
+//! operator looked at.
+
+// The handlers share the parent module's imports, extractors and helpers.
+use super::*;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewBody {
+    /// `retry`, `confirm` or `abandon`.
+    decision: String,
+    /// With `confirm`: the object found at the provider.
+    external_id: Option<String>,
+    note: String,
+    /// The operation's version the reviewer looked at; a decision on older evidence is refused.
+    expected_version: Option<u64>,
+}
+
+pub(super) async fn review(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(request.headers())?;
+    let (name, scope) = operator_of(principal)?;
+    let reviewer = ActorId::new(name.to_owned())?;
+    let operation_id = operation_id(&id)?;
+    let body: ReviewBody = body(&shared, request).await?;
+    let decision = match (body.decision.as_str(), body.external_id) {
+        ("retry", None) => ReviewDecision::Retry,
+        ("abandon", None) => ReviewDecision::Abandon,
+        ("confirm", Some(external_id)) => ReviewDecision::ConfirmSucceeded {
+            external_id: ExternalObjectId::new(external_id).map_err(|e| field("external_id", e))?,
+        },
+        ("confirm", None) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "external_id",
+                "is required with decision `confirm`: the id of the object found at the provider",
+            )))
+        }
+        ("retry" | "abandon", Some(_)) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "external_id",
+                "is only taken with decision `confirm`",
+            )))
+        }
+        (other, _) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "decision",
+                format!("`{other}` is not a decision; use retry, confirm or abandon"),
+            )))
+        }
+    };
+    let loaded = visible(&shared, &scope, operation_id).await?;
+    if let Some(expected) = body.expected_version {
+        let current = loaded.version.map(StreamVersion::value);
+        if current != Some(expected) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "stale",
+                format!(
+                    "the operation is at version {} now, not {expected}: new evidence arrived; look again before deciding",
+                    current.unwrap_or(0)
+                ),
+            ));
+        }
+    }
+    // With `expected_version` the decision is appended on exactly that version (a concurrent
+    // lookup or late answer makes it `stale`, atomically); without, on the current one.
+    // Spawned for the same reason as a drive: a retry decided here sends at once.
+    let engine = Arc::clone(&shared.engine);
+    let pinned = body.expected_version.is_some();
+    let report = tokio::spawn(async move {
+        if pinned {
+            engine
+                .resolve_review_seen(loaded, reviewer, decision, body.note)
+                .await
+        } else {
+            engine
+                .resolve_review(operation_id, reviewer, decision, body.note)
+                .await
+        }
+    })
+    .await
+    .map_err(|error| ApiError::internal("a review decision failed", error))??;
+    Ok(json_reply(
+        StatusCode::OK,
+        &operation_view(&report.operation),
+    ))
+}
