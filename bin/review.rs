@@ -6,6 +6,7 @@
 //! workers.
 
 use chrono::Utc;
+use opledger_adapters::readmodel::ReviewItem;
 use opledger_domain::command::{Command, MAX_NOTE_BYTES};
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::{OperationEvent, ReconciliationResult, ReviewDecision};
@@ -39,28 +40,7 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     if args.json {
         let rows: Vec<_> = queue
             .iter()
-            .map(|item| {
-                json!({
-                    "operation_id": item.operation_id,
-                    "state": item.state,
-                    "since": item.since,
-                    "age_s": (now - item.since).num_seconds().max(0),
-                    "tenant": item.tenant,
-                    "provider": item.provider,
-                    "account": item.account,
-                    "attempts": item.attempts,
-                    "lookups": item.lookups,
-                    "last_error": item.last_error,
-                    "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
-                        "result": lookup.result,
-                        "evidence": lookup.evidence,
-                        "at": lookup.at,
-                    })),
-                    "reason": item.review.as_ref().map(|review| &review.reason),
-                    "evidence": item.review.as_ref().map(|review| &review.evidence),
-                    "updated_at": item.updated_at,
-                })
-            })
+            .map(|item| review_item_json(item, now))
             .collect();
         return print_json(&json!({ "queue": rows }));
     }
@@ -112,6 +92,31 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     );
     println!("{} operation(s) unresolved", queue.len());
     Ok(())
+}
+
+/// One operation of the review queue as JSON, as `review list --json` prints it and the server's
+/// `GET /v1/review` answers it.
+pub fn review_item_json(item: &ReviewItem, now: chrono::DateTime<Utc>) -> serde_json::Value {
+    json!({
+        "operation_id": item.operation_id,
+        "state": item.state,
+        "since": item.since,
+        "age_s": (now - item.since).num_seconds().max(0),
+        "tenant": item.tenant,
+        "provider": item.provider,
+        "account": item.account,
+        "attempts": item.attempts,
+        "lookups": item.lookups,
+        "last_error": item.last_error,
+        "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
+            "result": lookup.result,
+            "evidence": lookup.evidence,
+            "at": lookup.at,
+        })),
+        "reason": item.review.as_ref().map(|review| &review.reason),
+        "evidence": item.review.as_ref().map(|review| &review.evidence),
+        "updated_at": item.updated_at,
+    })
 }
 
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {

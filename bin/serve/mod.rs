@@ -17,9 +17,8 @@ pub mod config;
 mod error;
 mod events;
 mod metrics;
-mod store;
-
-pub use self::store::ServeStore;
+/// The ledger the server keeps (see [`AnyStore`]).
+pub type ServeStore = opledger_adapters::store::AnyStore;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -361,33 +361,25 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// is conditional on the version, and the next round reloads.
     pub async fn execute_from(
         &self,
-        mut loaded: LoadedOperation,
+        loaded: LoadedOperation,
         command: &Command,
     ) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
-        let stream = StreamName::for_operation(operation_id);
-        for round in 0..MAX_DECIDE_ROUNDS {
-            if round > 0 {
-                loaded = self.load(operation_id).await?;
-            }
-            let events = decide(command, &loaded.state, self.clock.now()).map_err(|rejection| {
-                AppError::Rejected {
-                    operation_id,
-                    rejection,
-                }
-            })?;
+        let mut held = Some(loaded);
+        for _ in 0..MAX_DECIDE_ROUNDS {
+            // The first round decides on the state handed in; every later one on a fresh load.
+            let current = match held.take() {
+                Some(current) => current,
+                None => self.load(operation_id).await?,
+            };
+            let events = self.decide_on(command, &current)?;
             if events.is_empty() {
-                return Ok(loaded);
+                return Ok(current);
             }
-            let expected = ExpectedVersion::from_last(loaded.version);
-            let (data, chain) = encode_all(operation_id, expected, &events, loaded.chain.as_ref());
-            match self.append_resolving_unclear(&stream, expected, data).await {
-                Ok(outcome) => {
-                    loaded.state = events.iter().fold(loaded.state, evolve);
-                    loaded.version = Some(outcome.next_expected);
-                    loaded.chain = chain;
+            match self.append_decided(current, &events).await {
+                Ok(appended) => {
                     debug!(%operation_id, command = command.name(), events = events.len(), "appended");
-                    return Ok(loaded);
+                    return Ok(appended);
                 }
                 Err(StoreError::VersionConflict { actual, .. }) => {
                     debug!(%operation_id, command = command.name(), ?actual, "lost the race for the stream; deciding again");
@@ -408,36 +400,56 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// evidence the caller has not seen.
     pub async fn execute_on_seen(
         &self,
-        mut loaded: LoadedOperation,
+        loaded: LoadedOperation,
         command: &Command,
     ) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
-        let events = decide(command, &loaded.state, self.clock.now()).map_err(|rejection| {
-            AppError::Rejected {
-                operation_id,
-                rejection,
-            }
-        })?;
+        let seen = loaded.version;
+        let events = self.decide_on(command, &loaded)?;
         if events.is_empty() {
             return Ok(loaded);
         }
-        let expected = ExpectedVersion::from_last(loaded.version);
-        let (data, chain) = encode_all(operation_id, expected, &events, loaded.chain.as_ref());
-        let stream = StreamName::for_operation(operation_id);
-        match self.append_resolving_unclear(&stream, expected, data).await {
-            Ok(outcome) => {
-                loaded.state = events.iter().fold(loaded.state, evolve);
-                loaded.version = Some(outcome.next_expected);
-                loaded.chain = chain;
-                Ok(loaded)
-            }
+        match self.append_decided(loaded, &events).await {
+            Ok(appended) => Ok(appended),
             Err(StoreError::VersionConflict { actual, .. }) => Err(AppError::Moved {
                 operation_id,
-                seen: loaded.version,
+                seen,
                 actual,
             }),
             Err(error) => Err(error.into()),
         }
+    }
+
+    /// The decider's events for `command` on `loaded`, or its refusal.
+    fn decide_on(
+        &self,
+        command: &Command,
+        loaded: &LoadedOperation,
+    ) -> Result<Vec<OperationEvent>, AppError> {
+        decide(command, &loaded.state, self.clock.now()).map_err(|rejection| AppError::Rejected {
+            operation_id: loaded.operation_id,
+            rejection,
+        })
+    }
+
+    /// Appends `events`, decided on `loaded`, at exactly its version; returns the operation as
+    /// it then stands. A version conflict means another writer got there first.
+    async fn append_decided(
+        &self,
+        mut loaded: LoadedOperation,
+        events: &[OperationEvent],
+    ) -> Result<LoadedOperation, StoreError> {
+        let expected = ExpectedVersion::from_last(loaded.version);
+        let (data, chain) =
+            encode_all(loaded.operation_id, expected, events, loaded.chain.as_ref());
+        let stream = StreamName::for_operation(loaded.operation_id);
+        let outcome = self
+            .append_resolving_unclear(&stream, expected, data)
+            .await?;
+        loaded.state = events.iter().fold(loaded.state, evolve);
+        loaded.version = Some(outcome.next_expected);
+        loaded.chain = chain;
+        Ok(loaded)
     }
 
     /// Appends, and when the store cannot say whether the append was written, sends the very

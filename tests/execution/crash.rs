@@ -20,7 +20,7 @@ use opledger_domain::provider::SendOutcome;
 use opledger_domain::state::Status;
 
 use crate::support::{
-    claim_and_send, names, Crm, Harness, LedgerStore, Setup, ACCOUNT, ACCOUNT_TOKEN,
+    claim_and_send, names, open_store, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN,
 };
 
 /// The child's test name, as the test binary knows it: `crash::…` in `execution`, and
@@ -63,7 +63,7 @@ async fn sigkill_child_claims_sends_and_hangs() {
     let operation_id: OperationId = operation
         .parse()
         .expect("the parent passes an operation id");
-    let store = LedgerStore::open(&db.to_string_lossy()).await;
+    let store = open_store(&db.to_string_lossy()).await;
     let ledger = Ledger::new(store, SystemClock, RandomIds);
     let providers = Setup::default().providers(&stand, &[(ACCOUNT, ACCOUNT_TOKEN)]);
     let (_, outcome) = claim_and_send(

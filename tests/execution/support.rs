@@ -25,7 +25,7 @@ use opledger_adapters::stand::{
     Fault, FaultKind, FaultMethod, LoggedRequest, Shape as StandShape, Stand, StandAdmin,
     StandConfig, StandObject,
 };
-use opledger_adapters::store::{KurrentDbSubscription, SqliteSubscription};
+use opledger_adapters::store::AnyStore;
 use opledger_adapters::system::{RandomIds, SystemClock};
 use opledger_adapters::{KurrentDbStore, SqliteStore};
 use opledger_domain::app::{IntentRequest, Ledger, RecordedIntent};
@@ -34,17 +34,13 @@ use opledger_domain::command::Command;
 use opledger_domain::contract::{RetryPolicy, SendBinding};
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::event::{IntentRecorded, OperationEvent};
-use opledger_domain::ids::GlobalPosition;
 use opledger_domain::ids::{
     AccountId, AttemptId, OperationId, ProviderId, StreamVersion, WorkerId,
 };
 use opledger_domain::ports::IdSource;
 use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
 use opledger_domain::state::{OperationState, Status};
-use opledger_domain::store::{
-    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
-    StreamName, Subscription, MAX_READ_BATCH,
-};
+use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -70,105 +66,21 @@ pub fn backend() -> Backend {
 }
 
 /// Either store, so the engine's type does not depend on the backend.
-#[derive(Clone, Debug)]
-pub enum LedgerStore {
-    Sqlite(SqliteStore),
-    KurrentDb(KurrentDbStore),
-}
+pub type LedgerStore = AnyStore;
 
-/// Either store's subscription.
-pub enum LedgerSubscription {
-    Sqlite(SqliteSubscription),
-    /// Boxed: a KurrentDB subscription carries the client's stream state.
-    KurrentDb(Box<KurrentDbSubscription>),
-}
-
-impl LedgerStore {
-    /// Opens the ledger at `location`: a file path for SQLite, a connection string for KurrentDB.
-    pub async fn open(location: &str) -> Self {
-        match backend() {
-            Backend::Sqlite => Self::Sqlite(
-                SqliteStore::open(location)
-                    .await
-                    .expect("open the ledger file"),
-            ),
-            Backend::KurrentDb => Self::KurrentDb(
-                KurrentDbStore::connect(location)
-                    .await
-                    .expect("connect to the KurrentDB stand"),
-            ),
-        }
-    }
-
-    /// Closes the store as a stopping process does (a KurrentDB client has nothing to close).
-    pub async fn close(self) {
-        if let Self::Sqlite(store) = self {
-            store.close().await.expect("the ledger file closes");
-        }
-    }
-}
-
-impl EventStore for LedgerStore {
-    type Subscription = LedgerSubscription;
-
-    async fn append(
-        &self,
-        stream: &StreamName,
-        expected: ExpectedVersion,
-        events: Vec<EventData>,
-    ) -> Result<AppendOutcome, StoreError> {
-        match self {
-            Self::Sqlite(store) => store.append(stream, expected, events).await,
-            Self::KurrentDb(store) => store.append(stream, expected, events).await,
-        }
-    }
-
-    async fn read_stream(
-        &self,
-        stream: &StreamName,
-        from: StreamVersion,
-        max_count: usize,
-    ) -> Result<Vec<RecordedEvent>, StoreError> {
-        match self {
-            Self::Sqlite(store) => store.read_stream(stream, from, max_count).await,
-            Self::KurrentDb(store) => store.read_stream(stream, from, max_count).await,
-        }
-    }
-
-    async fn read_all(
-        &self,
-        start: LogStart,
-        max_count: usize,
-    ) -> Result<Vec<RecordedEvent>, StoreError> {
-        match self {
-            Self::Sqlite(store) => store.read_all(start, max_count).await,
-            Self::KurrentDb(store) => store.read_all(start, max_count).await,
-        }
-    }
-
-    async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
-        match self {
-            Self::Sqlite(store) => store.head_position().await,
-            Self::KurrentDb(store) => store.head_position().await,
-        }
-    }
-
-    async fn subscribe_all(&self, start: LogStart) -> Result<LedgerSubscription, StoreError> {
-        Ok(match self {
-            Self::Sqlite(store) => LedgerSubscription::Sqlite(store.subscribe_all(start).await?),
-            Self::KurrentDb(store) => {
-                LedgerSubscription::KurrentDb(Box::new(store.subscribe_all(start).await?))
-            }
-        })
-    }
-}
-
-impl Subscription for LedgerSubscription {
-    async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
-        match self {
-            Self::Sqlite(subscription) => subscription.next().await,
-            Self::KurrentDb(subscription) => subscription.next().await,
-        }
+/// Opens the ledger at `location`: a file path for SQLite, a connection string for KurrentDB.
+pub async fn open_store(location: &str) -> LedgerStore {
+    match backend() {
+        Backend::Sqlite => AnyStore::Sqlite(
+            SqliteStore::open(location)
+                .await
+                .expect("open the ledger file"),
+        ),
+        Backend::KurrentDb => AnyStore::KurrentDb(
+            KurrentDbStore::connect(location)
+                .await
+                .expect("connect to the KurrentDB stand"),
+        ),
     }
 }
 
@@ -368,7 +280,7 @@ impl Harness {
             ),
         };
         let location = store_location(&path, kurrentdb.as_ref());
-        let store = LedgerStore::open(&location).await;
+        let store = open_store(&location).await;
         let providers = setup.providers(&stand.base_url(), &[(ACCOUNT, ACCOUNT_TOKEN)]);
         let engine = Arc::new(Engine::new(
             Ledger::new(store, SystemClock, RandomIds),
@@ -577,13 +489,18 @@ impl Harness {
     /// Closes the ledger file, as a stopping process does. The engine is unusable until
     /// [`Harness::reopen_store`].
     pub async fn close_store(&self) {
-        self.ledger().store().clone().close().await;
+        self.ledger()
+            .store()
+            .clone()
+            .close()
+            .await
+            .expect("the ledger closes");
     }
 
     /// Opens the ledger file again and builds a fresh engine over it, with freshly built
     /// providers: what a restarted process has.
     pub async fn reopen_store(&mut self) {
-        let store = LedgerStore::open(&self.store_location()).await;
+        let store = open_store(&self.store_location()).await;
         let providers = self
             .setup
             .providers(&self.stand.base_url(), &[(ACCOUNT, ACCOUNT_TOKEN)]);

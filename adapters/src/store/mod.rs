@@ -12,12 +12,14 @@
 //!
 //! [`EventStore`]: opledger_domain::store::EventStore
 
+pub mod either;
 pub mod kurrentdb;
 pub mod memory;
 mod rules;
 pub mod sqlite;
 mod subscription;
 
+pub use either::{AnyStore, AnySubscription};
 pub use kurrentdb::{KurrentDbError, KurrentDbStore, KurrentDbSubscription};
 pub use memory::{MemoryStore, MemorySubscription};
 pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};

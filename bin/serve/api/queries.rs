@@ -147,28 +147,7 @@ pub(super) async fn review_queue(
     let now = Utc::now();
     let rows: Vec<Value> = queue
         .iter()
-        .map(|item| {
-            json!({
-                "operation_id": item.operation_id,
-                "state": item.state,
-                "since": item.since,
-                "age_s": (now - item.since).num_seconds().max(0),
-                "tenant": item.tenant,
-                "provider": item.provider,
-                "account": item.account,
-                "attempts": item.attempts,
-                "lookups": item.lookups,
-                "last_error": item.last_error,
-                "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
-                    "result": lookup.result,
-                    "evidence": lookup.evidence,
-                    "at": lookup.at,
-                })),
-                "reason": item.review.as_ref().map(|review| &review.reason),
-                "evidence": item.review.as_ref().map(|review| &review.evidence),
-                "updated_at": item.updated_at,
-            })
-        })
+        .map(|item| crate::review::review_item_json(item, now))
         .collect();
     Ok(json_reply(StatusCode::OK, &json!({"queue": rows})))
 }

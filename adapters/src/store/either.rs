@@ -1,9 +1,10 @@
-//! The ledger `serve` keeps: the embedded SQLite file or a KurrentDB cluster, chosen by the
-//! configuration's `store` URL. One enum rather than generics through every handler: the
-//! choice is made once, at start, and each call is a match on it.
+//! Either event store, chosen at run time: the embedded SQLite file or a KurrentDB cluster.
+//! One enum rather than generics through every caller (a server's handlers, a test harness):
+//! the choice is made once, at start, and each call is a match on it. It adds nothing to
+//! either store's semantics.
 
-use opledger_adapters::store::{KurrentDbStore, KurrentDbSubscription, SqliteSubscription};
-use opledger_adapters::SqliteStore;
+use super::kurrentdb::{KurrentDbStore, KurrentDbSubscription};
+use super::sqlite::{SqliteStore, SqliteSubscription};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
@@ -11,15 +12,15 @@ use opledger_domain::store::{
 };
 
 /// Either store.
-#[derive(Clone)]
-pub enum ServeStore {
+#[derive(Clone, Debug)]
+pub enum AnyStore {
     /// The embedded SQLite file.
     Sqlite(SqliteStore),
     /// A KurrentDB (EventStoreDB) node or cluster.
     KurrentDb(KurrentDbStore),
 }
 
-impl ServeStore {
+impl AnyStore {
     /// Waits until every acknowledged append is durable and closes the store.
     pub async fn close(self) -> Result<(), StoreError> {
         match self {
@@ -32,14 +33,14 @@ impl ServeStore {
 }
 
 /// A subscription of either store.
-pub enum ServeSubscription {
+pub enum AnySubscription {
     /// The SQLite store's.
     Sqlite(SqliteSubscription),
     /// The KurrentDB store's (boxed: it is much larger than the SQLite one).
     KurrentDb(Box<KurrentDbSubscription>),
 }
 
-impl Subscription for ServeSubscription {
+impl Subscription for AnySubscription {
     async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
         match self {
             Self::Sqlite(subscription) => subscription.next().await,
@@ -48,8 +49,8 @@ impl Subscription for ServeSubscription {
     }
 }
 
-impl EventStore for ServeStore {
-    type Subscription = ServeSubscription;
+impl EventStore for AnyStore {
+    type Subscription = AnySubscription;
 
     async fn append(
         &self,
@@ -93,16 +94,16 @@ impl EventStore for ServeStore {
         }
     }
 
-    async fn subscribe_all(&self, start: LogStart) -> Result<ServeSubscription, StoreError> {
+    async fn subscribe_all(&self, start: LogStart) -> Result<AnySubscription, StoreError> {
         match self {
             Self::Sqlite(store) => store
                 .subscribe_all(start)
                 .await
-                .map(ServeSubscription::Sqlite),
+                .map(AnySubscription::Sqlite),
             Self::KurrentDb(store) => store
                 .subscribe_all(start)
                 .await
-                .map(|subscription| ServeSubscription::KurrentDb(Box::new(subscription))),
+                .map(|subscription| AnySubscription::KurrentDb(Box::new(subscription))),
         }
     }
 }
