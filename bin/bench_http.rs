@@ -121,6 +121,7 @@ async fn measure_all(
     // A short warm-up opens connections and pages in the ledger.
     let warmup = Target {
         client: client.clone(),
+        one_call: args.one_call,
         url: url.to_owned(),
         token: token.to_owned(),
         provider: provider.to_owned(),
@@ -135,7 +136,8 @@ async fn measure_all(
             latencies[index].as_secs_f64() * 1000.0
         };
         println!(
-            "bench=http concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.2} p99_ms={:.2}",
+            "bench=http{} concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.2} p99_ms={:.2}",
+            if args.one_call { " calls=1" } else { "" },
             latencies.len(),
             latencies.len() as f64 / elapsed.as_secs_f64(),
             percentile(0.50),
@@ -147,6 +149,8 @@ async fn measure_all(
 
 struct Target {
     client: reqwest::Client,
+    /// Record and execute in one call (`?execute=true`) instead of two.
+    one_call: bool,
     url: String,
     token: String,
     provider: String,
@@ -167,6 +171,7 @@ async fn measure(
         let next = Arc::clone(&next);
         let target = Target {
             client: target.client.clone(),
+            one_call: target.one_call,
             url: target.url.clone(),
             token: target.token.clone(),
             provider: target.provider.clone(),
@@ -205,16 +210,26 @@ async fn one(target: &Target, number: u32) -> Result<(), CliError> {
         "action": "create_task",
         "args": {"title": format!("bench task {number}"), "run": RUN.as_str()},
     });
-    let recorded = post(target, "/v1/operations", Some(body)).await?;
-    let id = recorded["operation_id"]
-        .as_str()
-        .ok_or_else(|| CliError::Other(format!("record answered without an id: {recorded}")))?;
-    let executed = post(
-        target,
-        &format!("/v1/operations/{id}/execute?wait_ms={EXECUTE_WAIT_MS}"),
-        None,
-    )
-    .await?;
+    let executed = if target.one_call {
+        post(
+            target,
+            &format!("/v1/operations?execute=true&wait_ms={EXECUTE_WAIT_MS}"),
+            Some(body),
+        )
+        .await?
+    } else {
+        let recorded = post(target, "/v1/operations", Some(body)).await?;
+        let id = recorded["operation_id"]
+            .as_str()
+            .ok_or_else(|| CliError::Other(format!("record answered without an id: {recorded}")))?;
+        post(
+            target,
+            &format!("/v1/operations/{id}/execute?wait_ms={EXECUTE_WAIT_MS}"),
+            None,
+        )
+        .await?
+    };
+    let id = executed["operation_id"].as_str().unwrap_or("?");
     if executed["state"] != "succeeded" {
         return Err(CliError::Other(format!(
             "operation {id} ended {} instead of succeeded: {executed}",

@@ -188,6 +188,9 @@ pub struct BenchHttpArgs {
     /// The account at that provider (with --url).
     #[arg(long, default_value = "demo")]
     pub account: String,
+    /// Record and execute in one call (`POST /v1/operations?execute=true`) instead of two.
+    #[arg(long)]
+    pub one_call: bool,
 }
 
 #[derive(Debug, Args)]

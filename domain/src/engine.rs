@@ -152,7 +152,15 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// result; awaiting approval or review → as is; in flight → its status (or unknown, once the
     /// lease has run out); unknown → looked up; pending and due → claimed, sent, recorded.
     pub async fn drive(&self, operation_id: OperationId) -> Result<Report, AppError> {
-        let mut loaded = self.ledger.get(operation_id).await?;
+        let loaded = self.ledger.get(operation_id).await?;
+        self.drive_from(loaded).await
+    }
+
+    /// [`Engine::drive`] starting from an operation the caller just recorded or loaded, saving
+    /// a read. A stale copy costs only a lost race: every step is a conditional append, and a
+    /// lost one reloads. (Use it only with a state this process just wrote or read: a copy that
+    /// says "nothing to do" is answered as it is.)
+    pub async fn drive_from(&self, mut loaded: LoadedOperation) -> Result<Report, AppError> {
         for _ in 0..MAX_DRIVE_STEPS {
             let now = self.ledger.clock().now();
             let due = loaded

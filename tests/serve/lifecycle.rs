@@ -444,3 +444,30 @@ async fn serve_without_a_configuration_gives_a_working_api_on_loopback_only() {
     let (code, _) = server.terminate();
     assert_eq!(code, Some(0));
 }
+
+#[tokio::test]
+async fn one_call_records_then_executes_and_a_redelivery_of_it_sends_nothing_more() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "in one call"}, "source_id": "one-call-1"});
+    let path = "/v1/operations?execute=true&wait_ms=5000";
+    let (status, answered) = server
+        .call(Method::POST, path, Some(TENANT_A_TOKEN), Some(&body))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answered}");
+    assert_eq!(answered["state"], "succeeded");
+    assert_eq!(answered["created"], true);
+    let (status, again) = server
+        .call(Method::POST, path, Some(TENANT_A_TOKEN), Some(&body))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["external_id"], answered["external_id"]);
+    assert_eq!(harness.objects().await.len(), 1);
+    for bad in ["/v1/operations?execute=maybe", "/v1/operations?wait_ms=10"] {
+        let (status, refused) = server
+            .call(Method::POST, bad, Some(TENANT_A_TOKEN), Some(&body))
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {refused}");
+    }
+}

@@ -32,12 +32,42 @@ struct ApprovalBody {
     reason: Option<String>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RecordQuery {
+    /// `true`: execute it right away, as `POST …/execute` would, and answer where it stands.
+    execute: Option<String>,
+    /// With `execute=true`: how long to wait for the outcome.
+    wait_ms: Option<String>,
+}
+
 pub(super) async fn record(
     State(shared): State<Arc<Shared>>,
+    query: Result<Query<RecordQuery>, axum::extract::rejection::QueryRejection>,
     request: Request,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
     let tenant = tenant_of(principal)?.clone();
+    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let execute_now = match query.execute.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "execute",
+                format!("`{other}` must be true or false"),
+            )))
+        }
+    };
+    let wait = match (execute_now, query.wait_ms.as_deref()) {
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "wait_ms",
+                "is only taken with execute=true",
+            )))
+        }
+        (_, wait_ms) => wait_of(&shared, wait_ms)?,
+    };
     let body: RecordBody = body(&shared, request).await?;
     let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
     let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
@@ -77,10 +107,46 @@ pub(super) async fn record(
     } else {
         StatusCode::OK
     };
-    let mut view = operation_view(&recorded.operation);
+    let operation_id = recorded.operation.operation_id;
+    info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
+    let operation = if execute_now {
+        let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+        // The intent is durable before anything is sent: executing in the same call keeps the
+        // rule and saves the caller a round trip (and the server a read).
+        drive_until(
+            &shared,
+            Start::From(Box::new(recorded.operation.clone())),
+            wait,
+        )
+        .instrument(span)
+        .await?
+    } else {
+        recorded.operation
+    };
+    let mut view = operation_view(&operation);
     view["created"] = json!(recorded.created);
-    info!(operation_id = %recorded.operation.operation_id, created = recorded.created, %tenant, "intent recorded");
     Ok(json_reply(status, &view))
+}
+
+/// The wait of an execute call: `wait_ms` if given (checked against the limit), else the default.
+fn wait_of(shared: &Shared, wait_ms: Option<&str>) -> Result<Duration, ApiError> {
+    let wait_ms = match wait_ms {
+        None => shared.limits.default_wait_ms,
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|wait| *wait <= shared.limits.max_wait_ms)
+            .ok_or_else(|| {
+                ApiError::invalid(ValidationError::new(
+                    "wait_ms",
+                    format!(
+                        "`{text}` must be a whole number of milliseconds from 0 to {}",
+                        shared.limits.max_wait_ms
+                    ),
+                ))
+            })?,
+    };
+    Ok(Duration::from_millis(wait_ms))
 }
 
 pub(super) async fn show(
@@ -208,28 +274,19 @@ pub(super) async fn execute(
     tenant_of(principal)?;
     let operation_id = operation_id(&id)?;
     let Query(query) = query.map_err(|error| query_error(&error))?;
-    let wait_ms = match query.wait_ms.as_deref() {
-        None => shared.limits.default_wait_ms,
-        Some(text) => text
-            .parse::<u64>()
-            .ok()
-            .filter(|wait| *wait <= shared.limits.max_wait_ms)
-            .ok_or_else(|| {
-                ApiError::invalid(ValidationError::new(
-                    "wait_ms",
-                    format!(
-                        "`{text}` must be a whole number of milliseconds from 0 to {}",
-                        shared.limits.max_wait_ms
-                    ),
-                ))
-            })?,
-    };
+    let wait = wait_of(&shared, query.wait_ms.as_deref())?;
     check_visible(&shared, &scope, operation_id).await?;
-    let span = tracing::info_span!("execute", %operation_id, wait_ms);
-    let loaded = drive_until(&shared, operation_id, Duration::from_millis(wait_ms))
+    let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+    let loaded = drive_until(&shared, Start::Read(operation_id), wait)
         .instrument(span)
         .await?;
     Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+}
+
+/// Where a drive starts: from the operation's stream, or from a state this request just wrote.
+enum Start {
+    Read(OperationId),
+    From(Box<LoadedOperation>),
 }
 
 /// Drives the operation until it settles, needs a person, or the wait runs out — whichever comes
@@ -237,18 +294,28 @@ pub(super) async fn execute(
 /// always recorded before answering.
 async fn drive_until(
     shared: &Shared,
-    operation_id: OperationId,
+    start: Start,
     wait: Duration,
 ) -> Result<LoadedOperation, ApiError> {
     let deadline = Instant::now() + wait;
     let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
+    let (operation_id, mut held) = match start {
+        Start::Read(operation_id) => (operation_id, None),
+        Start::From(loaded) => (loaded.operation_id, Some(*loaded)),
+    };
     loop {
         // Spawned, so a caller who hangs up cannot cancel a send half-way: the drive always
         // records what the provider answered.
         let engine = Arc::clone(&shared.engine);
-        let report = tokio::spawn(async move { engine.drive(operation_id).await })
-            .await
-            .map_err(|error| ApiError::internal("a drive failed", error))??;
+        let first = held.take();
+        let report = tokio::spawn(async move {
+            match first {
+                Some(loaded) => engine.drive_from(loaded).await,
+                None => engine.drive(operation_id).await,
+            }
+        })
+        .await
+        .map_err(|error| ApiError::internal("a drive failed", error))??;
         let state = report.state();
         let now = Instant::now();
         if now >= deadline {
