@@ -32,6 +32,8 @@ pub const MIN_TOKEN_CHARS: usize = 16;
 pub const MAX_BODY_LIMIT_BYTES: usize = 16 * 1024 * 1024;
 /// Most concurrent SSE streams any configuration may allow.
 pub const MAX_SSE_LIMIT: usize = 10_000;
+/// Most concurrent execute calls any configuration may allow.
+pub const MAX_EXECUTES_LIMIT: usize = 100_000;
 /// The longest `wait_ms` any configuration may allow an execute call, in milliseconds.
 pub const MAX_WAIT_LIMIT_MS: u64 = 10 * 60 * 1000;
 
@@ -94,6 +96,8 @@ pub struct Limits {
     pub default_wait_ms: u64,
     /// How long shutdown waits for requests in progress before dropping them, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// Most execute calls driving or waiting at once (each holds a drive or a timer).
+    pub max_concurrent_executes: usize,
 }
 
 impl Default for Limits {
@@ -104,6 +108,7 @@ impl Default for Limits {
             max_wait_ms: 30_000,
             default_wait_ms: 5_000,
             shutdown_grace_ms: 35_000,
+            max_concurrent_executes: 1_024,
         }
     }
 }
@@ -174,6 +179,7 @@ struct LimitsSection {
     max_wait_ms: Option<Spanned<u64>>,
     default_wait_ms: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
+    max_concurrent_executes: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -398,7 +404,21 @@ impl Checker<'_> {
             max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
             default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
             shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
+            max_concurrent_executes: spanned_or(
+                &section.max_concurrent_executes,
+                defaults.max_concurrent_executes,
+            ),
         };
+        if !(1..=MAX_EXECUTES_LIMIT).contains(&limits.max_concurrent_executes) {
+            return Err(self.error(
+                span(&section.max_concurrent_executes),
+                "limits.max_concurrent_executes",
+                format!(
+                    "is {}; use 1 to {MAX_EXECUTES_LIMIT}",
+                    limits.max_concurrent_executes
+                ),
+            ));
+        }
         if !(1_000..=MAX_WAIT_LIMIT_MS).contains(&limits.shutdown_grace_ms) {
             return Err(self.error(
                 span(&section.shutdown_grace_ms),

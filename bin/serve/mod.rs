@@ -71,6 +71,8 @@ pub struct Shared {
     pub requests: RequestMetrics,
     /// Places for event streams.
     pub sse: Arc<Semaphore>,
+    /// Places for execute calls driving or waiting.
+    pub executes: Arc<Semaphore>,
     /// Becomes `true` when the server is shutting down.
     pub shutdown: watch::Receiver<bool>,
     /// Which operation belongs to which tenant, for the event streams.
@@ -201,6 +203,7 @@ pub async fn serve(
         limits: config.limits,
         requests: RequestMetrics::default(),
         sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),
+        executes: Arc::new(Semaphore::new(config.limits.max_concurrent_executes)),
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),
     });

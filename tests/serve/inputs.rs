@@ -299,3 +299,80 @@ async fn arguments_over_their_own_limit_are_refused_even_when_the_body_fits() {
     );
     assert_eq!(server.log_head().await, 0);
 }
+
+#[tokio::test]
+async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
+    use opledger_adapters::stand::{Fault, FaultKind, FaultMethod, Shape};
+    let harness = Harness::new("max_concurrent_executes = 1").await;
+    let server = harness.serve();
+    harness
+        .admin
+        .queue_fault(&Fault {
+            shape: Some(Shape::Keyed),
+            account: None,
+            method: Some(FaultMethod::Post),
+            kind: FaultKind::LateResponse { delay_ms: 1_500 },
+            times: 1,
+        })
+        .await
+        .expect("fault queued");
+    let (_, slow) = server.record(TENANT_A_TOKEN, "crm", "slow", None).await;
+    let slow_id = slow["operation_id"].as_str().expect("id").to_owned();
+    let path = format!(
+        "{}/v1/operations/{slow_id}/execute?wait_ms=10000",
+        server.base
+    );
+    let holding = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(path)
+            .bearer_auth(TENANT_A_TOKEN)
+            .send()
+            .await
+            .map(|response| response.status())
+    });
+    // Wait until the slow send holds the one place (the stand has the task, its answer held).
+    let started = std::time::Instant::now();
+    while harness.objects().await.is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the send never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let head = server.log_head().await;
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
+        "args": {"title": "second"}});
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            "/v1/operations?execute=true",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_error(
+        status,
+        &refused,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_executes",
+        "a second execute while the first holds the only place",
+    );
+    assert_eq!(
+        server.log_head().await,
+        head,
+        "the refused call recorded nothing"
+    );
+    assert_eq!(
+        holding.await.expect("task").expect("answered"),
+        StatusCode::OK
+    );
+    let (status, done) = server
+        .call(
+            Method::POST,
+            "/v1/operations?execute=true",
+            Some(TENANT_A_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{done}");
+}

@@ -3,6 +3,7 @@
 
 // The handlers share the parent module's imports, extractors and helpers.
 use super::*;
+use tokio::sync::OwnedSemaphorePermit;
 
 /// While another worker's attempt is in flight, an execute call looks for its outcome after this
 /// pause, doubling up to [`IN_FLIGHT_POLL_MAX`]: a send usually ends within milliseconds.
@@ -68,6 +69,11 @@ pub(super) async fn record(
         }
         (_, wait_ms) => wait_of(&shared, wait_ms)?,
     };
+    let place = if execute_now {
+        Some(execute_place(&shared)?)
+    } else {
+        None
+    };
     let body: RecordBody = body(&shared, request).await?;
     let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
     let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
@@ -109,7 +115,7 @@ pub(super) async fn record(
     };
     let operation_id = recorded.operation.operation_id;
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
-    let operation = if execute_now {
+    let operation = if let Some(place) = place {
         let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
         // The intent is durable before anything is sent: executing in the same call keeps the
         // rule and saves the caller a round trip (and the server a read).
@@ -117,6 +123,7 @@ pub(super) async fn record(
             &shared,
             Start::From(Box::new(recorded.operation.clone())),
             wait,
+            place,
         )
         .instrument(span)
         .await?
@@ -276,11 +283,29 @@ pub(super) async fn execute(
     let Query(query) = query.map_err(|error| query_error(&error))?;
     let wait = wait_of(&shared, query.wait_ms.as_deref())?;
     check_visible(&shared, &scope, operation_id).await?;
+    let place = execute_place(&shared)?;
     let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
-    let loaded = drive_until(&shared, Start::Read(operation_id), wait)
+    let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)
         .instrument(span)
         .await?;
     Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+}
+
+/// A place for one execute call, taken before anything is written, so a full server refuses
+/// with nothing recorded (the request can be repeated as it is).
+fn execute_place(shared: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
+    Arc::clone(&shared.executes)
+        .try_acquire_owned()
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_executes",
+                format!(
+                    "{} execute calls are in progress, the configured limit; try again shortly",
+                    shared.limits.max_concurrent_executes
+                ),
+            )
+        })
 }
 
 /// Where a drive starts: from the operation's stream, or from a state this request just wrote.
@@ -296,6 +321,8 @@ async fn drive_until(
     shared: &Shared,
     start: Start,
     wait: Duration,
+    // Held until the answer: the number of calls driving or waiting is bounded.
+    _place: OwnedSemaphorePermit,
 ) -> Result<LoadedOperation, ApiError> {
     let deadline = Instant::now() + wait;
     let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
