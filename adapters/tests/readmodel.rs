@@ -653,6 +653,44 @@ async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
     assert_agrees_with_the_ledger(&harness.ledger, &read_models).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equals_a_rebuild() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("ledger.db"))
+        .await
+        .expect("open the ledger");
+    let harness = Arc::new(Harness::new(store.clone()));
+    let live_path = dir.path().join("live.db");
+    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let running = Running::start(
+        ProjectionRunner::new().with_linger_ms(200),
+        &store,
+        &read_models,
+    );
+    let started = std::time::Instant::now();
+    harness.play_concurrently(0..60, 4).await;
+    caught_up(&store, &read_models).await;
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let report = running.stop().await;
+    let events = whole_log(&store).await.len() as u64;
+    assert_eq!(report.applied, events, "every event applied exactly once");
+    // Every batch but the last waited its 200 ms (none can fill MAX_BATCH_EVENTS here), so
+    // there cannot be more batches than 200 ms periods in the run, plus the last.
+    assert!(
+        report.batches <= elapsed_ms / 200 + 2,
+        "{} batches for {} events in {elapsed_ms} ms: each batch should linger 200 ms",
+        report.batches,
+        report.applied
+    );
+    let rebuilt_path = dir.path().join("rebuilt.db");
+    rebuild(&store, &rebuilt_path).await.expect("rebuild");
+    assert_same_tables(
+        &dump_of(live_path).await,
+        &dump_of(rebuilt_path).await,
+        "lingering incremental vs rebuild",
+    );
+}
+
 /// Limits small enough that a short log takes every path a long one does: operations written
 /// out early and read back, intents let go of by the window and looked up in the file (which
 /// also creates the indexes before the end), several id-index flushes and transactions.

@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use opledger_adapters::provider::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use opledger_adapters::readmodel::MAX_LINGER_MS;
 use opledger_adapters::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::EnginePolicy;
@@ -22,6 +23,10 @@ use toml::Spanned;
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
 /// milliseconds: executing on request is the fast path, the workers are the safety net.
 pub const DEFAULT_WORKER_SEND_DELAY_MS: u64 = 1_000;
+/// How long a read-model batch waits for more events after its first, in milliseconds: a few
+/// large commits cost far less than many small ones (measured: 10–20 % more operations/s at
+/// concurrency 64), and listings wait for the read models to reach the log anyway.
+pub const DEFAULT_READ_MODEL_LINGER_MS: u64 = 50;
 /// The largest configuration file read, in bytes.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 /// Most tenants, operators or providers one file may name.
@@ -122,6 +127,8 @@ pub struct ServeConfig {
     pub store: StoreUrl,
     /// The read-model file (`None`: beside the SQLite ledger, or `opledger.views` for KurrentDB).
     pub views: Option<PathBuf>,
+    /// How long a read-model batch waits for more events after its first, in milliseconds.
+    pub read_model_linger_ms: u64,
     /// The engine's lease, retry budget and backoff.
     pub policy: EnginePolicy,
     /// Most operations the background workers drive at once.
@@ -144,6 +151,7 @@ struct File {
     listen: Option<Spanned<String>>,
     store: Option<Spanned<String>>,
     views: Option<PathBuf>,
+    read_model_linger_ms: Option<Spanned<u64>>,
     #[serde(default)]
     engine: EngineSection,
     #[serde(default)]
@@ -329,10 +337,20 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let providers = self.providers(&file.providers)?;
+        let read_model_linger_ms =
+            spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
+        if read_model_linger_ms > MAX_LINGER_MS {
+            return Err(self.error(
+                span(&file.read_model_linger_ms),
+                "read_model_linger_ms",
+                format!("is {read_model_linger_ms}; use 0 to {MAX_LINGER_MS}"),
+            ));
+        }
         Ok(ServeConfig {
             listen,
             store,
             views: file.views,
+            read_model_linger_ms,
             policy,
             workers,
             worker_send_delay_ms,

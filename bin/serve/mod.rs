@@ -182,12 +182,14 @@ pub async fn serve(
             ..WorkerConfig::default()
         },
     );
+    let linger_ms = config.read_model_linger_ms;
     let runner = {
         let store = store.clone();
         let read_models = read_models.clone();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             ProjectionRunner::new()
+                .with_linger_ms(linger_ms)
                 .run(&store, &read_models, async move {
                     let _ = stopping.wait_for(|stop| *stop).await;
                 })
@@ -352,6 +354,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
             lease_ms: 15_000,
             ..Default::default()
         },
+        read_model_linger_ms: config::DEFAULT_READ_MODEL_LINGER_MS,
         workers: 16,
         worker_send_delay_ms: config::DEFAULT_WORKER_SEND_DELAY_MS,
         limits: Limits::default(),

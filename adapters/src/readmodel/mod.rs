@@ -50,7 +50,9 @@ pub use rebuild::{
     rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_CHAINS,
     MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
-pub use runner::{Lag, ProjectionRunner, ReadModels, RunReport, RUNNER_BUFFER_EVENTS};
+pub use runner::{
+    Lag, ProjectionRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
+};
 pub use swap::{lock_path, replace_views};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
