@@ -2,20 +2,25 @@
 //!
 //! The checkpoint is written in the same transaction as the changes it covers; that is the whole
 //! of the exactly-once argument. Each operation's folded state is read from the operations table
-//! inside the transaction, so an event later in the same batch sees the earlier ones. Nothing
-//! here keeps state between batches, and nothing here may commit part of a batch.
+//! once per batch and folded in memory, so an event later in the same batch sees the earlier
+//! ones; its row is written back once, before the commit. Nothing here keeps state between
+//! batches, and nothing here may commit part of a batch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
 
 use opledger_domain::codec;
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::OperationState;
 use opledger_domain::store::RecordedEvent;
 use opledger_projections::chains::ChainChange;
+use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{self, DuplicateChange, SimilarIntent, SimilarIntentQuery};
 use opledger_projections::metrics::Counter;
+use opledger_projections::operations;
 use opledger_projections::operations::OperationRow;
-use opledger_projections::read_models::{fold_event, Changes};
+use opledger_projections::read_models::fold_in_place;
 use opledger_projections::review_queue::{ReviewChange, ReviewProgress};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
@@ -68,6 +73,10 @@ pub(super) fn apply_batch(
     };
     // Counters are summed over the batch and written once: a few rows instead of one per event.
     let mut counters: BTreeMap<Counter, u64> = BTreeMap::new();
+    // The operations this batch touched, folded in memory: each one's stored state is read at
+    // most once per batch, and its row written once at the end (an operation's events usually
+    // arrive together). Bounded by the batch.
+    let mut touched: HashMap<OperationId, Touched> = HashMap::new();
     for recorded in events {
         let position = recorded.position;
         // A prefix at or below the checkpoint was applied by an earlier batch (a runner that
@@ -85,13 +94,20 @@ pub(super) fn apply_batch(
         }
         match recorded.stream.operation_id() {
             Some(operation_id) => {
-                apply_event(&transaction, operation_id, recorded, &mut counters)?;
+                apply_event(
+                    &transaction,
+                    operation_id,
+                    recorded,
+                    &mut touched,
+                    &mut counters,
+                )?;
                 outcome.applied += 1;
             }
             None => outcome.other_streams += 1,
         }
         outcome.checkpoint = Some(position);
     }
+    write_touched(&transaction, touched)?;
     if outcome.checkpoint != start {
         write_counters(&transaction, &counters)?;
         if let Some(checkpoint) = outcome.checkpoint {
@@ -104,40 +120,124 @@ pub(super) fn apply_batch(
     Ok(outcome)
 }
 
+/// An operation folded in this batch, not yet written back.
+struct Touched {
+    state: OperationState,
+    /// The version of its last event folded.
+    version: StreamVersion,
+    /// The position and time of that event.
+    position: GlobalPosition,
+    at: DateTime<Utc>,
+    /// Whether its row differs from the one in the file.
+    dirty: bool,
+}
+
 fn apply_event(
     transaction: &Transaction<'_>,
     operation_id: OperationId,
     recorded: &RecordedEvent,
+    touched: &mut HashMap<OperationId, Touched>,
     counters: &mut BTreeMap<Counter, u64>,
 ) -> Result<(), ReadModelError> {
     let position = recorded.position;
     let event =
         codec::decode(recorded).map_err(|source| ReadModelError::Decode { position, source })?;
-    let previous = load_state(transaction, operation_id)?;
+    let (mut state, last) = match touched.remove(&operation_id) {
+        Some(held) => (held.state, Some(held.version)),
+        None => match load_state(transaction, operation_id)? {
+            Some((state, version)) => (state, Some(version)),
+            None => (OperationState::initial(), None),
+        },
+    };
     let similar = match duplicates::similar_intent_query(operation_id, &event) {
         Some(query) => find_similar(transaction, &query)?,
         None => Vec::new(),
     };
-    let is_new = previous.is_none();
-    let folded = fold_event(
+    let changes = fold_in_place(
         operation_id,
-        previous,
+        &mut state,
+        last,
         recorded.version,
         position,
         &similar,
         &event,
     )
     .map_err(|source| ReadModelError::Fold { position, source })?;
-    let state = serde_json::to_string(&folded.state).map_err(|error| {
+    let mut held = Touched {
+        state,
+        version: recorded.version,
+        position,
+        at: event.at(),
+        dirty: true,
+    };
+    if last.is_none() {
+        // A new operation's row goes in at once: a later intent in this batch looks for
+        // similar intents in the file.
+        write_operation(transaction, operation_id, &held, true)?;
+        held.dirty = false;
+    }
+    touched.insert(operation_id, held);
+    if let Some(review) = &changes.review {
+        write_review(transaction, review)?;
+    }
+    for duplicate in &changes.duplicates {
+        write_duplicate(transaction, duplicate)?;
+    }
+    for chain in &changes.chains {
+        write_chain(transaction, chain)?;
+    }
+    for counter in &changes.metrics {
+        *counters.entry(*counter).or_default() += 1;
+    }
+    Ok(())
+}
+
+/// Writes back the rows of the operations the batch changed since they were last written.
+fn write_touched(
+    transaction: &Transaction<'_>,
+    touched: HashMap<OperationId, Touched>,
+) -> Result<(), ReadModelError> {
+    let mut dirty: Vec<(OperationId, Touched)> =
+        touched.into_iter().filter(|(_, held)| held.dirty).collect();
+    // In id order, so consecutive updates land on neighbouring pages.
+    dirty.sort_unstable_by_key(|(operation_id, _)| *operation_id);
+    for (operation_id, held) in dirty {
+        write_operation(transaction, operation_id, &held, false)?;
+    }
+    Ok(())
+}
+
+/// Inserts or updates one operation's row and stored state.
+fn write_operation(
+    transaction: &Transaction<'_>,
+    operation_id: OperationId,
+    held: &Touched,
+    is_new: bool,
+) -> Result<(), ReadModelError> {
+    let row = operations::row(
+        operation_id,
+        &held.state,
+        held.version,
+        held.position,
+        held.at,
+    )
+    .ok_or(ReadModelError::Fold {
+        position: held.position,
+        source: FoldError::NoIntent {
+            operation_id,
+            version: held.version,
+        },
+    })?;
+    let state = serde_json::to_string(&held.state).map_err(|error| {
         corrupt(format!(
             "the state of operation {operation_id} cannot be stored: {error}"
         ))
     })?;
-    write_changes(transaction, &folded.changes, &state, is_new)?;
-    for counter in &folded.changes.metrics {
-        *counters.entry(*counter).or_default() += 1;
+    if is_new {
+        insert_operation(transaction, &row, &state)
+    } else {
+        update_operation(transaction, &row, &state)
     }
-    Ok(())
 }
 
 /// The operation's folded state and the version of its last event, if any event was folded.
@@ -222,29 +322,6 @@ pub(super) fn find_similar(
         });
     }
     Ok(similar)
-}
-
-fn write_changes(
-    transaction: &Transaction<'_>,
-    changes: &Changes,
-    state: &str,
-    is_new: bool,
-) -> Result<(), ReadModelError> {
-    if is_new {
-        insert_operation(transaction, &changes.operation, state)?;
-    } else {
-        update_operation(transaction, &changes.operation, state)?;
-    }
-    if let Some(review) = &changes.review {
-        write_review(transaction, review)?;
-    }
-    for duplicate in &changes.duplicates {
-        write_duplicate(transaction, duplicate)?;
-    }
-    for chain in &changes.chains {
-        write_chain(transaction, chain)?;
-    }
-    Ok(())
 }
 
 pub(super) fn insert_operation(
