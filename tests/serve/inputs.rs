@@ -376,3 +376,32 @@ async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{done}");
 }
+
+#[test]
+fn a_bad_configuration_is_refused_with_its_file_line_and_field_before_anything_opens() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("serve.toml");
+    let ledger = dir.path().join("ledger.db");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite://{}\"\n\n[[tenants]]\nid = \"acme\"\ntoken_env = \"OPLEDGER_TEST_UNSET_TOKEN\"\n",
+            ledger.display()
+        ),
+    )
+    .expect("written");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove("OPLEDGER_TEST_UNSET_TOKEN")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("serve.toml:6: tenants[0].token_env:")
+            && stderr.contains("OPLEDGER_TEST_UNSET_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!ledger.exists(), "nothing was opened");
+}
