@@ -67,6 +67,8 @@ pub struct WorkerStats {
     pub failed_drives: u64,
     /// Drives still running when the shutdown grace ran out.
     pub abandoned_at_shutdown: usize,
+    /// Of those, attempts then recorded as unknown (the rest had no attempt of ours in flight).
+    pub recorded_unknown_at_shutdown: usize,
 }
 
 /// Why the workers stopped on their own.
@@ -201,11 +203,30 @@ where
     tokio::pin!(grace);
     while !running.is_empty() {
         tokio::select! {
-            _ = running.join_next() => {}
+            done = running.join_next() => {
+                if let Some(Ok((operation_id, _))) = done {
+                    busy.remove(&operation_id);
+                }
+            }
             () = &mut grace => {
                 stats.abandoned_at_shutdown = running.len();
-                warn!(drives = running.len(), "shutdown grace ran out; their attempts stay in flight until swept");
                 running.abort_all();
+                // Every aborted drive has stopped before anything is recorded for it.
+                while running.join_next().await.is_some() {}
+                // An attempt cut off is recorded as unknown now: the ledger never shows an
+                // attempt in flight that nobody is sending, and the next start reconciles it.
+                for operation_id in &busy {
+                    match engine.record_interrupted(*operation_id).await {
+                        Ok(true) => stats.recorded_unknown_at_shutdown += 1,
+                        Ok(false) => {}
+                        Err(error) => warn!(%operation_id, %error, "could not record an interrupted attempt; its lease will expire instead"),
+                    }
+                }
+                warn!(
+                    drives = stats.abandoned_at_shutdown,
+                    recorded_unknown = stats.recorded_unknown_at_shutdown,
+                    "shutdown grace ran out; attempts in progress were recorded as unknown"
+                );
                 break;
             }
         }

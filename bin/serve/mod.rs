@@ -247,7 +247,8 @@ pub async fn serve(
             if stats.abandoned_at_shutdown > 0 {
                 warn!(
                     abandoned = stats.abandoned_at_shutdown,
-                    "drives were still running at shutdown; their attempts stay in flight and are swept to unknown at the next start"
+                    recorded_unknown = stats.recorded_unknown_at_shutdown,
+                    "drives were still running at shutdown; their attempts were recorded as unknown and are reconciled at the next start"
                 );
             }
             println!(

@@ -15,6 +15,7 @@
 //! unknown          --RecordReconciliation: found-----------> succeeded
 //! unknown          --RecordReconciliation: none, contract--> pending (same key)
 //! unknown          --RecordReconciliation: may still show--> unknown (look again later)
+//! unknown          --RecordReconciliation: inconclusive----> unknown (look again before any retry)
 //! unknown          --RecordReconciliation: none, no contract> needs_review
 //! unknown, pending --RequireReview-------------------------> needs_review
 //! needs_review     --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
@@ -401,6 +402,15 @@ pub fn decide(
             };
             match (&state.status, result) {
                 (Status::Unknown, ReconciliationResult::Found { .. }) => vec![recorded(None)],
+                // An inconclusive answer ("the first request is still being processed", a lookup
+                // that failed) is not "no evidence": a retry now would race the first request or
+                // be refused, spending the attempt budget. Look again first, while the lookup
+                // budget lasts; only then do a retry or a person come in.
+                (Status::Unknown, ReconciliationResult::Inconclusive { .. })
+                    if may_keep_checking(result, capabilities, policy, state, now) =>
+                {
+                    vec![recorded(Some(schedule(*next_check_not_before, now)))]
+                }
                 (Status::Unknown, _) => {
                     match check_automatic_retry(capabilities, policy, state, binding, now) {
                         Ok(()) => vec![

@@ -180,6 +180,27 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         Ok(Report::of(loaded))
     }
 
+    /// Records that this engine's attempt of `operation_id` was cut off before its outcome was
+    /// recorded (the process is stopping): its outcome is unknown from now on, instead of in
+    /// flight until the lease runs out, and the reconciler finds out what the provider did.
+    /// Returns whether anything was recorded — nothing if the attempt already ended or belongs
+    /// to another worker.
+    pub async fn record_interrupted(&self, operation_id: OperationId) -> Result<bool, AppError> {
+        let loaded = self.ledger.get(operation_id).await?;
+        let Some(attempt) = loaded.state.current_attempt.as_ref().filter(|attempt| {
+            matches!(loaded.state.status, Status::InFlight) && attempt.worker == self.worker
+        }) else {
+            return Ok(false);
+        };
+        let command = Command::RecordUnknown {
+            attempt_id: attempt.attempt_id,
+            error: "the process stopped while this attempt was in progress; whether the provider applied it is unknown".into(),
+        };
+        let before = loaded.version;
+        let after = self.ledger.execute_from(loaded, &command).await?;
+        Ok(after.version != before)
+    }
+
     /// Records a reviewer's decision taken on exactly `seen` (the version the reviewer looked at):
     /// refused with [`AppError::Moved`] if the operation moved on meanwhile. For a retry, drives
     /// the operation on.

@@ -234,3 +234,50 @@ async fn workers_drive_every_recorded_intent_to_exactly_one_task_and_shut_down_c
     assert_eq!(h.creates(Crm::Keyed).await.len(), WORKER_OPERATIONS);
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_cut_off_by_the_workers_shutdown_is_recorded_unknown_and_later_reconciled_to_one_task(
+) {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::LateResponse { delay_ms: 3_000 }))
+        .await;
+    let workers = Workers::spawn(
+        Arc::clone(&h.engine),
+        WorkerConfig {
+            max_concurrent: 4,
+            idle_poll_ms: 20,
+            redrive_pause_ms: 50,
+            shutdown_grace_ms: 100,
+            ..WorkerConfig::default()
+        },
+    );
+    let recorded = h.record(h.request(Crm::Keyed, Some("cut-off-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    // The CRM has applied it and holds its answer back: the send is in progress.
+    eventually(
+        "the CRM holds the task",
+        Duration::from_secs(10),
+        || async { (!h.objects_in(ACCOUNT).await.is_empty()).then_some(()) },
+    )
+    .await;
+    let stats = workers.shutdown().await.expect("the workers stop");
+    assert_eq!(stats.abandoned_at_shutdown, 1, "{stats:?}");
+    assert_eq!(stats.recorded_unknown_at_shutdown, 1, "{stats:?}");
+    assert!(
+        matches!(h.state(operation_id).await.status, Status::Unknown),
+        "recorded unknown at once, not left in flight until the lease"
+    );
+    assert_eq!(
+        names(&h.events(operation_id).await),
+        ["IntentRecorded", "AttemptStarted", "OutcomeUnknown"]
+    );
+    // Reconciliation takes it from there (a key lookup, or a retry with the same key once the
+    // CRM has finished the first request): one task, confirmed.
+    eventually("the operation settles", Duration::from_secs(20), || async {
+        let report = h.engine.drive(operation_id).await.ok()?;
+        matches!(report.state().status, Status::Succeeded { .. }).then_some(())
+    })
+    .await;
+    assert_eq!(h.objects_in(ACCOUNT).await.len(), 1);
+    h.finish().await;
+}

@@ -719,6 +719,47 @@ fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
 }
 
 #[test]
+fn an_inconclusive_lookup_looks_again_before_retrying_even_where_a_retry_would_be_safe() {
+    // A keyed provider answers "the first request with this key is still being processed":
+    // a retry now would only be refused (spending the attempt budget) or race the first request.
+    let in_progress = || ReconciliationResult::Inconclusive {
+        reason: "200 in_progress".into(),
+    };
+    let mut scenario = unknown_after_first_attempt(keyed());
+    for n in 1..=2 {
+        let outcome = scenario.when(&reconcile(in_progress(), keyed(), at_s(20)), at_s(20));
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "lookup {n}"
+        );
+        assert_eq!(outcome.status(), "unknown");
+        scenario = outcome.scenario;
+    }
+    // With the lookup budget spent, the retry contract decides: the same key, sent again.
+    let outcome = scenario.when(&reconcile(in_progress(), keyed(), at_s(20)), at_s(20));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "RetryScheduled"]
+    );
+    // An authoritative "never arrived" still retries at once.
+    let outcome = unknown_after_first_attempt(keyed()).when(
+        &reconcile(
+            ReconciliationResult::NotFound {
+                authoritative: true,
+            },
+            keyed(),
+            at_s(20),
+        ),
+        at_s(20),
+    );
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "RetryScheduled"]
+    );
+}
+
+#[test]
 fn an_attempt_provably_not_sent_is_pending_again_under_the_conditions_it_was_claimed_under() {
     let not_sent = Command::RecordNotSent {
         attempt_id: attempt(1),
