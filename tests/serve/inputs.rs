@@ -302,20 +302,12 @@ async fn arguments_over_their_own_limit_are_refused_even_when_the_body_fits() {
 
 #[tokio::test]
 async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
-    use opledger_adapters::stand::{Fault, FaultKind, FaultMethod, Shape};
+    use opledger_adapters::stand::{FaultKind, Shape};
     let harness = Harness::new("max_concurrent_executes = 1").await;
     let server = harness.serve();
     harness
-        .admin
-        .queue_fault(&Fault {
-            shape: Some(Shape::Keyed),
-            account: None,
-            method: Some(FaultMethod::Post),
-            kind: FaultKind::LateResponse { delay_ms: 1_500 },
-            times: 1,
-        })
-        .await
-        .expect("fault queued");
+        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: 1_500 }, 1)
+        .await;
     let (_, slow) = server.record(TENANT_A_TOKEN, "crm", "slow", None).await;
     let slow_id = slow["operation_id"].as_str().expect("id").to_owned();
     let path = format!(

@@ -171,15 +171,8 @@ async fn review_is_an_operator_scope_and_a_scoped_operator_sees_only_its_tenants
 async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_approver_is_recorded() {
     let harness = Harness::new("").await;
     let server = harness.serve();
-    let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
-        "args": {"title": "Refund 500 EUR"}, "requires_approval": true});
-    let (_, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_B_TOKEN),
-            Some(&body),
-        )
+    let recorded = server
+        .record_for_approval(TENANT_B_TOKEN, "Refund 500 EUR")
         .await;
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let approval = json!({"approver": "the agent itself", "args_hash": recorded["args_hash"]});

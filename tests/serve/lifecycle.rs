@@ -1,7 +1,7 @@
 //! The lifecycle an agent platform runs: record, execute, answer truthfully; redelivery; approval
 //! bound to the snapshot; the operator's review; listings, trace, history and metrics.
 
-use opledger_adapters::stand::{Fault, FaultKind, FaultMethod, Shape};
+use opledger_adapters::stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
@@ -132,19 +132,9 @@ async fn a_redelivered_tool_call_finds_the_same_operation_and_other_arguments_ar
 async fn approval_is_bound_to_the_recorded_snapshot_and_nothing_is_sent_before_it() {
     let harness = Harness::new("").await;
     let server = harness.serve();
-    let body = json!({
-        "provider": "crm", "account": "acct-1", "action": "create_task",
-        "args": {"title": "Wire 10 000 EUR"}, "requires_approval": true,
-    });
-    let (status, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
+    let recorded = server
+        .record_for_approval(TENANT_A_TOKEN, "Wire 10 000 EUR")
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{recorded}");
     assert_eq!(recorded["state"], "awaiting_approval");
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let (_, executed) = server.execute(TENANT_A_TOKEN, &id, 200).await;
@@ -184,17 +174,8 @@ async fn approval_is_bound_to_the_recorded_snapshot_and_nothing_is_sent_before_i
 async fn a_denied_operation_is_never_sent() {
     let harness = Harness::new("").await;
     let server = harness.serve();
-    let body = json!({
-        "provider": "crm", "account": "acct-1", "action": "create_task",
-        "args": {"title": "Delete everything"}, "requires_approval": true,
-    });
-    let (_, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
+    let recorded = server
+        .record_for_approval(TENANT_A_TOKEN, "Delete everything")
         .await;
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let deny = json!({"approver": "boss", "args_hash": recorded["args_hash"], "reason": "no"});
@@ -217,17 +198,7 @@ async fn a_denied_operation_is_never_sent() {
 async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() {
     let harness = Harness::new("").await;
     let server = harness.serve();
-    harness
-        .admin
-        .queue_fault(&Fault {
-            shape: Some(Shape::Plain),
-            account: None,
-            method: Some(FaultMethod::Post),
-            kind: FaultKind::DropRequest,
-            times: 1,
-        })
-        .await
-        .expect("fault queued");
+    harness.fault(Shape::Plain, FaultKind::DropRequest, 1).await;
     let (_, recorded) = server
         .record(TENANT_A_TOKEN, "crm-plain", "Call", None)
         .await;
@@ -333,17 +304,7 @@ async fn listings_filter_by_state_and_age_and_page_with_next() {
 }
 
 async fn operation_in_review(harness: &Harness, server: &crate::support::Server) -> String {
-    harness
-        .admin
-        .queue_fault(&Fault {
-            shape: Some(Shape::Plain),
-            account: None,
-            method: Some(FaultMethod::Post),
-            kind: FaultKind::DropRequest,
-            times: 1,
-        })
-        .await
-        .expect("fault queued");
+    harness.fault(Shape::Plain, FaultKind::DropRequest, 1).await;
     let (_, recorded) = server
         .record(TENANT_A_TOKEN, "crm-plain", "Call", None)
         .await;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use opledger_adapters::stand::{Fault, FaultKind, FaultMethod, Shape};
+use opledger_adapters::stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 
 use crate::support::{Harness, TENANT_A_TOKEN};
@@ -13,16 +13,8 @@ async fn sigterm_lets_sends_in_flight_finish_and_loses_no_acknowledged_intent() 
     let harness = Harness::new("").await;
     let server = harness.serve();
     harness
-        .admin
-        .queue_fault(&Fault {
-            shape: Some(Shape::Keyed),
-            account: None,
-            method: Some(FaultMethod::Post),
-            kind: FaultKind::LateResponse { delay_ms: 1_500 },
-            times: 3,
-        })
-        .await
-        .expect("fault queued");
+        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: 1_500 }, 3)
+        .await;
     let mut ids = Vec::new();
     for number in 0..3 {
         let (status, recorded) = server

@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use opledger_adapters::stand::{Stand, StandAdmin, StandConfig, StandObject};
+use opledger_adapters::stand::{
+    Fault, FaultKind, FaultMethod, Shape, Stand, StandAdmin, StandConfig, StandObject,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -142,6 +144,20 @@ token = "{ACCOUNT_TOKEN}"
         )
     }
 
+    /// Queues `times` faults of `kind` for creates (POST) of the `shape` CRM at the stand.
+    pub async fn fault(&self, shape: Shape, kind: FaultKind, times: u32) {
+        self.admin
+            .queue_fault(&Fault {
+                shape: Some(shape),
+                account: None,
+                method: Some(FaultMethod::Post),
+                kind,
+                times,
+            })
+            .await
+            .expect("fault queued");
+    }
+
     /// The stand's objects.
     pub async fn objects(&self) -> Vec<StandObject> {
         self.admin.objects(None).await.expect("stand objects")
@@ -252,15 +268,21 @@ impl Server {
     /// Records an intent that waits for approval, so nothing else happens to it: a marker that
     /// shows where a stream has got to. Returns its operation id.
     pub async fn marker(&self, token: &str) -> String {
+        let recorded = self.record_for_approval(token, "marker").await;
+        recorded["operation_id"].as_str().expect("an id").to_owned()
+    }
+
+    /// Records a create_task intent that needs approval; returns the answer (201 checked).
+    pub async fn record_for_approval(&self, token: &str, title: &str) -> Value {
         let body = json!({
             "provider": "crm", "account": ACCOUNT, "action": "create_task",
-            "args": {"title": "marker"}, "requires_approval": true,
+            "args": {"title": title}, "requires_approval": true,
         });
         let (status, recorded) = self
             .call(Method::POST, "/v1/operations", Some(token), Some(&body))
             .await;
         assert_eq!(status, StatusCode::CREATED, "{recorded}");
-        recorded["operation_id"].as_str().expect("an id").to_owned()
+        recorded
     }
 
     /// Records a create_task intent for `tenant_token`; returns the status and body.
