@@ -34,7 +34,7 @@ use opledger_projections::operations::STATE_NAMES;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tracing::{info, Instrument};
+use tracing::{info, warn, Instrument};
 
 use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
@@ -312,7 +312,7 @@ async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
             return Ok(());
         }
         if started.elapsed() >= FRESHNESS_WAIT {
-            tracing::warn!(?checkpoint, %head, "answering from read models that are behind the log");
+            warn!(?checkpoint, %head, "answering from read models that are behind the log");
             return Ok(());
         }
         tokio::time::sleep(FRESHNESS_POLL).await;

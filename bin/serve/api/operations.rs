@@ -115,23 +115,38 @@ pub(super) async fn record(
     };
     let operation_id = recorded.operation.operation_id;
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
-    let operation = if let Some(place) = place {
-        let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
-        // The intent is durable before anything is sent: executing in the same call keeps the
-        // rule and saves the caller a round trip (and the server a read).
-        drive_until(
-            &shared,
-            Start::From(Box::new(recorded.operation.clone())),
-            wait,
-            place,
-        )
-        .instrument(span)
-        .await?
-    } else {
-        recorded.operation
+    let (operation, execute_error) = match place {
+        Some(place) => {
+            let span =
+                tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+            // The intent is durable before anything is sent: executing in the same call keeps
+            // the rule and saves the caller a round trip (and the server a read).
+            let driven = drive_until(
+                &shared,
+                Start::From(Box::new(recorded.operation.clone())),
+                wait,
+                place,
+            )
+            .instrument(span)
+            .await;
+            match driven {
+                Ok(operation) => (operation, None),
+                // The intent is recorded, so the answer is its success with the operation as
+                // recorded (the workers send it): an error here would invite a client to record
+                // it again, and without a source id that is a second operation.
+                Err(error) => {
+                    warn!(%operation_id, code = error.code, message = %error.message, "recorded, but executing it in the same call failed");
+                    (recorded.operation, Some(error))
+                }
+            }
+        }
+        None => (recorded.operation, None),
     };
     let mut view = operation_view(&operation);
     view["created"] = json!(recorded.created);
+    if let Some(error) = execute_error {
+        view["execute_error"] = json!({"code": error.code, "message": error.message});
+    }
     Ok(json_reply(status, &view))
 }
 
