@@ -306,7 +306,7 @@ async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
     let harness = Harness::new("max_concurrent_executes = 1").await;
     let server = harness.serve();
     harness
-        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: 1_500 }, 1)
+        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: 5_000 }, 1)
         .await;
     let (_, slow) = server.record(TENANT_A_TOKEN, "crm", "slow", None).await;
     let slow_id = slow["operation_id"].as_str().expect("id").to_owned();
