@@ -36,29 +36,52 @@ impl Tokens {
 
     /// Who the request's bearer token belongs to.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Principal, ApiError> {
-        let unauthorized = |message: &str| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned())
-        };
-        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-            unauthorized("no Authorization header; send `Authorization: Bearer <your token>`")
-        })?;
-        if value.len() > MAX_AUTHORIZATION_BYTES {
-            return Err(unauthorized("the Authorization header is too long"));
-        }
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|text| text.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|token| !token.is_empty())
-            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-        self.by_digest
-            .get(&digest(token))
-            .ok_or_else(|| unauthorized("the token is not known to this server"))
+        let token = bearer(headers)?;
+        self.by_digest.get(&digest(token)).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the token is not known to this server",
+            )
+        })
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
+/// Checks the request carries the token whose digest is `expected` (`/metrics`).
+pub fn require_token(headers: &HeaderMap, expected: &[u8; 32]) -> Result<(), ApiError> {
+    if digest(bearer(headers)?) == *expected {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this is not the metrics token configured under [metrics]",
+        ))
+    }
+}
+
+/// The bearer token of a request.
+fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let unauthorized =
+        |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned());
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        unauthorized("no Authorization header; send `Authorization: Bearer <your token>`")
+    })?;
+    if value.len() > MAX_AUTHORIZATION_BYTES {
+        return Err(unauthorized("the Authorization header is too long"));
+    }
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+    Ok(token)
+}
+
+/// A token's SHA-256 digest, the form tokens are kept and compared in.
+pub fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 

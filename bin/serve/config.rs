@@ -139,6 +139,8 @@ pub struct ServeConfig {
     pub limits: Limits,
     /// Every bearer token and whom it stands for.
     pub tokens: BTreeMap<String, Principal>,
+    /// The token `/metrics` asks for (`None`: open, showing aggregates only).
+    pub metrics_token: Option<String>,
     /// The providers and their accounts, built (their HTTP clients ready).
     pub providers: Vec<HttpProvider>,
 }
@@ -164,6 +166,15 @@ struct File {
     approvers: Vec<Operator>,
     #[serde(default)]
     providers: Vec<Provider>,
+    #[serde(default)]
+    metrics: MetricsSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsSection {
+    token: Option<Spanned<String>>,
+    token_env: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -336,6 +347,31 @@ impl Checker<'_> {
             }
         }
         let tokens = self.tokens(&file)?;
+        let metrics_token = match file
+            .metrics
+            .token
+            .as_ref()
+            .or(file.metrics.token_env.as_ref())
+        {
+            None => None,
+            Some(owner) => {
+                let token = self.token(
+                    "metrics",
+                    owner,
+                    &file.metrics.token,
+                    &file.metrics.token_env,
+                )?;
+                if tokens.contains_key(&token) {
+                    return Err(self.error(
+                        Some(owner.span()),
+                        "metrics",
+                        "has the same token as a tenant or operator; give the scraper its own"
+                            .into(),
+                    ));
+                }
+                Some(token)
+            }
+        };
         let providers = self.providers(&file.providers)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
@@ -356,6 +392,7 @@ impl Checker<'_> {
             worker_send_delay_ms,
             limits,
             tokens,
+            metrics_token,
             providers,
         })
     }
@@ -926,6 +963,7 @@ token_env = "CRM_TOKEN"
             "ACME_API_TOKEN" => Some("acme-0123456789abcdef".to_owned()),
             "OPS_TOKEN" => Some("ops-0123456789abcdef".to_owned()),
             "APPROVER_TOKEN" => Some("approver-0123456789abcdef".to_owned()),
+            "METRICS_TOKEN" => Some("metrics-0123456789abcdef".to_owned()),
             "HUBSPOT_ACCT1_TOKEN" => Some("hubspot-secret".to_owned()),
             _ => None,
         };
@@ -936,6 +974,10 @@ token_env = "CRM_TOKEN"
             .values()
             .any(|principal| matches!(principal, Principal::Approver { name, .. } if name == "finance-lead")));
         assert_eq!(config.providers.len(), 1);
+        assert_eq!(
+            config.metrics_token.as_deref(),
+            Some("metrics-0123456789abcdef")
+        );
         let error = parse("opledger.example.toml", text, &|_| None).expect_err("no env");
         assert_eq!(error.field, "tenants[0].token_env");
     }

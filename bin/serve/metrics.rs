@@ -139,7 +139,13 @@ pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: 
     response
 }
 
-pub async fn render(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
+pub async fn render(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    if let Some(expected) = &shared.metrics_token {
+        super::auth::require_token(&headers, expected)?;
+    }
     let metrics = shared.read_models.call(|store| store.metrics()).await?;
     let lag = shared
         .read_models

@@ -79,6 +79,8 @@ pub struct Shared {
     pub tenants: TenantCache,
     /// The tenants whose approvals need an approver token.
     pub approval_guard: auth::Scope,
+    /// The digest of the token `/metrics` asks for, if any.
+    pub metrics_token: Option<[u8; 32]>,
 }
 
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {
@@ -201,6 +203,7 @@ pub async fn serve(
         engine: Arc::clone(&engine),
         read_models,
         approval_guard: auth::guarded_by_approvers(&tokens),
+        metrics_token: config.metrics_token.as_deref().map(auth::digest),
         tokens,
         limits: config.limits,
         requests: RequestMetrics::default(),
@@ -360,6 +363,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         worker_send_delay_ms: config::DEFAULT_WORKER_SEND_DELAY_MS,
         limits: Limits::default(),
         tokens,
+        metrics_token: None,
         providers,
     };
     Ok((config, stand))

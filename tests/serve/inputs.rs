@@ -397,3 +397,51 @@ fn a_bad_configuration_is_refused_with_its_file_line_and_field_before_anything_o
     );
     assert!(!ledger.exists(), "nothing was opened");
 }
+
+#[tokio::test]
+async fn metrics_ask_for_their_own_token_when_one_is_configured() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite://{}\"\n\n[metrics]\ntoken = \"scraper-0123456789abcdef\"\n\n[[tenants]]\nid = \"acme\"\ntoken = \"{TENANT_A_TOKEN}\"\n",
+            dir.path().join("ledger.db").display()
+        ),
+    )
+    .expect("written");
+    let server = crate::support::Server::start_with(
+        &["serve", "--config", &config.display().to_string()],
+        dir.path(),
+    );
+    let (status, body) = server.call(Method::GET, "/metrics", None, None).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "no token",
+    );
+    let (status, _) = server
+        .call(Method::GET, "/metrics", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a tenant token is not the scraper's"
+    );
+    let response = reqwest::Client::new()
+        .get(format!("{}/metrics", server.base))
+        .bearer_auth("scraper-0123456789abcdef")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response
+        .text()
+        .await
+        .expect("text")
+        .contains("opledger_operations{state=\"pending\"} 0"));
+    let (status, _) = server.call(Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "health stays open for probes");
+}
