@@ -95,6 +95,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Most concurrent SSE streams.
     pub max_sse_connections: usize,
+    /// Most concurrent SSE streams of one tenant (or one operator or approver).
+    pub max_sse_connections_per_holder: usize,
     /// The longest an execute call may wait, in milliseconds.
     pub max_wait_ms: u64,
     /// The wait of an execute call that names none, in milliseconds.
@@ -110,6 +112,7 @@ impl Default for Limits {
         Self {
             max_body_bytes: 256 * 1024,
             max_sse_connections: 64,
+            max_sse_connections_per_holder: 16,
             max_wait_ms: 30_000,
             default_wait_ms: 5_000,
             shutdown_grace_ms: 35_000,
@@ -195,6 +198,7 @@ struct EngineSection {
 struct LimitsSection {
     max_body_bytes: Option<Spanned<usize>>,
     max_sse_connections: Option<Spanned<usize>>,
+    max_sse_connections_per_holder: Option<Spanned<usize>>,
     max_wait_ms: Option<Spanned<u64>>,
     default_wait_ms: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
@@ -456,6 +460,10 @@ impl Checker<'_> {
                 &section.max_sse_connections,
                 defaults.max_sse_connections,
             ),
+            max_sse_connections_per_holder: spanned_or(
+                &section.max_sse_connections_per_holder,
+                defaults.max_sse_connections_per_holder,
+            ),
             max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
             default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
             shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
@@ -501,6 +509,16 @@ impl Checker<'_> {
                 format!(
                     "is {}; use 1 to {MAX_SSE_LIMIT}",
                     limits.max_sse_connections
+                ),
+            ));
+        }
+        if !(1..=MAX_SSE_LIMIT).contains(&limits.max_sse_connections_per_holder) {
+            return Err(self.error(
+                span(&section.max_sse_connections_per_holder),
+                "limits.max_sse_connections_per_holder",
+                format!(
+                    "is {}; use 1 to {MAX_SSE_LIMIT}",
+                    limits.max_sse_connections_per_holder
                 ),
             ));
         }

@@ -25,6 +25,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 
 use super::auth::Scope;
+use super::config::Principal;
 use super::error::ApiError;
 use super::{ServeStore, Shared};
 use crate::tail::{outcome_json, outcome_of, wanted_types};
@@ -101,6 +102,70 @@ struct Feed {
     shutdown: tokio::sync::watch::Receiver<bool>,
     // Released when the stream is dropped, freeing a place for another stream.
     _permit: OwnedSemaphorePermit,
+    _own_place: StreamPlace,
+}
+
+/// Whose streams count together against the per-holder limit: a tenant's, or one operator's or
+/// approver's.
+fn holder_of(principal: &Principal) -> String {
+    match principal {
+        Principal::Tenant(tenant) => format!("tenant:{tenant}"),
+        Principal::Operator { name, .. } => format!("operator:{name}"),
+        Principal::Approver { name, .. } => format!("approver:{name}"),
+    }
+}
+
+/// Streams open per holder, so one tenant cannot take every place.
+#[derive(Debug, Default)]
+pub struct StreamsPerHolder {
+    open: Mutex<HashMap<String, usize>>,
+}
+
+/// One holder's place for one stream; given back when dropped.
+struct StreamPlace {
+    shared: Arc<Shared>,
+    holder: String,
+}
+
+impl StreamPlace {
+    fn take(shared: &Arc<Shared>, holder: String) -> Result<Self, ApiError> {
+        let limit = shared.limits.max_sse_connections_per_holder;
+        let mut open = shared
+            .streams
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(holder.clone()).or_default();
+        if *count >= limit {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_streams",
+                format!("this token's tenant or person has {limit} event streams open, the configured limit per holder; close one"),
+            ));
+        }
+        *count += 1;
+        Ok(Self {
+            shared: Arc::clone(shared),
+            holder,
+        })
+    }
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        let mut open = self
+            .shared
+            .streams
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.holder) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.holder);
+            }
+        }
+    }
 }
 
 pub async fn stream(
@@ -108,7 +173,9 @@ pub async fn stream(
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let principal = shared.tokens.authenticate(&headers)?;
+    let scope = Scope::of(principal);
+    let holder = holder_of(principal);
     let Query(query) = query.map_err(|error| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -127,6 +194,7 @@ pub async fn stream(
         (None, Some(text)) => position("after", text)?,
         (None, None) => LogStart::Beginning,
     };
+    let own_place = StreamPlace::take(&shared, holder)?;
     let permit = Arc::clone(&shared.sse).try_acquire_owned().map_err(|_| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -146,6 +214,7 @@ pub async fn stream(
         scope,
         wanted,
         _permit: permit,
+        _own_place: own_place,
     };
     let events = stream::unfold(feed, |mut feed| async move {
         let event = next_event(&mut feed).await?;

@@ -71,6 +71,8 @@ pub struct Shared {
     pub requests: RequestMetrics,
     /// Places for event streams.
     pub sse: Arc<Semaphore>,
+    /// Streams open per tenant or person.
+    pub streams: events::StreamsPerHolder,
     /// Places for execute calls driving or waiting.
     pub executes: Arc<Semaphore>,
     /// Becomes `true` when the server is shutting down.
@@ -208,6 +210,7 @@ pub async fn serve(
         limits: config.limits,
         requests: RequestMetrics::default(),
         sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),
+        streams: events::StreamsPerHolder::default(),
         executes: Arc::new(Semaphore::new(config.limits.max_concurrent_executes)),
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use crate::support::{Harness, SseEvent, TENANT_A_TOKEN};
+use crate::support::{Harness, SseEvent, TENANT_A_TOKEN, TENANT_B_TOKEN};
 
 fn is_recorded(operation_id: &str) -> impl Fn(&SseEvent) -> bool + '_ {
     move |event| event.event == "recorded" && event.data["operation_id"] == operation_id
@@ -98,4 +98,16 @@ async fn the_number_of_open_streams_is_bounded_and_a_closed_stream_frees_its_pla
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn one_tenant_cannot_take_every_stream_place() {
+    let harness = Harness::new("max_sse_connections = 4\nmax_sse_connections_per_holder = 1").await;
+    let server = harness.serve();
+    let first = server.events(TENANT_A_TOKEN, "", None).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let second = server.events(TENANT_A_TOKEN, "", None).await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    let other_tenant = server.events(TENANT_B_TOKEN, "", None).await;
+    assert_eq!(other_tenant.status, StatusCode::OK, "B still has its place");
 }
