@@ -1212,6 +1212,36 @@ async fn the_review_queue_lists_unresolved_operations_oldest_first_with_their_ev
         queue[..1].to_vec(),
         "the limit keeps the oldest"
     );
+
+    // An operator's scope filters the same queue, in the same order.
+    let tenant = queue[0].tenant.clone();
+    let scoped_tenant = tenant.clone();
+    let scoped = fixture
+        .read_models
+        .call(move |store| store.review_queue_of(&[scoped_tenant], 100))
+        .await
+        .expect("the scoped review queue");
+    let expected: Vec<_> = queue
+        .iter()
+        .filter(|item| item.tenant == tenant)
+        .cloned()
+        .collect();
+    assert!(!expected.is_empty());
+    assert_eq!(scoped, expected);
+    let elsewhere = fixture
+        .read_models
+        .call(|store| {
+            store.review_queue_of(&[TenantId::new("nobody-here").expect("a tenant id")], 100)
+        })
+        .await
+        .expect("the scoped review queue");
+    assert!(elsewhere.is_empty());
+    let no_scope = fixture
+        .read_models
+        .call(|store| store.review_queue_of(&[], 100))
+        .await
+        .expect("the scoped review queue");
+    assert!(no_scope.is_empty(), "an empty scope lists nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

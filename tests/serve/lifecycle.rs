@@ -5,7 +5,7 @@ use opledger_adapters::stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{Harness, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use crate::support::{Harness, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
 
 #[tokio::test]
 async fn an_intent_is_recorded_executed_and_confirmed_with_one_object_at_the_crm() {
@@ -221,6 +221,16 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
     assert_eq!(status, StatusCode::OK, "{queue}");
     assert_eq!(queue["queue"][0]["operation_id"], id.as_str());
     assert!(queue["queue"][0]["reason"].is_string());
+    // An operator scoped to another tenant has an empty queue; it is tenant A's operation.
+    let (status, scoped) = server
+        .call(Method::GET, "/v1/review", Some(OPERATOR_B_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{scoped}");
+    assert_eq!(
+        scoped["queue"].as_array().map(Vec::len),
+        Some(0),
+        "{scoped}"
+    );
 
     let stale =
         json!({"decision": "abandon", "note": "looked at old evidence", "expected_version": 0});

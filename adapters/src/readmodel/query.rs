@@ -264,18 +264,7 @@ impl ReadModelStore {
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) unresolved operations, the longest-waiting
     /// first.
     pub fn review_queue(&self, limit: usize) -> Result<Vec<ReviewItem>, ReadModelError> {
-        let mut statement = self
-            .connection
-            .prepare_cached(&format!(
-                "SELECT {REVIEW_COLUMNS} FROM review_queue ORDER BY since, operation_id LIMIT ?1"
-            ))
-            .map_err(|error| ReadModelError::sqlite("preparing to read the review queue", error))?;
-        let raw = statement
-            .query_map([row_limit(limit)], RawReview::from_row)
-            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?;
-        raw.into_iter().map(RawReview::decode).collect()
+        self.review_rows(None, limit)
     }
 
     /// [`Self::review_queue`] restricted to `tenants` (an operator's scope), the longest-waiting
@@ -285,35 +274,56 @@ impl ReadModelStore {
         tenants: &[TenantId],
         limit: usize,
     ) -> Result<Vec<ReviewItem>, ReadModelError> {
-        let mut items = Vec::new();
-        // One query per tenant keeps the age index in use; the merge keeps the queue's order.
-        for tenant in tenants.iter().take(MAX_QUERY_ROWS) {
-            let mut statement = self
-                .connection
-                .prepare_cached(&format!(
-                    "SELECT {REVIEW_COLUMNS} FROM review_queue WHERE tenant = ?1
-                     ORDER BY since, operation_id LIMIT ?2"
-                ))
-                .map_err(|error| {
-                    ReadModelError::sqlite("preparing to read a tenant's review queue", error)
-                })?;
-            let raw = statement
-                .query_map(
-                    rusqlite::params![tenant.as_str(), row_limit(limit)],
-                    RawReview::from_row,
+        self.review_rows(Some(tenants), limit)
+    }
+
+    fn review_rows(
+        &self,
+        tenants: Option<&[TenantId]>,
+        limit: usize,
+    ) -> Result<Vec<ReviewItem>, ReadModelError> {
+        // The age index gives the order either way; a scope filters as the scan goes, bound as
+        // one JSON array so the statement stays cached whatever the number of tenants.
+        let (query, scope) = match tenants {
+            None => (
+                format!(
+                    "SELECT {REVIEW_COLUMNS} FROM review_queue ORDER BY since, operation_id LIMIT ?1"
+                ),
+                None,
+            ),
+            Some(tenants) => {
+                let names: Vec<&str> = tenants
+                    .iter()
+                    .take(MAX_QUERY_ROWS)
+                    .map(TenantId::as_str)
+                    .collect();
+                (
+                    format!(
+                        "SELECT {REVIEW_COLUMNS} FROM review_queue
+                         WHERE tenant IN (SELECT value FROM json_each(?2))
+                         ORDER BY since, operation_id LIMIT ?1"
+                    ),
+                    Some(serde_json::to_string(&names).map_err(|error| {
+                        corrupt(format!("a tenant list cannot be written as JSON: {error}"))
+                    })?),
                 )
-                .map_err(|error| ReadModelError::sqlite("reading a tenant's review queue", error))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| {
-                    ReadModelError::sqlite("reading a tenant's review queue", error)
-                })?;
-            for row in raw {
-                items.push(RawReview::decode(row)?);
             }
-        }
-        items.sort_by_key(|item| (item.since, item.operation_id));
-        items.truncate(limit.min(MAX_QUERY_ROWS));
-        Ok(items)
+        };
+        let mut statement = self
+            .connection
+            .prepare_cached(&query)
+            .map_err(|error| ReadModelError::sqlite("preparing to read the review queue", error))?;
+        let rows = match &scope {
+            None => statement.query_map(params![row_limit(limit)], RawReview::from_row),
+            Some(scope) => {
+                statement.query_map(params![row_limit(limit), scope], RawReview::from_row)
+            }
+        };
+        let raw = rows
+            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading the review queue", error))?;
+        raw.into_iter().map(RawReview::decode).collect()
     }
 
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) of each kind of duplicate, newest first.
