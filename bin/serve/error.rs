@@ -152,6 +152,16 @@ impl From<crate::cli::CliError> for ApiError {
     }
 }
 
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(error: axum::extract::rejection::QueryRejection) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            format!("the query string is not understood: {}", error.body_text()),
+        )
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"code": self.code, "message": self.message}});

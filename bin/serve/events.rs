@@ -176,13 +176,7 @@ pub async fn stream(
     let principal = shared.tokens.authenticate(&headers)?;
     let scope = Scope::of(principal);
     let holder = holder_of(principal);
-    let Query(query) = query.map_err(|error| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_input",
-            format!("the query string is not understood: {}", error.body_text()),
-        )
-    })?;
+    let Query(query) = query?;
     let types: Vec<String> = query
         .types
         .as_deref()

@@ -183,11 +183,10 @@ async fn bad_requests_are_refused_with_a_clear_error_and_write_nothing() {
     ];
     for body in bad_approvals {
         let (status, answer) = server
-            .call(
-                Method::POST,
+            .post(
                 &format!("/v1/operations/{id}/approve"),
-                Some(TENANT_A_TOKEN),
-                Some(&body),
+                TENANT_A_TOKEN,
+                &body,
             )
             .await;
         assert_error(
@@ -276,14 +275,7 @@ async fn arguments_over_their_own_limit_are_refused_even_when_the_body_fits() {
     let server = harness.serve();
     let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
         "args": {"text": "x".repeat(100_000)}});
-    let (status, answer) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
-        .await;
+    let (status, answer) = server.post("/v1/operations", TENANT_A_TOKEN, &body).await;
     assert_error(
         status,
         &answer,
@@ -335,12 +327,7 @@ async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
     let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
         "args": {"title": "second"}});
     let (status, refused) = server
-        .call(
-            Method::POST,
-            "/v1/operations?execute=true",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
+        .post("/v1/operations?execute=true", TENANT_A_TOKEN, &body)
         .await;
     assert_error(
         status,
@@ -359,12 +346,7 @@ async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
         StatusCode::OK
     );
     let (status, done) = server
-        .call(
-            Method::POST,
-            "/v1/operations?execute=true",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
+        .post("/v1/operations?execute=true", TENANT_A_TOKEN, &body)
         .await;
     assert_eq!(status, StatusCode::CREATED, "{done}");
 }

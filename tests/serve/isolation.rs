@@ -15,14 +15,7 @@ async fn another_tenants_operation_answers_404_everywhere_as_if_it_did_not_exist
     // Awaiting approval, so nothing but a request could move it.
     let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
         "args": {"title": "A's task"}, "source_id": "a-call-1", "requires_approval": true});
-    let (_, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_A_TOKEN),
-            Some(&body),
-        )
-        .await;
+    let (_, recorded) = server.post("/v1/operations", TENANT_A_TOKEN, &body).await;
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let missing = "00000000-0000-4000-8000-000000000000";
     let approval = json!({"approver": "b", "args_hash": recorded["args_hash"]});
@@ -135,30 +128,27 @@ async fn review_is_an_operator_scope_and_a_scoped_operator_sees_only_its_tenants
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let decision = json!({"decision": "abandon", "note": "n"});
     let (status, _) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(TENANT_A_TOKEN),
-            Some(&decision),
+            TENANT_A_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_B_TOKEN),
-            Some(&decision),
+            OPERATOR_B_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // An operator with every tenant in scope reaches it; it is not in review, so it is refused.
     let (status, refused) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_TOKEN),
-            Some(&decision),
+            OPERATOR_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
@@ -177,13 +167,9 @@ async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_appro
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let approval = json!({"approver": "the agent itself", "args_hash": recorded["args_hash"]});
     let path = format!("/v1/operations/{id}/approve");
-    let (status, refused) = server
-        .call(Method::POST, &path, Some(TENANT_B_TOKEN), Some(&approval))
-        .await;
+    let (status, refused) = server.post(&path, TENANT_B_TOKEN, &approval).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
-    let (status, _) = server
-        .call(Method::POST, &path, Some(OPERATOR_TOKEN), Some(&approval))
-        .await;
+    let (status, _) = server.post(&path, OPERATOR_TOKEN, &approval).await;
     assert_eq!(
         status,
         StatusCode::FORBIDDEN,
@@ -194,14 +180,7 @@ async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_appro
         "/v1/operations/{}/approve",
         a_recorded["operation_id"].as_str().expect("id")
     );
-    let (status, _) = server
-        .call(
-            Method::POST,
-            &a_path,
-            Some(APPROVER_B_TOKEN),
-            Some(&approval),
-        )
-        .await;
+    let (status, _) = server.post(&a_path, APPROVER_B_TOKEN, &approval).await;
     assert_eq!(
         status,
         StatusCode::NOT_FOUND,
@@ -209,14 +188,7 @@ async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_appro
     );
 
     let by_approver = json!({"args_hash": recorded["args_hash"]});
-    let (status, approved) = server
-        .call(
-            Method::POST,
-            &path,
-            Some(APPROVER_B_TOKEN),
-            Some(&by_approver),
-        )
-        .await;
+    let (status, approved) = server.post(&path, APPROVER_B_TOKEN, &by_approver).await;
     assert_eq!(status, StatusCode::OK, "{approved}");
     assert_eq!(approved["state"], "pending");
     let (_, history) = server

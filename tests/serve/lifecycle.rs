@@ -143,11 +143,10 @@ async fn approval_is_bound_to_the_recorded_snapshot_and_nothing_is_sent_before_i
 
     let wrong = json!({"approver": "boss", "args_hash": format!("sha256:{}", "0".repeat(64))});
     let (status, refused) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/approve"),
-            Some(TENANT_A_TOKEN),
-            Some(&wrong),
+            TENANT_A_TOKEN,
+            &wrong,
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
@@ -155,11 +154,10 @@ async fn approval_is_bound_to_the_recorded_snapshot_and_nothing_is_sent_before_i
 
     let right = json!({"approver": "boss", "args_hash": recorded["args_hash"]});
     let (status, approved) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/approve"),
-            Some(TENANT_A_TOKEN),
-            Some(&right),
+            TENANT_A_TOKEN,
+            &right,
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{approved}");
@@ -180,12 +178,7 @@ async fn a_denied_operation_is_never_sent() {
     let id = recorded["operation_id"].as_str().expect("id").to_owned();
     let deny = json!({"approver": "boss", "args_hash": recorded["args_hash"], "reason": "no"});
     let (status, denied) = server
-        .call(
-            Method::POST,
-            &format!("/v1/operations/{id}/deny"),
-            Some(TENANT_A_TOKEN),
-            Some(&deny),
-        )
+        .post(&format!("/v1/operations/{id}/deny"), TENANT_A_TOKEN, &deny)
         .await;
     assert_eq!(status, StatusCode::OK, "{denied}");
     assert_eq!(denied["state"], "denied");
@@ -235,11 +228,10 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
     let stale =
         json!({"decision": "abandon", "note": "looked at old evidence", "expected_version": 0});
     let (status, refused) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_TOKEN),
-            Some(&stale),
+            OPERATOR_TOKEN,
+            &stale,
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
@@ -247,11 +239,10 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
 
     let decision = json!({"decision": "abandon", "note": "the client cancelled", "expected_version": waiting["version"]});
     let (status, decided) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_TOKEN),
-            Some(&decision),
+            OPERATOR_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{decided}");
@@ -333,11 +324,10 @@ async fn an_operator_confirms_an_object_found_by_hand_and_the_agent_may_then_say
     let id = operation_in_review(&harness, &server).await;
     let decision = json!({"decision": "confirm", "external_id": "found-by-hand-9", "note": "it is in the CRM"});
     let (status, decided) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_TOKEN),
-            Some(&decision),
+            OPERATOR_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{decided}");
@@ -359,11 +349,10 @@ async fn an_operator_retry_sends_the_same_operation_once_more() {
     let id = operation_in_review(&harness, &server).await;
     let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
     let (status, decided) = server
-        .call(
-            Method::POST,
+        .post(
             &format!("/v1/operations/{id}/review"),
-            Some(OPERATOR_TOKEN),
-            Some(&decision),
+            OPERATOR_TOKEN,
+            &decision,
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{decided}");
@@ -423,22 +412,16 @@ async fn one_call_records_then_executes_and_a_redelivery_of_it_sends_nothing_mor
     let body = json!({"provider": "crm", "account": "acct-1", "action": "create_task",
         "args": {"title": "in one call"}, "source_id": "one-call-1"});
     let path = "/v1/operations?execute=true&wait_ms=5000";
-    let (status, answered) = server
-        .call(Method::POST, path, Some(TENANT_A_TOKEN), Some(&body))
-        .await;
+    let (status, answered) = server.post(path, TENANT_A_TOKEN, &body).await;
     assert_eq!(status, StatusCode::CREATED, "{answered}");
     assert_eq!(answered["state"], "succeeded");
     assert_eq!(answered["created"], true);
-    let (status, again) = server
-        .call(Method::POST, path, Some(TENANT_A_TOKEN), Some(&body))
-        .await;
+    let (status, again) = server.post(path, TENANT_A_TOKEN, &body).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["external_id"], answered["external_id"]);
     assert_eq!(harness.objects().await.len(), 1);
     for bad in ["/v1/operations?execute=maybe", "/v1/operations?wait_ms=10"] {
-        let (status, refused) = server
-            .call(Method::POST, bad, Some(TENANT_A_TOKEN), Some(&body))
-            .await;
+        let (status, refused) = server.post(bad, TENANT_A_TOKEN, &body).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {refused}");
     }
 }

@@ -249,6 +249,11 @@ impl Server {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
+    /// POSTs a JSON `body` with `token`.
+    pub async fn post(&self, path: &str, token: &str, body: &Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(token), Some(body)).await
+    }
+
     /// Sends raw bytes as the body.
     pub async fn call_raw(&self, path: &str, token: &str, body: Vec<u8>) -> (StatusCode, Value) {
         let response = self

@@ -334,14 +334,6 @@ fn page_limit(text: Option<&str>) -> Result<usize, ApiError> {
         })
 }
 
-fn query_error(error: &axum::extract::rejection::QueryRejection) -> ApiError {
-    ApiError::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_input",
-        format!("the query string is not understood: {}", error.body_text()),
-    )
-}
-
 /// A validation error re-labelled with the body field it came from.
 fn field(name: &str, error: ValidationError) -> ApiError {
     ApiError::invalid(ValidationError::new(name, error.message))

@@ -49,7 +49,7 @@ pub(super) async fn record(
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
     let tenant = tenant_of(principal)?.clone();
-    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let Query(query) = query?;
     let execute_now = match query.execute.as_deref() {
         None | Some("false") => false,
         Some("true") => true,
@@ -295,7 +295,7 @@ pub(super) async fn execute(
     let scope = Scope::of(principal);
     tenant_of(principal)?;
     let operation_id = operation_id(&id)?;
-    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let Query(query) = query?;
     let wait = wait_of(&shared, query.wait_ms.as_deref())?;
     check_visible(&shared, &scope, operation_id).await?;
     let place = execute_place(&shared)?;

@@ -26,7 +26,7 @@ pub(super) async fn list(
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(&headers)?;
     let scope = Scope::of(principal);
-    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let Query(query) = query?;
     if let Some(state) = &query.state {
         if state == "new" || !STATE_NAMES.contains(&state.as_str()) {
             return Err(ApiError::invalid(ValidationError::new(
@@ -132,7 +132,7 @@ pub(super) async fn review_queue(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (_, scope) = operator_of(shared.tokens.authenticate(&headers)?)?;
-    let Query(query) = query.map_err(|error| query_error(&error))?;
+    let Query(query) = query?;
     let limit = page_limit(query.limit.as_deref())?;
     fresh_read_models(&shared).await?;
     let queue = shared
