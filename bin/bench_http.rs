@@ -118,18 +118,18 @@ async fn measure_all(
         .timeout(Duration::from_millis(EXECUTE_WAIT_MS + 5_000))
         .build()
         .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
-    // A short warm-up opens connections and pages in the ledger.
-    let warmup = Target {
-        client: client.clone(),
+    let target = Target {
+        client,
         one_call: args.one_call,
         url: url.to_owned(),
         token: token.to_owned(),
         provider: provider.to_owned(),
         account: account.to_owned(),
     };
-    measure(&warmup, 8, 200.min(args.operations)).await?;
+    // A short warm-up opens connections and pages in the ledger.
+    measure(&target, 8, 200.min(args.operations)).await?;
     for &concurrency in &args.concurrency {
-        let (elapsed, mut latencies) = measure(&warmup, concurrency, args.operations).await?;
+        let (elapsed, mut latencies) = measure(&target, concurrency, args.operations).await?;
         latencies.sort_unstable();
         let percentile = |p: f64| {
             let index = ((latencies.len() as f64 - 1.0) * p).round() as usize;
@@ -147,6 +147,7 @@ async fn measure_all(
     Ok(())
 }
 
+#[derive(Clone)]
 struct Target {
     client: reqwest::Client,
     /// Record and execute in one call (`?execute=true`) instead of two.
@@ -169,14 +170,7 @@ async fn measure(
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let next = Arc::clone(&next);
-        let target = Target {
-            client: target.client.clone(),
-            one_call: target.one_call,
-            url: target.url.clone(),
-            token: target.token.clone(),
-            provider: target.provider.clone(),
-            account: target.account.clone(),
-        };
+        let target = target.clone();
         clients.spawn(async move {
             let mut latencies = Vec::new();
             loop {

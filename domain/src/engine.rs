@@ -211,18 +211,9 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         decision: ReviewDecision,
         note: String,
     ) -> Result<Report, AppError> {
-        let operation_id = seen.operation_id;
-        let retry = decision == ReviewDecision::Retry;
-        let command = Command::ResolveReview {
-            reviewer,
-            decision,
-            note,
-        };
+        let (command, retry) = review_command(reviewer, decision, note);
         let resolved = self.ledger.execute_on_seen(seen, &command).await?;
-        if retry {
-            return self.drive(operation_id).await;
-        }
-        Ok(Report::of(resolved))
+        self.after_review(resolved, retry).await
     }
 
     /// Records a reviewer's decision and, for a retry, drives the operation on.
@@ -233,15 +224,19 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         decision: ReviewDecision,
         note: String,
     ) -> Result<Report, AppError> {
-        let retry = decision == ReviewDecision::Retry;
-        let command = Command::ResolveReview {
-            reviewer,
-            decision,
-            note,
-        };
+        let (command, retry) = review_command(reviewer, decision, note);
         let resolved = self.ledger.execute(operation_id, &command).await?;
+        self.after_review(resolved, retry).await
+    }
+
+    /// A retry decided by a person is sent at once, from the state just written.
+    async fn after_review(
+        &self,
+        resolved: LoadedOperation,
+        retry: bool,
+    ) -> Result<Report, AppError> {
         if retry {
-            return self.drive(operation_id).await;
+            return self.drive_from(resolved).await;
         }
         Ok(Report::of(resolved))
     }
@@ -549,6 +544,19 @@ fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
     loaded.state.intent.as_ref().ok_or(AppError::NotFound {
         operation_id: loaded.operation_id,
     })
+}
+
+/// The command recording a reviewer's decision, and whether it asks for a retry.
+fn review_command(reviewer: ActorId, decision: ReviewDecision, note: String) -> (Command, bool) {
+    let retry = decision == ReviewDecision::Retry;
+    (
+        Command::ResolveReview {
+            reviewer,
+            decision,
+            note,
+        },
+        retry,
+    )
 }
 
 #[cfg(test)]

@@ -214,29 +214,45 @@ fn write_operation(
     held: &Touched,
     is_new: bool,
 ) -> Result<(), ReadModelError> {
-    let row = operations::row(
+    write_folded(
+        transaction,
         operation_id,
         &held.state,
-        held.version,
-        held.position,
-        held.at,
+        (held.version, held.position, held.at),
+        !is_new,
     )
-    .ok_or(ReadModelError::Fold {
-        position: held.position,
-        source: FoldError::NoIntent {
-            operation_id,
-            version: held.version,
+}
+
+/// Writes an operation's row, built from its folded state as of its last event (`last`: that
+/// event's version, position and time), and the state itself — an update when the file already
+/// has a row for it. Batches and the rebuild both write through here, so their rows cannot
+/// differ.
+pub(super) fn write_folded(
+    connection: &Connection,
+    operation_id: OperationId,
+    state: &OperationState,
+    last: (StreamVersion, GlobalPosition, DateTime<Utc>),
+    in_file: bool,
+) -> Result<(), ReadModelError> {
+    let (version, position, at) = last;
+    let row = operations::row(operation_id, state, version, position, at).ok_or(
+        ReadModelError::Fold {
+            position,
+            source: FoldError::NoIntent {
+                operation_id,
+                version,
+            },
         },
-    })?;
-    let state = serde_json::to_string(&held.state).map_err(|error| {
+    )?;
+    let stored = serde_json::to_string(state).map_err(|error| {
         corrupt(format!(
             "the state of operation {operation_id} cannot be stored: {error}"
         ))
     })?;
-    if is_new {
-        insert_operation(transaction, &row, &state)
+    if in_file {
+        update_operation(connection, &row, &stored)
     } else {
-        update_operation(transaction, &row, &state)
+        insert_operation(connection, &row, &stored)
     }
 }
 

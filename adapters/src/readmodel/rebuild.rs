@@ -39,18 +39,15 @@ use opledger_domain::ids::{
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
 use opledger_projections::chains::ChainChange;
-use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{
     self, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
 };
 use opledger_projections::metrics::Counter;
-use opledger_projections::operations;
 use opledger_projections::read_models::fold_in_place;
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::sql::corrupt;
 use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
@@ -726,24 +723,13 @@ impl Rebuilder {
             let version = open
                 .version
                 .expect("an open operation that is dirty has folded an event");
-            let row = operations::row(*operation_id, &open.state, version, open.position, open.at)
-                .ok_or(ReadModelError::Fold {
-                    position: open.position,
-                    source: FoldError::NoIntent {
-                        operation_id: *operation_id,
-                        version,
-                    },
-                })?;
-            let state = serde_json::to_string(&open.state).map_err(|error| {
-                corrupt(format!(
-                    "the state of operation {operation_id} cannot be stored: {error}"
-                ))
-            })?;
-            if open.in_file {
-                apply::update_operation(&self.connection, &row, &state)?;
-            } else {
-                apply::insert_operation(&self.connection, &row, &state)?;
-            }
+            apply::write_folded(
+                &self.connection,
+                *operation_id,
+                &open.state,
+                (version, open.position, open.at),
+                open.in_file,
+            )?;
             open.in_file = true;
             open.dirty = false;
         }
