@@ -41,7 +41,7 @@ impl Tokens {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "the token is not known to this server",
+                "the token is not known to this server; use a token configured under [[tenants]], [[operators]] or [[approvers]]",
             )
         })
     }

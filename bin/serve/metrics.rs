@@ -260,10 +260,10 @@ pub async fn render(
     }
     gauge(
         &mut out,
-        "opledger_read_model_lag_events",
-        "Log positions the read models have not applied yet.",
+        "opledger_read_model_lag_positions",
+        "Log positions the read models have not applied yet (events for SQLite, byte offsets for KurrentDB).",
     );
-    let _ = writeln!(out, "opledger_read_model_lag_events {}", lag.positions);
+    let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
     gauge(
         &mut out,
         "opledger_event_streams_open",

@@ -277,14 +277,14 @@ async fn check_visible(
 async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let store = shared.engine.ledger().store();
     let lag = shared.read_models.lag(store).await?;
-    let head = store.head_position().await?;
     Ok(json_reply(
         StatusCode::OK,
         &json!({
             "status": "ok",
-            "log_head": head,
+            "log_head": lag.head,
             "read_model_checkpoint": lag.checkpoint,
-            "read_model_lag_events": lag.positions,
+            // Events for SQLite; byte offsets in the log for KurrentDB.
+            "read_model_lag_positions": lag.positions,
         }),
     ))
 }
