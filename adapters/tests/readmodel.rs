@@ -470,6 +470,24 @@ async fn dump_of(path: PathBuf) -> BTreeMap<String, Vec<String>> {
         .expect("the dump thread")
 }
 
+/// Rebuilds `store`'s read models from position 0 into a fresh file in `dir` and asserts they
+/// hold exactly the rows of the file at `live`; returns the rebuilt read models.
+async fn assert_equals_a_rebuild<S: EventStore>(
+    store: &S,
+    dir: &Path,
+    live: &Path,
+    what: &str,
+) -> ReadModels {
+    let rebuilt_path = dir.join("rebuilt.db");
+    let rebuilt = rebuild(store, &rebuilt_path).await.expect("rebuild");
+    assert_same_tables(
+        &dump_of(live.to_path_buf()).await,
+        &dump_of(rebuilt_path).await,
+        what,
+    );
+    rebuilt
+}
+
 /// Asserts that two read-model files hold the same rows in every table, naming the first table
 /// that differs.
 fn assert_same_tables(
@@ -639,16 +657,11 @@ async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
     let report = second.stop().await;
     assert!(report.applied > 0);
 
-    let rebuilt_path = dir.path().join("rebuilt.db");
-    let rebuilt = rebuild(&store, &rebuilt_path).await.expect("rebuild");
+    let rebuilt =
+        assert_equals_a_rebuild(&store, dir.path(), &live_path, "incremental vs rebuild").await;
     assert_eq!(
         rebuilt.checkpoint().await.expect("checkpoint"),
         store.head_position().await.expect("head")
-    );
-    assert_same_tables(
-        &dump_of(live_path).await,
-        &dump_of(rebuilt_path).await,
-        "incremental vs rebuild",
     );
     assert_agrees_with_the_ledger(&harness.ledger, &read_models).await;
 }
@@ -682,13 +695,13 @@ async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equ
         report.batches,
         report.applied
     );
-    let rebuilt_path = dir.path().join("rebuilt.db");
-    rebuild(&store, &rebuilt_path).await.expect("rebuild");
-    assert_same_tables(
-        &dump_of(live_path).await,
-        &dump_of(rebuilt_path).await,
+    assert_equals_a_rebuild(
+        &store,
+        dir.path(),
+        &live_path,
         "lingering incremental vs rebuild",
-    );
+    )
+    .await;
 }
 
 /// Limits small enough that a short log takes every path a long one does: operations written
@@ -834,15 +847,7 @@ async fn a_store_dropped_without_closing_resumes_from_its_checkpoint_and_applies
     caught_up(harness.store(), &read_models).await;
     running.stop().await;
 
-    let rebuilt_path = dir.path().join("rebuilt.db");
-    rebuild(harness.store(), &rebuilt_path)
-        .await
-        .expect("rebuild");
-    assert_same_tables(
-        &dump_of(path).await,
-        &dump_of(rebuilt_path).await,
-        "resumed vs rebuild",
-    );
+    assert_equals_a_rebuild(harness.store(), dir.path(), &path, "resumed vs rebuild").await;
     assert_agrees_with_the_ledger(&harness.ledger, &read_models).await;
 }
 
@@ -1021,13 +1026,13 @@ fn acknowledged_progress_survives_a_sigkill_of_the_runner_and_resumes_to_equal_a
         let running = Running::start(ProjectionRunner::new(), &store, &read_models);
         caught_up(&store, &read_models).await;
         running.stop().await;
-        let rebuilt_path = dir.path().join("rebuilt.db");
-        rebuild(&store, &rebuilt_path).await.expect("rebuild");
-        assert_same_tables(
-            &dump_of(read_path.clone()).await,
-            &dump_of(rebuilt_path).await,
+        assert_equals_a_rebuild(
+            &store,
+            dir.path(),
+            &read_path,
             "resumed after SIGKILL vs rebuild",
-        );
+        )
+        .await;
         let harness = Harness::new(store.clone());
         assert_agrees_with_the_ledger(&harness.ledger, &read_models).await;
         drop(harness);
