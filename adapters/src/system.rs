@@ -15,17 +15,26 @@ impl Clock for SystemClock {
     }
 }
 
-/// Ids and keys from the operating system's secure random source (UUIDv4 via `getrandom`).
+/// Ids and keys from the operating system's secure random source via `getrandom`.
+///
+/// Operation and attempt ids are UUIDv7: 48 bits of milliseconds, then 74 random bits. Ids made
+/// close in time sort close together, so the indexes keyed by them (the ledger's stream names, the
+/// read models' operation and attempt rows) grow at their ends instead of dirtying a random page
+/// per new operation; `bench http` did about 12 % more operations per second. The time they
+/// reveal is the operation's creation time, which its own history shows anyway. Idempotency keys
+/// stay fully random (UUIDv4): they go to other systems and must not be guessable.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RandomIds;
 
 impl IdSource for RandomIds {
     fn new_operation_id(&self) -> OperationId {
-        OperationId::from_uuid(Uuid::new_v4())
+        // v7's 74 random bits keep ids unguessable enough: they are names, not credentials
+        // (every route checks the tenant's token first).
+        OperationId::from_uuid(Uuid::now_v7())
     }
 
     fn new_attempt_id(&self) -> AttemptId {
-        AttemptId::from_uuid(Uuid::new_v4())
+        AttemptId::from_uuid(Uuid::now_v7())
     }
 
     fn new_idempotency_key(&self) -> IdempotencyKey {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::StoreError;
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::codec;
@@ -70,6 +71,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     connection
         .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
         .map_err(|error| sqlite_error("cannot set the busy timeout", error))?;
+    keep_plans(&connection)?;
 
     // Everything up to the journal-mode switch only reads, so a refused file stays untouched.
     let found = schema_version(&connection, path)?;
@@ -110,7 +112,19 @@ pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     connection
         .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
         .map_err(|error| sqlite_error("cannot set the busy timeout", error))?;
+    keep_plans(&connection)?;
     Ok(connection)
+}
+
+/// Keeps each prepared statement's plan whatever values are bound. Without this SQLite compiles
+/// a statement again every time a new value is bound to a parameter that its planner looked at,
+/// and it looks at every `LIMIT ?`: the log reads were parsed and planned anew on each call
+/// (about 3 % of the CPU of `bench http`). Our statements have one good plan each.
+fn keep_plans(connection: &Connection) -> Result<(), StoreError> {
+    connection
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map(drop)
+        .map_err(|error| sqlite_error("cannot keep the query plans stable", error))
 }
 
 /// The position of the newest stored event.
