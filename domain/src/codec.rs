@@ -140,7 +140,7 @@ pub fn encode(
         chain: Some(chain.to_hex()),
     };
     let encoded = EventData {
-        event_id: EventId::for_operation_event(operation, version, event_type, &data),
+        event_id: EventId::for_operation_event(operation, version, event.at(), event_type, &data),
         event_type: event_type.to_owned(),
         data,
         metadata: serde_json::to_vec(&metadata)

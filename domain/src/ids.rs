@@ -215,7 +215,10 @@ impl OperationId {
 
 impl EventId {
     /// The id of the event that `operation`'s stream would hold at `version` with this type and
-    /// data: UUIDv5 over the operation, the version and a SHA-256 of the content.
+    /// data, written at `at` (the event's own time, part of its data).
+    ///
+    /// A UUIDv8: the first 48 bits are `at` in Unix milliseconds, the other 74 free bits are a
+    /// SHA-256 over those milliseconds, the operation, the version and the content.
     ///
     /// The content is part of the id on purpose. Ids from (operation, version) alone would give
     /// every decision made at one version the same id, and a store that treats a re-append of
@@ -224,31 +227,113 @@ impl EventId {
     /// content in the id, re-sending the same append is idempotent, and a different decision at
     /// the same version is the version conflict it must be.
     ///
+    /// The time comes first so that ids made close in time sort close together: a store's index
+    /// of event ids then grows at its end, where a hash-only id dirtied a random page of it per
+    /// event (about 12 % of `bench http`'s throughput). It is still a function of the event alone,
+    /// so a re-sent append carries the same ids.
+    ///
     /// ```
+    /// use chrono::{TimeZone, Utc};
     /// use opledger_domain::ids::{EventId, OperationId, StreamVersion};
     /// let operation = OperationId::from_uuid(uuid::Uuid::from_u128(1));
     /// let v1 = StreamVersion::new(1);
-    /// let a = EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"a"}"#);
-    /// assert_eq!(a, EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"a"}"#));
-    /// assert_ne!(a, EventId::for_operation_event(operation, v1, "AttemptStarted", br#"{"worker":"b"}"#));
+    /// let at = Utc.timestamp_millis_opt(1_700_000_000_000).unwrap();
+    /// let a = EventId::for_operation_event(operation, v1, at, "AttemptStarted", br#"{"worker":"a"}"#);
+    /// assert_eq!(a, EventId::for_operation_event(operation, v1, at, "AttemptStarted", br#"{"worker":"a"}"#));
+    /// assert_ne!(a, EventId::for_operation_event(operation, v1, at, "AttemptStarted", br#"{"worker":"b"}"#));
+    /// assert!(a.matches(operation, v1, "AttemptStarted", br#"{"worker":"a"}"#));
     /// ```
     pub fn for_operation_event(
+        operation: OperationId,
+        version: StreamVersion,
+        at: chrono::DateTime<chrono::Utc>,
+        event_type: &str,
+        data: &[u8],
+    ) -> Self {
+        // Before 1970 or after the year 10889 cannot happen on a working clock; clamping keeps
+        // the id well-formed anyway, and `matches` reads the milliseconds back from the id.
+        let millis = u64::try_from(at.timestamp_millis())
+            .unwrap_or(0)
+            .min(MAX_ID_MILLIS);
+        Self::timed(millis, operation, version, event_type, data)
+    }
+
+    /// Whether this id is the one derived for an event of `operation` at `version` with this
+    /// type and data: what `opledger verify` checks to find edited or moved events. Ids of both
+    /// schemes are recognised, the time-ordered one and the UUIDv5 one that ledgers written
+    /// before it hold.
+    pub fn matches(
+        self,
+        operation: OperationId,
+        version: StreamVersion,
+        event_type: &str,
+        data: &[u8],
+    ) -> bool {
+        match self.0.get_version_num() {
+            TIMED_VERSION => {
+                let mut millis = [0_u8; 8];
+                millis[2..].copy_from_slice(&self.0.as_bytes()[..6]);
+                let millis = u64::from_be_bytes(millis);
+                self == Self::timed(millis, operation, version, event_type, data)
+            }
+            5 => self == Self::hashed_v5(operation, version, event_type, data),
+            _ => false,
+        }
+    }
+
+    fn timed(
+        millis: u64,
         operation: OperationId,
         version: StreamVersion,
         event_type: &str,
         data: &[u8],
     ) -> Self {
         use sha2::{Digest, Sha256};
-        let mut content = Sha256::new();
-        content.update(event_type.as_bytes());
-        content.update([0]);
-        content.update(data);
+        let mut hash = Sha256::new();
+        hash.update(b"opledger event id v8\0");
+        hash.update(millis.to_be_bytes());
+        hash.update(operation.0.as_bytes());
+        hash.update(version.0.to_be_bytes());
+        hash.update(content_hash(event_type, data));
+        let hash = hash.finalize();
+        let mut bytes = [0_u8; 16];
+        bytes[..6].copy_from_slice(&millis.to_be_bytes()[2..]);
+        bytes[6..].copy_from_slice(&hash[..10]);
+        // RFC 9562: version 8 in the high nibble of byte 6, variant 0b10 in the top of byte 8.
+        bytes[6] = (bytes[6] & 0x0f) | (TIMED_VERSION as u8) << 4;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        Self(Uuid::from_bytes(bytes))
+    }
+
+    /// The scheme before time-ordered ids: UUIDv5 over the operation, the version and the
+    /// content hash. Kept so ledgers written with it still verify.
+    fn hashed_v5(
+        operation: OperationId,
+        version: StreamVersion,
+        event_type: &str,
+        data: &[u8],
+    ) -> Self {
         let mut name = [0_u8; 56];
         name[..16].copy_from_slice(operation.0.as_bytes());
         name[16..24].copy_from_slice(&version.0.to_be_bytes());
-        name[24..].copy_from_slice(&content.finalize());
+        name[24..].copy_from_slice(&content_hash(event_type, data));
         Self(Uuid::new_v5(&OPLEDGER_NAMESPACE, &name))
     }
+}
+
+/// The UUID version of time-ordered event ids (RFC 9562's custom version).
+const TIMED_VERSION: usize = 8;
+/// The largest millisecond count 48 bits hold.
+const MAX_ID_MILLIS: u64 = (1 << 48) - 1;
+
+/// SHA-256 over an event's type and data, separated so no two pairs hash alike.
+fn content_hash(event_type: &str, data: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut content = Sha256::new();
+    content.update(event_type.as_bytes());
+    content.update([0]);
+    content.update(data);
+    content.finalize().into()
 }
 
 /// The version of the last event in a stream; the first event of a stream has version 0
@@ -327,18 +412,75 @@ mod tests {
         assert!(parsed.is_err());
     }
 
+    fn at(millis: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(millis).expect("a valid time")
+    }
+
     #[test]
-    fn event_ids_differ_by_operation_version_and_content_and_are_stable() {
+    fn event_ids_differ_by_operation_version_time_and_content_and_are_stable() {
         let a = OperationId::from_uuid(Uuid::from_u128(1));
         let b = OperationId::from_uuid(Uuid::from_u128(2));
         let v0 = StreamVersion::FIRST;
-        let id = |operation, version, kind: &str, data: &[u8]| {
-            EventId::for_operation_event(operation, version, kind, data)
+        let t = at(1_700_000_000_000);
+        let id = |operation, version, time, kind: &str, data: &[u8]| {
+            EventId::for_operation_event(operation, version, time, kind, data)
         };
-        assert_eq!(id(a, v0, "T", b"{}"), id(a, v0, "T", b"{}"));
-        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0.next(), "T", b"{}"));
-        assert_ne!(id(a, v0, "T", b"{}"), id(b, v0, "T", b"{}"));
-        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0, "U", b"{}"));
-        assert_ne!(id(a, v0, "T", b"{}"), id(a, v0, "T", b"{ }"));
+        assert_eq!(id(a, v0, t, "T", b"{}"), id(a, v0, t, "T", b"{}"));
+        assert_ne!(id(a, v0, t, "T", b"{}"), id(a, v0.next(), t, "T", b"{}"));
+        assert_ne!(id(a, v0, t, "T", b"{}"), id(b, v0, t, "T", b"{}"));
+        assert_ne!(id(a, v0, t, "T", b"{}"), id(a, v0, t, "U", b"{}"));
+        assert_ne!(id(a, v0, t, "T", b"{}"), id(a, v0, t, "T", b"{ }"));
+        let later = at(1_700_000_000_001);
+        assert_ne!(id(a, v0, t, "T", b"{}"), id(a, v0, later, "T", b"{}"));
+    }
+
+    #[test]
+    fn event_ids_sort_by_time_whatever_the_operation() {
+        let newer_operation = OperationId::from_uuid(Uuid::from_u128(1));
+        let older_operation = OperationId::from_uuid(Uuid::from_u128(u128::MAX));
+        let first = EventId::for_operation_event(
+            older_operation,
+            StreamVersion::new(7),
+            at(1_700_000_000_000),
+            "T",
+            b"{}",
+        );
+        let second = EventId::for_operation_event(
+            newer_operation,
+            StreamVersion::FIRST,
+            at(1_700_000_000_001),
+            "T",
+            b"{}",
+        );
+        assert!(first.as_uuid() < second.as_uuid());
+        assert_eq!(first.as_uuid().get_version_num(), 8);
+        assert_eq!(first.as_uuid().get_variant(), uuid::Variant::RFC4122);
+    }
+
+    #[test]
+    fn an_event_id_matches_only_its_own_operation_version_and_content() {
+        let operation = OperationId::from_uuid(Uuid::from_u128(1));
+        let v3 = StreamVersion::new(3);
+        let id = EventId::for_operation_event(operation, v3, at(1_700_000_000_000), "T", b"{}");
+        assert!(id.matches(operation, v3, "T", b"{}"));
+        assert!(!id.matches(operation, v3, "T", b"{ }"));
+        assert!(!id.matches(operation, v3.next(), "T", b"{}"));
+        assert!(!id.matches(OperationId::from_uuid(Uuid::from_u128(2)), v3, "T", b"{}"));
+        // Editing the time in the id is an edit too: the hash covers it.
+        let mut edited = *id.as_uuid().as_bytes();
+        edited[5] ^= 1;
+        assert!(!EventId::from_uuid(Uuid::from_bytes(edited)).matches(operation, v3, "T", b"{}"));
+    }
+
+    #[test]
+    fn event_ids_of_the_earlier_uuid_v5_scheme_still_match_their_events() {
+        let operation = OperationId::from_uuid(Uuid::from_u128(1));
+        let v3 = StreamVersion::new(3);
+        let legacy = EventId::hashed_v5(operation, v3, "T", b"{}");
+        assert_eq!(legacy.as_uuid().get_version_num(), 5);
+        assert!(legacy.matches(operation, v3, "T", b"{}"));
+        assert!(!legacy.matches(operation, v3, "T", b"{ }"));
+        // Neither another UUID version nor a random id passes.
+        assert!(!EventId::from_uuid(Uuid::from_u128(42)).matches(operation, v3, "T", b"{}"));
     }
 }

@@ -16,7 +16,7 @@ use std::fmt;
 use crate::chain;
 use crate::chain::ChainHash;
 use crate::codec;
-use crate::ids::{EventId, GlobalPosition, StreamVersion};
+use crate::ids::{GlobalPosition, StreamVersion};
 use crate::store::{RecordedEvent, StreamName};
 
 /// How far around an event's version the verifier looks for the version its id belongs to.
@@ -152,8 +152,9 @@ impl Verifier {
         let stored_chain = codec::chain_of(&event.metadata);
         let content_belongs_at = |version: StreamVersion| match event.stream.operation_id() {
             Some(operation) => {
-                EventId::for_operation_event(operation, version, &event.event_type, &event.data)
-                    == event.event_id
+                event
+                    .event_id
+                    .matches(operation, version, &event.event_type, &event.data)
             }
             // Streams that are not operations carry ids opledger did not derive; skip the check.
             None => true,
