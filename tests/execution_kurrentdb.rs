@@ -13,6 +13,8 @@ mod crash;
 mod identity;
 #[path = "execution/lost_messages.rs"]
 mod lost_messages;
+#[path = "execution/record_and_execute.rs"]
+mod record_and_execute;
 #[path = "execution/sentence.rs"]
 mod sentence;
 #[path = "execution/support.rs"]

@@ -249,6 +249,20 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// the store's no-stream condition, so two concurrent deliveries still make one operation.
     #[instrument(skip_all, fields(tenant = %request.tenant, operation_id))]
     pub async fn record_intent(&self, request: IntentRequest) -> Result<RecordedIntent, AppError> {
+        self.record_intent_then(request, |_| None).await
+    }
+
+    /// [`Ledger::record_intent`], and in the same append whatever `then` asks for on the state the
+    /// new intent leaves (the engine's claim of the first attempt): one durable write instead of
+    /// two, and still nothing sent before the intent is on disk, since the send comes after the
+    /// append. If the decider refuses the follow-up, or `then` asks for nothing, only the intent
+    /// is appended; a redelivery appends nothing and answers the existing operation.
+    #[instrument(skip_all, fields(tenant = %request.tenant, operation_id))]
+    pub async fn record_intent_then(
+        &self,
+        request: IntentRequest,
+        then: impl FnOnce(&OperationState) -> Option<Command>,
+    ) -> Result<RecordedIntent, AppError> {
         let valid = request.validate()?;
         let operation_id = match &valid.source_id {
             Some(source) => OperationId::for_source(&valid.tenant, source),
@@ -272,28 +286,38 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             at: self.clock.now(),
         };
         // Decide on "nothing recorded yet" without reading: if a redelivery got there first, the
-        // no-stream append conflicts and the next round sees the existing intent.
+        // no-stream append conflicts, and the existing intent is the answer.
         let fresh = LoadedOperation {
             operation_id,
             state: OperationState::initial(),
             version: None,
             chain: None,
         };
-        match self
-            .execute_from(fresh, &Command::RecordIntent(intent))
-            .await
-        {
+        let mut events = self.decide_on(&Command::RecordIntent(intent), &fresh)?;
+        let recorded = events.iter().fold(OperationState::initial(), evolve);
+        if let Some(follow_up) = then(&recorded) {
+            // A refusal is not an error here: the intent alone is recorded, and whoever drives
+            // it next meets the refusal with the state that explains it.
+            match decide(&follow_up, &recorded, self.clock.now()) {
+                Ok(more) => events.extend(more),
+                Err(rejection) => {
+                    debug!(
+                        command = follow_up.name(),
+                        ?rejection,
+                        "follow-up refused; recording the intent alone"
+                    );
+                }
+            }
+        }
+        match self.append_decided(fresh, &events).await {
             Ok(operation) => {
-                info!("intent recorded");
+                info!(events = events.len(), "intent recorded");
                 Ok(RecordedIntent {
                     operation,
                     created: true,
                 })
             }
-            Err(AppError::Rejected {
-                rejection: Rejection::AlreadyRecorded { .. },
-                ..
-            }) => {
+            Err(StoreError::VersionConflict { .. }) => {
                 let operation = self.get(operation_id).await?;
                 check_redelivery(&operation, &valid)?;
                 debug!("redelivered source found the existing operation");
@@ -302,7 +326,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     created: false,
                 })
             }
-            Err(error) => Err(error),
+            Err(error) => Err(error.into()),
         }
     }
 

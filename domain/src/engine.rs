@@ -14,13 +14,13 @@
 use chrono::{DateTime, Utc};
 use tracing::{info, warn, Instrument};
 
-use crate::app::{AppError, Ledger, LoadedOperation};
+use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedIntent};
 use crate::command::Command;
 use crate::contract::{milliseconds, RetryPolicy, SendBinding};
 use crate::decider::Rejection;
 use crate::error::ValidationError;
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
-use crate::ids::{ActorId, OperationId, WorkerId};
+use crate::ids::{ActorId, AttemptId, OperationId, WorkerId};
 use crate::ports::{Clock, IdSource};
 use crate::provider::{
     operation_label, LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
@@ -241,34 +241,66 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         Ok(Report::of(resolved))
     }
 
-    /// Claims, sends and records one attempt of a pending operation.
-    async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
-        let operation_id = loaded.operation_id;
-        let intent = intent_of(&loaded)?.clone();
+    /// Records an intent and, when it can be sent now, claims its first attempt in the same
+    /// append, then sends it and records the outcome: one durable write fewer than recording and
+    /// driving separately, with the same rule — nothing is sent before the intent (and the
+    /// claim) are on disk. An intent that needs an approval, or a person, is recorded alone and
+    /// driven as [`Engine::drive_from`] would. The recorded operation is returned with the
+    /// drive's result, so a failing send never hides that the intent is durable.
+    pub async fn record_and_drive(
+        &self,
+        request: IntentRequest,
+    ) -> Result<(RecordedIntent, Result<Report, AppError>), AppError> {
+        let attempt_id = self.ledger.ids().new_attempt_id();
+        let recorded = self
+            .ledger
+            .record_intent_then(request, |state| {
+                let now = self.ledger.clock().now();
+                let due = state.status == Status::Pending
+                    && state.next_work().is_some_and(|(due_at, _)| due_at <= now);
+                match self.claim_plan(state, attempt_id) {
+                    Some(ClaimPlan::Claim(claim)) if due => Some(*claim),
+                    _ => None,
+                }
+            })
+            .await?;
+        let operation = recorded.operation.clone();
+        let claimed_here = recorded.created
+            && operation.state.status == Status::InFlight
+            && operation
+                .state
+                .current_attempt
+                .as_ref()
+                .is_some_and(|attempt| attempt.attempt_id == attempt_id);
+        let report = if claimed_here {
+            match self.send_claimed(operation, attempt_id).await {
+                Ok(sent) => self.drive_from(sent).await,
+                Err(error) => Err(error),
+            }
+        } else {
+            self.drive_from(operation).await
+        };
+        Ok((recorded, report))
+    }
+
+    /// The claim of a new attempt of a pending operation, or why a person must look at it
+    /// instead; `None` without an intent.
+    fn claim_plan(&self, state: &OperationState, attempt_id: AttemptId) -> Option<ClaimPlan> {
+        let intent = state.intent.as_ref()?;
         let Some(capabilities) = self.providers.capabilities(&intent.provider) else {
-            return self
-                .require_review(
-                    loaded,
-                    format!(
-                        "provider `{}` is not configured, so the operation cannot be sent",
-                        intent.provider
-                    ),
-                )
-                .await;
+            return Some(ClaimPlan::Review(format!(
+                "provider `{}` is not configured, so the operation cannot be sent",
+                intent.provider
+            )));
         };
         let Some(credential_fingerprint) = self
             .providers
             .credential_fingerprint(&intent.provider, &intent.account)
         else {
-            return self
-                .require_review(
-                    loaded,
-                    format!(
-                        "account `{}` of provider `{}` is not configured any more; the operation stays bound to it",
-                        intent.account, intent.provider
-                    ),
-                )
-                .await;
+            return Some(ClaimPlan::Review(format!(
+                "account `{}` of provider `{}` is not configured any more; the operation stays bound to it",
+                intent.account, intent.provider
+            )));
         };
         let binding = SendBinding {
             account: intent.account.clone(),
@@ -276,14 +308,24 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             // The hash of what will actually be sent, recomputed, not copied from the intent.
             args_hash: intent.args.hash(),
         };
-        let attempt_id = self.ledger.ids().new_attempt_id();
-        let claim = Command::StartAttempt {
+        Some(ClaimPlan::Claim(Box::new(Command::StartAttempt {
             attempt_id,
             worker: self.worker.clone(),
             lease_ms: self.policy.lease_ms,
             binding,
             capabilities,
             policy: self.policy.retry,
+        })))
+    }
+
+    /// Claims, sends and records one attempt of a pending operation.
+    async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let attempt_id = self.ledger.ids().new_attempt_id();
+        let claim = match self.claim_plan(&loaded.state, attempt_id) {
+            Some(ClaimPlan::Claim(claim)) => *claim,
+            Some(ClaimPlan::Review(reason)) => return self.require_review(loaded, reason).await,
+            None => return Err(AppError::NotFound { operation_id }),
         };
         let claimed = match self.ledger.execute_from(loaded, &claim).await {
             Ok(claimed) => claimed,
@@ -307,6 +349,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             }) => return self.ledger.get(operation_id).await,
             Err(error) => return Err(error),
         };
+        self.send_claimed(claimed, attempt_id).await
+    }
+
+    /// Sends the attempt `attempt_id` that this engine just claimed, and records what the
+    /// provider said.
+    async fn send_claimed(
+        &self,
+        claimed: LoadedOperation,
+        attempt_id: AttemptId,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = claimed.operation_id;
+        let intent = intent_of(&claimed)?.clone();
         let attempt_number = claimed.state.attempts;
         let request = SendRequest {
             operation_id,
@@ -538,6 +592,14 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let wait = jittered.max(retry_after_ms.unwrap_or(0).min(MAX_RETRY_AFTER_MS));
         now.checked_add_signed(milliseconds(wait)).unwrap_or(now)
     }
+}
+
+/// What claiming a pending operation's next attempt comes to.
+enum ClaimPlan {
+    /// The claim to append.
+    Claim(Box<Command>),
+    /// It cannot be sent as bound; a person must look (the reason).
+    Review(String),
 }
 
 fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {

@@ -13,7 +13,9 @@
 //! - [`identity`]: redelivery after a restart, a new request with the same text, changed
 //!   arguments under an old source id;
 //! - [`contract`]: a switched account, rotated credentials, a key past its retention;
-//! - [`sentence`]: what the agent may say, following the state.
+//! - [`sentence`]: what the agent may say, following the state;
+//! - [`record_and_execute`]: recording and executing in one call, the intent and the claim in
+//!   one append.
 //!
 //! The one ignored test is the entry point of the SIGKILL child process, run by [`crash`].
 
@@ -22,5 +24,6 @@ mod contract;
 mod crash;
 mod identity;
 mod lost_messages;
+mod record_and_execute;
 mod sentence;
 mod support;

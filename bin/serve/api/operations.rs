@@ -103,8 +103,28 @@ pub(super) async fn record(
         source_id: body.source_id,
         requires_approval: body.requires_approval,
     };
-    // `record_intent` validates every field before it appends, so a bad field writes nothing.
-    let recorded = shared.engine.ledger().record_intent(request).await?;
+    // Recording validates every field before it appends, so a bad field writes nothing.
+    let (recorded, driven) = match place {
+        None => (shared.engine.ledger().record_intent(request).await?, None),
+        Some(place) => {
+            let started = Instant::now();
+            // The intent and the claim of its first attempt are one append, made durable before
+            // anything is sent: the rule holds, and the call saves the caller a round trip and
+            // the server a write. Spawned, so a caller who hangs up cannot cancel a send
+            // half-way.
+            let engine = Arc::clone(&shared.engine);
+            let (recorded, first) =
+                tokio::spawn(async move { engine.record_and_drive(request).await })
+                    .await
+                    .map_err(|error| {
+                        ApiError::internal("recording and executing failed", error)
+                    })??;
+            (
+                recorded,
+                Some((first, wait.saturating_sub(started.elapsed()), place)),
+            )
+        }
+    };
     shared
         .tenants
         .remember(recorded.operation.operation_id, tenant.clone());
@@ -115,20 +135,25 @@ pub(super) async fn record(
     };
     let operation_id = recorded.operation.operation_id;
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
-    let (operation, execute_error) = match place {
-        Some(place) => {
+    let (operation, execute_error) = match driven {
+        Some((first, wait, place)) => {
             let span =
                 tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
-            // The intent is durable before anything is sent: executing in the same call keeps
-            // the rule and saves the caller a round trip (and the server a read).
-            let driven = drive_until(
-                &shared,
-                Start::From(Box::new(recorded.operation.clone())),
-                wait,
-                place,
-            )
-            .instrument(span)
-            .await;
+            let driven = match first {
+                // Where the first drive left it; waits (and drives again) only if it has not
+                // settled.
+                Ok(report) => {
+                    drive_until(
+                        &shared,
+                        Start::From(Box::new(report.operation)),
+                        wait,
+                        place,
+                    )
+                    .instrument(span)
+                    .await
+                }
+                Err(error) => Err(ApiError::from(error)),
+            };
             match driven {
                 Ok(operation) => (operation, None),
                 // The intent is recorded, so the answer is its success with the operation as
