@@ -1344,6 +1344,35 @@ async fn identical_intents_from_different_sources_within_the_window_are_flagged_
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similar_intents_in_one_batch_are_flagged_as_when_each_batch_holds_one_event() {
+    // The fixture's log holds identical intents close together; one batch folds them all before
+    // any row is in the file, the other writes each one's row before the next is folded.
+    let fixture = Fixture::build().await;
+    let log = whole_log(fixture.harness.store()).await;
+    assert!(log.len() <= MAX_BATCH_EVENTS, "the fixture fits one batch");
+    for (what, batch_size) in [("one batch", log.len()), ("one event per batch", 1)] {
+        let dir = TempDir::new().expect("temp dir");
+        let path = dir.path().join("read.db");
+        let read_models = ReadModels::open(&path).await.expect("open");
+        for batch in log.chunks(batch_size) {
+            read_models
+                .apply_batch(batch.to_vec())
+                .await
+                .expect("a batch applies");
+        }
+        let flagged = read_models
+            .call(|store| store.duplicates(100))
+            .await
+            .expect("duplicates")
+            .possible_intents
+            .len();
+        assert_eq!(flagged, 3, "{what}: dup_b once, dup_c twice");
+        drop(read_models);
+        assert_equals_a_rebuild(fixture.harness.store(), dir.path(), &path, what).await;
+    }
+}
+
 fn name_of(fixture: &Fixture, id: OperationId) -> &'static str {
     fixture
         .ops

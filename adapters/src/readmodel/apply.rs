@@ -10,8 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 
+use opledger_domain::args::ArgsHash;
 use opledger_domain::codec;
-use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::{
+    AccountId, ActionName, GlobalPosition, OperationId, ProviderId, StreamVersion, TenantId,
+};
 use opledger_domain::state::OperationState;
 use opledger_domain::store::RecordedEvent;
 use opledger_projections::chains::ChainChange;
@@ -26,6 +30,29 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 
 use super::sql::{self, corrupt};
 use super::{ReadModelError, MAX_BATCH_EVENTS};
+
+/// What identifies "the same request" for the possible-duplicate check: the columns of the
+/// runner's `operations_by_request` lookup.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct RequestKey {
+    tenant: TenantId,
+    provider: ProviderId,
+    account: AccountId,
+    action: ActionName,
+    args_hash: ArgsHash,
+}
+
+impl RequestKey {
+    pub(super) fn of(query: &SimilarIntentQuery) -> Self {
+        Self {
+            tenant: query.tenant.clone(),
+            provider: query.provider.clone(),
+            account: query.account.clone(),
+            action: query.action.clone(),
+            args_hash: query.args_hash.clone(),
+        }
+    }
+}
 
 /// What one batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,6 +104,9 @@ pub(super) fn apply_batch(
     // most once per batch, and its row written once at the end (an operation's events usually
     // arrive together). Bounded by the batch.
     let mut touched: HashMap<OperationId, Touched> = HashMap::new();
+    // The intents recorded in this batch, whose rows are not in the file yet: a later intent in
+    // the batch finds its similar ones here and in the file. Bounded by the batch.
+    let mut new_intents: Vec<(RequestKey, SimilarIntent)> = Vec::new();
     for recorded in events {
         let position = recorded.position;
         // A prefix at or below the checkpoint was applied by an earlier batch (a runner that
@@ -99,6 +129,7 @@ pub(super) fn apply_batch(
                     operation_id,
                     recorded,
                     &mut touched,
+                    &mut new_intents,
                     &mut counters,
                 )?;
                 outcome.applied += 1;
@@ -130,6 +161,8 @@ struct Touched {
     at: DateTime<Utc>,
     /// Whether its row differs from the one in the file.
     dirty: bool,
+    /// Whether the file has a row for it (else the batch inserts one).
+    in_file: bool,
 }
 
 fn apply_event(
@@ -137,20 +170,22 @@ fn apply_event(
     operation_id: OperationId,
     recorded: &RecordedEvent,
     touched: &mut HashMap<OperationId, Touched>,
+    new_intents: &mut Vec<(RequestKey, SimilarIntent)>,
     counters: &mut BTreeMap<Counter, u64>,
 ) -> Result<(), ReadModelError> {
     let position = recorded.position;
     let event =
         codec::decode(recorded).map_err(|source| ReadModelError::Decode { position, source })?;
-    let (mut state, last) = match touched.remove(&operation_id) {
-        Some(held) => (held.state, Some(held.version)),
+    let (mut state, last, in_file) = match touched.remove(&operation_id) {
+        Some(held) => (held.state, Some(held.version), held.in_file),
         None => match load_state(transaction, operation_id)? {
-            Some((state, version)) => (state, Some(version)),
-            None => (OperationState::initial(), None),
+            Some((state, version)) => (state, Some(version), true),
+            None => (OperationState::initial(), None, false),
         },
     };
-    let similar = match duplicates::similar_intent_query(operation_id, &event) {
-        Some(query) => find_similar(transaction, &query)?,
+    let query = duplicates::similar_intent_query(operation_id, &event);
+    let similar = match &query {
+        Some(query) => similar_in_file_and_batch(transaction, query, new_intents)?,
         None => Vec::new(),
     };
     let changes = fold_in_place(
@@ -163,19 +198,24 @@ fn apply_event(
         &event,
     )
     .map_err(|source| ReadModelError::Fold { position, source })?;
-    let mut held = Touched {
+    if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
+        new_intents.push((
+            RequestKey::of(query),
+            SimilarIntent {
+                operation_id,
+                source_id: intent.source_id.clone(),
+                recorded_at: intent.at,
+            },
+        ));
+    }
+    let held = Touched {
         state,
         version: recorded.version,
         position,
         at: event.at(),
         dirty: true,
+        in_file,
     };
-    if last.is_none() {
-        // A new operation's row goes in at once: a later intent in this batch looks for
-        // similar intents in the file.
-        write_operation(transaction, operation_id, &held, true)?;
-        held.dirty = false;
-    }
     touched.insert(operation_id, held);
     if let Some(review) = &changes.review {
         write_review(transaction, review)?;
@@ -202,7 +242,7 @@ fn write_touched(
     // In id order, so consecutive updates land on neighbouring pages.
     dirty.sort_unstable_by_key(|(operation_id, _)| *operation_id);
     for (operation_id, held) in dirty {
-        write_operation(transaction, operation_id, &held, false)?;
+        write_operation(transaction, operation_id, &held)?;
     }
     Ok(())
 }
@@ -212,15 +252,45 @@ fn write_operation(
     transaction: &Transaction<'_>,
     operation_id: OperationId,
     held: &Touched,
-    is_new: bool,
 ) -> Result<(), ReadModelError> {
     write_folded(
         transaction,
         operation_id,
         &held.state,
         (held.version, held.position, held.at),
-        !is_new,
+        held.in_file,
     )
+}
+
+/// The earlier intents similar to `query`'s: the file's, and those recorded earlier in this
+/// batch (their rows go in at its end), merged in the file query's order and limit — exactly
+/// what the query would return had each row gone in as its intent was folded.
+fn similar_in_file_and_batch(
+    transaction: &Connection,
+    query: &SimilarIntentQuery,
+    new_intents: &[(RequestKey, SimilarIntent)],
+) -> Result<Vec<SimilarIntent>, ReadModelError> {
+    let mut similar = find_similar(transaction, query)?;
+    let key = RequestKey::of(query);
+    let before = similar.len();
+    similar.extend(
+        new_intents
+            .iter()
+            .filter(|(request, intent)| {
+                *request == key
+                    && intent.operation_id != query.operation_id
+                    && intent.recorded_at >= query.from
+                    && intent.recorded_at <= query.to
+            })
+            .map(|(_, intent)| intent.clone()),
+    );
+    if similar.len() > before {
+        // Stored times sort as text in time order (sql.rs) and a UUID's hyphenated lowercase text
+        // sorts as its bytes, so this is the file's `ORDER BY created_at DESC, operation_id DESC`.
+        similar.sort_by_key(|intent| std::cmp::Reverse((intent.recorded_at, intent.operation_id)));
+        similar.truncate(query.limit);
+    }
+    Ok(similar)
 }
 
 /// Writes an operation's row, built from its folded state as of its last event (`last`: that

@@ -30,12 +30,9 @@ use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Duration, Utc};
-use opledger_domain::args::ArgsHash;
 use opledger_domain::codec::{self, DecodeError};
 use opledger_domain::event::OperationEvent;
-use opledger_domain::ids::{
-    AccountId, ActionName, GlobalPosition, OperationId, ProviderId, StreamVersion, TenantId,
-};
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
 use opledger_projections::chains::ChainChange;
@@ -48,6 +45,7 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
 
+use super::apply::RequestKey;
 use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
@@ -297,29 +295,6 @@ struct OpenOperation {
     dirty: bool,
     /// The event count when it was last touched; the least recent are written out first.
     last_used: u64,
-}
-
-/// What identifies "the same request" for the possible-duplicate check: the columns of the
-/// runner's `operations_by_request` lookup.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct RequestKey {
-    tenant: TenantId,
-    provider: ProviderId,
-    account: AccountId,
-    action: ActionName,
-    args_hash: ArgsHash,
-}
-
-impl RequestKey {
-    fn of(query: &SimilarIntentQuery) -> Self {
-        Self {
-            tenant: query.tenant.clone(),
-            provider: query.provider.clone(),
-            account: query.account.clone(),
-            action: query.action.clone(),
-            args_hash: query.args_hash.clone(),
-        }
-    }
 }
 
 /// The intents folded so far that were recorded at or after `floor`, by request: exactly the
@@ -844,6 +819,8 @@ fn remove_file_and_journal(path: &Path) {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    use opledger_domain::args::ArgsHash;
+    use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
 
     fn query(operation: u128, at: DateTime<Utc>) -> SimilarIntentQuery {
         let window = Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S);
