@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use opledger_adapters::readmodel::{
     rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError, ReadModelStore,
-    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS,
+    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
 };
 use opledger_adapters::system::RandomIds;
 use opledger_adapters::{MemoryStore, SqliteStore};
@@ -702,6 +702,39 @@ async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equ
         "lingering incremental vs rebuild",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_runner_asked_to_hurry_commits_without_waiting_out_its_linger() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("ledger.db"))
+        .await
+        .expect("open the ledger");
+    let harness = Harness::new(store.clone());
+    let live_path = dir.path().join("live.db");
+    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let running = Running::start(
+        ProjectionRunner::new().with_linger_ms(MAX_LINGER_MS),
+        &store,
+        &read_models,
+    );
+    for n in 0..3 {
+        harness.play_nth(n).await;
+    }
+    let started = Instant::now();
+    // As a listing does: ask on every look until the read models reach the log's head.
+    while read_models.lag(&store).await.expect("the lag").positions > 0 {
+        read_models.hurry();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let waited = started.elapsed();
+    let report = running.stop().await;
+    assert_eq!(report.applied, whole_log(&store).await.len() as u64);
+    // Unhurried, the last batch alone would linger a whole second.
+    assert!(
+        waited < Duration::from_millis(MAX_LINGER_MS / 2),
+        "caught up {waited:?} after asking; the linger is {MAX_LINGER_MS} ms"
+    );
 }
 
 /// Limits small enough that a short log takes every path a long one does: operations written

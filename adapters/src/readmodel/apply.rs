@@ -106,7 +106,7 @@ pub(super) fn apply_batch(
     let mut touched: HashMap<OperationId, Touched> = HashMap::new();
     // The intents recorded in this batch, whose rows are not in the file yet: a later intent in
     // the batch finds its similar ones here and in the file. Bounded by the batch.
-    let mut new_intents: Vec<(RequestKey, SimilarIntent)> = Vec::new();
+    let mut new_intents: HashMap<RequestKey, Vec<SimilarIntent>> = HashMap::new();
     for recorded in events {
         let position = recorded.position;
         // A prefix at or below the checkpoint was applied by an earlier batch (a runner that
@@ -170,7 +170,7 @@ fn apply_event(
     operation_id: OperationId,
     recorded: &RecordedEvent,
     touched: &mut HashMap<OperationId, Touched>,
-    new_intents: &mut Vec<(RequestKey, SimilarIntent)>,
+    new_intents: &mut HashMap<RequestKey, Vec<SimilarIntent>>,
     counters: &mut BTreeMap<Counter, u64>,
 ) -> Result<(), ReadModelError> {
     let position = recorded.position;
@@ -199,14 +199,14 @@ fn apply_event(
     )
     .map_err(|source| ReadModelError::Fold { position, source })?;
     if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
-        new_intents.push((
-            RequestKey::of(query),
-            SimilarIntent {
+        new_intents
+            .entry(RequestKey::of(query))
+            .or_default()
+            .push(SimilarIntent {
                 operation_id,
                 source_id: intent.source_id.clone(),
                 recorded_at: intent.at,
-            },
-        ));
+            });
     }
     let held = Touched {
         state,
@@ -268,21 +268,22 @@ fn write_operation(
 fn similar_in_file_and_batch(
     transaction: &Connection,
     query: &SimilarIntentQuery,
-    new_intents: &[(RequestKey, SimilarIntent)],
+    new_intents: &HashMap<RequestKey, Vec<SimilarIntent>>,
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     let mut similar = find_similar(transaction, query)?;
-    let key = RequestKey::of(query);
+    let Some(same_request) = new_intents.get(&RequestKey::of(query)) else {
+        return Ok(similar);
+    };
     let before = similar.len();
     similar.extend(
-        new_intents
+        same_request
             .iter()
-            .filter(|(request, intent)| {
-                *request == key
-                    && intent.operation_id != query.operation_id
+            .filter(|intent| {
+                intent.operation_id != query.operation_id
                     && intent.recorded_at >= query.from
                     && intent.recorded_at <= query.to
             })
-            .map(|(_, intent)| intent.clone()),
+            .cloned(),
     );
     if similar.len() > before {
         // Stored times sort as text in time order (sql.rs) and a UUID's hyphenated lowercase text

@@ -61,7 +61,7 @@ pub use swap::{lock_path, replace_views};
 pub const SCHEMA_VERSION: i64 = 1;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
-pub const MAX_BATCH_EVENTS: usize = 512;
+pub const MAX_BATCH_EVENTS: usize = 4096;
 /// Most rows one query returns.
 pub const MAX_QUERY_ROWS: usize = 1000;
 /// How long a connection waits for a lock held by another connection before failing, in ms.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info};
 
 use super::{BatchOutcome, ReadModelError, ReadModelStore, MAX_BATCH_EVENTS};
@@ -31,6 +31,8 @@ pub const MAX_LINGER_MS: u64 = 1_000;
 pub struct ReadModels {
     store: Arc<Mutex<ReadModelStore>>,
     path: Arc<PathBuf>,
+    /// Rung by a reader waiting for the read models to catch up: a lingering batch commits now.
+    hurry: Arc<Notify>,
 }
 
 impl ReadModels {
@@ -48,7 +50,15 @@ impl ReadModels {
         Self {
             store: Arc::new(Mutex::new(store)),
             path,
+            hurry: Arc::new(Notify::new()),
         }
+    }
+
+    /// Asks a runner's lingering batch to commit without waiting out its linger: someone is
+    /// waiting to read what it holds. Lingering pays off under a stream of writes, not when a
+    /// reader waits; without this a listing right after a write would wait out the linger.
+    pub fn hurry(&self) {
+        self.hurry.notify_one();
     }
 
     /// The file the read models live in.
@@ -219,15 +229,24 @@ impl ProjectionRunner {
                 let mut batch = vec![first?];
                 let mut failure: Option<StoreError> = None;
                 let linger_until = tokio::time::Instant::now() + self.linger;
+                let hurried = read_models.hurry.notified();
+                tokio::pin!(hurried);
                 while batch.len() < self.max_batch_events {
                     let next = match receiver.try_recv() {
                         Ok(next) => next,
                         Err(_) if self.linger.is_zero() => break,
                         Err(_) => {
-                            match tokio::time::timeout_at(linger_until, receiver.recv()).await {
-                                Ok(Some(next)) => next,
-                                // The linger ran out, or the feed ended (reported next round).
-                                _ => break,
+                            let wait = tokio::time::timeout_at(linger_until, receiver.recv());
+                            tokio::select! {
+                                biased;
+                                // A reader is waiting: commit what has arrived.
+                                () = &mut hurried => break,
+                                waited = wait => match waited {
+                                    Ok(Some(next)) => next,
+                                    // The linger ran out, or the feed ended (reported next
+                                    // round).
+                                    _ => break,
+                                },
                             }
                         }
                     };

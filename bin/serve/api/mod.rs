@@ -311,6 +311,10 @@ async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
         if checkpoint.is_some_and(|checkpoint| checkpoint >= head) {
             return Ok(());
         }
+        // Behind: the runner may be lingering over a batch, waiting for more events; we are
+        // waiting for it instead. Asked on every look, since the events up to `head` may take
+        // more than one batch.
+        shared.read_models.hurry();
         if started.elapsed() >= FRESHNESS_WAIT {
             warn!(?checkpoint, %head, "answering from read models that are behind the log");
             return Ok(());
