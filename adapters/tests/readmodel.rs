@@ -379,15 +379,25 @@ impl<S: EventStore> Harness<S> {
 
     /// Records an intent and plays a story on it, the story chosen by `n`.
     async fn play_nth(&self, n: usize) -> OperationId {
+        let intent = self.record_nth(n).await;
+        self.play_recorded_nth(n, &intent).await;
+        intent.operation_id
+    }
+
+    /// Records the intent of story `n` and nothing more.
+    async fn record_nth(&self, n: usize) -> IntentRecorded {
         let story = STORIES[n % STORIES.len()];
         // Some titles repeat, so identical intents get flagged as possible duplicates too.
         let title = format!("Call client {}", n % 13);
         let source = n.is_multiple_of(3).then(|| format!("call-{n}"));
-        let intent = self
-            .record("acme", source.as_deref(), &title, story == Story::Denied)
+        self.record("acme", source.as_deref(), &title, story == Story::Denied)
+            .await
+    }
+
+    /// Plays story `n` on from its recorded intent.
+    async fn play_recorded_nth(&self, n: usize, intent: &IntentRecorded) {
+        self.play(STORIES[n % STORIES.len()], intent, &n.to_string())
             .await;
-        self.play(story, &intent, &n.to_string()).await;
-        intent.operation_id
     }
 }
 
@@ -754,8 +764,16 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
     let harness = Arc::new(Harness::new(store.clone()));
     // Concurrent stories interleave operations in the log, so with three open at most many are
     // written out and read back; titles repeat every 13 stories, so the window, holding four
-    // intents, must ask the file about requests it let go of.
+    // intents, must ask the file about requests it let go of. Five intents recorded first and
+    // played last keep more operations open than the limit whatever the interleaving.
+    let mut early = Vec::new();
+    for n in 120..125 {
+        early.push((n, harness.record_nth(n).await));
+    }
     harness.play_concurrently(0..120, 4).await;
+    for (n, intent) in &early {
+        harness.play_recorded_nth(*n, intent).await;
+    }
     let live_path = dir.path().join("live.db");
     let read_models = ReadModels::open(&live_path).await.expect("open");
     let running = Running::start(ProjectionRunner::new(), &store, &read_models);
