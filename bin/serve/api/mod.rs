@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use opledger_adapters::readmodel::{
     OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS,
 };
@@ -25,14 +25,17 @@ use opledger_domain::app::{IntentRequest, LoadedOperation};
 use opledger_domain::args::ArgsHash;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::ReviewDecision;
-use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId, StreamVersion, TenantId};
+use opledger_domain::ids::{
+    AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, IdempotencyKey, OperationId,
+    OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
+};
 use opledger_domain::provider::Providers;
 use opledger_domain::sentence::agent_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;
 use opledger_projections::operations::STATE_NAMES;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::{info, warn, Instrument};
 
@@ -212,34 +215,84 @@ fn operation_id(text: &str) -> Result<OperationId, ApiError> {
 
 // ---- views ----
 
-/// An operation as every endpoint returns it.
-fn operation_view(loaded: &LoadedOperation) -> Value {
+/// An operation as every endpoint returns it. Serialised straight from the state it borrows: the
+/// hottest answer of the API (every record and execute) builds no JSON tree on the way.
+#[derive(Serialize)]
+struct OperationView<'a> {
+    operation_id: OperationId,
+    state: &'static str,
+    message: String,
+    external_id: Option<&'a ExternalObjectId>,
+    attempts: u32,
+    attempt_ids: &'a [AttemptId],
+    tenant: Option<&'a TenantId>,
+    provider: Option<&'a ProviderId>,
+    account: Option<&'a AccountId>,
+    action: Option<&'a ActionName>,
+    args: Option<&'a serde_json::Map<String, Value>>,
+    args_hash: Option<&'a ArgsHash>,
+    idempotency_key: Option<&'a IdempotencyKey>,
+    source_id: Option<&'a SourceId>,
+    owner: Option<&'a OwnerId>,
+    requires_approval: Option<bool>,
+    last_error: Option<&'a str>,
+    review_reason: Option<&'a str>,
+    unknown_since: Option<DateTime<Utc>>,
+    duplicates: &'a [ExternalObjectId],
+    updated_at: Option<DateTime<Utc>>,
+    version: Option<StreamVersion>,
+    /// Recording: whether this call created the operation (else a redelivery found it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created: Option<bool>,
+    /// Recording and executing: why executing failed after the intent was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    execute_error: Option<Value>,
+}
+
+fn operation_view(loaded: &LoadedOperation) -> OperationView<'_> {
     let state = &loaded.state;
     let intent = state.intent.as_ref();
-    json!({
-        "operation_id": loaded.operation_id,
-        "state": state.status.name(),
-        "message": agent_sentence(state),
-        "external_id": state.external_id(),
-        "attempts": state.attempts,
-        "attempt_ids": state.attempt_ids,
-        "tenant": intent.map(|i| &i.tenant),
-        "provider": intent.map(|i| &i.provider),
-        "account": intent.map(|i| &i.account),
-        "action": intent.map(|i| &i.action),
-        "args": intent.map(|i| i.args.as_map()),
-        "args_hash": intent.map(|i| &i.args_hash),
-        "idempotency_key": intent.map(|i| &i.idempotency_key),
-        "source_id": intent.and_then(|i| i.source_id.as_ref()),
-        "owner": intent.and_then(|i| i.owner.as_ref()),
-        "requires_approval": intent.map(|i| i.requires_approval),
-        "last_error": state.last_error,
-        "review_reason": state.review_reason,
-        "unknown_since": state.unknown_since,
-        "duplicates": state.duplicates,
-        "updated_at": state.updated_at,
-        "version": loaded.version,
-    })
+    OperationView {
+        operation_id: loaded.operation_id,
+        state: state.status.name(),
+        message: agent_sentence(state),
+        external_id: state.external_id(),
+        attempts: state.attempts,
+        attempt_ids: &state.attempt_ids,
+        tenant: intent.map(|i| &i.tenant),
+        provider: intent.map(|i| &i.provider),
+        account: intent.map(|i| &i.account),
+        action: intent.map(|i| &i.action),
+        args: intent.map(|i| i.args.as_map()),
+        args_hash: intent.map(|i| &i.args_hash),
+        idempotency_key: intent.map(|i| &i.idempotency_key),
+        source_id: intent.and_then(|i| i.source_id.as_ref()),
+        owner: intent.and_then(|i| i.owner.as_ref()),
+        requires_approval: intent.map(|i| i.requires_approval),
+        last_error: state.last_error.as_deref(),
+        review_reason: state.review_reason.as_deref(),
+        unknown_since: state.unknown_since,
+        duplicates: &state.duplicates,
+        updated_at: state.updated_at,
+        version: loaded.version,
+        created: None,
+        execute_error: None,
+    }
+}
+
+/// Answers with an operation's view.
+fn view_reply(status: StatusCode, view: &OperationView<'_>) -> Response {
+    match serde_json::to_vec(view) {
+        Ok(body) => (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(error) => {
+            ApiError::internal("an operation could not be written as JSON", error).into_response()
+        }
+    }
 }
 
 /// Loads an operation the caller may see; anything else is the same 404 as a missing one.

@@ -168,11 +168,10 @@ pub(super) async fn record(
         None => (recorded.operation, None),
     };
     let mut view = operation_view(&operation);
-    view["created"] = json!(recorded.created);
-    if let Some(error) = execute_error {
-        view["execute_error"] = json!({"code": error.code, "message": error.message});
-    }
-    Ok(json_reply(status, &view))
+    view.created = Some(recorded.created);
+    view.execute_error =
+        execute_error.map(|error| json!({"code": error.code, "message": error.message}));
+    Ok(view_reply(status, &view))
 }
 
 /// The wait of an execute call: `wait_ms` if given (checked against the limit), else the default.
@@ -203,7 +202,7 @@ pub(super) async fn show(
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
     let loaded = visible(&shared, &scope, operation_id(&id)?).await?;
-    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
 }
 
 pub(super) async fn history(
@@ -301,7 +300,7 @@ async fn approval(
         }
         None => ledger.approve(operation_id, approver, args_hash).await?,
     };
-    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -328,7 +327,7 @@ pub(super) async fn execute(
     let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)
         .instrument(span)
         .await?;
-    Ok(json_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
 }
 
 /// A place for one execute call, taken before anything is written, so a full server refuses

@@ -84,7 +84,7 @@ pub(super) async fn review(
     })
     .await
     .map_err(|error| ApiError::internal("a review decision failed", error))??;
-    Ok(json_reply(
+    Ok(view_reply(
         StatusCode::OK,
         &operation_view(&report.operation),
     ))
