@@ -225,9 +225,14 @@ async fn one(target: &Target, number: u32) -> Result<(), CliError> {
     };
     if executed.state.as_deref() != Some("succeeded") {
         return Err(CliError::Other(format!(
-            "operation {} ended {} instead of succeeded",
+            "operation {} ended {} instead of succeeded (last error: {}; execute error: {})",
             executed.operation_id.as_deref().unwrap_or("?"),
-            executed.state.as_deref().unwrap_or("without a state")
+            executed.state.as_deref().unwrap_or("without a state"),
+            executed.last_error.as_deref().unwrap_or("none"),
+            executed
+                .execute_error
+                .as_ref()
+                .map_or_else(|| "none".to_owned(), Value::to_string)
         )));
     }
     Ok(())
@@ -239,6 +244,9 @@ async fn one(target: &Target, number: u32) -> Result<(), CliError> {
 struct Answer {
     operation_id: Option<String>,
     state: Option<String>,
+    /// Read only to explain a failure.
+    last_error: Option<String>,
+    execute_error: Option<Value>,
 }
 
 async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Answer, CliError> {

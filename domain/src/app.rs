@@ -247,7 +247,6 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// Records an intent (design rules 1–3). With a source id the operation id is derived from
     /// (tenant, source id), and a redelivery returns the operation already recorded — decided by
     /// the store's no-stream condition, so two concurrent deliveries still make one operation.
-    #[instrument(skip_all, fields(tenant = %request.tenant, operation_id))]
     pub async fn record_intent(&self, request: IntentRequest) -> Result<RecordedIntent, AppError> {
         self.record_intent_then(request, |_| None).await
     }

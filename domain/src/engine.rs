@@ -251,6 +251,20 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         request: IntentRequest,
     ) -> Result<(RecordedIntent, Result<Report, AppError>), AppError> {
+        let (recorded, claimed) = self.record_and_claim(request).await?;
+        let report = self
+            .drive_recorded(recorded.operation.clone(), claimed)
+            .await;
+        Ok((recorded, report))
+    }
+
+    /// The first half of [`Engine::record_and_drive`]: records the intent, with the claim of its
+    /// first attempt in the same append when it can be sent now, and returns the recorded
+    /// operation and the attempt this engine claimed (if it did). Nothing is sent.
+    pub async fn record_and_claim(
+        &self,
+        request: IntentRequest,
+    ) -> Result<(RecordedIntent, Option<AttemptId>), AppError> {
         let attempt_id = self.ledger.ids().new_attempt_id();
         let recorded = self
             .ledger
@@ -264,23 +278,33 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 }
             })
             .await?;
-        let operation = recorded.operation.clone();
-        let claimed_here = recorded.created
-            && operation.state.status == Status::InFlight
-            && operation
-                .state
+        // The attempt id is fresh to this call: if the operation's current attempt carries it,
+        // this call's claim is what was appended, whatever else happened.
+        let state = &recorded.operation.state;
+        let claimed = (state.status == Status::InFlight
+            && state
                 .current_attempt
                 .as_ref()
-                .is_some_and(|attempt| attempt.attempt_id == attempt_id);
-        let report = if claimed_here {
-            match self.send_claimed(operation, attempt_id).await {
-                Ok(sent) => self.drive_from(sent).await,
-                Err(error) => Err(error),
+                .is_some_and(|attempt| attempt.attempt_id == attempt_id))
+        .then_some(attempt_id);
+        Ok((recorded, claimed))
+    }
+
+    /// The second half of [`Engine::record_and_drive`]: sends the attempt `claimed` (this
+    /// engine's claim from [`Engine::record_and_claim`]) and records the outcome, then drives on;
+    /// without a claim, drives the operation as [`Engine::drive_from`] does.
+    pub async fn drive_recorded(
+        &self,
+        operation: LoadedOperation,
+        claimed: Option<AttemptId>,
+    ) -> Result<Report, AppError> {
+        match claimed {
+            Some(attempt_id) => {
+                let sent = self.send_claimed(operation, attempt_id).await?;
+                self.drive_from(sent).await
             }
-        } else {
-            self.drive_from(operation).await
-        };
-        Ok((recorded, report))
+            None => self.drive_from(operation).await,
+        }
     }
 
     /// The claim of a new attempt of a pending operation, or why a person must look at it

@@ -412,6 +412,9 @@ mod tests {
         assert!(parsed.is_err());
     }
 
+    /// The id `the_time_ordered_event_id_of_an_event_is_pinned` derives, as first computed.
+    const PINNED_V8_ID: &str = "018bcfe5-6800-8767-a2fa-3f4d7d48d543";
+
     fn at(millis: i64) -> chrono::DateTime<chrono::Utc> {
         chrono::DateTime::from_timestamp_millis(millis).expect("a valid time")
     }
@@ -470,6 +473,36 @@ mod tests {
         let mut edited = *id.as_uuid().as_bytes();
         edited[5] ^= 1;
         assert!(!EventId::from_uuid(Uuid::from_bytes(edited)).matches(operation, v3, "T", b"{}"));
+    }
+
+    #[test]
+    fn an_event_id_written_by_the_earlier_uuid_v5_scheme_still_matches_its_event() {
+        // Copied from a ledger the previous build wrote (`bench store`, 2026-11-30).
+        let operation: OperationId = "d010d5d0-733b-4fd4-a5b1-a59a7aebe023"
+            .parse()
+            .expect("an operation id");
+        let data = br#"{"attempt_id":"ca367eab-8f8a-40d9-a653-d444d85ded57","attempt_number":1,"worker":"bench-0","lease_deadline":"2026-11-30T01:40:06.351213371Z","at":"2026-11-30T01:39:36.351213371Z"}"#;
+        let stored = EventId::from_uuid(
+            "ec54049c-a996-5e5a-a22b-ee541ce827b6"
+                .parse()
+                .expect("a uuid"),
+        );
+        assert!(stored.matches(operation, StreamVersion::new(1), "AttemptStarted", data));
+        assert!(!stored.matches(operation, StreamVersion::new(2), "AttemptStarted", data));
+    }
+
+    #[test]
+    fn the_time_ordered_event_id_of_an_event_is_pinned() {
+        // A change to the derivation would make every stored id look edited to `verify`.
+        let operation = OperationId::from_uuid(Uuid::from_u128(1));
+        let id = EventId::for_operation_event(
+            operation,
+            StreamVersion::new(1),
+            at(1_700_000_000_000),
+            "AttemptStarted",
+            br#"{"worker":"a"}"#,
+        );
+        assert_eq!(id.as_uuid().to_string(), PINNED_V8_ID);
     }
 
     #[test]

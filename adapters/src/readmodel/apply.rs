@@ -159,8 +159,6 @@ struct Touched {
     /// The position and time of that event.
     position: GlobalPosition,
     at: DateTime<Utc>,
-    /// Whether its row differs from the one in the file.
-    dirty: bool,
     /// Whether the file has a row for it (else the batch inserts one).
     in_file: bool,
 }
@@ -213,7 +211,6 @@ fn apply_event(
         version: recorded.version,
         position,
         at: event.at(),
-        dirty: true,
         in_file,
     };
     touched.insert(operation_id, held);
@@ -237,8 +234,7 @@ fn write_touched(
     transaction: &Transaction<'_>,
     touched: HashMap<OperationId, Touched>,
 ) -> Result<(), ReadModelError> {
-    let mut dirty: Vec<(OperationId, Touched)> =
-        touched.into_iter().filter(|(_, held)| held.dirty).collect();
+    let mut dirty: Vec<(OperationId, Touched)> = touched.into_iter().collect();
     // In id order, so consecutive updates land on neighbouring pages.
     dirty.sort_unstable_by_key(|(operation_id, _)| *operation_id);
     for (operation_id, held) in dirty {

@@ -58,7 +58,9 @@ impl ReadModels {
     /// waiting to read what it holds. Lingering pays off under a stream of writes, not when a
     /// reader waits; without this a listing right after a write would wait out the linger.
     pub fn hurry(&self) {
-        self.hurry.notify_one();
+        // No permit is stored: a call while no batch lingers must not cut the next batch short
+        // (a reader still waiting asks again, as `fresh_read_models` does every few ms).
+        self.hurry.notify_waiters();
     }
 
     /// The file the read models live in.
@@ -229,6 +231,8 @@ impl ProjectionRunner {
                 let mut batch = vec![first?];
                 let mut failure: Option<StoreError> = None;
                 let linger_until = tokio::time::Instant::now() + self.linger;
+                // Created here, so a `hurry` from now on ends this batch's linger even before
+                // the wait below first polls it.
                 let hurried = read_models.hurry.notified();
                 tokio::pin!(hurried);
                 while batch.len() < self.max_batch_events {

@@ -113,15 +113,13 @@ pub(super) async fn record(
             // the server a write. Spawned, so a caller who hangs up cannot cancel a send
             // half-way.
             let engine = Arc::clone(&shared.engine);
-            let (recorded, first) =
-                tokio::spawn(async move { engine.record_and_drive(request).await })
+            let (recorded, claimed) =
+                tokio::spawn(async move { engine.record_and_claim(request).await })
                     .await
-                    .map_err(|error| {
-                        ApiError::internal("recording and executing failed", error)
-                    })??;
+                    .map_err(|error| ApiError::internal("recording the intent failed", error))??;
             (
                 recorded,
-                Some((first, wait.saturating_sub(started.elapsed()), place)),
+                Some((claimed, wait.saturating_sub(started.elapsed()), place)),
             )
         }
     };
@@ -136,13 +134,22 @@ pub(super) async fn record(
     let operation_id = recorded.operation.operation_id;
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
     let (operation, execute_error) = match driven {
-        Some((first, wait, place)) => {
+        Some((claimed, wait, place)) => {
             let span =
                 tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+            // The send runs in a task of its own, like every drive: whatever happens in it (even
+            // a panic) is answered as an execute error of an operation that is recorded.
+            let engine = Arc::clone(&shared.engine);
+            let operation = recorded.operation.clone();
+            let first = tokio::spawn(
+                async move { engine.drive_recorded(operation, claimed).await }
+                    .instrument(span.clone()),
+            )
+            .await;
             let driven = match first {
                 // Where the first drive left it; waits (and drives again) only if it has not
                 // settled.
-                Ok(report) => {
+                Ok(Ok(report)) => {
                     drive_until(
                         &shared,
                         Start::From(Box::new(report.operation)),
@@ -152,7 +159,8 @@ pub(super) async fn record(
                     .instrument(span)
                     .await
                 }
-                Err(error) => Err(ApiError::from(error)),
+                Ok(Err(error)) => Err(ApiError::from(error)),
+                Err(panicked) => Err(ApiError::internal("executing failed", panicked)),
             };
             match driven {
                 Ok(operation) => (operation, None),
