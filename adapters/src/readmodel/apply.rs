@@ -234,10 +234,10 @@ fn write_touched(
     transaction: &Transaction<'_>,
     touched: HashMap<OperationId, Touched>,
 ) -> Result<(), ReadModelError> {
-    let mut dirty: Vec<(OperationId, Touched)> = touched.into_iter().collect();
+    let mut rows: Vec<(OperationId, Touched)> = touched.into_iter().collect();
     // In id order, so consecutive updates land on neighbouring pages.
-    dirty.sort_unstable_by_key(|(operation_id, _)| *operation_id);
-    for (operation_id, held) in dirty {
+    rows.sort_unstable_by_key(|(operation_id, _)| *operation_id);
+    for (operation_id, held) in rows {
         write_operation(transaction, operation_id, &held)?;
     }
     Ok(())
@@ -267,12 +267,22 @@ fn similar_in_file_and_batch(
     new_intents: &HashMap<RequestKey, Vec<SimilarIntent>>,
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     let mut similar = find_similar(transaction, query)?;
-    let Some(same_request) = new_intents.get(&RequestKey::of(query)) else {
-        return Ok(similar);
-    };
-    let before = similar.len();
-    similar.extend(
-        same_request
+    if let Some(same_request) = new_intents.get(&RequestKey::of(query)) {
+        add_similar(&mut similar, same_request, query);
+    }
+    Ok(similar)
+}
+
+/// Adds the `candidates` (intents of the query's request) that the file query would return to
+/// `found` (already in its order), keeping the query's order and limit.
+pub(super) fn add_similar(
+    found: &mut Vec<SimilarIntent>,
+    candidates: &[SimilarIntent],
+    query: &SimilarIntentQuery,
+) {
+    let before = found.len();
+    found.extend(
+        candidates
             .iter()
             .filter(|intent| {
                 intent.operation_id != query.operation_id
@@ -281,13 +291,12 @@ fn similar_in_file_and_batch(
             })
             .cloned(),
     );
-    if similar.len() > before {
+    if found.len() > before {
         // Stored times sort as text in time order (sql.rs) and a UUID's hyphenated lowercase text
         // sorts as its bytes, so this is the file's `ORDER BY created_at DESC, operation_id DESC`.
-        similar.sort_by_key(|intent| std::cmp::Reverse((intent.recorded_at, intent.operation_id)));
-        similar.truncate(query.limit);
+        found.sort_by_key(|intent| std::cmp::Reverse((intent.recorded_at, intent.operation_id)));
+        found.truncate(query.limit);
     }
-    Ok(similar)
 }
 
 /// Writes an operation's row, built from its folded state as of its last event (`last`: that

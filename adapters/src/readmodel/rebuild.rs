@@ -341,20 +341,8 @@ impl IntentWindow {
         let Some(candidates) = self.by_request.get(&key) else {
             return WindowAnswer::Found(Vec::new());
         };
-        let mut found: Vec<SimilarIntent> = candidates
-            .iter()
-            .filter(|intent| {
-                intent.operation_id != query.operation_id
-                    && intent.recorded_at >= query.from
-                    && intent.recorded_at <= query.to
-            })
-            .cloned()
-            .collect();
-        // The runner orders by the stored texts; stored times sort as text in time order
-        // (sql.rs) and a UUID's hyphenated lowercase text sorts as its bytes, so this is the
-        // same order.
-        found.sort_by_key(|intent| std::cmp::Reverse((intent.recorded_at, intent.operation_id)));
-        found.truncate(query.limit);
+        let mut found = Vec::new();
+        apply::add_similar(&mut found, candidates, query);
         WindowAnswer::Found(found)
     }
 
