@@ -639,15 +639,44 @@ async fn caught_up<S: EventStore>(store: &S, read_models: &ReadModels) {
 
 // ----- incremental equals rebuild ----------------------------------------------------------------
 
+/// A SQLite ledger with a story harness over it, and empty read models beside it, in a
+/// temporary directory: what the live-runner tests start from.
+struct LiveOnSqlite {
+    dir: TempDir,
+    store: SqliteStore,
+    harness: Arc<Harness<SqliteStore>>,
+    live_path: PathBuf,
+    read_models: ReadModels,
+}
+
+impl LiveOnSqlite {
+    async fn open() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("ledger.db"))
+            .await
+            .expect("open the ledger");
+        let harness = Arc::new(Harness::new(store.clone()));
+        let live_path = dir.path().join("live.db");
+        let read_models = ReadModels::open(&live_path).await.expect("open");
+        Self {
+            dir,
+            store,
+            harness,
+            live_path,
+            read_models,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
-    let dir = TempDir::new().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("ledger.db"))
-        .await
-        .expect("open the ledger");
-    let harness = Arc::new(Harness::new(store.clone()));
-    let live_path = dir.path().join("live.db");
-    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let LiveOnSqlite {
+        dir,
+        store,
+        harness,
+        live_path,
+        read_models,
+    } = LiveOnSqlite::open().await;
 
     // Some history exists before the runner starts (catch-up), the rest is written while it runs
     // (live), by several concurrent writers; the runner is restarted once in between.
@@ -678,13 +707,13 @@ async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equals_a_rebuild() {
-    let dir = TempDir::new().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("ledger.db"))
-        .await
-        .expect("open the ledger");
-    let harness = Arc::new(Harness::new(store.clone()));
-    let live_path = dir.path().join("live.db");
-    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let LiveOnSqlite {
+        dir,
+        store,
+        harness,
+        live_path,
+        read_models,
+    } = LiveOnSqlite::open().await;
     let running = Running::start(
         ProjectionRunner::new().with_linger_ms(200),
         &store,
@@ -716,13 +745,13 @@ async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_runner_asked_to_hurry_commits_without_waiting_out_its_linger() {
-    let dir = TempDir::new().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("ledger.db"))
-        .await
-        .expect("open the ledger");
-    let harness = Harness::new(store.clone());
-    let live_path = dir.path().join("live.db");
-    let read_models = ReadModels::open(&live_path).await.expect("open");
+    let LiveOnSqlite {
+        dir: _dir,
+        store,
+        harness,
+        read_models,
+        ..
+    } = LiveOnSqlite::open().await;
     let running = Running::start(
         ProjectionRunner::new().with_linger_ms(MAX_LINGER_MS),
         &store,
