@@ -77,9 +77,12 @@ async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), Cl
     drop(read_models);
     let events = report.applied;
     println!(
-        "bench=projection-rebuild events={events} events_per_s={:.0} max_rss_mb={}",
+        "bench=projection-rebuild events={events} events_per_s={:.0} max_rss_mb={} \
+         read_back={} asked_the_file={}",
         events as f64 / elapsed.as_secs_f64(),
         peak.map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
+        report.read_back,
+        report.asked_the_file,
     );
     Ok(())
 }

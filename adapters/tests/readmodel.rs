@@ -33,11 +33,13 @@ use opledger_domain::contract::{
 };
 use opledger_domain::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{
-    AccountId, ActorId, AttemptId, ExternalObjectId, GlobalPosition, OperationId, TenantId,
-    WorkerId,
+    AccountId, ActorId, AttemptId, EventId, ExternalObjectId, GlobalPosition, OperationId,
+    StreamVersion, TenantId, WorkerId,
 };
 use opledger_domain::ports::{Clock, IdSource};
-use opledger_domain::store::{EventStore, LogStart, RecordedEvent, MAX_READ_BATCH};
+use opledger_domain::store::{
+    EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH,
+};
 use opledger_projections::chains::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::totals::Totals;
@@ -850,6 +852,58 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
         !flagged.is_empty(),
         "the stories flag possible duplicates, so the window's answers were compared"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_that_fails_midway_reports_the_event_and_leaves_no_file_behind() {
+    let dir = TempDir::new().expect("temp dir");
+    let harness = Harness::new(MemoryStore::new());
+    for n in 0..30 {
+        harness.play_nth(n).await;
+    }
+    // An operation stream whose only event cannot be decoded, after thirty operations, so the
+    // writer has rows, index entries and a commit behind it (tiny limits) when the fold fails.
+    let broken = OperationId::from_uuid(uuid::Uuid::from_u128(7));
+    let data = b"{\"not\": \"an event\"}".to_vec();
+    let at = Utc
+        .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+        .single()
+        .expect("valid");
+    let outcome = harness
+        .store()
+        .append(
+            &StreamName::for_operation(broken),
+            ExpectedVersion::NoStream,
+            vec![EventData {
+                event_id: EventId::for_operation_event(
+                    broken,
+                    StreamVersion::FIRST,
+                    at,
+                    "IntentRecorded",
+                    &data,
+                ),
+                event_type: "IntentRecorded".to_owned(),
+                data,
+                metadata: b"{}".to_vec(),
+            }],
+        )
+        .await
+        .expect("the store takes any bytes");
+    harness.play_nth(30).await;
+    let head = harness.store().head_position().await.expect("head");
+    let path = dir.path().join("read.db");
+    let error = rebuild_to_with(harness.store(), &path, head, TINY_LIMITS)
+        .await
+        .expect_err("an undecodable event fails the rebuild");
+    assert!(
+        matches!(error, ReadModelError::Decode { position, .. } if position == outcome.position),
+        "{error}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "no file is left behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

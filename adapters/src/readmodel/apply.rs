@@ -301,8 +301,7 @@ pub(super) fn add_similar(
 
 /// Writes an operation's row, built from its folded state as of its last event (`last`: that
 /// event's version, position and time), and the state itself — an update when the file already
-/// has a row for it. Batches and the rebuild both write through here, so their rows cannot
-/// differ.
+/// has a row for it.
 pub(super) fn write_folded(
     connection: &Connection,
     operation_id: OperationId,
@@ -310,6 +309,38 @@ pub(super) fn write_folded(
     last: (StreamVersion, GlobalPosition, DateTime<Utc>),
     in_file: bool,
 ) -> Result<(), ReadModelError> {
+    stored_operation(operation_id, state, last)?.write(connection, in_file)
+}
+
+/// An operation's row and its state as stored, built and ready to write. Batches and the
+/// rebuild both build rows here and write them with [`StoredOperation::write`], so their rows
+/// cannot differ; the rebuild builds on one thread and writes on another.
+pub(super) struct StoredOperation {
+    row: OperationRow,
+    state: String,
+}
+
+impl StoredOperation {
+    /// Inserts the row, or updates it when the file already has one (`in_file`).
+    pub(super) fn write(
+        &self,
+        connection: &Connection,
+        in_file: bool,
+    ) -> Result<(), ReadModelError> {
+        if in_file {
+            update_operation(connection, &self.row, &self.state)
+        } else {
+            insert_operation(connection, &self.row, &self.state)
+        }
+    }
+}
+
+/// Builds what [`write_folded`] writes.
+pub(super) fn stored_operation(
+    operation_id: OperationId,
+    state: &OperationState,
+    last: (StreamVersion, GlobalPosition, DateTime<Utc>),
+) -> Result<StoredOperation, ReadModelError> {
     let (version, position, at) = last;
     let row = operations::row(operation_id, state, version, position, at).ok_or(
         ReadModelError::Fold {
@@ -320,16 +351,12 @@ pub(super) fn write_folded(
             },
         },
     )?;
-    let stored = serde_json::to_string(state).map_err(|error| {
+    let state = serde_json::to_string(state).map_err(|error| {
         corrupt(format!(
             "the state of operation {operation_id} cannot be stored: {error}"
         ))
     })?;
-    if in_file {
-        update_operation(connection, &row, &stored)
-    } else {
-        insert_operation(connection, &row, &stored)
-    }
+    Ok(StoredOperation { row, state })
 }
 
 /// The operation's folded state and the version of its last event, if any event was folded.
@@ -416,7 +443,7 @@ pub(super) fn find_similar(
     Ok(similar)
 }
 
-pub(super) fn insert_operation(
+fn insert_operation(
     transaction: &Connection,
     row: &OperationRow,
     state: &str,
@@ -459,7 +486,7 @@ pub(super) fn insert_operation(
     Ok(())
 }
 
-pub(super) fn update_operation(
+fn update_operation(
     transaction: &Connection,
     row: &OperationRow,
     state: &str,
