@@ -778,6 +778,42 @@ async fn a_runner_asked_to_hurry_commits_without_waiting_out_its_linger() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asking_an_idle_runner_to_hurry_does_not_cut_its_next_batch_short() {
+    let LiveOnSqlite {
+        dir: _dir,
+        store,
+        harness,
+        read_models,
+        ..
+    } = LiveOnSqlite::open().await;
+    let running = Running::start(
+        ProjectionRunner::new().with_linger_ms(MAX_LINGER_MS),
+        &store,
+        &read_models,
+    );
+    harness.play_nth(0).await;
+    caught_up(&store, &read_models).await;
+    // Nothing lingers now: these asks must leave nothing behind for the next batch. (A stored
+    // wake-up would have turned the linger off under steady listings.)
+    for _ in 0..5 {
+        read_models.hurry();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let recorded = Instant::now();
+    harness.record_nth(1).await;
+    tokio::time::sleep(Duration::from_millis(MAX_LINGER_MS / 4)).await;
+    let lag = read_models.lag(&store).await.expect("the lag").positions;
+    // Only meaningful while the linger can still be running; a stalled machine may get here
+    // after it ran out, and then the batch has rightly been written.
+    if recorded.elapsed() < Duration::from_millis(MAX_LINGER_MS * 3 / 4) {
+        assert!(lag > 0, "the batch of the new intent still lingers");
+    }
+    caught_up(&store, &read_models).await;
+    let report = running.stop().await;
+    assert_eq!(report.applied, whole_log(&store).await.len() as u64);
+}
+
 /// Limits small enough that a short log takes every path a long one does: operations written
 /// out early and read back, intents let go of by the window and looked up in the file (which
 /// also creates the indexes before the end), several id-index flushes and transactions.
