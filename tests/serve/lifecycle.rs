@@ -425,3 +425,36 @@ async fn one_call_records_then_executes_and_a_redelivery_of_it_sends_nothing_mor
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {refused}");
     }
 }
+
+#[tokio::test]
+async fn concurrent_one_call_deliveries_of_one_tool_call_make_one_operation_and_one_object() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    // The plain CRM has no idempotency key: a second send would make a second object.
+    let body = json!({"provider": "crm-plain", "account": "acct-1", "action": "create_task",
+        "args": {"title": "delivered eight times at once"}, "source_id": "burst-1"});
+    let path = "/v1/operations?execute=true&wait_ms=5000";
+    let answers =
+        futures_util::future::join_all((0..8).map(|_| server.post(path, TENANT_A_TOKEN, &body)))
+            .await;
+    let first_id = answers[0].1["operation_id"].clone();
+    let mut created = 0;
+    for (status, answer) in &answers {
+        assert!(
+            *status == StatusCode::CREATED || *status == StatusCode::OK,
+            "{status}: {answer}"
+        );
+        assert_eq!(answer["operation_id"], first_id, "one operation: {answer}");
+        created += usize::from(answer["created"] == true);
+    }
+    assert_eq!(
+        created, 1,
+        "exactly one delivery recorded the intent: {answers:?}"
+    );
+    // Whichever delivery's send won, the operation ends confirmed with one object at the CRM.
+    let id = first_id.as_str().expect("an operation id");
+    let (_, settled) = server.execute(TENANT_A_TOKEN, id, 5_000).await;
+    assert_eq!(settled["state"], "succeeded", "{settled}");
+    assert_eq!(settled["attempts"], 1, "one send: {settled}");
+    assert_eq!(harness.objects().await.len(), 1);
+}
