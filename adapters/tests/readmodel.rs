@@ -1543,6 +1543,54 @@ async fn similar_intents_in_one_batch_are_flagged_as_when_each_batch_holds_one_e
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_similar_intents_than_are_checked_flag_the_newest_whatever_the_batches() {
+    // Fourteen identical requests from different deliveries: each flags at most
+    // MAX_SIMILAR_INTENTS_CHECKED earlier ones, the newest. Batches of five mix earlier intents
+    // already in the file with ones recorded earlier in the same batch, whose merge must keep
+    // the file query's order and limit.
+    let harness = Harness::new(MemoryStore::new());
+    let intents = 14;
+    for n in 0..intents {
+        harness
+            .record(
+                "acme",
+                Some(&format!("burst-{n}")),
+                "Call the same client",
+                false,
+            )
+            .await;
+    }
+    let log = whole_log(harness.store()).await;
+    let checked = opledger_projections::duplicates::MAX_SIMILAR_INTENTS_CHECKED;
+    let expected: usize = (0..intents).map(|earlier| earlier.min(checked)).sum();
+    assert!(intents > checked + 1, "the limit is reached");
+    for (what, batch_size) in [
+        ("one batch", log.len()),
+        ("batches of five", 5),
+        ("one event per batch", 1),
+    ] {
+        let dir = TempDir::new().expect("temp dir");
+        let path = dir.path().join("read.db");
+        let read_models = ReadModels::open(&path).await.expect("open");
+        for batch in log.chunks(batch_size) {
+            read_models
+                .apply_batch(batch.to_vec())
+                .await
+                .expect("a batch applies");
+        }
+        let flagged = read_models
+            .call(|store| store.duplicates(1_000))
+            .await
+            .expect("duplicates")
+            .possible_intents
+            .len();
+        assert_eq!(flagged, expected, "{what}");
+        drop(read_models);
+        assert_equals_a_rebuild(harness.store(), dir.path(), &path, what).await;
+    }
+}
+
 fn name_of(fixture: &Fixture, id: OperationId) -> &'static str {
     fixture
         .ops
