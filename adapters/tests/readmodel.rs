@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, TimeZone, Utc};
 use opledger_adapters::readmodel::{
     rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError, ReadModelStore,
-    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
+    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS, SCHEMA_VERSION,
 };
 use opledger_adapters::system::RandomIds;
 use opledger_adapters::{MemoryStore, SqliteStore};
@@ -1904,7 +1904,7 @@ async fn a_file_from_a_newer_opledger_or_another_program_is_refused_and_left_unt
             error,
             ReadModelError::IncompatibleSchema {
                 found: 99,
-                supported: 1,
+                supported: SCHEMA_VERSION,
                 ..
             }
         ),
@@ -1918,6 +1918,61 @@ async fn a_file_from_a_newer_opledger_or_another_program_is_refused_and_left_unt
     );
     assert_eq!(std::fs::read(&newer).expect("read"), newer_bytes);
     assert_eq!(std::fs::read(&foreign).expect("read"), foreign_bytes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_file_gains_its_gauges_on_opening_and_reports_the_same_metrics() {
+    let fixture = Fixture::build().await;
+    let metrics = || async {
+        fixture
+            .read_models
+            .call(|store| store.metrics())
+            .await
+            .expect("metrics")
+    };
+    let before = metrics().await;
+    assert!(
+        before.shared_external_ids > 0,
+        "the fixture shares an object"
+    );
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    // What a version 1 file looks like: no gauges, version 1.
+    let rebuilt = dir.join("rebuilt.db");
+    drop(
+        rebuild(fixture.harness.store(), &rebuilt)
+            .await
+            .expect("rebuild"),
+    );
+    let old = dir.join("version-1.db");
+    std::fs::copy(&rebuilt, &old).expect("copy");
+    let connection = Connection::open(&old).expect("open");
+    connection
+        .execute_batch("DROP TABLE gauges; PRAGMA user_version = 1;")
+        .expect("back to version 1");
+    drop(connection);
+
+    let migrated = ReadModels::open(&old)
+        .await
+        .expect("a version 1 file opens");
+    assert_eq!(
+        migrated
+            .call(|store| store.metrics())
+            .await
+            .expect("metrics"),
+        before
+    );
+    drop(migrated);
+    let version: i64 = Connection::open(&old)
+        .expect("open")
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_same_tables(
+        &dump_of(rebuilt).await,
+        &dump_of(old).await,
+        "migrated vs rebuilt",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,6 +54,51 @@ impl RequestKey {
     }
 }
 
+/// Gauge names (see the gauges table in `schema.rs`, whose migration writes the same names).
+pub(super) const IN_STATE_GAUGE: &str = "operations_in_state:";
+pub(super) const WITH_ATTEMPTS_GAUGE: &str = "operations_with_attempts:";
+pub(super) const SHARED_EXTERNAL_IDS_GAUGE: &str = "shared_external_ids";
+
+/// What of an operation's row the gauges count: its state and its attempts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Counted {
+    state: &'static str,
+    attempts: u32,
+}
+
+impl Counted {
+    /// What the row built from `state` holds ([`operations::row`] takes both from the state).
+    pub(super) fn of(state: &OperationState) -> Self {
+        Self {
+            state: state.status.name(),
+            attempts: state.attempts,
+        }
+    }
+}
+
+/// Changes to the gauges, summed in memory and written once ([`write_gauges`]).
+#[derive(Debug, Default)]
+pub(super) struct GaugeChanges(BTreeMap<String, i64>);
+
+impl GaugeChanges {
+    /// An operation's row went from `before` (`None`: the file had none) to `after`.
+    pub(super) fn row_changed(&mut self, before: Option<Counted>, after: Counted) {
+        if before == Some(after) {
+            return;
+        }
+        if let Some(before) = before {
+            self.add(format!("{IN_STATE_GAUGE}{}", before.state), -1);
+            self.add(format!("{WITH_ATTEMPTS_GAUGE}{}", before.attempts), -1);
+        }
+        self.add(format!("{IN_STATE_GAUGE}{}", after.state), 1);
+        self.add(format!("{WITH_ATTEMPTS_GAUGE}{}", after.attempts), 1);
+    }
+
+    fn add(&mut self, name: String, change: i64) {
+        *self.0.entry(name).or_default() += change;
+    }
+}
+
 /// What one batch did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
@@ -138,7 +183,9 @@ pub(super) fn apply_batch(
         }
         outcome.checkpoint = Some(position);
     }
-    write_touched(&transaction, touched)?;
+    let mut gauges = GaugeChanges::default();
+    write_touched(&transaction, touched, &mut gauges)?;
+    write_gauges(&transaction, &gauges)?;
     if outcome.checkpoint != start {
         write_counters(&transaction, &counters)?;
         if let Some(checkpoint) = outcome.checkpoint {
@@ -161,6 +208,8 @@ struct Touched {
     at: DateTime<Utc>,
     /// Whether the file has a row for it (else the batch inserts one).
     in_file: bool,
+    /// What the gauges count of the file's row (`None`: no row yet).
+    before: Option<Counted>,
 }
 
 fn apply_event(
@@ -174,11 +223,14 @@ fn apply_event(
     let position = recorded.position;
     let event =
         codec::decode(recorded).map_err(|source| ReadModelError::Decode { position, source })?;
-    let (mut state, last, in_file) = match touched.remove(&operation_id) {
-        Some(held) => (held.state, Some(held.version), held.in_file),
+    let (mut state, last, in_file, before) = match touched.remove(&operation_id) {
+        Some(held) => (held.state, Some(held.version), held.in_file, held.before),
         None => match load_state(transaction, operation_id)? {
-            Some((state, version)) => (state, Some(version), true),
-            None => (OperationState::initial(), None, false),
+            Some((state, version)) => {
+                let before = Some(Counted::of(&state));
+                (state, Some(version), true, before)
+            }
+            None => (OperationState::initial(), None, false, None),
         },
     };
     let query = duplicates::similar_intent_query(operation_id, &event);
@@ -212,6 +264,7 @@ fn apply_event(
         position,
         at: event.at(),
         in_file,
+        before,
     };
     touched.insert(operation_id, held);
     if let Some(review) = &changes.review {
@@ -233,12 +286,14 @@ fn apply_event(
 fn write_touched(
     transaction: &Transaction<'_>,
     touched: HashMap<OperationId, Touched>,
+    gauges: &mut GaugeChanges,
 ) -> Result<(), ReadModelError> {
     let mut rows: Vec<(OperationId, Touched)> = touched.into_iter().collect();
     // In id order, so consecutive updates land on neighbouring pages.
     rows.sort_unstable_by_key(|(operation_id, _)| *operation_id);
     for (operation_id, held) in rows {
         write_operation(transaction, operation_id, &held)?;
+        gauges.row_changed(held.before, Counted::of(&held.state));
     }
     Ok(())
 }
@@ -748,6 +803,28 @@ pub(super) fn write_chain(
             role,
             position,
         } => {
+            // The object becomes shared when a second operation names it.
+            let mut named_by = transaction
+                .prepare_cached(
+                    "SELECT operation_id FROM external_ids
+                     WHERE provider = ?1 AND account = ?2 AND external_id = ?3 LIMIT 2",
+                )
+                .map_err(|error| {
+                    ReadModelError::sqlite("preparing an external id lookup", error)
+                })?;
+            let named_by: Vec<String> = named_by
+                .query_map(
+                    params![provider.as_str(), account.as_str(), external_id.as_str()],
+                    |row| row.get(0),
+                )
+                .and_then(|rows| rows.collect())
+                .map_err(|error| ReadModelError::sqlite("looking up an external id", error))?;
+            let operation = operation_id.to_string();
+            if let [only] = named_by.as_slice() {
+                if *only != operation {
+                    add_to_gauge(transaction, SHARED_EXTERNAL_IDS_GAUGE, 1)?;
+                }
+            }
             // Naming the same object again keeps the first position and the strongest role.
             let mut statement = transaction
                 .prepare_cached(
@@ -767,13 +844,57 @@ pub(super) fn write_chain(
                     provider.as_str(),
                     account.as_str(),
                     external_id.as_str(),
-                    operation_id.to_string(),
+                    operation,
                     role.name(),
                     sql::position(*position)?,
                 ])
                 .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
         }
     }
+    Ok(())
+}
+
+/// Adds the changes to the gauges and deletes those that reach zero.
+pub(super) fn write_gauges(
+    transaction: &Connection,
+    changes: &GaugeChanges,
+) -> Result<(), ReadModelError> {
+    for (name, change) in &changes.0 {
+        if *change != 0 {
+            add_to_gauge(transaction, name, *change)?;
+        }
+    }
+    Ok(())
+}
+
+fn add_to_gauge(transaction: &Connection, name: &str, change: i64) -> Result<(), ReadModelError> {
+    let failed = |error| ReadModelError::sqlite(format!("changing gauge {name}"), error);
+    if change > 0 {
+        let mut raise = transaction
+            .prepare_cached(
+                "INSERT INTO gauges (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+            )
+            .map_err(failed)?;
+        raise.execute(params![name, change]).map_err(failed)?;
+        return Ok(());
+    }
+    // Not an upsert: SQLite checks the row an upsert would insert against the table's CHECK
+    // before it finds the conflict, so a negative change could never reach an existing gauge.
+    let mut lower = transaction
+        .prepare_cached("UPDATE gauges SET value = value + ?2 WHERE name = ?1")
+        .map_err(failed)?;
+    // Below zero breaks the CHECK, and a missing gauge changes no row: either way the file and
+    // its log disagree.
+    if lower.execute(params![name, change]).map_err(failed)? != 1 {
+        return Err(corrupt(format!(
+            "gauge {name} would fall below zero: the read models do not match the log"
+        )));
+    }
+    let mut delete = transaction
+        .prepare_cached("DELETE FROM gauges WHERE name = ?1 AND value = 0")
+        .map_err(failed)?;
+    delete.execute([name]).map_err(failed)?;
     Ok(())
 }
 

@@ -56,9 +56,10 @@ pub use runner::{
 pub use swap::{lock_path, replace_views};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
-/// a table or the stored form of an operation's folded state changes; a file from an older build
-/// is then rebuilt, not migrated (the log is the source of truth).
-pub const SCHEMA_VERSION: i64 = 1;
+/// a table or the stored form of an operation's folded state changes. An addition that can be
+/// filled from what a file already holds is migrated in place when the file is opened (version
+/// 2 added the gauges); anything else would need a rebuild from the log, the source of truth.
+pub const SCHEMA_VERSION: i64 = 2;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
 pub const MAX_BATCH_EVENTS: usize = 4096;

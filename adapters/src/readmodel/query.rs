@@ -24,7 +24,7 @@ use rusqlite::{params, OptionalExtension, Row};
 use uuid::Uuid;
 
 use super::sql::{self, corrupt};
-use super::{ReadModelError, ReadModelStore, MAX_QUERY_ROWS};
+use super::{apply, ReadModelError, ReadModelStore, MAX_QUERY_ROWS};
 
 /// Which operations to list. Every condition set must hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -452,11 +452,22 @@ impl ReadModelStore {
             counters: Counter::ALL.iter().map(|counter| (*counter, 0)).collect(),
             ..Metrics::default()
         };
-        for (state, count) in
-            self.counts::<String>("SELECT state, count(*) FROM operations GROUP BY state")?
-        {
-            let name = state_name(&state)?;
-            metrics.by_state.insert(name, count);
+        // The gauges, kept current by every batch: a few rows, whatever the number of
+        // operations (counting them here scanned every operation).
+        for (gauge, value) in self.counts::<String>("SELECT name, value FROM gauges")? {
+            if let Some(state) = gauge.strip_prefix(apply::IN_STATE_GAUGE) {
+                metrics.by_state.insert(state_name(state)?, value);
+            } else if let Some(attempts) = gauge.strip_prefix(apply::WITH_ATTEMPTS_GAUGE) {
+                let attempts: u32 = attempts
+                    .parse()
+                    .map_err(|_| sql::corrupt(format!("gauge `{gauge}` names no attempt count")))?;
+                metrics.attempts.operations += value;
+                metrics.attempts.sum += u64::from(attempts) * value;
+                metrics.attempts.histogram.push((attempts, value));
+            } else if gauge == apply::SHARED_EXTERNAL_IDS_GAUGE {
+                metrics.shared_external_ids = value;
+            }
+            // Any other gauge is one a newer build wrote; left out, as counters are.
         }
         for (name, value) in self.counts::<String>("SELECT name, value FROM counters")? {
             // A counter this build does not know is one a newer build wrote; it is left out
@@ -465,21 +476,9 @@ impl ReadModelStore {
                 metrics.counters.insert(*counter, value);
             }
         }
-        for (attempts, operations) in
-            self.counts::<i64>("SELECT attempts, count(*) FROM operations GROUP BY attempts")?
-        {
-            let attempts = sql::small_count_from(attempts)?;
-            metrics.attempts.operations += operations;
-            metrics.attempts.sum += u64::from(attempts) * operations;
-            metrics.attempts.histogram.push((attempts, operations));
-        }
         metrics.attempts.histogram.sort_unstable();
         metrics.possible_duplicate_intents =
             self.count("SELECT count(*) FROM possible_duplicate_intents")?;
-        metrics.shared_external_ids = self.count(
-            "SELECT count(*) FROM (SELECT 1 FROM external_ids
-             GROUP BY provider, account, external_id HAVING count(*) > 1)",
-        )?;
         metrics.oldest_unknown = self.oldest_in("unknown")?;
         metrics.oldest_needs_review = self.oldest_in("needs_review")?;
         Ok(metrics)

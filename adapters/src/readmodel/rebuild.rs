@@ -318,6 +318,8 @@ struct OpenOperation {
     in_file: bool,
     /// Whether `state` is newer than the file.
     dirty: bool,
+    /// What the gauges count of the file's row (`None`: no row yet).
+    before: Option<apply::Counted>,
     /// The event count when it was last touched; the least recent are written out first.
     last_used: u64,
 }
@@ -479,6 +481,9 @@ struct Rebuilder {
     open: HashMap<OperationId, OpenOperation>,
     window: IntentWindow,
     counters: BTreeMap<Counter, u64>,
+    /// The gauges' changes as rows are written, summed: the file starts empty, so at the end
+    /// they are the gauges.
+    gauges: apply::GaugeChanges,
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
     clock: u64,
@@ -535,6 +540,7 @@ impl Rebuilder {
             open: HashMap::new(),
             window: IntentWindow::new(limits.max_window_intents),
             counters: BTreeMap::new(),
+            gauges: apply::GaugeChanges::default(),
             report: RebuildReport::default(),
             clock: 0,
             indexed: false,
@@ -596,9 +602,12 @@ impl Rebuilder {
                 };
                 let in_file = loaded.is_some();
                 self.report.read_back += u64::from(in_file);
-                let (state, version) = match loaded {
-                    Some((state, version)) => (state, Some(version)),
-                    None => (OperationState::initial(), None),
+                let (state, version, before) = match loaded {
+                    Some((state, version)) => {
+                        let before = Some(apply::Counted::of(&state));
+                        (state, Some(version), before)
+                    }
+                    None => (OperationState::initial(), None, None),
                 };
                 vacant.insert(OpenOperation {
                     state,
@@ -607,6 +616,7 @@ impl Rebuilder {
                     at: event.at(),
                     in_file,
                     dirty: false,
+                    before,
                     last_used: clock,
                 })
             }
@@ -713,6 +723,9 @@ impl Rebuilder {
                 stored,
                 in_file: open.in_file,
             })?;
+            let after = apply::Counted::of(&open.state);
+            self.gauges.row_changed(open.before, after);
+            open.before = Some(after);
             open.in_file = true;
             open.dirty = false;
         }
@@ -751,6 +764,7 @@ impl Rebuilder {
         self.writes.flush()?;
         self.writes.send(Message::Finish {
             counters: std::mem::take(&mut self.counters),
+            gauges: std::mem::take(&mut self.gauges),
             checkpoint: self.report.checkpoint,
         })?;
         Ok(self.report)
@@ -796,6 +810,7 @@ enum Message {
     /// closed.
     Finish {
         counters: BTreeMap<Counter, u64>,
+        gauges: apply::GaugeChanges,
         checkpoint: Option<GlobalPosition>,
     },
 }
@@ -887,8 +902,9 @@ impl Writer {
                 }
                 Message::Finish {
                     counters,
+                    gauges,
                     checkpoint,
-                } => return self.finish(&counters, checkpoint).map(|()| true),
+                } => return self.finish(&counters, &gauges, checkpoint).map(|()| true),
             }
         }
         Ok(false)
@@ -923,10 +939,12 @@ impl Writer {
     fn finish(
         self,
         counters: &BTreeMap<Counter, u64>,
+        gauges: &apply::GaugeChanges,
         checkpoint: Option<GlobalPosition>,
     ) -> Result<(), ReadModelError> {
         if let Some(checkpoint) = checkpoint {
             apply::write_counters(&self.connection, counters)?;
+            apply::write_gauges(&self.connection, gauges)?;
             apply::write_checkpoint(&self.connection, checkpoint)?;
         }
         commit(&self.connection)?;
