@@ -943,6 +943,42 @@ async fn a_rebuild_that_fails_midway_reports_the_event_and_leaves_no_file_behind
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_cancelled_half_way_leaves_no_file_behind() {
+    let dir = TempDir::new().expect("temp dir");
+    let harness = Harness::new(MemoryStore::new());
+    for n in 0..300 {
+        harness.play_nth(n).await;
+    }
+    let head = harness.store().head_position().await.expect("head");
+    let path = dir.path().join("read.db");
+    let files = || -> Vec<_> {
+        std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|entry| entry.expect("entry").file_name())
+            .collect()
+    };
+    // Dropped as soon as its temporary file exists, as a Ctrl-C drops a replay's future.
+    let rebuilding = rebuild_to_with(harness.store(), &path, head, TINY_LIMITS);
+    let started = async {
+        while files().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::select! {
+        finished = rebuilding => panic!("the rebuild finished before it could be cancelled: {:?}",
+            finished.map(|(_, report)| report)),
+        () = started => {}
+    }
+    // The fold and the writer notice on their own threads and clean up.
+    let deadline = Instant::now() + TEST_DEADLINE;
+    while !files().is_empty() {
+        assert!(Instant::now() < deadline, "left behind: {:?}", files());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!path.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebuild_limits_that_cannot_make_progress_are_refused() {
     let dir = TempDir::new().expect("temp dir");
     let harness = Harness::new(MemoryStore::new());

@@ -9,14 +9,17 @@
 //! buffered and written in key order; the secondary indexes are created by sorting after the
 //! rows are in; and the file is written without a journal or fsyncs, in large transactions, with
 //! 16 KiB pages, and moved into place only after a final fsync. The fold and the building of
-//! rows run on one thread and SQLite's writing on another ([`Writer`]), so both cores work. The contents must be exactly the runner's: the same
-//! fold with the same inputs, the row from the same function ([`operations::row`]), every row
-//! written with the runner's own statements — and tests compare the files table by table,
-//! within the default limits and within tiny ones that force every path.
+//! rows run on one thread and SQLite's writing on another ([`Writer`]), so both cores work.
+//! The contents must be exactly the runner's: the same fold with the same inputs, the row from
+//! the same function ([`operations::row`]), every row written with the runner's own statements
+//! — and tests compare the files table by table, within the default limits and within tiny ones
+//! that force every path.
 //!
 //! Memory is bounded by [`RebuildLimits`], not by the log: open operations, window intents,
 //! buffered index entries, SQLite's page cache ([`REBUILD_CACHE_KIB`], which also bounds the
-//! index sorter before it spills to temporary files) and the batches read ahead.
+//! index sorter before it spills to temporary files), the batches read ahead, the writes queued
+//! for the writer ([`MESSAGES_IN_FLIGHT`]) and the fixed filter of requests the window let go
+//! of ([`REQUEST_FILTER_BITS`]).
 //!
 //! Why dropping SQLite's durability here is safe: the rebuild writes a temporary file that only
 //! this rebuild knows. A crash or an error at any point leaves that file incomplete and not at
@@ -222,11 +225,26 @@ async fn build<S: EventStore>(
     target: Option<GlobalPosition>,
     limits: RebuildLimits,
 ) -> Result<RebuildReport, ReadModelError> {
-    let (sender, receiver) = mpsc::channel::<Result<Vec<Decoded>, StoreError>>(READ_AHEAD_BATCHES);
+    let (sender, receiver) = mpsc::channel::<Result<Feed, StoreError>>(READ_AHEAD_BATCHES);
     let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
-    let temporary_owned = temporary.to_path_buf();
-    let writer =
-        tokio::task::spawn_blocking(move || Writer::create(&temporary_owned)?.write_all(from_fold));
+    let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
+    // Three blocking threads at once (the writer, the fold and a batch's decoding): a runtime
+    // limited to fewer would leave the fold waiting for a decode that never starts.
+    let writer = tokio::task::spawn_blocking(move || {
+        let writer = Writer::create(&temporary_owned)?;
+        // From here the temporary file is this rebuild's: anything but a finished and published
+        // file removes it, here, because after a cancelled rebuild nobody else is left to.
+        let result = writer.write_all(from_fold).and_then(|finished| {
+            if finished {
+                publish(&temporary_owned, &path_owned)?;
+            }
+            Ok(finished)
+        });
+        if !matches!(result, Ok(true)) {
+            remove_file_and_journal(&temporary_owned);
+        }
+        result
+    });
     let fold = tokio::task::spawn_blocking(move || {
         let mut rebuilder = Rebuilder::new(WriteQueue::new(to_writer), limits);
         rebuilder.fold_all(receiver)?;
@@ -245,7 +263,6 @@ async fn build<S: EventStore>(
                 reason: "the rebuild's writer stopped before the end".to_string(),
             });
         }
-        publish(temporary, path)?;
         Ok(report)
     };
     let reader = async {
@@ -275,15 +292,24 @@ async fn build<S: EventStore>(
                 Err(error) => Err(error),
             };
             let failed = read.is_err();
-            // A closed channel means the writer stopped; its error is the one to report.
-            if sender.send(read).await.is_err() || failed {
-                break;
+            // A closed channel means the fold stopped; its error is the one to report.
+            if sender.send(read.map(Feed::Batch)).await.is_err() || failed {
+                return;
             }
         }
-        drop(sender);
+        // Only now may the fold finish the file: a feed that just closes is a rebuild that was
+        // cancelled (its future dropped) half-way, and must not leave a partial file.
+        let _ = sender.send(Ok(Feed::Complete)).await;
     };
     let ((), written) = tokio::join!(reader, written);
     written
+}
+
+/// What the reader hands the fold.
+enum Feed {
+    Batch(Vec<Decoded>),
+    /// Every event up to the target was handed over.
+    Complete,
 }
 
 /// An event as read, with its decoded form when it belongs to an operation stream.
@@ -549,16 +575,24 @@ impl Rebuilder {
         }
     }
 
+    /// Folds what the reader hands over, to the end of the feed.
     fn fold_all(
         &mut self,
-        mut receiver: mpsc::Receiver<Result<Vec<Decoded>, StoreError>>,
+        mut receiver: mpsc::Receiver<Result<Feed, StoreError>>,
     ) -> Result<(), ReadModelError> {
-        while let Some(batch) = receiver.blocking_recv() {
-            for decoded in batch? {
-                self.fold(&decoded.recorded, decoded.event)?;
+        while let Some(feed) = receiver.blocking_recv() {
+            match feed? {
+                Feed::Batch(batch) => {
+                    for decoded in batch {
+                        self.fold(&decoded.recorded, decoded.event)?;
+                    }
+                }
+                Feed::Complete => return Ok(()),
             }
         }
-        Ok(())
+        Err(ReadModelError::Worker {
+            reason: "the rebuild was stopped before it read the whole log".to_string(),
+        })
     }
 
     fn fold(
@@ -737,10 +771,7 @@ impl Rebuilder {
     /// sort is stable: entries with one key keep their log order, which the external-id upsert
     /// (first position kept, strongest role) depends on.
     fn write_chains(&mut self) -> Result<(), ReadModelError> {
-        let mut chains = std::mem::replace(
-            &mut self.chains,
-            Vec::with_capacity(self.limits.max_buffered_chains),
-        );
+        let mut chains = std::mem::take(&mut self.chains);
         chains.sort_by(|left, right| chain_key(left).cmp(&chain_key(right)));
         self.writes.push(Write::Chains(chains))
     }
@@ -774,12 +805,15 @@ impl Rebuilder {
 /// Writes handed from the fold to the writer, in batches of this many: one channel message
 /// per batch instead of per row.
 const WRITES_PER_MESSAGE: usize = 512;
-/// Batches of writes the fold may run ahead of the writer. With [`WRITES_PER_MESSAGE`] this
-/// bounds the rows in flight between the two threads.
+/// Batches of writes the fold may run ahead of the writer. Between the two threads there are at
+/// most this many queued, one being written and one being filled, each of at most
+/// [`WRITES_PER_MESSAGE`] writes: a row each, or one flush of up to
+/// [`RebuildLimits::max_buffered_chains`] id-index entries.
 const MESSAGES_IN_FLIGHT: usize = 8;
 
-/// One thing for the writer to do, in the fold's order. The fold's two questions to the file
-/// travel the same queue, so each answer sees every write the fold made before asking.
+/// One thing for the writer to do, in the fold's order: a write, or one of the fold's two
+/// questions to the file, which travel the same queue so that each answer sees every write the
+/// fold made before asking.
 enum Write {
     /// An operation's row, built by the fold.
     Operation {
@@ -890,7 +924,7 @@ impl Writer {
         Ok(Self { connection })
     }
 
-    /// Does the writes until [`Write::Finish`]; `Ok(false)` when the fold stopped before it
+    /// Does the writes until [`Message::Finish`]; `Ok(false)` when the fold stopped before it
     /// (its error is the one to report).
     fn write_all(self, receiver: Receiver<Message>) -> Result<bool, ReadModelError> {
         for message in receiver {
@@ -1086,6 +1120,33 @@ mod tests {
             window.find(&query(9, later)),
             WindowAnswer::Found(_)
         ));
+    }
+
+    #[test]
+    fn a_writer_that_fails_answers_the_folds_question_with_an_error_instead_of_a_hang() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let temporary = dir.path().join("read.db.rebuild");
+        let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+        let file = temporary.clone();
+        let writer = std::thread::spawn(move || Writer::create(&file)?.write_all(from_fold));
+        let mut writes = WriteQueue::new(to_writer);
+        // Creating the indexes twice fails the writer; the question waits behind it.
+        writes.push(Write::CreateIndexes).expect("queued");
+        writes.push(Write::CreateIndexes).expect("queued");
+        let answer = writes.ask(|reply| Write::LoadState {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(1)),
+            reply,
+        });
+        assert!(
+            matches!(answer, Err(ReadModelError::Worker { .. })),
+            "the fold learns that its writer stopped: {answer:?}"
+        );
+        drop(writes);
+        let written = writer.join().expect("the writer does not panic");
+        assert!(
+            matches!(written, Err(ReadModelError::Sqlite { .. })),
+            "the writer reports its own error: {written:?}"
+        );
     }
 
     #[test]
