@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeZone, Utc};
 use opledger_adapters::readmodel::{
-    rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError, ReadModelStore,
-    ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS, SCHEMA_VERSION,
+    lock_path, rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError,
+    ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
+    SCHEMA_VERSION,
 };
 use opledger_adapters::system::RandomIds;
 use opledger_adapters::{MemoryStore, SqliteStore};
@@ -1957,7 +1958,7 @@ async fn a_file_from_a_newer_opledger_or_another_program_is_refused_and_left_unt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_1_file_gains_its_gauges_on_opening_and_reports_the_same_metrics() {
+async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the_same_metrics() {
     let fixture = Fixture::build().await;
     let metrics = || async {
         fixture
@@ -1987,6 +1988,23 @@ async fn a_version_1_file_gains_its_gauges_on_opening_and_reports_the_same_metri
         .execute_batch("DROP TABLE gauges; PRAGMA user_version = 1;")
         .expect("back to version 1");
     drop(connection);
+    let version_of = |path: &Path| -> i64 {
+        Connection::open(path)
+            .expect("open")
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("version")
+    };
+
+    // An older opledger with the file open (its shared lock) would not see an upgrade.
+    let older_process = std::fs::File::create(lock_path(&old)).expect("lock file");
+    rustix::fs::flock(&older_process, rustix::fs::FlockOperation::LockShared).expect("locked");
+    let refused = ReadModels::open(&old).await.expect_err("not while shared");
+    assert!(
+        matches!(refused, ReadModelError::UpgradeBlocked { found: 1, .. }),
+        "{refused}"
+    );
+    assert_eq!(version_of(&old), 1, "left as it was");
+    drop(older_process);
 
     let migrated = ReadModels::open(&old)
         .await
@@ -1999,11 +2017,7 @@ async fn a_version_1_file_gains_its_gauges_on_opening_and_reports_the_same_metri
         before
     );
     drop(migrated);
-    let version: i64 = Connection::open(&old)
-        .expect("open")
-        .pragma_query_value(None, "user_version", |row| row.get(0))
-        .expect("version");
-    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(version_of(&old), SCHEMA_VERSION);
     assert_same_tables(
         &dump_of(rebuilt).await,
         &dump_of(old).await,

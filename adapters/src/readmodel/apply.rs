@@ -882,10 +882,10 @@ fn add_to_gauge(transaction: &Connection, name: &str, change: i64) -> Result<(),
     // Not an upsert: SQLite checks the row an upsert would insert against the table's CHECK
     // before it finds the conflict, so a negative change could never reach an existing gauge.
     let mut lower = transaction
-        .prepare_cached("UPDATE gauges SET value = value + ?2 WHERE name = ?1")
+        .prepare_cached("UPDATE gauges SET value = value + ?2 WHERE name = ?1 AND value + ?2 >= 0")
         .map_err(failed)?;
-    // Below zero breaks the CHECK, and a missing gauge changes no row: either way the file and
-    // its log disagree.
+    // A missing gauge or one that would fall below zero changes no row: either way the file
+    // and its log disagree.
     if lower.execute(params![name, change]).map_err(failed)? != 1 {
         return Err(corrupt(format!(
             "gauge {name} would fall below zero: the read models do not match the log"

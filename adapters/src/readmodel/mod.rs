@@ -33,6 +33,7 @@ mod sql;
 mod swap;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use opledger_domain::codec::DecodeError;
 use opledger_domain::ids::{EventId, GlobalPosition};
@@ -113,6 +114,14 @@ pub enum ReadModelError {
     InUse {
         /// The views file.
         path: PathBuf,
+    },
+    /// An older views file must be upgraded, and another process has it open.
+    #[error("`{path}` holds read models of schema version {found}; this opledger upgrades them to version {SCHEMA_VERSION} when it opens them, and only while no other process has them open (an older opledger would not see the upgrade). Stop the other opledger processes using them (an older `opledger serve`, workers, queries) and try again")]
+    UpgradeBlocked {
+        /// The views file.
+        path: PathBuf,
+        /// Its schema version.
+        found: i64,
     },
     /// A views file stayed locked by a replacement for longer than [`BUSY_TIMEOUT_MS`].
     #[error("`{path}` is being replaced by `opledger replay` and stayed locked for over {BUSY_TIMEOUT_MS} ms; try again")]
@@ -228,9 +237,23 @@ impl ReadModelStore {
     /// A file from a newer opledger or from another program is refused and left unmodified.
     /// While open it holds a shared lock on `<path>.lock` (created if needed): a replacement of
     /// the file ([`replace_views`]) is refused while any store has it open, and an open waits
-    /// for a replacement in progress to end (at most [`BUSY_TIMEOUT_MS`]).
+    /// for a replacement in progress to end (at most [`BUSY_TIMEOUT_MS`]). A file of an older
+    /// schema version is upgraded first, holding that lock exclusively: if another process keeps
+    /// the file open for longer than [`BUSY_TIMEOUT_MS`], the open fails with
+    /// [`ReadModelError::UpgradeBlocked`] and the file is left as it was.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ReadModelError> {
         let path = path.as_ref().to_path_buf();
+        // Upgraded in place, only when alone: a process of the older build that has the file
+        // open would never notice, and would go on writing batches without the new tables.
+        if let Some(found) = schema::older_version(&path)? {
+            let alone = swap::exclusive_within(&path, Duration::from_millis(BUSY_TIMEOUT_MS))?
+                .ok_or_else(|| ReadModelError::UpgradeBlocked {
+                    path: path.clone(),
+                    found,
+                })?;
+            drop(schema::open(&path)?);
+            drop(alone);
+        }
         let lock = swap::shared(&path)?;
         let connection = schema::open(&path)?;
         Ok(Self {

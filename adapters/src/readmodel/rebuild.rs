@@ -32,7 +32,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use opledger_domain::codec::{self, DecodeError};
@@ -216,8 +218,9 @@ pub async fn rebuild_to_with<S: EventStore>(
 }
 
 /// Reads the log in one task (decoding each batch on a blocking thread), folds on another and
-/// writes the file on a third, so reading, folding and writing share the cores; then publishes
-/// the file at `path` once both the fold and the writer have finished.
+/// writes the file on a third, so reading, folding and writing share the cores. The writer
+/// publishes the file at `path` once everything is written, unless the rebuild was dropped
+/// meanwhile (checked just before the file is linked into place).
 async fn build<S: EventStore>(
     store: &S,
     temporary: &Path,
@@ -228,18 +231,30 @@ async fn build<S: EventStore>(
     let (sender, receiver) = mpsc::channel::<Result<Feed, StoreError>>(READ_AHEAD_BATCHES);
     let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
     let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
+    let wanted = Arc::new(AtomicBool::new(true));
+    let _wanted_until_dropped = WantedUntilDropped(Arc::clone(&wanted));
     // Three blocking threads at once (the writer, the fold and a batch's decoding): a runtime
     // limited to fewer would leave the fold waiting for a decode that never starts.
     let writer = tokio::task::spawn_blocking(move || {
-        let writer = Writer::create(&temporary_owned)?;
+        Writer::create_file(&temporary_owned)?;
         // From here the temporary file is this rebuild's: anything but a finished and published
         // file removes it, here, because after a cancelled rebuild nobody else is left to.
-        let result = writer.write_all(from_fold).and_then(|finished| {
-            if finished {
+        let result = Writer::open(&temporary_owned)
+            .and_then(|writer| writer.write_all(from_fold))
+            .and_then(|finished| {
+                if !finished {
+                    return Ok(false);
+                }
+                // The last events may have been handed over just before the caller went away.
+                if !wanted.load(Ordering::SeqCst) {
+                    return Err(ReadModelError::Worker {
+                        reason: "the rebuild was cancelled before its file was published"
+                            .to_string(),
+                    });
+                }
                 publish(&temporary_owned, &path_owned)?;
-            }
-            Ok(finished)
-        });
+                Ok(true)
+            });
         if !matches!(result, Ok(true)) {
             remove_file_and_journal(&temporary_owned);
         }
@@ -303,6 +318,16 @@ async fn build<S: EventStore>(
     };
     let ((), written) = tokio::join!(reader, written);
     written
+}
+
+/// Marks the rebuild unwanted when [`build`]'s future is dropped (a Ctrl-C during `replay`):
+/// the threads go on, and the writer must not publish what nobody waits for any more.
+struct WantedUntilDropped(Arc<AtomicBool>);
+
+impl Drop for WantedUntilDropped {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 /// What the reader hands the fold.
@@ -507,8 +532,8 @@ struct Rebuilder {
     open: HashMap<OperationId, OpenOperation>,
     window: IntentWindow,
     counters: BTreeMap<Counter, u64>,
-    /// The gauges' changes as rows are written, summed: the file starts empty, so at the end
-    /// they are the gauges.
+    /// The changes of the row gauges as rows are written, summed: the file starts empty, so at
+    /// the end they are those gauges (`shared_external_ids` is kept by the id-index writes).
     gauges: apply::GaugeChanges,
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
@@ -908,16 +933,22 @@ struct Writer {
 }
 
 impl Writer {
-    fn create(temporary: &Path) -> Result<Self, ReadModelError> {
-        // Creating the file exclusively: a name another rebuild is using is never shared.
+    /// Creates the file exclusively: a name another rebuild is using is never shared (nor
+    /// removed by this one).
+    fn create_file(temporary: &Path) -> Result<(), ReadModelError> {
         OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(temporary)
+            .map(drop)
             .map_err(|source| ReadModelError::Create {
                 path: temporary.to_path_buf(),
                 source,
-            })?;
+            })
+    }
+
+    /// Sets up the file [`Writer::create_file`] created, and begins the first transaction.
+    fn open(temporary: &Path) -> Result<Self, ReadModelError> {
         let connection =
             schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
         begin(&connection)?;
@@ -1128,7 +1159,10 @@ mod tests {
         let temporary = dir.path().join("read.db.rebuild");
         let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
         let file = temporary.clone();
-        let writer = std::thread::spawn(move || Writer::create(&file)?.write_all(from_fold));
+        let writer = std::thread::spawn(move || {
+            Writer::create_file(&file)?;
+            Writer::open(&file)?.write_all(from_fold)
+        });
         let mut writes = WriteQueue::new(to_writer);
         // Creating the indexes twice fails the writer; the question waits behind it.
         writes.push(Write::CreateIndexes).expect("queued");

@@ -153,7 +153,8 @@ const CREATE_TABLES_V2: &str = "
 ";
 
 /// Fills the gauges of a version 1 file from its rows, as the batches would have. The names are
-/// those of `apply::Gauge`; a test migrates a file and compares the report.
+/// those of the `*_GAUGE` constants in `apply.rs`; a test migrates a file and compares the
+/// report and every table with a rebuild.
 const FILL_GAUGES_V2: &str = "
     INSERT INTO gauges (name, value)
         SELECT 'operations_in_state:' || state, count(*) FROM operations GROUP BY state;
@@ -227,6 +228,22 @@ pub(super) fn open(path: &Path) -> Result<Connection, ReadModelError> {
     }
     check_tables(&connection, path)?;
     Ok(connection)
+}
+
+/// The schema version of the read models at `path` when it is older than this build's and
+/// above zero: a file [`open`] would upgrade. Only reads.
+pub(super) fn older_version(path: &Path) -> Result<Option<i64>, ReadModelError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags)
+        .map_err(|error| ReadModelError::sqlite(format!("opening `{}`", path.display()), error))?;
+    connection
+        .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(|error| ReadModelError::sqlite("setting the busy timeout", error))?;
+    let found = schema_version(&connection, path)?;
+    Ok((1..SCHEMA_VERSION).contains(&found).then_some(found))
 }
 
 /// Keeps each prepared statement's plan whatever values are bound. Without this SQLite compiles

@@ -71,6 +71,35 @@ fn shared_within(views: &Path, wait: Duration) -> Result<ViewsLock, ReadModelErr
     }
 }
 
+/// Takes the lock of the views at `views` exclusively, waiting up to `wait` for the processes that
+/// have them open to close them; `None` if they did not.
+pub(super) fn exclusive_within(
+    views: &Path,
+    wait: Duration,
+) -> Result<Option<ViewsLock>, ReadModelError> {
+    let path = lock_path(views);
+    let file = open_lock_file(&path)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(Some(ViewsLock { _file: file })),
+            Err(error) if error == rustix::io::Errno::WOULDBLOCK => {
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(Duration::from_millis(SWAP_POLL_MS));
+            }
+            Err(error) if error == rustix::io::Errno::INTR => {}
+            Err(error) => {
+                return Err(ReadModelError::Lock {
+                    path,
+                    source: error.into(),
+                })
+            }
+        }
+    }
+}
+
 /// Moves the finished read models at `temporary` to `live`, replacing what is there, when no
 /// process has `live` open; fails with [`ReadModelError::InUse`] (and changes nothing) when one
 /// has. `temporary` must be closed (no write-ahead log beside it) and on the same file system.
