@@ -103,6 +103,38 @@ macro_rules! ledger_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn an_intent_and_its_claim_are_appended_together_and_a_refused_claim_leaves_the_intent_alone() {
+                let (ledger, _dir) = ledger().await;
+                let claimed = ledger
+                    .record_intent_then(request(None), |state| {
+                        state.intent.as_ref().map(|intent| start_command(intent, "w-1"))
+                    })
+                    .await
+                    .expect("recorded");
+                assert!(claimed.created);
+                assert_eq!(claimed.operation.state.status, Status::InFlight);
+                assert_eq!(claimed.operation.version.map(|v| v.value()), Some(1), "intent and claim");
+                assert_eq!(all_events(ledger.store()).await, 2);
+
+                // An intent that needs approval cannot be claimed: the claim is refused and the
+                // intent is recorded on its own, waiting for its approver.
+                let mut asked = request(None);
+                asked.requires_approval = true;
+                let waiting = ledger
+                    .record_intent_then(asked, |state| {
+                        state.intent.as_ref().map(|intent| start_command(intent, "w-1"))
+                    })
+                    .await
+                    .expect("recorded without the claim");
+                assert!(waiting.created);
+                assert_eq!(waiting.operation.state.status, Status::AwaitingApproval);
+                assert_eq!(waiting.operation.version.map(|v| v.value()), Some(0), "the intent alone");
+                assert_eq!(all_events(ledger.store()).await, 3);
+                let loaded = ledger.get(waiting.intent().operation_id).await.expect("loaded");
+                assert_eq!(loaded.state.attempts, 0, "nothing was claimed");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_decision_on_a_version_that_moved_on_is_refused_and_writes_nothing() {
                 let (ledger, _dir) = ledger().await;
                 let mut asked = request(None);
