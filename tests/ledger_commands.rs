@@ -16,7 +16,7 @@ use opledger_domain::decider::Rejection;
 use opledger_domain::event::IntentRecorded;
 use opledger_domain::ids::{ActorId, OperationId, WorkerId};
 use opledger_domain::ports::IdSource;
-use opledger_domain::state::Status;
+use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, LogStart, StreamName, MAX_READ_BATCH};
 use serde_json::json;
 
@@ -32,6 +32,14 @@ fn request(source_id: Option<&str>) -> IntentRequest {
         source_id: source_id.map(str::to_owned),
         requires_approval: false,
     }
+}
+
+/// The follow-up that claims a freshly recorded intent for worker `w-1`.
+fn claim_recorded(state: &OperationState) -> Option<Command> {
+    state
+        .intent
+        .as_ref()
+        .map(|intent| start_command(intent, "w-1"))
 }
 
 fn start_command(intent: &IntentRecorded, worker: &str) -> Command {
@@ -106,9 +114,7 @@ macro_rules! ledger_suite {
             async fn an_intent_and_its_claim_are_appended_together_and_a_refused_claim_leaves_the_intent_alone() {
                 let (ledger, _dir) = ledger().await;
                 let claimed = ledger
-                    .record_intent_then(request(None), |state| {
-                        state.intent.as_ref().map(|intent| start_command(intent, "w-1"))
-                    })
+                    .record_intent_then(request(None), claim_recorded)
                     .await
                     .expect("recorded");
                 assert!(claimed.created);
@@ -121,9 +127,7 @@ macro_rules! ledger_suite {
                 let mut asked = request(None);
                 asked.requires_approval = true;
                 let waiting = ledger
-                    .record_intent_then(asked, |state| {
-                        state.intent.as_ref().map(|intent| start_command(intent, "w-1"))
-                    })
+                    .record_intent_then(asked, claim_recorded)
                     .await
                     .expect("recorded without the claim");
                 assert!(waiting.created);

@@ -22,7 +22,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use opledger_adapters::readmodel::{
     lock_path, rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError,
     ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
-    SCHEMA_VERSION,
+    MAX_QUERY_ROWS, SCHEMA_VERSION,
 };
 use opledger_adapters::system::RandomIds;
 use opledger_adapters::{MemoryStore, SqliteStore};
@@ -1559,25 +1559,37 @@ async fn similar_intents_in_one_batch_are_flagged_as_when_each_batch_holds_one_e
     let log = whole_log(fixture.harness.store()).await;
     assert!(log.len() <= MAX_BATCH_EVENTS, "the fixture fits one batch");
     for (what, batch_size) in [("one batch", log.len()), ("one event per batch", 1)] {
-        let dir = TempDir::new().expect("temp dir");
-        let path = dir.path().join("read.db");
-        let read_models = ReadModels::open(&path).await.expect("open");
-        for batch in log.chunks(batch_size) {
-            read_models
-                .apply_batch(batch.to_vec())
-                .await
-                .expect("a batch applies");
-        }
-        let flagged = read_models
-            .call(|store| store.duplicates(100))
-            .await
-            .expect("duplicates")
-            .possible_intents
-            .len();
+        let flagged = flagged_in_batches_of(fixture.harness.store(), &log, batch_size, what).await;
         assert_eq!(flagged, 3, "{what}: dup_b once, dup_c twice");
-        drop(read_models);
-        assert_equals_a_rebuild(fixture.harness.store(), dir.path(), &path, what).await;
     }
+}
+
+/// Applies `log` to fresh read models in batches of `batch_size`, checks the file equals a
+/// rebuild, and returns how many possible duplicate intents it flagged.
+async fn flagged_in_batches_of<S: EventStore>(
+    store: &S,
+    log: &[RecordedEvent],
+    batch_size: usize,
+    what: &str,
+) -> usize {
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("read.db");
+    let read_models = ReadModels::open(&path).await.expect("open");
+    for batch in log.chunks(batch_size) {
+        read_models
+            .apply_batch(batch.to_vec())
+            .await
+            .expect("a batch applies");
+    }
+    let flagged = read_models
+        .call(|store| store.duplicates(MAX_QUERY_ROWS))
+        .await
+        .expect("duplicates")
+        .possible_intents
+        .len();
+    drop(read_models);
+    assert_equals_a_rebuild(store, dir.path(), &path, what).await;
+    flagged
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1607,24 +1619,8 @@ async fn more_similar_intents_than_are_checked_flag_the_newest_whatever_the_batc
         ("batches of five", 5),
         ("one event per batch", 1),
     ] {
-        let dir = TempDir::new().expect("temp dir");
-        let path = dir.path().join("read.db");
-        let read_models = ReadModels::open(&path).await.expect("open");
-        for batch in log.chunks(batch_size) {
-            read_models
-                .apply_batch(batch.to_vec())
-                .await
-                .expect("a batch applies");
-        }
-        let flagged = read_models
-            .call(|store| store.duplicates(1_000))
-            .await
-            .expect("duplicates")
-            .possible_intents
-            .len();
+        let flagged = flagged_in_batches_of(harness.store(), &log, batch_size, what).await;
         assert_eq!(flagged, expected, "{what}");
-        drop(read_models);
-        assert_equals_a_rebuild(harness.store(), dir.path(), &path, what).await;
     }
 }
 

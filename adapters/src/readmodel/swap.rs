@@ -46,29 +46,11 @@ pub(super) fn shared(views: &Path) -> Result<ViewsLock, ReadModelError> {
 }
 
 fn shared_within(views: &Path, wait: Duration) -> Result<ViewsLock, ReadModelError> {
-    let path = lock_path(views);
-    let file = open_lock_file(&path)?;
-    let deadline = Instant::now() + wait;
-    loop {
-        match flock(&file, FlockOperation::NonBlockingLockShared) {
-            Ok(()) => return Ok(ViewsLock { _file: file }),
-            Err(error) if error == rustix::io::Errno::WOULDBLOCK => {
-                if Instant::now() >= deadline {
-                    return Err(ReadModelError::BeingReplaced {
-                        path: views.to_path_buf(),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(SWAP_POLL_MS));
-            }
-            Err(error) if error == rustix::io::Errno::INTR => {}
-            Err(error) => {
-                return Err(ReadModelError::Lock {
-                    path,
-                    source: error.into(),
-                })
-            }
+    lock_within(views, FlockOperation::NonBlockingLockShared, wait)?.ok_or_else(|| {
+        ReadModelError::BeingReplaced {
+            path: views.to_path_buf(),
         }
-    }
+    })
 }
 
 /// Takes the lock of the views at `views` exclusively, waiting up to `wait` for the processes that
@@ -77,11 +59,21 @@ pub(super) fn exclusive_within(
     views: &Path,
     wait: Duration,
 ) -> Result<Option<ViewsLock>, ReadModelError> {
+    lock_within(views, FlockOperation::NonBlockingLockExclusive, wait)
+}
+
+/// Tries the non-blocking `operation` on the views' lock file until it succeeds or `wait` has
+/// passed (`None`).
+fn lock_within(
+    views: &Path,
+    operation: FlockOperation,
+    wait: Duration,
+) -> Result<Option<ViewsLock>, ReadModelError> {
     let path = lock_path(views);
     let file = open_lock_file(&path)?;
     let deadline = Instant::now() + wait;
     loop {
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+        match flock(&file, operation) {
             Ok(()) => return Ok(Some(ViewsLock { _file: file })),
             Err(error) if error == rustix::io::Errno::WOULDBLOCK => {
                 if Instant::now() >= deadline {
