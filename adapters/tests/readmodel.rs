@@ -936,11 +936,16 @@ async fn a_rebuild_that_fails_midway_reports_the_event_and_leaves_no_file_behind
         matches!(error, ReadModelError::Decode { position, .. } if position == outcome.position),
         "{error}"
     );
-    let left: Vec<_> = std::fs::read_dir(dir.path())
+    let left = files_in(dir.path());
+    assert!(left.is_empty(), "no file is left behind: {left:?}");
+}
+
+/// The names of the files in `dir`.
+fn files_in(dir: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
         .expect("list")
         .map(|entry| entry.expect("entry").file_name())
-        .collect();
-    assert!(left.is_empty(), "no file is left behind: {left:?}");
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -952,12 +957,7 @@ async fn a_rebuild_cancelled_half_way_leaves_no_file_behind() {
     }
     let head = harness.store().head_position().await.expect("head");
     let path = dir.path().join("read.db");
-    let files = || -> Vec<_> {
-        std::fs::read_dir(dir.path())
-            .expect("list")
-            .map(|entry| entry.expect("entry").file_name())
-            .collect()
-    };
+    let files = || files_in(dir.path());
     // Dropped as soon as its temporary file exists, as a Ctrl-C drops a replay's future.
     let rebuilding = rebuild_to_with(harness.store(), &path, head, TINY_LIMITS);
     let started = async {

@@ -888,7 +888,8 @@ fn add_to_gauge(transaction: &Connection, name: &str, change: i64) -> Result<(),
     // and its log disagree.
     if lower.execute(params![name, change]).map_err(failed)? != 1 {
         return Err(corrupt(format!(
-            "gauge {name} would fall below zero: the read models do not match the log"
+            "gauge {name} would fall below zero: the read models do not match the log; \
+             rebuild them with `opledger replay`"
         )));
     }
     let mut delete = transaction
