@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use opledger_adapters::readmodel;
 use opledger_domain::app::{IntentRequest, LoadedOperation};
 use opledger_domain::codec;
 use opledger_domain::command::Command;
@@ -71,7 +70,8 @@ async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), Cl
     reset_peak_rss();
     let started = Instant::now();
     let head = opledger_domain::store::EventStore::head_position(ledger.store()).await?;
-    let (read_models, report) = readmodel::rebuild_to(ledger.store(), target, head).await?;
+    let (read_models, report) =
+        opledger_readmodel::rebuild_to(ledger.store(), target, head).await?;
     let elapsed = started.elapsed();
     let peak = peak_rss_mb();
     drop(read_models);
@@ -205,7 +205,7 @@ async fn lifecycle(
         })
         .await?;
     let intent = recorded.intent().clone();
-    let attempt_id = opledger_adapters::system::RandomIds.new_attempt_id();
+    let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
     let start = Command::StartAttempt {
         attempt_id,
         worker: WorkerId::new(format!("bench-{worker}"))?,

@@ -448,7 +448,7 @@ pub enum CliError {
     Other(String),
     /// The read models failed.
     #[error("{0}")]
-    ReadModel(#[from] opledger_adapters::readmodel::ReadModelError),
+    ReadModel(#[from] opledger_readmodel::ReadModelError),
     /// The server's configuration is wrong; nothing was opened.
     #[error("{0}")]
     Config(String),
@@ -492,9 +492,9 @@ impl CliError {
             ) => ExitCode::from(3),
             Self::NotFound(_) => ExitCode::from(3),
             Self::Config(_) => ExitCode::from(2),
-            Self::ReadModel(opledger_adapters::readmodel::ReadModelError::InvalidQuery {
-                ..
-            }) => ExitCode::from(2),
+            Self::ReadModel(opledger_readmodel::ReadModelError::InvalidQuery { .. }) => {
+                ExitCode::from(2)
+            }
             Self::Interrupted => ExitCode::from(130),
             Self::Tampered { .. } => ExitCode::from(4),
             _ => ExitCode::FAILURE,

@@ -16,20 +16,20 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use opledger_adapters::provider::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
-};
-use opledger_adapters::stand::{
+use opledger_crm_stand::{
     Fault, FaultKind, FaultMethod, Shape as StandShape, Stand, StandAdmin, StandConfig,
 };
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
 use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::ids::{AccountId, OperationId, ProviderId, WorkerId};
 use opledger_domain::provider::{operation_label, Providers};
 use opledger_domain::state::Status;
+use opledger_providers::{
+    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::SqliteStore;
 
 use crate::bench::fresh_path;
 use crate::cli::{CliError, DemoArgs};

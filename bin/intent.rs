@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
 use opledger_domain::app::{IntentRequest, Ledger, LoadedOperation};
 use opledger_domain::args::ArgsHash;
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::{ActorId, OperationId};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::SqliteStore;
 
 use crate::cli::{CliError, DecisionArgs, DenyArgs, RecordArgs};
 

@@ -5,7 +5,6 @@
 //! behind the ledger.
 
 use chrono::Utc;
-use opledger_adapters::readmodel::{OperationCursor, OperationFilter, ReadModelError};
 use opledger_domain::app::{AppError, LoadedOperation};
 use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
@@ -15,6 +14,7 @@ use opledger_domain::sentence::agent_sentence;
 use opledger_domain::state::fold;
 use opledger_domain::store::EventStore;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
+use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError};
 use serde_json::json;
 
 use crate::cli::{CliError, OpsListArgs, StatusArgs};

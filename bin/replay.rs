@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use opledger_adapters::readmodel::{
+use opledger_readmodel::{
     compare_files, is_read_model_file, rebuild_to, replace_views, ReadModelError, ReadModels,
     TableDifference,
 };

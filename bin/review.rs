@@ -6,12 +6,12 @@
 //! workers.
 
 use chrono::Utc;
-use opledger_adapters::readmodel::ReviewItem;
 use opledger_domain::command::{Command, MAX_NOTE_BYTES};
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::{OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId};
 use opledger_domain::sentence::agent_sentence;
+use opledger_readmodel::ReviewItem;
 use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};

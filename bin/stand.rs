@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use opledger_adapters::stand::{Stand, StandConfig};
+use opledger_crm_stand::{Stand, StandConfig};
 
 use crate::cli::{CliError, StandArgs};
 

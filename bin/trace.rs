@@ -5,10 +5,10 @@
 //! The read models resolve the id (they index every id); the chain itself is read from the
 //! operation's own stream, so it is complete even if the read models were behind.
 
-use opledger_adapters::readmodel::{DuplicatesReport, MAX_QUERY_ROWS};
 use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::OperationId;
 use opledger_domain::sentence::agent_sentence;
+use opledger_readmodel::{DuplicatesReport, MAX_QUERY_ROWS};
 use serde_json::json;
 use uuid::Uuid;
 

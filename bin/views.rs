@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use opledger_adapters::readmodel::{catch_up, CatchUpProgress, ReadModels, MAX_QUERY_ROWS};
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::EventStore;
+use opledger_readmodel::{catch_up, CatchUpProgress, ReadModels, MAX_QUERY_ROWS};
 
 use crate::cli::{CliError, ViewsArgs};
 

@@ -12,9 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use opledger_adapters::readmodel::ReadModelStore;
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
 use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::command::Command;
 use opledger_domain::contract::{
@@ -23,6 +20,9 @@ use opledger_domain::contract::{
 use opledger_domain::event::IntentRecorded;
 use opledger_domain::ids::{AttemptId, ExternalObjectId, OperationId, WorkerId};
 use opledger_domain::ports::IdSource;
+use opledger_readmodel::ReadModelStore;
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::SqliteStore;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 

@@ -8,18 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use opledger_adapters::kurrentdb_stand::{AppendFault, KurrentDbStand};
-use opledger_adapters::readmodel::{ProjectionRunner, ReadModels, RunReport};
-use opledger_adapters::store::kurrentdb::KurrentDbConfig;
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::KurrentDbStore;
 use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::ids::{EventId, StreamVersion};
 use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError, StreamName,
     Subscription, MAX_READ_BATCH,
 };
+use opledger_kurrentdb_stand::{AppendFault, KurrentDbStand};
 use opledger_projections::metrics::Counter;
+use opledger_readmodel::{ProjectionRunner, ReadModels, RunReport};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::kurrentdb::KurrentDbConfig;
+use opledger_store::KurrentDbStore;
 use serde_json::json;
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -311,7 +311,7 @@ async fn record_intents(
 
 struct Running {
     stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<RunReport, opledger_adapters::readmodel::ReadModelError>>,
+    task: tokio::task::JoinHandle<Result<RunReport, opledger_readmodel::ReadModelError>>,
 }
 
 fn run_projection(store: &KurrentDbStore, read_models: &ReadModels) -> Running {

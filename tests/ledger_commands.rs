@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::{MemoryStore, SqliteStore};
 use opledger_domain::app::{AppError, IntentRequest, Ledger};
 use opledger_domain::args::ArgsSnapshot;
 use opledger_domain::command::Command;
@@ -18,6 +16,8 @@ use opledger_domain::ids::{ActorId, OperationId, WorkerId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, LogStart, StreamName, MAX_READ_BATCH};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::{MemoryStore, SqliteStore};
 use serde_json::json;
 
 fn request(source_id: Option<&str>) -> IntentRequest {

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::SqliteStore;
 use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::ids::ActorId;
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::SqliteStore;
 
 async fn write_ledger(db: &Path) -> Vec<String> {
     let store = SqliteStore::open(db).await.expect("opens");

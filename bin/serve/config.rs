@@ -11,12 +11,12 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use opledger_adapters::provider::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
-use opledger_adapters::readmodel::MAX_LINGER_MS;
-use opledger_adapters::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::EnginePolicy;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use opledger_readmodel::MAX_LINGER_MS;
+use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 

@@ -8,11 +8,11 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use opledger_adapters::readmodel::ReadModelError;
 use opledger_domain::app::AppError;
 use opledger_domain::decider::Rejection;
 use opledger_domain::error::ValidationError;
 use opledger_domain::store::StoreError;
+use opledger_readmodel::ReadModelError;
 use serde_json::json;
 use tracing::error;
 

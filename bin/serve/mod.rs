@@ -18,24 +18,22 @@ mod error;
 mod events;
 mod metrics;
 /// The ledger the server keeps (see [`AnyStore`]).
-pub type ServeStore = opledger_adapters::store::AnyStore;
+pub type ServeStore = opledger_store::AnyStore;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use opledger_adapters::provider::{
-    AccountConfig, HttpProvider, HttpProviderConfig, HttpProviders, Shape,
-};
-use opledger_adapters::readmodel::{ProjectionRunner, ReadModels};
-use opledger_adapters::stand::{Stand, StandConfig};
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::workers::{WorkerConfig, Workers};
-use opledger_adapters::{KurrentDbStore, SqliteStore};
+use opledger_crm_stand::{Stand, StandConfig};
 use opledger_domain::app::Ledger;
 use opledger_domain::engine::Engine;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId, WorkerId};
+use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, HttpProviders, Shape};
+use opledger_readmodel::{ProjectionRunner, ReadModels};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_runtime::workers::{WorkerConfig, Workers};
+use opledger_store::{KurrentDbStore, SqliteStore};
 use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn};
 

@@ -4,10 +4,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use opledger_adapters::stand::FaultKind;
-use opledger_adapters::workers::{WorkerConfig, Workers};
+use opledger_crm_stand::FaultKind;
 use opledger_domain::ids::OperationId;
 use opledger_domain::state::Status;
+use opledger_runtime::workers::{WorkerConfig, Workers};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 

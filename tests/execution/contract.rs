@@ -3,7 +3,7 @@
 //! remembers the key. Otherwise a person decides, and nothing reaches the CRM.
 
 use chrono::Duration as ChronoDuration;
-use opledger_adapters::stand::FaultKind;
+use opledger_crm_stand::FaultKind;
 use opledger_domain::event::{OperationEvent, ReconciliationResult};
 use opledger_domain::state::Status;
 

@@ -11,13 +11,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use opledger_adapters::system::{RandomIds, SystemClock};
 use opledger_domain::app::Ledger;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{ExternalObjectId, OperationId};
 use opledger_domain::provider::SendOutcome;
 use opledger_domain::state::Status;
+use opledger_runtime::system::{RandomIds, SystemClock};
 
 use crate::support::{
     claim_and_send, names, open_store, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN,

@@ -1,7 +1,7 @@
 //! Lost and late messages: the network hides what the CRM did, and the ledger finds out before
 //! it ever sends again.
 
-use opledger_adapters::stand::FaultKind;
+use opledger_crm_stand::FaultKind;
 use opledger_domain::command::Command;
 use opledger_domain::event::{OperationEvent, ReconciliationResult};
 use opledger_domain::ids::ExternalObjectId;

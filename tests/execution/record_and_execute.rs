@@ -2,9 +2,9 @@
 //! claim of its first attempt are one append, durable before the one send; everything that cannot
 //! be sent at once is recorded alone and left as recording would leave it.
 
-use opledger_adapters::store::AnyStore;
 use opledger_domain::ids::ExternalObjectId;
 use opledger_domain::state::Status;
+use opledger_store::AnyStore;
 
 use crate::support::{Crm, Harness, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN, WORKER};
 

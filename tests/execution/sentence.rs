@@ -1,7 +1,7 @@
 //! What the agent may say follows the state: never "done" while the CRM has not confirmed, and
 //! the concrete task once it has.
 
-use opledger_adapters::stand::FaultKind;
+use opledger_crm_stand::FaultKind;
 use opledger_domain::state::Status;
 
 use crate::support::{Crm, Harness, Setup};

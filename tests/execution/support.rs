@@ -17,17 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use opledger_adapters::kurrentdb_stand::KurrentDbStand;
-use opledger_adapters::provider::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
-};
-use opledger_adapters::stand::{
+use opledger_crm_stand::{
     Fault, FaultKind, FaultMethod, LoggedRequest, Shape as StandShape, Stand, StandAdmin,
     StandConfig, StandObject,
 };
-use opledger_adapters::store::AnyStore;
-use opledger_adapters::system::{RandomIds, SystemClock};
-use opledger_adapters::{KurrentDbStore, SqliteStore};
 use opledger_domain::app::{IntentRequest, Ledger, RecordedIntent};
 use opledger_domain::codec;
 use opledger_domain::command::Command;
@@ -41,6 +34,13 @@ use opledger_domain::ports::IdSource;
 use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
+use opledger_kurrentdb_stand::KurrentDbStand;
+use opledger_providers::{
+    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::AnyStore;
+use opledger_store::{KurrentDbStore, SqliteStore};
 use serde_json::json;
 use tempfile::TempDir;
 

@@ -294,7 +294,7 @@ async fn arguments_over_their_own_limit_are_refused_even_when_the_body_fits() {
 
 #[tokio::test]
 async fn execute_calls_are_bounded_and_a_refused_one_writes_nothing() {
-    use opledger_adapters::stand::{FaultKind, Shape};
+    use opledger_crm_stand::{FaultKind, Shape};
     let harness = Harness::new("max_concurrent_executes = 1").await;
     let server = harness.serve();
     harness

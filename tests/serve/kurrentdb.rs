@@ -1,7 +1,7 @@
 //! The same service with its ledger in KurrentDB (the protocol stand on loopback): the lifecycle
 //! and a restart that finds everything where it was.
 
-use opledger_adapters::kurrentdb_stand::KurrentDbStand;
+use opledger_kurrentdb_stand::KurrentDbStand;
 use reqwest::{Method, StatusCode};
 
 use crate::support::{Harness, TENANT_A_TOKEN};

@@ -1,7 +1,7 @@
 //! The lifecycle an agent platform runs: record, execute, answer truthfully; redelivery; approval
 //! bound to the snapshot; the operator's review; listings, trace, history and metrics.
 
-use opledger_adapters::stand::{FaultKind, Shape};
+use opledger_crm_stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 

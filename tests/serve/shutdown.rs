@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use opledger_adapters::stand::{FaultKind, Shape};
+use opledger_crm_stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 
 use crate::support::{Harness, TENANT_A_TOKEN};

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use opledger_adapters::stand::{
+use opledger_crm_stand::{
     Fault, FaultKind, FaultMethod, Shape, Stand, StandAdmin, StandConfig, StandObject,
 };
 use reqwest::{Method, StatusCode};

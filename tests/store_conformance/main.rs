@@ -15,9 +15,9 @@ mod sqlite_file;
 mod suite;
 mod support;
 
-use opledger_adapters::kurrentdb_stand::KurrentDbStand;
-use opledger_adapters::store::kurrentdb::KurrentDbConfig;
-use opledger_adapters::{KurrentDbStore, MemoryStore, SqliteStore};
+use opledger_kurrentdb_stand::KurrentDbStand;
+use opledger_store::kurrentdb::KurrentDbConfig;
+use opledger_store::{KurrentDbStore, MemoryStore, SqliteStore};
 use tempfile::TempDir;
 
 /// How a check gets a fresh, empty store and what is done with it afterwards.

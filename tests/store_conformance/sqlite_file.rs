@@ -13,11 +13,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use opledger_adapters::SqliteStore;
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
 use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, StoreError, StreamName, Subscription,
 };
+use opledger_store::SqliteStore;
 use tempfile::TempDir;
 use uuid::Uuid;
 

@@ -18,9 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, Utc};
-use opledger_adapters::readmodel::{
-    OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS,
-};
 use opledger_domain::app::{IntentRequest, LoadedOperation};
 use opledger_domain::args::ArgsHash;
 use opledger_domain::error::ValidationError;
@@ -34,6 +31,7 @@ use opledger_domain::sentence::agent_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;
 use opledger_projections::operations::STATE_NAMES;
+use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};

@@ -1,0 +1,1202 @@
+//! The rebuild from position zero: the same folds as the runner, written the fast way.
+//!
+//! The runner ([`super::apply`]) keeps no state between batches and reads each operation's
+//! folded state back from the file, so that it can stop and resume anywhere. A rebuild needs
+//! neither: it writes a fresh file nobody reads until it is complete. So here the open
+//! operations' states are folded in place in memory ([`fold_in_place`]) and each operation's row
+//! is built and written once, when it falls out of a bounded cache (or at the end); the
+//! similar-intent lookup is answered from a bounded in-memory window; the id-index entries are
+//! buffered and written in key order; the secondary indexes are created by sorting after the
+//! rows are in; and the file is written without a journal or fsyncs, in large transactions, with
+//! 16 KiB pages, and moved into place only after a final fsync. The fold and the building of
+//! rows run on one thread and SQLite's writing on another ([`Writer`]), so both cores work.
+//! The contents must be exactly the runner's: the same fold with the same inputs, the row from
+//! the same function ([`operations::row`]), every row written with the runner's own statements
+//! — and tests compare the files table by table, within the default limits and within tiny ones
+//! that force every path.
+//!
+//! Memory is bounded by [`RebuildLimits`], not by the log: open operations, window intents,
+//! buffered index entries, SQLite's page cache ([`REBUILD_CACHE_KIB`], which also bounds the
+//! index sorter before it spills to temporary files), the batches read ahead, the writes queued
+//! for the writer ([`MESSAGES_IN_FLIGHT`]) and the fixed filter of requests the window let go
+//! of ([`REQUEST_FILTER_BITS`]).
+//!
+//! Why dropping SQLite's durability here is safe: the rebuild writes a temporary file that only
+//! this rebuild knows. A crash or an error at any point leaves that file incomplete and not at
+//! the target path; it is discarded (removed on error, ignored after a crash, since a rebuild
+//! never reads it). The target path appears — by a hard link, which never replaces an existing
+//! file — only after the finished file has been fsynced, and the directory is fsynced after it.
+//! It must never write into a file anyone else has open.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use opledger_domain::codec::{self, DecodeError};
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
+use opledger_domain::state::OperationState;
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
+use opledger_projections::chains::ChainChange;
+use opledger_projections::duplicates::{
+    self, DuplicateChange, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
+};
+use opledger_projections::metrics::Counter;
+use opledger_projections::read_models::fold_in_place;
+use opledger_projections::review_queue::ReviewChange;
+use rusqlite::Connection;
+use tokio::sync::mpsc;
+use tracing::info;
+
+use super::apply::RequestKey;
+use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
+
+/// Most operations whose folded state the rebuild holds in memory at once. An operation's events
+/// are mostly close together in the log, so nearly every event finds its operation here; one
+/// that does not is read back from the file, as the runner always does. Bounds the rebuild's
+/// memory whatever the length of the log.
+pub const MAX_OPEN_OPERATIONS: usize = 16_384;
+/// Most earlier intents the similar-intent window holds. The window keeps the intents recorded
+/// within a few [`POSSIBLE_DUPLICATE_WINDOW_S`] of the newest one; past this limit it is narrowed
+/// further, down to the intents that are newest.
+pub const MAX_WINDOW_INTENTS: usize = 65_536;
+/// Bits of the filter remembering the requests of the intents the window let go of: 16 MiB. At
+/// [`RequestFilter::PROBES`] probes it answers "maybe" for a request it never saw about once in
+/// 100 million lookups after a million distinct requests, once in 450 after ten million. The
+/// first "maybe" is expensive: the file is asked, so every open row is written and the indexes
+/// are built then and kept row by row after (`Rebuilder::find_similar`). A 2 MiB filter said
+/// "maybe" six times on a log of 400,000 intents and cost that rebuild a quarter of its time.
+const REQUEST_FILTER_BITS: usize = 1 << 27;
+/// Events written per transaction. Without a journal a commit costs no fsync; committing still
+/// bounds the dirty pages SQLite holds.
+pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
+/// Most id-index entries (attempts, sources, external ids) held before they are written, sorted.
+pub const MAX_BUFFERED_CHAINS: usize = 32_768;
+/// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
+const READ_AHEAD_BATCHES: usize = 2;
+/// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
+const REBUILD_CACHE_KIB: i64 = 65_536;
+/// The rebuilt file's page size, in bytes. Measured on a 1.2M-event log: 4 KiB pages 118k
+/// events/s, 16 KiB 144k, 64 KiB about the same as 16 KiB with twice the memory. Bigger pages
+/// mean fewer B-tree splits and page headers per row. The rebuilt file becomes the live one;
+/// `bench http` on 16 KiB pages was within its run-to-run noise of 4 KiB (−4 % on average).
+const REBUILD_PAGE_SIZE: u32 = 16384;
+
+/// The bounds on what a rebuild holds in memory, whatever the length of the log. Only tests
+/// have a reason to change them: small ones make every path that a long log takes (operations
+/// written out early and read back, intents let go of and looked up in the file, several
+/// transactions) happen on a short one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RebuildLimits {
+    /// Most operations whose folded state is held at once ([`MAX_OPEN_OPERATIONS`]).
+    pub max_open_operations: usize,
+    /// Most intents the similar-intent window holds ([`MAX_WINDOW_INTENTS`]).
+    pub max_window_intents: usize,
+    /// Most id-index entries waiting to be written ([`MAX_BUFFERED_CHAINS`]).
+    pub max_buffered_chains: usize,
+    /// Events per transaction ([`REBUILD_COMMIT_EVENTS`]).
+    pub commit_events: u64,
+}
+
+impl Default for RebuildLimits {
+    fn default() -> Self {
+        Self {
+            max_open_operations: MAX_OPEN_OPERATIONS,
+            max_window_intents: MAX_WINDOW_INTENTS,
+            max_buffered_chains: MAX_BUFFERED_CHAINS,
+            commit_events: REBUILD_COMMIT_EVENTS,
+        }
+    }
+}
+
+impl RebuildLimits {
+    fn check(&self) -> Result<(), ReadModelError> {
+        if self.max_open_operations == 0
+            || self.max_window_intents < 2
+            || self.max_buffered_chains == 0
+            || self.commit_events == 0
+        {
+            return Err(ReadModelError::InvalidQuery {
+                reason: format!("rebuild limits too small to make progress: {self:?}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a rebuild did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    /// Events folded into the read models.
+    pub applied: u64,
+    /// Events of streams that are not operation streams; passed over.
+    pub other_streams: u64,
+    /// The position of the last event applied (`None`: the log was empty).
+    pub checkpoint: Option<GlobalPosition>,
+    /// Operations whose state was read back from the file because they had been written out
+    /// to keep within [`RebuildLimits::max_open_operations`].
+    pub read_back: u64,
+    /// Similar-intent lookups answered from the file because the window had let go of intents
+    /// they may need.
+    pub asked_the_file: u64,
+}
+
+/// Builds the read models from position zero into a new file at `path`, up to the log's head as
+/// it was when the rebuild started, and returns them; a [`super::ProjectionRunner`] continues
+/// from there.
+///
+/// The file must not exist: a rebuild never writes over read models someone may be reading (swap
+/// files when nothing has them open). The rows are built in a temporary file beside `path`, which
+/// appears at `path` only when complete; a rebuild that fails removes it, and one that is
+/// interrupted leaves no file at `path`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use opledger_readmodel::rebuild;
+/// use opledger_store::MemoryStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let ledger = MemoryStore::new();
+/// let read_models = rebuild(&ledger, dir.path().join("read-models.db")).await?;
+/// assert_eq!(read_models.lag(&ledger).await?.positions, 0);
+/// let queue = read_models.call(|store| store.review_queue(20)).await?;
+/// assert!(queue.is_empty());
+/// # Ok(())
+/// # }
+/// ```
+pub async fn rebuild<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+) -> Result<ReadModels, ReadModelError> {
+    let head = store.head_position().await?;
+    Ok(rebuild_to(store, path, head).await?.0)
+}
+
+/// [`rebuild`] up to `target` exactly (the position, say, that another file is caught up to),
+/// with what it did. Events after `target` are left for a runner.
+pub async fn rebuild_to<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+    target: Option<GlobalPosition>,
+) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    rebuild_to_with(store, path, target, RebuildLimits::default()).await
+}
+
+/// [`rebuild_to`] within other memory bounds than the defaults. The file is the same whatever
+/// the limits; only the time it takes changes.
+pub async fn rebuild_to_with<S: EventStore>(
+    store: &S,
+    path: impl AsRef<Path>,
+    target: Option<GlobalPosition>,
+    limits: RebuildLimits,
+) -> Result<(ReadModels, RebuildReport), ReadModelError> {
+    limits.check()?;
+    let path = path.as_ref().to_path_buf();
+    if path.exists() {
+        return Err(ReadModelError::AlreadyExists { path });
+    }
+    let temporary = temporary_path(&path);
+    let result = build(store, &temporary, &path, target, limits).await;
+    // After success the temporary name is already gone; after a failure it is worthless.
+    remove_file_and_journal(&temporary);
+    let report = result?;
+    let opened = tokio::task::spawn_blocking(move || ReadModelStore::open(path))
+        .await
+        .map_err(|error| ReadModelError::Worker {
+            reason: error.to_string(),
+        })??;
+    let read_models = ReadModels::from_store(opened);
+    info!(checkpoint = ?report.checkpoint, applied = report.applied,
+        path = %read_models.path().display(), "read models rebuilt");
+    Ok((read_models, report))
+}
+
+/// Reads the log in one task (decoding each batch on a blocking thread), folds on another and
+/// writes the file on a third, so reading, folding and writing share the cores. The writer
+/// publishes the file at `path` once everything is written, unless the rebuild was dropped
+/// meanwhile (checked just before the file is linked into place).
+async fn build<S: EventStore>(
+    store: &S,
+    temporary: &Path,
+    path: &Path,
+    target: Option<GlobalPosition>,
+    limits: RebuildLimits,
+) -> Result<RebuildReport, ReadModelError> {
+    let (sender, receiver) = mpsc::channel::<Result<Feed, StoreError>>(READ_AHEAD_BATCHES);
+    let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+    let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
+    let wanted = Arc::new(AtomicBool::new(true));
+    let _wanted_until_dropped = WantedUntilDropped(Arc::clone(&wanted));
+    // Three blocking threads at once (the writer, the fold and a batch's decoding): a runtime
+    // limited to fewer would leave the fold waiting for a decode that never starts.
+    let writer = tokio::task::spawn_blocking(move || {
+        Writer::create_file(&temporary_owned)?;
+        // From here the temporary file is this rebuild's: anything but a finished and published
+        // file removes it, here, because after a cancelled rebuild nobody else is left to.
+        let result = Writer::open(&temporary_owned)
+            .and_then(|writer| writer.write_all(from_fold))
+            .and_then(|finished| {
+                if !finished {
+                    return Ok(false);
+                }
+                // The last events may have been handed over just before the caller went away.
+                if !wanted.load(Ordering::SeqCst) {
+                    return Err(ReadModelError::Worker {
+                        reason: "the rebuild was cancelled before its file was published"
+                            .to_string(),
+                    });
+                }
+                publish(&temporary_owned, &path_owned)?;
+                Ok(true)
+            });
+        if !matches!(result, Ok(true)) {
+            remove_file_and_journal(&temporary_owned);
+        }
+        result
+    });
+    let fold = tokio::task::spawn_blocking(move || {
+        let mut rebuilder = Rebuilder::new(WriteQueue::new(to_writer), limits);
+        rebuilder.fold_all(receiver)?;
+        rebuilder.finish()
+    });
+    let written = async {
+        let (folded, written) = tokio::join!(fold, writer);
+        let worker = |error: tokio::task::JoinError| ReadModelError::Worker {
+            reason: error.to_string(),
+        };
+        // The writer's error first: a fold that lost its writer reports only that.
+        let finished = written.map_err(worker)??;
+        let report = folded.map_err(worker)??;
+        if !finished {
+            return Err(ReadModelError::Worker {
+                reason: "the rebuild's writer stopped before the end".to_string(),
+            });
+        }
+        Ok(report)
+    };
+    let reader = async {
+        let mut checkpoint: Option<GlobalPosition> = None;
+        while checkpoint < target {
+            let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
+            let read = match store.read_all(start, MAX_READ_BATCH).await {
+                Ok(mut batch) if !batch.is_empty() => {
+                    batch.retain(|event| Some(event.position) <= target);
+                    checkpoint = batch.last().map(|event| event.position).or(target);
+                    Ok(batch)
+                }
+                Ok(_) => Err(StoreError::Corrupt {
+                    reason: format!(
+                        "the log's head is at {target:?} but nothing after {start:?} can be read"
+                    ),
+                }),
+                Err(error) => Err(error),
+            };
+            // Decoding on its own blocking thread keeps it off both the executor and the fold.
+            let read = match read {
+                Ok(batch) => tokio::task::spawn_blocking(move || decode_all(batch))
+                    .await
+                    .map_err(|error| StoreError::Corrupt {
+                        reason: format!("decoding a batch failed: {error}"),
+                    }),
+                Err(error) => Err(error),
+            };
+            let failed = read.is_err();
+            // A closed channel means the fold stopped; its error is the one to report.
+            if sender.send(read.map(Feed::Batch)).await.is_err() || failed {
+                return;
+            }
+        }
+        // Only now may the fold finish the file: a feed that just closes is a rebuild that was
+        // cancelled (its future dropped) half-way, and must not leave a partial file.
+        let _ = sender.send(Ok(Feed::Complete)).await;
+    };
+    let ((), written) = tokio::join!(reader, written);
+    written
+}
+
+/// Marks the rebuild unwanted when [`build`]'s future is dropped (a Ctrl-C during `replay`):
+/// the threads go on, and the writer must not publish what nobody waits for any more.
+struct WantedUntilDropped(Arc<AtomicBool>);
+
+impl Drop for WantedUntilDropped {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// What the reader hands the fold.
+enum Feed {
+    Batch(Vec<Decoded>),
+    /// Every event up to the target was handed over.
+    Complete,
+}
+
+/// An event as read, with its decoded form when it belongs to an operation stream.
+struct Decoded {
+    recorded: RecordedEvent,
+    event: Option<Result<OperationEvent, DecodeError>>,
+}
+
+fn decode_all(batch: Vec<RecordedEvent>) -> Vec<Decoded> {
+    batch
+        .into_iter()
+        .map(|recorded| {
+            let event = recorded
+                .stream
+                .operation_id()
+                .map(|_| codec::decode(&recorded));
+            Decoded { recorded, event }
+        })
+        .collect()
+}
+
+/// An open operation: its folded state, not yet written, and what its row is built from.
+struct OpenOperation {
+    state: OperationState,
+    /// The version of the last event folded (`None`: none yet).
+    version: Option<StreamVersion>,
+    /// The position of the last event folded.
+    position: GlobalPosition,
+    /// When the last event folded happened.
+    at: DateTime<Utc>,
+    /// Whether the file has a row for it already (it was written once and read back).
+    in_file: bool,
+    /// Whether `state` is newer than the file.
+    dirty: bool,
+    /// What the gauges count of the file's row (`None`: no row yet).
+    before: Option<apply::Counted>,
+    /// The event count when it was last touched; the least recent are written out first.
+    last_used: u64,
+}
+
+/// The intents folded so far that were recorded at or after `floor`, by request: exactly the
+/// rows the runner's lookup could find in that time range. The intents let go of (below `floor`)
+/// are remembered only in a fixed-size filter of their requests, which never misses one: a lookup
+/// whose window reaches below `floor` for a request the filter may have seen is answered from the
+/// file instead. So the answers are always the runner's, and the memory is fixed.
+struct IntentWindow {
+    by_request: HashMap<RequestKey, Vec<SimilarIntent>>,
+    entries: usize,
+    /// Most entries held; at least 2.
+    max_entries: usize,
+    floor: DateTime<Utc>,
+    newest: DateTime<Utc>,
+    let_go: RequestFilter,
+}
+
+/// What [`IntentWindow::find`] knows.
+enum WindowAnswer {
+    /// The runner's answer.
+    Found(Vec<SimilarIntent>),
+    /// The query reaches intents the window let go of: ask the file.
+    AskTheFile,
+}
+
+impl IntentWindow {
+    fn new(max_entries: usize) -> Self {
+        Self {
+            by_request: HashMap::new(),
+            entries: 0,
+            max_entries,
+            floor: DateTime::<Utc>::MIN_UTC,
+            newest: DateTime::<Utc>::MIN_UTC,
+            let_go: RequestFilter::new(),
+        }
+    }
+
+    /// The earlier intents the runner's query would return, newest first.
+    fn find(&self, query: &SimilarIntentQuery) -> WindowAnswer {
+        let key = RequestKey::of(query);
+        if query.from < self.floor && self.let_go.may_contain(&key) {
+            return WindowAnswer::AskTheFile;
+        }
+        let Some(candidates) = self.by_request.get(&key) else {
+            return WindowAnswer::Found(Vec::new());
+        };
+        let mut found = Vec::new();
+        apply::add_similar(&mut found, candidates, query);
+        WindowAnswer::Found(found)
+    }
+
+    fn insert(&mut self, query: &SimilarIntentQuery, intent: SimilarIntent) {
+        let key = RequestKey::of(query);
+        self.newest = self.newest.max(intent.recorded_at);
+        if intent.recorded_at < self.floor {
+            self.let_go.insert(&key);
+            return;
+        }
+        self.by_request.entry(key).or_default().push(intent);
+        self.entries += 1;
+        if self.entries > self.max_entries {
+            self.narrow();
+        }
+    }
+
+    /// Lets go of the intents too old to matter to the newest ones, and of the older half if
+    /// that is not enough (a burst of intents within one window). Intents recorded at the same
+    /// time as the middle one go too: with many at one time (an injected clock, a hand-written
+    /// log) keeping them would keep the window over its limit.
+    fn narrow(&mut self) {
+        let span = Duration::seconds(2 * POSSIBLE_DUPLICATE_WINDOW_S);
+        let by_age = self.newest.checked_sub_signed(span).unwrap_or(self.newest);
+        self.raise_floor(by_age);
+        if self.entries > self.max_entries / 2 {
+            let mut times: Vec<DateTime<Utc>> = self
+                .by_request
+                .values()
+                .flatten()
+                .map(|intent| intent.recorded_at)
+                .collect();
+            let middle = times.len() / 2;
+            let (_, median, _) = times.select_nth_unstable(middle);
+            let above_median = median
+                .checked_add_signed(Duration::nanoseconds(1))
+                .unwrap_or(*median);
+            self.raise_floor(above_median);
+        }
+        assert!(
+            self.entries <= self.max_entries,
+            "narrowing keeps the intent window within its limit"
+        );
+    }
+
+    fn raise_floor(&mut self, floor: DateTime<Utc>) {
+        if floor <= self.floor {
+            return;
+        }
+        self.floor = floor;
+        let let_go = &mut self.let_go;
+        self.by_request.retain(|key, intents| {
+            let before = intents.len();
+            intents.retain(|intent| intent.recorded_at >= floor);
+            if intents.len() < before {
+                let_go.insert(key);
+            }
+            !intents.is_empty()
+        });
+        self.entries = self.by_request.values().map(Vec::len).sum();
+    }
+}
+
+/// A Bloom filter of requests: fixed size, no false negatives, and false positives that only
+/// cost a lookup in the file.
+struct RequestFilter {
+    bits: Vec<u64>,
+}
+
+impl RequestFilter {
+    /// Probes per request.
+    const PROBES: u64 = 6;
+
+    fn new() -> Self {
+        Self {
+            bits: vec![0; REQUEST_FILTER_BITS / 64],
+        }
+    }
+
+    /// The bits of `key`, by double hashing one 64-bit hash (std's SipHash with fixed keys).
+    fn probes(key: &RequestKey) -> impl Iterator<Item = usize> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut hasher);
+        let hash = hasher.finish();
+        let (first, step) = (hash & 0xffff_ffff, (hash >> 32) | 1);
+        (0..Self::PROBES).map(move |probe| {
+            // The modulus is a power of two below 2^32, so the value fits any usize.
+            (first.wrapping_add(probe.wrapping_mul(step)) % REQUEST_FILTER_BITS as u64) as usize
+        })
+    }
+
+    fn insert(&mut self, key: &RequestKey) {
+        for bit in Self::probes(key) {
+            self.bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+
+    fn may_contain(&self, key: &RequestKey) -> bool {
+        Self::probes(key).all(|bit| self.bits[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+}
+
+/// The fold of a whole log into a fresh file: the open operations, the intent window and the
+/// summed counters. It builds the rows and hands them to the writer ([`Writer`]), which owns
+/// the file.
+struct Rebuilder {
+    writes: WriteQueue,
+    open: HashMap<OperationId, OpenOperation>,
+    window: IntentWindow,
+    counters: BTreeMap<Counter, u64>,
+    /// The changes of the row gauges as rows are written, summed: the file starts empty, so at
+    /// the end they are those gauges (`shared_external_ids` is kept by the id-index writes).
+    gauges: apply::GaugeChanges,
+    report: RebuildReport,
+    /// Events seen, for the cache's recency and the commit rhythm.
+    clock: u64,
+    /// Whether the secondary indexes exist yet.
+    indexed: bool,
+    /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_chains`]).
+    chains: Vec<ChainChange>,
+    limits: RebuildLimits,
+}
+
+/// Where an id-index entry goes: its table, then its primary key as SQLite orders it (text by
+/// its bytes, which is also how `str` and a UUID's hyphenated lowercase text compare).
+fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, OperationId) {
+    match chain {
+        ChainChange::Attempt {
+            attempt_id,
+            operation_id,
+            ..
+        } => (0, Some(attempt_id.as_uuid()), "", "", "", *operation_id),
+        ChainChange::Source {
+            tenant,
+            source_id,
+            operation_id,
+            ..
+        } => (
+            1,
+            None,
+            tenant.as_str(),
+            source_id.as_str(),
+            "",
+            *operation_id,
+        ),
+        ChainChange::ExternalId {
+            provider,
+            account,
+            external_id,
+            operation_id,
+            ..
+        } => (
+            2,
+            None,
+            provider.as_str(),
+            account.as_str(),
+            external_id.as_str(),
+            *operation_id,
+        ),
+    }
+}
+
+impl Rebuilder {
+    fn new(writes: WriteQueue, limits: RebuildLimits) -> Self {
+        Self {
+            writes,
+            open: HashMap::new(),
+            window: IntentWindow::new(limits.max_window_intents),
+            counters: BTreeMap::new(),
+            gauges: apply::GaugeChanges::default(),
+            report: RebuildReport::default(),
+            clock: 0,
+            indexed: false,
+            chains: Vec::new(),
+            limits,
+        }
+    }
+
+    /// Folds what the reader hands over, to the end of the feed.
+    fn fold_all(
+        &mut self,
+        mut receiver: mpsc::Receiver<Result<Feed, StoreError>>,
+    ) -> Result<(), ReadModelError> {
+        while let Some(feed) = receiver.blocking_recv() {
+            match feed? {
+                Feed::Batch(batch) => {
+                    for decoded in batch {
+                        self.fold(&decoded.recorded, decoded.event)?;
+                    }
+                }
+                Feed::Complete => return Ok(()),
+            }
+        }
+        Err(ReadModelError::Worker {
+            reason: "the rebuild was stopped before it read the whole log".to_string(),
+        })
+    }
+
+    fn fold(
+        &mut self,
+        recorded: &RecordedEvent,
+        event: Option<Result<OperationEvent, DecodeError>>,
+    ) -> Result<(), ReadModelError> {
+        let position = recorded.position;
+        if let Some(last) = self.report.checkpoint.filter(|last| position <= *last) {
+            return Err(ReadModelError::OutOfOrder {
+                last,
+                found: position,
+            });
+        }
+        self.report.checkpoint = Some(position);
+        let (Some(operation_id), Some(event)) = (recorded.stream.operation_id(), event) else {
+            self.report.other_streams += 1;
+            return Ok(());
+        };
+        self.clock += 1;
+        let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
+        let query = duplicates::similar_intent_query(operation_id, &event);
+        let similar = match &query {
+            Some(query) => self.find_similar(query)?,
+            None => Vec::new(),
+        };
+        let clock = self.clock;
+        let open = match self.open.entry(operation_id) {
+            Entry::Occupied(open) => open.into_mut(),
+            Entry::Vacant(vacant) => {
+                // An operation's first event (version 0) needs no look in the file: a correct
+                // log has no earlier one, and a log that repeats an intent fails on the row's
+                // key when it is written.
+                let loaded = if recorded.version == StreamVersion::FIRST {
+                    None
+                } else {
+                    self.writes.ask(|reply| Write::LoadState {
+                        operation_id,
+                        reply,
+                    })??
+                };
+                let in_file = loaded.is_some();
+                self.report.read_back += u64::from(in_file);
+                let (state, version, before) = match loaded {
+                    Some((state, version)) => {
+                        let before = Some(apply::Counted::of(&state));
+                        (state, Some(version), before)
+                    }
+                    None => (OperationState::initial(), None, None),
+                };
+                vacant.insert(OpenOperation {
+                    state,
+                    version,
+                    position,
+                    at: event.at(),
+                    in_file,
+                    dirty: false,
+                    before,
+                    last_used: clock,
+                })
+            }
+        };
+        let changes = fold_in_place(
+            operation_id,
+            &mut open.state,
+            open.version,
+            recorded.version,
+            position,
+            &similar,
+            &event,
+        )
+        .map_err(|source| ReadModelError::Fold { position, source })?;
+        open.version = Some(recorded.version);
+        open.position = position;
+        open.at = event.at();
+        open.dirty = true;
+        open.last_used = clock;
+        if let (Some(query), OperationEvent::IntentRecorded(intent)) = (&query, &event) {
+            let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
+            self.window.insert(
+                query,
+                SimilarIntent {
+                    operation_id,
+                    source_id: intent.source_id.clone(),
+                    recorded_at,
+                },
+            );
+        }
+        if let Some(review) = changes.review {
+            self.writes.push(Write::Review(review))?;
+        }
+        for duplicate in changes.duplicates {
+            self.writes.push(Write::Duplicate(duplicate))?;
+        }
+        // Nothing reads the id index during a rebuild, so its entries wait to be written in
+        // key order (see `write_chains`).
+        self.chains.extend(changes.chains);
+        if self.chains.len() >= self.limits.max_buffered_chains {
+            self.write_chains()?;
+        }
+        for counter in &changes.metrics {
+            *self.counters.entry(*counter).or_default() += 1;
+        }
+        self.report.applied += 1;
+        if self.open.len() > self.limits.max_open_operations {
+            self.write_least_recent()?;
+        }
+        if self.clock.is_multiple_of(self.limits.commit_events) {
+            self.writes.push(Write::Commit)?;
+        }
+        Ok(())
+    }
+
+    fn find_similar(
+        &mut self,
+        query: &SimilarIntentQuery,
+    ) -> Result<Vec<SimilarIntent>, ReadModelError> {
+        if let WindowAnswer::Found(found) = self.window.find(query) {
+            return Ok(found);
+        }
+        // The window no longer covers the query: write every open row so the file holds every
+        // intent folded so far, as the runner's file would, and ask it. Its query needs the
+        // request index, so from here on the indexes are kept row by row.
+        self.report.asked_the_file += 1;
+        self.write_open(|_| true)?;
+        self.create_indexes()?;
+        let query = query.clone();
+        self.writes
+            .ask(|reply| Write::FindSimilar { query, reply })?
+    }
+
+    /// Writes out and forgets the least recently used half of the open operations.
+    fn write_least_recent(&mut self) -> Result<(), ReadModelError> {
+        let mut ages: Vec<u64> = self.open.values().map(|open| open.last_used).collect();
+        let middle = ages.len() / 2;
+        let (_, cutoff, _) = ages.select_nth_unstable(middle);
+        let cutoff = *cutoff;
+        self.write_open(|open| open.last_used < cutoff)?;
+        self.open.retain(|_, open| open.last_used >= cutoff);
+        Ok(())
+    }
+
+    /// Writes the rows of the open operations `which` selects that are newer than the file, in
+    /// the order of their ids, so that consecutive rows land next to each other in the id index.
+    fn write_open(&mut self, which: impl Fn(&OpenOperation) -> bool) -> Result<(), ReadModelError> {
+        let mut chosen: Vec<(&OperationId, &mut OpenOperation)> = self
+            .open
+            .iter_mut()
+            .filter(|(_, open)| open.dirty && which(open))
+            .collect();
+        chosen.sort_unstable_by_key(|(operation_id, _)| **operation_id);
+        for (operation_id, open) in chosen {
+            let version = open
+                .version
+                .expect("an open operation that is dirty has folded an event");
+            let stored = apply::stored_operation(
+                *operation_id,
+                &open.state,
+                (version, open.position, open.at),
+            )?;
+            self.writes.push(Write::Operation {
+                stored,
+                in_file: open.in_file,
+            })?;
+            let after = apply::Counted::of(&open.state);
+            self.gauges.row_changed(open.before, after);
+            open.before = Some(after);
+            open.in_file = true;
+            open.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffered id-index entries, each table's in the order of its key, so that each
+    /// insert lands beside the last one in the key's B-tree instead of on a random page. The
+    /// sort is stable: entries with one key keep their log order, which the external-id upsert
+    /// (first position kept, strongest role) depends on.
+    fn write_chains(&mut self) -> Result<(), ReadModelError> {
+        let mut chains = std::mem::take(&mut self.chains);
+        chains.sort_by(|left, right| chain_key(left).cmp(&chain_key(right)));
+        self.writes.push(Write::Chains(chains))
+    }
+
+    /// Creates the secondary indexes, once: at the end, or before the first query that needs
+    /// them.
+    fn create_indexes(&mut self) -> Result<(), ReadModelError> {
+        if !self.indexed {
+            self.writes.push(Write::CreateIndexes)?;
+            self.indexed = true;
+        }
+        Ok(())
+    }
+
+    /// Writes what is still open, then has the writer write the counters and the checkpoint
+    /// and close the file.
+    fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
+        self.write_open(|_| true)?;
+        self.write_chains()?;
+        self.create_indexes()?;
+        self.writes.flush()?;
+        self.writes.send(Message::Finish {
+            counters: std::mem::take(&mut self.counters),
+            gauges: std::mem::take(&mut self.gauges),
+            checkpoint: self.report.checkpoint,
+        })?;
+        Ok(self.report)
+    }
+}
+
+/// Writes handed from the fold to the writer, in batches of this many: one channel message
+/// per batch instead of per row.
+const WRITES_PER_MESSAGE: usize = 512;
+/// Batches of writes the fold may run ahead of the writer. Between the two threads there are at
+/// most this many queued, one being written and one being filled, each of at most
+/// [`WRITES_PER_MESSAGE`] writes: a row each, or one flush of up to
+/// [`RebuildLimits::max_buffered_chains`] id-index entries.
+const MESSAGES_IN_FLIGHT: usize = 8;
+
+/// One thing for the writer to do, in the fold's order: a write, or one of the fold's two
+/// questions to the file, which travel the same queue so that each answer sees every write the
+/// fold made before asking.
+enum Write {
+    /// An operation's row, built by the fold.
+    Operation {
+        stored: apply::StoredOperation,
+        in_file: bool,
+    },
+    Review(ReviewChange),
+    Duplicate(DuplicateChange),
+    /// Id-index entries, already in key order.
+    Chains(Vec<ChainChange>),
+    /// Commit and begin the next transaction.
+    Commit,
+    CreateIndexes,
+    LoadState {
+        operation_id: OperationId,
+        reply: SyncSender<Result<Option<(OperationState, StreamVersion)>, ReadModelError>>,
+    },
+    FindSimilar {
+        query: SimilarIntentQuery,
+        reply: SyncSender<Result<Vec<SimilarIntent>, ReadModelError>>,
+    },
+}
+
+/// What travels from the fold to the writer.
+enum Message {
+    Writes(Vec<Write>),
+    /// The counters and the checkpoint, after every write; then the last commit, and the file is
+    /// closed.
+    Finish {
+        counters: BTreeMap<Counter, u64>,
+        gauges: apply::GaugeChanges,
+        checkpoint: Option<GlobalPosition>,
+    },
+}
+
+/// The fold's end of the queue to the writer.
+struct WriteQueue {
+    pending: Vec<Write>,
+    sender: SyncSender<Message>,
+}
+
+impl WriteQueue {
+    fn new(sender: SyncSender<Message>) -> Self {
+        Self {
+            pending: Vec::with_capacity(WRITES_PER_MESSAGE),
+            sender,
+        }
+    }
+
+    fn push(&mut self, write: Write) -> Result<(), ReadModelError> {
+        self.pending.push(write);
+        if self.pending.len() >= WRITES_PER_MESSAGE {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), ReadModelError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let writes = std::mem::replace(&mut self.pending, Vec::with_capacity(WRITES_PER_MESSAGE));
+        self.send(Message::Writes(writes))
+    }
+
+    fn send(&self, message: Message) -> Result<(), ReadModelError> {
+        self.sender.send(message).map_err(|_| writer_gone())
+    }
+
+    /// Sends the question `ask` makes, after everything pushed before it, and waits for the
+    /// answer.
+    fn ask<T>(&mut self, ask: impl FnOnce(SyncSender<T>) -> Write) -> Result<T, ReadModelError> {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        self.push(ask(reply))?;
+        self.flush()?;
+        answer.recv().map_err(|_| writer_gone())
+    }
+}
+
+/// The fold's error when the writer stopped; the writer's own error is the one reported.
+fn writer_gone() -> ReadModelError {
+    ReadModelError::Worker {
+        reason: "the rebuild's writer stopped".to_string(),
+    }
+}
+
+/// The thread that owns the file being built and does every write the fold hands it, in order.
+/// SQLite writes a file from one thread at a time; with the fold and the row building on
+/// another, the two cores share the work instead of one doing all of it.
+struct Writer {
+    connection: Connection,
+}
+
+impl Writer {
+    /// Creates the file exclusively: a name another rebuild is using is never shared (nor
+    /// removed by this one).
+    fn create_file(temporary: &Path) -> Result<(), ReadModelError> {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(temporary)
+            .map(drop)
+            .map_err(|source| ReadModelError::Create {
+                path: temporary.to_path_buf(),
+                source,
+            })
+    }
+
+    /// Sets up the file [`Writer::create_file`] created, and begins the first transaction.
+    fn open(temporary: &Path) -> Result<Self, ReadModelError> {
+        let connection =
+            schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
+        begin(&connection)?;
+        Ok(Self { connection })
+    }
+
+    /// Does the writes until [`Message::Finish`]; `Ok(false)` when the fold stopped before it
+    /// (its error is the one to report).
+    fn write_all(self, receiver: Receiver<Message>) -> Result<bool, ReadModelError> {
+        for message in receiver {
+            match message {
+                Message::Writes(writes) => {
+                    for write in writes {
+                        self.write(write)?;
+                    }
+                }
+                Message::Finish {
+                    counters,
+                    gauges,
+                    checkpoint,
+                } => return self.finish(&counters, &gauges, checkpoint).map(|()| true),
+            }
+        }
+        Ok(false)
+    }
+
+    fn write(&self, write: Write) -> Result<(), ReadModelError> {
+        let connection = &self.connection;
+        match write {
+            Write::Operation { stored, in_file } => stored.write(connection, in_file),
+            Write::Review(review) => apply::write_review(connection, &review),
+            Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
+            Write::Chains(chains) => chains
+                .iter()
+                .try_for_each(|chain| apply::write_chain(connection, chain)),
+            Write::Commit => commit(connection).and_then(|()| begin(connection)),
+            Write::CreateIndexes => schema::create_indexes(connection),
+            Write::LoadState {
+                operation_id,
+                reply,
+            } => {
+                // A fold that stopped waiting has failed already; its error is reported.
+                let _ = reply.send(apply::load_state(connection, operation_id));
+                Ok(())
+            }
+            Write::FindSimilar { query, reply } => {
+                let _ = reply.send(apply::find_similar(connection, &query));
+                Ok(())
+            }
+        }
+    }
+
+    fn finish(
+        self,
+        counters: &BTreeMap<Counter, u64>,
+        gauges: &apply::GaugeChanges,
+        checkpoint: Option<GlobalPosition>,
+    ) -> Result<(), ReadModelError> {
+        if let Some(checkpoint) = checkpoint {
+            apply::write_counters(&self.connection, counters)?;
+            apply::write_gauges(&self.connection, gauges)?;
+            apply::write_checkpoint(&self.connection, checkpoint)?;
+        }
+        commit(&self.connection)?;
+        self.connection
+            .close()
+            .map_err(|(_, error)| ReadModelError::sqlite("closing the rebuilt file", error))
+    }
+}
+
+fn begin(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|error| ReadModelError::sqlite("starting a rebuild transaction", error))
+}
+
+fn commit(connection: &Connection) -> Result<(), ReadModelError> {
+    connection
+        .execute_batch("COMMIT")
+        .map_err(|error| ReadModelError::sqlite("committing a rebuild transaction", error))
+}
+
+/// Makes the finished temporary file durable and gives it its name, without replacing a file
+/// that appeared there meanwhile.
+fn publish(temporary: &Path, path: &Path) -> Result<(), ReadModelError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ReadModelError::Create { path, source }
+    };
+    File::open(temporary)
+        .and_then(|file| file.sync_all())
+        .map_err(io(temporary))?;
+    std::fs::hard_link(temporary, path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::AlreadyExists => ReadModelError::AlreadyExists {
+            path: path.to_path_buf(),
+        },
+        _ => ReadModelError::Create {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    std::fs::remove_file(temporary).map_err(io(temporary))?;
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    File::open(directory)
+        .and_then(|file| file.sync_all())
+        .map_err(io(directory))
+}
+
+/// A name beside `path` for the file being built, unique to this process and call.
+fn temporary_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(
+        ".rebuild-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    PathBuf::from(name)
+}
+
+fn remove_file_and_journal(path: &Path) {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        // Absent is the expected case; anything else leaves a stray temporary file, nothing more.
+        let _ = std::fs::remove_file(PathBuf::from(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use opledger_domain::args::ArgsHash;
+    use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
+
+    fn query(operation: u128, at: DateTime<Utc>) -> SimilarIntentQuery {
+        let window = Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S);
+        SimilarIntentQuery {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(operation)),
+            tenant: TenantId::new("t").expect("valid"),
+            provider: ProviderId::new("p").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            action: ActionName::new("create").expect("valid"),
+            args_hash: ArgsHash::parse(&format!("sha256:{}", "a".repeat(64))).expect("valid"),
+            from: at - window,
+            to: at + window,
+            limit: duplicates::MAX_SIMILAR_INTENTS_CHECKED,
+        }
+    }
+
+    fn intent(operation: u128, at: DateTime<Utc>) -> SimilarIntent {
+        SimilarIntent {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(operation)),
+            source_id: None,
+            recorded_at: at,
+        }
+    }
+
+    #[test]
+    fn the_window_answers_newest_first_without_the_asker_and_refuses_below_its_floor() {
+        let base = Utc
+            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
+        for n in 1..=3 {
+            window.insert(
+                &query(n, base),
+                intent(n, base + Duration::seconds(n as i64)),
+            );
+        }
+        let WindowAnswer::Found(found) = window.find(&query(2, base)) else {
+            panic!("nothing let go of yet");
+        };
+        let ids: Vec<_> = found.iter().map(|i| i.operation_id).collect();
+        assert_eq!(
+            ids,
+            vec![
+                OperationId::from_uuid(uuid::Uuid::from_u128(3)),
+                OperationId::from_uuid(uuid::Uuid::from_u128(1)),
+            ]
+        );
+        // Letting go of nothing (all are newer than the floor) keeps answering.
+        window.raise_floor(base);
+        assert!(matches!(
+            window.find(&query(9, base)),
+            WindowAnswer::Found(_)
+        ));
+        // Letting go of the first two sends an overlapping query to the file.
+        window.raise_floor(base + Duration::seconds(3));
+        assert!(matches!(
+            window.find(&query(9, base)),
+            WindowAnswer::AskTheFile
+        ));
+        let later = base + Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S + 3);
+        assert!(matches!(
+            window.find(&query(9, later)),
+            WindowAnswer::Found(_)
+        ));
+    }
+
+    #[test]
+    fn a_writer_that_fails_answers_the_folds_question_with_an_error_instead_of_a_hang() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let temporary = dir.path().join("read.db.rebuild");
+        let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+        let file = temporary.clone();
+        let writer = std::thread::spawn(move || {
+            Writer::create_file(&file)?;
+            Writer::open(&file)?.write_all(from_fold)
+        });
+        let mut writes = WriteQueue::new(to_writer);
+        // Creating the indexes twice fails the writer; the question waits behind it.
+        writes.push(Write::CreateIndexes).expect("queued");
+        writes.push(Write::CreateIndexes).expect("queued");
+        let answer = writes.ask(|reply| Write::LoadState {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(1)),
+            reply,
+        });
+        assert!(
+            matches!(answer, Err(ReadModelError::Worker { .. })),
+            "the fold learns that its writer stopped: {answer:?}"
+        );
+        drop(writes);
+        let written = writer.join().expect("the writer does not panic");
+        assert!(
+            matches!(written, Err(ReadModelError::Sqlite { .. })),
+            "the writer reports its own error: {written:?}"
+        );
+    }
+
+    #[test]
+    fn a_window_full_of_intents_recorded_at_one_time_lets_them_all_go_and_asks_the_file() {
+        let at = Utc
+            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let mut window = IntentWindow::new(2);
+        for n in 1..=5 {
+            window.insert(&query(n, at), intent(n, at));
+            assert!(window.entries <= 2, "the window keeps within its limit");
+        }
+        assert!(matches!(
+            window.find(&query(9, at)),
+            WindowAnswer::AskTheFile
+        ));
+    }
+}

@@ -1,0 +1,13 @@
+//! opledger's process runtime: what a running opledger process needs beyond the ports' adapters.
+//!
+//! - [`system`]: the wall clock and the operating system's secure random source, behind the
+//!   domain's `Clock` and `IdSource` ports.
+//! - [`workers`]: the in-process workers that follow the log into the work queue and drive every
+//!   due operation (a send, a sweep of an expired lease, a lookup) through the engine, with
+//!   bounded concurrency and a clean shutdown.
+//!
+//! Nothing here decides what an operation may do (the domain's decider does) or how a provider is
+//! spoken to (the providers crate does); the workers only choose *when* to ask the engine.
+
+pub mod system;
+pub mod workers;
