@@ -75,7 +75,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve::serve(
+    let server = tokio::spawn(opledger_http_api::run(
         config,
         async move {
             let _ = stop_rx.await;
@@ -113,7 +113,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
         let _ = std::fs::remove_file(file);
     }
     result?;
-    served
+    Ok(served?)
 }
 
 async fn measure_all(

@@ -10,7 +10,7 @@ use opledger_domain::error::ValidationError;
 use opledger_domain::store::StoreError;
 
 /// The file the embedded store uses when none is named.
-pub const DEFAULT_DB: &str = "opledger.db";
+pub const DEFAULT_DB: &str = opledger_store::DEFAULT_SQLITE_PATH;
 
 /// opledger — an event-sourced ledger that makes an AI agent's side effects happen once.
 ///
@@ -498,6 +498,32 @@ impl CliError {
             Self::Interrupted => ExitCode::from(130),
             Self::Tampered { .. } => ExitCode::from(4),
             _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+impl From<opledger_http_api::render::RenderError> for CliError {
+    fn from(error: opledger_http_api::render::RenderError) -> Self {
+        use opledger_http_api::render::RenderError;
+        match error {
+            RenderError::App(error) => Self::App(error),
+            RenderError::Store(error) => Self::Store(error),
+            RenderError::ReadModel(error) => Self::ReadModel(error),
+            other => Self::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<opledger_http_api::ServeError> for CliError {
+    fn from(error: opledger_http_api::ServeError) -> Self {
+        use opledger_http_api::ServeError;
+        match error {
+            ServeError::Config(message) => Self::Config(message),
+            ServeError::Invalid(error) => Self::Invalid(error),
+            ServeError::App(error) => Self::App(error),
+            ServeError::Store(error) => Self::Store(error),
+            ServeError::ReadModel(error) => Self::ReadModel(error),
+            ServeError::Io(message) => Self::Other(message),
         }
     }
 }

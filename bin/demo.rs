@@ -34,7 +34,7 @@ use opledger_store::SqliteStore;
 use crate::bench::fresh_path;
 use crate::cli::{CliError, DemoArgs};
 use crate::intent::open_ledger;
-use crate::timeline;
+use opledger_http_api::render::timeline;
 
 /// The demo's search index lag, in milliseconds (the stand's and the adapter's).
 const SEARCH_LAG_MS: u64 = 1_000;

@@ -15,7 +15,6 @@ mod review;
 mod serve;
 mod stand;
 mod tail;
-mod timeline;
 mod trace;
 mod verify;
 mod views;

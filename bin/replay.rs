@@ -85,8 +85,14 @@ async fn replay(
     );
     if args.verify {
         let live_models = ReadModels::open(live).await?;
-        views::catch_up_showing_progress(store, &live_models, target, "catching up", args.json)
-            .await?;
+        opledger_http_api::render::catch_up_showing_progress(
+            store,
+            &live_models,
+            target,
+            "catching up",
+            args.json,
+        )
+        .await?;
         let (left, right) = (live.to_path_buf(), temporary.to_path_buf());
         let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
             .await

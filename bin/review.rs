@@ -11,13 +11,12 @@ use opledger_domain::error::ValidationError;
 use opledger_domain::event::{OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId};
 use opledger_domain::sentence::agent_sentence;
-use opledger_readmodel::ReviewItem;
 use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
 use crate::intent::{close, open_existing_ledger, print_state};
-use crate::ops::view_of;
 use crate::views::{self, age, check_limit, print_json, print_table};
+use opledger_http_api::render::{review_item_json, view_of};
 
 pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     let limit = check_limit(args.limit)?;
@@ -92,31 +91,6 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     );
     println!("{} operation(s) unresolved", queue.len());
     Ok(())
-}
-
-/// One operation of the review queue as JSON, as `review list --json` prints it and the server's
-/// `GET /v1/review` answers it.
-pub fn review_item_json(item: &ReviewItem, now: chrono::DateTime<Utc>) -> serde_json::Value {
-    json!({
-        "operation_id": item.operation_id,
-        "state": item.state,
-        "since": item.since,
-        "age_s": (now - item.since).num_seconds().max(0),
-        "tenant": item.tenant,
-        "provider": item.provider,
-        "account": item.account,
-        "attempts": item.attempts,
-        "lookups": item.lookups,
-        "last_error": item.last_error,
-        "last_lookup": item.last_lookup.as_ref().map(|lookup| json!({
-            "result": lookup.result,
-            "evidence": lookup.evidence,
-            "at": lookup.at,
-        })),
-        "reason": item.review.as_ref().map(|review| &review.reason),
-        "evidence": item.review.as_ref().map(|review| &review.evidence),
-        "updated_at": item.updated_at,
-    })
 }
 
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {

@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use crate::cli::{CliError, TraceArgs};
 use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
-use crate::ops::{view_of, OperationView};
 use crate::views::{self, print_json};
+use opledger_http_api::render::{view_of, OperationView};
 
 /// Most operations one traced id may list; the best match is shown in full, the rest by id.
 const MAX_TRACE_MATCHES: usize = 10;

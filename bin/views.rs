@@ -4,24 +4,16 @@
 //! The read models lag the log, so every query first catches them up; nothing here decides
 //! anything on them (decisions go through the ledger).
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use opledger_domain::error::ValidationError;
-use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::EventStore;
-use opledger_readmodel::{catch_up, CatchUpProgress, ReadModels, MAX_QUERY_ROWS};
+use opledger_readmodel::{ReadModels, MAX_QUERY_ROWS};
+
+use opledger_http_api::render::catch_up_showing_progress;
 
 use crate::cli::{CliError, ViewsArgs};
-
-/// Below this many events to apply a catch-up is quick, and a progress line would only flicker.
-const PROGRESS_FROM_EVENTS: u64 = 5_000;
-/// How often progress is shown on a terminal.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// The longest duration `--older-than` accepts, in days: further back than any ledger reaches.
-const MAX_DURATION_DAYS: i64 = 100 * 365;
 
 /// The read-model file: `--views`, else the ledger file's path with `.views` appended.
 pub fn views_path(args: &ViewsArgs) -> PathBuf {
@@ -49,73 +41,6 @@ pub async fn open_caught_up<S: EventStore>(
     )
     .await?;
     Ok(read_models)
-}
-
-/// Catches `read_models` up to `target` (the log's head as it is now, if `None`), with progress on
-/// a terminal.
-pub async fn catch_up_showing_progress<S: EventStore>(
-    store: &S,
-    read_models: &ReadModels,
-    target: Option<GlobalPosition>,
-    what: &str,
-    quiet: bool,
-) -> Result<CatchUpProgress, CliError> {
-    let terminal = !quiet && std::io::stderr().is_terminal();
-    let mut last_shown: Option<Instant> = None;
-    let report = catch_up(store, read_models, target, |progress| {
-        if !terminal || progress.behind < PROGRESS_FROM_EVENTS {
-            return;
-        }
-        if last_shown.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
-            eprint!(
-                "\r{what}: {} of {} events…",
-                progress.applied, progress.behind
-            );
-            last_shown = Some(Instant::now());
-        }
-    })
-    .await?;
-    if last_shown.is_some() {
-        eprint!("\r\x1b[2K");
-    }
-    Ok(report)
-}
-
-/// Parses `10s`, `10m`, `2h`, `3d` (a positive whole number and one unit).
-pub fn parse_duration(flag: &str, text: &str) -> Result<chrono::Duration, ValidationError> {
-    let text = text.trim();
-    let invalid = |why: &str| {
-        ValidationError::new(
-            flag,
-            format!(
-                "`{text}` {why}; write a whole number and a unit s, m, h or d, e.g. 10m, 2h, 3d"
-            ),
-        )
-    };
-    let split = text
-        .char_indices()
-        .last()
-        .map(|(index, _)| index)
-        .ok_or_else(|| invalid("is empty"))?;
-    let (number, unit) = text.split_at(split);
-    let seconds_per_unit: i64 = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(invalid("has no unit")),
-    };
-    let amount: i64 = number
-        .parse()
-        .map_err(|_| invalid("does not start with a whole number"))?;
-    if amount <= 0 {
-        return Err(invalid("is not positive"));
-    }
-    let seconds = amount
-        .checked_mul(seconds_per_unit)
-        .filter(|seconds| *seconds <= MAX_DURATION_DAYS * 86_400)
-        .ok_or_else(|| invalid(&format!("is longer than {MAX_DURATION_DAYS} days")))?;
-    Ok(chrono::Duration::seconds(seconds))
 }
 
 /// Checks a row limit against the read models' maximum.
@@ -181,32 +106,6 @@ pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_take_a_number_and_one_unit() {
-        assert_eq!(
-            parse_duration("--older-than", "10m").map(|d| d.num_seconds()),
-            Ok(600)
-        );
-        assert_eq!(
-            parse_duration("--older-than", "3d").map(|d| d.num_seconds()),
-            Ok(259_200)
-        );
-        for bad in [
-            "",
-            "10",
-            "m",
-            "-5m",
-            "0s",
-            "1.5h",
-            "10x",
-            "99999999999d",
-            "5 m",
-        ] {
-            let error = parse_duration("--older-than", bad).expect_err(bad);
-            assert_eq!(error.field, "--older-than", "{bad}");
-        }
-    }
 
     #[test]
     fn ages_are_compact() {

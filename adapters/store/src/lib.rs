@@ -12,6 +12,10 @@
 //!
 //! [`EventStore`]: opledger_domain::store::EventStore
 
+/// The ledger file when none is named (`--db`, `OPLEDGER_DB`, a server's `store`), in the working
+/// directory.
+pub const DEFAULT_SQLITE_PATH: &str = "opledger.db";
+
 pub mod either;
 pub mod kurrentdb;
 pub mod memory;

@@ -40,7 +40,7 @@ use tracing::{info, warn, Instrument};
 use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
 use super::{events, metrics, Shared};
-use crate::ops::{operation_json, view_of};
+use crate::render::{operation_json, view_of};
 
 mod operations;
 mod queries;

@@ -28,7 +28,7 @@ use super::auth::Scope;
 use super::config::Principal;
 use super::error::ApiError;
 use super::{ServeStore, Shared};
-use crate::tail::{outcome_json, outcome_of, wanted_types};
+use crate::render::{outcome_json, outcome_of, wanted_types};
 
 /// Most operations whose tenant is remembered; the cache is emptied when full (a miss costs one
 /// read of the operation's first event).

@@ -322,7 +322,7 @@ impl Checker<'_> {
         let store = match &file.store {
             Some(store) => parse_store(store.get_ref())
                 .map_err(|message| self.error(Some(store.span()), "store", message))?,
-            None => StoreUrl::Sqlite(PathBuf::from(crate::cli::DEFAULT_DB)),
+            None => StoreUrl::Sqlite(PathBuf::from(opledger_store::DEFAULT_SQLITE_PATH)),
         };
         let (policy, workers) = self.engine(&file.engine)?;
         let worker_send_delay_ms = spanned_or(
@@ -977,7 +977,7 @@ token_env = "CRM_TOKEN"
 
     #[test]
     fn the_example_in_the_repository_is_a_valid_configuration() {
-        let text = include_str!("../../opledger.example.toml");
+        let text = include_str!("../../../opledger.example.toml");
         let env = |name: &str| match name {
             "ACME_API_TOKEN" => Some("acme-0123456789abcdef".to_owned()),
             "OPS_TOKEN" => Some("ops-0123456789abcdef".to_owned()),

@@ -139,14 +139,13 @@ impl From<ReadModelError> for ApiError {
     }
 }
 
-impl From<crate::cli::CliError> for ApiError {
-    fn from(error: crate::cli::CliError) -> Self {
-        use crate::cli::CliError;
+impl From<crate::render::RenderError> for ApiError {
+    fn from(error: crate::render::RenderError) -> Self {
+        use crate::render::RenderError;
         match error {
-            CliError::Invalid(error) => Self::invalid(error),
-            CliError::App(error) => error.into(),
-            CliError::Store(error) => error.into(),
-            CliError::NotFound(message) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            RenderError::App(error) => error.into(),
+            RenderError::Store(error) => error.into(),
+            RenderError::ReadModel(error) => error.into(),
             other => Self::internal("the request failed", other),
         }
     }

@@ -11,26 +11,49 @@
 //! Without `--config` it runs the embedded default with the CRM stand in-process as a demo
 //! provider, so `opledger serve` alone gives a working API.
 
+//! opledger's HTTP service as a library: the API agents and services talk to (`opledger serve`).
+//!
+//! [`run`] serves one [`ServeConfig`] until a shutdown future resolves. One process holds the
+//! ledger (the embedded SQLite file, or a KurrentDB cluster), the engine and its background
+//! workers, the read-model runner, and the API. The configuration is checked whole before anything
+//! is opened or bound ([`config::load`]). Shutdown stops accepting, ends the event streams, lets
+//! requests in progress finish (an execute call stops waiting, but a send already made is
+//! recorded), waits (bounded) for the workers' drives, and closes the store after its last
+//! acknowledged append is durable. It must never answer 2xx before the ledger's append returned,
+//! so an acknowledged intent is never lost.
+//!
+//! Files: `config.rs` the TOML configuration and its limits; `auth.rs` bearer tokens and scopes;
+//! `api/` the routes (`operations.rs` record and execute, `queries.rs` lists and traces,
+//! `review.rs` decisions); `events.rs` the SSE feed of outcomes; `metrics.rs` Prometheus;
+//! `error.rs` the error body every route answers with; `openapi.json` the OpenAPI document;
+//! [`render`] what the API and the CLI both show; [`input`] what they both parse.
+//!
+//! The binary (`bin/serve.rs`) only picks the configuration (a file, or the embedded default with
+//! the CRM stand in-process) and the shutdown signal.
+
 mod api;
 mod auth;
 pub mod config;
 mod error;
 mod events;
+pub mod input;
 mod metrics;
+pub mod render;
+
 /// The ledger the server keeps (see [`AnyStore`]).
 pub type ServeStore = opledger_store::AnyStore;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use opledger_crm_stand::{Stand, StandConfig};
-use opledger_domain::app::Ledger;
+use opledger_domain::app::{AppError, Ledger};
 use opledger_domain::engine::Engine;
-use opledger_domain::ids::{AccountId, ProviderId, TenantId, WorkerId};
-use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, HttpProviders, Shape};
-use opledger_readmodel::{ProjectionRunner, ReadModels};
+use opledger_domain::error::ValidationError;
+use opledger_domain::ids::WorkerId;
+use opledger_domain::store::StoreError;
+use opledger_providers::HttpProviders;
+use opledger_readmodel::{ProjectionRunner, ReadModelError, ReadModels};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
 use opledger_store::{KurrentDbStore, SqliteStore};
@@ -38,19 +61,46 @@ use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn};
 
 use self::auth::Tokens;
-use self::config::{Limits, Principal, ServeConfig, StoreUrl};
+pub use self::config::{Limits, Principal, ServeConfig, StoreUrl};
 use self::events::TenantCache;
 use self::metrics::RequestMetrics;
-use crate::cli::{CliError, ServeArgs};
 
 /// The OpenAPI description of every route, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
-/// The embedded default's tokens: for a first look on a laptop, printed at start.
-pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
-const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
-const DEMO_ACCOUNT: &str = "demo";
-const DEMO_CRM_TOKEN: &str = "demo-crm-token";
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is wrong; nothing was opened or bound.
+    #[error("{0}")]
+    Config(String),
+    /// An input (an address, a name) is invalid.
+    #[error("{0}")]
+    Invalid(#[from] ValidationError),
+    /// The ledger refused or failed.
+    #[error("{0}")]
+    App(#[from] AppError),
+    /// The store could not be opened or failed.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// The read models failed.
+    #[error("{0}")]
+    ReadModel(#[from] ReadModelError),
+    /// Something at the edge failed: the listening socket, the KurrentDB connection, the server.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl From<render::RenderError> for ServeError {
+    fn from(error: render::RenderError) -> Self {
+        match error {
+            render::RenderError::App(error) => Self::App(error),
+            render::RenderError::Store(error) => Self::Store(error),
+            render::RenderError::ReadModel(error) => Self::ReadModel(error),
+            other => Self::Io(other.to_string()),
+        }
+    }
+}
 
 /// The engine the server drives operations with.
 pub type ServeEngine = Engine<ServeStore, SystemClock, RandomIds, HttpProviders>;
@@ -83,49 +133,12 @@ pub struct Shared {
     pub metrics_token: Option<[u8; 32]>,
 }
 
-pub async fn run(args: ServeArgs) -> Result<(), CliError> {
-    let (mut config, stand) = match &args.config {
-        Some(path) => (
-            config::load(path).map_err(|e| CliError::Config(e.to_string()))?,
-            None,
-        ),
-        None => {
-            let (config, stand) = embedded_default(&args.db).await?;
-            (config, Some(stand))
-        }
-    };
-    if let Some(listen) = &args.listen {
-        config.listen = listen.parse::<SocketAddr>().map_err(|_| {
-            opledger_domain::error::ValidationError::new(
-                "--listen",
-                format!("`{listen}` is not an address; write IP:port, e.g. 127.0.0.1:8080"),
-            )
-        })?;
-    }
-    // The demo tokens are printed and the same everywhere: never offer them beyond this machine.
-    if stand.is_some() && !config.listen.ip().is_loopback() {
-        return Err(opledger_domain::error::ValidationError::new(
-            "--listen",
-            format!(
-                "{} is not a loopback address, and without --config the server runs with the public demo tokens; listen on 127.0.0.1, or write a configuration with your own tokens",
-                config.listen
-            ),
-        )
-        .into());
-    }
-    let result = serve(config, shutdown_signal(), None).await;
-    if let Some(stand) = stand {
-        stand.shutdown().await;
-    }
-    result
-}
-
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
-pub async fn serve(
+pub async fn run(
     config: ServeConfig,
     until: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
-) -> Result<(), CliError> {
+) -> Result<(), ServeError> {
     // The read models are local to each server, beside the SQLite ledger or in the working
     // directory; with KurrentDB every instance keeps its own, fed from the shared log.
     let (ledger_name, default_views) = match &config.store {
@@ -141,24 +154,24 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|error| {
-            CliError::Other(format!(
+            ServeError::Io(format!(
                 "cannot listen on {} ({error}); pick another address with --listen or `listen` in the config",
                 config.listen
             ))
         })?;
     let local = listener
         .local_addr()
-        .map_err(|error| CliError::Other(format!("cannot read the bound address: {error}")))?;
+        .map_err(|error| ServeError::Io(format!("cannot read the bound address: {error}")))?;
     let store = match &config.store {
         StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
         StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
             KurrentDbStore::connect(url)
                 .await
-                .map_err(|error| CliError::Other(format!("cannot reach KurrentDB: {error}")))?,
+                .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
         ),
     };
     let read_models = ReadModels::open(&views_path).await?;
-    crate::views::catch_up_showing_progress(
+    render::catch_up_showing_progress(
         &store,
         &read_models,
         None,
@@ -167,7 +180,7 @@ pub async fn serve(
     )
     .await?;
     let providers =
-        HttpProviders::new(config.providers).map_err(|e| CliError::Config(e.to_string()))?;
+        HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
     let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
     let engine = Arc::new(Engine::try_new(
         Ledger::new(store.clone(), SystemClock, RandomIds),
@@ -245,7 +258,7 @@ pub async fn serve(
     let worker_stats = workers.shutdown().await;
     let runner_result = runner.await;
     let closed = store.close().await;
-    served.map_err(|error| CliError::Other(format!("the server failed: {error}")))?;
+    served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
     match worker_stats {
         Ok(stats) => {
             if stats.abandoned_at_shutdown > 0 {
@@ -269,105 +282,6 @@ pub async fn serve(
     }
     closed?;
     Ok(())
-}
-
-/// Resolves on SIGTERM or Ctrl-C (SIGINT); a second signal ends the process at once (what was
-/// acknowledged is already durable; an attempt in flight is swept to unknown at the next start).
-async fn shutdown_signal() {
-    first_signal().await;
-    tokio::spawn(async {
-        first_signal().await;
-        eprintln!("second signal: stopping now");
-        std::process::exit(130);
-    });
-}
-
-async fn first_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(error) => {
-                warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the server");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// The configuration `opledger serve` runs with when given none: the SQLite ledger at `--db`, the
-/// CRM stand in-process on a free loopback port as provider `crm` (keyed shape, account `demo`),
-/// one tenant `demo` and one operator, with the demo tokens printed.
-pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stand), CliError> {
-    let stand = Stand::start(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        StandConfig {
-            accounts: vec![(DEMO_ACCOUNT.to_owned(), DEMO_CRM_TOKEN.to_owned())],
-            ..StandConfig::default()
-        },
-    )
-    .await
-    .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
-    let mut providers = Vec::new();
-    for (id, shape) in [("crm", Shape::Keyed), ("crm-plain", Shape::Plain)] {
-        let mut provider = HttpProviderConfig::new(
-            shape,
-            stand.base_url(),
-            vec![AccountConfig::with_token(
-                AccountId::new(DEMO_ACCOUNT)?,
-                DEMO_CRM_TOKEN,
-            )],
-        );
-        provider.request_timeout_ms = 5_000;
-        providers.push(
-            HttpProvider::new(ProviderId::new(id)?, &provider)
-                .map_err(|error| CliError::Other(error.to_string()))?,
-        );
-    }
-    let mut tokens = BTreeMap::new();
-    tokens.insert(
-        DEMO_TENANT_TOKEN.to_owned(),
-        Principal::Tenant(TenantId::new("demo")?),
-    );
-    tokens.insert(
-        DEMO_OPERATOR_TOKEN.to_owned(),
-        Principal::Operator {
-            name: "demo-operator".into(),
-            tenants: None,
-        },
-    );
-    println!(
-        "opledger serve: no --config, so the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `demo`, tenant `demo` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
-        db.display(),
-        stand.base_url()
-    );
-    let config = ServeConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        store: StoreUrl::Sqlite(db.to_path_buf()),
-        views: None,
-        policy: opledger_domain::engine::EnginePolicy {
-            lease_ms: 15_000,
-            ..Default::default()
-        },
-        read_model_linger_ms: config::DEFAULT_READ_MODEL_LINGER_MS,
-        workers: 16,
-        worker_send_delay_ms: config::DEFAULT_WORKER_SEND_DELAY_MS,
-        limits: Limits::default(),
-        tokens,
-        metrics_token: None,
-        providers,
-    };
-    Ok((config, stand))
 }
 
 /// A connection string without its password, for logs and the start line.

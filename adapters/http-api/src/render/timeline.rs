@@ -6,13 +6,13 @@ use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult,
 use opledger_domain::ids::{OperationId, StreamVersion};
 use opledger_domain::store::{EventStore, RecordedEvent, StreamName, MAX_READ_BATCH};
 
-use crate::cli::CliError;
+use super::RenderError;
 
 /// Every event of the operation's stream, decoded, in order.
 pub async fn history<S: EventStore>(
     store: &S,
     operation_id: OperationId,
-) -> Result<Vec<OperationEvent>, CliError> {
+) -> Result<Vec<OperationEvent>, RenderError> {
     Ok(recorded_history(store, operation_id)
         .await?
         .into_iter()
@@ -24,7 +24,7 @@ pub async fn history<S: EventStore>(
 pub async fn recorded_history<S: EventStore>(
     store: &S,
     operation_id: OperationId,
-) -> Result<Vec<(RecordedEvent, OperationEvent)>, CliError> {
+) -> Result<Vec<(RecordedEvent, OperationEvent)>, RenderError> {
     let stream = StreamName::for_operation(operation_id);
     let mut events = Vec::new();
     let mut from = StreamVersion::FIRST;

@@ -46,7 +46,7 @@ pub(super) async fn list(
     let older_than = query
         .older_than
         .as_deref()
-        .map(|text| crate::views::parse_duration("older_than", text))
+        .map(|text| crate::input::parse_duration("older_than", text))
         .transpose()?;
     let limit = page_limit(query.limit.as_deref())?;
     let after = query
@@ -147,7 +147,7 @@ pub(super) async fn review_queue(
     let now = Utc::now();
     let rows: Vec<Value> = queue
         .iter()
-        .map(|item| crate::review::review_item_json(item, now))
+        .map(|item| crate::render::review_item_json(item, now))
         .collect();
     Ok(json_reply(StatusCode::OK, &json!({"queue": rows})))
 }

@@ -1,0 +1,184 @@
+//! Events of the log as outcomes: the friendly types (`succeeded`, `unknown`, `duplicate`, …) that
+//! `opledger tail` prints and the server's event stream sends, and one outcome as JSON.
+
+use std::collections::BTreeSet;
+
+use opledger_domain::codec;
+use opledger_domain::error::ValidationError;
+use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
+use opledger_domain::ids::{OperationId, StreamVersion};
+use opledger_domain::state::{evolve, OperationState, Status};
+use opledger_domain::store::{EventStore, RecordedEvent, MAX_READ_BATCH};
+use serde_json::json;
+
+use super::{timeline, RenderError};
+
+/// Every friendly type `--type` accepts; see `opledger tail --help` for the events behind each.
+pub const TYPES: [&str; 14] = [
+    "succeeded",
+    "unknown",
+    "rejected",
+    "needs_review",
+    "duplicate",
+    "denied",
+    "abandoned",
+    "recorded",
+    "approved",
+    "started",
+    "not_sent",
+    "lookup",
+    "retry",
+    "late",
+];
+/// The outcomes printed when `--type` is not given.
+pub const DEFAULT_TYPES: [&str; 7] = [
+    "succeeded",
+    "unknown",
+    "rejected",
+    "needs_review",
+    "duplicate",
+    "denied",
+    "abandoned",
+];
+
+/// The friendly types named in `given` (the defaults when empty); `field` names the input in errors.
+pub fn wanted_types(
+    field: &str,
+    given: &[String],
+) -> Result<BTreeSet<&'static str>, ValidationError> {
+    if given.is_empty() {
+        return Ok(DEFAULT_TYPES.into_iter().collect());
+    }
+    let mut wanted = BTreeSet::new();
+    for name in given.iter().map(|name| name.trim()) {
+        if name == "all" {
+            wanted.extend(TYPES);
+            continue;
+        }
+        let known = TYPES.iter().find(|known| **known == name).ok_or_else(|| {
+            ValidationError::new(
+                field,
+                format!(
+                    "`{name}` is not an event type; use `all` or some of {}",
+                    TYPES.join(", ")
+                ),
+            )
+        })?;
+        wanted.insert(*known);
+    }
+    Ok(wanted)
+}
+
+/// An event of the log as an outcome: its operation, friendly type and decoded event.
+pub struct Outcome {
+    /// The operation it belongs to.
+    pub operation_id: OperationId,
+    /// Its friendly type (one of [`TYPES`]).
+    pub kind: &'static str,
+    /// The event.
+    pub event: OperationEvent,
+}
+
+/// One outcome as JSON, as `tail --json` prints it and the server streams it.
+pub fn outcome_json(recorded: &RecordedEvent, outcome: &Outcome) -> serde_json::Value {
+    json!({
+        "position": recorded.position,
+        "type": outcome.kind,
+        "event_type": recorded.event_type,
+        "operation_id": outcome.operation_id,
+        "version": recorded.version,
+        "at": outcome.event.at(),
+        "detail": timeline::describe(&outcome.event),
+    })
+}
+
+/// Classifies one event of the log; `None` for events outside operation streams.
+pub async fn outcome_of<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+) -> Result<Option<Outcome>, RenderError> {
+    // Only operation streams carry operation events.
+    let Some(operation_id) = recorded.stream.operation_id() else {
+        return Ok(None);
+    };
+    let event = codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?;
+    let kind = match friendly_type(&event) {
+        Some(kind) => kind,
+        // Whether a late success or a found object settles the operation depends on the state
+        // before it: on an operation already confirmed it is a late answer or a lookup (its
+        // duplicate, if any, follows as its own event), never a second success.
+        None => {
+            let before = state_before(store, recorded).await?;
+            match (&event, &before.status) {
+                (_, Status::Succeeded { .. })
+                    if matches!(event, OperationEvent::ReconciliationRecorded(_)) =>
+                {
+                    "lookup"
+                }
+                (_, Status::Succeeded { .. }) => "late",
+                _ => "succeeded",
+            }
+        }
+    };
+    Ok(Some(Outcome {
+        operation_id,
+        kind,
+        event,
+    }))
+}
+
+/// The friendly type of an event; `None` for a late success or a found object, which need the
+/// state before them.
+fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
+    Some(match event {
+        OperationEvent::IntentRecorded(_) => "recorded",
+        OperationEvent::ApprovalGranted(_) => "approved",
+        OperationEvent::ApprovalDenied(_) => "denied",
+        OperationEvent::AttemptStarted(_) => "started",
+        OperationEvent::AttemptSucceeded(_) => "succeeded",
+        OperationEvent::AttemptRejected(_) => "rejected",
+        OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => "unknown",
+        OperationEvent::AttemptNotSent(_) => "not_sent",
+        OperationEvent::ReconciliationRecorded(e) => match e.result {
+            ReconciliationResult::Found { .. } => return None,
+            _ => "lookup",
+        },
+        OperationEvent::RetryScheduled(_) => "retry",
+        OperationEvent::ReviewRequired(_) => "needs_review",
+        OperationEvent::ReviewResolved(e) => match e.decision {
+            ReviewDecision::Retry => "retry",
+            ReviewDecision::ConfirmSucceeded { .. } => "succeeded",
+            ReviewDecision::Abandon => "abandoned",
+        },
+        OperationEvent::LateResponseReceived(e) => match e.response {
+            LateResponse::Succeeded { .. } => return None,
+            LateResponse::Rejected { .. } => "late",
+        },
+        OperationEvent::DuplicateDetected(_) => "duplicate",
+    })
+}
+
+/// The operation's state just before `recorded`, folded from its stream.
+async fn state_before<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+) -> Result<OperationState, RenderError> {
+    let mut state = OperationState::initial();
+    let mut from = StreamVersion::FIRST;
+    while from < recorded.version {
+        let wanted = usize::try_from(recorded.version.value() - from.value())
+            .unwrap_or(MAX_READ_BATCH)
+            .min(MAX_READ_BATCH);
+        let batch = store.read_stream(&recorded.stream, from, wanted).await?;
+        let Some(last) = batch.last() else { break };
+        from = last.version.next();
+        for event in batch
+            .iter()
+            .filter(|event| event.version < recorded.version)
+        {
+            let decoded = codec::decode(event).map_err(opledger_domain::app::AppError::from)?;
+            state = evolve(state, &decoded);
+        }
+    }
+    Ok(state)
+}

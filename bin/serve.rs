@@ -1,0 +1,160 @@
+//! `opledger serve`: picks the server's configuration and its shutdown signal, and runs the HTTP
+//! service (the `opledger-http-api` crate).
+//!
+//! Without `--config` it runs the embedded default with the CRM stand in-process as a demo
+//! provider, so `opledger serve` alone gives a working API. Shutdown is SIGTERM or Ctrl-C; a second
+//! signal ends the process at once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use opledger_crm_stand::{Stand, StandConfig};
+use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use opledger_http_api::{Limits, Principal, ServeConfig, StoreUrl};
+use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use tracing::warn;
+
+use crate::cli::{CliError, ServeArgs};
+
+/// The embedded default's tokens: for a first look on a laptop, printed at start.
+pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
+const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
+const DEMO_ACCOUNT: &str = "demo";
+const DEMO_CRM_TOKEN: &str = "demo-crm-token";
+
+/// `opledger serve`.
+pub async fn run(args: ServeArgs) -> Result<(), CliError> {
+    let (mut config, stand) = match &args.config {
+        Some(path) => (
+            opledger_http_api::config::load(path).map_err(|e| CliError::Config(e.to_string()))?,
+            None,
+        ),
+        None => {
+            let (config, stand) = embedded_default(&args.db).await?;
+            (config, Some(stand))
+        }
+    };
+    if let Some(listen) = &args.listen {
+        config.listen = listen.parse::<SocketAddr>().map_err(|_| {
+            opledger_domain::error::ValidationError::new(
+                "--listen",
+                format!("`{listen}` is not an address; write IP:port, e.g. 127.0.0.1:8080"),
+            )
+        })?;
+    }
+    // The demo tokens are printed and the same everywhere: never offer them beyond this machine.
+    if stand.is_some() && !config.listen.ip().is_loopback() {
+        return Err(opledger_domain::error::ValidationError::new(
+            "--listen",
+            format!(
+                "{} is not a loopback address, and without --config the server runs with the public demo tokens; listen on 127.0.0.1, or write a configuration with your own tokens",
+                config.listen
+            ),
+        )
+        .into());
+    }
+    let result = opledger_http_api::run(config, shutdown_signal(), None).await;
+    if let Some(stand) = stand {
+        stand.shutdown().await;
+    }
+    Ok(result?)
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT); a second signal ends the process at once (what was
+/// acknowledged is already durable; an attempt in flight is swept to unknown at the next start).
+async fn shutdown_signal() {
+    first_signal().await;
+    tokio::spawn(async {
+        first_signal().await;
+        eprintln!("second signal: stopping now");
+        std::process::exit(130);
+    });
+}
+
+async fn first_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(error) => {
+                warn!(%error, "cannot watch SIGTERM; only Ctrl-C stops the server");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The configuration `opledger serve` runs with when given none: the SQLite ledger at `--db`, the
+/// CRM stand in-process on a free loopback port as provider `crm` (keyed shape, account `demo`),
+/// one tenant `demo` and one operator, with the demo tokens printed.
+pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stand), CliError> {
+    let stand = Stand::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        StandConfig {
+            accounts: vec![(DEMO_ACCOUNT.to_owned(), DEMO_CRM_TOKEN.to_owned())],
+            ..StandConfig::default()
+        },
+    )
+    .await
+    .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
+    let mut providers = Vec::new();
+    for (id, shape) in [("crm", Shape::Keyed), ("crm-plain", Shape::Plain)] {
+        let mut provider = HttpProviderConfig::new(
+            shape,
+            stand.base_url(),
+            vec![AccountConfig::with_token(
+                AccountId::new(DEMO_ACCOUNT)?,
+                DEMO_CRM_TOKEN,
+            )],
+        );
+        provider.request_timeout_ms = 5_000;
+        providers.push(
+            HttpProvider::new(ProviderId::new(id)?, &provider)
+                .map_err(|error| CliError::Other(error.to_string()))?,
+        );
+    }
+    let mut tokens = BTreeMap::new();
+    tokens.insert(
+        DEMO_TENANT_TOKEN.to_owned(),
+        Principal::Tenant(TenantId::new("demo")?),
+    );
+    tokens.insert(
+        DEMO_OPERATOR_TOKEN.to_owned(),
+        Principal::Operator {
+            name: "demo-operator".into(),
+            tenants: None,
+        },
+    );
+    println!(
+        "opledger serve: no --config, so the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `demo`, tenant `demo` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
+        db.display(),
+        stand.base_url()
+    );
+    let config = ServeConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        store: StoreUrl::Sqlite(db.to_path_buf()),
+        views: None,
+        policy: opledger_domain::engine::EnginePolicy {
+            lease_ms: 15_000,
+            ..Default::default()
+        },
+        read_model_linger_ms: opledger_http_api::config::DEFAULT_READ_MODEL_LINGER_MS,
+        workers: 16,
+        worker_send_delay_ms: opledger_http_api::config::DEFAULT_WORKER_SEND_DELAY_MS,
+        limits: Limits::default(),
+        tokens,
+        metrics_token: None,
+        providers,
+    };
+    Ok((config, stand))
+}
