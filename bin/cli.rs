@@ -74,9 +74,9 @@ pub enum Command {
     /// The ledger file is polled (every 200 ms when idle), so writes by other processes show up.
     #[command(verbatim_doc_comment)]
     Tail(TailArgs),
-    /// Rebuild the read models from position 0 into a fresh file next to the views file; with
-    /// --verify compare it with the live views table by table (exit 1 on any difference),
-    /// otherwise replace the live views with it atomically.
+    /// Rebuild the read models from position 0 into a fresh file next to the read-model file; with
+    /// --verify compare it with the live read models table by table (exit 1 on any difference),
+    /// otherwise replace the live read models with it atomically.
     Replay(ReplayArgs),
     /// Walk the whole log and report every event edited, removed or moved behind the ledger's
     /// back, by stream and version (exit status 4 when anything is found).
@@ -282,12 +282,12 @@ pub struct StatusArgs {
 
 /// Where the read models live.
 #[derive(Debug, Args)]
-pub struct ViewsArgs {
+pub struct ReadModelArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// The read-model file (default: `<db>.views`); created and caught up on first use.
-    #[arg(long)]
-    pub views: Option<PathBuf>,
+    #[arg(long = "read-models", visible_alias = "views", value_name = "FILE")]
+    pub read_models: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -308,7 +308,7 @@ pub enum OpsCommand {
 #[derive(Debug, Args)]
 pub struct OpsListArgs {
     #[command(flatten)]
-    pub views: ViewsArgs,
+    pub read_models: ReadModelArgs,
     /// Only operations in this state: unknown, needs_review, pending, in_flight, succeeded,
     /// rejected, denied, abandoned, awaiting_approval.
     #[arg(long)]
@@ -336,7 +336,7 @@ pub struct OpsListArgs {
 #[derive(Debug, Args)]
 pub struct TraceArgs {
     #[command(flatten)]
-    pub views: ViewsArgs,
+    pub read_models: ReadModelArgs,
     /// An operation id, an attempt id, an external object id or a source (delivery) id.
     pub id: String,
     /// Print JSON instead of text.
@@ -363,7 +363,7 @@ pub enum ReviewCommand {
 #[derive(Debug, Args)]
 pub struct ReviewListArgs {
     #[command(flatten)]
-    pub views: ViewsArgs,
+    pub read_models: ReadModelArgs,
     /// Most rows to print (1 to 1000).
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
@@ -421,8 +421,8 @@ pub struct TailArgs {
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     #[command(flatten)]
-    pub views: ViewsArgs,
-    /// Compare the rebuild with the live views instead of replacing them (exit 1 on any
+    pub read_models: ReadModelArgs,
+    /// Compare the rebuild with the live read models instead of replacing them (exit 1 on any
     /// difference).
     #[arg(long)]
     pub verify: bool,

@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod intent;
 mod ops;
+mod read_models;
 mod replay;
 mod review;
 mod serve;
@@ -17,7 +18,6 @@ mod stand;
 mod tail;
 mod trace;
 mod verify;
-mod views;
 
 use std::process::ExitCode;
 

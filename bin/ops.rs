@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::cli::{CliError, OpsListArgs, StatusArgs};
 use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
-use crate::views::{self, age, check_limit, print_json, print_table};
+use crate::read_models::{self, age, check_limit, print_json, print_table};
 use opledger_http_api::render::{operation_json, view_of, OperationView};
 
 /// The states `--state` accepts: every state but `new`, which no recorded operation is in.
@@ -64,10 +64,10 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
         tenant,
         older_than: older_than.map(|duration| now - duration),
     };
-    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
     let result = async {
         let read_models =
-            views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json)
+            read_models::open_caught_up(ledger.store(), &read_models::read_models_path(&args.read_models), args.json)
                 .await?;
         Ok::<_, CliError>(
             read_models
@@ -121,8 +121,8 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
                 row.external_id
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), ToString::to_string),
-                views::time(row.created_at),
-                views::time(row.updated_at),
+                read_models::time(row.created_at),
+                read_models::time(row.updated_at),
                 age(now, row.created_at),
             ]
         })

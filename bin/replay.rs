@@ -1,29 +1,29 @@
 //! `opledger replay [--verify]`: rebuild the read models from position 0 into a fresh file next to
-//! the views file, then either compare it with the live views table by table (`--verify`) or put
+//! the read-model file, then either compare it with the live read models table by table (`--verify`) or put
 //! it in their place with one atomic rename.
 //!
 //! Both files are brought to the same position (the log's head when the replay started), so a
 //! difference is a real one, not writes that arrived in between. It must never rename over a
-//! views file another process has open: SQLite would pair that process's write-ahead log with the
-//! new file. The views' lock file makes sure of that (`readmodel::replace_views`).
+//! read-model file another process has open: SQLite would pair that process's write-ahead log with the
+//! new file. The read models' lock file makes sure of that (`readmodel::replace_read_models`).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use opledger_readmodel::{
-    compare_files, is_read_model_file, rebuild_to, replace_views, ReadModelError, ReadModels,
+    compare_files, is_read_model_file, rebuild_to, replace_read_models, ReadModelError, ReadModels,
     TableDifference,
 };
 use serde_json::json;
 
 use crate::cli::{CliError, ReplayArgs};
 use crate::intent::{close, open_existing_ledger, SqliteLedger};
-use crate::views::{self, print_json};
+use crate::read_models::{self, print_json};
 
 pub async fn run(args: ReplayArgs) -> Result<(), CliError> {
-    let ledger = open_existing_ledger(&args.views.store.db).await?;
-    let live = views::views_path(&args.views);
+    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
+    let live = read_models::read_models_path(&args.read_models);
     let temporary = sibling(&live, &format!(".replay-{}", std::process::id()));
     let result = tokio::select! {
         result = replay(&ledger, &args, &live, &temporary) => result,
@@ -44,7 +44,7 @@ async fn replay(
 ) -> Result<(), CliError> {
     let store = ledger.store();
     let head = opledger_domain::store::EventStore::head_position(store).await?;
-    // Verifying compares two files at one position. The live views may already be past the head
+    // Verifying compares two files at one position. The live read models may already be past the head
     // read above (another process caught them up meanwhile), so rebuild to whichever is further.
     let target = if args.verify {
         let live_models = ReadModels::open(live).await?;
@@ -97,11 +97,11 @@ async fn replay(
         let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
             .await
             .map_err(|error| CliError::Other(format!("the comparison failed: {error}")))??;
-        // If another process applied events to the live views while they were compared, the
+        // If another process applied events to the live read models while they were compared, the
         // differences may be those events, not a fault: say so instead of reporting them.
         if live_models.checkpoint().await? != target {
             return Err(CliError::Other(
-                "the live views moved on during the comparison (another process is applying \
+                "the live read models moved on during the comparison (another process is applying \
                  events to them); run `opledger replay --verify` again when it is idle"
                     .to_owned(),
             ));
@@ -175,7 +175,7 @@ fn report_differences(
     Ok(())
 }
 
-/// Renames `temporary` over `live` when nobody has `live` open (see `replace_views`).
+/// Renames `temporary` over `live` when nobody has `live` open (see `replace_read_models`).
 async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
     if live.exists() {
         let checked = live.to_owned();
@@ -187,13 +187,13 @@ async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
         if !is_views {
             return Err(CliError::Other(format!(
                 "{} exists and is not a read-model file; replay replaces only read models. \
-                 Check --views (it must not name the ledger), or move that file away",
+                 Check --read-models (it must not name the ledger), or move that file away",
                 live.display()
             )));
         }
     }
     let (from, to) = (temporary.to_owned(), live.to_owned());
-    tokio::task::spawn_blocking(move || replace_views(&from, &to))
+    tokio::task::spawn_blocking(move || replace_read_models(&from, &to))
         .await
         .map_err(|error| {
             CliError::Other(format!("replacing {} failed: {error}", live.display()))

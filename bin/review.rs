@@ -15,16 +15,19 @@ use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
 use crate::intent::{close, open_existing_ledger, print_state};
-use crate::views::{self, age, check_limit, print_json, print_table};
+use crate::read_models::{self, age, check_limit, print_json, print_table};
 use opledger_http_api::render::{review_item_json, view_of};
 
 pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     let limit = check_limit(args.limit)?;
-    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
     let result = async {
-        let read_models =
-            views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json)
-                .await?;
+        let read_models = read_models::open_caught_up(
+            ledger.store(),
+            &read_models::read_models_path(&args.read_models),
+            args.json,
+        )
+        .await?;
         Ok::<_, CliError>(
             read_models
                 .call(move |store| store.review_queue(limit))
@@ -142,12 +145,14 @@ fn evidence_of(history: &[OperationEvent]) -> Vec<String> {
     history
         .iter()
         .filter_map(|event| match event {
-            OperationEvent::OutcomeUnknown(e) => {
-                Some(format!("{}  no outcome: {}", views::time(e.at), e.error))
-            }
+            OperationEvent::OutcomeUnknown(e) => Some(format!(
+                "{}  no outcome: {}",
+                read_models::time(e.at),
+                e.error
+            )),
             OperationEvent::LeaseExpired(e) => Some(format!(
                 "{}  lease of {} ran out",
-                views::time(e.at),
+                read_models::time(e.at),
                 e.attempt_id
             )),
             OperationEvent::ReconciliationRecorded(e) => {
@@ -168,13 +173,13 @@ fn evidence_of(history: &[OperationEvent]) -> Vec<String> {
                 };
                 Some(format!(
                     "{}  lookup {result}: {}",
-                    views::time(e.at),
+                    read_models::time(e.at),
                     e.evidence
                 ))
             }
             OperationEvent::ReviewRequired(e) => Some(format!(
                 "{}  handed to a person: {} — {}",
-                views::time(e.at),
+                read_models::time(e.at),
                 e.reason,
                 e.evidence
             )),

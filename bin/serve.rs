@@ -143,7 +143,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
     let config = ServeConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
         store: StoreUrl::Sqlite(db.to_path_buf()),
-        views: None,
+        read_models: None,
         policy: opledger_domain::engine::EnginePolicy {
             lease_ms: 15_000,
             ..Default::default()

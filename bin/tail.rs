@@ -1,7 +1,7 @@
 //! `opledger tail`: follow the global log live and print outcome events, each line starting with
 //! the event's global position so a consumer resumes with `--from <last position>`.
 //!
-//! Why polling: the SQLite store's subscription (adapters/src/store/subscription.rs) waits on a
+//! Why polling: the SQLite store's subscription (adapters/store/src/subscription.rs) waits on a
 //! channel its own writer publishes after each commit, so it wakes only for commits made by the
 //! same process. `tail` runs beside the process that writes, so it reads the log after the last
 //! position it printed and, when nothing is new, waits [`POLL_EVERY`] before reading again. The

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::cli::{CliError, TraceArgs};
 use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
-use crate::views::{self, print_json};
+use crate::read_models::{self, print_json};
 use opledger_http_api::render::{view_of, OperationView};
 
 /// Most operations one traced id may list; the best match is shown in full, the rest by id.
@@ -37,7 +37,7 @@ pub async fn run(args: TraceArgs) -> Result<(), CliError> {
         )
         .into());
     }
-    let ledger = open_existing_ledger(&args.views.store.db).await?;
+    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
     let result = trace(&ledger, &args, &id).await;
     let closed = close(&ledger).await;
     result?;
@@ -45,8 +45,12 @@ pub async fn run(args: TraceArgs) -> Result<(), CliError> {
 }
 
 async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), CliError> {
-    let read_models =
-        views::open_caught_up(ledger.store(), &views::views_path(&args.views), args.json).await?;
+    let read_models = read_models::open_caught_up(
+        ledger.store(),
+        &read_models::read_models_path(&args.read_models),
+        args.json,
+    )
+    .await?;
     let query = id.to_owned();
     let candidates = read_models
         .call(move |store| store.trace_candidates(&query, MAX_TRACE_MATCHES))

@@ -268,7 +268,7 @@ fn run_with_views(args: &[&str], db: &Path, views: &Path) -> Output {
     all.extend([
         "--db",
         db.to_str().expect("a UTF-8 path"),
-        "--views",
+        "--read-models",
         views.to_str().expect("a UTF-8 path"),
     ]);
     opledger(&all)

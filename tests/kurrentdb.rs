@@ -16,7 +16,7 @@ use opledger_domain::store::{
 };
 use opledger_kurrentdb_stand::{AppendFault, KurrentDbStand};
 use opledger_projections::metrics::Counter;
-use opledger_readmodel::{ProjectionRunner, ReadModels, RunReport};
+use opledger_readmodel::{ReadModelRunner, ReadModels, RunReport};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::kurrentdb::KurrentDbConfig;
 use opledger_store::KurrentDbStore;
@@ -321,7 +321,7 @@ fn run_projection(store: &KurrentDbStore, read_models: &ReadModels) -> Running {
         let stop = async {
             let _ = stopped.await;
         };
-        ProjectionRunner::new()
+        ReadModelRunner::new()
             .with_max_batch_events(4)
             .run(&store, &read_models, stop)
             .await

@@ -4,7 +4,7 @@
 //! - **detected**: the ledger recorded `DuplicateDetected` — a second object showed up for an
 //!   operation already confirmed with another (design rule 7);
 //! - **shared external ids**: one external object named by more than one operation; derived by a
-//!   query over the external-id index of [`crate::chains`], nothing to fold here;
+//!   query over the external-id index of [`crate::id_index`], nothing to fold here;
 //! - **possible duplicate intents**: two operations of the same tenant asking the same provider
 //!   account for the same action with the same arguments within
 //!   [`POSSIBLE_DUPLICATE_WINDOW_S`], from different deliveries (or deliveries that named none).

@@ -4,9 +4,9 @@
 //! I/O, so the same fold serves a live subscription, a rebuild from position zero and a test.
 //! It must never depend on anything but the events it is given, in log order.
 
-pub mod chains;
 pub mod context;
 pub mod duplicates;
+pub mod id_index;
 pub mod metrics;
 pub mod operations;
 pub mod read_models;

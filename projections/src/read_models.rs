@@ -10,9 +10,9 @@ use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::{evolve, OperationState};
 
-use crate::chains::{self, ChainChange};
 use crate::context::{check_continuity, FoldContext, FoldError};
 use crate::duplicates::{self, DuplicateChange, SimilarIntent};
+use crate::id_index::{self, IdIndexChange};
 use crate::metrics::{self, Counter};
 use crate::operations::{self, OperationRow};
 use crate::review_queue::{self, ReviewChange};
@@ -27,7 +27,7 @@ pub struct Changes {
     /// New duplicate records.
     pub duplicates: Vec<DuplicateChange>,
     /// New index entries.
-    pub chains: Vec<ChainChange>,
+    pub id_index: Vec<IdIndexChange>,
     /// Counters to raise by one.
     pub metrics: Vec<Counter>,
 }
@@ -51,7 +51,7 @@ pub struct EventChanges {
     /// New duplicate records.
     pub duplicates: Vec<DuplicateChange>,
     /// New index entries.
-    pub chains: Vec<ChainChange>,
+    pub id_index: Vec<IdIndexChange>,
     /// Counters to raise by one.
     pub metrics: Vec<Counter>,
 }
@@ -65,14 +65,14 @@ pub fn project(ctx: &FoldContext<'_>, event: &OperationEvent) -> Result<Changes,
     let EventChanges {
         review,
         duplicates,
-        chains,
+        id_index,
         metrics,
     } = project_event(ctx, event);
     Ok(Changes {
         operation,
         review,
         duplicates,
-        chains,
+        id_index,
         metrics,
     })
 }
@@ -82,7 +82,7 @@ pub fn project_event(ctx: &FoldContext<'_>, event: &OperationEvent) -> EventChan
     EventChanges {
         review: review_queue::changes(ctx, event),
         duplicates: duplicates::changes(ctx, event),
-        chains: chains::changes(ctx, event),
+        id_index: id_index::changes(ctx, event),
         metrics: metrics::changes(ctx, event),
     }
 }
@@ -107,7 +107,7 @@ pub fn fold_event(
     let EventChanges {
         review,
         duplicates,
-        chains,
+        id_index,
         metrics,
     } = fold_in_place(
         operation_id,
@@ -130,7 +130,7 @@ pub fn fold_event(
             operation,
             review,
             duplicates,
-            chains,
+            id_index,
             metrics,
         },
     })

@@ -11,7 +11,7 @@ use opledger_runtime::workers::{WorkerConfig, Workers};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::support::{eventually, names, Crm, Harness, ACCOUNT};
+use super::support::{eventually, names, Crm, Harness, ACCOUNT};
 
 const RACED_OPERATIONS: usize = 20;
 const WORKER_OPERATIONS: usize = 10;

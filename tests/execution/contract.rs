@@ -7,7 +7,7 @@ use opledger_crm_stand::FaultKind;
 use opledger_domain::event::{OperationEvent, ReconciliationResult};
 use opledger_domain::state::Status;
 
-use crate::support::{
+use super::support::{
     names, settle, wait_until, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN, OTHER_ACCOUNT,
     OTHER_ACCOUNT_TOKEN, WORKER,
 };

@@ -19,12 +19,12 @@ use opledger_domain::provider::SendOutcome;
 use opledger_domain::state::Status;
 use opledger_runtime::system::{RandomIds, SystemClock};
 
-use crate::support::{
+use super::support::{
     claim_and_send, names, open_store, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN,
 };
 
 /// The child's test name, as the test binary knows it: `crash::…` in `execution`, and
-/// `execution::crash::…` in `execution_kurrentdb`, which includes these modules.
+/// `execution::crash::…` in `execution_kurrentdb`, which holds the whole suite as one module.
 fn child_test() -> String {
     let module = module_path!()
         .split_once("::")

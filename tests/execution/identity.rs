@@ -6,7 +6,7 @@ use opledger_domain::ids::ExternalObjectId;
 use opledger_domain::state::Status;
 use serde_json::json;
 
-use crate::support::{Crm, Harness, ACCOUNT};
+use super::support::{Crm, Harness, ACCOUNT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_tool_call_delivered_again_after_a_restart_sends_nothing() {

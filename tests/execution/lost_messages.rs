@@ -8,7 +8,7 @@ use opledger_domain::ids::ExternalObjectId;
 use opledger_domain::state::Status;
 use opledger_projections::work_queue::WorkQueue;
 
-use crate::support::{names, Crm, Harness, Setup};
+use super::support::{names, Crm, Harness, Setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_never_arrived_is_retried_with_the_same_key_and_creates_one_task() {

@@ -6,7 +6,7 @@ use opledger_domain::ids::ExternalObjectId;
 use opledger_domain::state::Status;
 use opledger_store::AnyStore;
 
-use crate::support::{Crm, Harness, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN, WORKER};
+use super::support::{Crm, Harness, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN, WORKER};
 
 /// Appends the ledger has written so far, where the backend counts them (SQLite).
 fn appends_so_far(h: &Harness) -> Option<u64> {

@@ -4,7 +4,7 @@
 use opledger_crm_stand::FaultKind;
 use opledger_domain::state::Status;
 
-use crate::support::{Crm, Harness, Setup};
+use super::support::{Crm, Harness, Setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agents_sentence_says_not_confirmed_while_unknown_and_names_the_task_once_found() {

@@ -4,7 +4,7 @@
 //! stand's objects and request log).
 //!
 //! The same scenarios run twice: in the `execution` test binary on a SQLite ledger file, and in
-//! `execution_kurrentdb` (which includes these modules) on the KurrentDB store over the protocol
+//! `execution_kurrentdb` (which holds this whole suite as one module) on the KurrentDB store over the protocol
 //! stand. [`backend`] tells which; [`LedgerStore`] is either store behind one type.
 //!
 //! Nothing here sleeps and hopes: every wait is either "until a time the ledger recorded" or a

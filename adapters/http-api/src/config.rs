@@ -130,7 +130,7 @@ pub struct ServeConfig {
     /// The ledger.
     pub store: StoreUrl,
     /// The read-model file (`None`: beside the SQLite ledger, or `opledger.views` for KurrentDB).
-    pub views: Option<PathBuf>,
+    pub read_models: Option<PathBuf>,
     /// How long a read-model batch waits for more events after its first, in milliseconds.
     pub read_model_linger_ms: u64,
     /// The engine's lease, retry budget and backoff.
@@ -156,7 +156,9 @@ pub struct ServeConfig {
 struct File {
     listen: Option<Spanned<String>>,
     store: Option<Spanned<String>>,
-    views: Option<PathBuf>,
+    /// `views` is the key's older name, still read.
+    #[serde(alias = "views")]
+    read_models: Option<PathBuf>,
     read_model_linger_ms: Option<Spanned<u64>>,
     #[serde(default)]
     engine: EngineSection,
@@ -390,7 +392,7 @@ impl Checker<'_> {
         Ok(ServeConfig {
             listen,
             store,
-            views: file.views,
+            read_models: file.read_models,
             read_model_linger_ms,
             policy,
             workers,

@@ -53,7 +53,7 @@ use opledger_domain::error::ValidationError;
 use opledger_domain::ids::WorkerId;
 use opledger_domain::store::StoreError;
 use opledger_providers::HttpProviders;
-use opledger_readmodel::{ProjectionRunner, ReadModelError, ReadModels};
+use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
 use opledger_store::{KurrentDbStore, SqliteStore};
@@ -141,15 +141,15 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // The read models are local to each server, beside the SQLite ledger or in the working
     // directory; with KurrentDB every instance keeps its own, fed from the shared log.
-    let (ledger_name, default_views) = match &config.store {
+    let (ledger_name, default_read_models) = match &config.store {
         StoreUrl::Sqlite(path) => {
-            let mut views = path.clone().into_os_string();
-            views.push(".views");
-            (path.display().to_string(), PathBuf::from(views))
+            let mut read_models = path.clone().into_os_string();
+            read_models.push(".views");
+            (path.display().to_string(), PathBuf::from(read_models))
         }
         StoreUrl::KurrentDb(url) => (redacted(url), PathBuf::from("opledger.views")),
     };
-    let views_path = config.views.clone().unwrap_or(default_views);
+    let read_models_path = config.read_models.clone().unwrap_or(default_read_models);
     // Bound first: a port in use is found before the ledger is opened.
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -170,7 +170,7 @@ pub async fn run(
                 .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
         ),
     };
-    let read_models = ReadModels::open(&views_path).await?;
+    let read_models = ReadModels::open(&read_models_path).await?;
     render::catch_up_showing_progress(
         &store,
         &read_models,
@@ -203,7 +203,7 @@ pub async fn run(
         let read_models = read_models.clone();
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
-            ProjectionRunner::new()
+            ReadModelRunner::new()
                 .with_linger_ms(linger_ms)
                 .run(&store, &read_models, async move {
                     let _ = stopping.wait_for(|stop| *stop).await;
@@ -229,7 +229,7 @@ pub async fn run(
     println!(
         "opledger serve: listening on http://{local} (ledger {}, read models {})",
         ledger_name,
-        views_path.display()
+        read_models_path.display()
     );
     info!(%local, "serving");
     if let Some(ready) = ready {

@@ -18,9 +18,9 @@ use opledger_domain::ids::{
 };
 use opledger_domain::state::OperationState;
 use opledger_domain::store::RecordedEvent;
-use opledger_projections::chains::ChainChange;
 use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{self, DuplicateChange, SimilarIntent, SimilarIntentQuery};
+use opledger_projections::id_index::IdIndexChange;
 use opledger_projections::metrics::Counter;
 use opledger_projections::operations;
 use opledger_projections::operations::OperationRow;
@@ -273,8 +273,8 @@ fn apply_event(
     for duplicate in &changes.duplicates {
         write_duplicate(transaction, duplicate)?;
     }
-    for chain in &changes.chains {
-        write_chain(transaction, chain)?;
+    for entry in &changes.id_index {
+        write_id_entry(transaction, entry)?;
     }
     for counter in &changes.metrics {
         *counters.entry(*counter).or_default() += 1;
@@ -743,12 +743,12 @@ pub(super) fn write_duplicate(
     Ok(())
 }
 
-pub(super) fn write_chain(
+pub(super) fn write_id_entry(
     transaction: &Connection,
-    change: &ChainChange,
+    change: &IdIndexChange,
 ) -> Result<(), ReadModelError> {
     match change {
-        ChainChange::Attempt {
+        IdIndexChange::Attempt {
             attempt_id,
             operation_id,
             number,
@@ -774,7 +774,7 @@ pub(super) fn write_chain(
                 ])
                 .map_err(|error| ReadModelError::sqlite("indexing an attempt", error))?;
         }
-        ChainChange::Source {
+        IdIndexChange::Source {
             tenant,
             source_id,
             operation_id,
@@ -795,7 +795,7 @@ pub(super) fn write_chain(
                 ])
                 .map_err(|error| ReadModelError::sqlite("indexing a source id", error))?;
         }
-        ChainChange::ExternalId {
+        IdIndexChange::ExternalId {
             provider,
             account,
             external_id,

@@ -1,6 +1,6 @@
 //! Bounded catch-up and comparison of read-model files, for one-shot tools (the audit commands,
 //! `replay --verify`) that must bring the read models up to the log's head and then stop, rather
-//! than follow the log forever as [`super::ProjectionRunner`] does.
+//! than follow the log forever as [`super::ReadModelRunner`] does.
 //!
 //! [`catch_up`] must never apply past the target it was given, so two files caught up to the same
 //! target hold the same rows. [`compare_files`] only reads: it opens both files read-only.
@@ -195,8 +195,8 @@ pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, 
 }
 
 /// Whether `path` is a read-model file (it has the read models' checkpoint and operations
-/// tables), checked read-only. Tools that replace a views file call this first, so a mistaken
-/// `--views` pointing at a ledger or any other database is refused instead of overwritten.
+/// tables), checked read-only. Tools that replace a read-model file call this first, so a mistaken
+/// `--read-models` pointing at a ledger or any other database is refused instead of overwritten.
 /// Blocking: call it from a blocking thread.
 pub fn is_read_model_file(path: &Path) -> Result<bool, ReadModelError> {
     let connection = Connection::open_with_flags(

@@ -21,7 +21,7 @@
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
-//! - `swap.rs`: the lock that lets `opledger replay` replace a views file nobody has open.
+//! - `swap.rs`: the lock that lets `opledger replay` replace a read-model file nobody has open.
 
 mod apply;
 mod catch_up;
@@ -48,13 +48,13 @@ pub use query::{
     OperationPage, ReviewItem, SharedExternalId,
 };
 pub use rebuild::{
-    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_CHAINS,
+    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_ID_ENTRIES,
     MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{
-    Lag, ProjectionRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
+    Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
 };
-pub use swap::{lock_path, replace_views};
+pub use swap::{lock_path, replace_read_models};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
 /// a table or the stored form of an operation's folded state changes. An addition that can be
@@ -90,7 +90,7 @@ pub enum ReadModelError {
     },
     /// The read models have applied more of a log than the ledger holds: they were built from
     /// another ledger file (or the ledger was cut), and every answer from them would be wrong.
-    #[error("the read models are at position {checkpoint} but the ledger ends at {head}: they belong to another ledger file (or events were removed). Rebuild them with `opledger replay`, or pass the right --db / --views")]
+    #[error("the read models are at position {checkpoint} but the ledger ends at {head}: they belong to another ledger file (or events were removed). Rebuild them with `opledger replay`, or pass the right --db / --read-models")]
     AheadOfLedger {
         /// The read models' checkpoint.
         checkpoint: u64,
@@ -98,7 +98,7 @@ pub enum ReadModelError {
         head: u64,
     },
     /// The read models were built from a ledger whose first event differs from this one's.
-    #[error("the read models in `{path}` were built from another ledger (its first event differs); rebuild them with `opledger replay`, or pass the right --db / --views")]
+    #[error("the read models in `{path}` were built from another ledger (its first event differs); rebuild them with `opledger replay`, or pass the right --db / --read-models")]
     AnotherLedger {
         /// The read-model file.
         path: PathBuf,
@@ -109,27 +109,27 @@ pub enum ReadModelError {
         /// The file.
         path: PathBuf,
     },
-    /// A views file cannot be replaced: another process has it open.
-    #[error("`{path}` is open in another process (a worker, a service or a query); stop it and run `opledger replay` again, or pass --views to replay into another file")]
+    /// A read-model file cannot be replaced: another process has it open.
+    #[error("`{path}` is open in another process (a worker, a service or a query); stop it and run `opledger replay` again, or pass --read-models to replay into another file")]
     InUse {
-        /// The views file.
+        /// The read-model file.
         path: PathBuf,
     },
-    /// An older views file must be upgraded, and another process has it open.
+    /// An older read-model file must be upgraded, and another process has it open.
     #[error("`{path}` holds read models of schema version {found}; this opledger upgrades them to version {SCHEMA_VERSION} when it opens them, and only while no other process has them open (an older opledger would not see the upgrade). Stop the other opledger processes using them (an older `opledger serve`, workers, queries) and try again")]
     UpgradeBlocked {
-        /// The views file.
+        /// The read-model file.
         path: PathBuf,
         /// Its schema version.
         found: i64,
     },
-    /// A views file stayed locked by a replacement for longer than [`BUSY_TIMEOUT_MS`].
+    /// A read-model file stayed locked by a replacement for longer than [`BUSY_TIMEOUT_MS`].
     #[error("`{path}` is being replaced by `opledger replay` and stayed locked for over {BUSY_TIMEOUT_MS} ms; try again")]
     BeingReplaced {
-        /// The views file.
+        /// The read-model file.
         path: PathBuf,
     },
-    /// A views file's lock file cannot be opened or locked.
+    /// A read-model file's lock file cannot be opened or locked.
     #[error("cannot lock `{path}`: {source}")]
     Lock {
         /// The lock file.
@@ -236,7 +236,7 @@ impl ReadModelStore {
     /// Opens the read models in the file at `path`, creating the file and the schema if needed.
     /// A file from a newer opledger or from another program is refused and left unmodified.
     /// While open it holds a shared lock on `<path>.lock` (created if needed): a replacement of
-    /// the file ([`replace_views`]) is refused while any store has it open, and an open waits
+    /// the file ([`replace_read_models`]) is refused while any store has it open, and an open waits
     /// for a replacement in progress to end (at most [`BUSY_TIMEOUT_MS`]). A file of an older
     /// schema version is upgraded first, holding that lock exclusively: if another process keeps
     /// the file open for longer than [`BUSY_TIMEOUT_MS`], the open fails with
@@ -274,7 +274,7 @@ impl ReadModelStore {
     }
 
     /// Ties the read models to one ledger by the id of its first event, remembered on first use:
-    /// a views file reused after its ledger was replaced would otherwise skip the new ledger's
+    /// a read-model file reused after its ledger was replaced would otherwise skip the new ledger's
     /// events up to the old checkpoint and answer with the old ledger's operations. `first` is
     /// the ledger's first event id now (`None`: the ledger is empty). The identity lives in its own
     /// table, outside the read models proper, so rebuilds and comparisons ignore it.

@@ -14,8 +14,8 @@ use opledger_domain::ids::{
     AccountId, ActionName, ExternalObjectId, OperationId, ProviderId, SourceId, TenantId,
     MAX_TEXT_ID_BYTES,
 };
-use opledger_projections::chains::ExternalIdRole;
 use opledger_projections::duplicates::{DetectedDuplicate, PossibleDuplicateIntent};
+use opledger_projections::id_index::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
 use opledger_projections::review_queue::{LookupEvidence, ReviewEvidence};

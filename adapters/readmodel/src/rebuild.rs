@@ -42,10 +42,10 @@ use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, MAX_READ_BATCH};
-use opledger_projections::chains::ChainChange;
 use opledger_projections::duplicates::{
     self, DuplicateChange, SimilarIntent, SimilarIntentQuery, POSSIBLE_DUPLICATE_WINDOW_S,
 };
+use opledger_projections::id_index::IdIndexChange;
 use opledger_projections::metrics::Counter;
 use opledger_projections::read_models::fold_in_place;
 use opledger_projections::review_queue::ReviewChange;
@@ -76,7 +76,7 @@ const REQUEST_FILTER_BITS: usize = 1 << 27;
 /// bounds the dirty pages SQLite holds.
 pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
 /// Most id-index entries (attempts, sources, external ids) held before they are written, sorted.
-pub const MAX_BUFFERED_CHAINS: usize = 32_768;
+pub const MAX_BUFFERED_ID_ENTRIES: usize = 32_768;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
@@ -97,8 +97,8 @@ pub struct RebuildLimits {
     pub max_open_operations: usize,
     /// Most intents the similar-intent window holds ([`MAX_WINDOW_INTENTS`]).
     pub max_window_intents: usize,
-    /// Most id-index entries waiting to be written ([`MAX_BUFFERED_CHAINS`]).
-    pub max_buffered_chains: usize,
+    /// Most id-index entries waiting to be written ([`MAX_BUFFERED_ID_ENTRIES`]).
+    pub max_buffered_id_entries: usize,
     /// Events per transaction ([`REBUILD_COMMIT_EVENTS`]).
     pub commit_events: u64,
 }
@@ -108,7 +108,7 @@ impl Default for RebuildLimits {
         Self {
             max_open_operations: MAX_OPEN_OPERATIONS,
             max_window_intents: MAX_WINDOW_INTENTS,
-            max_buffered_chains: MAX_BUFFERED_CHAINS,
+            max_buffered_id_entries: MAX_BUFFERED_ID_ENTRIES,
             commit_events: REBUILD_COMMIT_EVENTS,
         }
     }
@@ -118,7 +118,7 @@ impl RebuildLimits {
     fn check(&self) -> Result<(), ReadModelError> {
         if self.max_open_operations == 0
             || self.max_window_intents < 2
-            || self.max_buffered_chains == 0
+            || self.max_buffered_id_entries == 0
             || self.commit_events == 0
         {
             return Err(ReadModelError::InvalidQuery {
@@ -147,7 +147,7 @@ pub struct RebuildReport {
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
-/// it was when the rebuild started, and returns them; a [`super::ProjectionRunner`] continues
+/// it was when the rebuild started, and returns them; a [`super::ReadModelRunner`] continues
 /// from there.
 ///
 /// The file must not exist: a rebuild never writes over read models someone may be reading (swap
@@ -540,21 +540,21 @@ struct Rebuilder {
     clock: u64,
     /// Whether the secondary indexes exist yet.
     indexed: bool,
-    /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_chains`]).
-    chains: Vec<ChainChange>,
+    /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_id_entries`]).
+    id_index: Vec<IdIndexChange>,
     limits: RebuildLimits,
 }
 
 /// Where an id-index entry goes: its table, then its primary key as SQLite orders it (text by
 /// its bytes, which is also how `str` and a UUID's hyphenated lowercase text compare).
-fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, OperationId) {
-    match chain {
-        ChainChange::Attempt {
+fn id_entry_key(entry: &IdIndexChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, OperationId) {
+    match entry {
+        IdIndexChange::Attempt {
             attempt_id,
             operation_id,
             ..
         } => (0, Some(attempt_id.as_uuid()), "", "", "", *operation_id),
-        ChainChange::Source {
+        IdIndexChange::Source {
             tenant,
             source_id,
             operation_id,
@@ -567,7 +567,7 @@ fn chain_key(chain: &ChainChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str, 
             "",
             *operation_id,
         ),
-        ChainChange::ExternalId {
+        IdIndexChange::ExternalId {
             provider,
             account,
             external_id,
@@ -595,7 +595,7 @@ impl Rebuilder {
             report: RebuildReport::default(),
             clock: 0,
             indexed: false,
-            chains: Vec::new(),
+            id_index: Vec::new(),
             limits,
         }
     }
@@ -713,10 +713,10 @@ impl Rebuilder {
             self.writes.push(Write::Duplicate(duplicate))?;
         }
         // Nothing reads the id index during a rebuild, so its entries wait to be written in
-        // key order (see `write_chains`).
-        self.chains.extend(changes.chains);
-        if self.chains.len() >= self.limits.max_buffered_chains {
-            self.write_chains()?;
+        // key order (see `write_id_index`).
+        self.id_index.extend(changes.id_index);
+        if self.id_index.len() >= self.limits.max_buffered_id_entries {
+            self.write_id_index()?;
         }
         for counter in &changes.metrics {
             *self.counters.entry(*counter).or_default() += 1;
@@ -795,10 +795,10 @@ impl Rebuilder {
     /// insert lands beside the last one in the key's B-tree instead of on a random page. The
     /// sort is stable: entries with one key keep their log order, which the external-id upsert
     /// (first position kept, strongest role) depends on.
-    fn write_chains(&mut self) -> Result<(), ReadModelError> {
-        let mut chains = std::mem::take(&mut self.chains);
-        chains.sort_by(|left, right| chain_key(left).cmp(&chain_key(right)));
-        self.writes.push(Write::Chains(chains))
+    fn write_id_index(&mut self) -> Result<(), ReadModelError> {
+        let mut entries = std::mem::take(&mut self.id_index);
+        entries.sort_by(|left, right| id_entry_key(left).cmp(&id_entry_key(right)));
+        self.writes.push(Write::IdIndex(entries))
     }
 
     /// Creates the secondary indexes, once: at the end, or before the first query that needs
@@ -815,7 +815,7 @@ impl Rebuilder {
     /// and close the file.
     fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
         self.write_open(|_| true)?;
-        self.write_chains()?;
+        self.write_id_index()?;
         self.create_indexes()?;
         self.writes.flush()?;
         self.writes.send(Message::Finish {
@@ -833,7 +833,7 @@ const WRITES_PER_MESSAGE: usize = 512;
 /// Batches of writes the fold may run ahead of the writer. Between the two threads there are at
 /// most this many queued, one being written and one being filled, each of at most
 /// [`WRITES_PER_MESSAGE`] writes: a row each, or one flush of up to
-/// [`RebuildLimits::max_buffered_chains`] id-index entries.
+/// [`RebuildLimits::max_buffered_id_entries`] id-index entries.
 const MESSAGES_IN_FLIGHT: usize = 8;
 
 /// One thing for the writer to do, in the fold's order: a write, or one of the fold's two
@@ -848,7 +848,7 @@ enum Write {
     Review(ReviewChange),
     Duplicate(DuplicateChange),
     /// Id-index entries, already in key order.
-    Chains(Vec<ChainChange>),
+    IdIndex(Vec<IdIndexChange>),
     /// Commit and begin the next transaction.
     Commit,
     CreateIndexes,
@@ -981,9 +981,9 @@ impl Writer {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
-            Write::Chains(chains) => chains
+            Write::IdIndex(entries) => entries
                 .iter()
-                .try_for_each(|chain| apply::write_chain(connection, chain)),
+                .try_for_each(|entry| apply::write_id_entry(connection, entry)),
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
             Write::CreateIndexes => schema::create_indexes(connection),
             Write::LoadState {

@@ -1,7 +1,7 @@
 //! Feeding the read models from the log: the async handle, the checkpointed runner and the lag.
 //!
 //! [`ReadModels`] is the async face of the blocking [`ReadModelStore`]: every call runs on a
-//! blocking thread (`spawn_blocking`), never on an executor thread. [`ProjectionRunner::run`]
+//! blocking thread (`spawn_blocking`), never on an executor thread. [`ReadModelRunner::run`]
 //! subscribes to the log right after the checkpoint (catch-up, then live) and applies whatever has
 //! arrived, up to a bounded batch, in one transaction at a time. Its only memory is one batch and
 //! a bounded buffer of events read ahead. It must never acknowledge progress it has not committed:
@@ -139,19 +139,19 @@ pub struct RunReport {
 
 /// Applies the log to the read models, from the checkpoint on, in bounded batches.
 #[derive(Clone, Copy, Debug)]
-pub struct ProjectionRunner {
+pub struct ReadModelRunner {
     max_batch_events: usize,
     /// How long a batch may wait for more events after its first one (zero: not at all).
     linger: Duration,
 }
 
-impl Default for ProjectionRunner {
+impl Default for ReadModelRunner {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl ProjectionRunner {
+impl ReadModelRunner {
     /// A runner with batches of up to [`MAX_BATCH_EVENTS`].
     pub fn new() -> Self {
         Self {
@@ -324,10 +324,10 @@ mod tests {
 
     #[test]
     fn batch_sizes_stay_within_the_limit() {
-        assert_eq!(ProjectionRunner::new().max_batch_events, MAX_BATCH_EVENTS);
-        let tiny = ProjectionRunner::new().with_max_batch_events(0);
+        assert_eq!(ReadModelRunner::new().max_batch_events, MAX_BATCH_EVENTS);
+        let tiny = ReadModelRunner::new().with_max_batch_events(0);
         assert_eq!(tiny.max_batch_events, 1);
-        let huge = ProjectionRunner::new().with_max_batch_events(usize::MAX);
+        let huge = ReadModelRunner::new().with_max_batch_events(usize::MAX);
         assert_eq!(huge.max_batch_events, MAX_BATCH_EVENTS);
     }
 }

@@ -1,15 +1,15 @@
-//! Replacing a views file that other processes may open at any moment: a lock file beside it.
+//! Replacing a read-model file that other processes may open at any moment: a lock file beside it.
 //!
 //! SQLite keeps a WAL-mode file's write-ahead log and shared-memory index beside it *by name*
 //! (`<views>-wal`, `<views>-shm`). A file renamed over one that a process has open would be paired
 //! with that process's log, and pages of the old file would be applied to the new one; a process
 //! that opened the old file just before the rename would go on reading and catching up a file
-//! nobody else sees. Checking for a `-wal` file first is not enough: a process can open the views
+//! nobody else sees. Checking for a `-wal` file first is not enough: a process can open the read models
 //! between the check and the rename.
 //!
 //! So every [`super::ReadModelStore`] holds a shared `flock` on `<views>.lock` for as long as it
-//! is open, and [`replace_views`] takes it exclusively: the rename happens only when nobody has
-//! the views open, and nobody can open them until it is done. An opener that arrives during a
+//! is open, and [`replace_read_models`] takes it exclusively: the rename happens only when nobody has
+//! the read models open, and nobody can open them until it is done. An opener that arrives during a
 //! replacement waits (at most [`BUSY_TIMEOUT_MS`]) and then opens the new file. The lock is
 //! advisory: it protects against opledger processes, which all open views through this module.
 //!
@@ -29,7 +29,7 @@ use super::{ReadModelError, BUSY_TIMEOUT_MS};
 /// How long an opener waits between two tries while a replacement holds the lock, in ms.
 const SWAP_POLL_MS: u64 = 2;
 
-/// A `flock` on a views file's lock file, released when dropped (closing the file releases it).
+/// A `flock` on a read-model file's lock file, released when dropped (closing the file releases it).
 #[derive(Debug)]
 pub(super) struct ViewsLock {
     _file: File,
@@ -40,7 +40,7 @@ pub fn lock_path(views: &Path) -> PathBuf {
     sibling(views, ".lock")
 }
 
-/// Takes the shared lock of the views at `views`, waiting for a replacement in progress to end.
+/// Takes the shared lock of the read models at `views`, waiting for a replacement in progress to end.
 pub(super) fn shared(views: &Path) -> Result<ViewsLock, ReadModelError> {
     shared_within(views, Duration::from_millis(BUSY_TIMEOUT_MS))
 }
@@ -53,7 +53,7 @@ fn shared_within(views: &Path, wait: Duration) -> Result<ViewsLock, ReadModelErr
     })
 }
 
-/// Takes the lock of the views at `views` exclusively, waiting up to `wait` for the processes that
+/// Takes the lock of the read models at `views` exclusively, waiting up to `wait` for the processes that
 /// have them open to close them; `None` if they did not.
 pub(super) fn exclusive_within(
     views: &Path,
@@ -62,7 +62,7 @@ pub(super) fn exclusive_within(
     lock_within(views, FlockOperation::NonBlockingLockExclusive, wait)
 }
 
-/// Tries the non-blocking `operation` on the views' lock file until it succeeds or `wait` has
+/// Tries the non-blocking `operation` on the read models' lock file until it succeeds or `wait` has
 /// passed (`None`).
 fn lock_within(
     views: &Path,
@@ -98,7 +98,7 @@ fn lock_within(
 /// The rename is made durable (the directory is fsynced); the old file's write-ahead log and
 /// index, left by a process that did not close it cleanly, are removed with it, since they
 /// belong to the old file. Blocking: call it from a blocking thread.
-pub fn replace_views(temporary: &Path, live: &Path) -> Result<(), ReadModelError> {
+pub fn replace_read_models(temporary: &Path, live: &Path) -> Result<(), ReadModelError> {
     let path = lock_path(live);
     let file = open_lock_file(&path)?;
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -179,9 +179,9 @@ mod tests {
     use crate::{apply, ReadModelStore};
     use opledger_domain::ids::GlobalPosition;
 
-    /// A closed views file at `path` whose checkpoint is `position` (`None`: nothing applied).
+    /// A closed read-model file at `path` whose checkpoint is `position` (`None`: nothing applied).
     fn views_at(path: &Path, position: Option<u64>) {
-        let store = ReadModelStore::open(path).expect("a fresh views file");
+        let store = ReadModelStore::open(path).expect("a fresh read-model file");
         if let Some(position) = position {
             apply::write_checkpoint(&store.connection, GlobalPosition::new(position))
                 .expect("a checkpoint");
@@ -190,7 +190,7 @@ mod tests {
 
     fn checkpoint_of(path: &Path) -> Option<GlobalPosition> {
         ReadModelStore::open(path)
-            .expect("the views open")
+            .expect("the read models open")
             .checkpoint()
             .expect("a checkpoint")
     }
@@ -201,9 +201,9 @@ mod tests {
         let (live, replacement) = (dir.path().join("v.db"), dir.path().join("v.db.new"));
         views_at(&live, Some(3));
         views_at(&replacement, Some(7));
-        let open = ReadModelStore::open(&live).expect("a reader has the views open");
+        let open = ReadModelStore::open(&live).expect("a reader has the read models open");
 
-        let refused = replace_views(&replacement, &live).expect_err("in use");
+        let refused = replace_read_models(&replacement, &live).expect_err("in use");
         assert!(matches!(refused, ReadModelError::InUse { .. }), "{refused}");
         assert!(replacement.exists(), "nothing moved");
         assert_eq!(
@@ -212,7 +212,7 @@ mod tests {
         );
 
         drop(open);
-        replace_views(&replacement, &live).expect("nobody has them open");
+        replace_read_models(&replacement, &live).expect("nobody has them open");
         assert!(!replacement.exists());
         assert!(!lock_path(&replacement).exists(), "no stray lock file");
         assert_eq!(checkpoint_of(&live), Some(GlobalPosition::new(7)));
@@ -225,7 +225,7 @@ mod tests {
         let (live, replacement) = (dir.path().join("v.db"), dir.path().join("v.db.new"));
         views_at(&live, Some(3));
         views_at(&replacement, Some(7));
-        // What `replace_views` holds while it renames, taken before the opener starts: the
+        // What `replace_read_models` holds while it renames, taken before the opener starts: the
         // opener cannot see the old file, whatever the threads' timing.
         let held = open_lock_file(&lock_path(&live)).expect("the lock file");
         flock(&held, FlockOperation::NonBlockingLockExclusive).expect("nobody has it");

@@ -34,11 +34,11 @@ use opledger_domain::ports::{Clock, IdSource};
 use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH,
 };
-use opledger_projections::chains::ExternalIdRole;
+use opledger_projections::id_index::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::totals::Totals;
 use opledger_readmodel::{
-    lock_path, rebuild, rebuild_to_with, OperationFilter, ProjectionRunner, ReadModelError,
+    lock_path, rebuild, rebuild_to_with, OperationFilter, ReadModelError, ReadModelRunner,
     ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
     MAX_QUERY_ROWS, SCHEMA_VERSION,
 };
@@ -592,7 +592,7 @@ struct Running {
 
 impl Running {
     fn start<S: EventStore + Clone + 'static>(
-        runner: ProjectionRunner,
+        runner: ReadModelRunner,
         store: &S,
         read_models: &ReadModels,
     ) -> Self {
@@ -684,13 +684,13 @@ async fn an_incremental_run_alongside_live_writes_equals_a_rebuild_from_zero() {
     // Some history exists before the runner starts (catch-up), the rest is written while it runs
     // (live), by several concurrent writers; the runner is restarted once in between.
     harness.play_concurrently(0..40, 4).await;
-    let first = Running::start(ProjectionRunner::new(), &store, &read_models);
+    let first = Running::start(ReadModelRunner::new(), &store, &read_models);
     harness.play_concurrently(40..90, 4).await;
     caught_up(&store, &read_models).await;
     first.stop().await;
     harness.play_concurrently(90..130, 4).await;
     let second = Running::start(
-        ProjectionRunner::new().with_max_batch_events(7),
+        ReadModelRunner::new().with_max_batch_events(7),
         &store,
         &read_models,
     );
@@ -718,7 +718,7 @@ async fn a_lingering_runner_gathers_live_events_into_fewer_commits_and_still_equ
         read_models,
     } = LiveOnSqlite::open().await;
     let running = Running::start(
-        ProjectionRunner::new().with_linger_ms(200),
+        ReadModelRunner::new().with_linger_ms(200),
         &store,
         &read_models,
     );
@@ -756,7 +756,7 @@ async fn a_runner_asked_to_hurry_commits_without_waiting_out_its_linger() {
         ..
     } = LiveOnSqlite::open().await;
     let running = Running::start(
-        ProjectionRunner::new().with_linger_ms(MAX_LINGER_MS),
+        ReadModelRunner::new().with_linger_ms(MAX_LINGER_MS),
         &store,
         &read_models,
     );
@@ -789,7 +789,7 @@ async fn asking_an_idle_runner_to_hurry_does_not_cut_its_next_batch_short() {
         ..
     } = LiveOnSqlite::open().await;
     let running = Running::start(
-        ProjectionRunner::new().with_linger_ms(MAX_LINGER_MS),
+        ReadModelRunner::new().with_linger_ms(MAX_LINGER_MS),
         &store,
         &read_models,
     );
@@ -821,7 +821,7 @@ async fn asking_an_idle_runner_to_hurry_does_not_cut_its_next_batch_short() {
 const TINY_LIMITS: RebuildLimits = RebuildLimits {
     max_open_operations: 3,
     max_window_intents: 4,
-    max_buffered_chains: 5,
+    max_buffered_id_entries: 5,
     commit_events: 7,
 };
 
@@ -844,7 +844,7 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
     }
     let live_path = dir.path().join("live.db");
     let read_models = ReadModels::open(&live_path).await.expect("open");
-    let running = Running::start(ProjectionRunner::new(), &store, &read_models);
+    let running = Running::start(ReadModelRunner::new(), &store, &read_models);
     caught_up(&store, &read_models).await;
     running.stop().await;
 
@@ -1050,7 +1050,7 @@ async fn a_store_dropped_without_closing_resumes_from_its_checkpoint_and_applies
         .expect("an overlapping batch");
     assert_eq!((overlapping.applied, overlapping.skipped), (5, 5));
 
-    let running = Running::start(ProjectionRunner::new(), harness.store(), &read_models);
+    let running = Running::start(ReadModelRunner::new(), harness.store(), &read_models);
     caught_up(harness.store(), &read_models).await;
     running.stop().await;
 
@@ -1132,7 +1132,7 @@ async fn sigkill_child_runs_the_projection_until_killed() {
     let read_models = ReadModels::open(dir.join("read.db"))
         .await
         .expect("the child opens the read models");
-    ProjectionRunner::new()
+    ReadModelRunner::new()
         .with_max_batch_events(CHILD_BATCH_EVENTS)
         .run(&store, &read_models, std::future::pending())
         .await
@@ -1230,7 +1230,7 @@ fn acknowledged_progress_survives_a_sigkill_of_the_runner_and_resumes_to_equal_a
     runtime.block_on(async {
         let store = SqliteStore::open(&ledger_path).await.expect("reopen");
         let read_models = ReadModels::open(&read_path).await.expect("reopen");
-        let running = Running::start(ProjectionRunner::new(), &store, &read_models);
+        let running = Running::start(ReadModelRunner::new(), &store, &read_models);
         caught_up(&store, &read_models).await;
         running.stop().await;
         assert_equals_a_rebuild(
@@ -1886,7 +1886,7 @@ async fn the_lag_is_the_head_minus_the_checkpoint() {
     assert_eq!(partly.checkpoint, Some(log[16].position));
     assert_eq!(partly.positions, head.value() - log[16].position.value());
 
-    let running = Running::start(ProjectionRunner::new(), harness.store(), &read_models);
+    let running = Running::start(ReadModelRunner::new(), harness.store(), &read_models);
     caught_up(harness.store(), &read_models).await;
     harness.play_nth(10).await;
     caught_up(harness.store(), &read_models).await;

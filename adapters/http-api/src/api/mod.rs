@@ -211,7 +211,7 @@ fn operation_id(text: &str) -> Result<OperationId, ApiError> {
         .map_err(|error| ApiError::invalid(ValidationError::new("id", error.message)))
 }
 
-// ---- views ----
+// ---- read models ----
 
 /// An operation as every endpoint returns it. Serialised straight from the state it borrows: the
 /// hottest answer of the API (every record and execute) builds no JSON tree on the way.

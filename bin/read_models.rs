@@ -13,11 +13,11 @@ use opledger_readmodel::{ReadModels, MAX_QUERY_ROWS};
 
 use opledger_http_api::render::catch_up_showing_progress;
 
-use crate::cli::{CliError, ViewsArgs};
+use crate::cli::{CliError, ReadModelArgs};
 
 /// The read-model file: `--views`, else the ledger file's path with `.views` appended.
-pub fn views_path(args: &ViewsArgs) -> PathBuf {
-    args.views.clone().unwrap_or_else(|| {
+pub fn read_models_path(args: &ReadModelArgs) -> PathBuf {
+    args.read_models.clone().unwrap_or_else(|| {
         let mut path = args.store.db.clone().into_os_string();
         path.push(".views");
         PathBuf::from(path)

@@ -1,4 +1,4 @@
-//! The chains read model: from any id an incident reviewer holds back to the operation.
+//! The id index read model: from any id an incident reviewer holds back to the operation.
 //!
 //! A reviewer starts from whatever they have — an attempt id in a worker's log, a CRM task id,
 //! the tool-call id an agent used — and needs the operation, to replay its whole chain (intent →
@@ -42,7 +42,7 @@ impl ExternalIdRole {
 
 /// How one event extends the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChainChange {
+pub enum IdIndexChange {
     /// An attempt started.
     Attempt {
         /// The attempt.
@@ -88,12 +88,12 @@ pub enum ChainChange {
 }
 
 /// The index entries one event adds.
-pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<ChainChange> {
+pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChange> {
     let Some(intent) = ctx.after.intent.as_ref() else {
         return Vec::new();
     };
     let confirmed = ctx.after.external_id();
-    let named = |external_id: &ExternalObjectId, role: ExternalIdRole| ChainChange::ExternalId {
+    let named = |external_id: &ExternalObjectId, role: ExternalIdRole| IdIndexChange::ExternalId {
         provider: intent.provider.clone(),
         account: intent.account.clone(),
         external_id: external_id.clone(),
@@ -109,14 +109,14 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<ChainChange
         OperationEvent::IntentRecorded(recorded) => recorded
             .source_id
             .iter()
-            .map(|source_id| ChainChange::Source {
+            .map(|source_id| IdIndexChange::Source {
                 tenant: recorded.tenant.clone(),
                 source_id: source_id.clone(),
                 operation_id: ctx.operation_id,
                 position: ctx.position,
             })
             .collect(),
-        OperationEvent::AttemptStarted(started) => vec![ChainChange::Attempt {
+        OperationEvent::AttemptStarted(started) => vec![IdIndexChange::Attempt {
             attempt_id: started.attempt_id,
             operation_id: ctx.operation_id,
             number: started.attempt_number,
@@ -165,11 +165,11 @@ mod tests {
     use super::*;
     use crate::read_models::test_support::{attempt, events, fold_all, intent, operation};
 
-    fn external(changes: &[ChainChange]) -> Vec<(String, ExternalIdRole)> {
+    fn external(changes: &[IdIndexChange]) -> Vec<(String, ExternalIdRole)> {
         changes
             .iter()
             .filter_map(|change| match change {
-                ChainChange::ExternalId {
+                IdIndexChange::ExternalId {
                     external_id, role, ..
                 } => Some((external_id.to_string(), *role)),
                 _ => None,
@@ -181,14 +181,14 @@ mod tests {
     fn a_source_id_and_each_attempt_are_indexed_to_their_operation() {
         let steps = fold_all(&[intent(operation(1), Some("call-1"), 0)]);
         assert!(matches!(
-            steps[0].chains.as_slice(),
-            [ChainChange::Source { source_id, operation_id, .. }]
+            steps[0].id_index.as_slice(),
+            [IdIndexChange::Source { source_id, operation_id, .. }]
                 if source_id.as_str() == "call-1" && *operation_id == operation(1)
         ));
         let steps = fold_all(&events::unknown_then_found(operation(1), "731"));
         assert!(matches!(
-            steps[1].chains.as_slice(),
-            [ChainChange::Attempt { attempt_id, number: 1, .. }] if *attempt_id == attempt(1)
+            steps[1].id_index.as_slice(),
+            [IdIndexChange::Attempt { attempt_id, number: 1, .. }] if *attempt_id == attempt(1)
         ));
     }
 
@@ -197,7 +197,7 @@ mod tests {
         let steps = fold_all(&events::late_duplicate(operation(1), "731", "732"));
         let all: Vec<_> = steps
             .iter()
-            .flat_map(|step| external(&step.chains))
+            .flat_map(|step| external(&step.id_index))
             .collect();
         assert_eq!(
             all,
