@@ -23,13 +23,18 @@
 //!   hash differently.
 //! - `-0.0` and `0.0` are different arguments (they are different doubles). `-0` has no integer
 //!   form in serde_json: it is the double `-0.0`, and is recorded and sent as `-0.0`.
-//! - A number whose recorded value would be a different number than the one written is refused
-//!   when the intent is recorded ([`check_numbers`]), never rounded silently: integers beyond 64
-//!   bits (`123456789012345678901234567890`), more digits than a double holds
-//!   (`0.1000000000000000000001`), values too small for a double (`1e-400`), or digits that
-//!   read as a double whose spelling differs (`4.9e-324` is the double `5e-324`). Values too
-//!   large for a double (`1e400`) are refused by the JSON parser. The refusal says what to send
-//!   instead: the shortest spelling when a double is meant, or the digits as a JSON string.
+//! - A number that could not be recorded as written is refused when the intent is recorded
+//!   ([`check_numbers`]), never rounded silently: an integer beyond 64 bits
+//!   (`123456789012345678901234567890`, or `1` followed by 30 zeros: it would become a double),
+//!   a double written with more significant digits than it needs (`0.1000000000000000000001`,
+//!   `12345678901234567.89`, and `4.9e-324`, which is the double `5e-324`), and a non-zero value
+//!   too small for a double (`1e-400`). Values too large for a double (`1e400`) are refused by
+//!   the JSON parser. The refusal says what to send instead: the shortest spelling if that
+//!   double is what is meant, or the digits as a JSON string.
+//! - Every mainstream JSON writer spells doubles the shortest way, so doubles they write are
+//!   accepted. Where a double has two shortest spellings (`986091830550457.3` and
+//!   `986091830550457.2` are one double, exactly halfway between), both are accepted and
+//!   serde_json's is recorded.
 //!
 //! So two argument snapshots are the same exactly when their canonical JSON texts are the same,
 //! and `==` on [`ArgsSnapshot`] says so (serde_json's own `==` would call `-0.0` and `0.0` equal
@@ -305,28 +310,42 @@ fn path(root: &str, stack: &[Frame<'_>]) -> String {
     out
 }
 
-/// Whether the JSON number `written` is recorded as the same number; if not, what to send.
+/// Whether the JSON number `written` is recorded as the number written; if not, what to send.
+///
+/// An integer must stay an exact integer. A double must be written with no more significant
+/// digits than the double needs (the shortest spelling that reads back as it, which every
+/// mainstream JSON writer produces): more digits than that are digits the double cannot hold,
+/// and recording it would silently drop them. Two shortest spellings of one double (a tie such
+/// as `986091830550457.3` and `.2`) are the same argument; serde_json's is recorded.
 fn check_number(written: &str) -> Result<(), String> {
     let shown = elide(written);
-    let recorded = match written.parse::<serde_json::Number>() {
-        Ok(number) => number.to_string(),
-        Err(_) => return Err(format!(
-            "holds the number {shown}, which is beyond the range of a double; send it as a string"
-        )),
-    };
-    if Decimal::of(written) == Decimal::of(&recorded) {
-        return Ok(());
-    }
-    let integer = !written.contains(['.', 'e', 'E']);
-    Err(if integer {
+    let number = written.parse::<serde_json::Number>().map_err(|_| {
         format!(
+            "holds the number {shown}, which is beyond the range of a double; send it as a string"
+        )
+    })?;
+    let recorded = number.to_string();
+    let digits = significant_digits(written);
+    let integer = !written.contains(['.', 'e', 'E']);
+    // `-0` is the exception the module docs state: it has no integer form and is the double -0.0.
+    if integer && !(number.is_i64() || number.is_u64() || digits == 0) {
+        return Err(format!(
             "holds the integer {shown}, outside the 64-bit range kept exactly ({} to {}); it would be recorded as the double {recorded}. Send it as a string, e.g. \"{shown}\"",
             i64::MIN,
             u64::MAX
+        ));
+    }
+    let needed = significant_digits(&recorded);
+    if digits <= needed {
+        return Ok(());
+    }
+    Err(if needed == 0 {
+        format!(
+            "holds the number {shown}, too small for a double: it would be recorded as {recorded}. Send {recorded} if that is what you mean, or the digits as a string"
         )
     } else {
         format!(
-            "holds the number {shown}, which would be recorded as the double {recorded}, a different number. Send {recorded} if that is what you mean, or the digits as a string"
+            "holds the number {shown}, with more digits than a double holds: it would be recorded as {recorded}. Send {recorded} if that is what you mean, or the digits as a string"
         )
     })
 }
@@ -340,66 +359,12 @@ fn elide(text: &str) -> String {
     }
 }
 
-/// The exact decimal value a JSON number's text denotes: its sign, its significant digits
-/// without leading or trailing zeros (none for zero), and the power of ten of the last digit.
-#[derive(Debug, PartialEq, Eq)]
-struct Decimal {
-    negative: bool,
-    digits: String,
-    exponent: i64,
-}
-
-impl Decimal {
-    fn of(text: &str) -> Self {
-        let (negative, unsigned) = match text.strip_prefix('-') {
-            Some(rest) => (true, rest),
-            None => (false, text),
-        };
-        let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
-            Some(at) => (&unsigned[..at], saturating_exponent(&unsigned[at + 1..])),
-            None => (unsigned, 0),
-        };
-        let (integer, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-        let mut digits: String = integer.chars().chain(fraction.chars()).collect();
-        let fraction_digits = i64::try_from(fraction.len()).unwrap_or(i64::MAX);
-        let mut exponent = exponent.saturating_sub(fraction_digits);
-        while digits.ends_with('0') {
-            digits.pop();
-            exponent = exponent.saturating_add(1);
-        }
-        let digits = digits.trim_start_matches('0').to_owned();
-        if digits.is_empty() {
-            exponent = 0;
-        }
-        Self {
-            negative,
-            digits,
-            exponent,
-        }
-    }
-}
-
-/// An exponent's value, held within ±2^48: far beyond any double, so a saturated exponent never
-/// makes two different numbers look the same that the parser would not already have refused or
-/// turned into zero.
-fn saturating_exponent(text: &str) -> i64 {
-    const LIMIT: i64 = 1 << 48;
-    let (negative, digits) = match text.as_bytes().first() {
-        Some(b'-') => (true, &text[1..]),
-        Some(b'+') => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let magnitude = digits
-        .bytes()
-        .filter(u8::is_ascii_digit)
-        .fold(0_i64, |value, digit| {
-            (value * 10 + i64::from(digit - b'0')).min(LIMIT)
-        });
-    if negative {
-        -magnitude
-    } else {
-        magnitude
-    }
+/// How many significant digits a JSON number's text has: its digits before any exponent without
+/// leading or trailing zeros (0 for zero).
+fn significant_digits(text: &str) -> usize {
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    digits.trim_start_matches('0').trim_end_matches('0').len()
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -538,6 +503,7 @@ mod tests {
             ("5e-324", "5e-324"),
             ("2.2250738585072014E-308", "2.2250738585072014e-308"),
             ("0.30000000000000004", "0.30000000000000004"),
+            ("986091830550457.3", "986091830550457.2"),
             ("9007199254740993", "9007199254740993"),
             ("18446744073709551615", "18446744073709551615"),
             ("-9223372036854775808", "-9223372036854775808"),
@@ -551,6 +517,7 @@ mod tests {
         for (written, hint) in [
             ("18446744073709551616", "as a string"),
             ("-9223372036854775809", "as a string"),
+            ("1000000000000000000000000000000", "as a string"),
             ("123456789012345678901234567890", "as a string"),
             ("0.1000000000000000000001", "Send 0.1 if"),
             ("12345678901234567.89", "Send 1.2345678901234568e+16 if"),
