@@ -48,6 +48,7 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
             ),
         )
     })?;
+    opledger_domain::args::check_numbers(args.args.as_bytes(), "args")?;
     let request = IntentRequest {
         tenant: args.tenant,
         owner: args.owner,

@@ -5,6 +5,7 @@ mod inputs;
 mod isolation;
 mod kurrentdb;
 mod lifecycle;
+mod numbers;
 mod shutdown;
 mod stream;
 mod support;

@@ -177,7 +177,7 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
             )
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|error| {
+    let parsed = serde_json::from_slice(&bytes).map_err(|error| {
         use serde_json::error::Category;
         match error.classify() {
             Category::Data => ApiError::new(
@@ -191,7 +191,11 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
                 format!("the body is not valid JSON: {error}"),
             ),
         }
-    })
+    })?;
+    // After the parse, so malformed JSON gets its own answer; before anything is recorded, so a
+    // number the ledger would store as a different number is refused, not rounded.
+    opledger_domain::args::check_numbers(&bytes, "").map_err(ApiError::invalid)?;
+    Ok(parsed)
 }
 
 /// Whether reading a body failed on the size limit (rather than on the connection).
