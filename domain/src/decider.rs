@@ -127,7 +127,10 @@ pub fn decide(
     state: &OperationState,
     now: DateTime<Utc>,
 ) -> Result<Vec<OperationEvent>, Rejection> {
-    dispatch(command, state, now)
+    let events = dispatch(command, state, now)?;
+    #[cfg(debug_assertions)]
+    assert_allowed_next_state(command, state, &events);
+    Ok(events)
 }
 
 /// One line per command: everything about a command lives in the file of its theme.
@@ -191,6 +194,22 @@ impl On<'_> {
             status: self.state.status.name(),
         }
     }
+}
+
+/// Design rules 5–7 stated once more on the result: whatever a command decided must fold to a
+/// state that keeps every invariant and is an arrow of the state machine above. A failure is a
+/// bug in one of the theme files, caught in debug builds and in the property test.
+#[cfg(debug_assertions)]
+fn assert_allowed_next_state(command: &Command, state: &OperationState, events: &[OperationEvent]) {
+    let next = events.iter().fold(state.clone(), crate::state::evolve);
+    next.assert_invariants();
+    assert!(
+        state.status.may_become(&next.status),
+        "{} decided {} → {}, which is no arrow of the state machine",
+        command.name(),
+        state.status.name(),
+        next.status.name()
+    );
 }
 
 fn check_hash(recorded: &ArgsHash, offered: &ArgsHash) -> Result<(), Rejection> {
