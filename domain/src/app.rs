@@ -21,7 +21,7 @@ use crate::ids::{
     SourceId, StreamVersion, TenantId,
 };
 use crate::ports::{Clock, IdSource};
-use crate::state::{evolve, OperationState};
+use crate::state::{evolve, OperationState, Status};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
 
 /// How many times the same append is sent when the store cannot tell whether it was written.
@@ -220,6 +220,13 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 .await?;
             let full = batch.len() == MAX_READ_BATCH;
             for recorded in &batch {
+                // The version held is the version of the last event folded, with none skipped:
+                // the next append's expected version rests on it (design rule 5).
+                debug_assert_eq!(
+                    recorded.version,
+                    version.map_or(StreamVersion::FIRST, StreamVersion::next),
+                    "`{stream}` skips a version"
+                );
                 state = evolve(state, &codec::decode(recorded)?);
                 version = Some(recorded.version);
                 chain = codec::chain_of(&recorded.metadata);
@@ -463,12 +470,27 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         events: &[OperationEvent],
     ) -> Result<LoadedOperation, StoreError> {
         let expected = ExpectedVersion::from_last(loaded.version);
+        // Design rule 5 holds only if the append is conditional on exactly the stream the
+        // decision folded: no stream for an operation with no events, its last event otherwise.
+        debug_assert_eq!(
+            expected == ExpectedVersion::NoStream,
+            loaded.state.status == Status::New,
+            "operation {}: appending at {expected:?} to a state folded as {}",
+            loaded.operation_id,
+            loaded.state.status.name()
+        );
+        debug_assert!(!events.is_empty(), "an empty decision is never appended");
         let (data, chain) =
             encode_all(loaded.operation_id, expected, events, loaded.chain.as_ref());
         let stream = StreamName::for_operation(loaded.operation_id);
         let outcome = self
             .append_resolving_unclear(&stream, expected, data)
             .await?;
+        debug_assert_eq!(
+            outcome.next_expected.value(),
+            expected.first_new_version().value() + events.len() as u64 - 1,
+            "the store placed the events of `{stream}` elsewhere than the expected version said"
+        );
         loaded.state = events.iter().fold(loaded.state, evolve);
         loaded.version = Some(outcome.next_expected);
         loaded.chain = chain;
