@@ -384,6 +384,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         attempt_id: AttemptId,
     ) -> Result<LoadedOperation, AppError> {
         let operation_id = claimed.operation_id;
+        // Design rule 5: only the claim just appended may be sent, so the attempt sent must be
+        // the operation's current one, in flight. Anything else is a bug in this engine, and a
+        // send without its claim is the duplicate the ledger exists to prevent, so this is a
+        // plain assert: two comparisons before a network call, stopping release builds too.
+        assert!(
+            claimed.state.status == Status::InFlight
+                && claimed.state.is_current_attempt(attempt_id),
+            "operation {operation_id}: sending attempt {attempt_id}, which is not its current attempt in flight (it is {})",
+            claimed.state.status.name()
+        );
         let intent = intent_of(&claimed)?.clone();
         let attempt_number = claimed.state.attempts;
         let request = SendRequest {
@@ -411,13 +421,31 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .instrument(span.clone())
             .await;
         let now = self.ledger.clock().now();
-        let command = match outcome {
+        let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
+        // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
+        // unknown and the reconciler finds what the provider did. Nothing is guessed.
+        self.ledger
+            .execute_from(claimed, &command)
+            .instrument(span)
+            .await
+    }
+
+    /// The command recording what the provider said about attempt `attempt_id`.
+    fn outcome_command(
+        &self,
+        outcome: SendOutcome,
+        attempt_id: AttemptId,
+        attempt_number: u32,
+        now: DateTime<Utc>,
+        span: &tracing::Span,
+    ) -> Command {
+        match outcome {
             SendOutcome::Confirmed {
                 external_id,
                 provider_request_id,
             } => {
                 span.record("external_id", tracing::field::display(&external_id));
-                info!(parent: &span, "confirmed");
+                info!(parent: span, "confirmed");
                 Command::RecordSuccess {
                     attempt_id,
                     external_id,
@@ -425,7 +453,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 }
             }
             SendOutcome::Rejected { code, message } => {
-                info!(parent: &span, %code, "rejected");
+                info!(parent: span, %code, "rejected");
                 Command::RecordRejection {
                     attempt_id,
                     code,
@@ -433,27 +461,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 }
             }
             SendOutcome::Uncertain { error, .. } => {
-                warn!(parent: &span, %error, "outcome unknown");
+                warn!(parent: span, %error, "outcome unknown");
                 Command::RecordUnknown { attempt_id, error }
             }
             SendOutcome::NotSent {
                 reason,
                 retry_after_ms,
             } => {
-                info!(parent: &span, %reason, "not sent");
+                info!(parent: span, %reason, "not sent");
                 Command::RecordNotSent {
                     attempt_id,
                     reason,
                     retry_not_before: self.later(now, attempt_number, retry_after_ms),
                 }
             }
-        };
-        // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
-        // unknown and the reconciler finds what the provider did. Nothing is guessed.
-        self.ledger
-            .execute_from(claimed, &command)
-            .instrument(span)
-            .await
+        }
     }
 
     /// Records that an in-flight attempt's lease ran out.
@@ -503,41 +525,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .lookup(&request)
             .instrument(span.clone())
             .await;
-        let (result, evidence, retry_after_ms) = match lookup {
-            LookupOutcome::Found {
-                external_id,
-                account,
-                evidence,
-            } => {
-                info!(parent: &span, %external_id, "found");
-                (
-                    ReconciliationResult::Found {
-                        external_id,
-                        account,
-                    },
-                    evidence,
-                    None,
-                )
-            }
-            LookupOutcome::NotFound {
-                authoritative,
-                evidence,
-            } => (
-                ReconciliationResult::NotFound { authoritative },
-                evidence,
-                None,
-            ),
-            LookupOutcome::Unavailable {
-                reason,
-                retry_after_ms,
-            } => (
-                ReconciliationResult::Inconclusive {
-                    reason: reason.clone(),
-                },
-                reason,
-                retry_after_ms,
-            ),
-        };
+        let (result, evidence, retry_after_ms) = reconciliation_of(lookup, &span);
         let now = self.ledger.clock().now();
         let state = &loaded.state;
         let command = Command::RecordReconciliation {
@@ -624,6 +612,49 @@ enum ClaimPlan {
     Claim(Box<Command>),
     /// It cannot be sent as bound; a person must look (the reason).
     Review(String),
+}
+
+/// What a lookup's answer means for the ledger: the result, the evidence to keep and the
+/// provider's Retry-After, if it gave one.
+fn reconciliation_of(
+    lookup: LookupOutcome,
+    span: &tracing::Span,
+) -> (ReconciliationResult, String, Option<u64>) {
+    match lookup {
+        LookupOutcome::Found {
+            external_id,
+            account,
+            evidence,
+        } => {
+            info!(parent: span, %external_id, "found");
+            (
+                ReconciliationResult::Found {
+                    external_id,
+                    account,
+                },
+                evidence,
+                None,
+            )
+        }
+        LookupOutcome::NotFound {
+            authoritative,
+            evidence,
+        } => (
+            ReconciliationResult::NotFound { authoritative },
+            evidence,
+            None,
+        ),
+        LookupOutcome::Unavailable {
+            reason,
+            retry_after_ms,
+        } => (
+            ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            reason,
+            retry_after_ms,
+        ),
+    }
 }
 
 fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
