@@ -12,7 +12,7 @@ use crate::contract::{
     check_automatic_retry, check_binding, check_retry_budget, milliseconds, ContractViolation,
     ProviderCapabilities, RetryPolicy, SendBinding, MAX_ATTEMPTS_LIMIT,
 };
-use crate::error::ValidationError;
+use crate::error::{OutOfRange, ValidationError};
 use crate::event::{AttemptStarted, OperationEvent};
 use crate::ids::{AttemptId, WorkerId};
 use crate::state::{PendingSince, Status};
@@ -66,14 +66,14 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
     })])
 }
 
+/// The lease's range has one owner, shared with [`crate::engine::EnginePolicy::validate`].
 fn check_lease(lease_ms: u64) -> Result<(), ValidationError> {
-    if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
-        return Err(ValidationError::new(
-            "lease_ms",
-            format!("is {lease_ms}; it must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}"),
-        ));
-    }
-    Ok(())
+    Ok(OutOfRange::check(
+        "lease_ms",
+        lease_ms,
+        MIN_LEASE_MS,
+        MAX_LEASE_MS,
+    )?)
 }
 
 /// The checks a send needs beyond the binding, by how the operation came to be pending.
