@@ -218,9 +218,9 @@ impl Before {
 #[cfg(test)]
 mod tests {
     use crate::decider::decide;
-    use crate::decider::fixtures::{attempt, intent, keyed, start, success, t0};
     use crate::event::OperationEvent;
     use crate::state::{fold, Status};
+    use crate::testing::{attempt, intent, keyed, start, success, t0};
 
     fn in_flight() -> crate::state::OperationState {
         let recorded = fold(&[OperationEvent::IntentRecorded(intent(false))]);
@@ -258,10 +258,10 @@ mod tests {
     #[test]
     fn a_terminal_status_may_become_only_the_late_confirmation() {
         let succeeded = Status::Succeeded {
-            external_id: crate::decider::fixtures::external("731"),
+            external_id: crate::testing::external("731"),
         };
         let other = Status::Succeeded {
-            external_id: crate::decider::fixtures::external("732"),
+            external_id: crate::testing::external("732"),
         };
         assert!(Status::Rejected.may_become(&succeeded));
         assert!(Status::Abandoned.may_become(&succeeded));
