@@ -275,22 +275,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             None => self.ids.new_operation_id(),
         };
         tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
-        let args_hash = valid.args.hash();
-        let intent = IntentRecorded {
-            operation_id,
-            tenant: valid.tenant.clone(),
-            owner: valid.owner.clone(),
-            provider: valid.provider.clone(),
-            account: valid.account.clone(),
-            credential_fingerprint: valid.credential_fingerprint.clone(),
-            action: valid.action.clone(),
-            args: valid.args.clone(),
-            args_hash,
-            idempotency_key: self.ids.new_idempotency_key(),
-            source_id: valid.source_id.clone(),
-            requires_approval: valid.requires_approval,
-            at: self.clock.now(),
-        };
+        let intent = self.frozen_intent(operation_id, &valid);
         // Decide on "nothing recorded yet" without reading: if a redelivery got there first, the
         // no-stream append conflicts, and the existing intent is the answer.
         let fresh = LoadedOperation {
@@ -333,6 +318,25 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 })
             }
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The intent `valid` freezes as `operation_id`: a fresh random key, the time now.
+    fn frozen_intent(&self, operation_id: OperationId, valid: &ValidIntent) -> IntentRecorded {
+        IntentRecorded {
+            operation_id,
+            tenant: valid.tenant.clone(),
+            owner: valid.owner.clone(),
+            provider: valid.provider.clone(),
+            account: valid.account.clone(),
+            credential_fingerprint: valid.credential_fingerprint.clone(),
+            action: valid.action.clone(),
+            args: valid.args.clone(),
+            args_hash: valid.args.hash(),
+            idempotency_key: self.ids.new_idempotency_key(),
+            source_id: valid.source_id.clone(),
+            requires_approval: valid.requires_approval,
+            at: self.clock.now(),
         }
     }
 

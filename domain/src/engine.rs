@@ -593,9 +593,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 retry_after_ms,
             ),
         };
+        self.record_reconciliation(loaded, &command, span).await
+    }
+
+    /// Appends a lookup's result; evidence from another account goes to a person, and a lookup
+    /// another worker recorded first leaves the operation as that one did.
+    async fn record_reconciliation(
+        &self,
+        loaded: LoadedOperation,
+        command: &Command,
+        span: tracing::Span,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
         match self
             .ledger
-            .execute_from(loaded, &command)
+            .execute_from(loaded, command)
             .instrument(span)
             .await
         {
@@ -759,118 +771,20 @@ mod tests {
     fn every_engine_value_out_of_range_is_refused_naming_its_field_value_and_range() {
         let default = EnginePolicy::default();
         let retry = |retry: RetryPolicy| EnginePolicy { retry, ..default };
+        // A table: one row per field and side, (policy, field, value, min, max).
+        #[rustfmt::skip]
         let cases = [
-            (
-                EnginePolicy {
-                    lease_ms: 900_000,
-                    ..default
-                },
-                "lease_ms",
-                900_000,
-                MIN_LEASE_MS,
-                MAX_LEASE_MS,
-            ),
-            (
-                EnginePolicy {
-                    lease_ms: MIN_LEASE_MS - 1,
-                    ..default
-                },
-                "lease_ms",
-                MIN_LEASE_MS - 1,
-                MIN_LEASE_MS,
-                MAX_LEASE_MS,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_attempts: 0,
-                    ..default.retry
-                }),
-                "max_attempts",
-                0,
-                1,
-                100,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_attempts: 101,
-                    ..default.retry
-                }),
-                "max_attempts",
-                101,
-                1,
-                100,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_total_ms: 999,
-                    ..default.retry
-                }),
-                "max_total_ms",
-                999,
-                MIN_TOTAL_MS,
-                MAX_TOTAL_MS,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_total_ms: MAX_TOTAL_MS + 1,
-                    ..default.retry
-                }),
-                "max_total_ms",
-                MAX_TOTAL_MS + 1,
-                MIN_TOTAL_MS,
-                MAX_TOTAL_MS,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_reconciliations: 0,
-                    ..default.retry
-                }),
-                "max_reconciliations",
-                0,
-                1,
-                100,
-            ),
-            (
-                retry(RetryPolicy {
-                    max_reconciliations: 101,
-                    ..default.retry
-                }),
-                "max_reconciliations",
-                101,
-                1,
-                100,
-            ),
-            (
-                EnginePolicy {
-                    backoff_base_ms: 0,
-                    ..default
-                },
-                "backoff_base_ms",
-                0,
-                MIN_BACKOFF_MS,
-                MAX_BACKOFF_MS,
-            ),
-            (
-                EnginePolicy {
-                    backoff_base_ms: 600,
-                    backoff_max_ms: 599,
-                    ..default
-                },
-                "backoff_max_ms",
-                599,
-                600,
-                MAX_BACKOFF_MS,
-            ),
-            (
-                EnginePolicy {
-                    backoff_max_ms: MAX_BACKOFF_MS + 1,
-                    ..default
-                },
-                "backoff_max_ms",
-                MAX_BACKOFF_MS + 1,
-                DEFAULT_BACKOFF_BASE_MS,
-                MAX_BACKOFF_MS,
-            ),
+            (EnginePolicy { lease_ms: 900_000, ..default }, "lease_ms", 900_000, MIN_LEASE_MS, MAX_LEASE_MS),
+            (EnginePolicy { lease_ms: MIN_LEASE_MS - 1, ..default }, "lease_ms", MIN_LEASE_MS - 1, MIN_LEASE_MS, MAX_LEASE_MS),
+            (retry(RetryPolicy { max_attempts: 0, ..default.retry }), "max_attempts", 0, 1, 100),
+            (retry(RetryPolicy { max_attempts: 101, ..default.retry }), "max_attempts", 101, 1, 100),
+            (retry(RetryPolicy { max_total_ms: 999, ..default.retry }), "max_total_ms", 999, MIN_TOTAL_MS, MAX_TOTAL_MS),
+            (retry(RetryPolicy { max_total_ms: MAX_TOTAL_MS + 1, ..default.retry }), "max_total_ms", MAX_TOTAL_MS + 1, MIN_TOTAL_MS, MAX_TOTAL_MS),
+            (retry(RetryPolicy { max_reconciliations: 0, ..default.retry }), "max_reconciliations", 0, 1, 100),
+            (retry(RetryPolicy { max_reconciliations: 101, ..default.retry }), "max_reconciliations", 101, 1, 100),
+            (EnginePolicy { backoff_base_ms: 0, ..default }, "backoff_base_ms", 0, MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+            (EnginePolicy { backoff_base_ms: 600, backoff_max_ms: 599, ..default }, "backoff_max_ms", 599, 600, MAX_BACKOFF_MS),
+            (EnginePolicy { backoff_max_ms: MAX_BACKOFF_MS + 1, ..default }, "backoff_max_ms", MAX_BACKOFF_MS + 1, DEFAULT_BACKOFF_BASE_MS, MAX_BACKOFF_MS),
         ];
         for (policy, field, value, min, max) in cases {
             assert_eq!(
