@@ -21,7 +21,7 @@ use crate::ids::{
     SourceId, StreamVersion, TenantId,
 };
 use crate::ports::{Clock, IdSource};
-use crate::state::{evolve, OperationState};
+use crate::state::{evolve, OperationState, Status};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
 
 /// How many times the same append is sent when the store cannot tell whether it was written.
@@ -220,6 +220,13 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 .await?;
             let full = batch.len() == MAX_READ_BATCH;
             for recorded in &batch {
+                // The version held is the version of the last event folded, with none skipped:
+                // the next append's expected version rests on it (design rule 5).
+                debug_assert_eq!(
+                    recorded.version,
+                    version.map_or(StreamVersion::FIRST, StreamVersion::next),
+                    "`{stream}` skips a version"
+                );
                 state = evolve(state, &codec::decode(recorded)?);
                 version = Some(recorded.version);
                 chain = codec::chain_of(&recorded.metadata);
@@ -268,22 +275,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             None => self.ids.new_operation_id(),
         };
         tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
-        let args_hash = valid.args.hash();
-        let intent = IntentRecorded {
-            operation_id,
-            tenant: valid.tenant.clone(),
-            owner: valid.owner.clone(),
-            provider: valid.provider.clone(),
-            account: valid.account.clone(),
-            credential_fingerprint: valid.credential_fingerprint.clone(),
-            action: valid.action.clone(),
-            args: valid.args.clone(),
-            args_hash,
-            idempotency_key: self.ids.new_idempotency_key(),
-            source_id: valid.source_id.clone(),
-            requires_approval: valid.requires_approval,
-            at: self.clock.now(),
-        };
+        let intent = self.frozen_intent(operation_id, &valid);
         // Decide on "nothing recorded yet" without reading: if a redelivery got there first, the
         // no-stream append conflicts, and the existing intent is the answer.
         let fresh = LoadedOperation {
@@ -326,6 +318,25 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 })
             }
             Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The intent `valid` freezes as `operation_id`: a fresh random key, the time now.
+    fn frozen_intent(&self, operation_id: OperationId, valid: &ValidIntent) -> IntentRecorded {
+        IntentRecorded {
+            operation_id,
+            tenant: valid.tenant.clone(),
+            owner: valid.owner.clone(),
+            provider: valid.provider.clone(),
+            account: valid.account.clone(),
+            credential_fingerprint: valid.credential_fingerprint.clone(),
+            action: valid.action.clone(),
+            args: valid.args.clone(),
+            args_hash: valid.args.hash(),
+            idempotency_key: self.ids.new_idempotency_key(),
+            source_id: valid.source_id.clone(),
+            requires_approval: valid.requires_approval,
+            at: self.clock.now(),
         }
     }
 
@@ -463,12 +474,27 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         events: &[OperationEvent],
     ) -> Result<LoadedOperation, StoreError> {
         let expected = ExpectedVersion::from_last(loaded.version);
+        // Design rule 5 holds only if the append is conditional on exactly the stream the
+        // decision folded: no stream for an operation with no events, its last event otherwise.
+        debug_assert_eq!(
+            expected == ExpectedVersion::NoStream,
+            loaded.state.status == Status::New,
+            "operation {}: appending at {expected:?} to a state folded as {}",
+            loaded.operation_id,
+            loaded.state.status.name()
+        );
+        debug_assert!(!events.is_empty(), "an empty decision is never appended");
         let (data, chain) =
             encode_all(loaded.operation_id, expected, events, loaded.chain.as_ref());
         let stream = StreamName::for_operation(loaded.operation_id);
         let outcome = self
             .append_resolving_unclear(&stream, expected, data)
             .await?;
+        debug_assert_eq!(
+            outcome.next_expected.value(),
+            expected.first_new_version().value() + events.len() as u64 - 1,
+            "the store placed the events of `{stream}` elsewhere than the expected version said"
+        );
         loaded.state = events.iter().fold(loaded.state, evolve);
         loaded.version = Some(outcome.next_expected);
         loaded.chain = chain;

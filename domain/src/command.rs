@@ -10,10 +10,18 @@ use crate::ids::{ActorId, AttemptId, ExternalObjectId, ProviderRequestId, Worker
 
 /// Shortest lease a worker may take on an attempt, in milliseconds.
 pub const MIN_LEASE_MS: u64 = 100;
-/// Longest lease a worker may take on an attempt, in milliseconds.
+/// Longest lease a worker may take on an attempt, in milliseconds. An expired lease is how a
+/// crashed worker's attempt becomes unknown, so a longer one would leave it in flight, unseen by
+/// reconciliation, for longer than a person waiting for an answer would accept.
 pub const MAX_LEASE_MS: u64 = 10 * 60 * 1000;
+/// The lease an engine takes unless configured otherwise, in milliseconds: three times the
+/// provider adapters' default request timeout (10 s), with room for a slow store.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+const _: () = assert!(MIN_LEASE_MS <= DEFAULT_LEASE_MS && DEFAULT_LEASE_MS <= MAX_LEASE_MS);
 /// Furthest ahead a retry or a lookup may be scheduled, in milliseconds.
 pub const MAX_SCHEDULE_AHEAD_MS: u64 = 7 * 24 * 3600 * 1000;
+// A lease is a schedule too (the sweep after it); it must fit in what may be scheduled.
+const _: () = assert!(MAX_LEASE_MS <= MAX_SCHEDULE_AHEAD_MS);
 /// Longest free text a person writes into the ledger (notes, reasons), in bytes.
 pub const MAX_NOTE_BYTES: usize = 4 * 1024;
 /// Longest text from a provider or transport kept in an event (messages, evidence), in bytes;

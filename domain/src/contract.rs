@@ -10,11 +10,47 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::args::ArgsHash;
+use crate::error::OutOfRange;
 use crate::ids::{AccountId, CredentialFingerprint};
 use crate::state::OperationState;
 
+/// Fewest attempts a policy may allow: the first one (1 means "never retry automatically").
+pub const MIN_ATTEMPTS: u32 = 1;
 /// Most attempts any policy may allow for one operation.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+/// The attempts a policy allows unless configured otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+const _: () =
+    assert!(MIN_ATTEMPTS <= DEFAULT_MAX_ATTEMPTS && DEFAULT_MAX_ATTEMPTS <= MAX_ATTEMPTS_LIMIT);
+
+/// Shortest retry time budget a policy may set, in milliseconds. A budget under a second is
+/// shorter than one send and one backoff step, so it would refuse every retry while looking as if
+/// it allowed some; a policy that wants no retries says `max_attempts = 1`.
+pub const MIN_TOTAL_MS: u64 = 1_000;
+/// Longest retry time budget a policy may set, in milliseconds: one day, the shortest common
+/// idempotency-key retention (Stripe's). A keyed provider's retention check would cut a longer
+/// budget anyway, and for a label-deduplicated one a day of automatic retries is as long as a
+/// request stays the one its user is waiting for; after that a person decides.
+pub const MAX_TOTAL_MS: u64 = 24 * 3600 * 1000;
+/// The retry time budget unless configured otherwise, in milliseconds.
+pub const DEFAULT_MAX_TOTAL_MS: u64 = 15 * 60 * 1000;
+const _: () = assert!(MIN_TOTAL_MS <= DEFAULT_MAX_TOTAL_MS && DEFAULT_MAX_TOTAL_MS <= MAX_TOTAL_MS);
+// The retry budget is scheduled time: a budget beyond what may be scheduled could never be used.
+const _: () = assert!(MAX_TOTAL_MS <= crate::command::MAX_SCHEDULE_AHEAD_MS);
+
+/// Fewest lookups a policy may allow before an unknown operation goes to a person: one (it then
+/// goes on the first lookup without evidence; 0 would mean the same, so it is not offered).
+pub const MIN_RECONCILIATIONS: u32 = 1;
+/// Most lookups a policy may allow before an unknown operation goes to a person. Each one is a
+/// call to the provider; paced by the backoff (at most an hour apart), 100 lookups keep an
+/// operation unknown for at most about four days before anyone sees it.
+pub const MAX_RECONCILIATIONS_LIMIT: u32 = 100;
+/// The lookups a policy allows unless configured otherwise.
+pub const DEFAULT_MAX_RECONCILIATIONS: u32 = 10;
+const _: () = assert!(
+    MIN_RECONCILIATIONS <= DEFAULT_MAX_RECONCILIATIONS
+        && DEFAULT_MAX_RECONCILIATIONS <= MAX_RECONCILIATIONS_LIMIT
+);
 
 /// How a provider deduplicates repeated requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,12 +104,39 @@ pub struct RetryPolicy {
     pub max_reconciliations: u32,
 }
 
+impl RetryPolicy {
+    /// Checks every field against its owning constants ([`MIN_ATTEMPTS`]..=[`MAX_ATTEMPTS_LIMIT`],
+    /// [`MIN_TOTAL_MS`]..=[`MAX_TOTAL_MS`],
+    /// [`MIN_RECONCILIATIONS`]..=[`MAX_RECONCILIATIONS_LIMIT`]); the first one out of range is
+    /// named with its value and range.
+    pub fn validate(&self) -> Result<(), OutOfRange> {
+        OutOfRange::check(
+            "max_attempts",
+            self.max_attempts.into(),
+            MIN_ATTEMPTS.into(),
+            MAX_ATTEMPTS_LIMIT.into(),
+        )?;
+        OutOfRange::check(
+            "max_total_ms",
+            self.max_total_ms,
+            MIN_TOTAL_MS,
+            MAX_TOTAL_MS,
+        )?;
+        OutOfRange::check(
+            "max_reconciliations",
+            self.max_reconciliations.into(),
+            MIN_RECONCILIATIONS.into(),
+            MAX_RECONCILIATIONS_LIMIT.into(),
+        )
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 5,
-            max_total_ms: 15 * 60 * 1000,
-            max_reconciliations: 10,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_total_ms: DEFAULT_MAX_TOTAL_MS,
+            max_reconciliations: DEFAULT_MAX_RECONCILIATIONS,
         }
     }
 }

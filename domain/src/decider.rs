@@ -40,23 +40,19 @@
 use chrono::{DateTime, Utc};
 
 use crate::args::ArgsHash;
-use crate::command::{
-    Command, MAX_LEASE_MS, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MAX_SCHEDULE_AHEAD_MS,
-    MIN_LEASE_MS,
-};
-use crate::contract::{
-    check_automatic_retry, check_binding, check_retry_budget, milliseconds, ContractViolation,
-    LookupSupport, ProviderCapabilities, RetryPolicy, MAX_ATTEMPTS_LIMIT,
-};
+use crate::command::{Command, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MAX_SCHEDULE_AHEAD_MS};
+use crate::contract::{milliseconds, ContractViolation};
 use crate::error::ValidationError;
-use crate::event::{
-    ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
-    AttemptSucceeded, DuplicateDetected, LateResponse, LateResponseReceived, LeaseExpired,
-    OperationEvent, OutcomeUnknown, ReconciliationRecorded, ReconciliationResult, RetryScheduled,
-    ReviewDecision, ReviewRequired, ReviewResolved,
-};
+use crate::event::{DuplicateDetected, IntentRecorded, OperationEvent};
 use crate::ids::{AccountId, AttemptId, ExternalObjectId};
-use crate::state::{OperationState, PendingSince, Status};
+use crate::state::OperationState;
+
+mod approval;
+mod attempt;
+mod intent;
+mod outcome;
+mod reconciliation;
+mod review;
 
 /// Why a command was refused. Nothing was recorded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -131,368 +127,89 @@ pub fn decide(
     state: &OperationState,
     now: DateTime<Utc>,
 ) -> Result<Vec<OperationEvent>, Rejection> {
-    let refuse = || Rejection::NotAllowed {
-        command: command.name(),
-        status: state.status.name(),
-    };
+    let events = dispatch(command, state, now)?;
+    #[cfg(debug_assertions)]
+    assert_allowed_next_state(command, state, &events);
+    Ok(events)
+}
+
+/// One line per command: everything about a command lives in the file of its theme.
+fn dispatch(
+    command: &Command,
+    state: &OperationState,
+    now: DateTime<Utc>,
+) -> Result<Vec<OperationEvent>, Rejection> {
     if let Command::RecordIntent(intent) = command {
-        if state.status != Status::New {
-            return Err(Rejection::AlreadyRecorded {
-                status: state.status.name(),
-            });
-        }
-        if intent.args.hash() != intent.args_hash {
-            return Err(ValidationError::new(
-                "args_hash",
-                "does not match the arguments; compute it with ArgsSnapshot::hash",
-            )
-            .into());
-        }
-        return Ok(vec![OperationEvent::IntentRecorded(intent.clone())]);
+        return intent::record(state, intent);
     }
     let Some(intent) = &state.intent else {
         return Err(Rejection::NotRecorded);
     };
-    let events = match command {
-        Command::RecordIntent(_) => unreachable!("handled above"),
-        Command::GrantApproval {
-            approver,
-            args_hash,
-        } => {
-            check_hash(&intent.args_hash, args_hash)?;
-            match state.status {
-                Status::AwaitingApproval => {
-                    vec![OperationEvent::ApprovalGranted(ApprovalGranted {
-                        approver: approver.clone(),
-                        args_hash: args_hash.clone(),
-                        at: now,
-                    })]
-                }
-                // Approving what is already approved repeats a recorded fact.
-                _ if intent.requires_approval && state.status != Status::Denied => Vec::new(),
-                _ => return Err(refuse()),
-            }
-        }
-        Command::DenyApproval {
-            approver,
-            args_hash,
-            reason,
-        } => {
-            check_hash(&intent.args_hash, args_hash)?;
-            check_note("reason", reason)?;
-            match state.status {
-                Status::AwaitingApproval => vec![OperationEvent::ApprovalDenied(ApprovalDenied {
-                    approver: approver.clone(),
-                    args_hash: args_hash.clone(),
-                    reason: reason.clone(),
-                    at: now,
-                })],
-                Status::Denied => Vec::new(),
-                _ => return Err(refuse()),
-            }
-        }
-        Command::StartAttempt {
-            attempt_id,
-            worker,
-            lease_ms,
-            binding,
-            capabilities,
-            policy,
-        } => {
-            if state.knows_attempt(*attempt_id) {
-                // The same claim again (its append's outcome was unclear): nothing new. Any other
-                // reuse of an attempt id would let a late answer to one attempt pass for another's.
-                if state.status == Status::InFlight && state.is_current_attempt(*attempt_id) {
-                    return Ok(Vec::new());
-                }
-                return Err(ValidationError::new(
-                    "attempt_id",
-                    format!("{attempt_id} was already used by an earlier attempt; every attempt needs a fresh id"),
-                )
-                .into());
-            }
-            if state.status != Status::Pending {
-                return Err(refuse());
-            }
-            if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(lease_ms) {
-                return Err(ValidationError::new(
-                    "lease_ms",
-                    format!("is {lease_ms}; it must be between {MIN_LEASE_MS} and {MAX_LEASE_MS}"),
-                )
-                .into());
-            }
-            if let Some(not_before) = state
-                .retry_not_before
-                .filter(|not_before| now < *not_before)
-            {
-                return Err(Rejection::NotYetDue { not_before });
-            }
-            check_binding(state, binding).map_err(Rejection::BindingChanged)?;
-            match state.pending_since {
-                Some(PendingSince::RetryScheduled) => {
-                    check_automatic_retry(capabilities, policy, state, binding, now)
-                        .map_err(Rejection::RetryNotAllowed)?;
-                }
-                // Attempts provably not sent (429, no connection) still count against the
-                // budget: a CRM that keeps refusing must end with a person, not loop.
-                Some(PendingSince::Recorded) if state.attempts > 0 => {
-                    check_retry_budget(policy, state, now).map_err(Rejection::RetryNotAllowed)?;
-                }
-                // A reviewer's retry is the person's decision; only the hard limit applies.
-                _ => {}
-            }
-            if state.attempts >= MAX_ATTEMPTS_LIMIT {
-                return Err(Rejection::RetryNotAllowed(
-                    ContractViolation::AttemptsExhausted {
-                        attempts: state.attempts,
-                        max_attempts: MAX_ATTEMPTS_LIMIT,
-                    },
-                ));
-            }
-            vec![OperationEvent::AttemptStarted(AttemptStarted {
-                attempt_id: *attempt_id,
-                attempt_number: state.attempts + 1,
-                worker: worker.clone(),
-                lease_deadline: now.checked_add_signed(milliseconds(*lease_ms)).ok_or_else(
-                    || ValidationError::new("now", "is too close to the end of time for a lease"),
-                )?,
-                at: now,
-            })]
-        }
-        Command::RecordSuccess {
-            attempt_id,
-            external_id,
-            provider_request_id,
-        } => {
-            check_attempt(state, *attempt_id)?;
-            match &state.status {
-                Status::InFlight if state.is_current_attempt(*attempt_id) => {
-                    vec![OperationEvent::AttemptSucceeded(AttemptSucceeded {
-                        attempt_id: *attempt_id,
-                        external_id: external_id.clone(),
-                        provider_request_id: provider_request_id.clone(),
-                        at: now,
-                    })]
-                }
-                Status::Succeeded {
-                    external_id: confirmed,
-                } if confirmed == external_id => Vec::new(),
-                _ => {
-                    let late = OperationEvent::LateResponseReceived(LateResponseReceived {
-                        attempt_id: *attempt_id,
-                        response: LateResponse::Succeeded {
-                            external_id: external_id.clone(),
-                            provider_request_id: provider_request_id.clone(),
-                        },
-                        at: now,
-                    });
-                    let mut events = vec![late];
-                    events.extend(duplicate_of(
-                        state,
-                        external_id,
-                        &format!("late response to attempt {attempt_id}"),
-                        now,
-                    ));
-                    events
-                }
-            }
-        }
-        Command::RecordRejection {
-            attempt_id,
-            code,
-            message,
-        } => {
-            check_attempt(state, *attempt_id)?;
-            let code = clip(code);
-            let message = clip(message);
-            match state.status {
-                Status::InFlight if state.is_current_attempt(*attempt_id) => {
-                    vec![OperationEvent::AttemptRejected(AttemptRejected {
-                        attempt_id: *attempt_id,
-                        code,
-                        message,
-                        at: now,
-                    })]
-                }
-                Status::Rejected if state.is_current_attempt(*attempt_id) => Vec::new(),
-                // A refusal that arrives late proves nothing about the other attempts: keep it as
-                // evidence and let reconciliation or a person settle the operation.
-                _ => vec![OperationEvent::LateResponseReceived(LateResponseReceived {
-                    attempt_id: *attempt_id,
-                    response: LateResponse::Rejected { code, message },
-                    at: now,
-                })],
-            }
-        }
-        Command::RecordNotSent {
-            attempt_id,
-            reason,
-            retry_not_before,
-        } => {
-            check_attempt(state, *attempt_id)?;
-            match state.status {
-                Status::InFlight if state.is_current_attempt(*attempt_id) => {
-                    vec![OperationEvent::AttemptNotSent(AttemptNotSent {
-                        attempt_id: *attempt_id,
-                        reason: clip(reason),
-                        retry_not_before: schedule(*retry_not_before, now),
-                        at: now,
-                    })]
-                }
-                // Settled or superseded already: "nothing was sent" adds nothing.
-                _ => Vec::new(),
-            }
-        }
-        Command::RecordUnknown { attempt_id, error } => {
-            check_attempt(state, *attempt_id)?;
-            match state.status {
-                Status::InFlight if state.is_current_attempt(*attempt_id) => {
-                    vec![OperationEvent::OutcomeUnknown(OutcomeUnknown {
-                        attempt_id: *attempt_id,
-                        error: clip(error),
-                        at: now,
-                    })]
-                }
-                // The attempt was already settled or superseded; an unclear ending adds nothing.
-                _ => Vec::new(),
-            }
-        }
-        Command::ExpireLease { attempt_id } => {
-            check_attempt(state, *attempt_id)?;
-            match (&state.status, &state.current_attempt) {
-                (Status::InFlight, Some(current)) if current.attempt_id == *attempt_id => {
-                    if now < current.lease_deadline {
-                        return Err(Rejection::LeaseStillValid {
-                            lease_deadline: current.lease_deadline,
-                        });
-                    }
-                    vec![OperationEvent::LeaseExpired(LeaseExpired {
-                        attempt_id: *attempt_id,
-                        lease_deadline: current.lease_deadline,
-                        at: now,
-                    })]
-                }
-                _ => Vec::new(),
-            }
-        }
-        Command::RecordReconciliation {
-            result,
-            evidence,
-            binding,
-            capabilities,
-            policy,
-            retry_not_before,
-            next_check_not_before,
-        } => {
-            if let ReconciliationResult::Found { account, .. } = result {
-                if *account != intent.account {
-                    return Err(Rejection::EvidenceFromAnotherAccount {
-                        bound: intent.account.clone(),
-                        found: account.clone(),
-                    });
-                }
-            }
-            let recorded = |next_check_not_before| {
-                OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
-                    result: result.clone(),
-                    evidence: clip(evidence),
-                    next_check_not_before,
-                    at: now,
-                })
-            };
-            match (&state.status, result) {
-                (Status::Unknown, ReconciliationResult::Found { .. }) => vec![recorded(None)],
-                // An inconclusive answer ("the first request is still being processed", a lookup
-                // that failed) is not "no evidence": a retry now would race the first request or
-                // be refused, spending the attempt budget. Look again first, while the lookup
-                // budget lasts; only then do a retry or a person come in.
-                (Status::Unknown, ReconciliationResult::Inconclusive { .. })
-                    if may_keep_checking(result, capabilities, policy, state, now) =>
-                {
-                    vec![recorded(Some(schedule(*next_check_not_before, now)))]
-                }
-                (Status::Unknown, _) => {
-                    match check_automatic_retry(capabilities, policy, state, binding, now) {
-                        Ok(()) => vec![
-                            recorded(None),
-                            OperationEvent::RetryScheduled(RetryScheduled {
-                                not_before: schedule(*retry_not_before, now),
-                                reason:
-                                    "no evidence of the earlier attempts; the retry contract holds"
-                                        .to_owned(),
-                                at: now,
-                            }),
-                        ],
-                        Err(_) if may_keep_checking(result, capabilities, policy, state, now) => {
-                            vec![recorded(Some(schedule(*next_check_not_before, now)))]
-                        }
-                        Err(violation) => vec![
-                            recorded(None),
-                            OperationEvent::ReviewRequired(ReviewRequired {
-                                reason: format!("no evidence, and no safe retry: {violation}"),
-                                evidence: clip(evidence),
-                                at: now,
-                            }),
-                        ],
-                    }
-                }
-                (
-                    Status::Succeeded {
-                        external_id: confirmed,
-                    },
-                    ReconciliationResult::Found { external_id, .. },
-                ) => {
-                    if confirmed == external_id {
-                        Vec::new()
-                    } else {
-                        let mut events = vec![recorded(None)];
-                        events.extend(duplicate_of(state, external_id, "reconciliation", now));
-                        events
-                    }
-                }
-                (Status::Succeeded { .. }, _) => Vec::new(),
-                _ => return Err(refuse()),
-            }
-        }
-        Command::RequireReview { reason, evidence } => {
-            // From pending too: a send can become impossible while queued (the retry contract ran
-            // out, the account's binding changed), and only a person can decide what then.
-            if !matches!(state.status, Status::Unknown | Status::Pending) {
-                return Err(refuse());
-            }
-            check_note("reason", reason)?;
-            vec![OperationEvent::ReviewRequired(ReviewRequired {
-                reason: reason.clone(),
-                evidence: clip(evidence),
-                at: now,
-            })]
-        }
-        Command::ResolveReview {
-            reviewer,
-            decision,
-            note,
-        } => {
-            if state.status != Status::NeedsReview {
-                return Err(refuse());
-            }
-            check_note("note", note)?;
-            if *decision == ReviewDecision::Retry && state.attempts >= MAX_ATTEMPTS_LIMIT {
-                return Err(Rejection::RetryNotAllowed(
-                    ContractViolation::AttemptsExhausted {
-                        attempts: state.attempts,
-                        max_attempts: MAX_ATTEMPTS_LIMIT,
-                    },
-                ));
-            }
-            vec![OperationEvent::ReviewResolved(ReviewResolved {
-                reviewer: reviewer.clone(),
-                decision: decision.clone(),
-                note: note.clone(),
-                at: now,
-            })]
-        }
+    let on = On {
+        state,
+        intent,
+        now,
+        command: command.name(),
     };
-    Ok(events)
+    // A table, one row per command, so the formatter is told to leave it as one.
+    #[rustfmt::skip]
+    let events = match command {
+        Command::RecordIntent(_) => unreachable!("handled above: the one command without an intent"),
+        Command::GrantApproval { approver, args_hash } => approval::grant(&on, approver, args_hash),
+        Command::DenyApproval { approver, args_hash, reason } => approval::deny(&on, approver, args_hash, reason),
+        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy } =>
+            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy }),
+        Command::RecordSuccess { attempt_id, external_id, provider_request_id } =>
+            outcome::success(&on, *attempt_id, external_id, provider_request_id.as_ref()),
+        Command::RecordRejection { attempt_id, code, message } => outcome::rejection(&on, *attempt_id, code, message),
+        Command::RecordNotSent { attempt_id, reason, retry_not_before } =>
+            outcome::not_sent(&on, *attempt_id, reason, *retry_not_before),
+        Command::RecordUnknown { attempt_id, error } => outcome::unknown(&on, *attempt_id, error),
+        Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
+        Command::RecordReconciliation { result, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before } =>
+            reconciliation::record(&on, &reconciliation::Lookup { result, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before }),
+        Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),
+        Command::ResolveReview { reviewer, decision, note } => review::resolve(&on, reviewer, decision, note),
+    };
+    events
+}
+
+/// What every command after the intent is decided against.
+struct On<'a> {
+    /// The operation's current state.
+    state: &'a OperationState,
+    /// Its frozen intent.
+    intent: &'a IntentRecorded,
+    /// When the command is decided.
+    now: DateTime<Utc>,
+    /// The command's name, for refusals.
+    command: &'static str,
+}
+
+impl On<'_> {
+    /// The refusal of a command that does not apply in the current state.
+    fn refuse(&self) -> Rejection {
+        Rejection::NotAllowed {
+            command: self.command,
+            status: self.state.status.name(),
+        }
+    }
+}
+
+/// Design rules 5–7 stated once more on the result: whatever a command decided must fold to a
+/// state that keeps every invariant and is an arrow of the state machine above. A failure is a
+/// bug in one of the theme files, caught in debug builds and in the property test.
+#[cfg(debug_assertions)]
+fn assert_allowed_next_state(command: &Command, state: &OperationState, events: &[OperationEvent]) {
+    let next = events.iter().fold(state.clone(), crate::state::evolve);
+    next.assert_invariants();
+    assert!(
+        state.status.may_become(&next.status),
+        "{} decided {} → {}, which is no arrow of the state machine",
+        command.name(),
+        state.status.name(),
+        next.status.name()
+    );
 }
 
 fn check_hash(recorded: &ArgsHash, offered: &ArgsHash) -> Result<(), Rejection> {
@@ -543,34 +260,6 @@ fn duplicate_of(
             at: now,
         })
     })
-}
-
-/// Whether an operation without a safe retry may stay unknown and be looked up again rather
-/// than go to a person now: only while the lookup budget lasts, and only when the answer could
-/// still change — the lookup was inconclusive, or a lagging search may not show the object yet.
-fn may_keep_checking(
-    result: &ReconciliationResult,
-    capabilities: &ProviderCapabilities,
-    policy: &RetryPolicy,
-    state: &OperationState,
-    now: DateTime<Utc>,
-) -> bool {
-    if state.reconciliations.saturating_add(1) >= policy.max_reconciliations {
-        return false;
-    }
-    match (result, capabilities.lookup) {
-        (ReconciliationResult::Inconclusive { .. }, _) => true,
-        (
-            ReconciliationResult::NotFound {
-                authoritative: false,
-            },
-            LookupSupport::EventuallyConsistent { lag_ms },
-        ) => state
-            .unknown_since
-            .and_then(|since| since.checked_add_signed(milliseconds(lag_ms)))
-            .is_some_and(|indexed_by| now < indexed_by),
-        _ => false,
-    }
 }
 
 /// A caller's "not before" time, kept between now and [`MAX_SCHEDULE_AHEAD_MS`] from now: a

@@ -15,10 +15,12 @@ use chrono::{DateTime, Utc};
 use tracing::{info, warn, Instrument};
 
 use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedIntent};
-use crate::command::Command;
+use crate::command::{
+    Command, DEFAULT_LEASE_MS, MAX_LEASE_MS, MAX_SCHEDULE_AHEAD_MS, MIN_LEASE_MS,
+};
 use crate::contract::{milliseconds, RetryPolicy, SendBinding};
 use crate::decider::Rejection;
-use crate::error::ValidationError;
+use crate::error::{OutOfRange, ValidationError};
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
 use crate::ids::{ActorId, AttemptId, OperationId, WorkerId};
 use crate::ports::{Clock, IdSource};
@@ -33,6 +35,25 @@ use crate::store::EventStore;
 pub const MAX_DRIVE_STEPS: usize = 4;
 /// The longest wait a provider's Retry-After may impose, in milliseconds.
 pub const MAX_RETRY_AFTER_MS: u64 = 10 * 60 * 1000;
+// A Retry-After is scheduled through the decider, which clamps anything further ahead.
+const _: () = assert!(MAX_RETRY_AFTER_MS <= MAX_SCHEDULE_AHEAD_MS);
+
+/// Shortest first backoff, in milliseconds: 0 would retry at once, and doubling 0 stays 0.
+pub const MIN_BACKOFF_MS: u64 = 1;
+/// Longest backoff, first or capped, in milliseconds: an hour, so a lookup or retry is never
+/// further away than a person would wait before asking what happened.
+pub const MAX_BACKOFF_MS: u64 = 3600 * 1000;
+/// The first backoff unless configured otherwise, in milliseconds.
+pub const DEFAULT_BACKOFF_BASE_MS: u64 = 500;
+/// The longest backoff unless configured otherwise, in milliseconds.
+pub const DEFAULT_BACKOFF_MAX_MS: u64 = 60_000;
+const _: () = assert!(
+    MIN_BACKOFF_MS <= DEFAULT_BACKOFF_BASE_MS
+        && DEFAULT_BACKOFF_BASE_MS <= DEFAULT_BACKOFF_MAX_MS
+        && DEFAULT_BACKOFF_MAX_MS <= MAX_BACKOFF_MS
+);
+// A backoff is scheduled through the decider, which clamps anything further ahead.
+const _: () = assert!(MAX_BACKOFF_MS <= MAX_SCHEDULE_AHEAD_MS);
 
 /// How the engine paces and bounds its work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,9 +70,34 @@ pub struct EnginePolicy {
 }
 
 impl EnginePolicy {
-    /// Checks the policy against the providers it will drive: the lease must outlast the
-    /// longest send, or the sweeper would call a send that is still running "unknown".
+    /// Checks every field against its owning constants, so every entry point (a config file,
+    /// the demo, a test) refuses the same values: the lease in
+    /// [`MIN_LEASE_MS`]..=[`MAX_LEASE_MS`], the retry budget as [`RetryPolicy::validate`] says,
+    /// the first backoff in [`MIN_BACKOFF_MS`]..=[`MAX_BACKOFF_MS`] and the longest between the
+    /// first and [`MAX_BACKOFF_MS`]. The first field out of range is named with its value and
+    /// range.
+    pub fn validate(&self) -> Result<(), OutOfRange> {
+        OutOfRange::check("lease_ms", self.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS)?;
+        self.retry.validate()?;
+        OutOfRange::check(
+            "backoff_base_ms",
+            self.backoff_base_ms,
+            MIN_BACKOFF_MS,
+            MAX_BACKOFF_MS,
+        )?;
+        OutOfRange::check(
+            "backoff_max_ms",
+            self.backoff_max_ms,
+            self.backoff_base_ms,
+            MAX_BACKOFF_MS,
+        )
+    }
+
+    /// Checks the policy's ranges ([`EnginePolicy::validate`]), then the policy against the
+    /// providers it will drive: the lease must outlast the longest send, or the sweeper would
+    /// call a send that is still running "unknown".
     pub fn check(&self, longest_send_ms: u64) -> Result<(), ValidationError> {
+        self.validate()?;
         if longest_send_ms > 0 && self.lease_ms <= longest_send_ms {
             return Err(ValidationError::new(
                 "lease_ms",
@@ -68,10 +114,10 @@ impl EnginePolicy {
 impl Default for EnginePolicy {
     fn default() -> Self {
         Self {
-            lease_ms: 30_000,
+            lease_ms: DEFAULT_LEASE_MS,
             retry: RetryPolicy::default(),
-            backoff_base_ms: 500,
-            backoff_max_ms: 60_000,
+            backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
+            backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
         }
     }
 }
@@ -123,13 +169,15 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     }
 
     /// An engine that claims attempts as `worker`, without checking the policy against the
-    /// providers (tests that want a lease shorter than a send use this).
+    /// providers (tests that want a lease shorter than a send use this). The policy's own
+    /// ranges still hold: debug builds stop on one out of range ([`EnginePolicy::validate`]).
     pub fn new(
         ledger: Ledger<S, C, I>,
         providers: P,
         policy: EnginePolicy,
         worker: WorkerId,
     ) -> Self {
+        debug_assert_eq!(policy.validate(), Ok(()), "an engine policy out of range");
         Self {
             ledger,
             providers,
@@ -384,6 +432,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         attempt_id: AttemptId,
     ) -> Result<LoadedOperation, AppError> {
         let operation_id = claimed.operation_id;
+        // Design rule 5: only the claim just appended may be sent, so the attempt sent must be
+        // the operation's current one, in flight. Anything else is a bug in this engine, and a
+        // send without its claim is the duplicate the ledger exists to prevent, so this is a
+        // plain assert: two comparisons before a network call, stopping release builds too.
+        assert!(
+            claimed.state.status == Status::InFlight
+                && claimed.state.is_current_attempt(attempt_id),
+            "operation {operation_id}: sending attempt {attempt_id}, which is not its current attempt in flight (it is {})",
+            claimed.state.status.name()
+        );
         let intent = intent_of(&claimed)?.clone();
         let attempt_number = claimed.state.attempts;
         let request = SendRequest {
@@ -411,13 +469,31 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .instrument(span.clone())
             .await;
         let now = self.ledger.clock().now();
-        let command = match outcome {
+        let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
+        // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
+        // unknown and the reconciler finds what the provider did. Nothing is guessed.
+        self.ledger
+            .execute_from(claimed, &command)
+            .instrument(span)
+            .await
+    }
+
+    /// The command recording what the provider said about attempt `attempt_id`.
+    fn outcome_command(
+        &self,
+        outcome: SendOutcome,
+        attempt_id: AttemptId,
+        attempt_number: u32,
+        now: DateTime<Utc>,
+        span: &tracing::Span,
+    ) -> Command {
+        match outcome {
             SendOutcome::Confirmed {
                 external_id,
                 provider_request_id,
             } => {
                 span.record("external_id", tracing::field::display(&external_id));
-                info!(parent: &span, "confirmed");
+                info!(parent: span, "confirmed");
                 Command::RecordSuccess {
                     attempt_id,
                     external_id,
@@ -425,7 +501,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 }
             }
             SendOutcome::Rejected { code, message } => {
-                info!(parent: &span, %code, "rejected");
+                info!(parent: span, %code, "rejected");
                 Command::RecordRejection {
                     attempt_id,
                     code,
@@ -433,27 +509,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 }
             }
             SendOutcome::Uncertain { error, .. } => {
-                warn!(parent: &span, %error, "outcome unknown");
+                warn!(parent: span, %error, "outcome unknown");
                 Command::RecordUnknown { attempt_id, error }
             }
             SendOutcome::NotSent {
                 reason,
                 retry_after_ms,
             } => {
-                info!(parent: &span, %reason, "not sent");
+                info!(parent: span, %reason, "not sent");
                 Command::RecordNotSent {
                     attempt_id,
                     reason,
                     retry_not_before: self.later(now, attempt_number, retry_after_ms),
                 }
             }
-        };
-        // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
-        // unknown and the reconciler finds what the provider did. Nothing is guessed.
-        self.ledger
-            .execute_from(claimed, &command)
-            .instrument(span)
-            .await
+        }
     }
 
     /// Records that an in-flight attempt's lease ran out.
@@ -503,41 +573,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .lookup(&request)
             .instrument(span.clone())
             .await;
-        let (result, evidence, retry_after_ms) = match lookup {
-            LookupOutcome::Found {
-                external_id,
-                account,
-                evidence,
-            } => {
-                info!(parent: &span, %external_id, "found");
-                (
-                    ReconciliationResult::Found {
-                        external_id,
-                        account,
-                    },
-                    evidence,
-                    None,
-                )
-            }
-            LookupOutcome::NotFound {
-                authoritative,
-                evidence,
-            } => (
-                ReconciliationResult::NotFound { authoritative },
-                evidence,
-                None,
-            ),
-            LookupOutcome::Unavailable {
-                reason,
-                retry_after_ms,
-            } => (
-                ReconciliationResult::Inconclusive {
-                    reason: reason.clone(),
-                },
-                reason,
-                retry_after_ms,
-            ),
-        };
+        let (result, evidence, retry_after_ms) = reconciliation_of(lookup, &span);
         let now = self.ledger.clock().now();
         let state = &loaded.state;
         let command = Command::RecordReconciliation {
@@ -557,9 +593,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 retry_after_ms,
             ),
         };
+        self.record_reconciliation(loaded, &command, span).await
+    }
+
+    /// Appends a lookup's result; evidence from another account goes to a person, and a lookup
+    /// another worker recorded first leaves the operation as that one did.
+    async fn record_reconciliation(
+        &self,
+        loaded: LoadedOperation,
+        command: &Command,
+        span: tracing::Span,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
         match self
             .ledger
-            .execute_from(loaded, &command)
+            .execute_from(loaded, command)
             .instrument(span)
             .await
         {
@@ -626,6 +674,49 @@ enum ClaimPlan {
     Review(String),
 }
 
+/// What a lookup's answer means for the ledger: the result, the evidence to keep and the
+/// provider's Retry-After, if it gave one.
+fn reconciliation_of(
+    lookup: LookupOutcome,
+    span: &tracing::Span,
+) -> (ReconciliationResult, String, Option<u64>) {
+    match lookup {
+        LookupOutcome::Found {
+            external_id,
+            account,
+            evidence,
+        } => {
+            info!(parent: span, %external_id, "found");
+            (
+                ReconciliationResult::Found {
+                    external_id,
+                    account,
+                },
+                evidence,
+                None,
+            )
+        }
+        LookupOutcome::NotFound {
+            authoritative,
+            evidence,
+        } => (
+            ReconciliationResult::NotFound { authoritative },
+            evidence,
+            None,
+        ),
+        LookupOutcome::Unavailable {
+            reason,
+            retry_after_ms,
+        } => (
+            ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            reason,
+            retry_after_ms,
+        ),
+    }
+}
+
 fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
     loaded.state.intent.as_ref().ok_or(AppError::NotFound {
         operation_id: loaded.operation_id,
@@ -648,6 +739,7 @@ fn review_command(reviewer: ActorId, decision: ReviewDecision, note: String) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::{MAX_TOTAL_MS, MIN_TOTAL_MS};
 
     #[test]
     fn a_lease_shorter_than_the_longest_send_is_refused_with_both_numbers() {
@@ -668,5 +760,46 @@ mod tests {
             policy.check(0).is_ok(),
             "an unknown send time cannot be checked"
         );
+    }
+
+    #[test]
+    fn the_default_policy_is_within_every_range() {
+        assert_eq!(EnginePolicy::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn every_engine_value_out_of_range_is_refused_naming_its_field_value_and_range() {
+        let default = EnginePolicy::default();
+        let retry = |retry: RetryPolicy| EnginePolicy { retry, ..default };
+        // A table: one row per field and side, (policy, field, value, min, max).
+        #[rustfmt::skip]
+        let cases = [
+            (EnginePolicy { lease_ms: 900_000, ..default }, "lease_ms", 900_000, MIN_LEASE_MS, MAX_LEASE_MS),
+            (EnginePolicy { lease_ms: MIN_LEASE_MS - 1, ..default }, "lease_ms", MIN_LEASE_MS - 1, MIN_LEASE_MS, MAX_LEASE_MS),
+            (retry(RetryPolicy { max_attempts: 0, ..default.retry }), "max_attempts", 0, 1, 100),
+            (retry(RetryPolicy { max_attempts: 101, ..default.retry }), "max_attempts", 101, 1, 100),
+            (retry(RetryPolicy { max_total_ms: 999, ..default.retry }), "max_total_ms", 999, MIN_TOTAL_MS, MAX_TOTAL_MS),
+            (retry(RetryPolicy { max_total_ms: MAX_TOTAL_MS + 1, ..default.retry }), "max_total_ms", MAX_TOTAL_MS + 1, MIN_TOTAL_MS, MAX_TOTAL_MS),
+            (retry(RetryPolicy { max_reconciliations: 0, ..default.retry }), "max_reconciliations", 0, 1, 100),
+            (retry(RetryPolicy { max_reconciliations: 101, ..default.retry }), "max_reconciliations", 101, 1, 100),
+            (EnginePolicy { backoff_base_ms: 0, ..default }, "backoff_base_ms", 0, MIN_BACKOFF_MS, MAX_BACKOFF_MS),
+            (EnginePolicy { backoff_base_ms: 600, backoff_max_ms: 599, ..default }, "backoff_max_ms", 599, 600, MAX_BACKOFF_MS),
+            (EnginePolicy { backoff_max_ms: MAX_BACKOFF_MS + 1, ..default }, "backoff_max_ms", MAX_BACKOFF_MS + 1, DEFAULT_BACKOFF_BASE_MS, MAX_BACKOFF_MS),
+        ];
+        for (policy, field, value, min, max) in cases {
+            assert_eq!(
+                policy.validate(),
+                Err(OutOfRange {
+                    field,
+                    value,
+                    min,
+                    max
+                }),
+                "{policy:?}"
+            );
+            let error = policy.check(0).expect_err("check inherits the ranges");
+            assert_eq!(error.field, field);
+            assert!(error.message.contains(&format!("is {value};")), "{error}");
+        }
     }
 }

@@ -27,3 +27,46 @@ impl fmt::Display for ValidationError {
         write!(f, "invalid `{}`: {}", self.field, self.message)
     }
 }
+
+/// A configured limit outside the range its owning constants allow: which field, its value and
+/// the range, so every entry point (a config file, a flag, a test) reports it the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}` is {value}; it must be between {min} and {max}")]
+pub struct OutOfRange {
+    /// The field, as configuration names it (`lease_ms`, `max_attempts`, …).
+    pub field: &'static str,
+    /// The value refused.
+    pub value: u64,
+    /// The smallest value allowed.
+    pub min: u64,
+    /// The largest value allowed.
+    pub max: u64,
+}
+
+impl OutOfRange {
+    /// Checks that `value` of `field` lies in `min..=max`.
+    pub fn check(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), Self> {
+        if (min..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(Self {
+                field,
+                value,
+                min,
+                max,
+            })
+        }
+    }
+}
+
+impl From<OutOfRange> for ValidationError {
+    fn from(error: OutOfRange) -> Self {
+        Self::new(
+            error.field,
+            format!(
+                "is {}; it must be between {} and {}",
+                error.value, error.min, error.max
+            ),
+        )
+    }
+}

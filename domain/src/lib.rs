@@ -20,5 +20,7 @@ pub mod provider;
 pub mod sentence;
 pub mod state;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod timestamp;
 pub mod verify;

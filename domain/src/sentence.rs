@@ -63,13 +63,13 @@ fn capitalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decider::fixtures::{at_s, external, intent};
     use crate::event::{AttemptStarted, AttemptSucceeded, OperationEvent, OutcomeUnknown};
     use crate::ids::WorkerId;
     use crate::state::fold;
+    use crate::testing::{at_s, external, intent};
 
     fn history_to(last: Option<OperationEvent>) -> OperationState {
-        let attempt = crate::decider::fixtures::attempt(1);
+        let attempt = crate::testing::attempt(1);
         let mut events = vec![
             OperationEvent::IntentRecorded(intent(false)),
             OperationEvent::AttemptStarted(AttemptStarted {
@@ -87,7 +87,7 @@ mod tests {
     #[test]
     fn a_success_names_exactly_the_confirmed_object() {
         let state = history_to(Some(OperationEvent::AttemptSucceeded(AttemptSucceeded {
-            attempt_id: crate::decider::fixtures::attempt(1),
+            attempt_id: crate::testing::attempt(1),
             external_id: external("731"),
             provider_request_id: None,
             at: at_s(1),
@@ -102,7 +102,7 @@ mod tests {
     #[test]
     fn an_unknown_outcome_never_says_done_and_asks_not_to_repeat() {
         let state = history_to(Some(OperationEvent::OutcomeUnknown(OutcomeUnknown {
-            attempt_id: crate::decider::fixtures::attempt(1),
+            attempt_id: crate::testing::attempt(1),
             error: "timeout".into(),
             at: at_s(10),
         })));

@@ -11,9 +11,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::event::{
-    IntentRecorded, LateResponse, OperationEvent, ReconciliationResult, ReviewDecision,
+    AttemptNotSent, AttemptStarted, IntentRecorded, LateResponse, OperationEvent,
+    ReconciliationRecorded, ReconciliationResult, ReviewDecision,
 };
 use crate::ids::{AttemptId, ExternalObjectId, WorkerId};
+
+mod invariants;
+#[cfg(debug_assertions)]
+use invariants::Before;
 
 /// Where an operation stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +63,33 @@ impl Status {
             Self::Unknown => "unknown",
             Self::NeedsReview => "needs_review",
             Self::Abandoned => "abandoned",
+        }
+    }
+
+    /// Whether one decided command may take an operation from this status to `next`: the
+    /// arrows of the state machine in [`crate::decider`], a command's events taken together
+    /// (a lookup that schedules a retry goes `unknown → pending` in one decision). Staying put
+    /// is always allowed: an empty decision, or annotations.
+    pub fn may_become(&self, next: &Status) -> bool {
+        use Status::{
+            Abandoned, AwaitingApproval, Denied, InFlight, NeedsReview, New, Pending, Rejected,
+            Succeeded, Unknown,
+        };
+        if std::mem::discriminant(self) == std::mem::discriminant(next) {
+            // Within succeeded, only the same object: a success keeps its first external id.
+            return self == next || !matches!(self, Succeeded { .. });
+        }
+        match (self, next) {
+            (New, AwaitingApproval | Pending) => true,
+            (AwaitingApproval, Pending | Denied) => true,
+            // From pending to succeeded: the late confirmation of an attempt not sent again yet.
+            (Pending, InFlight | NeedsReview | Succeeded { .. }) => true,
+            (InFlight, Succeeded { .. } | Rejected | Unknown | Pending) => true,
+            (Unknown, Succeeded { .. } | Pending | NeedsReview) => true,
+            (NeedsReview, Pending | Succeeded { .. } | Abandoned) => true,
+            // The documented late confirmation, the provider's own evidence.
+            (Rejected | Abandoned, Succeeded { .. }) => true,
+            _ => false,
         }
     }
 
@@ -261,45 +293,22 @@ impl OperationState {
 
 /// Applies one event to a state: the fold step of every projection of an operation.
 pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationState {
+    // TigerBeetle's "assert_invariants(); defer assert_invariants();": every relation between
+    // the fields is checked before and after each step, in debug builds only, since it walks
+    // the attempt ids.
+    #[cfg(debug_assertions)]
+    state.assert_invariants();
+    #[cfg(debug_assertions)]
+    let before = Before::of(&state);
     state.updated_at = Some(event.at());
     match event {
-        OperationEvent::IntentRecorded(intent) => {
-            state.intent = Some(intent.clone());
-            if intent.requires_approval {
-                state.enter(Status::AwaitingApproval);
-            } else {
-                state.enter(Status::Pending);
-                state.pending_since = Some(PendingSince::Recorded);
-            }
-        }
-        OperationEvent::ApprovalGranted(_) => {
-            state.enter(Status::Pending);
-            state.pending_since = Some(PendingSince::Recorded);
-        }
+        OperationEvent::IntentRecorded(intent) => state.record_intent(intent),
+        OperationEvent::ApprovalGranted(_) => state.become_pending(PendingSince::Recorded),
         OperationEvent::ApprovalDenied(denied) => {
             state.last_error = Some(format!("denied by {}: {}", denied.approver, denied.reason));
             state.enter(Status::Denied);
         }
-        OperationEvent::AttemptStarted(started) => {
-            debug_assert!(
-                started.attempt_number > state.attempts,
-                "attempt numbers only grow: {} after {}",
-                started.attempt_number,
-                state.attempts
-            );
-            state.attempts = state.attempts.max(started.attempt_number);
-            state.attempt_ids.push(started.attempt_id);
-            state.first_attempt_at.get_or_insert(started.at);
-            state.current_attempt = Some(AttemptInfo {
-                attempt_id: started.attempt_id,
-                number: started.attempt_number,
-                worker: started.worker.clone(),
-                lease_deadline: started.lease_deadline,
-                started_at: started.at,
-                claimed_from: state.pending_since.unwrap_or(PendingSince::Recorded),
-            });
-            state.enter(Status::InFlight);
-        }
+        OperationEvent::AttemptStarted(started) => state.start_attempt(started),
         OperationEvent::AttemptSucceeded(succeeded) => state.succeed(&succeeded.external_id),
         OperationEvent::AttemptRejected(rejected) => {
             state.last_error = Some(format!("{}: {}", rejected.code, rejected.message));
@@ -312,40 +321,14 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
                 state.enter(Status::Rejected);
             }
         }
-        OperationEvent::OutcomeUnknown(unknown) => {
-            state.uncertain_attempts += 1;
-            state.last_error = Some(unknown.error.clone());
-            state.enter(Status::Unknown);
-        }
-        OperationEvent::AttemptNotSent(not_sent) => {
-            state.last_error = Some(format!("not sent: {}", not_sent.reason));
-            let claimed_from = state
-                .current_attempt
-                .as_ref()
-                .map_or(PendingSince::Recorded, |attempt| attempt.claimed_from);
-            state.enter(Status::Pending);
-            state.pending_since = Some(claimed_from);
-            state.retry_not_before = Some(not_sent.retry_not_before);
-        }
+        OperationEvent::OutcomeUnknown(unknown) => state.end_uncertain(unknown.error.clone()),
+        OperationEvent::AttemptNotSent(not_sent) => state.return_not_sent(not_sent),
         OperationEvent::LeaseExpired(expired) => {
-            state.uncertain_attempts += 1;
-            state.last_error = Some(format!("lease expired at {}", expired.lease_deadline));
-            state.enter(Status::Unknown);
+            state.end_uncertain(format!("lease expired at {}", expired.lease_deadline));
         }
-        OperationEvent::ReconciliationRecorded(reconciled) => {
-            if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
-                state.succeed(external_id);
-            } else if state.status == Status::Unknown {
-                state.reconciliations += 1;
-                state.next_check_not_before = reconciled.next_check_not_before;
-                if let ReconciliationResult::Inconclusive { reason } = &reconciled.result {
-                    state.last_error = Some(format!("lookup inconclusive: {reason}"));
-                }
-            }
-        }
+        OperationEvent::ReconciliationRecorded(reconciled) => state.reconcile(reconciled),
         OperationEvent::RetryScheduled(retry) => {
-            state.enter(Status::Pending);
-            state.pending_since = Some(PendingSince::RetryScheduled);
+            state.become_pending(PendingSince::RetryScheduled);
             state.retry_not_before = Some(retry.not_before);
         }
         OperationEvent::ReviewRequired(review) => {
@@ -353,10 +336,7 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.review_reason = Some(review.reason.clone());
         }
         OperationEvent::ReviewResolved(resolved) => match &resolved.decision {
-            ReviewDecision::Retry => {
-                state.enter(Status::Pending);
-                state.pending_since = Some(PendingSince::ReviewerRetry);
-            }
+            ReviewDecision::Retry => state.become_pending(PendingSince::ReviewerRetry),
             ReviewDecision::ConfirmSucceeded { external_id } => state.succeed(external_id),
             ReviewDecision::Abandon => state.enter(Status::Abandoned),
         },
@@ -369,13 +349,87 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
         }
         OperationEvent::DuplicateDetected(duplicate) => {
             if !state.duplicates.contains(&duplicate.duplicate_external_id) {
-                state
-                    .duplicates
-                    .push(duplicate.duplicate_external_id.clone());
+                let duplicate = duplicate.duplicate_external_id.clone();
+                state.duplicates.push(duplicate);
             }
         }
     }
+    #[cfg(debug_assertions)]
+    before.assert_step(&state, event);
+    #[cfg(debug_assertions)]
+    state.assert_invariants();
     state
+}
+
+/// The steps of [`evolve`] longer than a line.
+impl OperationState {
+    fn record_intent(&mut self, intent: &IntentRecorded) {
+        debug_assert!(
+            self.intent.is_none(),
+            "an operation records its intent once; the arguments never change under it"
+        );
+        self.intent = Some(intent.clone());
+        if intent.requires_approval {
+            self.enter(Status::AwaitingApproval);
+        } else {
+            self.become_pending(PendingSince::Recorded);
+        }
+    }
+
+    fn become_pending(&mut self, since: PendingSince) {
+        self.enter(Status::Pending);
+        self.pending_since = Some(since);
+    }
+
+    fn start_attempt(&mut self, started: &AttemptStarted) {
+        debug_assert!(
+            started.attempt_number > self.attempts,
+            "attempt numbers only grow: {} after {}",
+            started.attempt_number,
+            self.attempts
+        );
+        self.attempts = self.attempts.max(started.attempt_number);
+        self.attempt_ids.push(started.attempt_id);
+        self.first_attempt_at.get_or_insert(started.at);
+        self.current_attempt = Some(AttemptInfo {
+            attempt_id: started.attempt_id,
+            number: started.attempt_number,
+            worker: started.worker.clone(),
+            lease_deadline: started.lease_deadline,
+            started_at: started.at,
+            claimed_from: self.pending_since.unwrap_or(PendingSince::Recorded),
+        });
+        self.enter(Status::InFlight);
+    }
+
+    /// An attempt ended without a known outcome (a timeout, an expired lease).
+    fn end_uncertain(&mut self, error: String) {
+        self.uncertain_attempts += 1;
+        self.last_error = Some(error);
+        self.enter(Status::Unknown);
+    }
+
+    fn return_not_sent(&mut self, not_sent: &AttemptNotSent) {
+        self.last_error = Some(format!("not sent: {}", not_sent.reason));
+        let claimed_from = self
+            .current_attempt
+            .as_ref()
+            .map_or(PendingSince::Recorded, |attempt| attempt.claimed_from);
+        self.become_pending(claimed_from);
+        self.retry_not_before = Some(not_sent.retry_not_before);
+    }
+
+    fn reconcile(&mut self, reconciled: &ReconciliationRecorded) {
+        if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
+            self.succeed(external_id);
+        } else if self.status == Status::Unknown {
+            self.reconciliations += 1;
+            self.next_check_not_before = reconciled.next_check_not_before;
+            if let ReconciliationResult::Inconclusive { reason } = &reconciled.result {
+                self.last_error = Some(format!("lookup inconclusive: {reason}"));
+            }
+        }
+    }
 }
 
 /// Folds a whole history into a state.

@@ -110,26 +110,35 @@ impl Verifier {
     pub fn check(&mut self, event: &RecordedEvent) -> Vec<Finding> {
         self.events += 1;
         let mut findings = Vec::new();
-        let finding = |kind, version: Option<StreamVersion>, detail: String| Finding {
-            kind,
-            stream: Some(event.stream.clone()),
-            version,
-            position: event.position,
-            detail,
-        };
+        findings.extend(self.check_position(event));
+        findings.extend(self.check_in_stream(event));
+        // Re-synchronise on what is stored, so the next event is judged on its own.
+        let version = self
+            .streams
+            .get(&event.stream)
+            .map_or(event.version, |(last, _)| (*last).max(event.version));
+        let stored_chain = codec::chain_of(&event.metadata);
+        self.streams
+            .insert(event.stream.clone(), (version, stored_chain));
+        findings
+    }
 
+    /// Whether the event's global position follows the last one: never backwards, and with
+    /// no gap in a log whose positions are contiguous.
+    fn check_position(&mut self, event: &RecordedEvent) -> Option<Finding> {
         let expected_position = self.last_position.map_or(1, |last| last.value() + 1);
-        if self
+        let finding = if self
             .last_position
             .is_some_and(|last| event.position <= last)
         {
-            findings.push(finding(
+            Some(finding(
+                event,
                 Tampering::Reordered,
                 Some(event.version),
                 "the log's positions go backwards here".into(),
-            ));
+            ))
         } else if self.contiguous_positions && event.position.value() > expected_position {
-            findings.push(Finding {
+            Some(Finding {
                 kind: Tampering::Removed,
                 stream: None,
                 version: None,
@@ -138,49 +147,30 @@ impl Verifier {
                     "positions {expected_position}..{} are missing from the log",
                     event.position.value() - 1
                 ),
-            });
-        }
+            })
+        } else {
+            None
+        };
         self.last_position = Some(
             self.last_position
                 .map_or(event.position, |last| last.max(event.position)),
         );
+        finding
+    }
 
+    /// Whether the event belongs where its stream has it: its content matches its id at its
+    /// version, no version is missing or repeated, and its chain hash links to the previous one.
+    fn check_in_stream(&self, event: &RecordedEvent) -> Option<Finding> {
         let (expected_version, previous) = match self.streams.get(&event.stream) {
             Some((last, chain)) => (last.next(), *chain),
             None => (StreamVersion::FIRST, None),
         };
-        let stored_chain = codec::chain_of(&event.metadata);
-        let content_belongs_at = |version: StreamVersion| match event.stream.operation_id() {
-            Some(operation) => {
-                event
-                    .event_id
-                    .matches(operation, version, &event.event_type, &event.data)
-            }
-            // Streams that are not operations carry ids opledger did not derive; skip the check.
-            None => true,
-        };
-
-        if !content_belongs_at(event.version) {
-            // Either the content was changed, or the whole event was moved to another version.
-            let low = event.version.value().saturating_sub(MOVED_SEARCH_WINDOW);
-            let high = event.version.value().saturating_add(MOVED_SEARCH_WINDOW);
-            match (low..=high)
-                .map(StreamVersion::new)
-                .find(|version| content_belongs_at(*version))
-            {
-                Some(original) => findings.push(finding(
-                    Tampering::Reordered,
-                    Some(event.version),
-                    format!("this event was written as version {original}"),
-                )),
-                None => findings.push(finding(
-                    Tampering::Edited,
-                    Some(event.version),
-                    "its type or data no longer match its event id".into(),
-                )),
-            }
-        } else if event.version > expected_version {
-            findings.push(finding(
+        if !content_belongs_at(event, event.version) {
+            return Some(moved_or_edited(event));
+        }
+        if event.version > expected_version {
+            return Some(finding(
+                event,
                 Tampering::Removed,
                 Some(expected_version),
                 format!(
@@ -188,8 +178,10 @@ impl Verifier {
                     event.version.value() - 1
                 ),
             ));
-        } else if event.version < expected_version {
-            findings.push(finding(
+        }
+        if event.version < expected_version {
+            return Some(finding(
+                event,
                 Tampering::Reordered,
                 Some(event.version),
                 format!(
@@ -198,38 +190,81 @@ impl Verifier {
                     expected_version.value().saturating_sub(1)
                 ),
             ));
-        } else {
-            match stored_chain {
-                None => findings.push(finding(
-                    Tampering::Unchained,
-                    Some(event.version),
-                    "no chain hash in its metadata".into(),
-                )),
-                Some(stored) => {
-                    let computed = chain::link(
-                        previous.as_ref(),
-                        event.version,
-                        &event.event_type,
-                        &event.data,
-                    );
-                    if computed != stored {
-                        findings.push(finding(
-                            Tampering::Edited,
-                            Some(event.version),
-                            "its chain hash does not link to the previous event of its stream"
-                                .into(),
-                        ));
-                    }
-                }
-            }
         }
-        // Re-synchronise on what is stored, so the next event is judged on its own.
-        let version = self
-            .streams
-            .get(&event.stream)
-            .map_or(event.version, |(last, _)| (*last).max(event.version));
-        self.streams
-            .insert(event.stream.clone(), (version, stored_chain));
-        findings
+        check_chain(event, previous.as_ref())
     }
+}
+
+/// A finding about `event` in its stream.
+fn finding(
+    event: &RecordedEvent,
+    kind: Tampering,
+    version: Option<StreamVersion>,
+    detail: String,
+) -> Finding {
+    Finding {
+        kind,
+        stream: Some(event.stream.clone()),
+        version,
+        position: event.position,
+        detail,
+    }
+}
+
+/// Whether the event's id was derived from its type and data at `version`.
+fn content_belongs_at(event: &RecordedEvent, version: StreamVersion) -> bool {
+    match event.stream.operation_id() {
+        Some(operation) => {
+            event
+                .event_id
+                .matches(operation, version, &event.event_type, &event.data)
+        }
+        // Streams that are not operations carry ids opledger did not derive; skip the check.
+        None => true,
+    }
+}
+
+/// An event whose content does not belong at its version: either the content was changed, or
+/// the whole event was moved to another version (found within [`MOVED_SEARCH_WINDOW`]).
+fn moved_or_edited(event: &RecordedEvent) -> Finding {
+    let low = event.version.value().saturating_sub(MOVED_SEARCH_WINDOW);
+    let high = event.version.value().saturating_add(MOVED_SEARCH_WINDOW);
+    match (low..=high)
+        .map(StreamVersion::new)
+        .find(|version| content_belongs_at(event, *version))
+    {
+        Some(original) => finding(
+            event,
+            Tampering::Reordered,
+            Some(event.version),
+            format!("this event was written as version {original}"),
+        ),
+        None => finding(
+            event,
+            Tampering::Edited,
+            Some(event.version),
+            "its type or data no longer match its event id".into(),
+        ),
+    }
+}
+
+/// Whether the event's chain hash links to the previous event of its stream.
+fn check_chain(event: &RecordedEvent, previous: Option<&ChainHash>) -> Option<Finding> {
+    let Some(stored) = codec::chain_of(&event.metadata) else {
+        return Some(finding(
+            event,
+            Tampering::Unchained,
+            Some(event.version),
+            "no chain hash in its metadata".into(),
+        ));
+    };
+    let computed = chain::link(previous, event.version, &event.event_type, &event.data);
+    (computed != stored).then(|| {
+        finding(
+            event,
+            Tampering::Edited,
+            Some(event.version),
+            "its chain hash does not link to the previous event of its stream".into(),
+        )
+    })
 }

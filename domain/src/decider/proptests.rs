@@ -11,10 +11,13 @@ use super::fixtures::*;
 use crate::codec;
 use crate::command::Command;
 use crate::contract::check_automatic_retry;
+use crate::contract::ProviderCapabilities;
+use crate::event::IntentRecorded;
 use crate::event::{OperationEvent, ReconciliationResult, ReviewDecision};
 use crate::ids::{OperationId, StreamVersion};
-use crate::state::{evolve, fold, PendingSince, Status};
+use crate::state::{evolve, fold, OperationState, PendingSince, Status};
 use crate::store::{RecordedEvent, StreamName};
+use chrono::{DateTime, Utc};
 
 #[derive(Clone, Debug)]
 enum Which {
@@ -64,6 +67,242 @@ fn steps() -> impl Strategy<Value = Vec<(Action, i64)>> {
     prop::collection::vec((action(), 0..7_200_i64), 1..60)
 }
 
+/// The command an action stands for, against the operation as it stands.
+fn command_for(
+    action: &Action,
+    state: &OperationState,
+    first: &IntentRecorded,
+    capabilities: ProviderCapabilities,
+    now: DateTime<Utc>,
+    next_attempt: &mut u128,
+) -> Command {
+    let pick = |which: &Which| match which {
+        Which::Current => state
+            .current_attempt
+            .as_ref()
+            .map_or(attempt(999), |a| a.attempt_id),
+        Which::Earlier(index) => state
+            .attempt_ids
+            .get(*index)
+            .copied()
+            .unwrap_or(attempt(998)),
+        Which::Never => attempt(997),
+    };
+    match action {
+        Action::Grant => grant(),
+        Action::Deny => Command::DenyApproval {
+            approver: actor("boss"),
+            args_hash: first.args_hash.clone(),
+            reason: "no".into(),
+        },
+        Action::Start => {
+            *next_attempt += 1;
+            start(*next_attempt, capabilities)
+        }
+        Action::Succeed(w, id) => Command::RecordSuccess {
+            attempt_id: pick(w),
+            external_id: external(&format!("73{id}")),
+            provider_request_id: None,
+        },
+        Action::Reject(w) => Command::RecordRejection {
+            attempt_id: pick(w),
+            code: "422".into(),
+            message: "no".into(),
+        },
+        Action::Unknown(w) => Command::RecordUnknown {
+            attempt_id: pick(w),
+            error: "timeout".into(),
+        },
+        Action::NotSent(w) => Command::RecordNotSent {
+            attempt_id: pick(w),
+            reason: "429".into(),
+            retry_not_before: now + Duration::seconds(30),
+        },
+        Action::Expire(w) => Command::ExpireLease {
+            attempt_id: pick(w),
+        },
+        Action::Reconcile(found) => Command::RecordReconciliation {
+            result: match found {
+                Some(id) => ReconciliationResult::Found {
+                    external_id: external(&format!("73{id}")),
+                    account: first.account.clone(),
+                },
+                None => ReconciliationResult::NotFound {
+                    authoritative: false,
+                },
+            },
+            evidence: "lookup".into(),
+            binding: binding(),
+            capabilities,
+            policy: policy(),
+            retry_not_before: now + Duration::seconds(5),
+            next_check_not_before: now + Duration::seconds(5),
+        },
+        Action::RequireReview => Command::RequireReview {
+            reason: "stuck".into(),
+            evidence: String::new(),
+        },
+        Action::Resolve(decision, id) => Command::ResolveReview {
+            reviewer: actor("operator"),
+            decision: match decision {
+                0 => ReviewDecision::Retry,
+                1 => ReviewDecision::ConfirmSucceeded {
+                    external_id: external(&format!("73{id}")),
+                },
+                _ => ReviewDecision::Abandon,
+            },
+            note: String::new(),
+        },
+    }
+}
+
+/// What the property test carries from step to step.
+struct Run {
+    capabilities: ProviderCapabilities,
+    first: IntentRecorded,
+    history: Vec<OperationEvent>,
+    state: OperationState,
+    now: DateTime<Utc>,
+    /// Whether an attempt ended without a known outcome since the last reviewer's retry.
+    uncertain_since_decision: bool,
+}
+
+impl Run {
+    /// Checks one decided event against the state before the command, then folds it in.
+    fn apply(
+        &mut self,
+        before: &OperationState,
+        event: &OperationEvent,
+    ) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let capabilities = self.capabilities;
+        // Attempt numbers strictly grow, one at a time.
+        if let OperationEvent::AttemptStarted(started) = event {
+            prop_assert_eq!(started.attempt_number, before.attempts + 1);
+            prop_assert_eq!(
+                &before.status,
+                &Status::Pending,
+                "attempts start only from pending"
+            );
+            // No attempt after an uncertain one without a valid contract or a person's
+            // decision (attempts provably not sent leave nothing to be uncertain about).
+            if self.uncertain_since_decision {
+                match before.pending_since {
+                    Some(PendingSince::ReviewerRetry) => {}
+                    Some(PendingSince::RetryScheduled) => prop_assert!(
+                        check_automatic_retry(&capabilities, &policy(), before, &binding(), now)
+                            .is_ok(),
+                        "an automatic retry started without a valid contract"
+                    ),
+                    other => prop_assert!(
+                        false,
+                        "attempt {} started from {:?}",
+                        started.attempt_number,
+                        other
+                    ),
+                }
+            }
+        }
+        if before.status.is_terminal() {
+            prop_assert!(
+                matches!(
+                    event,
+                    OperationEvent::LateResponseReceived(_)
+                        | OperationEvent::DuplicateDetected(_)
+                        | OperationEvent::ReconciliationRecorded(_)
+                ),
+                "a {} operation got {}",
+                before.status.name(),
+                event.type_name()
+            );
+        }
+        // A refusal ends an operation only if no earlier attempt may have applied it.
+        if let OperationEvent::AttemptRejected(_) = event {
+            let after = evolve(self.state.clone(), event);
+            let rejected = after.status == Status::Rejected;
+            prop_assert_eq!(rejected, before.uncertain_attempts == 0);
+        }
+        self.check_codec(event)?;
+        match event {
+            OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => {
+                self.uncertain_since_decision = true
+            }
+            OperationEvent::ReviewResolved(resolved)
+                if resolved.decision == ReviewDecision::Retry =>
+            {
+                self.uncertain_since_decision = false;
+            }
+            _ => {}
+        }
+        self.state = evolve(self.state.clone(), event);
+        // Every intermediate state keeps the invariants, not only the one a command ends in.
+        self.state.assert_invariants();
+        self.history.push(event.clone());
+        Ok(())
+    }
+
+    /// Every event survives the codec unchanged.
+    fn check_codec(&self, event: &OperationEvent) -> Result<(), TestCaseError> {
+        let operation = OperationId::from_uuid(uuid::Uuid::from_u128(7));
+        let version = StreamVersion::new(self.history.len() as u64);
+        let (data, _) = codec::encode(operation, version, event, None);
+        let recorded = RecordedEvent {
+            stream: StreamName::for_operation(operation),
+            version,
+            position: crate::ids::GlobalPosition::new(1),
+            event_id: data.event_id,
+            event_type: data.event_type,
+            data: data.data,
+            metadata: data.metadata,
+        };
+        prop_assert_eq!(&codec::decode(&recorded).expect("decodes"), event);
+        Ok(())
+    }
+
+    /// Checks the state a whole command left, against the state before it.
+    fn check_step(
+        &self,
+        before: &OperationState,
+        events: &[OperationEvent],
+    ) -> Result<(), TestCaseError> {
+        let state = &self.state;
+        state.assert_invariants();
+        prop_assert!(
+            before.status.may_become(&state.status),
+            "{} became {}, which is no arrow of the state machine",
+            before.status.name(),
+            state.status.name()
+        );
+        // A success carries an external id and keeps its first one; terminal stays terminal.
+        if let Status::Succeeded { external_id } = &before.status {
+            prop_assert_eq!(state.external_id(), Some(external_id));
+        }
+        // Terminal stays terminal, except that the provider's own late confirmation settles a
+        // rejected or abandoned operation as succeeded.
+        if before.status.is_terminal() && state.status != before.status {
+            let settled_late = matches!(before.status, Status::Rejected | Status::Abandoned)
+                && state.external_id().is_some()
+                && events
+                    .iter()
+                    .any(|event| matches!(event, OperationEvent::LateResponseReceived(_)));
+            prop_assert!(
+                settled_late,
+                "{} became {}",
+                before.status.name(),
+                state.status.name()
+            );
+        }
+        if state.status.name() == "succeeded" {
+            prop_assert!(state.external_id().is_some());
+        }
+        // The arguments never change under an operation.
+        prop_assert_eq!(state.intent.as_ref(), Some(&self.first));
+        // The incremental state is the fold of the whole history.
+        prop_assert_eq!(&fold(&self.history), state);
+        Ok(())
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
 
@@ -75,131 +314,21 @@ proptest! {
     ) {
         let capabilities = match shape { 0 => keyed(), 1 => labelled(), _ => lookup_only() };
         let first = intent(requires_approval);
-        let mut history = vec![OperationEvent::IntentRecorded(first.clone())];
-        let mut state = fold(&history);
-        let mut now = t0();
+        let history = vec![OperationEvent::IntentRecorded(first.clone())];
+        let state = fold(&history);
+        state.assert_invariants();
+        let mut run = Run { capabilities, first, history, state, now: t0(), uncertain_since_decision: false };
         let mut next_attempt = 1_u128;
-        // Whether an attempt ended without a known outcome since the last reviewer's retry.
-        let mut uncertain_since_decision = false;
 
         for (action, advance_s) in steps {
-            now += Duration::seconds(advance_s);
-            let pick = |which: &Which| match which {
-                Which::Current => state.current_attempt.as_ref().map_or(attempt(999), |a| a.attempt_id),
-                Which::Earlier(index) => state.attempt_ids.get(*index).copied().unwrap_or(attempt(998)),
-                Which::Never => attempt(997),
-            };
-            let command = match &action {
-                Action::Grant => grant(),
-                Action::Deny => Command::DenyApproval { approver: actor("boss"), args_hash: first.args_hash.clone(), reason: "no".into() },
-                Action::Start => {
-                    next_attempt += 1;
-                    start(next_attempt, capabilities)
-                }
-                Action::Succeed(w, id) => Command::RecordSuccess { attempt_id: pick(w), external_id: external(&format!("73{id}")), provider_request_id: None },
-                Action::Reject(w) => Command::RecordRejection { attempt_id: pick(w), code: "422".into(), message: "no".into() },
-                Action::Unknown(w) => Command::RecordUnknown { attempt_id: pick(w), error: "timeout".into() },
-                Action::NotSent(w) => Command::RecordNotSent { attempt_id: pick(w), reason: "429".into(), retry_not_before: now + Duration::seconds(30) },
-                Action::Expire(w) => Command::ExpireLease { attempt_id: pick(w) },
-                Action::Reconcile(found) => Command::RecordReconciliation {
-                    result: match found {
-                        Some(id) => ReconciliationResult::Found { external_id: external(&format!("73{id}")), account: first.account.clone() },
-                        None => ReconciliationResult::NotFound { authoritative: false },
-                    },
-                    evidence: "lookup".into(),
-                    binding: binding(),
-                    capabilities,
-                    policy: policy(),
-                    retry_not_before: now + Duration::seconds(5),
-                    next_check_not_before: now + Duration::seconds(5),
-                },
-                Action::RequireReview => Command::RequireReview { reason: "stuck".into(), evidence: String::new() },
-                Action::Resolve(decision, id) => Command::ResolveReview {
-                    reviewer: actor("operator"),
-                    decision: match decision {
-                        0 => ReviewDecision::Retry,
-                        1 => ReviewDecision::ConfirmSucceeded { external_id: external(&format!("73{id}")) },
-                        _ => ReviewDecision::Abandon,
-                    },
-                    note: String::new(),
-                },
-            };
-
-            let Ok(events) = super::decide(&command, &state, now) else { continue };
-            let before = state.clone();
+            run.now += Duration::seconds(advance_s);
+            let command = command_for(&action, &run.state, &run.first, capabilities, run.now, &mut next_attempt);
+            let Ok(events) = super::decide(&command, &run.state, run.now) else { continue };
+            let before = run.state.clone();
             for event in &events {
-                // Attempt numbers strictly grow, one at a time.
-                if let OperationEvent::AttemptStarted(started) = event {
-                    prop_assert_eq!(started.attempt_number, before.attempts + 1);
-                    prop_assert_eq!(&before.status, &Status::Pending, "attempts start only from pending");
-                    // No attempt after an uncertain one without a valid contract or a person's
-                    // decision (attempts provably not sent leave nothing to be uncertain about).
-                    if uncertain_since_decision {
-                        match before.pending_since {
-                            Some(PendingSince::ReviewerRetry) => {}
-                            Some(PendingSince::RetryScheduled) => prop_assert!(
-                                check_automatic_retry(&capabilities, &policy(), &before, &binding(), now).is_ok(),
-                                "an automatic retry started without a valid contract"
-                            ),
-                            other => prop_assert!(false, "attempt {} started from {:?}", started.attempt_number, other),
-                        }
-                    }
-                }
-                if before.status.is_terminal() {
-                    prop_assert!(
-                        matches!(event, OperationEvent::LateResponseReceived(_) | OperationEvent::DuplicateDetected(_) | OperationEvent::ReconciliationRecorded(_)),
-                        "a {} operation got {}", before.status.name(), event.type_name()
-                    );
-                }
-                // A refusal ends an operation only if no earlier attempt may have applied it.
-                if let OperationEvent::AttemptRejected(_) = event {
-                    let after = evolve(state.clone(), event);
-                    let rejected = after.status == Status::Rejected;
-                    prop_assert_eq!(rejected, before.uncertain_attempts == 0);
-                }
-                // Every event survives the codec unchanged.
-                let operation = OperationId::from_uuid(uuid::Uuid::from_u128(7));
-                let (data, _) = codec::encode(operation, StreamVersion::new(history.len() as u64), event, None);
-                let recorded = RecordedEvent {
-                    stream: StreamName::for_operation(operation),
-                    version: StreamVersion::new(history.len() as u64),
-                    position: crate::ids::GlobalPosition::new(1),
-                    event_id: data.event_id,
-                    event_type: data.event_type,
-                    data: data.data,
-                    metadata: data.metadata,
-                };
-                prop_assert_eq!(&codec::decode(&recorded).expect("decodes"), event);
-                match event {
-                    OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => uncertain_since_decision = true,
-                    OperationEvent::ReviewResolved(resolved) if resolved.decision == ReviewDecision::Retry => {
-                        uncertain_since_decision = false;
-                    }
-                    _ => {}
-                }
-                state = evolve(state, event);
-                history.push(event.clone());
+                run.apply(&before, event)?;
             }
-
-            // A success carries an external id and keeps its first one; terminal stays terminal.
-            if let Status::Succeeded { external_id } = &before.status {
-                prop_assert_eq!(state.external_id(), Some(external_id));
-            }
-            // Terminal stays terminal, except that the provider's own late confirmation settles a
-            // rejected or abandoned operation as succeeded.
-            if before.status.is_terminal() && state.status != before.status {
-                let settled_late = matches!(before.status, Status::Rejected | Status::Abandoned)
-                    && state.external_id().is_some()
-                    && events.iter().any(|event| matches!(event, OperationEvent::LateResponseReceived(_)));
-                prop_assert!(settled_late, "{} became {}", before.status.name(), state.status.name());
-            }
-            if state.status.name() == "succeeded" {
-                prop_assert!(state.external_id().is_some());
-            }
-            // The arguments never change under an operation.
-            prop_assert_eq!(state.intent.as_ref(), Some(&first));
-            // The incremental state is the fold of the whole history.
-            prop_assert_eq!(&fold(&history), &state);
+            run.check_step(&before, &events)?;
         }
     }
 }

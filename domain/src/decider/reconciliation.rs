@@ -1,0 +1,168 @@
+//! Reconciliation: what a lookup at the provider found, and what follows from it (design rule 8).
+//!
+//! It must never take an object of another account as evidence, never read an empty answer
+//! inside a search's lag (or an inconclusive one) as proof of absence, and never schedule a
+//! retry the contract and budget do not allow (rule 9).
+
+use chrono::{DateTime, Utc};
+
+use super::{clip, duplicate_of, schedule, On, Rejection};
+use crate::contract::{
+    check_automatic_retry, milliseconds, LookupSupport, ProviderCapabilities, RetryPolicy,
+    SendBinding,
+};
+use crate::event::{
+    OperationEvent, ReconciliationRecorded, ReconciliationResult, RetryScheduled, ReviewRequired,
+};
+use crate::state::{OperationState, Status};
+
+/// The fields of [`crate::command::Command::RecordReconciliation`], borrowed.
+pub(super) struct Lookup<'a> {
+    pub(super) result: &'a ReconciliationResult,
+    pub(super) evidence: &'a str,
+    pub(super) binding: &'a SendBinding,
+    pub(super) capabilities: &'a ProviderCapabilities,
+    pub(super) policy: &'a RetryPolicy,
+    pub(super) retry_not_before: DateTime<Utc>,
+    pub(super) next_check_not_before: DateTime<Utc>,
+}
+
+impl Lookup<'_> {
+    /// The event recording this lookup, with when to look again if it stays unknown.
+    fn recorded(
+        &self,
+        on: &On<'_>,
+        next_check_not_before: Option<DateTime<Utc>>,
+    ) -> OperationEvent {
+        OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
+            result: self.result.clone(),
+            evidence: clip(self.evidence),
+            next_check_not_before,
+            at: on.now,
+        })
+    }
+
+    /// The lookup recorded with its next check scheduled: the operation stays unknown.
+    fn look_again(&self, on: &On<'_>) -> Vec<OperationEvent> {
+        let next_check = schedule(self.next_check_not_before, on.now);
+        vec![self.recorded(on, Some(next_check))]
+    }
+
+    /// Whether it may stay unknown for another look (see [`may_keep_checking`]).
+    fn may_keep_checking(&self, on: &On<'_>) -> bool {
+        may_keep_checking(
+            self.result,
+            self.capabilities,
+            self.policy,
+            on.state,
+            on.now,
+        )
+    }
+}
+
+/// `unknown --RecordReconciliation--> succeeded | pending | unknown | needs_review`; on a
+/// confirmed operation, a different object found is a detected duplicate.
+pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEvent>, Rejection> {
+    if let ReconciliationResult::Found { account, .. } = lookup.result {
+        if *account != on.intent.account {
+            return Err(Rejection::EvidenceFromAnotherAccount {
+                bound: on.intent.account.clone(),
+                found: account.clone(),
+            });
+        }
+    }
+    match (&on.state.status, lookup.result) {
+        (Status::Unknown, ReconciliationResult::Found { .. }) => {
+            Ok(vec![lookup.recorded(on, None)])
+        }
+        // An inconclusive answer ("the first request is still being processed", a lookup that
+        // failed) is not "no evidence": a retry now would race the first request or be refused,
+        // spending the attempt budget. Look again first, while the lookup budget lasts; only
+        // then do a retry or a person come in.
+        (Status::Unknown, ReconciliationResult::Inconclusive { .. })
+            if lookup.may_keep_checking(on) =>
+        {
+            Ok(lookup.look_again(on))
+        }
+        (Status::Unknown, _) => Ok(without_evidence(on, lookup)),
+        (
+            Status::Succeeded {
+                external_id: confirmed,
+            },
+            ReconciliationResult::Found { external_id, .. },
+        ) => {
+            if confirmed == external_id {
+                return Ok(Vec::new());
+            }
+            let mut events = vec![lookup.recorded(on, None)];
+            events.extend(duplicate_of(
+                on.state,
+                external_id,
+                "reconciliation",
+                on.now,
+            ));
+            Ok(events)
+        }
+        (Status::Succeeded { .. }, _) => Ok(Vec::new()),
+        _ => Err(on.refuse()),
+    }
+}
+
+/// No evidence either way: a retry under a valid contract, another look while the answer may
+/// still change, or a person.
+fn without_evidence(on: &On<'_>, lookup: &Lookup<'_>) -> Vec<OperationEvent> {
+    let contract = check_automatic_retry(
+        lookup.capabilities,
+        lookup.policy,
+        on.state,
+        lookup.binding,
+        on.now,
+    );
+    match contract {
+        Ok(()) => vec![
+            lookup.recorded(on, None),
+            OperationEvent::RetryScheduled(RetryScheduled {
+                not_before: schedule(lookup.retry_not_before, on.now),
+                reason: "no evidence of the earlier attempts; the retry contract holds".to_owned(),
+                at: on.now,
+            }),
+        ],
+        Err(_) if lookup.may_keep_checking(on) => lookup.look_again(on),
+        Err(violation) => vec![
+            lookup.recorded(on, None),
+            OperationEvent::ReviewRequired(ReviewRequired {
+                reason: format!("no evidence, and no safe retry: {violation}"),
+                evidence: clip(lookup.evidence),
+                at: on.now,
+            }),
+        ],
+    }
+}
+
+/// Whether an operation without a safe retry may stay unknown and be looked up again rather
+/// than go to a person now: only while the lookup budget lasts, and only when the answer could
+/// still change — the lookup was inconclusive, or a lagging search may not show the object yet.
+fn may_keep_checking(
+    result: &ReconciliationResult,
+    capabilities: &ProviderCapabilities,
+    policy: &RetryPolicy,
+    state: &OperationState,
+    now: DateTime<Utc>,
+) -> bool {
+    if state.reconciliations.saturating_add(1) >= policy.max_reconciliations {
+        return false;
+    }
+    match (result, capabilities.lookup) {
+        (ReconciliationResult::Inconclusive { .. }, _) => true,
+        (
+            ReconciliationResult::NotFound {
+                authoritative: false,
+            },
+            LookupSupport::EventuallyConsistent { lag_ms },
+        ) => state
+            .unknown_since
+            .and_then(|since| since.checked_add_signed(milliseconds(lag_ms)))
+            .is_some_and(|indexed_by| now < indexed_by),
+        _ => false,
+    }
+}
