@@ -141,7 +141,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         stand.base_url()
     );
     let config = ServeConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        listen: opledger_http_api::config::DEFAULT_LISTEN,
         store: StoreUrl::Sqlite(db.to_path_buf()),
         read_models: None,
         policy: opledger_domain::engine::EnginePolicy {
@@ -149,7 +149,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
             ..Default::default()
         },
         read_model_linger_ms: opledger_http_api::config::DEFAULT_READ_MODEL_LINGER_MS,
-        workers: 16,
+        workers: opledger_http_api::config::DEFAULT_WORKERS,
         worker_send_delay_ms: opledger_http_api::config::DEFAULT_WORKER_SEND_DELAY_MS,
         limits: Limits::default(),
         tokens,

@@ -23,6 +23,12 @@ use toml::Spanned;
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
 /// milliseconds: executing on request is the fast path, the workers are the safety net.
 pub const DEFAULT_WORKER_SEND_DELAY_MS: u64 = 1_000;
+/// Most operations the workers drive at once when the file does not say.
+pub const DEFAULT_WORKERS: usize = opledger_runtime::workers::DEFAULT_MAX_CONCURRENT;
+/// Where the server listens when neither the file nor `--listen` says: loopback only, so a first
+/// start never exposes the API.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
 /// How long a read-model batch waits for more events after its first, in milliseconds: a few
 /// large commits cost far less than many small ones, and an operation whose events all land in
 /// one batch has its row written once. A listing waiting for the read models cuts the wait short
@@ -189,11 +195,40 @@ struct EngineSection {
     lease_ms: Option<Spanned<u64>>,
     workers: Option<Spanned<usize>>,
     worker_send_delay_ms: Option<Spanned<u64>>,
-    backoff_base_ms: Option<u64>,
+    backoff_base_ms: Option<Spanned<u64>>,
     backoff_max_ms: Option<Spanned<u64>>,
     max_attempts: Option<Spanned<u32>>,
-    max_total_ms: Option<u64>,
-    max_reconciliations: Option<u32>,
+    max_total_ms: Option<Spanned<u64>>,
+    max_reconciliations: Option<Spanned<u32>>,
+}
+
+impl EngineSection {
+    /// Where the key the engine policy names (`OutOfRange::field`) is written, if it is.
+    fn span_of(&self, field: &str) -> Option<Range<usize>> {
+        match field {
+            "lease_ms" => span(&self.lease_ms),
+            "backoff_base_ms" => span(&self.backoff_base_ms),
+            "backoff_max_ms" => span(&self.backoff_max_ms),
+            "max_attempts" => span(&self.max_attempts),
+            "max_total_ms" => span(&self.max_total_ms),
+            "max_reconciliations" => span(&self.max_reconciliations),
+            _ => None,
+        }
+    }
+}
+
+/// What an engine range protects, said after the range in a configuration error.
+fn why_engine_range(field: &str) -> &'static str {
+    match field {
+        "lease_ms" => {
+            " ms (longer than any send may take, short enough that a crashed send is swept soon)"
+        }
+        "backoff_base_ms" | "backoff_max_ms" => {
+            " ms (the longest pause must be at least the first)"
+        }
+        "max_total_ms" => " ms",
+        _ => "",
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -319,7 +354,7 @@ impl Checker<'_> {
                     ),
                 )
             })?,
-            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+            None => DEFAULT_LISTEN,
         };
         let store = match &file.store {
             Some(store) => parse_store(store.get_ref())
@@ -404,18 +439,13 @@ impl Checker<'_> {
         })
     }
 
+    /// The engine section. Its ranges are the domain's ([`EnginePolicy::validate`]), so a file can
+    /// never hold a policy the engine would refuse at its first claim; only the workers' count,
+    /// which the engine does not know, is checked here.
     fn engine(&self, section: &EngineSection) -> Result<(EnginePolicy, usize), ConfigError> {
         let defaults = EnginePolicy::default();
         let retry_defaults = RetryPolicy::default();
-        let lease_ms = spanned_or(&section.lease_ms, defaults.lease_ms);
-        if !(1_000..=3_600_000).contains(&lease_ms) {
-            return Err(self.error(
-                span(&section.lease_ms),
-                "engine.lease_ms",
-                format!("is {lease_ms}; use 1000 to 3600000 ms (longer than any send may take)"),
-            ));
-        }
-        let workers = spanned_or(&section.workers, 16);
+        let workers = spanned_or(&section.workers, DEFAULT_WORKERS);
         if !(1..=MAX_CONCURRENT_LIMIT).contains(&workers) {
             return Err(self.error(
                 span(&section.workers),
@@ -423,35 +453,32 @@ impl Checker<'_> {
                 format!("is {workers}; use 1 to {MAX_CONCURRENT_LIMIT} concurrent drives"),
             ));
         }
-        let backoff_base_ms = section.backoff_base_ms.unwrap_or(defaults.backoff_base_ms);
-        let backoff_max_ms = spanned_or(&section.backoff_max_ms, defaults.backoff_max_ms);
-        if backoff_base_ms == 0 || backoff_max_ms < backoff_base_ms || backoff_max_ms > 3_600_000 {
-            return Err(self.error(
-                span(&section.backoff_max_ms),
-                "engine.backoff_max_ms",
-                format!("is {backoff_max_ms} with backoff_base_ms {backoff_base_ms}; the base must be at least 1 ms and the maximum between the base and 3600000 ms"),
-            ));
-        }
-        let max_attempts = spanned_or(&section.max_attempts, retry_defaults.max_attempts);
-        if !(1..=100).contains(&max_attempts) {
-            return Err(self.error(
-                span(&section.max_attempts),
-                "engine.max_attempts",
-                format!("is {max_attempts}; use 1 to 100"),
-            ));
-        }
         let policy = EnginePolicy {
-            lease_ms,
+            lease_ms: spanned_or(&section.lease_ms, defaults.lease_ms),
             retry: RetryPolicy {
-                max_attempts,
-                max_total_ms: section.max_total_ms.unwrap_or(retry_defaults.max_total_ms),
-                max_reconciliations: section
-                    .max_reconciliations
-                    .unwrap_or(retry_defaults.max_reconciliations),
+                max_attempts: spanned_or(&section.max_attempts, retry_defaults.max_attempts),
+                max_total_ms: spanned_or(&section.max_total_ms, retry_defaults.max_total_ms),
+                max_reconciliations: spanned_or(
+                    &section.max_reconciliations,
+                    retry_defaults.max_reconciliations,
+                ),
             },
-            backoff_base_ms,
-            backoff_max_ms,
+            backoff_base_ms: spanned_or(&section.backoff_base_ms, defaults.backoff_base_ms),
+            backoff_max_ms: spanned_or(&section.backoff_max_ms, defaults.backoff_max_ms),
         };
+        policy.validate().map_err(|refused| {
+            self.error(
+                section.span_of(refused.field),
+                &format!("engine.{}", refused.field),
+                format!(
+                    "is {}; use {} to {}{}",
+                    refused.value,
+                    refused.min,
+                    refused.max,
+                    why_engine_range(refused.field)
+                ),
+            )
+        })?;
         Ok((policy, workers))
     }
 
@@ -958,6 +985,53 @@ token_env = "CRM_TOKEN"
                 .to_string()
                 .starts_with(&format!("serve.toml:{line}: ")));
         }
+    }
+
+    #[test]
+    fn every_engine_value_the_engine_would_refuse_is_refused_at_start_with_its_line() {
+        use opledger_domain::command::{MAX_LEASE_MS, MIN_LEASE_MS};
+        use opledger_domain::contract::{
+            MAX_ATTEMPTS_LIMIT, MAX_RECONCILIATIONS_LIMIT, MAX_TOTAL_MS,
+        };
+        use opledger_domain::engine::MAX_BACKOFF_MS;
+        // The default lease line is taken out, so `workers = 8` is line 6 and each key line 8.
+        let cases = [
+            ("lease_ms", "lease_ms = 900000".to_owned()),
+            ("lease_ms", format!("lease_ms = {}", MAX_LEASE_MS + 1)),
+            ("lease_ms", format!("lease_ms = {}", MIN_LEASE_MS - 1)),
+            ("max_attempts", "max_attempts = 0".to_owned()),
+            (
+                "max_attempts",
+                format!("max_attempts = {}", MAX_ATTEMPTS_LIMIT + 1),
+            ),
+            ("max_total_ms", "max_total_ms = 0".to_owned()),
+            (
+                "max_total_ms",
+                format!("max_total_ms = {}", MAX_TOTAL_MS + 1),
+            ),
+            ("max_reconciliations", "max_reconciliations = 0".to_owned()),
+            (
+                "max_reconciliations",
+                format!("max_reconciliations = {}", MAX_RECONCILIATIONS_LIMIT + 1),
+            ),
+            ("backoff_base_ms", "backoff_base_ms = 0".to_owned()),
+            (
+                "backoff_max_ms",
+                format!("backoff_max_ms = {}", MAX_BACKOFF_MS + 1),
+            ),
+        ];
+        for (field, line) in cases {
+            let text = GOOD
+                .replace("lease_ms = 20000\n", "")
+                .replace("workers = 8", &format!("workers = 8\n\n{line}"));
+            let error = check(&text).expect_err(&line);
+            assert_eq!(error.field, format!("engine.{field}"), "{line}: {error}");
+            assert_eq!(error.line, Some(8), "{line}: {error}");
+            assert!(error.to_string().starts_with("serve.toml:8: "), "{error}");
+        }
+        // The largest lease the engine takes is taken: the file and the engine agree on the edge.
+        let text = GOOD.replace("lease_ms = 20000", &format!("lease_ms = {MAX_LEASE_MS}"));
+        assert_eq!(check(&text).expect("valid").policy.lease_ms, MAX_LEASE_MS);
     }
 
     #[test]

@@ -22,7 +22,8 @@ use super::config::ProviderConfigError;
 /// Largest response body read, in bytes; a longer body counts as unreadable.
 pub const MAX_RESPONSE_BODY_BYTES: usize = 256 * 1024;
 /// Longest wait a provider may ask for (Retry-After), in milliseconds; longer asks are capped.
-pub const MAX_RETRY_AFTER_MS: u64 = 10 * 60 * 1000;
+/// The engine owns it: it is the longest pause it schedules on a provider's word.
+pub use opledger_domain::engine::MAX_RETRY_AFTER_MS;
 /// The wait suggested when the provider says the same key is still being processed and gives
 /// no Retry-After, in milliseconds.
 pub const IN_FLIGHT_RETRY_AFTER_MS: u64 = 1_000;

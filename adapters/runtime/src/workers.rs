@@ -24,8 +24,12 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
+/// Drives run at once when nothing says otherwise: enough to hide a provider's latency, few
+/// enough that a slow provider is not flooded.
+pub const DEFAULT_MAX_CONCURRENT: usize = 16;
 /// Most drives any configuration may run at once.
 pub const MAX_CONCURRENT_LIMIT: usize = 1024;
+const _: () = assert!(0 < DEFAULT_MAX_CONCURRENT && DEFAULT_MAX_CONCURRENT <= MAX_CONCURRENT_LIMIT);
 /// The longest head start a caller may get before the workers take a send, in milliseconds.
 pub const MAX_SEND_DELAY_MS: u64 = 10 * 60 * 1000;
 
@@ -49,7 +53,7 @@ pub struct WorkerConfig {
 impl Default for WorkerConfig {
     fn default() -> Self {
         Self {
-            max_concurrent: 16,
+            max_concurrent: DEFAULT_MAX_CONCURRENT,
             idle_poll_ms: 200,
             redrive_pause_ms: 500,
             send_delay_ms: 0,
