@@ -139,37 +139,10 @@ pub async fn run(
     until: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), ServeError> {
-    // The read models are local to each server, beside the SQLite ledger or in the working
-    // directory; with KurrentDB every instance keeps its own, fed from the shared log.
-    let (ledger_name, default_read_models) = match &config.store {
-        StoreUrl::Sqlite(path) => {
-            let mut read_models = path.clone().into_os_string();
-            read_models.push(".views");
-            (path.display().to_string(), PathBuf::from(read_models))
-        }
-        StoreUrl::KurrentDb(url) => (redacted(url), PathBuf::from("opledger.views")),
-    };
-    let read_models_path = config.read_models.clone().unwrap_or(default_read_models);
+    let (ledger_name, read_models_path) = locations(&config);
     // Bound first: a port in use is found before the ledger is opened.
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|error| {
-            ServeError::Io(format!(
-                "cannot listen on {} ({error}); pick another address with --listen or `listen` in the config",
-                config.listen
-            ))
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|error| ServeError::Io(format!("cannot read the bound address: {error}")))?;
-    let store = match &config.store {
-        StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
-        StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
-            KurrentDbStore::connect(url)
-                .await
-                .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
-        ),
-    };
+    let (listener, local) = bind(config.listen).await?;
+    let store = open_store(&config.store).await?;
     let read_models = ReadModels::open(&read_models_path).await?;
     render::catch_up_showing_progress(
         &store,
@@ -197,20 +170,8 @@ pub async fn run(
             ..WorkerConfig::default()
         },
     );
-    let linger_ms = config.read_model_linger_ms;
-    let runner = {
-        let store = store.clone();
-        let read_models = read_models.clone();
-        let mut stopping = stopping.clone();
-        tokio::spawn(async move {
-            ReadModelRunner::new()
-                .with_linger_ms(linger_ms)
-                .run(&store, &read_models, async move {
-                    let _ = stopping.wait_for(|stop| *stop).await;
-                })
-                .await
-        })
-    };
+    let runner = spawn_runner(&store, &read_models, config.read_model_linger_ms, &stopping);
+    let limits = config.limits;
     let tokens = Tokens::new(config.tokens);
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
@@ -218,33 +179,112 @@ pub async fn run(
         approval_guard: auth::guarded_by_approvers(&tokens),
         metrics_token: config.metrics_token.as_deref().map(auth::digest),
         tokens,
-        limits: config.limits,
+        limits,
         requests: RequestMetrics::default(),
-        sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),
+        sse: Arc::new(Semaphore::new(limits.max_sse_connections)),
         streams: events::StreamsPerHolder::default(),
-        executes: Arc::new(Semaphore::new(config.limits.max_concurrent_executes)),
+        executes: Arc::new(Semaphore::new(limits.max_concurrent_executes)),
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),
     });
     println!(
-        "opledger serve: listening on http://{local} (ledger {}, read models {})",
-        ledger_name,
+        "opledger serve: listening on http://{local} (ledger {ledger_name}, read models {})",
         read_models_path.display()
     );
     info!(%local, "serving");
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let grace = std::time::Duration::from_millis(config.limits.shutdown_grace_ms);
-    let mut draining = stopping.clone();
+    let served = serve_until(listener, shared, until, stop, stopping, limits).await;
+    // Every step below runs, whatever failed first, so the store is always closed cleanly.
+    let worker_stats = workers.shutdown().await;
+    let runner_result = runner.await;
+    let closed = store.close().await;
+    served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
+    report_shutdown(worker_stats, runner_result);
+    closed?;
+    Ok(())
+}
+
+/// The ledger's name for the start line, and the read models' file. The read models are local to
+/// each server, beside the SQLite ledger or in the working directory; with KurrentDB every
+/// instance keeps its own, fed from the shared log.
+fn locations(config: &ServeConfig) -> (String, PathBuf) {
+    let (ledger_name, default_read_models) = match &config.store {
+        StoreUrl::Sqlite(path) => {
+            let mut read_models = path.clone().into_os_string();
+            read_models.push(".views");
+            (path.display().to_string(), PathBuf::from(read_models))
+        }
+        StoreUrl::KurrentDb(url) => (redacted(url), PathBuf::from("opledger.views")),
+    };
+    let path = config.read_models.clone().unwrap_or(default_read_models);
+    (ledger_name, path)
+}
+
+/// Binds the listening socket and reads back the address it got (port 0 picks a free one).
+async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServeError> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|error| {
+        ServeError::Io(format!(
+            "cannot listen on {listen} ({error}); pick another address with --listen or `listen` in the config"
+        ))
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|error| ServeError::Io(format!("cannot read the bound address: {error}")))?;
+    Ok((listener, local))
+}
+
+/// Opens the ledger the configuration names.
+async fn open_store(store: &StoreUrl) -> Result<ServeStore, ServeError> {
+    Ok(match store {
+        StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
+        StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
+            KurrentDbStore::connect(url)
+                .await
+                .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
+        ),
+    })
+}
+
+/// The read-model runner, following the log until the server stops.
+fn spawn_runner(
+    store: &ServeStore,
+    read_models: &ReadModels,
+    linger_ms: u64,
+    stopping: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>> {
+    let store = store.clone();
+    let read_models = read_models.clone();
+    let mut stopping = stopping.clone();
+    tokio::spawn(async move {
+        ReadModelRunner::new()
+            .with_linger_ms(linger_ms)
+            .run(&store, &read_models, async move {
+                let _ = stopping.wait_for(|stop| *stop).await;
+            })
+            .await
+    })
+}
+
+/// Serves the API until `until` resolves, then drains: requests in progress get
+/// `shutdown_grace_ms` to finish, because a client that never finishes its request must not keep
+/// the store from closing.
+async fn serve_until(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    until: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: watch::Sender<bool>,
+    mut draining: watch::Receiver<bool>,
+    limits: Limits,
+) -> std::io::Result<()> {
+    let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
     let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
         until.await;
         info!("shutting down: no new connections; finishing requests in progress");
         let _ = stop.send(true);
     });
-    // Requests in progress get `shutdown_grace_ms` to finish; a client that never finishes its
-    // request must not keep the store from closing.
-    let served = tokio::select! {
+    tokio::select! {
         served = std::future::IntoFuture::into_future(graceful) => served,
         () = async {
             let _ = draining.wait_for(|stopping| *stopping).await;
@@ -253,12 +293,20 @@ pub async fn run(
             warn!(grace_ms = grace.as_millis() as u64, "requests still open after the shutdown grace are dropped");
             Ok(())
         }
-    };
-    // Every path below runs, whatever failed first, so the store is always closed cleanly.
-    let worker_stats = workers.shutdown().await;
-    let runner_result = runner.await;
-    let closed = store.close().await;
-    served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
+    }
+}
+
+/// Says how the workers and the read-model runner ended.
+fn report_shutdown(
+    worker_stats: Result<
+        opledger_runtime::workers::WorkerStats,
+        opledger_runtime::workers::WorkerError,
+    >,
+    runner_result: Result<
+        Result<opledger_readmodel::RunReport, ReadModelError>,
+        tokio::task::JoinError,
+    >,
+) {
     match worker_stats {
         Ok(stats) => {
             if stats.abandoned_at_shutdown > 0 {
@@ -280,8 +328,6 @@ pub async fn run(
         Ok(Err(error)) => warn!(%error, "the read-model runner had stopped with an error"),
         Err(error) => warn!(%error, "the read-model runner failed"),
     }
-    closed?;
-    Ok(())
 }
 
 /// A connection string without its password, for logs and the start line.
