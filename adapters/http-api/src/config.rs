@@ -731,7 +731,7 @@ impl Checker<'_> {
 
     fn providers(&self, providers: &[Provider]) -> Result<Vec<HttpProvider>, ConfigError> {
         let mut seen = BTreeSet::new();
-        let mut configs = Vec::with_capacity(providers.len());
+        let mut built = Vec::with_capacity(providers.len());
         for (index, provider) in providers.iter().enumerate() {
             let field = format!("providers[{index}]");
             let id = ProviderId::new(provider.id.get_ref().clone()).map_err(|error| {
@@ -748,88 +748,111 @@ impl Checker<'_> {
                     format!("provider `{id}` is listed twice; list each provider once"),
                 ));
             }
-            let shape: Shape = provider.shape.get_ref().parse().map_err(|error| {
-                self.error(
-                    Some(provider.shape.span()),
-                    &format!("{field}.shape"),
-                    format!("{error}"),
-                )
-            })?;
-            if provider.accounts.is_empty() {
+            built.push(self.provider(&field, id, provider)?);
+        }
+        Ok(built)
+    }
+
+    /// One provider, `field` naming it (`providers[0]`).
+    fn provider(
+        &self,
+        field: &str,
+        id: ProviderId,
+        provider: &Provider,
+    ) -> Result<HttpProvider, ConfigError> {
+        let shape: Shape = provider.shape.get_ref().parse().map_err(|error| {
+            self.error(
+                Some(provider.shape.span()),
+                &format!("{field}.shape"),
+                format!("{error}"),
+            )
+        })?;
+        if provider.accounts.is_empty() {
+            return Err(self.error(
+                Some(provider.id.span()),
+                &format!("{field}.accounts"),
+                "is empty; add at least one [[providers.accounts]] with id and token_env".into(),
+            ));
+        }
+        let mut accounts = Vec::with_capacity(provider.accounts.len());
+        let mut account_ids = BTreeSet::new();
+        for (position, account) in provider.accounts.iter().enumerate() {
+            let account_field = format!("{field}.accounts[{position}]");
+            let account = self.account(&account_field, account)?;
+            if !account_ids.insert(account.account.clone()) {
                 return Err(self.error(
-                    Some(provider.id.span()),
-                    &format!("{field}.accounts"),
-                    "is empty; add at least one [[providers.accounts]] with id and token_env"
-                        .into(),
+                    Some(provider.accounts[position].id.span()),
+                    &format!("{account_field}.id"),
+                    format!("account `{}` is listed twice for `{id}`", account.account),
                 ));
             }
-            let mut accounts = Vec::with_capacity(provider.accounts.len());
-            let mut account_ids = BTreeSet::new();
-            for (position, account) in provider.accounts.iter().enumerate() {
-                let account_field = format!("{field}.accounts[{position}]");
-                let account_id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
-                    self.error(
-                        Some(account.id.span()),
-                        &format!("{account_field}.id"),
-                        error.message,
-                    )
-                })?;
-                if !account_ids.insert(account_id.clone()) {
-                    return Err(self.error(
-                        Some(account.id.span()),
-                        &format!("{account_field}.id"),
-                        format!("account `{account_id}` is listed twice for `{id}`"),
-                    ));
-                }
-                // Provider credentials are the CRM's, not ours: any non-empty value is taken.
-                let token = match (&account.token, &account.token_env) {
-                    (Some(token), None) if !token.get_ref().trim().is_empty() => {
-                        token.get_ref().trim().to_owned()
-                    }
-                    (None, Some(variable)) => (self.env)(variable.get_ref())
-                        .filter(|value| !value.trim().is_empty())
-                        .ok_or_else(|| {
-                            self.error(
-                                Some(variable.span()),
-                                &format!("{account_field}.token_env"),
-                                format!("environment variable `{}` is not set or empty; export the account's API token there", variable.get_ref()),
-                            )
-                        })?,
-                    _ => {
-                        return Err(self.error(
-                            Some(account.id.span()),
-                            &account_field,
-                            "needs exactly one of token_env = \"VARIABLE\" or token = \"…\""
-                                .into(),
-                        ))
-                    }
-                };
-                accounts.push(AccountConfig::with_token(account_id, token));
-            }
-            let mut config =
-                HttpProviderConfig::new(shape, provider.base_url.get_ref().clone(), accounts);
-            if let Some(value) = provider.request_timeout_ms {
-                config.request_timeout_ms = value;
-            }
-            if let Some(value) = provider.connect_timeout_ms {
-                config.connect_timeout_ms = value;
-            }
-            if let Some(value) = provider.key_retention_s {
-                config.key_retention_s = value;
-            }
-            if let Some(value) = provider.key_safety_margin_s {
-                config.key_safety_margin_s = value;
-            }
-            if let Some(value) = provider.search_lag_ms {
-                config.search_lag_ms = value;
-            }
-            // The adapter checks URLs and timeouts itself; its message is placed at the provider.
-            let built = HttpProvider::new(id, &config).map_err(|error| {
-                self.error(Some(provider.base_url.span()), &field, format!("{error}"))
-            })?;
-            configs.push(built);
+            accounts.push(account);
         }
-        Ok(configs)
+        let mut config =
+            HttpProviderConfig::new(shape, provider.base_url.get_ref().clone(), accounts);
+        let defaults = &mut config;
+        let optional = [
+            (
+                provider.request_timeout_ms,
+                &mut defaults.request_timeout_ms,
+            ),
+            (
+                provider.connect_timeout_ms,
+                &mut defaults.connect_timeout_ms,
+            ),
+            (provider.key_retention_s, &mut defaults.key_retention_s),
+            (
+                provider.key_safety_margin_s,
+                &mut defaults.key_safety_margin_s,
+            ),
+            (provider.search_lag_ms, &mut defaults.search_lag_ms),
+        ];
+        for (given, default) in optional {
+            if let Some(value) = given {
+                *default = value;
+            }
+        }
+        // The adapter checks URLs and timeouts itself; its message is placed at the provider.
+        HttpProvider::new(id, &config)
+            .map_err(|error| self.error(Some(provider.base_url.span()), field, format!("{error}")))
+    }
+
+    /// One account of a provider, with its token; `field` names it (`providers[0].accounts[1]`).
+    fn account(
+        &self,
+        field: &str,
+        account: &ProviderAccount,
+    ) -> Result<AccountConfig, ConfigError> {
+        let account_id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
+            self.error(
+                Some(account.id.span()),
+                &format!("{field}.id"),
+                error.message,
+            )
+        })?;
+        // Provider credentials are the CRM's, not ours: any non-empty value is taken.
+        let token = match (&account.token, &account.token_env) {
+            (Some(token), None) if !token.get_ref().trim().is_empty() => {
+                token.get_ref().trim().to_owned()
+            }
+            (None, Some(variable)) => (self.env)(variable.get_ref())
+                .filter(|value| !value.trim().is_empty())
+                .ok_or_else(|| {
+                    self.error(
+                        Some(variable.span()),
+                        &format!("{field}.token_env"),
+                        format!("environment variable `{}` is not set or empty; export the account's API token there", variable.get_ref()),
+                    )
+                })?,
+            _ => {
+                return Err(self.error(
+                    Some(account.id.span()),
+                    field,
+                    "needs exactly one of token_env = \"VARIABLE\" or token = \"…\"".into(),
+                ))
+            }
+        };
+        Ok(AccountConfig::with_token(account_id, token))
     }
 }
 
