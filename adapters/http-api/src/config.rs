@@ -389,31 +389,7 @@ impl Checker<'_> {
             }
         }
         let tokens = self.tokens(&file)?;
-        let metrics_token = match file
-            .metrics
-            .token
-            .as_ref()
-            .or(file.metrics.token_env.as_ref())
-        {
-            None => None,
-            Some(owner) => {
-                let token = self.token(
-                    "metrics",
-                    owner,
-                    &file.metrics.token,
-                    &file.metrics.token_env,
-                )?;
-                if tokens.contains_key(&token) {
-                    return Err(self.error(
-                        Some(owner.span()),
-                        "metrics",
-                        "has the same token as a tenant or operator; give the scraper its own"
-                            .into(),
-                    ));
-                }
-                Some(token)
-            }
-        };
+        let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
         let providers = self.providers(&file.providers)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
@@ -480,6 +456,26 @@ impl Checker<'_> {
             )
         })?;
         Ok((policy, workers))
+    }
+
+    /// The token `/metrics` asks for, if any: never one a tenant or an operator holds.
+    fn metrics_token(
+        &self,
+        metrics: &MetricsSection,
+        tokens: &BTreeMap<String, Principal>,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(owner) = metrics.token.as_ref().or(metrics.token_env.as_ref()) else {
+            return Ok(None);
+        };
+        let token = self.token("metrics", owner, &metrics.token, &metrics.token_env)?;
+        if tokens.contains_key(&token) {
+            return Err(self.error(
+                Some(owner.span()),
+                "metrics",
+                "has the same token as a tenant or operator; give the scraper its own".into(),
+            ));
+        }
+        Ok(Some(token))
     }
 
     fn limits(&self, section: &LimitsSection) -> Result<Limits, ConfigError> {
