@@ -14,13 +14,14 @@ use opledger_domain::args::ArgsHash;
 use opledger_domain::codec;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{
-    AccountId, ActionName, GlobalPosition, OperationId, ProviderId, StreamVersion, TenantId,
+    AccountId, ActionName, AttemptId, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
+    SourceId, StreamVersion, TenantId, WorkerId,
 };
 use opledger_domain::state::OperationState;
 use opledger_domain::store::RecordedEvent;
 use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{self, DuplicateChange, SimilarIntent, SimilarIntentQuery};
-use opledger_projections::id_index::IdIndexChange;
+use opledger_projections::id_index::{ExternalIdRole, IdIndexChange};
 use opledger_projections::metrics::Counter;
 use opledger_projections::operations;
 use opledger_projections::operations::OperationRow;
@@ -755,46 +756,21 @@ pub(super) fn write_id_entry(
             worker,
             started_at,
             position,
-        } => {
-            let mut statement = transaction
-                .prepare_cached(
-                    "INSERT INTO attempts (attempt_id, operation_id, attempt_number, worker,
-                         started_at, position)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(|error| ReadModelError::sqlite("preparing an attempt entry", error))?;
-            statement
-                .execute(params![
-                    attempt_id.to_string(),
-                    operation_id.to_string(),
-                    number,
-                    worker.as_str(),
-                    sql::time(*started_at),
-                    sql::position(*position)?,
-                ])
-                .map_err(|error| ReadModelError::sqlite("indexing an attempt", error))?;
-        }
+        } => index_attempt(
+            transaction,
+            *attempt_id,
+            *operation_id,
+            *number,
+            worker,
+            *started_at,
+            *position,
+        ),
         IdIndexChange::Source {
             tenant,
             source_id,
             operation_id,
             position,
-        } => {
-            let mut statement = transaction
-                .prepare_cached(
-                    "INSERT INTO sources (tenant, source_id, operation_id, position)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(|error| ReadModelError::sqlite("preparing a source entry", error))?;
-            statement
-                .execute(params![
-                    tenant.as_str(),
-                    source_id.as_str(),
-                    operation_id.to_string(),
-                    sql::position(*position)?,
-                ])
-                .map_err(|error| ReadModelError::sqlite("indexing a source id", error))?;
-        }
+        } => index_source(transaction, tenant, source_id, *operation_id, *position),
         IdIndexChange::ExternalId {
             provider,
             account,
@@ -802,55 +778,136 @@ pub(super) fn write_id_entry(
             operation_id,
             role,
             position,
-        } => {
-            // The object becomes shared when a second operation names it.
-            let mut named_by = transaction
-                .prepare_cached(
-                    "SELECT operation_id FROM external_ids
-                     WHERE provider = ?1 AND account = ?2 AND external_id = ?3 LIMIT 2",
-                )
-                .map_err(|error| {
-                    ReadModelError::sqlite("preparing an external id lookup", error)
-                })?;
-            let named_by: Vec<String> = named_by
-                .query_map(
-                    params![provider.as_str(), account.as_str(), external_id.as_str()],
-                    |row| row.get(0),
-                )
-                .and_then(|rows| rows.collect())
-                .map_err(|error| ReadModelError::sqlite("looking up an external id", error))?;
-            let operation = operation_id.to_string();
-            if let [only] = named_by.as_slice() {
-                if *only != operation {
-                    add_to_gauge(transaction, SHARED_EXTERNAL_IDS_GAUGE, 1)?;
-                }
-            }
-            // Naming the same object again keeps the first position and the strongest role.
-            let mut statement = transaction
-                .prepare_cached(
-                    "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
-                         position)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                     ON CONFLICT (provider, account, external_id, operation_id) DO UPDATE
-                     SET role = excluded.role
-                     WHERE (CASE excluded.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
-                                ELSE 0 END)
-                         > (CASE external_ids.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
-                                ELSE 0 END)",
-                )
-                .map_err(|error| ReadModelError::sqlite("preparing an external id entry", error))?;
-            statement
-                .execute(params![
-                    provider.as_str(),
-                    account.as_str(),
-                    external_id.as_str(),
-                    operation,
-                    role.name(),
-                    sql::position(*position)?,
-                ])
-                .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
+        } => index_external_id(
+            transaction,
+            ExternalName {
+                provider,
+                account,
+                external_id,
+            },
+            *operation_id,
+            *role,
+            *position,
+        ),
+    }
+}
+
+fn index_attempt(
+    transaction: &Connection,
+    attempt_id: AttemptId,
+    operation_id: OperationId,
+    number: u32,
+    worker: &WorkerId,
+    started_at: DateTime<Utc>,
+    position: GlobalPosition,
+) -> Result<(), ReadModelError> {
+    let mut statement = transaction
+        .prepare_cached(
+            "INSERT INTO attempts (attempt_id, operation_id, attempt_number, worker,
+                 started_at, position)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing an attempt entry", error))?;
+    statement
+        .execute(params![
+            attempt_id.to_string(),
+            operation_id.to_string(),
+            number,
+            worker.as_str(),
+            sql::time(started_at),
+            sql::position(position)?,
+        ])
+        .map_err(|error| ReadModelError::sqlite("indexing an attempt", error))?;
+    Ok(())
+}
+
+fn index_source(
+    transaction: &Connection,
+    tenant: &TenantId,
+    source_id: &SourceId,
+    operation_id: OperationId,
+    position: GlobalPosition,
+) -> Result<(), ReadModelError> {
+    let mut statement = transaction
+        .prepare_cached(
+            "INSERT INTO sources (tenant, source_id, operation_id, position)
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing a source entry", error))?;
+    statement
+        .execute(params![
+            tenant.as_str(),
+            source_id.as_str(),
+            operation_id.to_string(),
+            sql::position(position)?,
+        ])
+        .map_err(|error| ReadModelError::sqlite("indexing a source id", error))?;
+    Ok(())
+}
+
+/// An external object as a provider's account names it.
+struct ExternalName<'a> {
+    provider: &'a ProviderId,
+    account: &'a AccountId,
+    external_id: &'a ExternalObjectId,
+}
+
+fn index_external_id(
+    transaction: &Connection,
+    name: ExternalName<'_>,
+    operation_id: OperationId,
+    role: ExternalIdRole,
+    position: GlobalPosition,
+) -> Result<(), ReadModelError> {
+    let ExternalName {
+        provider,
+        account,
+        external_id,
+    } = name;
+    // The object becomes shared when a second operation names it.
+    let mut named_by = transaction
+        .prepare_cached(
+            "SELECT operation_id FROM external_ids
+             WHERE provider = ?1 AND account = ?2 AND external_id = ?3 LIMIT 2",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing an external id lookup", error))?;
+    let named_by: Vec<String> = named_by
+        .query_map(
+            params![provider.as_str(), account.as_str(), external_id.as_str()],
+            |row| row.get(0),
+        )
+        .and_then(|rows| rows.collect())
+        .map_err(|error| ReadModelError::sqlite("looking up an external id", error))?;
+    let operation = operation_id.to_string();
+    if let [only] = named_by.as_slice() {
+        if *only != operation {
+            add_to_gauge(transaction, SHARED_EXTERNAL_IDS_GAUGE, 1)?;
         }
     }
+    // Naming the same object again keeps the first position and the strongest role.
+    let mut statement = transaction
+        .prepare_cached(
+            "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
+                 position)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (provider, account, external_id, operation_id) DO UPDATE
+             SET role = excluded.role
+             WHERE (CASE excluded.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
+                        ELSE 0 END)
+                 > (CASE external_ids.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
+                        ELSE 0 END)",
+        )
+        .map_err(|error| ReadModelError::sqlite("preparing an external id entry", error))?;
+    statement
+        .execute(params![
+            provider.as_str(),
+            account.as_str(),
+            external_id.as_str(),
+            operation,
+            role.name(),
+            sql::position(position)?,
+        ])
+        .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
     Ok(())
 }
 
