@@ -30,7 +30,6 @@ use opledger_domain::provider::Providers;
 use opledger_domain::sentence::agent_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;
-use opledger_projections::operations::STATE_NAMES;
 use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -57,9 +56,9 @@ const DEFAULT_PAGE_ROWS: usize = 50;
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
-/// and the black-box tests call each route of the router).
-#[cfg(test)]
-const ROUTES: [(&str, &str); 14] = [
+/// and the black-box tests call each route of the router). The metrics label requests with these
+/// templates only, so the set of `route` values is bounded.
+pub(crate) const ROUTES: [(&str, &str); 14] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -74,6 +73,21 @@ const ROUTES: [(&str, &str); 14] = [
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
+];
+
+/// The states an operation shows through the API: every state a recorded operation can be in
+/// (the fold's `new` is the state before its intent, which no operation the API can name is in).
+/// The OpenAPI document's `State` enum is this list (a test keeps them equal).
+pub(crate) const API_STATES: [&str; 9] = [
+    "awaiting_approval",
+    "denied",
+    "pending",
+    "in_flight",
+    "succeeded",
+    "rejected",
+    "unknown",
+    "needs_review",
+    "abandoned",
 ];
 
 /// The router over the shared state.
