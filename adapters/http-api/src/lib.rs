@@ -131,6 +131,8 @@ pub struct Shared {
     pub approval_guard: auth::Scope,
     /// The digest of the token `/metrics` asks for, if any.
     pub metrics_token: Option<[u8; 32]>,
+    /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
+    pub openapi: axum::body::Bytes,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -212,6 +214,7 @@ pub async fn run(
         })
     };
     let tokens = Tokens::new(config.tokens);
+    let executes = Arc::new(Semaphore::new(config.limits.max_concurrent_executes));
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
         read_models,
@@ -222,9 +225,10 @@ pub async fn run(
         requests: RequestMetrics::default(),
         sse: Arc::new(Semaphore::new(config.limits.max_sse_connections)),
         streams: events::StreamsPerHolder::default(),
-        executes: Arc::new(Semaphore::new(config.limits.max_concurrent_executes)),
+        executes: Arc::clone(&executes),
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),
+        openapi: openapi_for(&config.limits).into(),
     });
     println!(
         "opledger serve: listening on http://{local} (ledger {}, read models {})",
@@ -237,8 +241,11 @@ pub async fn run(
     }
     let grace = std::time::Duration::from_millis(config.limits.shutdown_grace_ms);
     let mut draining = stopping.clone();
+    let stopped_at = Arc::new(std::sync::OnceLock::new());
+    let stop_time = Arc::clone(&stopped_at);
     let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
         until.await;
+        let _ = stop_time.set(tokio::time::Instant::now());
         info!("shutting down: no new connections; finishing requests in progress");
         let _ = stop.send(true);
     });
@@ -254,6 +261,22 @@ pub async fn run(
             Ok(())
         }
     };
+    // An execute call answers at its deadline while its drive goes on, holding the call's place:
+    // taking every place back waits, within what is left of the grace, until each send made
+    // through the API is recorded before the store closes.
+    let grace_end = stopped_at
+        .get()
+        .map_or_else(tokio::time::Instant::now, |at| *at + grace);
+    let places = u32::try_from(config.limits.max_concurrent_executes).unwrap_or(u32::MAX);
+    if tokio::time::timeout_at(grace_end, executes.acquire_many(places))
+        .await
+        .is_err()
+    {
+        warn!(
+            running = config.limits.max_concurrent_executes - executes.available_permits(),
+            "drives of execute calls still running after the shutdown grace; their attempts stay in flight until their lease, then are reconciled"
+        );
+    }
     // Every path below runs, whatever failed first, so the store is always closed cleanly.
     let worker_stats = workers.shutdown().await;
     let runner_result = runner.await;
@@ -282,6 +305,27 @@ pub async fn run(
     }
     closed?;
     Ok(())
+}
+
+/// [`OPENAPI`] stating `limits`: the document ships with the default limits, and a server
+/// configured otherwise must not describe a `wait_ms` it refuses (or a shorter one than it takes).
+pub fn openapi_for(limits: &Limits) -> String {
+    let mut document: serde_json::Value =
+        serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON (a unit test reads it)");
+    if let Some(paths) = document["paths"].as_object_mut() {
+        for operation in paths.values_mut().filter_map(serde_json::Value::as_object_mut) {
+            for operation in operation.values_mut() {
+                let Some(parameters) = operation["parameters"].as_array_mut() else {
+                    continue;
+                };
+                for parameter in parameters.iter_mut().filter(|p| p["name"] == "wait_ms") {
+                    parameter["schema"]["maximum"] = limits.max_wait_ms.into();
+                    parameter["schema"]["default"] = limits.default_wait_ms.into();
+                }
+            }
+        }
+    }
+    document.to_string()
 }
 
 /// A connection string without its password, for logs and the start line.
