@@ -7,7 +7,7 @@ use super::*;
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
 /// The longest id `trace` takes, in bytes.
-const MAX_TRACE_ID_BYTES: usize = 512;
+pub(super) const MAX_TRACE_ID_BYTES: usize = 512;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
