@@ -126,6 +126,11 @@ pub fn check_answer(method: &str, path: &str, status: u16, json: Option<&Value>,
     }
 }
 
+/// Whether `body` is valid under the document's request schema `name` (`RecordRequest`, …).
+pub fn request_is_valid(name: &str, body: &Value) -> bool {
+    validate_at(&format!("/components/schemas/{name}"), body).is_ok()
+}
+
 /// Checks the `data` of one Server-Sent Event against the document's `OutcomeEvent`.
 #[track_caller]
 pub fn check_outcome_event(data: &Value) {

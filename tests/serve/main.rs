@@ -6,6 +6,7 @@ mod inputs;
 mod isolation;
 mod kurrentdb;
 mod lifecycle;
+mod limits;
 mod numbers;
 mod shutdown;
 mod stream;
