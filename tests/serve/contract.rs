@@ -59,7 +59,9 @@ fn validate_at(pointer: &str, instance: &Value) -> Result<(), Vec<String>> {
                 .with_draft(jsonschema::Draft::Draft202012)
                 .should_validate_formats(true)
                 .build(&root)
-                .unwrap_or_else(|error| panic!("the schema at {pointer} does not compile: {error}"));
+                .unwrap_or_else(|error| {
+                    panic!("the schema at {pointer} does not compile: {error}")
+                });
             Box::leak(Box::new(validator))
         })
     };
@@ -89,7 +91,8 @@ pub fn check_answer(method: &str, path: &str, status: u16, json: Option<&Value>,
             status == 404 || status == 405,
             "{method} {path} is not a documented route, yet it answered {status}: {text}"
         );
-        let body = json.unwrap_or_else(|| panic!("{method} {path}: a {status} that is not JSON: {text}"));
+        let body =
+            json.unwrap_or_else(|| panic!("{method} {path}: a {status} that is not JSON: {text}"));
         if let Err(errors) = validate_at("/components/schemas/Error", body) {
             panic!("{method} {path} {status}: not the error shape: {errors:?}\n{text}");
         }
@@ -97,10 +100,7 @@ pub fn check_answer(method: &str, path: &str, status: u16, json: Option<&Value>,
     };
     let status_key = status.to_string();
     let mut response = &operation["responses"][&status_key];
-    let mut pointer = format!(
-        "/paths/{}/{method}/responses/{status_key}",
-        token(template)
-    );
+    let mut pointer = format!("/paths/{}/{method}/responses/{status_key}", token(template));
     assert!(
         response.is_object(),
         "{method} {template} answered {status}, a status the OpenAPI document does not list for it: {text}"
@@ -160,6 +160,9 @@ fn a_path_falls_under_its_template() {
         template_of("/v1/operations/abc/execute?wait_ms=0"),
         Some("/v1/operations/{id}/execute")
     );
-    assert_eq!(template_of("/v1/operations?limit=1"), Some("/v1/operations"));
+    assert_eq!(
+        template_of("/v1/operations?limit=1"),
+        Some("/v1/operations")
+    );
     assert_eq!(template_of("/v1/nothing-here"), None);
 }

@@ -22,7 +22,11 @@ async fn an_execute_answers_at_its_wait_while_the_send_hangs_and_the_send_is_sti
     let harness = Harness::new("").await;
     let server = harness.serve();
     harness
-        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: HELD_MS }, 2)
+        .fault(
+            Shape::Keyed,
+            FaultKind::LateResponse { delay_ms: HELD_MS },
+            2,
+        )
         .await;
 
     // Recorded and executed in one call, with no wait at all.
@@ -30,11 +34,18 @@ async fn an_execute_answers_at_its_wait_while_the_send_hangs_and_the_send_is_sti
         "args": {"title": "hung one-call"}});
     let started = Instant::now();
     let (status, one_call) = server
-        .post("/v1/operations?execute=true&wait_ms=0", TENANT_A_TOKEN, &body)
+        .post(
+            "/v1/operations?execute=true&wait_ms=0",
+            TENANT_A_TOKEN,
+            &body,
+        )
         .await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::CREATED, "{one_call}");
-    assert!(took < ANSWER_BOUND, "wait_ms=0 answered after {took:?}: {one_call}");
+    assert!(
+        took < ANSWER_BOUND,
+        "wait_ms=0 answered after {took:?}: {one_call}"
+    );
     assert_in_flight(&one_call);
 
     // Recorded, then executed with a short wait.
@@ -47,7 +58,10 @@ async fn an_execute_answers_at_its_wait_while_the_send_hangs_and_the_send_is_sti
     let (status, executed) = server.execute(TENANT_A_TOKEN, id, 200).await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::OK, "{executed}");
-    assert!(took < ANSWER_BOUND, "wait_ms=200 answered after {took:?}: {executed}");
+    assert!(
+        took < ANSWER_BOUND,
+        "wait_ms=200 answered after {took:?}: {executed}"
+    );
     assert_in_flight(&executed);
 
     // The sends went on after the answers: each ends confirmed (the timeout made it unknown, the
@@ -75,7 +89,11 @@ fn assert_in_flight(answer: &Value) {
 fn series(page: &str) -> Vec<String> {
     page.lines()
         .filter(|line| line.starts_with("opledger_http_"))
-        .map(|line| line.rsplit_once(' ').map_or(line, |(name, _)| name).to_owned())
+        .map(|line| {
+            line.rsplit_once(' ')
+                .map_or(line, |(name, _)| name)
+                .to_owned()
+        })
         .collect()
 }
 
@@ -92,9 +110,7 @@ async fn invented_methods_and_unknown_paths_add_at_most_a_few_series_to_metrics(
     let harness = Harness::new("").await;
     let server = harness.serve();
     // Every route once, so the page holds what a server in use holds.
-    let (_, recorded) = server
-        .record(TENANT_A_TOKEN, "crm", "counted", None)
-        .await;
+    let (_, recorded) = server.record(TENANT_A_TOKEN, "crm", "counted", None).await;
     assert!(recorded["operation_id"].is_string(), "{recorded}");
     let _ = metrics_page(&server).await;
     let before = series(&metrics_page(&server).await);
@@ -131,7 +147,10 @@ async fn invented_methods_and_unknown_paths_add_at_most_a_few_series_to_metrics(
         .as_array()
         .expect("the document's states")
         .clone();
-    for line in page.lines().filter(|line| line.starts_with("opledger_operations{")) {
+    for line in page
+        .lines()
+        .filter(|line| line.starts_with("opledger_operations{"))
+    {
         let state = line
             .split("state=\"")
             .nth(1)
@@ -167,12 +186,17 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
 
     // wait_ms, on both routes: its bounds are taken, one past them is refused.
     let wait = parameter("/v1/operations/{id}/execute", "post", "wait_ms");
-    let (min, max) = (wait["minimum"].as_i64().expect("min"), wait["maximum"].as_i64().expect("max"));
+    let (min, max) = (
+        wait["minimum"].as_i64().expect("min"),
+        wait["maximum"].as_i64().expect("max"),
+    );
     assert_eq!(parameter("/v1/operations", "post", "wait_ms"), wait);
     for (value, taken) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
         // Awaiting approval: an execute has nothing to do and answers at once.
         let path = format!("/v1/operations/{id}/execute?wait_ms={value}");
-        let (status, _) = server.call(Method::POST, &path, Some(TENANT_A_TOKEN), None).await;
+        let (status, _) = server
+            .call(Method::POST, &path, Some(TENANT_A_TOKEN), None)
+            .await;
         assert_eq!(status == StatusCode::OK, taken, "{path}: {status}");
         if !taken {
             let body = json!({"provider": "crm", "account": ACCOUNT, "action": "create_task",
@@ -189,7 +213,10 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
         ("/v1/review", crate::support::OPERATOR_TOKEN),
     ] {
         let limit = parameter(path, "get", "limit");
-        let (min, max) = (limit["minimum"].as_i64().expect("min"), limit["maximum"].as_i64().expect("max"));
+        let (min, max) = (
+            limit["minimum"].as_i64().expect("min"),
+            limit["maximum"].as_i64().expect("max"),
+        );
         for (value, taken) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
             let query = format!("{path}?limit={value}");
             let (status, _) = server.call(Method::GET, &query, Some(token), None).await;
@@ -206,7 +233,9 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
         ("state=new", false),
     ] {
         let path = format!("/v1/operations?{query}");
-        let (status, _) = server.call(Method::GET, &path, Some(TENANT_A_TOKEN), None).await;
+        let (status, _) = server
+            .call(Method::GET, &path, Some(TENANT_A_TOKEN), None)
+            .await;
         assert_eq!(status == StatusCode::OK, taken, "{path}: {status}");
     }
 
@@ -214,9 +243,15 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
     let most = declared("/paths/~1v1~1trace~1{id}/get/parameters/0/schema/maxLength") as usize;
     for (length, taken) in [(most, true), (most + 1, false)] {
         let path = format!("/v1/trace/{}", "t".repeat(length));
-        let (status, _) = server.call(Method::GET, &path, Some(TENANT_A_TOKEN), None).await;
+        let (status, _) = server
+            .call(Method::GET, &path, Some(TENANT_A_TOKEN), None)
+            .await;
         // Taken: looked for (and not found); refused: 422.
-        let expected = if taken { StatusCode::NOT_FOUND } else { StatusCode::UNPROCESSABLE_ENTITY };
+        let expected = if taken {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::UNPROCESSABLE_ENTITY
+        };
         assert_eq!(status, expected, "trace id of {length} bytes");
     }
 
@@ -244,7 +279,10 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
     }
     records.push(record("unknown_field", json!(true)));
     for (n, mut body) in records.into_iter().enumerate() {
-        if body["source_id"].as_str().is_some_and(|s| s.len() == text_most) {
+        if body["source_id"]
+            .as_str()
+            .is_some_and(|s| s.len() == text_most)
+        {
             // Unique per case, still at the bound.
             body["source_id"] = json!(format!("{n:0>width$}", width = text_most));
         }
@@ -267,33 +305,59 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
         hex.to_owned(),
     ] {
         let body = json!({"approver": "boss", "args_hash": bad});
-        assert!(!contract::request_is_valid("ApproveRequest", &body), "{body}");
+        assert!(
+            !contract::request_is_valid("ApproveRequest", &body),
+            "{body}"
+        );
         let (status, _) = server
-            .post(&format!("/v1/operations/{id}/approve"), TENANT_A_TOKEN, &body)
+            .post(
+                &format!("/v1/operations/{id}/approve"),
+                TENANT_A_TOKEN,
+                &body,
+            )
             .await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     }
-    let too_long = json!({"approver": "boss", "args_hash": hash, "reason": "r".repeat(note_most + 1)});
+    let too_long =
+        json!({"approver": "boss", "args_hash": hash, "reason": "r".repeat(note_most + 1)});
     assert!(!contract::request_is_valid("DenyRequest", &too_long));
     let (status, _) = server
-        .post(&format!("/v1/operations/{id}/deny"), TENANT_A_TOKEN, &too_long)
+        .post(
+            &format!("/v1/operations/{id}/deny"),
+            TENANT_A_TOKEN,
+            &too_long,
+        )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let at_most = json!({"approver": "boss", "args_hash": hash, "reason": "r".repeat(note_most)});
     assert!(contract::request_is_valid("DenyRequest", &at_most));
     let (status, denied) = server
-        .post(&format!("/v1/operations/{id}/deny"), TENANT_A_TOKEN, &at_most)
+        .post(
+            &format!("/v1/operations/{id}/deny"),
+            TENANT_A_TOKEN,
+            &at_most,
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{denied}");
 
     // A review decision: external_id exactly with confirm.
     for (body, documented) in [
         (json!({"decision": "confirm", "note": "found"}), false),
-        (json!({"decision": "retry", "external_id": "731", "note": "x"}), false),
-        (json!({"decision": "abandon", "external_id": "731", "note": "x"}), false),
+        (
+            json!({"decision": "retry", "external_id": "731", "note": "x"}),
+            false,
+        ),
+        (
+            json!({"decision": "abandon", "external_id": "731", "note": "x"}),
+            false,
+        ),
         (json!({"decision": "later", "note": "x"}), false),
     ] {
-        assert_eq!(contract::request_is_valid("ReviewRequest", &body), documented, "{body}");
+        assert_eq!(
+            contract::request_is_valid("ReviewRequest", &body),
+            documented,
+            "{body}"
+        );
         let (status, _) = server
             .post(
                 &format!("/v1/operations/{id}/review"),

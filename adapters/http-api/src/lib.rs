@@ -313,7 +313,10 @@ pub fn openapi_for(limits: &Limits) -> String {
     let mut document: serde_json::Value =
         serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON (a unit test reads it)");
     if let Some(paths) = document["paths"].as_object_mut() {
-        for operation in paths.values_mut().filter_map(serde_json::Value::as_object_mut) {
+        for operation in paths
+            .values_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
             for operation in operation.values_mut() {
                 let Some(parameters) = operation["parameters"].as_array_mut() else {
                     continue;

@@ -349,6 +349,9 @@ mod tests {
         let series = out.lines().filter(|line| !line.starts_with('#')).count();
         // One status series and one histogram (its buckets, +Inf, sum and count).
         assert_eq!(series, 1 + BUCKETS_S.len() + 3, "{out}");
-        assert!(out.contains(r#"method="other",route="other",status="404""#), "{out}");
+        assert!(
+            out.contains(r#"method="other",route="other",status="404""#),
+            "{out}"
+        );
     }
 }

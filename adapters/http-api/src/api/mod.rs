@@ -486,9 +486,13 @@ mod tests {
         );
         let trace = parameter(&spec, "/v1/trace/{id}", "get", "id");
         assert_eq!(trace["maxLength"], queries::MAX_TRACE_ID_BYTES);
-        assert!(spec["components"]["schemas"]["RecordRequest"]["description"]
-            .as_str()
-            .is_some_and(|text| text.contains(&opledger_domain::args::MAX_ARGS_BYTES.to_string())));
+        assert!(
+            spec["components"]["schemas"]["RecordRequest"]["description"]
+                .as_str()
+                .is_some_and(
+                    |text| text.contains(&opledger_domain::args::MAX_ARGS_BYTES.to_string())
+                )
+        );
     }
 
     #[test]

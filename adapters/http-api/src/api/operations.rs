@@ -424,6 +424,9 @@ async fn drive_until(
 
 /// Where an operation stands while a drive of it is still running: read from its stream, so the
 /// answer shows what is recorded (the claim of the attempt in flight, at least).
-async fn still_driving(shared: &Shared, operation_id: OperationId) -> Result<LoadedOperation, ApiError> {
+async fn still_driving(
+    shared: &Shared,
+    operation_id: OperationId,
+) -> Result<LoadedOperation, ApiError> {
     Ok(shared.engine.ledger().get(operation_id).await?)
 }
