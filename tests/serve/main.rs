@@ -1,10 +1,12 @@
 //! `opledger serve` end to end: a real child process on a real SQLite file, talked to over real
 //! HTTP, sending to the CRM stand on loopback.
 
+mod contract;
 mod inputs;
 mod isolation;
 mod kurrentdb;
 mod lifecycle;
+mod limits;
 mod numbers;
 mod shutdown;
 mod stream;

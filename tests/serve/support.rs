@@ -234,7 +234,9 @@ impl Server {
         token: Option<&str>,
         body: Option<&Value>,
     ) -> (StatusCode, Value) {
-        let mut request = self.client.request(method, format!("{}{path}", self.base));
+        let mut request = self
+            .client
+            .request(method.clone(), format!("{}{path}", self.base));
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -244,9 +246,7 @@ impl Server {
                 .body(body.to_string());
         }
         let response = request.send().await.expect("the server answers");
-        let status = response.status();
-        let text = response.text().await.expect("a body");
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        answer(method.as_str(), path, response).await
     }
 
     /// POSTs a JSON `body` with `token`.
@@ -265,9 +265,7 @@ impl Server {
             .send()
             .await
             .expect("the server answers");
-        let status = response.status();
-        let text = response.text().await.expect("a body");
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        answer("POST", path, response).await
     }
 
     /// Records an intent that waits for approval, so nothing else happens to it: a marker that
@@ -412,6 +410,16 @@ impl Drop for Server {
     }
 }
 
+/// Reads an answer, checks it against the OpenAPI document (see `contract.rs`), and returns its
+/// status and parsed JSON body (`Null` if it was not JSON).
+async fn answer(method: &str, path: &str, response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let text = response.text().await.expect("a body");
+    let json = serde_json::from_str::<Value>(&text).ok();
+    crate::contract::check_answer(method, path, status.as_u16(), json.as_ref(), &text);
+    (status, json.unwrap_or(Value::Null))
+}
+
 /// One Server-Sent Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SseEvent {
@@ -476,9 +484,11 @@ fn parse_block(block: &str) -> Option<SseEvent> {
             data = serde_json::from_str(value.trim()).ok();
         }
     }
+    let data = data?;
+    crate::contract::check_outcome_event(&data);
     Some(SseEvent {
         id: id?,
         event: event?,
-        data: data?,
+        data,
     })
 }

@@ -131,6 +131,8 @@ pub struct Shared {
     pub approval_guard: auth::Scope,
     /// The digest of the token `/metrics` asks for, if any.
     pub metrics_token: Option<[u8; 32]>,
+    /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
+    pub openapi: axum::body::Bytes,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -173,6 +175,7 @@ pub async fn run(
     let runner = spawn_runner(&store, &read_models, config.read_model_linger_ms, &stopping);
     let limits = config.limits;
     let tokens = Tokens::new(config.tokens);
+    let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
     let shared = Arc::new(Shared {
         engine: Arc::clone(&engine),
         read_models,
@@ -183,9 +186,10 @@ pub async fn run(
         requests: RequestMetrics::default(),
         sse: Arc::new(Semaphore::new(limits.max_sse_connections)),
         streams: events::StreamsPerHolder::default(),
-        executes: Arc::new(Semaphore::new(limits.max_concurrent_executes)),
+        executes: Arc::clone(&executes),
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),
+        openapi: openapi_for(&limits).into(),
     });
     println!(
         "opledger serve: listening on http://{local} (ledger {ledger_name}, read models {})",
@@ -195,7 +199,8 @@ pub async fn run(
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let served = serve_until(listener, shared, until, stop, stopping, limits).await;
+    let (served, grace_end) = serve_until(listener, shared, until, stop, stopping, limits).await;
+    wait_for_execute_drives(&executes, grace_end, limits.max_concurrent_executes).await;
     // Every step below runs, whatever failed first, so the store is always closed cleanly.
     let worker_stats = workers.shutdown().await;
     let runner_result = runner.await;
@@ -277,14 +282,17 @@ async fn serve_until(
     stop: watch::Sender<bool>,
     mut draining: watch::Receiver<bool>,
     limits: Limits,
-) -> std::io::Result<()> {
+) -> (std::io::Result<()>, tokio::time::Instant) {
     let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
+    let stopped_at = Arc::new(std::sync::OnceLock::new());
+    let stop_time = Arc::clone(&stopped_at);
     let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
         until.await;
+        let _ = stop_time.set(tokio::time::Instant::now());
         info!("shutting down: no new connections; finishing requests in progress");
         let _ = stop.send(true);
     });
-    tokio::select! {
+    let served = tokio::select! {
         served = std::future::IntoFuture::into_future(graceful) => served,
         () = async {
             let _ = draining.wait_for(|stopping| *stopping).await;
@@ -293,7 +301,55 @@ async fn serve_until(
             warn!(grace_ms = grace.as_millis() as u64, "requests still open after the shutdown grace are dropped");
             Ok(())
         }
+    };
+    let grace_end = stopped_at
+        .get()
+        .map_or_else(tokio::time::Instant::now, |at| *at + grace);
+    (served, grace_end)
+}
+
+/// An execute call answers at its deadline while its drive goes on, holding the call's place:
+/// taking every place back waits, until `grace_end`, for each send made through the API to be
+/// recorded before the store closes.
+async fn wait_for_execute_drives(
+    executes: &Semaphore,
+    grace_end: tokio::time::Instant,
+    max_concurrent_executes: usize,
+) {
+    let places = u32::try_from(max_concurrent_executes).unwrap_or(u32::MAX);
+    if tokio::time::timeout_at(grace_end, executes.acquire_many(places))
+        .await
+        .is_err()
+    {
+        warn!(
+            running = max_concurrent_executes - executes.available_permits(),
+            "drives of execute calls still running after the shutdown grace; their attempts stay in flight until their lease, then are reconciled"
+        );
     }
+}
+
+/// [`OPENAPI`] stating `limits`: the document ships with the default limits, and a server
+/// configured otherwise must not describe a `wait_ms` it refuses (or a shorter one than it takes).
+pub fn openapi_for(limits: &Limits) -> String {
+    let mut document: serde_json::Value =
+        serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON (a unit test reads it)");
+    if let Some(paths) = document["paths"].as_object_mut() {
+        for operation in paths
+            .values_mut()
+            .filter_map(serde_json::Value::as_object_mut)
+        {
+            for operation in operation.values_mut() {
+                let Some(parameters) = operation["parameters"].as_array_mut() else {
+                    continue;
+                };
+                for parameter in parameters.iter_mut().filter(|p| p["name"] == "wait_ms") {
+                    parameter["schema"]["maximum"] = limits.max_wait_ms.into();
+                    parameter["schema"]["default"] = limits.default_wait_ms.into();
+                }
+            }
+        }
+    }
+    document.to_string()
 }
 
 /// Says how the workers and the read-model runner ended.

@@ -2,9 +2,12 @@
 //!
 //! Ledger figures come from the read models (counts by state, the oldest unknown and
 //! needs-review operations' ages, reconciliations that confirmed a success, duplicates found,
-//! attempts per operation); request latencies are measured here, per route template (never per
-//! raw path, so the number of series stays bounded). Only aggregates are shown: no operation id,
-//! no tenant.
+//! attempts per operation); request latencies are measured here. Every label has a bounded set of
+//! values whatever clients send, since `/metrics` and the routes it counts are open to anyone who
+//! can connect: `method` is one of [`METHODS`] or `other` (an invented method, `curl -X M1`, must
+//! not add a series), `route` one of the router's templates or `other` (never a raw path),
+//! `status` a status this server answered with, `state` one of the API's states. Only aggregates
+//! are shown: no operation id, no tenant.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
@@ -26,6 +29,43 @@ const BUCKETS_S: [f64; 14] = [
     0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// The methods counted by name: the standard ones (RFC 9110 §9, and PATCH). Any other method is
+/// counted as [`OTHER`].
+pub(crate) const METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+/// The label value of a method or route outside the known ones.
+pub(crate) const OTHER: &str = "other";
+
+/// A request's `method` label: its name if it is one of [`METHODS`], else [`OTHER`].
+fn method_label(method: &Method) -> &'static str {
+    METHODS
+        .iter()
+        .find(|known| *known == method)
+        .map_or(OTHER, Method::as_str)
+}
+
+/// A request's `route` label: the router's template it matched, else [`OTHER`] (no route, so a
+/// raw path never becomes a label).
+fn route_label(matched: Option<&MatchedPath>) -> &'static str {
+    matched
+        .and_then(|matched| {
+            super::api::ROUTES
+                .iter()
+                .find(|(_, path)| *path == matched.as_str())
+        })
+        .map_or(OTHER, |(_, path)| path)
+}
+
 #[derive(Debug, Default)]
 struct Histogram {
     /// Per bucket of [`BUCKETS_S`] (not cumulative), then the overflow.
@@ -33,23 +73,22 @@ struct Histogram {
     sum_s: f64,
 }
 
-/// Request counts and latencies, per method, route template and status.
+/// Request counts and latencies, per method, route template and status (labels from bounded sets:
+/// see the module's documentation).
 #[derive(Debug, Default)]
 pub struct RequestMetrics {
-    latencies: Mutex<BTreeMap<(String, String), Histogram>>,
-    statuses: Mutex<BTreeMap<(String, String, u16), u64>>,
+    latencies: Mutex<BTreeMap<(&'static str, &'static str), Histogram>>,
+    statuses: Mutex<BTreeMap<(&'static str, &'static str, u16), u64>>,
 }
 
 impl RequestMetrics {
-    fn observe(&self, method: &str, route: &str, status: u16, seconds: f64) {
+    fn observe(&self, method: &'static str, route: &'static str, status: u16, seconds: f64) {
         {
             let mut latencies = self
                 .latencies
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let histogram = latencies
-                .entry((method.to_owned(), route.to_owned()))
-                .or_default();
+            let histogram = latencies.entry((method, route)).or_default();
             let bucket = BUCKETS_S
                 .iter()
                 .position(|bound| seconds <= *bound)
@@ -58,9 +97,7 @@ impl RequestMetrics {
             histogram.sum_s += seconds;
         }
         let mut statuses = self.statuses.lock().unwrap_or_else(PoisonError::into_inner);
-        *statuses
-            .entry((method.to_owned(), route.to_owned(), status))
-            .or_default() += 1;
+        *statuses.entry((method, route, status)).or_default() += 1;
     }
 
     fn render(&self, out: &mut String) {
@@ -123,16 +160,13 @@ impl RequestMetrics {
 
 /// Times every request by its route template.
 pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
-    let method = request.method().as_str().to_owned();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = method_label(request.method());
+    let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
     let response = next.run(request).await;
     shared.requests.observe(
-        &method,
-        &route,
+        method,
+        route,
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),
     );
@@ -162,7 +196,10 @@ pub async fn render(
         "opledger_operations",
         "Operations by current state.",
     );
-    for (state, count) in &metrics.by_state {
+    // The API's states, each always present (0 when none is in it); the fold's `new` is not
+    // one (no recorded operation is in it) and so is not shown.
+    for state in super::api::API_STATES {
+        let count = metrics.by_state.get(state).copied().unwrap_or(0);
         let _ = writeln!(out, "opledger_operations{{state=\"{state}\"}} {count}");
     }
     gauge(
@@ -284,4 +321,37 @@ pub async fn render(
         out,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invented_method_is_counted_as_other() {
+        for invented in ["M1", "M2", "get", "PROPFIND"] {
+            let method = Method::from_bytes(invented.as_bytes()).expect("a token");
+            assert_eq!(method_label(&method), OTHER, "{invented}");
+        }
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+    }
+
+    #[test]
+    fn requests_with_invented_methods_add_no_series_after_the_first() {
+        let metrics = RequestMetrics::default();
+        for n in 0..500 {
+            let method = Method::from_bytes(format!("M{n}").as_bytes()).expect("a token");
+            metrics.observe(method_label(&method), route_label(None), 404, 0.001);
+        }
+        let mut out = String::new();
+        metrics.render(&mut out);
+        let series = out.lines().filter(|line| !line.starts_with('#')).count();
+        // One status series and one histogram (its buckets, +Inf, sum and count).
+        assert_eq!(series, 1 + BUCKETS_S.len() + 3, "{out}");
+        assert!(
+            out.contains(r#"method="other",route="other",status="404""#),
+            "{out}"
+        );
+    }
 }

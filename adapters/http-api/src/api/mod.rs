@@ -30,7 +30,6 @@ use opledger_domain::provider::Providers;
 use opledger_domain::sentence::agent_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;
-use opledger_projections::operations::STATE_NAMES;
 use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -57,9 +56,9 @@ const DEFAULT_PAGE_ROWS: usize = 50;
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
-/// and the black-box tests call each route of the router).
-#[cfg(test)]
-const ROUTES: [(&str, &str); 14] = [
+/// and the black-box tests call each route of the router). The metrics label requests with these
+/// templates only, so the set of `route` values is bounded.
+pub(crate) const ROUTES: [(&str, &str); 14] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -74,6 +73,21 @@ const ROUTES: [(&str, &str); 14] = [
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
+];
+
+/// The states an operation shows through the API: every state a recorded operation can be in
+/// (the fold's `new` is the state before its intent, which no operation the API can name is in).
+/// The OpenAPI document's `State` enum is this list (a test keeps them equal).
+pub(crate) const API_STATES: [&str; 9] = [
+    "awaiting_approval",
+    "denied",
+    "pending",
+    "in_flight",
+    "succeeded",
+    "rejected",
+    "unknown",
+    "needs_review",
+    "abandoned",
 ];
 
 /// The router over the shared state.
@@ -344,10 +358,10 @@ async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError>
     ))
 }
 
-async fn openapi() -> Response {
+async fn openapi(State(shared): State<Arc<Shared>>) -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        Body::from(super::OPENAPI),
+        Body::from(shared.openapi.clone()),
     )
         .into_response()
 }
@@ -418,6 +432,121 @@ mod tests {
             .collect();
         served.sort();
         assert_eq!(documented, served);
+    }
+
+    fn spec() -> Value {
+        serde_json::from_str(super::super::OPENAPI).expect("the spec is JSON")
+    }
+
+    /// The schema of query or path parameter `name` of `method path`.
+    fn parameter(spec: &Value, path: &str, method: &str, name: &str) -> Value {
+        spec["paths"][path][method]["parameters"]
+            .as_array()
+            .and_then(|parameters| parameters.iter().find(|p| p["name"] == name))
+            .map(|parameter| parameter["schema"].clone())
+            .unwrap_or_else(|| panic!("{method} {path} documents no parameter {name}"))
+    }
+
+    fn strings(value: &Value) -> Vec<String> {
+        value
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|item| item.as_str().expect("a string").to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_documented_limits_are_the_servers_constants() {
+        let spec = spec();
+        let limits = crate::Limits::default();
+        for (path, method) in [
+            ("/v1/operations", "post"),
+            ("/v1/operations/{id}/execute", "post"),
+        ] {
+            let wait = parameter(&spec, path, method, "wait_ms");
+            assert_eq!(wait["minimum"], 0, "{method} {path}");
+            assert_eq!(wait["maximum"], limits.max_wait_ms, "{method} {path}");
+            assert_eq!(wait["default"], limits.default_wait_ms, "{method} {path}");
+        }
+        for (path, method) in [("/v1/operations", "get"), ("/v1/review", "get")] {
+            let limit = parameter(&spec, path, method, "limit");
+            assert_eq!(limit["minimum"], 1, "{method} {path}");
+            assert_eq!(limit["maximum"], MAX_QUERY_ROWS, "{method} {path}");
+            assert_eq!(limit["default"], DEFAULT_PAGE_ROWS, "{method} {path}");
+        }
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(
+            schemas["TextId"]["maxLength"],
+            opledger_domain::ids::MAX_TEXT_ID_BYTES
+        );
+        assert_eq!(
+            schemas["Note"]["maxLength"],
+            opledger_domain::command::MAX_NOTE_BYTES
+        );
+        let trace = parameter(&spec, "/v1/trace/{id}", "get", "id");
+        assert_eq!(trace["maxLength"], queries::MAX_TRACE_ID_BYTES);
+        assert!(
+            spec["components"]["schemas"]["RecordRequest"]["description"]
+                .as_str()
+                .is_some_and(
+                    |text| text.contains(&opledger_domain::args::MAX_ARGS_BYTES.to_string())
+                )
+        );
+    }
+
+    #[test]
+    fn the_documented_enums_are_the_servers_lists() {
+        let spec = spec();
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(strings(&schemas["State"]["enum"]), API_STATES);
+        // The API's states are the fold's, less `new` (the state before an intent).
+        let fold_states: Vec<&str> = opledger_projections::operations::STATE_NAMES
+            .into_iter()
+            .filter(|name| *name != "new")
+            .collect();
+        assert_eq!(fold_states, API_STATES);
+        assert_eq!(
+            strings(&schemas["OutcomeEvent"]["properties"]["type"]["enum"]),
+            crate::render::TYPES
+        );
+    }
+
+    #[test]
+    fn the_served_document_states_the_configured_wait() {
+        let limits = crate::Limits {
+            max_wait_ms: 120_000,
+            default_wait_ms: 1_000,
+            ..crate::Limits::default()
+        };
+        let served: Value =
+            serde_json::from_str(&crate::openapi_for(&limits)).expect("the served spec is JSON");
+        for (path, method) in [
+            ("/v1/operations", "post"),
+            ("/v1/operations/{id}/execute", "post"),
+        ] {
+            let wait = parameter(&served, path, method, "wait_ms");
+            assert_eq!(wait["maximum"], 120_000, "{method} {path}");
+            assert_eq!(wait["default"], 1_000, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn every_route_has_a_tag_the_document_declares() {
+        let spec = spec();
+        let declared = spec["tags"]
+            .as_array()
+            .expect("tags")
+            .iter()
+            .map(|tag| tag["name"].clone())
+            .collect::<Vec<_>>();
+        for (path, methods) in spec["paths"].as_object().expect("paths") {
+            for (method, operation) in methods.as_object().expect("methods") {
+                let tags = operation["tags"].as_array().expect("a route's tags");
+                assert_eq!(tags.len(), 1, "{method} {path}");
+                assert!(declared.contains(&tags[0]), "{method} {path}");
+            }
+        }
     }
 
     #[test]

@@ -137,32 +137,13 @@ pub(super) async fn record(
         Some((claimed, wait, place)) => {
             let span =
                 tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
-            // The send runs in a task of its own, like every drive: whatever happens in it (even
-            // a panic) is answered as an execute error of an operation that is recorded.
-            let engine = Arc::clone(&shared.engine);
-            let operation = recorded.operation.clone();
-            let first = tokio::spawn(
-                async move { engine.drive_recorded(operation, claimed).await }
-                    .instrument(span.clone()),
-            )
-            .await;
-            let driven = match first {
-                // Where the first drive left it; waits (and drives again) only if it has not
-                // settled.
-                Ok(Ok(report)) => {
-                    drive_until(
-                        &shared,
-                        Start::From(Box::new(report.operation)),
-                        wait,
-                        place,
-                    )
-                    .instrument(span)
-                    .await
-                }
-                Ok(Err(error)) => Err(ApiError::from(error)),
-                Err(panicked) => Err(ApiError::internal("executing failed", panicked)),
-            };
-            match driven {
+            // The first drive sends the attempt just claimed; whatever happens in it (even a
+            // panic) is answered as an execute error of an operation that is recorded.
+            let start = Start::Claimed(Box::new(recorded.operation.clone()), claimed);
+            match drive_until(&shared, start, wait, place)
+                .instrument(span)
+                .await
+            {
                 Ok(operation) => (operation, None),
                 // The intent is recorded, so the answer is its success with the operation as
                 // recorded (the workers send it): an error here would invite a client to record
@@ -355,43 +336,63 @@ fn execute_place(shared: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
         })
 }
 
-/// Where a drive starts: from the operation's stream, or from a state this request just wrote.
+/// Where a drive starts: from the operation's stream, or from the state this request just wrote
+/// (with the attempt it claimed in the same append, if it did).
 enum Start {
     Read(OperationId),
-    From(Box<LoadedOperation>),
+    Claimed(Box<LoadedOperation>, Option<AttemptId>),
 }
 
 /// Drives the operation until it settles, needs a person, or the wait runs out — whichever comes
-/// first. A drive in progress is never cut off by the deadline: an outcome the provider gave is
-/// always recorded before answering.
+/// first. `wait` is an upper bound: at the deadline the answer is where the operation stands then
+/// (in flight while a send hangs), and the drive goes on in its own task, so an outcome the
+/// provider gives later is still recorded (by this drive, or by the lease and the reconciler).
 async fn drive_until(
     shared: &Shared,
     start: Start,
     wait: Duration,
-    // Held until the answer: the number of calls driving or waiting is bounded.
-    _place: OwnedSemaphorePermit,
+    place: OwnedSemaphorePermit,
 ) -> Result<LoadedOperation, ApiError> {
-    let deadline = Instant::now() + wait;
+    let deadline = tokio::time::Instant::now() + wait;
+    // Shared with every drive this call starts, so the place is given back only when the call has
+    // answered *and* its drives have ended: sends in progress stay bounded by the execute limit
+    // even when their callers stopped waiting.
+    let place = Arc::new(place);
     let mut in_flight_pause = IN_FLIGHT_POLL_MIN;
     let (operation_id, mut held) = match start {
         Start::Read(operation_id) => (operation_id, None),
-        Start::From(loaded) => (loaded.operation_id, Some(*loaded)),
+        Start::Claimed(loaded, claimed) => (loaded.operation_id, Some((*loaded, claimed))),
     };
+    let mut shutdown = shared.shutdown.clone();
     loop {
-        // Spawned, so a caller who hangs up cannot cancel a send half-way: the drive always
-        // records what the provider answered.
+        // Spawned, so neither the deadline nor a caller who hangs up can cancel a send half-way:
+        // the drive always records what the provider answered.
         let engine = Arc::clone(&shared.engine);
         let first = held.take();
-        let report = tokio::spawn(async move {
+        let drive_place = Arc::clone(&place);
+        let drive = tokio::spawn(async move {
+            let _place = drive_place;
             match first {
-                Some(loaded) => engine.drive_from(loaded).await,
+                Some((loaded, claimed)) => engine.drive_recorded(loaded, claimed).await,
                 None => engine.drive(operation_id).await,
             }
-        })
-        .await
-        .map_err(|error| ApiError::internal("a drive failed", error))??;
+        });
+        let ended = tokio::select! {
+            // A drive that has ended wins over a deadline that passed at the same moment.
+            biased;
+            joined = drive => Some(joined),
+            // The wait is over (or the server is going down) with the drive still running.
+            () = tokio::time::sleep_until(deadline) => None,
+            _ = shutdown.wait_for(|stopping| *stopping) => None,
+        };
+        let Some(joined) = ended else {
+            // Answered with the state as recorded now; the drive records its outcome when it
+            // comes.
+            return still_driving(shared, operation_id).await;
+        };
+        let report = joined.map_err(|error| ApiError::internal("a drive failed", error))??;
         let state = report.state();
-        let now = Instant::now();
+        let now = tokio::time::Instant::now();
         if now >= deadline {
             return Ok(report.operation);
         }
@@ -413,11 +414,19 @@ async fn drive_until(
         if pause >= remaining {
             return Ok(report.operation);
         }
-        let mut shutdown = shared.shutdown.clone();
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             // A server going down answers with where the operation stands now.
             _ = shutdown.wait_for(|stopping| *stopping) => return Ok(report.operation),
         }
     }
+}
+
+/// Where an operation stands while a drive of it is still running: read from its stream, so the
+/// answer shows what is recorded (the claim of the attempt in flight, at least).
+async fn still_driving(
+    shared: &Shared,
+    operation_id: OperationId,
+) -> Result<LoadedOperation, ApiError> {
+    Ok(shared.engine.ledger().get(operation_id).await?)
 }

@@ -7,7 +7,7 @@ use super::*;
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
 /// The longest id `trace` takes, in bytes.
-const MAX_TRACE_ID_BYTES: usize = 512;
+pub(super) const MAX_TRACE_ID_BYTES: usize = 512;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,17 +28,12 @@ pub(super) async fn list(
     let scope = Scope::of(principal);
     let Query(query) = query?;
     if let Some(state) = &query.state {
-        if state == "new" || !STATE_NAMES.contains(&state.as_str()) {
+        if !API_STATES.contains(&state.as_str()) {
             return Err(ApiError::invalid(ValidationError::new(
                 "state",
                 format!(
                     "`{state}` is not a state; use one of {}",
-                    STATE_NAMES
-                        .iter()
-                        .filter(|name| **name != "new")
-                        .copied()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    API_STATES.join(", ")
                 ),
             )));
         }
