@@ -339,6 +339,10 @@ pub struct TraceArgs {
     pub read_models: ReadModelArgs,
     /// An operation id, an attempt id, an external object id or a source (delivery) id.
     pub id: String,
+    /// Only this tenant's operations: a short external id such as `731` or a source id can name
+    /// operations of many tenants.
+    #[arg(long)]
+    pub tenant: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -781,6 +781,35 @@ fn trace_of_a_source_id_used_by_two_tenants_names_both_operations() {
 }
 
 #[test]
+fn trace_with_a_tenant_finds_that_tenants_operation_behind_more_matches_of_other_tenants_than_it_lists(
+) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("ledger.db");
+    // More tenants than trace lists matches name the short id first.
+    let own = on_ledger(&db, async |ledger| {
+        for n in 0..12 {
+            record(ledger, &format!("tenant-{n}"), "731", false).await;
+        }
+        record(ledger, "globex", "731", false).await.operation_id
+    });
+    let db_arg = db.to_str().expect("a UTF-8 path");
+    let unscoped = json_of(&opledger(&["trace", "731", "--json", "--db", db_arg]));
+    assert_ne!(unscoped["operation_id"], own.to_string());
+    let scoped = json_of(&opledger(&[
+        "trace", "731", "--tenant", "globex", "--json", "--db", db_arg,
+    ]));
+    assert_eq!(scoped["operation_id"], own.to_string());
+    assert_eq!(scoped["other_matches"], json!([]));
+    let elsewhere = opledger(&["trace", "731", "--tenant", "initech", "--db", db_arg]);
+    assert_eq!(elsewhere.status.code(), Some(3), "{}", stderr(&elsewhere));
+    assert!(
+        stderr(&elsewhere).contains("initech"),
+        "{}",
+        stderr(&elsewhere)
+    );
+}
+
+#[test]
 fn ops_list_pages_with_after_cover_every_operation_once() {
     let fixture = Fixture::build();
     let all = listed(&fixture.run(&["ops", "list", "--json"]));
