@@ -14,7 +14,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::cli::{CliError, TraceArgs};
-use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
+use crate::intent::{close, open_for_reading, print_state, SqliteLedger};
 use crate::read_models::{self, print_json};
 use opledger_http_api::render::{view_of, OperationView};
 
@@ -46,7 +46,7 @@ pub async fn run(args: TraceArgs) -> Result<(), CliError> {
                 .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
         })
         .transpose()?;
-    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
+    let ledger = open_for_reading(&args.read_models.store.db).await?;
     let result = trace(&ledger, &args, &id, tenant).await;
     let closed = close(&ledger).await;
     result?;
