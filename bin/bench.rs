@@ -39,7 +39,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             }
         }
         BenchTarget::Replay(args) => {
-            let ledger = Arc::new(crate::intent::open_existing_ledger(&args.db).await?);
+            let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let result = tokio::select! {
                 result = replay(&ledger) => result,
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
@@ -50,7 +50,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
         BenchTarget::Projections(args) => {
-            let ledger = Arc::new(crate::intent::open_existing_ledger(&args.db).await?);
+            let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let target = fresh_path("projections");
             let result = tokio::select! {
                 result = projections(&ledger, &target) => result,

@@ -93,6 +93,37 @@ pub enum Command {
     Stand(StandArgs),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON (`--json`), so that its errors are JSON too.
+    pub fn json(&self) -> bool {
+        match self {
+            Self::Record(args) => args.json,
+            Self::Status(args) => args.json,
+            Self::Ops(OpsArgs {
+                command: OpsCommand::List(args),
+            }) => args.json,
+            Self::Ops(OpsArgs {
+                command: OpsCommand::Show(args),
+            }) => args.json,
+            Self::Trace(args) => args.json,
+            Self::Review(ReviewArgs { command }) => match command {
+                ReviewCommand::List(args) => args.json,
+                ReviewCommand::Show(args) => args.json,
+                ReviewCommand::Resolve(args) => args.json,
+            },
+            Self::Tail(args) => args.json,
+            Self::Replay(args) => args.json,
+            Self::Verify(args) => args.json,
+            Self::Demo(_)
+            | Self::Bench(_)
+            | Self::Approve(_)
+            | Self::Deny(_)
+            | Self::Serve(_)
+            | Self::Stand(_) => false,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     /// The ledger file to verify (read only).
@@ -130,10 +161,26 @@ pub struct StandArgs {
     pub search_lag_ms: u64,
 }
 
-/// Where the ledger lives.
+/// Where the ledger lives, for `record`: the one command that starts a ledger.
 #[derive(Debug, Args)]
 pub struct StoreArgs {
-    /// The SQLite ledger file; created if missing.
+    /// The SQLite ledger file; created if missing (its directory must exist).
+    #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+}
+
+/// Where the ledger lives, for a command that records a decision in an existing ledger.
+#[derive(Debug, Args)]
+pub struct DecideStoreArgs {
+    /// The SQLite ledger file the operation was recorded in; it must exist (nothing is created).
+    #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+}
+
+/// Where the ledger lives, for a command that only reads it.
+#[derive(Debug, Args)]
+pub struct ReadStoreArgs {
+    /// The SQLite ledger file to read; it must exist (a read creates no ledger).
     #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
     pub db: PathBuf,
 }
@@ -244,12 +291,15 @@ pub struct RecordArgs {
     /// Require a person's approval before the operation may be sent.
     #[arg(long)]
     pub requires_approval: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct DecisionArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: DecideStoreArgs,
     /// The operation id printed by `opledger record`.
     pub operation_id: String,
     /// Who decides.
@@ -272,7 +322,7 @@ pub struct DenyArgs {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: ReadStoreArgs,
     /// The operation id.
     pub operation_id: String,
     /// Print JSON instead of text.
@@ -284,7 +334,7 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct ReadModelArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: ReadStoreArgs,
     /// The read-model file (default: `<db>.views`); created and caught up on first use.
     #[arg(long = "read-models", visible_alias = "views", value_name = "FILE")]
     pub read_models: Option<PathBuf>,
@@ -339,6 +389,10 @@ pub struct TraceArgs {
     pub read_models: ReadModelArgs,
     /// An operation id, an attempt id, an external object id or a source (delivery) id.
     pub id: String,
+    /// Only this tenant's operations: a short external id such as `731` or a source id can name
+    /// operations of many tenants.
+    #[arg(long)]
+    pub tenant: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -376,7 +430,7 @@ pub struct ReviewListArgs {
 #[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "confirm", "abandon"])))]
 pub struct ReviewResolveArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: DecideStoreArgs,
     /// The operation id.
     pub operation_id: String,
     /// Who decides.
@@ -402,7 +456,7 @@ pub struct ReviewResolveArgs {
 #[derive(Debug, Args)]
 pub struct TailArgs {
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub store: ReadStoreArgs,
     /// Start after this global position (default: from the beginning).
     #[arg(long)]
     pub from: Option<u64>,
@@ -470,6 +524,18 @@ pub enum CliError {
     /// The user interrupted.
     #[error("interrupted; everything acknowledged so far is in the ledger")]
     Interrupted,
+    /// The file at `--db` cannot be a ledger for this command (missing, in a missing directory,
+    /// not a database); nothing was opened or created.
+    #[error("{0}")]
+    LedgerFile(#[from] crate::ledger_file::LedgerFileError),
+    /// The store refused to open an existing file as a ledger; `next` says what to do.
+    #[error("{error}; {next}")]
+    Unopenable {
+        /// The store's refusal.
+        error: StoreError,
+        /// The next step, in a phrase.
+        next: &'static str,
+    },
 }
 
 impl CliError {
@@ -500,6 +566,53 @@ impl CliError {
             _ => ExitCode::FAILURE,
         }
     }
+
+    /// A short, stable name of what went wrong, for scripts reading `--json` errors; the same
+    /// names as the HTTP API's where the meaning is the same.
+    pub fn code(&self) -> &'static str {
+        use opledger_domain::decider::Rejection;
+        match self {
+            Self::Invalid(_)
+            | Self::App(
+                AppError::Invalid(_)
+                | AppError::Rejected {
+                    rejection: Rejection::Invalid(_),
+                    ..
+                },
+            )
+            | Self::ReadModel(opledger_readmodel::ReadModelError::InvalidQuery { .. }) => {
+                "invalid_input"
+            }
+            Self::App(AppError::Rejected { .. }) => "refused",
+            Self::App(AppError::NotFound { .. }) | Self::NotFound(_) => "not_found",
+            Self::App(AppError::SourceReused { .. }) => "source_id_reused",
+            Self::App(AppError::Moved { .. }) => "stale",
+            Self::App(AppError::Contended { .. }) => "contended",
+            Self::App(AppError::Store(_)) | Self::Store(_) => "store_unavailable",
+            Self::App(AppError::Decode(_)) => "undecodable_event",
+            Self::ReadModel(_) => "read_models_unavailable",
+            Self::Config(_) => "invalid_config",
+            Self::Differs { .. } => "read_models_differ",
+            Self::Tampered { .. } => "tampered",
+            Self::Interrupted => "interrupted",
+            Self::LedgerFile(error) => error.code(),
+            Self::Unopenable { .. } => "store_unavailable",
+            Self::Other(_) => "failed",
+        }
+    }
+}
+
+impl CliError {
+    /// Whether the command already printed its report of this failure on stdout (`replay
+    /// --verify`'s differences, `verify`'s findings), so nothing more is printed there.
+    pub fn reported_on_stdout(&self) -> bool {
+        matches!(self, Self::Differs { .. } | Self::Tampered { .. })
+    }
+}
+
+/// `error` as `--json` prints it: `{"error": {"code": …, "message": …}}`, the HTTP API's shape.
+pub fn error_json(error: &CliError) -> serde_json::Value {
+    serde_json::json!({"error": {"code": error.code(), "message": error.to_string()}})
 }
 
 impl From<opledger_http_api::render::RenderError> for CliError {

@@ -11,6 +11,7 @@ use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
 
 use crate::cli::{CliError, DecisionArgs, DenyArgs, RecordArgs};
+use crate::ledger_file::{self, Access};
 
 /// The ledger over the embedded store with the real clock and randomness.
 pub type SqliteLedger = Ledger<SqliteStore, SystemClock, RandomIds>;
@@ -20,21 +21,30 @@ pub async fn close(ledger: &SqliteLedger) -> Result<(), CliError> {
     Ok(ledger.store().clone().close().await?)
 }
 
-/// Opens a ledger file that must already exist: reading or deciding on a ledger that was never
-/// written is a mistaken path, not a reason to create an empty file.
+/// Opens a ledger file that must already exist, to record a decision in it: deciding on a ledger
+/// that was never written is a mistaken path, not a reason to create an empty file.
 pub async fn open_existing_ledger(path: &Path) -> Result<SqliteLedger, CliError> {
-    if !path.exists() {
-        return Err(CliError::Other(format!(
-            "no ledger at {}; pass --db (or set OPLEDGER_DB) to the file `opledger record` wrote",
-            path.display()
-        )));
-    }
-    open_ledger(path).await
+    open_checked(path, Access::Decide).await
+}
+
+/// Opens a ledger file that must already exist, to read it; nothing is created.
+pub async fn open_for_reading(path: &Path) -> Result<SqliteLedger, CliError> {
+    open_checked(path, Access::Read).await
 }
 
 /// Opens (or creates) the ledger file.
 pub async fn open_ledger(path: &Path) -> Result<SqliteLedger, CliError> {
-    let store = SqliteStore::open(path).await?;
+    open_checked(path, Access::Create).await
+}
+
+async fn open_checked(path: &Path, access: Access) -> Result<SqliteLedger, CliError> {
+    ledger_file::check(path, access)?;
+    let store = SqliteStore::open(path).await.map_err(|error| {
+        match ledger_file::next_step(&error, access) {
+            Some(next) => CliError::Unopenable { error, next },
+            None => CliError::Store(error),
+        }
+    })?;
     Ok(Ledger::new(store, SystemClock, RandomIds))
 }
 
@@ -67,6 +77,16 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
     let recorded = recorded?;
     closed?;
     let intent = recorded.intent();
+    if args.json {
+        return crate::read_models::print_json(&serde_json::json!({
+            "operation_id": intent.operation_id,
+            "idempotency_key": intent.idempotency_key,
+            "args_hash": intent.args_hash,
+            "state": recorded.operation.state.status.name(),
+            "created": recorded.created,
+            "sentence": opledger_domain::sentence::agent_sentence(&recorded.operation.state),
+        }));
+    }
     println!("operation_id    {}", intent.operation_id);
     println!("idempotency_key {}", intent.idempotency_key);
     println!("args_hash       {}", intent.args_hash);

@@ -9,6 +9,7 @@ mod bench_http;
 mod cli;
 mod demo;
 mod intent;
+mod ledger_file;
 mod ops;
 mod read_models;
 mod replay;
@@ -36,7 +37,11 @@ const BROKEN_PIPE_EXIT: i32 = 141;
 
 fn main() -> ExitCode {
     exit_quietly_on_broken_pipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return argument_error(&error),
+    };
+    let json = cli.command.json();
     // The demo prints its own story; its expected warnings (lost responses) would clutter it.
     let quiet = matches!(cli.command, Command::Demo(_));
     init_logging(cli.verbose, quiet);
@@ -79,9 +84,39 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
+            // Asked for JSON, a script reads stdout: the error is there too, as an object, unless
+            // the command's own JSON report already said it.
+            if json && !error.reported_on_stdout() {
+                println!("{}", cli::error_json(&error));
+            }
             error.exit_code()
         }
     }
+}
+
+/// A command line clap cannot parse: its own message and exit status (2), and, when `--json` was
+/// asked for, the same error as a JSON object on stdout. Help and version go out as clap prints
+/// them.
+fn argument_error(error: &clap::Error) -> ExitCode {
+    let asked_json = std::env::args_os().any(|arg| arg == "--json");
+    if asked_json && error.use_stderr() {
+        let rendered = error.render().to_string();
+        // The message is the paragraph before clap's usage lines.
+        let message = rendered
+            .lines()
+            .take_while(|line| !line.trim().is_empty())
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let message = message.trim_start_matches("error: ");
+        let _ = error.print();
+        println!(
+            "{}",
+            serde_json::json!({"error": {"code": "invalid_input", "message": message}})
+        );
+        return ExitCode::from(2);
+    }
+    error.exit()
 }
 
 /// `opledger ops list | head -1` closes the pipe early. Rust ignores SIGPIPE, so the next
@@ -115,8 +150,11 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour codes only for a person at a terminal: logs redirected to a file or read by another
+    // program must be plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

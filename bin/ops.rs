@@ -13,7 +13,7 @@ use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError};
 use serde_json::json;
 
 use crate::cli::{CliError, OpsListArgs, StatusArgs};
-use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
+use crate::intent::{close, open_for_reading, print_state, SqliteLedger};
 use crate::read_models::{self, age, check_limit, print_json, print_table};
 use opledger_http_api::render::{operation_json, view_of, OperationView};
 
@@ -64,7 +64,7 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
         tenant,
         older_than: older_than.map(|duration| now - duration),
     };
-    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
+    let ledger = open_for_reading(&args.read_models.store.db).await?;
     let result = async {
         let read_models =
             read_models::open_caught_up(ledger.store(), &read_models::read_models_path(&args.read_models), args.json)
@@ -156,7 +156,7 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
 /// `ops show` and `status`.
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
-    let ledger = open_existing_ledger(&args.store.db).await?;
+    let ledger = open_for_reading(&args.store.db).await?;
     let result = print_operation(&ledger, operation_id, args.json).await;
     let closed = close(&ledger).await;
     result?;

@@ -18,11 +18,11 @@ use opledger_readmodel::{
 use serde_json::json;
 
 use crate::cli::{CliError, ReplayArgs};
-use crate::intent::{close, open_existing_ledger, SqliteLedger};
+use crate::intent::{close, open_for_reading, SqliteLedger};
 use crate::read_models::{self, print_json};
 
 pub async fn run(args: ReplayArgs) -> Result<(), CliError> {
-    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
+    let ledger = open_for_reading(&args.read_models.store.db).await?;
     let live = read_models::read_models_path(&args.read_models);
     let temporary = sibling(&live, &format!(".replay-{}", std::process::id()));
     let result = tokio::select! {
@@ -107,14 +107,22 @@ async fn replay(
             ));
         }
         drop(live_models);
-        report_differences(args.json, &summary, report.applied, seconds, &differences)?;
-        return if differences.is_empty() {
+        let outcome = if differences.is_empty() {
             Ok(())
         } else {
             Err(CliError::Differs {
                 tables: differences.len(),
             })
         };
+        report_differences(
+            args.json,
+            &summary,
+            report.applied,
+            seconds,
+            &differences,
+            outcome.as_ref().err(),
+        )?;
+        return outcome;
     }
     replace(live, temporary).await?;
     if args.json {
@@ -136,6 +144,7 @@ fn report_differences(
     events: u64,
     seconds: f64,
     differences: &[TableDifference],
+    failure: Option<&CliError>,
 ) -> Result<(), CliError> {
     if json {
         let rows: Vec<_> = differences
@@ -150,12 +159,18 @@ fn report_differences(
                 })
             })
             .collect();
-        return print_json(&json!({
+        // `verified`: the live read models equal the rebuild. A difference is also the error, in
+        // the shape every `--json` error has, so a script needs to look in one place.
+        let mut out = json!({
             "events": events,
             "seconds": seconds,
-            "verified": true,
+            "verified": differences.is_empty(),
             "differences": rows,
-        }));
+        });
+        if let Some(failure) = failure {
+            out["error"] = crate::cli::error_json(failure)["error"].take();
+        }
+        return print_json(&out);
     }
     println!("{summary}");
     let rows = |count: Option<u64>| count.map_or_else(|| "missing".to_owned(), |n| n.to_string());

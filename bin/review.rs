@@ -14,13 +14,13 @@ use opledger_domain::sentence::agent_sentence;
 use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
-use crate::intent::{close, open_existing_ledger, print_state};
+use crate::intent::{close, open_existing_ledger, open_for_reading, print_state};
 use crate::read_models::{self, age, check_limit, print_json, print_table};
 use opledger_http_api::render::{review_item_json, view_of};
 
 pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     let limit = check_limit(args.limit)?;
-    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
+    let ledger = open_for_reading(&args.read_models.store.db).await?;
     let result = async {
         let read_models = read_models::open_caught_up(
             ledger.store(),
@@ -98,7 +98,7 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
 
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
-    let ledger = open_existing_ledger(&args.store.db).await?;
+    let ledger = open_for_reading(&args.store.db).await?;
     let result = async {
         let view = view_of(ledger.store(), operation_id).await?;
         Ok::<_, CliError>((view.loaded, view.history, view.events, view.lines))

@@ -16,7 +16,7 @@ use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, MAX_READ_BATCH};
 
 use crate::cli::{CliError, TailArgs};
-use crate::intent::{close, open_existing_ledger};
+use crate::intent::{close, open_for_reading};
 use opledger_http_api::render::{outcome_json, outcome_of, timeline, wanted_types};
 
 /// How long to wait before reading the log again when nothing new was there.
@@ -34,7 +34,7 @@ pub async fn run(args: TailArgs) -> Result<(), CliError> {
         )
         .into());
     }
-    let ledger = open_existing_ledger(&args.store.db).await?;
+    let ledger = open_for_reading(&args.store.db).await?;
     let start = args.from.map_or(LogStart::Beginning, |from| {
         LogStart::After(GlobalPosition::new(from))
     });

@@ -5,15 +5,16 @@
 //! The read models resolve the id (they index every id); the chain itself is read from the
 //! operation's own stream, so it is complete even if the read models were behind.
 
+use opledger_domain::error::ValidationError;
 use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
-use opledger_domain::ids::OperationId;
+use opledger_domain::ids::{OperationId, TenantId};
 use opledger_domain::sentence::agent_sentence;
 use opledger_readmodel::{DuplicatesReport, MAX_QUERY_ROWS};
 use serde_json::json;
 use uuid::Uuid;
 
 use crate::cli::{CliError, TraceArgs};
-use crate::intent::{close, open_existing_ledger, print_state, SqliteLedger};
+use crate::intent::{close, open_for_reading, print_state, SqliteLedger};
 use crate::read_models::{self, print_json};
 use opledger_http_api::render::{view_of, OperationView};
 
@@ -31,20 +32,33 @@ struct Link {
 pub async fn run(args: TraceArgs) -> Result<(), CliError> {
     let id = args.id.trim().to_owned();
     if id.is_empty() {
-        return Err(opledger_domain::error::ValidationError::new(
+        return Err(ValidationError::new(
             "id",
             "is empty; pass an operation, attempt, external object or source id",
         )
         .into());
     }
-    let ledger = open_existing_ledger(&args.read_models.store.db).await?;
-    let result = trace(&ledger, &args, &id).await;
+    let tenant = args
+        .tenant
+        .as_deref()
+        .map(|tenant| {
+            TenantId::new(tenant)
+                .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
+        })
+        .transpose()?;
+    let ledger = open_for_reading(&args.read_models.store.db).await?;
+    let result = trace(&ledger, &args, &id, tenant).await;
     let closed = close(&ledger).await;
     result?;
     closed
 }
 
-async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), CliError> {
+async fn trace(
+    ledger: &SqliteLedger,
+    args: &TraceArgs,
+    id: &str,
+    tenant: Option<TenantId>,
+) -> Result<(), CliError> {
     let read_models = read_models::open_caught_up(
         ledger.store(),
         &read_models::read_models_path(&args.read_models),
@@ -52,12 +66,22 @@ async fn trace(ledger: &SqliteLedger, args: &TraceArgs, id: &str) -> Result<(), 
     )
     .await?;
     let query = id.to_owned();
+    // The tenant is filtered in the read models' query, before the limit, so other tenants'
+    // operations naming the same id cannot crowd out this tenant's.
     let candidates = read_models
-        .call(move |store| store.trace_candidates(&query, MAX_TRACE_MATCHES))
+        .call(move |store| match tenant {
+            None => store.trace_candidates(&query, MAX_TRACE_MATCHES),
+            Some(tenant) => store.trace_candidates_of(&query, &[tenant], MAX_TRACE_MATCHES),
+        })
         .await?;
     let Some((&operation_id, others)) = candidates.split_first() else {
+        let of_tenant = args
+            .tenant
+            .as_deref()
+            .map(|tenant| format!(" for tenant `{tenant}`"))
+            .unwrap_or_default();
         return Err(CliError::NotFound(format!(
-            "nothing in the ledger matches `{id}`; trace takes an operation id, an attempt id, \
+            "nothing in the ledger matches `{id}`{of_tenant}; trace takes an operation id, an attempt id, \
              the external system's object id or the source (tool-call/message) id as recorded — \
              check for a typo, or the --db it was recorded in"
         )));

@@ -8,7 +8,7 @@ use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
 use opledger_domain::verify::{Finding, Verifier};
 
 use crate::cli::{CliError, VerifyArgs};
-use crate::intent::{close, open_existing_ledger};
+use crate::intent::{close, open_for_reading};
 
 /// How often progress is shown on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -16,7 +16,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 const MAX_FINDINGS_SHOWN: usize = 1_000;
 
 pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
-    let ledger = open_existing_ledger(&args.db).await?;
+    let ledger = open_for_reading(&args.db).await?;
     let result = tokio::select! {
         result = walk(ledger.store(), args.json) => result,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
@@ -73,7 +73,12 @@ async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
                 })
             })
             .collect();
-        let out = serde_json::json!({"events": verifier.events(), "streams": verifier.streams(), "findings": found, "shown": rows});
+        let mut out = serde_json::json!({"events": verifier.events(), "streams": verifier.streams(), "findings": found, "shown": rows});
+        if found > 0 {
+            // The findings are also the error, in the shape every `--json` error has.
+            out["error"] =
+                crate::cli::error_json(&CliError::Tampered { findings: found })["error"].take();
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&out)

@@ -213,3 +213,324 @@ fn a_reader_that_closes_the_pipe_early_stops_the_command_quietly_not_with_a_pani
     assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
     assert_eq!(output.status.code(), Some(141));
 }
+
+/// The `--db` line of `opledger <command> --help`.
+fn db_help(command: &[&str]) -> String {
+    let mut args = command.to_vec();
+    args.push("--help");
+    let output = opledger(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let start = text
+        .find("--db <DB>")
+        .unwrap_or_else(|| panic!("{command:?} has no --db:\n{text}"));
+    // Up to the next option: the help of --db, however clap wrapped it.
+    let rest = &text[start..];
+    let end = rest[1..].find("\n  -").map_or(rest.len(), |at| at + 1);
+    rest[..end].split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn db_help_promises_a_new_file_only_where_one_is_created() {
+    let record = db_help(&["record"]);
+    assert!(record.contains("created if missing"), "{record}");
+    for command in [
+        &["status"][..],
+        &["ops", "list"],
+        &["ops", "show"],
+        &["trace"],
+        &["review", "list"],
+        &["review", "show"],
+        &["tail"],
+        &["replay"],
+        &["approve"],
+        &["deny"],
+        &["review", "resolve"],
+    ] {
+        let help = db_help(command);
+        assert!(!help.contains("created if missing"), "{command:?}: {help}");
+        assert!(help.contains("must exist"), "{command:?}: {help}");
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_named_not_a_ledger_with_what_to_do_and_left_as_it_is() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let notes = dir.path().join("notes.db");
+    std::fs::write(&notes, "a shopping list, not a ledger\n").expect("written");
+    let path = notes.to_str().expect("utf-8");
+    let read = opledger(&[
+        "status",
+        "--db",
+        path,
+        "6f1c2a3e-0b1d-4c5e-9f00-112233445566",
+    ]);
+    assert_eq!(read.status.code(), Some(1));
+    let message = stderr(&read);
+    assert!(message.contains("is not an SQLite database"), "{message}");
+    assert!(message.contains("not an opledger ledger"), "{message}");
+    assert!(message.contains("pass --db"), "{message}");
+    assert!(!message.contains("corrupt"), "{message}");
+    let write = record(&notes, "toolcall-1", r#"{"title": "Call the client"}"#);
+    assert_eq!(write.status.code(), Some(1));
+    assert!(
+        stderr(&write).contains("a path that does not exist yet to start a new ledger"),
+        "{}",
+        stderr(&write)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&notes).expect("still readable"),
+        "a shopping list, not a ledger\n"
+    );
+}
+
+#[test]
+fn a_missing_directory_is_named_as_the_problem_by_reads_and_by_record() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing_dir = dir.path().join("no-such-dir");
+    let db = missing_dir.join("ledger.db");
+    let write = record(&db, "toolcall-1", r#"{"title": "Call the client"}"#);
+    assert_eq!(write.status.code(), Some(1));
+    let message = stderr(&write);
+    assert!(
+        message.contains(&format!(
+            "the directory {} does not exist",
+            missing_dir.display()
+        )),
+        "{message}"
+    );
+    assert!(
+        !message.contains("unable to open database file"),
+        "{message}"
+    );
+    let read = opledger(&["ops", "list", "--db", db.to_str().expect("utf-8")]);
+    assert_eq!(read.status.code(), Some(1));
+    assert!(
+        stderr(&read).contains("does not exist"),
+        "{}",
+        stderr(&read)
+    );
+    assert!(!missing_dir.exists(), "nothing is created");
+}
+
+#[test]
+fn another_programs_sqlite_file_on_a_read_is_called_not_an_opledger_ledger_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let foreign = dir.path().join("crm.db");
+    let connection = rusqlite::Connection::open(&foreign).expect("an SQLite file");
+    connection
+        .execute_batch("CREATE TABLE contacts (name TEXT); INSERT INTO contacts VALUES ('Anna');")
+        .expect("another program's table");
+    drop(connection);
+    let before = std::fs::read(&foreign).expect("readable");
+    let output = opledger(&[
+        "status",
+        "--db",
+        foreign.to_str().expect("utf-8"),
+        "6f1c2a3e-0b1d-4c5e-9f00-112233445566",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    assert!(message.contains("not an opledger ledger"), "{message}");
+    assert!(!message.contains("refusing to write"), "{message}");
+    assert!(message.contains("pass --db"), "{message}");
+    assert_eq!(std::fs::read(&foreign).expect("readable"), before);
+}
+
+/// Records an intent that needs no approval (so it is pending at once).
+fn record_pending(db: &Path) -> String {
+    let output = opledger(&[
+        "record",
+        "--db",
+        db.to_str().expect("utf-8 path"),
+        "--tenant",
+        "acme",
+        "--provider",
+        "crm",
+        "--account",
+        "acct-1",
+        "--credential-fingerprint",
+        "fp-1",
+        "--action",
+        "create_task",
+        "--args",
+        r#"{"title": "Call the client"}"#,
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    field(&output, "operation_id")
+}
+
+#[test]
+fn refusals_name_the_command_in_the_words_users_type_not_internal_names() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    let db_arg = db.to_str().expect("utf-8");
+    let operation_id = record_pending(&db);
+    let shown = opledger(&["status", "--db", db_arg, &operation_id]);
+    let args_hash = field(&shown, "args_hash");
+    let denied = opledger(&[
+        "deny",
+        "--db",
+        db_arg,
+        &operation_id,
+        "--approver",
+        "boss",
+        "--args-hash",
+        &args_hash,
+        "--reason",
+        "no",
+    ]);
+    assert_eq!(denied.status.code(), Some(3));
+    assert!(
+        stderr(&denied).contains("cannot deny an operation that is pending"),
+        "{}",
+        stderr(&denied)
+    );
+    let resolved = opledger(&[
+        "review",
+        "resolve",
+        "--db",
+        db_arg,
+        &operation_id,
+        "--reviewer",
+        "anna",
+        "--abandon",
+        "--note",
+        "not needed",
+    ]);
+    assert_eq!(resolved.status.code(), Some(3));
+    let message = stderr(&resolved);
+    assert!(
+        message.contains("cannot resolve the review of"),
+        "{message}"
+    );
+    for output in [&denied, &resolved] {
+        for internal in ["deny_approval", "resolve_review"] {
+            assert!(!stderr(output).contains(internal), "{}", stderr(output));
+        }
+    }
+}
+
+/// The one JSON object a `--json` command printed on stdout.
+fn json_stdout(output: &Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("stdout is not JSON ({error}): {}", stdout(output)))
+}
+
+#[test]
+fn with_json_an_error_is_a_json_object_on_stdout_and_the_exit_code_is_unchanged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    let db_arg = db.to_str().expect("utf-8");
+    let missing = opledger(&[
+        "status",
+        "--db",
+        db_arg,
+        "--json",
+        "6f1c2a3e-0b1d-4c5e-9f00-112233445566",
+    ]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(json_stdout(&missing)["error"]["code"], "no_ledger");
+    record_pending(&db);
+    let cases: [(&[&str], i32, &str); 4] = [
+        (
+            &["status", "--json", "6f1c2a3e-0b1d-4c5e-9f00-112233445566"],
+            3,
+            "not_found",
+        ),
+        (&["status", "--json", "not-a-uuid"], 2, "invalid_input"),
+        (
+            &["ops", "list", "--json", "--state", "sleeping"],
+            2,
+            "invalid_input",
+        ),
+        (&["trace", "--json", "task-404"], 3, "not_found"),
+    ];
+    for (args, code, name) in cases {
+        let mut all = args.to_vec();
+        all.extend(["--db", db_arg]);
+        let output = opledger(&all);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let json = json_stdout(&output);
+        assert_eq!(json["error"]["code"], name, "{args:?}: {json}");
+        let message = json["error"]["message"].as_str().expect("a message");
+        assert!(!message.is_empty());
+        assert!(
+            stderr(&output).contains(message),
+            "the same words on stderr"
+        );
+    }
+    // An argument clap refuses is JSON too, with clap's exit code.
+    let unparsed = opledger(&["status", "--json", "--db", db_arg]);
+    assert_eq!(unparsed.status.code(), Some(2));
+    let json = json_stdout(&unparsed);
+    assert_eq!(json["error"]["code"], "invalid_input");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("<OPERATION_ID>")),
+        "{json}"
+    );
+}
+
+#[test]
+fn record_with_json_prints_the_recorded_operation_as_json() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    let mut args = vec![
+        "record",
+        "--db",
+        db.to_str().expect("utf-8"),
+        "--tenant",
+        "acme",
+        "--provider",
+        "crm",
+        "--account",
+        "acct-1",
+        "--credential-fingerprint",
+        "fp-1",
+        "--action",
+        "create_task",
+        "--args",
+        r#"{"title": "Call the client"}"#,
+        "--source-id",
+        "toolcall-1",
+    ];
+    args.push("--json");
+    let first = opledger(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let first = json_stdout(&first);
+    assert_eq!(first["created"], true);
+    assert_eq!(first["state"], "pending");
+    assert!(first["args_hash"]
+        .as_str()
+        .is_some_and(|hash| hash.starts_with("sha256:")));
+    assert!(first["idempotency_key"].is_string());
+    assert!(first["sentence"].is_string());
+    let again = json_stdout(&opledger(&args));
+    assert_eq!(again["operation_id"], first["operation_id"], "a redelivery");
+    assert_eq!(again["created"], false);
+}
+
+#[test]
+fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    record_pending(&db);
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["ops", "list", "--db", db.to_str().expect("utf-8")])
+        .env_remove("OPLEDGER_DB")
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "debug")
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let logs = stderr(&output);
+    assert!(logs.contains("DEBUG"), "debug logs are written: {logs}");
+    assert!(!logs.contains('\u{1b}'), "no ANSI escape in: {logs:?}");
+}

@@ -652,6 +652,33 @@ fn replay_verify_reports_a_table_that_differs_and_exits_1() {
 }
 
 #[test]
+fn replay_verify_json_says_not_verified_beside_its_differences_and_carries_the_error() {
+    let fixture = Fixture::build();
+    succeeded(&fixture.run(&["ops", "list"]));
+    let clean = json_of(&fixture.run(&["replay", "--verify", "--json"]));
+    assert_eq!(clean["verified"], true, "{clean}");
+    assert_eq!(clean["differences"], json!([]));
+    assert!(clean.get("error").is_none(), "{clean}");
+
+    let views = PathBuf::from(format!("{}.views", fixture.db()));
+    let connection = rusqlite::Connection::open(&views).expect("the views open");
+    connection
+        .execute(
+            "DELETE FROM operations WHERE operation_id = ?1",
+            [fixture.pending.to_string()],
+        )
+        .expect("a row is removed");
+    drop(connection);
+    let output = fixture.run(&["replay", "--verify", "--json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("one JSON object ({error}): {}", stdout(&output)));
+    assert_eq!(report["verified"], false, "{report}");
+    assert_eq!(report["differences"][0]["table"], "operations", "{report}");
+    assert_eq!(report["error"]["code"], "read_models_differ", "{report}");
+}
+
+#[test]
 fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_success() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = dir.path().join("ledger.db");
@@ -778,6 +805,35 @@ fn trace_of_a_source_id_used_by_two_tenants_names_both_operations() {
     ]));
     assert_eq!(json["operation_id"], first.to_string());
     assert_eq!(json["other_matches"], json!([second.to_string()]));
+}
+
+#[test]
+fn trace_with_a_tenant_finds_that_tenants_operation_behind_more_matches_of_other_tenants_than_it_lists(
+) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = dir.path().join("ledger.db");
+    // More tenants than trace lists matches name the short id first.
+    let own = on_ledger(&db, async |ledger| {
+        for n in 0..12 {
+            record(ledger, &format!("tenant-{n}"), "731", false).await;
+        }
+        record(ledger, "globex", "731", false).await.operation_id
+    });
+    let db_arg = db.to_str().expect("a UTF-8 path");
+    let unscoped = json_of(&opledger(&["trace", "731", "--json", "--db", db_arg]));
+    assert_ne!(unscoped["operation_id"], own.to_string());
+    let scoped = json_of(&opledger(&[
+        "trace", "731", "--tenant", "globex", "--json", "--db", db_arg,
+    ]));
+    assert_eq!(scoped["operation_id"], own.to_string());
+    assert_eq!(scoped["other_matches"], json!([]));
+    let elsewhere = opledger(&["trace", "731", "--tenant", "initech", "--db", db_arg]);
+    assert_eq!(elsewhere.status.code(), Some(3), "{}", stderr(&elsewhere));
+    assert!(
+        stderr(&elsewhere).contains("initech"),
+        "{}",
+        stderr(&elsewhere)
+    );
 }
 
 #[test]

@@ -157,3 +157,24 @@ impl Command {
         }
     }
 }
+
+/// A command's [`Command::name`] in the words a person reading a refusal knows (the CLI's and the
+/// API's verbs, not the internal names), as it reads in "cannot … an operation that is …". An
+/// unknown name is returned as it is.
+pub fn user_name(name: &str) -> &str {
+    match name {
+        "record_intent" => "record",
+        "grant_approval" => "approve",
+        "deny_approval" => "deny",
+        "start_attempt" => "send",
+        "record_success" => "record a success for",
+        "record_rejection" => "record a refusal for",
+        "record_unknown" => "record an unknown outcome for",
+        "record_not_sent" => "record an unsent attempt for",
+        "expire_lease" => "expire the lease of",
+        "record_reconciliation" => "record a lookup for",
+        "require_review" => "hand to a person",
+        "resolve_review" => "resolve the review of",
+        other => other,
+    }
+}

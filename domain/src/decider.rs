@@ -70,7 +70,10 @@ pub enum Rejection {
     #[error("no intent is recorded for this operation")]
     NotRecorded,
     /// The command does not apply in the current state.
-    #[error("cannot {command} an operation that is {status}")]
+    #[error(
+        "cannot {} an operation that is {status}",
+        crate::command::user_name(command)
+    )]
     NotAllowed {
         /// The command refused.
         command: &'static str,

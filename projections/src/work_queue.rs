@@ -64,6 +64,15 @@ impl WorkQueue {
         self.open.insert(operation_id, state);
     }
 
+    /// Takes `operation_id` out of the queue, whatever its state: the workers set aside an
+    /// operation whose log they cannot read, so that nothing drives it on a partial fold.
+    pub fn remove(&mut self, operation_id: OperationId) {
+        self.open.remove(&operation_id);
+        if let Some((due_at, work)) = self.due_of.remove(&operation_id) {
+            self.due.remove(&(due_at, operation_id, work));
+        }
+    }
+
     /// Up to `limit` operations whose work is due at `now`, the longest-waiting first.
     pub fn due(&self, now: DateTime<Utc>, limit: usize) -> Vec<(OperationId, Work)> {
         self.due

@@ -291,23 +291,14 @@ impl ReadModelStore {
                 ),
                 None,
             ),
-            Some(tenants) => {
-                let names: Vec<&str> = tenants
-                    .iter()
-                    .take(MAX_QUERY_ROWS)
-                    .map(TenantId::as_str)
-                    .collect();
-                (
-                    format!(
-                        "SELECT {REVIEW_COLUMNS} FROM review_queue
-                         WHERE tenant IN (SELECT value FROM json_each(?2))
-                         ORDER BY since, operation_id LIMIT ?1"
-                    ),
-                    Some(serde_json::to_string(&names).map_err(|error| {
-                        corrupt(format!("a tenant list cannot be written as JSON: {error}"))
-                    })?),
-                )
-            }
+            Some(tenants) => (
+                format!(
+                    "SELECT {REVIEW_COLUMNS} FROM review_queue
+                     WHERE tenant IN (SELECT value FROM json_each(?2))
+                     ORDER BY since, operation_id LIMIT ?1"
+                ),
+                Some(tenant_array(tenants)?),
+            ),
         };
         let mut statement = self
             .connection
@@ -394,41 +385,54 @@ impl ReadModelStore {
         id: &str,
         limit: usize,
     ) -> Result<Vec<OperationId>, ReadModelError> {
+        self.trace_rows(id, None, limit)
+    }
+
+    /// [`Self::trace_candidates`] restricted to `tenants` (a caller's scope); an empty scope finds
+    /// nothing. The scope is applied in SQL before the limit: a short external id (`731`) or a
+    /// source id repeats across tenants, and other tenants' matches must not crowd out the
+    /// caller's own however many there are.
+    pub fn trace_candidates_of(
+        &self,
+        id: &str,
+        tenants: &[TenantId],
+        limit: usize,
+    ) -> Result<Vec<OperationId>, ReadModelError> {
+        self.trace_rows(id, Some(tenants), limit)
+    }
+
+    fn trace_rows(
+        &self,
+        id: &str,
+        tenants: Option<&[TenantId]>,
+        limit: usize,
+    ) -> Result<Vec<OperationId>, ReadModelError> {
         let id = id.trim();
         let limit = row_limit(limit);
         let mut found: Vec<OperationId> = Vec::new();
         if id.is_empty() || id.len() > MAX_TEXT_ID_BYTES {
             return Ok(found);
         }
+        // NULL when unscoped; else one JSON array, so each statement stays cached whatever the
+        // number of tenants (as in the review queue).
+        let scope = tenants.map(tenant_array).transpose()?;
         let canonical = Uuid::parse_str(id)
             .map(|uuid| uuid.hyphenated().to_string())
             .ok();
         let mut queries: Vec<(&str, &str)> = Vec::new();
         if let Some(canonical) = canonical.as_deref() {
-            queries.push((
-                "SELECT operation_id FROM operations WHERE operation_id = ?1 LIMIT ?2",
-                canonical,
-            ));
-            queries.push(("SELECT operation_id FROM attempts WHERE attempt_id = ?1 ORDER BY position LIMIT ?2", canonical));
+            queries.push((TRACE_BY_OPERATION_ID, canonical));
+            queries.push((TRACE_BY_ATTEMPT_ID, canonical));
         }
-        queries.push((
-            "SELECT operation_id FROM external_ids WHERE external_id = ?1
-             ORDER BY role = 'confirmed' DESC, position LIMIT ?2",
-            id,
-        ));
-        queries.push((
-            "SELECT operation_id FROM sources WHERE source_id = ?1 ORDER BY position LIMIT ?2",
-            id,
-        ));
+        queries.push((TRACE_BY_EXTERNAL_ID, id));
+        queries.push((TRACE_BY_SOURCE_ID, id));
         for (query, value) in queries {
             let mut statement = self
                 .connection
                 .prepare_cached(query)
                 .map_err(|error| ReadModelError::sqlite("preparing to trace an id", error))?;
             let rows = statement
-                .query_map(rusqlite::params![value, limit], |row| {
-                    row.get::<_, String>(0)
-                })
+                .query_map(params![value, limit, scope], |row| row.get::<_, String>(0))
                 .map_err(|error| ReadModelError::sqlite("tracing an id", error))?;
             for row in rows {
                 let raw = row.map_err(|error| ReadModelError::sqlite("tracing an id", error))?;
@@ -677,6 +681,36 @@ impl ReadModelStore {
             })
             .transpose()
     }
+}
+
+/// The id-index lookups of a trace, best link first: `?1` the id, `?2` the limit, `?3` the
+/// caller's tenants as a JSON array or NULL for every tenant. The tenant condition sits in the
+/// statement, before the limit, so it cannot be starved by other tenants' rows. The joins are
+/// LEFT so that an unscoped trace finds what the index holds even without its operation row.
+const TRACE_BY_OPERATION_ID: &str = "SELECT operation_id FROM operations
+     WHERE operation_id = ?1 AND (?3 IS NULL OR tenant IN (SELECT value FROM json_each(?3)))
+     LIMIT ?2";
+const TRACE_BY_ATTEMPT_ID: &str = "SELECT a.operation_id FROM attempts a
+     LEFT JOIN operations o ON o.operation_id = a.operation_id
+     WHERE a.attempt_id = ?1 AND (?3 IS NULL OR o.tenant IN (SELECT value FROM json_each(?3)))
+     ORDER BY a.position LIMIT ?2";
+const TRACE_BY_EXTERNAL_ID: &str = "SELECT e.operation_id FROM external_ids e
+     LEFT JOIN operations o ON o.operation_id = e.operation_id
+     WHERE e.external_id = ?1 AND (?3 IS NULL OR o.tenant IN (SELECT value FROM json_each(?3)))
+     ORDER BY e.role = 'confirmed' DESC, e.position LIMIT ?2";
+const TRACE_BY_SOURCE_ID: &str = "SELECT operation_id FROM sources
+     WHERE source_id = ?1 AND (?3 IS NULL OR tenant IN (SELECT value FROM json_each(?3)))
+     ORDER BY position LIMIT ?2";
+
+/// `tenants` as the JSON array the scoped queries bind (at most [`MAX_QUERY_ROWS`] of them).
+fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {
+    let names: Vec<&str> = tenants
+        .iter()
+        .take(MAX_QUERY_ROWS)
+        .map(TenantId::as_str)
+        .collect();
+    serde_json::to_string(&names)
+        .map_err(|error| corrupt(format!("a tenant list cannot be written as JSON: {error}")))
 }
 
 /// Most operations listed for one external id named by several: an object shared by more than

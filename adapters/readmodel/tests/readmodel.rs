@@ -1495,6 +1495,79 @@ async fn trace_finds_the_operation_from_an_attempt_id_an_external_id_a_source_id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_external_id_shared_by_more_operations_of_other_tenants_than_a_query_reads_still_finds_the_callers_own(
+) {
+    // Task 731 exists in many tenants' CRMs. More than MAX_QUERY_ROWS operations of other
+    // tenants name it before the caller's own does, so a limit applied before the tenant filter
+    // would see only other tenants' rows.
+    let harness = Harness::new(MemoryStore::new());
+    let others = MAX_QUERY_ROWS + 5;
+    for n in 0..others {
+        let intent = harness
+            .record(
+                &format!("tenant-{n}"),
+                None,
+                &format!("Call client {n}"),
+                false,
+            )
+            .await;
+        let attempt = harness.start(&intent, Deduplication::UniqueLabel).await;
+        harness.succeed(&intent, attempt, "731").await;
+    }
+    let own = harness
+        .record("acme", Some("731"), "Call the client", false)
+        .await;
+    let attempt = harness.start(&own, Deduplication::UniqueLabel).await;
+    harness.succeed(&own, attempt, "731").await;
+    let dir = TempDir::new().expect("temp dir");
+    let read_models = rebuild(harness.store(), dir.path().join("read.db"))
+        .await
+        .expect("rebuild");
+
+    let unscoped = read_models
+        .call(|store| store.trace_candidates("731", MAX_QUERY_ROWS))
+        .await
+        .expect("trace");
+    assert_eq!(unscoped.len(), MAX_QUERY_ROWS);
+    assert!(
+        !unscoped.contains(&own.operation_id),
+        "the caller's own is beyond the first MAX_QUERY_ROWS candidates of every tenant"
+    );
+    let acme = TenantId::new("acme").expect("a tenant id");
+    let scoped = read_models
+        .call(move |store| store.trace_candidates_of("731", &[acme], 10))
+        .await
+        .expect("trace");
+    assert_eq!(
+        scoped,
+        vec![own.operation_id],
+        "by external id and by source id, once"
+    );
+    let attempt_id = attempt.to_string();
+    let acme = TenantId::new("acme").expect("a tenant id");
+    let by_attempt = read_models
+        .call(move |store| store.trace_candidates_of(&attempt_id, &[acme], 10))
+        .await
+        .expect("trace");
+    assert_eq!(by_attempt, vec![own.operation_id]);
+    let other = TenantId::new("tenant-0").expect("a tenant id");
+    let own_id = own.operation_id.to_string();
+    let hidden = read_models
+        .call(move |store| store.trace_candidates_of(&own_id, &[other], 10))
+        .await
+        .expect("trace");
+    assert!(
+        hidden.is_empty(),
+        "another tenant's operation id finds nothing"
+    );
+    let nobody = read_models
+        .call(|store| store.trace_candidates_of("731", &[], 10))
+        .await
+        .expect("trace");
+    assert!(nobody.is_empty(), "an empty scope finds nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_intents_from_different_sources_within_the_window_are_flagged_and_a_redelivery_is_not(
 ) {
     let fixture = Fixture::build().await;

@@ -7,8 +7,15 @@
 //! dispatching and waits (bounded) for the drives in progress, so a send that was made is
 //! recorded; a drive cut off by the bound leaves its attempt in flight, which the next run sweeps
 //! to unknown and reconciles. It must never guess an outcome to finish faster.
+//!
+//! An event the workers cannot decode (damaged on disk, or written by a newer opledger) must not
+//! stop the work of every other operation: it is logged with its position, stream and operation,
+//! counted ([`WorkerCounters::undecodable_events`]), and its operation is set aside — never driven
+//! again by this run, because its fold is missing an event and any send decided on it could be
+//! wrong. A person must look (`opledger verify`, `opledger trace <operation id>`).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +25,7 @@ use opledger_domain::engine::Engine;
 use opledger_domain::ids::OperationId;
 use opledger_domain::ports::{Clock, IdSource};
 use opledger_domain::provider::Providers;
-use opledger_domain::store::{EventStore, LogStart, StoreError, Subscription};
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
 use opledger_projections::work_queue::WorkQueue;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -73,6 +80,23 @@ pub struct WorkerStats {
     pub abandoned_at_shutdown: usize,
     /// Of those, attempts then recorded as unknown (the rest had no attempt of ours in flight).
     pub recorded_unknown_at_shutdown: usize,
+    /// Events of the log that could not be decoded and were skipped.
+    pub undecodable_events: u64,
+    /// Operations set aside because an event of theirs could not be decoded: not driven.
+    pub set_aside_operations: usize,
+}
+
+/// What the workers have counted so far, readable while they run (the metrics read it).
+#[derive(Clone, Debug, Default)]
+pub struct WorkerCounters {
+    undecodable_events: Arc<AtomicU64>,
+}
+
+impl WorkerCounters {
+    /// Events of the log the workers could not decode and skipped, since they started.
+    pub fn undecodable_events(&self) -> u64 {
+        self.undecodable_events.load(Ordering::Relaxed)
+    }
 }
 
 /// Why the workers stopped on their own.
@@ -81,9 +105,6 @@ pub enum WorkerError {
     /// The log subscription failed.
     #[error("the workers' log subscription failed: {0}")]
     Store(#[from] StoreError),
-    /// An event in the log could not be decoded.
-    #[error("the workers cannot read the log: {0}")]
-    Decode(#[from] codec::DecodeError),
 }
 
 /// Running workers.
@@ -91,6 +112,7 @@ pub enum WorkerError {
 pub struct Workers {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<WorkerStats, WorkerError>>,
+    counters: WorkerCounters,
 }
 
 impl Workers {
@@ -107,8 +129,18 @@ impl Workers {
             max_concurrent: config.max_concurrent.clamp(1, MAX_CONCURRENT_LIMIT),
             ..config
         };
-        let task = tokio::spawn(run(engine, config, stopped));
-        Self { stop, task }
+        let counters = WorkerCounters::default();
+        let task = tokio::spawn(run(engine, config, stopped, counters.clone()));
+        Self {
+            stop,
+            task,
+            counters,
+        }
+    }
+
+    /// The live counters, for metrics: a handle that stays readable after a shutdown.
+    pub fn counters(&self) -> WorkerCounters {
+        self.counters.clone()
     }
 
     /// Stops dispatching, waits for the drives in progress (up to the grace), and reports.
@@ -127,6 +159,7 @@ async fn run<S, C, I, P>(
     engine: Arc<Engine<S, C, I, P>>,
     config: WorkerConfig,
     mut stopped: watch::Receiver<bool>,
+    counters: WorkerCounters,
 ) -> Result<WorkerStats, WorkerError>
 where
     S: EventStore + 'static,
@@ -144,6 +177,9 @@ where
     let mut running: JoinSet<(OperationId, Result<(), AppError>)> = JoinSet::new();
     let mut busy = HashSet::new();
     let mut last_driven: HashMap<OperationId, Instant> = HashMap::new();
+    // Not bounded by a limit: it grows only by undecodable events, each one logged and counted,
+    // and forgetting one would let later events fold onto a state that misses an event.
+    let mut set_aside: HashSet<OperationId> = HashSet::new();
     let mut stats = WorkerStats::default();
     let idle = Duration::from_millis(config.idle_poll_ms.max(1));
     let redrive_pause = Duration::from_millis(config.redrive_pause_ms);
@@ -184,8 +220,13 @@ where
             event = subscription.next() => {
                 let recorded = event?;
                 if let Some(operation_id) = recorded.stream.operation_id() {
-                    queue.apply(operation_id, &codec::decode(&recorded)?);
-                    // Something changed: it may be driven again at once.
+                    if set_aside.contains(&operation_id) {
+                        continue;
+                    }
+                    if !fold(&mut queue, operation_id, &recorded, &counters) {
+                        set_aside.insert(operation_id);
+                    }
+                    // Something changed: it may be driven again at once (unless set aside).
                     last_driven.remove(&operation_id);
                 }
             }
@@ -235,5 +276,36 @@ where
             }
         }
     }
+    stats.undecodable_events = counters.undecodable_events();
+    stats.set_aside_operations = set_aside.len();
     Ok(stats)
+}
+
+/// Folds `recorded`, an event of `operation_id`'s stream, into the queue; `false` when it cannot
+/// be decoded, after taking the operation out of the queue, counting and logging it.
+fn fold(
+    queue: &mut WorkQueue,
+    operation_id: OperationId,
+    recorded: &RecordedEvent,
+    counters: &WorkerCounters,
+) -> bool {
+    match codec::decode(recorded) {
+        Ok(event) => {
+            queue.apply(operation_id, &event);
+            true
+        }
+        Err(error) => {
+            queue.remove(operation_id);
+            counters.undecodable_events.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                position = %recorded.position,
+                stream = %recorded.stream,
+                %operation_id,
+                %error,
+                "an event cannot be decoded; it is skipped and its operation is no longer driven: \
+                 a person must look (opledger verify; opledger trace <operation id>)"
+            );
+            false
+        }
+    }
 }

@@ -196,6 +196,15 @@ fn an_operation_without_approval_cannot_be_approved() {
     ));
 }
 
+#[test]
+fn a_refusal_names_the_command_in_the_words_users_know() {
+    let outcome = recorded().when(&grant(), at_s(1));
+    assert_eq!(
+        outcome.rejection().to_string(),
+        "cannot approve an operation that is pending"
+    );
+}
+
 // --- attempts ---------------------------------------------------------------------------------
 
 #[test]

@@ -163,27 +163,16 @@ pub(super) async fn trace(
     fresh_read_models(&shared).await?;
     let query = id.clone();
     let visible_scope = scope.clone();
-    // Filtered by tenant before the cap: short external ids ("731") and source ids repeat across
-    // tenants, and another tenant's matches must not crowd out the caller's own.
+    // Filtered by tenant in SQL, before the cap: short external ids ("731") and source ids repeat
+    // across tenants, and another tenant's matches must not crowd out the caller's own.
     let candidates = shared
         .read_models
-        .call(move |store| {
-            let mut visible = Vec::new();
-            for candidate in store.trace_candidates(&query, MAX_QUERY_ROWS)? {
-                let allowed = match &visible_scope {
-                    Scope::All => true,
-                    Scope::Tenants(_) => store
-                        .operation(candidate)?
-                        .is_some_and(|row| visible_scope.allows(&row.tenant)),
-                };
-                if allowed {
-                    visible.push(candidate);
-                }
-                if visible.len() >= MAX_TRACE_MATCHES {
-                    break;
-                }
+        .call(move |store| match &visible_scope {
+            Scope::All => store.trace_candidates(&query, MAX_TRACE_MATCHES),
+            Scope::Tenants(tenants) => {
+                let tenants: Vec<TenantId> = tenants.iter().cloned().collect();
+                store.trace_candidates_of(&query, &tenants, MAX_TRACE_MATCHES)
             }
-            Ok(visible)
         })
         .await?;
     let store = shared.engine.ledger().store();

@@ -80,7 +80,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
         return Err(StoreError::Unavailable {
             reason: format!(
                 "`{}` is an SQLite database that opledger did not create (it has tables but no schema \
-                 version); refusing to write into it",
+                 version): it is not an opledger ledger, and it was left as it is",
                 path.display()
             ),
         });
