@@ -96,6 +96,10 @@ async fn an_intent_is_recorded_executed_and_confirmed_with_one_object_at_the_crm
         .await
         .expect("text");
     assert!(
+        metrics.contains("opledger_undecodable_events_total 0"),
+        "a healthy ledger has no event the workers skipped: {metrics}"
+    );
+    assert!(
         metrics.contains("opledger_operations{state=\"succeeded\"} 1"),
         "{metrics}"
     );

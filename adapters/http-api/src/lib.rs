@@ -131,6 +131,8 @@ pub struct Shared {
     pub approval_guard: auth::Scope,
     /// The digest of the token `/metrics` asks for, if any.
     pub metrics_token: Option<[u8; 32]>,
+    /// What the background workers counted (undecodable events), for `/metrics`.
+    pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
     pub openapi: axum::body::Bytes,
 }
@@ -190,6 +192,7 @@ pub async fn run(
         shutdown: stopping.clone(),
         tenants: TenantCache::default(),
         openapi: openapi_for(&limits).into(),
+        worker_counters: workers.counters(),
     });
     println!(
         "opledger serve: listening on http://{local} (ledger {ledger_name}, read models {})",

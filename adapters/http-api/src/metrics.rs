@@ -20,6 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use opledger_projections::metrics::Counter;
+use opledger_readmodel::Metrics;
 
 use super::error::ApiError;
 use super::Shared;
@@ -173,6 +174,8 @@ pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: 
     response
 }
 
+/// `GET /metrics`: the read models' counts, the workers' and the server's own, in Prometheus'
+/// text format.
 pub async fn render(
     State(shared): State<Arc<Shared>>,
     headers: axum::http::HeaderMap,
@@ -185,38 +188,82 @@ pub async fn render(
         .read_models
         .lag(shared.engine.ledger().store())
         .await?;
-    let now = Utc::now();
     let mut out = String::with_capacity(4096);
-    let gauge = |out: &mut String, name: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-    };
+    render_states_and_ages(&mut out, &metrics, Utc::now());
+    render_counters(&mut out, &metrics);
+    render_duplicates_and_attempts(&mut out, &metrics);
     gauge(
         &mut out,
-        "opledger_operations",
-        "Operations by current state.",
+        "opledger_read_model_lag_positions",
+        "Log positions the read models have not applied yet (events for SQLite, byte offsets for KurrentDB).",
     );
+    let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
+    gauge(
+        &mut out,
+        "opledger_event_streams_open",
+        "Server-Sent Event streams open now.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_event_streams_open {}",
+        shared.limits.max_sse_connections - shared.sse.available_permits()
+    );
+    counter(
+        &mut out,
+        "opledger_undecodable_events_total",
+        "Events of the log the workers could not decode and skipped; their operations are set aside for a person (opledger verify, opledger trace).",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_undecodable_events_total {}",
+        shared.worker_counters.undecodable_events()
+    );
+    shared.requests.render(&mut out);
+    Ok((
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}
+
+fn gauge(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+}
+
+fn counter(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+}
+
+/// Operations by state, and the ages of the oldest unknown and needs-review ones.
+fn render_states_and_ages(out: &mut String, metrics: &Metrics, now: chrono::DateTime<Utc>) {
+    gauge(out, "opledger_operations", "Operations by current state.");
     // The API's states, each always present (0 when none is in it); the fold's `new` is not
     // one (no recorded operation is in it) and so is not shown.
     for state in super::api::API_STATES {
         let count = metrics.by_state.get(state).copied().unwrap_or(0);
         let _ = writeln!(out, "opledger_operations{{state=\"{state}\"}} {count}");
     }
-    gauge(
-        &mut out,
-        "opledger_oldest_unknown_age_seconds",
-        "Age of the operation unknown the longest (0 when none is unknown).",
-    );
     let age = |since: Option<chrono::DateTime<Utc>>| {
         since.map_or(0, |since| (now - since).num_seconds().max(0))
     };
+    gauge(
+        out,
+        "opledger_oldest_unknown_age_seconds",
+        "Age of the operation unknown the longest (0 when none is unknown).",
+    );
     let _ = writeln!(
         out,
         "opledger_oldest_unknown_age_seconds {}",
         age(metrics.oldest_unknown.as_ref().map(|oldest| oldest.since))
     );
     gauge(
-        &mut out,
+        out,
         "opledger_oldest_needs_review_age_seconds",
         "Age of the operation waiting for a person the longest (0 when none waits).",
     );
@@ -228,7 +275,11 @@ pub async fn render(
             .as_ref()
             .map(|oldest| oldest.since))
     );
-    for (counter, name, help) in [
+}
+
+/// The ledger's counters, as the read models keep them.
+fn render_counters(out: &mut String, metrics: &Metrics) {
+    for (kind, name, help) in [
         (
             Counter::IntentsRecorded,
             "opledger_intents_recorded_total",
@@ -260,12 +311,15 @@ pub async fn render(
             "Second objects found for confirmed operations.",
         ),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let _ = writeln!(out, "{name} {}", metrics.counter(counter));
+        counter(out, name, help);
+        let _ = writeln!(out, "{name} {}", metrics.counter(kind));
     }
+}
+
+/// Shared external ids, possible duplicate intents, and operations by their attempts.
+fn render_duplicates_and_attempts(out: &mut String, metrics: &Metrics) {
     gauge(
-        &mut out,
+        out,
         "opledger_shared_external_ids",
         "External objects named by more than one operation.",
     );
@@ -275,7 +329,7 @@ pub async fn render(
         metrics.shared_external_ids
     );
     gauge(
-        &mut out,
+        out,
         "opledger_possible_duplicate_intents",
         "Pairs of identical intents from different deliveries, flagged for a person.",
     );
@@ -285,7 +339,7 @@ pub async fn render(
         metrics.possible_duplicate_intents
     );
     gauge(
-        &mut out,
+        out,
         "opledger_operations_by_attempts",
         "Operations by the number of attempts they took.",
     );
@@ -295,32 +349,6 @@ pub async fn render(
             "opledger_operations_by_attempts{{attempts=\"{attempts}\"}} {operations}"
         );
     }
-    gauge(
-        &mut out,
-        "opledger_read_model_lag_positions",
-        "Log positions the read models have not applied yet (events for SQLite, byte offsets for KurrentDB).",
-    );
-    let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
-    gauge(
-        &mut out,
-        "opledger_event_streams_open",
-        "Server-Sent Event streams open now.",
-    );
-    let _ = writeln!(
-        out,
-        "opledger_event_streams_open {}",
-        shared.limits.max_sse_connections - shared.sse.available_permits()
-    );
-    shared.requests.render(&mut out);
-    Ok((
-        StatusCode::OK,
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
 }
 
 #[cfg(test)]
