@@ -18,7 +18,8 @@
 //! unknown          --RecordReconciliation: inconclusive----> unknown (look again before any retry)
 //! unknown          --RecordReconciliation: none, no contract> needs_review
 //! unknown, pending --RequireReview-------------------------> needs_review
-//! needs_review     --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
+//! needs_review,
+//! unknown          --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
 //! succeeded        --a different external id---------------> succeeded + DuplicateDetected
 //! ```
 //!

@@ -543,6 +543,74 @@ fn review_decisions_are_refused_outside_review() {
 }
 
 #[test]
+fn review_decisions_are_refused_before_the_first_attempt_and_after_a_settled_outcome() {
+    for decision in [ReviewDecision::Retry, ReviewDecision::Abandon] {
+        assert!(matches!(
+            recorded().when(&resolve(decision.clone()), at_s(1)).rejection(),
+            Rejection::NotAllowed { status: "pending", .. }
+        ));
+        let succeeded = in_flight(keyed()).when(&success(1, "731"), at_s(2)).scenario;
+        assert!(matches!(
+            succeeded.when(&resolve(decision), at_s(3)).rejection(),
+            Rejection::NotAllowed { status: "succeeded", .. }
+        ));
+    }
+}
+
+#[test]
+fn a_reviewer_can_confirm_an_unknown_operation_with_the_id_found_by_hand() {
+    let outcome = unknown_after_first_attempt(lookup_only()).when(
+        &resolve(ReviewDecision::ConfirmSucceeded {
+            external_id: external("731"),
+        }),
+        at_s(30),
+    );
+    assert_eq!(outcome.then_types(), ["ReviewResolved"]);
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn a_reviewer_can_give_up_on_an_unknown_operation_and_nothing_is_looked_up_after() {
+    let outcome =
+        unknown_after_first_attempt(lookup_only()).when(&resolve(ReviewDecision::Abandon), at_s(30));
+    assert_eq!(outcome.status(), "abandoned");
+    assert_eq!(outcome.scenario.state().next_work(), None);
+    assert!(matches!(
+        outcome
+            .scenario
+            .when(&reconcile(not_found(), lookup_only(), at_s(31)), at_s(31))
+            .rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+#[test]
+fn a_reviewer_retry_of_an_unknown_operation_is_sent_without_a_retry_contract() {
+    // The provider neither deduplicates nor answers: the person accepts the duplicate risk.
+    let outcome =
+        unknown_after_first_attempt(lookup_only()).when(&resolve(ReviewDecision::Retry), at_s(30));
+    assert_eq!(outcome.status(), "pending");
+    let outcome = outcome.and(&start(2, lookup_only()), at_s(31));
+    assert_eq!(outcome.then_types(), ["AttemptStarted"]);
+}
+
+#[test]
+fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
+    let command = Command::ResolveReview {
+        reviewer: actor("op"),
+        decision: ReviewDecision::Abandon,
+        note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
+    };
+    assert!(matches!(
+        unknown_after_first_attempt(lookup_only()).when(&command, at_s(30)).rejection(),
+        Rejection::Invalid(e) if e.field == "note"
+    ));
+}
+
+#[test]
 fn an_oversized_reviewer_note_is_refused() {
     let command = Command::ResolveReview {
         reviewer: actor("op"),
