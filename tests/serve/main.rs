@@ -6,6 +6,7 @@ mod isolation;
 mod kurrentdb;
 mod lifecycle;
 mod numbers;
+mod redelivery;
 mod shutdown;
 mod stream;
 mod support;

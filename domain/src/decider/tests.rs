@@ -546,13 +546,23 @@ fn review_decisions_are_refused_outside_review() {
 fn review_decisions_are_refused_before_the_first_attempt_and_after_a_settled_outcome() {
     for decision in [ReviewDecision::Retry, ReviewDecision::Abandon] {
         assert!(matches!(
-            recorded().when(&resolve(decision.clone()), at_s(1)).rejection(),
-            Rejection::NotAllowed { status: "pending", .. }
+            recorded()
+                .when(&resolve(decision.clone()), at_s(1))
+                .rejection(),
+            Rejection::NotAllowed {
+                status: "pending",
+                ..
+            }
         ));
-        let succeeded = in_flight(keyed()).when(&success(1, "731"), at_s(2)).scenario;
+        let succeeded = in_flight(keyed())
+            .when(&success(1, "731"), at_s(2))
+            .scenario;
         assert!(matches!(
             succeeded.when(&resolve(decision), at_s(3)).rejection(),
-            Rejection::NotAllowed { status: "succeeded", .. }
+            Rejection::NotAllowed {
+                status: "succeeded",
+                ..
+            }
         ));
     }
 }
@@ -574,8 +584,8 @@ fn a_reviewer_can_confirm_an_unknown_operation_with_the_id_found_by_hand() {
 
 #[test]
 fn a_reviewer_can_give_up_on_an_unknown_operation_and_nothing_is_looked_up_after() {
-    let outcome =
-        unknown_after_first_attempt(lookup_only()).when(&resolve(ReviewDecision::Abandon), at_s(30));
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&resolve(ReviewDecision::Abandon), at_s(30));
     assert_eq!(outcome.status(), "abandoned");
     assert_eq!(outcome.scenario.state().next_work(), None);
     assert!(matches!(
