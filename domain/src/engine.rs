@@ -573,6 +573,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .lookup(&request)
             .instrument(span.clone())
             .await;
+        if let LookupOutcome::Refused { reason } = lookup {
+            // Wrong or revoked credentials do not clear on their own: looking again would only
+            // repeat the refusal until the lookup budget ran out. A person fixes the account.
+            warn!(parent: &span, %reason, "lookup refused for its credentials");
+            return self
+                .require_review(
+                    loaded,
+                    format!("the provider refused the lookup for account `{}`'s credentials, which does not clear on its own; fix the account's token, then decide: {reason}", intent.account),
+                )
+                .await;
+        }
+        let in_progress = matches!(lookup, LookupOutcome::InProgress { .. });
         let (result, evidence, retry_after_ms) = reconciliation_of(lookup, &span);
         let now = self.ledger.clock().now();
         let state = &loaded.state;
@@ -592,6 +604,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 state.reconciliations.saturating_add(1),
                 retry_after_ms,
             ),
+            in_progress,
         };
         self.record_reconciliation(loaded, &command, span).await
     }
@@ -702,6 +715,25 @@ fn reconciliation_of(
         } => (
             ReconciliationResult::NotFound { authoritative },
             evidence,
+            None,
+        ),
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => (
+            ReconciliationResult::Inconclusive {
+                reason: "the provider is still processing the first request".to_owned(),
+            },
+            evidence,
+            retry_after_ms,
+        ),
+        // `reconcile_loaded` hands a refused lookup to a person before it gets here; were it
+        // recorded, it would be what it is: no usable answer.
+        LookupOutcome::Refused { reason } => (
+            ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            reason,
             None,
         ),
         LookupOutcome::Unavailable {

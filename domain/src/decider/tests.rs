@@ -41,6 +41,23 @@ fn reconcile(
         policy: policy(),
         retry_not_before: not_before,
         next_check_not_before: not_before,
+        in_progress: false,
+    }
+}
+
+/// A keyed lookup answering "the first request with this key is still being processed".
+fn reconcile_in_progress(capabilities: ProviderCapabilities, not_before: DateTime<Utc>) -> Command {
+    Command::RecordReconciliation {
+        result: ReconciliationResult::Inconclusive {
+            reason: "200 in_progress".into(),
+        },
+        evidence: "GET /keyed/acct-1/requests/opk_1 → 200 in_progress".into(),
+        binding: binding(),
+        capabilities,
+        policy: policy(),
+        retry_not_before: not_before,
+        next_check_not_before: not_before,
+        in_progress: true,
     }
 }
 
@@ -798,10 +815,10 @@ fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
 
 #[test]
 fn an_inconclusive_lookup_looks_again_before_retrying_even_where_a_retry_would_be_safe() {
-    // A keyed provider answers "the first request with this key is still being processed":
-    // a retry now would only be refused (spending the attempt budget) or race the first request.
+    // A keyed provider's lookup fails (a 503): a retry now might race the first request or be
+    // refused (spending the attempt budget), so the lookup is made again first.
     let in_progress = || ReconciliationResult::Inconclusive {
-        reason: "200 in_progress".into(),
+        reason: "503 unavailable".into(),
     };
     let mut scenario = unknown_after_first_attempt(keyed());
     for n in 1..=2 {
@@ -834,6 +851,75 @@ fn an_inconclusive_lookup_looks_again_before_retrying_even_where_a_retry_would_b
     assert_eq!(
         outcome.then_types(),
         ["ReconciliationRecorded", "RetryScheduled"]
+    );
+}
+
+#[test]
+fn a_request_still_in_progress_is_looked_up_again_and_never_retried_even_with_a_safe_contract() {
+    // policy(): at most 3 lookups leave the operation unknown; the keyed contract would allow a
+    // retry, which the provider would refuse as in flight or which would race the first request.
+    let mut scenario = unknown_after_first_attempt(keyed());
+    for n in 1..=2 {
+        let outcome = scenario.when(&reconcile_in_progress(keyed(), at_s(20 + n)), at_s(20));
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "lookup {n}"
+        );
+        assert_eq!(outcome.status(), "unknown");
+        assert_eq!(
+            outcome.scenario.state().next_check_not_before,
+            Some(at_s(20 + n))
+        );
+        scenario = outcome.scenario;
+    }
+    let outcome = scenario.when(&reconcile_in_progress(keyed(), at_s(40)), at_s(30));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"],
+        "a person, not a retry"
+    );
+    let reason = outcome
+        .scenario
+        .state()
+        .review_reason
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("in progress") && reason.contains("3 lookups"),
+        "{reason}"
+    );
+    assert_eq!(outcome.scenario.state().attempts, 1, "no attempt spent");
+}
+
+#[test]
+fn a_request_still_in_progress_after_the_total_time_budget_goes_to_a_person() {
+    // policy(): retries and waits are allowed for an hour after the first attempt (at 0 s).
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&reconcile_in_progress(keyed(), at_s(3_700)), at_s(3_600));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+    let reason = outcome
+        .scenario
+        .state()
+        .review_reason
+        .clone()
+        .unwrap_or_default();
+    assert!(reason.contains("time budget"), "{reason}");
+}
+
+#[test]
+fn a_found_object_settles_the_operation_even_when_the_lookup_was_flagged_in_progress() {
+    let mut found_late = reconcile_in_progress(keyed(), at_s(30));
+    if let Command::RecordReconciliation { result, .. } = &mut found_late {
+        *result = found("731");
+    }
+    let outcome = unknown_after_first_attempt(keyed()).when(&found_late, at_s(20));
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
     );
 }
 
