@@ -123,8 +123,13 @@ pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     }
     print_state(&loaded);
     println!("sentence        {sentence}");
-    if state != "needs_review" {
-        println!("note            not waiting for a person (state {state}); nothing to resolve");
+    match state {
+        "needs_review" => {}
+        // A person may decide an unknown operation too, when the provider stays down.
+        "unknown" => println!(
+            "note            unknown: the lookups go on, and a person may decide it now (`opledger review resolve`)"
+        ),
+        _ => println!("note            not waiting for a person (state {state}); nothing to resolve"),
     }
     println!("evidence:");
     if evidence.is_empty() {

@@ -702,6 +702,7 @@ fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_
             policy: RetryPolicy::default(),
             retry_not_before: chrono::Utc::now(),
             next_check_not_before: chrono::Utc::now(),
+            in_progress: false,
         };
         execute(ledger, &intent, second_object).await;
     });

@@ -11,8 +11,8 @@ use opledger_domain::contract::{
     Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
 };
 use opledger_domain::decider::Rejection;
-use opledger_domain::event::IntentRecorded;
-use opledger_domain::ids::{ActorId, OperationId, WorkerId};
+use opledger_domain::event::{IntentRecorded, ReviewDecision};
+use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId, WorkerId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, LogStart, StreamName, MAX_READ_BATCH};
@@ -249,6 +249,38 @@ macro_rules! ledger_suite {
                 assert_eq!(state.attempts, 1, "one AttemptStarted in the stream");
                 let stream = ledger.store().read_stream(&StreamName::for_operation(intent.operation_id), opledger_domain::ids::StreamVersion::FIRST, 100).await.expect("reads");
                 assert_eq!(stream.len(), 2);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_person_may_decide_an_unknown_operation_without_waiting_for_its_review() {
+                let (ledger, _dir) = ledger().await;
+                let reviewer = || ActorId::new("operator").expect("actor");
+                let mut decided = Vec::new();
+                for decision in [
+                    ReviewDecision::ConfirmSucceeded { external_id: ExternalObjectId::new("731").expect("id") },
+                    ReviewDecision::Abandon,
+                    ReviewDecision::Retry,
+                ] {
+                    let recorded = ledger.record_intent(request(None)).await.expect("recorded");
+                    let intent = recorded.intent().clone();
+                    let claim = start_command(&intent, "w-1");
+                    let Command::StartAttempt { attempt_id, .. } = &claim else { unreachable!() };
+                    let attempt_id = *attempt_id;
+                    ledger.execute(intent.operation_id, &claim).await.expect("claimed");
+                    let timed_out = Command::RecordUnknown { attempt_id, error: "timed out".into() };
+                    let unknown = ledger.execute(intent.operation_id, &timed_out).await.expect("unknown");
+                    assert_eq!(unknown.state.status, Status::Unknown);
+                    let command = Command::ResolveReview { reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
+                    decided.push(ledger.execute(intent.operation_id, &command).await.expect("decided").state.status);
+                }
+                assert_eq!(
+                    decided,
+                    [
+                        Status::Succeeded { external_id: ExternalObjectId::new("731").expect("id") },
+                        Status::Abandoned,
+                        Status::Pending,
+                    ]
+                );
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

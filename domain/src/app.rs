@@ -254,8 +254,52 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// Records an intent (design rules 1–3). With a source id the operation id is derived from
     /// (tenant, source id), and a redelivery returns the operation already recorded — decided by
     /// the store's no-stream condition, so two concurrent deliveries still make one operation.
+    ///
+    /// A redelivery is the same request when it asks for the same provider, account, action,
+    /// arguments (by hash) and approval requirement; the source id reused for anything else is
+    /// refused with [`AppError::SourceReused`]. The credential fingerprint is not compared: it
+    /// says what the configuration held when the request arrived, not what was asked, and a
+    /// token rotated between two deliveries of one tool call must not turn the second into a
+    /// second task. The recorded binding is checked again before the next send.
     pub async fn record_intent(&self, request: IntentRequest) -> Result<RecordedIntent, AppError> {
         self.record_intent_then(request, |_| None).await
+    }
+
+    /// The operation an earlier delivery of `request`'s source id recorded, if there is one:
+    /// what [`Ledger::record_intent`] would answer for a redelivery, found without the request's
+    /// credential fingerprint, which is neither read nor checked. A redelivery must find its
+    /// operation whatever changed in the configuration since — the credentials rotated, the
+    /// account or the provider removed — so a caller that cannot name the credentials any more
+    /// asks this first and refuses only a new intent. `None` without a source id or when the
+    /// source is new; [`AppError::SourceReused`] when the recorded intent asked for something
+    /// else (see [`Ledger::record_intent`]).
+    pub async fn find_redelivery(
+        &self,
+        request: &IntentRequest,
+    ) -> Result<Option<RecordedIntent>, AppError> {
+        let Some(source_id) = &request.source_id else {
+            return Ok(None);
+        };
+        let tenant = TenantId::new(request.tenant.clone())?;
+        let source_id = SourceId::new(source_id.clone())?;
+        let existing = self
+            .load(OperationId::for_source(&tenant, &source_id))
+            .await?;
+        if existing.version.is_none() {
+            return Ok(None);
+        }
+        let provider = ProviderId::new(request.provider.clone())?;
+        let account = AccountId::new(request.account.clone())?;
+        let action = ActionName::new(request.action.clone())?;
+        let asked = Asked {
+            source_id: &source_id,
+            provider: &provider,
+            account: &account,
+            action: &action,
+            args_hash: ArgsSnapshot::new(request.args.clone())?.hash(),
+            requires_approval: request.requires_approval,
+        };
+        check_redelivery(existing, &asked).map(Some)
     }
 
     /// [`Ledger::record_intent`], and in the same append whatever `then` asks for on the state the
@@ -308,14 +352,16 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     created: true,
                 })
             }
-            Err(StoreError::VersionConflict { .. }) => {
+            // Only an operation id derived from a source id can exist already; a fresh random
+            // one that does is a store fault, reported as the conflict it is.
+            Err(conflict @ StoreError::VersionConflict { .. }) => {
+                let Some(source_id) = &valid.source_id else {
+                    return Err(conflict.into());
+                };
                 let operation = self.get(operation_id).await?;
-                check_redelivery(&operation, &valid)?;
+                let found = check_redelivery(operation, &Asked::of(&valid, source_id))?;
                 debug!("redelivered source found the existing operation");
-                Ok(RecordedIntent {
-                    operation,
-                    created: false,
-                })
+                Ok(found)
             }
             Err(error) => Err(error.into()),
         }
@@ -548,31 +594,64 @@ pub fn encode_all(
     (encoded, chain)
 }
 
-fn check_redelivery(existing: &LoadedOperation, valid: &ValidIntent) -> Result<(), AppError> {
+/// What a delivery asks for, compared with the intent an earlier delivery of the same source
+/// recorded: everything the caller says (provider, account, action, arguments, approval), and
+/// nothing the configuration says. The credentials are configuration: a token rotated since the
+/// first delivery does not make a redelivery a new request, and the binding is checked again
+/// before the next send anyway (design rule 4).
+struct Asked<'a> {
+    source_id: &'a SourceId,
+    provider: &'a ProviderId,
+    account: &'a AccountId,
+    action: &'a ActionName,
+    args_hash: ArgsHash,
+    requires_approval: bool,
+}
+
+impl<'a> Asked<'a> {
+    fn of(valid: &'a ValidIntent, source_id: &'a SourceId) -> Self {
+        Self {
+            source_id,
+            provider: &valid.provider,
+            account: &valid.account,
+            action: &valid.action,
+            args_hash: valid.args.hash(),
+            requires_approval: valid.requires_approval,
+        }
+    }
+}
+
+/// The recorded operation a redelivery asking for `asked` finds, or why the source id cannot be
+/// reused for it.
+fn check_redelivery(
+    existing: LoadedOperation,
+    asked: &Asked<'_>,
+) -> Result<RecordedIntent, AppError> {
     let Some(intent) = existing.state.intent.as_ref() else {
         return Err(AppError::NotFound {
             operation_id: existing.operation_id,
         });
     };
-    let differs = if intent.provider != valid.provider || intent.account != valid.account {
+    let differs = if intent.provider != *asked.provider || intent.account != *asked.account {
         Some("provider or account")
-    } else if intent.credential_fingerprint != valid.credential_fingerprint {
-        Some("credentials")
-    } else if intent.action != valid.action {
+    } else if intent.action != *asked.action {
         Some("action")
-    } else if intent.args_hash != valid.args.hash() {
+    } else if intent.args_hash != asked.args_hash {
         Some("arguments")
-    } else if intent.requires_approval != valid.requires_approval {
+    } else if intent.requires_approval != asked.requires_approval {
         Some("approval requirement")
     } else {
         None
     };
-    match (differs, &valid.source_id) {
-        (Some(differs), Some(source_id)) => Err(AppError::SourceReused {
+    match differs {
+        Some(differs) => Err(AppError::SourceReused {
             operation_id: existing.operation_id,
-            source_id: source_id.clone(),
+            source_id: asked.source_id.clone(),
             differs,
         }),
-        _ => Ok(()),
+        None => Ok(RecordedIntent {
+            operation: existing,
+            created: false,
+        }),
     }
 }

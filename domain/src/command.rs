@@ -119,6 +119,9 @@ pub enum Command {
         retry_not_before: DateTime<Utc>,
         /// When to look again, if the operation stays unknown (the caller adds backoff).
         next_check_not_before: DateTime<Utc>,
+        /// The provider said the first request is still being processed (the result is
+        /// inconclusive): look again while the lookup and time budgets last, never retry.
+        in_progress: bool,
     },
     /// Stop automation and hand the operation to a person.
     RequireReview {

@@ -16,9 +16,11 @@
 //! unknown          --RecordReconciliation: none, contract--> pending (same key)
 //! unknown          --RecordReconciliation: may still show--> unknown (look again later)
 //! unknown          --RecordReconciliation: inconclusive----> unknown (look again before any retry)
+//! unknown          --RecordReconciliation: in progress, budget spent> needs_review (never a retry)
 //! unknown          --RecordReconciliation: none, no contract> needs_review
 //! unknown, pending --RequireReview-------------------------> needs_review
-//! needs_review     --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
+//! needs_review,
+//! unknown          --ResolveReview: retry | confirm | give up> pending | succeeded | abandoned
 //! succeeded        --a different external id---------------> succeeded + DuplicateDetected
 //! ```
 //!
@@ -34,6 +36,9 @@
 //!   against the attempt budget;
 //! - an empty answer from a lagging search (inside its lag) or an inconclusive lookup keeps the
 //!   operation unknown for another look, within the lookup budget — it never authorises a create;
+//! - a lookup saying the first request is still in progress at the provider keeps looking while
+//!   the lookup budget and the total time budget last, then goes to a person: a retry then would
+//!   be refused as in flight (spending the attempt budget) or race the first request;
 //! - a pending operation whose send became impossible while queued (the retry contract ran out,
 //!   rule 9: "re-checked right before each send"; the binding changed) goes to review.
 
@@ -169,8 +174,8 @@ fn dispatch(
             outcome::not_sent(&on, *attempt_id, reason, *retry_not_before),
         Command::RecordUnknown { attempt_id, error } => outcome::unknown(&on, *attempt_id, error),
         Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
-        Command::RecordReconciliation { result, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before } =>
-            reconciliation::record(&on, &reconciliation::Lookup { result, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before }),
+        Command::RecordReconciliation { result, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
+            reconciliation::record(&on, &reconciliation::Lookup { result, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
         Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),
         Command::ResolveReview { reviewer, decision, note } => review::resolve(&on, reviewer, decision, note),
     };

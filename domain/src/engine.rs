@@ -8,6 +8,10 @@
 //! retry contract schedules a retry of the same operation with the same key, anything else goes to
 //! a person. Every answer carries the one sentence the agent may say.
 //!
+//! Inside one process, one operation is driven by one caller at a time ([`driving`]): an execute
+//! call and a background worker that meet on one operation take turns, so one lookup or send is
+//! made where two would have been.
+//!
 //! It must never send without a recorded claim, never send to an account other than the one the
 //! intent is bound to, and never decide on its own that an unclear attempt failed.
 
@@ -30,6 +34,9 @@ use crate::provider::{
 use crate::sentence::agent_sentence;
 use crate::state::{OperationState, Status};
 use crate::store::EventStore;
+
+mod driving;
+use driving::Driving;
 
 /// Most steps one `drive` call takes (claim + send, sweep, lookup) before it returns.
 pub const MAX_DRIVE_STEPS: usize = 4;
@@ -153,6 +160,8 @@ pub struct Engine<S, C, I, P> {
     providers: P,
     policy: EnginePolicy,
     worker: WorkerId,
+    /// The operations this engine is driving now; every drive takes its operation's turn here.
+    driving: Driving,
 }
 
 impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
@@ -183,6 +192,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             providers,
             policy,
             worker,
+            driving: Driving::default(),
         }
     }
 
@@ -199,16 +209,38 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// Moves the operation as far as it can go now and reports where it stands: terminal → its
     /// result; awaiting approval or review → as is; in flight → its status (or unknown, once the
     /// lease has run out); unknown → looked up; pending and due → claimed, sent, recorded.
+    /// A drive of an operation another caller of this engine is driving waits for it to end.
     pub async fn drive(&self, operation_id: OperationId) -> Result<Report, AppError> {
+        let _turn = self.driving.acquire(operation_id).await;
         let loaded = self.ledger.get(operation_id).await?;
-        self.drive_from(loaded).await
+        self.drive_steps(loaded).await
     }
 
     /// [`Engine::drive`] starting from an operation the caller just recorded or loaded, saving
     /// a read. A stale copy costs only a lost race: every step is a conditional append, and a
     /// lost one reloads. (Use it only with a state this process just wrote or read: a copy that
-    /// says "nothing to do" is answered as it is.)
-    pub async fn drive_from(&self, mut loaded: LoadedOperation) -> Result<Report, AppError> {
+    /// says "nothing to do" is answered as it is.) If another drive of the operation ran while
+    /// this one waited for its turn, the copy is stale for certain and is read again.
+    pub async fn drive_from(&self, loaded: LoadedOperation) -> Result<Report, AppError> {
+        let turn = self.driving.acquire(loaded.operation_id).await;
+        let loaded = self.fresh_after(&turn, loaded).await?;
+        self.drive_steps(loaded).await
+    }
+
+    /// `loaded` as it stands now, read again if another drive ran while `turn` was awaited.
+    async fn fresh_after(
+        &self,
+        turn: &driving::DriveGuard<'_>,
+        loaded: LoadedOperation,
+    ) -> Result<LoadedOperation, AppError> {
+        if turn.waited() {
+            return self.ledger.get(loaded.operation_id).await;
+        }
+        Ok(loaded)
+    }
+
+    /// The steps of a drive, taken while holding the operation's turn.
+    async fn drive_steps(&self, mut loaded: LoadedOperation) -> Result<Report, AppError> {
         for _ in 0..MAX_DRIVE_STEPS {
             let now = self.ledger.clock().now();
             let due = loaded
@@ -346,12 +378,17 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         operation: LoadedOperation,
         claimed: Option<AttemptId>,
     ) -> Result<Report, AppError> {
+        let turn = self.driving.acquire(operation.operation_id).await;
         match claimed {
+            // The claim is this engine's own: nobody else sends it, whoever drove meanwhile.
             Some(attempt_id) => {
                 let sent = self.send_claimed(operation, attempt_id).await?;
-                self.drive_from(sent).await
+                self.drive_steps(sent).await
             }
-            None => self.drive_from(operation).await,
+            None => {
+                let operation = self.fresh_after(&turn, operation).await?;
+                self.drive_steps(operation).await
+            }
         }
     }
 
@@ -573,6 +610,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .lookup(&request)
             .instrument(span.clone())
             .await;
+        if let LookupOutcome::Refused { reason } = lookup {
+            // Wrong or revoked credentials do not clear on their own: looking again would only
+            // repeat the refusal until the lookup budget ran out. A person fixes the account.
+            warn!(parent: &span, %reason, "lookup refused for its credentials");
+            return self
+                .require_review(
+                    loaded,
+                    format!("the provider refused the lookup for account `{}`'s credentials, which does not clear on its own; fix the account's token, then decide: {reason}", intent.account),
+                )
+                .await;
+        }
+        let in_progress = matches!(lookup, LookupOutcome::InProgress { .. });
         let (result, evidence, retry_after_ms) = reconciliation_of(lookup, &span);
         let now = self.ledger.clock().now();
         let state = &loaded.state;
@@ -592,6 +641,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 state.reconciliations.saturating_add(1),
                 retry_after_ms,
             ),
+            in_progress,
         };
         self.record_reconciliation(loaded, &command, span).await
     }
@@ -702,6 +752,25 @@ fn reconciliation_of(
         } => (
             ReconciliationResult::NotFound { authoritative },
             evidence,
+            None,
+        ),
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => (
+            ReconciliationResult::Inconclusive {
+                reason: "the provider is still processing the first request".to_owned(),
+            },
+            evidence,
+            retry_after_ms,
+        ),
+        // `reconcile_loaded` hands a refused lookup to a person before it gets here; were it
+        // recorded, it would be what it is: no usable answer.
+        LookupOutcome::Refused { reason } => (
+            ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            reason,
             None,
         ),
         LookupOutcome::Unavailable {

@@ -105,7 +105,24 @@ pub enum LookupOutcome {
         /// The provider's answer, for the ledger.
         evidence: String,
     },
-    /// The lookup could not be made or gave no usable answer.
+    /// The provider holds the operation's first request and is still processing it (a keyed
+    /// lookup answering "in progress"): no evidence yet, and a retry now would only be refused
+    /// or race it. Look again later.
+    InProgress {
+        /// The provider's answer, for the ledger.
+        evidence: String,
+        /// How long the provider asked us to wait, if it did, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
+    /// The provider refused the lookup itself for the credentials it carried (401, 403: wrong
+    /// or revoked credentials). That does not clear on its own, so asking again is pointless
+    /// until a person fixed the configuration.
+    Refused {
+        /// What the provider said.
+        reason: String,
+    },
+    /// The lookup could not be made or gave no usable answer; a later one may (a timeout, a
+    /// 5xx, a rate limit).
     Unavailable {
         /// Why.
         reason: String,

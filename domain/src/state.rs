@@ -85,7 +85,8 @@ impl Status {
             // From pending to succeeded: the late confirmation of an attempt not sent again yet.
             (Pending, InFlight | NeedsReview | Succeeded { .. }) => true,
             (InFlight, Succeeded { .. } | Rejected | Unknown | Pending) => true,
-            (Unknown, Succeeded { .. } | Pending | NeedsReview) => true,
+            // To abandoned: a person gave up on an unknown operation without waiting for review.
+            (Unknown, Succeeded { .. } | Pending | NeedsReview | Abandoned) => true,
             (NeedsReview, Pending | Succeeded { .. } | Abandoned) => true,
             // The documented late confirmation, the provider's own evidence.
             (Rejected | Abandoned, Succeeded { .. }) => true,

@@ -43,13 +43,18 @@ impl WorkQueue {
 
     /// Folds one event of `operation_id`'s stream into the queue.
     pub fn apply(&mut self, operation_id: OperationId, event: &OperationEvent) {
-        let state = self.open.remove(&operation_id).unwrap_or_default();
+        // A settled operation left the queue; a late annotation of it (a late response, a
+        // duplicate) must not bring it back, nor be folded onto an empty state: that is no
+        // history the decider wrote, and debug builds stop on it (`assert_invariants`).
+        let Some(state) = self.open.remove(&operation_id).or_else(|| {
+            matches!(event, OperationEvent::IntentRecorded(_)).then(OperationState::initial)
+        }) else {
+            return;
+        };
         let state = evolve(state, event);
         if let Some(previous) = self.due_of.remove(&operation_id) {
             self.due.remove(&(previous.0, operation_id, previous.1));
         }
-        // A settled operation left the queue; a late annotation of it (a late response, a
-        // duplicate) folds onto an empty state and must not bring it back.
         if state.status.is_terminal() || state.intent.is_none() {
             return;
         }

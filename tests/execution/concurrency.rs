@@ -281,3 +281,71 @@ async fn a_send_cut_off_by_the_workers_shutdown_is_recorded_unknown_and_later_re
     assert_eq!(h.objects_in(ACCOUNT).await.len(), 1);
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execute_call_and_a_background_worker_on_one_unknown_operation_make_one_lookup() {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropRequest))
+        .await;
+    // Each lookup takes 400 ms at the CRM, so the two drives certainly overlap.
+    h.queue(Crm::Keyed.lookup_fault(FaultKind::LateResponse { delay_ms: 400 }))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let intent = recorded.intent().clone();
+    h.first_attempt_left_unknown(intent.operation_id).await;
+
+    // The background workers and an execute call, all on the one engine of this process.
+    let workers = Workers::spawn(
+        Arc::clone(&h.engine),
+        WorkerConfig {
+            max_concurrent: 4,
+            idle_poll_ms: 20,
+            redrive_pause_ms: 50,
+            shutdown_grace_ms: 5_000,
+            ..WorkerConfig::default()
+        },
+    );
+    let together = Arc::new(Barrier::new(2));
+    let mut drives = JoinSet::new();
+    for _ in 0..2 {
+        let (engine, together) = (Arc::clone(&h.engine), Arc::clone(&together));
+        drives.spawn(async move {
+            together.wait().await;
+            engine.drive(intent.operation_id).await
+        });
+    }
+    while let Some(joined) = drives.join_next().await {
+        joined.expect("the drive task").expect("the drive succeeds");
+    }
+    eventually(
+        "the operation succeeded",
+        Duration::from_secs(20),
+        || async {
+            matches!(
+                h.state(intent.operation_id).await.status,
+                Status::Succeeded { .. }
+            )
+            .then_some(())
+        },
+    )
+    .await;
+    workers.shutdown().await.expect("the workers stop cleanly");
+
+    let lookups = h.lookups().await;
+    assert_eq!(
+        lookups.len(),
+        1,
+        "one lookup, not one per driver: {lookups:?}"
+    );
+    let names = h.event_names(intent.operation_id).await;
+    assert_eq!(
+        names
+            .iter()
+            .filter(|name| **name == "ReconciliationRecorded")
+            .count(),
+        1,
+        "{names:?}"
+    );
+    assert_eq!(h.objects_for(Crm::Keyed, &intent).await.len(), 1);
+    h.finish().await;
+}

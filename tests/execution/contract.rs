@@ -236,3 +236,40 @@ async fn a_crm_that_keeps_rate_limiting_is_attempted_no_more_often_than_the_poli
     assert_eq!(names.last(), Some(&"ReviewRequired"), "{names:?}");
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_refused_for_revoked_credentials_goes_to_a_person_at_once_and_is_not_repeated() {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    h.first_attempt_left_unknown(operation_id).await;
+    // The token is revoked at the CRM after the send: every lookup with it answers 401.
+    h.admin
+        .set_account_token(ACCOUNT, &format!("{ACCOUNT_TOKEN}-revoked"))
+        .await
+        .expect("the stand takes the new token");
+
+    let report = h.drive(operation_id).await;
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report.state().review_reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("credentials") && reason.contains("401") && reason.contains(ACCOUNT),
+        "{reason}"
+    );
+    let lookups = h.lookups().await;
+    assert_eq!(lookups.len(), 1, "asked once: {lookups:?}");
+    assert_eq!(h.creates(Crm::Keyed).await.len(), 1, "no retry");
+    assert_eq!(
+        h.event_names(operation_id).await,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReviewRequired"
+        ]
+    );
+    h.finish().await;
+}

@@ -1,12 +1,16 @@
-//! Which requests are the same operation: a redelivered source event is, a new request with the
-//! same text is not, and a redelivery with changed arguments is refused.
+//! Which requests are the same operation: a redelivered source event is — also after the
+//! account's credentials rotated or the account was removed from the configuration — a new
+//! request with the same text is not, and a redelivery with changed arguments is refused.
 
 use opledger_domain::app::AppError;
 use opledger_domain::ids::ExternalObjectId;
+use opledger_domain::provider::Providers;
 use opledger_domain::state::Status;
 use serde_json::json;
 
-use super::support::{Crm, Harness, ACCOUNT};
+use super::support::{
+    account_id, Crm, Harness, ACCOUNT, ACCOUNT_TOKEN, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN, WORKER,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_tool_call_delivered_again_after_a_restart_sends_nothing() {
@@ -156,5 +160,117 @@ async fn changed_arguments_under_an_old_source_id_are_refused_and_never_sent() {
     ));
     assert_eq!(h.requests().await, requests);
     assert_eq!(h.objects_in(ACCOUNT).await.len(), 1);
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_tool_call_delivered_again_after_the_token_rotated_finds_its_operation_and_sends_nothing(
+) {
+    let h = Harness::start().await;
+    let request = h.request(Crm::Keyed, Some("toolcall-1"));
+    let recorded = h.record(request.clone()).await;
+    let intent = recorded.intent().clone();
+    let first = h.settle(intent.operation_id).await;
+    let requests_before = h.requests().await;
+
+    // The process restarts with a new token for the account: its fingerprint is another one.
+    let rotated = h.engine_with(
+        h.setup.providers(
+            &h.base_url(),
+            &[(ACCOUNT, &format!("{ACCOUNT_TOKEN}-rotated"))],
+        ),
+        WORKER,
+    );
+    let mut redelivered = request.clone();
+    redelivered.credential_fingerprint = rotated
+        .providers()
+        .credential_fingerprint(&Crm::Keyed.provider(), &account_id(ACCOUNT))
+        .expect("the account is configured")
+        .to_string();
+    assert_ne!(
+        redelivered.credential_fingerprint,
+        intent.credential_fingerprint.to_string()
+    );
+    let again = rotated
+        .ledger()
+        .record_intent(redelivered.clone())
+        .await
+        .expect("a redelivery is not a new request");
+    let report = rotated
+        .drive(again.intent().operation_id)
+        .await
+        .expect("the engine drives it");
+
+    assert!(!again.created, "the redelivery found the operation");
+    assert_eq!(again.intent(), &intent, "the intent as it was recorded");
+    assert_eq!(report.state().status, first.state().status);
+    assert_eq!(
+        h.requests().await,
+        requests_before,
+        "nothing reached the CRM"
+    );
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"]
+    );
+    // Other arguments under the same source id stay another request.
+    let mut changed = redelivered;
+    changed.args = json!({"title": "Call the client", "due": "2026-12-24"});
+    assert!(matches!(
+        rotated.ledger().record_intent(changed).await,
+        Err(AppError::SourceReused {
+            differs: "arguments",
+            ..
+        })
+    ));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_whose_account_is_no_longer_configured_finds_its_operation_which_then_goes_to_a_person(
+) {
+    let h = Harness::start().await;
+    let request = h.request(Crm::Keyed, Some("toolcall-1"));
+    let intent = h.record(request.clone()).await.intent().clone();
+    // Restarted with the account removed: the caller cannot name its credentials any more.
+    let removed = h.engine_with(
+        h.setup
+            .providers(&h.base_url(), &[(OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN)]),
+        WORKER,
+    );
+    let mut redelivered = request;
+    redelivered.credential_fingerprint = String::new();
+
+    let found = removed
+        .ledger()
+        .find_redelivery(&redelivered)
+        .await
+        .expect("a redelivery is looked up without credentials")
+        .expect("the source id recorded an operation");
+    let report = removed
+        .drive(found.intent().operation_id)
+        .await
+        .expect("the engine drives it");
+
+    assert!(!found.created);
+    assert_eq!(found.intent(), &intent);
+    // The binding is checked at the send, as for any operation: a person decides.
+    assert_eq!(report.state().status, Status::NeedsReview);
+    assert!(h.requests().await.is_empty(), "nothing reached the CRM");
+    let mut fresh = redelivered.clone();
+    fresh.source_id = Some("toolcall-2".into());
+    assert!(matches!(
+        removed.ledger().find_redelivery(&fresh).await,
+        Ok(None)
+    ));
+    let mut changed = redelivered;
+    changed.args = json!({"title": "Call someone else"});
+    assert!(matches!(
+        removed.ledger().find_redelivery(&changed).await,
+        Err(AppError::SourceReused {
+            differs: "arguments",
+            ..
+        })
+    ));
     h.finish().await;
 }

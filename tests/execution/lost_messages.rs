@@ -1,5 +1,6 @@
 //! Lost and late messages: the network hides what the CRM did, and the ledger finds out before
-//! it ever sends again.
+//! it ever sends again — and while the CRM says the first request is still in progress, it only
+//! looks again.
 
 use opledger_crm_stand::FaultKind;
 use opledger_domain::command::Command;
@@ -7,6 +8,8 @@ use opledger_domain::event::{OperationEvent, ReconciliationResult};
 use opledger_domain::ids::ExternalObjectId;
 use opledger_domain::state::Status;
 use opledger_projections::work_queue::WorkQueue;
+
+use opledger_domain::engine::Report;
 
 use super::support::{names, Crm, Harness, Setup};
 
@@ -306,5 +309,73 @@ async fn a_late_duplicate_of_a_settled_operation_leaves_no_open_work_for_the_wor
         "a settled operation is not open work"
     );
     assert_eq!(queue.open_operations(), 0);
+    h.finish().await;
+}
+
+/// The first create of a keyed CRM answers only after 3 s, long after the adapter's 0.8 s
+/// timeout: until then every lookup of its key answers "in progress", and a retry with the key
+/// would be refused as in flight.
+async fn a_keyed_create_still_in_progress(max_reconciliations: u32) -> (Harness, Report) {
+    let mut setup = Setup::default();
+    setup.policy.retry.max_reconciliations = max_reconciliations;
+    let h = Harness::with(setup).await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::LateResponse { delay_ms: 3_000 }))
+        .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let report = h.settle(recorded.intent().operation_id).await;
+    (h, report)
+}
+
+fn count(names: &[&str], name: &str) -> usize {
+    names.iter().filter(|each| **each == name).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_still_in_progress_at_the_crm_is_looked_up_again_never_retried_and_confirmed_when_it_completes(
+) {
+    let (h, report) = a_keyed_create_still_in_progress(20).await;
+    let intent = report.state().intent.clone().expect("recorded");
+
+    let objects = h.objects_for(Crm::Keyed, &intent).await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(
+        report.state().external_id().map(|id| id.as_str()),
+        Some(objects[0].id.as_str())
+    );
+    assert_eq!(h.creates(Crm::Keyed).await.len(), 1, "no retry was sent");
+    let names = h.event_names(intent.operation_id).await;
+    assert_eq!(count(&names, "AttemptStarted"), 1, "{names:?}");
+    assert_eq!(count(&names, "RetryScheduled"), 0, "{names:?}");
+    assert!(count(&names, "ReconciliationRecorded") >= 2, "{names:?}");
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_still_in_progress_when_the_lookup_budget_runs_out_goes_to_a_person_without_a_retry(
+) {
+    // Two lookups, about a second apart, both while the first request still runs.
+    let (h, report) = a_keyed_create_still_in_progress(2).await;
+    let intent = report.state().intent.clone().expect("recorded");
+
+    assert_eq!(report.state().status, Status::NeedsReview);
+    let reason = report.state().review_reason.clone().unwrap_or_default();
+    assert!(reason.contains("in progress"), "{reason}");
+    assert_eq!(
+        report.state().attempts,
+        1,
+        "no attempt spent on a refused retry"
+    );
+    assert_eq!(h.creates(Crm::Keyed).await.len(), 1, "no retry was sent");
+    assert_eq!(
+        h.event_names(intent.operation_id).await,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "OutcomeUnknown",
+            "ReconciliationRecorded",
+            "ReconciliationRecorded",
+            "ReviewRequired",
+        ]
+    );
     h.finish().await;
 }

@@ -8,6 +8,7 @@ mod kurrentdb;
 mod lifecycle;
 mod limits;
 mod numbers;
+mod redelivery;
 mod shutdown;
 mod stream;
 mod support;

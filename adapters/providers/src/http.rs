@@ -398,8 +398,20 @@ pub fn classify_send(reply: &HttpReply, now: DateTime<Utc>) -> SendOutcome {
     }
 }
 
-/// The lookup outcome for any response a lookup does not expect (429, 5xx, 401, …).
+/// The lookup outcome for any response a lookup does not expect: `Refused` for 401 and 403
+/// (wrong or revoked credentials do not clear on their own, so asking again cannot help),
+/// `Unavailable` for everything else (429, 5xx, other statuses: a later lookup may answer).
 pub fn unavailable_from_reply(what: &str, reply: &HttpReply, now: DateTime<Utc>) -> LookupOutcome {
+    if matches!(reply.status, 401 | 403) {
+        return LookupOutcome::Refused {
+            reason: format!(
+                "{what} was refused with {}{}: {}",
+                reply.code(),
+                reply.request_id_note(),
+                reply.message()
+            ),
+        };
+    }
     let reason = match reply.status {
         429 => format!("{what} was rate limited ({})", reply.code()),
         500..=599 => format!(
@@ -843,6 +855,19 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn lookups_refused_for_their_credentials_are_refused() {
+        for status in [401, 403] {
+            assert!(
+                matches!(
+                    unavailable_from_reply("GET /x", &reply(status, ""), now()),
+                    LookupOutcome::Refused { reason } if reason.contains("GET /x")
+                ),
+                "{status}"
+            );
+        }
     }
 
     #[test]

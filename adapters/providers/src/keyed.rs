@@ -61,7 +61,7 @@ pub fn find(request: &LookupRequest) -> PreparedRequest {
     }
 }
 
-/// Reads the answer to [`find`]: completed → found, in progress → ask again soon, 404
+/// Reads the answer to [`find`]: completed → found, in progress → in progress (ask again soon), 404
 /// `not_found` → not found (authoritative while the key is inside its retention).
 pub fn classify_lookup(
     asked: &str,
@@ -85,8 +85,8 @@ pub fn classify_lookup(
                         retry_after_ms: reply.retry_after_ms(now),
                     },
                 },
-                Some("in_progress") => LookupOutcome::Unavailable {
-                    reason: format!(
+                Some("in_progress") => LookupOutcome::InProgress {
+                    evidence: format!(
                         "{asked} → 200 in_progress{note}: the first request with this key is still being processed"
                     ),
                     retry_after_ms: Some(
@@ -167,12 +167,12 @@ mod tests {
     }
 
     #[test]
-    fn a_key_in_progress_is_inconclusive_and_asks_for_a_short_wait() {
+    fn a_key_in_progress_is_in_progress_and_asks_for_a_short_wait() {
         let request = lookup_request("acct-1");
         let reply = HttpReply::new(200, r#"{"status":"in_progress"}"#);
         assert!(matches!(
             classify_lookup("GET x", &reply, &request, now()),
-            LookupOutcome::Unavailable {
+            LookupOutcome::InProgress {
                 retry_after_ms: Some(IN_FLIGHT_RETRY_AFTER_MS),
                 ..
             }
@@ -205,12 +205,28 @@ mod tests {
             HttpReply::new(200, r#"{"status":"exploded"}"#),
             HttpReply::new(500, ""),
             HttpReply::new(429, ""),
-            HttpReply::new(401, r#"{"error":{"type":"unauthorized","message":"no"}}"#),
         ] {
             assert!(
                 matches!(
                     classify_lookup("GET x", &reply, &request, now()),
                     LookupOutcome::Unavailable { .. }
+                ),
+                "{reply:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lookup_refused_for_its_credentials_is_refused_not_unavailable() {
+        let request = lookup_request("acct-1");
+        for reply in [
+            HttpReply::new(401, r#"{"error":{"type":"unauthorized","message":"no"}}"#),
+            HttpReply::new(403, r#"{"error":{"type":"forbidden","message":"revoked"}}"#),
+        ] {
+            assert!(
+                matches!(
+                    classify_lookup("GET x", &reply, &request, now()),
+                    LookupOutcome::Refused { reason } if reason.contains(&reply.status.to_string())
                 ),
                 "{reply:?}"
             );

@@ -42,12 +42,13 @@
 //! | shape | answer | outcome |
 //! |---|---|---|
 //! | keyed | 200 `completed` with an id | `Found` in the request's account |
-//! | keyed | 200 `in_progress` | `Unavailable`, retry in 1 s (or Retry-After) |
+//! | keyed | 200 `in_progress` | `InProgress`, look again in 1 s (or Retry-After) |
 //! | keyed | 404 `not_found` | `NotFound { authoritative: true }` — but see below |
 //! | labelled | 200 with an id | `Found` |
 //! | labelled | 404 `not_found` | `NotFound { authoritative: true }` |
 //! | plain | results with exactly this `opledger_label` and this `account` | `Found`, the lowest id; further matches are named as duplicates in the evidence |
 //! | plain | no such result (titles never count) | `NotFound { authoritative: false }` |
+//! | any | 401, 403 | `Refused`: the credentials are wrong or revoked, which does not clear on its own |
 //! | any | transport error, 429, 5xx, other status, malformed body | `Unavailable`, Retry-After if given |
 //!
 //! A keyed 404 is only conclusive while the provider still remembers the key: after
@@ -434,6 +435,15 @@ fn log_lookup(outcome: &LookupOutcome) {
         } => {
             tracing::info!(outcome = "not_found", authoritative, evidence = %evidence, "lookup found nothing");
         }
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => {
+            tracing::info!(outcome = "in_progress", evidence = %evidence, retry_after_ms = retry_after_ms, "the provider still processes the first request");
+        }
+        LookupOutcome::Refused { reason } => {
+            tracing::warn!(outcome = "refused", reason = %reason, "lookup refused for its credentials");
+        }
         LookupOutcome::Unavailable {
             reason,
             retry_after_ms,
@@ -494,6 +504,16 @@ fn scrub_lookup(outcome: LookupOutcome, token: &str) -> LookupOutcome {
         } => LookupOutcome::NotFound {
             authoritative,
             evidence: scrub(evidence, token),
+        },
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => LookupOutcome::InProgress {
+            evidence: scrub(evidence, token),
+            retry_after_ms,
+        },
+        LookupOutcome::Refused { reason } => LookupOutcome::Refused {
+            reason: scrub(reason, token),
         },
         LookupOutcome::Unavailable {
             reason,

@@ -331,7 +331,7 @@ async fn a_keyed_retry_while_the_first_request_is_still_held_is_not_sent() {
     assert!(
         matches!(
             &lookup,
-            LookupOutcome::Unavailable { reason, retry_after_ms: Some(_) } if reason.contains("in_progress")
+            LookupOutcome::InProgress { evidence, retry_after_ms: Some(_) } if evidence.contains("in_progress")
         ),
         "{lookup:?}"
     );

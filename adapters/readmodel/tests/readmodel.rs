@@ -270,6 +270,7 @@ impl<S: EventStore> Harness<S> {
                 policy: RetryPolicy::default(),
                 retry_not_before: now,
                 next_check_not_before: now,
+                in_progress: false,
             },
         )
         .await;

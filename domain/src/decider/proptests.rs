@@ -37,6 +37,8 @@ enum Action {
     NotSent(Which),
     Expire(Which),
     Reconcile(Option<u8>),
+    /// A lookup saying the first request is still being processed.
+    StillInProgress,
     RequireReview,
     Resolve(u8, u8),
 }
@@ -56,6 +58,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => which().prop_map(Action::NotSent),
         2 => which().prop_map(Action::Expire),
         3 => proptest::option::of(0..3_u8).prop_map(Action::Reconcile),
+        1 => Just(Action::StillInProgress),
         1 => Just(Action::RequireReview),
         2 => (0..3_u8, 0..3_u8).prop_map(|(d, id)| Action::Resolve(d, id)),
     ]
@@ -137,6 +140,19 @@ fn command_for(
             policy: policy(),
             retry_not_before: now + Duration::seconds(5),
             next_check_not_before: now + Duration::seconds(5),
+            in_progress: false,
+        },
+        Action::StillInProgress => Command::RecordReconciliation {
+            result: ReconciliationResult::Inconclusive {
+                reason: "200 in_progress".into(),
+            },
+            evidence: "lookup".into(),
+            binding: binding(),
+            capabilities,
+            policy: policy(),
+            retry_not_before: now + Duration::seconds(5),
+            next_check_not_before: now + Duration::seconds(5),
+            in_progress: true,
         },
         Action::RequireReview => Command::RequireReview {
             reason: "stuck".into(),

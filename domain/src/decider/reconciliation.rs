@@ -25,6 +25,7 @@ pub(super) struct Lookup<'a> {
     pub(super) policy: &'a RetryPolicy,
     pub(super) retry_not_before: DateTime<Utc>,
     pub(super) next_check_not_before: DateTime<Utc>,
+    pub(super) in_progress: bool,
 }
 
 impl Lookup<'_> {
@@ -75,10 +76,15 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
         (Status::Unknown, ReconciliationResult::Found { .. }) => {
             Ok(vec![lookup.recorded(on, None)])
         }
-        // An inconclusive answer ("the first request is still being processed", a lookup that
-        // failed) is not "no evidence": a retry now would race the first request or be refused,
-        // spending the attempt budget. Look again first, while the lookup budget lasts; only
-        // then do a retry or a person come in.
+        // The first request is still running at the provider: only time can tell, so look
+        // again within the budgets, then a person. Never a retry — the provider would refuse it
+        // as in flight (each refusal an attempt spent) or it would race the first request.
+        (Status::Unknown, ReconciliationResult::Inconclusive { .. }) if lookup.in_progress => {
+            Ok(still_in_progress(on, lookup))
+        }
+        // An inconclusive answer (a lookup that failed) is not "no evidence": a retry now would
+        // race the first request or be refused, spending the attempt budget. Look again first,
+        // while the lookup budget lasts; only then do a retry or a person come in.
         (Status::Unknown, ReconciliationResult::Inconclusive { .. })
             if lookup.may_keep_checking(on) =>
         {
@@ -106,6 +112,39 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
         (Status::Succeeded { .. }, _) => Ok(Vec::new()),
         _ => Err(on.refuse()),
     }
+}
+
+/// The provider still processes the first request: another look while the lookup budget and
+/// the total time budget last, else a person.
+fn still_in_progress(on: &On<'_>, lookup: &Lookup<'_>) -> Vec<OperationEvent> {
+    let state = on.state;
+    let lookups = state.reconciliations.saturating_add(1);
+    let lookups_left = lookups < lookup.policy.max_reconciliations;
+    let deadline = state
+        .first_attempt_at
+        .and_then(|first| first.checked_add_signed(milliseconds(lookup.policy.max_total_ms)));
+    let time_left = deadline.is_none_or(|deadline| on.now < deadline);
+    if lookups_left && time_left {
+        return lookup.look_again(on);
+    }
+    let spent = if lookups_left {
+        format!(
+            "the time budget of {} ms since the first attempt is spent",
+            lookup.policy.max_total_ms
+        )
+    } else {
+        format!("{lookups} lookups made, the most the policy allows")
+    };
+    vec![
+        lookup.recorded(on, None),
+        OperationEvent::ReviewRequired(ReviewRequired {
+            reason: format!(
+                "the provider still reports the first request in progress and {spent}; a retry would be refused or race it"
+            ),
+            evidence: clip(lookup.evidence),
+            at: on.now,
+        }),
+    ]
 }
 
 /// No evidence either way: a retry under a valid contract, another look while the answer may

@@ -1,7 +1,13 @@
 //! Review: automation stops and a person decides (design rule 10); their decision is an event.
 //!
-//! It must never hand a settled operation to a person, nor let a reviewer's retry pass the hard
-//! attempt limit.
+//! A person may decide an operation that needs review, and one that is still unknown: when the
+//! provider is down for long, an operator confirms an id found by hand, gives up, or retries
+//! accepting the duplicate risk, without waiting for the lookup budget to run out first. The same
+//! rules hold for both.
+//!
+//! It must never hand a settled operation to a person, let a person decide one that was never
+//! attempted or is in flight (its outcome is on its way), nor let a reviewer's retry pass the
+//! hard attempt limit.
 
 use super::attempt::check_attempt_limit;
 use super::{check_note, clip, On, Rejection};
@@ -28,14 +34,15 @@ pub(super) fn require(
     })])
 }
 
-/// `needs_review --ResolveReview: retry | confirm | give up--> pending | succeeded | abandoned`.
+/// `needs_review, unknown --ResolveReview: retry | confirm | give up--> pending | succeeded |
+/// abandoned`.
 pub(super) fn resolve(
     on: &On<'_>,
     reviewer: &ActorId,
     decision: &ReviewDecision,
     note: &str,
 ) -> Result<Vec<OperationEvent>, Rejection> {
-    if on.state.status != Status::NeedsReview {
+    if !matches!(on.state.status, Status::NeedsReview | Status::Unknown) {
         return Err(on.refuse());
     }
     check_note("note", note)?;

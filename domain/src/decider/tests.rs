@@ -41,6 +41,23 @@ fn reconcile(
         policy: policy(),
         retry_not_before: not_before,
         next_check_not_before: not_before,
+        in_progress: false,
+    }
+}
+
+/// A keyed lookup answering "the first request with this key is still being processed".
+fn reconcile_in_progress(capabilities: ProviderCapabilities, not_before: DateTime<Utc>) -> Command {
+    Command::RecordReconciliation {
+        result: ReconciliationResult::Inconclusive {
+            reason: "200 in_progress".into(),
+        },
+        evidence: "GET /keyed/acct-1/requests/opk_1 → 200 in_progress".into(),
+        binding: binding(),
+        capabilities,
+        policy: policy(),
+        retry_not_before: not_before,
+        next_check_not_before: not_before,
+        in_progress: true,
     }
 }
 
@@ -552,6 +569,84 @@ fn review_decisions_are_refused_outside_review() {
 }
 
 #[test]
+fn review_decisions_are_refused_before_the_first_attempt_and_after_a_settled_outcome() {
+    for decision in [ReviewDecision::Retry, ReviewDecision::Abandon] {
+        assert!(matches!(
+            recorded()
+                .when(&resolve(decision.clone()), at_s(1))
+                .rejection(),
+            Rejection::NotAllowed {
+                status: "pending",
+                ..
+            }
+        ));
+        let succeeded = in_flight(keyed())
+            .when(&success(1, "731"), at_s(2))
+            .scenario;
+        assert!(matches!(
+            succeeded.when(&resolve(decision), at_s(3)).rejection(),
+            Rejection::NotAllowed {
+                status: "succeeded",
+                ..
+            }
+        ));
+    }
+}
+
+#[test]
+fn a_reviewer_can_confirm_an_unknown_operation_with_the_id_found_by_hand() {
+    let outcome = unknown_after_first_attempt(lookup_only()).when(
+        &resolve(ReviewDecision::ConfirmSucceeded {
+            external_id: external("731"),
+        }),
+        at_s(30),
+    );
+    assert_eq!(outcome.then_types(), ["ReviewResolved"]);
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
+    );
+}
+
+#[test]
+fn a_reviewer_can_give_up_on_an_unknown_operation_and_nothing_is_looked_up_after() {
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&resolve(ReviewDecision::Abandon), at_s(30));
+    assert_eq!(outcome.status(), "abandoned");
+    assert_eq!(outcome.scenario.state().next_work(), None);
+    assert!(matches!(
+        outcome
+            .scenario
+            .when(&reconcile(not_found(), lookup_only(), at_s(31)), at_s(31))
+            .rejection(),
+        Rejection::NotAllowed { .. }
+    ));
+}
+
+#[test]
+fn a_reviewer_retry_of_an_unknown_operation_is_sent_without_a_retry_contract() {
+    // The provider neither deduplicates nor answers: the person accepts the duplicate risk.
+    let outcome =
+        unknown_after_first_attempt(lookup_only()).when(&resolve(ReviewDecision::Retry), at_s(30));
+    assert_eq!(outcome.status(), "pending");
+    let outcome = outcome.and(&start(2, lookup_only()), at_s(31));
+    assert_eq!(outcome.then_types(), ["AttemptStarted"]);
+}
+
+#[test]
+fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
+    let command = Command::ResolveReview {
+        reviewer: actor("op"),
+        decision: ReviewDecision::Abandon,
+        note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
+    };
+    assert!(matches!(
+        unknown_after_first_attempt(lookup_only()).when(&command, at_s(30)).rejection(),
+        Rejection::Invalid(e) if e.field == "note"
+    ));
+}
+
+#[test]
 fn an_oversized_reviewer_note_is_refused() {
     let command = Command::ResolveReview {
         reviewer: actor("op"),
@@ -729,10 +824,10 @@ fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
 
 #[test]
 fn an_inconclusive_lookup_looks_again_before_retrying_even_where_a_retry_would_be_safe() {
-    // A keyed provider answers "the first request with this key is still being processed":
-    // a retry now would only be refused (spending the attempt budget) or race the first request.
+    // A keyed provider's lookup fails (a 503): a retry now might race the first request or be
+    // refused (spending the attempt budget), so the lookup is made again first.
     let in_progress = || ReconciliationResult::Inconclusive {
-        reason: "200 in_progress".into(),
+        reason: "503 unavailable".into(),
     };
     let mut scenario = unknown_after_first_attempt(keyed());
     for n in 1..=2 {
@@ -765,6 +860,75 @@ fn an_inconclusive_lookup_looks_again_before_retrying_even_where_a_retry_would_b
     assert_eq!(
         outcome.then_types(),
         ["ReconciliationRecorded", "RetryScheduled"]
+    );
+}
+
+#[test]
+fn a_request_still_in_progress_is_looked_up_again_and_never_retried_even_with_a_safe_contract() {
+    // policy(): at most 3 lookups leave the operation unknown; the keyed contract would allow a
+    // retry, which the provider would refuse as in flight or which would race the first request.
+    let mut scenario = unknown_after_first_attempt(keyed());
+    for n in 1..=2 {
+        let outcome = scenario.when(&reconcile_in_progress(keyed(), at_s(20 + n)), at_s(20));
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "lookup {n}"
+        );
+        assert_eq!(outcome.status(), "unknown");
+        assert_eq!(
+            outcome.scenario.state().next_check_not_before,
+            Some(at_s(20 + n))
+        );
+        scenario = outcome.scenario;
+    }
+    let outcome = scenario.when(&reconcile_in_progress(keyed(), at_s(40)), at_s(30));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"],
+        "a person, not a retry"
+    );
+    let reason = outcome
+        .scenario
+        .state()
+        .review_reason
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("in progress") && reason.contains("3 lookups"),
+        "{reason}"
+    );
+    assert_eq!(outcome.scenario.state().attempts, 1, "no attempt spent");
+}
+
+#[test]
+fn a_request_still_in_progress_after_the_total_time_budget_goes_to_a_person() {
+    // policy(): retries and waits are allowed for an hour after the first attempt (at 0 s).
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&reconcile_in_progress(keyed(), at_s(3_700)), at_s(3_600));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+    let reason = outcome
+        .scenario
+        .state()
+        .review_reason
+        .clone()
+        .unwrap_or_default();
+    assert!(reason.contains("time budget"), "{reason}");
+}
+
+#[test]
+fn a_found_object_settles_the_operation_even_when_the_lookup_was_flagged_in_progress() {
+    let mut found_late = reconcile_in_progress(keyed(), at_s(30));
+    if let Command::RecordReconciliation { result, .. } = &mut found_late {
+        *result = found("731");
+    }
+    let outcome = unknown_after_first_attempt(keyed()).when(&found_late, at_s(20));
+    assert_eq!(
+        outcome.scenario.state().external_id(),
+        Some(&external("731"))
     );
 }
 

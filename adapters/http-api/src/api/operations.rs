@@ -77,32 +77,33 @@ pub(super) async fn record(
     let body: RecordBody = body(&shared, request).await?;
     let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
     let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
-    let providers = shared.engine.providers();
-    if providers.capabilities(&provider).is_none() {
-        return Err(ApiError::invalid(ValidationError::new(
-            "provider",
-            format!("`{provider}` is not configured on this server; use one of its [[providers]]"),
-        )));
-    }
-    let fingerprint = providers
-        .credential_fingerprint(&provider, &account)
-        .ok_or_else(|| {
-            ApiError::invalid(ValidationError::new(
-                "account",
-                format!("`{account}` is not an account of provider `{provider}` on this server"),
-            ))
-        })?;
-    let request = IntentRequest {
+    let fingerprint = configured_fingerprint(&shared, &provider, &account);
+    let mut request = IntentRequest {
         tenant: tenant.to_string(),
         owner: body.owner,
         provider: body.provider,
         account: body.account,
-        credential_fingerprint: fingerprint.to_string(),
+        credential_fingerprint: fingerprint
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         action: body.action,
         args: body.args,
         source_id: body.source_id,
         requires_approval: body.requires_approval,
     };
+    if let Err(not_configured) = fingerprint {
+        // A redelivery answers the operation it recorded whatever the configuration says now
+        // (the provider or account removed): its binding is checked again at its next send.
+        // Only a new intent needs them configured.
+        let found = shared
+            .engine
+            .ledger()
+            .find_redelivery(&request)
+            .await?
+            .ok_or(not_configured)?;
+        request.credential_fingerprint = found.intent().credential_fingerprint.to_string();
+    }
     // Recording validates every field before it appends, so a bad field writes nothing.
     let (recorded, driven) = match place {
         None => (shared.engine.ledger().record_intent(request).await?, None),
@@ -161,6 +162,30 @@ pub(super) async fn record(
     view.execute_error =
         execute_error.map(|error| json!({"code": error.code, "message": error.message}));
     Ok(view_reply(status, &view))
+}
+
+/// The fingerprint of the credentials configured now for `account` at `provider`, or the 422
+/// naming whichever of the two this server does not have.
+fn configured_fingerprint(
+    shared: &Shared,
+    provider: &opledger_domain::ids::ProviderId,
+    account: &opledger_domain::ids::AccountId,
+) -> Result<opledger_domain::ids::CredentialFingerprint, ApiError> {
+    let providers = shared.engine.providers();
+    if providers.capabilities(provider).is_none() {
+        return Err(ApiError::invalid(ValidationError::new(
+            "provider",
+            format!("`{provider}` is not configured on this server; use one of its [[providers]]"),
+        )));
+    }
+    providers
+        .credential_fingerprint(provider, account)
+        .ok_or_else(|| {
+            ApiError::invalid(ValidationError::new(
+                "account",
+                format!("`{account}` is not an account of provider `{provider}` on this server"),
+            ))
+        })
 }
 
 /// The wait of an execute call: `wait_ms` if given (checked against the limit), else the default.
