@@ -17,14 +17,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use opledger_crm_stand::{
-    Fault, FaultKind, FaultMethod, Shape as StandShape, Stand, StandAdmin, StandConfig,
+    Fault, FaultKind, FaultMethod, Shape as StandShape, Stand, StandAdmin, StandConfig, StandObject,
 };
 use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::ids::{AccountId, OperationId, ProviderId, WorkerId};
 use opledger_domain::provider::{operation_label, Providers};
-use opledger_domain::state::Status;
+use opledger_domain::state::{OperationState, Status};
 use opledger_providers::{
     AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
 };
@@ -190,39 +190,12 @@ async fn play(
     scenario: &Scenario,
     number: usize,
 ) -> Result<(bool, usize), CliError> {
-    let provider = ProviderId::new(scenario.provider)?;
-    let account = AccountId::new(ACCOUNT)?;
-    let fingerprint = engine
-        .providers()
-        .credential_fingerprint(&provider, &account)
-        .ok_or_else(|| CliError::Other(format!("{provider} has no {account}")))?;
-    let request = IntentRequest {
-        tenant: "acme".into(),
-        owner: Some("manager-anna".into()),
-        provider: provider.to_string(),
-        account: account.to_string(),
-        credential_fingerprint: fingerprint.to_string(),
-        action: "create_task".into(),
-        args: serde_json::json!({"title": "Call the client", "due": "2026-12-01"}),
-        source_id: Some(format!("toolcall-demo-{number}")),
-        requires_approval: false,
-    };
+    let request = tool_call(engine, scenario, number)?;
     let recorded = engine.ledger().record_intent(request.clone()).await?;
     let operation_id = recorded.intent().operation_id;
     let key = recorded.intent().idempotency_key.to_string();
     println!("   intent recorded: operation {operation_id}, key {key}");
-    admin
-        .queue_fault(
-            &Fault::new(scenario.fault.clone())
-                .shape(scenario.shape)
-                .method(FaultMethod::Post),
-        )
-        .await
-        .map_err(|error| CliError::Other(error.to_string()))?;
-    println!(
-        "   the stand will {} the first create",
-        scenario.fault.name().replace('_', " ")
-    );
+    queue_fault(admin, scenario).await?;
 
     let first = engine.drive(operation_id).await?;
     println!(
@@ -249,17 +222,7 @@ async fn play(
         }
     );
 
-    let label = operation_label(operation_id);
-    let objects = admin
-        .objects(Some(ACCOUNT))
-        .await
-        .map_err(|error| CliError::Other(error.to_string()))?
-        .into_iter()
-        .filter(|object| {
-            object.key.as_deref() == Some(key.as_str())
-                || object.label.as_deref() == Some(label.as_str())
-        })
-        .collect::<Vec<_>>();
+    let objects = objects_of(admin, &key, &operation_label(operation_id)).await?;
     let ids: Vec<&str> = objects.iter().map(|object| object.id.as_str()).collect();
     println!("   the CRM holds {} task(s) for it: {ids:?}", objects.len());
     println!("   timeline:");
@@ -267,17 +230,78 @@ async fn play(
         println!("     {line}");
     }
     let state = last.state();
-    let ok = redelivery_ok
-        && match scenario.expect {
-            Expect::OneObject => {
-                objects.len() == 1
-                    && state.external_id().map(|id| id.as_str()) == Some(objects[0].id.as_str())
-            }
-            Expect::ReviewWithoutObject => {
-                objects.is_empty() && state.status == Status::NeedsReview
-            }
-        };
+    let ok = redelivery_ok && as_expected(scenario.expect, &objects, state);
     Ok((ok, objects.len().saturating_sub(1) + state.duplicates.len()))
+}
+
+/// The agent's tool call of scenario `number`: one task to create through the scenario's CRM.
+fn tool_call(
+    engine: &DemoEngine,
+    scenario: &Scenario,
+    number: usize,
+) -> Result<IntentRequest, CliError> {
+    let provider = ProviderId::new(scenario.provider)?;
+    let account = AccountId::new(ACCOUNT)?;
+    let fingerprint = engine
+        .providers()
+        .credential_fingerprint(&provider, &account)
+        .ok_or_else(|| CliError::Other(format!("{provider} has no {account}")))?;
+    Ok(IntentRequest {
+        tenant: "acme".into(),
+        owner: Some("manager-anna".into()),
+        provider: provider.to_string(),
+        account: account.to_string(),
+        credential_fingerprint: fingerprint.to_string(),
+        action: "create_task".into(),
+        args: serde_json::json!({"title": "Call the client", "due": "2026-12-01"}),
+        source_id: Some(format!("toolcall-demo-{number}")),
+        requires_approval: false,
+    })
+}
+
+/// Tells the stand to fault the scenario's first create, and says so.
+async fn queue_fault(admin: &StandAdmin, scenario: &Scenario) -> Result<(), CliError> {
+    admin
+        .queue_fault(
+            &Fault::new(scenario.fault.clone())
+                .shape(scenario.shape)
+                .method(FaultMethod::Post),
+        )
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?;
+    println!(
+        "   the stand will {} the first create",
+        scenario.fault.name().replace('_', " ")
+    );
+    Ok(())
+}
+
+/// The objects the stand stores for the operation: those with its idempotency key or its label.
+async fn objects_of(
+    admin: &StandAdmin,
+    key: &str,
+    label: &str,
+) -> Result<Vec<StandObject>, CliError> {
+    Ok(admin
+        .objects(Some(ACCOUNT))
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?
+        .into_iter()
+        .filter(|object| {
+            object.key.as_deref() == Some(key) || object.label.as_deref() == Some(label)
+        })
+        .collect())
+}
+
+/// Whether the CRM's objects and the operation's final state are what the scenario expects.
+fn as_expected(expect: Expect, objects: &[StandObject], state: &OperationState) -> bool {
+    match expect {
+        Expect::OneObject => {
+            objects.len() == 1
+                && state.external_id().map(|id| id.as_str()) == Some(objects[0].id.as_str())
+        }
+        Expect::ReviewWithoutObject => objects.is_empty() && state.status == Status::NeedsReview,
+    }
 }
 
 /// Drives the operation until it is settled or waits for a person, sleeping until its next work

@@ -4,12 +4,14 @@
 //! `show` reads the operation's own stream, never the read models, so what it prints is never
 //! behind the ledger.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::{OperationId, TenantId};
 use opledger_domain::sentence::agent_sentence;
-use opledger_projections::operations::STATE_NAMES;
-use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError};
+use opledger_projections::operations::{OperationRow, STATE_NAMES};
+use opledger_readmodel::{
+    OperationCursor, OperationFilter, OperationPage, ReadModelError, ReadModelStore,
+};
 use serde_json::json;
 
 use crate::cli::{CliError, OpsListArgs, StatusArgs};
@@ -24,108 +26,147 @@ fn listable_states() -> impl Iterator<Item = &'static str> {
 
 pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
     // Every input is checked before anything is opened, so bad input never creates a file.
-    if let Some(state) = &args.state {
-        if !listable_states().any(|name| name == state) {
-            return Err(ValidationError::new(
-                "--state",
-                format!(
-                    "`{state}` is not a state; use one of {}",
-                    listable_states().collect::<Vec<_>>().join(", ")
-                ),
-            )
-            .into());
-        }
-    }
-    let tenant = args
-        .tenant
-        .as_deref()
-        .map(|tenant| {
-            TenantId::new(tenant)
-                .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
-        })
-        .transpose()?;
-    let older_than = args
-        .older_than
-        .as_deref()
-        .map(|text| opledger_http_api::input::parse_duration("--older-than", text))
-        .transpose()?;
-    let limit = check_limit(args.limit)?;
-    let after = args
-        .after
-        .as_deref()
-        .map(|text| {
-            text.parse::<OperationId>()
-                .map_err(|error| ValidationError::new("--after", error.message))
-        })
-        .transpose()?;
-    let now = Utc::now();
-    let filter = OperationFilter {
-        state: args.state.clone(),
-        tenant,
-        older_than: older_than.map(|duration| now - duration),
-    };
+    let query = ListQuery::from_args(&args)?;
     let ledger = open_for_reading(&args.read_models.store.db).await?;
-    let result = async {
-        let read_models =
-            read_models::open_caught_up(ledger.store(), &read_models::read_models_path(&args.read_models), args.json)
-                .await?;
-        Ok::<_, CliError>(
-            read_models
-                .call(move |store| {
-                    // The cursor is the named operation's place in the listing order.
-                    let cursor = match after {
-                        Some(operation_id) => match store.operation(operation_id)? {
-                            Some(row) => Some(OperationCursor {
-                                created_at: row.created_at,
-                                operation_id,
-                            }),
-                            None => {
-                                return Err(ReadModelError::InvalidQuery {
-                                    reason: format!(
-                                        "--after {operation_id} names no operation of this ledger; pass the id printed as the next page's start"
-                                    ),
-                                })
-                            }
-                        },
-                        None => None,
-                    };
-                    store.list_operations(&filter, limit, cursor.as_ref())
-                })
-                .await?,
-        )
-    }
-    .await;
+    let result = read_page(&ledger, &args, query.filter, query.limit, query.after).await;
     let closed = close(&ledger).await;
     let page = result?;
     closed?;
     if args.json {
-        let rows: Vec<_> = page
-            .operations
-            .iter()
-            .map(|row| operation_json(row, now))
-            .collect();
-        let next = page.next.as_ref().map(|cursor| cursor.operation_id);
-        return print_json(&json!({"operations": rows, "more": next.is_some(), "next": next}));
+        return print_page_json(&page, query.now);
     }
+    print_page_table(&page, query.now);
+    Ok(())
+}
+
+/// What `ops list` asks the read models for, checked and parsed from its arguments.
+struct ListQuery {
+    filter: OperationFilter,
+    limit: usize,
+    after: Option<OperationId>,
+    /// The moment `--older-than` and the printed ages are measured from.
+    now: DateTime<Utc>,
+}
+
+impl ListQuery {
+    /// Checks every argument, in the order they are named in the usage, so the first bad one is
+    /// the one reported.
+    fn from_args(args: &OpsListArgs) -> Result<Self, CliError> {
+        if let Some(state) = &args.state {
+            check_state(state)?;
+        }
+        let tenant = args
+            .tenant
+            .as_deref()
+            .map(|tenant| {
+                TenantId::new(tenant)
+                    .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
+            })
+            .transpose()?;
+        let older_than = args
+            .older_than
+            .as_deref()
+            .map(|text| opledger_http_api::input::parse_duration("--older-than", text))
+            .transpose()?;
+        let limit = check_limit(args.limit)?;
+        let after = args
+            .after
+            .as_deref()
+            .map(|text| {
+                text.parse::<OperationId>()
+                    .map_err(|error| ValidationError::new("--after", error.message))
+            })
+            .transpose()?;
+        let now = Utc::now();
+        let filter = OperationFilter {
+            state: args.state.clone(),
+            tenant,
+            older_than: older_than.map(|duration| now - duration),
+        };
+        Ok(Self {
+            filter,
+            limit,
+            after,
+            now,
+        })
+    }
+}
+
+/// Refuses a `--state` that is not one of [`listable_states`], naming those that are.
+fn check_state(state: &str) -> Result<(), CliError> {
+    if listable_states().any(|name| name == state) {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        "--state",
+        format!(
+            "`{state}` is not a state; use one of {}",
+            listable_states().collect::<Vec<_>>().join(", ")
+        ),
+    )
+    .into())
+}
+
+/// Reads one page from the read models, caught up with the ledger first.
+async fn read_page(
+    ledger: &SqliteLedger,
+    args: &OpsListArgs,
+    filter: OperationFilter,
+    limit: usize,
+    after: Option<OperationId>,
+) -> Result<OperationPage, CliError> {
+    let read_models = read_models::open_caught_up(
+        ledger.store(),
+        &read_models::read_models_path(&args.read_models),
+        args.json,
+    )
+    .await?;
+    Ok(read_models
+        .call(move |store| {
+            let cursor = cursor_after(store, after)?;
+            store.list_operations(&filter, limit, cursor.as_ref())
+        })
+        .await?)
+}
+
+/// The cursor `--after` names: the named operation's place in the listing order.
+fn cursor_after(
+    store: &ReadModelStore,
+    after: Option<OperationId>,
+) -> Result<Option<OperationCursor>, ReadModelError> {
+    let Some(operation_id) = after else {
+        return Ok(None);
+    };
+    match store.operation(operation_id)? {
+        Some(row) => Ok(Some(OperationCursor {
+            created_at: row.created_at,
+            operation_id,
+        })),
+        None => Err(ReadModelError::InvalidQuery {
+            reason: format!(
+                "--after {operation_id} names no operation of this ledger; pass the id printed as the next page's start"
+            ),
+        }),
+    }
+}
+
+/// Prints a page as JSON: the rows, whether more match, and where the next page starts.
+fn print_page_json(page: &OperationPage, now: DateTime<Utc>) -> Result<(), CliError> {
+    let rows: Vec<_> = page
+        .operations
+        .iter()
+        .map(|row| operation_json(row, now))
+        .collect();
+    let next = page.next.as_ref().map(|cursor| cursor.operation_id);
+    print_json(&json!({"operations": rows, "more": next.is_some(), "next": next}))
+}
+
+/// Prints a page as a table, then how many rows it held and where the next page starts.
+fn print_page_table(page: &OperationPage, now: DateTime<Utc>) {
     let rows: Vec<Vec<String>> = page
         .operations
         .iter()
-        .map(|row| {
-            vec![
-                row.operation_id.to_string(),
-                row.tenant.to_string(),
-                row.account.to_string(),
-                row.action.to_string(),
-                row.state.to_owned(),
-                row.attempts.to_string(),
-                row.external_id
-                    .as_ref()
-                    .map_or_else(|| "-".to_owned(), ToString::to_string),
-                read_models::time(row.created_at),
-                read_models::time(row.updated_at),
-                age(now, row.created_at),
-            ]
-        })
+        .map(|row| table_row(row, now))
         .collect();
     print_table(
         &[
@@ -150,7 +191,24 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
         ),
         None => println!("{} operation(s)", page.operations.len()),
     }
-    Ok(())
+}
+
+/// One operation as a table row, in the order of the table's headings.
+fn table_row(row: &OperationRow, now: DateTime<Utc>) -> Vec<String> {
+    vec![
+        row.operation_id.to_string(),
+        row.tenant.to_string(),
+        row.account.to_string(),
+        row.action.to_string(),
+        row.state.to_owned(),
+        row.attempts.to_string(),
+        row.external_id
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), ToString::to_string),
+        read_models::time(row.created_at),
+        read_models::time(row.updated_at),
+        age(now, row.created_at),
+    ]
 }
 
 /// `ops show` and `status`.

@@ -11,10 +11,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::EventStore;
 use opledger_readmodel::{
     compare_files, is_read_model_file, rebuild_to, replace_read_models, ReadModelError, ReadModels,
     TableDifference,
 };
+use opledger_store::SqliteStore;
 use serde_json::json;
 
 use crate::cli::{CliError, ReplayArgs};
@@ -43,28 +46,7 @@ async fn replay(
     temporary: &Path,
 ) -> Result<(), CliError> {
     let store = ledger.store();
-    let head = opledger_domain::store::EventStore::head_position(store).await?;
-    // Verifying compares two files at one position. The live read models may already be past the head
-    // read above (another process caught them up meanwhile), so rebuild to whichever is further.
-    let target = if args.verify {
-        let live_models = ReadModels::open(live).await?;
-        let checkpoint = live_models.checkpoint().await?;
-        drop(live_models);
-        if checkpoint > head {
-            // Re-read the head: events may have been appended since it was first read.
-            let now = opledger_domain::store::EventStore::head_position(store).await?;
-            if checkpoint > now {
-                return Err(ReadModelError::AheadOfLedger {
-                    checkpoint: checkpoint.map_or(0, |p| p.value()),
-                    head: now.map_or(0, |p| p.value()),
-                }
-                .into());
-            }
-        }
-        head.max(checkpoint)
-    } else {
-        head
-    };
+    let target = replay_target(store, args, live).await?;
     // A leftover from an interrupted replay of this same process id is stale.
     remove_database(temporary);
     let started = Instant::now();
@@ -84,29 +66,7 @@ async fn replay(
         report.applied
     );
     if args.verify {
-        let live_models = ReadModels::open(live).await?;
-        opledger_http_api::render::catch_up_showing_progress(
-            store,
-            &live_models,
-            target,
-            "catching up",
-            args.json,
-        )
-        .await?;
-        let (left, right) = (live.to_path_buf(), temporary.to_path_buf());
-        let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
-            .await
-            .map_err(|error| CliError::Other(format!("the comparison failed: {error}")))??;
-        // If another process applied events to the live read models while they were compared, the
-        // differences may be those events, not a fault: say so instead of reporting them.
-        if live_models.checkpoint().await? != target {
-            return Err(CliError::Other(
-                "the live read models moved on during the comparison (another process is applying \
-                 events to them); run `opledger replay --verify` again when it is idle"
-                    .to_owned(),
-            ));
-        }
-        drop(live_models);
+        let differences = compare_with_live(store, args, live, temporary, target).await?;
         let outcome = if differences.is_empty() {
             Ok(())
         } else {
@@ -136,6 +96,71 @@ async fn replay(
     println!("{summary}");
     println!("replaced {}", live.display());
     Ok(())
+}
+
+/// The position to rebuild to: the log's head, or with `--verify` the live read models'
+/// checkpoint when that is further, refused when it is past the ledger itself.
+async fn replay_target(
+    store: &SqliteStore,
+    args: &ReplayArgs,
+    live: &Path,
+) -> Result<Option<GlobalPosition>, CliError> {
+    let head = EventStore::head_position(store).await?;
+    if !args.verify {
+        return Ok(head);
+    }
+    // Verifying compares two files at one position. The live read models may already be past the head
+    // read above (another process caught them up meanwhile), so rebuild to whichever is further.
+    let live_models = ReadModels::open(live).await?;
+    let checkpoint = live_models.checkpoint().await?;
+    drop(live_models);
+    if checkpoint > head {
+        // Re-read the head: events may have been appended since it was first read.
+        let now = EventStore::head_position(store).await?;
+        if checkpoint > now {
+            return Err(ReadModelError::AheadOfLedger {
+                checkpoint: checkpoint.map_or(0, |p| p.value()),
+                head: now.map_or(0, |p| p.value()),
+            }
+            .into());
+        }
+    }
+    Ok(head.max(checkpoint))
+}
+
+/// Catches the live read models up to `target`, then compares them with the rebuilt file table
+/// by table.
+async fn compare_with_live(
+    store: &SqliteStore,
+    args: &ReplayArgs,
+    live: &Path,
+    temporary: &Path,
+    target: Option<GlobalPosition>,
+) -> Result<Vec<TableDifference>, CliError> {
+    let live_models = ReadModels::open(live).await?;
+    opledger_http_api::render::catch_up_showing_progress(
+        store,
+        &live_models,
+        target,
+        "catching up",
+        args.json,
+    )
+    .await?;
+    let (left, right) = (live.to_path_buf(), temporary.to_path_buf());
+    let differences = tokio::task::spawn_blocking(move || compare_files(&left, &right))
+        .await
+        .map_err(|error| CliError::Other(format!("the comparison failed: {error}")))??;
+    // If another process applied events to the live read models while they were compared, the
+    // differences may be those events, not a fault: say so instead of reporting them.
+    if live_models.checkpoint().await? != target {
+        return Err(CliError::Other(
+            "the live read models moved on during the comparison (another process is applying \
+             events to them); run `opledger replay --verify` again when it is idle"
+                .to_owned(),
+        ));
+    }
+    drop(live_models);
+    Ok(differences)
 }
 
 fn report_differences(

@@ -5,12 +5,13 @@
 //! to the read models; this command sends nothing to a provider — a retry is carried out by the
 //! workers.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use opledger_domain::command::{Command, MAX_NOTE_BYTES};
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::{OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{ActorId, ExternalObjectId, OperationId};
 use opledger_domain::sentence::agent_sentence;
+use opledger_readmodel::ReviewItem;
 use serde_json::json;
 
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
@@ -46,38 +47,7 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
             .collect();
         return print_json(&json!({ "queue": rows }));
     }
-    let rows: Vec<Vec<String>> = queue
-        .iter()
-        .map(|item| {
-            let reason = item
-                .review
-                .as_ref()
-                .map(|review| review.reason.clone())
-                .or_else(|| item.last_error.clone())
-                .unwrap_or_else(|| "-".into());
-            let evidence = item
-                .review
-                .as_ref()
-                .map(|review| review.evidence.clone())
-                .or_else(|| {
-                    item.last_lookup
-                        .as_ref()
-                        .map(|lookup| format!("{}: {}", lookup.result, lookup.evidence))
-                })
-                .unwrap_or_else(|| "-".into());
-            vec![
-                item.operation_id.to_string(),
-                item.state.to_owned(),
-                age(now, item.since),
-                item.tenant.to_string(),
-                item.account.to_string(),
-                item.attempts.to_string(),
-                item.lookups.to_string(),
-                reason,
-                evidence,
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = queue.iter().map(|item| queue_row(item, now)).collect();
     print_table(
         &[
             "OPERATION",
@@ -94,6 +64,38 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     );
     println!("{} operation(s) unresolved", queue.len());
     Ok(())
+}
+
+/// One queued operation as a table row: a person's review, if any, else the last error and
+/// lookup, as the reason and evidence.
+fn queue_row(item: &ReviewItem, now: DateTime<Utc>) -> Vec<String> {
+    let reason = item
+        .review
+        .as_ref()
+        .map(|review| review.reason.clone())
+        .or_else(|| item.last_error.clone())
+        .unwrap_or_else(|| "-".into());
+    let evidence = item
+        .review
+        .as_ref()
+        .map(|review| review.evidence.clone())
+        .or_else(|| {
+            item.last_lookup
+                .as_ref()
+                .map(|lookup| format!("{}: {}", lookup.result, lookup.evidence))
+        })
+        .unwrap_or_else(|| "-".into());
+    vec![
+        item.operation_id.to_string(),
+        item.state.to_owned(),
+        age(now, item.since),
+        item.tenant.to_string(),
+        item.account.to_string(),
+        item.attempts.to_string(),
+        item.lookups.to_string(),
+        reason,
+        evidence,
+    ]
 }
 
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {

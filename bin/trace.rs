@@ -9,7 +9,7 @@ use opledger_domain::error::ValidationError;
 use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
 use opledger_domain::ids::{OperationId, TenantId};
 use opledger_domain::sentence::agent_sentence;
-use opledger_readmodel::{DuplicatesReport, MAX_QUERY_ROWS};
+use opledger_readmodel::{DuplicatesReport, ReadModels, MAX_QUERY_ROWS};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -65,26 +65,9 @@ async fn trace(
         args.json,
     )
     .await?;
-    let query = id.to_owned();
-    // The tenant is filtered in the read models' query, before the limit, so other tenants'
-    // operations naming the same id cannot crowd out this tenant's.
-    let candidates = read_models
-        .call(move |store| match tenant {
-            None => store.trace_candidates(&query, MAX_TRACE_MATCHES),
-            Some(tenant) => store.trace_candidates_of(&query, &[tenant], MAX_TRACE_MATCHES),
-        })
-        .await?;
+    let candidates = candidates(&read_models, id, tenant).await?;
     let Some((&operation_id, others)) = candidates.split_first() else {
-        let of_tenant = args
-            .tenant
-            .as_deref()
-            .map(|tenant| format!(" for tenant `{tenant}`"))
-            .unwrap_or_default();
-        return Err(CliError::NotFound(format!(
-            "nothing in the ledger matches `{id}`{of_tenant}; trace takes an operation id, an attempt id, \
-             the external system's object id or the source (tool-call/message) id as recorded — \
-             check for a typo, or the --db it was recorded in"
-        )));
+        return Err(nothing_matches(id, args.tenant.as_deref()));
     };
     let OperationView {
         loaded,
@@ -113,19 +96,60 @@ async fn trace(
         }));
     }
     println!("matched         {} ({})", link.kind, link.detail);
-    if !others.is_empty() {
-        let listed: Vec<String> = others.iter().map(ToString::to_string).collect();
-        println!(
-            "also matched    {} (the same id names other operations; trace each by its operation id)",
-            listed.join(" ")
-        );
-    }
+    print_other_matches(others);
     print_state(&loaded);
     println!("sentence        {sentence}");
     println!("chain:");
     for line in &lines {
         println!("  {line}");
     }
+    print_duplicates(&duplicates);
+    Ok(())
+}
+
+/// The operations `id` names, best match first, at most [`MAX_TRACE_MATCHES`].
+async fn candidates(
+    read_models: &ReadModels,
+    id: &str,
+    tenant: Option<TenantId>,
+) -> Result<Vec<OperationId>, CliError> {
+    let query = id.to_owned();
+    // The tenant is filtered in the read models' query, before the limit, so other tenants'
+    // operations naming the same id cannot crowd out this tenant's.
+    Ok(read_models
+        .call(move |store| match tenant {
+            None => store.trace_candidates(&query, MAX_TRACE_MATCHES),
+            Some(tenant) => store.trace_candidates_of(&query, &[tenant], MAX_TRACE_MATCHES),
+        })
+        .await?)
+}
+
+/// The error for an id nothing matches, with the kinds of id `trace` takes.
+fn nothing_matches(id: &str, tenant: Option<&str>) -> CliError {
+    let of_tenant = tenant
+        .map(|tenant| format!(" for tenant `{tenant}`"))
+        .unwrap_or_default();
+    CliError::NotFound(format!(
+        "nothing in the ledger matches `{id}`{of_tenant}; trace takes an operation id, an attempt id, \
+         the external system's object id or the source (tool-call/message) id as recorded — \
+         check for a typo, or the --db it was recorded in"
+    ))
+}
+
+/// Names the other operations the same id matched, if any.
+fn print_other_matches(others: &[OperationId]) {
+    if others.is_empty() {
+        return;
+    }
+    let listed: Vec<String> = others.iter().map(ToString::to_string).collect();
+    println!(
+        "also matched    {} (the same id names other operations; trace each by its operation id)",
+        listed.join(" ")
+    );
+}
+
+/// Prints the duplicates' sentences, or `none`.
+fn print_duplicates(duplicates: &[serde_json::Value]) {
     let texts: Vec<String> = duplicates
         .iter()
         .filter_map(|value| value.get("text").and_then(|text| text.as_str()))
@@ -139,7 +163,6 @@ async fn trace(
             println!("  {text}");
         }
     }
-    Ok(())
 }
 
 /// Finds which link of the operation's chain `id` names.

@@ -61,46 +61,60 @@ async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
         eprint!("\r\x1b[2K");
     }
     if json {
-        let rows: Vec<_> = findings
-            .iter()
-            .map(|finding| {
-                serde_json::json!({
-                    "kind": finding.kind.name(),
-                    "stream": finding.stream.as_ref().map(ToString::to_string),
-                    "version": finding.version.map(|v| v.value()),
-                    "position": finding.position.value(),
-                    "detail": finding.detail,
-                })
-            })
-            .collect();
-        let mut out = serde_json::json!({"events": verifier.events(), "streams": verifier.streams(), "findings": found, "shown": rows});
-        if found > 0 {
-            // The findings are also the error, in the shape every `--json` error has.
-            out["error"] =
-                crate::cli::error_json(&CliError::Tampered { findings: found })["error"].take();
-        }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out)
-                .map_err(|error| CliError::Other(error.to_string()))?
-        );
+        print_report_json(&verifier, &findings, found)?;
     } else {
-        for finding in &findings {
-            println!("{finding}");
-        }
-        if found > findings.len() {
-            println!("… and {} more", found - findings.len());
-        }
-        println!(
-            "verified {} events in {} streams: {}",
-            verifier.events(),
-            verifier.streams(),
-            if found == 0 {
-                "no tampering found".to_owned()
-            } else {
-                format!("{found} finding(s)")
-            }
-        );
+        print_report_text(&verifier, &findings, found);
     }
     Ok(found)
+}
+
+/// Prints the walk's counts and the findings shown as JSON; with findings, also as the error.
+fn print_report_json(
+    verifier: &Verifier,
+    findings: &[Finding],
+    found: usize,
+) -> Result<(), CliError> {
+    let rows: Vec<_> = findings
+        .iter()
+        .map(|finding| {
+            serde_json::json!({
+                "kind": finding.kind.name(),
+                "stream": finding.stream.as_ref().map(ToString::to_string),
+                "version": finding.version.map(|v| v.value()),
+                "position": finding.position.value(),
+                "detail": finding.detail,
+            })
+        })
+        .collect();
+    let mut out = serde_json::json!({"events": verifier.events(), "streams": verifier.streams(), "findings": found, "shown": rows});
+    if found > 0 {
+        // The findings are also the error, in the shape every `--json` error has.
+        out["error"] =
+            crate::cli::error_json(&CliError::Tampered { findings: found })["error"].take();
+    }
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&out).map_err(|error| CliError::Other(error.to_string()))?
+    );
+    Ok(())
+}
+
+/// Prints the findings shown, how many more there were, and the walk's counts.
+fn print_report_text(verifier: &Verifier, findings: &[Finding], found: usize) {
+    for finding in findings {
+        println!("{finding}");
+    }
+    if found > findings.len() {
+        println!("… and {} more", found - findings.len());
+    }
+    println!(
+        "verified {} events in {} streams: {}",
+        verifier.events(),
+        verifier.streams(),
+        if found == 0 {
+            "no tampering found".to_owned()
+        } else {
+            format!("{found} finding(s)")
+        }
+    );
 }

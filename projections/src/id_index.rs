@@ -9,7 +9,10 @@
 //! once indexed: ids in the ledger are facts, and a fact stays traceable.
 
 use chrono::{DateTime, Utc};
-use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
+use opledger_domain::event::{
+    AttemptStarted, IntentRecorded, LateResponse, OperationEvent, ReconciliationResult,
+    ReviewDecision,
+};
 use opledger_domain::ids::{
     AccountId, AttemptId, ExternalObjectId, GlobalPosition, OperationId, ProviderId, SourceId,
     TenantId, WorkerId,
@@ -92,38 +95,16 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChan
     let Some(intent) = ctx.after.intent.as_ref() else {
         return Vec::new();
     };
-    let confirmed = ctx.after.external_id();
-    let named = |external_id: &ExternalObjectId, role: ExternalIdRole| IdIndexChange::ExternalId {
-        provider: intent.provider.clone(),
-        account: intent.account.clone(),
-        external_id: external_id.clone(),
-        operation_id: ctx.operation_id,
-        role: if confirmed == Some(external_id) {
-            ExternalIdRole::Confirmed
-        } else {
-            role
-        },
-        position: ctx.position,
+    let naming = Naming {
+        ctx,
+        intent,
+        confirmed: ctx.after.external_id(),
     };
+    let named =
+        |external_id: &ExternalObjectId, role: ExternalIdRole| naming.change(external_id, role);
     match event {
-        OperationEvent::IntentRecorded(recorded) => recorded
-            .source_id
-            .iter()
-            .map(|source_id| IdIndexChange::Source {
-                tenant: recorded.tenant.clone(),
-                source_id: source_id.clone(),
-                operation_id: ctx.operation_id,
-                position: ctx.position,
-            })
-            .collect(),
-        OperationEvent::AttemptStarted(started) => vec![IdIndexChange::Attempt {
-            attempt_id: started.attempt_id,
-            operation_id: ctx.operation_id,
-            number: started.attempt_number,
-            worker: started.worker.clone(),
-            started_at: started.at,
-            position: ctx.position,
-        }],
+        OperationEvent::IntentRecorded(recorded) => source_changes(ctx, recorded),
+        OperationEvent::AttemptStarted(started) => vec![attempt_change(ctx, started)],
         OperationEvent::AttemptSucceeded(succeeded) => {
             vec![named(&succeeded.external_id, ExternalIdRole::Reported)]
         }
@@ -157,6 +138,58 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChan
         | OperationEvent::LeaseExpired(_)
         | OperationEvent::RetryScheduled(_)
         | OperationEvent::ReviewRequired(_) => Vec::new(),
+    }
+}
+
+/// What an external id is indexed under: the operation's provider and account, and the object
+/// it is confirmed with, whose role is always `Confirmed`.
+struct Naming<'a> {
+    ctx: &'a FoldContext<'a>,
+    intent: &'a IntentRecorded,
+    confirmed: Option<&'a ExternalObjectId>,
+}
+
+impl Naming<'_> {
+    /// The entry for `external_id` named in `role`, unless it is the confirmed object.
+    fn change(&self, external_id: &ExternalObjectId, role: ExternalIdRole) -> IdIndexChange {
+        IdIndexChange::ExternalId {
+            provider: self.intent.provider.clone(),
+            account: self.intent.account.clone(),
+            external_id: external_id.clone(),
+            operation_id: self.ctx.operation_id,
+            role: if self.confirmed == Some(external_id) {
+                ExternalIdRole::Confirmed
+            } else {
+                role
+            },
+            position: self.ctx.position,
+        }
+    }
+}
+
+/// The entry of an intent's delivery id, if it names one.
+fn source_changes(ctx: &FoldContext<'_>, recorded: &IntentRecorded) -> Vec<IdIndexChange> {
+    recorded
+        .source_id
+        .iter()
+        .map(|source_id| IdIndexChange::Source {
+            tenant: recorded.tenant.clone(),
+            source_id: source_id.clone(),
+            operation_id: ctx.operation_id,
+            position: ctx.position,
+        })
+        .collect()
+}
+
+/// The entry of a started attempt.
+fn attempt_change(ctx: &FoldContext<'_>, started: &AttemptStarted) -> IdIndexChange {
+    IdIndexChange::Attempt {
+        attempt_id: started.attempt_id,
+        operation_id: ctx.operation_id,
+        number: started.attempt_number,
+        worker: started.worker.clone(),
+        started_at: started.at,
+        position: ctx.position,
     }
 }
 

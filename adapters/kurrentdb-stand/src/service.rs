@@ -410,39 +410,11 @@ impl Read {
                 backwards,
                 count,
             } => {
-                let messages = {
-                    let log = shared.log();
-                    if !log.has_stream(&stream) {
-                        vec![read_resp::Content::StreamNotFound(
-                            read_resp::StreamNotFound {
-                                stream_identifier: Some(wire::StreamIdentifier {
-                                    stream_name: stream.into_bytes(),
-                                }),
-                            },
-                        )]
-                    } else {
-                        let records = match (backwards, from) {
-                            (false, StreamFrom::Revision(revision)) => {
-                                log.read_stream_forward(&stream, revision, count)
-                            }
-                            (false, StreamFrom::Start) => {
-                                log.read_stream_forward(&stream, 0, count)
-                            }
-                            (false, StreamFrom::End) => Vec::new(),
-                            (true, StreamFrom::Revision(revision)) => {
-                                log.read_stream_backward(&stream, Some(revision), count)
-                            }
-                            (true, StreamFrom::End) => {
-                                log.read_stream_backward(&stream, None, count)
-                            }
-                            (true, StreamFrom::Start) => {
-                                log.read_stream_backward(&stream, Some(0), count)
-                            }
-                        };
-                        records.iter().map(event_message).collect()
-                    }
-                };
-                send_all(sender, messages).await;
+                send_all(
+                    sender,
+                    stream_messages(shared, stream, from, backwards, count),
+                )
+                .await
             }
             Self::All {
                 from,
@@ -450,45 +422,88 @@ impl Read {
                 count,
                 filter,
             } => {
-                let messages: Vec<_> = {
-                    let log = shared.log();
-                    let admitted =
-                        |record: &&Record| filter.as_ref().is_none_or(|f| f.admits(record));
-                    if backwards {
-                        // Backward reads take post-positions: everything before `from`.
-                        let end = match from {
-                            AllFrom::Position(position) => log.index_at_or_after(position),
-                            AllFrom::End => log.len(),
-                            AllFrom::Start => 0,
-                        };
-                        (0..end)
-                            .rev()
-                            .filter_map(|index| log.record(index))
-                            .filter(admitted)
-                            .take(count)
-                            .map(event_message)
-                            .collect()
-                    } else {
-                        // Forward reads are inclusive of the position named.
-                        let start = match from {
-                            AllFrom::Position(position) => log.index_at_or_after(position),
-                            AllFrom::Start => 0,
-                            AllFrom::End => log.len(),
-                        };
-                        (start..log.len())
-                            .filter_map(|index| log.record(index))
-                            .filter(admitted)
-                            .take(count)
-                            .map(event_message)
-                            .collect()
-                    }
-                };
+                let messages = all_messages(shared, from, backwards, count, filter.as_ref());
                 send_all(sender, messages).await;
             }
             Self::SubscribeAll { from, filter } => {
                 subscribe_all(shared, sender, from, filter).await
             }
         }
+    }
+}
+
+/// The messages answering a read of one stream: up to `count` of its events from `from`, or
+/// that it does not exist. The log is locked only while they are gathered, never while sending.
+fn stream_messages(
+    shared: &Shared,
+    stream: String,
+    from: StreamFrom,
+    backwards: bool,
+    count: usize,
+) -> Vec<read_resp::Content> {
+    let log = shared.log();
+    if !log.has_stream(&stream) {
+        return vec![read_resp::Content::StreamNotFound(
+            read_resp::StreamNotFound {
+                stream_identifier: Some(wire::StreamIdentifier {
+                    stream_name: stream.into_bytes(),
+                }),
+            },
+        )];
+    }
+    let records = match (backwards, from) {
+        (false, StreamFrom::Revision(revision)) => {
+            log.read_stream_forward(&stream, revision, count)
+        }
+        (false, StreamFrom::Start) => log.read_stream_forward(&stream, 0, count),
+        (false, StreamFrom::End) => Vec::new(),
+        (true, StreamFrom::Revision(revision)) => {
+            log.read_stream_backward(&stream, Some(revision), count)
+        }
+        (true, StreamFrom::End) => log.read_stream_backward(&stream, None, count),
+        (true, StreamFrom::Start) => log.read_stream_backward(&stream, Some(0), count),
+    };
+    records.iter().map(event_message).collect()
+}
+
+/// The messages answering a read of `$all`: up to `count` events the filter admits, from
+/// `from` in the direction asked. The log is locked only while they are gathered.
+fn all_messages(
+    shared: &Shared,
+    from: AllFrom,
+    backwards: bool,
+    count: usize,
+    filter: Option<&Filter>,
+) -> Vec<read_resp::Content> {
+    let log = shared.log();
+    let admitted = |record: &&Record| filter.is_none_or(|f| f.admits(record));
+    if backwards {
+        // Backward reads take post-positions: everything before `from`.
+        let end = match from {
+            AllFrom::Position(position) => log.index_at_or_after(position),
+            AllFrom::End => log.len(),
+            AllFrom::Start => 0,
+        };
+        (0..end)
+            .rev()
+            .filter_map(|index| log.record(index))
+            .filter(admitted)
+            .take(count)
+            .map(event_message)
+            .collect()
+    } else {
+        // Forward reads are inclusive of the position named.
+        let start = match from {
+            AllFrom::Position(position) => log.index_at_or_after(position),
+            AllFrom::Start => 0,
+            AllFrom::End => log.len(),
+        };
+        (start..log.len())
+            .filter_map(|index| log.record(index))
+            .filter(admitted)
+            .take(count)
+            .map(event_message)
+            .collect()
     }
 }
 

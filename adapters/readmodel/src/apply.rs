@@ -184,19 +184,31 @@ pub(super) fn apply_batch(
         }
         outcome.checkpoint = Some(position);
     }
+    commit_batch(transaction, touched, &counters, start, outcome.checkpoint)?;
+    Ok(outcome)
+}
+
+/// Writes the operations the batch folded and the gauges they moved, and (when the batch
+/// advanced past `start`) its counters and checkpoint; then commits.
+fn commit_batch(
+    transaction: Transaction<'_>,
+    touched: HashMap<OperationId, Touched>,
+    counters: &BTreeMap<Counter, u64>,
+    start: Option<GlobalPosition>,
+    checkpoint: Option<GlobalPosition>,
+) -> Result<(), ReadModelError> {
     let mut gauges = GaugeChanges::default();
     write_touched(&transaction, touched, &mut gauges)?;
     write_gauges(&transaction, &gauges)?;
-    if outcome.checkpoint != start {
-        write_counters(&transaction, &counters)?;
-        if let Some(checkpoint) = outcome.checkpoint {
+    if checkpoint != start {
+        write_counters(&transaction, counters)?;
+        if let Some(checkpoint) = checkpoint {
             write_checkpoint(&transaction, checkpoint)?;
         }
     }
     transaction
         .commit()
-        .map_err(|error| ReadModelError::sqlite("committing a batch", error))?;
-    Ok(outcome)
+        .map_err(|error| ReadModelError::sqlite("committing a batch", error))
 }
 
 /// An operation folded in this batch, not yet written back.

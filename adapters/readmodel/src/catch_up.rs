@@ -111,6 +111,25 @@ pub struct TableDifference {
 /// read-only; the comparison runs inside SQLite, so memory stays bounded whatever the sizes.
 /// Blocking: call it from a blocking thread.
 pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, ReadModelError> {
+    let connection = open_attached(left, right)?;
+    let left_tables = table_names(&connection, "main")?;
+    let right_tables = table_names(&connection, "other")?;
+    let mut all: Vec<&String> = left_tables.iter().chain(right_tables.iter()).collect();
+    all.sort();
+    all.dedup();
+    let mut differences = Vec::new();
+    for table in all {
+        let in_left = left_tables.contains(table);
+        let in_right = right_tables.contains(table);
+        if let Some(difference) = compare_table(&connection, table, in_left, in_right)? {
+            differences.push(difference);
+        }
+    }
+    Ok(differences)
+}
+
+/// Opens `left` read-only as `main`, with `right` attached as `other`.
+fn open_attached(left: &Path, right: &Path) -> Result<Connection, ReadModelError> {
     let open = |path: &Path| {
         Connection::open_with_flags(
             path,
@@ -128,70 +147,75 @@ pub fn compare_files(left: &Path, right: &Path) -> Result<Vec<TableDifference>, 
     connection
         .execute("ATTACH DATABASE ?1 AS other", [right_text])
         .map_err(|error| ReadModelError::sqlite("attaching the file to compare with", error))?;
-    let tables = |schema: &str| -> Result<Vec<String>, ReadModelError> {
-        let mut statement = connection
-            .prepare(&format!(
-                "SELECT name FROM {schema}.sqlite_schema
-                 WHERE type = 'table' AND name <> 'ledger_identity' ORDER BY name"
-            ))
-            .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
-        let names = statement
-            .query_map([], |row| row.get::<_, String>(0))
-            .map_err(|error| ReadModelError::sqlite("listing tables", error))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
-        Ok(names)
+    Ok(connection)
+}
+
+/// The tables of `schema` to compare, by name: all but the ledger's identity.
+fn table_names(connection: &Connection, schema: &str) -> Result<Vec<String>, ReadModelError> {
+    let mut statement = connection
+        .prepare(&format!(
+            "SELECT name FROM {schema}.sqlite_schema
+             WHERE type = 'table' AND name <> 'ledger_identity' ORDER BY name"
+        ))
+        .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
+    let names = statement
+        .query_map([], |row| row.get::<_, String>(0))
+        .map_err(|error| ReadModelError::sqlite("listing tables", error))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| ReadModelError::sqlite("listing tables", error))?;
+    Ok(names)
+}
+
+/// How `table` differs between the two files, or `None` when both hold the same rows.
+fn compare_table(
+    connection: &Connection,
+    table: &str,
+    in_left: bool,
+    in_right: bool,
+) -> Result<Option<TableDifference>, ReadModelError> {
+    // Table names come from the files' own schema; quoting keeps them names, not SQL.
+    let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+    let count = |query: &str| count_of(connection, query);
+    let left_rows = if in_left {
+        Some(count(&format!("SELECT count(*) FROM main.{quoted}"))?)
+    } else {
+        None
     };
-    let left_tables = tables("main")?;
-    let right_tables = tables("other")?;
-    let count = |query: &str| -> Result<u64, ReadModelError> {
-        let value: i64 = connection
-            .query_row(query, [], |row| row.get(0))
-            .map_err(|error| ReadModelError::sqlite("comparing tables", error))?;
-        super::sql::count_from(value)
+    let right_rows = if in_right {
+        Some(count(&format!("SELECT count(*) FROM other.{quoted}"))?)
+    } else {
+        None
     };
-    let mut all: Vec<&String> = left_tables.iter().chain(right_tables.iter()).collect();
-    all.sort();
-    all.dedup();
-    let mut differences = Vec::new();
-    for table in all {
-        // Table names come from the files' own schema; quoting keeps them names, not SQL.
-        let quoted = format!("\"{}\"", table.replace('"', "\"\""));
-        let in_left = left_tables.contains(table);
-        let in_right = right_tables.contains(table);
-        let left_rows = if in_left {
-            Some(count(&format!("SELECT count(*) FROM main.{quoted}"))?)
-        } else {
-            None
-        };
-        let right_rows = if in_right {
-            Some(count(&format!("SELECT count(*) FROM other.{quoted}"))?)
-        } else {
-            None
-        };
-        let (only_left, only_right) = if in_left && in_right {
-            (
-                count(&format!(
-                    "SELECT count(*) FROM (SELECT * FROM main.{quoted} EXCEPT SELECT * FROM other.{quoted})"
-                ))?,
-                count(&format!(
-                    "SELECT count(*) FROM (SELECT * FROM other.{quoted} EXCEPT SELECT * FROM main.{quoted})"
-                ))?,
-            )
-        } else {
-            (left_rows.unwrap_or(0), right_rows.unwrap_or(0))
-        };
-        if left_rows != right_rows || only_left > 0 || only_right > 0 {
-            differences.push(TableDifference {
-                table: table.clone(),
-                left_rows,
-                right_rows,
-                only_left,
-                only_right,
-            });
-        }
+    let (only_left, only_right) = if in_left && in_right {
+        (
+            count(&format!(
+                "SELECT count(*) FROM (SELECT * FROM main.{quoted} EXCEPT SELECT * FROM other.{quoted})"
+            ))?,
+            count(&format!(
+                "SELECT count(*) FROM (SELECT * FROM other.{quoted} EXCEPT SELECT * FROM main.{quoted})"
+            ))?,
+        )
+    } else {
+        (left_rows.unwrap_or(0), right_rows.unwrap_or(0))
+    };
+    if left_rows == right_rows && only_left == 0 && only_right == 0 {
+        return Ok(None);
     }
-    Ok(differences)
+    Ok(Some(TableDifference {
+        table: table.to_owned(),
+        left_rows,
+        right_rows,
+        only_left,
+        only_right,
+    }))
+}
+
+/// The single count `query` returns.
+fn count_of(connection: &Connection, query: &str) -> Result<u64, ReadModelError> {
+    let value: i64 = connection
+        .query_row(query, [], |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("comparing tables", error))?;
+    super::sql::count_from(value)
 }
 
 /// Whether `path` is a read-model file (it has the read models' checkpoint and operations

@@ -190,54 +190,27 @@ impl ReadModelStore {
         after: Option<&OperationCursor>,
     ) -> Result<OperationPage, ReadModelError> {
         let limit = limit.min(MAX_QUERY_ROWS);
-        let mut conditions: Vec<String> = Vec::new();
-        let mut values: Vec<Box<dyn ToSql>> = Vec::new();
-        // Placeholders are numbered in the order values are added, so each condition names the
-        // one it just added.
-        let mut bind = |value: Box<dyn ToSql>| {
-            values.push(value);
-            values.len()
-        };
-        if let Some(state) = &filter.state {
-            if !STATE_NAMES.contains(&state.as_str()) {
-                return Err(ReadModelError::InvalidQuery {
-                    reason: format!(
-                        "`{state}` is not a state; use one of {}",
-                        STATE_NAMES.join(", ")
-                    ),
-                });
-            }
-            conditions.push(format!("state = ?{}", bind(Box::new(state.clone()))));
-        }
-        if let Some(tenant) = &filter.tenant {
-            let tenant = bind(Box::new(tenant.as_str().to_owned()));
-            conditions.push(format!("tenant = ?{tenant}"));
-        }
-        if let Some(older_than) = filter.older_than {
-            let older_than = bind(Box::new(sql::time(older_than)));
-            conditions.push(format!("created_at < ?{older_than}"));
-        }
-        if let Some(cursor) = after {
-            let created = bind(Box::new(sql::time(cursor.created_at)));
-            let operation = bind(Box::new(cursor.operation_id.to_string()));
-            conditions.push(format!(
-                "(created_at, operation_id) > (?{created}, ?{operation})"
-            ));
-        }
+        let mut conditions = Conditions::of(filter, after)?;
         // One more than asked tells whether another page follows.
-        let fetch = bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
-        let filter_text = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", conditions.join(" AND "))
-        };
+        let fetch = conditions.bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
         let query = format!(
-            "SELECT {OPERATION_COLUMNS} FROM operations {filter_text}
-             ORDER BY created_at, operation_id LIMIT ?{fetch}"
+            "SELECT {OPERATION_COLUMNS} FROM operations {}
+             ORDER BY created_at, operation_id LIMIT ?{fetch}",
+            conditions.where_clause()
         );
+        let operations = self.listed_operations(&query, &conditions.values)?;
+        Ok(page_of(operations, limit))
+    }
+
+    /// The operations `query` selects, with `values` bound to its numbered placeholders.
+    fn listed_operations(
+        &self,
+        query: &str,
+        values: &[Box<dyn ToSql>],
+    ) -> Result<Vec<OperationRow>, ReadModelError> {
         let mut statement = self
             .connection
-            .prepare(&query)
+            .prepare(query)
             .map_err(|error| ReadModelError::sqlite("preparing to list operations", error))?;
         let parameters: Vec<&dyn ToSql> = values.iter().map(|value| value.as_ref()).collect();
         let raw = statement
@@ -245,20 +218,9 @@ impl ReadModelStore {
             .map_err(|error| ReadModelError::sqlite("listing operations", error))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| ReadModelError::sqlite("reading listed operations", error))?;
-        let mut operations = raw
-            .into_iter()
+        raw.into_iter()
             .map(RawOperation::decode)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next = if operations.len() > limit {
-            operations.truncate(limit);
-            operations.last().map(|last| OperationCursor {
-                created_at: last.created_at,
-                operation_id: last.operation_id,
-            })
-        } else {
-            None
-        };
-        Ok(OperationPage { operations, next })
+            .collect::<Result<Vec<_>, _>>()
     }
 
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) unresolved operations, the longest-waiting
@@ -701,6 +663,84 @@ const TRACE_BY_EXTERNAL_ID: &str = "SELECT e.operation_id FROM external_ids e
 const TRACE_BY_SOURCE_ID: &str = "SELECT operation_id FROM sources
      WHERE source_id = ?1 AND (?3 IS NULL OR tenant IN (SELECT value FROM json_each(?3)))
      ORDER BY position LIMIT ?2";
+
+/// The conditions of an operation listing and the values bound to their placeholders.
+struct Conditions {
+    texts: Vec<String>,
+    values: Vec<Box<dyn ToSql>>,
+}
+
+impl Conditions {
+    /// The conditions `filter` and the cursor `after` set; an unknown state is refused.
+    fn of(
+        filter: &OperationFilter,
+        after: Option<&OperationCursor>,
+    ) -> Result<Self, ReadModelError> {
+        let mut conditions = Self {
+            texts: Vec::new(),
+            values: Vec::new(),
+        };
+        if let Some(state) = &filter.state {
+            if !STATE_NAMES.contains(&state.as_str()) {
+                return Err(ReadModelError::InvalidQuery {
+                    reason: format!(
+                        "`{state}` is not a state; use one of {}",
+                        STATE_NAMES.join(", ")
+                    ),
+                });
+            }
+            let state = conditions.bind(Box::new(state.clone()));
+            conditions.texts.push(format!("state = ?{state}"));
+        }
+        if let Some(tenant) = &filter.tenant {
+            let tenant = conditions.bind(Box::new(tenant.as_str().to_owned()));
+            conditions.texts.push(format!("tenant = ?{tenant}"));
+        }
+        if let Some(older_than) = filter.older_than {
+            let older_than = conditions.bind(Box::new(sql::time(older_than)));
+            conditions.texts.push(format!("created_at < ?{older_than}"));
+        }
+        if let Some(cursor) = after {
+            let created = conditions.bind(Box::new(sql::time(cursor.created_at)));
+            let operation = conditions.bind(Box::new(cursor.operation_id.to_string()));
+            conditions.texts.push(format!(
+                "(created_at, operation_id) > (?{created}, ?{operation})"
+            ));
+        }
+        Ok(conditions)
+    }
+
+    /// Adds a value and returns its placeholder's number. Placeholders are numbered in the order
+    /// values are added, so each condition names the one it just added.
+    fn bind(&mut self, value: Box<dyn ToSql>) -> usize {
+        self.values.push(value);
+        self.values.len()
+    }
+
+    /// `WHERE` and the conditions joined, or nothing when there are none.
+    fn where_clause(&self) -> String {
+        if self.texts.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", self.texts.join(" AND "))
+        }
+    }
+}
+
+/// The page of up to `limit` of `operations` (fetched one more than asked) and, when there were
+/// more, the cursor of the next page.
+fn page_of(mut operations: Vec<OperationRow>, limit: usize) -> OperationPage {
+    let next = if operations.len() > limit {
+        operations.truncate(limit);
+        operations.last().map(|last| OperationCursor {
+            created_at: last.created_at,
+            operation_id: last.operation_id,
+        })
+    } else {
+        None
+    };
+    OperationPage { operations, next }
+}
 
 /// `tenants` as the JSON array the scoped queries bind (at most [`MAX_QUERY_ROWS`] of them).
 fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {

@@ -194,94 +194,119 @@ impl ReadModelRunner {
     ) -> Result<RunReport, ReadModelError> {
         let checkpoint = read_models.checkpoint().await?;
         info!(?checkpoint, path = %read_models.path().display(), "projection runner starting");
-        let mut subscription = store
+        let subscription = store
             .subscribe_all(checkpoint.map_or(LogStart::Beginning, LogStart::After))
             .await?;
-        let (sender, mut receiver) = mpsc::channel(RUNNER_BUFFER_EVENTS);
+        let (sender, receiver) = mpsc::channel(RUNNER_BUFFER_EVENTS);
         // The subscription is read in its own future, so the next events arrive while a batch
         // commits. A read error travels down the channel behind the events read before it, so
         // those are still applied, in order, before the run stops.
-        let feed = async move {
-            loop {
-                let next = subscription.next().await;
-                let failed = next.is_err();
-                if sender.send(next).await.is_err() || failed {
-                    break;
-                }
-            }
-            // Ending here would end the run below before it applied what is buffered; the run
-            // ends when the applier reaches the error (or `stop`) instead.
-            std::future::pending::<()>().await;
-        };
-        let apply = async {
-            tokio::pin!(stop);
-            let mut report = RunReport {
-                checkpoint,
-                ..RunReport::default()
-            };
-            loop {
-                let first = tokio::select! {
-                    biased;
-                    () = &mut stop => return Ok(report),
-                    next = receiver.recv() => next,
-                };
-                let Some(first) = first else {
-                    return Err(feed_ended());
-                };
-                let mut batch = vec![first?];
-                let mut failure: Option<StoreError> = None;
-                let linger_until = tokio::time::Instant::now() + self.linger;
-                // Created here, so a `hurry` from now on ends this batch's linger even before
-                // the wait below first polls it.
-                let hurried = read_models.hurry.notified();
-                tokio::pin!(hurried);
-                while batch.len() < self.max_batch_events {
-                    let next = match receiver.try_recv() {
-                        Ok(next) => next,
-                        Err(_) if self.linger.is_zero() => break,
-                        Err(_) => {
-                            let wait = tokio::time::timeout_at(linger_until, receiver.recv());
-                            tokio::select! {
-                                biased;
-                                // A reader is waiting: commit what has arrived.
-                                () = &mut hurried => break,
-                                waited = wait => match waited {
-                                    Ok(Some(next)) => next,
-                                    // The linger ran out, or the feed ended (reported next
-                                    // round).
-                                    _ => break,
-                                },
-                            }
-                        }
-                    };
-                    match next {
-                        Ok(event) => batch.push(event),
-                        Err(error) => {
-                            failure = Some(error);
-                            break;
-                        }
-                    }
-                }
-                let outcome = read_models.apply_batch(batch).await?;
-                report.batches += 1;
-                report.applied += outcome.applied as u64;
-                report.checkpoint = outcome.checkpoint;
-                debug!(
-                    applied = outcome.applied,
-                    checkpoint = ?outcome.checkpoint,
-                    "read-model batch committed"
-                );
-                if let Some(error) = failure {
-                    return Err(error.into());
-                }
-            }
-        };
+        let feed = feed(subscription, sender);
+        let apply = self.apply(read_models, receiver, stop, checkpoint);
         tokio::select! {
             biased;
             result = apply => result,
             () = feed => Err(feed_ended()),
         }
     }
+
+    /// Applies what arrives on `receiver`, one batch per transaction, until `stop` completes
+    /// (between batches) or something fails.
+    async fn apply(
+        &self,
+        read_models: &ReadModels,
+        mut receiver: mpsc::Receiver<Result<RecordedEvent, StoreError>>,
+        stop: impl Future<Output = ()>,
+        checkpoint: Option<GlobalPosition>,
+    ) -> Result<RunReport, ReadModelError> {
+        tokio::pin!(stop);
+        let mut report = RunReport {
+            checkpoint,
+            ..RunReport::default()
+        };
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = &mut stop => return Ok(report),
+                next = receiver.recv() => next,
+            };
+            let Some(first) = first else {
+                return Err(feed_ended());
+            };
+            let (batch, failure) = self.gather(read_models, &mut receiver, first?).await;
+            let outcome = read_models.apply_batch(batch).await?;
+            report.batches += 1;
+            report.applied += outcome.applied as u64;
+            report.checkpoint = outcome.checkpoint;
+            debug!(
+                applied = outcome.applied,
+                checkpoint = ?outcome.checkpoint,
+                "read-model batch committed"
+            );
+            if let Some(error) = failure {
+                return Err(error.into());
+            }
+        }
+    }
+
+    /// The batch that starts with `first`: what else has arrived, up to the batch limit, waiting
+    /// up to the linger for more unless a reader hurries it; and the read error that ended it,
+    /// if one did, to report once the events before it are committed.
+    async fn gather(
+        &self,
+        read_models: &ReadModels,
+        receiver: &mut mpsc::Receiver<Result<RecordedEvent, StoreError>>,
+        first: RecordedEvent,
+    ) -> (Vec<RecordedEvent>, Option<StoreError>) {
+        let mut batch = vec![first];
+        let linger_until = tokio::time::Instant::now() + self.linger;
+        // Created here, so a `hurry` from now on ends this batch's linger even before
+        // the wait below first polls it.
+        let hurried = read_models.hurry.notified();
+        tokio::pin!(hurried);
+        while batch.len() < self.max_batch_events {
+            let next = match receiver.try_recv() {
+                Ok(next) => next,
+                Err(_) if self.linger.is_zero() => break,
+                Err(_) => {
+                    let wait = tokio::time::timeout_at(linger_until, receiver.recv());
+                    tokio::select! {
+                        biased;
+                        // A reader is waiting: commit what has arrived.
+                        () = &mut hurried => break,
+                        waited = wait => match waited {
+                            Ok(Some(next)) => next,
+                            // The linger ran out, or the feed ended (reported next round).
+                            _ => break,
+                        },
+                    }
+                }
+            };
+            match next {
+                Ok(event) => batch.push(event),
+                Err(error) => return (batch, Some(error)),
+            }
+        }
+        (batch, None)
+    }
+}
+
+/// Sends the subscription's events down the channel until a read fails (that error is sent
+/// too) or the applier is gone; never completes.
+async fn feed(
+    mut subscription: impl Subscription,
+    sender: mpsc::Sender<Result<RecordedEvent, StoreError>>,
+) {
+    loop {
+        let next = subscription.next().await;
+        let failed = next.is_err();
+        if sender.send(next).await.is_err() || failed {
+            break;
+        }
+    }
+    // Ending here would end the run before it applied what is buffered; the run ends when the
+    // applier reaches the error (or `stop`) instead.
+    std::future::pending::<()>().await;
 }
 
 fn feed_ended() -> ReadModelError {

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use opledger_domain::app::AppError;
 use opledger_domain::codec;
 use opledger_domain::engine::Engine;
@@ -28,7 +29,7 @@ use opledger_domain::provider::Providers;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
 use opledger_projections::work_queue::WorkQueue;
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
 /// Drives run at once when nothing says otherwise: enough to hide a provider's latency, few
@@ -174,111 +175,189 @@ where
         .await?;
     let send_delay = i64::try_from(config.send_delay_ms.min(MAX_SEND_DELAY_MS)).unwrap_or(0);
     let mut queue = WorkQueue::with_send_delay(chrono::Duration::milliseconds(send_delay));
-    let mut running: JoinSet<(OperationId, Result<(), AppError>)> = JoinSet::new();
-    let mut busy = HashSet::new();
-    let mut last_driven: HashMap<OperationId, Instant> = HashMap::new();
-    // Not bounded by a limit: it grows only by undecodable events, each one logged and counted,
-    // and forgetting one would let later events fold onto a state that misses an event.
-    let mut set_aside: HashSet<OperationId> = HashSet::new();
-    let mut stats = WorkerStats::default();
+    let mut drives = Drives::default();
     let idle = Duration::from_millis(config.idle_poll_ms.max(1));
     let redrive_pause = Duration::from_millis(config.redrive_pause_ms);
 
     loop {
         let now = engine.ledger().clock().now();
-        let room = config.max_concurrent.saturating_sub(running.len());
-        if room > 0 {
-            // Ask for more than there is room for: some due operations are already running.
-            for (operation_id, work) in queue.due(now, room + busy.len() + last_driven.len()) {
-                if running.len() >= config.max_concurrent {
-                    break;
-                }
-                let recently = last_driven
-                    .get(&operation_id)
-                    .is_some_and(|at| at.elapsed() < redrive_pause);
-                if busy.contains(&operation_id) || recently {
-                    continue;
-                }
-                debug!(%operation_id, ?work, "dispatching");
-                busy.insert(operation_id);
-                last_driven.insert(operation_id, Instant::now());
-                stats.drives += 1;
-                let engine = Arc::clone(&engine);
-                running.spawn(
-                    async move { (operation_id, engine.drive(operation_id).await.map(drop)) },
-                );
-            }
-        }
+        drives.dispatch_due(&engine, &queue, now, config.max_concurrent, redrive_pause);
         let wait = queue
             .next_due_at()
             .and_then(|due_at| (due_at - now).to_std().ok())
             .map_or(idle, |until_due| until_due.min(idle));
 
+        // Each future is dropped before its branch's handler runs, so the handlers may use
+        // `drives` although `join_next` borrows it.
         tokio::select! {
             biased;
             _ = stopped.changed() => break,
-            event = subscription.next() => {
-                let recorded = event?;
-                if let Some(operation_id) = recorded.stream.operation_id() {
-                    if set_aside.contains(&operation_id) {
-                        continue;
-                    }
-                    if !fold(&mut queue, operation_id, &recorded, &counters) {
-                        set_aside.insert(operation_id);
-                    }
-                    // Something changed: it may be driven again at once (unless set aside).
-                    last_driven.remove(&operation_id);
-                }
-            }
-            Some(done) = running.join_next(), if !running.is_empty() => {
-                if let Ok((operation_id, result)) = done {
-                    busy.remove(&operation_id);
-                    if let Err(error) = result {
-                        stats.failed_drives += 1;
-                        warn!(%operation_id, %error, "drive failed; the operation will be driven again");
-                    }
-                }
+            event = subscription.next() => drives.observe(&mut queue, &event?, &counters),
+            Some(done) = drives.running.join_next(), if !drives.running.is_empty() => {
+                drives.finished(done);
             }
             () = tokio::time::sleep(wait) => {}
         }
     }
 
-    // Stop taking work; let the drives in progress record what their sends did.
-    let grace = tokio::time::sleep(Duration::from_millis(config.shutdown_grace_ms));
-    tokio::pin!(grace);
-    while !running.is_empty() {
-        tokio::select! {
-            done = running.join_next() => {
-                if let Some(Ok((operation_id, _))) = done {
-                    busy.remove(&operation_id);
-                }
-            }
-            () = &mut grace => {
-                stats.abandoned_at_shutdown = running.len();
-                running.abort_all();
-                // Every aborted drive has stopped before anything is recorded for it.
-                while running.join_next().await.is_some() {}
-                // An attempt cut off is recorded as unknown now: the ledger never shows an
-                // attempt in flight that nobody is sending, and the next start reconciles it.
-                for operation_id in &busy {
-                    match engine.record_interrupted(*operation_id).await {
-                        Ok(true) => stats.recorded_unknown_at_shutdown += 1,
-                        Ok(false) => {}
-                        Err(error) => warn!(%operation_id, %error, "could not record an interrupted attempt; its lease will expire instead"),
-                    }
-                }
-                warn!(
-                    drives = stats.abandoned_at_shutdown,
-                    recorded_unknown = stats.recorded_unknown_at_shutdown,
-                    "shutdown grace ran out; attempts in progress were recorded as unknown"
-                );
+    drives
+        .shut_down(&engine, Duration::from_millis(config.shutdown_grace_ms))
+        .await;
+    let mut stats = drives.stats;
+    stats.undecodable_events = counters.undecodable_events();
+    stats.set_aside_operations = drives.set_aside.len();
+    Ok(stats)
+}
+
+/// What a drive task returns: its operation and how the drive ended.
+type DriveOutcome = (OperationId, Result<(), AppError>);
+
+/// The drives the workers started, and what they remember of each operation between events.
+#[derive(Default)]
+struct Drives {
+    /// The drives in progress.
+    running: JoinSet<DriveOutcome>,
+    /// The operations being driven now: none is dispatched twice at once.
+    busy: HashSet<OperationId>,
+    /// When each operation was last dispatched, so an unchanged one waits before it is driven
+    /// again.
+    last_driven: HashMap<OperationId, Instant>,
+    // Not bounded by a limit: it grows only by undecodable events, each one logged and counted,
+    // and forgetting one would let later events fold onto a state that misses an event.
+    set_aside: HashSet<OperationId>,
+    stats: WorkerStats,
+}
+
+impl Drives {
+    /// Starts a drive for each due operation, up to `max_concurrent` in progress, skipping those
+    /// running now or dispatched less than `redrive_pause` ago.
+    fn dispatch_due<S, C, I, P>(
+        &mut self,
+        engine: &Arc<Engine<S, C, I, P>>,
+        queue: &WorkQueue,
+        now: DateTime<Utc>,
+        max_concurrent: usize,
+        redrive_pause: Duration,
+    ) where
+        S: EventStore + 'static,
+        C: Clock + 'static,
+        I: IdSource + 'static,
+        P: Providers + 'static,
+    {
+        let room = max_concurrent.saturating_sub(self.running.len());
+        if room == 0 {
+            return;
+        }
+        // Ask for more than there is room for: some due operations are already running.
+        let asked = room + self.busy.len() + self.last_driven.len();
+        for (operation_id, work) in queue.due(now, asked) {
+            if self.running.len() >= max_concurrent {
                 break;
+            }
+            let recently = self
+                .last_driven
+                .get(&operation_id)
+                .is_some_and(|at| at.elapsed() < redrive_pause);
+            if self.busy.contains(&operation_id) || recently {
+                continue;
+            }
+            debug!(%operation_id, ?work, "dispatching");
+            self.busy.insert(operation_id);
+            self.last_driven.insert(operation_id, Instant::now());
+            self.stats.drives += 1;
+            let engine = Arc::clone(engine);
+            self.running
+                .spawn(async move { (operation_id, engine.drive(operation_id).await.map(drop)) });
+        }
+    }
+
+    /// Folds an event of the log into the queue, unless its operation is set aside; one that
+    /// cannot be decoded sets its operation aside.
+    fn observe(
+        &mut self,
+        queue: &mut WorkQueue,
+        recorded: &RecordedEvent,
+        counters: &WorkerCounters,
+    ) {
+        let Some(operation_id) = recorded.stream.operation_id() else {
+            return;
+        };
+        if self.set_aside.contains(&operation_id) {
+            return;
+        }
+        if !fold(queue, operation_id, recorded, counters) {
+            self.set_aside.insert(operation_id);
+        }
+        // Something changed: it may be driven again at once (unless set aside).
+        self.last_driven.remove(&operation_id);
+    }
+
+    /// Frees a finished drive's operation and counts a failed drive; the queue drives it again.
+    fn finished(&mut self, done: Result<DriveOutcome, JoinError>) {
+        if let Ok((operation_id, result)) = done {
+            self.busy.remove(&operation_id);
+            if let Err(error) = result {
+                self.stats.failed_drives += 1;
+                warn!(%operation_id, %error, "drive failed; the operation will be driven again");
             }
         }
     }
-    stats.undecodable_events = counters.undecodable_events();
-    stats.set_aside_operations = set_aside.len();
-    Ok(stats)
+
+    /// Stops taking work and lets the drives in progress record what their sends did, for at
+    /// most `grace`; then aborts the rest and records their attempts as unknown.
+    async fn shut_down<S, C, I, P>(&mut self, engine: &Engine<S, C, I, P>, grace: Duration)
+    where
+        S: EventStore + 'static,
+        C: Clock + 'static,
+        I: IdSource + 'static,
+        P: Providers + 'static,
+    {
+        let grace = tokio::time::sleep(grace);
+        tokio::pin!(grace);
+        while !self.running.is_empty() {
+            tokio::select! {
+                done = self.running.join_next() => {
+                    if let Some(Ok((operation_id, _))) = done {
+                        self.busy.remove(&operation_id);
+                    }
+                }
+                () = &mut grace => {
+                    self.abandon(engine).await;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Aborts the drives still running and records each one's attempt cut off as unknown.
+    async fn abandon<S, C, I, P>(&mut self, engine: &Engine<S, C, I, P>)
+    where
+        S: EventStore + 'static,
+        C: Clock + 'static,
+        I: IdSource + 'static,
+        P: Providers + 'static,
+    {
+        self.stats.abandoned_at_shutdown = self.running.len();
+        self.running.abort_all();
+        // Every aborted drive has stopped before anything is recorded for it.
+        while self.running.join_next().await.is_some() {}
+        // An attempt cut off is recorded as unknown now: the ledger never shows an
+        // attempt in flight that nobody is sending, and the next start reconciles it.
+        for operation_id in &self.busy {
+            match engine.record_interrupted(*operation_id).await {
+                Ok(true) => self.stats.recorded_unknown_at_shutdown += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    warn!(%operation_id, %error, "could not record an interrupted attempt; its lease will expire instead")
+                }
+            }
+        }
+        warn!(
+            drives = self.stats.abandoned_at_shutdown,
+            recorded_unknown = self.stats.recorded_unknown_at_shutdown,
+            "shutdown grace ran out; attempts in progress were recorded as unknown"
+        );
+    }
 }
 
 /// Folds `recorded`, an event of `operation_id`'s stream, into the queue; `false` when it cannot
