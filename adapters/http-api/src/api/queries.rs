@@ -27,17 +27,7 @@ pub(super) async fn list(
     let principal = shared.tokens.authenticate(&headers)?;
     let scope = Scope::of(principal);
     let Query(query) = query?;
-    if let Some(state) = &query.state {
-        if !API_STATES.contains(&state.as_str()) {
-            return Err(ApiError::invalid(ValidationError::new(
-                "state",
-                format!(
-                    "`{state}` is not a state; use one of {}",
-                    API_STATES.join(", ")
-                ),
-            )));
-        }
-    }
+    check_state(query.state.as_deref())?;
     let older_than = query
         .older_than
         .as_deref()
@@ -52,24 +42,7 @@ pub(super) async fn list(
                 .map_err(|error| ValidationError::new("after", error.message))
         })
         .transpose()?;
-    // A tenant lists its own operations; an operator one tenant of its scope at a time or all.
-    let tenant = match (&scope, query.tenant.as_deref()) {
-        (_, Some(text)) => {
-            let tenant = TenantId::new(text).map_err(|e| field("tenant", e))?;
-            if !scope.allows(&tenant) {
-                return Err(ApiError::not_found(format!("tenant {tenant}")));
-            }
-            Some(tenant)
-        }
-        (Scope::Tenants(tenants), None) if tenants.len() == 1 => tenants.iter().next().cloned(),
-        (Scope::All, None) => None,
-        (Scope::Tenants(_), None) => {
-            return Err(ApiError::invalid(ValidationError::new(
-                "tenant",
-                "this token sees several tenants; name one with ?tenant=",
-            )))
-        }
-    };
+    let tenant = listed_tenant(&scope, query.tenant.as_deref())?;
     fresh_read_models(&shared).await?;
     let now = Utc::now();
     let filter = OperationFilter {
@@ -81,23 +54,7 @@ pub(super) async fn list(
         .read_models
         .call(move |store| {
             let cursor = match after {
-                Some(operation_id) => match store.operation(operation_id)? {
-                    // The cursor must be an operation of the listed tenant, or paging would tell
-                    // another tenant's operation ids apart from unknown ones.
-                    Some(row) if tenant.as_ref().is_none_or(|t| *t == row.tenant) => {
-                        Some(OperationCursor {
-                            created_at: row.created_at,
-                            operation_id,
-                        })
-                    }
-                    _ => {
-                        return Err(ReadModelError::InvalidQuery {
-                            reason: format!(
-                                "after={operation_id} names no operation of yours; pass the `next` of the previous page"
-                            ),
-                        })
-                    }
-                },
+                Some(operation_id) => Some(cursor_of(store, operation_id, tenant.as_ref())?),
                 None => None,
             };
             store.list_operations(&filter, limit, cursor.as_ref())
@@ -113,6 +70,62 @@ pub(super) async fn list(
         StatusCode::OK,
         &json!({"operations": rows, "next": next}),
     ))
+}
+
+/// A listed state must be one of the API's.
+fn check_state(state: Option<&str>) -> Result<(), ApiError> {
+    match state {
+        Some(state) if !API_STATES.contains(&state) => {
+            Err(ApiError::invalid(ValidationError::new(
+                "state",
+                format!(
+                    "`{state}` is not a state; use one of {}",
+                    API_STATES.join(", ")
+                ),
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whose operations a listing shows: a tenant lists its own; an operator one tenant of its scope
+/// at a time, or all of them.
+fn listed_tenant(scope: &Scope, named: Option<&str>) -> Result<Option<TenantId>, ApiError> {
+    match (scope, named) {
+        (_, Some(text)) => {
+            let tenant = TenantId::new(text).map_err(|e| field("tenant", e))?;
+            if !scope.allows(&tenant) {
+                return Err(ApiError::not_found(format!("tenant {tenant}")));
+            }
+            Ok(Some(tenant))
+        }
+        (Scope::Tenants(tenants), None) if tenants.len() == 1 => Ok(tenants.iter().next().cloned()),
+        (Scope::All, None) => Ok(None),
+        (Scope::Tenants(_), None) => Err(ApiError::invalid(ValidationError::new(
+            "tenant",
+            "this token sees several tenants; name one with ?tenant=",
+        ))),
+    }
+}
+
+/// The page cursor `after` names. It must be an operation of the listed tenant, or paging would
+/// tell another tenant's operation ids apart from unknown ones.
+fn cursor_of(
+    store: &opledger_readmodel::ReadModelStore,
+    operation_id: OperationId,
+    tenant: Option<&TenantId>,
+) -> Result<OperationCursor, ReadModelError> {
+    match store.operation(operation_id)? {
+        Some(row) if tenant.is_none_or(|t| *t == row.tenant) => Ok(OperationCursor {
+            created_at: row.created_at,
+            operation_id,
+        }),
+        _ => Err(ReadModelError::InvalidQuery {
+            reason: format!(
+                "after={operation_id} names no operation of yours; pass the `next` of the previous page"
+            ),
+        }),
+    }
 }
 
 #[derive(Debug, Deserialize)]
