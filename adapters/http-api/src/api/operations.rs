@@ -50,60 +50,14 @@ pub(super) async fn record(
     let principal = shared.tokens.authenticate(request.headers())?;
     let tenant = tenant_of(principal)?.clone();
     let Query(query) = query?;
-    let execute_now = match query.execute.as_deref() {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(ValidationError::new(
-                "execute",
-                format!("`{other}` must be true or false"),
-            )))
-        }
-    };
-    let wait = match (execute_now, query.wait_ms.as_deref()) {
-        (false, Some(_)) => {
-            return Err(ApiError::invalid(ValidationError::new(
-                "wait_ms",
-                "is only taken with execute=true",
-            )))
-        }
-        (_, wait_ms) => wait_of(&shared, wait_ms)?,
-    };
+    let (execute_now, wait) = execute_and_wait(&shared, &query)?;
     let place = if execute_now {
         Some(execute_place(&shared)?)
     } else {
         None
     };
     let body: RecordBody = body(&shared, request).await?;
-    let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
-    let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
-    let fingerprint = configured_fingerprint(&shared, &provider, &account);
-    let mut request = IntentRequest {
-        tenant: tenant.to_string(),
-        owner: body.owner,
-        provider: body.provider,
-        account: body.account,
-        credential_fingerprint: fingerprint
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default(),
-        action: body.action,
-        args: body.args,
-        source_id: body.source_id,
-        requires_approval: body.requires_approval,
-    };
-    if let Err(not_configured) = fingerprint {
-        // A redelivery answers the operation it recorded whatever the configuration says now
-        // (the provider or account removed): its binding is checked again at its next send.
-        // Only a new intent needs them configured.
-        let found = shared
-            .engine
-            .ledger()
-            .find_redelivery(&request)
-            .await?
-            .ok_or(not_configured)?;
-        request.credential_fingerprint = found.intent().credential_fingerprint.to_string();
-    }
+    let request = intent_request(&shared, &tenant, body).await?;
     // Recording validates every field before it appends, so a bad field writes nothing.
     let (recorded, driven) = match place {
         None => (shared.engine.ledger().record_intent(request).await?, None),
@@ -136,24 +90,7 @@ pub(super) async fn record(
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
     let (operation, execute_error) = match driven {
         Some((claimed, wait, place)) => {
-            let span =
-                tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
-            // The first drive sends the attempt just claimed; whatever happens in it (even a
-            // panic) is answered as an execute error of an operation that is recorded.
-            let start = Start::Claimed(Box::new(recorded.operation.clone()), claimed);
-            match drive_until(&shared, start, wait, place)
-                .instrument(span)
-                .await
-            {
-                Ok(operation) => (operation, None),
-                // The intent is recorded, so the answer is its success with the operation as
-                // recorded (the workers send it): an error here would invite a client to record
-                // it again, and without a source id that is a second operation.
-                Err(error) => {
-                    warn!(%operation_id, code = error.code, message = %error.message, "recorded, but executing it in the same call failed");
-                    (recorded.operation, Some(error))
-                }
-            }
+            execute_recorded(&shared, recorded.operation.clone(), claimed, wait, place).await
         }
         None => (recorded.operation, None),
     };
@@ -162,6 +99,99 @@ pub(super) async fn record(
     view.execute_error =
         execute_error.map(|error| json!({"code": error.code, "message": error.message}));
     Ok(view_reply(status, &view))
+}
+
+/// `execute` and `wait_ms` of a record call: `wait_ms` is only taken with `execute=true`.
+fn execute_and_wait(shared: &Shared, query: &RecordQuery) -> Result<(bool, Duration), ApiError> {
+    let execute_now = match query.execute.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "execute",
+                format!("`{other}` must be true or false"),
+            )))
+        }
+    };
+    let wait = match (execute_now, query.wait_ms.as_deref()) {
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "wait_ms",
+                "is only taken with execute=true",
+            )))
+        }
+        (_, wait_ms) => wait_of(shared, wait_ms)?,
+    };
+    Ok((execute_now, wait))
+}
+
+/// The intent a record call asks for, bound to the credentials configured now; a redelivery
+/// whose provider or account is no longer configured takes the fingerprint it was recorded
+/// with (its binding is checked again at its next send), and only a new intent needs them.
+async fn intent_request(
+    shared: &Shared,
+    tenant: &TenantId,
+    body: RecordBody,
+) -> Result<IntentRequest, ApiError> {
+    let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
+    let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
+    let fingerprint = configured_fingerprint(shared, &provider, &account);
+    let mut request = IntentRequest {
+        tenant: tenant.to_string(),
+        owner: body.owner,
+        provider: body.provider,
+        account: body.account,
+        credential_fingerprint: fingerprint
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        action: body.action,
+        args: body.args,
+        source_id: body.source_id,
+        requires_approval: body.requires_approval,
+    };
+    if let Err(not_configured) = fingerprint {
+        // A redelivery answers the operation it recorded whatever the configuration says now
+        // (the provider or account removed): its binding is checked again at its next send.
+        // Only a new intent needs them configured.
+        let found = shared
+            .engine
+            .ledger()
+            .find_redelivery(&request)
+            .await?
+            .ok_or(not_configured)?;
+        request.credential_fingerprint = found.intent().credential_fingerprint.to_string();
+    }
+    Ok(request)
+}
+
+/// Drives an operation recorded with the claim of its first attempt, until it settles or `wait`
+/// ends. Whatever happens in the drive (even a panic) is answered as an execute error of an
+/// operation that is recorded.
+async fn execute_recorded(
+    shared: &Shared,
+    recorded: LoadedOperation,
+    claimed: Option<AttemptId>,
+    wait: Duration,
+    place: OwnedSemaphorePermit,
+) -> (LoadedOperation, Option<ApiError>) {
+    let operation_id = recorded.operation_id;
+    let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+    // The first drive sends the attempt just claimed.
+    let start = Start::Claimed(Box::new(recorded.clone()), claimed);
+    match drive_until(shared, start, wait, place)
+        .instrument(span)
+        .await
+    {
+        Ok(operation) => (operation, None),
+        // The intent is recorded, so the answer is its success with the operation as recorded
+        // (the workers send it): an error here would invite a client to record it again, and
+        // without a source id that is a second operation.
+        Err(error) => {
+            warn!(%operation_id, code = error.code, message = %error.message, "recorded, but executing it in the same call failed");
+            (recorded, Some(error))
+        }
+    }
 }
 
 /// The fingerprint of the credentials configured now for `account` at `provider`, or the 422
