@@ -243,6 +243,32 @@ struct LimitsSection {
     max_concurrent_executes: Option<Spanned<usize>>,
 }
 
+impl LimitsSection {
+    /// The limits the section asks for, each key it leaves out at its default.
+    fn resolved(&self) -> Limits {
+        let section = self;
+        let defaults = Limits::default();
+        Limits {
+            max_body_bytes: spanned_or(&section.max_body_bytes, defaults.max_body_bytes),
+            max_sse_connections: spanned_or(
+                &section.max_sse_connections,
+                defaults.max_sse_connections,
+            ),
+            max_sse_connections_per_holder: spanned_or(
+                &section.max_sse_connections_per_holder,
+                defaults.max_sse_connections_per_holder,
+            ),
+            max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
+            default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
+            shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
+            max_concurrent_executes: spanned_or(
+                &section.max_concurrent_executes,
+                defaults.max_concurrent_executes,
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokenHolder {
@@ -479,82 +505,56 @@ impl Checker<'_> {
     }
 
     fn limits(&self, section: &LimitsSection) -> Result<Limits, ConfigError> {
-        let defaults = Limits::default();
-        let limits = Limits {
-            max_body_bytes: spanned_or(&section.max_body_bytes, defaults.max_body_bytes),
-            max_sse_connections: spanned_or(
-                &section.max_sse_connections,
-                defaults.max_sse_connections,
-            ),
-            max_sse_connections_per_holder: spanned_or(
-                &section.max_sse_connections_per_holder,
-                defaults.max_sse_connections_per_holder,
-            ),
-            max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
-            default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
-            shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
-            max_concurrent_executes: spanned_or(
+        let limits = section.resolved();
+        let usize_ranges = [
+            (
                 &section.max_concurrent_executes,
-                defaults.max_concurrent_executes,
+                "max_concurrent_executes",
+                limits.max_concurrent_executes,
+                1,
+                MAX_EXECUTES_LIMIT,
             ),
-        };
-        if !(1..=MAX_EXECUTES_LIMIT).contains(&limits.max_concurrent_executes) {
-            return Err(self.error(
-                span(&section.max_concurrent_executes),
-                "limits.max_concurrent_executes",
-                format!(
-                    "is {}; use 1 to {MAX_EXECUTES_LIMIT}",
-                    limits.max_concurrent_executes
-                ),
-            ));
+            (
+                &section.max_body_bytes,
+                "max_body_bytes",
+                limits.max_body_bytes,
+                1024,
+                MAX_BODY_LIMIT_BYTES,
+            ),
+            (
+                &section.max_sse_connections,
+                "max_sse_connections",
+                limits.max_sse_connections,
+                1,
+                MAX_SSE_LIMIT,
+            ),
+            (
+                &section.max_sse_connections_per_holder,
+                "max_sse_connections_per_holder",
+                limits.max_sse_connections_per_holder,
+                1,
+                MAX_SSE_LIMIT,
+            ),
+        ];
+        for (given, name, value, min, max) in usize_ranges {
+            self.limit_in_range(span(given), name, value as u64, min as u64, max as u64, "")?;
         }
-        if !(1_000..=MAX_WAIT_LIMIT_MS).contains(&limits.shutdown_grace_ms) {
-            return Err(self.error(
-                span(&section.shutdown_grace_ms),
-                "limits.shutdown_grace_ms",
-                format!(
-                    "is {}; use 1000 to {MAX_WAIT_LIMIT_MS} (longer than max_wait_ms lets every execute call answer)",
-                    limits.shutdown_grace_ms
-                ),
-            ));
-        }
-        if !(1024..=MAX_BODY_LIMIT_BYTES).contains(&limits.max_body_bytes) {
-            return Err(self.error(
-                span(&section.max_body_bytes),
-                "limits.max_body_bytes",
-                format!(
-                    "is {}; use 1024 to {MAX_BODY_LIMIT_BYTES}",
-                    limits.max_body_bytes
-                ),
-            ));
-        }
-        if !(1..=MAX_SSE_LIMIT).contains(&limits.max_sse_connections) {
-            return Err(self.error(
-                span(&section.max_sse_connections),
-                "limits.max_sse_connections",
-                format!(
-                    "is {}; use 1 to {MAX_SSE_LIMIT}",
-                    limits.max_sse_connections
-                ),
-            ));
-        }
-        if !(1..=MAX_SSE_LIMIT).contains(&limits.max_sse_connections_per_holder) {
-            return Err(self.error(
-                span(&section.max_sse_connections_per_holder),
-                "limits.max_sse_connections_per_holder",
-                format!(
-                    "is {}; use 1 to {MAX_SSE_LIMIT}",
-                    limits.max_sse_connections_per_holder
-                ),
-            ));
-        }
-        if limits.max_wait_ms > MAX_WAIT_LIMIT_MS {
-            return Err(self.error(
-                span(&section.max_wait_ms),
-                "limits.max_wait_ms",
-                format!("is {}; use 0 to {MAX_WAIT_LIMIT_MS}", limits.max_wait_ms),
-            ));
-        }
+        self.limit_in_range(
+            span(&section.shutdown_grace_ms),
+            "shutdown_grace_ms",
+            limits.shutdown_grace_ms,
+            1_000,
+            MAX_WAIT_LIMIT_MS,
+            " (longer than max_wait_ms lets every execute call answer)",
+        )?;
+        self.limit_in_range(
+            span(&section.max_wait_ms),
+            "max_wait_ms",
+            limits.max_wait_ms,
+            0,
+            MAX_WAIT_LIMIT_MS,
+            "",
+        )?;
         if limits.default_wait_ms > limits.max_wait_ms {
             return Err(self.error(
                 span(&section.default_wait_ms),
@@ -566,6 +566,26 @@ impl Checker<'_> {
             ));
         }
         Ok(limits)
+    }
+
+    /// `limits.<name>` must lie in `min..=max`; `why` is said after the range.
+    fn limit_in_range(
+        &self,
+        at: Option<Range<usize>>,
+        name: &str,
+        value: u64,
+        min: u64,
+        max: u64,
+        why: &str,
+    ) -> Result<(), ConfigError> {
+        if (min..=max).contains(&value) {
+            return Ok(());
+        }
+        Err(self.error(
+            at,
+            &format!("limits.{name}"),
+            format!("is {value}; use {min} to {max}{why}"),
+        ))
     }
 
     fn tokens(&self, file: &File) -> Result<BTreeMap<String, Principal>, ConfigError> {
