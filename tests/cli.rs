@@ -27,8 +27,9 @@ fn field(output: &Output, name: &str) -> String {
         .unwrap_or_else(|| panic!("no `{name}` line in:\n{}", stdout(output)))
 }
 
-fn record(db: &Path, source_id: &str, args: &str) -> Output {
-    opledger(&[
+/// Runs `opledger record` for tenant `acme` at `crm`/`acct-1` with `args`, then `extra` flags.
+fn record_with(db: &Path, args: &str, extra: &[&str]) -> Output {
+    let mut all = vec![
         "record",
         "--db",
         db.to_str().expect("utf-8 path"),
@@ -44,10 +45,13 @@ fn record(db: &Path, source_id: &str, args: &str) -> Output {
         "create_task",
         "--args",
         args,
-        "--source-id",
-        source_id,
-        "--requires-approval",
-    ])
+    ];
+    all.extend_from_slice(extra);
+    opledger(&all)
+}
+
+fn record(db: &Path, source_id: &str, args: &str) -> Output {
+    record_with(db, args, &["--source-id", source_id, "--requires-approval"])
 }
 
 #[test]
@@ -339,23 +343,7 @@ fn another_programs_sqlite_file_on_a_read_is_called_not_an_opledger_ledger_and_l
 
 /// Records an intent that needs no approval (so it is pending at once).
 fn record_pending(db: &Path) -> String {
-    let output = opledger(&[
-        "record",
-        "--db",
-        db.to_str().expect("utf-8 path"),
-        "--tenant",
-        "acme",
-        "--provider",
-        "crm",
-        "--account",
-        "acct-1",
-        "--credential-fingerprint",
-        "fp-1",
-        "--action",
-        "create_task",
-        "--args",
-        r#"{"title": "Call the client"}"#,
-    ]);
+    let output = record_with(db, r#"{"title": "Call the client"}"#, &[]);
     assert!(output.status.success(), "{}", stderr(&output));
     field(&output, "operation_id")
 }
@@ -482,27 +470,14 @@ fn with_json_an_error_is_a_json_object_on_stdout_and_the_exit_code_is_unchanged(
 fn record_with_json_prints_the_recorded_operation_as_json() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("ledger.db");
-    let mut args = vec![
-        "record",
-        "--db",
-        db.to_str().expect("utf-8"),
-        "--tenant",
-        "acme",
-        "--provider",
-        "crm",
-        "--account",
-        "acct-1",
-        "--credential-fingerprint",
-        "fp-1",
-        "--action",
-        "create_task",
-        "--args",
-        r#"{"title": "Call the client"}"#,
-        "--source-id",
-        "toolcall-1",
-    ];
-    args.push("--json");
-    let first = opledger(&args);
+    let redeliverable = || {
+        record_with(
+            &db,
+            r#"{"title": "Call the client"}"#,
+            &["--source-id", "toolcall-1", "--json"],
+        )
+    };
+    let first = redeliverable();
     assert!(first.status.success(), "{}", stderr(&first));
     let first = json_stdout(&first);
     assert_eq!(first["created"], true);
@@ -512,7 +487,7 @@ fn record_with_json_prints_the_recorded_operation_as_json() {
         .is_some_and(|hash| hash.starts_with("sha256:")));
     assert!(first["idempotency_key"].is_string());
     assert!(first["sentence"].is_string());
-    let again = json_stdout(&opledger(&args));
+    let again = json_stdout(&redeliverable());
     assert_eq!(again["operation_id"], first["operation_id"], "a redelivery");
     assert_eq!(again["created"], false);
 }
