@@ -79,6 +79,7 @@ pub fn classify_lookup(
                         evidence: format!("{asked} → 200 completed, id {external_id}{note}"),
                         external_id,
                         account: request.account.clone(),
+                        duplicates: Vec::new(),
                     },
                     None => LookupOutcome::Unavailable {
                         reason: format!("{asked} → 200 completed{note}, but the body names no usable id"),
@@ -150,6 +151,7 @@ mod tests {
             external_id,
             account,
             evidence,
+            ..
         } = classify_lookup(&asked, &reply, &request, now())
         else {
             panic!("a completed key is found");

@@ -56,6 +56,7 @@ pub fn classify_lookup(
                 evidence: format!("{asked} → 200, id {external_id}{note}"),
                 external_id,
                 account: request.account.clone(),
+                duplicates: Vec::new(),
             },
             None => LookupOutcome::Unavailable {
                 reason: format!("{asked} → 200{note}, but the body names no usable id"),

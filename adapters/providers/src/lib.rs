@@ -492,10 +492,12 @@ fn scrub_lookup(outcome: LookupOutcome, token: &str) -> LookupOutcome {
         LookupOutcome::Found {
             external_id,
             account,
+            duplicates,
             evidence,
         } => LookupOutcome::Found {
             external_id,
             account,
+            duplicates,
             evidence: scrub(evidence, token),
         },
         LookupOutcome::NotFound {
@@ -531,7 +533,7 @@ pub(crate) mod test_support {
     use chrono::{DateTime, TimeZone, Utc};
     use opledger_domain::args::ArgsSnapshot;
     use opledger_domain::ids::{
-        AccountId, ActionName, AttemptId, IdempotencyKey, OperationId, ProviderId,
+        AccountId, ActionName, AttemptId, IdempotencyKey, OperationId, ProviderId, TenantId,
     };
     use opledger_domain::provider::{operation_label, LookupRequest, SendRequest};
     use uuid::Uuid;
@@ -550,6 +552,7 @@ pub(crate) mod test_support {
         SendRequest {
             operation_id: operation(),
             attempt_id: AttemptId::from_uuid(Uuid::from_u128(7)),
+            tenant: TenantId::new("acme").expect("valid"),
             provider: ProviderId::new("crm").expect("valid"),
             account: AccountId::new(account).expect("valid"),
             action: ActionName::new("create_task").expect("valid"),
@@ -567,6 +570,8 @@ pub(crate) mod test_support {
         let send = send_request(account);
         LookupRequest {
             operation_id: send.operation_id,
+            tenant: send.tenant,
+            action: send.action,
             provider: send.provider,
             account: send.account,
             idempotency_key: send.idempotency_key,

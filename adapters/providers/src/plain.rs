@@ -124,6 +124,7 @@ pub fn classify_lookup(
         )
     };
     LookupOutcome::Found {
+        duplicates: matching[1..].to_vec(),
         external_id: first,
         account: request.account.clone(),
         evidence,
@@ -228,6 +229,7 @@ mod tests {
                 now()
             ),
             LookupOutcome::Found {
+                duplicates: Vec::new(),
                 external_id: ExternalObjectId::new("733").expect("valid"),
                 account: request.account.clone(),
                 evidence: "GET /plain/acct-1/tasks/search?label=x → 1 result: 733".to_owned(),

@@ -8,9 +8,10 @@
 use std::collections::BTreeMap;
 
 use opledger_domain::contract::ProviderCapabilities;
-use opledger_domain::ids::{AccountId, CredentialFingerprint, ProviderId};
+use opledger_domain::ids::{AccountId, ActionName, CredentialFingerprint, ProviderId};
 use opledger_domain::provider::{
-    LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+    ArgProblem, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
+    SendRequest, Unbound,
 };
 
 use super::config::{HttpProviderConfig, ProviderConfigError};
@@ -61,6 +62,20 @@ impl HttpProviders {
         self.providers.get(id)
     }
 
+    /// What `provider` promises; `None` when it is not configured.
+    pub fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities> {
+        self.get(provider).map(HttpProvider::capabilities)
+    }
+
+    /// The fingerprint of `account`'s credentials at `provider`; `None` when not configured.
+    pub fn credential_fingerprint(
+        &self,
+        provider: &ProviderId,
+        account: &AccountId,
+    ) -> Option<CredentialFingerprint> {
+        self.get(provider)?.credential_fingerprint(account)
+    }
+
     /// The configured provider ids, in order.
     pub fn ids(&self) -> impl Iterator<Item = &ProviderId> {
         self.providers.keys()
@@ -80,16 +95,44 @@ impl Providers for HttpProviders {
             .unwrap_or(0)
     }
 
-    fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities> {
-        self.get(provider).map(HttpProvider::capabilities)
+    // The shapes have one action and global accounts until the connector engine replaces them:
+    // every tenant may use every account here.
+    fn bind(&self, query: &BindingQuery<'_>) -> Result<Binding, Unbound> {
+        let provider = self.get(query.provider).ok_or_else(|| Unbound::Provider {
+            provider: query.provider.clone(),
+        })?;
+        if query.action.as_str() != crate::CREATE_TASK_ACTION {
+            return Err(Unbound::Action {
+                provider: query.provider.clone(),
+                action: query.action.clone(),
+                known: vec![crate::CREATE_TASK_ACTION.to_owned()],
+            });
+        }
+        let credential_fingerprint =
+            provider
+                .credential_fingerprint(query.account)
+                .ok_or_else(|| Unbound::Account {
+                    provider: query.provider.clone(),
+                    account: query.account.clone(),
+                })?;
+        Ok(Binding {
+            capabilities: provider.capabilities(),
+            credential_fingerprint,
+        })
     }
 
-    fn credential_fingerprint(
+    fn check_args(
         &self,
-        provider: &ProviderId,
-        account: &AccountId,
-    ) -> Option<CredentialFingerprint> {
-        self.get(provider)?.credential_fingerprint(account)
+        _provider: &ProviderId,
+        _action: &ActionName,
+        _args: &serde_json::Value,
+    ) -> Result<(), Vec<ArgProblem>> {
+        Ok(())
+    }
+
+    fn action_description(&self, provider: &ProviderId, action: &ActionName) -> Option<String> {
+        (self.get(provider).is_some() && action.as_str() == crate::CREATE_TASK_ACTION)
+            .then(|| "create a task".to_owned())
     }
 
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
