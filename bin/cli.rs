@@ -439,6 +439,12 @@ pub struct ReviewResolveArgs {
     /// Send it again with the same key (the workers or `serve` send it; this command does not).
     #[arg(long)]
     pub retry: bool,
+    /// With --retry: accept that the provider may not tell the retry from a second request.
+    /// This command has no provider configuration, so it cannot see the action's contract and
+    /// asks for it on every retry of an operation that may have been applied; `serve`'s review
+    /// API asks only when the contract cannot make the retry safe.
+    #[arg(long, requires = "retry")]
+    pub accept_duplicate_risk: bool,
     /// The object exists at the provider with this id: the operation succeeded.
     #[arg(long, value_name = "EXTERNAL_ID")]
     pub confirm: Option<String>,

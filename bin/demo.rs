@@ -22,8 +22,8 @@ use opledger_crm_stand::{
 use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
-use opledger_domain::ids::{AccountId, OperationId, ProviderId, WorkerId};
-use opledger_domain::provider::{operation_label, Providers};
+use opledger_domain::ids::{AccountId, ActionName, OperationId, ProviderId, TenantId, WorkerId};
+use opledger_domain::provider::{operation_label, BindingQuery, Providers};
 use opledger_domain::state::{OperationState, Status};
 use opledger_providers::{
     AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
@@ -41,6 +41,8 @@ const SEARCH_LAG_MS: u64 = 1_000;
 /// The longest one scenario may take before it counts as failed.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(20);
 const ACCOUNT: &str = "acct-1";
+/// The demo's tenant, which owns the demo account.
+const TENANT: &str = "acme";
 
 type DemoEngine = Engine<SqliteStore, SystemClock, RandomIds, HttpProviders>;
 
@@ -242,12 +244,19 @@ fn tool_call(
 ) -> Result<IntentRequest, CliError> {
     let provider = ProviderId::new(scenario.provider)?;
     let account = AccountId::new(ACCOUNT)?;
+    let tenant = TenantId::new(TENANT)?;
     let fingerprint = engine
         .providers()
-        .credential_fingerprint(&provider, &account)
-        .ok_or_else(|| CliError::Other(format!("{provider} has no {account}")))?;
+        .bind(&BindingQuery {
+            tenant: &tenant,
+            provider: &provider,
+            account: &account,
+            action: &ActionName::new("create_task")?,
+        })
+        .map_err(|unbound| CliError::Other(unbound.to_string()))?
+        .credential_fingerprint;
     Ok(IntentRequest {
-        tenant: "acme".into(),
+        tenant: TENANT.into(),
         owner: Some("manager-anna".into()),
         provider: provider.to_string(),
         account: account.to_string(),

@@ -28,10 +28,13 @@ use opledger_domain::contract::{RetryPolicy, SendBinding};
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::event::{IntentRecorded, OperationEvent};
 use opledger_domain::ids::{
-    AccountId, AttemptId, OperationId, ProviderId, StreamVersion, WorkerId,
+    AccountId, ActionName, AttemptId, CredentialFingerprint, OperationId, ProviderId,
+    StreamVersion, TenantId, WorkerId,
 };
 use opledger_domain::ports::IdSource;
-use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
+use opledger_domain::provider::{
+    operation_label, BindingQuery, Providers, SendOutcome, SendRequest,
+};
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
 use opledger_kurrentdb_stand::KurrentDbStand;
@@ -356,7 +359,14 @@ impl Harness {
         };
         let unknown = self
             .ledger()
-            .execute(operation_id, &Command::RecordUnknown { attempt_id, error })
+            .execute(
+                operation_id,
+                &Command::RecordUnknown {
+                    check_not_before: None,
+                    attempt_id,
+                    error,
+                },
+            )
             .await
             .expect("the unknown outcome is recorded")
             .state;
@@ -367,11 +377,7 @@ impl Harness {
     /// The agent's tool call: create a task at `crm` in [`ACCOUNT`], bound to the credentials
     /// the engine has configured for it now.
     pub fn request(&self, crm: Crm, source_id: Option<&str>) -> IntentRequest {
-        let fingerprint = self
-            .engine
-            .providers()
-            .credential_fingerprint(&crm.provider(), &account_id(ACCOUNT))
-            .expect("the account is configured");
+        let fingerprint = fingerprint_at(self.engine.providers(), crm.provider());
         IntentRequest {
             tenant: "acme".into(),
             owner: Some("manager-anna".into()),
@@ -631,20 +637,24 @@ pub async fn claim_and_send(
         .clone()
         .expect("a recorded operation has its intent");
     let attempt_id = ledger.ids().new_attempt_id();
+    let bound = providers
+        .bind(&BindingQuery {
+            tenant: &intent.tenant,
+            provider: &intent.provider,
+            account: &intent.account,
+            action: &intent.action,
+        })
+        .expect("the operation's binding is configured");
     let claim = Command::StartAttempt {
         attempt_id,
         worker: worker_id(worker),
         lease_ms,
         binding: SendBinding {
             account: intent.account.clone(),
-            credential_fingerprint: providers
-                .credential_fingerprint(&intent.provider, &intent.account)
-                .expect("the account is configured"),
+            credential_fingerprint: bound.credential_fingerprint.clone(),
             args_hash: intent.args.hash(),
         },
-        capabilities: providers
-            .capabilities(&intent.provider)
-            .expect("the provider is configured"),
+        capabilities: bound.capabilities,
         policy,
     };
     let claimed = ledger
@@ -656,6 +666,7 @@ pub async fn claim_and_send(
         .execute(&SendRequest {
             operation_id,
             attempt_id,
+            tenant: intent.tenant.clone(),
             provider: intent.provider.clone(),
             account: intent.account.clone(),
             action: intent.action.clone(),
@@ -665,4 +676,18 @@ pub async fn claim_and_send(
         })
         .await;
     (attempt_id, outcome)
+}
+
+/// The fingerprint of [`ACCOUNT`]'s credentials at `provider` as `providers` have them now, for
+/// the tenant `acme` and the action `create_task`.
+pub fn fingerprint_at(providers: &HttpProviders, provider: ProviderId) -> CredentialFingerprint {
+    providers
+        .bind(&BindingQuery {
+            tenant: &TenantId::new("acme").expect("a valid tenant"),
+            provider: &provider,
+            account: &account_id(ACCOUNT),
+            action: &ActionName::new("create_task").expect("a valid action"),
+        })
+        .expect("the account is configured")
+        .credential_fingerprint
 }

@@ -347,18 +347,40 @@ async fn an_operator_confirms_an_object_found_by_hand_and_the_agent_may_then_say
 }
 
 #[tokio::test]
-async fn an_operator_retry_sends_the_same_operation_once_more() {
+async fn an_operator_retry_without_deduplication_needs_the_risk_accepted_and_sends_once_more() {
     let harness = Harness::new("").await;
     let server = harness.serve();
     let id = operation_in_review(&harness, &server).await;
-    let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
-    let (status, decided) = server
-        .post(
-            &format!("/v1/operations/{id}/review"),
-            OPERATOR_TOKEN,
-            &decision,
+    let path = format!("/v1/operations/{id}/review");
+    // The plain CRM deduplicates nothing: a retry could make a second task, so the operator
+    // must say they accept that before anything is sent.
+    let unacknowledged = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
+    let (status, refused) = server.post(&path, OPERATOR_TOKEN, &unacknowledged).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "duplicate_risk_not_accepted");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("accept_duplicate_risk")),
+        "{refused}"
+    );
+    let (_, still) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}"),
+            Some(TENANT_A_TOKEN),
+            None,
         )
         .await;
+    assert_eq!(
+        still["state"], "needs_review",
+        "a refused decision changes nothing"
+    );
+    assert!(harness.objects().await.is_empty(), "nothing was sent");
+
+    let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived",
+        "accept_duplicate_risk": true});
+    let (status, decided) = server.post(&path, OPERATOR_TOKEN, &decision).await;
     assert_eq!(status, StatusCode::OK, "{decided}");
     let settled = server
         .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])

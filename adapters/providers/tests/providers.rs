@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use opledger_crm_stand::{Stand, StandConfig};
 use opledger_domain::args::ArgsSnapshot;
-use opledger_domain::ids::{AccountId, ActionName, ProviderId};
+use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::provider::{
     operation_label, LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
@@ -165,6 +165,7 @@ fn new_request(shape: Shape, account_name: &str, args: Value) -> SendRequest {
     SendRequest {
         operation_id,
         attempt_id: ids.new_attempt_id(),
+        tenant: TenantId::new("acme").expect("a valid tenant"),
         provider: provider_id(shape),
         account: account(account_name),
         action: ActionName::new("create_task").expect("a valid action"),
@@ -193,6 +194,8 @@ fn retry(request: &SendRequest) -> SendRequest {
 fn lookup_of(request: &SendRequest) -> LookupRequest {
     LookupRequest {
         operation_id: request.operation_id,
+        tenant: request.tenant.clone(),
+        action: request.action.clone(),
         provider: request.provider.clone(),
         account: request.account.clone(),
         idempotency_key: request.idempotency_key.clone(),
@@ -553,6 +556,7 @@ async fn keyed_and_labelled_lookups_are_consistent() {
             external_id,
             account: found_in,
             evidence,
+            ..
         } = &outcome
         else {
             panic!("{shape}: expected Found, got {outcome:?}");
@@ -604,6 +608,7 @@ async fn a_plain_lookup_waits_for_the_index_and_never_takes_a_title_for_evidence
         external_id,
         account: found_in,
         evidence,
+        ..
     } = &after
     else {
         panic!("expected Found after the lag, got {after:?}");

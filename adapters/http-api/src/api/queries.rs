@@ -209,7 +209,7 @@ pub(super) async fn trace(
         .iter()
         .map(|view| view.loaded.operation_id)
         .collect();
-    let mut body = serde_json::to_value(operation_view(&first.loaded))
+    let mut body = serde_json::to_value(operation_view(&shared, &first.loaded))
         .map_err(|error| ApiError::internal("an operation could not be written as JSON", error))?;
     body["query"] = json!(id);
     body["events"] = json!(first.events);
