@@ -84,23 +84,34 @@
 
 pub mod body;
 pub mod classify;
+pub mod connector;
 pub mod contract;
 pub mod credentials;
 pub mod document;
 pub mod error;
 pub mod http;
+pub mod lookup;
 pub mod presets;
+pub mod registry;
 pub mod template;
 
+pub use connector::{Connector, Overrides, MAX_IN_FLIGHT_PER_PROVIDER};
 pub use contract::Shape;
 pub use credentials::{Auth, Credentials, Secret, SecretSource};
 pub use document::{parse, AccountSpec, Document};
 pub use error::{render_all, ConnectorError};
+pub use registry::HttpProviders;
 
 /// Requests, documents and a fixed time for the unit tests.
 #[cfg(test)]
 pub(crate) mod test_support {
     use chrono::{DateTime, TimeZone, Utc};
+    use opledger_domain::args::ArgsSnapshot;
+    use opledger_domain::ids::{
+        AccountId, ActionName, AttemptId, IdempotencyKey, OperationId, ProviderId, TenantId,
+    };
+    use opledger_domain::provider::{operation_label, LookupRequest, SendRequest};
+    use uuid::Uuid;
 
     use crate::document::{parse, Document};
 
@@ -125,5 +136,40 @@ pub(crate) mod test_support {
 
     pub fn plain_document() -> Document {
         preset("crm-stand-plain")
+    }
+
+    fn operation() -> OperationId {
+        OperationId::from_uuid(Uuid::from_u128(0x6f1c_2a3e_0b1d_4c5e_9f00_1122_3344_5566))
+    }
+
+    pub fn send_request(provider: &str, account: &str) -> SendRequest {
+        SendRequest {
+            operation_id: operation(),
+            attempt_id: AttemptId::from_uuid(Uuid::from_u128(7)),
+            tenant: TenantId::new("acme").expect("valid"),
+            provider: ProviderId::new(provider).expect("valid"),
+            account: AccountId::new(account).expect("valid"),
+            action: ActionName::new("create_task").expect("valid"),
+            args: ArgsSnapshot::new(
+                serde_json::json!({"title": "Call the client", "due": "tomorrow"}),
+            )
+            .expect("valid args"),
+            idempotency_key: IdempotencyKey::new("opk_0123456789abcdef0123456789abcdef")
+                .expect("valid"),
+            label: operation_label(operation()),
+        }
+    }
+
+    pub fn lookup_request(provider: &str, account: &str) -> LookupRequest {
+        let send = send_request(provider, account);
+        LookupRequest {
+            operation_id: send.operation_id,
+            tenant: send.tenant,
+            provider: send.provider,
+            account: send.account,
+            action: send.action,
+            idempotency_key: send.idempotency_key,
+            label: send.label,
+        }
     }
 }
