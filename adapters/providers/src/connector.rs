@@ -563,23 +563,31 @@ impl Connector {
                     label: &request.label,
                     account: &request.account,
                 };
-                match &compiled.action.lookup {
-                    Lookup::Consistent(consistent) => classify_consistent(
-                        consistent,
-                        &compiled.reading,
-                        &what,
-                        &reply,
-                        Utc::now(),
-                    ),
-                    Lookup::Search(search) => {
-                        classify_search(search, &compiled.reading, &what, &reply, Utc::now())
-                    }
-                    Lookup::None => unavailable("no lookup".to_owned()),
-                }
+                classify_lookup(compiled, &what, &reply)
             }
             Err(failure) => failure.lookup_outcome(&asked),
         };
         scrub_lookup(outcome, credential)
+    }
+}
+
+/// Reads a lookup's answer by the action's kind of lookup.
+fn classify_lookup(
+    compiled: &Compiled,
+    asked: &Asked<'_>,
+    reply: &http::HttpReply,
+) -> LookupOutcome {
+    let now = Utc::now();
+    match &compiled.action.lookup {
+        Lookup::Consistent(consistent) => {
+            classify_consistent(consistent, &compiled.reading, asked, reply, now)
+        }
+        Lookup::Search(search) => classify_search(search, &compiled.reading, asked, reply, now),
+        // Refused before any request is built (see `lookup_unlogged`); kept total here.
+        Lookup::None => LookupOutcome::Unavailable {
+            reason: format!("{} declares no lookup", compiled.action.name),
+            retry_after_ms: None,
+        },
     }
 }
 
@@ -652,8 +660,9 @@ fn accounts(
                 .map(|(index, account)| (format!("overrides.accounts[{index}]"), account)),
         );
     let mut accounts = BTreeMap::new();
+    let mut seen = BTreeSet::new();
     for (field, spec) in all {
-        if accounts.contains_key(&spec.id) {
+        if !seen.insert(&spec.id) {
             problems.add(
                 format!("{field}.id"),
                 format!(
@@ -917,5 +926,265 @@ fn scrub_lookup(outcome: LookupOutcome, credential: &Credential) -> LookupOutcom
             reason: credential.scrub(reason),
             retry_after_ms,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::{Credentials, Secret};
+    use crate::test_support::{
+        keyed_document, labelled_document, lookup_request, plain_document, send_request,
+    };
+    use opledger_domain::args::ArgsSnapshot;
+    use serde_json::json;
+
+    fn acme() -> TenantId {
+        TenantId::new("acme").expect("valid")
+    }
+
+    fn overrides() -> Overrides {
+        Overrides {
+            id: Some(ProviderId::new("crm").expect("valid")),
+            // Port 9 (discard) on loopback: nothing listens there in tests that reach the network.
+            base_url: Some("http://127.0.0.1:9/".to_owned()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new("acct-1").expect("valid"),
+                tenants: vec![acme()],
+                credentials: Credentials::token_env("OPLEDGER_TEST_TOKEN"),
+            }],
+            ..Overrides::default()
+        }
+    }
+
+    fn env(name: &str) -> Option<OsString> {
+        (name == "OPLEDGER_TEST_TOKEN").then(|| OsString::from("s3cret-value"))
+    }
+
+    fn connector(document: &Document) -> Connector {
+        Connector::with_env(document, overrides(), &env).expect("a valid connector")
+    }
+
+    fn prepared(document: &Document, request: &SendRequest) -> PreparedRequest {
+        let connector = connector(document);
+        let action = connector
+            .action(&request.action)
+            .expect("create_task")
+            .clone();
+        connector.prepare_send(&action, request).expect("a request")
+    }
+
+    fn body_of(prepared: &PreparedRequest) -> Value {
+        let (bytes, content_type) = prepared.body.as_ref().expect("a body");
+        assert_eq!(*content_type, "application/json");
+        serde_json::from_slice(bytes).expect("json")
+    }
+
+    #[test]
+    fn the_keyed_connector_posts_the_arguments_with_the_operations_key() {
+        let request = send_request("crm", "acct-1");
+        let prepared = prepared(&keyed_document(), &request);
+        assert_eq!(prepared.describe(), "POST /keyed/acct-1/tasks");
+        assert_eq!(prepared.headers.len(), 1);
+        assert_eq!(prepared.headers[0].0.as_str(), "idempotency-key");
+        assert_eq!(prepared.headers[0].1, request.idempotency_key.as_str());
+        assert_eq!(
+            body_of(&prepared),
+            Value::Object(request.args.as_map().clone())
+        );
+    }
+
+    #[test]
+    fn the_labelled_connector_puts_the_arguments_under_the_label() {
+        let request = send_request("crm", "acct-1");
+        let prepared = prepared(&labelled_document(), &request);
+        assert_eq!(
+            prepared.describe(),
+            format!("PUT /labelled/acct-1/tasks/by-label/{}", request.label)
+        );
+        assert!(prepared.headers.is_empty());
+        assert_eq!(
+            body_of(&prepared),
+            Value::Object(request.args.as_map().clone())
+        );
+    }
+
+    #[test]
+    fn the_plain_connector_adds_the_label_and_overrides_a_forged_one() {
+        let mut request = send_request("crm", "acct-1");
+        request.args = ArgsSnapshot::new(
+            json!({"title": "Call the client", "opledger_label": "opl-someone-else"}),
+        )
+        .expect("valid args");
+        let prepared = prepared(&plain_document(), &request);
+        assert_eq!(prepared.describe(), "POST /plain/acct-1/tasks");
+        assert_eq!(
+            body_of(&prepared),
+            json!({"title": "Call the client", "opledger_label": request.label})
+        );
+    }
+
+    #[test]
+    fn lookup_requests_encode_the_key_and_label_as_one_segment_or_query_value() {
+        let connector = connector(&plain_document());
+        let mut lookup = lookup_request("crm", "acct-1");
+        lookup.label = "opl-a&b=c".to_owned();
+        let Lookup::Search(search) = &connector.actions[0].action.lookup else {
+            panic!("a search");
+        };
+        let operation_id = lookup.operation_id.to_string();
+        let context = connector.context(
+            None,
+            lookup.idempotency_key.as_str(),
+            &lookup.label,
+            "acct 1",
+            &operation_id,
+        );
+        let prepared = prepare(&search.request, &context).expect("a request");
+        assert_eq!(
+            prepared.describe(),
+            "GET /plain/acct%201/tasks/search?label=opl-a%26b%3Dc"
+        );
+        assert!(prepared.body.is_none());
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_a_header_is_refused_before_sending() {
+        let connector = connector(&keyed_document());
+        let mut request = send_request("crm", "acct-1");
+        request.idempotency_key =
+            opledger_domain::ids::IdempotencyKey::new("clé à molette").expect("a valid domain key");
+        let action = connector
+            .action(&request.action)
+            .expect("create_task")
+            .clone();
+        assert!(matches!(
+            connector.prepare_send(&action, &request),
+            Err(SendOutcome::Rejected { code, .. }) if code == "local invalid_idempotency_key"
+        ));
+    }
+
+    #[test]
+    fn a_connector_reads_its_token_once_and_shows_only_the_fingerprint() {
+        let connector = connector(&keyed_document());
+        let binding = connector
+            .bind(
+                &acme(),
+                &AccountId::new("acct-1").expect("valid"),
+                &ActionName::new("create_task").expect("valid"),
+            )
+            .expect("bound");
+        assert_eq!(
+            binding.credential_fingerprint,
+            Secret::new("s3cret-value").fingerprint()
+        );
+        let debug = format!("{connector:?}");
+        assert!(!debug.contains("s3cret-value"), "{debug}");
+        // Default request timeout: 10 s — a slot wait plus the request itself.
+        assert_eq!(connector.longest_send_ms(), 20_000);
+    }
+
+    #[test]
+    fn building_reports_every_problem_and_names_the_missing_variable() {
+        let mut bad = overrides();
+        bad.base_url = Some("ftp://crm".to_owned());
+        bad.request_timeout_ms = Some(0);
+        bad.settings.insert("nope".to_owned(), "x".to_owned());
+        bad.accounts.push(bad.accounts[0].clone());
+        let errors = Connector::with_env(&keyed_document(), bad, &|_| None).expect_err("invalid");
+        let fields: Vec<&str> = errors.iter().map(|error| error.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "base_url",
+                "request_timeout_ms",
+                "settings.nope",
+                "overrides.accounts[0].credentials",
+                "overrides.accounts[1].id"
+            ],
+            "{errors:?}"
+        );
+        assert!(
+            errors[3].message.contains("OPLEDGER_TEST_TOKEN"),
+            "{}",
+            errors[3]
+        );
+        let mut none = overrides();
+        none.accounts.clear();
+        let errors = Connector::with_env(&keyed_document(), none, &env).expect_err("no accounts");
+        assert_eq!(errors[0].field, "accounts");
+    }
+
+    #[tokio::test]
+    async fn an_unconfigured_or_unowned_account_is_not_sent_and_not_looked_up() {
+        let connector = connector(&labelled_document());
+        assert!(matches!(
+            connector.execute(&send_request("crm", "acct-9")).await,
+            SendOutcome::NotSent { reason, .. } if reason.contains("acct-9")
+        ));
+        assert!(matches!(
+            connector.lookup(&lookup_request("crm", "acct-9")).await,
+            LookupOutcome::Unavailable { .. }
+        ));
+        let mut request = send_request("crm", "acct-1");
+        request.tenant = TenantId::new("globex").expect("valid");
+        assert!(matches!(
+            connector.execute(&request).await,
+            SendOutcome::NotSent { reason, .. } if reason.contains("globex")
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_action_is_refused_before_sending() {
+        let connector = connector(&plain_document());
+        let mut request = send_request("crm", "acct-1");
+        request.action = ActionName::new("delete_everything").expect("valid");
+        assert!(matches!(
+            connector.execute(&request).await,
+            SendOutcome::Rejected { code, message } if code == "local unsupported_action" && message.contains("create_task")
+        ));
+        assert!(matches!(
+            connector.bind(&acme(), &AccountId::new("acct-1").expect("valid"), &request.action),
+            Err(Unbound::Action { known, .. }) if known == vec!["create_task".to_owned()]
+        ));
+    }
+
+    #[test]
+    fn each_dedup_and_lookup_maps_to_the_domains_contract() {
+        let contract = |document: Document| capabilities(&document.actions[0]);
+        assert_eq!(
+            contract(keyed_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::IdempotencyKey {
+                    retention_s: 86_400,
+                    safety_margin_s: 3_600
+                },
+                lookup: LookupSupport::Consistent,
+            }
+        );
+        assert_eq!(
+            contract(labelled_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::UniqueLabel,
+                lookup: LookupSupport::Consistent
+            }
+        );
+        assert_eq!(
+            contract(plain_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::None,
+                lookup: LookupSupport::EventuallyConsistent { lag_ms: 2_000 }
+            }
+        );
+        let mut document = plain_document();
+        document.actions[0].dedup = Dedup::NaturallyIdempotent;
+        document.actions[0].lookup = Lookup::None;
+        assert_eq!(
+            contract(document),
+            ProviderCapabilities {
+                deduplication: Deduplication::NaturallyIdempotent,
+                lookup: LookupSupport::None
+            }
+        );
     }
 }

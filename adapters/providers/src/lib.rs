@@ -40,8 +40,8 @@
 //! | connect failure (refused, unreachable, DNS, TLS handshake, connect timeout) | `NotSent` | no connection, no bytes sent |
 //! | whole-request timeout, reset or closed connection, any other request error | `Uncertain` | the request may have been written |
 //! | the status arrived but the body broke off | `Uncertain` | without the body (the id, the error code) nothing is proven |
-//! | unknown provider, account or action, or a tenant that does not own the account (before sending) | `NotSent` | nothing was sent |
-//! | a request that cannot be built from the arguments (a missing path argument, a key no header can carry, a form body that is no object) | `Rejected { code: "local …" }` | can never be sent; retrying would not help |
+//! | unknown provider or account, or a tenant that does not own the account (before sending) | `NotSent` | nothing was sent |
+//! | an action the connector does not have, or a request that cannot be built from the arguments (a missing path argument, a key no header can carry, a form body that is no object) | `Rejected { code: "local …" }` | can never be sent; retrying would not help |
 //!
 //! "The wait" is read on every status, 5xx included: `Retry-After` in both forms (delta-seconds,
 //! or an HTTP date measured from the response's `Date` header, else from now), else the

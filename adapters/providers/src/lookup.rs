@@ -128,25 +128,7 @@ pub fn classify_consistent(
         };
     }
     if matches(&spec.found, reply, json.as_ref()) {
-        return match json.as_ref().and_then(|json| object_id_at(json, &spec.id)) {
-            Some(external_id) => found(
-                external_id.clone(),
-                asked.account,
-                format!(
-                    "{request} → {}{}, id {external_id}{note}",
-                    reply.status,
-                    shown(&spec.found)
-                ),
-                Vec::new(),
-            ),
-            None => LookupOutcome::Unavailable {
-                reason: format!(
-                    "{request} → {}{note}, but nothing usable at `{}` names the object",
-                    reply.status, spec.id
-                ),
-                retry_after_ms: reading.wait_ms(reply, now),
-            },
-        };
+        return found_answer(spec, reading, asked, reply, json.as_ref(), now);
     }
     if matches(&spec.not_found, reply, json.as_ref()) {
         let what = match spec.by {
@@ -173,6 +155,38 @@ pub fn classify_consistent(
         };
     }
     unavailable_from_reply(reading, request, reply, now)
+}
+
+/// A `found` answer: found with its id, or unavailable when it names none.
+fn found_answer(
+    spec: &ConsistentLookup,
+    reading: &Reading,
+    asked: &Asked<'_>,
+    reply: &HttpReply,
+    json: Option<&Value>,
+    now: DateTime<Utc>,
+) -> LookupOutcome {
+    let note = reading.request_id_note(reply);
+    match json.and_then(|json| object_id_at(json, &spec.id)) {
+        Some(external_id) => found(
+            external_id.clone(),
+            asked.account,
+            format!(
+                "{} → {}{}, id {external_id}{note}",
+                asked.request,
+                reply.status,
+                shown(&spec.found)
+            ),
+            Vec::new(),
+        ),
+        None => LookupOutcome::Unavailable {
+            reason: format!(
+                "{} → {}{note}, but nothing usable at `{}` names the object",
+                asked.request, reply.status, spec.id
+            ),
+            retry_after_ms: reading.wait_ms(reply, now),
+        },
+    }
 }
 
 /// Reads the answer to a search.
@@ -204,20 +218,7 @@ pub fn classify_search(
             retry_after_ms: reading.wait_ms(reply, now),
         };
     };
-    let ours = |result: &&Value| {
-        text_at(result, &spec.label_at).as_deref() == Some(asked.label)
-            && spec
-                .account_at
-                .as_ref()
-                .is_none_or(|at| text_at(result, at).as_deref() == Some(asked.account.as_str()))
-    };
-    let mut matching: Vec<ExternalObjectId> = results
-        .iter()
-        .filter(ours)
-        .filter_map(|result| object_id_at(result, &spec.id))
-        .collect();
-    matching.sort_by(|a, b| id_order(a.as_str(), b.as_str()));
-    matching.dedup();
+    let matching = matching_ids(spec, asked, results);
     let ignored = results.len() - matching.len();
     let ignored_note = if ignored == 0 {
         String::new()
@@ -236,6 +237,7 @@ pub fn classify_search(
             ),
         };
     }
+    let mut matching = matching;
     let first = matching.remove(0);
     let evidence = if matching.is_empty() {
         format!("{} → 1 result: {first}{ignored_note}{note}", asked.request)
@@ -254,6 +256,30 @@ pub fn classify_search(
         )
     };
     found(first, asked.account, evidence, matching)
+}
+
+/// The ids of the results that carry exactly this operation's label (and account, when the
+/// results name one), lowest first, each once.
+fn matching_ids(
+    spec: &SearchLookup,
+    asked: &Asked<'_>,
+    results: &[Value],
+) -> Vec<ExternalObjectId> {
+    let ours = |result: &&Value| {
+        text_at(result, &spec.label_at).as_deref() == Some(asked.label)
+            && spec
+                .account_at
+                .as_ref()
+                .is_none_or(|at| text_at(result, at).as_deref() == Some(asked.account.as_str()))
+    };
+    let mut matching: Vec<ExternalObjectId> = results
+        .iter()
+        .filter(ours)
+        .filter_map(|result| object_id_at(result, &spec.id))
+        .collect();
+    matching.sort_by(|a, b| id_order(a.as_str(), b.as_str()));
+    matching.dedup();
+    matching
 }
 
 /// The lookup outcome for any answer a lookup does not expect: `Refused` for 401 and 403 (wrong

@@ -136,3 +136,157 @@ impl Providers for HttpProviders {
             .unwrap_or(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connector::Overrides;
+    use crate::credentials::Credentials;
+    use crate::document::AccountSpec;
+    use crate::test_support::{lookup_request, send_request};
+    use opledger_domain::contract::{Deduplication, LookupSupport};
+    use opledger_domain::ids::{AccountId, TenantId};
+    use serde_json::json;
+
+    fn id(name: &str) -> ProviderId {
+        ProviderId::new(name).expect("valid")
+    }
+
+    fn stand(preset: &str, provider: &str) -> Connector {
+        Connector::from_preset(
+            preset,
+            Overrides {
+                id: Some(id(provider)),
+                base_url: Some("http://127.0.0.1:9".to_owned()),
+                accounts: vec![AccountSpec {
+                    id: AccountId::new("acct-1").expect("valid"),
+                    tenants: vec![TenantId::new("acme").expect("valid")],
+                    credentials: Credentials::token("token-acct-1"),
+                }],
+                ..Overrides::default()
+            },
+        )
+        .expect("a valid preset")
+    }
+
+    fn registry() -> HttpProviders {
+        HttpProviders::new([
+            stand("crm-stand-keyed", "crm-keyed"),
+            stand("crm-stand-labelled", "crm-labelled"),
+            stand("crm-stand-plain", "crm-plain"),
+        ])
+        .expect("distinct ids")
+    }
+
+    fn bind(
+        registry: &HttpProviders,
+        tenant: &str,
+        provider: &str,
+        account: &str,
+    ) -> Result<Binding, Unbound> {
+        registry.bind(&BindingQuery {
+            tenant: &TenantId::new(tenant).expect("valid"),
+            provider: &id(provider),
+            account: &AccountId::new(account).expect("valid"),
+            action: &ActionName::new("create_task").expect("valid"),
+        })
+    }
+
+    #[test]
+    fn bindings_are_routed_by_provider_and_carry_the_actions_contract() {
+        let registry = registry();
+        let keyed = bind(&registry, "acme", "crm-keyed", "acct-1").expect("bound");
+        assert!(matches!(
+            keyed.capabilities.deduplication,
+            Deduplication::IdempotencyKey { .. }
+        ));
+        let plain = bind(&registry, "acme", "crm-plain", "acct-1").expect("bound");
+        assert!(matches!(
+            plain.capabilities.lookup,
+            LookupSupport::EventuallyConsistent { .. }
+        ));
+        assert_eq!(
+            keyed.credential_fingerprint, plain.credential_fingerprint,
+            "the same token"
+        );
+        assert!(matches!(
+            bind(&registry, "acme", "crm-other", "acct-1"),
+            Err(Unbound::Provider { .. })
+        ));
+        assert!(matches!(
+            bind(&registry, "acme", "crm-plain", "acct-2"),
+            Err(Unbound::Account { .. })
+        ));
+        assert!(matches!(
+            bind(&registry, "globex", "crm-plain", "acct-1"),
+            Err(Unbound::NotOwned { .. })
+        ));
+        assert_eq!(registry.ids().count(), 3);
+    }
+
+    #[test]
+    fn arguments_and_descriptions_come_from_the_action_and_unknown_ones_pass_to_bind() {
+        let registry = registry();
+        let action = ActionName::new("create_task").expect("valid");
+        assert_eq!(
+            registry
+                .action_description(&id("crm-keyed"), &action)
+                .as_deref(),
+            Some("create a task")
+        );
+        assert_eq!(registry.action_description(&id("crm-other"), &action), None);
+        assert_eq!(
+            registry.check_args(&id("crm-keyed"), &action, &json!({"title": "Call"})),
+            Ok(())
+        );
+        let problems = registry
+            .check_args(&id("crm-keyed"), &action, &json!({"title": 5}))
+            .expect_err("a number is no title");
+        assert_eq!(problems[0].pointer, "/title");
+        let other = ActionName::new("delete_task").expect("valid");
+        assert_eq!(
+            registry.check_args(&id("crm-keyed"), &other, &json!({})),
+            Ok(())
+        );
+        assert_eq!(
+            registry.check_args(&id("crm-other"), &action, &json!({})),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_longest_send_is_twice_the_longest_request_timeout_and_zero_when_empty() {
+        assert_eq!(registry().longest_send_ms(), 20_000);
+        assert_eq!(HttpProviders::default().longest_send_ms(), 0);
+    }
+
+    #[test]
+    fn a_provider_id_may_be_registered_once() {
+        let error = HttpProviders::new([
+            stand("crm-stand-plain", "crm-plain"),
+            stand("crm-stand-keyed", "crm-plain"),
+        ])
+        .expect_err("a duplicate");
+        assert_eq!(error.field, "id");
+        assert!(error.message.contains("crm-plain"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_provider_is_not_sent_and_not_looked_up() {
+        let registry = registry();
+        assert_eq!(
+            registry.execute(&send_request("crm", "acct-1")).await,
+            SendOutcome::NotSent {
+                reason: "provider `crm` is not configured".to_owned(),
+                retry_after_ms: None
+            }
+        );
+        assert_eq!(
+            registry.lookup(&lookup_request("crm", "acct-1")).await,
+            LookupOutcome::Unavailable {
+                reason: "provider `crm` is not configured".to_owned(),
+                retry_after_ms: None
+            }
+        );
+    }
+}

@@ -608,3 +608,16 @@ async fn building_names_a_missing_variable_a_missing_base_url_and_an_unknown_set
         assert!(text.contains(expected), "{expected} missing from:\n{text}");
     }
 }
+
+#[tokio::test]
+async fn an_action_without_a_lookup_asks_nothing_and_says_so() {
+    let emulator = Emulator::start().await;
+    let tickets = build(TICKETS, &emulator.base_url, Credentials::basic("ada", "pw"));
+    let request = request("tickets", "put_ticket", json!({"number": 7}));
+    let outcome = tickets.lookup(&lookup_of(&request)).await;
+    assert!(
+        matches!(&outcome, LookupOutcome::Unavailable { reason, retry_after_ms: None } if reason.contains("declares no lookup")),
+        "{outcome:?}"
+    );
+    assert!(emulator.seen().is_empty(), "nothing was asked");
+}

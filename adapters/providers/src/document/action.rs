@@ -138,7 +138,7 @@ fn action(
     )
     .and_then(|request| {
         request.only(REQUEST_KEYS, findings);
-        request_spec(&request, &send, auth, Some("POST"), findings)
+        request_spec(&request, &send, auth, None, findings)
     });
     let response = required_table(
         table,
@@ -304,7 +304,7 @@ fn request_spec(
     table: &Table<'_>,
     names: &Names<'_>,
     auth: Option<&Auth>,
-    default_method: Option<&str>,
+    default_method: Option<Method>,
     findings: &mut Findings<'_>,
 ) -> Option<RequestSpec> {
     let method = method(table, default_method, findings);
@@ -347,19 +347,25 @@ fn request_spec(
     })
 }
 
-fn method(table: &Table<'_>, default: Option<&str>, findings: &mut Findings<'_>) -> Option<Method> {
-    let found = match (table.string("method", findings), default) {
-        (Some(found), _) => found,
-        (None, Some(_)) if table.has("method") => return None,
-        (None, Some(default)) if default == "GET" => return Some(Method::GET),
-        (None, _) => {
+/// The request's method; `default` when it is not written (lookups default to GET, an action's
+/// request must say).
+fn method(
+    table: &Table<'_>,
+    default: Option<Method>,
+    findings: &mut Findings<'_>,
+) -> Option<Method> {
+    let Some(found) = table.string("method", findings) else {
+        if table.has("method") {
+            return None;
+        }
+        if default.is_none() {
             table.missing(
                 "method",
                 "write method = \"GET\", \"POST\", \"PUT\", \"PATCH\" or \"DELETE\"",
                 findings,
             );
-            return None;
         }
+        return default;
     };
     match found.value {
         "GET" => Some(Method::GET),
@@ -816,39 +822,12 @@ fn lookup_spec(
         "by_key" | "by_label" => {
             known.extend_from_slice(&["found", "in_progress", "not_found", "id"]);
             table.only(&known, findings);
-            let request = request_spec(table, names, auth, Some("GET"), findings);
-            let found = match table.has("found") {
-                true => expect(table, "found", findings),
-                false => Some(Expect {
-                    status: 200,
-                    at: None,
-                    equals: None,
-                }),
+            let by = if kind.value == "by_key" {
+                LookupBy::Key
+            } else {
+                LookupBy::Label
             };
-            let in_progress = match table.has("in_progress") {
-                true => expect(table, "in_progress", findings).map(Some),
-                false => Some(None),
-            };
-            if !table.has("not_found") {
-                table.missing("not_found", "write the answer that proves there is no such object, e.g. not_found = { status = 404, at = \"/error/type\", equals = \"not_found\" }", findings);
-            }
-            let not_found = expect(table, "not_found", findings);
-            let id = match table.string("id", findings) {
-                Some(found) => pointer(&found, findings),
-                None => (!table.has("id")).then(|| "/id".to_owned()),
-            };
-            Some(Lookup::Consistent(ConsistentLookup {
-                by: if kind.value == "by_key" {
-                    LookupBy::Key
-                } else {
-                    LookupBy::Label
-                },
-                request: request?,
-                found: found?,
-                in_progress: in_progress?,
-                not_found: not_found?,
-                id: id?,
-            }))
+            consistent(table, names, auth, by, findings).map(Lookup::Consistent)
         }
         "search" => {
             known.extend_from_slice(&[
@@ -869,13 +848,51 @@ fn lookup_spec(
     }
 }
 
+fn consistent(
+    table: &Table<'_>,
+    names: &Names<'_>,
+    auth: Option<&Auth>,
+    by: LookupBy,
+    findings: &mut Findings<'_>,
+) -> Option<ConsistentLookup> {
+    let request = request_spec(table, names, auth, Some(Method::GET), findings);
+    let found = match table.has("found") {
+        true => expect(table, "found", findings),
+        false => Some(Expect {
+            status: 200,
+            at: None,
+            equals: None,
+        }),
+    };
+    let in_progress = match table.has("in_progress") {
+        true => expect(table, "in_progress", findings).map(Some),
+        false => Some(None),
+    };
+    if !table.has("not_found") {
+        table.missing("not_found", "write the answer that proves there is no such object, e.g. not_found = { status = 404, at = \"/error/type\", equals = \"not_found\" }", findings);
+    }
+    let not_found = expect(table, "not_found", findings);
+    let id = match table.string("id", findings) {
+        Some(found) => pointer(&found, findings),
+        None => (!table.has("id")).then(|| "/id".to_owned()),
+    };
+    Some(ConsistentLookup {
+        by,
+        request: request?,
+        found: found?,
+        in_progress: in_progress?,
+        not_found: not_found?,
+        id: id?,
+    })
+}
+
 fn search(
     table: &Table<'_>,
     names: &Names<'_>,
     auth: Option<&Auth>,
     findings: &mut Findings<'_>,
 ) -> Option<SearchLookup> {
-    let request = request_spec(table, names, auth, Some("GET"), findings);
+    let request = request_spec(table, names, auth, Some(Method::GET), findings);
     let status = match table.has("status") {
         true => status(table, "status", findings),
         false => Some(200),
