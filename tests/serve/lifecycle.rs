@@ -218,6 +218,19 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
     assert_eq!(status, StatusCode::OK, "{queue}");
     assert_eq!(queue["queue"][0]["operation_id"], id.as_str());
     assert!(queue["queue"][0]["reason"].is_string());
+    // The person deciding sees what was asked, where it is bound, and every attempt and lookup.
+    let detail = &queue["queue"][0]["detail"];
+    assert_eq!(detail["description"], "create a task", "{detail}");
+    assert_eq!(detail["args"]["title"], "Call", "{detail}");
+    assert_eq!(detail["binding"]["provider"], "crm-plain", "{detail}");
+    assert_eq!(detail["attempts"][0]["outcome"], "unknown", "{detail}");
+    let lookups = detail["lookups"].as_array().map_or(0, Vec::len);
+    assert_eq!(
+        Some(lookups as u64),
+        queue["queue"][0]["lookups"].as_u64(),
+        "every lookup is listed: {detail}"
+    );
+    assert!(lookups >= 1, "{detail}");
     // An operator scoped to another tenant has an empty queue; it is tenant A's operation.
     let (status, scoped) = server
         .call(Method::GET, "/v1/review", Some(OPERATOR_B_TOKEN), None)

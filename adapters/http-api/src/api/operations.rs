@@ -354,10 +354,7 @@ async fn approval(
         }
         None => ledger.approve(operation_id, approver, args_hash).await?,
     };
-    Ok(view_reply(
-        StatusCode::OK,
-        &operation_view(shared, &loaded),
-    ))
+    Ok(view_reply(StatusCode::OK, &operation_view(shared, &loaded)))
 }
 
 #[derive(Debug, Deserialize)]
