@@ -91,6 +91,48 @@ pub enum Command {
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
     /// commit, 429 with Retry-After), move its clock, and list what it stored.
     Stand(StandArgs),
+    /// Check connector files (every problem with its file, line and field) and list what is
+    /// loaded: a configuration's connectors, or the presets shipped in the binary.
+    Connectors(ConnectorsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsArgs {
+    #[command(subcommand)]
+    pub command: ConnectorsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConnectorsCommand {
+    /// Read connector files as `serve` would and report every problem (exit 2 if any).
+    Check(ConnectorsCheckArgs),
+    /// List the connectors a configuration loads (with --config), else the presets.
+    List(ConnectorsListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsCheckArgs {
+    /// The connector files (TOML).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Also build each connector with the credentials from the environment, as `serve` does
+    /// (the file must then name its base_url and accounts).
+    #[arg(long)]
+    pub env: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsListArgs {
+    /// The serve configuration whose connectors to list (credentials are read from the
+    /// environment, as at start; only fingerprints are shown). Without it: the presets.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 impl Command {
@@ -106,6 +148,12 @@ impl Command {
                 command: OpsCommand::Show(args),
             }) => args.json,
             Self::Trace(args) => args.json,
+            Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::Check(args),
+            }) => args.json,
+            Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::List(args),
+            }) => args.json,
             Self::Review(ReviewArgs { command }) => match command {
                 ReviewCommand::List(args) => args.json,
                 ReviewCommand::Show(args) => args.json,

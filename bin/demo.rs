@@ -25,8 +25,10 @@ use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::ids::{AccountId, ActionName, OperationId, ProviderId, TenantId, WorkerId};
 use opledger_domain::provider::{operation_label, BindingQuery, Providers};
 use opledger_domain::state::{OperationState, Status};
+use opledger_providers::presets::{stand_document, StandSettings};
 use opledger_providers::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+    render_all, AccountSpec, Connector, Credentials, HttpProviders, Overrides,
+    Shape as ProviderShape,
 };
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
@@ -105,22 +107,34 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
 }
 
 async fn engine(path: &std::path::Path, base_url: &str) -> Result<DemoEngine, CliError> {
-    let account = |name: &str| -> Result<Vec<AccountConfig>, CliError> {
-        Ok(vec![AccountConfig::with_token(
-            AccountId::new(name)?,
-            format!("token-{name}"),
-        )])
+    // The stand's plain and keyed shapes, as connector documents, with the demo's tenant owning
+    // the demo account.
+    let connector = |id: &str, shape: ProviderShape| -> Result<Connector, CliError> {
+        let document = stand_document(
+            shape,
+            StandSettings {
+                search_lag_ms: Some(SEARCH_LAG_MS),
+                ..StandSettings::default()
+            },
+        );
+        let overrides = Overrides {
+            id: Some(ProviderId::new(id)?),
+            base_url: Some(base_url.to_owned()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new(ACCOUNT)?,
+                tenants: vec![TenantId::new(TENANT)?],
+                credentials: Credentials::token(format!("token-{ACCOUNT}")),
+            }],
+            request_timeout_ms: Some(1_000),
+            connect_timeout_ms: Some(500),
+            ..Overrides::default()
+        };
+        Connector::build(&document, overrides)
+            .map_err(|errors| CliError::Other(render_all(&errors)))
     };
-    let config = |shape| -> Result<HttpProviderConfig, CliError> {
-        let mut config = HttpProviderConfig::new(shape, base_url, account(ACCOUNT)?);
-        config.request_timeout_ms = 1_000;
-        config.connect_timeout_ms = 500;
-        config.search_lag_ms = SEARCH_LAG_MS;
-        Ok(config)
-    };
-    let providers = HttpProviders::from_configs([
-        (ProviderId::new("crm-plain")?, config(ProviderShape::Plain)?),
-        (ProviderId::new("crm-keyed")?, config(ProviderShape::Keyed)?),
+    let providers = HttpProviders::new([
+        connector("crm-plain", ProviderShape::Plain)?,
+        connector("crm-keyed", ProviderShape::Keyed)?,
     ])
     .map_err(|error| CliError::Other(error.to_string()))?;
     let ledger = open_ledger(path).await?;

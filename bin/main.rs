@@ -7,6 +7,7 @@
 mod bench;
 mod bench_http;
 mod cli;
+mod connectors;
 mod demo;
 mod intent;
 mod ledger_file;
@@ -77,6 +78,7 @@ fn main() -> ExitCode {
             Command::Replay(args) => replay::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Stand(args) => stand::run(args).await,
+            Command::Connectors(args) => connectors::run(args),
             Command::Verify(args) => verify::run(args).await,
         }
     });

@@ -509,3 +509,133 @@ fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
     assert!(logs.contains("DEBUG"), "debug logs are written: {logs}");
     assert!(!logs.contains('\u{1b}'), "no ANSI escape in: {logs:?}");
 }
+
+#[test]
+fn connectors_check_reports_every_problem_of_a_file_with_its_line_and_field() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("crm.toml");
+    let text = r#"id = "my-crm"
+description = "A CRM"
+base_url = "ftp://crm.example"
+
+[auth]
+kind = "bearer"
+
+[[actions]]
+name = "create_task"
+description = "create a task"
+
+[actions.input]
+type = "object"
+properties.title = { type = "string" }
+
+[actions.request]
+method = "BREW"
+path = "/tasks/{{args.titel}}"
+
+[actions.response]
+success = [201]
+id = "/id"
+
+[actions.dedup]
+kind = "none"
+
+[actions.lookup]
+kind = "none"
+"#;
+    std::fs::write(&file, text).expect("written");
+    let output = opledger(&["connectors", "check", &file.display().to_string()]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let at = |line: usize, field: &str| format!("{}:{line}: {field}: ", file.display());
+    assert!(stderr.contains(&at(3, "base_url")), "{stderr}");
+    assert!(
+        stderr.contains(&at(17, "actions[0].request.method")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&at(18, "actions[0].request.path")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("names `titel`, which the input schema does not define"),
+        "{stderr}"
+    );
+
+    let good = text
+        .replace("ftp://", "https://")
+        .replace("BREW", "POST")
+        .replace("{{args.titel}}", "{{args.title}}")
+        .replace(
+            "type = \"object\"\n",
+            "type = \"object\"\nrequired = [\"title\"]\n",
+        );
+    std::fs::write(&file, good).expect("written");
+    let output = opledger(&["connectors", "check", &file.display().to_string()]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 connector file(s) valid"));
+}
+
+#[test]
+fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_owners() {
+    let output = opledger(&["connectors", "list", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let presets: Vec<&str> = listed["connectors"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|row| row["preset"].as_str())
+        .collect();
+    assert_eq!(
+        presets,
+        ["crm-stand-keyed", "crm-stand-labelled", "crm-stand-plain"]
+    );
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[tenants]]
+id = "acme"
+token = "acme-0123456789abcdef"
+
+[[connectors]]
+id = "crm"
+preset = "crm-stand-labelled"
+base_url = "http://127.0.0.1:9"
+
+[[connectors.accounts]]
+id = "acct-1"
+tenants = ["acme"]
+token_env = "OPLEDGER_TEST_CRM_TOKEN"
+"#,
+    )
+    .expect("written");
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["connectors", "list", "--json", "--config"])
+        .arg(&config)
+        .env("OPLEDGER_TEST_CRM_TOKEN", "crm-secret-value")
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        !stdout.contains("crm-secret-value"),
+        "never the secret: {stdout}"
+    );
+    let listed: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let connector = &listed["connectors"][0];
+    assert_eq!(connector["id"], "crm");
+    assert_eq!(connector["accounts"][0]["tenants"][0], "acme");
+    assert!(connector["accounts"][0]["credential_fingerprint"]
+        .as_str()
+        .is_some_and(|f| f.starts_with("sha256:")));
+    assert!(
+        connector["actions"][0]["contract"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("unique label")),
+        "{connector}"
+    );
+}

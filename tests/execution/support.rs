@@ -38,8 +38,10 @@ use opledger_domain::provider::{
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
 use opledger_kurrentdb_stand::KurrentDbStand;
+use opledger_providers::presets::{stand_document, StandSettings};
 use opledger_providers::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+    render_all, AccountSpec, Connector, Credentials, HttpProviders, Overrides,
+    Shape as ProviderShape,
 };
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::AnyStore;
@@ -216,19 +218,31 @@ impl Default for Setup {
 impl Setup {
     /// The three CRMs at `base_url`, each able to act in exactly `accounts` (name, token).
     pub fn providers(&self, base_url: &str, accounts: &[(&str, &str)]) -> HttpProviders {
-        let accounts: Vec<AccountConfig> = accounts
+        // Every test account is owned by the tests' tenant, `acme`.
+        let accounts: Vec<AccountSpec> = accounts
             .iter()
-            .map(|(account, token)| AccountConfig::with_token(account_id(account), *token))
+            .map(|(account, token)| AccountSpec {
+                id: account_id(account),
+                tenants: vec![TenantId::new("acme").expect("a valid tenant")],
+                credentials: Credentials::token(*token),
+            })
             .collect();
-        HttpProviders::from_configs(Crm::ALL.map(|crm| {
-            let mut config =
-                HttpProviderConfig::new(crm.adapter_shape(), base_url, accounts.clone());
-            config.request_timeout_ms = self.request_timeout_ms;
-            config.connect_timeout_ms = self.connect_timeout_ms;
-            config.key_retention_s = self.key_retention_s;
-            config.key_safety_margin_s = self.key_safety_margin_s;
-            config.search_lag_ms = self.search_lag_ms;
-            (crm.provider(), config)
+        let settings = StandSettings {
+            key_retention_s: Some((self.key_retention_s, self.key_safety_margin_s)),
+            search_lag_ms: Some(self.search_lag_ms),
+        };
+        HttpProviders::new(Crm::ALL.map(|crm| {
+            let document = stand_document(crm.adapter_shape(), settings);
+            let overrides = Overrides {
+                id: Some(crm.provider()),
+                base_url: Some(base_url.to_owned()),
+                accounts: accounts.clone(),
+                request_timeout_ms: Some(self.request_timeout_ms),
+                connect_timeout_ms: Some(self.connect_timeout_ms),
+                ..Overrides::default()
+            };
+            Connector::build(&document, overrides)
+                .unwrap_or_else(|errors| panic!("{}", render_all(&errors)))
         }))
         .expect("the test provider configurations are valid")
     }
