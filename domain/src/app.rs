@@ -256,7 +256,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// the store's no-stream condition, so two concurrent deliveries still make one operation.
     ///
     /// A redelivery is the same request when it asks for the same provider, account, action,
-    /// arguments (by hash) and approval requirement; the source id reused for anything else is
+    /// arguments (by hash), approval requirement and owner; the source id reused for anything else is
     /// refused with [`AppError::SourceReused`]. The credential fingerprint is not compared: it
     /// says what the configuration held when the request arrived, not what was asked, and a
     /// token rotated between two deliveries of one tool call must not turn the second into a
@@ -291,6 +291,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         let provider = ProviderId::new(request.provider.clone())?;
         let account = AccountId::new(request.account.clone())?;
         let action = ActionName::new(request.action.clone())?;
+        let owner = request.owner.clone().map(OwnerId::new).transpose()?;
         let asked = Asked {
             source_id: &source_id,
             provider: &provider,
@@ -298,6 +299,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             action: &action,
             args_hash: ArgsSnapshot::new(request.args.clone())?.hash(),
             requires_approval: request.requires_approval,
+            owner: owner.as_ref(),
         };
         check_redelivery(existing, &asked).map(Some)
     }
@@ -606,6 +608,7 @@ struct Asked<'a> {
     action: &'a ActionName,
     args_hash: ArgsHash,
     requires_approval: bool,
+    owner: Option<&'a OwnerId>,
 }
 
 impl<'a> Asked<'a> {
@@ -617,6 +620,7 @@ impl<'a> Asked<'a> {
             action: &valid.action,
             args_hash: valid.args.hash(),
             requires_approval: valid.requires_approval,
+            owner: valid.owner.as_ref(),
         }
     }
 }
@@ -640,6 +644,10 @@ fn check_redelivery(
         Some("arguments")
     } else if intent.requires_approval != asked.requires_approval {
         Some("approval requirement")
+    } else if intent.owner.as_ref() != asked.owner {
+        // The owner is part of what was asked (whose task it is): an HTTP client replaying an
+        // Idempotency-Key with another owner sent another request (Stripe compares the body).
+        Some("owner")
     } else {
         None
     };

@@ -2,6 +2,7 @@
 //! HTTP, sending to the CRM stand on loopback.
 
 mod contract;
+mod idempotency;
 mod inputs;
 mod isolation;
 mod kurrentdb;

@@ -266,6 +266,30 @@ impl Server {
         answer(method.as_str(), path, response).await
     }
 
+    /// POSTs a JSON `body` with `token` and extra `headers`; returns the status, the answer's
+    /// headers and the parsed JSON body (checked against the OpenAPI document like every answer).
+    pub async fn post_with_headers(
+        &self,
+        path: &str,
+        token: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("the server answers");
+        let answered = response.headers().clone();
+        let (status, json) = answer("POST", path, response).await;
+        (status, answered, json)
+    }
+
     /// POSTs a JSON `body` with `token`.
     pub async fn post(&self, path: &str, token: &str, body: &Value) -> (StatusCode, Value) {
         self.call(Method::POST, path, Some(token), Some(body)).await

@@ -42,6 +42,23 @@ impl ApiError {
         }
     }
 
+    /// The same refusal for a request that named itself with the `Idempotency-Key` header: the
+    /// key reused for another request is `idempotency_key_reused` (the code clients of other
+    /// Stripe-style APIs look for), not the source id it maps onto.
+    pub fn for_idempotency_key(self) -> Self {
+        if self.code != "source_id_reused" {
+            return self;
+        }
+        let message =
+            self.message
+                .replacen("source id", "Idempotency-Key (the request's source id)", 1);
+        let message = message.replace(
+            "a new request needs a new source id",
+            "a new request needs a new key",
+        );
+        Self::new(StatusCode::CONFLICT, "idempotency_key_reused", message)
+    }
+
     /// The call's arguments fail the action's input schema: a 422 naming every failing field
     /// (`args/title: …`), nothing written.
     pub fn invalid_args(problems: &[ArgProblem]) -> Self {

@@ -10,17 +10,23 @@ use tokio::sync::OwnedSemaphorePermit;
 const IN_FLIGHT_POLL_MIN: Duration = Duration::from_millis(1);
 const IN_FLIGHT_POLL_MAX: Duration = Duration::from_millis(20);
 
+/// The request header a client names one request with (Stripe's convention), and the answer's
+/// header that says the answer is the operation an earlier request with the key recorded.
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// What a record call asks for (the body of `POST /v1/operations`; the MCP tools build it too).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RecordBody {
-    provider: String,
-    account: String,
-    action: String,
-    args: Value,
-    source_id: Option<String>,
-    owner: Option<String>,
+pub(crate) struct RecordBody {
+    pub(crate) provider: String,
+    pub(crate) account: String,
+    pub(crate) action: String,
+    pub(crate) args: Value,
+    pub(crate) source_id: Option<String>,
+    pub(crate) owner: Option<String>,
     #[serde(default)]
-    requires_approval: bool,
+    pub(crate) requires_approval: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +48,14 @@ pub(super) struct RecordQuery {
     wait_ms: Option<String>,
 }
 
+/// What a record call did: the operation as it stands when the call answers, whether this call
+/// created it, and why executing it failed after it was recorded (with `execute=true`).
+pub(crate) struct Recorded {
+    pub(crate) operation: LoadedOperation,
+    pub(crate) created: bool,
+    pub(crate) execute_error: Option<ApiError>,
+}
+
 pub(super) async fn record(
     State(shared): State<Arc<Shared>>,
     query: Result<Query<RecordQuery>, axum::extract::rejection::QueryRejection>,
@@ -51,17 +65,89 @@ pub(super) async fn record(
     let tenant = tenant_of(principal)?.clone();
     let Query(query) = query?;
     let (execute_now, wait) = execute_and_wait(&shared, &query)?;
+    let key = idempotency_key(request.headers())?;
     let place = if execute_now {
-        Some(execute_place(&shared)?)
+        Some((execute_place(&shared)?, wait))
     } else {
         None
     };
-    let body: RecordBody = body(&shared, request).await?;
-    let request = intent_request(&shared, &tenant, body).await?;
+    let mut body: RecordBody = body(&shared, request).await?;
+    body.source_id = source_of(key.as_deref(), body.source_id.take())?;
+    let recorded = record_then_execute(&shared, &tenant, body, place)
+        .await
+        // With the header the client named its request by the key, so the refusal names it so.
+        .map_err(|error| match key {
+            Some(_) => error.for_idempotency_key(),
+            None => error,
+        })?;
+    let status = if recorded.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut view = operation_view(&shared, &recorded.operation);
+    view.created = Some(recorded.created);
+    view.execute_error = recorded
+        .execute_error
+        .map(|error| json!({"code": error.code, "message": error.message}));
+    let mut reply = view_reply(status, &view);
+    if key.is_some() && !recorded.created {
+        reply.headers_mut().insert(
+            IDEMPOTENT_REPLAYED,
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(reply)
+}
+
+/// The `Idempotency-Key` header, if sent: one visible-ASCII value (checked as a source id when
+/// the intent is recorded).
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = |message: &str| {
+        ApiError::invalid(ValidationError::new("Idempotency-Key", message.to_owned()))
+    };
+    if values.next().is_some() {
+        return Err(invalid("is sent more than once; send one key per request"));
+    }
+    let key = value
+        .to_str()
+        .map_err(|_| invalid("must be visible ASCII text, e.g. a UUID"))?;
+    Ok(Some(key.to_owned()))
+}
+
+/// The source id a record call asks under. The `Idempotency-Key` header *is* the source id (the
+/// same tenant-scoped namespace, so `Idempotency-Key: K` and `"source_id": "K"` name one
+/// request); sending both with different values is refused, since one of them would be ignored.
+fn source_of(key: Option<&str>, source_id: Option<String>) -> Result<Option<String>, ApiError> {
+    match (key, source_id) {
+        (Some(key), Some(source_id)) if key != source_id => {
+            Err(ApiError::invalid(ValidationError::new(
+                "source_id",
+                "differs from the Idempotency-Key header; both name the request (the key is the source id): send one of them, or both with the same value",
+            )))
+        }
+        (Some(key), _) => Ok(Some(key.to_owned())),
+        (None, source_id) => Ok(source_id),
+    }
+}
+
+/// Records the intent `body` asks for as `tenant`; with a place (and a wait), executes it in the
+/// same call and answers where it stands when it settles or the wait ends.
+pub(crate) async fn record_then_execute(
+    shared: &Arc<Shared>,
+    tenant: &TenantId,
+    body: RecordBody,
+    place: Option<(OwnedSemaphorePermit, Duration)>,
+) -> Result<Recorded, ApiError> {
+    let request = intent_request(shared, tenant, body).await?;
     // Recording validates every field before it appends, so a bad field writes nothing.
     let (recorded, driven) = match place {
         None => (shared.engine.ledger().record_intent(request).await?, None),
-        Some(place) => {
+        Some((place, wait)) => {
             let started = Instant::now();
             // The intent and the claim of its first attempt are one append, made durable before
             // anything is sent: the rule holds, and the call saves the caller a round trip and
@@ -81,24 +167,19 @@ pub(super) async fn record(
     shared
         .tenants
         .remember(recorded.operation.operation_id, tenant.clone());
-    let status = if recorded.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
     let operation_id = recorded.operation.operation_id;
     info!(%operation_id, created = recorded.created, %tenant, "intent recorded");
     let (operation, execute_error) = match driven {
         Some((claimed, wait, place)) => {
-            execute_recorded(&shared, recorded.operation.clone(), claimed, wait, place).await
+            execute_recorded(shared, recorded.operation.clone(), claimed, wait, place).await
         }
         None => (recorded.operation, None),
     };
-    let mut view = operation_view(&shared, &operation);
-    view.created = Some(recorded.created);
-    view.execute_error =
-        execute_error.map(|error| json!({"code": error.code, "message": error.message}));
-    Ok(view_reply(status, &view))
+    Ok(Recorded {
+        operation,
+        created: recorded.created,
+        execute_error,
+    })
 }
 
 /// `execute` and `wait_ms` of a record call: `wait_ms` is only taken with `execute=true`.
@@ -226,7 +307,7 @@ fn configured_fingerprint(
 }
 
 /// The wait of an execute call: `wait_ms` if given (checked against the limit), else the default.
-fn wait_of(shared: &Shared, wait_ms: Option<&str>) -> Result<Duration, ApiError> {
+pub(crate) fn wait_of(shared: &Shared, wait_ms: Option<&str>) -> Result<Duration, ApiError> {
     let wait_ms = match wait_ms {
         None => shared.limits.default_wait_ms,
         Some(text) => text
@@ -389,7 +470,7 @@ pub(super) async fn execute(
 
 /// A place for one execute call, taken before anything is written, so a full server refuses
 /// with nothing recorded (the request can be repeated as it is).
-fn execute_place(shared: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
+pub(crate) fn execute_place(shared: &Shared) -> Result<OwnedSemaphorePermit, ApiError> {
     Arc::clone(&shared.executes)
         .try_acquire_owned()
         .map_err(|_| {
