@@ -86,6 +86,11 @@ pub enum Command {
     /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
     /// demo tokens printed at start). Stops cleanly on SIGTERM or Ctrl-C.
     Serve(ServeArgs),
+    /// Serve MCP on stdin/stdout for one tenant (for desktop agents): one tool per configured
+    /// action the tenant may use, plus operation_status and list_operations. Runs the same
+    /// service as `serve` on the configuration's ledger, without listening; `serve` offers the
+    /// same tools over Streamable HTTP at /mcp.
+    Mcp(McpArgs),
     /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
     /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
@@ -167,6 +172,7 @@ impl Command {
             | Self::Approve(_)
             | Self::Deny(_)
             | Self::Serve(_)
+            | Self::Mcp(_)
             | Self::Stand(_) => false,
         }
     }
@@ -194,6 +200,20 @@ pub struct ServeArgs {
     /// The SQLite ledger file of the embedded default (ignored with --config, whose `store` names it).
     #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
     pub db: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The configuration file (TOML; see opledger.example.toml).
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: PathBuf,
+    /// The tenant the tools act for (one of the configuration's [[tenants]]).
+    #[arg(long, conflicts_with = "token")]
+    pub tenant: Option<String>,
+    /// The tenant's token instead of its id (from the environment, so it stays off the command
+    /// line the MCP client shows).
+    #[arg(long, env = "OPLEDGER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -11,6 +11,7 @@ mod connectors;
 mod demo;
 mod intent;
 mod ledger_file;
+mod mcp;
 mod ops;
 mod read_models;
 mod replay;
@@ -77,6 +78,7 @@ fn main() -> ExitCode {
             Command::Tail(args) => tail::run(args).await,
             Command::Replay(args) => replay::run(args).await,
             Command::Serve(args) => serve::run(args).await,
+            Command::Mcp(args) => mcp::run(args).await,
             Command::Stand(args) => stand::run(args).await,
             Command::Connectors(args) => connectors::run(args),
             Command::Verify(args) => verify::run(args).await,

@@ -50,12 +50,13 @@ use std::sync::Arc;
 use opledger_domain::app::{AppError, Ledger};
 use opledger_domain::engine::Engine;
 use opledger_domain::error::ValidationError;
-use opledger_domain::ids::WorkerId;
+use opledger_domain::ids::{TenantId, WorkerId};
 use opledger_domain::store::StoreError;
 use opledger_providers::HttpProviders;
 use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
+pub use opledger_mcp;
 use opledger_store::{KurrentDbStore, SqliteStore};
 use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn};
@@ -143,75 +144,164 @@ pub async fn run(
     until: impl std::future::Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), ServeError> {
-    let (ledger_name, read_models_path) = locations(&config);
     // Bound first: a port in use is found before the ledger is opened.
     let (listener, local) = bind(config.listen).await?;
-    let store = open_store(&config.store).await?;
-    let read_models = ReadModels::open(&read_models_path).await?;
-    render::catch_up_showing_progress(
-        &store,
-        &read_models,
-        None,
-        "catching up the read models",
-        false,
-    )
-    .await?;
-    let providers =
-        HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
-    let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
-    let engine = Arc::new(Engine::try_new(
-        Ledger::new(store.clone(), SystemClock, RandomIds),
-        providers,
-        config.policy,
-        worker,
-    )?);
-    let (stop, stopping) = watch::channel(false);
-    let workers = Workers::spawn(
-        Arc::clone(&engine),
-        WorkerConfig {
-            max_concurrent: config.workers,
-            send_delay_ms: config.worker_send_delay_ms,
-            ..WorkerConfig::default()
-        },
-    );
-    let runner = spawn_runner(&store, &read_models, config.read_model_linger_ms, &stopping);
-    let limits = config.limits;
-    let tokens = Tokens::new(config.tokens);
-    let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
-    let shared = Arc::new(Shared {
-        engine: Arc::clone(&engine),
-        read_models,
-        approval_guard: auth::guarded_by_approvers(&tokens),
-        metrics_token: config.metrics_token.as_deref().map(auth::digest),
-        tokens,
-        limits,
-        requests: RequestMetrics::default(),
-        sse: Arc::new(Semaphore::new(limits.max_sse_connections)),
-        streams: events::StreamsPerHolder::default(),
-        executes: Arc::clone(&executes),
-        shutdown: stopping.clone(),
-        tenants: TenantCache::default(),
-        openapi: openapi_for(&limits).into(),
-        worker_counters: workers.counters(),
-    });
+    let service = Service::start(config, Output::Stdout).await?;
     println!(
-        "opledger serve: listening on http://{local} (ledger {ledger_name}, read models {})",
-        read_models_path.display()
+        "opledger serve: listening on http://{local} (ledger {}, read models {})",
+        service.ledger_name,
+        service.read_models_path.display()
     );
     info!(%local, "serving");
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let (served, grace_end) = serve_until(listener, shared, until, stop, stopping, limits).await;
-    wait_for_execute_drives(&executes, grace_end, limits.max_concurrent_executes).await;
-    // Every step below runs, whatever failed first, so the store is always closed cleanly.
-    let worker_stats = workers.shutdown().await;
-    let runner_result = runner.await;
-    let closed = store.close().await;
+    let (served, grace_end) = serve_until(
+        listener,
+        Arc::clone(&service.shared),
+        until,
+        service.stop.clone(),
+        service.stopping.clone(),
+        service.limits,
+    )
+    .await;
+    let stopped = service.stop(grace_end).await;
     served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
-    report_shutdown(worker_stats, runner_result);
-    closed?;
-    Ok(())
+    stopped
+}
+
+/// Serves MCP on stdin and stdout for `tenant` (`opledger mcp`) over the same service `serve`
+/// runs, without listening anywhere, until the client closes the pipe or `until` resolves.
+/// Stdout carries the protocol only: everything this prints goes to stderr.
+pub async fn run_mcp_stdio(
+    config: ServeConfig,
+    tenant: TenantId,
+    until: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let service = Service::start(config, Output::Stderr).await?;
+    eprintln!(
+        "opledger mcp: serving tenant {tenant} on stdio (ledger {}, read models {})",
+        service.ledger_name,
+        service.read_models_path.display()
+    );
+    let server = opledger_mcp::McpServer::for_tenant(
+        Arc::new(api::McpLedger(Arc::clone(&service.shared))),
+        tenant,
+    );
+    let served = opledger_mcp::serve_stdio(server, until).await;
+    let _ = service.stop.send(true);
+    let grace_end =
+        tokio::time::Instant::now() + std::time::Duration::from_millis(service.limits.shutdown_grace_ms);
+    let stopped = service.stop(grace_end).await;
+    served.map_err(|error| ServeError::Io(error.to_string()))?;
+    stopped
+}
+
+/// Where the service's own lines go: stdout for `serve`, stderr when stdout is the MCP pipe.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Output {
+    Stdout,
+    Stderr,
+}
+
+/// The running service without its front (HTTP or stdio): the ledger, the engine and its
+/// workers, the read-model runner, and what every request shares.
+struct Service {
+    shared: Arc<Shared>,
+    workers: Workers,
+    runner: tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>>,
+    store: ServeStore,
+    stop: watch::Sender<bool>,
+    stopping: watch::Receiver<bool>,
+    executes: Arc<Semaphore>,
+    limits: Limits,
+    ledger_name: String,
+    read_models_path: PathBuf,
+    output: Output,
+}
+
+impl Service {
+    /// Opens the ledger and the read models (caught up), and starts the engine's workers.
+    async fn start(config: ServeConfig, output: Output) -> Result<Self, ServeError> {
+        let (ledger_name, read_models_path) = locations(&config);
+        let store = open_store(&config.store).await?;
+        let read_models = ReadModels::open(&read_models_path).await?;
+        render::catch_up_showing_progress(
+            &store,
+            &read_models,
+            None,
+            "catching up the read models",
+            false,
+        )
+        .await?;
+        let providers =
+            HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
+        let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
+        let engine = Arc::new(Engine::try_new(
+            Ledger::new(store.clone(), SystemClock, RandomIds),
+            providers,
+            config.policy,
+            worker,
+        )?);
+        let (stop, stopping) = watch::channel(false);
+        let workers = Workers::spawn(
+            Arc::clone(&engine),
+            WorkerConfig {
+                max_concurrent: config.workers,
+                send_delay_ms: config.worker_send_delay_ms,
+                ..WorkerConfig::default()
+            },
+        );
+        let runner = spawn_runner(&store, &read_models, config.read_model_linger_ms, &stopping);
+        let limits = config.limits;
+        let tokens = Tokens::new(config.tokens);
+        let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
+        let shared = Arc::new(Shared {
+            engine,
+            read_models,
+            approval_guard: auth::guarded_by_approvers(&tokens),
+            metrics_token: config.metrics_token.as_deref().map(auth::digest),
+            tokens,
+            limits,
+            requests: RequestMetrics::default(),
+            sse: Arc::new(Semaphore::new(limits.max_sse_connections)),
+            streams: events::StreamsPerHolder::default(),
+            executes: Arc::clone(&executes),
+            shutdown: stopping.clone(),
+            tenants: TenantCache::default(),
+            openapi: openapi_for(&limits).into(),
+            worker_counters: workers.counters(),
+        });
+        Ok(Self {
+            shared,
+            workers,
+            runner,
+            store,
+            stop,
+            stopping,
+            executes,
+            limits,
+            ledger_name,
+            read_models_path,
+            output,
+        })
+    }
+
+    /// Waits (until `grace_end`) for the sends made through the front to be recorded, stops the
+    /// workers and the runner, and closes the store after its last acknowledged append is
+    /// durable. Every step runs, whatever failed first, so the store is always closed cleanly.
+    async fn stop(self, grace_end: tokio::time::Instant) -> Result<(), ServeError> {
+        let _ = self.stop.send(true);
+        wait_for_execute_drives(&self.executes, grace_end, self.limits.max_concurrent_executes)
+            .await;
+        drop(self.shared);
+        let worker_stats = self.workers.shutdown().await;
+        let runner_result = self.runner.await;
+        let closed = self.store.close().await;
+        report_shutdown(worker_stats, runner_result, self.output);
+        closed?;
+        Ok(())
+    }
 }
 
 /// The ledger's name for the start line, and the read models' file. The read models are local to
@@ -365,6 +455,7 @@ fn report_shutdown(
         Result<opledger_readmodel::RunReport, ReadModelError>,
         tokio::task::JoinError,
     >,
+    output: Output,
 ) {
     match worker_stats {
         Ok(stats) => {
@@ -375,10 +466,14 @@ fn report_shutdown(
                     "drives were still running at shutdown; their attempts were recorded as unknown and are reconciled at the next start"
                 );
             }
-            println!(
-                "opledger serve: stopped (workers drove {} time(s), {} still running at shutdown)",
+            let line = format!(
+                "opledger: stopped (workers drove {} time(s), {} still running at shutdown)",
                 stats.drives, stats.abandoned_at_shutdown
             );
+            match output {
+                Output::Stdout => println!("{line}"),
+                Output::Stderr => eprintln!("{line}"),
+            }
         }
         Err(error) => warn!(%error, "the workers had stopped with an error"),
     }

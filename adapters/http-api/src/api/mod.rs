@@ -6,7 +6,8 @@
 //! and the engine, listings come from the read models, single operations from their own stream.
 //! A handler never returns 2xx for something the ledger has not durably recorded. The handlers
 //! live by concern: operations.rs (record, show, history, approve/deny, execute), queries.rs
-//! (listings, the review queue, trace), review.rs (an operator's decision).
+//! (listings, the review queue, trace), review.rs (an operator's decision), mcp.rs (the MCP
+//! tools over the same paths, at `/mcp`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,9 +42,12 @@ use super::error::{json_reply, ApiError};
 use super::{events, metrics, Shared};
 use crate::render::{operation_json, view_of};
 
+mod mcp;
 mod operations;
 mod queries;
 mod review;
+
+pub use self::mcp::McpLedger;
 
 /// How long a listing waits for the read models to reach the log's head as it was when the
 /// request arrived (read your writes), before answering from where they are.
@@ -109,6 +113,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics::render))
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .merge(mcp::route(Arc::clone(&shared)))
         .fallback(not_a_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -1,0 +1,201 @@
+//! The MCP server's view of this service: [`opledger_mcp::Ledger`] over the same engine, read
+//! models and limits the HTTP routes use, and the `/mcp` route (Streamable HTTP) with the bearer
+//! token as the tenant.
+//!
+//! A tool call goes through exactly the path of `POST /v1/operations?execute=true`: the same
+//! checks of provider, account and arguments, the same one-append record-and-claim, the same
+//! bounded wait with the drive going on after it, the same execute places.
+
+// The handlers share the parent module's imports, extractors and helpers.
+use super::*;
+use opledger_domain::contract::Deduplication;
+use opledger_mcp::{ActionTool, Caller, Listed, Outcome, Refusal, ToolCall};
+
+use super::operations::{execute_place, record_then_execute, wait_of, RecordBody};
+
+/// Most operations `list_operations` answers with, per state asked.
+const MAX_LISTED_PER_STATE: usize = 50;
+
+/// The MCP port over the service's shared state.
+pub struct McpLedger(pub(crate) Arc<Shared>);
+
+impl opledger_mcp::Ledger for McpLedger {
+    fn actions(&self, tenant: &TenantId) -> Vec<ActionTool> {
+        let providers = self.0.engine.providers();
+        let mut actions = Vec::new();
+        for connector in providers.connectors() {
+            let accounts: Vec<String> = connector
+                .account_owners()
+                .filter(|(_, owners, _)| owners.contains(tenant))
+                .map(|(account, _, _)| account.to_string())
+                .collect();
+            if accounts.is_empty() {
+                continue;
+            }
+            for action in connector.actions() {
+                let repeat_harmless = connector.capabilities(&action.name).is_some_and(|c| {
+                    matches!(c.deduplication, Deduplication::NaturallyIdempotent)
+                });
+                actions.push(ActionTool {
+                    provider: connector.id().to_string(),
+                    action: action.name.to_string(),
+                    description: action.description.clone(),
+                    destructive: action.destructive,
+                    repeat_harmless,
+                    input: action.input.clone(),
+                    accounts: accounts.clone(),
+                });
+            }
+        }
+        actions
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_millis(self.0.limits.default_wait_ms)
+    }
+
+    async fn call(&self, tenant: &TenantId, call: ToolCall) -> Result<Outcome, Refusal> {
+        let shared = &self.0;
+        let wait = wait_of(shared, None).map_err(refusal)?;
+        let place = execute_place(shared).map_err(refusal)?;
+        let body = RecordBody {
+            provider: call.provider,
+            account: call.account,
+            action: call.action,
+            args: call.args,
+            source_id: call.source_id,
+            owner: None,
+            requires_approval: false,
+        };
+        let recorded = record_then_execute(shared, tenant, body, Some((place, wait)))
+            .await
+            .map_err(refusal)?;
+        if let Some(error) = &recorded.execute_error {
+            // The intent is recorded and the workers send it: the answer is where it stands.
+            warn!(operation_id = %recorded.operation.operation_id, code = error.code, "a tool call's execute failed after recording");
+        }
+        let mut outcome = outcome_of(shared, &recorded.operation);
+        outcome.created = Some(recorded.created);
+        Ok(outcome)
+    }
+
+    async fn status(&self, tenant: &TenantId, operation_id: &str) -> Result<Outcome, Refusal> {
+        let shared = &self.0;
+        let id = super::operation_id(operation_id).map_err(refusal)?;
+        let scope = Scope::Tenants([tenant.clone()].into());
+        let loaded = visible(shared, &scope, id).await.map_err(refusal)?;
+        Ok(outcome_of(shared, &loaded))
+    }
+
+    async fn open_operations(
+        &self,
+        tenant: &TenantId,
+        state: Option<String>,
+    ) -> Result<Vec<Listed>, Refusal> {
+        let shared = &self.0;
+        fresh_read_models(shared).await.map_err(refusal)?;
+        let states: Vec<String> = match state {
+            Some(state) => vec![state],
+            None => ["awaiting_approval", "pending", "in_flight", "unknown", "needs_review"]
+                .map(str::to_owned)
+                .to_vec(),
+        };
+        let now = Utc::now();
+        let mut listed = Vec::new();
+        for state in states {
+            let filter = OperationFilter {
+                state: Some(state),
+                tenant: Some(tenant.clone()),
+                older_than: None,
+            };
+            let page = shared
+                .read_models
+                .call(move |store| store.list_operations(&filter, MAX_LISTED_PER_STATE, None))
+                .await
+                .map_err(|error| refusal(error.into()))?;
+            listed.extend(page.operations.into_iter().map(|row| Listed {
+                operation_id: row.operation_id.to_string(),
+                state: row.state.to_owned(),
+                provider: row.provider.to_string(),
+                action: row.action.to_string(),
+                account: row.account.to_string(),
+                unknown_for_s: row.unknown_since.map(|since| (now - since).num_seconds()),
+            }));
+        }
+        Ok(listed)
+    }
+}
+
+/// An operation as a tool answers it, with the sentence the HTTP API answers with.
+fn outcome_of(shared: &Shared, loaded: &LoadedOperation) -> Outcome {
+    let view = operation_view(shared, loaded);
+    Outcome {
+        operation_id: loaded.operation_id.to_string(),
+        state: view.state.to_owned(),
+        message: view.message,
+        external_id: view.external_id.map(ToString::to_string),
+        created: None,
+    }
+}
+
+/// An API error as a tool's refusal: the same message, sorted by what the agent can do about it.
+fn refusal(error: ApiError) -> Refusal {
+    match error.code {
+        "source_id_reused" => Refusal::Reused(
+            error
+                .message
+                .replacen("source id `mcp:", "request_id `", 1)
+                .replace(
+                    "a new request needs a new source id",
+                    "a new request needs a new request_id; nothing was sent",
+                ),
+        ),
+        "not_found" => Refusal::NotFound(error.message),
+        _ if error.status.is_client_error() && error.status != StatusCode::CONFLICT => {
+            Refusal::Invalid(error.message)
+        }
+        _ => Refusal::Unavailable(error.message),
+    }
+}
+
+/// `/mcp`: the MCP Streamable HTTP transport, behind the bearer token. A tenant token is the
+/// tenant; any other (an operator's, an approver's) is refused, since tools act for a tenant.
+pub(crate) fn route(shared: Arc<Shared>) -> Router<Arc<Shared>> {
+    let service = opledger_mcp::http_service(
+        Arc::new(McpLedger(Arc::clone(&shared))),
+        mcp_stop(&shared),
+    );
+    Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(shared, authenticate))
+}
+
+/// A cancellation token cancelled when the server starts shutting down, so open MCP streams end.
+fn mcp_stop(shared: &Shared) -> opledger_mcp::CancellationToken {
+    let token = opledger_mcp::CancellationToken::new();
+    let cancel = token.clone();
+    let mut shutdown = shared.shutdown.clone();
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|stopping| *stopping).await;
+        cancel.cancel();
+    });
+    token
+}
+
+/// Puts the calling tenant in the request, or answers 401/403 as the API does.
+async fn authenticate(
+    State(shared): State<Arc<Shared>>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let tenant = match shared
+        .tokens
+        .authenticate(request.headers())
+        .and_then(tenant_of)
+    {
+        Ok(tenant) => tenant.clone(),
+        Err(error) => return error.into_response(),
+    };
+    request.extensions_mut().insert(Caller(tenant));
+    next.run(request).await
+}

@@ -1,0 +1,399 @@
+//! The tools a tenant sees, and how a call's arguments become an intent.
+//!
+//! One tool per action of each provider where the tenant owns an account, named
+//! `<provider>__<action>`. The input schema is the action's own JSON Schema with opledger's fields
+//! added beside the action's properties: `request_id` always, and `account` (an enum of the
+//! tenant's accounts, required) only when the tenant has more than one account at the provider —
+//! with one account the tool acts in it and its description says which. An action whose input
+//! already has a property with one of those names is not offered (a warning names it), since its
+//! argument could not be told from opledger's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::model::{Tool, ToolAnnotations};
+use serde_json::{json, Map, Value};
+use tracing::warn;
+
+use crate::{reply, ActionTool, ToolCall};
+
+/// The `_meta` key a client may send the request id under (reverse-DNS prefix, as the MCP spec
+/// asks of keys that are not its own).
+pub const META_REQUEST_ID: &str = "dev.opledger/request_id";
+/// The optional argument every action tool takes the request id in.
+pub const REQUEST_ID_ARG: &str = "request_id";
+/// The argument naming the account, when the tenant has several at the provider.
+pub const ACCOUNT_ARG: &str = "account";
+/// The longest request id, in bytes (the source id it becomes is at most 256).
+pub const MAX_REQUEST_ID_BYTES: usize = 200;
+/// The tool that shows one operation.
+pub const STATUS_TOOL: &str = "operation_status";
+/// The tool that lists the operations not settled yet.
+pub const LIST_TOOL: &str = "list_operations";
+/// The longest tool name MCP allows, in characters.
+const MAX_TOOL_NAME_CHARS: usize = 128;
+/// Prefixes a request id into the source id namespace, apart from the HTTP API's.
+const SOURCE_PREFIX: &str = "mcp:";
+/// The states `list_operations` takes: every state an operation is not settled in.
+pub(crate) const OPEN_STATES: [&str; 5] = [
+    "awaiting_approval",
+    "pending",
+    "in_flight",
+    "unknown",
+    "needs_review",
+];
+
+/// What the server tells a client about itself at the start of a session.
+pub(crate) const INSTRUCTIONS: &str = "opledger records every tool call before it reaches the external system, and answers with where it stands; say to the user only what the answer's text says. Pass a fresh request_id (any unique text, e.g. a UUID) with every new request, and the same request_id when you retry one whose answer you did not get: it finds the same operation instead of doing it twice. When an answer says the outcome is not confirmed yet, do not repeat the call: ask operation_status with its operation_id.";
+
+/// The source id a request id records under: `mcp:` and the request id.
+pub fn source_id_of(request_id: &str) -> String {
+    format!("{SOURCE_PREFIX}{request_id}")
+}
+
+/// The tenant's tools, and which action each action tool stands for.
+pub(crate) struct Catalog {
+    tools: Vec<Tool>,
+    actions: BTreeMap<String, ActionTool>,
+}
+
+impl Catalog {
+    /// The tools for `actions`, plus `operation_status` and `list_operations`.
+    pub(crate) fn of(actions: Vec<ActionTool>) -> Self {
+        let mut tools = Vec::new();
+        let mut by_name = BTreeMap::new();
+        for action in actions {
+            let name = tool_name(&action.provider, &action.action);
+            match action_tool(&name, &action) {
+                Ok(tool) if !by_name.contains_key(&name) => {
+                    tools.push(tool);
+                    by_name.insert(name, action);
+                }
+                Ok(_) => warn!(tool = %name, "two actions make the same tool name; the second is not offered"),
+                Err(problem) => warn!(tool = %name, %problem, "action not offered as a tool"),
+            }
+        }
+        tools.push(status_tool());
+        tools.push(list_tool());
+        Self {
+            tools,
+            actions: by_name,
+        }
+    }
+
+    /// Every tool, in order.
+    pub(crate) fn tools(self) -> Vec<Tool> {
+        self.tools
+    }
+
+    /// The action a tool name stands for.
+    pub(crate) fn action(&self, name: &str) -> Option<&ActionTool> {
+        self.actions.get(name)
+    }
+}
+
+/// `<provider>__<action>`, with any character MCP names do not allow as `_`.
+fn tool_name(provider: &str, action: &str) -> String {
+    format!("{provider}__{action}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The tool for one action, or why it cannot be offered.
+fn action_tool(name: &str, action: &ActionTool) -> Result<Tool, String> {
+    if name.chars().count() > MAX_TOOL_NAME_CHARS {
+        return Err(format!(
+            "the name is longer than {MAX_TOOL_NAME_CHARS} characters"
+        ));
+    }
+    let schema = input_schema(action)?;
+    let annotations = ToolAnnotations::new()
+        .read_only(false)
+        .destructive(action.destructive)
+        // A repeat without the same request_id is a new operation, so only a provider that
+        // ignores repeats makes it harmless.
+        .idempotent(action.repeat_harmless)
+        .open_world(true);
+    Ok(Tool::new(name.to_owned(), description(action), Arc::new(schema))
+        .with_raw_output_schema(Arc::new(reply::outcome_schema()))
+        .annotate(annotations))
+}
+
+/// What the model reads about an action tool.
+fn description(action: &ActionTool) -> String {
+    let what = capitalized(action.description.trim().trim_end_matches('.'));
+    let account = match action.accounts.as_slice() {
+        [only] => format!("in account `{only}` at {}", action.provider),
+        _ => format!(
+            "at {}, in the account named by `{ACCOUNT_ARG}`",
+            action.provider
+        ),
+    };
+    format!(
+        "{what} {account}. The call is recorded before it is sent and answers where it stands; tell the user only what the answer says. Pass a fresh `{REQUEST_ID_ARG}` with every new request and the same `{REQUEST_ID_ARG}` when you retry one, so a retry finds the same operation instead of doing it twice. If the answer says it is not confirmed yet, do not repeat the call: ask `{STATUS_TOOL}` with its operation_id."
+    )
+}
+
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
+
+/// The action's input schema with opledger's fields beside its properties.
+fn input_schema(action: &ActionTool) -> Result<Map<String, Value>, String> {
+    let Some(schema) = action.input.as_object() else {
+        return Err("its input schema is not an object schema".to_owned());
+    };
+    let mut schema = schema.clone();
+    schema.insert("type".to_owned(), json!("object"));
+    let properties = schema
+        .entry("properties")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .ok_or("its input schema's `properties` is not an object")?;
+    let mut ours = vec![REQUEST_ID_ARG];
+    if action.accounts.len() > 1 {
+        ours.push(ACCOUNT_ARG);
+    }
+    if let Some(taken) = ours.iter().find(|name| properties.contains_key(**name)) {
+        return Err(format!(
+            "its input already has a property `{taken}`, which opledger's tools reserve"
+        ));
+    }
+    properties.insert(
+        REQUEST_ID_ARG.to_owned(),
+        json!({
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_REQUEST_ID_BYTES,
+            "description": "Names this request: fresh for every new request, the same when retrying it (a retry then finds the same operation). Also accepted as _meta \"dev.opledger/request_id\".",
+        }),
+    );
+    if action.accounts.len() > 1 {
+        properties.insert(
+            ACCOUNT_ARG.to_owned(),
+            json!({"type": "string", "enum": action.accounts, "description": "The account to act in."}),
+        );
+        let required = schema.entry("required").or_insert_with(|| json!([]));
+        if let Some(required) = required.as_array_mut() {
+            required.push(json!(ACCOUNT_ARG));
+        }
+    }
+    Ok(schema)
+}
+
+/// The intent a call of `action`'s tool asks for: opledger's fields taken out of the arguments,
+/// the request id from `_meta` (if sent) or the `request_id` argument.
+pub(crate) fn read_call(
+    action: &ActionTool,
+    mut arguments: Map<String, Value>,
+    meta: Option<&Value>,
+) -> Result<ToolCall, String> {
+    let argument = arguments
+        .remove(REQUEST_ID_ARG)
+        .map(|value| request_id(REQUEST_ID_ARG, value))
+        .transpose()?;
+    let from_meta = meta
+        .map(|value| request_id(META_REQUEST_ID, value.clone()))
+        .transpose()?;
+    let request_id = match (from_meta, argument) {
+        (Some(meta), Some(argument)) if meta != argument => {
+            return Err(format!(
+                "`{REQUEST_ID_ARG}` ({argument}) and _meta `{META_REQUEST_ID}` ({meta}) differ; both name the request: send one, or the same in both. Nothing was recorded."
+            ))
+        }
+        (Some(meta), _) => Some(meta),
+        (None, argument) => argument,
+    };
+    let account = match (action.accounts.as_slice(), arguments.remove(ACCOUNT_ARG)) {
+        ([only], None) => only.clone(),
+        (accounts, Some(Value::String(named))) if accounts.contains(&named) => named,
+        (accounts, named) => {
+            return Err(format!(
+                "`{ACCOUNT_ARG}` must be one of {} (got {}); nothing was recorded",
+                accounts.join(", "),
+                named.map_or_else(|| "nothing".to_owned(), |value| value.to_string())
+            ))
+        }
+    };
+    Ok(ToolCall {
+        provider: action.provider.clone(),
+        account,
+        action: action.action.clone(),
+        args: Value::Object(arguments),
+        source_id: request_id.as_deref().map(source_id_of),
+    })
+}
+
+/// A request id: text of 1..=[`MAX_REQUEST_ID_BYTES`] bytes.
+fn request_id(field: &str, value: Value) -> Result<String, String> {
+    match value {
+        Value::String(text) if !text.trim().is_empty() && text.len() <= MAX_REQUEST_ID_BYTES => {
+            Ok(text)
+        }
+        other => Err(format!(
+            "`{field}` must be text of 1 to {MAX_REQUEST_ID_BYTES} bytes (got {other}); nothing was recorded"
+        )),
+    }
+}
+
+/// `operation_status`'s `operation_id`.
+pub(crate) fn read_operation_id(arguments: &Map<String, Value>) -> Result<String, String> {
+    match arguments.get("operation_id") {
+        Some(Value::String(id)) => Ok(id.clone()),
+        _ => Err("`operation_id` is required: the id a tool call answered with".to_owned()),
+    }
+}
+
+/// `list_operations`' optional `state`.
+pub(crate) fn read_state(arguments: &Map<String, Value>) -> Result<Option<String>, String> {
+    match arguments.get("state") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(state)) if OPEN_STATES.contains(&state.as_str()) => {
+            Ok(Some(state.clone()))
+        }
+        Some(other) => Err(format!(
+            "`state` must be one of {} (got {other})",
+            OPEN_STATES.join(", ")
+        )),
+    }
+}
+
+fn status_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "required": ["operation_id"],
+        "properties": {"operation_id": {"type": "string", "description": "The operation_id a tool call answered with."}},
+    });
+    Tool::new(
+        STATUS_TOOL,
+        "Where an operation stands now (succeeded with the object's id, refused, not confirmed yet, with a person), and what to tell the user. Ask this instead of repeating a call whose outcome is not confirmed.",
+        Arc::new(object(schema)),
+    )
+    .with_raw_output_schema(Arc::new(reply::outcome_schema()))
+    .annotate(read_only())
+}
+
+fn list_tool() -> Tool {
+    let schema = json!({
+        "type": "object",
+        "properties": {"state": {"type": "string", "enum": OPEN_STATES, "description": "Only operations in this state; all open ones without it."}},
+    });
+    Tool::new(
+        LIST_TOOL,
+        "This tenant's operations that are not settled yet: waiting for approval, pending, being sent, not confirmed (unknown), or with a person.",
+        Arc::new(object(schema)),
+    )
+    .with_raw_output_schema(Arc::new(reply::listed_schema()))
+    .annotate(read_only())
+}
+
+fn read_only() -> ToolAnnotations {
+    ToolAnnotations::new()
+        .read_only(true)
+        .destructive(false)
+        .idempotent(true)
+        .open_world(false)
+}
+
+/// A `json!` object as a map.
+pub(crate) fn object(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create_task(accounts: &[&str]) -> ActionTool {
+        ActionTool {
+            provider: "crm".into(),
+            action: "create_task".into(),
+            description: "create a task".into(),
+            destructive: false,
+            repeat_harmless: false,
+            input: json!({"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}),
+            accounts: accounts.iter().map(|a| (*a).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn one_account_needs_no_account_argument_and_several_need_one_of_them() {
+        let one = input_schema(&create_task(&["acct-1"])).expect("a schema");
+        assert!(one["properties"].get(ACCOUNT_ARG).is_none());
+        assert!(one["properties"].get(REQUEST_ID_ARG).is_some());
+        let two = input_schema(&create_task(&["acct-1", "acct-2"])).expect("a schema");
+        assert_eq!(
+            two["properties"][ACCOUNT_ARG]["enum"],
+            json!(["acct-1", "acct-2"])
+        );
+        assert_eq!(two["required"], json!(["title", ACCOUNT_ARG]));
+    }
+
+    #[test]
+    fn an_action_with_a_request_id_property_of_its_own_is_not_offered() {
+        let mut action = create_task(&["acct-1"]);
+        action.input["properties"][REQUEST_ID_ARG] = json!({"type": "string"});
+        let catalog = Catalog::of(vec![action]);
+        assert!(catalog.action("crm__create_task").is_none());
+        let names: Vec<String> = catalog.tools().into_iter().map(|t| t.name.into()).collect();
+        assert_eq!(names, [STATUS_TOOL, LIST_TOOL]);
+    }
+
+    #[test]
+    fn the_request_id_is_taken_out_of_the_arguments_and_prefixed() {
+        let arguments = object(json!({"title": "Call", "request_id": "r-1"}));
+        let call = read_call(&create_task(&["acct-1"]), arguments, None).expect("a call");
+        assert_eq!(call.source_id.as_deref(), Some("mcp:r-1"));
+        assert_eq!(call.args, json!({"title": "Call"}));
+        assert_eq!(call.account, "acct-1");
+    }
+
+    #[test]
+    fn meta_and_argument_naming_different_requests_are_refused() {
+        let arguments = object(json!({"title": "Call", "request_id": "r-1"}));
+        let refused = read_call(&create_task(&["acct-1"]), arguments, Some(&json!("r-2")))
+            .expect_err("refused");
+        assert!(refused.contains("differ"), "{refused}");
+        let same = object(json!({"title": "Call", "request_id": "r-1"}));
+        let call = read_call(&create_task(&["acct-1"]), same, Some(&json!("r-1"))).expect("a call");
+        assert_eq!(call.source_id.as_deref(), Some("mcp:r-1"));
+    }
+
+    #[test]
+    fn an_account_the_tenant_does_not_have_is_refused() {
+        let arguments = object(json!({"title": "Call", "account": "acct-9"}));
+        let refused =
+            read_call(&create_task(&["acct-1", "acct-2"]), arguments, None).expect_err("refused");
+        assert!(refused.contains("acct-1, acct-2"), "{refused}");
+    }
+
+    #[test]
+    fn only_a_naturally_idempotent_action_is_marked_idempotent() {
+        let mut action = create_task(&["acct-1"]);
+        let tool = action_tool("crm__create_task", &action).expect("a tool");
+        let hints = tool.annotations.expect("annotations");
+        assert_eq!(hints.idempotent_hint, Some(false));
+        assert_eq!(hints.read_only_hint, Some(false));
+        action.repeat_harmless = true;
+        action.destructive = true;
+        let hints = action_tool("crm__create_task", &action)
+            .expect("a tool")
+            .annotations
+            .expect("annotations");
+        assert_eq!(hints.idempotent_hint, Some(true));
+        assert_eq!(hints.destructive_hint, Some(true));
+    }
+}
