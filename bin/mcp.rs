@@ -27,10 +27,13 @@ pub async fn run(args: McpArgs) -> Result<(), CliError> {
 /// The tenant `args` name, which the configuration must know.
 fn tenant_of(config: &ServeConfig, args: &McpArgs) -> Result<TenantId, CliError> {
     let configured = || {
-        config.tokens.values().filter_map(|principal| match principal {
-            Principal::Tenant(tenant) => Some(tenant),
-            _ => None,
-        })
+        config
+            .tokens
+            .values()
+            .filter_map(|principal| match principal {
+                Principal::Tenant(tenant) => Some(tenant),
+                _ => None,
+            })
     };
     match (&args.tenant, &args.token) {
         (Some(tenant), None) => {

@@ -8,6 +8,7 @@ mod isolation;
 mod kurrentdb;
 mod lifecycle;
 mod limits;
+mod mcp;
 mod numbers;
 mod redelivery;
 mod shutdown;

@@ -52,11 +52,11 @@ use opledger_domain::engine::Engine;
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::{TenantId, WorkerId};
 use opledger_domain::store::StoreError;
+pub use opledger_mcp;
 use opledger_providers::HttpProviders;
 use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
-pub use opledger_mcp;
 use opledger_store::{KurrentDbStore, SqliteStore};
 use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn};
@@ -190,8 +190,8 @@ pub async fn run_mcp_stdio(
     );
     let served = opledger_mcp::serve_stdio(server, until).await;
     let _ = service.stop.send(true);
-    let grace_end =
-        tokio::time::Instant::now() + std::time::Duration::from_millis(service.limits.shutdown_grace_ms);
+    let grace_end = tokio::time::Instant::now()
+        + std::time::Duration::from_millis(service.limits.shutdown_grace_ms);
     let stopped = service.stop(grace_end).await;
     served.map_err(|error| ServeError::Io(error.to_string()))?;
     stopped
@@ -292,8 +292,12 @@ impl Service {
     /// durable. Every step runs, whatever failed first, so the store is always closed cleanly.
     async fn stop(self, grace_end: tokio::time::Instant) -> Result<(), ServeError> {
         let _ = self.stop.send(true);
-        wait_for_execute_drives(&self.executes, grace_end, self.limits.max_concurrent_executes)
-            .await;
+        wait_for_execute_drives(
+            &self.executes,
+            grace_end,
+            self.limits.max_concurrent_executes,
+        )
+        .await;
         drop(self.shared);
         let worker_stats = self.workers.shutdown().await;
         let runner_result = self.runner.await;

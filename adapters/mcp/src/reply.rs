@@ -114,13 +114,7 @@ fn result(text: String, structured: Value, is_error: bool) -> CallToolResult {
 
 /// The `outputSchema` of the action tools and `operation_status`.
 pub(crate) fn outcome_schema() -> Map<String, Value> {
-    let mut states: Vec<&str> = vec![
-        "denied",
-        "succeeded",
-        "rejected",
-        "abandoned",
-        NOT_RECORDED,
-    ];
+    let mut states: Vec<&str> = vec!["denied", "succeeded", "rejected", "abandoned", NOT_RECORDED];
     states.extend(OPEN_STATES);
     object(json!({
         "type": "object",
@@ -182,19 +176,38 @@ mod tests {
         let text = &result.content[0].as_text().expect("text").text;
         assert!(text.contains("Not confirmed yet"), "{text}");
         assert!(text.contains("do not repeat"), "{text}");
-        assert!(text.contains("operation_status with operation_id op-1"), "{text}");
+        assert!(
+            text.contains("operation_status with operation_id op-1"),
+            "{text}"
+        );
     }
 
     #[test]
     fn only_a_refusal_is_an_error() {
-        for state in ["succeeded", "in_flight", "needs_review", "awaiting_approval"] {
-            assert_eq!(outcome_result(&outcome(state)).is_error, Some(false), "{state}");
+        for state in [
+            "succeeded",
+            "in_flight",
+            "needs_review",
+            "awaiting_approval",
+        ] {
+            assert_eq!(
+                outcome_result(&outcome(state)).is_error,
+                Some(false),
+                "{state}"
+            );
         }
         for state in ["rejected", "denied"] {
-            assert_eq!(outcome_result(&outcome(state)).is_error, Some(true), "{state}");
+            assert_eq!(
+                outcome_result(&outcome(state)).is_error,
+                Some(true),
+                "{state}"
+            );
         }
         let refused = refusal_result(&Refusal::Reused("another request".into()));
         assert_eq!(refused.is_error, Some(true));
-        assert_eq!(refused.structured_content.expect("structured")["state"], NOT_RECORDED);
+        assert_eq!(
+            refused.structured_content.expect("structured")["state"],
+            NOT_RECORDED
+        );
     }
 }

@@ -69,7 +69,9 @@ impl Catalog {
                     tools.push(tool);
                     by_name.insert(name, action);
                 }
-                Ok(_) => warn!(tool = %name, "two actions make the same tool name; the second is not offered"),
+                Ok(_) => {
+                    warn!(tool = %name, "two actions make the same tool name; the second is not offered")
+                }
                 Err(problem) => warn!(tool = %name, %problem, "action not offered as a tool"),
             }
         }
@@ -121,9 +123,11 @@ fn action_tool(name: &str, action: &ActionTool) -> Result<Tool, String> {
         // ignores repeats makes it harmless.
         .idempotent(action.repeat_harmless)
         .open_world(true);
-    Ok(Tool::new(name.to_owned(), description(action), Arc::new(schema))
-        .with_raw_output_schema(Arc::new(reply::outcome_schema()))
-        .annotate(annotations))
+    Ok(
+        Tool::new(name.to_owned(), description(action), Arc::new(schema))
+            .with_raw_output_schema(Arc::new(reply::outcome_schema()))
+            .annotate(annotations),
+    )
 }
 
 /// What the model reads about an action tool.

@@ -33,9 +33,9 @@ impl opledger_mcp::Ledger for McpLedger {
                 continue;
             }
             for action in connector.actions() {
-                let repeat_harmless = connector.capabilities(&action.name).is_some_and(|c| {
-                    matches!(c.deduplication, Deduplication::NaturallyIdempotent)
-                });
+                let repeat_harmless = connector
+                    .capabilities(&action.name)
+                    .is_some_and(|c| matches!(c.deduplication, Deduplication::NaturallyIdempotent));
                 actions.push(ActionTool {
                     provider: connector.id().to_string(),
                     action: action.name.to_string(),
@@ -96,9 +96,15 @@ impl opledger_mcp::Ledger for McpLedger {
         fresh_read_models(shared).await.map_err(refusal)?;
         let states: Vec<String> = match state {
             Some(state) => vec![state],
-            None => ["awaiting_approval", "pending", "in_flight", "unknown", "needs_review"]
-                .map(str::to_owned)
-                .to_vec(),
+            None => [
+                "awaiting_approval",
+                "pending",
+                "in_flight",
+                "unknown",
+                "needs_review",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         };
         let now = Utc::now();
         let mut listed = Vec::new();
@@ -161,10 +167,8 @@ fn refusal(error: ApiError) -> Refusal {
 /// `/mcp`: the MCP Streamable HTTP transport, behind the bearer token. A tenant token is the
 /// tenant; any other (an operator's, an approver's) is refused, since tools act for a tenant.
 pub(crate) fn route(shared: Arc<Shared>) -> Router<Arc<Shared>> {
-    let service = opledger_mcp::http_service(
-        Arc::new(McpLedger(Arc::clone(&shared))),
-        mcp_stop(&shared),
-    );
+    let service =
+        opledger_mcp::http_service(Arc::new(McpLedger(Arc::clone(&shared))), mcp_stop(&shared));
     Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn_with_state(shared, authenticate))

@@ -1,0 +1,360 @@
+//! Agents over MCP, with the official SDK's client (rmcp) against the real binary: `/mcp` on
+//! `opledger serve` (Streamable HTTP, the bearer token as the tenant) and `opledger mcp` (a child
+//! process on stdio). The tools are the configured actions the tenant may use; a first response
+//! lost at the CRM answers "not confirmed yet", a retry with the same request_id finds the same
+//! operation, and the CRM holds exactly one object.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use opledger_crm_stand::{FaultKind, Shape};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, Request, Tool};
+use rmcp::service::{PeerRequestOptions, RunningService};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::support::{Harness, ACCOUNT, A_ONLY_ACCOUNT, DEADLINE, TENANT_A_TOKEN, TENANT_B_TOKEN};
+
+/// A tool call's wait, short so a lost response answers before the plain CRM's search (its lag
+/// is the harness's SEARCH_LAG_MS, 200 ms) can show the object.
+const SHORT_WAIT: &str = "default_wait_ms = 100";
+
+type Client = RunningService<RoleClient, Progress>;
+
+/// The client's handler: forwards progress notifications to the test.
+#[derive(Clone)]
+struct Progress(mpsc::UnboundedSender<f64>);
+
+impl ClientHandler for Progress {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.progress);
+    }
+}
+
+fn handler() -> (Progress, mpsc::UnboundedReceiver<f64>) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    (Progress(sender), receiver)
+}
+
+/// An MCP client of `/mcp` with `token`.
+async fn http_client(base: &str, token: &str) -> (Client, mpsc::UnboundedReceiver<f64>) {
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            format!("{base}/mcp"),
+        )
+        .auth_header(token);
+    let (progress, received) = handler();
+    let client = progress
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("the MCP session starts over HTTP");
+    (client, received)
+}
+
+/// An MCP client of `opledger mcp` for tenant A, started as a child process.
+async fn stdio_client(harness: &Harness) -> Client {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_opledger"));
+    command
+        .args(["mcp", "--config"])
+        .arg(&harness.config)
+        .args(["--tenant", "tenant-a"])
+        .current_dir(harness.dir.path());
+    let log = std::fs::File::create(harness.dir.path().join("mcp.log")).expect("log file");
+    let (transport, _) = TokioChildProcess::builder(command)
+        .stderr(log)
+        .spawn()
+        .expect("opledger mcp starts");
+    let (progress, _) = handler();
+    progress
+        .serve(transport)
+        .await
+        .expect("the MCP session starts on stdio")
+}
+
+fn arguments(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        other => panic!("arguments must be an object: {other}"),
+    }
+}
+
+async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments(args)))
+        .await
+        .expect("the tool answers")
+}
+
+fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|block| block.as_text().map(|text| text.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn structured(result: &CallToolResult) -> &Value {
+    result
+        .structured_content
+        .as_ref()
+        .expect("structured content")
+}
+
+/// Asks `operation_status` until the operation succeeds; fails after the deadline.
+async fn until_succeeded(client: &Client, operation_id: &str) -> CallToolResult {
+    let started = Instant::now();
+    loop {
+        let status = call(
+            client,
+            "operation_status",
+            json!({"operation_id": operation_id}),
+        )
+        .await;
+        if structured(&status)["state"] == "succeeded" {
+            return status;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "operation {operation_id} never succeeded: {}",
+            text(&status)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+async fn tools_by_name(client: &Client) -> BTreeMap<String, Tool> {
+    client
+        .list_all_tools()
+        .await
+        .expect("tools/list answers")
+        .into_iter()
+        .map(|tool| (tool.name.to_string(), tool))
+        .collect()
+}
+
+/// The scenario the issue is done by: the first response is lost at the (plain, lookup-only) CRM,
+/// the call answers "not confirmed yet", a retry with the same request_id finds the same operation,
+/// which reconciliation confirms, and the CRM holds one task.
+async fn a_lost_response_then_a_retry_with_the_same_request_id(harness: &Harness, client: &Client) {
+    harness
+        .fault(Shape::Plain, FaultKind::DropResponse, 1)
+        .await;
+    let args = json!({"title": "Call the client tomorrow", "request_id": "call-17"});
+    let first = call(client, "crm-plain__create_task", args.clone()).await;
+    assert_eq!(first.is_error, Some(false), "{}", text(&first));
+    let answered = structured(&first).clone();
+    assert!(
+        ["unknown", "in_flight"].contains(&answered["state"].as_str().unwrap_or_default()),
+        "{answered}"
+    );
+    let said = text(&first);
+    assert!(said.contains("Not confirmed yet"), "{said}");
+    assert!(said.contains("do not repeat"), "{said}");
+    let operation_id = answered["operation_id"].as_str().expect("an id").to_owned();
+    assert!(
+        said.contains(&operation_id),
+        "the text names the id: {said}"
+    );
+
+    let retry = call(client, "crm-plain__create_task", args).await;
+    assert_eq!(structured(&retry)["operation_id"], operation_id.as_str());
+    assert_eq!(structured(&retry)["created"], false, "{}", text(&retry));
+
+    let done = until_succeeded(client, &operation_id).await;
+    assert!(text(&done).starts_with("Done"), "{}", text(&done));
+    let objects = harness.objects().await;
+    assert_eq!(objects.len(), 1, "one task at the CRM: {objects:?}");
+    assert_eq!(
+        structured(&done)["external_id"],
+        json!(objects[0].id.to_string())
+    );
+    let creates = harness
+        .admin
+        .requests()
+        .await
+        .expect("the request log")
+        .into_iter()
+        .filter(|request| request.method == "POST")
+        .count();
+    assert_eq!(creates, 1, "the retry sent nothing");
+}
+
+#[tokio::test]
+async fn over_http_a_lost_response_answers_not_confirmed_and_a_retry_finds_the_one_task() {
+    let harness = Harness::new(SHORT_WAIT).await;
+    let server = harness.serve();
+    let (client, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    a_lost_response_then_a_retry_with_the_same_request_id(&harness, &client).await;
+    client.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn over_stdio_a_lost_response_answers_not_confirmed_and_a_retry_finds_the_one_task() {
+    let harness = Harness::new(SHORT_WAIT).await;
+    let client = stdio_client(&harness).await;
+    a_lost_response_then_a_retry_with_the_same_request_id(&harness, &client).await;
+    client.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn the_tools_are_the_tenants_actions_with_their_schema_and_hints() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (a, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let tools = tools_by_name(&a).await;
+    for name in [
+        "crm__create_task",
+        "crm-plain__create_task",
+        "operation_status",
+        "list_operations",
+    ] {
+        assert!(tools.contains_key(name), "{name} in {:?}", tools.keys());
+    }
+    // Tenant A owns two accounts at `crm`: the tool asks which, from those two only.
+    let keyed = &tools["crm__create_task"];
+    let schema = Value::Object((*keyed.input_schema).clone());
+    assert_eq!(
+        schema["properties"]["account"]["enum"],
+        json!([ACCOUNT, A_ONLY_ACCOUNT])
+    );
+    assert!(schema["properties"]["title"].is_object(), "{schema}");
+    assert!(schema["properties"]["request_id"].is_object(), "{schema}");
+    let description = keyed.description.as_deref().unwrap_or_default();
+    assert!(description.contains("request_id"), "{description}");
+    let hints = keyed.annotations.clone().expect("annotations");
+    assert_eq!(hints.read_only_hint, Some(false));
+    assert_eq!(
+        hints.idempotent_hint,
+        Some(false),
+        "a repeat creates another task"
+    );
+    assert!(keyed.output_schema.is_some());
+    // One account at `crm-plain`: no account argument.
+    let plain = Value::Object((*tools["crm-plain__create_task"].input_schema).clone());
+    assert!(plain["properties"].get("account").is_none(), "{plain}");
+
+    // Tenant B owns only the shared account: no enum offering tenant A's.
+    let (b, _) = http_client(&server.base, TENANT_B_TOKEN).await;
+    let tools = tools_by_name(&b).await;
+    let schema = Value::Object((*tools["crm__create_task"].input_schema).clone());
+    assert!(schema["properties"].get("account").is_none(), "{schema}");
+    a.cancel().await.expect("the session ends");
+    b.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn the_same_request_id_with_other_arguments_is_a_tool_error_and_nothing_is_sent() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (client, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let first = call(
+        &client,
+        "crm__create_task",
+        json!({"title": "Call", "account": ACCOUNT, "request_id": "r-1"}),
+    )
+    .await;
+    assert_eq!(structured(&first)["state"], "succeeded", "{}", text(&first));
+    let requests = harness.admin.requests().await.expect("the request log");
+
+    let other = call(
+        &client,
+        "crm__create_task",
+        json!({"title": "Email", "account": ACCOUNT, "request_id": "r-1"}),
+    )
+    .await;
+    assert_eq!(other.is_error, Some(true));
+    assert_eq!(structured(&other)["state"], "not_recorded");
+    assert!(text(&other).contains("request_id"), "{}", text(&other));
+
+    // The same request id under _meta names the same request as the argument does.
+    let mut params = CallToolRequestParams::new("crm__create_task")
+        .with_arguments(arguments(json!({"title": "Call", "account": ACCOUNT})));
+    let mut meta = rmcp::model::RequestMetaObject::new();
+    meta.0
+        .insert(opledger_mcp::META_REQUEST_ID.to_owned(), json!("r-1"));
+    params.meta = Some(meta);
+    let by_meta = client.call_tool(params).await.expect("the tool answers");
+    assert_eq!(
+        structured(&by_meta)["operation_id"],
+        structured(&first)["operation_id"]
+    );
+    assert_eq!(
+        harness.admin.requests().await.expect("the request log"),
+        requests,
+        "nothing more reached the CRM"
+    );
+    assert_eq!(harness.objects().await.len(), 1);
+    client.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn a_call_that_waits_sends_progress_to_a_client_that_asked() {
+    let harness = Harness::new("default_wait_ms = 5000").await;
+    let server = harness.serve();
+    let (client, mut progress) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let held_ms = 3 * opledger_mcp::PROGRESS_INTERVAL_MS / 2;
+    harness
+        .fault(
+            Shape::Keyed,
+            FaultKind::LateResponse { delay_ms: held_ms },
+            1,
+        )
+        .await;
+    let params = CallToolRequestParams::new("crm__create_task")
+        .with_arguments(arguments(json!({"title": "Call", "account": ACCOUNT})));
+    // A request sent with a progress token (the SDK's cancellable request carries one).
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("the call is sent");
+    let answer = handle.await_response().await.expect("the call answers");
+    let rmcp::model::ServerResult::CallToolResult(result) = answer else {
+        panic!("not a tool result: {answer:?}");
+    };
+    assert_eq!(
+        structured(&result)["state"],
+        "succeeded",
+        "{}",
+        text(&result)
+    );
+    let waited = tokio::time::timeout(DEADLINE, progress.recv())
+        .await
+        .expect("a progress notification came")
+        .expect("the client is running");
+    assert!(waited > 0.0, "progress counts the wait: {waited}");
+    client.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn mcp_without_a_tenant_token_is_refused() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let response = reqwest::Client::new()
+        .post(format!("{}/mcp", server.base))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), reqwest::StatusCode::UNAUTHORIZED);
+    let operator = reqwest::Client::new()
+        .post(format!("{}/mcp", server.base))
+        .bearer_auth(super::support::OPERATOR_TOKEN)
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(operator.status(), reqwest::StatusCode::FORBIDDEN);
+}
