@@ -639,3 +639,15 @@ token_env = "OPLEDGER_TEST_CRM_TOKEN"
         "{connector}"
     );
 }
+
+#[test]
+fn the_readmes_connector_example_is_a_valid_connector() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("# connectors/tasks-api.toml")
+        .expect("the README shows the example connector");
+    let end = start + readme[start..].find("```").expect("the example's block ends");
+    let document = opledger_providers::parse("tasks-api.toml", &readme[start..end])
+        .unwrap_or_else(|errors| panic!("{}", opledger_providers::render_all(&errors)));
+    assert_eq!(document.actions[0].description, "create a task");
+}
