@@ -10,6 +10,7 @@ mod lifecycle;
 mod limits;
 mod mcp;
 mod numbers;
+mod python;
 mod redelivery;
 mod shutdown;
 mod stream;

@@ -64,6 +64,7 @@ async fn stdio_client(harness: &Harness) -> Client {
         .args(["mcp", "--config"])
         .arg(&harness.config)
         .args(["--tenant", "tenant-a"])
+        .env("RUST_LOG", "info")
         .current_dir(harness.dir.path());
     let log = std::fs::File::create(harness.dir.path().join("mcp.log")).expect("log file");
     let (transport, _) = TokioChildProcess::builder(command)
@@ -333,6 +334,53 @@ async fn a_call_that_waits_sends_progress_to_a_client_that_asked() {
         .expect("the client is running");
     assert!(waited > 0.0, "progress counts the wait: {waited}");
     client.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_waiting_and_its_send_is_still_recorded() {
+    let harness = Harness::new("").await;
+    let client = stdio_client(&harness).await;
+    harness
+        .fault(Shape::Keyed, FaultKind::LateResponse { delay_ms: 1_500 }, 1)
+        .await;
+    let args = json!({"title": "Call", "account": ACCOUNT, "request_id": "cancelled-1"});
+    let params =
+        CallToolRequestParams::new("crm__create_task").with_arguments(arguments(args.clone()));
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("the call is sent");
+    // The CRM has applied it and holds the response: the send is in flight.
+    let started = Instant::now();
+    while harness.objects().await.is_empty() {
+        assert!(started.elapsed() < DEADLINE, "the CRM never got the task");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    handle
+        .cancel(Some("the user changed their mind".into()))
+        .await
+        .expect("the cancellation is sent");
+
+    // The same request id finds the operation, which the held response then confirms.
+    let again = call(&client, "crm__create_task", args).await;
+    assert_eq!(structured(&again)["created"], false, "{}", text(&again));
+    let operation_id = structured(&again)["operation_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let done = until_succeeded(&client, &operation_id).await;
+    let objects = harness.objects().await;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!(structured(&done)["external_id"], json!(objects[0].id));
+    client.cancel().await.expect("the session ends");
+    let log = std::fs::read_to_string(harness.dir.path().join("mcp.log")).expect("the log");
+    assert!(
+        log.contains("cancelled a tool call"),
+        "the server saw the cancellation:\n{log}"
+    );
 }
 
 #[tokio::test]

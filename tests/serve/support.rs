@@ -153,6 +153,11 @@ token = "{ACCOUNT_TOKEN}"
         }
     }
 
+    /// The stand's base URL (its admin API is under `/admin`).
+    pub fn stand_url(&self) -> String {
+        self._stand.base_url()
+    }
+
     /// Starts `opledger serve` on this harness's configuration.
     pub fn serve(&self) -> Server {
         Server::start_with(
