@@ -17,11 +17,9 @@ pub async fn run(args: McpArgs) -> Result<(), CliError> {
     let config = opledger_http_api::config::load(&args.config)
         .map_err(|error| CliError::Config(error.to_string()))?;
     let tenant = tenant_of(&config, &args)?;
-    // The client ends the session by closing stdin; a signal ends it too.
-    let until = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    Ok(opledger_http_api::run_mcp_stdio(config, tenant, until).await?)
+    // The client ends the session by closing stdin; SIGTERM (which clients send a child they
+    // stop) or Ctrl-C end it too, with the same clean shutdown as `serve`.
+    Ok(opledger_http_api::run_mcp_stdio(config, tenant, crate::serve::shutdown_signal()).await?)
 }
 
 /// The tenant `args` name, which the configuration must know.

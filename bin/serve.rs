@@ -63,7 +63,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT); a second signal ends the process at once (what was
 /// acknowledged is already durable; an attempt in flight is swept to unknown at the next start).
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     first_signal().await;
     tokio::spawn(async {
         first_signal().await;

@@ -251,6 +251,58 @@ async fn the_tools_are_the_tenants_actions_with_their_schema_and_hints() {
 }
 
 #[tokio::test]
+async fn waiting_operations_show_in_list_operations_and_status_only_to_their_tenant() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (a, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let (b, _) = http_client(&server.base, TENANT_B_TOKEN).await;
+    // What is waiting shows in list_operations; an id that is not the tenant's is a refusal.
+    let waiting = server
+        .record_for_approval(TENANT_A_TOKEN, "Wire the money")
+        .await;
+    let listed = call(&a, "list_operations", json!({})).await;
+    let rows = structured(&listed)["operations"]
+        .as_array()
+        .expect("rows")
+        .clone();
+    assert!(
+        rows.iter()
+            .any(|row| row["operation_id"] == waiting["operation_id"]
+                && row["state"] == "awaiting_approval"),
+        "{rows:?}"
+    );
+    let status = call(
+        &a,
+        "operation_status",
+        json!({"operation_id": waiting["operation_id"]}),
+    )
+    .await;
+    assert_eq!(structured(&status)["state"], "awaiting_approval");
+    assert_eq!(status.is_error, Some(false));
+
+    let hidden = call(
+        &b,
+        "operation_status",
+        json!({"operation_id": waiting["operation_id"]}),
+    )
+    .await;
+    assert_eq!(
+        hidden.is_error,
+        Some(true),
+        "tenant A's operation is not B's to see"
+    );
+    assert_eq!(structured(&hidden)["state"], "not_recorded");
+    let theirs = call(&b, "list_operations", json!({})).await;
+    assert_eq!(
+        structured(&theirs)["operations"],
+        json!([]),
+        "B lists none of A's"
+    );
+    a.cancel().await.expect("the session ends");
+    b.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
 async fn the_same_request_id_with_other_arguments_is_a_tool_error_and_nothing_is_sent() {
     let harness = Harness::new("").await;
     let server = harness.serve();
@@ -405,4 +457,41 @@ async fn mcp_without_a_tenant_token_is_refused() {
         .await
         .expect("the server answers");
     assert_eq!(operator.status(), reqwest::StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn opledger_mcp_names_what_is_missing_when_no_tenant_or_a_wrong_one_is_given() {
+    let harness = Harness::new("").await;
+    let config = harness.config.display().to_string();
+    for (args, expected) in [
+        (vec!["mcp", "--config", &config], "--tenant"),
+        (
+            vec!["mcp", "--config", &config, "--tenant", "nobody"],
+            "not in",
+        ),
+        (
+            vec![
+                "mcp",
+                "--config",
+                &config,
+                "--token",
+                super::support::OPERATOR_TOKEN,
+            ],
+            "act for a tenant",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(&args)
+            .env_remove("OPLEDGER_TOKEN")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("opledger runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} must fail");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            output.stdout.is_empty(),
+            "stdout is the protocol's: {args:?}"
+        );
+    }
 }
