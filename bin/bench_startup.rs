@@ -31,10 +31,15 @@ const POLL_MS: u64 = 5;
 const MAX_WAIT_MS: u64 = 600_000;
 
 pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
-    let (events, head) = prepare(&args.db).await?;
+    let (events, head) = prepare(&args.db, args.server_exe.is_none()).await?;
+    let exe = match args.server_exe {
+        Some(exe) => exe,
+        None => std::env::current_exe()
+            .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?,
+    };
     let listen = free_port()?;
     let started = Instant::now();
-    let mut child = spawn_server(&args.db, listen)?;
+    let mut child = spawn_server(&exe, &args.db, listen)?;
     let measured = measure(&mut child, listen, started, head, args.settle_ms).await;
     stop(&mut child);
     let (ready, first_drive, rss) = measured?;
@@ -47,17 +52,19 @@ pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Catches the read models beside `db` up to its log (untimed) and returns the number of events
-/// and the log's head.
-async fn prepare(db: &Path) -> Result<(u64, Option<u64>), CliError> {
+/// Catches the read models beside `db` up to its log (untimed; only when `catch_up`: another
+/// build's read models are its own) and returns the number of events and the log's head.
+async fn prepare(db: &Path, catch_up: bool) -> Result<(u64, Option<u64>), CliError> {
     let ledger = crate::intent::open_for_reading(db).await?;
     let head = ledger.store().head_position().await?;
-    let mut views = db.as_os_str().to_owned();
-    views.push(".views");
-    let read_models = opledger_readmodel::ReadModels::open(std::path::PathBuf::from(views)).await?;
-    eprintln!("# catching up the read models (untimed)");
-    opledger_readmodel::catch_up(ledger.store(), &read_models, head, |_| {}).await?;
-    drop(read_models);
+    if catch_up {
+        let mut views = db.as_os_str().to_owned();
+        views.push(".views");
+        let read_models =
+            opledger_readmodel::ReadModels::open(std::path::PathBuf::from(views)).await?;
+        eprintln!("# catching up the read models (untimed)");
+        opledger_readmodel::catch_up(ledger.store(), &read_models, head, |_| {}).await?;
+    }
     crate::intent::close(&ledger).await?;
     // SQLite positions are one per event, from 1.
     let head = head.map(|position| position.value());
@@ -72,9 +79,7 @@ fn free_port() -> Result<SocketAddr, CliError> {
         .map_err(|error| CliError::Other(format!("cannot find a free port: {error}")))
 }
 
-fn spawn_server(db: &Path, listen: SocketAddr) -> Result<Child, CliError> {
-    let exe = std::env::current_exe()
-        .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?;
+fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, CliError> {
     Command::new(exe)
         .arg("serve")
         .arg("--db")

@@ -280,6 +280,10 @@ pub struct BenchStartupArgs {
     /// memory, in milliseconds.
     #[arg(long, default_value_t = 2_000)]
     pub settle_ms: u64,
+    /// Start another opledger build's `serve` instead of this one's (to measure before a
+    /// change). Its read models are left as they are: start it once first to catch them up.
+    #[arg(long)]
+    pub server_exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
