@@ -20,12 +20,13 @@ use std::fmt;
 use crate::chain;
 use crate::chain::ChainHash;
 use crate::codec;
-use crate::ids::{GlobalPosition, StreamVersion};
+use crate::ids::{GlobalPosition, OperationId, StreamVersion};
 use crate::store::{RecordedEvent, StreamName};
 
 /// How far around an event's version the verifier looks for the version its id belongs to.
 pub const MOVED_SEARCH_WINDOW: u64 = 64;
-/// Most streams whose last link the verifier keeps (about 150 bytes each: ~10 MiB). Operations
+/// Most streams whose last link the verifier keeps (under 100 bytes each with the map's own
+/// overhead: a few MiB). Operations
 /// are mostly recorded and settled within moments, so their events sit close together in the log
 /// and a stream is rarely needed again after this many others were active; one that is costs one
 /// read of its earlier events.
@@ -94,10 +95,27 @@ struct Link {
     active_at: u64,
 }
 
+/// A tracked stream's key: an operation's stream by its id (16 bytes, no allocation: the
+/// verifier forgets and meets streams millions of times on a long log, and a heap string per
+/// entry left the allocator's memory growing with the log), any other stream by its name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum StreamKey {
+    Operation(OperationId),
+    Named(StreamName),
+}
+
+impl StreamKey {
+    fn of(stream: &StreamName) -> Self {
+        stream
+            .operation_id()
+            .map_or_else(|| Self::Named(stream.clone()), Self::Operation)
+    }
+}
+
 /// Checks a log fed to it in position order.
 #[derive(Debug)]
 pub struct Verifier {
-    streams: HashMap<StreamName, Link>,
+    streams: HashMap<StreamKey, Link>,
     last_position: Option<GlobalPosition>,
     contiguous_positions: bool,
     events: u64,
@@ -138,7 +156,8 @@ impl Verifier {
     /// Whether `event` belongs to a stream the verifier no longer tracks and is not its first:
     /// then the caller must [`Verifier::seed`] the stream's earlier events before checking it.
     pub fn needs_history(&self, event: &RecordedEvent) -> bool {
-        event.version > StreamVersion::FIRST && !self.streams.contains_key(&event.stream)
+        event.version > StreamVersion::FIRST
+            && !self.streams.contains_key(&StreamKey::of(&event.stream))
     }
 
     /// Remembers a stream from its stored events before `event` (those at earlier positions):
@@ -168,7 +187,8 @@ impl Verifier {
     /// is full: those not active in the last `max_tracked / 2` events; at most that many remain,
     /// so the map never holds more than the limit.
     fn remember(&mut self, stream: &StreamName, version: StreamVersion, chain: Option<ChainHash>) {
-        if self.streams.len() >= self.max_tracked && !self.streams.contains_key(stream) {
+        let key = StreamKey::of(stream);
+        if self.streams.len() >= self.max_tracked && !self.streams.contains_key(&key) {
             let horizon = self.events.saturating_sub((self.max_tracked / 2) as u64);
             self.streams.retain(|_, link| link.active_at > horizon);
         }
@@ -177,7 +197,7 @@ impl Verifier {
             chain,
             active_at: self.events,
         };
-        self.streams.insert(stream.clone(), link);
+        self.streams.insert(key, link);
         debug_assert!(self.streams.len() <= self.max_tracked);
     }
 
@@ -200,7 +220,7 @@ impl Verifier {
         // Re-synchronise on what is stored, so the next event is judged on its own.
         let version = self
             .streams
-            .get(&event.stream)
+            .get(&StreamKey::of(&event.stream))
             .map_or(event.version, |link| link.version.max(event.version));
         if event.version == StreamVersion::FIRST {
             self.streams_started += 1;
@@ -247,7 +267,7 @@ impl Verifier {
     /// Whether the event belongs where its stream has it: its content matches its id at its
     /// version, no version is missing or repeated, and its chain hash links to the previous one.
     fn check_in_stream(&self, event: &RecordedEvent) -> Option<Finding> {
-        let (expected_version, previous) = match self.streams.get(&event.stream) {
+        let (expected_version, previous) = match self.streams.get(&StreamKey::of(&event.stream)) {
             Some(link) => (link.version.next(), link.chain),
             None => (StreamVersion::FIRST, None),
         };
