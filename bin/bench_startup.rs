@@ -167,7 +167,7 @@ pub async fn leave_open(
     worker: u32,
     index: u32,
 ) -> Result<LoadedOperation, CliError> {
-    let fingerprint = opledger_providers::ApiToken::new(crate::serve::DEMO_CRM_TOKEN).fingerprint();
+    let fingerprint = opledger_providers::credentials::fingerprint_of(crate::serve::DEMO_CRM_TOKEN);
     let kind = index % 5;
     let recorded = ledger
         .record_intent(IntentRequest {
@@ -212,6 +212,7 @@ pub async fn leave_open(
     let unknown = LedgerCommand::RecordUnknown {
         attempt_id,
         error: "read timed out".into(),
+        check_not_before: None,
     };
     loaded = ledger.execute_from(loaded, &unknown).await?;
     if kind == 2 {

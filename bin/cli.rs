@@ -91,6 +91,48 @@ pub enum Command {
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
     /// commit, 429 with Retry-After), move its clock, and list what it stored.
     Stand(StandArgs),
+    /// Check connector files (every problem with its file, line and field) and list what is
+    /// loaded: a configuration's connectors, or the presets shipped in the binary.
+    Connectors(ConnectorsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsArgs {
+    #[command(subcommand)]
+    pub command: ConnectorsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConnectorsCommand {
+    /// Read connector files as `serve` would and report every problem (exit 2 if any).
+    Check(ConnectorsCheckArgs),
+    /// List the connectors a configuration loads (with --config), else the presets.
+    List(ConnectorsListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsCheckArgs {
+    /// The connector files (TOML).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Also build each connector with the credentials from the environment, as `serve` does
+    /// (the file must then name its base_url and accounts).
+    #[arg(long)]
+    pub env: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsListArgs {
+    /// The serve configuration whose connectors to list (credentials are read from the
+    /// environment, as at start; only fingerprints are shown). Without it: the presets.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 impl Command {
@@ -106,6 +148,12 @@ impl Command {
                 command: OpsCommand::Show(args),
             }) => args.json,
             Self::Trace(args) => args.json,
+            Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::Check(args),
+            }) => args.json,
+            Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::List(args),
+            }) => args.json,
             Self::Review(ReviewArgs { command }) => match command {
                 ReviewCommand::List(args) => args.json,
                 ReviewCommand::Show(args) => args.json,
@@ -300,8 +348,15 @@ pub struct RecordArgs {
     #[arg(long)]
     pub account: String,
     /// A fingerprint of the account's credentials (rotating them invalidates pending retries).
+    /// Taken from the configured connector with --config.
+    #[arg(long, required_unless_present = "config")]
+    pub credential_fingerprint: Option<String>,
+    /// A serve configuration: the intent is checked against its connectors as the API checks
+    /// it (the tenant owns the account, the action exists, the arguments fit its input schema)
+    /// and bound to the account's credential fingerprint. Credentials are read from the
+    /// environment, as at `serve`'s start.
     #[arg(long)]
-    pub credential_fingerprint: String,
+    pub config: Option<std::path::PathBuf>,
     /// What to do there, e.g. `create_task`.
     #[arg(long)]
     pub action: String,
@@ -465,6 +520,12 @@ pub struct ReviewResolveArgs {
     /// Send it again with the same key (the workers or `serve` send it; this command does not).
     #[arg(long)]
     pub retry: bool,
+    /// With --retry: accept that the provider may not tell the retry from a second request.
+    /// This command has no provider configuration, so it cannot see the action's contract and
+    /// asks for it on every retry of an operation that may have been applied; `serve`'s review
+    /// API asks only when the contract cannot make the retry safe.
+    #[arg(long, requires = "retry")]
+    pub accept_duplicate_risk: bool,
     /// The object exists at the provider with this id: the operation succeeded.
     #[arg(long, value_name = "EXTERNAL_ID")]
     pub confirm: Option<String>,

@@ -22,11 +22,13 @@ use opledger_crm_stand::{
 use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
-use opledger_domain::ids::{AccountId, OperationId, ProviderId, WorkerId};
-use opledger_domain::provider::{operation_label, Providers};
+use opledger_domain::ids::{AccountId, ActionName, OperationId, ProviderId, TenantId, WorkerId};
+use opledger_domain::provider::{operation_label, BindingQuery, Providers};
 use opledger_domain::state::{OperationState, Status};
+use opledger_providers::presets::{stand_document, StandSettings};
 use opledger_providers::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+    render_all, AccountSpec, Connector, Credentials, HttpProviders, Overrides,
+    Shape as ProviderShape,
 };
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
@@ -41,6 +43,8 @@ const SEARCH_LAG_MS: u64 = 1_000;
 /// The longest one scenario may take before it counts as failed.
 const SCENARIO_DEADLINE: Duration = Duration::from_secs(20);
 const ACCOUNT: &str = "acct-1";
+/// The demo's tenant, which owns the demo account.
+const TENANT: &str = "acme";
 
 type DemoEngine = Engine<SqliteStore, SystemClock, RandomIds, HttpProviders>;
 
@@ -103,22 +107,34 @@ pub async fn run(args: DemoArgs) -> Result<(), CliError> {
 }
 
 async fn engine(path: &std::path::Path, base_url: &str) -> Result<DemoEngine, CliError> {
-    let account = |name: &str| -> Result<Vec<AccountConfig>, CliError> {
-        Ok(vec![AccountConfig::with_token(
-            AccountId::new(name)?,
-            format!("token-{name}"),
-        )])
+    // The stand's plain and keyed shapes, as connector documents, with the demo's tenant owning
+    // the demo account.
+    let connector = |id: &str, shape: ProviderShape| -> Result<Connector, CliError> {
+        let document = stand_document(
+            shape,
+            StandSettings {
+                search_lag_ms: Some(SEARCH_LAG_MS),
+                ..StandSettings::default()
+            },
+        );
+        let overrides = Overrides {
+            id: Some(ProviderId::new(id)?),
+            base_url: Some(base_url.to_owned()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new(ACCOUNT)?,
+                tenants: vec![TenantId::new(TENANT)?],
+                credentials: Credentials::token(format!("token-{ACCOUNT}")),
+            }],
+            request_timeout_ms: Some(1_000),
+            connect_timeout_ms: Some(500),
+            ..Overrides::default()
+        };
+        Connector::build(&document, overrides)
+            .map_err(|errors| CliError::Other(render_all(&errors)))
     };
-    let config = |shape| -> Result<HttpProviderConfig, CliError> {
-        let mut config = HttpProviderConfig::new(shape, base_url, account(ACCOUNT)?);
-        config.request_timeout_ms = 1_000;
-        config.connect_timeout_ms = 500;
-        config.search_lag_ms = SEARCH_LAG_MS;
-        Ok(config)
-    };
-    let providers = HttpProviders::from_configs([
-        (ProviderId::new("crm-plain")?, config(ProviderShape::Plain)?),
-        (ProviderId::new("crm-keyed")?, config(ProviderShape::Keyed)?),
+    let providers = HttpProviders::new([
+        connector("crm-plain", ProviderShape::Plain)?,
+        connector("crm-keyed", ProviderShape::Keyed)?,
     ])
     .map_err(|error| CliError::Other(error.to_string()))?;
     let ledger = open_ledger(path).await?;
@@ -242,12 +258,19 @@ fn tool_call(
 ) -> Result<IntentRequest, CliError> {
     let provider = ProviderId::new(scenario.provider)?;
     let account = AccountId::new(ACCOUNT)?;
+    let tenant = TenantId::new(TENANT)?;
     let fingerprint = engine
         .providers()
-        .credential_fingerprint(&provider, &account)
-        .ok_or_else(|| CliError::Other(format!("{provider} has no {account}")))?;
+        .bind(&BindingQuery {
+            tenant: &tenant,
+            provider: &provider,
+            account: &account,
+            action: &ActionName::new("create_task")?,
+        })
+        .map_err(|unbound| CliError::Other(unbound.to_string()))?
+        .credential_fingerprint;
     Ok(IntentRequest {
-        tenant: "acme".into(),
+        tenant: TENANT.into(),
         owner: Some("manager-anna".into()),
         provider: provider.to_string(),
         account: account.to_string(),

@@ -8,6 +8,7 @@ mod bench;
 mod bench_http;
 mod bench_startup;
 mod cli;
+mod connectors;
 mod demo;
 mod intent;
 mod ledger_file;
@@ -78,6 +79,7 @@ fn main() -> ExitCode {
             Command::Replay(args) => replay::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Stand(args) => stand::run(args).await,
+            Command::Connectors(args) => connectors::run(args),
             Command::Verify(args) => verify::run(args).await,
         }
     });

@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::cli::{CliError, ReviewListArgs, ReviewResolveArgs, StatusArgs};
 use crate::intent::{close, open_existing_ledger, open_for_reading, print_state};
 use crate::read_models::{self, age, check_limit, print_json, print_table};
-use opledger_http_api::render::{review_item_json, view_of};
+use opledger_http_api::render::{review_detail_json, review_item_json, view_of};
 
 pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
     let limit = check_limit(args.limit)?;
@@ -29,21 +29,35 @@ pub async fn list(args: ReviewListArgs) -> Result<(), CliError> {
             args.json,
         )
         .await?;
-        Ok::<_, CliError>(
-            read_models
-                .call(move |store| store.review_queue(limit))
-                .await?,
-        )
+        let queue = read_models
+            .call(move |store| store.review_queue(limit))
+            .await?;
+        // For --json, each row carries its operation's detail (arguments, binding, every
+        // attempt and lookup) as the API's queue does: one stream read per row, bounded by
+        // --limit.
+        let mut details = Vec::new();
+        if args.json {
+            for item in &queue {
+                let view = view_of(ledger.store(), item.operation_id).await?;
+                details.push(review_detail_json(&view.history));
+            }
+        }
+        Ok::<_, CliError>((queue, details))
     }
     .await;
     let closed = close(&ledger).await;
-    let queue = result?;
+    let (queue, details) = result?;
     closed?;
     let now = Utc::now();
     if args.json {
         let rows: Vec<_> = queue
             .iter()
-            .map(|item| review_item_json(item, now))
+            .zip(details)
+            .map(|(item, detail)| {
+                let mut row = review_item_json(item, now);
+                row["detail"] = detail;
+                row
+            })
             .collect();
         return print_json(&json!({ "queue": rows }));
     }
@@ -225,6 +239,10 @@ pub async fn resolve(args: ReviewResolveArgs) -> Result<(), CliError> {
     }
     let ledger = open_existing_ledger(&args.store.db).await?;
     let command = Command::ResolveReview {
+        accept_duplicate_risk: args.accept_duplicate_risk,
+        // No provider configuration here: the contract is unknown, so a retry of an operation
+        // that may have been applied needs the risk accepted.
+        capabilities: None,
         reviewer,
         decision: decision.clone(),
         note,

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use opledger_crm_stand::{Stand, StandConfig};
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
 use opledger_http_api::{Limits, Principal, ServeConfig, StoreUrl};
-use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use opledger_providers::{render_all, AccountSpec, Connector, Credentials, Overrides};
 use tracing::warn;
 
 use crate::cli::{CliError, ServeArgs};
@@ -20,6 +20,7 @@ use crate::cli::{CliError, ServeArgs};
 pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
 const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
 const DEMO_ACCOUNT: &str = "demo";
+const DEMO_TENANT: &str = "demo";
 /// The CRM stand's token for the demo account (`bench store --open-per-mille` binds to it).
 pub const DEMO_CRM_TOKEN: &str = "demo-crm-token";
 
@@ -108,26 +109,30 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
     )
     .await
     .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
+    // The stand's keyed and plain shapes, through the same connector documents a user's
+    // configuration names as presets, with the demo tenant owning the demo account.
     let mut providers = Vec::new();
-    for (id, shape) in [("crm", Shape::Keyed), ("crm-plain", Shape::Plain)] {
-        let mut provider = HttpProviderConfig::new(
-            shape,
-            stand.base_url(),
-            vec![AccountConfig::with_token(
-                AccountId::new(DEMO_ACCOUNT)?,
-                DEMO_CRM_TOKEN,
-            )],
-        );
-        provider.request_timeout_ms = 5_000;
+    for (id, preset) in [("crm", "crm-stand-keyed"), ("crm-plain", "crm-stand-plain")] {
+        let overrides = Overrides {
+            id: Some(ProviderId::new(id)?),
+            base_url: Some(stand.base_url()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new(DEMO_ACCOUNT)?,
+                tenants: vec![TenantId::new(DEMO_TENANT)?],
+                credentials: Credentials::token(DEMO_CRM_TOKEN),
+            }],
+            request_timeout_ms: Some(5_000),
+            ..Overrides::default()
+        };
         providers.push(
-            HttpProvider::new(ProviderId::new(id)?, &provider)
-                .map_err(|error| CliError::Other(error.to_string()))?,
+            Connector::from_preset(preset, overrides)
+                .map_err(|errors| CliError::Other(render_all(&errors)))?,
         );
     }
     let mut tokens = BTreeMap::new();
     tokens.insert(
         DEMO_TENANT_TOKEN.to_owned(),
-        Principal::Tenant(TenantId::new("demo")?),
+        Principal::Tenant(TenantId::new(DEMO_TENANT)?),
     );
     tokens.insert(
         DEMO_OPERATOR_TOKEN.to_owned(),

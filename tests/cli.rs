@@ -509,3 +509,239 @@ fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
     assert!(logs.contains("DEBUG"), "debug logs are written: {logs}");
     assert!(!logs.contains('\u{1b}'), "no ANSI escape in: {logs:?}");
 }
+
+#[test]
+fn connectors_check_reports_every_problem_of_a_file_with_its_line_and_field() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("crm.toml");
+    let text = r#"id = "my-crm"
+description = "A CRM"
+base_url = "ftp://crm.example"
+
+[auth]
+kind = "bearer"
+
+[[actions]]
+name = "create_task"
+description = "create a task"
+
+[actions.input]
+type = "object"
+properties.title = { type = "string" }
+
+[actions.request]
+method = "BREW"
+path = "/tasks/{{args.titel}}"
+
+[actions.response]
+success = [201]
+id = "/id"
+
+[actions.dedup]
+kind = "none"
+
+[actions.lookup]
+kind = "none"
+"#;
+    std::fs::write(&file, text).expect("written");
+    let output = opledger(&["connectors", "check", &file.display().to_string()]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let at = |line: usize, field: &str| format!("{}:{line}: {field}: ", file.display());
+    assert!(stderr.contains(&at(3, "base_url")), "{stderr}");
+    assert!(
+        stderr.contains(&at(17, "actions[0].request.method")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&at(18, "actions[0].request.path")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("names `titel`, which the input schema does not define"),
+        "{stderr}"
+    );
+
+    let good = text
+        .replace("ftp://", "https://")
+        .replace("BREW", "POST")
+        .replace("{{args.titel}}", "{{args.title}}")
+        .replace(
+            "type = \"object\"\n",
+            "type = \"object\"\nrequired = [\"title\"]\n",
+        );
+    std::fs::write(&file, good).expect("written");
+    let output = opledger(&["connectors", "check", &file.display().to_string()]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("1 connector file(s) valid"));
+}
+
+#[test]
+fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_owners() {
+    let output = opledger(&["connectors", "list", "--json"]);
+    assert!(output.status.success(), "{output:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let presets: Vec<&str> = listed["connectors"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|row| row["preset"].as_str())
+        .collect();
+    assert_eq!(
+        presets,
+        ["crm-stand-keyed", "crm-stand-labelled", "crm-stand-plain"]
+    );
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[tenants]]
+id = "acme"
+token = "acme-0123456789abcdef"
+
+[[connectors]]
+id = "crm"
+preset = "crm-stand-labelled"
+base_url = "http://127.0.0.1:9"
+
+[[connectors.accounts]]
+id = "acct-1"
+tenants = ["acme"]
+token_env = "OPLEDGER_TEST_CRM_TOKEN"
+"#,
+    )
+    .expect("written");
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["connectors", "list", "--json", "--config"])
+        .arg(&config)
+        .env("OPLEDGER_TEST_CRM_TOKEN", "crm-secret-value")
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        !stdout.contains("crm-secret-value"),
+        "never the secret: {stdout}"
+    );
+    let listed: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    let connector = &listed["connectors"][0];
+    assert_eq!(connector["id"], "crm");
+    assert_eq!(connector["accounts"][0]["tenants"][0], "acme");
+    assert!(connector["accounts"][0]["credential_fingerprint"]
+        .as_str()
+        .is_some_and(|f| f.starts_with("sha256:")));
+    assert!(
+        connector["actions"][0]["contract"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("unique label")),
+        "{connector}"
+    );
+}
+
+#[test]
+fn the_readmes_connector_example_is_a_valid_connector() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("# connectors/tasks-api.toml")
+        .expect("the README shows the example connector");
+    let end = start
+        + readme[start..]
+            .find("```")
+            .expect("the example's block ends");
+    let document = opledger_providers::parse("tasks-api.toml", &readme[start..end])
+        .unwrap_or_else(|errors| panic!("{}", opledger_providers::render_all(&errors)));
+    assert_eq!(document.actions[0].description, "create a task");
+}
+
+#[test]
+fn record_with_a_configuration_checks_the_intent_as_the_api_does_and_writes_nothing_when_it_fails()
+{
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[tenants]]
+id = "acme"
+token = "acme-0123456789abcdef"
+
+[[tenants]]
+id = "globex"
+token = "globex-0123456789abcdef"
+
+[[connectors]]
+id = "crm"
+preset = "crm-stand-plain"
+base_url = "http://127.0.0.1:9"
+
+[[connectors.accounts]]
+id = "acct-1"
+tenants = ["acme"]
+token = "crm-token"
+"#,
+    )
+    .expect("written");
+    let db = dir.path().join("ledger.db");
+    let record = |tenant: &str, args: &str| {
+        opledger(&[
+            "record",
+            "--db",
+            &db.display().to_string(),
+            "--config",
+            &config.display().to_string(),
+            "--tenant",
+            tenant,
+            "--provider",
+            "crm",
+            "--account",
+            "acct-1",
+            "--action",
+            "create_task",
+            "--args",
+            args,
+            "--json",
+        ])
+    };
+    let wrong_types = record("acme", r#"{"title": 7, "due": []}"#);
+    assert_eq!(wrong_types.status.code(), Some(2), "{wrong_types:?}");
+    let said = stdout(&wrong_types);
+    assert!(
+        said.contains("args/title") && said.contains("args/due"),
+        "{said}"
+    );
+    let not_owned = record("globex", r#"{"title": "Call"}"#);
+    assert_eq!(not_owned.status.code(), Some(2), "{not_owned:?}");
+    assert!(
+        stdout(&not_owned).contains("not owned by tenant `globex`"),
+        "{not_owned:?}"
+    );
+    assert!(!db.exists(), "a refused intent creates no ledger");
+
+    let recorded = record("acme", r#"{"title": "Call"}"#);
+    assert!(recorded.status.success(), "{recorded:?}");
+    let json: serde_json::Value = serde_json::from_slice(&recorded.stdout).expect("json");
+    let id = json["operation_id"].as_str().expect("an id");
+    let shown = opledger(&[
+        "ops",
+        "show",
+        id,
+        "--db",
+        &db.display().to_string(),
+        "--json",
+    ]);
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(b"crm-token");
+    let hex: String = digest
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    assert_eq!(
+        shown["events"][0]["data"]["credential_fingerprint"],
+        format!("sha256:{hex}"),
+        "bound to the configured account's credentials"
+    );
+}

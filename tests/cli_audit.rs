@@ -146,6 +146,7 @@ impl Fixture {
                 let review = record(ledger, "acme", "src-review", false).await;
                 let review_attempt = start(ledger, &review).await;
                 let unknown = Command::RecordUnknown {
+                    check_not_before: None,
                     attempt_id: review_attempt,
                     error: "read timeout after 10 s".into(),
                 };
@@ -692,6 +693,7 @@ fn tail_reports_a_lookup_that_finds_a_second_object_as_a_duplicate_not_a_second_
         };
         execute(ledger, &intent, success).await;
         let second_object = Command::RecordReconciliation {
+            duplicates: Vec::new(),
             result: opledger_domain::event::ReconciliationResult::Found {
                 external_id: ExternalObjectId::new("obj-2").expect("a valid id"),
                 account: intent.account.clone(),

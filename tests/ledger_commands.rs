@@ -267,10 +267,10 @@ macro_rules! ledger_suite {
                     let Command::StartAttempt { attempt_id, .. } = &claim else { unreachable!() };
                     let attempt_id = *attempt_id;
                     ledger.execute(intent.operation_id, &claim).await.expect("claimed");
-                    let timed_out = Command::RecordUnknown { attempt_id, error: "timed out".into() };
+                    let timed_out = Command::RecordUnknown { check_not_before: None, attempt_id, error: "timed out".into() };
                     let unknown = ledger.execute(intent.operation_id, &timed_out).await.expect("unknown");
                     assert_eq!(unknown.state.status, Status::Unknown);
-                    let command = Command::ResolveReview { reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
+                    let command = Command::ResolveReview { accept_duplicate_risk: true, capabilities: None, reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
                     decided.push(ledger.execute(intent.operation_id, &command).await.expect("decided").state.status);
                 }
                 assert_eq!(

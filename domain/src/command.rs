@@ -88,6 +88,8 @@ pub enum Command {
         attempt_id: AttemptId,
         /// What the transport reported.
         error: String,
+        /// The earliest lookup, when the provider asked for a pause (the caller adds it).
+        check_not_before: Option<DateTime<Utc>>,
     },
     /// Provably nothing of `attempt_id` was applied; the operation may be sent again later.
     RecordNotSent {
@@ -107,6 +109,9 @@ pub enum Command {
     RecordReconciliation {
         /// What the lookup found.
         result: ReconciliationResult,
+        /// Further objects the lookup found for this operation (a search that found several
+        /// with its label); each becomes a [`crate::event::DuplicateDetected`].
+        duplicates: Vec<ExternalObjectId>,
         /// The provider's evidence.
         evidence: String,
         /// What a retry would use, for the retry contract.
@@ -138,6 +143,12 @@ pub enum Command {
         decision: ReviewDecision,
         /// Their note.
         note: String,
+        /// For a retry: the reviewer accepts that the provider may not tell it from a second
+        /// request. Required when the contract cannot make the retry safe.
+        accept_duplicate_risk: bool,
+        /// The action's contract as configured now, if it is (`None`: unknown, so a retry is
+        /// taken to risk a duplicate).
+        capabilities: Option<ProviderCapabilities>,
     },
 }
 

@@ -68,6 +68,9 @@ pub enum Deduplication {
     /// The provider atomically refuses a second object with the same caller-chosen label
     /// (Salesforce External ID, Dataverse alternate key). Never expires.
     UniqueLabel,
+    /// Repeating the same request has no further effect (a PUT of a whole state, a DELETE):
+    /// every retry of the frozen request is safe, for as long as it stays the frozen request.
+    NaturallyIdempotent,
 }
 
 /// How an operation's outcome can be looked up at the provider.
@@ -252,7 +255,7 @@ pub fn check_retry_contract(
     check_binding(state, offered)?;
     match capabilities.deduplication {
         Deduplication::None => Err(ContractViolation::NoDeduplication),
-        Deduplication::UniqueLabel => Ok(()),
+        Deduplication::UniqueLabel | Deduplication::NaturallyIdempotent => Ok(()),
         Deduplication::IdempotencyKey {
             retention_s,
             safety_margin_s,

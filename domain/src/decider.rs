@@ -117,6 +117,12 @@ pub enum Rejection {
         /// The attempt named.
         attempt_id: AttemptId,
     },
+    /// A reviewer's retry the contract cannot make safe, without the duplicate risk accepted.
+    #[error("a retry could create a second object: {why}; to retry anyway, accept the duplicate risk explicitly (accept_duplicate_risk: true), or confirm or abandon the operation instead")]
+    DuplicateRiskNotAccepted {
+        /// Why the provider could not tell the retry from a second request.
+        why: String,
+    },
     /// Reconciliation evidence belongs to another account, so it is no evidence for this operation.
     #[error("the object found belongs to account `{found}`, but the operation is bound to `{bound}`; it is not evidence")]
     EvidenceFromAnotherAccount {
@@ -172,12 +178,13 @@ fn dispatch(
         Command::RecordRejection { attempt_id, code, message } => outcome::rejection(&on, *attempt_id, code, message),
         Command::RecordNotSent { attempt_id, reason, retry_not_before } =>
             outcome::not_sent(&on, *attempt_id, reason, *retry_not_before),
-        Command::RecordUnknown { attempt_id, error } => outcome::unknown(&on, *attempt_id, error),
+        Command::RecordUnknown { attempt_id, error, check_not_before } => outcome::unknown(&on, *attempt_id, error, *check_not_before),
         Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
-        Command::RecordReconciliation { result, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
-            reconciliation::record(&on, &reconciliation::Lookup { result, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
+        Command::RecordReconciliation { result, duplicates, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
+            reconciliation::record(&on, &reconciliation::Lookup { result, duplicates, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
         Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),
-        Command::ResolveReview { reviewer, decision, note } => review::resolve(&on, reviewer, decision, note),
+        Command::ResolveReview { reviewer, decision, note, accept_duplicate_risk, capabilities } =>
+            review::resolve(&on, &review::Decision { reviewer, decision, note, accept_duplicate_risk: *accept_duplicate_risk, capabilities: capabilities.as_ref() }),
     };
     events
 }

@@ -22,14 +22,15 @@ use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedInten
 use crate::command::{
     Command, DEFAULT_LEASE_MS, MAX_LEASE_MS, MAX_SCHEDULE_AHEAD_MS, MIN_LEASE_MS,
 };
-use crate::contract::{milliseconds, RetryPolicy, SendBinding};
+use crate::contract::{milliseconds, ProviderCapabilities, RetryPolicy, SendBinding};
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
-use crate::ids::{ActorId, AttemptId, OperationId, WorkerId};
+use crate::ids::{ActorId, AttemptId, ExternalObjectId, OperationId, WorkerId};
 use crate::ports::{Clock, IdSource};
 use crate::provider::{
-    operation_label, LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+    operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
+    SendRequest,
 };
 use crate::sentence::agent_sentence;
 use crate::state::{OperationState, Status};
@@ -275,6 +276,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let command = Command::RecordUnknown {
             attempt_id: attempt.attempt_id,
             error: "the process stopped while this attempt was in progress; whether the provider applied it is unknown".into(),
+            check_not_before: None,
         };
         let before = loaded.version;
         let after = self.ledger.execute_from(loaded, &command).await?;
@@ -290,8 +292,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         reviewer: ActorId,
         decision: ReviewDecision,
         note: String,
+        accept_duplicate_risk: bool,
     ) -> Result<Report, AppError> {
-        let (command, retry) = review_command(reviewer, decision, note);
+        let capabilities = self.contract_of(&seen.state);
+        let (command, retry) = review_command(
+            reviewer,
+            decision,
+            note,
+            accept_duplicate_risk,
+            capabilities,
+        );
         let resolved = self.ledger.execute_on_seen(seen, &command).await?;
         self.after_review(resolved, retry).await
     }
@@ -303,10 +313,28 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         reviewer: ActorId,
         decision: ReviewDecision,
         note: String,
+        accept_duplicate_risk: bool,
     ) -> Result<Report, AppError> {
-        let (command, retry) = review_command(reviewer, decision, note);
-        let resolved = self.ledger.execute(operation_id, &command).await?;
+        let loaded = self.ledger.get(operation_id).await?;
+        let capabilities = self.contract_of(&loaded.state);
+        let (command, retry) = review_command(
+            reviewer,
+            decision,
+            note,
+            accept_duplicate_risk,
+            capabilities,
+        );
+        let resolved = self.ledger.execute_from(loaded, &command).await?;
         self.after_review(resolved, retry).await
+    }
+
+    /// The contract the operation's action has as configured now, if it is bound.
+    fn contract_of(&self, state: &OperationState) -> Option<ProviderCapabilities> {
+        let intent = state.intent.as_ref()?;
+        self.providers
+            .bind(&binding_query(intent))
+            .ok()
+            .map(|bound| bound.capabilities)
     }
 
     /// A retry decided by a person is sent at once, from the state just written.
@@ -396,20 +424,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// instead; `None` without an intent.
     fn claim_plan(&self, state: &OperationState, attempt_id: AttemptId) -> Option<ClaimPlan> {
         let intent = state.intent.as_ref()?;
-        let Some(capabilities) = self.providers.capabilities(&intent.provider) else {
-            return Some(ClaimPlan::Review(format!(
-                "provider `{}` is not configured, so the operation cannot be sent",
-                intent.provider
-            )));
-        };
-        let Some(credential_fingerprint) = self
-            .providers
-            .credential_fingerprint(&intent.provider, &intent.account)
-        else {
-            return Some(ClaimPlan::Review(format!(
-                "account `{}` of provider `{}` is not configured any more; the operation stays bound to it",
-                intent.account, intent.provider
-            )));
+        // Asked again before every send: an account removed or handed to another tenant since
+        // the intent was recorded stops here, before anything is sent.
+        let Binding {
+            capabilities,
+            credential_fingerprint,
+        } = match self.providers.bind(&binding_query(intent)) {
+            Ok(bound) => bound,
+            Err(unbound) => {
+                return Some(ClaimPlan::Review(format!(
+                    "the operation cannot be sent as recorded: {unbound}; it stays bound to what it was recorded with"
+                )))
+            }
         };
         let binding = SendBinding {
             account: intent.account.clone(),
@@ -484,6 +510,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let request = SendRequest {
             operation_id,
             attempt_id,
+            tenant: intent.tenant.clone(),
             provider: intent.provider.clone(),
             account: intent.account.clone(),
             action: intent.action.clone(),
@@ -545,9 +572,19 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     message,
                 }
             }
-            SendOutcome::Uncertain { error, .. } => {
-                warn!(parent: span, %error, "outcome unknown");
-                Command::RecordUnknown { attempt_id, error }
+            SendOutcome::Uncertain {
+                error,
+                retry_after_ms,
+            } => {
+                warn!(parent: span, %error, retry_after_ms, "outcome unknown");
+                // A provider that failed and asked for a pause (a 5xx with Retry-After) is
+                // not looked up before it said it would answer again.
+                Command::RecordUnknown {
+                    attempt_id,
+                    error,
+                    check_not_before: retry_after_ms
+                        .map(|wait_ms| self.later(now, attempt_number, Some(wait_ms))),
+                }
             }
             SendOutcome::NotSent {
                 reason,
@@ -585,20 +622,24 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     async fn reconcile_loaded(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
         let intent = intent_of(&loaded)?.clone();
-        let (Some(capabilities), Some(credential_fingerprint)) = (
-            self.providers.capabilities(&intent.provider),
-            self.providers
-                .credential_fingerprint(&intent.provider, &intent.account),
-        ) else {
-            return self
-                .require_review(
-                    loaded,
-                    format!("provider `{}` / account `{}` is not configured, so the operation cannot be looked up", intent.provider, intent.account),
-                )
-                .await;
+        let Binding {
+            capabilities,
+            credential_fingerprint,
+        } = match self.providers.bind(&binding_query(&intent)) {
+            Ok(bound) => bound,
+            Err(unbound) => {
+                return self
+                    .require_review(
+                        loaded,
+                        format!("the operation cannot be looked up as recorded: {unbound}"),
+                    )
+                    .await
+            }
         };
         let request = LookupRequest {
             operation_id,
+            tenant: intent.tenant.clone(),
+            action: intent.action.clone(),
             provider: intent.provider.clone(),
             account: intent.account.clone(),
             idempotency_key: intent.idempotency_key.clone(),
@@ -622,11 +663,17 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 .await;
         }
         let in_progress = matches!(lookup, LookupOutcome::InProgress { .. });
-        let (result, evidence, retry_after_ms) = reconciliation_of(lookup, &span);
+        let LookupAnswer {
+            result,
+            duplicates,
+            evidence,
+            retry_after_ms,
+        } = reconciliation_of(lookup, &span);
         let now = self.ledger.clock().now();
         let state = &loaded.state;
         let command = Command::RecordReconciliation {
             result,
+            duplicates,
             evidence,
             binding: SendBinding {
                 account: intent.account.clone(),
@@ -724,19 +771,28 @@ enum ClaimPlan {
     Review(String),
 }
 
-/// What a lookup's answer means for the ledger: the result, the evidence to keep and the
-/// provider's Retry-After, if it gave one.
-fn reconciliation_of(
-    lookup: LookupOutcome,
-    span: &tracing::Span,
-) -> (ReconciliationResult, String, Option<u64>) {
-    match lookup {
+/// What a lookup's answer means for the ledger.
+struct LookupAnswer {
+    /// The result to record.
+    result: ReconciliationResult,
+    /// Further objects found for the operation, to record as duplicates.
+    duplicates: Vec<ExternalObjectId>,
+    /// The evidence to keep.
+    evidence: String,
+    /// The provider's Retry-After, if it gave one.
+    retry_after_ms: Option<u64>,
+}
+
+/// What a lookup's answer means for the ledger (see [`LookupAnswer`]).
+fn reconciliation_of(lookup: LookupOutcome, span: &tracing::Span) -> LookupAnswer {
+    let (result, evidence, retry_after_ms, duplicates) = match lookup {
         LookupOutcome::Found {
             external_id,
             account,
+            duplicates,
             evidence,
         } => {
-            info!(parent: span, %external_id, "found");
+            info!(parent: span, %external_id, duplicates = duplicates.len(), "found");
             (
                 ReconciliationResult::Found {
                     external_id,
@@ -744,6 +800,7 @@ fn reconciliation_of(
                 },
                 evidence,
                 None,
+                duplicates,
             )
         }
         LookupOutcome::NotFound {
@@ -753,6 +810,7 @@ fn reconciliation_of(
             ReconciliationResult::NotFound { authoritative },
             evidence,
             None,
+            Vec::new(),
         ),
         LookupOutcome::InProgress {
             evidence,
@@ -763,6 +821,7 @@ fn reconciliation_of(
             },
             evidence,
             retry_after_ms,
+            Vec::new(),
         ),
         // `reconcile_loaded` hands a refused lookup to a person before it gets here; were it
         // recorded, it would be what it is: no usable answer.
@@ -772,6 +831,7 @@ fn reconciliation_of(
             },
             reason,
             None,
+            Vec::new(),
         ),
         LookupOutcome::Unavailable {
             reason,
@@ -782,7 +842,24 @@ fn reconciliation_of(
             },
             reason,
             retry_after_ms,
+            Vec::new(),
         ),
+    };
+    LookupAnswer {
+        result,
+        duplicates,
+        evidence,
+        retry_after_ms,
+    }
+}
+
+/// The binding an operation's intent asks the providers for.
+fn binding_query(intent: &IntentRecorded) -> BindingQuery<'_> {
+    BindingQuery {
+        tenant: &intent.tenant,
+        provider: &intent.provider,
+        account: &intent.account,
+        action: &intent.action,
     }
 }
 
@@ -793,13 +870,21 @@ fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
 }
 
 /// The command recording a reviewer's decision, and whether it asks for a retry.
-fn review_command(reviewer: ActorId, decision: ReviewDecision, note: String) -> (Command, bool) {
+fn review_command(
+    reviewer: ActorId,
+    decision: ReviewDecision,
+    note: String,
+    accept_duplicate_risk: bool,
+    capabilities: Option<ProviderCapabilities>,
+) -> (Command, bool) {
     let retry = decision == ReviewDecision::Retry;
     (
         Command::ResolveReview {
             reviewer,
             decision,
             note,
+            accept_duplicate_risk,
+            capabilities,
         },
         retry,
     )

@@ -124,6 +124,14 @@ pub struct OutcomeUnknown {
     pub attempt_id: AttemptId,
     /// What the transport reported.
     pub error: String,
+    /// The earliest time to look it up, when the provider asked for a pause (a 5xx with
+    /// Retry-After); absent: as soon as a worker is free.
+    #[serde(
+        default,
+        with = "crate::timestamp::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub check_not_before: Option<DateTime<Utc>>,
     /// When.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
@@ -250,6 +258,11 @@ pub struct ReviewResolved {
     pub decision: ReviewDecision,
     /// Their note.
     pub note: String,
+    /// The reviewer retried knowing the provider could not tell the retry from a second
+    /// request (no deduplication, or a key past its retention): a duplicate was accepted as a
+    /// risk, and the ledger says who accepted it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_duplicate_risk: bool,
     /// When.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,

@@ -13,8 +13,82 @@ use crate::args::ArgsSnapshot;
 use crate::contract::ProviderCapabilities;
 use crate::ids::{
     AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
-    OperationId, ProviderId, ProviderRequestId,
+    OperationId, ProviderId, ProviderRequestId, TenantId,
 };
+
+/// What a send or a lookup of one operation would be bound to: whose it is, where it goes, what
+/// it does. Asked of the adapter when the intent is recorded and again before every send and
+/// every lookup, so a configuration change (an account removed, handed to another tenant, its
+/// credentials rotated) is seen before anything leaves the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindingQuery<'a> {
+    /// The operation's tenant: it must own the account.
+    pub tenant: &'a TenantId,
+    /// The provider.
+    pub provider: &'a ProviderId,
+    /// The account at the provider.
+    pub account: &'a AccountId,
+    /// The action.
+    pub action: &'a ActionName,
+}
+
+/// What the adapter can send an operation under, now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// What the provider promises for this action: its deduplication and lookup contract.
+    pub capabilities: ProviderCapabilities,
+    /// The fingerprint of the account's credentials configured now.
+    pub credential_fingerprint: CredentialFingerprint,
+}
+
+/// Why an operation cannot be bound (nothing is recorded or sent then). Each message names what
+/// is missing and where it would be configured.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unbound {
+    /// The provider is not configured.
+    #[error("provider `{provider}` is not configured on this server; use one of its connectors")]
+    Provider {
+        /// The provider asked for.
+        provider: ProviderId,
+    },
+    /// The provider has no such action.
+    #[error("provider `{provider}` has no action `{action}`; its actions are: {}", known.join(", "))]
+    Action {
+        /// The provider.
+        provider: ProviderId,
+        /// The action asked for.
+        action: ActionName,
+        /// The actions it has.
+        known: Vec<String>,
+    },
+    /// The account is not configured at the provider.
+    #[error("`{account}` is not an account of provider `{provider}` on this server")]
+    Account {
+        /// The provider.
+        provider: ProviderId,
+        /// The account asked for.
+        account: AccountId,
+    },
+    /// The account exists, but another tenant owns it.
+    #[error("account `{account}` of provider `{provider}` is not owned by tenant `{tenant}`; an account's `tenants` list says who may use it")]
+    NotOwned {
+        /// The provider.
+        provider: ProviderId,
+        /// The account.
+        account: AccountId,
+        /// The tenant that asked.
+        tenant: TenantId,
+    },
+}
+
+/// One way a call's arguments fail the action's input schema.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgProblem {
+    /// The JSON pointer of the failing value inside the arguments (`""` for the whole object).
+    pub pointer: String,
+    /// What is wrong with it.
+    pub message: String,
+}
 
 /// One attempt to carry an operation out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +97,8 @@ pub struct SendRequest {
     pub operation_id: OperationId,
     /// This attempt.
     pub attempt_id: AttemptId,
+    /// Whose operation it is; the adapter checks again that the tenant owns the account.
+    pub tenant: TenantId,
     /// The provider to send to.
     pub provider: ProviderId,
     /// The account there.
@@ -76,8 +152,12 @@ pub enum SendOutcome {
 pub struct LookupRequest {
     /// The operation.
     pub operation_id: OperationId,
+    /// Whose operation it is; the adapter checks again that the tenant owns the account.
+    pub tenant: TenantId,
     /// The provider.
     pub provider: ProviderId,
+    /// The action the operation did, whose lookup is asked.
+    pub action: ActionName,
     /// The account the operation is bound to.
     pub account: AccountId,
     /// The operation's key.
@@ -95,6 +175,9 @@ pub enum LookupOutcome {
         external_id: ExternalObjectId,
         /// The account it belongs to.
         account: AccountId,
+        /// Other objects the lookup found for this operation (a search that found several
+        /// carrying its label): each is recorded as a detected duplicate.
+        duplicates: Vec<ExternalObjectId>,
         /// The provider's answer, for the ledger.
         evidence: String,
     },
@@ -133,16 +216,24 @@ pub enum LookupOutcome {
 
 /// Every provider the ledger can send to, routed by [`ProviderId`].
 pub trait Providers: Send + Sync {
-    /// What `provider` can promise; `None` when it is not configured.
-    fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities>;
+    /// What an operation would be sent under now: the action's contract and the account's
+    /// credential fingerprint (compared with the intent's before every send), or why it cannot
+    /// be sent at all.
+    fn bind(&self, query: &BindingQuery<'_>) -> Result<Binding, Unbound>;
 
-    /// The fingerprint of the credentials configured now for `account` at `provider`; `None`
-    /// when the account is not configured. Compared with the intent's before every send.
-    fn credential_fingerprint(
+    /// Checks a call's arguments against the action's input schema, before anything is
+    /// recorded; every failing field is named. An unknown provider or action passes here:
+    /// [`Providers::bind`] names it.
+    fn check_args(
         &self,
         provider: &ProviderId,
-        account: &AccountId,
-    ) -> Option<CredentialFingerprint>;
+        action: &ActionName,
+        args: &serde_json::Value,
+    ) -> Result<(), Vec<ArgProblem>>;
+
+    /// The action's one-line description ("create a task"), for the agent's sentence and tool
+    /// listings; `None` when the provider or the action is not configured.
+    fn action_description(&self, provider: &ProviderId, action: &ActionName) -> Option<String>;
 
     /// Carries out one attempt.
     fn execute(&self, request: &SendRequest) -> impl Future<Output = SendOutcome> + Send;

@@ -12,10 +12,24 @@ use crate::state::{OperationState, Status};
 /// assert!(agent_sentence(&OperationState::initial()).contains("not been recorded"));
 /// ```
 pub fn agent_sentence(state: &OperationState) -> String {
-    let what = state.intent.as_ref().map_or_else(
-        || "the operation".to_owned(),
-        |intent| format!("the {} request", intent.action.as_str().replace('_', " ")),
-    );
+    described_sentence(state, None)
+}
+
+/// [`agent_sentence`] in the words of the action's configured description ("create a task"),
+/// naming the account: "I have recorded the request to create a task in account acct-1; …".
+/// Without a description (the action is not configured here), the action's name stands in.
+pub fn described_sentence(state: &OperationState, description: Option<&str>) -> String {
+    let what = match (state.intent.as_ref(), description) {
+        (None, _) => "the operation".to_owned(),
+        (Some(intent), Some(description)) => format!(
+            "the request to {} in account {}",
+            description.trim().trim_end_matches('.'),
+            intent.account
+        ),
+        (Some(intent), None) => {
+            format!("the {} request", intent.action.as_str().replace('_', " "))
+        }
+    };
     match &state.status {
         Status::New => "This request has not been recorded, so nothing was done.".to_owned(),
         Status::AwaitingApproval => {
@@ -104,6 +118,7 @@ mod tests {
         let state = history_to(Some(OperationEvent::OutcomeUnknown(OutcomeUnknown {
             attempt_id: crate::testing::attempt(1),
             error: "timeout".into(),
+            check_not_before: None,
             at: at_s(10),
         })));
         let sentence = agent_sentence(&state);
@@ -122,5 +137,16 @@ mod tests {
         ] {
             assert!(!agent_sentence(&state).contains("Done"));
         }
+    }
+
+    #[test]
+    fn a_described_sentence_uses_the_actions_words_and_names_the_account() {
+        let state = history_to(None);
+        let sentence = described_sentence(&state, Some("create a task."));
+        assert!(
+            sentence.starts_with("I am sending the request to create a task in account acct-1 now"),
+            "{sentence}"
+        );
+        assert_eq!(described_sentence(&state, None), agent_sentence(&state));
     }
 }

@@ -322,7 +322,10 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
                 state.enter(Status::Rejected);
             }
         }
-        OperationEvent::OutcomeUnknown(unknown) => state.end_uncertain(unknown.error.clone()),
+        OperationEvent::OutcomeUnknown(unknown) => {
+            state.end_uncertain(unknown.error.clone());
+            state.next_check_not_before = unknown.check_not_before;
+        }
         OperationEvent::AttemptNotSent(not_sent) => state.return_not_sent(not_sent),
         OperationEvent::LeaseExpired(expired) => {
             state.end_uncertain(format!("lease expired at {}", expired.lease_deadline));

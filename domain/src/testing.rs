@@ -311,6 +311,7 @@ pub fn unknown(n: u128) -> Command {
     Command::RecordUnknown {
         attempt_id: attempt(n),
         error: "read timed out after 10 s".into(),
+        check_not_before: None,
     }
 }
 

@@ -155,6 +155,7 @@ mod tests {
             intent(operation(1), None, 0),
             started,
             OperationEvent::OutcomeUnknown(OutcomeUnknown {
+                check_not_before: None,
                 attempt_id: attempt(1),
                 error: "timeout".into(),
                 at: at(5),

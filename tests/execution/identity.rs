@@ -4,12 +4,12 @@
 
 use opledger_domain::app::AppError;
 use opledger_domain::ids::ExternalObjectId;
-use opledger_domain::provider::Providers;
 use opledger_domain::state::Status;
 use serde_json::json;
 
 use super::support::{
-    account_id, Crm, Harness, ACCOUNT, ACCOUNT_TOKEN, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN, WORKER,
+    fingerprint_at, Crm, Harness, ACCOUNT, ACCOUNT_TOKEN, OTHER_ACCOUNT, OTHER_ACCOUNT_TOKEN,
+    WORKER,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,11 +182,8 @@ async fn the_same_tool_call_delivered_again_after_the_token_rotated_finds_its_op
         WORKER,
     );
     let mut redelivered = request.clone();
-    redelivered.credential_fingerprint = rotated
-        .providers()
-        .credential_fingerprint(&Crm::Keyed.provider(), &account_id(ACCOUNT))
-        .expect("the account is configured")
-        .to_string();
+    redelivered.credential_fingerprint =
+        fingerprint_at(rotated.providers(), Crm::Keyed.provider()).to_string();
     assert_ne!(
         redelivered.credential_fingerprint,
         intent.credential_fingerprint.to_string()

@@ -379,3 +379,66 @@ async fn a_request_still_in_progress_when_the_lookup_budget_runs_out_goes_to_a_p
     );
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_that_finds_two_tasks_with_the_operations_label_confirms_the_first_and_records_the_other_as_a_duplicate(
+) {
+    use opledger_domain::ports::IdSource;
+    use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
+
+    let h = Harness::start().await;
+    h.queue(Crm::Plain.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Plain, Some("toolcall-1"))).await;
+    let intent = recorded.intent().clone();
+    let operation_id = intent.operation_id;
+    let unknown = h.first_attempt_left_unknown(operation_id).await;
+    assert_eq!(unknown.status, Status::Unknown);
+    // A second task with the same label, as a retry outside the ledger would have made.
+    let copy = h
+        .engine
+        .providers()
+        .execute(&SendRequest {
+            operation_id,
+            attempt_id: h.ledger().ids().new_attempt_id(),
+            tenant: intent.tenant.clone(),
+            provider: intent.provider.clone(),
+            account: intent.account.clone(),
+            action: intent.action.clone(),
+            args: intent.args.clone(),
+            idempotency_key: intent.idempotency_key.clone(),
+            label: operation_label(operation_id),
+        })
+        .await;
+    assert!(matches!(copy, SendOutcome::Confirmed { .. }), "{copy:?}");
+    let objects = h.objects_for(Crm::Plain, &intent).await;
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    h.admin
+        .advance_clock_ms(h.setup.stand_search_lag_ms + 1)
+        .await
+        .expect("the stand clock moves");
+
+    let report = h.drive_when_due(operation_id).await;
+
+    let first = ExternalObjectId::new(objects[0].id.clone()).expect("a valid id");
+    let second = ExternalObjectId::new(objects[1].id.clone()).expect("a valid id");
+    assert_eq!(
+        report.state().status,
+        Status::Succeeded {
+            external_id: first.clone()
+        },
+        "the earliest task is the operation's outcome"
+    );
+    assert_eq!(report.state().duplicates, std::slice::from_ref(&second));
+    let events = h.events(operation_id).await;
+    assert!(
+        matches!(
+            events.last(),
+            Some(OperationEvent::DuplicateDetected(duplicate))
+                if duplicate.confirmed_external_id == first && duplicate.duplicate_external_id == second
+        ),
+        "{:?}",
+        names(&events)
+    );
+    h.finish().await;
+}

@@ -28,15 +28,20 @@ use opledger_domain::contract::{RetryPolicy, SendBinding};
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::event::{IntentRecorded, OperationEvent};
 use opledger_domain::ids::{
-    AccountId, AttemptId, OperationId, ProviderId, StreamVersion, WorkerId,
+    AccountId, ActionName, AttemptId, CredentialFingerprint, OperationId, ProviderId,
+    StreamVersion, TenantId, WorkerId,
 };
 use opledger_domain::ports::IdSource;
-use opledger_domain::provider::{operation_label, Providers, SendOutcome, SendRequest};
+use opledger_domain::provider::{
+    operation_label, BindingQuery, Providers, SendOutcome, SendRequest,
+};
 use opledger_domain::state::{OperationState, Status};
 use opledger_domain::store::{EventStore, StreamName, MAX_READ_BATCH};
 use opledger_kurrentdb_stand::KurrentDbStand;
+use opledger_providers::presets::{stand_document, StandSettings};
 use opledger_providers::{
-    AccountConfig, HttpProviderConfig, HttpProviders, Shape as ProviderShape,
+    render_all, AccountSpec, Connector, Credentials, HttpProviders, Overrides,
+    Shape as ProviderShape,
 };
 use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels, RunReport};
 use opledger_runtime::system::{RandomIds, SystemClock};
@@ -215,19 +220,31 @@ impl Default for Setup {
 impl Setup {
     /// The three CRMs at `base_url`, each able to act in exactly `accounts` (name, token).
     pub fn providers(&self, base_url: &str, accounts: &[(&str, &str)]) -> HttpProviders {
-        let accounts: Vec<AccountConfig> = accounts
+        // Every test account is owned by the tests' tenant, `acme`.
+        let accounts: Vec<AccountSpec> = accounts
             .iter()
-            .map(|(account, token)| AccountConfig::with_token(account_id(account), *token))
+            .map(|(account, token)| AccountSpec {
+                id: account_id(account),
+                tenants: vec![TenantId::new("acme").expect("a valid tenant")],
+                credentials: Credentials::token(*token),
+            })
             .collect();
-        HttpProviders::from_configs(Crm::ALL.map(|crm| {
-            let mut config =
-                HttpProviderConfig::new(crm.adapter_shape(), base_url, accounts.clone());
-            config.request_timeout_ms = self.request_timeout_ms;
-            config.connect_timeout_ms = self.connect_timeout_ms;
-            config.key_retention_s = self.key_retention_s;
-            config.key_safety_margin_s = self.key_safety_margin_s;
-            config.search_lag_ms = self.search_lag_ms;
-            (crm.provider(), config)
+        let settings = StandSettings {
+            key_retention_s: Some((self.key_retention_s, self.key_safety_margin_s)),
+            search_lag_ms: Some(self.search_lag_ms),
+        };
+        HttpProviders::new(Crm::ALL.map(|crm| {
+            let document = stand_document(crm.adapter_shape(), settings);
+            let overrides = Overrides {
+                id: Some(crm.provider()),
+                base_url: Some(base_url.to_owned()),
+                accounts: accounts.clone(),
+                request_timeout_ms: Some(self.request_timeout_ms),
+                connect_timeout_ms: Some(self.connect_timeout_ms),
+                ..Overrides::default()
+            };
+            Connector::build(&document, overrides)
+                .unwrap_or_else(|errors| panic!("{}", render_all(&errors)))
         }))
         .expect("the test provider configurations are valid")
     }
@@ -358,7 +375,14 @@ impl Harness {
         };
         let unknown = self
             .ledger()
-            .execute(operation_id, &Command::RecordUnknown { attempt_id, error })
+            .execute(
+                operation_id,
+                &Command::RecordUnknown {
+                    check_not_before: None,
+                    attempt_id,
+                    error,
+                },
+            )
             .await
             .expect("the unknown outcome is recorded")
             .state;
@@ -369,11 +393,7 @@ impl Harness {
     /// The agent's tool call: create a task at `crm` in [`ACCOUNT`], bound to the credentials
     /// the engine has configured for it now.
     pub fn request(&self, crm: Crm, source_id: Option<&str>) -> IntentRequest {
-        let fingerprint = self
-            .engine
-            .providers()
-            .credential_fingerprint(&crm.provider(), &account_id(ACCOUNT))
-            .expect("the account is configured");
+        let fingerprint = fingerprint_at(self.engine.providers(), crm.provider());
         IntentRequest {
             tenant: "acme".into(),
             owner: Some("manager-anna".into()),
@@ -680,20 +700,24 @@ pub async fn claim_and_send(
         .clone()
         .expect("a recorded operation has its intent");
     let attempt_id = ledger.ids().new_attempt_id();
+    let bound = providers
+        .bind(&BindingQuery {
+            tenant: &intent.tenant,
+            provider: &intent.provider,
+            account: &intent.account,
+            action: &intent.action,
+        })
+        .expect("the operation's binding is configured");
     let claim = Command::StartAttempt {
         attempt_id,
         worker: worker_id(worker),
         lease_ms,
         binding: SendBinding {
             account: intent.account.clone(),
-            credential_fingerprint: providers
-                .credential_fingerprint(&intent.provider, &intent.account)
-                .expect("the account is configured"),
+            credential_fingerprint: bound.credential_fingerprint.clone(),
             args_hash: intent.args.hash(),
         },
-        capabilities: providers
-            .capabilities(&intent.provider)
-            .expect("the provider is configured"),
+        capabilities: bound.capabilities,
         policy,
     };
     let claimed = ledger
@@ -705,6 +729,7 @@ pub async fn claim_and_send(
         .execute(&SendRequest {
             operation_id,
             attempt_id,
+            tenant: intent.tenant.clone(),
             provider: intent.provider.clone(),
             account: intent.account.clone(),
             action: intent.action.clone(),
@@ -714,4 +739,18 @@ pub async fn claim_and_send(
         })
         .await;
     (attempt_id, outcome)
+}
+
+/// The fingerprint of [`ACCOUNT`]'s credentials at `provider` as `providers` have them now, for
+/// the tenant `acme` and the action `create_task`.
+pub fn fingerprint_at(providers: &HttpProviders, provider: ProviderId) -> CredentialFingerprint {
+    providers
+        .bind(&BindingQuery {
+            tenant: &TenantId::new("acme").expect("a valid tenant"),
+            provider: &provider,
+            account: &account_id(ACCOUNT),
+            action: &ActionName::new("create_task").expect("a valid action"),
+        })
+        .expect("the account is configured")
+        .credential_fingerprint
 }

@@ -5,7 +5,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 
 use crate::support::{
-    Harness, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN,
+    Harness, APPROVER_B_TOKEN, A_ONLY_ACCOUNT, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
+    TENANT_B_TOKEN,
 };
 
 #[tokio::test]
@@ -209,4 +210,139 @@ async fn a_tenant_with_an_approver_cannot_approve_its_own_requests_and_the_appro
         grant["data"]["approver"], "b-approver",
         "recorded under the token's name"
     );
+}
+
+/// Records a create_task on `account` of `crm` for `token`, with `args`.
+async fn record_on(
+    server: &crate::support::Server,
+    token: &str,
+    account: &str,
+    args: serde_json::Value,
+    requires_approval: bool,
+) -> (StatusCode, serde_json::Value) {
+    let body = json!({"provider": "crm", "account": account, "action": "create_task",
+        "args": args, "requires_approval": requires_approval});
+    server.post("/v1/operations", token, &body).await
+}
+
+#[tokio::test]
+async fn an_account_of_another_tenant_is_refused_at_record_and_nothing_is_written() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let head = server.log_head().await;
+    let (status, refused) = record_on(
+        &server,
+        TENANT_B_TOKEN,
+        A_ONLY_ACCOUNT,
+        json!({"title": "B's task"}),
+        false,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("invalid `account`")
+            && message.contains("not owned by tenant `tenant-b`"),
+        "{refused}"
+    );
+    // The owner records on it.
+    let (status, recorded) = record_on(
+        &server,
+        TENANT_A_TOKEN,
+        A_ONLY_ACCOUNT,
+        json!({"title": "A's task"}),
+        true,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    assert_eq!(
+        server.log_head().await,
+        head + 1,
+        "only A's intent was written"
+    );
+    assert!(harness.objects().await.is_empty());
+}
+
+#[tokio::test]
+async fn arguments_outside_the_actions_schema_are_refused_naming_each_field_and_nothing_is_written()
+{
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let head = server.log_head().await;
+    let (status, refused) = record_on(
+        &server,
+        TENANT_A_TOKEN,
+        "acct-1",
+        json!({"title": 7, "due": "x".repeat(101)}),
+        false,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert_eq!(refused["error"]["code"], "invalid_input");
+    let pointers: Vec<&str> = refused["error"]["fields"]
+        .as_array()
+        .expect("the failing fields are listed")
+        .iter()
+        .filter_map(|field| field["pointer"].as_str())
+        .collect();
+    assert!(pointers.contains(&"/args/title"), "{refused}");
+    assert!(pointers.contains(&"/args/due"), "{refused}");
+    let body = json!({"provider": "crm", "account": "acct-1", "action": "delete_everything",
+        "args": {}});
+    let (status, unknown) = server.post("/v1/operations", TENANT_A_TOKEN, &body).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{unknown}");
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("create_task")),
+        "the known actions are named: {unknown}"
+    );
+    assert_eq!(server.log_head().await, head, "nothing was written");
+}
+
+#[tokio::test]
+async fn an_account_handed_to_another_tenant_after_recording_is_not_sent_but_goes_to_a_person() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (status, recorded) = record_on(
+        &server,
+        TENANT_A_TOKEN,
+        A_ONLY_ACCOUNT,
+        json!({"title": "A's task"}),
+        true,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("id").to_owned();
+    let (code, _) = server.terminate();
+    assert_eq!(code, Some(0));
+    // The operator moves the account to tenant B while A's operation waits for its approval.
+    let config = std::fs::read_to_string(&harness.config).expect("the configuration");
+    let moved = config.replace(
+        "tenants = [\"tenant-a\"]\ntoken = \"token-acct-2\"",
+        "tenants = [\"tenant-b\"]\ntoken = \"token-acct-2\"",
+    );
+    assert_ne!(moved, config, "the account's owner changed");
+    std::fs::write(&harness.config, moved).expect("written");
+    let server = harness.serve();
+    let approval = json!({"approver": "a-lead", "args_hash": recorded["args_hash"]});
+    let (status, approved) = server
+        .post(
+            &format!("/v1/operations/{id}/approve"),
+            TENANT_A_TOKEN,
+            &approval,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    let settled = server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["needs_review"])
+        .await;
+    assert!(
+        settled["review_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("not owned by tenant `tenant-a`")),
+        "{settled}"
+    );
+    assert_eq!(settled["attempts"], 0, "nothing was sent: {settled}");
+    assert!(harness.objects().await.is_empty());
 }

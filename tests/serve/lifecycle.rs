@@ -218,6 +218,19 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
     assert_eq!(status, StatusCode::OK, "{queue}");
     assert_eq!(queue["queue"][0]["operation_id"], id.as_str());
     assert!(queue["queue"][0]["reason"].is_string());
+    // The person deciding sees what was asked, where it is bound, and every attempt and lookup.
+    let detail = &queue["queue"][0]["detail"];
+    assert_eq!(detail["description"], "create a task", "{detail}");
+    assert_eq!(detail["args"]["title"], "Call", "{detail}");
+    assert_eq!(detail["binding"]["provider"], "crm-plain", "{detail}");
+    assert_eq!(detail["attempts"][0]["outcome"], "unknown", "{detail}");
+    let lookups = detail["lookups"].as_array().map_or(0, Vec::len);
+    assert_eq!(
+        Some(lookups as u64),
+        queue["queue"][0]["lookups"].as_u64(),
+        "every lookup is listed: {detail}"
+    );
+    assert!(lookups >= 1, "{detail}");
     // An operator scoped to another tenant has an empty queue; it is tenant A's operation.
     let (status, scoped) = server
         .call(Method::GET, "/v1/review", Some(OPERATOR_B_TOKEN), None)
@@ -347,18 +360,40 @@ async fn an_operator_confirms_an_object_found_by_hand_and_the_agent_may_then_say
 }
 
 #[tokio::test]
-async fn an_operator_retry_sends_the_same_operation_once_more() {
+async fn an_operator_retry_without_deduplication_needs_the_risk_accepted_and_sends_once_more() {
     let harness = Harness::new("").await;
     let server = harness.serve();
     let id = operation_in_review(&harness, &server).await;
-    let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
-    let (status, decided) = server
-        .post(
-            &format!("/v1/operations/{id}/review"),
-            OPERATOR_TOKEN,
-            &decision,
+    let path = format!("/v1/operations/{id}/review");
+    // The plain CRM deduplicates nothing: a retry could make a second task, so the operator
+    // must say they accept that before anything is sent.
+    let unacknowledged = json!({"decision": "retry", "note": "the CRM log shows it never arrived"});
+    let (status, refused) = server.post(&path, OPERATOR_TOKEN, &unacknowledged).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "duplicate_risk_not_accepted");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("accept_duplicate_risk")),
+        "{refused}"
+    );
+    let (_, still) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}"),
+            Some(TENANT_A_TOKEN),
+            None,
         )
         .await;
+    assert_eq!(
+        still["state"], "needs_review",
+        "a refused decision changes nothing"
+    );
+    assert!(harness.objects().await.is_empty(), "nothing was sent");
+
+    let decision = json!({"decision": "retry", "note": "the CRM log shows it never arrived",
+        "accept_duplicate_risk": true});
+    let (status, decided) = server.post(&path, OPERATOR_TOKEN, &decision).await;
     assert_eq!(status, StatusCode::OK, "{decided}");
     let settled = server
         .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])

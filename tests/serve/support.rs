@@ -24,6 +24,9 @@ pub const APPROVER_B_TOKEN: &str = "approver-b-only-0123456789";
 /// The stand's account and the token it knows it by.
 pub const ACCOUNT: &str = "acct-1";
 const ACCOUNT_TOKEN: &str = "token-acct-1";
+/// A second account at the stand, owned by tenant A alone, and the token the stand knows it by.
+pub const A_ONLY_ACCOUNT: &str = "acct-2";
+pub const A_ONLY_ACCOUNT_TOKEN: &str = "token-acct-2";
 /// The stand's search lag, short so lookup-only scenarios settle quickly.
 pub const SEARCH_LAG_MS: u64 = 200;
 /// How long a test waits for the server to start or for an outcome before it fails.
@@ -102,32 +105,46 @@ id = "b-approver"
 token = "{APPROVER_B_TOKEN}"
 tenants = ["tenant-b"]
 
-[[providers]]
+[[connectors]]
 id = "crm"
-shape = "keyed"
+preset = "crm-stand-keyed"
 base_url = "{base}"
 request_timeout_ms = 2000
 connect_timeout_ms = 500
 
-[[providers.accounts]]
+[[connectors.accounts]]
 id = "{ACCOUNT}"
+tenants = ["tenant-a", "tenant-b"]
 token = "{ACCOUNT_TOKEN}"
 
-[[providers]]
+[[connectors.accounts]]
+id = "{A_ONLY_ACCOUNT}"
+tenants = ["tenant-a"]
+token = "{A_ONLY_ACCOUNT_TOKEN}"
+
+[[connectors]]
 id = "crm-plain"
-shape = "plain"
+file = "crm-plain.toml"
 base_url = "{base}"
 request_timeout_ms = 2000
 connect_timeout_ms = 500
-search_lag_ms = {SEARCH_LAG_MS}
 
-[[providers.accounts]]
+[[connectors.accounts]]
 id = "{ACCOUNT}"
+tenants = ["tenant-a", "tenant-b"]
 token = "{ACCOUNT_TOKEN}"
 "#,
             views = views.display(),
         );
         std::fs::write(&config, text).expect("config written");
+        // The plain shape as a connector file beside the configuration, as a user writes one:
+        // the stand preset with this stand's search lag.
+        let plain = opledger_providers::presets::preset("crm-stand-plain")
+            .expect("the preset")
+            .1
+            .replace("lag_ms = 2000", &format!("lag_ms = {SEARCH_LAG_MS}"));
+        assert!(plain.contains(&format!("lag_ms = {SEARCH_LAG_MS}")));
+        std::fs::write(dir.path().join("crm-plain.toml"), plain).expect("connector written");
         Self {
             dir,
             _stand: stand,

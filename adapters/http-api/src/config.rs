@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::EnginePolicy;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
-use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, Shape};
+use opledger_providers::{
+    presets, AccountSpec, Connector, ConnectorError, Credentials, Document, Overrides, Secret,
+    SecretSource,
+};
 use opledger_readmodel::MAX_LINGER_MS;
 use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
@@ -151,8 +154,8 @@ pub struct ServeConfig {
     pub tokens: BTreeMap<String, Principal>,
     /// The token `/metrics` asks for (`None`: open, showing aggregates only).
     pub metrics_token: Option<String>,
-    /// The providers and their accounts, built (their HTTP clients ready).
-    pub providers: Vec<HttpProvider>,
+    /// The connectors and their accounts, built (their HTTP clients ready).
+    pub providers: Vec<Connector>,
 }
 
 // ---- the file's shape (serde) ----
@@ -177,7 +180,7 @@ struct File {
     #[serde(default)]
     approvers: Vec<Operator>,
     #[serde(default)]
-    providers: Vec<Provider>,
+    connectors: Vec<ConnectorEntry>,
     #[serde(default)]
     metrics: MetricsSection,
 }
@@ -286,26 +289,38 @@ struct Operator {
     tenants: Option<Vec<Spanned<String>>>,
 }
 
+/// One `[[connectors]]` entry: a connector document (a preset shipped in the binary, a file, or
+/// inline) and what this installation adds to it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Provider {
-    id: Spanned<String>,
-    shape: Spanned<String>,
-    base_url: Spanned<String>,
-    request_timeout_ms: Option<u64>,
-    connect_timeout_ms: Option<u64>,
-    key_retention_s: Option<u64>,
-    key_safety_margin_s: Option<u64>,
-    search_lag_ms: Option<u64>,
-    accounts: Vec<ProviderAccount>,
+struct ConnectorEntry {
+    /// The provider id to register under (default: the document's `id`).
+    id: Option<Spanned<String>>,
+    /// A connector shipped in the binary, by name (`opledger connectors list --presets`).
+    preset: Option<Spanned<String>>,
+    /// A connector file, relative to this configuration file.
+    file: Option<Spanned<String>>,
+    /// A connector document written here, as a TOML multi-line string.
+    inline: Option<Spanned<String>>,
+    base_url: Option<Spanned<String>>,
+    request_timeout_ms: Option<Spanned<u64>>,
+    connect_timeout_ms: Option<Spanned<u64>>,
+    #[serde(default)]
+    settings: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    accounts: Vec<ConnectorAccount>,
 }
 
+/// One account this installation adds to a connector.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ProviderAccount {
+struct ConnectorAccount {
     id: Spanned<String>,
+    tenants: Option<Vec<Spanned<String>>>,
     token: Option<Spanned<String>>,
     token_env: Option<Spanned<String>>,
+    username_env: Option<Spanned<String>>,
+    password_env: Option<Spanned<String>>,
 }
 
 /// Reads and checks the configuration file at `path`.
@@ -404,7 +419,7 @@ impl Checker<'_> {
             ("tenants", file.tenants.len()),
             ("operators", file.operators.len()),
             ("approvers", file.approvers.len()),
-            ("providers", file.providers.len()),
+            ("connectors", file.connectors.len()),
         ] {
             if count > MAX_ENTRIES {
                 return Err(self.error(
@@ -416,7 +431,7 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
-        let providers = self.providers(&file.providers)?;
+        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens))?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -745,131 +760,311 @@ impl Checker<'_> {
         Ok(token)
     }
 
-    fn providers(&self, providers: &[Provider]) -> Result<Vec<HttpProvider>, ConfigError> {
+    /// Every `[[connectors]]` entry, built; `tenants` are the configured tenants, which every
+    /// account's owners must be among.
+    fn connectors(
+        &self,
+        entries: &[ConnectorEntry],
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<Vec<Connector>, ConfigError> {
         let mut seen = BTreeSet::new();
-        let mut built = Vec::with_capacity(providers.len());
-        for (index, provider) in providers.iter().enumerate() {
-            let field = format!("providers[{index}]");
-            let id = ProviderId::new(provider.id.get_ref().clone()).map_err(|error| {
-                self.error(
-                    Some(provider.id.span()),
-                    &format!("{field}.id"),
-                    error.message,
-                )
-            })?;
-            if !seen.insert(id.clone()) {
+        let mut built = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            let field = format!("connectors[{index}]");
+            let connector = self.connector(&field, entry, tenants)?;
+            if !seen.insert(connector.id().clone()) {
                 return Err(self.error(
-                    Some(provider.id.span()),
+                    entry.id.as_ref().map(Spanned::span),
                     &format!("{field}.id"),
-                    format!("provider `{id}` is listed twice; list each provider once"),
+                    format!(
+                        "provider `{}` is configured twice; give one of them another id = \"…\"",
+                        connector.id()
+                    ),
                 ));
             }
-            built.push(self.provider(&field, id, provider)?);
+            built.push(connector);
         }
         Ok(built)
     }
 
-    /// One provider, `field` naming it (`providers[0]`).
-    fn provider(
+    /// One connector: its document, then what this file adds, built with the environment.
+    fn connector(
         &self,
         field: &str,
-        id: ProviderId,
-        provider: &Provider,
-    ) -> Result<HttpProvider, ConfigError> {
-        let shape: Shape = provider.shape.get_ref().parse().map_err(|error| {
-            self.error(
-                Some(provider.shape.span()),
-                &format!("{field}.shape"),
-                format!("{error}"),
-            )
-        })?;
-        if provider.accounts.is_empty() {
-            return Err(self.error(
-                Some(provider.id.span()),
-                &format!("{field}.accounts"),
-                "is empty; add at least one [[providers.accounts]] with id and token_env".into(),
-            ));
-        }
-        let mut accounts = Vec::with_capacity(provider.accounts.len());
-        let mut account_ids = BTreeSet::new();
-        for (position, account) in provider.accounts.iter().enumerate() {
-            let account_field = format!("{field}.accounts[{position}]");
-            let account = self.account(&account_field, account)?;
-            if !account_ids.insert(account.account.clone()) {
-                return Err(self.error(
-                    Some(provider.accounts[position].id.span()),
-                    &format!("{account_field}.id"),
-                    format!("account `{}` is listed twice for `{id}`", account.account),
-                ));
-            }
-            accounts.push(account);
-        }
-        let mut config =
-            HttpProviderConfig::new(shape, provider.base_url.get_ref().clone(), accounts);
-        let defaults = &mut config;
-        let optional = [
-            (
-                provider.request_timeout_ms,
-                &mut defaults.request_timeout_ms,
-            ),
-            (
-                provider.connect_timeout_ms,
-                &mut defaults.connect_timeout_ms,
-            ),
-            (provider.key_retention_s, &mut defaults.key_retention_s),
-            (
-                provider.key_safety_margin_s,
-                &mut defaults.key_safety_margin_s,
-            ),
-            (provider.search_lag_ms, &mut defaults.search_lag_ms),
-        ];
-        for (given, default) in optional {
-            if let Some(value) = given {
-                *default = value;
-            }
-        }
-        // The adapter checks URLs and timeouts itself; its message is placed at the provider.
-        HttpProvider::new(id, &config)
-            .map_err(|error| self.error(Some(provider.base_url.span()), field, format!("{error}")))
+        entry: &ConnectorEntry,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<Connector, ConfigError> {
+        let document = self.document(field, entry)?;
+        let overrides = self.overrides(field, entry, tenants)?;
+        let env = |name: &str| (self.env)(name).map(std::ffi::OsString::from);
+        Connector::with_env(&document, overrides, &env)
+            .map_err(|errors| self.connector_errors(field, &errors))
     }
 
-    /// One account of a provider, with its token; `field` names it (`providers[0].accounts[1]`).
+    /// The connector document an entry names: exactly one of `preset`, `file` and `inline`.
+    fn document(&self, field: &str, entry: &ConnectorEntry) -> Result<Document, ConfigError> {
+        let given = [&entry.preset, &entry.file, &entry.inline];
+        let count = given.iter().filter(|source| source.is_some()).count();
+        if count != 1 {
+            let at = given
+                .iter()
+                .find_map(|source| source.as_ref().map(Spanned::span));
+            return Err(self.error(
+                at,
+                field,
+                format!("names {count} connector documents; give exactly one of preset = \"NAME\" (`opledger connectors list --presets` lists them), file = \"PATH\" or inline = '''…'''"),
+            ));
+        }
+        let parsed = if let Some(preset) = &entry.preset {
+            let (name, text) = presets::preset(preset.get_ref()).ok_or_else(|| {
+                let known: Vec<&str> = presets::preset_names().collect();
+                self.error(
+                    Some(preset.span()),
+                    &format!("{field}.preset"),
+                    format!(
+                        "`{}` is not a preset; the presets are {}",
+                        preset.get_ref(),
+                        known.join(", ")
+                    ),
+                )
+            })?;
+            opledger_providers::parse(name, text)
+        } else if let Some(file) = &entry.file {
+            let path = self.relative(file.get_ref());
+            let text = read_connector_file(&path).map_err(|message| {
+                self.error(Some(file.span()), &format!("{field}.file"), message)
+            })?;
+            opledger_providers::parse(&path.display().to_string(), &text)
+        } else {
+            let inline = entry.inline.as_ref().expect("exactly one source is given");
+            self.inline_document(field, inline)
+        };
+        parsed.map_err(|errors| self.connector_errors(field, &errors))
+    }
+
+    /// A connector document written inside this file: its errors point at this file's lines.
+    fn inline_document(
+        &self,
+        field: &str,
+        inline: &Spanned<String>,
+    ) -> Result<Document, Vec<ConnectorError>> {
+        // The string's first line is the line its opening quotes are on; TOML drops a newline
+        // right after them, so the document's line 1 is the next one.
+        let opening_line = line_of(self.text, inline.span().start);
+        let skipped = usize::from(
+            self.text
+                .get(inline.span().start..)
+                .is_some_and(|rest| rest.starts_with("'''\n") || rest.starts_with("\"\"\"\n")),
+        );
+        opledger_providers::parse(self.file, inline.get_ref()).map_err(|errors| {
+            errors
+                .into_iter()
+                .map(|mut error| {
+                    error.line = error.line.map(|line| line + opening_line + skipped - 1);
+                    error.field = format!("{field}.inline.{}", error.field);
+                    error
+                })
+                .collect()
+        })
+    }
+
+    /// What an entry adds to its document: id, base URL, timeouts, settings and accounts.
+    fn overrides(
+        &self,
+        field: &str,
+        entry: &ConnectorEntry,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<Overrides, ConfigError> {
+        let id = match &entry.id {
+            Some(id) => Some(ProviderId::new(id.get_ref().clone()).map_err(|error| {
+                self.error(Some(id.span()), &format!("{field}.id"), error.message)
+            })?),
+            None => None,
+        };
+        let mut accounts = Vec::with_capacity(entry.accounts.len());
+        for (position, account) in entry.accounts.iter().enumerate() {
+            let account_field = format!("{field}.accounts[{position}]");
+            accounts.push(self.account(&account_field, account, tenants)?);
+        }
+        Ok(Overrides {
+            id,
+            base_url: entry.base_url.as_ref().map(|url| url.get_ref().clone()),
+            settings: entry
+                .settings
+                .iter()
+                .map(|(name, value)| (name.clone(), value.get_ref().clone()))
+                .collect(),
+            accounts,
+            request_timeout_ms: entry.request_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
+            connect_timeout_ms: entry.connect_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
+        })
+    }
+
+    /// One account an entry adds, with its owners (configured tenants) and its credentials
+    /// (read from the environment here, so a missing variable is named at its line).
     fn account(
         &self,
         field: &str,
-        account: &ProviderAccount,
-    ) -> Result<AccountConfig, ConfigError> {
-        let account_id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
+        account: &ConnectorAccount,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<AccountSpec, ConfigError> {
+        let id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
             self.error(
                 Some(account.id.span()),
                 &format!("{field}.id"),
                 error.message,
             )
         })?;
-        // Provider credentials are the CRM's, not ours: any non-empty value is taken.
-        let token = match (&account.token, &account.token_env) {
-            (Some(token), None) if !token.get_ref().trim().is_empty() => {
-                token.get_ref().trim().to_owned()
+        let owners = account.tenants.as_deref().unwrap_or_default();
+        if owners.is_empty() {
+            return Err(self.error(
+                Some(account.id.span()),
+                &format!("{field}.tenants"),
+                format!("account `{id}` names no tenant; add tenants = [\"…\"] with the tenants whose operations may use it"),
+            ));
+        }
+        let mut owned_by = Vec::with_capacity(owners.len());
+        for (position, tenant) in owners.iter().enumerate() {
+            let at = format!("{field}.tenants[{position}]");
+            let tenant_id = TenantId::new(tenant.get_ref().clone())
+                .map_err(|error| self.error(Some(tenant.span()), &at, error.message))?;
+            if !tenants.contains(&tenant_id) {
+                return Err(self.error(
+                    Some(tenant.span()),
+                    &at,
+                    format!("names tenant `{tenant_id}`, which is not under [[tenants]]; add it there or remove it here"),
+                ));
             }
-            (None, Some(variable)) => (self.env)(variable.get_ref())
+            owned_by.push(tenant_id);
+        }
+        Ok(AccountSpec {
+            id,
+            tenants: owned_by,
+            credentials: self.credentials(field, account)?,
+        })
+    }
+
+    /// An account's credentials: `token_env` (or `token` for local use), or `username_env` and
+    /// `password_env` for basic authentication.
+    fn credentials(
+        &self,
+        field: &str,
+        account: &ConnectorAccount,
+    ) -> Result<Credentials, ConfigError> {
+        let secret = |variable: &Spanned<String>, name: &str| {
+            (self.env)(variable.get_ref())
                 .filter(|value| !value.trim().is_empty())
+                .map(|value| SecretSource::Direct(Secret::new(value.trim())))
                 .ok_or_else(|| {
                     self.error(
                         Some(variable.span()),
-                        &format!("{field}.token_env"),
-                        format!("environment variable `{}` is not set or empty; export the account's API token there", variable.get_ref()),
+                        &format!("{field}.{name}"),
+                        format!("environment variable `{}` is not set or empty; export the account's credential there", variable.get_ref()),
                     )
-                })?,
-            _ => {
-                return Err(self.error(
-                    Some(account.id.span()),
-                    field,
-                    "needs exactly one of token_env = \"VARIABLE\" or token = \"…\"".into(),
-                ))
-            }
+                })
         };
-        Ok(AccountConfig::with_token(account_id, token))
+        match (
+            &account.token,
+            &account.token_env,
+            &account.username_env,
+            &account.password_env,
+        ) {
+            (Some(token), None, None, None) if !token.get_ref().trim().is_empty() => Ok(
+                Credentials::Token(SecretSource::Direct(Secret::new(token.get_ref().trim()))),
+            ),
+            (None, Some(variable), None, None) => {
+                Ok(Credentials::Token(secret(variable, "token_env")?))
+            }
+            (None, None, Some(username), Some(password)) => Ok(Credentials::Basic {
+                username: secret(username, "username_env")?,
+                password: secret(password, "password_env")?,
+            }),
+            _ => Err(self.error(
+                Some(account.id.span()),
+                field,
+                "needs exactly one of token_env = \"VARIABLE\", token = \"…\" (local use), or username_env and password_env (basic authentication)".into(),
+            )),
+        }
     }
+
+    /// Every problem of a connector document or its build, as one error: the first names its
+    /// place, and the message lists them all, each with its file, line and field.
+    fn connector_errors(&self, field: &str, errors: &[ConnectorError]) -> ConfigError {
+        let Some(first) = errors.first() else {
+            return self.error(None, field, "could not be built".into());
+        };
+        // Problems of the build (overrides, the environment) have no line in the document:
+        // they come from this entry.
+        let (file, line, at) = if first.line.is_none() && first.file != self.file {
+            (
+                self.file.to_owned(),
+                None,
+                format!("{field}.{}", first.field),
+            )
+        } else {
+            (first.file.clone(), first.line, first.field.clone())
+        };
+        let message = if errors.len() == 1 {
+            first.message.clone()
+        } else {
+            format!(
+                "{} (and {} more problem(s) in {field}):\n{}",
+                first.message,
+                errors.len() - 1,
+                opledger_providers::render_all(errors)
+            )
+        };
+        ConfigError {
+            file,
+            line,
+            field: at,
+            message,
+        }
+    }
+
+    /// `path` as written in this file: a relative path is taken from the file's directory.
+    fn relative(&self, path: &str) -> PathBuf {
+        let path = Path::new(path);
+        if path.is_absolute() {
+            return path.to_path_buf();
+        }
+        Path::new(self.file)
+            .parent()
+            .map_or_else(|| path.to_path_buf(), |dir| dir.join(path))
+    }
+}
+
+/// Most bytes of one connector file.
+pub const MAX_CONNECTOR_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Reads a connector file, bounded by [`MAX_CONNECTOR_FILE_BYTES`].
+pub fn read_connector_file(path: &Path) -> Result<String, String> {
+    let size = std::fs::metadata(path)
+        .map_err(|error| format!("`{}` cannot be read ({error}); write the path of a connector TOML file, relative to this configuration", path.display()))?
+        .len();
+    if size > MAX_CONNECTOR_FILE_BYTES {
+        return Err(format!(
+            "`{}` is {size} bytes; a connector file is at most {MAX_CONNECTOR_FILE_BYTES} bytes",
+            path.display()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|error| {
+        format!(
+            "`{}` cannot be read as UTF-8 text ({error})",
+            path.display()
+        )
+    })
+}
+
+/// The tenants the tokens name.
+fn tenant_ids(tokens: &BTreeMap<String, Principal>) -> BTreeSet<TenantId> {
+    tokens
+        .values()
+        .filter_map(|principal| match principal {
+            Principal::Tenant(tenant) => Some(tenant.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Parses `sqlite:///abs/path`, `sqlite://relative/path`, a bare path, or a KurrentDB URL.
@@ -949,13 +1144,14 @@ id = "oncall"
 token_env = "OPS_TOKEN"
 tenants = ["acme"]
 
-[[providers]]
+[[connectors]]
 id = "crm"
-shape = "keyed"
+preset = "crm-stand-keyed"
 base_url = "http://127.0.0.1:8787"
 
-[[providers.accounts]]
+[[connectors.accounts]]
 id = "acct-1"
+tenants = ["acme"]
 token_env = "CRM_TOKEN"
 "#;
 
@@ -982,7 +1178,7 @@ token_env = "CRM_TOKEN"
 
     #[test]
     fn errors_name_the_field_and_the_line() {
-        let cases: [(&str, &str, &str, usize); 6] = [
+        let cases: [(&str, &str, &str, usize); 8] = [
             ("workers = 8", "workers = 0", "engine.workers", 7),
             (
                 "token_env = \"ACME_TOKEN\"",
@@ -991,10 +1187,22 @@ token_env = "CRM_TOKEN"
                 11,
             ),
             (
-                "shape = \"keyed\"",
-                "shape = \"soap\"",
-                "providers[0].shape",
+                "preset = \"crm-stand-keyed\"",
+                "preset = \"soap\"",
+                "connectors[0].preset",
                 20,
+            ),
+            (
+                "tenants = [\"acme\"]\ntoken_env = \"CRM_TOKEN\"",
+                "tenants = [\"globex\"]\ntoken_env = \"CRM_TOKEN\"",
+                "connectors[0].accounts[0].tenants[0]",
+                25,
+            ),
+            (
+                "token_env = \"CRM_TOKEN\"",
+                "token_env = \"NO_SUCH_VARIABLE\"",
+                "connectors[0].accounts[0].token_env",
+                26,
             ),
             (
                 "tenants = [\"acme\"]",
@@ -1071,6 +1279,85 @@ token_env = "CRM_TOKEN"
         // The largest lease the engine takes is taken: the file and the engine agree on the edge.
         let text = GOOD.replace("lease_ms = 20000", &format!("lease_ms = {MAX_LEASE_MS}"));
         assert_eq!(check(&text).expect("valid").policy.lease_ms, MAX_LEASE_MS);
+    }
+
+    #[test]
+    fn a_connector_account_without_tenants_or_credentials_is_refused_at_its_line() {
+        let no_tenants = GOOD.replace("tenants = [\"acme\"]\ntoken_env", "token_env");
+        let error = check(&no_tenants).expect_err("no tenants");
+        assert_eq!(error.field, "connectors[0].accounts[0].tenants");
+        assert_eq!(error.line, Some(24), "{error}");
+        let no_credentials = GOOD.replace("token_env = \"CRM_TOKEN\"\n", "");
+        let error = check(&no_credentials).expect_err("no credentials");
+        assert_eq!(error.field, "connectors[0].accounts[0]");
+        assert!(error.message.contains("token_env"), "{error}");
+    }
+
+    #[test]
+    fn a_connector_names_exactly_one_document() {
+        let two = GOOD.replace(
+            "preset = \"crm-stand-keyed\"",
+            "preset = \"crm-stand-keyed\"\nfile = \"crm.toml\"",
+        );
+        let error = check(&two).expect_err("two documents");
+        assert_eq!(error.field, "connectors[0]");
+        assert!(error.message.contains("exactly one"), "{error}");
+        let missing_file = GOOD.replace(
+            "preset = \"crm-stand-keyed\"",
+            "file = \"no-such-connector.toml\"",
+        );
+        let error = check(&missing_file).expect_err("no file");
+        assert_eq!(error.field, "connectors[0].file");
+        assert_eq!(error.line, Some(20));
+    }
+
+    #[test]
+    fn an_inline_connector_is_read_and_its_errors_point_at_this_files_lines() {
+        let inline = GOOD.replace(
+            "preset = \"crm-stand-keyed\"",
+            &format!(
+                "inline = '''\n{}'''",
+                opledger_providers::presets::preset("crm-stand-labelled")
+                    .expect("a preset")
+                    .1
+            ),
+        );
+        let config = check(&inline).expect("an inline connector is valid");
+        assert_eq!(config.providers.len(), 1);
+        assert_eq!(config.providers[0].id().as_str(), "crm");
+        // The same document with an unknown method, on a known line of this file.
+        let broken = inline.replacen("method = \"PUT\"", "method = \"BREW\"", 1);
+        let wanted = broken
+            .lines()
+            .position(|line| line.contains("\"BREW\""))
+            .expect("the line")
+            + 1;
+        let error = check(&broken).expect_err("a bad method");
+        assert_eq!(error.file, "serve.toml");
+        assert_eq!(error.line, Some(wanted), "{error}");
+        assert!(error.field.starts_with("connectors[0].inline."), "{error}");
+    }
+
+    #[test]
+    fn a_connector_file_is_read_relative_to_the_configuration_and_its_errors_name_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let connector = dir.path().join("crm.toml");
+        let text = opledger_providers::presets::preset("crm-stand-plain")
+            .expect("a preset")
+            .1
+            .replace("lag_ms = 2000", "lag_ms = -1");
+        std::fs::write(&connector, &text).expect("written");
+        let config_path = dir.path().join("serve.toml");
+        let serve = GOOD.replace("preset = \"crm-stand-keyed\"", "file = \"crm.toml\"");
+        let error = parse(&config_path.display().to_string(), &serve, &env).expect_err("lag");
+        assert_eq!(error.file, connector.display().to_string(), "{error}");
+        let wanted = text
+            .lines()
+            .position(|line| line.contains("lag_ms = -1"))
+            .expect("the line")
+            + 1;
+        assert_eq!(error.line, Some(wanted), "{error}");
+        assert!(error.field.contains("lag_ms"), "{error}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use opledger_domain::app::AppError;
 use opledger_domain::decider::Rejection;
 use opledger_domain::error::ValidationError;
+use opledger_domain::provider::ArgProblem;
 use opledger_domain::store::StoreError;
 use opledger_readmodel::ReadModelError;
 use serde_json::json;
@@ -25,6 +26,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// What went wrong and what to do, for a person.
     pub message: String,
+    /// For arguments that fail the action's input schema: each failing field's JSON pointer
+    /// (inside `args`) and what is wrong with it. Empty otherwise, and then not in the body.
+    pub fields: Vec<ArgProblem>,
 }
 
 impl ApiError {
@@ -34,7 +38,27 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            fields: Vec::new(),
         }
+    }
+
+    /// The call's arguments fail the action's input schema: a 422 naming every failing field
+    /// (`args/title: …`), nothing written.
+    pub fn invalid_args(problems: &[ArgProblem]) -> Self {
+        let listed: Vec<String> = problems
+            .iter()
+            .map(|problem| format!("args{}: {}", problem.pointer, problem.message))
+            .collect();
+        let mut error = Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_input",
+            format!(
+                "the arguments do not fit the action's input schema: {}; nothing was recorded",
+                listed.join("; ")
+            ),
+        );
+        error.fields = problems.to_vec();
+        error
     }
 
     /// No such operation — also what another tenant's operation looks like, so that existence
@@ -109,6 +133,14 @@ impl From<AppError> for ApiError {
                 "invalid_input",
                 error.to_string(),
             ),
+            AppError::Rejected {
+                rejection: Rejection::DuplicateRiskNotAccepted { .. },
+                ..
+            } => Self::new(
+                StatusCode::CONFLICT,
+                "duplicate_risk_not_accepted",
+                error.to_string(),
+            ),
             AppError::Rejected { .. } => {
                 Self::new(StatusCode::CONFLICT, "refused", error.to_string())
             }
@@ -163,7 +195,15 @@ impl From<axum::extract::rejection::QueryRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut body = json!({"error": {"code": self.code, "message": self.message}});
+        if !self.fields.is_empty() {
+            let fields: Vec<serde_json::Value> = self
+                .fields
+                .iter()
+                .map(|field| json!({"pointer": format!("/args{}", field.pointer), "message": field.message}))
+                .collect();
+            body["error"]["fields"] = serde_json::Value::Array(fields);
+        }
         json_reply(self.status, &body)
     }
 }

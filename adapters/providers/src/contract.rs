@@ -1,9 +1,10 @@
-//! The provider wire contract: the three CRM API shapes the HTTP adapters speak, written out.
+//! The CRM stand's wire contract: its three API shapes, written out.
 //!
-//! This crate owns it: the adapters in [`crate::keyed`], [`crate::labelled`] and [`crate::plain`]
-//! follow it, and the CRM stand (the `opledger-crm-stand` crate, a test and demo tool) implements
-//! it, importing [`crate::Shape`] from here. A change to the contract starts here; the stand and
-//! its tests follow.
+//! This crate owns it: the three stand connectors (`connectors/crm-stand-*.toml`, the
+//! [`crate::presets`]) describe it as data, and the CRM stand (the `opledger-crm-stand` crate, a
+//! test and demo tool) implements it, importing [`Shape`] from here. A change to the contract
+//! starts here; the connector files, the stand and its tests follow. Nothing on the client side
+//! branches on [`Shape`]: it is the stand's name for a shape, nothing more.
 //!
 //! ```text
 //! Everything JSON. Accounts are path segments. Every provider request carries
@@ -86,3 +87,86 @@
 //! - `POST /admin/reset` → forget objects, keys, faults, request log (config and tokens stay).
 //! - `GET /healthz` → 200.
 //! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Which of the three CRM API shapes the stand serves a path under.
+///
+/// On the wire (the stand's admin API) a shape is its snake_case name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Shape {
+    /// Creates carry an `Idempotency-Key`; the provider replays the first response (Stripe).
+    Keyed,
+    /// Creates are upserts by a unique external label (Salesforce External ID).
+    Labelled,
+    /// Plain creates with a custom label field and a lagging search (HubSpot, Kommo, Bitrix24).
+    Plain,
+}
+
+impl Shape {
+    /// Every shape, in the contract's order.
+    pub const ALL: [Shape; 3] = [Shape::Keyed, Shape::Labelled, Shape::Plain];
+
+    /// The shape's name, as used in the stand's paths: `keyed`, `labelled` or `plain`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Keyed => "keyed",
+            Self::Labelled => "labelled",
+            Self::Plain => "plain",
+        }
+    }
+
+    /// The name of the preset connector that speaks this shape (`crm-stand-keyed`, …).
+    pub const fn preset(self) -> &'static str {
+        match self {
+            Self::Keyed => "crm-stand-keyed",
+            Self::Labelled => "crm-stand-labelled",
+            Self::Plain => "crm-stand-plain",
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A shape name that is none of the three.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown stand shape `{value}`; expected keyed, labelled or plain")]
+pub struct UnknownShape {
+    /// What was given.
+    pub value: String,
+}
+
+impl FromStr for Shape {
+    type Err = UnknownShape;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "keyed" => Ok(Self::Keyed),
+            "labelled" => Ok(Self::Labelled),
+            "plain" => Ok(Self::Plain),
+            other => Err(UnknownShape {
+                value: other.to_owned(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_from_their_names_and_name_their_presets() {
+        for shape in Shape::ALL {
+            assert_eq!(shape.as_str().parse::<Shape>(), Ok(shape));
+            assert!(crate::presets::preset(shape.preset()).is_some(), "{shape}");
+        }
+        assert!("rest".parse::<Shape>().is_err());
+    }
+}

@@ -1,52 +1,45 @@
-//! The HTTP layer all three shapes share: the reqwest client, one bounded request/response
-//! exchange, and the pure functions that turn what came back into the port's outcomes.
+//! The HTTP layer every connector shares: the reqwest client, one bounded request/response
+//! exchange, and the pure helpers that read what came back (Retry-After, HTTP dates).
 //!
-//! The network part ([`send`]) only collects facts: either an [`HttpReply`] (status, the few
-//! headers that matter, a size-capped body) or a [`TransportFailure`] that says whether the
-//! request can have left this process. Everything that *decides* — [`classify_send`],
-//! [`unavailable_from_reply`], [`parse_retry_after`], [`parse_http_date`] — is a pure function of
-//! those facts and `now`, tested without a network. Nothing here may put a token into a message.
+//! The network part ([`send`]) only collects facts: either an [`HttpReply`] (status, headers, a
+//! size-capped body) or a [`TransportFailure`] that says whether the request can have left this
+//! process. Everything that *decides* lives in [`crate::classify`] and [`crate::lookup`] and is a
+//! pure function of those facts and `now`, tested without a network. Nothing here may put a
+//! secret into a message.
 
 use std::error::Error as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Datelike, NaiveDateTime, Utc};
-use opledger_domain::ids::{ExternalObjectId, ProviderRequestId};
 use opledger_domain::provider::{LookupOutcome, SendOutcome};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::Method;
 use serde_json::Value;
 
-use super::config::ProviderConfigError;
-
 /// Largest response body read, in bytes; a longer body counts as unreadable.
 pub const MAX_RESPONSE_BODY_BYTES: usize = 256 * 1024;
-/// Longest wait a provider may ask for (Retry-After), in milliseconds; longer asks are capped.
-/// The engine owns it: it is the longest pause it schedules on a provider's word.
+/// Longest wait a provider may ask for (Retry-After, a rate-limit reset), in milliseconds; longer
+/// asks are capped. The engine owns it: it is the longest pause it schedules on a provider's word.
 pub use opledger_domain::engine::MAX_RETRY_AFTER_MS;
 /// The wait suggested when the provider says the same key is still being processed and gives
 /// no Retry-After, in milliseconds.
 pub const IN_FLIGHT_RETRY_AFTER_MS: u64 = 1_000;
 /// Longest provider message kept in an outcome, in characters.
 pub const MAX_MESSAGE_CHARS: usize = 500;
+/// Longest header value kept from a response, in characters.
+pub const MAX_HEADER_CHARS: usize = 200;
 /// How long an idle pooled connection is kept, in milliseconds. Below the 5 s keep-alive of many
 /// servers, so a send rarely goes out on a connection the server is just closing: such a send
 /// fails after it was written and can only be classified as uncertain.
 pub const POOL_IDLE_TIMEOUT_MS: u64 = 4_000;
 
-/// What the response said, as far as classification needs it.
+/// What the response said: its status, its headers and a size-capped body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HttpReply {
     /// The status code.
     pub status: u16,
-    /// The `Request-Id` header.
-    pub request_id: Option<String>,
-    /// The `Retry-After` header.
-    pub retry_after: Option<String>,
-    /// The `Date` header.
-    pub date: Option<String>,
-    /// Whether the provider said it replayed an earlier response (`Idempotent-Replayed: true`).
-    pub replayed: bool,
+    /// The response headers.
+    pub headers: HeaderMap,
     /// The body, at most [`MAX_RESPONSE_BODY_BYTES`].
     pub body: Vec<u8>,
     /// False when the body was longer than the cap and was cut off.
@@ -54,18 +47,30 @@ pub struct HttpReply {
 }
 
 impl HttpReply {
-    /// A reply with only a status and a body; the headers are added by the caller (tests).
-    #[cfg(test)]
+    /// A reply with a status and a body and no headers (tests add them with [`HttpReply::with_header`]).
     pub fn new(status: u16, body: &str) -> Self {
         Self {
             status,
-            request_id: None,
-            retry_after: None,
-            date: None,
-            replayed: false,
+            headers: HeaderMap::new(),
             body: body.as_bytes().to_vec(),
             body_complete: true,
         }
+    }
+
+    /// The same reply with one more header (tests).
+    pub fn with_header(mut self, name: &'static str, value: &str) -> Self {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            self.headers.append(HeaderName::from_static(name), value);
+        }
+        self
+    }
+
+    /// A header's value as text (trimmed, at most [`MAX_HEADER_CHARS`]), when present and text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(|value| shorten(value.trim(), MAX_HEADER_CHARS))
     }
 
     /// The body as JSON, when it is complete and valid JSON.
@@ -76,34 +81,8 @@ impl HttpReply {
         serde_json::from_slice(&self.body).ok()
     }
 
-    /// `error.type` and `error.message` of the contract's error body, when present.
-    pub fn error_parts(&self) -> (Option<String>, Option<String>) {
-        let Some(json) = self.json() else {
-            return (None, None);
-        };
-        let error = json.get("error");
-        let text = |field: &str| {
-            error
-                .and_then(|error| error.get(field))
-                .and_then(Value::as_str)
-                .map(|text| shorten(text, MAX_MESSAGE_CHARS))
-        };
-        (text("type"), text("message"))
-    }
-
-    /// `<status> <error.type>`, or the status alone when the body names no type.
-    pub fn code(&self) -> String {
-        match self.error_parts().0 {
-            Some(kind) => format!("{} {kind}", self.status),
-            None => self.status.to_string(),
-        }
-    }
-
-    /// The provider's message, or a short piece of the body when it has none.
-    pub fn message(&self) -> String {
-        if let Some(message) = self.error_parts().1 {
-            return message;
-        }
+    /// A short piece of the body for a message: its text, or `(no body)`.
+    pub fn body_excerpt(&self) -> String {
         let text = String::from_utf8_lossy(&self.body);
         let text = text.trim();
         if text.is_empty() {
@@ -113,25 +92,11 @@ impl HttpReply {
         }
     }
 
-    /// The provider request id as the domain type, when present and valid.
-    pub fn provider_request_id(&self) -> Option<ProviderRequestId> {
-        self.request_id
-            .as_deref()
-            .and_then(|id| ProviderRequestId::new(id).ok())
-    }
-
-    /// The wait the provider asked for, in milliseconds, capped at [`MAX_RETRY_AFTER_MS`].
+    /// The wait the provider asked for with `Retry-After`, in milliseconds, capped at
+    /// [`MAX_RETRY_AFTER_MS`].
     pub fn retry_after_ms(&self, now: DateTime<Utc>) -> Option<u64> {
-        let value = self.retry_after.as_deref()?;
-        parse_retry_after(value, self.date.as_deref(), now)
-    }
-
-    /// ` (Request-Id req_5)` when the provider named the request, else nothing; for evidence.
-    pub fn request_id_note(&self) -> String {
-        match &self.request_id {
-            Some(id) => format!(" (Request-Id {})", shorten(id, 100)),
-            None => String::new(),
-        }
+        let value = self.header("retry-after")?;
+        parse_retry_after(&value, self.header("date").as_deref(), now)
     }
 }
 
@@ -205,16 +170,17 @@ fn error_chain(error: &reqwest::Error) -> String {
 }
 
 /// One request, ready to send: everything but the host and the credentials.
+/// One request, ready to send: everything but the host and the credentials.
 #[derive(Clone, Debug)]
 pub struct PreparedRequest {
-    /// GET, POST or PUT.
+    /// The method.
     pub method: Method,
-    /// The path and query, starting with `/`, segments already percent-encoded.
+    /// The path and query, starting with `/`, every value already percent-encoded.
     pub path: String,
-    /// Extra headers (e.g. `Idempotency-Key`).
+    /// Headers the connector adds (the idempotency key, templated headers).
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// The JSON body, if any.
-    pub body: Option<Vec<u8>>,
+    /// The body and its content type, if any.
+    pub body: Option<(Vec<u8>, &'static str)>,
 }
 
 impl PreparedRequest {
@@ -224,7 +190,7 @@ impl PreparedRequest {
     }
 }
 
-/// Builds the client one provider uses: its timeouts, no redirects, no proxies.
+/// Builds the client one connector uses: its timeouts, no redirects, no proxies.
 ///
 /// Redirects are off because a redirected POST may be replayed elsewhere; proxies from the
 /// environment are ignored because a proxy answers 502 for a host it could not reach, hiding a
@@ -232,7 +198,7 @@ impl PreparedRequest {
 pub fn build_client(
     request_timeout_ms: u64,
     connect_timeout_ms: u64,
-) -> Result<reqwest::Client, ProviderConfigError> {
+) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .timeout(Duration::from_millis(request_timeout_ms))
         .connect_timeout(Duration::from_millis(connect_timeout_ms))
@@ -241,44 +207,48 @@ pub fn build_client(
         .no_proxy()
         .user_agent(concat!("opledger/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|error| ProviderConfigError::Client {
-            reason: error_chain(&error),
+        .map_err(|error| {
+            format!(
+                "the HTTP client could not be built: {}",
+                error_chain(&error)
+            )
         })
 }
 
-/// Sends one request and reads the response, its body capped at [`MAX_RESPONSE_BODY_BYTES`].
+/// Sends one request with the credential header `auth` and reads the response, its body capped
+/// at [`MAX_RESPONSE_BODY_BYTES`].
 pub async fn send(
     client: &reqwest::Client,
     base_url: &str,
-    authorization: &HeaderValue,
+    auth: (&HeaderName, &HeaderValue),
     request: &PreparedRequest,
 ) -> Result<HttpReply, TransportFailure> {
     let url = format!("{base_url}{}", request.path);
     let mut builder = client
         .request(request.method.clone(), url)
-        .header(AUTHORIZATION, authorization.clone())
+        .header(auth.0, auth.1.clone())
         .header(reqwest::header::ACCEPT, "application/json");
     for (name, value) in &request.headers {
         builder = builder.header(name, value);
     }
-    if let Some(body) = &request.body {
+    if let Some((body, content_type)) = &request.body {
         builder = builder
-            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_TYPE, *content_type)
             .body(body.clone());
     }
-    let mut response = builder
+    let response = builder
         .send()
         .await
         .map_err(|error| TransportFailure::from_reqwest(&error))?;
+    read_reply(response).await
+}
+
+/// Reads the status, headers and at most [`MAX_RESPONSE_BODY_BYTES`] of the body.
+async fn read_reply(mut response: reqwest::Response) -> Result<HttpReply, TransportFailure> {
     let status = response.status().as_u16();
-    let headers = response.headers();
     let mut reply = HttpReply {
         status,
-        request_id: header_text(headers, "request-id"),
-        retry_after: header_text(headers, "retry-after"),
-        date: header_text(headers, "date"),
-        replayed: header_text(headers, "idempotent-replayed")
-            .is_some_and(|value| value.eq_ignore_ascii_case("true")),
+        headers: response.headers().clone(),
         body: Vec::new(),
         body_complete: true,
     };
@@ -310,137 +280,6 @@ pub async fn send(
                 })
             }
         }
-    }
-}
-
-fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|value| value.to_str().ok())
-        .map(|value| shorten(value.trim(), 200))
-}
-
-/// Classifies the response to a create (every shape answers creates the same way).
-///
-/// | response | outcome |
-/// |---|---|
-/// | 2xx with an `id` | `Confirmed` (the `Request-Id` header becomes the provider request id) |
-/// | 2xx without a usable `id`, or a body over the cap | `Uncertain` |
-/// | 400, 401, 403, 404, 405, 413, 415, 422, 409 `label_conflict` | `Rejected` `<status> <type>` |
-/// | 409 `idempotency_in_flight` | `NotSent`, Retry-After or [`IN_FLIGHT_RETRY_AFTER_MS`] |
-/// | 429 | `NotSent`, Retry-After |
-/// | 5xx | `Uncertain`, Retry-After |
-/// | anything else (1xx, 3xx, other 4xx, other 409) | `Uncertain` |
-pub fn classify_send(reply: &HttpReply, now: DateTime<Utc>) -> SendOutcome {
-    let status = reply.status;
-    let retry_after_ms = reply.retry_after_ms(now);
-    match status {
-        200..=299 => match reply.json().as_ref().and_then(object_id) {
-            Some(external_id) => SendOutcome::Confirmed {
-                external_id,
-                provider_request_id: reply.provider_request_id(),
-            },
-            None => SendOutcome::Uncertain {
-                error: format!(
-                    "the provider answered {status}{} but its body names no usable `id`: the request was probably applied, but the object cannot be named",
-                    reply.request_id_note()
-                ),
-                retry_after_ms,
-            },
-        },
-        400 | 401 | 403 | 404 | 405 | 413 | 415 | 422 => SendOutcome::Rejected {
-            code: reply.code(),
-            message: reply.message(),
-        },
-        409 => match reply.error_parts().0.as_deref() {
-            Some("idempotency_in_flight") => SendOutcome::NotSent {
-                reason: format!(
-                    "409 idempotency_in_flight: an earlier request with this key is still being processed; this one was not: {}",
-                    reply.message()
-                ),
-                retry_after_ms: Some(retry_after_ms.unwrap_or(IN_FLIGHT_RETRY_AFTER_MS)),
-            },
-            Some("label_conflict") => SendOutcome::Rejected {
-                code: reply.code(),
-                message: reply.message(),
-            },
-            _ => SendOutcome::Uncertain {
-                error: format!(
-                    "unexpected conflict {}: {}",
-                    reply.code(),
-                    reply.message()
-                ),
-                retry_after_ms,
-            },
-        },
-        429 => SendOutcome::NotSent {
-            reason: format!("rate limited ({}): {}", reply.code(), reply.message()),
-            retry_after_ms,
-        },
-        500..=599 => SendOutcome::Uncertain {
-            error: format!(
-                "the provider failed with {}{}; the request may have been applied: {}",
-                reply.code(),
-                reply.request_id_note(),
-                reply.message()
-            ),
-            retry_after_ms,
-        },
-        _ => SendOutcome::Uncertain {
-            error: format!(
-                "unexpected status {}{}; the request may have been applied: {}",
-                reply.code(),
-                reply.request_id_note(),
-                reply.message()
-            ),
-            retry_after_ms,
-        },
-    }
-}
-
-/// The lookup outcome for any response a lookup does not expect: `Refused` for 401 and 403
-/// (wrong or revoked credentials do not clear on their own, so asking again cannot help),
-/// `Unavailable` for everything else (429, 5xx, other statuses: a later lookup may answer).
-pub fn unavailable_from_reply(what: &str, reply: &HttpReply, now: DateTime<Utc>) -> LookupOutcome {
-    if matches!(reply.status, 401 | 403) {
-        return LookupOutcome::Refused {
-            reason: format!(
-                "{what} was refused with {}{}: {}",
-                reply.code(),
-                reply.request_id_note(),
-                reply.message()
-            ),
-        };
-    }
-    let reason = match reply.status {
-        429 => format!("{what} was rate limited ({})", reply.code()),
-        500..=599 => format!(
-            "{what} failed with {}{}: {}",
-            reply.code(),
-            reply.request_id_note(),
-            reply.message()
-        ),
-        _ => format!(
-            "{what} got an unexpected {}{}: {}",
-            reply.code(),
-            reply.request_id_note(),
-            reply.message()
-        ),
-    };
-    LookupOutcome::Unavailable {
-        reason,
-        retry_after_ms: reply.retry_after_ms(now),
-    }
-}
-
-/// The `id` of a JSON object: a string, or an integer written as one (some CRMs send numbers).
-pub fn object_id(json: &Value) -> Option<ExternalObjectId> {
-    match json.get("id")? {
-        Value::String(text) => ExternalObjectId::new(text.as_str()).ok(),
-        Value::Number(number) if number.is_u64() || number.is_i64() => {
-            ExternalObjectId::new(number.to_string()).ok()
-        }
-        _ => None,
     }
 }
 
@@ -545,199 +384,33 @@ mod tests {
         time.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
     }
 
-    fn reply(status: u16, body: &str) -> HttpReply {
-        HttpReply::new(status, body)
-    }
-
-    fn error_body(kind: &str) -> String {
-        format!(r#"{{"error":{{"type":"{kind}","message":"told by the provider"}}}}"#)
-    }
-
-    fn rejected(code: &str) -> SendOutcome {
-        SendOutcome::Rejected {
-            code: code.to_owned(),
-            message: "told by the provider".to_owned(),
-        }
-    }
-
     #[test]
-    fn a_2xx_with_an_id_is_confirmed_with_the_request_id() {
-        let mut created = reply(201, r#"{"id":"731"}"#);
-        created.request_id = Some("req_1".to_owned());
-        assert_eq!(
-            classify_send(&created, now()),
-            SendOutcome::Confirmed {
-                external_id: ExternalObjectId::new("731").expect("valid"),
-                provider_request_id: Some(ProviderRequestId::new("req_1").expect("valid")),
-            }
-        );
-        let existing = reply(200, r#"{"id":"732","created":false}"#);
-        assert!(matches!(
-            classify_send(&existing, now()),
-            SendOutcome::Confirmed { external_id, provider_request_id: None } if external_id.as_str() == "732"
-        ));
-        let numeric = reply(201, r#"{"id":733}"#);
-        assert!(matches!(
-            classify_send(&numeric, now()),
-            SendOutcome::Confirmed { external_id, .. } if external_id.as_str() == "733"
-        ));
-    }
-
-    #[test]
-    fn a_2xx_that_names_no_object_is_uncertain_not_confirmed() {
-        for body in [
-            "",
-            "{}",
-            r#"{"id":""}"#,
-            r#"{"id":null}"#,
-            r#"{"id":1.5}"#,
-            "not json",
-        ] {
-            assert!(
-                matches!(
-                    classify_send(&reply(201, body), now()),
-                    SendOutcome::Uncertain { .. }
-                ),
-                "{body}"
-            );
-        }
-        let mut cut = reply(201, r#"{"id":"731"}"#);
-        cut.body_complete = false;
-        assert!(matches!(
-            classify_send(&cut, now()),
-            SendOutcome::Uncertain { .. }
-        ));
-    }
-
-    #[test]
-    fn definitive_client_errors_are_rejections_with_status_and_type() {
-        for (status, kind) in [
-            (400, "idempotency_key_reused"),
-            (400, "idempotency_key_missing"),
-            (401, "unauthorized"),
-            (403, "forbidden"),
-            (404, "not_found"),
-            (409, "label_conflict"),
-            (413, "payload_too_large"),
-            (422, "invalid_body"),
-        ] {
-            assert_eq!(
-                classify_send(&reply(status, &error_body(kind)), now()),
-                rejected(&format!("{status} {kind}"))
-            );
-        }
-        assert_eq!(
-            classify_send(&reply(401, ""), now()),
-            SendOutcome::Rejected {
-                code: "401".to_owned(),
-                message: "(no body)".to_owned()
-            }
-        );
-    }
-
-    #[test]
-    fn a_key_still_in_flight_is_not_sent_with_a_short_wait() {
-        let in_flight = reply(409, &error_body("idempotency_in_flight"));
-        assert!(matches!(
-            classify_send(&in_flight, now()),
-            SendOutcome::NotSent {
-                retry_after_ms: Some(IN_FLIGHT_RETRY_AFTER_MS),
-                ..
-            }
-        ));
-        let mut with_header = in_flight;
-        with_header.retry_after = Some("3".to_owned());
-        assert!(matches!(
-            classify_send(&with_header, now()),
-            SendOutcome::NotSent {
-                retry_after_ms: Some(3000),
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn an_unknown_conflict_is_uncertain() {
-        assert!(matches!(
-            classify_send(&reply(409, &error_body("something_else")), now()),
-            SendOutcome::Uncertain { .. }
-        ));
-        assert!(matches!(
-            classify_send(&reply(409, ""), now()),
-            SendOutcome::Uncertain { .. }
-        ));
-    }
-
-    #[test]
-    fn a_rate_limit_is_not_sent_with_the_asked_wait_in_both_forms() {
-        let mut seconds = reply(429, &error_body("rate_limited"));
-        seconds.retry_after = Some("30".to_owned());
-        assert!(matches!(
-            classify_send(&seconds, now()),
-            SendOutcome::NotSent {
-                retry_after_ms: Some(30_000),
-                ..
-            }
-        ));
-
-        // The date form is measured from the response's own Date header: the provider's clock
-        // may be an hour off ours, and the wait is still 45 s.
+    fn a_reply_reads_retry_after_against_its_own_date_header() {
         let provider_now = plus_seconds(now(), 3600);
-        let mut date = reply(429, &error_body("rate_limited"));
-        date.retry_after = Some(imf(plus_seconds(provider_now, 45)));
-        date.date = Some(imf(provider_now));
-        assert!(matches!(
-            classify_send(&date, now()),
-            SendOutcome::NotSent {
-                retry_after_ms: Some(45_000),
-                ..
-            }
-        ));
-
-        let mut no_header = reply(429, "");
-        no_header.retry_after = None;
-        assert!(matches!(
-            classify_send(&no_header, now()),
-            SendOutcome::NotSent {
-                retry_after_ms: None,
-                ..
-            }
-        ));
+        let reply = HttpReply::new(429, "")
+            .with_header("retry-after", &imf(plus_seconds(provider_now, 45)))
+            .with_header("date", &imf(provider_now));
+        assert_eq!(reply.retry_after_ms(now()), Some(45_000));
+        assert_eq!(HttpReply::new(429, "").retry_after_ms(now()), None);
+        let long = "x".repeat(2 * MAX_HEADER_CHARS);
+        let reply = HttpReply::new(200, "").with_header("x-long", &long);
+        assert_eq!(
+            reply.header("x-long").map(|text| text.chars().count()),
+            Some(MAX_HEADER_CHARS + 1)
+        );
     }
 
     #[test]
-    fn server_errors_are_uncertain_and_keep_the_asked_wait() {
-        for status in [500, 502, 503, 504] {
-            let mut failed = reply(status, &error_body("internal"));
-            assert!(matches!(
-                classify_send(&failed, now()),
-                SendOutcome::Uncertain {
-                    retry_after_ms: None,
-                    ..
-                }
-            ));
-            failed.retry_after = Some("7".to_owned());
-            assert!(matches!(
-                classify_send(&failed, now()),
-                SendOutcome::Uncertain {
-                    retry_after_ms: Some(7000),
-                    ..
-                }
-            ));
-        }
-    }
-
-    #[test]
-    fn unexpected_statuses_are_uncertain() {
-        for status in [100, 302, 307, 402, 408, 410, 418, 451] {
-            assert!(
-                matches!(
-                    classify_send(&reply(status, ""), now()),
-                    SendOutcome::Uncertain { .. }
-                ),
-                "{status}"
-            );
-        }
+    fn a_body_excerpt_is_short_or_says_there_is_none() {
+        assert_eq!(HttpReply::new(500, "  ").body_excerpt(), "(no body)");
+        let long = "y".repeat(2 * MAX_MESSAGE_CHARS);
+        assert_eq!(
+            HttpReply::new(500, &long).body_excerpt().chars().count(),
+            MAX_MESSAGE_CHARS + 1
+        );
+        let mut cut = HttpReply::new(200, r#"{"id":"1"}"#);
+        cut.body_complete = false;
+        assert_eq!(cut.json(), None);
     }
 
     #[test]
@@ -835,52 +508,6 @@ mod tests {
                 ..
             }
         ));
-    }
-
-    #[test]
-    fn lookups_that_meet_errors_are_unavailable_with_the_asked_wait() {
-        let mut limited = reply(429, "");
-        limited.retry_after = Some("5".to_owned());
-        assert!(matches!(
-            unavailable_from_reply("GET /x", &limited, now()),
-            LookupOutcome::Unavailable {
-                retry_after_ms: Some(5000),
-                ..
-            }
-        ));
-        assert!(matches!(
-            unavailable_from_reply("GET /x", &reply(503, ""), now()),
-            LookupOutcome::Unavailable {
-                retry_after_ms: None,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn lookups_refused_for_their_credentials_are_refused() {
-        for status in [401, 403] {
-            assert!(
-                matches!(
-                    unavailable_from_reply("GET /x", &reply(status, ""), now()),
-                    LookupOutcome::Refused { reason } if reason.contains("GET /x")
-                ),
-                "{status}"
-            );
-        }
-    }
-
-    #[test]
-    fn provider_messages_are_kept_short() {
-        let long = "x".repeat(2 * MAX_MESSAGE_CHARS);
-        let failed = reply(
-            422,
-            &format!(r#"{{"error":{{"type":"invalid_body","message":"{long}"}}}}"#),
-        );
-        let SendOutcome::Rejected { message, .. } = classify_send(&failed, now()) else {
-            panic!("a 422 is a rejection");
-        };
-        assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1);
     }
 
     #[test]

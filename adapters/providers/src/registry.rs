@@ -1,100 +1,108 @@
-//! The registry: every configured HTTP provider behind the domain's [`Providers`] port, routed by
-//! the request's provider id.
+//! The registry: every built connector behind the domain's [`Providers`] port, routed by the
+//! request's provider id.
 //!
-//! A request for a provider that is not configured is answered without touching the network:
+//! A request for a provider that is not registered is answered without touching the network:
 //! `NotSent` for a send, `Unavailable` for a lookup. The registry never guesses another provider
 //! or account.
 
 use std::collections::BTreeMap;
 
-use opledger_domain::contract::ProviderCapabilities;
-use opledger_domain::ids::{AccountId, CredentialFingerprint, ProviderId};
+use opledger_domain::ids::{ActionName, ProviderId};
 use opledger_domain::provider::{
-    LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+    ArgProblem, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
+    SendRequest, Unbound,
 };
+use serde_json::Value;
 
-use super::config::{HttpProviderConfig, ProviderConfigError};
-use super::HttpProvider;
+use crate::connector::Connector;
+use crate::error::ConnectorError;
 
-/// Every configured HTTP provider, by id.
+/// Every registered connector, by provider id.
 #[derive(Debug, Default)]
 pub struct HttpProviders {
-    providers: BTreeMap<ProviderId, HttpProvider>,
+    connectors: BTreeMap<ProviderId, Connector>,
 }
 
 impl HttpProviders {
-    /// A registry of already built providers; two with the same id are an error.
-    pub fn new(
-        providers: impl IntoIterator<Item = HttpProvider>,
-    ) -> Result<Self, ProviderConfigError> {
+    /// A registry of built connectors; two with the same provider id are an error.
+    pub fn new(connectors: impl IntoIterator<Item = Connector>) -> Result<Self, ConnectorError> {
         let mut registry = Self::default();
-        for provider in providers {
-            registry.insert(provider)?;
+        for connector in connectors {
+            registry.insert(connector)?;
         }
         Ok(registry)
     }
 
-    /// Builds every provider from its configuration (tokens from the environment) and registers it.
-    pub fn from_configs(
-        configs: impl IntoIterator<Item = (ProviderId, HttpProviderConfig)>,
-    ) -> Result<Self, ProviderConfigError> {
-        let mut registry = Self::default();
-        for (id, config) in configs {
-            registry.insert(HttpProvider::new(id, &config)?)?;
-        }
-        Ok(registry)
-    }
-
-    /// Adds one provider; its id must be new.
-    pub fn insert(&mut self, provider: HttpProvider) -> Result<(), ProviderConfigError> {
-        if self.providers.contains_key(provider.id()) {
-            return Err(ProviderConfigError::DuplicateProvider {
-                provider: provider.id().clone(),
+    /// Adds one connector; its provider id must be new.
+    pub fn insert(&mut self, connector: Connector) -> Result<(), ConnectorError> {
+        if self.connectors.contains_key(connector.id()) {
+            return Err(ConnectorError {
+                file: connector.document_name().to_owned(),
+                line: None,
+                field: "id".to_owned(),
+                message: format!(
+                    "provider `{}` is registered twice; give each connector its own id",
+                    connector.id()
+                ),
             });
         }
-        self.providers.insert(provider.id().clone(), provider);
+        self.connectors.insert(connector.id().clone(), connector);
         Ok(())
     }
 
-    /// The provider configured under `id`.
-    pub fn get(&self, id: &ProviderId) -> Option<&HttpProvider> {
-        self.providers.get(id)
+    /// The connector registered under `id`.
+    pub fn get(&self, id: &ProviderId) -> Option<&Connector> {
+        self.connectors.get(id)
     }
 
-    /// The configured provider ids, in order.
+    /// The registered provider ids, in order.
     pub fn ids(&self) -> impl Iterator<Item = &ProviderId> {
-        self.providers.keys()
+        self.connectors.keys()
+    }
+
+    /// Every registered connector, by provider id.
+    pub fn connectors(&self) -> impl Iterator<Item = &Connector> {
+        self.connectors.values()
     }
 }
 
-fn not_configured(provider: &ProviderId) -> String {
+fn not_registered(provider: &ProviderId) -> String {
     format!("provider `{provider}` is not configured")
 }
 
 impl Providers for HttpProviders {
-    fn longest_send_ms(&self) -> u64 {
-        self.providers
-            .values()
-            .map(HttpProvider::longest_send_ms)
-            .max()
-            .unwrap_or(0)
+    fn bind(&self, query: &BindingQuery<'_>) -> Result<Binding, Unbound> {
+        let connector = self.get(query.provider).ok_or_else(|| Unbound::Provider {
+            provider: query.provider.clone(),
+        })?;
+        connector.bind(query.tenant, query.account, query.action)
     }
 
-    fn capabilities(&self, provider: &ProviderId) -> Option<ProviderCapabilities> {
-        self.get(provider).map(HttpProvider::capabilities)
-    }
-
-    fn credential_fingerprint(
+    /// An unknown provider or action passes here, as the port says: [`Providers::bind`] names it
+    /// with what to do.
+    fn check_args(
         &self,
         provider: &ProviderId,
-        account: &AccountId,
-    ) -> Option<CredentialFingerprint> {
-        self.get(provider)?.credential_fingerprint(account)
+        action: &ActionName,
+        args: &Value,
+    ) -> Result<(), Vec<ArgProblem>> {
+        match self.get(provider) {
+            Some(connector) if connector.action(action).is_some() => {
+                connector.check_args(action, args)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn action_description(&self, provider: &ProviderId, action: &ActionName) -> Option<String> {
+        self.get(provider)?
+            .action(action)
+            .map(|action| action.description.clone())
     }
 
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
         match self.get(&request.provider) {
-            Some(provider) => provider.execute(request).await,
+            Some(connector) => connector.execute(request).await,
             None => {
                 tracing::warn!(
                     operation_id = %request.operation_id,
@@ -103,7 +111,7 @@ impl Providers for HttpProviders {
                     "send for a provider that is not configured"
                 );
                 SendOutcome::NotSent {
-                    reason: not_configured(&request.provider),
+                    reason: not_registered(&request.provider),
                     retry_after_ms: None,
                 }
             }
@@ -112,139 +120,169 @@ impl Providers for HttpProviders {
 
     async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
         match self.get(&request.provider) {
-            Some(provider) => provider.lookup(request).await,
+            Some(connector) => connector.lookup(request).await,
             None => LookupOutcome::Unavailable {
-                reason: not_configured(&request.provider),
+                reason: not_registered(&request.provider),
                 retry_after_ms: None,
             },
         }
+    }
+
+    fn longest_send_ms(&self) -> u64 {
+        self.connectors
+            .values()
+            .map(Connector::longest_send_ms)
+            .max()
+            .unwrap_or(0)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{AccountConfig, Shape};
+    use crate::connector::Overrides;
+    use crate::credentials::Credentials;
+    use crate::document::AccountSpec;
     use crate::test_support::{lookup_request, send_request};
     use opledger_domain::contract::{Deduplication, LookupSupport};
+    use opledger_domain::ids::{AccountId, TenantId};
+    use serde_json::json;
 
     fn id(name: &str) -> ProviderId {
         ProviderId::new(name).expect("valid")
     }
 
+    fn stand(preset: &str, provider: &str) -> Connector {
+        Connector::from_preset(
+            preset,
+            Overrides {
+                id: Some(id(provider)),
+                base_url: Some("http://127.0.0.1:9".to_owned()),
+                accounts: vec![AccountSpec {
+                    id: AccountId::new("acct-1").expect("valid"),
+                    tenants: vec![TenantId::new("acme").expect("valid")],
+                    credentials: Credentials::token("token-acct-1"),
+                }],
+                ..Overrides::default()
+            },
+        )
+        .expect("a valid preset")
+    }
+
     fn registry() -> HttpProviders {
-        let account = AccountId::new("acct-1").expect("valid");
-        let configs = [
-            ("crm-keyed", Shape::Keyed),
-            ("crm-labelled", Shape::Labelled),
-            ("crm-plain", Shape::Plain),
-        ]
-        .map(|(name, shape)| {
-            (
-                id(name),
-                HttpProviderConfig::new(
-                    shape,
-                    "http://127.0.0.1:9",
-                    vec![AccountConfig::with_token(account.clone(), "token-acct-1")],
-                ),
-            )
-        });
-        HttpProviders::from_configs(configs).expect("valid configs")
+        HttpProviders::new([
+            stand("crm-stand-keyed", "crm-keyed"),
+            stand("crm-stand-labelled", "crm-labelled"),
+            stand("crm-stand-plain", "crm-plain"),
+        ])
+        .expect("distinct ids")
+    }
+
+    fn bind(
+        registry: &HttpProviders,
+        tenant: &str,
+        provider: &str,
+        account: &str,
+    ) -> Result<Binding, Unbound> {
+        registry.bind(&BindingQuery {
+            tenant: &TenantId::new(tenant).expect("valid"),
+            provider: &id(provider),
+            account: &AccountId::new(account).expect("valid"),
+            action: &ActionName::new("create_task").expect("valid"),
+        })
+    }
+
+    #[test]
+    fn bindings_are_routed_by_provider_and_carry_the_actions_contract() {
+        let registry = registry();
+        let keyed = bind(&registry, "acme", "crm-keyed", "acct-1").expect("bound");
+        assert!(matches!(
+            keyed.capabilities.deduplication,
+            Deduplication::IdempotencyKey { .. }
+        ));
+        let plain = bind(&registry, "acme", "crm-plain", "acct-1").expect("bound");
+        assert!(matches!(
+            plain.capabilities.lookup,
+            LookupSupport::EventuallyConsistent { .. }
+        ));
+        assert_eq!(
+            keyed.credential_fingerprint, plain.credential_fingerprint,
+            "the same token"
+        );
+        assert!(matches!(
+            bind(&registry, "acme", "crm-other", "acct-1"),
+            Err(Unbound::Provider { .. })
+        ));
+        assert!(matches!(
+            bind(&registry, "acme", "crm-plain", "acct-2"),
+            Err(Unbound::Account { .. })
+        ));
+        assert!(matches!(
+            bind(&registry, "globex", "crm-plain", "acct-1"),
+            Err(Unbound::NotOwned { .. })
+        ));
+        assert_eq!(registry.ids().count(), 3);
+    }
+
+    #[test]
+    fn arguments_and_descriptions_come_from_the_action_and_unknown_ones_pass_to_bind() {
+        let registry = registry();
+        let action = ActionName::new("create_task").expect("valid");
+        assert_eq!(
+            registry
+                .action_description(&id("crm-keyed"), &action)
+                .as_deref(),
+            Some("create a task")
+        );
+        assert_eq!(registry.action_description(&id("crm-other"), &action), None);
+        assert_eq!(
+            registry.check_args(&id("crm-keyed"), &action, &json!({"title": "Call"})),
+            Ok(())
+        );
+        let problems = registry
+            .check_args(&id("crm-keyed"), &action, &json!({"title": 5}))
+            .expect_err("a number is no title");
+        assert_eq!(problems[0].pointer, "/title");
+        let other = ActionName::new("delete_task").expect("valid");
+        assert_eq!(
+            registry.check_args(&id("crm-keyed"), &other, &json!({})),
+            Ok(())
+        );
+        assert_eq!(
+            registry.check_args(&id("crm-other"), &action, &json!({})),
+            Ok(())
+        );
     }
 
     #[test]
     fn the_longest_send_is_twice_the_longest_request_timeout_and_zero_when_empty() {
-        // Default request timeout: 10 s — a slot wait plus the request itself.
         assert_eq!(registry().longest_send_ms(), 20_000);
         assert_eq!(HttpProviders::default().longest_send_ms(), 0);
     }
 
     #[test]
-    fn capabilities_are_routed_by_provider() {
-        let registry = registry();
-        assert!(matches!(
-            registry.capabilities(&id("crm-keyed")),
-            Some(ProviderCapabilities {
-                deduplication: Deduplication::IdempotencyKey { .. },
-                lookup: LookupSupport::Consistent
-            })
-        ));
-        assert!(matches!(
-            registry.capabilities(&id("crm-labelled")),
-            Some(ProviderCapabilities {
-                deduplication: Deduplication::UniqueLabel,
-                ..
-            })
-        ));
-        assert!(matches!(
-            registry.capabilities(&id("crm-plain")),
-            Some(ProviderCapabilities {
-                deduplication: Deduplication::None,
-                lookup: LookupSupport::EventuallyConsistent { .. }
-            })
-        ));
-        assert_eq!(registry.capabilities(&id("crm-other")), None);
-        assert_eq!(registry.ids().count(), 3);
-    }
-
-    #[test]
-    fn fingerprints_exist_only_for_configured_accounts() {
-        let registry = registry();
-        let acct_1 = AccountId::new("acct-1").expect("valid");
-        assert!(registry
-            .credential_fingerprint(&id("crm-plain"), &acct_1)
-            .is_some());
-        assert_eq!(
-            registry.credential_fingerprint(
-                &id("crm-plain"),
-                &AccountId::new("acct-2").expect("valid")
-            ),
-            None
-        );
-        assert_eq!(
-            registry.credential_fingerprint(&id("crm-other"), &acct_1),
-            None
-        );
-    }
-
-    #[test]
     fn a_provider_id_may_be_registered_once() {
-        let registry = registry();
-        let mut providers: Vec<HttpProvider> = registry.providers.into_values().collect();
-        let again = HttpProvider::new(
-            id("crm-plain"),
-            &HttpProviderConfig::new(
-                Shape::Plain,
-                "http://127.0.0.1:9",
-                vec![AccountConfig::with_token(
-                    AccountId::new("acct-1").expect("valid"),
-                    "t",
-                )],
-            ),
-        )
-        .expect("valid");
-        providers.push(again);
-        assert_eq!(
-            HttpProviders::new(providers).expect_err("duplicate"),
-            ProviderConfigError::DuplicateProvider {
-                provider: id("crm-plain")
-            }
-        );
+        let error = HttpProviders::new([
+            stand("crm-stand-plain", "crm-plain"),
+            stand("crm-stand-keyed", "crm-plain"),
+        ])
+        .expect_err("a duplicate");
+        assert_eq!(error.field, "id");
+        assert!(error.message.contains("crm-plain"), "{error}");
     }
 
     #[tokio::test]
     async fn an_unknown_provider_is_not_sent_and_not_looked_up() {
         let registry = registry();
-        // The test requests name provider `crm`, which this registry does not hold.
         assert_eq!(
-            registry.execute(&send_request("acct-1")).await,
+            registry.execute(&send_request("crm", "acct-1")).await,
             SendOutcome::NotSent {
                 reason: "provider `crm` is not configured".to_owned(),
                 retry_after_ms: None
             }
         );
         assert_eq!(
-            registry.lookup(&lookup_request("acct-1")).await,
+            registry.lookup(&lookup_request("crm", "acct-1")).await,
             LookupOutcome::Unavailable {
                 reason: "provider `crm` is not configured".to_owned(),
                 retry_after_ms: None

@@ -1,5 +1,6 @@
-//! The HTTP provider adapters against the real CRM stand on 127.0.0.1: every shape, every fault
-//! the stand can inject, and every lookup, seen through the domain's `Providers` port.
+//! The stand's three connector files against the real CRM stand on 127.0.0.1: every shape, every
+//! fault the stand can inject, and every lookup, seen through the domain's `Providers` port. The
+//! connectors are the embedded presets, run through the same code as any user's connector file.
 //!
 //! Each test starts its own stand on an ephemeral port, so the stand clock, task ids and the
 //! fault queue are never shared. The admin API is driven over plain HTTP by the small helper
@@ -10,22 +11,23 @@ use std::net::SocketAddr;
 
 use opledger_crm_stand::{Stand, StandConfig};
 use opledger_domain::args::ArgsSnapshot;
-use opledger_domain::ids::{AccountId, ActionName, ProviderId};
+use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::provider::{
-    operation_label, LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+    operation_label, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
+    SendRequest,
 };
-use opledger_providers::{AccountConfig, HttpProvider, HttpProviderConfig, HttpProviders, Shape};
+use opledger_providers::{AccountSpec, Connector, Credentials, HttpProviders, Overrides, Shape};
 use opledger_runtime::system::RandomIds;
 use serde_json::{json, Value};
 
 /// Short, so the late-response test waits less than a second.
 const REQUEST_TIMEOUT_MS: u64 = 800;
 const CONNECT_TIMEOUT_MS: u64 = 300;
-/// The stand's default search lag.
+/// The stand's default search lag, as the plain connector declares it.
 const SEARCH_LAG_MS: u64 = 2_000;
 
-const SHAPES: [Shape; 3] = [Shape::Keyed, Shape::Labelled, Shape::Plain];
+const SHAPES: [Shape; 3] = Shape::ALL;
 
 fn provider_id(shape: Shape) -> ProviderId {
     ProviderId::new(format!("stand-{shape}")).expect("a valid provider id")
@@ -35,28 +37,42 @@ fn account(name: &str) -> AccountId {
     AccountId::new(name).expect("a valid account id")
 }
 
-fn config(shape: Shape, base_url: &str, token_acct_1: &str) -> HttpProviderConfig {
-    let mut config = HttpProviderConfig::new(
-        shape,
-        base_url,
-        vec![
-            AccountConfig::with_token(account("acct-1"), token_acct_1),
-            AccountConfig::with_token(account("acct-2"), "token-acct-2"),
+fn tenant(name: &str) -> TenantId {
+    TenantId::new(name).expect("a valid tenant id")
+}
+
+fn owned_by_acme(name: &str, token: &str) -> AccountSpec {
+    AccountSpec {
+        id: account(name),
+        tenants: vec![tenant("acme")],
+        credentials: Credentials::token(token),
+    }
+}
+
+fn overrides(shape: Shape, base_url: &str, token_acct_1: &str) -> Overrides {
+    Overrides {
+        id: Some(provider_id(shape)),
+        base_url: Some(base_url.to_owned()),
+        accounts: vec![
+            owned_by_acme("acct-1", token_acct_1),
+            owned_by_acme("acct-2", "token-acct-2"),
             // Configured here, unknown to the stand.
-            AccountConfig::with_token(account("acct-9"), "token-acct-9"),
+            owned_by_acme("acct-9", "token-acct-9"),
         ],
-    );
-    config.request_timeout_ms = REQUEST_TIMEOUT_MS;
-    config.connect_timeout_ms = CONNECT_TIMEOUT_MS;
-    config.search_lag_ms = SEARCH_LAG_MS;
-    config
+        request_timeout_ms: Some(REQUEST_TIMEOUT_MS),
+        connect_timeout_ms: Some(CONNECT_TIMEOUT_MS),
+        ..Overrides::default()
+    }
+}
+
+fn connector(shape: Shape, base_url: &str, token_acct_1: &str) -> Connector {
+    Connector::from_preset(shape.preset(), overrides(shape, base_url, token_acct_1))
+        .unwrap_or_else(|errors| panic!("{}", opledger_providers::render_all(&errors)))
 }
 
 fn registry(base_url: &str, token_acct_1: &str) -> HttpProviders {
-    HttpProviders::from_configs(
-        SHAPES.map(|shape| (provider_id(shape), config(shape, base_url, token_acct_1))),
-    )
-    .expect("valid provider configs")
+    HttpProviders::new(SHAPES.map(|shape| connector(shape, base_url, token_acct_1)))
+        .expect("one connector per provider id")
 }
 
 /// The stand's admin API, over plain HTTP.
@@ -165,6 +181,7 @@ fn new_request(shape: Shape, account_name: &str, args: Value) -> SendRequest {
     SendRequest {
         operation_id,
         attempt_id: ids.new_attempt_id(),
+        tenant: tenant("acme"),
         provider: provider_id(shape),
         account: account(account_name),
         action: ActionName::new("create_task").expect("a valid action"),
@@ -193,8 +210,10 @@ fn retry(request: &SendRequest) -> SendRequest {
 fn lookup_of(request: &SendRequest) -> LookupRequest {
     LookupRequest {
         operation_id: request.operation_id,
+        tenant: request.tenant.clone(),
         provider: request.provider.clone(),
         account: request.account.clone(),
+        action: request.action.clone(),
         idempotency_key: request.idempotency_key.clone(),
         label: request.label.clone(),
     }
@@ -476,15 +495,22 @@ async fn a_wrong_token_is_rejected_with_401_and_never_echoed() {
         assert!(!message.contains("not-the-token"), "{message}");
         assert!(h.admin.objects(shape).await.is_empty());
     }
-    let right = HttpProvider::new(
-        provider_id(Shape::Keyed),
-        &config(Shape::Keyed, "http://127.0.0.1:9", "token-acct-1"),
-    )
-    .expect("valid");
+    let right = connector(Shape::Keyed, "http://127.0.0.1:9", "token-acct-1");
+    let fingerprint = |providers: &HttpProviders| {
+        let query = BindingQuery {
+            tenant: &tenant("acme"),
+            provider: &provider_id(Shape::Keyed),
+            account: &account("acct-1"),
+            action: &ActionName::new("create_task").expect("valid"),
+        };
+        providers
+            .bind(&query)
+            .expect("bound")
+            .credential_fingerprint
+    };
     assert_ne!(
-        h.providers
-            .credential_fingerprint(&provider_id(Shape::Keyed), &account("acct-1")),
-        right.credential_fingerprint(&account("acct-1")),
+        fingerprint(&h.providers),
+        fingerprint(&HttpProviders::new([right]).expect("one connector")),
         "a changed token changes the fingerprint"
     );
 }
@@ -553,6 +579,7 @@ async fn keyed_and_labelled_lookups_are_consistent() {
             external_id,
             account: found_in,
             evidence,
+            ..
         } = &outcome
         else {
             panic!("{shape}: expected Found, got {outcome:?}");
@@ -604,6 +631,7 @@ async fn a_plain_lookup_waits_for_the_index_and_never_takes_a_title_for_evidence
         external_id,
         account: found_in,
         evidence,
+        duplicates,
     } = &after
     else {
         panic!("expected Found after the lag, got {after:?}");
@@ -613,6 +641,7 @@ async fn a_plain_lookup_waits_for_the_index_and_never_takes_a_title_for_evidence
         other_id,
         "a title match is not evidence"
     );
+    assert!(duplicates.is_empty(), "{duplicates:?}");
     assert_eq!(found_in, &request.account);
     assert!(
         evidence.contains("/plain/acct-1/tasks/search?label=opl-")
@@ -652,12 +681,17 @@ async fn a_plain_lookup_names_duplicates_and_takes_the_earliest() {
     let LookupOutcome::Found {
         external_id,
         evidence,
+        duplicates,
         ..
     } = &outcome
     else {
         panic!("expected Found, got {outcome:?}");
     };
     assert_eq!(external_id.as_str(), first);
+    assert_eq!(
+        duplicates.iter().map(|id| id.as_str()).collect::<Vec<_>>(),
+        vec![second.as_str()]
+    );
     assert!(
         evidence.contains(&format!("{first}, {second}")) && evidence.contains("DUPLICATES"),
         "{evidence}"
@@ -719,4 +753,62 @@ async fn a_tls_handshake_that_fails_is_not_sent() {
         "{outcome:?}"
     );
     assert!(h.admin.objects(Shape::Keyed).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_tenant_that_does_not_own_the_account_sends_nothing_and_looks_nothing_up() {
+    let h = harness().await;
+    for shape in SHAPES {
+        let mut request = call_the_client(shape);
+        request.tenant = tenant("globex");
+        let outcome = h.providers.execute(&request).await;
+        assert!(
+            matches!(&outcome, SendOutcome::NotSent { reason, retry_after_ms: None } if reason.contains("globex")),
+            "{shape}: {outcome:?}"
+        );
+        assert!(matches!(
+            h.providers.lookup(&lookup_of(&request)).await,
+            LookupOutcome::Unavailable { .. }
+        ));
+    }
+    assert!(
+        h.admin.request_outcomes().await.is_empty(),
+        "nothing reached the stand"
+    );
+}
+
+#[tokio::test]
+async fn the_stand_connectors_bind_each_action_to_its_own_contract() {
+    let h = harness().await;
+    let query = |shape: Shape, tenant_name: &str, account_name: &str, action: &str| {
+        let tenant = tenant(tenant_name);
+        let provider = provider_id(shape);
+        let account = account(account_name);
+        let action = ActionName::new(action).expect("valid");
+        h.providers
+            .bind(&BindingQuery {
+                tenant: &tenant,
+                provider: &provider,
+                account: &account,
+                action: &action,
+            })
+            .map(|binding| binding.capabilities)
+            .map_err(|unbound| unbound.to_string())
+    };
+    use opledger_domain::contract::{Deduplication, LookupSupport};
+    assert!(matches!(
+        query(Shape::Keyed, "acme", "acct-1", "create_task"),
+        Ok(capabilities) if matches!(capabilities.deduplication, Deduplication::IdempotencyKey { retention_s: 86_400, safety_margin_s: 3_600 })
+            && capabilities.lookup == LookupSupport::Consistent
+    ));
+    assert!(matches!(
+        query(Shape::Plain, "acme", "acct-1", "create_task"),
+        Ok(capabilities) if capabilities.deduplication == Deduplication::None
+            && capabilities.lookup == LookupSupport::EventuallyConsistent { lag_ms: SEARCH_LAG_MS }
+    ));
+    let unknown_action =
+        query(Shape::Labelled, "acme", "acct-1", "delete_task").expect_err("unknown");
+    assert!(unknown_action.contains("create_task"), "{unknown_action}");
+    assert!(query(Shape::Labelled, "globex", "acct-1", "create_task").is_err());
+    assert!(query(Shape::Labelled, "acme", "acct-7", "create_task").is_err());
 }

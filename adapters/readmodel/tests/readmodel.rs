@@ -237,6 +237,7 @@ impl<S: EventStore> Harness<S> {
         self.run(
             intent,
             Command::RecordUnknown {
+                check_not_before: None,
                 attempt_id,
                 error: "read timeout after 10 s".into(),
             },
@@ -263,6 +264,7 @@ impl<S: EventStore> Harness<S> {
         self.run(
             intent,
             Command::RecordReconciliation {
+                duplicates: Vec::new(),
                 result,
                 evidence: format!("GET /tasks?label={}", intent.idempotency_key),
                 binding: binding(intent),
@@ -369,6 +371,8 @@ impl<S: EventStore> Harness<S> {
                 self.run(
                     intent,
                     Command::ResolveReview {
+                        accept_duplicate_risk: true,
+                        capabilities: None,
                         reviewer: ActorId::new("olga").expect("valid"),
                         decision: ReviewDecision::Retry,
                         note: "checked the CRM by hand: nothing there".into(),

@@ -80,6 +80,7 @@ async fn first_life(db: &std::path::Path, views: &std::path::Path) -> LeftOpen {
     let unknown = |attempt_id| Command::RecordUnknown {
         attempt_id,
         error: "read timed out".into(),
+        check_not_before: None,
     };
     let approval = IntentRequest {
         requires_approval: true,
@@ -199,6 +200,8 @@ async fn a_restart_resumes_every_open_operation_from_the_work_queue_without_read
         reviewer: person,
         decision: ReviewDecision::Retry,
         note: "the CRM has no such task; send it again".into(),
+        accept_duplicate_risk: false,
+        capabilities: Some(opledger_domain::testing::labelled()),
     };
     ledger
         .execute(left.in_review, &retry)

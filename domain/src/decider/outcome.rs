@@ -116,6 +116,7 @@ pub(super) fn unknown(
     on: &On<'_>,
     attempt_id: AttemptId,
     error: &str,
+    check_not_before: Option<DateTime<Utc>>,
 ) -> Result<Vec<OperationEvent>, Rejection> {
     let state = on.state;
     check_attempt(state, attempt_id)?;
@@ -124,6 +125,8 @@ pub(super) fn unknown(
             Ok(vec![OperationEvent::OutcomeUnknown(OutcomeUnknown {
                 attempt_id,
                 error: clip(error),
+                // Kept within what may be scheduled, as every other "not before".
+                check_not_before: check_not_before.map(|at| schedule(at, on.now)),
                 at: on.now,
             })])
         }

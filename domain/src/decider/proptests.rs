@@ -115,6 +115,7 @@ fn command_for(
         Action::Unknown(w) => Command::RecordUnknown {
             attempt_id: pick(w),
             error: "timeout".into(),
+            check_not_before: None,
         },
         Action::NotSent(w) => Command::RecordNotSent {
             attempt_id: pick(w),
@@ -125,6 +126,9 @@ fn command_for(
             attempt_id: pick(w),
         },
         Action::Reconcile(found) => Command::RecordReconciliation {
+            duplicates: found
+                .map(|id| vec![external(&format!("74{id}"))])
+                .unwrap_or_default(),
             result: match found {
                 Some(id) => ReconciliationResult::Found {
                     external_id: external(&format!("73{id}")),
@@ -143,6 +147,7 @@ fn command_for(
             in_progress: false,
         },
         Action::StillInProgress => Command::RecordReconciliation {
+            duplicates: Vec::new(),
             result: ReconciliationResult::Inconclusive {
                 reason: "200 in_progress".into(),
             },
@@ -168,6 +173,9 @@ fn command_for(
                 _ => ReviewDecision::Abandon,
             },
             note: String::new(),
+            // Both ways: a retry refused for its risk must leave the state as it was.
+            accept_duplicate_risk: id % 2 == 0,
+            capabilities: Some(capabilities),
         },
     }
 }

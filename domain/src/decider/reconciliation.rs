@@ -12,13 +12,16 @@ use crate::contract::{
     SendBinding,
 };
 use crate::event::{
-    OperationEvent, ReconciliationRecorded, ReconciliationResult, RetryScheduled, ReviewRequired,
+    DuplicateDetected, OperationEvent, ReconciliationRecorded, ReconciliationResult,
+    RetryScheduled, ReviewRequired,
 };
+use crate::ids::ExternalObjectId;
 use crate::state::{OperationState, Status};
 
 /// The fields of [`crate::command::Command::RecordReconciliation`], borrowed.
 pub(super) struct Lookup<'a> {
     pub(super) result: &'a ReconciliationResult,
+    pub(super) duplicates: &'a [ExternalObjectId],
     pub(super) evidence: &'a str,
     pub(super) binding: &'a SendBinding,
     pub(super) capabilities: &'a ProviderCapabilities,
@@ -73,8 +76,10 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
         }
     }
     match (&on.state.status, lookup.result) {
-        (Status::Unknown, ReconciliationResult::Found { .. }) => {
-            Ok(vec![lookup.recorded(on, None)])
+        (Status::Unknown, ReconciliationResult::Found { external_id, .. }) => {
+            let mut events = vec![lookup.recorded(on, None)];
+            events.extend(also_found(on, lookup, external_id));
+            Ok(events)
         }
         // The first request is still running at the provider: only time can tell, so look
         // again within the budgets, then a person. Never a retry — the provider would refuse it
@@ -107,12 +112,48 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
                 "reconciliation",
                 on.now,
             ));
+            events.extend(also_found(on, lookup, confirmed));
             Ok(events)
         }
         (Status::Succeeded { .. }, _) => Ok(Vec::new()),
         _ => Err(on.refuse()),
     }
 }
+
+/// The further objects a lookup found beside the one it names, as detected duplicates of
+/// `confirmed` (the object the operation is, or now becomes, confirmed with). Each object once:
+/// the one confirmed is no duplicate of itself, and one the stream already names is not
+/// recorded again.
+fn also_found(
+    on: &On<'_>,
+    lookup: &Lookup<'_>,
+    confirmed: &ExternalObjectId,
+) -> Vec<OperationEvent> {
+    let mut seen: Vec<&ExternalObjectId> = Vec::new();
+    lookup
+        .duplicates
+        .iter()
+        .take(MAX_DUPLICATES_PER_LOOKUP)
+        .filter(|duplicate| *duplicate != confirmed && !on.state.duplicates.contains(duplicate))
+        .filter(|duplicate| {
+            let new = !seen.contains(duplicate);
+            seen.push(duplicate);
+            new
+        })
+        .map(|duplicate| {
+            OperationEvent::DuplicateDetected(DuplicateDetected {
+                confirmed_external_id: confirmed.clone(),
+                duplicate_external_id: duplicate.clone(),
+                found_by: "reconciliation".to_owned(),
+                at: on.now,
+            })
+        })
+        .collect()
+}
+
+/// Most duplicates one lookup records: a search answering with hundreds of copies is a
+/// provider's bug or a label collision, and a person reads the evidence instead.
+pub const MAX_DUPLICATES_PER_LOOKUP: usize = 50;
 
 /// The provider still processes the first request: another look while the lookup budget and
 /// the total time budget last, else a person.

@@ -35,6 +35,7 @@ fn reconcile(
 ) -> Command {
     Command::RecordReconciliation {
         result,
+        duplicates: Vec::new(),
         evidence: "GET /tasks?label=op-7 → []".into(),
         binding: binding(),
         capabilities,
@@ -48,6 +49,7 @@ fn reconcile(
 /// A keyed lookup answering "the first request with this key is still being processed".
 fn reconcile_in_progress(capabilities: ProviderCapabilities, not_before: DateTime<Utc>) -> Command {
     Command::RecordReconciliation {
+        duplicates: Vec::new(),
         result: ReconciliationResult::Inconclusive {
             reason: "200 in_progress".into(),
         },
@@ -85,6 +87,10 @@ fn resolve(decision: ReviewDecision) -> Command {
         reviewer: actor("operator"),
         decision,
         note: "checked the CRM by hand".into(),
+        // The decider's own review tests are about the decisions; the duplicate-risk rule has
+        // tests of its own below.
+        accept_duplicate_risk: true,
+        capabilities: None,
     }
 }
 
@@ -639,6 +645,8 @@ fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
+        accept_duplicate_risk: false,
+        capabilities: None,
     };
     assert!(matches!(
         unknown_after_first_attempt(lookup_only()).when(&command, at_s(30)).rejection(),
@@ -652,6 +660,8 @@ fn an_oversized_reviewer_note_is_refused() {
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
+        accept_duplicate_risk: false,
+        capabilities: None,
     };
     assert!(
         matches!(needs_review().when(&command, at_s(30)).rejection(), Rejection::Invalid(e) if e.field == "note")
@@ -1140,4 +1150,142 @@ fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
         outcome.rejection(),
         Rejection::RetryNotAllowed(ContractViolation::AttemptsExhausted { attempts: 3, .. })
     ));
+}
+
+// --- connectors: duplicates found by a search, the reviewer's duplicate risk, pauses --------
+
+fn resolve_retry(
+    accept_duplicate_risk: bool,
+    capabilities: Option<ProviderCapabilities>,
+) -> Command {
+    Command::ResolveReview {
+        reviewer: actor("operator"),
+        decision: ReviewDecision::Retry,
+        note: "the CRM was down; retrying".into(),
+        accept_duplicate_risk,
+        capabilities,
+    }
+}
+
+#[test]
+fn a_search_that_finds_several_objects_records_each_other_one_as_a_duplicate() {
+    let mut lookup = reconcile(found("731"), lookup_only(), at_s(20));
+    if let Command::RecordReconciliation { duplicates, .. } = &mut lookup {
+        *duplicates = vec![
+            external("731"),
+            external("735"),
+            external("735"),
+            external("736"),
+        ];
+    }
+    let outcome = unknown_after_first_attempt(lookup_only()).when(&lookup, at_s(20));
+    assert_eq!(
+        outcome.then_types(),
+        [
+            "ReconciliationRecorded",
+            "DuplicateDetected",
+            "DuplicateDetected"
+        ]
+    );
+    assert_eq!(outcome.status(), "succeeded");
+    let state = outcome.scenario.state();
+    assert_eq!(state.duplicates, vec![external("735"), external("736")]);
+}
+
+#[test]
+fn a_reviewer_retry_without_deduplication_needs_the_duplicate_risk_accepted() {
+    let refused = needs_review().when(&resolve_retry(false, Some(lookup_only())), at_s(30));
+    assert!(
+        matches!(refused.rejection(), Rejection::DuplicateRiskNotAccepted { why } if why.contains("neither honours")),
+        "{:?}",
+        refused.result
+    );
+    let accepted = needs_review().when(&resolve_retry(true, Some(lookup_only())), at_s(30));
+    assert_eq!(accepted.status(), "pending");
+    let Some(OperationEvent::ReviewResolved(resolved)) = accepted.events().first() else {
+        panic!("a ReviewResolved");
+    };
+    assert!(
+        resolved.accept_duplicate_risk,
+        "the ledger says the risk was accepted"
+    );
+}
+
+#[test]
+fn a_reviewer_retry_of_an_unknown_contract_needs_the_duplicate_risk_accepted() {
+    assert!(matches!(
+        needs_review()
+            .when(&resolve_retry(false, None), at_s(30))
+            .rejection(),
+        Rejection::DuplicateRiskNotAccepted { .. }
+    ));
+}
+
+#[test]
+fn a_reviewer_retry_under_a_unique_label_or_a_natural_idempotency_needs_no_acknowledgement() {
+    let natural = ProviderCapabilities {
+        deduplication: crate::contract::Deduplication::NaturallyIdempotent,
+        lookup: crate::contract::LookupSupport::None,
+    };
+    for capabilities in [labelled(), natural] {
+        let outcome = unknown_after_first_attempt(capabilities)
+            .when(&resolve_retry(false, Some(capabilities)), at_s(30));
+        assert_eq!(outcome.status(), "pending", "{capabilities:?}");
+        let Some(OperationEvent::ReviewResolved(resolved)) = outcome.events().first() else {
+            panic!("a ReviewResolved");
+        };
+        assert!(!resolved.accept_duplicate_risk);
+    }
+}
+
+#[test]
+fn a_reviewer_retry_of_a_key_past_its_retention_needs_the_duplicate_risk_accepted() {
+    let day_s = 24 * 3600;
+    let inside =
+        unknown_after_first_attempt(keyed()).when(&resolve_retry(false, Some(keyed())), at_s(60));
+    assert_eq!(
+        inside.status(),
+        "pending",
+        "inside the retention the key makes it safe"
+    );
+    let past = unknown_after_first_attempt(keyed())
+        .when(&resolve_retry(false, Some(keyed())), at_s(day_s));
+    assert!(
+        matches!(past.rejection(), Rejection::DuplicateRiskNotAccepted { why } if why.contains("only safe until")),
+        "{:?}",
+        past.result
+    );
+}
+
+#[test]
+fn the_flag_is_recorded_only_on_a_retry() {
+    let command = Command::ResolveReview {
+        reviewer: actor("operator"),
+        decision: ReviewDecision::Abandon,
+        note: "not needed any more".into(),
+        accept_duplicate_risk: true,
+        capabilities: None,
+    };
+    let outcome = needs_review().when(&command, at_s(30));
+    let Some(OperationEvent::ReviewResolved(resolved)) = outcome.events().first() else {
+        panic!("a ReviewResolved");
+    };
+    assert!(!resolved.accept_duplicate_risk);
+}
+
+#[test]
+fn an_unknown_outcome_with_a_pause_asked_is_not_looked_up_before_it() {
+    let command = Command::RecordUnknown {
+        attempt_id: crate::testing::attempt(1),
+        error: "503 internal".into(),
+        check_not_before: Some(at_s(70)),
+    };
+    let outcome = in_flight(lookup_only()).when(&command, at_s(10));
+    assert_eq!(outcome.status(), "unknown");
+    assert_eq!(
+        outcome.scenario.state().next_check_not_before,
+        Some(at_s(70))
+    );
+    let without = in_flight(lookup_only()).when(&unknown(1), at_s(10));
+    assert_eq!(without.scenario.state().next_check_not_before, None);
 }

@@ -94,6 +94,7 @@ pub mod events {
 
     fn timed_out(n: u128, seconds: i64) -> OperationEvent {
         OperationEvent::OutcomeUnknown(OutcomeUnknown {
+            check_not_before: None,
             attempt_id: attempt(n),
             error: "timeout".into(),
             at: at(seconds),

@@ -26,8 +26,8 @@ use opledger_domain::ids::{
     AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, IdempotencyKey, OperationId,
     OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
 };
-use opledger_domain::provider::Providers;
-use opledger_domain::sentence::agent_sentence;
+use opledger_domain::provider::{BindingQuery, Providers, Unbound};
+use opledger_domain::sentence::described_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;
 use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError, MAX_QUERY_ROWS};
@@ -265,13 +265,21 @@ struct OperationView<'a> {
     execute_error: Option<Value>,
 }
 
-fn operation_view(loaded: &LoadedOperation) -> OperationView<'_> {
+/// The operation as the API shows it; its sentence in the words of the action's configured
+/// description.
+fn operation_view<'a>(shared: &Shared, loaded: &'a LoadedOperation) -> OperationView<'a> {
     let state = &loaded.state;
     let intent = state.intent.as_ref();
+    let description = intent.and_then(|intent| {
+        shared
+            .engine
+            .providers()
+            .action_description(&intent.provider, &intent.action)
+    });
     OperationView {
         operation_id: loaded.operation_id,
         state: state.status.name(),
-        message: agent_sentence(state),
+        message: described_sentence(state, description.as_deref()),
         external_id: state.external_id(),
         attempts: state.attempts,
         attempt_ids: &state.attempt_ids,

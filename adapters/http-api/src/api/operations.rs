@@ -94,7 +94,7 @@ pub(super) async fn record(
         }
         None => (recorded.operation, None),
     };
-    let mut view = operation_view(&operation);
+    let mut view = operation_view(&shared, &operation);
     view.created = Some(recorded.created);
     view.execute_error =
         execute_error.map(|error| json!({"code": error.code, "message": error.message}));
@@ -133,9 +133,7 @@ async fn intent_request(
     tenant: &TenantId,
     body: RecordBody,
 ) -> Result<IntentRequest, ApiError> {
-    let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
-    let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
-    let fingerprint = configured_fingerprint(shared, &provider, &account);
+    let fingerprint = configured_fingerprint(shared, tenant, &body);
     let mut request = IntentRequest {
         tenant: tenant.to_string(),
         owner: body.owner,
@@ -194,28 +192,37 @@ async fn execute_recorded(
     }
 }
 
-/// The fingerprint of the credentials configured now for `account` at `provider`, or the 422
-/// naming whichever of the two this server does not have.
+/// The fingerprint of the credentials configured now for the intent's account, or the 422
+/// naming what this server does not have (the provider, the action, the account) or what the
+/// tenant may not use (another tenant's account); then the arguments against the action's
+/// input schema, every failing field named. Nothing is recorded when any of it fails.
 fn configured_fingerprint(
     shared: &Shared,
-    provider: &opledger_domain::ids::ProviderId,
-    account: &opledger_domain::ids::AccountId,
+    tenant: &TenantId,
+    body: &RecordBody,
 ) -> Result<opledger_domain::ids::CredentialFingerprint, ApiError> {
+    let provider = opledger_domain::ids::ProviderId::new(body.provider.clone())?;
+    let account = opledger_domain::ids::AccountId::new(body.account.clone())?;
+    let action = opledger_domain::ids::ActionName::new(body.action.clone())?;
     let providers = shared.engine.providers();
-    if providers.capabilities(provider).is_none() {
-        return Err(ApiError::invalid(ValidationError::new(
-            "provider",
-            format!("`{provider}` is not configured on this server; use one of its [[providers]]"),
-        )));
-    }
+    let query = BindingQuery {
+        tenant,
+        provider: &provider,
+        account: &account,
+        action: &action,
+    };
+    let bound = providers.bind(&query).map_err(|unbound| {
+        let field = match unbound {
+            Unbound::Provider { .. } => "provider",
+            Unbound::Action { .. } => "action",
+            Unbound::Account { .. } | Unbound::NotOwned { .. } => "account",
+        };
+        ApiError::invalid(ValidationError::new(field, unbound.to_string()))
+    })?;
     providers
-        .credential_fingerprint(provider, account)
-        .ok_or_else(|| {
-            ApiError::invalid(ValidationError::new(
-                "account",
-                format!("`{account}` is not an account of provider `{provider}` on this server"),
-            ))
-        })
+        .check_args(&provider, &action, &body.args)
+        .map_err(|problems| ApiError::invalid_args(&problems))?;
+    Ok(bound.credential_fingerprint)
 }
 
 /// The wait of an execute call: `wait_ms` if given (checked against the limit), else the default.
@@ -246,7 +253,10 @@ pub(super) async fn show(
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
     let loaded = visible(&shared, &scope, operation_id(&id)?).await?;
-    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(
+        StatusCode::OK,
+        &operation_view(&shared, &loaded),
+    ))
 }
 
 pub(super) async fn history(
@@ -344,7 +354,7 @@ async fn approval(
         }
         None => ledger.approve(operation_id, approver, args_hash).await?,
     };
-    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(StatusCode::OK, &operation_view(shared, &loaded)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -371,7 +381,10 @@ pub(super) async fn execute(
     let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)
         .instrument(span)
         .await?;
-    Ok(view_reply(StatusCode::OK, &operation_view(&loaded)))
+    Ok(view_reply(
+        StatusCode::OK,
+        &operation_view(&shared, &loaded),
+    ))
 }
 
 /// A place for one execute call, taken before anything is written, so a full server refuses

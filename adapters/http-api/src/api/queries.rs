@@ -153,10 +153,23 @@ pub(super) async fn review_queue(
         })
         .await?;
     let now = Utc::now();
-    let rows: Vec<Value> = queue
-        .iter()
-        .map(|item| crate::render::review_item_json(item, now))
-        .collect();
+    let mut rows: Vec<Value> = Vec::with_capacity(queue.len());
+    for item in &queue {
+        // One stream read per row, bounded by the page limit: the person deciding needs every
+        // attempt and lookup, which the queue's row does not keep.
+        let view =
+            crate::render::view_of(shared.engine.ledger().store(), item.operation_id).await?;
+        let mut row = crate::render::review_item_json(item, now);
+        row["detail"] = crate::render::review_detail_json(&view.history);
+        let description = view.loaded.state.intent.as_ref().and_then(|intent| {
+            shared
+                .engine
+                .providers()
+                .action_description(&intent.provider, &intent.action)
+        });
+        row["detail"]["description"] = json!(description);
+        rows.push(row);
+    }
     Ok(json_reply(StatusCode::OK, &json!({"queue": rows})))
 }
 
@@ -209,7 +222,7 @@ pub(super) async fn trace(
         .iter()
         .map(|view| view.loaded.operation_id)
         .collect();
-    let mut body = serde_json::to_value(operation_view(&first.loaded))
+    let mut body = serde_json::to_value(operation_view(&shared, &first.loaded))
         .map_err(|error| ApiError::internal("an operation could not be written as JSON", error))?;
     body["query"] = json!(id);
     body["events"] = json!(first.events);

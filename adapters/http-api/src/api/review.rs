@@ -15,6 +15,10 @@ struct ReviewBody {
     note: String,
     /// The operation's version the reviewer looked at; a decision on older evidence is refused.
     expected_version: Option<u64>,
+    /// With `retry`: the reviewer accepts that the provider may not tell the retry from a second
+    /// request (no deduplication, or a key past its retention). Without it such a retry is 409.
+    #[serde(default)]
+    accept_duplicate_risk: bool,
 }
 
 pub(super) async fn review(
@@ -27,6 +31,13 @@ pub(super) async fn review(
     let reviewer = ActorId::new(name.to_owned())?;
     let operation_id = operation_id(&id)?;
     let body: ReviewBody = body(&shared, request).await?;
+    if body.accept_duplicate_risk && body.decision != "retry" {
+        return Err(ApiError::invalid(ValidationError::new(
+            "accept_duplicate_risk",
+            "is only taken with decision `retry`: only a retry can create a second object",
+        )));
+    }
+    let accept_duplicate_risk = body.accept_duplicate_risk;
     let decision = match (body.decision.as_str(), body.external_id) {
         ("retry", None) => ReviewDecision::Retry,
         ("abandon", None) => ReviewDecision::Abandon,
@@ -74,11 +85,17 @@ pub(super) async fn review(
     let report = tokio::spawn(async move {
         if pinned {
             engine
-                .resolve_review_seen(loaded, reviewer, decision, body.note)
+                .resolve_review_seen(loaded, reviewer, decision, body.note, accept_duplicate_risk)
                 .await
         } else {
             engine
-                .resolve_review(operation_id, reviewer, decision, body.note)
+                .resolve_review(
+                    operation_id,
+                    reviewer,
+                    decision,
+                    body.note,
+                    accept_duplicate_risk,
+                )
                 .await
         }
     })
@@ -86,6 +103,6 @@ pub(super) async fn review(
     .map_err(|error| ApiError::internal("a review decision failed", error))??;
     Ok(view_reply(
         StatusCode::OK,
-        &operation_view(&report.operation),
+        &operation_view(&shared, &report.operation),
     ))
 }

@@ -19,7 +19,7 @@ use opledger_readmodel::ReadModelError;
 pub use operation::{operation_json, view_of, OperationView};
 pub use outcome::{outcome_json, outcome_of, wanted_types, Outcome, DEFAULT_TYPES, TYPES};
 pub use progress::catch_up_showing_progress;
-pub use review::review_item_json;
+pub use review::{review_detail_json, review_item_json};
 
 /// Why something could not be read to be shown.
 #[derive(Debug, thiserror::Error)]

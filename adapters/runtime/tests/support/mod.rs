@@ -12,12 +12,13 @@ use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::{Deduplication, LookupSupport, ProviderCapabilities};
 use opledger_domain::engine::Engine;
 use opledger_domain::ids::{
-    AccountId, CredentialFingerprint, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
+    ActionName, CredentialFingerprint, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
     StreamVersion,
 };
 use opledger_domain::ports::{Clock, IdSource};
 use opledger_domain::provider::{
-    LookupOutcome, LookupRequest, Providers, SendOutcome, SendRequest,
+    ArgProblem, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
+    SendRequest, Unbound,
 };
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
@@ -47,19 +48,28 @@ impl ConfirmingCrm {
 }
 
 impl Providers for ConfirmingCrm {
-    fn capabilities(&self, _provider: &ProviderId) -> Option<ProviderCapabilities> {
-        Some(ProviderCapabilities {
-            deduplication: Deduplication::UniqueLabel,
-            lookup: LookupSupport::Consistent,
+    fn bind(&self, _query: &BindingQuery<'_>) -> Result<Binding, Unbound> {
+        Ok(Binding {
+            capabilities: ProviderCapabilities {
+                deduplication: Deduplication::UniqueLabel,
+                lookup: LookupSupport::Consistent,
+            },
+            credential_fingerprint: CredentialFingerprint::new("fp-1")
+                .expect("a valid fingerprint"),
         })
     }
 
-    fn credential_fingerprint(
+    fn check_args(
         &self,
         _provider: &ProviderId,
-        _account: &AccountId,
-    ) -> Option<CredentialFingerprint> {
-        Some(CredentialFingerprint::new("fp-1").expect("a valid fingerprint"))
+        _action: &ActionName,
+        _args: &serde_json::Value,
+    ) -> Result<(), Vec<ArgProblem>> {
+        Ok(())
+    }
+
+    fn action_description(&self, _provider: &ProviderId, _action: &ActionName) -> Option<String> {
+        Some("create a task".to_owned())
     }
 
     fn execute(&self, request: &SendRequest) -> impl Future<Output = SendOutcome> + Send {

@@ -1,0 +1,1205 @@
+//! The runnable connector: a checked [`Document`] plus what the installation adds
+//! ([`Overrides`]: id, base URL, settings, accounts, timeouts), with its HTTP client, its
+//! accounts' credentials and each action's compiled input schema.
+//!
+//! Building reads every credential from the environment once and reports every problem (a
+//! missing variable is named, its value never). Sending re-checks the binding first — the
+//! provider, the account, that the tenant owns the account, the action — so nothing leaves this
+//! process for a call the connector was not built to make.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::Utc;
+use opledger_domain::contract::{Deduplication, LookupSupport, ProviderCapabilities};
+use opledger_domain::ids::{AccountId, ActionName, CredentialFingerprint, ProviderId, TenantId};
+use opledger_domain::provider::{
+    ArgProblem, Binding, LookupOutcome, LookupRequest, SendOutcome, SendRequest, Unbound,
+};
+use reqwest::header::HeaderValue;
+use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
+use tracing::{field, Instrument, Span};
+
+use crate::body::{self, BodyEncoding};
+use crate::classify::{classify_send, Reading};
+use crate::credentials::{self, Credential};
+use crate::document::{
+    check_base_url, check_timeouts, AccountSpec, Action, Dedup, Document, Lookup, RequestSpec,
+    MAX_ACCOUNTS_PER_CONNECTOR, MAX_SETTING_VALUE_CHARS,
+};
+use crate::error::ConnectorError;
+use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
+use crate::lookup::{classify_consistent, classify_search, Asked};
+use crate::template::Context;
+
+/// Most requests one connector runs at once.
+pub const MAX_IN_FLIGHT_PER_PROVIDER: usize = 64;
+/// Most argument problems reported for one call.
+pub const MAX_ARG_PROBLEMS: usize = 20;
+
+/// What an installation adds to a connector document. Plain data: code builds it directly, the
+/// serve configuration fills it from its file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// The provider id to register under, instead of the document's `id`.
+    pub id: Option<ProviderId>,
+    /// The base URL, instead of the document's (required when the document has none).
+    pub base_url: Option<String>,
+    /// Setting values over the document's defaults; each must be a declared setting.
+    pub settings: BTreeMap<String, String>,
+    /// Accounts beside the document's; an id may appear once in both together.
+    pub accounts: Vec<AccountSpec>,
+    /// The whole-request timeout, in milliseconds, instead of the document's.
+    pub request_timeout_ms: Option<u64>,
+    /// The connect timeout, in milliseconds, instead of the document's.
+    pub connect_timeout_ms: Option<u64>,
+}
+
+/// One account, ready: who owns it and its credential.
+#[derive(Debug)]
+struct Account {
+    tenants: BTreeSet<TenantId>,
+    credential: Credential,
+}
+
+/// One action, ready: its spec, its compiled schema, how its answers are read, what it promises.
+struct Compiled {
+    action: Action,
+    validator: jsonschema::Validator,
+    reading: Reading,
+    capabilities: ProviderCapabilities,
+}
+
+impl fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Compiled")
+            .field("action", &self.action.name)
+            .field("capabilities", &self.capabilities)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connector ready to send: see the module docs.
+#[derive(Debug)]
+pub struct Connector {
+    id: ProviderId,
+    name: String,
+    description: String,
+    base_url: String,
+    client: reqwest::Client,
+    accounts: BTreeMap<AccountId, Account>,
+    actions: Vec<Compiled>,
+    settings: BTreeMap<String, String>,
+    request_timeout: Duration,
+    permits: Semaphore,
+}
+
+/// What a domain deduplication contract an action's `[actions.dedup]` is.
+fn capabilities(action: &Action) -> ProviderCapabilities {
+    let deduplication = match &action.dedup {
+        Dedup::IdempotencyKey {
+            retention_s,
+            safety_margin_s,
+            ..
+        } => Deduplication::IdempotencyKey {
+            retention_s: *retention_s,
+            safety_margin_s: *safety_margin_s,
+        },
+        Dedup::UniqueLabel { .. } => Deduplication::UniqueLabel,
+        Dedup::NaturallyIdempotent => Deduplication::NaturallyIdempotent,
+        Dedup::None => Deduplication::None,
+    };
+    let lookup = match &action.lookup {
+        Lookup::None => LookupSupport::None,
+        Lookup::Consistent(_) => LookupSupport::Consistent,
+        Lookup::Search(search) => LookupSupport::EventuallyConsistent {
+            lag_ms: search.lag_ms,
+        },
+    };
+    ProviderCapabilities {
+        deduplication,
+        lookup,
+    }
+}
+
+/// Collects the problems of building one connector (no lines: they are about values given in
+/// code, the serve configuration or the environment).
+struct Problems {
+    file: String,
+    errors: Vec<ConnectorError>,
+}
+
+impl Problems {
+    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ConnectorError {
+            file: self.file.clone(),
+            line: None,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+}
+
+impl Connector {
+    /// Builds the connector `document` describes with `overrides`, reading credentials from the
+    /// process environment. Every problem is reported.
+    pub fn build(document: &Document, overrides: Overrides) -> Result<Self, Vec<ConnectorError>> {
+        Self::with_env(document, overrides, &|name| std::env::var_os(name))
+    }
+
+    /// Loads the preset `preset` (see [`crate::presets`]) and builds it with `overrides`
+    /// (credentials from the process environment).
+    pub fn from_preset(preset: &str, overrides: Overrides) -> Result<Self, Vec<ConnectorError>> {
+        let Some((file, text)) = crate::presets::preset(preset) else {
+            let known: Vec<&str> = crate::presets::preset_names().collect();
+            return Err(vec![ConnectorError {
+                file: preset.to_owned(),
+                line: None,
+                field: "preset".to_owned(),
+                message: format!("is no preset; the presets are: {}", known.join(", ")),
+            }]);
+        };
+        let document = crate::document::parse(file, text)?;
+        Self::build(&document, overrides)
+    }
+
+    /// [`Connector::build`] with the environment given as a function (tests, secret stores).
+    pub fn with_env(
+        document: &Document,
+        overrides: Overrides,
+        env: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, Vec<ConnectorError>> {
+        let mut problems = Problems {
+            file: document.name.clone(),
+            errors: Vec::new(),
+        };
+        let base_url = base_url(document, &overrides, &mut problems);
+        let request_ms = overrides
+            .request_timeout_ms
+            .unwrap_or(document.request_timeout_ms);
+        let connect_ms = overrides
+            .connect_timeout_ms
+            .unwrap_or(document.connect_timeout_ms);
+        for (field, message) in check_timeouts(request_ms, connect_ms) {
+            problems.add(field, message);
+        }
+        let settings = settings(document, &overrides, &mut problems);
+        let accounts = accounts(document, &overrides.accounts, env, &mut problems);
+        let actions = compile(document, &mut problems);
+        let client = http::build_client(request_ms, connect_ms)
+            .map_err(|message| problems.add("client", message))
+            .ok();
+        match (base_url, client) {
+            (Some(base_url), Some(client)) if problems.errors.is_empty() => Ok(Self {
+                id: overrides.id.unwrap_or_else(|| document.id.clone()),
+                name: document.name.clone(),
+                description: document.description.clone(),
+                base_url,
+                client,
+                accounts,
+                actions,
+                settings,
+                request_timeout: Duration::from_millis(request_ms),
+                permits: Semaphore::new(MAX_IN_FLIGHT_PER_PROVIDER),
+            }),
+            _ => Err(problems.errors),
+        }
+    }
+
+    /// The provider id it is registered under.
+    pub fn id(&self) -> &ProviderId {
+        &self.id
+    }
+
+    /// The name of the document it was built from (its file name).
+    pub fn document_name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the API is, in one line.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Every action, in the order declared.
+    pub fn actions(&self) -> impl Iterator<Item = &Action> {
+        self.actions.iter().map(|compiled| &compiled.action)
+    }
+
+    /// The action called `name`.
+    pub fn action(&self, name: &ActionName) -> Option<&Action> {
+        self.compiled(name).map(|compiled| &compiled.action)
+    }
+
+    /// The accounts it may act in, in order.
+    pub fn accounts(&self) -> impl Iterator<Item = &AccountId> {
+        self.accounts.keys()
+    }
+
+    /// Each account with the tenants that own it and its credential fingerprint, in order (for
+    /// listings: never the credential itself).
+    pub fn account_owners(
+        &self,
+    ) -> impl Iterator<Item = (&AccountId, &BTreeSet<TenantId>, &CredentialFingerprint)> {
+        self.accounts
+            .iter()
+            .map(|(id, account)| (id, &account.tenants, &account.credential.fingerprint))
+    }
+
+    /// What the ledger is promised for `action`: its deduplication and lookup contract.
+    pub fn capabilities(&self, action: &ActionName) -> Option<ProviderCapabilities> {
+        self.compiled(action).map(|compiled| compiled.capabilities)
+    }
+
+    fn compiled(&self, name: &ActionName) -> Option<&Compiled> {
+        self.actions
+            .iter()
+            .find(|compiled| compiled.action.name == *name)
+    }
+
+    fn action_names(&self) -> Vec<String> {
+        self.actions
+            .iter()
+            .map(|compiled| compiled.action.name.as_str().to_owned())
+            .collect()
+    }
+
+    /// The longest one send can take, in milliseconds: waiting up to the request timeout for a
+    /// free request slot, then up to the request timeout for the request itself.
+    pub fn longest_send_ms(&self) -> u64 {
+        u64::try_from(self.request_timeout.as_millis())
+            .unwrap_or(u64::MAX / 2)
+            .saturating_mul(2)
+    }
+
+    /// What `tenant` acting in `account` through `action` is bound to: the action's contract and
+    /// the account's credential fingerprint; or why there is no such binding.
+    pub fn bind(
+        &self,
+        tenant: &TenantId,
+        account: &AccountId,
+        action: &ActionName,
+    ) -> Result<Binding, Unbound> {
+        let compiled = self.compiled(action).ok_or_else(|| Unbound::Action {
+            provider: self.id.clone(),
+            action: action.clone(),
+            known: self.action_names(),
+        })?;
+        let account_entry = self.owned_account(tenant, account)?;
+        Ok(Binding {
+            capabilities: compiled.capabilities,
+            credential_fingerprint: account_entry.credential.fingerprint.clone(),
+        })
+    }
+
+    fn owned_account(&self, tenant: &TenantId, account: &AccountId) -> Result<&Account, Unbound> {
+        let entry = self.accounts.get(account).ok_or_else(|| Unbound::Account {
+            provider: self.id.clone(),
+            account: account.clone(),
+        })?;
+        if !entry.tenants.contains(tenant) {
+            return Err(Unbound::NotOwned {
+                provider: self.id.clone(),
+                account: account.clone(),
+                tenant: tenant.clone(),
+            });
+        }
+        Ok(entry)
+    }
+
+    /// Checks a call's arguments against the action's input schema: each problem with the JSON
+    /// pointer of the failing field (at most [`MAX_ARG_PROBLEMS`]). An unknown action is one
+    /// problem at the root that names the known actions.
+    pub fn check_args(&self, action: &ActionName, args: &Value) -> Result<(), Vec<ArgProblem>> {
+        let Some(compiled) = self.compiled(action) else {
+            return Err(vec![ArgProblem {
+                pointer: String::new(),
+                message: format!(
+                    "provider `{}` has no action `{action}`; its actions are: {}",
+                    self.id,
+                    self.action_names().join(", ")
+                ),
+            }]);
+        };
+        let problems: Vec<ArgProblem> = compiled
+            .validator
+            .iter_errors(args)
+            .take(MAX_ARG_PROBLEMS)
+            .map(|error| ArgProblem {
+                pointer: error.instance_path().as_str().to_owned(),
+                message: shorten(&error.to_string(), MAX_MESSAGE_CHARS),
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The credential for a call by `tenant` in `account` at `provider`, or why nothing may be
+    /// sent.
+    fn credential_for(
+        &self,
+        provider: &ProviderId,
+        tenant: &TenantId,
+        account: &AccountId,
+    ) -> Result<&Credential, String> {
+        if *provider != self.id {
+            return Err(format!(
+                "the call is for provider `{provider}`, not `{}`",
+                self.id
+            ));
+        }
+        self.owned_account(tenant, account)
+            .map(|entry| &entry.credential)
+            .map_err(|unbound| unbound.to_string())
+    }
+
+    /// Carries out one attempt and classifies it (see the table in the crate docs).
+    pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
+        let span = tracing::info_span!(
+            "provider.execute",
+            operation_id = %request.operation_id,
+            attempt_id = %request.attempt_id,
+            provider = %self.id,
+            account = %request.account,
+            action = %request.action,
+            external_id = field::Empty,
+        );
+        async {
+            let outcome = self.execute_unlogged(request).await;
+            log_send(&outcome);
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
+        let credential =
+            match self.credential_for(&request.provider, &request.tenant, &request.account) {
+                Ok(credential) => credential,
+                Err(reason) => {
+                    return SendOutcome::NotSent {
+                        reason: format!("{reason}; nothing was sent"),
+                        retry_after_ms: None,
+                    }
+                }
+            };
+        let Some(compiled) = self.compiled(&request.action) else {
+            return SendOutcome::Rejected {
+                code: "local unsupported_action".to_owned(),
+                message: format!(
+                    "provider `{}` has no action `{}` (its actions: {}); nothing was sent",
+                    self.id,
+                    request.action,
+                    self.action_names().join(", ")
+                ),
+            };
+        };
+        let prepared = match self.prepare_send(&compiled.action, request) {
+            Ok(prepared) => prepared,
+            Err(outcome) => return outcome,
+        };
+        let Some(_permit) = self.permit().await else {
+            return SendOutcome::NotSent {
+                reason: self.busy(),
+                retry_after_ms: None,
+            };
+        };
+        let outcome = match http::send(
+            &self.client,
+            &self.base_url,
+            (&credential.header, &credential.value),
+            &prepared,
+        )
+        .await
+        {
+            Ok(reply) => {
+                tracing::debug!(request = %prepared.describe(), status = reply.status, "provider answered");
+                classify_send(
+                    &compiled.reading,
+                    &compiled.action.response,
+                    &reply,
+                    Utc::now(),
+                )
+            }
+            Err(failure) => failure.send_outcome(),
+        };
+        scrub_send(outcome, credential)
+    }
+
+    /// A free request slot, waiting at most the request timeout for one.
+    async fn permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match tokio::time::timeout(self.request_timeout, self.permits.acquire()).await {
+            Ok(Ok(permit)) => Some(permit),
+            _ => None,
+        }
+    }
+
+    fn busy(&self) -> String {
+        format!(
+            "{MAX_IN_FLIGHT_PER_PROVIDER} requests to provider `{}` were already running for the whole request timeout; nothing was sent",
+            self.id
+        )
+    }
+
+    fn context<'a>(
+        &'a self,
+        args: Option<&'a Map<String, Value>>,
+        key: &'a str,
+        label: &'a str,
+        account: &'a str,
+        operation_id: &'a str,
+    ) -> Context<'a> {
+        Context {
+            args,
+            key,
+            label,
+            account,
+            operation_id,
+            settings: &self.settings,
+        }
+    }
+
+    /// The send's request, or the outcome of a request that can never be built.
+    fn prepare_send(
+        &self,
+        action: &Action,
+        request: &SendRequest,
+    ) -> Result<PreparedRequest, SendOutcome> {
+        let operation_id = request.operation_id.to_string();
+        let context = self.context(
+            Some(request.args.as_map()),
+            request.idempotency_key.as_str(),
+            &request.label,
+            request.account.as_str(),
+            &operation_id,
+        );
+        let mut prepared =
+            prepare(&action.request, &context).map_err(|message| SendOutcome::Rejected {
+                code: "local invalid_request".to_owned(),
+                message: format!(
+                    "the request cannot be built from these arguments: {message}; nothing was sent"
+                ),
+            })?;
+        if let Dedup::IdempotencyKey { header, .. } = &action.dedup {
+            // Keys come from our own random source as `opk_<hex>`. A key that is not visible
+            // ASCII can never be sent as it is (a header would carry raw bytes the provider may
+            // read differently), so retrying would not help either.
+            let key = request.idempotency_key.as_str();
+            let value = header_value(key).ok_or_else(|| SendOutcome::Rejected {
+                code: "local invalid_idempotency_key".to_owned(),
+                message: "the idempotency key holds characters other than visible ASCII, which a header cannot carry faithfully; nothing was sent".to_owned(),
+            })?;
+            prepared.headers.push((header.clone(), value));
+        }
+        Ok(prepared)
+    }
+
+    /// Looks the operation up (see the table in the crate docs).
+    pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
+        let span = tracing::info_span!(
+            "provider.lookup",
+            operation_id = %request.operation_id,
+            provider = %self.id,
+            account = %request.account,
+            action = %request.action,
+            external_id = field::Empty,
+        );
+        async {
+            let outcome = self.lookup_unlogged(request).await;
+            log_lookup(&outcome);
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn lookup_unlogged(&self, request: &LookupRequest) -> LookupOutcome {
+        let unavailable = |reason: String| LookupOutcome::Unavailable {
+            reason,
+            retry_after_ms: None,
+        };
+        let credential =
+            match self.credential_for(&request.provider, &request.tenant, &request.account) {
+                Ok(credential) => credential,
+                Err(reason) => return unavailable(reason),
+            };
+        let Some(compiled) = self.compiled(&request.action) else {
+            return unavailable(format!(
+                "provider `{}` has no action `{}`",
+                self.id, request.action
+            ));
+        };
+        let spec = match &compiled.action.lookup {
+            Lookup::None => {
+                return unavailable(format!(
+                    "action `{}` of provider `{}` declares no lookup; only a person can tell what became of the operation",
+                    request.action, self.id
+                ))
+            }
+            Lookup::Consistent(consistent) => &consistent.request,
+            Lookup::Search(search) => &search.request,
+        };
+        let operation_id = request.operation_id.to_string();
+        let context = self.context(
+            None,
+            request.idempotency_key.as_str(),
+            &request.label,
+            request.account.as_str(),
+            &operation_id,
+        );
+        let prepared = match prepare(spec, &context) {
+            Ok(prepared) => prepared,
+            Err(message) => {
+                return unavailable(format!("the lookup request cannot be built: {message}"))
+            }
+        };
+        let asked = prepared.describe();
+        let Some(_permit) = self.permit().await else {
+            return unavailable(self.busy());
+        };
+        let outcome = match http::send(
+            &self.client,
+            &self.base_url,
+            (&credential.header, &credential.value),
+            &prepared,
+        )
+        .await
+        {
+            Ok(reply) => {
+                let what = Asked {
+                    request: &asked,
+                    label: &request.label,
+                    account: &request.account,
+                };
+                classify_lookup(compiled, &what, &reply)
+            }
+            Err(failure) => failure.lookup_outcome(&asked),
+        };
+        scrub_lookup(outcome, credential)
+    }
+}
+
+/// Reads a lookup's answer by the action's kind of lookup.
+fn classify_lookup(
+    compiled: &Compiled,
+    asked: &Asked<'_>,
+    reply: &http::HttpReply,
+) -> LookupOutcome {
+    let now = Utc::now();
+    match &compiled.action.lookup {
+        Lookup::Consistent(consistent) => {
+            classify_consistent(consistent, &compiled.reading, asked, reply, now)
+        }
+        Lookup::Search(search) => classify_search(search, &compiled.reading, asked, reply, now),
+        // Refused before any request is built (see `lookup_unlogged`); kept total here.
+        Lookup::None => LookupOutcome::Unavailable {
+            reason: format!("{} declares no lookup", compiled.action.name),
+            retry_after_ms: None,
+        },
+    }
+}
+
+/// The base URL: the override, else the document's; a finding when neither is there or it is bad.
+fn base_url(document: &Document, overrides: &Overrides, problems: &mut Problems) -> Option<String> {
+    match (&overrides.base_url, &document.base_url) {
+        (Some(url), _) => check_base_url(url)
+            .map_err(|message| problems.add("base_url", message))
+            .ok(),
+        (None, Some(url)) => Some(url.clone()),
+        (None, None) => {
+            problems.add(
+                "base_url",
+                "the connector names no base URL (it depends on the installation); give one, e.g. base_url = \"http://127.0.0.1:8070\"",
+            );
+            None
+        }
+    }
+}
+
+/// The document's settings with the overrides over them; each override must name a declared one.
+fn settings(
+    document: &Document,
+    overrides: &Overrides,
+    problems: &mut Problems,
+) -> BTreeMap<String, String> {
+    let mut settings = document.settings.clone();
+    for (name, value) in &overrides.settings {
+        if !settings.contains_key(name) {
+            let declared: Vec<&str> = document.settings.keys().map(String::as_str).collect();
+            problems.add(
+                format!("settings.{name}"),
+                format!(
+                    "the connector declares no setting `{name}` (declared: {})",
+                    if declared.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        declared.join(", ")
+                    }
+                ),
+            );
+        } else if value.chars().count() > MAX_SETTING_VALUE_CHARS {
+            problems.add(
+                format!("settings.{name}"),
+                format!("is longer than {MAX_SETTING_VALUE_CHARS} characters"),
+            );
+        } else {
+            settings.insert(name.clone(), value.clone());
+        }
+    }
+    settings
+}
+
+/// The document's accounts and the overrides' together, each with its credential read.
+fn accounts(
+    document: &Document,
+    extra: &[AccountSpec],
+    env: &dyn Fn(&str) -> Option<OsString>,
+    problems: &mut Problems,
+) -> BTreeMap<AccountId, Account> {
+    let all = document
+        .accounts
+        .iter()
+        .enumerate()
+        .map(|(index, account)| (format!("accounts[{index}]"), account))
+        .chain(
+            extra
+                .iter()
+                .enumerate()
+                .map(|(index, account)| (format!("overrides.accounts[{index}]"), account)),
+        );
+    let mut accounts = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for (field, spec) in all {
+        if !seen.insert(&spec.id) {
+            problems.add(
+                format!("{field}.id"),
+                format!(
+                    "account `{}` is given twice; give each account once",
+                    spec.id
+                ),
+            );
+            continue;
+        }
+        if spec.tenants.is_empty() {
+            problems.add(
+                format!("{field}.tenants"),
+                "is empty; every account is owned by at least one tenant",
+            );
+            continue;
+        }
+        match credentials::resolve(&document.auth, &spec.credentials, env) {
+            Ok(credential) => {
+                accounts.insert(
+                    spec.id.clone(),
+                    Account {
+                        tenants: spec.tenants.iter().cloned().collect(),
+                        credential,
+                    },
+                );
+            }
+            Err(message) => problems.add(
+                format!("{field}.credentials"),
+                format!("account `{}`: {message}", spec.id),
+            ),
+        }
+    }
+    if document.accounts.len() + extra.len() > MAX_ACCOUNTS_PER_CONNECTOR {
+        problems.add(
+            "accounts",
+            format!(
+                "{} accounts are given; at most {MAX_ACCOUNTS_PER_CONNECTOR}",
+                document.accounts.len() + extra.len()
+            ),
+        );
+    } else if document.accounts.is_empty() && extra.is_empty() {
+        problems.add(
+            "accounts",
+            "no account is given; a connector needs at least one, with its tenants and credentials",
+        );
+    }
+    accounts
+}
+
+/// Every action with its compiled schema and reading.
+fn compile(document: &Document, problems: &mut Problems) -> Vec<Compiled> {
+    let mut compiled = Vec::with_capacity(document.actions.len());
+    for (index, action) in document.actions.iter().enumerate() {
+        match jsonschema::draft202012::new(&action.input) {
+            Ok(validator) => compiled.push(Compiled {
+                action: action.clone(),
+                validator,
+                reading: Reading::new(document, &action.dedup),
+                capabilities: capabilities(action),
+            }),
+            Err(error) => problems.add(
+                format!("actions[{index}].input"),
+                format!("cannot be compiled: {error}"),
+            ),
+        }
+    }
+    compiled
+}
+
+/// A header value of visible ASCII and spaces; `None` for anything a header cannot carry as it is.
+fn header_value(text: &str) -> Option<HeaderValue> {
+    text.bytes()
+        .all(|byte| byte.is_ascii_graphic() || byte == b' ')
+        .then(|| HeaderValue::from_str(text).ok())
+        .flatten()
+}
+
+/// Builds a request from its spec: path, query, headers and body, all from templates.
+fn prepare(spec: &RequestSpec, context: &Context<'_>) -> Result<PreparedRequest, String> {
+    let mut path = spec.path.render_path(context)?;
+    let query: Vec<String> = spec
+        .query
+        .iter()
+        .filter_map(|(name, template)| {
+            let value = template.render_text(context)?;
+            Some(format!(
+                "{}={}",
+                encode_component(name),
+                encode_component(&value)
+            ))
+        })
+        .collect();
+    if !query.is_empty() {
+        path.push('?');
+        path.push_str(&query.join("&"));
+    }
+    let mut headers = Vec::with_capacity(spec.headers.len() + 1);
+    for (name, template) in &spec.headers {
+        if let Some(text) = template.render_text(context) {
+            let value = header_value(&text).ok_or_else(|| {
+                format!("header `{name}` would hold characters a header cannot carry")
+            })?;
+            headers.push((name.clone(), value));
+        }
+    }
+    let body = match spec.encoding {
+        BodyEncoding::None => None,
+        encoding => body_value(spec, context)
+            .map(|value| body::encode(encoding, &value))
+            .transpose()?
+            .flatten()
+            .zip(encoding.content_type()),
+    };
+    Ok(PreparedRequest {
+        method: spec.method.clone(),
+        path,
+        headers,
+        body,
+    })
+}
+
+/// The body: the arguments (when the body starts from them) with the rendered tree merged over.
+fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
+    let base = spec
+        .body_base_args
+        .then(|| context.args.map(|args| Value::Object(args.clone())))
+        .flatten();
+    let over = spec.body.as_ref().and_then(|tree| tree.render(context));
+    match (base, over) {
+        (Some(base), Some(over)) => Some(body::merge(base, over)),
+        (base, over) => base.or(over),
+    }
+}
+
+fn log_send(outcome: &SendOutcome) {
+    match outcome {
+        SendOutcome::Confirmed {
+            external_id,
+            provider_request_id,
+        } => {
+            Span::current().record("external_id", field::display(external_id));
+            tracing::info!(
+                outcome = "confirmed",
+                provider_request_id = provider_request_id.as_ref().map(|id| id.as_str()),
+                "provider confirmed the object"
+            );
+        }
+        SendOutcome::Rejected { code, message } => {
+            tracing::info!(outcome = "rejected", code = %code, message = %message, "provider refused");
+        }
+        SendOutcome::Uncertain {
+            error,
+            retry_after_ms,
+        } => {
+            tracing::warn!(outcome = "uncertain", error = %error, retry_after_ms = retry_after_ms, "the send may or may not have been applied");
+        }
+        SendOutcome::NotSent {
+            reason,
+            retry_after_ms,
+        } => {
+            tracing::info!(outcome = "not_sent", reason = %reason, retry_after_ms = retry_after_ms, "nothing was applied");
+        }
+    }
+}
+
+fn log_lookup(outcome: &LookupOutcome) {
+    match outcome {
+        LookupOutcome::Found {
+            external_id,
+            evidence,
+            duplicates,
+            ..
+        } => {
+            Span::current().record("external_id", field::display(external_id));
+            tracing::info!(outcome = "found", evidence = %evidence, duplicates = duplicates.len(), "lookup found the object");
+        }
+        LookupOutcome::NotFound {
+            authoritative,
+            evidence,
+        } => {
+            tracing::info!(outcome = "not_found", authoritative, evidence = %evidence, "lookup found nothing");
+        }
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => {
+            tracing::info!(outcome = "in_progress", evidence = %evidence, retry_after_ms = retry_after_ms, "the provider still processes the first request");
+        }
+        LookupOutcome::Refused { reason } => {
+            tracing::warn!(outcome = "refused", reason = %reason, "lookup refused for its credentials");
+        }
+        LookupOutcome::Unavailable {
+            reason,
+            retry_after_ms,
+        } => {
+            tracing::warn!(outcome = "unavailable", reason = %reason, retry_after_ms = retry_after_ms, "lookup gave no answer");
+        }
+    }
+}
+
+/// Scrubs every text of a send outcome of the credential's secrets: the last guard before an
+/// outcome leaves the adapter.
+fn scrub_send(outcome: SendOutcome, credential: &Credential) -> SendOutcome {
+    match outcome {
+        SendOutcome::Rejected { code, message } => SendOutcome::Rejected {
+            code: credential.scrub(code),
+            message: credential.scrub(message),
+        },
+        SendOutcome::Uncertain {
+            error,
+            retry_after_ms,
+        } => SendOutcome::Uncertain {
+            error: credential.scrub(error),
+            retry_after_ms,
+        },
+        SendOutcome::NotSent {
+            reason,
+            retry_after_ms,
+        } => SendOutcome::NotSent {
+            reason: credential.scrub(reason),
+            retry_after_ms,
+        },
+        confirmed @ SendOutcome::Confirmed { .. } => confirmed,
+    }
+}
+
+fn scrub_lookup(outcome: LookupOutcome, credential: &Credential) -> LookupOutcome {
+    match outcome {
+        LookupOutcome::Found {
+            external_id,
+            account,
+            evidence,
+            duplicates,
+        } => LookupOutcome::Found {
+            external_id,
+            account,
+            evidence: credential.scrub(evidence),
+            duplicates,
+        },
+        LookupOutcome::NotFound {
+            authoritative,
+            evidence,
+        } => LookupOutcome::NotFound {
+            authoritative,
+            evidence: credential.scrub(evidence),
+        },
+        LookupOutcome::InProgress {
+            evidence,
+            retry_after_ms,
+        } => LookupOutcome::InProgress {
+            evidence: credential.scrub(evidence),
+            retry_after_ms,
+        },
+        LookupOutcome::Refused { reason } => LookupOutcome::Refused {
+            reason: credential.scrub(reason),
+        },
+        LookupOutcome::Unavailable {
+            reason,
+            retry_after_ms,
+        } => LookupOutcome::Unavailable {
+            reason: credential.scrub(reason),
+            retry_after_ms,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::{Credentials, Secret};
+    use crate::test_support::{
+        keyed_document, labelled_document, lookup_request, plain_document, send_request,
+    };
+    use opledger_domain::args::ArgsSnapshot;
+    use serde_json::json;
+
+    fn acme() -> TenantId {
+        TenantId::new("acme").expect("valid")
+    }
+
+    fn overrides() -> Overrides {
+        Overrides {
+            id: Some(ProviderId::new("crm").expect("valid")),
+            // Port 9 (discard) on loopback: nothing listens there in tests that reach the network.
+            base_url: Some("http://127.0.0.1:9/".to_owned()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new("acct-1").expect("valid"),
+                tenants: vec![acme()],
+                credentials: Credentials::token_env("OPLEDGER_TEST_TOKEN"),
+            }],
+            ..Overrides::default()
+        }
+    }
+
+    fn env(name: &str) -> Option<OsString> {
+        (name == "OPLEDGER_TEST_TOKEN").then(|| OsString::from("s3cret-value"))
+    }
+
+    fn connector(document: &Document) -> Connector {
+        Connector::with_env(document, overrides(), &env).expect("a valid connector")
+    }
+
+    fn prepared(document: &Document, request: &SendRequest) -> PreparedRequest {
+        let connector = connector(document);
+        let action = connector
+            .action(&request.action)
+            .expect("create_task")
+            .clone();
+        connector.prepare_send(&action, request).expect("a request")
+    }
+
+    fn body_of(prepared: &PreparedRequest) -> Value {
+        let (bytes, content_type) = prepared.body.as_ref().expect("a body");
+        assert_eq!(*content_type, "application/json");
+        serde_json::from_slice(bytes).expect("json")
+    }
+
+    #[test]
+    fn the_keyed_connector_posts_the_arguments_with_the_operations_key() {
+        let request = send_request("crm", "acct-1");
+        let prepared = prepared(&keyed_document(), &request);
+        assert_eq!(prepared.describe(), "POST /keyed/acct-1/tasks");
+        assert_eq!(prepared.headers.len(), 1);
+        assert_eq!(prepared.headers[0].0.as_str(), "idempotency-key");
+        assert_eq!(prepared.headers[0].1, request.idempotency_key.as_str());
+        assert_eq!(
+            body_of(&prepared),
+            Value::Object(request.args.as_map().clone())
+        );
+    }
+
+    #[test]
+    fn the_labelled_connector_puts_the_arguments_under_the_label() {
+        let request = send_request("crm", "acct-1");
+        let prepared = prepared(&labelled_document(), &request);
+        assert_eq!(
+            prepared.describe(),
+            format!("PUT /labelled/acct-1/tasks/by-label/{}", request.label)
+        );
+        assert!(prepared.headers.is_empty());
+        assert_eq!(
+            body_of(&prepared),
+            Value::Object(request.args.as_map().clone())
+        );
+    }
+
+    #[test]
+    fn the_plain_connector_adds_the_label_and_overrides_a_forged_one() {
+        let mut request = send_request("crm", "acct-1");
+        request.args = ArgsSnapshot::new(
+            json!({"title": "Call the client", "opledger_label": "opl-someone-else"}),
+        )
+        .expect("valid args");
+        let prepared = prepared(&plain_document(), &request);
+        assert_eq!(prepared.describe(), "POST /plain/acct-1/tasks");
+        assert_eq!(
+            body_of(&prepared),
+            json!({"title": "Call the client", "opledger_label": request.label})
+        );
+    }
+
+    #[test]
+    fn lookup_requests_encode_the_key_and_label_as_one_segment_or_query_value() {
+        let connector = connector(&plain_document());
+        let mut lookup = lookup_request("crm", "acct-1");
+        lookup.label = "opl-a&b=c".to_owned();
+        let Lookup::Search(search) = &connector.actions[0].action.lookup else {
+            panic!("a search");
+        };
+        let operation_id = lookup.operation_id.to_string();
+        let context = connector.context(
+            None,
+            lookup.idempotency_key.as_str(),
+            &lookup.label,
+            "acct 1",
+            &operation_id,
+        );
+        let prepared = prepare(&search.request, &context).expect("a request");
+        assert_eq!(
+            prepared.describe(),
+            "GET /plain/acct%201/tasks/search?label=opl-a%26b%3Dc"
+        );
+        assert!(prepared.body.is_none());
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_a_header_is_refused_before_sending() {
+        let connector = connector(&keyed_document());
+        let mut request = send_request("crm", "acct-1");
+        request.idempotency_key =
+            opledger_domain::ids::IdempotencyKey::new("clé à molette").expect("a valid domain key");
+        let action = connector
+            .action(&request.action)
+            .expect("create_task")
+            .clone();
+        assert!(matches!(
+            connector.prepare_send(&action, &request),
+            Err(SendOutcome::Rejected { code, .. }) if code == "local invalid_idempotency_key"
+        ));
+    }
+
+    #[test]
+    fn a_connector_reads_its_token_once_and_shows_only_the_fingerprint() {
+        let connector = connector(&keyed_document());
+        let binding = connector
+            .bind(
+                &acme(),
+                &AccountId::new("acct-1").expect("valid"),
+                &ActionName::new("create_task").expect("valid"),
+            )
+            .expect("bound");
+        assert_eq!(
+            binding.credential_fingerprint,
+            Secret::new("s3cret-value").fingerprint()
+        );
+        let debug = format!("{connector:?}");
+        assert!(!debug.contains("s3cret-value"), "{debug}");
+        // Default request timeout: 10 s — a slot wait plus the request itself.
+        assert_eq!(connector.longest_send_ms(), 20_000);
+    }
+
+    #[test]
+    fn building_reports_every_problem_and_names_the_missing_variable() {
+        let mut bad = overrides();
+        bad.base_url = Some("ftp://crm".to_owned());
+        bad.request_timeout_ms = Some(0);
+        bad.settings.insert("nope".to_owned(), "x".to_owned());
+        bad.accounts.push(bad.accounts[0].clone());
+        let errors = Connector::with_env(&keyed_document(), bad, &|_| None).expect_err("invalid");
+        let fields: Vec<&str> = errors.iter().map(|error| error.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "base_url",
+                "request_timeout_ms",
+                "settings.nope",
+                "overrides.accounts[0].credentials",
+                "overrides.accounts[1].id"
+            ],
+            "{errors:?}"
+        );
+        assert!(
+            errors[3].message.contains("OPLEDGER_TEST_TOKEN"),
+            "{}",
+            errors[3]
+        );
+        let mut none = overrides();
+        none.accounts.clear();
+        let errors = Connector::with_env(&keyed_document(), none, &env).expect_err("no accounts");
+        assert_eq!(errors[0].field, "accounts");
+    }
+
+    #[tokio::test]
+    async fn an_unconfigured_or_unowned_account_is_not_sent_and_not_looked_up() {
+        let connector = connector(&labelled_document());
+        assert!(matches!(
+            connector.execute(&send_request("crm", "acct-9")).await,
+            SendOutcome::NotSent { reason, .. } if reason.contains("acct-9")
+        ));
+        assert!(matches!(
+            connector.lookup(&lookup_request("crm", "acct-9")).await,
+            LookupOutcome::Unavailable { .. }
+        ));
+        let mut request = send_request("crm", "acct-1");
+        request.tenant = TenantId::new("globex").expect("valid");
+        assert!(matches!(
+            connector.execute(&request).await,
+            SendOutcome::NotSent { reason, .. } if reason.contains("globex")
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_action_is_refused_before_sending() {
+        let connector = connector(&plain_document());
+        let mut request = send_request("crm", "acct-1");
+        request.action = ActionName::new("delete_everything").expect("valid");
+        assert!(matches!(
+            connector.execute(&request).await,
+            SendOutcome::Rejected { code, message } if code == "local unsupported_action" && message.contains("create_task")
+        ));
+        assert!(matches!(
+            connector.bind(&acme(), &AccountId::new("acct-1").expect("valid"), &request.action),
+            Err(Unbound::Action { known, .. }) if known == vec!["create_task".to_owned()]
+        ));
+    }
+
+    #[test]
+    fn each_dedup_and_lookup_maps_to_the_domains_contract() {
+        let contract = |document: Document| capabilities(&document.actions[0]);
+        assert_eq!(
+            contract(keyed_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::IdempotencyKey {
+                    retention_s: 86_400,
+                    safety_margin_s: 3_600
+                },
+                lookup: LookupSupport::Consistent,
+            }
+        );
+        assert_eq!(
+            contract(labelled_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::UniqueLabel,
+                lookup: LookupSupport::Consistent
+            }
+        );
+        assert_eq!(
+            contract(plain_document()),
+            ProviderCapabilities {
+                deduplication: Deduplication::None,
+                lookup: LookupSupport::EventuallyConsistent { lag_ms: 2_000 }
+            }
+        );
+        let mut document = plain_document();
+        document.actions[0].dedup = Dedup::NaturallyIdempotent;
+        document.actions[0].lookup = Lookup::None;
+        assert_eq!(
+            contract(document),
+            ProviderCapabilities {
+                deduplication: Deduplication::NaturallyIdempotent,
+                lookup: LookupSupport::None
+            }
+        );
+    }
+}

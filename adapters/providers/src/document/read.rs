@@ -1,0 +1,706 @@
+//! Reading a connector document's top level: identity, URL, timeouts, auth, settings, errors,
+//! rate limit and accounts. Actions are read in [`super::action`].
+//!
+//! Every reader records its findings and carries on, so one document yields every problem at
+//! once; a reader that could not produce its value returns `None` only after recording why.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+
+use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use reqwest::header::HeaderName;
+
+use super::tree::{self, Found, Table};
+use super::{
+    action, AccountSpec, Document, ErrorRule, ErrorSpec, Means, RateLimit, ResetUnit,
+    DEFAULT_CODE_AT, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MESSAGE_AT, DEFAULT_REQUEST_ID_HEADER,
+    DEFAULT_REQUEST_TIMEOUT_MS, MAX_ACCOUNTS_PER_CONNECTOR, MAX_BASE_URL_BYTES,
+    MAX_DESCRIPTION_CHARS, MAX_DOCUMENT_BYTES, MAX_ERROR_RULES, MAX_SETTINGS,
+    MAX_SETTING_VALUE_CHARS, MAX_TENANTS_PER_ACCOUNT, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+};
+use crate::credentials::{Auth, Credentials, SecretSource};
+use crate::error::{ConnectorError, Findings};
+use crate::http::MAX_RETRY_AFTER_MS;
+use crate::template::{check_pointer, is_setting_name};
+
+const TOP_KEYS: &[&str] = &[
+    "id",
+    "description",
+    "base_url",
+    "request_timeout_ms",
+    "connect_timeout_ms",
+    "request_id_header",
+    "auth",
+    "settings",
+    "errors",
+    "rate_limit",
+    "accounts",
+    "actions",
+];
+
+/// Keys that would hold a secret: refused with a pointer to the `_env` form.
+const SECRET_KEYS: &[&str] = &["token", "password", "username", "secret", "api_key"];
+
+/// Reads and checks the whole document.
+pub(super) fn document(name: &str, text: &str) -> Result<Document, Vec<ConnectorError>> {
+    let mut findings = Findings::new(name, text);
+    if text.len() > MAX_DOCUMENT_BYTES {
+        findings.add(
+            None,
+            "file",
+            format!(
+                "is {} bytes; a connector document is at most {MAX_DOCUMENT_BYTES} bytes",
+                text.len()
+            ),
+        );
+        return Err(findings.into_errors());
+    }
+    let root = match tree::parse(text) {
+        Ok(root) => root,
+        Err((span, message)) => {
+            findings.add(span.as_ref(), "syntax", message);
+            return Err(findings.into_errors());
+        }
+    };
+    let Some(top) = Table::of(&root, String::new(), &mut findings) else {
+        return Err(findings.into_errors());
+    };
+    let document = top_level(name, &top, &mut findings);
+    match document {
+        Some(document) if findings.is_empty() => Ok(document),
+        _ => {
+            debug_assert!(!findings.is_empty(), "a document that failed says why");
+            Err(findings.into_errors())
+        }
+    }
+}
+
+fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Document> {
+    top.only(TOP_KEYS, findings);
+    let id = provider_id(top, findings);
+    let description = description(top, findings);
+    let base_url = top.string("base_url", findings).and_then(|url| {
+        check_base_url(url.value)
+            .map_err(|message| findings.add(Some(url.span), &url.field, message))
+            .ok()
+    });
+    let (request_timeout_ms, connect_timeout_ms) = timeouts(top, findings);
+    let request_id_header = match top.string("request_id_header", findings) {
+        Some(found) => header_name(&found, findings),
+        None => Some(HeaderName::from_static(DEFAULT_REQUEST_ID_HEADER)),
+    };
+    let auth = auth(top, findings);
+    let settings = settings(top, findings);
+    let errors = errors(top, findings);
+    let rate_limit = top
+        .table("rate_limit", findings)
+        .and_then(|table| rate_limit(&table, findings));
+    let accounts = accounts(top, auth.as_ref(), findings);
+    let actions = action::read_all(top, &settings, auth.as_ref(), findings);
+    Some(Document {
+        name: name.to_owned(),
+        id: id?,
+        description: description?,
+        base_url,
+        request_timeout_ms,
+        connect_timeout_ms,
+        request_id_header: request_id_header?,
+        auth: auth?,
+        settings,
+        errors: errors?,
+        rate_limit,
+        accounts,
+        actions,
+    })
+}
+
+fn provider_id(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<ProviderId> {
+    let found = top.required_string(
+        "id",
+        "write the provider id it registers under, e.g. id = \"hubspot\"",
+        findings,
+    )?;
+    ProviderId::new(found.value)
+        .map_err(|error| findings.add(Some(found.span), &found.field, error.message))
+        .ok()
+}
+
+fn description(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<String> {
+    let found = top.required_string(
+        "description",
+        "write one line saying which API this is",
+        findings,
+    )?;
+    one_line(&found, findings).then(|| found.value.to_owned())
+}
+
+/// Whether a description is one non-empty line of at most [`MAX_DESCRIPTION_CHARS`]; records a
+/// finding when not.
+pub(super) fn one_line(found: &Found<'_, &str>, findings: &mut Findings<'_>) -> bool {
+    let text = found.value;
+    let problem = if text.trim().is_empty() {
+        Some("is empty; write one line".to_owned())
+    } else if text.contains('\n') || text.contains('\r') {
+        Some("must be one line".to_owned())
+    } else if text.chars().count() > MAX_DESCRIPTION_CHARS {
+        Some(format!(
+            "is longer than {MAX_DESCRIPTION_CHARS} characters; keep it to one short line"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = &problem {
+        findings.add(Some(found.span), &found.field, message.clone());
+    }
+    problem.is_none()
+}
+
+/// Checks a base URL; returns it without a trailing `/`, or what is wrong with it.
+pub(crate) fn check_base_url(base_url: &str) -> Result<String, String> {
+    let invalid = |reason: &str| Err(format!("`{base_url}` {reason}"));
+    if base_url.len() > MAX_BASE_URL_BYTES {
+        return Err(format!("is longer than {MAX_BASE_URL_BYTES} bytes"));
+    }
+    if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+        return invalid("must start with http:// or https://");
+    }
+    let parsed = match reqwest::Url::parse(base_url) {
+        Ok(parsed) => parsed,
+        Err(error) => return invalid(&format!("is not a URL: {error}")),
+    };
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return invalid("has no host");
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        // Credentials in a URL end up in error messages and logs; they belong in the accounts.
+        return invalid(
+            "must not carry user info; credentials go in the accounts, by environment variable",
+        );
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return invalid("must not have a query or a fragment; put query parameters in an action's request.query");
+    }
+    Ok(base_url.trim_end_matches('/').to_owned())
+}
+
+fn timeouts(top: &Table<'_>, findings: &mut Findings<'_>) -> (u64, u64) {
+    let request = top.unsigned("request_timeout_ms", findings);
+    let connect = top.unsigned("connect_timeout_ms", findings);
+    let request_ms = request
+        .as_ref()
+        .map_or(DEFAULT_REQUEST_TIMEOUT_MS, |found| found.value);
+    let connect_ms = connect
+        .as_ref()
+        .map_or(DEFAULT_CONNECT_TIMEOUT_MS, |found| found.value);
+    for (field, message) in check_timeouts(request_ms, connect_ms) {
+        let span = if field == "request_timeout_ms" {
+            request.as_ref().map(|found| found.span)
+        } else {
+            connect.as_ref().map(|found| found.span)
+        };
+        findings.add(span, field, message);
+    }
+    (request_ms, connect_ms)
+}
+
+/// Checks a request and connect timeout; each problem with the field it is about.
+pub(crate) fn check_timeouts(request_ms: u64, connect_ms: u64) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
+    for (field, value) in [
+        ("request_timeout_ms", request_ms),
+        ("connect_timeout_ms", connect_ms),
+    ] {
+        if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&value) {
+            problems.push((
+                field,
+                format!("is {value} ms; write {MIN_TIMEOUT_MS} to {MAX_TIMEOUT_MS}"),
+            ));
+        }
+    }
+    if problems.is_empty() && connect_ms > request_ms {
+        // The whole-request timeout would fire first and make a host that never answered look
+        // like a request that may have been applied.
+        problems.push((
+            "connect_timeout_ms",
+            format!("({connect_ms} ms) must not exceed request_timeout_ms ({request_ms} ms)"),
+        ));
+    }
+    problems
+}
+
+/// A header name; a finding when it is not one.
+pub(super) fn header_name(
+    found: &Found<'_, &str>,
+    findings: &mut Findings<'_>,
+) -> Option<HeaderName> {
+    HeaderName::from_str(found.value)
+        .map_err(|_| {
+            findings.add(
+                Some(found.span),
+                &found.field,
+                format!(
+                    "`{}` is not an HTTP header name (letters, digits and `-`)",
+                    found.value
+                ),
+            );
+        })
+        .ok()
+}
+
+/// A JSON pointer; a finding when it is not one.
+pub(super) fn pointer(found: &Found<'_, &str>, findings: &mut Findings<'_>) -> Option<String> {
+    check_pointer(found.value)
+        .map_err(|message| findings.add(Some(found.span), &found.field, message))
+        .ok()
+        .map(|()| found.value.to_owned())
+}
+
+/// The optional pointer under `key`.
+pub(super) fn optional_pointer(
+    table: &Table<'_>,
+    key: &str,
+    findings: &mut Findings<'_>,
+) -> Option<String> {
+    table
+        .string(key, findings)
+        .and_then(|found| pointer(&found, findings))
+}
+
+/// An HTTP status (100..=599) under `key`; a finding when out of range.
+pub(super) fn status(table: &Table<'_>, key: &str, findings: &mut Findings<'_>) -> Option<u16> {
+    let found = table.unsigned(key, findings)?;
+    match u16::try_from(found.value) {
+        Ok(status) if (100..=599).contains(&status) => Some(status),
+        _ => {
+            findings.add(
+                Some(found.span),
+                &found.field,
+                format!("is {}; an HTTP status is 100 to 599", found.value),
+            );
+            None
+        }
+    }
+}
+
+/// Headers a connector may never set itself: credentials come from `[auth]`, framing from the
+/// HTTP stack, the content type from the body encoding.
+pub(super) const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "content-length",
+    "host",
+    "transfer-encoding",
+    "connection",
+];
+
+fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
+    if !top.has("auth") {
+        top.missing(
+            "auth",
+            "add [auth] with kind = \"bearer\", \"header\" (and header = \"X-Api-Key\") or \"basic\"",
+            findings,
+        );
+        return None;
+    }
+    let table = top.table("auth", findings)?;
+    let kind = table.required_string(
+        "kind",
+        "write kind = \"bearer\", \"header\" or \"basic\"",
+        findings,
+    )?;
+    match kind.value {
+        "bearer" | "basic" => {
+            table.only(&["kind"], findings);
+            Some(if kind.value == "bearer" {
+                Auth::Bearer
+            } else {
+                Auth::Basic
+            })
+        }
+        "header" => {
+            table.only(&["kind", "header", "prefix"], findings);
+            let header = table.required_string(
+                "header",
+                "write the header the token travels in, e.g. header = \"X-Api-Key\"",
+                findings,
+            )?;
+            let name = header_name(&header, findings)?;
+            if RESERVED_HEADERS[1..].contains(&name.as_str()) {
+                findings.add(
+                    Some(header.span),
+                    &header.field,
+                    format!("`{name}` cannot carry a credential; name the API's key header"),
+                );
+                return None;
+            }
+            let prefix = table
+                .string("prefix", findings)
+                .map_or_else(String::new, |found| found.value.to_owned());
+            Some(Auth::Header {
+                header: name,
+                prefix,
+            })
+        }
+        other => {
+            findings.add(
+                Some(kind.span),
+                &kind.field,
+                format!("`{other}` is no auth kind; write \"bearer\", \"header\" or \"basic\""),
+            );
+            None
+        }
+    }
+}
+
+fn settings(top: &Table<'_>, findings: &mut Findings<'_>) -> BTreeMap<String, String> {
+    let mut settings = BTreeMap::new();
+    let Some(table) = top.table("settings", findings) else {
+        return settings;
+    };
+    if table.entries().len() > MAX_SETTINGS {
+        findings.add(
+            Some(table.span()),
+            table.path(),
+            format!(
+                "declares {} settings; at most {MAX_SETTINGS}",
+                table.entries().len()
+            ),
+        );
+    }
+    for (name, _) in table.entries() {
+        let Some(value) = table.string(name, findings) else {
+            continue;
+        };
+        if !is_setting_name(name) {
+            findings.add(
+                Some(value.span),
+                &value.field,
+                format!("`{name}` is no setting name; use lower-case letters, digits and `_`, starting with a letter"),
+            );
+        } else if value.value.chars().count() > MAX_SETTING_VALUE_CHARS {
+            findings.add(
+                Some(value.span),
+                &value.field,
+                format!("is longer than {MAX_SETTING_VALUE_CHARS} characters"),
+            );
+        } else {
+            settings.insert(name.clone(), value.value.to_owned());
+        }
+    }
+    settings
+}
+
+fn errors(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<ErrorSpec> {
+    let Some(table) = top.table("errors", findings) else {
+        return (!top.has("errors")).then(|| ErrorSpec {
+            code_at: DEFAULT_CODE_AT.to_owned(),
+            message_at: DEFAULT_MESSAGE_AT.to_owned(),
+            rules: Vec::new(),
+        });
+    };
+    table.only(&["code_at", "message_at", "rules"], findings);
+    let code_at = optional_pointer(&table, "code_at", findings);
+    let message_at = optional_pointer(&table, "message_at", findings);
+    let tables = table.tables("rules", findings);
+    if tables.len() > MAX_ERROR_RULES {
+        findings.add(
+            Some(table.span()),
+            &table.field("rules"),
+            format!("lists {} rules; at most {MAX_ERROR_RULES}", tables.len()),
+        );
+    }
+    let rules = tables
+        .iter()
+        .filter_map(|rule| error_rule(rule, findings))
+        .collect();
+    Some(ErrorSpec {
+        code_at: code_at.unwrap_or_else(|| DEFAULT_CODE_AT.to_owned()),
+        message_at: message_at.unwrap_or_else(|| DEFAULT_MESSAGE_AT.to_owned()),
+        rules,
+    })
+}
+
+fn error_rule(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ErrorRule> {
+    table.only(
+        &["status", "code", "at", "means", "retry_after_ms"],
+        findings,
+    );
+    if !table.has("status") {
+        table.missing(
+            "status",
+            "write the HTTP status this rule matches, e.g. status = 403",
+            findings,
+        );
+    }
+    let status = status(table, "status", findings);
+    let code = table
+        .string("code", findings)
+        .map(|found| found.value.to_owned());
+    let at = optional_pointer(table, "at", findings);
+    let means = table
+        .required_string(
+            "means",
+            "write means = \"not_sent\", \"rejected\" or \"uncertain\"",
+            findings,
+        )
+        .and_then(|found| match found.value {
+            "not_sent" => Some(Means::NotSent),
+            "rejected" => Some(Means::Rejected),
+            "uncertain" => Some(Means::Uncertain),
+            other => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{other}` means nothing here; write \"not_sent\", \"rejected\" or \"uncertain\""),
+                );
+                None
+            }
+        });
+    let retry_after_ms = table
+        .unsigned("retry_after_ms", findings)
+        .and_then(|found| {
+            if found.value > MAX_RETRY_AFTER_MS {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!(
+                        "is {}; the longest wait is {MAX_RETRY_AFTER_MS} ms",
+                        found.value
+                    ),
+                );
+                return None;
+            }
+            Some(found.value)
+        });
+    if at.is_some() && code.is_none() {
+        findings.add(
+            Some(table.span()),
+            &table.field("at"),
+            "says where a code is, but the rule names no code; add code = \"…\" or remove at",
+        );
+    }
+    Some(ErrorRule {
+        status: status?,
+        code,
+        at,
+        means: means?,
+        retry_after_ms,
+    })
+}
+
+fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimit> {
+    table.only(&["reset_header", "reset_unit"], findings);
+    let header = table
+        .required_string(
+            "reset_header",
+            "write the header that says when the limit resets, e.g. reset_header = \"x-ratelimit-reset\"",
+            findings,
+        )
+        .and_then(|found| header_name(&found, findings));
+    let unit = table
+        .required_string(
+            "reset_unit",
+            "write reset_unit = \"seconds\", \"unix_seconds\" or \"milliseconds\"",
+            findings,
+        )
+        .and_then(|found| match found.value {
+            "seconds" => Some(ResetUnit::Seconds),
+            "unix_seconds" => Some(ResetUnit::UnixSeconds),
+            "milliseconds" => Some(ResetUnit::Milliseconds),
+            other => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{other}` is no unit; write \"seconds\", \"unix_seconds\" or \"milliseconds\""),
+                );
+                None
+            }
+        });
+    Some(RateLimit {
+        reset_header: header?,
+        reset_unit: unit?,
+    })
+}
+
+fn accounts(top: &Table<'_>, auth: Option<&Auth>, findings: &mut Findings<'_>) -> Vec<AccountSpec> {
+    let tables = top.tables("accounts", findings);
+    if tables.len() > MAX_ACCOUNTS_PER_CONNECTOR {
+        findings.add(
+            None,
+            "accounts",
+            format!(
+                "lists {} accounts; at most {MAX_ACCOUNTS_PER_CONNECTOR}",
+                tables.len()
+            ),
+        );
+    }
+    let mut accounts: Vec<AccountSpec> = Vec::new();
+    for table in &tables {
+        let Some(account) = account(table, auth, findings) else {
+            continue;
+        };
+        if accounts.iter().any(|earlier| earlier.id == account.id) {
+            findings.add(
+                table.get("id").map(|node| &node.span),
+                &table.field("id"),
+                format!(
+                    "account `{}` is listed twice; list each account once",
+                    account.id
+                ),
+            );
+            continue;
+        }
+        accounts.push(account);
+    }
+    accounts
+}
+
+fn account(
+    table: &Table<'_>,
+    auth: Option<&Auth>,
+    findings: &mut Findings<'_>,
+) -> Option<AccountSpec> {
+    let mut known = vec!["id", "tenants", "token_env", "username_env", "password_env"];
+    known.extend_from_slice(SECRET_KEYS);
+    table.only(&known, findings);
+    for key in SECRET_KEYS {
+        if let Some(node) = table.get(key) {
+            let instead = if *key == "username" || *key == "password" {
+                *key
+            } else {
+                "token"
+            };
+            findings.add(
+                Some(&node.span),
+                &table.field(key),
+                format!("a secret is never written in a connector file; write {instead}_env = \"VARIABLE\" and export the value there"),
+            );
+        }
+    }
+    let id = table
+        .required_string(
+            "id",
+            "write the account's id, e.g. id = \"acme-main\"",
+            findings,
+        )
+        .and_then(|found| {
+            AccountId::new(found.value)
+                .map_err(|error| findings.add(Some(found.span), &found.field, error.message))
+                .ok()
+        });
+    let tenants = tenants(table, findings);
+    let credentials = auth.and_then(|auth| file_credentials(table, auth, findings));
+    Some(AccountSpec {
+        id: id?,
+        tenants: tenants?,
+        credentials: credentials?,
+    })
+}
+
+/// The tenants that own an account: at least one, each once.
+pub(super) fn tenants(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Vec<TenantId>> {
+    if !table.has("tenants") {
+        table.missing(
+            "tenants",
+            "every account is owned by at least one tenant; write tenants = [\"acme\"]",
+            findings,
+        );
+        return None;
+    }
+    let items = table.strings("tenants", findings)?;
+    let field = table.field("tenants");
+    let span = table.get("tenants").map(|node| &node.span);
+    if items.is_empty() {
+        findings.add(
+            span,
+            &field,
+            "is empty; every account is owned by at least one tenant, e.g. tenants = [\"acme\"]",
+        );
+        return None;
+    }
+    if items.len() > MAX_TENANTS_PER_ACCOUNT {
+        findings.add(
+            span,
+            &field,
+            format!("lists {}; at most {MAX_TENANTS_PER_ACCOUNT}", items.len()),
+        );
+        return None;
+    }
+    let mut seen = BTreeSet::new();
+    let mut tenants = Vec::with_capacity(items.len());
+    for item in items {
+        match TenantId::new(item.value) {
+            Ok(tenant) if seen.insert(tenant.clone()) => tenants.push(tenant),
+            Ok(tenant) => findings.add(
+                Some(item.span),
+                &item.field,
+                format!("tenant `{tenant}` is listed twice"),
+            ),
+            Err(error) => findings.add(Some(item.span), &item.field, error.message),
+        }
+    }
+    Some(tenants)
+}
+
+fn file_credentials(
+    table: &Table<'_>,
+    auth: &Auth,
+    findings: &mut Findings<'_>,
+) -> Option<Credentials> {
+    let variable = |key: &str, findings: &mut Findings<'_>| -> Option<SecretSource> {
+        let found = table.required_string(
+            key,
+            &format!("the connector uses {} auth; write {key} = \"VARIABLE\" naming the environment variable that holds it", auth.kind()),
+            findings,
+        )?;
+        env_name(&found, findings).map(SecretSource::Env)
+    };
+    let refuse = |keys: &[&str], findings: &mut Findings<'_>| {
+        for key in keys {
+            if let Some(node) = table.get(key) {
+                findings.add(
+                    Some(&node.span),
+                    &table.field(key),
+                    format!("means nothing with {} auth; remove it", auth.kind()),
+                );
+            }
+        }
+    };
+    match auth {
+        Auth::Bearer | Auth::Header { .. } => {
+            refuse(&["username_env", "password_env"], findings);
+            variable("token_env", findings).map(Credentials::Token)
+        }
+        Auth::Basic => {
+            refuse(&["token_env"], findings);
+            let username = variable("username_env", findings);
+            let password = variable("password_env", findings);
+            Some(Credentials::Basic {
+                username: username?,
+                password: password?,
+            })
+        }
+    }
+}
+
+/// An environment variable's name: a letter or `_`, then letters, digits and `_`.
+fn env_name(found: &Found<'_, &str>, findings: &mut Findings<'_>) -> Option<String> {
+    let name = found.value;
+    let valid = name
+        .bytes()
+        .next()
+        .is_some_and(|byte| byte.is_ascii_alphabetic() || byte == b'_')
+        && name
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_');
+    if valid {
+        Some(name.to_owned())
+    } else {
+        findings.add(
+            Some(found.span),
+            &found.field,
+            format!("`{name}` is no environment variable name; write letters, digits and `_`, e.g. \"CRM_TOKEN_ACME\""),
+        );
+        None
+    }
+}

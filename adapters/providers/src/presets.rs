@@ -1,0 +1,129 @@
+//! Connectors that ship with opledger, embedded in the binary.
+//!
+//! For now the three shapes of the CRM stand (the wire contract is in [`crate::contract`]); each
+//! is an ordinary connector document and runs through exactly the code path a user's file does.
+//! A preset leaves out what belongs to an installation (base URL, accounts), which the user gives
+//! as [`crate::Overrides`].
+
+/// Every preset: its name, its file name and its text.
+const PRESETS: &[(&str, &str, &str)] = &[
+    (
+        "crm-stand-keyed",
+        "crm-stand-keyed.toml",
+        include_str!("../connectors/crm-stand-keyed.toml"),
+    ),
+    (
+        "crm-stand-labelled",
+        "crm-stand-labelled.toml",
+        include_str!("../connectors/crm-stand-labelled.toml"),
+    ),
+    (
+        "crm-stand-plain",
+        "crm-stand-plain.toml",
+        include_str!("../connectors/crm-stand-plain.toml"),
+    ),
+];
+
+/// The preset called `name`: its file name and its text.
+pub fn preset(name: &str) -> Option<(&'static str, &'static str)> {
+    PRESETS
+        .iter()
+        .find(|(preset, _, _)| *preset == name)
+        .map(|(_, file, text)| (*file, *text))
+}
+
+/// The names of every preset, in a fixed order.
+pub fn preset_names() -> impl Iterator<Item = &'static str> {
+    PRESETS.iter().map(|(name, _, _)| *name)
+}
+
+/// The settings the CRM stand was started with that its client must know, because the
+/// stand's documents state the stand's defaults: how long it keeps a key and how far its
+/// search index lags. `None` keeps the document's value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StandSettings {
+    /// The stand's key retention and the safety margin kept before it, in seconds (keyed).
+    pub key_retention_s: Option<(u64, u64)>,
+    /// The stand's search lag, in milliseconds (plain).
+    pub search_lag_ms: Option<u64>,
+}
+
+/// The document of one of the CRM stand's shapes, adjusted to a stand started with `settings`
+/// (the demo and the tests start stands with short retentions and lags).
+pub fn stand_document(shape: crate::Shape, settings: StandSettings) -> crate::Document {
+    let (file, text) = preset(shape.preset()).expect("every stand shape has a preset");
+    let mut document =
+        crate::document::parse(file, text).expect("the stand presets are valid documents");
+    for action in &mut document.actions {
+        if let (
+            Some((retention, margin)),
+            crate::document::Dedup::IdempotencyKey {
+                retention_s,
+                safety_margin_s,
+                ..
+            },
+        ) = (settings.key_retention_s, &mut action.dedup)
+        {
+            *retention_s = retention;
+            *safety_margin_s = margin;
+        }
+        if let (Some(lag), crate::document::Lookup::Search(search)) =
+            (settings.search_lag_ms, &mut action.lookup)
+        {
+            search.lag_ms = lag;
+        }
+    }
+    document
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::document::{parse, Dedup, Lookup};
+
+    #[test]
+    fn every_preset_loads_and_is_named_by_its_file() {
+        for name in preset_names() {
+            let (file, text) = preset(name).expect("listed");
+            assert_eq!(file, format!("{name}.toml"));
+            let document = parse(file, text).unwrap_or_else(|errors| {
+                panic!("{}", crate::error::render_all(&errors));
+            });
+            assert_eq!(document.id.as_str(), name);
+            assert!(
+                document.base_url.is_none(),
+                "the stand's address belongs to the installation"
+            );
+            assert!(document.action("create_task").is_some());
+        }
+        assert_eq!(preset("hubspot"), None);
+    }
+
+    #[test]
+    fn the_stand_presets_carry_the_stands_contracts() {
+        let load = |name: &str| {
+            let (file, text) = preset(name).expect("a preset");
+            parse(file, text).expect("valid")
+        };
+        let keyed = load("crm-stand-keyed");
+        assert!(matches!(
+            keyed.actions[0].dedup,
+            Dedup::IdempotencyKey {
+                retention_s: 86_400,
+                safety_margin_s: 3_600,
+                ..
+            }
+        ));
+        assert!(matches!(keyed.actions[0].lookup, Lookup::Consistent(_)));
+        let labelled = load("crm-stand-labelled");
+        assert!(matches!(
+            labelled.actions[0].dedup,
+            Dedup::UniqueLabel { conflict: Some(_) }
+        ));
+        let plain = load("crm-stand-plain");
+        assert!(matches!(plain.actions[0].dedup, Dedup::None));
+        assert!(
+            matches!(&plain.actions[0].lookup, Lookup::Search(search) if search.lag_ms == 2_000)
+        );
+    }
+}

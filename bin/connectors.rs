@@ -1,0 +1,223 @@
+//! `opledger connectors`: check a connector file before a server loads it, and list what is
+//! loaded (a configuration's connectors, or the presets shipped in the binary).
+//!
+//! `check` reads a document the way `serve` does and reports every problem at once, each with
+//! its file, line and field; it needs no credentials (accounts' variables are read only by
+//! `serve`, or by `check --env`). Nothing here ever prints a secret: accounts show their
+//! credential fingerprint.
+
+use std::path::Path;
+
+use opledger_domain::contract::{Deduplication, LookupSupport, ProviderCapabilities};
+use opledger_http_api::config::read_connector_file;
+use opledger_providers::document::{Action, Document};
+use opledger_providers::{presets, render_all, Connector, Overrides};
+use serde_json::{json, Value};
+
+use crate::cli::{
+    CliError, ConnectorsArgs, ConnectorsCheckArgs, ConnectorsCommand, ConnectorsListArgs,
+};
+use crate::read_models::print_json;
+
+/// `opledger connectors …`.
+pub fn run(args: ConnectorsArgs) -> Result<(), CliError> {
+    match args.command {
+        ConnectorsCommand::Check(args) => check(&args),
+        ConnectorsCommand::List(args) => list(&args),
+    }
+}
+
+/// `connectors check FILE…`: every file read whole; exit 2 when any has a problem.
+fn check(args: &ConnectorsCheckArgs) -> Result<(), CliError> {
+    let mut problems = Vec::new();
+    let mut checked = Vec::new();
+    for path in &args.files {
+        match document_of(path) {
+            Ok(document) => {
+                if args.env {
+                    // Built as `serve` builds it: the credentials read from the environment.
+                    if let Err(errors) = Connector::build(&document, Overrides::default()) {
+                        problems.extend(errors);
+                        continue;
+                    }
+                }
+                checked.push(document_json(&document));
+            }
+            Err(errors) => problems.extend(errors),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(CliError::Config(format!(
+            "{} problem(s):\n{}",
+            problems.len(),
+            render_all(&problems)
+        )));
+    }
+    if args.json {
+        return print_json(&json!({ "connectors": checked }));
+    }
+    for document in &checked {
+        print_document(document);
+    }
+    println!("{} connector file(s) valid", checked.len());
+    Ok(())
+}
+
+/// `connectors list`: a configuration's connectors (built as `serve` builds them), else the
+/// presets.
+fn list(args: &ConnectorsListArgs) -> Result<(), CliError> {
+    let rows: Vec<Value> = match &args.config {
+        Some(path) => opledger_http_api::config::load(path)
+            .map_err(|error| CliError::Config(error.to_string()))?
+            .providers
+            .iter()
+            .map(connector_json)
+            .collect(),
+        None => presets::preset_names()
+            .map(|name| {
+                let (file, text) = presets::preset(name).expect("a listed preset exists");
+                let document = opledger_providers::parse(file, text)
+                    .expect("the presets shipped are valid documents");
+                let mut row = document_json(&document);
+                row["preset"] = json!(name);
+                row
+            })
+            .collect(),
+    };
+    if args.json {
+        return print_json(&json!({ "connectors": rows }));
+    }
+    for row in &rows {
+        print_document(row);
+    }
+    let what = if args.config.is_some() {
+        "connector(s) configured"
+    } else {
+        "preset(s); use one with preset = \"NAME\" under [[connectors]]"
+    };
+    println!("{} {what}", rows.len());
+    Ok(())
+}
+
+fn document_of(path: &Path) -> Result<Document, Vec<opledger_providers::ConnectorError>> {
+    let text = read_connector_file(path).map_err(|message| {
+        vec![opledger_providers::ConnectorError {
+            file: path.display().to_string(),
+            line: None,
+            field: "file".to_owned(),
+            message,
+        }]
+    })?;
+    opledger_providers::parse(&path.display().to_string(), &text)
+}
+
+/// A document as `check` and the preset listing show it.
+fn document_json(document: &Document) -> Value {
+    json!({
+        "id": document.id,
+        "file": document.name,
+        "description": document.description,
+        "base_url": document.base_url,
+        "actions": document.actions.iter().map(|action| action_json(action, None)).collect::<Vec<_>>(),
+        "accounts": document.accounts.iter().map(|account| json!({
+            "id": account.id,
+            "tenants": account.tenants,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A built connector as `list --config` shows it: its accounts with owners and fingerprints.
+fn connector_json(connector: &Connector) -> Value {
+    json!({
+        "id": connector.id(),
+        "file": connector.document_name(),
+        "description": connector.description(),
+        "actions": connector
+            .actions()
+            .map(|action| action_json(action, connector.capabilities(&action.name)))
+            .collect::<Vec<_>>(),
+        "accounts": connector.account_owners().map(|(id, tenants, fingerprint)| json!({
+            "id": id,
+            "tenants": tenants,
+            "credential_fingerprint": fingerprint,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn action_json(action: &Action, capabilities: Option<ProviderCapabilities>) -> Value {
+    let mut row = json!({
+        "name": action.name,
+        "description": action.description,
+        "destructive": action.destructive,
+    });
+    if let Some(capabilities) = capabilities {
+        row["contract"] = json!(contract_words(&capabilities));
+    }
+    row
+}
+
+/// What the ledger may do after an unclear outcome of an action with this contract, in words.
+fn contract_words(capabilities: &ProviderCapabilities) -> String {
+    let dedup = match capabilities.deduplication {
+        Deduplication::IdempotencyKey {
+            retention_s,
+            safety_margin_s,
+        } => format!(
+            "idempotency key kept {retention_s} s (retried within {} s)",
+            retention_s.saturating_sub(safety_margin_s)
+        ),
+        Deduplication::UniqueLabel => "unique label (retries are always safe)".to_owned(),
+        Deduplication::NaturallyIdempotent => {
+            "naturally idempotent (retries are always safe)".to_owned()
+        }
+        Deduplication::None => {
+            "no deduplication (after an unclear outcome: a lookup, else a person)".to_owned()
+        }
+    };
+    let lookup = match capabilities.lookup {
+        LookupSupport::None => "no lookup".to_owned(),
+        LookupSupport::Consistent => "consistent lookup".to_owned(),
+        LookupSupport::EventuallyConsistent { lag_ms } => {
+            format!("search lagging up to {lag_ms} ms")
+        }
+    };
+    format!("{dedup}; {lookup}")
+}
+
+fn print_document(row: &Value) {
+    let text = |value: &Value| value.as_str().unwrap_or("").to_owned();
+    println!(
+        "{}  ({})  {}",
+        text(&row["id"]),
+        text(&row["file"]),
+        text(&row["description"])
+    );
+    for action in row["actions"].as_array().into_iter().flatten() {
+        let contract = action["contract"]
+            .as_str()
+            .map(|c| format!("  [{c}]"))
+            .unwrap_or_default();
+        println!(
+            "  action  {:<24} {}{contract}",
+            text(&action["name"]),
+            text(&action["description"])
+        );
+    }
+    for account in row["accounts"].as_array().into_iter().flatten() {
+        let owners: Vec<String> = account["tenants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
+        let fingerprint = account["credential_fingerprint"]
+            .as_str()
+            .map(|f| format!("  {f}"))
+            .unwrap_or_default();
+        println!(
+            "  account {:<24} tenants: {}{fingerprint}",
+            text(&account["id"]),
+            owners.join(", ")
+        );
+    }
+}
