@@ -4,7 +4,7 @@
 
 use chrono::Duration;
 use opledger_domain::app::{IntentRequest, Ledger};
-use opledger_domain::ids::{ActorId, WorkerId};
+use opledger_domain::ids::{ActorId, OperationId, WorkerId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::state::Work;
 use opledger_domain::testing::{claim_of, t0, ManualClock};
@@ -61,6 +61,33 @@ async fn the_work_queue_offers_sends_after_their_delay_sweeps_at_the_lease_and_p
         .await
         .expect("caught up");
 
+    assert_offers(
+        &read_models,
+        [send, claimed].map(|r| r.intent().operation_id),
+    )
+    .await;
+
+    ledger
+        .approve(
+            approval.intent().operation_id,
+            ActorId::new("boss").expect("valid"),
+            approval.intent().args_hash.clone(),
+        )
+        .await
+        .expect("approved");
+    catch_up(&store, &read_models, None, |_| {})
+        .await
+        .expect("caught up");
+    let queued = read_models
+        .call(|store| store.queued_work())
+        .await
+        .expect("the queue counts");
+    assert_eq!(queued, 3, "approved: now it waits for a send");
+}
+
+/// The queue holds the pending `send` and the claimed `sweep` only, and offers each at its time:
+/// the send two seconds (its delay) after it fell due, the sweep when the lease runs out.
+async fn assert_offers(read_models: &ReadModels, [send, sweep]: [OperationId; 2]) {
     let due = |at: chrono::DateTime<chrono::Utc>| {
         let read_models = read_models.clone();
         async move {
@@ -90,7 +117,7 @@ async fn the_work_queue_offers_sends_after_their_delay_sweeps_at_the_lease_and_p
         .iter()
         .map(|item| (item.operation_id, item.work))
         .collect();
-    assert_eq!(offered, vec![(send.intent().operation_id, Work::Send)]);
+    assert_eq!(offered, vec![(send, Work::Send)]);
     let after_lease = due(t0() + Duration::seconds(30)).await;
     let offered: Vec<_> = after_lease
         .due
@@ -99,23 +126,7 @@ async fn the_work_queue_offers_sends_after_their_delay_sweeps_at_the_lease_and_p
         .collect();
     assert_eq!(
         offered,
-        vec![
-            (send.intent().operation_id, Work::Send),
-            (claimed.intent().operation_id, Work::Sweep),
-        ],
+        vec![(send, Work::Send), (sweep, Work::Sweep)],
         "the longest-waiting first"
     );
-
-    ledger
-        .approve(
-            approval.intent().operation_id,
-            ActorId::new("boss").expect("valid"),
-            approval.intent().args_hash.clone(),
-        )
-        .await
-        .expect("approved");
-    catch_up(&store, &read_models, None, |_| {})
-        .await
-        .expect("caught up");
-    assert_eq!(queued().await, 3, "approved: now it waits for a send");
 }

@@ -134,6 +134,50 @@ async fn status_of<S: opledger_domain::store::EventStore>(
         .status
 }
 
+/// Waits (bounded) until `operation_id` has succeeded.
+async fn succeeds<S: opledger_domain::store::EventStore>(
+    ledger: &Ledger<S, SystemClock, RandomIds>,
+    operation_id: OperationId,
+    what: &str,
+) {
+    eventually(what, || async {
+        matches!(
+            status_of(ledger, operation_id).await,
+            Status::Succeeded { .. }
+        )
+        .then_some(())
+    })
+    .await;
+}
+
+/// A person approves the operation awaiting approval and sends the one in review again; the
+/// workers take it from there.
+async fn people_decide<S: opledger_domain::store::EventStore>(
+    ledger: &Ledger<S, SystemClock, RandomIds>,
+    left: &LeftOpen,
+) {
+    let person = ActorId::new("boss").expect("a valid actor");
+    ledger
+        .approve(
+            left.awaiting_approval.operation_id,
+            person.clone(),
+            left.awaiting_approval.args_hash.clone(),
+        )
+        .await
+        .expect("approved");
+    let retry = Command::ResolveReview {
+        reviewer: person,
+        decision: ReviewDecision::Retry,
+        note: "the CRM has no such task; send it again".into(),
+        accept_duplicate_risk: false,
+        capabilities: Some(opledger_domain::testing::labelled()),
+    };
+    ledger
+        .execute(left.in_review, &retry)
+        .await
+        .expect("the review is resolved");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_resumes_every_open_operation_from_the_work_queue_without_reading_the_log_from_the_start(
 ) {
@@ -170,14 +214,7 @@ async fn a_restart_resumes_every_open_operation_from_the_work_queue_without_read
     let ledger = engine.ledger();
 
     for operation_id in [left.due_send, left.expired_lease, left.due_lookup] {
-        eventually("each due operation succeeds", || async {
-            matches!(
-                status_of(ledger, operation_id).await,
-                Status::Succeeded { .. }
-            )
-            .then_some(())
-        })
-        .await;
+        succeeds(ledger, operation_id, "each due operation succeeds").await;
     }
     assert_eq!(
         status_of(ledger, left.awaiting_approval.operation_id).await,
@@ -185,37 +222,9 @@ async fn a_restart_resumes_every_open_operation_from_the_work_queue_without_read
         "nothing is sent before a person approves"
     );
     assert_eq!(status_of(ledger, left.in_review).await, Status::NeedsReview);
-
-    // People decide; the workers take it from there.
-    let person = ActorId::new("boss").expect("a valid actor");
-    ledger
-        .approve(
-            left.awaiting_approval.operation_id,
-            person.clone(),
-            left.awaiting_approval.args_hash.clone(),
-        )
-        .await
-        .expect("approved");
-    let retry = Command::ResolveReview {
-        reviewer: person,
-        decision: ReviewDecision::Retry,
-        note: "the CRM has no such task; send it again".into(),
-        accept_duplicate_risk: false,
-        capabilities: Some(opledger_domain::testing::labelled()),
-    };
-    ledger
-        .execute(left.in_review, &retry)
-        .await
-        .expect("the review is resolved");
+    people_decide(ledger, &left).await;
     for operation_id in [left.awaiting_approval.operation_id, left.in_review] {
-        eventually("each decided operation succeeds", || async {
-            matches!(
-                status_of(ledger, operation_id).await,
-                Status::Succeeded { .. }
-            )
-            .then_some(())
-        })
-        .await;
+        succeeds(ledger, operation_id, "each decided operation succeeds").await;
     }
     let stats = running.stop().await;
 
