@@ -65,6 +65,13 @@ pub use self::config::{Limits, Principal, ServeConfig, StoreUrl};
 use self::events::TenantCache;
 use self::metrics::RequestMetrics;
 
+/// How far behind the log the read models may be for the server to be ready, in positions
+/// (events for SQLite; byte offsets for KurrentDB): within it start-up catches them up before
+/// serving and `/healthz` answers ready; beyond it they catch up in the background, the server
+/// serves meanwhile, and `/healthz` answers 503 `catching_up`. Start-up never does work that
+/// grows with the history (issue 18); 10,000 events take well under a second to apply.
+pub const READY_LAG_POSITIONS: u64 = 10_000;
+
 /// The OpenAPI description of every route, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
@@ -148,14 +155,7 @@ pub async fn run(
     let (listener, local) = bind(config.listen).await?;
     let store = open_store(&config.store).await?;
     let read_models = ReadModels::open(&read_models_path).await?;
-    render::catch_up_showing_progress(
-        &store,
-        &read_models,
-        None,
-        "catching up the read models",
-        false,
-    )
-    .await?;
+    catch_up_or_leave_to_runner(&store, &read_models).await?;
     let providers =
         HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
     let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
@@ -168,6 +168,7 @@ pub async fn run(
     let (stop, stopping) = watch::channel(false);
     let workers = Workers::spawn(
         Arc::clone(&engine),
+        read_models.clone(),
         WorkerConfig {
             max_concurrent: config.workers,
             send_delay_ms: config.worker_send_delay_ms,
@@ -211,6 +212,33 @@ pub async fn run(
     served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
     report_shutdown(worker_stats, runner_result);
     closed?;
+    Ok(())
+}
+
+/// Catches the read models up before serving when they are within [`READY_LAG_POSITIONS`] of
+/// the log; otherwise only checks they belong to this ledger and leaves the rest to the runner,
+/// so start-up does not grow with how far behind they are.
+async fn catch_up_or_leave_to_runner(
+    store: &ServeStore,
+    read_models: &ReadModels,
+) -> Result<(), ServeError> {
+    let lag = read_models.lag(store).await?;
+    if lag.positions <= READY_LAG_POSITIONS {
+        render::catch_up_showing_progress(
+            store,
+            read_models,
+            None,
+            "catching up the read models",
+            false,
+        )
+        .await?;
+    } else {
+        opledger_readmodel::check_ledger(store, read_models).await?;
+        println!(
+            "opledger serve: the read models are {} positions behind the log; they catch up in the background (/healthz answers 503 catching_up until then)",
+            lag.positions
+        );
+    }
     Ok(())
 }
 
