@@ -23,13 +23,21 @@ const PRESETS: &[(&str, &str, &str)] = &[
         "crm-stand-plain.toml",
         include_str!("../connectors/crm-stand-plain.toml"),
     ),
-    ("hubspot", "hubspot.toml", include_str!("../connectors/hubspot.toml")),
+    (
+        "hubspot",
+        "hubspot.toml",
+        include_str!("../connectors/hubspot.toml"),
+    ),
     (
         "salesforce",
         "salesforce.toml",
         include_str!("../connectors/salesforce.toml"),
     ),
-    ("stripe", "stripe.toml", include_str!("../connectors/stripe.toml")),
+    (
+        "stripe",
+        "stripe.toml",
+        include_str!("../connectors/stripe.toml"),
+    ),
 ];
 
 /// The preset called `name`: its file name and its text.
@@ -129,9 +137,15 @@ mod tests {
         let customer = stripe.action("create_customer").expect("customers");
         assert!(matches!(&customer.lookup, Lookup::Search(search) if search.lag_ms == 60_000));
         let salesforce = load("salesforce");
-        assert!(salesforce.base_url.is_none(), "every org has its own domain");
+        assert!(
+            salesforce.base_url.is_none(),
+            "every org has its own domain"
+        );
         for action in &salesforce.actions {
-            assert!(matches!(action.dedup, Dedup::UniqueLabel { conflict: Some(_) }));
+            assert!(matches!(
+                action.dedup,
+                Dedup::UniqueLabel { conflict: Some(_) }
+            ));
             assert!(matches!(action.lookup, Lookup::Consistent(_)));
         }
         let hubspot = load("hubspot");

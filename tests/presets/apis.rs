@@ -1,0 +1,184 @@
+//! Each preset as the scenarios see it: its emulator, the configuration that selects it, how to
+//! break its next create, and what it stored.
+
+use serde_json::{json, Value};
+
+use crate::emulators::hubspot::{self, HubSpot};
+use crate::emulators::salesforce::{self, Salesforce};
+use crate::emulators::stripe::{self, Stripe};
+use crate::emulators::Fault;
+use crate::ledger::Ledger;
+
+/// The token of the provider account the ledger's [`crate::ledger::ACCOUNT`] is configured with.
+pub const TOKEN_A: &str = "token-a-0123456789";
+/// The token of another account at the same provider.
+pub const TOKEN_B: &str = "token-b-0123456789";
+/// The emulators' short search lag, in milliseconds (the real ones are far longer).
+pub const EMULATED_LAG_MS: u64 = 300;
+
+fn accounts() -> Vec<(String, String)> {
+    vec![
+        (TOKEN_A.to_owned(), "a".to_owned()),
+        (TOKEN_B.to_owned(), "b".to_owned()),
+    ]
+}
+
+/// One preset and its emulator.
+#[allow(async_fn_in_trait)] // used only here, never as `dyn` or across threads
+pub trait Api: Sized {
+    /// The provider id the configuration registers it under.
+    const PROVIDER: &'static str;
+    /// The action the scenarios call.
+    const ACTION: &'static str;
+    /// Whether a lost request may be sent again safely (a key or a unique label); otherwise only
+    /// a lagging search can tell, and a person decides when it finds nothing.
+    const SAFE_RETRY: bool;
+    /// Starts the emulator with accounts `a` ([`TOKEN_A`]) and `b` ([`TOKEN_B`]).
+    async fn start() -> Self;
+    /// A ledger whose connector is this preset, pointed at the emulator.
+    fn ledger(&self) -> Ledger;
+    /// Breaks the next create.
+    fn fault(&self, fault: Fault);
+    /// The ids of the objects the action created in provider account `account`.
+    fn created(&self, account: &str) -> Vec<String>;
+    /// The action's arguments for a request titled `title`.
+    fn args(title: &str) -> Value;
+}
+
+impl Api for Stripe {
+    const PROVIDER: &'static str = "stripe";
+    const ACTION: &'static str = "create_customer";
+    const SAFE_RETRY: bool = true;
+
+    async fn start() -> Self {
+        Stripe::start(stripe::Config {
+            keys: accounts(),
+            key_retention_ms: stripe::DEFAULT_KEY_RETENTION_MS,
+            search_lag_ms: EMULATED_LAG_MS,
+        })
+        .await
+    }
+
+    fn ledger(&self) -> Ledger {
+        let entry = format!(
+            "[[connectors]]\nid = \"stripe\"\npreset = \"stripe\"\nbase_url = \"{}\"",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[])
+    }
+
+    fn fault(&self, fault: Fault) {
+        Stripe::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .objects("customer")
+            .into_iter()
+            .filter(|o| o.account == account)
+            .map(|o| o.body["id"].clone()))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"name": title, "email": "client@example.com"})
+    }
+}
+
+impl Api for Salesforce {
+    const PROVIDER: &'static str = "salesforce";
+    const ACTION: &'static str = "upsert_case";
+    const SAFE_RETRY: bool = true;
+
+    async fn start() -> Self {
+        Salesforce::start(salesforce::Config {
+            tokens: accounts(),
+            label_field: "Opledger_Label__c".to_owned(),
+        })
+        .await
+    }
+
+    fn ledger(&self) -> Ledger {
+        let entry = format!(
+            "[[connectors]]\nid = \"salesforce\"\npreset = \"salesforce\"\nbase_url = \"{}\"",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[])
+    }
+
+    fn fault(&self, fault: Fault) {
+        Salesforce::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .records("Case")
+            .into_iter()
+            .filter(|r| r.org == account)
+            .map(|r| json!(r.id)))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"Subject": title, "Priority": "High"})
+    }
+}
+
+/// The label property the HubSpot tests name (not the preset's default, so the setting is
+/// proven to reach the create, the search filter and the search's label pointer).
+pub const HUBSPOT_LABEL_PROPERTY: &str = "agent_operation_label";
+/// The search lag the HubSpot ledger is told, in milliseconds: longer than the emulator's.
+pub const HUBSPOT_LEDGER_LAG_MS: u64 = 1_500;
+
+impl Api for HubSpot {
+    const PROVIDER: &'static str = "hubspot";
+    const ACTION: &'static str = "create_task";
+    const SAFE_RETRY: bool = false;
+
+    async fn start() -> Self {
+        HubSpot::start(hubspot::Config {
+            tokens: accounts(),
+            label_property: HUBSPOT_LABEL_PROPERTY.to_owned(),
+            search_lag_ms: EMULATED_LAG_MS,
+        })
+        .await
+    }
+
+    /// The preset as a file with a short lag (the shipped 30 s would make every lookup test
+    /// wait that long), and the user's own label property as a setting.
+    fn ledger(&self) -> Ledger {
+        let text = opledger_providers::presets::preset("hubspot")
+            .expect("the preset")
+            .1;
+        let short = text.replace(
+            "lag_ms = 30000",
+            &format!("lag_ms = {HUBSPOT_LEDGER_LAG_MS}"),
+        );
+        assert_ne!(short, text, "the preset states its lag");
+        let entry = format!(
+            "[[connectors]]\nid = \"hubspot\"\nfile = \"hubspot.toml\"\nbase_url = \"{}\"\nsettings = {{ label_property = \"{HUBSPOT_LABEL_PROPERTY}\" }}",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[("hubspot.toml", short)])
+    }
+
+    fn fault(&self, fault: Fault) {
+        HubSpot::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .objects("tasks")
+            .into_iter()
+            .filter(|o| o.portal == account)
+            .map(|o| json!(o.id)))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"subject": title, "due": "2026-12-02T09:00:00Z", "priority": "HIGH"})
+    }
+}
+
+fn ids(values: impl Iterator<Item = Value>) -> Vec<String> {
+    values
+        .map(|value| value.as_str().expect("a string id").to_owned())
+        .collect()
+}
