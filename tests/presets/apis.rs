@@ -14,9 +14,9 @@ pub const TOKEN_A: &str = "token-a-0123456789";
 /// The token of another account at the same provider.
 pub const TOKEN_B: &str = "token-b-0123456789";
 /// The emulators' short search lag, in milliseconds (the real ones are far longer).
-pub const EMULATED_LAG_MS: u64 = 300;
+pub const EMULATED_LAG_MS: u64 = 500;
 
-fn accounts() -> Vec<(String, String)> {
+pub fn accounts() -> Vec<(String, String)> {
     vec![
         (TOKEN_A.to_owned(), "a".to_owned()),
         (TOKEN_B.to_owned(), "b".to_owned()),

@@ -13,6 +13,7 @@ mod contract;
 mod emulators;
 mod ledger;
 mod scenarios;
+mod specific;
 #[allow(dead_code)] // the serve suite's harness; these tests use its server and HTTP helpers
 #[path = "../serve/support.rs"]
 mod support;

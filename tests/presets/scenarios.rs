@@ -13,7 +13,7 @@ use crate::support::{Server, DEADLINE};
 
 /// How long the emulator holds an answer the worker is killed waiting for, in milliseconds:
 /// longer than the request timeout, so the answer never arrives.
-const HELD_MS: u64 = 8_000;
+pub const HELD_MS: u64 = 8_000;
 /// The states an operation settles in.
 const SETTLED: &[&str] = &["succeeded", "needs_review", "rejected"];
 
@@ -61,7 +61,7 @@ async fn start_execution<A: Api>(server: &Server, title: &str) -> String {
     id
 }
 
-async fn settle(server: &Server, id: &str) -> Value {
+pub async fn settle(server: &Server, id: &str) -> Value {
     server.wait_for_state(TENANT_TOKEN, id, SETTLED).await
 }
 
@@ -94,14 +94,14 @@ fn assert_one_object_and_done<A: Api>(api: &A, settled: &Value) -> String {
 
 /// Asserts the operation waits for a person and the agent says so.
 #[track_caller]
-fn assert_a_person_decides(settled: &Value) {
+pub fn assert_a_person_decides(settled: &Value) {
     assert_eq!(settled["state"], "needs_review", "{settled}");
     let message = settled["message"].as_str().unwrap_or_default();
     assert!(message.contains("a person is checking"), "{settled}");
 }
 
 /// Waits until the emulator holds `count` objects in account `a`.
-async fn until_created<A: Api>(api: &A, count: usize) {
+pub async fn until_created<A: Api>(api: &A, count: usize) {
     let started = Instant::now();
     while api.created("a").len() < count {
         assert!(
@@ -113,7 +113,7 @@ async fn until_created<A: Api>(api: &A, count: usize) {
 }
 
 /// Kills the server with SIGKILL (its `Drop`): no shutdown runs.
-fn sigkill(server: Server) {
+pub fn sigkill(server: Server) {
     drop(server);
 }
 

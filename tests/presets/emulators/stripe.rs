@@ -153,15 +153,6 @@ impl Stripe {
             .cloned()
             .collect()
     }
-
-    /// Forgets every key now older than `ms` on the next request (a shorter retention).
-    pub fn set_key_retention_ms(&self, ms: u64) {
-        self.shared
-            .config
-            .lock()
-            .expect("not poisoned")
-            .key_retention_ms = ms;
-    }
 }
 
 fn account_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
