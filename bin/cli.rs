@@ -322,8 +322,15 @@ pub struct RecordArgs {
     #[arg(long)]
     pub account: String,
     /// A fingerprint of the account's credentials (rotating them invalidates pending retries).
+    /// Taken from the configured connector with --config.
+    #[arg(long, required_unless_present = "config")]
+    pub credential_fingerprint: Option<String>,
+    /// A serve configuration: the intent is checked against its connectors as the API checks
+    /// it (the tenant owns the account, the action exists, the arguments fit its input schema)
+    /// and bound to the account's credential fingerprint. Credentials are read from the
+    /// environment, as at `serve`'s start.
     #[arg(long)]
-    pub credential_fingerprint: String,
+    pub config: Option<std::path::PathBuf>,
     /// What to do there, e.g. `create_task`.
     #[arg(long)]
     pub action: String,

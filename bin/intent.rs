@@ -48,6 +48,67 @@ async fn open_checked(path: &Path, access: Access) -> Result<SqliteLedger, CliEr
     Ok(Ledger::new(store, SystemClock, RandomIds))
 }
 
+/// The fingerprint `record --config` binds the intent to, after the checks the API makes: the
+/// connector and action exist, the tenant owns the account, the arguments fit the action's
+/// input schema (every failing field named). A fingerprint also given must be that one.
+fn configured_fingerprint(
+    config: &Path,
+    args: &RecordArgs,
+    json: &serde_json::Value,
+) -> Result<String, CliError> {
+    use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
+    use opledger_domain::provider::{BindingQuery, Providers, Unbound};
+
+    let loaded = opledger_http_api::config::load(config)
+        .map_err(|error| CliError::Config(error.to_string()))?;
+    let providers = opledger_providers::HttpProviders::new(loaded.providers)
+        .map_err(|error| CliError::Config(error.to_string()))?;
+    let field = |name: &str, error: ValidationError| ValidationError::new(name, error.message);
+    let tenant = TenantId::new(args.tenant.clone()).map_err(|e| field("--tenant", e))?;
+    let provider = ProviderId::new(args.provider.clone()).map_err(|e| field("--provider", e))?;
+    let account = AccountId::new(args.account.clone()).map_err(|e| field("--account", e))?;
+    let action = ActionName::new(args.action.clone()).map_err(|e| field("--action", e))?;
+    let bound = providers
+        .bind(&BindingQuery {
+            tenant: &tenant,
+            provider: &provider,
+            account: &account,
+            action: &action,
+        })
+        .map_err(|unbound| {
+            let flag = match unbound {
+                Unbound::Provider { .. } => "--provider",
+                Unbound::Action { .. } => "--action",
+                Unbound::Account { .. } | Unbound::NotOwned { .. } => "--account",
+            };
+            ValidationError::new(flag, unbound.to_string())
+        })?;
+    providers
+        .check_args(&provider, &action, json)
+        .map_err(|problems| {
+            let listed: Vec<String> = problems
+                .iter()
+                .map(|problem| format!("args{}: {}", problem.pointer, problem.message))
+                .collect();
+            ValidationError::new(
+                "--args",
+                format!(
+                    "do not fit the action's input schema: {}",
+                    listed.join("; ")
+                ),
+            )
+        })?;
+    let fingerprint = bound.credential_fingerprint.to_string();
+    match &args.credential_fingerprint {
+        Some(given) if *given != fingerprint => Err(ValidationError::new(
+            "--credential-fingerprint",
+            format!("is `{given}`, but the configured account's credentials are `{fingerprint}`; leave it out with --config"),
+        )
+        .into()),
+        _ => Ok(fingerprint),
+    }
+}
+
 pub async fn record(args: RecordArgs) -> Result<(), CliError> {
     // Parse before opening anything, so bad input never creates a file.
     let json: serde_json::Value = serde_json::from_str(&args.args).map_err(|error| {
@@ -59,12 +120,16 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
         )
     })?;
     opledger_domain::args::check_numbers(args.args.as_bytes(), "args")?;
+    let credential_fingerprint = match &args.config {
+        Some(config) => configured_fingerprint(config, &args, &json)?,
+        None => args.credential_fingerprint.clone().unwrap_or_default(),
+    };
     let request = IntentRequest {
         tenant: args.tenant,
         owner: args.owner,
         provider: args.provider,
         account: args.account,
-        credential_fingerprint: args.credential_fingerprint,
+        credential_fingerprint,
         action: args.action,
         args: json,
         source_id: args.source_id,

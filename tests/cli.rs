@@ -639,3 +639,109 @@ token_env = "OPLEDGER_TEST_CRM_TOKEN"
         "{connector}"
     );
 }
+
+#[test]
+fn the_readmes_connector_example_is_a_valid_connector() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("# connectors/tasks-api.toml")
+        .expect("the README shows the example connector");
+    let end = start
+        + readme[start..]
+            .find("```")
+            .expect("the example's block ends");
+    let document = opledger_providers::parse("tasks-api.toml", &readme[start..end])
+        .unwrap_or_else(|errors| panic!("{}", opledger_providers::render_all(&errors)));
+    assert_eq!(document.actions[0].description, "create a task");
+}
+
+#[test]
+fn record_with_a_configuration_checks_the_intent_as_the_api_does_and_writes_nothing_when_it_fails()
+{
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[tenants]]
+id = "acme"
+token = "acme-0123456789abcdef"
+
+[[tenants]]
+id = "globex"
+token = "globex-0123456789abcdef"
+
+[[connectors]]
+id = "crm"
+preset = "crm-stand-plain"
+base_url = "http://127.0.0.1:9"
+
+[[connectors.accounts]]
+id = "acct-1"
+tenants = ["acme"]
+token = "crm-token"
+"#,
+    )
+    .expect("written");
+    let db = dir.path().join("ledger.db");
+    let record = |tenant: &str, args: &str| {
+        opledger(&[
+            "record",
+            "--db",
+            &db.display().to_string(),
+            "--config",
+            &config.display().to_string(),
+            "--tenant",
+            tenant,
+            "--provider",
+            "crm",
+            "--account",
+            "acct-1",
+            "--action",
+            "create_task",
+            "--args",
+            args,
+            "--json",
+        ])
+    };
+    let wrong_types = record("acme", r#"{"title": 7, "due": []}"#);
+    assert_eq!(wrong_types.status.code(), Some(2), "{wrong_types:?}");
+    let said = stdout(&wrong_types);
+    assert!(
+        said.contains("args/title") && said.contains("args/due"),
+        "{said}"
+    );
+    let not_owned = record("globex", r#"{"title": "Call"}"#);
+    assert_eq!(not_owned.status.code(), Some(2), "{not_owned:?}");
+    assert!(
+        stdout(&not_owned).contains("not owned by tenant `globex`"),
+        "{not_owned:?}"
+    );
+    assert!(!db.exists(), "a refused intent creates no ledger");
+
+    let recorded = record("acme", r#"{"title": "Call"}"#);
+    assert!(recorded.status.success(), "{recorded:?}");
+    let json: serde_json::Value = serde_json::from_slice(&recorded.stdout).expect("json");
+    let id = json["operation_id"].as_str().expect("an id");
+    let shown = opledger(&[
+        "ops",
+        "show",
+        id,
+        "--db",
+        &db.display().to_string(),
+        "--json",
+    ]);
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(b"crm-token");
+    let hex: String = digest
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    assert_eq!(
+        shown["events"][0]["data"]["credential_fingerprint"],
+        format!("sha256:{hex}"),
+        "bound to the configured account's credentials"
+    );
+}
