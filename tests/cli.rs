@@ -595,7 +595,8 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
             "crm-stand-plain",
             "hubspot",
             "salesforce",
-            "stripe"
+            "stripe",
+            "zendesk"
         ]
     );
 

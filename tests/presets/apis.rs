@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::emulators::hubspot::{self, HubSpot};
 use crate::emulators::salesforce::{self, Salesforce};
 use crate::emulators::stripe::{self, Stripe};
+use crate::emulators::zendesk::{self, Zendesk};
 use crate::emulators::Fault;
 use crate::ledger::Ledger;
 
@@ -174,6 +175,44 @@ impl Api for HubSpot {
 
     fn args(title: &str) -> Value {
         json!({"subject": title, "due": "2026-12-02T09:00:00Z", "priority": "HIGH"})
+    }
+}
+
+impl Api for Zendesk {
+    const PROVIDER: &'static str = "zendesk";
+    const ACTION: &'static str = "create_ticket";
+    const SAFE_RETRY: bool = true;
+
+    async fn start() -> Self {
+        Zendesk::start(zendesk::Config {
+            tokens: accounts(),
+            key_retention_ms: zendesk::DEFAULT_KEY_RETENTION_MS,
+        })
+        .await
+    }
+
+    fn ledger(&self) -> Ledger {
+        let entry = format!(
+            "[[connectors]]\nid = \"zendesk\"\npreset = \"zendesk\"\nbase_url = \"{}\"",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[])
+    }
+
+    fn fault(&self, fault: Fault) {
+        Zendesk::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .tickets()
+            .into_iter()
+            .filter(|ticket| ticket.account == account)
+            .map(|ticket| json!(ticket.body["id"].to_string())))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"subject": title, "comment": "The client asked for a call back", "priority": "high"})
     }
 }
 

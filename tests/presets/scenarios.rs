@@ -325,3 +325,4 @@ macro_rules! checklist {
 checklist!(stripe, crate::emulators::stripe::Stripe);
 checklist!(salesforce, crate::emulators::salesforce::Salesforce);
 checklist!(hubspot, crate::emulators::hubspot::HubSpot);
+checklist!(zendesk, crate::emulators::zendesk::Zendesk);

@@ -312,3 +312,46 @@ async fn hubspot_5xx_before_the_commit_finds_nothing_and_a_person_decides_with_n
         "a 502 without a task is never sent again blindly"
     );
 }
+
+#[tokio::test]
+async fn zendesk_past_the_key_retention_finds_the_ticket_by_external_id_and_never_sends_again() {
+    use crate::emulators::zendesk::{self, Zendesk};
+    let api = Zendesk::start(zendesk::Config {
+        tokens: accounts(),
+        key_retention_ms: 2_000,
+    })
+    .await;
+    let text = opledger_providers::presets::preset("zendesk")
+        .expect("the preset")
+        .1;
+    let short = text
+        .replace("retention_s = 7200", "retention_s = 2")
+        .replace("safety_margin_s = 600", "safety_margin_s = 1");
+    assert_ne!(short, text);
+    let entry = format!(
+        "[[connectors]]\nid = \"zendesk\"\nfile = \"zendesk.toml\"\nbase_url = \"{}\"",
+        api.running.base_url
+    );
+    let ledger = Ledger::new(&entry, TOKEN_A, &[("zendesk.toml", short)]);
+    let server = ledger.serve();
+    api.fault(Fault::LateResponse { ms: HELD_MS }, 1);
+    let args = json!({"subject": "Call back", "comment": "The client asked for a call"});
+    let id = start(&server, "zendesk", "create_ticket", args).await;
+    let started = Instant::now();
+    while api.tickets().is_empty() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "Zendesk never applied the create"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sigkill(server);
+    let server = ledger.serve();
+    let settled = settle(&server, &id).await;
+    let ids: Vec<String> = api
+        .tickets()
+        .iter()
+        .map(|ticket| ticket.body["id"].to_string())
+        .collect();
+    assert_succeeded_with(&settled, &ids);
+}

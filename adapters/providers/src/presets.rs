@@ -1,7 +1,7 @@
 //! Connectors that ship with opledger, embedded in the binary.
 //!
 //! The three shapes of the CRM stand (the wire contract is in [`crate::contract`]) and real APIs
-//! written from their public documentation (HubSpot, Salesforce, Stripe; each file says which
+//! written from their public documentation (HubSpot, Salesforce, Stripe, Zendesk; each file says which
 //! facts it relies on). Each is an ordinary connector document and runs through exactly the code
 //! path a user's file does. A preset leaves out what belongs to an installation (accounts, and
 //! the base URL where each customer has its own), which the user gives as [`crate::Overrides`].
@@ -37,6 +37,11 @@ const PRESETS: &[(&str, &str, &str)] = &[
         "stripe",
         "stripe.toml",
         include_str!("../connectors/stripe.toml"),
+    ),
+    (
+        "zendesk",
+        "zendesk.toml",
+        include_str!("../connectors/zendesk.toml"),
     ),
 ];
 
@@ -148,6 +153,15 @@ mod tests {
             ));
             assert!(matches!(action.lookup, Lookup::Consistent(_)));
         }
+        let zendesk = load("zendesk");
+        assert!(matches!(
+            zendesk.actions[0].dedup,
+            Dedup::IdempotencyKey {
+                retention_s: 7_200,
+                ..
+            }
+        ));
+        assert!(matches!(zendesk.actions[0].lookup, Lookup::Consistent(_)));
         let hubspot = load("hubspot");
         for action in &hubspot.actions {
             assert!(matches!(action.dedup, Dedup::None));

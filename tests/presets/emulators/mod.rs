@@ -12,8 +12,10 @@
 //! apply then answer late, a 5xx before or after the commit, and a rate limit.
 
 pub mod hubspot;
+pub mod keys;
 pub mod salesforce;
 pub mod stripe;
+pub mod zendesk;
 
 use std::collections::VecDeque;
 use std::future::Future;

@@ -35,6 +35,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
+use super::keys::{Claim, Keys};
 use super::{bearer, carry_out, elapsed_ms, Connection, Fault, Faults, Reply, Running, Voice};
 
 /// Stripe's documented retention of an idempotency key, in milliseconds (24 hours).
@@ -59,23 +60,10 @@ pub struct Object {
     created_ms: u64,
 }
 
-#[derive(Debug)]
-enum KeyState {
-    Running,
-    Saved(Reply),
-}
-
-#[derive(Debug)]
-struct KeyEntry {
-    request: Vec<(String, String)>,
-    state: KeyState,
-    first_ms: u64,
-}
-
 #[derive(Default)]
 struct Store {
     objects: Vec<Object>,
-    keys: BTreeMap<(String, String), KeyEntry>,
+    keys: Keys,
     next: u64,
 }
 
@@ -265,7 +253,7 @@ async fn create_inner(
                     .lock()
                     .expect("not poisoned")
                     .keys
-                    .remove(&slot);
+                    .release(&slot);
             }
         },
     )
@@ -292,37 +280,23 @@ fn replay_or_claim(
 ) -> Option<Reply> {
     let retention_ms = shared.config.lock().expect("not poisoned").key_retention_ms;
     let now = elapsed_ms(shared.start);
+    let request = format!("{pairs:?}");
     let mut store = shared.store.lock().expect("not poisoned");
-    store
-        .keys
-        .retain(|_, entry| now.saturating_sub(entry.first_ms) < retention_ms);
-    match store.keys.get(slot) {
-        Some(entry) if entry.request != pairs => Some(error(
+    match store.keys.claim(slot, &request, now, retention_ms) {
+        Claim::New => None,
+        Claim::Mismatch => Some(error(
             400,
             "idempotency_error",
             None,
             "Keys for idempotent requests can only be used with the same parameters they were first used with.",
         )),
-        Some(KeyEntry { state: KeyState::Running, .. }) => Some(error(
+        Claim::InFlight => Some(error(
             409,
             "invalid_request_error",
             Some("idempotency_key_in_use"),
             "There is currently another in-progress request using this Idempotent Key.",
         )),
-        Some(KeyEntry { state: KeyState::Saved(reply), .. }) => {
-            Some(reply.clone().header("idempotent-replayed", "true"))
-        }
-        None => {
-            store.keys.insert(
-                slot.clone(),
-                KeyEntry {
-                    request: pairs.to_vec(),
-                    state: KeyState::Running,
-                    first_ms: now,
-                },
-            );
-            None
-        }
+        Claim::Replay(reply) => Some(reply.header("idempotent-replayed", "true")),
     }
 }
 
@@ -360,8 +334,8 @@ fn commit(
         created_ms: now,
     });
     let reply = instead.unwrap_or_else(|| Reply::json(200, &body));
-    if let Some(entry) = slot.and_then(|slot| store.keys.get_mut(&slot)) {
-        entry.state = KeyState::Saved(reply.clone());
+    if let Some(slot) = slot {
+        store.keys.save(&slot, &reply);
     }
     reply
 }
