@@ -590,6 +590,7 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
     assert_eq!(
         presets,
         [
+            "attio",
             "crm-stand-keyed",
             "crm-stand-labelled",
             "crm-stand-plain",

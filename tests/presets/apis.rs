@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use crate::emulators::attio::{self, Attio};
 use crate::emulators::hubspot::{self, HubSpot};
 use crate::emulators::salesforce::{self, Salesforce};
 use crate::emulators::stripe::{self, Stripe};
@@ -213,6 +214,45 @@ impl Api for Zendesk {
 
     fn args(title: &str) -> Value {
         json!({"subject": title, "comment": "The client asked for a call back", "priority": "high"})
+    }
+}
+
+impl Api for Attio {
+    const PROVIDER: &'static str = "attio";
+    const ACTION: &'static str = "assert_company";
+    const SAFE_RETRY: bool = true;
+
+    async fn start() -> Self {
+        Attio::start(attio::Config {
+            tokens: accounts(),
+            label_attribute: "opledger_label".to_owned(),
+            query_lag_ms: EMULATED_LAG_MS,
+        })
+        .await
+    }
+
+    fn ledger(&self) -> Ledger {
+        let entry = format!(
+            "[[connectors]]\nid = \"attio\"\npreset = \"attio\"\nbase_url = \"{}\"",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[])
+    }
+
+    fn fault(&self, fault: Fault) {
+        Attio::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .records()
+            .into_iter()
+            .filter(|record| record.workspace == account)
+            .map(|record| json!(record.id)))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"name": title, "domains": ["acme.example"]})
     }
 }
 

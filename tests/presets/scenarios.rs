@@ -326,3 +326,4 @@ checklist!(stripe, crate::emulators::stripe::Stripe);
 checklist!(salesforce, crate::emulators::salesforce::Salesforce);
 checklist!(hubspot, crate::emulators::hubspot::HubSpot);
 checklist!(zendesk, crate::emulators::zendesk::Zendesk);
+checklist!(attio, crate::emulators::attio::Attio);

@@ -1,13 +1,18 @@
 //! Connectors that ship with opledger, embedded in the binary.
 //!
 //! The three shapes of the CRM stand (the wire contract is in [`crate::contract`]) and real APIs
-//! written from their public documentation (HubSpot, Salesforce, Stripe, Zendesk; each file says which
+//! written from their public documentation (Attio, HubSpot, Salesforce, Stripe, Zendesk; each file says which
 //! facts it relies on). Each is an ordinary connector document and runs through exactly the code
 //! path a user's file does. A preset leaves out what belongs to an installation (accounts, and
 //! the base URL where each customer has its own), which the user gives as [`crate::Overrides`].
 
 /// Every preset: its name, its file name and its text.
 const PRESETS: &[(&str, &str, &str)] = &[
+    (
+        "attio",
+        "attio.toml",
+        include_str!("../connectors/attio.toml"),
+    ),
     (
         "crm-stand-keyed",
         "crm-stand-keyed.toml",
@@ -153,6 +158,8 @@ mod tests {
             ));
             assert!(matches!(action.lookup, Lookup::Consistent(_)));
         }
+        let attio = load("attio");
+        assert!(matches!(attio.actions[0].dedup, Dedup::UniqueLabel { .. }));
         let zendesk = load("zendesk");
         assert!(matches!(
             zendesk.actions[0].dedup,

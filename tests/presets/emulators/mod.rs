@@ -11,6 +11,7 @@
 //! stand's: drop the request, apply then drop the response, hold the request before applying,
 //! apply then answer late, a 5xx before or after the commit, and a rate limit.
 
+pub mod attio;
 pub mod hubspot;
 pub mod keys;
 pub mod salesforce;
