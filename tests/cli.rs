@@ -595,6 +595,7 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
             "crm-stand-labelled",
             "crm-stand-plain",
             "hubspot",
+            "pipedrive",
             "salesforce",
             "stripe",
             "zendesk"

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use crate::emulators::attio::{self, Attio};
 use crate::emulators::hubspot::{self, HubSpot};
+use crate::emulators::pipedrive::{self, Pipedrive};
 use crate::emulators::salesforce::{self, Salesforce};
 use crate::emulators::stripe::{self, Stripe};
 use crate::emulators::zendesk::{self, Zendesk};
@@ -127,8 +128,9 @@ impl Api for Salesforce {
 /// The label property the HubSpot tests name (not the preset's default, so the setting is
 /// proven to reach the create, the search filter and the search's label pointer).
 pub const HUBSPOT_LABEL_PROPERTY: &str = "agent_operation_label";
-/// The search lag the HubSpot ledger is told, in milliseconds: longer than the emulator's.
-pub const HUBSPOT_LEDGER_LAG_MS: u64 = 1_500;
+/// The search lag the ledgers of the search presets are told, in milliseconds: longer than the
+/// emulators'.
+pub const LEDGER_SEARCH_LAG_MS: u64 = 1_500;
 
 impl Api for HubSpot {
     const PROVIDER: &'static str = "hubspot";
@@ -152,7 +154,7 @@ impl Api for HubSpot {
             .1;
         let short = text.replace(
             "lag_ms = 30000",
-            &format!("lag_ms = {HUBSPOT_LEDGER_LAG_MS}"),
+            &format!("lag_ms = {LEDGER_SEARCH_LAG_MS}"),
         );
         assert_ne!(short, text, "the preset states its lag");
         let entry = format!(
@@ -253,6 +255,57 @@ impl Api for Attio {
 
     fn args(title: &str) -> Value {
         json!({"name": title, "domains": ["acme.example"]})
+    }
+}
+
+/// The key of the deal custom field the Pipedrive tests created (40 hexadecimal characters).
+pub const PIPEDRIVE_LABEL_KEY: &str = "dcf558aac1ae4e8c4f849ba5e668430d8df9be12";
+
+impl Api for Pipedrive {
+    const PROVIDER: &'static str = "pipedrive";
+    const ACTION: &'static str = "create_deal";
+    const SAFE_RETRY: bool = false;
+
+    async fn start() -> Self {
+        Pipedrive::start(pipedrive::Config {
+            tokens: accounts(),
+            label_field_key: PIPEDRIVE_LABEL_KEY.to_owned(),
+            search_lag_ms: EMULATED_LAG_MS,
+        })
+        .await
+    }
+
+    /// The preset as a file with a short lag (as for HubSpot), and the field key as a setting.
+    fn ledger(&self) -> Ledger {
+        let text = opledger_providers::presets::preset("pipedrive")
+            .expect("the preset")
+            .1;
+        let short = text.replace(
+            "lag_ms = 30000",
+            &format!("lag_ms = {LEDGER_SEARCH_LAG_MS}"),
+        );
+        assert_ne!(short, text, "the preset states its lag");
+        let entry = format!(
+            "[[connectors]]\nid = \"pipedrive\"\nfile = \"pipedrive.toml\"\nbase_url = \"{}\"\nsettings = {{ label_field_key = \"{PIPEDRIVE_LABEL_KEY}\" }}",
+            self.running.base_url
+        );
+        Ledger::new(&entry, TOKEN_A, &[("pipedrive.toml", short)])
+    }
+
+    fn fault(&self, fault: Fault) {
+        Pipedrive::fault(self, fault, 1);
+    }
+
+    fn created(&self, account: &str) -> Vec<String> {
+        ids(self
+            .objects("deal")
+            .into_iter()
+            .filter(|deal| deal.company == account)
+            .map(|deal| json!(deal.body["id"].to_string())))
+    }
+
+    fn args(title: &str) -> Value {
+        json!({"title": title, "value": 1200, "currency": "EUR"})
     }
 }
 

@@ -327,3 +327,4 @@ checklist!(salesforce, crate::emulators::salesforce::Salesforce);
 checklist!(hubspot, crate::emulators::hubspot::HubSpot);
 checklist!(zendesk, crate::emulators::zendesk::Zendesk);
 checklist!(attio, crate::emulators::attio::Attio);
+checklist!(pipedrive, crate::emulators::pipedrive::Pipedrive);

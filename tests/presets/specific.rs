@@ -1,6 +1,7 @@
 //! What only one preset has: Stripe's key retention, its saved 500 and its rate limit;
 //! Salesforce's request limit and a 5xx after the commit; HubSpot's lagging search, and its
-//! notes and deals through the preset as shipped.
+//! notes and deals through the preset as shipped; Zendesk past its key retention; Pipedrive's
+//! unsearchable activities and its rate-limit reset header.
 
 use std::time::{Duration, Instant};
 
@@ -354,4 +355,52 @@ async fn zendesk_past_the_key_retention_finds_the_ticket_by_external_id_and_neve
         .map(|ticket| ticket.body["id"].to_string())
         .collect();
     assert_succeeded_with(&settled, &ids);
+}
+
+#[tokio::test]
+async fn pipedrive_an_activity_whose_answer_was_lost_goes_to_a_person_with_its_one_activity() {
+    use crate::emulators::pipedrive::Pipedrive;
+    let api = <Pipedrive as Api>::start().await;
+    let ledger = api.ledger();
+    let server = ledger.serve();
+    api.fault(Fault::DropResponse, 1);
+    let args = json!({"subject": "Call the client", "type": "call", "due_date": "2026-12-02"});
+    let id = start(&server, "pipedrive", "create_activity", args).await;
+    let settled = settle(&server, &id).await;
+    assert_a_person_decides(&settled);
+    let activities = api.objects("activity");
+    assert_eq!(activities.len(), 1, "never sent twice: {activities:?}");
+    let note = activities[0].body["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("opl-"),
+        "the person can find it by its label: {note}"
+    );
+}
+
+#[tokio::test]
+async fn pipedrive_a_rate_limit_is_waited_out_by_its_reset_header_and_the_deal_made_once() {
+    use crate::emulators::pipedrive::Pipedrive;
+    let api = <Pipedrive as Api>::start().await;
+    let ledger = api.ledger();
+    let server = ledger.serve();
+    api.fault(Fault::RateLimit { retry_after_s: 1 }, 1);
+    let id = start(
+        &server,
+        "pipedrive",
+        "create_deal",
+        json!({"title": "Acme renewal"}),
+    )
+    .await;
+    let settled = settle(&server, &id).await;
+    let ids: Vec<String> = api
+        .objects("deal")
+        .iter()
+        .map(|deal| deal.body["id"].to_string())
+        .collect();
+    assert_succeeded_with(&settled, &ids);
+    let types = event_types(&server, &id).await;
+    assert!(
+        types.iter().any(|kind| kind == "AttemptNotSent"),
+        "{types:?}"
+    );
 }

@@ -1,7 +1,7 @@
 //! Connectors that ship with opledger, embedded in the binary.
 //!
 //! The three shapes of the CRM stand (the wire contract is in [`crate::contract`]) and real APIs
-//! written from their public documentation (Attio, HubSpot, Salesforce, Stripe, Zendesk; each file says which
+//! written from their public documentation (Attio, HubSpot, Pipedrive, Salesforce, Stripe, Zendesk; each file says which
 //! facts it relies on). Each is an ordinary connector document and runs through exactly the code
 //! path a user's file does. A preset leaves out what belongs to an installation (accounts, and
 //! the base URL where each customer has its own), which the user gives as [`crate::Overrides`].
@@ -32,6 +32,11 @@ const PRESETS: &[(&str, &str, &str)] = &[
         "hubspot",
         "hubspot.toml",
         include_str!("../connectors/hubspot.toml"),
+    ),
+    (
+        "pipedrive",
+        "pipedrive.toml",
+        include_str!("../connectors/pipedrive.toml"),
     ),
     (
         "salesforce",
@@ -160,6 +165,14 @@ mod tests {
         }
         let attio = load("attio");
         assert!(matches!(attio.actions[0].dedup, Dedup::UniqueLabel { .. }));
+        let pipedrive = load("pipedrive");
+        let deal = pipedrive.action("create_deal").expect("deals");
+        assert!(matches!(&deal.lookup, Lookup::Search(search) if search.lag_ms == 30_000));
+        let activity = pipedrive.action("create_activity").expect("activities");
+        assert!(
+            matches!(activity.lookup, Lookup::None),
+            "activities are not searchable"
+        );
         let zendesk = load("zendesk");
         assert!(matches!(
             zendesk.actions[0].dedup,

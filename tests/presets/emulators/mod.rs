@@ -14,6 +14,7 @@
 pub mod attio;
 pub mod hubspot;
 pub mod keys;
+pub mod pipedrive;
 pub mod salesforce;
 pub mod stripe;
 pub mod zendesk;
