@@ -9,7 +9,7 @@ use crate::emulators::pipedrive::{self, Pipedrive};
 use crate::emulators::salesforce::{self, Salesforce};
 use crate::emulators::stripe::{self, Stripe};
 use crate::emulators::zendesk::{self, Zendesk};
-use crate::emulators::Fault;
+use crate::emulators::Emulator;
 use crate::ledger::Ledger;
 
 /// The token of the provider account the ledger's [`crate::ledger::ACCOUNT`] is configured with.
@@ -26,9 +26,29 @@ pub fn accounts() -> Vec<(String, String)> {
     ]
 }
 
+/// A `[[connectors]]` entry for preset `id` at `base_url`; `source` says where its document comes
+/// from (`preset = "…"` or `file = "…"`) and may add lines (settings).
+pub fn preset_entry(id: &str, source: &str, base_url: &str) -> String {
+    format!("[[connectors]]\nid = \"{id}\"\n{source}\nbase_url = \"{base_url}\"")
+}
+
+/// The text of preset `name` with each `(from, to)` replaced (a shorter lag or retention for a
+/// test); every `from` must be in it.
+pub fn shortened(name: &str, replacements: &[(&str, &str)]) -> String {
+    let mut text = opledger_providers::presets::preset(name)
+        .expect("the preset")
+        .1
+        .to_owned();
+    for (from, to) in replacements {
+        assert!(text.contains(from), "preset {name} states `{from}`");
+        text = text.replace(from, to);
+    }
+    text
+}
+
 /// One preset and its emulator.
 #[allow(async_fn_in_trait)] // used only here, never as `dyn` or across threads
-pub trait Api: Sized {
+pub trait Api: Emulator + Sized {
     /// The provider id the configuration registers it under.
     const PROVIDER: &'static str;
     /// The action the scenarios call.
@@ -40,8 +60,6 @@ pub trait Api: Sized {
     async fn start() -> Self;
     /// A ledger whose connector is this preset, pointed at the emulator.
     fn ledger(&self) -> Ledger;
-    /// Breaks the next create.
-    fn fault(&self, fault: Fault);
     /// The ids of the objects the action created in provider account `account`.
     fn created(&self, account: &str) -> Vec<String>;
     /// The action's arguments for a request titled `title`.
@@ -63,15 +81,8 @@ impl Api for Stripe {
     }
 
     fn ledger(&self) -> Ledger {
-        let entry = format!(
-            "[[connectors]]\nid = \"stripe\"\npreset = \"stripe\"\nbase_url = \"{}\"",
-            self.running.base_url
-        );
+        let entry = preset_entry("stripe", "preset = \"stripe\"", &self.running.base_url);
         Ledger::new(&entry, TOKEN_A, &[])
-    }
-
-    fn fault(&self, fault: Fault) {
-        Stripe::fault(self, fault, 1);
     }
 
     fn created(&self, account: &str) -> Vec<String> {
@@ -101,15 +112,12 @@ impl Api for Salesforce {
     }
 
     fn ledger(&self) -> Ledger {
-        let entry = format!(
-            "[[connectors]]\nid = \"salesforce\"\npreset = \"salesforce\"\nbase_url = \"{}\"",
-            self.running.base_url
+        let entry = preset_entry(
+            "salesforce",
+            "preset = \"salesforce\"",
+            &self.running.base_url,
         );
         Ledger::new(&entry, TOKEN_A, &[])
-    }
-
-    fn fault(&self, fault: Fault) {
-        Salesforce::fault(self, fault, 1);
     }
 
     fn created(&self, account: &str) -> Vec<String> {
@@ -149,23 +157,11 @@ impl Api for HubSpot {
     /// The preset as a file with a short lag (the shipped 30 s would make every lookup test
     /// wait that long), and the user's own label property as a setting.
     fn ledger(&self) -> Ledger {
-        let text = opledger_providers::presets::preset("hubspot")
-            .expect("the preset")
-            .1;
-        let short = text.replace(
-            "lag_ms = 30000",
-            &format!("lag_ms = {LEDGER_SEARCH_LAG_MS}"),
-        );
-        assert_ne!(short, text, "the preset states its lag");
-        let entry = format!(
-            "[[connectors]]\nid = \"hubspot\"\nfile = \"hubspot.toml\"\nbase_url = \"{}\"\nsettings = {{ label_property = \"{HUBSPOT_LABEL_PROPERTY}\" }}",
-            self.running.base_url
-        );
-        Ledger::new(&entry, TOKEN_A, &[("hubspot.toml", short)])
-    }
-
-    fn fault(&self, fault: Fault) {
-        HubSpot::fault(self, fault, 1);
+        let lag = format!("lag_ms = {LEDGER_SEARCH_LAG_MS}");
+        let text = shortened("hubspot", &[("lag_ms = 30000", lag.as_str())]);
+        let source = format!("file = \"hubspot.toml\"\nsettings = {{ label_property = \"{HUBSPOT_LABEL_PROPERTY}\" }}");
+        let entry = preset_entry("hubspot", &source, &self.running.base_url);
+        Ledger::new(&entry, TOKEN_A, &[("hubspot.toml", text)])
     }
 
     fn created(&self, account: &str) -> Vec<String> {
@@ -195,15 +191,8 @@ impl Api for Zendesk {
     }
 
     fn ledger(&self) -> Ledger {
-        let entry = format!(
-            "[[connectors]]\nid = \"zendesk\"\npreset = \"zendesk\"\nbase_url = \"{}\"",
-            self.running.base_url
-        );
+        let entry = preset_entry("zendesk", "preset = \"zendesk\"", &self.running.base_url);
         Ledger::new(&entry, TOKEN_A, &[])
-    }
-
-    fn fault(&self, fault: Fault) {
-        Zendesk::fault(self, fault, 1);
     }
 
     fn created(&self, account: &str) -> Vec<String> {
@@ -234,15 +223,8 @@ impl Api for Attio {
     }
 
     fn ledger(&self) -> Ledger {
-        let entry = format!(
-            "[[connectors]]\nid = \"attio\"\npreset = \"attio\"\nbase_url = \"{}\"",
-            self.running.base_url
-        );
+        let entry = preset_entry("attio", "preset = \"attio\"", &self.running.base_url);
         Ledger::new(&entry, TOKEN_A, &[])
-    }
-
-    fn fault(&self, fault: Fault) {
-        Attio::fault(self, fault, 1);
     }
 
     fn created(&self, account: &str) -> Vec<String> {
@@ -277,23 +259,11 @@ impl Api for Pipedrive {
 
     /// The preset as a file with a short lag (as for HubSpot), and the field key as a setting.
     fn ledger(&self) -> Ledger {
-        let text = opledger_providers::presets::preset("pipedrive")
-            .expect("the preset")
-            .1;
-        let short = text.replace(
-            "lag_ms = 30000",
-            &format!("lag_ms = {LEDGER_SEARCH_LAG_MS}"),
-        );
-        assert_ne!(short, text, "the preset states its lag");
-        let entry = format!(
-            "[[connectors]]\nid = \"pipedrive\"\nfile = \"pipedrive.toml\"\nbase_url = \"{}\"\nsettings = {{ label_field_key = \"{PIPEDRIVE_LABEL_KEY}\" }}",
-            self.running.base_url
-        );
-        Ledger::new(&entry, TOKEN_A, &[("pipedrive.toml", short)])
-    }
-
-    fn fault(&self, fault: Fault) {
-        Pipedrive::fault(self, fault, 1);
+        let lag = format!("lag_ms = {LEDGER_SEARCH_LAG_MS}");
+        let text = shortened("pipedrive", &[("lag_ms = 30000", lag.as_str())]);
+        let source = format!("file = \"pipedrive.toml\"\nsettings = {{ label_field_key = \"{PIPEDRIVE_LABEL_KEY}\" }}");
+        let entry = preset_entry("pipedrive", &source, &self.running.base_url);
+        Ledger::new(&entry, TOKEN_A, &[("pipedrive.toml", text)])
     }
 
     fn created(&self, account: &str) -> Vec<String> {

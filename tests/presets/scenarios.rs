@@ -121,7 +121,7 @@ pub async fn a_lost_request_is_sent_again_under_the_contract_or_goes_to_a_person
     let api = A::start().await;
     let ledger = api.ledger();
     let server = ledger.serve();
-    api.fault(Fault::DropRequest);
+    api.fault(Fault::DropRequest, 1);
     let (status, answer) = deliver::<A>(&server, "Call the client", None).await;
     assert!(status.is_success(), "{answer}");
     let settled = settle(&server, &operation_id(&answer)).await;
@@ -137,7 +137,7 @@ pub async fn an_applied_create_whose_answer_was_lost_settles_with_its_one_object
     let api = A::start().await;
     let ledger = api.ledger();
     let server = ledger.serve();
-    api.fault(Fault::DropResponse);
+    api.fault(Fault::DropResponse, 1);
     let (_, answer) = deliver::<A>(&server, "Call the client", None).await;
     let settled = settle(&server, &operation_id(&answer)).await;
     assert_one_object_and_done(&api, &settled);
@@ -147,7 +147,7 @@ pub async fn a_worker_killed_after_the_provider_applied_resumes_to_the_same_obje
     let api = A::start().await;
     let ledger = api.ledger();
     let server = ledger.serve();
-    api.fault(Fault::LateResponse { ms: HELD_MS });
+    api.fault(Fault::LateResponse { ms: HELD_MS }, 1);
     let id = start_execution::<A>(&server, "Call the client").await;
     until_created(&api, 1).await;
     sigkill(server);
@@ -165,7 +165,7 @@ pub async fn two_callers_at_once_make_one_operation_and_one_object<A: Api>() {
     let api = A::start().await;
     let ledger = api.ledger();
     let server = ledger.serve();
-    api.fault(Fault::Hold { ms: 300 });
+    api.fault(Fault::Hold { ms: 300 }, 1);
     let (first, second) = tokio::join!(
         deliver::<A>(&server, "Call the client", Some("toolcall-twice")),
         deliver::<A>(&server, "Call the client", Some("toolcall-twice")),
@@ -250,7 +250,7 @@ pub async fn an_unknown_outcome_is_never_retried_in_an_account_switched_meanwhil
     let api = A::start().await;
     let ledger = api.ledger();
     let server = ledger.serve();
-    api.fault(Fault::LateResponse { ms: HELD_MS });
+    api.fault(Fault::LateResponse { ms: HELD_MS }, 1);
     let id = start_execution::<A>(&server, "Call the client").await;
     until_created(&api, 1).await;
     sigkill(server);

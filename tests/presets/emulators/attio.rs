@@ -19,7 +19,6 @@
 //! reads back each value as `{"value": …}`); the body of a 5xx.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -29,7 +28,7 @@ use axum::{Extension, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{bearer, carry_out, elapsed_ms, Connection, Fault, Faults, Reply, Running, Voice};
+use super::{bearer, carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
 /// What the emulator is started with.
 #[derive(Clone, Debug)]
@@ -58,10 +57,9 @@ struct Store {
 }
 
 struct Shared {
+    core: Core,
     config: Config,
-    start: Instant,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct AttioVoice;
@@ -103,25 +101,16 @@ pub struct Attio {
 impl Attio {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
-            config,
-            start: Instant::now(),
-            store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
+        let routes = Router::new()
             .route("/v2/objects/{object}/records", put(assert_record))
-            .route("/v2/objects/{object}/records/query", post(query))
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next asserts.
-    pub fn fault(&self, kind: Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+            .route("/v2/objects/{object}/records/query", post(query));
+        let shared = Shared {
+            core: Core::new(&config.tokens),
+            config,
+            store: Mutex::default(),
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every company record, oldest first.
@@ -135,15 +124,18 @@ impl Attio {
     }
 }
 
+impl Emulator for Attio {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 fn workspace_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
-    let token = bearer(headers).unwrap_or_default();
+    let invalid = || error(401, "auth_error", "unauthorized", "Invalid access token");
     shared
-        .config
-        .tokens
-        .iter()
-        .find(|(known, _)| *known == token)
-        .map(|(_, workspace)| workspace.clone())
-        .ok_or_else(|| error(401, "auth_error", "unauthorized", "Invalid access token"))
+        .core
+        .account(bearer(headers).as_deref())
+        .ok_or_else(invalid)
 }
 
 #[derive(Deserialize)]
@@ -174,7 +166,7 @@ async fn assert_record(
             Ok(checked) => checked,
             Err(reply) => return reply,
         };
-    let fault = shared.faults.take();
+    let fault = shared.core.take_fault();
     let committing = Arc::clone(&shared);
     carry_out(
         fault,
@@ -247,7 +239,7 @@ fn checked_assert(
 /// Find-or-create under one lock: the unique attribute makes it atomic.
 fn apply(shared: &Shared, workspace: &str, values: Map<String, Value>, label: &str) -> Reply {
     let attribute = &shared.config.label_attribute;
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let mut store = shared.store.lock().expect("not poisoned");
     let index = store.records.iter().position(|record| {
         record.workspace == workspace && record.values[attribute][0]["value"] == label
@@ -307,7 +299,7 @@ async fn query(
             "this emulator reads one equality filter",
         );
     };
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let store = shared.store.lock().expect("not poisoned");
     let data: Vec<Value> = store
         .records

@@ -22,7 +22,6 @@
 //! error shape with category `INTERNAL_ERROR`).
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -31,7 +30,7 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
-use super::{bearer, carry_out, elapsed_ms, Connection, Fault, Faults, Reply, Running, Voice};
+use super::{bearer, carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
 /// The object types served, each with the properties it has besides the custom label property.
 const OBJECTS: &[(&str, &[&str])] = &[
@@ -91,10 +90,9 @@ struct Store {
 }
 
 struct Shared {
-    config: Mutex<Config>,
-    start: Instant,
+    core: Core,
+    config: Config,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct HubSpotVoice;
@@ -129,25 +127,16 @@ pub struct HubSpot {
 impl HubSpot {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
-            config: Mutex::new(config),
-            start: Instant::now(),
-            store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
+        let routes = Router::new()
             .route("/crm/v3/objects/{kind}", post(create))
-            .route("/crm/v3/objects/{kind}/search", post(search))
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next creates.
-    pub fn fault(&self, kind: Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+            .route("/crm/v3/objects/{kind}/search", post(search));
+        let shared = Shared {
+            core: Core::new(&config.tokens),
+            config,
+            store: Mutex::default(),
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every stored object of `kind` (`tasks`, `notes`, `deals`), oldest first.
@@ -162,21 +151,24 @@ impl HubSpot {
     }
 }
 
+impl Emulator for HubSpot {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 fn portal_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
-    let token = bearer(headers).unwrap_or_default();
-    let config = shared.config.lock().expect("not poisoned");
-    config
-        .tokens
-        .iter()
-        .find(|(known, _)| *known == token)
-        .map(|(_, portal)| portal.clone())
-        .ok_or_else(|| {
-            error(
-                401,
-                "INVALID_AUTHENTICATION",
-                "Authentication credentials not found.",
-            )
-        })
+    let invalid = || {
+        error(
+            401,
+            "INVALID_AUTHENTICATION",
+            "Authentication credentials not found.",
+        )
+    };
+    shared
+        .core
+        .account(bearer(headers).as_deref())
+        .ok_or_else(invalid)
 }
 
 fn known_properties(kind: &str) -> Option<&'static [&'static str]> {
@@ -195,7 +187,7 @@ async fn create(
 ) -> Reply {
     let reply = match checked_create(&shared, &kind, &headers, &body) {
         Ok((portal, properties)) => {
-            let fault = shared.faults.take();
+            let fault = shared.core.take_fault();
             let committing = Arc::clone(&shared);
             carry_out(
                 fault,
@@ -224,12 +216,7 @@ fn checked_create(
     let portal = portal_of(shared, headers)?;
     let known = known_properties(kind)
         .ok_or_else(|| error(404, "OBJECT_NOT_FOUND", "Unable to infer object type"))?;
-    let label_property = shared
-        .config
-        .lock()
-        .expect("not poisoned")
-        .label_property
-        .clone();
+    let label_property = &shared.config.label_property;
     let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(body) else {
         return Err(error(400, "VALIDATION_ERROR", "Invalid input JSON"));
     };
@@ -238,7 +225,7 @@ fn checked_create(
     };
     if let Some(unknown) = properties
         .keys()
-        .find(|name| !known.contains(&name.as_str()) && **name != label_property)
+        .find(|name| !known.contains(&name.as_str()) && *name != label_property)
     {
         let message =
             format!("Property values were not valid: Property \"{unknown}\" does not exist");
@@ -255,7 +242,7 @@ fn checked_create(
 }
 
 fn apply(shared: &Shared, portal: &str, kind: &str, mut properties: Map<String, Value>) -> Reply {
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let mut store = shared.store.lock().expect("not poisoned");
     store.next += 1;
     let id = (70_000_000_000_u64 + store.next).to_string();
@@ -299,8 +286,8 @@ async fn search(
         .as_array()
         .map(|names| names.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let lag_ms = shared.config.lock().expect("not poisoned").search_lag_ms;
-    let now = elapsed_ms(shared.start);
+    let lag_ms = shared.config.search_lag_ms;
+    let now = shared.core.now_ms();
     let store = shared.store.lock().expect("not poisoned");
     let results: Vec<Value> = store
         .objects

@@ -185,10 +185,56 @@ pub fn bearer(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Milliseconds since `start`, the emulators' clock for retention and search lag. Real time: the
-/// emulators run beside a real `opledger serve`, whose clock cannot be paused from here.
-pub fn elapsed_ms(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// What every emulator keeps besides its objects: its accounts by token, the start of its clock
+/// and its fault queue.
+#[derive(Debug)]
+pub struct Core {
+    tokens: Vec<(String, String)>,
+    start: Instant,
+    faults: Faults,
+}
+
+impl Core {
+    /// A core knowing `tokens` (token → account), its clock starting now.
+    pub fn new(tokens: &[(String, String)]) -> Self {
+        Self {
+            tokens: tokens.to_vec(),
+            start: Instant::now(),
+            faults: Faults::default(),
+        }
+    }
+
+    /// The account `token` belongs to, if any.
+    pub fn account(&self, token: Option<&str>) -> Option<String> {
+        let token = token?;
+        self.tokens
+            .iter()
+            .find(|(known, _)| known == token)
+            .map(|(_, account)| account.clone())
+    }
+
+    /// Milliseconds since the emulator started: its clock for retention and search lag. Real
+    /// time, because the emulators run beside a real `opledger serve`, whose clock cannot be
+    /// paused from here.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The fault for the create being served, consumed.
+    pub fn take_fault(&self) -> Option<Fault> {
+        self.faults.take()
+    }
+}
+
+/// The handle every emulator gives the tests.
+pub trait Emulator {
+    /// Its core.
+    fn core(&self) -> &Core;
+
+    /// Queues `times` faults of `kind` for the next creates.
+    fn fault(&self, kind: Fault, times: usize) {
+        self.core().faults.queue(kind, times);
+    }
 }
 
 /// A running emulator: its address; the server stops when this is dropped.
@@ -201,6 +247,17 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.server.abort();
     }
+}
+
+/// Shares `state` with `routes` and serves them on a loopback port; returns the server and the
+/// state, for the emulator's handle.
+pub async fn launch<S: Send + Sync + 'static>(
+    state: S,
+    routes: Router<Arc<S>>,
+) -> (Running, Arc<S>) {
+    let state = Arc::new(state);
+    let running = serve(routes.with_state(Arc::clone(&state))).await;
+    (running, state)
 }
 
 /// Serves `router` on an ephemeral loopback port. Each request carries its [`Connection`] as an

@@ -20,7 +20,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -29,7 +28,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
-use super::{carry_out, elapsed_ms, Connection, Fault, Faults, Reply, Running, Voice};
+use super::{carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
 /// The standard fields a deal or an activity takes here.
 const DEAL_FIELDS: &[&str] = &[
@@ -77,10 +76,9 @@ struct Store {
 }
 
 struct Shared {
+    core: Core,
     config: Config,
-    start: Instant,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct PipedriveVoice;
@@ -116,26 +114,17 @@ pub struct Pipedrive {
 impl Pipedrive {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
-            config,
-            start: Instant::now(),
-            store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
+        let routes = Router::new()
             .route("/v1/deals", post(create_deal))
             .route("/v1/deals/search", get(search))
-            .route("/v1/activities", post(create_activity))
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next creates.
-    pub fn fault(&self, kind: Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+            .route("/v1/activities", post(create_activity));
+        let shared = Shared {
+            core: Core::new(&config.tokens),
+            config,
+            store: Mutex::default(),
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every stored object of `kind` (`deal`, `activity`), oldest first.
@@ -150,24 +139,24 @@ impl Pipedrive {
     }
 }
 
+impl Emulator for Pipedrive {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 fn company_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
     let token = headers
         .get("x-api-token")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default();
-    shared
-        .config
-        .tokens
-        .iter()
-        .find(|(known, _)| known == token)
-        .map(|(_, company)| company.clone())
-        .ok_or_else(|| {
-            error(
-                401,
-                "unauthorized access",
-                "You need to be authorized to make this request.",
-            )
-        })
+        .and_then(|value| value.to_str().ok());
+    let invalid = || {
+        error(
+            401,
+            "unauthorized access",
+            "You need to be authorized to make this request.",
+        )
+    };
+    shared.core.account(token).ok_or_else(invalid)
 }
 
 async fn create_deal(
@@ -233,7 +222,7 @@ async fn create(
     if let Some(unknown) = fields.keys().find(|name| !known(name)) {
         return error(400, "Bad request", &format!("Unknown field `{unknown}`"));
     }
-    let fault = shared.faults.take();
+    let fault = shared.core.take_fault();
     let committing = Arc::clone(&shared);
     carry_out(
         fault,
@@ -254,7 +243,7 @@ fn apply(
     kind: &'static str,
     mut body: Map<String, Value>,
 ) -> Reply {
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let mut store = shared.store.lock().expect("not poisoned");
     store.next += 1;
     body.insert("id".into(), json!(store.next));
@@ -280,7 +269,7 @@ async fn search(
         return error(400, "Bad request", "term must be at least 2 characters");
     };
     let key = &shared.config.label_field_key;
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let store = shared.store.lock().expect("not poisoned");
     let items: Vec<Value> = store
         .objects

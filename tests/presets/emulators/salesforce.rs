@@ -29,7 +29,7 @@ use axum::routing::patch;
 use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
-use super::{bearer, carry_out, Connection, Fault, Faults, Reply, Running, Voice};
+use super::{bearer, carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
 /// What the emulator is started with.
 #[derive(Clone, Debug)]
@@ -56,9 +56,9 @@ struct Store {
 }
 
 struct Shared {
+    core: Core,
     config: Config,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct SalesforceVoice;
@@ -99,26 +99,17 @@ pub struct Salesforce {
 impl Salesforce {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
+        let routes = Router::new().route(
+            "/services/data/{version}/sobjects/{object}/{field}/{value}",
+            patch(upsert).get(read),
+        );
+        let shared = Shared {
+            core: Core::new(&config.tokens),
             config,
             store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
-            .route(
-                "/services/data/{version}/sobjects/{object}/{field}/{value}",
-                patch(upsert).get(read),
-            )
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next upserts.
-    pub fn fault(&self, kind: Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every record of `object`, oldest first.
@@ -133,17 +124,20 @@ impl Salesforce {
     }
 }
 
+impl Emulator for Salesforce {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 type Target = Path<(String, String, String, String)>;
 
 fn org_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
-    let token = bearer(headers).unwrap_or_default();
+    let invalid = || errors(401, "INVALID_SESSION_ID", "Session expired or invalid");
     shared
-        .config
-        .tokens
-        .iter()
-        .find(|(known, _)| *known == token)
-        .map(|(_, org)| org.clone())
-        .ok_or_else(|| errors(401, "INVALID_SESSION_ID", "Session expired or invalid"))
+        .core
+        .account(bearer(headers).as_deref())
+        .ok_or_else(invalid)
 }
 
 /// Checks the path names an External ID field of a known object.
@@ -201,7 +195,7 @@ async fn upsert(
             "Do not give Id or the External ID field in the body.",
         );
     }
-    let fault = shared.faults.take();
+    let fault = shared.core.take_fault();
     let committing = Arc::clone(&shared);
     carry_out(
         fault,

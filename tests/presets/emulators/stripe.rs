@@ -26,7 +26,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -36,7 +35,7 @@ use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
 use super::keys::{Claim, Keys};
-use super::{bearer, carry_out, elapsed_ms, Connection, Fault, Faults, Reply, Running, Voice};
+use super::{bearer, carry_out, Connection, Core, Emulator, Fault, Reply, Running, Voice};
 
 /// Stripe's documented retention of an idempotency key, in milliseconds (24 hours).
 pub const DEFAULT_KEY_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
@@ -68,10 +67,9 @@ struct Store {
 }
 
 struct Shared {
-    config: Mutex<Config>,
-    start: Instant,
+    core: Core,
+    config: Config,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct StripeVoice;
@@ -109,26 +107,17 @@ pub struct Stripe {
 impl Stripe {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
-            config: Mutex::new(config),
-            start: Instant::now(),
-            store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
+        let routes = Router::new()
             .route("/v1/customers", post(create_customer))
             .route("/v1/invoiceitems", post(create_invoice_item))
-            .route("/v1/customers/search", get(search))
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next creates.
-    pub fn fault(&self, kind: Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+            .route("/v1/customers/search", get(search));
+        let shared = Shared {
+            core: Core::new(&config.keys),
+            config,
+            store: Mutex::default(),
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every stored object of `kind` (`customer`, `invoiceitem`), oldest first.
@@ -143,22 +132,25 @@ impl Stripe {
     }
 }
 
+impl Emulator for Stripe {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 fn account_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
-    let token = bearer(headers).unwrap_or_default();
-    let config = shared.config.lock().expect("not poisoned");
-    config
-        .keys
-        .iter()
-        .find(|(key, _)| *key == token)
-        .map(|(_, account)| account.clone())
-        .ok_or_else(|| {
-            error(
-                401,
-                "invalid_request_error",
-                None,
-                "Invalid API Key provided.",
-            )
-        })
+    let invalid = || {
+        error(
+            401,
+            "invalid_request_error",
+            None,
+            "Invalid API Key provided.",
+        )
+    };
+    shared
+        .core
+        .account(bearer(headers).as_deref())
+        .ok_or_else(invalid)
 }
 
 async fn create_customer(
@@ -217,7 +209,7 @@ async fn create_inner(
     let mut pairs: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
     pairs.sort();
     // The rate limiter answers before the idempotency layer: nothing is saved for a 429.
-    let fault = shared.faults.take();
+    let fault = shared.core.take_fault();
     if let Some(Fault::RateLimit { retry_after_s }) = fault {
         return StripeVoice.rate_limited(retry_after_s);
     }
@@ -278,8 +270,8 @@ fn replay_or_claim(
     slot: &(String, String),
     pairs: &[(String, String)],
 ) -> Option<Reply> {
-    let retention_ms = shared.config.lock().expect("not poisoned").key_retention_ms;
-    let now = elapsed_ms(shared.start);
+    let retention_ms = shared.config.key_retention_ms;
+    let now = shared.core.now_ms();
     let request = format!("{pairs:?}");
     let mut store = shared.store.lock().expect("not poisoned");
     match store.keys.claim(slot, &request, now, retention_ms) {
@@ -308,7 +300,7 @@ fn commit(
     slot: Option<(String, String)>,
     instead: Option<Reply>,
 ) -> Reply {
-    let now = elapsed_ms(shared.start);
+    let now = shared.core.now_ms();
     let mut store = shared.store.lock().expect("not poisoned");
     store.next += 1;
     let prefix = if kind == "customer" { "cus" } else { "ii" };
@@ -357,8 +349,8 @@ async fn search(
             "This emulator reads only metadata['key']:'value' queries.",
         );
     };
-    let lag_ms = shared.config.lock().expect("not poisoned").search_lag_ms;
-    let now = elapsed_ms(shared.start);
+    let lag_ms = shared.config.search_lag_ms;
+    let now = shared.core.now_ms();
     let store = shared.store.lock().expect("not poisoned");
     let data: Vec<Value> = store
         .objects

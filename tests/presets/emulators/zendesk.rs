@@ -24,7 +24,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -34,7 +33,7 @@ use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
 use super::keys::{Claim, Keys};
-use super::{bearer, carry_out, elapsed_ms, Connection, Faults, Reply, Running, Voice};
+use super::{bearer, carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
 /// Zendesk's documented key retention, in milliseconds (2 hours).
 pub const DEFAULT_KEY_RETENTION_MS: u64 = 2 * 60 * 60 * 1000;
@@ -63,10 +62,9 @@ struct Store {
 }
 
 struct Shared {
+    core: Core,
     config: Config,
-    start: Instant,
     store: Mutex<Store>,
-    faults: Faults,
 }
 
 struct ZendeskVoice;
@@ -99,24 +97,14 @@ pub struct Zendesk {
 impl Zendesk {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let shared = Arc::new(Shared {
+        let routes = Router::new().route("/api/v2/tickets.json", post(create).get(list));
+        let shared = Shared {
+            core: Core::new(&config.tokens),
             config,
-            start: Instant::now(),
             store: Mutex::default(),
-            faults: Faults::default(),
-        });
-        let router = Router::new()
-            .route("/api/v2/tickets.json", post(create).get(list))
-            .with_state(Arc::clone(&shared));
-        Self {
-            running: super::serve(router).await,
-            shared,
-        }
-    }
-
-    /// Queues `times` faults for the next creates.
-    pub fn fault(&self, kind: super::Fault, times: usize) {
-        self.shared.faults.queue(kind, times);
+        };
+        let (running, shared) = super::launch(shared, routes).await;
+        Self { running, shared }
     }
 
     /// Every ticket, oldest first.
@@ -130,15 +118,18 @@ impl Zendesk {
     }
 }
 
+impl Emulator for Zendesk {
+    fn core(&self) -> &Core {
+        &self.shared.core
+    }
+}
+
 fn account_of(shared: &Shared, headers: &HeaderMap) -> Result<String, Reply> {
-    let token = bearer(headers).unwrap_or_default();
+    let invalid = || Reply::json(401, &json!({"error": "Couldn't authenticate you"}));
     shared
-        .config
-        .tokens
-        .iter()
-        .find(|(known, _)| *known == token)
-        .map(|(_, account)| account.clone())
-        .ok_or_else(|| Reply::json(401, &json!({"error": "Couldn't authenticate you"})))
+        .core
+        .account(bearer(headers).as_deref())
+        .ok_or_else(invalid)
 }
 
 async fn create(
@@ -155,13 +146,13 @@ async fn create(
         Ok(ticket) => ticket,
         Err(reply) => return reply,
     };
-    let fault = shared.faults.take();
+    let fault = shared.core.take_fault();
     let slot = headers
         .get("idempotency-key")
         .and_then(|value| value.to_str().ok())
         .map(|key| (account.clone(), key.to_owned()));
     if let Some(slot) = &slot {
-        let now = elapsed_ms(shared.start);
+        let now = shared.core.now_ms();
         let retention_ms = shared.config.key_retention_ms;
         let request = Value::Object(ticket.clone()).to_string();
         let claim = shared.store.lock().expect("not poisoned").keys.claim(
