@@ -49,6 +49,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             closed
         }
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
+        BenchTarget::Startup(args) => crate::bench_startup::run(args).await,
         BenchTarget::Projections(args) => {
             let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let target = fresh_path("projections");
@@ -102,6 +103,11 @@ async fn store(args: BenchStoreArgs) -> Result<(), CliError> {
             "--operations must be between 1 and {MAX_OPERATIONS}"
         )));
     }
+    if args.open_per_mille > 1000 {
+        return Err(CliError::Other(
+            "--open-per-mille must be between 0 and 1000".into(),
+        ));
+    }
     if let Some(bad) = args
         .concurrency
         .iter()
@@ -122,7 +128,8 @@ async fn store(args: BenchStoreArgs) -> Result<(), CliError> {
     let ledger = Arc::new(open_ledger(&path).await?);
     for &concurrency in &args.concurrency {
         let before = ledger.store().commit_stats();
-        let measured = lifecycles(&ledger, concurrency, args.operations).await?;
+        let measured =
+            lifecycles(&ledger, concurrency, args.operations, args.open_per_mille).await?;
         let after = ledger.store().commit_stats();
         let per_commit = (after.appends - before.appends) as f64
             / (after.commits - before.commits).max(1) as f64;
@@ -154,6 +161,7 @@ async fn lifecycles(
     ledger: &Arc<SqliteLedger>,
     concurrency: u32,
     operations: u32,
+    open_per_mille: u32,
 ) -> Result<Measured, CliError> {
     let next = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
@@ -169,7 +177,11 @@ async fn lifecycles(
                     return Ok::<_, CliError>(latencies);
                 }
                 let begun = Instant::now();
-                lifecycle(&ledger, worker, index).await?;
+                if index % 1000 < open_per_mille {
+                    crate::bench_startup::leave_open(&ledger, worker, index).await?;
+                } else {
+                    lifecycle(&ledger, worker, index).await?;
+                }
                 latencies.push(begun.elapsed());
             }
         }));

@@ -277,6 +277,11 @@ pub enum BenchTarget {
     /// Rebuild the SQLite read models from position 0 of an existing ledger file into a fresh
     /// temporary file (removed afterwards); prints `bench=projection-rebuild …`.
     Projections(BenchReplayArgs),
+    /// `opledger serve --db FILE` from process start: to `/healthz` ready, to the first due
+    /// operation driven, and its peak RSS; prints `bench=startup events=… ready_ms=…
+    /// first_drive_ms=… max_rss_mb=…`. The read models beside the file are caught up first
+    /// (untimed): the measurement is a restart, not a first start.
+    Startup(BenchStartupArgs),
     /// The HTTP service end to end: record + execute against the CRM stand on loopback, at each
     /// concurrency; prints `bench=http concurrency=… operations=… ops_per_s=… p50_ms=… p99_ms=…`.
     /// Without --url it starts the stand and `opledger serve` itself on a fresh ledger file.
@@ -326,6 +331,27 @@ pub struct BenchStoreArgs {
     /// Where to put the benchmark's ledger (default: a fresh file in a temporary directory).
     #[arg(long)]
     pub db: Option<PathBuf>,
+    /// Operations per thousand left open instead of succeeding, in turn: a due send, an attempt
+    /// in flight (its lease runs out 30 s later), an unknown outcome due for a lookup, one
+    /// awaiting approval, one in review — for `bench startup`. They name the embedded default's
+    /// provider `crm` and account `demo`, so `opledger serve --db FILE` can drive them.
+    #[arg(long, default_value_t = 0)]
+    pub open_per_mille: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchStartupArgs {
+    /// The ledger to start on (written by `bench store`). The benchmark's drives append to it.
+    #[arg(long)]
+    pub db: PathBuf,
+    /// How long to keep the server running after its first drive before reading its peak
+    /// memory, in milliseconds.
+    #[arg(long, default_value_t = 2_000)]
+    pub settle_ms: u64,
+    /// Start another opledger build's `serve` instead of this one's (to measure before a
+    /// change). Its read models are left as they are: start it once first to catch them up.
+    #[arg(long)]
+    pub server_exe: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -21,7 +21,8 @@ pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
 const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
 const DEMO_ACCOUNT: &str = "demo";
 const DEMO_TENANT: &str = "demo";
-const DEMO_CRM_TOKEN: &str = "demo-crm-token";
+/// The CRM stand's token for the demo account (`bench store --open-per-mille` binds to it).
+pub const DEMO_CRM_TOKEN: &str = "demo-crm-token";
 
 /// `opledger serve`.
 pub async fn run(args: ServeArgs) -> Result<(), CliError> {

@@ -4,7 +4,8 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
+use opledger_domain::ids::StreamVersion;
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, MAX_READ_BATCH};
 use opledger_domain::verify::{Finding, Verifier};
 
 use crate::cli::{CliError, VerifyArgs};
@@ -45,6 +46,10 @@ async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
         let Some(last) = batch.last() else { break };
         start = LogStart::After(last.position);
         for event in &batch {
+            if verifier.needs_history(event) {
+                let earlier = earlier_events(store, event).await?;
+                verifier.seed(event, &earlier);
+            }
             for finding in verifier.check(event) {
                 found += 1;
                 if findings.len() < MAX_FINDINGS_SHOWN {
@@ -69,6 +74,29 @@ async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
 }
 
 /// Prints the walk's counts and the findings shown as JSON; with findings, also as the error.
+/// The stored events of `event`'s stream before its version: what the verifier needs for a
+/// stream it no longer tracks (its memory is bounded). One operation's stream is short.
+async fn earlier_events<S: EventStore>(
+    store: &S,
+    event: &RecordedEvent,
+) -> Result<Vec<RecordedEvent>, CliError> {
+    let mut earlier: Vec<RecordedEvent> = Vec::new();
+    let mut from = StreamVersion::FIRST;
+    while from < event.version {
+        let batch = store
+            .read_stream(&event.stream, from, MAX_READ_BATCH)
+            .await?;
+        let Some(last) = batch.last() else { break };
+        from = last.version.next();
+        earlier.extend(
+            batch
+                .into_iter()
+                .filter(|stored| stored.version < event.version),
+        );
+    }
+    Ok(earlier)
+}
+
 fn print_report_json(
     verifier: &Verifier,
     findings: &[Finding],

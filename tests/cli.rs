@@ -589,7 +589,17 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
         .collect();
     assert_eq!(
         presets,
-        ["crm-stand-keyed", "crm-stand-labelled", "crm-stand-plain"]
+        [
+            "attio",
+            "crm-stand-keyed",
+            "crm-stand-labelled",
+            "crm-stand-plain",
+            "hubspot",
+            "pipedrive",
+            "salesforce",
+            "stripe",
+            "zendesk"
+        ]
     );
 
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -32,7 +32,7 @@ use crate::provider::{
     operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
     SendRequest,
 };
-use crate::sentence::agent_sentence;
+use crate::sentence::described_sentence;
 use crate::state::{OperationState, Status};
 use crate::store::EventStore;
 
@@ -140,8 +140,9 @@ pub struct Report {
 }
 
 impl Report {
-    fn of(operation: LoadedOperation) -> Self {
-        let sentence = agent_sentence(&operation.state);
+    /// The report of `operation`, its sentence in the words of `description` (the action's).
+    fn of(operation: LoadedOperation, description: Option<&str>) -> Self {
+        let sentence = described_sentence(&operation.state, description);
         Self {
             operation,
             sentence,
@@ -258,7 +259,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 _ => break,
             };
         }
-        Ok(Report::of(loaded))
+        Ok(self.report(loaded))
     }
 
     /// Records that this engine's attempt of `operation_id` was cut off before its outcome was
@@ -328,6 +329,15 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         self.after_review(resolved, retry).await
     }
 
+    /// Where `operation` stands, said in its action's configured words.
+    fn report(&self, operation: LoadedOperation) -> Report {
+        let description = operation.state.intent.as_ref().and_then(|intent| {
+            self.providers
+                .action_description(&intent.provider, &intent.action)
+        });
+        Report::of(operation, description.as_deref())
+    }
+
     /// The contract the operation's action has as configured now, if it is bound.
     fn contract_of(&self, state: &OperationState) -> Option<ProviderCapabilities> {
         let intent = state.intent.as_ref()?;
@@ -346,7 +356,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         if retry {
             return self.drive_from(resolved).await;
         }
-        Ok(Report::of(resolved))
+        Ok(self.report(resolved))
     }
 
     /// Records an intent and, when it can be sent now, claims its first attempt in the same

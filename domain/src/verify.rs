@@ -2,7 +2,11 @@
 //! ledger's back, by stream and version.
 //!
 //! Pure: it is fed the log in position order and keeps, per stream, the last version and chain
-//! hash it saw (memory grows with the number of streams, not events). For each event it checks:
+//! hash it saw — for at most [`MAX_TRACKED_STREAMS`] streams, the most recently active ones, so
+//! its memory is bounded whatever the ledger's size. An event of a stream it no longer tracks
+//! (an operation decided long after it was recorded) needs that stream's earlier events: the
+//! caller reads them ([`Verifier::needs_history`]) and hands them over ([`Verifier::seed`]), and
+//! the event is judged exactly as if the stream had been tracked all along. For each event it checks:
 //! the version follows the stream's previous one (a gap is a removed event, a step back a
 //! moved one); the event id still binds this content to this version (ids are derived from
 //! operation, version and content, so a moved event names the version it belongs to); the chain
@@ -16,11 +20,18 @@ use std::fmt;
 use crate::chain;
 use crate::chain::ChainHash;
 use crate::codec;
-use crate::ids::{GlobalPosition, StreamVersion};
+use crate::ids::{GlobalPosition, OperationId, StreamVersion};
 use crate::store::{RecordedEvent, StreamName};
 
 /// How far around an event's version the verifier looks for the version its id belongs to.
 pub const MOVED_SEARCH_WINDOW: u64 = 64;
+/// Most streams whose last link the verifier keeps (under 100 bytes each with the map's own
+/// overhead: a few MiB). Operations
+/// are mostly recorded and settled within moments, so their events sit close together in the log
+/// and a stream is rarely needed again after this many others were active; one that is costs one
+/// read of its earlier events.
+pub const MAX_TRACKED_STREAMS: usize = 65_536;
+const _: () = assert!(MAX_TRACKED_STREAMS >= 2);
 
 /// What kind of tampering a finding shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,25 +86,119 @@ impl fmt::Display for Finding {
     }
 }
 
+/// What the verifier remembers of a stream: its last version, the stored chain hash of its last
+/// event, and when it was last active (in events checked), for forgetting the least active.
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    version: StreamVersion,
+    chain: Option<ChainHash>,
+    active_at: u64,
+}
+
+/// A tracked stream's key: an operation's stream by its id (16 bytes, no allocation: the
+/// verifier forgets and meets streams millions of times on a long log, and a heap string per
+/// entry left the allocator's memory growing with the log), any other stream by its name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum StreamKey {
+    Operation(OperationId),
+    Named(StreamName),
+}
+
+impl StreamKey {
+    fn of(stream: &StreamName) -> Self {
+        stream
+            .operation_id()
+            .map_or_else(|| Self::Named(stream.clone()), Self::Operation)
+    }
+}
+
 /// Checks a log fed to it in position order.
 #[derive(Debug)]
 pub struct Verifier {
-    streams: HashMap<StreamName, (StreamVersion, Option<ChainHash>)>,
+    streams: HashMap<StreamKey, Link>,
     last_position: Option<GlobalPosition>,
     contiguous_positions: bool,
     events: u64,
+    /// Streams whose first version was seen: the streams of an untampered log.
+    streams_started: u64,
+    /// Streams re-read because they were no longer tracked.
+    seeded: u64,
+    /// Most streams tracked at once ([`MAX_TRACKED_STREAMS`] unless a test says otherwise).
+    max_tracked: usize,
 }
 
 impl Verifier {
     /// A verifier; `contiguous_positions` when the store numbers its log 1, 2, 3… without gaps
     /// (SQLite does; KurrentDB's positions are byte offsets and do not).
     pub fn new(contiguous_positions: bool) -> Self {
+        Self::with_limit(contiguous_positions, MAX_TRACKED_STREAMS)
+    }
+
+    /// A verifier that tracks at most `max_tracked` streams (at least 2, at most
+    /// [`MAX_TRACKED_STREAMS`]): a small limit makes a short log take the paths of a long one.
+    pub fn with_limit(contiguous_positions: bool, max_tracked: usize) -> Self {
         Self {
+            max_tracked: max_tracked.clamp(2, MAX_TRACKED_STREAMS),
             streams: HashMap::new(),
             last_position: None,
             contiguous_positions,
             events: 0,
+            streams_started: 0,
+            seeded: 0,
         }
+    }
+
+    /// Streams tracked now (never more than the limit).
+    pub fn tracked_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether `event` belongs to a stream the verifier no longer tracks and is not its first:
+    /// then the caller must [`Verifier::seed`] the stream's earlier events before checking it.
+    pub fn needs_history(&self, event: &RecordedEvent) -> bool {
+        event.version > StreamVersion::FIRST
+            && !self.streams.contains_key(&StreamKey::of(&event.stream))
+    }
+
+    /// Remembers a stream from its stored events before `event` (those at earlier positions):
+    /// the link it would have had, had it been tracked all along. Their own checks were made
+    /// when the log passed them.
+    pub fn seed(&mut self, event: &RecordedEvent, stored: &[RecordedEvent]) {
+        let earlier = stored
+            .iter()
+            .filter(|earlier| earlier.stream == event.stream && earlier.position < event.position);
+        let Some(last) = earlier.clone().max_by_key(|earlier| earlier.position) else {
+            return;
+        };
+        let version = earlier
+            .map(|earlier| earlier.version)
+            .max()
+            .expect("a stream with a last event has a highest version");
+        self.seeded += 1;
+        self.remember(&event.stream, version, codec::chain_of(&last.metadata));
+    }
+
+    /// Streams re-read because they were no longer tracked, so far.
+    pub fn seeded_streams(&self) -> u64 {
+        self.seeded
+    }
+
+    /// Keeps `stream`'s link, forgetting the least active half of the streams first when the map
+    /// is full: those not active in the last `max_tracked / 2` events; at most that many remain,
+    /// so the map never holds more than the limit.
+    fn remember(&mut self, stream: &StreamName, version: StreamVersion, chain: Option<ChainHash>) {
+        let key = StreamKey::of(stream);
+        if self.streams.len() >= self.max_tracked && !self.streams.contains_key(&key) {
+            let horizon = self.events.saturating_sub((self.max_tracked / 2) as u64);
+            self.streams.retain(|_, link| link.active_at > horizon);
+        }
+        let link = Link {
+            version,
+            chain,
+            active_at: self.events,
+        };
+        self.streams.insert(key, link);
+        debug_assert!(self.streams.len() <= self.max_tracked);
     }
 
     /// Events checked so far.
@@ -101,9 +206,9 @@ impl Verifier {
         self.events
     }
 
-    /// Streams seen so far.
-    pub fn streams(&self) -> usize {
-        self.streams.len()
+    /// Streams seen so far (those whose first event was checked).
+    pub fn streams(&self) -> u64 {
+        self.streams_started
     }
 
     /// Checks the next event of the log.
@@ -115,11 +220,12 @@ impl Verifier {
         // Re-synchronise on what is stored, so the next event is judged on its own.
         let version = self
             .streams
-            .get(&event.stream)
-            .map_or(event.version, |(last, _)| (*last).max(event.version));
-        let stored_chain = codec::chain_of(&event.metadata);
-        self.streams
-            .insert(event.stream.clone(), (version, stored_chain));
+            .get(&StreamKey::of(&event.stream))
+            .map_or(event.version, |link| link.version.max(event.version));
+        if event.version == StreamVersion::FIRST {
+            self.streams_started += 1;
+        }
+        self.remember(&event.stream, version, codec::chain_of(&event.metadata));
         findings
     }
 
@@ -161,8 +267,8 @@ impl Verifier {
     /// Whether the event belongs where its stream has it: its content matches its id at its
     /// version, no version is missing or repeated, and its chain hash links to the previous one.
     fn check_in_stream(&self, event: &RecordedEvent) -> Option<Finding> {
-        let (expected_version, previous) = match self.streams.get(&event.stream) {
-            Some((last, chain)) => (last.next(), *chain),
+        let (expected_version, previous) = match self.streams.get(&StreamKey::of(&event.stream)) {
+            Some(link) => (link.version.next(), link.chain),
             None => (StreamVersion::FIRST, None),
         };
         if !content_belongs_at(event, event.version) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use opledger_crm_stand::FaultKind;
 use opledger_domain::ids::OperationId;
 use opledger_domain::state::Status;
-use opledger_runtime::workers::{WorkerConfig, Workers};
+use opledger_runtime::workers::WorkerConfig;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -156,16 +156,15 @@ async fn workers_drive_every_recorded_intent_to_exactly_one_task_and_shut_down_c
     let h = Harness::start().await;
     h.queue(Crm::Keyed.create_fault(FaultKind::DropResponse))
         .await;
-    let workers = Workers::spawn(
-        Arc::clone(&h.engine),
-        WorkerConfig {
+    let workers = h
+        .spawn_workers(WorkerConfig {
             max_concurrent: 4,
             idle_poll_ms: 20,
             redrive_pause_ms: 50,
             shutdown_grace_ms: 5_000,
             ..WorkerConfig::default()
-        },
-    );
+        })
+        .await;
     let mut intents = Vec::new();
     for n in 0..WORKER_OPERATIONS {
         let recorded = h
@@ -241,16 +240,15 @@ async fn a_send_cut_off_by_the_workers_shutdown_is_recorded_unknown_and_later_re
     let h = Harness::start().await;
     h.queue(Crm::Keyed.create_fault(FaultKind::LateResponse { delay_ms: 3_000 }))
         .await;
-    let workers = Workers::spawn(
-        Arc::clone(&h.engine),
-        WorkerConfig {
+    let workers = h
+        .spawn_workers(WorkerConfig {
             max_concurrent: 4,
             idle_poll_ms: 20,
             redrive_pause_ms: 50,
             shutdown_grace_ms: 100,
             ..WorkerConfig::default()
-        },
-    );
+        })
+        .await;
     let recorded = h.record(h.request(Crm::Keyed, Some("cut-off-1"))).await;
     let operation_id = recorded.intent().operation_id;
     // The CRM has applied it and holds its answer back: the send is in progress.
@@ -295,16 +293,15 @@ async fn an_execute_call_and_a_background_worker_on_one_unknown_operation_make_o
     h.first_attempt_left_unknown(intent.operation_id).await;
 
     // The background workers and an execute call, all on the one engine of this process.
-    let workers = Workers::spawn(
-        Arc::clone(&h.engine),
-        WorkerConfig {
+    let workers = h
+        .spawn_workers(WorkerConfig {
             max_concurrent: 4,
             idle_poll_ms: 20,
             redrive_pause_ms: 50,
             shutdown_grace_ms: 5_000,
             ..WorkerConfig::default()
-        },
-    );
+        })
+        .await;
     let together = Arc::new(Barrier::new(2));
     let mut drives = JoinSet::new();
     for _ in 0..2 {

@@ -49,6 +49,13 @@ async fn the_agents_sentence_says_not_confirmed_while_unknown_and_names_the_task
         "{}",
         found.sentence
     );
+    assert!(
+        found
+            .sentence
+            .contains("the request to create a task in account acct-1"),
+        "the sentence uses the action's description and names the account: {}",
+        found.sentence
+    );
     assert_eq!(h.objects_for(Crm::Labelled, intent).await, objects);
     assert_eq!(
         h.event_names(intent.operation_id).await,

@@ -43,7 +43,9 @@ use opledger_providers::{
     render_all, AccountSpec, Connector, Credentials, HttpProviders, Overrides,
     Shape as ProviderShape,
 };
+use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels, RunReport};
 use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_runtime::workers::{WorkerConfig, WorkerError, WorkerStats, Workers};
 use opledger_store::AnyStore;
 use opledger_store::{KurrentDbStore, SqliteStore};
 use serde_json::json;
@@ -532,10 +534,57 @@ impl Harness {
         ));
     }
 
+    /// Starts the background workers as `opledger serve` does: the read models beside the ledger,
+    /// fed by their runner from their checkpoint, and the workers reading their work queue.
+    pub async fn spawn_workers(&self, config: WorkerConfig) -> BackgroundWorkers {
+        let mut views = self.path.clone().into_os_string();
+        views.push(".views");
+        let read_models = ReadModels::open(PathBuf::from(views))
+            .await
+            .expect("the read models open");
+        let (stop_runner, stopped) = tokio::sync::oneshot::channel::<()>();
+        let store = self.engine.ledger().store().clone();
+        let feed = read_models.clone();
+        let runner = tokio::spawn(async move {
+            ReadModelRunner::new()
+                .run(&store, &feed, async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let workers = Workers::spawn(Arc::clone(&self.engine), read_models, config);
+        BackgroundWorkers {
+            workers,
+            stop_runner,
+            runner,
+        }
+    }
+
     /// Stops the ledger and the stand cleanly.
     pub async fn finish(self) {
         self.close_store().await;
         self.stand.shutdown().await;
+    }
+}
+
+/// The workers and the read-model runner feeding their work queue (see
+/// [`Harness::spawn_workers`]).
+pub struct BackgroundWorkers {
+    workers: Workers,
+    stop_runner: tokio::sync::oneshot::Sender<()>,
+    runner: tokio::task::JoinHandle<Result<RunReport, ReadModelError>>,
+}
+
+impl BackgroundWorkers {
+    /// Stops the workers (as [`Workers::shutdown`]), then the runner.
+    pub async fn shutdown(self) -> Result<WorkerStats, WorkerError> {
+        let stats = self.workers.shutdown().await;
+        let _ = self.stop_runner.send(());
+        self.runner
+            .await
+            .expect("the runner task")
+            .expect("the runner stops cleanly");
+        stats
     }
 }
 

@@ -66,6 +66,13 @@ pub use self::config::{Limits, Principal, ServeConfig, StoreUrl};
 use self::events::TenantCache;
 use self::metrics::RequestMetrics;
 
+/// How far behind the log the read models may be for the server to be ready, in positions
+/// (events for SQLite; byte offsets for KurrentDB): within it start-up catches them up before
+/// serving and `/healthz` answers ready; beyond it they catch up in the background, the server
+/// serves meanwhile, and `/healthz` answers 503 `catching_up`. Start-up never does work that
+/// grows with the history (issue 18); 10,000 events take well under a second to apply.
+pub const READY_LAG_POSITIONS: u64 = 10_000;
+
 /// The OpenAPI description of every route, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
 
@@ -204,6 +211,16 @@ enum Output {
     Stderr,
 }
 
+impl Output {
+    /// Prints one line of the service's own where it belongs.
+    fn line(self, line: &str) {
+        match self {
+            Self::Stdout => println!("{line}"),
+            Self::Stderr => eprintln!("{line}"),
+        }
+    }
+}
+
 /// The running service without its front (HTTP or stdio): the ledger, the engine and its
 /// workers, the read-model runner, and what every request shares.
 struct Service {
@@ -226,14 +243,7 @@ impl Service {
         let (ledger_name, read_models_path) = locations(&config);
         let store = open_store(&config.store).await?;
         let read_models = ReadModels::open(&read_models_path).await?;
-        render::catch_up_showing_progress(
-            &store,
-            &read_models,
-            None,
-            "catching up the read models",
-            false,
-        )
-        .await?;
+        catch_up_or_leave_to_runner(&store, &read_models, output).await?;
         let providers =
             HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
         let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
@@ -246,6 +256,7 @@ impl Service {
         let (stop, stopping) = watch::channel(false);
         let workers = Workers::spawn(
             Arc::clone(&engine),
+            read_models.clone(),
             WorkerConfig {
                 max_concurrent: config.workers,
                 send_delay_ms: config.worker_send_delay_ms,
@@ -306,6 +317,35 @@ impl Service {
         closed?;
         Ok(())
     }
+}
+
+/// Catches the read models up before serving when they are within [`READY_LAG_POSITIONS`] of
+/// the log; otherwise only checks they belong to this ledger and leaves the rest to the runner,
+/// so start-up does not grow with how far behind they are.
+async fn catch_up_or_leave_to_runner(
+    store: &ServeStore,
+    read_models: &ReadModels,
+    output: Output,
+) -> Result<(), ServeError> {
+    let lag = read_models.lag(store).await?;
+    if lag.positions <= READY_LAG_POSITIONS {
+        render::catch_up_showing_progress(
+            store,
+            read_models,
+            None,
+            "catching up the read models",
+            false,
+        )
+        .await?;
+    } else {
+        opledger_readmodel::check_ledger(store, read_models).await?;
+        let line = format!(
+            "opledger: the read models are {} positions behind the log; they catch up in the background (/healthz answers 503 catching_up until then)",
+            lag.positions
+        );
+        output.line(&line);
+    }
+    Ok(())
 }
 
 /// The ledger's name for the start line, and the read models' file. The read models are local to
@@ -470,14 +510,10 @@ fn report_shutdown(
                     "drives were still running at shutdown; their attempts were recorded as unknown and are reconciled at the next start"
                 );
             }
-            let line = format!(
+            output.line(&format!(
                 "opledger: stopped (workers drove {} time(s), {} still running at shutdown)",
                 stats.drives, stats.abandoned_at_shutdown
-            );
-            match output {
-                Output::Stdout => println!("{line}"),
-                Output::Stderr => eprintln!("{line}"),
-            }
+            ));
         }
         Err(error) => warn!(%error, "the workers had stopped with an error"),
     }

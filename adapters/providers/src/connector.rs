@@ -33,7 +33,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
-use crate::template::Context;
+use crate::template::{resolve_pointer, Context};
 
 /// Most requests one connector runs at once.
 pub const MAX_IN_FLIGHT_PER_PROVIDER: usize = 64;
@@ -188,7 +188,7 @@ impl Connector {
         }
         let settings = settings(document, &overrides, &mut problems);
         let accounts = accounts(document, &overrides.accounts, env, &mut problems);
-        let actions = compile(document, &mut problems);
+        let actions = compile(document, &settings, &mut problems);
         let client = http::build_client(request_ms, connect_ms)
             .map_err(|message| problems.add("client", message))
             .ok();
@@ -728,15 +728,26 @@ fn accounts(
 }
 
 /// Every action with its compiled schema and reading.
-fn compile(document: &Document, problems: &mut Problems) -> Vec<Compiled> {
+fn compile(
+    document: &Document,
+    settings: &BTreeMap<String, String>,
+    problems: &mut Problems,
+) -> Vec<Compiled> {
     let mut compiled = Vec::with_capacity(document.actions.len());
     for (index, action) in document.actions.iter().enumerate() {
+        let action = match with_settings(action, settings) {
+            Ok(action) => action,
+            Err(message) => {
+                problems.add(format!("actions[{index}].lookup"), message);
+                continue;
+            }
+        };
         match jsonschema::draft202012::new(&action.input) {
             Ok(validator) => compiled.push(Compiled {
-                action: action.clone(),
                 validator,
                 reading: Reading::new(document, &action.dedup),
-                capabilities: capabilities(action),
+                capabilities: capabilities(&action),
+                action,
             }),
             Err(error) => problems.add(
                 format!("actions[{index}].input"),
@@ -745,6 +756,21 @@ fn compile(document: &Document, problems: &mut Problems) -> Vec<Compiled> {
         }
     }
     compiled
+}
+
+/// `action` with the settings its search pointers name written in (the document kept them as
+/// written, checked against its defaults; the installation may have named another property).
+fn with_settings(action: &Action, settings: &BTreeMap<String, String>) -> Result<Action, String> {
+    let mut action = action.clone();
+    if let Lookup::Search(search) = &mut action.lookup {
+        for pointer in [&mut search.results, &mut search.id, &mut search.label_at]
+            .into_iter()
+            .chain(search.account_at.as_mut())
+        {
+            *pointer = resolve_pointer(pointer, settings)?;
+        }
+    }
+    Ok(action)
 }
 
 /// A header value of visible ASCII and spaces; `None` for anything a header cannot carry as it is.

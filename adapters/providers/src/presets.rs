@@ -1,12 +1,18 @@
 //! Connectors that ship with opledger, embedded in the binary.
 //!
-//! For now the three shapes of the CRM stand (the wire contract is in [`crate::contract`]); each
-//! is an ordinary connector document and runs through exactly the code path a user's file does.
-//! A preset leaves out what belongs to an installation (base URL, accounts), which the user gives
-//! as [`crate::Overrides`].
+//! The three shapes of the CRM stand (the wire contract is in [`crate::contract`]) and real APIs
+//! written from their public documentation (Attio, HubSpot, Pipedrive, Salesforce, Stripe, Zendesk; each file says which
+//! facts it relies on). Each is an ordinary connector document and runs through exactly the code
+//! path a user's file does. A preset leaves out what belongs to an installation (accounts, and
+//! the base URL where each customer has its own), which the user gives as [`crate::Overrides`].
 
 /// Every preset: its name, its file name and its text.
 const PRESETS: &[(&str, &str, &str)] = &[
+    (
+        "attio",
+        "attio.toml",
+        include_str!("../connectors/attio.toml"),
+    ),
     (
         "crm-stand-keyed",
         "crm-stand-keyed.toml",
@@ -21,6 +27,31 @@ const PRESETS: &[(&str, &str, &str)] = &[
         "crm-stand-plain",
         "crm-stand-plain.toml",
         include_str!("../connectors/crm-stand-plain.toml"),
+    ),
+    (
+        "hubspot",
+        "hubspot.toml",
+        include_str!("../connectors/hubspot.toml"),
+    ),
+    (
+        "pipedrive",
+        "pipedrive.toml",
+        include_str!("../connectors/pipedrive.toml"),
+    ),
+    (
+        "salesforce",
+        "salesforce.toml",
+        include_str!("../connectors/salesforce.toml"),
+    ),
+    (
+        "stripe",
+        "stripe.toml",
+        include_str!("../connectors/stripe.toml"),
+    ),
+    (
+        "zendesk",
+        "zendesk.toml",
+        include_str!("../connectors/zendesk.toml"),
     ),
 ];
 
@@ -90,13 +121,72 @@ mod tests {
                 panic!("{}", crate::error::render_all(&errors));
             });
             assert_eq!(document.id.as_str(), name);
-            assert!(
-                document.base_url.is_none(),
-                "the stand's address belongs to the installation"
-            );
-            assert!(document.action("create_task").is_some());
+            assert!(document.accounts.is_empty(), "accounts belong to the user");
+            if name.starts_with("crm-stand-") {
+                assert!(
+                    document.base_url.is_none(),
+                    "the stand's address belongs to the installation"
+                );
+                assert!(document.action("create_task").is_some());
+            }
         }
-        assert_eq!(preset("hubspot"), None);
+        assert_eq!(preset("zoho"), None);
+    }
+
+    #[test]
+    fn the_api_presets_carry_the_contracts_their_documentation_gives() {
+        let load = |name: &str| {
+            let (file, text) = preset(name).expect("a preset");
+            parse(file, text).expect("valid")
+        };
+        let stripe = load("stripe");
+        for action in &stripe.actions {
+            assert!(matches!(
+                action.dedup,
+                Dedup::IdempotencyKey {
+                    retention_s: 86_400,
+                    ..
+                }
+            ));
+        }
+        let customer = stripe.action("create_customer").expect("customers");
+        assert!(matches!(&customer.lookup, Lookup::Search(search) if search.lag_ms == 60_000));
+        let salesforce = load("salesforce");
+        assert!(
+            salesforce.base_url.is_none(),
+            "every org has its own domain"
+        );
+        for action in &salesforce.actions {
+            assert!(matches!(
+                action.dedup,
+                Dedup::UniqueLabel { conflict: Some(_) }
+            ));
+            assert!(matches!(action.lookup, Lookup::Consistent(_)));
+        }
+        let attio = load("attio");
+        assert!(matches!(attio.actions[0].dedup, Dedup::UniqueLabel { .. }));
+        let pipedrive = load("pipedrive");
+        let deal = pipedrive.action("create_deal").expect("deals");
+        assert!(matches!(&deal.lookup, Lookup::Search(search) if search.lag_ms == 30_000));
+        let activity = pipedrive.action("create_activity").expect("activities");
+        assert!(
+            matches!(activity.lookup, Lookup::None),
+            "activities are not searchable"
+        );
+        let zendesk = load("zendesk");
+        assert!(matches!(
+            zendesk.actions[0].dedup,
+            Dedup::IdempotencyKey {
+                retention_s: 7_200,
+                ..
+            }
+        ));
+        assert!(matches!(zendesk.actions[0].lookup, Lookup::Consistent(_)));
+        let hubspot = load("hubspot");
+        for action in &hubspot.actions {
+            assert!(matches!(action.dedup, Dedup::None));
+            assert!(matches!(&action.lookup, Lookup::Search(search) if search.lag_ms == 30_000));
+        }
     }
 
     #[test]

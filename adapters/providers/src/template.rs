@@ -284,6 +284,37 @@ fn is_field_name(text: &str) -> bool {
             .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'-'))
 }
 
+/// A JSON pointer that may name settings (`/properties/{{settings.label_property}}`), with each
+/// setting's value written in as one escaped reference token (`~` as `~0`, `/` as `~1`), so a
+/// property the user named `a/b` is still one step of the pointer. Only settings may appear: a
+/// pointer reads an answer, and an answer's shape cannot depend on the call's arguments.
+pub fn resolve_pointer(text: &str, settings: &BTreeMap<String, String>) -> Result<String, String> {
+    let template = Template::parse(text)?;
+    let mut out = String::new();
+    for part in &template.parts {
+        match part {
+            Part::Text(text) => out.push_str(text),
+            Part::Ref(Ref::Setting(name)) => {
+                let value = settings.get(name).ok_or_else(|| {
+                    let declared: Vec<&str> = settings.keys().map(String::as_str).collect();
+                    format!(
+                        "`{{{{settings.{name}}}}}` names no setting of this connector (declared: {}); declare it under [settings]",
+                        if declared.is_empty() { "none".to_owned() } else { declared.join(", ") }
+                    )
+                })?;
+                out.push_str(&value.replace('~', "~0").replace('/', "~1"));
+            }
+            Part::Ref(other) => {
+                return Err(format!(
+                    "`{other}` cannot be used in a JSON pointer; a pointer may name only settings, e.g. \"/properties/{{{{settings.label_property}}}}\""
+                ))
+            }
+        }
+    }
+    check_pointer(&out)?;
+    Ok(out)
+}
+
 /// Whether `text` may name a setting: lower-case letters, digits and `_`, starting with a letter.
 pub fn is_setting_name(text: &str) -> bool {
     text.bytes()
@@ -460,6 +491,34 @@ pub(crate) mod tests {
 
     pub(crate) fn settings() -> BTreeMap<String, String> {
         BTreeMap::from([("label_property".to_owned(), "opledger_label".to_owned())])
+    }
+
+    #[test]
+    fn a_pointer_names_a_setting_as_one_escaped_step() {
+        let mut settings = settings();
+        assert_eq!(
+            resolve_pointer("/properties/{{settings.label_property}}", &settings),
+            Ok("/properties/opledger_label".to_owned())
+        );
+        settings.insert("label_property".to_owned(), "odd/name~x".to_owned());
+        assert_eq!(
+            resolve_pointer("/properties/{{settings.label_property}}", &settings),
+            Ok("/properties/odd~1name~0x".to_owned())
+        );
+        assert_eq!(resolve_pointer("/id", &settings), Ok("/id".to_owned()));
+    }
+
+    #[test]
+    fn a_pointer_refuses_unknown_settings_and_anything_but_settings() {
+        let settings = settings();
+        let unknown = resolve_pointer("/properties/{{settings.nope}}", &settings)
+            .expect_err("an undeclared setting");
+        assert!(unknown.contains("declared: label_property"), "{unknown}");
+        let label = resolve_pointer("/{{label}}", &settings).expect_err("not a setting");
+        assert!(label.contains("only settings"), "{label}");
+        let broken = resolve_pointer("{{settings.label_property}}", &settings)
+            .expect_err("not a pointer once resolved");
+        assert!(broken.contains("starts with `/`"), "{broken}");
     }
 
     pub(crate) fn context<'a>(

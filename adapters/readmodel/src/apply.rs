@@ -17,7 +17,7 @@ use opledger_domain::ids::{
     AccountId, ActionName, AttemptId, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
     SourceId, StreamVersion, TenantId, WorkerId,
 };
-use opledger_domain::state::OperationState;
+use opledger_domain::state::{OperationState, Work};
 use opledger_domain::store::RecordedEvent;
 use opledger_projections::context::FoldError;
 use opledger_projections::duplicates::{self, DuplicateChange, SimilarIntent, SimilarIntentQuery};
@@ -386,6 +386,9 @@ pub(super) fn write_folded(
 pub(super) struct StoredOperation {
     row: OperationRow,
     state: String,
+    /// The operation's row in the work queue: when its next work falls due, and what it is
+    /// (`None`: it waits for a person or is settled, and has no row).
+    due: Option<(DateTime<Utc>, Work)>,
 }
 
 impl StoredOperation {
@@ -396,11 +399,118 @@ impl StoredOperation {
         in_file: bool,
     ) -> Result<(), ReadModelError> {
         if in_file {
-            update_operation(connection, &self.row, &self.state)
+            update_operation(connection, &self.row, &self.state)?;
         } else {
-            insert_operation(connection, &self.row, &self.state)
+            insert_operation(connection, &self.row, &self.state)?;
         }
+        write_work(
+            connection,
+            self.row.operation_id,
+            self.due,
+            self.row.stream_version,
+            in_file,
+        )
     }
+}
+
+/// Puts an operation's row in the work queue in line with its state: inserted or moved when it
+/// waits for the workers, removed when it no longer does (only a row already in the file can
+/// have one to remove).
+fn write_work(
+    connection: &Connection,
+    operation_id: OperationId,
+    due: Option<(DateTime<Utc>, Work)>,
+    version: StreamVersion,
+    in_file: bool,
+) -> Result<(), ReadModelError> {
+    let Some((due_at, work)) = due else {
+        if in_file {
+            connection
+                .prepare_cached("DELETE FROM work_queue WHERE operation_id = ?1")
+                .and_then(|mut statement| statement.execute([operation_id.to_string()]))
+                .map_err(|error| ReadModelError::sqlite("removing from the work queue", error))?;
+        }
+        return Ok(());
+    };
+    let version = sql::version(version)?;
+    connection
+        .prepare_cached(
+            "INSERT INTO work_queue (operation_id, due_at, work, stream_version)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (operation_id) DO UPDATE
+                 SET due_at = excluded.due_at, work = excluded.work,
+                     stream_version = excluded.stream_version",
+        )
+        .and_then(|mut statement| {
+            statement.execute(params![
+                operation_id.to_string(),
+                sql::time(due_at),
+                work_name(work),
+                version,
+            ])
+        })
+        .map_err(|error| ReadModelError::sqlite("writing the work queue", error))?;
+    Ok(())
+}
+
+/// The work queue's name for `work`.
+pub(super) fn work_name(work: Work) -> &'static str {
+    match work {
+        Work::Send => "send",
+        Work::Sweep => "sweep",
+        Work::Reconcile => "reconcile",
+    }
+}
+
+/// Where an operation stands in the work queue, from its folded state: settled operations and
+/// those waiting for a person have no work.
+fn due_of(state: &OperationState) -> Option<(DateTime<Utc>, Work)> {
+    if state.status.is_terminal() || state.intent.is_none() {
+        return None;
+    }
+    state.next_work()
+}
+
+/// Fills the work queue of a file from before schema version 3 from its stored states, inside the
+/// schema transaction. Only the operations in a state that can have work are read (the state
+/// index finds them), one row at a time, so memory does not grow with the file.
+pub(super) fn fill_work_queue(connection: &Connection) -> Result<(), ReadModelError> {
+    let mut statement = connection
+        .prepare(
+            "SELECT operation_id, folded_state, stream_version FROM operations
+             WHERE state = 'pending' OR state = 'in_flight' OR state = 'unknown'",
+        )
+        .map_err(|error| ReadModelError::sqlite("reading states for the work queue", error))?;
+    let mut rows = statement
+        .query([])
+        .map_err(|error| ReadModelError::sqlite("reading states for the work queue", error))?;
+    while let Some(row) = rows
+        .next()
+        .map_err(|error| ReadModelError::sqlite("reading states for the work queue", error))?
+    {
+        let read = |index| {
+            row.get::<_, String>(index)
+                .map_err(|error| ReadModelError::sqlite("reading a stored state", error))
+        };
+        let operation_id = sql::operation_from(&read(0)?)?;
+        let state: OperationState = serde_json::from_str(&read(1)?).map_err(|error| {
+            corrupt(format!(
+                "the stored state of operation {operation_id} cannot be read: {error}"
+            ))
+        })?;
+        let version = row
+            .get::<_, i64>(2)
+            .map_err(|error| ReadModelError::sqlite("reading a stored version", error))?;
+        let due = due_of(&state);
+        write_work(
+            connection,
+            operation_id,
+            due,
+            sql::version_from(version)?,
+            false,
+        )?;
+    }
+    Ok(())
 }
 
 /// Builds what [`write_folded`] writes.
@@ -419,12 +529,15 @@ pub(super) fn stored_operation(
             },
         },
     )?;
-    let state = serde_json::to_string(state).map_err(|error| {
-        corrupt(format!(
-            "the state of operation {operation_id} cannot be stored: {error}"
-        ))
-    })?;
-    Ok(StoredOperation { row, state })
+    Ok(StoredOperation {
+        row,
+        due: due_of(state),
+        state: serde_json::to_string(state).map_err(|error| {
+            corrupt(format!(
+                "the state of operation {operation_id} cannot be stored: {error}"
+            ))
+        })?,
+    })
 }
 
 /// The operation's folded state and the version of its last event, if any event was folded.

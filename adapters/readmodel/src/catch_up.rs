@@ -40,14 +40,7 @@ pub async fn catch_up<S: EventStore>(
         Some(target) => Some(target),
         None => store.head_position().await?,
     };
-    let first = store
-        .read_all(LogStart::Beginning, 1)
-        .await?
-        .first()
-        .map(|event| event.event_id);
-    read_models
-        .call(move |store| store.check_ledger_identity(first))
-        .await?;
+    check_ledger(store, read_models).await?;
     let mut checkpoint = read_models.checkpoint().await?;
     // Caught up to the head but past it: these read models describe another log.
     if head_requested && checkpoint > target {
@@ -89,6 +82,23 @@ pub async fn catch_up<S: EventStore>(
         progress(&report);
     }
     Ok(report)
+}
+
+/// Checks that `read_models` belong to `store`'s ledger (see
+/// [`super::ReadModelStore::check_ledger_identity`]), reading only the log's first event: what a
+/// start-up that leaves the catching up to the runner checks before serving.
+pub async fn check_ledger<S: EventStore>(
+    store: &S,
+    read_models: &ReadModels,
+) -> Result<(), ReadModelError> {
+    let first = store
+        .read_all(LogStart::Beginning, 1)
+        .await?
+        .first()
+        .map(|event| event.event_id);
+    read_models
+        .call(move |store| store.check_ledger_identity(first))
+        .await
 }
 
 /// How one table differs between two read-model files.

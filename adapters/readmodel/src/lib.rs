@@ -21,6 +21,7 @@
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
+//! - `work.rs`: the durable work queue the workers read (what is due, when);
 //! - `swap.rs`: the lock that lets `opledger replay` replace a read-model file nobody has open.
 
 mod apply;
@@ -31,6 +32,7 @@ mod runner;
 mod schema;
 mod sql;
 mod swap;
+mod work;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,7 +44,9 @@ use opledger_projections::context::FoldError;
 use rusqlite::{Connection, OptionalExtension};
 
 pub use apply::BatchOutcome;
-pub use catch_up::{catch_up, compare_files, is_read_model_file, CatchUpProgress, TableDifference};
+pub use catch_up::{
+    catch_up, check_ledger, compare_files, is_read_model_file, CatchUpProgress, TableDifference,
+};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, SharedExternalId,
@@ -59,8 +63,9 @@ pub use swap::{lock_path, replace_read_models};
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
 /// a table or the stored form of an operation's folded state changes. An addition that can be
 /// filled from what a file already holds is migrated in place when the file is opened (version
-/// 2 added the gauges); anything else would need a rebuild from the log, the source of truth.
-pub const SCHEMA_VERSION: i64 = 2;
+/// 2 added the gauges, version 3 the durable work queue); anything else would need a rebuild
+/// from the log, the source of truth.
+pub const SCHEMA_VERSION: i64 = 3;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
 pub const MAX_BATCH_EVENTS: usize = 4096;

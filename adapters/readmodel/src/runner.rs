@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tracing::{debug, info};
 
 use super::{BatchOutcome, ReadModelError, ReadModelStore, MAX_BATCH_EVENTS};
@@ -33,6 +33,8 @@ pub struct ReadModels {
     path: Arc<PathBuf>,
     /// Rung by a reader waiting for the read models to catch up: a lingering batch commits now.
     hurry: Arc<Notify>,
+    /// Counts committed batches, so the workers wake when the work queue may have changed.
+    pub(super) committed: Arc<watch::Sender<u64>>,
 }
 
 impl ReadModels {
@@ -51,6 +53,7 @@ impl ReadModels {
             store: Arc::new(Mutex::new(store)),
             path,
             hurry: Arc::new(Notify::new()),
+            committed: Arc::new(watch::channel(0).0),
         }
     }
 
@@ -89,7 +92,10 @@ impl ReadModels {
         &self,
         events: Vec<RecordedEvent>,
     ) -> Result<BatchOutcome, ReadModelError> {
-        self.call(move |store| store.apply_batch(&events)).await
+        let outcome = self.call(move |store| store.apply_batch(&events)).await?;
+        self.committed
+            .send_modify(|batches| *batches = batches.wrapping_add(1));
+        Ok(outcome)
     }
 
     /// How far the read models are behind `store`'s log.

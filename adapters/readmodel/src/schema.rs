@@ -166,6 +166,27 @@ const FILL_GAUGES_V2: &str = "
         ) HAVING count(*) > 0;
 ";
 
+/// What version 3 adds: the durable work queue, one row per operation that waits for the
+/// workers (a send once pending, a sweep once its lease runs out, a lookup once the next check is
+/// due), with when it falls due and the stream version it was computed at. The workers start
+/// from it instead of folding the log from position 0, so start-up and their memory do not grow
+/// with the history; an operation waiting for a person (approval, review) or settled has no row.
+/// `due_at` sorts as text in time order (`sql.rs`), so the index answers "what of each kind is
+/// due now" by a range scan per kind.
+const CREATE_TABLES_V3: &str = "
+    CREATE TABLE work_queue (
+        operation_id   TEXT    PRIMARY KEY,
+        due_at         TEXT    NOT NULL,
+        work           TEXT    NOT NULL CHECK (work = 'send' OR work = 'sweep' OR work = 'reconcile'),
+        stream_version INTEGER NOT NULL CHECK (stream_version >= 0)
+    ) STRICT;
+";
+
+/// The index of version 3: the work queue by due time.
+const CREATE_INDEXES_V3: &str = "
+    CREATE INDEX work_queue_by_due ON work_queue (work, due_at, operation_id);
+";
+
 /// The secondary indexes of version 1. Apart from the tables because a rebuild creates them
 /// after loading the rows: sorting once reads and writes each index page once, where keeping
 /// them in order row by row inserts on random pages once they outgrow the page cache. Their
@@ -184,7 +205,8 @@ const CREATE_INDEXES_V1: &str = "
 ";
 
 /// The tables of the current version; a file claiming it must have all of them.
-const TABLES: [&str; 10] = [
+const TABLES: [&str; 11] = [
+    "work_queue",
     "gauges",
     "checkpoint",
     "operations",
@@ -306,6 +328,7 @@ pub(super) fn create_for_rebuild(
 pub(super) fn create_indexes(connection: &Connection) -> Result<(), ReadModelError> {
     connection
         .execute_batch(CREATE_INDEXES_V1)
+        .and_then(|()| connection.execute_batch(CREATE_INDEXES_V3))
         .map_err(|error| ReadModelError::sqlite("creating the indexes", error))
 }
 
@@ -389,13 +412,14 @@ fn create_schema(
         transaction
             .execute_batch(CREATE_TABLES_V1)
             .and_then(|()| transaction.execute_batch(CREATE_TABLES_V2))
+            .and_then(|()| transaction.execute_batch(CREATE_TABLES_V3))
             .map_err(|error| ReadModelError::sqlite("creating the schema", error))?;
         if indexes == Indexes::Now {
-            transaction
-                .execute_batch(CREATE_INDEXES_V1)
-                .map_err(|error| ReadModelError::sqlite("creating the indexes", error))?;
+            create_indexes(&transaction)?;
         }
-    } else if found == 1 {
+        return finish_schema(transaction, found);
+    }
+    if found == 1 {
         // Additive: the new table, filled from the rows in the same transaction, so a file is
         // never seen at version 2 without its gauges.
         transaction
@@ -405,6 +429,21 @@ fn create_schema(
                 ReadModelError::sqlite("adding the gauges of schema version 2", error)
             })?;
     }
+    if found < 3 {
+        // Additive too, filled from the stored states in the same transaction.
+        transaction
+            .execute_batch(CREATE_TABLES_V3)
+            .and_then(|()| transaction.execute_batch(CREATE_INDEXES_V3))
+            .map_err(|error| {
+                ReadModelError::sqlite("adding the work queue of schema version 3", error)
+            })?;
+        super::apply::fill_work_queue(&transaction)?;
+    }
+    finish_schema(transaction, found)
+}
+
+/// Records the schema version (when it changed) and commits the schema transaction.
+fn finish_schema(transaction: rusqlite::Transaction<'_>, found: i64) -> Result<(), ReadModelError> {
     if found < SCHEMA_VERSION {
         transaction
             .pragma_update(None, "user_version", SCHEMA_VERSION)

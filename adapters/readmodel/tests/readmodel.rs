@@ -2048,7 +2048,7 @@ async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the
     );
     let path = fixture.read_models.path().to_path_buf();
     let dir = path.parent().expect("a directory").to_path_buf();
-    // What a version 1 file looks like: no gauges, version 1.
+    // What a version 1 file looks like: no gauges, no work queue, version 1.
     let rebuilt = dir.join("rebuilt.db");
     drop(
         rebuild(fixture.harness.store(), &rebuilt)
@@ -2059,7 +2059,7 @@ async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the
     std::fs::copy(&rebuilt, &old).expect("copy");
     let connection = Connection::open(&old).expect("open");
     connection
-        .execute_batch("DROP TABLE gauges; PRAGMA user_version = 1;")
+        .execute_batch("DROP TABLE gauges; DROP TABLE work_queue; PRAGMA user_version = 1;")
         .expect("back to version 1");
     drop(connection);
     let version_of = |path: &Path| -> i64 {

@@ -2,7 +2,8 @@
 //!
 //! - [`system`]: the wall clock and the operating system's secure random source, behind the
 //!   domain's `Clock` and `IdSource` ports.
-//! - [`workers`]: the in-process workers that follow the log into the work queue and drive every
+//! - [`work_source`]: the port to the durable work queue the workers read.
+//! - [`workers`]: the in-process workers that read the durable work queue and drive every
 //!   due operation (a send, a sweep of an expired lease, a lookup) through the engine, with
 //!   bounded concurrency and a clean shutdown.
 //!
@@ -10,4 +11,5 @@
 //! spoken to (the providers crate does); the workers only choose *when* to ask the engine.
 
 pub mod system;
+pub mod work_source;
 pub mod workers;

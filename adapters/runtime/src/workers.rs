@@ -1,18 +1,26 @@
-//! In-process workers: find due work through the work-queue projection and drive it with the
-//! engine, with bounded concurrency and a clean shutdown.
+//! In-process workers: find due work in the durable work queue and drive it with the engine,
+//! with bounded concurrency and a clean shutdown.
 //!
-//! One task follows the global log (catch-up, then live) into a [`WorkQueue`], dispatches every
-//! operation whose work is due (a send, a sweep of an expired lease, a lookup) to the engine, at
-//! most `max_concurrent` at a time and never the same operation twice at once. Shutdown stops
-//! dispatching and waits (bounded) for the drives in progress, so a send that was made is
-//! recorded; a drive cut off by the bound leaves its attempt in flight, which the next run sweeps
-//! to unknown and reconciles. It must never guess an outcome to finish faster.
+//! One task asks a [`WorkSource`] (the read models' work queue, fed from the log after their
+//! checkpoint) what is due now (a send, a sweep of an expired lease, a lookup), dispatches each
+//! due operation to the engine, at most `max_concurrent` at a time and never the same operation
+//! twice at once, and waits until the queue changes, a drive ends or the next work falls due.
+//! It keeps no copy of the queue: start-up reads nothing of the history, an operation's
+//! arguments are read from its stream when it is driven, and an operation waiting for a person
+//! costs no memory. What it remembers is bounded: the drives running (`max_concurrent`), the
+//! operations dispatched within the last redrive pause, and those set aside (below).
 //!
-//! An event the workers cannot decode (damaged on disk, or written by a newer opledger) must not
-//! stop the work of every other operation: it is logged with its position, stream and operation,
-//! counted ([`WorkerCounters::undecodable_events`]), and its operation is set aside — never driven
+//! Shutdown stops dispatching and waits (bounded) for the drives in progress, so a send that was
+//! made is recorded; a drive cut off by the bound leaves its attempt in flight, which the next run
+//! sweeps to unknown and reconciles. It must never guess an outcome to finish faster.
+//!
+//! An operation whose stream the engine cannot decode (damaged on disk, or written by a newer
+//! opledger) must not stop the work of every other operation: the failed drive is logged,
+//! counted ([`WorkerCounters::undecodable_events`]), and the operation is set aside — never driven
 //! again by this run, because its fold is missing an event and any send decided on it could be
-//! wrong. A person must look (`opledger verify`, `opledger trace <operation id>`).
+//! wrong. A person must look (`opledger verify`, `opledger trace <operation id>`). (The read
+//! models stop at such an event, so work recorded after it reaches the queue only once it is
+//! repaired; `/healthz` shows their lag growing.)
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,16 +29,16 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use opledger_domain::app::AppError;
-use opledger_domain::codec;
 use opledger_domain::engine::Engine;
-use opledger_domain::ids::OperationId;
+use opledger_domain::ids::{OperationId, StreamVersion};
 use opledger_domain::ports::{Clock, IdSource};
 use opledger_domain::provider::Providers;
-use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
-use opledger_projections::work_queue::WorkQueue;
+use opledger_domain::store::{EventStore, StoreError};
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
-use tracing::{debug, warn};
+use tracing::{debug, info_span, warn, Instrument};
+
+use crate::work_source::{DuePage, WorkSource};
 
 /// Drives run at once when nothing says otherwise: enough to hide a provider's latency, few
 /// enough that a slow provider is not flooded.
@@ -40,6 +48,11 @@ pub const MAX_CONCURRENT_LIMIT: usize = 1024;
 const _: () = assert!(0 < DEFAULT_MAX_CONCURRENT && DEFAULT_MAX_CONCURRENT <= MAX_CONCURRENT_LIMIT);
 /// The longest head start a caller may get before the workers take a send, in milliseconds.
 pub const MAX_SEND_DELAY_MS: u64 = 10 * 60 * 1000;
+/// Most due operations asked of the work queue at one look: room for the drives that may start
+/// plus those skipped because they run or ran moments ago, capped so one look stays a bounded
+/// read whatever the backlog.
+pub const MAX_DUE_PER_LOOK: usize = 4 * MAX_CONCURRENT_LIMIT;
+const _: () = assert!(MAX_CONCURRENT_LIMIT <= MAX_DUE_PER_LOOK);
 
 /// How the workers pace themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,7 +94,7 @@ pub struct WorkerStats {
     pub abandoned_at_shutdown: usize,
     /// Of those, attempts then recorded as unknown (the rest had no attempt of ours in flight).
     pub recorded_unknown_at_shutdown: usize,
-    /// Events of the log that could not be decoded and were skipped.
+    /// Operations whose stream could not be decoded when they were driven (one event each).
     pub undecodable_events: u64,
     /// Operations set aside because an event of theirs could not be decoded: not driven.
     pub set_aside_operations: usize,
@@ -94,7 +107,7 @@ pub struct WorkerCounters {
 }
 
 impl WorkerCounters {
-    /// Events of the log the workers could not decode and skipped, since they started.
+    /// Operations whose stream the workers could not decode (each set aside), since they started.
     pub fn undecodable_events(&self) -> u64 {
         self.undecodable_events.load(Ordering::Relaxed)
     }
@@ -117,13 +130,18 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts the workers for `engine`.
-    pub fn spawn<S, C, I, P>(engine: Arc<Engine<S, C, I, P>>, config: WorkerConfig) -> Self
+    /// Starts the workers for `engine`, finding due work in `queue`.
+    pub fn spawn<S, C, I, P, Q>(
+        engine: Arc<Engine<S, C, I, P>>,
+        queue: Q,
+        config: WorkerConfig,
+    ) -> Self
     where
         S: EventStore + 'static,
         C: Clock + 'static,
         I: IdSource + 'static,
         P: Providers + 'static,
+        Q: WorkSource,
     {
         let (stop, stopped) = watch::channel(false);
         let config = WorkerConfig {
@@ -131,7 +149,7 @@ impl Workers {
             ..config
         };
         let counters = WorkerCounters::default();
-        let task = tokio::spawn(run(engine, config, stopped, counters.clone()));
+        let task = tokio::spawn(run(engine, queue, config, stopped, counters.clone()));
         Self {
             stop,
             task,
@@ -156,8 +174,9 @@ impl Workers {
     }
 }
 
-async fn run<S, C, I, P>(
+async fn run<S, C, I, P, Q>(
     engine: Arc<Engine<S, C, I, P>>,
+    queue: Q,
     config: WorkerConfig,
     mut stopped: watch::Receiver<bool>,
     counters: WorkerCounters,
@@ -167,23 +186,22 @@ where
     C: Clock + 'static,
     I: IdSource + 'static,
     P: Providers + 'static,
+    Q: WorkSource,
 {
-    let mut subscription = engine
-        .ledger()
-        .store()
-        .subscribe_all(LogStart::Beginning)
-        .await?;
     let send_delay = i64::try_from(config.send_delay_ms.min(MAX_SEND_DELAY_MS)).unwrap_or(0);
-    let mut queue = WorkQueue::with_send_delay(chrono::Duration::milliseconds(send_delay));
-    let mut drives = Drives::default();
+    let send_delay = chrono::Duration::milliseconds(send_delay);
+    let mut changes = queue.changes();
+    // A source that can no longer say it changed is still polled every idle period.
+    let mut follow_changes = true;
+    let mut drives = Drives::new(counters, Duration::from_millis(config.redrive_pause_ms));
     let idle = Duration::from_millis(config.idle_poll_ms.max(1));
-    let redrive_pause = Duration::from_millis(config.redrive_pause_ms);
 
     loop {
         let now = engine.ledger().clock().now();
-        drives.dispatch_due(&engine, &queue, now, config.max_concurrent, redrive_pause);
-        let wait = queue
-            .next_due_at()
+        let next_due_at = drives
+            .dispatch_due(&engine, &queue, now, send_delay, config.max_concurrent)
+            .await;
+        let wait = next_due_at
             .and_then(|due_at| (due_at - now).to_std().ok())
             .map_or(idle, |until_due| until_due.min(idle));
 
@@ -192,10 +210,10 @@ where
         tokio::select! {
             biased;
             _ = stopped.changed() => break,
-            event = subscription.next() => drives.observe(&mut queue, &event?, &counters),
             Some(done) = drives.running.join_next(), if !drives.running.is_empty() => {
                 drives.finished(done);
             }
+            changed = changes.changed(), if follow_changes => follow_changes = changed.is_ok(),
             () = tokio::time::sleep(wait) => {}
         }
     }
@@ -204,7 +222,7 @@ where
         .shut_down(&engine, Duration::from_millis(config.shutdown_grace_ms))
         .await;
     let mut stats = drives.stats;
-    stats.undecodable_events = counters.undecodable_events();
+    stats.undecodable_events = drives.counters.undecodable_events();
     stats.set_aside_operations = drives.set_aside.len();
     Ok(stats)
 }
@@ -212,91 +230,145 @@ where
 /// What a drive task returns: its operation and how the drive ended.
 type DriveOutcome = (OperationId, Result<(), AppError>);
 
-/// The drives the workers started, and what they remember of each operation between events.
-#[derive(Default)]
+/// The drives the workers started, and the little they remember between looks at the queue.
 struct Drives {
     /// The drives in progress.
     running: JoinSet<DriveOutcome>,
     /// The operations being driven now: none is dispatched twice at once.
     busy: HashSet<OperationId>,
-    /// When each operation was last dispatched, so an unchanged one waits before it is driven
-    /// again.
-    last_driven: HashMap<OperationId, Instant>,
-    // Not bounded by a limit: it grows only by undecodable events, each one logged and counted,
-    // and forgetting one would let later events fold onto a state that misses an event.
+    /// Operations dispatched less than `redrive_pause` ago, with the version the queue showed
+    /// then. The queue lags the log, so right after a drive it may still offer the operation as
+    /// it was; the same version within the pause is skipped, a new version is driven at once.
+    /// Entries older than the pause are forgotten at every look, so this holds at most what was
+    /// dispatched within one pause.
+    last_driven: HashMap<OperationId, (Instant, StreamVersion)>,
+    /// How long an unchanged operation waits before it is driven again.
+    redrive_pause: Duration,
+    // Not bounded by a limit: it grows only by operations found undecodable, each one logged
+    // and counted, and forgetting one would let a drive decide on a fold that misses an event.
     set_aside: HashSet<OperationId>,
+    counters: WorkerCounters,
     stats: WorkerStats,
 }
 
 impl Drives {
-    /// Starts a drive for each due operation, up to `max_concurrent` in progress, skipping those
-    /// running now or dispatched less than `redrive_pause` ago.
-    fn dispatch_due<S, C, I, P>(
+    fn new(counters: WorkerCounters, redrive_pause: Duration) -> Self {
+        Self {
+            running: JoinSet::new(),
+            busy: HashSet::new(),
+            last_driven: HashMap::new(),
+            redrive_pause,
+            set_aside: HashSet::new(),
+            counters,
+            stats: WorkerStats::default(),
+        }
+    }
+
+    /// Starts a drive for each due operation in `queue`, up to `max_concurrent` in progress,
+    /// skipping those running now, set aside, or dispatched within the redrive pause at the
+    /// version the queue still shows; returns when the next work not offered falls due.
+    async fn dispatch_due<S, C, I, P, Q>(
         &mut self,
         engine: &Arc<Engine<S, C, I, P>>,
-        queue: &WorkQueue,
+        queue: &Q,
         now: DateTime<Utc>,
+        send_delay: chrono::Duration,
         max_concurrent: usize,
-        redrive_pause: Duration,
+    ) -> Option<DateTime<Utc>>
+    where
+        S: EventStore + 'static,
+        C: Clock + 'static,
+        I: IdSource + 'static,
+        P: Providers + 'static,
+        Q: WorkSource,
+    {
+        let pause = self.redrive_pause;
+        self.last_driven.retain(|_, (at, _)| at.elapsed() < pause);
+        let room = max_concurrent.saturating_sub(self.running.len());
+        if room == 0 {
+            return None;
+        }
+        // Ask for more than there is room for: some due operations are running or just ran.
+        let asked = (room + self.busy.len() + self.last_driven.len()).min(MAX_DUE_PER_LOOK);
+        let page: DuePage = match queue.due(now, send_delay, asked).await {
+            Ok(page) => page,
+            Err(error) => {
+                warn!(%error, "cannot read the work queue; looking again after the idle poll");
+                return None;
+            }
+        };
+        for item in page.due {
+            if self.running.len() >= max_concurrent {
+                break;
+            }
+            let operation_id = item.operation_id;
+            let unchanged = self
+                .last_driven
+                .get(&operation_id)
+                .is_some_and(|(_, version)| *version == item.version);
+            if unchanged
+                || self.busy.contains(&operation_id)
+                || self.set_aside.contains(&operation_id)
+            {
+                continue;
+            }
+            self.start(engine, operation_id, item.version, item.work);
+        }
+        page.next_due_at
+    }
+
+    /// Starts one drive of `operation_id`, in a span that names it.
+    fn start<S, C, I, P>(
+        &mut self,
+        engine: &Arc<Engine<S, C, I, P>>,
+        operation_id: OperationId,
+        version: StreamVersion,
+        work: opledger_domain::state::Work,
     ) where
         S: EventStore + 'static,
         C: Clock + 'static,
         I: IdSource + 'static,
         P: Providers + 'static,
     {
-        let room = max_concurrent.saturating_sub(self.running.len());
-        if room == 0 {
-            return;
-        }
-        // Ask for more than there is room for: some due operations are already running.
-        let asked = room + self.busy.len() + self.last_driven.len();
-        for (operation_id, work) in queue.due(now, asked) {
-            if self.running.len() >= max_concurrent {
-                break;
-            }
-            let recently = self
-                .last_driven
-                .get(&operation_id)
-                .is_some_and(|at| at.elapsed() < redrive_pause);
-            if self.busy.contains(&operation_id) || recently {
-                continue;
-            }
-            debug!(%operation_id, ?work, "dispatching");
-            self.busy.insert(operation_id);
-            self.last_driven.insert(operation_id, Instant::now());
-            self.stats.drives += 1;
-            let engine = Arc::clone(engine);
-            self.running
-                .spawn(async move { (operation_id, engine.drive(operation_id).await.map(drop)) });
-        }
+        debug!(%operation_id, ?work, "dispatching");
+        assert!(
+            self.busy.insert(operation_id),
+            "an operation is driven once at a time"
+        );
+        self.last_driven
+            .insert(operation_id, (Instant::now(), version));
+        self.stats.drives += 1;
+        let engine = Arc::clone(engine);
+        let span = info_span!("drive", %operation_id, ?work);
+        self.running.spawn(
+            async move { (operation_id, engine.drive(operation_id).await.map(drop)) }
+                .instrument(span),
+        );
     }
 
-    /// Folds an event of the log into the queue, unless its operation is set aside; one that
-    /// cannot be decoded sets its operation aside.
-    fn observe(
-        &mut self,
-        queue: &mut WorkQueue,
-        recorded: &RecordedEvent,
-        counters: &WorkerCounters,
-    ) {
-        let Some(operation_id) = recorded.stream.operation_id() else {
+    /// Frees a finished drive's operation and counts a failed drive: the queue offers it again,
+    /// unless its stream cannot be decoded, which sets it aside.
+    fn finished(&mut self, done: Result<DriveOutcome, JoinError>) {
+        let Ok((operation_id, result)) = done else {
             return;
         };
-        if self.set_aside.contains(&operation_id) {
-            return;
-        }
-        if !fold(queue, operation_id, recorded, counters) {
-            self.set_aside.insert(operation_id);
-        }
-        // Something changed: it may be driven again at once (unless set aside).
-        self.last_driven.remove(&operation_id);
-    }
-
-    /// Frees a finished drive's operation and counts a failed drive; the queue drives it again.
-    fn finished(&mut self, done: Result<DriveOutcome, JoinError>) {
-        if let Ok((operation_id, result)) = done {
-            self.busy.remove(&operation_id);
-            if let Err(error) = result {
+        self.busy.remove(&operation_id);
+        match result {
+            Ok(()) => {}
+            Err(AppError::Decode(error)) => {
+                self.stats.failed_drives += 1;
+                self.counters
+                    .undecodable_events
+                    .fetch_add(1, Ordering::Relaxed);
+                self.set_aside.insert(operation_id);
+                warn!(
+                    %operation_id,
+                    %error,
+                    "an event of this operation cannot be decoded; it is no longer driven: \
+                     a person must look (opledger verify; opledger trace <operation id>)"
+                );
+            }
+            Err(error) => {
                 self.stats.failed_drives += 1;
                 warn!(%operation_id, %error, "drive failed; the operation will be driven again");
             }
@@ -357,34 +429,5 @@ impl Drives {
             recorded_unknown = self.stats.recorded_unknown_at_shutdown,
             "shutdown grace ran out; attempts in progress were recorded as unknown"
         );
-    }
-}
-
-/// Folds `recorded`, an event of `operation_id`'s stream, into the queue; `false` when it cannot
-/// be decoded, after taking the operation out of the queue, counting and logging it.
-fn fold(
-    queue: &mut WorkQueue,
-    operation_id: OperationId,
-    recorded: &RecordedEvent,
-    counters: &WorkerCounters,
-) -> bool {
-    match codec::decode(recorded) {
-        Ok(event) => {
-            queue.apply(operation_id, &event);
-            true
-        }
-        Err(error) => {
-            queue.remove(operation_id);
-            counters.undecodable_events.fetch_add(1, Ordering::Relaxed);
-            warn!(
-                position = %recorded.position,
-                stream = %recorded.stream,
-                %operation_id,
-                %error,
-                "an event cannot be decoded; it is skipped and its operation is no longer driven: \
-                 a person must look (opledger verify; opledger trace <operation id>)"
-            );
-            false
-        }
     }
 }

@@ -359,10 +359,18 @@ async fn check_visible(
 async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let store = shared.engine.ledger().store();
     let lag = shared.read_models.lag(store).await?;
+    // Ready once the read models are near the log: far behind (a start after a long stop), the
+    // runner is still catching up and listings would be stale.
+    let ready = lag.positions <= crate::READY_LAG_POSITIONS;
+    let (code, status) = if ready {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "catching_up")
+    };
     Ok(json_reply(
-        StatusCode::OK,
+        code,
         &json!({
-            "status": "ok",
+            "status": status,
             "log_head": lag.head,
             "read_model_checkpoint": lag.checkpoint,
             // Events for SQLite; byte offsets in the log for KurrentDB.

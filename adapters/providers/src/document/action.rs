@@ -10,7 +10,9 @@ use reqwest::header::HeaderName;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::read::{header_name, one_line, optional_pointer, pointer, status, RESERVED_HEADERS};
+use super::read::{
+    header_name, one_line, optional_pointer, pointer, settings_pointer, status, RESERVED_HEADERS,
+};
 use super::tree::{self, Found, Node, Table};
 use super::{
     Action, ConsistentLookup, Dedup, Expect, IdSource, Lookup, LookupBy, RequestSpec, ResponseSpec,
@@ -897,10 +899,13 @@ fn search(
         true => status(table, "status", findings),
         false => Some(200),
     };
+    // A search's pointers may name settings: where a result carries the label depends on the
+    // property the user created for it (HubSpot: `/properties/<the property's name>`).
+    let settings = names.settings;
     let required_pointer = |key: &str, hint: &str, findings: &mut Findings<'_>| {
         table
             .required_string(key, hint, findings)
-            .and_then(|found| pointer(&found, findings))
+            .and_then(|found| settings_pointer(&found, settings, findings))
     };
     let results = required_pointer(
         "results",
@@ -913,10 +918,12 @@ fn search(
         findings,
     );
     let id = match table.string("id", findings) {
-        Some(found) => pointer(&found, findings),
+        Some(found) => settings_pointer(&found, settings, findings),
         None => (!table.has("id")).then(|| "/id".to_owned()),
     };
-    let account_at = optional_pointer(table, "account_at", findings);
+    let account_at = table
+        .string("account_at", findings)
+        .and_then(|found| settings_pointer(&found, settings, findings));
     if !table.has("lag_ms") {
         table.missing("lag_ms", "write how long the search index may lag behind a create, in milliseconds, e.g. lag_ms = 2000", findings);
     }

@@ -21,7 +21,7 @@ use super::{
 use crate::credentials::{Auth, Credentials, SecretSource};
 use crate::error::{ConnectorError, Findings};
 use crate::http::MAX_RETRY_AFTER_MS;
-use crate::template::{check_pointer, is_setting_name};
+use crate::template::{check_pointer, is_setting_name, resolve_pointer};
 
 const TOP_KEYS: &[&str] = &[
     "id",
@@ -253,6 +253,20 @@ pub(super) fn pointer(found: &Found<'_, &str>, findings: &mut Findings<'_>) -> O
         .map_err(|message| findings.add(Some(found.span), &found.field, message))
         .ok()
         .map(|()| found.value.to_owned())
+}
+
+/// A JSON pointer that may name settings (see [`resolve_pointer`]), checked with the document's
+/// own settings; the text is kept as written, and resolved again with the installation's settings
+/// when the connector is built.
+pub(super) fn settings_pointer(
+    found: &Found<'_, &str>,
+    settings: &BTreeMap<String, String>,
+    findings: &mut Findings<'_>,
+) -> Option<String> {
+    resolve_pointer(found.value, settings)
+        .map_err(|message| findings.add(Some(found.span), &found.field, message))
+        .ok()
+        .map(|_| found.value.to_owned())
 }
 
 /// The optional pointer under `key`.

@@ -267,6 +267,31 @@ fn a_search_lag_is_at_most_a_day_and_a_search_names_its_label_field() {
 }
 
 #[test]
+fn a_search_pointer_may_name_a_setting_but_only_a_declared_one() {
+    let text = with_search(
+        "label_at = \"/label\"",
+        "label_at = \"/properties/{{settings.label_property}}\"",
+    );
+    let document = parse("tasks.toml", &text)
+        .unwrap_or_else(|errors| panic!("{}", crate::error::render_all(&errors)));
+    let Lookup::Search(search) = &document.actions[1].lookup else {
+        panic!("a search lookup");
+    };
+    // Kept as written: the installation's settings are written in when the connector is built.
+    assert_eq!(search.label_at, "/properties/{{settings.label_property}}");
+    let text = with_search(
+        "label_at = \"/label\"",
+        "label_at = \"/properties/{{settings.label_prop}}\"",
+    );
+    assert_error(
+        &text,
+        "actions[1].lookup.label_at",
+        "label_at = \"/properties/",
+        "declared: label_property",
+    );
+}
+
+#[test]
 fn action_names_and_account_ids_are_unique() {
     let text = with_search("name = \"create_note\"", "name = \"create_task\"");
     assert_error(

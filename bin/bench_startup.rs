@@ -1,0 +1,226 @@
+//! `opledger bench startup --db FILE`: how long `opledger serve` takes from process start to
+//! `/healthz` ready and to its first due operation driven, and its peak memory (issue 18), on a
+//! ledger of any size written by `bench store --open-per-mille N`.
+//!
+//! The server is a child process (the same binary), so its peak RSS is its own. Its read models
+//! are caught up before it starts, untimed: what is measured is a restart. The first drive is
+//! seen as the log's head moving past where it was before the start (`/healthz` reports it);
+//! the benchmark's drives append to the ledger, so a second run finds less due work.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use opledger_domain::app::IntentRequest;
+use opledger_domain::app::LoadedOperation;
+use opledger_domain::command::Command as LedgerCommand;
+use opledger_domain::contract::{
+    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+};
+use opledger_domain::ids::WorkerId;
+use opledger_domain::ports::IdSource;
+use opledger_domain::store::EventStore;
+
+use crate::cli::{BenchStartupArgs, CliError};
+use crate::intent::SqliteLedger;
+
+/// How often the benchmark asks `/healthz`, in milliseconds.
+const POLL_MS: u64 = 5;
+/// The longest the benchmark waits for the server to be ready or to drive, in milliseconds.
+const MAX_WAIT_MS: u64 = 600_000;
+
+pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
+    let (events, head) = prepare(&args.db, args.server_exe.is_none()).await?;
+    let exe = match args.server_exe {
+        Some(exe) => exe,
+        None => std::env::current_exe()
+            .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?,
+    };
+    let listen = free_port()?;
+    let started = Instant::now();
+    let mut child = spawn_server(&exe, &args.db, listen)?;
+    let measured = measure(&mut child, listen, started, head, args.settle_ms).await;
+    stop(&mut child);
+    let (ready, first_drive, rss) = measured?;
+    println!(
+        "bench=startup events={events} ready_ms={} first_drive_ms={} max_rss_mb={}",
+        ready.as_millis(),
+        first_drive.map_or_else(|| "none".to_owned(), |at| at.as_millis().to_string()),
+        rss.map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
+    );
+    Ok(())
+}
+
+/// Catches the read models beside `db` up to its log (untimed; only when `catch_up`: another
+/// build's read models are its own) and returns the number of events and the log's head.
+async fn prepare(db: &Path, catch_up: bool) -> Result<(u64, Option<u64>), CliError> {
+    let ledger = crate::intent::open_for_reading(db).await?;
+    let head = ledger.store().head_position().await?;
+    if catch_up {
+        let mut views = db.as_os_str().to_owned();
+        views.push(".views");
+        let read_models =
+            opledger_readmodel::ReadModels::open(std::path::PathBuf::from(views)).await?;
+        eprintln!("# catching up the read models (untimed)");
+        opledger_readmodel::catch_up(ledger.store(), &read_models, head, |_| {}).await?;
+    }
+    crate::intent::close(&ledger).await?;
+    // SQLite positions are one per event, from 1.
+    let head = head.map(|position| position.value());
+    Ok((head.unwrap_or(0), head))
+}
+
+fn free_port() -> Result<SocketAddr, CliError> {
+    let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .map_err(|error| CliError::Other(format!("cannot find a free port: {error}")))?;
+    listener
+        .local_addr()
+        .map_err(|error| CliError::Other(format!("cannot find a free port: {error}")))
+}
+
+fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, CliError> {
+    Command::new(exe)
+        .arg("serve")
+        .arg("--db")
+        .arg(db)
+        .arg("--listen")
+        .arg(listen.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|error| CliError::Other(format!("cannot start the server: {error}")))
+}
+
+/// Time to ready, time to the first drive (`None` if nothing was due), and the child's peak RSS
+/// `settle_ms` after that.
+async fn measure(
+    child: &mut Child,
+    listen: SocketAddr,
+    started: Instant,
+    head: Option<u64>,
+    settle_ms: u64,
+) -> Result<(Duration, Option<Duration>, Option<f64>), CliError> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
+    let url = format!("http://{listen}/healthz");
+    let mut ready = None;
+    let mut first_drive = None;
+    while first_drive.is_none() {
+        if started.elapsed() > Duration::from_millis(MAX_WAIT_MS) {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(CliError::Other(format!("the server exited: {status}")));
+        }
+        if let Some((is_ready, log_head)) = health(&client, &url).await {
+            if is_ready && ready.is_none() {
+                ready = Some(started.elapsed());
+            }
+            if log_head > head && ready.is_some() {
+                first_drive = Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    let ready = ready.ok_or_else(|| CliError::Other("the server never became ready".into()))?;
+    tokio::time::sleep(Duration::from_millis(settle_ms)).await;
+    Ok((ready, first_drive, peak_rss_mb(child.id())))
+}
+
+/// Whether `/healthz` answers ready, and the log head it reports.
+async fn health(client: &reqwest::Client, url: &str) -> Option<(bool, Option<u64>)> {
+    let response = client.get(url).send().await.ok()?;
+    let ready = response.status().is_success();
+    let body: serde_json::Value = response.json().await.ok()?;
+    Some((ready, body["log_head"].as_u64()))
+}
+
+/// The peak resident set size of process `pid`, in MiB (Linux only).
+fn peak_rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Asks the server to stop (SIGTERM) and waits for it; kills it if that fails.
+fn stop(child: &mut Child) {
+    let asked = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !asked {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// One operation `bench store --open-per-mille` leaves open, by `index`: in turn a due send, an
+/// attempt in flight, an unknown outcome, one awaiting approval, one in review. Bound to the
+/// embedded default's `crm` provider and `demo` account, so `opledger serve` can drive them.
+pub async fn leave_open(
+    ledger: &SqliteLedger,
+    worker: u32,
+    index: u32,
+) -> Result<LoadedOperation, CliError> {
+    let fingerprint = opledger_providers::credentials::fingerprint_of(crate::serve::DEMO_CRM_TOKEN);
+    let kind = index % 5;
+    let recorded = ledger
+        .record_intent(IntentRequest {
+            tenant: "demo".into(),
+            owner: None,
+            provider: "crm".into(),
+            account: "demo".into(),
+            credential_fingerprint: fingerprint.as_str().into(),
+            action: "create_task".into(),
+            args: serde_json::json!({"title": format!("Open task {index}")}),
+            source_id: None,
+            requires_approval: kind == 3,
+        })
+        .await?;
+    if kind == 0 || kind == 3 {
+        return Ok(recorded.operation);
+    }
+    let intent = recorded.intent().clone();
+    let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
+    let start = LedgerCommand::StartAttempt {
+        attempt_id,
+        worker: WorkerId::new(format!("bench-{worker}"))?,
+        lease_ms: 30_000,
+        binding: SendBinding {
+            account: intent.account,
+            credential_fingerprint: intent.credential_fingerprint,
+            args_hash: intent.args_hash,
+        },
+        capabilities: ProviderCapabilities {
+            deduplication: Deduplication::IdempotencyKey {
+                retention_s: 86_400,
+                safety_margin_s: 3_600,
+            },
+            lookup: LookupSupport::Consistent,
+        },
+        policy: RetryPolicy::default(),
+    };
+    let mut loaded = ledger.execute_from(recorded.operation, &start).await?;
+    if kind == 1 {
+        return Ok(loaded);
+    }
+    let unknown = LedgerCommand::RecordUnknown {
+        attempt_id,
+        error: "read timed out".into(),
+        check_not_before: None,
+    };
+    loaded = ledger.execute_from(loaded, &unknown).await?;
+    if kind == 2 {
+        return Ok(loaded);
+    }
+    let review = LedgerCommand::RequireReview {
+        reason: "no evidence and no retry contract".into(),
+        evidence: "a lookup found nothing".into(),
+    };
+    Ok(ledger.execute_from(loaded, &review).await?)
+}
