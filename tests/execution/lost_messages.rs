@@ -442,3 +442,36 @@ async fn a_search_that_finds_two_tasks_with_the_operations_label_confirms_the_fi
     );
     h.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_that_asks_for_a_pause_is_not_looked_up_before_the_pause_ends() {
+    let h = Harness::start().await;
+    h.queue(Crm::Keyed.create_fault(FaultKind::ErrorAfterCommit {
+        status: 503,
+        retry_after_s: Some(30),
+    }))
+    .await;
+    let recorded = h.record(h.request(Crm::Keyed, Some("toolcall-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    let before = chrono::Utc::now();
+
+    let first = h.drive(operation_id).await;
+    assert_eq!(first.state().status, Status::Unknown);
+    let check = first
+        .state()
+        .next_check_not_before
+        .expect("the first lookup waits for the pause the provider asked for");
+    assert!(
+        check >= before + chrono::Duration::seconds(29),
+        "looked up at {check}, asked at {before} to wait 30 s"
+    );
+    // Driving again now finds nothing due: the provider is not asked while it recovers.
+    let again = h.drive(operation_id).await;
+    assert_eq!(again.state().status, Status::Unknown);
+    assert!(
+        h.lookups().await.is_empty(),
+        "no lookup inside the pause: {:?}",
+        h.lookups().await
+    );
+    h.finish().await;
+}

@@ -212,12 +212,18 @@ impl StandState {
                 self.complete(applied.ticket.as_ref());
                 Disposition::Drop
             }
-            FaultKind::ErrorAfterCommit { status } => {
+            FaultKind::ErrorAfterCommit {
+                status,
+                retry_after_s,
+            } => {
                 // The key is completed with the real answer, not the injected 5xx: the error
                 // happened after the provider's commit, so a retry with the key replays the task.
                 let applied = self.apply(account, op, now_ms);
                 self.complete(applied.ticket.as_ref());
-                Disposition::Respond(internal(status))
+                Disposition::Respond(Reply {
+                    retry_after: retry_after_s.map(|seconds| seconds.to_string()),
+                    ..internal(status)
+                })
             }
             FaultKind::LateResponse { delay_ms } => {
                 let applied = self.apply(account, op, now_ms);

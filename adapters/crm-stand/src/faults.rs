@@ -118,7 +118,13 @@ fn validate(fault: &Fault) -> Result<(), String> {
                 Ok(())
             }
         }
-        FaultKind::ErrorAfterCommit { status } | FaultKind::ErrorBeforeCommit { status } => {
+        FaultKind::ErrorAfterCommit {
+            retry_after_s: Some(retry_after_s),
+            ..
+        } if *retry_after_s > MAX_RETRY_AFTER_S => {
+            Err(format!("retry_after_s must be at most {MAX_RETRY_AFTER_S}"))
+        }
+        FaultKind::ErrorAfterCommit { status, .. } | FaultKind::ErrorBeforeCommit { status } => {
             if ERROR_STATUSES.contains(status) {
                 Ok(())
             } else {
@@ -189,7 +195,10 @@ mod tests {
     fn faults_that_cannot_be_carried_out_are_refused() {
         let mut q = FaultQueue::default();
         for fault in [
-            Fault::new(FaultKind::ErrorAfterCommit { status: 404 }),
+            Fault::new(FaultKind::ErrorAfterCommit {
+                status: 404,
+                retry_after_s: None,
+            }),
             Fault::new(FaultKind::DropRequest).times(0),
             Fault::new(FaultKind::LateResponse {
                 delay_ms: MAX_LATE_DELAY_MS + 1,

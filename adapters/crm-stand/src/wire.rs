@@ -40,8 +40,13 @@ pub enum FaultKind {
     DropResponse,
     /// Applied; the response is held for `delay_ms` of real time.
     LateResponse { delay_ms: u64 },
-    /// Applied; then `status` (500, 502 or 503) with error type `internal`.
-    ErrorAfterCommit { status: u16 },
+    /// Applied; then `status` (500, 502 or 503) with error type `internal`, and
+    /// `Retry-After: retry_after_s` when given (a provider asking for a pause while it recovers).
+    ErrorAfterCommit {
+        status: u16,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_s: Option<u64>,
+    },
     /// Not applied; `status` (500, 502 or 503) with error type `internal`.
     ErrorBeforeCommit { status: u16 },
     /// Not applied; 429 with `Retry-After` as seconds, or as an HTTP date that many seconds

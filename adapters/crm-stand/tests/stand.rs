@@ -498,8 +498,14 @@ async fn late_response_reaches_a_client_that_waits() {
 #[tokio::test]
 async fn error_after_commit_answers_the_status_but_the_task_exists() {
     let f = start().await;
-    f.queue(Fault::new(FaultKind::ErrorAfterCommit { status: 503 }).shape(Shape::Labelled))
-        .await;
+    f.queue(
+        Fault::new(FaultKind::ErrorAfterCommit {
+            status: 503,
+            retry_after_s: None,
+        })
+        .shape(Shape::Labelled),
+    )
+    .await;
     let failed = f.labelled_put("op-1", &task()).await;
     assert_eq!((failed.status, failed.error_type()), (503, "internal"));
     assert!(failed.header("request-id").is_some());
@@ -848,7 +854,10 @@ async fn admin_refuses_faults_it_cannot_carry_out() {
     let f = start().await;
     let error = f
         .admin
-        .queue_fault(&Fault::new(FaultKind::ErrorAfterCommit { status: 418 }))
+        .queue_fault(&Fault::new(FaultKind::ErrorAfterCommit {
+            status: 418,
+            retry_after_s: None,
+        }))
         .await
         .expect_err("418 is not a server error");
     assert!(error.to_string().contains("invalid_fault"), "{error}");

@@ -61,8 +61,8 @@
 //! - `late_response` `{"delay_ms": N}`: apply, hold the response for N ms (longer than the client
 //!   timeout), then send it (if the client is still there). While held, a keyed request with the
 //!   same key is "in flight" (409).
-//! - `error_after_commit` `{"status": 500|502|503}`: apply, then answer that status with
-//!   `{"error":{"type":"internal",...}}`.
+//! - `error_after_commit` `{"status": 500|502|503, "retry_after_s": N?}`: apply, then answer
+//!   that status with `{"error":{"type":"internal",...}}` (and `Retry-After: N` when given).
 //! - `error_before_commit` `{"status": 500|502|503}`: do not apply; answer that status.
 //! - `rate_limit` `{"retry_after_s": N}` or `{"retry_after_http_date": true, "retry_after_s": N}`:
 //!   answer 429 with `Retry-After: N` (seconds) or an HTTP date N s ahead (stand clock); not
