@@ -118,7 +118,11 @@ fn document_json(document: &Document) -> Value {
         "file": document.name,
         "description": document.description,
         "base_url": document.base_url,
-        "actions": document.actions.iter().map(|action| action_json(action, None)).collect::<Vec<_>>(),
+        "actions": document
+            .actions
+            .iter()
+            .map(|action| action_json(action, Some(declared_contract(action))))
+            .collect::<Vec<_>>(),
         "accounts": document.accounts.iter().map(|account| json!({
             "id": account.id,
             "tenants": account.tenants,
@@ -156,6 +160,36 @@ fn action_json(action: &Action, capabilities: Option<ProviderCapabilities>) -> V
     row
 }
 
+/// The contract an action declares, as the ledger reads it (the same mapping a built connector
+/// makes; a document needs no credentials for it).
+fn declared_contract(action: &Action) -> ProviderCapabilities {
+    use opledger_providers::document::{Dedup, Lookup};
+    let deduplication = match &action.dedup {
+        Dedup::IdempotencyKey {
+            retention_s,
+            safety_margin_s,
+            ..
+        } => Deduplication::IdempotencyKey {
+            retention_s: *retention_s,
+            safety_margin_s: *safety_margin_s,
+        },
+        Dedup::UniqueLabel { .. } => Deduplication::UniqueLabel,
+        Dedup::NaturallyIdempotent => Deduplication::NaturallyIdempotent,
+        Dedup::None => Deduplication::None,
+    };
+    let lookup = match &action.lookup {
+        Lookup::None => LookupSupport::None,
+        Lookup::Consistent(_) => LookupSupport::Consistent,
+        Lookup::Search(search) => LookupSupport::EventuallyConsistent {
+            lag_ms: search.lag_ms,
+        },
+    };
+    ProviderCapabilities {
+        deduplication,
+        lookup,
+    }
+}
+
 /// What the ledger may do after an unclear outcome of an action with this contract, in words.
 fn contract_words(capabilities: &ProviderCapabilities) -> String {
     let dedup = match capabilities.deduplication {
@@ -166,13 +200,9 @@ fn contract_words(capabilities: &ProviderCapabilities) -> String {
             "idempotency key kept {retention_s} s (retried within {} s)",
             retention_s.saturating_sub(safety_margin_s)
         ),
-        Deduplication::UniqueLabel => "unique label (retries are always safe)".to_owned(),
-        Deduplication::NaturallyIdempotent => {
-            "naturally idempotent (retries are always safe)".to_owned()
-        }
-        Deduplication::None => {
-            "no deduplication (after an unclear outcome: a lookup, else a person)".to_owned()
-        }
+        Deduplication::UniqueLabel => "unique label".to_owned(),
+        Deduplication::NaturallyIdempotent => "naturally idempotent".to_owned(),
+        Deduplication::None => "no deduplication".to_owned(),
     };
     let lookup = match capabilities.lookup {
         LookupSupport::None => "no lookup".to_owned(),
@@ -181,7 +211,20 @@ fn contract_words(capabilities: &ProviderCapabilities) -> String {
             format!("search lagging up to {lag_ms} ms")
         }
     };
-    format!("{dedup}; {lookup}")
+    // The ledger always looks up before it retries (design rule 8), where it can.
+    let after_unknown = match (capabilities.deduplication, capabilities.lookup) {
+        (Deduplication::None, LookupSupport::None) => "a person decides",
+        (Deduplication::None, _) => "a lookup, else a person",
+        (Deduplication::IdempotencyKey { .. }, LookupSupport::None) => {
+            "a retry with the same key inside the retention, else a person"
+        }
+        (Deduplication::IdempotencyKey { .. }, _) => {
+            "a lookup, then a retry with the same key inside the retention"
+        }
+        (_, LookupSupport::None) => "a safe retry",
+        _ => "a lookup, then a safe retry",
+    };
+    format!("{dedup}; {lookup}; after an unclear outcome: {after_unknown}")
 }
 
 fn print_document(row: &Value) {

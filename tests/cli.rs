@@ -601,6 +601,21 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
             "zendesk"
         ]
     );
+    // Each preset action says what the ledger does after an unclear outcome, from its contract.
+    let contract_of = |preset: &str, action: &str| -> String {
+        listed["connectors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["preset"] == preset)
+            .flat_map(|row| row["actions"].as_array().cloned().unwrap_or_default())
+            .find(|row| row["name"] == action)
+            .and_then(|row| row["contract"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    assert!(contract_of("pipedrive", "create_activity").ends_with("a person decides"));
+    assert!(contract_of("salesforce", "upsert_case").starts_with("unique label"));
+    assert!(contract_of("stripe", "create_customer").contains("retry with the same key"));
 
     let dir = tempfile::tempdir().expect("a temporary directory");
     let config = dir.path().join("serve.toml");
