@@ -121,7 +121,7 @@ fn document_json(document: &Document) -> Value {
         "actions": document
             .actions
             .iter()
-            .map(|action| action_json(action, Some(declared_contract(action))))
+            .map(|action| action_json(action, Some(action.capabilities())))
             .collect::<Vec<_>>(),
         "accounts": document.accounts.iter().map(|account| json!({
             "id": account.id,
@@ -158,36 +158,6 @@ fn action_json(action: &Action, capabilities: Option<ProviderCapabilities>) -> V
         row["contract"] = json!(contract_words(&capabilities));
     }
     row
-}
-
-/// The contract an action declares, as the ledger reads it (the same mapping a built connector
-/// makes; a document needs no credentials for it).
-fn declared_contract(action: &Action) -> ProviderCapabilities {
-    use opledger_providers::document::{Dedup, Lookup};
-    let deduplication = match &action.dedup {
-        Dedup::IdempotencyKey {
-            retention_s,
-            safety_margin_s,
-            ..
-        } => Deduplication::IdempotencyKey {
-            retention_s: *retention_s,
-            safety_margin_s: *safety_margin_s,
-        },
-        Dedup::UniqueLabel { .. } => Deduplication::UniqueLabel,
-        Dedup::NaturallyIdempotent => Deduplication::NaturallyIdempotent,
-        Dedup::None => Deduplication::None,
-    };
-    let lookup = match &action.lookup {
-        Lookup::None => LookupSupport::None,
-        Lookup::Consistent(_) => LookupSupport::Consistent,
-        Lookup::Search(search) => LookupSupport::EventuallyConsistent {
-            lag_ms: search.lag_ms,
-        },
-    };
-    ProviderCapabilities {
-        deduplication,
-        lookup,
-    }
 }
 
 /// What the ledger may do after an unclear outcome of an action with this contract, in words.

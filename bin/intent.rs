@@ -57,7 +57,7 @@ fn configured_fingerprint(
     json: &serde_json::Value,
 ) -> Result<String, CliError> {
     use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
-    use opledger_domain::provider::{BindingQuery, Providers, Unbound};
+    use opledger_domain::provider::{describe_arg_problems, BindingQuery, Providers};
 
     let loaded = opledger_http_api::config::load(config)
         .map_err(|error| CliError::Config(error.to_string()))?;
@@ -76,25 +76,16 @@ fn configured_fingerprint(
             action: &action,
         })
         .map_err(|unbound| {
-            let flag = match unbound {
-                Unbound::Provider { .. } => "--provider",
-                Unbound::Action { .. } => "--action",
-                Unbound::Account { .. } | Unbound::NotOwned { .. } => "--account",
-            };
-            ValidationError::new(flag, unbound.to_string())
+            ValidationError::new(format!("--{}", unbound.field()), unbound.to_string())
         })?;
     providers
         .check_args(&provider, &action, json)
         .map_err(|problems| {
-            let listed: Vec<String> = problems
-                .iter()
-                .map(|problem| format!("args{}: {}", problem.pointer, problem.message))
-                .collect();
             ValidationError::new(
                 "--args",
                 format!(
                     "do not fit the action's input schema: {}",
-                    listed.join("; ")
+                    describe_arg_problems(&problems)
                 ),
             )
         })?;

@@ -81,6 +81,17 @@ pub enum Unbound {
     },
 }
 
+impl Unbound {
+    /// The field of the request the refusal is about: `provider`, `action` or `account`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Provider { .. } => "provider",
+            Self::Action { .. } => "action",
+            Self::Account { .. } | Self::NotOwned { .. } => "account",
+        }
+    }
+}
+
 /// One way a call's arguments fail the action's input schema.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ArgProblem {
@@ -88,6 +99,15 @@ pub struct ArgProblem {
     pub pointer: String,
     /// What is wrong with it.
     pub message: String,
+}
+
+/// Every problem as `args/title: …`, joined with `; ` (for a message naming each field).
+pub fn describe_arg_problems(problems: &[ArgProblem]) -> String {
+    problems
+        .iter()
+        .map(|problem| format!("args{}: {}", problem.pointer, problem.message))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// One attempt to carry an operation out.

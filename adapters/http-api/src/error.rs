@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use opledger_domain::app::AppError;
 use opledger_domain::decider::Rejection;
 use opledger_domain::error::ValidationError;
-use opledger_domain::provider::ArgProblem;
+use opledger_domain::provider::{describe_arg_problems, ArgProblem};
 use opledger_domain::store::StoreError;
 use opledger_readmodel::ReadModelError;
 use serde_json::json;
@@ -62,16 +62,12 @@ impl ApiError {
     /// The call's arguments fail the action's input schema: a 422 naming every failing field
     /// (`args/title: …`), nothing written.
     pub fn invalid_args(problems: &[ArgProblem]) -> Self {
-        let listed: Vec<String> = problems
-            .iter()
-            .map(|problem| format!("args{}: {}", problem.pointer, problem.message))
-            .collect();
         let mut error = Self::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_input",
             format!(
                 "the arguments do not fit the action's input schema: {}; nothing was recorded",
-                listed.join("; ")
+                describe_arg_problems(problems)
             ),
         );
         error.fields = problems.to_vec();

@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::Utc;
-use opledger_domain::contract::{Deduplication, LookupSupport, ProviderCapabilities};
+use opledger_domain::contract::ProviderCapabilities;
 use opledger_domain::ids::{AccountId, ActionName, CredentialFingerprint, ProviderId, TenantId};
 use opledger_domain::provider::{
     ArgProblem, Binding, LookupOutcome, LookupRequest, SendOutcome, SendRequest, Unbound,
@@ -95,34 +95,6 @@ pub struct Connector {
     settings: BTreeMap<String, String>,
     request_timeout: Duration,
     permits: Semaphore,
-}
-
-/// What a domain deduplication contract an action's `[actions.dedup]` is.
-fn capabilities(action: &Action) -> ProviderCapabilities {
-    let deduplication = match &action.dedup {
-        Dedup::IdempotencyKey {
-            retention_s,
-            safety_margin_s,
-            ..
-        } => Deduplication::IdempotencyKey {
-            retention_s: *retention_s,
-            safety_margin_s: *safety_margin_s,
-        },
-        Dedup::UniqueLabel { .. } => Deduplication::UniqueLabel,
-        Dedup::NaturallyIdempotent => Deduplication::NaturallyIdempotent,
-        Dedup::None => Deduplication::None,
-    };
-    let lookup = match &action.lookup {
-        Lookup::None => LookupSupport::None,
-        Lookup::Consistent(_) => LookupSupport::Consistent,
-        Lookup::Search(search) => LookupSupport::EventuallyConsistent {
-            lag_ms: search.lag_ms,
-        },
-    };
-    ProviderCapabilities {
-        deduplication,
-        lookup,
-    }
 }
 
 /// Collects the problems of building one connector (no lines: they are about values given in
@@ -746,7 +718,7 @@ fn compile(
             Ok(validator) => compiled.push(Compiled {
                 validator,
                 reading: Reading::new(document, &action.dedup),
-                capabilities: capabilities(&action),
+                capabilities: action.capabilities(),
                 action,
             }),
             Err(error) => problems.add(
@@ -978,6 +950,7 @@ mod tests {
         keyed_document, labelled_document, lookup_request, plain_document, send_request,
     };
     use opledger_domain::args::ArgsSnapshot;
+    use opledger_domain::contract::{Deduplication, LookupSupport};
     use serde_json::json;
 
     fn acme() -> TenantId {
@@ -1192,7 +1165,7 @@ mod tests {
 
     #[test]
     fn each_dedup_and_lookup_maps_to_the_domains_contract() {
-        let contract = |document: Document| capabilities(&document.actions[0]);
+        let contract = |document: Document| document.actions[0].capabilities();
         assert_eq!(
             contract(keyed_document()),
             ProviderCapabilities {

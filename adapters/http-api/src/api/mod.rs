@@ -27,7 +27,7 @@ use opledger_domain::ids::{
     AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, IdempotencyKey, OperationId,
     OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
 };
-use opledger_domain::provider::{BindingQuery, Providers, Unbound};
+use opledger_domain::provider::{BindingQuery, Providers};
 use opledger_domain::sentence::described_sentence;
 use opledger_domain::state::Status;
 use opledger_domain::store::EventStore;

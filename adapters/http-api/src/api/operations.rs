@@ -293,12 +293,7 @@ fn configured_fingerprint(
         action: &action,
     };
     let bound = providers.bind(&query).map_err(|unbound| {
-        let field = match unbound {
-            Unbound::Provider { .. } => "provider",
-            Unbound::Action { .. } => "action",
-            Unbound::Account { .. } | Unbound::NotOwned { .. } => "account",
-        };
-        ApiError::invalid(ValidationError::new(field, unbound.to_string()))
+        ApiError::invalid(ValidationError::new(unbound.field(), unbound.to_string()))
     })?;
     providers
         .check_args(&provider, &action, &body.args)

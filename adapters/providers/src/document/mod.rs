@@ -124,6 +124,7 @@ mod tree;
 
 use std::collections::BTreeMap;
 
+use opledger_domain::contract::{Deduplication, LookupSupport, ProviderCapabilities};
 use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
 use reqwest::header::HeaderName;
 use reqwest::Method;
@@ -311,6 +312,37 @@ pub struct Action {
     pub dedup: Dedup,
     /// How an operation can be looked up.
     pub lookup: Lookup,
+}
+
+impl Action {
+    /// What the action promises the ledger: its `[actions.dedup]` and `[actions.lookup]` as the
+    /// domain's deduplication and lookup contract.
+    pub fn capabilities(&self) -> ProviderCapabilities {
+        let deduplication = match &self.dedup {
+            Dedup::IdempotencyKey {
+                retention_s,
+                safety_margin_s,
+                ..
+            } => Deduplication::IdempotencyKey {
+                retention_s: *retention_s,
+                safety_margin_s: *safety_margin_s,
+            },
+            Dedup::UniqueLabel { .. } => Deduplication::UniqueLabel,
+            Dedup::NaturallyIdempotent => Deduplication::NaturallyIdempotent,
+            Dedup::None => Deduplication::None,
+        };
+        let lookup = match &self.lookup {
+            Lookup::None => LookupSupport::None,
+            Lookup::Consistent(_) => LookupSupport::Consistent,
+            Lookup::Search(search) => LookupSupport::EventuallyConsistent {
+                lag_ms: search.lag_ms,
+            },
+        };
+        ProviderCapabilities {
+            deduplication,
+            lookup,
+        }
+    }
 }
 
 /// A request written with templates.
