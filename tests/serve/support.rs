@@ -166,13 +166,46 @@ token = "{ACCOUNT_TOKEN}"
         )
     }
 
+    /// A configuration for instance `n` of several sharing this harness's ledger (a KurrentDB
+    /// one): the harness's file with its own read-model file, and `replacements` applied to the
+    /// text (each `(from, to)` must occur). Start it with [`Harness::serve_with`].
+    pub fn instance_config(&self, n: usize, replacements: &[(&str, &str)]) -> PathBuf {
+        let mut text = std::fs::read_to_string(&self.config).expect("the configuration");
+        let views = self.dir.path().join("ledger.views");
+        let own = self.dir.path().join(format!("instance-{n}.views"));
+        let views_line = format!("views = \"{}\"", views.display());
+        assert!(text.contains(&views_line), "the views line is in the file");
+        text = text.replace(&views_line, &format!("views = \"{}\"", own.display()));
+        for (from, to) in replacements {
+            assert!(text.contains(from), "`{from}` is in the configuration");
+            text = text.replace(from, to);
+        }
+        let path = self.dir.path().join(format!("serve-{n}.toml"));
+        std::fs::write(&path, text).expect("instance configuration written");
+        path
+    }
+
+    /// Starts `opledger serve` on the configuration at `config`.
+    pub fn serve_with(&self, config: &Path) -> Server {
+        Server::start_with(
+            &["serve", "--config", &config.display().to_string()],
+            self.dir.path(),
+        )
+    }
+
     /// Queues `times` faults of `kind` for creates (POST) of the `shape` CRM at the stand.
     pub async fn fault(&self, shape: Shape, kind: FaultKind, times: u32) {
+        self.fault_on(shape, FaultMethod::Post, kind, times).await;
+    }
+
+    /// Queues `times` faults of `kind` for `method` requests of the `shape` CRM at the stand
+    /// (`Get`: its lookups).
+    pub async fn fault_on(&self, shape: Shape, method: FaultMethod, kind: FaultKind, times: u32) {
         self.admin
             .queue_fault(&Fault {
                 shape: Some(shape),
                 account: None,
-                method: Some(FaultMethod::Post),
+                method: Some(method),
                 kind,
                 times,
             })
@@ -423,6 +456,17 @@ impl Server {
             response,
             buffer: String::new(),
         }
+    }
+
+    /// The child's process id (its worker id is `serve-<pid>`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGKILL and waits for the process to be gone: no shutdown, no cleanup, as a crash.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL is sent");
+        self.child.wait().expect("the killed process is reaped");
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code and what it printed

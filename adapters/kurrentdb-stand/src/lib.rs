@@ -78,6 +78,8 @@ struct Shared {
     faults: Mutex<VecDeque<AppendFault>>,
     /// Connections dropped by a fault.
     dropped_by_fault: AtomicU64,
+    /// Appends refused because the stream was not at the expected revision.
+    version_conflicts: AtomicU64,
 }
 
 impl Shared {
@@ -195,6 +197,12 @@ impl KurrentDbStand {
     /// Connections the stand has dropped because a fault said so.
     pub fn connections_dropped_by_faults(&self) -> u64 {
         self.shared.dropped_by_fault.load(Ordering::Relaxed)
+    }
+
+    /// Appends refused because their stream was not at the revision they expected: how often
+    /// writers raced for one stream (several instances claiming one operation) and lost.
+    pub fn version_conflicts(&self) -> u64 {
+        self.shared.version_conflicts.load(Ordering::Relaxed)
     }
 
     /// How many records the log holds, system or not.

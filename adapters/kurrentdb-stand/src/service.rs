@@ -164,6 +164,11 @@ async fn append(
         ));
     }
     let result = shared.log().append(&stream, expected, events);
+    if matches!(result, AppendResult::WrongExpectedVersion { .. }) {
+        shared
+            .version_conflicts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     match fault {
         Some(AppendFault::DropConnectionAfterCommit) => {
             // The append is durable; the client must never hear so. Closing the connection
