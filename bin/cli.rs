@@ -66,6 +66,7 @@ pub enum Command {
     ///   approved      ApprovalGranted
     ///   started       AttemptStarted
     ///   not_sent      AttemptNotSent
+    ///   lookup_claimed  LookupClaimed (a worker looks the operation up; others leave it)
     ///   lookup        ReconciliationRecorded (not found, inconclusive, or found on an
     ///                 operation already succeeded: its duplicate follows as `duplicate`)
     ///   retry         RetryScheduled, ReviewResolved (retry)

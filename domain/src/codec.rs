@@ -11,8 +11,8 @@ use crate::chain::{self, ChainHash};
 use crate::event::{
     ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
     AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
-    OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled, ReviewRequired,
-    ReviewResolved,
+    LookupClaimed, OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled,
+    ReviewRequired, ReviewResolved,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
 use crate::store::{EventData, RecordedEvent};
@@ -115,6 +115,7 @@ event_codec!(
     ReviewResolved,
     LateResponseReceived,
     DuplicateDetected,
+    LookupClaimed,
 );
 
 /// Encodes the event that will sit at `version` of `operation`'s stream. Its id is derived from

@@ -105,6 +105,16 @@ pub enum Command {
         /// The attempt whose lease is checked.
         attempt_id: AttemptId,
     },
+    /// Claim the next lookup of an unknown operation for one worker, for `lease_ms`: the other
+    /// workers (other instances sharing the ledger) leave it alone until the lookup is recorded
+    /// or the lease runs out.
+    ClaimLookup {
+        /// The worker that will look it up.
+        worker: WorkerId,
+        /// How long the claim holds without a recorded lookup, in milliseconds (the range of an
+        /// attempt's lease: a lookup takes a provider request, as a send does).
+        lease_ms: u64,
+    },
     /// Record what a lookup at the provider found, and what follows from it.
     RecordReconciliation {
         /// What the lookup found.
@@ -165,6 +175,7 @@ impl Command {
             Self::RecordUnknown { .. } => "record_unknown",
             Self::RecordNotSent { .. } => "record_not_sent",
             Self::ExpireLease { .. } => "expire_lease",
+            Self::ClaimLookup { .. } => "claim_lookup",
             Self::RecordReconciliation { .. } => "record_reconciliation",
             Self::RequireReview { .. } => "require_review",
             Self::ResolveReview { .. } => "resolve_review",
@@ -186,6 +197,7 @@ pub fn user_name(name: &str) -> &str {
         "record_unknown" => "record an unknown outcome for",
         "record_not_sent" => "record an unsent attempt for",
         "expire_lease" => "expire the lease of",
+        "claim_lookup" => "claim a lookup of",
         "record_reconciliation" => "record a lookup for",
         "require_review" => "hand to a person",
         "resolve_review" => "resolve the review of",

@@ -12,6 +12,7 @@
 //! in_flight        --RecordRejection-----------------------> rejected (unknown after an unclear attempt)
 //! in_flight        --RecordUnknown / ExpireLease-----------> unknown
 //! in_flight        --RecordNotSent (provably nothing sent)-> pending (as claimed, budget counts)
+//! unknown          --ClaimLookup (due, no live claim)------> unknown (one worker looks it up)
 //! unknown          --RecordReconciliation: found-----------> succeeded
 //! unknown          --RecordReconciliation: none, contract--> pending (same key)
 //! unknown          --RecordReconciliation: may still show--> unknown (look again later)
@@ -39,6 +40,10 @@
 //! - a lookup saying the first request is still in progress at the provider keeps looking while
 //!   the lookup budget and the total time budget last, then goes to a person: a retry then would
 //!   be refused as in flight (spending the attempt budget) or race the first request;
+//! - a lookup is claimed before it is made (`LookupClaimed`, with a lease), so of several workers
+//!   sharing the ledger one looks each round up; a claim whose lease ran out may be taken over,
+//!   and a lookup recorded by anyone — the claimant or a worker it outlived — is evidence all the
+//!   same (the claim decides who asks the provider, never what its answer means);
 //! - a pending operation whose send became impossible while queued (the retry contract ran out,
 //!   rule 9: "re-checked right before each send"; the binding changed) goes to review.
 
@@ -49,12 +54,13 @@ use crate::command::{Command, MAX_NOTE_BYTES, MAX_PROVIDER_TEXT_BYTES, MAX_SCHED
 use crate::contract::{milliseconds, ContractViolation};
 use crate::error::ValidationError;
 use crate::event::{DuplicateDetected, IntentRecorded, OperationEvent};
-use crate::ids::{AccountId, AttemptId, ExternalObjectId};
+use crate::ids::{AccountId, AttemptId, ExternalObjectId, WorkerId};
 use crate::state::OperationState;
 
 mod approval;
 mod attempt;
 mod intent;
+mod lookup;
 mod outcome;
 mod reconciliation;
 mod review;
@@ -109,6 +115,14 @@ pub enum Rejection {
     #[error("the lease of the attempt runs until {lease_deadline}")]
     LeaseStillValid {
         /// When it runs out.
+        lease_deadline: DateTime<Utc>,
+    },
+    /// Another worker's claim on the operation's lookup has not run out.
+    #[error("{worker} is looking the operation up; its claim runs until {lease_deadline}")]
+    LookupClaimed {
+        /// The worker holding the claim.
+        worker: WorkerId,
+        /// When the claim runs out.
         lease_deadline: DateTime<Utc>,
     },
     /// A response names an attempt this operation never started.
@@ -180,6 +194,7 @@ fn dispatch(
             outcome::not_sent(&on, *attempt_id, reason, *retry_not_before),
         Command::RecordUnknown { attempt_id, error, check_not_before } => outcome::unknown(&on, *attempt_id, error, *check_not_before),
         Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
+        Command::ClaimLookup { worker, lease_ms } => lookup::claim(&on, worker, *lease_ms),
         Command::RecordReconciliation { result, duplicates, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
             reconciliation::record(&on, &reconciliation::Lookup { result, duplicates, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
         Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),

@@ -4,9 +4,12 @@
 //! conditional append; exactly one worker wins), its binding and retry contract are checked again
 //! right before the send, the attempt is sent with the operation's key, and what the provider
 //! said is recorded with another conditional append. An expired lease becomes unknown (it does
-//! not prove the request stopped). An unknown operation is looked up; evidence settles it, a valid
-//! retry contract schedules a retry of the same operation with the same key, anything else goes to
-//! a person. Every answer carries the one sentence the agent may say.
+//! not prove the request stopped). An unknown operation's lookup is claimed first (one more
+//! conditional append, with a lease: of several instances sharing the ledger exactly one asks the
+//! provider each round, and once a dead claimant's lease runs out another takes over), then it is
+//! looked up; evidence settles it, a valid retry contract schedules a retry of the same operation
+//! with the same key, anything else goes to a person. Every answer carries the one sentence the
+//! agent may say.
 //!
 //! Inside one process, one operation is driven by one caller at a time ([`driving`]): an execute
 //! call and a background worker that meet on one operation take turns, so one lookup or send is
@@ -16,7 +19,7 @@
 //! intent is bound to, and never decide on its own that an unclear attempt failed.
 
 use chrono::{DateTime, Utc};
-use tracing::{info, warn, Instrument};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedIntent};
 use crate::command::{
@@ -646,6 +649,10 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
+        let loaded = match self.claim_lookup(loaded).await? {
+            LookupTurn::Ours(claimed) => claimed,
+            LookupTurn::Elsewhere(current) => return Ok(current),
+        };
         let request = LookupRequest {
             operation_id,
             tenant: intent.tenant.clone(),
@@ -701,6 +708,38 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             in_progress,
         };
         self.record_reconciliation(loaded, &command, span).await
+    }
+
+    /// Claims the lookup of `loaded` for this engine's worker with one conditional append, so that
+    /// the other workers sharing the ledger (other instances) leave it alone until it is recorded
+    /// or the claim's lease runs out. Only an unknown operation is looked up, so a send that
+    /// succeeds never pays for this append.
+    async fn claim_lookup(&self, loaded: LoadedOperation) -> Result<LookupTurn, AppError> {
+        let operation_id = loaded.operation_id;
+        let command = Command::ClaimLookup {
+            worker: self.worker.clone(),
+            lease_ms: self.policy.lease_ms,
+        };
+        match self.ledger.execute_from(loaded, &command).await {
+            Ok(claimed) => {
+                debug!(%operation_id, worker = %self.worker, "lookup claimed");
+                Ok(LookupTurn::Ours(claimed))
+            }
+            // Another worker won the claim, or moved the operation on, or it is not due after
+            // all: its lookup is that worker's to make. Report where it stands, as a lost send
+            // claim does.
+            Err(AppError::Rejected {
+                rejection:
+                    Rejection::LookupClaimed { .. }
+                    | Rejection::NotAllowed { .. }
+                    | Rejection::NotYetDue { .. },
+                ..
+            }) => {
+                debug!(%operation_id, "the lookup is another worker's");
+                Ok(LookupTurn::Elsewhere(self.ledger.get(operation_id).await?))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Appends a lookup's result; evidence from another account goes to a person, and a lookup
@@ -779,6 +818,14 @@ enum ClaimPlan {
     Claim(Box<Command>),
     /// It cannot be sent as bound; a person must look (the reason).
     Review(String),
+}
+
+/// Who makes an unknown operation's next lookup, as its claim decided.
+enum LookupTurn {
+    /// This engine claimed it: the operation as claimed.
+    Ours(LoadedOperation),
+    /// Another worker holds it (or the operation moved on): the operation as it stands.
+    Elsewhere(LoadedOperation),
 }
 
 /// What a lookup's answer means for the ledger.

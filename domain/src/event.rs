@@ -167,6 +167,23 @@ pub struct LeaseExpired {
     pub at: DateTime<Utc>,
 }
 
+/// A worker claimed the next lookup of an unknown operation: until `lease_deadline` no other
+/// worker looks it up. Appended at the expected stream version, like a send's claim, so of
+/// several workers — several instances sharing one ledger — exactly one wins each round; a
+/// claim whose lease ran out (its worker died mid-lookup) may be taken over. The
+/// [`ReconciliationRecorded`] of the lookup ends the claim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupClaimed {
+    /// The worker that looks it up.
+    pub worker: WorkerId,
+    /// When the claim lapses if no lookup is recorded.
+    #[serde(with = "crate::timestamp")]
+    pub lease_deadline: DateTime<Utc>,
+    /// When it was claimed.
+    #[serde(with = "crate::timestamp")]
+    pub at: DateTime<Utc>,
+}
+
 /// What a lookup at the provider found.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -336,6 +353,8 @@ pub enum OperationEvent {
     AttemptNotSent(AttemptNotSent),
     /// See [`LeaseExpired`].
     LeaseExpired(LeaseExpired),
+    /// See [`LookupClaimed`].
+    LookupClaimed(LookupClaimed),
     /// See [`ReconciliationRecorded`].
     ReconciliationRecorded(ReconciliationRecorded),
     /// See [`RetryScheduled`].
@@ -363,6 +382,7 @@ impl OperationEvent {
             Self::OutcomeUnknown(e) => e.at,
             Self::AttemptNotSent(e) => e.at,
             Self::LeaseExpired(e) => e.at,
+            Self::LookupClaimed(e) => e.at,
             Self::ReconciliationRecorded(e) => e.at,
             Self::RetryScheduled(e) => e.at,
             Self::ReviewRequired(e) => e.at,

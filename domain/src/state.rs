@@ -143,6 +143,15 @@ pub struct AttemptInfo {
     pub claimed_from: PendingSince,
 }
 
+/// Who is looking an unknown operation up now (see [`crate::event::LookupClaimed`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupClaim {
+    /// The worker looking it up.
+    pub worker: WorkerId,
+    /// When the claim lapses if no lookup is recorded.
+    pub lease_deadline: DateTime<Utc>,
+}
+
 /// The state of one operation, folded from its stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperationState {
@@ -170,6 +179,10 @@ pub struct OperationState {
     pub reconciliations: u32,
     /// While unknown: the earliest time to look again.
     pub next_check_not_before: Option<DateTime<Utc>>,
+    /// While unknown: the worker that claimed the lookup in progress, until it is recorded.
+    /// (Absent from states serialised before lookups were claimed.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup_claim: Option<LookupClaim>,
     /// The latest error or refusal, for people.
     pub last_error: Option<String>,
     /// Why it needs review, when it does.
@@ -202,6 +215,7 @@ impl OperationState {
             uncertain_attempts: 0,
             reconciliations: 0,
             next_check_not_before: None,
+            lookup_claim: None,
             last_error: None,
             review_reason: None,
             duplicates: Vec::new(),
@@ -225,8 +239,10 @@ impl OperationState {
     }
 
     /// What work the operation waits for, and from when: a send once pending is due, a sweep
-    /// once the lease has run out, a lookup once the next check is due. `None` when only an
-    /// outside event (approval, review, a response) can move it.
+    /// once the lease has run out, a lookup once the next check is due and no other worker's
+    /// claim on it holds (a claimed lookup falls due again when its claim's lease runs out, for
+    /// another worker to take over). `None` when only an outside event (approval, review, a
+    /// response) can move it.
     pub fn next_work(&self) -> Option<(DateTime<Utc>, Work)> {
         let since = self.updated_at?;
         match &self.status {
@@ -235,7 +251,14 @@ impl OperationState {
                 .current_attempt
                 .as_ref()
                 .map(|attempt| (attempt.lease_deadline, Work::Sweep)),
-            Status::Unknown => Some((self.next_check_not_before.unwrap_or(since), Work::Reconcile)),
+            Status::Unknown => {
+                let check = self.next_check_not_before.unwrap_or(since);
+                let due = self
+                    .lookup_claim
+                    .as_ref()
+                    .map_or(check, |claim| check.max(claim.lease_deadline));
+                Some((due, Work::Reconcile))
+            }
             _ => None,
         }
     }
@@ -279,6 +302,7 @@ impl OperationState {
         }
         if status != Status::Unknown {
             self.next_check_not_before = None;
+            self.lookup_claim = None;
         }
         self.status = status;
     }
@@ -329,6 +353,14 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
         OperationEvent::AttemptNotSent(not_sent) => state.return_not_sent(not_sent),
         OperationEvent::LeaseExpired(expired) => {
             state.end_uncertain(format!("lease expired at {}", expired.lease_deadline));
+        }
+        OperationEvent::LookupClaimed(claimed) => {
+            if state.status == Status::Unknown {
+                state.lookup_claim = Some(LookupClaim {
+                    worker: claimed.worker.clone(),
+                    lease_deadline: claimed.lease_deadline,
+                });
+            }
         }
         OperationEvent::ReconciliationRecorded(reconciled) => state.reconcile(reconciled),
         OperationEvent::RetryScheduled(retry) => {
@@ -424,6 +456,8 @@ impl OperationState {
     }
 
     fn reconcile(&mut self, reconciled: &ReconciliationRecorded) {
+        // The lookup is recorded, whoever made it: the claim on it has served its purpose.
+        self.lookup_claim = None;
         if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
             self.succeed(external_id);
         } else if self.status == Status::Unknown {

@@ -133,6 +133,7 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChan
         OperationEvent::ApprovalGranted(_)
         | OperationEvent::ApprovalDenied(_)
         | OperationEvent::AttemptRejected(_)
+        | OperationEvent::LookupClaimed(_)
         | OperationEvent::OutcomeUnknown(_)
         | OperationEvent::AttemptNotSent(_)
         | OperationEvent::LeaseExpired(_)

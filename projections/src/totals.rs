@@ -59,6 +59,7 @@ impl Totals {
             OperationEvent::DuplicateDetected(_) => &mut self.duplicates,
             OperationEvent::ApprovalGranted(_)
             | OperationEvent::ApprovalDenied(_)
+            | OperationEvent::LookupClaimed(_)
             | OperationEvent::RetryScheduled(_) => return,
         };
         *counter += 1;

@@ -4,6 +4,7 @@
 mod contract;
 mod idempotency;
 mod inputs;
+mod instances;
 mod isolation;
 mod kurrentdb;
 mod lifecycle;

@@ -67,7 +67,7 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
 }
 
 /// The lease's range has one owner, shared with [`crate::engine::EnginePolicy::validate`].
-fn check_lease(lease_ms: u64) -> Result<(), ValidationError> {
+pub(super) fn check_lease(lease_ms: u64) -> Result<(), ValidationError> {
     Ok(OutOfRange::check(
         "lease_ms",
         lease_ms,
@@ -114,7 +114,10 @@ pub(super) fn check_attempt_limit(attempts: u32) -> Result<(), Rejection> {
     Ok(())
 }
 
-fn lease_deadline(now: DateTime<Utc>, lease_ms: u64) -> Result<DateTime<Utc>, ValidationError> {
+pub(super) fn lease_deadline(
+    now: DateTime<Utc>,
+    lease_ms: u64,
+) -> Result<DateTime<Utc>, ValidationError> {
     now.checked_add_signed(milliseconds(lease_ms))
         .ok_or_else(|| ValidationError::new("now", "is too close to the end of time for a lease"))
 }

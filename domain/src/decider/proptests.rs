@@ -39,6 +39,8 @@ enum Action {
     Reconcile(Option<u8>),
     /// A lookup saying the first request is still being processed.
     StillInProgress,
+    /// One of three workers claims the next lookup.
+    ClaimLookup(u8),
     RequireReview,
     Resolve(u8, u8),
 }
@@ -59,6 +61,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => which().prop_map(Action::Expire),
         3 => proptest::option::of(0..3_u8).prop_map(Action::Reconcile),
         1 => Just(Action::StillInProgress),
+        2 => (0..3_u8).prop_map(Action::ClaimLookup),
         1 => Just(Action::RequireReview),
         2 => (0..3_u8, 0..3_u8).prop_map(|(d, id)| Action::Resolve(d, id)),
     ]
@@ -159,6 +162,11 @@ fn command_for(
             next_check_not_before: now + Duration::seconds(5),
             in_progress: true,
         },
+        // A lease of 30 min against steps of up to 2 h: claims lapse in some cases, not in others.
+        Action::ClaimLookup(n) => Command::ClaimLookup {
+            worker: worker(&format!("serve-{n}")),
+            lease_ms: 30 * 60 * 1000,
+        },
         Action::RequireReview => Command::RequireReview {
             reason: "stuck".into(),
             evidence: String::new(),
@@ -239,6 +247,16 @@ impl Run {
                 before.status.name(),
                 event.type_name()
             );
+        }
+        // One lookup claim at a time: taken only while unknown, due, and no live claim holds.
+        if let OperationEvent::LookupClaimed(claimed) = event {
+            prop_assert_eq!(&before.status, &Status::Unknown);
+            prop_assert!(before
+                .lookup_claim
+                .as_ref()
+                .is_none_or(|held| held.lease_deadline <= now));
+            prop_assert!(before.next_check_not_before.is_none_or(|due| due <= now));
+            prop_assert!(claimed.lease_deadline > now);
         }
         // A refusal ends an operation only if no earlier attempt may have applied it.
         if let OperationEvent::AttemptRejected(_) = event {

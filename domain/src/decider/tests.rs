@@ -8,7 +8,7 @@ use crate::command::Command;
 use crate::contract::{ContractViolation, ProviderCapabilities};
 use crate::event::{OperationEvent, ReconciliationResult, ReviewDecision};
 use crate::ids::AccountId;
-use crate::state::Status;
+use crate::state::{Status, Work};
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
@@ -1288,4 +1288,144 @@ fn an_unknown_outcome_with_a_pause_asked_is_not_looked_up_before_it() {
     );
     let without = in_flight(lookup_only()).when(&unknown(1), at_s(10));
     assert_eq!(without.scenario.state().next_check_not_before, None);
+}
+
+// --- lookup claims ----------------------------------------------------------------------------
+
+/// `name` claims the lookup, with a lease of 5 s.
+fn claim_lookup(name: &str) -> Command {
+    Command::ClaimLookup {
+        worker: worker(name),
+        lease_ms: 5_000,
+    }
+}
+
+#[test]
+fn a_due_unknown_operation_is_claimed_for_a_lookup_and_is_not_due_again_until_the_lease_runs_out() {
+    let outcome = unknown_after_first_attempt(keyed()).when(&claim_lookup("serve-1"), at_s(20));
+    assert_eq!(outcome.then_types(), vec!["LookupClaimed"]);
+    assert_eq!(outcome.status(), "unknown");
+    let state = outcome.scenario.state();
+    assert_eq!(
+        state.lookup_claim.as_ref().map(|claim| &claim.worker),
+        Some(&worker("serve-1"))
+    );
+    assert_eq!(state.next_work(), Some((at_s(25), Work::Reconcile)));
+}
+
+#[test]
+fn a_second_worker_is_refused_the_lookup_while_the_first_ones_claim_holds() {
+    let claimed = unknown_after_first_attempt(keyed())
+        .when(&claim_lookup("serve-1"), at_s(20))
+        .scenario;
+    for claimant in ["serve-2", "serve-1"] {
+        let outcome = claimed.clone().when(&claim_lookup(claimant), at_s(24));
+        assert_eq!(
+            outcome.rejection(),
+            &Rejection::LookupClaimed {
+                worker: worker("serve-1"),
+                lease_deadline: at_s(25),
+            },
+            "{claimant} is refused: one lookup in flight at a time"
+        );
+    }
+}
+
+#[test]
+fn a_claim_whose_lease_ran_out_is_taken_over_by_another_worker() {
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&claim_lookup("serve-1"), at_s(20))
+        .and(&claim_lookup("serve-2"), at_s(25));
+    assert_eq!(outcome.then_types(), vec!["LookupClaimed"]);
+    let state = outcome.scenario.state();
+    assert_eq!(
+        state.lookup_claim.map(|claim| claim.worker),
+        Some(worker("serve-2"))
+    );
+}
+
+#[test]
+fn a_recorded_lookup_ends_the_claim_and_the_next_round_is_anyones() {
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&claim_lookup("serve-1"), at_s(11))
+        .and(&reconcile(not_found(), lookup_only(), at_s(12)), at_s(11));
+    assert_eq!(outcome.then_types(), vec!["ReconciliationRecorded"]);
+    let state = outcome.scenario.state();
+    assert_eq!(state.lookup_claim, None);
+    assert_eq!(state.next_work(), Some((at_s(12), Work::Reconcile)));
+    let next = outcome.scenario.when(&claim_lookup("serve-2"), at_s(12));
+    assert_eq!(next.then_types(), vec!["LookupClaimed"]);
+}
+
+#[test]
+fn a_lookup_recorded_by_a_worker_the_claim_did_not_name_is_evidence_all_the_same() {
+    // The claim decides who asks the provider, never what its answer means: the answer of a
+    // claimant whose lease ran out meanwhile still settles the operation.
+    let outcome = unknown_after_first_attempt(labelled())
+        .when(&claim_lookup("serve-1"), at_s(20))
+        .and(&claim_lookup("serve-2"), at_s(26))
+        .and(&reconcile(found("731"), labelled(), at_s(27)), at_s(27));
+    assert_eq!(outcome.status(), "succeeded");
+    assert_eq!(outcome.scenario.state().lookup_claim, None);
+}
+
+#[test]
+fn a_lookup_is_not_claimed_before_it_is_due_nor_for_an_operation_that_is_not_unknown() {
+    let outcome = in_flight(keyed()).when(&claim_lookup("serve-1"), at_s(1));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::NotAllowed {
+            command: "claim_lookup",
+            status: "in_flight"
+        }
+    );
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(
+            &reconcile(
+                ReconciliationResult::Inconclusive {
+                    reason: "503".into(),
+                },
+                lookup_only(),
+                at_s(30),
+            ),
+            at_s(20),
+        )
+        .and(&claim_lookup("serve-1"), at_s(21));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::NotYetDue {
+            not_before: at_s(30)
+        }
+    );
+}
+
+#[test]
+fn a_lookup_claim_with_a_lease_out_of_range_is_refused_naming_the_field() {
+    let outcome = unknown_after_first_attempt(keyed()).when(
+        &Command::ClaimLookup {
+            worker: worker("serve-1"),
+            lease_ms: 1,
+        },
+        at_s(20),
+    );
+    assert!(
+        matches!(outcome.rejection(), Rejection::Invalid(error) if error.field == "lease_ms"),
+        "{:?}",
+        outcome.rejection()
+    );
+}
+
+#[test]
+fn a_person_deciding_an_unknown_operation_ends_a_lookup_claim() {
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&claim_lookup("serve-1"), at_s(20))
+        .and(
+            &Command::RequireReview {
+                reason: "looks odd".into(),
+                evidence: String::new(),
+            },
+            at_s(21),
+        );
+    assert_eq!(outcome.status(), "needs_review");
+    assert_eq!(outcome.scenario.state().lookup_claim, None);
 }

@@ -21,7 +21,7 @@ impl OperationState {
     ///   attempted, and a rejected one was, with no attempt of unknown outcome before it;
     /// - the fields of a status exist only in it: why it is pending and when it may be sent again
     ///   only while pending, the review reason exactly while in review, when it fell into unknown
-    ///   while unknown and the next lookup's time only then;
+    ///   while unknown and the next lookup's time and a lookup's claim only then;
     /// - duplicates exist only beside a confirmed success (which has an external id by its type),
     ///   and are distinct from it and from each other.
     #[track_caller]
@@ -143,6 +143,10 @@ impl OperationState {
         assert!(
             unknown || self.next_check_not_before.is_none(),
             "a lookup time while {name}"
+        );
+        assert!(
+            unknown || self.lookup_claim.is_none(),
+            "a lookup claimed while {name}"
         );
     }
 

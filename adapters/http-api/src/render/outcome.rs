@@ -14,7 +14,7 @@ use serde_json::json;
 use super::{timeline, RenderError};
 
 /// Every friendly type `--type` accepts; see `opledger tail --help` for the events behind each.
-pub const TYPES: [&str; 14] = [
+pub const TYPES: [&str; 15] = [
     "succeeded",
     "unknown",
     "rejected",
@@ -26,6 +26,7 @@ pub const TYPES: [&str; 14] = [
     "approved",
     "started",
     "not_sent",
+    "lookup_claimed",
     "lookup",
     "retry",
     "late",
@@ -139,6 +140,7 @@ fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
         OperationEvent::AttemptRejected(_) => "rejected",
         OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => "unknown",
         OperationEvent::AttemptNotSent(_) => "not_sent",
+        OperationEvent::LookupClaimed(_) => "lookup_claimed",
         OperationEvent::ReconciliationRecorded(e) => match e.result {
             ReconciliationResult::Found { .. } => return None,
             _ => "lookup",

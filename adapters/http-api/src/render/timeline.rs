@@ -82,6 +82,9 @@ pub fn describe(event: &OperationEvent) -> String {
         OperationEvent::OutcomeUnknown(e) => format!("no outcome: {}", e.error),
         OperationEvent::AttemptNotSent(e) => format!("nothing applied: {}", e.reason),
         OperationEvent::LeaseExpired(e) => format!("lease of {} ran out", e.attempt_id),
+        OperationEvent::LookupClaimed(e) => {
+            format!("lookup claimed by {} until {}", e.worker, e.lease_deadline)
+        }
         OperationEvent::ReconciliationRecorded(e) => match &e.result {
             ReconciliationResult::Found {
                 external_id,
