@@ -649,7 +649,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
-        let loaded = match self.claim_lookup(loaded).await? {
+        let span = tracing::info_span!("lookup", %operation_id, provider = %intent.provider, account = %intent.account, worker = %self.worker);
+        let loaded = match self.claim_lookup(loaded).instrument(span.clone()).await? {
             LookupTurn::Ours(claimed) => claimed,
             LookupTurn::Elsewhere(current) => return Ok(current),
         };
@@ -662,7 +663,6 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             idempotency_key: intent.idempotency_key.clone(),
             label: operation_label(operation_id),
         };
-        let span = tracing::info_span!("lookup", %operation_id, provider = %intent.provider, account = %intent.account);
         let lookup = self
             .providers
             .lookup(&request)
@@ -722,7 +722,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         };
         match self.ledger.execute_from(loaded, &command).await {
             Ok(claimed) => {
-                debug!(%operation_id, worker = %self.worker, "lookup claimed");
+                info!("lookup claimed");
                 Ok(LookupTurn::Ours(claimed))
             }
             // Another worker won the claim, or moved the operation on, or it is not due after
@@ -735,7 +735,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     | Rejection::NotYetDue { .. },
                 ..
             }) => {
-                debug!(%operation_id, "the lookup is another worker's");
+                debug!("the lookup is another worker's");
                 Ok(LookupTurn::Elsewhere(self.ledger.get(operation_id).await?))
             }
             Err(error) => Err(error),

@@ -2,7 +2,8 @@
 //!
 //! A read model folded from the global log: for every operation not yet settled it keeps the
 //! folded state and the time its next piece of work is due (a send once pending, a sweep once a
-//! lease has run out, a lookup once the next check is due). Workers ask it what is due instead of
+//! lease has run out, a lookup once the next check is due and no worker's claim on it holds — a
+//! claimed lookup is due again when the claim's lease runs out, for another worker to take over). Workers ask it what is due instead of
 //! scanning the ledger. Settled operations (succeeded, rejected, denied, abandoned) leave it, so
 //! its size follows the open work, not the log.
 
@@ -109,7 +110,10 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
     use opledger_domain::args::ArgsSnapshot;
-    use opledger_domain::event::{AttemptStarted, AttemptSucceeded, IntentRecorded};
+    use opledger_domain::event::{
+        AttemptStarted, AttemptSucceeded, IntentRecorded, LookupClaimed, OutcomeUnknown,
+        ReconciliationRecorded, ReconciliationResult,
+    };
     use opledger_domain::ids::{
         AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
         ProviderId, TenantId, WorkerId,
@@ -149,6 +153,68 @@ mod tests {
         assert!(queue.due(at(1), 10).is_empty());
         assert_eq!(queue.next_due_at(), Some(at(2)));
         assert_eq!(queue.due(at(2), 10), vec![(operation, Work::Send)]);
+    }
+
+    #[test]
+    fn a_claimed_lookup_is_not_offered_until_its_claims_lease_runs_out_and_its_record_frees_it() {
+        let operation = OperationId::from_uuid(Uuid::from_u128(3));
+        let attempt = AttemptId::from_uuid(Uuid::from_u128(4));
+        let mut queue = WorkQueue::new();
+        queue.apply(operation, &intent(operation));
+        queue.apply(
+            operation,
+            &OperationEvent::AttemptStarted(AttemptStarted {
+                attempt_id: attempt,
+                attempt_number: 1,
+                worker: WorkerId::new("w").expect("valid"),
+                lease_deadline: at(30),
+                at: at(1),
+            }),
+        );
+        queue.apply(
+            operation,
+            &OperationEvent::OutcomeUnknown(OutcomeUnknown {
+                attempt_id: attempt,
+                error: "timeout".into(),
+                check_not_before: None,
+                at: at(2),
+            }),
+        );
+        assert_eq!(queue.due(at(2), 10), vec![(operation, Work::Reconcile)]);
+        queue.apply(
+            operation,
+            &OperationEvent::LookupClaimed(LookupClaimed {
+                worker: WorkerId::new("serve-1").expect("valid"),
+                lease_deadline: at(7),
+                at: at(2),
+            }),
+        );
+        assert!(
+            queue.due(at(6), 10).is_empty(),
+            "another worker is looking it up"
+        );
+        assert_eq!(queue.next_due_at(), Some(at(7)));
+        assert_eq!(
+            queue.due(at(7), 10),
+            vec![(operation, Work::Reconcile)],
+            "its claimant may have died: due for another worker"
+        );
+        queue.apply(
+            operation,
+            &OperationEvent::ReconciliationRecorded(ReconciliationRecorded {
+                result: ReconciliationResult::Inconclusive {
+                    reason: "503".into(),
+                },
+                evidence: String::new(),
+                next_check_not_before: Some(at(4)),
+                at: at(3),
+            }),
+        );
+        assert_eq!(
+            queue.due(at(4), 10),
+            vec![(operation, Work::Reconcile)],
+            "the next round is anyone's"
+        );
     }
 
     #[test]

@@ -214,6 +214,7 @@ async fn workers_drive_every_recorded_intent_to_exactly_one_task_and_shut_down_c
                 "IntentRecorded",
                 "AttemptStarted",
                 "OutcomeUnknown",
+                "LookupClaimed",
                 "ReconciliationRecorded",
             ]
         {

@@ -126,18 +126,19 @@ async fn a_key_past_its_retention_is_not_retried_even_when_the_lookup_finds_noth
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
             "ReviewRequired",
         ]
     );
     assert!(
         matches!(
-            &events[3],
+            &events[4],
             OperationEvent::ReconciliationRecorded(reconciled)
                 if reconciled.result == ReconciliationResult::NotFound { authoritative: true }
         ),
         "{:?}",
-        events[3]
+        events[4]
     );
     h.finish().await;
 }
@@ -180,6 +181,7 @@ async fn a_retry_scheduled_inside_the_key_retention_is_checked_again_before_it_i
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
             "RetryScheduled",
             "ReviewRequired",
@@ -187,7 +189,7 @@ async fn a_retry_scheduled_inside_the_key_retention_is_checked_again_before_it_i
     );
     // The retry was allowed when it was scheduled, and due only after the key's usable window.
     let (OperationEvent::AttemptStarted(started), OperationEvent::RetryScheduled(retry)) =
-        (&events[1], &events[4])
+        (&events[1], &events[5])
     else {
         panic!("{events:?}");
     };
@@ -268,6 +270,7 @@ async fn a_lookup_refused_for_revoked_credentials_goes_to_a_person_at_once_and_i
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReviewRequired"
         ]
     );

@@ -163,6 +163,7 @@ async fn a_worker_killed_after_the_crm_answered_leaves_an_attempt_that_reconcili
             "IntentRecorded",
             "AttemptStarted",
             "LeaseExpired",
+            "LookupClaimed",
             "ReconciliationRecorded",
         ]
     );

@@ -37,6 +37,7 @@ async fn a_request_that_never_arrived_is_retried_with_the_same_key_and_creates_o
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
             "RetryScheduled",
             "AttemptStarted",
@@ -53,12 +54,12 @@ async fn a_request_that_never_arrived_is_retried_with_the_same_key_and_creates_o
     let events = h.events(intent.operation_id).await;
     assert!(
         matches!(
-            &events[3],
+            &events[4],
             OperationEvent::ReconciliationRecorded(reconciled)
                 if reconciled.result == ReconciliationResult::NotFound { authoritative: true }
         ),
         "{:?}",
-        events[3]
+        events[4]
     );
     h.finish().await;
 }
@@ -88,6 +89,7 @@ async fn a_response_lost_after_the_crm_applied_the_task_is_settled_by_a_lookup_o
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
         ],
         "found by the lookup, never sent a second time"
@@ -154,7 +156,16 @@ async fn a_lookup_only_crm_with_a_lagging_index_keeps_the_operation_unknown_unti
         names[..3],
         ["IntentRecorded", "AttemptStarted", "OutcomeUnknown"]
     );
-    let lookups = &events[3..];
+    // Each lookup is claimed before it is made; the claims say who looked, not what was found.
+    let lookups: Vec<&OperationEvent> = events[3..]
+        .iter()
+        .filter(|event| !matches!(event, OperationEvent::LookupClaimed(_)))
+        .collect();
+    assert_eq!(
+        events.len() - 3,
+        2 * lookups.len(),
+        "one claim per lookup: {names:?}"
+    );
     assert!(
         lookups.len() >= 5,
         "at least four empty searches and the one that found it: {names:?}"
@@ -212,6 +223,7 @@ async fn a_late_success_after_reconciliation_changes_nothing_and_a_different_lat
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
         ]
     );
@@ -372,7 +384,9 @@ async fn a_request_still_in_progress_when_the_lookup_budget_runs_out_goes_to_a_p
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
+            "LookupClaimed",
             "ReconciliationRecorded",
             "ReviewRequired",
         ]

@@ -63,7 +63,9 @@ async fn the_agents_sentence_says_not_confirmed_while_unknown_and_names_the_task
             "IntentRecorded",
             "AttemptStarted",
             "OutcomeUnknown",
+            "LookupClaimed",
             "ReconciliationRecorded",
+            "LookupClaimed",
             "ReconciliationRecorded",
         ]
     );

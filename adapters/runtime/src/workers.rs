@@ -10,6 +10,12 @@
 //! costs no memory. What it remembers is bounded: the drives running (`max_concurrent`), the
 //! operations dispatched within the last redrive pause, and those set aside (below).
 //!
+//! Several instances sharing one ledger (KurrentDB) each run these workers over their own read
+//! models, so each sees every due operation. Nothing here shares the work out: the engine claims
+//! every send and every lookup with a conditional append, so one instance wins each and the
+//! others' drives find the operation claimed and end. A claimed lookup leaves the queue until its
+//! claim's lease runs out, which is when another instance takes over from one that died.
+//!
 //! Shutdown stops dispatching and waits (bounded) for the drives in progress, so a send that was
 //! made is recorded; a drive cut off by the bound leaves its attempt in flight, which the next run
 //! sweeps to unknown and reconciles. It must never guess an outcome to finish faster.
