@@ -267,3 +267,122 @@ async fn a_killed_instances_claimed_lookups_are_taken_over_once_their_lease_runs
     );
     assert_eq!(harness.objects().await.len(), OPERATIONS);
 }
+
+/// The worker named by the operation's first `AttemptStarted`, once there is one.
+async fn sender_of(server: &Server, operation_id: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let body = history(server, operation_id).await;
+        let sender = body["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .find(|event| event["type"] == "AttemptStarted")
+            .map(|event| {
+                event["data"]["worker"]
+                    .as_str()
+                    .expect("a worker")
+                    .to_owned()
+            });
+        if let Some(worker) = sender {
+            return worker;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "operation {operation_id} was never claimed for a send: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instances_send_in_flight_is_swept_and_looked_up_once_by_the_others() {
+    /// The harness's engine lease (`lease_ms`): how long the dead sender's claim holds.
+    const LEASE_MS: u64 = 5_000;
+    /// The survivors' next look at their queue, the sweep, the lookup's claim and the lookup.
+    const PICKUP_MARGIN_MS: u64 = 3_000;
+    let kurrentdb = KurrentDbStand::start()
+        .await
+        .expect("the KurrentDB stand starts");
+    let harness = Harness::with_store("", Some(kurrentdb.connection_string())).await;
+    let mut servers = start_instances(&harness);
+    // The create is applied at once and its answer held past the request timeout (2 s): the
+    // window in which the sender is killed, its attempt in flight. The plain CRM has no key, so
+    // only a search (its lag long past by then) can tell what happened.
+    harness
+        .fault(
+            Shape::Plain,
+            FaultKind::LateResponse { delay_ms: 30_000 },
+            1,
+        )
+        .await;
+    let (status, recorded) = servers[1]
+        .record(TENANT_A_TOKEN, "crm-plain", "sent by the dead", None)
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    let sender = sender_of(&servers[0], &id).await;
+    let started = Instant::now();
+    while !harness
+        .admin
+        .requests()
+        .await
+        .expect("the request log")
+        .iter()
+        .any(|request| request.method == "POST")
+    {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the send never reached the CRM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let victim = servers
+        .iter()
+        .position(|server| format!("serve-{}", server.pid()) == sender)
+        .expect("the sender is one of the instances");
+    servers.remove(victim).kill();
+    let killed_at = Instant::now();
+
+    let settled = servers[0]
+        .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+        .await;
+    let pickup_ms = killed_at.elapsed().as_millis();
+    let requests = harness.admin.requests().await.expect("the request log");
+    let count = |method: &str| requests.iter().filter(|r| r.method == method).count();
+    let body = history(&servers[0], &id).await;
+    let types: Vec<&str> = body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|event| event["type"].as_str().expect("a type"))
+        .collect();
+    eprintln!(
+        "{INSTANCES} instances, the sender SIGKILLed mid-send: settled {pickup_ms} ms after the kill (lease {LEASE_MS} ms); sends {}, lookups {}, history {types:?}",
+        count("POST"),
+        count("GET")
+    );
+    assert_eq!(settled["state"], "succeeded", "{settled}");
+    assert!(
+        pickup_ms <= u128::from(LEASE_MS + PICKUP_MARGIN_MS),
+        "the dead sender's attempt was taken over within the lease and margin: {pickup_ms} ms"
+    );
+    assert_eq!(count("POST"), 1, "one send");
+    assert_eq!(
+        count("GET"),
+        1,
+        "one lookup, not one per surviving instance"
+    );
+    assert_eq!(
+        types,
+        [
+            "IntentRecorded",
+            "AttemptStarted",
+            "LeaseExpired",
+            "LookupClaimed",
+            "ReconciliationRecorded"
+        ],
+        "one sweep and one claimed lookup"
+    );
+    assert_eq!(harness.objects().await.len(), 1);
+}
