@@ -79,7 +79,8 @@ async fn one_operation_driven_by_two_workers_at_the_same_moment_is_sent_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_operation_looked_up_by_two_workers_at_the_same_moment_is_retried_once() {
+async fn an_unknown_operation_due_for_two_workers_at_the_same_moment_is_looked_up_once_and_retried_once(
+) {
     let h = Harness::start().await;
     let other = h.second_worker("worker-b");
     h.queue(
@@ -143,6 +144,22 @@ async fn an_unknown_operation_looked_up_by_two_workers_at_the_same_moment_is_ret
             "the first attempt and one retry: {names:?}"
         );
         assert_eq!(names.last(), Some(&"AttemptSucceeded"), "{names:?}");
+        // The lookup is claimed before it is made: the worker that lost the claim leaves it.
+        let key = Some(intent.idempotency_key.as_str());
+        let lookups = h.lookups().await;
+        let lookups = lookups
+            .iter()
+            .filter(|lookup| lookup.key.as_deref() == key)
+            .count();
+        assert_eq!(lookups, 1, "one lookup at the CRM: {names:?}");
+        assert_eq!(
+            names
+                .iter()
+                .filter(|name| **name == "LookupClaimed")
+                .count(),
+            1,
+            "one claim: {names:?}"
+        );
     }
     assert!(
         failures.is_empty(),
