@@ -82,7 +82,7 @@ pub(super) async fn review(
     // Spawned for the same reason as a drive: a retry decided here sends at once.
     let engine = Arc::clone(&shared.engine);
     let pinned = body.expected_version.is_some();
-    let report = tokio::spawn(async move {
+    let report = tokio::spawn(super::operations::boxed(async move {
         if pinned {
             engine
                 .resolve_review_seen(loaded, reviewer, decision, body.note, accept_duplicate_risk)
@@ -98,7 +98,7 @@ pub(super) async fn review(
                 )
                 .await
         }
-    })
+    }))
     .await
     .map_err(|error| ApiError::internal("a review decision failed", error))??;
     Ok(view_reply(
