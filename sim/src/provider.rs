@@ -178,6 +178,9 @@ struct World {
     late: Vec<LateArrival>,
     /// The lease the engines take, to make a late response outlast it.
     lease_ms: u64,
+    /// While a late request is applied: the time it arrived (the clock may have moved past it
+    /// in one jump, but the network does not pause with a process).
+    arriving_at: Option<i64>,
 }
 
 /// The provider's shared state: ground truth and logs.
@@ -268,6 +271,7 @@ impl SimProvider {
                 lookups: Vec::new(),
                 late: Vec::new(),
                 lease_ms,
+                arriving_at: None,
             })),
         }
     }
@@ -308,16 +312,20 @@ impl SimProvider {
         Some(fingerprint(account, generation))
     }
 
-    /// Applies the requests whose late arrival time has come; returns how many arrived.
-    pub fn deliver_late(&self, now_ms: i64) -> Vec<String> {
+    /// Applies the requests whose late arrival time is at or before `until_ms`, each as of the
+    /// time it arrives; returns a line for each.
+    pub fn deliver_late(&self, until_ms: i64) -> Vec<String> {
         let mut world = self.lock();
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut world.late)
+        let (mut due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut world.late)
             .into_iter()
-            .partition(|late| late.arrive_ms <= now_ms);
+            .partition(|late| late.arrive_ms <= until_ms);
         world.late = later;
+        due.sort_by_key(|late| late.arrive_ms);
         due.into_iter()
             .map(|late| {
+                world.arriving_at = Some(late.arrive_ms);
                 let id = world.apply(&late.request);
+                world.arriving_at = None;
                 world.sends[late.send_index].applied = true;
                 let op = world.faults.op_name(late.request.operation_id);
                 format!("provider: late request of {op} arrived, holds {id}")
@@ -387,7 +395,7 @@ impl SimProvider {
 
 impl World {
     fn now(&self) -> i64 {
-        self.clock.now_ms()
+        self.arriving_at.unwrap_or_else(|| self.clock.now_ms())
     }
 
     fn create(

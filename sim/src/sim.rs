@@ -231,6 +231,19 @@ impl Sim {
         }
     }
 
+    /// Moves the clock forward by `by_ms`; requests in transit arrive on their own time first.
+    fn advance(&mut self, by_ms: u64) {
+        let to = self.clock.now_ms() + i64::try_from(by_ms).unwrap_or(i64::MAX / 4);
+        self.advance_to(to);
+    }
+
+    fn advance_to(&mut self, to_ms: i64) {
+        for line in self.provider.deliver_late(to_ms) {
+            self.line(line);
+        }
+        self.clock.advance_to(to_ms);
+    }
+
     fn line(&mut self, text: String) {
         self.trace.line(self.clock.elapsed_ms(), text);
     }
@@ -350,13 +363,13 @@ impl Sim {
         }
         if self.faults.fire(FaultClass::ClockJump) {
             let by = self.faults.between(1_000, 3 * LEASE_MS);
-            self.clock.advance(by);
+            self.advance(by);
             self.line(format!("fault: the clock jumps {by} ms forward"));
         }
         if self.faults.fire(FaultClass::KeyAged) {
             let retention_ms = self.provider.shape().key_retention_s * 1000;
             let by = self.faults.between(retention_ms, 2 * retention_ms);
-            self.clock.advance(by);
+            self.advance(by);
             self.line(format!("fault: {by} ms pass, beyond every key's retention"));
         }
         if self.faults.fire(FaultClass::CredentialsRotated) {
@@ -412,7 +425,7 @@ impl Sim {
         }
         if !runnable.is_empty() {
             let by = self.rng.between(1, 300);
-            self.clock.advance(by);
+            self.advance(by);
             return;
         }
         self.idle(liveness);
@@ -442,13 +455,13 @@ impl Sim {
         .flatten()
         .min();
         match next {
-            Some(at) if at > now => self.clock.advance_to(at),
+            Some(at) if at > now => self.advance_to(at),
             // Due, but skipped for now (driven moments ago): let the redrive pause pass.
             Some(_) => self
                 .clock
                 .advance(u64::try_from(REDRIVE_PAUSE_MS / 5).unwrap_or(100)),
-            None if liveness => self.clock.advance(60_000),
-            None => self.clock.advance(1_000),
+            None if liveness => self.advance(60_000),
+            None => self.advance(1_000),
         }
     }
 
