@@ -26,8 +26,6 @@ pub struct Checker {
     not_sent: BTreeSet<AttemptId>,
     /// Attempts sent so far.
     sent: BTreeSet<AttemptId>,
-    /// Sends of an attempt the ledger had already given up as unknown (its process stalled).
-    stale_sends: u64,
     /// How many of the provider's objects were checked.
     objects_checked: usize,
     /// How many of the provider's sends were checked.
@@ -221,15 +219,10 @@ impl Checker {
             self.violate(faults, id, "sent before its intent was recorded".into());
             return;
         };
-        // One attempt in flight: the attempt sent is the operation's latest claim. A process
-        // stalled past its lease (a clock jump) may still send it after the ledger gave it up
-        // as unknown; that is physics, and the contracts cover it. A send of an attempt older
-        // than a newer claim is two attempts in flight, whatever the contract.
-        if !state.is_current_attempt(send.attempt_id) {
+        // One attempt in flight: what is sent is the operation's current claim, in flight.
+        if !(state.status == Status::InFlight && state.is_current_attempt(send.attempt_id)) {
             let status = state.status.name();
-            self.violate(faults, id, format!("sent attempt {} while it is not the operation's latest claim (the ledger has it {status})", send.attempt_id));
-        } else if state.status != Status::InFlight {
-            self.stale_sends += 1;
+            self.violate(faults, id, format!("sent attempt {} while the ledger has it {status}, not its one attempt in flight", send.attempt_id));
         }
         let Some(intent) = state.intent.clone() else {
             return;

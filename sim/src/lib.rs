@@ -156,3 +156,95 @@ pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
     }
     panic!("a future that was to be ready at once kept waiting")
 }
+
+/// What a run of many seeds came to.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Operations run over all seeds.
+    pub ops: u64,
+    /// The failed seeds' reports, by seed.
+    pub failed: Vec<SeedReport>,
+    /// How often each fault fired, over all seeds.
+    pub faults: FaultCounts,
+    /// In how many seeds each fault fired at least once.
+    pub seeds_with: BTreeMap<FaultClass, u64>,
+}
+
+impl Summary {
+    fn add(&mut self, report: SeedReport) {
+        self.seeds += 1;
+        self.ops += report.ops as u64;
+        self.faults.add(&report.faults);
+        for class in FaultClass::ALL {
+            if report.faults.get(class) > 0 {
+                *self.seeds_with.entry(class).or_default() += 1;
+            }
+        }
+        if !report.passed() {
+            self.failed.push(report);
+            self.failed.sort_by_key(|report| report.seed);
+        }
+    }
+
+    /// The classes that fired in fewer than `per_mille` ‰ of the seeds.
+    pub fn rare_classes(&self, per_mille: u64) -> Vec<FaultClass> {
+        FaultClass::ALL
+            .into_iter()
+            .filter(|class| {
+                let seeds = self.seeds_with.get(class).copied().unwrap_or(0);
+                seeds * 1000 < self.seeds * per_mille
+            })
+            .collect()
+    }
+
+    /// The one summary line: `sim: seeds=N ops=M failed=F faults=<class>:<count>,…`.
+    pub fn line(&self) -> String {
+        format!(
+            "sim: seeds={} ops={} failed={} faults={}",
+            self.seeds,
+            self.ops,
+            self.failed.len(),
+            self.faults.summary()
+        )
+    }
+}
+
+/// Runs seeds `from..from + count` on `threads` threads (each seed alone on one), calling
+/// `progress` with the seeds done so far after each; stops early when `stop` is set.
+pub fn run_seeds(
+    from: u64,
+    count: u64,
+    config: &SimConfig,
+    threads: usize,
+    stop: &std::sync::atomic::AtomicBool,
+    progress: &(dyn Fn(u64, &SeedReport) + Sync),
+) -> Summary {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicU64::new(0);
+    let summary = Mutex::new(Summary::default());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    return;
+                }
+                let report = run_seed(from.wrapping_add(n), config);
+                let mut summary = summary
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                summary.add(report.clone());
+                progress(summary.seeds, &report);
+            });
+        }
+    });
+    summary
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

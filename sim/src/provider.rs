@@ -732,7 +732,10 @@ impl Providers for SimProviders {
     }
 
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
-        yield_now().await;
+        // No yield before the request leaves: calling `execute` is the send, so the engine's
+        // last check before it is the last thing that happens before the provider sees it (a
+        // pause there would be a network delivering a request minutes late, which the key's
+        // margin exists for, not a stall of the engine). The answer comes after a wait.
         let generation = self.generations.get(&request.account).copied().unwrap_or(0);
         let answer = self.provider.lock().receive(request, generation);
         match answer {
