@@ -409,7 +409,7 @@ impl World {
         let now = self.now();
         let mut lag = i64::try_from(self.shape.search_lag_ms).unwrap_or(i64::MAX / 4);
         if lookup == LookupKind::Search && self.faults.fire(FaultClass::SearchLagExceeded) {
-            lag = lag * i64::try_from(self.faults.between(2, 5)).unwrap_or(2);
+            lag *= i64::try_from(self.faults.between(2, 5)).unwrap_or(2);
             let op = self.faults.op_name(request.operation_id);
             self.faults.note(format!(
                 "fault: search will show {id} of {op} only after {lag} ms"
