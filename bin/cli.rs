@@ -97,9 +97,27 @@ pub enum Command {
     /// to queue faults (drop the request, drop the response, late response, 5xx before or after
     /// commit, 429 with Retry-After), move its clock, and list what it stored.
     Stand(StandArgs),
+    /// Run the deterministic simulator: the real engine over the memory store, a simulated
+    /// clock and provider, with faults, one seed per run; ends with `sim: seeds=N ops=M
+    /// failed=F faults=<class>:<count>,…` and exits 0 only when no seed failed. A failing seed
+    /// prints the command that reproduces it and the trace before the broken invariant.
+    Sim(SimArgs),
     /// Check connector files (every problem with its file, line and field) and list what is
     /// loaded: a configuration's connectors, or the presets shipped in the binary.
     Connectors(ConnectorsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 1000)]
+    pub seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+    /// Operations per seed.
+    #[arg(long, default_value_t = opledger_sim::DEFAULT_OPS)]
+    pub ops: usize,
 }
 
 #[derive(Debug, Args)]
@@ -174,7 +192,8 @@ impl Command {
             | Self::Deny(_)
             | Self::Serve(_)
             | Self::Mcp(_)
-            | Self::Stand(_) => false,
+            | Self::Stand(_)
+            | Self::Sim(_) => false,
         }
     }
 }
@@ -632,6 +651,12 @@ pub enum CliError {
     /// The user interrupted.
     #[error("interrupted; everything acknowledged so far is in the ledger")]
     Interrupted,
+    /// `sim` found seeds that broke an invariant.
+    #[error("{failed} seed(s) broke an invariant; each one's reproduce line is above")]
+    SimFailed {
+        /// How many.
+        failed: usize,
+    },
     /// The file at `--db` cannot be a ledger for this command (missing, in a missing directory,
     /// not a database); nothing was opened or created.
     #[error("{0}")]
@@ -703,6 +728,7 @@ impl CliError {
             Self::Differs { .. } => "read_models_differ",
             Self::Tampered { .. } => "tampered",
             Self::Interrupted => "interrupted",
+            Self::SimFailed { .. } => "sim_failed",
             Self::LedgerFile(error) => error.code(),
             Self::Unopenable { .. } => "store_unavailable",
             Self::Other(_) => "failed",

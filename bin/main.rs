@@ -18,6 +18,7 @@ mod read_models;
 mod replay;
 mod review;
 mod serve;
+mod sim;
 mod stand;
 mod tail;
 mod trace;
@@ -46,7 +47,7 @@ fn main() -> ExitCode {
     };
     let json = cli.command.json();
     // The demo prints its own story; its expected warnings (lost responses) would clutter it.
-    let quiet = matches!(cli.command, Command::Demo(_));
+    let quiet = matches!(cli.command, Command::Demo(_) | Command::Sim(_));
     init_logging(cli.verbose, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -81,6 +82,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Mcp(args) => mcp::run(args).await,
             Command::Stand(args) => stand::run(args).await,
+            Command::Sim(args) => sim::run(args).await,
             Command::Connectors(args) => connectors::run(args),
             Command::Verify(args) => verify::run(args).await,
         }

@@ -25,7 +25,9 @@ use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedInten
 use crate::command::{
     Command, DEFAULT_LEASE_MS, MAX_LEASE_MS, MAX_SCHEDULE_AHEAD_MS, MIN_LEASE_MS,
 };
-use crate::contract::{milliseconds, ProviderCapabilities, RetryPolicy, SendBinding};
+use crate::contract::{
+    check_retry_contract, milliseconds, ProviderCapabilities, RetryPolicy, SendBinding,
+};
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
@@ -36,7 +38,7 @@ use crate::provider::{
     SendRequest,
 };
 use crate::sentence::described_sentence;
-use crate::state::{OperationState, Status};
+use crate::state::{OperationState, PendingSince, Status};
 use crate::store::EventStore;
 
 mod driving;
@@ -519,6 +521,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             claimed.state.status.name()
         );
         let intent = intent_of(&claimed)?.clone();
+        let now = self.ledger.clock().now();
+        if let Some(reason) = self.stale_claim(&claimed, &intent, now) {
+            // Nothing leaves: the attempt is provably not sent, and its next claim (if any)
+            // meets the same checks in the decider.
+            warn!(%operation_id, %attempt_id, %reason, "claim not sent");
+            let command = Command::RecordNotSent {
+                attempt_id,
+                reason,
+                retry_not_before: now,
+            };
+            return self.ledger.execute_from(claimed, &command).await;
+        }
         let attempt_number = claimed.state.attempts;
         let request = SendRequest {
             operation_id,
@@ -553,6 +567,46 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .execute_from(claimed, &command)
             .instrument(span)
             .await
+    }
+
+    /// Why a claim must not be sent any more, if so: its lease ran out (the sweeper may have
+    /// given the attempt up as unknown and another claim may follow it), or, for an automatic
+    /// retry, its contract stopped holding while the claim waited (design rule 9: re-checked
+    /// right before each send). A claim is decided before its append, and the append can take
+    /// long — a slow store, a paused process — long enough for a key to leave its retention
+    /// (found by the simulator, seed 1005).
+    fn stale_claim(
+        &self,
+        claimed: &LoadedOperation,
+        intent: &IntentRecorded,
+        now: DateTime<Utc>,
+    ) -> Option<String> {
+        let attempt = claimed.state.current_attempt.as_ref()?;
+        if now >= attempt.lease_deadline {
+            return Some(format!(
+                "the claim's lease ran out at {} before it was sent",
+                attempt.lease_deadline
+            ));
+        }
+        if attempt.claimed_from != PendingSince::RetryScheduled {
+            return None;
+        }
+        let bound = match self.providers.bind(&binding_query(intent)) {
+            Ok(bound) => bound,
+            Err(unbound) => {
+                return Some(format!(
+                    "the operation cannot be sent as recorded: {unbound}"
+                ))
+            }
+        };
+        let binding = SendBinding {
+            account: intent.account.clone(),
+            credential_fingerprint: bound.credential_fingerprint,
+            args_hash: intent.args.hash(),
+        };
+        check_retry_contract(&bound.capabilities, &claimed.state, &binding, now)
+            .err()
+            .map(|violation| format!("the send is not safe any more: {violation}"))
     }
 
     /// The command recording what the provider said about attempt `attempt_id`.
