@@ -13,5 +13,6 @@ mod numbers;
 mod python;
 mod redelivery;
 mod shutdown;
+mod soak;
 mod stream;
 mod support;
