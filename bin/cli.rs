@@ -340,7 +340,9 @@ pub struct BenchSoakArgs {
     /// The earliest moment of the kill after a burst starts, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub kill_after_ms_min: u64,
-    /// The latest moment of the kill after a burst starts, in milliseconds.
+    /// The latest moment of the kill after a burst starts, in milliseconds. A burst is killed
+    /// earlier when its seeded request budget is spent (the run's total stays within what the
+    /// stand holds), so that every client is busy up to the kill.
     #[arg(long, default_value_t = 1_500)]
     pub kill_after_ms_max: u64,
     /// Every how many cycles the stand injects faults during the burst (lost responses, 5xx

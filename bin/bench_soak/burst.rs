@@ -1,14 +1,18 @@
 //! One cycle's burst: `clients` tasks record-and-execute requests of their own until the kill,
 //! and the kill itself (SIGKILL at the cycle's moment, whatever is in flight).
 //!
-//! Clients pause a seeded random moment between requests, as agents do, so a burst of a second
-//! or two stays within the cycle's request budget and the kill finds requests in every stage:
-//! being recorded, being sent to the stand, having their outcome recorded.
+//! The moment is the cycle's seeded time, or the moment its seeded request budget is spent,
+//! whichever comes first. The budget keeps a run within what the stand can hold; killing when
+//! it is spent (rather than letting the clients fall idle until the time) keeps every client
+//! busy up to the kill, so the kill finds requests in every stage: being recorded, being sent
+//! to the stand, having their outcome recorded. Clients pause a short seeded moment between
+//! requests, so their requests do not move in step.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::api::{Answer, Api, Request, BURST_WAIT_MS, PROVIDERS};
@@ -17,7 +21,7 @@ use super::Rng;
 use crate::cli::CliError;
 
 /// The longest pause of a client between two requests, in milliseconds.
-const THINK_MS_MAX: u64 = 40;
+const THINK_MS_MAX: u64 = 5;
 
 /// What the burst asks for.
 pub struct Plan {
@@ -25,16 +29,19 @@ pub struct Plan {
     pub run: String,
     pub cycle: u32,
     pub clients: u32,
-    /// Most requests the burst may send, whatever the kill's moment.
+    /// Most requests the burst may send; the kill comes when they are.
     pub budget: u32,
     pub kill_after: Duration,
     pub seed: u64,
 }
 
-/// Every request sent, with its answer, and how many were in flight at the kill.
+/// Every request sent, with its answer, and when the kill came with how much in flight.
 pub struct Burst {
     pub sent: Vec<(Request, Answer)>,
     pub in_flight_at_kill: u32,
+    pub killed_after: Duration,
+    /// The kill came when the budget was spent, before the plan's time.
+    pub killed_at_budget: bool,
 }
 
 /// Runs the burst against `server` and kills it at the plan's moment.
@@ -42,6 +49,8 @@ pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<B
     let stop = Arc::new(AtomicBool::new(false));
     let in_flight = Arc::new(AtomicU32::new(0));
     let issued = Arc::new(AtomicU32::new(0));
+    let spent = Arc::new(Notify::new());
+    let started = Instant::now();
     let mut clients = JoinSet::new();
     for client in 0..plan.clients {
         let client_loop = Client {
@@ -49,13 +58,18 @@ pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<B
             stop: Arc::clone(&stop),
             in_flight: Arc::clone(&in_flight),
             issued: Arc::clone(&issued),
+            spent: Arc::clone(&spent),
             budget: plan.budget,
             prefix: format!("{}-c{}-k{client}", plan.run, plan.cycle),
             rng: Rng::new(plan.seed ^ (u64::from(plan.cycle) << 32) ^ u64::from(client)),
         };
         clients.spawn(client_loop.run());
     }
-    tokio::time::sleep(plan.kill_after).await;
+    let killed_at_budget = tokio::select! {
+        () = tokio::time::sleep(plan.kill_after) => false,
+        () = spent.notified() => true,
+    };
+    let killed_after = started.elapsed();
     stop.store(true, Ordering::SeqCst);
     let in_flight_at_kill = in_flight.load(Ordering::SeqCst);
     server.kill();
@@ -68,6 +82,8 @@ pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<B
     Ok(Burst {
         sent,
         in_flight_at_kill,
+        killed_after,
+        killed_at_budget,
     })
 }
 
@@ -76,6 +92,8 @@ struct Client {
     stop: Arc<AtomicBool>,
     in_flight: Arc<AtomicU32>,
     issued: Arc<AtomicU32>,
+    /// Told when the budget's last request is taken; it is sent, and in flight at the kill.
+    spent: Arc<Notify>,
     budget: u32,
     prefix: String,
     rng: Rng,
@@ -84,9 +102,15 @@ struct Client {
 impl Client {
     async fn run(mut self) -> Vec<(Request, Answer)> {
         let mut sent = Vec::new();
-        while !self.stop.load(Ordering::SeqCst)
-            && self.issued.fetch_add(1, Ordering::SeqCst) < self.budget
-        {
+        while !self.stop.load(Ordering::SeqCst) {
+            let number = self.issued.fetch_add(1, Ordering::SeqCst);
+            if number >= self.budget {
+                break;
+            }
+            if number + 1 == self.budget {
+                // A permit is kept if the burst is not waiting yet.
+                self.spent.notify_one();
+            }
             let request = Request {
                 uid: format!("{}-{}", self.prefix, sent.len()),
                 provider: PROVIDERS[self.rng.below(PROVIDERS.len() as u64) as usize],

@@ -91,6 +91,8 @@ pub struct Tally {
     /// Cycles whose kill found requests in flight, and how many in all.
     pub killed_mid_burst: u32,
     pub in_flight_at_kill: u64,
+    /// Cycles killed when their request budget was spent, before their time.
+    pub kills_at_budget: u32,
     /// Operations still open (in flight, unknown, pending) when delivered again right after
     /// the restart: the kill, or a fault, caught them before their outcome was recorded.
     pub interrupted: u64,
@@ -116,7 +118,7 @@ impl Tally {
     fn line(&self, clients: u32, seed: u64, wall: Duration) -> String {
         format!(
             "bench=soak cycles={} clients={clients} seed={seed} requests={} acknowledged={} \
-             recovered={} refused={} killed_mid_burst={} in_flight_at_kill={} interrupted={} \
+             recovered={} refused={} killed_mid_burst={} in_flight_at_kill={} kills_at_budget={} interrupted={} \
              fault_cycles={} needs_review={} lost={} duplicates={} redeliveries_mismatched={} \
              unsettled={} wrong_outcomes={} wall_s={:.1}",
             self.cycles,
@@ -126,6 +128,7 @@ impl Tally {
             self.refused,
             self.killed_mid_burst,
             self.in_flight_at_kill,
+            self.kills_at_budget,
             self.interrupted,
             self.fault_cycles,
             self.needs_review,
@@ -337,7 +340,7 @@ async fn soak(
         .admin()
         .map_err(|error| CliError::Other(format!("cannot reach the stand: {error}")))?;
     let run_id = format!("{seed:x}");
-    let budget = (MAX_RUN_REQUESTS / args.cycles).min(MAX_CYCLE_REQUESTS);
+    let budget_max = (MAX_RUN_REQUESTS / args.cycles).min(MAX_CYCLE_REQUESTS);
     let mut rng = Rng::new(seed);
     let mut earlier: Vec<Record> = Vec::new();
     let mut server = ServerProcess::start(&exe, &files.config, &files.log, &client).await?;
@@ -348,7 +351,8 @@ async fn soak(
             run: run_id.clone(),
             cycle,
             clients: args.clients,
-            budget,
+            budget: MIN_CYCLE_REQUESTS
+                + rng.below(u64::from(budget_max - MIN_CYCLE_REQUESTS) + 1) as u32,
             kill_after: Duration::from_millis(args.kill_after_ms_min + rng.below(span + 1)),
             seed,
         };
@@ -362,7 +366,12 @@ async fn soak(
             base: server.base.clone(),
         };
         let burst = burst::run(&api, &mut server, &plan).await?;
-        let in_flight = burst.in_flight_at_kill;
+        let (in_flight, killed_after) = (burst.in_flight_at_kill, burst.killed_after);
+        let when = if burst.killed_at_budget {
+            "at its request budget"
+        } else {
+            "at its time"
+        };
         server = ServerProcess::start(&exe, &files.config, &files.log, &client).await?;
         // Fault-free from here: what the faults and the kill left unknown is reconciled.
         admin.clear_faults().await.map_err(|error| {
@@ -376,10 +385,10 @@ async fn soak(
         checks::recheck(&api, &sample(&earlier, &mut rng), tally).await;
         tally.cycles = cycle;
         eprintln!(
-            "# cycle {cycle}/{}: killed after {} ms with {in_flight} requests in flight, {} sent{}; \
+            "# cycle {cycle}/{}: killed {when} after {} ms with {in_flight} requests in flight, {} sent{}; \
              cycle {:.1} s; failures so far: {}",
             args.cycles,
-            plan.kill_after.as_millis(),
+            killed_after.as_millis(),
             records.len(),
             if faults { ", stand faults on" } else { "" },
             cycle_started.elapsed().as_secs_f64(),
@@ -407,6 +416,9 @@ async fn after_restart(
     args: &BenchSoakArgs,
     tally: &mut Tally,
 ) -> Result<Vec<Record>, CliError> {
+    if burst.killed_at_budget {
+        tally.kills_at_budget += 1;
+    }
     if burst.in_flight_at_kill > 0 {
         tally.killed_mid_burst += 1;
         tally.in_flight_at_kill += u64::from(burst.in_flight_at_kill);
