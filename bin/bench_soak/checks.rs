@@ -299,3 +299,57 @@ where
     }
     results
 }
+
+#[cfg(test)]
+mod tests {
+    use opledger_crm_stand::Shape;
+
+    use super::*;
+
+    fn object(id: &str) -> StandObject {
+        StandObject {
+            id: id.to_owned(),
+            shape: Shape::Keyed,
+            account: "acct-1".to_owned(),
+            key: None,
+            label: None,
+            fields: serde_json::Map::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    fn view(state: &str, external_id: Option<&str>) -> OperationView {
+        OperationView {
+            operation_id: "op".to_owned(),
+            state: state.to_owned(),
+            external_id: external_id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_success_naming_the_requests_object_is_right() {
+        let held = object("731");
+        assert_eq!(
+            outcome_problem(Some(&view("succeeded", Some("731"))), &[&held]),
+            None
+        );
+    }
+
+    #[test]
+    fn a_success_naming_an_object_the_stand_does_not_hold_for_the_request_is_wrong() {
+        let held = object("731");
+        assert!(outcome_problem(Some(&view("succeeded", Some("732"))), &[&held]).is_some());
+        assert!(outcome_problem(Some(&view("succeeded", Some("731"))), &[]).is_some());
+    }
+
+    #[test]
+    fn a_rejection_with_an_object_at_the_stand_is_wrong_and_a_review_is_not() {
+        let held = object("731");
+        assert!(outcome_problem(Some(&view("rejected", None)), &[&held]).is_some());
+        assert_eq!(outcome_problem(Some(&view("rejected", None)), &[]), None);
+        assert_eq!(
+            outcome_problem(Some(&view("needs_review", None)), &[&held]),
+            None
+        );
+    }
+}
