@@ -72,8 +72,8 @@ fn twenty_sigkill_cycles_lose_nothing_acknowledged_and_duplicate_nothing() {
         "too few kills mid-burst:\n{stdout}\n{stderr}"
     );
     assert!(
-        count("interrupted") + count("recovered") > 0,
-        "no kill interrupted a request:\n{stdout}\n{stderr}"
+        count("interrupted") > 0,
+        "no kill caught a send before its outcome was recorded:\n{stdout}\n{stderr}"
     );
     eprintln!("{stdout}(in {:?})", started.elapsed());
 }
