@@ -330,75 +330,34 @@ async fn soak(
     stand: &Stand,
     tally: &mut Tally,
 ) -> Result<(), CliError> {
-    let exe = std::env::current_exe()
-        .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(CALL_TIMEOUT_MS))
-        .build()
-        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
-    let admin = stand
-        .admin()
-        .map_err(|error| CliError::Other(format!("cannot reach the stand: {error}")))?;
-    let run_id = format!("{seed:x}");
-    let budget_max = (MAX_RUN_REQUESTS / args.cycles).min(MAX_CYCLE_REQUESTS);
+    let soak = Soak {
+        exe: std::env::current_exe()
+            .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?,
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_millis(CALL_TIMEOUT_MS))
+            .build()
+            .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?,
+        admin: stand
+            .admin()
+            .map_err(|error| CliError::Other(format!("cannot reach the stand: {error}")))?,
+        args,
+        files,
+        seed,
+        budget_max: (MAX_RUN_REQUESTS / args.cycles).min(MAX_CYCLE_REQUESTS),
+    };
     let mut rng = Rng::new(seed);
     let mut earlier: Vec<Record> = Vec::new();
-    let mut server = ServerProcess::start(&exe, &files.config, &files.log, &client).await?;
+    let mut server = soak.start().await?;
     for cycle in 1..=args.cycles {
-        let faults = args.fault_every > 0 && cycle % args.fault_every == 0;
-        let span = args.kill_after_ms_max - args.kill_after_ms_min;
-        let plan = burst::Plan {
-            run: run_id.clone(),
-            cycle,
-            clients: args.clients,
-            budget: MIN_CYCLE_REQUESTS
-                + rng.below(u64::from(budget_max - MIN_CYCLE_REQUESTS) + 1) as u32,
-            kill_after: Duration::from_millis(args.kill_after_ms_min + rng.below(span + 1)),
-            seed,
-        };
-        if faults {
-            queue_faults(&admin).await?;
-            tally.fault_cycles += 1;
-        }
-        let cycle_started = Instant::now();
-        let api = Api {
-            client: client.clone(),
-            base: server.base.clone(),
-        };
-        let burst = burst::run(&api, &mut server, &plan).await?;
-        let (in_flight, killed_after) = (burst.in_flight_at_kill, burst.killed_after);
-        let when = if burst.killed_at_budget {
-            "at its request budget"
-        } else {
-            "at its time"
-        };
-        server = ServerProcess::start(&exe, &files.config, &files.log, &client).await?;
-        // Fault-free from here: what the faults and the kill left unknown is reconciled.
-        admin.clear_faults().await.map_err(|error| {
-            CliError::Other(format!("cannot clear the stand's faults: {error}"))
-        })?;
-        let api = Api {
-            client: client.clone(),
-            base: server.base.clone(),
-        };
-        let mut records = after_restart(&api, &admin, burst, args, tally).await?;
+        let mut records = soak.cycle(cycle, &mut server, &mut rng, tally).await?;
+        let api = soak.api(&server);
         checks::recheck(&api, &sample(&earlier, &mut rng), tally).await;
         tally.cycles = cycle;
-        eprintln!(
-            "# cycle {cycle}/{}: killed {when} after {} ms with {in_flight} requests in flight, {} sent{}; \
-             cycle {:.1} s; failures so far: {}",
-            args.cycles,
-            killed_after.as_millis(),
-            records.len(),
-            if faults { ", stand faults on" } else { "" },
-            cycle_started.elapsed().as_secs_f64(),
-            tally.failure_count(),
-        );
         earlier.append(&mut records);
     }
     // Once more over the whole run: no request gained a second object since its cycle.
     let mut whole = Tally::default();
-    checks::stand(&admin, &earlier, &mut whole).await?;
+    checks::stand(&soak.admin, &earlier, &mut whole).await?;
     for duplicate in whole.duplicates {
         if !tally.duplicates.contains(&duplicate) {
             tally.duplicates.push(duplicate);
@@ -406,6 +365,85 @@ async fn soak(
     }
     server.kill();
     Ok(())
+}
+
+/// What every cycle of a run shares.
+struct Soak<'a> {
+    exe: PathBuf,
+    client: reqwest::Client,
+    admin: StandAdmin,
+    args: &'a BenchSoakArgs,
+    files: &'a Files,
+    seed: u64,
+    /// The most requests one burst may send.
+    budget_max: u32,
+}
+
+impl Soak<'_> {
+    async fn start(&self) -> Result<ServerProcess, CliError> {
+        ServerProcess::start(&self.exe, &self.files.config, &self.files.log, &self.client).await
+    }
+
+    fn api(&self, server: &ServerProcess) -> Api {
+        Api {
+            client: self.client.clone(),
+            base: server.base.clone(),
+        }
+    }
+
+    /// One cycle: the burst and the kill, the restart (left in `server`), the checks; returns
+    /// the cycle's records.
+    async fn cycle(
+        &self,
+        cycle: u32,
+        server: &mut ServerProcess,
+        rng: &mut Rng,
+        tally: &mut Tally,
+    ) -> Result<Vec<Record>, CliError> {
+        let args = self.args;
+        let faults = args.fault_every > 0 && cycle.is_multiple_of(args.fault_every);
+        let span = args.kill_after_ms_max - args.kill_after_ms_min;
+        let spare = u64::from(self.budget_max - MIN_CYCLE_REQUESTS);
+        let plan = burst::Plan {
+            run: format!("{:x}", self.seed),
+            cycle,
+            clients: args.clients,
+            budget: MIN_CYCLE_REQUESTS + rng.below(spare + 1) as u32,
+            kill_after: Duration::from_millis(args.kill_after_ms_min + rng.below(span + 1)),
+            seed: self.seed,
+        };
+        if faults {
+            queue_faults(&self.admin).await?;
+            tally.fault_cycles += 1;
+        }
+        let started = Instant::now();
+        let burst = burst::run(&self.api(server), server, &plan).await?;
+        let progress = format!(
+            "killed {} after {} ms with {} requests in flight, {} sent{}",
+            if burst.killed_at_budget {
+                "at its request budget"
+            } else {
+                "at its time"
+            },
+            burst.killed_after.as_millis(),
+            burst.in_flight_at_kill,
+            burst.sent.len(),
+            if faults { ", stand faults on" } else { "" },
+        );
+        *server = self.start().await?;
+        // Fault-free from here: what the faults and the kill left unknown is reconciled.
+        self.admin.clear_faults().await.map_err(|error| {
+            CliError::Other(format!("cannot clear the stand's faults: {error}"))
+        })?;
+        let records = after_restart(&self.api(server), &self.admin, burst, args, tally).await?;
+        eprintln!(
+            "# cycle {cycle}/{}: {progress}; cycle {:.1} s; failures so far: {}",
+            args.cycles,
+            started.elapsed().as_secs_f64(),
+            tally.failure_count(),
+        );
+        Ok(records)
+    }
 }
 
 /// Tallies a burst and runs the checks after the restart; returns the cycle's records.
