@@ -50,6 +50,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
         BenchTarget::Startup(args) => crate::bench_startup::run(args).await,
+        BenchTarget::Soak(args) => crate::bench_soak::run(args).await,
         BenchTarget::Projections(args) => {
             let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let target = fresh_path("projections");

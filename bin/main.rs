@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_http;
+mod bench_soak;
 mod bench_startup;
 mod cli;
 mod connectors;

@@ -14,5 +14,6 @@ mod numbers;
 mod python;
 mod redelivery;
 mod shutdown;
+mod soak;
 mod stream;
 mod support;
