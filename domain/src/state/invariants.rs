@@ -8,6 +8,8 @@
 
 use super::{OperationState, Status};
 use crate::contract::MAX_ATTEMPTS_LIMIT;
+// Only the step check (debug builds) names an event; without the gate release builds warn.
+#[cfg(debug_assertions)]
 use crate::event::OperationEvent;
 
 impl OperationState {
