@@ -109,14 +109,19 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct SimArgs {
-    /// How many seeds to run.
-    #[arg(long, default_value_t = 1000)]
+    /// How many seeds to run (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub seeds: u64,
     /// The first seed.
     #[arg(long, default_value_t = 0)]
     pub from: u64,
-    /// Operations per seed.
-    #[arg(long, default_value_t = opledger_sim::DEFAULT_OPS)]
+    /// Operations per seed, from 1 to the simulator's limit (`opledger_sim::MAX_OPS`).
+    #[arg(
+        long,
+        default_value_t = opledger_sim::DEFAULT_OPS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+            .range(1..=opledger_sim::MAX_OPS as u64)
+    )]
     pub ops: usize,
 }
 

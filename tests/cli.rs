@@ -770,3 +770,43 @@ token = "crm-token"
         "bound to the configured account's credentials"
     );
 }
+
+#[test]
+fn a_simulation_of_no_seeds_or_of_operations_beyond_the_limit_is_refused_with_the_flag_named() {
+    for (args, flag) in [
+        (["sim", "--seeds", "0"], "--seeds"),
+        (["sim", "--ops", "0"], "--ops"),
+        (["sim", "--ops", "10001"], "--ops"),
+    ] {
+        let output = opledger(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(flag),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stdout(&output).is_empty(),
+            "{args:?} ran: {}",
+            stdout(&output)
+        );
+    }
+}
+
+#[test]
+fn a_short_simulation_ends_with_its_summary_line_and_exits_zero() {
+    let output = opledger(&["sim", "--seeds", "3", "--ops", "5"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let summary = stdout(&output);
+    assert!(
+        summary
+            .lines()
+            .any(|line| line.starts_with("sim: seeds=3 ops=15 failed=0 faults=")),
+        "{summary}"
+    );
+}
