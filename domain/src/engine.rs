@@ -31,7 +31,9 @@ use crate::contract::{
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
 use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
-use crate::ids::{ActorId, AttemptId, ExternalObjectId, OperationId, WorkerId};
+use crate::ids::{
+    ActorId, AttemptId, CredentialFingerprint, ExternalObjectId, OperationId, WorkerId,
+};
 use crate::ports::{Clock, IdSource};
 use crate::provider::{
     operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
@@ -452,12 +454,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 )))
             }
         };
-        let binding = SendBinding {
-            account: intent.account.clone(),
-            credential_fingerprint,
-            // The hash of what will actually be sent, recomputed, not copied from the intent.
-            args_hash: intent.args.hash(),
-        };
+        let binding = send_binding(intent, credential_fingerprint);
         Some(ClaimPlan::Claim(Box::new(Command::StartAttempt {
             attempt_id,
             worker: self.worker.clone(),
@@ -599,11 +596,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 ))
             }
         };
-        let binding = SendBinding {
-            account: intent.account.clone(),
-            credential_fingerprint: bound.credential_fingerprint,
-            args_hash: intent.args.hash(),
-        };
+        let binding = send_binding(intent, bound.credential_fingerprint);
         check_retry_contract(&bound.capabilities, &claimed.state, &binding, now)
             .err()
             .map(|violation| format!("the send is not safe any more: {violation}"))
@@ -746,11 +739,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             result,
             duplicates,
             evidence,
-            binding: SendBinding {
-                account: intent.account.clone(),
-                credential_fingerprint,
-                args_hash: intent.args.hash(),
-            },
+            binding: send_binding(&intent, credential_fingerprint),
             capabilities,
             policy: self.policy.retry,
             retry_not_before: self.later(now, state.attempts, retry_after_ms),
@@ -971,6 +960,20 @@ fn binding_query(intent: &IntentRecorded) -> BindingQuery<'_> {
         provider: &intent.provider,
         account: &intent.account,
         action: &intent.action,
+    }
+}
+
+/// What a send of `intent` would carry today: its account, the credentials the account has now
+/// (`credential_fingerprint`), and the hash of the arguments as they will actually be sent —
+/// recomputed, not copied from the intent.
+fn send_binding(
+    intent: &IntentRecorded,
+    credential_fingerprint: CredentialFingerprint,
+) -> SendBinding {
+    SendBinding {
+        account: intent.account.clone(),
+        credential_fingerprint,
+        args_hash: intent.args.hash(),
     }
 }
 

@@ -639,12 +639,19 @@ impl Sim {
         ));
         self.observe();
         self.check_store();
+        // The restarted process goes on from read models folded afresh from the store.
+        self.read_models = self.rebuild_and_compare();
+    }
+
+    /// The read models rebuilt from the whole store, after recording a violation if the ones
+    /// folded incrementally differ from them.
+    fn rebuild_and_compare(&mut self) -> ReadModels {
         let (rebuilt, _) = ReadModels::rebuild(self.store.inner());
         if !self.read_models.same_as(&rebuilt) {
             self.checker
                 .record("the read models folded incrementally differ from a rebuild".into());
         }
-        self.read_models = rebuilt;
+        rebuilt
     }
 
     /// The whole-store checks: every acknowledged append is there, the chain verifies.
@@ -674,11 +681,7 @@ impl Sim {
     fn end_checks(&mut self) {
         self.observe();
         self.check_store();
-        let (rebuilt, _) = ReadModels::rebuild(self.store.inner());
-        if !self.read_models.same_as(&rebuilt) {
-            self.checker
-                .record("the read models folded incrementally differ from a rebuild".into());
-        }
+        self.rebuild_and_compare();
         for error in self.read_models.errors().to_vec() {
             self.checker
                 .record(format!("a read model could not fold an event: {error}"));
