@@ -15,7 +15,9 @@ impl Clock for SystemClock {
     }
 }
 
-/// Ids and keys from the operating system's secure random source via `getrandom`.
+/// Ids and keys from a cryptographically secure generator: `rand`'s thread-local ChaCha12,
+/// seeded and periodically reseeded from the operating system (the `uuid` crate's `fast-rng`),
+/// so an id costs no system call.
 ///
 /// Operation and attempt ids are UUIDv7: 48 bits of milliseconds, then random bits (the `uuid`
 /// crate spends part of them on a counter within one millisecond, leaving ~32 random). Ids made
