@@ -17,6 +17,7 @@
 mod checkpointer;
 mod codec;
 mod reader;
+mod recent;
 mod schema;
 mod writer;
 
@@ -33,9 +34,10 @@ use opledger_domain::store::{
 use tokio::sync::{mpsc, oneshot, watch};
 
 use self::reader::ReadPool;
+use self::recent::RecentEvents;
 use self::writer::{AppendRequest, CommitCounters};
 use super::rules;
-use super::subscription::CatchUp;
+use super::subscription::{CatchUp, LogSource};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 1;
@@ -62,6 +64,8 @@ struct Shared {
     /// The writer thread, until someone waits for it to finish.
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Arc<ReadPool>,
+    /// The events the writer committed last, for subscriptions that follow the head.
+    recent: Arc<RecentEvents>,
     /// The newest committed position, as the writer published it.
     head: watch::Receiver<Option<GlobalPosition>>,
     counters: Arc<CommitCounters>,
@@ -105,17 +109,20 @@ impl SqliteStore {
         let (head_sender, head_receiver) = watch::channel(head);
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let counters = Arc::new(CommitCounters::default());
+        let recent = Arc::new(RecentEvents::new(head));
         let writer = writer::spawn(
             connection,
             &path,
             append_receiver,
             head_sender,
+            Arc::clone(&recent),
             Arc::clone(&counters),
         )?;
         tracing::debug!(path = %path.display(), ?head, "sqlite event store opened");
         Ok(Self {
             shared: Arc::new(Shared {
                 readers: Arc::new(ReadPool::new(path.clone(), readers)),
+                recent,
                 path,
                 appends: Mutex::new(Some(append_sender)),
                 writer: Mutex::new(Some(writer)),
@@ -264,7 +271,10 @@ impl EventStore for SqliteStore {
 
     async fn subscribe_all(&self, start: LogStart) -> Result<SqliteSubscription, StoreError> {
         self.ensure_open()?;
-        let source = Arc::clone(&self.shared.readers);
+        let source = LogFeed {
+            recent: Arc::clone(&self.shared.recent),
+            readers: Arc::clone(&self.shared.readers),
+        };
         Ok(SqliteSubscription {
             inner: CatchUp::new(source, start, self.shared.head.clone()),
         })
@@ -274,7 +284,31 @@ impl EventStore for SqliteStore {
 /// A catch-up subscription to a [`SqliteStore`]'s log. It does not keep the store open: once the
 /// store is closed or its last handle dropped, `next` fails with [`StoreError::Closed`].
 pub struct SqliteSubscription {
-    inner: CatchUp<Arc<ReadPool>>,
+    inner: CatchUp<LogFeed>,
+}
+
+/// What a subscription reads the log through: the writer's recent window when it holds every
+/// event asked for, the file otherwise (see `sqlite/recent.rs`).
+struct LogFeed {
+    recent: Arc<RecentEvents>,
+    readers: Arc<ReadPool>,
+}
+
+impl LogSource for LogFeed {
+    async fn read_log(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        // A closed store answers nothing, from memory either.
+        if self.readers.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        match self.recent.after(start, max_count) {
+            Some(events) => Ok(events),
+            None => self.readers.read_all(start, max_count).await,
+        }
+    }
 }
 
 impl std::fmt::Debug for SqliteSubscription {

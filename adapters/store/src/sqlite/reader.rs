@@ -5,7 +5,7 @@
 //! a query run on the async executor's threads: SQLite calls block.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use opledger_domain::ids::StreamVersion;
 use opledger_domain::store::{LogStart, RecordedEvent, StoreError, StreamName, MAX_READ_BATCH};
@@ -14,7 +14,6 @@ use tokio::sync::Semaphore;
 
 use super::codec::{self, EventRow, EVENT_COLUMNS};
 use super::{schema, sqlite_error, READ_POOL_SIZE};
-use crate::subscription::LogSource;
 
 /// Read-only connections shared by every read of one store.
 pub(super) struct ReadPool {
@@ -42,6 +41,23 @@ impl ReadPool {
     pub(super) fn close(&self) {
         self.permits.close();
         drop(self.lock().take());
+    }
+
+    /// Takes every connection's permit, so reads wait until it is dropped (tests show what does
+    /// not read the file).
+    #[cfg(test)]
+    pub(super) async fn hold_every_connection(
+        &self,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.permits
+            .acquire_many(READ_POOL_SIZE as u32)
+            .await
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Whether [`Self::close`] was called.
+    pub(super) fn is_closed(&self) -> bool {
+        self.permits.is_closed()
     }
 
     pub(super) async fn read_stream(
@@ -134,16 +150,6 @@ impl ReadPool {
         // The guarded value is a list of idle connections; a panic elsewhere cannot leave it
         // half-changed, so a poisoned lock is still safe to use.
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl LogSource for Arc<ReadPool> {
-    async fn read_log(
-        &self,
-        start: LogStart,
-        max_count: usize,
-    ) -> Result<Vec<RecordedEvent>, StoreError> {
-        self.read_all(start, max_count).await
     }
 }
 

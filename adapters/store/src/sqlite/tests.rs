@@ -390,3 +390,94 @@ async fn closing_answers_every_queued_append_and_refuses_later_calls() {
     assert_eq!(log.len(), 10, "first, the pilot and the 8 queued appends");
     reopened.close().await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_gets_another_processs_events_in_order_between_its_own_stores_commits() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("events.db");
+    let service = SqliteStore::open(&path).await.expect("open");
+    // A second store on the same file stands for a CLI beside the service: its commits never
+    // reach the service's writer, so they cannot be in the service's recent window.
+    let cli = SqliteStore::open(&path).await.expect("open a second store");
+    let mut subscription = service
+        .subscribe_all(LogStart::Beginning)
+        .await
+        .expect("subscribe");
+    let append = |store: &SqliteStore, name: &str, id: u128| {
+        let store = store.clone();
+        let name = stream(name);
+        async move {
+            store
+                .append(&name, ExpectedVersion::NoStream, vec![event(id)])
+                .await
+                .expect("append")
+        }
+    };
+    append(&service, "s-1", 1).await;
+    let first = within("the service's own event", subscription.next())
+        .await
+        .expect("next");
+    append(&cli, "c-2", 2).await;
+    append(&cli, "c-3", 3).await;
+    append(&service, "s-4", 4).await;
+    let mut seen = vec![first];
+    for _ in 0..3 {
+        seen.push(
+            within("the next event", subscription.next())
+                .await
+                .expect("next"),
+        );
+    }
+    let ids: Vec<EventId> = seen.iter().map(|event| event.event_id).collect();
+    let expected: Vec<EventId> = (1..=4)
+        .map(|id| EventId::from_uuid(Uuid::from_u128(id)))
+        .collect();
+    assert_eq!(
+        ids, expected,
+        "no gap and no repeat at either store's commits"
+    );
+    let positions: Vec<u64> = seen.iter().map(|event| event.position.value()).collect();
+    assert_eq!(positions, vec![1, 2, 3, 4]);
+    cli.close().await.expect("close the second store");
+    service.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_up_subscription_reads_the_writers_events_from_memory() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("events.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let mut subscription = store
+        .subscribe_all(LogStart::Beginning)
+        .await
+        .expect("subscribe");
+    store
+        .append(
+            &stream("s"),
+            ExpectedVersion::NoStream,
+            vec![event(1), event(2)],
+        )
+        .await
+        .expect("append");
+    // With every reader taken, a read from the file would wait; memory answers at once.
+    let permits = store
+        .shared
+        .readers
+        .hold_every_connection()
+        .await
+        .expect("take every reader");
+    let first = within("an event from memory", subscription.next())
+        .await
+        .expect("next");
+    let second = within("an event from memory", subscription.next())
+        .await
+        .expect("next");
+    assert_eq!(
+        (first.position.value(), second.position.value()),
+        (1, 2),
+        "in position order"
+    );
+    assert_eq!(second.data, event(2).data, "the data as appended");
+    drop(permits);
+    store.close().await.expect("close");
+}

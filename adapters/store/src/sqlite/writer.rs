@@ -16,12 +16,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{AppendOutcome, EventData, ExpectedVersion, StoreError, StreamName};
+use opledger_domain::store::{
+    AppendOutcome, EventData, ExpectedVersion, RecordedEvent, StoreError, StreamName,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::checkpointer::Checkpointer;
 use super::codec;
+use super::recent::RecentEvents;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::rules::{self, AppendPlan};
 
@@ -57,6 +60,7 @@ pub(super) fn spawn(
     path: &Path,
     requests: mpsc::Receiver<AppendRequest>,
     head: watch::Sender<Option<GlobalPosition>>,
+    recent: Arc<RecentEvents>,
     counters: Arc<CommitCounters>,
 ) -> Result<JoinHandle<()>, StoreError> {
     let span = tracing::debug_span!("sqlite_writer", path = %path.display());
@@ -68,6 +72,7 @@ pub(super) fn spawn(
             let writer = Writer {
                 connection,
                 head,
+                recent,
                 counters,
                 checkpointer,
             };
@@ -84,14 +89,16 @@ pub(super) fn spawn(
 struct Writer {
     connection: Connection,
     head: watch::Sender<Option<GlobalPosition>>,
+    /// The newest committed events, for subscriptions that follow the head.
+    recent: Arc<RecentEvents>,
     counters: Arc<CommitCounters>,
     checkpointer: Checkpointer,
 }
 
 /// What one append did inside the batch's transaction.
 enum Applied {
-    /// It wrote its events; durable once the batch commits.
-    Written(AppendOutcome),
+    /// It wrote its events, at these positions and versions; durable once the batch commits.
+    Written(AppendOutcome, Vec<(GlobalPosition, StreamVersion)>),
     /// Its events were already stored (a retry); it wrote nothing.
     AlreadyStored(AppendOutcome),
 }
@@ -99,9 +106,17 @@ enum Applied {
 impl Applied {
     fn outcome(&self) -> AppendOutcome {
         match self {
-            Self::Written(outcome) | Self::AlreadyStored(outcome) => *outcome,
+            Self::Written(outcome, _) | Self::AlreadyStored(outcome) => *outcome,
         }
     }
+}
+
+/// A batch applied inside its transaction, not yet committed.
+struct BatchApplied {
+    /// The log's last position before the batch, read under the write lock.
+    log_head_before: Option<GlobalPosition>,
+    /// Each append's result, in order.
+    results: Vec<Result<Applied, StoreError>>,
 }
 
 /// Why one append did not apply.
@@ -125,7 +140,7 @@ impl Writer {
         // `blocking_recv_many` waits for the first request, then takes whatever else is queued:
         // that drain is the group commit. It returns 0 only once the channel is closed and empty.
         while requests.blocking_recv_many(&mut batch, MAX_APPENDS_PER_COMMIT) > 0 {
-            let answers = self.commit(&batch);
+            let answers = self.commit(&mut batch);
             debug_assert_eq!(answers.len(), batch.len());
             for (request, answer) in batch.drain(..).zip(answers) {
                 // A caller that stopped waiting dropped its receiver; its append stands anyway.
@@ -136,9 +151,13 @@ impl Writer {
         self.checkpointer
     }
 
-    /// Runs `batch` in one transaction and returns each append's answer, in order.
-    fn commit(&self, batch: &[AppendRequest]) -> Vec<Result<AppendOutcome, StoreError>> {
-        let applied = match self.apply_all(batch) {
+    /// Runs `batch` in one transaction and returns each append's answer, in order. The events
+    /// it wrote move into the recent window once committed.
+    fn commit(&self, batch: &mut [AppendRequest]) -> Vec<Result<AppendOutcome, StoreError>> {
+        let BatchApplied {
+            log_head_before,
+            results: applied,
+        } = match self.apply_all(batch) {
             Ok(applied) => applied,
             Err(error) => {
                 self.roll_back();
@@ -154,7 +173,7 @@ impl Writer {
             let reason = format!("the commit failed: {error}");
             return applied
                 .into_iter()
-                .zip(batch)
+                .zip(batch.iter())
                 .map(|(applied, request)| match applied {
                     Ok(_) => Err(StoreError::AppendOutcomeUnknown {
                         stream: request.stream.clone(),
@@ -167,15 +186,20 @@ impl Writer {
 
         let mut written = 0_u64;
         let mut newest = None;
-        for outcome in applied.iter().flatten() {
-            if let Applied::Written(outcome) = outcome {
+        let mut recorded = Vec::new();
+        for (applied, request) in applied.iter().zip(batch.iter_mut()) {
+            if let Ok(Applied::Written(outcome, positions)) = applied {
                 written += 1;
                 newest = newest.max(Some(outcome.position));
+                recorded.extend(recorded_events(request, positions));
             }
         }
         if let Some(newest) = newest {
             self.counters.appends.fetch_add(written, Ordering::Relaxed);
             self.counters.commits.fetch_add(1, Ordering::Relaxed);
+            // Into the window before the head moves, so a subscription woken by the new head
+            // finds the events in memory.
+            self.recent.committed(log_head_before, recorded);
             // Publish before answering, so a caller that reads the head after its append
             // returned sees at least its own position.
             let previous = self.head.send_replace(Some(newest));
@@ -197,12 +221,12 @@ impl Writer {
     /// needs no rollback and costs the others nothing; savepoints per append would copy every
     /// page the batch touches again for each append. An error means the transaction must be
     /// rolled back and nothing in it was written.
-    fn apply_all(
-        &self,
-        batch: &[AppendRequest],
-    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    /// Also returns the log's last position before the batch, read under the write lock: what
+    /// tells the recent window whether another process wrote since this one's last commit.
+    fn apply_all(&self, batch: &[AppendRequest]) -> Result<BatchApplied, StoreError> {
         let connection = &self.connection;
         exec(connection, "BEGIN IMMEDIATE")?;
+        let log_head_before = last_position(connection)?;
         let mut results = Vec::with_capacity(batch.len());
         for request in batch {
             let result = match apply(connection, request) {
@@ -220,7 +244,10 @@ impl Writer {
             }
             results.push(result);
         }
-        Ok(results)
+        Ok(BatchApplied {
+            log_head_before,
+            results,
+        })
     }
 
     fn roll_back(&self) {
@@ -255,7 +282,8 @@ fn apply(connection: &Connection, request: &AppendRequest) -> Result<Applied, Fa
                 }
                 None => create_stream(connection, stream, new_last)?,
             };
-            insert(connection, request, stream_id, first).map(Applied::Written)
+            insert(connection, request, stream_id, first)
+                .map(|(outcome, positions)| Applied::Written(outcome, positions))
         }
         AppendPlan::CheckStored { first } => {
             let Some((stream_id, _)) = found else {
@@ -361,14 +389,14 @@ fn stored_from(
     Ok(stored)
 }
 
-/// Inserts the append's events from version `first` on. The caller checked that every version
-/// fits in SQLite.
+/// Inserts the append's events from version `first` on and returns where the last one landed
+/// and each one's position and version. The caller checked that every version fits in SQLite.
 fn insert(
     connection: &Connection,
     request: &AppendRequest,
     stream_id: i64,
     first: StreamVersion,
-) -> Result<AppendOutcome, Failure> {
+) -> Result<(AppendOutcome, Vec<(GlobalPosition, StreamVersion)>), Failure> {
     let stream = &request.stream;
     let mut statement = connection
         .prepare_cached(
@@ -378,6 +406,7 @@ fn insert(
         .map_err(|error| sqlite_error("cannot prepare the insert", error))?;
     let mut version = first;
     let mut outcome = None;
+    let mut positions = Vec::with_capacity(request.events.len());
     for event in &request.events {
         let sql_version = codec::version_to_sql(version)
             .expect("the caller checked the append's last version fits");
@@ -401,13 +430,48 @@ fn insert(
             }
         }
         let position = codec::position_from_sql(connection.last_insert_rowid())?;
+        positions.push((position, version));
         outcome = Some(AppendOutcome {
             next_expected: version,
             position,
         });
         version = version.next();
     }
-    Ok(outcome.expect("an append carries at least one event; check_append refused empty ones"))
+    let outcome =
+        outcome.expect("an append carries at least one event; check_append refused empty ones");
+    Ok((outcome, positions))
+}
+
+/// The committed append's events as the log holds them, moved out of the request: its caller
+/// gets only the outcome, so the data is not copied.
+fn recorded_events(
+    request: &mut AppendRequest,
+    placed: &[(GlobalPosition, StreamVersion)],
+) -> Vec<RecordedEvent> {
+    debug_assert_eq!(request.events.len(), placed.len());
+    std::mem::take(&mut request.events)
+        .into_iter()
+        .zip(placed)
+        .map(|(event, &(position, version))| RecordedEvent {
+            stream: request.stream.clone(),
+            version,
+            position,
+            event_id: event.event_id,
+            event_type: event.event_type,
+            data: event.data,
+            metadata: event.metadata,
+        })
+        .collect()
+}
+
+/// The log's last position (`None`: the log is empty). `MAX` of the rowid is one seek to the
+/// end of the table.
+fn last_position(connection: &Connection) -> Result<Option<GlobalPosition>, StoreError> {
+    let newest: Option<i64> = connection
+        .prepare_cached("SELECT MAX(position) FROM events")
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .map_err(|error| sqlite_error("cannot read the log's last position", error))?;
+    newest.map(codec::position_from_sql).transpose()
 }
 
 /// Refuses an append whose event ids are already stored anywhere: an id names one event, and
