@@ -4,7 +4,8 @@
 //! (see `sqlite/writer.rs`), so concurrent callers share one fsync and positions increase in commit
 //! order. Reads go through a small pool of read-only connections on blocking threads (see
 //! `sqlite/reader.rs`) and never wait for the writer. Subscriptions read the log after their last
-//! position and wait on a `watch` channel the writer updates after each commit.
+//! position and wait on a `watch` channel the writer updates after each commit; one that follows
+//! the head takes the writer's newest events from memory instead of the file (`sqlite/recent.rs`).
 //!
 //! It must never acknowledge an append before the COMMIT that holds it has returned, never write
 //! to a file it did not create or cannot read the schema of, and never run a blocking SQLite call
