@@ -11,9 +11,9 @@
 //! checkpoint costs WAL size, never data.
 
 use std::path::Path;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opledger_domain::store::StoreError;
 use rusqlite::{Connection, OpenFlags};
@@ -21,8 +21,12 @@ use rusqlite::{Connection, OpenFlags};
 use super::{sqlite_error, BUSY_TIMEOUT_MS};
 
 /// The shortest pause between two checkpoints, in milliseconds: frequent enough to keep the WAL
-/// short, rare enough that the database file's fsync is not paid per commit.
-pub(super) const CHECKPOINT_INTERVAL_MS: u64 = 100;
+/// short (a few thousand pages under load, well below the writer's own limit), rare enough that
+/// the pages every commit rewrites (the tails of the tables and indexes, the stream names) are
+/// copied to the file once per pause rather than once per commit. From 100 to 500 ms under the
+/// peers' client at concurrency 64: bytes written to the database file −38 %, its fsyncs from 38
+/// to 10 per 5,000 operations, CPU per operation −4.5 % (three interleaved pairs).
+pub(super) const CHECKPOINT_INTERVAL_MS: u64 = 500;
 
 /// The running checkpointer thread.
 pub(super) struct Checkpointer {
@@ -71,16 +75,36 @@ impl Checkpointer {
     }
 }
 
+/// Checkpoints after a nudge, then rests for the interval; a nudge during the rest means more WAL
+/// to copy once it ends. Returns as soon as the store closes (the sender is dropped), even in the
+/// middle of a rest, so closing never waits out the interval.
 fn run(connection: &Connection, nudges: &Receiver<()>) {
-    while nudges.recv().is_ok() {
-        match connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
-        }) {
-            Ok((wal_pages, copied_pages)) => tracing::trace!(wal_pages, copied_pages, "checkpoint"),
-            Err(error) => {
-                tracing::warn!(%error, "a background checkpoint failed; the writer's own checkpoint will catch up")
+    let mut nudged = nudges.recv().is_ok();
+    while nudged {
+        checkpoint(connection);
+        nudged = false;
+        let rest_until = Instant::now() + Duration::from_millis(CHECKPOINT_INTERVAL_MS);
+        loop {
+            let left = rest_until.saturating_duration_since(Instant::now());
+            match nudges.recv_timeout(left) {
+                Ok(()) => nudged = true,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
             }
         }
-        std::thread::sleep(Duration::from_millis(CHECKPOINT_INTERVAL_MS));
+        if !nudged {
+            nudged = nudges.recv().is_ok();
+        }
+    }
+}
+
+fn checkpoint(connection: &Connection) {
+    match connection.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    }) {
+        Ok((wal_pages, copied_pages)) => tracing::trace!(wal_pages, copied_pages, "checkpoint"),
+        Err(error) => {
+            tracing::warn!(%error, "a background checkpoint failed; the writer's own checkpoint will catch up")
+        }
     }
 }
