@@ -127,10 +127,13 @@ fn keep_plans(connection: &Connection) -> Result<(), StoreError> {
         .map_err(|error| sqlite_error("cannot keep the query plans stable", error))
 }
 
-/// The position of the newest stored event.
+/// The position of the newest stored event (`None`: the log is empty). `MAX` of the rowid is one
+/// seek to the end of the table; the writer asks it inside every write transaction, so the
+/// statement is cached.
 pub(super) fn head_position(connection: &Connection) -> Result<Option<GlobalPosition>, StoreError> {
     let newest: Option<i64> = connection
-        .query_row("SELECT MAX(position) FROM events", [], |row| row.get(0))
+        .prepare_cached("SELECT MAX(position) FROM events")
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
         .map_err(|error| sqlite_error("cannot read the log's head position", error))?;
     newest.map(codec::position_from_sql).transpose()
 }

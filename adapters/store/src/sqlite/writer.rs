@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::checkpointer::Checkpointer;
 use super::codec;
 use super::recent::RecentEvents;
+use super::schema;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::rules::{self, AppendPlan};
 
@@ -97,8 +98,9 @@ struct Writer {
 
 /// What one append did inside the batch's transaction.
 enum Applied {
-    /// It wrote its events, at these positions and versions; durable once the batch commits.
-    Written(AppendOutcome, Vec<(GlobalPosition, StreamVersion)>),
+    /// It wrote its events, at these positions and versions (in order, at least one); durable
+    /// once the batch commits.
+    Written(Vec<(GlobalPosition, StreamVersion)>),
     /// Its events were already stored (a retry); it wrote nothing.
     AlreadyStored(AppendOutcome),
 }
@@ -106,7 +108,16 @@ enum Applied {
 impl Applied {
     fn outcome(&self) -> AppendOutcome {
         match self {
-            Self::Written(outcome, _) | Self::AlreadyStored(outcome) => *outcome,
+            Self::Written(placed) => {
+                let &(position, next_expected) = placed.last().expect(
+                    "an append carries at least one event; check_append refused empty ones",
+                );
+                AppendOutcome {
+                    next_expected,
+                    position,
+                }
+            }
+            Self::AlreadyStored(outcome) => *outcome,
         }
     }
 }
@@ -188,10 +199,10 @@ impl Writer {
         let mut newest = None;
         let mut recorded = Vec::new();
         for (applied, request) in applied.iter().zip(batch.iter_mut()) {
-            if let Ok(Applied::Written(outcome, positions)) = applied {
+            if let Ok(written_now @ Applied::Written(placed)) = applied {
                 written += 1;
-                newest = newest.max(Some(outcome.position));
-                recorded.extend(recorded_events(request, positions));
+                newest = newest.max(Some(written_now.outcome().position));
+                recorded.extend(recorded_events(request, placed));
             }
         }
         if let Some(newest) = newest {
@@ -221,12 +232,13 @@ impl Writer {
     /// needs no rollback and costs the others nothing; savepoints per append would copy every
     /// page the batch touches again for each append. An error means the transaction must be
     /// rolled back and nothing in it was written.
+    ///
     /// Also returns the log's last position before the batch, read under the write lock: what
     /// tells the recent window whether another process wrote since this one's last commit.
     fn apply_all(&self, batch: &[AppendRequest]) -> Result<BatchApplied, StoreError> {
         let connection = &self.connection;
         exec(connection, "BEGIN IMMEDIATE")?;
-        let log_head_before = last_position(connection)?;
+        let log_head_before = schema::head_position(connection)?;
         let mut results = Vec::with_capacity(batch.len());
         for request in batch {
             let result = match apply(connection, request) {
@@ -282,8 +294,7 @@ fn apply(connection: &Connection, request: &AppendRequest) -> Result<Applied, Fa
                 }
                 None => create_stream(connection, stream, new_last)?,
             };
-            insert(connection, request, stream_id, first)
-                .map(|(outcome, positions)| Applied::Written(outcome, positions))
+            insert(connection, request, stream_id, first).map(Applied::Written)
         }
         AppendPlan::CheckStored { first } => {
             let Some((stream_id, _)) = found else {
@@ -389,14 +400,14 @@ fn stored_from(
     Ok(stored)
 }
 
-/// Inserts the append's events from version `first` on and returns where the last one landed
-/// and each one's position and version. The caller checked that every version fits in SQLite.
+/// Inserts the append's events from version `first` on and returns each one's position and
+/// version, in order. The caller checked that every version fits in SQLite.
 fn insert(
     connection: &Connection,
     request: &AppendRequest,
     stream_id: i64,
     first: StreamVersion,
-) -> Result<(AppendOutcome, Vec<(GlobalPosition, StreamVersion)>), Failure> {
+) -> Result<Vec<(GlobalPosition, StreamVersion)>, Failure> {
     let stream = &request.stream;
     let mut statement = connection
         .prepare_cached(
@@ -405,8 +416,7 @@ fn insert(
         )
         .map_err(|error| sqlite_error("cannot prepare the insert", error))?;
     let mut version = first;
-    let mut outcome = None;
-    let mut positions = Vec::with_capacity(request.events.len());
+    let mut placed = Vec::with_capacity(request.events.len());
     for event in &request.events {
         let sql_version = codec::version_to_sql(version)
             .expect("the caller checked the append's last version fits");
@@ -430,16 +440,10 @@ fn insert(
             }
         }
         let position = codec::position_from_sql(connection.last_insert_rowid())?;
-        positions.push((position, version));
-        outcome = Some(AppendOutcome {
-            next_expected: version,
-            position,
-        });
+        placed.push((position, version));
         version = version.next();
     }
-    let outcome =
-        outcome.expect("an append carries at least one event; check_append refused empty ones");
-    Ok((outcome, positions))
+    Ok(placed)
 }
 
 /// The committed append's events as the log holds them, moved out of the request: its caller
@@ -462,16 +466,6 @@ fn recorded_events(
             metadata: event.metadata,
         })
         .collect()
-}
-
-/// The log's last position (`None`: the log is empty). `MAX` of the rowid is one seek to the
-/// end of the table.
-fn last_position(connection: &Connection) -> Result<Option<GlobalPosition>, StoreError> {
-    let newest: Option<i64> = connection
-        .prepare_cached("SELECT MAX(position) FROM events")
-        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
-        .map_err(|error| sqlite_error("cannot read the log's last position", error))?;
-    newest.map(codec::position_from_sql).transpose()
 }
 
 /// Refuses an append whose event ids are already stored anywhere: an id names one event, and
