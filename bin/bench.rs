@@ -49,6 +49,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             closed
         }
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
+        BenchTarget::Floor(args) => crate::bench_floor::run(args).await,
         BenchTarget::Startup(args) => crate::bench_startup::run(args).await,
         BenchTarget::Soak(args) => crate::bench_soak::run(args).await,
         BenchTarget::Projections(args) => {

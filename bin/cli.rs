@@ -319,6 +319,27 @@ pub enum BenchTarget {
     /// acknowledged=… lost=… duplicates=… redeliveries_mismatched=… unsettled=… wall_s=…` and
     /// exits 1 naming the operations when a check fails.
     Soak(BenchSoakArgs),
+    /// The floor under `serve`, for the peers' harness: serves `POST /v1/operations` doing only
+    /// the two durable appends of the SQLite store (intent with claim, then outcome) around the
+    /// send to --provider-url, with the service's own HTTP stacks and no read models, engine or
+    /// hash chain. Prints `opledger bench floor: listening on http://…`; runs until Ctrl-C or SIGTERM. A
+    /// bound to measure `serve` against, not a ledger: a re-sent source_id is refused.
+    Floor(BenchFloorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchFloorArgs {
+    /// Where each operation is sent: the provider's full URL, e.g. the peers' stub CRM at
+    /// http://127.0.0.1:PORT/keyed/bench/tasks. The answer's `id` is the new object's id.
+    #[arg(long)]
+    pub provider_url: String,
+    /// The address to serve on.
+    #[arg(long, default_value_t = crate::bench_floor::DEFAULT_LISTEN)]
+    pub listen: std::net::SocketAddr,
+    /// The ledger file to create (it must not exist; default: a fresh file in the temporary
+    /// directory, removed at exit).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
