@@ -12,6 +12,8 @@
 //!
 //! It is a bound to compare `serve` with, not a ledger: a re-sent `source_id` is refused (the
 //! stream exists) instead of answered, and a failed send is an error, not an unknown outcome.
+//! With `--without-ledger` it writes nothing at all: what is left is the two HTTP hops, the floor
+//! under the floor.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,15 +59,23 @@ struct FloorBody {
 }
 
 struct Floor {
-    store: SqliteStore,
+    /// The ledger; `None` with `--without-ledger`.
+    store: Option<SqliteStore>,
     client: reqwest::Client,
     provider_url: String,
 }
 
 pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     let provider_url = provider_url(&args.provider_url)?;
-    let (path, fresh) = match &args.db {
-        Some(path) if path.exists() => {
+    let ledger = match (&args.db, args.without_ledger) {
+        (Some(_), true) => {
+            return Err(ValidationError::new(
+                "--db",
+                "goes with a ledger; --without-ledger writes none: give one of them",
+            )
+            .into())
+        }
+        (Some(path), false) if path.exists() => {
             return Err(ValidationError::new(
                 "--db",
                 format!(
@@ -75,8 +85,9 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
             )
             .into())
         }
-        Some(path) => (path.clone(), false),
-        None => (fresh_path("bench-floor"), true),
+        (Some(path), false) => Some((path.clone(), false)),
+        (None, false) => Some((fresh_path("bench-floor"), true)),
+        (None, true) => None,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -84,7 +95,10 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     let address = listener
         .local_addr()
         .map_err(|error| CliError::Other(format!("no local address: {error}")))?;
-    let store = SqliteStore::open(&path).await?;
+    let store = match &ledger {
+        Some((path, _)) => Some(SqliteStore::open(path).await?),
+        None => None,
+    };
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(SEND_TIMEOUT_MS))
         .build()
@@ -98,12 +112,13 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
         .route("/v1/operations", post(record_and_execute))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(Arc::clone(&floor));
+    let described = match &ledger {
+        Some((path, _)) => format!("ledger {}", path.display()),
+        None => "without a ledger".to_owned(),
+    };
     // The harness reads this line for the address, as it reads `serve`'s.
-    println!(
-        "opledger bench floor: listening on http://{address} (ledger {})",
-        path.display()
-    );
-    info!(%address, path = %path.display(), "floor serving");
+    println!("opledger bench floor: listening on http://{address} ({described})");
+    info!(%address, %described, "floor serving");
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(crate::serve::shutdown_signal())
         .await
@@ -112,9 +127,11 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     // handle: closing the store waits for the writer to finish the last commit.
     let floor = Arc::into_inner(floor)
         .ok_or_else(|| CliError::Other("a request still holds the store".into()))?;
-    floor.store.close().await?;
+    if let Some(store) = floor.store {
+        store.close().await?;
+    }
     println!("opledger bench floor: stopped");
-    if fresh {
+    if let Some((path, true)) = ledger {
         for suffix in ["", "-wal", "-shm"] {
             let mut file = path.clone().into_os_string();
             file.push(suffix);
@@ -139,7 +156,8 @@ fn provider_url(text: &str) -> Result<String, CliError> {
     Ok(parsed.into())
 }
 
-/// One operation: intent and claim durable, the send, the outcome durable, the answer.
+/// One operation: intent and claim durable, the send, the outcome durable, the answer (without
+/// a ledger: the send and the answer).
 async fn record_and_execute(State(floor): State<Arc<Floor>>, body: Bytes) -> Response {
     let body: FloorBody = match serde_json::from_slice(&body) {
         Ok(body) => body,
@@ -159,33 +177,34 @@ async fn record_and_execute(State(floor): State<Arc<Floor>>, body: Bytes) -> Res
     let stream = StreamName::for_operation(operation_id);
     let attempt_id = Uuid::now_v7();
     let key = format!("opk_{}", Uuid::new_v4().simple());
-    let intent = json!({
-        "operation_id": operation_id.to_string(), "tenant": TENANT, "owner": null,
-        "provider": body.provider, "account": body.account,
-        "credential_fingerprint": "sha256:0000000000000000", "action": body.action,
-        "args": body.args, "args_hash": format!("sha256:{}", "0".repeat(64)),
-        "idempotency_key": key, "source_id": body.source_id, "requires_approval": false,
-        "at": now(),
-    });
-    let claim = json!({
-        "attempt_id": attempt_id.to_string(), "attempt_number": 1, "worker": "floor",
-        "lease_ms": 30_000, "binding": {"credential_fingerprint": "sha256:0000000000000000"},
-        "at": now(),
-    });
-    let recorded = floor
-        .store
-        .append(
-            &stream,
-            ExpectedVersion::NoStream,
-            vec![
+    let recorded = match &floor.store {
+        Some(store) => {
+            let intent = json!({
+                "operation_id": operation_id.to_string(), "tenant": TENANT, "owner": null,
+                "provider": body.provider, "account": body.account,
+                "credential_fingerprint": "sha256:0000000000000000", "action": body.action,
+                "args": body.args, "args_hash": format!("sha256:{}", "0".repeat(64)),
+                "idempotency_key": key, "source_id": body.source_id, "requires_approval": false,
+                "at": now(),
+            });
+            let claim = json!({
+                "attempt_id": attempt_id.to_string(), "attempt_number": 1, "worker": "floor",
+                "lease_ms": 30_000, "binding": {"credential_fingerprint": "sha256:0000000000000000"},
+                "at": now(),
+            });
+            let events = vec![
                 event("IntentRecorded", &intent),
                 event("AttemptStarted", &claim),
-            ],
-        )
-        .await;
-    let recorded = match recorded {
-        Ok(recorded) => recorded,
-        Err(error) => return store_refused(operation_id, error),
+            ];
+            match store
+                .append(&stream, ExpectedVersion::NoStream, events)
+                .await
+            {
+                Ok(recorded) => Some((store, recorded)),
+                Err(error) => return store_refused(operation_id, error),
+            }
+        }
+        None => None,
     };
     let external_id = match send(&floor, &key, &body.args).await {
         Ok(external_id) => external_id,
@@ -194,31 +213,26 @@ async fn record_and_execute(State(floor): State<Arc<Floor>>, body: Bytes) -> Res
             return refused(StatusCode::BAD_GATEWAY, message);
         }
     };
-    let outcome = json!({
-        "attempt_id": attempt_id.to_string(), "external_id": external_id,
-        "provider_request_id": null, "at": now(),
+    let mut answer = json!({
+        "operation_id": operation_id.to_string(), "state": "succeeded",
+        "external_id": external_id, "attempts": 1,
     });
-    let settled = floor
-        .store
-        .append(
-            &stream,
-            ExpectedVersion::Exact(recorded.next_expected),
-            vec![event("AttemptSucceeded", &outcome)],
-        )
-        .await;
-    match settled {
-        Ok(settled) => (
-            StatusCode::CREATED,
-            axum::Json(json!({
-                "operation_id": operation_id.to_string(), "state": "succeeded",
-                "external_id": external_id, "attempts": 1,
-                "position": settled.position.value(),
-                "stream_version": settled.next_expected.value(),
-            })),
-        )
-            .into_response(),
-        Err(error) => store_refused(operation_id, error),
+    if let Some((store, recorded)) = recorded {
+        let outcome = json!({
+            "attempt_id": attempt_id.to_string(), "external_id": external_id,
+            "provider_request_id": null, "at": now(),
+        });
+        let expected = ExpectedVersion::Exact(recorded.next_expected);
+        let events = vec![event("AttemptSucceeded", &outcome)];
+        match store.append(&stream, expected, events).await {
+            Ok(settled) => {
+                answer["position"] = settled.position.value().into();
+                answer["stream_version"] = settled.next_expected.value().into();
+            }
+            Err(error) => return store_refused(operation_id, error),
+        }
     }
+    (StatusCode::CREATED, axum::Json(answer)).into_response()
 }
 
 fn operation_of(source_id: &str) -> Result<OperationId, String> {

@@ -340,6 +340,10 @@ pub struct BenchFloorArgs {
     /// directory, removed at exit).
     #[arg(long)]
     pub db: Option<PathBuf>,
+    /// Write no ledger at all: only receive, send to the provider and answer (the two HTTP
+    /// hops alone). A re-sent source_id is then sent again.
+    #[arg(long)]
+    pub without_ledger: bool,
 }
 
 #[derive(Debug, Args)]

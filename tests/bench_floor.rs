@@ -191,4 +191,13 @@ fn the_floor_refuses_a_provider_url_that_is_not_http_and_an_existing_ledger() {
     ]);
     assert!(!exists.status.success());
     assert!(String::from_utf8_lossy(&exists.stderr).contains("does not exist yet"));
+    let both = run(&[
+        "--provider-url",
+        "http://127.0.0.1:9/tasks",
+        "--without-ledger",
+        "--db",
+        dir.path().join("new.db").to_str().expect("UTF-8"),
+    ]);
+    assert!(!both.status.success());
+    assert!(String::from_utf8_lossy(&both.stderr).contains("--without-ledger writes none"));
 }
