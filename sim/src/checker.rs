@@ -26,6 +26,8 @@ pub struct Checker {
     not_sent: BTreeSet<AttemptId>,
     /// Attempts sent so far.
     sent: BTreeSet<AttemptId>,
+    /// Operations a person approved, as the log says.
+    approved: BTreeSet<OperationId>,
     /// How many of the provider's objects were checked.
     objects_checked: usize,
     /// How many of the provider's sends were checked.
@@ -116,6 +118,16 @@ impl Checker {
             }
             OperationEvent::AttemptNotSent(not_sent) => {
                 self.not_sent.insert(not_sent.attempt_id);
+            }
+            OperationEvent::ApprovalGranted(_) => {
+                self.approved.insert(id);
+            }
+            OperationEvent::AttemptStarted(_) if !self.may_be_sent(id, after) => {
+                self.violate(
+                    faults,
+                    id,
+                    "an attempt claimed without the approval its intent requires".into(),
+                );
             }
             _ => {}
         }
@@ -224,6 +236,13 @@ impl Checker {
             let status = state.status.name();
             self.violate(faults, id, format!("sent attempt {} while the ledger has it {status}, not its one attempt in flight", send.attempt_id));
         }
+        if !self.may_be_sent(id, &state) {
+            self.violate(
+                faults,
+                id,
+                "sent without the approval its intent requires".into(),
+            );
+        }
         let Some(intent) = state.intent.clone() else {
             return;
         };
@@ -250,6 +269,16 @@ impl Checker {
                 format!("a send whose {} differ from the intent", differs.join(", ")),
             );
         }
+    }
+
+    /// Whether the operation may be sent at all: its intent asked for no approval, or a person
+    /// granted it (a denied one never may).
+    fn may_be_sent(&self, id: OperationId, state: &OperationState) -> bool {
+        let required = state
+            .intent
+            .as_ref()
+            .is_some_and(|intent| intent.requires_approval);
+        !required || self.approved.contains(&id)
     }
 
     /// Checks the provider's new objects: one per operation under a key, label or natural

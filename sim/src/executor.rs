@@ -35,6 +35,13 @@ pub enum TaskKind {
         /// The operation's index.
         op: usize,
     },
+    /// A person approves or denies operation `op` through process `process`.
+    Approval {
+        /// The process.
+        process: usize,
+        /// The operation's index.
+        op: usize,
+    },
     /// A person decides about operation `op` through process `process`.
     Review {
         /// The process.
@@ -50,6 +57,7 @@ impl TaskKind {
         match self {
             Self::Drive { process, .. }
             | Self::Client { process, .. }
+            | Self::Approval { process, .. }
             | Self::Review { process, .. } => *process,
         }
     }
@@ -60,6 +68,7 @@ impl std::fmt::Display for TaskKind {
         match self {
             Self::Drive { process, op } => write!(f, "drive op{op}@p{process}"),
             Self::Client { process, op } => write!(f, "client op{op}@p{process}"),
+            Self::Approval { process, op } => write!(f, "approval op{op}@p{process}"),
             Self::Review { process, op } => write!(f, "review op{op}@p{process}"),
         }
     }

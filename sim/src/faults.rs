@@ -51,11 +51,13 @@ pub enum FaultClass {
     Redelivery,
     /// A person decides about an operation at a random time.
     ReviewDecision,
+    /// A person approves or denies an operation awaiting approval at a random time.
+    ApprovalDecision,
 }
 
 impl FaultClass {
     /// Every class, in report order.
-    pub const ALL: [FaultClass; 17] = [
+    pub const ALL: [FaultClass; 18] = [
         Self::RequestDropped,
         Self::ResponseDropped,
         Self::ResponseLate,
@@ -73,6 +75,8 @@ impl FaultClass {
         Self::KeyAged,
         Self::Redelivery,
         Self::ReviewDecision,
+        // Last, so the rates drawn for the classes before it are what they were without it.
+        Self::ApprovalDecision,
     ];
 
     /// The class's name, as the summary line prints it.
@@ -95,6 +99,7 @@ impl FaultClass {
             Self::KeyAged => "key_aged",
             Self::Redelivery => "redelivery",
             Self::ReviewDecision => "review_decision",
+            Self::ApprovalDecision => "approval_decision",
         }
     }
 
@@ -116,7 +121,7 @@ impl FaultClass {
             // Per scheduler step (a seed takes a few thousand steps).
             Self::Crash | Self::CredentialsRotated | Self::KeyAged => 1_500,
             Self::ClockJump | Self::Redelivery => 4_000,
-            Self::ReviewDecision => 6_000,
+            Self::ReviewDecision | Self::ApprovalDecision => 6_000,
             // Per worker dispatch.
             Self::ConcurrentWorkers => 300_000,
         }

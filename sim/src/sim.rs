@@ -47,6 +47,8 @@ pub const MAX_STEPS: u64 = 400_000;
 pub const REDRIVE_PAUSE_MS: i64 = 500;
 /// The longest gap between two callers' arrivals, in simulated milliseconds.
 pub const MAX_ARRIVAL_GAP_MS: u64 = 2_000;
+/// One operation in this many asks for a person's approval before it may be sent.
+pub const APPROVAL_ONE_IN: u64 = 8;
 
 type SimEngine = Engine<SimStore, SimClock, SimIds, SimProviders>;
 
@@ -120,6 +122,8 @@ pub(crate) struct Sim {
     trace: Trace,
     steps: u64,
     crashes: u64,
+    /// Approval tasks not yet finished.
+    approvals_in_flight: usize,
 }
 
 impl Sim {
@@ -155,6 +159,7 @@ impl Sim {
             trace: Trace::new(config.keep_full_trace),
             steps: 0,
             crashes: 0,
+            approvals_in_flight: 0,
         };
         for process in 0..config.processes.max(1) {
             let started = sim.start_process(process, 0);
@@ -203,6 +208,8 @@ impl Sim {
 
     fn plan_operations(&mut self) {
         let mut at_ms = self.clock.now_ms();
+        // A stream of its own, so the rest of the plan is drawn as it was before approvals.
+        let mut approvals = SimRng::derived(self.seed, 4);
         for index in 0..self.config.ops {
             let (account, tenant) = SIM_ACCOUNTS[self.rng.index(SIM_ACCOUNTS.len())];
             let (action, _, _) = SIM_ACTIONS[self.rng.index(SIM_ACTIONS.len())];
@@ -223,7 +230,7 @@ impl Sim {
                     action: action.into(),
                     args: serde_json::json!({"title": format!("task {index}"), "n": index}),
                     source_id: Some(source),
-                    requires_approval: false,
+                    requires_approval: approvals.below(APPROVAL_ONE_IN) == 0,
                 },
                 arrival_ms: at_ms,
                 arrived: false,
@@ -293,6 +300,10 @@ impl Sim {
             }
             if !liveness {
                 self.inject_faults();
+            } else if self.approvals_in_flight == 0 && self.any_awaiting_approval() {
+                // Faults, and with them the approval decisions, are off: a person decides each
+                // operation still waiting, one at a time.
+                self.spawn_approval();
             }
             self.act(liveness);
         }
@@ -397,6 +408,9 @@ impl Sim {
         if self.faults.fire_uncounted(FaultClass::ReviewDecision) {
             self.spawn_review();
         }
+        if self.faults.fire_uncounted(FaultClass::ApprovalDecision) {
+            self.spawn_approval();
+        }
     }
 
     fn act(&mut self, liveness: bool) {
@@ -469,6 +483,9 @@ impl Sim {
         match self.executor.poll(task, &self.clock) {
             Polled::Waiting => {}
             Polled::Finished(kind, end) => {
+                if let TaskKind::Approval { .. } = &kind {
+                    self.approvals_in_flight = self.approvals_in_flight.saturating_sub(1);
+                }
                 if let TaskKind::Drive { process, op } = &kind {
                     let id = self.ops[*op].id;
                     if let Some(process) = self.processes.get_mut(*process) {
@@ -562,6 +579,64 @@ impl Sim {
             });
     }
 
+    fn any_awaiting_approval(&self) -> bool {
+        self.ops.iter().any(|op| {
+            matches!(
+                self.checker.status_of(op.id),
+                Some(Status::AwaitingApproval)
+            )
+        })
+    }
+
+    /// A person decides about an operation awaiting approval: approves the arguments as
+    /// recorded (three times in four) or denies them. The decision is the ledger's alone; the
+    /// workers send an approved operation when they find it due.
+    fn spawn_approval(&mut self) {
+        let waiting: Vec<usize> = (0..self.ops.len())
+            .filter(|index| {
+                matches!(
+                    self.checker.status_of(self.ops[*index].id),
+                    Some(Status::AwaitingApproval)
+                )
+            })
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        self.faults.count(FaultClass::ApprovalDecision);
+        let index = waiting[self.rng.index(waiting.len())];
+        let id = self.ops[index].id;
+        let approve = self.rng.below(4) != 0;
+        let process = self.rng.index(self.processes.len());
+        let verb = if approve { "approves" } else { "denies" };
+        self.line(format!("p{process} person: {verb} op{index}"));
+        let engine = Arc::clone(&self.processes[process].engine);
+        self.approvals_in_flight += 1;
+        self.executor
+            .spawn(TaskKind::Approval { process, op: index }, async move {
+                let ledger = engine.ledger();
+                let seen = match ledger.get(id).await {
+                    Ok(seen) => seen,
+                    Err(error) => return format!("cannot load: {error}"),
+                };
+                let args_hash = match (&seen.state.status, &seen.state.intent) {
+                    (Status::AwaitingApproval, Some(intent)) => intent.args_hash.clone(),
+                    (status, _) => return format!("nothing to decide: {}", status.name()),
+                };
+                let approver = ActorId::new("approver").expect("valid");
+                let decided = if approve {
+                    ledger.approve(id, approver, args_hash).await
+                } else {
+                    let reason = "simulated denial".to_owned();
+                    ledger.deny(id, approver, args_hash, reason).await
+                };
+                match decided {
+                    Ok(decided) => decided.state.status.name().to_owned(),
+                    Err(error) => format!("refused: {error}"),
+                }
+            });
+    }
+
     /// A person looks at an operation waiting for one (or still unknown), checks the provider
     /// by hand, and decides: confirm the object found, or retry or give up.
     fn spawn_review(&mut self) {
@@ -629,6 +704,11 @@ impl Sim {
     fn crash(&mut self, process: usize, why: &str) {
         self.observe();
         let killed = self.executor.kill_process(process);
+        let approvals_killed = killed
+            .iter()
+            .filter(|kind| matches!(kind, TaskKind::Approval { .. }))
+            .count();
+        self.approvals_in_flight = self.approvals_in_flight.saturating_sub(approvals_killed);
         let landed = self.store.crash_process(process);
         let restarts = self.processes[process].restarts + 1;
         self.processes[process] = self.start_process(process, restarts);
