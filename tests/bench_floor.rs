@@ -52,6 +52,11 @@ async fn start_provider() -> (Provider, String) {
     (provider, url)
 }
 
+/// Where the floor's stderr goes: beside its ledger, to show when a check fails.
+fn log_file(db: &std::path::Path) -> std::fs::File {
+    std::fs::File::create(db.with_extension("log")).expect("a log file")
+}
+
 /// Starts the floor and returns it with the address it printed.
 fn start_floor(provider_url: &str, db: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
@@ -60,7 +65,7 @@ fn start_floor(provider_url: &str, db: &std::path::Path) -> (Child, String) {
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log_file(db))
         .spawn()
         .expect("the opledger binary starts");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -153,7 +158,12 @@ async fn the_floor_records_sends_once_records_the_outcome_and_refuses_a_second_r
         "the send carries the operation's key: {keys:?}"
     );
 
-    assert!(stop(child).success(), "SIGTERM stops the floor cleanly");
+    let stopped = stop(child);
+    assert!(
+        stopped.success(),
+        "SIGTERM stops the floor cleanly, not {stopped}; its stderr:\n{}",
+        std::fs::read_to_string(db.with_extension("log")).unwrap_or_default()
+    );
     let ledger = rusqlite::Connection::open(&db).expect("the ledger file opens");
     let types: Vec<String> = ledger
         .prepare("SELECT event_type FROM events ORDER BY position")
