@@ -60,7 +60,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             };
             let closed = crate::intent::close(&ledger).await;
-            remove_read_models(&target);
+            crate::replay::remove_database(&target);
             result?;
             closed
         }
@@ -88,15 +88,6 @@ async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), Cl
         report.asked_the_file,
     );
     Ok(())
-}
-
-/// Removes a benchmark's read-model file and its SQLite companions, whatever is left of them.
-fn remove_read_models(path: &Path) {
-    for suffix in ["", "-wal", "-shm", "-journal", ".lock"] {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        let _ = std::fs::remove_file(PathBuf::from(name));
-    }
 }
 
 async fn store(args: BenchStoreArgs) -> Result<(), CliError> {

@@ -16,7 +16,6 @@
 //! under the floor.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +37,9 @@ use uuid::Uuid;
 use crate::bench::fresh_path;
 use crate::cli::{BenchFloorArgs, CliError};
 
+/// The default address: loopback, a free port.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 /// Largest request body read, in bytes: the harness sends ~150.
 const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long one send to the provider may take, in milliseconds.
@@ -133,11 +135,7 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     }
     println!("opledger bench floor: stopped");
     if let Some((path, true)) = ledger {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut file = path.clone().into_os_string();
-            file.push(suffix);
-            let _ = std::fs::remove_file(PathBuf::from(file));
-        }
+        crate::replay::remove_database(&path);
     }
     served
 }
@@ -150,9 +148,11 @@ fn provider_url(text: &str) -> Result<String, CliError> {
         )
     })?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(
-            ValidationError::new("--provider-url", "must be an http:// or https:// URL").into(),
-        );
+        return Err(ValidationError::new(
+            "--provider-url",
+            "must be an http:// or https:// URL, e.g. http://127.0.0.1:8080/keyed/bench/tasks",
+        )
+        .into());
     }
     Ok(parsed.into())
 }
@@ -299,10 +299,6 @@ fn store_refused(operation_id: OperationId, error: StoreError) -> Response {
 fn refused(status: StatusCode, message: String) -> Response {
     (status, axum::Json(json!({"error": message}))).into_response()
 }
-
-/// The default address: loopback, a free port.
-pub const DEFAULT_LISTEN: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 #[cfg(test)]
 mod tests {

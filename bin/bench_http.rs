@@ -97,21 +97,10 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
         .await
         .map_err(|error| CliError::Other(format!("the server task failed: {error}")))?;
     stand.shutdown().await;
-    // `.views.lock` is the read models' swap lock (see `replay`): left behind, one per run
-    // piled up in the temporary directory.
-    for suffix in [
-        "",
-        "-wal",
-        "-shm",
-        ".views",
-        ".views-wal",
-        ".views-shm",
-        ".views.lock",
-    ] {
-        let mut file = path.clone().into_os_string();
-        file.push(suffix);
-        let _ = std::fs::remove_file(file);
-    }
+    // The ledger and the read models beside it (`.views`, with its swap lock `.views.lock`):
+    // left behind, one pair per run would pile up in the temporary directory.
+    crate::replay::remove_database(&path);
+    crate::replay::remove_database(&crate::replay::sibling(&path, ".views"));
     result?;
     Ok(served?)
 }

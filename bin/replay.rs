@@ -242,15 +242,15 @@ async fn replace(live: &Path, temporary: &Path) -> Result<(), CliError> {
 }
 
 /// `path` with `suffix` appended to its file name.
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name: OsString = path.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)
 }
 
 /// Removes an SQLite file and its side files, if present. Only for a file whose name is this
-/// process's own (its lock file is then no one else's).
-fn remove_database(path: &Path) {
+/// process's own (its lock file is then no one else's), e.g. a benchmark's fresh file.
+pub(crate) fn remove_database(path: &Path) {
     for suffix in ["", "-wal", "-shm", "-journal", ".lock"] {
         let _ = std::fs::remove_file(sibling(path, suffix));
     }

@@ -579,6 +579,17 @@ impl Sim {
             });
     }
 
+    /// The indexes of the operations whose state, as the checker folded the log, is `wanted`.
+    fn ops_where(&self, wanted: impl Fn(&Status) -> bool) -> Vec<usize> {
+        (0..self.ops.len())
+            .filter(|index| {
+                self.checker
+                    .status_of(self.ops[*index].id)
+                    .is_some_and(&wanted)
+            })
+            .collect()
+    }
+
     fn any_awaiting_approval(&self) -> bool {
         self.ops.iter().any(|op| {
             matches!(
@@ -592,14 +603,7 @@ impl Sim {
     /// recorded (three times in four) or denies them. The decision is the ledger's alone; the
     /// workers send an approved operation when they find it due.
     fn spawn_approval(&mut self) {
-        let waiting: Vec<usize> = (0..self.ops.len())
-            .filter(|index| {
-                matches!(
-                    self.checker.status_of(self.ops[*index].id),
-                    Some(Status::AwaitingApproval)
-                )
-            })
-            .collect();
+        let waiting = self.ops_where(|status| *status == Status::AwaitingApproval);
         if waiting.is_empty() {
             return;
         }
@@ -640,14 +644,8 @@ impl Sim {
     /// A person looks at an operation waiting for one (or still unknown), checks the provider
     /// by hand, and decides: confirm the object found, or retry or give up.
     fn spawn_review(&mut self) {
-        let waiting: Vec<usize> = (0..self.ops.len())
-            .filter(|index| {
-                matches!(
-                    self.checker.status_of(self.ops[*index].id),
-                    Some(Status::NeedsReview | Status::Unknown)
-                )
-            })
-            .collect();
+        let waiting =
+            self.ops_where(|status| matches!(status, Status::NeedsReview | Status::Unknown));
         if waiting.is_empty() {
             return;
         }
