@@ -15,5 +15,6 @@ mod python;
 mod redelivery;
 mod shutdown;
 mod soak;
+mod storage_faults;
 mod stream;
 mod support;

@@ -54,7 +54,7 @@ use opledger_domain::ids::{TenantId, WorkerId};
 use opledger_domain::store::StoreError;
 pub use opledger_mcp;
 use opledger_providers::HttpProviders;
-use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels};
+use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels, RunnerHealth};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
 use opledger_store::{KurrentDbStore, SqliteStore};
@@ -119,6 +119,8 @@ pub struct Shared {
     pub engine: Arc<ServeEngine>,
     /// The read models, kept up to date by the runner.
     pub read_models: ReadModels,
+    /// Whether the runner is following the log, retrying after a fault, or stopped.
+    pub runner_health: RunnerHealth,
     /// Who each bearer token is.
     pub tokens: Tokens,
     /// Request limits.
@@ -263,13 +265,21 @@ impl Service {
                 ..WorkerConfig::default()
             },
         );
-        let runner = spawn_runner(&store, &read_models, config.read_model_linger_ms, &stopping);
+        let runner_health = RunnerHealth::new();
+        let runner = spawn_runner(
+            &store,
+            &read_models,
+            &runner_health,
+            config.read_model_linger_ms,
+            &stopping,
+        );
         let limits = config.limits;
         let tokens = Tokens::new(config.tokens);
         let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
         let shared = Arc::new(Shared {
             engine,
             read_models,
+            runner_health,
             approval_guard: auth::guarded_by_approvers(&tokens),
             metrics_token: config.metrics_token.as_deref().map(auth::digest),
             tokens,
@@ -390,19 +400,23 @@ async fn open_store(store: &StoreUrl) -> Result<ServeStore, ServeError> {
 }
 
 /// The read-model runner, following the log until the server stops.
+/// A run that fails on a storage fault (a full disk, say) starts again from its checkpoint after
+/// a pause, so the read models resume once the cause is gone; `health` tells `/healthz` meanwhile.
 fn spawn_runner(
     store: &ServeStore,
     read_models: &ReadModels,
+    health: &RunnerHealth,
     linger_ms: u64,
     stopping: &watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>> {
     let store = store.clone();
     let read_models = read_models.clone();
+    let health = health.clone();
     let mut stopping = stopping.clone();
     tokio::spawn(async move {
         ReadModelRunner::new()
             .with_linger_ms(linger_ms)
-            .run(&store, &read_models, async move {
+            .run_supervised(&store, &read_models, &health, async move {
                 let _ = stopping.wait_for(|stop| *stop).await;
             })
             .await

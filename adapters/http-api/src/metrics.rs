@@ -20,7 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use opledger_projections::metrics::Counter;
-use opledger_readmodel::Metrics;
+use opledger_readmodel::{Metrics, RunnerHealthReport};
 
 use super::error::ApiError;
 use super::Shared;
@@ -198,6 +198,7 @@ pub async fn render(
         "Log positions the read models have not applied yet (events for SQLite, byte offsets for KurrentDB).",
     );
     let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
+    render_runner(&mut out, &shared.runner_health.report(), lag.positions);
     gauge(
         &mut out,
         "opledger_event_streams_open",
@@ -228,6 +229,37 @@ pub async fn render(
         out,
     )
         .into_response())
+}
+
+/// The read-model runner: whether it is healthy, its failures, and how long since it advanced.
+fn render_runner(out: &mut String, runner: &RunnerHealthReport, lag_positions: u64) {
+    gauge(
+        out,
+        "opledger_read_model_runner_healthy",
+        "1 while the read-model runner follows the log; 0 while it retries after a fault, has stopped, or has not advanced for 30 s while behind (see /healthz for the reason).",
+    );
+    let healthy = u8::from(runner.problem(lag_positions).is_none());
+    let _ = writeln!(out, "opledger_read_model_runner_healthy {healthy}");
+    counter(
+        out,
+        "opledger_read_model_runner_failures_total",
+        "Runs of the read-model runner that failed (a full disk, an unwritable file, a store error); each is retried from the checkpoint after a pause.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_read_model_runner_failures_total {}",
+        runner.failures_total
+    );
+    gauge(
+        out,
+        "opledger_read_model_since_progress_seconds",
+        "Seconds since the read models last committed a batch (or since the runner started).",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_read_model_since_progress_seconds {}",
+        runner.since_progress_ms as f64 / 1000.0
+    );
 }
 
 fn gauge(out: &mut String, name: &str, help: &str) {

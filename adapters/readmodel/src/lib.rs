@@ -31,6 +31,7 @@ mod rebuild;
 mod runner;
 mod schema;
 mod sql;
+mod supervise;
 mod swap;
 mod work;
 
@@ -57,6 +58,10 @@ pub use rebuild::{
 };
 pub use runner::{
     Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
+};
+pub use supervise::{
+    RunnerHealth, RunnerHealthReport, RunnerState, RUNNER_RETRY_FIRST_MS, RUNNER_RETRY_MAX_MS,
+    RUNNER_STALL_MS,
 };
 pub use swap::{lock_path, replace_read_models};
 

@@ -358,25 +358,82 @@ async fn check_visible(
 
 async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError> {
     let store = shared.engine.ledger().store();
-    let lag = shared.read_models.lag(store).await?;
-    // Ready once the read models are near the log: far behind (a start after a long stop), the
-    // runner is still catching up and listings would be stale.
-    let ready = lag.positions <= crate::READY_LAG_POSITIONS;
-    let (code, status) = if ready {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "catching_up")
+    let runner = shared.runner_health.report();
+    // A fault that keeps the runner from writing may keep us from reading too: that is an
+    // answer about health (degraded), not an error of this request.
+    let lag = shared.read_models.lag(store).await;
+    let (code, status, reason, probe) = match &lag {
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "degraded",
+            Some(format!(
+                "the log or the read models cannot be read: {error}"
+            )),
+            Some(PROBE_OUT_OF_ROTATION),
+        ),
+        Ok(lag) => match runner.problem(lag.positions) {
+            Some(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "degraded",
+                Some(reason),
+                Some(if runner.needs_restart() {
+                    PROBE_RESTART
+                } else {
+                    PROBE_OUT_OF_ROTATION
+                }),
+            ),
+            // Ready once the read models are near the log: far behind (a start after a long
+            // stop), the runner is still catching up and listings would be stale.
+            None if lag.positions > crate::READY_LAG_POSITIONS => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "catching_up",
+                Some(format!(
+                    "the read models are {} positions behind the log and catching up",
+                    lag.positions
+                )),
+                Some(PROBE_WAIT),
+            ),
+            None => (StatusCode::OK, "ok", None, None),
+        },
     };
-    Ok(json_reply(
-        code,
-        &json!({
-            "status": status,
-            "log_head": lag.head,
-            "read_model_checkpoint": lag.checkpoint,
-            // Events for SQLite; byte offsets in the log for KurrentDB.
-            "read_model_lag_positions": lag.positions,
-        }),
-    ))
+    let lag = lag.ok();
+    let mut body = json!({
+        "status": status,
+        "log_head": lag.and_then(|lag| lag.head),
+        "read_model_checkpoint": lag.and_then(|lag| lag.checkpoint),
+        // Events for SQLite; byte offsets in the log for KurrentDB.
+        "read_model_lag_positions": lag.map(|lag| lag.positions),
+        "read_model_runner": {
+            "state": runner_state_name(&runner.state),
+            "failures_total": runner.failures_total,
+            "since_progress_ms": runner.since_progress_ms,
+        },
+    });
+    if let Some(reason) = reason {
+        body["reason"] = reason.into();
+    }
+    if let Some(probe) = probe {
+        body["probe"] = probe.into();
+    }
+    Ok(json_reply(code, &body))
+}
+
+/// What `/healthz` tells a probe when the instance should get no traffic until it says ok again.
+const PROBE_OUT_OF_ROTATION: &str = "fail readiness: send no traffic here until /healthz says ok; do not restart for this alone: the read models resume by themselves once the cause (a full disk, an unwritable file, a store that is down) is gone, and a restart would not remove it";
+/// What `/healthz` tells a probe when only a restart (after fixing the cause) helps.
+const PROBE_RESTART: &str = "fail readiness and liveness: this instance will not recover on its own; fix the cause named in reason, then restart it";
+/// What `/healthz` tells a probe during a catch-up that is making progress.
+const PROBE_WAIT: &str =
+    "fail readiness until /healthz says ok; the read models are advancing, so do not restart";
+
+fn runner_state_name(state: &opledger_readmodel::RunnerState) -> &'static str {
+    use opledger_readmodel::RunnerState;
+    match state {
+        RunnerState::Running => "running",
+        RunnerState::Retrying { .. } => "retrying",
+        RunnerState::Stopped { .. } => "stopped",
+        RunnerState::Finished => "finished",
+    }
 }
 
 async fn openapi(State(shared): State<Arc<Shared>>) -> Response {
