@@ -138,6 +138,20 @@ pub enum Command {
         /// inconclusive): look again while the lookup and time budgets last, never retry.
         in_progress: bool,
     },
+    /// Decide an unknown operation of an action that cannot be looked up: a retry under a valid
+    /// contract (its key still inside retention less the margin), else a person, at once. A
+    /// lookup that cannot be made proves nothing and changes nothing, so none is claimed or
+    /// recorded; refused for an action that can be looked up (design rule 8: reconcile first).
+    SettleWithoutLookup {
+        /// What a retry would use, for the retry contract.
+        binding: SendBinding,
+        /// What the provider promises; its lookup must be [`crate::contract::LookupSupport::None`].
+        capabilities: ProviderCapabilities,
+        /// The retry budget.
+        policy: RetryPolicy,
+        /// When a retry may start, if one is allowed (the caller adds jittered backoff).
+        retry_not_before: DateTime<Utc>,
+    },
     /// Stop automation and hand the operation to a person.
     RequireReview {
         /// Why.
@@ -177,6 +191,7 @@ impl Command {
             Self::ExpireLease { .. } => "expire_lease",
             Self::ClaimLookup { .. } => "claim_lookup",
             Self::RecordReconciliation { .. } => "record_reconciliation",
+            Self::SettleWithoutLookup { .. } => "settle_without_lookup",
             Self::RequireReview { .. } => "require_review",
             Self::ResolveReview { .. } => "resolve_review",
         }
@@ -199,6 +214,7 @@ pub fn user_name(name: &str) -> &str {
         "expire_lease" => "expire the lease of",
         "claim_lookup" => "claim a lookup of",
         "record_reconciliation" => "record a lookup for",
+        "settle_without_lookup" => "settle without a lookup",
         "require_review" => "hand to a person",
         "resolve_review" => "resolve the review of",
         other => other,

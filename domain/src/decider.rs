@@ -197,6 +197,8 @@ fn dispatch(
         Command::ClaimLookup { worker, lease_ms } => lookup::claim(&on, worker, *lease_ms),
         Command::RecordReconciliation { result, duplicates, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
             reconciliation::record(&on, &reconciliation::Lookup { result, duplicates, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
+        Command::SettleWithoutLookup { binding, capabilities, policy, retry_not_before } =>
+            reconciliation::without_lookup(&on, binding, capabilities, policy, *retry_not_before),
         Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),
         Command::ResolveReview { reviewer, decision, note, accept_duplicate_risk, capabilities } =>
             review::resolve(&on, &review::Decision { reviewer, decision, note, accept_duplicate_risk: *accept_duplicate_risk, capabilities: capabilities.as_ref() }),

@@ -26,7 +26,8 @@ use crate::command::{
     Command, DEFAULT_LEASE_MS, MAX_LEASE_MS, MAX_SCHEDULE_AHEAD_MS, MIN_LEASE_MS,
 };
 use crate::contract::{
-    check_retry_contract, milliseconds, ProviderCapabilities, RetryPolicy, SendBinding,
+    check_retry_contract, milliseconds, LookupSupport, ProviderCapabilities, RetryPolicy,
+    SendBinding,
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
@@ -696,6 +697,11 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
+        if capabilities.lookup == LookupSupport::None {
+            return self
+                .settle_without_lookup(loaded, &intent, capabilities, credential_fingerprint)
+                .await;
+        }
         let span = tracing::info_span!("lookup", %operation_id, provider = %intent.provider, account = %intent.account, worker = %self.worker);
         let loaded = match self.claim_lookup(loaded).instrument(span.clone()).await? {
             LookupTurn::Ours(claimed) => claimed,
@@ -751,6 +757,36 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             in_progress,
         };
         self.record_reconciliation(loaded, &command, span).await
+    }
+
+    /// Decides an unknown operation whose action cannot be looked up, without claiming or
+    /// recording a lookup that could only say "no lookup": a retry under its contract now (after
+    /// the usual backoff), or a person now. Before this, such an operation spent its whole lookup
+    /// budget first — a quarter of an hour of backoff before a retry the key already made safe.
+    async fn settle_without_lookup(
+        &self,
+        loaded: LoadedOperation,
+        intent: &IntentRecorded,
+        capabilities: ProviderCapabilities,
+        credential_fingerprint: CredentialFingerprint,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let now = self.ledger.clock().now();
+        let command = Command::SettleWithoutLookup {
+            binding: send_binding(intent, credential_fingerprint),
+            capabilities,
+            policy: self.policy.retry,
+            retry_not_before: self.later(now, loaded.state.attempts, None),
+        };
+        info!(%operation_id, provider = %intent.provider, account = %intent.account, "the action has no lookup: settling without one");
+        match self.ledger.execute_from(loaded, &command).await {
+            // Another worker settled it first, or it moved on: report where it stands.
+            Err(AppError::Rejected {
+                rejection: Rejection::NotAllowed { .. },
+                ..
+            }) => self.ledger.get(operation_id).await,
+            other => other,
+        }
     }
 
     /// Claims the lookup of `loaded` for this engine's worker with one conditional append, so that

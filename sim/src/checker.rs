@@ -13,7 +13,7 @@ use opledger_domain::provider::operation_label;
 use opledger_domain::state::{evolve, OperationState, Status};
 
 use crate::faults::Faults;
-use crate::provider::{kinds_of, DedupKind, SendRecord, SimProvider};
+use crate::provider::{kinds_of, DedupKind, LookupKind, SendRecord, SimProvider};
 use crate::readmodel::LogEvent;
 
 /// The checker's own fold of every operation, and what it learnt from the history.
@@ -119,6 +119,20 @@ impl Checker {
             OperationEvent::AttemptNotSent(not_sent) => {
                 self.not_sent.insert(not_sent.attempt_id);
             }
+            // A lookup of an action that has none can only say so: claiming one spends the
+            // lookup budget (and its backoff) before the retry or the person that must follow.
+            OperationEvent::LookupClaimed(_)
+                if after.intent.as_ref().is_some_and(|intent| {
+                    kinds_of(intent.action.as_str())
+                        .is_some_and(|(_, lookup)| lookup == LookupKind::None)
+                }) =>
+            {
+                self.violate(
+                    faults,
+                    id,
+                    "a lookup claimed for an action that cannot be looked up".into(),
+                );
+            }
             OperationEvent::ApprovalGranted(_) => {
                 self.approved.insert(id);
             }
@@ -159,8 +173,9 @@ impl Checker {
         }
     }
 
-    /// An automatic retry after an unknown: a lookup since it became unknown, and a contract
-    /// that makes the retry safe at the time it was scheduled.
+    /// An automatic retry after an unknown: a lookup since it became unknown (unless the action
+    /// cannot be looked up, when none can be made), and a contract that makes the retry safe at
+    /// the time it was scheduled.
     fn check_retry(
         &mut self,
         id: OperationId,
@@ -172,9 +187,15 @@ impl Checker {
         let since = before
             .unknown_since
             .map_or(i64::MIN, |at| at.timestamp_millis());
-        if provider
-            .last_lookup_ms(id)
-            .is_none_or(|looked| looked < since)
+        let can_look_up = before
+            .intent
+            .as_ref()
+            .and_then(|intent| kinds_of(intent.action.as_str()))
+            .is_some_and(|(_, lookup)| lookup != LookupKind::None);
+        if can_look_up
+            && provider
+                .last_lookup_ms(id)
+                .is_none_or(|looked| looked < since)
         {
             self.violate(
                 faults,

@@ -361,3 +361,34 @@ async fn pipedrive_a_rate_limit_is_waited_out_by_its_reset_header_and_the_deal_m
     assert_succeeded_with(&run.body, &ids);
     assert_eq!(events_of(&run.server, &run.id, "AttemptNotSent").await, 1);
 }
+
+#[tokio::test]
+async fn stripe_an_invoice_item_whose_answer_was_lost_is_retried_under_its_key_without_a_lookup() {
+    // Invoice items cannot be looked up at Stripe; the key makes the retry safe, so the ledger
+    // retries at once instead of spending its lookup budget on lookups that cannot be made.
+    let args = json!({"customer": "cus_1", "amount": 500, "currency": "eur"});
+    let run = settled_after::<Stripe>(Fault::DropResponse, "create_invoice_item", args).await;
+    assert_succeeded_with(&run.body, &stripe_ids(&run.api, "invoiceitem"));
+    assert_eq!(events_of(&run.server, &run.id, "OutcomeUnknown").await, 1);
+    assert_eq!(events_of(&run.server, &run.id, "LookupClaimed").await, 0);
+    assert_eq!(
+        events_of(&run.server, &run.id, "ReconciliationRecorded").await,
+        0
+    );
+    assert_eq!(events_of(&run.server, &run.id, "RetryScheduled").await, 1);
+}
+
+#[tokio::test]
+async fn pipedrive_an_activity_whose_answer_was_lost_goes_to_a_person_without_a_lookup() {
+    // No lookup and no deduplication: nothing automation can learn or do, so a person at once.
+    let args = json!({"subject": "Call the client", "type": "call", "due_date": "2026-12-02"});
+    let run = settled_after::<Pipedrive>(Fault::DropResponse, "create_activity", args).await;
+    assert_a_person_decides(&run.body);
+    assert_eq!(events_of(&run.server, &run.id, "LookupClaimed").await, 0);
+    assert_eq!(
+        events_of(&run.server, &run.id, "ReconciliationRecorded").await,
+        0
+    );
+    let reason = run.body["review_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("cannot be looked up"), "{}", run.body);
+}

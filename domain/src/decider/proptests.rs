@@ -39,6 +39,8 @@ enum Action {
     Reconcile(Option<u8>),
     /// A lookup saying the first request is still being processed.
     StillInProgress,
+    /// Settling an unknown operation as if its action had no lookup.
+    SettleWithoutLookup,
     /// One of three workers claims the next lookup.
     ClaimLookup(u8),
     RequireReview,
@@ -61,6 +63,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => which().prop_map(Action::Expire),
         3 => proptest::option::of(0..3_u8).prop_map(Action::Reconcile),
         1 => Just(Action::StillInProgress),
+        1 => Just(Action::SettleWithoutLookup),
         2 => (0..3_u8).prop_map(Action::ClaimLookup),
         1 => Just(Action::RequireReview),
         2 => (0..3_u8, 0..3_u8).prop_map(|(d, id)| Action::Resolve(d, id)),
@@ -161,6 +164,12 @@ fn command_for(
             retry_not_before: now + Duration::seconds(5),
             next_check_not_before: now + Duration::seconds(5),
             in_progress: true,
+        },
+        Action::SettleWithoutLookup => Command::SettleWithoutLookup {
+            binding: binding(),
+            capabilities,
+            policy: policy(),
+            retry_not_before: now + Duration::seconds(5),
         },
         // A lease of 30 min against steps of up to 2 h: claims lapse in some cases, not in others.
         Action::ClaimLookup(n) => Command::ClaimLookup {

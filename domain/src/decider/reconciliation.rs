@@ -188,6 +188,37 @@ fn still_in_progress(on: &On<'_>, lookup: &Lookup<'_>) -> Vec<OperationEvent> {
     ]
 }
 
+/// `unknown --SettleWithoutLookup--> pending | needs_review`: an action that cannot be looked up
+/// waits for no evidence, because none can come. With a valid retry contract (a key inside its
+/// retention less the margin, the same binding, budget left) the retry is scheduled now; without
+/// one a person decides now. Refused for an action that has a lookup: that one reconciles first.
+pub(super) fn without_lookup(
+    on: &On<'_>,
+    binding: &SendBinding,
+    capabilities: &ProviderCapabilities,
+    policy: &RetryPolicy,
+    retry_not_before: DateTime<Utc>,
+) -> Result<Vec<OperationEvent>, Rejection> {
+    if on.state.status != Status::Unknown || capabilities.lookup != LookupSupport::None {
+        return Err(on.refuse());
+    }
+    let events = match check_automatic_retry(capabilities, policy, on.state, binding, on.now) {
+        Ok(()) => OperationEvent::RetryScheduled(RetryScheduled {
+            not_before: schedule(retry_not_before, on.now),
+            reason: "the action cannot be looked up, and the retry contract holds".to_owned(),
+            at: on.now,
+        }),
+        Err(violation) => OperationEvent::ReviewRequired(ReviewRequired {
+            reason: format!(
+                "the action cannot be looked up, so no evidence can come, and there is no safe retry: {violation}"
+            ),
+            evidence: clip(on.state.last_error.as_deref().unwrap_or_default()),
+            at: on.now,
+        }),
+    };
+    Ok(vec![events])
+}
+
 /// No evidence either way: a retry under a valid contract, another look while the answer may
 /// still change, or a person.
 fn without_evidence(on: &On<'_>, lookup: &Lookup<'_>) -> Vec<OperationEvent> {

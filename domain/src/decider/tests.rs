@@ -440,6 +440,63 @@ fn no_evidence_after_the_key_retention_minus_margin_goes_to_review() {
     );
 }
 
+fn settle_without_lookup(capabilities: ProviderCapabilities, not_before: DateTime<Utc>) -> Command {
+    Command::SettleWithoutLookup {
+        binding: binding(),
+        capabilities,
+        policy: policy(),
+        retry_not_before: not_before,
+    }
+}
+
+/// A provider that deduplicates nothing and cannot be looked up (Pipedrive's activities).
+fn neither() -> ProviderCapabilities {
+    ProviderCapabilities {
+        deduplication: crate::contract::Deduplication::None,
+        lookup: crate::contract::LookupSupport::None,
+    }
+}
+
+#[test]
+fn an_unknown_keyed_action_without_a_lookup_schedules_its_retry_at_once_with_no_lookup_recorded() {
+    let outcome = unknown_after_first_attempt(keyed())
+        .when(&settle_without_lookup(keyed(), at_s(11)), at_s(10));
+    assert_eq!(outcome.then_types(), ["RetryScheduled"]);
+    assert_eq!(outcome.status(), "pending");
+    assert_eq!(outcome.scenario.state().reconciliations, 0);
+}
+
+#[test]
+fn an_unknown_action_without_a_lookup_or_a_contract_goes_to_a_person_at_once() {
+    let outcome = unknown_after_first_attempt(neither())
+        .when(&settle_without_lookup(neither(), at_s(11)), at_s(10));
+    assert_eq!(outcome.then_types(), ["ReviewRequired"]);
+    let reason = outcome.scenario.state().review_reason.unwrap_or_default();
+    assert!(reason.contains("cannot be looked up"), "{reason}");
+}
+
+#[test]
+fn an_unknown_keyed_action_without_a_lookup_past_its_key_retention_goes_to_a_person() {
+    let late = at_s(23 * 3600);
+    let outcome =
+        unknown_after_first_attempt(keyed()).when(&settle_without_lookup(keyed(), late), late);
+    assert_eq!(outcome.then_types(), ["ReviewRequired"]);
+}
+
+#[test]
+fn settling_without_a_lookup_is_refused_for_an_action_that_has_one() {
+    // Design rule 8: what can be looked up is reconciled before any retry.
+    let outcome = unknown_after_first_attempt(labelled())
+        .when(&settle_without_lookup(labelled(), at_s(11)), at_s(10));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+}
+
+#[test]
+fn settling_without_a_lookup_is_refused_unless_the_outcome_is_unknown() {
+    let outcome = in_flight(keyed()).when(&settle_without_lookup(keyed(), at_s(11)), at_s(10));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+}
+
 #[test]
 fn a_scheduled_retry_waits_for_its_time_then_starts_attempt_two() {
     let scheduled = unknown_after_first_attempt(keyed())
