@@ -490,7 +490,13 @@ pub fn openapi_for(limits: &Limits) -> String {
             .filter_map(serde_json::Value::as_object_mut)
         {
             for operation in operation.values_mut() {
-                let Some(parameters) = operation["parameters"].as_array_mut() else {
+                // `get_mut`, not `operation["parameters"]`: indexing a JSON object mutably
+                // inserts the key, so a route without parameters would be served with
+                // `"parameters": null`, which OpenAPI 3.1 refuses (an array or nothing).
+                let Some(parameters) = operation
+                    .get_mut("parameters")
+                    .and_then(serde_json::Value::as_array_mut)
+                else {
                     continue;
                 };
                 for parameter in parameters.iter_mut().filter(|p| p["name"] == "wait_ms") {

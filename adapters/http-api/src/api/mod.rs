@@ -610,6 +610,23 @@ mod tests {
     }
 
     #[test]
+    fn the_served_document_adds_no_member_the_shipped_one_lacks() {
+        let served: Value = serde_json::from_str(&crate::openapi_for(&crate::Limits::default()))
+            .expect("the served spec is JSON");
+        // With the default limits the served document is the shipped one, member for member:
+        // stating the limits must change values only, never add keys (once it added
+        // `"parameters": null` to every route without parameters).
+        assert_eq!(served, spec());
+        for (path, methods) in served["paths"].as_object().expect("paths") {
+            for (method, operation) in methods.as_object().expect("methods") {
+                if let Some(parameters) = operation.get("parameters") {
+                    assert!(parameters.is_array(), "{method} {path}: {parameters}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_route_has_a_tag_the_document_declares() {
         let spec = spec();
         let declared = spec["tags"]
