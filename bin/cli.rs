@@ -82,6 +82,17 @@ pub enum Command {
     /// Walk the whole log and report every event edited, removed or moved behind the ledger's
     /// back, by stream and version (exit status 4 when anything is found).
     Verify(VerifyArgs),
+    /// Write the log's events (all, a slice by position or time, or one tenant's) to a file, one
+    /// JSON object per line with each event's link in its stream's hash chain, for auditors and
+    /// the tools they trust (the export is checked without opledger by
+    /// clients/verify-export/verify_export.py; the README's "Export and offline verification"
+    /// gives the chain's construction).
+    ///
+    /// Examples:
+    ///   opledger export --out ledger.ndjson
+    ///   opledger export --tenant acme --from 2026-12-01T00:00:00Z --out acme-december.ndjson
+    #[command(verbatim_doc_comment)]
+    Export(ExportArgs),
     /// Run the HTTP API agents and services use: record, approve, execute, list, trace, review,
     /// a Server-Sent Events feed of outcomes, Prometheus metrics. With no --config, runs the
     /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
@@ -192,6 +203,7 @@ impl Command {
             Self::Replay(args) => args.json,
             Self::Verify(args) => args.json,
             Self::Demo(_)
+            | Self::Export(_)
             | Self::Bench(_)
             | Self::Approve(_)
             | Self::Deny(_)
@@ -211,6 +223,66 @@ pub struct VerifyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub store: ReadStoreArgs,
+    /// The first event to export: a global position (`1200`) or an RFC 3339 time
+    /// (`2026-12-01T14:02:00Z`; from the first event recorded at or after it). Default: the log's
+    /// first event.
+    #[arg(long, value_parser = parse_log_bound)]
+    pub from: Option<LogBound>,
+    /// The last event to export: a global position or an RFC 3339 time (up to the last event
+    /// recorded at or before it). Default: the log's head when the export starts.
+    #[arg(long, value_parser = parse_log_bound)]
+    pub to: Option<LogBound>,
+    /// Export only this tenant's operations.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// The file's format: `ndjson`, one JSON object per line.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
+    pub format: ExportFormat,
+    /// The file to write; written beside it under a temporary name and renamed when complete, so
+    /// an interrupted export leaves no partial file.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// The formats `opledger export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// One JSON object per line: a header, the events, a closing count.
+    Ndjson,
+}
+
+/// One end of a slice of the log: a global position or a moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogBound {
+    /// A global position (1 is the first event).
+    Position(u64),
+    /// A moment, compared with each event's time.
+    Time(chrono::DateTime<chrono::Utc>),
+}
+
+/// Reads `--from` / `--to`: digits are a position, anything else must be an RFC 3339 time.
+fn parse_log_bound(text: &str) -> Result<LogBound, String> {
+    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return match text.parse::<u64>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{text} is not a position: positions start at 1 and fit in 64 bits"
+            )),
+            Ok(position) => Ok(LogBound::Position(position)),
+        };
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|time| LogBound::Time(time.with_timezone(&chrono::Utc)))
+        .map_err(|error| {
+            format!(
+                "{text:?} is neither a position nor an RFC 3339 time ({error}); write e.g. 1200 or 2026-12-01T14:02:00Z"
+            )
+        })
 }
 
 #[derive(Debug, Args)]

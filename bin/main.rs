@@ -12,6 +12,7 @@ mod bench_startup;
 mod cli;
 mod connectors;
 mod demo;
+mod export;
 mod intent;
 mod ledger_file;
 mod mcp;
@@ -87,6 +88,7 @@ fn main() -> ExitCode {
             Command::Sim(args) => sim::run(args).await,
             Command::Connectors(args) => connectors::run(args),
             Command::Verify(args) => verify::run(args).await,
+            Command::Export(args) => export::run(args).await,
         }
     });
     match result {

@@ -1,0 +1,420 @@
+//! `opledger export`: the log's events, one JSON object per line, with everything an auditor
+//! needs to check them without opledger: each event's stream, version, position, id, type,
+//! time, data and metadata (as the exact text stored, because the hash chain is over those
+//! bytes), its stored chain link and the link of the event before it in its stream.
+//!
+//! The file is a header line, the events in position order, and a closing line with their count
+//! and last position, so a file cut short is told from a complete one. It is written beside
+//! `--out` under a temporary name and renamed when complete: an interrupted or failed export
+//! leaves no file that looks finished. Memory is bounded whatever the log's size: one read batch,
+//! and per-stream memory ([`MAX_REMEMBERED_STREAMS`]) that is emptied when full (a miss costs one
+//! read of the stream).
+//!
+//! It must never write an event's data re-encoded: a verifier recomputes the chain over the
+//! bytes it is given, and any re-encoding (key order, number formatting, escapes) would turn a
+//! faithful export into a false alarm.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use chrono::{DateTime, SecondsFormat, Utc};
+use opledger_domain::chain::ChainHash;
+use opledger_domain::codec;
+use opledger_domain::error::ValidationError;
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::{GlobalPosition, StreamVersion, TenantId};
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
+use serde_json::json;
+
+use crate::cli::{CliError, ExportArgs, LogBound};
+use crate::intent::{close, open_for_reading};
+
+/// The export format's version, in its header; a reader refuses a version it does not know.
+pub const EXPORT_FORMAT_VERSION: u64 = 1;
+/// Events read from the log at a time (as `verify`, whose measurement chose it: a batch in memory
+/// is the part of the walk's peak memory that swings).
+const EXPORT_READ_BATCH: usize = 512;
+const _: () = assert!(0 < EXPORT_READ_BATCH && EXPORT_READ_BATCH <= MAX_READ_BATCH);
+/// Most streams whose last link and tenant the export remembers (under 200 bytes each: a few
+/// MiB at most). Emptied when full; a stream met again costs one read.
+const MAX_REMEMBERED_STREAMS: usize = 65_536;
+/// How often progress is shown on a terminal.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the export wrote.
+struct Exported {
+    events: u64,
+    first: Option<u64>,
+    last: Option<u64>,
+}
+
+pub async fn run(args: ExportArgs) -> Result<(), CliError> {
+    let tenant = args
+        .tenant
+        .as_deref()
+        .map(|tenant| {
+            TenantId::new(tenant)
+                .map_err(|error| ValidationError::new("--tenant", error.message.clone()))
+        })
+        .transpose()?;
+    check_bounds(args.from, args.to)?;
+    let partial = partial_path(&args.out)?;
+    let ledger = open_for_reading(&args.store.db).await?;
+    let slice = Slice {
+        from: args.from,
+        to: args.to,
+        tenant,
+    };
+    let result = tokio::select! {
+        result = write_file(ledger.store(), &slice, &partial) => result,
+        _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+    };
+    let closed = close(&ledger).await;
+    let exported = match result.and_then(|exported| closed.map(|()| exported)) {
+        Ok(exported) => exported,
+        Err(error) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(error);
+        }
+    };
+    std::fs::rename(&partial, &args.out).map_err(|error| {
+        let _ = std::fs::remove_file(&partial);
+        CliError::Other(format!(
+            "cannot move the finished export into place at {}: {error}",
+            args.out.display()
+        ))
+    })?;
+    match (exported.first, exported.last) {
+        (Some(first), Some(last)) => println!(
+            "exported {} event(s), positions {first}–{last}, to {}",
+            exported.events,
+            args.out.display()
+        ),
+        _ => println!(
+            "exported no event (nothing in the slice asked for) to {}",
+            args.out.display()
+        ),
+    }
+    Ok(())
+}
+
+/// Which events to export.
+struct Slice {
+    from: Option<LogBound>,
+    to: Option<LogBound>,
+    tenant: Option<TenantId>,
+}
+
+fn check_bounds(from: Option<LogBound>, to: Option<LogBound>) -> Result<(), CliError> {
+    let backwards = match (from, to) {
+        (Some(LogBound::Position(from)), Some(LogBound::Position(to))) => from > to,
+        (Some(LogBound::Time(from)), Some(LogBound::Time(to))) => from > to,
+        _ => false,
+    };
+    if backwards {
+        return Err(ValidationError::new(
+            "--from",
+            "comes after --to; give the earlier end as --from".to_owned(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Where the export is written until it is complete: beside `out`, so the rename is atomic.
+fn partial_path(out: &Path) -> Result<PathBuf, CliError> {
+    if out.is_dir() {
+        return Err(ValidationError::new(
+            "--out",
+            format!("{} is a directory; name a file in it", out.display()),
+        )
+        .into());
+    }
+    let Some(name) = out.file_name() else {
+        return Err(ValidationError::new("--out", "name a file to write".to_owned()).into());
+    };
+    let parent = match out.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(ValidationError::new(
+            "--out",
+            format!(
+                "the directory {} does not exist; create it first",
+                parent.display()
+            ),
+        )
+        .into());
+    }
+    let mut partial = name.to_os_string();
+    partial.push(format!(".partial-{}", std::process::id()));
+    Ok(parent.join(partial))
+}
+
+async fn write_file<S: EventStore>(
+    store: &S,
+    slice: &Slice,
+    partial: &Path,
+) -> Result<Exported, CliError> {
+    let file = File::create(partial).map_err(|error| {
+        CliError::Other(format!("cannot create {}: {error}", partial.display()))
+    })?;
+    let mut out = BufWriter::new(file);
+    let head = store.head_position().await?.map_or(0, |head| head.value());
+    let header = json!({
+        "opledger_export": EXPORT_FORMAT_VERSION,
+        "chain": "opledger-chain-v1",
+        "exported_at": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+        "log_head": head,
+        "from": slice.from.map(bound_json),
+        "to": slice.to.map(bound_json),
+        "tenant": slice.tenant.as_ref().map(ToString::to_string),
+        // SQLite numbers its log 1, 2, 3… without gaps, so in an export of every tenant a
+        // missing position is a removed event.
+        "contiguous_positions": slice.tenant.is_none(),
+    });
+    let written = |error: std::io::Error| {
+        CliError::Other(format!("cannot write {}: {error}", partial.display()))
+    };
+    writeln!(out, "{header}").map_err(written)?;
+    let exported = write_events(store, slice, head, &mut out).await?;
+    let end = json!({"end": {
+        "events": exported.events,
+        "first_position": exported.first,
+        "last_position": exported.last,
+    }});
+    writeln!(out, "{end}").map_err(written)?;
+    let file = out
+        .into_inner()
+        .map_err(|error| written(error.into_error()))?;
+    // The export is evidence: it is on disk before it is announced.
+    file.sync_all().map_err(written)?;
+    Ok(exported)
+}
+
+fn bound_json(bound: LogBound) -> serde_json::Value {
+    match bound {
+        LogBound::Position(position) => json!(position),
+        LogBound::Time(time) => json!(time.to_rfc3339_opts(SecondsFormat::Millis, true)),
+    }
+}
+
+/// Walks the log from the slice's start to its end (at most `head`, the head when the export
+/// began, so an export of a busy ledger ends), writing each event the slice admits.
+async fn write_events<S: EventStore>(
+    store: &S,
+    slice: &Slice,
+    head: u64,
+    out: &mut impl Write,
+) -> Result<Exported, CliError> {
+    let mut streams = StreamMemory::default();
+    let mut exported = Exported {
+        events: 0,
+        first: None,
+        last: None,
+    };
+    let mut started = !matches!(slice.from, Some(LogBound::Time(_)));
+    let mut start = match slice.from {
+        // Reads start after the position named, so a slice from position `from` reads after
+        // the one before it.
+        Some(LogBound::Position(from)) => LogStart::After(GlobalPosition::new(from - 1)),
+        _ => LogStart::Beginning,
+    };
+    let progress = std::io::stderr().is_terminal();
+    let mut last_progress = Instant::now();
+    'log: loop {
+        let batch = store.read_all(start, EXPORT_READ_BATCH).await?;
+        let Some(last) = batch.last() else { break };
+        start = LogStart::After(last.position);
+        for event in &batch {
+            let position = event.position.value();
+            if position > head || past_the_end(slice.to, position, event) {
+                break 'log;
+            }
+            let time = time_of(event);
+            if !started {
+                let Some(LogBound::Time(from)) = slice.from else {
+                    unreachable!("only a time start waits for its first event")
+                };
+                if time.is_none_or(|time| time < from) {
+                    continue;
+                }
+                started = true;
+            }
+            let previous = streams.previous_chain(store, event).await?;
+            let admitted = match &slice.tenant {
+                Some(tenant) => streams.tenant(store, event).await?.as_ref() == Some(tenant),
+                None => true,
+            };
+            streams.remember_chain(event);
+            if !admitted {
+                continue;
+            }
+            write_event(out, event, time, previous.as_ref())
+                .map_err(|error| CliError::Other(format!("cannot write the export: {error}")))?;
+            exported.events += 1;
+            exported.first.get_or_insert(position);
+            exported.last = Some(position);
+        }
+        if progress && last_progress.elapsed() >= PROGRESS_EVERY {
+            eprint!(
+                "\rexported {} event(s), at position {} of {head}…",
+                exported.events, last.position
+            );
+            last_progress = Instant::now();
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[2K");
+    }
+    Ok(exported)
+}
+
+/// Whether `event` lies after the slice's end.
+fn past_the_end(to: Option<LogBound>, position: u64, event: &RecordedEvent) -> bool {
+    match to {
+        None => false,
+        Some(LogBound::Position(to)) => position > to,
+        Some(LogBound::Time(to)) => time_of(event).is_some_and(|time| time > to),
+    }
+}
+
+/// When the event happened, as the ledger recorded it (`None` if it cannot be decoded: a
+/// tampered or unknown event is still exported, for the verifier to judge).
+fn time_of(event: &RecordedEvent) -> Option<DateTime<Utc>> {
+    codec::decode(event).ok().map(|decoded| decoded.at())
+}
+
+/// One event's line, its members in the order a reader scans them.
+#[derive(serde::Serialize)]
+struct EventLine<'a> {
+    position: u64,
+    stream: &'a str,
+    version: u64,
+    event_id: String,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    time: Option<String>,
+    chain: Option<String>,
+    previous_chain: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata_base64: Option<String>,
+}
+
+fn write_event(
+    out: &mut impl Write,
+    event: &RecordedEvent,
+    time: Option<DateTime<Utc>>,
+    previous: Option<&ChainHash>,
+) -> std::io::Result<()> {
+    // The exact stored bytes, as text when they are UTF-8 (a JSON string carries any text
+    // losslessly), else as base64 under another name, so nothing is silently replaced.
+    let (data, data_base64) = text_or_base64(&event.data);
+    let (metadata, metadata_base64) = text_or_base64(&event.metadata);
+    let line = EventLine {
+        position: event.position.value(),
+        stream: event.stream.as_str(),
+        version: event.version.value(),
+        event_id: event.event_id.to_string(),
+        event_type: &event.event_type,
+        time: time.map(|time| time.to_rfc3339_opts(SecondsFormat::Millis, true)),
+        chain: codec::chain_of(&event.metadata).map(|chain| chain.to_hex()),
+        previous_chain: previous.map(ChainHash::to_hex),
+        data,
+        data_base64,
+        metadata,
+        metadata_base64,
+    };
+    serde_json::to_writer(&mut *out, &line)?;
+    out.write_all(b"\n")
+}
+
+fn text_or_base64(bytes: &[u8]) -> (Option<&str>, Option<String>) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (None, Some(STANDARD.encode(bytes))),
+    }
+}
+
+/// What the export remembers of recent streams: the stored chain link and version of the last
+/// event it passed, and the stream's tenant.
+#[derive(Default)]
+struct StreamMemory {
+    links: HashMap<StreamName, (StreamVersion, Option<ChainHash>)>,
+    tenants: HashMap<StreamName, Option<TenantId>>,
+}
+
+impl StreamMemory {
+    /// The stored chain link of the event before `event` in its stream (`None` for a first
+    /// event, or one whose predecessor carries no link).
+    async fn previous_chain<S: EventStore>(
+        &mut self,
+        store: &S,
+        event: &RecordedEvent,
+    ) -> Result<Option<ChainHash>, CliError> {
+        let Some(before) = event.version.value().checked_sub(1) else {
+            return Ok(None);
+        };
+        if let Some((version, chain)) = self.links.get(&event.stream) {
+            if version.value() == before {
+                return Ok(*chain);
+            }
+        }
+        let before = StreamVersion::new(before);
+        let stored = store.read_stream(&event.stream, before, 1).await?;
+        Ok(stored
+            .first()
+            .filter(|stored| stored.version == before)
+            .and_then(|stored| codec::chain_of(&stored.metadata)))
+    }
+
+    fn remember_chain(&mut self, event: &RecordedEvent) {
+        if self.links.len() >= MAX_REMEMBERED_STREAMS {
+            self.links.clear();
+        }
+        self.links.insert(
+            event.stream.clone(),
+            (event.version, codec::chain_of(&event.metadata)),
+        );
+    }
+
+    /// The tenant of `event`'s operation, from the intent that opens its stream.
+    async fn tenant<S: EventStore>(
+        &mut self,
+        store: &S,
+        event: &RecordedEvent,
+    ) -> Result<&Option<TenantId>, CliError> {
+        if !self.tenants.contains_key(&event.stream) {
+            let first = if event.version == StreamVersion::FIRST {
+                Some(event.clone())
+            } else {
+                store
+                    .read_stream(&event.stream, StreamVersion::FIRST, 1)
+                    .await?
+                    .into_iter()
+                    .next()
+            };
+            let tenant = first.and_then(|first| match codec::decode(&first) {
+                Ok(OperationEvent::IntentRecorded(intent)) => Some(intent.tenant),
+                _ => None,
+            });
+            if self.tenants.len() >= MAX_REMEMBERED_STREAMS {
+                self.tenants.clear();
+            }
+            self.tenants.insert(event.stream.clone(), tenant);
+        }
+        Ok(&self.tenants[&event.stream])
+    }
+}

@@ -1,0 +1,258 @@
+//! `opledger export` and the offline verifier (clients/verify-export/verify_export.py, Python's
+//! standard library only): a real SQLite ledger written by the real ledger, exported by the real
+//! binary, checked by a program that is not opledger. The verifier's own tests (on a committed
+//! export, tampered in every way) run here too, so CI runs them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use opledger_domain::app::{IntentRequest, Ledger};
+use opledger_domain::ids::ActorId;
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::SqliteStore;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn verifier() -> PathBuf {
+    repo().join("clients/verify-export/verify_export.py")
+}
+
+/// Six operations, alternately of tenants acme and globex, each recorded then approved (two
+/// events a stream, interleaved in the log).
+async fn write_ledger(db: &Path) {
+    let store = SqliteStore::open(db).await.expect("opens");
+    let ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
+    let mut recorded = Vec::new();
+    for n in 0..6 {
+        let operation = ledger
+            .record_intent(IntentRequest {
+                tenant: if n % 2 == 0 { "acme" } else { "globex" }.into(),
+                owner: None,
+                provider: "crm".into(),
+                account: "acct-1".into(),
+                credential_fingerprint: "fp-1".into(),
+                action: "create_task".into(),
+                args: serde_json::json!({"title": format!("Call client {n}")}),
+                source_id: None,
+                requires_approval: true,
+            })
+            .await
+            .expect("recorded");
+        recorded.push(operation.intent().clone());
+    }
+    for intent in recorded {
+        ledger
+            .approve(
+                intent.operation_id,
+                ActorId::new("boss").expect("valid"),
+                intent.args_hash.clone(),
+            )
+            .await
+            .expect("approved");
+    }
+    store.close().await.expect("closes");
+}
+
+fn export(db: &Path, out: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["export", "--db"])
+        .arg(db)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .env_remove("OPLEDGER_DB")
+        .output()
+        .expect("runs")
+}
+
+fn verify_offline(file: &Path) -> Output {
+    Command::new("python3")
+        .arg(verifier())
+        .arg(file)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (install python3)")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The event lines of an export.
+fn events(file: &Path) -> Vec<Value> {
+    std::fs::read_to_string(file)
+        .expect("the export exists")
+        .lines()
+        .skip(1)
+        .map(|line| serde_json::from_str::<Value>(line).expect("each line is JSON"))
+        .filter(|line| line.get("end").is_none())
+        .collect()
+}
+
+async fn ledger() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("ledger.db");
+    write_ledger(&db).await;
+    (dir, db)
+}
+
+#[tokio::test]
+async fn a_whole_export_verifies_offline_with_every_link_and_id_recomputed() {
+    let (dir, db) = ledger().await;
+    let out = dir.path().join("all.ndjson");
+    let exported = export(&db, &out, &[]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    assert!(text(&exported).contains("exported 12 event(s), positions 1–12"));
+    let lines = events(&out);
+    assert_eq!(lines.len(), 12);
+    let positions: Vec<u64> = lines
+        .iter()
+        .map(|l| l["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(positions, (1..=12).collect::<Vec<_>>());
+    let verified = verify_offline(&out);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert!(text(&verified).contains("OK: 12 event(s) of 6 stream(s)"));
+}
+
+#[tokio::test]
+async fn a_tenants_export_holds_only_its_operations_and_still_verifies() {
+    let (dir, db) = ledger().await;
+    let out = dir.path().join("globex.ndjson");
+    let exported = export(&db, &out, &["--tenant", "globex"]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    let lines = events(&out);
+    assert_eq!(lines.len(), 6, "three operations of two events each");
+    for line in &lines {
+        let data: Value = serde_json::from_str(line["data"].as_str().unwrap()).unwrap();
+        if line["type"] == "IntentRecorded" {
+            assert_eq!(data["tenant"], "globex");
+        }
+    }
+    let verified = verify_offline(&out);
+    assert!(verified.status.success(), "{}", text(&verified));
+}
+
+#[tokio::test]
+async fn a_slice_from_a_position_or_a_time_starts_there_and_verifies_on_its_anchors() {
+    let (dir, db) = ledger().await;
+    let all = dir.path().join("all.ndjson");
+    assert!(export(&db, &all, &[]).status.success());
+    let lines = events(&all);
+
+    let by_position = dir.path().join("from-8.ndjson");
+    let exported = export(&db, &by_position, &["--from", "8", "--to", "10"]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    let sliced = events(&by_position);
+    assert_eq!(sliced, lines[7..10].to_vec());
+    // Approvals, whose links before them are outside the slice: carried as previous_chain.
+    assert!(sliced.iter().all(|l| l["previous_chain"].is_string()));
+    let verified = verify_offline(&by_position);
+    assert!(verified.status.success(), "{}", text(&verified));
+
+    let time = lines[6]["time"].as_str().expect("each event has its time");
+    let by_time = dir.path().join("from-time.ndjson");
+    let exported = export(&db, &by_time, &["--from", time]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    let sliced = events(&by_time);
+    let first_at_or_after = lines
+        .iter()
+        .position(|l| l["time"].as_str().unwrap() >= time)
+        .unwrap();
+    assert_eq!(sliced, lines[first_at_or_after..].to_vec());
+    let verified = verify_offline(&by_time);
+    assert!(verified.status.success(), "{}", text(&verified));
+}
+
+#[tokio::test]
+async fn an_event_edited_in_the_ledger_is_named_by_the_offline_verifier() {
+    let (dir, db) = ledger().await;
+    let connection = rusqlite::Connection::open(&db).expect("opens the file directly");
+    connection
+        .execute_batch(
+            "UPDATE events SET data = CAST(replace(CAST(data AS TEXT), 'Call client 3', 'Call client X') AS BLOB)",
+        )
+        .expect("the tampering statement runs");
+    drop(connection);
+    let out = dir.path().join("tampered.ndjson");
+    let exported = export(&db, &out, &[]);
+    assert!(
+        exported.status.success(),
+        "an export shows what is stored: {}",
+        text(&exported)
+    );
+    let edited = events(&out)
+        .into_iter()
+        .find(|l| l["data"].as_str().unwrap().contains("Call client X"))
+        .expect("the edited event is exported as stored");
+    let verified = verify_offline(&out);
+    assert_eq!(verified.status.code(), Some(1), "{}", text(&verified));
+    let report = text(&verified);
+    assert!(
+        report.contains(&format!(
+            "EDITED (line {}, position {}",
+            edited["position"].as_u64().unwrap() + 1,
+            edited["position"]
+        )),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_offline_verifiers_own_tests_pass() {
+    let output = Command::new("python3")
+        .args(["-m", "unittest", "discover", "-v", "-s"])
+        .arg(repo().join("clients/verify-export/tests"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (install python3)");
+    let printed = text(&output);
+    assert!(output.status.success(), "{printed}");
+    assert!(printed.contains("\nOK"), "{printed}");
+    assert!(!printed.contains("skipped"), "a test skipped: {printed}");
+}
+
+#[tokio::test]
+async fn bad_bounds_and_paths_are_refused_and_leave_no_file() {
+    let (dir, db) = ledger().await;
+    let out = dir.path().join("never.ndjson");
+    for (extra, says) in [
+        (
+            &["--from", "yesterday"][..],
+            "neither a position nor an RFC 3339 time",
+        ),
+        (&["--from", "0"][..], "positions start at 1"),
+        (&["--from", "10", "--to", "5"][..], "comes after --to"),
+        (&["--tenant", ""][..], "--tenant"),
+    ] {
+        let refused = export(&db, &out, extra);
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            text(&refused)
+        );
+        assert!(
+            text(&refused).contains(says),
+            "{extra:?}: {}",
+            text(&refused)
+        );
+    }
+    let missing_dir = dir.path().join("nowhere").join("out.ndjson");
+    let refused = export(&db, &missing_dir, &[]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("does not exist; create it first"));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("ndjson"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
