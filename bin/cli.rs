@@ -229,9 +229,11 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
-    /// The configuration file (TOML; see opledger.example.toml).
+    /// The configuration file (TOML; see opledger.example.toml). Without it: the embedded
+    /// default of `serve` (the CRM stand in-process as provider `crm`), acting for its tenant
+    /// `demo`.
     #[arg(long, env = "OPLEDGER_CONFIG")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// The tenant the tools act for (one of the configuration's [[tenants]]).
     #[arg(long, conflicts_with = "token")]
     pub tenant: Option<String>,
@@ -239,6 +241,11 @@ pub struct McpArgs {
     /// line the MCP client shows).
     #[arg(long, env = "OPLEDGER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The SQLite ledger file of the embedded default (ignored with --config, whose `store`
+    /// names it). Default: opledger-mcp-demo.db in the system's temporary directory, because a
+    /// desktop client starts its tools in a directory of its own choosing (Claude Desktop: `/`).
+    #[arg(long, env = "OPLEDGER_DB")]
+    pub db: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
