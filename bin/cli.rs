@@ -89,8 +89,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Serve MCP on stdin/stdout for one tenant (for desktop agents): one tool per configured
     /// action the tenant may use, plus operation_status and list_operations. Runs the same
-    /// service as `serve` on the configuration's ledger, without listening; `serve` offers the
-    /// same tools over Streamable HTTP at /mcp.
+    /// service as `serve` on the configuration's ledger (without --config, `serve`'s embedded
+    /// default for its tenant `demo`), without listening; `serve` offers the same tools over
+    /// Streamable HTTP at /mcp.
     Mcp(McpArgs),
     /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
     /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
@@ -243,7 +244,7 @@ pub struct McpArgs {
     pub token: Option<String>,
     /// The SQLite ledger file of the embedded default (ignored with --config, whose `store`
     /// names it). Default: opledger-mcp-demo.db in the system's temporary directory, because a
-    /// desktop client starts its tools in a directory of its own choosing (Claude Desktop: `/`).
+    /// desktop client starts its tools in a directory of its own choosing (often `/`).
     #[arg(long, env = "OPLEDGER_DB")]
     pub db: Option<PathBuf>,
 }

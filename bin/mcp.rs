@@ -31,24 +31,28 @@ pub async fn run(args: McpArgs) -> Result<(), CliError> {
             opledger_http_api::config::load(path)
                 .map_err(|error| CliError::Config(error.to_string()))?,
             None,
-            path.display().to_string(),
+            Source::File(path.display().to_string()),
         ),
         None => {
             let db = args.db.clone().unwrap_or_else(demo_db);
             let (config, stand) = serve::embedded_default(&db).await?;
-            eprintln!(
-                "opledger mcp: no --config, so {} (demo tokens: never use them beyond this machine)",
-                serve::embedded_default_summary(&db, &stand)
-            );
-            (config, Some(stand), "the embedded default".to_owned())
+            let summary = serve::embedded_default_summary(&db, &stand);
+            (config, Some(stand), Source::EmbeddedDefault { summary })
         }
     };
     let result = match tenant_of(&config, &args, &source) {
-        // The client ends the session by closing stdin; SIGTERM (which clients send a child
-        // they stop) or Ctrl-C end it too, with the same clean shutdown as `serve`.
-        Ok(tenant) => opledger_http_api::run_mcp_stdio(config, tenant, serve::shutdown_signal())
-            .await
-            .map_err(CliError::from),
+        Ok(tenant) => {
+            if let Source::EmbeddedDefault { summary } = &source {
+                eprintln!(
+                    "opledger mcp: no --config, so {summary}; the tools act for tenant `{tenant}`"
+                );
+            }
+            // The client ends the session by closing stdin; SIGTERM (which clients send a child
+            // they stop) or Ctrl-C end it too, with the same clean shutdown as `serve`.
+            opledger_http_api::run_mcp_stdio(config, tenant, serve::shutdown_signal())
+                .await
+                .map_err(CliError::from)
+        }
         Err(error) => Err(error),
     };
     if let Some(stand) = stand {
@@ -57,14 +61,22 @@ pub async fn run(args: McpArgs) -> Result<(), CliError> {
     result
 }
 
+/// Where the configuration came from, for messages.
+enum Source {
+    /// A configuration file, by its path.
+    File(String),
+    /// The embedded default, with what it runs.
+    EmbeddedDefault { summary: String },
+}
+
 /// The embedded default's ledger when `--db` does not name one.
 fn demo_db() -> PathBuf {
     std::env::temp_dir().join(DEMO_DB_FILE)
 }
 
-/// The tenant `args` name, which the configuration (described as `source`) must know. Without a
-/// configuration file, naming none means the embedded default's one tenant.
-fn tenant_of(config: &ServeConfig, args: &McpArgs, source: &str) -> Result<TenantId, CliError> {
+/// The tenant `args` name, which the configuration must know. Without a configuration file,
+/// naming none means the embedded default's one tenant.
+fn tenant_of(config: &ServeConfig, args: &McpArgs, source: &Source) -> Result<TenantId, CliError> {
     let configured = || {
         config
             .tokens
@@ -74,27 +86,36 @@ fn tenant_of(config: &ServeConfig, args: &McpArgs, source: &str) -> Result<Tenan
                 _ => None,
             })
     };
-    match (&args.tenant, &args.token) {
-        (Some(tenant), None) => {
+    match (&args.tenant, &args.token, source) {
+        (None, None, Source::EmbeddedDefault { .. }) => Ok(TenantId::new(serve::DEMO_TENANT)?),
+        (Some(tenant), None, _) => {
             let tenant = TenantId::new(tenant.clone())?;
             if configured().any(|known| *known == tenant) {
-                Ok(tenant)
-            } else {
-                Err(CliError::Config(format!(
-                    "tenant `{tenant}` is not in {source}; name one of its [[tenants]]"
-                )))
+                return Ok(tenant);
             }
+            Err(CliError::Config(match source {
+                Source::File(path) => {
+                    format!("tenant `{tenant}` is not in {path}; name one of its [[tenants]]")
+                }
+                Source::EmbeddedDefault { .. } => format!(
+                    "tenant `{tenant}` is not in the embedded default, whose one tenant is `{}`; leave --tenant out, or give --config",
+                    serve::DEMO_TENANT
+                ),
+            }))
         }
-        (None, Some(token)) => match config.tokens.get(token) {
+        (None, Some(token), _) => match config.tokens.get(token) {
             Some(Principal::Tenant(tenant)) => Ok(tenant.clone()),
             Some(_) => Err(CliError::Config(
                 "that token is an operator's or an approver's; MCP tools act for a tenant: give a tenant's token".to_owned(),
             )),
-            None => Err(CliError::Config(format!(
-                "the token is not one of {source}'s [[tenants]] tokens"
-            ))),
+            None => Err(CliError::Config(match source {
+                Source::File(path) => format!("the token is not one of {path}'s [[tenants]] tokens"),
+                Source::EmbeddedDefault { .. } => format!(
+                    "the token (--token or OPLEDGER_TOKEN) is not the embedded default's; leave both out to act for its tenant `{}`, or give --config",
+                    serve::DEMO_TENANT
+                ),
+            })),
         },
-        (None, None) if args.config.is_none() => Ok(TenantId::new(serve::DEMO_TENANT)?),
         _ => Err(CliError::Config(
             "name the tenant with --tenant ID or its token with --token (or OPLEDGER_TOKEN), one of them".to_owned(),
         )),

@@ -585,3 +585,33 @@ async fn the_readmes_desktop_snippet_runs_the_embedded_default_and_a_tool_call_s
     );
     assert!(ledger.exists(), "the ledger is where OPLEDGER_DB says");
 }
+
+#[tokio::test]
+async fn opledger_mcp_without_a_configuration_refuses_another_tenant_or_token_and_names_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = dir.path().join("demo.db");
+    for (args, expected) in [
+        (
+            vec!["mcp", "--tenant", "acme"],
+            "whose one tenant is `demo`",
+        ),
+        (vec!["mcp", "--token", "not-a-demo-token"], "tenant `demo`"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(&args)
+            .env_remove("OPLEDGER_CONFIG")
+            .env_remove("OPLEDGER_TOKEN")
+            .env("OPLEDGER_DB", &ledger)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("opledger runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            output.stdout.is_empty(),
+            "stdout is the protocol's: {args:?}"
+        );
+    }
+}
