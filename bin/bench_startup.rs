@@ -6,21 +6,30 @@
 //! are caught up before it starts, untimed: what is measured is a restart. The first drive is
 //! seen as the log's head moving past where it was before the start (`/healthz` reports it);
 //! the benchmark's drives append to the ledger, so a second run finds less due work.
+//!
+//! Before it starts the server it asks the ledger when its first work falls due. With none (a
+//! ledger from `bench store` without `--open-per-mille`, or one whose open work earlier runs
+//! drove) no drive can come: it measures the start alone and prints `first_drive_ms=none` with a
+//! sentence saying why and what to run, instead of waiting out [`MAX_WAIT_MS`] in silence.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
+
 use opledger_domain::app::IntentRequest;
 use opledger_domain::app::LoadedOperation;
+use opledger_domain::codec;
 use opledger_domain::command::Command as LedgerCommand;
 use opledger_domain::contract::{
     Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
 };
 use opledger_domain::ids::WorkerId;
 use opledger_domain::ports::IdSource;
-use opledger_domain::store::EventStore;
+use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
+use opledger_projections::work_queue::WorkQueue;
 
 use crate::cli::{BenchStartupArgs, CliError};
 use crate::intent::SqliteLedger;
@@ -31,7 +40,9 @@ const POLL_MS: u64 = 5;
 const MAX_WAIT_MS: u64 = 600_000;
 
 pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
-    let (events, head) = prepare(&args.db, args.server_exe.is_none()).await?;
+    let prepared = prepare(&args.db, args.server_exe.is_none()).await?;
+    let (events, head) = (prepared.events, prepared.head);
+    let drive_expected = drive_expected(&args.db, prepared.first_due_at, Utc::now());
     let exe = match args.server_exe {
         Some(exe) => exe,
         None => std::env::current_exe()
@@ -40,9 +51,20 @@ pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
     let listen = free_port()?;
     let started = Instant::now();
     let mut child = spawn_server(&exe, &args.db, listen)?;
-    let measured = measure(&mut child, listen, started, head, args.settle_ms).await;
+    let measured = measure(
+        &mut child,
+        listen,
+        started,
+        head,
+        drive_expected,
+        args.settle_ms,
+    )
+    .await;
     stop(&mut child);
     let (ready, first_drive, rss) = measured?;
+    if drive_expected && first_drive.is_none() {
+        eprintln!("# work was due, but the server drove none within {MAX_WAIT_MS} ms");
+    }
     println!(
         "bench=startup events={events} ready_ms={} first_drive_ms={} max_rss_mb={}",
         ready.as_millis(),
@@ -52,23 +74,90 @@ pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Catches the read models beside `db` up to its log (untimed; only when `catch_up`: another
-/// build's read models are its own) and returns the number of events and the log's head.
-async fn prepare(db: &Path, catch_up: bool) -> Result<(u64, Option<u64>), CliError> {
+/// Whether a first drive can come within [`MAX_WAIT_MS`] of `now`, given when `db`'s first work
+/// falls due; if not, a sentence on stderr says why and what to run.
+fn drive_expected(db: &Path, first_due_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> bool {
+    let wait_end = now + chrono::Duration::milliseconds(MAX_WAIT_MS as i64);
+    match first_due_at {
+        None => {
+            eprintln!(
+                "# no operation in {} waits for a send, a sweep or a lookup, so no drive can come: the start alone is measured (first_drive_ms=none); for a first drive, write a ledger with open work, e.g. opledger bench store --concurrency 64 --operations 10000 --open-per-mille 10 --db NEW_FILE",
+                db.display()
+            );
+            false
+        }
+        Some(due_at) if due_at > wait_end => {
+            eprintln!(
+                "# the first work in {} falls due at {due_at}, after the benchmark's wait of {MAX_WAIT_MS} ms: the start alone is measured (first_drive_ms=none)",
+                db.display()
+            );
+            false
+        }
+        Some(_) => true,
+    }
+}
+
+/// What the benchmark knows of the ledger before the start.
+struct Prepared {
+    /// How many events the log holds.
+    events: u64,
+    /// The log's head position (`None`: empty).
+    head: Option<u64>,
+    /// When its first work (a send, a sweep, a lookup) falls due; `None`: no operation waits
+    /// for any, so a server has nothing to drive.
+    first_due_at: Option<DateTime<Utc>>,
+}
+
+/// Catches the read models beside `db` up to its log (untimed; only when `own_read_models`:
+/// another build's read models are its own, so then the log is folded instead) and reads the
+/// number of events, the log's head and when the first work falls due.
+async fn prepare(db: &Path, own_read_models: bool) -> Result<Prepared, CliError> {
     let ledger = crate::intent::open_for_reading(db).await?;
     let head = ledger.store().head_position().await?;
-    if catch_up {
+    let first_due_at = if own_read_models {
         let mut views = db.as_os_str().to_owned();
         views.push(".views");
         let read_models =
             opledger_readmodel::ReadModels::open(std::path::PathBuf::from(views)).await?;
         eprintln!("# catching up the read models (untimed)");
         opledger_readmodel::catch_up(ledger.store(), &read_models, head, |_| {}).await?;
-    }
+        // No send delay: the question is whether work waits, not when a worker takes it.
+        let page = read_models
+            .call(|store| store.due_work(Utc::now(), chrono::Duration::zero(), 1))
+            .await?;
+        page.due.first().map(|due| due.due_at).or(page.next_due_at)
+    } else {
+        eprintln!("# reading the ledger's open work from its log (untimed)");
+        first_due_in_log(ledger.store()).await?
+    };
     crate::intent::close(&ledger).await?;
     // SQLite positions are one per event, from 1.
     let head = head.map(|position| position.value());
-    Ok((head.unwrap_or(0), head))
+    Ok(Prepared {
+        events: head.unwrap_or(0),
+        head,
+        first_due_at,
+    })
+}
+
+/// When the first work of `store`'s log falls due, folding the whole log into the work queue.
+async fn first_due_in_log(store: &impl EventStore) -> Result<Option<DateTime<Utc>>, CliError> {
+    let mut queue = WorkQueue::new();
+    let mut start = LogStart::Beginning;
+    loop {
+        let batch = store.read_all(start, MAX_READ_BATCH).await?;
+        let Some(last) = batch.last() else {
+            return Ok(queue.next_due_at());
+        };
+        start = LogStart::After(last.position);
+        for recorded in &batch {
+            let Some(operation_id) = recorded.stream.operation_id() else {
+                continue;
+            };
+            let event = codec::decode(recorded).map_err(opledger_domain::app::AppError::from)?;
+            queue.apply(operation_id, &event);
+        }
+    }
 }
 
 fn free_port() -> Result<SocketAddr, CliError> {
@@ -92,13 +181,14 @@ fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, CliE
         .map_err(|error| CliError::Other(format!("cannot start the server: {error}")))
 }
 
-/// Time to ready, time to the first drive (`None` if nothing was due), and the child's peak RSS
-/// `settle_ms` after that.
+/// Time to ready, time to the first drive (`None` if none came, or none was `drive_expected`),
+/// and the child's peak RSS `settle_ms` after that.
 async fn measure(
     child: &mut Child,
     listen: SocketAddr,
     started: Instant,
     head: Option<u64>,
+    drive_expected: bool,
     settle_ms: u64,
 ) -> Result<(Duration, Option<Duration>, Option<f64>), CliError> {
     let client = reqwest::Client::builder()
@@ -108,7 +198,7 @@ async fn measure(
     let url = format!("http://{listen}/healthz");
     let mut ready = None;
     let mut first_drive = None;
-    while first_drive.is_none() {
+    while first_drive.is_none() && (drive_expected || ready.is_none()) {
         if started.elapsed() > Duration::from_millis(MAX_WAIT_MS) {
             break;
         }

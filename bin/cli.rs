@@ -100,8 +100,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Serve MCP on stdin/stdout for one tenant (for desktop agents): one tool per configured
     /// action the tenant may use, plus operation_status and list_operations. Runs the same
-    /// service as `serve` on the configuration's ledger, without listening; `serve` offers the
-    /// same tools over Streamable HTTP at /mcp.
+    /// service as `serve` on the configuration's ledger (without --config, `serve`'s embedded
+    /// default for its tenant `demo`), without listening; `serve` offers the same tools over
+    /// Streamable HTTP at /mcp.
     Mcp(McpArgs),
     /// Run the fault-injecting CRM stand: keyed (Idempotency-Key), labelled (unique external
     /// label) and plain (lookup-only, lagging search) task APIs on loopback, with an admin API
@@ -301,9 +302,11 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
-    /// The configuration file (TOML; see opledger.example.toml).
+    /// The configuration file (TOML; see opledger.example.toml). Without it: the embedded
+    /// default of `serve` (the CRM stand in-process as provider `crm`), acting for its tenant
+    /// `demo`.
     #[arg(long, env = "OPLEDGER_CONFIG")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// The tenant the tools act for (one of the configuration's [[tenants]]).
     #[arg(long, conflicts_with = "token")]
     pub tenant: Option<String>,
@@ -311,6 +314,11 @@ pub struct McpArgs {
     /// line the MCP client shows).
     #[arg(long, env = "OPLEDGER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The SQLite ledger file of the embedded default (ignored with --config, whose `store`
+    /// names it). Default: opledger-mcp-demo.db in the system's temporary directory, because a
+    /// desktop client starts its tools in a directory of its own choosing (often `/`).
+    #[arg(long, env = "OPLEDGER_DB")]
+    pub db: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

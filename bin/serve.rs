@@ -20,7 +20,8 @@ use crate::cli::{CliError, ServeArgs};
 pub const DEMO_TENANT_TOKEN: &str = "demo-tenant-token";
 const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token";
 const DEMO_ACCOUNT: &str = "demo";
-const DEMO_TENANT: &str = "demo";
+/// The embedded default's one tenant, for whom `opledger mcp` without `--config` acts.
+pub const DEMO_TENANT: &str = "demo";
 /// The CRM stand's token for the demo account (`bench store --open-per-mille` binds to it).
 pub const DEMO_CRM_TOKEN: &str = "demo-crm-token";
 
@@ -33,6 +34,10 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         ),
         None => {
             let (config, stand) = embedded_default(&args.db).await?;
+            println!(
+                "opledger serve: no --config, so {}, tenant `{DEMO_TENANT}` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
+                embedded_default_summary(&args.db, &stand)
+            );
             (config, Some(stand))
         }
     };
@@ -96,9 +101,11 @@ async fn first_signal() {
     }
 }
 
-/// The configuration `opledger serve` runs with when given none: the SQLite ledger at `--db`, the
-/// CRM stand in-process on a free loopback port as provider `crm` (keyed shape, account `demo`),
-/// one tenant `demo` and one operator, with the demo tokens printed.
+/// The configuration `opledger serve` and `opledger mcp` run with when given none: the SQLite
+/// ledger at `db`, the CRM stand in-process on a free loopback port as provider `crm` (keyed
+/// shape, account `demo`), one tenant `demo` and one operator. It prints nothing: the caller says
+/// what it runs ([`embedded_default_summary`]) where its own lines go, for `opledger mcp` never
+/// on stdout, which is the protocol's.
 pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stand), CliError> {
     let stand = Stand::start(
         SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -141,11 +148,6 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
             tenants: None,
         },
     );
-    println!(
-        "opledger serve: no --config, so the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `demo`, tenant `demo` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
-        db.display(),
-        stand.base_url()
-    );
     let config = ServeConfig {
         listen: opledger_http_api::config::DEFAULT_LISTEN,
         store: StoreUrl::Sqlite(db.to_path_buf()),
@@ -163,4 +165,13 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         providers,
     };
     Ok((config, stand))
+}
+
+/// What the embedded default at `db` with `stand` is, in a phrase for the start-up line.
+pub fn embedded_default_summary(db: &std::path::Path, stand: &Stand) -> String {
+    format!(
+        "the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `{DEMO_ACCOUNT}`",
+        db.display(),
+        stand.base_url()
+    )
 }

@@ -495,3 +495,123 @@ async fn opledger_mcp_names_what_is_missing_when_no_tenant_or_a_wrong_one_is_giv
         );
     }
 }
+
+/// The Claude Desktop snippet of the README's "Agents (MCP)" section, as a client reads it.
+fn readme_desktop_snippet() -> Value {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split_once("## Agents (MCP)")
+        .expect("the README has an Agents (MCP) section")
+        .1;
+    let block = section
+        .split("```json\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("\n```").map(|(block, _)| block))
+        .find(|block| block.contains("mcpServers"))
+        .expect("the section has a desktop client's JSON snippet");
+    serde_json::from_str(block).expect("the snippet is JSON a client can read")
+}
+
+#[tokio::test]
+async fn the_readmes_desktop_snippet_runs_the_embedded_default_and_a_tool_call_succeeds() {
+    let snippet = readme_desktop_snippet();
+    let server = &snippet["mcpServers"]["opledger"];
+    // The README's install step (`cargo install --path .`) puts this binary on the PATH under
+    // the name the snippet gives.
+    assert_eq!(server["command"], "opledger", "{snippet}");
+    assert!(
+        include_str!("../../README.md").contains("cargo install --locked --path ."),
+        "the README says how `opledger` gets onto the PATH"
+    );
+    let args: Vec<String> = server["args"]
+        .as_array()
+        .expect("args is a list")
+        .iter()
+        .map(|arg| arg.as_str().expect("each arg is a string").to_owned())
+        .collect();
+    // As a desktop client starts it, in a directory of its own, with nothing of this shell's
+    // opledger settings; only the ledger is moved, so the test never writes outside its folder.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = dir.path().join("demo.db");
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_opledger"));
+    command
+        .args(&args)
+        .env_remove("OPLEDGER_CONFIG")
+        .env_remove("OPLEDGER_TOKEN")
+        .env("OPLEDGER_DB", &ledger)
+        .current_dir(dir.path());
+    let stderr_path = dir.path().join("mcp.log");
+    let stderr = std::fs::File::create(&stderr_path).expect("log file");
+    let (transport, _) = TokioChildProcess::builder(command)
+        .stderr(stderr)
+        .spawn()
+        .expect("opledger mcp starts");
+    let (progress, _) = handler();
+    let client = progress
+        .serve(transport)
+        .await
+        .expect("the MCP session starts on stdio");
+
+    let tools = tools_by_name(&client).await;
+    assert!(
+        tools.contains_key("crm__create_task"),
+        "the demo tenant's tools: {:?}",
+        tools.keys()
+    );
+    let answer = call(
+        &client,
+        "crm__create_task",
+        json!({"title": "Call the client tomorrow", "request_id": "readme-1"}),
+    )
+    .await;
+    assert_eq!(answer.is_error, Some(false), "{}", text(&answer));
+    assert_eq!(
+        structured(&answer)["state"],
+        "succeeded",
+        "{}",
+        text(&answer)
+    );
+    assert!(
+        structured(&answer)["external_id"].is_string(),
+        "the stand's task id: {}",
+        text(&answer)
+    );
+    client.cancel().await.expect("the session ends");
+
+    let log = std::fs::read_to_string(&stderr_path).expect("the server's stderr");
+    assert!(
+        log.contains("no --config, so the embedded default") && log.contains("demo.db"),
+        "the start-up line names the default and its ledger: {log}"
+    );
+    assert!(ledger.exists(), "the ledger is where OPLEDGER_DB says");
+}
+
+#[tokio::test]
+async fn opledger_mcp_without_a_configuration_refuses_another_tenant_or_token_and_names_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ledger = dir.path().join("demo.db");
+    for (args, expected) in [
+        (
+            vec!["mcp", "--tenant", "acme"],
+            "whose one tenant is `demo`",
+        ),
+        (vec!["mcp", "--token", "not-a-demo-token"], "tenant `demo`"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(&args)
+            .env_remove("OPLEDGER_CONFIG")
+            .env_remove("OPLEDGER_TOKEN")
+            .env("OPLEDGER_DB", &ledger)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("opledger runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(
+            output.stdout.is_empty(),
+            "stdout is the protocol's: {args:?}"
+        );
+    }
+}
