@@ -91,7 +91,7 @@ fn by_rule(
             reading.status_code(reply),
             reading.message(reply)
         ),
-        retry_after_ms: reading.wait_ms(reply, now).or(rule.retry_after_ms),
+        retry_after_ms: reading.wait_ms(reply, now, rule.retry_after_ms),
     })
 }
 
@@ -120,11 +120,7 @@ pub fn classify_consistent(
                 reply.status,
                 shown(in_progress)
             ),
-            retry_after_ms: Some(
-                reading
-                    .wait_ms(reply, now)
-                    .unwrap_or(IN_FLIGHT_RETRY_AFTER_MS),
-            ),
+            retry_after_ms: reading.wait_ms(reply, now, Some(IN_FLIGHT_RETRY_AFTER_MS)),
         };
     }
     if matches(&spec.found, reply, json.as_ref()) {
@@ -151,7 +147,7 @@ pub fn classify_consistent(
                 reply.status,
                 reading.message(reply)
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         };
     }
     unavailable_from_reply(reading, request, reply, now)
@@ -184,7 +180,7 @@ fn found_answer(
                 "{} → {}{note}, but nothing usable at `{}` names the object",
                 asked.request, reply.status, spec.id
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         },
     }
 }
@@ -215,7 +211,7 @@ pub fn classify_search(
                 "{} → {}{note} without a results array at `{}`",
                 asked.request, reply.status, spec.results
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         };
     };
     let matching = matching_ids(spec, asked, results);
@@ -314,7 +310,7 @@ pub fn unavailable_from_reply(
     };
     LookupOutcome::Unavailable {
         reason,
-        retry_after_ms: reading.wait_ms(reply, now),
+        retry_after_ms: reading.wait_ms(reply, now, None),
     }
 }
 
