@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::classify::{object_id_at, text_at, Reading};
 use crate::document::{ConsistentLookup, Expect, LookupBy, Means, SearchLookup};
 use crate::http::{HttpReply, IN_FLIGHT_RETRY_AFTER_MS};
+use crate::pointer::any_text_is;
 
 /// Most matching ids named in one piece of evidence.
 pub const MAX_IDS_IN_EVIDENCE: usize = 10;
@@ -262,11 +263,11 @@ fn matching_ids(
     results: &[Value],
 ) -> Vec<ExternalObjectId> {
     let ours = |result: &&Value| {
-        text_at(result, &spec.label_at).as_deref() == Some(asked.label)
+        any_text_is(result, &spec.label_at, asked.label)
             && spec
                 .account_at
                 .as_ref()
-                .is_none_or(|at| text_at(result, at).as_deref() == Some(asked.account.as_str()))
+                .is_none_or(|at| any_text_is(result, at, asked.account.as_str()))
     };
     let mut matching: Vec<ExternalObjectId> = results
         .iter()
@@ -482,6 +483,59 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    fn pipedrive_search(items: Value) -> LookupOutcome {
+        let (file, text) = crate::presets::preset("pipedrive").expect("the preset");
+        let document = crate::document::parse(file, text).expect("the preset is valid");
+        let action = document.action("create_deal").expect("a deal action");
+        let Lookup::Search(spec) = &action.lookup else {
+            panic!("a search");
+        };
+        let reading = Reading::new(&document, &action.dedup);
+        let account = account();
+        let asked = Asked {
+            request: "GET /api/v2/deals/search",
+            label: LABEL,
+            account: &account,
+        };
+        let reply = HttpReply::new(
+            200,
+            &json!({"success": true, "data": {"items": items}}).to_string(),
+        );
+        classify_search(spec, &reading, &asked, &reply, now())
+    }
+
+    #[test]
+    fn pipedrives_deal_search_finds_the_label_at_any_position_of_a_hits_custom_fields() {
+        // The order of a hit's `custom_fields` is not documented: the label may come after the
+        // deal's other text fields. With `label_at = "/item/custom_fields/0"` this is not found.
+        for listed in [
+            json!(["north-east", "web form", LABEL]),
+            json!(["north-east", LABEL]),
+            json!([LABEL, "web form"]),
+        ] {
+            let outcome = pipedrive_search(json!([
+                {"result_score": 1.0, "item": {"id": 41, "type": "deal", "custom_fields": listed}}
+            ]));
+            assert!(
+                matches!(&outcome, LookupOutcome::Found { external_id, .. } if external_id.as_str() == "41"),
+                "{listed}: {outcome:?}"
+            );
+        }
+        let elsewhere = pipedrive_search(json!([
+            {"result_score": 1.0, "item": {"id": 41, "title": LABEL, "custom_fields": [format!("{LABEL}-other"), "x"]}}
+        ]));
+        assert!(
+            matches!(
+                elsewhere,
+                LookupOutcome::NotFound {
+                    authoritative: false,
+                    ..
+                }
+            ),
+            "a title or a longer value is no evidence: {elsewhere:?}"
+        );
     }
 
     #[test]

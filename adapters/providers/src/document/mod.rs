@@ -116,6 +116,19 @@
 //! lag_ms = 2000                          # how long the index may lag behind a create
 //! ```
 //!
+//! In `label_at` and `account_at` a step written `*` means "any element of this array": a result
+//! counts when any element reached equals the label (`label_at = "/item/custom_fields/*"` finds
+//! Pipedrive's label wherever it stands among a hit's custom field values, whose order is not
+//! documented). `*` must be a whole step, at most twice in a pointer, reaches array elements
+//! only, and is refused in `results` and `id`, which name one value each (see
+//! [`crate::pointer`]).
+//!
+//! `[rate_limit]` may be left out. `min_wait_ms` (default [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`],
+//! 1000) is the least wait after a 429: the wait when the answer names none (no Retry-After, no
+//! reset header, no matching rule's `retry_after_ms`), and the floor under a shorter one, so a
+//! 429 is never repeated inside the window that refused it. A rule on status 429 with its own
+//! `retry_after_ms` (matched, say, on `at = "/policyName"`) gives one kind of 429 a longer wait.
+//!
 //! `unique_label` declares `conflict = { status = 409, code = "label_conflict" }` (a conflict is a
 //! rejection) and its request must carry `{{label}}`; `by_label` is `by_key` with `{{label}}`.
 

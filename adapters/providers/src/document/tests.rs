@@ -329,6 +329,59 @@ fn a_search_lag_is_at_most_a_day_and_a_search_names_its_label_field() {
 }
 
 #[test]
+fn a_search_may_match_its_label_at_any_element_of_an_array() {
+    let text = with_search(
+        "label_at = \"/label\"",
+        "label_at = \"/item/custom_fields/*\"\naccount_at = \"/item/accounts/*/id\"",
+    );
+    let document = parse("tasks.toml", &text)
+        .unwrap_or_else(|errors| panic!("{}", crate::error::render_all(&errors)));
+    let Lookup::Search(search) = &document.actions[1].lookup else {
+        panic!("a search lookup");
+    };
+    assert_eq!(search.label_at, "/item/custom_fields/*");
+    assert_eq!(search.account_at.as_deref(), Some("/item/accounts/*/id"));
+}
+
+#[test]
+fn an_any_element_step_is_checked_at_load_with_what_to_write() {
+    for (written, says) in [
+        (
+            "/item/custom_fields[*]",
+            "must be a whole step, e.g. \"/item/custom_fields/*\"",
+        ),
+        ("/item/*fields", "the step `*fields`"),
+        ("/*/*/*", "has 3 `*` steps; at most 2"),
+    ] {
+        let text = with_search(
+            "label_at = \"/label\"",
+            &format!("label_at = \"{written}\""),
+        );
+        assert_error(&text, "actions[1].lookup.label_at", "label_at = ", says);
+        let text = with_search(
+            "label_at = \"/label\"",
+            &format!("label_at = \"/label\"\naccount_at = \"{written}\""),
+        );
+        assert_error(&text, "actions[1].lookup.account_at", "account_at = ", says);
+    }
+    // A result has one id and a search one results array: `*` names neither.
+    let text = with_search("results = \"/results\"", "results = \"/pages/*\"");
+    assert_error(
+        &text,
+        "actions[1].lookup.results",
+        "results = \"/pages",
+        "only label_at and account_at may hold",
+    );
+    let text = with_search("lag_ms = 2000", "lag_ms = 2000\nid = \"/ids/*\"");
+    assert_error(
+        &text,
+        "actions[1].lookup.id",
+        "id = \"/ids",
+        "only label_at and account_at may hold",
+    );
+}
+
+#[test]
 fn a_search_pointer_may_name_a_setting_but_only_a_declared_one() {
     let text = with_search(
         "label_at = \"/label\"",
