@@ -594,6 +594,32 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_limited_lookup_is_not_asked_again_sooner_than_the_least_wait() {
+        // HubSpot's search answers 429 with no wait named; the lookup waits its window too.
+        assert!(matches!(
+            search(&HttpReply::new(429, "")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: Some(1_000),
+                ..
+            }
+        ));
+        assert!(matches!(
+            search(&HttpReply::new(429, "").with_header("retry-after", "4")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: Some(4_000),
+                ..
+            }
+        ));
+        assert!(matches!(
+            search(&HttpReply::new(503, "")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn decimal_ids_sort_numerically_before_other_ids() {
         let mut ids = vec!["b", "1000", "999", "a", "73"];
         ids.sort_by(|a, b| id_order(a, b));
