@@ -242,6 +242,9 @@ impl Api for Attio {
 
 /// The key of the deal custom field the Pipedrive tests created (40 hexadecimal characters).
 pub const PIPEDRIVE_LABEL_KEY: &str = "dcf558aac1ae4e8c4f849ba5e668430d8df9be12";
+/// Two other text custom fields every emulated deal carries (a region, a lead source).
+pub const PIPEDRIVE_REGION_KEY: &str = "5f2a7c0e9b1d43e8a6c4f0d2b8e1a3c5d7f9b0e2";
+pub const PIPEDRIVE_SOURCE_KEY: &str = "a13c5e7f9b2d4f6a8c0e1b3d5f7a9c2e4b6d8f0a";
 
 impl Api for Pipedrive {
     const PROVIDER: &'static str = "pipedrive";
@@ -252,6 +255,12 @@ impl Api for Pipedrive {
         Pipedrive::start(pipedrive::Config {
             tokens: accounts(),
             label_field_key: PIPEDRIVE_LABEL_KEY.to_owned(),
+            // Listed before the label in every search hit: a preset that looked for the label
+            // in the first element only would find none of these deals.
+            other_custom_fields: vec![
+                (PIPEDRIVE_REGION_KEY.to_owned(), "north-east".to_owned()),
+                (PIPEDRIVE_SOURCE_KEY.to_owned(), "web form".to_owned()),
+            ],
             search_lag_ms: EMULATED_LAG_MS,
         })
         .await

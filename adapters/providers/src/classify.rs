@@ -28,7 +28,7 @@ pub struct Reading {
     message_at: String,
     /// The action's dedup answers first (in flight, label conflict), then the connector's rules.
     rules: Vec<ErrorRule>,
-    rate_limit: Option<RateLimit>,
+    rate_limit: RateLimit,
     request_id_header: HeaderName,
 }
 
@@ -97,18 +97,32 @@ impl Reading {
             )
     }
 
+    /// The wait before the provider is asked again after `reply`: the wait it asked for
+    /// ([`Reading::asked_wait_ms`]), else `fallback` (a rule's `retry_after_ms`); after a 429 at
+    /// least the connector's `min_wait_ms`, so a 429 that names no wait is not repeated inside
+    /// the window that refused it.
+    pub fn wait_ms(
+        &self,
+        reply: &HttpReply,
+        now: DateTime<Utc>,
+        fallback: Option<u64>,
+    ) -> Option<u64> {
+        let asked = self.asked_wait_ms(reply, now).or(fallback);
+        if reply.status != 429 {
+            return asked;
+        }
+        let floor = self.rate_limit.min_wait_ms;
+        debug_assert!(floor <= MAX_RETRY_AFTER_MS, "checked at load");
+        Some(asked.map_or(floor, |asked| asked.max(floor)))
+    }
+
     /// The wait the provider asked for: Retry-After (both forms), else the rate-limit reset
     /// header; capped at [`MAX_RETRY_AFTER_MS`]. Read on every status.
-    pub fn wait_ms(&self, reply: &HttpReply, now: DateTime<Utc>) -> Option<u64> {
+    pub fn asked_wait_ms(&self, reply: &HttpReply, now: DateTime<Utc>) -> Option<u64> {
         reply.retry_after_ms(now).or_else(|| {
-            let limit = self.rate_limit.as_ref()?;
-            let value = reply.header(limit.reset_header.as_str())?;
-            reset_wait_ms(
-                &value,
-                limit.reset_unit,
-                reply.header("date").as_deref(),
-                now,
-            )
+            let reset = self.rate_limit.reset.as_ref()?;
+            let value = reply.header(reset.header.as_str())?;
+            reset_wait_ms(&value, reset.unit, reply.header("date").as_deref(), now)
         })
     }
 
@@ -203,10 +217,11 @@ pub fn classify_send(
     reply: &HttpReply,
     now: DateTime<Utc>,
 ) -> SendOutcome {
-    let wait = reading.wait_ms(reply, now);
     if let Some(rule) = reading.rule(reply) {
+        let wait = reading.wait_ms(reply, now, rule.retry_after_ms);
         return by_rule(reading, rule, reply, wait);
     }
+    let wait = reading.wait_ms(reply, now, None);
     let status = reply.status;
     let note = reading.request_id_note(reply);
     match status {
@@ -255,7 +270,7 @@ fn by_rule(
             reason: format!(
                 "{code}: the provider says it processed nothing of this request: {message}"
             ),
-            retry_after_ms: wait.or(rule.retry_after_ms),
+            retry_after_ms: wait,
         },
         Means::Rejected => SendOutcome::Rejected { code, message },
         Means::Uncertain => SendOutcome::Uncertain {
@@ -263,7 +278,7 @@ fn by_rule(
                 "{code}{}: the request may have been applied: {message}",
                 reading.request_id_note(reply)
             ),
-            retry_after_ms: wait.or(rule.retry_after_ms),
+            retry_after_ms: wait,
         },
     }
 }
@@ -317,7 +332,7 @@ fn success(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::document::{ErrorSpec, StatusMatch};
+    use crate::document::{ErrorSpec, ResetHeader, StatusMatch};
     use crate::test_support::{keyed_document, now};
     use chrono::TimeDelta;
 
@@ -531,10 +546,88 @@ pub(crate) mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_rate_limit_that_names_no_wait_is_not_repeated_for_a_second_by_default() {
+        // HubSpot's 429: no Retry-After, no reset header. Without a floor the engine's backoff
+        // base (tens of milliseconds in a test configuration) decided the wait, inside the
+        // window that had just refused the request.
+        assert_eq!(reading().rate_limit.min_wait_ms, 1_000);
+        for body in ["", r#"{"errorType":"RATE_LIMIT","policyName":"SECONDLY"}"#] {
+            assert!(
+                matches!(
+                    classify(&HttpReply::new(429, body)),
+                    SendOutcome::NotSent {
+                        retry_after_ms: Some(1_000),
+                        ..
+                    }
+                ),
+                "{body}"
+            );
+        }
+        // A shorter wait the answer names is raised to the floor; a longer one is kept.
+        for (asked, waited) in [("0", 1_000), ("2", 2_000)] {
+            let limited = HttpReply::new(429, "").with_header("retry-after", asked);
+            assert!(matches!(
+                classify(&limited),
+                SendOutcome::NotSent { retry_after_ms: Some(wait), .. } if wait == waited
+            ));
+        }
+        // Other statuses keep what they asked for, nothing when they ask nothing.
         assert!(matches!(
-            classify(&HttpReply::new(429, "")),
-            SendOutcome::NotSent {
+            classify(&HttpReply::new(503, "")),
+            SendOutcome::Uncertain {
                 retry_after_ms: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_connector_declares_the_least_wait_after_a_rate_limit() {
+        let declared = |min_wait_ms| {
+            with_rules(
+                Vec::new(),
+                RateLimit {
+                    reset: None,
+                    min_wait_ms,
+                },
+            )
+        };
+        let limited = HttpReply::new(429, "");
+        for min_wait_ms in [250, 2_000, 10_000] {
+            assert!(matches!(
+                classify_send(&declared(min_wait_ms), &response(), &limited, now()),
+                SendOutcome::NotSent { retry_after_ms: Some(wait), .. } if wait == min_wait_ms
+            ));
+        }
+        // A rule's own wait stands in for an answer that names none, still above the floor.
+        let policy = |policy: &str, retry_after_ms| ErrorRule {
+            status: 429,
+            code: Some(policy.to_owned()),
+            at: Some("/policyName".to_owned()),
+            means: Means::NotSent,
+            retry_after_ms,
+        };
+        let mut rules = declared(1_000);
+        rules.rules = vec![
+            policy("TEN_SECONDLY_ROLLING", Some(10_000)),
+            policy("NONE", Some(10)),
+        ];
+        let rolling = HttpReply::new(429, r#"{"policyName":"TEN_SECONDLY_ROLLING"}"#);
+        assert!(matches!(
+            classify_send(&rules, &response(), &rolling, now()),
+            SendOutcome::NotSent {
+                retry_after_ms: Some(10_000),
+                ..
+            }
+        ));
+        let short = HttpReply::new(429, r#"{"policyName":"NONE"}"#);
+        assert!(matches!(
+            classify_send(&rules, &response(), &short, now()),
+            SendOutcome::NotSent {
+                retry_after_ms: Some(1_000),
                 ..
             }
         ));
@@ -575,7 +668,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn with_rules(rules: Vec<ErrorRule>, rate_limit: Option<RateLimit>) -> Reading {
+    fn with_rules(rules: Vec<ErrorRule>, rate_limit: RateLimit) -> Reading {
         let mut document = keyed_document();
         document.errors = ErrorSpec {
             code_at: "/errors/0/code".to_owned(),
@@ -612,7 +705,7 @@ pub(crate) mod tests {
                     retry_after_ms: None,
                 },
             ],
-            None,
+            RateLimit::default(),
         );
         let limited = HttpReply::new(
             403,
@@ -650,10 +743,13 @@ pub(crate) mod tests {
         let reading = |unit| {
             with_rules(
                 Vec::new(),
-                Some(RateLimit {
-                    reset_header: HeaderName::from_static("x-ratelimit-reset"),
-                    reset_unit: unit,
-                }),
+                RateLimit {
+                    reset: Some(ResetHeader {
+                        header: HeaderName::from_static("x-ratelimit-reset"),
+                        unit,
+                    }),
+                    min_wait_ms: 1_000,
+                },
             )
         };
         let unix = (now().timestamp() + 20).to_string();

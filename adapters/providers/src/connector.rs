@@ -33,6 +33,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
+use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{resolve_pointer, Context};
 
 /// Most requests one connector runs at once.
@@ -735,11 +736,14 @@ fn compile(
 fn with_settings(action: &Action, settings: &BTreeMap<String, String>) -> Result<Action, String> {
     let mut action = action.clone();
     if let Lookup::Search(search) = &mut action.lookup {
-        for pointer in [&mut search.results, &mut search.id, &mut search.label_at]
-            .into_iter()
-            .chain(search.account_at.as_mut())
-        {
+        for pointer in [&mut search.results, &mut search.id] {
             *pointer = resolve_pointer(pointer, settings)?;
+            check_no_any_step(pointer)?;
+        }
+        // A setting's value is one step: one holding a `*` would change what the pointer says.
+        for pointer in std::iter::once(&mut search.label_at).chain(search.account_at.as_mut()) {
+            *pointer = resolve_pointer(pointer, settings)?;
+            check_any_steps(pointer)?;
         }
     }
     Ok(action)

@@ -34,7 +34,7 @@
 //! | the key's `in_flight` answer (stand: 409 `idempotency_in_flight`) | `NotSent`, the wait or 1 s | this request was not processed; the earlier one with the key still runs |
 //! | the label's `conflict` answer (stand: 409 `label_conflict`) | `Rejected` | the label holds another object; nothing applied |
 //! | a rule with `means = "not_sent" \| "rejected" \| "uncertain"` | that outcome, the wait or the rule's `retry_after_ms` | the connector's documentation says so |
-//! | 429 | `NotSent`, the wait | refused before processing |
+//! | 429 | `NotSent`, the wait, never less than the connector's `min_wait_ms` (default 1 s) | refused before processing; the window that refused it must pass first |
 //! | 5xx | `Uncertain`, the wait if given | may have been applied before it failed |
 //! | any other status (1xx, 3xx, other 4xx, a 409 no contract explains) | `Uncertain` | no documented meaning, so no proof |
 //! | connect failure (refused, unreachable, DNS, TLS handshake, connect timeout) | `NotSent` | no connection, no bytes sent |
@@ -45,8 +45,13 @@
 //!
 //! "The wait" is read on every status, 5xx included: `Retry-After` in both forms (delta-seconds,
 //! or an HTTP date measured from the response's `Date` header, else from now), else the
-//! connector's `[rate_limit]` reset header; every wait is capped at [`http::MAX_RETRY_AFTER_MS`]
-//! (10 minutes).
+//! connector's `[rate_limit]` reset header, else a matching rule's `retry_after_ms`; every wait
+//! is capped at [`http::MAX_RETRY_AFTER_MS`] (10 minutes). After a 429 the wait is at least the
+//! connector's `[rate_limit] min_wait_ms` (default
+//! [`document::DEFAULT_RATE_LIMIT_MIN_WAIT_MS`], 1 s), also when the answer names none: rate
+//! limits are counted in windows of a second or more, and a 429 repeated after the engine's
+//! backoff alone (tens of milliseconds in a test configuration) is refused again. The same holds
+//! for a lookup's 429.
 //!
 //! # How a lookup is classified
 //!
@@ -91,6 +96,7 @@ pub mod document;
 pub mod error;
 pub mod http;
 pub mod lookup;
+pub mod pointer;
 pub mod presets;
 pub mod registry;
 pub mod template;

@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::classify::{object_id_at, text_at, Reading};
 use crate::document::{ConsistentLookup, Expect, LookupBy, Means, SearchLookup};
 use crate::http::{HttpReply, IN_FLIGHT_RETRY_AFTER_MS};
+use crate::pointer::any_text_is;
 
 /// Most matching ids named in one piece of evidence.
 pub const MAX_IDS_IN_EVIDENCE: usize = 10;
@@ -91,7 +92,7 @@ fn by_rule(
             reading.status_code(reply),
             reading.message(reply)
         ),
-        retry_after_ms: reading.wait_ms(reply, now).or(rule.retry_after_ms),
+        retry_after_ms: reading.wait_ms(reply, now, rule.retry_after_ms),
     })
 }
 
@@ -120,11 +121,7 @@ pub fn classify_consistent(
                 reply.status,
                 shown(in_progress)
             ),
-            retry_after_ms: Some(
-                reading
-                    .wait_ms(reply, now)
-                    .unwrap_or(IN_FLIGHT_RETRY_AFTER_MS),
-            ),
+            retry_after_ms: reading.wait_ms(reply, now, Some(IN_FLIGHT_RETRY_AFTER_MS)),
         };
     }
     if matches(&spec.found, reply, json.as_ref()) {
@@ -151,7 +148,7 @@ pub fn classify_consistent(
                 reply.status,
                 reading.message(reply)
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         };
     }
     unavailable_from_reply(reading, request, reply, now)
@@ -184,7 +181,7 @@ fn found_answer(
                 "{} → {}{note}, but nothing usable at `{}` names the object",
                 asked.request, reply.status, spec.id
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         },
     }
 }
@@ -215,7 +212,7 @@ pub fn classify_search(
                 "{} → {}{note} without a results array at `{}`",
                 asked.request, reply.status, spec.results
             ),
-            retry_after_ms: reading.wait_ms(reply, now),
+            retry_after_ms: reading.wait_ms(reply, now, None),
         };
     };
     let matching = matching_ids(spec, asked, results);
@@ -266,11 +263,11 @@ fn matching_ids(
     results: &[Value],
 ) -> Vec<ExternalObjectId> {
     let ours = |result: &&Value| {
-        text_at(result, &spec.label_at).as_deref() == Some(asked.label)
+        any_text_is(result, &spec.label_at, asked.label)
             && spec
                 .account_at
                 .as_ref()
-                .is_none_or(|at| text_at(result, at).as_deref() == Some(asked.account.as_str()))
+                .is_none_or(|at| any_text_is(result, at, asked.account.as_str()))
     };
     let mut matching: Vec<ExternalObjectId> = results
         .iter()
@@ -314,7 +311,7 @@ pub fn unavailable_from_reply(
     };
     LookupOutcome::Unavailable {
         reason,
-        retry_after_ms: reading.wait_ms(reply, now),
+        retry_after_ms: reading.wait_ms(reply, now, None),
     }
 }
 
@@ -488,6 +485,59 @@ mod tests {
         ));
     }
 
+    fn pipedrive_search(items: Value) -> LookupOutcome {
+        let (file, text) = crate::presets::preset("pipedrive").expect("the preset");
+        let document = crate::document::parse(file, text).expect("the preset is valid");
+        let action = document.action("create_deal").expect("a deal action");
+        let Lookup::Search(spec) = &action.lookup else {
+            panic!("a search");
+        };
+        let reading = Reading::new(&document, &action.dedup);
+        let account = account();
+        let asked = Asked {
+            request: "GET /api/v2/deals/search",
+            label: LABEL,
+            account: &account,
+        };
+        let reply = HttpReply::new(
+            200,
+            &json!({"success": true, "data": {"items": items}}).to_string(),
+        );
+        classify_search(spec, &reading, &asked, &reply, now())
+    }
+
+    #[test]
+    fn pipedrives_deal_search_finds_the_label_at_any_position_of_a_hits_custom_fields() {
+        // The order of a hit's `custom_fields` is not documented: the label may come after the
+        // deal's other text fields. With `label_at = "/item/custom_fields/0"` this is not found.
+        for listed in [
+            json!(["north-east", "web form", LABEL]),
+            json!(["north-east", LABEL]),
+            json!([LABEL, "web form"]),
+        ] {
+            let outcome = pipedrive_search(json!([
+                {"result_score": 1.0, "item": {"id": 41, "type": "deal", "custom_fields": listed}}
+            ]));
+            assert!(
+                matches!(&outcome, LookupOutcome::Found { external_id, .. } if external_id.as_str() == "41"),
+                "{listed}: {outcome:?}"
+            );
+        }
+        let elsewhere = pipedrive_search(json!([
+            {"result_score": 1.0, "item": {"id": 41, "title": LABEL, "custom_fields": [format!("{LABEL}-other"), "x"]}}
+        ]));
+        assert!(
+            matches!(
+                elsewhere,
+                LookupOutcome::NotFound {
+                    authoritative: false,
+                    ..
+                }
+            ),
+            "a title or a longer value is no evidence: {elsewhere:?}"
+        );
+    }
+
     #[test]
     fn one_match_is_found_with_a_short_evidence_line() {
         assert_eq!(
@@ -541,6 +591,32 @@ mod tests {
                 "{reply:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_rate_limited_lookup_is_not_asked_again_sooner_than_the_least_wait() {
+        // HubSpot's search answers 429 with no wait named; the lookup waits its window too.
+        assert!(matches!(
+            search(&HttpReply::new(429, "")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: Some(1_000),
+                ..
+            }
+        ));
+        assert!(matches!(
+            search(&HttpReply::new(429, "").with_header("retry-after", "4")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: Some(4_000),
+                ..
+            }
+        ));
+        assert!(matches!(
+            search(&HttpReply::new(503, "")),
+            LookupOutcome::Unavailable {
+                retry_after_ms: None,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn stand_document(shape: crate::Shape, settings: StandSettings) -> crate::Do
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::{parse, Dedup, Lookup};
+    use crate::document::{parse, Dedup, Lookup, ResetHeader, ResetUnit};
 
     #[test]
     fn every_preset_loads_and_is_named_by_its_file() {
@@ -187,6 +187,56 @@ mod tests {
             assert!(matches!(action.dedup, Dedup::None));
             assert!(matches!(&action.lookup, Lookup::Search(search) if search.lag_ms == 30_000));
         }
+        assert!(
+            matches!(&deal.lookup, Lookup::Search(search) if search.label_at == "/item/custom_fields/*")
+        );
+    }
+
+    #[test]
+    fn each_api_preset_waits_out_a_429_as_its_documentation_gives() {
+        let load = |name: &str| {
+            let (file, text) = preset(name).expect("a preset");
+            parse(file, text).expect("valid")
+        };
+        // Per-second windows, or a Retry-After on every 429: a second at least.
+        for name in ["stripe", "salesforce", "zendesk", "attio", "hubspot"] {
+            let limit = load(name).rate_limit;
+            assert_eq!((name, limit.min_wait_ms, limit.reset), (name, 1_000, None));
+        }
+        // Pipedrive: its reset header, else its whole 2-second window.
+        let pipedrive = load("pipedrive").rate_limit;
+        assert_eq!(pipedrive.min_wait_ms, 2_000);
+        assert!(matches!(
+            pipedrive.reset,
+            Some(ResetHeader { header, unit: ResetUnit::Seconds }) if header == "x-ratelimit-reset"
+        ));
+        // HubSpot names the exhausted policy instead of a wait: its window, by the body.
+        let hubspot = load("hubspot");
+        let rules: Vec<_> = hubspot
+            .errors
+            .rules
+            .iter()
+            .map(|rule| {
+                (
+                    rule.status,
+                    rule.at.as_deref(),
+                    rule.code.as_deref(),
+                    rule.retry_after_ms,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            vec![
+                (
+                    429,
+                    Some("/policyName"),
+                    Some("TEN_SECONDLY_ROLLING"),
+                    Some(10_000)
+                ),
+                (429, Some("/policyName"), Some("DAILY"), Some(600_000)),
+            ]
+        );
     }
 
     #[test]

@@ -14,12 +14,15 @@
 //!   "properties":[…],"limit"}` and answers `{"total","results":[{"id","properties":{…}}]}`,
 //!   each result carrying the asked properties; it is eventually consistent (a new object is
 //!   missing for a while; "several seconds" is what integrators report; configurable here).
-//! - Rate limits answer 429 with `"errorType":"RATE_LIMIT"` and a `policyName`.
+//! - Rate limits answer 429 with `"errorType":"RATE_LIMIT"` and the exhausted policy in
+//!   `policyName` (`TEN_SECONDLY_ROLLING` for the 10-second window creates are counted in,
+//!   `SECONDLY` for the search API's, `DAILY`), with no `Retry-After` and no reset header: the
+//!   `X-HubSpot-RateLimit-*` headers give counts and the window's length only (usage
+//!   guidelines, developers.hubspot.com/docs/developer-tooling/platform/usage-guidelines).
 //! - Every answer carries `X-HubSpot-Correlation-Id`.
 //!
-//! Not confirmed from the docs: an upper bound on the search lag (none is published), whether a
-//! 429 carries `Retry-After` (this emulator sends none), and the 5xx body (taken in the usual
-//! error shape with category `INTERNAL_ERROR`).
+//! Not confirmed from the docs: an upper bound on the search lag (none is published), and the
+//! 5xx body (taken in the usual error shape with category `INTERNAL_ERROR`).
 
 use std::sync::{Arc, Mutex};
 
@@ -105,8 +108,9 @@ impl Voice for HubSpotVoice {
     fn rate_limited(&self, _retry_after_s: u64) -> Reply {
         Reply::json(
             429,
-            &json!({"status": "error", "message": "You have reached your secondly limit.",
-                    "errorType": "RATE_LIMIT", "correlationId": "c0ffee", "policyName": "SECONDLY"}),
+            &json!({"status": "error", "message": "You have reached your ten_secondly_rolling limit.",
+                    "errorType": "RATE_LIMIT", "correlationId": "c0ffee",
+                    "policyName": "TEN_SECONDLY_ROLLING"}),
         )
     }
 }

@@ -1,22 +1,31 @@
-//! Pipedrive, as far as the `pipedrive` preset calls it: `POST /v1/deals`,
-//! `GET /v1/deals/search` and `POST /v1/activities`.
+//! Pipedrive API v2, as far as the `pipedrive` preset calls it: `POST /api/v2/deals`,
+//! `GET /api/v2/deals/search` and `POST /api/v2/activities`.
 //!
-//! Follows the API v1 reference ("Deals": add a deal, search deals; "Activities": add an
-//! activity; "Custom fields"; "Rate limiting"; "Authentication"). Facts relied on:
-//! - The personal API token in the `x-api-token` header; a bad one is 401
-//!   `{"success":false,"error":"unauthorized access","errorCode":401,…}`.
-//! - Answers are `{"success":true,"data":{…}}`; a create answers 201 with the new object's
-//!   integer `id`; errors are `{"success":false,"error":…,"error_info":…,"data":null}`.
-//! - Custom fields are written and read under their 40-character key.
-//! - Deal search takes `term` (at least 2 characters) and `fields=custom_fields`, matches the term
-//!   anywhere in a field, and answers `{"data":{"items":[{"result_score","item":{"id","type",
-//!   "title","custom_fields":[matching values]}}]}}`; it is served by a search index that lags
-//!   (configurable here).
+//! Follows the API v2 reference and the v2 migration guide (developers.pipedrive.com/docs/api/v2:
+//! "Deals": add a deal, search deals; "Activities": add an activity; pipedrive.readme.io: "API v2
+//! migration guide", "Rate limiting"; the official Node client's v2 models and changelog, which
+//! lists the v1 endpoints as deprecated in favour of these). Facts relied on:
+//! - Only the `/api/v2/` prefix; the personal API token in the `x-api-token` header; a bad one is
+//!   401 `{"success":false,"error":"unauthorized access","errorCode":401,…}`.
+//! - Answers are `{"success":true,"data":{…}}`; a create names the new object's integer `id` in
+//!   `data`; errors are `{"success":false,"error":…,"error_info":…,"data":null}`.
+//! - v2 validates strictly: a number field given a string is refused (400), not coerced.
+//! - A deal's custom fields travel in a `custom_fields` object keyed by the field's 40-character
+//!   key; a text field's value is a plain string.
+//! - Deal search takes `term` (at least 2 characters, or 1 with `exact_match`), `fields` (any of
+//!   `custom_fields`, `notes`, `title`), `exact_match` (a full match, not case sensitive) and
+//!   `limit` (at most 500), and answers `{"data":{"items":[{"result_score","item":{"id","type",
+//!   "title",…,"custom_fields":[strings],"notes":[…]}}]},"additional_data":{"next_cursor"}}`; a hit's
+//!   `custom_fields` is an array of strings whose order is not documented. It is served by a
+//!   search index that lags (configurable here).
 //! - No idempotency: a repeat creates another object.
-//! - Rate limits answer 429 with `x-ratelimit-reset` (seconds until the window resets).
+//! - Rate limits answer 429 with `x-ratelimit-reset`, the seconds left in the 2-second window.
 //!
-//! Not confirmed from the docs: the search index's lag (not published), exactly which custom
-//! field values a search result lists (this lists the matching ones), the 5xx body.
+//! Not confirmed from the docs: the search index's lag (not published); which custom field
+//! values a hit lists and in what order (this lists every text custom field of the deal, the
+//! account's other fields first, so the label is never the first element when the account has
+//! others: the preset must find it at any position); whether a v2 create answers 200 or 201
+//! (this answers 200; the preset accepts both); the 5xx body.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +39,7 @@ use serde_json::{json, Map, Value};
 
 use super::{carry_out, Connection, Core, Emulator, Reply, Running, Voice};
 
-/// The standard fields a deal or an activity takes here.
+/// The standard fields a deal takes here, besides `custom_fields`.
 const DEAL_FIELDS: &[&str] = &[
     "title",
     "value",
@@ -39,6 +48,10 @@ const DEAL_FIELDS: &[&str] = &[
     "org_id",
     "expected_close_date",
 ];
+/// The standard fields that v2 refuses unless they are numbers.
+const NUMBER_FIELDS: &[&str] = &["value", "person_id", "org_id", "deal_id"];
+/// The most results one search may ask for.
+const MAX_SEARCH_LIMIT: u64 = 500;
 const ACTIVITY_FIELDS: &[&str] = &[
     "subject",
     "type",
@@ -56,6 +69,9 @@ pub struct Config {
     pub tokens: Vec<(String, String)>,
     /// The key of the deal custom field holding the label.
     pub label_field_key: String,
+    /// Other text custom fields every deal of an account carries (key, value), as an account's
+    /// defaults or automations fill them; a search hit lists their values before the label.
+    pub other_custom_fields: Vec<(String, String)>,
     /// How long a new deal stays out of search, in milliseconds.
     pub search_lag_ms: u64,
 }
@@ -115,9 +131,9 @@ impl Pipedrive {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
         let routes = Router::new()
-            .route("/v1/deals", post(create_deal))
-            .route("/v1/deals/search", get(search))
-            .route("/v1/activities", post(create_activity));
+            .route("/api/v2/deals", post(create_deal))
+            .route("/api/v2/deals/search", get(search))
+            .route("/api/v2/activities", post(create_activity));
         let shared = Shared {
             core: Core::new(&config.tokens),
             config,
@@ -165,16 +181,9 @@ async fn create_deal(
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
-    let label_key = shared.config.label_field_key.clone();
-    create(
-        shared,
-        connection,
-        headers,
-        body,
-        "deal",
-        "title",
-        move |name| DEAL_FIELDS.contains(&name) || name == label_key,
-    )
+    create(shared, connection, headers, body, "deal", "title", |name| {
+        DEAL_FIELDS.contains(&name) || name == "custom_fields"
+    })
     .await
 }
 
@@ -212,15 +221,8 @@ async fn create(
     let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&body) else {
         return error(400, "Bad request", "The body is no JSON object");
     };
-    if !fields.contains_key(required) {
-        return error(
-            400,
-            &format!("{required} is required"),
-            "A required field is missing",
-        );
-    }
-    if let Some(unknown) = fields.keys().find(|name| !known(name)) {
-        return error(400, "Bad request", &format!("Unknown field `{unknown}`"));
+    if let Err(reply) = check_fields(&shared.config, &fields, required, known) {
+        return reply;
     }
     let fault = shared.core.take_fault();
     let committing = Arc::clone(&shared);
@@ -237,6 +239,64 @@ async fn create(
     .await
 }
 
+/// What v2 refuses before anything is written: a missing required field, an unknown field, a
+/// number field that is no number, custom fields outside a `custom_fields` object of known keys.
+fn check_fields(
+    config: &Config,
+    fields: &Map<String, Value>,
+    required: &str,
+    known: impl Fn(&str) -> bool,
+) -> Result<(), Reply> {
+    if !fields.contains_key(required) {
+        return Err(error(
+            400,
+            &format!("{required} is required"),
+            "A required field is missing",
+        ));
+    }
+    if let Some(unknown) = fields.keys().find(|name| !known(name)) {
+        return Err(error(
+            400,
+            "Bad request",
+            &format!("Unknown field `{unknown}`"),
+        ));
+    }
+    if let Some(name) = NUMBER_FIELDS
+        .iter()
+        .find(|name| fields.get(**name).is_some_and(|value| !value.is_number()))
+    {
+        return Err(error(
+            400,
+            "Bad request",
+            &format!("`{name}` must be a number"),
+        ));
+    }
+    let Some(custom) = fields.get("custom_fields") else {
+        return Ok(());
+    };
+    let Some(custom) = custom.as_object() else {
+        return Err(error(400, "Bad request", "custom_fields must be an object"));
+    };
+    let is_field = |key: &str| {
+        key == config.label_field_key
+            || config
+                .other_custom_fields
+                .iter()
+                .any(|(other, _)| other == key)
+    };
+    match custom
+        .iter()
+        .find(|(key, value)| !is_field(key) || !value.is_string())
+    {
+        Some((key, _)) => Err(error(
+            400,
+            "Bad request",
+            &format!("Custom field `{key}` does not exist or is not text"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn apply(
     shared: &Shared,
     company: &str,
@@ -247,13 +307,102 @@ fn apply(
     let mut store = shared.store.lock().expect("not poisoned");
     store.next += 1;
     body.insert("id".into(), json!(store.next));
+    if kind == "deal" {
+        // The account's other text fields are filled on every deal; the request's own win.
+        let mut custom: Map<String, Value> = shared
+            .config
+            .other_custom_fields
+            .iter()
+            .map(|(key, value)| (key.clone(), json!(value)))
+            .collect();
+        if let Some(Value::Object(given)) = body.remove("custom_fields") {
+            custom.extend(given);
+        }
+        body.insert("custom_fields".into(), Value::Object(custom));
+    }
     store.objects.push(Object {
         company: company.to_owned(),
         kind,
         body: body.clone(),
         created_ms: now,
     });
-    Reply::json(201, &json!({"success": true, "data": body}))
+    Reply::json(200, &json!({"success": true, "data": body}))
+}
+
+/// The text custom field values of a deal as a search hit lists them: the account's other fields
+/// first, the label field last.
+fn listed_custom_fields(config: &Config, deal: &Map<String, Value>) -> Vec<String> {
+    let custom = deal.get("custom_fields").and_then(Value::as_object);
+    let value = |key: &str| {
+        custom
+            .and_then(|custom| custom.get(key))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    config
+        .other_custom_fields
+        .iter()
+        .filter_map(|(key, _)| value(key))
+        .chain(value(&config.label_field_key))
+        .collect()
+}
+
+/// What a search asked for, checked as v2 checks it.
+struct SearchQuery {
+    term: String,
+    in_custom_fields: bool,
+    exact: bool,
+    limit: usize,
+}
+
+fn search_query(query: &BTreeMap<String, String>) -> Result<SearchQuery, Reply> {
+    let exact = match query.get("exact_match").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(error(
+                400,
+                "Bad request",
+                "exact_match must be true or false",
+            ))
+        }
+    };
+    let shortest = if exact { 1 } else { 2 };
+    let Some(term) = query
+        .get("term")
+        .filter(|term| term.chars().count() >= shortest)
+    else {
+        return Err(error(
+            400,
+            "Bad request",
+            "term must be at least 2 characters (1 with exact_match)",
+        ));
+    };
+    let fields: Vec<&str> = query.get("fields").map_or_else(
+        || vec!["custom_fields", "notes", "title"],
+        |fields| fields.split(',').collect(),
+    );
+    if let Some(unknown) = fields
+        .iter()
+        .find(|field| !["custom_fields", "notes", "title"].contains(field))
+    {
+        return Err(error(
+            400,
+            "Bad request",
+            &format!("`{unknown}` is no searchable field"),
+        ));
+    }
+    let limit = match query.get("limit").map(|limit| limit.parse::<u64>()) {
+        None => 100,
+        Some(Ok(limit)) if (1..=MAX_SEARCH_LIMIT).contains(&limit) => limit,
+        Some(_) => return Err(error(400, "Bad request", "limit must be 1 to 500")),
+    };
+    Ok(SearchQuery {
+        term: term.clone(),
+        in_custom_fields: fields.contains(&"custom_fields"),
+        exact,
+        limit: usize::try_from(limit).expect("at most 500"),
+    })
 }
 
 async fn search(
@@ -265,10 +414,14 @@ async fn search(
         Ok(company) => company,
         Err(reply) => return reply,
     };
-    let Some(term) = query.get("term").filter(|term| term.chars().count() >= 2) else {
-        return error(400, "Bad request", "term must be at least 2 characters");
+    let query = match search_query(&query) {
+        Ok(query) => query,
+        Err(reply) => return reply,
     };
-    let key = &shared.config.label_field_key;
+    let matches = |value: &str| match query.exact {
+        true => value.eq_ignore_ascii_case(&query.term),
+        false => value.to_lowercase().contains(&query.term.to_lowercase()),
+    };
     let now = shared.core.now_ms();
     let store = shared.store.lock().expect("not poisoned");
     let items: Vec<Value> = store
@@ -277,16 +430,20 @@ async fn search(
         .filter(|object| object.kind == "deal" && object.company == company)
         .filter(|object| now.saturating_sub(object.created_ms) >= shared.config.search_lag_ms)
         .filter_map(|object| {
-            let value = object.body.get(key)?.as_str()?;
-            value.contains(term.as_str()).then(|| {
+            let listed = listed_custom_fields(&shared.config, &object.body);
+            let hit = query.in_custom_fields && listed.iter().any(|value| matches(value));
+            hit.then(|| {
                 json!({"result_score": 1.0, "item": {"id": object.body["id"], "type": "deal",
-                       "title": object.body["title"], "custom_fields": [value]}})
+                       "title": object.body["title"], "status": "open", "visible_to": 3,
+                       "person": null, "organization": null, "custom_fields": listed,
+                       "notes": [], "is_archived": false}})
             })
         })
+        .take(query.limit)
         .collect();
     Reply::json(
         200,
         &json!({"success": true, "data": {"items": items},
-                "additional_data": {"pagination": {"start": 0, "limit": 10, "more_items_in_collection": false}}}),
+                "additional_data": {"next_cursor": null}}),
     )
 }

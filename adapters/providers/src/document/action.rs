@@ -22,6 +22,7 @@ use super::{
 use crate::body::BodyEncoding;
 use crate::credentials::Auth;
 use crate::error::Findings;
+use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{check_arg_path, Ref, Template, Tree};
 
 const ACTION_KEYS: &[&str] = &[
@@ -902,28 +903,43 @@ fn search(
     // A search's pointers may name settings: where a result carries the label depends on the
     // property the user created for it (HubSpot: `/properties/<the property's name>`).
     let settings = names.settings;
-    let required_pointer = |key: &str, hint: &str, findings: &mut Findings<'_>| {
-        table
-            .required_string(key, hint, findings)
-            .and_then(|found| settings_pointer(&found, settings, findings))
+    // `results` and `id` name one value each; `label_at` and `account_at` may say "any element
+    // of this array" with a `*` step (see [`crate::pointer`]).
+    let one_value = |found: Found<'_, &str>, findings: &mut Findings<'_>| {
+        let text = settings_pointer(&found, settings, findings)?;
+        check_no_any_step(&text)
+            .map_err(|message| findings.add(Some(found.span), &found.field, message))
+            .ok()
+            .map(|()| text)
     };
-    let results = required_pointer(
-        "results",
-        "write where the results array is, e.g. results = \"/results\"",
-        findings,
-    );
-    let label_at = required_pointer(
-        "label_at",
-        "a search result counts only when it carries the operation's label; write where it is, e.g. label_at = \"/opledger_label\" (a title is never evidence)",
-        findings,
-    );
+    let any_element = |found: Found<'_, &str>, findings: &mut Findings<'_>| {
+        let text = settings_pointer(&found, settings, findings)?;
+        check_any_steps(&text)
+            .map_err(|message| findings.add(Some(found.span), &found.field, message))
+            .ok()
+            .map(|()| text)
+    };
+    let results = table
+        .required_string(
+            "results",
+            "write where the results array is, e.g. results = \"/results\"",
+            findings,
+        )
+        .and_then(|found| one_value(found, findings));
+    let label_at = table
+        .required_string(
+            "label_at",
+            "a search result counts only when it carries the operation's label; write where it is, e.g. label_at = \"/opledger_label\", or label_at = \"/custom_fields/*\" for any element of an array (a title is never evidence)",
+            findings,
+        )
+        .and_then(|found| any_element(found, findings));
     let id = match table.string("id", findings) {
-        Some(found) => settings_pointer(&found, settings, findings),
+        Some(found) => one_value(found, findings),
         None => (!table.has("id")).then(|| "/id".to_owned()),
     };
     let account_at = table
         .string("account_at", findings)
-        .and_then(|found| settings_pointer(&found, settings, findings));
+        .and_then(|found| any_element(found, findings));
     if !table.has("lag_ms") {
         table.missing("lag_ms", "write how long the search index may lag behind a create, in milliseconds, e.g. lag_ms = 2000", findings);
     }

@@ -44,9 +44,10 @@
 //! means = "not_sent"                     # "not_sent" | "rejected" | "uncertain"
 //! retry_after_ms = 30000                 # the wait when the answer names none
 //!
-//! [rate_limit]
+//! [rate_limit]                           # optional, and so is each key
 //! reset_header = "x-ratelimit-reset"     # read beside Retry-After on every answer
 //! reset_unit = "unix_seconds"            # "seconds" | "unix_seconds" | "milliseconds"
+//! min_wait_ms = 1000                     # the least wait after a 429 (default 1000)
 //!
 //! [[accounts]]
 //! id = "acme-main"
@@ -115,6 +116,19 @@
 //! lag_ms = 2000                          # how long the index may lag behind a create
 //! ```
 //!
+//! In `label_at` and `account_at` a step written `*` means "any element of this array": a result
+//! counts when any element reached equals the label (`label_at = "/item/custom_fields/*"` finds
+//! Pipedrive's label wherever it stands among a hit's custom field values, whose order is not
+//! documented). `*` must be a whole step, at most twice in a pointer, reaches array elements
+//! only, and is refused in `results` and `id`, which name one value each (see
+//! [`crate::pointer`]).
+//!
+//! `[rate_limit]` may be left out. `min_wait_ms` (default [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`],
+//! 1000) is the least wait after a 429: the wait when the answer names none (no Retry-After, no
+//! reset header, no matching rule's `retry_after_ms`), and the floor under a shorter one, so a
+//! 429 is never repeated inside the window that refused it. A rule on status 429 with its own
+//! `retry_after_ms` (matched, say, on `at = "/policyName"`) gives one kind of 429 a longer wait.
+//!
 //! `unique_label` declares `conflict = { status = 409, code = "label_conflict" }` (a conflict is a
 //! rejection) and its request must carry `{{label}}`; `by_label` is `by_key` with `{{label}}`.
 
@@ -176,6 +190,19 @@ pub const MAX_KEY_RETENTION_S: u64 = 366 * 24 * 60 * 60;
 pub const MAX_SEARCH_LAG_MS: u64 = 24 * 60 * 60 * 1000;
 /// Longest base URL accepted, in bytes.
 pub const MAX_BASE_URL_BYTES: usize = 2048;
+/// The least wait after a 429 unless the connector says otherwise, in milliseconds. Most APIs
+/// count requests in windows of a second or more (HubSpot, Stripe and Attio per second,
+/// Pipedrive per 2 s, Zendesk per minute), so a 429 that names no wait is refused again if it is
+/// repeated sooner; without a floor the engine's backoff base (tens of milliseconds in a test
+/// configuration) would decide the wait.
+pub const DEFAULT_RATE_LIMIT_MIN_WAIT_MS: u64 = 1_000;
+/// Shortest `min_wait_ms` a connector may declare, in milliseconds: a 429 is never repeated at
+/// once.
+pub const MIN_RATE_LIMIT_WAIT_MS: u64 = 1;
+const _: () = assert!(
+    MIN_RATE_LIMIT_WAIT_MS <= DEFAULT_RATE_LIMIT_MIN_WAIT_MS
+        && DEFAULT_RATE_LIMIT_MIN_WAIT_MS <= crate::http::MAX_RETRY_AFTER_MS
+);
 /// The header that names the provider's request id unless the connector says otherwise.
 pub const DEFAULT_REQUEST_ID_HEADER: &str = "request-id";
 /// Where the error code is in an error body unless the connector says otherwise.
@@ -208,8 +235,8 @@ pub struct Document {
     pub settings: BTreeMap<String, String>,
     /// How the API reports errors.
     pub errors: ErrorSpec,
-    /// A documented rate-limit reset header, beside Retry-After.
-    pub rate_limit: Option<RateLimit>,
+    /// How the API signals its rate limit (a reset header, the least wait after a 429).
+    pub rate_limit: RateLimit,
     /// Accounts declared in the file (more may be given when building).
     pub accounts: Vec<AccountSpec>,
     /// What the API can do.
@@ -262,13 +289,34 @@ pub enum Means {
     Uncertain,
 }
 
-/// A rate-limit reset header and how to read it.
+/// How the API signals its rate limit: a reset header read beside Retry-After, and the least wait
+/// after a 429. Every connector has one: `[rate_limit]` may be left out, which is the default.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimit {
+    /// A documented header that says when the limit resets, if the API sends one.
+    pub reset: Option<ResetHeader>,
+    /// The least wait after a 429, in milliseconds: the wait when the answer names none (no
+    /// Retry-After, no reset header) and the floor under a shorter one it names.
+    pub min_wait_ms: u64,
+}
+
+impl Default for RateLimit {
+    /// No reset header, and a 429 never retried sooner than [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`].
+    fn default() -> Self {
+        Self {
+            reset: None,
+            min_wait_ms: DEFAULT_RATE_LIMIT_MIN_WAIT_MS,
+        }
+    }
+}
+
+/// A rate-limit reset header and how to read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResetHeader {
     /// The header, e.g. `x-ratelimit-reset`.
-    pub reset_header: HeaderName,
+    pub header: HeaderName,
     /// What its number counts.
-    pub reset_unit: ResetUnit,
+    pub unit: ResetUnit,
 }
 
 /// What a rate-limit reset header's number counts.

@@ -12,11 +12,12 @@ use reqwest::header::HeaderName;
 
 use super::tree::{self, Found, Table};
 use super::{
-    action, AccountSpec, Document, ErrorRule, ErrorSpec, Means, RateLimit, ResetUnit,
-    DEFAULT_CODE_AT, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MESSAGE_AT, DEFAULT_REQUEST_ID_HEADER,
-    DEFAULT_REQUEST_TIMEOUT_MS, MAX_ACCOUNTS_PER_CONNECTOR, MAX_BASE_URL_BYTES,
-    MAX_DESCRIPTION_CHARS, MAX_DOCUMENT_BYTES, MAX_ERROR_RULES, MAX_SETTINGS,
-    MAX_SETTING_VALUE_CHARS, MAX_TENANTS_PER_ACCOUNT, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    action, AccountSpec, Document, ErrorRule, ErrorSpec, Means, RateLimit, ResetHeader, ResetUnit,
+    DEFAULT_CODE_AT, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MESSAGE_AT,
+    DEFAULT_RATE_LIMIT_MIN_WAIT_MS, DEFAULT_REQUEST_ID_HEADER, DEFAULT_REQUEST_TIMEOUT_MS,
+    MAX_ACCOUNTS_PER_CONNECTOR, MAX_BASE_URL_BYTES, MAX_DESCRIPTION_CHARS, MAX_DOCUMENT_BYTES,
+    MAX_ERROR_RULES, MAX_SETTINGS, MAX_SETTING_VALUE_CHARS, MAX_TENANTS_PER_ACCOUNT,
+    MAX_TIMEOUT_MS, MIN_RATE_LIMIT_WAIT_MS, MIN_TIMEOUT_MS,
 };
 use crate::credentials::{Auth, Credentials, SecretSource};
 use crate::error::{ConnectorError, Findings};
@@ -92,9 +93,12 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
     let auth = auth(top, findings);
     let settings = settings(top, findings);
     let errors = errors(top, findings);
-    let rate_limit = top
-        .table("rate_limit", findings)
-        .and_then(|table| rate_limit(&table, findings));
+    let rate_limit = match top.has("rate_limit") {
+        true => top
+            .table("rate_limit", findings)
+            .and_then(|table| rate_limit(&table, findings)),
+        false => Some(RateLimit::default()),
+    };
     let accounts = accounts(top, auth.as_ref(), findings);
     let actions = action::read_all(top, &settings, auth.as_ref(), findings);
     Some(Document {
@@ -108,7 +112,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
         auth: auth?,
         settings,
         errors: errors?,
-        rate_limit,
+        rate_limit: rate_limit?,
         accounts,
         actions,
     })
@@ -502,21 +506,61 @@ fn error_rule(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ErrorRul
     })
 }
 
+/// `[rate_limit]`: both of `reset_header` and `reset_unit` or neither, and `min_wait_ms` in
+/// [`MIN_RATE_LIMIT_WAIT_MS`]..=[`MAX_RETRY_AFTER_MS`] (default
+/// [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`]).
 fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimit> {
-    table.only(&["reset_header", "reset_unit"], findings);
+    table.only(&["reset_header", "reset_unit", "min_wait_ms"], findings);
+    let reset = match (table.has("reset_header"), table.has("reset_unit")) {
+        (false, false) => Some(None),
+        (true, false) => {
+            table.missing(
+                "reset_unit",
+                "say what the reset header's number counts: reset_unit = \"seconds\", \"unix_seconds\" or \"milliseconds\"",
+                findings,
+            );
+            None
+        }
+        (false, true) => {
+            table.missing(
+                "reset_header",
+                "name the header that says when the limit resets, e.g. reset_header = \"x-ratelimit-reset\", or remove reset_unit",
+                findings,
+            );
+            None
+        }
+        (true, true) => reset_header(table, findings).map(Some),
+    };
+    let min_wait_ms = match table.unsigned("min_wait_ms", findings) {
+        None if table.has("min_wait_ms") => None,
+        None => Some(DEFAULT_RATE_LIMIT_MIN_WAIT_MS),
+        Some(found) if (MIN_RATE_LIMIT_WAIT_MS..=MAX_RETRY_AFTER_MS).contains(&found.value) => {
+            Some(found.value)
+        }
+        Some(found) => {
+            findings.add(
+                Some(found.span),
+                &found.field,
+                format!(
+                    "is {}; write the least wait after a 429 in milliseconds, {MIN_RATE_LIMIT_WAIT_MS} to {MAX_RETRY_AFTER_MS}, e.g. min_wait_ms = {DEFAULT_RATE_LIMIT_MIN_WAIT_MS}",
+                    found.value
+                ),
+            );
+            None
+        }
+    };
+    Some(RateLimit {
+        reset: reset?,
+        min_wait_ms: min_wait_ms?,
+    })
+}
+
+fn reset_header(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ResetHeader> {
     let header = table
-        .required_string(
-            "reset_header",
-            "write the header that says when the limit resets, e.g. reset_header = \"x-ratelimit-reset\"",
-            findings,
-        )
+        .string("reset_header", findings)
         .and_then(|found| header_name(&found, findings));
     let unit = table
-        .required_string(
-            "reset_unit",
-            "write reset_unit = \"seconds\", \"unix_seconds\" or \"milliseconds\"",
-            findings,
-        )
+        .string("reset_unit", findings)
         .and_then(|found| match found.value {
             "seconds" => Some(ResetUnit::Seconds),
             "unix_seconds" => Some(ResetUnit::UnixSeconds),
@@ -530,9 +574,9 @@ fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimi
                 None
             }
         });
-    Some(RateLimit {
-        reset_header: header?,
-        reset_unit: unit?,
+    Some(ResetHeader {
+        header: header?,
+        unit: unit?,
     })
 }
 

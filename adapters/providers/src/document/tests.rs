@@ -157,8 +157,70 @@ fn the_base_document_and_the_search_action_are_valid() {
     assert!(matches!(document.actions[1].lookup, Lookup::Search(_)));
     assert_eq!(document.errors.rules.len(), 1);
     assert_eq!(
-        document.rate_limit.as_ref().map(|limit| limit.reset_unit),
+        document.rate_limit.reset.as_ref().map(|reset| reset.unit),
         Some(ResetUnit::Seconds)
+    );
+    assert_eq!(
+        document.rate_limit.min_wait_ms,
+        DEFAULT_RATE_LIMIT_MIN_WAIT_MS
+    );
+}
+
+#[test]
+fn a_rate_limit_table_may_be_left_out_or_declare_only_its_least_wait() {
+    let text = with(
+        "[rate_limit]\nreset_header = \"x-ratelimit-reset\"\nreset_unit = \"seconds\"\n",
+        "",
+    );
+    let document = parse("tasks.toml", &text).expect("valid without [rate_limit]");
+    assert_eq!(document.rate_limit, RateLimit::default());
+    assert_eq!(document.rate_limit.min_wait_ms, 1_000);
+    let text = with(
+        "reset_header = \"x-ratelimit-reset\"\nreset_unit = \"seconds\"",
+        "min_wait_ms = 10000",
+    );
+    let document = parse("tasks.toml", &text).expect("valid with only min_wait_ms");
+    assert_eq!(document.rate_limit.reset, None);
+    assert_eq!(document.rate_limit.min_wait_ms, 10_000);
+}
+
+#[test]
+fn a_rate_limit_names_its_reset_header_with_its_unit_and_a_least_wait_in_range() {
+    let text = with("reset_unit = \"seconds\"\n", "");
+    assert_error(
+        &text,
+        "rate_limit.reset_unit",
+        "[rate_limit]",
+        "reset_unit = ",
+    );
+    let text = with("reset_header = \"x-ratelimit-reset\"\n", "");
+    assert_error(
+        &text,
+        "rate_limit.reset_header",
+        "[rate_limit]",
+        "or remove reset_unit",
+    );
+    for wait in ["0", "600001"] {
+        let text = with(
+            "reset_unit = \"seconds\"",
+            &format!("reset_unit = \"seconds\"\nmin_wait_ms = {wait}"),
+        );
+        assert_error(
+            &text,
+            "rate_limit.min_wait_ms",
+            "min_wait_ms",
+            &format!("is {wait}; write the least wait after a 429 in milliseconds, 1 to 600000"),
+        );
+    }
+    let text = with(
+        "reset_unit = \"seconds\"",
+        "reset_unit = \"seconds\"\nmin_wait_ms = \"1s\"",
+    );
+    assert_error(
+        &text,
+        "rate_limit.min_wait_ms",
+        "min_wait_ms",
+        "must be an integer",
     );
 }
 
@@ -263,6 +325,59 @@ fn a_search_lag_is_at_most_a_day_and_a_search_names_its_label_field() {
         "actions[1].lookup.label_at",
         "[actions.lookup]\nkind = \"search\"",
         "a title is never evidence",
+    );
+}
+
+#[test]
+fn a_search_may_match_its_label_at_any_element_of_an_array() {
+    let text = with_search(
+        "label_at = \"/label\"",
+        "label_at = \"/item/custom_fields/*\"\naccount_at = \"/item/accounts/*/id\"",
+    );
+    let document = parse("tasks.toml", &text)
+        .unwrap_or_else(|errors| panic!("{}", crate::error::render_all(&errors)));
+    let Lookup::Search(search) = &document.actions[1].lookup else {
+        panic!("a search lookup");
+    };
+    assert_eq!(search.label_at, "/item/custom_fields/*");
+    assert_eq!(search.account_at.as_deref(), Some("/item/accounts/*/id"));
+}
+
+#[test]
+fn an_any_element_step_is_checked_at_load_with_what_to_write() {
+    for (written, says) in [
+        (
+            "/item/custom_fields[*]",
+            "must be a whole step, e.g. \"/item/custom_fields/*\"",
+        ),
+        ("/item/*fields", "the step `*fields`"),
+        ("/*/*/*", "has 3 `*` steps; at most 2"),
+    ] {
+        let text = with_search(
+            "label_at = \"/label\"",
+            &format!("label_at = \"{written}\""),
+        );
+        assert_error(&text, "actions[1].lookup.label_at", "label_at = ", says);
+        let text = with_search(
+            "label_at = \"/label\"",
+            &format!("label_at = \"/label\"\naccount_at = \"{written}\""),
+        );
+        assert_error(&text, "actions[1].lookup.account_at", "account_at = ", says);
+    }
+    // A result has one id and a search one results array: `*` names neither.
+    let text = with_search("results = \"/results\"", "results = \"/pages/*\"");
+    assert_error(
+        &text,
+        "actions[1].lookup.results",
+        "results = \"/pages",
+        "only label_at and account_at may hold",
+    );
+    let text = with_search("lag_ms = 2000", "lag_ms = 2000\nid = \"/ids/*\"");
+    assert_error(
+        &text,
+        "actions[1].lookup.id",
+        "id = \"/ids",
+        "only label_at and account_at may hold",
     );
 }
 
