@@ -242,7 +242,7 @@ pub struct ExportArgs {
     /// Export only this tenant's operations.
     #[arg(long)]
     pub tenant: Option<String>,
-    /// The file's format: `ndjson`, one JSON object per line.
+    /// The file's format: `ndjson` (one JSON object per line) or `parquet`.
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
     /// The file to write; written beside it under a temporary name and renamed when complete, so
@@ -256,6 +256,9 @@ pub struct ExportArgs {
 pub enum ExportFormat {
     /// One JSON object per line: a header, the events, a closing count.
     Ndjson,
+    /// Apache Parquet (one row an event, Snappy-compressed; the header and the closing count in
+    /// the footer's key-value metadata), read directly by DuckDB, pandas, Spark.
+    Parquet,
 }
 
 /// One end of a slice of the log: a global position or a moment.

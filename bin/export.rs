@@ -31,7 +31,8 @@ use opledger_domain::ids::{GlobalPosition, StreamVersion, TenantId};
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
 use serde_json::json;
 
-use crate::cli::{CliError, ExportArgs, LogBound};
+use crate::cli::{CliError, ExportArgs, ExportFormat, LogBound};
+use crate::export_parquet::ParquetSink;
 use crate::intent::{close, open_for_reading};
 
 /// The export format's version, in its header; a reader refuses a version it does not know.
@@ -71,7 +72,7 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
         tenant,
     };
     let result = tokio::select! {
-        result = write_file(ledger.store(), &slice, &partial) => result,
+        result = write_file(ledger.store(), &slice, args.format, &partial) => result,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
     let closed = close(&ledger).await;
@@ -160,42 +161,99 @@ fn partial_path(out: &Path) -> Result<PathBuf, CliError> {
 async fn write_file<S: EventStore>(
     store: &S,
     slice: &Slice,
+    format: ExportFormat,
     partial: &Path,
 ) -> Result<Exported, CliError> {
     let file = File::create(partial).map_err(|error| {
         CliError::Other(format!("cannot create {}: {error}", partial.display()))
     })?;
-    let mut out = BufWriter::new(file);
     let head = store.head_position().await?.map_or(0, |head| head.value());
-    let header = json!({
-        "opledger_export": EXPORT_FORMAT_VERSION,
-        "chain": "opledger-chain-v1",
-        "exported_at": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
-        "log_head": head,
-        "from": slice.from.map(bound_json),
-        "to": slice.to.map(bound_json),
-        "tenant": slice.tenant.as_ref().map(ToString::to_string),
+    let header = Header {
+        opledger_export: EXPORT_FORMAT_VERSION,
+        chain: "opledger-chain-v1",
+        exported_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+        log_head: head,
+        from: slice.from.map(bound_json),
+        to: slice.to.map(bound_json),
+        tenant: slice.tenant.as_ref().map(ToString::to_string),
         // SQLite numbers its log 1, 2, 3… without gaps, so in an export of every tenant a
         // missing position is a removed event.
-        "contiguous_positions": slice.tenant.is_none(),
-    });
-    let written = |error: std::io::Error| {
-        CliError::Other(format!("cannot write {}: {error}", partial.display()))
+        contiguous_positions: slice.tenant.is_none(),
     };
-    writeln!(out, "{header}").map_err(written)?;
-    let exported = write_events(store, slice, head, &mut out).await?;
-    let end = json!({"end": {
-        "events": exported.events,
-        "first_position": exported.first,
-        "last_position": exported.last,
-    }});
-    writeln!(out, "{end}").map_err(written)?;
-    let file = out
-        .into_inner()
-        .map_err(|error| written(error.into_error()))?;
+    let mut sink = match format {
+        ExportFormat::Ndjson => Sink::ndjson(file, &header),
+        ExportFormat::Parquet => Sink::parquet(file, &header),
+    }
+    .map_err(|error| CliError::Other(format!("cannot write {}: {error}", partial.display())))?;
+    let exported = write_events(store, slice, head, &mut sink).await?;
+    let file = sink
+        .finish(&exported)
+        .map_err(|error| CliError::Other(format!("cannot write {}: {error}", partial.display())))?;
     // The export is evidence: it is on disk before it is announced.
-    file.sync_all().map_err(written)?;
+    file.sync_all()
+        .map_err(|error| CliError::Other(format!("cannot sync {}: {error}", partial.display())))?;
     Ok(exported)
+}
+
+/// The export's first line (in Parquet: its footer's key-value metadata).
+#[derive(serde::Serialize)]
+pub struct Header {
+    pub opledger_export: u64,
+    pub chain: &'static str,
+    pub exported_at: String,
+    pub log_head: u64,
+    pub from: Option<serde_json::Value>,
+    pub to: Option<serde_json::Value>,
+    pub tenant: Option<String>,
+    pub contiguous_positions: bool,
+}
+
+/// Where the events go.
+enum Sink {
+    Ndjson(BufWriter<File>),
+    Parquet(Box<ParquetSink>),
+}
+
+impl Sink {
+    fn ndjson(file: File, header: &Header) -> std::io::Result<Self> {
+        let mut out = BufWriter::new(file);
+        serde_json::to_writer(&mut out, header)?;
+        out.write_all(b"\n")?;
+        Ok(Self::Ndjson(out))
+    }
+
+    fn parquet(file: File, header: &Header) -> std::io::Result<Self> {
+        Ok(Self::Parquet(Box::new(ParquetSink::new(file, header)?)))
+    }
+
+    fn event(&mut self, event: &ExportedEvent<'_>) -> std::io::Result<()> {
+        match self {
+            Self::Ndjson(out) => write_event(out, event),
+            Self::Parquet(sink) => sink.event(event),
+        }
+    }
+
+    fn finish(self, exported: &Exported) -> std::io::Result<File> {
+        match self {
+            Self::Ndjson(mut out) => {
+                let end = json!({"end": {
+                    "events": exported.events,
+                    "first_position": exported.first,
+                    "last_position": exported.last,
+                }});
+                writeln!(out, "{end}")?;
+                out.into_inner().map_err(|error| error.into_error())
+            }
+            Self::Parquet(sink) => sink.finish(exported.events, exported.first, exported.last),
+        }
+    }
+}
+
+/// One event as exported: the stored event, its time and the link before it.
+pub struct ExportedEvent<'a> {
+    pub event: &'a RecordedEvent,
+    pub time: Option<DateTime<Utc>>,
+    pub previous: Option<ChainHash>,
 }
 
 fn bound_json(bound: LogBound) -> serde_json::Value {
@@ -211,7 +269,7 @@ async fn write_events<S: EventStore>(
     store: &S,
     slice: &Slice,
     head: u64,
-    out: &mut impl Write,
+    sink: &mut Sink,
 ) -> Result<Exported, CliError> {
     let mut streams = StreamMemory::default();
     let mut exported = Exported {
@@ -256,7 +314,12 @@ async fn write_events<S: EventStore>(
             if !admitted {
                 continue;
             }
-            write_event(out, event, time, previous.as_ref())
+            let exported_event = ExportedEvent {
+                event,
+                time,
+                previous,
+            };
+            sink.event(&exported_event)
                 .map_err(|error| CliError::Other(format!("cannot write the export: {error}")))?;
             exported.events += 1;
             exported.first.get_or_insert(position);
@@ -313,12 +376,12 @@ struct EventLine<'a> {
     metadata_base64: Option<String>,
 }
 
-fn write_event(
-    out: &mut impl Write,
-    event: &RecordedEvent,
-    time: Option<DateTime<Utc>>,
-    previous: Option<&ChainHash>,
-) -> std::io::Result<()> {
+fn write_event(out: &mut impl Write, exported: &ExportedEvent<'_>) -> std::io::Result<()> {
+    let ExportedEvent {
+        event,
+        time,
+        previous,
+    } = exported;
     // The exact stored bytes, as text when they are UTF-8 (a JSON string carries any text
     // losslessly), else as base64 under another name, so nothing is silently replaced.
     let (data, data_base64) = text_or_base64(&event.data);
@@ -331,7 +394,7 @@ fn write_event(
         event_type: &event.event_type,
         time: time.map(|time| time.to_rfc3339_opts(SecondsFormat::Millis, true)),
         chain: codec::chain_of(&event.metadata).map(|chain| chain.to_hex()),
-        previous_chain: previous.map(ChainHash::to_hex),
+        previous_chain: previous.as_ref().map(ChainHash::to_hex),
         data,
         data_base64,
         metadata,

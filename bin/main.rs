@@ -13,6 +13,7 @@ mod cli;
 mod connectors;
 mod demo;
 mod export;
+mod export_parquet;
 mod intent;
 mod ledger_file;
 mod mcp;

@@ -12,6 +12,11 @@ use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
 use serde_json::Value;
 
+mod python_venv;
+
+/// pyarrow, for reading Parquet exports as an auditor's tools would.
+const PARQUET_REQUIREMENTS: [&str; 1] = ["pyarrow>=14"];
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -69,7 +74,11 @@ fn export(db: &Path, out: &Path, extra: &[&str]) -> Output {
 }
 
 fn verify_offline(file: &Path) -> Output {
-    Command::new("python3")
+    verify_offline_with(Path::new("python3"), file)
+}
+
+fn verify_offline_with(python: &Path, file: &Path) -> Output {
+    Command::new(python)
         .arg(verifier())
         .arg(file)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -255,4 +264,71 @@ async fn bad_bounds_and_paths_are_refused_and_leave_no_file() {
         .filter(|name| name.contains("ndjson"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Reads a Parquet export with pyarrow and prints its rows as the NDJSON export's lines (data and
+/// metadata as text), or, with a row number, rewrites that row's data (its title) keeping the
+/// file's metadata: an auditor's tool, and a forger's.
+const PARQUET_SCRIPT: &str = r#"
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+table = pq.read_table(sys.argv[1])
+if len(sys.argv) == 2:
+    for row in table.to_pylist():
+        row["time"] = row["time"].isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        row["data"] = row["data"].decode()
+        row["metadata"] = row["metadata"].decode()
+        print(json.dumps(row))
+else:
+    index = int(sys.argv[2])
+    data = table.column("data").to_pylist()
+    data[index] = data[index].replace(b"Call client", b"Call clinet")
+    forged = table.set_column(table.schema.get_field_index("data"), table.schema.field("data"), pa.array(data, pa.binary()))
+    pq.write_table(forged.replace_schema_metadata(table.schema.metadata), sys.argv[1])
+"#;
+
+#[tokio::test]
+async fn a_parquet_export_holds_the_ndjson_rows_verifies_offline_and_a_forged_cell_is_named() {
+    let python = tokio::task::spawn_blocking(|| {
+        python_venv::python_with("export-parquet-venv", &PARQUET_REQUIREMENTS)
+    })
+    .await
+    .expect("the virtual environment is made");
+    let (dir, db) = ledger().await;
+    let ndjson = dir.path().join("all.ndjson");
+    let parquet = dir.path().join("all.parquet");
+    assert!(export(&db, &ndjson, &[]).status.success());
+    let exported = export(&db, &parquet, &["--format", "parquet"]);
+    assert!(exported.status.success(), "{}", text(&exported));
+
+    let read = python_venv::run(
+        Command::new(&python)
+            .args(["-c", PARQUET_SCRIPT])
+            .arg(&parquet),
+        "reading the Parquet export with pyarrow",
+    );
+    let rows: Vec<Value> = read
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a row as JSON"))
+        .collect();
+    assert_eq!(rows, events(&ndjson), "the same rows in both formats");
+
+    let verified = verify_offline_with(&python, &parquet);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert!(text(&verified).contains("OK: 12 event(s) of 6 stream(s)"));
+
+    python_venv::run(
+        Command::new(&python)
+            .args(["-c", PARQUET_SCRIPT])
+            .arg(&parquet)
+            .arg("4"),
+        "forging a cell of the Parquet export",
+    );
+    let verified = verify_offline_with(&python, &parquet);
+    assert_eq!(verified.status.code(), Some(1), "{}", text(&verified));
+    assert!(
+        text(&verified).contains("EDITED (row 5, position 5"),
+        "{}",
+        text(&verified)
+    );
 }

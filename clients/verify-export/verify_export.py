@@ -7,7 +7,9 @@ file ends with the closing line its header promises. Prints one line per problem
 event (file line, global position, stream and version), and exits 1 if there is any; 0 and a
 summary when the export is intact; 2 when the file cannot be read as an export.
 
-Only Python's standard library, so an auditor can read all of it. The construction it checks is
+Only Python's standard library for NDJSON, so an auditor can read all of it; pyarrow for a
+Parquet export (``--format parquet``), whose header and closing count are the file's key-value
+metadata. The construction it checks is
 documented in opledger's README ("Export and offline verification"):
 
     content(type, data)  = SHA-256(type || 0x00 || data)
@@ -93,7 +95,10 @@ def event_id_matches(event_id: str, stream: str, version: int, event_type: bytes
 
 
 def stored_bytes(event: dict, name: str) -> bytes:
-    """The exact bytes the ledger stored: text, or base64 where they were not UTF-8."""
+    """The exact bytes the ledger stored: text, or base64 where they were not UTF-8 (NDJSON), or
+    bytes as such (Parquet)."""
+    if isinstance(event.get(name + "_bytes"), bytes):
+        return event[name + "_bytes"]
     if isinstance(event.get(name), str):
         return event[name].encode("utf-8")
     if isinstance(event.get(name + "_base64"), str):
@@ -117,9 +122,10 @@ class Finding:
         self.version = event.get("version")
         self.kind = kind
         self.detail = detail
+        self.unit = "line"
 
     def __str__(self):
-        where = f"line {self.line}"
+        where = f"{self.unit} {self.line}" if self.line else "the file's end"
         if self.position is not None:
             where += f", position {self.position}"
         if self.stream is not None:
@@ -136,35 +142,85 @@ class StreamState:
 
 
 def verify_lines(lines):
-    """Checks an export given as an iterable of lines; returns (findings, summary)."""
+    """Checks an NDJSON export given as an iterable of lines; returns (findings, summary)."""
     findings = []
     iterator = iter(enumerate(lines, start=1))
     header = read_header(iterator)
+    end = None
+    records = []
+
+    def events():
+        nonlocal end
+        for number, line in iterator:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                findings.append(Finding(number, {}, "malformed", f"not JSON ({error})"))
+                continue
+            if end is not None:
+                findings.append(Finding(number, record, "inserted", "a line after the closing line"))
+                continue
+            if isinstance(record, dict) and "end" in record:
+                end = (number, record["end"])
+                continue
+            yield number, record
+
+    return verify_records(header, events(), lambda: end, findings)
+
+
+def verify_parquet(path):
+    """Checks a Parquet export (needs pyarrow); returns (findings, summary)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise Unreadable("reading Parquet needs pyarrow (pip install pyarrow)") from error
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow raises several kinds for a damaged or cut file
+        raise Unreadable(f"not a readable Parquet file ({error})") from error
+    metadata = table.schema.metadata or {}
+    try:
+        header = json.loads(metadata[b"opledger_export.header"])
+    except (KeyError, ValueError) as error:
+        raise Unreadable("the Parquet file has no opledger_export.header metadata") from error
+    check_header(header)
+    end = metadata.get(b"opledger_export.end")
+    closing = (0, json.loads(end)) if end is not None else None
+
+    def events():
+        for number, row in enumerate(table.to_pylist(), start=1):
+            record = dict(row)
+            time = record.get("time")
+            if time is not None:
+                record["time"] = time.isoformat()
+            for name in ("data", "metadata"):
+                value = record.pop(name, None)
+                if isinstance(value, (bytes, bytearray)):
+                    record[name + "_bytes"] = bytes(value)
+            yield number, record
+
+    findings, summary = verify_records(header, events(), lambda: closing, [])
+    for finding in findings:
+        finding.unit = "row"
+    return findings, summary
+
+
+def verify_records(header, records, end_of, findings):
+    """Checks the events of an export, whichever its format; ``end_of()`` gives the closing
+    count once the records are read."""
     contiguous = bool(header.get("contiguous_positions"))
     from_beginning = header.get("from") is None
     streams = {}
     last_position = None
     events = 0
-    end = None
-    for number, line in iterator:
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            findings.append(Finding(number, {}, "malformed", f"not JSON ({error})"))
-            continue
-        if end is not None:
-            findings.append(Finding(number, record, "inserted", "a line after the closing line"))
-            continue
-        if isinstance(record, dict) and "end" in record:
-            end = (number, record["end"])
-            continue
+    for number, record in records:
         events += 1
         last_position = check_event(
             number, record, streams, last_position, contiguous, from_beginning, findings
         )
-    check_end(end, events, last_position, findings)
+    check_end(end_of(), events, last_position, findings)
     summary = {"events": events, "streams": len(streams), "findings": len(findings)}
     return findings, summary
 
@@ -175,6 +231,11 @@ def read_header(iterator):
         header = json.loads(first)
     except (StopIteration, json.JSONDecodeError) as error:
         raise Unreadable(f"the first line is not an export header ({error})") from error
+    check_header(header)
+    return header
+
+
+def check_header(header):
     if not isinstance(header, dict) or "opledger_export" not in header:
         raise Unreadable("the first line is not an export header (no opledger_export)")
     if header["opledger_export"] != FORMAT_VERSION:
@@ -183,7 +244,6 @@ def read_header(iterator):
         )
     if header.get("chain") != "opledger-chain-v1":
         raise Unreadable(f"chain {header.get('chain')!r} is not one this verifier knows")
-    return header
 
 
 def check_event(number, record, streams, last_position, contiguous, from_beginning, findings):
@@ -269,13 +329,22 @@ def check_end(end, events, last_position, findings):
         )
 
 
+def is_parquet(path):
+    """Whether the file starts with Parquet's magic bytes."""
+    with open(path, "rb") as file:
+        return file.read(4) == b"PAR1"
+
+
 def main(argv):
     if len(argv) != 2 or argv[1] in ("-h", "--help"):
         print(f"usage: {argv[0]} EXPORT.ndjson\n\n{__doc__}", file=sys.stderr)
         return 2
     try:
-        with open(argv[1], encoding="utf-8") as file:
-            findings, summary = verify_lines(file)
+        if is_parquet(argv[1]):
+            findings, summary = verify_parquet(argv[1])
+        else:
+            with open(argv[1], encoding="utf-8") as file:
+                findings, summary = verify_lines(file)
     except (OSError, UnicodeDecodeError, Unreadable) as error:
         print(f"error: cannot verify {argv[1]}: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,10 @@ use std::process::Command;
 
 use super::support::{Harness, ACCOUNT, TENANT_A_TOKEN};
 
+#[path = "../python_venv/mod.rs"]
+mod python_venv;
+use python_venv::{python_with, run};
+
 /// What the client's tests and the document's check need, as pip takes it (the client itself
 /// needs nothing).
 const REQUIREMENTS: [&str; 3] = [
@@ -24,86 +28,9 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Runs `command`; fails the test with its output when it fails.
-fn run(command: &mut Command, what: &str) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{what}: cannot start {command:?}: {error}"));
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{printed}",
-        output.status
-    );
-    printed
-}
-
 /// The virtual environment's python, made (or brought up to date) with [`REQUIREMENTS`].
-///
-/// Several tests, in one process (`cargo test`) or in several (`cargo nextest`), ask at once: each
-/// thread waits for the first, and a process builds its environment aside and renames it into
-/// place, so none ever sees another's half-made one.
 fn venv_python() -> PathBuf {
-    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    MADE.get_or_init(make_venv).clone()
-}
-
-fn make_venv() -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let venv = tmp.join("python-client-venv");
-    let wanted = REQUIREMENTS.join("\n");
-    let is_ready = |venv: &Path| {
-        std::fs::read_to_string(venv.join("opledger-requirements.txt"))
-            .ok()
-            .as_deref()
-            == Some(wanted.as_str())
-            && venv.join("bin").join("python").exists()
-    };
-    if is_ready(&venv) {
-        return venv.join("bin").join("python");
-    }
-    let aside = tmp.join(format!("python-client-venv.making-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&aside);
-    run(
-        Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&aside),
-        "making a virtual environment with python3 (install python3 and its venv module)",
-    );
-    run(
-        Command::new(aside.join("bin").join("python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(REQUIREMENTS),
-        "installing the client's test requirements from PyPI",
-    );
-    std::fs::write(aside.join("opledger-requirements.txt"), &wanted)
-        .expect("the requirements stamp is written");
-    if venv.exists() && !is_ready(&venv) {
-        let stale = tmp.join(format!("python-client-venv.stale-{}", std::process::id()));
-        if std::fs::rename(&venv, &stale).is_ok() {
-            let _ = std::fs::remove_dir_all(&stale);
-        }
-    }
-    if std::fs::rename(&aside, &venv).is_err() {
-        // Another process renamed its own into place first: use that one.
-        let _ = std::fs::remove_dir_all(&aside);
-        assert!(
-            is_ready(&venv),
-            "cannot put the virtual environment in place at {}",
-            venv.display()
-        );
-    }
-    venv.join("bin").join("python")
+    python_with("python-client-venv", &REQUIREMENTS)
 }
 
 #[tokio::test]
