@@ -1,0 +1,187 @@
+//! One delivery attempt over HTTP: the signed request, and what its answer means.
+//!
+//! The client never follows a redirect (a 3xx is a failed attempt: only configured URLs are
+//! requested), reads at most [`MAX_RESPONSE_BODY_BYTES`] of an answer (kept for the attempt log),
+//! gives up after [`REQUEST_TIMEOUT_MS`], and resolves names through a resolver that drops
+//! private and link-local addresses unless the endpoint allows them (see `endpoint.rs`), so a
+//! public name that resolves to 10.0.0.1 or 169.254.169.254 is not reached.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+
+use crate::endpoint::{is_private, Endpoint};
+use crate::schedule::parse_retry_after;
+use crate::signing::signature_header;
+use crate::WebhookError;
+
+/// The longest one attempt may take, from connecting to the end of the answer, in milliseconds
+/// (Svix's figure: a receiver that needs longer should answer first and work after).
+pub const REQUEST_TIMEOUT_MS: u64 = 15_000;
+/// The longest connecting may take, in milliseconds.
+pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Most bytes of an answer read (the rest is dropped with the connection), for the attempt log.
+pub const MAX_RESPONSE_BODY_BYTES: usize = 4_096;
+const _: () = assert!(CONNECT_TIMEOUT_MS <= REQUEST_TIMEOUT_MS);
+
+/// What one attempt came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A 2xx: the receiver has it.
+    Delivered {
+        /// The status.
+        status: u16,
+    },
+    /// 410 Gone: the receiver asks never to be sent anything again.
+    Gone,
+    /// Anything else: retried.
+    Failed {
+        /// The status, when there was an answer.
+        status: Option<u16>,
+        /// What went wrong, in a sentence.
+        error: String,
+        /// When the receiver asked to be retried (`Retry-After`).
+        retry_after: Option<Duration>,
+    },
+}
+
+/// One attempt's answer and how long it took.
+pub struct Attempted {
+    /// What it came to.
+    pub answer: Answer,
+    /// How long it took.
+    pub duration: Duration,
+}
+
+/// The HTTP client of one endpoint.
+pub fn client_for(endpoint: &Endpoint) -> Result<reqwest::Client, WebhookError> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .dns_resolver(std::sync::Arc::new(GuardedResolver {
+            allow_private_network: endpoint.allow_private_network,
+        }))
+        .build()
+        .map_err(|error| WebhookError::Client {
+            reason: error.to_string(),
+        })
+}
+
+/// Sends `body` to the endpoint, signed now, as the delivery `webhook_id`.
+pub async fn attempt(
+    client: &reqwest::Client,
+    endpoint: &Endpoint,
+    webhook_id: &str,
+    body: &[u8],
+) -> Attempted {
+    let timestamp = chrono::Utc::now().timestamp();
+    let signature = signature_header(&endpoint.secrets, webhook_id, timestamp, body);
+    let started = Instant::now();
+    let sent = client
+        .post(endpoint.url.clone())
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(USER_AGENT, HeaderValue::from_static("opledger-webhooks/1"))
+        .header("webhook-id", webhook_id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(body.to_vec())
+        .send()
+        .await;
+    let answer = match sent {
+        Ok(response) => answer_of(response).await,
+        Err(error) => Answer::Failed {
+            status: None,
+            error: transport_error(&error),
+            retry_after: None,
+        },
+    };
+    Attempted {
+        answer,
+        duration: started.elapsed(),
+    }
+}
+
+async fn answer_of(mut response: reqwest::Response) -> Answer {
+    let status = response.status().as_u16();
+    if response.status().is_success() {
+        return Answer::Delivered { status };
+    }
+    if status == 410 {
+        return Answer::Gone;
+    }
+    let retry_after = response
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| parse_retry_after(value, chrono::Utc::now()));
+    let mut body = Vec::new();
+    while body.len() < MAX_RESPONSE_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_RESPONSE_BODY_BYTES);
+    let text = String::from_utf8_lossy(&body);
+    let why = if response.status().is_redirection() {
+        " (redirects are not followed; configure the final URL)"
+    } else {
+        ""
+    };
+    Answer::Failed {
+        status: Some(status),
+        error: format!("answered {status}{why}: {}", text.trim()),
+        retry_after,
+    }
+}
+
+fn transport_error(error: &reqwest::Error) -> String {
+    let kind = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "could not connect"
+    } else {
+        "failed"
+    };
+    // reqwest's own message is generic; the innermost cause says what happened.
+    let mut cause: &dyn std::error::Error = error;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    format!("{kind}: {cause}")
+}
+
+/// Resolves names, then drops private and link-local addresses unless the endpoint allows them.
+struct GuardedResolver {
+    allow_private_network: bool,
+}
+
+impl Resolve for GuardedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let allow_private_network = self.allow_private_network;
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            // `localhost` is loopback written as such, which the configuration check admits.
+            let loopback_name = host.eq_ignore_ascii_case("localhost");
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|address| {
+                    allow_private_network
+                        || !is_private(address.ip())
+                        || (loopback_name && address.ip().is_loopback())
+                })
+                .collect();
+            if found.is_empty() {
+                return Err(format!(
+                    "`{host}` resolves only to private or link-local addresses, which are refused (SSRF) unless the endpoint says allow_private_network = true"
+                )
+                .into());
+            }
+            let addresses: Addrs = Box::new(found.into_iter());
+            Ok(addresses)
+        })
+    }
+}
