@@ -152,7 +152,8 @@ struct Handle {
 pub struct Webhooks {
     journal: Journal,
     endpoints: Vec<Handle>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Taken by [`Webhooks::join`]; until then, one per endpoint in configuration order.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Webhooks {
@@ -198,7 +199,7 @@ impl Webhooks {
         Ok(Self {
             journal,
             endpoints: handles,
-            tasks,
+            tasks: Mutex::new(tasks),
         })
     }
 
@@ -285,7 +286,8 @@ impl Webhooks {
     /// overview, not a fault of this instance.
     pub fn problem(&self) -> Option<String> {
         let mut problems = Vec::new();
-        for (handle, task) in self.endpoints.iter().zip(&self.tasks) {
+        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        for (handle, task) in self.endpoints.iter().zip(tasks.iter()) {
             let state = handle.health.lock().state.clone();
             match state {
                 DeliveryState::Faulted { error, retry_in_ms } => problems.push(format!(
@@ -303,8 +305,9 @@ impl Webhooks {
     }
 
     /// Waits for every task to end (after `stop` said `true`).
-    pub async fn join(self) {
-        for task in self.tasks {
+    pub async fn join(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
             let _ = task.await;
         }
     }
