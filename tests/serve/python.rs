@@ -16,7 +16,7 @@ fn repo() -> PathBuf {
 }
 
 /// Runs `command`; fails the test with its output when it fails.
-fn run(command: &mut Command, what: &str) -> String {
+pub fn run(command: &mut Command, what: &str) -> String {
     let output = command
         .output()
         .unwrap_or_else(|error| panic!("{what}: cannot start {command:?}: {error}"));
@@ -35,10 +35,16 @@ fn run(command: &mut Command, what: &str) -> String {
 
 /// The virtual environment's python, made (or brought up to date) with [`REQUIREMENTS`].
 fn venv_python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-client-venv");
+    venv_python_with("python-client-venv", &REQUIREMENTS)
+}
+
+/// The python of the virtual environment `name` (in the target directory), made (or brought up
+/// to date) with `requirements` from PyPI.
+pub fn venv_python_with(name: &str, requirements: &[&str]) -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let python = venv.join("bin").join("python");
     let stamp = venv.join("opledger-requirements.txt");
-    let wanted = REQUIREMENTS.join("\n");
+    let wanted = requirements.join("\n");
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) && python.exists() {
         return python;
     }
@@ -57,8 +63,8 @@ fn venv_python() -> PathBuf {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(REQUIREMENTS),
-        "installing the client's test requirements from PyPI",
+            .args(requirements),
+        "installing test requirements from PyPI",
     );
     std::fs::write(&stamp, wanted).expect("the requirements stamp is written");
     python
