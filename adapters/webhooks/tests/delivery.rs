@@ -487,3 +487,63 @@ async fn a_dead_endpoint_beside_a_live_one_does_not_slow_it() {
     assert_eq!(dead.lag_positions, 300);
     running.shut().await;
 }
+
+#[tokio::test]
+async fn an_event_still_failing_at_a_restart_is_delivered_after_it_not_skipped() {
+    let store = MemoryStore::new();
+    let dir = dir();
+    let (receiver, url) = Receiver::start().await;
+    *receiver.always.lock().expect("lock") = Some(StatusCode::SERVICE_UNAVAILABLE);
+    let running = start(&store, vec![endpoint("billing", &url)], Arc::clone(&dir)).await;
+    append(&store, 0, "succeeded", "acme").await;
+    append(&store, 1, "succeeded", "acme").await;
+    receiver.wait_for(1).await;
+    running.shut().await;
+    *receiver.always.lock().expect("lock") = None;
+    let running = start(&store, vec![endpoint("billing", &url)], dir).await;
+    let received = receiver.wait_for(3).await;
+    let delivered: Vec<u64> = positions(&received)
+        .into_iter()
+        .skip_while(|p| *p == 1)
+        .collect();
+    assert_eq!(positions(&received)[0], 1);
+    assert_eq!(
+        delivered,
+        vec![2],
+        "after the failures of 1 and its delivery, 2 follows"
+    );
+    assert!(
+        received
+            .iter()
+            .filter(|r| r.body["data"]["position"] == 1)
+            .count()
+            >= 2
+    );
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
+    let store = MemoryStore::new();
+    let (receiver, url) = Receiver::start().await;
+    let elsewhere = format!("{url}-elsewhere");
+    receiver.then((StatusCode::FOUND, [("location", elsewhere.as_str())]).into_response());
+    let running = start(&store, vec![endpoint("billing", &url)], dir()).await;
+    append(&store, 0, "succeeded", "acme").await;
+    receiver.wait_for(2).await;
+    let attempts = running
+        .webhooks
+        .attempts("billing", 10)
+        .await
+        .expect("listed");
+    let first = attempts.last().expect("an attempt");
+    assert_eq!(first.status, Some(302));
+    assert!(
+        first
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("redirects are not followed")),
+        "{first:?}"
+    );
+    running.shut().await;
+}
