@@ -2,7 +2,7 @@
 //!
 //! The client never follows a redirect (a 3xx is a failed attempt: only configured URLs are
 //! requested), reads at most [`MAX_RESPONSE_BODY_BYTES`] of an answer (kept for the attempt log),
-//! gives up after [`REQUEST_TIMEOUT_MS`], and resolves names through a resolver that drops
+//! gives up after the endpoint's request timeout ([`DEFAULT_REQUEST_TIMEOUT_MS`] by default), and resolves names through a resolver that drops
 //! private and link-local addresses unless the endpoint allows them (see `endpoint.rs`), so a
 //! public name that resolves to 10.0.0.1 or 169.254.169.254 is not reached.
 
@@ -17,14 +17,21 @@ use crate::schedule::parse_retry_after;
 use crate::signing::signature_header;
 use crate::WebhookError;
 
-/// The longest one attempt may take, from connecting to the end of the answer, in milliseconds
-/// (Svix's figure: a receiver that needs longer should answer first and work after).
-pub const REQUEST_TIMEOUT_MS: u64 = 15_000;
-/// The longest connecting may take, in milliseconds.
+/// The longest one attempt may take, from connecting to the end of the answer, in milliseconds,
+/// unless the endpoint says otherwise (Svix's figure: a receiver that needs longer should answer
+/// first and work after).
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 15_000;
+/// The shortest request timeout an endpoint may set, in milliseconds.
+pub const MIN_REQUEST_TIMEOUT_MS: u64 = 100;
+/// The longest request timeout an endpoint may set, in milliseconds.
+pub const MAX_REQUEST_TIMEOUT_MS: u64 = 60_000;
+/// The longest connecting may take, in milliseconds (less when the request timeout is shorter).
 pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
+const _: () = assert!(MIN_REQUEST_TIMEOUT_MS <= DEFAULT_REQUEST_TIMEOUT_MS);
+const _: () = assert!(DEFAULT_REQUEST_TIMEOUT_MS <= MAX_REQUEST_TIMEOUT_MS);
 /// Most bytes of an answer read (the rest is dropped with the connection), for the attempt log.
 pub const MAX_RESPONSE_BODY_BYTES: usize = 4_096;
-const _: () = assert!(CONNECT_TIMEOUT_MS <= REQUEST_TIMEOUT_MS);
+const _: () = assert!(CONNECT_TIMEOUT_MS <= DEFAULT_REQUEST_TIMEOUT_MS);
 
 /// What one attempt came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,8 +66,10 @@ pub struct Attempted {
 pub fn client_for(endpoint: &Endpoint) -> Result<reqwest::Client, WebhookError> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
-        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .timeout(Duration::from_millis(endpoint.request_timeout_ms))
+        .connect_timeout(Duration::from_millis(
+            CONNECT_TIMEOUT_MS.min(endpoint.request_timeout_ms),
+        ))
         .dns_resolver(std::sync::Arc::new(GuardedResolver {
             allow_private_network: endpoint.allow_private_network,
         }))

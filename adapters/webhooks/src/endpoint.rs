@@ -37,6 +37,8 @@ pub struct Endpoint {
     pub allow_private_network: bool,
     /// How long one event is retried before the endpoint is disabled, in seconds.
     pub retry_window_s: u64,
+    /// The longest one attempt may take, in milliseconds.
+    pub request_timeout_ms: u64,
 }
 
 impl Endpoint {
@@ -180,6 +182,7 @@ mod tests {
             tenants: Some(["acme".to_owned()].into()),
             allow_private_network: false,
             retry_window_s: 1,
+            request_timeout_ms: crate::DEFAULT_REQUEST_TIMEOUT_MS,
         };
         assert!(endpoint.wants("succeeded", "acme"));
         assert!(!endpoint.wants("unknown", "acme"));

@@ -36,7 +36,10 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 use opledger_domain::store::{RecordedEvent, StoreError};
 
-pub use client::{CONNECT_TIMEOUT_MS, MAX_RESPONSE_BODY_BYTES, REQUEST_TIMEOUT_MS};
+pub use client::{
+    CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS, MAX_REQUEST_TIMEOUT_MS,
+    MAX_RESPONSE_BODY_BYTES, MIN_REQUEST_TIMEOUT_MS,
+};
 pub use endpoint::Endpoint;
 pub use journal::{AttemptRecord, EndpointStatus, Journal};
 pub use service::{DeliveryState, EndpointOverview, Webhooks};

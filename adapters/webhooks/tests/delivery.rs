@@ -140,6 +140,7 @@ fn endpoint(id: &str, url: &str) -> Endpoint {
         tenants: None,
         allow_private_network: false,
         retry_window_s: 60,
+        request_timeout_ms: opledger_webhooks::DEFAULT_REQUEST_TIMEOUT_MS,
     }
 }
 
@@ -545,5 +546,51 @@ async fn a_redirect_is_a_failed_attempt_and_is_not_followed() {
             .is_some_and(|e| e.contains("redirects are not followed")),
         "{first:?}"
     );
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_receiver_that_never_answers_times_out_and_is_retried() {
+    let store = MemoryStore::new();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}/hooks", silent.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let impatient = Endpoint {
+        request_timeout_ms: 200,
+        ..endpoint("billing", &url)
+    };
+    let running = start(&store, vec![impatient], dir()).await;
+    append(&store, 0, "succeeded", "acme").await;
+    let started = Instant::now();
+    let attempts = loop {
+        let attempts = running
+            .webhooks
+            .attempts("billing", 10)
+            .await
+            .expect("listed");
+        if attempts.len() >= 2 {
+            break attempts;
+        }
+        assert!(started.elapsed() < DEADLINE, "{attempts:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    for attempt in &attempts {
+        assert_eq!(attempt.status, None);
+        assert!(
+            attempt
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("timed out")),
+            "{attempt:?}"
+        );
+        assert!((200..2_000).contains(&attempt.duration_ms), "{attempt:?}");
+    }
     running.shut().await;
 }

@@ -16,7 +16,10 @@ use std::collections::BTreeSet;
 use opledger_webhooks::endpoint::{check_url, MAX_ENDPOINT_ID_BYTES};
 use opledger_webhooks::schedule::{DEFAULT_RETRY_WINDOW_S, MAX_RETRY_WINDOW_S};
 use opledger_webhooks::signing::{Secret, MAX_SECRETS_PER_ENDPOINT};
-use opledger_webhooks::{Endpoint, MAX_ENDPOINTS};
+use opledger_webhooks::{
+    Endpoint, DEFAULT_REQUEST_TIMEOUT_MS, MAX_ENDPOINTS, MAX_REQUEST_TIMEOUT_MS,
+    MIN_REQUEST_TIMEOUT_MS,
+};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -36,6 +39,7 @@ pub(super) struct WebhookEntry {
     #[serde(default)]
     allow_private_network: bool,
     retry_window_s: Option<Spanned<u64>>,
+    request_timeout_ms: Option<Spanned<u64>>,
 }
 
 impl Checker<'_> {
@@ -140,6 +144,17 @@ impl Checker<'_> {
                 format!("is {retry_window_s}; use 1 to {MAX_RETRY_WINDOW_S} seconds (the default, {DEFAULT_RETRY_WINDOW_S}, is three days)"),
             ));
         }
+        let request_timeout_ms = entry
+            .request_timeout_ms
+            .as_ref()
+            .map_or(DEFAULT_REQUEST_TIMEOUT_MS, |timeout| *timeout.get_ref());
+        if !(MIN_REQUEST_TIMEOUT_MS..=MAX_REQUEST_TIMEOUT_MS).contains(&request_timeout_ms) {
+            return Err(self.error(
+                span(&entry.request_timeout_ms),
+                &format!("{field}.request_timeout_ms"),
+                format!("is {request_timeout_ms}; use {MIN_REQUEST_TIMEOUT_MS} to {MAX_REQUEST_TIMEOUT_MS} ms (the default is {DEFAULT_REQUEST_TIMEOUT_MS})"),
+            ));
+        }
         Ok(Endpoint {
             id: id.to_owned(),
             url,
@@ -148,6 +163,7 @@ impl Checker<'_> {
             tenants,
             allow_private_network: entry.allow_private_network,
             retry_window_s,
+            request_timeout_ms,
         })
     }
 
@@ -302,6 +318,20 @@ tenants = ["acme"]
                 "webhooks[0].id",
                 7,
                 "letters, digits",
+            ),
+            (
+                "tenants = [\"acme\"]",
+                "tenants = [\"acme\"]\nrequest_timeout_ms = 5",
+                "webhooks[0].request_timeout_ms",
+                12,
+                "use 100 to 60000 ms",
+            ),
+            (
+                "tenants = [\"acme\"]",
+                "tenants = [\"acme\"]\nretry_window_s = 0",
+                "webhooks[0].retry_window_s",
+                12,
+                "use 1 to 604800 seconds",
             ),
             (
                 "events = [\"succeeded\", \"needs_review\"]\n",
