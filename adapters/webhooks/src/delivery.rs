@@ -239,30 +239,25 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 Answer::Gone => (Some(410), Some("answered 410 Gone".to_owned())),
                 Answer::Failed { status, error, .. } => (*status, Some(error.clone())),
             };
-            self.journal
-                .record_attempt(AttemptRecord {
-                    endpoint: self.endpoint.id.clone(),
-                    position,
-                    webhook_id: id.to_owned(),
-                    attempt: number,
-                    at,
-                    status,
-                    duration_ms: u64::try_from(attempted.duration.as_millis()).unwrap_or(u64::MAX),
-                    error: error.clone(),
-                })
-                .await?;
+            let row = AttemptRecord {
+                endpoint: self.endpoint.id.clone(),
+                position,
+                webhook_id: id.to_owned(),
+                attempt: number,
+                at,
+                status,
+                duration_ms: u64::try_from(attempted.duration.as_millis()).unwrap_or(u64::MAX),
+                error: error.clone(),
+            };
+            // A delivery's attempt and its checkpoint are one commit; a failure's attempt alone.
+            if let Answer::Delivered { .. } = attempted.answer {
+                self.health.delivered(position);
+                let advanced = self.journal.record_delivery(row, record.epoch).await?;
+                return Ok((!advanced).then_some(Ended::Changed));
+            }
+            self.journal.record_attempt(row).await?;
             let retry_after = match attempted.answer {
-                Answer::Delivered { .. } => {
-                    self.health.delivered(position);
-                    if !self
-                        .journal
-                        .advance(&self.endpoint.id, record.epoch, position)
-                        .await?
-                    {
-                        return Ok(Some(Ended::Changed));
-                    }
-                    return Ok(None);
-                }
+                Answer::Delivered { .. } => unreachable!("a delivery returned above"),
                 Answer::Gone => {
                     self.health.failed(number, error.as_deref());
                     return self

@@ -218,7 +218,26 @@ impl Journal {
 
     /// Records one attempt, deleting the endpoint's oldest beyond
     /// [`MAX_ATTEMPTS_KEPT_PER_ENDPOINT`].
-    pub async fn record_attempt(&self, mut attempt: AttemptRecord) -> Result<(), WebhookError> {
+    pub async fn record_attempt(&self, attempt: AttemptRecord) -> Result<(), WebhookError> {
+        self.write_attempt(attempt, None).await.map(|_| ())
+    }
+
+    /// Records a successful attempt and moves the checkpoint to its event in one commit (one
+    /// fsync per delivery instead of two), if the endpoint is still at `epoch`; `false` (the
+    /// attempt recorded, the checkpoint not moved) otherwise.
+    pub async fn record_delivery(
+        &self,
+        attempt: AttemptRecord,
+        epoch: u64,
+    ) -> Result<bool, WebhookError> {
+        self.write_attempt(attempt, Some(epoch)).await
+    }
+
+    async fn write_attempt(
+        &self,
+        mut attempt: AttemptRecord,
+        advance_at_epoch: Option<u64>,
+    ) -> Result<bool, WebhookError> {
         if let Some(error) = attempt.error.as_mut() {
             truncate(error, MAX_ATTEMPT_ERROR_BYTES);
         }
@@ -249,9 +268,22 @@ impl Journal {
                     params![attempt.endpoint, to_sql(MAX_ATTEMPTS_KEPT_PER_ENDPOINT)],
                 )
                 .map_err(sqlite("trimming the attempt log"))?;
+            let advanced = match advance_at_epoch {
+                Some(epoch) => {
+                    transaction
+                        .execute(
+                            "UPDATE endpoints SET checkpoint = ?3 WHERE id = ?1 AND epoch = ?2",
+                            params![attempt.endpoint, to_sql(epoch), to_sql(attempt.position)],
+                        )
+                        .map_err(sqlite("moving a checkpoint"))?
+                        == 1
+                }
+                None => false,
+            };
             transaction
                 .commit()
-                .map_err(sqlite("committing an attempt record"))
+                .map_err(sqlite("committing an attempt record"))?;
+            Ok(advanced)
         })
         .await
     }
