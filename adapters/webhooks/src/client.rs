@@ -163,6 +163,31 @@ fn transport_error(error: &reqwest::Error) -> String {
     format!("{kind}: {cause}")
 }
 
+/// The addresses `host` resolved to that a delivery may reach: all of them when the endpoint
+/// allows private networks; otherwise the public ones, and loopback for `localhost` (loopback
+/// written as such, which the configuration check admits). None left is an error that says why.
+fn admitted(
+    host: &str,
+    resolved: impl Iterator<Item = SocketAddr>,
+    allow_private_network: bool,
+) -> Result<Vec<SocketAddr>, Box<dyn std::error::Error + Send + Sync>> {
+    let loopback_name = host.eq_ignore_ascii_case("localhost");
+    let found: Vec<SocketAddr> = resolved
+        .filter(|address| {
+            allow_private_network
+                || !is_private(address.ip())
+                || (loopback_name && address.ip().is_loopback())
+        })
+        .collect();
+    if found.is_empty() {
+        return Err(format!(
+            "`{host}` resolves only to private or link-local addresses, which are refused (SSRF) unless the endpoint says allow_private_network = true"
+        )
+        .into());
+    }
+    Ok(found)
+}
+
 /// Resolves names, then drops private and link-local addresses unless the endpoint allows them.
 struct GuardedResolver {
     allow_private_network: bool,
@@ -173,24 +198,51 @@ impl Resolve for GuardedResolver {
         let allow_private_network = self.allow_private_network;
         Box::pin(async move {
             let host = name.as_str().to_owned();
-            // `localhost` is loopback written as such, which the configuration check admits.
-            let loopback_name = host.eq_ignore_ascii_case("localhost");
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .filter(|address| {
-                    allow_private_network
-                        || !is_private(address.ip())
-                        || (loopback_name && address.ip().is_loopback())
-                })
-                .collect();
-            if found.is_empty() {
-                return Err(format!(
-                    "`{host}` resolves only to private or link-local addresses, which are refused (SSRF) unless the endpoint says allow_private_network = true"
-                )
-                .into());
-            }
+            let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let found = admitted(&host, resolved, allow_private_network)?;
             let addresses: Addrs = Box::new(found.into_iter());
             Ok(addresses)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addresses(list: &[&str]) -> std::vec::IntoIter<SocketAddr> {
+        list.iter()
+            .map(|ip| SocketAddr::new(ip.parse().expect("an address"), 443))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn a_public_name_resolving_to_private_addresses_is_refused_unless_allowed() {
+        let metadata = addresses(&["169.254.169.254", "10.0.0.7"]);
+        let refused = admitted("hooks.example.com", metadata.clone(), false).expect_err("refused");
+        assert!(
+            refused.to_string().contains("allow_private_network"),
+            "{refused}"
+        );
+        assert_eq!(
+            admitted("hooks.example.com", metadata, true)
+                .expect("allowed")
+                .len(),
+            2
+        );
+        let rebinding = addresses(&["127.0.0.1"]);
+        assert!(admitted("hooks.example.com", rebinding.clone(), false).is_err());
+        assert!(admitted("localhost", rebinding, false).is_ok());
+    }
+
+    #[test]
+    fn only_the_public_addresses_of_a_mixed_answer_are_kept() {
+        let mixed = addresses(&["10.0.0.7", "93.184.215.14"]);
+        let kept = admitted("hooks.example.com", mixed, false).expect("one is public");
+        assert_eq!(
+            kept,
+            vec![SocketAddr::new("93.184.215.14".parse().expect("ip"), 443)]
+        );
     }
 }

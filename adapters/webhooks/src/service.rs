@@ -287,15 +287,21 @@ impl Webhooks {
     pub fn problem(&self) -> Option<String> {
         let mut problems = Vec::new();
         let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        for (handle, task) in self.endpoints.iter().zip(tasks.iter()) {
+        for (index, handle) in self.endpoints.iter().enumerate() {
             let state = handle.health.lock().state.clone();
+            // A task that panicked never says Finished: its handle tells (until `join` takes it).
+            let ended = tasks.get(index).is_some_and(JoinHandle::is_finished);
             match state {
                 DeliveryState::Faulted { error, retry_in_ms } => problems.push(format!(
                     "webhook endpoint `{}` cannot deliver ({error}); it tries again in {retry_in_ms} ms from its checkpoint",
                     handle.endpoint.id
                 )),
-                _ if task.is_finished() => problems.push(format!(
-                    "webhook delivery to `{}` has stopped",
+                DeliveryState::Finished => problems.push(format!(
+                    "webhook delivery to `{}` has stopped (the service is shutting down)",
+                    handle.endpoint.id
+                )),
+                _ if ended => problems.push(format!(
+                    "webhook delivery to `{}` has stopped unexpectedly; restart the service (the log has the panic)",
                     handle.endpoint.id
                 )),
                 _ => {}

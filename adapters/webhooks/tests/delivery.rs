@@ -594,3 +594,99 @@ async fn a_receiver_that_never_answers_times_out_and_is_retried() {
     }
     running.shut().await;
 }
+
+/// The memory store, whose subscriptions fail to start while `down` is set: a log that cannot be
+/// read for a while.
+#[derive(Clone, Default)]
+struct FlakyLog {
+    inner: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl EventStore for FlakyLog {
+    type Subscription = <MemoryStore as EventStore>::Subscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<opledger_domain::store::AppendOutcome, opledger_domain::store::StoreError> {
+        self.inner.append(stream, expected, events).await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: opledger_domain::ids::StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
+        self.inner.read_stream(stream, from, max_count).await
+    }
+
+    async fn read_all(
+        &self,
+        start: opledger_domain::store::LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
+        self.inner.read_all(start, max_count).await
+    }
+
+    async fn head_position(
+        &self,
+    ) -> Result<Option<opledger_domain::ids::GlobalPosition>, opledger_domain::store::StoreError>
+    {
+        self.inner.head_position().await
+    }
+
+    async fn subscribe_all(
+        &self,
+        start: opledger_domain::store::LogStart,
+    ) -> Result<Self::Subscription, opledger_domain::store::StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(opledger_domain::store::StoreError::Unavailable {
+                reason: "the test took the log down".into(),
+            });
+        }
+        self.inner.subscribe_all(start).await
+    }
+}
+
+#[tokio::test]
+async fn delivery_that_cannot_read_the_log_is_a_problem_until_it_resumes_from_its_checkpoint() {
+    let store = FlakyLog::default();
+    store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (receiver, url) = Receiver::start().await;
+    let (stop, stopping) = watch::channel(false);
+    let dir = dir();
+    let webhooks = Webhooks::start(
+        &store,
+        Arc::new(DataRender),
+        vec![endpoint("billing", &url)],
+        &dir.path().join("test.webhooks"),
+        stopping,
+    )
+    .await
+    .expect("webhooks start");
+    let started = Instant::now();
+    let problem = loop {
+        if let Some(problem) = webhooks.problem() {
+            break problem;
+        }
+        assert!(started.elapsed() < DEADLINE, "the fault was never reported");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(problem.contains("the test took the log down"), "{problem}");
+    append(&store.inner, 0, "succeeded", "acme").await;
+    store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(positions(&receiver.wait_for(1).await), vec![1]);
+    assert_eq!(webhooks.problem(), None);
+    let _ = stop.send(true);
+    webhooks.join().await;
+    assert!(
+        webhooks
+            .problem()
+            .is_some_and(|p| p.contains("has stopped")),
+        "a stopped delivery is reported as stopped"
+    );
+}
