@@ -415,3 +415,48 @@ async fn metrics_text(server: &Server) -> String {
         .await
         .expect("metrics text")
 }
+
+#[tokio::test]
+async fn replay_since_a_time_delivers_again_exactly_the_events_from_that_time_on() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    let (server, _) =
+        serve_with_webhooks(&harness, &entry("all", &receiver.url("/ok"), r#"["all"]"#));
+    operations(&server, "early", 1).await;
+    let early_head = server.log_head().await;
+    receiver
+        .wait_until("/ok", |l| l.len() as u64 >= early_head)
+        .await;
+    let since = chrono::Utc::now();
+    operations(&server, "late", 1).await;
+    let head = server.log_head().await;
+    let before = receiver
+        .wait_until("/ok", |l| l.len() as u64 >= head)
+        .await
+        .len();
+    let (status, replayed) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({ "since": since })),
+        )
+        .await;
+    assert_eq!(status, 200, "{replayed}");
+    assert_eq!(replayed["checkpoint"], json!(early_head), "{replayed}");
+    let late = head - early_head;
+    let logged = receiver
+        .wait_until("/ok", |l| (l.len() - before) as u64 >= late)
+        .await;
+    let again: Vec<u64> = logged[before..].iter().map(position).collect();
+    assert_eq!(again, (early_head + 1..=head).collect::<Vec<_>>());
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+}
