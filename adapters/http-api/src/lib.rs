@@ -288,7 +288,7 @@ impl Service {
                     engine: Arc::clone(&engine),
                 }),
                 config.webhooks,
-                &webhooks::journal_path(&config.store),
+                &webhooks::journal_path(&config.store, &read_models_path),
                 stopping.clone(),
             )
             .await?,

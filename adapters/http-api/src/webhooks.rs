@@ -7,7 +7,7 @@
 //! agent's sentence. It never carries the operation's arguments (they may hold personal data or
 //! secrets a subscriber has no need for) or any credential.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use opledger_domain::provider::Providers as _;
@@ -68,16 +68,16 @@ impl Render for OutcomeRender {
     }
 }
 
-/// The delivery journal's file: beside the SQLite ledger (`ledger.db.webhooks`), or
-/// `opledger.webhooks` in the working directory with KurrentDB (each instance keeps its own,
-/// like its read models).
-pub fn journal_path(store: &StoreUrl) -> PathBuf {
+/// The delivery journal's file: beside the SQLite ledger (`ledger.db.webhooks`), or with
+/// KurrentDB beside the instance's own read models (`opledger.views` → `opledger.webhooks`):
+/// each instance keeps its own, like its read models.
+pub fn journal_path(store: &StoreUrl, read_models: &Path) -> PathBuf {
     match store {
         StoreUrl::Sqlite(path) => {
             let mut journal = path.clone().into_os_string();
             journal.push(".webhooks");
             PathBuf::from(journal)
         }
-        StoreUrl::KurrentDb(_) => PathBuf::from("opledger.webhooks"),
+        StoreUrl::KurrentDb(_) => read_models.with_extension("webhooks"),
     }
 }

@@ -150,7 +150,8 @@ struct Handle {
 
 /// The webhooks of one server.
 pub struct Webhooks {
-    journal: Journal,
+    /// `None` when no endpoint is configured: a server without webhooks leaves no journal file.
+    journal: Option<Journal>,
     endpoints: Vec<Handle>,
     /// Taken by [`Webhooks::join`]; until then, one per endpoint in configuration order.
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -171,6 +172,13 @@ impl Webhooks {
             endpoints.len() <= MAX_ENDPOINTS,
             "the configuration check bounds the endpoints"
         );
+        if endpoints.is_empty() {
+            return Ok(Self {
+                journal: None,
+                endpoints: Vec::new(),
+                tasks: Mutex::new(Vec::new()),
+            });
+        }
         let journal = Journal::open(journal_path).await?;
         let head = store.head_position().await?.map(|head| head.value());
         let mut handles = Vec::with_capacity(endpoints.len());
@@ -197,7 +205,7 @@ impl Webhooks {
             handles.push(handle);
         }
         Ok(Self {
-            journal,
+            journal: Some(journal),
             endpoints: handles,
             tasks: Mutex::new(tasks),
         })
@@ -228,7 +236,7 @@ impl Webhooks {
         head: Option<u64>,
     ) -> Result<EndpointOverview, WebhookError> {
         let endpoint = &handle.endpoint;
-        let record = self.journal.record(&endpoint.id).await?.ok_or_else(|| {
+        let record = self.journal().record(&endpoint.id).await?.ok_or_else(|| {
             WebhookError::NoSuchEndpoint {
                 id: endpoint.id.clone(),
             }
@@ -277,7 +285,7 @@ impl Webhooks {
     /// The endpoint's latest attempts, newest first.
     pub async fn attempts(&self, id: &str, limit: u64) -> Result<Vec<AttemptRecord>, WebhookError> {
         self.handle(id)?;
-        self.journal.attempts(id, limit).await
+        self.journal().attempts(id, limit).await
     }
 
     /// Why webhook delivery cannot be trusted to be running, if it cannot: a task that is
@@ -326,11 +334,17 @@ impl Webhooks {
         replay_after: Option<Option<u64>>,
     ) -> Result<(), WebhookError> {
         let handle = self.handle(id)?;
-        self.journal
+        self.journal()
             .set_status(id, status, reason, replay_after, None)
             .await?;
         handle.wake.notify_one();
         Ok(())
+    }
+
+    fn journal(&self) -> &Journal {
+        self.journal
+            .as_ref()
+            .expect("endpoints exist only with a journal, and every caller names one")
     }
 
     fn handle(&self, id: &str) -> Result<&Handle, WebhookError> {
