@@ -313,14 +313,8 @@ async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_oper
         slow[1].at - slow[0].at >= 1.95,
         "Retry-After: 2 was not honoured (the backoff alone waits at most 1 s): {slow:#?}"
     );
-    let (_, attempts) = server
-        .call(
-            Method::GET,
-            "/v1/webhooks/flaky/attempts?limit=10",
-            Some(OPERATOR_TOKEN),
-            None,
-        )
-        .await;
+    // The receiver logs a request before its answer is recorded: wait for the third row.
+    let attempts = wait_for_attempts(&server, "flaky", 3).await;
     let statuses: Vec<u64> = attempts["attempts"]
         .as_array()
         .expect("attempts")
@@ -337,7 +331,10 @@ async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_oper
         .execute(super::support::TENANT_B_TOKEN, &id, 5_000)
         .await;
     receiver.wait_until("/gone", |l| !l.is_empty()).await;
-    let gone = wait_for_endpoint(&server, "gone", |e| e["status"] == "disabled").await;
+    let gone = wait_for_endpoint(&server, "gone", |e| {
+        e["status"] == "disabled" && e["disabled_total"] == 1
+    })
+    .await;
     assert!(
         gone["reason"].as_str().is_some_and(|r| r.contains("410")),
         "{gone}"
@@ -407,6 +404,26 @@ async fn wait_for_endpoint(server: &Server, id: &str, done: impl Fn(&Value) -> b
     }
 }
 
+async fn wait_for_attempts(server: &Server, id: &str, count: usize) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, attempts) = server
+            .call(
+                Method::GET,
+                &format!("/v1/webhooks/{id}/attempts?limit=10"),
+                Some(OPERATOR_TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{attempts}");
+        if attempts["attempts"].as_array().map_or(0, Vec::len) >= count {
+            return attempts;
+        }
+        assert!(started.elapsed() < DEADLINE, "{id} has {attempts}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 async fn metrics_text(server: &Server) -> String {
     reqwest::get(format!("{}/metrics", server.base))
         .await
@@ -443,7 +460,11 @@ async fn replay_since_a_time_delivers_again_exactly_the_events_from_that_time_on
         )
         .await;
     assert_eq!(status, 200, "{replayed}");
-    assert_eq!(replayed["checkpoint"], json!(early_head), "{replayed}");
+    // The task may already have delivered again by the time the answer is read.
+    assert!(
+        replayed["checkpoint"].as_u64() >= Some(early_head),
+        "{replayed}"
+    );
     let late = head - early_head;
     let logged = receiver
         .wait_until("/ok", |l| (l.len() - before) as u64 >= late)

@@ -207,7 +207,11 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             endpoint = %self.endpoint.id,
             webhook_id = %id,
             position,
-            operation_id = ?event.stream.operation_id(),
+            operation_id = %event
+                .stream
+                .operation_id()
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
         );
         let ended = self
             .deliver(record, position, &id, &body)
@@ -251,15 +255,15 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             };
             // A delivery's attempt and its checkpoint are one commit; a failure's attempt alone.
             if let Answer::Delivered { .. } = attempted.answer {
-                self.health.delivered(position);
                 let advanced = self.journal.record_delivery(row, record.epoch).await?;
+                self.health.delivered(position);
                 return Ok((!advanced).then_some(Ended::Changed));
             }
             self.journal.record_attempt(row).await?;
             let retry_after = match attempted.answer {
                 Answer::Delivered { .. } => unreachable!("a delivery returned above"),
                 Answer::Gone => {
-                    self.health.failed(number, error.as_deref());
+                    self.health.failed(error.as_deref());
                     return self
                         .disable(
                             record,
@@ -270,7 +274,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 }
                 Answer::Failed { retry_after, .. } => retry_after,
             };
-            self.health.failed(number, error.as_deref());
+            self.health.failed(error.as_deref());
             let first = *first_failure.get_or_insert_with(Instant::now);
             let wait = pause(number, retry_after, &RandomIds);
             if first.elapsed() + wait > window {

@@ -95,7 +95,7 @@ impl Health {
         counts.state = DeliveryState::Delivering;
     }
 
-    pub(crate) fn failed(&self, _attempt: u32, error: Option<&str>) {
+    pub(crate) fn failed(&self, error: Option<&str>) {
         let mut counts = self.lock();
         counts.failed_attempts_total += 1;
         counts.last_error = error.map(str::to_owned);

@@ -301,6 +301,8 @@ async fn a_429_with_retry_after_is_retried_no_sooner_than_asked_under_the_same_i
         waited >= Duration::from_millis(1_900),
         "retried after {waited:?}"
     );
+    // The receiver logs a request before its answer is recorded: wait for the acknowledgement.
+    running.wait_for_checkpoint("billing", 1).await;
     let attempts = running
         .webhooks
         .attempts("billing", 10)
