@@ -1395,6 +1395,7 @@ token_env = "CRM_TOKEN"
             "APPROVER_TOKEN" => Some("approver-0123456789abcdef".to_owned()),
             "METRICS_TOKEN" => Some("metrics-0123456789abcdef".to_owned()),
             "HUBSPOT_ACCT1_TOKEN" => Some("hubspot-secret".to_owned()),
+            "BILLING_WEBHOOK_SECRET" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
             _ => None,
         };
         let config = parse("opledger.example.toml", text, &env).expect("the example is valid");
@@ -1404,6 +1405,7 @@ token_env = "CRM_TOKEN"
             .values()
             .any(|principal| matches!(principal, Principal::Approver { name, .. } if name == "finance-lead")));
         assert_eq!(config.providers.len(), 1);
+        assert_eq!(config.webhooks.len(), 1);
         assert_eq!(
             config.metrics_token.as_deref(),
             Some("metrics-0123456789abcdef")
