@@ -22,7 +22,7 @@ use crate::service::{DeliveryState, Health};
 use crate::signing::webhook_id;
 use crate::{
     Endpoint, Render, WebhookError, CHECKPOINT_EVERY_SKIPPED, FAULT_RETRY_FIRST_MS,
-    FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS,
+    FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS, STOP_ATTEMPT_GRACE_MS,
 };
 
 /// Everything one endpoint's task holds.
@@ -233,10 +233,25 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         let mut first_failure: Option<Instant> = None;
         for number in 1u32.. {
             let at = chrono::Utc::now();
-            let attempted = tokio::select! {
-                biased;
-                _ = self.stop.wait_for(|stop| *stop) => return Ok(Some(Ended::Stopped)),
-                attempted = attempt(&self.client, &self.endpoint, id, body) => attempted,
+            let attempted = {
+                let under_way = attempt(&self.client, &self.endpoint, id, body);
+                tokio::pin!(under_way);
+                tokio::select! {
+                    biased;
+                    attempted = &mut under_way => attempted,
+                    // The guard `wait_for` returns is dropped at once: it must not live across
+                    // the wait below (it is not `Send`).
+                    () = async { drop(self.stop.wait_for(|stop| *stop).await) } => {
+                        // A stop lets the request under way finish, within a bound, so a planned
+                        // restart does not repeat what the receiver already has; the pass ends at
+                        // its next wait.
+                        let grace = Duration::from_millis(STOP_ATTEMPT_GRACE_MS);
+                        match tokio::time::timeout(grace, &mut under_way).await {
+                            Ok(attempted) => attempted,
+                            Err(_) => return Ok(Some(Ended::Stopped)),
+                        }
+                    }
+                }
             };
             let (status, error) = match &attempted.answer {
                 Answer::Delivered { status } => (Some(*status), None),

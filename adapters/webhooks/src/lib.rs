@@ -59,6 +59,10 @@ pub const FAULT_RETRY_FIRST_MS: u64 = 100;
 /// The longest pause after the journal or the log failed, in milliseconds.
 pub const FAULT_RETRY_MAX_MS: u64 = 5_000;
 const _: () = assert!(FAULT_RETRY_FIRST_MS <= FAULT_RETRY_MAX_MS);
+/// How long a stop waits for a delivery attempt under way, in milliseconds: its answer is then
+/// recorded and a planned restart does not repeat it; past this the attempt is dropped and
+/// repeats after the restart. Well within serve's default shutdown grace (35 s).
+pub const STOP_ATTEMPT_GRACE_MS: u64 = 5_000;
 
 /// What an event of the log says to a subscriber: what [`Render`] returns.
 #[derive(Clone, Debug, PartialEq)]

@@ -61,6 +61,8 @@ struct Receiver {
     script: Arc<Mutex<VecDeque<Response>>>,
     /// Answer every request with this status (after the script), when set.
     always: Arc<Mutex<Option<StatusCode>>>,
+    /// How long each answer takes.
+    delay: Arc<Mutex<Duration>>,
 }
 
 impl Receiver {
@@ -122,6 +124,8 @@ async fn answer(
         raw: body,
         at: Instant::now(),
     });
+    let delay = *receiver.delay.lock().expect("lock");
+    tokio::time::sleep(delay).await;
     if let Some(response) = receiver.script.lock().expect("lock").pop_front() {
         return response;
     }
@@ -725,5 +729,24 @@ async fn a_server_without_endpoints_opens_no_journal_and_has_no_problem() {
         .is_empty());
     assert_eq!(running.webhooks.problem(), None);
     assert!(running.webhooks.attempts("billing", 1).await.is_err());
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_stop_lets_the_delivery_under_way_finish_so_a_restart_does_not_repeat_it() {
+    let store = MemoryStore::new();
+    let dir = dir();
+    let (receiver, url) = Receiver::start().await;
+    *receiver.delay.lock().expect("lock") = Duration::from_millis(300);
+    let running = start(&store, vec![endpoint("billing", &url)], Arc::clone(&dir)).await;
+    append(&store, 0, "succeeded", "acme").await;
+    receiver.wait_for(1).await;
+    // The receiver has the request and answers in 300 ms: stop now.
+    running.shut().await;
+    *receiver.delay.lock().expect("lock") = Duration::ZERO;
+    append(&store, 1, "succeeded", "acme").await;
+    let running = start(&store, vec![endpoint("billing", &url)], dir).await;
+    let received = receiver.wait_for(2).await;
+    assert_eq!(positions(&received), vec![1, 2], "nothing repeated");
     running.shut().await;
 }
