@@ -21,8 +21,9 @@ use crate::schedule::pause;
 use crate::service::{DeliveryState, Health};
 use crate::signing::webhook_id;
 use crate::{
-    Endpoint, Render, WebhookError, CHECKPOINT_EVERY_SKIPPED, FAULT_RETRY_FIRST_MS,
-    FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS, STOP_ATTEMPT_GRACE_MS,
+    Endpoint, Render, WebhookError, CHECKPOINT_EVERY_SKIPPED, CHECKPOINT_IDLE_MS,
+    FAULT_RETRY_FIRST_MS, FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS,
+    STOP_ATTEMPT_GRACE_MS,
 };
 
 /// Everything one endpoint's task holds.
@@ -125,14 +126,27 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         let (sender, mut receiver) = mpsc::channel(MAX_QUEUE_EVENTS);
         let feed = feed(subscription, sender);
         tokio::pin!(feed);
+        // Skipped events not yet covered by a written checkpoint: how many, and the last one.
         let mut skipped: u64 = 0;
+        let mut unsaved: Option<u64> = None;
         loop {
             let next = tokio::select! {
                 biased;
                 _ = self.stop.wait_for(|stop| *stop) => return Ok(Ended::Stopped),
                 () = self.wake.notified() => return Ok(Ended::Changed),
                 () = &mut feed => return Err(StoreError::Unavailable { reason: "the log feed ended".into() }.into()),
-                next = receiver.recv() => next,
+                next = receiver.recv() => Some(next),
+                () = idle(unsaved.is_some()) => None,
+            };
+            // The log has been quiet: save the skip progress.
+            let Some(next) = next else {
+                if let Some(position) = unsaved.take() {
+                    skipped = 0;
+                    if !self.save_skipped(&record, position).await? {
+                        return Ok(Ended::Changed);
+                    }
+                }
+                continue;
             };
             let Some(next) = next else {
                 return Err(WebhookError::Journal {
@@ -143,26 +157,44 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             let position = event.position.value();
             match self.handle(&record, &event).await? {
                 Handled::End(ended) => return Ok(ended),
+                // Its checkpoint, written with it, covers the skipped events before it.
                 Handled::Delivered => {
                     skipped = 0;
-                    continue;
+                    unsaved = None;
                 }
-                Handled::Skipped => skipped += 1,
+                Handled::Skipped => {
+                    skipped += 1;
+                    unsaved = Some(position);
+                }
             }
-            // A delivered event's checkpoint is written as it is delivered; skipped ones are
-            // written in bunches, and whenever the queue runs dry, so a caught-up endpoint is saved.
-            if skipped >= CHECKPOINT_EVERY_SKIPPED || receiver.is_empty() {
+            // Skipped events are saved in bunches, or after the log has been quiet for
+            // CHECKPOINT_IDLE_MS: a commit per skipped event would cost every endpoint an fsync
+            // per event of the ledger, and losing skip progress in a crash only means reading
+            // those events again.
+            if skipped >= CHECKPOINT_EVERY_SKIPPED {
                 skipped = 0;
-                if !self
-                    .journal
-                    .advance(&self.endpoint.id, record.epoch, position)
-                    .await?
-                {
+                unsaved = None;
+                if !self.save_skipped(&record, position).await? {
                     return Ok(Ended::Changed);
                 }
-                self.health.checkpoint(position);
             }
         }
+    }
+
+    /// Writes the checkpoint past skipped events; `false` when the record changed meanwhile.
+    async fn save_skipped(
+        &self,
+        record: &EndpointRecord,
+        position: u64,
+    ) -> Result<bool, WebhookError> {
+        let saved = self
+            .journal
+            .advance(&self.endpoint.id, record.epoch, position)
+            .await?;
+        if saved {
+            self.health.checkpoint(position);
+        }
+        Ok(saved)
     }
 
     /// Delivers `event` if the endpoint wants it.
@@ -344,6 +376,15 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             info!(endpoint = %self.endpoint.id, "an operator changed the endpoint first; it is not disabled");
         }
         Ok(Some(Ended::Changed))
+    }
+}
+
+/// Completes [`CHECKPOINT_IDLE_MS`] after it is first polled when `armed`; never otherwise.
+async fn idle(armed: bool) {
+    if armed {
+        tokio::time::sleep(Duration::from_millis(CHECKPOINT_IDLE_MS)).await;
+    } else {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -54,6 +54,9 @@ pub const MAX_ENDPOINTS: usize = 64;
 /// How many skipped events (filtered out) may pass before the checkpoint is written anyway, so a
 /// restart after a long stretch of other tenants' events does not read it all again.
 pub const CHECKPOINT_EVERY_SKIPPED: u64 = 1_000;
+/// How long the log must be quiet before the checkpoint past skipped events is written, in
+/// milliseconds: the endpoint's lag then reads 0 once it has gone through everything.
+pub const CHECKPOINT_IDLE_MS: u64 = 200;
 /// The first pause after the journal or the log failed, in milliseconds.
 pub const FAULT_RETRY_FIRST_MS: u64 = 100;
 /// The longest pause after the journal or the log failed, in milliseconds.
