@@ -481,3 +481,43 @@ async fn replay_since_a_time_delivers_again_exactly_the_events_from_that_time_on
         .await;
     assert_eq!(status, 422, "{refused}");
 }
+
+#[tokio::test]
+async fn a_dead_endpoint_beside_a_live_one_does_not_hold_it_back() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    // The dead receiver accepts connections and never answers: every attempt waits out the
+    // request timeout, then the backoff.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let dead_url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = dead.accept().await {
+            held.push(socket);
+        }
+    });
+    let entries = [
+        entry("dead", &dead_url, r#"["all"]"#),
+        entry("live", &receiver.url("/ok"), r#"["all"]"#),
+    ]
+    .concat();
+    let (server, _) = serve_with_webhooks(&harness, &entries);
+    let started = Instant::now();
+    operations(&server, "beside a dead one", 10).await;
+    let head = server.log_head().await;
+    let logged = receiver.wait_until("/ok", |l| l.len() as u64 >= head).await;
+    assert_eq!(
+        logged.iter().map(position).collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    let elapsed = started.elapsed();
+    let dead = wait_for_endpoint(&server, "dead", |_| true).await;
+    let live = wait_for_endpoint(&server, "live", |e| e["lag_positions"] == 0).await;
+    assert_eq!(dead["delivered_total"], 0, "{dead}");
+    assert_eq!(dead["lag_positions"], json!(head), "{dead}");
+    assert_eq!(live["delivered_total"], json!(head), "{live}");
+    // One attempt at the dead endpoint waits 15 s; the live one finished long before.
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+}
