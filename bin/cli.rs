@@ -926,6 +926,7 @@ impl From<opledger_http_api::ServeError> for CliError {
             ServeError::Store(error) => Self::Store(error),
             ServeError::ReadModel(error) => Self::ReadModel(error),
             ServeError::Io(message) => Self::Other(message),
+            ServeError::Webhooks(error) => Self::Other(error.to_string()),
         }
     }
 }

@@ -163,6 +163,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         tokens,
         metrics_token: None,
         providers,
+        webhooks: Vec::new(),
     };
     Ok((config, stand))
 }

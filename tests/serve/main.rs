@@ -18,3 +18,4 @@ mod soak;
 mod storage_faults;
 mod stream;
 mod support;
+mod webhooks;

@@ -13,7 +13,7 @@ use std::process::Command;
 use super::support::{Harness, ACCOUNT, TENANT_A_TOKEN};
 
 #[path = "../python_venv/mod.rs"]
-mod python_venv;
+pub mod python_venv;
 use python_venv::{python_with, run};
 
 /// What the client's tests and the document's check need, as pip takes it (the client itself

@@ -231,6 +231,11 @@ pub struct Server {
 impl Server {
     /// Starts `opledger` with `args`; its log goes to a file in `dir`.
     pub fn start_with(args: &[&str], dir: &Path) -> Self {
+        Self::start_with_env(args, dir, &[])
+    }
+
+    /// The same with extra environment variables (e.g. a webhook secret named by `secret_env`).
+    pub fn start_with_env(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Self {
         let log = dir.join(format!(
             "serve-{}.log",
             std::time::SystemTime::now()
@@ -241,6 +246,7 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()

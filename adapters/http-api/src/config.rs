@@ -23,6 +23,8 @@ use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 
+mod webhooks;
+
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
 /// milliseconds: executing on request is the fast path, the workers are the safety net.
 pub const DEFAULT_WORKER_SEND_DELAY_MS: u64 = 1_000;
@@ -156,6 +158,8 @@ pub struct ServeConfig {
     pub metrics_token: Option<String>,
     /// The connectors and their accounts, built (their HTTP clients ready).
     pub providers: Vec<Connector>,
+    /// The endpoints outcome events are delivered to (`[[webhooks]]`).
+    pub webhooks: Vec<opledger_webhooks::Endpoint>,
 }
 
 // ---- the file's shape (serde) ----
@@ -183,6 +187,8 @@ struct File {
     connectors: Vec<ConnectorEntry>,
     #[serde(default)]
     metrics: MetricsSection,
+    #[serde(default)]
+    webhooks: Vec<webhooks::WebhookEntry>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -432,6 +438,8 @@ impl Checker<'_> {
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
         let providers = self.connectors(&file.connectors, &tenant_ids(&tokens))?;
+        let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
+        let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -453,6 +461,7 @@ impl Checker<'_> {
             tokens,
             metrics_token,
             providers,
+            webhooks,
         })
     }
 
@@ -1386,6 +1395,7 @@ token_env = "CRM_TOKEN"
             "APPROVER_TOKEN" => Some("approver-0123456789abcdef".to_owned()),
             "METRICS_TOKEN" => Some("metrics-0123456789abcdef".to_owned()),
             "HUBSPOT_ACCT1_TOKEN" => Some("hubspot-secret".to_owned()),
+            "BILLING_WEBHOOK_SECRET" => Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()),
             _ => None,
         };
         let config = parse("opledger.example.toml", text, &env).expect("the example is valid");
@@ -1395,6 +1405,7 @@ token_env = "CRM_TOKEN"
             .values()
             .any(|principal| matches!(principal, Principal::Approver { name, .. } if name == "finance-lead")));
         assert_eq!(config.providers.len(), 1);
+        assert_eq!(config.webhooks.len(), 1);
         assert_eq!(
             config.metrics_token.as_deref(),
             Some("metrics-0123456789abcdef")

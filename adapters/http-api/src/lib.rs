@@ -39,6 +39,7 @@ mod events;
 pub mod input;
 mod metrics;
 pub mod render;
+mod webhooks;
 
 /// The ledger the server keeps (see [`AnyStore`]).
 pub type ServeStore = opledger_store::AnyStore;
@@ -97,6 +98,9 @@ pub enum ServeError {
     /// Something at the edge failed: the listening socket, the KurrentDB connection, the server.
     #[error("{0}")]
     Io(String),
+    /// Webhook delivery could not start (its journal).
+    #[error("{0}")]
+    Webhooks(#[from] opledger_webhooks::WebhookError),
 }
 
 impl From<render::RenderError> for ServeError {
@@ -145,6 +149,8 @@ pub struct Shared {
     pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
     pub openapi: axum::body::Bytes,
+    /// Outcome webhooks: the endpoints' tasks and what operators ask of them.
+    pub webhooks: Arc<opledger_webhooks::Webhooks>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -227,6 +233,7 @@ impl Output {
 /// workers, the read-model runner, and what every request shares.
 struct Service {
     shared: Arc<Shared>,
+    webhooks: Arc<opledger_webhooks::Webhooks>,
     workers: Workers,
     runner: tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>>,
     store: ServeStore,
@@ -273,6 +280,19 @@ impl Service {
             config.read_model_linger_ms,
             &stopping,
         );
+        let webhooks = Arc::new(
+            opledger_webhooks::Webhooks::start(
+                &store,
+                Arc::new(webhooks::OutcomeRender {
+                    store: store.clone(),
+                    engine: Arc::clone(&engine),
+                }),
+                config.webhooks,
+                &webhooks::journal_path(&config.store, &read_models_path),
+                stopping.clone(),
+            )
+            .await?,
+        );
         let limits = config.limits;
         let tokens = Tokens::new(config.tokens);
         let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
@@ -292,9 +312,11 @@ impl Service {
             tenants: TenantCache::default(),
             openapi: openapi_for(&limits).into(),
             worker_counters: workers.counters(),
+            webhooks: Arc::clone(&webhooks),
         });
         Ok(Self {
             shared,
+            webhooks,
             workers,
             runner,
             store,
@@ -322,6 +344,8 @@ impl Service {
         drop(self.shared);
         let worker_stats = self.workers.shutdown().await;
         let runner_result = self.runner.await;
+        // A delivery under way is dropped: its checkpoint was not moved, so it repeats at start.
+        self.webhooks.join().await;
         let closed = self.store.close().await;
         report_shutdown(worker_stats, runner_result, self.output);
         closed?;

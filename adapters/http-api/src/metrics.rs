@@ -199,6 +199,12 @@ pub async fn render(
     );
     let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
     render_runner(&mut out, &shared.runner_health.report(), lag.positions);
+    let endpoints = shared
+        .webhooks
+        .overview(lag.head.map(opledger_domain::ids::GlobalPosition::value))
+        .await
+        .map_err(|error| ApiError::internal("the webhook journal could not be read", error))?;
+    render_webhooks(&mut out, &endpoints);
     gauge(
         &mut out,
         "opledger_event_streams_open",
@@ -229,6 +235,44 @@ pub async fn render(
         out,
     )
         .into_response())
+}
+
+/// Per webhook endpoint (ids come from the configuration, at most `MAX_ENDPOINTS`, so the label
+/// set is bounded): deliveries, failed attempts, disablings, lag, and whether it is delivering.
+fn render_webhooks(out: &mut String, endpoints: &[opledger_webhooks::EndpointOverview]) {
+    use opledger_webhooks::{DeliveryState, EndpointStatus};
+    type Value = fn(&opledger_webhooks::EndpointOverview) -> u64;
+    let series: [(&str, bool, &str, Value); 5] = [
+        ("opledger_webhook_delivered_total", true, "Events delivered (answered 2xx) since the service started.", |e| e.delivered_total),
+        ("opledger_webhook_failed_attempts_total", true, "Delivery attempts that failed (no answer, or not 2xx) since the service started.", |e| e.failed_attempts_total),
+        ("opledger_webhook_disabled_total", true, "Times the endpoint was disabled (410 Gone, or failing for its whole retry window) since the service started.", |e| e.disabled_total),
+        ("opledger_webhook_lag_positions", false, "Log positions after the endpoint's checkpoint: what it has still to go through (pending).", |e| e.lag_positions),
+        ("opledger_webhook_retrying", false, "1 while an event of the endpoint waits for its next attempt after a failure.", |e| u64::from(matches!(e.delivery, DeliveryState::Retrying { .. }))),
+    ];
+    for (name, is_counter, help, value) in series {
+        if is_counter {
+            counter(out, name, help);
+        } else {
+            gauge(out, name, help);
+        }
+        for endpoint in endpoints {
+            let _ = writeln!(
+                out,
+                "{name}{{endpoint=\"{}\"}} {}",
+                endpoint.id,
+                value(endpoint)
+            );
+        }
+    }
+    gauge(out, "opledger_webhook_active", "1 while the endpoint is delivered to; 0 while paused or disabled (GET /v1/webhooks says why).");
+    for endpoint in endpoints {
+        let active = u8::from(endpoint.status == EndpointStatus::Active);
+        let _ = writeln!(
+            out,
+            "opledger_webhook_active{{endpoint=\"{}\"}} {active}",
+            endpoint.id
+        );
+    }
 }
 
 /// The read-model runner: whether it is healthy, its failures, and how long since it advanced.

@@ -46,6 +46,7 @@ mod mcp;
 mod operations;
 mod queries;
 mod review;
+mod webhooks;
 
 pub use self::mcp::McpLedger;
 
@@ -62,7 +63,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 14] = [
+pub(crate) const ROUTES: [(&str, &str); 19] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -77,6 +78,11 @@ pub(crate) const ROUTES: [(&str, &str); 14] = [
     ("get", "/metrics"),
     ("get", "/healthz"),
     ("get", "/v1/openapi.json"),
+    ("get", "/v1/webhooks"),
+    ("post", "/v1/webhooks/{id}/pause"),
+    ("post", "/v1/webhooks/{id}/resume"),
+    ("post", "/v1/webhooks/{id}/replay"),
+    ("get", "/v1/webhooks/{id}/attempts"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -113,6 +119,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics::render))
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/webhooks", get(webhooks::list))
+        .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
+        .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
+        .route("/v1/webhooks/{id}/replay", post(webhooks::replay))
+        .route("/v1/webhooks/{id}/attempts", get(webhooks::attempts))
         .merge(mcp::route(Arc::clone(&shared)))
         .fallback(not_a_route)
         .method_not_allowed_fallback(method_not_allowed)
@@ -396,6 +407,18 @@ async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError>
             None => (StatusCode::OK, "ok", None, None),
         },
     };
+    // Webhook delivery that has stopped or cannot write its journal is reported as degraded too
+    // (design: /healthz says so when a component has stopped); the read models' verdict wins.
+    let webhooks_problem = shared.webhooks.problem();
+    let (code, status, reason, probe) = match (&webhooks_problem, code) {
+        (Some(problem), StatusCode::OK) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "degraded",
+            Some(problem.clone()),
+            Some(PROBE_WEBHOOKS),
+        ),
+        _ => (code, status, reason, probe),
+    };
     let lag = lag.ok();
     let mut body = json!({
         "status": status,
@@ -422,6 +445,8 @@ async fn health(State(shared): State<Arc<Shared>>) -> Result<Response, ApiError>
 const PROBE_OUT_OF_ROTATION: &str = "fail readiness: send no traffic here until /healthz says ok; do not restart for this alone: the read models resume by themselves once the cause (a full disk, an unwritable file, a store that is down) is gone, and a restart would not remove it";
 /// What `/healthz` tells a probe when only a restart (after fixing the cause) helps.
 const PROBE_RESTART: &str = "fail readiness and liveness: this instance will not recover on its own; fix the cause named in reason, then restart it";
+/// What `/healthz` tells a probe when webhook delivery has stopped or is retrying a fault.
+const PROBE_WEBHOOKS: &str = "fail readiness: webhook delivery cannot write its journal or read the log; it resumes from its checkpoint once the cause (a full disk, an unwritable file, a store that is down) is gone, so do not restart for this alone";
 /// What `/healthz` tells a probe during a catch-up that is making progress.
 const PROBE_WAIT: &str =
     "fail readiness until /healthz says ok; the read models are advancing, so do not restart";

@@ -17,7 +17,9 @@ use opledger_domain::store::StoreError;
 use opledger_readmodel::ReadModelError;
 
 pub use operation::{operation_json, view_of, OperationView};
-pub use outcome::{outcome_json, outcome_of, wanted_types, Outcome, DEFAULT_TYPES, TYPES};
+pub use outcome::{
+    outcome_json, outcome_of, state_through, wanted_types, Outcome, DEFAULT_TYPES, TYPES,
+};
 pub use progress::catch_up_showing_progress;
 pub use review::{review_detail_json, review_item_json};
 

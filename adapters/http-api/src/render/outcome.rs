@@ -165,19 +165,33 @@ async fn state_before<S: EventStore>(
     store: &S,
     recorded: &RecordedEvent,
 ) -> Result<OperationState, RenderError> {
+    state_until(store, recorded, recorded.version).await
+}
+
+/// The operation's state just after `recorded`: what a subscriber is told it now is.
+pub async fn state_through<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+) -> Result<OperationState, RenderError> {
+    state_until(store, recorded, recorded.version.next()).await
+}
+
+/// The operation's state folded from the events of `recorded`'s stream before version `end`.
+async fn state_until<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+    end: StreamVersion,
+) -> Result<OperationState, RenderError> {
     let mut state = OperationState::initial();
     let mut from = StreamVersion::FIRST;
-    while from < recorded.version {
-        let wanted = usize::try_from(recorded.version.value() - from.value())
+    while from < end {
+        let wanted = usize::try_from(end.value() - from.value())
             .unwrap_or(MAX_READ_BATCH)
             .min(MAX_READ_BATCH);
         let batch = store.read_stream(&recorded.stream, from, wanted).await?;
         let Some(last) = batch.last() else { break };
         from = last.version.next();
-        for event in batch
-            .iter()
-            .filter(|event| event.version < recorded.version)
-        {
+        for event in batch.iter().filter(|event| event.version < end) {
             let decoded = codec::decode(event).map_err(opledger_domain::app::AppError::from)?;
             state = evolve(state, &decoded);
         }

@@ -1,0 +1,405 @@
+//! One endpoint's task: follow the log from the endpoint's checkpoint and deliver, in log order,
+//! each event it wants, retrying one event until it is delivered, the endpoint is disabled, or
+//! an operator changes the endpoint.
+//!
+//! It must never move the checkpoint past an event it has not delivered (or skipped by the
+//! filter), and never hold more than [`MAX_QUEUE_EVENTS`] events in memory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
+use opledger_runtime::system::RandomIds;
+use serde_json::json;
+use tokio::sync::{mpsc, watch, Notify};
+use tracing::{info, warn, Instrument};
+
+use crate::client::{attempt, Answer};
+use crate::journal::{AttemptRecord, EndpointRecord, EndpointStatus, Journal};
+use crate::schedule::pause;
+use crate::service::{DeliveryState, Health};
+use crate::signing::webhook_id;
+use crate::{
+    Endpoint, Render, WebhookError, CHECKPOINT_EVERY_SKIPPED, CHECKPOINT_IDLE_MS,
+    FAULT_RETRY_FIRST_MS, FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS,
+    STOP_ATTEMPT_GRACE_MS,
+};
+
+/// Everything one endpoint's task holds.
+pub(crate) struct Task<S, R> {
+    pub store: S,
+    pub render: Arc<R>,
+    pub journal: Journal,
+    pub endpoint: Arc<Endpoint>,
+    pub client: reqwest::Client,
+    /// Rung after an operator changed the endpoint's record: re-read it.
+    pub wake: Arc<Notify>,
+    pub health: Health,
+    pub stop: watch::Receiver<bool>,
+}
+
+/// What became of one event.
+enum Handled {
+    /// Delivered; its checkpoint is written.
+    Delivered,
+    /// Not for this endpoint.
+    Skipped,
+    /// The pass must end.
+    End(Ended),
+}
+
+/// How one pass over the log ended.
+enum Ended {
+    /// The service is stopping.
+    Stopped,
+    /// The endpoint's record changed (an operator, or a disabling): read it again.
+    Changed,
+}
+
+impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
+    /// Runs until the service stops; faults (the journal, the log) pause and start over from the
+    /// checkpoint.
+    pub async fn run(mut self) {
+        let mut faults: u32 = 0;
+        loop {
+            match self.pass().await {
+                Ok(Ended::Stopped) => break,
+                Ok(Ended::Changed) => faults = 0,
+                Err(error) => {
+                    faults = faults.saturating_add(1);
+                    let doublings = (faults - 1).min(16);
+                    let backoff = FAULT_RETRY_FIRST_MS
+                        .saturating_mul(1 << doublings)
+                        .min(FAULT_RETRY_MAX_MS);
+                    warn!(endpoint = %self.endpoint.id, %error, retry_in_ms = backoff, "webhook delivery failed; it resumes from its checkpoint after the pause");
+                    self.health.set(DeliveryState::Faulted {
+                        error: error.to_string(),
+                        retry_in_ms: backoff,
+                    });
+                    if self.rest(Duration::from_millis(backoff)).await.is_some() {
+                        break;
+                    }
+                }
+            }
+        }
+        self.health.set(DeliveryState::Finished);
+    }
+
+    /// Waits `duration`, or less if an operator acts; `Some` if the service stops meanwhile.
+    async fn rest(&mut self, duration: Duration) -> Option<Ended> {
+        tokio::select! {
+            biased;
+            _ = self.stop.wait_for(|stop| *stop) => Some(Ended::Stopped),
+            () = self.wake.notified() => None,
+            () = tokio::time::sleep(duration) => None,
+        }
+    }
+
+    /// One pass: read the record; wait while paused or disabled; otherwise follow the log.
+    async fn pass(&mut self) -> Result<Ended, WebhookError> {
+        let record = self
+            .journal
+            .record(&self.endpoint.id)
+            .await?
+            .ok_or_else(|| WebhookError::Journal {
+                reason: format!("endpoint `{}` has no record", self.endpoint.id),
+            })?;
+        if record.status != EndpointStatus::Active {
+            self.health.set(match record.status {
+                EndpointStatus::Paused => DeliveryState::Paused,
+                _ => DeliveryState::Disabled {
+                    reason: record.reason.clone().unwrap_or_default(),
+                },
+            });
+            return Ok(tokio::select! {
+                biased;
+                _ = self.stop.wait_for(|stop| *stop) => Ended::Stopped,
+                () = self.wake.notified() => Ended::Changed,
+            });
+        }
+        self.health.set(DeliveryState::Delivering);
+        let start = record.checkpoint.map_or(LogStart::Beginning, |at| {
+            LogStart::After(GlobalPosition::new(at))
+        });
+        let subscription = self.store.subscribe_all(start).await?;
+        let (sender, mut receiver) = mpsc::channel(MAX_QUEUE_EVENTS);
+        let feed = feed(subscription, sender);
+        tokio::pin!(feed);
+        // Skipped events not yet covered by a written checkpoint: how many, and the last one.
+        let mut skipped: u64 = 0;
+        let mut unsaved: Option<u64> = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = self.stop.wait_for(|stop| *stop) => return Ok(Ended::Stopped),
+                () = self.wake.notified() => return Ok(Ended::Changed),
+                () = &mut feed => return Err(StoreError::Unavailable { reason: "the log feed ended".into() }.into()),
+                next = receiver.recv() => Some(next),
+                () = idle(unsaved.is_some()) => None,
+            };
+            // The log has been quiet: save the skip progress.
+            let Some(next) = next else {
+                if let Some(position) = unsaved.take() {
+                    skipped = 0;
+                    if !self.save_skipped(&record, position).await? {
+                        return Ok(Ended::Changed);
+                    }
+                }
+                continue;
+            };
+            let Some(next) = next else {
+                return Err(WebhookError::Journal {
+                    reason: "the log feed closed".into(),
+                });
+            };
+            let event = next?;
+            let position = event.position.value();
+            match self.handle(&record, &event).await? {
+                Handled::End(ended) => return Ok(ended),
+                // Its checkpoint, written with it, covers the skipped events before it.
+                Handled::Delivered => {
+                    skipped = 0;
+                    unsaved = None;
+                }
+                Handled::Skipped => {
+                    skipped += 1;
+                    unsaved = Some(position);
+                }
+            }
+            // Skipped events are saved in bunches, or after the log has been quiet for
+            // CHECKPOINT_IDLE_MS: a commit per skipped event would cost every endpoint an fsync
+            // per event of the ledger, and losing skip progress in a crash only means reading
+            // those events again.
+            if skipped >= CHECKPOINT_EVERY_SKIPPED {
+                skipped = 0;
+                unsaved = None;
+                if !self.save_skipped(&record, position).await? {
+                    return Ok(Ended::Changed);
+                }
+            }
+        }
+    }
+
+    /// Writes the checkpoint past skipped events; `false` when the record changed meanwhile.
+    async fn save_skipped(
+        &self,
+        record: &EndpointRecord,
+        position: u64,
+    ) -> Result<bool, WebhookError> {
+        let saved = self
+            .journal
+            .advance(&self.endpoint.id, record.epoch, position)
+            .await?;
+        if saved {
+            self.health.checkpoint(position);
+        }
+        Ok(saved)
+    }
+
+    /// Delivers `event` if the endpoint wants it.
+    async fn handle(
+        &mut self,
+        record: &EndpointRecord,
+        event: &RecordedEvent,
+    ) -> Result<Handled, WebhookError> {
+        let position = event.position.value();
+        let message = self
+            .render
+            .render(event)
+            .await
+            .map_err(|reason| WebhookError::Render { position, reason })?;
+        let Some(message) = message else {
+            return Ok(Handled::Skipped);
+        };
+        if !self.endpoint.wants(message.kind, &message.tenant) {
+            return Ok(Handled::Skipped);
+        }
+        let id = webhook_id(event.event_id);
+        let body = serde_json::to_vec(&json!({
+            "type": format!("operation.{}", message.kind),
+            "timestamp": message.at,
+            "data": message.data,
+        }))
+        .map_err(|error| WebhookError::Render {
+            position,
+            reason: error.to_string(),
+        })?;
+        if body.len() > MAX_PAYLOAD_BYTES {
+            return Err(WebhookError::Render {
+                position,
+                reason: format!(
+                    "the payload is {} bytes, over the limit of {MAX_PAYLOAD_BYTES}",
+                    body.len()
+                ),
+            });
+        }
+        let span = tracing::info_span!(
+            "webhook_delivery",
+            endpoint = %self.endpoint.id,
+            webhook_id = %id,
+            position,
+            operation_id = %event
+                .stream
+                .operation_id()
+                .map(|id| id.to_string())
+                .unwrap_or_default(),
+        );
+        let ended = self
+            .deliver(record, position, &id, &body)
+            .instrument(span)
+            .await?;
+        Ok(ended.map_or(Handled::Delivered, Handled::End))
+    }
+
+    /// Attempts one event until it is delivered (then its checkpoint is written: `None`), the
+    /// endpoint is disabled, an operator acts or the service stops (`Some`).
+    async fn deliver(
+        &mut self,
+        record: &EndpointRecord,
+        position: u64,
+        id: &str,
+        body: &[u8],
+    ) -> Result<Option<Ended>, WebhookError> {
+        let window = Duration::from_secs(self.endpoint.retry_window_s);
+        let mut first_failure: Option<Instant> = None;
+        for number in 1u32.. {
+            let at = chrono::Utc::now();
+            let attempted = {
+                let under_way = attempt(&self.client, &self.endpoint, id, body);
+                tokio::pin!(under_way);
+                tokio::select! {
+                    biased;
+                    attempted = &mut under_way => attempted,
+                    // The guard `wait_for` returns is dropped at once: it must not live across
+                    // the wait below (it is not `Send`).
+                    () = async { drop(self.stop.wait_for(|stop| *stop).await) } => {
+                        // A stop lets the request under way finish, within a bound, so a planned
+                        // restart does not repeat what the receiver already has; the pass ends at
+                        // its next wait.
+                        let grace = Duration::from_millis(STOP_ATTEMPT_GRACE_MS);
+                        match tokio::time::timeout(grace, &mut under_way).await {
+                            Ok(attempted) => attempted,
+                            Err(_) => return Ok(Some(Ended::Stopped)),
+                        }
+                    }
+                }
+            };
+            let (status, error) = match &attempted.answer {
+                Answer::Delivered { status } => (Some(*status), None),
+                Answer::Gone => (Some(410), Some("answered 410 Gone".to_owned())),
+                Answer::Failed { status, error, .. } => (*status, Some(error.clone())),
+            };
+            let row = AttemptRecord {
+                endpoint: self.endpoint.id.clone(),
+                position,
+                webhook_id: id.to_owned(),
+                attempt: number,
+                at,
+                status,
+                duration_ms: u64::try_from(attempted.duration.as_millis()).unwrap_or(u64::MAX),
+                error: error.clone(),
+            };
+            // A delivery's attempt and its checkpoint are one commit; a failure's attempt alone.
+            if let Answer::Delivered { .. } = attempted.answer {
+                let advanced = self.journal.record_delivery(row, record.epoch).await?;
+                self.health.delivered(position);
+                return Ok((!advanced).then_some(Ended::Changed));
+            }
+            self.journal.record_attempt(row).await?;
+            let retry_after = match attempted.answer {
+                Answer::Delivered { .. } => unreachable!("a delivery returned above"),
+                Answer::Gone => {
+                    self.health.failed(error.as_deref());
+                    return self
+                        .disable(
+                            record,
+                            "the endpoint answered 410 Gone; resume it once the receiver is back"
+                                .into(),
+                        )
+                        .await;
+                }
+                Answer::Failed { retry_after, .. } => retry_after,
+            };
+            self.health.failed(error.as_deref());
+            let first = *first_failure.get_or_insert_with(Instant::now);
+            let wait = pause(number, retry_after, &RandomIds);
+            if first.elapsed() + wait > window {
+                let reason = format!(
+                    "the event at position {position} failed for the whole retry window of {} s ({number} attempts; last: {}); resume the endpoint once the receiver is fixed",
+                    self.endpoint.retry_window_s,
+                    error.as_deref().unwrap_or("no answer"),
+                );
+                return self.disable(record, reason).await;
+            }
+            self.health.set(DeliveryState::Retrying {
+                position,
+                consecutive_failures: number,
+                retry_in_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            });
+            if let Some(ended) = self.rest(wait).await {
+                return Ok(Some(ended));
+            }
+            // An operator acted during the pause (`rest` returned early): read the record again.
+            if self.record_changed(record).await? {
+                return Ok(Some(Ended::Changed));
+            }
+            self.health.set(DeliveryState::Delivering);
+        }
+        unreachable!("attempt numbers run out only after u32::MAX attempts, beyond any window")
+    }
+
+    async fn record_changed(&self, record: &EndpointRecord) -> Result<bool, WebhookError> {
+        let now = self.journal.record(&self.endpoint.id).await?;
+        Ok(now.is_none_or(|now| now.epoch != record.epoch))
+    }
+
+    async fn disable(
+        &mut self,
+        record: &EndpointRecord,
+        reason: String,
+    ) -> Result<Option<Ended>, WebhookError> {
+        let disabled = self
+            .journal
+            .set_status(
+                &self.endpoint.id,
+                EndpointStatus::Disabled,
+                Some(reason.clone()),
+                None,
+                Some(record.epoch),
+            )
+            .await?;
+        if disabled {
+            warn!(endpoint = %self.endpoint.id, %reason, "webhook endpoint disabled");
+            self.health.disabled();
+        } else {
+            info!(endpoint = %self.endpoint.id, "an operator changed the endpoint first; it is not disabled");
+        }
+        Ok(Some(Ended::Changed))
+    }
+}
+
+/// Completes [`CHECKPOINT_IDLE_MS`] after it is first polled when `armed`; never otherwise.
+async fn idle(armed: bool) {
+    if armed {
+        tokio::time::sleep(Duration::from_millis(CHECKPOINT_IDLE_MS)).await;
+    } else {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Sends the subscription's events down the channel until a read fails (that error is sent too)
+/// or the task is gone; then waits for ever, so the events before an error are still handled.
+async fn feed(
+    mut subscription: impl Subscription,
+    sender: mpsc::Sender<Result<RecordedEvent, StoreError>>,
+) {
+    loop {
+        let next = subscription.next().await;
+        let failed = next.is_err();
+        if sender.send(next).await.is_err() || failed {
+            break;
+        }
+    }
+    std::future::pending::<()>().await;
+}

@@ -1,0 +1,581 @@
+//! The delivery journal: a SQLite file of the webhooks' own holding each endpoint's checkpoint,
+//! its state (active, paused, disabled) and a bounded log of delivery attempts.
+//!
+//! Why a file of its own and not tables in the read-model file: the read models are rebuilt and
+//! swapped whole (`opledger rebuild`, adapters/readmodel/src/swap.rs), which would reset every
+//! checkpoint and redeliver the whole history to every endpoint; and their runner commits large
+//! batches under one connection lock, which a delivery's small commit must not wait behind.
+//!
+//! A checkpoint is written only after the event at it was delivered (2xx) or skipped by the
+//! endpoint's filter, so a crash repeats a delivery and never skips one. Every operator action
+//! (pause, resume, replay) and every disabling bumps the endpoint's `epoch`; a delivery task's
+//! checkpoint write names the epoch it started under and does nothing once it has changed, so a
+//! replay cannot be overwritten by a delivery that was already under way.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::WebhookError;
+
+/// Most attempts kept per endpoint; older ones are deleted as new ones are written. At about
+/// 200 bytes a row, 10,000 rows keep an endpoint's log near 2 MB.
+pub const MAX_ATTEMPTS_KEPT_PER_ENDPOINT: u64 = 10_000;
+/// Most attempts one listing returns.
+pub const MAX_ATTEMPTS_LISTED: u64 = 1_000;
+/// Longest error text kept per attempt, in bytes.
+pub const MAX_ATTEMPT_ERROR_BYTES: usize = 1_024;
+const _: () = assert!(MAX_ATTEMPTS_LISTED <= MAX_ATTEMPTS_KEPT_PER_ENDPOINT);
+
+const SCHEMA_VERSION: i64 = 1;
+
+/// Whether an endpoint is being delivered to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndpointStatus {
+    /// Deliveries go out.
+    Active,
+    /// An operator paused it; events wait on its checkpoint.
+    Paused,
+    /// It answered 410 Gone or failed for its whole retry window; an operator resumes it.
+    Disabled,
+}
+
+impl EndpointStatus {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Paused => "paused",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self, WebhookError> {
+        Ok(match name {
+            "active" => Self::Active,
+            "paused" => Self::Paused,
+            "disabled" => Self::Disabled,
+            other => {
+                return Err(WebhookError::Journal {
+                    reason: format!("an endpoint has the unknown status `{other}`"),
+                })
+            }
+        })
+    }
+}
+
+/// One endpoint's durable record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointRecord {
+    /// The last position delivered or skipped (`None`: none yet; delivery starts at the log's
+    /// beginning).
+    pub checkpoint: Option<u64>,
+    /// Whether it is delivered to.
+    pub status: EndpointStatus,
+    /// Why it was disabled or paused, when it was.
+    pub reason: Option<String>,
+    /// Bumped by every operator action and every disabling.
+    pub epoch: u64,
+}
+
+/// One delivery attempt, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    /// The endpoint.
+    pub endpoint: String,
+    /// The position of the event delivered.
+    pub position: u64,
+    /// The `webhook-id` sent.
+    pub webhook_id: String,
+    /// 1 for the first attempt at this event, then counting.
+    pub attempt: u32,
+    /// When it started.
+    pub at: DateTime<Utc>,
+    /// The HTTP status answered (`None`: no answer: refused, timed out, reset).
+    pub status: Option<u16>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// What went wrong, if it did (a status other than 2xx, or the transport error).
+    pub error: Option<String>,
+}
+
+/// The journal, shared: cloning gives another handle to the same connection. Every call runs on
+/// a blocking thread.
+#[derive(Clone, Debug)]
+pub struct Journal {
+    connection: Arc<Mutex<Connection>>,
+    path: Arc<PathBuf>,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path`.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, WebhookError> {
+        let path = path.as_ref().to_path_buf();
+        let opened = path.clone();
+        let connection = blocking(move || open(&opened)).await?;
+        Ok(Self {
+            connection: Arc::new(Mutex::new(connection)),
+            path: Arc::new(path),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The endpoint's record, created with `start` as its checkpoint when it has none: a new
+    /// endpoint receives what happens from now on, and an operator replays older events.
+    pub async fn ensure(
+        &self,
+        endpoint: &str,
+        start: Option<u64>,
+    ) -> Result<EndpointRecord, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        self.call(move |connection| {
+            connection
+                .execute(
+                    "INSERT INTO endpoints (id, checkpoint, status, epoch) VALUES (?1, ?2, 'active', 0)
+                     ON CONFLICT (id) DO NOTHING",
+                    params![endpoint, start.map(to_sql)],
+                )
+                .map_err(sqlite("creating an endpoint's record"))?;
+            read_record(connection, &endpoint)?.ok_or_else(|| WebhookError::Journal {
+                reason: format!("endpoint `{endpoint}` has no record right after it was written"),
+            })
+        })
+        .await
+    }
+
+    /// The endpoint's record (`None`: it was never configured here).
+    pub async fn record(&self, endpoint: &str) -> Result<Option<EndpointRecord>, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        self.call(move |connection| read_record(connection, &endpoint))
+            .await
+    }
+
+    /// Moves the checkpoint to `position` if the endpoint is still at `epoch`; `false` when an
+    /// operator action or a disabling came in between (nothing is written then).
+    pub async fn advance(
+        &self,
+        endpoint: &str,
+        epoch: u64,
+        position: u64,
+    ) -> Result<bool, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        self.call(move |connection| {
+            let changed = connection
+                .execute(
+                    "UPDATE endpoints SET checkpoint = ?3 WHERE id = ?1 AND epoch = ?2",
+                    params![endpoint, to_sql(epoch), to_sql(position)],
+                )
+                .map_err(sqlite("moving a checkpoint"))?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Sets the status (and, with `replay_after`, the checkpoint) and bumps the epoch. With
+    /// `only_at_epoch`, only if the endpoint is still at that epoch (a delivery task disabling
+    /// what it was delivering); `false` when nothing was written.
+    pub async fn set_status(
+        &self,
+        endpoint: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+        only_at_epoch: Option<u64>,
+    ) -> Result<bool, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        self.call(move |connection| {
+            let transaction = connection
+                .transaction()
+                .map_err(sqlite("starting a status change"))?;
+            let Some(record) = read_record(&transaction, &endpoint)? else {
+                return Ok(false);
+            };
+            if only_at_epoch.is_some_and(|epoch| epoch != record.epoch) {
+                return Ok(false);
+            }
+            let checkpoint = replay_after.unwrap_or(record.checkpoint);
+            transaction
+                .execute(
+                    "UPDATE endpoints SET status = ?2, reason = ?3, checkpoint = ?4, epoch = epoch + 1
+                     WHERE id = ?1",
+                    params![endpoint, status.name(), reason, checkpoint.map(to_sql)],
+                )
+                .map_err(sqlite("changing an endpoint's status"))?;
+            transaction
+                .commit()
+                .map_err(sqlite("committing a status change"))?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Records one attempt, deleting the endpoint's oldest beyond
+    /// [`MAX_ATTEMPTS_KEPT_PER_ENDPOINT`].
+    pub async fn record_attempt(&self, attempt: AttemptRecord) -> Result<(), WebhookError> {
+        self.write_attempt(attempt, None).await.map(|_| ())
+    }
+
+    /// Records a successful attempt and moves the checkpoint to its event in one commit (one
+    /// fsync per delivery instead of two), if the endpoint is still at `epoch`; `false` (the
+    /// attempt recorded, the checkpoint not moved) otherwise.
+    pub async fn record_delivery(
+        &self,
+        attempt: AttemptRecord,
+        epoch: u64,
+    ) -> Result<bool, WebhookError> {
+        self.write_attempt(attempt, Some(epoch)).await
+    }
+
+    async fn write_attempt(
+        &self,
+        mut attempt: AttemptRecord,
+        advance_at_epoch: Option<u64>,
+    ) -> Result<bool, WebhookError> {
+        if let Some(error) = attempt.error.as_mut() {
+            truncate(error, MAX_ATTEMPT_ERROR_BYTES);
+        }
+        self.call(move |connection| {
+            let transaction = connection
+                .transaction()
+                .map_err(sqlite("starting an attempt record"))?;
+            transaction
+                .execute(
+                    "INSERT INTO attempts (endpoint, position, webhook_id, attempt, at, status, duration_ms, error)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![
+                        attempt.endpoint,
+                        to_sql(attempt.position),
+                        attempt.webhook_id,
+                        attempt.attempt,
+                        attempt.at.to_rfc3339(),
+                        attempt.status,
+                        to_sql(attempt.duration_ms),
+                        attempt.error,
+                    ],
+                )
+                .map_err(sqlite("recording an attempt"))?;
+            transaction
+                .execute(
+                    "DELETE FROM attempts WHERE endpoint = ?1 AND seq <= (
+                         SELECT seq FROM attempts WHERE endpoint = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+                    params![attempt.endpoint, to_sql(MAX_ATTEMPTS_KEPT_PER_ENDPOINT)],
+                )
+                .map_err(sqlite("trimming the attempt log"))?;
+            let advanced = match advance_at_epoch {
+                Some(epoch) => {
+                    transaction
+                        .execute(
+                            "UPDATE endpoints SET checkpoint = ?3 WHERE id = ?1 AND epoch = ?2",
+                            params![attempt.endpoint, to_sql(epoch), to_sql(attempt.position)],
+                        )
+                        .map_err(sqlite("moving a checkpoint"))?
+                        == 1
+                }
+                None => false,
+            };
+            transaction
+                .commit()
+                .map_err(sqlite("committing an attempt record"))?;
+            Ok(advanced)
+        })
+        .await
+    }
+
+    /// The endpoint's latest attempts, newest first, at most `limit` (capped at
+    /// [`MAX_ATTEMPTS_LISTED`]).
+    pub async fn attempts(
+        &self,
+        endpoint: &str,
+        limit: u64,
+    ) -> Result<Vec<AttemptRecord>, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        let limit = limit.min(MAX_ATTEMPTS_LISTED);
+        self.call(move |connection| {
+            let mut statement = connection
+                .prepare(
+                    "SELECT position, webhook_id, attempt, at, status, duration_ms, error
+                     FROM attempts WHERE endpoint = ?1 ORDER BY seq DESC LIMIT ?2",
+                )
+                .map_err(sqlite("listing attempts"))?;
+            let rows = statement
+                .query_map(params![endpoint, to_sql(limit)], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, u32>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, Option<u16>>(4)?,
+                        row.get::<_, i64>(5)?,
+                        row.get::<_, Option<String>>(6)?,
+                    ))
+                })
+                .map_err(sqlite("listing attempts"))?;
+            let mut attempts = Vec::new();
+            for row in rows {
+                let (position, webhook_id, attempt, at, status, duration_ms, error) =
+                    row.map_err(sqlite("reading an attempt"))?;
+                let at = DateTime::parse_from_rfc3339(&at)
+                    .map_err(|error| WebhookError::Journal {
+                        reason: format!("an attempt's time `{at}` is not RFC 3339: {error}"),
+                    })?
+                    .with_timezone(&Utc);
+                attempts.push(AttemptRecord {
+                    endpoint: endpoint.clone(),
+                    position: from_sql(position),
+                    webhook_id,
+                    attempt,
+                    at,
+                    status,
+                    duration_ms: from_sql(duration_ms),
+                    error,
+                });
+            }
+            Ok(attempts)
+        })
+        .await
+    }
+
+    async fn call<T, F>(&self, work: F) -> Result<T, WebhookError>
+    where
+        F: FnOnce(&mut Connection) -> Result<T, WebhookError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let connection = Arc::clone(&self.connection);
+        blocking(move || work(&mut lock(&connection))).await
+    }
+}
+
+fn open(path: &Path) -> Result<Connection, WebhookError> {
+    let connection = Connection::open(path).map_err(sqlite("opening the delivery journal"))?;
+    // WAL with FULL sync: an operator's pause or replay, once answered, survives a power loss;
+    // a lost checkpoint would only repeat deliveries, but a lost pause would resume them.
+    connection
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(sqlite("setting journal_mode=WAL"))?;
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(sqlite("setting synchronous=FULL"))?;
+    connection
+        .busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sqlite("setting the busy timeout"))?;
+    let version: i64 = connection
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sqlite("reading the journal's schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(WebhookError::Journal {
+            reason: format!(
+                "{} has schema version {version}, newer than this build's {SCHEMA_VERSION}; run the newer build",
+                path.display()
+            ),
+        });
+    }
+    connection
+        .execute_batch(
+            "CREATE TABLE IF NOT EXISTS endpoints (
+                 id TEXT PRIMARY KEY,
+                 checkpoint INTEGER,
+                 status TEXT NOT NULL,
+                 reason TEXT,
+                 epoch INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS attempts (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 endpoint TEXT NOT NULL,
+                 position INTEGER NOT NULL,
+                 webhook_id TEXT NOT NULL,
+                 attempt INTEGER NOT NULL,
+                 at TEXT NOT NULL,
+                 status INTEGER,
+                 duration_ms INTEGER NOT NULL,
+                 error TEXT
+             );
+             CREATE INDEX IF NOT EXISTS attempts_by_endpoint ON attempts (endpoint, seq);
+             PRAGMA user_version = 1;",
+        )
+        .map_err(sqlite("creating the journal's tables"))?;
+    Ok(connection)
+}
+
+fn read_record(
+    connection: &Connection,
+    endpoint: &str,
+) -> Result<Option<EndpointRecord>, WebhookError> {
+    let row = connection
+        .query_row(
+            "SELECT checkpoint, status, reason, epoch FROM endpoints WHERE id = ?1",
+            params![endpoint],
+            |row| {
+                Ok((
+                    row.get::<_, Option<i64>>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, i64>(3)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(sqlite("reading an endpoint's record"))?;
+    let Some((checkpoint, status, reason, epoch)) = row else {
+        return Ok(None);
+    };
+    Ok(Some(EndpointRecord {
+        checkpoint: checkpoint.map(from_sql),
+        status: EndpointStatus::parse(&status)?,
+        reason,
+        epoch: from_sql(epoch),
+    }))
+}
+
+/// SQLite integers are signed; positions and counts here stay far below `i64::MAX`.
+fn to_sql(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn from_sql(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+fn truncate(text: &mut String, max_bytes: usize) {
+    if text.len() > max_bytes {
+        let mut end = max_bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+fn sqlite(doing: &'static str) -> impl Fn(rusqlite::Error) -> WebhookError {
+    move |error| WebhookError::Journal {
+        reason: format!("{doing}: {error}"),
+    }
+}
+
+async fn blocking<T, F>(work: F) -> Result<T, WebhookError>
+where
+    F: FnOnce() -> Result<T, WebhookError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| WebhookError::Journal {
+            reason: format!("a journal call failed: {error}"),
+        })?
+}
+
+fn lock(connection: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A call that panicked dropped its open transaction, which rolls it back: the connection is
+    // as the last commit left it.
+    connection.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(n: u32) -> AttemptRecord {
+        AttemptRecord {
+            endpoint: "billing".into(),
+            position: u64::from(n),
+            webhook_id: format!("msg_{n}"),
+            attempt: 1,
+            at: Utc::now(),
+            status: Some(500),
+            duration_ms: 3,
+            error: Some("x".repeat(5_000)),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_moves_only_under_the_epoch_it_was_read_at() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let journal = Journal::open(dir.path().join("j.webhooks"))
+            .await
+            .expect("opens");
+        let record = journal.ensure("billing", Some(4)).await.expect("created");
+        assert_eq!(record.checkpoint, Some(4));
+        assert_eq!(
+            journal
+                .ensure("billing", Some(9))
+                .await
+                .expect("kept")
+                .checkpoint,
+            Some(4)
+        );
+        assert!(journal
+            .advance("billing", record.epoch, 5)
+            .await
+            .expect("moves"));
+        // An operator replays from 1 while a delivery at 6 is under way: the delivery's
+        // checkpoint write must not undo the replay.
+        assert!(journal
+            .set_status("billing", EndpointStatus::Active, None, Some(Some(1)), None)
+            .await
+            .expect("replays"));
+        assert!(!journal
+            .advance("billing", record.epoch, 6)
+            .await
+            .expect("refused"));
+        let after = journal
+            .record("billing")
+            .await
+            .expect("reads")
+            .expect("exists");
+        assert_eq!(after.checkpoint, Some(1));
+        assert_eq!(after.epoch, record.epoch + 1);
+    }
+
+    #[tokio::test]
+    async fn the_attempt_log_keeps_a_bounded_number_of_rows_and_bounded_errors() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let journal = Journal::open(dir.path().join("j.webhooks"))
+            .await
+            .expect("opens");
+        journal.ensure("billing", None).await.expect("created");
+        for n in 0..5 {
+            journal.record_attempt(attempt(n)).await.expect("recorded");
+        }
+        let listed = journal.attempts("billing", 2).await.expect("lists");
+        assert_eq!(listed.len(), 2);
+        assert_eq!(listed[0].position, 4, "newest first");
+        assert_eq!(
+            listed[0].error.as_deref().map(str::len),
+            Some(MAX_ATTEMPT_ERROR_BYTES)
+        );
+    }
+
+    #[tokio::test]
+    async fn records_survive_reopening_the_file() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("j.webhooks");
+        {
+            let journal = Journal::open(&path).await.expect("opens");
+            journal.ensure("billing", None).await.expect("created");
+            journal
+                .set_status(
+                    "billing",
+                    EndpointStatus::Paused,
+                    Some("by ops".into()),
+                    None,
+                    None,
+                )
+                .await
+                .expect("paused");
+        }
+        let journal = Journal::open(&path).await.expect("reopens");
+        let record = journal
+            .record("billing")
+            .await
+            .expect("reads")
+            .expect("exists");
+        assert_eq!(record.status, EndpointStatus::Paused);
+        assert_eq!(record.reason.as_deref(), Some("by ops"));
+    }
+}

@@ -1,0 +1,126 @@
+//! Outcome webhooks: the ledger's events delivered to configured URLs, signed per Standard
+//! Webhooks, retried, from a durable per-endpoint checkpoint.
+//!
+//! Every endpoint has its own task following the global log from its own checkpoint (kept in the
+//! delivery journal, `journal.rs`), so a crash or a restart repeats a delivery (at least once)
+//! and never skips one, and a slow or dead endpoint falls behind on its own checkpoint without
+//! holding back the ledger or the other endpoints. An endpoint receives its events one at a time
+//! in log order: a receiver sees an operation's `unknown` before its `succeeded`, and a
+//! checkpoint (the last position delivered) means "everything before it arrived". The price is
+//! that one failing event holds back that endpoint's later ones until it is delivered or the
+//! endpoint is disabled — which is what a receiver relying on order needs.
+//!
+//! What an event says (its type, tenant and payload) is not decided here: the service passes a
+//! [`Render`] that reads it, so the agent's sentence is rendered where the API renders it.
+//!
+//! Memory per endpoint is bounded: [`MAX_QUEUE_EVENTS`] events read ahead of the one being
+//! delivered, then the reading waits. Nothing here may hold the ledger's writer or read models.
+//!
+//! Files: `signing.rs` the signatures; `endpoint.rs` an endpoint and the SSRF rules;
+//! `client.rs` one attempt over HTTP; `schedule.rs` the retry pauses; `journal.rs` the durable
+//! checkpoints, states and attempt log; `delivery.rs` an endpoint's task; `service.rs` the
+//! handle the server holds (start, overview, pause, resume, replay, attempts).
+
+#![forbid(unsafe_code)]
+
+mod client;
+mod delivery;
+pub mod endpoint;
+pub mod journal;
+pub mod schedule;
+mod service;
+pub mod signing;
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use opledger_domain::store::{RecordedEvent, StoreError};
+
+pub use client::{
+    CONNECT_TIMEOUT_MS, DEFAULT_REQUEST_TIMEOUT_MS, MAX_REQUEST_TIMEOUT_MS,
+    MAX_RESPONSE_BODY_BYTES, MIN_REQUEST_TIMEOUT_MS,
+};
+pub use endpoint::Endpoint;
+pub use journal::{AttemptRecord, EndpointStatus, Journal};
+pub use service::{DeliveryState, EndpointOverview, Webhooks};
+
+/// Most events an endpoint's task reads ahead of the one it is delivering: the bound on its
+/// memory however far behind it falls (a 64 KiB payload at most each, so 16 MiB at worst).
+pub const MAX_QUEUE_EVENTS: usize = 256;
+/// The largest payload sent, in bytes; a larger rendering is a fault of the renderer.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Most endpoints one server delivers to.
+pub const MAX_ENDPOINTS: usize = 64;
+/// How many skipped events (filtered out) may pass before the checkpoint is written anyway, so a
+/// restart after a long stretch of other tenants' events does not read it all again.
+pub const CHECKPOINT_EVERY_SKIPPED: u64 = 1_000;
+/// How long the log must be quiet before the checkpoint past skipped events is written, in
+/// milliseconds: the endpoint's lag then reads 0 once it has gone through everything.
+pub const CHECKPOINT_IDLE_MS: u64 = 200;
+/// The first pause after the journal or the log failed, in milliseconds.
+pub const FAULT_RETRY_FIRST_MS: u64 = 100;
+/// The longest pause after the journal or the log failed, in milliseconds.
+pub const FAULT_RETRY_MAX_MS: u64 = 5_000;
+const _: () = assert!(FAULT_RETRY_FIRST_MS <= FAULT_RETRY_MAX_MS);
+/// How long a stop waits for a delivery attempt under way, in milliseconds: its answer is then
+/// recorded and a planned restart does not repeat it; past this the attempt is dropped and
+/// repeats after the restart. Well within serve's default shutdown grace (35 s).
+pub const STOP_ATTEMPT_GRACE_MS: u64 = 5_000;
+
+/// What an event of the log says to a subscriber: what [`Render`] returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// The friendly event type (`succeeded`, `needs_review`, …), which endpoints filter on; the
+    /// payload's `type` is `operation.<kind>`.
+    pub kind: &'static str,
+    /// The tenant whose operation it is.
+    pub tenant: String,
+    /// When the event happened.
+    pub at: DateTime<Utc>,
+    /// The payload's `data`: never credentials or arguments' secrets.
+    pub data: serde_json::Value,
+}
+
+/// Reads an event of the log as a [`Message`]; `None` for events no endpoint receives (outside
+/// operation streams).
+pub trait Render: Send + Sync + 'static {
+    /// The message `event` carries.
+    fn render(
+        &self,
+        event: &RecordedEvent,
+    ) -> impl Future<Output = Result<Option<Message>, String>> + Send;
+}
+
+/// Why webhooks could not start or a delivery task had to pause.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The delivery journal failed.
+    #[error("the webhook journal failed: {reason}")]
+    Journal {
+        /// What failed.
+        reason: String,
+    },
+    /// The log could not be read.
+    #[error("the log could not be read for webhooks: {0}")]
+    Store(#[from] StoreError),
+    /// An event could not be rendered as a message.
+    #[error("event at position {position} could not be rendered for webhooks: {reason}")]
+    Render {
+        /// Its position.
+        position: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("the webhook HTTP client could not be built: {reason}")]
+    Client {
+        /// Why.
+        reason: String,
+    },
+    /// An operator named an endpoint that is not configured.
+    #[error("no webhook endpoint `{id}` is configured")]
+    NoSuchEndpoint {
+        /// The name given.
+        id: String,
+    },
+}

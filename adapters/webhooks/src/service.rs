@@ -1,0 +1,356 @@
+//! The handle the server holds: starts one task per endpoint, and gives operators the
+//! endpoints' state (with lag and counts), pause, resume, replay and the attempt log.
+//!
+//! It must never report an endpoint as delivering while its task is faulted or gone: `/healthz`
+//! reads [`Webhooks::problem`].
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use opledger_domain::store::EventStore;
+use serde::Serialize;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::client::client_for;
+use crate::delivery::Task;
+use crate::journal::{AttemptRecord, EndpointStatus, Journal};
+use crate::{Endpoint, Render, WebhookError, MAX_ENDPOINTS};
+
+/// What an endpoint's task is doing now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum DeliveryState {
+    /// Following the log, delivering or waiting for events.
+    Delivering,
+    /// An event failed; the next attempt comes after a pause.
+    Retrying {
+        /// The event's position.
+        position: u64,
+        /// Failed attempts at it in a row.
+        consecutive_failures: u32,
+        /// The pause before the next, in milliseconds.
+        retry_in_ms: u64,
+    },
+    /// Paused by an operator.
+    Paused,
+    /// Disabled (410 Gone, or failing for its whole window); an operator resumes it.
+    Disabled {
+        /// Why.
+        reason: String,
+    },
+    /// The journal or the log failed; the task starts again from the checkpoint after a pause.
+    Faulted {
+        /// What failed.
+        error: String,
+        /// The pause, in milliseconds.
+        retry_in_ms: u64,
+    },
+    /// The service is stopping.
+    Finished,
+}
+
+/// An endpoint's counts and state, shared between its task and the handle.
+#[derive(Clone, Debug)]
+pub(crate) struct Health {
+    inner: Arc<Mutex<Counts>>,
+}
+
+#[derive(Clone, Debug)]
+struct Counts {
+    state: DeliveryState,
+    delivered_total: u64,
+    failed_attempts_total: u64,
+    disabled_total: u64,
+    last_error: Option<String>,
+    checkpoint: Option<u64>,
+}
+
+impl Health {
+    fn new(checkpoint: Option<u64>) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Counts {
+                state: DeliveryState::Delivering,
+                delivered_total: 0,
+                failed_attempts_total: 0,
+                disabled_total: 0,
+                last_error: None,
+                checkpoint,
+            })),
+        }
+    }
+
+    pub(crate) fn set(&self, state: DeliveryState) {
+        self.lock().state = state;
+    }
+
+    pub(crate) fn checkpoint(&self, position: u64) {
+        self.lock().checkpoint = Some(position);
+    }
+
+    pub(crate) fn delivered(&self, position: u64) {
+        let mut counts = self.lock();
+        counts.delivered_total += 1;
+        counts.checkpoint = Some(position);
+        counts.state = DeliveryState::Delivering;
+    }
+
+    pub(crate) fn failed(&self, error: Option<&str>) {
+        let mut counts = self.lock();
+        counts.failed_attempts_total += 1;
+        counts.last_error = error.map(str::to_owned);
+    }
+
+    pub(crate) fn disabled(&self) {
+        self.lock().disabled_total += 1;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Counts> {
+        // A few plain fields, each write complete on its own: a panic cannot leave them torn.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One endpoint as operators see it.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointOverview {
+    /// Its name.
+    pub id: String,
+    /// Where it delivers.
+    pub url: String,
+    /// The friendly event types it receives.
+    pub events: Vec<String>,
+    /// The tenants it receives (`None`: all).
+    pub tenants: Option<Vec<String>>,
+    /// Active, paused or disabled, as the journal holds it.
+    pub status: EndpointStatus,
+    /// Why it is paused or disabled.
+    pub reason: Option<String>,
+    /// What its task is doing.
+    pub delivery: DeliveryState,
+    /// The last position delivered or skipped.
+    pub checkpoint: Option<u64>,
+    /// Positions of the log after the checkpoint: what it has still to go through.
+    pub lag_positions: u64,
+    /// Events delivered since the service started.
+    pub delivered_total: u64,
+    /// Failed attempts since the service started.
+    pub failed_attempts_total: u64,
+    /// Times it was disabled since the service started.
+    pub disabled_total: u64,
+    /// The last failed attempt's error.
+    pub last_error: Option<String>,
+}
+
+struct Handle {
+    endpoint: Arc<Endpoint>,
+    wake: Arc<Notify>,
+    health: Health,
+}
+
+/// The webhooks of one server.
+pub struct Webhooks {
+    /// `None` when no endpoint is configured: a server without webhooks leaves no journal file.
+    journal: Option<Journal>,
+    endpoints: Vec<Handle>,
+    /// Taken by [`Webhooks::join`]; until then, one per endpoint in configuration order.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Webhooks {
+    /// Opens the journal at `journal_path`, gives every endpoint a record (a new one starts at
+    /// `head`, the log's newest position now), and starts one task per endpoint that runs until
+    /// `stop` says `true`.
+    pub async fn start<S: EventStore + Clone + 'static, R: Render>(
+        store: &S,
+        render: Arc<R>,
+        endpoints: Vec<Endpoint>,
+        journal_path: &Path,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Self, WebhookError> {
+        assert!(
+            endpoints.len() <= MAX_ENDPOINTS,
+            "the configuration check bounds the endpoints"
+        );
+        if endpoints.is_empty() {
+            return Ok(Self {
+                journal: None,
+                endpoints: Vec::new(),
+                tasks: Mutex::new(Vec::new()),
+            });
+        }
+        let journal = Journal::open(journal_path).await?;
+        let head = store.head_position().await?.map(|head| head.value());
+        let mut handles = Vec::with_capacity(endpoints.len());
+        let mut tasks = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let record = journal.ensure(&endpoint.id, head).await?;
+            let endpoint = Arc::new(endpoint);
+            let handle = Handle {
+                endpoint: Arc::clone(&endpoint),
+                wake: Arc::new(Notify::new()),
+                health: Health::new(record.checkpoint),
+            };
+            let task = Task {
+                store: store.clone(),
+                render: Arc::clone(&render),
+                journal: journal.clone(),
+                client: client_for(&endpoint)?,
+                endpoint,
+                wake: Arc::clone(&handle.wake),
+                health: handle.health.clone(),
+                stop: stop.clone(),
+            };
+            tasks.push(tokio::spawn(task.run()));
+            handles.push(handle);
+        }
+        Ok(Self {
+            journal: Some(journal),
+            endpoints: handles,
+            tasks: Mutex::new(tasks),
+        })
+    }
+
+    /// Every endpoint, in configuration order, with its lag behind `head` (the log's newest
+    /// position).
+    pub async fn overview(&self, head: Option<u64>) -> Result<Vec<EndpointOverview>, WebhookError> {
+        let mut overviews = Vec::with_capacity(self.endpoints.len());
+        for handle in &self.endpoints {
+            overviews.push(self.overview_of(handle, head).await?);
+        }
+        Ok(overviews)
+    }
+
+    /// One endpoint's overview.
+    pub async fn endpoint(
+        &self,
+        id: &str,
+        head: Option<u64>,
+    ) -> Result<EndpointOverview, WebhookError> {
+        self.overview_of(self.handle(id)?, head).await
+    }
+
+    async fn overview_of(
+        &self,
+        handle: &Handle,
+        head: Option<u64>,
+    ) -> Result<EndpointOverview, WebhookError> {
+        let endpoint = &handle.endpoint;
+        let record = self.journal().record(&endpoint.id).await?.ok_or_else(|| {
+            WebhookError::NoSuchEndpoint {
+                id: endpoint.id.clone(),
+            }
+        })?;
+        let counts = handle.health.lock().clone();
+        Ok(EndpointOverview {
+            id: endpoint.id.clone(),
+            url: endpoint.url.to_string(),
+            events: endpoint.events.iter().cloned().collect(),
+            tenants: endpoint
+                .tenants
+                .as_ref()
+                .map(|tenants| tenants.iter().cloned().collect()),
+            status: record.status,
+            reason: record.reason,
+            delivery: counts.state,
+            checkpoint: record.checkpoint,
+            lag_positions: head
+                .unwrap_or(0)
+                .saturating_sub(record.checkpoint.unwrap_or(0)),
+            delivered_total: counts.delivered_total,
+            failed_attempts_total: counts.failed_attempts_total,
+            disabled_total: counts.disabled_total,
+            last_error: counts.last_error,
+        })
+    }
+
+    /// Pauses an endpoint: its events wait on its checkpoint until it is resumed.
+    pub async fn pause(&self, id: &str, by: &str) -> Result<(), WebhookError> {
+        let reason = Some(format!("paused by {by}"));
+        self.change(id, EndpointStatus::Paused, reason, None).await
+    }
+
+    /// Resumes a paused or disabled endpoint from its checkpoint.
+    pub async fn resume(&self, id: &str) -> Result<(), WebhookError> {
+        self.change(id, EndpointStatus::Active, None, None).await
+    }
+
+    /// Delivers again every event after `after` (`None`: from the log's beginning), and resumes
+    /// the endpoint if it was paused or disabled.
+    pub async fn replay(&self, id: &str, after: Option<u64>) -> Result<(), WebhookError> {
+        self.change(id, EndpointStatus::Active, None, Some(after))
+            .await
+    }
+
+    /// The endpoint's latest attempts, newest first.
+    pub async fn attempts(&self, id: &str, limit: u64) -> Result<Vec<AttemptRecord>, WebhookError> {
+        self.handle(id)?;
+        self.journal().attempts(id, limit).await
+    }
+
+    /// Why webhook delivery cannot be trusted to be running, if it cannot: a task that is
+    /// faulted (its journal or the log failing) or has ended while the service runs. A paused or
+    /// disabled endpoint is an operator's decision or the receiver's state, shown in the
+    /// overview, not a fault of this instance.
+    pub fn problem(&self) -> Option<String> {
+        let mut problems = Vec::new();
+        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        for (index, handle) in self.endpoints.iter().enumerate() {
+            let state = handle.health.lock().state.clone();
+            // A task that panicked never says Finished: its handle tells (until `join` takes it).
+            let ended = tasks.get(index).is_some_and(JoinHandle::is_finished);
+            match state {
+                DeliveryState::Faulted { error, retry_in_ms } => problems.push(format!(
+                    "webhook endpoint `{}` cannot deliver ({error}); it tries again in {retry_in_ms} ms from its checkpoint",
+                    handle.endpoint.id
+                )),
+                DeliveryState::Finished => problems.push(format!(
+                    "webhook delivery to `{}` has stopped (the service is shutting down)",
+                    handle.endpoint.id
+                )),
+                _ if ended => problems.push(format!(
+                    "webhook delivery to `{}` has stopped unexpectedly; restart the service (the log has the panic)",
+                    handle.endpoint.id
+                )),
+                _ => {}
+            }
+        }
+        (!problems.is_empty()).then(|| problems.join("; "))
+    }
+
+    /// Waits for every task to end (after `stop` said `true`).
+    pub async fn join(&self) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
+    async fn change(
+        &self,
+        id: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+    ) -> Result<(), WebhookError> {
+        let handle = self.handle(id)?;
+        self.journal()
+            .set_status(id, status, reason, replay_after, None)
+            .await?;
+        handle.wake.notify_one();
+        Ok(())
+    }
+
+    fn journal(&self) -> &Journal {
+        self.journal
+            .as_ref()
+            .expect("endpoints exist only with a journal, and every caller names one")
+    }
+
+    fn handle(&self, id: &str) -> Result<&Handle, WebhookError> {
+        self.endpoints
+            .iter()
+            .find(|handle| handle.endpoint.id == id)
+            .ok_or_else(|| WebhookError::NoSuchEndpoint { id: id.to_owned() })
+    }
+}

@@ -1,0 +1,523 @@
+//! Outcome webhooks end to end: a real `opledger serve` delivering to a receiver written in Python
+//! that verifies every delivery with the official Standard Webhooks library from PyPI
+//! (`standardwebhooks`), not with this project's code. The receiver logs each request (path,
+//! webhook-id, whether the signature verified, the payload) to a file, one JSON line each, and
+//! answers per path: `/ok` 200, `/flaky` 500 twice then 200, `/429` 429 with `Retry-After: 2`
+//! once then 200, `/gone` 410.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::python::python_venv::python_with as venv_python_with;
+use super::support::{Harness, Server, DEADLINE, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const SECRET_ENV: &str = "OPLEDGER_TEST_WEBHOOK_SECRET";
+
+const RECEIVER: &str = r#"
+import json, sys, threading, time
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+from standardwebhooks.webhooks import Webhook
+
+secret, log_path, delay_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
+webhook = Webhook(secret)
+lock = threading.Lock()
+counts = {}
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        try:
+            payload, verified, error = webhook.verify(body, headers), True, None
+        except Exception as failure:
+            payload, verified, error = None, False, repr(failure)
+        with lock:
+            n = counts.get(self.path, 0) + 1
+            counts[self.path] = n
+            with open(log_path, "a") as log:
+                log.write(json.dumps({"path": self.path, "id": headers.get("webhook-id"),
+                    "verified": verified, "error": error, "payload": payload, "at": time.time()}) + "\n")
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
+        status, extra = 200, {}
+        if not verified:
+            status = 400
+        elif self.path == "/flaky" and n <= 2:
+            status = 500
+        elif self.path == "/429" and n == 1:
+            status, extra = 429, {"Retry-After": "2"}
+        elif self.path == "/gone":
+            status = 410
+        self.send_response(status)
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+
+/// The receiver: a Python process and its log.
+struct Receiver {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One request the receiver logged.
+#[derive(Debug, Clone)]
+struct Logged {
+    path: String,
+    id: String,
+    verified: bool,
+    error: Option<String>,
+    payload: Value,
+    at: f64,
+}
+
+impl Receiver {
+    async fn start(dir: &Path, delay_ms: u64) -> Self {
+        let python = tokio::task::spawn_blocking(|| {
+            venv_python_with("webhooks-venv", &["standardwebhooks>=1.0.0"])
+        })
+        .await
+        .expect("the virtual environment is made");
+        let script = dir.join("receiver.py");
+        std::fs::write(&script, RECEIVER).expect("the receiver is written");
+        let log = dir.join("received.jsonl");
+        let mut child = Command::new(python)
+            .arg(&script)
+            .arg(SECRET)
+            .arg(&log)
+            .arg(delay_ms.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the receiver starts");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("piped"))
+            .read_line(&mut first)
+            .expect("the receiver prints its port");
+        let port = first.trim().parse().expect("a port");
+        Self { child, port, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn logged(&self, path: &str) -> Vec<Logged> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
+            .map(|line| Logged {
+                path: line["path"].as_str().unwrap_or_default().to_owned(),
+                id: line["id"].as_str().unwrap_or_default().to_owned(),
+                verified: line["verified"].as_bool().unwrap_or(false),
+                error: line["error"].as_str().map(str::to_owned),
+                payload: line["payload"].clone(),
+                at: line["at"].as_f64().unwrap_or(0.0),
+            })
+            .filter(|logged| logged.path == path)
+            .collect()
+    }
+
+    /// Waits until `done` holds for what `path` received.
+    async fn wait_until(&self, path: &str, done: impl Fn(&[Logged]) -> bool) -> Vec<Logged> {
+        let started = Instant::now();
+        loop {
+            let logged = self.logged(path);
+            if done(&logged) {
+                return logged;
+            }
+            assert!(
+                started.elapsed() < DEADLINE * 2,
+                "{path} never got what was expected; it got {logged:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+/// The harness's configuration with `entries` appended; serve started with the secret set.
+fn serve_with_webhooks(harness: &Harness, entries: &str) -> (Server, PathBuf) {
+    let mut text = std::fs::read_to_string(&harness.config).expect("the configuration");
+    text.push_str(entries);
+    let config = harness.dir.path().join("serve-webhooks.toml");
+    std::fs::write(&config, text).expect("configuration written");
+    let server = start(harness, &config);
+    (server, config)
+}
+
+fn start(harness: &Harness, config: &Path) -> Server {
+    Server::start_with_env(
+        &["serve", "--config", &config.display().to_string()],
+        harness.dir.path(),
+        &[(SECRET_ENV, SECRET)],
+    )
+}
+
+fn entry(id: &str, url: &str, events: &str) -> String {
+    format!("\n[[webhooks]]\nid = \"{id}\"\nurl = \"{url}\"\nsecret_env = \"{SECRET_ENV}\"\nevents = {events}\n")
+}
+
+/// Records and executes `count` operations of tenant A, waiting for each to succeed.
+async fn operations(server: &Server, title: &str, count: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let (_, recorded) = server
+            .record(TENANT_A_TOKEN, "crm", &format!("{title} {n}"), None)
+            .await;
+        let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+        server.execute(TENANT_A_TOKEN, &id, 5_000).await;
+        server
+            .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+            .await;
+        ids.push(id);
+    }
+    ids
+}
+
+fn position(logged: &Logged) -> u64 {
+    logged.payload["data"]["position"]
+        .as_u64()
+        .expect("a position")
+}
+
+#[tokio::test]
+async fn every_event_reaches_the_receiver_verified_in_log_order_across_a_sigkill() {
+    let harness = Harness::new("").await;
+    // Each answer takes 150 ms, so deliveries trail the operations and the kill lands while
+    // some are under way.
+    let receiver = Receiver::start(harness.dir.path(), 150).await;
+    let (server, config) =
+        serve_with_webhooks(&harness, &entry("all", &receiver.url("/ok"), r#"["all"]"#));
+    operations(&server, "before the kill", 4).await;
+    receiver.wait_until("/ok", |logged| logged.len() >= 3).await;
+    server.kill();
+    let server = start(&harness, &config);
+    operations(&server, "after the restart", 2).await;
+    let head = server.log_head().await;
+    let logged = receiver
+        .wait_until("/ok", |logged| {
+            logged.iter().map(position).collect::<BTreeSet<_>>().len() as u64 >= head
+        })
+        .await;
+    if let Some(refused) = logged.iter().find(|l| !l.verified) {
+        panic!(
+            "standardwebhooks refused a delivery ({:?}): {refused:?}",
+            refused.error
+        );
+    }
+    // At least once: every position of the log arrived. Never skipped, in log order: each
+    // delivery is either the next position after the highest seen, or a repeat of one seen (a
+    // delivery the kill interrupted before its checkpoint was written).
+    let mut highest = 0;
+    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for delivery in &logged {
+        let at = position(delivery);
+        assert!(
+            at <= highest + 1,
+            "position {at} arrived after {highest}: a skip"
+        );
+        highest = highest.max(at);
+        ids.entry(at).or_default().insert(delivery.id.clone());
+    }
+    assert_eq!(
+        ids.keys().copied().collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    assert!(
+        ids.values().all(|ids| ids.len() == 1),
+        "a repeated event came under another webhook-id: {ids:?}"
+    );
+    let succeeded = logged
+        .iter()
+        .find(|l| l.payload["type"] == "operation.succeeded")
+        .expect("a success was delivered");
+    let data = &succeeded.payload["data"];
+    assert_eq!(data["tenant"], "tenant-a");
+    assert_eq!(data["state"], "succeeded");
+    assert!(data["external_id"].is_string(), "{data}");
+    assert!(
+        data["sentence"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Done:")),
+        "{data}"
+    );
+    assert!(
+        data.get("args").is_none(),
+        "arguments are never sent: {data}"
+    );
+    println!(
+        "{} deliveries for {head} events ({} repeated after the kill)",
+        logged.len(),
+        logged.len() as u64 - head
+    );
+}
+
+#[tokio::test]
+async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_operator() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    let succeeded = r#"["succeeded"]"#;
+    let entries = [
+        entry("flaky", &receiver.url("/flaky"), succeeded),
+        entry("slow", &receiver.url("/429"), succeeded),
+        entry("gone", &receiver.url("/gone"), succeeded),
+    ]
+    .concat()
+        + "tenants = [\"tenant-b\"]\n";
+    let (server, _) = serve_with_webhooks(&harness, &entries);
+    // `gone` is for tenant B only: an operator limited to tenant B sees it alone.
+    let (status, listed) = server
+        .call(Method::GET, "/v1/webhooks", Some(OPERATOR_B_TOKEN), None)
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(
+        listed["endpoints"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let (status, _) = server
+        .call(Method::GET, "/v1/webhooks", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(status, 403);
+    operations(&server, "retried", 1).await;
+    let flaky = receiver.wait_until("/flaky", |l| l.len() >= 3).await;
+    assert!(
+        flaky.iter().all(|l| l.verified && l.id == flaky[0].id),
+        "{flaky:#?}"
+    );
+    let slow = receiver.wait_until("/429", |l| l.len() >= 2).await;
+    assert_eq!(slow[0].id, slow[1].id);
+    assert!(
+        slow[1].at - slow[0].at >= 1.95,
+        "Retry-After: 2 was not honoured (the backoff alone waits at most 1 s): {slow:#?}"
+    );
+    // The receiver logs a request before its answer is recorded: wait for the third row.
+    let attempts = wait_for_attempts(&server, "flaky", 3).await;
+    let statuses: Vec<u64> = attempts["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|a| a["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, vec![200, 500, 500], "newest first: {attempts}");
+    // Tenant B's operation goes to `gone`, which answers 410: disabled, and said so.
+    let (_, recorded) = server
+        .record(super::support::TENANT_B_TOKEN, "crm", "for b", None)
+        .await;
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    server
+        .execute(super::support::TENANT_B_TOKEN, &id, 5_000)
+        .await;
+    receiver.wait_until("/gone", |l| !l.is_empty()).await;
+    let gone = wait_for_endpoint(&server, "gone", |e| {
+        e["status"] == "disabled" && e["disabled_total"] == 1
+    })
+    .await;
+    assert!(
+        gone["reason"].as_str().is_some_and(|r| r.contains("410")),
+        "{gone}"
+    );
+    let text = metrics_text(&server).await;
+    assert!(
+        text.contains("opledger_webhook_disabled_total{endpoint=\"gone\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("opledger_webhook_delivered_total{endpoint=\"flaky\"} "),
+        "{text}"
+    );
+    // The operator resumes it: the same event is delivered again under the same id.
+    let (status, resumed) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/gone/resume",
+            Some(OPERATOR_B_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{resumed}");
+    let again = receiver.wait_until("/gone", |l| l.len() >= 2).await;
+    assert_eq!(again[0].id, again[1].id);
+    // Replay from the beginning on `flaky`: its success is delivered again.
+    let before = receiver.logged("/flaky").len();
+    let (status, replayed) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/flaky/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({"after_position": 0})),
+        )
+        .await;
+    assert_eq!(status, 200, "{replayed}");
+    let replays = receiver.wait_until("/flaky", |l| l.len() > before).await;
+    assert_eq!(replays[before].id, flaky[0].id);
+    let (status, _) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/nope/pause",
+            Some(OPERATOR_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404);
+}
+
+async fn wait_for_endpoint(server: &Server, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, listed) = server
+            .call(Method::GET, "/v1/webhooks", Some(OPERATOR_TOKEN), None)
+            .await;
+        assert_eq!(status, 200, "{listed}");
+        let endpoint = listed["endpoints"]
+            .as_array()
+            .and_then(|all| all.iter().find(|e| e["id"] == id))
+            .cloned()
+            .expect("the endpoint is listed");
+        if done(&endpoint) {
+            return endpoint;
+        }
+        assert!(started.elapsed() < DEADLINE, "{id} stayed {endpoint}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn wait_for_attempts(server: &Server, id: &str, count: usize) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, attempts) = server
+            .call(
+                Method::GET,
+                &format!("/v1/webhooks/{id}/attempts?limit=10"),
+                Some(OPERATOR_TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{attempts}");
+        if attempts["attempts"].as_array().map_or(0, Vec::len) >= count {
+            return attempts;
+        }
+        assert!(started.elapsed() < DEADLINE, "{id} has {attempts}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn metrics_text(server: &Server) -> String {
+    reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
+#[tokio::test]
+async fn replay_since_a_time_delivers_again_exactly_the_events_from_that_time_on() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    let (server, _) =
+        serve_with_webhooks(&harness, &entry("all", &receiver.url("/ok"), r#"["all"]"#));
+    operations(&server, "early", 1).await;
+    let early_head = server.log_head().await;
+    receiver
+        .wait_until("/ok", |l| l.len() as u64 >= early_head)
+        .await;
+    let since = chrono::Utc::now();
+    operations(&server, "late", 1).await;
+    let head = server.log_head().await;
+    let before = receiver
+        .wait_until("/ok", |l| l.len() as u64 >= head)
+        .await
+        .len();
+    let (status, replayed) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({ "since": since })),
+        )
+        .await;
+    assert_eq!(status, 200, "{replayed}");
+    // The task may already have delivered again by the time the answer is read.
+    assert!(
+        replayed["checkpoint"].as_u64() >= Some(early_head),
+        "{replayed}"
+    );
+    let late = head - early_head;
+    let logged = receiver
+        .wait_until("/ok", |l| (l.len() - before) as u64 >= late)
+        .await;
+    let again: Vec<u64> = logged[before..].iter().map(position).collect();
+    assert_eq!(again, (early_head + 1..=head).collect::<Vec<_>>());
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_beside_a_live_one_does_not_hold_it_back() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    // The dead receiver accepts connections and never answers: every attempt waits out the
+    // request timeout, then the backoff.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let dead_url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = dead.accept().await {
+            held.push(socket);
+        }
+    });
+    let entries = [
+        entry("dead", &dead_url, r#"["all"]"#),
+        entry("live", &receiver.url("/ok"), r#"["all"]"#),
+    ]
+    .concat();
+    let (server, _) = serve_with_webhooks(&harness, &entries);
+    let started = Instant::now();
+    operations(&server, "beside a dead one", 10).await;
+    let head = server.log_head().await;
+    let logged = receiver.wait_until("/ok", |l| l.len() as u64 >= head).await;
+    assert_eq!(
+        logged.iter().map(position).collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    let elapsed = started.elapsed();
+    let dead = wait_for_endpoint(&server, "dead", |_| true).await;
+    let live = wait_for_endpoint(&server, "live", |e| e["lag_positions"] == 0).await;
+    assert_eq!(dead["delivered_total"], 0, "{dead}");
+    assert_eq!(dead["lag_positions"], json!(head), "{dead}");
+    assert_eq!(live["delivered_total"], json!(head), "{live}");
+    // One attempt at the dead endpoint waits 15 s; the live one finished long before.
+    assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+}
