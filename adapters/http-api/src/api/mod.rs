@@ -114,6 +114,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
         .merge(mcp::route(Arc::clone(&shared)))
+        .merge(super::console::routes())
         .fallback(not_a_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

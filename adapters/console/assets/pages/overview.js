@@ -1,0 +1,94 @@
+// The overview: how many operations are in each state (for this token's tenants), the oldest
+// unknown's age, what the reconciler confirmed, duplicates found, and how far the read models
+// are behind — refreshed when the live feed says something happened, never on a timer, and at
+// most once per quiet period, so a burst of events is one refresh, not a storm.
+
+import { get } from "../api.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, time } from "../ui.js";
+
+/// A burst of events refreshes the numbers once, after this quiet time, in milliseconds.
+const REFRESH_QUIET_MS = 1000;
+/// Rows counted per state; beyond it the count shows as "1000+". The API's page limit.
+const COUNT_ROWS = 1000;
+/// The live events the page keeps on screen.
+const RECENT_EVENTS = 12;
+
+export async function render(main, _params, context) {
+  const cards = h("div", { class: "cards", "aria-busy": "true" });
+  const server = h("div", { class: "cards" });
+  const recent = h("ol", { class: "recent", "aria-label": "Latest outcome events, newest first" });
+  const failure = h("div");
+  main.append(
+    pageTitle("Overview"),
+    failure,
+    h("section", { "aria-labelledby": "states-heading" }, h("h2", { id: "states-heading" }, "Operations by state"), cards),
+    h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health ", h("span", { class: "muted small" }, "(whole server, all tenants)")), server),
+    h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent, h("p", { class: "muted small", id: "recent-empty" }, "Events appear here as they happen (from the live feed)."))),
+  );
+  // Placeholders of the final size first, so the numbers arriving move nothing.
+  cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…")));
+  server.replaceChildren(...["Oldest unknown", "Reconciliations confirmed", "Duplicates detected", "Read-model lag"].map((label) => numberCard(label, "…")));
+  const refresh = async () => {
+    try {
+      const [counts, health, metrics] = await Promise.all([stateCounts(), get("/healthz").catch(() => null), metricsText()]);
+      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, counts[state])));
+      cards.setAttribute("aria-busy", "false");
+      server.replaceChildren(
+        numberCard("Oldest unknown", metrics.oldest_unknown ? duration(metrics.oldest_unknown * 1000) : "none", "since its answer was lost"),
+        numberCard("Reconciliations confirmed", metrics.reconciliations ?? "—", "lookups that found the object"),
+        numberCard("Duplicates detected", metrics.duplicates ?? "—", "a second object for one request"),
+        numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
+      );
+      failure.replaceChildren();
+    } catch (error) {
+      failure.replaceChildren(errorBox(error, refresh));
+    }
+  };
+  await refresh();
+  let timer = null;
+  return context.onEvent((event) => {
+    document.getElementById("recent-empty")?.remove();
+    recent.prepend(
+      h("li", {}, h("time", { datetime: event.data.at }, time(event.data.at)), " ", badge(event.data.type), " ", link(`operation/${event.data.operation_id}`, event.data.operation_id.slice(0, 8)), " ", h("span", { class: "muted" }, event.data.detail ?? "")),
+    );
+    while (recent.children.length > RECENT_EVENTS) recent.lastChild.remove();
+    clearTimeout(timer);
+    timer = setTimeout(refresh, REFRESH_QUIET_MS);
+  });
+}
+
+async function stateCounts() {
+  const entries = await Promise.all(
+    Object.keys(STATES).map(async (state) => {
+      const page = await get(`/v1/operations?state=${state}&limit=${COUNT_ROWS}`);
+      const n = page.operations.length;
+      return [state, page.next ? `${n}+` : String(n)];
+    }),
+  );
+  return Object.fromEntries(entries);
+}
+
+/// The server-wide numbers from /metrics (Prometheus text); empty when a metrics token guards it.
+async function metricsText() {
+  const response = await fetch("/metrics", { credentials: "omit", cache: "no-store" }).catch(() => null);
+  if (!response?.ok) return {};
+  const text = await response.text();
+  const value = (name) => {
+    const match = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
+    return match ? Number(match[1]) : null;
+  };
+  return {
+    oldest_unknown: value("since its answer was lost"),
+    reconciliations: value("opledger_reconciliations_confirmed_total"),
+    duplicates: value("opledger_duplicates_detected_total"),
+  };
+}
+
+function stateCard(state, count) {
+  const [label] = STATES[state];
+  return h("a", { class: `stat stat-${state}`, href: `#/operations?state=${state}` }, h("span", { class: "stat-number" }, count), h("span", { class: "stat-label" }, label));
+}
+
+function numberCard(label, value, help) {
+  return h("div", { class: "stat" }, h("span", { class: "stat-number" }, String(value)), h("span", { class: "stat-label" }, label), help ? h("span", { class: "muted small" }, help) : null);
+}
