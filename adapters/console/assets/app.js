@@ -19,6 +19,9 @@ const PAGES = { overview, review, approvals, operations, timeline, trace };
 const listeners = new Set();
 let stopFeed = null;
 let cleanup = null;
+/// Counts page changes, so a page that finishes loading after the reader moved on is put away
+/// at once instead of keeping its live-feed listener.
+let generation = 0;
 
 /// What every page gets: the signed-in role, and the live feed.
 const context = {
@@ -37,6 +40,7 @@ function route() {
 }
 
 async function show() {
+  const shown = ++generation;
   const main = document.getElementById("main");
   if (cleanup) {
     cleanup();
@@ -61,10 +65,14 @@ async function show() {
   }
   main.replaceChildren();
   try {
-    cleanup = (await module.render(main, { id, query }, context)) ?? null;
+    const stop = (await module.render(main, { id, query }, context)) ?? null;
+    if (shown === generation) cleanup = stop;
+    else if (stop) stop();
   } catch (error) {
-    main.replaceChildren(pageTitle("Something went wrong"), errorBox(asApiError(error), show));
+    if (shown === generation) main.replaceChildren(pageTitle("Something went wrong"), errorBox(asApiError(error), show));
+    return;
   }
+  if (shown !== generation) return;
   document.getElementById("page-title")?.focus();
 }
 
@@ -113,8 +121,10 @@ function renderSignIn(main) {
       setToken(value);
       sessionStorage.setItem(ROLE_KEY, role);
       announce(`Signed in as ${role}`);
-      location.hash = role === "operator" ? "#/review" : "#/overview";
-      show();
+      const start = role === "operator" ? "#/review" : "#/overview";
+      // Changing the fragment shows the page (hashchange); the same fragment changes nothing.
+      if (location.hash === start) show();
+      else location.hash = start;
     } catch (error) {
       message.replaceChildren(errorBox(asApiError(error), null));
       input.focus();

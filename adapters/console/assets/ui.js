@@ -102,6 +102,12 @@ export function rawJson(value, label = "Raw JSON") {
   return h("details", { class: "raw" }, h("summary", {}, label), h("pre", {}, JSON.stringify(value, null, 2)));
 }
 
+/// An id short enough for a table cell. Operation and attempt ids are time-ordered (UUIDv7), so
+/// ids made in the same minute share their beginning: the end tells them apart.
+export function shortId(id) {
+  return id.length > 12 ? `…${id.slice(-8)}` : id;
+}
+
 /// A link inside the console (hash routes, so no id ever reaches the server's logs in a path).
 export function link(route, text, attributes = {}) {
   return h("a", { href: `#/${route}`, ...attributes }, text);

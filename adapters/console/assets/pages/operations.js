@@ -3,7 +3,7 @@
 // has no such filter yet), and the page says so.
 
 import { get } from "../api.js";
-import { STATES, badge, duration, errorBox, h, link, pageTitle } from "../ui.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
 
 /// Rows per page.
 const PAGE_ROWS = 25;
@@ -61,7 +61,7 @@ function listing(rows) {
       "table",
       { class: "listing stacking" },
       h("thead", {}, h("tr", {}, ["State", "Operation", "Tenant", "Provider / account", "Action", "Age", "External id"].map((x) => h("th", { scope: "col" }, x)))),
-      h("tbody", {}, rows.map((op) => h("tr", {}, cell("State", badge(op.state)), cell("Operation", link(`operation/${op.operation_id}`, op.operation_id.slice(0, 8), { title: op.operation_id })), cell("Tenant", op.tenant), cell("Provider / account", `${op.provider} / ${op.account}`), cell("Action", op.action), cell("Age", duration(op.age_s * 1000)), cell("External id", op.external_id ?? "—")))),
+      h("tbody", {}, rows.map((op) => h("tr", {}, cell("State", badge(op.state)), cell("Operation", link(`operation/${op.operation_id}`, shortId(op.operation_id), { title: op.operation_id })), cell("Tenant", op.tenant), cell("Provider / account", `${op.provider} / ${op.account}`), cell("Action", op.action), cell("Age", duration(op.age_s * 1000)), cell("External id", op.external_id ?? "—")))),
     ),
   );
 }

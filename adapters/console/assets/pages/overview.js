@@ -4,7 +4,7 @@
 // most once per quiet period, so a burst of events is one refresh, not a storm.
 
 import { get } from "../api.js";
-import { STATES, badge, duration, errorBox, h, link, pageTitle, time } from "../ui.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, time } from "../ui.js";
 
 /// A burst of events refreshes the numbers once, after this quiet time, in milliseconds.
 const REFRESH_QUIET_MS = 1000;
@@ -16,14 +16,19 @@ const RECENT_EVENTS = 12;
 export async function render(main, _params, context) {
   const cards = h("div", { class: "cards", "aria-busy": "true" });
   const server = h("div", { class: "cards" });
-  const recent = h("ol", { class: "recent", "aria-label": "Latest outcome events, newest first" });
+  // A fixed set of rows whose contents change: a new event rewrites the rows instead of
+  // inserting one, so nothing on the page moves when events arrive.
+  const slots = Array.from({ length: RECENT_EVENTS }, () => h("li", { class: "slot" }));
+  slots[0].append(h("span", { class: "muted small" }, "Events appear here as they happen (from the live feed)."));
+  const recent = h("ol", { class: "recent", "aria-label": "Latest outcome events, newest first" }, slots);
+  const events = [];
   const failure = h("div");
   main.append(
     pageTitle("Overview"),
     failure,
     h("section", { "aria-labelledby": "states-heading" }, h("h2", { id: "states-heading" }, "Operations by state"), cards),
     h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health ", h("span", { class: "muted small" }, "(whole server, all tenants)")), server),
-    h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent, h("p", { class: "muted small", id: "recent-empty" }, "Events appear here as they happen (from the live feed)."))),
+    h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent)),
   );
   // Placeholders of the final size first, so the numbers arriving move nothing.
   cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…")));
@@ -47,14 +52,17 @@ export async function render(main, _params, context) {
   await refresh();
   let timer = null;
   return context.onEvent((event) => {
-    document.getElementById("recent-empty")?.remove();
-    recent.prepend(
-      h("li", {}, h("time", { datetime: event.data.at }, time(event.data.at)), " ", badge(event.data.type), " ", link(`operation/${event.data.operation_id}`, event.data.operation_id.slice(0, 8)), " ", h("span", { class: "muted" }, event.data.detail ?? "")),
-    );
-    while (recent.children.length > RECENT_EVENTS) recent.lastChild.remove();
+    events.unshift(event);
+    events.length = Math.min(events.length, RECENT_EVENTS);
+    events.forEach((shown, i) => slots[i].replaceChildren(...eventLine(shown)));
     clearTimeout(timer);
     timer = setTimeout(refresh, REFRESH_QUIET_MS);
   });
+}
+
+function eventLine(event) {
+  const id = event.data.operation_id;
+  return [h("time", { datetime: event.data.at }, time(event.data.at)), " ", badge(event.data.type), " ", link(`operation/${id}`, shortId(id), { title: id }), " ", h("span", { class: "muted" }, event.data.detail ?? "")];
 }
 
 async function stateCounts() {

@@ -4,7 +4,7 @@
 // and a form that records one decision at the version the person looked at.
 
 import { ApiError, get, post } from "../api.js";
-import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle, rawJson, time } from "../ui.js";
+import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
 
 /// The most queue items one page shows; the API's own page limit is higher.
 const QUEUE_ROWS = 200;
@@ -130,7 +130,7 @@ function evidence(item, operation) {
         ["#", "Attempt", "Started", "Took", "Worker", "Outcome", "What came back"],
         (detail.attempts ?? []).map((a) => [
           a.attempt_number,
-          link(`trace/${a.attempt_id}`, short(a.attempt_id), { title: a.attempt_id }),
+          link(`trace/${a.attempt_id}`, shortId(a.attempt_id), { title: a.attempt_id }),
           time(a.started_at),
           a.ended_at ? between(a.started_at, a.ended_at) : "still running",
           a.worker,
@@ -168,10 +168,6 @@ function evidence(item, operation) {
 
 function capital(text) {
   return text.charAt(0).toUpperCase() + text.slice(1);
-}
-
-function short(id) {
-  return id.length > 13 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id;
 }
 
 function lookupResult(result) {

@@ -191,12 +191,22 @@ try {
     await page.getByRole("link", { name: "Overview" }).click();
     await page.locator("h1", { hasText: "Overview" }).waitFor();
     await page.locator(".stat-needs_review .stat-number", { hasText: /^\d+$/ }).waitFor();
+    // Layout shifts (the browser's own measure, as in Cumulative Layout Shift) while the live
+    // events and the refreshed numbers arrive.
+    await page.evaluate(() => {
+      window.shifted = [];
+      new PerformanceObserver((list) => {
+        for (const entry of list.getEntries()) if (!entry.hadRecentInput) window.shifted.push(entry.value);
+      }).observe({ type: "layout-shift" });
+    });
     await loseNextCreates(2);
     first = await lostTask("Call Anna about the renewal");
     second = await lostTask("Call Boris about the invoice");
     await page.locator(`.recent a[href="#/operation/${first}"]`).first().waitFor();
     await page.locator(".recent .badge", { hasText: "needs review" }).first().waitFor();
     await page.locator(".stat-needs_review .stat-number", { hasText: "2" }).waitFor();
+    const shifted = await page.evaluate(() => window.shifted);
+    assert.deepEqual(shifted, [], "nothing on the overview moves while live updates arrive");
     await axe(page, "overview");
     await shot(page, "overview");
   });
@@ -300,6 +310,23 @@ try {
     await phone.locator("#decide-heading").waitFor();
     await noSidewaysScroll(phone, "the decision form");
     await shot(phone, "phone-decide");
+    // By keyboard alone: the in-page link moves focus to the form; arrows pick a choice; Tab
+    // reaches the note and the button.
+    await phone.getByRole("link", { name: "record your decision" }).focus();
+    await phone.keyboard.press("Enter");
+    assert.equal(await phone.evaluate(() => document.activeElement.id), "decide-heading");
+    await phone.keyboard.press("Tab");
+    assert.equal(await phone.evaluate(() => document.activeElement.name), "decision", "Tab reaches the choices");
+    await phone.keyboard.press("ArrowDown");
+    await phone.keyboard.press("ArrowDown");
+    assert.equal(await phone.evaluate(() => document.activeElement.value), "abandon");
+    await phone.keyboard.press("Space");
+    await phone.keyboard.press("Tab");
+    await phone.keyboard.type("the client asked to drop it");
+    await phone.keyboard.press("Tab");
+    await phone.keyboard.press("Enter");
+    await phone.locator(".done", { hasText: "Decision recorded" }).waitFor();
+    assert.equal((await stateOf(third)).state, "abandoned");
     await phone.goto(`/console#/operation/${second}`);
     await phone.locator("li[data-type=AttemptSucceeded]").waitFor();
     await noSidewaysScroll(phone, "the timeline");
