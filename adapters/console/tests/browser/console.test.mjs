@@ -151,8 +151,15 @@ async function signIn(page, token) {
 }
 
 async function noSidewaysScroll(page, name) {
-  const [scroll, width] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
-  assert.ok(scroll <= width, `${name} scrolls sideways at ${width} px (content ${scroll} px wide)`);
+  const [scroll, width, wide] = await page.evaluate(() => [
+    document.documentElement.scrollWidth,
+    window.innerWidth,
+    [...document.querySelectorAll("body *")]
+      .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 0.5)
+      .slice(0, 5)
+      .map((e) => `${e.tagName.toLowerCase()}.${e.className} (right edge ${e.getBoundingClientRect().right})`),
+  ]);
+  assert.ok(scroll <= width, `${name} scrolls sideways at ${width} px (content ${scroll} px wide): ${wide.join("; ")}`);
 }
 
 try {
