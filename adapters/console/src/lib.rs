@@ -122,9 +122,9 @@ mod tests {
 
     #[test]
     fn every_module_a_script_imports_is_served() {
-        for asset in ASSETS.iter().filter(|asset| asset.content_type == JS) {
-            let base = asset.path.rsplit_once('/').map_or("", |(dir, _)| dir);
-            for line in text(asset).lines().filter(|l| l.starts_with("import ")) {
+        for script in ASSETS.iter().filter(|asset| asset.content_type == JS) {
+            let base = script.path.rsplit_once('/').map_or("", |(dir, _)| dir);
+            for line in text(script).lines().filter(|l| l.starts_with("import ")) {
                 let from = line
                     .split(['"', '\''])
                     .nth(1)
@@ -133,7 +133,7 @@ mod tests {
                 assert!(
                     asset(&resolved).is_some(),
                     "{} imports {from} ({resolved}), which is not in ASSETS",
-                    asset.path
+                    script.path
                 );
             }
         }

@@ -1,13 +1,14 @@
 // The overview: how many operations are in each state (for this token's tenants), the oldest
 // unknown's age, what the reconciler confirmed, duplicates found, and how far the read models
 // are behind — refreshed when the live feed says something happened, never on a timer, and at
-// most once per quiet period, so a burst of events is one refresh, not a storm.
+// most once a second, so a burst of events is one refresh, not a storm.
 
 import { get } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, time } from "../ui.js";
 
-/// A burst of events refreshes the numbers once, after this quiet time, in milliseconds.
-const REFRESH_QUIET_MS = 1000;
+/// Events refresh the numbers at most once per this many milliseconds: the first event starts the
+/// wait, the ones during it ride along (a steady stream of events cannot postpone it for ever).
+const REFRESH_EVERY_MS = 1000;
 /// Rows counted per state; beyond it the count shows as "1000+". The API's page limit.
 const COUNT_ROWS = 1000;
 /// The live events the page keeps on screen.
@@ -55,8 +56,10 @@ export async function render(main, _params, context) {
     events.unshift(event);
     events.length = Math.min(events.length, RECENT_EVENTS);
     events.forEach((shown, i) => slots[i].replaceChildren(...eventLine(shown)));
-    clearTimeout(timer);
-    timer = setTimeout(refresh, REFRESH_QUIET_MS);
+    timer ??= setTimeout(() => {
+      timer = null;
+      refresh();
+    }, REFRESH_EVERY_MS);
   });
 }
 

@@ -8,8 +8,8 @@ import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle
 
 /// The most queue items one page shows; the API's own page limit is higher.
 const QUEUE_ROWS = 200;
-/// A burst of live events refreshes the queue once, after this quiet time, in milliseconds.
-const REFRESH_QUIET_MS = 400;
+/// Live events refresh the queue at most once per this many milliseconds.
+const REFRESH_EVERY_MS = 500;
 
 export async function render(main, { id }, context) {
   if (id) return renderItem(main, id, context);
@@ -31,7 +31,7 @@ async function renderQueue(main, context) {
     list.setAttribute("aria-busy", "false");
   };
   await refresh();
-  return context.onEvent(debounced(refresh));
+  return context.onEvent(throttled(refresh));
 }
 
 function item(entry) {
@@ -308,10 +308,14 @@ function setCount(n) {
   if (count) count.textContent = n ? String(n) : "";
 }
 
-function debounced(action) {
+/// `action` at most once per REFRESH_EVERY_MS however many calls arrive: the first call starts
+/// the wait and those during it ride along.
+function throttled(action) {
   let timer = null;
   return () => {
-    clearTimeout(timer);
-    timer = setTimeout(action, REFRESH_QUIET_MS);
+    timer ??= setTimeout(() => {
+      timer = null;
+      action();
+    }, REFRESH_EVERY_MS);
   };
 }

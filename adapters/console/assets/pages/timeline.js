@@ -52,8 +52,25 @@ export async function render(main, { id }, context) {
     }
   };
   await load();
+  // One load at a time: two overlapping loads would both append the same new rows. Events that
+  // arrive during a load ask for one more after it.
+  let loading = null;
+  let again = false;
+  const reload = () => {
+    if (loading) {
+      again = true;
+      return;
+    }
+    loading = load().finally(() => {
+      loading = null;
+      if (again) {
+        again = false;
+        reload();
+      }
+    });
+  };
   return context.onEvent((event) => {
-    if (event.data.operation_id === id) load();
+    if (event.data.operation_id === id) reload();
   });
 }
 

@@ -100,12 +100,19 @@ const browser = await chromium.launchPersistentContext(profile, {
   ],
 });
 const problems = [];
+/// The policy's refusals of inline scripts the browser reported: exactly one is expected, the
+/// script the first step injects on purpose; any other is a console page needing one.
+const inlineRefusals = [];
 
 async function newPage(viewport) {
   const page = await browser.newPage();
   await page.setViewportSize(viewport);
   page.setDefaultTimeout(WAIT_MS);
   page.on("console", (message) => {
+    if (/inline script/.test(message.text())) {
+      inlineRefusals.push(message.text());
+      return;
+    }
     if (message.type() === "error" && !/Failed to load resource: the server responded with a status of (401|403|404|409)/.test(message.text())) {
       problems.push(`console error: ${message.text()}`);
     }
@@ -166,6 +173,7 @@ try {
   const page = await newPage(LAPTOP);
   let first;
   let second;
+  let watcher;
 
   await check("the console is served with a policy that forbids inline scripts and other origins", async () => {
     const response = await page.goto("/console");
@@ -175,6 +183,18 @@ try {
     assert.match(policy, /connect-src 'self'/);
     assert.equal(response.headers()["set-cookie"], undefined, "no cookie");
     await page.getByLabel("Access token").waitFor();
+    // The browser enforces it: a script injected into the page does not run.
+    const refused = await page.evaluate(
+      () =>
+        new Promise((resolve) => {
+          document.addEventListener("securitypolicyviolation", (event) => resolve(event.effectiveDirective), { once: true });
+          const script = document.createElement("script");
+          script.textContent = "window.injected = true";
+          document.body.append(script);
+        }),
+    );
+    assert.equal(refused, "script-src-elem");
+    assert.equal(await page.evaluate(() => window.injected), undefined, "the injected script did not run");
     await axe(page, "sign-in");
     await shot(page, "sign-in");
   });
@@ -267,18 +287,31 @@ try {
     assert.equal((await standObjects()).length, 0, "nothing was sent");
     await axe(page, "duplicate-risk acknowledgement");
     await shot(page, "decide-duplicate-risk");
+    // A second person watches the operation's timeline in another tab while this one decides.
+    watcher = await newPage(LAPTOP);
+    await signIn(watcher, OPERATOR);
+    await watcher.goto(`/console#/operation/${second}`);
+    await watcher.locator("li[data-type=ReviewRequired]").waitFor();
+    await watcher.evaluate(() => {
+      window.stillThisPage = true;
+    });
     await page.getByLabel(/I checked the CRM/).check();
     await page.getByRole("button", { name: "Record decision" }).click();
     await page.locator(".done", { hasText: "Decision recorded" }).waitFor();
   });
 
   await check("the timeline gains the decision and then the outcome, live", async () => {
-    await page.getByRole("link", { name: "See it in the timeline" }).click();
-    await page.locator("li[data-type=ReviewResolved]").waitFor();
-    await page.locator("li[data-type=AttemptSucceeded]").waitFor();
-    const types = await page.locator(".timeline li").evaluateAll((nodes) => nodes.map((n) => n.dataset.type));
+    await watcher.locator("li[data-type=ReviewResolved]").waitFor();
+    await watcher.locator("li[data-type=AttemptSucceeded]").waitFor();
+    assert.equal(await watcher.evaluate(() => window.stillThisPage), true, "the watcher's page was not reloaded");
+    const versions = await watcher.locator(".timeline li .event-title .muted").allInnerTexts();
+    assert.equal(new Set(versions).size, versions.length, `each event once: ${versions.join()}`);
+    const types = await watcher.locator(".timeline li").evaluateAll((nodes) => nodes.map((n) => n.dataset.type));
     assert.equal(types[0], "IntentRecorded");
     assert.ok(types.indexOf("ReviewResolved") < types.lastIndexOf("AttemptSucceeded"), types.join());
+    await watcher.close();
+    await page.getByRole("link", { name: "See it in the timeline" }).click();
+    await page.locator("li[data-type=AttemptSucceeded]").waitFor();
     assert.equal((await standObjects()).length, 1, "the retry sent once");
     await page.locator(".timeline li").first().getByText("Raw JSON").click();
     await page.locator(".timeline li pre").first().waitFor();
@@ -380,6 +413,7 @@ try {
   });
 
   assert.deepEqual(problems, [], "the browser reported problems");
+  assert.equal(inlineRefusals.length, 1, `only the injected script is refused: ${inlineRefusals.join("\n")}`);
   console.log("all console checks passed");
 } catch (error) {
   console.error(`FAILED at: ${step}\n${error.stack ?? error}`);
