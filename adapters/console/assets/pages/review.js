@@ -115,6 +115,7 @@ function evidence(item, operation) {
       h("h2", { id: "why-heading" }, "Why it needs you"),
       h("p", {}, item.reason ?? "The last attempt's outcome is unknown and opledger is still looking for evidence; you may decide now or wait."),
       h("p", { class: "contract" }, h("strong", {}, "What this CRM promises about repeats: "), contractInWords(item.reason)),
+      h("p", { class: "how" }, h("strong", {}, "How to check: "), howToCheck(item, detail)),
       facts([
         ["Waiting since", `${time(item.since)} (${duration(item.age_s * 1000)})`],
         ["Last error", item.last_error],
@@ -164,6 +165,16 @@ function evidence(item, operation) {
       rawJson(item, "The review item as the API returned it"),
     ),
   ];
+}
+
+/// A concrete thing to look for at the provider, from the frozen arguments and the first send.
+function howToCheck(item, detail) {
+  const binding = detail.binding ?? {};
+  const first = (detail.attempts ?? [])[0];
+  const title = detail.args?.title ?? detail.args?.name ?? detail.args?.subject;
+  const what = title ? `“${title}”` : "an object with the arguments above";
+  const when = first ? ` created around ${time(first.started_at)}` : "";
+  return `in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, look for ${what}${when}. If it is there, choose “It exists” and give its id; if you are sure it is not, send it again.`;
 }
 
 function capital(text) {

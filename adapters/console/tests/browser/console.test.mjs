@@ -248,7 +248,7 @@ try {
     await page.getByRole("link", { name: /Call Anna about the renewal/ }).click();
     await page.locator("#decide-heading").waitFor();
     const evidence = await page.locator("main").innerText();
-    for (const expected of ["Call Anna about the renewal", "crm-plain", ACCOUNT, "tenant-a", "Attempts (1)", "unknown", "Lookups (", "no safe retry", "cannot tell a repeated request from a new one", "proves nothing"]) {
+    for (const expected of ["Call Anna about the renewal", "crm-plain", ACCOUNT, "tenant-a", "Attempts (1)", "unknown", "Lookups (", "no safe retry", "cannot tell a repeated request from a new one", "proves nothing", "look for “Call Anna about the renewal” created around"]) {
       assert.ok(evidence.includes(expected), `the evidence shows “${expected}”`);
     }
     await axe(page, "decision form");
