@@ -13,7 +13,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::support::{Harness, ACCOUNT, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use super::support::{
+    Harness, ACCOUNT, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
+    TENANT_B_TOKEN,
+};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -131,6 +134,8 @@ async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() 
         .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
         .env("OPLEDGER_OPERATOR_B_TOKEN", OPERATOR_B_TOKEN)
         .env("OPLEDGER_TENANT_A_TOKEN", TENANT_A_TOKEN)
+        .env("OPLEDGER_TENANT_B_TOKEN", TENANT_B_TOKEN)
+        .env("OPLEDGER_APPROVER_B_TOKEN", APPROVER_B_TOKEN)
         .env("OPLEDGER_ACCOUNT", ACCOUNT)
         .env("OPLEDGER_NODE_MODULES", &modules)
         .env("OPLEDGER_SCREENSHOTS", &shots);

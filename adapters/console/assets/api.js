@@ -82,6 +82,11 @@ export async function call(method, path, body, tokenOverride) {
   } catch {
     json = null;
   }
+  if (response.status === 401 && tokenOverride === undefined) {
+    // The stored token stopped working (the server's configuration changed): the shell goes
+    // back to sign-in rather than leaving every page showing the same error.
+    window.dispatchEvent(new CustomEvent("opledger:unauthorized", { detail: json?.error?.message }));
+  }
   if (!response.ok) {
     const error = json?.error;
     throw new ApiError(

@@ -22,6 +22,8 @@ let cleanup = null;
 /// Counts page changes, so a page that finishes loading after the reader moved on is put away
 /// at once instead of keeping its live-feed listener.
 let generation = 0;
+/// Why the person is back at sign-in, shown once above the form.
+let signInNotice = null;
 
 /// What every page gets: the signed-in role, and the live feed.
 const context = {
@@ -130,14 +132,19 @@ function renderSignIn(main) {
       input.focus();
     }
   });
+  const notice = signInNotice ? h("p", { class: "warning", role: "alert" }, signInNotice) : null;
+  signInNotice = null;
   main.replaceChildren(
-    pageTitle("Sign in"),
-    h(
-      "p",
-      { class: "lead" },
-      "The console shows what opledger recorded about your operations: what awaits a person, what happened to each request, and the evidence behind it.",
-    ),
-    form,
+    ...[
+      pageTitle("Sign in"),
+      notice,
+      h(
+        "p",
+        { class: "lead" },
+        "The console shows what opledger recorded about your operations: what awaits a person, what happened to each request, and the evidence behind it.",
+      ),
+      form,
+    ].filter(Boolean),
   );
   document.getElementById("page-title")?.focus();
 }
@@ -196,6 +203,12 @@ document.getElementById("sign-out").addEventListener("click", () => {
   signOut();
   sessionStorage.removeItem(ROLE_KEY);
   location.hash = "";
+  show();
+});
+window.addEventListener("opledger:unauthorized", (event) => {
+  signOut();
+  sessionStorage.removeItem(ROLE_KEY);
+  signInNotice = `This server no longer accepts the token (${event.detail ?? "unauthorized"}). Sign in again.`;
   show();
 });
 window.addEventListener("hashchange", show);

@@ -2,7 +2,7 @@
 // argument snapshot and its hash. Approving names the hash, so an approval covers exactly the
 // snapshot shown here; the API refuses it if the arguments are not that snapshot.
 
-import { get, post } from "../api.js";
+import { ApiError, get, post } from "../api.js";
 import { announce, badge, errorBox, facts, h, link, pageTitle, time } from "../ui.js";
 
 /// The most waiting operations one page shows.
@@ -32,7 +32,14 @@ function card(operation) {
   const act = async (verb) => {
     const body = { args_hash: operation.args_hash };
     if (approver.value.trim()) body.approver = approver.value.trim();
-    if (verb === "deny") body.reason = reason.value.trim();
+    if (verb === "deny") {
+      if (!reason.value.trim()) {
+        result.replaceChildren(errorBox(new ApiError(0, "incomplete", "Say why you deny it: the reason is recorded and shown to whoever asked."), null));
+        reason.focus();
+        return;
+      }
+      body.reason = reason.value.trim();
+    }
     try {
       const decided = await post(`/v1/operations/${encodeURIComponent(id)}/${verb}`, body);
       result.replaceChildren(h("p", { class: "done", role: "status" }, `${verb === "approve" ? "Approved" : "Denied"}: now `, badge(decided.state), " ", link(`operation/${id}`, "timeline")));

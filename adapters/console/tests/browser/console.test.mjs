@@ -2,7 +2,8 @@
 // against a real `opledger serve` and the CRM stand. tests/serve/console.rs starts both, installs
 // this folder's packages with `npm ci`, and runs this script with:
 //   OPLEDGER_BASE_URL, OPLEDGER_STAND_URL   the server and the stand
-//   OPLEDGER_OPERATOR_TOKEN, OPLEDGER_OPERATOR_B_TOKEN, OPLEDGER_TENANT_A_TOKEN, OPLEDGER_ACCOUNT
+//   OPLEDGER_OPERATOR_TOKEN, OPLEDGER_OPERATOR_B_TOKEN, OPLEDGER_TENANT_A_TOKEN,
+//   OPLEDGER_TENANT_B_TOKEN, OPLEDGER_APPROVER_B_TOKEN, OPLEDGER_ACCOUNT
 //   OPLEDGER_NODE_MODULES                   where `npm ci` put the packages
 //   OPLEDGER_SCREENSHOTS                    where the screenshots go (docs/console)
 // Every step waits for what it expects (no sleeps); any failure exits non-zero with the step's
@@ -24,6 +25,8 @@ const STAND = env("OPLEDGER_STAND_URL");
 const OPERATOR = env("OPLEDGER_OPERATOR_TOKEN");
 const OPERATOR_B = env("OPLEDGER_OPERATOR_B_TOKEN");
 const TENANT_A = env("OPLEDGER_TENANT_A_TOKEN");
+const TENANT_B = env("OPLEDGER_TENANT_B_TOKEN");
+const APPROVER_B = env("OPLEDGER_APPROVER_B_TOKEN");
 const ACCOUNT = env("OPLEDGER_ACCOUNT");
 const MODULES = env("OPLEDGER_NODE_MODULES");
 const SHOTS = env("OPLEDGER_SCREENSHOTS");
@@ -390,6 +393,12 @@ try {
     await scoped.getByRole("alert").filter({ hasText: "not_found" }).waitFor();
     await scoped.goto(`/console#/trace/${second}`);
     await scoped.getByRole("alert").filter({ hasText: "not_found" }).waitFor();
+    // A token the server stops accepting sends the person back to sign-in, saying why.
+    await scoped.evaluate(() => sessionStorage.setItem("opledger.token", "a-token-this-server-never-issued"));
+    await scoped.goto("/console#/operations");
+    await scoped.getByRole("alert").filter({ hasText: "no longer accepts the token" }).waitFor();
+    await scoped.getByLabel("Access token").waitFor();
+    assert.equal(await scoped.evaluate(() => sessionStorage.getItem("opledger.token")), null);
     await scoped.close();
   });
 
@@ -413,6 +422,37 @@ try {
     await tenant.getByRole("button", { name: "Approve this snapshot" }).click();
     await tenant.locator(".done", { hasText: "Approved" }).waitFor();
     await tenant.close();
+  });
+
+  await check("tenant B's approver denies with a reason, and tenant B's own token is told it cannot approve", async () => {
+    const recorded = await api("POST", "/v1/operations", TENANT_B, {
+      provider: "crm",
+      account: ACCOUNT,
+      action: "create_task",
+      args: { title: "Refund the whole order" },
+      requires_approval: true,
+    });
+    assert.equal(recorded.status, 201, JSON.stringify(recorded.json));
+    const id = recorded.json.operation_id;
+    const own = await newPage(LAPTOP);
+    await signIn(own, TENANT_B);
+    await own.getByRole("link", { name: "Approvals" }).click();
+    await own.getByText(recorded.json.args_hash).waitFor();
+    await own.getByLabel(/Your name/).fill("Frank");
+    await own.getByRole("button", { name: "Approve this snapshot" }).click();
+    await own.getByRole("alert").filter({ hasText: "need an approver token" }).waitFor();
+    await own.close();
+    const approver = await newPage(LAPTOP);
+    await signIn(approver, APPROVER_B);
+    await approver.getByRole("link", { name: "Approvals" }).click();
+    await approver.getByText(recorded.json.args_hash).waitFor();
+    await approver.getByRole("button", { name: "Deny" }).click();
+    await approver.getByRole("alert").filter({ hasText: "reason" }).waitFor();
+    await approver.getByLabel(/Reason/).fill("a whole-order refund needs a manager");
+    await approver.getByRole("button", { name: "Deny" }).click();
+    await approver.locator(".done", { hasText: "Denied" }).waitFor();
+    assert.equal((await api("GET", `/v1/operations/${id}`, TENANT_B)).json.state, "denied");
+    await approver.close();
   });
 
   assert.deepEqual(problems, [], "the browser reported problems");
