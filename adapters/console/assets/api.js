@@ -6,8 +6,11 @@
 const TOKEN_KEY = "opledger.token";
 /// The longest a console request waits for an answer before it says so, in milliseconds.
 const REQUEST_TIMEOUT_MS = 15000;
-/// The most bytes of one Server-Sent Event the reader keeps before it gives up on the stream.
-const MAX_EVENT_BYTES = 65536;
+/// The most characters of one Server-Sent Event the reader keeps before it gives up on the
+/// stream (an outcome event is a few hundred; the server bounds what it sends).
+const MAX_EVENT_CHARS = 65536;
+/// The pause before the feed reconnects after it ended or failed, in milliseconds.
+const RECONNECT_PAUSE_MS = 2000;
 
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -109,7 +112,6 @@ export function follow(onEvent, onState) {
   let stopped = false;
   let lastId = null;
   let controller = null;
-  const RECONNECT_PAUSE_MS = 2000;
 
   async function once() {
     controller = new AbortController();
@@ -134,7 +136,7 @@ export function follow(onEvent, onState) {
       const { value, done } = await reader.read();
       if (done) return;
       buffer += value;
-      if (buffer.length > MAX_EVENT_BYTES) throw new Error("an event larger than the console reads");
+      if (buffer.length > MAX_EVENT_CHARS) throw new Error("an event larger than the console reads");
       let end;
       while ((end = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, end);

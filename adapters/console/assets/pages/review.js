@@ -8,6 +8,8 @@ import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle
 
 /// The most queue items one page shows; the API's own page limit is higher.
 const QUEUE_ROWS = 200;
+/// How far into the queue a decision page looks for its item: the API's page limit.
+const QUEUE_SEARCH_ROWS = 1000;
 /// Live events refresh the queue at most once per this many milliseconds.
 const REFRESH_EVERY_MS = 500;
 
@@ -58,6 +60,12 @@ async function renderItem(main, id, context) {
     return null;
   }
   body.setAttribute("aria-busy", "false");
+  if (!item && (operation.state === "needs_review" || operation.state === "unknown")) {
+    body.replaceChildren(
+      h("div", { class: "card" }, h("p", {}, `This operation waits for a decision, but it is not among the ${QUEUE_SEARCH_ROWS} longest-waiting ones the queue shows, so its evidence is not loaded here. Decide on those first, or read its `, link(`operation/${id}`, "timeline"), ".")),
+    );
+    return null;
+  }
   if (!item) {
     body.replaceChildren(
       h("div", { class: "card" }, h("p", {}, "This operation does not wait for a decision (any more): it is ", badge(operation.state), "."), h("p", {}, operation.message), h("p", {}, link(`operation/${id}`, "Open its timeline"))),
@@ -91,7 +99,7 @@ function jumpToForm(event) {
 }
 
 async function findInQueue(id) {
-  const { queue } = await get("/v1/review?limit=1000");
+  const { queue } = await get(`/v1/review?limit=${QUEUE_SEARCH_ROWS}`);
   return queue.find((entry) => entry.operation_id === id) ?? null;
 }
 
