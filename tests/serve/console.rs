@@ -19,6 +19,8 @@ use super::support::{
 };
 
 const CHROMIUM: &str = "/usr/bin/chromium";
+/// An operator scoped to tenants A and B, added to the harness's configuration for this test.
+const OPERATOR_AB_TOKEN: &str = "operator-a-and-b-0123456789";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -124,7 +126,18 @@ async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() 
     .await
     .expect("the browser and the packages are installed");
     let harness = Harness::new("").await;
-    let server = harness.serve();
+    // The harness's configuration plus an operator who sees two tenants (whose listings must
+    // name one), without changing the configuration every other serve test shares.
+    let config = harness.instance_config(
+        0,
+        &[(
+            "[[approvers]]",
+            &format!(
+                "[[operators]]\nid = \"ab-reviewer\"\ntoken = \"{OPERATOR_AB_TOKEN}\"\ntenants = [\"tenant-a\", \"tenant-b\"]\n\n[[approvers]]"
+            ),
+        )],
+    );
+    let server = harness.serve_with(&config);
     let shots = repo().join("docs/console");
     std::fs::create_dir_all(&shots).expect("the screenshots folder");
     let mut node = Command::new("node");
@@ -133,6 +146,7 @@ async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() 
         .env("OPLEDGER_STAND_URL", harness.stand_url())
         .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
         .env("OPLEDGER_OPERATOR_B_TOKEN", OPERATOR_B_TOKEN)
+        .env("OPLEDGER_OPERATOR_AB_TOKEN", OPERATOR_AB_TOKEN)
         .env("OPLEDGER_TENANT_A_TOKEN", TENANT_A_TOKEN)
         .env("OPLEDGER_TENANT_B_TOKEN", TENANT_B_TOKEN)
         .env("OPLEDGER_APPROVER_B_TOKEN", APPROVER_B_TOKEN)

@@ -82,6 +82,24 @@ export function errorBox(error, retry) {
   );
 }
 
+/// A small form asking which tenant to show, for a token that sees several; `chosen(tenant)` on
+/// submit.
+export function tenantPicker(message, chosen) {
+  const input = h("input", { id: "tenant-choice", name: "tenant", type: "text", autocomplete: "off", required: true });
+  const form = h(
+    "form",
+    { class: "card warning", "aria-labelledby": "tenant-choice-label" },
+    h("p", { id: "tenant-choice-label" }, message),
+    h("label", { for: "tenant-choice" }, "Tenant"),
+    h("div", { class: "row" }, input, h("button", { type: "submit", class: "primary" }, "Show this tenant")),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (input.value.trim()) chosen(input.value.trim());
+  });
+  return form;
+}
+
 /// Announces `text` to screen readers (and shows it in the status line).
 export function announce(text) {
   const status = document.getElementById("status");

@@ -2,8 +2,8 @@
 // argument snapshot and its hash. Approving names the hash, so an approval covers exactly the
 // snapshot shown here; the API refuses it if the arguments are not that snapshot.
 
-import { ApiError, get, post } from "../api.js";
-import { announce, badge, errorBox, facts, h, link, pageTitle, time } from "../ui.js";
+import { ApiError, chooseTenant, chosenTenant, get, needsTenant, post } from "../api.js";
+import { announce, badge, errorBox, facts, h, link, pageTitle, tenantPicker, time } from "../ui.js";
 
 /// The most waiting operations one page shows.
 const ROWS = 100;
@@ -11,13 +11,20 @@ const ROWS = 100;
 export async function render(main, { query }) {
   const list = h("div", { "aria-busy": "true" });
   main.append(pageTitle("Approvals"), h("p", { class: "lead" }, "Requests that wait for a person before anything is sent. Approve exactly what is shown, or deny it with a reason."), list);
-  const tenant = query.get("tenant");
+  const tenant = query.get("tenant") ?? chosenTenant();
   try {
     const page = await get(`/v1/operations?state=awaiting_approval&limit=${ROWS}${tenant ? `&tenant=${encodeURIComponent(tenant)}` : ""}`);
     const operations = await Promise.all(page.operations.map((op) => get(`/v1/operations/${op.operation_id}`)));
     list.replaceChildren(...(operations.length ? operations.map(card) : [h("p", { class: "empty card" }, "Nothing waits for approval.")]));
   } catch (error) {
-    list.replaceChildren(errorBox(error, null));
+    list.replaceChildren(
+      needsTenant(error)
+        ? tenantPicker("This token sees several tenants. Whose approvals should be shown?", (chosen) => {
+            chooseTenant(chosen);
+            location.reload();
+          })
+        : errorBox(error, null),
+    );
   }
   list.setAttribute("aria-busy", "false");
   return null;

@@ -2,7 +2,7 @@
 // tenant are the API's own filters; provider and account narrow the page shown (the listing API
 // has no such filter yet), and the page says so.
 
-import { get } from "../api.js";
+import { chooseTenant, chosenTenant, get, needsTenant } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
 
 /// Rows per page.
@@ -16,6 +16,9 @@ export async function render(main, { query }) {
   for (const name of ["state", "older_than", "tenant", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
+  // A tenant named here is remembered for the other pages of a token that sees several.
+  if (query.get("tenant")) chooseTenant(query.get("tenant"));
+  else if (chosenTenant()) params.set("tenant", chosenTenant());
   try {
     const page = await get(`/v1/operations?${params}`);
     const provider = query.get("provider");
@@ -23,7 +26,7 @@ export async function render(main, { query }) {
     const rows = page.operations.filter((op) => (!provider || op.provider === provider) && (!account || op.account === account));
     results.replaceChildren(listing(rows), pager(query, page.next), provider || account ? h("p", { class: "muted small" }, `Provider and account narrow this page of ${page.operations.length}; the next page may hold more.`) : null);
   } catch (error) {
-    results.replaceChildren(errorBox(error, null));
+    results.replaceChildren(needsTenant(error) ? h("p", { class: "warning", role: "alert" }, "This token sees several tenants: name one in the Tenant field above.") : errorBox(error, null));
   }
   results.setAttribute("aria-busy", "false");
   return null;
@@ -38,7 +41,7 @@ function filters(query) {
     { class: "filters card", role: "search", "aria-label": "Filter operations" },
     field("state", "State", state),
     field("older_than", "Older than", text("older_than", "e.g. 5m, 2h")),
-    field("tenant", "Tenant", text("tenant", "any of yours")),
+    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? chosenTenant() ?? "", placeholder: "any of yours", autocomplete: "off" })),
     field("provider", "Provider", text("provider", "any")),
     field("account", "Account", text("account", "any")),
     h("button", { type: "submit" }, "Show"),

@@ -3,8 +3,8 @@
 // are behind — refreshed when the live feed says something happened, never on a timer, and at
 // most once a second, so a burst of events is one refresh, not a storm.
 
-import { get } from "../api.js";
-import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, time } from "../ui.js";
+import { chooseTenant, chosenTenant, get, needsTenant, tenantParam } from "../api.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, tenantPicker, time } from "../ui.js";
 
 /// Events refresh the numbers at most once per this many milliseconds: the first event starts the
 /// wait, the ones during it ride along (a steady stream of events cannot postpone it for ever).
@@ -45,9 +45,16 @@ export async function render(main, _params, context) {
         numberCard("Duplicates detected", metrics.duplicates ?? "—", "a second object for one request"),
         numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
       );
-      failure.replaceChildren();
+      failure.replaceChildren(...(chosenTenant() ? [h("p", { class: "muted" }, `Showing tenant ${chosenTenant()}. `, h("button", { type: "button", onclick: () => { chooseTenant(null); refresh(); } }, "Choose another"))] : []));
     } catch (error) {
-      failure.replaceChildren(errorBox(error, refresh));
+      failure.replaceChildren(
+        needsTenant(error)
+          ? tenantPicker("This token sees several tenants. Which one should the overview count?", (tenant) => {
+              chooseTenant(tenant);
+              refresh();
+            })
+          : errorBox(error, refresh),
+      );
     }
   };
   await refresh();
@@ -71,7 +78,7 @@ function eventLine(event) {
 async function stateCounts() {
   const entries = await Promise.all(
     Object.keys(STATES).map(async (state) => {
-      const page = await get(`/v1/operations?state=${state}&limit=${COUNT_ROWS}`);
+      const page = await get(`/v1/operations?state=${state}&limit=${COUNT_ROWS}${tenantParam()}`);
       const n = page.operations.length;
       return [state, page.next ? `${n}+` : String(n)];
     }),

@@ -2,7 +2,8 @@
 // against a real `opledger serve` and the CRM stand. tests/serve/console.rs starts both, installs
 // this folder's packages with `npm ci`, and runs this script with:
 //   OPLEDGER_BASE_URL, OPLEDGER_STAND_URL   the server and the stand
-//   OPLEDGER_OPERATOR_TOKEN, OPLEDGER_OPERATOR_B_TOKEN, OPLEDGER_TENANT_A_TOKEN,
+//   OPLEDGER_OPERATOR_TOKEN, OPLEDGER_OPERATOR_B_TOKEN, OPLEDGER_OPERATOR_AB_TOKEN,
+//   OPLEDGER_TENANT_A_TOKEN,
 //   OPLEDGER_TENANT_B_TOKEN, OPLEDGER_APPROVER_B_TOKEN, OPLEDGER_ACCOUNT
 //   OPLEDGER_NODE_MODULES                   where `npm ci` put the packages
 //   OPLEDGER_SCREENSHOTS                    where the screenshots go (docs/console)
@@ -24,6 +25,7 @@ const BASE = env("OPLEDGER_BASE_URL");
 const STAND = env("OPLEDGER_STAND_URL");
 const OPERATOR = env("OPLEDGER_OPERATOR_TOKEN");
 const OPERATOR_B = env("OPLEDGER_OPERATOR_B_TOKEN");
+const OPERATOR_AB = env("OPLEDGER_OPERATOR_AB_TOKEN");
 const TENANT_A = env("OPLEDGER_TENANT_A_TOKEN");
 const TENANT_B = env("OPLEDGER_TENANT_B_TOKEN");
 const APPROVER_B = env("OPLEDGER_APPROVER_B_TOKEN");
@@ -116,7 +118,7 @@ async function newPage(viewport) {
       inlineRefusals.push(message.text());
       return;
     }
-    if (message.type() === "error" && !/Failed to load resource: the server responded with a status of (401|403|404|409)/.test(message.text())) {
+    if (message.type() === "error" && !/Failed to load resource: the server responded with a status of (401|403|404|409|422)/.test(message.text())) {
       problems.push(`console error: ${message.text()}`);
     }
   });
@@ -400,6 +402,21 @@ try {
     await scoped.getByLabel("Access token").waitFor();
     assert.equal(await scoped.evaluate(() => sessionStorage.getItem("opledger.token")), null);
     await scoped.close();
+  });
+
+  await check("an operator who sees two tenants is asked which one the overview and listings show", async () => {
+    const both = await newPage(LAPTOP);
+    await signIn(both, OPERATOR_AB);
+    await both.getByRole("link", { name: "Overview" }).click();
+    await both.getByLabel("Tenant", { exact: true }).fill("tenant-a");
+    await axe(both, "tenant choice");
+    await both.getByRole("button", { name: "Show this tenant" }).click();
+    await both.getByText("Showing tenant tenant-a.").waitFor();
+    await both.locator(".stat-succeeded .stat-number", { hasText: /^[1-9]/ }).waitFor();
+    await both.getByRole("link", { name: "Operations" }).click();
+    assert.equal(await both.getByLabel("Tenant").inputValue(), "tenant-a");
+    await both.locator(`table.listing a[title="${second}"]`).waitFor();
+    await both.close();
   });
 
   await check("a tenant approves exactly the snapshot shown, and is offered no review queue", async () => {
