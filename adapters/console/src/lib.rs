@@ -14,10 +14,10 @@
 #![forbid(unsafe_code)]
 
 /// The policy every console answer carries: scripts, styles, images and API calls from this
-/// origin only; no inline script (`script-src 'self'` without `'unsafe-inline'`), no inline
+/// origin only (no `data:` either); no inline script (`script-src 'self'` without `'unsafe-inline'`), no inline
 /// style attribute, no plugins, no framing, no form posting anywhere, no `<base>` rewriting.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
+style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
 form-action 'none'; frame-ancestors 'none'";
 
 /// One file of the console.

@@ -188,6 +188,8 @@ try {
     assert.match(policy, /connect-src 'self'/);
     assert.equal(response.headers()["set-cookie"], undefined, "no cookie");
     await page.getByLabel("Access token").waitFor();
+    assert.equal(await page.getByRole("button", { name: "Sign out" }).isVisible(), false, "nothing to sign out of yet");
+    assert.equal(await page.locator("#nav").isVisible(), false, "no pages before signing in");
     // The browser enforces it: a script injected into the page does not run.
     const refused = await page.evaluate(
       () =>
