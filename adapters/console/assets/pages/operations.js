@@ -24,7 +24,8 @@ export async function render(main, { query }) {
     const provider = query.get("provider");
     const account = query.get("account");
     const rows = page.operations.filter((op) => (!provider || op.provider === provider) && (!account || op.account === account));
-    results.replaceChildren(listing(rows), pager(query, page.next), provider || account ? h("p", { class: "muted small" }, `Provider and account narrow this page of ${page.operations.length}; the next page may hold more.`) : null);
+    const narrowed = provider || account ? h("p", { class: "muted small" }, `Provider and account narrow this page of ${page.operations.length}; the next page may hold more.`) : null;
+    results.replaceChildren(...[listing(rows), pager(query, page.next), narrowed].filter(Boolean));
   } catch (error) {
     results.replaceChildren(needsTenant(error) ? h("p", { class: "warning", role: "alert" }, "This token sees several tenants: name one in the Tenant field above.") : errorBox(error, null));
   }

@@ -302,7 +302,7 @@ function staleNotice(error, version) {
     "div",
     { class: "error stale", role: "alert" },
     h("p", { class: "error-title" }, "Not recorded: this operation changed after you opened it"),
-    h("p", {}, `You looked at version ${version}. ${error.message}.`),
+    h("p", {}, `You looked at version ${version}. The server says: “${error.message}”.`),
     h("p", { class: "advice" }, "Your decision was not applied, so nothing was sent. Reload the evidence, read what is new, and decide again."),
     h("button", { type: "button", onclick: () => location.reload() }, "Reload the evidence"),
   );

@@ -151,6 +151,18 @@ async function axe(page, name) {
 }
 
 async function shot(page, name) {
+  // What a page shows a person never holds a programming value's name (raw JSON aside).
+  // Text node by text node: textContent would glue "731" and "null" into one word.
+  const leaked = await page.evaluate(() => {
+    const walker = document.createTreeWalker(document.querySelector("main"), NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest("pre")) continue;
+      const found = /\bnull\b|\bundefined\b|\[object Object\]|\bNaN\b/.exec(node.data);
+      if (found) return found[0];
+    }
+    return null;
+  });
+  assert.equal(leaked, null, `${name} shows “${leaked}” to a person`);
   await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true, animations: "disabled" });
 }
 
