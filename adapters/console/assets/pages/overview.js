@@ -47,6 +47,8 @@ export async function render(main, _params, context) {
       );
       failure.replaceChildren(...(chosenTenant() ? [h("p", { class: "muted" }, `Showing tenant ${chosenTenant()}. `, h("button", { type: "button", onclick: () => { chooseTenant(null); refresh(); } }, "Choose another"))] : []));
     } catch (error) {
+      // A refresh while the person is typing a tenant must not replace what they typed.
+      if (needsTenant(error) && failure.querySelector("#tenant-choice")) return;
       failure.replaceChildren(
         needsTenant(error)
           ? tenantPicker("This token sees several tenants. Which one should the overview count?", (tenant) => {

@@ -428,7 +428,8 @@ try {
     await both.getByText("Showing tenant tenant-a.").waitFor();
     await both.locator(".stat-succeeded .stat-number", { hasText: /^[1-9]/ }).waitFor();
     await both.getByRole("link", { name: "Operations" }).click();
-    assert.equal(await both.getByLabel("Tenant").inputValue(), "tenant-a");
+    await both.locator("h1", { hasText: "Operations" }).waitFor();
+    assert.equal(await both.getByLabel("Tenant", { exact: true }).inputValue(), "tenant-a");
     await both.locator(`table.listing a[title="${second}"]`).waitFor();
     await both.close();
   });
