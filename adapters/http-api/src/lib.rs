@@ -25,7 +25,7 @@
 //! Files: `config.rs` the TOML configuration and its limits; `auth.rs` bearer tokens and scopes;
 //! `api/` the routes (`operations.rs` record and execute, `queries.rs` lists and traces,
 //! `review.rs` decisions); `events.rs` the SSE feed of outcomes; `metrics.rs` Prometheus;
-//! `error.rs` the error body every route answers with; `openapi.json` the OpenAPI document;
+//! `error.rs` the error body every route answers with; `console.rs` the operator console's files; `openapi.json` the OpenAPI document;
 //! [`render`] what the API and the CLI both show; [`input`] what they both parse.
 //!
 //! The binary (`bin/serve.rs`) only picks the configuration (a file, or the embedded default with
@@ -34,6 +34,7 @@
 mod api;
 mod auth;
 pub mod config;
+mod console;
 mod error;
 mod events;
 pub mod input;

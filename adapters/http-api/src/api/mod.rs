@@ -125,6 +125,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/webhooks/{id}/replay", post(webhooks::replay))
         .route("/v1/webhooks/{id}/attempts", get(webhooks::attempts))
         .merge(mcp::route(Arc::clone(&shared)))
+        .merge(super::console::routes())
         .fallback(not_a_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

@@ -1,0 +1,90 @@
+// Listings by state and age, with paging (the API's `next` cursor) and filters. State, age and
+// tenant are the API's own filters; provider and account narrow the page shown (the listing API
+// has no such filter yet), and the page says so.
+
+import { chooseTenant, chosenTenant, get, needsTenant } from "../api.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
+
+/// Rows per page.
+const PAGE_ROWS = 25;
+
+export async function render(main, { query }) {
+  const form = filters(query);
+  const results = h("div", { "aria-live": "polite", "aria-busy": "true" });
+  main.append(pageTitle("Operations"), form, results);
+  const params = new URLSearchParams({ limit: String(PAGE_ROWS) });
+  for (const name of ["state", "older_than", "tenant", "after"]) {
+    if (query.get(name)) params.set(name, query.get(name));
+  }
+  // A tenant named here is remembered for the other pages of a token that sees several.
+  if (query.get("tenant")) chooseTenant(query.get("tenant"));
+  else if (chosenTenant()) params.set("tenant", chosenTenant());
+  try {
+    const page = await get(`/v1/operations?${params}`);
+    const provider = query.get("provider");
+    const account = query.get("account");
+    const rows = page.operations.filter((op) => (!provider || op.provider === provider) && (!account || op.account === account));
+    const narrowed = provider || account ? h("p", { class: "muted small" }, `Provider and account narrow this page of ${page.operations.length}; the next page may hold more.`) : null;
+    results.replaceChildren(...[listing(rows), pager(query, page.next), narrowed].filter(Boolean));
+  } catch (error) {
+    results.replaceChildren(needsTenant(error) ? h("p", { class: "warning", role: "alert" }, "This token sees several tenants: name one in the Tenant field above.") : errorBox(error, null));
+  }
+  results.setAttribute("aria-busy", "false");
+  return null;
+}
+
+function filters(query) {
+  const field = (name, label, control) => h("div", { class: "field" }, h("label", { for: `filter-${name}` }, label), control);
+  const state = h("select", { id: "filter-state", name: "state" }, h("option", { value: "" }, "any state"), Object.entries(STATES).map(([value, [label]]) => h("option", { value, selected: query.get("state") === value }, label)));
+  const text = (name, placeholder) => h("input", { id: `filter-${name}`, name, type: "text", value: query.get(name) ?? "", placeholder, autocomplete: "off" });
+  const form = h(
+    "form",
+    { class: "filters card", role: "search", "aria-label": "Filter operations" },
+    field("state", "State", state),
+    field("older_than", "Older than", text("older_than", "e.g. 5m, 2h")),
+    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? chosenTenant() ?? "", placeholder: "any of yours", autocomplete: "off" })),
+    field("provider", "Provider", text("provider", "any")),
+    field("account", "Account", text("account", "any")),
+    h("button", { type: "submit" }, "Show"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [name, value] of new FormData(form)) if (String(value).trim()) next.set(name, String(value).trim());
+    location.hash = `#/operations?${next}`;
+  });
+  return form;
+}
+
+function listing(rows) {
+  if (!rows.length) return h("p", { class: "empty card" }, "No operation matches.");
+  return h(
+    "div",
+    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations, oldest first" },
+    h(
+      "table",
+      { class: "listing stacking" },
+      h("thead", {}, h("tr", {}, ["State", "Operation", "Tenant", "Provider / account", "Action", "Age", "External id"].map((x) => h("th", { scope: "col" }, x)))),
+      h("tbody", {}, rows.map((op) => h("tr", {}, cell("State", badge(op.state)), cell("Operation", link(`operation/${op.operation_id}`, shortId(op.operation_id), { title: op.operation_id })), cell("Tenant", op.tenant), cell("Provider / account", `${op.provider} / ${op.account}`), cell("Action", op.action), cell("Age", duration(op.age_s * 1000)), cell("External id", op.external_id ?? "—")))),
+    ),
+  );
+}
+
+function cell(label, content) {
+  return h("td", { "data-label": label }, content);
+}
+
+function pager(query, next) {
+  const links = [];
+  if (query.get("after")) {
+    const first = new URLSearchParams(query);
+    first.delete("after");
+    links.push(h("a", { href: `#/operations?${first}` }, "← First page"));
+  }
+  if (next) {
+    const following = new URLSearchParams(query);
+    following.set("after", next);
+    links.push(h("a", { href: `#/operations?${following}`, rel: "next" }, "Next page →"));
+  }
+  return h("nav", { class: "pager", "aria-label": "Pages" }, links);
+}

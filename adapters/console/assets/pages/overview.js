@@ -1,0 +1,114 @@
+// The overview: how many operations are in each state (for this token's tenants), the oldest
+// unknown's age, what the reconciler confirmed, duplicates found, and how far the read models
+// are behind — refreshed when the live feed says something happened, never on a timer, and at
+// most once a second, so a burst of events is one refresh, not a storm.
+
+import { chooseTenant, chosenTenant, get, needsTenant, tenantParam } from "../api.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, tenantPicker, time } from "../ui.js";
+
+/// Events refresh the numbers at most once per this many milliseconds: the first event starts the
+/// wait, the ones during it ride along (a steady stream of events cannot postpone it for ever).
+const REFRESH_EVERY_MS = 1000;
+/// Rows counted per state; beyond it the count shows as "1000+". The API's page limit.
+const COUNT_ROWS = 1000;
+/// The live events the page keeps on screen.
+const RECENT_EVENTS = 12;
+
+export async function render(main, _params, context) {
+  const cards = h("div", { class: "cards", "aria-busy": "true" });
+  const server = h("div", { class: "cards" });
+  // A fixed set of rows whose contents change: a new event rewrites the rows instead of
+  // inserting one, so nothing on the page moves when events arrive.
+  const slots = Array.from({ length: RECENT_EVENTS }, () => h("li", { class: "slot" }));
+  slots[0].append(h("span", { class: "muted small" }, "Events appear here as they happen (from the live feed)."));
+  const recent = h("ol", { class: "recent", "aria-label": "Latest outcome events, newest first" }, slots);
+  const events = [];
+  const failure = h("div");
+  main.append(
+    pageTitle("Overview"),
+    failure,
+    h("section", { "aria-labelledby": "states-heading" }, h("h2", { id: "states-heading" }, "Operations by state"), cards),
+    h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health ", h("span", { class: "muted small" }, "(whole server, all tenants)")), server),
+    h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent)),
+  );
+  // Placeholders of the final size first, so the numbers arriving move nothing.
+  cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…")));
+  server.replaceChildren(...["Oldest unknown", "Reconciliations confirmed", "Duplicates detected", "Read-model lag"].map((label) => numberCard(label, "…")));
+  const refresh = async () => {
+    try {
+      const [counts, health, metrics] = await Promise.all([stateCounts(), get("/healthz").catch(() => null), metricsText()]);
+      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, counts[state])));
+      cards.setAttribute("aria-busy", "false");
+      server.replaceChildren(
+        numberCard("Oldest unknown", metrics.oldest_unknown ? duration(metrics.oldest_unknown * 1000) : "none", "since its answer was lost"),
+        numberCard("Reconciliations confirmed", metrics.reconciliations ?? "—", "lookups that found the object"),
+        numberCard("Duplicates detected", metrics.duplicates ?? "—", "a second object for one request"),
+        numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
+      );
+      failure.replaceChildren(...(chosenTenant() ? [h("p", { class: "muted" }, `Showing tenant ${chosenTenant()}. `, h("button", { type: "button", onclick: () => { chooseTenant(null); refresh(); } }, "Choose another"))] : []));
+    } catch (error) {
+      // A refresh while the person is typing a tenant must not replace what they typed.
+      if (needsTenant(error) && failure.querySelector("#tenant-choice")) return;
+      failure.replaceChildren(
+        needsTenant(error)
+          ? tenantPicker("This token sees several tenants. Which one should the overview count?", (tenant) => {
+              chooseTenant(tenant);
+              refresh();
+            })
+          : errorBox(error, refresh),
+      );
+    }
+  };
+  await refresh();
+  let timer = null;
+  return context.onEvent((event) => {
+    events.unshift(event);
+    events.length = Math.min(events.length, RECENT_EVENTS);
+    events.forEach((shown, i) => slots[i].replaceChildren(...eventLine(shown)));
+    timer ??= setTimeout(() => {
+      timer = null;
+      refresh();
+    }, REFRESH_EVERY_MS);
+  });
+}
+
+function eventLine(event) {
+  const id = event.data.operation_id;
+  return [h("time", { datetime: event.data.at }, time(event.data.at)), " ", badge(event.data.type), " ", link(`operation/${id}`, shortId(id), { title: id }), " ", h("span", { class: "muted" }, event.data.detail ?? "")];
+}
+
+async function stateCounts() {
+  const entries = await Promise.all(
+    Object.keys(STATES).map(async (state) => {
+      const page = await get(`/v1/operations?state=${state}&limit=${COUNT_ROWS}${tenantParam()}`);
+      const n = page.operations.length;
+      return [state, page.next ? `${n}+` : String(n)];
+    }),
+  );
+  return Object.fromEntries(entries);
+}
+
+/// The server-wide numbers from /metrics (Prometheus text); empty when a metrics token guards it.
+async function metricsText() {
+  const response = await fetch("/metrics", { credentials: "omit", cache: "no-store" }).catch(() => null);
+  if (!response?.ok) return {};
+  const text = await response.text();
+  const value = (name) => {
+    const match = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
+    return match ? Number(match[1]) : null;
+  };
+  return {
+    oldest_unknown: value("since its answer was lost"),
+    reconciliations: value("opledger_reconciliations_confirmed_total"),
+    duplicates: value("opledger_duplicates_detected_total"),
+  };
+}
+
+function stateCard(state, count) {
+  const [label] = STATES[state];
+  return h("a", { class: `stat stat-${state}`, href: `#/operations?state=${state}` }, h("span", { class: "stat-number" }, count), h("span", { class: "stat-label" }, label));
+}
+
+function numberCard(label, value, help) {
+  return h("div", { class: "stat" }, h("span", { class: "stat-number" }, String(value)), h("span", { class: "stat-label" }, label), help ? h("span", { class: "muted small" }, help) : null);
+}

@@ -1,0 +1,340 @@
+// The review queue and the decision form: operations whose outcome nobody knows, oldest first,
+// each with the whole evidence a person needs to decide (what was asked, where, every attempt
+// and what came back, every lookup, the reason, the action's deduplication contract in words),
+// and a form that records one decision at the version the person looked at.
+
+import { ApiError, get, post } from "../api.js";
+import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
+
+/// The most queue items one page shows; the API's own page limit is higher.
+const QUEUE_ROWS = 200;
+/// How far into the queue a decision page looks for its item: the API's page limit.
+const QUEUE_SEARCH_ROWS = 1000;
+/// Live events refresh the queue at most once per this many milliseconds.
+const REFRESH_EVERY_MS = 500;
+
+export async function render(main, { id }, context) {
+  if (id) return renderItem(main, id, context);
+  return renderQueue(main, context);
+}
+
+async function renderQueue(main, context) {
+  const list = h("div", { class: "queue", "aria-live": "polite", "aria-busy": "true" });
+  const note = h("p", { class: "lead" }, "Operations whose outcome opledger could not establish on its own. Oldest first: open one, read the evidence, and record what should happen.");
+  main.append(pageTitle("Review queue"), note, list);
+  const refresh = async () => {
+    try {
+      const { queue } = await get(`/v1/review?limit=${QUEUE_ROWS}`);
+      list.replaceChildren(...(queue.length ? queue.map(item) : [h("p", { class: "empty card" }, "Nothing waits for a person. New cases appear here by themselves.")]));
+      setCount(queue.length);
+    } catch (error) {
+      list.replaceChildren(errorBox(error, refresh));
+    }
+    list.setAttribute("aria-busy", "false");
+  };
+  await refresh();
+  return context.onEvent(throttled(refresh));
+}
+
+function item(entry) {
+  const title = entry.detail?.args?.title ?? entry.detail?.description ?? entry.operation_id;
+  return h(
+    "article",
+    { class: "card queue-item", "data-operation": entry.operation_id },
+    h("div", { class: "row" }, badge(entry.state), h("span", { class: "muted" }, `waiting ${duration(entry.age_s * 1000)}`)),
+    h("h2", {}, link(`review/${entry.operation_id}`, `${entry.detail?.description ?? entry.operation_id}: “${title}”`)),
+    h("p", { class: "muted" }, `tenant ${entry.tenant} · ${entry.provider} / account ${entry.account} · ${entry.attempts} attempt(s), ${entry.lookups} lookup(s)`),
+    h("p", {}, entry.reason ?? "The outcome of the last attempt is unknown; opledger is still checking."),
+  );
+}
+
+async function renderItem(main, id, context) {
+  const body = h("div", { "aria-busy": "true" });
+  main.append(h("p", {}, link("review", "← Review queue")), pageTitle("Decide"), body);
+  let item;
+  let operation;
+  try {
+    [item, operation] = await Promise.all([findInQueue(id), get(`/v1/operations/${encodeURIComponent(id)}`)]);
+  } catch (error) {
+    body.replaceChildren(errorBox(error, () => location.reload()));
+    return null;
+  }
+  body.setAttribute("aria-busy", "false");
+  if (!item && (operation.state === "needs_review" || operation.state === "unknown")) {
+    body.replaceChildren(
+      h("div", { class: "card" }, h("p", {}, `This operation waits for a decision, but it is not among the ${QUEUE_SEARCH_ROWS} longest-waiting ones the queue shows, so its evidence is not loaded here. Decide on those first, or read its `, link(`operation/${id}`, "timeline"), ".")),
+    );
+    return null;
+  }
+  if (!item) {
+    body.replaceChildren(
+      h("div", { class: "card" }, h("p", {}, "This operation does not wait for a decision (any more): it is ", badge(operation.state), "."), h("p", {}, operation.message), h("p", {}, link(`operation/${id}`, "Open its timeline"))),
+    );
+    return null;
+  }
+  // Evidence and decision side by side on a laptop (the form stays in view while reading), one
+  // after the other on a phone; the top line says where the next step is either way.
+  body.className = "decide-layout";
+  body.replaceChildren(
+    h("p", { class: "next-step" }, "Read the evidence, check the CRM if you need to, then ", h("a", { href: "#decide-heading", onclick: jumpToForm }, "record your decision"), "."),
+    h("div", { class: "evidence" }, evidence(item, operation)),
+    h("aside", { class: "decide-aside", "aria-label": "Decision" }, decisionForm(item, operation)),
+  );
+  return context.onEvent((event) => {
+    if (event.data.operation_id === id) {
+      const notice = document.getElementById("moved-on");
+      if (notice) notice.hidden = false;
+    }
+  });
+}
+
+/// The in-page link to the form: the route lives in the fragment, so move focus instead of
+/// letting the link change it.
+function jumpToForm(event) {
+  event.preventDefault();
+  const heading = document.getElementById("decide-heading");
+  heading.setAttribute("tabindex", "-1");
+  heading.scrollIntoView({ block: "start" });
+  heading.focus();
+}
+
+async function findInQueue(id) {
+  const { queue } = await get(`/v1/review?limit=${QUEUE_SEARCH_ROWS}`);
+  return queue.find((entry) => entry.operation_id === id) ?? null;
+}
+
+/// The evidence, in the order a person reads it: what, why, then the record.
+function evidence(item, operation) {
+  const detail = item.detail ?? {};
+  const binding = detail.binding ?? {};
+  const args = detail.args ?? {};
+  return [
+    h(
+      "section",
+      { class: "card summary", "aria-labelledby": "what-heading" },
+      h("h2", { id: "what-heading" }, "What was asked"),
+      h("p", { class: "big" }, `${capital(detail.description ?? binding.action ?? "an action")} in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, for tenant ${item.tenant}.`),
+      h("table", { class: "args" }, h("caption", {}, "Arguments, frozen when the request was recorded"), h("tbody", {}, Object.entries(args).map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, typeof v === "string" ? v : JSON.stringify(v)))))),
+      h("p", {}, badge(item.state), " ", operation.message),
+    ),
+    h(
+      "section",
+      { class: "card why", "aria-labelledby": "why-heading" },
+      h("h2", { id: "why-heading" }, "Why it needs you"),
+      h("p", {}, item.reason ?? "The last attempt's outcome is unknown and opledger is still looking for evidence; you may decide now or wait."),
+      h("p", { class: "contract" }, h("strong", {}, "What this CRM promises about repeats: "), contractInWords(item.reason)),
+      h("p", { class: "how" }, h("strong", {}, "How to check: "), howToCheck(item, detail)),
+      facts([
+        ["Waiting since", `${time(item.since)} (${duration(item.age_s * 1000)})`],
+        ["Last error", item.last_error],
+        ["Last evidence", item.evidence],
+      ]),
+    ),
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "attempts-heading" },
+      h("h2", { id: "attempts-heading" }, `Attempts (${(detail.attempts ?? []).length})`),
+      h("p", { class: "muted" }, `Each attempt sent ${binding.action ?? "the action"} with the arguments above and idempotency key ${binding.idempotency_key ?? "—"} to account ${binding.account ?? item.account} (credentials ${binding.credential_fingerprint ?? "—"}).`),
+      table(
+        ["#", "Attempt", "Started", "Took", "Worker", "Outcome", "What came back"],
+        (detail.attempts ?? []).map((a) => [
+          a.attempt_number,
+          link(`trace/${a.attempt_id}`, shortId(a.attempt_id), { title: a.attempt_id }),
+          time(a.started_at),
+          a.ended_at ? between(a.started_at, a.ended_at) : "still running",
+          a.worker,
+          a.outcome,
+          a.detail ?? "—",
+        ]),
+      ),
+    ),
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "lookups-heading" },
+      h("h2", { id: "lookups-heading" }, `Lookups (${(detail.lookups ?? []).length})`),
+      h("p", { class: "muted" }, "How opledger asked the CRM whether the object exists. An empty search is not proof of absence: search indexes lag."),
+      table(
+        ["When", "Result", "Evidence"],
+        (detail.lookups ?? []).map((l) => [time(l.at), lookupResult(l.result), l.evidence]),
+      ),
+    ),
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "binding-heading" },
+      h("h2", { id: "binding-heading" }, "Binding"),
+      facts([
+        ["Operation", h("span", {}, link(`operation/${item.operation_id}`, item.operation_id), " ", link(`trace/${item.operation_id}`, "(trace)"))],
+        ["Tenant", binding.tenant ?? item.tenant],
+        ["Provider / account", `${binding.provider ?? item.provider} / ${binding.account ?? item.account}`],
+        ["Action", binding.action],
+        ["Idempotency key", binding.idempotency_key],
+        ["Arguments hash", detail.args_hash],
+      ]),
+      rawJson(item, "The review item as the API returned it"),
+    ),
+  ];
+}
+
+/// A concrete thing to look for at the provider, from the frozen arguments and the first send.
+function howToCheck(item, detail) {
+  const binding = detail.binding ?? {};
+  const first = (detail.attempts ?? [])[0];
+  const title = detail.args?.title ?? detail.args?.name ?? detail.args?.subject;
+  const what = title ? `“${title}”` : "an object with the arguments above";
+  const when = first ? ` created around ${time(first.started_at)}` : "";
+  return `in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, look for ${what}${when}. If it is there, choose “It exists” and give its id; if you are sure it is not, send it again.`;
+}
+
+function capital(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+function lookupResult(result) {
+  if (!result) return "—";
+  if (typeof result === "string") return result;
+  const kind = (result.kind ?? "").replaceAll("_", " ");
+  return result.authoritative === false ? `${kind} (not proof)` : kind;
+}
+
+/// The action's deduplication contract in plain words, from the reason the ledger gave.
+function contractInWords(reason = "") {
+  if (/neither honours idempotency keys nor enforces a unique label/.test(reason)) {
+    return "nothing. It cannot tell a repeated request from a new one, so if the first request did arrive, a retry creates a second object.";
+  }
+  if (/retention/.test(reason)) {
+    return "it recognises a repeat by its idempotency key only for a limited time, and that time has passed: a retry now may create a second object.";
+  }
+  if (/idempotency key/.test(reason)) {
+    return "it recognises a repeat by its idempotency key, so a retry with the same key does not create a second object.";
+  }
+  return "see the reason above; a retry is sent with the same key and label as the first request.";
+}
+
+function table(headings, rows) {
+  if (!rows.length) return h("p", { class: "muted" }, "None.");
+  return h(
+    "div",
+    { class: "scroll", tabindex: "0", role: "region", "aria-label": headings.join(", ") },
+    h("table", { class: "stacking" }, h("thead", {}, h("tr", {}, headings.map((x) => h("th", { scope: "col" }, x)))), h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((c, i) => h("td", { "data-label": headings[i] }, c)))))),
+  );
+}
+
+const CHOICES = [
+  ["confirm", "It exists — I found it in the CRM", "Record the operation as done with the object's id. Nothing is sent."],
+  ["retry", "It does not exist — send it again", "The same request is sent once more, with the same key and label."],
+  ["abandon", "Give up — it should not happen", "The operation ends without an object; the agent is told it was not done."],
+];
+
+function decisionForm(item, operation) {
+  const id = item.operation_id;
+  const version = operation.version;
+  const externalId = h("input", { id: "external-id", name: "external_id", type: "text", autocomplete: "off", maxlength: "256", "aria-describedby": "external-id-help" });
+  const externalRow = h("div", { class: "field", id: "external-id-row", hidden: true }, h("label", { for: "external-id" }, "The object's id in the CRM"), externalId, h("p", { id: "external-id-help", class: "help" }, "As the CRM shows it, e.g. a task number."));
+  const noteField = h("textarea", { id: "note", name: "note", rows: "3", maxlength: "4096", required: true, "aria-describedby": "note-help" });
+  const result = h("div", { id: "decision-result", "aria-live": "polite" });
+  const risk = h("div", { id: "risk", hidden: true });
+  const radios = CHOICES.map(([value, label, help]) =>
+    h("div", { class: "choice" }, h("input", { type: "radio", name: "decision", id: `decision-${value}`, value, "aria-describedby": `decision-${value}-help` }), h("label", { for: `decision-${value}` }, label), h("p", { class: "help", id: `decision-${value}-help` }, help)),
+  );
+  const submit = h("button", { type: "submit", class: "primary" }, "Record decision");
+  const form = h(
+    "form",
+    { class: "card decision", novalidate: true, "aria-labelledby": "decide-heading" },
+    h("h2", { id: "decide-heading" }, "Your decision"),
+    h("p", { class: "help", id: "moved-on", hidden: true, role: "status" }, "New events arrived for this operation since you opened it. Reload to see them before you decide."),
+    h("fieldset", {}, h("legend", {}, "What should happen to this request?"), radios),
+    externalRow,
+    h("div", { class: "field" }, h("label", { for: "note" }, "Why (recorded with your decision)"), noteField, h("p", { id: "note-help", class: "help" }, "What you checked and what you found, for whoever reads this operation's history later.")),
+    h("p", { class: "help", id: "version-help" }, `You are deciding on version ${version} of this operation, as loaded at ${time(new Date().toISOString())}. If anything changes before you submit, the decision is refused instead of applied to something you have not seen.`),
+    risk,
+    submit,
+    result,
+  );
+  form.addEventListener("change", (event) => {
+    if (event.target.name === "decision") {
+      externalRow.hidden = event.target.value !== "confirm";
+      risk.hidden = true;
+      risk.replaceChildren();
+    }
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const decision = form.querySelector("input[name=decision]:checked")?.value;
+    const problems = [];
+    if (!decision) problems.push("Choose what should happen.");
+    if (decision === "confirm" && !externalId.value.trim()) problems.push("Give the object's id in the CRM, or choose another decision.");
+    if (!noteField.value.trim()) problems.push("Say why, in a sentence.");
+    if (problems.length) {
+      result.replaceChildren(errorBox(new ApiError(0, "incomplete", problems.join(" ")), null));
+      return;
+    }
+    const body = { decision, note: noteField.value.trim(), expected_version: version };
+    if (decision === "confirm") body.external_id = externalId.value.trim();
+    const accepted = form.querySelector("#accept-risk");
+    if (decision === "retry" && accepted?.checked) body.accept_duplicate_risk = true;
+    submit.disabled = true;
+    result.replaceChildren(h("p", { class: "muted" }, "Recording…"));
+    try {
+      const decided = await post(`/v1/operations/${encodeURIComponent(id)}/review`, body);
+      form.querySelector("fieldset").disabled = true;
+      submit.hidden = true;
+      risk.hidden = true;
+      result.replaceChildren(
+        h("div", { class: "done", role: "status" }, h("p", { class: "big" }, "Decision recorded. The operation is now ", badge(decided.state), "."), h("p", {}, decided.message), h("p", {}, link(`operation/${id}`, "See it in the timeline"), " · ", link("review", "Back to the queue"))),
+      );
+      announce("Decision recorded");
+    } catch (error) {
+      submit.disabled = false;
+      if (error.code === "stale") result.replaceChildren(staleNotice(error, version));
+      else if (error.code === "duplicate_risk_not_accepted") {
+        result.replaceChildren();
+        risk.replaceChildren(...riskNotice(error, item));
+        risk.hidden = false;
+        form.querySelector("#accept-risk").focus();
+      } else result.replaceChildren(errorBox(error, null));
+    }
+  });
+  return form;
+}
+
+function staleNotice(error, version) {
+  return h(
+    "div",
+    { class: "error stale", role: "alert" },
+    h("p", { class: "error-title" }, "Not recorded: this operation changed after you opened it"),
+    h("p", {}, `You looked at version ${version}. The server says: “${error.message}”.`),
+    h("p", { class: "advice" }, "Your decision was not applied, so nothing was sent. Reload the evidence, read what is new, and decide again."),
+    h("button", { type: "button", onclick: () => location.reload() }, "Reload the evidence"),
+  );
+}
+
+function riskNotice(error, item) {
+  return [
+    h(
+      "div",
+      { class: "warning", role: "alert" },
+      h("p", { class: "error-title" }, "Nothing was sent: a retry here may create a duplicate"),
+      h("p", {}, `${item.provider} does not recognise a repeated request for this action. If the first attempt did reach it — the answer was lost, not necessarily the request — a retry creates a second object, exactly the duplicate opledger exists to prevent.`),
+      h("p", {}, "Before retrying, look in the CRM for the object (the attempts' times and the arguments above help). If you find it, choose “It exists” and give its id instead. Retry only if you are sure it is not there."),
+      h("details", {}, h("summary", {}, "The API's words (duplicate_risk_not_accepted)"), h("p", {}, error.message)),
+    ),
+    h("div", { class: "choice" }, h("input", { type: "checkbox", id: "accept-risk", name: "accept_duplicate_risk" }), h("label", { for: "accept-risk" }, "I checked the CRM: the object is not there, and I accept that a retry may create a duplicate. (This is recorded with my decision.)")),
+  ];
+}
+
+function setCount(n) {
+  const count = document.getElementById("review-count");
+  if (count) count.textContent = n ? String(n) : "";
+}
+
+/// `action` at most once per REFRESH_EVERY_MS however many calls arrive: the first call starts
+/// the wait and those during it ride along.
+function throttled(action) {
+  let timer = null;
+  return () => {
+    timer ??= setTimeout(() => {
+      timer = null;
+      action();
+    }, REFRESH_EVERY_MS);
+  };
+}

@@ -1,0 +1,195 @@
+//! The operator console (adapters/console) end to end in a real browser: Debian's headless
+//! Chromium driven by playwright-core from npm, against a spawned `opledger serve` and the CRM
+//! stand. The scenario itself is adapters/console/tests/browser/console.test.mjs; this test
+//! provides what it stands on and fails (never skips) when any of it cannot be had:
+//!
+//! - Chromium at /usr/bin/chromium, installed with apt-get when missing (`bash .ci/run` on a fresh
+//!   Debian machine runs as root);
+//! - the script's npm packages (playwright-core, axe-core), installed with `npm ci` from the
+//!   committed lock file into the target directory and reused while the lock is the same;
+//! - the screenshots it takes go to docs/console, where the README shows them, so they stay
+//!   true to the console each test run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::support::{
+    Harness, ACCOUNT, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
+    TENANT_B_TOKEN,
+};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// An operator scoped to tenants A and B, added to the harness's configuration for this test.
+const OPERATOR_AB_TOKEN: &str = "operator-a-and-b-0123456789";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn browser_tests() -> PathBuf {
+    repo().join("adapters/console/tests/browser")
+}
+
+/// Runs `command`; fails the test with its output when it fails.
+fn run(command: &mut Command, what: &str) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("{what}: cannot start {command:?}: {error}"));
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{printed}",
+        output.status
+    );
+    printed
+}
+
+/// Installs Debian's Chromium when it is missing. Fails the test if it cannot: a browser test
+/// that skips would pass on exactly the machines where nobody looked.
+fn ensure_chromium() {
+    if Path::new(CHROMIUM).exists() {
+        return;
+    }
+    run(
+        Command::new("apt-get").arg("update"),
+        "apt-get update (Chromium is missing; the console tests install it as root)",
+    );
+    run(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+        "apt-get install chromium",
+    );
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "apt-get installed chromium but {CHROMIUM} is not there"
+    );
+}
+
+/// The folder holding `node_modules` with the lock file's packages, made with `npm ci` once per
+/// lock file. Made aside and renamed into place, as the Python test's environment is, so parallel
+/// test processes never see a half-installed one.
+fn node_modules() -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(install_node_modules).clone()
+}
+
+fn install_node_modules() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let place = tmp.join("console-browser");
+    let lock = std::fs::read_to_string(browser_tests().join("package-lock.json"))
+        .expect("the console's package-lock.json is committed");
+    let is_ready = |dir: &Path| {
+        std::fs::read_to_string(dir.join("package-lock.json")).ok() == Some(lock.clone())
+            && dir.join("node_modules/playwright-core").exists()
+            && dir.join("node_modules/axe-core").exists()
+    };
+    if is_ready(&place) {
+        return place;
+    }
+    let aside = tmp.join(format!("console-browser.making-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&aside);
+    std::fs::create_dir_all(&aside).expect("a folder for the npm packages");
+    for file in ["package.json", "package-lock.json"] {
+        std::fs::copy(browser_tests().join(file), aside.join(file)).expect("the npm manifest");
+    }
+    run(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(&aside),
+        "npm ci of the console's browser-test packages (needs Node 20 and npm)",
+    );
+    if place.exists() && !is_ready(&place) {
+        let stale = tmp.join(format!("console-browser.stale-{}", std::process::id()));
+        if std::fs::rename(&place, &stale).is_ok() {
+            let _ = std::fs::remove_dir_all(&stale);
+        }
+    }
+    if std::fs::rename(&aside, &place).is_err() {
+        // Another process put its own in place first: use that one.
+        let _ = std::fs::remove_dir_all(&aside);
+        assert!(is_ready(&place), "cannot put the npm packages in place");
+    }
+    place
+}
+
+#[tokio::test]
+async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() {
+    let modules = tokio::task::spawn_blocking(|| {
+        ensure_chromium();
+        node_modules()
+    })
+    .await
+    .expect("the browser and the packages are installed");
+    let harness = Harness::new("").await;
+    // The harness's configuration plus an operator who sees two tenants (whose listings must
+    // name one), without changing the configuration every other serve test shares.
+    let config = harness.instance_config(
+        0,
+        &[(
+            "[[approvers]]",
+            &format!(
+                "[[operators]]\nid = \"ab-reviewer\"\ntoken = \"{OPERATOR_AB_TOKEN}\"\ntenants = [\"tenant-a\", \"tenant-b\"]\n\n[[approvers]]"
+            ),
+        )],
+    );
+    let server = harness.serve_with(&config);
+    let shots = repo().join("docs/console");
+    std::fs::create_dir_all(&shots).expect("the screenshots folder");
+    let mut node = Command::new("node");
+    node.arg(browser_tests().join("console.test.mjs"))
+        .env("OPLEDGER_BASE_URL", &server.base)
+        .env("OPLEDGER_STAND_URL", harness.stand_url())
+        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        .env("OPLEDGER_OPERATOR_B_TOKEN", OPERATOR_B_TOKEN)
+        .env("OPLEDGER_OPERATOR_AB_TOKEN", OPERATOR_AB_TOKEN)
+        .env("OPLEDGER_TENANT_A_TOKEN", TENANT_A_TOKEN)
+        .env("OPLEDGER_TENANT_B_TOKEN", TENANT_B_TOKEN)
+        .env("OPLEDGER_APPROVER_B_TOKEN", APPROVER_B_TOKEN)
+        .env("OPLEDGER_ACCOUNT", ACCOUNT)
+        .env("OPLEDGER_NODE_MODULES", &modules)
+        .env("OPLEDGER_SCREENSHOTS", &shots);
+    let printed = tokio::task::spawn_blocking(move || run(&mut node, "the console's browser test"))
+        .await
+        .expect("node ran");
+    println!("{printed}");
+    assert!(
+        printed.contains("all console checks passed"),
+        "the browser test did not reach its end:\n{printed}"
+    );
+}
+
+#[tokio::test]
+async fn the_console_is_served_with_its_policy_and_unknown_files_are_404() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let client = reqwest::Client::new();
+    for path in [
+        "/console",
+        "/console/",
+        "/console/app.js",
+        "/console/pages/review.js",
+    ] {
+        let response = client
+            .get(format!("{}{path}", server.base))
+            .send()
+            .await
+            .expect("the server answers");
+        assert_eq!(response.status(), reqwest::StatusCode::OK, "{path}");
+        let policy = response.headers()["content-security-policy"]
+            .to_str()
+            .expect("ASCII");
+        assert_eq!(policy, opledger_console::CONTENT_SECURITY_POLICY, "{path}");
+        assert!(response.headers().get("set-cookie").is_none(), "{path}");
+    }
+    let missing = client
+        .get(format!("{}/console/secrets.js", server.base))
+        .send()
+        .await
+        .expect("the server answers");
+    assert_eq!(missing.status(), reqwest::StatusCode::NOT_FOUND);
+}
