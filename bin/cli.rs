@@ -601,9 +601,18 @@ pub struct StatusArgs {
     pub store: ReadStoreArgs,
     /// The operation id.
     pub operation_id: String,
+    /// Show the operation as it stood at this moment: a global position (`1200`: once the event
+    /// there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at
+    /// or before it); folded from its events up to then.
+    #[arg(long, value_parser = parse_as_of, value_name = "POSITION|TIME")]
+    pub as_of: Option<opledger_http_api::render::AsOf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_as_of(text: &str) -> Result<opledger_http_api::render::AsOf, String> {
+    opledger_http_api::render::AsOf::parse(text)
 }
 
 /// Where the read models live.

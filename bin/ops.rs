@@ -5,6 +5,7 @@
 //! behind the ledger.
 
 use chrono::{DateTime, Utc};
+use opledger_domain::app::AppError;
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::{OperationId, TenantId};
 use opledger_domain::sentence::agent_sentence;
@@ -17,7 +18,9 @@ use serde_json::json;
 use crate::cli::{CliError, OpsListArgs, StatusArgs};
 use crate::intent::{close, open_for_reading, print_state, SqliteLedger};
 use crate::read_models::{self, age, check_limit, print_json, print_table};
-use opledger_http_api::render::{operation_json, view_of, OperationView};
+use opledger_http_api::render::{
+    operation_json, view_as_of, view_of, AsOf, OperationView, RenderError,
+};
 
 /// The states `--state` accepts: every state but `new`, which no recorded operation is in.
 fn listable_states() -> impl Iterator<Item = &'static str> {
@@ -215,7 +218,10 @@ fn table_row(row: &OperationRow, now: DateTime<Utc>) -> Vec<String> {
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
     let ledger = open_for_reading(&args.store.db).await?;
-    let result = print_operation(&ledger, operation_id, args.json).await;
+    let result = match args.as_of {
+        None => print_operation(&ledger, operation_id, args.json).await,
+        Some(as_of) => print_operation_as_of(&ledger, operation_id, as_of, args.json).await,
+    };
     let closed = close(&ledger).await;
     result?;
     closed
@@ -227,12 +233,43 @@ pub async fn print_operation(
     operation_id: OperationId,
     json: bool,
 ) -> Result<(), CliError> {
+    let view = view_of(ledger.store(), operation_id).await?;
+    print_view(operation_id, view, json)
+}
+
+/// Prints an operation as it stood at `as_of` (not found if it was not recorded yet then).
+async fn print_operation_as_of(
+    ledger: &SqliteLedger,
+    operation_id: OperationId,
+    as_of: AsOf,
+    json: bool,
+) -> Result<(), CliError> {
+    let view = view_as_of(ledger.store(), operation_id, as_of)
+        .await
+        .map_err(|error| match error {
+            RenderError::App(AppError::NotFound { .. }) => CliError::NotFound(format!(
+                "operation {operation_id} was not in the ledger at {}",
+                as_of_words(as_of)
+            )),
+            other => other.into(),
+        })?;
+    print_view(operation_id, view, json)
+}
+
+fn as_of_words(as_of: AsOf) -> String {
+    match as_of {
+        AsOf::Position(position) => format!("position {position}"),
+        AsOf::Time(time) => time.to_rfc3339(),
+    }
+}
+
+fn print_view(operation_id: OperationId, view: OperationView, json: bool) -> Result<(), CliError> {
     let OperationView {
         loaded,
         events,
         lines,
         ..
-    } = view_of(ledger.store(), operation_id).await?;
+    } = view;
     let sentence = agent_sentence(&loaded.state);
     if json {
         return print_json(&json!({

@@ -332,3 +332,51 @@ async fn a_parquet_export_holds_the_ndjson_rows_verifies_offline_and_a_forged_ce
         text(&verified)
     );
 }
+
+fn ops_show(db: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["ops", "show", "--db"])
+        .arg(db)
+        .args(extra)
+        .env_remove("OPLEDGER_DB")
+        .output()
+        .expect("runs")
+}
+
+#[tokio::test]
+async fn ops_show_as_of_a_moment_shows_the_operation_as_it_stood_then() {
+    let (_dir, db) = ledger().await;
+    let connection = rusqlite::Connection::open(&db).expect("opens the file directly");
+    let stream: String = connection
+        .query_row("SELECT stream FROM events WHERE position = 1", [], |row| {
+            row.get(0)
+        })
+        .expect("the first event's stream");
+    drop(connection);
+    let id = stream.trim_start_matches("operation-");
+    let shown = |extra: &[&str]| -> Value {
+        let output = ops_show(&db, &[&[id, "--json"], extra].concat());
+        assert!(output.status.success(), "{extra:?}: {}", text(&output));
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    };
+    let now = shown(&[]);
+    assert_eq!(now["version"], 1, "recorded, then approved: {now}");
+    let recorded = shown(&["--as-of", "1"]);
+    assert_eq!(recorded["version"], 0);
+    assert_eq!(recorded["events"].as_array().map(Vec::len), Some(1));
+    assert_ne!(recorded["state"], now["state"]);
+    // Approvals were written at positions 7–12, the first operation's at 7.
+    assert_eq!(shown(&["--as-of", "6"])["state"], recorded["state"]);
+    assert_eq!(shown(&["--as-of", "7"])["state"], now["state"]);
+    let time = now["events"][1]["data"]["at"]
+        .as_str()
+        .expect("the approval's time");
+    assert_eq!(shown(&["--as-of", time])["version"], 1);
+
+    let before = ops_show(&db, &[id, "--as-of", "2000-01-01T00:00:00Z"]);
+    assert_eq!(before.status.code(), Some(3), "{}", text(&before));
+    assert!(text(&before).contains("was not in the ledger at"));
+    let bad = ops_show(&db, &[id, "--as-of", "soon"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    assert!(text(&bad).contains("neither a position nor an RFC 3339 time"));
+}

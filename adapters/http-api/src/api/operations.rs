@@ -5,6 +5,8 @@
 use super::*;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::render::{view_as_of, AsOf};
+
 /// While another worker's attempt is in flight, an execute call looks for its outcome after this
 /// pause, doubling up to [`IN_FLIGHT_POLL_MAX`]: a send usually ends within milliseconds.
 const IN_FLIGHT_POLL_MIN: Duration = Duration::from_millis(1);
@@ -322,16 +324,47 @@ pub(crate) fn wait_of(shared: &Shared, wait_ms: Option<&str>) -> Result<Duration
     Ok(Duration::from_millis(wait_ms))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ShowQuery {
+    /// The operation as it stood at this global position or RFC 3339 time.
+    as_of: Option<String>,
+}
+
 pub(super) async fn show(
     State(shared): State<Arc<Shared>>,
     IdPath(id): IdPath,
+    query: Result<Query<ShowQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
-    let loaded = visible(&shared, &scope, operation_id(&id)?).await?;
+    let operation_id = operation_id(&id)?;
+    let Query(query) = query?;
+    let Some(as_of) = query.as_of else {
+        let loaded = visible(&shared, &scope, operation_id).await?;
+        return Ok(view_reply(
+            StatusCode::OK,
+            &operation_view(&shared, &loaded),
+        ));
+    };
+    let as_of = AsOf::parse(&as_of)
+        .map_err(|problem| ApiError::invalid(ValidationError::new("as_of", problem)))?;
+    let view = view_as_of(shared.engine.ledger().store(), operation_id, as_of)
+        .await
+        .map_err(ApiError::from)?;
+    // The tenant never changes, so the scope check on the moment's intent is the same as now's.
+    let tenant = view
+        .loaded
+        .state
+        .intent
+        .as_ref()
+        .map(|intent| &intent.tenant);
+    if !tenant.is_some_and(|tenant| scope.allows(tenant)) {
+        return Err(ApiError::not_found(format!("operation {operation_id}")));
+    }
     Ok(view_reply(
         StatusCode::OK,
-        &operation_view(&shared, &loaded),
+        &operation_view(&shared, &view.loaded),
     ))
 }
 

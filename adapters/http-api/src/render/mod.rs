@@ -16,7 +16,7 @@ use opledger_domain::ids::{OperationId, StreamVersion};
 use opledger_domain::store::StoreError;
 use opledger_readmodel::ReadModelError;
 
-pub use operation::{operation_json, view_of, OperationView};
+pub use operation::{operation_json, view_as_of, view_of, AsOf, OperationView};
 pub use outcome::{
     outcome_json, outcome_of, state_through, wanted_types, Outcome, DEFAULT_TYPES, TYPES,
 };

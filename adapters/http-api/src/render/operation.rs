@@ -1,13 +1,13 @@
 //! One operation as the API and the CLI show it: a listed row as JSON, and a view read once from
 //! its stream (state, events as stored, the readable timeline), so the two always agree.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use opledger_domain::app::{AppError, LoadedOperation};
 use opledger_domain::codec;
 use opledger_domain::event::OperationEvent;
-use opledger_domain::ids::OperationId;
+use opledger_domain::ids::{GlobalPosition, OperationId};
 use opledger_domain::state::fold;
-use opledger_domain::store::EventStore;
+use opledger_domain::store::{EventStore, RecordedEvent};
 use opledger_projections::operations::OperationRow;
 use serde_json::json;
 
@@ -53,6 +53,72 @@ pub async fn view_of<S: EventStore>(
     operation_id: OperationId,
 ) -> Result<OperationView, RenderError> {
     let recorded = timeline::recorded_history(store, operation_id).await?;
+    view_from(operation_id, recorded)
+}
+
+/// A moment of the log, for an answer "as of" it: once the event at a global position was
+/// committed, or at a time (the events recorded at or before it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsOf {
+    /// Up to and including the event at this position.
+    Position(GlobalPosition),
+    /// Up to and including the events recorded at or before this moment.
+    Time(DateTime<Utc>),
+}
+
+impl AsOf {
+    /// Reads `1200` (a global position, from 1) or an RFC 3339 time (`2026-12-01T14:02:00Z`);
+    /// the error says what was expected.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+            return match text.parse::<u64>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "{text} is not a position: positions start at 1 and fit in 64 bits"
+                )),
+                Ok(position) => Ok(Self::Position(GlobalPosition::new(position))),
+            };
+        }
+        DateTime::parse_from_rfc3339(text)
+            .map(|time| Self::Time(time.with_timezone(&Utc)))
+            .map_err(|error| {
+                format!(
+                    "{text:?} is neither a position nor an RFC 3339 time ({error}); write e.g. 1200 or 2026-12-01T14:02:00Z"
+                )
+            })
+    }
+
+    /// Whether the event was in the ledger at this moment.
+    fn includes(&self, recorded: &RecordedEvent, event: &OperationEvent) -> bool {
+        match self {
+            Self::Position(position) => recorded.position <= *position,
+            Self::Time(time) => event.at() <= *time,
+        }
+    }
+}
+
+/// An operation as it stood at `as_of`: folded from the events of its stream up to that moment
+/// only, so the state, the sentence and the timeline are the ones the ledger showed then. An
+/// operation not yet recorded then is not found.
+pub async fn view_as_of<S: EventStore>(
+    store: &S,
+    operation_id: OperationId,
+    as_of: AsOf,
+) -> Result<OperationView, RenderError> {
+    let mut recorded = timeline::recorded_history(store, operation_id).await?;
+    // A stream's events are appended in order, each later than the one before: the moment cuts
+    // the stream in two.
+    let kept = recorded
+        .iter()
+        .take_while(|(stored, event)| as_of.includes(stored, event))
+        .count();
+    recorded.truncate(kept);
+    view_from(operation_id, recorded)
+}
+
+fn view_from(
+    operation_id: OperationId,
+    recorded: Vec<(RecordedEvent, OperationEvent)>,
+) -> Result<OperationView, RenderError> {
     let Some((last, _)) = recorded.last() else {
         return Err(AppError::NotFound { operation_id }.into());
     };
