@@ -1,6 +1,7 @@
 //! `opledger serve` end to end: a real child process on a real SQLite file, talked to over real
 //! HTTP, sending to the CRM stand on loopback.
 
+mod connections;
 mod contract;
 mod idempotency;
 mod inputs;

@@ -34,6 +34,7 @@
 mod api;
 mod auth;
 pub mod config;
+mod connections;
 mod error;
 mod events;
 pub mod input;
@@ -165,7 +166,7 @@ pub async fn run(
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let (served, grace_end) = serve_until(
+    let grace_end = serve_until(
         listener,
         Arc::clone(&service.shared),
         until,
@@ -174,9 +175,7 @@ pub async fn run(
         service.limits,
     )
     .await;
-    let stopped = service.stop(grace_end).await;
-    served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
-    stopped
+    service.stop(grace_end).await
 }
 
 /// Serves MCP on stdin and stdout for `tenant` (`opledger mcp`) over the same service `serve`
@@ -425,7 +424,7 @@ fn spawn_runner(
 
 /// Serves the API until `until` resolves, then drains: requests in progress get
 /// `shutdown_grace_ms` to finish, because a client that never finishes its request must not keep
-/// the store from closing.
+/// the store from closing. Connections are bounded in time and number (`connections.rs`).
 async fn serve_until(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
@@ -433,30 +432,33 @@ async fn serve_until(
     stop: watch::Sender<bool>,
     mut draining: watch::Receiver<bool>,
     limits: Limits,
-) -> (std::io::Result<()>, tokio::time::Instant) {
+) -> tokio::time::Instant {
     let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
     let stopped_at = Arc::new(std::sync::OnceLock::new());
     let stop_time = Arc::clone(&stopped_at);
-    let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
-        until.await;
-        let _ = stop_time.set(tokio::time::Instant::now());
-        info!("shutting down: no new connections; finishing requests in progress");
-        let _ = stop.send(true);
-    });
-    let served = tokio::select! {
-        served = std::future::IntoFuture::into_future(graceful) => served,
+    let graceful = connections::serve(
+        listener,
+        api::router(shared),
+        (&limits).into(),
+        async move {
+            until.await;
+            let _ = stop_time.set(tokio::time::Instant::now());
+            info!("shutting down: no new connections; finishing requests in progress");
+            let _ = stop.send(true);
+        },
+    );
+    tokio::select! {
+        () = graceful => {}
         () = async {
             let _ = draining.wait_for(|stopping| *stopping).await;
             tokio::time::sleep(grace).await;
         } => {
             warn!(grace_ms = grace.as_millis() as u64, "requests still open after the shutdown grace are dropped");
-            Ok(())
         }
-    };
-    let grace_end = stopped_at
+    }
+    stopped_at
         .get()
-        .map_or_else(tokio::time::Instant::now, |at| *at + grace);
-    (served, grace_end)
+        .map_or_else(tokio::time::Instant::now, |at| *at + grace)
 }
 
 /// An execute call answers at its deadline while its drive goes on, holding the call's place:

@@ -1,0 +1,490 @@
+//! The server's own accept loop: every connection is bounded in time and in number.
+//!
+//! `axum::serve` keeps a connection that sends half a request header open for ever and accepts
+//! without limit (issue 26: 15,000 idle connections took ~610 MB), so each connection is served
+//! here with hyper's HTTP/1 builder, under four limits from `[limits]`:
+//!
+//! | limit | what happens at it |
+//! |---|---|
+//! | `header_read_timeout_ms` | a connection whose request headers have not all arrived this long after its accept (or after the first byte of a later request) is closed |
+//! | `idle_timeout_ms` | a keep-alive connection that has not completed its next request's headers this long after its last response is closed |
+//! | `max_connections` | the next connection is answered `503 too_many_connections` and closed |
+//! | `max_connections_per_address` | the next connection from that address is answered `429 too_many_connections_from_address` and closed |
+//!
+//! A refused connection is answered, not just dropped, so a client (or a person with curl) learns
+//! why and when to come back: a fixed 503/429 with `Retry-After: 1`, after the request's headers
+//! (or [`REFUSAL_LINGER_MS`] without them), from a task of its own, never from the accept loop.
+//! At most [`MAX_REFUSALS_LINGERING`] refusals are in progress at once, each for at most twice
+//! [`REFUSAL_LINGER_MS`]; beyond that a refused connection is closed at once, without an answer.
+//! A flood from one address is held at its own limit, so everyone else (`/healthz` probes,
+//! operators) is still served while it lasts.
+//!
+//! Hyper measures an idle keep-alive connection's wait and its next request's headers as one span,
+//! from its last response to the end of the next headers; that span is `idle_timeout_ms`. The
+//! shorter `header_read_timeout_ms` is kept here, by [`Deadlined`], from the accept (a fresh
+//! connection gets no idle allowance) and from the first byte of each later request.
+//!
+//! It must never hold more than `max_connections` connections, nor a connection past its header
+//! deadline, nor wait on a refused client.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::Router;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use hyper::service::{service_fn, Service as _};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Sleep;
+use tracing::{debug, warn};
+
+use crate::config::Limits;
+
+/// How long the loop waits after a failed accept (out of file descriptors, ...), in milliseconds,
+/// so a persistent failure does not spin a core.
+const ACCEPT_BACKOFF_MS: u64 = 50;
+/// Most refused connections being answered at once (see the module docs): each holds a file
+/// descriptor and a task for up to twice [`REFUSAL_LINGER_MS`].
+pub const MAX_REFUSALS_LINGERING: usize = 64;
+/// How long a refusal waits for the request's headers, and then for the client to close after
+/// the answer, in milliseconds.
+pub const REFUSAL_LINGER_MS: u64 = 500;
+/// The most a refusal reads in each phase, in bytes: a request's headers and a small body; a
+/// client sending more is not waiting for an answer.
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+
+/// The limits a connection is served under, taken from [`Limits`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnectionLimits {
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    max_connections: usize,
+    max_connections_per_address: usize,
+}
+
+impl From<&Limits> for ConnectionLimits {
+    fn from(limits: &Limits) -> Self {
+        debug_assert!(limits.header_read_timeout_ms <= limits.idle_timeout_ms);
+        debug_assert!(limits.max_connections_per_address <= limits.max_connections);
+        Self {
+            header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(limits.idle_timeout_ms),
+            max_connections: limits.max_connections,
+            max_connections_per_address: limits.max_connections_per_address,
+        }
+    }
+}
+
+/// Accepts and serves connections until `until` resolves, then stops accepting, closes idle
+/// connections, and waits for the requests in progress to finish. The caller bounds that wait
+/// (`shutdown_grace_ms`): dropping this future drops every connection still open.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    until: impl Future<Output = ()>,
+) {
+    let (stop, stopping) = watch::channel(false);
+    let places = Places::new(limits);
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_LINGERING));
+    let mut connections = JoinSet::new();
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            () = &mut until => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match places.take(peer.ip()) {
+                    Ok(place) => {
+                        connections.spawn(serve_connection(stream, router.clone(), limits, stopping.clone(), place));
+                    }
+                    Err(refusal) => refuse(stream, peer, refusal, &refusals),
+                },
+                Err(error) => {
+                    warn!(%error, "accept failed; trying again shortly");
+                    tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Serves one connection until it ends, a deadline closes it, or the server stops.
+async fn serve_connection(
+    stream: TcpStream,
+    router: Router,
+    limits: ConnectionLimits,
+    mut stopping: watch::Receiver<bool>,
+    _place: Place,
+) {
+    let in_progress = Arc::new(AtomicUsize::new(0));
+    let io = Deadlined::new(stream, limits.header_read_timeout, Arc::clone(&in_progress));
+    let app = TowerToHyperService::new(router);
+    let service = service_fn(move |request: hyper::Request<Incoming>| {
+        // Counted from the moment the headers are in until the response's body is dropped
+        // (written, or the connection gone): meanwhile no header deadline runs.
+        let request_guard = InProgress::enter(&in_progress);
+        let call = app.call(request);
+        async move {
+            let response = call.await?;
+            Ok::<_, std::convert::Infallible>(response.map(|body| {
+                Body::new(body.map_frame(move |frame| {
+                    let _held_until_the_body_is_dropped = &request_guard;
+                    frame
+                }))
+            }))
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    debug!(%error, "connection ended with an error");
+                }
+                return;
+            }
+            () = stopped(&mut stopping), if !draining => {
+                // Closes the connection if idle, or after the response in progress.
+                connection.as_mut().graceful_shutdown();
+                draining = true;
+            }
+        }
+    }
+}
+
+/// Resolves once the server is stopping (or its loop is gone).
+async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    // Only `()` leaves: the guard `wait_for` returns must not live across another await in a
+    // `select!` arm, or the task would stop being `Send`.
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// Why a connection was refused at accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// `max_connections` are open.
+    Full,
+    /// `max_connections_per_address` are open from this address.
+    AddressFull,
+}
+
+impl Refusal {
+    /// The whole answer, written before the request is read (it does not depend on it).
+    fn answer(self) -> &'static [u8] {
+        match self {
+            Self::Full => concat!(
+                "HTTP/1.1 503 Service Unavailable\r\n",
+                "content-type: application/json\r\n",
+                "retry-after: 1\r\n",
+                "connection: close\r\n",
+                "content-length: 122\r\n",
+                "\r\n",
+                r#"{"error":{"code":"too_many_connections","message":"the server holds max_connections connections; try again in a second"}}"#,
+                "\n",
+            )
+            .as_bytes(),
+            Self::AddressFull => concat!(
+                "HTTP/1.1 429 Too Many Requests\r\n",
+                "content-type: application/json\r\n",
+                "retry-after: 1\r\n",
+                "connection: close\r\n",
+                "content-length: 147\r\n",
+                "\r\n",
+                r#"{"error":{"code":"too_many_connections_from_address","message":"this address holds max_connections_per_address connections; reuse or close some"}}"#,
+                "\n",
+            )
+            .as_bytes(),
+        }
+    }
+}
+
+/// Answers a refused connection and closes it, never waiting on it in the accept loop.
+fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal, lingering: &Arc<Semaphore>) {
+    warn!(%peer, ?refusal, "connection refused at its limit");
+    let Ok(permit) = Arc::clone(lingering).try_acquire_owned() else {
+        // Too many refusals in progress already: close at once (the client sees the connection
+        // closed without an answer), so a flood of refusals costs no more than this.
+        return;
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        answer_refusal(stream, refusal).await;
+    });
+}
+
+/// Reads the request's headers (an answer before the request makes HTTP clients such as hyper's
+/// fail with "unexpected message"), answers, ends the answer with a FIN, and reads what else the
+/// client sent until it closes, so the final close finds nothing unread (which would reset the
+/// connection and could discard the answer before the client reads it). Each phase gets at most
+/// [`REFUSAL_LINGER_MS`] and reads at most [`REFUSAL_DRAIN_BYTES`].
+async fn answer_refusal(mut stream: TcpStream, refusal: Refusal) {
+    let linger = Duration::from_millis(REFUSAL_LINGER_MS);
+    let mut seen = Vec::with_capacity(1024);
+    let _ = tokio::time::timeout(linger, async {
+        let mut chunk = [0u8; 1024];
+        while seen.len() < REFUSAL_DRAIN_BYTES && !ends_headers(&seen) {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => seen.extend_from_slice(&chunk[..read]),
+            }
+        }
+    })
+    .await;
+    let _ = tokio::time::timeout(linger, async {
+        stream.write_all(refusal.answer()).await?;
+        stream.shutdown().await?;
+        let mut chunk = [0u8; 1024];
+        let mut drained = 0;
+        while drained < REFUSAL_DRAIN_BYTES {
+            match stream.read(&mut chunk).await? {
+                0 => break,
+                read => drained += read,
+            }
+        }
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+/// Whether `bytes` hold a whole request head (they end the blank line after the headers).
+fn ends_headers(bytes: &[u8]) -> bool {
+    bytes.windows(4).any(|window| window == b"\r\n\r\n")
+}
+
+/// The connection places: how many are open, in all and per client address.
+#[derive(Clone)]
+struct Places {
+    limits: ConnectionLimits,
+    open: Arc<Mutex<Open>>,
+}
+
+#[derive(Default)]
+struct Open {
+    total: usize,
+    /// Only addresses with a connection open, so it never holds more than `max_connections`.
+    per_address: HashMap<IpAddr, usize>,
+}
+
+impl Places {
+    fn new(limits: ConnectionLimits) -> Self {
+        Self {
+            limits,
+            open: Arc::default(),
+        }
+    }
+
+    /// A place for a connection from `address`, or why there is none.
+    fn take(&self, address: IpAddr) -> Result<Place, Refusal> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let from_address = open.per_address.get(&address).copied().unwrap_or(0);
+        if from_address >= self.limits.max_connections_per_address {
+            return Err(Refusal::AddressFull);
+        }
+        if open.total >= self.limits.max_connections {
+            return Err(Refusal::Full);
+        }
+        open.total += 1;
+        open.per_address.insert(address, from_address + 1);
+        debug_assert!(open.total <= self.limits.max_connections);
+        Ok(Place {
+            places: self.clone(),
+            address,
+        })
+    }
+}
+
+/// One open connection's place, given back when the connection ends.
+struct Place {
+    places: Places,
+    address: IpAddr,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self
+            .places
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        open.total -= 1;
+        if let Some(count) = open.per_address.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.per_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Counts a request in progress on its connection while alive.
+struct InProgress(Arc<AtomicUsize>);
+
+impl InProgress {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's socket with the header read deadline: armed at accept and at the first byte
+/// read while no request is in progress, disarmed once a request is (its headers are in).
+/// Reading past the deadline fails with `TimedOut`, which makes hyper close the connection.
+struct Deadlined {
+    stream: TcpStream,
+    header_read_timeout: Duration,
+    in_progress: Arc<AtomicUsize>,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Deadlined {
+    fn new(
+        stream: TcpStream,
+        header_read_timeout: Duration,
+        in_progress: Arc<AtomicUsize>,
+    ) -> Self {
+        Self {
+            stream,
+            header_read_timeout,
+            in_progress,
+            deadline: Some(Box::pin(tokio::time::sleep(header_read_timeout))),
+        }
+    }
+}
+
+impl AsyncRead for Deadlined {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let idle = this.in_progress.load(Ordering::Acquire) == 0;
+        if !idle {
+            this.deadline = None;
+        }
+        // Polled before the read, so a read that stays pending leaves the timer's waker set.
+        if let Some(deadline) = this.deadline.as_mut() {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the request's headers did not arrive within header_read_timeout_ms",
+                )));
+            }
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let got_bytes = matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before;
+        if got_bytes && idle && this.deadline.is_none() {
+            // A next request has begun: hyper polls again for the rest, which sets the waker.
+            this.deadline = Some(Box::pin(tokio::time::sleep(this.header_read_timeout)));
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Deadlined {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_connections: usize, per_address: usize) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_millis(100),
+            idle_timeout: Duration::from_millis(100),
+            max_connections,
+            max_connections_per_address: per_address,
+        }
+    }
+
+    #[test]
+    fn each_refusal_states_its_exact_length() {
+        for refusal in [Refusal::Full, Refusal::AddressFull] {
+            let answer = std::str::from_utf8(refusal.answer()).expect("ASCII");
+            let (head, body) = answer.split_once("\r\n\r\n").expect("a head and a body");
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length: "))
+                .expect("a length")
+                .parse()
+                .expect("a number");
+            assert_eq!(length, body.len(), "{answer}");
+            let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+            assert!(json["error"]["code"].is_string(), "{answer}");
+        }
+    }
+
+    #[test]
+    fn places_are_refused_per_address_first_and_given_back_when_dropped() {
+        let places = Places::new(limits(3, 2));
+        let a: IpAddr = [127, 0, 0, 2].into();
+        let b: IpAddr = [127, 0, 0, 3].into();
+        let first = places.take(a).expect("a place");
+        let _second = places.take(a).expect("a place");
+        assert_eq!(places.take(a).err(), Some(Refusal::AddressFull));
+        let _third = places.take(b).expect("a place");
+        assert_eq!(places.take(b).err(), Some(Refusal::Full));
+        drop(first);
+        let _again = places.take(b).expect("the place given back");
+        let open = places.open.lock().expect("not poisoned");
+        assert_eq!(open.total, 3);
+        assert_eq!(open.per_address.len(), 2);
+    }
+}
