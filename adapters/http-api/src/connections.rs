@@ -66,6 +66,46 @@ pub const REFUSAL_LINGER_MS: u64 = 500;
 /// client sending more is not waiting for an answer.
 const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
 
+/// File descriptors kept for everything beside the connections and refusals: the ledger and
+/// read-model files, the listening socket, provider connections, logs. Measured use at rest is
+/// about 30; providers hold at most one connection per concurrent send.
+pub const DESCRIPTORS_BESIDE_CONNECTIONS: u64 = 1_024;
+
+/// Raises the process's soft open-file limit, up to its hard limit, so that `max_connections`
+/// connections, the refusals in progress and [`DESCRIPTORS_BESIDE_CONNECTIONS`] fit. Without it
+/// accept fails at the soft limit (1,024 under systemd by default) long before `max_connections`,
+/// and so would the store's next file. Returns a warning to print when the hard limit is too low.
+pub(crate) fn fit_descriptor_limit(limits: &Limits) -> Option<String> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let needed = limits.max_connections as u64
+        + MAX_REFUSALS_LINGERING as u64
+        + DESCRIPTORS_BESIDE_CONNECTIONS;
+    let now = getrlimit(Resource::Nofile);
+    // `None` is "unlimited".
+    let soft = now.current.unwrap_or(u64::MAX);
+    let hard = now.maximum.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return None;
+    }
+    let raised = needed.min(hard);
+    let set = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(raised),
+            maximum: now.maximum,
+        },
+    );
+    if set.is_ok() && raised >= needed {
+        debug!(from = soft, to = raised, "raised the open-file limit");
+        return None;
+    }
+    let have = if set.is_ok() { raised } else { soft };
+    Some(format!(
+        "opledger: warning: the open-file limit is {have}, below the {needed} that max_connections = {} needs (plus {} for refusals and {DESCRIPTORS_BESIDE_CONNECTIONS} for the rest); connections beyond it wait unaccepted. Raise it (ulimit -n, or LimitNOFILE= in a systemd unit) or lower limits.max_connections",
+        limits.max_connections, MAX_REFUSALS_LINGERING
+    ))
+}
+
 /// The limits a connection is served under, taken from [`Limits`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnectionLimits {

@@ -156,6 +156,10 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Bound first: a port in use is found before the ledger is opened.
     let (listener, local) = bind(config.listen).await?;
+    if let Some(warning) = connections::fit_descriptor_limit(&config.limits) {
+        warn!("{warning}");
+        eprintln!("{warning}");
+    }
     let service = Service::start(config, Output::Stdout).await?;
     println!(
         "opledger serve: listening on http://{local} (ledger {}, read models {})",
