@@ -139,10 +139,14 @@ async fn half_a_header_is_closed_within_the_header_read_timeout_even_when_it_dri
     };
     assert!(closed - started >= timeout - Duration::from_millis(50));
 
-    // A whole request on time is answered as before.
+    // A whole request on time is answered as before, and /metrics counted the three closes.
     assert_eq!(
         healthz_status(&server).await.expect("answered"),
         StatusCode::OK
+    );
+    assert_eq!(
+        metric(&server, "opledger_http_header_read_timeouts_total").await,
+        3
     );
 }
 
@@ -213,6 +217,11 @@ async fn a_flood_from_one_address_is_answered_429_at_its_limit_while_another_add
     other.write_all(HEALTHZ).await.expect("written");
     assert!(read_answer(&mut other).await.starts_with("HTTP/1.1 200"));
 
+    // Operators see the refusal, and the flood's five connections (plus this request's) open.
+    let refused = r#"opledger_http_connections_refused_total{limit="max_connections_per_address"}"#;
+    assert_eq!(metric(&server, refused).await, 1);
+    assert!(metric(&server, "opledger_http_connections_open").await >= 6);
+
     // Once the flood closes, its address is served again.
     drop(flood);
     eventually_served_from(flooder, at).await;
@@ -244,6 +253,21 @@ async fn at_max_connections_the_next_is_answered_503_and_served_again_when_the_f
 
     drop(flood);
     eventually_served_from(Ipv4Addr::LOCALHOST, at).await;
+}
+
+/// The value of the series `name` (with its labels) on `/metrics`.
+async fn metric(server: &Server, name: &str) -> u64 {
+    let page = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .expect("a page");
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} on /metrics:\n{page}"))
+        .parse()
+        .expect("a count")
 }
 
 /// Waits (bounded) until a fresh connection from `from` gets `/healthz` 200: the server gives a

@@ -32,7 +32,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,13 +49,15 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument as _};
 
 use crate::config::Limits;
 
 /// How long the loop waits after a failed accept (out of file descriptors, ...), in milliseconds,
 /// so a persistent failure does not spin a core.
 const ACCEPT_BACKOFF_MS: u64 = 50;
+/// The least time between two warnings about refused connections, in milliseconds.
+const REFUSAL_WARNING_INTERVAL_MS: u64 = 1_000;
 /// Most refused connections being answered at once (see the module docs): each holds a file
 /// descriptor and a task for up to twice [`REFUSAL_LINGER_MS`].
 pub const MAX_REFUSALS_LINGERING: usize = 64;
@@ -106,6 +108,36 @@ pub(crate) fn fit_descriptor_limit(limits: &Limits) -> Option<String> {
     ))
 }
 
+/// What the loop counted, for `/metrics`: connections open, refused at each limit, and closed at
+/// the header read timeout.
+#[derive(Debug, Default)]
+pub struct ConnectionCounters {
+    open: AtomicUsize,
+    refused_max_connections: AtomicU64,
+    refused_per_address: AtomicU64,
+    header_timeouts: AtomicU64,
+}
+
+impl ConnectionCounters {
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused at `max_connections` and at `max_connections_per_address`, so far.
+    pub fn refused(&self) -> (u64, u64) {
+        (
+            self.refused_max_connections.load(Ordering::Relaxed),
+            self.refused_per_address.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Connections closed because their request's headers did not arrive in time, so far.
+    pub fn header_timeouts(&self) -> u64 {
+        self.header_timeouts.load(Ordering::Relaxed)
+    }
+}
+
 /// The limits a connection is served under, taken from [`Limits`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnectionLimits {
@@ -135,11 +167,13 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    counters: Arc<ConnectionCounters>,
     until: impl Future<Output = ()>,
 ) {
     let (stop, stopping) = watch::channel(false);
-    let places = Places::new(limits);
+    let places = Places::new(limits, Arc::clone(&counters));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_LINGERING));
+    let mut refusal_log = RefusalLog::default();
     let mut connections = JoinSet::new();
     tokio::pin!(until);
     loop {
@@ -148,10 +182,18 @@ pub(crate) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match places.take(peer.ip()) {
                     Ok(place) => {
-                        connections.spawn(serve_connection(stream, router.clone(), limits, stopping.clone(), place));
+                        let span = tracing::debug_span!("connection", %peer);
+                        let served = serve_connection(stream, router.clone(), limits, Arc::clone(&counters), stopping.clone(), place);
+                        connections.spawn(served.instrument(span));
                     }
-                    Err(refusal) => refuse(stream, peer, refusal, &refusals),
+                    Err(refusal) => {
+                        refusal_log.note(refusal, peer, &counters);
+                        refuse(stream, refusal, &refusals);
+                    }
                 },
+                Err(error) if is_the_clients(&error) => {
+                    debug!(%error, "a client went away before its connection was accepted");
+                }
                 Err(error) => {
                     warn!(%error, "accept failed; trying again shortly");
                     tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
@@ -165,16 +207,66 @@ pub(crate) async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
+/// Whether a failed accept concerns only the one client (it reset or aborted), so the loop goes
+/// straight on; anything else (out of file descriptors, ...) would fail again at once.
+fn is_the_clients(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Counts refusals and warns at most once per [`REFUSAL_WARNING_INTERVAL_MS`], so a flood does not
+/// become a flood of log lines.
+#[derive(Default)]
+struct RefusalLog {
+    since_warning: u64,
+    warned_at: Option<tokio::time::Instant>,
+}
+
+impl RefusalLog {
+    fn note(&mut self, refusal: Refusal, peer: SocketAddr, counters: &ConnectionCounters) {
+        match refusal {
+            Refusal::Full => counters
+                .refused_max_connections
+                .fetch_add(1, Ordering::Relaxed),
+            Refusal::AddressFull => counters.refused_per_address.fetch_add(1, Ordering::Relaxed),
+        };
+        self.since_warning += 1;
+        let now = tokio::time::Instant::now();
+        let interval = Duration::from_millis(REFUSAL_WARNING_INTERVAL_MS);
+        if self.warned_at.is_none_or(|at| now - at >= interval) {
+            warn!(
+                %peer,
+                limit = refusal.limit(),
+                refused = self.since_warning,
+                open = counters.open(),
+                "connections refused at their limit (one warning per second at most; /metrics counts them all)"
+            );
+            self.since_warning = 0;
+            self.warned_at = Some(now);
+        }
+    }
+}
+
 /// Serves one connection until it ends, a deadline closes it, or the server stops.
 async fn serve_connection(
     stream: TcpStream,
     router: Router,
     limits: ConnectionLimits,
+    counters: Arc<ConnectionCounters>,
     mut stopping: watch::Receiver<bool>,
     _place: Place,
 ) {
     let in_progress = Arc::new(AtomicUsize::new(0));
-    let io = Deadlined::new(stream, limits.header_read_timeout, Arc::clone(&in_progress));
+    let io = Deadlined::new(
+        stream,
+        limits.header_read_timeout,
+        Arc::clone(&in_progress),
+        counters,
+    );
     let app = TowerToHyperService::new(router);
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         // Counted from the moment the headers are in until the response's body is dropped
@@ -232,6 +324,14 @@ enum Refusal {
 }
 
 impl Refusal {
+    /// The name of the limit reached, as `[limits]` spells it.
+    fn limit(self) -> &'static str {
+        match self {
+            Self::Full => "max_connections",
+            Self::AddressFull => "max_connections_per_address",
+        }
+    }
+
     /// The whole answer, written before the request is read (it does not depend on it).
     fn answer(self) -> &'static [u8] {
         match self {
@@ -262,8 +362,7 @@ impl Refusal {
 }
 
 /// Answers a refused connection and closes it, never waiting on it in the accept loop.
-fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal, lingering: &Arc<Semaphore>) {
-    warn!(%peer, ?refusal, "connection refused at its limit");
+fn refuse(stream: TcpStream, refusal: Refusal, lingering: &Arc<Semaphore>) {
     let Ok(permit) = Arc::clone(lingering).try_acquire_owned() else {
         // Too many refusals in progress already: close at once (the client sees the connection
         // closed without an answer), so a flood of refusals costs no more than this.
@@ -319,6 +418,7 @@ fn ends_headers(bytes: &[u8]) -> bool {
 struct Places {
     limits: ConnectionLimits,
     open: Arc<Mutex<Open>>,
+    counters: Arc<ConnectionCounters>,
 }
 
 #[derive(Default)]
@@ -329,10 +429,11 @@ struct Open {
 }
 
 impl Places {
-    fn new(limits: ConnectionLimits) -> Self {
+    fn new(limits: ConnectionLimits, counters: Arc<ConnectionCounters>) -> Self {
         Self {
             limits,
             open: Arc::default(),
+            counters,
         }
     }
 
@@ -348,6 +449,7 @@ impl Places {
         }
         open.total += 1;
         open.per_address.insert(address, from_address + 1);
+        self.counters.open.store(open.total, Ordering::Relaxed);
         debug_assert!(open.total <= self.limits.max_connections);
         Ok(Place {
             places: self.clone(),
@@ -370,6 +472,10 @@ impl Drop for Place {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         open.total -= 1;
+        self.places
+            .counters
+            .open
+            .store(open.total, Ordering::Relaxed);
         if let Some(count) = open.per_address.get_mut(&self.address) {
             *count -= 1;
             if *count == 0 {
@@ -403,6 +509,7 @@ struct Deadlined {
     header_read_timeout: Duration,
     in_progress: Arc<AtomicUsize>,
     deadline: Option<Pin<Box<Sleep>>>,
+    counters: Arc<ConnectionCounters>,
 }
 
 impl Deadlined {
@@ -410,12 +517,14 @@ impl Deadlined {
         stream: TcpStream,
         header_read_timeout: Duration,
         in_progress: Arc<AtomicUsize>,
+        counters: Arc<ConnectionCounters>,
     ) -> Self {
         Self {
             stream,
             header_read_timeout,
             in_progress,
             deadline: Some(Box::pin(tokio::time::sleep(header_read_timeout))),
+            counters,
         }
     }
 }
@@ -434,6 +543,10 @@ impl AsyncRead for Deadlined {
         // Polled before the read, so a read that stays pending leaves the timer's waker set.
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
+                this.counters
+                    .header_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!("closing a connection whose request headers did not arrive in time");
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the request's headers did not arrive within header_read_timeout_ms",
@@ -495,6 +608,39 @@ mod tests {
     }
 
     #[test]
+    fn the_open_file_limit_is_raised_to_fit_max_connections_or_a_warning_says_what_to_do() {
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let before = getrlimit(Resource::Nofile);
+        let mut limits = Limits {
+            max_connections: 100,
+            ..Limits::default()
+        };
+        let needed = 100 + MAX_REFUSALS_LINGERING as u64 + DESCRIPTORS_BESIDE_CONNECTIONS;
+        assert!(
+            before.maximum.is_none_or(|hard| hard >= needed),
+            "this test needs a hard open-file limit of at least {needed}"
+        );
+        let lowered = Rlimit {
+            current: Some(needed - 1),
+            maximum: before.maximum,
+        };
+        setrlimit(Resource::Nofile, lowered).expect("the soft limit lowered");
+        assert_eq!(fit_descriptor_limit(&limits), None);
+        assert_eq!(getrlimit(Resource::Nofile).current, Some(needed));
+        if let Some(hard) = before.maximum {
+            limits.max_connections = usize::try_from(hard).unwrap_or(usize::MAX);
+            let warning = fit_descriptor_limit(&limits).expect("a warning");
+            assert!(
+                warning.contains(&format!("the open-file limit is {hard}"))
+                    && warning.contains("ulimit -n")
+                    && warning.contains("lower limits.max_connections"),
+                "{warning}"
+            );
+        }
+        setrlimit(Resource::Nofile, before).expect("the limit restored");
+    }
+
+    #[test]
     fn each_refusal_states_its_exact_length() {
         for refusal in [Refusal::Full, Refusal::AddressFull] {
             let answer = std::str::from_utf8(refusal.answer()).expect("ASCII");
@@ -513,7 +659,7 @@ mod tests {
 
     #[test]
     fn places_are_refused_per_address_first_and_given_back_when_dropped() {
-        let places = Places::new(limits(3, 2));
+        let places = Places::new(limits(3, 2), Arc::default());
         let a: IpAddr = [127, 0, 0, 2].into();
         let b: IpAddr = [127, 0, 0, 3].into();
         let first = places.take(a).expect("a place");
@@ -523,6 +669,7 @@ mod tests {
         assert_eq!(places.take(b).err(), Some(Refusal::Full));
         drop(first);
         let _again = places.take(b).expect("the place given back");
+        assert_eq!(places.counters.open(), 3);
         let open = places.open.lock().expect("not poisoned");
         assert_eq!(open.total, 3);
         assert_eq!(open.per_address.len(), 2);

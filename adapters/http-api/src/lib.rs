@@ -34,7 +34,7 @@
 mod api;
 mod auth;
 pub mod config;
-mod connections;
+pub mod connections;
 mod error;
 mod events;
 pub mod input;
@@ -146,6 +146,8 @@ pub struct Shared {
     pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
     pub openapi: axum::body::Bytes,
+    /// What the accept loop counted (open, refused, timed out), for `/metrics`.
+    pub connections: Arc<connections::ConnectionCounters>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -295,6 +297,7 @@ impl Service {
             tenants: TenantCache::default(),
             openapi: openapi_for(&limits).into(),
             worker_counters: workers.counters(),
+            connections: Arc::default(),
         });
         Ok(Self {
             shared,
@@ -440,10 +443,12 @@ async fn serve_until(
     let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
     let stopped_at = Arc::new(std::sync::OnceLock::new());
     let stop_time = Arc::clone(&stopped_at);
+    let counters = Arc::clone(&shared.connections);
     let graceful = connections::serve(
         listener,
         api::router(shared),
         (&limits).into(),
+        counters,
         async move {
             until.await;
             let _ = stop_time.set(tokio::time::Instant::now());
