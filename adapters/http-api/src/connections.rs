@@ -25,7 +25,8 @@
 //! connection gets no idle allowance) and from the first byte of each later request.
 //!
 //! It must never hold more than `max_connections` connections, nor a connection past its header
-//! deadline, nor wait on a refused client.
+//! deadline, nor let refused clients hold the accept loop or more than [`MAX_REFUSALS_LINGERING`]
+//! tasks.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -56,8 +57,9 @@ use crate::config::Limits;
 /// How long the loop waits after a failed accept (out of file descriptors, ...), in milliseconds,
 /// so a persistent failure does not spin a core.
 const ACCEPT_BACKOFF_MS: u64 = 50;
-/// The least time between two warnings about refused connections, in milliseconds.
-const REFUSAL_WARNING_INTERVAL_MS: u64 = 1_000;
+/// The least time between two warnings about refused connections, or about failed accepts, in
+/// milliseconds: a flood must not become a flood of log lines.
+const WARNING_INTERVAL_MS: u64 = 1_000;
 /// Most refused connections being answered at once (see the module docs): each holds a file
 /// descriptor and a task for up to twice [`REFUSAL_LINGER_MS`].
 pub const MAX_REFUSALS_LINGERING: usize = 64;
@@ -69,8 +71,8 @@ pub const REFUSAL_LINGER_MS: u64 = 500;
 const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
 
 /// File descriptors kept for everything beside the connections and refusals: the ledger and
-/// read-model files, the listening socket, provider connections, logs. Measured use at rest is
-/// about 30; providers hold at most one connection per concurrent send.
+/// read-model files, the listening socket, provider connections, logs. Measured use at rest is 23
+/// (bench/connections/rss.py); providers hold at most one connection per concurrent send.
 pub const DESCRIPTORS_BESIDE_CONNECTIONS: u64 = 1_024;
 
 /// Raises the process's soft open-file limit, up to its hard limit, so that `max_connections`
@@ -103,7 +105,7 @@ pub(crate) fn fit_descriptor_limit(limits: &Limits) -> Option<String> {
     }
     let have = if set.is_ok() { raised } else { soft };
     Some(format!(
-        "opledger: warning: the open-file limit is {have}, below the {needed} that max_connections = {} needs (plus {} for refusals and {DESCRIPTORS_BESIDE_CONNECTIONS} for the rest); connections beyond it wait unaccepted. Raise it (ulimit -n, or LimitNOFILE= in a systemd unit) or lower limits.max_connections",
+        "opledger: warning: the open-file limit is {have}, below the {needed} needed for max_connections = {}, {} refusals in progress and {DESCRIPTORS_BESIDE_CONNECTIONS} for the rest; beyond it connections wait unaccepted. Raise it (ulimit -n, or LimitNOFILE= in a systemd unit) or lower limits.max_connections",
         limits.max_connections, MAX_REFUSALS_LINGERING
     ))
 }
@@ -174,6 +176,7 @@ pub(crate) async fn serve(
     let places = Places::new(limits, Arc::clone(&counters));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_LINGERING));
     let mut refusal_log = RefusalLog::default();
+    let mut accept_warning = Throttle::default();
     let mut connections = JoinSet::new();
     tokio::pin!(until);
     loop {
@@ -195,7 +198,9 @@ pub(crate) async fn serve(
                     debug!(%error, "a client went away before its connection was accepted");
                 }
                 Err(error) => {
-                    warn!(%error, "accept failed; trying again shortly");
+                    if accept_warning.ready() {
+                        warn!(%error, "accept failed; trying again shortly (one warning per second at most)");
+                    }
                     tokio::time::sleep(Duration::from_millis(ACCEPT_BACKOFF_MS)).await;
                 }
             },
@@ -218,12 +223,30 @@ fn is_the_clients(error: &io::Error) -> bool {
     )
 }
 
-/// Counts refusals and warns at most once per [`REFUSAL_WARNING_INTERVAL_MS`], so a flood does not
-/// become a flood of log lines.
+/// Says yes at most once per [`WARNING_INTERVAL_MS`].
+#[derive(Default)]
+struct Throttle {
+    last: Option<tokio::time::Instant>,
+}
+
+impl Throttle {
+    fn ready(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let interval = Duration::from_millis(WARNING_INTERVAL_MS);
+        if self.last.is_some_and(|last| now - last < interval) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// Counts refusals for `/metrics` and warns at most once per [`WARNING_INTERVAL_MS`] with how
+/// many there were since the last warning.
 #[derive(Default)]
 struct RefusalLog {
     since_warning: u64,
-    warned_at: Option<tokio::time::Instant>,
+    throttle: Throttle,
 }
 
 impl RefusalLog {
@@ -235,9 +258,7 @@ impl RefusalLog {
             Refusal::AddressFull => counters.refused_per_address.fetch_add(1, Ordering::Relaxed),
         };
         self.since_warning += 1;
-        let now = tokio::time::Instant::now();
-        let interval = Duration::from_millis(REFUSAL_WARNING_INTERVAL_MS);
-        if self.warned_at.is_none_or(|at| now - at >= interval) {
+        if self.throttle.ready() {
             warn!(
                 %peer,
                 limit = refusal.limit(),
@@ -246,7 +267,6 @@ impl RefusalLog {
                 "connections refused at their limit (one warning per second at most; /metrics counts them all)"
             );
             self.since_warning = 0;
-            self.warned_at = Some(now);
         }
     }
 }
