@@ -288,3 +288,36 @@ async fn eventually_served_from(from: Ipv4Addr, at: SocketAddr) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn sigterm_cuts_a_connection_still_sending_its_headers_instead_of_waiting_out_its_deadline() {
+    // The default header read timeout (10 s) and shutdown grace (35 s).
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let mut half = connect_from(Ipv4Addr::LOCALHOST, address(&server)).await;
+    half.write_all(b"GET /healthz HTTP/1.1\r\nhost: op")
+        .await
+        .expect("written");
+    // Accepted: open are this one and the connection asking.
+    let started = Instant::now();
+    while metric(&server, "opledger_http_connections_open").await < 2 {
+        assert!(
+            started.elapsed() < SLACK,
+            "the half header was never accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let started = Instant::now();
+    let (code, printed) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .expect("terminated");
+    let took = started.elapsed();
+    assert_eq!(code, Some(0), "{printed:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "the server took {took:?} to stop with half a header open"
+    );
+    let (received, _) = read_until_closed(&mut half, SLACK).await;
+    assert!(received.is_empty(), "{received:?}");
+}

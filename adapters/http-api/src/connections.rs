@@ -33,7 +33,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -281,12 +281,15 @@ async fn serve_connection(
     _place: Place,
 ) {
     let in_progress = Arc::new(AtomicUsize::new(0));
-    let io = Deadlined::new(
+    let draining = Arc::new(AtomicBool::new(false));
+    let io = Deadlined {
         stream,
-        limits.header_read_timeout,
-        Arc::clone(&in_progress),
+        header_read_timeout: limits.header_read_timeout,
+        in_progress: Arc::clone(&in_progress),
+        deadline: Some(Box::pin(tokio::time::sleep(limits.header_read_timeout))),
+        draining: Arc::clone(&draining),
         counters,
-    );
+    };
     let app = TowerToHyperService::new(router);
     let service = service_fn(move |request: hyper::Request<Incoming>| {
         // Counted from the moment the headers are in until the response's body is dropped
@@ -309,7 +312,6 @@ async fn serve_connection(
         .header_read_timeout(limits.idle_timeout);
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
-    let mut draining = false;
     loop {
         tokio::select! {
             served = connection.as_mut() => {
@@ -318,10 +320,12 @@ async fn serve_connection(
                 }
                 return;
             }
-            () = stopped(&mut stopping), if !draining => {
-                // Closes the connection if idle, or after the response in progress.
+            () = stopped(&mut stopping), if !draining.load(Ordering::Acquire) => {
+                // Closes the connection if idle, or after the response in progress; a request
+                // whose headers are still arriving is cut (see `Deadlined::poll_read`), so a
+                // slow client cannot hold the shutdown up to its header deadline.
+                draining.store(true, Ordering::Release);
                 connection.as_mut().graceful_shutdown();
-                draining = true;
             }
         }
     }
@@ -523,30 +527,16 @@ impl Drop for InProgress {
 
 /// A connection's socket with the header read deadline: armed at accept and at the first byte
 /// read while no request is in progress, disarmed once a request is (its headers are in).
-/// Reading past the deadline fails with `TimedOut`, which makes hyper close the connection.
+/// Reading past the deadline fails with `TimedOut`, which makes hyper close the connection; once
+/// the server stops, a read between requests ends the stream.
 struct Deadlined {
     stream: TcpStream,
     header_read_timeout: Duration,
     in_progress: Arc<AtomicUsize>,
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Set when the server stops: a read with no request in progress then ends the connection.
+    draining: Arc<AtomicBool>,
     counters: Arc<ConnectionCounters>,
-}
-
-impl Deadlined {
-    fn new(
-        stream: TcpStream,
-        header_read_timeout: Duration,
-        in_progress: Arc<AtomicUsize>,
-        counters: Arc<ConnectionCounters>,
-    ) -> Self {
-        Self {
-            stream,
-            header_read_timeout,
-            in_progress,
-            deadline: Some(Box::pin(tokio::time::sleep(header_read_timeout))),
-            counters,
-        }
-    }
 }
 
 impl AsyncRead for Deadlined {
@@ -559,6 +549,10 @@ impl AsyncRead for Deadlined {
         let idle = this.in_progress.load(Ordering::Acquire) == 0;
         if !idle {
             this.deadline = None;
+        } else if this.draining.load(Ordering::Acquire) {
+            // The end of the stream, as if the client had closed: hyper closes the connection
+            // after writing what it holds. Only between requests, never inside one.
+            return Poll::Ready(Ok(()));
         }
         // Polled before the read, so a read that stays pending leaves the timer's waker set.
         if let Some(deadline) = this.deadline.as_mut() {
