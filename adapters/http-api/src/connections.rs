@@ -356,7 +356,7 @@ impl Refusal {
         }
     }
 
-    /// The whole answer, written before the request is read (it does not depend on it).
+    /// The whole answer: fixed, since it does not depend on the request.
     fn answer(self) -> &'static [u8] {
         match self {
             Self::Full => concat!(
@@ -375,9 +375,9 @@ impl Refusal {
                 "content-type: application/json\r\n",
                 "retry-after: 1\r\n",
                 "connection: close\r\n",
-                "content-length: 147\r\n",
+                "content-length: 181\r\n",
                 "\r\n",
-                r#"{"error":{"code":"too_many_connections_from_address","message":"this address holds max_connections_per_address connections; reuse or close some"}}"#,
+                r#"{"error":{"code":"too_many_connections_from_address","message":"this address holds max_connections_per_address connections; reuse them (keep-alive) or close some, then try again"}}"#,
                 "\n",
             )
             .as_bytes(),
@@ -408,10 +408,17 @@ async fn answer_refusal(mut stream: TcpStream, refusal: Refusal) {
     let mut seen = Vec::with_capacity(1024);
     let _ = tokio::time::timeout(linger, async {
         let mut chunk = [0u8; 1024];
-        while seen.len() < REFUSAL_DRAIN_BYTES && !ends_headers(&seen) {
+        while seen.len() < REFUSAL_DRAIN_BYTES {
             match stream.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,
-                Ok(read) => seen.extend_from_slice(&chunk[..read]),
+                Ok(read) => {
+                    // Only the new bytes and the three before them can complete the blank line.
+                    let from = seen.len().saturating_sub(3);
+                    seen.extend_from_slice(&chunk[..read]);
+                    if ends_headers(&seen[from..]) {
+                        break;
+                    }
+                }
             }
         }
     })
