@@ -53,6 +53,41 @@ pub const MAX_SSE_LIMIT: usize = 10_000;
 pub const MAX_EXECUTES_LIMIT: usize = 100_000;
 /// The longest `wait_ms` any configuration may allow an execute call, in milliseconds.
 pub const MAX_WAIT_LIMIT_MS: u64 = 10 * 60 * 1000;
+/// How long a connection may take to deliver a request's headers, from its accept (or from the
+/// first byte of a later request on it), in milliseconds, when the file does not say. A client
+/// sends its headers in one write, so they arrive within a round trip; 10 s leaves room for a
+/// congested link and closes a slowloris connection (half a header, then nothing) long before
+/// it matters.
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// The shortest header read timeout any configuration may set, in milliseconds: below it an
+/// honest client on a slow link would lose its requests (the tests use it to stay quick).
+pub const MIN_HEADER_READ_TIMEOUT_MS: u64 = 100;
+/// How long a keep-alive connection may wait for its next request, in milliseconds, when the file
+/// does not say. Longer than the idle expiry of common client pools (Go's and reqwest's 90 s), so
+/// a client drops an idle connection before the server does and never sends a request on one the
+/// server is closing at that very moment.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
+/// The longest idle timeout any configuration may set, in milliseconds.
+pub const MAX_IDLE_TIMEOUT_MS: u64 = 60 * 60 * 1000;
+/// Most connections open at once when the file does not say. A half-open connection costs about
+/// 27 KiB (measured, README "Slow and idle clients"), so a flood holding them all costs ~108 MiB,
+/// for at most `header_read_timeout_ms` each.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
+/// Most connections open at once from one client address when the file does not say: one
+/// address's flood leaves the other places to everyone else.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+/// The most connections any configuration may allow: each holds a file descriptor.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
+const _: () = assert!(
+    MIN_HEADER_READ_TIMEOUT_MS <= DEFAULT_HEADER_READ_TIMEOUT_MS
+        && DEFAULT_HEADER_READ_TIMEOUT_MS <= DEFAULT_IDLE_TIMEOUT_MS
+        && DEFAULT_IDLE_TIMEOUT_MS <= MAX_IDLE_TIMEOUT_MS
+);
+const _: () = assert!(
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS <= DEFAULT_MAX_CONNECTIONS
+        && DEFAULT_MAX_CONNECTIONS <= MAX_CONNECTIONS_LIMIT
+);
 
 /// A configuration error, with the file and line it points at when there is one.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +152,16 @@ pub struct Limits {
     pub shutdown_grace_ms: u64,
     /// Most execute calls driving or waiting at once (each holds a drive or a timer).
     pub max_concurrent_executes: usize,
+    /// How long a connection may take to deliver a request's headers, in milliseconds: from its
+    /// accept for the first request, from the request's first byte for later ones.
+    pub header_read_timeout_ms: u64,
+    /// How long a keep-alive connection may wait for its next request's headers, in milliseconds.
+    pub idle_timeout_ms: u64,
+    /// Most connections open at once; the next one is answered 503 and closed.
+    pub max_connections: usize,
+    /// Most connections open at once from one client address; the next one from it is answered
+    /// 429 and closed.
+    pub max_connections_per_address: usize,
 }
 
 impl Default for Limits {
@@ -129,6 +174,10 @@ impl Default for Limits {
             default_wait_ms: 5_000,
             shutdown_grace_ms: 35_000,
             max_concurrent_executes: 1_024,
+            header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
@@ -250,6 +299,10 @@ struct LimitsSection {
     default_wait_ms: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
     max_concurrent_executes: Option<Spanned<usize>>,
+    header_read_timeout_ms: Option<Spanned<u64>>,
+    idle_timeout_ms: Option<Spanned<u64>>,
+    max_connections: Option<Spanned<usize>>,
+    max_connections_per_address: Option<Spanned<usize>>,
 }
 
 impl LimitsSection {
@@ -273,6 +326,16 @@ impl LimitsSection {
             max_concurrent_executes: spanned_or(
                 &section.max_concurrent_executes,
                 defaults.max_concurrent_executes,
+            ),
+            header_read_timeout_ms: spanned_or(
+                &section.header_read_timeout_ms,
+                defaults.header_read_timeout_ms,
+            ),
+            idle_timeout_ms: spanned_or(&section.idle_timeout_ms, defaults.idle_timeout_ms),
+            max_connections: spanned_or(&section.max_connections, defaults.max_connections),
+            max_connections_per_address: spanned_or(
+                &section.max_connections_per_address,
+                defaults.max_connections_per_address,
             ),
         }
     }
@@ -579,6 +642,7 @@ impl Checker<'_> {
             MAX_WAIT_LIMIT_MS,
             "",
         )?;
+        self.connection_limits(section, &limits)?;
         if limits.default_wait_ms > limits.max_wait_ms {
             return Err(self.error(
                 span(&section.default_wait_ms),
@@ -590,6 +654,48 @@ impl Checker<'_> {
             ));
         }
         Ok(limits)
+    }
+
+    /// The connection limits: each in its range, the per-address one within the global one, and
+    /// the idle timeout no shorter than the header read timeout (hyper measures an idle
+    /// connection's wait and its next request's headers as one span, see `connections.rs`).
+    fn connection_limits(
+        &self,
+        section: &LimitsSection,
+        limits: &Limits,
+    ) -> Result<(), ConfigError> {
+        self.limit_in_range(
+            span(&section.max_connections),
+            "max_connections",
+            limits.max_connections as u64,
+            1,
+            MAX_CONNECTIONS_LIMIT as u64,
+            " (each open connection holds a file descriptor)",
+        )?;
+        self.limit_in_range(
+            span(&section.max_connections_per_address),
+            "max_connections_per_address",
+            limits.max_connections_per_address as u64,
+            1,
+            limits.max_connections as u64,
+            " (at most max_connections; behind a proxy every client has its address, so make it max_connections there)",
+        )?;
+        self.limit_in_range(
+            span(&section.header_read_timeout_ms),
+            "header_read_timeout_ms",
+            limits.header_read_timeout_ms,
+            MIN_HEADER_READ_TIMEOUT_MS,
+            MAX_IDLE_TIMEOUT_MS,
+            "",
+        )?;
+        self.limit_in_range(
+            span(&section.idle_timeout_ms),
+            "idle_timeout_ms",
+            limits.idle_timeout_ms,
+            limits.header_read_timeout_ms,
+            MAX_IDLE_TIMEOUT_MS,
+            " (no shorter than header_read_timeout_ms)",
+        )
     }
 
     /// `limits.<name>` must lie in `min..=max`; `why` is said after the range.
@@ -1163,6 +1269,59 @@ id = "acct-1"
 tenants = ["acme"]
 token_env = "CRM_TOKEN"
 "#;
+
+    #[test]
+    fn connection_limits_out_of_range_are_refused_at_their_line_with_what_to_do() {
+        let cases = [
+            ("max_connections = 0", "limits.max_connections", "use 1 to"),
+            (
+                "max_connections = 10\nmax_connections_per_address = 20",
+                "limits.max_connections_per_address",
+                "use 1 to 10 (at most max_connections",
+            ),
+            (
+                "max_connections_per_address = 5000",
+                "limits.max_connections_per_address",
+                "use 1 to 4096",
+            ),
+            (
+                "header_read_timeout_ms = 50",
+                "limits.header_read_timeout_ms",
+                "use 100 to",
+            ),
+            (
+                "header_read_timeout_ms = 1000\nidle_timeout_ms = 500",
+                "limits.idle_timeout_ms",
+                "use 1000 to 3600000 (no shorter than header_read_timeout_ms)",
+            ),
+        ];
+        for (section, field, says) in cases {
+            let text = format!("{GOOD}\n[limits]\n{section}\n");
+            let error = check(&text).expect_err(section);
+            let wrong_line = section.lines().last().expect("a line");
+            let line = text
+                .lines()
+                .position(|l| l == wrong_line)
+                .expect("in the text")
+                + 1;
+            assert_eq!(error.field, field, "{section}: {error}");
+            assert_eq!(error.line, Some(line), "{section}: {error}");
+            assert!(error.message.contains(says), "{section}: {error}");
+        }
+        let text = format!(
+            "{GOOD}\n[limits]\nheader_read_timeout_ms = 300\nidle_timeout_ms = 1000\nmax_connections = 20\nmax_connections_per_address = 5\n"
+        );
+        let limits = check(&text).expect("valid").limits;
+        assert_eq!(
+            (
+                limits.header_read_timeout_ms,
+                limits.idle_timeout_ms,
+                limits.max_connections,
+                limits.max_connections_per_address
+            ),
+            (300, 1_000, 20, 5)
+        );
+    }
 
     #[test]
     fn a_complete_file_is_read_with_its_tokens_and_providers() {

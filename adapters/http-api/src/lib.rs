@@ -34,6 +34,7 @@
 mod api;
 mod auth;
 pub mod config;
+pub mod connections;
 mod console;
 mod error;
 mod events;
@@ -152,6 +153,8 @@ pub struct Shared {
     pub openapi: axum::body::Bytes,
     /// Outcome webhooks: the endpoints' tasks and what operators ask of them.
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
+    /// What the accept loop counted (open, refused, timed out), for `/metrics`.
+    pub connections: Arc<connections::ConnectionCounters>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -162,6 +165,10 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Bound first: a port in use is found before the ledger is opened.
     let (listener, local) = bind(config.listen).await?;
+    if let Some(warning) = connections::fit_descriptor_limit(&config.limits) {
+        warn!("{warning}");
+        eprintln!("{warning}");
+    }
     let service = Service::start(config, Output::Stdout).await?;
     println!(
         "opledger serve: listening on http://{local} (ledger {}, read models {})",
@@ -172,7 +179,7 @@ pub async fn run(
     if let Some(ready) = ready {
         let _ = ready.send(local);
     }
-    let (served, grace_end) = serve_until(
+    let grace_end = serve_until(
         listener,
         Arc::clone(&service.shared),
         until,
@@ -181,9 +188,7 @@ pub async fn run(
         service.limits,
     )
     .await;
-    let stopped = service.stop(grace_end).await;
-    served.map_err(|error| ServeError::Io(format!("the server failed: {error}")))?;
-    stopped
+    service.stop(grace_end).await
 }
 
 /// Serves MCP on stdin and stdout for `tenant` (`opledger mcp`) over the same service `serve`
@@ -314,6 +319,7 @@ impl Service {
             openapi: openapi_for(&limits).into(),
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
+            connections: Arc::default(),
         });
         Ok(Self {
             shared,
@@ -450,7 +456,7 @@ fn spawn_runner(
 
 /// Serves the API until `until` resolves, then drains: requests in progress get
 /// `shutdown_grace_ms` to finish, because a client that never finishes its request must not keep
-/// the store from closing.
+/// the store from closing. Connections are bounded in time and number (`connections.rs`).
 async fn serve_until(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
@@ -458,30 +464,35 @@ async fn serve_until(
     stop: watch::Sender<bool>,
     mut draining: watch::Receiver<bool>,
     limits: Limits,
-) -> (std::io::Result<()>, tokio::time::Instant) {
+) -> tokio::time::Instant {
     let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
     let stopped_at = Arc::new(std::sync::OnceLock::new());
     let stop_time = Arc::clone(&stopped_at);
-    let graceful = axum::serve(listener, api::router(shared)).with_graceful_shutdown(async move {
-        until.await;
-        let _ = stop_time.set(tokio::time::Instant::now());
-        info!("shutting down: no new connections; finishing requests in progress");
-        let _ = stop.send(true);
-    });
-    let served = tokio::select! {
-        served = std::future::IntoFuture::into_future(graceful) => served,
+    let counters = Arc::clone(&shared.connections);
+    let graceful = connections::serve(
+        listener,
+        api::router(shared),
+        (&limits).into(),
+        counters,
+        async move {
+            until.await;
+            let _ = stop_time.set(tokio::time::Instant::now());
+            info!("shutting down: no new connections; finishing requests in progress");
+            let _ = stop.send(true);
+        },
+    );
+    tokio::select! {
+        () = graceful => {}
         () = async {
             let _ = draining.wait_for(|stopping| *stopping).await;
             tokio::time::sleep(grace).await;
         } => {
             warn!(grace_ms = grace.as_millis() as u64, "requests still open after the shutdown grace are dropped");
-            Ok(())
         }
-    };
-    let grace_end = stopped_at
+    }
+    stopped_at
         .get()
-        .map_or_else(tokio::time::Instant::now, |at| *at + grace);
-    (served, grace_end)
+        .map_or_else(tokio::time::Instant::now, |at| *at + grace)
 }
 
 /// An execute call answers at its deadline while its drive goes on, holding the call's place:

@@ -198,6 +198,7 @@ pub async fn render(
         "Log positions the read models have not applied yet (events for SQLite, byte offsets for KurrentDB).",
     );
     let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
+    render_connections(&mut out, &shared.connections);
     render_runner(&mut out, &shared.runner_health.report(), lag.positions);
     let endpoints = shared
         .webhooks
@@ -303,6 +304,41 @@ fn render_runner(out: &mut String, runner: &RunnerHealthReport, lag_positions: u
         out,
         "opledger_read_model_since_progress_seconds {}",
         runner.since_progress_ms as f64 / 1000.0
+    );
+}
+
+/// The accept loop's counts: connections open, refused at each limit, closed at the header read
+/// timeout (`connections.rs`).
+fn render_connections(out: &mut String, connections: &crate::connections::ConnectionCounters) {
+    gauge(
+        out,
+        "opledger_http_connections_open",
+        "HTTP connections open (at most limits.max_connections).",
+    );
+    let _ = writeln!(out, "opledger_http_connections_open {}", connections.open());
+    counter(
+        out,
+        "opledger_http_connections_refused_total",
+        "Connections answered 503 or 429 and closed at accept, by the limit reached.",
+    );
+    let (full, per_address) = connections.refused();
+    let _ = writeln!(
+        out,
+        "opledger_http_connections_refused_total{{limit=\"max_connections\"}} {full}"
+    );
+    let _ = writeln!(
+        out,
+        "opledger_http_connections_refused_total{{limit=\"max_connections_per_address\"}} {per_address}"
+    );
+    counter(
+        out,
+        "opledger_http_header_read_timeouts_total",
+        "Connections closed because a request's headers did not arrive within limits.header_read_timeout_ms.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_http_header_read_timeouts_total {}",
+        connections.header_timeouts()
     );
 }
 
