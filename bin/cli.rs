@@ -651,6 +651,12 @@ pub struct OpsListArgs {
     /// Only this tenant's operations.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only operations sent to this provider (as the configuration names it, e.g. `crm`).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Only operations bound to this account.
+    #[arg(long)]
+    pub account: Option<String>,
     /// Only operations recorded longer ago than this: a number and a unit s, m, h or d
     /// (e.g. 10m, 2h, 3d).
     // Hyphen values are taken so that `-3d` gets this command's own message, not clap's.

@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use opledger_domain::app::AppError;
 use opledger_domain::error::ValidationError;
-use opledger_domain::ids::{OperationId, TenantId};
+use opledger_domain::ids::{AccountId, OperationId, ProviderId, TenantId};
 use opledger_domain::sentence::agent_sentence;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
 use opledger_readmodel::{
@@ -84,6 +84,22 @@ impl ListQuery {
         let filter = OperationFilter {
             state: args.state.clone(),
             tenant,
+            provider: args
+                .provider
+                .as_deref()
+                .map(|text| {
+                    ProviderId::new(text)
+                        .map_err(|error| ValidationError::new("--provider", error.message))
+                })
+                .transpose()?,
+            account: args
+                .account
+                .as_deref()
+                .map(|text| {
+                    AccountId::new(text)
+                        .map_err(|error| ValidationError::new("--account", error.message))
+                })
+                .transpose()?,
             older_than: older_than.map(|duration| now - duration),
         };
         Ok(Self {

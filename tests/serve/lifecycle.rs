@@ -5,7 +5,7 @@ use opledger_crm_stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::support::{Harness, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use crate::support::{Harness, ACCOUNT, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
 
 #[tokio::test]
 async fn an_intent_is_recorded_executed_and_confirmed_with_one_object_at_the_crm() {
@@ -496,4 +496,67 @@ async fn concurrent_one_call_deliveries_of_one_tool_call_make_one_operation_and_
     assert_eq!(settled["state"], "succeeded", "{settled}");
     assert_eq!(settled["attempts"], 1, "one send: {settled}");
     assert_eq!(harness.objects().await.len(), 1);
+}
+
+#[tokio::test]
+async fn listings_filter_by_provider_and_account_on_every_page() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    for (provider, title) in [
+        ("crm", "One"),
+        ("crm-plain", "Two"),
+        ("crm", "Three"),
+        ("crm-plain", "Four"),
+        ("crm-plain", "Five"),
+    ] {
+        let (status, body) = server.record(TENANT_A_TOKEN, provider, title, None).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let listed = |query: String| {
+        let server = &server;
+        async move {
+            let (status, body) = server
+                .call(Method::GET, &query, Some(TENANT_A_TOKEN), None)
+                .await;
+            assert_eq!(status, StatusCode::OK, "{query}: {body}");
+            body
+        }
+    };
+    // Pages of one: the filter is the query's, so each page holds a match.
+    let mut providers = Vec::new();
+    let mut query = "/v1/operations?provider=crm-plain&limit=1".to_owned();
+    loop {
+        let page = listed(query.clone()).await;
+        for operation in page["operations"].as_array().expect("operations") {
+            providers.push(
+                operation["provider"]
+                    .as_str()
+                    .expect("a provider")
+                    .to_owned(),
+            );
+        }
+        let Some(next) = page["next"].as_str() else {
+            break;
+        };
+        query = format!("/v1/operations?provider=crm-plain&limit=1&after={next}");
+    }
+    assert_eq!(providers, ["crm-plain"; 3]);
+
+    let by_account = listed(format!("/v1/operations?provider=crm&account={ACCOUNT}")).await;
+    assert_eq!(by_account["operations"].as_array().map(Vec::len), Some(2));
+    let elsewhere = listed("/v1/operations?account=another-account".to_owned()).await;
+    assert_eq!(elsewhere["operations"], json!([]));
+
+    let (status, refused) = server
+        .call(
+            Method::GET,
+            "/v1/operations?provider=",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert!(refused["error"]["message"]
+        .as_str()
+        .is_some_and(|message| message.contains("provider")));
 }

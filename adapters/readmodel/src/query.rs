@@ -33,6 +33,10 @@ pub struct OperationFilter {
     pub state: Option<String>,
     /// Only this tenant's operations.
     pub tenant: Option<TenantId>,
+    /// Only operations sent to this provider.
+    pub provider: Option<ProviderId>,
+    /// Only operations bound to this account (at any provider unless `provider` names one).
+    pub account: Option<AccountId>,
     /// Only operations recorded before this time.
     pub older_than: Option<DateTime<Utc>>,
 }
@@ -695,6 +699,14 @@ impl Conditions {
         if let Some(tenant) = &filter.tenant {
             let tenant = conditions.bind(Box::new(tenant.as_str().to_owned()));
             conditions.texts.push(format!("tenant = ?{tenant}"));
+        }
+        if let Some(provider) = &filter.provider {
+            let provider = conditions.bind(Box::new(provider.as_str().to_owned()));
+            conditions.texts.push(format!("provider = ?{provider}"));
+        }
+        if let Some(account) = &filter.account {
+            let account = conditions.bind(Box::new(account.as_str().to_owned()));
+            conditions.texts.push(format!("account = ?{account}"));
         }
         if let Some(older_than) = filter.older_than {
             let older_than = conditions.bind(Box::new(sql::time(older_than)));

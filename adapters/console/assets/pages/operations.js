@@ -1,6 +1,5 @@
-// Listings by state and age, with paging (the API's `next` cursor) and filters. State, age and
-// tenant are the API's own filters; provider and account narrow the page shown (the listing API
-// has no such filter yet), and the page says so.
+// Listings by state and age, with paging (the API's `next` cursor) and filters: state, age,
+// tenant, provider and account are all the listing API's own, so every page is filtered.
 
 import { chooseTenant, chosenTenant, get, needsTenant } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
@@ -13,7 +12,7 @@ export async function render(main, { query }) {
   const results = h("div", { "aria-live": "polite", "aria-busy": "true" });
   main.append(pageTitle("Operations"), form, results);
   const params = new URLSearchParams({ limit: String(PAGE_ROWS) });
-  for (const name of ["state", "older_than", "tenant", "after"]) {
+  for (const name of ["state", "older_than", "tenant", "provider", "account", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
   // A tenant named here is remembered for the other pages of a token that sees several.
@@ -21,11 +20,7 @@ export async function render(main, { query }) {
   else if (chosenTenant()) params.set("tenant", chosenTenant());
   try {
     const page = await get(`/v1/operations?${params}`);
-    const provider = query.get("provider");
-    const account = query.get("account");
-    const rows = page.operations.filter((op) => (!provider || op.provider === provider) && (!account || op.account === account));
-    const narrowed = provider || account ? h("p", { class: "muted small" }, `Provider and account narrow this page of ${page.operations.length}; the next page may hold more.`) : null;
-    results.replaceChildren(...[listing(rows), pager(query, page.next), narrowed].filter(Boolean));
+    results.replaceChildren(listing(page.operations), pager(query, page.next));
   } catch (error) {
     results.replaceChildren(needsTenant(error) ? h("p", { class: "warning", role: "alert" }, "This token sees several tenants: name one in the Tenant field above.") : errorBox(error, null));
   }

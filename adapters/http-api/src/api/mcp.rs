@@ -112,7 +112,7 @@ impl opledger_mcp::Ledger for McpLedger {
             let filter = OperationFilter {
                 state: Some(state),
                 tenant: Some(tenant.clone()),
-                older_than: None,
+                ..OperationFilter::default()
             };
             let page = shared
                 .read_models

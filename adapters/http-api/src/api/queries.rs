@@ -17,6 +17,8 @@ pub(super) struct ListQuery {
     limit: Option<String>,
     after: Option<String>,
     tenant: Option<String>,
+    provider: Option<String>,
+    account: Option<String>,
 }
 
 pub(super) async fn list(
@@ -43,11 +45,27 @@ pub(super) async fn list(
         })
         .transpose()?;
     let tenant = listed_tenant(&scope, query.tenant.as_deref())?;
+    let provider = query
+        .provider
+        .as_deref()
+        .map(|text| {
+            ProviderId::new(text).map_err(|error| ValidationError::new("provider", error.message))
+        })
+        .transpose()?;
+    let account = query
+        .account
+        .as_deref()
+        .map(|text| {
+            AccountId::new(text).map_err(|error| ValidationError::new("account", error.message))
+        })
+        .transpose()?;
     fresh_read_models(&shared).await?;
     let now = Utc::now();
     let filter = OperationFilter {
         state: query.state.clone(),
         tenant: tenant.clone(),
+        provider,
+        account,
         older_than: older_than.map(|duration| now - duration),
     };
     let page = shared
