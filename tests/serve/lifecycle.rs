@@ -560,3 +560,34 @@ async fn listings_filter_by_provider_and_account_on_every_page() {
         .as_str()
         .is_some_and(|message| message.contains("provider")));
 }
+
+#[tokio::test]
+async fn whoami_names_the_kind_and_the_tenants_a_token_sees() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (status, tenant) = server
+        .call(Method::GET, "/v1/whoami", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{tenant}");
+    assert_eq!(tenant["kind"], "tenant");
+    assert_eq!(tenant["tenants"], json!([tenant["name"]]));
+    let (status, operator) = server
+        .call(Method::GET, "/v1/whoami", Some(OPERATOR_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{operator}");
+    assert_eq!(operator["kind"], "operator");
+    let (status, scoped) = server
+        .call(Method::GET, "/v1/whoami", Some(OPERATOR_B_TOKEN), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{scoped}");
+    assert_eq!(scoped["kind"], "operator");
+    assert!(
+        scoped["tenants"].is_array(),
+        "a scoped operator names its tenants: {scoped}"
+    );
+    assert_ne!(scoped["tenants"], operator["tenants"]);
+    let (status, _) = server
+        .call(Method::GET, "/v1/whoami", Some("not-a-token"), None)
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}

@@ -149,22 +149,11 @@ function renderSignIn(main) {
   document.getElementById("page-title")?.focus();
 }
 
-/// Which kind of token this is, asked of the API itself: the review queue answers operators
-/// only (403 for tenants and approvers); a listing answers everyone the server knows (401 for a
-/// token it does not). Tenants and approvers both see the approvals page; the API decides who
-/// may actually approve.
+/// Which kind of token this is, as the API says (`GET /v1/whoami`): "operator" works the review
+/// queue; "tenant" and "approver" see the approvals page (the API decides who may approve).
 async function roleOf(candidate) {
-  try {
-    await call("GET", "/v1/review?limit=1", undefined, candidate);
-    return "operator";
-  } catch (error) {
-    if (!(error instanceof ApiError) || error.code !== "forbidden") throw error;
-  }
-  await call("GET", "/v1/operations?limit=1", undefined, candidate).catch((error) => {
-    // An approver scoped to several tenants must name one to list; its token is still good.
-    if (!(error instanceof ApiError) || error.code !== "invalid_input") throw error;
-  });
-  return "tenant or approver";
+  const me = await call("GET", "/v1/whoami", undefined, candidate);
+  return me.kind;
 }
 
 function startShell() {

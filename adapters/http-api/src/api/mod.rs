@@ -39,7 +39,7 @@ use tracing::{info, warn, Instrument};
 
 use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
-use super::{events, metrics, Shared};
+use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of};
 
 mod mcp;
@@ -63,7 +63,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 19] = [
+pub(crate) const ROUTES: [(&str, &str); 20] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -83,6 +83,7 @@ pub(crate) const ROUTES: [(&str, &str); 19] = [
     ("post", "/v1/webhooks/{id}/resume"),
     ("post", "/v1/webhooks/{id}/replay"),
     ("get", "/v1/webhooks/{id}/attempts"),
+    ("get", "/v1/whoami"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -119,6 +120,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics::render))
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/whoami", get(whoami))
         .route("/v1/webhooks", get(webhooks::list))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
@@ -460,6 +462,35 @@ fn runner_state_name(state: &opledger_readmodel::RunnerState) -> &'static str {
         RunnerState::Stopped { .. } => "stopped",
         RunnerState::Finished => "finished",
     }
+}
+
+/// Who the bearer token stands for, so a client (the console) shows only what it may do instead
+/// of probing routes: its kind, its name, and the tenants it sees (`null`: every tenant).
+async fn whoami(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (kind, name, tenants) = match shared.tokens.authenticate(&headers)? {
+        Principal::Tenant(tenant) => ("tenant", tenant.to_string(), Some(vec![tenant.clone()])),
+        Principal::Operator { name, tenants } => (
+            "operator",
+            name.clone(),
+            tenants
+                .as_ref()
+                .map(|tenants| tenants.iter().cloned().collect()),
+        ),
+        Principal::Approver { name, tenants } => (
+            "approver",
+            name.clone(),
+            tenants
+                .as_ref()
+                .map(|tenants| tenants.iter().cloned().collect()),
+        ),
+    };
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({"kind": kind, "name": name, "tenants": tenants}),
+    ))
 }
 
 async fn openapi(State(shared): State<Arc<Shared>>) -> Response {
