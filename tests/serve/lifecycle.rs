@@ -3,9 +3,11 @@
 
 use opledger_crm_stand::{FaultKind, Shape};
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::support::{Harness, ACCOUNT, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use crate::support::{
+    Harness, ACCOUNT, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN,
+};
 
 #[tokio::test]
 async fn an_intent_is_recorded_executed_and_confirmed_with_one_object_at_the_crm() {
@@ -590,4 +592,72 @@ async fn whoami_names_the_kind_and_the_tenants_a_token_sees() {
         .call(Method::GET, "/v1/whoami", Some("not-a-token"), None)
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn counts_by_state_agree_with_the_listings_for_each_tenant_and_for_all() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    // Executed to a settled state, so the workers change nothing between the count and the
+    // listings it is compared with.
+    for title in ["One", "Two", "Three", "Four"] {
+        let (status, body) = server.record(TENANT_A_TOKEN, "crm", title, None).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let id = body["operation_id"].as_str().expect("an id");
+        let (status, executed) = server.execute(TENANT_A_TOKEN, id, 5_000).await;
+        assert_eq!(status, StatusCode::OK, "{executed}");
+    }
+
+    let counts = |token: &'static str, query: &'static str| {
+        let server = &server;
+        async move {
+            let (status, body) = server
+                .call(
+                    Method::GET,
+                    &format!("/v1/counts{query}"),
+                    Some(token),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body
+        }
+    };
+    let mine = counts(TENANT_A_TOKEN, "").await;
+    let by_state = mine["by_state"].as_object().expect("by state");
+    assert_eq!(by_state.len(), 9, "every API state: {mine}");
+    for (state, count) in by_state {
+        let (_, listed) = server
+            .call(
+                Method::GET,
+                &format!("/v1/operations?state={state}&limit=1000"),
+                Some(TENANT_A_TOKEN),
+                None,
+            )
+            .await;
+        let listed = listed["operations"].as_array().map_or(0, Vec::len);
+        assert_eq!(count.as_u64(), Some(listed as u64), "{state}: {mine}");
+    }
+    assert_eq!(by_state["succeeded"], 4, "{mine}");
+    let total: u64 = by_state.values().filter_map(Value::as_u64).sum();
+    assert_eq!(total, 4);
+
+    let everyone = counts(OPERATOR_TOKEN, "").await;
+    assert_eq!(everyone["tenant"], Value::Null);
+    let (_, theirs) = server.record(TENANT_B_TOKEN, "crm", "Theirs", None).await;
+    let theirs = theirs["operation_id"].as_str().expect("an id");
+    server
+        .wait_for_state(TENANT_B_TOKEN, theirs, &["succeeded"])
+        .await;
+    let everyone = counts(OPERATOR_TOKEN, "").await;
+    let all: u64 = everyone["by_state"]
+        .as_object()
+        .expect("by state")
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(all, 5, "every tenant's: {everyone}");
+    let b = counts(TENANT_B_TOKEN, "").await;
+    assert_eq!(b["by_state"]["succeeded"], 1, "{b}");
+    assert_eq!(b["by_state"]["rejected"], 0, "{b}");
 }

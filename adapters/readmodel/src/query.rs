@@ -414,6 +414,51 @@ impl ReadModelStore {
         Ok(found)
     }
 
+    /// Operations per state, every state present (zero if none), of one tenant or of all: one
+    /// grouped count over the tenant's operations, where a client listing each state read up to
+    /// a page of rows per state.
+    pub fn count_by_state(
+        &self,
+        tenant: Option<&TenantId>,
+    ) -> Result<BTreeMap<&'static str, u64>, ReadModelError> {
+        let mut by_state: BTreeMap<&'static str, u64> =
+            STATE_NAMES.iter().map(|name| (*name, 0)).collect();
+        let counted = match tenant {
+            // The gauges every batch keeps: a few rows, whatever the number of operations.
+            None => self
+                .counts::<String>("SELECT name, value FROM gauges")?
+                .into_iter()
+                .filter_map(|(gauge, value)| {
+                    gauge
+                        .strip_prefix(apply::IN_STATE_GAUGE)
+                        .map(|state| (state.to_owned(), value))
+                })
+                .collect::<Vec<_>>(),
+            Some(tenant) => {
+                let mut statement = self
+                    .connection
+                    .prepare_cached(
+                        "SELECT state, COUNT(*) FROM operations WHERE tenant = ?1 GROUP BY state",
+                    )
+                    .map_err(|error| ReadModelError::sqlite("preparing a count", error))?;
+                let raw = statement
+                    .query_map(params![tenant.as_str()], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })
+                    .map_err(|error| ReadModelError::sqlite("counting by state", error))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|error| ReadModelError::sqlite("counting by state", error))?;
+                raw.into_iter()
+                    .map(|(state, count)| Ok((state, sql::count_from(count)?)))
+                    .collect::<Result<Vec<_>, ReadModelError>>()?
+            }
+        };
+        for (state, value) in counted {
+            by_state.insert(state_name(&state)?, value);
+        }
+        Ok(by_state)
+    }
+
     /// Counts by state, counters, attempts per operation, duplicates and the oldest unresolved
     /// operations.
     pub fn metrics(&self) -> Result<Metrics, ReadModelError> {

@@ -63,7 +63,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 20] = [
+pub(crate) const ROUTES: [(&str, &str); 21] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -84,6 +84,7 @@ pub(crate) const ROUTES: [(&str, &str); 20] = [
     ("post", "/v1/webhooks/{id}/replay"),
     ("get", "/v1/webhooks/{id}/attempts"),
     ("get", "/v1/whoami"),
+    ("get", "/v1/counts"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -121,6 +122,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(health))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/whoami", get(whoami))
+        .route("/v1/counts", get(queries::counts))
         .route("/v1/webhooks", get(webhooks::list))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))

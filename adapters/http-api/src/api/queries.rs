@@ -108,6 +108,44 @@ fn check_state(state: Option<&str>) -> Result<(), ApiError> {
 
 /// Whose operations a listing shows: a tenant lists its own; an operator one tenant of its scope
 /// at a time, or all of them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CountsQuery {
+    tenant: Option<String>,
+}
+
+/// `GET /v1/counts`: operations per state, for the caller's tenant (or the one named) or, for a
+/// token that sees every tenant and names none, for all; one grouped count in the read models.
+pub(super) async fn counts(
+    State(shared): State<Arc<Shared>>,
+    query: Result<Query<CountsQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let Query(query) = query?;
+    let tenant = listed_tenant(&scope, query.tenant.as_deref())?;
+    fresh_read_models(&shared).await?;
+    let counted = tenant.clone();
+    let by_state = shared
+        .read_models
+        .call(move |store| store.count_by_state(counted.as_ref()))
+        .await?;
+    // The API's states: the fold's less `new`, the state before an intent.
+    let by_state: serde_json::Map<String, Value> = API_STATES
+        .iter()
+        .map(|state| {
+            (
+                (*state).to_owned(),
+                json!(by_state.get(state).copied().unwrap_or(0)),
+            )
+        })
+        .collect();
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({"tenant": tenant, "by_state": by_state}),
+    ))
+}
+
 fn listed_tenant(scope: &Scope, named: Option<&str>) -> Result<Option<TenantId>, ApiError> {
     match (scope, named) {
         (_, Some(text)) => {
