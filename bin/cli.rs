@@ -270,23 +270,14 @@ pub enum LogBound {
     Time(chrono::DateTime<chrono::Utc>),
 }
 
-/// Reads `--from` / `--to`: digits are a position, anything else must be an RFC 3339 time.
+/// Reads `--from` / `--to` as `--as-of` reads a moment: digits are a position, anything else
+/// must be an RFC 3339 time.
 fn parse_log_bound(text: &str) -> Result<LogBound, String> {
-    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
-        return match text.parse::<u64>() {
-            Ok(0) | Err(_) => Err(format!(
-                "{text} is not a position: positions start at 1 and fit in 64 bits"
-            )),
-            Ok(position) => Ok(LogBound::Position(position)),
-        };
-    }
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|time| LogBound::Time(time.with_timezone(&chrono::Utc)))
-        .map_err(|error| {
-            format!(
-                "{text:?} is neither a position nor an RFC 3339 time ({error}); write e.g. 1200 or 2026-12-01T14:02:00Z"
-            )
-        })
+    use opledger_http_api::render::AsOf;
+    Ok(match AsOf::parse(text)? {
+        AsOf::Position(position) => LogBound::Position(position.value()),
+        AsOf::Time(time) => LogBound::Time(time),
+    })
 }
 
 #[derive(Debug, Args)]

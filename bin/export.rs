@@ -292,10 +292,10 @@ async fn write_events<S: EventStore>(
         start = LogStart::After(last.position);
         for event in &batch {
             let position = event.position.value();
-            if position > head || past_the_end(slice.to, position, event) {
+            let time = time_of(event);
+            if position > head || past_the_end(slice.to, position, time) {
                 break 'log;
             }
-            let time = time_of(event);
             if !started {
                 let Some(LogBound::Time(from)) = slice.from else {
                     unreachable!("only a time start waits for its first event")
@@ -339,12 +339,12 @@ async fn write_events<S: EventStore>(
     Ok(exported)
 }
 
-/// Whether `event` lies after the slice's end.
-fn past_the_end(to: Option<LogBound>, position: u64, event: &RecordedEvent) -> bool {
+/// Whether an event at `position` and `time` lies after the slice's end.
+fn past_the_end(to: Option<LogBound>, position: u64, time: Option<DateTime<Utc>>) -> bool {
     match to {
         None => false,
         Some(LogBound::Position(to)) => position > to,
-        Some(LogBound::Time(to)) => time_of(event).is_some_and(|time| time > to),
+        Some(LogBound::Time(to)) => time.is_some_and(|time| time > to),
     }
 }
 

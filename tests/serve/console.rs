@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::python::python_venv::run;
 use super::support::{
     Harness, ACCOUNT, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
     TENANT_B_TOKEN,
@@ -28,24 +29,6 @@ fn repo() -> PathBuf {
 
 fn browser_tests() -> PathBuf {
     repo().join("adapters/console/tests/browser")
-}
-
-/// Runs `command`; fails the test with its output when it fails.
-fn run(command: &mut Command, what: &str) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|error| panic!("{what}: cannot start {command:?}: {error}"));
-    let printed = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{printed}",
-        output.status
-    );
-    printed
 }
 
 /// Installs Debian's Chromium when it is missing. Fails the test if it cannot: a browser test

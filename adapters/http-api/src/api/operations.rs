@@ -352,20 +352,32 @@ pub(super) async fn show(
     let view = view_as_of(shared.engine.ledger().store(), operation_id, as_of)
         .await
         .map_err(ApiError::from)?;
-    // The tenant never changes, so the scope check on the moment's intent is the same as now's.
+    // The tenant never changes, so the check on the moment's intent is the same as now's.
+    view_visible(&scope, &view, operation_id)?;
+    Ok(view_reply(
+        StatusCode::OK,
+        &operation_view(&shared, &view.loaded),
+    ))
+}
+
+/// A view read for the caller passes only if its tenant is in the caller's scope; anything else
+/// is the same 404 as a missing operation, so another tenant's ids cannot be told apart.
+fn view_visible(
+    scope: &Scope,
+    view: &crate::render::OperationView,
+    operation_id: OperationId,
+) -> Result<(), ApiError> {
     let tenant = view
         .loaded
         .state
         .intent
         .as_ref()
         .map(|intent| &intent.tenant);
-    if !tenant.is_some_and(|tenant| scope.allows(tenant)) {
-        return Err(ApiError::not_found(format!("operation {operation_id}")));
+    if tenant.is_some_and(|tenant| scope.allows(tenant)) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("operation {operation_id}")))
     }
-    Ok(view_reply(
-        StatusCode::OK,
-        &operation_view(&shared, &view.loaded),
-    ))
 }
 
 pub(super) async fn history(
@@ -379,15 +391,7 @@ pub(super) async fn history(
     let view = view_of(shared.engine.ledger().store(), operation_id)
         .await
         .map_err(ApiError::from)?;
-    let tenant = view
-        .loaded
-        .state
-        .intent
-        .as_ref()
-        .map(|intent| &intent.tenant);
-    if !tenant.is_some_and(|tenant| scope.allows(tenant)) {
-        return Err(ApiError::not_found(format!("operation {operation_id}")));
-    }
+    view_visible(&scope, &view, operation_id)?;
     Ok(json_reply(
         StatusCode::OK,
         &json!({
