@@ -15,8 +15,8 @@ use std::process::Command;
 
 use super::python::python_venv::run;
 use super::support::{
-    Harness, ACCOUNT, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
-    TENANT_B_TOKEN,
+    Harness, ACCOUNT, ACCOUNT_TOKEN, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN,
+    SEARCH_LAG_MS, TENANT_A_TOKEN, TENANT_B_TOKEN,
 };
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -134,6 +134,8 @@ async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() 
         .env("OPLEDGER_TENANT_B_TOKEN", TENANT_B_TOKEN)
         .env("OPLEDGER_APPROVER_B_TOKEN", APPROVER_B_TOKEN)
         .env("OPLEDGER_ACCOUNT", ACCOUNT)
+        .env("OPLEDGER_ACCOUNT_TOKEN", ACCOUNT_TOKEN)
+        .env("OPLEDGER_SEARCH_LAG_MS", SEARCH_LAG_MS.to_string())
         .env("OPLEDGER_NODE_MODULES", &modules)
         .env("OPLEDGER_SCREENSHOTS", &shots);
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "the console's browser test"))

@@ -23,7 +23,7 @@ pub const OPERATOR_B_TOKEN: &str = "operator-b-only-0123456789";
 pub const APPROVER_B_TOKEN: &str = "approver-b-only-0123456789";
 /// The stand's account and the token it knows it by.
 pub const ACCOUNT: &str = "acct-1";
-const ACCOUNT_TOKEN: &str = "token-acct-1";
+pub const ACCOUNT_TOKEN: &str = "token-acct-1";
 /// A second account at the stand, owned by tenant A alone, and the token the stand knows it by.
 pub const A_ONLY_ACCOUNT: &str = "acct-2";
 pub const A_ONLY_ACCOUNT_TOKEN: &str = "token-acct-2";

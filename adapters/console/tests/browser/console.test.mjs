@@ -4,7 +4,9 @@
 //   OPLEDGER_BASE_URL, OPLEDGER_STAND_URL   the server and the stand
 //   OPLEDGER_OPERATOR_TOKEN, OPLEDGER_OPERATOR_B_TOKEN, OPLEDGER_OPERATOR_AB_TOKEN,
 //   OPLEDGER_TENANT_A_TOKEN,
-//   OPLEDGER_TENANT_B_TOKEN, OPLEDGER_APPROVER_B_TOKEN, OPLEDGER_ACCOUNT
+//   OPLEDGER_TENANT_B_TOKEN, OPLEDGER_APPROVER_B_TOKEN, OPLEDGER_ACCOUNT,
+//   OPLEDGER_ACCOUNT_TOKEN                  the account's token at the stand (for a copy made outside the ledger)
+//   OPLEDGER_SEARCH_LAG_MS                  how long the stand's search takes to show a new task
 //   OPLEDGER_NODE_MODULES                   where `npm ci` put the packages
 //   OPLEDGER_SCREENSHOTS                    where the screenshots go (docs/console)
 // Every step waits for what it expects (no sleeps); any failure exits non-zero with the step's
@@ -30,6 +32,8 @@ const TENANT_A = env("OPLEDGER_TENANT_A_TOKEN");
 const TENANT_B = env("OPLEDGER_TENANT_B_TOKEN");
 const APPROVER_B = env("OPLEDGER_APPROVER_B_TOKEN");
 const ACCOUNT = env("OPLEDGER_ACCOUNT");
+const ACCOUNT_TOKEN = env("OPLEDGER_ACCOUNT_TOKEN");
+const SEARCH_LAG_MS = Number(env("OPLEDGER_SEARCH_LAG_MS"));
 const MODULES = env("OPLEDGER_NODE_MODULES");
 const SHOTS = env("OPLEDGER_SCREENSHOTS");
 /// How long any one expectation waits before the test fails, in milliseconds.
@@ -60,6 +64,27 @@ async function loseNextCreates(times) {
     body: JSON.stringify({ shape: "plain", method: "POST", kind: "drop_request", times }),
   });
   assert.ok(response.ok, `the stand takes the fault (${response.status})`);
+}
+
+/// Moves the stand's clock, which is what its search lag is measured on.
+async function advanceStandClock(ms) {
+  const response = await fetch(`${STAND}/admin/clock/advance`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ ms }),
+  });
+  assert.ok(response.ok, `the stand clock moves (${response.status})`);
+}
+
+/// Polls `probe` (an API read, not the page) until it returns something, for at most WAIT_MS.
+async function waitFor(probe, what) {
+  const deadline = Date.now() + WAIT_MS;
+  for (;;) {
+    const found = await probe();
+    if (found) return found;
+    assert.ok(Date.now() < deadline, `${what} within ${WAIT_MS} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
 }
 
 /// Records and executes a task at the lookup-only CRM whose request the stand loses: the
@@ -352,6 +377,50 @@ try {
     await page.locator(".chain .matched", { hasText: external }).waitFor();
     await axe(page, "trace");
     await shot(page, "trace");
+  });
+
+  await check("trace search by a duplicate object's id flags the second object for one request", async () => {
+    // Two copies a retry outside the ledger made, both visible to the CRM's search by the time
+    // opledger's own request is lost: its lookup finds two tasks with the operation's label.
+    const recorded = await api("POST", "/v1/operations", TENANT_A, {
+      provider: "crm-plain",
+      account: ACCOUNT,
+      action: "create_task",
+      args: { title: "Book the venue" },
+      requires_approval: true,
+    });
+    assert.equal(recorded.status, 201, JSON.stringify(recorded.json));
+    const id = recorded.json.operation_id;
+    for (const _ of [1, 2]) {
+      const copy = await fetch(`${STAND}/plain/${ACCOUNT}/tasks`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${ACCOUNT_TOKEN}`, "Content-Type": "application/json" },
+        body: JSON.stringify({ title: "Book the venue", opledger_label: `opl-${id}` }),
+      });
+      assert.ok(copy.ok, `the stand creates a copy (${copy.status})`);
+    }
+    await advanceStandClock(SEARCH_LAG_MS + 1);
+    await loseNextCreates(1);
+    const approved = await api("POST", `/v1/operations/${id}/approve`, TENANT_A, { approver: "Erin from sales", args_hash: recorded.json.args_hash });
+    assert.equal(approved.status, 200, JSON.stringify(approved.json));
+    const settled = await waitFor(async () => {
+      const state = await stateOf(id);
+      return state.state === "succeeded" ? state : null;
+    }, `${id} settles`);
+    const labelled = (await standObjects()).filter((o) => o.label === `opl-${id}`);
+    assert.equal(labelled.length, 2, JSON.stringify(labelled));
+    const duplicate = labelled.map((o) => o.id).find((objectId) => objectId !== settled.external_id);
+    assert.ok(duplicate, `one of ${JSON.stringify(labelled)} is not the confirmed ${settled.external_id}`);
+    await page.getByRole("link", { name: "Trace" }).click();
+    await page.getByLabel("Any id").fill(duplicate);
+    await page.getByRole("button", { name: "Trace" }).click();
+    const flagged = page.locator(".chain .node-duplicate.tone-bad");
+    await flagged.waitFor();
+    const text = await flagged.innerText();
+    assert.ok(text.includes(`object ${duplicate}`) && text.includes(`confirmed: ${settled.external_id}`), text);
+    assert.equal(await page.locator(".chain .matched .node-label").innerText(), "Duplicate detected (your id)");
+    await axe(page, "trace with a duplicate");
+    await shot(page, "trace-duplicate");
   });
 
   await check("listings filter by state and page", async () => {
