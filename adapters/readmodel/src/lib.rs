@@ -50,7 +50,7 @@ pub use catch_up::{
 };
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
-    OperationPage, ReviewItem, SharedExternalId,
+    OperationPage, ReviewItem, ScopeNumbers, SharedExternalId,
 };
 pub use rebuild::{
     rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_ID_ENTRIES,

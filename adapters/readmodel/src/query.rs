@@ -133,6 +133,15 @@ pub struct OldestUnresolved {
     pub since: DateTime<Utc>,
 }
 
+/// What [`ReadModelStore::scope_numbers`] finds for a tenant (or every tenant).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopeNumbers {
+    /// The unknown operation that has waited longest, if any.
+    pub oldest_unknown: Option<OldestUnresolved>,
+    /// Duplicate objects detected for the scope's operations.
+    pub duplicates_detected: u64,
+}
+
 /// What an operator watches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
@@ -457,6 +466,47 @@ impl ReadModelStore {
             by_state.insert(state_name(&state)?, value);
         }
         Ok(by_state)
+    }
+
+    /// The oldest unknown operation and the duplicates detected, for one tenant or (`None`)
+    /// every tenant: what an overview scoped to a token shows beside the counts by state. Both
+    /// read small tables (the review queue, the duplicate detections), not the operations.
+    pub fn scope_numbers(&self, tenant: Option<&TenantId>) -> Result<ScopeNumbers, ReadModelError> {
+        let tenant = tenant.map(TenantId::as_str);
+        let oldest: Option<(String, String)> = self
+            .connection
+            .prepare_cached(
+                "SELECT operation_id, since FROM review_queue
+                 WHERE state = 'unknown' AND (?1 IS NULL OR tenant = ?1)
+                 ORDER BY since, operation_id LIMIT 1",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![tenant], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            })
+            .map_err(|error| ReadModelError::sqlite("finding a tenant's oldest unknown", error))?;
+        let oldest_unknown = oldest
+            .map(|(operation, since)| {
+                Ok::<_, ReadModelError>(OldestUnresolved {
+                    operation_id: sql::operation_from(&operation)?,
+                    since: sql::time_from(&since)?,
+                })
+            })
+            .transpose()?;
+        let duplicates: i64 = self
+            .connection
+            .prepare_cached(
+                "SELECT COUNT(*) FROM duplicate_detections AS d
+                 JOIN operations AS o ON o.operation_id = d.operation_id
+                 WHERE ?1 IS NULL OR o.tenant = ?1",
+            )
+            .and_then(|mut statement| statement.query_row(params![tenant], |row| row.get(0)))
+            .map_err(|error| ReadModelError::sqlite("counting a tenant's duplicates", error))?;
+        Ok(ScopeNumbers {
+            oldest_unknown,
+            duplicates_detected: sql::count_from(duplicates)?,
+        })
     }
 
     /// Counts by state, counters, attempts per operation, duplicates and the oldest unresolved

@@ -1852,6 +1852,44 @@ async fn metrics_count_states_confirmations_duplicates_attempts_and_the_oldest_u
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_oldest_unknown_and_duplicates_are_its_own_and_all_tenants_match_the_metrics() {
+    let fixture = Fixture::build().await;
+    let numbers = |tenant: Option<&str>| {
+        let tenant = tenant.map(|t| TenantId::new(t).expect("a tenant id"));
+        let read_models = &fixture.read_models;
+        async move {
+            read_models
+                .call(move |store| store.scope_numbers(tenant.as_ref()))
+                .await
+                .expect("the scope's numbers")
+        }
+    };
+    let metrics = fixture
+        .read_models
+        .call(|store| store.metrics())
+        .await
+        .expect("metrics");
+    let everyone = numbers(None).await;
+    assert_eq!(everyone.oldest_unknown, metrics.oldest_unknown);
+    assert_eq!(
+        everyone.duplicates_detected,
+        metrics.counter(Counter::DuplicatesDetected)
+    );
+    let acme = numbers(Some("acme")).await;
+    assert_eq!(
+        acme.oldest_unknown.map(|oldest| oldest.operation_id),
+        Some(fixture.id("unknown"))
+    );
+    assert_eq!(acme.duplicates_detected, 2);
+    let globex = numbers(Some("globex")).await;
+    assert_eq!(
+        globex.oldest_unknown, None,
+        "acme's unknown is not globex's"
+    );
+    assert_eq!(globex.duplicates_detected, 0, "nor are its duplicates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_are_listed_by_state_tenant_and_age_oldest_first_in_pages() {
     let fixture = Fixture::build().await;
     let list = |filter: OperationFilter, limit: usize| {

@@ -26,21 +26,25 @@ export async function render(main, _params, context) {
     pageTitle("Overview"),
     failure,
     h("section", { "aria-labelledby": "states-heading" }, h("h2", { id: "states-heading" }, "Operations by state"), cards),
-    h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health ", h("span", { class: "muted small" }, "(whole server, all tenants)")), server),
+    h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health"), server),
     h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent)),
   );
   // Placeholders of the final size first, so the numbers arriving move nothing.
   cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…")));
   server.replaceChildren(...["Oldest unknown", "Reconciliations confirmed", "Duplicates detected", "Read-model lag"].map((label) => numberCard(label, "…")));
+  // The reconciler's count is kept for the whole server only (/metrics), so it is shown to a
+  // token that sees every tenant; the other numbers are the token's own scope.
+  const everyTenant = (await get("/v1/whoami").catch(() => null))?.tenants === null;
   const refresh = async () => {
     try {
-      const [counts, health, metrics] = await Promise.all([stateCounts(), get("/healthz").catch(() => null), metricsText()]);
-      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, counts[state])));
+      const [counts, health, metrics] = await Promise.all([get(`/v1/counts${tenantParam().replace(/^&/, "?")}`), get("/healthz").catch(() => null), everyTenant ? metricsText() : {}]);
+      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, String(counts.by_state[state] ?? 0))));
       cards.setAttribute("aria-busy", "false");
+      const oldest = counts.oldest_unknown;
       server.replaceChildren(
-        numberCard("Oldest unknown", metrics.oldest_unknown ? duration(metrics.oldest_unknown * 1000) : "none", "since its answer was lost"),
-        numberCard("Reconciliations confirmed", metrics.reconciliations ?? "—", "lookups that found the object"),
-        numberCard("Duplicates detected", metrics.duplicates ?? "—", "a second object for one request"),
+        numberCard("Oldest unknown", oldest ? duration(Date.now() - Date.parse(oldest.since)) : "none", oldest ? h("span", {}, "since its answer was lost: ", link(`operation/${oldest.operation_id}`, shortId(oldest.operation_id), { title: oldest.operation_id })) : "no operation waits for its outcome"),
+        numberCard("Reconciliations confirmed", everyTenant ? metrics.reconciliations ?? "—" : "—", everyTenant ? "lookups that found the object (all tenants)" : "counted for the whole server only"),
+        numberCard("Duplicates detected", counts.duplicates_detected, "a second object for one request"),
         numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
       );
       failure.replaceChildren(...(chosenTenant() ? [h("p", { class: "muted" }, `Showing tenant ${chosenTenant()}. `, h("button", { type: "button", onclick: () => { chooseTenant(null); refresh(); } }, "Choose another"))] : []));
@@ -75,14 +79,7 @@ function eventLine(event) {
   return [h("time", { datetime: event.data.at }, time(event.data.at)), " ", badge(event.data.type), " ", link(`operation/${id}`, shortId(id), { title: id }), " ", h("span", { class: "muted" }, event.data.detail ?? "")];
 }
 
-/// Operations per state: one grouped count from the API.
-async function stateCounts() {
-  const tenant = tenantParam().replace(/^&/, "?");
-  const counts = await get(`/v1/counts${tenant}`);
-  return Object.fromEntries(Object.keys(STATES).map((state) => [state, String(counts.by_state[state] ?? 0)]));
-}
-
-/// The server-wide numbers from /metrics (Prometheus text); empty when a metrics token guards it.
+/// The server-wide number from /metrics (Prometheus text); empty when a metrics token guards it.
 async function metricsText() {
   const response = await fetch("/metrics", { credentials: "omit", cache: "no-store" }).catch(() => null);
   if (!response?.ok) return {};
@@ -91,11 +88,7 @@ async function metricsText() {
     const match = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
     return match ? Number(match[1]) : null;
   };
-  return {
-    oldest_unknown: value("since its answer was lost"),
-    reconciliations: value("opledger_reconciliations_confirmed_total"),
-    duplicates: value("opledger_duplicates_detected_total"),
-  };
+  return { reconciliations: value("opledger_reconciliations_confirmed_total") };
 }
 
 function stateCard(state, count) {

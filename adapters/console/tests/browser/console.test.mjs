@@ -421,6 +421,8 @@ try {
     assert.equal(await page.locator(".chain .matched .node-label").innerText(), "Duplicate detected (your id)");
     await axe(page, "trace with a duplicate");
     await shot(page, "trace-duplicate");
+    await page.getByRole("link", { name: "Overview" }).click();
+    await page.locator(".stat", { hasText: "Duplicates detected" }).locator(".stat-number", { hasText: /^1$/ }).waitFor();
   });
 
   await check("listings filter by state and page", async () => {

@@ -114,8 +114,9 @@ pub(super) struct CountsQuery {
     tenant: Option<String>,
 }
 
-/// `GET /v1/counts`: operations per state, for the caller's tenant (or the one named) or, for a
-/// token that sees every tenant and names none, for all; one grouped count in the read models.
+/// `GET /v1/counts`: operations per state, the oldest unknown one and the duplicates detected,
+/// for the caller's tenant (or the one named) or, for a token that sees every tenant and names
+/// none, for all; one grouped count and two reads of small tables in the read models.
 pub(super) async fn counts(
     State(shared): State<Arc<Shared>>,
     query: Result<Query<CountsQuery>, axum::extract::rejection::QueryRejection>,
@@ -126,9 +127,14 @@ pub(super) async fn counts(
     let tenant = listed_tenant(&scope, query.tenant.as_deref())?;
     fresh_read_models(&shared).await?;
     let counted = tenant.clone();
-    let by_state = shared
+    let (by_state, numbers) = shared
         .read_models
-        .call(move |store| store.count_by_state(counted.as_ref()))
+        .call(move |store| {
+            Ok((
+                store.count_by_state(counted.as_ref())?,
+                store.scope_numbers(counted.as_ref())?,
+            ))
+        })
         .await?;
     // The API's states: the fold's less `new`, the state before an intent.
     let by_state: serde_json::Map<String, Value> = API_STATES
@@ -142,7 +148,15 @@ pub(super) async fn counts(
         .collect();
     Ok(json_reply(
         StatusCode::OK,
-        &json!({"tenant": tenant, "by_state": by_state}),
+        &json!({
+            "tenant": tenant,
+            "by_state": by_state,
+            "oldest_unknown": numbers.oldest_unknown.map(|oldest| json!({
+                "operation_id": oldest.operation_id,
+                "since": oldest.since,
+            })),
+            "duplicates_detected": numbers.duplicates_detected,
+        }),
     ))
 }
 
