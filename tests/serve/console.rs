@@ -15,7 +15,7 @@ use std::process::Command;
 
 use super::python::python_venv::run;
 use super::support::{
-    Harness, ACCOUNT, ACCOUNT_TOKEN, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN,
+    Harness, Server, ACCOUNT, ACCOUNT_TOKEN, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN,
     SEARCH_LAG_MS, TENANT_A_TOKEN, TENANT_B_TOKEN,
 };
 
@@ -100,6 +100,10 @@ fn install_node_modules() -> PathBuf {
     place
 }
 
+/// The environment variable holding the console test's webhook secret, and the secret.
+const WEBHOOK_SECRET_ENV: &str = "CONSOLE_TEST_WEBHOOK_SECRET";
+const WEBHOOK_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
 #[tokio::test]
 async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() {
     let modules = tokio::task::spawn_blocking(|| {
@@ -120,7 +124,21 @@ async fn an_operator_resolves_a_lost_request_in_the_console_in_a_real_browser() 
             ),
         )],
     );
-    let server = harness.serve_with(&config);
+    // An outcome webhook whose receiver is gone (a loopback port nobody listens on), so the
+    // console has a failing endpoint with attempts to show.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port");
+    let mut text = std::fs::read_to_string(&config).expect("the configuration");
+    text.push_str(&format!(
+        "\n[[webhooks]]\nid = \"ops-feed\"\nurl = \"http://{gone}/hooks\"\nsecret_env = \"{WEBHOOK_SECRET_ENV}\"\nevents = [\"all\"]\n"
+    ));
+    std::fs::write(&config, text).expect("the configuration with a webhook");
+    let server = Server::start_with_env(
+        &["serve", "--config", &config.display().to_string()],
+        harness.dir.path(),
+        &[(WEBHOOK_SECRET_ENV, WEBHOOK_SECRET)],
+    );
     let shots = repo().join("docs/console");
     std::fs::create_dir_all(&shots).expect("the screenshots folder");
     let mut node = Command::new("node");

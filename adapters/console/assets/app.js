@@ -10,10 +10,11 @@ import * as approvals from "./pages/approvals.js";
 import * as operations from "./pages/operations.js";
 import * as timeline from "./pages/timeline.js";
 import * as trace from "./pages/trace.js";
+import * as webhooks from "./pages/webhooks.js";
 
 const ROLE_KEY = "opledger.role";
 
-const PAGES = { overview, review, approvals, operations, timeline, trace };
+const PAGES = { overview, review, approvals, operations, timeline, trace, webhooks };
 
 /// Listeners of the live feed: pages subscribe while shown.
 const listeners = new Set();

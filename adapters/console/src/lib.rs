@@ -60,6 +60,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("pages/operations.js", JS),
     asset!("pages/timeline.js", JS),
     asset!("pages/trace.js", JS),
+    asset!("pages/webhooks.js", JS),
 ];
 
 /// The console's start page.
