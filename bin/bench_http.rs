@@ -50,12 +50,19 @@ pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    if args.webhook && args.url.is_some() {
+        return Err(ValidationError::new(
+            "--webhook",
+            "subscribes a receiver of its own to a server started here; leave out --url and --token",
+        )
+        .into());
+    }
     match (&args.url, &args.token) {
         (Some(url), Some(token)) => {
             let provider = args.provider.clone();
             let account = args.account.clone();
             tokio::select! {
-                result = measure_all(&args, url, token, &provider, &account) => result,
+                result = measure_all(&args, url, token, &provider, &account, None) => result,
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             }
         }
@@ -73,6 +80,13 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
     let path = fresh_path("bench-http");
     let (mut config, stand) = serve::embedded_default(&path).await?;
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let receiver = if args.webhook {
+        let receiver = Receiver::start().await?;
+        config.webhooks = vec![receiver.endpoint()?];
+        Some(receiver)
+    } else {
+        None
+    };
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(opledger_http_api::run(
@@ -86,7 +100,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
         Ok(address) => {
             let url = format!("http://{address}");
             tokio::select! {
-                result = measure_all(args, &url, serve::DEMO_TENANT_TOKEN, "crm", "demo") => result,
+                result = measure_all(args, &url, serve::DEMO_TENANT_TOKEN, "crm", "demo", receiver.as_ref()) => result,
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             }
         }
@@ -101,6 +115,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
     // left behind, one pair per run would pile up in the temporary directory.
     crate::replay::remove_database(&path);
     crate::replay::remove_database(&crate::replay::sibling(&path, ".views"));
+    crate::replay::remove_database(&crate::replay::sibling(&path, ".webhooks"));
     result?;
     Ok(served?)
 }
@@ -111,6 +126,7 @@ async fn measure_all(
     token: &str,
     provider: &str,
     account: &str,
+    receiver: Option<&Receiver>,
 ) -> Result<(), CliError> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(MAX_CONCURRENCY as usize)
@@ -127,8 +143,28 @@ async fn measure_all(
     };
     // A short warm-up opens connections and pages in the ledger.
     measure(&target, 8, 200.min(args.operations)).await?;
+    // Every operation succeeds once, so the endpoint has everything when it has received as
+    // many deliveries as operations were run.
+    let mut expected_deliveries = u64::from(200.min(args.operations));
     for &concurrency in &args.concurrency {
+        // The level starts with the endpoint caught up, so its deliveries are this level's.
+        if let Some(receiver) = receiver {
+            receiver.wait_for(expected_deliveries).await?;
+        }
+        let level_started = Instant::now();
+        let delivered_before = receiver.map(|_| expected_deliveries);
         let (elapsed, mut latencies) = measure(&target, concurrency, args.operations).await?;
+        expected_deliveries += u64::from(args.operations);
+        if let (Some(receiver), Some(before)) = (receiver, delivered_before) {
+            let level_ended = Instant::now();
+            let caught_up = receiver.wait_for(expected_deliveries).await?;
+            let delivered = expected_deliveries.saturating_sub(before);
+            println!(
+                "bench=http-webhook concurrency={concurrency} delivered={delivered} deliveries_per_s={:.0} caught_up_after_ms={}",
+                delivered as f64 / caught_up.duration_since(level_started).as_secs_f64(),
+                caught_up.saturating_duration_since(level_ended).as_millis()
+            );
+        }
         latencies.sort_unstable();
         let percentile = |p: f64| {
             let index = ((latencies.len() as f64 - 1.0) * p).round() as usize;
@@ -277,4 +313,85 @@ async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Answer
             "POST {path} answered something else than an operation ({error}): {text}"
         ))
     })
+}
+
+/// Most time the bench waits for the endpoint to have everything after a level, in seconds.
+const MAX_CATCH_UP_S: u64 = 600;
+
+/// A loopback receiver that answers 200 at once and counts what it was sent, and the endpoint
+/// subscribing it. It checks nothing: signatures are the webhook tests' work, not the bench's.
+struct Receiver {
+    url: String,
+    received: Arc<std::sync::atomic::AtomicU64>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Receiver {
+    async fn start() -> Result<Self, CliError> {
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let (counter, notify) = (Arc::clone(&received), Arc::clone(&changed));
+        let app = axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(move || {
+                counter.fetch_add(1, Ordering::Relaxed);
+                notify.notify_waiters();
+                async { "ok" }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|error| CliError::Other(format!("cannot listen for webhooks: {error}")))?;
+        let address = listener
+            .local_addr()
+            .map_err(|error| CliError::Other(format!("the receiver has no address: {error}")))?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self {
+            url: format!("http://{address}/hooks"),
+            received,
+            changed,
+        })
+    }
+
+    fn endpoint(&self) -> Result<opledger_webhooks::Endpoint, CliError> {
+        let url =
+            opledger_webhooks::endpoint::check_url(&self.url, false).map_err(CliError::Other)?;
+        // A fixed key: the receiver does not verify, and nothing outside this process sees it.
+        let secret =
+            opledger_webhooks::signing::Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+                .map_err(CliError::Other)?;
+        Ok(opledger_webhooks::Endpoint {
+            id: "bench".into(),
+            url,
+            secrets: vec![secret],
+            events: ["succeeded".to_owned()].into(),
+            tenants: None,
+            allow_private_network: false,
+            retry_window_s: 60,
+            request_timeout_ms: opledger_webhooks::DEFAULT_REQUEST_TIMEOUT_MS,
+        })
+    }
+
+    fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `count` deliveries arrived; answers when the last of them did.
+    async fn wait_for(&self, count: u64) -> Result<Instant, CliError> {
+        let deadline = Instant::now() + Duration::from_secs(MAX_CATCH_UP_S);
+        loop {
+            let changed = self.changed.notified();
+            if self.received() >= count {
+                return Ok(Instant::now());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CliError::Other(format!(
+                    "the webhook endpoint had {} of {count} deliveries after {MAX_CATCH_UP_S} s",
+                    self.received()
+                )));
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), changed).await;
+        }
+    }
 }

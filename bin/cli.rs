@@ -443,6 +443,11 @@ pub struct BenchHttpArgs {
     /// Record and execute in one call (`POST /v1/operations?execute=true`) instead of two.
     #[arg(long)]
     pub one_call: bool,
+    /// Subscribe one outcome webhook (a receiver started here that answers 200 at once) to
+    /// `succeeded`, and print after each level its deliveries per second and how long after
+    /// the level's last operation it had delivered everything (not with --url).
+    #[arg(long)]
+    pub webhook: bool,
 }
 
 #[derive(Debug, Args)]

@@ -810,3 +810,42 @@ fn a_short_simulation_ends_with_its_summary_line_and_exits_zero() {
         "{summary}"
     );
 }
+
+#[test]
+fn bench_http_with_a_webhook_reports_every_operation_delivered_once_per_level() {
+    let output = opledger(&[
+        "bench",
+        "http",
+        "--webhook",
+        "--one-call",
+        "--operations",
+        "20",
+        "--concurrency",
+        "1,4",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let delivered: Vec<String> = stdout(&output)
+        .lines()
+        .filter(|line| line.starts_with("bench=http-webhook "))
+        .filter_map(|line| {
+            line.split_whitespace()
+                .find_map(|field| field.strip_prefix("delivered=").map(str::to_owned))
+        })
+        .collect();
+    assert_eq!(delivered, ["20", "20"], "{}", stdout(&output));
+}
+
+#[test]
+fn bench_http_refuses_a_webhook_for_a_server_it_did_not_start() {
+    let output = opledger(&[
+        "bench",
+        "http",
+        "--webhook",
+        "--url",
+        "http://127.0.0.1:9",
+        "--token",
+        "some-tenant-token",
+    ]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("--webhook"), "{}", stderr(&output));
+}
