@@ -81,7 +81,8 @@ async function renderItem(main, id, context) {
     h("aside", { class: "decide-aside", "aria-label": "Decision" }, decisionForm(item, operation)),
   );
   return context.onEvent((event) => {
-    if (event.data.operation_id === id) {
+    const form = document.querySelector("form.decision");
+    if (event.data.operation_id === id && form?.dataset.decided !== "true") {
       const notice = document.getElementById("moved-on");
       if (notice) notice.hidden = false;
     }
@@ -182,7 +183,10 @@ function howToCheck(item, detail) {
   const title = detail.args?.title ?? detail.args?.name ?? detail.args?.subject;
   const what = title ? `“${title}”` : "an object with the arguments above";
   const when = first ? ` created around ${time(first.started_at)}` : "";
-  return `in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, look for ${what}${when}. If it is there, choose “It exists” and give its id; if you are sure it is not, send it again.`;
+  // The label opledger sends with every create (`opl-` and the operation id) is what its own
+  // lookups search for; a person searching the CRM by hand can use either.
+  const label = (detail.lookups ?? []).length ? ` (opledger's own searches looked for the label opl-${item.operation_id})` : "";
+  return `in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, look for ${what}${when}${label}. If it is there, choose “It exists” and give its id; if you are sure it is not, send it again. If you cannot check, giving up is the safe choice: nothing more is sent and the agent is told it was not done.`;
 }
 
 function capital(text) {
@@ -222,7 +226,7 @@ function table(headings, rows) {
 const CHOICES = [
   ["confirm", "It exists — I found it in the CRM", "Record the operation as done with the object's id. Nothing is sent."],
   ["retry", "It does not exist — send it again", "The same request is sent once more, with the same key and label."],
-  ["abandon", "Give up — it should not happen", "The operation ends without an object; the agent is told it was not done."],
+  ["abandon", "Give up — do not send it", "The operation ends without an object and the agent is told it was not done. Choose this when it should not happen, or when you cannot check and would rather have it asked for again than risk a duplicate."],
 ];
 
 function decisionForm(item, operation) {
@@ -253,8 +257,11 @@ function decisionForm(item, operation) {
   form.addEventListener("change", (event) => {
     if (event.target.name === "decision") {
       externalRow.hidden = event.target.value !== "confirm";
-      risk.hidden = true;
-      risk.replaceChildren();
+      // Where the contract cannot make a retry safe, the acknowledgement is asked for when the
+      // retry is chosen, not only after the server refused it.
+      const ask = event.target.value === "retry" && retryMayDuplicate(item.reason);
+      risk.replaceChildren(...(ask ? riskNotice(null, item) : []));
+      risk.hidden = !ask;
     }
   });
   form.addEventListener("submit", async (event) => {
@@ -276,6 +283,10 @@ function decisionForm(item, operation) {
     result.replaceChildren(h("p", { class: "muted" }, "Recording…"));
     try {
       const decided = await post(`/v1/operations/${encodeURIComponent(id)}/review`, body);
+      // The events that follow are this decision's own, not news to reload for.
+      form.dataset.decided = "true";
+      form.querySelector("#moved-on").hidden = true;
+      refreshCount();
       form.querySelector("fieldset").disabled = true;
       submit.hidden = true;
       risk.hidden = true;
@@ -308,18 +319,32 @@ function staleNotice(error, version) {
   );
 }
 
+/// Whether the ledger's reason says the action's contract cannot make a retry safe (the API then
+/// refuses a retry without `accept_duplicate_risk`).
+function retryMayDuplicate(reason = "") {
+  return /neither honours idempotency keys nor enforces a unique label|retention/.test(reason);
+}
+
+/// The duplicate-risk explanation and its acknowledgement: asked for when a risky retry is
+/// chosen (`error` null), and as an alert when the server refused one without it.
 function riskNotice(error, item) {
   return [
     h(
       "div",
-      { class: "warning", role: "alert" },
-      h("p", { class: "error-title" }, "Nothing was sent: a retry here may create a duplicate"),
+      { class: "warning", role: error ? "alert" : "note" },
+      h("p", { class: "error-title" }, error ? "Nothing was sent: a retry here may create a duplicate" : "A retry here may create a duplicate"),
       h("p", {}, `${item.provider} does not recognise a repeated request for this action. If the first attempt did reach it — the answer was lost, not necessarily the request — a retry creates a second object, exactly the duplicate opledger exists to prevent.`),
       h("p", {}, "Before retrying, look in the CRM for the object (the attempts' times and the arguments above help). If you find it, choose “It exists” and give its id instead. Retry only if you are sure it is not there."),
-      h("details", {}, h("summary", {}, "The API's words (duplicate_risk_not_accepted)"), h("p", {}, error.message)),
+      error ? h("details", {}, h("summary", {}, "The API's words (duplicate_risk_not_accepted)"), h("p", {}, error.message)) : null,
     ),
     h("div", { class: "choice" }, h("input", { type: "checkbox", id: "accept-risk", name: "accept_duplicate_risk" }), h("label", { for: "accept-risk" }, "I checked the CRM: the object is not there, and I accept that a retry may create a duplicate. (This is recorded with my decision.)")),
   ];
+}
+
+/// The queue's size in the navigation, asked again after a decision.
+async function refreshCount() {
+  const answer = await get(`/v1/review?limit=${QUEUE_ROWS}`).catch(() => null);
+  if (answer) setCount(answer.queue.length);
 }
 
 function setCount(n) {

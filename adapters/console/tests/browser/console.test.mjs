@@ -309,7 +309,7 @@ try {
       expected_version: current.version,
     });
     assert.equal(other.status, 200, JSON.stringify(other.json));
-    await page.getByLabel("Give up — it should not happen").check();
+    await page.getByLabel("Give up — do not send it").check();
     await page.getByLabel("Why (recorded with your decision)").fill("the client cancelled");
     await page.getByRole("button", { name: "Record decision" }).click();
     await page.locator(".stale", { hasText: "changed after you opened it" }).waitFor();
@@ -323,9 +323,13 @@ try {
     await page.goto(`/console#/review/${second}`);
     await page.locator("#decide-heading").waitFor();
     await page.getByLabel("It does not exist — send it again").check();
-    await page.getByLabel("Why (recorded with your decision)").fill("the CRM's log shows it never arrived");
-    await page.getByRole("button", { name: "Record decision" }).click();
+    // Asked as soon as the retry is chosen, before anything is submitted.
     await page.locator(".warning", { hasText: "a retry here may create a duplicate" }).waitFor();
+    assert.equal(await page.getByLabel(/I checked the CRM/).isChecked(), false);
+    await page.getByLabel("Why (recorded with your decision)").fill("the CRM's log shows it never arrived");
+    // Submitted without the acknowledgement: the server refuses, and the console says so.
+    await page.getByRole("button", { name: "Record decision" }).click();
+    await page.getByRole("alert").filter({ hasText: "Nothing was sent: a retry here may create a duplicate" }).waitFor();
     assert.ok((await page.locator(".warning").innerText()).includes("choose “It exists”"), "the way out is named");
     assert.equal((await stateOf(second)).state, "needs_review", "nothing was decided");
     assert.equal((await standObjects()).length, 0, "nothing was sent");
@@ -354,6 +358,8 @@ try {
     assert.equal(types[0], "IntentRecorded");
     assert.ok(types.indexOf("ReviewResolved") < types.lastIndexOf("AttemptSucceeded"), types.join());
     await watcher.close();
+    await page.locator(".done .badge").waitFor();
+    assert.equal(await page.locator("#moved-on").isHidden(), true, "the decision's own events are not news to reload for");
     await page.getByRole("link", { name: "See it in the timeline" }).click();
     await page.locator("li[data-type=AttemptSucceeded]").waitFor();
     assert.equal((await standObjects()).length, 1, "the retry sent once");
