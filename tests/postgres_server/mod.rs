@@ -303,3 +303,42 @@ fn run(command: &mut Command) -> Result<(), String> {
         ))
     }
 }
+
+/// A psql session running `sql` in the background, killed when dropped.
+pub struct Background(std::process::Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Starts psql running `sql` in `database` without waiting for it.
+    pub fn spawn_sql(&self, database: &str, sql: &str) -> Background {
+        let child = self
+            .command("psql")
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                database,
+                "-c",
+                sql,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start psql");
+        Background(child)
+    }
+}

@@ -28,5 +28,7 @@ mod subscription;
 pub use either::{AnyStore, AnySubscription};
 pub use kurrentdb::{KurrentDbError, KurrentDbStore, KurrentDbSubscription};
 pub use memory::{MemoryStore, MemorySubscription};
+/// The PostgreSQL store's crate: its settings, limits and start-up refusals.
+pub use opledger_postgres as postgres;
 pub use opledger_postgres::{PostgresStore, PostgresSubscription};
 pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};
