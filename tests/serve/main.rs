@@ -14,6 +14,8 @@ mod lifecycle;
 mod limits;
 mod mcp;
 mod numbers;
+#[path = "../postgres_server/mod.rs"]
+mod postgres_server;
 mod python;
 mod redelivery;
 mod shutdown;
