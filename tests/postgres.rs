@@ -13,9 +13,8 @@
 
 mod postgres_server;
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
@@ -25,10 +24,9 @@ use opledger_domain::store::{
 };
 use opledger_postgres::{PostgresConfig, PostgresError, PASSWORD_VAR};
 use opledger_store::PostgresStore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use postgres_server::proxy::{Mode, Proxy};
 use postgres_server::server;
 
 /// Guards every wait against a hang; no test relies on it for ordering.
@@ -374,153 +372,6 @@ async fn a_missing_database_is_refused_with_how_to_create_it() {
 }
 
 // ----- a connection cut at COMMIT, and a server that goes away ----------------------------------
-
-/// What the proxy does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Forwards everything.
-    Pass,
-    /// Forwards the next COMMIT to the server, then cuts that connection before the answer.
-    CutAfterCommit,
-    /// Cuts the connection carrying the next COMMIT without forwarding it.
-    CutBeforeCommit,
-    /// Cuts every open connection and refuses new ones: the server is gone.
-    Gone,
-}
-
-/// A TCP proxy between the store and the server that cuts connections at chosen moments.
-struct Proxy {
-    port: u16,
-    mode: Arc<Mutex<Mode>>,
-    cuts: Arc<AtomicUsize>,
-    generation: watch::Sender<u64>,
-}
-
-impl Proxy {
-    async fn start(upstream: u16) -> Self {
-        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-            .await
-            .expect("bind the proxy");
-        let port = listener.local_addr().expect("the proxy's address").port();
-        let mode = Arc::new(Mutex::new(Mode::Pass));
-        let cuts = Arc::new(AtomicUsize::new(0));
-        let (generation, _) = watch::channel(0_u64);
-        let (accept_mode, accept_cuts, accept_generation) =
-            (Arc::clone(&mode), Arc::clone(&cuts), generation.clone());
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if *accept_mode.lock().expect("mode") == Mode::Gone {
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)).await else {
-                    continue;
-                };
-                tokio::spawn(relay(
-                    client,
-                    server,
-                    Arc::clone(&accept_mode),
-                    Arc::clone(&accept_cuts),
-                    accept_generation.subscribe(),
-                ));
-            }
-        });
-        Self {
-            port,
-            mode,
-            cuts,
-            generation,
-        }
-    }
-
-    fn set(&self, mode: Mode) {
-        *self.mode.lock().expect("mode") = mode;
-        if mode == Mode::Gone {
-            self.generation.send_modify(|generation| *generation += 1);
-        }
-    }
-
-    fn url(&self, database: &str) -> String {
-        format!(
-            "postgres://{}:{}@127.0.0.1:{}/{database}",
-            postgres_server::USER,
-            postgres_server::PASSWORD,
-            self.port
-        )
-    }
-}
-
-/// Relays one connection both ways until either side closes, the proxy cuts it at a COMMIT,
-/// or the server "goes away".
-async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    mode: Arc<Mutex<Mode>>,
-    cuts: Arc<AtomicUsize>,
-    mut generation: watch::Receiver<u64>,
-) {
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    // Set before a COMMIT is forwarded, so not one byte of its answer reaches the client.
-    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let upstream_cut = Arc::clone(&cut);
-    let upstream = async move {
-        let mut buffer = vec![0_u8; 64 * 1024];
-        loop {
-            let read = client_read.read(&mut buffer).await.unwrap_or(0);
-            if read == 0 {
-                return;
-            }
-            let chunk = &buffer[..read];
-            // A simple-query message: 'Q', its length, "COMMIT", NUL.
-            if chunk.windows(7).any(|window| window == b"COMMIT\0") {
-                let armed = {
-                    let mut mode = mode.lock().expect("mode");
-                    let armed = *mode;
-                    if matches!(armed, Mode::CutAfterCommit | Mode::CutBeforeCommit) {
-                        *mode = Mode::Pass;
-                    }
-                    armed
-                };
-                match armed {
-                    Mode::CutAfterCommit => {
-                        upstream_cut.store(true, Ordering::SeqCst);
-                        let _ = server_write.write_all(chunk).await;
-                        let _ = server_write.flush().await;
-                        cuts.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    }
-                    Mode::CutBeforeCommit => {
-                        upstream_cut.store(true, Ordering::SeqCst);
-                        cuts.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    }
-                    Mode::Pass | Mode::Gone => {}
-                }
-            }
-            if server_write.write_all(chunk).await.is_err() {
-                return;
-            }
-        }
-    };
-    let downstream = async move {
-        let mut buffer = vec![0_u8; 64 * 1024];
-        loop {
-            let read = server_read.read(&mut buffer).await.unwrap_or(0);
-            if read == 0 || cut.load(Ordering::SeqCst) {
-                return;
-            }
-            if client_write.write_all(&buffer[..read]).await.is_err() {
-                return;
-            }
-        }
-    };
-    // Whichever side ends first ends the connection, so a cut closes both halves at once.
-    tokio::select! {
-        () = upstream => {}
-        () = downstream => {}
-        _ = generation.changed() => {}
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_read_back_as_written_and_not_written_twice() {

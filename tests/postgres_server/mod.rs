@@ -20,6 +20,8 @@
 
 #![allow(dead_code)] // Each test binary uses a part.
 
+pub mod proxy;
+
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
