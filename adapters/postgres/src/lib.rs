@@ -87,6 +87,23 @@ pub const RESOLVE_ATTEMPTS: u32 = 3;
 pub const RESOLVE_PAUSE_MS: u64 = 200;
 const _: () = assert!(MAX_APPENDS_PER_COMMIT <= APPEND_QUEUE_CAPACITY);
 
+/// How well group commit is working: transactions that wrote events, and the appends they
+/// wrote; `appends / commits` is how many callers shared one commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed that wrote at least one event.
+    pub commits: u64,
+    /// Appends written by those transactions.
+    pub appends: u64,
+}
+
+/// The counters behind [`CommitStats`], moved by the writer.
+#[derive(Debug, Default)]
+pub(crate) struct CommitCounters {
+    pub(crate) commits: std::sync::atomic::AtomicU64,
+    pub(crate) appends: std::sync::atomic::AtomicU64,
+}
+
 /// Failures to set the store up, each saying what to do; once it runs, failures are the port's
 /// [`StoreError`]s.
 #[derive(Debug, thiserror::Error)]
@@ -267,6 +284,7 @@ struct Shared {
     pool: Pool,
     /// The newest position this store committed, for its own subscriptions.
     head: watch::Receiver<Option<GlobalPosition>>,
+    counters: Arc<CommitCounters>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -319,8 +337,9 @@ impl PostgresStore {
         let (head_sender, head_receiver) = watch::channel(head);
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let span = tracing::debug_span!("postgres_writer", target = %config.target());
+        let counters = Arc::new(CommitCounters::default());
         let writer = tokio::spawn(tracing::Instrument::instrument(
-            Writer::new(connector, head_sender).run(append_receiver),
+            Writer::new(connector, head_sender, Arc::clone(&counters)).run(append_receiver),
             span,
         ));
         tracing::debug!(target = %config.target(), ?head, "postgres event store opened");
@@ -331,6 +350,7 @@ impl PostgresStore {
                 writer: Mutex::new(Some(writer)),
                 pool,
                 head: head_receiver,
+                counters,
             }),
         })
     }
@@ -346,6 +366,16 @@ impl PostgresStore {
         writer.await.map_err(|error| StoreError::Unavailable {
             reason: format!("the PostgreSQL writer task failed: {error}"),
         })
+    }
+
+    /// Counts of commits and of the appends they carried since the store was opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Two relaxed loads may straddle a commit; the pair is a statistic, not an invariant.
+        CommitStats {
+            commits: self.shared.counters.commits.load(Relaxed),
+            appends: self.shared.counters.appends.load(Relaxed),
+        }
     }
 
     /// `user@host:port/database`, for messages.

@@ -24,7 +24,9 @@ use tokio_postgres::{Client, Statement};
 use uuid::Uuid;
 
 use crate::rules::{self, AppendPlan};
-use crate::{codec, Connector, MAX_APPENDS_PER_COMMIT, RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS};
+use crate::{
+    codec, CommitCounters, Connector, MAX_APPENDS_PER_COMMIT, RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
+};
 
 /// One queued append and where to send its answer.
 pub(crate) struct AppendRequest {
@@ -101,6 +103,7 @@ pub(crate) struct Writer {
     session: Option<Session>,
     /// The newest position this store committed, for its own subscriptions.
     head: watch::Sender<Option<GlobalPosition>>,
+    counters: Arc<CommitCounters>,
 }
 
 /// What one append did inside the batch's transaction.
@@ -148,11 +151,13 @@ impl Writer {
     pub(crate) fn new(
         connector: Arc<Connector>,
         head: watch::Sender<Option<GlobalPosition>>,
+        counters: Arc<CommitCounters>,
     ) -> Self {
         Self {
             connector,
             session: None,
             head,
+            counters,
         }
     }
 
@@ -225,6 +230,15 @@ impl Writer {
 
     /// Publishes the newest written position to this store's subscriptions.
     fn publish(&self, results: &[Result<Applied, StoreError>]) {
+        let written = results
+            .iter()
+            .filter(|result| matches!(result, Ok(Applied::Written(_))))
+            .count() as u64;
+        if written > 0 {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.counters.commits.fetch_add(1, Relaxed);
+            self.counters.appends.fetch_add(written, Relaxed);
+        }
         let newest = results
             .iter()
             .filter_map(|result| match result {
