@@ -1,4 +1,5 @@
-//! `opledger bench store`: lifecycles per second on the embedded store, then a full replay.
+//! `opledger bench store`: lifecycles per second on the embedded store (or, with `--store`, on a
+//! PostgreSQL database), then a full replay.
 //!
 //! Each lifecycle is the minimal real one, through the same application service the product
 //! uses: record an intent, start an attempt, record its success — three conditional appends to
@@ -24,6 +25,12 @@ use tokio::sync::mpsc;
 
 use crate::cli::{BenchArgs, BenchStoreArgs, BenchTarget, CliError};
 use crate::intent::{open_ledger, SqliteLedger};
+use opledger_domain::app::Ledger;
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::PostgresStore;
+
+/// A ledger on any store.
+type AnyLedger<S> = Ledger<S, SystemClock, RandomIds>;
 
 /// Most concurrent lifecycles a run may ask for.
 const MAX_CONCURRENCY: u32 = 1024;
@@ -41,7 +48,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         BenchTarget::Replay(args) => {
             let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let result = tokio::select! {
-                result = replay(&ledger) => result,
+                result = replay(&ledger, "sqlite") => result,
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             };
             let closed = crate::intent::close(&ledger).await;
@@ -110,7 +117,10 @@ async fn store(args: BenchStoreArgs) -> Result<(), CliError> {
             "--concurrency {bad} is out of range; use 1 to {MAX_CONCURRENCY}"
         )));
     }
-    let path = args.db.unwrap_or_else(|| fresh_path("bench"));
+    if let Some(url) = &args.store {
+        return store_on_postgres(url, &args).await;
+    }
+    let path = args.db.clone().unwrap_or_else(|| fresh_path("bench"));
     if path.exists() {
         return Err(CliError::Other(format!(
             "{} exists; the benchmark needs a fresh file",
@@ -119,23 +129,60 @@ async fn store(args: BenchStoreArgs) -> Result<(), CliError> {
     }
     eprintln!("# ledger file: {}", path.display());
     let ledger = Arc::new(open_ledger(&path).await?);
+    measure(&ledger, &args, "sqlite", || {
+        let stats = ledger.store().commit_stats();
+        (stats.commits, stats.appends)
+    })
+    .await?;
+    replay(&ledger, "sqlite").await?;
+    crate::intent::close(&ledger).await
+}
+
+/// The same run on a PostgreSQL database that holds no ledger yet.
+async fn store_on_postgres(url: &str, args: &BenchStoreArgs) -> Result<(), CliError> {
+    let store = PostgresStore::connect(url)
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?;
+    if store.head_position().await?.is_some() {
+        return Err(CliError::Other(format!(
+            "{} already holds a ledger; the benchmark needs a fresh database",
+            store.target()
+        )));
+    }
+    eprintln!("# ledger database: {}", store.target());
+    let ledger = Arc::new(Ledger::new(store, SystemClock, RandomIds));
+    measure(&ledger, args, "postgres", || {
+        let stats = ledger.store().commit_stats();
+        (stats.commits, stats.appends)
+    })
+    .await?;
+    replay(&ledger, "postgres").await?;
+    Ok(ledger.store().clone().close().await?)
+}
+
+/// Runs the lifecycles at each concurrency and prints a line for each; `commit_stats` gives
+/// the store's (commits, appends) so far.
+async fn measure<S: EventStore + 'static>(
+    ledger: &Arc<AnyLedger<S>>,
+    args: &BenchStoreArgs,
+    backend: &str,
+    commit_stats: impl Fn() -> (u64, u64),
+) -> Result<(), CliError> {
     for &concurrency in &args.concurrency {
-        let before = ledger.store().commit_stats();
+        let before = commit_stats();
         let measured =
-            lifecycles(&ledger, concurrency, args.operations, args.open_per_mille).await?;
-        let after = ledger.store().commit_stats();
-        let per_commit = (after.appends - before.appends) as f64
-            / (after.commits - before.commits).max(1) as f64;
+            lifecycles(ledger, concurrency, args.operations, args.open_per_mille).await?;
+        let after = commit_stats();
+        let per_commit = (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64;
         println!(
-            "bench=store backend=sqlite concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.3} p99_ms={:.3} appends_per_commit={per_commit:.1}",
+            "bench=store backend={backend} concurrency={concurrency} operations={} ops_per_s={:.0} p50_ms={:.3} p99_ms={:.3} appends_per_commit={per_commit:.1}",
             args.operations,
             f64::from(args.operations) / measured.elapsed.as_secs_f64(),
             millis(measured.percentile(50)),
             millis(measured.percentile(99)),
         );
     }
-    replay(&ledger).await?;
-    crate::intent::close(&ledger).await
+    Ok(())
 }
 
 struct Measured {
@@ -150,8 +197,8 @@ impl Measured {
     }
 }
 
-async fn lifecycles(
-    ledger: &Arc<SqliteLedger>,
+async fn lifecycles<S: EventStore + 'static>(
+    ledger: &Arc<AnyLedger<S>>,
     concurrency: u32,
     operations: u32,
     open_per_mille: u32,
@@ -191,8 +238,8 @@ async fn lifecycles(
     Ok(Measured { elapsed, latencies })
 }
 
-async fn lifecycle(
-    ledger: &SqliteLedger,
+async fn lifecycle<S: EventStore>(
+    ledger: &AnyLedger<S>,
     worker: u32,
     index: u32,
 ) -> Result<LoadedOperation, CliError> {
@@ -240,7 +287,10 @@ async fn lifecycle(
 
 /// Reads the whole log, decodes every event and folds it into the totals read model. Reading runs
 /// one batch ahead of decoding, so the two cores share the work; memory stays at two batches.
-async fn replay(ledger: &Arc<SqliteLedger>) -> Result<(), CliError> {
+async fn replay<S: EventStore + 'static>(
+    ledger: &Arc<AnyLedger<S>>,
+    backend: &str,
+) -> Result<(), CliError> {
     reset_peak_rss();
     let (sender, mut batches) = mpsc::channel(2);
     let reader_ledger = Arc::clone(ledger);
@@ -272,7 +322,7 @@ async fn replay(ledger: &Arc<SqliteLedger>) -> Result<(), CliError> {
         .map_err(|error| CliError::Other(format!("the replay reader failed: {error}")))??;
     let elapsed = started.elapsed();
     println!(
-        "bench=replay backend=sqlite events={} events_per_s={:.0} max_rss_mb={}",
+        "bench=replay backend={backend} events={} events_per_s={:.0} max_rss_mb={}",
         totals.events,
         totals.events as f64 / elapsed.as_secs_f64(),
         peak_rss_mb().map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use opledger_domain::app::IntentRequest;
 use opledger_domain::app::LoadedOperation;
+use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::codec;
 use opledger_domain::command::Command as LedgerCommand;
 use opledger_domain::contract::{
@@ -32,7 +32,7 @@ use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
 use opledger_projections::work_queue::WorkQueue;
 
 use crate::cli::{BenchStartupArgs, CliError};
-use crate::intent::SqliteLedger;
+use opledger_runtime::system::{RandomIds, SystemClock};
 
 /// How often the benchmark asks `/healthz`, in milliseconds.
 const POLL_MS: u64 = 5;
@@ -252,8 +252,8 @@ fn stop(child: &mut Child) {
 /// One operation `bench store --open-per-mille` leaves open, by `index`: in turn a due send, an
 /// attempt in flight, an unknown outcome, one awaiting approval, one in review. Bound to the
 /// embedded default's `crm` provider and `demo` account, so `opledger serve` can drive them.
-pub async fn leave_open(
-    ledger: &SqliteLedger,
+pub async fn leave_open<S: EventStore>(
+    ledger: &Ledger<S, SystemClock, RandomIds>,
     worker: u32,
     index: u32,
 ) -> Result<LoadedOperation, CliError> {

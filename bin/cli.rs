@@ -502,6 +502,11 @@ pub struct BenchStoreArgs {
     /// Where to put the benchmark's ledger (default: a fresh file in a temporary directory).
     #[arg(long)]
     pub db: Option<PathBuf>,
+    /// A PostgreSQL database to put the ledger in instead of a file
+    /// (`postgres://user@host:5432/database`, the password from the URL or `PGPASSWORD`); it
+    /// must hold no ledger yet.
+    #[arg(long, conflicts_with = "db")]
+    pub store: Option<String>,
     /// Operations per thousand left open instead of succeeding, in turn: a due send, an attempt
     /// in flight (its lease runs out 30 s later), an unknown outcome due for a lookup, one
     /// awaiting approval, one in review — for `bench startup`. They name the embedded default's

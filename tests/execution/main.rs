@@ -24,6 +24,8 @@ mod contract;
 mod crash;
 mod identity;
 mod lost_messages;
+#[path = "../postgres_server/mod.rs"]
+mod postgres_server;
 mod record_and_execute;
 mod sentence;
 mod support;

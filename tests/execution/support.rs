@@ -5,7 +5,8 @@
 //!
 //! The same scenarios run twice: in the `execution` test binary on a SQLite ledger file, and in
 //! `execution_kurrentdb` (which holds this whole suite as one module) on the KurrentDB store over the protocol
-//! stand. [`backend`] tells which; [`LedgerStore`] is either store behind one type.
+//! stand, and in `execution_postgres` on the PostgreSQL store in a database of its own on the
+//! binary's private cluster (`tests/postgres_server`). [`backend`] tells which; [`LedgerStore`] is either store behind one type.
 //!
 //! Nothing here sleeps and hopes: every wait is either "until a time the ledger recorded" or a
 //! poll with a deadline that fails the test with what it saw.
@@ -47,7 +48,7 @@ use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels, RunReport}
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, WorkerError, WorkerStats, Workers};
 use opledger_store::AnyStore;
-use opledger_store::{KurrentDbStore, SqliteStore};
+use opledger_store::{KurrentDbStore, PostgresStore, SqliteStore};
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -61,14 +62,16 @@ pub type TestLedger = Ledger<LedgerStore, SystemClock, RandomIds>;
 pub enum Backend {
     Sqlite,
     KurrentDb,
+    Postgres,
 }
 
-/// The store of this test binary: `execution_kurrentdb` runs on KurrentDB, `execution` on SQLite.
+/// The store of this test binary: `execution_kurrentdb` runs on KurrentDB, `execution_postgres`
+/// on PostgreSQL, `execution` on SQLite.
 pub fn backend() -> Backend {
-    if env!("CARGO_CRATE_NAME") == "execution_kurrentdb" {
-        Backend::KurrentDb
-    } else {
-        Backend::Sqlite
+    match env!("CARGO_CRATE_NAME") {
+        "execution_kurrentdb" => Backend::KurrentDb,
+        "execution_postgres" => Backend::Postgres,
+        _ => Backend::Sqlite,
     }
 }
 
@@ -87,6 +90,11 @@ pub async fn open_store(location: &str) -> LedgerStore {
             KurrentDbStore::connect(location)
                 .await
                 .expect("connect to the KurrentDB stand"),
+        ),
+        Backend::Postgres => AnyStore::Postgres(
+            PostgresStore::connect(location)
+                .await
+                .expect("connect to the test PostgreSQL"),
         ),
     }
 }
@@ -267,6 +275,8 @@ pub struct Harness {
     path: PathBuf,
     /// The KurrentDB stand holding the ledger, when the backend is KurrentDB.
     kurrentdb: Option<KurrentDbStand>,
+    /// The URL of the harness's own database, when the backend is PostgreSQL.
+    postgres: Option<String>,
     /// Keeps the ledger file until the harness is dropped.
     _dir: TempDir,
 }
@@ -291,14 +301,18 @@ impl Harness {
         .expect("the CRM stand starts on an ephemeral loopback port");
         let admin = stand.admin().expect("an admin client for the stand");
         let kurrentdb = match backend() {
-            Backend::Sqlite => None,
+            Backend::Sqlite | Backend::Postgres => None,
             Backend::KurrentDb => Some(
                 KurrentDbStand::start()
                     .await
                     .expect("the KurrentDB stand starts on an ephemeral loopback port"),
             ),
         };
-        let location = store_location(&path, kurrentdb.as_ref());
+        let postgres = (backend() == Backend::Postgres).then(|| {
+            let server = super::postgres_server::server();
+            server.url(&server.database())
+        });
+        let location = store_location(&path, kurrentdb.as_ref(), postgres.as_deref());
         let store = open_store(&location).await;
         let providers = setup.providers(&stand.base_url(), &[(ACCOUNT, ACCOUNT_TOKEN)]);
         let engine = Arc::new(Engine::new(
@@ -314,13 +328,18 @@ impl Harness {
             stand,
             path,
             kurrentdb,
+            postgres,
             _dir: dir,
         }
     }
 
     /// Where the ledger is: the file path (SQLite) or the stand's connection string (KurrentDB).
     pub fn store_location(&self) -> String {
-        store_location(&self.path, self.kurrentdb.as_ref())
+        store_location(
+            &self.path,
+            self.kurrentdb.as_ref(),
+            self.postgres.as_deref(),
+        )
     }
 
     pub fn ledger(&self) -> &TestLedger {
@@ -588,10 +607,15 @@ impl BackgroundWorkers {
     }
 }
 
-fn store_location(path: &Path, kurrentdb: Option<&KurrentDbStand>) -> String {
-    match kurrentdb {
-        Some(stand) => stand.connection_string(),
-        None => path.display().to_string(),
+fn store_location(
+    path: &Path,
+    kurrentdb: Option<&KurrentDbStand>,
+    postgres: Option<&str>,
+) -> String {
+    match (kurrentdb, postgres) {
+        (Some(stand), _) => stand.connection_string(),
+        (None, Some(url)) => url.to_owned(),
+        (None, None) => path.display().to_string(),
     }
 }
 

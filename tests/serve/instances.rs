@@ -1,6 +1,7 @@
-//! Several `opledger serve` instances sharing one KurrentDB ledger (the protocol stand), each with
-//! its own read-model file fed from the shared log, as a deployment runs them — and what each
-//! operation costs at the CRM then.
+//! Several `opledger serve` instances sharing one ledger, each with its own read-model file fed
+//! from the shared log, as a deployment runs them — and what each operation costs at the CRM
+//! then. Every scenario runs twice: on KurrentDB (the protocol stand) and on PostgreSQL (a
+//! database of its own on the binary's private cluster, `tests/postgres_server`).
 //!
 //! Every instance's workers see every due operation. A send is claimed with a conditional append
 //! (one instance wins), and so is a lookup (`LookupClaimed`, with a lease), so neither is made
@@ -19,6 +20,66 @@ use crate::support::{Harness, Server, DEADLINE, TENANT_A_TOKEN};
 
 /// Instances sharing the ledger, as in the measurement.
 const INSTANCES: usize = 3;
+
+/// The shared ledger a scenario runs on.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    KurrentDb,
+    Postgres,
+}
+
+/// The running shared ledger, kept for the scenario's length.
+enum SharedLedger {
+    KurrentDb(KurrentDbStand),
+    Postgres(String),
+}
+
+impl SharedLedger {
+    async fn start(backend: Backend) -> Self {
+        match backend {
+            Backend::KurrentDb => Self::KurrentDb(
+                KurrentDbStand::start()
+                    .await
+                    .expect("the KurrentDB stand starts"),
+            ),
+            Backend::Postgres => {
+                let server = crate::postgres_server::server();
+                Self::Postgres(server.url(&server.database()))
+            }
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Self::KurrentDb(stand) => stand.connection_string(),
+            Self::Postgres(url) => url.clone(),
+        }
+    }
+
+    /// Appends refused for a version conflict, where the ledger counts them.
+    fn conflicts(&self) -> String {
+        match self {
+            Self::KurrentDb(stand) => stand.version_conflicts().to_string(),
+            Self::Postgres(_) => "not counted".into(),
+        }
+    }
+}
+
+/// One `#[tokio::test]` per backend for a scenario (multi-threaded: the KurrentDB stand lives on
+/// the test's runtime and must answer while the test thread waits for the child processes).
+macro_rules! on_both_ledgers {
+    ($scenario:ident: $on_kurrentdb:ident, $on_postgres:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_kurrentdb() {
+            $scenario(Backend::KurrentDb).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_postgres() {
+            $scenario(Backend::Postgres).await;
+        }
+    };
+}
 
 /// Starts `INSTANCES` servers on the harness's ledger, each with its own read models.
 fn start_instances(harness: &Harness) -> Vec<Server> {
@@ -93,18 +154,16 @@ async fn per_operation(
     (sends, lookups)
 }
 
-// Multi-threaded: the KurrentDB stand lives on this runtime and must answer while the test
-// thread waits for the child processes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_send_each_operation_once_and_look_each_unknown_one_up_once() {
+on_both_ledgers!(once_each: three_instances_send_each_operation_once_and_look_each_unknown_one_up_once,
+    three_instances_on_postgres_send_each_operation_once_and_look_each_unknown_one_up_once);
+
+async fn once_each(backend: Backend) {
     const OPERATIONS: usize = 6;
     // Long enough that the other instances' read models show the operation unknown (and due)
     // while the first lookup is still out: without a claim, each of them looks it up too.
     const SLOW_LOOKUP_MS: u64 = 1_000;
-    let kurrentdb = KurrentDbStand::start()
-        .await
-        .expect("the KurrentDB stand starts");
-    let harness = Harness::with_store("", Some(kurrentdb.connection_string())).await;
+    let ledger = SharedLedger::start(backend).await;
+    let harness = Harness::with_store("", Some(ledger.url())).await;
     let servers = start_instances(&harness);
     // Every create applied with its answer lost: each operation becomes unknown, and the
     // lookup by key finds the task.
@@ -132,9 +191,9 @@ async fn three_instances_send_each_operation_once_and_look_each_unknown_one_up_o
 
     let (sends, lookups) = per_operation(&harness, &servers[0], &ids).await;
     // Contention, which the claims cost: appends that lost the race for a stream.
-    let conflicts = kurrentdb.version_conflicts();
+    let conflicts = ledger.conflicts();
     eprintln!(
-        "{INSTANCES} instances, {OPERATIONS} operations with lost answers: sends per operation {sends:?}, lookups per operation {lookups:?}, appends refused for a version conflict {conflicts}"
+        "{INSTANCES} instances on {backend:?}, {OPERATIONS} operations with lost answers: sends per operation {sends:?}, lookups per operation {lookups:?}, appends refused for a version conflict {conflicts}"
     );
     assert!(
         sends.iter().all(|&sends| sends == 1),
@@ -193,18 +252,18 @@ async fn await_lookups(harness: &Harness, keys: &[String]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_instances_claimed_lookups_are_taken_over_once_their_lease_runs_out() {
+on_both_ledgers!(lookup_takeover: a_killed_instances_claimed_lookups_are_taken_over_once_their_lease_runs_out,
+    on_postgres_a_killed_instances_claimed_lookups_are_taken_over_once_their_lease_runs_out);
+
+async fn lookup_takeover(backend: Backend) {
     const OPERATIONS: usize = 3;
     /// The harness's engine lease (`lease_ms`), which a lookup claim takes too.
     const LEASE_MS: u64 = 5_000;
     /// What a takeover may take beyond the lease: the survivors' next look at their queue, their
     /// read models' linger, the claim and the lookup itself.
     const PICKUP_MARGIN_MS: u64 = 3_000;
-    let kurrentdb = KurrentDbStand::start()
-        .await
-        .expect("the KurrentDB stand starts");
-    let harness = Harness::with_store("", Some(kurrentdb.connection_string())).await;
+    let ledger = SharedLedger::start(backend).await;
+    let harness = Harness::with_store("", Some(ledger.url())).await;
     let mut servers = start_instances(&harness);
     // The first lookup of each operation hangs until the request timeout (2 s): the window in
     // which its claimant is killed.
@@ -248,7 +307,7 @@ async fn a_killed_instances_claimed_lookups_are_taken_over_once_their_lease_runs
     }
     let (sends, lookups) = per_operation(&harness, &servers[0], &ids).await;
     eprintln!(
-        "{INSTANCES} instances, one SIGKILLed holding {} of {OPERATIONS} lookups: settled after the kill in {pickup_ms:?} ms (lease {LEASE_MS} ms); sends per operation {sends:?}, lookups per operation {lookups:?}",
+        "{INSTANCES} instances on {backend:?}, one SIGKILLed holding {} of {OPERATIONS} lookups: settled after the kill in {pickup_ms:?} ms (lease {LEASE_MS} ms); sends per operation {sends:?}, lookups per operation {lookups:?}",
         pickup_ms.len()
     );
     let bound = u128::from(LEASE_MS + PICKUP_MARGIN_MS);
@@ -295,16 +354,16 @@ async fn sender_of(server: &Server, operation_id: &str) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_instances_send_in_flight_is_swept_and_looked_up_once_by_the_others() {
+on_both_ledgers!(send_takeover: a_killed_instances_send_in_flight_is_swept_and_looked_up_once_by_the_others,
+    on_postgres_a_killed_instances_send_in_flight_is_swept_and_looked_up_once_by_the_others);
+
+async fn send_takeover(backend: Backend) {
     /// The harness's engine lease (`lease_ms`): how long the dead sender's claim holds.
     const LEASE_MS: u64 = 5_000;
     /// The survivors' next look at their queue, the sweep, the lookup's claim and the lookup.
     const PICKUP_MARGIN_MS: u64 = 3_000;
-    let kurrentdb = KurrentDbStand::start()
-        .await
-        .expect("the KurrentDB stand starts");
-    let harness = Harness::with_store("", Some(kurrentdb.connection_string())).await;
+    let ledger = SharedLedger::start(backend).await;
+    let harness = Harness::with_store("", Some(ledger.url())).await;
     let mut servers = start_instances(&harness);
     // The create is applied at once and its answer held past the request timeout (2 s): the
     // window in which the sender is killed, its attempt in flight. The plain CRM has no key, so
@@ -358,7 +417,7 @@ async fn a_killed_instances_send_in_flight_is_swept_and_looked_up_once_by_the_ot
         .map(|event| event["type"].as_str().expect("a type"))
         .collect();
     eprintln!(
-        "{INSTANCES} instances, the sender SIGKILLed mid-send: settled {pickup_ms} ms after the kill (lease {LEASE_MS} ms); sends {}, lookups {}, history {types:?}",
+        "{INSTANCES} instances on {backend:?}, the sender SIGKILLed mid-send: settled {pickup_ms} ms after the kill (lease {LEASE_MS} ms); sends {}, lookups {}, history {types:?}",
         count("POST"),
         count("GET")
     );

@@ -14,6 +14,9 @@ mod lifecycle;
 mod limits;
 mod mcp;
 mod numbers;
+mod postgres;
+#[path = "../postgres_server/mod.rs"]
+mod postgres_server;
 mod python;
 mod redelivery;
 mod shutdown;

@@ -5,19 +5,24 @@
 //! [`sqlite_file`] adds what only a store on disk can promise: data that survives a restart, a
 //! refused file left alone, and acknowledged appends that survive a SIGKILL.
 //!
+//! `postgres` runs it against the PostgreSQL store on a private cluster the binary starts
+//! (`tests/postgres_server`), a fresh database per check.
+//!
 //! `kurrentdb` runs the suite against the KurrentDB store on the protocol stand (a fresh stand
 //! per check); `kurrentdb_server` runs it against a real server when `OPLEDGER_KURRENTDB_URL` is
 //! set (each check in its own stream namespace, so a shared server's other data stays out), and
 //! otherwise prints that it was skipped. One check is not in their list: KurrentDB does not refuse
 //! an event id already stored in another stream (see `store/kurrentdb.rs`).
 
+#[path = "../postgres_server/mod.rs"]
+mod postgres_server;
 mod sqlite_file;
 mod suite;
 mod support;
 
 use opledger_kurrentdb_stand::KurrentDbStand;
 use opledger_store::kurrentdb::KurrentDbConfig;
-use opledger_store::{KurrentDbStore, MemoryStore, SqliteStore};
+use opledger_store::{KurrentDbStore, MemoryStore, PostgresStore, SqliteStore};
 use tempfile::TempDir;
 
 /// How a check gets a fresh, empty store and what is done with it afterwards.
@@ -68,6 +73,31 @@ impl Harness for SqliteHarness {
 
     async fn finish(self) {
         self.store.close().await.expect("close the SQLite store");
+    }
+}
+
+/// The PostgreSQL store on a fresh database of the binary's private cluster.
+struct PostgresHarness(PostgresStore);
+
+impl Harness for PostgresHarness {
+    type Store = PostgresStore;
+
+    async fn start() -> Self {
+        let server = postgres_server::server();
+        let url = server.url(&server.database());
+        Self(
+            PostgresStore::connect(&url)
+                .await
+                .expect("connect to the test PostgreSQL"),
+        )
+    }
+
+    fn store(&self) -> PostgresStore {
+        self.0.clone()
+    }
+
+    async fn finish(self) {
+        self.0.close().await.expect("close the PostgreSQL store");
     }
 }
 
@@ -224,5 +254,6 @@ macro_rules! conformance_suite {
 
 conformance_suite!(memory, MemoryHarness);
 conformance_suite!(sqlite, SqliteHarness);
+conformance_suite!(postgres, PostgresHarness);
 conformance_suite!(@without_unique_ids kurrentdb, KurrentDbStandHarness);
 conformance_suite!(@opt_in kurrentdb_server, KurrentDbServerHarness);

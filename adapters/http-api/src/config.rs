@@ -110,6 +110,9 @@ pub enum StoreUrl {
     Sqlite(PathBuf),
     /// A KurrentDB / EventStoreDB connection string.
     KurrentDb(String),
+    /// A PostgreSQL URL (`postgres://user@host:5432/database`; the password may come from
+    /// `PGPASSWORD`).
+    Postgres(String),
 }
 
 /// Who a bearer token belongs to.
@@ -1182,7 +1185,7 @@ fn tenant_ids(tokens: &BTreeMap<String, Principal>) -> BTreeSet<TenantId> {
         .collect()
 }
 
-/// Parses `sqlite:///abs/path`, `sqlite://relative/path`, a bare path, or a KurrentDB URL.
+/// Parses `sqlite:///abs/path`, `sqlite://relative/path`, a KurrentDB URL or a PostgreSQL URL.
 pub fn parse_store(text: &str) -> Result<StoreUrl, String> {
     let text = text.trim();
     if let Some(path) = text.strip_prefix("sqlite://") {
@@ -1200,8 +1203,18 @@ pub fn parse_store(text: &str) -> Result<StoreUrl, String> {
     {
         return Ok(StoreUrl::KurrentDb(text.to_owned()));
     }
+    if opledger_store::postgres::SCHEMES
+        .iter()
+        .any(|scheme| text.starts_with(scheme))
+    {
+        // Checked here, so a URL without a user or database is refused with the config's line.
+        opledger_store::postgres::PostgresConfig::from_url(text)
+            .map_err(|error| error.to_string())?;
+        return Ok(StoreUrl::Postgres(text.to_owned()));
+    }
     Err(format!(
-        "`{text}` is not a store URL; write sqlite:///path/to/ledger.db, or kurrentdb://host:2113 / esdb://host:2113"
+        "`{}` is not a store URL; write sqlite:///path/to/ledger.db, kurrentdb://host:2113 / esdb://host:2113, or postgres://user@host:5432/database",
+        opledger_store::postgres::redact(text)
     ))
 }
 
@@ -1574,7 +1587,7 @@ token_env = "CRM_TOKEN"
     }
 
     #[test]
-    fn store_urls_are_sqlite_paths_or_kurrentdb_connection_strings() {
+    fn store_urls_are_sqlite_paths_kurrentdb_connection_strings_or_postgres_urls() {
         assert_eq!(
             parse_store("sqlite://ledger.db"),
             Ok(StoreUrl::Sqlite(PathBuf::from("ledger.db")))
@@ -1583,6 +1596,15 @@ token_env = "CRM_TOKEN"
             parse_store("esdb://localhost:2113?tls=false"),
             Ok(StoreUrl::KurrentDb(_))
         ));
+        assert_eq!(
+            parse_store("postgres://ledger@db:5432/opledger"),
+            Ok(StoreUrl::Postgres(
+                "postgres://ledger@db:5432/opledger".into()
+            ))
+        );
+        let no_database = parse_store("postgres://ledger:pw@db:5432").expect_err("no database");
+        assert!(no_database.contains("names no database"), "{no_database}");
+        assert!(!no_database.contains("pw"), "{no_database}");
         assert!(parse_store("sqlite://").is_err());
         assert!(parse_store("/var/ledger.db").is_err());
     }

@@ -14,7 +14,7 @@
 //! opledger's HTTP service as a library: the API agents and services talk to (`opledger serve`).
 //!
 //! [`run`] serves one [`ServeConfig`] until a shutdown future resolves. One process holds the
-//! ledger (the embedded SQLite file, or a KurrentDB cluster), the engine and its background
+//! ledger (the embedded SQLite file, a KurrentDB cluster or a PostgreSQL database), the engine and its background
 //! workers, the read-model runner, and the API. The configuration is checked whole before anything
 //! is opened or bound ([`config::load`]). Shutdown stops accepting, ends the event streams, lets
 //! requests in progress finish (an execute call stops waiting, but a send already made is
@@ -60,7 +60,7 @@ use opledger_providers::HttpProviders;
 use opledger_readmodel::{ReadModelError, ReadModelRunner, ReadModels, RunnerHealth};
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_runtime::workers::{WorkerConfig, Workers};
-use opledger_store::{KurrentDbStore, SqliteStore};
+use opledger_store::{KurrentDbStore, PostgresStore, SqliteStore};
 use tokio::sync::{watch, Semaphore};
 use tracing::{info, warn};
 
@@ -399,7 +399,9 @@ fn locations(config: &ServeConfig) -> (String, PathBuf) {
             read_models.push(".views");
             (path.display().to_string(), PathBuf::from(read_models))
         }
-        StoreUrl::KurrentDb(url) => (redacted(url), PathBuf::from("opledger.views")),
+        StoreUrl::KurrentDb(url) | StoreUrl::Postgres(url) => {
+            (redacted(url), PathBuf::from("opledger.views"))
+        }
     };
     let path = config.read_models.clone().unwrap_or(default_read_models);
     (ledger_name, path)
@@ -426,6 +428,12 @@ async fn open_store(store: &StoreUrl) -> Result<ServeStore, ServeError> {
             KurrentDbStore::connect(url)
                 .await
                 .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
+        ),
+        // The refusal already says which of URL, server, credentials or schema is wrong.
+        StoreUrl::Postgres(url) => ServeStore::Postgres(
+            PostgresStore::connect(url)
+                .await
+                .map_err(|error| ServeError::Io(error.to_string()))?,
         ),
     })
 }

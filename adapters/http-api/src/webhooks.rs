@@ -69,7 +69,7 @@ impl Render for OutcomeRender {
 }
 
 /// The delivery journal's file: beside the SQLite ledger (`ledger.db.webhooks`), or with
-/// KurrentDB beside the instance's own read models (`opledger.views` → `opledger.webhooks`):
+/// KurrentDB or PostgreSQL beside the instance's own read models (`opledger.views` → `opledger.webhooks`):
 /// each instance keeps its own, like its read models.
 pub fn journal_path(store: &StoreUrl, read_models: &Path) -> PathBuf {
     match store {
@@ -78,6 +78,6 @@ pub fn journal_path(store: &StoreUrl, read_models: &Path) -> PathBuf {
             journal.push(".webhooks");
             PathBuf::from(journal)
         }
-        StoreUrl::KurrentDb(_) => read_models.with_extension("webhooks"),
+        StoreUrl::KurrentDb(_) | StoreUrl::Postgres(_) => read_models.with_extension("webhooks"),
     }
 }

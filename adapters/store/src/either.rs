@@ -1,4 +1,5 @@
-//! Either event store, chosen at run time: the embedded SQLite file or a KurrentDB cluster.
+//! Any event store, chosen at run time: the embedded SQLite file, a KurrentDB cluster or a
+//! PostgreSQL database.
 //! One enum rather than generics through every caller (a server's handlers, a test harness):
 //! the choice is made once, at start, and each call is a match on it. It adds nothing to
 //! either store's semantics.
@@ -10,6 +11,7 @@ use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription,
 };
+use opledger_postgres::{PostgresStore, PostgresSubscription};
 
 /// Either store.
 #[derive(Clone, Debug)]
@@ -18,6 +20,8 @@ pub enum AnyStore {
     Sqlite(SqliteStore),
     /// A KurrentDB (EventStoreDB) node or cluster.
     KurrentDb(KurrentDbStore),
+    /// A PostgreSQL database.
+    Postgres(PostgresStore),
 }
 
 impl AnyStore {
@@ -28,6 +32,7 @@ impl AnyStore {
             // Every KurrentDB append is acknowledged only once the cluster has it; there is
             // nothing to flush.
             Self::KurrentDb(_) => Ok(()),
+            Self::Postgres(store) => store.close().await,
         }
     }
 }
@@ -38,6 +43,8 @@ pub enum AnySubscription {
     Sqlite(SqliteSubscription),
     /// The KurrentDB store's (boxed: it is much larger than the SQLite one).
     KurrentDb(Box<KurrentDbSubscription>),
+    /// The PostgreSQL store's.
+    Postgres(PostgresSubscription),
 }
 
 impl Subscription for AnySubscription {
@@ -45,6 +52,7 @@ impl Subscription for AnySubscription {
         match self {
             Self::Sqlite(subscription) => subscription.next().await,
             Self::KurrentDb(subscription) => subscription.next().await,
+            Self::Postgres(subscription) => subscription.next().await,
         }
     }
 }
@@ -61,6 +69,7 @@ impl EventStore for AnyStore {
         match self {
             Self::Sqlite(store) => store.append(stream, expected, events).await,
             Self::KurrentDb(store) => store.append(stream, expected, events).await,
+            Self::Postgres(store) => store.append(stream, expected, events).await,
         }
     }
 
@@ -73,6 +82,7 @@ impl EventStore for AnyStore {
         match self {
             Self::Sqlite(store) => store.read_stream(stream, from, max_count).await,
             Self::KurrentDb(store) => store.read_stream(stream, from, max_count).await,
+            Self::Postgres(store) => store.read_stream(stream, from, max_count).await,
         }
     }
 
@@ -84,6 +94,7 @@ impl EventStore for AnyStore {
         match self {
             Self::Sqlite(store) => store.read_all(start, max_count).await,
             Self::KurrentDb(store) => store.read_all(start, max_count).await,
+            Self::Postgres(store) => store.read_all(start, max_count).await,
         }
     }
 
@@ -91,6 +102,7 @@ impl EventStore for AnyStore {
         match self {
             Self::Sqlite(store) => store.head_position().await,
             Self::KurrentDb(store) => store.head_position().await,
+            Self::Postgres(store) => store.head_position().await,
         }
     }
 
@@ -104,6 +116,10 @@ impl EventStore for AnyStore {
                 .subscribe_all(start)
                 .await
                 .map(|subscription| AnySubscription::KurrentDb(Box::new(subscription))),
+            Self::Postgres(store) => store
+                .subscribe_all(start)
+                .await
+                .map(AnySubscription::Postgres),
         }
     }
 }

@@ -4,6 +4,8 @@
 //! - [`sqlite::SqliteStore`] keeps one SQLite file with group commit, the embedded default.
 //! - [`kurrentdb::KurrentDbStore`] keeps the ledger in a KurrentDB (EventStoreDB) cluster, for
 //!   several `opledger serve` instances sharing one ledger; the server applies its own rules.
+//! - `opledger_postgres::PostgresStore` (its own crate) keeps the ledger in a PostgreSQL
+//!   database, for the same; it compiles this crate's `rules.rs` and `subscription.rs` too.
 //!
 //! The first two apply the same append rules (`rules.rs`) and share one catch-up subscription
 //! (`subscription.rs`), so they cannot drift apart in what they accept or deliver. A store must
@@ -26,4 +28,7 @@ mod subscription;
 pub use either::{AnyStore, AnySubscription};
 pub use kurrentdb::{KurrentDbError, KurrentDbStore, KurrentDbSubscription};
 pub use memory::{MemoryStore, MemorySubscription};
+/// The PostgreSQL store's crate: its settings, limits and start-up refusals.
+pub use opledger_postgres as postgres;
+pub use opledger_postgres::{PostgresStore, PostgresSubscription};
 pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};

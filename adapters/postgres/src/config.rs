@@ -1,0 +1,253 @@
+//! What the PostgreSQL store connects to and the limits it runs under.
+//!
+//! The URL is libpq's (`postgres://user@host:5432/database?sslmode=require`). A password may be
+//! in it, but need not be: like libpq, the store takes `PGPASSWORD` (and `PGUSER`) from the
+//! environment when the URL names none, so a password can stay out of configuration files. The
+//! password is never logged or echoed back in an error.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::PostgresError;
+
+/// The environment variable holding the password when the URL carries none (libpq's name).
+pub const PASSWORD_VAR: &str = "PGPASSWORD";
+/// The environment variable holding the user name when the URL names none (libpq's name).
+pub const USER_VAR: &str = "PGUSER";
+/// The URL schemes this store answers to.
+pub const SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+
+/// Connections in the read pool when the configuration names no other number. The writer has
+/// its own connection, outside the pool, so reads never wait behind a group commit.
+pub const DEFAULT_POOL_SIZE: usize = 8;
+/// Most connections one store opens to the server for reads: PostgreSQL's default
+/// `max_connections` is 100, and several instances share it.
+pub const MAX_POOL_SIZE: usize = 64;
+const _: () = assert!(1 <= DEFAULT_POOL_SIZE && DEFAULT_POOL_SIZE <= MAX_POOL_SIZE);
+
+/// Longest a statement may run (the server's `statement_timeout`), in ms, so a stuck query
+/// (a lock held by a dead peer, a server under strain) cannot hold a request for ever.
+pub const DEFAULT_STATEMENT_TIMEOUT_MS: u64 = 5_000;
+/// Longest a session may sit inside a transaction without sending anything, in ms (the server's
+/// `idle_in_transaction_session_timeout`): an instance that dies, or whose connection is cut,
+/// mid-commit holds the log's position lock, and the server releases it after this long.
+pub const DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS: u64 = 10_000;
+/// Longest a connection attempt may take, in ms.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Longest a read waits for a free pooled connection, in ms.
+pub const DEFAULT_POOL_WAIT_MS: u64 = 5_000;
+const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS);
+
+/// The connection settings and limits of a [`crate::PostgresStore`].
+#[derive(Clone)]
+pub struct PostgresConfig {
+    /// The parsed URL, with the password from the environment filled in.
+    pub(crate) connect: tokio_postgres::Config,
+    /// Read connections at most.
+    pub pool_size: usize,
+    /// `statement_timeout`, in ms.
+    pub statement_timeout_ms: u64,
+    /// `idle_in_transaction_session_timeout`, in ms.
+    pub idle_in_transaction_timeout_ms: u64,
+    /// The wait for a connection to open, in ms.
+    pub connect_timeout_ms: u64,
+    /// The wait for a free pooled connection, in ms.
+    pub pool_wait_ms: u64,
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `tokio_postgres::Config`'s own Debug redacts the password; the target alone is enough.
+        f.debug_struct("PostgresConfig")
+            .field("target", &self.target())
+            .field("pool_size", &self.pool_size)
+            .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresConfig {
+    /// Parses a URL, taking the password (and user) from the environment when it names none.
+    pub fn from_url(url: &str) -> Result<Self, PostgresError> {
+        Self::from_url_and_env(url, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Self::from_url`], with the environment given (tests).
+    pub fn from_url_and_env(
+        url: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, PostgresError> {
+        if !SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
+            return Err(PostgresError::InvalidUrl {
+                reason: format!(
+                    "`{}` does not start with postgres:// or postgresql://",
+                    redact(url)
+                ),
+            });
+        }
+        let mut connect =
+            tokio_postgres::Config::from_str(url).map_err(|error| PostgresError::InvalidUrl {
+                reason: format!("`{}`: {error}", redact(url)),
+            })?;
+        if connect.get_hosts().is_empty() {
+            return Err(PostgresError::InvalidUrl {
+                reason: format!("`{}` names no host", redact(url)),
+            });
+        }
+        if connect.get_user().is_none() {
+            let user = env(USER_VAR)
+                .filter(|user| !user.is_empty())
+                .ok_or_else(|| PostgresError::InvalidUrl {
+                    reason: format!(
+                        "`{}` names no user; write postgres://USER@host/database or set {USER_VAR}",
+                        redact(url)
+                    ),
+                })?;
+            connect.user(&user);
+        }
+        if connect.get_password().is_none() {
+            if let Some(password) = env(PASSWORD_VAR).filter(|password| !password.is_empty()) {
+                connect.password(password);
+            }
+        }
+        if connect.get_dbname().is_none() {
+            return Err(PostgresError::InvalidUrl {
+                reason: format!(
+                    "`{}` names no database; write postgres://user@host:5432/DATABASE",
+                    redact(url)
+                ),
+            });
+        }
+        connect.application_name("opledger");
+        Ok(Self {
+            connect,
+            pool_size: DEFAULT_POOL_SIZE,
+            statement_timeout_ms: DEFAULT_STATEMENT_TIMEOUT_MS,
+            idle_in_transaction_timeout_ms: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            pool_wait_ms: DEFAULT_POOL_WAIT_MS,
+        })
+    }
+
+    /// Checks the limits; called by `connect_with` so a hand-built config is held to them too.
+    pub(crate) fn check(&self) -> Result<(), PostgresError> {
+        let invalid = |reason: String| Err(PostgresError::InvalidUrl { reason });
+        if !(1..=MAX_POOL_SIZE).contains(&self.pool_size) {
+            return invalid(format!(
+                "pool_size is {}; it must be 1 to {MAX_POOL_SIZE}",
+                self.pool_size
+            ));
+        }
+        if self.statement_timeout_ms == 0 || self.idle_in_transaction_timeout_ms == 0 {
+            return invalid(
+                "statement_timeout_ms and idle_in_transaction_timeout_ms must be above 0 (0 turns the server's timeout off)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The settings every connection opens with: the timeouts, and the durability the store
+    /// promises (`synchronous_commit = on`, whatever the server's default).
+    pub(crate) fn session(&self) -> tokio_postgres::Config {
+        let mut connect = self.connect.clone();
+        connect.options(format!(
+            "-c statement_timeout={} -c idle_in_transaction_session_timeout={} -c synchronous_commit=on",
+            self.statement_timeout_ms, self.idle_in_transaction_timeout_ms
+        ));
+        connect.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        connect
+    }
+
+    /// `user@host:port/database`, without the password, for messages and logs.
+    pub fn target(&self) -> String {
+        let host = match self.connect.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            #[cfg(unix)]
+            Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+            None => "?".into(),
+        };
+        let port = self.connect.get_ports().first().copied().unwrap_or(5432);
+        format!(
+            "{}@{host}:{port}/{}",
+            self.connect.get_user().unwrap_or("?"),
+            self.connect.get_dbname().unwrap_or("?")
+        )
+    }
+
+    /// The user the store connects as.
+    pub(crate) fn user(&self) -> &str {
+        self.connect.get_user().unwrap_or("?")
+    }
+
+    /// The database the store uses.
+    pub(crate) fn database(&self) -> &str {
+        self.connect.get_dbname().unwrap_or("?")
+    }
+
+    /// Whether a password will be sent.
+    pub(crate) fn has_password(&self) -> bool {
+        self.connect.get_password().is_some()
+    }
+}
+
+/// The URL with any password replaced, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            let user = credentials.split(':').next().unwrap_or("");
+            format!("{}://{user}@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        }
+    }
+
+    #[test]
+    fn the_password_comes_from_pgpassword_when_the_url_has_none() {
+        let config = PostgresConfig::from_url_and_env(
+            "postgres://ledger@db.internal:5433/opledger",
+            env(&[(PASSWORD_VAR, "s3cret")]),
+        )
+        .expect("a valid URL");
+        assert_eq!(config.connect.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(config.target(), "ledger@db.internal:5433/opledger");
+    }
+
+    #[test]
+    fn a_password_in_the_url_wins_and_is_never_shown() {
+        let url = "postgres://ledger:inurl@db:5432/opledger";
+        let config = PostgresConfig::from_url_and_env(url, env(&[(PASSWORD_VAR, "env")]))
+            .expect("a valid URL");
+        assert_eq!(config.connect.get_password(), Some(&b"inurl"[..]));
+        assert!(!format!("{config:?}").contains("inurl"));
+        assert_eq!(redact(url), "postgres://ledger@db:5432/opledger");
+    }
+
+    #[test]
+    fn urls_without_a_user_database_or_host_are_refused_with_what_to_write() {
+        let refused = |url: &str| {
+            PostgresConfig::from_url_and_env(url, env(&[]))
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(refused("postgres://db:5432/x").contains("names no user"));
+        assert!(refused("postgres://u@db:5432").contains("names no database"));
+        assert!(refused("mysql://u@db/x").contains("postgres://"));
+        assert!(refused("postgres://u:pw@db:notaport/x").contains("not usable"));
+        assert!(!refused("postgres://u:pw@db:notaport/x").contains("pw"));
+    }
+}

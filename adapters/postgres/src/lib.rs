@@ -1,0 +1,568 @@
+//! The event store on PostgreSQL: the shared store for several `opledger serve` instances on
+//! one database, for teams that already run PostgreSQL.
+//!
+//! # Global positions: one transaction at a time, in position order
+//!
+//! The classic trap of a log in PostgreSQL is a position taken from a sequence: transaction A
+//! takes 41, transaction B takes 42, B commits first, and a subscriber that reads "after 40"
+//! sees 42, moves its checkpoint to 42 and never sees 41 when A commits a moment later. A
+//! subscriber must never be able to see a position while a lower one can still commit.
+//!
+//! This store makes that impossible by serialising position assignment with commit. Every
+//! transaction that writes events first locks the single row of `opledger.log_head`
+//! (`SELECT … FOR UPDATE`), takes its positions from it, writes, moves it, and commits; the row
+//! lock is released only after the commit is visible to every new snapshot (PostgreSQL removes
+//! a transaction from the running set before it releases its locks). So the next writer, on any
+//! instance, gets its positions only after every lower position is committed and visible, and
+//! "read after my last position" can never skip one.
+//!
+//! The price is that writers of one database commit one transaction at a time. Group commit
+//! pays it back: each store has one writer task with one connection (`writer.rs`) that takes
+//! every append queued meanwhile into the same transaction, as the SQLite store does, so
+//! concurrency raises the size of a commit, not the number of commits waiting for the lock.
+//! The alternative, visibility by snapshot (`xid8` and `pg_snapshot_xmin`, reading only below
+//! the oldest running writer), lets writers commit in parallel but makes every subscriber
+//! query depend on transaction ids (wraparound, `xid8` only from PostgreSQL 13, a long
+//! transaction elsewhere stalling every subscriber); with group commit the serial design was
+//! simpler and fast enough, and `tests/postgres.rs` tries hard to break it.
+//!
+//! # What else it promises
+//! - the port's append rules, shared with the SQLite and memory stores (`store/src/rules.rs`,
+//!   compiled into this crate too), so they cannot drift apart;
+//! - an append is acknowledged only after its COMMIT returned; one whose COMMIT answer was lost
+//!   is resolved by applying it again (same event ids: found stored, or written now), never
+//!   written twice, and reported as "outcome unknown" if the database cannot be asked;
+//! - the schema is created and migrated by opledger, versioned, and a newer one is refused
+//!   (`schema.rs`);
+//! - reads use a pool of at most [`PostgresConfig::pool_size`] connections; every statement has
+//!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
+//!
+//! Subscriptions (the SQLite store's catch-up subscription, `store/src/subscription.rs`) wake
+//! at once for this store's own commits and find other instances' within
+//! `UNANNOUNCED_POLL_MS`.
+
+mod codec;
+mod config;
+#[path = "../../store/src/rules.rs"]
+mod rules;
+mod schema;
+// The SQLite store's catch-up subscription, compiled here from the same file: the store crate
+// depends on this one (its `AnyStore` holds either), so this one cannot depend on it.
+#[path = "../../store/src/subscription.rs"]
+mod subscription;
+mod writer;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::store::{
+    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
+    StreamName, Subscription, MAX_READ_BATCH,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+pub use config::{
+    redact, PostgresConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    DEFAULT_POOL_SIZE, DEFAULT_POOL_WAIT_MS, DEFAULT_STATEMENT_TIMEOUT_MS, MAX_POOL_SIZE,
+    PASSWORD_VAR, SCHEMES, USER_VAR,
+};
+pub use schema::SCHEMA_VERSION;
+
+use self::subscription::{CatchUp, LogSource};
+use self::writer::{AppendRequest, Writer};
+
+/// Most appends waiting for the writer; callers beyond it wait for room (back-pressure).
+pub const APPEND_QUEUE_CAPACITY: usize = 1024;
+/// Most appends one group commit carries.
+pub const MAX_APPENDS_PER_COMMIT: usize = 256;
+/// How many times a commit whose answer was lost is asked about again before the appends are
+/// answered "outcome unknown".
+pub const RESOLVE_ATTEMPTS: u32 = 3;
+/// The pause before the n-th renewed ask, n times this, in ms.
+pub const RESOLVE_PAUSE_MS: u64 = 200;
+const _: () = assert!(MAX_APPENDS_PER_COMMIT <= APPEND_QUEUE_CAPACITY);
+
+/// How well group commit is working: transactions that wrote events, and the appends they
+/// wrote; `appends / commits` is how many callers shared one commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed that wrote at least one event.
+    pub commits: u64,
+    /// Appends written by those transactions.
+    pub appends: u64,
+}
+
+/// The counters behind [`CommitStats`], moved by the writer.
+#[derive(Debug, Default)]
+pub(crate) struct CommitCounters {
+    pub(crate) commits: std::sync::atomic::AtomicU64,
+    pub(crate) appends: std::sync::atomic::AtomicU64,
+}
+
+/// Failures to set the store up, each saying what to do; once it runs, failures are the port's
+/// [`StoreError`]s.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresError {
+    /// The URL or a limit is not usable.
+    #[error("the PostgreSQL store URL is not usable: {reason}")]
+    InvalidUrl {
+        /// What is wrong, without the password.
+        reason: String,
+    },
+    /// No server answered.
+    #[error("cannot reach PostgreSQL at {target} ({reason}); check that the server runs and listens on that host and port")]
+    Unreachable {
+        /// `user@host:port/database`.
+        target: String,
+        /// The client's reason.
+        reason: String,
+    },
+    /// The server refused the credentials.
+    #[error("PostgreSQL at {target} refused the credentials of user `{user}` ({reason}); put the right password in {PASSWORD_VAR} or the URL")]
+    Authentication {
+        /// `user@host:port/database`.
+        target: String,
+        /// The user.
+        user: String,
+        /// The server's reason.
+        reason: String,
+    },
+    /// The database does not exist.
+    #[error("PostgreSQL at {target} has no database `{database}`; create it (createdb {database}) or name another in the URL")]
+    NoDatabase {
+        /// `user@host:port/database`.
+        target: String,
+        /// The database named.
+        database: String,
+    },
+    /// The database holds a ledger of a newer opledger.
+    #[error("database `{database}` holds an opledger ledger of schema version {found}; this opledger reads up to version {supported}. Upgrade opledger; the database was left as it is")]
+    NewerSchema {
+        /// The database.
+        database: String,
+        /// The version found.
+        found: i32,
+        /// The newest version this build knows.
+        supported: i32,
+    },
+    /// Anything else that kept the store from starting.
+    #[error("the PostgreSQL store cannot start: {reason}")]
+    Setup {
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Opens connections with the store's session settings and TLS.
+pub(crate) struct Connector {
+    config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
+}
+
+impl Connector {
+    fn new(config: &PostgresConfig) -> Result<Self, PostgresError> {
+        Ok(Self {
+            config: config.session(),
+            tls: tls()?,
+        })
+    }
+
+    async fn connect_raw(&self) -> Result<Client, tokio_postgres::Error> {
+        let (client, connection) = self.config.connect(self.tls.clone()).await?;
+        // The connection's I/O runs on its own task; it ends when the client is dropped or the
+        // connection breaks, and the client then answers every call with an error.
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
+            }
+        });
+        Ok(client)
+    }
+
+    pub(crate) async fn connect(&self) -> Result<Client, StoreError> {
+        self.connect_raw()
+            .await
+            .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
+    }
+}
+
+/// The rustls client configuration: the `ring` provider (as reqwest's in this tree) and the
+/// operating system's roots. Whether TLS is used is the URL's `sslmode`.
+fn tls() -> Result<MakeRustlsConnect, PostgresError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for certificate in found.certs {
+        // A root the library cannot parse is skipped, as browsers do; the others still work.
+        let _ = roots.add(certificate);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| PostgresError::Setup {
+            reason: format!("cannot set up TLS: {error}"),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// A database error's own words (tokio-postgres shows only "db error"), or the client's.
+pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+/// A failure that left nothing written.
+pub(crate) fn unavailable(context: &str, error: &tokio_postgres::Error) -> StoreError {
+    StoreError::Unavailable {
+        reason: format!("{context}: {}", describe(error)),
+    }
+}
+
+/// Sorts a failed first connection into the refusal that says what to do.
+fn classify(config: &PostgresConfig, error: &tokio_postgres::Error) -> PostgresError {
+    let target = config.target();
+    let reason = describe(error);
+    let code = error.as_db_error().map(|db| db.code().clone());
+    match code {
+        Some(code)
+            if code == SqlState::INVALID_PASSWORD
+                || code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+        {
+            PostgresError::Authentication {
+                target,
+                user: config.user().to_owned(),
+                reason,
+            }
+        }
+        Some(code) if code == SqlState::INVALID_CATALOG_NAME => PostgresError::NoDatabase {
+            target,
+            database: config.database().to_owned(),
+        },
+        Some(_) => PostgresError::Setup { reason },
+        // The client refuses on its own when the server asks for a password it was not given.
+        None if !config.has_password() && reason.contains("password missing") => {
+            PostgresError::Authentication {
+                target,
+                user: config.user().to_owned(),
+                reason: format!(
+                    "the server asks for a password and none was given: set {PASSWORD_VAR}"
+                ),
+            }
+        }
+        None => PostgresError::Unreachable { target, reason },
+    }
+}
+
+/// The PostgreSQL event store. Cloning gives another handle to the same store; it stops when
+/// [`PostgresStore::close`] is called or the last handle is dropped.
+#[derive(Clone)]
+pub struct PostgresStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    target: String,
+    /// The writer's queue; `None` once the store is closed.
+    appends: Mutex<Option<mpsc::Sender<AppendRequest>>>,
+    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pool: Pool,
+    /// The newest position this store committed, for its own subscriptions.
+    head: watch::Receiver<Option<GlobalPosition>>,
+    counters: Arc<CommitCounters>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("target", &self.shared.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database a `postgres://` URL names (the password from the URL or
+    /// `PGPASSWORD`), creating or migrating opledger's tables.
+    pub async fn connect(url: &str) -> Result<Self, PostgresError> {
+        Self::connect_with(PostgresConfig::from_url(url)?).await
+    }
+
+    /// As [`Self::connect`], with the settings given.
+    pub async fn connect_with(config: PostgresConfig) -> Result<Self, PostgresError> {
+        config.check()?;
+        let connector = Arc::new(Connector::new(&config)?);
+        let mut client = connector
+            .connect_raw()
+            .await
+            .map_err(|error| classify(&config, &error))?;
+        schema::prepare(&mut client, config.database()).await?;
+        let head = read_head(&client)
+            .await
+            .map_err(|error| PostgresError::Setup {
+                reason: error.to_string(),
+            })?;
+        drop(client);
+
+        let manager = Manager::from_config(
+            config.session(),
+            connector.tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .wait_timeout(Some(Duration::from_millis(config.pool_wait_ms)))
+            .create_timeout(Some(Duration::from_millis(config.connect_timeout_ms)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|error| PostgresError::Setup {
+                reason: format!("cannot build the connection pool: {error}"),
+            })?;
+        let (head_sender, head_receiver) = watch::channel(head);
+        let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
+        let span = tracing::debug_span!("postgres_writer", target = %config.target());
+        let counters = Arc::new(CommitCounters::default());
+        let writer = tokio::spawn(tracing::Instrument::instrument(
+            Writer::new(connector, head_sender, Arc::clone(&counters)).run(append_receiver),
+            span,
+        ));
+        tracing::debug!(target = %config.target(), ?head, "postgres event store opened");
+        Ok(Self {
+            shared: Arc::new(Shared {
+                target: config.target(),
+                appends: Mutex::new(Some(append_sender)),
+                writer: Mutex::new(Some(writer)),
+                pool,
+                head: head_receiver,
+                counters,
+            }),
+        })
+    }
+
+    /// Closes the store for every handle: queued appends are committed and answered, later
+    /// calls fail with [`StoreError::Closed`]. Waits for the writer to finish.
+    pub async fn close(self) -> Result<(), StoreError> {
+        drop(lock(&self.shared.appends).take());
+        self.shared.pool.close();
+        let Some(writer) = lock(&self.shared.writer).take() else {
+            return Ok(());
+        };
+        writer.await.map_err(|error| StoreError::Unavailable {
+            reason: format!("the PostgreSQL writer task failed: {error}"),
+        })
+    }
+
+    /// Counts of commits and of the appends they carried since the store was opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Two relaxed loads may straddle a commit; the pair is a statistic, not an invariant.
+        CommitStats {
+            commits: self.shared.counters.commits.load(Relaxed),
+            appends: self.shared.counters.appends.load(Relaxed),
+        }
+    }
+
+    /// `user@host:port/database`, for messages.
+    pub fn target(&self) -> &str {
+        &self.shared.target
+    }
+
+    async fn reader(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        if lock(&self.shared.appends).is_none() {
+            return Err(StoreError::Closed);
+        }
+        pooled(&self.shared.pool).await
+    }
+}
+
+async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
+    if pool.is_closed() {
+        return Err(StoreError::Closed);
+    }
+    pool.get().await.map_err(|error| StoreError::Unavailable {
+        reason: format!("no PostgreSQL connection: {error}"),
+    })
+}
+
+async fn read_head(client: &Client) -> Result<Option<GlobalPosition>, StoreError> {
+    let row = client
+        .query_one("SELECT last_position FROM opledger.log_head", &[])
+        .await
+        .map_err(|error| unavailable("cannot read the log's head position", &error))?;
+    match row.get::<_, i64>(0) {
+        0 => Ok(None),
+        last => codec::position(last).map(Some),
+    }
+}
+
+async fn read_log(
+    client: &deadpool_postgres::Object,
+    start: LogStart,
+    max_count: usize,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let after = match start {
+        LogStart::Beginning => 0,
+        LogStart::After(position) => match codec::position_to_sql(position) {
+            Some(position) => position,
+            None => return Ok(Vec::new()),
+        },
+    };
+    let limit = max_count.min(MAX_READ_BATCH) as i64;
+    let statement = client
+        .prepare_cached(&format!(
+            "SELECT {} FROM opledger.events WHERE position > $1 ORDER BY position LIMIT $2",
+            codec::EVENT_COLUMNS
+        ))
+        .await
+        .map_err(|error| unavailable("cannot prepare the log read", &error))?;
+    let rows = client
+        .query(&statement, &[&after, &limit])
+        .await
+        .map_err(|error| unavailable("cannot read the log", &error))?;
+    rows.iter().map(codec::event).collect()
+}
+
+impl EventStore for PostgresStore {
+    type Subscription = PostgresSubscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<AppendOutcome, StoreError> {
+        rules::check_append(stream, &events)?;
+        let sender = lock(&self.shared.appends)
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        let request = AppendRequest {
+            stream: stream.clone(),
+            expected,
+            events,
+            reply,
+        };
+        sender
+            .send(request)
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                reason: "the PostgreSQL writer task has stopped; restart opledger".into(),
+            })?;
+        drop(sender);
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::AppendOutcomeUnknown {
+                stream: stream.clone(),
+                reason: "the PostgreSQL writer task stopped before answering".into(),
+            })
+        })
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let client = self.reader().await?;
+        let Some(from) = codec::version_to_sql(from) else {
+            return Ok(Vec::new());
+        };
+        let limit = max_count.min(MAX_READ_BATCH) as i64;
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {} FROM opledger.events \
+                 WHERE stream_id = (SELECT stream_id FROM opledger.streams WHERE name = $1) \
+                 AND version >= $2 ORDER BY version LIMIT $3",
+                codec::EVENT_COLUMNS
+            ))
+            .await
+            .map_err(|error| unavailable("cannot prepare the stream read", &error))?;
+        let rows = client
+            .query(&statement, &[&stream.as_str(), &from, &limit])
+            .await
+            .map_err(|error| unavailable(&format!("cannot read `{stream}`"), &error))?;
+        rows.iter().map(codec::event).collect()
+    }
+
+    async fn read_all(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let client = self.reader().await?;
+        read_log(&client, start, max_count).await
+    }
+
+    /// Read from the database, not from this store's own commits: other instances write too.
+    async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
+        let client = self.reader().await?;
+        read_head(&client).await
+    }
+
+    async fn subscribe_all(&self, start: LogStart) -> Result<PostgresSubscription, StoreError> {
+        if lock(&self.shared.appends).is_none() {
+            return Err(StoreError::Closed);
+        }
+        let feed = LogFeed {
+            pool: self.shared.pool.clone(),
+        };
+        Ok(PostgresSubscription {
+            inner: CatchUp::new(feed, start, self.shared.head.clone()),
+        })
+    }
+}
+
+/// A catch-up subscription to a [`PostgresStore`]'s log.
+pub struct PostgresSubscription {
+    inner: CatchUp<LogFeed>,
+}
+
+impl std::fmt::Debug for PostgresSubscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSubscription")
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription for PostgresSubscription {
+    async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
+        self.inner.next().await
+    }
+}
+
+/// What a subscription reads the log through: the store's pool.
+struct LogFeed {
+    pool: Pool,
+}
+
+impl LogSource for LogFeed {
+    async fn read_log(
+        &self,
+        start: LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let client = pooled(&self.pool).await?;
+        read_log(&client, start, max_count).await
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values (an optional sender, an optional join handle) are replaced whole.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

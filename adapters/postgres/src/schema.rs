@@ -1,0 +1,126 @@
+//! The store's tables in the database, their version, and the migrations between versions.
+//!
+//! Everything lives in one PostgreSQL schema, `opledger`, so the store shares a database with
+//! other programs (a DBOS application, say) without touching their tables. The version is one
+//! row in `opledger.schema_version`. Start-up reads it before it changes anything: a database of
+//! a newer opledger is refused and left as it was. Older versions are brought up to date by the
+//! migrations below, in order, in one transaction under an advisory lock, so several instances
+//! starting at once migrate it once.
+
+use tokio_postgres::{Client, GenericClient};
+
+use crate::PostgresError;
+
+/// The schema version this build creates and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
+/// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
+const MIGRATION_LOCK_KEY: i64 = 0x6f70_6c65_6467_6572;
+
+/// The migrations, one per version: `MIGRATIONS[n]` takes the schema from version `n` to `n + 1`.
+///
+/// Version 1. `log_head` is one row holding the newest position ever handed out; every writer
+/// locks it (`SELECT … FOR UPDATE`) first thing in its transaction, so positions are assigned
+/// and committed one transaction at a time across every instance (see the crate's docs).
+/// `streams` gives each stream a small id and holds its last version; `events` is the log, keyed
+/// by position, with the stream's name repeated so reading the log needs no join.
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
+    CREATE TABLE opledger.log_head (
+        singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+        last_position bigint  NOT NULL CHECK (last_position >= 0)
+    );
+    INSERT INTO opledger.log_head (last_position) VALUES (0);
+    CREATE TABLE opledger.streams (
+        stream_id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name         text   NOT NULL UNIQUE,
+        last_version bigint NOT NULL CHECK (last_version >= 0)
+    );
+    CREATE TABLE opledger.events (
+        position   bigint PRIMARY KEY CHECK (position >= 1),
+        stream_id  bigint NOT NULL REFERENCES opledger.streams (stream_id),
+        version    bigint NOT NULL CHECK (version >= 0),
+        stream     text   NOT NULL,
+        event_id   uuid   NOT NULL UNIQUE,
+        event_type text   NOT NULL,
+        data       bytea  NOT NULL,
+        metadata   bytea  NOT NULL,
+        UNIQUE (stream_id, version)
+    );
+"];
+
+/// The version the database holds (0: no opledger schema yet), read without changing anything.
+async fn found_version(client: &impl GenericClient) -> Result<i32, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass('opledger.schema_version') IS NOT NULL",
+            &[],
+        )
+        .await?;
+    if !row.get::<_, bool>(0) {
+        return Ok(0);
+    }
+    let row = client
+        .query_opt("SELECT version FROM opledger.schema_version", &[])
+        .await?;
+    Ok(row.map_or(0, |row| row.get(0)))
+}
+
+/// Creates or migrates the schema, refusing a newer one before changing anything.
+pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), PostgresError> {
+    let setup = |error: tokio_postgres::Error| PostgresError::Setup {
+        reason: format!(
+            "cannot create or read opledger's tables in database `{database}`: {}",
+            crate::describe(&error)
+        ),
+    };
+    let newer = |found: i32| PostgresError::NewerSchema {
+        database: database.to_owned(),
+        found,
+        supported: SCHEMA_VERSION,
+    };
+    let found = found_version(client).await.map_err(setup)?;
+    if found > SCHEMA_VERSION {
+        return Err(newer(found));
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let transaction = client.transaction().await.map_err(setup)?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await
+        .map_err(setup)?;
+    transaction
+        .batch_execute(
+            "CREATE SCHEMA IF NOT EXISTS opledger;
+             CREATE TABLE IF NOT EXISTS opledger.schema_version (
+                 singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                 version   integer NOT NULL
+             );",
+        )
+        .await
+        .map_err(setup)?;
+    // Another instance may have migrated while this one waited for the lock.
+    let found = found_version(&transaction).await.map_err(setup)?;
+    if found > SCHEMA_VERSION {
+        return Err(newer(found));
+    }
+    for (from, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tracing::info!(
+            from,
+            to = from + 1,
+            "migrating the PostgreSQL store's schema"
+        );
+        transaction.batch_execute(migration).await.map_err(setup)?;
+    }
+    transaction
+        .execute(
+            "INSERT INTO opledger.schema_version (version) VALUES ($1)
+             ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
+            &[&SCHEMA_VERSION],
+        )
+        .await
+        .map_err(setup)?;
+    transaction.commit().await.map_err(setup)
+}

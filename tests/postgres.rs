@@ -1,0 +1,548 @@
+//! The PostgreSQL store on a real server (a private cluster this binary starts,
+//! `tests/postgres_server`): what the conformance suite cannot show with one store handle.
+//!
+//! - many writers on several instances while subscribers follow: every subscriber's sequence
+//!   is the final log, no gap, no repeat, in every run (the store's central promise);
+//! - the schema: created once by instances starting together, a newer one refused and left;
+//! - start-up refusals, one sentence each: a wrong URL, an unreachable server, wrong or missing
+//!   credentials (and `PGPASSWORD`), a missing database;
+//! - a TCP proxy between the store and the server that cuts the connection at COMMIT: the
+//!   append's outcome is learnt from the database, never acknowledged unless stored, never
+//!   written twice; a server that goes away answers "unavailable" and the store recovers;
+//! - a statement timeout, so a lock held elsewhere cannot hold an append for ever.
+
+mod postgres_server;
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
+use opledger_domain::store::{
+    EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError, StreamName,
+    Subscription, MAX_READ_BATCH,
+};
+use opledger_postgres::{PostgresConfig, PostgresError, PASSWORD_VAR};
+use opledger_store::PostgresStore;
+use tokio::sync::watch;
+
+use postgres_server::proxy::{Mode, Proxy};
+use postgres_server::server;
+
+/// Guards every wait against a hang; no test relies on it for ordering.
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT_LIMIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {WAIT_LIMIT:?}: {what}"))
+}
+
+fn stream(name: &str) -> StreamName {
+    StreamName::new(name).expect("a valid stream name")
+}
+
+fn event(n: u128) -> EventData {
+    EventData {
+        event_id: EventId::from_uuid(uuid::Uuid::from_u128(n)),
+        event_type: "Tested".into(),
+        data: format!("{{\"n\":{n}}}").into_bytes(),
+        metadata: b"{\"schema\":1}".to_vec(),
+    }
+}
+
+fn ids(events: &[RecordedEvent]) -> Vec<EventId> {
+    events.iter().map(|event| event.event_id).collect()
+}
+
+async fn connect(url: &str) -> PostgresStore {
+    PostgresStore::connect(url)
+        .await
+        .expect("connect to the test PostgreSQL")
+}
+
+/// A store on a fresh database, and that database's name.
+async fn fresh_store() -> (PostgresStore, String) {
+    let database = server().database();
+    (connect(&server().url(&database)).await, database)
+}
+
+async fn whole_log(store: &PostgresStore) -> Vec<RecordedEvent> {
+    let mut log = Vec::new();
+    let mut start = LogStart::Beginning;
+    loop {
+        let page = store
+            .read_all(start, MAX_READ_BATCH)
+            .await
+            .expect("read the log");
+        let Some(last) = page.last() else { return log };
+        start = LogStart::After(last.position);
+        log.extend(page);
+    }
+}
+
+async fn whole_stream(store: &PostgresStore, name: &StreamName) -> Vec<RecordedEvent> {
+    store
+        .read_stream(name, StreamVersion::FIRST, MAX_READ_BATCH)
+        .await
+        .expect("read the stream")
+}
+
+// ----- global positions under concurrent writers -----------------------------------------------
+
+/// Runs of the gap test, each on a fresh database.
+const GAP_RUNS: usize = 4;
+/// Store instances (each its own writer connection and group commit) per run.
+const INSTANCES: usize = 4;
+/// Concurrent writers on each instance, each appending to its own stream.
+const WRITERS_PER_INSTANCE: usize = 8;
+/// Appends each writer makes, of one to three events.
+const APPENDS_PER_WRITER: usize = 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_writers_on_four_instances_while_subscribers_follow_leave_no_gap_and_no_repeat() {
+    for run in 0..GAP_RUNS {
+        let database = server().database();
+        let url = server().url(&database);
+        let mut stores = Vec::new();
+        for _ in 0..INSTANCES {
+            stores.push(connect(&url).await);
+        }
+        // One subscriber per instance, each woken by its own instance's commits and finding
+        // the others' by polling: reads happen all through the run, at every moment a gap
+        // could show.
+        let mut followers = Vec::new();
+        // The log's last position once every writer is done: each subscriber follows until it
+        // has delivered that one, so a skipped event shows as a difference, not as a hang.
+        let (done, finished) = watch::channel(None::<GlobalPosition>);
+        for store in &stores {
+            let mut subscription = store
+                .subscribe_all(LogStart::Beginning)
+                .await
+                .expect("subscribe");
+            let mut finished = finished.clone();
+            followers.push(tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    let last_seen = seen.last().map(|event: &RecordedEvent| event.position);
+                    if let Some(last) = *finished.borrow() {
+                        if last_seen >= Some(last) {
+                            return seen;
+                        }
+                    }
+                    tokio::select! {
+                        event = subscription.next() => seen.push(event.expect("the subscription delivers")),
+                        _ = finished.changed() => {}
+                    }
+                }
+            }));
+        }
+        let mut writers = Vec::new();
+        for (instance, store) in stores.iter().enumerate() {
+            for writer in 0..WRITERS_PER_INSTANCE {
+                let store = store.clone();
+                writers.push(tokio::spawn(async move {
+                    let name = stream(&format!("gap-{instance}-{writer}"));
+                    let mut expected = ExpectedVersion::NoStream;
+                    let mut written = 0;
+                    for append in 0..APPENDS_PER_WRITER {
+                        let count = 1 + (instance + writer + append) % 3;
+                        let first = (instance * 1_000_000 + writer * 10_000 + append * 10) as u128;
+                        let events = (0..count as u128).map(|i| event(first + i)).collect();
+                        let outcome = store
+                            .append(&name, expected, events)
+                            .await
+                            .expect("each writer owns its stream");
+                        expected = ExpectedVersion::Exact(outcome.next_expected);
+                        written += count;
+                    }
+                    written
+                }));
+            }
+        }
+        let mut total = 0;
+        for writer in writers {
+            total += within("a writer finishes", writer)
+                .await
+                .expect("the writer task");
+        }
+        let log = whole_log(&stores[0]).await;
+        done.send_replace(log.last().map(|event| event.position));
+        assert_eq!(
+            log.len(),
+            total,
+            "run {run}: the log holds every event once"
+        );
+        for pair in log.windows(2) {
+            assert!(
+                pair[0].position < pair[1].position,
+                "run {run}: the log is in position order"
+            );
+        }
+        for (instance, follower) in followers.into_iter().enumerate() {
+            let seen = within("a subscriber catches up", follower)
+                .await
+                .expect("the subscriber task");
+            let seen: Vec<(GlobalPosition, EventId)> = seen
+                .iter()
+                .map(|event| (event.position, event.event_id))
+                .collect();
+            let logged: Vec<(GlobalPosition, EventId)> = log
+                .iter()
+                .map(|event| (event.position, event.event_id))
+                .collect();
+            assert!(
+                seen == logged,
+                "run {run}: the subscriber on instance {instance} saw {} events, the log holds {}; \
+                 first difference at index {:?}",
+                seen.len(),
+                logged.len(),
+                seen.iter().zip(&logged).position(|(a, b)| a != b)
+            );
+        }
+        for store in stores {
+            store.close().await.expect("close");
+        }
+    }
+}
+
+// ----- the schema -------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_together_on_a_fresh_database_create_the_schema_once() {
+    let database = server().database();
+    let url = server().url(&database);
+    let starts = (0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { PostgresStore::connect(&url).await })
+    });
+    for start in starts {
+        start
+            .await
+            .expect("the start task")
+            .expect("every instance starts");
+    }
+    assert_eq!(
+        server().sql(&database, "SELECT version FROM opledger.schema_version"),
+        opledger_postgres::SCHEMA_VERSION.to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_a_newer_schema_is_refused_with_a_sentence_and_left_as_it_is() {
+    let (store, database) = fresh_store().await;
+    store
+        .append(&stream("kept"), ExpectedVersion::NoStream, vec![event(1)])
+        .await
+        .expect("append");
+    store.close().await.expect("close");
+    let newer = opledger_postgres::SCHEMA_VERSION + 1;
+    server().sql(
+        &database,
+        &format!("UPDATE opledger.schema_version SET version = {newer}"),
+    );
+
+    let refused = PostgresStore::connect(&server().url(&database))
+        .await
+        .expect_err("a newer schema is refused");
+    assert!(
+        matches!(refused, PostgresError::NewerSchema { .. }),
+        "{refused:?}"
+    );
+    let sentence = refused.to_string();
+    assert!(
+        sentence.contains(&format!("schema version {newer}"))
+            && sentence.contains("Upgrade opledger"),
+        "{sentence}"
+    );
+    assert_eq!(
+        server().sql(&database, "SELECT version FROM opledger.schema_version"),
+        newer.to_string()
+    );
+    assert_eq!(
+        server().sql(&database, "SELECT count(*) FROM opledger.events"),
+        "1"
+    );
+}
+
+// ----- start-up refusals ------------------------------------------------------------------------
+
+async fn refusal(config: Result<PostgresConfig, PostgresError>) -> PostgresError {
+    match config {
+        Err(error) => error,
+        Ok(config) => PostgresStore::connect_with(config)
+            .await
+            .expect_err("the store refuses to start"),
+    }
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_a_user_is_refused_with_what_to_write() {
+    let error = refusal(PostgresConfig::from_url_and_env(
+        "postgres://127.0.0.1:5432/ledger",
+        no_env,
+    ))
+    .await;
+    assert!(
+        matches!(error, PostgresError::InvalidUrl { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("postgres://USER@host/database"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_refused_naming_where_it_looked() {
+    let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("postgres://ledger:pw@127.0.0.1:{port}/ledger");
+    let error = refusal(PostgresConfig::from_url_and_env(&url, no_env)).await;
+    assert!(
+        matches!(error, PostgresError::Unreachable { .. }),
+        "{error:?}"
+    );
+    let sentence = error.to_string();
+    assert!(
+        sentence.contains(&format!("127.0.0.1:{port}")) && sentence.contains("server runs"),
+        "{sentence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_without_showing_it() {
+    let url = format!(
+        "postgres://postgres:not-the-password@127.0.0.1:{}/postgres",
+        server().port
+    );
+    let error = refusal(PostgresConfig::from_url_and_env(&url, no_env)).await;
+    assert!(
+        matches!(error, PostgresError::Authentication { .. }),
+        "{error:?}"
+    );
+    let sentence = error.to_string();
+    assert!(
+        sentence.contains(PASSWORD_VAR) && !sentence.contains("not-the-password"),
+        "{sentence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_password_is_refused_and_pgpassword_supplies_it() {
+    let database = server().database();
+    let url = server().url_without_password(&database);
+    let error = refusal(PostgresConfig::from_url_and_env(&url, no_env)).await;
+    assert!(
+        matches!(error, PostgresError::Authentication { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("none was given"), "{error}");
+
+    let config = PostgresConfig::from_url_and_env(&url, |name| {
+        (name == PASSWORD_VAR).then(|| postgres_server::PASSWORD.to_owned())
+    })
+    .expect("a valid URL");
+    PostgresStore::connect_with(config)
+        .await
+        .expect("the password from PGPASSWORD is used");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_database_is_refused_with_how_to_create_it() {
+    let error = refusal(PostgresConfig::from_url_and_env(
+        &server().url("no_such_ledger"),
+        no_env,
+    ))
+    .await;
+    assert!(
+        matches!(error, PostgresError::NoDatabase { .. }),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("createdb no_such_ledger"),
+        "{error}"
+    );
+}
+
+// ----- a connection cut at COMMIT, and a server that goes away ----------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_read_back_as_written_and_not_written_twice() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    let name = stream("answer-lost");
+    let first = store
+        .append(&name, ExpectedVersion::NoStream, vec![event(1)])
+        .await
+        .expect("create the stream");
+
+    proxy.set(Mode::CutAfterCommit);
+    let outcome = within(
+        "the unclear append is resolved",
+        store.append(
+            &name,
+            ExpectedVersion::Exact(first.next_expected),
+            vec![event(2), event(3)],
+        ),
+    )
+    .await
+    .expect("the renewed ask finds the append stored");
+
+    assert_eq!(
+        proxy.cuts.load(Ordering::SeqCst),
+        1,
+        "the proxy cut one COMMIT"
+    );
+    let stored = whole_stream(&store, &name).await;
+    assert_eq!(ids(&stored), ids_of(&[1, 2, 3]), "every event once");
+    assert_eq!(outcome.next_expected, StreamVersion::new(2));
+    assert_eq!(
+        Some(outcome.position),
+        stored.last().map(|event| event.position)
+    );
+    assert_eq!(whole_log(&store).await.len(), 3, "nothing written twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_cut_before_it_reaches_the_server_is_written_once_when_asked_again() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    let name = stream("commit-lost");
+    let first = store
+        .append(&name, ExpectedVersion::NoStream, vec![event(1)])
+        .await
+        .expect("create the stream");
+
+    proxy.set(Mode::CutBeforeCommit);
+    let outcome = within(
+        "the unclear append is resolved",
+        store.append(
+            &name,
+            ExpectedVersion::Exact(first.next_expected),
+            vec![event(2)],
+        ),
+    )
+    .await
+    .expect("the renewed ask writes the append");
+
+    assert_eq!(
+        proxy.cuts.load(Ordering::SeqCst),
+        1,
+        "the proxy cut one COMMIT"
+    );
+    let stored = whole_stream(&store, &name).await;
+    assert_eq!(ids(&stored), ids_of(&[1, 2]), "every event once");
+    assert_eq!(outcome.next_expected, StreamVersion::new(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_goes_away_answers_unavailable_writes_nothing_and_the_store_recovers() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    let name = stream("gone");
+    store
+        .append(&name, ExpectedVersion::NoStream, vec![event(1)])
+        .await
+        .expect("create the stream");
+
+    proxy.set(Mode::Gone);
+    let refused = within(
+        "an append while the server is gone",
+        store.append(
+            &name,
+            ExpectedVersion::Exact(StreamVersion::FIRST),
+            vec![event(2)],
+        ),
+    )
+    .await
+    .expect_err("nothing can be written");
+    assert!(
+        matches!(refused, StoreError::Unavailable { .. }),
+        "{refused:?}"
+    );
+    let read = within(
+        "a read while the server is gone",
+        store.read_all(LogStart::Beginning, 10),
+    )
+    .await;
+    assert!(
+        matches!(read, Err(StoreError::Unavailable { .. })),
+        "{read:?}"
+    );
+
+    proxy.set(Mode::Pass);
+    store
+        .append(
+            &name,
+            ExpectedVersion::Exact(StreamVersion::FIRST),
+            vec![event(3)],
+        )
+        .await
+        .expect("the store recovers once the server is back");
+    let stored = whole_stream(&store, &name).await;
+    assert_eq!(
+        ids(&stored),
+        ids_of(&[1, 3]),
+        "the refused append left nothing"
+    );
+}
+
+// ----- the statement timeout --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_waiting_on_a_lock_held_elsewhere_fails_at_the_statement_timeout() {
+    let database = server().database();
+    let mut config =
+        PostgresConfig::from_url_and_env(&server().url(&database), no_env).expect("a valid URL");
+    config.statement_timeout_ms = 300;
+    let store = PostgresStore::connect_with(config).await.expect("connect");
+    // Another session holds the log's lock for far longer than the timeout.
+    let holder = postgres_server::server().spawn_sql(
+        &database,
+        "BEGIN; SELECT last_position FROM opledger.log_head FOR UPDATE; SELECT pg_sleep(5); COMMIT;",
+    );
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while server().sql(
+        &database,
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(5)%' AND pid <> pg_backend_pid()",
+    ) != "1"
+    {
+        assert!(Instant::now() < deadline, "the lock holder never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let started = Instant::now();
+    let refused = store
+        .append(&stream("stuck"), ExpectedVersion::NoStream, vec![event(1)])
+        .await
+        .expect_err("the append cannot take the lock");
+    let waited = started.elapsed();
+    assert!(
+        matches!(refused, StoreError::Unavailable { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("statement timeout"),
+        "{refused}"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "the append waited {waited:?}"
+    );
+    drop(holder);
+    assert_eq!(whole_log(&store).await.len(), 0);
+}
+
+fn ids_of(numbers: &[u128]) -> Vec<EventId> {
+    numbers.iter().map(|n| event(*n).event_id).collect()
+}

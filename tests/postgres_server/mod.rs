@@ -1,0 +1,346 @@
+//! A private PostgreSQL cluster for the tests of one test binary: started on first use, in a
+//! temporary directory, on a free loopback port, and gone when the binary exits.
+//!
+//! - PostgreSQL comes from Debian: when no `initdb` is found (in `/usr/lib/postgresql/*/bin` or
+//!   on `PATH`), `apt-get update` and `apt-get install -y postgresql` run once, so a fresh CI
+//!   machine runs these tests instead of skipping them.
+//! - PostgreSQL refuses to run as root, so as root the cluster runs as the `postgres` user the
+//!   Debian package creates, and the directory is handed to it.
+//! - One cluster per test binary (a `OnceLock`); each test takes its own database
+//!   ([`Server::database`]), so tests run in parallel without seeing each other's data.
+//! - Nothing outlives the binary: a watchdog shell started beside the server waits for the test
+//!   process to end (however it ends, SIGKILL included), then stops the server with an
+//!   immediate shutdown and removes the directory. A `Drop` of a static never runs, and a
+//!   parent-death signal fires when the *thread* that started the server ends, which in a test
+//!   harness is the first test's thread.
+//!
+//! `fsync = off` on this cluster only: the tests check what the store does, not the disk, and
+//! a two-core machine shared by several builds would spend most of the suite's time in fsync.
+//! The store itself always runs with `synchronous_commit = on`.
+
+#![allow(dead_code)] // Each test binary uses a part.
+
+pub mod proxy;
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The superuser's password on the private cluster.
+pub const PASSWORD: &str = "opledger-test-password";
+/// The superuser.
+pub const USER: &str = "postgres";
+/// Longest the cluster may take to accept connections, on a loaded machine.
+const START_LIMIT: Duration = Duration::from_secs(60);
+/// Ports tried before giving up (another process may take a free port between look and bind).
+const PORT_ATTEMPTS: usize = 5;
+
+/// The running cluster.
+pub struct Server {
+    pub port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+    as_postgres: bool,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+/// The binary's cluster, started on first call.
+pub fn server() -> &'static Server {
+    SERVER.get_or_init(|| {
+        start().unwrap_or_else(|error| panic!("cannot start the test PostgreSQL: {error}"))
+    })
+}
+
+impl Server {
+    /// A URL for `database` with the password in it.
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://{USER}:{PASSWORD}@127.0.0.1:{}/{database}",
+            self.port
+        )
+    }
+
+    /// A URL for `database` without a password (for `PGPASSWORD` and refusal tests).
+    pub fn url_without_password(&self, database: &str) -> String {
+        format!("postgres://{USER}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// A fresh, empty database; returns its name.
+    pub fn database(&self) -> String {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        self.sql("postgres", &format!("CREATE DATABASE {name}"));
+        name
+    }
+
+    /// Runs SQL in `database` through psql, failing the test when it fails; returns its output.
+    pub fn sql(&self, database: &str, sql: &str) -> String {
+        let output = self
+            .command("psql")
+            .args([
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+            ])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                database,
+                "-c",
+                sql,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("run psql");
+        assert!(
+            output.status.success(),
+            "psql `{sql}` failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// A command from the server's binaries, run as the `postgres` user when we are root.
+    fn command(&self, program: &str) -> Command {
+        command(&self.bin, program, self.as_postgres)
+    }
+}
+
+fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
+    let program = bin.join(program);
+    if as_postgres {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+fn start() -> Result<Server, String> {
+    let bin = match find_bin() {
+        Some(bin) => bin,
+        None => {
+            install()?;
+            find_bin()
+                .ok_or("`apt-get install postgresql` left no initdb in /usr/lib/postgresql/*/bin")?
+        }
+    };
+    let as_postgres = is_root();
+    let dir = std::env::temp_dir().join(format!(
+        "opledger-pg-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|error| format!("create {}: {error}", dir.display()))?;
+    std::fs::write(dir.join("password"), PASSWORD).map_err(|error| error.to_string())?;
+    if as_postgres {
+        run(Command::new("chown").args(["-R", "postgres:"]).arg(&dir))?;
+    }
+    run(command(&bin, "initdb", as_postgres)
+        .arg("-D")
+        .arg(dir.join("data"))
+        .args([
+            "-U",
+            USER,
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ])
+        .arg(format!("--pwfile={}", dir.join("password").display())))?;
+    watch_over(&dir)?;
+    let mut last = String::new();
+    for _ in 0..PORT_ATTEMPTS {
+        let port = free_port()?;
+        let server = Server {
+            port,
+            dir: dir.clone(),
+            bin: bin.clone(),
+            as_postgres,
+        };
+        match launch(&server) {
+            Ok(()) => return Ok(server),
+            Err(error) => last = error,
+        }
+    }
+    Err(last)
+}
+
+/// Starts the server on `server.port` and waits until it accepts connections.
+fn launch(server: &Server) -> Result<(), String> {
+    let log = std::fs::File::create(server.dir.join("server.log")).map_err(|e| e.to_string())?;
+    let mut child = server
+        .command("postgres")
+        .arg("-D")
+        .arg(server.dir.join("data"))
+        .args(["-p", &server.port.to_string()])
+        .args(["-c", "listen_addresses=127.0.0.1"])
+        .arg("-c")
+        .arg(format!("unix_socket_directories={}", server.dir.display()))
+        .args([
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=32MB",
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|error| format!("spawn postgres: {error}"))?;
+    let deadline = Instant::now() + START_LIMIT;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(server.dir.join("server.log")).unwrap_or_default();
+            return Err(format!("postgres exited with {status}: {log}"));
+        }
+        let ready = server
+            .command("pg_isready")
+            .args(["-q", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+            .status()
+            .map_err(|error| format!("run pg_isready: {error}"))?;
+        if ready.success() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    Err(format!(
+        "postgres did not accept connections within {START_LIMIT:?}"
+    ))
+}
+
+/// Starts the shell that stops the server and removes `dir` once this process has ended.
+fn watch_over(dir: &Path) -> Result<(), String> {
+    let script = format!(
+        "trap '' INT TERM HUP; \
+         while kill -0 {pid} 2>/dev/null; do sleep 0.2; done; \
+         if [ -f '{dir}/data/postmaster.pid' ]; then \
+           pg=$(head -1 '{dir}/data/postmaster.pid'); kill -QUIT \"$pg\" 2>/dev/null; \
+           while kill -0 \"$pg\" 2>/dev/null; do sleep 0.1; done; \
+         fi; \
+         rm -rf '{dir}'",
+        pid = std::process::id(),
+        dir = dir.display()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
+        .map_err(|error| format!("start the watchdog: {error}"))
+}
+
+/// The newest `/usr/lib/postgresql/*/bin` holding initdb, else the directory of one on PATH.
+fn find_bin() -> Option<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Some(bin);
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .find(|dir| dir.join("initdb").is_file() && dir.join("pg_isready").is_file())
+    })
+}
+
+fn install() -> Result<(), String> {
+    eprintln!("no PostgreSQL found: installing Debian's postgresql package for the tests");
+    run(Command::new("apt-get").arg("update"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "--no-install-recommends", "postgresql"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|error| format!("find a free port: {error}"))
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|error| format!("run {command:?}: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{command:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+/// A psql session running `sql` in the background, killed when dropped.
+pub struct Background(std::process::Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Starts psql running `sql` in `database` without waiting for it.
+    pub fn spawn_sql(&self, database: &str, sql: &str) -> Background {
+        let child = self
+            .command("psql")
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                database,
+                "-c",
+                sql,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start psql");
+        Background(child)
+    }
+}

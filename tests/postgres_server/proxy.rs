@@ -1,0 +1,160 @@
+//! A TCP proxy between a store (or `opledger serve`) and the test cluster that cuts connections
+//! at chosen moments: right after forwarding a COMMIT (the commit happens, its answer is lost),
+//! instead of forwarding it (the server rolls back), or all at once with new ones refused (the
+//! server "goes away" until it is set back to passing).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forwards everything.
+    Pass,
+    /// Forwards the next COMMIT to the server, then cuts that connection before the answer.
+    CutAfterCommit,
+    /// Cuts the connection carrying the next COMMIT without forwarding it.
+    CutBeforeCommit,
+    /// Cuts every open connection and refuses new ones: the server is gone.
+    Gone,
+}
+
+/// A TCP proxy between the store and the server that cuts connections at chosen moments.
+pub struct Proxy {
+    pub port: u16,
+    mode: Arc<Mutex<Mode>>,
+    /// Connections cut at a COMMIT so far.
+    pub cuts: Arc<AtomicUsize>,
+    generation: watch::Sender<u64>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("the proxy's address").port();
+        let mode = Arc::new(Mutex::new(Mode::Pass));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (generation, _) = watch::channel(0_u64);
+        let (accept_mode, accept_cuts, accept_generation) =
+            (Arc::clone(&mode), Arc::clone(&cuts), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if *accept_mode.lock().expect("mode") == Mode::Gone {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)).await else {
+                    continue;
+                };
+                tokio::spawn(relay(
+                    client,
+                    server,
+                    Arc::clone(&accept_mode),
+                    Arc::clone(&accept_cuts),
+                    accept_generation.subscribe(),
+                ));
+            }
+        });
+        Self {
+            port,
+            mode,
+            cuts,
+            generation,
+        }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        *self.mode.lock().expect("mode") = mode;
+        if mode == Mode::Gone {
+            self.generation.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://{}:{}@127.0.0.1:{}/{database}",
+            super::USER,
+            super::PASSWORD,
+            self.port
+        )
+    }
+}
+
+/// Relays one connection both ways until either side closes, the proxy cuts it at a COMMIT,
+/// or the server "goes away".
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    mode: Arc<Mutex<Mode>>,
+    cuts: Arc<AtomicUsize>,
+    mut generation: watch::Receiver<u64>,
+) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    // Set before a COMMIT is forwarded, so not one byte of its answer reaches the client.
+    let cut = Arc::new(AtomicBool::new(false));
+    let upstream_cut = Arc::clone(&cut);
+    let upstream = async move {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = client_read.read(&mut buffer).await.unwrap_or(0);
+            if read == 0 {
+                return;
+            }
+            let chunk = &buffer[..read];
+            // A simple-query message: 'Q', its length, "COMMIT", NUL.
+            if chunk.windows(7).any(|window| window == b"COMMIT\0") {
+                let armed = {
+                    let mut mode = mode.lock().expect("mode");
+                    let armed = *mode;
+                    if matches!(armed, Mode::CutAfterCommit | Mode::CutBeforeCommit) {
+                        *mode = Mode::Pass;
+                    }
+                    armed
+                };
+                match armed {
+                    Mode::CutAfterCommit => {
+                        upstream_cut.store(true, Ordering::SeqCst);
+                        let _ = server_write.write_all(chunk).await;
+                        let _ = server_write.flush().await;
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    Mode::CutBeforeCommit => {
+                        upstream_cut.store(true, Ordering::SeqCst);
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    Mode::Pass | Mode::Gone => {}
+                }
+            }
+            if server_write.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downstream = async move {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = server_read.read(&mut buffer).await.unwrap_or(0);
+            if read == 0 || cut.load(Ordering::SeqCst) {
+                return;
+            }
+            if client_write.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Whichever side ends first ends the connection, so a cut closes both halves at once.
+    tokio::select! {
+        () = upstream => {}
+        () = downstream => {}
+        _ = generation.changed() => {}
+    }
+}
