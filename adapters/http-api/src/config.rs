@@ -390,6 +390,9 @@ struct ConnectorAccount {
     token_env: Option<Spanned<String>>,
     username_env: Option<Spanned<String>>,
     password_env: Option<Spanned<String>>,
+    client_id_env: Option<Spanned<String>>,
+    client_secret_env: Option<Spanned<String>>,
+    refresh_token_env: Option<Spanned<String>>,
 }
 
 /// Reads and checks the configuration file at `path`.
@@ -500,7 +503,12 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
-        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens))?;
+        let token_dir = match &store {
+            StoreUrl::Sqlite(path) => path.parent().map(Path::to_path_buf),
+            _ => None,
+        }
+        .unwrap_or_else(|| self.relative("."));
+        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         let read_model_linger_ms =
@@ -881,12 +889,13 @@ impl Checker<'_> {
         &self,
         entries: &[ConnectorEntry],
         tenants: &BTreeSet<TenantId>,
+        token_dir: &Path,
     ) -> Result<Vec<Connector>, ConfigError> {
         let mut seen = BTreeSet::new();
         let mut built = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let field = format!("connectors[{index}]");
-            let connector = self.connector(&field, entry, tenants)?;
+            let connector = self.connector(&field, entry, tenants, token_dir)?;
             if !seen.insert(connector.id().clone()) {
                 return Err(self.error(
                     entry.id.as_ref().map(Spanned::span),
@@ -908,9 +917,14 @@ impl Checker<'_> {
         field: &str,
         entry: &ConnectorEntry,
         tenants: &BTreeSet<TenantId>,
+        token_dir: &Path,
     ) -> Result<Connector, ConfigError> {
         let document = self.document(field, entry)?;
-        let overrides = self.overrides(field, entry, tenants)?;
+        let mut overrides = self.overrides(field, entry, tenants)?;
+        // Rotated OAuth2 refresh tokens are kept beside the ledger, one file per connector, so
+        // a restart finds the token the provider last issued (never in the ledger's events).
+        let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
+        overrides.token_file = Some(token_dir.join(format!("opledger-oauth-{provider}.json")));
         let env = |name: &str| (self.env)(name).map(std::ffi::OsString::from);
         Connector::with_env(&document, overrides, &env)
             .map_err(|errors| self.connector_errors(field, &errors))
@@ -1012,6 +1026,7 @@ impl Checker<'_> {
             accounts,
             request_timeout_ms: entry.request_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             connect_timeout_ms: entry.connect_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
+            token_file: None,
         })
     }
 
@@ -1078,6 +1093,49 @@ impl Checker<'_> {
                     )
                 })
         };
+        if let Some(client_id) = &account.client_id_env {
+            let others = [
+                &account.token,
+                &account.token_env,
+                &account.username_env,
+                &account.password_env,
+            ];
+            let Some(client_secret) = &account.client_secret_env else {
+                return Err(self.error(
+                    Some(client_id.span()),
+                    &format!("{field}.client_secret_env"),
+                    "an OAuth2 client needs its secret too; add client_secret_env = \"VARIABLE\""
+                        .into(),
+                ));
+            };
+            if others.iter().any(|other| other.is_some()) {
+                return Err(self.error(
+                    Some(account.id.span()),
+                    field,
+                    "gives an OAuth2 client and a token or a username and password; keep client_id_env, client_secret_env (and refresh_token_env) for an oauth2 connector".into(),
+                ));
+            }
+            return Ok(Credentials::OAuth2 {
+                client_id: secret(client_id, "client_id_env")?,
+                client_secret: secret(client_secret, "client_secret_env")?,
+                refresh_token: account
+                    .refresh_token_env
+                    .as_ref()
+                    .map(|variable| secret(variable, "refresh_token_env"))
+                    .transpose()?,
+            });
+        }
+        if let Some(stray) = account
+            .client_secret_env
+            .as_ref()
+            .or(account.refresh_token_env.as_ref())
+        {
+            return Err(self.error(
+                Some(stray.span()),
+                field,
+                "gives an OAuth2 secret without client_id_env; an oauth2 account gives client_id_env, client_secret_env and, for the refresh_token grant, refresh_token_env".into(),
+            ));
+        }
         match (
             &account.token,
             &account.token_env,
@@ -1097,7 +1155,7 @@ impl Checker<'_> {
             _ => Err(self.error(
                 Some(account.id.span()),
                 field,
-                "needs exactly one of token_env = \"VARIABLE\", token = \"…\" (local use), or username_env and password_env (basic authentication)".into(),
+                "needs exactly one of token_env = \"VARIABLE\", token = \"…\" (local use), username_env and password_env (basic authentication), or client_id_env, client_secret_env and refresh_token_env (oauth2)".into(),
             )),
         }
     }

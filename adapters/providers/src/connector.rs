@@ -33,6 +33,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
+use crate::oauth::{Place, TokenFailure, TokenFile};
 use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{resolve_pointer, Context};
 
@@ -57,6 +58,10 @@ pub struct Overrides {
     pub request_timeout_ms: Option<u64>,
     /// The connect timeout, in milliseconds, instead of the document's.
     pub connect_timeout_ms: Option<u64>,
+    /// The file OAuth2 refresh tokens the provider rotates are kept in (beside the ledger; one
+    /// per connector). `None`: a rotated token lives in memory only, and a restart needs the
+    /// account re-authorised.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// One account, ready: who owns it and its credential.
@@ -160,7 +165,18 @@ impl Connector {
             problems.add(field, message);
         }
         let settings = settings(document, &overrides, &mut problems);
-        let accounts = accounts(document, &overrides.accounts, env, &mut problems);
+        let token_file = overrides
+            .token_file
+            .as_ref()
+            .map(|path| std::sync::Arc::new(TokenFile::new(path)));
+        let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
+        let accounts = accounts(
+            document,
+            &overrides.accounts,
+            env,
+            (&provider, token_file.as_ref()),
+            &mut problems,
+        );
         let actions = compile(document, &settings, &mut problems);
         let client = http::build_client(request_ms, connect_ms)
             .map_err(|message| problems.add("client", message))
@@ -384,14 +400,20 @@ impl Connector {
                 retry_after_ms: None,
             };
         };
-        let outcome = match http::send(
-            &self.client,
-            &self.base_url,
-            (&credential.header, &credential.value),
-            &prepared,
-        )
-        .await
-        {
+        let answer = match self.exchange(credential, &prepared).await {
+            Ok(answer) => answer,
+            Err(failure) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+                return scrub_send(
+                    SendOutcome::NotSent {
+                        reason: format!("{reason}; nothing was sent"),
+                        retry_after_ms,
+                    },
+                    credential,
+                );
+            }
+        };
+        let outcome = match answer {
             Ok(reply) => {
                 tracing::debug!(request = %prepared.describe(), status = reply.status, "provider answered");
                 classify_send(
@@ -404,6 +426,43 @@ impl Connector {
             Err(failure) => failure.send_outcome(),
         };
         scrub_send(outcome, credential)
+    }
+
+    /// Sends `prepared` with the account's credential and reads the answer. An OAuth2 account's
+    /// request carries its current access token (renewed first if it is about to expire); a 401
+    /// to it is sent once more with a renewed token: the classification table in the crate docs
+    /// reads a 401 as a definitive refusal with nothing applied, so the repeat cannot apply the
+    /// request twice. `Err` when no access token could be had: nothing was sent.
+    async fn exchange(
+        &self,
+        credential: &Credential,
+        prepared: &PreparedRequest,
+    ) -> Result<Result<http::HttpReply, http::TransportFailure>, TokenFailure> {
+        let Some(oauth) = &credential.oauth else {
+            let auth = (&credential.header, &credential.value);
+            return Ok(http::send(&self.client, &self.base_url, auth, prepared).await);
+        };
+        let mut stale = None;
+        loop {
+            let token = oauth.authorize(&self.client, &self.base_url, stale).await?;
+            let auth = (&credential.header, &token.value);
+            let answer = http::send(&self.client, &self.base_url, auth, prepared).await;
+            let unauthorised = matches!(&answer, Ok(reply) if reply.status == 401);
+            if !unauthorised || stale.is_some() {
+                return Ok(answer);
+            }
+            tracing::info!(
+                generation = token.generation,
+                "401 with the access token; renewing it and sending once more"
+            );
+            stale = Some(token.generation);
+        }
+    }
+
+    /// How many times `account`'s access token was asked of the token endpoint (OAuth2 only).
+    pub fn token_requests(&self, account: &AccountId) -> Option<u64> {
+        let oauth = self.accounts.get(account)?.credential.oauth.as_ref()?;
+        Some(oauth.refreshes())
     }
 
     /// A free request slot, waiting at most the request timeout for one.
@@ -537,14 +596,20 @@ impl Connector {
         let Some(_permit) = self.permit().await else {
             return unavailable(self.busy());
         };
-        let outcome = match http::send(
-            &self.client,
-            &self.base_url,
-            (&credential.header, &credential.value),
-            &prepared,
-        )
-        .await
-        {
+        let answer = match self.exchange(credential, &prepared).await {
+            Ok(answer) => answer,
+            Err(failure) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+                return scrub_lookup(
+                    LookupOutcome::Unavailable {
+                        reason: format!("{reason}; nothing was asked"),
+                        retry_after_ms,
+                    },
+                    credential,
+                );
+            }
+        };
+        let outcome = match answer {
             Ok(reply) => {
                 let what = Asked {
                     request: &asked,
@@ -634,6 +699,7 @@ fn accounts(
     document: &Document,
     extra: &[AccountSpec],
     env: &dyn Fn(&str) -> Option<OsString>,
+    (provider, token_file): (&ProviderId, Option<&std::sync::Arc<TokenFile>>),
     problems: &mut Problems,
 ) -> BTreeMap<AccountId, Account> {
     let all = document
@@ -667,7 +733,19 @@ fn accounts(
             );
             continue;
         }
-        match credentials::resolve(&document.auth, &spec.credentials, env) {
+        let resolved = credentials::resolve(&document.auth, &spec.credentials, env).and_then(
+            |mut credential| {
+                if let Some(oauth) = &mut credential.oauth {
+                    let place = token_file.map(|file| Place {
+                        file: std::sync::Arc::clone(file),
+                        key: format!("{provider}/{}", spec.id),
+                    });
+                    credential.fingerprint = oauth.place(&spec.id, place)?;
+                }
+                Ok(credential)
+            },
+        );
+        match resolved {
             Ok(credential) => {
                 accounts.insert(
                     spec.id.clone(),
@@ -811,6 +889,24 @@ fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
     match (base, over) {
         (Some(base), Some(over)) => Some(body::merge(base, over)),
         (base, over) => base.or(over),
+    }
+}
+
+/// Why an operation of `account` waits for its access token, what to do, and how long to wait.
+fn token_failure(
+    account: &AccountId,
+    failure: TokenFailure,
+    credential: &Credential,
+) -> (String, Option<u64>) {
+    match failure {
+        TokenFailure::Refused { message } => (
+            format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger"),
+            credential.oauth.as_ref().map(crate::oauth::OAuthAccount::refused_wait_ms),
+        ),
+        TokenFailure::Unavailable { message } => (
+            format!("account `{account}` has no access token yet: {message}; it is asked again after the wait"),
+            None,
+        ),
     }
 }
 

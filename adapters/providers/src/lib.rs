@@ -96,6 +96,7 @@ pub mod document;
 pub mod error;
 pub mod http;
 pub mod lookup;
+pub mod oauth;
 pub mod pointer;
 pub mod presets;
 pub mod registry;

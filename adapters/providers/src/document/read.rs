@@ -19,9 +19,11 @@ use super::{
     MAX_ERROR_RULES, MAX_SETTINGS, MAX_SETTING_VALUE_CHARS, MAX_TENANTS_PER_ACCOUNT,
     MAX_TIMEOUT_MS, MIN_RATE_LIMIT_WAIT_MS, MIN_TIMEOUT_MS,
 };
+use crate::body::BodyEncoding;
 use crate::credentials::{Auth, Credentials, SecretSource};
 use crate::error::{ConnectorError, Findings};
 use crate::http::MAX_RETRY_AFTER_MS;
+use crate::oauth::{Grant, OAuth2Spec, DEFAULT_REFUSED_WAIT_MS, MAX_SCOPES, MIN_REFUSED_WAIT_MS};
 use crate::template::{check_pointer, is_setting_name, resolve_pointer};
 
 const TOP_KEYS: &[&str] = &[
@@ -40,7 +42,15 @@ const TOP_KEYS: &[&str] = &[
 ];
 
 /// Keys that would hold a secret: refused with a pointer to the `_env` form.
-const SECRET_KEYS: &[&str] = &["token", "password", "username", "secret", "api_key"];
+const SECRET_KEYS: &[&str] = &[
+    "token",
+    "password",
+    "username",
+    "secret",
+    "api_key",
+    "client_secret",
+    "refresh_token",
+];
 
 /// Reads and checks the whole document.
 pub(super) fn document(name: &str, text: &str) -> Result<Document, Vec<ConnectorError>> {
@@ -315,7 +325,7 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
     if !top.has("auth") {
         top.missing(
             "auth",
-            "add [auth] with kind = \"bearer\", \"header\" (and header = \"X-Api-Key\") or \"basic\"",
+            "add [auth] with kind = \"bearer\", \"header\" (and header = \"X-Api-Key\"), \"basic\" or \"oauth2\"",
             findings,
         );
         return None;
@@ -323,7 +333,7 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
     let table = top.table("auth", findings)?;
     let kind = table.required_string(
         "kind",
-        "write kind = \"bearer\", \"header\" or \"basic\"",
+        "write kind = \"bearer\", \"header\", \"basic\" or \"oauth2\"",
         findings,
     )?;
     match kind.value {
@@ -359,15 +369,129 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
                 prefix,
             })
         }
+        "oauth2" => oauth2(&table, findings).map(Auth::OAuth2),
         other => {
             findings.add(
                 Some(kind.span),
                 &kind.field,
-                format!("`{other}` is no auth kind; write \"bearer\", \"header\" or \"basic\""),
+                format!("`{other}` is no auth kind; write \"bearer\", \"header\", \"basic\" or \"oauth2\""),
             );
             None
         }
     }
+}
+
+/// `[auth] kind = "oauth2"`: the grant, the token endpoint, scopes, the body encoding and the
+/// wait after a refusal.
+fn oauth2(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<OAuth2Spec> {
+    table.only(
+        &[
+            "kind",
+            "grant",
+            "token_url",
+            "scopes",
+            "body_encoding",
+            "refused_wait_ms",
+        ],
+        findings,
+    );
+    let grant = table
+        .required_string(
+            "grant",
+            "write grant = \"refresh_token\" (an account authorised a connected app) or \"client_credentials\" (the client alone)",
+            findings,
+        )
+        .and_then(|found| match found.value {
+            "refresh_token" => Some(Grant::RefreshToken),
+            "client_credentials" => Some(Grant::ClientCredentials),
+            other => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{other}` is no grant opledger can use unattended; write \"refresh_token\" or \"client_credentials\""),
+                );
+                None
+            }
+        });
+    let token_url = table
+        .required_string(
+            "token_url",
+            "write the token endpoint, e.g. token_url = \"/services/oauth2/token\" (on the base URL's host) or a whole https:// URL",
+            findings,
+        )
+        .and_then(|found| {
+            let valid = if found.value.starts_with('/') {
+                found.value.len() <= MAX_BASE_URL_BYTES
+                    && found.value.bytes().all(|byte| byte.is_ascii_graphic() && byte != b'?' && byte != b'#')
+            } else {
+                check_base_url(found.value).is_ok()
+            };
+            if valid {
+                Some(found.value.to_owned())
+            } else {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{}` is no token endpoint; write a path starting with `/` (on the base URL's host) or an http:// or https:// URL without query", found.value),
+                );
+                None
+            }
+        });
+    let scopes = match table.has("scopes") {
+        false => Some(Vec::new()),
+        true => table.strings("scopes", findings).and_then(|items| {
+            let span = table.get("scopes").map(|node| &node.span);
+            if items.len() > MAX_SCOPES {
+                findings.add(span, &table.field("scopes"), format!("lists {}; at most {MAX_SCOPES}", items.len()));
+                return None;
+            }
+            let mut scopes = Vec::with_capacity(items.len());
+            for item in items {
+                // RFC 6749 §3.3: a scope token is visible ASCII without `"` or `\`.
+                if item.value.is_empty()
+                    || !item.value.bytes().all(|byte| byte.is_ascii_graphic() && byte != b'"' && byte != b'\\')
+                {
+                    findings.add(Some(item.span), &item.field, format!("`{}` is no scope (RFC 6749 §3.3: visible ASCII without spaces, `\"` or `\\`)", item.value));
+                    return None;
+                }
+                scopes.push(item.value.to_owned());
+            }
+            Some(scopes)
+        }),
+    };
+    let body_encoding = match table.string("body_encoding", findings) {
+        None => Some(BodyEncoding::Form),
+        Some(found) => match found.value {
+            "form" => Some(BodyEncoding::Form),
+            "json" => Some(BodyEncoding::Json),
+            other => {
+                findings.add(Some(found.span), &found.field, format!("`{other}` is no token request encoding; write \"form\" (RFC 6749) or \"json\""));
+                None
+            }
+        },
+    };
+    let refused_wait_ms = match table.unsigned("refused_wait_ms", findings) {
+        None if table.has("refused_wait_ms") => None,
+        None => Some(DEFAULT_REFUSED_WAIT_MS),
+        Some(found) if (MIN_REFUSED_WAIT_MS..=MAX_RETRY_AFTER_MS).contains(&found.value) => {
+            Some(found.value)
+        }
+        Some(found) => {
+            findings.add(
+                Some(found.span),
+                &found.field,
+                format!("is {}; write how long operations wait after the token endpoint refused an account's credentials, {MIN_REFUSED_WAIT_MS} to {MAX_RETRY_AFTER_MS} ms, e.g. refused_wait_ms = {DEFAULT_REFUSED_WAIT_MS}", found.value),
+            );
+            None
+        }
+    };
+    Some(OAuth2Spec {
+        grant: grant?,
+        token_url: token_url?,
+        scopes: scopes?,
+        body_encoding: body_encoding?,
+        refused_wait_ms: refused_wait_ms?,
+    })
 }
 
 fn settings(top: &Table<'_>, findings: &mut Findings<'_>) -> BTreeMap<String, String> {
@@ -618,15 +742,23 @@ fn account(
     auth: Option<&Auth>,
     findings: &mut Findings<'_>,
 ) -> Option<AccountSpec> {
-    let mut known = vec!["id", "tenants", "token_env", "username_env", "password_env"];
+    let mut known = vec![
+        "id",
+        "tenants",
+        "token_env",
+        "username_env",
+        "password_env",
+        "client_id_env",
+        "client_secret_env",
+        "refresh_token_env",
+    ];
     known.extend_from_slice(SECRET_KEYS);
     table.only(&known, findings);
     for key in SECRET_KEYS {
         if let Some(node) = table.get(key) {
-            let instead = if *key == "username" || *key == "password" {
-                *key
-            } else {
-                "token"
+            let instead = match *key {
+                "username" | "password" | "client_secret" | "refresh_token" => *key,
+                _ => "token",
             };
             findings.add(
                 Some(&node.span),
@@ -724,13 +856,39 @@ fn file_credentials(
             }
         }
     };
+    const OAUTH_KEYS: &[&str] = &["client_id_env", "client_secret_env", "refresh_token_env"];
     match auth {
         Auth::Bearer | Auth::Header { .. } => {
             refuse(&["username_env", "password_env"], findings);
+            refuse(OAUTH_KEYS, findings);
             variable("token_env", findings).map(Credentials::Token)
+        }
+        Auth::OAuth2(spec) => {
+            refuse(&["token_env", "username_env", "password_env"], findings);
+            let client_id = variable("client_id_env", findings);
+            let client_secret = variable("client_secret_env", findings);
+            let refresh_token = match spec.grant {
+                Grant::RefreshToken => Some(variable("refresh_token_env", findings)?),
+                Grant::ClientCredentials => {
+                    if let Some(node) = table.get("refresh_token_env") {
+                        findings.add(
+                            Some(&node.span),
+                            &table.field("refresh_token_env"),
+                            "means nothing with the client_credentials grant; remove it",
+                        );
+                    }
+                    None
+                }
+            };
+            Some(Credentials::OAuth2 {
+                client_id: client_id?,
+                client_secret: client_secret?,
+                refresh_token,
+            })
         }
         Auth::Basic => {
             refuse(&["token_env"], findings);
+            refuse(OAUTH_KEYS, findings);
             let username = variable("username_env", findings);
             let password = variable("password_env", findings);
             Some(Credentials::Basic {

@@ -786,3 +786,87 @@ fn every_problem_is_reported_at_once() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn an_oauth2_auth_is_read_with_its_grant_and_token_url() {
+    let oauth = "kind = \"oauth2\"\ngrant = \"refresh_token\"\ntoken_url = \"/oauth/token\"\nscopes = [\"tasks:write\"]\nrefused_wait_ms = 5000";
+    let text = with("kind = \"bearer\"", oauth)
+        .replace(
+            "token_env = \"TASKS_TOKEN_ACME\"",
+            "client_id_env = \"ID\"\nclient_secret_env = \"SECRET\"\nrefresh_token_env = \"REFRESH_ACME\"",
+        )
+        .replace(
+            "token_env = \"TASKS_TOKEN_GLOBEX\"",
+            "client_id_env = \"ID\"\nclient_secret_env = \"SECRET\"\nrefresh_token_env = \"REFRESH_GLOBEX\"",
+        );
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    let Auth::OAuth2(spec) = &document.auth else {
+        panic!("oauth2: {:?}", document.auth);
+    };
+    assert_eq!(spec.grant, crate::oauth::Grant::RefreshToken);
+    assert_eq!(
+        spec.token_url_on("https://crm.example.com/api"),
+        "https://crm.example.com/oauth/token"
+    );
+    assert_eq!(
+        (spec.scopes.clone(), spec.refused_wait_ms),
+        (vec!["tasks:write".to_owned()], 5000)
+    );
+    assert!(matches!(
+        &document.accounts[0].credentials,
+        Credentials::OAuth2 {
+            refresh_token: Some(_),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_bad_oauth2_auth_is_refused_at_its_line() {
+    let oauth = |rest: &str| with("kind = \"bearer\"", &format!("kind = \"oauth2\"\n{rest}"));
+    assert_error(
+        &oauth("grant = \"password\"\ntoken_url = \"/t\""),
+        "auth.grant",
+        "grant = \"password\"",
+        "no grant opledger can use unattended",
+    );
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"ftp://x/t\""),
+        "auth.token_url",
+        "token_url",
+        "no token endpoint",
+    );
+    assert_error(
+        &oauth("token_url = \"/t\""),
+        "auth.grant",
+        "[auth]",
+        "grant =",
+    );
+    assert_error(
+        &oauth("grant = \"client_credentials\"\ntoken_url = \"/t\"\nscopes = [\"a b\"]"),
+        "auth.scopes[0]",
+        "scopes",
+        "no scope",
+    );
+    assert_error(
+        &oauth("grant = \"client_credentials\"\ntoken_url = \"/t\"\nrefused_wait_ms = 0"),
+        "auth.refused_wait_ms",
+        "refused_wait_ms",
+        "is 0",
+    );
+    // An account of an oauth2 connector names its client, never a token.
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"/t\""),
+        "accounts[0].token_env",
+        "token_env = \"TASKS_TOKEN_ACME\"",
+        "means nothing with oauth2 auth",
+    );
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"/t\""),
+        "accounts[0].client_id_env",
+        "[[accounts]]",
+        "oauth2 auth",
+    );
+}
