@@ -12,6 +12,7 @@ mod apis;
 mod contract;
 mod emulators;
 mod ledger;
+mod oauth;
 mod scenarios;
 mod specific;
 #[allow(dead_code)] // the serve suite's harness; these tests use its server and HTTP helpers

@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use tracing::{field, Instrument, Span};
 
 use crate::body::{self, BodyEncoding};
+use crate::budget::{Bucket, Kind, Waits};
 use crate::classify::{classify_send, Reading};
 use crate::credentials::{self, Credential};
 use crate::document::{
@@ -64,11 +65,13 @@ pub struct Overrides {
     pub token_file: Option<std::path::PathBuf>,
 }
 
-/// One account, ready: who owns it and its credential.
+/// One account, ready: who owns it, its credential and its request budgets.
 #[derive(Debug)]
 struct Account {
     tenants: BTreeSet<TenantId>,
     credential: Credential,
+    sends: Option<Bucket>,
+    lookups: Option<Bucket>,
 }
 
 /// One action, ready: its spec, its compiled schema, how its answers are read, what it promises.
@@ -101,6 +104,7 @@ pub struct Connector {
     settings: BTreeMap<String, String>,
     request_timeout: Duration,
     permits: Semaphore,
+    waits: Waits,
 }
 
 /// Collects the problems of building one connector (no lines: they are about values given in
@@ -193,6 +197,7 @@ impl Connector {
                 settings,
                 request_timeout: Duration::from_millis(request_ms),
                 permits: Semaphore::new(MAX_IN_FLIGHT_PER_PROVIDER),
+                waits: Waits::default(),
             }),
             _ => Err(problems.errors),
         }
@@ -394,6 +399,12 @@ impl Connector {
             Ok(prepared) => prepared,
             Err(outcome) => return outcome,
         };
+        if let Err(wait_ms) = self.budget(&request.account, Kind::Send).await {
+            return SendOutcome::NotSent {
+                reason: format!("account `{}` has used its send budget; its next slot is {wait_ms} ms away; nothing was sent", request.account),
+                retry_after_ms: Some(wait_ms),
+            };
+        }
         let Some(_permit) = self.permit().await else {
             return SendOutcome::NotSent {
                 reason: self.busy(),
@@ -457,6 +468,42 @@ impl Connector {
             );
             stale = Some(token.generation);
         }
+    }
+
+    /// Waits for `account`'s next slot in its `kind` budget, if it has one: `Err(wait)` in
+    /// milliseconds when the slot is further away than the request timeout (nothing reserved;
+    /// the operation waits that long in the ledger instead of holding a worker).
+    async fn budget(&self, account: &AccountId, kind: Kind) -> Result<(), u64> {
+        let entry = self.accounts.get(account);
+        let bucket = match kind {
+            Kind::Send => entry.and_then(|entry| entry.sends.as_ref()),
+            Kind::Lookup => entry.and_then(|entry| entry.lookups.as_ref()),
+        };
+        let Some(bucket) = bucket else {
+            return Ok(());
+        };
+        match bucket.reserve(tokio::time::Instant::now(), self.request_timeout) {
+            Ok(wait) if wait.is_zero() => Ok(()),
+            Ok(wait) => {
+                self.waits.record(kind, wait);
+                tracing::info!(
+                    budget = kind.as_str(),
+                    wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "waiting for the account's request budget"
+                );
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            Err(wait) => {
+                self.waits.record_refused(kind);
+                Err(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
+            }
+        }
+    }
+
+    /// What the request budgets made requests wait (for metrics): per kind, see [`Waits::of`].
+    pub fn budget_waits(&self) -> &Waits {
+        &self.waits
     }
 
     /// How many times `account`'s access token was asked of the token endpoint (OAuth2 only).
@@ -593,6 +640,12 @@ impl Connector {
             }
         };
         let asked = prepared.describe();
+        if let Err(wait_ms) = self.budget(&request.account, Kind::Lookup).await {
+            return LookupOutcome::Unavailable {
+                reason: format!("account `{}` has used its lookup budget; its next slot is {wait_ms} ms away; nothing was asked", request.account),
+                retry_after_ms: Some(wait_ms),
+            };
+        }
         let Some(_permit) = self.permit().await else {
             return unavailable(self.busy());
         };
@@ -752,6 +805,8 @@ fn accounts(
                     Account {
                         tenants: spec.tenants.iter().cloned().collect(),
                         credential,
+                        sends: document.rate_limit.sends.map(Bucket::new),
+                        lookups: document.rate_limit.lookups.map(Bucket::new),
                     },
                 );
             }

@@ -88,6 +88,7 @@
 //! the secret's SHA-256 (for basic auth, of `username:password`).
 
 pub mod body;
+pub mod budget;
 pub mod classify;
 pub mod connector;
 pub mod contract;

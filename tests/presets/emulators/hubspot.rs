@@ -139,6 +139,10 @@ impl HubSpot {
             config,
             store: Mutex::default(),
         };
+        let routes = routes.merge(super::oauth::routes(
+            super::oauth::Dialect::HubSpot,
+            Arc::clone(&shared.core.oauth),
+        ));
         let (running, shared) = super::launch(shared, routes).await;
         Self { running, shared }
     }

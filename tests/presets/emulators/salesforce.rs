@@ -108,6 +108,10 @@ impl Salesforce {
             config,
             store: Mutex::default(),
         };
+        let routes = routes.merge(super::oauth::routes(
+            super::oauth::Dialect::Salesforce,
+            Arc::clone(&shared.core.oauth),
+        ));
         let (running, shared) = super::launch(shared, routes).await;
         Self { running, shared }
     }

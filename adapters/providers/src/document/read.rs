@@ -20,6 +20,7 @@ use super::{
     MAX_TIMEOUT_MS, MIN_RATE_LIMIT_WAIT_MS, MIN_TIMEOUT_MS,
 };
 use crate::body::BodyEncoding;
+use crate::budget::{Budget, MAX_BURST, MAX_REQUESTS_PER_S};
 use crate::credentials::{Auth, Credentials, SecretSource};
 use crate::error::{ConnectorError, Findings};
 use crate::http::MAX_RETRY_AFTER_MS;
@@ -634,7 +635,28 @@ fn error_rule(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ErrorRul
 /// [`MIN_RATE_LIMIT_WAIT_MS`]..=[`MAX_RETRY_AFTER_MS`] (default
 /// [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`]).
 fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimit> {
-    table.only(&["reset_header", "reset_unit", "min_wait_ms"], findings);
+    table.only(
+        &[
+            "reset_header",
+            "reset_unit",
+            "min_wait_ms",
+            "requests_per_s",
+            "burst",
+            "sends",
+            "lookups",
+        ],
+        findings,
+    );
+    let both = budget(table, findings);
+    let kind = |key: &str, findings: &mut Findings<'_>| match table.has(key) {
+        false => Some(both?),
+        true => table.table(key, findings).map(|sub| {
+            sub.only(&["requests_per_s", "burst"], findings);
+            budget(&sub, findings).flatten()
+        }),
+    };
+    let sends = kind("sends", findings);
+    let lookups = kind("lookups", findings);
     let reset = match (table.has("reset_header"), table.has("reset_unit")) {
         (false, false) => Some(None),
         (true, false) => {
@@ -676,7 +698,45 @@ fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimi
     Some(RateLimit {
         reset: reset?,
         min_wait_ms: min_wait_ms?,
+        sends: sends?,
+        lookups: lookups?,
     })
+}
+
+/// `requests_per_s` and `burst` of a `[rate_limit]` table: `Some(None)` when neither is given,
+/// `None` after a finding.
+fn budget(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Option<Budget>> {
+    let in_range =
+        |key: &str, most: u64, findings: &mut Findings<'_>| match table.unsigned(key, findings) {
+            None if table.has(key) => Err(()),
+            None => Ok(None),
+            Some(found) if (1..=most).contains(&found.value) => Ok(Some(found.value)),
+            Some(found) => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("is {}; write 1 to {most}", found.value),
+                );
+                Err(())
+            }
+        };
+    let rate = in_range("requests_per_s", MAX_REQUESTS_PER_S, findings);
+    let burst = in_range("burst", MAX_BURST, findings);
+    match (rate.ok()?, burst.ok()?) {
+        (None, None) => Some(None),
+        (Some(requests_per_s), burst) => Some(Some(Budget {
+            requests_per_s,
+            burst: burst.unwrap_or(requests_per_s),
+        })),
+        (None, Some(_)) => {
+            table.missing(
+                "requests_per_s",
+                "a burst needs its rate; write requests_per_s = N beside it",
+                findings,
+            );
+            None
+        }
+    }
 }
 
 fn reset_header(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ResetHeader> {

@@ -1,0 +1,207 @@
+//! OAuth2 connectors end to end: a real `opledger serve` with the `salesforce-oauth2` preset
+//! against the Salesforce emulator's token endpoint and API (`emulators/oauth.rs`).
+
+use futures_util::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::apis::{accounts, preset_entry, shortened};
+use crate::emulators::oauth::{Dialect, Setup};
+use crate::emulators::salesforce::{self, Salesforce};
+use crate::emulators::Emulator;
+use crate::ledger::{Ledger, ACCOUNT, TENANT_TOKEN};
+use crate::scenarios::settle;
+use crate::support::Server;
+
+const CLIENT_ID: &str = "3MVG9-consumer-key";
+const CLIENT_SECRET: &str = "consumer-secret-0123456789";
+
+async fn salesforce() -> Salesforce {
+    let api = Salesforce::start(salesforce::Config {
+        tokens: accounts(),
+        label_field: "Opledger_Label__c".to_owned(),
+    })
+    .await;
+    // Rotation on: each renewal issues a new refresh token and invalidates the old one.
+    api.core().oauth.set_up(Setup {
+        dialect: Dialect::Salesforce,
+        client_id: CLIENT_ID.to_owned(),
+        client_secret: CLIENT_SECRET.to_owned(),
+        expires_in_s: None,
+        rotates: true,
+    });
+    api
+}
+
+/// A ledger whose one connector is `source` (a preset or a file) at the emulator, its account
+/// authenticating with the OAuth2 client and the refresh token from the environment.
+fn ledger(api: &Salesforce, source: &str, files: &[(&str, String)]) -> Ledger {
+    let entry = preset_entry("salesforce", source, &api.running.base_url);
+    let ledger = Ledger::new(&entry, "unused", files);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    );
+    ledger
+}
+
+fn serve(ledger: &Ledger, refresh_token: &str) -> Server {
+    Server::start_with_env(
+        &["serve", "--config", &ledger.config.display().to_string()],
+        ledger.dir.path(),
+        &[
+            ("SF_CLIENT_ID", CLIENT_ID),
+            ("SF_CLIENT_SECRET", CLIENT_SECRET),
+            ("SF_REFRESH_TOKEN", refresh_token),
+        ],
+    )
+}
+
+/// Records a case and starts its execution; returns the operation id.
+async fn start(server: &Server, subject: &str) -> String {
+    let body = json!({"provider": "salesforce", "account": ACCOUNT, "action": "upsert_case",
+        "args": {"Subject": subject}});
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
+    assert!(status.is_success(), "{started}");
+    id
+}
+
+/// Starts `count` cases at once and waits until each has settled; returns their views.
+async fn burst(server: &Server, from: usize, count: usize) -> Vec<Value> {
+    let subjects: Vec<String> = (from..from + count).map(|n| format!("Case {n}")).collect();
+    let ids = join_all(subjects.iter().map(|subject| start(server, subject))).await;
+    join_all(ids.iter().map(|id| settle(server, id))).await
+}
+
+/// The operation's view once its first attempt came back not sent (or it left `pending`).
+async fn waiting(server: &Server, id: &str) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let (status, view) = server
+            .call(
+                Method::GET,
+                &format!("/v1/operations/{id}"),
+                Some(TENANT_TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        if view["state"] != "pending" || !view["last_error"].is_null() {
+            return view;
+        }
+        assert!(started.elapsed() < crate::support::DEADLINE, "{view}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+fn logs(ledger: &Ledger) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(ledger.dir.path()).expect("the ledger dir") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|ext| ext == "log") {
+            text.push_str(&std::fs::read_to_string(path).unwrap_or_default());
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn an_access_token_expiring_mid_burst_is_renewed_once_and_every_operation_succeeds_once() {
+    let api = salesforce().await;
+    let first_refresh = api.core().oauth.authorise("a");
+    let ledger = ledger(&api, "preset = \"salesforce-oauth2\"", &[]);
+    let server = serve(&ledger, &first_refresh);
+
+    let settled = burst(&server, 0, 10).await;
+    assert_eq!(
+        api.core().oauth.requests(),
+        1,
+        "one token for the first burst"
+    );
+    // The org's session times out under the next burst: every send meets a 401 at once.
+    api.core().oauth.expire_access_tokens();
+    let later = burst(&server, 10, 20).await;
+    for view in settled.iter().chain(&later) {
+        assert_eq!(view["state"], "succeeded", "{view}");
+    }
+    assert_eq!(
+        api.core().oauth.requests(),
+        2,
+        "one renewal per expiry, not one per operation"
+    );
+    let records = api.records("Case");
+    assert_eq!(records.len(), 30, "every operation applied once");
+
+    // The rotated refresh token was kept beside the ledger: a restart configured with the first
+    // (consumed) refresh token still renews.
+    drop(server);
+    api.core().oauth.expire_access_tokens();
+    let server = serve(&ledger, &first_refresh);
+    let view = &burst(&server, 30, 1).await[0];
+    assert_eq!(view["state"], "succeeded", "{view}");
+    assert_eq!(api.records("Case").len(), 31);
+    drop(server);
+    let logs = logs(&ledger);
+    assert!(
+        !logs.contains(CLIENT_SECRET)
+            && !logs.contains("refresh-a-")
+            && !logs.contains("access-a-"),
+        "no secret is logged"
+    );
+}
+
+#[tokio::test]
+async fn a_revoked_refresh_token_holds_operations_with_what_to_do_until_it_is_fixed() {
+    let api = salesforce().await;
+    let revoked = api.core().oauth.authorise("a");
+    api.core().oauth.revoke("a");
+    // A short wait after a refusal, so the fixed server retries within the test.
+    let document = shortened(
+        "salesforce-oauth2",
+        &[(
+            "grant = \"refresh_token\"\n",
+            "grant = \"refresh_token\"\nrefused_wait_ms = 3000\n",
+        )],
+    );
+    let ledger = ledger(
+        &api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    );
+    let server = serve(&ledger, &revoked);
+
+    let id = start(&server, "Call the client").await;
+    let view = waiting(&server, &id).await;
+    assert_eq!(view["state"], "pending", "it waits: {view}");
+    let text = view.to_string();
+    assert!(
+        text.contains("account `main`")
+            && text.contains("invalid_grant")
+            && text.contains("re-authorise"),
+        "the reason names the account, the provider's word and what to do: {view}"
+    );
+    assert!(api.records("Case").is_empty());
+    assert_eq!(
+        api.core().oauth.refused(),
+        0,
+        "nothing was sent with a stale token"
+    );
+
+    // The account is authorised again and its new refresh token configured.
+    let fresh = api.core().oauth.authorise("a");
+    drop(server);
+    let server = serve(&ledger, &fresh);
+    let view = settle(&server, &id).await;
+    assert_eq!(view["state"], "succeeded", "{view}");
+    assert_eq!(api.records("Case").len(), 1);
+}
