@@ -7,6 +7,7 @@
 //! for every preset by a macro, as the store conformance suite is.
 
 mod apis;
+mod budgets;
 #[allow(dead_code)] // the serve suite's OpenAPI checks; `support` calls what these tests need
 #[path = "../serve/contract.rs"]
 mod contract;

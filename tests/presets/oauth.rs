@@ -160,12 +160,17 @@ async fn an_access_token_expiring_mid_burst_is_renewed_once_and_every_operation_
     );
 }
 
+/// A refresh token the provider refuses (`invalid_grant`): the operations wait, saying which
+/// account and what to do, nothing is sent with the stale access token, and once the
+/// credentials work again (here: the admin reactivates the integration user, so the same refresh
+/// token is accepted again) they proceed without a person. A refresh token replaced by a new
+/// authorisation is a re-authorised account instead: its fingerprint differs, and the waiting
+/// operations go to a person (design rule 4; the fingerprint's unit test).
 #[tokio::test]
-async fn a_revoked_refresh_token_holds_operations_with_what_to_do_until_it_is_fixed() {
+async fn a_refused_refresh_token_holds_operations_with_what_to_do_until_it_works_again() {
     let api = salesforce().await;
-    let revoked = api.core().oauth.authorise("a");
-    api.core().oauth.revoke("a");
-    // A short wait after a refusal, so the fixed server retries within the test.
+    let refresh = api.core().oauth.authorise("a");
+    // A short wait after a refusal, so the endpoint is asked again within the test.
     let document = shortened(
         "salesforce-oauth2",
         &[(
@@ -178,30 +183,32 @@ async fn a_revoked_refresh_token_holds_operations_with_what_to_do_until_it_is_fi
         "file = \"salesforce-oauth2.toml\"",
         &[("salesforce-oauth2.toml", document)],
     );
-    let server = serve(&ledger, &revoked);
+    let server = serve(&ledger, &refresh);
+    let first = start(&server, "Before").await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
 
+    // The admin deactivates the integration user: its session ends, its refresh token is refused.
+    api.core().oauth.deactivate("a");
+    let refused_before = api.core().oauth.refused();
     let id = start(&server, "Call the client").await;
     let view = waiting(&server, &id).await;
     assert_eq!(view["state"], "pending", "it waits: {view}");
-    let text = view.to_string();
+    let reason = view["last_error"].as_str().unwrap_or_default();
     assert!(
-        text.contains("account `main`")
-            && text.contains("invalid_grant")
-            && text.contains("re-authorise"),
+        reason.contains("account `main`")
+            && reason.contains("invalid_grant: inactive user")
+            && reason.contains("re-authorise"),
         "the reason names the account, the provider's word and what to do: {view}"
     );
-    assert!(api.records("Case").is_empty());
+    assert_eq!(api.records("Case").len(), 1, "nothing new was created");
     assert_eq!(
-        api.core().oauth.refused(),
-        0,
-        "nothing was sent with a stale token"
+        api.core().oauth.refused() - refused_before,
+        1,
+        "one 401 found the session over; nothing more was sent with a stale token"
     );
 
-    // The account is authorised again and its new refresh token configured.
-    let fresh = api.core().oauth.authorise("a");
-    drop(server);
-    let server = serve(&ledger, &fresh);
+    api.core().oauth.reactivate("a");
     let view = settle(&server, &id).await;
     assert_eq!(view["state"], "succeeded", "{view}");
-    assert_eq!(api.records("Case").len(), 1);
+    assert_eq!(api.records("Case").len(), 2);
 }

@@ -7,7 +7,9 @@
 //!   `{"access_token","instance_url","id","token_type":"Bearer","issued_at","signature"}` with no
 //!   `expires_in` (the org's session timeout ends the token; an expired one answers 401
 //!   `INVALID_SESSION_ID`); a bad refresh token answers 400 `{"error":"invalid_grant",
-//!   "error_description":"expired access/refresh token"}`, a bad client 400 `invalid_client_id`
+//!   "error_description":"expired access/refresh token"}` (for a deactivated user, "inactive
+//!   user", and the same refresh token works again once the user is active), a bad client 400
+//!   `invalid_client_id`
 //!   / `invalid_client`. Refresh token rotation is a connected-app setting: when on, each renewal
 //!   issues a new refresh token and invalidates the old.
 //! - **HubSpot** (developers.hubspot.com, "Refresh an access token"): `POST /oauth/v1/token`, form;
@@ -52,7 +54,8 @@ impl Dialect {
         }
     }
 
-    fn bad_grant(self) -> Reply {
+    /// A refused refresh token; `salesforce_says` is Salesforce's description of the cause.
+    fn bad_grant(self, salesforce_says: &str) -> Reply {
         match self {
             Self::HubSpot => Reply::json(
                 400,
@@ -60,7 +63,7 @@ impl Dialect {
             ),
             Self::Salesforce => Reply::json(
                 400,
-                &json!({"error": "invalid_grant", "error_description": "expired access/refresh token"}),
+                &json!({"error": "invalid_grant", "error_description": salesforce_says}),
             ),
             Self::Zendesk => Reply::json(
                 400,
@@ -107,6 +110,9 @@ struct Tokens {
     /// Access token → account; removed when it expires or is revoked.
     access: BTreeMap<String, (String, Option<Instant>)>,
     issued: u64,
+    /// Accounts whose integration user is deactivated: their refresh tokens are refused until
+    /// the user is active again.
+    inactive: Vec<String>,
     /// Token requests answered, granted or not.
     requests: u64,
     /// Requests to the API refused for an unknown or expired access token.
@@ -142,6 +148,20 @@ impl OAuth {
         let mut tokens = self.lock();
         tokens.refresh.retain(|_, owner| owner != account);
         tokens.access.retain(|_, (owner, _)| owner != account);
+    }
+
+    /// An admin deactivates the account's integration user: its access tokens stop working and
+    /// its refresh token is refused (Salesforce: 400 `invalid_grant` "inactive user") until
+    /// [`OAuth::reactivate`]; the refresh token itself stays the same.
+    pub fn deactivate(&self, account: &str) {
+        let mut tokens = self.lock();
+        tokens.inactive.push(account.to_owned());
+        tokens.access.retain(|_, (owner, _)| owner != account);
+    }
+
+    /// The admin activates the user again: the same refresh token works again.
+    pub fn reactivate(&self, account: &str) {
+        self.lock().inactive.retain(|owner| owner != account);
     }
 
     /// Every access token issued so far stops working (a session timeout).
@@ -195,8 +215,11 @@ impl OAuth {
         }
         let presented = field("refresh_token").unwrap_or_default().to_owned();
         let Some(account) = tokens.refresh.get(&presented).cloned() else {
-            return dialect.bad_grant();
+            return dialect.bad_grant("expired access/refresh token");
         };
+        if tokens.inactive.contains(&account) {
+            return dialect.bad_grant("inactive user");
+        }
         tokens.issued += 1;
         let access = format!("access-{account}-{}", tokens.issued);
         let expires = setup
