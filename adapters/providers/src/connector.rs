@@ -105,6 +105,7 @@ pub struct Connector {
     request_timeout: Duration,
     permits: Semaphore,
     waits: Waits,
+    probe: Option<RequestSpec>,
 }
 
 /// Collects the problems of building one connector (no lines: they are about values given in
@@ -198,6 +199,7 @@ impl Connector {
                 request_timeout: Duration::from_millis(request_ms),
                 permits: Semaphore::new(MAX_IN_FLIGHT_PER_PROVIDER),
                 waits: Waits::default(),
+                probe: document.probe.clone(),
             }),
             _ => Err(problems.errors),
         }
@@ -497,6 +499,47 @@ impl Connector {
             Err(wait) => {
                 self.waits.record_refused(kind);
                 Err(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
+            }
+        }
+    }
+
+    /// Checks `account`'s credentials with the connector's read-only `[probe]` request: what
+    /// works (`Ok`) or what to fix (`Err`), in words. An OAuth2 account first gets its access
+    /// token, so a token endpoint's refusal is reported with the provider's own message.
+    /// Nothing is created.
+    pub async fn probe(&self, account: &AccountId) -> Result<String, String> {
+        let spec = self.probe.as_ref().ok_or_else(|| {
+            format!("provider `{}` declares no [probe]; add one (a GET that only reads) to test credentials", self.id)
+        })?;
+        let entry = self.accounts.get(account).ok_or_else(|| {
+            format!("`{account}` is not an account of provider `{}`", self.id)
+        })?;
+        let credential = &entry.credential;
+        let context = self.context(None, "", "", account.as_str(), "");
+        let prepared = prepare(spec, &context)
+            .map_err(|message| format!("the probe request cannot be built: {message}"))?;
+        let asked = prepared.describe();
+        let answer = self
+            .exchange(credential, &prepared)
+            .await
+            .map_err(|failure| credential.scrub(token_failure(account, failure, credential).0))?;
+        match answer {
+            Ok(reply) if (200..300).contains(&reply.status) => {
+                let token = if credential.oauth.is_some() { "an access token was issued and " } else { "" };
+                Ok(format!("{token}{asked} answered {}", reply.status))
+            }
+            Ok(reply) => {
+                let hint = match reply.status {
+                    401 => "the credentials are not accepted; check the token (or the OAuth2 client and refresh token)",
+                    403 => "the credentials lack a permission (scope) the connector needs",
+                    404 => "the base URL or a setting names something the API does not have",
+                    _ => "see the provider's answer",
+                };
+                Err(credential.scrub(format!("{asked} answered {}: {}; {hint}", reply.status, reply.body_excerpt())))
+            }
+            Err(failure) => {
+                let (http::TransportFailure::NothingSent { error } | http::TransportFailure::MaybeSent { error }) = failure;
+                Err(credential.scrub(format!("{asked} got no answer: {error}; check base_url and the network")))
             }
         }
     }

@@ -123,6 +123,10 @@
 //! only, and is refused in `results` and `id`, which name one value each (see
 //! [`crate::pointer`]).
 //!
+//! `[probe]` (optional) is the read-only request `opledger connectors test` sends to check each
+//! account's credentials against the live API: `path` (and `query`, `headers`), always a GET,
+//! templates with `{{account}}` and settings only. Nothing is created.
+//!
 //! `[rate_limit]` may also declare each account's request budget, enforced before a request is
 //! made: `requests_per_s` and `burst` (default: `requests_per_s`) for sends and lookups each,
 //! and `[rate_limit.sends]` / `[rate_limit.lookups]` with the same two keys where one kind is
@@ -246,6 +250,8 @@ pub struct Document {
     pub accounts: Vec<AccountSpec>,
     /// What the API can do.
     pub actions: Vec<Action>,
+    /// The read-only request `opledger connectors test` checks an account's credentials with.
+    pub probe: Option<RequestSpec>,
 }
 
 impl Document {

@@ -40,6 +40,7 @@ const TOP_KEYS: &[&str] = &[
     "rate_limit",
     "accounts",
     "actions",
+    "probe",
 ];
 
 /// Keys that would hold a secret: refused with a pointer to the `_env` form.
@@ -112,6 +113,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
     };
     let accounts = accounts(top, auth.as_ref(), findings);
     let actions = action::read_all(top, &settings, auth.as_ref(), findings);
+    let probe = action::probe(top, &settings, auth.as_ref(), findings);
     Some(Document {
         name: name.to_owned(),
         id: id?,
@@ -126,6 +128,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
         rate_limit: rate_limit?,
         accounts,
         actions,
+        probe,
     })
 }
 

@@ -870,3 +870,52 @@ fn a_bad_oauth2_auth_is_refused_at_its_line() {
         "oauth2 auth",
     );
 }
+
+#[test]
+fn a_request_budget_is_read_per_kind_and_checked_at_its_line() {
+    let text = with(
+        "reset_unit = \"seconds\"",
+        "reset_unit = \"seconds\"\nrequests_per_s = 10\nburst = 100\n\n[rate_limit.lookups]\nrequests_per_s = 5",
+    );
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    let budget = |requests_per_s, burst| {
+        Some(crate::budget::Budget {
+            requests_per_s,
+            burst,
+        })
+    };
+    assert_eq!(document.rate_limit.sends, budget(10, 100));
+    assert_eq!(document.rate_limit.lookups, budget(5, 5), "a burst defaults to the rate");
+    assert_error(
+        &with("reset_unit = \"seconds\"", "reset_unit = \"seconds\"\nrequests_per_s = 0"),
+        "rate_limit.requests_per_s",
+        "requests_per_s = 0",
+        "is 0; write 1 to",
+    );
+    assert_error(
+        &with("reset_unit = \"seconds\"", "reset_unit = \"seconds\"\nburst = 3"),
+        "rate_limit.requests_per_s",
+        "[rate_limit]",
+        "a burst needs its rate",
+    );
+}
+
+#[test]
+fn a_probe_is_a_get_and_may_name_the_account() {
+    let text = format!("{BASE}\n[probe]\npath = \"/accounts/{{{{account}}}}/me\"\n");
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    assert_eq!(document.probe.map(|probe| probe.method), Some(Method::GET));
+    let text = format!("{BASE}\n[probe]\nmethod = \"POST\"\npath = \"/me\"\n");
+    assert_error(
+        &text,
+        "probe.method",
+        "method = \"POST\"\npath = \"/me\"",
+        "a probe only reads",
+    );
+    let text = format!("{BASE}\n[probe]\npath = \"/me/{{{{args.title}}}}\"\n");
+    assert!(errors(&text).iter().any(|error| error.field == "probe.path"));
+}
