@@ -229,3 +229,57 @@ async fn a_refused_refresh_token_holds_operations_with_what_to_do_until_it_works
     }
     assert_eq!(api.records("Case").len(), 7);
 }
+
+/// Runs `opledger connectors test` on the ledger's configuration with `refresh_token`, off the
+/// test's runtime (which serves the emulator meanwhile).
+async fn connectors_test(ledger: &Ledger, refresh_token: &str) -> (bool, String) {
+    let config = ledger.config.clone();
+    let refresh_token = refresh_token.to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(["connectors", "test", "--config"])
+            .arg(&config)
+            .env("SF_CLIENT_ID", CLIENT_ID)
+            .env("SF_CLIENT_SECRET", CLIENT_SECRET)
+            .env("SF_REFRESH_TOKEN", refresh_token)
+            .output()
+            .expect("opledger runs")
+    })
+    .await
+    .expect("the command ran");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test]
+async fn connectors_test_says_which_account_works_and_what_the_token_endpoint_refused() {
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    let ledger = ledger(&api, "preset = \"salesforce-oauth2\"", &[]);
+    let (passed, text) = connectors_test(&ledger, &refresh).await;
+    assert!(passed, "{text}");
+    assert!(
+        text.contains("salesforce/main  works: an access token was issued and GET /services/data/v62.0/limits answered 200"),
+        "{text}"
+    );
+    assert!(
+        api.records("Case").is_empty() && api.records("Contact").is_empty(),
+        "nothing is created"
+    );
+
+    api.core().oauth.deactivate("a");
+    let (passed, text) = connectors_test(&ledger, &refresh).await;
+    assert!(!passed, "a failing account fails the command: {text}");
+    assert!(
+        text.contains("salesforce/main  FAILS: account `main` has no access token: the token endpoint answered 400: invalid_grant: inactive user"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&refresh) && !text.contains(CLIENT_SECRET),
+        "no secret shown: {text}"
+    );
+}

@@ -511,9 +511,10 @@ impl Connector {
         let spec = self.probe.as_ref().ok_or_else(|| {
             format!("provider `{}` declares no [probe]; add one (a GET that only reads) to test credentials", self.id)
         })?;
-        let entry = self.accounts.get(account).ok_or_else(|| {
-            format!("`{account}` is not an account of provider `{}`", self.id)
-        })?;
+        let entry = self
+            .accounts
+            .get(account)
+            .ok_or_else(|| format!("`{account}` is not an account of provider `{}`", self.id))?;
         let credential = &entry.credential;
         let context = self.context(None, "", "", account.as_str(), "");
         let prepared = prepare(spec, &context)
@@ -525,7 +526,11 @@ impl Connector {
             .map_err(|failure| credential.scrub(token_failure(account, failure, credential).0))?;
         match answer {
             Ok(reply) if (200..300).contains(&reply.status) => {
-                let token = if credential.oauth.is_some() { "an access token was issued and " } else { "" };
+                let token = if credential.oauth.is_some() {
+                    "an access token was issued and "
+                } else {
+                    ""
+                };
                 Ok(format!("{token}{asked} answered {}", reply.status))
             }
             Ok(reply) => {
@@ -535,11 +540,18 @@ impl Connector {
                     404 => "the base URL or a setting names something the API does not have",
                     _ => "see the provider's answer",
                 };
-                Err(credential.scrub(format!("{asked} answered {}: {}; {hint}", reply.status, reply.body_excerpt())))
+                Err(credential.scrub(format!(
+                    "{asked} answered {}: {}; {hint}",
+                    reply.status,
+                    reply.body_excerpt()
+                )))
             }
             Err(failure) => {
-                let (http::TransportFailure::NothingSent { error } | http::TransportFailure::MaybeSent { error }) = failure;
-                Err(credential.scrub(format!("{asked} got no answer: {error}; check base_url and the network")))
+                let (http::TransportFailure::NothingSent { error }
+                | http::TransportFailure::MaybeSent { error }) = failure;
+                Err(credential.scrub(format!(
+                    "{asked} got no answer: {error}; check base_url and the network"
+                )))
             }
         }
     }

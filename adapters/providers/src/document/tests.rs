@@ -887,15 +887,25 @@ fn a_request_budget_is_read_per_kind_and_checked_at_its_line() {
         })
     };
     assert_eq!(document.rate_limit.sends, budget(10, 100));
-    assert_eq!(document.rate_limit.lookups, budget(5, 5), "a burst defaults to the rate");
+    assert_eq!(
+        document.rate_limit.lookups,
+        budget(5, 5),
+        "a burst defaults to the rate"
+    );
     assert_error(
-        &with("reset_unit = \"seconds\"", "reset_unit = \"seconds\"\nrequests_per_s = 0"),
+        &with(
+            "reset_unit = \"seconds\"",
+            "reset_unit = \"seconds\"\nrequests_per_s = 0",
+        ),
         "rate_limit.requests_per_s",
         "requests_per_s = 0",
         "is 0; write 1 to",
     );
     assert_error(
-        &with("reset_unit = \"seconds\"", "reset_unit = \"seconds\"\nburst = 3"),
+        &with(
+            "reset_unit = \"seconds\"",
+            "reset_unit = \"seconds\"\nburst = 3",
+        ),
         "rate_limit.requests_per_s",
         "[rate_limit]",
         "a burst needs its rate",
@@ -917,5 +927,7 @@ fn a_probe_is_a_get_and_may_name_the_account() {
         "a probe only reads",
     );
     let text = format!("{BASE}\n[probe]\npath = \"/me/{{{{args.title}}}}\"\n");
-    assert!(errors(&text).iter().any(|error| error.field == "probe.path"));
+    assert!(errors(&text)
+        .iter()
+        .any(|error| error.field == "probe.path"));
 }
