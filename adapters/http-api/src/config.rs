@@ -1520,6 +1520,33 @@ token_env = "CRM_TOKEN"
     }
 
     #[test]
+    fn an_oauth2_account_names_its_client_and_a_bad_one_is_refused_at_its_line() {
+        let oauth = GOOD
+            .replace("preset = \"crm-stand-keyed\"", "preset = \"salesforce-oauth2\"")
+            .replace(
+                "token_env = \"CRM_TOKEN\"",
+                "client_id_env = \"CRM_TOKEN\"\nclient_secret_env = \"CRM_TOKEN\"\nrefresh_token_env = \"CRM_TOKEN\"",
+            );
+        let config = check(&oauth).expect("valid");
+        let (_, _, fingerprint) = config.providers[0]
+            .account_owners()
+            .next()
+            .expect("an account");
+        assert!(fingerprint.as_str().starts_with("sha256:"));
+        let no_secret = oauth.replace("client_secret_env = \"CRM_TOKEN\"\n", "");
+        let error = check(&no_secret).expect_err("no secret");
+        assert_eq!(error.field, "connectors[0].accounts[0].client_secret_env");
+        assert_eq!(error.line, Some(26), "{error}");
+        let mixed = oauth.replace("client_id_env", "token_env = \"CRM_TOKEN\"\nclient_id_env");
+        let error = check(&mixed).expect_err("a token beside the client");
+        assert!(error.message.contains("OAuth2 client and a token"), "{error}");
+        // A static connector refuses an OAuth2 client, naming what its auth takes.
+        let static_auth = oauth.replace("salesforce-oauth2", "salesforce");
+        let error = check(&static_auth).expect_err("bearer auth");
+        assert!(error.message.contains("bearer auth"), "{error}");
+    }
+
+    #[test]
     fn a_connector_names_exactly_one_document() {
         let two = GOOD.replace(
             "preset = \"crm-stand-keyed\"",
