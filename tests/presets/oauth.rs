@@ -5,9 +5,10 @@ use futures_util::future::join_all;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::apis::{accounts, preset_entry, shortened};
+use crate::apis::{accounts, preset_entry, shortened, Api};
 use crate::emulators::oauth::{Dialect, Setup};
 use crate::emulators::salesforce::{self, Salesforce};
+use crate::emulators::zendesk::Zendesk;
 use crate::emulators::Emulator;
 use crate::ledger::{Ledger, ACCOUNT, TENANT_TOKEN};
 use crate::scenarios::settle;
@@ -282,4 +283,81 @@ async fn connectors_test_says_which_account_works_and_what_the_token_endpoint_re
         !text.contains(&refresh) && !text.contains(CLIENT_SECRET),
         "no secret shown: {text}"
     );
+}
+
+/// Zendesk: access tokens with a lifetime (`expires_in`) and a refresh token rotated on every
+/// renewal. A token is renewed before it expires, so no request goes out with an expired one;
+/// a revoked grant holds the next operation with the provider's word.
+#[tokio::test]
+async fn a_zendesk_token_is_renewed_before_it_expires_and_a_revoked_grant_holds_operations() {
+    let api = <Zendesk as Api>::start().await;
+    api.core().oauth.set_up(Setup {
+        dialect: Dialect::Zendesk,
+        client_id: CLIENT_ID.to_owned(),
+        client_secret: CLIENT_SECRET.to_owned(),
+        expires_in_s: Some(2),
+        rotates: true,
+    });
+    let refresh = api.core().oauth.authorise("a");
+    let entry = preset_entry(
+        "zendesk",
+        "preset = \"zendesk-oauth2\"",
+        &api.running.base_url,
+    );
+    let ledger = Ledger::new(&entry, "unused", &[]);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    );
+    let server = serve(&ledger, &refresh);
+    let ticket = |title: &str| {
+        json!({"provider": "zendesk", "account": ACCOUNT, "action": "create_ticket",
+            "args": <Zendesk as Api>::args(title)})
+    };
+    let first = record_and_run(&server, &ticket("First")).await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+    // The emulator's token lives 2 s; opledger renews it once half of that is left. Waiting
+    // out the whole lifetime (real time: the emulator's clock runs beside a real server) means
+    // a client that renewed only on a 401 would send the next ticket with a dead token.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let second = record_and_run(&server, &ticket("Second")).await;
+    assert_eq!(settle(&server, &second).await["state"], "succeeded");
+    assert_eq!(
+        api.core().oauth.refused(),
+        0,
+        "no request with an expired token"
+    );
+    assert_eq!(
+        api.core().oauth.requests(),
+        2,
+        "renewed once, with the rotated refresh token"
+    );
+    assert_eq!(api.created("a").len(), 2);
+
+    api.core().oauth.revoke("a");
+    let held = record_and_run(&server, &ticket("Third")).await;
+    let view = waiting(&server, &held).await;
+    assert_eq!(view["state"], "pending", "{view}");
+    let reason = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("account `main`") && reason.contains("invalid_grant"),
+        "{view}"
+    );
+    assert_eq!(api.created("a").len(), 2);
+}
+
+async fn record_and_run(server: &Server, body: &Value) -> String {
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_TOKEN),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
+    assert!(status.is_success(), "{started}");
+    id
 }

@@ -1539,7 +1539,10 @@ token_env = "CRM_TOKEN"
         assert_eq!(error.line, Some(26), "{error}");
         let mixed = oauth.replace("client_id_env", "token_env = \"CRM_TOKEN\"\nclient_id_env");
         let error = check(&mixed).expect_err("a token beside the client");
-        assert!(error.message.contains("OAuth2 client and a token"), "{error}");
+        assert!(
+            error.message.contains("OAuth2 client and a token"),
+            "{error}"
+        );
         // A static connector refuses an OAuth2 client, naming what its auth takes.
         let static_auth = oauth.replace("salesforce-oauth2", "salesforce");
         let error = check(&static_auth).expect_err("bearer auth");
