@@ -149,6 +149,34 @@ pub enum ConnectorsCommand {
     Check(ConnectorsCheckArgs),
     /// List the connectors a configuration loads (with --config), else the presets.
     List(ConnectorsListArgs),
+    /// Print a preset's document, to copy into a file and change.
+    Show(ConnectorsShowArgs),
+    /// Check each account's credentials against the live API with the connector's read-only
+    /// [probe] request (nothing is created); exit non-zero when any account fails.
+    Test(ConnectorsTestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsShowArgs {
+    /// The preset's name (`opledger connectors list` lists them).
+    pub preset: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectorsTestArgs {
+    /// The serve configuration whose connectors to test (credentials from the environment, as
+    /// at start).
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: PathBuf,
+    /// Only this connector (its provider id).
+    #[arg(long)]
+    pub connector: Option<String>,
+    /// Only this account.
+    #[arg(long)]
+    pub account: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -195,6 +223,9 @@ impl Command {
             Self::Connectors(ConnectorsArgs {
                 command: ConnectorsCommand::List(args),
             }) => args.json,
+            Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::Test(args),
+            }) => args.json,
             Self::Review(ReviewArgs { command }) => match command {
                 ReviewCommand::List(args) => args.json,
                 ReviewCommand::Show(args) => args.json,
@@ -204,6 +235,9 @@ impl Command {
             Self::Replay(args) => args.json,
             Self::Verify(args) => args.json,
             Self::Demo(_)
+            | Self::Connectors(ConnectorsArgs {
+                command: ConnectorsCommand::Show(_),
+            })
             | Self::Export(_)
             | Self::Bench(_)
             | Self::Approve(_)

@@ -1,5 +1,6 @@
-//! `opledger connectors`: check a connector file before a server loads it, and list what is
-//! loaded (a configuration's connectors, or the presets shipped in the binary).
+//! `opledger connectors`: check a connector file before a server loads it, list what is loaded
+//! (a configuration's connectors, or the presets shipped in the binary), print a preset to copy,
+//! and test each account's credentials against the live API with its read-only `[probe]`.
 //!
 //! `check` reads a document the way `serve` does and reports every problem at once, each with
 //! its file, line and field; it needs no credentials (accounts' variables are read only by
@@ -16,15 +17,96 @@ use serde_json::{json, Value};
 
 use crate::cli::{
     CliError, ConnectorsArgs, ConnectorsCheckArgs, ConnectorsCommand, ConnectorsListArgs,
+    ConnectorsShowArgs, ConnectorsTestArgs,
 };
 use crate::read_models::print_json;
 
 /// `opledger connectors …`.
-pub fn run(args: ConnectorsArgs) -> Result<(), CliError> {
+pub async fn run(args: ConnectorsArgs) -> Result<(), CliError> {
     match args.command {
         ConnectorsCommand::Check(args) => check(&args),
         ConnectorsCommand::List(args) => list(&args),
+        ConnectorsCommand::Show(args) => show(&args),
+        ConnectorsCommand::Test(args) => test(&args).await,
     }
+}
+
+/// `connectors show PRESET`: the preset's document as shipped.
+fn show(args: &ConnectorsShowArgs) -> Result<(), CliError> {
+    let (_, text) = presets::preset(&args.preset).ok_or_else(|| {
+        let known: Vec<&str> = presets::preset_names().collect();
+        CliError::NotFound(format!(
+            "`{}` is no preset; the presets are: {}",
+            args.preset,
+            known.join(", ")
+        ))
+    })?;
+    print!("{text}");
+    Ok(())
+}
+
+/// `connectors test --config F`: each account's probe, what works and what to fix; an error
+/// (exit non-zero) when any account fails or nothing matched.
+async fn test(args: &ConnectorsTestArgs) -> Result<(), CliError> {
+    let config = opledger_http_api::config::load(&args.config)
+        .map_err(|error| CliError::Config(error.to_string()))?;
+    let mut rows = Vec::new();
+    for connector in &config.providers {
+        if args
+            .connector
+            .as_deref()
+            .is_some_and(|id| id != connector.id().as_str())
+        {
+            continue;
+        }
+        for account in connector.accounts() {
+            if args
+                .account
+                .as_deref()
+                .is_some_and(|id| id != account.as_str())
+            {
+                continue;
+            }
+            let result = connector.probe(account).await;
+            let (works, said) = match result {
+                Ok(said) => (true, said),
+                Err(said) => (false, said),
+            };
+            rows.push(json!({
+                "connector": connector.id(), "account": account, "works": works, "message": said,
+            }));
+        }
+    }
+    if rows.is_empty() {
+        return Err(CliError::NotFound(
+            "no account matches --connector and --account in this configuration; `opledger connectors list --config F` lists them".to_owned(),
+        ));
+    }
+    let failed = rows.iter().filter(|row| row["works"] == false).count();
+    if args.json {
+        print_json(&json!({ "accounts": rows }))?;
+    } else {
+        for row in &rows {
+            let verdict = if row["works"] == true {
+                "works"
+            } else {
+                "FAILS"
+            };
+            println!(
+                "{}/{}  {verdict}: {}",
+                row["connector"].as_str().unwrap_or_default(),
+                row["account"].as_str().unwrap_or_default(),
+                row["message"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    if failed > 0 {
+        return Err(CliError::Other(format!(
+            "{failed} of {} account(s) failed their probe; fix what each says and run this again",
+            rows.len()
+        )));
+    }
+    Ok(())
 }
 
 /// `connectors check FILE…`: every file read whole; exit 2 when any has a problem.

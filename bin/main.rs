@@ -87,7 +87,7 @@ fn main() -> ExitCode {
             Command::Mcp(args) => mcp::run(args).await,
             Command::Stand(args) => stand::run(args).await,
             Command::Sim(args) => sim::run(args).await,
-            Command::Connectors(args) => connectors::run(args),
+            Command::Connectors(args) => connectors::run(args).await,
             Command::Verify(args) => verify::run(args).await,
             Command::Export(args) => export::run(args).await,
         }

@@ -577,6 +577,26 @@ kind = "none"
 }
 
 #[test]
+fn connectors_show_prints_a_preset_to_copy_and_names_the_presets_for_an_unknown_one() {
+    let output = opledger(&["connectors", "show", "salesforce-oauth2"]);
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("kind = \"oauth2\"") && text.contains("[probe]"),
+        "{text}"
+    );
+    // What it prints is a document that loads as it is.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let file = dir.path().join("salesforce.toml");
+    std::fs::write(&file, text.as_bytes()).expect("written");
+    let checked = opledger(&["connectors", "check", &file.display().to_string()]);
+    assert!(checked.status.success(), "{checked:?}");
+    let unknown = opledger(&["connectors", "show", "zoho"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("salesforce-oauth2"));
+}
+
+#[test]
 fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_owners() {
     let output = opledger(&["connectors", "list", "--json"]);
     assert!(output.status.success(), "{output:?}");
@@ -595,10 +615,13 @@ fn connectors_list_names_the_presets_and_a_configurations_accounts_with_their_ow
             "crm-stand-labelled",
             "crm-stand-plain",
             "hubspot",
+            "hubspot-oauth2",
             "pipedrive",
             "salesforce",
+            "salesforce-oauth2",
             "stripe",
-            "zendesk"
+            "zendesk",
+            "zendesk-oauth2"
         ]
     );
     // Each preset action says what the ledger does after an unclear outcome, from its contract.

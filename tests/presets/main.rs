@@ -7,11 +7,13 @@
 //! for every preset by a macro, as the store conformance suite is.
 
 mod apis;
+mod budgets;
 #[allow(dead_code)] // the serve suite's OpenAPI checks; `support` calls what these tests need
 #[path = "../serve/contract.rs"]
 mod contract;
 mod emulators;
 mod ledger;
+mod oauth;
 mod scenarios;
 mod specific;
 #[allow(dead_code)] // the serve suite's harness; these tests use its server and HTTP helpers

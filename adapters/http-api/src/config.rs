@@ -393,6 +393,9 @@ struct ConnectorAccount {
     token_env: Option<Spanned<String>>,
     username_env: Option<Spanned<String>>,
     password_env: Option<Spanned<String>>,
+    client_id_env: Option<Spanned<String>>,
+    client_secret_env: Option<Spanned<String>>,
+    refresh_token_env: Option<Spanned<String>>,
 }
 
 /// Reads and checks the configuration file at `path`.
@@ -503,7 +506,12 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
-        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens))?;
+        let token_dir = match &store {
+            StoreUrl::Sqlite(path) => path.parent().map(Path::to_path_buf),
+            _ => None,
+        }
+        .unwrap_or_else(|| self.relative("."));
+        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         let read_model_linger_ms =
@@ -884,12 +892,13 @@ impl Checker<'_> {
         &self,
         entries: &[ConnectorEntry],
         tenants: &BTreeSet<TenantId>,
+        token_dir: &Path,
     ) -> Result<Vec<Connector>, ConfigError> {
         let mut seen = BTreeSet::new();
         let mut built = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let field = format!("connectors[{index}]");
-            let connector = self.connector(&field, entry, tenants)?;
+            let connector = self.connector(&field, entry, tenants, token_dir)?;
             if !seen.insert(connector.id().clone()) {
                 return Err(self.error(
                     entry.id.as_ref().map(Spanned::span),
@@ -911,9 +920,14 @@ impl Checker<'_> {
         field: &str,
         entry: &ConnectorEntry,
         tenants: &BTreeSet<TenantId>,
+        token_dir: &Path,
     ) -> Result<Connector, ConfigError> {
         let document = self.document(field, entry)?;
-        let overrides = self.overrides(field, entry, tenants)?;
+        let mut overrides = self.overrides(field, entry, tenants)?;
+        // Rotated OAuth2 refresh tokens are kept beside the ledger, one file per connector, so
+        // a restart finds the token the provider last issued (never in the ledger's events).
+        let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
+        overrides.token_file = Some(token_dir.join(format!("opledger-oauth-{provider}.json")));
         let env = |name: &str| (self.env)(name).map(std::ffi::OsString::from);
         Connector::with_env(&document, overrides, &env)
             .map_err(|errors| self.connector_errors(field, &errors))
@@ -1015,6 +1029,7 @@ impl Checker<'_> {
             accounts,
             request_timeout_ms: entry.request_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             connect_timeout_ms: entry.connect_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
+            token_file: None,
         })
     }
 
@@ -1081,6 +1096,49 @@ impl Checker<'_> {
                     )
                 })
         };
+        if let Some(client_id) = &account.client_id_env {
+            let others = [
+                &account.token,
+                &account.token_env,
+                &account.username_env,
+                &account.password_env,
+            ];
+            let Some(client_secret) = &account.client_secret_env else {
+                return Err(self.error(
+                    Some(client_id.span()),
+                    &format!("{field}.client_secret_env"),
+                    "an OAuth2 client needs its secret too; add client_secret_env = \"VARIABLE\""
+                        .into(),
+                ));
+            };
+            if others.iter().any(|other| other.is_some()) {
+                return Err(self.error(
+                    Some(account.id.span()),
+                    field,
+                    "gives an OAuth2 client and a token or a username and password; keep client_id_env, client_secret_env (and refresh_token_env) for an oauth2 connector".into(),
+                ));
+            }
+            return Ok(Credentials::OAuth2 {
+                client_id: secret(client_id, "client_id_env")?,
+                client_secret: secret(client_secret, "client_secret_env")?,
+                refresh_token: account
+                    .refresh_token_env
+                    .as_ref()
+                    .map(|variable| secret(variable, "refresh_token_env"))
+                    .transpose()?,
+            });
+        }
+        if let Some(stray) = account
+            .client_secret_env
+            .as_ref()
+            .or(account.refresh_token_env.as_ref())
+        {
+            return Err(self.error(
+                Some(stray.span()),
+                field,
+                "gives an OAuth2 secret without client_id_env; an oauth2 account gives client_id_env, client_secret_env and, for the refresh_token grant, refresh_token_env".into(),
+            ));
+        }
         match (
             &account.token,
             &account.token_env,
@@ -1100,7 +1158,7 @@ impl Checker<'_> {
             _ => Err(self.error(
                 Some(account.id.span()),
                 field,
-                "needs exactly one of token_env = \"VARIABLE\", token = \"…\" (local use), or username_env and password_env (basic authentication)".into(),
+                "needs exactly one of token_env = \"VARIABLE\", token = \"…\" (local use), username_env and password_env (basic authentication), or client_id_env, client_secret_env and refresh_token_env (oauth2)".into(),
             )),
         }
     }
@@ -1472,6 +1530,36 @@ token_env = "CRM_TOKEN"
         let error = check(&no_credentials).expect_err("no credentials");
         assert_eq!(error.field, "connectors[0].accounts[0]");
         assert!(error.message.contains("token_env"), "{error}");
+    }
+
+    #[test]
+    fn an_oauth2_account_names_its_client_and_a_bad_one_is_refused_at_its_line() {
+        let oauth = GOOD
+            .replace("preset = \"crm-stand-keyed\"", "preset = \"salesforce-oauth2\"")
+            .replace(
+                "token_env = \"CRM_TOKEN\"",
+                "client_id_env = \"CRM_TOKEN\"\nclient_secret_env = \"CRM_TOKEN\"\nrefresh_token_env = \"CRM_TOKEN\"",
+            );
+        let config = check(&oauth).expect("valid");
+        let (_, _, fingerprint) = config.providers[0]
+            .account_owners()
+            .next()
+            .expect("an account");
+        assert!(fingerprint.as_str().starts_with("sha256:"));
+        let no_secret = oauth.replace("client_secret_env = \"CRM_TOKEN\"\n", "");
+        let error = check(&no_secret).expect_err("no secret");
+        assert_eq!(error.field, "connectors[0].accounts[0].client_secret_env");
+        assert_eq!(error.line, Some(26), "{error}");
+        let mixed = oauth.replace("client_id_env", "token_env = \"CRM_TOKEN\"\nclient_id_env");
+        let error = check(&mixed).expect_err("a token beside the client");
+        assert!(
+            error.message.contains("OAuth2 client and a token"),
+            "{error}"
+        );
+        // A static connector refuses an OAuth2 client, naming what its auth takes.
+        let static_auth = oauth.replace("salesforce-oauth2", "salesforce");
+        let error = check(&static_auth).expect_err("bearer auth");
+        assert!(error.message.contains("bearer auth"), "{error}");
     }
 
     #[test]

@@ -226,6 +226,7 @@ pub async fn render(
         "opledger_undecodable_events_total {}",
         shared.worker_counters.undecodable_events()
     );
+    render_budgets(&mut out, shared.engine.providers());
     shared.requests.render(&mut out);
     Ok((
         StatusCode::OK,
@@ -236,6 +237,34 @@ pub async fn render(
         out,
     )
         .into_response())
+}
+
+/// Per provider and kind (sends, lookups): how often a request waited for its account's request
+/// budget, how long in total, and how often its slot was too far away to wait for (the operation
+/// waited in the ledger instead). Providers come from the configuration, so the label set is
+/// bounded.
+fn render_budgets(out: &mut String, providers: &opledger_providers::HttpProviders) {
+    use opledger_providers::budget::Kind;
+    let families = [
+        ("opledger_provider_budget_waits_total", "Requests that waited for their account's request budget before they were made."),
+        ("opledger_provider_budget_wait_ms_total", "Milliseconds requests waited for their account's request budget."),
+        ("opledger_provider_budget_deferred_total", "Requests not made because the budget's next slot was further than the request timeout; the operation waited in the ledger."),
+    ];
+    for (index, (name, help)) in families.iter().enumerate() {
+        counter(out, name, help);
+        for connector in providers.connectors() {
+            for kind in [Kind::Send, Kind::Lookup] {
+                let (waits, waited_ms, deferred) = connector.budget_waits().of(kind);
+                let value = [waits, waited_ms, deferred][index];
+                let _ = writeln!(
+                    out,
+                    "{name}{{provider=\"{}\",kind=\"{}\"}} {value}",
+                    connector.id(),
+                    kind.as_str()
+                );
+            }
+        }
+    }
 }
 
 /// Per webhook endpoint (ids come from the configuration, at most `MAX_ENDPOINTS`, so the label

@@ -592,6 +592,7 @@ pub(crate) mod tests {
                 RateLimit {
                     reset: None,
                     min_wait_ms,
+                    ..RateLimit::default()
                 },
             )
         };
@@ -749,6 +750,7 @@ pub(crate) mod tests {
                         unit,
                     }),
                     min_wait_ms: 1_000,
+                    ..RateLimit::default()
                 },
             )
         };

@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use tracing::{field, Instrument, Span};
 
 use crate::body::{self, BodyEncoding};
+use crate::budget::{Bucket, Kind, Waits};
 use crate::classify::{classify_send, Reading};
 use crate::credentials::{self, Credential};
 use crate::document::{
@@ -33,6 +34,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
+use crate::oauth::{Place, TokenFailure, TokenFile};
 use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{resolve_pointer, Context};
 
@@ -57,13 +59,19 @@ pub struct Overrides {
     pub request_timeout_ms: Option<u64>,
     /// The connect timeout, in milliseconds, instead of the document's.
     pub connect_timeout_ms: Option<u64>,
+    /// The file OAuth2 refresh tokens the provider rotates are kept in (beside the ledger; one
+    /// per connector). `None`: a rotated token lives in memory only, and a restart needs the
+    /// account re-authorised.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
-/// One account, ready: who owns it and its credential.
+/// One account, ready: who owns it, its credential and its request budgets.
 #[derive(Debug)]
 struct Account {
     tenants: BTreeSet<TenantId>,
     credential: Credential,
+    sends: Option<Bucket>,
+    lookups: Option<Bucket>,
 }
 
 /// One action, ready: its spec, its compiled schema, how its answers are read, what it promises.
@@ -96,6 +104,8 @@ pub struct Connector {
     settings: BTreeMap<String, String>,
     request_timeout: Duration,
     permits: Semaphore,
+    waits: Waits,
+    probe: Option<RequestSpec>,
 }
 
 /// Collects the problems of building one connector (no lines: they are about values given in
@@ -160,7 +170,18 @@ impl Connector {
             problems.add(field, message);
         }
         let settings = settings(document, &overrides, &mut problems);
-        let accounts = accounts(document, &overrides.accounts, env, &mut problems);
+        let token_file = overrides
+            .token_file
+            .as_ref()
+            .map(|path| std::sync::Arc::new(TokenFile::new(path)));
+        let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
+        let accounts = accounts(
+            document,
+            &overrides.accounts,
+            env,
+            (&provider, token_file.as_ref()),
+            &mut problems,
+        );
         let actions = compile(document, &settings, &mut problems);
         let client = http::build_client(request_ms, connect_ms)
             .map_err(|message| problems.add("client", message))
@@ -177,6 +198,8 @@ impl Connector {
                 settings,
                 request_timeout: Duration::from_millis(request_ms),
                 permits: Semaphore::new(MAX_IN_FLIGHT_PER_PROVIDER),
+                waits: Waits::default(),
+                probe: document.probe.clone(),
             }),
             _ => Err(problems.errors),
         }
@@ -378,20 +401,32 @@ impl Connector {
             Ok(prepared) => prepared,
             Err(outcome) => return outcome,
         };
+        if let Err(wait_ms) = self.budget(&request.account, Kind::Send).await {
+            return SendOutcome::NotSent {
+                reason: format!("account `{}` has used its send budget; its next slot is {wait_ms} ms away; nothing was sent", request.account),
+                retry_after_ms: Some(wait_ms),
+            };
+        }
         let Some(_permit) = self.permit().await else {
             return SendOutcome::NotSent {
                 reason: self.busy(),
                 retry_after_ms: None,
             };
         };
-        let outcome = match http::send(
-            &self.client,
-            &self.base_url,
-            (&credential.header, &credential.value),
-            &prepared,
-        )
-        .await
-        {
+        let answer = match self.exchange(credential, &prepared).await {
+            Ok(answer) => answer,
+            Err(failure) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+                return scrub_send(
+                    SendOutcome::NotSent {
+                        reason: format!("{reason}; nothing was sent"),
+                        retry_after_ms,
+                    },
+                    credential,
+                );
+            }
+        };
+        let outcome = match answer {
             Ok(reply) => {
                 tracing::debug!(request = %prepared.describe(), status = reply.status, "provider answered");
                 classify_send(
@@ -404,6 +439,132 @@ impl Connector {
             Err(failure) => failure.send_outcome(),
         };
         scrub_send(outcome, credential)
+    }
+
+    /// Sends `prepared` with the account's credential and reads the answer. An OAuth2 account's
+    /// request carries its current access token (renewed first if it is about to expire); a 401
+    /// to it is sent once more with a renewed token: the classification table in the crate docs
+    /// reads a 401 as a definitive refusal with nothing applied, so the repeat cannot apply the
+    /// request twice. `Err` when no access token could be had: nothing was sent.
+    async fn exchange(
+        &self,
+        credential: &Credential,
+        prepared: &PreparedRequest,
+    ) -> Result<Result<http::HttpReply, http::TransportFailure>, TokenFailure> {
+        let Some(oauth) = &credential.oauth else {
+            let auth = (&credential.header, &credential.value);
+            return Ok(http::send(&self.client, &self.base_url, auth, prepared).await);
+        };
+        let mut stale = None;
+        loop {
+            let token = oauth.authorize(&self.client, &self.base_url, stale).await?;
+            let auth = (&credential.header, &token.value);
+            let answer = http::send(&self.client, &self.base_url, auth, prepared).await;
+            let unauthorised = matches!(&answer, Ok(reply) if reply.status == 401);
+            if !unauthorised || stale.is_some() {
+                return Ok(answer);
+            }
+            tracing::info!(
+                generation = token.generation,
+                "401 with the access token; renewing it and sending once more"
+            );
+            stale = Some(token.generation);
+        }
+    }
+
+    /// Waits for `account`'s next slot in its `kind` budget, if it has one: `Err(wait)` in
+    /// milliseconds when the slot is further away than the request timeout (nothing reserved;
+    /// the operation waits that long in the ledger instead of holding a worker).
+    async fn budget(&self, account: &AccountId, kind: Kind) -> Result<(), u64> {
+        let entry = self.accounts.get(account);
+        let bucket = match kind {
+            Kind::Send => entry.and_then(|entry| entry.sends.as_ref()),
+            Kind::Lookup => entry.and_then(|entry| entry.lookups.as_ref()),
+        };
+        let Some(bucket) = bucket else {
+            return Ok(());
+        };
+        match bucket.reserve(tokio::time::Instant::now(), self.request_timeout) {
+            Ok(wait) if wait.is_zero() => Ok(()),
+            Ok(wait) => {
+                self.waits.record(kind, wait);
+                tracing::info!(
+                    budget = kind.as_str(),
+                    wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "waiting for the account's request budget"
+                );
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            Err(wait) => {
+                self.waits.record_refused(kind);
+                Err(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1))
+            }
+        }
+    }
+
+    /// Checks `account`'s credentials with the connector's read-only `[probe]` request: what
+    /// works (`Ok`) or what to fix (`Err`), in words. An OAuth2 account first gets its access
+    /// token, so a token endpoint's refusal is reported with the provider's own message.
+    /// Nothing is created.
+    pub async fn probe(&self, account: &AccountId) -> Result<String, String> {
+        let spec = self.probe.as_ref().ok_or_else(|| {
+            format!("provider `{}` declares no [probe]; add one (a GET that only reads) to test credentials", self.id)
+        })?;
+        let entry = self
+            .accounts
+            .get(account)
+            .ok_or_else(|| format!("`{account}` is not an account of provider `{}`", self.id))?;
+        let credential = &entry.credential;
+        let context = self.context(None, "", "", account.as_str(), "");
+        let prepared = prepare(spec, &context)
+            .map_err(|message| format!("the probe request cannot be built: {message}"))?;
+        let asked = prepared.describe();
+        let answer = self
+            .exchange(credential, &prepared)
+            .await
+            .map_err(|failure| credential.scrub(token_failure(account, failure, credential).0))?;
+        match answer {
+            Ok(reply) if (200..300).contains(&reply.status) => {
+                let token = if credential.oauth.is_some() {
+                    "an access token was issued and "
+                } else {
+                    ""
+                };
+                Ok(format!("{token}{asked} answered {}", reply.status))
+            }
+            Ok(reply) => {
+                let hint = match reply.status {
+                    401 => "the credentials are not accepted; check the token (or the OAuth2 client and refresh token)",
+                    403 => "the credentials lack a permission (scope) the connector needs",
+                    404 => "the base URL or a setting names something the API does not have",
+                    _ => "see the provider's answer",
+                };
+                Err(credential.scrub(format!(
+                    "{asked} answered {}: {}; {hint}",
+                    reply.status,
+                    reply.body_excerpt()
+                )))
+            }
+            Err(failure) => {
+                let (http::TransportFailure::NothingSent { error }
+                | http::TransportFailure::MaybeSent { error }) = failure;
+                Err(credential.scrub(format!(
+                    "{asked} got no answer: {error}; check base_url and the network"
+                )))
+            }
+        }
+    }
+
+    /// What the request budgets made requests wait (for metrics): per kind, see [`Waits::of`].
+    pub fn budget_waits(&self) -> &Waits {
+        &self.waits
+    }
+
+    /// How many times `account`'s access token was asked of the token endpoint (OAuth2 only).
+    pub fn token_requests(&self, account: &AccountId) -> Option<u64> {
+        let oauth = self.accounts.get(account)?.credential.oauth.as_ref()?;
+        Some(oauth.refreshes())
     }
 
     /// A free request slot, waiting at most the request timeout for one.
@@ -534,17 +695,29 @@ impl Connector {
             }
         };
         let asked = prepared.describe();
+        if let Err(wait_ms) = self.budget(&request.account, Kind::Lookup).await {
+            return LookupOutcome::Unavailable {
+                reason: format!("account `{}` has used its lookup budget; its next slot is {wait_ms} ms away; nothing was asked", request.account),
+                retry_after_ms: Some(wait_ms),
+            };
+        }
         let Some(_permit) = self.permit().await else {
             return unavailable(self.busy());
         };
-        let outcome = match http::send(
-            &self.client,
-            &self.base_url,
-            (&credential.header, &credential.value),
-            &prepared,
-        )
-        .await
-        {
+        let answer = match self.exchange(credential, &prepared).await {
+            Ok(answer) => answer,
+            Err(failure) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+                return scrub_lookup(
+                    LookupOutcome::Unavailable {
+                        reason: format!("{reason}; nothing was asked"),
+                        retry_after_ms,
+                    },
+                    credential,
+                );
+            }
+        };
+        let outcome = match answer {
             Ok(reply) => {
                 let what = Asked {
                     request: &asked,
@@ -634,6 +807,7 @@ fn accounts(
     document: &Document,
     extra: &[AccountSpec],
     env: &dyn Fn(&str) -> Option<OsString>,
+    (provider, token_file): (&ProviderId, Option<&std::sync::Arc<TokenFile>>),
     problems: &mut Problems,
 ) -> BTreeMap<AccountId, Account> {
     let all = document
@@ -667,13 +841,27 @@ fn accounts(
             );
             continue;
         }
-        match credentials::resolve(&document.auth, &spec.credentials, env) {
+        let resolved = credentials::resolve(&document.auth, &spec.credentials, env).and_then(
+            |mut credential| {
+                if let Some(oauth) = &mut credential.oauth {
+                    let place = token_file.map(|file| Place {
+                        file: std::sync::Arc::clone(file),
+                        key: format!("{provider}/{}", spec.id),
+                    });
+                    credential.fingerprint = oauth.place(&spec.id, place)?;
+                }
+                Ok(credential)
+            },
+        );
+        match resolved {
             Ok(credential) => {
                 accounts.insert(
                     spec.id.clone(),
                     Account {
                         tenants: spec.tenants.iter().cloned().collect(),
                         credential,
+                        sends: document.rate_limit.sends.map(Bucket::new),
+                        lookups: document.rate_limit.lookups.map(Bucket::new),
                     },
                 );
             }
@@ -811,6 +999,24 @@ fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
     match (base, over) {
         (Some(base), Some(over)) => Some(body::merge(base, over)),
         (base, over) => base.or(over),
+    }
+}
+
+/// Why an operation of `account` waits for its access token, what to do, and how long to wait.
+fn token_failure(
+    account: &AccountId,
+    failure: TokenFailure,
+    credential: &Credential,
+) -> (String, Option<u64>) {
+    match failure {
+        TokenFailure::Refused { message } => (
+            format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger"),
+            credential.oauth.as_ref().map(crate::oauth::OAuthAccount::refused_wait_ms),
+        ),
+        TokenFailure::Unavailable { message } => (
+            format!("account `{account}` has no access token yet: {message}; it is asked again after the wait"),
+            None,
+        ),
     }
 }
 

@@ -33,6 +33,9 @@ pub enum Auth {
     },
     /// `Authorization: Basic <base64(username:password)>`.
     Basic,
+    /// `Authorization: Bearer <access token>`, the access token obtained from the API's OAuth2
+    /// token endpoint per account and renewed there (see [`crate::oauth`]).
+    OAuth2(crate::oauth::OAuth2Spec),
 }
 
 impl Auth {
@@ -42,6 +45,7 @@ impl Auth {
             Self::Bearer => "bearer",
             Self::Header { .. } => "header",
             Self::Basic => "basic",
+            Self::OAuth2(_) => "oauth2",
         }
     }
 }
@@ -56,7 +60,7 @@ impl Secret {
         Self(value.into())
     }
 
-    /// The secret itself, for the request header and for redaction only.
+    /// The secret itself, for the request header, the token request and redaction only.
     pub(crate) fn expose(&self) -> &str {
         &self.0
     }
@@ -105,6 +109,16 @@ pub enum Credentials {
         /// The password.
         password: SecretSource,
     },
+    /// An OAuth2 client (and, for the refresh-token grant, the account's refresh token), for
+    /// `oauth2` auth.
+    OAuth2 {
+        /// The client id (Salesforce: the consumer key).
+        client_id: SecretSource,
+        /// The client secret (Salesforce: the consumer secret).
+        client_secret: SecretSource,
+        /// The refresh token the account's authorisation gave; `None` for client credentials.
+        refresh_token: Option<SecretSource>,
+    },
 }
 
 impl Credentials {
@@ -130,10 +144,13 @@ impl Credentials {
 /// One account's credentials, ready to send. Its `Debug` shows only the fingerprint.
 pub(crate) struct Credential {
     pub header: HeaderName,
+    /// The static header value; for OAuth2 the value comes from [`Credential::oauth`] instead.
     pub value: HeaderValue,
     /// Every text an echo of which must be scrubbed from outcomes.
     secrets: Vec<String>,
     pub fingerprint: CredentialFingerprint,
+    /// The account's OAuth2 grant and token cache, for `oauth2` auth.
+    pub oauth: Option<crate::oauth::OAuthAccount>,
 }
 
 impl fmt::Debug for Credential {
@@ -149,7 +166,12 @@ impl Credential {
     /// `text` with every secret of this credential replaced by `[redacted]`.
     pub fn scrub(&self, text: String) -> String {
         let mut text = text;
-        for secret in &self.secrets {
+        let live = self
+            .oauth
+            .as_ref()
+            .map(crate::oauth::OAuthAccount::live_secrets)
+            .unwrap_or_default();
+        for secret in self.secrets.iter().chain(&live) {
             if !secret.is_empty() && text.contains(secret.as_str()) {
                 text = text.replace(secret.as_str(), "[redacted]");
             }
@@ -195,6 +217,41 @@ pub(crate) fn resolve(
     env: &dyn Fn(&str) -> Option<OsString>,
 ) -> Result<Credential, String> {
     match (auth, credentials) {
+        (Auth::OAuth2(spec), Credentials::OAuth2 { client_id, client_secret, refresh_token }) => {
+            let client_id = read(client_id, "the OAuth2 client id", env)?;
+            let client_secret = read(client_secret, "the OAuth2 client secret", env)?;
+            let refresh_token = match (spec.grant, refresh_token) {
+                (crate::oauth::Grant::RefreshToken, Some(source)) => {
+                    Some(read(source, "the account's OAuth2 refresh token", env)?)
+                }
+                (crate::oauth::Grant::RefreshToken, None) => return Err("the connector uses the refresh_token grant; give refresh_token_env naming the variable with the account's refresh token".to_owned()),
+                (crate::oauth::Grant::ClientCredentials, Some(_)) => return Err("the connector uses the client_credentials grant, which takes no refresh token; remove refresh_token_env".to_owned()),
+                (crate::oauth::Grant::ClientCredentials, None) => None,
+            };
+            for (what, secret) in [("client id", Some(&client_id)), ("client secret", Some(&client_secret)), ("refresh token", refresh_token.as_ref())] {
+                if secret.is_some_and(|secret| !visible_ascii(secret.expose())) {
+                    return Err(format!("the OAuth2 {what} is not visible ASCII (no spaces, newlines or other characters)"));
+                }
+            }
+            let secrets = vec![client_secret.expose().to_owned()];
+            let grant = crate::oauth::GrantSecrets { client_id, client_secret, refresh_token };
+            // The grant's fingerprint names the account too; the connector sets it when it places
+            // the account (`OAuthAccount::place`). Until then, this one names no account.
+            let fingerprint = fingerprint_of("oauth2 grant not yet placed in an account");
+            Ok(Credential {
+                header: AUTHORIZATION,
+                // Never sent: an OAuth2 account's header value comes from its token cache.
+                value: HeaderValue::from_static("Bearer"),
+                secrets,
+                fingerprint,
+                oauth: Some(crate::oauth::OAuthAccount::new(spec.clone(), grant)),
+            })
+        }
+        (Auth::OAuth2(_), _) => Err("the connector uses oauth2 auth; give client_id_env and client_secret_env (and refresh_token_env for the refresh_token grant) instead of a token or a username and password".to_owned()),
+        (_, Credentials::OAuth2 { .. }) => Err(format!(
+            "the connector uses {} auth; an OAuth2 client id, secret or refresh token means nothing to it",
+            auth.kind()
+        )),
         (Auth::Bearer | Auth::Header { .. }, Credentials::Token(source)) => {
             let token = read(source, "the account's token", env)?;
             if !visible_ascii(token.expose()) {
@@ -259,6 +316,7 @@ fn ready(
         value,
         secrets,
         fingerprint,
+        oauth: None,
     })
 }
 

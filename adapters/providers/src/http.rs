@@ -170,7 +170,6 @@ fn error_chain(error: &reqwest::Error) -> String {
 }
 
 /// One request, ready to send: everything but the host and the credentials.
-/// One request, ready to send: everything but the host and the credentials.
 #[derive(Clone, Debug)]
 pub struct PreparedRequest {
     /// The method.
@@ -224,10 +223,23 @@ pub async fn send(
     request: &PreparedRequest,
 ) -> Result<HttpReply, TransportFailure> {
     let url = format!("{base_url}{}", request.path);
+    send_to(client, &url, Some(auth), request).await
+}
+
+/// Sends `request` to `url` (its path is already in it), with the credential header `auth` if
+/// any (an OAuth2 token request authenticates in its body).
+pub async fn send_to(
+    client: &reqwest::Client,
+    url: &str,
+    auth: Option<(&HeaderName, &HeaderValue)>,
+    request: &PreparedRequest,
+) -> Result<HttpReply, TransportFailure> {
     let mut builder = client
         .request(request.method.clone(), url)
-        .header(auth.0, auth.1.clone())
         .header(reqwest::header::ACCEPT, "application/json");
+    if let Some((name, value)) = auth {
+        builder = builder.header(name, value.clone());
+    }
     for (name, value) in &request.headers {
         builder = builder.header(name, value);
     }

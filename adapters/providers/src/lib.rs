@@ -85,9 +85,21 @@
 //! (as a sensitive header value, and as text to scrub outcomes with); they are never logged,
 //! never put into an outcome (outcome texts are scrubbed of them as a last guard) and appear in
 //! `Debug` output as `[redacted]`. The credential fingerprint is `sha256:` and 16 hex digits of
-//! the secret's SHA-256 (for basic auth, of `username:password`).
+//! the secret's SHA-256 (for basic auth, of `username:password`; for OAuth2, of the grant: token
+//! endpoint, client id, account and the configured refresh token, never the access token).
+//!
+//! # OAuth2 and request budgets
+//!
+//! With `[auth] kind = "oauth2"` ([`oauth`]) each account's access token comes from the API's
+//! token endpoint, renewed before it expires; a request answered 401 is sent once more with a
+//! renewed token, which the table above allows: a 401 is a refusal with nothing applied. No token
+//! to be had makes a send `NotSent` (a lookup `Unavailable`) naming the account and what to fix.
+//! `[rate_limit] requests_per_s` and `burst` ([`budget`]) pace each account's sends and lookups
+//! before they are made; a slot further away than the request timeout makes the call `NotSent`
+//! (`Unavailable`) with that wait, so the operation waits in the ledger, not in a worker.
 
 pub mod body;
+pub mod budget;
 pub mod classify;
 pub mod connector;
 pub mod contract;
@@ -96,6 +108,7 @@ pub mod document;
 pub mod error;
 pub mod http;
 pub mod lookup;
+pub mod oauth;
 pub mod pointer;
 pub mod presets;
 pub mod registry;

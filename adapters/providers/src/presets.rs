@@ -55,17 +55,108 @@ const PRESETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The OAuth2 forms of presets whose API issues OAuth2 tokens to apps: the name, the preset it
+/// is the OAuth2 form of, and the `[auth]` table written instead of the static token's. The rest
+/// of the document is the static preset's, so the two forms never drift apart.
+const OAUTH2_FORMS: &[(&str, &str, &str)] = &[
+    (
+        "hubspot-oauth2",
+        "hubspot",
+        r#"[auth]
+# A public app's OAuth2 tokens (developers.hubspot.com, "OAuth tokens"): POST /oauth/v1/token
+# with grant_type=refresh_token, client_id, client_secret and the account's refresh token, as a
+# form. The access token lives `expires_in` seconds (1800); the refresh token stays the same. A
+# bad refresh token answers 400 {"status":"BAD_REFRESH_TOKEN","message":…}.
+kind = "oauth2"
+grant = "refresh_token"
+token_url = "/oauth/v1/token"        # on https://api.hubapi.com
+"#,
+    ),
+    (
+        "salesforce-oauth2",
+        "salesforce",
+        r#"[auth]
+# A connected app's OAuth2 tokens (Salesforce Help, "OAuth 2.0 Refresh Token Flow for Renewed
+# Sessions"): POST /services/oauth2/token on the org's My Domain with grant_type=refresh_token,
+# client_id (the consumer key), client_secret and the refresh token, as a form. The answer names
+# no lifetime: the org's session timeout ends the access token, and the next request answers 401
+# INVALID_SESSION_ID, after which the token is renewed and the request sent once more. With
+# refresh token rotation enabled on the app each renewal issues a new refresh token, which is
+# kept in the token file beside the ledger. A revoked refresh token answers 400
+# {"error":"invalid_grant","error_description":"expired access/refresh token"}.
+kind = "oauth2"
+grant = "refresh_token"
+token_url = "/services/oauth2/token" # on the org's My Domain (the base URL's host)
+"#,
+    ),
+    (
+        "zendesk-oauth2",
+        "zendesk",
+        r#"[auth]
+# An OAuth client's tokens (developer.zendesk.com, "Working with OAuth refresh tokens"): POST
+# /oauth/tokens on the account's subdomain with grant_type=refresh_token, client_id,
+# client_secret and the refresh token. Access tokens live `expires_in` seconds (30 minutes by
+# default); every renewal issues a new refresh token and deletes the old one (rotation), so the
+# new one is kept in the token file beside the ledger before it is used. A used or revoked
+# refresh token answers 400 {"error":"invalid_grant","error_description":…}.
+kind = "oauth2"
+grant = "refresh_token"
+token_url = "/oauth/tokens"          # on https://<subdomain>.zendesk.com
+scopes = ["tickets:write", "read"]
+"#,
+    ),
+];
+
+/// Every preset, the OAuth2 forms written out: name, file name and text.
+fn all() -> &'static [(&'static str, String, std::borrow::Cow<'static, str>)] {
+    static ALL: std::sync::LazyLock<Vec<(&str, String, std::borrow::Cow<'static, str>)>> =
+        std::sync::LazyLock::new(|| {
+            let mut all: Vec<_> = PRESETS
+                .iter()
+                .map(|(name, file, text)| {
+                    (*name, (*file).to_owned(), std::borrow::Cow::Borrowed(*text))
+                })
+                .collect();
+            for (name, base, auth) in OAUTH2_FORMS {
+                let (_, _, text) = PRESETS
+                    .iter()
+                    .find(|(preset, _, _)| preset == base)
+                    .expect("an OAuth2 form names a preset");
+                all.push((
+                    *name,
+                    format!("{name}.toml"),
+                    std::borrow::Cow::Owned(with_auth(text, auth)),
+                ));
+            }
+            all.sort_by_key(|(name, _, _)| *name);
+            all
+        });
+    &ALL
+}
+
+/// `text` with its `[auth]` table (up to the next blank line) replaced by `auth`.
+fn with_auth(text: &str, auth: &str) -> String {
+    let start = text
+        .find("\n[auth]\n")
+        .map(|at| at + 1)
+        .expect("a preset has an [auth] table");
+    let end = text[start..]
+        .find("\n\n")
+        .map_or(text.len(), |at| start + at + 1);
+    format!("{}{auth}{}", &text[..start], &text[end..])
+}
+
 /// The preset called `name`: its file name and its text.
 pub fn preset(name: &str) -> Option<(&'static str, &'static str)> {
-    PRESETS
+    all()
         .iter()
         .find(|(preset, _, _)| *preset == name)
-        .map(|(_, file, text)| (*file, *text))
+        .map(|(_, file, text)| (file.as_str(), text.as_ref()))
 }
 
 /// The names of every preset, in a fixed order.
 pub fn preset_names() -> impl Iterator<Item = &'static str> {
-    PRESETS.iter().map(|(name, _, _)| *name)
+    all().iter().map(|(name, _, _)| *name)
 }
 
 /// The settings the CRM stand was started with that its client must know, because the
@@ -120,7 +211,8 @@ mod tests {
             let document = parse(file, text).unwrap_or_else(|errors| {
                 panic!("{}", crate::error::render_all(&errors));
             });
-            assert_eq!(document.id.as_str(), name);
+            // An OAuth2 form registers as the API it is a form of.
+            assert_eq!(document.id.as_str(), name.trim_end_matches("-oauth2"));
             assert!(document.accounts.is_empty(), "accounts belong to the user");
             if name.starts_with("crm-stand-") {
                 assert!(
@@ -131,6 +223,30 @@ mod tests {
             }
         }
         assert_eq!(preset("zoho"), None);
+    }
+
+    #[test]
+    fn the_oauth2_forms_differ_from_their_presets_in_auth_alone() {
+        for (name, base) in [
+            ("salesforce-oauth2", "salesforce"),
+            ("hubspot-oauth2", "hubspot"),
+            ("zendesk-oauth2", "zendesk"),
+        ] {
+            let load = |name: &str| {
+                let (file, text) = preset(name).expect("a preset");
+                parse(file, text).expect("valid")
+            };
+            let (oauth, plain) = (load(name), load(base));
+            assert!(
+                matches!(&oauth.auth, crate::Auth::OAuth2(spec) if spec.grant == crate::oauth::Grant::RefreshToken),
+                "{name}"
+            );
+            assert_eq!(plain.auth, crate::Auth::Bearer);
+            assert_eq!(
+                (oauth.actions, oauth.errors, oauth.settings),
+                (plain.actions, plain.errors, plain.settings)
+            );
+        }
     }
 
     #[test]

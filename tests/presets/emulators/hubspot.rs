@@ -96,6 +96,8 @@ struct Shared {
     core: Core,
     config: Config,
     store: Mutex<Store>,
+    /// When each search arrived, in the emulator's milliseconds (a budget test counts them).
+    searches: Mutex<Vec<u64>>,
 }
 
 struct HubSpotVoice;
@@ -138,9 +140,19 @@ impl HubSpot {
             core: Core::new(&config.tokens),
             config,
             store: Mutex::default(),
+            searches: Mutex::default(),
         };
+        let routes = routes.merge(super::oauth::routes(
+            super::oauth::Dialect::HubSpot,
+            Arc::clone(&shared.core.oauth),
+        ));
         let (running, shared) = super::launch(shared, routes).await;
         Self { running, shared }
+    }
+
+    /// When each search request arrived, in milliseconds since the emulator started.
+    pub fn searches(&self) -> Vec<u64> {
+        self.shared.searches.lock().expect("not poisoned").clone()
     }
 
     /// Every stored object of `kind` (`tasks`, `notes`, `deals`), oldest first.
@@ -271,6 +283,8 @@ async fn search(
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
+    let arrived = shared.core.now_ms();
+    shared.searches.lock().expect("not poisoned").push(arrived);
     let portal = match portal_of(&shared, &headers) {
         Ok(portal) => portal,
         Err(reply) => return reply,

@@ -14,6 +14,7 @@
 pub mod attio;
 pub mod hubspot;
 pub mod keys;
+pub mod oauth;
 pub mod pipedrive;
 pub mod salesforce;
 pub mod stripe;
@@ -190,6 +191,8 @@ pub fn bearer(headers: &HeaderMap) -> Option<String> {
 #[derive(Debug)]
 pub struct Core {
     tokens: Vec<(String, String)>,
+    /// The OAuth2 token endpoint and the access tokens it issued (unused until set up).
+    pub oauth: Arc<oauth::OAuth>,
     start: Instant,
     faults: Faults,
 }
@@ -199,6 +202,7 @@ impl Core {
     pub fn new(tokens: &[(String, String)]) -> Self {
         Self {
             tokens: tokens.to_vec(),
+            oauth: Arc::default(),
             start: Instant::now(),
             faults: Faults::default(),
         }
@@ -211,6 +215,7 @@ impl Core {
             .iter()
             .find(|(known, _)| known == token)
             .map(|(_, account)| account.clone())
+            .or_else(|| self.oauth.account(token))
     }
 
     /// Milliseconds since the emulator started: its clock for retention and search lag. Real

@@ -16,6 +16,8 @@
 //! - GET on the same path: 200 with the record (`attributes`, `Id`, fields), 404
 //!   `[{"errorCode":"NOT_FOUND","message":"The requested resource does not exist"}]`, or 300.
 //! - The org's request limit: 403 `REQUEST_LIMIT_EXCEEDED`, nothing applied.
+//! - `GET /services/data/vXX.X/limits` reads the org's limits (`DailyApiRequests` with `Max` and
+//!   `Remaining`); any valid session may.
 //!
 //! Not confirmed from the docs: the body of a 5xx (taken as `UNKNOWN_EXCEPTION`, as integrators
 //! report), and whether Task can carry a unique External ID field (the preset avoids Task).
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::routing::patch;
+use axum::routing::{get, patch};
 use axum::{Extension, Router};
 use serde_json::{json, Map, Value};
 
@@ -99,15 +101,21 @@ pub struct Salesforce {
 impl Salesforce {
     /// Starts one on a loopback port.
     pub async fn start(config: Config) -> Self {
-        let routes = Router::new().route(
-            "/services/data/{version}/sobjects/{object}/{field}/{value}",
-            patch(upsert).get(read),
-        );
+        let routes = Router::new()
+            .route(
+                "/services/data/{version}/sobjects/{object}/{field}/{value}",
+                patch(upsert).get(read),
+            )
+            .route("/services/data/{version}/limits", get(limits));
         let shared = Shared {
             core: Core::new(&config.tokens),
             config,
             store: Mutex::default(),
         };
+        let routes = routes.merge(super::oauth::routes(
+            super::oauth::Dialect::Salesforce,
+            Arc::clone(&shared.core.oauth),
+        ));
         let (running, shared) = super::launch(shared, routes).await;
         Self { running, shared }
     }
@@ -264,6 +272,17 @@ fn apply(
 
 fn record_url(version: &str, object: &str, id: &str) -> String {
     format!("/services/data/{version}/sobjects/{object}/{id}")
+}
+
+/// The Limits resource: the org's limits and what is left of them (the preset's probe).
+async fn limits(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Reply {
+    match org_of(&shared, &headers) {
+        Ok(_) => Reply::json(
+            200,
+            &json!({"DailyApiRequests": {"Max": 15000, "Remaining": 14998}}),
+        ),
+        Err(reply) => reply,
+    }
 }
 
 async fn read(

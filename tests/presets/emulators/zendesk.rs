@@ -103,6 +103,10 @@ impl Zendesk {
             config,
             store: Mutex::default(),
         };
+        let routes = routes.merge(super::oauth::routes(
+            super::oauth::Dialect::Zendesk,
+            Arc::clone(&shared.core.oauth),
+        ));
         let (running, shared) = super::launch(shared, routes).await;
         Self { running, shared }
     }

@@ -63,6 +63,32 @@ struct Names<'a> {
     settings: &'a BTreeMap<String, String>,
 }
 
+/// Reads `[probe]`: the read-only request `opledger connectors test` sends to check an account's
+/// credentials (a GET: nothing is created); templates may use `{{account}}` and settings.
+pub(super) fn probe(
+    top: &Table<'_>,
+    settings: &BTreeMap<String, String>,
+    auth: Option<&Auth>,
+    findings: &mut Findings<'_>,
+) -> Option<RequestSpec> {
+    let table = top.table("probe", findings)?;
+    table.only(&["method", "path", "query", "headers"], findings);
+    let names = Names {
+        scope: Scope::Lookup,
+        settings,
+    };
+    let spec = request_spec(&table, &names, auth, Some(Method::GET), findings)?;
+    if spec.method != Method::GET {
+        findings.add(
+            table.get("method").map(|node| &node.span),
+            &table.field("method"),
+            format!("is {}; a probe only reads, so it is a GET (nothing may be created when credentials are tested)", spec.method),
+        );
+        return None;
+    }
+    Some(spec)
+}
+
 /// Reads every `[[actions]]` table; duplicates and limits are findings.
 pub(super) fn read_all(
     top: &Table<'_>,

@@ -123,6 +123,15 @@
 //! only, and is refused in `results` and `id`, which name one value each (see
 //! [`crate::pointer`]).
 //!
+//! `[probe]` (optional) is the read-only request `opledger connectors test` sends to check each
+//! account's credentials against the live API: `path` (and `query`, `headers`), always a GET,
+//! templates with `{{account}}` and settings only. Nothing is created.
+//!
+//! `[rate_limit]` may also declare each account's request budget, enforced before a request is
+//! made: `requests_per_s` and `burst` (default: `requests_per_s`) for sends and lookups each,
+//! and `[rate_limit.sends]` / `[rate_limit.lookups]` with the same two keys where one kind is
+//! limited apart (HubSpot's search API allows 5 a second per account).
+//!
 //! `[rate_limit]` may be left out. `min_wait_ms` (default [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`],
 //! 1000) is the least wait after a 429: the wait when the answer names none (no Retry-After, no
 //! reset header, no matching rule's `retry_after_ms`), and the floor under a shorter one, so a
@@ -241,6 +250,8 @@ pub struct Document {
     pub accounts: Vec<AccountSpec>,
     /// What the API can do.
     pub actions: Vec<Action>,
+    /// The read-only request `opledger connectors test` checks an account's credentials with.
+    pub probe: Option<RequestSpec>,
 }
 
 impl Document {
@@ -298,6 +309,11 @@ pub struct RateLimit {
     /// The least wait after a 429, in milliseconds: the wait when the answer names none (no
     /// Retry-After, no reset header) and the floor under a shorter one it names.
     pub min_wait_ms: u64,
+    /// Each account's budget for sends (`requests_per_s`, `burst`, or `[rate_limit.sends]`).
+    pub sends: Option<crate::budget::Budget>,
+    /// Each account's budget for lookups (`requests_per_s`, `burst`, or
+    /// `[rate_limit.lookups]`, e.g. HubSpot's search API, limited apart from the rest).
+    pub lookups: Option<crate::budget::Budget>,
 }
 
 impl Default for RateLimit {
@@ -306,6 +322,8 @@ impl Default for RateLimit {
         Self {
             reset: None,
             min_wait_ms: DEFAULT_RATE_LIMIT_MIN_WAIT_MS,
+            sends: None,
+            lookups: None,
         }
     }
 }

@@ -19,9 +19,12 @@ use super::{
     MAX_ERROR_RULES, MAX_SETTINGS, MAX_SETTING_VALUE_CHARS, MAX_TENANTS_PER_ACCOUNT,
     MAX_TIMEOUT_MS, MIN_RATE_LIMIT_WAIT_MS, MIN_TIMEOUT_MS,
 };
+use crate::body::BodyEncoding;
+use crate::budget::{Budget, MAX_BURST, MAX_REQUESTS_PER_S};
 use crate::credentials::{Auth, Credentials, SecretSource};
 use crate::error::{ConnectorError, Findings};
 use crate::http::MAX_RETRY_AFTER_MS;
+use crate::oauth::{Grant, OAuth2Spec, DEFAULT_REFUSED_WAIT_MS, MAX_SCOPES, MIN_REFUSED_WAIT_MS};
 use crate::template::{check_pointer, is_setting_name, resolve_pointer};
 
 const TOP_KEYS: &[&str] = &[
@@ -37,10 +40,19 @@ const TOP_KEYS: &[&str] = &[
     "rate_limit",
     "accounts",
     "actions",
+    "probe",
 ];
 
 /// Keys that would hold a secret: refused with a pointer to the `_env` form.
-const SECRET_KEYS: &[&str] = &["token", "password", "username", "secret", "api_key"];
+const SECRET_KEYS: &[&str] = &[
+    "token",
+    "password",
+    "username",
+    "secret",
+    "api_key",
+    "client_secret",
+    "refresh_token",
+];
 
 /// Reads and checks the whole document.
 pub(super) fn document(name: &str, text: &str) -> Result<Document, Vec<ConnectorError>> {
@@ -101,6 +113,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
     };
     let accounts = accounts(top, auth.as_ref(), findings);
     let actions = action::read_all(top, &settings, auth.as_ref(), findings);
+    let probe = action::probe(top, &settings, auth.as_ref(), findings);
     Some(Document {
         name: name.to_owned(),
         id: id?,
@@ -115,6 +128,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
         rate_limit: rate_limit?,
         accounts,
         actions,
+        probe,
     })
 }
 
@@ -315,7 +329,7 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
     if !top.has("auth") {
         top.missing(
             "auth",
-            "add [auth] with kind = \"bearer\", \"header\" (and header = \"X-Api-Key\") or \"basic\"",
+            "add [auth] with kind = \"bearer\", \"header\" (and header = \"X-Api-Key\"), \"basic\" or \"oauth2\"",
             findings,
         );
         return None;
@@ -323,7 +337,7 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
     let table = top.table("auth", findings)?;
     let kind = table.required_string(
         "kind",
-        "write kind = \"bearer\", \"header\" or \"basic\"",
+        "write kind = \"bearer\", \"header\", \"basic\" or \"oauth2\"",
         findings,
     )?;
     match kind.value {
@@ -359,15 +373,129 @@ fn auth(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Auth> {
                 prefix,
             })
         }
+        "oauth2" => oauth2(&table, findings).map(Auth::OAuth2),
         other => {
             findings.add(
                 Some(kind.span),
                 &kind.field,
-                format!("`{other}` is no auth kind; write \"bearer\", \"header\" or \"basic\""),
+                format!("`{other}` is no auth kind; write \"bearer\", \"header\", \"basic\" or \"oauth2\""),
             );
             None
         }
     }
+}
+
+/// `[auth] kind = "oauth2"`: the grant, the token endpoint, scopes, the body encoding and the
+/// wait after a refusal.
+fn oauth2(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<OAuth2Spec> {
+    table.only(
+        &[
+            "kind",
+            "grant",
+            "token_url",
+            "scopes",
+            "body_encoding",
+            "refused_wait_ms",
+        ],
+        findings,
+    );
+    let grant = table
+        .required_string(
+            "grant",
+            "write grant = \"refresh_token\" (an account authorised a connected app) or \"client_credentials\" (the client alone)",
+            findings,
+        )
+        .and_then(|found| match found.value {
+            "refresh_token" => Some(Grant::RefreshToken),
+            "client_credentials" => Some(Grant::ClientCredentials),
+            other => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{other}` is no grant opledger can use unattended; write \"refresh_token\" or \"client_credentials\""),
+                );
+                None
+            }
+        });
+    let token_url = table
+        .required_string(
+            "token_url",
+            "write the token endpoint, e.g. token_url = \"/services/oauth2/token\" (on the base URL's host) or a whole https:// URL",
+            findings,
+        )
+        .and_then(|found| {
+            let valid = if found.value.starts_with('/') {
+                found.value.len() <= MAX_BASE_URL_BYTES
+                    && found.value.bytes().all(|byte| byte.is_ascii_graphic() && byte != b'?' && byte != b'#')
+            } else {
+                check_base_url(found.value).is_ok()
+            };
+            if valid {
+                Some(found.value.to_owned())
+            } else {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{}` is no token endpoint; write a path starting with `/` (on the base URL's host) or an http:// or https:// URL without query", found.value),
+                );
+                None
+            }
+        });
+    let scopes = match table.has("scopes") {
+        false => Some(Vec::new()),
+        true => table.strings("scopes", findings).and_then(|items| {
+            let span = table.get("scopes").map(|node| &node.span);
+            if items.len() > MAX_SCOPES {
+                findings.add(span, &table.field("scopes"), format!("lists {}; at most {MAX_SCOPES}", items.len()));
+                return None;
+            }
+            let mut scopes = Vec::with_capacity(items.len());
+            for item in items {
+                // RFC 6749 §3.3: a scope token is visible ASCII without `"` or `\`.
+                if item.value.is_empty()
+                    || !item.value.bytes().all(|byte| byte.is_ascii_graphic() && byte != b'"' && byte != b'\\')
+                {
+                    findings.add(Some(item.span), &item.field, format!("`{}` is no scope (RFC 6749 §3.3: visible ASCII without spaces, `\"` or `\\`)", item.value));
+                    return None;
+                }
+                scopes.push(item.value.to_owned());
+            }
+            Some(scopes)
+        }),
+    };
+    let body_encoding = match table.string("body_encoding", findings) {
+        None => Some(BodyEncoding::Form),
+        Some(found) => match found.value {
+            "form" => Some(BodyEncoding::Form),
+            "json" => Some(BodyEncoding::Json),
+            other => {
+                findings.add(Some(found.span), &found.field, format!("`{other}` is no token request encoding; write \"form\" (RFC 6749) or \"json\""));
+                None
+            }
+        },
+    };
+    let refused_wait_ms = match table.unsigned("refused_wait_ms", findings) {
+        None if table.has("refused_wait_ms") => None,
+        None => Some(DEFAULT_REFUSED_WAIT_MS),
+        Some(found) if (MIN_REFUSED_WAIT_MS..=MAX_RETRY_AFTER_MS).contains(&found.value) => {
+            Some(found.value)
+        }
+        Some(found) => {
+            findings.add(
+                Some(found.span),
+                &found.field,
+                format!("is {}; write how long operations wait after the token endpoint refused an account's credentials, {MIN_REFUSED_WAIT_MS} to {MAX_RETRY_AFTER_MS} ms, e.g. refused_wait_ms = {DEFAULT_REFUSED_WAIT_MS}", found.value),
+            );
+            None
+        }
+    };
+    Some(OAuth2Spec {
+        grant: grant?,
+        token_url: token_url?,
+        scopes: scopes?,
+        body_encoding: body_encoding?,
+        refused_wait_ms: refused_wait_ms?,
+    })
 }
 
 fn settings(top: &Table<'_>, findings: &mut Findings<'_>) -> BTreeMap<String, String> {
@@ -510,7 +638,28 @@ fn error_rule(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ErrorRul
 /// [`MIN_RATE_LIMIT_WAIT_MS`]..=[`MAX_RETRY_AFTER_MS`] (default
 /// [`DEFAULT_RATE_LIMIT_MIN_WAIT_MS`]).
 fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimit> {
-    table.only(&["reset_header", "reset_unit", "min_wait_ms"], findings);
+    table.only(
+        &[
+            "reset_header",
+            "reset_unit",
+            "min_wait_ms",
+            "requests_per_s",
+            "burst",
+            "sends",
+            "lookups",
+        ],
+        findings,
+    );
+    let both = budget(table, findings);
+    let kind = |key: &str, findings: &mut Findings<'_>| match table.has(key) {
+        false => Some(both?),
+        true => table.table(key, findings).map(|sub| {
+            sub.only(&["requests_per_s", "burst"], findings);
+            budget(&sub, findings).flatten()
+        }),
+    };
+    let sends = kind("sends", findings);
+    let lookups = kind("lookups", findings);
     let reset = match (table.has("reset_header"), table.has("reset_unit")) {
         (false, false) => Some(None),
         (true, false) => {
@@ -552,7 +701,45 @@ fn rate_limit(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<RateLimi
     Some(RateLimit {
         reset: reset?,
         min_wait_ms: min_wait_ms?,
+        sends: sends?,
+        lookups: lookups?,
     })
+}
+
+/// `requests_per_s` and `burst` of a `[rate_limit]` table: `Some(None)` when neither is given,
+/// `None` after a finding.
+fn budget(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Option<Budget>> {
+    let in_range =
+        |key: &str, most: u64, findings: &mut Findings<'_>| match table.unsigned(key, findings) {
+            None if table.has(key) => Err(()),
+            None => Ok(None),
+            Some(found) if (1..=most).contains(&found.value) => Ok(Some(found.value)),
+            Some(found) => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("is {}; write 1 to {most}", found.value),
+                );
+                Err(())
+            }
+        };
+    let rate = in_range("requests_per_s", MAX_REQUESTS_PER_S, findings);
+    let burst = in_range("burst", MAX_BURST, findings);
+    match (rate.ok()?, burst.ok()?) {
+        (None, None) => Some(None),
+        (Some(requests_per_s), burst) => Some(Some(Budget {
+            requests_per_s,
+            burst: burst.unwrap_or(requests_per_s),
+        })),
+        (None, Some(_)) => {
+            table.missing(
+                "requests_per_s",
+                "a burst needs its rate; write requests_per_s = N beside it",
+                findings,
+            );
+            None
+        }
+    }
 }
 
 fn reset_header(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ResetHeader> {
@@ -618,15 +805,23 @@ fn account(
     auth: Option<&Auth>,
     findings: &mut Findings<'_>,
 ) -> Option<AccountSpec> {
-    let mut known = vec!["id", "tenants", "token_env", "username_env", "password_env"];
+    let mut known = vec![
+        "id",
+        "tenants",
+        "token_env",
+        "username_env",
+        "password_env",
+        "client_id_env",
+        "client_secret_env",
+        "refresh_token_env",
+    ];
     known.extend_from_slice(SECRET_KEYS);
     table.only(&known, findings);
     for key in SECRET_KEYS {
         if let Some(node) = table.get(key) {
-            let instead = if *key == "username" || *key == "password" {
-                *key
-            } else {
-                "token"
+            let instead = match *key {
+                "username" | "password" | "client_secret" | "refresh_token" => *key,
+                _ => "token",
             };
             findings.add(
                 Some(&node.span),
@@ -724,13 +919,39 @@ fn file_credentials(
             }
         }
     };
+    const OAUTH_KEYS: &[&str] = &["client_id_env", "client_secret_env", "refresh_token_env"];
     match auth {
         Auth::Bearer | Auth::Header { .. } => {
             refuse(&["username_env", "password_env"], findings);
+            refuse(OAUTH_KEYS, findings);
             variable("token_env", findings).map(Credentials::Token)
+        }
+        Auth::OAuth2(spec) => {
+            refuse(&["token_env", "username_env", "password_env"], findings);
+            let client_id = variable("client_id_env", findings);
+            let client_secret = variable("client_secret_env", findings);
+            let refresh_token = match spec.grant {
+                Grant::RefreshToken => Some(variable("refresh_token_env", findings)?),
+                Grant::ClientCredentials => {
+                    if let Some(node) = table.get("refresh_token_env") {
+                        findings.add(
+                            Some(&node.span),
+                            &table.field("refresh_token_env"),
+                            "means nothing with the client_credentials grant; remove it",
+                        );
+                    }
+                    None
+                }
+            };
+            Some(Credentials::OAuth2 {
+                client_id: client_id?,
+                client_secret: client_secret?,
+                refresh_token,
+            })
         }
         Auth::Basic => {
             refuse(&["token_env"], findings);
+            refuse(OAUTH_KEYS, findings);
             let username = variable("username_env", findings);
             let password = variable("password_env", findings);
             Some(Credentials::Basic {

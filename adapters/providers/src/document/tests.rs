@@ -786,3 +786,148 @@ fn every_problem_is_reported_at_once() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn an_oauth2_auth_is_read_with_its_grant_and_token_url() {
+    let oauth = "kind = \"oauth2\"\ngrant = \"refresh_token\"\ntoken_url = \"/oauth/token\"\nscopes = [\"tasks:write\"]\nrefused_wait_ms = 5000";
+    let text = with("kind = \"bearer\"", oauth)
+        .replace(
+            "token_env = \"TASKS_TOKEN_ACME\"",
+            "client_id_env = \"ID\"\nclient_secret_env = \"SECRET\"\nrefresh_token_env = \"REFRESH_ACME\"",
+        )
+        .replace(
+            "token_env = \"TASKS_TOKEN_GLOBEX\"",
+            "client_id_env = \"ID\"\nclient_secret_env = \"SECRET\"\nrefresh_token_env = \"REFRESH_GLOBEX\"",
+        );
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    let Auth::OAuth2(spec) = &document.auth else {
+        panic!("oauth2: {:?}", document.auth);
+    };
+    assert_eq!(spec.grant, crate::oauth::Grant::RefreshToken);
+    assert_eq!(
+        spec.token_url_on("https://crm.example.com/api"),
+        "https://crm.example.com/oauth/token"
+    );
+    assert_eq!(
+        (spec.scopes.clone(), spec.refused_wait_ms),
+        (vec!["tasks:write".to_owned()], 5000)
+    );
+    assert!(matches!(
+        &document.accounts[0].credentials,
+        Credentials::OAuth2 {
+            refresh_token: Some(_),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_bad_oauth2_auth_is_refused_at_its_line() {
+    let oauth = |rest: &str| with("kind = \"bearer\"", &format!("kind = \"oauth2\"\n{rest}"));
+    assert_error(
+        &oauth("grant = \"password\"\ntoken_url = \"/t\""),
+        "auth.grant",
+        "grant = \"password\"",
+        "no grant opledger can use unattended",
+    );
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"ftp://x/t\""),
+        "auth.token_url",
+        "token_url",
+        "no token endpoint",
+    );
+    assert_error(
+        &oauth("token_url = \"/t\""),
+        "auth.grant",
+        "[auth]",
+        "grant =",
+    );
+    assert_error(
+        &oauth("grant = \"client_credentials\"\ntoken_url = \"/t\"\nscopes = [\"a b\"]"),
+        "auth.scopes[0]",
+        "scopes",
+        "no scope",
+    );
+    assert_error(
+        &oauth("grant = \"client_credentials\"\ntoken_url = \"/t\"\nrefused_wait_ms = 0"),
+        "auth.refused_wait_ms",
+        "refused_wait_ms",
+        "is 0",
+    );
+    // An account of an oauth2 connector names its client, never a token.
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"/t\""),
+        "accounts[0].token_env",
+        "token_env = \"TASKS_TOKEN_ACME\"",
+        "means nothing with oauth2 auth",
+    );
+    assert_error(
+        &oauth("grant = \"refresh_token\"\ntoken_url = \"/t\""),
+        "accounts[0].client_id_env",
+        "[[accounts]]",
+        "oauth2 auth",
+    );
+}
+
+#[test]
+fn a_request_budget_is_read_per_kind_and_checked_at_its_line() {
+    let text = with(
+        "reset_unit = \"seconds\"",
+        "reset_unit = \"seconds\"\nrequests_per_s = 10\nburst = 100\n\n[rate_limit.lookups]\nrequests_per_s = 5",
+    );
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    let budget = |requests_per_s, burst| {
+        Some(crate::budget::Budget {
+            requests_per_s,
+            burst,
+        })
+    };
+    assert_eq!(document.rate_limit.sends, budget(10, 100));
+    assert_eq!(
+        document.rate_limit.lookups,
+        budget(5, 5),
+        "a burst defaults to the rate"
+    );
+    assert_error(
+        &with(
+            "reset_unit = \"seconds\"",
+            "reset_unit = \"seconds\"\nrequests_per_s = 0",
+        ),
+        "rate_limit.requests_per_s",
+        "requests_per_s = 0",
+        "is 0; write 1 to",
+    );
+    assert_error(
+        &with(
+            "reset_unit = \"seconds\"",
+            "reset_unit = \"seconds\"\nburst = 3",
+        ),
+        "rate_limit.requests_per_s",
+        "[rate_limit]",
+        "a burst needs its rate",
+    );
+}
+
+#[test]
+fn a_probe_is_a_get_and_may_name_the_account() {
+    let text = format!("{BASE}\n[probe]\npath = \"/accounts/{{{{account}}}}/me\"\n");
+    let document = parse("tasks.toml", &text).unwrap_or_else(|errors| {
+        panic!("{}", crate::error::render_all(&errors));
+    });
+    assert_eq!(document.probe.map(|probe| probe.method), Some(Method::GET));
+    let text = format!("{BASE}\n[probe]\nmethod = \"POST\"\npath = \"/me\"\n");
+    assert_error(
+        &text,
+        "probe.method",
+        "method = \"POST\"\npath = \"/me\"",
+        "a probe only reads",
+    );
+    let text = format!("{BASE}\n[probe]\npath = \"/me/{{{{args.title}}}}\"\n");
+    assert!(errors(&text)
+        .iter()
+        .any(|error| error.field == "probe.path"));
+}

@@ -1,0 +1,363 @@
+//! OAuth2 connectors end to end: a real `opledger serve` with the `salesforce-oauth2` preset
+//! against the Salesforce emulator's token endpoint and API (`emulators/oauth.rs`).
+
+use futures_util::future::join_all;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::apis::{accounts, preset_entry, shortened, Api};
+use crate::emulators::oauth::{Dialect, Setup};
+use crate::emulators::salesforce::{self, Salesforce};
+use crate::emulators::zendesk::Zendesk;
+use crate::emulators::Emulator;
+use crate::ledger::{Ledger, ACCOUNT, TENANT_TOKEN};
+use crate::scenarios::settle;
+use crate::support::Server;
+
+const CLIENT_ID: &str = "3MVG9-consumer-key";
+const CLIENT_SECRET: &str = "consumer-secret-0123456789";
+
+async fn salesforce() -> Salesforce {
+    let api = Salesforce::start(salesforce::Config {
+        tokens: accounts(),
+        label_field: "Opledger_Label__c".to_owned(),
+    })
+    .await;
+    // Rotation on: each renewal issues a new refresh token and invalidates the old one.
+    api.core().oauth.set_up(Setup {
+        dialect: Dialect::Salesforce,
+        client_id: CLIENT_ID.to_owned(),
+        client_secret: CLIENT_SECRET.to_owned(),
+        expires_in_s: None,
+        rotates: true,
+    });
+    api
+}
+
+/// A ledger whose one connector is `source` (a preset or a file) at the emulator, its account
+/// authenticating with the OAuth2 client and the refresh token from the environment.
+fn ledger(api: &Salesforce, source: &str, files: &[(&str, String)]) -> Ledger {
+    let entry = preset_entry("salesforce", source, &api.running.base_url);
+    let ledger = Ledger::new(&entry, "unused", files);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    );
+    ledger
+}
+
+fn serve(ledger: &Ledger, refresh_token: &str) -> Server {
+    Server::start_with_env(
+        &["serve", "--config", &ledger.config.display().to_string()],
+        ledger.dir.path(),
+        &[
+            ("SF_CLIENT_ID", CLIENT_ID),
+            ("SF_CLIENT_SECRET", CLIENT_SECRET),
+            ("SF_REFRESH_TOKEN", refresh_token),
+        ],
+    )
+}
+
+/// Records a case and starts its execution; returns the operation id.
+async fn start(server: &Server, subject: &str) -> String {
+    let body = json!({"provider": "salesforce", "account": ACCOUNT, "action": "upsert_case",
+        "args": {"Subject": subject}});
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
+    assert!(status.is_success(), "{started}");
+    id
+}
+
+/// Starts `count` cases at once and waits until each has settled; returns their views.
+async fn burst(server: &Server, from: usize, count: usize) -> Vec<Value> {
+    let subjects: Vec<String> = (from..from + count).map(|n| format!("Case {n}")).collect();
+    let ids = join_all(subjects.iter().map(|subject| start(server, subject))).await;
+    join_all(ids.iter().map(|id| settle(server, id))).await
+}
+
+/// The operation's view once its first attempt came back not sent (or it left `pending`).
+async fn waiting(server: &Server, id: &str) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        let (status, view) = server
+            .call(
+                Method::GET,
+                &format!("/v1/operations/{id}"),
+                Some(TENANT_TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        let moving = view["state"] == "pending" || view["state"] == "in_flight";
+        if !moving || !view["last_error"].is_null() {
+            return view;
+        }
+        assert!(started.elapsed() < crate::support::DEADLINE, "{view}");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+fn logs(ledger: &Ledger) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(ledger.dir.path()).expect("the ledger dir") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|ext| ext == "log") {
+            text.push_str(&std::fs::read_to_string(path).unwrap_or_default());
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn an_access_token_expiring_mid_burst_is_renewed_once_and_every_operation_succeeds_once() {
+    let api = salesforce().await;
+    let first_refresh = api.core().oauth.authorise("a");
+    let ledger = ledger(&api, "preset = \"salesforce-oauth2\"", &[]);
+    let server = serve(&ledger, &first_refresh);
+
+    let settled = burst(&server, 0, 10).await;
+    assert_eq!(
+        api.core().oauth.requests(),
+        1,
+        "one token for the first burst"
+    );
+    // The org's session times out under the next burst: every send meets a 401 at once.
+    api.core().oauth.expire_access_tokens();
+    let later = burst(&server, 10, 20).await;
+    for view in settled.iter().chain(&later) {
+        assert_eq!(view["state"], "succeeded", "{view}");
+    }
+    assert_eq!(
+        api.core().oauth.requests(),
+        2,
+        "one renewal per expiry, not one per operation"
+    );
+    let records = api.records("Case");
+    assert_eq!(records.len(), 30, "every operation applied once");
+
+    // The rotated refresh token was kept beside the ledger: a restart configured with the first
+    // (consumed) refresh token still renews.
+    drop(server);
+    api.core().oauth.expire_access_tokens();
+    let server = serve(&ledger, &first_refresh);
+    let view = &burst(&server, 30, 1).await[0];
+    assert_eq!(view["state"], "succeeded", "{view}");
+    assert_eq!(api.records("Case").len(), 31);
+    drop(server);
+    let logs = logs(&ledger);
+    assert!(
+        !logs.contains(CLIENT_SECRET)
+            && !logs.contains("refresh-a-")
+            && !logs.contains("access-a-"),
+        "no secret is logged"
+    );
+}
+
+/// A refresh token the provider refuses (`invalid_grant`): the operations wait, saying which
+/// account and what to do, nothing is sent with the stale access token, and once the
+/// credentials work again (here: the admin reactivates the integration user, so the same refresh
+/// token is accepted again) they proceed without a person. A refresh token replaced by a new
+/// authorisation is a re-authorised account instead: its fingerprint differs, and the waiting
+/// operations go to a person (design rule 4; the fingerprint's unit test).
+#[tokio::test]
+async fn a_refused_refresh_token_holds_operations_with_what_to_do_until_it_works_again() {
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    // A short wait after a refusal, so the endpoint is asked again within the test.
+    let document = shortened(
+        "salesforce-oauth2",
+        &[(
+            "grant = \"refresh_token\"\n",
+            "grant = \"refresh_token\"\nrefused_wait_ms = 3000\n",
+        )],
+    );
+    let ledger = ledger(
+        &api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    );
+    let server = serve(&ledger, &refresh);
+    let first = start(&server, "Before").await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+
+    // The admin deactivates the integration user: its session ends, its refresh token is refused.
+    api.core().oauth.deactivate("a");
+    // Five operations at once: those already on their way with the cached access token meet
+    // the 401 (they could not know); one renewal is asked for and refused.
+    let subjects: Vec<String> = (0..5).map(|n| format!("Call client {n}")).collect();
+    let mut ids = join_all(subjects.iter().map(|subject| start(&server, subject))).await;
+    // Once the refusal is known, nothing is sent with the stale token and the token endpoint is
+    // not asked again by each operation: the next one waits without a request.
+    let mut views = join_all(ids.iter().map(|id| waiting(&server, id))).await;
+    let (refused, asked) = (api.core().oauth.refused(), api.core().oauth.requests());
+    let late = start(&server, "Call the client later").await;
+    views.push(waiting(&server, &late).await);
+    ids.push(late);
+    assert_eq!(
+        api.core().oauth.refused(),
+        refused,
+        "nothing sent with a stale token"
+    );
+    assert_eq!(
+        api.core().oauth.requests(),
+        asked,
+        "the refusal is remembered"
+    );
+    for view in &views {
+        assert_eq!(view["state"], "pending", "it waits: {view}");
+        let reason = view["last_error"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("account `main`")
+                && reason.contains("invalid_grant: inactive user")
+                && reason.contains("re-authorise"),
+            "the reason names the account, the provider's word and what to do: {view}"
+        );
+    }
+    assert_eq!(api.records("Case").len(), 1, "nothing new was created");
+
+    api.core().oauth.reactivate("a");
+    for view in join_all(ids.iter().map(|id| settle(&server, id))).await {
+        assert_eq!(view["state"], "succeeded", "{view}");
+    }
+    assert_eq!(api.records("Case").len(), 7);
+}
+
+/// Runs `opledger connectors test` on the ledger's configuration with `refresh_token`, off the
+/// test's runtime (which serves the emulator meanwhile).
+async fn connectors_test(ledger: &Ledger, refresh_token: &str) -> (bool, String) {
+    let config = ledger.config.clone();
+    let refresh_token = refresh_token.to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(["connectors", "test", "--config"])
+            .arg(&config)
+            .env("SF_CLIENT_ID", CLIENT_ID)
+            .env("SF_CLIENT_SECRET", CLIENT_SECRET)
+            .env("SF_REFRESH_TOKEN", refresh_token)
+            .output()
+            .expect("opledger runs")
+    })
+    .await
+    .expect("the command ran");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test]
+async fn connectors_test_says_which_account_works_and_what_the_token_endpoint_refused() {
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    let ledger = ledger(&api, "preset = \"salesforce-oauth2\"", &[]);
+    let (passed, text) = connectors_test(&ledger, &refresh).await;
+    assert!(passed, "{text}");
+    assert!(
+        text.contains("salesforce/main  works: an access token was issued and GET /services/data/v62.0/limits answered 200"),
+        "{text}"
+    );
+    assert!(
+        api.records("Case").is_empty() && api.records("Contact").is_empty(),
+        "nothing is created"
+    );
+
+    api.core().oauth.deactivate("a");
+    let (passed, text) = connectors_test(&ledger, &refresh).await;
+    assert!(!passed, "a failing account fails the command: {text}");
+    assert!(
+        text.contains("salesforce/main  FAILS: account `main` has no access token: the token endpoint answered 400: invalid_grant: inactive user"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&refresh) && !text.contains(CLIENT_SECRET),
+        "no secret shown: {text}"
+    );
+}
+
+/// Zendesk: access tokens with a lifetime (`expires_in`) and a refresh token rotated on every
+/// renewal. A token is renewed before it expires, so no request goes out with an expired one;
+/// a revoked grant holds the next operation with the provider's word.
+#[tokio::test]
+async fn a_zendesk_token_is_renewed_before_it_expires_and_a_revoked_grant_holds_operations() {
+    let api = <Zendesk as Api>::start().await;
+    api.core().oauth.set_up(Setup {
+        dialect: Dialect::Zendesk,
+        client_id: CLIENT_ID.to_owned(),
+        client_secret: CLIENT_SECRET.to_owned(),
+        expires_in_s: Some(2),
+        rotates: true,
+    });
+    let refresh = api.core().oauth.authorise("a");
+    let entry = preset_entry(
+        "zendesk",
+        "preset = \"zendesk-oauth2\"",
+        &api.running.base_url,
+    );
+    let ledger = Ledger::new(&entry, "unused", &[]);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    );
+    let server = serve(&ledger, &refresh);
+    let ticket = |title: &str| {
+        json!({"provider": "zendesk", "account": ACCOUNT, "action": "create_ticket",
+            "args": <Zendesk as Api>::args(title)})
+    };
+    let first = record_and_run(&server, &ticket("First")).await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+    // The emulator's token lives 2 s; opledger renews it once half of that is left. Waiting
+    // out the whole lifetime (real time: the emulator's clock runs beside a real server) means
+    // a client that renewed only on a 401 would send the next ticket with a dead token.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    let second = record_and_run(&server, &ticket("Second")).await;
+    assert_eq!(settle(&server, &second).await["state"], "succeeded");
+    assert_eq!(
+        api.core().oauth.refused(),
+        0,
+        "no request with an expired token"
+    );
+    assert_eq!(
+        api.core().oauth.requests(),
+        2,
+        "renewed once, with the rotated refresh token"
+    );
+    assert_eq!(api.created("a").len(), 2);
+
+    api.core().oauth.revoke("a");
+    let held = record_and_run(&server, &ticket("Third")).await;
+    let view = waiting(&server, &held).await;
+    assert_eq!(view["state"], "pending", "{view}");
+    let reason = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("account `main`") && reason.contains("invalid_grant"),
+        "{view}"
+    );
+    assert_eq!(api.created("a").len(), 2);
+}
+
+async fn record_and_run(server: &Server, body: &Value) -> String {
+    let (status, recorded) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_TOKEN),
+            Some(body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
+    assert!(status.is_success(), "{started}");
+    id
+}
