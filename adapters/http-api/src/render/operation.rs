@@ -150,6 +150,7 @@ fn view_from(
         state: fold(&history),
         version: loaded_version,
         chain,
+        origin_traceparent: None,
     };
     Ok(OperationView {
         loaded,
