@@ -91,3 +91,111 @@ impl opledger_domain::trace_context::TraceContext for Adapter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{SpanId, TracerProvider as _};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+    use opledger_domain::trace_context::TraceContext as _;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    const STORED_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const STORED_SPAN: &str = "00f067aa0ba902b7";
+
+    fn stored() -> String {
+        format!("00-{STORED_TRACE}-{STORED_SPAN}-01")
+    }
+
+    /// Runs `work` under a subscriber exporting to memory (a unit test's double of a collector)
+    /// and returns the finished spans.
+    fn spans_of(work: impl FnOnce()) -> Vec<SpanData> {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, work);
+        provider.force_flush().expect("flushed");
+        exporter.get_finished_spans().expect("spans")
+    }
+
+    fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {
+        spans
+            .iter()
+            .find(|span| span.name == name)
+            .unwrap_or_else(|| panic!("no span {name}"))
+    }
+
+    #[test]
+    fn a_span_that_starts_a_trace_joins_the_stored_one_as_its_child() {
+        let spans = spans_of(|| {
+            let drive = tracing::info_span!("drive");
+            Adapter::new().continue_from(&drive, &stored());
+            drive.in_scope(|| tracing::info_span!("lookup").in_scope(|| {}));
+        });
+        let (drive, lookup) = (named(&spans, "drive"), named(&spans, "lookup"));
+        assert_eq!(drive.span_context.trace_id().to_string(), STORED_TRACE);
+        assert_eq!(drive.parent_span_id, SpanId::from_hex(STORED_SPAN).unwrap());
+        assert_eq!(lookup.span_context.trace_id().to_string(), STORED_TRACE);
+        assert!(drive.links.is_empty());
+    }
+
+    #[test]
+    fn a_span_inside_another_trace_is_linked_to_the_stored_one_and_keeps_its_parent() {
+        let spans = spans_of(|| {
+            let request = tracing::info_span!("request");
+            let execute = request.in_scope(|| tracing::info_span!("execute"));
+            Adapter::new().continue_from(&execute, &stored());
+            execute.in_scope(|| {});
+            drop(execute);
+        });
+        let (request, execute) = (named(&spans, "request"), named(&spans, "execute"));
+        assert_eq!(
+            execute.span_context.trace_id(),
+            request.span_context.trace_id()
+        );
+        assert_eq!(execute.parent_span_id, request.span_context.span_id());
+        let links: Vec<String> = execute
+            .links
+            .iter()
+            .map(|link| link.span_context.trace_id().to_string())
+            .collect();
+        assert_eq!(links, [STORED_TRACE]);
+    }
+
+    #[test]
+    fn a_remote_parent_is_taken_from_a_traceparent_and_given_back_for_a_child() {
+        let mut header = None;
+        let spans = spans_of(|| {
+            let adapter = Adapter::new();
+            let request = tracing::info_span!("request");
+            adapter.set_remote_parent(&request, &stored(), Some("vendor=x"));
+            let send = request.in_scope(|| tracing::info_span!("send"));
+            header = adapter.traceparent_of(&send);
+            // Garbage is ignored, as W3C Trace Context says: the span keeps its own trace.
+            let other = tracing::info_span!("other");
+            adapter.set_remote_parent(&other, "00-zzzz-yyyy-01", None);
+            other.in_scope(|| {});
+            send.in_scope(|| {});
+        });
+        let (request, send) = (named(&spans, "request"), named(&spans, "send"));
+        assert_eq!(
+            request.parent_span_id,
+            SpanId::from_hex(STORED_SPAN).unwrap()
+        );
+        assert_eq!(
+            header,
+            Some(format!(
+                "00-{STORED_TRACE}-{}-01",
+                send.span_context.span_id()
+            ))
+        );
+        assert_ne!(
+            named(&spans, "other").span_context.trace_id().to_string(),
+            STORED_TRACE
+        );
+    }
+}
