@@ -22,6 +22,10 @@ pub struct Cli {
     /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// How log lines on stderr read: `text`, or `json` (one object a line, with trace_id and
+    /// span_id, for log shippers). Overrides the configuration's `[telemetry] log_format`.
+    #[arg(long, global = true, value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -206,6 +210,15 @@ pub struct ConnectorsListArgs {
 
 impl Command {
     /// Whether the command was asked for JSON (`--json`), so that its errors are JSON too.
+    /// The configuration file a command reads, whose `[telemetry]` section sets up tracing.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Self::Serve(args) => args.config.as_deref(),
+            Self::Mcp(args) => args.config.as_deref(),
+            _ => None,
+        }
+    }
+
     pub fn json(&self) -> bool {
         match self {
             Self::Record(args) => args.json,

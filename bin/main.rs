@@ -52,7 +52,6 @@ fn main() -> ExitCode {
     let json = cli.command.json();
     // The demo prints its own story; its expected warnings (lost responses) would clutter it.
     let quiet = matches!(cli.command, Command::Demo(_) | Command::Sim(_));
-    init_logging(cli.verbose, quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -61,6 +60,17 @@ fn main() -> ExitCode {
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
+        }
+    };
+    // Inside the runtime: the gRPC exporter's channel is built on it.
+    let telemetry = {
+        let _entered = runtime.enter();
+        match init_logging(&cli, quiet) {
+            Ok(telemetry) => telemetry,
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::from(2);
+            }
         }
     };
     let result = runtime.block_on(async move {
@@ -92,6 +102,8 @@ fn main() -> ExitCode {
             Command::Export(args) => export::run(args).await,
         }
     });
+    // The spans still queued go out before the process ends (bounded by the export timeout).
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -152,8 +164,11 @@ fn exit_quietly_on_broken_pipe() {
     }));
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
-    let default = match verbose {
+/// Logging and, when configured, trace export: the `[telemetry]` section of the command's
+/// configuration file, then the standard `OTEL_*` environment variables (which alone turn export
+/// on for the embedded default). A bad setting stops the command before it does anything.
+fn init_logging(cli: &Cli, quiet: bool) -> Result<opledger_telemetry::Telemetry, String> {
+    let default = match cli.verbose {
         0 if quiet => "error",
         0 => "warn",
         1 => "info",
@@ -162,11 +177,25 @@ fn init_logging(verbose: u8, quiet: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Colour codes only for a person at a terminal: logs redirected to a file or read by another
-    // program must be plain text.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let env = |name: &str| std::env::var(name).ok();
+    let mut settings = match cli.command.config_path() {
+        Some(path) => {
+            // An unreadable file is reported by the command's own loader, with its advice.
+            let small = std::fs::metadata(path)
+                .is_ok_and(|file| file.len() <= opledger_http_api::config::MAX_CONFIG_BYTES);
+            match std::fs::read_to_string(path).ok().filter(|_| small) {
+                Some(text) => {
+                    opledger_telemetry::config::from_file(&path.display().to_string(), &text, &env)
+                }
+                None => opledger_telemetry::config::from_env(&env),
+            }
+        }
+        None => opledger_telemetry::config::from_env(&env),
+    }
+    .map_err(|error| error.to_string())?;
+    if let Some(format) = cli.log_format.as_deref() {
+        settings.log_format =
+            opledger_telemetry::LogFormat::parse(format).expect("clap allows text and json only");
+    }
+    opledger_telemetry::install(&settings, filter).map_err(|error| error.to_string())
 }

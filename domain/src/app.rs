@@ -99,6 +99,9 @@ pub struct LoadedOperation {
     pub version: Option<StreamVersion>,
     /// The chain hash of its last event, which the next event links to.
     pub chain: Option<ChainHash>,
+    /// The W3C `traceparent` kept with its intent (when trace export was on as it was
+    /// recorded): later work on it joins that trace ([`crate::trace_context::continue_from`]).
+    pub origin_traceparent: Option<String>,
 }
 
 /// A request to record an intent, as it arrives from an API or the command line: raw text,
@@ -212,6 +215,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         let mut state = OperationState::initial();
         let mut version = None;
         let mut chain = None;
+        let mut origin_traceparent = None;
         loop {
             let from = version.map_or(StreamVersion::FIRST, StreamVersion::next);
             let batch = self
@@ -230,6 +234,9 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 state = evolve(state, &codec::decode(recorded)?);
                 version = Some(recorded.version);
                 chain = codec::chain_of(&recorded.metadata);
+                if recorded.version == StreamVersion::FIRST {
+                    origin_traceparent = codec::traceparent_of(&recorded.metadata);
+                }
             }
             if !full {
                 return Ok(LoadedOperation {
@@ -237,6 +244,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     state,
                     version,
                     chain,
+                    origin_traceparent,
                 });
             }
         }
@@ -309,7 +317,11 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// two, and still nothing sent before the intent is on disk, since the send comes after the
     /// append. If the decider refuses the follow-up, or `then` asks for nothing, only the intent
     /// is appended; a redelivery appends nothing and answers the existing operation.
-    #[instrument(skip_all, fields(tenant = %request.tenant, operation_id))]
+    #[instrument(
+        name = "record",
+        skip_all,
+        fields(tenant = %request.tenant, provider = %request.provider, account = %request.account, action = %request.action, operation_id)
+    )]
     pub async fn record_intent_then(
         &self,
         request: IntentRequest,
@@ -329,6 +341,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             state: OperationState::initial(),
             version: None,
             chain: None,
+            origin_traceparent: None,
         };
         let mut events = self.decide_on(&Command::RecordIntent(intent), &fresh)?;
         let recorded = events.iter().fold(OperationState::initial(), evolve);
@@ -532,6 +545,10 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             loaded.state.status.name()
         );
         debug_assert!(!events.is_empty(), "an empty decision is never appended");
+        if loaded.version.is_none() {
+            // What `encode_all` is about to keep with the intent, for the drive that follows.
+            loaded.origin_traceparent = crate::trace_context::current();
+        }
         let (data, chain) =
             encode_all(loaded.operation_id, expected, events, loaded.chain.as_ref());
         let stream = StreamName::for_operation(loaded.operation_id);

@@ -25,6 +25,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// digits) and `"}`; recognised without a JSON parse, because replay decodes millions.
 const METADATA_PREFIX: &[u8] = br#"{"schema_version":1,"chain":""#;
 const METADATA_SUFFIX: &[u8] = br#""}"#;
+/// A chain hash's length in hex digits.
+const CHAIN_HEX_LEN: usize = 64;
 
 /// The metadata stored beside every event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +36,12 @@ pub struct EventMetadata {
     /// The event's link in its stream's hash chain (see [`crate::chain`]), as hex.
     #[serde(default)]
     pub chain: Option<String>,
+    /// The W3C `traceparent` of the span that wrote the event, when trace export is on (see
+    /// [`crate::trace_context`]): a later drive joins the caller's trace through it, and people
+    /// see each attempt's trace id. Metadata, not data: it is no part of the fact, the event's
+    /// id or its hash chain, and two deliveries of one decision may well carry different ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// An event that could not be read.
@@ -139,6 +147,8 @@ pub fn encode(
     let metadata = EventMetadata {
         schema_version: SCHEMA_VERSION,
         chain: Some(chain.to_hex()),
+        // One atomic load when trace export is off.
+        traceparent: crate::trace_context::current(),
     };
     let encoded = EventData {
         event_id: EventId::for_operation_event(operation, version, event.at(), event_type, &data),
@@ -152,14 +162,30 @@ pub fn encode(
 
 /// The chain hash a stored event carries, if it carries a well-formed one.
 pub fn chain_of(metadata: &[u8]) -> Option<ChainHash> {
+    // Only the exact shape is the fast path: metadata with a `traceparent` after the chain also
+    // starts with the prefix and ends with the suffix.
     if let Some(hex) = metadata
         .strip_prefix(METADATA_PREFIX)
         .and_then(|rest| rest.strip_suffix(METADATA_SUFFIX))
+        .filter(|hex| hex.len() == CHAIN_HEX_LEN)
     {
         return ChainHash::parse_hex(std::str::from_utf8(hex).ok()?);
     }
     let parsed: EventMetadata = serde_json::from_slice(metadata).ok()?;
     ChainHash::parse_hex(parsed.chain.as_deref()?)
+}
+
+/// The `traceparent` a stored event's metadata carries, if any. Metadata in exactly the shape
+/// written without telemetry is recognised without a JSON parse.
+pub fn traceparent_of(metadata: &[u8]) -> Option<String> {
+    if metadata.starts_with(METADATA_PREFIX) && metadata.ends_with(METADATA_SUFFIX) {
+        let hex_len = metadata.len() - METADATA_PREFIX.len() - METADATA_SUFFIX.len();
+        if hex_len == CHAIN_HEX_LEN {
+            return None;
+        }
+    }
+    let parsed: EventMetadata = serde_json::from_slice(metadata).ok()?;
+    parsed.traceparent
 }
 
 /// Decodes a stored event.
@@ -176,6 +202,7 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
         EventMetadata {
             schema_version: SCHEMA_VERSION,
             chain: None,
+            traceparent: None,
         }
     } else {
         serde_json::from_slice(&recorded.metadata)
@@ -208,6 +235,7 @@ mod tests {
         let metadata = serde_json::to_vec(&EventMetadata {
             schema_version: SCHEMA_VERSION,
             chain: Some(chain.to_hex()),
+            traceparent: None,
         })
         .expect("serializes");
         assert!(metadata.starts_with(METADATA_PREFIX) && metadata.ends_with(METADATA_SUFFIX));
@@ -218,5 +246,26 @@ mod tests {
             Some(chain),
             "other spellings parse too"
         );
+    }
+
+    #[test]
+    fn metadata_with_a_traceparent_still_yields_its_chain_and_its_traceparent() {
+        let chain = chain::link(None, StreamVersion::FIRST, "T", b"{}");
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let metadata = serde_json::to_vec(&EventMetadata {
+            schema_version: SCHEMA_VERSION,
+            chain: Some(chain.to_hex()),
+            traceparent: Some(traceparent.into()),
+        })
+        .expect("serializes");
+        assert_eq!(chain_of(&metadata), Some(chain));
+        assert_eq!(traceparent_of(&metadata).as_deref(), Some(traceparent));
+        let without = serde_json::to_vec(&EventMetadata {
+            schema_version: SCHEMA_VERSION,
+            chain: Some(chain.to_hex()),
+            traceparent: None,
+        })
+        .expect("serializes");
+        assert_eq!(traceparent_of(&without), None);
     }
 }

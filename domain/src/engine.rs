@@ -251,6 +251,12 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
 
     /// The steps of a drive, taken while holding the operation's turn.
     async fn drive_steps(&self, mut loaded: LoadedOperation) -> Result<Report, AppError> {
+        // Work done later (a worker's lookup, a retry) joins the trace of the request that
+        // recorded the intent; nothing when trace export is off.
+        crate::trace_context::continue_from(
+            &tracing::Span::current(),
+            loaded.origin_traceparent.as_deref(),
+        );
         for _ in 0..MAX_DRIVE_STEPS {
             let now = self.ledger.clock().now();
             let due = loaded
@@ -311,7 +317,12 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             accept_duplicate_risk,
             capabilities,
         );
-        let resolved = self.ledger.execute_on_seen(seen, &command).await?;
+        let span = review_span(&seen, &command);
+        let resolved = self
+            .ledger
+            .execute_on_seen(seen, &command)
+            .instrument(span)
+            .await?;
         self.after_review(resolved, retry).await
     }
 
@@ -333,7 +344,12 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             accept_duplicate_risk,
             capabilities,
         );
-        let resolved = self.ledger.execute_from(loaded, &command).await?;
+        let span = review_span(&loaded, &command);
+        let resolved = self
+            .ledger
+            .execute_from(loaded, &command)
+            .instrument(span)
+            .await?;
         self.after_review(resolved, retry).await
     }
 
@@ -475,7 +491,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             Some(ClaimPlan::Review(reason)) => return self.require_review(loaded, reason).await,
             None => return Err(AppError::NotFound { operation_id }),
         };
-        let claimed = match self.ledger.execute_from(loaded, &claim).await {
+        let span = tracing::info_span!("claim", %operation_id, %attempt_id);
+        let claimed = match self
+            .ledger
+            .execute_from(loaded, &claim)
+            .instrument(span)
+            .await
+        {
             Ok(claimed) => claimed,
             Err(AppError::Rejected {
                 rejection:
@@ -548,8 +570,11 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             %operation_id,
             %attempt_id,
             attempt_number,
+            tenant = %intent.tenant,
             provider = %intent.provider,
             account = %intent.account,
+            action = %intent.action,
+            state = tracing::field::Empty,
             external_id = tracing::field::Empty,
         );
         let outcome = self
@@ -561,10 +586,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
         // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
         // unknown and the reconciler finds what the provider did. Nothing is guessed.
-        self.ledger
+        let recorded = self
+            .ledger
             .execute_from(claimed, &command)
-            .instrument(span)
-            .await
+            .instrument(span.clone())
+            .await?;
+        span.record("state", recorded.state.status.name());
+        Ok(recorded)
     }
 
     /// Why a claim must not be sent any more, if so: its lease ran out (the sweeper may have
@@ -702,7 +730,17 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 .settle_without_lookup(loaded, &intent, capabilities, credential_fingerprint)
                 .await;
         }
-        let span = tracing::info_span!("lookup", %operation_id, provider = %intent.provider, account = %intent.account, worker = %self.worker);
+        let span = tracing::info_span!(
+            "lookup",
+            %operation_id,
+            tenant = %intent.tenant,
+            provider = %intent.provider,
+            account = %intent.account,
+            action = %intent.action,
+            worker = %self.worker,
+            state = tracing::field::Empty,
+            external_id = tracing::field::Empty,
+        );
         let loaded = match self.claim_lookup(loaded).instrument(span.clone()).await? {
             LookupTurn::Ours(claimed) => claimed,
             LookupTurn::Elsewhere(current) => return Ok(current),
@@ -830,12 +868,15 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         span: tracing::Span,
     ) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
-        match self
+        let recorded = self
             .ledger
             .execute_from(loaded, command)
-            .instrument(span)
-            .await
-        {
+            .instrument(span.clone())
+            .await;
+        if let Ok(recorded) = &recorded {
+            span.record("state", recorded.state.status.name());
+        }
+        match recorded {
             Err(AppError::Rejected {
                 rejection: Rejection::EvidenceFromAnotherAccount { bound, found },
                 ..
@@ -928,6 +969,7 @@ fn reconciliation_of(lookup: LookupOutcome, span: &tracing::Span) -> LookupAnswe
             duplicates,
             evidence,
         } => {
+            span.record("external_id", tracing::field::display(&external_id));
             info!(parent: span, %external_id, duplicates = duplicates.len(), "found");
             (
                 ReconciliationResult::Found {
@@ -990,6 +1032,33 @@ fn reconciliation_of(lookup: LookupOutcome, span: &tracing::Span) -> LookupAnswe
 }
 
 /// The binding an operation's intent asks the providers for.
+/// The span of a reviewer's decision: who decided what, on which operation (never the note).
+fn review_span(loaded: &LoadedOperation, command: &Command) -> tracing::Span {
+    let intent = loaded.state.intent.as_ref();
+    let (reviewer, decision) = match command {
+        Command::ResolveReview {
+            reviewer, decision, ..
+        } => (
+            reviewer.to_string(),
+            match decision {
+                ReviewDecision::Retry => "retry",
+                ReviewDecision::ConfirmSucceeded { .. } => "confirm",
+                ReviewDecision::Abandon => "abandon",
+            },
+        ),
+        _ => (String::new(), ""),
+    };
+    tracing::info_span!(
+        "review_decision",
+        operation_id = %loaded.operation_id,
+        tenant = intent.map(|intent| intent.tenant.to_string()),
+        provider = intent.map(|intent| intent.provider.to_string()),
+        account = intent.map(|intent| intent.account.to_string()),
+        %reviewer,
+        decision,
+    )
+}
+
 fn binding_query(intent: &IntentRecorded) -> BindingQuery<'_> {
     BindingQuery {
         tenant: &intent.tenant,

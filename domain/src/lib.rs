@@ -23,4 +23,5 @@ pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timestamp;
+pub mod trace_context;
 pub mod verify;

@@ -24,4 +24,5 @@ mod soak;
 mod storage_faults;
 mod stream;
 mod support;
+mod telemetry;
 mod webhooks;

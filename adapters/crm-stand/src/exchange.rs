@@ -44,6 +44,7 @@ pub(super) struct Call {
     pub(super) bearer: Option<String>,
     pub(super) key: Option<String>,
     pub(super) label: Option<String>,
+    pub(super) traceparent: Option<String>,
 }
 
 impl Call {
@@ -62,6 +63,10 @@ impl Call {
             bearer: bearer_token(headers),
             key: None,
             label: None,
+            traceparent: headers
+                .get("traceparent")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned),
         }
     }
 }
@@ -176,6 +181,7 @@ impl StandState {
             key: call.key.clone(),
             label: call.label.clone(),
             outcome: outcome.render(),
+            traceparent: call.traceparent.clone(),
         });
         (n, outcome, disposition)
     }

@@ -158,6 +158,9 @@ pub struct LoggedRequest {
     pub label: Option<String>,
     /// `applied`, `replayed`, `refused` or `fault:<kind>`.
     pub outcome: String,
+    /// The W3C `traceparent` the request carried, so a test sees the trace a CRM would join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// The settings `PUT /admin/config` changes and answers with.

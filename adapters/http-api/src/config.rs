@@ -241,6 +241,11 @@ struct File {
     metrics: MetricsSection,
     #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
+    /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
+    /// this file is loaded; here it is only allowed.
+    #[serde(default)]
+    #[allow(dead_code)]
+    telemetry: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]

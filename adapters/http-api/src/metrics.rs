@@ -14,6 +14,8 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use tracing::Instrument;
+
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
@@ -164,7 +166,9 @@ pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: 
     let method = method_label(request.method());
     let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
-    let response = next.run(request).await;
+    let span = request_span(method, route, &request);
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     shared.requests.observe(
         method,
         route,
@@ -172,6 +176,38 @@ pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: 
         started.elapsed().as_secs_f64(),
     );
     response
+}
+
+/// The request's span, with OpenTelemetry's HTTP server conventions (the route, not the path
+/// with its ids, names it). A caller's W3C `traceparent` (and `tracestate`) makes it the child of
+/// the caller's span, so the work the request starts is in the caller's trace. When the span is
+/// not enabled (text logs below info, no trace export) it costs a cached level check.
+fn request_span(method: &'static str, route: &'static str, request: &Request) -> tracing::Span {
+    let span = tracing::info_span!(
+        "http_request",
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = method,
+        http.route = route,
+        url.path = request.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+        };
+        if let Some(traceparent) = header("traceparent") {
+            opledger_domain::trace_context::set_remote_parent(
+                &span,
+                traceparent,
+                header("tracestate"),
+            );
+        }
+    }
+    span
 }
 
 /// `GET /metrics`: the read models' counts, the workers' and the server's own, in Prometheus'
@@ -215,6 +251,16 @@ pub async fn render(
         out,
         "opledger_event_streams_open {}",
         shared.limits.max_sse_connections - shared.sse.available_permits()
+    );
+    counter(
+        &mut out,
+        "opledger_trace_export_failures_total",
+        "Batches of trace spans the OTLP exporter could not deliver (dropped; the requests that made them were not held up).",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_trace_export_failures_total {}",
+        opledger_domain::trace_context::export_failures()
     );
     counter(
         &mut out,

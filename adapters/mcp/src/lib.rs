@@ -303,6 +303,23 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
         let tenant = self.tenant(&context)?;
         let arguments = request.arguments.unwrap_or_default();
         let span = tracing::info_span!("tool_call", tool = %request.name, %tenant);
+        // W3C trace context in `_meta` (as MCP clients that trace send it; over HTTP the
+        // request's headers already did the same): the tool call's work joins the agent's trace.
+        let trace_meta = |name: &str| {
+            request
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.get(name))
+                .or_else(|| context.meta.get(name))
+                .and_then(|value| value.as_str())
+        };
+        if let Some(traceparent) = trace_meta("traceparent") {
+            opledger_domain::trace_context::set_remote_parent(
+                &span,
+                traceparent,
+                trace_meta("tracestate"),
+            );
+        }
         let result = match request.name.as_ref() {
             STATUS_TOOL => self.status(&tenant, &arguments).instrument(span).await,
             LIST_TOOL => self.list(&tenant, &arguments).instrument(span).await,

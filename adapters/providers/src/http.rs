@@ -15,6 +15,7 @@ use opledger_domain::provider::{LookupOutcome, SendOutcome};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::Method;
 use serde_json::Value;
+use tracing::Instrument;
 
 /// Largest response body read, in bytes; a longer body counts as unreadable.
 pub const MAX_RESPONSE_BODY_BYTES: usize = 256 * 1024;
@@ -248,11 +249,62 @@ pub async fn send_to(
             .header(CONTENT_TYPE, *content_type)
             .body(body.clone());
     }
+    let span = client_span(request.method.as_str(), base_url, &request.path);
+    // The provider's own tracing (where it has any) joins the caller's trace through it.
+    if let Some(traceparent) = opledger_domain::trace_context::traceparent_of(&span) {
+        builder = builder.header("traceparent", traceparent);
+    }
     let response = builder
         .send()
+        .instrument(span.clone())
         .await
-        .map_err(|error| TransportFailure::from_reqwest(&error))?;
-    read_reply(response).await
+        .map_err(|error| failed(&span, TransportFailure::from_reqwest(&error)))?;
+    span.record("http.response.status_code", response.status().as_u16());
+    read_reply(response)
+        .instrument(span.clone())
+        .await
+        .map_err(|failure| failed(&span, failure))
+}
+
+/// Records on `span` how the request failed (`error.type`, by the classification's two kinds).
+fn failed(span: &tracing::Span, failure: TransportFailure) -> TransportFailure {
+    let kind = match &failure {
+        TransportFailure::NothingSent { .. } => "nothing_sent",
+        TransportFailure::MaybeSent { .. } => "maybe_sent",
+    };
+    span.record("error.type", kind);
+    failure
+}
+
+/// The span of one request to a provider, with OpenTelemetry's HTTP client conventions. The
+/// URL is recorded without its query, where an API may want a key; headers (the credential, the
+/// idempotency key) and bodies (the arguments) never are.
+fn client_span(method: &str, base_url: &str, path: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "provider_http",
+        otel.name = method,
+        otel.kind = "client",
+        http.request.method = method,
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
+        url.full = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        let full = format!("{base_url}{path}");
+        let without_query = full.split(['?', '#']).next().unwrap_or_default();
+        span.record("url.full", without_query);
+        if let Ok(url) = reqwest::Url::parse(without_query) {
+            if let Some(host) = url.host_str() {
+                span.record("server.address", host);
+            }
+            if let Some(port) = url.port_or_known_default() {
+                span.record("server.port", port);
+            }
+        }
+    }
+    span
 }
 
 /// Reads the status, headers and at most [`MAX_RESPONSE_BODY_BYTES`] of the body.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
 use tokio::sync::{mpsc, watch, Notify};
-use tracing::{debug, info};
+use tracing::{debug, info, Instrument};
 
 use super::{BatchOutcome, ReadModelError, ReadModelStore, MAX_BATCH_EVENTS};
 
@@ -240,7 +240,20 @@ impl ReadModelRunner {
                 return Err(feed_ended());
             };
             let (batch, failure) = self.gather(read_models, &mut receiver, first?).await;
-            let outcome = read_models.apply_batch(batch).await?;
+            // A trace of its own: one batch holds events of many operations' traces.
+            let span = tracing::info_span!(
+                parent: None,
+                "read_model_batch",
+                events = batch.len(),
+                checkpoint = tracing::field::Empty,
+            );
+            let outcome = read_models
+                .apply_batch(batch)
+                .instrument(span.clone())
+                .await?;
+            if let Some(checkpoint) = outcome.checkpoint {
+                span.record("checkpoint", checkpoint.value());
+            }
             report.batches += 1;
             report.applied += outcome.applied as u64;
             report.checkpoint = outcome.checkpoint;

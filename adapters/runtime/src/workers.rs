@@ -345,7 +345,8 @@ impl Drives {
             .insert(operation_id, (Instant::now(), version));
         self.stats.drives += 1;
         let engine = Arc::clone(engine);
-        let span = info_span!("drive", %operation_id, ?work);
+        // A root of its own: the engine joins it to the trace its operation was recorded in.
+        let span = info_span!(parent: None, "drive", %operation_id, ?work);
         self.running.spawn(
             async move { (operation_id, engine.drive(operation_id).await.map(drop)) }
                 .instrument(span),

@@ -616,7 +616,9 @@ async fn still_driving(
 /// of a drive down to the store's and the provider's is inlined into it), and tokio moves a
 /// spawned future into its task cell and its output back out by value: callgrind counted ~100 KB
 /// of `memcpy` per operation for the two spawns of a record-and-execute call. A box moves as a
-/// pointer.
-pub(crate) fn boxed<F: std::future::Future>(future: F) -> std::pin::Pin<Box<F>> {
-    Box::pin(future)
+/// pointer. The task carries the request's span, so the work it does is in the caller's trace.
+pub(crate) fn boxed<F: std::future::Future>(
+    future: F,
+) -> std::pin::Pin<Box<tracing::instrument::Instrumented<F>>> {
+    Box::pin(tracing::Instrument::in_current_span(future))
 }

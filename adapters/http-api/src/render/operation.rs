@@ -133,23 +133,38 @@ fn view_from(
                 version: stored.version,
                 reason: error.to_string(),
             })?;
-        events.push(json!({
+        let mut event = json!({
             "version": stored.version,
             "position": stored.position,
             "type": stored.event_type,
             "data": data,
-        }));
+        });
+        if let Some(trace_id) = trace_id_of(stored) {
+            event["trace_id"] = trace_id.into();
+        }
+        events.push(event);
     }
+    // The trace id beside each line written under one, so an attempt is found in the tracing
+    // tool it was exported to.
     let lines = recorded
         .iter()
         .zip(timeline::lines(&history))
-        .map(|((stored, _), line)| format!("@{:<7} v{:<3} {line}", stored.position, stored.version))
+        .map(|((stored, _), line)| {
+            let trace = trace_id_of(stored)
+                .map(|trace_id| format!("  trace={trace_id}"))
+                .unwrap_or_default();
+            format!(
+                "@{:<7} v{:<3} {line}{trace}",
+                stored.position, stored.version
+            )
+        })
         .collect();
     let loaded = LoadedOperation {
         operation_id,
         state: fold(&history),
         version: loaded_version,
         chain,
+        origin_traceparent: None,
     };
     Ok(OperationView {
         loaded,
@@ -157,4 +172,10 @@ fn view_from(
         events,
         lines,
     })
+}
+
+/// The trace id kept in a stored event's metadata, if it was written under a trace.
+fn trace_id_of(stored: &RecordedEvent) -> Option<String> {
+    let traceparent = codec::traceparent_of(&stored.metadata)?;
+    opledger_domain::trace_context::trace_id_of(&traceparent).map(str::to_owned)
 }

@@ -1,0 +1,560 @@
+//! `[telemetry]`: where traces go and how logs read, checked at start.
+//!
+//! ```toml
+//! [telemetry]
+//! endpoint = "http://127.0.0.1:4318"   # the OTLP base URL; traces go to <endpoint>/v1/traces
+//! protocol = "http/protobuf"           # or "grpc" (then the endpoint is the collector's, e.g. :4317)
+//! sampling_ratio = 1.0                 # of traces started here; a caller's decision is followed
+//! service_name = "opledger"
+//! export_timeout_ms = 10000            # one export of one batch
+//! log_format = "text"                  # or "json" (trace_id and span_id on every line)
+//! [telemetry.headers_env]              # header = the environment variable holding its value
+//! x-honeycomb-team = "HONEYCOMB_API_KEY"
+//! ```
+//!
+//! Export is off unless the file names an endpoint or `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the standard `OTEL_*` variables fill in what the
+//! file leaves out (`OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`,
+//! `OTEL_TRACES_SAMPLER_ARG`), and `OTEL_SDK_DISABLED=true` turns export off. Every refusal names
+//! the file, the line and the field (or the variable) and says what to write. Header values are
+//! secrets: they are read from the environment, never written in the file, and never printed.
+
+use std::ops::Range;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The service name spans carry when neither the file nor `OTEL_SERVICE_NAME` names one.
+pub const DEFAULT_SERVICE_NAME: &str = "opledger";
+/// The longest service name accepted, in bytes.
+pub const MAX_SERVICE_NAME_BYTES: usize = 255;
+/// How long one batch's export may take when the file does not say, in milliseconds (the
+/// OpenTelemetry default, `OTEL_EXPORTER_OTLP_TIMEOUT`).
+pub const DEFAULT_EXPORT_TIMEOUT_MS: u64 = 10_000;
+/// The shortest export timeout accepted, in milliseconds: below it a collector across a network
+/// could never answer.
+pub const MIN_EXPORT_TIMEOUT_MS: u64 = 100;
+/// The longest export timeout accepted, in milliseconds. A batch waits for the one before it, so
+/// a longer one only fills the queue (whose overflow is dropped) while a dead collector hangs.
+pub const MAX_EXPORT_TIMEOUT_MS: u64 = 60_000;
+/// Most extra headers on export requests.
+pub const MAX_HEADERS: usize = 32;
+/// The longest endpoint URL accepted, in bytes.
+pub const MAX_ENDPOINT_BYTES: usize = 2048;
+const _: () = assert!(
+    MIN_EXPORT_TIMEOUT_MS <= DEFAULT_EXPORT_TIMEOUT_MS
+        && DEFAULT_EXPORT_TIMEOUT_MS <= MAX_EXPORT_TIMEOUT_MS
+);
+
+/// A telemetry setting that cannot be used, with where it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}{}: {field}: {message}", line.map(|line| format!(":{line}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The configuration file, or `environment` for an `OTEL_*` variable.
+    pub file: String,
+    /// The 1-based line in the file, when there is one.
+    pub line: Option<usize>,
+    /// The field (`telemetry.protocol`) or the variable's name.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+/// The wire protocol of the OTLP exporter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Protobuf over HTTP POST to `<endpoint>/v1/traces` (`http/protobuf`).
+    HttpProtobuf,
+    /// OTLP over gRPC (`grpc`).
+    Grpc,
+}
+
+/// How log lines are written on stderr.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Plain text for people.
+    #[default]
+    Text,
+    /// One JSON object per line, with `trace_id` and `span_id`, for log shippers.
+    Json,
+}
+
+impl LogFormat {
+    /// Reads `text` or `json`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "text" => Some(Self::Text),
+            "json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+}
+
+/// Where and how traces are exported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Export {
+    /// For HTTP, the full URL spans are posted to; for gRPC, the collector's address.
+    pub endpoint: String,
+    /// The wire protocol.
+    pub protocol: Protocol,
+    /// Extra request headers (name, value); values are secrets.
+    pub headers: Vec<(String, String)>,
+    /// The share of traces started here that are recorded, 0.0 to 1.0.
+    pub sampling_ratio: f64,
+    /// `service.name` on every span.
+    pub service_name: String,
+    /// How long one batch's export may take, in milliseconds.
+    pub export_timeout_ms: u64,
+}
+
+/// The checked telemetry settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Settings {
+    /// Trace export (`None`: off).
+    pub export: Option<Export>,
+    /// The log format.
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Outer {
+    #[serde(default)]
+    telemetry: Option<Section>,
+}
+
+/// `[telemetry]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Section {
+    endpoint: Option<Spanned<String>>,
+    protocol: Option<Spanned<String>>,
+    sampling_ratio: Option<Spanned<f64>>,
+    service_name: Option<Spanned<String>>,
+    export_timeout_ms: Option<Spanned<u64>>,
+    log_format: Option<Spanned<String>>,
+    headers_env: Option<Spanned<toml::Table>>,
+}
+
+/// Reads the settings from the environment alone (no configuration file).
+pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+    resolve(&Source::none(), &Section::default(), env)
+}
+
+/// Reads `[telemetry]` from a configuration file's text (other sections are another reader's),
+/// then the environment for what it leaves out.
+pub fn from_file(
+    file: &str,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Settings, ConfigError> {
+    let source = Source { file, text };
+    let outer: Outer = toml::from_str(text)
+        .map_err(|error| source.error(error.span(), "syntax", error.message().trim().to_owned()))?;
+    resolve(&source, &outer.telemetry.unwrap_or_default(), env)
+}
+
+struct Source<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn none() -> Source<'static> {
+        Source {
+            file: "environment",
+            text: "",
+        }
+    }
+
+    fn error(&self, span: Option<Range<usize>>, field: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: span.map(|span| line_of(self.text, span.start)),
+            field: field.to_owned(),
+            message,
+        }
+    }
+}
+
+fn env_error(name: &str, message: String) -> ConfigError {
+    ConfigError {
+        file: "environment".into(),
+        line: None,
+        field: name.into(),
+        message,
+    }
+}
+
+/// A setting from the file (with where it is) or else from an environment variable.
+enum Setting<'a, T> {
+    File(&'a Spanned<T>),
+    Env(&'static str, String),
+}
+
+fn pick<'a, T>(
+    written: &'a Option<Spanned<T>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    names: &[&'static str],
+) -> Option<Setting<'a, T>> {
+    if let Some(written) = written {
+        return Some(Setting::File(written));
+    }
+    names.iter().find_map(|name| {
+        env(name)
+            .filter(|value| !value.trim().is_empty())
+            .map(|value| Setting::Env(name, value.trim().to_owned()))
+    })
+}
+
+fn resolve(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Settings, ConfigError> {
+    let log_format = match &section.log_format {
+        None => LogFormat::Text,
+        Some(written) => LogFormat::parse(written.get_ref()).ok_or_else(|| {
+            source.error(
+                Some(written.span()),
+                "telemetry.log_format",
+                format!("is `{}`; write \"text\" or \"json\"", written.get_ref()),
+            )
+        })?,
+    };
+    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|value| value.trim() == "true");
+    let Some(endpoint) = pick(
+        &section.endpoint,
+        env,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ],
+    ) else {
+        return Ok(Settings {
+            export: None,
+            log_format,
+        });
+    };
+    let protocol = protocol(source, section, env)?;
+    let endpoint = endpoint_url(source, endpoint, protocol)?;
+    let export = Export {
+        endpoint,
+        protocol,
+        headers: headers(source, section, env)?,
+        sampling_ratio: sampling_ratio(source, section, env)?,
+        service_name: service_name(source, section, env)?,
+        export_timeout_ms: export_timeout_ms(source, section)?,
+    };
+    Ok(Settings {
+        export: (!disabled).then_some(export),
+        log_format,
+    })
+}
+
+fn protocol(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Protocol, ConfigError> {
+    let read = |text: &str| match text {
+        "http/protobuf" => Ok(Protocol::HttpProtobuf),
+        "grpc" => Ok(Protocol::Grpc),
+        "http/json" => Err(format!(
+            "is `{text}`, which this build does not export; write \"http/protobuf\" or \"grpc\""
+        )),
+        other => Err(format!("is `{other}`; write \"http/protobuf\" or \"grpc\"")),
+    };
+    match pick(
+        &section.protocol,
+        env,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ],
+    ) {
+        None => Ok(Protocol::HttpProtobuf),
+        Some(Setting::File(written)) => read(written.get_ref())
+            .map_err(|message| source.error(Some(written.span()), "telemetry.protocol", message)),
+        Some(Setting::Env(name, value)) => read(&value).map_err(|message| env_error(name, message)),
+    }
+}
+
+/// The URL spans go to: for HTTP, `<base>/v1/traces` unless the traces-only variable gave the
+/// full URL (as the OpenTelemetry specification says of the two variables).
+fn endpoint_url(
+    source: &Source<'_>,
+    endpoint: Setting<'_, String>,
+    protocol: Protocol,
+) -> Result<String, ConfigError> {
+    let (text, full, fail): (String, bool, Box<dyn Fn(String) -> ConfigError>) = match endpoint {
+        Setting::File(written) => (
+            written.get_ref().trim().to_owned(),
+            false,
+            Box::new(move |message| {
+                source.error(Some(written.span()), "telemetry.endpoint", message)
+            }),
+        ),
+        Setting::Env(name, value) => (
+            value,
+            name == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            Box::new(move |message| env_error(name, message)),
+        ),
+    };
+    if text.len() > MAX_ENDPOINT_BYTES {
+        return Err(fail(format!(
+            "is {} bytes long; an endpoint is at most {MAX_ENDPOINT_BYTES}",
+            text.len()
+        )));
+    }
+    let uri: http::Uri = text.parse().map_err(|_| {
+        fail(format!(
+            "`{text}` is not a URL; write the collector's, e.g. \"http://127.0.0.1:4318\""
+        ))
+    })?;
+    let scheme = uri.scheme_str().unwrap_or_default();
+    if !matches!(scheme, "http" | "https") || uri.authority().is_none() {
+        return Err(fail(format!(
+            "`{text}` is not an http:// or https:// URL with a host; write the collector's, e.g. \"http://127.0.0.1:4318\""
+        )));
+    }
+    if uri.query().is_some() {
+        return Err(fail(
+            "carries a query string; put credentials in headers_env (or OTEL_EXPORTER_OTLP_HEADERS), not in the URL".into(),
+        ));
+    }
+    match protocol {
+        // This build's gRPC exporter carries no TLS stack of its own.
+        Protocol::Grpc if scheme == "https" => Err(fail(
+            "is https, and this build exports gRPC in plain text only; use protocol \"http/protobuf\" (TLS through rustls) or a collector on a private network".into(),
+        )),
+        Protocol::Grpc => Ok(text),
+        Protocol::HttpProtobuf if full => Ok(text),
+        Protocol::HttpProtobuf => Ok(format!("{}/v1/traces", text.trim_end_matches('/'))),
+    }
+}
+
+fn headers(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let Some(table) = &section.headers_env else {
+        return Ok(Vec::new());
+    };
+    let fail = |message: String| source.error(Some(table.span()), "telemetry.headers_env", message);
+    if table.get_ref().len() > MAX_HEADERS {
+        return Err(fail(format!(
+            "names {} headers; at most {MAX_HEADERS} are allowed",
+            table.get_ref().len()
+        )));
+    }
+    let mut headers = Vec::new();
+    for (name, variable) in table.get_ref() {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(fail(format!("`{name}` is not an HTTP header name")));
+        }
+        let Some(variable) = variable.as_str() else {
+            return Err(fail(format!(
+                "`{name}` must name an environment variable, as a string (\"{}_TOKEN\")",
+                name.to_uppercase().replace('-', "_")
+            )));
+        };
+        let Some(value) = env(variable).filter(|value| !value.is_empty()) else {
+            return Err(fail(format!(
+                "`{name}` is read from the environment variable `{variable}`, which is not set; set it, or remove the header"
+            )));
+        };
+        if http::HeaderValue::from_str(&value).is_err() {
+            // The value is a secret: say where it is, never what it is.
+            return Err(fail(format!(
+                "the value of `{variable}` (for `{name}`) is not a valid header value (visible ASCII only)"
+            )));
+        }
+        headers.push((name.clone(), value));
+    }
+    Ok(headers)
+}
+
+fn sampling_ratio(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<f64, ConfigError> {
+    const WHAT: &str = "write a number from 0.0 (none) to 1.0 (every trace)";
+    let in_range = |ratio: f64| (0.0..=1.0).contains(&ratio);
+    match pick(&section.sampling_ratio, env, &["OTEL_TRACES_SAMPLER_ARG"]) {
+        None => Ok(1.0),
+        Some(Setting::File(written)) if in_range(*written.get_ref()) => Ok(*written.get_ref()),
+        Some(Setting::File(written)) => Err(source.error(
+            Some(written.span()),
+            "telemetry.sampling_ratio",
+            format!("is {}; {WHAT}", written.get_ref()),
+        )),
+        Some(Setting::Env(name, value)) => value
+            .parse::<f64>()
+            .ok()
+            .filter(|ratio| in_range(*ratio))
+            .ok_or_else(|| env_error(name, format!("is `{value}`; {WHAT}"))),
+    }
+}
+
+fn service_name(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, ConfigError> {
+    let check = |name: &str| {
+        if name.trim().is_empty() || name.len() > MAX_SERVICE_NAME_BYTES {
+            Err(format!(
+                "is {} bytes; write a name of 1 to {MAX_SERVICE_NAME_BYTES} bytes",
+                name.len()
+            ))
+        } else {
+            Ok(name.to_owned())
+        }
+    };
+    match pick(&section.service_name, env, &["OTEL_SERVICE_NAME"]) {
+        None => Ok(DEFAULT_SERVICE_NAME.to_owned()),
+        Some(Setting::File(written)) => check(written.get_ref()).map_err(|message| {
+            source.error(Some(written.span()), "telemetry.service_name", message)
+        }),
+        Some(Setting::Env(name, value)) => {
+            check(&value).map_err(|message| env_error(name, message))
+        }
+    }
+}
+
+fn export_timeout_ms(source: &Source<'_>, section: &Section) -> Result<u64, ConfigError> {
+    let Some(written) = &section.export_timeout_ms else {
+        return Ok(DEFAULT_EXPORT_TIMEOUT_MS);
+    };
+    let value = *written.get_ref();
+    if (MIN_EXPORT_TIMEOUT_MS..=MAX_EXPORT_TIMEOUT_MS).contains(&value) {
+        return Ok(value);
+    }
+    Err(source.error(
+        Some(written.span()),
+        "telemetry.export_timeout_ms",
+        format!(
+            "is {value}; write {MIN_EXPORT_TIMEOUT_MS} to {MAX_EXPORT_TIMEOUT_MS} (milliseconds)"
+        ),
+    ))
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset)
+        .map_or(1, |before| before.matches('\n').count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn file(text: &str) -> Result<Settings, ConfigError> {
+        from_file("opledger.toml", text, &no_env)
+    }
+
+    #[test]
+    fn without_an_endpoint_export_is_off() {
+        assert_eq!(file("listen = \"127.0.0.1:1\"\n").unwrap().export, None);
+        assert_eq!(from_env(&no_env).unwrap(), Settings::default());
+    }
+
+    #[test]
+    fn the_standard_endpoint_variable_turns_export_on_and_the_protocol_variable_picks_grpc() {
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4317".to_owned()),
+            "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("grpc".to_owned()),
+            _ => None,
+        };
+        let export = from_env(&env).unwrap().export.expect("on");
+        assert_eq!(export.protocol, Protocol::Grpc);
+        assert_eq!(export.endpoint, "http://127.0.0.1:4317");
+        let env = |name: &str| {
+            (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://127.0.0.1:4318/".to_owned())
+        };
+        let export = from_env(&env).unwrap().export.expect("on");
+        assert_eq!(export.protocol, Protocol::HttpProtobuf);
+        assert_eq!(export.endpoint, "http://127.0.0.1:4318/v1/traces");
+    }
+
+    #[test]
+    fn bad_values_are_refused_at_their_line_with_what_to_write() {
+        let cases = [
+            ("protocol = \"smoke\"", "telemetry.protocol"),
+            ("sampling_ratio = 1.5", "telemetry.sampling_ratio"),
+            ("endpoint = \"ftp://x\"", "telemetry.endpoint"),
+            (
+                "endpoint = \"http://x:4318?key=secret\"",
+                "telemetry.endpoint",
+            ),
+            ("export_timeout_ms = 5", "telemetry.export_timeout_ms"),
+            ("log_format = \"xml\"", "telemetry.log_format"),
+            ("service_name = \"\"", "telemetry.service_name"),
+        ];
+        for (line, field) in cases {
+            let text = format!("listen = \"127.0.0.1:1\"\n[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\n{line}\n");
+            let text = if line.starts_with("endpoint") {
+                format!("listen = \"127.0.0.1:1\"\n[telemetry]\n\n{line}\n")
+            } else {
+                text
+            };
+            let error = file(&text).expect_err(line);
+            assert_eq!(error.field, field, "{line}");
+            assert_eq!(error.line, Some(4), "{line}: {error}");
+            assert!(error
+                .to_string()
+                .starts_with(&format!("opledger.toml:4: {field}: ")));
+        }
+        let error = file("[telemetry]\nendpont = \"http://x\"\n").unwrap_err();
+        assert_eq!((error.field.as_str(), error.line), ("syntax", Some(2)));
+    }
+
+    #[test]
+    fn a_header_is_read_from_its_variable_and_a_missing_one_is_named_without_a_value() {
+        let text = "[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\n[telemetry.headers_env]\nx-api-key = \"COLLECTOR_KEY\"\n";
+        let env = |name: &str| (name == "COLLECTOR_KEY").then(|| "s3cret".to_owned());
+        let export = from_file("f.toml", text, &env).unwrap().export.unwrap();
+        assert_eq!(export.headers, vec![("x-api-key".into(), "s3cret".into())]);
+        let error = file(text).unwrap_err();
+        assert_eq!(error.line, Some(3));
+        assert!(
+            error.message.contains("`COLLECTOR_KEY`, which is not set"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_bad_environment_value_names_the_variable() {
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4318".to_owned()),
+            "OTEL_EXPORTER_OTLP_PROTOCOL" => Some("carrier-pigeon".to_owned()),
+            _ => None,
+        };
+        let error = from_env(&env).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment: OTEL_EXPORTER_OTLP_PROTOCOL: is `carrier-pigeon`; write \"http/protobuf\" or \"grpc\""
+        );
+    }
+
+    #[test]
+    fn the_file_wins_over_the_environment_and_sdk_disabled_turns_export_off() {
+        let text =
+            "[telemetry]\nendpoint = \"http://collector:4318\"\nservice_name = \"ledger-eu\"\n";
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://elsewhere:4318".to_owned()),
+            "OTEL_SERVICE_NAME" => Some("other".to_owned()),
+            _ => None,
+        };
+        let export = from_file("f.toml", text, &env).unwrap().export.unwrap();
+        assert_eq!(export.endpoint, "http://collector:4318/v1/traces");
+        assert_eq!(export.service_name, "ledger-eu");
+        let off = |name: &str| (name == "OTEL_SDK_DISABLED").then(|| "true".to_owned());
+        assert_eq!(from_file("f.toml", text, &off).unwrap().export, None);
+    }
+}

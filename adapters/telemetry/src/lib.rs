@@ -1,0 +1,163 @@
+//! OpenTelemetry wiring: the `tracing` spans the code already has, exported as OTLP traces, with
+//! W3C trace context in and out, and the log format.
+//!
+//! The rest of the code depends on `tracing` and on the domain's trace context port
+//! (`opledger_domain::trace_context`) only; this crate is the one place that knows
+//! OpenTelemetry. [`install`] sets up the process's subscriber: the log layer (text or JSON) with
+//! the `-v`/`RUST_LOG` filter, and, when export is configured, an OpenTelemetry layer with a
+//! filter of its own (the ledger's spans at info and above, whatever the log level), a
+//! parent-based ratio sampler and a batch exporter that runs on its own thread.
+//!
+//! It must never make the ledger wait for, or fail because of, a collector: spans are queued
+//! (bounded, the overflow dropped) and exported in the background, and a failed export costs a
+//! count in `/metrics` (`opledger_trace_export_failures_total`). With export off and text logs,
+//! nothing here runs per request.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+mod context;
+mod export;
+mod json_log;
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
+
+/// The tracer's instrumentation scope name.
+const TRACER_NAME: &str = "opledger";
+
+/// Telemetry that could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The OTLP exporter could not be built from checked settings (a TLS or runtime problem).
+    #[error("the OTLP trace exporter could not be built: {0}")]
+    Exporter(String),
+    /// A subscriber was set already.
+    #[error("logging was set up twice: {0}")]
+    Subscriber(String),
+}
+
+/// Keeps the exporter; [`Telemetry::shutdown`] exports what is queued before the process ends.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports what is queued (bounded by the export timeout) and stops the exporter. Called
+    /// from a thread that may block: the batch processor's thread is joined.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            // A collector that is down loses the last batch; that is all it may cost.
+            let _ = provider.shutdown();
+        }
+    }
+
+    /// Whether spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+}
+
+/// Installs the process's subscriber: logs on stderr in `settings.log_format` filtered by
+/// `log_filter`, and the trace exporter when `settings.export` says so. Call it inside the tokio
+/// runtime (the gRPC exporter's channel is built on it).
+pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, InitError> {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let log_layer = match settings.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .with_filter(log_filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(json_log::JsonWithTrace)
+            .with_writer(std::io::stderr)
+            .with_filter(log_filter)
+            .boxed(),
+    };
+    // JSON logs carry trace ids even with export off, so a caller's `traceparent` still ties
+    // their trace to these lines: the OpenTelemetry layer runs, with nothing to export to.
+    let provider = match (&settings.export, settings.log_format) {
+        (Some(export), _) => Some(exporting_provider(export)?),
+        (None, LogFormat::Json) => Some(SdkTracerProvider::builder().build()),
+        (None, LogFormat::Text) => None,
+    };
+    let otel_layer = provider.as_ref().map(|provider| {
+        // The ledger's own spans at info and above whatever the log level says, and nobody
+        // else's: the HTTP clients' own spans would include the exporter's requests.
+        // (A target matches by prefix: `opledger` covers every `opledger_*` crate.)
+        let ours = Targets::new().with_target("opledger", LevelFilter::INFO);
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(TRACER_NAME))
+            .with_tracked_inactivity(false)
+            .with_filter(ours)
+    });
+    tracing_subscriber::registry()
+        .with(log_layer)
+        .with(otel_layer)
+        .try_init()
+        .map_err(|error| InitError::Subscriber(error.to_string()))?;
+    if provider.is_some() {
+        opledger_domain::trace_context::install(Box::new(context::Adapter::new()));
+    }
+    let exported = settings.export.is_some();
+    Ok(Telemetry {
+        provider: provider.filter(|_| exported),
+    })
+}
+
+fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
+    let timeout = Duration::from_millis(export.export_timeout_ms);
+    let exporter = match export.protocol {
+        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(export.endpoint.clone())
+            .with_timeout(timeout)
+            .with_headers(export.headers.iter().cloned().collect())
+            .build(),
+        Protocol::Grpc => {
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in &export.headers {
+                // Both were checked as HTTP header name and value when the settings were read.
+                if let (Ok(name), Ok(value)) = (
+                    http::HeaderName::from_bytes(name.as_bytes()),
+                    http::HeaderValue::from_str(value),
+                ) {
+                    headers.insert(name, value);
+                }
+            }
+            let metadata =
+                opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers);
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(export.endpoint.clone())
+                .with_timeout(timeout)
+                .with_metadata(metadata)
+                .build()
+        }
+    }
+    .map_err(|error| InitError::Exporter(error.to_string()))?;
+    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(export.sampling_ratio)));
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(export::Counted::new(exporter))
+        .with_sampler(sampler)
+        .with_resource(
+            Resource::builder()
+                .with_service_name(export.service_name.clone())
+                .build(),
+        )
+        .build())
+}

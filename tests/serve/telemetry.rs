@@ -1,0 +1,481 @@
+//! OpenTelemetry export (issue 33), against a real OTLP HTTP/protobuf receiver: a loopback
+//! server that decodes what `opledger serve` posts with the OTLP protobuf definitions
+//! (`opentelemetry-proto`), as a collector would. Nothing of the exporter is mocked.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode as AxumStatus;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use opledger_crm_stand::{FaultKind, Shape};
+use prost::Message;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::{Harness, Server, ACCOUNT, DEADLINE, TENANT_A_TOKEN};
+
+/// The caller's (an agent platform's) trace and span, as its `traceparent` names them.
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+/// An operator's later request, in a trace of its own.
+const OPERATOR_TRACE: &str = "a3ce929d0e0e47364bf92f3577b34da6";
+const OPERATOR_SPAN: &str = "0ba902b700f067aa";
+/// The task's title: an argument, which no span may carry.
+const TITLE: &str = "Call the client about invoice 4471";
+/// The stand's credential for the account (see support.rs), which no span may carry.
+const ACCOUNT_TOKEN: &str = "token-acct-1";
+
+/// A loopback OTLP/HTTP receiver keeping every span posted to `/v1/traces`.
+struct Receiver {
+    url: String,
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(receive))
+            .with_state(Arc::clone(&spans));
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .await
+            .expect("the receiver binds");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, spans }
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().expect("not poisoned").clone()
+    }
+
+    /// Waits until a span satisfies `done` (the exporter sends in batches, in the background).
+    async fn until(&self, what: &str, done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        let started = Instant::now();
+        loop {
+            let spans = self.spans();
+            if done(&spans) {
+                return spans;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "the receiver never got {what}; it has: {:#?}",
+                spans.iter().map(describe).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn receive(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> AxumStatus {
+    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+        return AxumStatus::BAD_REQUEST;
+    };
+    let mut kept = spans.lock().expect("not poisoned");
+    for resource in request.resource_spans {
+        for scope in resource.scope_spans {
+            kept.extend(scope.spans);
+        }
+    }
+    AxumStatus::OK
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn attributes(span: &Span) -> BTreeMap<String, String> {
+    span.attributes
+        .iter()
+        .map(|attribute| {
+            let value = match attribute
+                .value
+                .as_ref()
+                .and_then(|value| value.value.as_ref())
+            {
+                Some(AnyValue::StringValue(text)) => text.clone(),
+                Some(AnyValue::IntValue(number)) => number.to_string(),
+                Some(AnyValue::BoolValue(flag)) => flag.to_string(),
+                Some(AnyValue::DoubleValue(number)) => number.to_string(),
+                other => format!("{other:?}"),
+            };
+            (attribute.key.clone(), value)
+        })
+        .collect()
+}
+
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    attributes(span).remove(key)
+}
+
+fn describe(span: &Span) -> String {
+    format!(
+        "{} trace={} span={} parent={} {:?}",
+        span.name,
+        hex(&span.trace_id),
+        hex(&span.span_id),
+        hex(&span.parent_span_id),
+        attributes(span)
+    )
+}
+
+/// The spans of `operation_id`'s whole history that the receiver has.
+fn named<'a>(spans: &'a [Span], name: &str, operation_id: &str) -> Vec<&'a Span> {
+    spans
+        .iter()
+        .filter(|span| {
+            span.name == name && attribute(span, "operation_id").as_deref() == Some(operation_id)
+        })
+        .collect()
+}
+
+/// Whether `ancestor` is `span` or above it, following parent span ids within the spans held.
+fn descends_from(spans: &[Span], span: &Span, ancestor: &[u8]) -> bool {
+    let by_id: BTreeMap<&[u8], &Span> = spans.iter().map(|s| (s.span_id.as_slice(), s)).collect();
+    let mut current = span;
+    for _ in 0..64 {
+        if current.span_id == ancestor || current.parent_span_id == ancestor {
+            return true;
+        }
+        match by_id.get(current.parent_span_id.as_slice()) {
+            Some(parent) => current = parent,
+            None => return false,
+        }
+    }
+    false
+}
+
+fn start_exporting(harness: &Harness, endpoint: &str) -> Server {
+    let config = harness.config.display().to_string();
+    Server::start_with_env(
+        &["serve", "--config", &config, "--log-format", "json"],
+        harness.dir.path(),
+        &[
+            // The standard variable alone turns export on.
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            // Batches every 50 ms instead of every 5 s, so the test waits less.
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_to_the_outcome() {
+    let receiver = Receiver::start().await;
+    let harness = Harness::new("").await;
+    // The lookup-only CRM: the send loses its answer, and a worker's lookup finds the task
+    // once its search catches up, after the caller has had its answer.
+    harness
+        .fault(Shape::Plain, FaultKind::DropResponse, 1)
+        .await;
+    let server = start_exporting(&harness, &receiver.url);
+    let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let body = json!({
+        "provider": "crm-plain", "account": ACCOUNT, "action": "create_task",
+        "args": {"title": TITLE},
+    });
+    let (status, _, answered) = server
+        .post_with_headers(
+            // A short wait: the caller has its answer (unknown) before the search catches up.
+            "/v1/operations?execute=true&wait_ms=100",
+            TENANT_A_TOKEN,
+            &[
+                ("traceparent", &traceparent),
+                ("tracestate", "vendor=agent"),
+            ],
+            &body,
+        )
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    let operation_id = answered["operation_id"].as_str().expect("an id").to_owned();
+    let key = answered["idempotency_key"]
+        .as_str()
+        .expect("a key")
+        .to_owned();
+    let settled = server
+        .wait_for_state(TENANT_A_TOKEN, &operation_id, &["succeeded"])
+        .await;
+    let external_id = settled["external_id"]
+        .as_str()
+        .expect("an external id")
+        .to_owned();
+
+    let spans = receiver
+        .until("the lookup that found the task", |spans| {
+            named(spans, "lookup", &operation_id)
+                .iter()
+                .any(|span| attribute(span, "state").as_deref() == Some("succeeded"))
+        })
+        .await;
+    let caller_span = (0..8)
+        .map(|i| u8::from_str_radix(&CALLER_SPAN[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect::<Vec<u8>>();
+
+    // One trace: every span about the operation is in the caller's.
+    let ours: Vec<&Span> = spans
+        .iter()
+        .filter(|span| attribute(span, "operation_id").as_deref() == Some(&operation_id))
+        .collect();
+    let traces: BTreeSet<String> = ours.iter().map(|span| hex(&span.trace_id)).collect();
+    assert_eq!(
+        traces,
+        BTreeSet::from([CALLER_TRACE.to_owned()]),
+        "{:#?}",
+        ours.iter().map(|span| describe(span)).collect::<Vec<_>>()
+    );
+
+    // The request is the child of the caller's span, and the record its descendant.
+    let request = spans
+        .iter()
+        .find(|span| span.name == "POST /v1/operations" && hex(&span.trace_id) == CALLER_TRACE)
+        .expect("the request's span");
+    assert_eq!(hex(&request.parent_span_id), CALLER_SPAN);
+    assert_eq!(
+        attribute(request, "http.request.method").as_deref(),
+        Some("POST")
+    );
+    assert_eq!(
+        attribute(request, "http.response.status_code"),
+        Some(status.as_u16().to_string())
+    );
+    let record = named(&spans, "record", &operation_id);
+    let [record] = record.as_slice() else {
+        panic!("one record span: {record:?}")
+    };
+    assert!(descends_from(&spans, record, &request.span_id));
+    for (key, value) in [
+        ("tenant", "tenant-a"),
+        ("provider", "crm-plain"),
+        ("account", ACCOUNT),
+        ("action", "create_task"),
+    ] {
+        assert_eq!(
+            attribute(record, key).as_deref(),
+            Some(value),
+            "record {key}"
+        );
+    }
+
+    // The send that lost its answer, with its HTTP client span below it.
+    let sends = named(&spans, "send", &operation_id);
+    let [send] = sends.as_slice() else {
+        panic!("one send: {sends:?}")
+    };
+    assert!(descends_from(&spans, send, &request.span_id));
+    assert_eq!(attribute(send, "state").as_deref(), Some("unknown"));
+    assert!(attribute(send, "attempt_id").is_some_and(|id| !id.is_empty()));
+    let client = spans
+        .iter()
+        .find(|span| span.name == "POST" && descends_from(&spans, span, &send.span_id))
+        .expect("the provider request's span under the send");
+    let client_attributes = attributes(client);
+    assert_eq!(
+        client_attributes.get("error.type").map(String::as_str),
+        Some("maybe_sent")
+    );
+    assert_eq!(
+        client_attributes.get("server.address").map(String::as_str),
+        Some("127.0.0.1")
+    );
+    assert!(client_attributes
+        .get("url.full")
+        .is_some_and(|url| url.starts_with("http://127.0.0.1:") && !url.contains('?')));
+
+    // The lookup that found the task: a worker's, after the answer, joined to the trace through
+    // the context kept with the intent (its drive's parent is a span of the caller's request).
+    let lookup = named(&spans, "lookup", &operation_id)
+        .into_iter()
+        .find(|span| attribute(span, "state").as_deref() == Some("succeeded"))
+        .expect("the successful lookup");
+    assert_eq!(
+        attribute(lookup, "external_id").as_deref(),
+        Some(external_id.as_str())
+    );
+    assert!(
+        descends_from(&spans, lookup, &caller_span),
+        "the lookup hangs under the caller's span: {}",
+        describe(lookup)
+    );
+    let drive = spans
+        .iter()
+        .find(|span| span.span_id == lookup.parent_span_id)
+        .expect("the lookup's parent");
+    assert_eq!(
+        (drive.name.as_str(), drive.parent_span_id.as_slice()),
+        ("drive", record.span_id.as_slice()),
+        "a worker's drive, joined to the record through the context kept with the intent"
+    );
+    let lookup_client = spans
+        .iter()
+        .find(|span| span.name == "GET" && descends_from(&spans, span, &lookup.span_id))
+        .expect("the lookup's HTTP span");
+    assert_eq!(
+        attribute(lookup_client, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+
+    // Never arguments, keys, tokens or secrets, in any span.
+    for span in &spans {
+        for (name, value) in attributes(span) {
+            for secret in [TITLE, ACCOUNT_TOKEN, TENANT_A_TOKEN, key.as_str()] {
+                assert!(
+                    !value.contains(secret),
+                    "{name} of {} carries `{secret}`",
+                    span.name
+                );
+            }
+        }
+    }
+
+    // The CRM saw the caller's trace on the send.
+    let requests = harness.admin.requests().await.expect("the stand's log");
+    let posted = requests
+        .iter()
+        .find(|request| request.method == "POST")
+        .expect("the send reached the stand");
+    let seen = posted
+        .traceparent
+        .as_deref()
+        .expect("a traceparent at the CRM");
+    assert!(seen.starts_with(&format!("00-{CALLER_TRACE}-")), "{seen}");
+    assert_eq!(
+        &seen[36..52],
+        hex(&client.span_id),
+        "the send's HTTP span is the parent"
+    );
+
+    // The history shows the trace id beside each event written under it.
+    let (status, history) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{operation_id}/events"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let events = history["events"].as_array().expect("events");
+    for event in events {
+        assert_eq!(event["trace_id"], CALLER_TRACE, "{event}");
+    }
+
+    // The JSON log lines written in the operation's spans carry the caller's trace id.
+    let mut logged = 0;
+    for entry in std::fs::read_dir(harness.dir.path()).expect("the directory") {
+        let path = entry.expect("an entry").path();
+        if !path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("serve-"))
+        {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).expect("the log").lines() {
+            let line: Value = serde_json::from_str(line)
+                .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}"));
+            let about_it = line["spans"].as_array().is_some_and(|spans| {
+                spans
+                    .iter()
+                    .any(|span| span["operation_id"] == operation_id.as_str())
+            });
+            if about_it {
+                assert_eq!(line["trace_id"], CALLER_TRACE, "{line}");
+                assert!(
+                    line["span_id"].as_str().is_some_and(|id| id.len() == 16),
+                    "{line}"
+                );
+                logged += 1;
+            }
+        }
+    }
+    assert!(
+        logged > 0,
+        "no log line was written in the operation's spans"
+    );
+
+    // An operator's later request, in the operator's own trace, is linked to the operation's.
+    let operator_parent = format!("00-{OPERATOR_TRACE}-{OPERATOR_SPAN}-01");
+    let executed = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/operations/{operation_id}/execute?wait_ms=100",
+            server.base
+        ))
+        .bearer_auth(TENANT_A_TOKEN)
+        .header("traceparent", &operator_parent)
+        .send()
+        .await
+        .expect("the server answers");
+    assert!(executed.status().is_success(), "{executed:?}");
+    let spans = receiver
+        .until(
+            "a span of the operator's trace linked to the caller's",
+            |spans| {
+                spans.iter().any(|span| {
+                    hex(&span.trace_id) == OPERATOR_TRACE
+                        && span
+                            .links
+                            .iter()
+                            .any(|link| hex(&link.trace_id) == CALLER_TRACE)
+                })
+            },
+        )
+        .await;
+    assert!(spans
+        .iter()
+        .filter(|span| hex(&span.trace_id) == OPERATOR_TRACE)
+        .all(|span| attribute(span, "operation_id").is_none_or(|id| id == operation_id)));
+}
+
+#[tokio::test]
+async fn export_to_a_receiver_that_is_down_costs_a_counter_and_no_answer() {
+    // A port that refuses: bound, then closed.
+    let closed = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a port");
+    let endpoint = format!("http://{}", closed.local_addr().expect("an address"));
+    drop(closed);
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &endpoint);
+    for n in 0..20 {
+        let (status, answered) = server
+            .post(
+                "/v1/operations?execute=true&wait_ms=2000",
+                TENANT_A_TOKEN,
+                &json!({
+                    "provider": "crm", "account": ACCOUNT, "action": "create_task",
+                    "args": {"title": format!("task {n}")},
+                }),
+            )
+            .await;
+        assert!(status.is_success(), "{status} {answered}");
+        assert_eq!(answered["state"], "succeeded", "{answered}");
+    }
+    let started = Instant::now();
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .expect("the server answers")
+            .text()
+            .await
+            .expect("a body");
+        let failures: u64 = metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("opledger_trace_export_failures_total "))
+            .and_then(|count| count.trim().parse().ok())
+            .expect("the export failure counter is shown");
+        if failures > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no export failure was counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Still answering after the failures were counted.
+    let (status, _) = server.call(Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
