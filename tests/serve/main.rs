@@ -21,4 +21,5 @@ mod soak;
 mod storage_faults;
 mod stream;
 mod support;
+mod typescript;
 mod webhooks;
