@@ -365,7 +365,7 @@ export class Ledger {
           { provider: action.provider, account, action: action.action, args: rest },
           { idempotencyKey: requestKey(call.requestId), waitMs: options.waitMs },
         );
-        return { text: operation.message, operation };
+        return { text: sentenceOf(operation), operation };
       },
     };
   }
@@ -430,6 +430,18 @@ export class Ledger {
     if (!response.ok) throw await apiError(response);
     return response;
   }
+}
+
+/**
+ * What a guarded tool answers: the ledger's sentence, and for a send not confirmed yet (its
+ * sentence says so but gives no advice) that it must not be repeated, as the MCP tools say.
+ * @param {Operation} operation
+ */
+export function sentenceOf(operation) {
+  if (operation.state === "pending" || operation.state === "in_flight") {
+    return `${operation.message} Not confirmed yet: do not repeat the call (operation ${operation.operation_id}).`;
+  }
+  return operation.message;
 }
 
 /**

@@ -60,7 +60,7 @@ test("refusals are typed errors carrying the API's status and code", async () =>
     (error) => error instanceof LedgerError && error.status === 409 && error.code === "idempotency_key_reused",
   );
   await assert.rejects(
-    client.record({ provider: "crm", account: account(), action: "create_task", args: { nope: 1 } }),
+    client.record({ provider: "crm", account: account(), action: "create_task", args: { title: 42 } }),
     (error) => error instanceof LedgerError && error.status === 422 && error.code === "invalid_input",
   );
   await assert.rejects(
@@ -106,16 +106,16 @@ test("an approval covers the recorded snapshot and the operator's review decides
   });
   assert.equal(waiting.state, "awaiting_approval");
   await assert.rejects(
-    client.approve(waiting.operation_id, { args_hash: "0".repeat(64) }),
+    client.approve(waiting.operation_id, { approver: "manager", args_hash: `sha256:${"0".repeat(64)}` }),
     (error) => error instanceof LedgerError && error.status === 409,
   );
-  const approved = await client.approve(waiting.operation_id, { args_hash: waiting.args_hash });
+  const approved = await client.approve(waiting.operation_id, { approver: "manager", args_hash: waiting.args_hash });
   assert.equal(approved.state, "pending");
 
   const lost = title("Reviewed");
   await stand.dropNextResponse("plain");
   const unknown = await client.recordAndExecute(
-    { provider: "crm-plain", account: account(), action: "create_task", args: { title: lost } }, { waitMs: 5000 },
+    { provider: "crm-plain", account: account(), action: "create_task", args: { title: lost } }, { waitMs: 100 },
   );
   assert.ok(notConfirmed(unknown), unknown.state);
   const queue = await operator().reviewQueue({ limit: 1000 });
@@ -166,7 +166,9 @@ test("the outcome feed resumes after the last event with Last-Event-ID", async (
 test("a guarded tool answers not confirmed after a lost response and its retry finds the one task", async () => {
   const client = ledger();
   const task = title("Guarded");
-  const createTask = client.guardedTool({ provider: "crm-plain", account: account(), action: "create_task" }, { waitMs: 5000 });
+  // A short wait: the answer comes while the send is unknown (or still in flight), before the
+  // plain CRM's search (its lag is 200 ms) can show the object.
+  const createTask = client.guardedTool({ provider: "crm-plain", account: account(), action: "create_task" }, { waitMs: 100 });
   await stand.dropNextResponse("plain");
   const first = await createTask.run({ title: task }, { requestId: "ts-call-1" });
   assertNotConfirmedSentence(first.text);

@@ -25,6 +25,8 @@ import {
 setTracingDisabled(true);
 
 const CREATE_TASK = () => ({ provider: "crm-plain", account: account(), action: "create_task" });
+/** A short wait: the first answer comes before the plain CRM's search (lag 200 ms) shows the task. */
+const SHORT = { waitMs: 100 };
 const WAIT = { waitMs: 5000 };
 
 /**
@@ -69,7 +71,7 @@ test("Vercel AI SDK: a lost response then the SDK's repeat of the tool call make
     create_task: aiTool({
       description: "Create a task in the CRM.",
       inputSchema: z.object({ title: z.string() }),
-      execute: aiSdk.guardedExecute(ledger(), CREATE_TASK(), WAIT),
+      execute: aiSdk.guardedExecute(ledger(), CREATE_TASK(), SHORT),
     }),
   };
   await lostResponseThenRetry(task, async (id) => {
@@ -130,7 +132,7 @@ test("OpenAI Agents SDK: a lost response then the run's repeat of the function c
     name: "create_task",
     description: "Create a task in the CRM.",
     parameters: z.object({ title: z.string() }),
-    execute: openaiAgents.guardedExecute(ledger(), CREATE_TASK(), WAIT),
+    execute: openaiAgents.guardedExecute(ledger(), CREATE_TASK(), SHORT),
   });
   await lostResponseThenRetry(task, async (id) => {
     const agent = new Agent({ name: "assistant", model: scriptedModel("create_task", id, { title: task }), tools: [createTask] });
@@ -150,7 +152,7 @@ test("OpenAI Agents SDK: the tools from GET /v1/actions act in the account the m
 
 test("LangChain.js: a lost response then invoking the same ToolCall again makes one task", async () => {
   const task = title("langchain");
-  const createTask = langchainTool(langchain.guardedFunc(ledger(), CREATE_TASK(), WAIT), {
+  const createTask = langchainTool(langchain.guardedFunc(ledger(), CREATE_TASK(), SHORT), {
     name: "create_task",
     description: "Create a task in the CRM.",
     schema: z.object({ title: z.string() }),

@@ -65,8 +65,8 @@ export async function untilSettled(client, operationId) {
 /** What the ledger says for an outcome it has not confirmed: never "Done", always "do not repeat". */
 export function assertNotConfirmedSentence(/** @type {string} */ text) {
   assert.doesNotMatch(text, /^Done/);
-  assert.match(text, /not confirmed/);
-  assert.match(text, /do not repeat/);
+  assert.match(text, /not confirmed/i);
+  assert.match(text, /do not repeat/i);
 }
 
 /** A confirmed sentence naming the one object. */

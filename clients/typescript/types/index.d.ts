@@ -3,6 +3,12 @@ export function confirmed(operation: Operation): boolean;
 /** Whether `operation`'s outcome is not known yet: do not repeat it; ask `status` later. */
 export function notConfirmed(operation: Operation): boolean;
 /**
+ * What a guarded tool answers: the ledger's sentence, and for a send not confirmed yet (its
+ * sentence says so but gives no advice) that it must not be repeated, as the MCP tools say.
+ * @param {Operation} operation
+ */
+export function sentenceOf(operation: Operation): string;
+/**
  * Server-Sent Events from a byte stream, as the WHATWG parsing rules read them.
  * @param {ReadableStream<Uint8Array>} body
  * @returns {AsyncGenerator<{ id?: string, event?: string, data: string }>}

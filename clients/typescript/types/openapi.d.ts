@@ -4,6 +4,108 @@
  */
 
 export interface paths {
+    "/healthz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Liveness and read-model lag. */
+        get: operations["health"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token; then that bearer token is required. */
+        get: operations["metrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/actions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The configured actions the tenant token may use, each described as a tool (name, description, input JSON Schema, deduplication contract), so an agent framework builds its tools from here; the descriptions and schemas are the MCP tools' own, without `request_id` (the framework's tool-call id names the request, sent as the Idempotency-Key). */
+        get: operations["listActions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/counts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Operations per state, for the caller's tenant (or the one named), or for every tenant when an all-tenants token names none. */
+        get: operations["countOperations"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Server-Sent Events of outcome events. Each event's id is its global log position; reconnect with Last-Event-ID to resume exactly after it. */
+        get: operations["events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/openapi.json": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** This description. */
+        get: operations["openapi"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operations": {
         parameters: {
             query?: never;
@@ -31,23 +133,6 @@ export interface paths {
         };
         /** An operation's current state, folded from its own stream, and the sentence the agent may say. */
         get: operations["getOperation"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/operations/{id}/events": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** The operation's full history (audit): every event as stored, and a readable timeline. */
-        get: operations["getOperationEvents"];
         put?: never;
         post?: never;
         delete?: never;
@@ -84,6 +169,23 @@ export interface paths {
         put?: never;
         /** Deny an operation that awaits approval; it will never be sent. */
         post: operations["denyOperation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/operations/{id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The operation's full history (audit): every event as stored, and a readable timeline. */
+        get: operations["getOperationEvents"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -158,125 +260,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/events": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Server-Sent Events of outcome events. Each event's id is its global log position; reconnect with Last-Event-ID to resume exactly after it. */
-        get: operations["events"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/metrics": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token; then that bearer token is required. */
-        get: operations["metrics"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/healthz": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Liveness and read-model lag. */
-        get: operations["health"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/counts": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Operations per state, for the caller's tenant (or the one named), or for every tenant when an all-tenants token names none. */
-        get: operations["countOperations"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/actions": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** The configured actions the tenant token may use, each described as a tool (name, description, input JSON Schema, deduplication contract), so an agent framework builds its tools from here; the descriptions and schemas are the MCP tools' own, without `request_id` (the framework's tool-call id names the request, sent as the Idempotency-Key). */
-        get: operations["listActions"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/whoami": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Who the bearer token stands for: its kind, its name and the tenants it sees. */
-        get: operations["whoami"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/openapi.json": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** This description. */
-        get: operations["openapi"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/webhooks": {
         parameters: {
             query?: never;
@@ -286,6 +269,23 @@ export interface paths {
         };
         /** The webhook endpoints with their state, lag and counts (operator token; an operator limited to some tenants sees the endpoints whose tenants are all theirs). */
         get: operations["listWebhooks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/attempts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The endpoint's latest delivery attempts, newest first (operator token). */
+        get: operations["webhookAttempts"];
         put?: never;
         post?: never;
         delete?: never;
@@ -311,23 +311,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/webhooks/{id}/resume": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /** Resume a paused or disabled endpoint from its checkpoint (operator token). */
-        post: operations["resumeWebhook"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/webhooks/{id}/replay": {
         parameters: {
             query?: never;
@@ -345,15 +328,32 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/webhooks/{id}/attempts": {
+    "/v1/webhooks/{id}/resume": {
         parameters: {
             query?: never;
             header?: never;
             path?: never;
             cookie?: never;
         };
-        /** The endpoint's latest delivery attempts, newest first (operator token). */
-        get: operations["webhookAttempts"];
+        get?: never;
+        put?: never;
+        /** Resume a paused or disabled endpoint from its checkpoint (operator token). */
+        post: operations["resumeWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/whoami": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Who the bearer token stands for: its kind, its name and the tenants it sees. */
+        get: operations["whoami"];
         put?: never;
         post?: never;
         delete?: never;
@@ -366,36 +366,213 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
-        Counts: {
-            /** @description The tenant counted; null for every tenant. */
-            tenant: string | null;
-            by_state: {
-                [key: string]: number;
-            };
-        };
-        Actions: {
-            actions: components["schemas"]["Action"][];
-        };
         Action: {
-            /** @description The tool's name, `<provider>__<action>` (the MCP tool's name). */
-            name: string;
-            provider: components["schemas"]["TextId"];
-            action: components["schemas"]["TextId"];
             /** @description The tenant's accounts at the provider. With one, the tool acts in it; with several, `input_schema` requires an `account` naming one, which is the intent's account and not an argument of the action. */
             accounts: components["schemas"]["TextId"][];
-            /** @description What the model reads about the tool. */
-            description: string;
-            /** @description The JSON Schema of the tool's arguments: the action's own, plus `account` when there are several accounts. */
-            input_schema: Record<string, never>;
+            action: components["schemas"]["TextId"];
             /**
              * @description How the provider deduplicates a repeated request, which decides what the ledger may do after an unknown outcome.
              * @enum {string}
              */
             deduplication: "idempotency_key" | "unique_label" | "naturally_idempotent" | "none";
-            /** @description Whether a repeat without the same request id is harmless (only a naturally idempotent action): the MCP tool's idempotentHint. */
-            idempotent_hint: boolean;
+            /** @description What the model reads about the tool. */
+            description: string;
             /** @description Whether the action destroys or overwrites something. */
             destructive: boolean;
+            /** @description Whether a repeat without the same request id is harmless (only a naturally idempotent action): the MCP tool's idempotentHint. */
+            idempotent_hint: boolean;
+            /** @description The JSON Schema of the tool's arguments: the action's own, plus `account` when there are several accounts. */
+            input_schema: Record<string, never>;
+            /** @description The tool's name, `<provider>__<action>` (the MCP tool's name). */
+            name: string;
+            provider: components["schemas"]["TextId"];
+        };
+        Actions: {
+            actions: components["schemas"]["Action"][];
+        };
+        /** @description An approval. `reason` is not taken (it is for denying). */
+        ApproveRequest: {
+            /** @description Who approves; required with a tenant token, taken from the token with an approver token (a tenant covered by [[approvers]] can only be approved with one). */
+            approver?: components["schemas"]["TextId"];
+            /** @description The hash of the recorded snapshot being approved (the operation's args_hash). */
+            args_hash: components["schemas"]["ArgsHash"];
+        };
+        /**
+         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded.
+         * @example sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+         */
+        ArgsHash: string;
+        Counts: {
+            by_state: {
+                [key: string]: number;
+            };
+            /** @description The tenant counted; null for every tenant. */
+            tenant: string | null;
+        };
+        DenyRequest: {
+            /** @description Who denies; required with a tenant token, taken from the token with an approver token. */
+            approver?: components["schemas"]["TextId"];
+            /** @description The hash of the recorded snapshot being denied. */
+            args_hash: components["schemas"]["ArgsHash"];
+            /** @description Why, in a sentence. */
+            reason: components["schemas"]["Note"];
+        };
+        Error: {
+            error: {
+                code: components["schemas"]["ErrorCode"];
+                /** @description With invalid_input for arguments that fail the action's input schema: every failing field, its JSON pointer in the request body (`/args/title`) and what is wrong with it. */
+                fields?: {
+                    message: string;
+                    pointer: string;
+                }[];
+                /** @description What is wrong and what to do. */
+                message: string;
+            };
+        };
+        /**
+         * @description Stable code; the HTTP status goes with it (see each route).
+         * @enum {string}
+         */
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "internal";
+        /** @description One event of an operation's stream, as stored. */
+        Event: {
+            /** @description The event's fields as stored (schema versioned with the event type). */
+            data: {
+                at: components["schemas"]["Timestamp"];
+            };
+            /** @description Its global log position. */
+            position: number;
+            type: components["schemas"]["EventType"];
+            /** @description Its version in the operation's stream. */
+            version: number;
+        };
+        /**
+         * @description The stored type of an operation event.
+         * @enum {string}
+         */
+        EventType: "IntentRecorded" | "ApprovalGranted" | "ApprovalDenied" | "AttemptStarted" | "AttemptSucceeded" | "AttemptRejected" | "OutcomeUnknown" | "AttemptNotSent" | "LeaseExpired" | "LookupClaimed" | "ReconciliationRecorded" | "RetryScheduled" | "ReviewRequired" | "ReviewResolved" | "LateResponseReceived" | "DuplicateDetected";
+        /** @description Only with execute=true, when the intent was recorded but executing it in the same call failed. The operation is recorded (the workers send it); do not record it again. */
+        ExecuteError: {
+            code: components["schemas"]["ErrorCode"];
+            message: string;
+        };
+        Health: {
+            log_head: number | null;
+            /** @description What a probe should do about it: take the instance out of rotation (readiness), and whether a restart is the remedy (liveness). Absent when ok. */
+            probe?: string;
+            read_model_checkpoint: number | null;
+            /** @description Log positions the read models have not applied: events for SQLite, byte offsets for KurrentDB. null when the log or the read models cannot be read now (status degraded). */
+            read_model_lag_positions: number | null;
+            read_model_runner: {
+                /** @description Failed runs since the service started. */
+                failures_total: number;
+                /** @description Milliseconds since the read models last committed a batch (or since the runner started). */
+                since_progress_ms: number;
+                /**
+                 * @description running: following the log. retrying: a run failed and starts again from its checkpoint after a pause of at most 5 s. stopped: an error no retry can cure; restart after fixing it. finished: the service is shutting down.
+                 * @enum {unknown}
+                 */
+                state: "running" | "retrying" | "stopped" | "finished";
+            };
+            /** @description Why the status is not ok (absent when it is). */
+            reason?: string;
+            /**
+             * @description ok: ready. catching_up (with 503): the read models are more than 10,000 positions behind the log and catch up in the background; the server serves meanwhile. degraded (with 503): the read models cannot be trusted to be current: their runner is retrying after a fault (a full disk, an unwritable file), has stopped, or has committed nothing for 30 s while events wait; `reason` says which and `probe` what to do. Webhook delivery that cannot write its journal or read the log, or has stopped, makes it degraded too.
+             * @enum {unknown}
+             */
+            status: "ok" | "catching_up" | "degraded";
+        };
+        History: {
+            events: components["schemas"]["Event"][];
+            /** Format: uuid */
+            operation_id: string;
+            state: components["schemas"]["State"];
+            timeline: string[];
+            version: number;
+        };
+        /** @description One operation of a listing, from the read models. */
+        ListItem: {
+            account: components["schemas"]["TextId"];
+            action: components["schemas"]["TextId"];
+            /** @description Seconds since it was recorded. */
+            age_s: number;
+            attempts: number;
+            created_at: components["schemas"]["Timestamp"];
+            external_id: string | null;
+            last_error: string | null;
+            needs_review_reason: string | null;
+            /** Format: uuid */
+            operation_id: string;
+            provider: components["schemas"]["TextId"];
+            source_id: string | null;
+            state: components["schemas"]["State"];
+            tenant: components["schemas"]["TextId"];
+            updated_at: components["schemas"]["Timestamp"];
+        };
+        /** @description Free text for people; at most 4096 bytes of UTF-8. */
+        Note: string;
+        /** @description An operation as every route that acts on one answers it. `created` only when recording, `execute_error` only with execute=true. */
+        Operation: components["schemas"]["OperationFields"];
+        /** @description The fields of an operation (shared by Operation and Trace). */
+        OperationFields: {
+            account: components["schemas"]["TextId"];
+            action: components["schemas"]["TextId"];
+            /** @description The arguments, frozen as recorded. */
+            args: Record<string, never>;
+            args_hash: components["schemas"]["ArgsHash"];
+            attempt_ids: string[];
+            attempts: number;
+            /** @description Only when recording: whether this request created the operation. */
+            created?: boolean;
+            /** @description Other objects found for this confirmed operation. */
+            duplicates: components["schemas"]["TextId"][];
+            execute_error?: components["schemas"]["ExecuteError"];
+            /** @description The object the provider confirmed; set exactly when the state is succeeded. */
+            external_id: string | null;
+            /** @description The key every attempt carries. */
+            idempotency_key: string;
+            last_error: string | null;
+            /** @description The one sentence the agent may say about this operation. */
+            message: string;
+            /** Format: uuid */
+            operation_id: string;
+            owner: string | null;
+            provider: components["schemas"]["TextId"];
+            requires_approval: boolean;
+            /** @description Why a person must look at it; set when the state is needs_review. */
+            review_reason: string | null;
+            source_id: string | null;
+            state: components["schemas"]["State"];
+            tenant: components["schemas"]["TextId"];
+            /**
+             * Format: date-time
+             * @description Since when the outcome is unknown; set when the state is unknown.
+             */
+            unknown_since: string | null;
+            /** Format: date-time */
+            updated_at: string;
+            /** @description The stream version this view was folded at. */
+            version: number;
+        } & (unknown & unknown & unknown);
+        OperationPage: {
+            /**
+             * Format: uuid
+             * @description Pass as `after` for the next page; null on the last page.
+             */
+            next: string | null;
+            operations: components["schemas"]["ListItem"][];
+        };
+        /** @description The `data` of one Server-Sent Event. */
+        OutcomeEvent: {
+            at: components["schemas"]["Timestamp"];
+            detail: string;
+            event_type: components["schemas"]["EventType"];
+            /** Format: uuid */
+            operation_id: string;
+            position: number;
+            /** @enum {string} */
+            type: "succeeded" | "unknown" | "rejected" | "needs_review" | "duplicate" | "denied" | "abandoned" | "recorded" | "approved" | "started" | "not_sent" | "lookup_claimed" | "lookup" | "retry" | "late";
+            version: number;
         };
         Principal: {
             /**
@@ -408,343 +585,19 @@ export interface components {
             /** @description The tenants whose operations the token sees; null for every tenant. */
             tenants: components["schemas"]["TextId"][] | null;
         };
-        /** @description A name or id: 1 to 256 bytes of UTF-8 (maxLength counts characters, so text outside ASCII is refused sooner), not only whitespace, no control characters. */
-        TextId: string;
-        /**
-         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded.
-         * @example sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
-         */
-        ArgsHash: string;
-        /**
-         * @description Where an operation stands (the state machine of the design).
-         * @enum {string}
-         */
-        State: "awaiting_approval" | "denied" | "pending" | "in_flight" | "succeeded" | "rejected" | "unknown" | "needs_review" | "abandoned";
-        /**
-         * Format: date-time
-         * @description RFC 3339, UTC.
-         */
-        Timestamp: string;
-        /** @description Free text for people; at most 4096 bytes of UTF-8. */
-        Note: string;
-        /**
-         * @description Stable code; the HTTP status goes with it (see each route).
-         * @enum {string}
-         */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "internal";
-        Error: {
-            error: {
-                code: components["schemas"]["ErrorCode"];
-                /** @description What is wrong and what to do. */
-                message: string;
-                /** @description With invalid_input for arguments that fail the action's input schema: every failing field, its JSON pointer in the request body (`/args/title`) and what is wrong with it. */
-                fields?: {
-                    pointer: string;
-                    message: string;
-                }[];
-            };
-        };
         /** @description An intent. `args` must be at most 65536 bytes as canonical JSON and is checked against the action's input schema. */
         RecordRequest: {
-            provider: components["schemas"]["TextId"];
             account: components["schemas"]["TextId"];
             /** @example create_task */
             action: components["schemas"]["TextId"];
             /** @description The arguments, frozen as sent. */
             args: Record<string, never>;
-            /** @description The delivery's id (tool-call id, message id): a redelivery finds the same operation. */
-            source_id?: components["schemas"]["TextId"];
             owner?: components["schemas"]["TextId"];
+            provider: components["schemas"]["TextId"];
             /** @default false */
             requires_approval: boolean;
-        };
-        /** @description An approval. `reason` is not taken (it is for denying). */
-        ApproveRequest: {
-            /** @description Who approves; required with a tenant token, taken from the token with an approver token (a tenant covered by [[approvers]] can only be approved with one). */
-            approver?: components["schemas"]["TextId"];
-            /** @description The hash of the recorded snapshot being approved (the operation's args_hash). */
-            args_hash: components["schemas"]["ArgsHash"];
-        };
-        DenyRequest: {
-            /** @description Who denies; required with a tenant token, taken from the token with an approver token. */
-            approver?: components["schemas"]["TextId"];
-            /** @description The hash of the recorded snapshot being denied. */
-            args_hash: components["schemas"]["ArgsHash"];
-            /** @description Why, in a sentence. */
-            reason: components["schemas"]["Note"];
-        };
-        /** @description A decision: `external_id` is required with `confirm` and refused with `retry` and `abandon`. */
-        ReviewRequest: {
-            /** @enum {string} */
-            decision: "retry" | "confirm" | "abandon";
-            /** @description With confirm (and only then): the object found at the provider. */
-            external_id?: components["schemas"]["TextId"];
-            /** @description Why; recorded with the decision. */
-            note: components["schemas"]["Note"];
-            /** @description The version the reviewer looked at; refused with 409 stale if the operation moved on. */
-            expected_version?: number;
-            /** @description With retry (and only then): the reviewer accepts that the provider may not tell the retry from a second request, because the action has no deduplication or its idempotency key is past its retention. Such a retry without it is refused with 409 duplicate_risk_not_accepted; it is recorded with the decision. */
-            accept_duplicate_risk?: boolean;
-        };
-        /** @description Only with execute=true, when the intent was recorded but executing it in the same call failed. The operation is recorded (the workers send it); do not record it again. */
-        ExecuteError: {
-            code: components["schemas"]["ErrorCode"];
-            message: string;
-        };
-        /** @description The fields of an operation (shared by Operation and Trace). */
-        OperationFields: {
-            /** Format: uuid */
-            operation_id: string;
-            state: components["schemas"]["State"];
-            /** @description The one sentence the agent may say about this operation. */
-            message: string;
-            /** @description The object the provider confirmed; set exactly when the state is succeeded. */
-            external_id: string | null;
-            attempts: number;
-            attempt_ids: string[];
-            tenant: components["schemas"]["TextId"];
-            provider: components["schemas"]["TextId"];
-            account: components["schemas"]["TextId"];
-            action: components["schemas"]["TextId"];
-            /** @description The arguments, frozen as recorded. */
-            args: Record<string, never>;
-            args_hash: components["schemas"]["ArgsHash"];
-            /** @description The key every attempt carries. */
-            idempotency_key: string;
-            source_id: string | null;
-            owner: string | null;
-            requires_approval: boolean;
-            last_error: string | null;
-            /** @description Why a person must look at it; set when the state is needs_review. */
-            review_reason: string | null;
-            /**
-             * Format: date-time
-             * @description Since when the outcome is unknown; set when the state is unknown.
-             */
-            unknown_since: string | null;
-            /** @description Other objects found for this confirmed operation. */
-            duplicates: components["schemas"]["TextId"][];
-            /** Format: date-time */
-            updated_at: string;
-            /** @description The stream version this view was folded at. */
-            version: number;
-            /** @description Only when recording: whether this request created the operation. */
-            created?: boolean;
-            execute_error?: components["schemas"]["ExecuteError"];
-        } & (unknown & unknown & unknown);
-        /** @description An operation as every route that acts on one answers it. `created` only when recording, `execute_error` only with execute=true. */
-        Operation: components["schemas"]["OperationFields"];
-        /** @description One operation of a listing, from the read models. */
-        ListItem: {
-            /** Format: uuid */
-            operation_id: string;
-            tenant: components["schemas"]["TextId"];
-            provider: components["schemas"]["TextId"];
-            account: components["schemas"]["TextId"];
-            action: components["schemas"]["TextId"];
-            source_id: string | null;
-            state: components["schemas"]["State"];
-            attempts: number;
-            external_id: string | null;
-            last_error: string | null;
-            created_at: components["schemas"]["Timestamp"];
-            updated_at: components["schemas"]["Timestamp"];
-            /** @description Seconds since it was recorded. */
-            age_s: number;
-            needs_review_reason: string | null;
-        };
-        OperationPage: {
-            operations: components["schemas"]["ListItem"][];
-            /**
-             * Format: uuid
-             * @description Pass as `after` for the next page; null on the last page.
-             */
-            next: string | null;
-        };
-        /** @description One operation waiting for a person (or unknown), with the evidence. */
-        ReviewItem: {
-            /** Format: uuid */
-            operation_id: string;
-            /** @enum {string} */
-            state: "unknown" | "needs_review";
-            since: components["schemas"]["Timestamp"];
-            /** @description Seconds since `since`. */
-            age_s: number;
-            tenant: components["schemas"]["TextId"];
-            provider: components["schemas"]["TextId"];
-            account: components["schemas"]["TextId"];
-            attempts: number;
-            lookups: number;
-            last_error: string | null;
-            last_lookup: null | {
-                result: string;
-                evidence: string;
-                at: components["schemas"]["Timestamp"];
-            };
-            /** @description Why a person must look (needs_review). */
-            reason: string | null;
-            /** @description What was known when it was handed over. */
-            evidence: string | null;
-            updated_at: components["schemas"]["Timestamp"];
-            /** @description From the operation's stream: the frozen arguments, the binding, every attempt with how it ended and every lookup with its evidence. */
-            detail?: {
-                /** @description The action's configured description (what the operation does, in words); null when the action is not configured any more. */
-                description?: string | null;
-                args: Record<string, never> | null;
-                args_hash: string | null;
-                binding: null | {
-                    tenant: string;
-                    provider: string;
-                    account: string;
-                    action: string;
-                    credential_fingerprint: string;
-                    idempotency_key: string;
-                };
-                attempts: {
-                    attempt_id: string;
-                    attempt_number: number;
-                    worker: string;
-                    started_at: components["schemas"]["Timestamp"];
-                    /** @enum {string} */
-                    outcome: "in_flight" | "succeeded" | "rejected" | "unknown" | "not_sent";
-                    detail?: string;
-                    ended_at?: components["schemas"]["Timestamp"];
-                }[];
-                lookups: {
-                    result: Record<string, never>;
-                    evidence: string;
-                    at: components["schemas"]["Timestamp"];
-                }[];
-            };
-        };
-        ReviewQueue: {
-            queue: components["schemas"]["ReviewItem"][];
-        };
-        /**
-         * @description The stored type of an operation event.
-         * @enum {string}
-         */
-        EventType: "IntentRecorded" | "ApprovalGranted" | "ApprovalDenied" | "AttemptStarted" | "AttemptSucceeded" | "AttemptRejected" | "OutcomeUnknown" | "AttemptNotSent" | "LeaseExpired" | "LookupClaimed" | "ReconciliationRecorded" | "RetryScheduled" | "ReviewRequired" | "ReviewResolved" | "LateResponseReceived" | "DuplicateDetected";
-        /** @description One event of an operation's stream, as stored. */
-        Event: {
-            /** @description Its version in the operation's stream. */
-            version: number;
-            /** @description Its global log position. */
-            position: number;
-            type: components["schemas"]["EventType"];
-            /** @description The event's fields as stored (schema versioned with the event type). */
-            data: {
-                at: components["schemas"]["Timestamp"];
-            };
-        };
-        History: {
-            /** Format: uuid */
-            operation_id: string;
-            state: components["schemas"]["State"];
-            version: number;
-            events: components["schemas"]["Event"][];
-            timeline: string[];
-        };
-        /** @description The operation an id belongs to, with its history. */
-        Trace: components["schemas"]["OperationFields"] & {
-            /** @description The id asked for, trimmed. */
-            query: string;
-            events: components["schemas"]["Event"][];
-            timeline: string[];
-            /** @description Further operations the id matched (at most 9). */
-            other_matches: string[];
-        };
-        Health: {
-            /**
-             * @description ok: ready. catching_up (with 503): the read models are more than 10,000 positions behind the log and catch up in the background; the server serves meanwhile. degraded (with 503): the read models cannot be trusted to be current: their runner is retrying after a fault (a full disk, an unwritable file), has stopped, or has committed nothing for 30 s while events wait; `reason` says which and `probe` what to do. Webhook delivery that cannot write its journal or read the log, or has stopped, makes it degraded too.
-             * @enum {unknown}
-             */
-            status: "ok" | "catching_up" | "degraded";
-            /** @description Why the status is not ok (absent when it is). */
-            reason?: string;
-            /** @description What a probe should do about it: take the instance out of rotation (readiness), and whether a restart is the remedy (liveness). Absent when ok. */
-            probe?: string;
-            read_model_runner: {
-                /**
-                 * @description running: following the log. retrying: a run failed and starts again from its checkpoint after a pause of at most 5 s. stopped: an error no retry can cure; restart after fixing it. finished: the service is shutting down.
-                 * @enum {unknown}
-                 */
-                state: "running" | "retrying" | "stopped" | "finished";
-                /** @description Failed runs since the service started. */
-                failures_total: number;
-                /** @description Milliseconds since the read models last committed a batch (or since the runner started). */
-                since_progress_ms: number;
-            };
-            log_head: number | null;
-            read_model_checkpoint: number | null;
-            /** @description Log positions the read models have not applied: events for SQLite, byte offsets for KurrentDB. null when the log or the read models cannot be read now (status degraded). */
-            read_model_lag_positions: number | null;
-        };
-        /** @description The `data` of one Server-Sent Event. */
-        OutcomeEvent: {
-            position: number;
-            /** @enum {string} */
-            type: "succeeded" | "unknown" | "rejected" | "needs_review" | "duplicate" | "denied" | "abandoned" | "recorded" | "approved" | "started" | "not_sent" | "lookup_claimed" | "lookup" | "retry" | "late";
-            event_type: components["schemas"]["EventType"];
-            /** Format: uuid */
-            operation_id: string;
-            version: number;
-            at: components["schemas"]["Timestamp"];
-            detail: string;
-        };
-        WebhookEndpoint: {
-            id: string;
-            url: string;
-            /** @description The friendly event types it receives. */
-            events: string[];
-            /** @description The tenants it receives; null: all. */
-            tenants: string[] | null;
-            /**
-             * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
-             * @enum {unknown}
-             */
-            status: "active" | "paused" | "disabled";
-            reason: string | null;
-            delivery: components["schemas"]["WebhookDelivery"];
-            /** @description The last log position delivered or skipped; null: none yet. */
-            checkpoint: number | null;
-            /** @description Log positions after the checkpoint (pending). */
-            lag_positions: number;
-            delivered_total: number;
-            failed_attempts_total: number;
-            disabled_total: number;
-            last_error: string | null;
-        };
-        WebhookDelivery: {
-            /**
-             * @description delivering: following the log. retrying: an event failed and waits for its next attempt. paused / disabled: see status. faulted: the journal or the log failed; the task starts again from the checkpoint after a pause. finished: the service is stopping.
-             * @enum {unknown}
-             */
-            state: "delivering" | "retrying" | "paused" | "disabled" | "faulted" | "finished";
-            /** @description retrying: the event's position. */
-            position?: number;
-            consecutive_failures?: number;
-            retry_in_ms?: number;
-            reason?: string;
-            error?: string;
-        };
-        WebhookEndpoints: {
-            endpoints: components["schemas"]["WebhookEndpoint"][];
-        };
-        WebhookAttempt: {
-            endpoint: string;
-            position: number;
-            /** @description The webhook-id header sent: the same for every attempt at one event. */
-            webhook_id: string;
-            attempt: number;
-            at: components["schemas"]["Timestamp"];
-            /** @description The HTTP status answered; null: no answer (refused, timed out, reset). */
-            status: number | null;
-            duration_ms: number;
-            error: string | null;
-        };
-        WebhookAttempts: {
-            attempts: components["schemas"]["WebhookAttempt"][];
+            /** @description The delivery's id (tool-call id, message id): a redelivery finds the same operation. */
+            source_id?: components["schemas"]["TextId"];
         };
         /** @description Exactly one of the two. */
         ReplayRequest: {
@@ -752,6 +605,153 @@ export interface components {
             after_position?: number;
             /** @description Deliver again every event from this time on. */
             since?: components["schemas"]["Timestamp"];
+        };
+        /** @description One operation waiting for a person (or unknown), with the evidence. */
+        ReviewItem: {
+            account: components["schemas"]["TextId"];
+            /** @description Seconds since `since`. */
+            age_s: number;
+            attempts: number;
+            /** @description From the operation's stream: the frozen arguments, the binding, every attempt with how it ended and every lookup with its evidence. */
+            detail?: {
+                args: Record<string, never> | null;
+                args_hash: string | null;
+                attempts: {
+                    attempt_id: string;
+                    attempt_number: number;
+                    detail?: string;
+                    ended_at?: components["schemas"]["Timestamp"];
+                    /** @enum {string} */
+                    outcome: "in_flight" | "succeeded" | "rejected" | "unknown" | "not_sent";
+                    started_at: components["schemas"]["Timestamp"];
+                    worker: string;
+                }[];
+                binding: null | {
+                    account: string;
+                    action: string;
+                    credential_fingerprint: string;
+                    idempotency_key: string;
+                    provider: string;
+                    tenant: string;
+                };
+                /** @description The action's configured description (what the operation does, in words); null when the action is not configured any more. */
+                description?: string | null;
+                lookups: {
+                    at: components["schemas"]["Timestamp"];
+                    evidence: string;
+                    result: Record<string, never>;
+                }[];
+            };
+            /** @description What was known when it was handed over. */
+            evidence: string | null;
+            last_error: string | null;
+            last_lookup: null | {
+                at: components["schemas"]["Timestamp"];
+                evidence: string;
+                result: string;
+            };
+            lookups: number;
+            /** Format: uuid */
+            operation_id: string;
+            provider: components["schemas"]["TextId"];
+            /** @description Why a person must look (needs_review). */
+            reason: string | null;
+            since: components["schemas"]["Timestamp"];
+            /** @enum {string} */
+            state: "unknown" | "needs_review";
+            tenant: components["schemas"]["TextId"];
+            updated_at: components["schemas"]["Timestamp"];
+        };
+        ReviewQueue: {
+            queue: components["schemas"]["ReviewItem"][];
+        };
+        /** @description A decision: `external_id` is required with `confirm` and refused with `retry` and `abandon`. */
+        ReviewRequest: {
+            /** @description With retry (and only then): the reviewer accepts that the provider may not tell the retry from a second request, because the action has no deduplication or its idempotency key is past its retention. Such a retry without it is refused with 409 duplicate_risk_not_accepted; it is recorded with the decision. */
+            accept_duplicate_risk?: boolean;
+            /** @enum {string} */
+            decision: "retry" | "confirm" | "abandon";
+            /** @description The version the reviewer looked at; refused with 409 stale if the operation moved on. */
+            expected_version?: number;
+            /** @description With confirm (and only then): the object found at the provider. */
+            external_id?: components["schemas"]["TextId"];
+            /** @description Why; recorded with the decision. */
+            note: components["schemas"]["Note"];
+        };
+        /**
+         * @description Where an operation stands (the state machine of the design).
+         * @enum {string}
+         */
+        State: "awaiting_approval" | "denied" | "pending" | "in_flight" | "succeeded" | "rejected" | "unknown" | "needs_review" | "abandoned";
+        /** @description A name or id: 1 to 256 bytes of UTF-8 (maxLength counts characters, so text outside ASCII is refused sooner), not only whitespace, no control characters. */
+        TextId: string;
+        /**
+         * Format: date-time
+         * @description RFC 3339, UTC.
+         */
+        Timestamp: string;
+        /** @description The operation an id belongs to, with its history. */
+        Trace: components["schemas"]["OperationFields"] & {
+            events: components["schemas"]["Event"][];
+            /** @description Further operations the id matched (at most 9). */
+            other_matches: string[];
+            /** @description The id asked for, trimmed. */
+            query: string;
+            timeline: string[];
+        };
+        WebhookAttempt: {
+            at: components["schemas"]["Timestamp"];
+            attempt: number;
+            duration_ms: number;
+            endpoint: string;
+            error: string | null;
+            position: number;
+            /** @description The HTTP status answered; null: no answer (refused, timed out, reset). */
+            status: number | null;
+            /** @description The webhook-id header sent: the same for every attempt at one event. */
+            webhook_id: string;
+        };
+        WebhookAttempts: {
+            attempts: components["schemas"]["WebhookAttempt"][];
+        };
+        WebhookDelivery: {
+            consecutive_failures?: number;
+            error?: string;
+            /** @description retrying: the event's position. */
+            position?: number;
+            reason?: string;
+            retry_in_ms?: number;
+            /**
+             * @description delivering: following the log. retrying: an event failed and waits for its next attempt. paused / disabled: see status. faulted: the journal or the log failed; the task starts again from the checkpoint after a pause. finished: the service is stopping.
+             * @enum {unknown}
+             */
+            state: "delivering" | "retrying" | "paused" | "disabled" | "faulted" | "finished";
+        };
+        WebhookEndpoint: {
+            /** @description The last log position delivered or skipped; null: none yet. */
+            checkpoint: number | null;
+            delivered_total: number;
+            delivery: components["schemas"]["WebhookDelivery"];
+            disabled_total: number;
+            /** @description The friendly event types it receives. */
+            events: string[];
+            failed_attempts_total: number;
+            id: string;
+            /** @description Log positions after the checkpoint (pending). */
+            lag_positions: number;
+            last_error: string | null;
+            reason: string | null;
+            /**
+             * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
+             * @enum {unknown}
+             */
+            status: "active" | "paused" | "disabled";
+            /** @description The tenants it receives; null: all. */
+            tenants: string[] | null;
+            url: string;
+        };
+        WebhookEndpoints: {
+            endpoints: components["schemas"]["WebhookEndpoint"][];
         };
     };
     responses: {
@@ -772,6 +772,160 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    health: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Healthy. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Health"];
+                };
+            };
+            500: components["responses"]["Error"];
+            /** @description Not ready: the read models are catching up (status catching_up) or cannot be trusted to be current (status degraded, with the reason), or a dependency is down (an error body). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Health"] | components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    metrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Metrics. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            401: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    listActions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The actions, by provider in configuration order. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Actions"];
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    countOperations: {
+        parameters: {
+            query?: {
+                /** @description For tokens that see several tenants (required for those scoped to some tenants). */
+                tenant?: components["schemas"]["TextId"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every API state with its count (zero if none). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Counts"];
+                };
+            };
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    events: {
+        parameters: {
+            query?: {
+                /** @description Friendly types, comma-separated (as `opledger tail --type`), or `all`; default: succeeded, unknown, rejected, needs_review, duplicate, denied, abandoned. */
+                types?: string;
+                /** @description Start after this position (Last-Event-ID wins). */
+                after?: number;
+            };
+            header?: {
+                "Last-Event-ID"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description An event stream; each `data` is an OutcomeEvent. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": string;
+                };
+            };
+            401: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    openapi: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The OpenAPI document. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": Record<string, never>;
+                };
+            };
+        };
+    };
     listOperations: {
         parameters: {
             query?: {
@@ -893,34 +1047,6 @@ export interface operations {
             500: components["responses"]["Error"];
         };
     };
-    getOperationEvents: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path: {
-                /** @description The operation id. */
-                id: string;
-            };
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The history. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["History"];
-                };
-            };
-            400: components["responses"]["Error"];
-            401: components["responses"]["Error"];
-            404: components["responses"]["Error"];
-            422: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-        };
-    };
     approveOperation: {
         parameters: {
             query?: never;
@@ -993,6 +1119,34 @@ export interface operations {
             422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    getOperationEvents: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The history. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["History"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
         };
     };
     executeOperation: {
@@ -1122,182 +1276,6 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
-    events: {
-        parameters: {
-            query?: {
-                /** @description Friendly types, comma-separated (as `opledger tail --type`), or `all`; default: succeeded, unknown, rejected, needs_review, duplicate, denied, abandoned. */
-                types?: string;
-                /** @description Start after this position (Last-Event-ID wins). */
-                after?: number;
-            };
-            header?: {
-                "Last-Event-ID"?: string;
-            };
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description An event stream; each `data` is an OutcomeEvent. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/event-stream": string;
-                };
-            };
-            401: components["responses"]["Error"];
-            422: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
-    metrics: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Metrics. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            401: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-        };
-    };
-    health: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Healthy. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Health"];
-                };
-            };
-            500: components["responses"]["Error"];
-            /** @description Not ready: the read models are catching up (status catching_up) or cannot be trusted to be current (status degraded, with the reason), or a dependency is down (an error body). */
-            503: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Health"] | components["schemas"]["Error"];
-                };
-            };
-        };
-    };
-    countOperations: {
-        parameters: {
-            query?: {
-                /** @description For tokens that see several tenants (required for those scoped to some tenants). */
-                tenant?: components["schemas"]["TextId"];
-            };
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Every API state with its count (zero if none). */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Counts"];
-                };
-            };
-            401: components["responses"]["Error"];
-            404: components["responses"]["Error"];
-            422: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
-    listActions: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The actions, by provider in configuration order. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Actions"];
-                };
-            };
-            401: components["responses"]["Error"];
-            403: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-        };
-    };
-    whoami: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The token's holder. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Principal"];
-                };
-            };
-            401: components["responses"]["Error"];
-            500: components["responses"]["Error"];
-        };
-    };
-    openapi: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The OpenAPI document. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": Record<string, never>;
-                };
-            };
-        };
-    };
     listWebhooks: {
         parameters: {
             query?: never;
@@ -1322,9 +1300,11 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
-    pauseWebhook: {
+    webhookAttempts: {
         parameters: {
-            query?: never;
+            query?: {
+                limit?: number;
+            };
             header?: never;
             path: {
                 /** @description The endpoint's id in the configuration. */
@@ -1334,23 +1314,24 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The endpoint now. */
+            /** @description The attempts. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["WebhookEndpoint"];
+                    "application/json": components["schemas"]["WebhookAttempts"];
                 };
             };
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
     };
-    resumeWebhook: {
+    pauseWebhook: {
         parameters: {
             query?: never;
             header?: never;
@@ -1414,11 +1395,9 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
-    webhookAttempts: {
+    resumeWebhook: {
         parameters: {
-            query?: {
-                limit?: number;
-            };
+            query?: never;
             header?: never;
             path: {
                 /** @description The endpoint's id in the configuration. */
@@ -1428,21 +1407,42 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The attempts. */
+            /** @description The endpoint now. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["WebhookAttempts"];
+                    "application/json": components["schemas"]["WebhookEndpoint"];
                 };
             };
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
-            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    whoami: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The token's holder. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Principal"];
+                };
+            };
+            401: components["responses"]["Error"];
+            500: components["responses"]["Error"];
         };
     };
 }
