@@ -50,7 +50,7 @@ pub(super) async fn list(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(&headers)?;
-    let tenant = tenant_of(&principal)?;
+    let tenant = tenant_of(principal)?;
     let mut actions = Vec::new();
     for (action, deduplication) in actions_of(&shared, tenant) {
         match opledger_mcp::describe(&action, Audience::Framework) {
