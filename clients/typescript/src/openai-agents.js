@@ -4,6 +4,9 @@
 
 import { tool } from "@openai/agents";
 
+// The client too, so a user imports one module: the adapter and the Ledger it takes.
+export { Ledger } from "./index.js";
+
 /** @import { Ledger, Action } from "./index.js" */
 
 /**

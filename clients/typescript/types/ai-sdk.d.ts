@@ -25,5 +25,6 @@ export function guardedExecute(ledger: Ledger, action: Action | {
 export function ledgerTools(ledger: Ledger, options?: {
     waitMs?: number;
 }): Promise<Record<string, import("ai").Tool<any, string>>>;
+export { Ledger } from "./index.js";
 import type { Ledger } from "./index.js";
 import type { Action } from "./index.js";

@@ -25,5 +25,6 @@ export function guardedFunc(ledger: Ledger, action: Action | {
 export function ledgerTools(ledger: Ledger, options?: {
     waitMs?: number;
 }): Promise<import("@langchain/core/tools").DynamicTool<string, unknown>[]>;
+export { Ledger } from "./index.js";
 import type { Ledger } from "./index.js";
 import type { Action } from "./index.js";

@@ -27,5 +27,6 @@ export function guardedExecute(ledger: Ledger, action: Action | {
 export function ledgerTools(ledger: Ledger, options?: {
     waitMs?: number;
 }): Promise<import("@openai/agents").FunctionTool<unknown, any, string>[]>;
+export { Ledger } from "./index.js";
 import type { Ledger } from "./index.js";
 import type { Action } from "./index.js";
