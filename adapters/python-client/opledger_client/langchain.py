@@ -18,7 +18,7 @@ from langchain_core.tools.base import create_schema_from_function
 
 from . import Ledger, arguments_of
 
-__all__ = ["GuardedTool", "guarded_tool", "ledger_tools"]
+__all__ = ["GuardedTool", "Ledger", "guarded_tool", "ledger_tools"]
 
 # The id of the ToolCall being run. LangChain hands it to `run`, but to `_run` only for tools
 # whose schema declares an InjectedToolCallId, which a schema from GET /v1/actions (JSON Schema)

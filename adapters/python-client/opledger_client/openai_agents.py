@@ -20,7 +20,7 @@ from agents.tool_context import ToolContext
 
 from . import Ledger, arguments_of
 
-__all__ = ["guarded_function_tool", "ledger_tools"]
+__all__ = ["Ledger", "guarded_function_tool", "ledger_tools"]
 
 
 def guarded_function_tool(

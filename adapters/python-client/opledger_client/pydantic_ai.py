@@ -20,7 +20,7 @@ from pydantic_ai import RunContext, Tool
 
 from . import Ledger, arguments_of
 
-__all__ = ["guarded_tool", "ledger_tools"]
+__all__ = ["Ledger", "guarded_tool", "ledger_tools"]
 
 
 def guarded_tool(
