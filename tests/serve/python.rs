@@ -60,7 +60,8 @@ async fn the_python_client_passes_its_tests_against_a_real_server() {
         .env(
             "OPLEDGER_OPENAPI",
             repo().join("adapters/http-api/src/openapi.json"),
-        );
+        )
+        .env("OPLEDGER_README", repo().join("README.md"));
     let printed = tokio::task::spawn_blocking(move || run(&mut pytest, "pytest"))
         .await
         .expect("pytest ran");

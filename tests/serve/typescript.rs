@@ -115,7 +115,11 @@ async fn the_typescript_client_and_adapters_pass_their_tests_against_a_real_serv
         .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
         .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
         .env("OPLEDGER_ACCOUNT", ACCOUNT)
-        .env("OPLEDGER_STAND_URL", harness.stand_url());
+        .env("OPLEDGER_STAND_URL", harness.stand_url())
+        .env(
+            "OPLEDGER_README",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"),
+        );
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
         .await
         .expect("node ran");

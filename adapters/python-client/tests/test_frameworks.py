@@ -168,3 +168,31 @@ def test_langchain_tools_from_get_actions_act_in_the_account_the_model_names(led
         {"type": "tool_call", "id": "actions-3", "name": "crm__create_task", "args": {"title": task, "account": account}}
     )
     assert_done(str(message.content), stand.objects_titled(task)[0]["id"])
+
+
+# ---- the README's examples ----
+
+
+def readme_examples() -> List[str]:
+    from conftest import env
+
+    with open(env("OPLEDGER_README"), encoding="utf-8") as file:
+        readme = file.read()
+    start = readme.index("### From TypeScript, and from agent frameworks")
+    section = readme[start : readme.index("\n## ", start)]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_every_readme_framework_example_compiles_and_imports_only_what_the_package_exports():
+    import importlib
+
+    examples = readme_examples()
+    assert len(examples) == 3, "one example per framework"
+    for example in examples:
+        compile(example, "<README example>", "exec")
+        imports = re.findall(r"^from (opledger_client[\w.]*) import (.+)$", example, re.M)
+        assert imports, example
+        for module_name, names in imports:
+            module = importlib.import_module(module_name)
+            for name in (n.strip() for n in names.split("#")[0].split(",")):
+                assert callable(getattr(module, name, None)), f"{module_name} exports {name}"
