@@ -54,6 +54,14 @@ export const NOT_CONFIRMED_STATES: readonly ["pending", "in_flight", "unknown", 
  * longer than the server's largest `wait_ms` (30 s by default), so an execute answers first.
  */
 export const DEFAULT_TIMEOUT_MS: 40000;
+/**
+ * How many times in a row the outcome feed reconnects without receiving an event before it gives
+ * up and throws (with the position to resume from): a server that is gone for good is reported,
+ * not retried for ever.
+ */
+export const MAX_CONSECUTIVE_RECONNECTS: 20;
+/** The pause before the outcome feed reconnects, in milliseconds. */
+export const RECONNECT_PAUSE_MS: 500;
 /** The longest request id a guarded tool sends as an `Idempotency-Key`, in bytes (TextId). */
 export const MAX_REQUEST_ID_BYTES: 256;
 /**
@@ -221,7 +229,9 @@ export class Ledger {
      * The outcome feed (Server-Sent Events), as an async iterator of events. It resumes by itself:
      * when the stream ends or breaks, it reconnects with `Last-Event-ID` set to the last event it
      * yielded, so no event is skipped or repeated; pass the last `position` you processed as
-     * `after` to resume across restarts. Stop it with `signal` (or by leaving the loop).
+     * `after` to resume across restarts. Stop it with `signal` (or by leaving the loop). After
+     * `maxReconnects` (default {@link MAX_CONSECUTIVE_RECONNECTS}) reconnections in a row without
+     * an event it throws a LedgerError naming the position to resume from.
      * @param {{ types?: string[], after?: number, signal?: AbortSignal, reconnectMs?: number, maxReconnects?: number }} [options]
      * @returns {AsyncGenerator<OutcomeEvent>}
      */
