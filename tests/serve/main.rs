@@ -25,4 +25,5 @@ mod storage_faults;
 mod stream;
 mod support;
 mod telemetry;
+mod typescript;
 mod webhooks;

@@ -251,6 +251,85 @@ async fn the_tools_are_the_tenants_actions_with_their_schema_and_hints() {
 }
 
 #[tokio::test]
+async fn get_actions_lists_the_mcp_tools_for_a_framework_without_a_request_id_argument() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let (a, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let tools = tools_by_name(&a).await;
+    let (status, listed) = server
+        .call(
+            reqwest::Method::GET,
+            "/v1/actions",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{listed}");
+    let actions = listed["actions"].as_array().expect("a list of actions");
+    let names: Vec<&str> = actions.iter().filter_map(|a| a["name"].as_str()).collect();
+    // Every action tool the MCP server offers, and nothing else (not its status and list tools).
+    let action_tools: Vec<&str> = tools
+        .keys()
+        .map(String::as_str)
+        .filter(|name| name.contains("__"))
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, action_tools);
+    for action in actions {
+        let name = action["name"].as_str().expect("a name");
+        let mut mcp = Value::Object((*tools[name].input_schema).clone());
+        // The same schema as the MCP tool's, less the request_id the framework supplies.
+        mcp["properties"]
+            .as_object_mut()
+            .expect("properties")
+            .remove("request_id");
+        assert_eq!(action["input_schema"], mcp, "{name}");
+        let description = action["description"].as_str().expect("a description");
+        assert!(!description.contains("request_id"), "{description}");
+        assert!(description.contains("do not repeat"), "{description}");
+    }
+    let keyed = actions
+        .iter()
+        .find(|a| a["name"] == "crm__create_task")
+        .expect("crm__create_task");
+    assert_eq!(keyed["accounts"], json!([ACCOUNT, A_ONLY_ACCOUNT]));
+    assert_eq!(keyed["deduplication"], "idempotency_key");
+    assert_eq!(keyed["idempotent_hint"], false);
+    let plain = actions
+        .iter()
+        .find(|a| a["name"] == "crm-plain__create_task")
+        .expect("crm-plain__create_task");
+    assert_eq!(plain["deduplication"], "none");
+    assert!(plain["input_schema"]["properties"].get("account").is_none());
+
+    // Tenant B sees only its own account; an operator token records nothing, so lists nothing.
+    let (_, b) = server
+        .call(
+            reqwest::Method::GET,
+            "/v1/actions",
+            Some(TENANT_B_TOKEN),
+            None,
+        )
+        .await;
+    let keyed_b = b["actions"]
+        .as_array()
+        .and_then(|list| list.iter().find(|a| a["name"] == "crm__create_task"))
+        .expect("tenant B's crm__create_task");
+    assert_eq!(keyed_b["accounts"], json!([ACCOUNT]));
+    let (status, refused) = server
+        .call(
+            reqwest::Method::GET,
+            "/v1/actions",
+            Some(super::support::OPERATOR_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::FORBIDDEN, "{refused}");
+    a.cancel().await.expect("the session ends");
+}
+
+#[tokio::test]
 async fn waiting_operations_show_in_list_operations_and_status_only_to_their_tenant() {
     let harness = Harness::new("").await;
     let server = harness.serve();

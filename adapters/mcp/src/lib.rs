@@ -50,8 +50,8 @@ use tracing::{info, warn, Instrument};
 
 pub use self::reply::next_step;
 pub use self::tools::{
-    source_id_of, ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES, META_REQUEST_ID, REQUEST_ID_ARG,
-    STATUS_TOOL,
+    describe, source_id_of, Audience, Described, ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES,
+    META_REQUEST_ID, REQUEST_ID_ARG, STATUS_TOOL,
 };
 
 /// How often a waiting tool call tells a client that asked for progress that it still waits, in

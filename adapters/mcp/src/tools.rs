@@ -51,6 +51,47 @@ pub fn source_id_of(request_id: &str) -> String {
     format!("{SOURCE_PREFIX}{request_id}")
 }
 
+/// Who fills a tool's arguments, which decides how the request is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// An MCP client: the model passes `request_id` (or the client sends it in `_meta`), so the
+    /// schema offers it and the description tells the model how to use it.
+    Mcp,
+    /// An agent framework's tool (`GET /v1/actions`): the framework's own tool-call id is the
+    /// request id, so the model never sees one and is never asked to invent one.
+    Framework,
+}
+
+/// One action described as a tool: its name, what the model reads, the arguments it fills.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Described {
+    /// `<provider>__<action>`.
+    pub name: String,
+    /// What the model reads about the tool.
+    pub description: String,
+    /// The action's input schema with opledger's fields beside its properties.
+    pub input_schema: Map<String, Value>,
+    /// Whether a repeat without the same request id is harmless (MCP's `idempotentHint`).
+    pub idempotent_hint: bool,
+}
+
+/// `action` described as a tool for `audience`, or why it cannot be offered (the MCP server
+/// and `GET /v1/actions` both leave such an action out).
+pub fn describe(action: &ActionTool, audience: Audience) -> Result<Described, String> {
+    let name = tool_name(&action.provider, &action.action);
+    if name.chars().count() > MAX_TOOL_NAME_CHARS {
+        return Err(format!(
+            "the name is longer than {MAX_TOOL_NAME_CHARS} characters"
+        ));
+    }
+    Ok(Described {
+        input_schema: input_schema(action, audience)?,
+        description: description(action, audience),
+        idempotent_hint: action.repeat_harmless,
+        name,
+    })
+}
+
 /// The tenant's tools, and which action each action tool stands for.
 pub(crate) struct Catalog {
     tools: Vec<Tool>,
@@ -64,7 +105,7 @@ impl Catalog {
         let mut by_name = BTreeMap::new();
         for action in actions {
             let name = tool_name(&action.provider, &action.action);
-            match action_tool(&name, &action) {
+            match action_tool(&action) {
                 Ok(tool) if !by_name.contains_key(&name) => {
                     tools.push(tool);
                     by_name.insert(name, action);
@@ -108,30 +149,27 @@ fn tool_name(provider: &str, action: &str) -> String {
         .collect()
 }
 
-/// The tool for one action, or why it cannot be offered.
-fn action_tool(name: &str, action: &ActionTool) -> Result<Tool, String> {
-    if name.chars().count() > MAX_TOOL_NAME_CHARS {
-        return Err(format!(
-            "the name is longer than {MAX_TOOL_NAME_CHARS} characters"
-        ));
-    }
-    let schema = input_schema(action)?;
+/// The MCP tool for one action, or why it cannot be offered.
+fn action_tool(action: &ActionTool) -> Result<Tool, String> {
+    let described = describe(action, Audience::Mcp)?;
     let annotations = ToolAnnotations::new()
         .read_only(false)
         .destructive(action.destructive)
         // A repeat without the same request_id is a new operation, so only a provider that
         // ignores repeats makes it harmless.
-        .idempotent(action.repeat_harmless)
+        .idempotent(described.idempotent_hint)
         .open_world(true);
-    Ok(
-        Tool::new(name.to_owned(), description(action), Arc::new(schema))
-            .with_raw_output_schema(Arc::new(reply::outcome_schema()))
-            .annotate(annotations),
+    Ok(Tool::new(
+        described.name,
+        described.description,
+        Arc::new(described.input_schema),
     )
+    .with_raw_output_schema(Arc::new(reply::outcome_schema()))
+    .annotate(annotations))
 }
 
 /// What the model reads about an action tool.
-fn description(action: &ActionTool) -> String {
+fn description(action: &ActionTool, audience: Audience) -> String {
     let what = capitalized(action.description.trim().trim_end_matches('.'));
     let account = match action.accounts.as_slice() {
         [only] => format!("in account `{only}` at {}", action.provider),
@@ -140,9 +178,17 @@ fn description(action: &ActionTool) -> String {
             action.provider
         ),
     };
-    format!(
-        "{what} {account}. The call is recorded before it is sent and answers where it stands; tell the user only what the answer says. Pass a fresh `{REQUEST_ID_ARG}` with every new request and the same `{REQUEST_ID_ARG}` when you retry one, so a retry finds the same operation instead of doing it twice. If the answer says it is not confirmed yet, do not repeat the call: ask `{STATUS_TOOL}` with its operation_id."
-    )
+    let recorded = "The call is recorded before it is sent and answers where it stands; tell the user only what the answer says.";
+    match audience {
+        Audience::Mcp => format!(
+            "{what} {account}. {recorded} Pass a fresh `{REQUEST_ID_ARG}` with every new request and the same `{REQUEST_ID_ARG}` when you retry one, so a retry finds the same operation instead of doing it twice. If the answer says it is not confirmed yet, do not repeat the call: ask `{STATUS_TOOL}` with its operation_id."
+        ),
+        // The framework names the request with its tool-call id, and its tools have no
+        // `operation_status` beside them: the answer itself says how to follow it up.
+        Audience::Framework => format!(
+            "{what} {account}. {recorded} If the answer says it is not confirmed yet, do not repeat the call."
+        ),
+    }
 }
 
 fn capitalized(text: &str) -> String {
@@ -153,7 +199,7 @@ fn capitalized(text: &str) -> String {
 }
 
 /// The action's input schema with opledger's fields beside its properties.
-fn input_schema(action: &ActionTool) -> Result<Map<String, Value>, String> {
+fn input_schema(action: &ActionTool, audience: Audience) -> Result<Map<String, Value>, String> {
     let Some(schema) = action.input.as_object() else {
         return Err("its input schema is not an object schema".to_owned());
     };
@@ -164,7 +210,10 @@ fn input_schema(action: &ActionTool) -> Result<Map<String, Value>, String> {
         .or_insert_with(|| json!({}))
         .as_object_mut()
         .ok_or("its input schema's `properties` is not an object")?;
-    let mut ours = vec![REQUEST_ID_ARG];
+    let mut ours = Vec::new();
+    if audience == Audience::Mcp {
+        ours.push(REQUEST_ID_ARG);
+    }
     if action.accounts.len() > 1 {
         ours.push(ACCOUNT_ARG);
     }
@@ -173,15 +222,17 @@ fn input_schema(action: &ActionTool) -> Result<Map<String, Value>, String> {
             "its input already has a property `{taken}`, which opledger's tools reserve"
         ));
     }
-    properties.insert(
-        REQUEST_ID_ARG.to_owned(),
-        json!({
-            "type": "string",
-            "minLength": 1,
-            "maxLength": MAX_REQUEST_ID_BYTES,
-            "description": "Names this request: fresh for every new request, the same when retrying it (a retry then finds the same operation). Also accepted as _meta \"dev.opledger/request_id\".",
-        }),
-    );
+    if audience == Audience::Mcp {
+        properties.insert(
+            REQUEST_ID_ARG.to_owned(),
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_REQUEST_ID_BYTES,
+                "description": "Names this request: fresh for every new request, the same when retrying it (a retry then finds the same operation). Also accepted as _meta \"dev.opledger/request_id\".",
+            }),
+        );
+    }
     if action.accounts.len() > 1 {
         properties.insert(
             ACCOUNT_ARG.to_owned(),
@@ -335,10 +386,11 @@ mod tests {
 
     #[test]
     fn one_account_needs_no_account_argument_and_several_need_one_of_them() {
-        let one = input_schema(&create_task(&["acct-1"])).expect("a schema");
+        let one = input_schema(&create_task(&["acct-1"]), Audience::Mcp).expect("a schema");
         assert!(one["properties"].get(ACCOUNT_ARG).is_none());
         assert!(one["properties"].get(REQUEST_ID_ARG).is_some());
-        let two = input_schema(&create_task(&["acct-1", "acct-2"])).expect("a schema");
+        let two =
+            input_schema(&create_task(&["acct-1", "acct-2"]), Audience::Mcp).expect("a schema");
         assert_eq!(
             two["properties"][ACCOUNT_ARG]["enum"],
             json!(["acct-1", "acct-2"])
@@ -387,17 +439,38 @@ mod tests {
     #[test]
     fn only_a_naturally_idempotent_action_is_marked_idempotent() {
         let mut action = create_task(&["acct-1"]);
-        let tool = action_tool("crm__create_task", &action).expect("a tool");
+        let tool = action_tool(&action).expect("a tool");
         let hints = tool.annotations.expect("annotations");
         assert_eq!(hints.idempotent_hint, Some(false));
         assert_eq!(hints.read_only_hint, Some(false));
         action.repeat_harmless = true;
         action.destructive = true;
-        let hints = action_tool("crm__create_task", &action)
+        let hints = action_tool(&action)
             .expect("a tool")
             .annotations
             .expect("annotations");
         assert_eq!(hints.idempotent_hint, Some(true));
         assert_eq!(hints.destructive_hint, Some(true));
+    }
+
+    #[test]
+    fn a_framework_tool_takes_no_request_id_argument_and_is_not_told_to_invent_one() {
+        let described =
+            describe(&create_task(&["acct-1", "acct-2"]), Audience::Framework).expect("described");
+        assert_eq!(described.name, "crm__create_task");
+        assert!(described.input_schema["properties"]
+            .get(REQUEST_ID_ARG)
+            .is_none());
+        assert!(described.input_schema["properties"]
+            .get(ACCOUNT_ARG)
+            .is_some());
+        assert!(!described.description.contains(REQUEST_ID_ARG));
+        assert!(described.description.starts_with("Create a task at crm"));
+        // An action with its own `request_id` property can be a framework tool: the framework
+        // never puts opledger's request id among the model's arguments.
+        let mut own = create_task(&["acct-1"]);
+        own.input["properties"][REQUEST_ID_ARG] = json!({"type": "string"});
+        assert!(describe(&own, Audience::Framework).is_ok());
+        assert!(describe(&own, Audience::Mcp).is_err());
     }
 }

@@ -23,7 +23,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional
 
-__all__ = ["Ledger", "Operation", "LedgerError", "SETTLED_STATES", "NOT_CONFIRMED_STATES"]
+__all__ = [
+    "Ledger",
+    "Operation",
+    "LedgerError",
+    "SETTLED_STATES",
+    "NOT_CONFIRMED_STATES",
+    "sentence_of",
+]
 
 #: States that will not change without a person (or never).
 SETTLED_STATES = frozenset({"succeeded", "rejected", "denied", "abandoned"})
@@ -75,6 +82,18 @@ class Operation:
             replayed=replayed,
             raw=dict(body),
         )
+
+
+def sentence_of(operation: Operation) -> str:
+    """What a guarded tool answers: the ledger's sentence, and for a send not confirmed yet (its
+    sentence says so but gives no advice) that it must not be repeated, as the MCP tools say. An
+    outcome that is not confirmed is an answer, never an exception that invites a retry."""
+    if operation.state in ("pending", "in_flight"):
+        return (
+            f"{operation.message} Not confirmed yet: do not repeat the call "
+            f"(operation {operation.operation_id})."
+        )
+    return operation.message
 
 
 class LedgerError(Exception):
@@ -142,6 +161,36 @@ class Ledger:
         body, _ = self._call("GET", f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}")
         return Operation.from_json(body)
 
+    def actions(self) -> "list[Dict[str, Any]]":
+        """The configured actions this tenant may use, each described as a tool
+        (``GET /v1/actions``: name, provider, action, accounts, description, input_schema,
+        deduplication, idempotent_hint, destructive)."""
+        body, _ = self._call("GET", "/v1/actions")
+        return list(body["actions"])
+
+    def guarded_call(
+        self,
+        action: Mapping[str, Any],
+        args: Mapping[str, Any],
+        *,
+        request_id: Optional[str],
+        wait_ms: Optional[int] = None,
+    ) -> str:
+        """Records and executes one tool call of ``action`` (an entry of :meth:`actions`, or a
+        mapping with ``provider``, ``account`` and ``action``) under ``request_id`` (the agent
+        framework's tool-call id, the same on a retry) and returns what the agent may say. With
+        several accounts at the provider, ``args`` names one as ``account``."""
+        account, rest = _account_of(action, args)
+        operation = self.record_and_execute(
+            action["provider"],
+            account,
+            action["action"],
+            rest,
+            idempotency_key=request_id,
+            wait_ms=wait_ms,
+        )
+        return sentence_of(operation)
+
     def tool(
         self, provider: str, account: str, action: str, *, wait_ms: Optional[int] = None
     ) -> Callable[[Callable[..., Mapping[str, Any]]], Callable[..., str]]:
@@ -167,7 +216,7 @@ class Ledger:
                     wait_ms=wait_ms,
                 )
                 guarded.last_operation = operation  # type: ignore[attr-defined]
-                return operation.message
+                return sentence_of(operation)
 
             signature = inspect.signature(build_args)
             request_id = inspect.Parameter(
@@ -232,6 +281,42 @@ def _intent(
     if requires_approval:
         body["requires_approval"] = True
     return body
+
+
+def arguments_of(
+    build_args: Callable[..., Optional[Mapping[str, Any]]], args: "tuple[Any, ...]", kwargs: Mapping[str, Any]
+) -> Dict[str, Any]:
+    """The action's arguments for one call of a guarded function: what it returns, or, when it
+    returns nothing (a function that only declares the tool), its own arguments by name."""
+    built = build_args(*args, **kwargs)
+    if built is None:
+        bound = inspect.signature(build_args).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+    if not isinstance(built, Mapping):
+        raise TypeError(
+            f"{getattr(build_args, '__name__', 'the function')} must return the action's arguments "
+            f"(a mapping) or nothing (its arguments are the action's); it returned {type(built).__name__}"
+        )
+    return dict(built)
+
+
+def _account_of(action: Mapping[str, Any], args: Mapping[str, Any]) -> "tuple[str, Dict[str, Any]]":
+    """The account a tool call acts in, and the action's own arguments."""
+    rest = dict(args)
+    if "accounts" not in action:
+        return action["account"], rest
+    accounts = list(action["accounts"])
+    if len(accounts) == 1:
+        return accounts[0], rest
+    named = rest.pop("account", None)
+    if named not in accounts:
+        raise LedgerError(
+            422,
+            "invalid_input",
+            f"`account` must be one of {', '.join(accounts)} (got {named!r}); nothing was recorded",
+        )
+    return named, rest
 
 
 def _api_error(error: urllib.error.HTTPError) -> LedgerError:

@@ -21,33 +21,10 @@ pub struct McpLedger(pub(crate) Arc<Shared>);
 
 impl opledger_mcp::Ledger for McpLedger {
     fn actions(&self, tenant: &TenantId) -> Vec<ActionTool> {
-        let providers = self.0.engine.providers();
-        let mut actions = Vec::new();
-        for connector in providers.connectors() {
-            let accounts: Vec<String> = connector
-                .account_owners()
-                .filter(|(_, owners, _)| owners.contains(tenant))
-                .map(|(account, _, _)| account.to_string())
-                .collect();
-            if accounts.is_empty() {
-                continue;
-            }
-            for action in connector.actions() {
-                let repeat_harmless = connector
-                    .capabilities(&action.name)
-                    .is_some_and(|c| matches!(c.deduplication, Deduplication::NaturallyIdempotent));
-                actions.push(ActionTool {
-                    provider: connector.id().to_string(),
-                    action: action.name.to_string(),
-                    description: action.description.clone(),
-                    destructive: action.destructive,
-                    repeat_harmless,
-                    input: action.input.clone(),
-                    accounts: accounts.clone(),
-                });
-            }
-        }
-        actions
+        actions_of(&self.0, tenant)
+            .into_iter()
+            .map(|(action, _)| action)
+            .collect()
     }
 
     fn wait(&self) -> Duration {
@@ -130,6 +107,41 @@ impl opledger_mcp::Ledger for McpLedger {
         }
         Ok(listed)
     }
+}
+
+/// The actions `tenant` may use (those of the providers where it owns an account), each with
+/// its provider's deduplication contract: the MCP tools and `GET /v1/actions` both list these.
+pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool, Deduplication)> {
+    let providers = shared.engine.providers();
+    let mut actions = Vec::new();
+    for connector in providers.connectors() {
+        let accounts: Vec<String> = connector
+            .account_owners()
+            .filter(|(_, owners, _)| owners.contains(tenant))
+            .map(|(account, _, _)| account.to_string())
+            .collect();
+        if accounts.is_empty() {
+            continue;
+        }
+        for action in connector.actions() {
+            let deduplication = connector
+                .capabilities(&action.name)
+                .map_or(Deduplication::None, |c| c.deduplication);
+            actions.push((
+                ActionTool {
+                    provider: connector.id().to_string(),
+                    action: action.name.to_string(),
+                    description: action.description.clone(),
+                    destructive: action.destructive,
+                    repeat_harmless: matches!(deduplication, Deduplication::NaturallyIdempotent),
+                    input: action.input.clone(),
+                    accounts: accounts.clone(),
+                },
+                deduplication,
+            ));
+        }
+    }
+    actions
 }
 
 /// An operation as a tool answers it, with the sentence the HTTP API answers with.

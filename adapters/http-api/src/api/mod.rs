@@ -7,7 +7,7 @@
 //! A handler never returns 2xx for something the ledger has not durably recorded. The handlers
 //! live by concern: operations.rs (record, show, history, approve/deny, execute), queries.rs
 //! (listings, the review queue, trace), review.rs (an operator's decision), mcp.rs (the MCP
-//! tools over the same paths, at `/mcp`).
+//! tools over the same paths, at `/mcp`), actions.rs (the actions as tools for agent frameworks).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ use super::error::{json_reply, ApiError};
 use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of};
 
+mod actions;
 mod mcp;
 mod operations;
 mod queries;
@@ -63,7 +64,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 21] = [
+pub(crate) const ROUTES: [(&str, &str); 22] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -85,6 +86,7 @@ pub(crate) const ROUTES: [(&str, &str); 21] = [
     ("get", "/v1/webhooks/{id}/attempts"),
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
+    ("get", "/v1/actions"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -123,6 +125,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/whoami", get(whoami))
         .route("/v1/counts", get(queries::counts))
+        .route("/v1/actions", get(actions::list))
         .route("/v1/webhooks", get(webhooks::list))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
@@ -646,6 +649,10 @@ mod tests {
         assert_eq!(
             strings(&schemas["OutcomeEvent"]["properties"]["type"]["enum"]),
             crate::render::TYPES
+        );
+        assert_eq!(
+            strings(&schemas["Action"]["properties"]["deduplication"]["enum"]),
+            actions::DEDUPLICATIONS
         );
     }
 

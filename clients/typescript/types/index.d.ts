@@ -1,0 +1,322 @@
+/** Whether `operation` is settled as confirmed: it succeeded and names the object. */
+export function confirmed(operation: Operation): boolean;
+/** Whether `operation`'s outcome is not known yet: do not repeat it; ask `status` later. */
+export function notConfirmed(operation: Operation): boolean;
+/**
+ * What a guarded tool answers: the ledger's sentence, and for a send not confirmed yet (its
+ * sentence says so but gives no advice) that it must not be repeated, as the MCP tools say.
+ * @param {Operation} operation
+ */
+export function sentenceOf(operation: Operation): string;
+/**
+ * Server-Sent Events from a byte stream, as the WHATWG parsing rules read them.
+ * @param {ReadableStream<Uint8Array>} body
+ * @returns {AsyncGenerator<{ id?: string, event?: string, data: string }>}
+ */
+export function serverSentEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<{
+    id?: string;
+    event?: string;
+    data: string;
+}>;
+/** @import { components } from "../types/openapi.js" */
+/** @typedef {components["schemas"]["Operation"]} Operation */
+/** @typedef {components["schemas"]["State"]} State */
+/** @typedef {components["schemas"]["OperationPage"]} OperationPage */
+/** @typedef {components["schemas"]["History"]} History */
+/** @typedef {components["schemas"]["Trace"]} Trace */
+/** @typedef {components["schemas"]["ReviewQueue"]} ReviewQueue */
+/** @typedef {components["schemas"]["ReviewRequest"]} ReviewRequest */
+/** @typedef {components["schemas"]["OutcomeEvent"]} OutcomeEvent */
+/** @typedef {components["schemas"]["Action"]} Action */
+/** @typedef {components["schemas"]["Counts"]} Counts */
+/** @typedef {components["schemas"]["Principal"]} Principal */
+/** @typedef {components["schemas"]["ErrorCode"]} ErrorCode */
+/**
+ * What to record: the provider, the account, the action and its arguments.
+ * @typedef {object} Intent
+ * @property {string} provider
+ * @property {string} account
+ * @property {string} action
+ * @property {Record<string, unknown>} args
+ * @property {string} [owner]
+ * @property {boolean} [requires_approval]
+ */
+/**
+ * An answer about one operation, with what the HTTP exchange said beside it.
+ * @typedef {Operation & { replayed: boolean }} Answer
+ */
+/** States that will not change without a person (or never). */
+export const SETTLED_STATES: readonly ["succeeded", "rejected", "denied", "abandoned"];
+/** States whose outcome is not known yet: never repeat the call; ask `status` later. */
+export const NOT_CONFIRMED_STATES: readonly ["pending", "in_flight", "unknown", "needs_review"];
+/**
+ * How long one HTTP request may take, in milliseconds, unless the client is told otherwise:
+ * longer than the server's largest `wait_ms` (30 s by default), so an execute answers first.
+ */
+export const DEFAULT_TIMEOUT_MS: 40000;
+/**
+ * How many times in a row the outcome feed reconnects without receiving an event before it gives
+ * up and throws (with the position to resume from): a server that is gone for good is reported,
+ * not retried for ever.
+ */
+export const MAX_CONSECUTIVE_RECONNECTS: 20;
+/** The pause before the outcome feed reconnects, in milliseconds. */
+export const RECONNECT_PAUSE_MS: 500;
+/** The longest request id a guarded tool sends as an `Idempotency-Key`, in bytes (TextId). */
+export const MAX_REQUEST_ID_BYTES: 256;
+/**
+ * The API refused a request (`{"error": {"code", "message"}}`, `status` the HTTP status), or
+ * could not be reached (`status` 0, `code` "unreachable": whether a record arrived is unknown,
+ * so repeat it with the same idempotency key).
+ */
+export class LedgerError extends Error {
+    /**
+     * @param {number} status
+     * @param {ErrorCode | "unreachable" | "http_error"} code
+     * @param {string} message
+     * @param {{ pointer: string, message: string }[]} [fields]
+     */
+    constructor(status: number, code: ErrorCode | "unreachable" | "http_error", message: string, fields?: {
+        pointer: string;
+        message: string;
+    }[]);
+    status: number;
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "internal" | "unreachable" | "http_error";
+    detail: string;
+    fields: {
+        pointer: string;
+        message: string;
+    }[];
+    /** Whether the same request may be repeated as it is (the server said so, or never answered). */
+    get retryable(): boolean;
+}
+/**
+ * @typedef {object} LedgerOptions
+ * @property {string} token A tenant's (or an operator's, an approver's) bearer token.
+ * @property {typeof fetch} [fetch] The fetch to use (default: the global one).
+ * @property {number} [timeoutMs] One request's limit, in milliseconds.
+ */
+/** A client of one `opledger serve`, as the holder of one bearer token. */
+export class Ledger {
+    /**
+     * @param {string} baseUrl e.g. `http://127.0.0.1:8080`
+     * @param {LedgerOptions} options
+     */
+    constructor(baseUrl: string, options: LedgerOptions);
+    baseUrl: string;
+    timeoutMs: number;
+    /** @private */
+    private token;
+    /** @private */
+    private fetch;
+    /**
+     * Records an intent without sending anything. Every record carries an `Idempotency-Key`: the
+     * one given (the same on a retry finds the operation the first call recorded), else a fresh
+     * random one, so even a caller that names nothing can repeat a record whose answer it lost.
+     * @param {Intent} intent
+     * @param {{ idempotencyKey?: string }} [options]
+     * @returns {Promise<Answer>}
+     */
+    record(intent: Intent, options?: {
+        idempotencyKey?: string;
+    }): Promise<Answer>;
+    /**
+     * Records an intent and executes it in the same call, waiting at most `waitMs` for the outcome.
+     * @param {Intent} intent
+     * @param {{ idempotencyKey?: string, waitMs?: number }} [options]
+     * @returns {Promise<Answer>}
+     */
+    recordAndExecute(intent: Intent, options?: {
+        idempotencyKey?: string;
+        waitMs?: number;
+    }): Promise<Answer>;
+    /**
+     * Drives a recorded operation and waits (at most `waitMs`) for its outcome.
+     * @param {string} operationId
+     * @param {{ waitMs?: number }} [options]
+     * @returns {Promise<Operation>}
+     */
+    execute(operationId: string, options?: {
+        waitMs?: number;
+    }): Promise<Operation>;
+    /**
+     * Where an operation stands now, or as of a moment (a global position or an RFC 3339 time).
+     * @param {string} operationId
+     * @param {{ asOf?: string | number }} [options]
+     * @returns {Promise<Operation>}
+     */
+    status(operationId: string, options?: {
+        asOf?: string | number;
+    }): Promise<Operation>;
+    /**
+     * One operation's whole history, event by event.
+     * @param {string} operationId
+     * @returns {Promise<History>}
+     */
+    history(operationId: string): Promise<History>;
+    /**
+     * A page of operations from the read models; pass `next` back as `after` for the next page.
+     * @param {{ state?: State, olderThan?: string, tenant?: string, provider?: string, account?: string, limit?: number, after?: string }} [filter]
+     * @returns {Promise<OperationPage>}
+     */
+    list(filter?: {
+        state?: State;
+        olderThan?: string;
+        tenant?: string;
+        provider?: string;
+        account?: string;
+        limit?: number;
+        after?: string;
+    }): Promise<OperationPage>;
+    /**
+     * Every operation matching `filter`, page after page.
+     * @param {Parameters<Ledger["list"]>[0]} [filter]
+     * @returns {AsyncGenerator<components["schemas"]["ListItem"]>}
+     */
+    listAll(filter?: Parameters<Ledger["list"]>[0]): AsyncGenerator<components["schemas"]["ListItem"]>;
+    /**
+     * The chain behind an operation, attempt, external object or source id.
+     * @param {string} id
+     * @returns {Promise<Trace>}
+     */
+    trace(id: string): Promise<Trace>;
+    /**
+     * The operator's queue: unknown and needs-review operations with their evidence.
+     * @param {{ limit?: number }} [options]
+     * @returns {Promise<ReviewQueue>}
+     */
+    reviewQueue(options?: {
+        limit?: number;
+    }): Promise<ReviewQueue>;
+    /**
+     * An operator's decision on an operation in the queue: retry, confirm (with the object's id)
+     * or abandon.
+     * @param {string} operationId
+     * @param {ReviewRequest} decision
+     * @returns {Promise<Operation>}
+     */
+    review(operationId: string, decision: ReviewRequest): Promise<Operation>;
+    /**
+     * Approves the recorded snapshot (its `args_hash`, from the operation) for sending.
+     * @param {string} operationId
+     * @param {components["schemas"]["ApproveRequest"]} approval
+     * @returns {Promise<Operation>}
+     */
+    approve(operationId: string, approval: components["schemas"]["ApproveRequest"]): Promise<Operation>;
+    /**
+     * Denies the recorded snapshot, with the reason.
+     * @param {string} operationId
+     * @param {components["schemas"]["DenyRequest"]} denial
+     * @returns {Promise<Operation>}
+     */
+    deny(operationId: string, denial: components["schemas"]["DenyRequest"]): Promise<Operation>;
+    /**
+     * The configured actions this tenant may use, each described as a tool.
+     * @returns {Promise<Action[]>}
+     */
+    actions(): Promise<Action[]>;
+    /**
+     * Operations per state.
+     * @param {{ tenant?: string }} [options]
+     * @returns {Promise<Counts>}
+     */
+    counts(options?: {
+        tenant?: string;
+    }): Promise<Counts>;
+    /** @returns {Promise<Principal>} Who this client's token stands for. */
+    whoami(): Promise<Principal>;
+    /**
+     * The outcome feed (Server-Sent Events), as an async iterator of events. It resumes by itself:
+     * when the stream ends or breaks, it reconnects with `Last-Event-ID` set to the last event it
+     * yielded, so no event is skipped or repeated; pass the last `position` you processed as
+     * `after` to resume across restarts. Stop it with `signal` (or by leaving the loop). After
+     * `maxReconnects` (default {@link MAX_CONSECUTIVE_RECONNECTS}) reconnections in a row without
+     * an event it throws a LedgerError naming the position to resume from.
+     * @param {{ types?: string[], after?: number, signal?: AbortSignal, reconnectMs?: number, maxReconnects?: number }} [options]
+     * @returns {AsyncGenerator<OutcomeEvent>}
+     */
+    outcomes(options?: {
+        types?: string[];
+        after?: number;
+        signal?: AbortSignal;
+        reconnectMs?: number;
+        maxReconnects?: number;
+    }): AsyncGenerator<OutcomeEvent>;
+    /**
+     * One configured action as a guarded tool: `run(args, { requestId })` records and executes the
+     * action once under the request id (the agent framework's own tool-call id, the same on a
+     * retry) and answers the ledger's sentence. An outcome that is not confirmed is an answer, not
+     * an error ("… has not confirmed … yet; … Please do not repeat it."), so a framework does not
+     * retry it; a refusal before anything was recorded (arguments off the schema) throws.
+     * @param {Action | { provider: string, account: string, action: string }} action an entry of
+     *   `actions()`, or the provider, account and action by name
+     * @param {{ waitMs?: number }} [options]
+     */
+    guardedTool(action: Action | {
+        provider: string;
+        account: string;
+        action: string;
+    }, options?: {
+        waitMs?: number;
+    }): {
+        /** The tool's name (`<provider>__<action>`). */
+        name: string;
+        /**
+         * @param {Record<string, unknown>} args the model's arguments (with `account` among them
+         *   when the action lists several accounts)
+         * @param {{ requestId?: string }} [call]
+         * @returns {Promise<{ text: string, operation: Answer }>}
+         */
+        run(args: Record<string, unknown>, call?: {
+            requestId?: string;
+        }): Promise<{
+            text: string;
+            operation: Answer;
+        }>;
+    };
+    #private;
+}
+export type Operation = components["schemas"]["Operation"];
+export type State = components["schemas"]["State"];
+export type OperationPage = components["schemas"]["OperationPage"];
+export type History = components["schemas"]["History"];
+export type Trace = components["schemas"]["Trace"];
+export type ReviewQueue = components["schemas"]["ReviewQueue"];
+export type ReviewRequest = components["schemas"]["ReviewRequest"];
+export type OutcomeEvent = components["schemas"]["OutcomeEvent"];
+export type Action = components["schemas"]["Action"];
+export type Counts = components["schemas"]["Counts"];
+export type Principal = components["schemas"]["Principal"];
+export type ErrorCode = components["schemas"]["ErrorCode"];
+/**
+ * What to record: the provider, the account, the action and its arguments.
+ */
+export type Intent = {
+    provider: string;
+    account: string;
+    action: string;
+    args: Record<string, unknown>;
+    owner?: string | undefined;
+    requires_approval?: boolean | undefined;
+};
+/**
+ * An answer about one operation, with what the HTTP exchange said beside it.
+ */
+export type Answer = Operation & {
+    replayed: boolean;
+};
+export type LedgerOptions = {
+    /**
+     * A tenant's (or an operator's, an approver's) bearer token.
+     */
+    token: string;
+    /**
+     * The fetch to use (default: the global one).
+     */
+    fetch?: typeof fetch | undefined;
+    /**
+     * One request's limit, in milliseconds.
+     */
+    timeoutMs?: number | undefined;
+};
+import type { components } from "../types/openapi.js";

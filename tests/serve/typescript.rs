@@ -1,0 +1,132 @@
+//! The TypeScript client and its framework adapters (clients/typescript) against a spawned
+//! `opledger serve` and the CRM stand, on Node's own test runner. This test provides what the
+//! scripts stand on and fails (never skips) when any of it cannot be had:
+//!
+//! - the package's dev dependencies (the frameworks, typescript, openapi-typescript), installed
+//!   with `npm ci` from the committed lock file into the target directory and reused while the
+//!   lock is the same (made aside and renamed into place, as the console's are);
+//! - a copy of the package beside those modules, so the sources' bare imports (`ai`,
+//!   `@openai/agents`, `@langchain/core`) resolve as they do in a user's project.
+//!
+//! The scripts check the committed generated types against the served document, type-check the
+//! sources with tsc, and play each framework's tool call through a lost response.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::python::python_venv::run;
+use super::support::{Harness, ACCOUNT, OPERATOR_TOKEN, TENANT_A_TOKEN};
+
+fn package() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript")
+}
+
+/// The folder whose `node_modules` holds the lock file's packages, made with `npm ci` once per
+/// lock file.
+fn node_modules() -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(install).clone()
+}
+
+fn install() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let place = tmp.join("typescript-client-modules");
+    let lock = std::fs::read_to_string(package().join("package-lock.json"))
+        .expect("the client's package-lock.json is committed");
+    let is_ready = |dir: &Path| {
+        std::fs::read_to_string(dir.join("package-lock.json")).ok() == Some(lock.clone())
+            && dir.join("node_modules/.bin/tsc").exists()
+    };
+    if is_ready(&place) {
+        return place;
+    }
+    let aside = tmp.join(format!(
+        "typescript-client-modules.making-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&aside);
+    std::fs::create_dir_all(&aside).expect("a folder for the npm packages");
+    for file in ["package.json", "package-lock.json"] {
+        std::fs::copy(package().join(file), aside.join(file)).expect("the npm manifest");
+    }
+    run(
+        Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(&aside),
+        "npm ci of the TypeScript client's dev dependencies (needs Node 20 and npm)",
+    );
+    if place.exists() && !is_ready(&place) {
+        let stale = tmp.join(format!(
+            "typescript-client-modules.stale-{}",
+            std::process::id()
+        ));
+        if std::fs::rename(&place, &stale).is_ok() {
+            let _ = std::fs::remove_dir_all(&stale);
+        }
+    }
+    if std::fs::rename(&aside, &place).is_err() {
+        // Another process put its own in place first: use that one.
+        let _ = std::fs::remove_dir_all(&aside);
+        assert!(is_ready(&place), "cannot put the npm packages in place");
+    }
+    place
+}
+
+/// Copies the package's sources, tests, types and manifests into `into`, beside a link to the
+/// installed modules.
+fn lay_out(into: &Path, modules: &Path) {
+    for folder in ["src", "test", "types"] {
+        std::fs::create_dir_all(into.join(folder)).expect("a folder");
+        for entry in std::fs::read_dir(package().join(folder)).expect("the package's folder") {
+            let entry = entry.expect("a file");
+            std::fs::copy(entry.path(), into.join(folder).join(entry.file_name()))
+                .expect("a file copied");
+        }
+    }
+    for file in ["package.json", "tsconfig.json", "tsconfig.types.json"] {
+        std::fs::copy(package().join(file), into.join(file)).expect("a manifest copied");
+    }
+    std::os::unix::fs::symlink(modules.join("node_modules"), into.join("node_modules"))
+        .expect("node_modules linked");
+}
+
+#[tokio::test]
+async fn the_typescript_client_and_adapters_pass_their_tests_against_a_real_server() {
+    let modules = tokio::task::spawn_blocking(node_modules)
+        .await
+        .expect("the packages are installed");
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let copy = tempfile::tempdir().expect("a folder for the package");
+    lay_out(copy.path(), &modules);
+    // The test files by name: given the folder, node would run its helper module as a test too.
+    let mut tests: Vec<PathBuf> = std::fs::read_dir(copy.path().join("test"))
+        .expect("the tests")
+        .map(|entry| entry.expect("a file").path())
+        .filter(|path| path.to_string_lossy().ends_with(".test.js"))
+        .collect();
+    tests.sort();
+    assert!(tests.len() >= 3, "the test files: {tests:?}");
+    let mut node = Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "--test-concurrency=1"])
+        .args(&tests)
+        .current_dir(copy.path())
+        .env("OPLEDGER_BASE_URL", &server.base)
+        .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
+        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        .env("OPLEDGER_ACCOUNT", ACCOUNT)
+        .env("OPLEDGER_STAND_URL", harness.stand_url())
+        .env(
+            "OPLEDGER_README",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"),
+        );
+    let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
+        .await
+        .expect("node ran");
+    println!("{printed}");
+    assert!(printed.contains("ℹ pass"), "node ran no test:\n{printed}");
+    assert!(
+        printed.contains("ℹ skipped 0") && printed.contains("ℹ todo 0"),
+        "a test skipped, which counts as missing:\n{printed}"
+    );
+}
