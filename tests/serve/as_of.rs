@@ -267,7 +267,7 @@ async fn listings_and_the_review_queue_as_of_any_moment_are_what_the_live_servic
     let harness = Harness::new("").await;
     let server = harness.serve();
     let mut listed: Vec<Listed> = Vec::new();
-    let mut look = async |server: &Server, listed: &mut Vec<Listed>| {
+    let look = async |server: &Server, listed: &mut Vec<Listed>| {
         if let Some(now) = listed_now(server).await {
             if listed.last().is_none_or(|last| last.head != now.head) {
                 listed.push(now);

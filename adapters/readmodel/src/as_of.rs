@@ -249,7 +249,7 @@ impl PastReadModels {
     /// longest-waiting first, as the queue held them at the moment.
     pub fn review_queue(&self, limit: usize) -> Vec<ReviewItem> {
         let mut items: Vec<&ReviewItem> = self.review.values().collect();
-        items.sort_unstable_by(|a, b| (a.since, a.operation_id).cmp(&(b.since, b.operation_id)));
+        items.sort_unstable_by_key(|item| (item.since, item.operation_id));
         items
             .into_iter()
             .take(limit.min(MAX_QUERY_ROWS))
