@@ -717,6 +717,11 @@ pub struct OpsListArgs {
     /// table or as `next` in JSON).
     #[arg(long)]
     pub after: Option<String>,
+    /// The listing as it was at this moment: a global position (`1200`) or an RFC 3339 time
+    /// (`2026-12-01T14:02:00Z`), folded from the log's start up to it (ages and --older-than
+    /// measured from it).
+    #[arg(long, value_parser = parse_as_of, value_name = "POSITION|TIME")]
+    pub as_of: Option<opledger_http_api::render::AsOf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -11,7 +11,8 @@ use opledger_domain::ids::{AccountId, OperationId, ProviderId, TenantId};
 use opledger_domain::sentence::agent_sentence;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
 use opledger_readmodel::{
-    OperationCursor, OperationFilter, OperationPage, ReadModelError, ReadModelStore,
+    OperationCursor, OperationFilter, OperationPage, PastReadModels, PastScope, ReadModelError,
+    ReadModelStore,
 };
 use serde_json::json;
 
@@ -29,9 +30,21 @@ fn listable_states() -> impl Iterator<Item = &'static str> {
 
 pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
     // Every input is checked before anything is opened, so bad input never creates a file.
-    let query = ListQuery::from_args(&args)?;
+    let mut query = ListQuery::from_args(&args)?;
     let ledger = open_for_reading(&args.read_models.store.db).await?;
-    let result = read_page(&ledger, &args, query.filter, query.limit, query.after).await;
+    let result = match args.as_of {
+        Some(as_of) => read_past_page(&ledger, as_of, &mut query).await,
+        None => {
+            read_page(
+                &ledger,
+                &args,
+                query.filter.clone(),
+                query.limit,
+                query.after,
+            )
+            .await
+        }
+    };
     let closed = close(&ledger).await;
     let page = result?;
     closed?;
@@ -42,11 +55,35 @@ pub async fn list(args: OpsListArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Reads one page of the listing as it was at `as_of`, folded from the ledger's log (the read
+/// models hold only now). `query.now` becomes the moment's time, which ages are measured from.
+async fn read_past_page(
+    ledger: &SqliteLedger,
+    as_of: AsOf,
+    query: &mut ListQuery,
+) -> Result<OperationPage, CliError> {
+    let scope = PastScope {
+        tenants: query
+            .filter
+            .tenant
+            .clone()
+            .map(|tenant| std::collections::BTreeSet::from([tenant])),
+        provider: query.filter.provider.clone(),
+        account: query.filter.account.clone(),
+    };
+    let past = PastReadModels::fold(ledger.store(), as_of.moment(), &scope).await?;
+    query.now = past.time().unwrap_or(query.now);
+    query.filter.older_than = query.older_than.map(|duration| query.now - duration);
+    Ok(past.list_operations(&query.filter, query.limit, query.after)?)
+}
+
 /// What `ops list` asks the read models for, checked and parsed from its arguments.
 struct ListQuery {
     filter: OperationFilter,
     limit: usize,
     after: Option<OperationId>,
+    /// `--older-than`, measured back from `now`.
+    older_than: Option<chrono::Duration>,
     /// The moment `--older-than` and the printed ages are measured from.
     now: DateTime<Utc>,
 }
@@ -106,6 +143,7 @@ impl ListQuery {
             filter,
             limit,
             after,
+            older_than,
             now,
         })
     }

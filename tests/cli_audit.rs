@@ -356,6 +356,64 @@ fn ops_list_filters_by_state_and_tenant_as_a_table_and_as_json() {
 }
 
 #[test]
+fn ops_list_as_of_each_position_lists_what_the_ledger_held_then() {
+    let fixture = Fixture::build();
+    let states_at = |as_of: &str, extra: &[&str]| -> Vec<(String, String)> {
+        let mut args = vec!["ops", "list", "--json", "--as-of", as_of];
+        args.extend_from_slice(extra);
+        json_of(&fixture.run(&args))["operations"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|row| {
+                (
+                    row["operation_id"].as_str().expect("an id").to_owned(),
+                    row["state"].as_str().expect("a state").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let review = fixture.review.to_string();
+    let mut counts = Vec::new();
+    let mut review_states = Vec::new();
+    for position in 1..=12 {
+        let rows = states_at(&position.to_string(), &[]);
+        counts.push(rows.len());
+        if let Some((_, state)) = rows.iter().find(|(id, _)| *id == review) {
+            review_states.push(state.clone());
+        }
+    }
+    assert!(counts.is_sorted(), "operations only ever join: {counts:?}");
+    assert_eq!(counts.first(), Some(&1), "{counts:?}");
+    review_states.dedup();
+    assert_eq!(
+        review_states,
+        ["pending", "in_flight", "unknown", "needs_review"],
+        "the operation in review, position by position"
+    );
+    // At the head, the listing now.
+    let now: Vec<(String, String)> = json_of(&fixture.run(&["ops", "list", "--json"]))
+        ["operations"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| {
+            (
+                row["operation_id"].as_str().expect("an id").to_owned(),
+                row["state"].as_str().expect("a state").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(states_at("12", &[]), now);
+    assert_eq!(states_at("1000", &["--tenant", "globex"]).len(), 2);
+    assert!(states_at("3", &["--tenant", "globex"]).is_empty());
+
+    let refused = fixture.run(&["ops", "list", "--as-of", "yesterday"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("--as-of"), "{}", stderr(&refused));
+}
+
+#[test]
 fn ops_show_and_status_print_the_sentence_and_the_timeline() {
     let fixture = Fixture::build();
     let id = fixture.succeeded.to_string();

@@ -213,3 +213,194 @@ async fn as_of_before_the_intent_is_not_found_and_a_bad_moment_is_refused() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// What the live service listed while the log stood still at `head`: the tenant's operations and
+/// the operators' review queue.
+#[derive(Debug)]
+struct Listed {
+    head: u64,
+    operations: Value,
+    queue: Value,
+}
+
+const OPERATIONS: &str = "/v1/operations?limit=1000";
+const QUEUE: &str = "/v1/review?limit=1000";
+
+async fn get_ok(server: &Server, path: &str, token: &str) -> Value {
+    let (status, body) = server.call(Method::GET, path, Some(token), None).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    body
+}
+
+/// The live listings, when the log did not move while they were read (the answer is then the
+/// listing at that head exactly: a listing waits for the read models to reach the head).
+async fn listed_now(server: &Server) -> Option<Listed> {
+    let head = server.log_head().await;
+    let operations = get_ok(server, OPERATIONS, TENANT_A_TOKEN).await;
+    let queue = get_ok(server, QUEUE, crate::support::OPERATOR_TOKEN).await;
+    (server.log_head().await == head).then_some(Listed {
+        head,
+        operations,
+        queue,
+    })
+}
+
+/// `value` without its `age_s` members: an age is measured from when the answer was given (the
+/// live one from the wall clock, the past one from the moment), the one field that says when
+/// it was asked rather than what the ledger held.
+fn without_ages(value: &Value) -> Value {
+    match value {
+        Value::Object(members) => Value::Object(
+            members
+                .iter()
+                .filter(|(name, _)| name.as_str() != "age_s")
+                .map(|(name, member)| (name.clone(), without_ages(member)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(without_ages).collect()),
+        other => other.clone(),
+    }
+}
+
+#[tokio::test]
+async fn listings_and_the_review_queue_as_of_any_moment_are_what_the_live_service_listed_then() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let mut listed: Vec<Listed> = Vec::new();
+    let look = async |server: &Server, listed: &mut Vec<Listed>| {
+        if let Some(now) = listed_now(server).await {
+            if listed.last().is_none_or(|last| last.head != now.head) {
+                listed.push(now);
+            }
+        }
+    };
+
+    // Another tenant's operation, never in tenant A's listing; one waiting for approval; a lost
+    // response the key makes safe to retry; a lost request on a lookup-only CRM (into the review
+    // queue); and a plain success.
+    let (status, _) = server.record(TENANT_B_TOKEN, "crm", "Theirs", None).await;
+    assert_eq!(status, StatusCode::CREATED);
+    server
+        .record_for_approval(TENANT_A_TOKEN, "Wait for the boss")
+        .await;
+    look(&server, &mut listed).await;
+    harness
+        .fault(Shape::Keyed, FaultKind::DropResponse, 1)
+        .await;
+    let mut ids = Vec::new();
+    for (provider, title) in [
+        ("crm", "Call the client"),
+        ("crm-plain", "Book the meeting"),
+        ("crm", "Send the contract"),
+    ] {
+        if provider == "crm-plain" {
+            harness.fault(Shape::Plain, FaultKind::DropRequest, 1).await;
+        }
+        let (status, recorded) = server.record(TENANT_A_TOKEN, provider, title, None).await;
+        assert_eq!(status, StatusCode::CREATED, "{recorded}");
+        look(&server, &mut listed).await;
+        let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+        let _ = server.execute(TENANT_A_TOKEN, &id, 200).await;
+        look(&server, &mut listed).await;
+        ids.push(id);
+    }
+    for _ in 0..400 {
+        look(&server, &mut listed).await;
+        let mut settled = true;
+        for id in &ids {
+            let view = live(&server, id).await;
+            settled &= ["succeeded", "needs_review", "rejected"]
+                .contains(&view["state"].as_str().unwrap_or_default());
+        }
+        if settled {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    look(&server, &mut listed).await;
+    let queued = listed
+        .iter()
+        .filter(|seen| !seen.queue["queue"].as_array().is_none_or(Vec::is_empty))
+        .count();
+    assert!(
+        listed.len() >= 6 && queued >= 1 && queued < listed.len(),
+        "a history of several listings, the queue empty in some and not in others: {} listings, {queued} with a queue",
+        listed.len()
+    );
+
+    for seen in &listed {
+        let at = seen.head;
+        let operations = get_ok(&server, &format!("{OPERATIONS}&as_of={at}"), TENANT_A_TOKEN).await;
+        assert_eq!(
+            without_ages(&operations),
+            without_ages(&seen.operations),
+            "operations as of position {at}"
+        );
+        let queue = get_ok(
+            &server,
+            &format!("{QUEUE}&as_of={at}"),
+            crate::support::OPERATOR_TOKEN,
+        )
+        .await;
+        assert_eq!(
+            without_ages(&queue),
+            without_ages(&seen.queue),
+            "the review queue as of position {at}"
+        );
+        // Paged one row at a time, the same rows in the same order.
+        let mut paged = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page = get_ok(
+                &server,
+                &format!("/v1/operations?limit=1&as_of={at}{after}"),
+                TENANT_A_TOKEN,
+            )
+            .await;
+            paged.extend(page["operations"].as_array().expect("rows").iter().cloned());
+            match page["next"].as_str() {
+                Some(next) => after = format!("&after={next}"),
+                None => break,
+            }
+        }
+        assert_eq!(
+            without_ages(&Value::Array(paged)),
+            without_ages(&seen.operations["operations"]),
+            "paged as of position {at}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_listing_as_of_a_bad_moment_is_refused_naming_as_of() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    for path in ["/v1/operations", "/v1/review"] {
+        let token = if path == "/v1/review" {
+            crate::support::OPERATOR_TOKEN
+        } else {
+            TENANT_A_TOKEN
+        };
+        for bad in ["yesterday", "0", "-3"] {
+            let (status, body) = server
+                .call(
+                    Method::GET,
+                    &format!("{path}?as_of={bad}"),
+                    Some(token),
+                    None,
+                )
+                .await;
+            assert_eq!(
+                status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{path} {bad}: {body}"
+            );
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|message| message.contains("as_of")),
+                "{path} {bad}: {body}"
+            );
+        }
+    }
+}

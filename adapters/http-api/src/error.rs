@@ -178,6 +178,11 @@ impl From<ReadModelError> for ApiError {
             ReadModelError::InvalidQuery { reason } => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", reason)
             }
+            ReadModelError::AsOfBeyondLimit { reason } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "as_of_beyond_limit",
+                reason,
+            ),
             ReadModelError::Store(error) => error.into(),
             other => Self::internal("the read models failed", other),
         }

@@ -18,6 +18,7 @@
 //! - `schema.rs`: opening the file, its settings, the schema and its version;
 //! - `apply.rs`: one batch of events → one transaction;
 //! - `query.rs`: the query API;
+//! - `as_of.rs`: listings and the review queue as of a past moment, folded from the log;
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
@@ -25,6 +26,7 @@
 //! - `swap.rs`: the lock that lets `opledger replay` replace a read-model file nobody has open.
 
 mod apply;
+mod as_of;
 mod catch_up;
 mod query;
 mod rebuild;
@@ -45,6 +47,9 @@ use opledger_projections::context::FoldError;
 use rusqlite::{Connection, OptionalExtension};
 
 pub use apply::BatchOutcome;
+pub use as_of::{
+    Moment, PastLimits, PastReadModels, PastScope, MAX_AS_OF_FOLD_EVENTS, MAX_AS_OF_OPERATIONS,
+};
 pub use catch_up::{
     catch_up, check_ledger, compare_files, is_read_model_file, CatchUpProgress, TableDifference,
 };
@@ -206,6 +211,13 @@ pub enum ReadModelError {
     BatchTooLarge {
         /// Its size.
         events: usize,
+    },
+    /// A listing as of a moment would fold more of the log, or hold more operations, than its
+    /// limits allow.
+    #[error("{reason}")]
+    AsOfBeyondLimit {
+        /// Which limit, and what to ask instead.
+        reason: String,
     },
     /// A query's input is invalid.
     #[error("invalid query: {reason}")]

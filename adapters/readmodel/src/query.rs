@@ -836,7 +836,7 @@ impl Conditions {
 
 /// The page of up to `limit` of `operations` (fetched one more than asked) and, when there were
 /// more, the cursor of the next page.
-fn page_of(mut operations: Vec<OperationRow>, limit: usize) -> OperationPage {
+pub(crate) fn page_of(mut operations: Vec<OperationRow>, limit: usize) -> OperationPage {
     let next = if operations.len() > limit {
         operations.truncate(limit);
         operations.last().map(|last| OperationCursor {

@@ -38,9 +38,9 @@ use opledger_projections::id_index::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::totals::Totals;
 use opledger_readmodel::{
-    lock_path, rebuild, rebuild_to_with, OperationFilter, ReadModelError, ReadModelRunner,
-    ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS,
-    MAX_QUERY_ROWS, SCHEMA_VERSION,
+    catch_up, lock_path, rebuild, rebuild_to_with, OperationFilter, ReadModelError,
+    ReadModelRunner, ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS,
+    MAX_LINGER_MS, MAX_QUERY_ROWS, SCHEMA_VERSION,
 };
 use opledger_runtime::system::RandomIds;
 use opledger_store::{MemoryStore, SqliteStore};
@@ -2154,4 +2154,224 @@ async fn a_rebuild_never_writes_over_an_existing_file() {
         matches!(error, ReadModelError::AlreadyExists { .. }),
         "{error}"
     );
+}
+
+// ----- listings as of a moment -------------------------------------------------------------------
+
+/// A small seeded generator, so the moments picked are the same on every run.
+struct Moments(u64);
+
+impl Moments {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound.max(1)
+    }
+
+    /// `count` distinct positions of a log of `head` events, in order, the head among them.
+    fn positions(&mut self, head: u64, count: usize) -> Vec<u64> {
+        let mut picked: std::collections::BTreeSet<u64> =
+            (0..count).map(|_| 1 + self.below(head)).collect();
+        picked.insert(head);
+        picked.into_iter().collect()
+    }
+}
+
+/// What the read models list at their checkpoint: every operation, one state's, a first page of
+/// five and the review queue.
+async fn listings_now(
+    read_models: &ReadModels,
+) -> (
+    Vec<opledger_readmodel::OperationPage>,
+    Vec<opledger_readmodel::ReviewItem>,
+) {
+    read_models
+        .call(|store| {
+            let mut pages = Vec::new();
+            for (filter, limit) in listing_filters() {
+                pages.push(store.list_operations(&filter, limit, None)?);
+            }
+            Ok((pages, store.review_queue(MAX_QUERY_ROWS)?))
+        })
+        .await
+        .expect("listed")
+}
+
+/// The same listings from the log folded up to `moment`.
+fn listings_then(
+    past: &opledger_readmodel::PastReadModels,
+) -> (
+    Vec<opledger_readmodel::OperationPage>,
+    Vec<opledger_readmodel::ReviewItem>,
+) {
+    let pages = listing_filters()
+        .into_iter()
+        .map(|(filter, limit)| past.list_operations(&filter, limit, None).expect("listed"))
+        .collect();
+    (pages, past.review_queue(MAX_QUERY_ROWS))
+}
+
+fn listing_filters() -> Vec<(OperationFilter, usize)> {
+    let state = |name: &str| OperationFilter {
+        state: Some(name.to_owned()),
+        ..OperationFilter::default()
+    };
+    vec![
+        (OperationFilter::default(), MAX_QUERY_ROWS),
+        (OperationFilter::default(), 5),
+        (state("unknown"), MAX_QUERY_ROWS),
+        (state("succeeded"), MAX_QUERY_ROWS),
+        (
+            OperationFilter {
+                tenant: Some(TenantId::new("acme").expect("valid")),
+                state: Some("needs_review".into()),
+                ..OperationFilter::default()
+            },
+            MAX_QUERY_ROWS,
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_as_of_any_position_is_what_the_read_models_listed_there() {
+    let LiveOnSqlite {
+        dir: _dir,
+        store,
+        harness,
+        read_models,
+        ..
+    } = LiveOnSqlite::open().await;
+    // Four writers at once, so streams interleave in the log as they do under load.
+    harness.play_concurrently(0..44, 4).await;
+    let head = store.head_position().await.expect("head").expect("events");
+    let mut moments = Moments(29);
+    let picked = moments.positions(head.value(), 40);
+    let mut queue_lengths = std::collections::BTreeSet::new();
+    for position in picked {
+        let position = GlobalPosition::new(position);
+        catch_up(&store, &read_models, Some(position), |_| {})
+            .await
+            .expect("caught up");
+        let live = listings_now(&read_models).await;
+        queue_lengths.insert(live.1.len());
+        let past = opledger_readmodel::PastReadModels::fold(
+            &store,
+            opledger_readmodel::Moment::Position(position),
+            &opledger_readmodel::PastScope::default(),
+        )
+        .await
+        .expect("folded");
+        assert_eq!(listings_then(&past), live, "as of position {position}");
+    }
+    assert!(
+        queue_lengths.len() >= 3,
+        "the review queue changed over the moments: {queue_lengths:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_listing_as_of_a_time_is_what_the_read_models_listed_after_its_last_event() {
+    let LiveOnSqlite {
+        dir: _dir,
+        store,
+        harness,
+        read_models,
+        ..
+    } = LiveOnSqlite::open().await;
+    // One writer, so the log is in time order: a time names the last event at or before it
+    // (the events one append writes share their time).
+    for n in 0..22 {
+        harness.play_nth(n).await;
+    }
+    let log = whole_log(&store).await;
+    let times: Vec<DateTime<Utc>> = log
+        .iter()
+        .map(|recorded| codec::decode(recorded).expect("decodes").at())
+        .collect();
+    assert!(times.is_sorted(), "one writer writes in time order");
+    let mut moments = Moments(31);
+    for position in moments.positions(log.len() as u64, 20) {
+        let time = times[usize::try_from(position - 1).expect("small")];
+        let last = times.partition_point(|at| *at <= time);
+        catch_up(&store, &read_models, Some(log[last - 1].position), |_| {})
+            .await
+            .expect("caught up");
+        let live = listings_now(&read_models).await;
+        let past = opledger_readmodel::PastReadModels::fold(
+            &store,
+            opledger_readmodel::Moment::Time(time),
+            &opledger_readmodel::PastScope::default(),
+        )
+        .await
+        .expect("folded");
+        assert_eq!(past.time(), Some(time));
+        assert_eq!(
+            listings_then(&past),
+            live,
+            "as of {time} (position {position})"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_past_listing_beyond_its_limits_is_refused_with_what_to_ask_instead() {
+    let LiveOnSqlite {
+        dir: _dir,
+        store,
+        harness,
+        ..
+    } = LiveOnSqlite::open().await;
+    for n in 0..6 {
+        harness.play_nth(n).await;
+    }
+    let head = store.head_position().await.expect("head").expect("events");
+    let at_head = opledger_readmodel::Moment::Position(head);
+    let everyone = opledger_readmodel::PastScope::default();
+    let limits = |fold_events, operations| opledger_readmodel::PastLimits {
+        fold_events,
+        operations,
+    };
+    let refused = opledger_readmodel::PastReadModels::fold_within(
+        &store,
+        at_head,
+        &everyone,
+        limits(10, 100),
+    )
+    .await
+    .err()
+    .expect("more than 10 events to fold");
+    assert!(
+        matches!(&refused, ReadModelError::AsOfBeyondLimit { reason }
+            if reason.contains("at most 10 events") && reason.contains("export")),
+        "{refused}"
+    );
+    let refused = opledger_readmodel::PastReadModels::fold_within(
+        &store,
+        at_head,
+        &everyone,
+        limits(1_000, 2),
+    )
+    .await
+    .err()
+    .expect("more than 2 operations to hold");
+    assert!(
+        matches!(&refused, ReadModelError::AsOfBeyondLimit { reason }
+            if reason.contains("at most 2 operations") && reason.contains("name a tenant")),
+        "{refused}"
+    );
+    // Another tenant's operations are passed over, not held: a scope with none of them fits.
+    let nobody = opledger_readmodel::PastScope {
+        tenants: Some([TenantId::new("nobody").expect("valid")].into()),
+        ..opledger_readmodel::PastScope::default()
+    };
+    let past =
+        opledger_readmodel::PastReadModels::fold_within(&store, at_head, &nobody, limits(1_000, 2))
+            .await
+            .expect("nothing of theirs to hold");
+    let page = past
+        .list_operations(&OperationFilter::default(), MAX_QUERY_ROWS, None)
+        .expect("listed");
+    assert!(page.operations.is_empty());
 }

@@ -4,6 +4,11 @@
 // The handlers share the parent module's imports, extractors and helpers.
 use super::*;
 
+use std::collections::BTreeSet;
+
+use crate::render::AsOf;
+use opledger_readmodel::{OperationPage, PastReadModels, PastScope};
+
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
 /// The longest id `trace` takes, in bytes.
@@ -19,6 +24,8 @@ pub(super) struct ListQuery {
     tenant: Option<String>,
     provider: Option<String>,
     account: Option<String>,
+    /// The listing as it was at this global position or RFC 3339 time.
+    as_of: Option<String>,
 }
 
 pub(super) async fn list(
@@ -59,6 +66,28 @@ pub(super) async fn list(
             AccountId::new(text).map_err(|error| ValidationError::new("account", error.message))
         })
         .transpose()?;
+    let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
+    if let Some(as_of) = as_of {
+        let scope = PastScope {
+            tenants: tenant.clone().map(|tenant| BTreeSet::from([tenant])),
+            provider: provider.clone(),
+            account: account.clone(),
+        };
+        let past =
+            PastReadModels::fold(shared.engine.ledger().store(), as_of.moment(), &scope).await?;
+        // Ages and `older_than` are measured from the moment, as the live listing measured them
+        // from when it answered.
+        let now = past.time().unwrap_or_else(Utc::now);
+        let filter = OperationFilter {
+            state: query.state.clone(),
+            tenant,
+            provider,
+            account,
+            older_than: older_than.map(|duration| now - duration),
+        };
+        let page = past.list_operations(&filter, limit, after)?;
+        return Ok(page_reply(&page, now));
+    }
     fresh_read_models(&shared).await?;
     let now = Utc::now();
     let filter = OperationFilter {
@@ -78,16 +107,23 @@ pub(super) async fn list(
             store.list_operations(&filter, limit, cursor.as_ref())
         })
         .await?;
+    Ok(page_reply(&page, now))
+}
+
+/// A page of operations as the listing answers it, ages measured from `now`.
+fn page_reply(page: &OperationPage, now: DateTime<Utc>) -> Response {
     let rows: Vec<Value> = page
         .operations
         .iter()
         .map(|row| operation_json(row, now))
         .collect();
     let next = page.next.as_ref().map(|cursor| cursor.operation_id);
-    Ok(json_reply(
-        StatusCode::OK,
-        &json!({"operations": rows, "next": next}),
-    ))
+    json_reply(StatusCode::OK, &json!({"operations": rows, "next": next}))
+}
+
+/// `as_of`: a global position or an RFC 3339 time.
+fn parse_as_of(text: &str) -> Result<AsOf, ApiError> {
+    AsOf::parse(text).map_err(|problem| ApiError::invalid(ValidationError::new("as_of", problem)))
 }
 
 /// A listed state must be one of the API's.
@@ -202,6 +238,8 @@ fn cursor_of(
 #[serde(deny_unknown_fields)]
 pub(super) struct ReviewQueueQuery {
     limit: Option<String>,
+    /// The queue as it was at this global position or RFC 3339 time.
+    as_of: Option<String>,
 }
 
 pub(super) async fn review_queue(
@@ -212,23 +250,48 @@ pub(super) async fn review_queue(
     let (_, scope) = operator_of(shared.tokens.authenticate(&headers)?)?;
     let Query(query) = query?;
     let limit = page_limit(query.limit.as_deref())?;
-    fresh_read_models(&shared).await?;
-    let queue = shared
-        .read_models
-        .call(move |store| match scope {
-            Scope::All => store.review_queue(limit),
-            Scope::Tenants(tenants) => {
-                store.review_queue_of(&tenants.into_iter().collect::<Vec<_>>(), limit)
-            }
-        })
-        .await?;
-    let now = Utc::now();
+    let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
+    let (queue, now) = match as_of {
+        Some(as_of) => {
+            let tenants = match scope {
+                Scope::All => None,
+                Scope::Tenants(tenants) => Some(tenants),
+            };
+            let scope = PastScope {
+                tenants,
+                ..PastScope::default()
+            };
+            let past = PastReadModels::fold(shared.engine.ledger().store(), as_of.moment(), &scope)
+                .await?;
+            (
+                past.review_queue(limit),
+                past.time().unwrap_or_else(Utc::now),
+            )
+        }
+        None => {
+            fresh_read_models(&shared).await?;
+            let queue = shared
+                .read_models
+                .call(move |store| match scope {
+                    Scope::All => store.review_queue(limit),
+                    Scope::Tenants(tenants) => {
+                        store.review_queue_of(&tenants.into_iter().collect::<Vec<_>>(), limit)
+                    }
+                })
+                .await?;
+            (queue, Utc::now())
+        }
+    };
+    let store = shared.engine.ledger().store();
     let mut rows: Vec<Value> = Vec::with_capacity(queue.len());
     for item in &queue {
         // One stream read per row, bounded by the page limit: the person deciding needs every
-        // attempt and lookup, which the queue's row does not keep.
-        let view =
-            crate::render::view_of(shared.engine.ledger().store(), item.operation_id).await?;
+        // attempt and lookup, which the queue's row does not keep. As of a moment, the events
+        // up to it.
+        let view = match as_of {
+            Some(as_of) => crate::render::view_as_of(store, item.operation_id, as_of).await?,
+            None => crate::render::view_of(store, item.operation_id).await?,
+        };
         let mut row = crate::render::review_item_json(item, now);
         row["detail"] = crate::render::review_detail_json(&view.history);
         let description = view.loaded.state.intent.as_ref().and_then(|intent| {

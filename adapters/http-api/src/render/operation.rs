@@ -87,6 +87,14 @@ impl AsOf {
             })
     }
 
+    /// The same moment as the read models' past listings take it.
+    pub fn moment(self) -> opledger_readmodel::Moment {
+        match self {
+            Self::Position(position) => opledger_readmodel::Moment::Position(position),
+            Self::Time(time) => opledger_readmodel::Moment::Time(time),
+        }
+    }
+
     /// Whether the event was in the ledger at this moment.
     fn includes(&self, recorded: &RecordedEvent, event: &OperationEvent) -> bool {
         match self {
