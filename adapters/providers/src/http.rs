@@ -249,7 +249,7 @@ pub async fn send_to(
             .header(CONTENT_TYPE, *content_type)
             .body(body.clone());
     }
-    let span = client_span(request.method.as_str(), base_url, &request.path);
+    let span = client_span(request.method.as_str(), url);
     // The provider's own tracing (where it has any) joins the caller's trace through it.
     if let Some(traceparent) = opledger_domain::trace_context::traceparent_of(&span) {
         builder = builder.header("traceparent", traceparent);
@@ -279,7 +279,7 @@ fn failed(span: &tracing::Span, failure: TransportFailure) -> TransportFailure {
 /// The span of one request to a provider, with OpenTelemetry's HTTP client conventions. The
 /// URL is recorded without its query, where an API may want a key; headers (the credential, the
 /// idempotency key) and bodies (the arguments) never are.
-fn client_span(method: &str, base_url: &str, path: &str) -> tracing::Span {
+fn client_span(method: &str, url: &str) -> tracing::Span {
     let span = tracing::info_span!(
         "provider_http",
         otel.name = method,
@@ -292,8 +292,7 @@ fn client_span(method: &str, base_url: &str, path: &str) -> tracing::Span {
         error.type = tracing::field::Empty,
     );
     if !span.is_disabled() {
-        let full = format!("{base_url}{path}");
-        let without_query = full.split(['?', '#']).next().unwrap_or_default();
+        let without_query = url.split(['?', '#']).next().unwrap_or_default();
         span.record("url.full", without_query);
         if let Ok(url) = reqwest::Url::parse(without_query) {
             if let Some(host) = url.host_str() {
