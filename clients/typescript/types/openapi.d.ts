@@ -62,7 +62,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Operations per state, for the caller's tenant (or the one named), or for every tenant when an all-tenants token names none. */
+        /** Operations per state, the oldest unknown operation and the duplicates detected, for the caller's tenant (or the one named), or for every tenant when an all-tenants token names none. */
         get: operations["countOperations"];
         put?: never;
         post?: never;
@@ -406,6 +406,14 @@ export interface components {
             by_state: {
                 [key: string]: number;
             };
+            /** @description Second objects found at a provider for one request, among the counted scope's operations. */
+            duplicates_detected: number;
+            /** @description The counted scope's unknown operation that has waited longest (since its outcome was lost), or null when none is unknown. */
+            oldest_unknown: null | {
+                /** Format: uuid */
+                operation_id: string;
+                since: components["schemas"]["Timestamp"];
+            };
             /** @description The tenant counted; null for every tenant. */
             tenant: string | null;
         };
@@ -442,6 +450,8 @@ export interface components {
             };
             /** @description Its global log position. */
             position: number;
+            /** @description The OpenTelemetry trace id of the request that wrote the event (from the W3C traceparent kept in its metadata); present only when trace export was on then. */
+            trace_id?: string;
             type: components["schemas"]["EventType"];
             /** @description Its version in the operation's stream. */
             version: number;
@@ -941,6 +951,8 @@ export interface operations {
                 provider?: components["schemas"]["TextId"];
                 /** @description Only operations bound to this account. */
                 account?: components["schemas"]["TextId"];
+                /** @description The listing as it was at this moment: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). Folded from the log's start up to the moment (at most 2,000,000 events read and 100,000 operations of the listed scope held; beyond either, 422 `as_of_beyond_limit` says what to ask instead); `age_s` and `older_than` are measured from the moment; `after` pages with the same as_of. 422 `invalid_input` for a moment that is neither. */
+                as_of?: string;
             };
             header?: never;
             path?: never;
@@ -1224,6 +1236,8 @@ export interface operations {
         parameters: {
             query?: {
                 limit?: number;
+                /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. */
+                as_of?: string;
             };
             header?: never;
             path?: never;
