@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::npm;
 use super::python::python_venv::run;
 use super::support::{
     Harness, Server, ACCOUNT, ACCOUNT_TOKEN, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN,
@@ -53,51 +54,18 @@ fn ensure_chromium() {
     );
 }
 
-/// The folder holding `node_modules` with the lock file's packages, made with `npm ci` once per
-/// lock file. Made aside and renamed into place, as the Python test's environment is, so parallel
-/// test processes never see a half-installed one.
+/// The folder holding `node_modules` with the lock file's packages, made once per lock file.
 fn node_modules() -> PathBuf {
     static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    MADE.get_or_init(install_node_modules).clone()
-}
-
-fn install_node_modules() -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let place = tmp.join("console-browser");
-    let lock = std::fs::read_to_string(browser_tests().join("package-lock.json"))
-        .expect("the console's package-lock.json is committed");
-    let is_ready = |dir: &Path| {
-        std::fs::read_to_string(dir.join("package-lock.json")).ok() == Some(lock.clone())
-            && dir.join("node_modules/playwright-core").exists()
-            && dir.join("node_modules/axe-core").exists()
-    };
-    if is_ready(&place) {
-        return place;
-    }
-    let aside = tmp.join(format!("console-browser.making-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&aside);
-    std::fs::create_dir_all(&aside).expect("a folder for the npm packages");
-    for file in ["package.json", "package-lock.json"] {
-        std::fs::copy(browser_tests().join(file), aside.join(file)).expect("the npm manifest");
-    }
-    run(
-        Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-            .current_dir(&aside),
-        "npm ci of the console's browser-test packages (needs Node 20 and npm)",
-    );
-    if place.exists() && !is_ready(&place) {
-        let stale = tmp.join(format!("console-browser.stale-{}", std::process::id()));
-        if std::fs::rename(&place, &stale).is_ok() {
-            let _ = std::fs::remove_dir_all(&stale);
-        }
-    }
-    if std::fs::rename(&aside, &place).is_err() {
-        // Another process put its own in place first: use that one.
-        let _ = std::fs::remove_dir_all(&aside);
-        assert!(is_ready(&place), "cannot put the npm packages in place");
-    }
-    place
+    MADE.get_or_init(|| {
+        npm::installed(
+            &browser_tests(),
+            "console-browser",
+            &["playwright-core", "axe-core"],
+            "the console's browser-test packages",
+        )
+    })
+    .clone()
 }
 
 /// The environment variable holding the console test's webhook secret, and the secret.

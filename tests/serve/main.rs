@@ -13,6 +13,7 @@ mod kurrentdb;
 mod lifecycle;
 mod limits;
 mod mcp;
+mod npm;
 mod numbers;
 mod postgres;
 #[path = "../postgres_server/mod.rs"]

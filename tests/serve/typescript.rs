@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::npm;
 use super::python::python_venv::run;
 use super::support::{Harness, ACCOUNT, OPERATOR_TOKEN, TENANT_A_TOKEN};
 
@@ -21,55 +22,18 @@ fn package() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/typescript")
 }
 
-/// The folder whose `node_modules` holds the lock file's packages, made with `npm ci` once per
-/// lock file.
+/// The folder whose `node_modules` holds the lock file's packages, made once per lock file.
 fn node_modules() -> PathBuf {
     static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    MADE.get_or_init(install).clone()
-}
-
-fn install() -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let place = tmp.join("typescript-client-modules");
-    let lock = std::fs::read_to_string(package().join("package-lock.json"))
-        .expect("the client's package-lock.json is committed");
-    let is_ready = |dir: &Path| {
-        std::fs::read_to_string(dir.join("package-lock.json")).ok() == Some(lock.clone())
-            && dir.join("node_modules/.bin/tsc").exists()
-    };
-    if is_ready(&place) {
-        return place;
-    }
-    let aside = tmp.join(format!(
-        "typescript-client-modules.making-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&aside);
-    std::fs::create_dir_all(&aside).expect("a folder for the npm packages");
-    for file in ["package.json", "package-lock.json"] {
-        std::fs::copy(package().join(file), aside.join(file)).expect("the npm manifest");
-    }
-    run(
-        Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-            .current_dir(&aside),
-        "npm ci of the TypeScript client's dev dependencies (needs Node 20 and npm)",
-    );
-    if place.exists() && !is_ready(&place) {
-        let stale = tmp.join(format!(
-            "typescript-client-modules.stale-{}",
-            std::process::id()
-        ));
-        if std::fs::rename(&place, &stale).is_ok() {
-            let _ = std::fs::remove_dir_all(&stale);
-        }
-    }
-    if std::fs::rename(&aside, &place).is_err() {
-        // Another process put its own in place first: use that one.
-        let _ = std::fs::remove_dir_all(&aside);
-        assert!(is_ready(&place), "cannot put the npm packages in place");
-    }
-    place
+    MADE.get_or_init(|| {
+        npm::installed(
+            &package(),
+            "typescript-client-modules",
+            &[".bin/tsc"],
+            "the TypeScript client's dev dependencies",
+        )
+    })
+    .clone()
 }
 
 /// Copies the package's sources, tests, types and manifests into `into`, beside a link to the
