@@ -3,15 +3,13 @@
 //! account's lookup budget instead of arriving at once.
 
 use futures_util::future::join_all;
-use reqwest::{Method, StatusCode};
-use serde_json::json;
 
 use crate::apis::{
     preset_entry, shortened, Api, HUBSPOT_LABEL_PROPERTY, LEDGER_SEARCH_LAG_MS, TOKEN_A,
 };
 use crate::emulators::hubspot::HubSpot;
 use crate::emulators::{Emulator, Fault};
-use crate::ledger::{Ledger, ACCOUNT, TENANT_TOKEN};
+use crate::ledger::Ledger;
 use crate::scenarios::settle;
 use crate::support::Server;
 
@@ -28,21 +26,7 @@ const WINDOW_MS: u64 = 10_000;
 const ROUND: usize = 25;
 
 async fn record_and_start(server: &Server, title: &str) -> String {
-    let body = json!({"provider": "hubspot", "account": ACCOUNT, "action": "create_task",
-        "args": HubSpot::args(title)});
-    let (status, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_TOKEN),
-            Some(&body),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{recorded}");
-    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
-    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
-    assert!(status.is_success(), "{started}");
-    id
+    crate::specific::start(server, "hubspot", "create_task", HubSpot::args(title)).await
 }
 
 #[tokio::test]

@@ -60,21 +60,13 @@ fn serve(ledger: &Ledger, refresh_token: &str) -> Server {
 
 /// Records a case and starts its execution; returns the operation id.
 async fn start(server: &Server, subject: &str) -> String {
-    let body = json!({"provider": "salesforce", "account": ACCOUNT, "action": "upsert_case",
-        "args": {"Subject": subject}});
-    let (status, recorded) = server
-        .call(
-            Method::POST,
-            "/v1/operations",
-            Some(TENANT_TOKEN),
-            Some(&body),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{recorded}");
-    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
-    let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
-    assert!(status.is_success(), "{started}");
-    id
+    crate::specific::start(
+        server,
+        "salesforce",
+        "upsert_case",
+        json!({"Subject": subject}),
+    )
+    .await
 }
 
 /// Starts `count` cases at once and waits until each has settled; returns their views.

@@ -20,7 +20,7 @@ use crate::scenarios::{assert_a_person_decides, settle, sigkill, HELD_MS};
 use crate::support::{Server, DEADLINE};
 
 /// Records `action` with `args` and starts its execution; returns the operation id.
-async fn start(server: &Server, provider: &str, action: &str, args: Value) -> String {
+pub(crate) async fn start(server: &Server, provider: &str, action: &str, args: Value) -> String {
     let body = json!({"provider": provider, "account": ACCOUNT, "action": action, "args": args});
     let (status, recorded) = server
         .call(
