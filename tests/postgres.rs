@@ -9,7 +9,9 @@
 //! - a TCP proxy between the store and the server that cuts the connection at COMMIT: the
 //!   append's outcome is learnt from the database, never acknowledged unless stored, never
 //!   written twice; a server that goes away answers "unavailable" and the store recovers;
-//! - a statement timeout, so a lock held elsewhere cannot hold an append for ever.
+//! - a statement timeout, so a lock held elsewhere cannot hold an append for ever;
+//! - a group commit costs the same few round trips to the server whatever its size, counted by
+//!   the proxy (the position lock is held for those round trips, so they are the store's limit).
 
 mod postgres_server;
 
@@ -22,7 +24,7 @@ use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError, StreamName,
     Subscription, MAX_READ_BATCH,
 };
-use opledger_postgres::{PostgresConfig, PostgresError, PASSWORD_VAR};
+use opledger_postgres::{PostgresConfig, PostgresError, PASSWORD_VAR, ROUND_TRIPS_PER_COMMIT};
 use opledger_store::PostgresStore;
 use tokio::sync::watch;
 
@@ -204,6 +206,72 @@ async fn many_writers_on_four_instances_while_subscribers_follow_leave_no_gap_an
             store.close().await.expect("close");
         }
     }
+}
+
+// ----- round trips per group commit ------------------------------------------------------------
+
+/// Appends queued at once in each wave of the round-trip test, so they share commits.
+const BATCHED_APPENDS: usize = 32;
+
+// One thread: the spawned appends all queue before the writer task runs, so each wave is one
+// group commit, and the proxy sees each pipeline leave the client in one piece.
+#[tokio::test(flavor = "current_thread")]
+async fn a_group_commit_costs_the_same_two_round_trips_whatever_the_number_of_appends() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    // The first append opens the writer's connection and prepares its statements: not counted.
+    store
+        .append(
+            &stream("warm-up"),
+            ExpectedVersion::NoStream,
+            vec![event(0)],
+        )
+        .await
+        .expect("append");
+    let round_trips_before = proxy.round_trips.load(Ordering::SeqCst);
+    let before = store.commit_stats();
+    // A wave creating streams, then a wave growing each of them.
+    for wave in 0..2_u128 {
+        let appends: Vec<_> = (0..BATCHED_APPENDS)
+            .map(|n| {
+                let store = store.clone();
+                let expected = match wave {
+                    0 => ExpectedVersion::NoStream,
+                    _ => ExpectedVersion::Exact(StreamVersion::FIRST),
+                };
+                let events = vec![event(1_000 * (wave + 1) + n as u128)];
+                tokio::spawn(async move {
+                    let name = stream(&format!("batched-{n}"));
+                    store.append(&name, expected, events).await
+                })
+            })
+            .collect();
+        for append in appends {
+            within("an append", append)
+                .await
+                .expect("the append task")
+                .expect("each append owns its stream");
+        }
+    }
+    let round_trips = proxy.round_trips.load(Ordering::SeqCst) - round_trips_before;
+    let after = store.commit_stats();
+    let (commits, appends) = (
+        after.commits - before.commits,
+        after.appends - before.appends,
+    );
+    assert_eq!(appends, 2 * BATCHED_APPENDS as u64);
+    assert!(
+        commits * 8 <= appends,
+        "the appends share commits ({appends} appends in {commits} commits)"
+    );
+    assert!(
+        round_trips <= commits as usize * ROUND_TRIPS_PER_COMMIT,
+        "{round_trips} round trips for {commits} commits of {appends} appends; \
+         at most {ROUND_TRIPS_PER_COMMIT} per commit"
+    );
+    let log = whole_log(&store).await;
+    assert_eq!(log.len(), 1 + appends as usize, "every append stored once");
 }
 
 // ----- the schema -------------------------------------------------------------------------------

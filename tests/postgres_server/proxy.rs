@@ -1,7 +1,8 @@
 //! A TCP proxy between a store (or `opledger serve`) and the test cluster that cuts connections
 //! at chosen moments: right after forwarding a COMMIT (the commit happens, its answer is lost),
 //! instead of forwarding it (the server rolls back), or all at once with new ones refused (the
-//! server "goes away" until it is set back to passing).
+//! server "goes away" until it is set back to passing). It also counts round trips: how often a
+//! client spoke again after the server had answered.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,6 +31,9 @@ pub struct Proxy {
     mode: Arc<Mutex<Mode>>,
     /// Connections cut at a COMMIT so far.
     pub cuts: Arc<AtomicUsize>,
+    /// Round trips so far, over every connection: messages from a client that follow an answer
+    /// of the server (pipelined messages sent before the answer count once).
+    pub round_trips: Arc<AtomicUsize>,
     generation: watch::Sender<u64>,
 }
 
@@ -41,9 +45,14 @@ impl Proxy {
         let port = listener.local_addr().expect("the proxy's address").port();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let cuts = Arc::new(AtomicUsize::new(0));
+        let round_trips = Arc::new(AtomicUsize::new(0));
         let (generation, _) = watch::channel(0_u64);
-        let (accept_mode, accept_cuts, accept_generation) =
-            (Arc::clone(&mode), Arc::clone(&cuts), generation.clone());
+        let (accept_mode, accept_cuts, accept_round_trips, accept_generation) = (
+            Arc::clone(&mode),
+            Arc::clone(&cuts),
+            Arc::clone(&round_trips),
+            generation.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if *accept_mode.lock().expect("mode") == Mode::Gone {
@@ -57,6 +66,7 @@ impl Proxy {
                     server,
                     Arc::clone(&accept_mode),
                     Arc::clone(&accept_cuts),
+                    Arc::clone(&accept_round_trips),
                     accept_generation.subscribe(),
                 ));
             }
@@ -65,6 +75,7 @@ impl Proxy {
             port,
             mode,
             cuts,
+            round_trips,
             generation,
         }
     }
@@ -93,6 +104,7 @@ async fn relay(
     server: TcpStream,
     mode: Arc<Mutex<Mode>>,
     cuts: Arc<AtomicUsize>,
+    round_trips: Arc<AtomicUsize>,
     mut generation: watch::Receiver<u64>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
@@ -100,6 +112,9 @@ async fn relay(
     // Set before a COMMIT is forwarded, so not one byte of its answer reaches the client.
     let cut = Arc::new(AtomicBool::new(false));
     let upstream_cut = Arc::clone(&cut);
+    // Set when the server's bytes were forwarded; the client's next bytes start a round trip.
+    let answered = Arc::new(AtomicBool::new(true));
+    let downstream_answered = Arc::clone(&answered);
     let upstream = async move {
         let mut buffer = vec![0_u8; 64 * 1024];
         loop {
@@ -108,6 +123,9 @@ async fn relay(
                 return;
             }
             let chunk = &buffer[..read];
+            if answered.swap(false, Ordering::SeqCst) {
+                round_trips.fetch_add(1, Ordering::SeqCst);
+            }
             // A simple-query message: 'Q', its length, "COMMIT", NUL.
             if chunk.windows(7).any(|window| window == b"COMMIT\0") {
                 let armed = {
@@ -146,6 +164,8 @@ async fn relay(
             if read == 0 || cut.load(Ordering::SeqCst) {
                 return;
             }
+            // Before the bytes go on: a client that answers them at once must find it set.
+            downstream_answered.store(true, Ordering::SeqCst);
             if client_write.write_all(&buffer[..read]).await.is_err() {
                 return;
             }

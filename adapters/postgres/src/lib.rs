@@ -72,6 +72,7 @@ pub use config::{
     PASSWORD_VAR, SCHEMES, USER_VAR,
 };
 pub use schema::SCHEMA_VERSION;
+pub use writer::ROUND_TRIPS_PER_COMMIT;
 
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};

@@ -8,25 +8,48 @@
 //! transactions that write events commit one after another, in position order (see the crate's
 //! docs for why that is what makes subscriptions gap-free).
 //!
-//! Every refusal (a conflict, a reused event id) is decided before that append writes, so it
+//! Because the lock serialises every writer of the database, the time a transaction holds it is
+//! the store's limit, and that time is mostly waiting for the server. So a group commit costs two
+//! round trips whatever its size ([`ROUND_TRIPS_PER_COMMIT`]), its statements pipelined (sent
+//! together, executed by the server in order):
+//! 1. BEGIN, the lock, every stream head the batch names (`name = ANY($1)`) and every of its
+//!    event ids already stored (`event_id = ANY($1)`); the reads run after the lock is granted,
+//!    so they see every commit before it;
+//! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
+//!    rules), then one INSERT of the new streams, one UPDATE of the grown ones, one
+//!    `INSERT … SELECT FROM UNNEST` of all the events, the head, and COMMIT.
+//!
+//! A round reads each stream once, so a batch in which a stream (or an event id) comes twice is
+//! cut into rounds, each its own transaction, in queue order (two appends to one stream in one
+//! batch are two workers racing for one operation: rare, and the second must see the first).
+//!
+//! Every refusal (a conflict, a reused event id) is decided before anything is written, so it
 //! costs the others nothing. A commit whose answer is lost (the connection broke after COMMIT
 //! was sent) is resolved at once on a fresh connection by applying the same appends again:
 //! their event ids are deterministic, so one that did commit is recognised as stored, and one
 //! that did not is written now. It must never answer success before the COMMIT that holds the
 //! append returned, and never write an append twice.
 
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
 use opledger_domain::store::{AppendOutcome, EventData, ExpectedVersion, StoreError, StreamName};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use crate::rules::{self, AppendPlan};
 use crate::{
     codec, CommitCounters, Connector, MAX_APPENDS_PER_COMMIT, RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
 };
+
+/// Round trips to the server one group commit costs, whatever the number of appends it carries
+/// (see the module's docs); `tests/postgres.rs` counts them through a proxy.
+pub const ROUND_TRIPS_PER_COMMIT: usize = 2;
 
 /// One queued append and where to send its answer.
 pub(crate) struct AppendRequest {
@@ -39,13 +62,13 @@ pub(crate) struct AppendRequest {
 /// The writer's statements, prepared once per connection.
 struct Statements {
     lock_head: Statement,
-    set_head: Statement,
-    find_stream: Statement,
+    read_streams: Statement,
     find_ids: Statement,
-    create_stream: Statement,
-    set_last_version: Statement,
+    stored_in: Statement,
+    create_streams: Statement,
+    grow_streams: Statement,
     insert_events: Statement,
-    stored_from: Statement,
+    set_head: Statement,
 }
 
 impl Statements {
@@ -54,39 +77,56 @@ impl Statements {
             lock_head: client
                 .prepare("SELECT last_position FROM opledger.log_head FOR UPDATE")
                 .await?,
-            set_head: client
-                .prepare("UPDATE opledger.log_head SET last_position = $1")
-                .await?,
-            find_stream: client
-                .prepare("SELECT stream_id, last_version FROM opledger.streams WHERE name = $1")
+            read_streams: client
+                .prepare(
+                    "SELECT name, stream_id, last_version FROM opledger.streams WHERE name = ANY($1)",
+                )
                 .await?,
             find_ids: client
                 .prepare(
                     "SELECT event_id, stream, version FROM opledger.events WHERE event_id = ANY($1)",
                 )
                 .await?,
-            create_stream: client
+            // The stored events at the versions a possible retry would have taken, per stream.
+            stored_in: client
                 .prepare(
-                    "INSERT INTO opledger.streams (name, last_version) VALUES ($1, $2) RETURNING stream_id",
+                    "SELECT e.stream_id, e.event_id, e.version, e.position \
+                     FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[]) AS c (stream_id, first, last) \
+                     JOIN opledger.events e ON e.stream_id = c.stream_id \
+                     AND e.version BETWEEN c.first AND c.last \
+                     ORDER BY e.stream_id, e.version",
                 )
                 .await?,
-            set_last_version: client
-                .prepare("UPDATE opledger.streams SET last_version = $2 WHERE stream_id = $1")
+            create_streams: client
+                .prepare(
+                    "INSERT INTO opledger.streams (name, last_version) \
+                     SELECT * FROM UNNEST($1::text[], $2::bigint[])",
+                )
                 .await?,
+            grow_streams: client
+                .prepare(
+                    "UPDATE opledger.streams AS s SET last_version = g.last_version \
+                     FROM UNNEST($1::bigint[], $2::bigint[]) AS g (stream_id, last_version) \
+                     WHERE s.stream_id = g.stream_id",
+                )
+                .await?,
+            // The stream's id is looked up by name, so this statement needs no answer from the
+            // INSERT of new streams before it (they run in order in one transaction). A name
+            // without a row gives NULL, which `NOT NULL` refuses: the transaction fails rather
+            // than commit events without their stream.
             insert_events: client
                 .prepare(
                     "INSERT INTO opledger.events \
                      (position, stream_id, version, stream, event_id, event_type, data, metadata) \
-                     SELECT position, $2, version, $3, event_id, event_type, data, metadata \
-                     FROM UNNEST($1::bigint[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[]) \
-                     AS e (position, version, event_id, event_type, data, metadata)",
+                     SELECT e.position, \
+                     (SELECT s.stream_id FROM opledger.streams s WHERE s.name = e.stream), \
+                     e.version, e.stream, e.event_id, e.event_type, e.data, e.metadata \
+                     FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::bytea[], $7::bytea[]) \
+                     AS e (position, stream, version, event_id, event_type, data, metadata)",
                 )
                 .await?,
-            stored_from: client
-                .prepare(
-                    "SELECT event_id, version, position FROM opledger.events \
-                     WHERE stream_id = $1 AND version >= $2 ORDER BY version LIMIT $3",
-                )
+            set_head: client
+                .prepare("UPDATE opledger.log_head SET last_position = $1")
                 .await?,
         })
     }
@@ -123,28 +163,15 @@ impl Applied {
     }
 }
 
-/// Why one append did not apply.
-enum Failure {
-    /// Refused (conflict, reused event id) before it wrote anything.
-    Refused(StoreError),
-    /// The database failed; the whole batch is rolled back.
-    Storage(tokio_postgres::Error),
-}
-
-impl From<tokio_postgres::Error> for Failure {
-    fn from(error: tokio_postgres::Error) -> Self {
-        Self::Storage(error)
-    }
-}
-
-/// How a batch's transaction ended.
+/// How a round's transaction ended.
 enum Ended {
     /// COMMIT returned: each append's result, in order.
     Committed(Vec<Result<Applied, StoreError>>),
     /// Nothing was committed (the server refused, or the connection broke before COMMIT).
     NotCommitted(StoreError),
-    /// COMMIT was sent and its answer lost: each append's result had it committed.
-    Unknown(Vec<Result<Applied, StoreError>>, String),
+    /// COMMIT was sent and its answer lost. `Some` when every append had been refused before
+    /// anything was written (the refusals stand whatever happened to the COMMIT).
+    Unknown(Option<Vec<StoreError>>, String),
 }
 
 impl Writer {
@@ -167,7 +194,10 @@ impl Writer {
         // `recv_many` waits for the first request, then takes whatever else is queued: that
         // drain is the group commit. It returns 0 only once the channel is closed and empty.
         while requests.recv_many(&mut batch, MAX_APPENDS_PER_COMMIT).await > 0 {
-            let answers = self.commit(&batch).await;
+            let mut answers = Vec::with_capacity(batch.len());
+            for round in rounds(&batch) {
+                answers.extend(self.commit(round).await);
+            }
             debug_assert_eq!(answers.len(), batch.len());
             for (request, answer) in batch.drain(..).zip(answers) {
                 // A caller that stopped waiting dropped its receiver; its append stands anyway.
@@ -177,8 +207,8 @@ impl Writer {
         tracing::debug!("append queue closed; the PostgreSQL writer stops");
     }
 
-    /// Runs `batch` in one transaction and answers each append, resolving a lost COMMIT answer.
-    async fn commit(&mut self, batch: &[AppendRequest]) -> Vec<Result<AppendOutcome, StoreError>> {
+    /// Runs `round` in one transaction and answers each append, resolving a lost COMMIT answer.
+    async fn commit(&mut self, round: &[AppendRequest]) -> Vec<Result<AppendOutcome, StoreError>> {
         let mut last_reason = String::new();
         for attempt in 0..=RESOLVE_ATTEMPTS {
             if attempt > 0 {
@@ -189,7 +219,7 @@ impl Writer {
                 ))
                 .await;
             }
-            match self.transact(batch).await {
+            match self.transact(round).await {
                 Ended::Committed(results) => {
                     self.publish(&results);
                     return results
@@ -199,25 +229,22 @@ impl Writer {
                 }
                 Ended::NotCommitted(error) => {
                     if attempt == 0 {
-                        return vec![Err(error); batch.len()];
+                        return vec![Err(error); round.len()];
                     }
                     last_reason = format!("{last_reason}; then {error}");
                 }
-                Ended::Unknown(results, reason) => {
-                    tracing::warn!(%reason, attempt, appends = batch.len(),
+                Ended::Unknown(refusals, reason) => {
+                    tracing::warn!(%reason, attempt, appends = round.len(),
                         "the answer to a COMMIT was lost; applying the same appends again to learn what is stored");
                     // Refusals wrote nothing and stay refusals; the rest are asked again.
-                    if results.iter().all(Result::is_err) {
-                        return results
-                            .into_iter()
-                            .map(|r| r.map(Applied::outcome))
-                            .collect();
+                    if let Some(refusals) = refusals {
+                        return refusals.into_iter().map(Err).collect();
                     }
                     last_reason = reason;
                 }
             }
         }
-        batch
+        round
             .iter()
             .map(|request| {
                 Err(StoreError::AppendOutcomeUnknown {
@@ -260,8 +287,9 @@ impl Writer {
         }
     }
 
-    /// One transaction over the whole batch on the writer's connection (opened if needed).
-    async fn transact(&mut self, batch: &[AppendRequest]) -> Ended {
+    /// One transaction over the whole round on the writer's connection (opened if needed):
+    /// the reads under the lock, the decisions, the writes and COMMIT.
+    async fn transact(&mut self, round: &[AppendRequest]) -> Ended {
         let session = match self.session.take() {
             Some(session) if !session.client.is_closed() => session,
             _ => match self.connect().await {
@@ -269,9 +297,8 @@ impl Writer {
                 Err(error) => return Ended::NotCommitted(error),
             },
         };
-        let applied = apply_all(&session, batch).await;
-        let results = match applied {
-            Ok(results) => results,
+        let snapshot = match read_under_lock(&session, round).await {
+            Ok(snapshot) => snapshot,
             Err(error) => {
                 // Nothing is committed until COMMIT: dropping a broken connection rolls back
                 // on the server; on a live one, roll back and keep it.
@@ -286,19 +313,13 @@ impl Writer {
                 ));
             }
         };
-        match session.client.batch_execute("COMMIT").await {
-            Ok(()) => {
-                self.session = Some(session);
-                Ended::Committed(results)
-            }
-            // The server answered: the transaction was rolled back, nothing is stored.
-            Err(error) if error.as_db_error().is_some() => {
-                self.session = Some(session);
-                Ended::NotCommitted(crate::unavailable("the commit was refused", &error))
-            }
-            // No answer: it may or may not have committed.
-            Err(error) => Ended::Unknown(results, crate::describe(&error)),
+        let plan = plan(round, &snapshot);
+        let answers = write_and_commit(&session, &plan, snapshot.head).await;
+        let ended = answers.ended(plan, round);
+        if !session.client.is_closed() && !matches!(ended, Ended::Unknown(..)) {
+            self.session = Some(session);
         }
+        ended
     }
 
     async fn connect(&self) -> Result<Session, StoreError> {
@@ -310,172 +331,536 @@ impl Writer {
     }
 }
 
-/// Opens the transaction, takes the log's lock and applies every append; returns each
-/// append's result. An error means nothing may be committed.
-async fn apply_all(
-    session: &Session,
-    batch: &[AppendRequest],
-) -> Result<Vec<Result<Applied, StoreError>>, tokio_postgres::Error> {
-    let Session { client, statements } = session;
-    client.batch_execute("BEGIN").await?;
-    let head: i64 = client.query_one(&statements.lock_head, &[]).await?.get(0);
-    let mut next_position = head + 1;
-    let mut results = Vec::with_capacity(batch.len());
-    for request in batch {
-        results.push(match apply(session, request, &mut next_position).await {
-            Ok(applied) => Ok(applied),
-            Err(Failure::Refused(refusal)) => Err(refusal),
-            Err(Failure::Storage(error)) => return Err(error),
-        });
+/// Cuts a batch into rounds, each one transaction, in queue order, so that no stream and no
+/// event id comes twice in a round: every append of a round is then decided from what the
+/// round's one read saw, and a later append to the same stream sees the earlier one committed.
+fn rounds(batch: &[AppendRequest]) -> Vec<&[AppendRequest]> {
+    let mut rounds = Vec::with_capacity(1);
+    let mut start = 0;
+    let mut streams: HashSet<&str> = HashSet::with_capacity(batch.len());
+    let mut ids: HashSet<Uuid> = HashSet::with_capacity(batch.len());
+    for (index, request) in batch.iter().enumerate() {
+        let clashes = streams.contains(request.stream.as_str())
+            || request
+                .events
+                .iter()
+                .any(|event| ids.contains(&event.event_id.as_uuid()));
+        if clashes {
+            rounds.push(&batch[start..index]);
+            start = index;
+            streams.clear();
+            ids.clear();
+        }
+        streams.insert(request.stream.as_str());
+        ids.extend(request.events.iter().map(|event| event.event_id.as_uuid()));
     }
-    if next_position != head + 1 {
-        client
-            .execute(&statements.set_head, &[&(next_position - 1)])
-            .await?;
+    if start < batch.len() {
+        rounds.push(&batch[start..]);
     }
-    Ok(results)
+    rounds
 }
 
-/// Applies one append inside the batch's transaction; a refusal is returned before it writes.
-async fn apply(
+// ----- pipelining -------------------------------------------------------------------------------
+
+/// A statement's parameter.
+type Param<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+
+/// A statement on its way: tokio-postgres encodes a request and queues it for the connection
+/// on the first poll of its future, so polling several once, in order, before awaiting any
+/// answer sends them together (one round trip) and the server runs them in that order.
+enum Sent<F: Future> {
+    Waiting(Pin<Box<F>>),
+    Answered(F::Output),
+}
+
+/// Sends `statement` (see [`Sent`]).
+async fn send<F: Future>(statement: F) -> Sent<F> {
+    let mut statement = Box::pin(statement);
+    let first = std::future::poll_fn(|cx| Poll::Ready(statement.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(output) => Sent::Answered(output),
+        Poll::Pending => Sent::Waiting(statement),
+    }
+}
+
+impl<F: Future> Sent<F> {
+    async fn answer(self) -> F::Output {
+        match self {
+            Self::Waiting(statement) => statement.await,
+            Self::Answered(output) => output,
+        }
+    }
+}
+
+impl<T, F: Future<Output = Result<T, tokio_postgres::Error>>> Sent<F> {
+    /// Whether it failed before it reached the server (not encodable, or the connection was
+    /// already closed): the server saw no error then, so a COMMIT after it would commit the
+    /// transaction without it.
+    fn failed_unsent(&self) -> bool {
+        matches!(self, Self::Answered(Err(_)))
+    }
+}
+
+/// Awaits an optional statement's answer, dropping what a write returns (its row count).
+async fn answer_of<T, F: Future<Output = Result<T, tokio_postgres::Error>>>(
+    sent: Option<Sent<F>>,
+) -> Option<Result<(), tokio_postgres::Error>> {
+    match sent {
+        Some(sent) => Some(sent.answer().await.map(drop)),
+        None => None,
+    }
+}
+
+// ----- round trip 1: the reads under the lock ---------------------------------------------------
+
+/// What the first round trip read under the log's lock.
+struct Snapshot {
+    /// The newest position handed out before this transaction.
+    head: i64,
+    /// Each stream of the round that exists: its id and last version.
+    streams: HashMap<String, (i64, i64)>,
+    /// Each of the round's event ids already stored: the stream and version holding it.
+    stored_ids: HashMap<Uuid, (String, i64)>,
+}
+
+/// BEGIN, the lock and the round's reads, in one round trip. An error means nothing may be
+/// committed.
+async fn read_under_lock(
     session: &Session,
-    request: &AppendRequest,
-    next_position: &mut i64,
-) -> Result<Applied, Failure> {
+    round: &[AppendRequest],
+) -> Result<Snapshot, tokio_postgres::Error> {
     let Session { client, statements } = session;
+    let names: Vec<&str> = round
+        .iter()
+        .map(|request| request.stream.as_str())
+        .collect();
+    let ids: Vec<Uuid> = round
+        .iter()
+        .flat_map(|request| request.events.iter().map(|event| event.event_id.as_uuid()))
+        .collect();
+    let begin = send(client.batch_execute("BEGIN")).await;
+    let lock = send(client.query_one(&statements.lock_head, &[])).await;
+    let (names, ids): ([Param; 1], [Param; 1]) = ([&names], [&ids]);
+    let streams = send(client.query(&statements.read_streams, &names)).await;
+    let stored = send(client.query(&statements.find_ids, &ids)).await;
+    // Every answer is awaited before any is judged, so none is left unread on the connection.
+    let (begin, lock, streams, stored) = (
+        begin.answer().await,
+        lock.answer().await,
+        streams.answer().await,
+        stored.answer().await,
+    );
+    begin?;
+    let head: i64 = lock?.get(0);
+    let streams = streams?
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect();
+    let stored_ids = stored?
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect();
+    Ok(Snapshot {
+        head,
+        streams,
+        stored_ids,
+    })
+}
+
+// ----- the decisions, in memory -----------------------------------------------------------------
+
+/// What the round does, decided from its snapshot.
+struct Plan<'a> {
+    /// Per append, in order: its result now, or "compare with what is stored".
+    decisions: Vec<Decision>,
+    writes: Writes<'a>,
+    checks: Checks,
+    /// The newest position the round hands out (the snapshot's head when it writes nothing).
+    last_position: i64,
+}
+
+enum Decision {
+    Done(Result<Applied, StoreError>),
+    /// The stream is past the expected version: a retry if the stored events carry the
+    /// appended ids (compared once the round's check answered), a conflict otherwise.
+    CompareStored {
+        stream_id: i64,
+        last: Option<StreamVersion>,
+    },
+}
+
+/// The round's writes, as the columns of its statements.
+#[derive(Default)]
+struct Writes<'a> {
+    new_names: Vec<&'a str>,
+    new_lasts: Vec<i64>,
+    grown_ids: Vec<i64>,
+    grown_lasts: Vec<i64>,
+    positions: Vec<i64>,
+    streams: Vec<&'a str>,
+    versions: Vec<i64>,
+    event_ids: Vec<Uuid>,
+    types: Vec<&'a str>,
+    data: Vec<&'a [u8]>,
+    metadata: Vec<&'a [u8]>,
+}
+
+/// The stored versions to read for the appends that may be retries: per stream, first..=last.
+#[derive(Default)]
+struct Checks {
+    stream_ids: Vec<i64>,
+    firsts: Vec<i64>,
+    lasts: Vec<i64>,
+}
+
+fn plan<'a>(round: &'a [AppendRequest], snapshot: &Snapshot) -> Plan<'a> {
+    let mut plan = Plan {
+        decisions: Vec::with_capacity(round.len()),
+        writes: Writes::default(),
+        checks: Checks::default(),
+        last_position: snapshot.head,
+    };
+    for request in round {
+        let decision = decide(request, snapshot, &mut plan).unwrap_or_else(|refusal| {
+            // Refused before anything of it was added to the writes.
+            Decision::Done(Err(refusal))
+        });
+        plan.decisions.push(decision);
+    }
+    plan
+}
+
+/// Decides one append against the snapshot; a refusal adds nothing to the plan.
+fn decide<'a>(
+    request: &'a AppendRequest,
+    snapshot: &Snapshot,
+    plan: &mut Plan<'a>,
+) -> Result<Decision, StoreError> {
     let stream = &request.stream;
-    let found = client
-        .query_opt(&statements.find_stream, &[&stream.as_str()])
-        .await?
-        .map(|row| Ok::<_, StoreError>((row.get::<_, i64>(0), codec::version(row.get(1))?)))
-        .transpose()
-        .map_err(Failure::Refused)?;
-    let last = found.map(|(_, last)| last);
-    let conflict = || Failure::Refused(rules::version_conflict(stream, request.expected, last));
+    let found = snapshot.streams.get(stream.as_str()).copied();
+    let last = found.map(|(_, last)| codec::version(last)).transpose()?;
+    let conflict = || rules::version_conflict(stream, request.expected, last);
+    let count = request.events.len();
     match rules::plan_append(request.expected, last) {
         AppendPlan::Write { first } => {
-            let count = request.events.len();
             let Some(new_last) = codec::last_version_after(first, count) else {
-                return Err(Failure::Refused(StoreError::InvalidAppend {
+                return Err(StoreError::InvalidAppend {
                     reason: format!("stream `{stream}` cannot grow past version {}", i64::MAX),
-                }));
+                });
             };
-            check_ids_unused(session, request).await?;
-            let stream_id = match found {
-                Some((stream_id, _)) => {
-                    client
-                        .execute(&statements.set_last_version, &[&stream_id, &new_last])
-                        .await?;
-                    stream_id
-                }
-                None => client
-                    .query_one(&statements.create_stream, &[&stream.as_str(), &new_last])
-                    .await?
-                    .get(0),
-            };
-            let first_sql = new_last - (count as i64 - 1);
-            let positions: Vec<i64> = (0..count as i64).map(|i| *next_position + i).collect();
-            let versions: Vec<i64> = (0..count as i64).map(|i| first_sql + i).collect();
-            let ids: Vec<Uuid> = request
-                .events
-                .iter()
-                .map(|e| e.event_id.as_uuid())
-                .collect();
-            let types: Vec<&str> = request
-                .events
-                .iter()
-                .map(|e| e.event_type.as_str())
-                .collect();
-            let data: Vec<&[u8]> = request.events.iter().map(|e| e.data.as_slice()).collect();
-            let metadata: Vec<&[u8]> = request
-                .events
-                .iter()
-                .map(|e| e.metadata.as_slice())
-                .collect();
-            client
-                .execute(
-                    &statements.insert_events,
-                    &[
-                        &positions,
-                        &stream_id,
-                        &stream.as_str(),
-                        &versions,
-                        &ids,
-                        &types,
-                        &data,
-                        &metadata,
-                    ],
-                )
-                .await?;
-            *next_position += count as i64;
-            let last_position = positions
-                .last()
-                .copied()
-                .expect("an append carries at least one event");
-            Ok(Applied::Written(AppendOutcome {
-                next_expected: codec::version(new_last).map_err(Failure::Refused)?,
-                position: codec::position(last_position).map_err(Failure::Refused)?,
-            }))
+            refuse_reused_ids(request, snapshot)?;
+            let outcome = plan.add_write(request, found.map(|(id, _)| id), new_last)?;
+            Ok(Decision::Done(Ok(Applied::Written(outcome))))
         }
         AppendPlan::CheckStored { first } => {
-            let Some((stream_id, _)) = found else {
+            let (Some((stream_id, _)), Some(first)) = (found, codec::version_to_sql(first)) else {
                 return Err(conflict());
             };
-            let Some(first_sql) = codec::version_to_sql(first) else {
-                return Err(conflict());
-            };
-            let rows = client
-                .query(
-                    &statements.stored_from,
-                    &[&stream_id, &first_sql, &(request.events.len() as i64)],
-                )
-                .await?;
-            let mut ids: Vec<EventId> = Vec::with_capacity(rows.len());
-            let mut outcome = None;
-            for row in &rows {
-                ids.push(EventId::from_uuid(row.get(0)));
-                outcome = Some(AppendOutcome {
-                    next_expected: codec::version(row.get(1)).map_err(Failure::Refused)?,
-                    position: codec::position(row.get(2)).map_err(Failure::Refused)?,
-                });
-            }
-            match outcome {
-                Some(outcome) if rules::is_same_append(&ids, &request.events) => {
-                    Ok(Applied::AlreadyStored(outcome))
-                }
-                _ => Err(conflict()),
-            }
+            plan.checks.stream_ids.push(stream_id);
+            plan.checks.firsts.push(first);
+            plan.checks
+                .lasts
+                .push(first.saturating_add(count as i64 - 1));
+            Ok(Decision::CompareStored { stream_id, last })
         }
         AppendPlan::Conflict => Err(conflict()),
     }
 }
 
+impl<'a> Plan<'a> {
+    /// Adds an append's events after the round's last position; returns its outcome.
+    fn add_write(
+        &mut self,
+        request: &'a AppendRequest,
+        stream_id: Option<i64>,
+        new_last: i64,
+    ) -> Result<AppendOutcome, StoreError> {
+        let count = request.events.len() as i64;
+        let last_position = self.last_position + count;
+        // Both checked before anything is added, so a refusal leaves the writes as they were.
+        let outcome = AppendOutcome {
+            next_expected: codec::version(new_last)?,
+            position: codec::position(last_position)?,
+        };
+        let name = request.stream.as_str();
+        let writes = &mut self.writes;
+        match stream_id {
+            Some(stream_id) => {
+                writes.grown_ids.push(stream_id);
+                writes.grown_lasts.push(new_last);
+            }
+            None => {
+                writes.new_names.push(name);
+                writes.new_lasts.push(new_last);
+            }
+        }
+        let first_version = new_last - (count - 1);
+        for (offset, event) in (0..).zip(&request.events) {
+            writes.positions.push(self.last_position + 1 + offset);
+            writes.streams.push(name);
+            writes.versions.push(first_version + offset);
+            writes.event_ids.push(event.event_id.as_uuid());
+            writes.types.push(event.event_type.as_str());
+            writes.data.push(event.data.as_slice());
+            writes.metadata.push(event.metadata.as_slice());
+        }
+        self.last_position = last_position;
+        Ok(outcome)
+    }
+}
+
 /// Refuses an append whose event ids are already stored anywhere (an id names one event for
-/// ever); checked before the append writes, the `UNIQUE` index still backs it up.
-async fn check_ids_unused(session: &Session, request: &AppendRequest) -> Result<(), Failure> {
-    let ids: Vec<Uuid> = request
-        .events
-        .iter()
-        .map(|e| e.event_id.as_uuid())
-        .collect();
-    let rows = session
-        .client
-        .query(&session.statements.find_ids, &[&ids])
-        .await?;
-    let Some(row) = rows.first() else {
-        return Ok(());
+/// ever); decided before the append writes, the `UNIQUE` index still backs it up.
+fn refuse_reused_ids(request: &AppendRequest, snapshot: &Snapshot) -> Result<(), StoreError> {
+    for event in &request.events {
+        let Some((stored_stream, stored_version)) =
+            snapshot.stored_ids.get(&event.event_id.as_uuid())
+        else {
+            continue;
+        };
+        let stored_stream =
+            StreamName::new(stored_stream.clone()).map_err(|_| StoreError::Corrupt {
+                reason: format!(
+                    "the row holding event id {} names an invalid stream",
+                    event.event_id
+                ),
+            })?;
+        return Err(rules::event_id_reused(
+            &request.stream,
+            event.event_id,
+            &stored_stream,
+            codec::version(*stored_version)?,
+        ));
+    }
+    Ok(())
+}
+
+// ----- round trip 2: the writes and COMMIT ------------------------------------------------------
+
+/// What the second round trip answered.
+struct Answers {
+    /// The stored events the retries are compared with (`None`: no append needed them).
+    stored: Option<Result<Vec<Row>, tokio_postgres::Error>>,
+    /// Each write statement sent.
+    writes: Vec<Result<(), tokio_postgres::Error>>,
+    /// The COMMIT (or the ROLLBACK sent instead).
+    end: Result<(), tokio_postgres::Error>,
+    /// Whether COMMIT was sent (not ROLLBACK).
+    commit_sent: bool,
+}
+
+/// The round's writes and COMMIT, in one round trip; empty statements are not sent.
+async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answers {
+    let Session { client, statements } = session;
+    let (writes, checks) = (&plan.writes, &plan.checks);
+    // Each statement's parameters outlive the statement's future, which holds them until the
+    // statement is sent.
+    let check_params: [Param; 3] = [&checks.stream_ids, &checks.firsts, &checks.lasts];
+    let create_params: [Param; 2] = [&writes.new_names, &writes.new_lasts];
+    let grow_params: [Param; 2] = [&writes.grown_ids, &writes.grown_lasts];
+    let insert_params: [Param; 7] = [
+        &writes.positions,
+        &writes.streams,
+        &writes.versions,
+        &writes.event_ids,
+        &writes.types,
+        &writes.data,
+        &writes.metadata,
+    ];
+    let head_params: [Param; 1] = [&plan.last_position];
+    let stored = match checks.stream_ids.is_empty() {
+        true => None,
+        false => Some(send(client.query(&statements.stored_in, &check_params)).await),
     };
-    let event_id = EventId::from_uuid(row.get(0));
-    let stored_stream = StreamName::new(row.get::<_, String>(1)).map_err(|_| {
-        Failure::Refused(StoreError::Corrupt {
-            reason: format!("the row holding event id {event_id} names an invalid stream"),
+    let created = match writes.new_names.is_empty() {
+        true => None,
+        false => Some(send(client.execute(&statements.create_streams, &create_params)).await),
+    };
+    let grown = match writes.grown_ids.is_empty() {
+        true => None,
+        false => Some(send(client.execute(&statements.grow_streams, &grow_params)).await),
+    };
+    let inserted = match writes.positions.is_empty() {
+        true => None,
+        false => Some(send(client.execute(&statements.insert_events, &insert_params)).await),
+    };
+    let moved_head = match plan.last_position == head {
+        true => None,
+        false => Some(send(client.execute(&statements.set_head, &head_params)).await),
+    };
+    let unsent = stored.as_ref().is_some_and(Sent::failed_unsent)
+        || created.as_ref().is_some_and(Sent::failed_unsent)
+        || grown.as_ref().is_some_and(Sent::failed_unsent)
+        || inserted.as_ref().is_some_and(Sent::failed_unsent)
+        || moved_head.as_ref().is_some_and(Sent::failed_unsent);
+    let end = send(client.batch_execute(if unsent { "ROLLBACK" } else { "COMMIT" })).await;
+    let stored = match stored {
+        Some(stored) => Some(stored.answer().await),
+        None => None,
+    };
+    let writes = [
+        answer_of(created).await,
+        answer_of(grown).await,
+        answer_of(inserted).await,
+        answer_of(moved_head).await,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    Answers {
+        stored,
+        writes,
+        end: end.answer().await,
+        commit_sent: !unsent,
+    }
+}
+
+impl Answers {
+    /// How the transaction ended. A statement the server refused aborted the transaction, and
+    /// a COMMIT in an aborted transaction is a rollback: nothing is stored. No refusal, but an
+    /// answer lost on the way (the connection broke): the COMMIT may have run, the outcome is
+    /// unknown.
+    fn ended(self, plan: Plan<'_>, round: &[AppendRequest]) -> Ended {
+        let statements = self
+            .stored
+            .iter()
+            .map(|stored| stored.as_ref().map(drop))
+            .chain(self.writes.iter().map(|write| write.as_ref().map(drop)));
+        let mut refused = None;
+        let mut lost = None;
+        for error in statements.filter_map(Result::err) {
+            match error.as_db_error() {
+                Some(_) => refused = refused.or(Some(error)),
+                None => lost = lost.or(Some(error)),
+            }
+        }
+        if let Some(error) = refused {
+            return Ended::NotCommitted(crate::unavailable("the append transaction failed", error));
+        }
+        match &self.end {
+            // The server answered: the transaction was rolled back, nothing is stored.
+            Err(error) if error.as_db_error().is_some() => {
+                return Ended::NotCommitted(crate::unavailable("the commit was refused", error));
+            }
+            Err(error) if lost.is_none() => lost = Some(error),
+            _ => {}
+        }
+        if let Some(error) = lost {
+            if !self.commit_sent {
+                return Ended::NotCommitted(crate::unavailable(
+                    "the append transaction failed",
+                    error,
+                ));
+            }
+            let refusals = plan
+                .decisions
+                .into_iter()
+                .map(|decision| match decision {
+                    Decision::Done(Err(refusal)) => Some(refusal),
+                    _ => None,
+                })
+                .collect();
+            return Ended::Unknown(refusals, crate::describe(error));
+        }
+        if !self.commit_sent {
+            // Unreachable in practice: a statement that failed unsent returned an error above.
+            return Ended::NotCommitted(StoreError::Unavailable {
+                reason: "the append transaction was rolled back".into(),
+            });
+        }
+        let rows = self.stored.and_then(Result::ok).unwrap_or_default();
+        Ended::Committed(compare_stored(plan.decisions, round, &rows))
+    }
+}
+
+/// Answers each append of a committed round: the decided ones as they are, the possible
+/// retries by comparing their ids with what is stored at the versions they would have taken.
+fn compare_stored(
+    decisions: Vec<Decision>,
+    round: &[AppendRequest],
+    rows: &[Row],
+) -> Vec<Result<Applied, StoreError>> {
+    let mut stored: HashMap<i64, Vec<&Row>> = HashMap::new();
+    for row in rows {
+        stored.entry(row.get(0)).or_default().push(row);
+    }
+    decisions
+        .into_iter()
+        .zip(round)
+        .map(|(decision, request)| match decision {
+            Decision::Done(result) => result,
+            Decision::CompareStored { stream_id, last } => {
+                let rows = stored
+                    .get(&stream_id)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                let ids: Vec<EventId> = rows
+                    .iter()
+                    .map(|row| EventId::from_uuid(row.get(1)))
+                    .collect();
+                match rows.last() {
+                    Some(row) if rules::is_same_append(&ids, &request.events) => {
+                        Ok(Applied::AlreadyStored(AppendOutcome {
+                            next_expected: codec::version(row.get(2))?,
+                            position: codec::position(row.get(3))?,
+                        }))
+                    }
+                    _ => Err(rules::version_conflict(
+                        &request.stream,
+                        request.expected,
+                        last,
+                    )),
+                }
+            }
         })
-    })?;
-    let stored_version: StreamVersion = codec::version(row.get(2)).map_err(Failure::Refused)?;
-    Err(Failure::Refused(rules::event_id_reused(
-        &request.stream,
-        event_id,
-        &stored_stream,
-        stored_version,
-    )))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(stream: &str, ids: &[u128]) -> AppendRequest {
+        AppendRequest {
+            stream: StreamName::new(stream).expect("a valid stream name"),
+            expected: ExpectedVersion::NoStream,
+            events: ids
+                .iter()
+                .map(|id| EventData {
+                    event_id: EventId::from_uuid(Uuid::from_u128(*id)),
+                    event_type: "Tested".into(),
+                    data: Vec::new(),
+                    metadata: Vec::new(),
+                })
+                .collect(),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn sizes(batch: &[AppendRequest]) -> Vec<usize> {
+        rounds(batch).iter().map(|round| round.len()).collect()
+    }
+
+    #[test]
+    fn a_batch_of_distinct_streams_and_ids_is_one_round() {
+        let batch = [
+            request("a", &[1]),
+            request("b", &[2, 3]),
+            request("c", &[4]),
+        ];
+        assert_eq!(sizes(&batch), [3]);
+    }
+
+    #[test]
+    fn a_stream_or_an_event_id_coming_again_starts_a_new_round_in_queue_order() {
+        let batch = [
+            request("a", &[1]),
+            request("b", &[2]),
+            request("a", &[3]),
+            request("c", &[3]),
+            request("d", &[5]),
+        ];
+        assert_eq!(sizes(&batch), [2, 1, 2]);
+        assert_eq!(rounds(&[]).len(), 0);
+    }
 }
