@@ -10,6 +10,7 @@
 //!   append's outcome is learnt from the database, never acknowledged unless stored, never
 //!   written twice; a server that goes away answers "unavailable" and the store recovers;
 //! - a statement timeout, so a lock held elsewhere cannot hold an append for ever;
+//! - another instance's commit wakes a subscriber through LISTEN/NOTIFY, not its poll;
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
 
@@ -24,7 +25,9 @@ use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError, StreamName,
     Subscription, MAX_READ_BATCH,
 };
-use opledger_postgres::{PostgresConfig, PostgresError, PASSWORD_VAR, ROUND_TRIPS_PER_COMMIT};
+use opledger_postgres::{
+    PostgresConfig, PostgresError, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, ROUND_TRIPS_PER_COMMIT,
+};
 use opledger_store::PostgresStore;
 use tokio::sync::watch;
 
@@ -272,6 +275,52 @@ async fn a_group_commit_costs_the_same_two_round_trips_whatever_the_number_of_ap
     );
     let log = whole_log(&store).await;
     assert_eq!(log.len(), 1 + appends as usize, "every append stored once");
+}
+
+// ----- other instances' commits wake subscribers -------------------------------------------------
+
+/// How long the follower may take to see an append: far below its poll of an hour, far above a
+/// notification's delay on a loaded machine.
+const WAKE_LIMIT: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_on_another_instance_is_woken_by_the_commit_not_by_its_poll() {
+    let database = server().database();
+    let url = server().url(&database);
+    let writer = connect(&url).await;
+    let mut config = PostgresConfig::from_url_and_env(&url, no_env).expect("a valid URL");
+    config.subscription_poll_ms = MAX_SUBSCRIPTION_POLL_MS;
+    let follower = PostgresStore::connect_with(config).await.expect("connect");
+    let mut subscription = follower
+        .subscribe_all(LogStart::Beginning)
+        .await
+        .expect("subscribe");
+    let name = stream("followed");
+    let mut expected = ExpectedVersion::NoStream;
+    // Twice: the first may find the follower reading, the second finds it waiting.
+    for n in 1..=2 {
+        let following = tokio::spawn(async move {
+            let event = subscription.next().await;
+            (subscription, event)
+        });
+        let outcome = writer
+            .append(&name, expected, vec![event(n)])
+            .await
+            .expect("append");
+        expected = ExpectedVersion::Exact(outcome.next_expected);
+        let (returned, delivered) = tokio::time::timeout(WAKE_LIMIT, following)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the follower did not see append {n} within {WAKE_LIMIT:?}; only the poll of an hour was left to find it")
+            })
+            .expect("the follower task");
+        subscription = returned;
+        let delivered = delivered.expect("the subscription delivers");
+        assert_eq!(delivered.event_id, event(n).event_id);
+        assert_eq!(delivered.position, outcome.position);
+    }
+    follower.close().await.expect("close");
+    writer.close().await.expect("close");
 }
 
 // ----- the schema -------------------------------------------------------------------------------

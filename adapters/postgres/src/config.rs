@@ -37,6 +37,16 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// Longest a read waits for a free pooled connection, in ms.
 pub const DEFAULT_POOL_WAIT_MS: u64 = 5_000;
 const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS);
+/// How often a caught-up subscription reads the log without a notice, in ms. Other instances'
+/// commits wake it at once through `LISTEN`/`NOTIFY`; the poll finds those whose notification
+/// was lost (the listening connection was down), within this delay. The SQLite store's value.
+pub const DEFAULT_SUBSCRIPTION_POLL_MS: u64 = 250;
+/// The longest poll a configuration may set, in ms (an hour: tests set it to show that the
+/// notification, not the poll, wakes a subscriber).
+pub const MAX_SUBSCRIPTION_POLL_MS: u64 = 3_600_000;
+const _: () = assert!(
+    10 <= DEFAULT_SUBSCRIPTION_POLL_MS && DEFAULT_SUBSCRIPTION_POLL_MS <= MAX_SUBSCRIPTION_POLL_MS
+);
 
 /// The connection settings and limits of a [`crate::PostgresStore`].
 #[derive(Clone)]
@@ -53,6 +63,8 @@ pub struct PostgresConfig {
     pub connect_timeout_ms: u64,
     /// The wait for a free pooled connection, in ms.
     pub pool_wait_ms: u64,
+    /// How often a caught-up subscription reads the log without a notice, in ms.
+    pub subscription_poll_ms: u64,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -126,6 +138,7 @@ impl PostgresConfig {
             idle_in_transaction_timeout_ms: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             pool_wait_ms: DEFAULT_POOL_WAIT_MS,
+            subscription_poll_ms: DEFAULT_SUBSCRIPTION_POLL_MS,
         })
     }
 
@@ -143,6 +156,12 @@ impl PostgresConfig {
                 "statement_timeout_ms and idle_in_transaction_timeout_ms must be above 0 (0 turns the server's timeout off)"
                     .into(),
             );
+        }
+        if !(1..=MAX_SUBSCRIPTION_POLL_MS).contains(&self.subscription_poll_ms) {
+            return invalid(format!(
+                "subscription_poll_ms is {}; it must be 1 to {MAX_SUBSCRIPTION_POLL_MS}",
+                self.subscription_poll_ms
+            ));
         }
         Ok(())
     }

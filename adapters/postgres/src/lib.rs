@@ -38,11 +38,13 @@
 //!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
 //!
 //! Subscriptions (the SQLite store's catch-up subscription, `store/src/subscription.rs`) wake
-//! at once for this store's own commits and find other instances' within
-//! `UNANNOUNCED_POLL_MS`.
+//! at once for this store's own commits, and for other instances' through `LISTEN`/`NOTIFY`
+//! (`listener.rs`); a poll every [`PostgresConfig::subscription_poll_ms`] finds what a lost
+//! notification did not announce.
 
 mod codec;
 mod config;
+mod listener;
 #[path = "../../store/src/rules.rs"]
 mod rules;
 mod schema;
@@ -63,14 +65,17 @@ use opledger_domain::store::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::Client;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{Client, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use config::{
     redact, PostgresConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
-    DEFAULT_POOL_SIZE, DEFAULT_POOL_WAIT_MS, DEFAULT_STATEMENT_TIMEOUT_MS, MAX_POOL_SIZE,
-    PASSWORD_VAR, SCHEMES, USER_VAR,
+    DEFAULT_POOL_SIZE, DEFAULT_POOL_WAIT_MS, DEFAULT_STATEMENT_TIMEOUT_MS,
+    DEFAULT_SUBSCRIPTION_POLL_MS, MAX_POOL_SIZE, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, SCHEMES,
+    USER_VAR,
 };
+pub use listener::LISTEN_RETRY_PAUSE_MS;
 pub use schema::SCHEMA_VERSION;
 pub use writer::ROUND_TRIPS_PER_COMMIT;
 
@@ -173,8 +178,15 @@ impl Connector {
         })
     }
 
+    /// A client and its connection, which the caller must drive (poll) for the client to work.
+    pub(crate) async fn connect_unspawned(
+        &self,
+    ) -> Result<(Client, RawConnection), tokio_postgres::Error> {
+        self.config.connect(self.tls.clone()).await
+    }
+
     async fn connect_raw(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.config.connect(self.tls.clone()).await?;
+        let (client, connection) = self.connect_unspawned().await?;
         // The connection's I/O runs on its own task; it ends when the client is dropped or the
         // connection breaks, and the client then answers every call with an error.
         tokio::spawn(async move {
@@ -190,6 +202,22 @@ impl Connector {
             .await
             .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
     }
+}
+
+/// A connection to the server through the store's TLS set-up (plain TCP when `sslmode` says so).
+pub(crate) type RawConnection =
+    tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+
+/// Moves a store's head to `newest` if that is newer; the head only grows. Both the writer (its
+/// own commits) and the listener (every instance's) move it, in either order.
+pub(crate) fn advance(head: &watch::Sender<Option<GlobalPosition>>, newest: GlobalPosition) {
+    head.send_if_modified(|head| {
+        let grows = *head < Some(newest);
+        if grows {
+            *head = Some(newest);
+        }
+        grows
+    });
 }
 
 /// The rustls client configuration: the `ring` provider (as reqwest's in this tree) and the
@@ -282,7 +310,11 @@ struct Shared {
     /// The writer's queue; `None` once the store is closed.
     appends: Mutex<Option<mpsc::Sender<AppendRequest>>>,
     writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The task listening for every instance's commits; `None` once the store is closed.
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pool: Pool,
+    /// How often a caught-up subscription looks at the log without a notice.
+    subscription_poll: Duration,
     /// The newest position this store committed, for its own subscriptions.
     head: watch::Receiver<Option<GlobalPosition>>,
     counters: Arc<CommitCounters>,
@@ -336,6 +368,8 @@ impl PostgresStore {
                 reason: format!("cannot build the connection pool: {error}"),
             })?;
         let (head_sender, head_receiver) = watch::channel(head);
+        let head_sender = Arc::new(head_sender);
+        let listener = listener::start(Arc::clone(&connector), Arc::clone(&head_sender)).await;
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let span = tracing::debug_span!("postgres_writer", target = %config.target());
         let counters = Arc::new(CommitCounters::default());
@@ -349,7 +383,9 @@ impl PostgresStore {
                 target: config.target(),
                 appends: Mutex::new(Some(append_sender)),
                 writer: Mutex::new(Some(writer)),
+                listener: Mutex::new(Some(listener)),
                 pool,
+                subscription_poll: Duration::from_millis(config.subscription_poll_ms),
                 head: head_receiver,
                 counters,
             }),
@@ -361,6 +397,12 @@ impl PostgresStore {
     pub async fn close(self) -> Result<(), StoreError> {
         drop(lock(&self.shared.appends).take());
         self.shared.pool.close();
+        let listener = lock(&self.shared.listener).take();
+        if let Some(listener) = listener {
+            listener.abort();
+            // Cancelled, or it had stopped: either way it holds the head no more.
+            let _ = listener.await;
+        }
         let Some(writer) = lock(&self.shared.writer).take() else {
             return Ok(());
         };
@@ -522,6 +564,7 @@ impl EventStore for PostgresStore {
         }
         let feed = LogFeed {
             pool: self.shared.pool.clone(),
+            poll: self.shared.subscription_poll,
         };
         Ok(PostgresSubscription {
             inner: CatchUp::new(feed, start, self.shared.head.clone()),
@@ -550,6 +593,7 @@ impl Subscription for PostgresSubscription {
 /// What a subscription reads the log through: the store's pool.
 struct LogFeed {
     pool: Pool,
+    poll: Duration,
 }
 
 impl LogSource for LogFeed {
@@ -560,6 +604,10 @@ impl LogSource for LogFeed {
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let client = pooled(&self.pool).await?;
         read_log(&client, start, max_count).await
+    }
+
+    fn unannounced_poll(&self) -> Duration {
+        self.poll
     }
 }
 

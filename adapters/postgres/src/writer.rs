@@ -17,7 +17,8 @@
 //!    so they see every commit before it;
 //! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
 //!    rules), then one INSERT of the new streams, one UPDATE of the grown ones, one
-//!    `INSERT … SELECT FROM UNNEST` of all the events, the head, and COMMIT.
+//!    `INSERT … SELECT FROM UNNEST` of all the events, the head, the `NOTIFY` that wakes other
+//!    instances' subscriptions (`listener.rs`), and COMMIT.
 //!
 //! A round reads each stream once, so a batch in which a stream (or an event id) comes twice is
 //! cut into rounds, each its own transaction, in queue order (two appends to one stream in one
@@ -69,6 +70,7 @@ struct Statements {
     grow_streams: Statement,
     insert_events: Statement,
     set_head: Statement,
+    notify: Statement,
 }
 
 impl Statements {
@@ -128,6 +130,13 @@ impl Statements {
             set_head: client
                 .prepare("UPDATE opledger.log_head SET last_position = $1")
                 .await?,
+            // Delivered to every listening instance only if, and once, the transaction commits.
+            notify: client
+                .prepare(&format!(
+                    "SELECT pg_notify('{}', $1)",
+                    crate::listener::NOTIFY_CHANNEL
+                ))
+                .await?,
         })
     }
 }
@@ -142,7 +151,7 @@ pub(crate) struct Writer {
     connector: Arc<Connector>,
     session: Option<Session>,
     /// The newest position this store committed, for its own subscriptions.
-    head: watch::Sender<Option<GlobalPosition>>,
+    head: Arc<watch::Sender<Option<GlobalPosition>>>,
     counters: Arc<CommitCounters>,
 }
 
@@ -177,7 +186,7 @@ enum Ended {
 impl Writer {
     pub(crate) fn new(
         connector: Arc<Connector>,
-        head: watch::Sender<Option<GlobalPosition>>,
+        head: Arc<watch::Sender<Option<GlobalPosition>>>,
         counters: Arc<CommitCounters>,
     ) -> Self {
         Self {
@@ -274,16 +283,10 @@ impl Writer {
             })
             .max();
         if let Some(newest) = newest {
-            self.head.send_if_modified(|head| {
-                // Positions are taken under the log's lock, so a commit's newest position is
-                // above everything committed before it, by any instance.
-                let grows = *head < Some(newest);
-                debug_assert!(grows, "positions only grow: {head:?} then {newest}");
-                if grows {
-                    *head = Some(newest);
-                }
-                grows
-            });
+            // Positions are taken under the log's lock, so a commit's newest position is above
+            // everything committed before it, by any instance; the listener may have moved the
+            // head there already (this commit's own notification can come first).
+            crate::advance(&self.head, newest);
         }
     }
 
@@ -668,6 +671,8 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
         &writes.metadata,
     ];
     let head_params: [Param; 1] = [&plan.last_position];
+    let newest = plan.last_position.to_string();
+    let notify_params: [Param; 1] = [&newest];
     let stored = match checks.stream_ids.is_empty() {
         true => None,
         false => Some(send(client.query(&statements.stored_in, &check_params)).await),
@@ -688,11 +693,16 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
         true => None,
         false => Some(send(client.execute(&statements.set_head, &head_params)).await),
     };
+    let notified = match moved_head.is_some() {
+        true => Some(send(client.query(&statements.notify, &notify_params)).await),
+        false => None,
+    };
     let unsent = stored.as_ref().is_some_and(Sent::failed_unsent)
         || created.as_ref().is_some_and(Sent::failed_unsent)
         || grown.as_ref().is_some_and(Sent::failed_unsent)
         || inserted.as_ref().is_some_and(Sent::failed_unsent)
-        || moved_head.as_ref().is_some_and(Sent::failed_unsent);
+        || moved_head.as_ref().is_some_and(Sent::failed_unsent)
+        || notified.as_ref().is_some_and(Sent::failed_unsent);
     let end = send(client.batch_execute(if unsent { "ROLLBACK" } else { "COMMIT" })).await;
     let stored = match stored {
         Some(stored) => Some(stored.answer().await),
@@ -703,6 +713,7 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
         answer_of(grown).await,
         answer_of(inserted).await,
         answer_of(moved_head).await,
+        answer_of(notified).await,
     ]
     .into_iter()
     .flatten()

@@ -32,6 +32,12 @@ pub(crate) trait LogSource: Send + Sync + 'static {
         start: LogStart,
         max_count: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>, StoreError>> + Send;
+
+    /// How long a caught-up subscription waits for a commit notice before it reads the log
+    /// anyway (a store whose notices can be lost, as PostgreSQL's, sets its own).
+    fn unannounced_poll(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(UNANNOUNCED_POLL_MS)
+    }
 }
 
 /// A catch-up subscription over a [`LogSource`] and the store's head-position channel.
@@ -82,7 +88,7 @@ impl<S: LogSource> CatchUp<S> {
             }
             // Caught up. An error here means the store dropped its sender: it is closed, and
             // any head it published before closing was already seen by `borrow_and_update`.
-            let wait = std::time::Duration::from_millis(UNANNOUNCED_POLL_MS);
+            let wait = self.source.unannounced_poll();
             match tokio::time::timeout(wait, self.head.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(StoreError::Closed),
