@@ -38,7 +38,10 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{AppendOutcome, EventData, ExpectedVersion, StoreError, StreamName};
+use opledger_domain::store::{
+    AppendOutcome, EventData, ExpectedVersion, StoreError, StreamName, MAX_EVENTS_PER_APPEND,
+    MAX_EVENT_BYTES,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
@@ -51,6 +54,13 @@ use crate::{
 /// Round trips to the server one group commit costs, whatever the number of appends it carries
 /// (see the module's docs); `tests/postgres.rs` counts them through a proxy.
 pub const ROUND_TRIPS_PER_COMMIT: usize = 2;
+
+/// Most event bytes (data and metadata) one transaction writes, in bytes: all of a round's
+/// events travel as one array parameter, which PostgreSQL caps at 1 GiB, and a burst of large
+/// events must not make every batch fail. The largest single append always fits.
+pub const MAX_BYTES_PER_COMMIT: usize = MAX_EVENTS_PER_APPEND * MAX_EVENT_BYTES;
+const _: () = assert!(MAX_BYTES_PER_COMMIT >= MAX_EVENTS_PER_APPEND * MAX_EVENT_BYTES);
+const _: () = assert!(MAX_BYTES_PER_COMMIT < 1 << 30);
 
 /// One queued append and where to send its answer.
 pub(crate) struct AppendRequest {
@@ -337,23 +347,32 @@ impl Writer {
 /// Cuts a batch into rounds, each one transaction, in queue order, so that no stream and no
 /// event id comes twice in a round: every append of a round is then decided from what the
 /// round's one read saw, and a later append to the same stream sees the earlier one committed.
+/// A round also stays within [`MAX_BYTES_PER_COMMIT`].
 fn rounds(batch: &[AppendRequest]) -> Vec<&[AppendRequest]> {
     let mut rounds = Vec::with_capacity(1);
     let mut start = 0;
+    let mut bytes = 0;
     let mut streams: HashSet<&str> = HashSet::with_capacity(batch.len());
     let mut ids: HashSet<Uuid> = HashSet::with_capacity(batch.len());
     for (index, request) in batch.iter().enumerate() {
+        let size: usize = request
+            .events
+            .iter()
+            .map(|event| event.data.len() + event.metadata.len())
+            .sum();
         let clashes = streams.contains(request.stream.as_str())
             || request
                 .events
                 .iter()
                 .any(|event| ids.contains(&event.event_id.as_uuid()));
-        if clashes {
+        if index > start && (clashes || bytes + size > MAX_BYTES_PER_COMMIT) {
             rounds.push(&batch[start..index]);
             start = index;
+            bytes = 0;
             streams.clear();
             ids.clear();
         }
+        bytes += size;
         streams.insert(request.stream.as_str());
         ids.extend(request.events.iter().map(|event| event.event_id.as_uuid()));
     }
@@ -832,6 +851,10 @@ mod tests {
     use super::*;
 
     fn request(stream: &str, ids: &[u128]) -> AppendRequest {
+        sized_request(stream, ids, 0)
+    }
+
+    fn sized_request(stream: &str, ids: &[u128], bytes: usize) -> AppendRequest {
         AppendRequest {
             stream: StreamName::new(stream).expect("a valid stream name"),
             expected: ExpectedVersion::NoStream,
@@ -840,7 +863,7 @@ mod tests {
                 .map(|id| EventData {
                     event_id: EventId::from_uuid(Uuid::from_u128(*id)),
                     event_type: "Tested".into(),
-                    data: Vec::new(),
+                    data: vec![b' '; bytes],
                     metadata: Vec::new(),
                 })
                 .collect(),
@@ -873,5 +896,22 @@ mod tests {
         ];
         assert_eq!(sizes(&batch), [2, 1, 2]);
         assert_eq!(rounds(&[]).len(), 0);
+    }
+
+    #[test]
+    fn a_round_carries_at_most_the_bytes_of_one_commit_and_the_largest_append_fits_alone() {
+        let third = MAX_BYTES_PER_COMMIT / 3;
+        let batch = [
+            sized_request("a", &[1], third),
+            sized_request("b", &[2], third),
+            sized_request("c", &[3], third),
+            sized_request("d", &[4], third),
+        ];
+        assert_eq!(sizes(&batch), [3, 1]);
+        let largest = [
+            sized_request("a", &[1], MAX_BYTES_PER_COMMIT),
+            sized_request("b", &[2], 1),
+        ];
+        assert_eq!(sizes(&largest), [1, 1]);
     }
 }
