@@ -27,8 +27,8 @@
 //! simpler and fast enough, and `tests/postgres.rs` tries hard to break it.
 //!
 //! # What else it promises
-//! - the port's append rules, shared with the SQLite and memory stores (`store/src/rules.rs`,
-//!   compiled into this crate too), so they cannot drift apart;
+//! - the port's append rules, shared with the SQLite and memory stores (`opledger-store-core`),
+//!   so they cannot drift apart;
 //! - an append is acknowledged only after its COMMIT returned; one whose COMMIT answer was lost
 //!   is resolved by applying it again (same event ids: found stored, or written now), never
 //!   written twice, and reported as "outcome unknown" if the database cannot be asked;
@@ -37,7 +37,7 @@
 //! - reads use a pool of at most [`PostgresConfig::pool_size`] connections; every statement has
 //!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
 //!
-//! Subscriptions (the SQLite store's catch-up subscription, `store/src/subscription.rs`) wake
+//! Subscriptions (the SQLite store's catch-up subscription, from `opledger-store-core`) wake
 //! at once for this store's own commits, and for other instances' through `LISTEN`/`NOTIFY`
 //! (`listener.rs`); a poll every [`PostgresConfig::subscription_poll_ms`] finds what a lost
 //! notification did not announce.
@@ -45,14 +45,11 @@
 mod codec;
 mod config;
 mod listener;
-#[path = "../../store/src/rules.rs"]
-mod rules;
 mod schema;
-// The SQLite store's catch-up subscription, compiled here from the same file: the store crate
-// depends on this one (its `AnyStore` holds either), so this one cannot depend on it.
-#[path = "../../store/src/subscription.rs"]
-mod subscription;
 mod writer;
+
+// The SQLite store's rules and catch-up subscription, from the crate both stores depend on.
+use opledger_store_core::{queue, rules, subscription};
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -63,7 +60,7 @@ use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription, MAX_READ_BATCH,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Socket};
@@ -490,30 +487,11 @@ impl EventStore for PostgresStore {
         expected: ExpectedVersion,
         events: Vec<EventData>,
     ) -> Result<AppendOutcome, StoreError> {
-        rules::check_append(stream, &events)?;
-        let sender = lock(&self.shared.appends)
-            .clone()
-            .ok_or(StoreError::Closed)?;
-        let (reply, answer) = oneshot::channel();
-        let request = AppendRequest {
-            stream: stream.clone(),
-            expected,
-            events,
-            reply,
+        let gone = queue::WriterGone {
+            stopped: "the PostgreSQL writer task has stopped; restart opledger",
+            unanswered: "the PostgreSQL writer task stopped before answering",
         };
-        sender
-            .send(request)
-            .await
-            .map_err(|_| StoreError::Unavailable {
-                reason: "the PostgreSQL writer task has stopped; restart opledger".into(),
-            })?;
-        drop(sender);
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::AppendOutcomeUnknown {
-                stream: stream.clone(),
-                reason: "the PostgreSQL writer task stopped before answering".into(),
-            })
-        })
+        queue::append(&self.shared.appends, &gone, stream, expected, events).await
     }
 
     async fn read_stream(

@@ -39,10 +39,9 @@ use std::task::Poll;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
 use opledger_domain::store::{
-    AppendOutcome, EventData, ExpectedVersion, StoreError, StreamName, MAX_EVENTS_PER_APPEND,
-    MAX_EVENT_BYTES,
+    AppendOutcome, StoreError, StreamName, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
@@ -62,13 +61,7 @@ pub const MAX_BYTES_PER_COMMIT: usize = MAX_EVENTS_PER_APPEND * MAX_EVENT_BYTES;
 const _: () = assert!(MAX_BYTES_PER_COMMIT >= MAX_EVENTS_PER_APPEND * MAX_EVENT_BYTES);
 const _: () = assert!(MAX_BYTES_PER_COMMIT < 1 << 30);
 
-/// One queued append and where to send its answer.
-pub(crate) struct AppendRequest {
-    pub(crate) stream: StreamName,
-    pub(crate) expected: ExpectedVersion,
-    pub(crate) events: Vec<EventData>,
-    pub(crate) reply: oneshot::Sender<Result<AppendOutcome, StoreError>>,
-}
+pub(crate) use opledger_store_core::queue::AppendRequest;
 
 /// The writer's statements, prepared once per connection.
 struct Statements {
@@ -849,6 +842,8 @@ fn compare_stored(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opledger_domain::store::{EventData, ExpectedVersion};
+    use tokio::sync::oneshot;
 
     fn request(stream: &str, ids: &[u128]) -> AppendRequest {
         sized_request(stream, ids, 0)

@@ -5,10 +5,10 @@
 //! - [`kurrentdb::KurrentDbStore`] keeps the ledger in a KurrentDB (EventStoreDB) cluster, for
 //!   several `opledger serve` instances sharing one ledger; the server applies its own rules.
 //! - `opledger_postgres::PostgresStore` (its own crate) keeps the ledger in a PostgreSQL
-//!   database, for the same; it compiles this crate's `rules.rs` and `subscription.rs` too.
+//!   database, for the same.
 //!
-//! The first two apply the same append rules (`rules.rs`) and share one catch-up subscription
-//! (`subscription.rs`), so they cannot drift apart in what they accept or deliver. A store must
+//! The memory, SQLite and PostgreSQL stores apply the same append rules and share one catch-up
+//! subscription (both in `opledger-store-core`), so they cannot drift apart in what they accept or deliver. A store must
 //! never acknowledge an append that is not durable for its kind, and never skip or repeat an event
 //! in a subscription.
 //!
@@ -21,9 +21,9 @@ pub const DEFAULT_SQLITE_PATH: &str = "opledger.db";
 pub mod either;
 pub mod kurrentdb;
 pub mod memory;
-mod rules;
 pub mod sqlite;
-mod subscription;
+
+use opledger_store_core::{rules, subscription};
 
 pub use either::{AnyStore, AnySubscription};
 pub use kurrentdb::{KurrentDbError, KurrentDbStore, KurrentDbSubscription};

@@ -242,14 +242,14 @@ impl EventStore for MemoryStore {
     async fn subscribe_all(&self, start: LogStart) -> Result<MemorySubscription, StoreError> {
         let head = self.shared.head.subscribe();
         Ok(MemorySubscription {
-            inner: CatchUp::new(Arc::clone(&self.shared), start, head),
+            inner: CatchUp::new(SharedLog(Arc::clone(&self.shared)), start, head),
         })
     }
 }
 
 /// A catch-up subscription to a [`MemoryStore`]'s log. It keeps the store alive while it lives.
 pub struct MemorySubscription {
-    inner: CatchUp<Arc<Shared>>,
+    inner: CatchUp<SharedLog>,
 }
 
 impl std::fmt::Debug for MemorySubscription {
@@ -264,12 +264,15 @@ impl Subscription for MemorySubscription {
     }
 }
 
-impl LogSource for Arc<Shared> {
+/// The store's log as a subscription reads it (a type of this crate, for the shared trait).
+struct SharedLog(Arc<Shared>);
+
+impl LogSource for SharedLog {
     async fn read_log(
         &self,
         start: LogStart,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        Ok(self.read_events(start, max_count))
+        Ok(self.0.read_events(start, max_count))
     }
 }

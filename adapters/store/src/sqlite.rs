@@ -32,13 +32,13 @@ use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription,
 };
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use self::reader::ReadPool;
 use self::recent::RecentEvents;
 use self::writer::{AppendRequest, CommitCounters};
-use super::rules;
 use super::subscription::{CatchUp, LogSource};
+use opledger_store_core::queue::{self, WriterGone};
 
 /// The schema version this build creates and reads (`PRAGMA user_version`).
 pub const SCHEMA_VERSION: i64 = 1;
@@ -216,31 +216,11 @@ impl EventStore for SqliteStore {
         expected: ExpectedVersion,
         events: Vec<EventData>,
     ) -> Result<AppendOutcome, StoreError> {
-        rules::check_append(stream, &events)?;
-        let sender = lock(&self.shared.appends)
-            .clone()
-            .ok_or(StoreError::Closed)?;
-        let (reply, answer) = oneshot::channel();
-        let request = AppendRequest {
-            stream: stream.clone(),
-            expected,
-            events,
-            reply,
+        let gone = WriterGone {
+            stopped: "the SQLite writer thread has stopped; reopen the store",
+            unanswered: "the SQLite writer thread stopped before answering",
         };
-        // Holding a sender keeps the queue open, so a failed send means the writer thread died.
-        sender
-            .send(request)
-            .await
-            .map_err(|_| StoreError::Unavailable {
-                reason: "the SQLite writer thread has stopped; reopen the store".into(),
-            })?;
-        drop(sender);
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::AppendOutcomeUnknown {
-                stream: stream.clone(),
-                reason: "the SQLite writer thread stopped before answering".into(),
-            })
-        })
+        queue::append(&self.shared.appends, &gone, stream, expected, events).await
     }
 
     async fn read_stream(

@@ -8,6 +8,7 @@ use opledger_domain::ids::EventId;
 use opledger_domain::store::LogStart;
 use rusqlite::Connection;
 use tempfile::TempDir;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::*;

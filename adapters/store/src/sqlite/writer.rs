@@ -16,11 +16,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{
-    AppendOutcome, EventData, ExpectedVersion, RecordedEvent, StoreError, StreamName,
-};
+use opledger_domain::store::{AppendOutcome, RecordedEvent, StoreError, StreamName};
 use rusqlite::{params, Connection, OptionalExtension};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::checkpointer::Checkpointer;
 use super::codec;
@@ -29,13 +27,7 @@ use super::schema;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::rules::{self, AppendPlan};
 
-/// One queued append and where to send its answer.
-pub(super) struct AppendRequest {
-    pub(super) stream: StreamName,
-    pub(super) expected: ExpectedVersion,
-    pub(super) events: Vec<EventData>,
-    pub(super) reply: oneshot::Sender<Result<AppendOutcome, StoreError>>,
-}
+pub(super) use opledger_store_core::queue::AppendRequest;
 
 /// Counts of commits that wrote events and of the appends they wrote, for benchmarks.
 #[derive(Debug, Default)]

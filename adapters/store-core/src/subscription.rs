@@ -18,14 +18,14 @@ use tokio::sync::watch;
 /// How long a caught-up subscription waits for its own store's commit notice before it looks at
 /// the log anyway, in milliseconds: another process writing to the same file (a CLI recording a
 /// review decision beside a running service) commits without notifying this one.
-pub(crate) const UNANNOUNCED_POLL_MS: u64 = 250;
+pub const UNANNOUNCED_POLL_MS: u64 = 250;
 
 /// How many events a subscription reads from the store at once; bounds its buffer.
-pub(crate) const SUBSCRIPTION_READ_BATCH: usize = 512;
+pub const SUBSCRIPTION_READ_BATCH: usize = 512;
 const _: () = assert!(SUBSCRIPTION_READ_BATCH <= MAX_READ_BATCH);
 
 /// What a subscription reads the global log through.
-pub(crate) trait LogSource: Send + Sync + 'static {
+pub trait LogSource: Send + Sync + 'static {
     /// Up to `max_count` events after `start`, in position order.
     fn read_log(
         &self,
@@ -41,7 +41,7 @@ pub(crate) trait LogSource: Send + Sync + 'static {
 }
 
 /// A catch-up subscription over a [`LogSource`] and the store's head-position channel.
-pub(crate) struct CatchUp<S> {
+pub struct CatchUp<S> {
     source: S,
     /// Everything up to here has been delivered (or was excluded by the start).
     delivered: LogStart,
@@ -53,11 +53,7 @@ pub(crate) struct CatchUp<S> {
 
 impl<S: LogSource> CatchUp<S> {
     /// A subscription delivering every event after `start`.
-    pub(crate) fn new(
-        source: S,
-        start: LogStart,
-        head: watch::Receiver<Option<GlobalPosition>>,
-    ) -> Self {
+    pub fn new(source: S, start: LogStart, head: watch::Receiver<Option<GlobalPosition>>) -> Self {
         Self {
             source,
             delivered: start,
@@ -69,7 +65,7 @@ impl<S: LogSource> CatchUp<S> {
     /// The next event after the last one delivered, waiting for a commit when caught up.
     /// Fails with [`StoreError::Closed`] when the store closes while it waits (and with whatever
     /// the source returns when a read fails).
-    pub(crate) async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
+    pub async fn next(&mut self) -> Result<RecordedEvent, StoreError> {
         loop {
             if let Some(event) = self.buffer.pop_front() {
                 self.delivered = LogStart::After(event.position);

@@ -13,7 +13,7 @@ use opledger_domain::store::{
 
 /// Checks an append before it reaches storage: the port's limits, and that no event id appears
 /// twice in it (two events with one id would make a retried append impossible to recognise).
-pub(crate) fn check_append(stream: &StreamName, events: &[EventData]) -> Result<(), StoreError> {
+pub fn check_append(stream: &StreamName, events: &[EventData]) -> Result<(), StoreError> {
     check_append_limits(stream, events)?;
     let mut seen = HashSet::with_capacity(events.len());
     for event in events {
@@ -31,7 +31,7 @@ pub(crate) fn check_append(stream: &StreamName, events: &[EventData]) -> Result<
 
 /// What a store does with an append, given the stream's last version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AppendPlan {
+pub enum AppendPlan {
     /// The stream is where the append expects it: write the events from this version on.
     Write {
         /// The version the first event gets.
@@ -50,7 +50,7 @@ pub(crate) enum AppendPlan {
 
 /// Decides what to do with an append that expects `expected` of a stream whose last version is
 /// `last` (`None`: the stream does not exist).
-pub(crate) fn plan_append(expected: ExpectedVersion, last: Option<StreamVersion>) -> AppendPlan {
+pub fn plan_append(expected: ExpectedVersion, last: Option<StreamVersion>) -> AppendPlan {
     match (expected, last) {
         (ExpectedVersion::NoStream, None) => AppendPlan::Write {
             first: StreamVersion::FIRST,
@@ -74,7 +74,7 @@ pub(crate) fn plan_append(expected: ExpectedVersion, last: Option<StreamVersion>
 
 /// Whether the stored event ids (read from the plan's `first` version on, at most as many as
 /// appended) are exactly the appended ones, in order.
-pub(crate) fn is_same_append(stored: &[EventId], events: &[EventData]) -> bool {
+pub fn is_same_append(stored: &[EventId], events: &[EventData]) -> bool {
     stored.len() == events.len()
         && stored
             .iter()
@@ -83,7 +83,7 @@ pub(crate) fn is_same_append(stored: &[EventId], events: &[EventData]) -> bool {
 }
 
 /// The refusal of an append whose stream is not at the expected version.
-pub(crate) fn version_conflict(
+pub fn version_conflict(
     stream: &StreamName,
     expected: ExpectedVersion,
     actual: Option<StreamVersion>,
@@ -99,7 +99,7 @@ pub(crate) fn version_conflict(
 }
 
 /// The refusal of an append that reuses an event id stored elsewhere.
-pub(crate) fn event_id_reused(
+pub fn event_id_reused(
     stream: &StreamName,
     event_id: EventId,
     stored_stream: &StreamName,
