@@ -323,6 +323,27 @@ async fn a_subscriber_on_another_instance_is_woken_by_the_commit_not_by_its_poll
     writer.close().await.expect("close");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_dropped_without_close_leaves_no_listening_connection_behind() {
+    let (store, database) = fresh_store().await;
+    // Nothing appended or read: the listener's is the store's only connection left open.
+    let listening = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'");
+    assert_ne!(
+        server().sql("postgres", &listening),
+        "0",
+        "the store listens"
+    );
+    drop(store);
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while server().sql("postgres", &listening) != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the listening connection outlived its store"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 // ----- the schema -------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,9 @@ async fn run(
         if let Some(ready) = ready.take() {
             let _ = ready.send(());
         }
+        if head.is_closed() {
+            return;
+        }
         tracing::debug!(%reason, "not listening for commits; subscriptions poll until it is back");
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(LISTEN_RETRY_PAUSE_MS)) => {}
@@ -108,9 +111,12 @@ async fn listen(
         let _ = ready.send(());
     }
     tracing::debug!("listening for commits of every instance");
-    let ended = (&mut driver)
-        .await
-        .unwrap_or_else(|error| error.to_string());
+    let ended = tokio::select! {
+        ended = &mut driver => ended.unwrap_or_else(|error| error.to_string()),
+        // The store was dropped without `close` and its subscriptions are gone: dropping the
+        // client below ends the connection and its driver.
+        () = head.closed() => "nobody is left to wake".to_owned(),
+    };
     drop(client);
     ended
 }
