@@ -398,6 +398,15 @@ async fn send<F: Future>(statement: F) -> Sent<F> {
     }
 }
 
+/// Sends `statement` if `wanted`; an unsent statement's future is dropped without being polled,
+/// so nothing of it reaches the server.
+async fn send_if<F: Future>(wanted: bool, statement: F) -> Option<Sent<F>> {
+    match wanted {
+        true => Some(send(statement).await),
+        false => None,
+    }
+}
+
 impl<F: Future> Sent<F> {
     async fn answer(self) -> F::Output {
         match self {
@@ -526,6 +535,12 @@ struct Checks {
     stream_ids: Vec<i64>,
     firsts: Vec<i64>,
     lasts: Vec<i64>,
+}
+
+impl Checks {
+    fn is_empty(&self) -> bool {
+        self.stream_ids.is_empty()
+    }
 }
 
 fn plan<'a>(round: &'a [AppendRequest], snapshot: &Snapshot) -> Plan<'a> {
@@ -685,30 +700,19 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
     let head_params: [Param; 1] = [&plan.last_position];
     let newest = plan.last_position.to_string();
     let notify_params: [Param; 1] = [&newest];
-    let stored = match checks.stream_ids.is_empty() {
-        true => None,
-        false => Some(send(client.query(&statements.stored_in, &check_params)).await),
-    };
-    let created = match writes.new_names.is_empty() {
-        true => None,
-        false => Some(send(client.execute(&statements.create_streams, &create_params)).await),
-    };
-    let grown = match writes.grown_ids.is_empty() {
-        true => None,
-        false => Some(send(client.execute(&statements.grow_streams, &grow_params)).await),
-    };
-    let inserted = match writes.positions.is_empty() {
-        true => None,
-        false => Some(send(client.execute(&statements.insert_events, &insert_params)).await),
-    };
-    let moved_head = match plan.last_position == head {
-        true => None,
-        false => Some(send(client.execute(&statements.set_head, &head_params)).await),
-    };
-    let notified = match moved_head.is_some() {
-        true => Some(send(client.query(&statements.notify, &notify_params)).await),
-        false => None,
-    };
+    let (s, no_writes) = (statements, plan.last_position == head);
+    let stored = send_if(
+        !checks.is_empty(),
+        client.query(&s.stored_in, &check_params),
+    )
+    .await;
+    let new = !writes.new_names.is_empty();
+    let created = send_if(new, client.execute(&s.create_streams, &create_params)).await;
+    let grow = !writes.grown_ids.is_empty();
+    let grown = send_if(grow, client.execute(&s.grow_streams, &grow_params)).await;
+    let inserted = send_if(!no_writes, client.execute(&s.insert_events, &insert_params)).await;
+    let moved_head = send_if(!no_writes, client.execute(&s.set_head, &head_params)).await;
+    let notified = send_if(!no_writes, client.query(&s.notify, &notify_params)).await;
     let unsent = stored.as_ref().is_some_and(Sent::failed_unsent)
         || created.as_ref().is_some_and(Sent::failed_unsent)
         || grown.as_ref().is_some_and(Sent::failed_unsent)
