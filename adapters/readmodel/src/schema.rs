@@ -14,12 +14,8 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::{ReadModelError, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 
-/// The tables of version 1. One table per read model, plus the checkpoint.
-///
-/// `operations` also keeps each operation's folded state as JSON (`folded_state`): the runner
-/// reads it back to fold the operation's next event, so no per-operation state is held in
-/// memory. Its immutable columns (binding, arguments, created_at) are written once, at the
-/// intent; later events update only what changes, so only the state index is rewritten.
+/// The tables of version 1 but `operations` ([`CREATE_OPERATIONS_V4`]). One table per read
+/// model, plus the checkpoint.
 ///
 /// The id index (`attempts`, `sources`, `external_ids`) is keyed by the id *and* the operation:
 /// the read model records what the log says, and if a hand-written history ever reused an id for
@@ -35,28 +31,6 @@ const CREATE_TABLES_V1: &str = "
     CREATE TABLE checkpoint (
         id       INTEGER PRIMARY KEY CHECK (id = 1),
         position INTEGER NOT NULL CHECK (position >= 0)
-    ) STRICT;
-
-    CREATE TABLE operations (
-        operation_id        TEXT    PRIMARY KEY,
-        tenant              TEXT    NOT NULL,
-        provider            TEXT    NOT NULL,
-        account             TEXT    NOT NULL,
-        action              TEXT    NOT NULL,
-        args_hash           TEXT    NOT NULL,
-        source_id           TEXT,
-        state               TEXT    NOT NULL,
-        attempts            INTEGER NOT NULL CHECK (attempts >= 0),
-        external_id         TEXT,
-        last_error          TEXT,
-        created_at          TEXT    NOT NULL,
-        updated_at          TEXT    NOT NULL,
-        stream_version      INTEGER NOT NULL CHECK (stream_version >= 0),
-        last_position       INTEGER NOT NULL CHECK (last_position >= 0),
-        lease_deadline      TEXT,
-        unknown_since       TEXT,
-        needs_review_reason TEXT,
-        folded_state        TEXT    NOT NULL
     ) STRICT;
 
     CREATE TABLE review_queue (
@@ -139,6 +113,42 @@ const CREATE_TABLES_V1: &str = "
     ) STRICT;
 ";
 
+/// The operations table as version 4 has it: the folded state stored compact (`state_codec.rs`)
+/// instead of as JSON text, a third of the size (versions 1 to 3 declared `folded_state TEXT`).
+///
+/// `operations` keeps each operation's folded state (`folded_state`): the runner reads it back
+/// to fold the operation's next event, so no per-operation state is held in memory. Its
+/// immutable columns (binding, arguments, created_at) are written once, at the intent; later
+/// events update only what changes, so only the state index is rewritten.
+const CREATE_OPERATIONS_V4: &str = "
+    CREATE TABLE operations (
+        operation_id        TEXT    PRIMARY KEY,
+        tenant              TEXT    NOT NULL,
+        provider            TEXT    NOT NULL,
+        account             TEXT    NOT NULL,
+        action              TEXT    NOT NULL,
+        args_hash           TEXT    NOT NULL,
+        source_id           TEXT,
+        state               TEXT    NOT NULL,
+        attempts            INTEGER NOT NULL CHECK (attempts >= 0),
+        external_id         TEXT,
+        last_error          TEXT,
+        created_at          TEXT    NOT NULL,
+        updated_at          TEXT    NOT NULL,
+        stream_version      INTEGER NOT NULL CHECK (stream_version >= 0),
+        last_position       INTEGER NOT NULL CHECK (last_position >= 0),
+        lease_deadline      TEXT,
+        unknown_since       TEXT,
+        needs_review_reason TEXT,
+        folded_state        BLOB    NOT NULL
+    ) STRICT;
+";
+
+/// The columns of `operations` but the state, as the version 4 migration copies them.
+const OPERATIONS_COLUMNS_BUT_STATE: &str = "operation_id, tenant, provider, account, action,
+    args_hash, source_id, state, attempts, external_id, last_error, created_at, updated_at,
+    stream_version, last_position, lease_deadline, unknown_since, needs_review_reason";
+
 /// What version 2 adds: gauges, the current counts the metrics report (operations by state and
 /// by attempts, external ids named by more than one operation), kept up to date by every batch
 /// so that a report reads a few rows instead of scanning every operation (a scan took 0.4 s at
@@ -192,16 +202,21 @@ const CREATE_INDEXES_V3: &str = "
 /// them in order row by row inserts on random pages once they outgrow the page cache. Their
 /// text is the same either way, so the schemas are identical.
 const CREATE_INDEXES_V1: &str = "
-    CREATE INDEX operations_by_created ON operations (created_at, operation_id);
-    CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
-    CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
-    CREATE INDEX operations_by_request
-        ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
     CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
     CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
     CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
     CREATE INDEX sources_by_id ON sources (source_id, position);
     CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
+";
+
+/// The indexes of `operations` (version 1's, apart because the version 4 migration makes the
+/// table anew).
+const CREATE_OPERATIONS_INDEXES_V1: &str = "
+    CREATE INDEX operations_by_created ON operations (created_at, operation_id);
+    CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
+    CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
+    CREATE INDEX operations_by_request
+        ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
 ";
 
 /// The tables of the current version; a file claiming it must have all of them.
@@ -345,7 +360,8 @@ pub(super) fn create_for_rebuild(
 /// by sorting the rows already written.
 pub(super) fn create_indexes(connection: &Connection) -> Result<(), ReadModelError> {
     connection
-        .execute_batch(CREATE_INDEXES_V1)
+        .execute_batch(CREATE_OPERATIONS_INDEXES_V1)
+        .and_then(|()| connection.execute_batch(CREATE_INDEXES_V1))
         .and_then(|()| connection.execute_batch(CREATE_INDEXES_V3))
         .map_err(|error| ReadModelError::sqlite("creating the indexes", error))
 }
@@ -429,6 +445,7 @@ fn create_schema(
     if found == 0 {
         transaction
             .execute_batch(CREATE_TABLES_V1)
+            .and_then(|()| transaction.execute_batch(CREATE_OPERATIONS_V4))
             .and_then(|()| transaction.execute_batch(CREATE_TABLES_V2))
             .and_then(|()| transaction.execute_batch(CREATE_TABLES_V3))
             .map_err(|error| ReadModelError::sqlite("creating the schema", error))?;
@@ -436,6 +453,10 @@ fn create_schema(
             create_indexes(&transaction)?;
         }
         return finish_schema(transaction, found);
+    }
+    if found < 4 {
+        // First: the work queue's fill below reads the states in their version 4 form.
+        migrate_states_v4(&transaction)?;
     }
     if found == 1 {
         // Additive: the new table, filled from the rows in the same transaction, so a file is
@@ -458,6 +479,56 @@ fn create_schema(
         super::apply::fill_work_queue(&transaction)?;
     }
     finish_schema(transaction, found)
+}
+
+/// Makes the operations table anew with each stored state in its compact form, inside the
+/// schema transaction: SQLite cannot change a column's type in place, and a `STRICT` table's
+/// `TEXT` column refuses the bytes. The rows keep their values; only `folded_state` changes, from
+/// the JSON of versions 1 to 3 to the same state encoded by `state_codec.rs`. One row at a time,
+/// so memory does not grow with the file.
+fn migrate_states_v4(connection: &Connection) -> Result<(), ReadModelError> {
+    let sqlite = |error| ReadModelError::sqlite("converting the stored states to version 4", error);
+    let create =
+        CREATE_OPERATIONS_V4.replacen("CREATE TABLE operations ", "CREATE TABLE operations_v4 ", 1);
+    connection.execute_batch(&create).map_err(sqlite)?;
+    // The states are written below; an empty blob holds each row's place until then.
+    connection
+        .execute_batch(&format!(
+            "INSERT INTO operations_v4 ({OPERATIONS_COLUMNS_BUT_STATE}, folded_state)
+                 SELECT {OPERATIONS_COLUMNS_BUT_STATE}, x'' FROM operations ORDER BY operation_id"
+        ))
+        .map_err(sqlite)?;
+    let mut read = connection
+        .prepare("SELECT operation_id, folded_state FROM operations")
+        .map_err(sqlite)?;
+    let mut write = connection
+        .prepare("UPDATE operations_v4 SET folded_state = ?2 WHERE operation_id = ?1")
+        .map_err(sqlite)?;
+    let mut rows = read.query([]).map_err(sqlite)?;
+    let mut stored = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let operation_id: String = row.get(0).map_err(sqlite)?;
+        let json: String = row.get(1).map_err(sqlite)?;
+        let state: opledger_domain::state::OperationState =
+            serde_json::from_str(&json).map_err(|error| {
+                super::sql::corrupt(format!(
+                    "the stored state of operation {operation_id} cannot be read: {error}"
+                ))
+            })?;
+        super::state_codec::encode_into(&state, &mut stored);
+        write
+            .execute(rusqlite::params![operation_id, stored])
+            .map_err(sqlite)?;
+    }
+    drop(rows);
+    drop((read, write));
+    connection
+        .execute_batch(
+            "DROP TABLE operations;
+             ALTER TABLE operations_v4 RENAME TO operations;",
+        )
+        .and_then(|()| connection.execute_batch(CREATE_OPERATIONS_INDEXES_V1))
+        .map_err(sqlite)
 }
 
 /// Records the schema version (when it changed) and commits the schema transaction.
