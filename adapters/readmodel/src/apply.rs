@@ -429,7 +429,7 @@ fn write_work(
         if in_file {
             connection
                 .prepare_cached("DELETE FROM work_queue WHERE operation_id = ?1")
-                .and_then(|mut statement| statement.execute([operation_id.to_string()]))
+                .and_then(|mut statement| statement.execute([sql::operation_text(operation_id)]))
                 .map_err(|error| ReadModelError::sqlite("removing from the work queue", error))?;
         }
         return Ok(());
@@ -445,8 +445,8 @@ fn write_work(
         )
         .and_then(|mut statement| {
             statement.execute(params![
-                operation_id.to_string(),
-                sql::time(due_at),
+                sql::operation_text(operation_id),
+                sql::TimeText::new(due_at),
                 work_name(work),
                 version,
             ])
@@ -567,7 +567,7 @@ pub(super) fn load_state(
         )
         .map_err(|error| ReadModelError::sqlite("preparing to load an operation", error))?;
     let mut rows = statement
-        .query([operation_id.to_string()])
+        .query([sql::operation_text(operation_id)])
         .map_err(|error| ReadModelError::sqlite("loading an operation's state", error))?;
     let Some(row) = rows
         .next()
@@ -615,9 +615,9 @@ pub(super) fn find_similar(
                 query.account.as_str(),
                 query.action.as_str(),
                 query.args_hash.as_str(),
-                sql::time(query.from),
-                sql::time(query.to),
-                query.operation_id.to_string(),
+                sql::TimeText::new(query.from),
+                sql::TimeText::new(query.to),
+                sql::operation_text(query.operation_id),
                 limit,
             ],
             |row| {
@@ -661,7 +661,7 @@ fn insert_operation(
         .map_err(|error| ReadModelError::sqlite("preparing to insert an operation", error))?;
     statement
         .execute(params![
-            row.operation_id.to_string(),
+            sql::operation_text(row.operation_id),
             row.tenant.as_str(),
             row.provider.as_str(),
             row.account.as_str(),
@@ -672,12 +672,12 @@ fn insert_operation(
             row.attempts,
             row.external_id.as_ref().map(|id| id.as_str()),
             row.last_error,
-            sql::time(row.created_at),
-            sql::time(row.updated_at),
+            sql::TimeText::new(row.created_at),
+            sql::TimeText::new(row.updated_at),
             sql::version(row.stream_version)?,
             sql::position(row.last_position)?,
-            sql::opt_time(row.lease_deadline),
-            sql::opt_time(row.unknown_since),
+            row.lease_deadline.map(sql::TimeText::new),
+            row.unknown_since.map(sql::TimeText::new),
             row.needs_review_reason,
             state,
         ])
@@ -704,16 +704,16 @@ fn update_operation(
         .map_err(|error| ReadModelError::sqlite("preparing to update an operation", error))?;
     let changed = statement
         .execute(params![
-            row.operation_id.to_string(),
+            sql::operation_text(row.operation_id),
             row.state,
             row.attempts,
             row.external_id.as_ref().map(|id| id.as_str()),
             row.last_error,
-            sql::time(row.updated_at),
+            sql::TimeText::new(row.updated_at),
             sql::version(row.stream_version)?,
             sql::position(row.last_position)?,
-            sql::opt_time(row.lease_deadline),
-            sql::opt_time(row.unknown_since),
+            row.lease_deadline.map(sql::TimeText::new),
+            row.unknown_since.map(sql::TimeText::new),
             row.needs_review_reason,
             state,
         ])
@@ -743,9 +743,9 @@ pub(super) fn write_review(
                 .map_err(|error| ReadModelError::sqlite("preparing a review entry", error))?;
             statement
                 .execute(params![
-                    entry.operation_id.to_string(),
+                    sql::operation_text(entry.operation_id),
                     progress.state,
-                    sql::time(entry.since),
+                    sql::TimeText::new(entry.since),
                     entry.tenant.as_str(),
                     entry.provider.as_str(),
                     entry.account.as_str(),
@@ -754,10 +754,10 @@ pub(super) fn write_review(
                     progress.last_error,
                     lookup.map(|l| l.result.as_str()),
                     lookup.map(|l| l.evidence.as_str()),
-                    lookup.map(|l| sql::time(l.at)),
+                    lookup.map(|l| sql::TimeText::new(l.at)),
                     review.map(|r| r.reason.as_str()),
                     review.map(|r| r.evidence.as_str()),
-                    sql::time(progress.updated_at),
+                    sql::TimeText::new(progress.updated_at),
                 ])
                 .map_err(|error| {
                     ReadModelError::sqlite(
@@ -776,7 +776,7 @@ pub(super) fn write_review(
                 .prepare_cached("DELETE FROM review_queue WHERE operation_id = ?1")
                 .map_err(|error| ReadModelError::sqlite("preparing a review removal", error))?;
             let removed = statement
-                .execute([operation_id.to_string()])
+                .execute([sql::operation_text(*operation_id)])
                 .map_err(|error| {
                     ReadModelError::sqlite(
                         format!("removing operation {operation_id} from the review queue"),
@@ -810,15 +810,15 @@ fn update_review(
         .map_err(|error| ReadModelError::sqlite("preparing a review update", error))?;
     let changed = statement
         .execute(params![
-            operation_id.to_string(),
+            sql::operation_text(operation_id),
             progress.state,
             progress.attempts,
             progress.lookups,
             progress.last_error,
-            sql::time(progress.updated_at),
+            sql::TimeText::new(progress.updated_at),
             lookup.map(|l| l.result.as_str()),
             lookup.map(|l| l.evidence.as_str()),
-            lookup.map(|l| sql::time(l.at)),
+            lookup.map(|l| sql::TimeText::new(l.at)),
             review.map(|r| r.reason.as_str()),
             review.map(|r| r.evidence.as_str()),
         ])
@@ -847,13 +847,13 @@ pub(super) fn write_duplicate(
             statement
                 .execute(params![
                     sql::position(found.position)?,
-                    found.operation_id.to_string(),
+                    sql::operation_text(found.operation_id),
                     found.provider.as_str(),
                     found.account.as_str(),
                     found.confirmed_external_id.as_str(),
                     found.duplicate_external_id.as_str(),
                     found.found_by,
-                    sql::time(found.at),
+                    sql::TimeText::new(found.at),
                 ])
                 .map_err(|error| ReadModelError::sqlite("recording a detected duplicate", error))?;
         }
@@ -868,8 +868,8 @@ pub(super) fn write_duplicate(
                 .map_err(|error| ReadModelError::sqlite("preparing a possible duplicate", error))?;
             statement
                 .execute(params![
-                    pair.operation_id.to_string(),
-                    pair.earlier_operation_id.to_string(),
+                    sql::operation_text(pair.operation_id),
+                    sql::operation_text(pair.earlier_operation_id),
                     pair.tenant.as_str(),
                     pair.provider.as_str(),
                     pair.account.as_str(),
@@ -878,7 +878,7 @@ pub(super) fn write_duplicate(
                     pair.source_id.as_ref().map(|id| id.as_str()),
                     pair.earlier_source_id.as_ref().map(|id| id.as_str()),
                     pair.gap_ms,
-                    sql::time(pair.at),
+                    sql::TimeText::new(pair.at),
                     sql::position(pair.position)?,
                 ])
                 .map_err(|error| {
@@ -955,11 +955,11 @@ fn index_attempt(
         .map_err(|error| ReadModelError::sqlite("preparing an attempt entry", error))?;
     statement
         .execute(params![
-            attempt_id.to_string(),
-            operation_id.to_string(),
+            sql::UuidText::new(attempt_id.as_uuid()),
+            sql::operation_text(operation_id),
             number,
             worker.as_str(),
-            sql::time(started_at),
+            sql::TimeText::new(started_at),
             sql::position(position)?,
         ])
         .map_err(|error| ReadModelError::sqlite("indexing an attempt", error))?;
@@ -983,7 +983,7 @@ fn index_source(
         .execute(params![
             tenant.as_str(),
             source_id.as_str(),
-            operation_id.to_string(),
+            sql::operation_text(operation_id),
             sql::position(position)?,
         ])
         .map_err(|error| ReadModelError::sqlite("indexing a source id", error))?;
