@@ -2157,9 +2157,49 @@ async fn folded_states<S: EventStore>(store: &S) -> BTreeMap<String, OperationSt
         .collect()
 }
 
-/// Puts the operations table back as versions 1 to 3 had it: `folded_state TEXT`, the state's
-/// JSON. Versions 1-3 wrote exactly `serde_json::to_string(&state)` there.
+/// The id index's tables.
+const ID_TABLES: [&str; 3] = ["attempts", "sources", "external_ids"];
+
+/// How SQLite stores `table`: its `CREATE TABLE` statement.
+fn create_statement(connection: &Connection, table: &str) -> String {
+    connection
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [table],
+            |row| row.get(0),
+        )
+        .expect("the table exists")
+}
+
+/// Puts the tables back as versions 1 to 3 had them: the operations table with
+/// `folded_state TEXT`, the state's JSON (versions 1-3 wrote exactly
+/// `serde_json::to_string(&state)` there), and the id index's tables with rowids.
 fn store_states_as_json(connection: &Connection, states: &BTreeMap<String, OperationState>) {
+    for table in ID_TABLES {
+        let create = create_statement(connection, table);
+        assert!(create.contains("WITHOUT ROWID"), "{create}");
+        let old = create
+            .replacen(
+                &format!("CREATE TABLE {table} "),
+                &format!("CREATE TABLE {table}_v3 "),
+                1,
+            )
+            .replacen(", WITHOUT ROWID", "", 1);
+        connection
+            .execute_batch(&format!(
+                "{old};
+                 INSERT INTO {table}_v3 SELECT * FROM {table};
+                 DROP TABLE {table};
+                 ALTER TABLE {table}_v3 RENAME TO {table};"
+            ))
+            .expect("a version 3 id table");
+    }
+    connection
+        .execute_batch(
+            "CREATE INDEX sources_by_id ON sources (source_id, position);
+             CREATE INDEX external_ids_by_id ON external_ids (external_id, position);",
+        )
+        .expect("the version 3 id indexes");
     let create: String = connection
         .query_row(
             "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'operations'",
@@ -2233,11 +2273,16 @@ async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_
         .await
         .expect("a version 3 file opens");
     drop(migrated);
-    let version: i64 = Connection::open(&old)
-        .expect("open")
+    let connection = Connection::open(&old).expect("open");
+    let version: i64 = connection
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .expect("version");
     assert_eq!(version, SCHEMA_VERSION);
+    for table in ID_TABLES {
+        let create = create_statement(&connection, table);
+        assert!(create.contains("WITHOUT ROWID"), "{table}: {create}");
+    }
+    drop(connection);
     assert_same_tables(
         &dump_of(rebuilt).await,
         &dump_of(old).await,
