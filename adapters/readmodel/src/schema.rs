@@ -360,13 +360,6 @@ pub(super) fn create_for_rebuild(
              PRAGMA cache_size = -{cache_kib};"
         ))
         .map_err(|error| ReadModelError::sqlite("setting up the rebuild file", error))?;
-    // EXPERIMENT-KNOB (temporary, not to be committed)
-    if let Ok(extra) = std::env::var("OPLEDGER_REBUILD_PRAGMAS") {
-        eprintln!("experiment pragmas: {extra}");
-        connection
-            .execute_batch(&extra)
-            .map_err(|error| ReadModelError::sqlite("experiment", error))?;
-    }
     create_schema(&mut connection, path, Indexes::Later)?;
     check_tables(&connection, path)?;
     Ok(connection)
