@@ -33,6 +33,7 @@ mod rebuild;
 mod runner;
 mod schema;
 mod sql;
+mod state_codec;
 mod supervise;
 mod swap;
 mod work;
@@ -73,9 +74,11 @@ pub use swap::{lock_path, replace_read_models};
 /// The schema version this build creates and reads (`PRAGMA user_version`). Raise it whenever
 /// a table or the stored form of an operation's folded state changes. An addition that can be
 /// filled from what a file already holds is migrated in place when the file is opened (version
-/// 2 added the gauges, version 3 the durable work queue); anything else would need a rebuild
+/// 2 added the gauges, version 3 the durable work queue, version 4 converted the stored folded
+/// states from JSON to the compact form of `state_codec.rs` and made the id index's tables
+/// `WITHOUT ROWID`); anything else would need a rebuild
 /// from the log, the source of truth.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
 pub const MAX_BATCH_EVENTS: usize = 4096;

@@ -25,12 +25,15 @@ use opledger_domain::command::Command;
 use opledger_domain::contract::{
     Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
 };
-use opledger_domain::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
+use opledger_domain::event::{
+    IntentRecorded, OperationEvent, ReconciliationResult, ReviewDecision,
+};
 use opledger_domain::ids::{
     AccountId, ActorId, AttemptId, EventId, ExternalObjectId, GlobalPosition, OperationId,
     StreamVersion, TenantId, WorkerId,
 };
 use opledger_domain::ports::{Clock, IdSource};
+use opledger_domain::state::{fold, OperationState};
 use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH,
 };
@@ -2095,7 +2098,9 @@ async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the
     );
     let old = dir.join("version-1.db");
     std::fs::copy(&rebuilt, &old).expect("copy");
+    let states = folded_states(fixture.harness.store()).await;
     let connection = Connection::open(&old).expect("open");
+    store_states_as_json(&connection, &states);
     connection
         .execute_batch("DROP TABLE gauges; DROP TABLE work_queue; PRAGMA user_version = 1;")
         .expect("back to version 1");
@@ -2130,6 +2135,154 @@ async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the
     );
     drop(migrated);
     assert_eq!(version_of(&old), SCHEMA_VERSION);
+    assert_same_tables(
+        &dump_of(rebuilt).await,
+        &dump_of(old).await,
+        "migrated vs rebuilt",
+    );
+}
+
+/// Every operation's state, folded from the log as the read models fold it, by id.
+async fn folded_states<S: EventStore>(store: &S) -> BTreeMap<String, OperationState> {
+    let mut events: BTreeMap<OperationId, Vec<OperationEvent>> = BTreeMap::new();
+    for recorded in whole_log(store).await {
+        if let Some(operation_id) = recorded.stream.operation_id() {
+            let event = codec::decode(&recorded).expect("an event of the log decodes");
+            events.entry(operation_id).or_default().push(event);
+        }
+    }
+    events
+        .into_iter()
+        .map(|(operation_id, events)| (operation_id.to_string(), fold(&events)))
+        .collect()
+}
+
+/// The id index's tables.
+const ID_TABLES: [&str; 3] = ["attempts", "sources", "external_ids"];
+
+/// How SQLite stores `table`: its `CREATE TABLE` statement.
+fn create_statement(connection: &Connection, table: &str) -> String {
+    connection
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            [table],
+            |row| row.get(0),
+        )
+        .expect("the table exists")
+}
+
+/// Puts the tables back as versions 1 to 3 had them: the operations table with
+/// `folded_state TEXT`, the state's JSON (versions 1-3 wrote exactly
+/// `serde_json::to_string(&state)` there), and the id index's tables with rowids.
+fn store_states_as_json(connection: &Connection, states: &BTreeMap<String, OperationState>) {
+    for table in ID_TABLES {
+        let create = create_statement(connection, table);
+        assert!(create.contains("WITHOUT ROWID"), "{create}");
+        let old = create
+            .replacen(
+                &format!("CREATE TABLE {table} "),
+                &format!("CREATE TABLE {table}_v3 "),
+                1,
+            )
+            .replacen(", WITHOUT ROWID", "", 1);
+        connection
+            .execute_batch(&format!(
+                "{old};
+                 INSERT INTO {table}_v3 SELECT * FROM {table};
+                 DROP TABLE {table};
+                 ALTER TABLE {table}_v3 RENAME TO {table};"
+            ))
+            .expect("a version 3 id table");
+    }
+    connection
+        .execute_batch(
+            "CREATE INDEX sources_by_id ON sources (source_id, position);
+             CREATE INDEX external_ids_by_id ON external_ids (external_id, position);",
+        )
+        .expect("the version 3 id indexes");
+    let create: String = connection
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'operations'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("the operations table");
+    assert!(create.contains("folded_state        BLOB"), "{create}");
+    let old = create
+        .replacen("CREATE TABLE operations", "CREATE TABLE operations_v3", 1)
+        .replacen("folded_state        BLOB", "folded_state        TEXT", 1);
+    connection.execute_batch(&old).expect("the version 3 table");
+    let mut insert = connection
+        .prepare(
+            "INSERT INTO operations_v3 SELECT operation_id, tenant, provider, account, action,
+                 args_hash, source_id, state, attempts, external_id, last_error, created_at,
+                 updated_at, stream_version, last_position, lease_deadline, unknown_since,
+                 needs_review_reason, ?2 FROM operations WHERE operation_id = ?1",
+        )
+        .expect("prepare");
+    for (operation_id, state) in states {
+        let json = serde_json::to_string(state).expect("a state serializes");
+        assert_eq!(
+            insert.execute([operation_id, &json]).expect("insert"),
+            1,
+            "{operation_id} has a row"
+        );
+    }
+    drop(insert);
+    connection
+        .execute_batch(
+            "DROP TABLE operations;
+             ALTER TABLE operations_v3 RENAME TO operations;
+             CREATE INDEX operations_by_created ON operations (created_at, operation_id);
+             CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
+             CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
+             CREATE INDEX operations_by_request ON operations
+                 (tenant, provider, account, action, args_hash, created_at, operation_id);",
+        )
+        .expect("the version 3 operations table in place");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_rebuild() {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let rebuilt = dir.join("rebuilt.db");
+    drop(
+        rebuild(fixture.harness.store(), &rebuilt)
+            .await
+            .expect("rebuild"),
+    );
+    let old = dir.join("version-3.db");
+    std::fs::copy(&rebuilt, &old).expect("copy");
+    let states = folded_states(fixture.harness.store()).await;
+    assert!(states.len() > 1, "the fixture has operations");
+    let connection = Connection::open(&old).expect("open");
+    store_states_as_json(&connection, &states);
+    connection
+        .execute_batch("PRAGMA user_version = 3;")
+        .expect("back to version 3");
+    drop(connection);
+    assert_ne!(
+        dump_of(rebuilt.clone()).await,
+        dump_of(old.clone()).await,
+        "the states differ in form before the upgrade"
+    );
+
+    let migrated = ReadModels::open(&old)
+        .await
+        .expect("a version 3 file opens");
+    drop(migrated);
+    let connection = Connection::open(&old).expect("open");
+    let version: i64 = connection
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    for table in ID_TABLES {
+        let create = create_statement(&connection, table);
+        assert!(create.contains("WITHOUT ROWID"), "{table}: {create}");
+    }
+    drop(connection);
     assert_same_tables(
         &dump_of(rebuilt).await,
         &dump_of(old).await,
