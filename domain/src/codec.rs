@@ -12,7 +12,7 @@ use crate::event::{
     ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
     AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
     LookupClaimed, OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled,
-    ReviewRequired, ReviewResolved,
+    ReviewRequired, ReviewResolved, SendPostponed,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
 use crate::store::{EventData, RecordedEvent};
@@ -116,6 +116,7 @@ event_codec!(
     AttemptRejected,
     OutcomeUnknown,
     AttemptNotSent,
+    SendPostponed,
     LeaseExpired,
     ReconciliationRecorded,
     RetryScheduled,

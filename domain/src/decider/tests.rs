@@ -1352,6 +1352,7 @@ fn an_unknown_outcome_with_a_pause_asked_is_not_looked_up_before_it() {
 /// `name` claims the lookup, with a lease of 5 s.
 fn claim_lookup(name: &str) -> Command {
     Command::ClaimLookup {
+        budget_wait: None,
         worker: worker(name),
         lease_ms: 5_000,
     }
@@ -1460,6 +1461,7 @@ fn a_lookup_is_not_claimed_before_it_is_due_nor_for_an_operation_that_is_not_unk
 fn a_lookup_claim_with_a_lease_out_of_range_is_refused_naming_the_field() {
     let outcome = unknown_after_first_attempt(keyed()).when(
         &Command::ClaimLookup {
+            budget_wait: None,
             worker: worker("serve-1"),
             lease_ms: 1,
         },
