@@ -223,6 +223,81 @@ async fn a_refused_refresh_token_holds_operations_with_what_to_do_until_it_works
     assert_eq!(api.records("Case").len(), 7);
 }
 
+/// Credentials refused for longer than the retry budget lasts (the ledger here allows three
+/// attempts): a refusal starts no attempt, so the operations wait — one token request per
+/// account at each step, not one per operation, and not one request to the API — and once the
+/// credentials work again every one succeeds once, none goes to a person.
+#[tokio::test]
+async fn credentials_refused_for_longer_than_the_retry_budget_hold_operations_without_using_attempts(
+) {
+    const REFUSED_WAIT_MS: u64 = 400;
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {REFUSED_WAIT_MS}\n");
+    let document = shortened(
+        "salesforce-oauth2",
+        &[("grant = \"refresh_token\"\n", wait.as_str())],
+    );
+    let ledger = ledger(
+        &api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    );
+    let server = serve(&ledger, &refresh);
+    let first = start(&server, "Before").await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+
+    api.core().oauth.deactivate("a");
+    // The first operation after it still holds the cached token and meets the 401: one attempt,
+    // which it could not have known better than to make.
+    let learner = start(&server, "Learns of it").await;
+    waiting(&server, &learner).await;
+    let (refused, asked) = (api.core().oauth.refused(), api.core().oauth.requests());
+    let since = std::time::Instant::now();
+    let subjects: Vec<String> = (0..5).map(|n| format!("Call client {n}")).collect();
+    let held = join_all(subjects.iter().map(|subject| start(&server, subject))).await;
+    // Several of the account's steps go by: more than the three attempts the ledger allows.
+    let steps = 6;
+    while api.core().oauth.requests() < asked + steps {
+        assert!(
+            since.elapsed() < crate::support::DEADLINE,
+            "the token endpoint is asked again at each step"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let elapsed_ms = u64::try_from(since.elapsed().as_millis()).expect("short");
+    let asked_meanwhile = api.core().oauth.requests() - asked;
+    assert!(
+        asked_meanwhile <= elapsed_ms / REFUSED_WAIT_MS + 2,
+        "{asked_meanwhile} token requests in {elapsed_ms} ms: one per step for the account, not one per operation"
+    );
+    assert_eq!(
+        api.core().oauth.refused(),
+        refused,
+        "no request reached the API"
+    );
+    assert_eq!(api.records("Case").len(), 1, "nothing was created");
+    for id in &held {
+        let view = waiting(&server, id).await;
+        assert_eq!(view["state"], "pending", "it waits: {view}");
+        assert_eq!(view["attempts"], 0, "no attempt used up: {view}");
+        let reason = view["last_error"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("account `main`")
+                && reason.contains("invalid_grant: inactive user")
+                && reason.contains("re-authorise"),
+            "the reason names the account, the provider's word and what to do: {view}"
+        );
+    }
+
+    api.core().oauth.reactivate("a");
+    let all: Vec<&String> = held.iter().chain([&learner]).collect();
+    for view in join_all(all.iter().map(|id| settle(&server, id))).await {
+        assert_eq!(view["state"], "succeeded", "none went to a person: {view}");
+    }
+    assert_eq!(api.records("Case").len(), 7, "each applied once");
+}
+
 /// Runs `opledger connectors test` on the ledger's configuration with `refresh_token`, off the
 /// test's runtime (which serves the emulator meanwhile).
 async fn connectors_test(ledger: &Ledger, refresh_token: &str) -> (bool, String) {
