@@ -1245,6 +1245,38 @@ mod tests {
         serde_json::from_slice(bytes).expect("json")
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_slot_is_taken_before_the_claim_and_its_wait_is_named() {
+        let mut document = keyed_document();
+        document.rate_limit.sends = Some(crate::budget::Budget {
+            requests_per_s: 2,
+            burst: 1,
+        });
+        let connector = connector(&document);
+        let (tenant, account) = (acme(), AccountId::new("acct-1").expect("valid"));
+        let prepare = |may_wait| connector.prepare(&tenant, &account, RequestKind::Send, may_wait);
+        assert_eq!(prepare(false).await, Readiness::Ready { budget_wait: None });
+        // The next slot is half a second away: a caller that may not wait is told so, nothing
+        // reserved; one that may wait gets it and is told how long it waited, for its claim.
+        assert!(matches!(
+            prepare(false).await,
+            Readiness::Wait { retry_after_ms: 500, reason } if reason.contains("account `acct-1` has used its sends budget")
+        ));
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            prepare(true).await,
+            Readiness::Ready {
+                budget_wait: Some(BudgetWait {
+                    account: account.clone(),
+                    budget: "sends".to_owned(),
+                    waited_ms: 500,
+                })
+            }
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(connector.budget_waits().of(Kind::Send), (1, 500, 1));
+    }
+
     #[test]
     fn the_keyed_connector_posts_the_arguments_with_the_operations_key() {
         let request = send_request("crm", "acct-1");

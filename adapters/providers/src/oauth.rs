@@ -688,6 +688,28 @@ mod tests {
     }
 
     #[test]
+    fn an_account_waits_the_configured_time_after_a_refusal_and_a_doubling_one_after_no_answer() {
+        let account = OAuthAccount::new(spec("/token"), secrets("client-1", "refresh-1"));
+        let refused = TokenFailure::Refused {
+            message: "invalid_grant".to_owned(),
+        };
+        let silent = TokenFailure::Unavailable {
+            message: "connection refused".to_owned(),
+        };
+        assert_eq!(account.wait_after(&refused, 1), DEFAULT_REFUSED_WAIT_MS);
+        assert_eq!(account.wait_after(&refused, 9), DEFAULT_REFUSED_WAIT_MS);
+        let waits: Vec<u64> = (1..=8).map(|n| account.wait_after(&silent, n)).collect();
+        assert_eq!(
+            waits,
+            vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]
+        );
+        assert_eq!(
+            account.wait_after(&silent, u32::MAX),
+            DEFAULT_REFUSED_WAIT_MS
+        );
+    }
+
+    #[test]
     fn a_relative_token_url_lives_on_the_base_urls_origin() {
         let relative = spec("/services/oauth2/token");
         assert_eq!(
