@@ -289,7 +289,8 @@ pub trait Providers: Send + Sync {
     /// What a request of `kind` for the bound account needs before its claim is appended: its
     /// credentials (an access token obtained now, so a refusal is known before any attempt is
     /// started) and a slot in its `kind` budget, waited for when `may_wait` (a caller that must
-    /// not wait is told [`Readiness::Wait`] instead). A `Ready` answer has taken the slot: the
+    /// not wait is told [`Readiness::Wait`] instead, also when credentials would first have to be
+    /// fetched). A `Ready` answer has taken the slot: the
     /// request that follows is not counted again. Adapters without credentials to fetch or
     /// budgets to keep are always ready.
     fn prepare(

@@ -472,8 +472,9 @@ impl Connector {
     /// What a request of `kind` for `account` needs before its claim is recorded (the port's
     /// [`opledger_domain::provider::Providers::prepare`]): an OAuth2 account's access token
     /// (obtained now, so a refusal starts no attempt), then a slot in its `kind` budget, waited
-    /// for when `may_wait`. An account the tenant does not own is left to the send, which
-    /// refuses it.
+    /// for when `may_wait` (a caller that may not wait is told to, also when the token would
+    /// have to be asked for first). An account the tenant does not own is left to the send,
+    /// which refuses it.
     pub async fn prepare(
         &self,
         tenant: &TenantId,
@@ -486,6 +487,14 @@ impl Connector {
         };
         let credential = &entry.credential;
         if let Some(oauth) = &credential.oauth {
+            // A caller that may not wait (an intent about to be recorded) is not held up by a
+            // request to the token endpoint either: it records first and prepares after.
+            if !may_wait && !oauth.has_token_now() {
+                return Readiness::Wait {
+                    reason: format!("account `{account}`'s access token is not at hand yet"),
+                    retry_after_ms: 0,
+                };
+            }
             if let Err(no_token) = oauth.authorize(&self.client, &self.base_url, None).await {
                 let (reason, retry_after_ms) = token_failure(account, no_token);
                 return Readiness::Wait {

@@ -278,6 +278,19 @@ impl OAuthAccount {
             .map_or_else(|| "?".to_owned(), ToString::to_string)
     }
 
+    /// Whether a usable access token is at hand without asking the endpoint or waiting for a
+    /// renewal another caller is making.
+    pub fn has_token_now(&self) -> bool {
+        let Ok(state) = self.state.try_lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        state
+            .access
+            .as_ref()
+            .is_some_and(|access| access.renew_at.is_none_or(|at| now < at))
+    }
+
     /// A usable access token. `stale` is the generation a 401 answered: that one is renewed
     /// (unless another caller already did). Waits for a refresh another caller is making.
     pub async fn authorize(
