@@ -69,7 +69,8 @@ pub enum Command {
     ///   recorded      IntentRecorded
     ///   approved      ApprovalGranted
     ///   started       AttemptStarted
-    ///   not_sent      AttemptNotSent
+    ///   not_sent      AttemptNotSent, SendPostponed (its account's credentials or budget were
+    ///                 not there yet; no attempt started)
     ///   lookup_claimed  LookupClaimed (a worker looks the operation up; others leave it)
     ///   lookup        ReconciliationRecorded (not found, inconclusive, or found on an
     ///                 operation already succeeded: its duplicate follows as `duplicate`)

@@ -44,6 +44,7 @@ fn claim_recorded(state: &OperationState) -> Option<Command> {
 
 fn start_command(intent: &IntentRecorded, worker: &str) -> Command {
     Command::StartAttempt {
+        budget_wait: None,
         attempt_id: RandomIds.new_attempt_id(),
         worker: WorkerId::new(worker).expect("valid worker"),
         lease_ms: 30_000,

@@ -12,7 +12,7 @@ use crate::event::{
     ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
     AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
     LookupClaimed, OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled,
-    ReviewRequired, ReviewResolved,
+    ReviewRequired, ReviewResolved, SendPostponed,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
 use crate::store::{EventData, RecordedEvent};
@@ -116,6 +116,7 @@ event_codec!(
     AttemptRejected,
     OutcomeUnknown,
     AttemptNotSent,
+    SendPostponed,
     LeaseExpired,
     ReconciliationRecorded,
     RetryScheduled,
@@ -228,6 +229,44 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_written_before_budget_waits_were_recorded_still_decodes_and_writes_the_same_bytes() {
+        use crate::event::BudgetWait;
+        use crate::ids::{AccountId, AttemptId, WorkerId};
+        let older = br#"{"attempt_id":"00000000-0000-0000-0000-000000000007","attempt_number":1,"worker":"w","lease_deadline":"2026-03-01T12:00:30Z","at":"2026-03-01T12:00:00Z"}"#;
+        let OperationEvent::AttemptStarted(started) =
+            OperationEvent::decode_data("AttemptStarted", older)
+                .expect("a known type")
+                .expect("decodes")
+        else {
+            panic!("a claim");
+        };
+        assert_eq!(started.budget_wait, None);
+        assert_eq!(
+            started.attempt_id,
+            AttemptId::from_uuid(uuid::Uuid::from_u128(7))
+        );
+        assert_eq!(started.worker, WorkerId::new("w").expect("valid"));
+        // Without a wait the data is byte for byte what it was, so its hash chain link is too.
+        let again = OperationEvent::AttemptStarted(started.clone());
+        assert_eq!(again.encode_data().expect("encodes"), older.to_vec());
+        let waited = OperationEvent::AttemptStarted(crate::event::AttemptStarted {
+            budget_wait: Some(BudgetWait {
+                account: AccountId::new("main").expect("valid"),
+                budget: "lookups".into(),
+                waited_ms: 1_200,
+            }),
+            ..started
+        });
+        let data = String::from_utf8(waited.encode_data().expect("encodes")).expect("utf-8");
+        assert!(
+            data.contains(
+                r#""budget_wait":{"account":"main","budget":"lookups","waited_ms":1200}"#
+            ),
+            "{data}"
+        );
+    }
 
     #[test]
     fn the_recognised_metadata_bytes_are_what_encode_writes() {

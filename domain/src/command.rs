@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 
 use crate::args::ArgsHash;
 use crate::contract::{ProviderCapabilities, RetryPolicy, SendBinding};
-use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::event::{BudgetWait, IntentRecorded, ReconciliationResult, ReviewDecision};
 use crate::ids::{ActorId, AttemptId, ExternalObjectId, ProviderRequestId, WorkerId};
 
 /// Shortest lease a worker may take on an attempt, in milliseconds.
@@ -63,6 +63,17 @@ pub enum Command {
         capabilities: ProviderCapabilities,
         /// The retry budget.
         policy: RetryPolicy,
+        /// The wait for the account's send budget before this claim, to record with it.
+        budget_wait: Option<BudgetWait>,
+    },
+    /// Put off the claim of a pending operation's next attempt until `not_before`: what its
+    /// send needs first (the account's credentials, a budget slot) is not there. No attempt is
+    /// started, so none is used up.
+    PostponeSend {
+        /// Why, naming the account and what to do.
+        reason: String,
+        /// The earliest claim of its next attempt (clamped to what may be scheduled).
+        not_before: DateTime<Utc>,
     },
     /// The provider confirmed `attempt_id` with an object.
     RecordSuccess {
@@ -114,6 +125,8 @@ pub enum Command {
         /// How long the claim holds without a recorded lookup, in milliseconds (the range of an
         /// attempt's lease: a lookup takes a provider request, as a send does).
         lease_ms: u64,
+        /// The wait for the account's lookup budget before this claim, to record with it.
+        budget_wait: Option<BudgetWait>,
     },
     /// Record what a lookup at the provider found, and what follows from it.
     RecordReconciliation {
@@ -184,6 +197,7 @@ impl Command {
             Self::GrantApproval { .. } => "grant_approval",
             Self::DenyApproval { .. } => "deny_approval",
             Self::StartAttempt { .. } => "start_attempt",
+            Self::PostponeSend { .. } => "postpone_send",
             Self::RecordSuccess { .. } => "record_success",
             Self::RecordRejection { .. } => "record_rejection",
             Self::RecordUnknown { .. } => "record_unknown",
@@ -207,6 +221,7 @@ pub fn user_name(name: &str) -> &str {
         "grant_approval" => "approve",
         "deny_approval" => "deny",
         "start_attempt" => "send",
+        "postpone_send" => "postpone the send of",
         "record_success" => "record a success for",
         "record_rejection" => "record a refusal for",
         "record_unknown" => "record an unknown outcome for",

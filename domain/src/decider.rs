@@ -185,8 +185,9 @@ fn dispatch(
         Command::RecordIntent(_) => unreachable!("handled above: the one command without an intent"),
         Command::GrantApproval { approver, args_hash } => approval::grant(&on, approver, args_hash),
         Command::DenyApproval { approver, args_hash, reason } => approval::deny(&on, approver, args_hash, reason),
-        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy } =>
-            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy }),
+        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait } =>
+            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref() }),
+        Command::PostponeSend { reason, not_before } => attempt::postpone(&on, reason, *not_before),
         Command::RecordSuccess { attempt_id, external_id, provider_request_id } =>
             outcome::success(&on, *attempt_id, external_id, provider_request_id.as_ref()),
         Command::RecordRejection { attempt_id, code, message } => outcome::rejection(&on, *attempt_id, code, message),
@@ -194,7 +195,7 @@ fn dispatch(
             outcome::not_sent(&on, *attempt_id, reason, *retry_not_before),
         Command::RecordUnknown { attempt_id, error, check_not_before } => outcome::unknown(&on, *attempt_id, error, *check_not_before),
         Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
-        Command::ClaimLookup { worker, lease_ms } => lookup::claim(&on, worker, *lease_ms),
+        Command::ClaimLookup { worker, lease_ms, budget_wait } => lookup::claim(&on, worker, *lease_ms, budget_wait.as_ref()),
         Command::RecordReconciliation { result, duplicates, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
             reconciliation::record(&on, &reconciliation::Lookup { result, duplicates, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
         Command::SettleWithoutLookup { binding, capabilities, policy, retry_not_before } =>

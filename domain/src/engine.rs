@@ -31,14 +31,15 @@ use crate::contract::{
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
-use crate::event::{IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::event::{BudgetWait, IntentRecorded, ReconciliationResult, ReviewDecision};
 use crate::ids::{
-    ActorId, AttemptId, CredentialFingerprint, ExternalObjectId, OperationId, WorkerId,
+    AccountId, ActionName, ActorId, AttemptId, CredentialFingerprint, ExternalObjectId,
+    OperationId, ProviderId, TenantId, WorkerId,
 };
 use crate::ports::{Clock, IdSource};
 use crate::provider::{
-    operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
-    SendRequest,
+    operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, Readiness,
+    RequestKind, SendOutcome, SendRequest,
 };
 use crate::sentence::described_sentence;
 use crate::state::{OperationState, PendingSince, Status};
@@ -53,6 +54,12 @@ pub const MAX_DRIVE_STEPS: usize = 4;
 pub const MAX_RETRY_AFTER_MS: u64 = 10 * 60 * 1000;
 // A Retry-After is scheduled through the decider, which clamps anything further ahead.
 const _: () = assert!(MAX_RETRY_AFTER_MS <= MAX_SCHEDULE_AHEAD_MS);
+
+/// Shortest wait for an account's request budget that is recorded with the claim it preceded,
+/// in milliseconds: shorter ones are pacing nobody reading a history needs to see (they still
+/// count in the metrics).
+pub const MIN_RECORDED_BUDGET_WAIT_MS: u64 = 100;
+const _: () = assert!(MIN_RECORDED_BUDGET_WAIT_MS <= MAX_RETRY_AFTER_MS);
 
 /// Shortest first backoff, in milliseconds: 0 would retry at once, and doubling 0 stays 0.
 pub const MIN_BACKOFF_MS: u64 = 1;
@@ -408,11 +415,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         request: IntentRequest,
     ) -> Result<(RecordedIntent, Option<AttemptId>), AppError> {
         let attempt_id = self.ledger.ids().new_attempt_id();
+        let ready = self.ready_at_once(&request).await;
         let recorded = self
             .ledger
             .record_intent_then(request, |state| {
                 let now = self.ledger.clock().now();
-                let due = state.status == Status::Pending
+                let due = ready
+                    && state.status == Status::Pending
                     && state.next_work().is_some_and(|(due_at, _)| due_at <= now);
                 match self.claim_plan(state, attempt_id) {
                     Some(ClaimPlan::Claim(claim)) if due => Some(*claim),
@@ -454,6 +463,77 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         }
     }
 
+    /// Whether a new intent's first attempt may be claimed in the same append as the intent:
+    /// its account's credentials and a budget slot are at hand now. Nothing is waited for
+    /// before the intent is durable; one that must wait is recorded alone and then driven, which
+    /// waits (or postpones) before its claim.
+    async fn ready_at_once(&self, request: &IntentRequest) -> bool {
+        if request.requires_approval {
+            return false;
+        }
+        // An intent these do not parse for is refused by the recording itself.
+        let (Ok(tenant), Ok(provider), Ok(account), Ok(action)) = (
+            TenantId::new(request.tenant.as_str()),
+            ProviderId::new(request.provider.as_str()),
+            AccountId::new(request.account.as_str()),
+            ActionName::new(request.action.as_str()),
+        ) else {
+            return false;
+        };
+        let query = BindingQuery {
+            tenant: &tenant,
+            provider: &provider,
+            account: &account,
+            action: &action,
+        };
+        let readiness = self.providers.prepare(&query, RequestKind::Send, false);
+        matches!(readiness.await, Readiness::Ready { .. })
+    }
+
+    /// What a request of `kind` for `intent` needs before its claim (see
+    /// [`Providers::prepare`]), with a budget wait kept only when it is worth recording.
+    async fn prepare(&self, intent: &IntentRecorded, kind: RequestKind) -> Readiness {
+        let span = tracing::info_span!("prepare", account = %intent.account, kind = ?kind);
+        let readiness = self
+            .providers
+            .prepare(&binding_query(intent), kind, true)
+            .instrument(span)
+            .await;
+        match readiness {
+            Readiness::Ready { budget_wait } => Readiness::Ready {
+                budget_wait: budget_wait
+                    .filter(|wait| wait.waited_ms >= MIN_RECORDED_BUDGET_WAIT_MS),
+            },
+            wait @ Readiness::Wait { .. } => wait,
+        }
+    }
+
+    /// Puts off the claim of a pending operation whose account's credentials or budget are not
+    /// there (see [`Readiness::Wait`]): one append, no attempt started or used up.
+    async fn postpone(
+        &self,
+        loaded: LoadedOperation,
+        reason: String,
+        retry_after_ms: u64,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let now = self.ledger.clock().now();
+        // The account's own wait, not a backoff per operation: every operation of the account
+        // asks again at the same step, and the adapter makes one request for all of them.
+        let wait = retry_after_ms.clamp(MIN_BACKOFF_MS, MAX_RETRY_AFTER_MS);
+        let not_before = now.checked_add_signed(milliseconds(wait)).unwrap_or(now);
+        info!(%operation_id, %reason, wait_ms = wait, "send postponed; no attempt started");
+        let command = Command::PostponeSend { reason, not_before };
+        match self.ledger.execute_from(loaded, &command).await {
+            // Another worker moved it on meanwhile: report where it stands.
+            Err(AppError::Rejected {
+                rejection: Rejection::NotAllowed { .. },
+                ..
+            }) => self.ledger.get(operation_id).await,
+            other => other,
+        }
+    }
+
     /// The claim of a new attempt of a pending operation, or why a person must look at it
     /// instead; `None` without an intent.
     fn claim_plan(&self, state: &OperationState, attempt_id: AttemptId) -> Option<ClaimPlan> {
@@ -479,6 +559,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             binding,
             capabilities,
             policy: self.policy.retry,
+            // Set by the caller once the budget has been waited for.
+            budget_wait: None,
         })))
     }
 
@@ -486,11 +568,28 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
         let attempt_id = self.ledger.ids().new_attempt_id();
-        let claim = match self.claim_plan(&loaded.state, attempt_id) {
+        let mut claim = match self.claim_plan(&loaded.state, attempt_id) {
             Some(ClaimPlan::Claim(claim)) => *claim,
             Some(ClaimPlan::Review(reason)) => return self.require_review(loaded, reason).await,
             None => return Err(AppError::NotFound { operation_id }),
         };
+        // Before the claim: a wait for the budget is then not taken from the claim's lease and
+        // is recorded with it, and credentials that cannot be had start no attempt at all.
+        match self.prepare(intent_of(&loaded)?, RequestKind::Send).await {
+            Readiness::Ready { budget_wait } => {
+                if let Command::StartAttempt {
+                    budget_wait: waited,
+                    ..
+                } = &mut claim
+                {
+                    *waited = budget_wait;
+                }
+            }
+            Readiness::Wait {
+                reason,
+                retry_after_ms,
+            } => return self.postpone(loaded, reason, retry_after_ms).await,
+        }
         let span = tracing::info_span!("claim", %operation_id, %attempt_id);
         let claimed = match self
             .ledger
@@ -741,7 +840,23 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             state = tracing::field::Empty,
             external_id = tracing::field::Empty,
         );
-        let loaded = match self.claim_lookup(loaded).instrument(span.clone()).await? {
+        // The budget before the claim, as for a send; a lookup that cannot be made now is
+        // claimed and recorded as inconclusive with the wait, as one refused by the provider is.
+        let (budget_wait, not_now) = match self.prepare(&intent, RequestKind::Lookup).await {
+            Readiness::Ready { budget_wait } => (budget_wait, None),
+            Readiness::Wait {
+                reason,
+                retry_after_ms,
+            } => (
+                None,
+                Some(LookupOutcome::Unavailable {
+                    reason,
+                    retry_after_ms: Some(retry_after_ms),
+                }),
+            ),
+        };
+        let claimed = self.claim_lookup(loaded, budget_wait);
+        let loaded = match claimed.instrument(span.clone()).await? {
             LookupTurn::Ours(claimed) => claimed,
             LookupTurn::Elsewhere(current) => return Ok(current),
         };
@@ -754,11 +869,15 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             idempotency_key: intent.idempotency_key.clone(),
             label: operation_label(operation_id),
         };
-        let lookup = self
-            .providers
-            .lookup(&request)
-            .instrument(span.clone())
-            .await;
+        let lookup = match not_now {
+            Some(unavailable) => unavailable,
+            None => {
+                self.providers
+                    .lookup(&request)
+                    .instrument(span.clone())
+                    .await
+            }
+        };
         if let LookupOutcome::Refused { reason } = lookup {
             // Wrong or revoked credentials do not clear on their own: looking again would only
             // repeat the refusal until the lookup budget ran out. A person fixes the account.
@@ -831,11 +950,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// the other workers sharing the ledger (other instances) leave it alone until it is recorded
     /// or the claim's lease runs out. Only an unknown operation is looked up, so a send that
     /// succeeds never pays for this append.
-    async fn claim_lookup(&self, loaded: LoadedOperation) -> Result<LookupTurn, AppError> {
+    async fn claim_lookup(
+        &self,
+        loaded: LoadedOperation,
+        budget_wait: Option<BudgetWait>,
+    ) -> Result<LookupTurn, AppError> {
         let operation_id = loaded.operation_id;
         let command = Command::ClaimLookup {
             worker: self.worker.clone(),
             lease_ms: self.policy.lease_ms,
+            budget_wait,
         };
         match self.ledger.execute_from(loaded, &command).await {
             Ok(claimed) => {

@@ -84,9 +84,39 @@ pub struct AttemptStarted {
     /// When the claim lapses if no outcome is recorded.
     #[serde(with = "crate::timestamp")]
     pub lease_deadline: DateTime<Utc>,
+    /// How long the send waited for its account's request budget before it was claimed, when
+    /// that was long enough to mention. (Absent from events written before budgets were
+    /// recorded, and from sends that did not wait: such events read and hash as before.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_wait: Option<BudgetWait>,
     /// When it started.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
+}
+
+/// A wait for an account's request budget, recorded with the claim it preceded, so the
+/// operation's own history says why it started late (a lookup storm paced after an outage).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetWait {
+    /// The account whose budget it was.
+    pub account: AccountId,
+    /// Which of its budgets: `sends` or `lookups`.
+    pub budget: String,
+    /// How long it waited, in milliseconds.
+    pub waited_ms: u64,
+}
+
+impl std::fmt::Display for BudgetWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let budget = self.budget.strip_suffix('s').unwrap_or(&self.budget);
+        write!(
+            f,
+            "waited {}.{} s for {}'s {budget} budget",
+            self.waited_ms / 1000,
+            self.waited_ms % 1000 / 100,
+            self.account
+        )
+    }
 }
 
 /// The provider confirmed the attempt and named the object it created.
@@ -154,6 +184,23 @@ pub struct AttemptNotSent {
     pub at: DateTime<Utc>,
 }
 
+/// A pending operation was not claimed because what its send needs before it may be recorded
+/// was not there: its account's credentials (the token endpoint refused them or did not answer)
+/// or a slot in its request budget soon enough. Nothing was claimed and nothing sent, so no
+/// attempt is used up; the operation stays pending until `not_before`, when its account is
+/// asked again (the account's wait, shared by all its operations).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendPostponed {
+    /// Why, naming the account and what to do.
+    pub reason: String,
+    /// The earliest claim of its next attempt.
+    #[serde(with = "crate::timestamp")]
+    pub not_before: DateTime<Utc>,
+    /// When.
+    #[serde(with = "crate::timestamp")]
+    pub at: DateTime<Utc>,
+}
+
 /// The attempt's lease ran out with no outcome recorded. Its request may still be running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseExpired {
@@ -179,6 +226,10 @@ pub struct LookupClaimed {
     /// When the claim lapses if no lookup is recorded.
     #[serde(with = "crate::timestamp")]
     pub lease_deadline: DateTime<Utc>,
+    /// How long the lookup waited for its account's lookup budget before it was claimed, when
+    /// long enough to mention (absent otherwise, and from older events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_wait: Option<BudgetWait>,
     /// When it was claimed.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
@@ -351,6 +402,8 @@ pub enum OperationEvent {
     OutcomeUnknown(OutcomeUnknown),
     /// See [`AttemptNotSent`].
     AttemptNotSent(AttemptNotSent),
+    /// See [`SendPostponed`].
+    SendPostponed(SendPostponed),
     /// See [`LeaseExpired`].
     LeaseExpired(LeaseExpired),
     /// See [`LookupClaimed`].
@@ -381,6 +434,7 @@ impl OperationEvent {
             Self::AttemptRejected(e) => e.at,
             Self::OutcomeUnknown(e) => e.at,
             Self::AttemptNotSent(e) => e.at,
+            Self::SendPostponed(e) => e.at,
             Self::LeaseExpired(e) => e.at,
             Self::LookupClaimed(e) => e.at,
             Self::ReconciliationRecorded(e) => e.at,

@@ -11,6 +11,7 @@ use std::future::Future;
 
 use crate::args::ArgsSnapshot;
 use crate::contract::ProviderCapabilities;
+use crate::event::BudgetWait;
 use crate::ids::{
     AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
     OperationId, ProviderId, ProviderRequestId, TenantId,
@@ -234,6 +235,36 @@ pub enum LookupOutcome {
     },
 }
 
+/// Which of an account's request budgets a request is counted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A send (an attempt).
+    Send,
+    /// A lookup (reconciliation).
+    Lookup,
+}
+
+/// Whether a send or a lookup may be claimed now, asked before its claim is appended (see
+/// [`Providers::prepare`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Go: the account's credentials are at hand and its budget slot is taken (after waiting
+    /// for it, if `budget_wait` says so).
+    Ready {
+        /// How long the caller waited for the slot, if it did.
+        budget_wait: Option<BudgetWait>,
+    },
+    /// Not now, and nothing was sent: no credentials to be had (the token endpoint refused them
+    /// or did not answer), or no budget slot within the wait allowed. Claiming would only use up
+    /// an attempt; the operation waits `retry_after_ms` with `reason`.
+    Wait {
+        /// Why, naming the account and what to do.
+        reason: String,
+        /// How long to wait, in milliseconds (the account's wait, shared by its operations).
+        retry_after_ms: u64,
+    },
+}
+
 /// Every provider the ledger can send to, routed by [`ProviderId`].
 pub trait Providers: Send + Sync {
     /// What an operation would be sent under now: the action's contract and the account's
@@ -254,6 +285,23 @@ pub trait Providers: Send + Sync {
     /// The action's one-line description ("create a task"), for the agent's sentence and tool
     /// listings; `None` when the provider or the action is not configured.
     fn action_description(&self, provider: &ProviderId, action: &ActionName) -> Option<String>;
+
+    /// What a request of `kind` for the bound account needs before its claim is appended: its
+    /// credentials (an access token obtained now, so a refusal is known before any attempt is
+    /// started) and a slot in its `kind` budget, waited for when `may_wait` (a caller that must
+    /// not wait is told [`Readiness::Wait`] instead, also when credentials would first have to be
+    /// fetched). A `Ready` answer has taken the slot: the
+    /// request that follows is not counted again. Adapters without credentials to fetch or
+    /// budgets to keep are always ready.
+    fn prepare(
+        &self,
+        query: &BindingQuery<'_>,
+        kind: RequestKind,
+        may_wait: bool,
+    ) -> impl Future<Output = Readiness> + Send {
+        let _ = (query, kind, may_wait);
+        std::future::ready(Readiness::Ready { budget_wait: None })
+    }
 
     /// Carries out one attempt.
     fn execute(&self, request: &SendRequest) -> impl Future<Output = SendOutcome> + Send;

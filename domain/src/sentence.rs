@@ -87,6 +87,7 @@ mod tests {
         let mut events = vec![
             OperationEvent::IntentRecorded(intent(false)),
             OperationEvent::AttemptStarted(AttemptStarted {
+                budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,
                 worker: WorkerId::new("w").expect("valid"),

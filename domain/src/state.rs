@@ -351,6 +351,12 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.next_check_not_before = unknown.check_not_before;
         }
         OperationEvent::AttemptNotSent(not_sent) => state.return_not_sent(not_sent),
+        OperationEvent::SendPostponed(postponed) => {
+            // Still pending as it was (no attempt started, none used up), until the account's
+            // credentials or budget are asked again.
+            state.last_error = Some(format!("waiting: {}", postponed.reason));
+            state.retry_not_before = Some(postponed.not_before);
+        }
         OperationEvent::LeaseExpired(expired) => {
             state.end_uncertain(format!("lease expired at {}", expired.lease_deadline));
         }

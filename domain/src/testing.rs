@@ -267,6 +267,7 @@ pub fn start_with(
     lease_ms: u64,
 ) -> Command {
     Command::StartAttempt {
+        budget_wait: None,
         attempt_id: attempt(n),
         worker: worker("worker-1"),
         lease_ms,
@@ -280,6 +281,7 @@ pub fn start_with(
 /// provider, with the default lease and retry policy: what a ledger test appends after the intent.
 pub fn claim_of(intent: &IntentRecorded, attempt_id: AttemptId, worker: WorkerId) -> Command {
     Command::StartAttempt {
+        budget_wait: None,
         attempt_id,
         worker,
         lease_ms: DEFAULT_LEASE_MS,

@@ -136,6 +136,7 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChan
         | OperationEvent::LookupClaimed(_)
         | OperationEvent::OutcomeUnknown(_)
         | OperationEvent::AttemptNotSent(_)
+        | OperationEvent::SendPostponed(_)
         | OperationEvent::LeaseExpired(_)
         | OperationEvent::RetryScheduled(_)
         | OperationEvent::ReviewRequired(_) => Vec::new(),

@@ -81,6 +81,7 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<Counter> {
         | OperationEvent::AttemptSucceeded(_)
         | OperationEvent::AttemptRejected(_)
         | OperationEvent::AttemptNotSent(_)
+        | OperationEvent::SendPostponed(_)
         | OperationEvent::LookupClaimed(_)
         | OperationEvent::RetryScheduled(_)
         | OperationEvent::ReviewResolved(_)

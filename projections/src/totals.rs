@@ -60,6 +60,7 @@ impl Totals {
             OperationEvent::ApprovalGranted(_)
             | OperationEvent::ApprovalDenied(_)
             | OperationEvent::LookupClaimed(_)
+            | OperationEvent::SendPostponed(_)
             | OperationEvent::RetryScheduled(_) => return,
         };
         *counter += 1;

@@ -164,6 +164,7 @@ mod tests {
         queue.apply(
             operation,
             &OperationEvent::AttemptStarted(AttemptStarted {
+                budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,
                 worker: WorkerId::new("w").expect("valid"),
@@ -184,6 +185,7 @@ mod tests {
         queue.apply(
             operation,
             &OperationEvent::LookupClaimed(LookupClaimed {
+                budget_wait: None,
                 worker: WorkerId::new("serve-1").expect("valid"),
                 lease_deadline: at(7),
                 at: at(2),
@@ -227,6 +229,7 @@ mod tests {
         queue.apply(
             operation,
             &OperationEvent::AttemptStarted(AttemptStarted {
+                budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,
                 worker: WorkerId::new("w").expect("valid"),

@@ -122,4 +122,44 @@ async fn a_lookup_storm_after_an_outage_stays_within_the_lookup_budget_and_every
         .and_then(|value| value.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(waited > 0, "lookups waited for the budget:\n{metrics}");
+
+    // And in the operations' own histories: a lookup that waited for its slot says so in its
+    // claim's event, which the timeline (API, console, `opledger trace`) reads out.
+    let mut mentioned = 0;
+    for round in ids.chunks(ROUND) {
+        let timelines = join_all(round.iter().map(|id| timeline(&server, id))).await;
+        mentioned += timelines
+            .iter()
+            .flatten()
+            .filter(|line| {
+                line.contains("LookupClaimed") && line.contains("for main's lookup budget")
+            })
+            .count();
+    }
+    assert!(
+        mentioned > 0,
+        "no operation's timeline mentions its wait for the lookup budget"
+    );
+}
+
+/// The lines of the operation's timeline, as `GET /v1/operations/{id}/events` gives them.
+async fn timeline(server: &Server, id: &str) -> Vec<String> {
+    let (status, history) = server
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/operations/{id}/events"),
+            Some(crate::ledger::TENANT_TOKEN),
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{history}");
+    history["timeline"]
+        .as_array()
+        .map(|lines| {
+            lines
+                .iter()
+                .filter_map(|line| line.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -223,6 +223,85 @@ async fn a_refused_refresh_token_holds_operations_with_what_to_do_until_it_works
     assert_eq!(api.records("Case").len(), 7);
 }
 
+/// Credentials refused for longer than the retry budget lasts (the ledger here allows three
+/// attempts): a refusal starts no attempt, so the operations wait — one token request per
+/// account at each step, not one per operation, and not one request to the API — and once the
+/// credentials work again every one succeeds once, none goes to a person.
+#[tokio::test]
+async fn credentials_refused_for_longer_than_the_retry_budget_hold_operations_without_using_attempts(
+) {
+    const REFUSED_WAIT_MS: u64 = 400;
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {REFUSED_WAIT_MS}\n");
+    let document = shortened(
+        "salesforce-oauth2",
+        &[("grant = \"refresh_token\"\n", wait.as_str())],
+    );
+    let ledger = ledger(
+        &api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    );
+    let server = serve(&ledger, &refresh);
+    let first = start(&server, "Before").await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+
+    api.core().oauth.deactivate("a");
+    // The first operation after it still holds the cached token and meets the 401: one attempt,
+    // which it could not have known better than to make.
+    let learner = start(&server, "Learns of it").await;
+    waiting(&server, &learner).await;
+    let (refused, asked) = (api.core().oauth.refused(), api.core().oauth.requests());
+    let since = std::time::Instant::now();
+    let subjects: Vec<String> = (0..5).map(|n| format!("Call client {n}")).collect();
+    let held = join_all(subjects.iter().map(|subject| start(&server, subject))).await;
+    // Several of the account's steps go by: more than the three attempts the ledger allows.
+    let steps = 6;
+    while api.core().oauth.requests() < asked + steps {
+        assert!(
+            since.elapsed() < crate::support::DEADLINE,
+            "the token endpoint is asked again at each step"
+        );
+        for id in held.iter().chain([&learner]) {
+            let view = waiting(&server, id).await;
+            assert_eq!(view["state"], "pending", "it still waits: {view}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let elapsed_ms = u64::try_from(since.elapsed().as_millis()).expect("short");
+    let asked_meanwhile = api.core().oauth.requests() - asked;
+    assert!(
+        asked_meanwhile <= elapsed_ms / REFUSED_WAIT_MS + 2,
+        "{asked_meanwhile} token requests in {elapsed_ms} ms: one per step for the account, not one per operation"
+    );
+    assert_eq!(
+        api.core().oauth.refused(),
+        refused,
+        "no request reached the API"
+    );
+    assert_eq!(api.records("Case").len(), 1, "nothing was created");
+    for id in &held {
+        let view = waiting(&server, id).await;
+        assert_eq!(view["state"], "pending", "it waits: {view}");
+        assert_eq!(view["attempts"], 0, "no attempt used up: {view}");
+        let reason = view["last_error"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("account `main`")
+                && reason.contains("invalid_grant: inactive user")
+                && reason.contains("re-authorise"),
+            "the reason names the account, the provider's word and what to do: {view}"
+        );
+    }
+
+    api.core().oauth.reactivate("a");
+    let all: Vec<&String> = held.iter().chain([&learner]).collect();
+    for view in join_all(all.iter().map(|id| settle(&server, id))).await {
+        assert_eq!(view["state"], "succeeded", "none went to a person: {view}");
+    }
+    assert_eq!(api.records("Case").len(), 7, "each applied once");
+}
+
 /// Runs `opledger connectors test` on the ledger's configuration with `refresh_token`, off the
 /// test's runtime (which serves the emulator meanwhile).
 async fn connectors_test(ledger: &Ledger, refresh_token: &str) -> (bool, String) {
@@ -352,4 +431,125 @@ async fn record_and_run(server: &Server, body: &Value) -> String {
     let (status, started) = server.execute(TENANT_TOKEN, &id, 0).await;
     assert!(status.is_success(), "{started}");
     id
+}
+
+/// HubSpot's OAuth2 form end to end: the refresh-token grant at `/oauth/v1/token`, access tokens
+/// that live `expires_in` seconds, a refresh token that stays the same, and HubSpot's own error
+/// body (`{"status":"BAD_REFRESH_TOKEN","message":…}`, not RFC 6749's) reaching the operator.
+#[tokio::test]
+async fn hubspots_oauth2_form_renews_its_token_and_names_hubspots_own_refusal() {
+    use crate::apis::{HUBSPOT_LABEL_PROPERTY, LEDGER_SEARCH_LAG_MS};
+    use crate::emulators::hubspot::HubSpot;
+    let api = <HubSpot as Api>::start().await;
+    api.core().oauth.set_up(Setup {
+        dialect: Dialect::HubSpot,
+        client_id: CLIENT_ID.to_owned(),
+        client_secret: CLIENT_SECRET.to_owned(),
+        expires_in_s: Some(1800),
+        rotates: false,
+    });
+    let refresh = api.core().oauth.authorise("a");
+    let lag = format!("lag_ms = {LEDGER_SEARCH_LAG_MS}");
+    let wait = "grant = \"refresh_token\"\nrefused_wait_ms = 300\n";
+    let text = shortened(
+        "hubspot-oauth2",
+        &[
+            ("lag_ms = 30000", lag.as_str()),
+            ("grant = \"refresh_token\"\n", wait),
+        ],
+    );
+    let source = format!(
+        "file = \"hubspot-oauth2.toml\"\nsettings = {{ label_property = \"{HUBSPOT_LABEL_PROPERTY}\" }}"
+    );
+    let entry = preset_entry("hubspot", &source, &api.running.base_url);
+    let ledger = Ledger::new(&entry, "unused", &[("hubspot-oauth2.toml", text)]);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    );
+    let server = serve(&ledger, &refresh);
+    let task = |title: &str| {
+        json!({"provider": "hubspot", "account": ACCOUNT, "action": "create_task",
+            "args": <HubSpot as Api>::args(title)})
+    };
+    let first = record_and_run(&server, &task("First")).await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+    let second = record_and_run(&server, &task("Second")).await;
+    assert_eq!(settle(&server, &second).await["state"], "succeeded");
+    assert_eq!(api.core().oauth.requests(), 1, "one token for both");
+
+    // The token is taken back before its lifetime ends: the 401 renews it once, with the same
+    // refresh token (HubSpot does not rotate it).
+    api.core().oauth.expire_access_tokens();
+    let third = record_and_run(&server, &task("Third")).await;
+    assert_eq!(settle(&server, &third).await["state"], "succeeded");
+    assert_eq!(api.core().oauth.requests(), 2);
+
+    // The portal's user is deactivated: HubSpot refuses the refresh token in its own words.
+    api.core().oauth.deactivate("a");
+    let held = record_and_run(&server, &task("Fourth")).await;
+    let view = waiting(&server, &held).await;
+    assert_eq!(view["state"], "pending", "{view}");
+    let reason = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("account `main`")
+            && reason.contains("BAD_REFRESH_TOKEN: missing or invalid refresh token")
+            && reason.contains("re-authorise"),
+        "HubSpot's own code and message, the account and what to do: {view}"
+    );
+    assert_eq!(api.created("a").len(), 3);
+    api.core().oauth.reactivate("a");
+    assert_eq!(settle(&server, &held).await["state"], "succeeded");
+    assert_eq!(api.created("a").len(), 4, "each applied once");
+}
+
+/// The client credentials grant end to end (Salesforce's server-to-server flow): no refresh
+/// token anywhere, the connected app's Run As user's access, a renewal after the session ends;
+/// an app without a Run As user is refused with Salesforce's own words.
+#[tokio::test]
+async fn the_client_credentials_grant_gets_and_renews_a_token_without_any_refresh_token() {
+    let api = salesforce().await;
+    let document = shortened(
+        "salesforce-oauth2",
+        &[(
+            "grant = \"refresh_token\"\n",
+            "grant = \"client_credentials\"\nrefused_wait_ms = 300\n",
+        )],
+    );
+    let entry = preset_entry(
+        "salesforce",
+        "file = \"salesforce-cc.toml\"",
+        &api.running.base_url,
+    );
+    let ledger = Ledger::new(&entry, "unused", &[("salesforce-cc.toml", document)]);
+    ledger.rewrite(
+        "token = \"unused\"",
+        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"",
+    );
+    // The app has no Run As user yet.
+    let server = serve(&ledger, "unused");
+    let held = start(&server, "Before the Run As user").await;
+    let view = waiting(&server, &held).await;
+    assert_eq!(view["state"], "pending", "{view}");
+    let reason = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("account `main`")
+            && reason.contains("invalid_grant: no client credentials user enabled"),
+        "{view}"
+    );
+    assert!(api.records("Case").is_empty());
+
+    api.core().oauth.enable_client_credentials("a");
+    assert_eq!(settle(&server, &held).await["state"], "succeeded");
+    let asked = api.core().oauth.requests();
+    api.core().oauth.expire_access_tokens();
+    for view in burst(&server, 0, 5).await {
+        assert_eq!(view["state"], "succeeded", "{view}");
+    }
+    assert_eq!(
+        api.core().oauth.requests(),
+        asked + 1,
+        "one renewal for the burst"
+    );
+    assert_eq!(api.records("Case").len(), 6, "each applied once");
 }

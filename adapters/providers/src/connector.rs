@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use opledger_domain::contract::ProviderCapabilities;
+use opledger_domain::event::BudgetWait;
 use opledger_domain::ids::{AccountId, ActionName, CredentialFingerprint, ProviderId, TenantId};
 use opledger_domain::provider::{
-    ArgProblem, Binding, LookupOutcome, LookupRequest, SendOutcome, SendRequest, Unbound,
+    ArgProblem, Binding, LookupOutcome, LookupRequest, Readiness, RequestKind, SendOutcome,
+    SendRequest, Unbound,
 };
 use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
@@ -34,7 +36,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
-use crate::oauth::{Place, TokenFailure, TokenFile};
+use crate::oauth::{NoToken, Place, TokenFailure, TokenFile};
 use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{resolve_pointer, Context};
 
@@ -401,12 +403,7 @@ impl Connector {
             Ok(prepared) => prepared,
             Err(outcome) => return outcome,
         };
-        if let Err(wait_ms) = self.budget(&request.account, Kind::Send).await {
-            return SendOutcome::NotSent {
-                reason: format!("account `{}` has used its send budget; its next slot is {wait_ms} ms away; nothing was sent", request.account),
-                retry_after_ms: Some(wait_ms),
-            };
-        }
+        // The send's budget slot was taken before its claim was recorded ([`Connector::prepare`]).
         let Some(_permit) = self.permit().await else {
             return SendOutcome::NotSent {
                 reason: self.busy(),
@@ -415,12 +412,12 @@ impl Connector {
         };
         let answer = match self.exchange(credential, &prepared).await {
             Ok(answer) => answer,
-            Err(failure) => {
-                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+            Err(no_token) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, no_token);
                 return scrub_send(
                     SendOutcome::NotSent {
                         reason: format!("{reason}; nothing was sent"),
-                        retry_after_ms,
+                        retry_after_ms: Some(retry_after_ms),
                     },
                     credential,
                 );
@@ -450,7 +447,7 @@ impl Connector {
         &self,
         credential: &Credential,
         prepared: &PreparedRequest,
-    ) -> Result<Result<http::HttpReply, http::TransportFailure>, TokenFailure> {
+    ) -> Result<Result<http::HttpReply, http::TransportFailure>, NoToken> {
         let Some(oauth) = &credential.oauth else {
             let auth = (&credential.header, &credential.value);
             return Ok(http::send(&self.client, &self.base_url, auth, prepared).await);
@@ -472,29 +469,94 @@ impl Connector {
         }
     }
 
-    /// Waits for `account`'s next slot in its `kind` budget, if it has one: `Err(wait)` in
-    /// milliseconds when the slot is further away than the request timeout (nothing reserved;
-    /// the operation waits that long in the ledger instead of holding a worker).
-    async fn budget(&self, account: &AccountId, kind: Kind) -> Result<(), u64> {
-        let entry = self.accounts.get(account);
+    /// What a request of `kind` for `account` needs before its claim is recorded (the port's
+    /// [`opledger_domain::provider::Providers::prepare`]): an OAuth2 account's access token
+    /// (obtained now, so a refusal starts no attempt), then a slot in its `kind` budget, waited
+    /// for when `may_wait` (a caller that may not wait is told to, also when the token would
+    /// have to be asked for first). An account the tenant does not own is left to the send,
+    /// which refuses it.
+    pub async fn prepare(
+        &self,
+        tenant: &TenantId,
+        account: &AccountId,
+        kind: RequestKind,
+        may_wait: bool,
+    ) -> Readiness {
+        let Ok(entry) = self.owned_account(tenant, account) else {
+            return Readiness::Ready { budget_wait: None };
+        };
+        let credential = &entry.credential;
+        if let Some(oauth) = &credential.oauth {
+            // A caller that may not wait (an intent about to be recorded) is not held up by a
+            // request to the token endpoint either: it records first and prepares after.
+            if !may_wait && !oauth.has_token_now() {
+                return Readiness::Wait {
+                    reason: format!("account `{account}`'s access token is not at hand yet"),
+                    retry_after_ms: 0,
+                };
+            }
+            if let Err(no_token) = oauth.authorize(&self.client, &self.base_url, None).await {
+                let (reason, retry_after_ms) = token_failure(account, no_token);
+                return Readiness::Wait {
+                    reason: credential.scrub(format!("{reason}; nothing was sent")),
+                    retry_after_ms,
+                };
+            }
+        }
+        let kind = match kind {
+            RequestKind::Send => Kind::Send,
+            RequestKind::Lookup => Kind::Lookup,
+        };
+        let longest = if may_wait {
+            self.request_timeout
+        } else {
+            Duration::ZERO
+        };
+        match self.budget(entry, kind, longest).await {
+            Ok(None) => Readiness::Ready { budget_wait: None },
+            Ok(Some(waited_ms)) => Readiness::Ready {
+                budget_wait: Some(BudgetWait {
+                    account: account.clone(),
+                    budget: kind.as_str().to_owned(),
+                    waited_ms,
+                }),
+            },
+            Err(wait_ms) => Readiness::Wait {
+                reason: format!("account `{account}` has used its {} budget; its next slot is {wait_ms} ms away; nothing was sent", kind.as_str()),
+                retry_after_ms: wait_ms,
+            },
+        }
+    }
+
+    /// Waits for the account's next slot in its `kind` budget, if it has one, and says how long
+    /// it waited in milliseconds (`None`: not at all); `Err(wait)` in milliseconds when the slot
+    /// is further away than `longest` (nothing reserved; the operation waits that long in the
+    /// ledger instead of holding a worker).
+    async fn budget(
+        &self,
+        entry: &Account,
+        kind: Kind,
+        longest: Duration,
+    ) -> Result<Option<u64>, u64> {
         let bucket = match kind {
-            Kind::Send => entry.and_then(|entry| entry.sends.as_ref()),
-            Kind::Lookup => entry.and_then(|entry| entry.lookups.as_ref()),
+            Kind::Send => entry.sends.as_ref(),
+            Kind::Lookup => entry.lookups.as_ref(),
         };
         let Some(bucket) = bucket else {
-            return Ok(());
+            return Ok(None);
         };
-        match bucket.reserve(tokio::time::Instant::now(), self.request_timeout) {
-            Ok(wait) if wait.is_zero() => Ok(()),
+        match bucket.reserve(tokio::time::Instant::now(), longest) {
+            Ok(wait) if wait.is_zero() => Ok(None),
             Ok(wait) => {
                 self.waits.record(kind, wait);
+                let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
                 tracing::info!(
                     budget = kind.as_str(),
-                    wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    wait_ms,
                     "waiting for the account's request budget"
                 );
                 tokio::time::sleep(wait).await;
-                Ok(())
+                Ok(Some(wait_ms))
             }
             Err(wait) => {
                 self.waits.record_refused(kind);
@@ -523,7 +585,7 @@ impl Connector {
         let answer = self
             .exchange(credential, &prepared)
             .await
-            .map_err(|failure| credential.scrub(token_failure(account, failure, credential).0))?;
+            .map_err(|no_token| credential.scrub(token_failure(account, no_token).0))?;
         match answer {
             Ok(reply) if (200..300).contains(&reply.status) => {
                 let token = if credential.oauth.is_some() {
@@ -695,23 +757,19 @@ impl Connector {
             }
         };
         let asked = prepared.describe();
-        if let Err(wait_ms) = self.budget(&request.account, Kind::Lookup).await {
-            return LookupOutcome::Unavailable {
-                reason: format!("account `{}` has used its lookup budget; its next slot is {wait_ms} ms away; nothing was asked", request.account),
-                retry_after_ms: Some(wait_ms),
-            };
-        }
+        // The lookup's budget slot was taken before its claim was recorded
+        // ([`Connector::prepare`]).
         let Some(_permit) = self.permit().await else {
             return unavailable(self.busy());
         };
         let answer = match self.exchange(credential, &prepared).await {
             Ok(answer) => answer,
-            Err(failure) => {
-                let (reason, retry_after_ms) = token_failure(&request.account, failure, credential);
+            Err(no_token) => {
+                let (reason, retry_after_ms) = token_failure(&request.account, no_token);
                 return scrub_lookup(
                     LookupOutcome::Unavailable {
                         reason: format!("{reason}; nothing was asked"),
-                        retry_after_ms,
+                        retry_after_ms: Some(retry_after_ms),
                     },
                     credential,
                 );
@@ -1002,22 +1060,14 @@ fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
     }
 }
 
-/// Why an operation of `account` waits for its access token, what to do, and how long to wait.
-fn token_failure(
-    account: &AccountId,
-    failure: TokenFailure,
-    credential: &Credential,
-) -> (String, Option<u64>) {
-    match failure {
-        TokenFailure::Refused { message } => (
-            format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger"),
-            credential.oauth.as_ref().map(crate::oauth::OAuthAccount::refused_wait_ms),
-        ),
-        TokenFailure::Unavailable { message } => (
-            format!("account `{account}` has no access token yet: {message}; it is asked again after the wait"),
-            None,
-        ),
-    }
+/// Why an operation of `account` waits for its access token, what to do, and how long to wait
+/// (the account's wait, in milliseconds).
+fn token_failure(account: &AccountId, no_token: NoToken) -> (String, u64) {
+    let reason = match no_token.failure {
+        TokenFailure::Refused { message } => format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger; until then its operations wait, and the token endpoint is asked again in {} ms", no_token.retry_after_ms),
+        TokenFailure::Unavailable { message } => format!("account `{account}` has no access token yet: {message}; it is asked again in {} ms", no_token.retry_after_ms),
+    };
+    (reason, no_token.retry_after_ms)
 }
 
 fn log_send(outcome: &SendOutcome) {
@@ -1202,6 +1252,38 @@ mod tests {
         let (bytes, content_type) = prepared.body.as_ref().expect("a body");
         assert_eq!(*content_type, "application/json");
         serde_json::from_slice(bytes).expect("json")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_slot_is_taken_before_the_claim_and_its_wait_is_named() {
+        let mut document = keyed_document();
+        document.rate_limit.sends = Some(crate::budget::Budget {
+            requests_per_s: 2,
+            burst: 1,
+        });
+        let connector = connector(&document);
+        let (tenant, account) = (acme(), AccountId::new("acct-1").expect("valid"));
+        let prepare = |may_wait| connector.prepare(&tenant, &account, RequestKind::Send, may_wait);
+        assert_eq!(prepare(false).await, Readiness::Ready { budget_wait: None });
+        // The next slot is half a second away: a caller that may not wait is told so, nothing
+        // reserved; one that may wait gets it and is told how long it waited, for its claim.
+        assert!(matches!(
+            prepare(false).await,
+            Readiness::Wait { retry_after_ms: 500, reason } if reason.contains("account `acct-1` has used its sends budget")
+        ));
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            prepare(true).await,
+            Readiness::Ready {
+                budget_wait: Some(BudgetWait {
+                    account: account.clone(),
+                    budget: "sends".to_owned(),
+                    waited_ms: 500,
+                })
+            }
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert_eq!(connector.budget_waits().of(Kind::Send), (1, 500, 1));
     }
 
     #[test]

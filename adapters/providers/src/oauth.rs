@@ -49,8 +49,14 @@ pub const EXPIRY_MARGIN_MS: u64 = 60_000;
 /// milliseconds. Such a refusal does not clear on its own; the wait keeps the endpoint from being
 /// asked again by every operation meanwhile.
 pub const DEFAULT_REFUSED_WAIT_MS: u64 = 60_000;
+/// How long an account's operations wait after the token endpoint first gave no usable answer
+/// (a transport failure, a 5xx, a 429), in milliseconds; the wait doubles with each further one,
+/// up to the account's `refused_wait_ms`. Remembered per account, so one request per account is
+/// made at each step, not one per operation.
+pub const FIRST_UNAVAILABLE_WAIT_MS: u64 = 1_000;
 /// Shortest `refused_wait_ms` accepted, in milliseconds.
 pub const MIN_REFUSED_WAIT_MS: u64 = 1;
+const _: () = assert!(FIRST_UNAVAILABLE_WAIT_MS <= DEFAULT_REFUSED_WAIT_MS);
 const _: () = assert!(
     MIN_REFUSED_WAIT_MS <= DEFAULT_REFUSED_WAIT_MS
         && DEFAULT_REFUSED_WAIT_MS <= crate::http::MAX_RETRY_AFTER_MS
@@ -157,6 +163,16 @@ pub enum TokenFailure {
     },
 }
 
+/// No access token now: why, and how long the account waits before the endpoint is asked again
+/// (the same wait for all its operations).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoToken {
+    /// What the endpoint said, or that it did not answer.
+    pub failure: TokenFailure,
+    /// How long until the account's endpoint is asked again, in milliseconds.
+    pub retry_after_ms: u64,
+}
+
 /// A usable access token: the header value and the generation it belongs to.
 #[derive(Clone, Debug)]
 pub(crate) struct Token {
@@ -170,8 +186,11 @@ struct State {
     /// The refresh token in use (the configured one, or the last rotated one).
     refresh_token: Option<Secret>,
     generation: u64,
-    /// The endpoint refused the credentials: until when nobody asks again, and what it said.
-    refused: Option<(Instant, String)>,
+    /// The endpoint refused the credentials or gave no usable answer: until when nobody asks
+    /// again, and what happened.
+    blocked: Option<(Instant, TokenFailure)>,
+    /// Answers without a token in a row, for the account's backoff.
+    failures: u32,
 }
 
 #[derive(Debug)]
@@ -237,11 +256,6 @@ impl OAuthAccount {
         Ok(self.grant.fingerprint(&self.spec, account))
     }
 
-    /// How long operations wait after the token endpoint refused the credentials, in ms.
-    pub fn refused_wait_ms(&self) -> u64 {
-        self.spec.refused_wait_ms
-    }
-
     /// How many times the token endpoint was asked (for tests and metrics).
     pub fn refreshes(&self) -> u64 {
         self.refreshes.load(Ordering::Relaxed)
@@ -264,6 +278,19 @@ impl OAuthAccount {
             .map_or_else(|| "?".to_owned(), ToString::to_string)
     }
 
+    /// Whether a usable access token is at hand without asking the endpoint or waiting for a
+    /// renewal another caller is making.
+    pub fn has_token_now(&self) -> bool {
+        let Ok(state) = self.state.try_lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        state
+            .access
+            .as_ref()
+            .is_some_and(|access| access.renew_at.is_none_or(|at| now < at))
+    }
+
     /// A usable access token. `stale` is the generation a 401 answered: that one is renewed
     /// (unless another caller already did). Waits for a refresh another caller is making.
     pub async fn authorize(
@@ -271,7 +298,7 @@ impl OAuthAccount {
         client: &reqwest::Client,
         base_url: &str,
         stale: Option<u64>,
-    ) -> Result<Token, TokenFailure> {
+    ) -> Result<Token, NoToken> {
         let mut state = self.state.lock().await;
         let now = Instant::now();
         if let Some(access) = &state.access {
@@ -283,10 +310,11 @@ impl OAuthAccount {
                 });
             }
         }
-        if let Some((until, message)) = &state.refused {
+        if let Some((until, failure)) = &state.blocked {
             if now < *until {
-                return Err(TokenFailure::Refused {
-                    message: message.clone(),
+                return Err(NoToken {
+                    failure: failure.clone(),
+                    retry_after_ms: millis(*until - now),
                 });
             }
         }
@@ -294,14 +322,43 @@ impl OAuthAccount {
         self.refreshes.fetch_add(1, Ordering::Relaxed);
         let answer = self.request(client, base_url, &state).await;
         match answer {
-            Ok(granted) => self.take(&mut state, granted),
-            Err(TokenFailure::Refused { message }) => {
-                let wait = Duration::from_millis(self.spec.refused_wait_ms);
-                state.refused = Some((Instant::now() + wait, message.clone()));
-                tracing::warn!(account = %self.account_name(), reason = %message, "the token endpoint refused the account's credentials");
-                Err(TokenFailure::Refused { message })
+            Ok(granted) => self.take(&mut state, granted).map_err(|failure| NoToken {
+                failure,
+                retry_after_ms: FIRST_UNAVAILABLE_WAIT_MS,
+            }),
+            Err(failure) => {
+                state.failures = state.failures.saturating_add(1);
+                let wait_ms = self.wait_after(&failure, state.failures);
+                state.blocked = Some((
+                    Instant::now() + Duration::from_millis(wait_ms),
+                    failure.clone(),
+                ));
+                match &failure {
+                    TokenFailure::Refused { message } => {
+                        tracing::warn!(account = %self.account_name(), reason = %message, wait_ms, "the token endpoint refused the account's credentials")
+                    }
+                    TokenFailure::Unavailable { message } => {
+                        tracing::warn!(account = %self.account_name(), reason = %message, wait_ms, "the token endpoint gave no token")
+                    }
+                }
+                Err(NoToken {
+                    failure,
+                    retry_after_ms: wait_ms,
+                })
             }
-            Err(failure) => Err(failure),
+        }
+    }
+
+    /// How long the account waits after its `failures`th answer without a token in a row: a
+    /// refusal does not clear on its own, so its wait is the configured one from the start; an
+    /// endpoint that did not answer may be back soon, so that wait starts short and doubles.
+    fn wait_after(&self, failure: &TokenFailure, failures: u32) -> u64 {
+        let longest = self.spec.refused_wait_ms;
+        match failure {
+            TokenFailure::Refused { .. } => longest,
+            TokenFailure::Unavailable { .. } => FIRST_UNAVAILABLE_WAIT_MS
+                .saturating_mul(1_u64 << failures.saturating_sub(1).min(20))
+                .min(longest),
         }
     }
 
@@ -328,7 +385,8 @@ impl OAuthAccount {
             })?;
         value.set_sensitive(true);
         state.generation += 1;
-        state.refused = None;
+        state.blocked = None;
+        state.failures = 0;
         state.access = Some(Access {
             value: value.clone(),
             renew_at,
@@ -405,6 +463,13 @@ impl OAuthAccount {
             })?;
         read_answer(reply.status, &reply.body, reply.body_complete)
     }
+}
+
+/// A duration in whole milliseconds, at least 1 (a wait of 0 would be asked again at once).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// What a token endpoint granted.
@@ -633,6 +698,28 @@ mod tests {
             client_secret: Secret::new("s3cret"),
             refresh_token: Some(Secret::new(refresh)),
         }
+    }
+
+    #[test]
+    fn an_account_waits_the_configured_time_after_a_refusal_and_a_doubling_one_after_no_answer() {
+        let account = OAuthAccount::new(spec("/token"), secrets("client-1", "refresh-1"));
+        let refused = TokenFailure::Refused {
+            message: "invalid_grant".to_owned(),
+        };
+        let silent = TokenFailure::Unavailable {
+            message: "connection refused".to_owned(),
+        };
+        assert_eq!(account.wait_after(&refused, 1), DEFAULT_REFUSED_WAIT_MS);
+        assert_eq!(account.wait_after(&refused, 9), DEFAULT_REFUSED_WAIT_MS);
+        let waits: Vec<u64> = (1..=8).map(|n| account.wait_after(&silent, n)).collect();
+        assert_eq!(
+            waits,
+            vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]
+        );
+        assert_eq!(
+            account.wait_after(&silent, u32::MAX),
+            DEFAULT_REFUSED_WAIT_MS
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use opledger_domain::ids::{ActionName, ProviderId};
 use opledger_domain::provider::{
-    ArgProblem, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, SendOutcome,
-    SendRequest, Unbound,
+    ArgProblem, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, Readiness,
+    RequestKind, SendOutcome, SendRequest, Unbound,
 };
 use serde_json::Value;
 
@@ -115,6 +115,23 @@ impl Providers for HttpProviders {
                     retry_after_ms: None,
                 }
             }
+        }
+    }
+
+    async fn prepare(
+        &self,
+        query: &BindingQuery<'_>,
+        kind: RequestKind,
+        may_wait: bool,
+    ) -> Readiness {
+        match self.get(query.provider) {
+            Some(connector) => {
+                connector
+                    .prepare(query.tenant, query.account, kind, may_wait)
+                    .await
+            }
+            // Nothing to prepare: the claim's binding check names the missing provider.
+            None => Readiness::Ready { budget_wait: None },
         }
     }
 

@@ -6,14 +6,14 @@
 use chrono::DateTime;
 use chrono::Utc;
 
-use super::{On, Rejection};
+use super::{clip, schedule, On, Rejection};
 use crate::command::{MAX_LEASE_MS, MIN_LEASE_MS};
 use crate::contract::{
     check_automatic_retry, check_binding, check_retry_budget, milliseconds, ContractViolation,
     ProviderCapabilities, RetryPolicy, SendBinding, MAX_ATTEMPTS_LIMIT,
 };
 use crate::error::{OutOfRange, ValidationError};
-use crate::event::{AttemptStarted, OperationEvent};
+use crate::event::{AttemptStarted, BudgetWait, OperationEvent, SendPostponed};
 use crate::ids::{AttemptId, WorkerId};
 use crate::state::{PendingSince, Status};
 
@@ -25,6 +25,7 @@ pub(super) struct Claim<'a> {
     pub(super) binding: &'a SendBinding,
     pub(super) capabilities: &'a ProviderCapabilities,
     pub(super) policy: &'a RetryPolicy,
+    pub(super) budget_wait: Option<&'a BudgetWait>,
 }
 
 /// `pending --StartAttempt (binding, contract)--> in_flight`; the same claim again is nothing.
@@ -62,6 +63,24 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
         attempt_number: state.attempts + 1,
         worker: claim.worker.clone(),
         lease_deadline: lease_deadline(on.now, claim.lease_ms)?,
+        budget_wait: claim.budget_wait.cloned(),
+        at: on.now,
+    })])
+}
+
+/// `pending --PostponeSend--> pending`, no attempt started: what the send needs before its claim
+/// (the account's credentials, a budget slot) is not there until `not_before`.
+pub(super) fn postpone(
+    on: &On<'_>,
+    reason: &str,
+    not_before: DateTime<Utc>,
+) -> Result<Vec<OperationEvent>, Rejection> {
+    if on.state.status != Status::Pending {
+        return Err(on.refuse());
+    }
+    Ok(vec![OperationEvent::SendPostponed(SendPostponed {
+        reason: clip(reason),
+        not_before: schedule(not_before, on.now),
         at: on.now,
     })])
 }

@@ -8,7 +8,7 @@
 
 use super::attempt::{check_lease, lease_deadline};
 use super::{On, Rejection};
-use crate::event::{LookupClaimed, OperationEvent};
+use crate::event::{BudgetWait, LookupClaimed, OperationEvent};
 use crate::ids::WorkerId;
 use crate::state::Status;
 
@@ -17,6 +17,7 @@ pub(super) fn claim(
     on: &On<'_>,
     worker: &WorkerId,
     lease_ms: u64,
+    budget_wait: Option<&BudgetWait>,
 ) -> Result<Vec<OperationEvent>, Rejection> {
     let state = on.state;
     if state.status != Status::Unknown {
@@ -44,6 +45,7 @@ pub(super) fn claim(
     Ok(vec![OperationEvent::LookupClaimed(LookupClaimed {
         worker: worker.clone(),
         lease_deadline: lease_deadline(on.now, lease_ms)?,
+        budget_wait: budget_wait.cloned(),
         at: on.now,
     })])
 }

@@ -173,6 +173,7 @@ fn command_for(
         },
         // A lease of 30 min against steps of up to 2 h: claims lapse in some cases, not in others.
         Action::ClaimLookup(n) => Command::ClaimLookup {
+            budget_wait: None,
             worker: worker(&format!("serve-{n}")),
             lease_ms: 30 * 60 * 1000,
         },

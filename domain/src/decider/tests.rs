@@ -1352,6 +1352,7 @@ fn an_unknown_outcome_with_a_pause_asked_is_not_looked_up_before_it() {
 /// `name` claims the lookup, with a lease of 5 s.
 fn claim_lookup(name: &str) -> Command {
     Command::ClaimLookup {
+        budget_wait: None,
         worker: worker(name),
         lease_ms: 5_000,
     }
@@ -1460,6 +1461,7 @@ fn a_lookup_is_not_claimed_before_it_is_due_nor_for_an_operation_that_is_not_unk
 fn a_lookup_claim_with_a_lease_out_of_range_is_refused_naming_the_field() {
     let outcome = unknown_after_first_attempt(keyed()).when(
         &Command::ClaimLookup {
+            budget_wait: None,
             worker: worker("serve-1"),
             lease_ms: 1,
         },
@@ -1485,4 +1487,66 @@ fn a_person_deciding_an_unknown_operation_ends_a_lookup_claim() {
         );
     assert_eq!(outcome.status(), "needs_review");
     assert_eq!(outcome.scenario.state().lookup_claim, None);
+}
+
+// --- credentials and budgets: what a send needs before its claim ------------------------------
+
+fn postpone(not_before: DateTime<Utc>) -> Command {
+    Command::PostponeSend {
+        reason: "account `acct-1` has no access token: invalid_grant; fix the account's OAuth2 credentials".into(),
+        not_before,
+    }
+}
+
+#[test]
+fn a_postponed_send_stays_pending_with_its_reason_and_uses_up_no_attempt() {
+    // policy(): at most 3 attempts. Ten postponements (credentials refused for a long time)
+    // start none, so the first attempt after them is still allowed.
+    let mut scenario = recorded();
+    for n in 0..10 {
+        let outcome = scenario.when(&postpone(at_s(n * 60 + 60)), at_s(n * 60));
+        assert_eq!(outcome.then_types(), vec!["SendPostponed"]);
+        assert_eq!(outcome.status(), "pending");
+        scenario = outcome.scenario;
+    }
+    let state = scenario.state();
+    assert_eq!(state.attempts, 0);
+    assert_eq!(state.first_attempt_at, None, "nothing was sent");
+    assert_eq!(state.next_work(), Some((at_s(600), Work::Send)));
+    assert!(state
+        .last_error
+        .as_deref()
+        .is_some_and(|reason| reason.starts_with("waiting: account `acct-1`")));
+    // Not before its time; then claimed as attempt 1.
+    let early = scenario.clone().when(&start(1, lookup_only()), at_s(599));
+    assert!(matches!(early.rejection(), Rejection::NotYetDue { .. }));
+    let claimed = scenario.when(&start(1, lookup_only()), at_s(600));
+    assert_eq!(claimed.status(), "in_flight");
+}
+
+#[test]
+fn only_a_pending_send_is_postponed() {
+    let outcome = in_flight(lookup_only()).when(&postpone(at_s(60)), at_s(1));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+    let outcome = awaiting_approval().when(&postpone(at_s(60)), at_s(1));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+}
+
+#[test]
+fn a_budget_wait_is_recorded_with_the_claim_it_preceded() {
+    let wait = crate::event::BudgetWait {
+        account: AccountId::new("acct-1").expect("valid"),
+        budget: "sends".into(),
+        waited_ms: 1_250,
+    };
+    let mut claim = start(1, lookup_only());
+    if let Command::StartAttempt { budget_wait, .. } = &mut claim {
+        *budget_wait = Some(wait.clone());
+    }
+    let outcome = recorded().when(&claim, at_s(1));
+    let OperationEvent::AttemptStarted(started) = &outcome.events()[0] else {
+        panic!("a claim: {:?}", outcome.events());
+    };
+    assert_eq!(started.budget_wait, Some(wait.clone()));
+    assert_eq!(wait.to_string(), "waited 1.2 s for acct-1's send budget");
 }

@@ -11,7 +11,13 @@
 //!   user", and the same refresh token works again once the user is active), a bad client 400
 //!   `invalid_client_id`
 //!   / `invalid_client`. Refresh token rotation is a connected-app setting: when on, each renewal
-//!   issues a new refresh token and invalidates the old.
+//!   issues a new refresh token and invalidates the old. The client credentials flow (Salesforce
+//!   Help, "OAuth 2.0 Client Credentials Flow for Server-to-Server Integration"): the same endpoint
+//!   on the org's My Domain, form `grant_type=client_credentials&client_id&client_secret`; the
+//!   connected app names a "Run As" user whose access the token carries; the answer is the
+//!   refresh-token flow's without a refresh token (and again without `expires_in`); an app
+//!   without a Run As user answers 400 `{"error":"invalid_grant","error_description":"no client
+//!   credentials user enabled"}`.
 //! - **HubSpot** (developers.hubspot.com, "Refresh an access token"): `POST /oauth/v1/token`, form;
 //!   `{"token_type":"bearer","refresh_token","access_token","expires_in":1800}`; the refresh token
 //!   stays the same; a bad one answers 400 `{"status":"BAD_REFRESH_TOKEN","message":"missing or
@@ -115,6 +121,9 @@ struct Tokens {
     inactive: Vec<String>,
     /// Token requests answered, granted or not.
     requests: u64,
+    /// The account of the connected app's "Run As" user, when the client credentials flow is
+    /// enabled (Salesforce).
+    run_as: Option<String>,
     /// Requests to the API refused for an unknown or expired access token.
     refused: u64,
 }
@@ -164,6 +173,11 @@ impl OAuth {
         self.lock().inactive.retain(|owner| owner != account);
     }
 
+    /// Enables the client credentials flow with `account`'s user as the app's "Run As" user.
+    pub fn enable_client_credentials(&self, account: &str) {
+        self.lock().run_as = Some(account.to_owned());
+    }
+
     /// Every access token issued so far stops working (a session timeout).
     pub fn expire_access_tokens(&self) {
         self.lock().access.clear();
@@ -207,15 +221,26 @@ impl OAuth {
         {
             return dialect.bad_client();
         }
-        if field("grant_type") != Some("refresh_token") {
+        let client_credentials =
+            dialect == Dialect::Salesforce && field("grant_type") == Some("client_credentials");
+        if field("grant_type") != Some("refresh_token") && !client_credentials {
             return Reply::json(
                 400,
                 &json!({"error": "unsupported_grant_type", "error_description": "grant type not supported"}),
             );
         }
         let presented = field("refresh_token").unwrap_or_default().to_owned();
-        let Some(account) = tokens.refresh.get(&presented).cloned() else {
-            return dialect.bad_grant("expired access/refresh token");
+        let owner = if client_credentials {
+            tokens.run_as.clone()
+        } else {
+            tokens.refresh.get(&presented).cloned()
+        };
+        let Some(account) = owner else {
+            return dialect.bad_grant(if client_credentials {
+                "no client credentials user enabled"
+            } else {
+                "expired access/refresh token"
+            });
         };
         if tokens.inactive.contains(&account) {
             return dialect.bad_grant("inactive user");
@@ -228,7 +253,7 @@ impl OAuth {
         tokens
             .access
             .insert(access.clone(), (account.clone(), expires));
-        let refresh = if setup.rotates {
+        let refresh = if setup.rotates && !client_credentials {
             tokens.refresh.remove(&presented);
             let rotated = format!("refresh-{account}-{}", tokens.issued);
             tokens.refresh.insert(rotated.clone(), account.clone());
@@ -243,7 +268,7 @@ impl OAuth {
                     "id": format!("https://login.salesforce.com/id/00D/{account}"),
                     "token_type": "Bearer", "issued_at": "1700000000000", "signature": "c2ln"
                 });
-                if setup.rotates {
+                if setup.rotates && !client_credentials {
                     body["refresh_token"] = Value::from(refresh);
                 }
                 body

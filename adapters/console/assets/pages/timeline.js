@@ -15,6 +15,7 @@ const WORDS = {
   AttemptRejected: "Refused by the provider",
   OutcomeUnknown: "Answer lost: outcome unknown",
   AttemptNotSent: "Not sent",
+  SendPostponed: "Waiting: not sent yet",
   LeaseExpired: "Sender vanished: outcome unknown",
   LookupClaimed: "Looking it up",
   ReconciliationRecorded: "Lookup result",

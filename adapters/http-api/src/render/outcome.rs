@@ -139,7 +139,8 @@ fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
         OperationEvent::AttemptSucceeded(_) => "succeeded",
         OperationEvent::AttemptRejected(_) => "rejected",
         OperationEvent::OutcomeUnknown(_) | OperationEvent::LeaseExpired(_) => "unknown",
-        OperationEvent::AttemptNotSent(_) => "not_sent",
+        // Nothing was sent either; the type list (and the API's schema) stays as it was.
+        OperationEvent::AttemptNotSent(_) | OperationEvent::SendPostponed(_) => "not_sent",
         OperationEvent::LookupClaimed(_) => "lookup_claimed",
         OperationEvent::ReconciliationRecorded(e) => match e.result {
             ReconciliationResult::Found { .. } => return None,

@@ -2,7 +2,9 @@
 //! means, for people reading a demo, an incident or an audit.
 
 use opledger_domain::codec;
-use opledger_domain::event::{LateResponse, OperationEvent, ReconciliationResult, ReviewDecision};
+use opledger_domain::event::{
+    BudgetWait, LateResponse, OperationEvent, ReconciliationResult, ReviewDecision,
+};
 use opledger_domain::ids::{OperationId, StreamVersion};
 use opledger_domain::store::{EventStore, RecordedEvent, StreamName, MAX_READ_BATCH};
 
@@ -60,6 +62,11 @@ pub fn lines(events: &[OperationEvent]) -> Vec<String> {
         .collect()
 }
 
+/// `, after it waited 1.2 s for main's lookup budget`, or nothing.
+fn after_wait(wait: Option<&BudgetWait>) -> String {
+    wait.map_or_else(String::new, |wait| format!(", after it {wait}"))
+}
+
 /// What one event means, in a phrase.
 pub fn describe(event: &OperationEvent) -> String {
     match event {
@@ -74,17 +81,26 @@ pub fn describe(event: &OperationEvent) -> String {
         OperationEvent::ApprovalGranted(e) => format!("by {}", e.approver),
         OperationEvent::ApprovalDenied(e) => format!("by {}: {}", e.approver, e.reason),
         OperationEvent::AttemptStarted(e) => format!(
-            "attempt #{} ({}) by {}",
-            e.attempt_number, e.attempt_id, e.worker
+            "attempt #{} ({}) by {}{}",
+            e.attempt_number,
+            e.attempt_id,
+            e.worker,
+            after_wait(e.budget_wait.as_ref())
         ),
         OperationEvent::AttemptSucceeded(e) => format!("confirmed: object {}", e.external_id),
         OperationEvent::AttemptRejected(e) => format!("refused: {} {}", e.code, e.message),
         OperationEvent::OutcomeUnknown(e) => format!("no outcome: {}", e.error),
         OperationEvent::AttemptNotSent(e) => format!("nothing applied: {}", e.reason),
-        OperationEvent::LeaseExpired(e) => format!("lease of {} ran out", e.attempt_id),
-        OperationEvent::LookupClaimed(e) => {
-            format!("lookup claimed by {} until {}", e.worker, e.lease_deadline)
+        OperationEvent::SendPostponed(e) => {
+            format!("not sent, waiting until {}: {}", e.not_before, e.reason)
         }
+        OperationEvent::LeaseExpired(e) => format!("lease of {} ran out", e.attempt_id),
+        OperationEvent::LookupClaimed(e) => format!(
+            "lookup claimed by {} until {}{}",
+            e.worker,
+            e.lease_deadline,
+            after_wait(e.budget_wait.as_ref())
+        ),
         OperationEvent::ReconciliationRecorded(e) => match &e.result {
             ReconciliationResult::Found {
                 external_id,
