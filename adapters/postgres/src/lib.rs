@@ -50,6 +50,7 @@ mod schema;
 // depends on this one (its `AnyStore` holds either), so this one cannot depend on it.
 #[path = "../../store/src/subscription.rs"]
 mod subscription;
+mod webhook_journal;
 mod writer;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -72,6 +73,10 @@ pub use config::{
     PASSWORD_VAR, SCHEMES, USER_VAR,
 };
 pub use schema::SCHEMA_VERSION;
+pub use webhook_journal::{
+    WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
+    MAX_WEBHOOK_ATTEMPTS_KEPT,
+};
 
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -47,7 +47,36 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
         metadata   bytea  NOT NULL,
         UNIQUE (stream_id, version)
     );
-"];
+", WEBHOOK_JOURNAL];
+
+/// Version 2: the webhooks' delivery journal, shared by every instance on the database
+/// (`webhook_journal.rs`). An endpoint's row holds its checkpoint, status, epoch and lease (holder,
+/// a token grown by every acquisition, and an expiry in the database's clock); its attempts are
+/// kept to a bound by the writer, oldest deleted first.
+const WEBHOOK_JOURNAL: &str = "
+    CREATE TABLE opledger.webhook_endpoints (
+        id               text        PRIMARY KEY,
+        checkpoint       bigint      CHECK (checkpoint >= 0),
+        status           text        NOT NULL CHECK (status IN ('active', 'paused', 'disabled')),
+        reason           text,
+        epoch            bigint      NOT NULL CHECK (epoch >= 0),
+        lease_holder     text,
+        lease_token      bigint      NOT NULL DEFAULT 0,
+        lease_expires_at timestamptz
+    );
+    CREATE TABLE opledger.webhook_attempts (
+        seq         bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        endpoint    text    NOT NULL,
+        position    bigint  NOT NULL,
+        webhook_id  text    NOT NULL,
+        attempt     bigint  NOT NULL,
+        at          timestamptz NOT NULL,
+        status      integer,
+        duration_ms bigint  NOT NULL,
+        error       text
+    );
+    CREATE INDEX webhook_attempts_by_endpoint ON opledger.webhook_attempts (endpoint, seq);
+";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.
 async fn found_version(client: &impl GenericClient) -> Result<i32, tokio_postgres::Error> {

@@ -293,6 +293,11 @@ impl Webhooks {
         })
     }
 
+    /// A server's webhooks when none is configured.
+    pub fn none() -> Self {
+        Self::without_endpoints()
+    }
+
     fn without_endpoints() -> Self {
         Self {
             journal: None,

@@ -17,13 +17,13 @@ use opledger_webhooks::endpoint::{check_url, MAX_ENDPOINT_ID_BYTES};
 use opledger_webhooks::schedule::{DEFAULT_RETRY_WINDOW_S, MAX_RETRY_WINDOW_S};
 use opledger_webhooks::signing::{Secret, MAX_SECRETS_PER_ENDPOINT};
 use opledger_webhooks::{
-    Endpoint, DEFAULT_REQUEST_TIMEOUT_MS, MAX_ENDPOINTS, MAX_REQUEST_TIMEOUT_MS,
-    MIN_REQUEST_TIMEOUT_MS,
+    Endpoint, DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_WEBHOOK_LEASE_MS, MAX_ENDPOINTS,
+    MAX_REQUEST_TIMEOUT_MS, MAX_WEBHOOK_LEASE_MS, MIN_REQUEST_TIMEOUT_MS, MIN_WEBHOOK_LEASE_MS,
 };
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{span, Checker, ConfigError};
+use super::{span, spanned_or, Checker, ConfigError, StoreUrl};
 use crate::render::wanted_types;
 
 /// One `[[webhooks]]` entry as written.
@@ -43,6 +43,43 @@ pub(super) struct WebhookEntry {
 }
 
 impl Checker<'_> {
+    /// Refuses webhooks on a KurrentDB ledger: its instances share no journal, so each would
+    /// keep its own checkpoints and deliver every event once per instance, with no lease to make
+    /// one of them the sender (README, "Webhooks with several instances").
+    pub(super) fn webhooks_fit_the_store(
+        &self,
+        entries: &[WebhookEntry],
+        store: &StoreUrl,
+    ) -> Result<(), ConfigError> {
+        match (entries.first(), store) {
+            (Some(first), StoreUrl::KurrentDb(_)) => Err(self.error(
+                Some(first.id.span()),
+                "webhooks[0]",
+                "webhooks need a journal every instance shares, and a KurrentDB ledger has none \
+                 here: each instance would deliver every event. Keep the ledger in PostgreSQL \
+                 (store = \"postgres://…\") or SQLite to deliver webhooks, or remove the \
+                 [[webhooks]] entries"
+                    .to_owned(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `webhook_lease_ms`, checked against its range.
+    pub(super) fn webhook_lease_ms(&self, value: &Option<Spanned<u64>>) -> Result<u64, ConfigError> {
+        let lease_ms = spanned_or(value, DEFAULT_WEBHOOK_LEASE_MS);
+        if !(MIN_WEBHOOK_LEASE_MS..=MAX_WEBHOOK_LEASE_MS).contains(&lease_ms) {
+            return Err(self.error(
+                span(value),
+                "webhook_lease_ms",
+                format!(
+                    "is {lease_ms}; use {MIN_WEBHOOK_LEASE_MS} to {MAX_WEBHOOK_LEASE_MS} ms (how long a killed instance's endpoints wait before another instance takes them over)"
+                ),
+            ));
+        }
+        Ok(lease_ms)
+    }
+
     /// Every `[[webhooks]]` entry, checked; `tenants` are the configured tenants.
     pub(super) fn webhooks(
         &self,
