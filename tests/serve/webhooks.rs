@@ -543,8 +543,8 @@ async fn a_dead_endpoint_beside_a_live_one_does_not_hold_it_back() {
 /// standby takes the endpoint over within the lease (and one renewal period), and every event
 /// reaches the receiver at least once, in log order, none skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_killed_holders_is_taken_over()
-{
+async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_killed_holders_is_taken_over(
+) {
     /// The lease the instances run with (`webhook_lease_ms`).
     const LEASE_MS: u64 = 2_000;
     /// What a takeover may take beyond the lease and a renewal period: the survivor's first
@@ -578,7 +578,9 @@ async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_kille
         .await;
     let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     for delivery in &before_kill {
-        ids.entry(position(delivery)).or_default().insert(delivery.id.clone());
+        ids.entry(position(delivery))
+            .or_default()
+            .insert(delivery.id.clone());
     }
     assert_eq!(
         before_kill.len() as u64,

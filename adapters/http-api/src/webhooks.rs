@@ -14,9 +14,7 @@ use std::sync::Arc;
 
 use opledger_domain::ports::IdSource as _;
 use opledger_runtime::system::RandomIds;
-use opledger_store::postgres::{
-    WebhookAttemptRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
-};
+use opledger_store::postgres::{WebhookAttemptRow, WebhookFence, WebhookJournal, WebhookLeaseAsk};
 use opledger_webhooks::journal::EndpointRecord;
 use opledger_webhooks::{
     Acquired, AttemptRecord, DeliveryJournal, EndpointStatus, Journal, JournalFuture, Lease,
@@ -143,7 +141,9 @@ fn journal_error(error: opledger_domain::store::StoreError) -> WebhookError {
     }
 }
 
-fn record_of(row: opledger_store::postgres::WebhookEndpointRow) -> Result<EndpointRecord, WebhookError> {
+fn record_of(
+    row: opledger_store::postgres::WebhookEndpointRow,
+) -> Result<EndpointRecord, WebhookError> {
     Ok(EndpointRecord {
         checkpoint: row.checkpoint,
         status: EndpointStatus::parse(&row.status)?,
@@ -163,7 +163,10 @@ fn row_of(attempt: &AttemptRecord) -> WebhookAttemptRow {
         duration_ms: attempt.duration_ms,
         error: attempt.error.as_deref().map(|error| {
             let mut error = error.to_owned();
-            truncate(&mut error, opledger_webhooks::journal::MAX_ATTEMPT_ERROR_BYTES);
+            truncate(
+                &mut error,
+                opledger_webhooks::journal::MAX_ATTEMPT_ERROR_BYTES,
+            );
             error
         }),
     }
@@ -205,7 +208,12 @@ impl DeliveryJournal for PostgresJournal {
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
         let endpoint = endpoint.to_owned();
         Box::pin(async move {
-            record_of(self.0.ensure(&endpoint, start).await.map_err(journal_error)?)
+            record_of(
+                self.0
+                    .ensure(&endpoint, start)
+                    .await
+                    .map_err(journal_error)?,
+            )
         })
     }
 

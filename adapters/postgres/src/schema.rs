@@ -25,7 +25,8 @@ const MIGRATION_LOCK_KEY: i64 = 0x6f70_6c65_6467_6572;
 /// and committed one transaction at a time across every instance (see the crate's docs).
 /// `streams` gives each stream a small id and holds its last version; `events` is the log, keyed
 /// by position, with the stream's name repeated so reading the log needs no join.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
+    "
     CREATE TABLE opledger.log_head (
         singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
         last_position bigint  NOT NULL CHECK (last_position >= 0)
@@ -47,7 +48,9 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
         metadata   bytea  NOT NULL,
         UNIQUE (stream_id, version)
     );
-", WEBHOOK_JOURNAL];
+",
+    WEBHOOK_JOURNAL,
+];
 
 /// Version 2: the webhooks' delivery journal, shared by every instance on the database
 /// (`webhook_journal.rs`). An endpoint's row holds its checkpoint, status, epoch and lease (holder,

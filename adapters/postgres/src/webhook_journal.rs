@@ -12,9 +12,9 @@
 //! It must never grant a lease another holder holds unexpired: acquisition is one conditional
 //! `UPDATE`, which PostgreSQL's row lock makes atomic across instances.
 
+use deadpool_postgres::GenericClient;
 use deadpool_postgres::Pool;
 use opledger_domain::store::StoreError;
-use deadpool_postgres::GenericClient;
 
 use crate::{pooled, unavailable, PostgresStore};
 
@@ -118,7 +118,9 @@ impl WebhookJournal {
         read_endpoint(&client, endpoint)
             .await?
             .ok_or_else(|| StoreError::Unavailable {
-                reason: format!("webhook endpoint `{endpoint}` has no row right after it was written"),
+                reason: format!(
+                    "webhook endpoint `{endpoint}` has no row right after it was written"
+                ),
             })
     }
 

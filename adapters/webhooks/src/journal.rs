@@ -383,8 +383,7 @@ impl DeliveryJournal for Journal {
         let endpoint = endpoint.to_owned();
         let only_at_epoch = fence.map(|(epoch, _)| epoch);
         Box::pin(async move {
-            Journal::set_status(self, &endpoint, status, reason, replay_after, only_at_epoch)
-                .await
+            Journal::set_status(self, &endpoint, status, reason, replay_after, only_at_epoch).await
         })
     }
 

@@ -236,7 +236,10 @@ impl Webhooks {
             let initial = if journal.shared() {
                 LeaseState::Standby { holder: None }
             } else {
-                match journal.acquire(&endpoint.id, &settings.holder, settings.lease_ms).await? {
+                match journal
+                    .acquire(&endpoint.id, &settings.holder, settings.lease_ms)
+                    .await?
+                {
                     Acquired::Held(lease) => LeaseState::Held {
                         lease,
                         valid_until: None,

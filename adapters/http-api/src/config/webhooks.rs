@@ -66,7 +66,10 @@ impl Checker<'_> {
     }
 
     /// `webhook_lease_ms`, checked against its range.
-    pub(super) fn webhook_lease_ms(&self, value: &Option<Spanned<u64>>) -> Result<u64, ConfigError> {
+    pub(super) fn webhook_lease_ms(
+        &self,
+        value: &Option<Spanned<u64>>,
+    ) -> Result<u64, ConfigError> {
         let lease_ms = spanned_or(value, DEFAULT_WEBHOOK_LEASE_MS);
         if !(MIN_WEBHOOK_LEASE_MS..=MAX_WEBHOOK_LEASE_MS).contains(&lease_ms) {
             return Err(self.error(
@@ -389,6 +392,43 @@ tenants = ["acme"]
                 "a secret leaked: {error}"
             );
         }
+    }
+
+    #[test]
+    fn the_webhook_lease_is_checked_against_its_range_with_its_line() {
+        assert_eq!(
+            check(GOOD).expect("valid").webhook_lease_ms,
+            opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS
+        );
+        let set = format!("webhook_lease_ms = 2000\n{GOOD}");
+        assert_eq!(check(&set).expect("valid").webhook_lease_ms, 2_000);
+        for bad in [999, 600_001] {
+            let text = format!("\nwebhook_lease_ms = {bad}{GOOD}");
+            let error = check(&text).expect_err("out of range");
+            assert_eq!(error.field, "webhook_lease_ms", "{error}");
+            assert_eq!(error.line, Some(2), "{error}");
+            assert!(error.message.contains("use 1000 to 600000 ms"), "{error}");
+        }
+    }
+
+    #[test]
+    fn webhooks_on_a_kurrentdb_ledger_are_refused_saying_which_ledgers_deliver_them() {
+        let text = format!("store = \"kurrentdb://127.0.0.1:2113?tls=false\"\n{GOOD}");
+        let error = check(&text).expect_err("refused");
+        assert_eq!(error.field, "webhooks[0]", "{error}");
+        assert_eq!(error.line, Some(8), "{error}");
+        assert!(
+            error
+                .message
+                .contains("each instance would deliver every event")
+                && error.message.contains("postgres://"),
+            "{error}"
+        );
+        let without = text.split("[[webhooks]]").next().expect("the text before");
+        assert!(
+            check(without).is_ok(),
+            "a KurrentDB ledger without webhooks starts"
+        );
     }
 
     #[test]
