@@ -48,6 +48,9 @@ pub(crate) struct Task<S, R> {
     pub lease: watch::Receiver<LeaseState>,
     /// The lease the current pass delivers under: the fence of its writes.
     pub held: Lease,
+    /// How often the lease keeper renews, in milliseconds (what a holder whose renewals fail
+    /// waits for at most before the next try).
+    pub renew_every_ms: u64,
 }
 
 /// This instance's hold on an endpoint's lease.
@@ -149,9 +152,15 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             if let Some(lease) = state.valid() {
                 return Some(lease.clone());
             }
-            if let LeaseState::Standby { holder } = state {
-                self.health.set(DeliveryState::Standby { holder });
-            }
+            self.health.set(match state {
+                LeaseState::Standby { holder } => DeliveryState::Standby { holder },
+                // Held but run out: the renewals failed (the journal did not answer). This
+                // instance cannot deliver, and another takes over once the lease expires there.
+                LeaseState::Held { .. } => DeliveryState::Faulted {
+                    error: "this instance's lease on the endpoint ran out unrenewed (the journal did not answer)".into(),
+                    retry_in_ms: self.renew_every_ms,
+                },
+            });
             tokio::select! {
                 biased;
                 _ = self.stop.wait_for(|stop| *stop) => return None,

@@ -272,6 +272,7 @@ impl Webhooks {
                 health: handle.health.clone(),
                 stop: stop.clone(),
                 lease: leased,
+                renew_every_ms: settings.lease_ms / LEASE_RENEWALS_PER_LEASE,
             };
             tasks.push(tokio::spawn(task.run()));
             handles.push(handle);
