@@ -164,6 +164,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         metrics_token: None,
         providers,
         webhooks: Vec::new(),
+        webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
     };
     Ok((config, stand))
 }

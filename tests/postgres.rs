@@ -684,3 +684,110 @@ async fn an_append_waiting_on_a_lock_held_elsewhere_fails_at_the_statement_timeo
 fn ids_of(numbers: &[u128]) -> Vec<EventId> {
     numbers.iter().map(|n| event(*n).event_id).collect()
 }
+
+/// The webhooks' journal on the shared database (`webhook_journal.rs`): a lease held unexpired
+/// is not granted to another instance; an expired one is, with a new token; and the instance
+/// that lost it can neither move the checkpoint, nor disable the endpoint, nor renew, nor give
+/// the new holder's lease up. Operators' status changes need no lease.
+#[tokio::test]
+async fn a_webhook_lease_is_granted_to_one_instance_and_fences_the_checkpoint_of_one_that_lost_it()
+{
+    use opledger_postgres::{WebhookFence, WebhookLeaseAsk};
+    let (store, _) = fresh_store().await;
+    let journal = store.webhook_journal();
+    let row = journal.ensure("billing", Some(3)).await.expect("created");
+    assert_eq!(
+        (row.checkpoint, row.status.as_str(), row.epoch),
+        (Some(3), "active", 0)
+    );
+
+    const LEASE_MS: u64 = 1_000;
+    let WebhookLeaseAsk::Granted(first) = journal
+        .acquire("billing", "a", LEASE_MS)
+        .await
+        .expect("asks")
+    else {
+        panic!("a free lease is granted");
+    };
+    assert_eq!(
+        journal
+            .acquire("billing", "b", LEASE_MS)
+            .await
+            .expect("asks"),
+        WebhookLeaseAsk::HeldBy("a".into()),
+        "a lease held unexpired is not granted to another instance"
+    );
+    let a = WebhookFence {
+        endpoint: "billing",
+        holder: "a",
+        token: first,
+    };
+    assert!(journal.advance(a, 0, 4).await.expect("moves"));
+    assert_eq!(journal.renew(a, LEASE_MS).await.expect("renews"), Some(0));
+
+    // `a` stalls past its lease; `b` takes the endpoint over with a new token.
+    let started = Instant::now();
+    let second = loop {
+        match journal
+            .acquire("billing", "b", LEASE_MS)
+            .await
+            .expect("asks")
+        {
+            WebhookLeaseAsk::Granted(token) => break token,
+            WebhookLeaseAsk::HeldBy(holder) => assert_eq!(holder, "a"),
+        }
+        assert!(started.elapsed() < WAIT_LIMIT, "the lease never ran out");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(second > first, "a takeover grants a new token");
+    let b = WebhookFence {
+        endpoint: "billing",
+        holder: "b",
+        token: second,
+    };
+    assert!(
+        !journal.advance(a, 0, 9).await.expect("asks"),
+        "the loser cannot move the checkpoint"
+    );
+    assert!(
+        !journal
+            .set_status("billing", "disabled", Some("loser"), None, Some((0, a)))
+            .await
+            .expect("asks"),
+        "the loser cannot disable the endpoint"
+    );
+    assert_eq!(
+        journal.renew(a, LEASE_MS).await.expect("asks"),
+        None,
+        "nor renew"
+    );
+    journal.release(a).await.expect("a no-op");
+    assert_eq!(
+        journal
+            .acquire("billing", "a", LEASE_MS)
+            .await
+            .expect("asks"),
+        WebhookLeaseAsk::HeldBy("b".into()),
+        "the loser's release left the new holder's lease alone"
+    );
+    assert!(journal.advance(b, 0, 5).await.expect("moves"));
+    // An operator's replay from any instance: no lease, the epoch moves, the holder's writes
+    // under the old epoch are refused.
+    assert!(journal
+        .set_status("billing", "active", None, Some(Some(1)), None)
+        .await
+        .expect("replays"));
+    assert!(!journal.advance(b, 0, 6).await.expect("asks"));
+    let row = journal
+        .record("billing")
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!((row.checkpoint, row.epoch), (Some(1), 1));
+    // A given-up lease is granted at once.
+    journal.release(b).await.expect("gives up");
+    assert!(matches!(
+        journal.acquire("billing", "a", LEASE_MS).await.expect("asks"),
+        WebhookLeaseAsk::Granted(token) if token > second
+    ));
+}

@@ -3,7 +3,8 @@
 //! (`standardwebhooks`), not with this project's code. The receiver logs each request (path,
 //! webhook-id, whether the signature verified, the payload) to a file, one JSON line each, and
 //! answers per path: `/ok` 200, `/flaky` 500 twice then 200, `/429` 429 with `Retry-After: 2`
-//! once then 200, `/gone` 410.
+//! once then 200, `/gone` 410. Each line also says how many other requests to the same path
+//! were under way when it arrived, so a test sees two instances delivering at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -29,6 +30,7 @@ secret, log_path, delay_ms = sys.argv[1], sys.argv[2], int(sys.argv[3])
 webhook = Webhook(secret)
 lock = threading.Lock()
 counts = {}
+inflight = {}
 
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
@@ -41,9 +43,19 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             n = counts.get(self.path, 0) + 1
             counts[self.path] = n
+            overlapping = inflight.get(self.path, 0)
+            inflight[self.path] = overlapping + 1
             with open(log_path, "a") as log:
                 log.write(json.dumps({"path": self.path, "id": headers.get("webhook-id"),
-                    "verified": verified, "error": error, "payload": payload, "at": time.time()}) + "\n")
+                    "verified": verified, "error": error, "payload": payload, "at": time.time(),
+                    "overlapping": overlapping}) + "\n")
+        try:
+            self.answer(verified, n)
+        finally:
+            with lock:
+                inflight[self.path] -= 1
+
+    def answer(self, verified, n):
         if delay_ms:
             time.sleep(delay_ms / 1000)
         status, extra = 200, {}
@@ -92,6 +104,8 @@ struct Logged {
     error: Option<String>,
     payload: Value,
     at: f64,
+    /// Other requests to the same path under way when this one arrived.
+    overlapping: u64,
 }
 
 impl Receiver {
@@ -135,6 +149,7 @@ impl Receiver {
                 error: line["error"].as_str().map(str::to_owned),
                 payload: line["payload"].clone(),
                 at: line["at"].as_f64().unwrap_or(0.0),
+                overlapping: line["overlapping"].as_u64().unwrap_or(0),
             })
             .filter(|logged| logged.path == path)
             .collect()
@@ -520,4 +535,184 @@ async fn a_dead_endpoint_beside_a_live_one_does_not_hold_it_back() {
     assert_eq!(live["delivered_total"], json!(head), "{live}");
     // One attempt at the dead endpoint waits 15 s; the live one finished long before.
     assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+}
+
+/// Two instances on one PostgreSQL ledger with one endpoint: the lease makes one of them the
+/// sender and the other a standby naming it; the receiver never has two deliveries under way
+/// at once and gets each event once while both run. SIGKILL of the holder mid-stream: the
+/// standby takes the endpoint over within the lease (and one renewal period), and every event
+/// reaches the receiver at least once, in log order, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_killed_holders_is_taken_over(
+) {
+    /// The lease the instances run with (`webhook_lease_ms`).
+    const LEASE_MS: u64 = 2_000;
+    /// What a takeover may take beyond the lease and a renewal period: the survivor's first
+    /// delivery (rendering, a 150 ms answer) on a machine shared with other builds.
+    const TAKEOVER_MARGIN_MS: u64 = 3_000;
+    let database = crate::postgres_server::server().database();
+    let url = crate::postgres_server::server().url(&database);
+    let harness = Harness::with_store("", Some(url)).await;
+    // Each answer takes 150 ms, so deliveries trail the operations and the kill lands while
+    // some are under way.
+    let receiver = Receiver::start(harness.dir.path(), 150).await;
+    let text = std::fs::read_to_string(&harness.config).expect("the configuration");
+    // A top-level key goes before the file's first table.
+    let text = format!("webhook_lease_ms = {LEASE_MS}\n{text}")
+        + &entry("all", &receiver.url("/ok"), r#"["all"]"#);
+    std::fs::write(&harness.config, text).expect("configuration written");
+    let mut servers: Vec<Server> = (0..2)
+        .map(|n| start(&harness, &harness.instance_config(n, &[])))
+        .collect();
+
+    // One holds the lease; the other stands by and names it.
+    let (holder, standby) = holder_and_standby(&servers).await;
+    let holder_pid = servers[holder].pid();
+    operations(&servers[standby], "while both run", 2).await;
+    operations(&servers[holder], "while both run", 1).await;
+    let head = servers[0].log_head().await;
+    let before_kill = receiver
+        .wait_until("/ok", |logged| {
+            logged.iter().map(position).collect::<BTreeSet<_>>().len() as u64 >= head
+        })
+        .await;
+    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for delivery in &before_kill {
+        ids.entry(position(delivery))
+            .or_default()
+            .insert(delivery.id.clone());
+    }
+    assert_eq!(
+        before_kill.len() as u64,
+        head,
+        "while both instances ran, each event arrived once (one sender): {ids:?}"
+    );
+
+    let first_head = head;
+    // The holder has recorded its last delivery and waits for events: nothing of its own will
+    // make it read the endpoint's record again.
+    wait_for_endpoint(&servers[holder], "all", |e| e["checkpoint"] == json!(head)).await;
+    // An operator replays through the standby: the holder hears of it at its next renewal
+    // (the endpoint's epoch moved) and delivers the history again, though no new event came.
+    let (status, replayed) = servers[standby]
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({"after_position": 0})),
+        )
+        .await;
+    assert_eq!(status, 200, "{replayed}");
+    let replayed = receiver
+        .wait_until("/ok", |logged| logged.len() as u64 >= 2 * head)
+        .await;
+
+    // Mid-stream: more events than the receiver has answered when the holder is killed.
+    let survivor_index = standby;
+    operations(&servers[survivor_index], "before the kill", 3).await;
+    let delivered = replayed.len();
+    receiver
+        .wait_until("/ok", |logged| logged.len() > delivered)
+        .await;
+    let killed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let victim = servers.remove(holder);
+    victim.kill();
+    let survivor = &servers[0];
+    operations(survivor, "after the kill", 2).await;
+    let head = survivor.log_head().await;
+    let logged = receiver
+        .wait_until("/ok", |logged| {
+            logged.iter().map(position).collect::<BTreeSet<_>>().len() as u64 >= head
+        })
+        .await;
+    if let Some(refused) = logged.iter().find(|l| !l.verified) {
+        panic!(
+            "standardwebhooks refused a delivery ({:?}): {refused:?}",
+            refused.error
+        );
+    }
+    let overlapping: Vec<&Logged> = logged.iter().filter(|l| l.overlapping > 0).collect();
+    assert!(
+        overlapping.is_empty(),
+        "two deliveries were under way at once (two senders): {overlapping:#?}"
+    );
+    // After the replay (which starts again from position 1), in log order: each delivery is
+    // the next position after the highest seen, or a repeat (the one the kill interrupted).
+    let mut highest = first_head;
+    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for delivery in &logged[delivered..] {
+        let at = position(delivery);
+        assert!(
+            at <= highest + 1,
+            "position {at} arrived after {highest}: a skip"
+        );
+        highest = highest.max(at);
+    }
+    for delivery in &logged {
+        ids.entry(position(delivery))
+            .or_default()
+            .insert(delivery.id.clone());
+    }
+    assert_eq!(
+        ids.keys().copied().collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    assert!(
+        ids.values().all(|ids| ids.len() == 1),
+        "a repeated event came under another webhook-id: {ids:?}"
+    );
+    // The takeover: from the kill to the first delivery the survivor made.
+    let first_after = logged
+        .iter()
+        .find(|l| l.at > killed_at)
+        .map(|l| l.at)
+        .expect("deliveries after the kill");
+    let takeover_ms = ((first_after - killed_at) * 1000.0) as u64;
+    let survivor_view = wait_for_endpoint(survivor, "all", |e| {
+        e["delivery"]["state"] == "delivering" && e["lag_positions"] == 0
+    })
+    .await;
+    println!(
+        "holder serve-{holder_pid} SIGKILLed: the other instance delivered {takeover_ms} ms later (lease {LEASE_MS} ms); {} deliveries for {head} events ({first_head} replayed, {} repeated after the kill)",
+        logged.len(),
+        logged.len() as u64 - head - first_head
+    );
+    let bound = LEASE_MS + LEASE_MS / 3 + TAKEOVER_MARGIN_MS;
+    assert!(
+        takeover_ms <= bound,
+        "the endpoint was taken over in {takeover_ms} ms, over {bound} ms: {survivor_view}"
+    );
+}
+
+/// Which of two servers holds the endpoint `all`'s lease (delivering) and which stands by
+/// naming it, once they agree.
+async fn holder_and_standby(servers: &[Server]) -> (usize, usize) {
+    let started = Instant::now();
+    loop {
+        let mut states = Vec::new();
+        for server in servers {
+            let endpoint = wait_for_endpoint(server, "all", |_| true).await;
+            states.push(endpoint["delivery"].clone());
+        }
+        let delivering: Vec<usize> = (0..servers.len())
+            .filter(|&n| states[n]["state"] == "delivering")
+            .collect();
+        let standing_by: Vec<usize> = (0..servers.len())
+            .filter(|&n| states[n]["state"] == "standby")
+            .collect();
+        if let ([holder], [standby]) = (delivering.as_slice(), standing_by.as_slice()) {
+            let named = states[*standby]["holder"].as_str().unwrap_or_default();
+            if named.starts_with(&format!("serve-{}-", servers[*holder].pid())) {
+                return (*holder, *standby);
+            }
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no single holder with a standby naming it: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -212,6 +212,9 @@ pub struct ServeConfig {
     pub providers: Vec<Connector>,
     /// The endpoints outcome events are delivered to (`[[webhooks]]`).
     pub webhooks: Vec<opledger_webhooks::Endpoint>,
+    /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
+    /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
+    pub webhook_lease_ms: u64,
 }
 
 // ---- the file's shape (serde) ----
@@ -241,6 +244,7 @@ struct File {
     metrics: MetricsSection,
     #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
+    webhook_lease_ms: Option<Spanned<u64>>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -519,6 +523,8 @@ impl Checker<'_> {
         let providers = self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
+        self.webhooks_fit_the_store(&file.webhooks, &store)?;
+        let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -541,6 +547,7 @@ impl Checker<'_> {
             metrics_token,
             providers,
             webhooks,
+            webhook_lease_ms,
         })
     }
 

@@ -286,19 +286,30 @@ impl Service {
             config.read_model_linger_ms,
             &stopping,
         );
-        let webhooks = Arc::new(
-            opledger_webhooks::Webhooks::start(
-                &store,
-                Arc::new(webhooks::OutcomeRender {
-                    store: store.clone(),
-                    engine: Arc::clone(&engine),
-                }),
-                config.webhooks,
-                &webhooks::journal_path(&config.store, &read_models_path),
-                stopping.clone(),
-            )
-            .await?,
-        );
+        let journal = webhooks::journal_for(
+            &store,
+            &config.store,
+            &read_models_path,
+            config.webhooks.len(),
+        )
+        .await?;
+        let webhooks = Arc::new(match journal {
+            Some(journal) => {
+                opledger_webhooks::Webhooks::start_with(
+                    &store,
+                    Arc::new(webhooks::OutcomeRender {
+                        store: store.clone(),
+                        engine: Arc::clone(&engine),
+                    }),
+                    config.webhooks,
+                    journal,
+                    webhooks::lease_settings(config.webhook_lease_ms),
+                    stopping.clone(),
+                )
+                .await?
+            }
+            None => opledger_webhooks::Webhooks::none(),
+        });
         let limits = config.limits;
         let tokens = Tokens::new(config.tokens);
         let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));

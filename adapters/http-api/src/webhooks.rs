@@ -1,6 +1,8 @@
 //! The server's side of outcome webhooks: what an event says to a subscriber (rendered here, where
 //! the API renders the agent's sentence, so the two cannot drift apart), and where the delivery
-//! journal lives.
+//! journal lives: a SQLite file beside the ledger, or the shared PostgreSQL database's tables
+//! (adapted to the webhooks' port below), so instances sharing a database share the journal and
+//! its leases.
 //!
 //! The payload names the operation, its tenant, provider, account and action, its state and
 //! external id after the event, the event's global position, stream version and types, and the
@@ -10,6 +12,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use opledger_domain::ports::IdSource as _;
+use opledger_runtime::system::RandomIds;
+use opledger_store::postgres::{WebhookAttemptRow, WebhookFence, WebhookJournal, WebhookLeaseAsk};
+use opledger_webhooks::journal::EndpointRecord;
+use opledger_webhooks::{
+    Acquired, AttemptRecord, DeliveryJournal, EndpointStatus, Journal, JournalFuture, Lease,
+    LeaseSettings, WebhookError,
+};
+
 use opledger_domain::provider::Providers as _;
 use opledger_domain::sentence::described_sentence;
 use opledger_domain::store::RecordedEvent;
@@ -18,7 +29,7 @@ use serde_json::json;
 
 use crate::config::StoreUrl;
 use crate::render::{outcome_of, state_through};
-use crate::{ServeEngine, ServeStore};
+use crate::{ServeEngine, ServeError, ServeStore};
 
 /// Renders events of the log as webhook messages.
 pub struct OutcomeRender {
@@ -79,5 +90,252 @@ pub fn journal_path(store: &StoreUrl, read_models: &Path) -> PathBuf {
             PathBuf::from(journal)
         }
         StoreUrl::KurrentDb(_) | StoreUrl::Postgres(_) => read_models.with_extension("webhooks"),
+    }
+}
+
+/// The journal webhooks deliver from: the shared database's tables on PostgreSQL, the file at
+/// [`journal_path`] otherwise; `None` without endpoints (no file is left then).
+pub async fn journal_for(
+    store: &ServeStore,
+    url: &StoreUrl,
+    read_models: &Path,
+    endpoints: usize,
+) -> Result<Option<Arc<dyn DeliveryJournal>>, ServeError> {
+    if endpoints == 0 {
+        return Ok(None);
+    }
+    Ok(Some(match store {
+        ServeStore::Postgres(postgres) => Arc::new(PostgresJournal(postgres.webhook_journal())),
+        _ => Arc::new(Journal::open(journal_path(url, read_models)).await?),
+    }))
+}
+
+/// This instance's lease settings: a holder name unique among the instances on one database
+/// (the process id for the operator reading it, a random suffix because two hosts can share a
+/// process id).
+pub fn lease_settings(lease_ms: u64) -> LeaseSettings {
+    LeaseSettings {
+        holder: format!(
+            "serve-{}-{:08x}",
+            std::process::id(),
+            RandomIds.random_below(1 << 32)
+        ),
+        lease_ms,
+    }
+}
+
+/// The PostgreSQL store's webhook tables behind the webhooks' port.
+struct PostgresJournal(WebhookJournal);
+
+fn fence(lease: &Lease) -> WebhookFence<'_> {
+    WebhookFence {
+        endpoint: &lease.endpoint,
+        holder: &lease.holder,
+        token: lease.token,
+    }
+}
+
+fn journal_error(error: opledger_domain::store::StoreError) -> WebhookError {
+    WebhookError::Journal {
+        reason: error.to_string(),
+    }
+}
+
+fn record_of(
+    row: opledger_store::postgres::WebhookEndpointRow,
+) -> Result<EndpointRecord, WebhookError> {
+    Ok(EndpointRecord {
+        checkpoint: row.checkpoint,
+        status: EndpointStatus::parse(&row.status)?,
+        reason: row.reason,
+        epoch: row.epoch,
+    })
+}
+
+fn row_of(attempt: &AttemptRecord) -> WebhookAttemptRow {
+    WebhookAttemptRow {
+        endpoint: attempt.endpoint.clone(),
+        position: attempt.position,
+        webhook_id: attempt.webhook_id.clone(),
+        attempt: attempt.attempt,
+        at: attempt.at.to_rfc3339(),
+        status: attempt.status,
+        duration_ms: attempt.duration_ms,
+        error: attempt.error.as_deref().map(|error| {
+            let mut error = error.to_owned();
+            truncate(
+                &mut error,
+                opledger_webhooks::journal::MAX_ATTEMPT_ERROR_BYTES,
+            );
+            error
+        }),
+    }
+}
+
+fn truncate(text: &mut String, max_bytes: usize) {
+    if text.len() > max_bytes {
+        let mut end = max_bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+fn attempt_of(row: WebhookAttemptRow) -> Result<AttemptRecord, WebhookError> {
+    let at = chrono::DateTime::parse_from_rfc3339(&row.at)
+        .map_err(|error| WebhookError::Journal {
+            reason: format!("an attempt's time `{}` is not RFC 3339: {error}", row.at),
+        })?
+        .with_timezone(&chrono::Utc);
+    Ok(AttemptRecord {
+        endpoint: row.endpoint,
+        position: row.position,
+        webhook_id: row.webhook_id,
+        attempt: row.attempt,
+        at,
+        status: row.status,
+        duration_ms: row.duration_ms,
+        error: row.error,
+    })
+}
+
+impl DeliveryJournal for PostgresJournal {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move {
+            record_of(
+                self.0
+                    .ensure(&endpoint, start)
+                    .await
+                    .map_err(journal_error)?,
+            )
+        })
+    }
+
+    fn record(&self, endpoint: &str) -> JournalFuture<'_, Option<EndpointRecord>> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move {
+            self.0
+                .record(&endpoint)
+                .await
+                .map_err(journal_error)?
+                .map(record_of)
+                .transpose()
+        })
+    }
+
+    fn advance(&self, lease: &Lease, epoch: u64, position: u64) -> JournalFuture<'_, bool> {
+        let lease = lease.clone();
+        Box::pin(async move {
+            self.0
+                .advance(fence(&lease), epoch, position)
+                .await
+                .map_err(journal_error)
+        })
+    }
+
+    fn set_status(
+        &self,
+        endpoint: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+        only: Option<(u64, &Lease)>,
+    ) -> JournalFuture<'_, bool> {
+        let endpoint = endpoint.to_owned();
+        let only = only.map(|(epoch, lease)| (epoch, lease.clone()));
+        Box::pin(async move {
+            self.0
+                .set_status(
+                    &endpoint,
+                    status.name(),
+                    reason.as_deref(),
+                    replay_after,
+                    only.as_ref().map(|(epoch, lease)| (*epoch, fence(lease))),
+                )
+                .await
+                .map_err(journal_error)
+        })
+    }
+
+    fn record_attempt(&self, attempt: AttemptRecord) -> JournalFuture<'_, ()> {
+        Box::pin(async move {
+            self.0
+                .record_attempt(&row_of(&attempt), None)
+                .await
+                .map_err(journal_error)
+                .map(|_| ())
+        })
+    }
+
+    fn record_delivery(
+        &self,
+        attempt: AttemptRecord,
+        lease: &Lease,
+        epoch: u64,
+    ) -> JournalFuture<'_, bool> {
+        let lease = lease.clone();
+        Box::pin(async move {
+            self.0
+                .record_attempt(&row_of(&attempt), Some((epoch, fence(&lease))))
+                .await
+                .map_err(journal_error)
+        })
+    }
+
+    fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        let endpoint = endpoint.to_owned();
+        let limit = limit.min(opledger_webhooks::journal::MAX_ATTEMPTS_LISTED);
+        Box::pin(async move {
+            self.0
+                .attempts(&endpoint, limit)
+                .await
+                .map_err(journal_error)?
+                .into_iter()
+                .map(attempt_of)
+                .collect()
+        })
+    }
+
+    fn acquire(&self, endpoint: &str, holder: &str, lease_ms: u64) -> JournalFuture<'_, Acquired> {
+        let endpoint = endpoint.to_owned();
+        let holder = holder.to_owned();
+        Box::pin(async move {
+            Ok(
+                match self
+                    .0
+                    .acquire(&endpoint, &holder, lease_ms)
+                    .await
+                    .map_err(journal_error)?
+                {
+                    WebhookLeaseAsk::Granted(token) => Acquired::Held(Lease {
+                        endpoint,
+                        holder,
+                        token,
+                    }),
+                    WebhookLeaseAsk::HeldBy(other) => Acquired::HeldBy(other),
+                },
+            )
+        })
+    }
+
+    fn renew(&self, lease: &Lease, lease_ms: u64) -> JournalFuture<'_, Option<u64>> {
+        let lease = lease.clone();
+        Box::pin(async move {
+            self.0
+                .renew(fence(&lease), lease_ms)
+                .await
+                .map_err(journal_error)
+        })
+    }
+
+    fn release(&self, lease: &Lease) -> JournalFuture<'_, ()> {
+        let lease = lease.clone();
+        Box::pin(async move { self.0.release(fence(&lease)).await.map_err(journal_error) })
     }
 }

@@ -46,6 +46,7 @@ mod codec;
 mod config;
 mod listener;
 mod schema;
+mod webhook_journal;
 mod writer;
 
 // The SQLite store's rules and catch-up subscription, from the crate both stores depend on.
@@ -74,6 +75,10 @@ pub use config::{
 };
 pub use listener::LISTEN_RETRY_PAUSE_MS;
 pub use schema::SCHEMA_VERSION;
+pub use webhook_journal::{
+    WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
+    MAX_WEBHOOK_ATTEMPTS_KEPT,
+};
 pub use writer::ROUND_TRIPS_PER_COMMIT;
 
 use self::subscription::{CatchUp, LogSource};

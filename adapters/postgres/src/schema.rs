@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -25,7 +25,8 @@ const MIGRATION_LOCK_KEY: i64 = 0x6f70_6c65_6467_6572;
 /// and committed one transaction at a time across every instance (see the crate's docs).
 /// `streams` gives each stream a small id and holds its last version; `events` is the log, keyed
 /// by position, with the stream's name repeated so reading the log needs no join.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
+    "
     CREATE TABLE opledger.log_head (
         singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
         last_position bigint  NOT NULL CHECK (last_position >= 0)
@@ -47,7 +48,38 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = ["
         metadata   bytea  NOT NULL,
         UNIQUE (stream_id, version)
     );
-"];
+",
+    WEBHOOK_JOURNAL,
+];
+
+/// Version 2: the webhooks' delivery journal, shared by every instance on the database
+/// (`webhook_journal.rs`). An endpoint's row holds its checkpoint, status, epoch and lease (holder,
+/// a token grown by every acquisition, and an expiry in the database's clock); its attempts are
+/// kept to a bound by the writer, oldest deleted first.
+const WEBHOOK_JOURNAL: &str = "
+    CREATE TABLE opledger.webhook_endpoints (
+        id               text        PRIMARY KEY,
+        checkpoint       bigint      CHECK (checkpoint >= 0),
+        status           text        NOT NULL CHECK (status IN ('active', 'paused', 'disabled')),
+        reason           text,
+        epoch            bigint      NOT NULL CHECK (epoch >= 0),
+        lease_holder     text,
+        lease_token      bigint      NOT NULL DEFAULT 0,
+        lease_expires_at timestamptz
+    );
+    CREATE TABLE opledger.webhook_attempts (
+        seq         bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        endpoint    text    NOT NULL,
+        position    bigint  NOT NULL,
+        webhook_id  text    NOT NULL,
+        attempt     bigint  NOT NULL,
+        at          timestamptz NOT NULL,
+        status      integer,
+        duration_ms bigint  NOT NULL,
+        error       text
+    );
+    CREATE INDEX webhook_attempts_by_endpoint ON opledger.webhook_attempts (endpoint, seq);
+";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.
 async fn found_version(client: &impl GenericClient) -> Result<i32, tokio_postgres::Error> {

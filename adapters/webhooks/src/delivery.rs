@@ -2,8 +2,13 @@
 //! each event it wants, retrying one event until it is delivered, the endpoint is disabled, or
 //! an operator changes the endpoint.
 //!
+//! It delivers only while this instance holds the endpoint's lease (`port.rs`): it waits while
+//! another instance holds it, and drops what it is doing — an attempt under way included — the
+//! moment the lease is lost or its validity runs out unrenewed.
+//!
 //! It must never move the checkpoint past an event it has not delivered (or skipped by the
-//! filter), and never hold more than [`MAX_QUEUE_EVENTS`] events in memory.
+//! filter), never deliver without a valid lease, and never hold more than [`MAX_QUEUE_EVENTS`]
+//! events in memory.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +18,12 @@ use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Su
 use opledger_runtime::system::RandomIds;
 use serde_json::json;
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant as TokioInstant;
 use tracing::{info, warn, Instrument};
 
 use crate::client::{attempt, Answer};
-use crate::journal::{AttemptRecord, EndpointRecord, EndpointStatus, Journal};
+use crate::journal::{AttemptRecord, EndpointRecord, EndpointStatus};
+use crate::port::{DeliveryJournal, Lease};
 use crate::schedule::pause;
 use crate::service::{DeliveryState, Health};
 use crate::signing::webhook_id;
@@ -30,13 +37,45 @@ use crate::{
 pub(crate) struct Task<S, R> {
     pub store: S,
     pub render: Arc<R>,
-    pub journal: Journal,
+    pub journal: Arc<dyn DeliveryJournal>,
     pub endpoint: Arc<Endpoint>,
     pub client: reqwest::Client,
     /// Rung after an operator changed the endpoint's record: re-read it.
     pub wake: Arc<Notify>,
     pub health: Health,
     pub stop: watch::Receiver<bool>,
+    /// This instance's hold on the endpoint, kept by the service's lease keeper.
+    pub lease: watch::Receiver<LeaseState>,
+    /// The lease the current pass delivers under: the fence of its writes.
+    pub held: Lease,
+    /// How often the lease keeper renews, in milliseconds (what a holder whose renewals fail
+    /// waits for at most before the next try).
+    pub renew_every_ms: u64,
+}
+
+/// This instance's hold on an endpoint's lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseState {
+    /// Not held: another instance holds it (named when known), or it was not yet asked for.
+    Standby { holder: Option<String> },
+    /// Held; deliveries stop at `valid_until` unless a renewal moves it (`None`: for ever, the
+    /// one process of an embedded journal).
+    Held {
+        lease: Lease,
+        valid_until: Option<TokioInstant>,
+    },
+}
+
+impl LeaseState {
+    /// The lease, if it is held and still valid now.
+    fn valid(&self) -> Option<&Lease> {
+        match self {
+            Self::Held { lease, valid_until } => valid_until
+                .is_none_or(|until| until > TokioInstant::now())
+                .then_some(lease),
+            Self::Standby { .. } => None,
+        }
+    }
 }
 
 /// What became of one event.
@@ -55,6 +94,8 @@ enum Ended {
     Stopped,
     /// The endpoint's record changed (an operator, or a disabling): read it again.
     Changed,
+    /// The lease was lost or ran out unrenewed: wait for it again.
+    LeaseLost,
 }
 
 impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
@@ -63,9 +104,27 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
     pub async fn run(mut self) {
         let mut faults: u32 = 0;
         loop {
-            match self.pass().await {
+            let Some(lease) = self.wait_for_lease().await else {
+                break;
+            };
+            let token = lease.token;
+            self.held = lease;
+            // The pass is dropped the moment the lease goes, an attempt under way with it: a
+            // request still running when another instance takes over would be a concurrent
+            // delivery, and the writes it would make are refused by the fence anyway.
+            let lost = lease_lost(self.lease.clone(), token);
+            let passed = tokio::select! {
+                biased;
+                () = lost => Ok(Ended::LeaseLost),
+                passed = self.pass() => passed,
+            };
+            match passed {
                 Ok(Ended::Stopped) => break,
                 Ok(Ended::Changed) => faults = 0,
+                Ok(Ended::LeaseLost) => {
+                    faults = 0;
+                    info!(endpoint = %self.endpoint.id, "this instance no longer holds the webhook endpoint's lease; it stops delivering it");
+                }
                 Err(error) => {
                     faults = faults.saturating_add(1);
                     let doublings = (faults - 1).min(16);
@@ -84,6 +143,34 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             }
         }
         self.health.set(DeliveryState::Finished);
+    }
+
+    /// Waits until this instance holds the endpoint's lease; `None` if the service stops first.
+    async fn wait_for_lease(&mut self) -> Option<Lease> {
+        loop {
+            let state = self.lease.borrow_and_update().clone();
+            if let Some(lease) = state.valid() {
+                return Some(lease.clone());
+            }
+            self.health.set(match state {
+                LeaseState::Standby { holder } => DeliveryState::Standby { holder },
+                // Held but run out: the renewals failed (the journal did not answer). This
+                // instance cannot deliver, and another takes over once the lease expires there.
+                LeaseState::Held { .. } => DeliveryState::Faulted {
+                    error: "this instance's lease on the endpoint ran out unrenewed (the journal did not answer)".into(),
+                    retry_in_ms: self.renew_every_ms,
+                },
+            });
+            tokio::select! {
+                biased;
+                _ = self.stop.wait_for(|stop| *stop) => return None,
+                changed = self.lease.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// Waits `duration`, or less if an operator acts; `Some` if the service stops meanwhile.
@@ -189,7 +276,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
     ) -> Result<bool, WebhookError> {
         let saved = self
             .journal
-            .advance(&self.endpoint.id, record.epoch, position)
+            .advance(&self.held, record.epoch, position)
             .await?;
         if saved {
             self.health.checkpoint(position);
@@ -302,7 +389,10 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             };
             // A delivery's attempt and its checkpoint are one commit; a failure's attempt alone.
             if let Answer::Delivered { .. } = attempted.answer {
-                let advanced = self.journal.record_delivery(row, record.epoch).await?;
+                let advanced = self
+                    .journal
+                    .record_delivery(row, &self.held, record.epoch)
+                    .await?;
                 self.health.delivered(position);
                 return Ok((!advanced).then_some(Ended::Changed));
             }
@@ -366,7 +456,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 EndpointStatus::Disabled,
                 Some(reason.clone()),
                 None,
-                Some(record.epoch),
+                Some((record.epoch, &self.held)),
             )
             .await?;
         if disabled {
@@ -376,6 +466,30 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             info!(endpoint = %self.endpoint.id, "an operator changed the endpoint first; it is not disabled");
         }
         Ok(Some(Ended::Changed))
+    }
+}
+
+/// Completes when the lease with `token` is no longer held, or its validity runs out before a
+/// renewal extends it.
+async fn lease_lost(mut lease: watch::Receiver<LeaseState>, token: u64) {
+    loop {
+        let state = lease.borrow_and_update().clone();
+        let valid_until = match state {
+            LeaseState::Held { lease, valid_until } if lease.token == token => valid_until,
+            _ => return,
+        };
+        let renewed = async {
+            match valid_until {
+                Some(until) => tokio::select! {
+                    () = tokio::time::sleep_until(until) => false,
+                    changed = lease.changed() => changed.is_ok(),
+                },
+                None => lease.changed().await.is_ok(),
+            }
+        };
+        if !renewed.await {
+            return;
+        }
     }
 }
 

@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
+use crate::port::{Acquired, DeliveryJournal, JournalFuture, Lease};
 use crate::WebhookError;
 
 /// Most attempts kept per endpoint; older ones are deleted as new ones are written. At about
@@ -45,7 +46,8 @@ pub enum EndpointStatus {
 }
 
 impl EndpointStatus {
-    fn name(self) -> &'static str {
+    /// Its name as journals store it (`active`, `paused`, `disabled`).
+    pub fn name(self) -> &'static str {
         match self {
             Self::Active => "active",
             Self::Paused => "paused",
@@ -53,7 +55,8 @@ impl EndpointStatus {
         }
     }
 
-    fn parse(name: &str) -> Result<Self, WebhookError> {
+    /// The status a journal stored as `name`.
+    pub fn parse(name: &str) -> Result<Self, WebhookError> {
         Ok(match name {
             "active" => Self::Active,
             "paused" => Self::Paused,
@@ -343,6 +346,85 @@ impl Journal {
     {
         let connection = Arc::clone(&self.connection);
         blocking(move || work(&mut lock(&connection))).await
+    }
+}
+
+/// The embedded default: one process owns the ledger file (the SQLite store locks it), so it
+/// holds every endpoint's lease for ever and the fences are the epochs alone. Its calls are the
+/// inherent ones above, unchanged, so a delivery costs what it did before the port existed.
+impl DeliveryJournal for Journal {
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move { Journal::ensure(self, &endpoint, start).await })
+    }
+
+    fn record(&self, endpoint: &str) -> JournalFuture<'_, Option<EndpointRecord>> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move { Journal::record(self, &endpoint).await })
+    }
+
+    fn advance(&self, lease: &Lease, epoch: u64, position: u64) -> JournalFuture<'_, bool> {
+        let endpoint = lease.endpoint.clone();
+        Box::pin(async move { Journal::advance(self, &endpoint, epoch, position).await })
+    }
+
+    fn set_status(
+        &self,
+        endpoint: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+        fence: Option<(u64, &Lease)>,
+    ) -> JournalFuture<'_, bool> {
+        let endpoint = endpoint.to_owned();
+        let only_at_epoch = fence.map(|(epoch, _)| epoch);
+        Box::pin(async move {
+            Journal::set_status(self, &endpoint, status, reason, replay_after, only_at_epoch).await
+        })
+    }
+
+    fn record_attempt(&self, attempt: AttemptRecord) -> JournalFuture<'_, ()> {
+        Box::pin(Journal::record_attempt(self, attempt))
+    }
+
+    fn record_delivery(
+        &self,
+        attempt: AttemptRecord,
+        _lease: &Lease,
+        epoch: u64,
+    ) -> JournalFuture<'_, bool> {
+        Box::pin(Journal::record_delivery(self, attempt, epoch))
+    }
+
+    fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move { Journal::attempts(self, &endpoint, limit).await })
+    }
+
+    fn acquire(&self, endpoint: &str, holder: &str, _lease_ms: u64) -> JournalFuture<'_, Acquired> {
+        let lease = Lease {
+            endpoint: endpoint.to_owned(),
+            holder: holder.to_owned(),
+            token: 0,
+        };
+        Box::pin(async move { Ok(Acquired::Held(lease)) })
+    }
+
+    fn renew(&self, lease: &Lease, _lease_ms: u64) -> JournalFuture<'_, Option<u64>> {
+        let endpoint = lease.endpoint.clone();
+        Box::pin(async move {
+            Ok(Journal::record(self, &endpoint)
+                .await?
+                .map(|record| record.epoch))
+        })
+    }
+
+    fn release(&self, _lease: &Lease) -> JournalFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
     }
 }
 

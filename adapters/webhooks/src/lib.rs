@@ -17,9 +17,11 @@
 //! delivered, then the reading waits. Nothing here may hold the ledger's writer or read models.
 //!
 //! Files: `signing.rs` the signatures; `endpoint.rs` an endpoint and the SSRF rules;
-//! `client.rs` one attempt over HTTP; `schedule.rs` the retry pauses; `journal.rs` the durable
-//! checkpoints, states and attempt log; `delivery.rs` an endpoint's task; `service.rs` the
-//! handle the server holds (start, overview, pause, resume, replay, attempts).
+//! `client.rs` one attempt over HTTP; `schedule.rs` the retry pauses; `port.rs` the journal's
+//! port and its leases (one instance delivers an endpoint at a time); `journal.rs` the embedded
+//! journal (checkpoints, states and attempt log in a SQLite file); `delivery.rs` an endpoint's
+//! task; `service.rs` the handle the server holds (start, leases, overview, pause, resume,
+//! replay, attempts).
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +29,7 @@ mod client;
 mod delivery;
 pub mod endpoint;
 pub mod journal;
+pub mod port;
 pub mod schedule;
 mod service;
 pub mod signing;
@@ -41,8 +44,9 @@ pub use client::{
     MAX_RESPONSE_BODY_BYTES, MIN_REQUEST_TIMEOUT_MS,
 };
 pub use endpoint::Endpoint;
-pub use journal::{AttemptRecord, EndpointStatus, Journal};
-pub use service::{DeliveryState, EndpointOverview, Webhooks};
+pub use journal::{AttemptRecord, EndpointRecord, EndpointStatus, Journal};
+pub use port::{Acquired, DeliveryJournal, JournalFuture, Lease};
+pub use service::{DeliveryState, EndpointOverview, LeaseSettings, Webhooks};
 
 /// Most events an endpoint's task reads ahead of the one it is delivering: the bound on its
 /// memory however far behind it falls (a 64 KiB payload at most each, so 16 MiB at worst).
@@ -62,6 +66,29 @@ pub const FAULT_RETRY_FIRST_MS: u64 = 100;
 /// The longest pause after the journal or the log failed, in milliseconds.
 pub const FAULT_RETRY_MAX_MS: u64 = 5_000;
 const _: () = assert!(FAULT_RETRY_FIRST_MS <= FAULT_RETRY_MAX_MS);
+/// How long an endpoint's lease lasts unrenewed when `webhook_lease_ms` is not set, in
+/// milliseconds: how long a killed instance's endpoints wait before another instance takes them
+/// over (plus one renewal period). Fifteen seconds: a few missed renewals on a loaded database do
+/// not move an endpoint between instances, and a crash holds deliveries back for less than a
+/// receiver's own retry would.
+pub const DEFAULT_WEBHOOK_LEASE_MS: u64 = 15_000;
+/// The shortest `webhook_lease_ms`: a renewal round trip to the journal must fit well within a
+/// renewal period.
+pub const MIN_WEBHOOK_LEASE_MS: u64 = 1_000;
+/// The longest `webhook_lease_ms`: ten minutes of deliveries held back after a crash.
+pub const MAX_WEBHOOK_LEASE_MS: u64 = 600_000;
+const _: () = assert!(MIN_WEBHOOK_LEASE_MS <= DEFAULT_WEBHOOK_LEASE_MS);
+const _: () = assert!(DEFAULT_WEBHOOK_LEASE_MS <= MAX_WEBHOOK_LEASE_MS);
+/// Renewals per lease: a holder renews every `webhook_lease_ms / 3`, so two renewals in a row
+/// may fail (a slow database) before it stops delivering.
+pub const LEASE_RENEWALS_PER_LEASE: u64 = 3;
+/// How much of the lease, in percent, the holder counts as valid from the moment it asked: it
+/// stops delivering a fifth of the lease before the journal lets another instance take over.
+pub const LEASE_VALID_PERCENT: u64 = 80;
+// A renewal comes before the holder's own validity runs out.
+const _: () = assert!(100 / LEASE_RENEWALS_PER_LEASE < LEASE_VALID_PERCENT);
+const _: () = assert!(LEASE_VALID_PERCENT < 100);
+
 /// How long a stop waits for a delivery attempt under way, in milliseconds: its answer is then
 /// recorded and a planned restart does not repeat it; past this the attempt is dropped and
 /// repeats after the restart. Well within serve's default shutdown grace (35 s).

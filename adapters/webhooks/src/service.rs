@@ -1,21 +1,41 @@
 //! The handle the server holds: starts one task per endpoint, and gives operators the
 //! endpoints' state (with lag and counts), pause, resume, replay and the attempt log.
 //!
+//! With a shared journal (several instances on one database), one lease keeper per instance
+//! renews the leases it holds every [`LEASE_RENEWALS_PER_LEASE`]th of the lease, and asks for
+//! the free or expired ones at the same pace, so a killed instance's endpoints are taken over
+//! within a lease and a renewal period. A renewal also tells the holder that an operator acted
+//! on another instance (the endpoint's epoch moved), so its task reads the record again.
+//!
 //! It must never report an endpoint as delivering while its task is faulted or gone: `/healthz`
 //! reads [`Webhooks::problem`].
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use opledger_domain::store::EventStore;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
+use tracing::{info, warn};
 
 use crate::client::client_for;
-use crate::delivery::Task;
+use crate::delivery::{LeaseState, Task};
 use crate::journal::{AttemptRecord, EndpointStatus, Journal};
-use crate::{Endpoint, Render, WebhookError, MAX_ENDPOINTS};
+use crate::port::{Acquired, DeliveryJournal, Lease};
+use crate::{
+    Endpoint, Render, WebhookError, LEASE_RENEWALS_PER_LEASE, LEASE_VALID_PERCENT, MAX_ENDPOINTS,
+};
+
+/// How one instance takes part in delivering a shared journal's endpoints.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// This instance's name in the journal's leases: unique among the instances sharing it.
+    pub holder: String,
+    /// How long a lease lasts unrenewed, in milliseconds (`webhook_lease_ms`).
+    pub lease_ms: u64,
+}
 
 /// What an endpoint's task is doing now.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -34,6 +54,13 @@ pub enum DeliveryState {
     },
     /// Paused by an operator.
     Paused,
+    /// Another instance holds the endpoint's lease and delivers it; this one takes over if that
+    /// lease runs out.
+    Standby {
+        /// The instance holding the lease, when known.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        holder: Option<String>,
+    },
     /// Disabled (410 Gone, or failing for its whole window); an operator resumes it.
     Disabled {
         /// Why.
@@ -146,15 +173,18 @@ struct Handle {
     endpoint: Arc<Endpoint>,
     wake: Arc<Notify>,
     health: Health,
+    lease: Arc<watch::Sender<LeaseState>>,
 }
 
 /// The webhooks of one server.
 pub struct Webhooks {
     /// `None` when no endpoint is configured: a server without webhooks leaves no journal file.
-    journal: Option<Journal>,
+    journal: Option<Arc<dyn DeliveryJournal>>,
     endpoints: Vec<Handle>,
     /// Taken by [`Webhooks::join`]; until then, one per endpoint in configuration order.
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The lease keeper, with a shared journal; taken by [`Webhooks::join`].
+    keeper: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Webhooks {
@@ -168,47 +198,117 @@ impl Webhooks {
         journal_path: &Path,
         stop: watch::Receiver<bool>,
     ) -> Result<Self, WebhookError> {
+        if endpoints.is_empty() {
+            return Ok(Self::without_endpoints());
+        }
+        let journal = Arc::new(Journal::open(journal_path).await?);
+        let settings = LeaseSettings {
+            holder: format!("pid-{}", std::process::id()),
+            lease_ms: crate::DEFAULT_WEBHOOK_LEASE_MS,
+        };
+        Self::start_with(store, render, endpoints, journal, settings, stop).await
+    }
+
+    /// Starts the endpoints on `journal`, which may be shared with other instances (then each
+    /// endpoint is delivered by whichever instance holds its lease).
+    pub async fn start_with<S: EventStore + Clone + 'static, R: Render>(
+        store: &S,
+        render: Arc<R>,
+        endpoints: Vec<Endpoint>,
+        journal: Arc<dyn DeliveryJournal>,
+        settings: LeaseSettings,
+        stop: watch::Receiver<bool>,
+    ) -> Result<Self, WebhookError> {
         assert!(
             endpoints.len() <= MAX_ENDPOINTS,
             "the configuration check bounds the endpoints"
         );
         if endpoints.is_empty() {
-            return Ok(Self {
-                journal: None,
-                endpoints: Vec::new(),
-                tasks: Mutex::new(Vec::new()),
-            });
+            return Ok(Self::without_endpoints());
         }
-        let journal = Journal::open(journal_path).await?;
         let head = store.head_position().await?.map(|head| head.value());
         let mut handles = Vec::with_capacity(endpoints.len());
         let mut tasks = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
             let record = journal.ensure(&endpoint.id, head).await?;
+            // An embedded journal's one process holds every lease for ever; a shared one's
+            // leases are asked for by the keeper below.
+            let initial = if journal.shared() {
+                LeaseState::Standby { holder: None }
+            } else {
+                match journal
+                    .acquire(&endpoint.id, &settings.holder, settings.lease_ms)
+                    .await?
+                {
+                    Acquired::Held(lease) => LeaseState::Held {
+                        lease,
+                        valid_until: None,
+                    },
+                    Acquired::HeldBy(holder) => LeaseState::Standby {
+                        holder: Some(holder),
+                    },
+                }
+            };
+            let (lease, leased) = watch::channel(initial);
             let endpoint = Arc::new(endpoint);
             let handle = Handle {
                 endpoint: Arc::clone(&endpoint),
                 wake: Arc::new(Notify::new()),
                 health: Health::new(record.checkpoint),
+                lease: Arc::new(lease),
             };
             let task = Task {
                 store: store.clone(),
                 render: Arc::clone(&render),
-                journal: journal.clone(),
+                journal: Arc::clone(&journal),
                 client: client_for(&endpoint)?,
+                held: Lease {
+                    endpoint: endpoint.id.clone(),
+                    holder: settings.holder.clone(),
+                    token: 0,
+                },
                 endpoint,
                 wake: Arc::clone(&handle.wake),
                 health: handle.health.clone(),
                 stop: stop.clone(),
+                lease: leased,
+                renew_every_ms: settings.lease_ms / LEASE_RENEWALS_PER_LEASE,
             };
             tasks.push(tokio::spawn(task.run()));
             handles.push(handle);
         }
+        let keeper = journal.shared().then(|| {
+            let kept = handles
+                .iter()
+                .map(|handle| Kept {
+                    endpoint: handle.endpoint.id.clone(),
+                    lease: Arc::clone(&handle.lease),
+                    wake: Arc::clone(&handle.wake),
+                    epoch: None,
+                })
+                .collect();
+            tokio::spawn(keep_leases(Arc::clone(&journal), settings, kept, stop))
+        });
         Ok(Self {
             journal: Some(journal),
             endpoints: handles,
             tasks: Mutex::new(tasks),
+            keeper: Mutex::new(keeper),
         })
+    }
+
+    /// A server's webhooks when none is configured.
+    pub fn none() -> Self {
+        Self::without_endpoints()
+    }
+
+    fn without_endpoints() -> Self {
+        Self {
+            journal: None,
+            endpoints: Vec::new(),
+            tasks: Mutex::new(Vec::new()),
+            keeper: Mutex::new(None),
+        }
     }
 
     /// Every endpoint, in configuration order, with its lag behind `head` (the log's newest
@@ -318,11 +418,30 @@ impl Webhooks {
         (!problems.is_empty()).then(|| problems.join("; "))
     }
 
-    /// Waits for every task to end (after `stop` said `true`).
+    /// Waits for every task to end (after `stop` said `true`), then gives the leases this
+    /// instance holds up, so another instance takes its endpoints over at once instead of after
+    /// the lease.
     pub async fn join(&self) {
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         for task in tasks {
             let _ = task.await;
+        }
+        let keeper = self
+            .keeper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(keeper) = keeper else {
+            return;
+        };
+        let _ = keeper.await;
+        for handle in &self.endpoints {
+            let state = handle.lease.borrow().clone();
+            if let LeaseState::Held { lease, .. } = state {
+                if let Err(error) = self.journal().release(&lease).await {
+                    warn!(endpoint = %lease.endpoint, %error, "the webhook lease could not be given up; another instance takes the endpoint over when it runs out");
+                }
+            }
         }
     }
 
@@ -341,9 +460,9 @@ impl Webhooks {
         Ok(())
     }
 
-    fn journal(&self) -> &Journal {
+    fn journal(&self) -> &dyn DeliveryJournal {
         self.journal
-            .as_ref()
+            .as_deref()
             .expect("endpoints exist only with a journal, and every caller names one")
     }
 
@@ -352,5 +471,102 @@ impl Webhooks {
             .iter()
             .find(|handle| handle.endpoint.id == id)
             .ok_or_else(|| WebhookError::NoSuchEndpoint { id: id.to_owned() })
+    }
+}
+
+/// One endpoint as the lease keeper sees it.
+struct Kept {
+    endpoint: String,
+    lease: Arc<watch::Sender<LeaseState>>,
+    wake: Arc<Notify>,
+    /// The endpoint's epoch at the last renewal: a change is an operator's action elsewhere.
+    epoch: Option<u64>,
+}
+
+/// Renews the leases this instance holds and asks for the others, every
+/// `lease_ms / LEASE_RENEWALS_PER_LEASE`, until the service stops.
+async fn keep_leases(
+    journal: Arc<dyn DeliveryJournal>,
+    settings: LeaseSettings,
+    mut kept: Vec<Kept>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let every = Duration::from_millis(settings.lease_ms / LEASE_RENEWALS_PER_LEASE);
+    // The holder stops delivering before the journal lets another instance take over: its
+    // validity counts from before the renewal was sent, and ends short of the whole lease, so
+    // a clock running a little slow or a request still being dropped cannot overlap the next
+    // holder's first delivery.
+    let valid_for = Duration::from_millis(settings.lease_ms * LEASE_VALID_PERCENT / 100);
+    loop {
+        for endpoint in &mut kept {
+            keep_one(journal.as_ref(), &settings, endpoint, valid_for).await;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stop| *stop) => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One renewal or one ask for one endpoint's lease.
+async fn keep_one(
+    journal: &dyn DeliveryJournal,
+    settings: &LeaseSettings,
+    kept: &mut Kept,
+    valid_for: Duration,
+) {
+    let asked_at = tokio::time::Instant::now();
+    let state = kept.lease.borrow().clone();
+    match state {
+        LeaseState::Held { lease, .. } => match journal.renew(&lease, settings.lease_ms).await {
+            Ok(Some(epoch)) => {
+                kept.lease.send_replace(LeaseState::Held {
+                    lease,
+                    valid_until: Some(asked_at + valid_for),
+                });
+                if kept.epoch.is_some_and(|before| before != epoch) {
+                    kept.wake.notify_one();
+                }
+                kept.epoch = Some(epoch);
+            }
+            Ok(None) => {
+                warn!(endpoint = %kept.endpoint, holder = %settings.holder, "another instance took the webhook endpoint's lease; this one stops delivering it");
+                kept.lease
+                    .send_replace(LeaseState::Standby { holder: None });
+            }
+            // The validity runs out by itself if the journal stays unreachable.
+            Err(error) => {
+                warn!(endpoint = %kept.endpoint, %error, "the webhook lease could not be renewed")
+            }
+        },
+        LeaseState::Standby { .. } => {
+            match journal
+                .acquire(&kept.endpoint, &settings.holder, settings.lease_ms)
+                .await
+            {
+                Ok(Acquired::Held(lease)) => {
+                    info!(endpoint = %kept.endpoint, holder = %settings.holder, token = lease.token, "this instance took the webhook endpoint's lease and delivers it");
+                    kept.epoch = None;
+                    kept.lease.send_replace(LeaseState::Held {
+                        lease,
+                        valid_until: Some(asked_at + valid_for),
+                    });
+                }
+                Ok(Acquired::HeldBy(holder)) => {
+                    kept.lease.send_if_modified(|state| {
+                        let standby = LeaseState::Standby {
+                            holder: Some(holder),
+                        };
+                        let changed = *state != standby;
+                        *state = standby;
+                        changed
+                    });
+                }
+                Err(error) => {
+                    warn!(endpoint = %kept.endpoint, %error, "the webhook lease could not be asked for")
+                }
+            }
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! Delivery against real HTTP receivers on 127.0.0.1: order, signatures, retries, Retry-After,
 //! 410, the retry window, restarts from the checkpoint, replay, filters, and a dead endpoint
-//! beside a live one. The log is the memory store; the journal a real SQLite file.
+//! beside a live one, and a holder losing its lease. The log is the memory store; the journal a
+//! real SQLite file (behind a test double holding the leases in memory, for the lease test).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -16,7 +17,10 @@ use opledger_domain::store::{EventData, EventStore, ExpectedVersion, RecordedEve
 use opledger_store::MemoryStore;
 use opledger_webhooks::endpoint::check_url;
 use opledger_webhooks::signing::Secret;
-use opledger_webhooks::{Endpoint, EndpointStatus, Message, Render, Webhooks};
+use opledger_webhooks::{
+    Acquired, AttemptRecord, DeliveryJournal, DeliveryState, Endpoint, EndpointRecord,
+    EndpointStatus, JournalFuture, Lease, LeaseSettings, Message, Render, Webhooks,
+};
 use tokio::sync::watch;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -369,11 +373,21 @@ async fn an_endpoint_failing_for_its_whole_retry_window_is_disabled_and_says_why
     running
         .wait_for_status("billing", EndpointStatus::Disabled)
         .await;
-    let overview = running
-        .webhooks
-        .endpoint("billing", None)
-        .await
-        .expect("listed");
+    // The task counts the disabling right after the journal's commit, which the status above
+    // already shows: wait for the count too.
+    let started = Instant::now();
+    let overview = loop {
+        let overview = running
+            .webhooks
+            .endpoint("billing", None)
+            .await
+            .expect("listed");
+        if overview.disabled_total > 0 {
+            break overview;
+        }
+        assert!(started.elapsed() < DEADLINE, "never counted: {overview:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     let reason = overview.reason.clone().expect("a reason");
     assert!(reason.contains("whole retry window of 1 s"), "{reason}");
     assert_eq!(overview.disabled_total, 1);
@@ -751,5 +765,212 @@ async fn a_stop_lets_the_delivery_under_way_finish_so_a_restart_does_not_repeat_
     let running = start(&store, vec![endpoint("billing", &url)], dir).await;
     let received = receiver.wait_for(2).await;
     assert_eq!(positions(&received), vec![1, 2], "nothing repeated");
+    running.shut().await;
+}
+
+/// A journal shared by instances, for the lease tests: the real SQLite journal for records and
+/// attempts, the leases in memory where the test hands them from one holder to another (as
+/// another instance would take an expired one). Its fences are the port's: a write under a
+/// token that is not the current one does nothing.
+struct SharedLeases {
+    inner: opledger_webhooks::Journal,
+    /// Per endpoint: the holder (`None`: free) and the current token.
+    leases: Mutex<std::collections::HashMap<String, (Option<String>, u64)>>,
+}
+
+impl SharedLeases {
+    fn current(&self, lease: &Lease) -> bool {
+        self.leases.lock().expect("lock").get(&lease.endpoint)
+            == Some(&(Some(lease.holder.clone()), lease.token))
+    }
+
+    /// Another instance takes the endpoint (a new token), as after this one's lease expired.
+    fn hand_to(&self, endpoint: &str, holder: &str) {
+        let mut leases = self.leases.lock().expect("lock");
+        let lease = leases.entry(endpoint.to_owned()).or_default();
+        *lease = (Some(holder.to_owned()), lease.1 + 1);
+    }
+
+    /// The other instance gives it up.
+    fn free(&self, endpoint: &str) {
+        if let Some(lease) = self.leases.lock().expect("lock").get_mut(endpoint) {
+            lease.0 = None;
+        }
+    }
+}
+
+impl DeliveryJournal for SharedLeases {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
+        DeliveryJournal::ensure(&self.inner, endpoint, start)
+    }
+
+    fn record(&self, endpoint: &str) -> JournalFuture<'_, Option<EndpointRecord>> {
+        DeliveryJournal::record(&self.inner, endpoint)
+    }
+
+    fn advance(&self, lease: &Lease, epoch: u64, position: u64) -> JournalFuture<'_, bool> {
+        if !self.current(lease) {
+            return Box::pin(async { Ok(false) });
+        }
+        DeliveryJournal::advance(&self.inner, lease, epoch, position)
+    }
+
+    fn set_status(
+        &self,
+        endpoint: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+        fence: Option<(u64, &Lease)>,
+    ) -> JournalFuture<'_, bool> {
+        if fence.is_some_and(|(_, lease)| !self.current(lease)) {
+            return Box::pin(async { Ok(false) });
+        }
+        DeliveryJournal::set_status(&self.inner, endpoint, status, reason, replay_after, fence)
+    }
+
+    fn record_attempt(&self, attempt: AttemptRecord) -> JournalFuture<'_, ()> {
+        DeliveryJournal::record_attempt(&self.inner, attempt)
+    }
+
+    fn record_delivery(
+        &self,
+        attempt: AttemptRecord,
+        lease: &Lease,
+        epoch: u64,
+    ) -> JournalFuture<'_, bool> {
+        if !self.current(lease) {
+            return Box::pin(async move {
+                DeliveryJournal::record_attempt(&self.inner, attempt).await?;
+                Ok(false)
+            });
+        }
+        DeliveryJournal::record_delivery(&self.inner, attempt, lease, epoch)
+    }
+
+    fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        DeliveryJournal::attempts(&self.inner, endpoint, limit)
+    }
+
+    fn acquire(&self, endpoint: &str, holder: &str, _lease_ms: u64) -> JournalFuture<'_, Acquired> {
+        let mut leases = self.leases.lock().expect("lock");
+        let lease = leases.entry(endpoint.to_owned()).or_default();
+        let acquired = match &lease.0 {
+            Some(other) => Acquired::HeldBy(other.clone()),
+            None => {
+                *lease = (Some(holder.to_owned()), lease.1 + 1);
+                Acquired::Held(Lease {
+                    endpoint: endpoint.to_owned(),
+                    holder: holder.to_owned(),
+                    token: lease.1,
+                })
+            }
+        };
+        Box::pin(async move { Ok(acquired) })
+    }
+
+    fn renew(&self, lease: &Lease, _lease_ms: u64) -> JournalFuture<'_, Option<u64>> {
+        let current = self.current(lease);
+        let endpoint = lease.endpoint.clone();
+        Box::pin(async move {
+            if !current {
+                return Ok(None);
+            }
+            Ok(DeliveryJournal::record(&self.inner, &endpoint)
+                .await?
+                .map(|record| record.epoch))
+        })
+    }
+
+    fn release(&self, lease: &Lease) -> JournalFuture<'_, ()> {
+        if self.current(lease) {
+            self.free(&lease.endpoint);
+        }
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_is_taken_drops_the_attempt_under_way_and_moves_no_checkpoint() {
+    let store = MemoryStore::new();
+    let (receiver, url) = Receiver::start().await;
+    let dir = dir();
+    let journal = Arc::new(SharedLeases {
+        inner: opledger_webhooks::Journal::open(dir.path().join("shared.webhooks"))
+            .await
+            .expect("opens"),
+        leases: Mutex::default(),
+    });
+    let (stop, stopping) = watch::channel(false);
+    let webhooks = Webhooks::start_with(
+        &store,
+        Arc::new(DataRender),
+        vec![endpoint("billing", &url)],
+        Arc::clone(&journal) as Arc<dyn DeliveryJournal>,
+        LeaseSettings {
+            holder: "a".into(),
+            lease_ms: opledger_webhooks::MIN_WEBHOOK_LEASE_MS,
+        },
+        stopping,
+    )
+    .await
+    .expect("webhooks start");
+    let running = Running {
+        webhooks,
+        stop,
+        _dir: dir,
+    };
+    // The first answer takes far longer than the test: only a dropped attempt lets the
+    // delivery come again soon.
+    *receiver.delay.lock().expect("lock") = Duration::from_secs(60);
+    append(&store, 1, "succeeded", "acme").await;
+    let first = receiver.wait_for(1).await;
+    *receiver.delay.lock().expect("lock") = Duration::ZERO;
+
+    // Another instance takes the endpoint while the attempt waits for its answer: at its next
+    // renewal this one learns it, stands by naming the holder, and drops the attempt.
+    journal.hand_to("billing", "b");
+    let started = Instant::now();
+    loop {
+        let overview = running
+            .webhooks
+            .endpoint("billing", None)
+            .await
+            .expect("listed");
+        if overview.delivery
+            == (DeliveryState::Standby {
+                holder: Some("b".into()),
+            })
+        {
+            assert_eq!(overview.checkpoint, None, "the loser moved no checkpoint");
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "never stood by: {overview:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // It gives the endpoint back: the event comes again under its id, answered at once, and
+    // the dropped attempt left no row (only the new one's 200 is in the log).
+    journal.free("billing");
+    let again = receiver.wait_for(2).await;
+    assert_eq!(again[1].id, first[0].id);
+    assert!(
+        again[1].at.duration_since(first[0].at) < Duration::from_secs(10),
+        "the first attempt was not dropped: the second came after its request timeout (15 s)"
+    );
+    running.wait_for_checkpoint("billing", 1).await;
+    let attempts = running
+        .webhooks
+        .attempts("billing", 10)
+        .await
+        .expect("lists");
+    assert_eq!(
+        attempts.iter().map(|a| a.status).collect::<Vec<_>>(),
+        vec![Some(200)],
+        "{attempts:?}"
+    );
     running.shut().await;
 }

@@ -727,15 +727,17 @@ export interface components {
         WebhookDelivery: {
             consecutive_failures?: number;
             error?: string;
+            /** @description standby: the instance holding the endpoint's lease. */
+            holder?: string;
             /** @description retrying: the event's position. */
             position?: number;
             reason?: string;
             retry_in_ms?: number;
             /**
-             * @description delivering: following the log. retrying: an event failed and waits for its next attempt. paused / disabled: see status. faulted: the journal or the log failed; the task starts again from the checkpoint after a pause. finished: the service is stopping.
+             * @description delivering: following the log. retrying: an event failed and waits for its next attempt. paused / disabled: see status. standby: another instance on the shared PostgreSQL ledger holds the endpoint's lease and delivers it (holder names it); this one takes over if that lease runs out. faulted: the journal or the log failed; the task starts again from the checkpoint after a pause. finished: the service is stopping.
              * @enum {unknown}
              */
-            state: "delivering" | "retrying" | "paused" | "disabled" | "faulted" | "finished";
+            state: "delivering" | "retrying" | "paused" | "standby" | "disabled" | "faulted" | "finished";
         };
         WebhookEndpoint: {
             /** @description The last log position delivered or skipped; null: none yet. */

@@ -102,6 +102,8 @@ function deliveryText({ status, reason, delivery }) {
       return `retrying the event at position ${delivery.position} in ${duration(delivery.retry_in_ms)} (${delivery.consecutive_failures} failed in a row)`;
     case "paused":
       return "paused by an operator";
+    case "standby":
+      return `standing by: ${delivery.holder ?? "another instance"} holds the lease and delivers it`;
     case "disabled":
       return `disabled: ${delivery.reason}`;
     case "faulted":

@@ -17,13 +17,13 @@ use opledger_webhooks::endpoint::{check_url, MAX_ENDPOINT_ID_BYTES};
 use opledger_webhooks::schedule::{DEFAULT_RETRY_WINDOW_S, MAX_RETRY_WINDOW_S};
 use opledger_webhooks::signing::{Secret, MAX_SECRETS_PER_ENDPOINT};
 use opledger_webhooks::{
-    Endpoint, DEFAULT_REQUEST_TIMEOUT_MS, MAX_ENDPOINTS, MAX_REQUEST_TIMEOUT_MS,
-    MIN_REQUEST_TIMEOUT_MS,
+    Endpoint, DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_WEBHOOK_LEASE_MS, MAX_ENDPOINTS,
+    MAX_REQUEST_TIMEOUT_MS, MAX_WEBHOOK_LEASE_MS, MIN_REQUEST_TIMEOUT_MS, MIN_WEBHOOK_LEASE_MS,
 };
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{span, Checker, ConfigError};
+use super::{span, spanned_or, Checker, ConfigError, StoreUrl};
 use crate::render::wanted_types;
 
 /// One `[[webhooks]]` entry as written.
@@ -43,6 +43,46 @@ pub(super) struct WebhookEntry {
 }
 
 impl Checker<'_> {
+    /// Refuses webhooks on a KurrentDB ledger: its instances share no journal, so each would
+    /// keep its own checkpoints and deliver every event once per instance, with no lease to make
+    /// one of them the sender (README, "Webhooks with several instances").
+    pub(super) fn webhooks_fit_the_store(
+        &self,
+        entries: &[WebhookEntry],
+        store: &StoreUrl,
+    ) -> Result<(), ConfigError> {
+        match (entries.first(), store) {
+            (Some(first), StoreUrl::KurrentDb(_)) => Err(self.error(
+                Some(first.id.span()),
+                "webhooks[0]",
+                "webhooks need a journal every instance shares, and a KurrentDB ledger has none \
+                 here: each instance would deliver every event. Keep the ledger in PostgreSQL \
+                 (store = \"postgres://…\") or SQLite to deliver webhooks, or remove the \
+                 [[webhooks]] entries"
+                    .to_owned(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `webhook_lease_ms`, checked against its range.
+    pub(super) fn webhook_lease_ms(
+        &self,
+        value: &Option<Spanned<u64>>,
+    ) -> Result<u64, ConfigError> {
+        let lease_ms = spanned_or(value, DEFAULT_WEBHOOK_LEASE_MS);
+        if !(MIN_WEBHOOK_LEASE_MS..=MAX_WEBHOOK_LEASE_MS).contains(&lease_ms) {
+            return Err(self.error(
+                span(value),
+                "webhook_lease_ms",
+                format!(
+                    "is {lease_ms}; use {MIN_WEBHOOK_LEASE_MS} to {MAX_WEBHOOK_LEASE_MS} ms (how long a killed instance's endpoints wait before another instance takes them over)"
+                ),
+            ));
+        }
+        Ok(lease_ms)
+    }
+
     /// Every `[[webhooks]]` entry, checked; `tenants` are the configured tenants.
     pub(super) fn webhooks(
         &self,
@@ -352,6 +392,43 @@ tenants = ["acme"]
                 "a secret leaked: {error}"
             );
         }
+    }
+
+    #[test]
+    fn the_webhook_lease_is_checked_against_its_range_with_its_line() {
+        assert_eq!(
+            check(GOOD).expect("valid").webhook_lease_ms,
+            opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS
+        );
+        let set = format!("webhook_lease_ms = 2000\n{GOOD}");
+        assert_eq!(check(&set).expect("valid").webhook_lease_ms, 2_000);
+        for bad in [999, 600_001] {
+            let text = format!("\nwebhook_lease_ms = {bad}{GOOD}");
+            let error = check(&text).expect_err("out of range");
+            assert_eq!(error.field, "webhook_lease_ms", "{error}");
+            assert_eq!(error.line, Some(2), "{error}");
+            assert!(error.message.contains("use 1000 to 600000 ms"), "{error}");
+        }
+    }
+
+    #[test]
+    fn webhooks_on_a_kurrentdb_ledger_are_refused_saying_which_ledgers_deliver_them() {
+        let text = format!("store = \"kurrentdb://127.0.0.1:2113?tls=false\"\n{GOOD}");
+        let error = check(&text).expect_err("refused");
+        assert_eq!(error.field, "webhooks[0]", "{error}");
+        assert_eq!(error.line, Some(8), "{error}");
+        assert!(
+            error
+                .message
+                .contains("each instance would deliver every event")
+                && error.message.contains("postgres://"),
+            "{error}"
+        );
+        let without = text.split("[[webhooks]]").next().expect("the text before");
+        assert!(
+            check(without).is_ok(),
+            "a KurrentDB ledger without webhooks starts"
+        );
     }
 
     #[test]

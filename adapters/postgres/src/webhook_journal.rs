@@ -1,0 +1,380 @@
+//! The webhooks' delivery journal in the shared database: each endpoint's checkpoint, status,
+//! epoch and lease in `opledger.webhook_endpoints`, its attempts in `opledger.webhook_attempts`
+//! (migration 2, `schema.rs`), so every `opledger serve` instance on the database sees one
+//! journal and each endpoint is delivered by one instance at a time.
+//!
+//! A lease is a holder name, a token that grows with every acquisition, and an expiry in the
+//! database's clock (`clock_timestamp()`, so instances' clocks never compare with each other).
+//! Every fenced write names the token in its `WHERE`: an instance whose lease was taken over
+//! changes nothing. What the rows mean is the webhooks crate's (adapters/webhooks/src/port.rs);
+//! the server adapts these calls to its port, so this crate does not depend on that one.
+//!
+//! It must never grant a lease another holder holds unexpired: acquisition is one conditional
+//! `UPDATE`, which PostgreSQL's row lock makes atomic across instances.
+
+use deadpool_postgres::GenericClient;
+use deadpool_postgres::Pool;
+use opledger_domain::store::StoreError;
+
+use crate::{pooled, unavailable, PostgresStore};
+
+/// Most attempts kept per endpoint; older ones are deleted as new ones are written (the same
+/// bound as the embedded journal's).
+pub const MAX_WEBHOOK_ATTEMPTS_KEPT: i64 = 10_000;
+
+/// The webhook journal on the store's database, sharing its read pool.
+#[derive(Clone)]
+pub struct WebhookJournal {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for WebhookJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookJournal").finish_non_exhaustive()
+    }
+}
+
+/// One endpoint's row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookEndpointRow {
+    /// The last position delivered or skipped.
+    pub checkpoint: Option<u64>,
+    /// `active`, `paused` or `disabled`.
+    pub status: String,
+    /// Why it is paused or disabled.
+    pub reason: Option<String>,
+    /// Bumped by every status change.
+    pub epoch: u64,
+}
+
+/// One attempt's row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookAttemptRow {
+    /// The endpoint.
+    pub endpoint: String,
+    /// The event's position.
+    pub position: u64,
+    /// The `webhook-id` sent.
+    pub webhook_id: String,
+    /// The attempt's number at this event.
+    pub attempt: u32,
+    /// When it started, RFC 3339.
+    pub at: String,
+    /// The HTTP status answered.
+    pub status: Option<u16>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// What went wrong.
+    pub error: Option<String>,
+}
+
+/// A lease as the fence of a write: its endpoint, holder and token.
+#[derive(Clone, Copy, Debug)]
+pub struct WebhookFence<'a> {
+    /// The endpoint.
+    pub endpoint: &'a str,
+    /// The holder.
+    pub holder: &'a str,
+    /// The token it was granted with.
+    pub token: u64,
+}
+
+/// What asking for a lease gave: the token granted, or the holder that has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookLeaseAsk {
+    /// Granted with this token.
+    Granted(u64),
+    /// Held unexpired by this holder.
+    HeldBy(String),
+}
+
+impl PostgresStore {
+    /// The webhook journal in this store's database.
+    pub fn webhook_journal(&self) -> WebhookJournal {
+        WebhookJournal {
+            pool: self.shared.pool.clone(),
+        }
+    }
+}
+
+const ENDPOINT_COLUMNS: &str = "checkpoint, status, reason, epoch";
+
+impl WebhookJournal {
+    /// The endpoint's row, created with `start` as its checkpoint when it has none.
+    pub async fn ensure(
+        &self,
+        endpoint: &str,
+        start: Option<u64>,
+    ) -> Result<WebhookEndpointRow, StoreError> {
+        let client = pooled(&self.pool).await?;
+        client
+            .execute(
+                "INSERT INTO opledger.webhook_endpoints (id, checkpoint, status, epoch)
+                 VALUES ($1, $2, 'active', 0) ON CONFLICT (id) DO NOTHING",
+                &[&endpoint, &start.map(to_sql)],
+            )
+            .await
+            .map_err(|error| unavailable("cannot create a webhook endpoint's row", &error))?;
+        read_endpoint(&client, endpoint)
+            .await?
+            .ok_or_else(|| StoreError::Unavailable {
+                reason: format!(
+                    "webhook endpoint `{endpoint}` has no row right after it was written"
+                ),
+            })
+    }
+
+    /// The endpoint's row.
+    pub async fn record(&self, endpoint: &str) -> Result<Option<WebhookEndpointRow>, StoreError> {
+        let client = pooled(&self.pool).await?;
+        read_endpoint(&client, endpoint).await
+    }
+
+    /// Moves the checkpoint if the endpoint is at `epoch` under the fence's lease.
+    pub async fn advance(
+        &self,
+        fence: WebhookFence<'_>,
+        epoch: u64,
+        position: u64,
+    ) -> Result<bool, StoreError> {
+        let client = pooled(&self.pool).await?;
+        advance(&client, fence, epoch, position).await
+    }
+
+    /// Sets the status (and, with `replay_after`, the checkpoint) and bumps the epoch; with
+    /// `fence`, only at that epoch under that lease.
+    pub async fn set_status(
+        &self,
+        endpoint: &str,
+        status: &str,
+        reason: Option<&str>,
+        replay_after: Option<Option<u64>>,
+        fence: Option<(u64, WebhookFence<'_>)>,
+    ) -> Result<bool, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let (replay, checkpoint) = match replay_after {
+            Some(after) => (true, after.map(to_sql)),
+            None => (false, None),
+        };
+        let (fenced, epoch, holder, token) = match fence {
+            Some((epoch, fence)) => (true, to_sql(epoch), fence.holder, to_sql(fence.token)),
+            None => (false, 0, "", 0),
+        };
+        let changed = client
+            .execute(
+                "UPDATE opledger.webhook_endpoints
+                 SET status = $2, reason = $3, epoch = epoch + 1,
+                     checkpoint = CASE WHEN $4 THEN $5 ELSE checkpoint END
+                 WHERE id = $1 AND (NOT $6 OR (epoch = $7 AND lease_holder = $8 AND lease_token = $9))",
+                &[&endpoint, &status, &reason, &replay, &checkpoint, &fenced, &epoch, &holder, &token],
+            )
+            .await
+            .map_err(|error| unavailable("cannot change a webhook endpoint's status", &error))?;
+        Ok(changed == 1)
+    }
+
+    /// Records an attempt and, with `advance`, moves the checkpoint to its event under the
+    /// fence, in one transaction; whether the checkpoint moved.
+    pub async fn record_attempt(
+        &self,
+        attempt: &WebhookAttemptRow,
+        advance_under: Option<(u64, WebhookFence<'_>)>,
+    ) -> Result<bool, StoreError> {
+        let mut client = pooled(&self.pool).await?;
+        let failed = |error| unavailable("cannot record a webhook attempt", &error);
+        let transaction = client.transaction().await.map_err(failed)?;
+        transaction
+            .execute(
+                "INSERT INTO opledger.webhook_attempts
+                     (endpoint, position, webhook_id, attempt, at, status, duration_ms, error)
+                 VALUES ($1, $2, $3, $4, $5::text::timestamptz, $6, $7, $8)",
+                &[
+                    &attempt.endpoint,
+                    &to_sql(attempt.position),
+                    &attempt.webhook_id,
+                    &i64::from(attempt.attempt),
+                    &attempt.at,
+                    &attempt.status.map(i32::from),
+                    &to_sql(attempt.duration_ms),
+                    &attempt.error,
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        transaction
+            .execute(
+                "DELETE FROM opledger.webhook_attempts WHERE endpoint = $1 AND seq <= (
+                     SELECT seq FROM opledger.webhook_attempts WHERE endpoint = $1
+                     ORDER BY seq DESC LIMIT 1 OFFSET $2)",
+                &[&attempt.endpoint, &MAX_WEBHOOK_ATTEMPTS_KEPT],
+            )
+            .await
+            .map_err(failed)?;
+        let advanced = match advance_under {
+            Some((epoch, fence)) => advance(&transaction, fence, epoch, attempt.position).await?,
+            None => false,
+        };
+        transaction.commit().await.map_err(failed)?;
+        Ok(advanced)
+    }
+
+    /// The endpoint's latest attempts, newest first.
+    pub async fn attempts(
+        &self,
+        endpoint: &str,
+        limit: u64,
+    ) -> Result<Vec<WebhookAttemptRow>, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let rows = client
+            .query(
+                "SELECT position, webhook_id, attempt,
+                        to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                        status, duration_ms, error
+                 FROM opledger.webhook_attempts WHERE endpoint = $1 ORDER BY seq DESC LIMIT $2",
+                &[&endpoint, &to_sql(limit)],
+            )
+            .await
+            .map_err(|error| unavailable("cannot list webhook attempts", &error))?;
+        Ok(rows
+            .iter()
+            .map(|row| WebhookAttemptRow {
+                endpoint: endpoint.to_owned(),
+                position: from_sql(row.get(0)),
+                webhook_id: row.get(1),
+                attempt: u32::try_from(row.get::<_, i64>(2)).unwrap_or(u32::MAX),
+                at: row.get(3),
+                status: row
+                    .get::<_, Option<i32>>(4)
+                    .and_then(|status| u16::try_from(status).ok()),
+                duration_ms: from_sql(row.get(5)),
+                error: row.get(6),
+            })
+            .collect())
+    }
+
+    /// Takes the lease for `holder` for `lease_ms` if it is free or expired.
+    pub async fn acquire(
+        &self,
+        endpoint: &str,
+        holder: &str,
+        lease_ms: u64,
+    ) -> Result<WebhookLeaseAsk, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let granted = client
+            .query_opt(
+                "UPDATE opledger.webhook_endpoints
+                 SET lease_holder = $2, lease_token = lease_token + 1,
+                     lease_expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+                 WHERE id = $1 AND (lease_holder IS NULL OR lease_expires_at <= clock_timestamp())
+                 RETURNING lease_token",
+                &[&endpoint, &holder, &to_sql(lease_ms)],
+            )
+            .await
+            .map_err(|error| unavailable("cannot take a webhook lease", &error))?;
+        if let Some(row) = granted {
+            return Ok(WebhookLeaseAsk::Granted(from_sql(row.get(0))));
+        }
+        let row = client
+            .query_opt(
+                "SELECT lease_holder FROM opledger.webhook_endpoints WHERE id = $1",
+                &[&endpoint],
+            )
+            .await
+            .map_err(|error| unavailable("cannot read a webhook lease", &error))?;
+        Ok(WebhookLeaseAsk::HeldBy(
+            row.and_then(|row| row.get::<_, Option<String>>(0))
+                .unwrap_or_default(),
+        ))
+    }
+
+    /// Extends the fence's lease by `lease_ms` from now; the endpoint's epoch while it is still
+    /// the holder's, `None` once another instance took it.
+    pub async fn renew(
+        &self,
+        fence: WebhookFence<'_>,
+        lease_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let row = client
+            .query_opt(
+                "UPDATE opledger.webhook_endpoints
+                 SET lease_expires_at = clock_timestamp() + $4::bigint * interval '1 millisecond'
+                 WHERE id = $1 AND lease_holder = $2 AND lease_token = $3
+                 RETURNING epoch",
+                &[
+                    &fence.endpoint,
+                    &fence.holder,
+                    &to_sql(fence.token),
+                    &to_sql(lease_ms),
+                ],
+            )
+            .await
+            .map_err(|error| unavailable("cannot renew a webhook lease", &error))?;
+        Ok(row.map(|row| from_sql(row.get(0))))
+    }
+
+    /// Gives the fence's lease up (nothing if it is no longer held).
+    pub async fn release(&self, fence: WebhookFence<'_>) -> Result<(), StoreError> {
+        let client = pooled(&self.pool).await?;
+        client
+            .execute(
+                "UPDATE opledger.webhook_endpoints SET lease_holder = NULL, lease_expires_at = NULL
+                 WHERE id = $1 AND lease_holder = $2 AND lease_token = $3",
+                &[&fence.endpoint, &fence.holder, &to_sql(fence.token)],
+            )
+            .await
+            .map_err(|error| unavailable("cannot give a webhook lease up", &error))?;
+        Ok(())
+    }
+}
+
+async fn read_endpoint(
+    client: &impl GenericClient,
+    endpoint: &str,
+) -> Result<Option<WebhookEndpointRow>, StoreError> {
+    let row = client
+        .query_opt(
+            &format!("SELECT {ENDPOINT_COLUMNS} FROM opledger.webhook_endpoints WHERE id = $1"),
+            &[&endpoint],
+        )
+        .await
+        .map_err(|error| unavailable("cannot read a webhook endpoint's row", &error))?;
+    Ok(row.map(|row| WebhookEndpointRow {
+        checkpoint: row.get::<_, Option<i64>>(0).map(from_sql),
+        status: row.get(1),
+        reason: row.get(2),
+        epoch: from_sql(row.get(3)),
+    }))
+}
+
+async fn advance(
+    client: &impl GenericClient,
+    fence: WebhookFence<'_>,
+    epoch: u64,
+    position: u64,
+) -> Result<bool, StoreError> {
+    let changed = client
+        .execute(
+            "UPDATE opledger.webhook_endpoints SET checkpoint = $5
+             WHERE id = $1 AND epoch = $2 AND lease_holder = $3 AND lease_token = $4",
+            &[
+                &fence.endpoint,
+                &to_sql(epoch),
+                &fence.holder,
+                &to_sql(fence.token),
+                &to_sql(position),
+            ],
+        )
+        .await
+        .map_err(|error| unavailable("cannot move a webhook checkpoint", &error))?;
+    Ok(changed == 1)
+}
+
+/// Positions, epochs, tokens and counts stay far below `i64::MAX`.
+fn to_sql(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn from_sql(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
