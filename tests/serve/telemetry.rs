@@ -1,6 +1,8 @@
 //! OpenTelemetry export (issue 33), against a real OTLP HTTP/protobuf receiver: a loopback
 //! server that decodes what `opledger serve` posts with the OTLP protobuf definitions
-//! (`opentelemetry-proto`), as a collector would. Nothing of the exporter is mocked.
+//! (`opentelemetry-proto`), as a collector would, and a real OTLP/gRPC receiver (the protocol's
+//! Python service definitions served by grpcio, `otlp_grpc_receiver.py`). Nothing of the
+//! exporter is mocked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -18,6 +20,7 @@ use prost::Message;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
+use super::python::python_venv::python_with;
 use crate::support::{Harness, Server, ACCOUNT, DEADLINE, TENANT_A_TOKEN};
 
 /// The caller's (an agent platform's) trace and span, as its `traceparent` names them.
@@ -478,4 +481,273 @@ async fn export_to_a_receiver_that_is_down_costs_a_counter_and_no_answer() {
     // Still answering after the failures were counted.
     let (status, _) = server.call(Method::GET, "/healthz", None, None).await;
     assert_eq!(status, StatusCode::OK);
+}
+
+/// What the OTLP/gRPC receiver needs from PyPI: the protocol's own generated services and grpcio.
+const GRPC_RECEIVER_REQUIREMENTS: [&str; 2] = ["grpcio==1.85.1", "opentelemetry-proto==1.45.2"];
+
+/// `tests/serve/otlp_grpc_receiver.py` running in a virtual environment: a real OTLP/gRPC
+/// collector endpoint that prints each span it receives as a JSON line.
+struct GrpcReceiver {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    endpoint: String,
+    spans: Vec<Value>,
+}
+
+impl GrpcReceiver {
+    async fn start() -> Self {
+        let python = tokio::task::spawn_blocking(|| {
+            python_with("otlp-grpc-receiver-venv", &GRPC_RECEIVER_REQUIREMENTS)
+        })
+        .await
+        .expect("the virtual environment is made");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join("serve")
+            .join("otlp_grpc_receiver.py");
+        let mut child = std::process::Command::new(python)
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the receiver starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(DEADLINE)
+            .expect("the receiver says its port");
+        let port = first
+            .strip_prefix("port ")
+            .unwrap_or_else(|| panic!("not a port line: {first}"));
+        Self {
+            child,
+            lines,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            spans: Vec::new(),
+        }
+    }
+
+    /// Waits until the spans received satisfy `done`.
+    fn until(&mut self, what: &str, done: impl Fn(&[Value]) -> bool) -> &[Value] {
+        let started = Instant::now();
+        while !done(&self.spans) {
+            let left = DEADLINE.saturating_sub(started.elapsed());
+            match self
+                .lines
+                .recv_timeout(left.min(Duration::from_millis(100)))
+            {
+                Ok(line) => self.spans.push(
+                    serde_json::from_str(&line)
+                        .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}")),
+                ),
+                Err(_) => assert!(
+                    !left.is_zero(),
+                    "the gRPC receiver never got {what}; it has: {:#?}",
+                    self.spans
+                ),
+            }
+        }
+        &self.spans
+    }
+}
+
+impl Drop for GrpcReceiver {
+    fn drop(&mut self) {
+        // Our own child: closing its standard input stops it; the kill is for a hung one.
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn grpc_export_brings_the_callers_trace_to_a_real_otlp_grpc_receiver() {
+    let mut receiver = GrpcReceiver::start().await;
+    let harness = Harness::new("").await;
+    let config = harness.config.display().to_string();
+    let server = Server::start_with_env(
+        &["serve", "--config", &config],
+        harness.dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-team=ledger"),
+            ("OTEL_SERVICE_NAME", "opledger-grpc-test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let (status, _, answered) = server
+        .post_with_headers(
+            "/v1/operations?execute=true&wait_ms=5000",
+            TENANT_A_TOKEN,
+            &[("traceparent", &traceparent)],
+            &json!({
+                "provider": "crm", "account": ACCOUNT, "action": "create_task",
+                "args": {"title": TITLE},
+            }),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    assert_eq!(answered["state"], "succeeded", "{answered}");
+    let operation_id = answered["operation_id"].as_str().expect("an id").to_owned();
+    let of_operation = |span: &Value, name: &str| {
+        span["name"] == name && span["attributes"]["operation_id"] == operation_id.as_str()
+    };
+    let is_request =
+        |span: &Value| span["name"] == "POST /v1/operations" && span["trace_id"] == CALLER_TRACE;
+    // The request's span ends last: it is around the others.
+    let spans = receiver.until("the request, its record and its send", |spans| {
+        spans.iter().any(is_request)
+            && ["record", "send"]
+                .iter()
+                .all(|name| spans.iter().any(|span| of_operation(span, name)))
+    });
+    let request = spans
+        .iter()
+        .find(|span| is_request(span))
+        .expect("the request's span");
+    assert_eq!(request["trace_id"], CALLER_TRACE, "{request}");
+    assert_eq!(request["parent_span_id"], CALLER_SPAN, "{request}");
+    for name in ["record", "send"] {
+        let span = spans
+            .iter()
+            .find(|span| of_operation(span, name))
+            .expect("the span");
+        assert_eq!(span["trace_id"], CALLER_TRACE, "{span}");
+        assert_eq!(span["service"], "opledger-grpc-test", "{span}");
+        // The header from OTEL_EXPORTER_OTLP_HEADERS travels as gRPC metadata.
+        assert_eq!(span["metadata"]["x-collector-team"], "ledger", "{span}");
+    }
+}
+
+/// The JSON log lines in `dir`'s `serve-*.log` files.
+fn json_log_lines(dir: &std::path::Path) -> Vec<Value> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the directory") {
+        let path = entry.expect("an entry").path();
+        if path
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().starts_with("serve-"))
+        {
+            for line in std::fs::read_to_string(&path).expect("the log").lines() {
+                lines.push(
+                    serde_json::from_str(line)
+                        .unwrap_or_else(|error| panic!("not a JSON line ({error}): {line}")),
+                );
+            }
+        }
+    }
+    lines
+}
+
+/// Queues, at the lookup-only CRM, a send that loses its answer and a lookup that finds the CRM
+/// unavailable: a warning in the send and one in the lookup.
+async fn lose_the_answer_then_fail_a_lookup(harness: &Harness) {
+    harness
+        .fault(Shape::Plain, FaultKind::DropResponse, 1)
+        .await;
+    harness
+        .fault_on(
+            Shape::Plain,
+            opledger_crm_stand::FaultMethod::Get,
+            FaultKind::ErrorBeforeCommit { status: 503 },
+            1,
+        )
+        .await;
+}
+
+/// Asserts that `lines` hold the send's and the lookup's warnings, and that every one of them
+/// carries `trace` and a span id of this process.
+#[track_caller]
+fn assert_every_line_in(lines: &[Value], trace: &str, parent_span: &str) {
+    for message in ["outcome unknown", "lookup gave no answer"] {
+        assert!(
+            lines
+                .iter()
+                .any(|line| line["fields"]["message"] == message),
+            "no `{message}` line in {lines:#?}"
+        );
+    }
+    for line in lines {
+        assert_eq!(line["trace_id"], trace, "{line}");
+        assert!(
+            line["span_id"]
+                .as_str()
+                .is_some_and(|id| id.len() == 16 && id != parent_span),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_json_log_line_of_a_request_and_of_a_workers_later_drive_carries_the_trace_at_the_default_level(
+) {
+    let harness = Harness::new("").await;
+    let config = harness.config.display().to_string();
+    // Export off and the default log level (warnings): the ledger's spans are below it, so the
+    // lines list no spans, yet each one belongs to the trace of the request that caused it.
+    let server = Server::start_with_env(
+        &["serve", "--config", &config, "--log-format", "json"],
+        harness.dir.path(),
+        &[("RUST_LOG", "warn")],
+    );
+    let start_up = json_log_lines(harness.dir.path()).len();
+    let body = json!({
+        "provider": "crm-plain", "account": ACCOUNT, "action": "create_task",
+        "args": {"title": TITLE},
+    });
+    // A request's own work: it records, sends and looks up.
+    lose_the_answer_then_fail_a_lookup(&harness).await;
+    let (status, _, answered) = server
+        .post_with_headers(
+            "/v1/operations?execute=true&wait_ms=100",
+            TENANT_A_TOKEN,
+            &[(
+                "traceparent",
+                &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
+            )],
+            &body,
+        )
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    let first = answered["operation_id"].as_str().expect("an id").to_owned();
+    server
+        .wait_for_state(TENANT_A_TOKEN, &first, &["succeeded"])
+        .await;
+    let requested = json_log_lines(harness.dir.path()).len();
+    // A worker's drive, later: the request only records; a worker sends and looks up, in the
+    // trace kept with the intent.
+    lose_the_answer_then_fail_a_lookup(&harness).await;
+    let (status, _, answered) = server
+        .post_with_headers(
+            "/v1/operations",
+            TENANT_A_TOKEN,
+            &[(
+                "traceparent",
+                &format!("00-{OPERATOR_TRACE}-{OPERATOR_SPAN}-01"),
+            )],
+            &body,
+        )
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    let second = answered["operation_id"].as_str().expect("an id").to_owned();
+    server
+        .wait_for_state(TENANT_A_TOKEN, &second, &["succeeded"])
+        .await;
+    let lines = json_log_lines(harness.dir.path());
+    assert_every_line_in(&lines[start_up..requested], CALLER_TRACE, CALLER_SPAN);
+    assert_every_line_in(&lines[requested..], OPERATOR_TRACE, OPERATOR_SPAN);
 }

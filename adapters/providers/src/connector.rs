@@ -359,7 +359,9 @@ impl Connector {
 
     /// Carries out one attempt and classifies it (see the table in the crate docs).
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
-        let span = tracing::info_span!(
+        // Debug: the engine's `send` span, around this one, carries the same fields, and a
+        // span exported per request costs CPU (README, "Trace export").
+        let span = tracing::debug_span!(
             "provider.execute",
             operation_id = %request.operation_id,
             attempt_id = %request.attempt_id,
@@ -699,7 +701,9 @@ impl Connector {
 
     /// Looks the operation up (see the table in the crate docs).
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
-        let span = tracing::info_span!(
+        // Debug: the engine's `lookup` span, around this one, carries the same fields, and a
+        // span exported per request costs CPU (README, "Trace export").
+        let span = tracing::debug_span!(
             "provider.lookup",
             operation_id = %request.operation_id,
             provider = %self.id,

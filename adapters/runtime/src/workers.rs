@@ -233,8 +233,9 @@ where
     Ok(stats)
 }
 
-/// What a drive task returns: its operation and how the drive ended.
-type DriveOutcome = (OperationId, Result<(), AppError>);
+/// What a drive task returns: its operation, its span (a failure is logged in it, so the line
+/// carries the operation's trace) and how the drive ended.
+type DriveOutcome = (OperationId, tracing::Span, Result<(), AppError>);
 
 /// The drives the workers started, and the little they remember between looks at the queue.
 struct Drives {
@@ -347,16 +348,23 @@ impl Drives {
         let engine = Arc::clone(engine);
         // A root of its own: the engine joins it to the trace its operation was recorded in.
         let span = info_span!(parent: None, "drive", %operation_id, ?work);
+        let kept = span.clone();
         self.running.spawn(
-            async move { (operation_id, engine.drive(operation_id).await.map(drop)) }
-                .instrument(span),
+            async move {
+                (
+                    operation_id,
+                    kept,
+                    engine.drive(operation_id).await.map(drop),
+                )
+            }
+            .instrument(span),
         );
     }
 
     /// Frees a finished drive's operation and counts a failed drive: the queue offers it again,
     /// unless its stream cannot be decoded, which sets it aside.
     fn finished(&mut self, done: Result<DriveOutcome, JoinError>) {
-        let Ok((operation_id, result)) = done else {
+        let Ok((operation_id, span, result)) = done else {
             return;
         };
         self.busy.remove(&operation_id);
@@ -369,6 +377,7 @@ impl Drives {
                     .fetch_add(1, Ordering::Relaxed);
                 self.set_aside.insert(operation_id);
                 warn!(
+                    parent: &span,
                     %operation_id,
                     %error,
                     "an event of this operation cannot be decoded; it is no longer driven: \
@@ -377,7 +386,7 @@ impl Drives {
             }
             Err(error) => {
                 self.stats.failed_drives += 1;
-                warn!(%operation_id, %error, "drive failed; the operation will be driven again");
+                warn!(parent: &span, %operation_id, %error, "drive failed; the operation will be driven again");
             }
         }
     }
@@ -396,7 +405,7 @@ impl Drives {
         while !self.running.is_empty() {
             tokio::select! {
                 done = self.running.join_next() => {
-                    if let Some(Ok((operation_id, _))) = done {
+                    if let Some(Ok((operation_id, _, _))) = done {
                         self.busy.remove(&operation_id);
                     }
                 }

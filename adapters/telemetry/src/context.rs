@@ -1,8 +1,6 @@
 //! The domain's trace context port, implemented with OpenTelemetry's W3C propagator.
 
-use std::collections::HashMap;
-
-use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TraceId};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -25,12 +23,43 @@ impl Adapter {
     }
 
     fn extract(&self, traceparent: &str, tracestate: Option<&str>) -> Context {
-        let mut carrier = HashMap::with_capacity(2);
-        carrier.insert(TRACEPARENT.to_owned(), traceparent.to_owned());
-        if let Some(tracestate) = tracestate {
-            carrier.insert(TRACESTATE.to_owned(), tracestate.to_owned());
+        self.propagator.extract(&Incoming {
+            traceparent,
+            tracestate,
+        })
+    }
+}
+
+/// The headers a context is read from, borrowed: the propagator asks for two keys, and a map of
+/// owned strings would cost four allocations on every request and every drive.
+struct Incoming<'a> {
+    traceparent: &'a str,
+    tracestate: Option<&'a str>,
+}
+
+impl Extractor for Incoming<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            TRACEPARENT => Some(self.traceparent),
+            TRACESTATE => self.tracestate,
+            _ => None,
         }
-        self.propagator.extract(&carrier)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT, TRACESTATE]
+    }
+}
+
+/// Keeps the `traceparent` the propagator writes and nothing else (no map, no key copies).
+#[derive(Default)]
+struct Outgoing(Option<String>);
+
+impl Injector for Outgoing {
+    fn set(&mut self, key: &str, value: String) {
+        if key == TRACEPARENT {
+            self.0 = Some(value);
+        }
     }
 }
 
@@ -56,9 +85,9 @@ impl opledger_domain::trace_context::TraceContext for Adapter {
         if !context.span().span_context().is_valid() {
             return None;
         }
-        let mut carrier = HashMap::with_capacity(2);
+        let mut carrier = Outgoing::default();
         self.propagator.inject_context(&context, &mut carrier);
-        carrier.remove(TRACEPARENT)
+        carrier.0
     }
 
     fn set_remote_parent(&self, span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {

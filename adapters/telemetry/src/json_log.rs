@@ -14,7 +14,7 @@ use tracing_opentelemetry::OtelData;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, Registry};
 
 pub(crate) struct JsonWithTrace;
 
@@ -53,6 +53,28 @@ fn ids(otel: &OtelData) -> Option<(TraceId, SpanId)> {
     Some((trace_id, otel.builder.span_id?))
 }
 
+/// The ids of the innermost span around `event` that the OpenTelemetry layer knows.
+///
+/// They are looked up in the registry itself, not in this layer's context: this layer sees only
+/// the spans its log filter lets through, and at the default level (`warn`) that is none of the
+/// ledger's, so a warning written inside a send or a worker's lookup would have no trace. The
+/// process's subscriber is global ([`crate::install`]), so it is the default here.
+fn trace_of(event: &Event<'_>) -> Option<(TraceId, SpanId)> {
+    tracing::dispatcher::get_default(|dispatch| {
+        let registry = dispatch.downcast_ref::<Registry>()?;
+        let id = match event.parent() {
+            Some(id) => id.clone(),
+            None if event.is_contextual() => dispatch.current_span().id()?.clone(),
+            None => return None,
+        };
+        let span = registry.span(&id)?;
+        let found = span
+            .scope()
+            .find_map(|span| span.extensions().get::<OtelData>().and_then(ids));
+        found
+    })
+}
+
 impl<S, N> FormatEvent<S, N> for JsonWithTrace
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -75,7 +97,6 @@ where
         event.record(&mut Fields(&mut fields));
         line.insert("fields".into(), fields.into());
         let mut spans = Vec::new();
-        let mut ids_found = None;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 let extensions = span.extensions();
@@ -87,17 +108,13 @@ where
                     .unwrap_or_default();
                 entry.insert("name".into(), span.name().into());
                 spans.push(Value::Object(entry));
-                // The innermost span the exporter knows gives the ids.
-                if let Some(found) = extensions.get::<OtelData>().and_then(ids) {
-                    ids_found = Some(found);
-                }
             }
         }
         if let Some(last) = spans.last().cloned() {
             line.insert("span".into(), last);
             line.insert("spans".into(), spans.into());
         }
-        if let Some((trace_id, span_id)) = ids_found {
+        if let Some((trace_id, span_id)) = trace_of(event) {
             line.insert("trace_id".into(), trace_id.to_string().into());
             line.insert("span_id".into(), span_id.to_string().into());
         }

@@ -26,7 +26,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
-use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -94,20 +94,7 @@ pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, 
         (None, LogFormat::Json) => Some(SdkTracerProvider::builder().build()),
         (None, LogFormat::Text) => None,
     };
-    let otel_layer = provider.as_ref().map(|provider| {
-        // The ledger's own spans at info and above whatever the log level says, and nobody
-        // else's: the HTTP clients' own spans would include the exporter's requests.
-        // (A target matches by prefix: `opledger` covers every `opledger_*` crate.)
-        let ours = Targets::new().with_target("opledger", LevelFilter::INFO);
-        tracing_opentelemetry::layer()
-            .with_tracer(provider.tracer(TRACER_NAME))
-            .with_tracked_inactivity(false)
-            // File, line and thread on every span cost four attributes each and tell a reviewer
-            // nothing the span's name and target do not.
-            .with_location(false)
-            .with_threads(false)
-            .with_filter(ours)
-    });
+    let otel_layer = provider.as_ref().map(otel_layer);
     tracing_subscriber::registry()
         .with(log_layer)
         .with(otel_layer)
@@ -120,6 +107,45 @@ pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, 
     Ok(Telemetry {
         provider: provider.filter(|_| exported),
     })
+}
+
+/// The layer that turns the ledger's spans into OpenTelemetry spans of `provider`.
+fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer(TRACER_NAME))
+        .with_tracked_inactivity(false)
+        // File, line and thread on every span cost four attributes each and tell a reviewer
+        // nothing the span's name and target do not.
+        .with_location(false)
+        .with_threads(false)
+        .with_filter(tracing_subscriber::filter::filter_fn(exported))
+}
+
+/// The target prefix of the ledger's own spans (a prefix covers every `opledger_*` crate).
+const OUR_TARGET: &str = "opledger";
+/// The CRM stand's target: a test and demo tool standing in for a CRM, whose own tracing (where
+/// it has any) goes to its own collector. `opledger bench http` and `demo` run it in the server's
+/// process, where exporting its spans would be counted as the ledger's cost.
+const STAND_TARGET: &str = "opledger_crm_stand";
+
+/// What the OpenTelemetry layer sees, whatever the log level says: the ledger's own spans at info
+/// and above, and of its log lines only warnings and errors, as events on their span (an outcome
+/// unknown with its error). Nobody else's: the HTTP clients' own spans would include the
+/// exporter's requests. Info lines say what a span's `state` and `external_id` say already, and
+/// each would cost an event on its span (five per operation in `bench http`); they stay in the
+/// logs. Decided once per call site (tracing caches the answer).
+fn exported(meta: &tracing::Metadata<'_>) -> bool {
+    let target = meta.target();
+    let ours = target.starts_with(OUR_TARGET) && !target.starts_with(STAND_TARGET);
+    let level = if meta.is_span() {
+        Level::INFO
+    } else {
+        Level::WARN
+    };
+    ours && *meta.level() <= level
 }
 
 fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
@@ -164,4 +190,39 @@ fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
                 .build(),
         )
         .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry_sdk::trace::InMemorySpanExporter;
+
+    use super::*;
+
+    #[test]
+    fn the_ledgers_spans_are_exported_with_its_warnings_but_not_its_info_lines_nor_the_stands_spans(
+    ) {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry().with(otel_layer(&provider));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!("send").in_scope(|| {
+                tracing::info!("confirmed");
+                tracing::warn!("outcome unknown");
+                tracing::info_span!(target: "opledger_crm_stand::exchange", "stand.request")
+                    .in_scope(|| {});
+            });
+        });
+        provider.force_flush().expect("flushed");
+        let spans = exporter.get_finished_spans().expect("spans");
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_ref()).collect();
+        assert_eq!(names, ["send"]);
+        let events: Vec<&str> = spans[0]
+            .events
+            .iter()
+            .map(|event| event.name.as_ref())
+            .collect();
+        assert_eq!(events, ["outcome unknown"]);
+    }
 }
