@@ -14,8 +14,9 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::{ReadModelError, BUSY_TIMEOUT_MS, SCHEMA_VERSION};
 
-/// The tables of version 1 but `operations` ([`CREATE_OPERATIONS_V4`]). One table per read
-/// model, plus the checkpoint.
+/// The tables of version 1 but those version 4 made anew (`operations`:
+/// [`CREATE_OPERATIONS_V4`]; the id index: [`CREATE_ID_TABLES_V4`]). One table per read model,
+/// plus the checkpoint.
 ///
 /// The id index (`attempts`, `sources`, `external_ids`) is keyed by the id *and* the operation:
 /// the read model records what the log says, and if a hand-written history ever reused an id for
