@@ -34,10 +34,15 @@ async fn salesforce() -> Salesforce {
     api
 }
 
-/// A ledger whose one connector is `source` (a preset or a file) at the emulator, its account
-/// authenticating with the OAuth2 client and the refresh token from the environment.
+/// A ledger whose one connector is `source` (a preset or a file) at the Salesforce emulator,
+/// its account authenticating with the OAuth2 client and the refresh token from the environment.
 fn ledger(api: &Salesforce, source: &str, files: &[(&str, String)]) -> Ledger {
-    let entry = preset_entry("salesforce", source, &api.running.base_url);
+    oauth_ledger("salesforce", source, &api.running.base_url, files)
+}
+
+/// The same for any provider's emulator at `base_url`.
+fn oauth_ledger(provider: &str, source: &str, base_url: &str, files: &[(&str, String)]) -> Ledger {
+    let entry = preset_entry(provider, source, base_url);
     let ledger = Ledger::new(&entry, "unused", files);
     ledger.rewrite(
         "token = \"unused\"",
@@ -370,15 +375,11 @@ async fn a_zendesk_token_is_renewed_before_it_expires_and_a_revoked_grant_holds_
         rotates: true,
     });
     let refresh = api.core().oauth.authorise("a");
-    let entry = preset_entry(
+    let ledger = oauth_ledger(
         "zendesk",
         "preset = \"zendesk-oauth2\"",
         &api.running.base_url,
-    );
-    let ledger = Ledger::new(&entry, "unused", &[]);
-    ledger.rewrite(
-        "token = \"unused\"",
-        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+        &[],
     );
     let server = serve(&ledger, &refresh);
     let ticket = |title: &str| {
@@ -461,11 +462,11 @@ async fn hubspots_oauth2_form_renews_its_token_and_names_hubspots_own_refusal() 
     let source = format!(
         "file = \"hubspot-oauth2.toml\"\nsettings = {{ label_property = \"{HUBSPOT_LABEL_PROPERTY}\" }}"
     );
-    let entry = preset_entry("hubspot", &source, &api.running.base_url);
-    let ledger = Ledger::new(&entry, "unused", &[("hubspot-oauth2.toml", text)]);
-    ledger.rewrite(
-        "token = \"unused\"",
-        "client_id_env = \"SF_CLIENT_ID\"\nclient_secret_env = \"SF_CLIENT_SECRET\"\nrefresh_token_env = \"SF_REFRESH_TOKEN\"",
+    let ledger = oauth_ledger(
+        "hubspot",
+        &source,
+        &api.running.base_url,
+        &[("hubspot-oauth2.toml", text)],
     );
     let server = serve(&ledger, &refresh);
     let task = |title: &str| {
