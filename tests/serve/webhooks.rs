@@ -211,6 +211,25 @@ async fn operations(server: &Server, title: &str, count: usize) -> Vec<String> {
     ids
 }
 
+/// At least once: every position 1..=head of the log arrived, and each under one webhook-id
+/// however often it came.
+fn assert_every_position_arrived_under_one_id(logged: &[Logged], head: u64) {
+    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    for delivery in logged {
+        ids.entry(position(delivery))
+            .or_default()
+            .insert(delivery.id.clone());
+    }
+    assert_eq!(
+        ids.keys().copied().collect::<Vec<_>>(),
+        (1..=head).collect::<Vec<_>>()
+    );
+    assert!(
+        ids.values().all(|ids| ids.len() == 1),
+        "a repeated event came under another webhook-id: {ids:?}"
+    );
+}
+
 fn position(logged: &Logged) -> u64 {
     logged.payload["data"]["position"]
         .as_u64()
@@ -246,7 +265,6 @@ async fn every_event_reaches_the_receiver_verified_in_log_order_across_a_sigkill
     // delivery is either the next position after the highest seen, or a repeat of one seen (a
     // delivery the kill interrupted before its checkpoint was written).
     let mut highest = 0;
-    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     for delivery in &logged {
         let at = position(delivery);
         assert!(
@@ -254,16 +272,8 @@ async fn every_event_reaches_the_receiver_verified_in_log_order_across_a_sigkill
             "position {at} arrived after {highest}: a skip"
         );
         highest = highest.max(at);
-        ids.entry(at).or_default().insert(delivery.id.clone());
     }
-    assert_eq!(
-        ids.keys().copied().collect::<Vec<_>>(),
-        (1..=head).collect::<Vec<_>>()
-    );
-    assert!(
-        ids.values().all(|ids| ids.len() == 1),
-        "a repeated event came under another webhook-id: {ids:?}"
-    );
+    assert_every_position_arrived_under_one_id(&logged, head);
     let succeeded = logged
         .iter()
         .find(|l| l.payload["type"] == "operation.succeeded")
@@ -642,7 +652,6 @@ async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_kille
     // After the replay (which starts again from position 1), in log order: each delivery is
     // the next position after the highest seen, or a repeat (the one the kill interrupted).
     let mut highest = first_head;
-    let mut ids: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
     for delivery in &logged[delivered..] {
         let at = position(delivery);
         assert!(
@@ -651,19 +660,7 @@ async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_kille
         );
         highest = highest.max(at);
     }
-    for delivery in &logged {
-        ids.entry(position(delivery))
-            .or_default()
-            .insert(delivery.id.clone());
-    }
-    assert_eq!(
-        ids.keys().copied().collect::<Vec<_>>(),
-        (1..=head).collect::<Vec<_>>()
-    );
-    assert!(
-        ids.values().all(|ids| ids.len() == 1),
-        "a repeated event came under another webhook-id: {ids:?}"
-    );
+    assert_every_position_arrived_under_one_id(&logged, head);
     // The takeover: from the kill to the first delivery the survivor made.
     let first_after = logged
         .iter()
