@@ -51,7 +51,17 @@ fn main() -> ExitCode {
     };
     let json = cli.command.json();
     // The demo prints its own story; its expected warnings (lost responses) would clutter it.
-    let quiet = matches!(cli.command, Command::Demo(_) | Command::Sim(_));
+    // `connectors test` says each account's failure in its own line; the token client's warning
+    // would say it a second time.
+    let quiet = matches!(
+        cli.command,
+        Command::Demo(_)
+            | Command::Sim(_)
+            | Command::Connectors(cli::ConnectorsArgs {
+                command: cli::ConnectorsCommand::Test(_),
+                ..
+            })
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -359,6 +359,15 @@ async fn connectors_test_says_which_account_works_and_what_the_token_endpoint_re
         !text.contains(&refresh) && !text.contains(CLIENT_SECRET),
         "no secret shown: {text}"
     );
+    assert!(
+        !text.contains("asked again in"),
+        "a probe asks once; a retry delay is `serve`'s to name: {text}"
+    );
+    assert_eq!(
+        text.matches("inactive user").count(),
+        1,
+        "the refusal is said once, in the account's line, not again in a warning: {text}"
+    );
 }
 
 /// Zendesk: access tokens with a lifetime (`expires_in`) and a refresh token rotated on every

@@ -587,7 +587,7 @@ impl Connector {
         let answer = self
             .exchange(credential, &prepared)
             .await
-            .map_err(|no_token| credential.scrub(token_failure(account, no_token).0))?;
+            .map_err(|no_token| credential.scrub(probe_token_failure(account, no_token)))?;
         match answer {
             Ok(reply) if (200..300).contains(&reply.status) => {
                 let token = if credential.oauth.is_some() {
@@ -1072,6 +1072,15 @@ fn token_failure(account: &AccountId, no_token: NoToken) -> (String, u64) {
         TokenFailure::Unavailable { message } => format!("account `{account}` has no access token yet: {message}; it is asked again in {} ms", no_token.retry_after_ms),
     };
     (reason, no_token.retry_after_ms)
+}
+
+/// Why a probe of `account` got no access token and what to do: the probe asks once, so unlike
+/// [`token_failure`] it names no retry.
+fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
+    match no_token.failure {
+        TokenFailure::Refused { message } => format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret)"),
+        TokenFailure::Unavailable { message } => format!("account `{account}` has no access token: {message}; check the token URL and the network, then test again"),
+    }
 }
 
 fn log_send(outcome: &SendOutcome) {
