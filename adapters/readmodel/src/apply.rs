@@ -990,6 +990,95 @@ fn index_source(
     Ok(())
 }
 
+/// Writes id-index entries into tables that hold none yet — a rebuild's first flush — with
+/// the rows the runner's upserts would leave, without its reads: `entries` are sorted by each
+/// table's key, stably, so the entries of one key are in log order (see `rebuild.rs`). Repeats
+/// of one external object by one operation are resolved here as the upsert resolves them (the
+/// first position stays, the strongest role wins), an object named by a second operation raises
+/// `shared_external_ids` once, and every row is a plain `INSERT` of the next key: an append to
+/// the table's B-tree instead of a lookup, a read of the object's other names and an insert on a
+/// random page. A repeated attempt or source key fails its `INSERT` as the runner's does.
+pub(super) fn append_id_entries(
+    transaction: &Connection,
+    entries: &[IdIndexChange],
+) -> Result<(), ReadModelError> {
+    let mut shared: i64 = 0;
+    // The object of the last external-id row written, and how many operations named it.
+    let mut last_object: Option<(&ProviderId, &AccountId, &ExternalObjectId)> = None;
+    let mut operations_naming_it = 0_usize;
+    let mut index = 0;
+    while let Some(entry) = entries.get(index) {
+        let IdIndexChange::ExternalId {
+            provider,
+            account,
+            external_id,
+            operation_id,
+            role,
+            position,
+        } = entry
+        else {
+            write_id_entry(transaction, entry)?;
+            index += 1;
+            continue;
+        };
+        let object = (provider, account, external_id);
+        let mut strongest = *role;
+        index += 1;
+        while let Some(IdIndexChange::ExternalId {
+            provider: next_provider,
+            account: next_account,
+            external_id: next_external_id,
+            operation_id: next_operation_id,
+            role: next_role,
+            ..
+        }) = entries.get(index)
+        {
+            if (
+                next_provider,
+                next_account,
+                next_external_id,
+                next_operation_id,
+            ) != (provider, account, external_id, operation_id)
+            {
+                break;
+            }
+            strongest = strongest.max(*next_role);
+            index += 1;
+        }
+        if last_object == Some(object) {
+            operations_naming_it += 1;
+        } else {
+            last_object = Some(object);
+            operations_naming_it = 1;
+        }
+        // The runner raises the gauge when the second operation names the object, not after.
+        if operations_naming_it == 2 {
+            shared += 1;
+        }
+        let mut statement = transaction
+            .prepare_cached(
+                "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
+                     position)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .map_err(|error| ReadModelError::sqlite("preparing an external id entry", error))?;
+        statement
+            .execute(params![
+                provider.as_str(),
+                account.as_str(),
+                external_id.as_str(),
+                sql::operation_text(*operation_id),
+                strongest.name(),
+                sql::position(*position)?,
+            ])
+            .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
+    }
+    if shared > 0 {
+        add_to_gauge(transaction, SHARED_EXTERNAL_IDS_GAUGE, shared)?;
+    }
+    Ok(())
+}
+
 /// An external object as a provider's account names it.
 struct ExternalName<'a> {
     provider: &'a ProviderId,
