@@ -77,13 +77,13 @@ const REQUEST_FILTER_BITS: usize = 1 << 27;
 /// bounds the dirty pages SQLite holds.
 pub const REBUILD_COMMIT_EVENTS: u64 = 65_536;
 /// Most id-index entries (attempts, sources, external ids) held before they are written, sorted:
-/// ~150 bytes each with their strings, so at most ~150 MiB. The first flush goes into empty
+/// ~150 bytes each with their strings, so at most ~40 MiB. The first flush goes into empty
 /// tables and is appended in key order without a read (`apply::append_id_entries`); later ones
-/// are the runner's upserts, one sorted pass over each table. So this is sized to hold a whole
-/// 1M-event log's entries (`bench store` names two per operation of three events: 668,000): at
-/// 32,768 the entries went in as 20 sorted runs of upserts, each reading the object's other
-/// names before writing on a page anywhere in the table, 13 % of a rebuild's CPU.
-pub const MAX_BUFFERED_ID_ENTRIES: usize = 1 << 20;
+/// are the runner's upserts, each one sorted pass over the tables. Measured on a 1M-event log
+/// (668,000 entries), alternated at a load of ~7: 262,144 and 1,048,576 (one flush) both took
+/// ~4 % less CPU than 32,768 (20 runs of upserts), and 1,048,576 cost ~100 MB more peak RSS than
+/// 262,144, whose peak was below 32,768's.
+pub const MAX_BUFFERED_ID_ENTRIES: usize = 1 << 18;
 /// The rebuild's in-memory maps, hashed with foldhash: their keys (operation ids, requests) come
 /// from our own log, and SipHash, std's default, was 3.4 % of a rebuild's CPU.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
