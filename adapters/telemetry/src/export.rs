@@ -2,10 +2,10 @@
 //! wrapper around either protocol's: a batch that could not be delivered adds one to the domain's
 //! export-failure count, and nothing else happens to the ledger.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
@@ -60,12 +60,18 @@ pub(crate) struct OtlpHttp {
     client: reqwest::blocking::Client,
     /// The full URL batches are posted to (`.../v1/traces`).
     endpoint: String,
-    /// The encoder's buffers, reused; only the batch processor's thread exports, so the lock is
-    /// never contended (it is there because `export` takes `&self`).
-    encoder: Mutex<Encoder>,
-    /// The size of the last body, to allocate the next one at once: the body is handed to the
-    /// client, which keeps it.
-    last_body_bytes: AtomicUsize,
+    /// The encoder and the body buffer, reused; only the batch processor's thread exports, so
+    /// the lock is never contended (it is there because `export` takes `&self`).
+    buffers: Mutex<Buffers>,
+}
+
+#[derive(Debug, Default)]
+struct Buffers {
+    encoder: Encoder,
+    /// The last body's buffer, back from the client. A fresh one per post was allocated on this
+    /// thread and freed on reqwest's, so this thread's allocator kept taking fresh pages, each
+    /// zeroed by the kernel (README, "Trace export").
+    body: Vec<u8>,
 }
 
 impl std::fmt::Debug for OtlpHttp {
@@ -114,24 +120,27 @@ impl OtlpHttp {
         Ok(Self {
             client,
             endpoint,
-            encoder: Mutex::new(Encoder::default()),
-            last_body_bytes: AtomicUsize::new(0),
+            buffers: Mutex::new(Buffers::default()),
         })
     }
 
     fn post(&self, batch: &[SpanData]) -> OTelSdkResult {
-        let mut body = Vec::with_capacity(self.last_body_bytes.load(Ordering::Relaxed));
-        self.encoder
+        let mut buffers = self
+            .buffers
             .lock()
-            .map_err(|_| OTelSdkError::InternalFailure("the encoder's lock is poisoned".into()))?
-            .encode(batch, &mut body);
-        self.last_body_bytes.store(body.len(), Ordering::Relaxed);
-        let response = self
-            .client
-            .post(&self.endpoint)
-            .body(body)
-            .send()
-            .map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
+            .map_err(|_| OTelSdkError::InternalFailure("the encoder's lock is poisoned".into()))?;
+        let Buffers { encoder, body } = &mut *buffers;
+        encoder.encode(batch, body);
+        let sent = Bytes::from(std::mem::take(body));
+        let response = self.client.post(&self.endpoint).body(sent.clone()).send();
+        // Back when the client has let go of it (almost always once the answer is in); if not,
+        // the next body starts empty.
+        if let Ok(returned) = sent.try_into_mut() {
+            *body = Vec::from(returned);
+        }
+        drop(buffers);
+        let response =
+            response.map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
         let status = response.status();
         if !status.is_success() {
             return Err(OTelSdkError::InternalFailure(format!(
@@ -149,8 +158,8 @@ impl SpanExporter for OtlpHttp {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        if let Ok(encoder) = self.encoder.get_mut() {
-            encoder.set_resource(resource);
+        if let Ok(buffers) = self.buffers.get_mut() {
+            buffers.encoder.set_resource(resource);
         }
     }
 }
