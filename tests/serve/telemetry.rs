@@ -910,3 +910,56 @@ async fn no_exported_span_carries_an_attribute_twice() {
         assert_eq!(keys.len(), before, "{}", describe(span));
     }
 }
+
+#[tokio::test]
+async fn batches_are_posted_over_one_connection_when_the_collector_answers_with_a_body() {
+    // A collector's answer with a body (a partial-success message: `rejected_spans` = 0 and an
+    // error message), on a receiver that counts the connections it accepts.
+    const ANSWER: &[u8] = &[0x0a, 0x04, 0x12, 0x02, b'o', b'k'];
+    let posts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&posts);
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let counted = Arc::clone(&counted);
+            async move {
+                ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                ([("content-type", "application/x-protobuf")], ANSWER)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("the receiver binds");
+    let endpoint = format!("http://{}", listener.local_addr().expect("an address"));
+    let accepted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &endpoint);
+    let started = Instant::now();
+    // Batches go every 50 ms: one task per batch period until three posts are in.
+    while posts.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "fewer than three posts arrived"
+        );
+        create_one_task(&server).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "every batch opened a connection of its own"
+    );
+}
