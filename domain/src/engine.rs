@@ -493,7 +493,9 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// What a request of `kind` for `intent` needs before its claim (see
     /// [`Providers::prepare`]), with a budget wait kept only when it is worth recording.
     async fn prepare(&self, intent: &IntentRecorded, kind: RequestKind) -> Readiness {
-        let span = tracing::info_span!("prepare", account = %intent.account, kind = ?kind);
+        // Debug, so not exported: the claim and send after it carry the account, and a span
+        // per request for the budget check was the trace's most common and least telling one.
+        let span = tracing::debug_span!("prepare", account = %intent.account, kind = ?kind);
         let readiness = self
             .providers
             .prepare(&binding_query(intent), kind, true)

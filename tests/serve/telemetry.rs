@@ -751,3 +751,215 @@ async fn every_json_log_line_of_a_request_and_of_a_workers_later_drive_carries_t
     assert_every_line_in(&lines[start_up..requested], CALLER_TRACE, CALLER_SPAN);
     assert_every_line_in(&lines[requested..], OPERATOR_TRACE, OPERATOR_SPAN);
 }
+
+/// What an OTLP/HTTP receiver was sent: each post's headers and decoded request.
+type Posts = Arc<Mutex<Vec<(axum::http::HeaderMap, ExportTraceServiceRequest)>>>;
+
+/// A loopback OTLP/HTTP receiver that keeps every post whole and answers `status`.
+async fn post_keeping_receiver(status: AxumStatus) -> (String, Posts) {
+    let posts = Posts::default();
+    let kept = Arc::clone(&posts);
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: Bytes| {
+            let kept = Arc::clone(&kept);
+            async move {
+                let request =
+                    ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+                kept.lock().expect("not poisoned").push((headers, request));
+                status
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("the receiver binds");
+    let url = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, posts)
+}
+
+/// `opledger_trace_export_failures_total` from `/metrics`.
+async fn export_failures(server: &Server) -> u64 {
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .expect("a body");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("opledger_trace_export_failures_total "))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("the export failure counter is shown")
+}
+
+async fn create_one_task(server: &Server) {
+    let (status, answered) = server
+        .post(
+            "/v1/operations?execute=true&wait_ms=5000",
+            TENANT_A_TOKEN,
+            &json!({
+                "provider": "crm", "account": ACCOUNT, "action": "create_task",
+                "args": {"title": TITLE},
+            }),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    assert_eq!(answered["state"], "succeeded", "{answered}");
+}
+
+#[tokio::test]
+async fn http_export_posts_protobuf_with_the_service_name_and_the_headers_from_the_environment() {
+    let (endpoint, posts) = post_keeping_receiver(AxumStatus::OK).await;
+    let harness = Harness::new("").await;
+    let config = harness.config.display().to_string();
+    let server = Server::start_with_env(
+        &["serve", "--config", &config],
+        harness.dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-team=ledger"),
+            ("OTEL_SERVICE_NAME", "opledger-http-test"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    create_one_task(&server).await;
+    let started = Instant::now();
+    while posts.lock().expect("not poisoned").is_empty() {
+        assert!(started.elapsed() < DEADLINE, "nothing was posted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let posts = posts.lock().expect("not poisoned").clone();
+    for (headers, request) in &posts {
+        assert_eq!(headers["content-type"], "application/x-protobuf");
+        assert_eq!(headers["x-collector-team"], "ledger");
+        for resource_spans in &request.resource_spans {
+            let resource = resource_spans.resource.as_ref().expect("a resource");
+            let service = resource
+                .attributes
+                .iter()
+                .find(|attribute| attribute.key == "service.name")
+                .and_then(|attribute| attribute.value.as_ref()?.value.clone());
+            assert_eq!(
+                service,
+                Some(AnyValue::StringValue("opledger-http-test".to_owned()))
+            );
+            for scope_spans in &resource_spans.scope_spans {
+                let scope = scope_spans.scope.as_ref().expect("a scope");
+                assert_eq!(scope.name, "opledger");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_collector_that_answers_an_error_costs_a_counter_and_no_answer() {
+    let (endpoint, posts) = post_keeping_receiver(AxumStatus::SERVICE_UNAVAILABLE).await;
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &endpoint);
+    create_one_task(&server).await;
+    let started = Instant::now();
+    while export_failures(&server).await == 0 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "a 503 was not counted as a failed export"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!posts.lock().expect("not poisoned").is_empty());
+    create_one_task(&server).await;
+}
+
+#[tokio::test]
+async fn no_exported_span_carries_an_attribute_twice() {
+    let (endpoint, posts) = post_keeping_receiver(AxumStatus::OK).await;
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &endpoint);
+    create_one_task(&server).await;
+    let has_send = |posts: &Posts| {
+        posts
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|(_, request)| {
+                request
+                    .resource_spans
+                    .iter()
+                    .flat_map(|resource| &resource.scope_spans)
+                    .flat_map(|scope| &scope.spans)
+                    .any(|span| span.name == "send")
+            })
+    };
+    let started = Instant::now();
+    while !has_send(&posts) {
+        assert!(started.elapsed() < DEADLINE, "no send span was posted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let posts = posts.lock().expect("not poisoned").clone();
+    let spans = posts
+        .iter()
+        .flat_map(|(_, request)| &request.resource_spans)
+        .flat_map(|resource| &resource.scope_spans)
+        .flat_map(|scope| &scope.spans);
+    for span in spans {
+        let mut keys: Vec<&str> = span.attributes.iter().map(|kv| kv.key.as_str()).collect();
+        keys.sort_unstable();
+        let before = keys.len();
+        keys.dedup();
+        assert_eq!(keys.len(), before, "{}", describe(span));
+    }
+}
+
+#[tokio::test]
+async fn batches_are_posted_over_one_connection_when_the_collector_answers_with_a_body() {
+    // A collector's answer with a body (a partial-success message: `rejected_spans` = 0 and an
+    // error message), on a receiver that counts the connections it accepts.
+    const ANSWER: &[u8] = &[0x0a, 0x04, 0x12, 0x02, b'o', b'k'];
+    let posts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&posts);
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let counted = Arc::clone(&counted);
+            async move {
+                ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                ([("content-type", "application/x-protobuf")], ANSWER)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("the receiver binds");
+    let endpoint = format!("http://{}", listener.local_addr().expect("an address"));
+    let accepted = Arc::clone(&connections);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &endpoint);
+    let started = Instant::now();
+    // Batches go every 50 ms: one task per batch period until three posts are in.
+    while posts.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "fewer than three posts arrived"
+        );
+        create_one_task(&server).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "every batch opened a connection of its own"
+    );
+}

@@ -370,9 +370,10 @@ impl Connector {
             action = %request.action,
             external_id = field::Empty,
         );
+        let this_span = span.clone();
         async {
             let outcome = self.execute_unlogged(request).await;
-            log_send(&outcome);
+            log_send(&this_span, &outcome);
             outcome
         }
         .instrument(span)
@@ -711,9 +712,10 @@ impl Connector {
             action = %request.action,
             external_id = field::Empty,
         );
+        let this_span = span.clone();
         async {
             let outcome = self.lookup_unlogged(request).await;
-            log_lookup(&outcome);
+            log_lookup(&this_span, &outcome);
             outcome
         }
         .instrument(span)
@@ -1083,13 +1085,16 @@ fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
     }
 }
 
-fn log_send(outcome: &SendOutcome) {
+/// Logs `outcome` and records its external id on `span`, the provider's own span: not on the
+/// current span, which is the engine's `send` when `span` is disabled (debug-level), and which
+/// the engine records the id on itself: recorded twice, it was exported twice.
+fn log_send(span: &Span, outcome: &SendOutcome) {
     match outcome {
         SendOutcome::Confirmed {
             external_id,
             provider_request_id,
         } => {
-            Span::current().record("external_id", field::display(external_id));
+            span.record("external_id", field::display(external_id));
             tracing::info!(
                 outcome = "confirmed",
                 provider_request_id = provider_request_id.as_ref().map(|id| id.as_str()),
@@ -1114,7 +1119,8 @@ fn log_send(outcome: &SendOutcome) {
     }
 }
 
-fn log_lookup(outcome: &LookupOutcome) {
+/// Logs `outcome` and records its external id on `span` (see [`log_send`]).
+fn log_lookup(span: &Span, outcome: &LookupOutcome) {
     match outcome {
         LookupOutcome::Found {
             external_id,
@@ -1122,7 +1128,7 @@ fn log_lookup(outcome: &LookupOutcome) {
             duplicates,
             ..
         } => {
-            Span::current().record("external_id", field::display(external_id));
+            span.record("external_id", field::display(external_id));
             tracing::info!(outcome = "found", evidence = %evidence, duplicates = duplicates.len(), "lookup found the object");
         }
         LookupOutcome::NotFound {

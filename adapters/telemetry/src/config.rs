@@ -338,6 +338,70 @@ fn headers(
     section: &Section,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut headers = file_headers(source, section, env)?;
+    // The standard variables add what the file does not name (the file wins, as for every
+    // setting); opentelemetry-otlp's HTTP exporter read them itself, ours is given them here.
+    let Some((variable, list)) = [
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    ]
+    .into_iter()
+    .find_map(|name| env(name).map(|value| (name, value))) else {
+        return Ok(headers);
+    };
+    let fail = |message: String| env_error(variable, message);
+    for (index, entry) in list.split(',').map(str::trim).enumerate() {
+        if entry.is_empty() {
+            continue;
+        }
+        // Values are secrets: a refusal names the entry by its place, never by its text.
+        let place = index + 1;
+        let Some((name, value)) = entry.split_once('=') else {
+            return Err(fail(format!(
+                "entry {place} is not `name=value`; write comma-separated `name=value` pairs"
+            )));
+        };
+        let name = name.trim().to_ascii_lowercase();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(fail(format!(
+                "entry {place}: `{name}` is not an HTTP header name"
+            )));
+        }
+        let value = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| {
+                fail(format!(
+                    "entry {place}: the value is not UTF-8 once %-decoded"
+                ))
+            })?
+            .into_owned();
+        if value.is_empty() || http::HeaderValue::from_str(&value).is_err() {
+            return Err(fail(format!(
+                "entry {place} (`{name}`): the value is empty or not a valid header value (visible ASCII only)"
+            )));
+        }
+        if headers
+            .iter()
+            .any(|(written, _)| written.eq_ignore_ascii_case(&name))
+        {
+            continue;
+        }
+        if headers.len() == MAX_HEADERS {
+            return Err(fail(format!(
+                "names more headers than the {MAX_HEADERS} allowed (with the file's)"
+            )));
+        }
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// `[telemetry.headers_env]`: each header's value from the variable the file names.
+fn file_headers(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let Some(table) = &section.headers_env else {
         return Ok(Vec::new());
     };
@@ -525,6 +589,40 @@ mod tests {
         assert!(
             error.message.contains("`COLLECTOR_KEY`, which is not set"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn the_standard_headers_variable_adds_decoded_headers_the_file_does_not_name() {
+        let text = "[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\n[telemetry.headers_env]\nx-api-key = \"COLLECTOR_KEY\"\n";
+        let env = |name: &str| match name {
+            "COLLECTOR_KEY" => Some("from-file".to_owned()),
+            "OTEL_EXPORTER_OTLP_HEADERS" => {
+                Some(" X-Team = ledger%20one ,, x-api-key=from-env".to_owned())
+            }
+            _ => None,
+        };
+        let export = from_file("f.toml", text, &env).unwrap().export.unwrap();
+        assert_eq!(
+            export.headers,
+            vec![
+                ("x-api-key".into(), "from-file".into()),
+                ("x-team".into(), "ledger one".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_malformed_headers_variable_is_refused_by_entry_without_its_value() {
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4318".to_owned()),
+            "OTEL_EXPORTER_OTLP_HEADERS" => Some("x-team=ledger,s3cret-token".to_owned()),
+            _ => None,
+        };
+        let error = from_env(&env).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment: OTEL_EXPORTER_OTLP_HEADERS: entry 2 is not `name=value`; write comma-separated `name=value` pairs"
         );
     }
 

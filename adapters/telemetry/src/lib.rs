@@ -19,11 +19,12 @@ pub mod config;
 mod context;
 mod export;
 mod json_log;
+mod otlp_proto;
 
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::Level;
@@ -150,14 +151,14 @@ fn exported(meta: &tracing::Metadata<'_>) -> bool {
 
 fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
     let timeout = Duration::from_millis(export.export_timeout_ms);
-    let exporter = match export.protocol {
-        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(export.endpoint.clone())
-            .with_timeout(timeout)
-            .with_headers(export.headers.iter().cloned().collect())
-            .build(),
+    match export.protocol {
+        Protocol::HttpProtobuf => {
+            let exporter = export::OtlpHttp::new(export.endpoint.clone(), &export.headers, timeout)
+                .map_err(InitError::Exporter)?;
+            Ok(provider_exporting_to(exporter, export))
+        }
+        // gRPC keeps opentelemetry-otlp's exporter (tonic): the less common choice, and a
+        // second transport for the encoder would be a gRPC client of our own.
         Protocol::Grpc => {
             let mut headers = http::HeaderMap::new();
             for (name, value) in &export.headers {
@@ -171,17 +172,24 @@ fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
             }
             let metadata =
                 opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers);
-            opentelemetry_otlp::SpanExporter::builder()
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(export.endpoint.clone())
                 .with_timeout(timeout)
                 .with_metadata(metadata)
                 .build()
+                .map_err(|error| InitError::Exporter(error.to_string()))?;
+            Ok(provider_exporting_to(exporter, export))
         }
     }
-    .map_err(|error| InitError::Exporter(error.to_string()))?;
+}
+
+fn provider_exporting_to(
+    exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
+    export: &Export,
+) -> SdkTracerProvider {
     let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(export.sampling_ratio)));
-    Ok(SdkTracerProvider::builder()
+    SdkTracerProvider::builder()
         .with_batch_exporter(export::Counted::new(exporter))
         .with_sampler(sampler)
         .with_resource(
@@ -189,7 +197,7 @@ fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
                 .with_service_name(export.service_name.clone())
                 .build(),
         )
-        .build())
+        .build()
 }
 
 #[cfg(test)]

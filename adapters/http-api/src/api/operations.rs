@@ -257,7 +257,11 @@ async fn execute_recorded(
     place: OwnedSemaphorePermit,
 ) -> (LoadedOperation, Option<ApiError>) {
     let operation_id = recorded.operation_id;
-    let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+    // Debug, so not exported: inside the request's span and around the claim and send, which
+    // carry the operation id, it only cost every traced call one more span (README, "Trace
+    // export"). An operator's later execute keeps its info span: the link to the intent's trace
+    // hangs on it.
+    let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     // The first drive sends the attempt just claimed.
     let start = Start::Claimed(Box::new(recorded.clone()), claimed);
     match drive_until(shared, start, wait, place)
