@@ -79,7 +79,7 @@ pub use webhook_journal::{
     WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
     MAX_WEBHOOK_ATTEMPTS_KEPT,
 };
-pub use writer::ROUND_TRIPS_PER_COMMIT;
+pub use writer::{ROUND_TRIPS_PER_CHECKED_COMMIT, ROUND_TRIPS_PER_COMMIT};
 
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};
