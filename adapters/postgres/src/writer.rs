@@ -176,19 +176,18 @@ impl Statements {
                 )
                 .await?,
             // Positions follow the head `grow_head` moved (this transaction's own update), in
-            // the round's order. The stream id is found only if the stream now ends at the
+            // the round's order; the head is read once, as an uncorrelated subquery. The stream id is found only if the stream now ends at the
             // append's last version, i.e. this transaction created or moved it: otherwise it is
             // NULL, which `NOT NULL` refuses, and the transaction fails before COMMIT.
             insert_fresh: client
                 .prepare(
                     "INSERT INTO opledger.events \
                      (position, stream_id, version, stream, event_id, event_type, data, metadata) \
-                     SELECT h.last_position - $1 + e.ord, \
+                     SELECT (SELECT last_position FROM opledger.log_head) - $1 + e.ord, \
                      (SELECT s.stream_id FROM opledger.streams s \
                       WHERE s.name = e.stream AND s.last_version = e.stream_last), \
                      e.version, e.stream, e.event_id, e.event_type, e.data, e.metadata \
-                     FROM opledger.log_head h, \
-                     UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[]) \
+                     FROM UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[]) \
                      WITH ORDINALITY AS e (stream, version, stream_last, event_id, event_type, data, metadata, ord)",
                 )
                 .await?,
