@@ -33,7 +33,7 @@ use opledger_store::PostgresStore;
 use tokio::sync::watch;
 
 use postgres_server::proxy::{Mode, Proxy};
-use postgres_server::server;
+use postgres_server::{server, tls_server};
 
 /// Guards every wait against a hang; no test relies on it for ordering.
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
@@ -369,6 +369,60 @@ async fn a_conflict_and_a_retry_in_a_group_commit_are_answered_as_such_and_the_o
         .filter(|event| event.stream.as_str() == "stale")
         .collect();
     assert_eq!(stale_events.len(), 1, "the stale append wrote nothing");
+}
+
+// ----- TLS, with libpq's sslmode meanings -------------------------------------------------------
+
+#[tokio::test]
+async fn sslmode_require_and_the_default_prefer_encrypt_without_verifying_the_certificate() {
+    let server = tls_server();
+    for mode in ["?sslmode=require", ""] {
+        let database = server.database();
+        let store = PostgresStore::connect(&format!("{}{mode}", server.url(&database)))
+            .await
+            .unwrap_or_else(|error| panic!("`{mode}` connects to a self-signed server: {error}"));
+        store
+            .append(&stream("tls"), ExpectedVersion::NoStream, vec![event(1)])
+            .await
+            .expect("append");
+        let encrypted = server.sql(
+            &database,
+            &format!(
+                "SELECT bool_and(s.ssl) AND count(*) > 0 FROM pg_stat_ssl s \
+                 JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.datname = '{database}' AND a.application_name = 'opledger'"
+            ),
+        );
+        assert_eq!(
+            encrypted, "t",
+            "`{mode}`: every opledger connection is encrypted"
+        );
+        store.close().await.expect("close");
+    }
+}
+
+#[tokio::test]
+async fn sslmode_verify_full_refuses_an_untrusted_certificate_saying_what_to_do() {
+    let server = tls_server();
+    let database = server.database();
+    for (mode, named) in [
+        ("verify-full", "sslmode=verify-full"),
+        ("verify-ca", "sslmode=verify-ca"),
+    ] {
+        let url = format!("{}?sslmode={mode}", server.url(&database));
+        let refused = PostgresStore::connect(&url)
+            .await
+            .expect_err("a certificate no root vouches for is refused");
+        let message = refused.to_string();
+        assert!(
+            matches!(refused, PostgresError::UntrustedCertificate { .. })
+                && message.contains("does not trust")
+                && message.contains(named)
+                && message.contains("sslmode=require")
+                && !message.contains(postgres_server::PASSWORD),
+            "{message}"
+        );
+    }
 }
 
 // ----- other instances' commits wake subscribers -------------------------------------------------

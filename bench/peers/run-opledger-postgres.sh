@@ -13,6 +13,7 @@
 # or as a peer of run-all.sh (PEERS="dbos opledger-postgres").
 #
 # Env knobs: CONCS="1 32 64"  N1=2000 (n at conc 1)  NC=5000 (n at conc > 1)  WARMUP=200  KEEP_DATA=0
+#            SSLMODE=disable (opledger's sslmode; prefer = libpq's default, what DBOS uses)
 #            PG_STATEMENTS=1: print each level's statements from pg_stat_statements (calls, total
 #            and mean ms, rows), which needs shared_preload_libraries = 'pg_stat_statements' on
 #            the cluster (set it in conf.d and restart; remove it again afterwards)
@@ -79,13 +80,13 @@ start_stub "$WD"
 
 export OPL_BENCH_TENANT_TOKEN="bench-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 export OPL_BENCH_CRM_TOKEN="stub-crm-token"
-# sslmode=disable: the Debian cluster's certificate is the self-signed "snakeoil" one for
-# localhost, which opledger (verifying against the system's roots, unlike libpq's `prefer`)
-# refuses. The connection is loopback TCP; DBOS's libpq may negotiate TLS on it (its default
-# `prefer`), which costs DBOS a little CPU that opledger does not pay here.
+# SSLMODE (default disable, as in the runs before session 38, so the numbers compare): the
+# connection is loopback TCP. DBOS's libpq negotiates TLS on it (its default `prefer`), which
+# costs DBOS a little CPU; SSLMODE=prefer makes opledger do the same (it accepts the Debian
+# cluster's self-signed "snakeoil" certificate under prefer/require, as libpq does).
 cat >"$WD/opledger.toml" <<TOML
 listen = "127.0.0.1:0"
-store = "postgres://opledger_bench@127.0.0.1:$PGPORT/opledger_bench?sslmode=disable"
+store = "postgres://opledger_bench@127.0.0.1:$PGPORT/opledger_bench?sslmode=${SSLMODE:-disable}"
 
 [[tenants]]
 id = "bench"
