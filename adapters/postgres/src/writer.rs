@@ -617,11 +617,16 @@ impl<'a> Fresh<'a> {
     }
 }
 
+/// SQLSTATE class 23, integrity constraint violations: how the server says an append of a
+/// fresh round was not fresh (`unique_violation`, `not_null_violation`).
+const INTEGRITY_CONSTRAINT_CLASS: &str = "23";
+
 /// How a fresh round's transaction ended.
 enum FreshEnded {
     /// COMMIT returned; the log's head after it.
     Committed(i64),
-    /// The server refused a statement: rolled back, nothing stored, the connection usable.
+    /// A constraint refused a statement, so some append was not fresh: rolled back, nothing
+    /// stored, the connection usable.
     Refused,
     /// Nothing committed, and the server did not say why (the connection broke before COMMIT
     /// was sent, or a statement could not be sent).
@@ -687,10 +692,22 @@ async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
     ];
     let mut lost = None;
     for error in errors.into_iter().flatten() {
-        if error.as_db_error().is_some() {
-            return FreshEnded::Refused;
+        // The first refusal is the cause (the statements after it only report the aborted
+        // transaction). A constraint is the server finding an append not fresh; anything else
+        // (a statement timeout behind another instance's lock, say) would fail the checked
+        // path the same way, after as long a wait.
+        match error.as_db_error() {
+            Some(db) if db.code().code().starts_with(INTEGRITY_CONSTRAINT_CLASS) => {
+                return FreshEnded::Refused
+            }
+            Some(_) => {
+                return FreshEnded::NotCommitted(crate::unavailable(
+                    "the append transaction failed",
+                    error,
+                ))
+            }
+            None => lost = lost.or(Some(error)),
         }
-        lost = lost.or(Some(error));
     }
     match (lost, unsent) {
         (None, false) => match head {
