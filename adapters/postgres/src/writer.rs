@@ -567,7 +567,8 @@ impl<'a> Fresh<'a> {
             let (first, expected) = match request.expected {
                 ExpectedVersion::NoStream => (StreamVersion::FIRST, None),
                 ExpectedVersion::Exact(version) => {
-                    (version.next(), Some(codec::version_to_sql(version)?))
+                    let expected = codec::version_to_sql(version)?;
+                    (version.next(), Some(expected))
                 }
             };
             let new_last = codec::last_version_after(first, count)?;
