@@ -26,13 +26,14 @@ use opledger_domain::store::{
     Subscription, MAX_READ_BATCH,
 };
 use opledger_postgres::{
-    PostgresConfig, PostgresError, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, ROUND_TRIPS_PER_COMMIT,
+    PostgresConfig, PostgresError, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR,
+    ROUND_TRIPS_PER_CHECKED_COMMIT, ROUND_TRIPS_PER_COMMIT,
 };
 use opledger_store::PostgresStore;
 use tokio::sync::watch;
 
 use postgres_server::proxy::{Mode, Proxy};
-use postgres_server::server;
+use postgres_server::{server, tls_server};
 
 /// Guards every wait against a hang; no test relies on it for ordering.
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
@@ -219,7 +220,7 @@ const BATCHED_APPENDS: usize = 32;
 // One thread: the spawned appends all queue before the writer task runs, so each wave is one
 // group commit, and the proxy sees each pipeline leave the client in one piece.
 #[tokio::test(flavor = "current_thread")]
-async fn a_group_commit_costs_the_same_two_round_trips_whatever_the_number_of_appends() {
+async fn a_group_commit_of_fresh_appends_costs_one_round_trip_whatever_the_number_of_appends() {
     let database = server().database();
     let proxy = Proxy::start(server().port).await;
     let store = connect(&proxy.url(&database)).await;
@@ -275,6 +276,153 @@ async fn a_group_commit_costs_the_same_two_round_trips_whatever_the_number_of_ap
     );
     let log = whole_log(&store).await;
     assert_eq!(log.len(), 1 + appends as usize, "every append stored once");
+}
+
+// One thread, as above: the wave is one batch.
+#[tokio::test(flavor = "current_thread")]
+async fn a_conflict_and_a_retry_in_a_group_commit_are_answered_as_such_and_the_others_written_once()
+{
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    // Two streams of one event: `stale` is where a lost race leaves it, `retried` then gets
+    // the append its caller will send again, as after an answer lost on the way.
+    for (n, name) in [(1, "stale"), (2, "retried")] {
+        store
+            .append(&stream(name), ExpectedVersion::NoStream, vec![event(n)])
+            .await
+            .expect("append");
+    }
+    let retried_ids = || vec![event(7), event(8)];
+    let first = store
+        .append(
+            &stream("retried"),
+            ExpectedVersion::Exact(StreamVersion::FIRST),
+            retried_ids(),
+        )
+        .await
+        .expect("the first delivery");
+    let round_trips_before = proxy.round_trips.load(Ordering::SeqCst);
+    let before = store.commit_stats();
+    let mut appends: Vec<_> = (0..BATCHED_APPENDS - 2)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let name = stream(&format!("fresh-{n}"));
+                let events = vec![event(10_000 + n as u128)];
+                store.append(&name, ExpectedVersion::NoStream, events).await
+            })
+        })
+        .collect();
+    let stale = store.clone();
+    appends.push(tokio::spawn(async move {
+        // `stale` exists; this caller believes it is new.
+        stale
+            .append(&stream("stale"), ExpectedVersion::NoStream, vec![event(99)])
+            .await
+    }));
+    let retry = store.clone();
+    appends.push(tokio::spawn(async move {
+        retry
+            .append(
+                &stream("retried"),
+                ExpectedVersion::Exact(StreamVersion::FIRST),
+                retried_ids(),
+            )
+            .await
+    }));
+    let mut answers = Vec::new();
+    for append in appends {
+        answers.push(within("an append", append).await.expect("the append task"));
+    }
+    let round_trips = proxy.round_trips.load(Ordering::SeqCst) - round_trips_before;
+    let retried = answers.pop().expect("the retry's answer");
+    let conflicted = answers.pop().expect("the stale append's answer");
+    assert_eq!(
+        retried.expect("a retry is answered with its outcome"),
+        first
+    );
+    assert!(
+        matches!(conflicted, Err(StoreError::VersionConflict { .. })),
+        "the stale append conflicts: {conflicted:?}"
+    );
+    for answer in answers {
+        answer.expect("a fresh append is written");
+    }
+    let after = store.commit_stats();
+    assert_eq!(after.appends - before.appends, BATCHED_APPENDS as u64 - 2);
+    let commits = (after.commits - before.commits) as usize;
+    assert!(
+        round_trips <= commits * (ROUND_TRIPS_PER_COMMIT + ROUND_TRIPS_PER_CHECKED_COMMIT),
+        "{round_trips} round trips for {commits} commits: the refused fresh attempt and the \
+         checked path, no more"
+    );
+    let log = whole_log(&store).await;
+    // Two streams created, the first delivery's two events, and the fresh appends.
+    assert_eq!(
+        log.len(),
+        4 + BATCHED_APPENDS - 2,
+        "every append stored once"
+    );
+    let stale_events: Vec<_> = log
+        .iter()
+        .filter(|event| event.stream.as_str() == "stale")
+        .collect();
+    assert_eq!(stale_events.len(), 1, "the stale append wrote nothing");
+}
+
+// ----- TLS, with libpq's sslmode meanings -------------------------------------------------------
+
+#[tokio::test]
+async fn sslmode_require_and_the_default_prefer_encrypt_without_verifying_the_certificate() {
+    let server = tls_server();
+    for mode in ["?sslmode=require", ""] {
+        let database = server.database();
+        let store = PostgresStore::connect(&format!("{}{mode}", server.url(&database)))
+            .await
+            .unwrap_or_else(|error| panic!("`{mode}` connects to a self-signed server: {error}"));
+        store
+            .append(&stream("tls"), ExpectedVersion::NoStream, vec![event(1)])
+            .await
+            .expect("append");
+        let encrypted = server.sql(
+            &database,
+            &format!(
+                "SELECT bool_and(s.ssl) AND count(*) > 0 FROM pg_stat_ssl s \
+                 JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.datname = '{database}' AND a.application_name = 'opledger'"
+            ),
+        );
+        assert_eq!(
+            encrypted, "t",
+            "`{mode}`: every opledger connection is encrypted"
+        );
+        store.close().await.expect("close");
+    }
+}
+
+#[tokio::test]
+async fn sslmode_verify_full_refuses_an_untrusted_certificate_saying_what_to_do() {
+    let server = tls_server();
+    let database = server.database();
+    for (mode, named) in [
+        ("verify-full", "sslmode=verify-full"),
+        ("verify-ca", "sslmode=verify-ca"),
+    ] {
+        let url = format!("{}?sslmode={mode}", server.url(&database));
+        let refused = PostgresStore::connect(&url)
+            .await
+            .expect_err("a certificate no root vouches for is refused");
+        let message = refused.to_string();
+        assert!(
+            matches!(refused, PostgresError::UntrustedCertificate { .. })
+                && message.contains("does not trust")
+                && message.contains(named)
+                && message.contains("sslmode=require")
+                && !message.contains(postgres_server::PASSWORD),
+            "{message}"
+        );
+    }
 }
 
 // ----- other instances' commits wake subscribers -------------------------------------------------
@@ -594,12 +742,33 @@ async fn a_server_that_goes_away_answers_unavailable_writes_nothing_and_the_stor
         .expect("create the stream");
 
     proxy.set(Mode::Gone);
+    // The first append may meet the writer's connection still open: its COMMIT goes out in the
+    // same write as its statements, so a connection that breaks then leaves the outcome
+    // unknown, unless the server can be asked again (it cannot: it is gone).
+    let first = within(
+        "an append as the server goes",
+        store.append(
+            &name,
+            ExpectedVersion::Exact(StreamVersion::FIRST),
+            vec![event(2)],
+        ),
+    )
+    .await
+    .expect_err("nothing can be written");
+    assert!(
+        matches!(
+            first,
+            StoreError::Unavailable { .. } | StoreError::AppendOutcomeUnknown { .. }
+        ),
+        "{first:?}"
+    );
+    // Now no connection can be opened: refused before anything is sent.
     let refused = within(
         "an append while the server is gone",
         store.append(
             &name,
             ExpectedVersion::Exact(StreamVersion::FIRST),
-            vec![event(2)],
+            vec![event(4)],
         ),
     )
     .await

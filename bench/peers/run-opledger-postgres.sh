@@ -13,6 +13,10 @@
 # or as a peer of run-all.sh (PEERS="dbos opledger-postgres").
 #
 # Env knobs: CONCS="1 32 64"  N1=2000 (n at conc 1)  NC=5000 (n at conc > 1)  WARMUP=200  KEEP_DATA=0
+#            SSLMODE=disable (opledger's sslmode; prefer = libpq's default, what DBOS uses)
+#            PG_STATEMENTS=1: print each level's statements from pg_stat_statements (calls, total
+#            and mean ms, rows), which needs shared_preload_libraries = 'pg_stat_statements' on
+#            the cluster (set it in conf.d and restart; remove it again afterwards)
 #            OPLEDGER=path/to/target/release/opledger (required: a built binary; this script never builds)
 # Prints: peer=opledger-postgres conc=C n=N ops_per_s=... p50_ms=... p99_ms=... errors=E wall_s=...
 set -euo pipefail
@@ -53,19 +57,36 @@ psql_admin -c "CREATE DATABASE opledger_bench OWNER opledger_bench;"
 DB_CREATED=1
 psql_admin -c "SELECT pg_stat_reset_shared('wal')" >/dev/null
 
+# CPU (user+system, clock ticks) of the cluster's processes: the postmaster and its children
+# (backends, WAL writer, checkpointer), not other clusters on the machine.
+pg_cpu() {
+  python3 - "$(head -1 "$(psql_admin -c 'SHOW data_directory')/postmaster.pid")" <<'PY'
+import os, sys
+postmaster, total = sys.argv[1], 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        continue
+    if pid == postmaster or fields[1] == postmaster:
+        total += int(fields[11]) + int(fields[12])
+print(total)
+PY
+}
+if [ "${PG_STATEMENTS:-0}" = 1 ]; then psql_admin -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"; fi
 WD="$(mktemp -d /var/tmp/opledger-pg-bench.XXXXXX)"
 track_dir "$WD"
 start_stub "$WD"
 
 export OPL_BENCH_TENANT_TOKEN="bench-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 export OPL_BENCH_CRM_TOKEN="stub-crm-token"
-# sslmode=disable: the Debian cluster's certificate is the self-signed "snakeoil" one for
-# localhost, which opledger (verifying against the system's roots, unlike libpq's `prefer`)
-# refuses. The connection is loopback TCP; DBOS's libpq may negotiate TLS on it (its default
-# `prefer`), which costs DBOS a little CPU that opledger does not pay here.
+# SSLMODE (default disable, as in the runs before session 38, so the numbers compare): the
+# connection is loopback TCP. DBOS's libpq negotiates TLS on it (its default `prefer`), which
+# costs DBOS a little CPU; SSLMODE=prefer makes opledger do the same (it accepts the Debian
+# cluster's self-signed "snakeoil" certificate under prefer/require, as libpq does).
 cat >"$WD/opledger.toml" <<TOML
 listen = "127.0.0.1:0"
-store = "postgres://opledger_bench@127.0.0.1:$PGPORT/opledger_bench?sslmode=disable"
+store = "postgres://opledger_bench@127.0.0.1:$PGPORT/opledger_bench?sslmode=${SSLMODE:-disable}"
 
 [[tenants]]
 id = "bench"
@@ -113,12 +134,19 @@ total=1
 for C in $CONCS; do
   if [ "$C" = 1 ]; then N="$N1"; else N="$NC"; fi
   cpu0="$(awk '{print $14+$15}' /proc/$SERVE_PID/stat)"
+  pgcpu0="$(pg_cpu)"
+  if [ "${PG_STATEMENTS:-0}" = 1 ]; then psql_admin -d postgres -c "SELECT pg_stat_statements_reset()" >/dev/null; fi
   node "$PEERS_DIR/common/loadgen.mjs" --url "$URL" --header "$AUTH" --body-template "$BODY" --expect "$EXPECT" \
     --n "$N" --conc "$C" --warmup "$WARMUP" --key-prefix "$RUN-c$C" --label "peer=opledger-postgres"
   cpu1="$(awk '{print $14+$15}' /proc/$SERVE_PID/stat)"
-  # opledger's own CPU (user+system, clock ticks of 10 ms) per operation, warm-up included; the
-  # PostgreSQL server's CPU is not in it.
-  echo "# opledger-postgres cpu: conc=$C cpu_ms_per_op=$(python3 -c "print(round(($cpu1-$cpu0)*10/($N+$WARMUP),3))")"
+  # opledger's own CPU and the cluster's (user+system, clock ticks of 10 ms) per operation,
+  # warm-up included.
+  pgcpu1="$(pg_cpu)"
+  echo "# opledger-postgres cpu: conc=$C cpu_ms_per_op=$(python3 -c "print(round(($cpu1-$cpu0)*10/($N+$WARMUP),3))") postgres_cpu_ms_per_op=$(python3 -c "print(round(($pgcpu1-$pgcpu0)*10/($N+$WARMUP),3))")"
+  if [ "${PG_STATEMENTS:-0}" = 1 ]; then
+    psql_admin -d postgres -F '|' -c "SELECT calls, round(total_exec_time::numeric,1), round(mean_exec_time::numeric,3), rows, left(regexp_replace(query,'\s+',' ','g'),110) FROM pg_stat_statements WHERE dbid=(SELECT oid FROM pg_database WHERE datname='opledger_bench') ORDER BY calls DESC LIMIT 25" \
+      | sed "s/^/# opledger-postgres statements: conc=$C calls|total_ms|mean_ms|rows|query: /"
+  fi
   total=$((total + N + WARMUP))
 done
 

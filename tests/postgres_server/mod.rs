@@ -40,6 +40,7 @@ const PORT_ATTEMPTS: usize = 5;
 /// The running cluster.
 pub struct Server {
     pub port: u16,
+    tls: bool,
     dir: PathBuf,
     bin: PathBuf,
     as_postgres: bool,
@@ -50,7 +51,19 @@ static SERVER: OnceLock<Server> = OnceLock::new();
 /// The binary's cluster, started on first call.
 pub fn server() -> &'static Server {
     SERVER.get_or_init(|| {
-        start().unwrap_or_else(|error| panic!("cannot start the test PostgreSQL: {error}"))
+        start(false).unwrap_or_else(|error| panic!("cannot start the test PostgreSQL: {error}"))
+    })
+}
+
+static TLS_SERVER: OnceLock<Server> = OnceLock::new();
+
+/// A second cluster with `ssl = on` and a self-signed certificate for `localhost` made at start
+/// (the `openssl` CLI), as a fresh Debian cluster has: trusted by no root on this machine. Its
+/// own cluster, so the proxies of the other tests keep seeing plain protocol messages.
+pub fn tls_server() -> &'static Server {
+    TLS_SERVER.get_or_init(|| {
+        start(true)
+            .unwrap_or_else(|error| panic!("cannot start the test PostgreSQL with TLS: {error}"))
     })
 }
 
@@ -127,7 +140,7 @@ fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
     }
 }
 
-fn start() -> Result<Server, String> {
+fn start(tls: bool) -> Result<Server, String> {
     let bin = match find_bin() {
         Some(bin) => bin,
         None => {
@@ -159,12 +172,16 @@ fn start() -> Result<Server, String> {
             "--no-sync",
         ])
         .arg(format!("--pwfile={}", dir.join("password").display())))?;
+    if tls {
+        certificate(&dir, as_postgres)?;
+    }
     watch_over(&dir)?;
     let mut last = String::new();
     for _ in 0..PORT_ATTEMPTS {
         let port = free_port()?;
         let server = Server {
             port,
+            tls,
             dir: dir.clone(),
             bin: bin.clone(),
             as_postgres,
@@ -175,6 +192,27 @@ fn start() -> Result<Server, String> {
         }
     }
     Err(last)
+}
+
+/// A self-signed certificate for `localhost` and its key in `dir`, the key readable by the
+/// server's user alone (PostgreSQL refuses a key others can read).
+fn certificate(dir: &Path, as_postgres: bool) -> Result<(), String> {
+    let (certificate, key) = (dir.join("server.crt"), dir.join("server.key"));
+    run(Command::new("openssl")
+        .args([
+            "req", "-new", "-x509", "-days", "2", "-nodes", "-newkey", "rsa:2048",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&certificate))?;
+    if as_postgres {
+        run(Command::new("chown")
+            .args(["postgres:"])
+            .arg(&certificate)
+            .arg(&key))?;
+    }
+    run(Command::new("chmod").arg("600").arg(&key))
 }
 
 /// Starts the server on `server.port` and waits until it accepts connections.
@@ -196,6 +234,17 @@ fn launch(server: &Server) -> Result<(), String> {
             "-c",
             "shared_buffers=32MB",
         ])
+        .args(match server.tls {
+            true => vec![
+                "-c".to_owned(),
+                "ssl=on".to_owned(),
+                "-c".to_owned(),
+                format!("ssl_cert_file={}", server.dir.join("server.crt").display()),
+                "-c".to_owned(),
+                format!("ssl_key_file={}", server.dir.join("server.key").display()),
+            ],
+            false => Vec::new(),
+        })
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)

@@ -54,6 +54,19 @@ async fn a_server_whose_database_goes_away_answers_503_store_unavailable_and_rec
     assert_eq!(status, StatusCode::CREATED, "{before}");
 
     proxy.set(Mode::Gone);
+    // The first request may meet the writer's connection still open: its COMMIT goes out with
+    // its statements, so a connection breaking then leaves the outcome unknown (the server
+    // cannot be asked again). Either way a 503, and nothing written.
+    let (status, first) = server
+        .record(TENANT_A_TOKEN, "crm", "as it goes", None)
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{first}");
+    assert!(
+        ["store_unavailable", "outcome_unknown"]
+            .contains(&first["error"]["code"].as_str().unwrap_or_default()),
+        "{first}"
+    );
+    // Now no connection can be opened: refused before anything is sent.
     let (status, refused) = server
         .record(TENANT_A_TOKEN, "crm", "while gone", None)
         .await;

@@ -8,7 +8,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::PostgresError;
+use crate::{CertificateCheck, PostgresError};
 
 /// The environment variable holding the password when the URL carries none (libpq's name).
 pub const PASSWORD_VAR: &str = "PGPASSWORD";
@@ -65,6 +65,8 @@ pub struct PostgresConfig {
     pub pool_wait_ms: u64,
     /// How often a caught-up subscription reads the log without a notice, in ms.
     pub subscription_poll_ms: u64,
+    /// How the server's TLS certificate is checked (the URL's `sslmode`).
+    pub certificate_check: CertificateCheck,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -97,6 +99,10 @@ impl PostgresConfig {
                 ),
             });
         }
+        // The client knows `disable`, `prefer` and `require`; the verifying modes are
+        // `require` to it, and the certificate is checked by `tls.rs`.
+        let (url, certificate_check) = split_sslmode(url);
+        let url = url.as_str();
         let mut connect =
             tokio_postgres::Config::from_str(url).map_err(|error| PostgresError::InvalidUrl {
                 reason: format!("`{}`: {error}", redact(url)),
@@ -139,6 +145,7 @@ impl PostgresConfig {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             pool_wait_ms: DEFAULT_POOL_WAIT_MS,
             subscription_poll_ms: DEFAULT_SUBSCRIPTION_POLL_MS,
+            certificate_check,
         })
     }
 
@@ -222,9 +229,64 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The URL with `sslmode=verify-ca` or `verify-full` written as `require`, and how the
+/// certificate is to be checked: libpq's meanings, where every other mode verifies nothing.
+fn split_sslmode(url: &str) -> (String, CertificateCheck) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), CertificateCheck::None);
+    };
+    let mut check = CertificateCheck::None;
+    let params: Vec<&str> = query
+        .split('&')
+        .map(|param| match param {
+            "sslmode=verify-full" => {
+                check = CertificateCheck::Full;
+                "sslmode=require"
+            }
+            "sslmode=verify-ca" => {
+                check = CertificateCheck::Chain;
+                "sslmode=require"
+            }
+            other => other,
+        })
+        .collect();
+    (format!("{base}?{}", params.join("&")), check)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_verify_modes_check_the_certificate_and_the_client_sees_them_as_require() {
+        let check = |url: &str| {
+            PostgresConfig::from_url_and_env(url, |_| None)
+                .expect("a usable URL")
+                .certificate_check
+        };
+        let base = "postgres://u@db.internal:5432/ledger";
+        assert_eq!(check(base), CertificateCheck::None);
+        for mode in ["disable", "prefer", "require"] {
+            assert_eq!(
+                check(&format!("{base}?sslmode={mode}")),
+                CertificateCheck::None
+            );
+        }
+        assert_eq!(
+            check(&format!("{base}?connect_timeout=3&sslmode=verify-ca")),
+            CertificateCheck::Chain
+        );
+        let full = PostgresConfig::from_url_and_env(
+            &format!("{base}?sslmode=verify-full&application_name=x"),
+            |_| None,
+        )
+        .expect("a usable URL");
+        assert_eq!(full.certificate_check, CertificateCheck::Full);
+        assert_eq!(
+            full.connect.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {

@@ -46,6 +46,7 @@ mod codec;
 mod config;
 mod listener;
 mod schema;
+mod tls;
 mod webhook_journal;
 mod writer;
 
@@ -75,11 +76,12 @@ pub use config::{
 };
 pub use listener::LISTEN_RETRY_PAUSE_MS;
 pub use schema::SCHEMA_VERSION;
+pub use tls::CertificateCheck;
 pub use webhook_journal::{
     WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
     MAX_WEBHOOK_ATTEMPTS_KEPT,
 };
-pub use writer::ROUND_TRIPS_PER_COMMIT;
+pub use writer::{ROUND_TRIPS_PER_CHECKED_COMMIT, ROUND_TRIPS_PER_COMMIT};
 
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};
@@ -140,6 +142,16 @@ pub enum PostgresError {
         /// The server's reason.
         reason: String,
     },
+    /// `sslmode=verify-ca` or `verify-full`, and the server's certificate is not trusted.
+    #[error("PostgreSQL at {target} presented a TLS certificate this machine does not trust ({reason}); with sslmode={mode} it must chain to a root in the system's store (add the server's CA there), or use sslmode=require to encrypt without verifying it, as libpq does")]
+    UntrustedCertificate {
+        /// `user@host:port/database`.
+        target: String,
+        /// `verify-ca` or `verify-full`.
+        mode: &'static str,
+        /// The TLS library's reason.
+        reason: String,
+    },
     /// The database does not exist.
     #[error("PostgreSQL at {target} has no database `{database}`; create it (createdb {database}) or name another in the URL")]
     NoDatabase {
@@ -176,7 +188,7 @@ impl Connector {
     fn new(config: &PostgresConfig) -> Result<Self, PostgresError> {
         Ok(Self {
             config: config.session(),
-            tls: tls()?,
+            tls: tls::connector(config.certificate_check)?,
         })
     }
 
@@ -220,26 +232,6 @@ pub(crate) fn advance(head: &watch::Sender<Option<GlobalPosition>>, newest: Glob
         }
         grows
     });
-}
-
-/// The rustls client configuration: the `ring` provider (as reqwest's in this tree) and the
-/// operating system's roots. Whether TLS is used is the URL's `sslmode`.
-fn tls() -> Result<MakeRustlsConnect, PostgresError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for certificate in found.certs {
-        // A root the library cannot parse is skipped, as browsers do; the others still work.
-        let _ = roots.add(certificate);
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|error| PostgresError::Setup {
-            reason: format!("cannot set up TLS: {error}"),
-        })?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
 }
 
 /// A database error's own words (tokio-postgres shows only "db error"), or the client's.
@@ -286,6 +278,14 @@ fn classify(config: &PostgresConfig, error: &tokio_postgres::Error) -> PostgresE
             database: config.database().to_owned(),
         },
         Some(_) => PostgresError::Setup { reason },
+        None if tls::is_untrusted_certificate(error) => PostgresError::UntrustedCertificate {
+            target,
+            mode: match config.certificate_check {
+                CertificateCheck::Chain => "verify-ca",
+                _ => "verify-full",
+            },
+            reason,
+        },
         // The client refuses on its own when the server asks for a password it was not given.
         None if !config.has_password() && reason.contains("password missing") => {
             PostgresError::Authentication {

@@ -9,23 +9,33 @@
 //! docs for why that is what makes subscriptions gap-free).
 //!
 //! Because the lock serialises every writer of the database, the time a transaction holds it is
-//! the store's limit, and that time is mostly waiting for the server. So a group commit costs two
-//! round trips whatever its size ([`ROUND_TRIPS_PER_COMMIT`]), its statements pipelined (sent
-//! together, executed by the server in order):
+//! the store's limit, and beyond the server's work and its WAL flush that time is waiting for
+//! the client. So the common round, in which every append is fresh (its stream where it expects
+//! it, its event ids new: everything but a lost race or a retry), is one round trip whatever its
+//! size ([`ROUND_TRIPS_PER_COMMIT`]): BEGIN, the head moved by the round's event count (which
+//! takes the lock and hands out the positions), one INSERT of the new streams, one UPDATE of
+//! the grown ones guarded by their expected versions, one `INSERT … SELECT FROM UNNEST` of all
+//! the events, the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
+//! COMMIT, pipelined (sent together, run by the server in order). The server's constraints
+//! check that every append was fresh (see `Fresh`); if one was not, the transaction rolls back
+//! and the round is decided on the checked path, two round trips
+//! ([`ROUND_TRIPS_PER_CHECKED_COMMIT`]):
 //! 1. BEGIN, the lock, every stream head the batch names (`name = ANY($1)`) and every of its
 //!    event ids already stored (`event_id = ANY($1)`); the reads run after the lock is granted,
 //!    so they see every commit before it;
 //! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
-//!    rules), then one INSERT of the new streams, one UPDATE of the grown ones, one
-//!    `INSERT … SELECT FROM UNNEST` of all the events, the head, the `NOTIFY` that wakes other
-//!    instances' subscriptions (`listener.rs`), and COMMIT.
+//!    rules), then the same writes, the head, the `NOTIFY`, and COMMIT.
+//!
+//! On the peers' benchmark (`opledger serve`, two appends per operation) the second round trip
+//! and the reads under the lock were most of a commit's time besides the WAL flush; the read of
+//! stored event ids was the slowest statement of a commit.
 //!
 //! A round reads each stream once, so a batch in which a stream (or an event id) comes twice is
 //! cut into rounds, each its own transaction, in queue order (two appends to one stream in one
 //! batch are two workers racing for one operation: rare, and the second must see the first).
 //!
-//! Every refusal (a conflict, a reused event id) is decided before anything is written, so it
-//! costs the others nothing. A commit whose answer is lost (the connection broke after COMMIT
+//! On the checked path every refusal (a conflict, a reused event id) is decided before anything
+//! is written, so it costs the others of its round nothing but the refused fresh attempt. A commit whose answer is lost (the connection broke after COMMIT
 //! was sent) is resolved at once on a fresh connection by applying the same appends again:
 //! their event ids are deterministic, so one that did commit is recognised as stored, and one
 //! that did not is written now. It must never answer success before the COMMIT that holds the
@@ -39,7 +49,7 @@ use std::task::Poll;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
 use opledger_domain::store::{
-    AppendOutcome, StoreError, StreamName, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES,
+    AppendOutcome, ExpectedVersion, StoreError, StreamName, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Client, Row, Statement};
@@ -50,9 +60,13 @@ use crate::{
     codec, CommitCounters, Connector, MAX_APPENDS_PER_COMMIT, RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
 };
 
-/// Round trips to the server one group commit costs, whatever the number of appends it carries
-/// (see the module's docs); `tests/postgres.rs` counts them through a proxy.
-pub const ROUND_TRIPS_PER_COMMIT: usize = 2;
+/// Round trips to the server one group commit of fresh appends costs, whatever the number of
+/// appends it carries (see the module's docs); `tests/postgres.rs` counts them through a proxy.
+pub const ROUND_TRIPS_PER_COMMIT: usize = 1;
+/// Round trips a round costs on the checked path, after its fresh attempt was refused: the
+/// reads under the lock, then the writes and COMMIT.
+pub const ROUND_TRIPS_PER_CHECKED_COMMIT: usize = 2;
+const _: () = assert!(ROUND_TRIPS_PER_COMMIT < ROUND_TRIPS_PER_CHECKED_COMMIT);
 
 /// Most event bytes (data and metadata) one transaction writes, in bytes: all of a round's
 /// events travel as one array parameter, which PostgreSQL caps at 1 GiB, and a burst of large
@@ -74,6 +88,11 @@ struct Statements {
     insert_events: Statement,
     set_head: Statement,
     notify: Statement,
+    // The one-round-trip path for a round of fresh appends (see `write_fresh`).
+    grow_head: Statement,
+    grow_expected: Statement,
+    insert_fresh: Statement,
+    notify_head: Statement,
 }
 
 impl Statements {
@@ -137,6 +156,44 @@ impl Statements {
             notify: client
                 .prepare(&format!(
                     "SELECT pg_notify('{}', $1)",
+                    crate::listener::NOTIFY_CHANNEL
+                ))
+                .await?,
+            // Takes the log's lock and hands out the round's positions in one statement.
+            grow_head: client
+                .prepare(
+                    "UPDATE opledger.log_head SET last_position = last_position + $1 \
+                     RETURNING last_position",
+                )
+                .await?,
+            // Moves only the streams still at the version their append expects; a stream that
+            // is elsewhere keeps its version, and `insert_fresh` then refuses its events.
+            grow_expected: client
+                .prepare(
+                    "UPDATE opledger.streams AS s SET last_version = g.last_version \
+                     FROM UNNEST($1::text[], $2::bigint[], $3::bigint[]) AS g (name, expected, last_version) \
+                     WHERE s.name = g.name AND s.last_version = g.expected",
+                )
+                .await?,
+            // Positions follow the head `grow_head` moved (this transaction's own update), in
+            // the round's order; the head is read once, as an uncorrelated subquery. The stream id is found only if the stream now ends at the
+            // append's last version, i.e. this transaction created or moved it: otherwise it is
+            // NULL, which `NOT NULL` refuses, and the transaction fails before COMMIT.
+            insert_fresh: client
+                .prepare(
+                    "INSERT INTO opledger.events \
+                     (position, stream_id, version, stream, event_id, event_type, data, metadata) \
+                     SELECT (SELECT last_position FROM opledger.log_head) - $1 + e.ord, \
+                     (SELECT s.stream_id FROM opledger.streams s \
+                      WHERE s.name = e.stream AND s.last_version = e.stream_last), \
+                     e.version, e.stream, e.event_id, e.event_type, e.data, e.metadata \
+                     FROM UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[]) \
+                     WITH ORDINALITY AS e (stream, version, stream_last, event_id, event_type, data, metadata, ord)",
+                )
+                .await?,
+            notify_head: client
+                .prepare(&format!(
+                    "SELECT pg_notify('{}', last_position::text) FROM opledger.log_head",
                     crate::listener::NOTIFY_CHANNEL
                 ))
                 .await?,
@@ -303,6 +360,25 @@ impl Writer {
                 Err(error) => return Ended::NotCommitted(error),
             },
         };
+        if let Some(fresh) = Fresh::plan(round) {
+            match write_fresh(&session, &fresh).await {
+                FreshEnded::Committed(head) => {
+                    self.session = Some(session);
+                    return Ended::Committed(fresh.outcomes(head));
+                }
+                // Something in the round is not what the fresh path assumed (a conflict, a
+                // retry, a reused id): the transaction rolled back, and the checked path below
+                // decides every append from what is stored.
+                FreshEnded::Refused => {}
+                FreshEnded::NotCommitted(error) => {
+                    if !session.client.is_closed() {
+                        self.session = Some(session);
+                    }
+                    return Ended::NotCommitted(error);
+                }
+                FreshEnded::Unknown(reason) => return Ended::Unknown(None, reason),
+            }
+        }
         let snapshot = match read_under_lock(&session, round).await {
             Ok(snapshot) => snapshot,
             Err(error) => {
@@ -432,6 +508,224 @@ async fn answer_of<T, F: Future<Output = Result<T, tokio_postgres::Error>>>(
     match sent {
         Some(sent) => Some(sent.answer().await.map(drop)),
         None => None,
+    }
+}
+
+// ----- the common case in one round trip: fresh appends ----------------------------------------
+
+/// A round whose appends are all assumed fresh: each stream is where its append expects it and
+/// no event id is stored yet, as for every append but a lost race or a retry. Then nothing needs
+/// to be read before writing, and the whole transaction is one pipelined round trip
+/// ([`ROUND_TRIPS_PER_COMMIT`]), which is what the position lock is held for besides the
+/// server's own work and its WAL flush. The server checks the assumption as it writes: a stream
+/// that exists fails the `UNIQUE` name of the new streams, a stream elsewhere than expected is not
+/// moved and its events find no stream id (`NOT NULL`), a stored event id or version fails its
+/// `UNIQUE` index. Any of these aborts the transaction, its pipelined COMMIT becomes a rollback,
+/// and the round is decided again on the checked path (two more round trips).
+struct Fresh<'a> {
+    new_names: Vec<&'a str>,
+    new_lasts: Vec<i64>,
+    grown_names: Vec<&'a str>,
+    grown_expected: Vec<i64>,
+    grown_lasts: Vec<i64>,
+    streams: Vec<&'a str>,
+    versions: Vec<i64>,
+    stream_lasts: Vec<i64>,
+    event_ids: Vec<Uuid>,
+    types: Vec<&'a str>,
+    data: Vec<&'a [u8]>,
+    metadata: Vec<&'a [u8]>,
+    /// Per append: its new last version and how many events of the round end with it.
+    ends: Vec<(i64, i64)>,
+}
+
+impl<'a> Fresh<'a> {
+    /// The round's writes if every append were fresh; `None` when a version would not fit a
+    /// `bigint` (the checked path refuses it with its reason).
+    fn plan(round: &'a [AppendRequest]) -> Option<Self> {
+        let events = round.iter().map(|request| request.events.len()).sum();
+        let mut fresh = Self {
+            new_names: Vec::with_capacity(round.len()),
+            new_lasts: Vec::with_capacity(round.len()),
+            grown_names: Vec::with_capacity(round.len()),
+            grown_expected: Vec::with_capacity(round.len()),
+            grown_lasts: Vec::with_capacity(round.len()),
+            streams: Vec::with_capacity(events),
+            versions: Vec::with_capacity(events),
+            stream_lasts: Vec::with_capacity(events),
+            event_ids: Vec::with_capacity(events),
+            types: Vec::with_capacity(events),
+            data: Vec::with_capacity(events),
+            metadata: Vec::with_capacity(events),
+            ends: Vec::with_capacity(round.len()),
+        };
+        let mut through = 0_i64;
+        for request in round {
+            let name = request.stream.as_str();
+            let count = request.events.len();
+            // An expected version within a `bigint` has a next one.
+            let (first, expected) = match request.expected {
+                ExpectedVersion::NoStream => (StreamVersion::FIRST, None),
+                ExpectedVersion::Exact(version) => {
+                    let expected = codec::version_to_sql(version)?;
+                    (version.next(), Some(expected))
+                }
+            };
+            let new_last = codec::last_version_after(first, count)?;
+            let first = codec::version_to_sql(first)?;
+            match expected {
+                None => {
+                    fresh.new_names.push(name);
+                    fresh.new_lasts.push(new_last);
+                }
+                Some(expected) => {
+                    fresh.grown_names.push(name);
+                    fresh.grown_expected.push(expected);
+                    fresh.grown_lasts.push(new_last);
+                }
+            }
+            for (offset, event) in (0..).zip(&request.events) {
+                fresh.streams.push(name);
+                fresh.versions.push(first + offset);
+                fresh.stream_lasts.push(new_last);
+                fresh.event_ids.push(event.event_id.as_uuid());
+                fresh.types.push(event.event_type.as_str());
+                fresh.data.push(event.data.as_slice());
+                fresh.metadata.push(event.metadata.as_slice());
+            }
+            through += count as i64;
+            fresh.ends.push((new_last, through));
+        }
+        Some(fresh)
+    }
+
+    fn event_count(&self) -> i64 {
+        self.streams.len() as i64
+    }
+
+    /// Each append's outcome once the round committed with the log's head at `head`.
+    fn outcomes(&self, head: i64) -> Vec<Result<Applied, StoreError>> {
+        let first_position = head - self.event_count();
+        self.ends
+            .iter()
+            .map(|&(new_last, through)| {
+                Ok(Applied::Written(AppendOutcome {
+                    next_expected: codec::version(new_last)?,
+                    position: codec::position(first_position + through)?,
+                }))
+            })
+            .collect()
+    }
+}
+
+/// SQLSTATE class 23, integrity constraint violations: how the server says an append of a
+/// fresh round was not fresh (`unique_violation`, `not_null_violation`).
+const INTEGRITY_CONSTRAINT_CLASS: &str = "23";
+
+/// How a fresh round's transaction ended.
+enum FreshEnded {
+    /// COMMIT returned; the log's head after it.
+    Committed(i64),
+    /// A constraint refused a statement, so some append was not fresh: rolled back, nothing
+    /// stored, the connection usable.
+    Refused,
+    /// Nothing committed, and the server did not say why (the connection broke before COMMIT
+    /// was sent, or a statement could not be sent).
+    NotCommitted(StoreError),
+    /// COMMIT was sent and its answer lost.
+    Unknown(String),
+}
+
+/// BEGIN, the lock and the positions, the streams, the events, the `NOTIFY` and COMMIT, in one
+/// round trip (see [`Fresh`]).
+async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
+    let Session { client, statements } = session;
+    let count = fresh.event_count();
+    let head_params: [Param; 1] = [&count];
+    let create_params: [Param; 2] = [&fresh.new_names, &fresh.new_lasts];
+    let grow_params: [Param; 3] = [
+        &fresh.grown_names,
+        &fresh.grown_expected,
+        &fresh.grown_lasts,
+    ];
+    let insert_params: [Param; 8] = [
+        &count,
+        &fresh.streams,
+        &fresh.versions,
+        &fresh.stream_lasts,
+        &fresh.event_ids,
+        &fresh.types,
+        &fresh.data,
+        &fresh.metadata,
+    ];
+    let s = statements;
+    let begin = send(client.batch_execute("BEGIN")).await;
+    let head = send(client.query_one(&s.grow_head, &head_params)).await;
+    let new = !fresh.new_names.is_empty();
+    let created = send_if(new, client.execute(&s.create_streams, &create_params)).await;
+    let grow = !fresh.grown_names.is_empty();
+    let grown = send_if(grow, client.execute(&s.grow_expected, &grow_params)).await;
+    let inserted = send(client.execute(&s.insert_fresh, &insert_params)).await;
+    let notified = send(client.query(&s.notify_head, &[])).await;
+    let unsent = begin.failed_unsent()
+        || head.failed_unsent()
+        || created.as_ref().is_some_and(Sent::failed_unsent)
+        || grown.as_ref().is_some_and(Sent::failed_unsent)
+        || inserted.failed_unsent()
+        || notified.failed_unsent();
+    let end = send(client.batch_execute(if unsent { "ROLLBACK" } else { "COMMIT" })).await;
+    // Every answer is awaited before any is judged, so none is left unread on the connection.
+    let begin = begin.answer().await;
+    let head = head.answer().await;
+    let created = answer_of(created).await;
+    let grown = answer_of(grown).await;
+    let inserted = inserted.answer().await.map(drop);
+    let notified = notified.answer().await.map(drop);
+    let end = end.answer().await;
+    let errors = [
+        begin.as_ref().err(),
+        head.as_ref().err(),
+        created.as_ref().and_then(|answer| answer.as_ref().err()),
+        grown.as_ref().and_then(|answer| answer.as_ref().err()),
+        inserted.as_ref().err(),
+        notified.as_ref().err(),
+        end.as_ref().err(),
+    ];
+    let mut lost = None;
+    for error in errors.into_iter().flatten() {
+        // The first refusal is the cause (the statements after it only report the aborted
+        // transaction). A constraint is the server finding an append not fresh; anything else
+        // (a statement timeout behind another instance's lock, say) would fail the checked
+        // path the same way, after as long a wait.
+        match error.as_db_error() {
+            Some(db) if db.code().code().starts_with(INTEGRITY_CONSTRAINT_CLASS) => {
+                return FreshEnded::Refused
+            }
+            Some(_) => {
+                return FreshEnded::NotCommitted(crate::unavailable(
+                    "the append transaction failed",
+                    error,
+                ))
+            }
+            None => lost = lost.or(Some(error)),
+        }
+    }
+    match (lost, unsent) {
+        (None, false) => match head {
+            Ok(row) => FreshEnded::Committed(row.get(0)),
+            // Unreachable: an error of `head` is among those judged above.
+            Err(error) => FreshEnded::NotCommitted(crate::unavailable(
+                "the append transaction failed",
+                &error,
+            )),
+        },
+        (Some(error), false) => FreshEnded::Unknown(crate::describe(error)),
+        (Some(error), true) => {
+            FreshEnded::NotCommitted(crate::unavailable("the append transaction failed", error))
+        }
+        (None, true) => FreshEnded::NotCommitted(StoreError::Unavailable {
+            reason: "the append transaction was rolled back".into(),
+        }),
     }
 }
 
