@@ -9,6 +9,7 @@
 //! agent's sentence. It never carries the operation's arguments (they may hold personal data or
 //! secrets a subscriber has no need for) or any credential.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,13 +39,22 @@ pub struct OutcomeRender {
 }
 
 impl Render for OutcomeRender {
-    async fn render(&self, event: &RecordedEvent) -> Result<Option<Message>, String> {
+    async fn render(
+        &self,
+        event: &RecordedEvent,
+        kinds: &BTreeSet<String>,
+    ) -> Result<Option<Message>, String> {
         let Some(outcome) = outcome_of(&self.store, event)
             .await
             .map_err(|error| error.to_string())?
         else {
             return Ok(None);
         };
+        // The state is read from the operation's stream: only for the kinds the endpoint wants
+        // (one `succeeded` among an operation's three or more events), not for every event.
+        if !kinds.contains(outcome.kind) {
+            return Ok(None);
+        }
         let state = state_through(&self.store, event)
             .await
             .map_err(|error| error.to_string())?;
@@ -273,16 +283,18 @@ impl DeliveryJournal for PostgresJournal {
         })
     }
 
-    fn record_delivery(
+    fn record_deliveries(
         &self,
-        attempt: AttemptRecord,
+        attempts: Vec<AttemptRecord>,
         lease: &Lease,
         epoch: u64,
+        checkpoint: u64,
     ) -> JournalFuture<'_, bool> {
         let lease = lease.clone();
+        let rows: Vec<WebhookAttemptRow> = attempts.iter().map(row_of).collect();
         Box::pin(async move {
             self.0
-                .record_attempt(&row_of(&attempt), Some((epoch, fence(&lease))))
+                .record_deliveries(&rows, fence(&lease), epoch, checkpoint)
                 .await
                 .map_err(journal_error)
         })

@@ -30,7 +30,11 @@ const DEADLINE: Duration = Duration::from_secs(20);
 struct DataRender;
 
 impl Render for DataRender {
-    async fn render(&self, event: &RecordedEvent) -> Result<Option<Message>, String> {
+    async fn render(
+        &self,
+        event: &RecordedEvent,
+        _kinds: &std::collections::BTreeSet<String>,
+    ) -> Result<Option<Message>, String> {
         let data: serde_json::Value =
             serde_json::from_slice(&event.data).map_err(|error| error.to_string())?;
         let kind = match data["kind"].as_str() {
@@ -837,19 +841,22 @@ impl DeliveryJournal for SharedLeases {
         DeliveryJournal::record_attempt(&self.inner, attempt)
     }
 
-    fn record_delivery(
+    fn record_deliveries(
         &self,
-        attempt: AttemptRecord,
+        attempts: Vec<AttemptRecord>,
         lease: &Lease,
         epoch: u64,
+        checkpoint: u64,
     ) -> JournalFuture<'_, bool> {
         if !self.current(lease) {
             return Box::pin(async move {
-                DeliveryJournal::record_attempt(&self.inner, attempt).await?;
+                for attempt in attempts {
+                    DeliveryJournal::record_attempt(&self.inner, attempt).await?;
+                }
                 Ok(false)
             });
         }
-        DeliveryJournal::record_delivery(&self.inner, attempt, lease, epoch)
+        DeliveryJournal::record_deliveries(&self.inner, attempts, lease, epoch, checkpoint)
     }
 
     fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
