@@ -709,6 +709,61 @@ mod tests {
         );
     }
 
+    async fn rows(journal: &Journal) -> u64 {
+        journal
+            .call(|connection| {
+                connection
+                    .query_row("SELECT count(*) FROM attempts", [], |row| row.get(0))
+                    .map(from_sql)
+                    .map_err(sqlite("counting attempts"))
+            })
+            .await
+            .expect("counted")
+    }
+
+    #[tokio::test]
+    async fn the_attempt_log_is_trimmed_once_per_thousand_attempts_not_at_every_write() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let journal = Journal::open(dir.path().join("j.webhooks"))
+            .await
+            .expect("opens");
+        let record = journal.ensure("billing", None).await.expect("created");
+        let batch = |from: u64| -> Vec<AttemptRecord> {
+            (from..from + ATTEMPTS_BETWEEN_TRIMS)
+                .map(|n| AttemptRecord {
+                    status: Some(200),
+                    error: None,
+                    ..attempt(u32::try_from(n).expect("small"))
+                })
+                .collect()
+        };
+        // Full batches trim at each write: the log is at its bound.
+        let mut written = 0;
+        while written < MAX_ATTEMPTS_KEPT_PER_ENDPOINT + ATTEMPTS_BETWEEN_TRIMS {
+            assert!(journal
+                .record_deliveries(batch(written), record.epoch, written)
+                .await
+                .expect("recorded"));
+            written += ATTEMPTS_BETWEEN_TRIMS;
+        }
+        assert_eq!(rows(&journal).await, MAX_ATTEMPTS_KEPT_PER_ENDPOINT);
+        // Single attempts do not walk the log each: it grows until the next trim is due.
+        for n in 1..ATTEMPTS_BETWEEN_TRIMS {
+            journal
+                .record_attempt(attempt(u32::try_from(written + n).expect("small")))
+                .await
+                .expect("recorded");
+        }
+        assert_eq!(
+            rows(&journal).await,
+            MAX_ATTEMPTS_KEPT_PER_ENDPOINT + ATTEMPTS_BETWEEN_TRIMS - 1
+        );
+        journal.record_attempt(attempt(0)).await.expect("recorded");
+        assert_eq!(rows(&journal).await, MAX_ATTEMPTS_KEPT_PER_ENDPOINT);
+        let newest = journal.attempts("billing", 1).await.expect("lists");
+        assert_eq!(newest[0].position, 0, "the trim keeps the newest");
+    }
+
     #[tokio::test]
     async fn records_survive_reopening_the_file() {
         let dir = tempfile::tempdir().expect("a temporary directory");
