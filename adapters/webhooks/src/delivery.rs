@@ -123,9 +123,13 @@ impl Unsaved {
 
 /// What a pass waited for.
 enum Next {
+    /// The service is stopping.
     Stop,
+    /// An operator acted.
     Wake,
+    /// The log's next event (`None`: the feed closed).
     Event(Option<Result<RecordedEvent, StoreError>>),
+    /// Unwritten progress is due to be written.
     WriteDue,
 }
 
