@@ -960,3 +960,69 @@ async fn a_webhook_lease_is_granted_to_one_instance_and_fences_the_checkpoint_of
         WebhookLeaseAsk::Granted(token) if token > second
     ));
 }
+
+/// A batch of webhook deliveries on the shared database (`WebhookJournal::record_deliveries`):
+/// one statement records every attempt in order and moves the checkpoint under the current
+/// lease; under a lost lease the attempts are recorded and the checkpoint is not moved.
+#[tokio::test]
+async fn a_batch_of_webhook_deliveries_is_recorded_whole_and_moves_the_checkpoint_only_under_the_lease(
+) {
+    use opledger_postgres::{WebhookAttemptRow, WebhookFence, WebhookLeaseAsk};
+    let (store, _) = fresh_store().await;
+    let journal = store.webhook_journal();
+    journal.ensure("billing", None).await.expect("created");
+    let WebhookLeaseAsk::Granted(token) =
+        journal.acquire("billing", "a", 60_000).await.expect("asks")
+    else {
+        panic!("a free lease is granted");
+    };
+    let fence = WebhookFence {
+        endpoint: "billing",
+        holder: "a",
+        token,
+    };
+    let batch = |positions: std::ops::Range<u64>| -> Vec<WebhookAttemptRow> {
+        positions
+            .map(|position| WebhookAttemptRow {
+                endpoint: "billing".into(),
+                position,
+                webhook_id: format!("msg_{position}"),
+                attempt: 1,
+                at: "2026-12-03T17:00:00.000001Z".into(),
+                status: Some(200),
+                duration_ms: 1,
+                error: None,
+            })
+            .collect()
+    };
+    assert!(journal
+        .record_deliveries(&batch(1..4), fence, 0, 5)
+        .await
+        .expect("recorded"));
+    let stale = WebhookFence {
+        token: token + 1,
+        ..fence
+    };
+    assert!(
+        !journal
+            .record_deliveries(&batch(6..8), stale, 0, 9)
+            .await
+            .expect("recorded"),
+        "a lost lease moves no checkpoint"
+    );
+    let row = journal
+        .record("billing")
+        .await
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(row.checkpoint, Some(5));
+    let attempts = journal.attempts("billing", 10).await.expect("lists");
+    let positions: Vec<u64> = attempts.iter().map(|a| a.position).collect();
+    assert_eq!(
+        positions,
+        vec![7, 6, 3, 2, 1],
+        "every attempt, newest first"
+    );
+    assert_eq!(attempts[4].webhook_id, "msg_1");
+    assert_eq!(attempts[4].status, Some(200));
+}

@@ -300,6 +300,7 @@ impl Service {
                     Arc::new(webhooks::OutcomeRender {
                         store: store.clone(),
                         engine: Arc::clone(&engine),
+                        states: std::sync::Mutex::default(),
                     }),
                     config.webhooks,
                     journal,

@@ -9,6 +9,7 @@
 //! agent's sentence. It never carries the operation's arguments (they may hold personal data or
 //! secrets a subscriber has no need for) or any credential.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,9 +22,12 @@ use opledger_webhooks::{
     LeaseSettings, WebhookError,
 };
 
+use opledger_domain::event::OperationEvent;
+use opledger_domain::ids::StreamVersion;
 use opledger_domain::provider::Providers as _;
 use opledger_domain::sentence::described_sentence;
-use opledger_domain::store::RecordedEvent;
+use opledger_domain::state::{evolve, OperationState};
+use opledger_domain::store::{RecordedEvent, StreamName};
 use opledger_webhooks::{Message, Render};
 use serde_json::json;
 
@@ -31,23 +35,91 @@ use crate::config::StoreUrl;
 use crate::render::{outcome_of, state_through};
 use crate::{ServeEngine, ServeError, ServeStore};
 
+/// Most operations whose state [`OutcomeRender`] keeps between events; past it the cache is
+/// emptied (a state is about a kilobyte, so a few megabytes at most).
+pub const MAX_RENDER_STATES_CACHED: usize = 4_096;
+
 /// Renders events of the log as webhook messages.
 pub struct OutcomeRender {
     pub store: ServeStore,
     pub engine: Arc<ServeEngine>,
+    /// Per operation stream, its state after the version last rendered: a delivery task reads
+    /// every event of the log in order, so the state after an event is the cached one evolved by
+    /// it, without reading the stream back from the store (a read and a decode of every event
+    /// of the stream, once per delivery). Used only when the versions follow on exactly; any
+    /// other case (a task catching up behind another, an evicted stream) reads the stream.
+    pub states: std::sync::Mutex<HashMap<StreamName, (StreamVersion, OperationState)>>,
+}
+
+impl OutcomeRender {
+    /// The state after `event`, from the cache when it holds the state just before it. Wanted
+    /// events take a copy out; the others only move the cache along.
+    fn follow(
+        &self,
+        event: &RecordedEvent,
+        decoded: &OperationEvent,
+        wanted: bool,
+    ) -> Option<OperationState> {
+        let mut states = self
+            .states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = match states.remove(&event.stream) {
+            Some((version, state)) if version.next() == event.version => state,
+            _ if event.version == StreamVersion::FIRST => OperationState::initial(),
+            _ => return None,
+        };
+        let after = evolve(before, decoded);
+        let copy = wanted.then(|| after.clone());
+        if states.len() >= MAX_RENDER_STATES_CACHED {
+            states.clear();
+        }
+        states.insert(event.stream.clone(), (event.version, after));
+        copy
+    }
+
+    /// Caches the state after `event`, read from the store.
+    fn remember(&self, event: &RecordedEvent, state: &OperationState) {
+        let mut states = self
+            .states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if states.len() >= MAX_RENDER_STATES_CACHED {
+            states.clear();
+        }
+        states.insert(event.stream.clone(), (event.version, state.clone()));
+    }
 }
 
 impl Render for OutcomeRender {
-    async fn render(&self, event: &RecordedEvent) -> Result<Option<Message>, String> {
+    async fn render(
+        &self,
+        event: &RecordedEvent,
+        kinds: &BTreeSet<String>,
+    ) -> Result<Option<Message>, String> {
         let Some(outcome) = outcome_of(&self.store, event)
             .await
             .map_err(|error| error.to_string())?
         else {
             return Ok(None);
         };
-        let state = state_through(&self.store, event)
-            .await
-            .map_err(|error| error.to_string())?;
+        // The state is read from the operation's stream: only for the kinds the endpoint wants
+        // (one `succeeded` among an operation's three or more events), not for every event.
+        let wanted = kinds.contains(outcome.kind);
+        let followed = self.follow(event, &outcome.event, wanted);
+        if !wanted {
+            return Ok(None);
+        }
+        let state = match followed {
+            Some(state) => state,
+            None => {
+                let state = state_through(&self.store, event)
+                    .await
+                    .map_err(|error| error.to_string())?;
+                self.remember(event, &state);
+                state
+            }
+        };
         // Every operation stream starts with its intent; a stream without one is not an
         // operation a subscriber could be told about.
         let Some(intent) = state.intent.as_ref() else {
@@ -273,16 +345,18 @@ impl DeliveryJournal for PostgresJournal {
         })
     }
 
-    fn record_delivery(
+    fn record_deliveries(
         &self,
-        attempt: AttemptRecord,
+        attempts: Vec<AttemptRecord>,
         lease: &Lease,
         epoch: u64,
+        checkpoint: u64,
     ) -> JournalFuture<'_, bool> {
         let lease = lease.clone();
+        let rows: Vec<WebhookAttemptRow> = attempts.iter().map(row_of).collect();
         Box::pin(async move {
             self.0
-                .record_attempt(&row_of(&attempt), Some((epoch, fence(&lease))))
+                .record_deliveries(&rows, fence(&lease), epoch, checkpoint)
                 .await
                 .map_err(journal_error)
         })

@@ -218,6 +218,73 @@ impl WebhookJournal {
         Ok(advanced)
     }
 
+    /// Records a batch of one endpoint's successful attempts (in delivery order), trims its
+    /// attempt log and moves its checkpoint to `checkpoint` under the fence, in one statement
+    /// (one round trip and one commit per batch); whether the checkpoint moved. The attempts are
+    /// recorded whether or not it did: they happened.
+    pub async fn record_deliveries(
+        &self,
+        attempts: &[WebhookAttemptRow],
+        fence: WebhookFence<'_>,
+        epoch: u64,
+        checkpoint: u64,
+    ) -> Result<bool, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let positions: Vec<i64> = attempts.iter().map(|a| to_sql(a.position)).collect();
+        let ids: Vec<&str> = attempts.iter().map(|a| a.webhook_id.as_str()).collect();
+        let numbers: Vec<i64> = attempts.iter().map(|a| i64::from(a.attempt)).collect();
+        let ats: Vec<&str> = attempts.iter().map(|a| a.at.as_str()).collect();
+        let statuses: Vec<Option<i32>> = attempts.iter().map(|a| a.status.map(i32::from)).collect();
+        let durations: Vec<i64> = attempts.iter().map(|a| to_sql(a.duration_ms)).collect();
+        let errors: Vec<Option<&str>> = attempts.iter().map(|a| a.error.as_deref()).collect();
+        // One statement is one transaction: the attempts, the trim and the fenced checkpoint
+        // commit together. The trim sees the table as it was before the statement (PostgreSQL
+        // runs a statement's parts on one snapshot), so a batch's own rows are trimmed by the
+        // next batch: the log holds at most MAX_WEBHOOK_ATTEMPTS_KEPT plus one batch.
+        let row = client
+            .query_one(
+                "WITH inserted AS (
+                     INSERT INTO opledger.webhook_attempts
+                         (endpoint, position, webhook_id, attempt, at, status, duration_ms, error)
+                     SELECT $1, b.position, b.webhook_id, b.attempt, b.at::timestamptz, b.status,
+                            b.duration_ms, b.error
+                     FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::int[],
+                                 $7::bigint[], $8::text[]) WITH ORDINALITY
+                          AS b(position, webhook_id, attempt, at, status, duration_ms, error, n)
+                     ORDER BY b.n
+                 ),
+                 trimmed AS (
+                     DELETE FROM opledger.webhook_attempts WHERE endpoint = $1 AND seq <= (
+                         SELECT seq FROM opledger.webhook_attempts WHERE endpoint = $1
+                         ORDER BY seq DESC LIMIT 1 OFFSET $9)
+                 ),
+                 advanced AS (
+                     UPDATE opledger.webhook_endpoints SET checkpoint = $10
+                     WHERE id = $1 AND epoch = $11 AND lease_holder = $12 AND lease_token = $13
+                     RETURNING 1
+                 )
+                 SELECT count(*) FROM advanced",
+                &[
+                    &fence.endpoint,
+                    &positions,
+                    &ids,
+                    &numbers,
+                    &ats,
+                    &statuses,
+                    &durations,
+                    &errors,
+                    &MAX_WEBHOOK_ATTEMPTS_KEPT,
+                    &to_sql(checkpoint),
+                    &to_sql(epoch),
+                    &fence.holder,
+                    &to_sql(fence.token),
+                ],
+            )
+            .await
+            .map_err(|error| unavailable("cannot record a batch of webhook deliveries", &error))?;
+        Ok(row.get::<_, i64>(0) == 1)
+    }
+
     /// The endpoint's latest attempts, newest first.
     pub async fn attempts(
         &self,

@@ -17,7 +17,11 @@ use opledger_webhooks::{Endpoint, Message, Render, Webhooks, DEFAULT_REQUEST_TIM
 struct Every;
 
 impl Render for Every {
-    async fn render(&self, event: &RecordedEvent) -> Result<Option<Message>, String> {
+    async fn render(
+        &self,
+        event: &RecordedEvent,
+        _kinds: &std::collections::BTreeSet<String>,
+    ) -> Result<Option<Message>, String> {
         Ok(Some(Message {
             kind: "succeeded",
             tenant: "acme".into(),

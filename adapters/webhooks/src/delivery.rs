@@ -9,6 +9,12 @@
 //! It must never move the checkpoint past an event it has not delivered (or skipped by the
 //! filter), never deliver without a valid lease, and never hold more than [`MAX_QUEUE_EVENTS`]
 //! events in memory.
+//!
+//! Successful deliveries are written to the journal in batches ([`Unsaved`]): their attempts and
+//! the checkpoint past them in one commit per [`CHECKPOINT_EVERY_DELIVERIES`] deliveries or
+//! [`CHECKPOINT_DELIVERED_MS`], whichever comes first, and always before a failed attempt, a
+//! disabling or the end of a pass. A crash loses at most the batch not yet written, which is
+//! delivered again under the same `webhook-id`s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,9 +34,9 @@ use crate::schedule::pause;
 use crate::service::{DeliveryState, Health};
 use crate::signing::webhook_id;
 use crate::{
-    Endpoint, Render, WebhookError, CHECKPOINT_EVERY_SKIPPED, CHECKPOINT_IDLE_MS,
-    FAULT_RETRY_FIRST_MS, FAULT_RETRY_MAX_MS, MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS,
-    STOP_ATTEMPT_GRACE_MS,
+    Endpoint, Render, WebhookError, CHECKPOINT_DELIVERED_MS, CHECKPOINT_EVERY_DELIVERIES,
+    CHECKPOINT_EVERY_SKIPPED, CHECKPOINT_IDLE_MS, FAULT_RETRY_FIRST_MS, FAULT_RETRY_MAX_MS,
+    MAX_PAYLOAD_BYTES, MAX_QUEUE_EVENTS, STOP_ATTEMPT_GRACE_MS,
 };
 
 /// Everything one endpoint's task holds.
@@ -48,6 +54,8 @@ pub(crate) struct Task<S, R> {
     pub lease: watch::Receiver<LeaseState>,
     /// The lease the current pass delivers under: the fence of its writes.
     pub held: Lease,
+    /// What the current pass delivered or skipped and has not written yet.
+    pub unsaved: Unsaved,
     /// How often the lease keeper renews, in milliseconds (what a holder whose renewals fail
     /// waits for at most before the next try).
     pub renew_every_ms: u64,
@@ -78,12 +86,57 @@ impl LeaseState {
     }
 }
 
+/// Progress of a pass not yet in the journal: delivered attempts and skipped events after the
+/// written checkpoint. At most [`CHECKPOINT_EVERY_DELIVERIES`] attempts.
+#[derive(Debug, Default)]
+pub(crate) struct Unsaved {
+    /// The successful attempts, in delivery order.
+    delivered: Vec<AttemptRecord>,
+    /// Skipped events among them.
+    skipped: u64,
+    /// The last position delivered or skipped: where the checkpoint moves at the next write.
+    checkpoint: Option<u64>,
+    /// When the oldest unwritten delivery must be written.
+    due: Option<TokioInstant>,
+}
+
+impl Unsaved {
+    /// Waits until something must be written: the oldest delivery's [`CHECKPOINT_DELIVERED_MS`]
+    /// deadline, or, with skips alone, [`CHECKPOINT_IDLE_MS`] of a quiet log (restarted every
+    /// time it is polled anew, that is after every event); never when nothing is unwritten.
+    async fn write_due(&self) {
+        match (self.due, self.checkpoint) {
+            (Some(due), _) => tokio::time::sleep_until(due).await,
+            (None, Some(_)) => {
+                tokio::time::sleep(Duration::from_millis(CHECKPOINT_IDLE_MS)).await;
+            }
+            (None, None) => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Whether enough is unwritten to write it now, without waiting for the timer.
+    fn full(&self) -> bool {
+        self.delivered.len() >= CHECKPOINT_EVERY_DELIVERIES
+            || self.skipped >= CHECKPOINT_EVERY_SKIPPED
+    }
+}
+
+/// What a pass waited for.
+enum Next {
+    /// The service is stopping.
+    Stop,
+    /// An operator acted.
+    Wake,
+    /// The log's next event (`None`: the feed closed).
+    Event(Option<Result<RecordedEvent, StoreError>>),
+    /// Unwritten progress is due to be written.
+    WriteDue,
+}
+
 /// What became of one event.
 enum Handled {
-    /// Delivered; its checkpoint is written.
-    Delivered,
-    /// Not for this endpoint.
-    Skipped,
+    /// Delivered or skipped; added to [`Unsaved`].
+    Done,
     /// The pass must end.
     End(Ended),
 }
@@ -213,27 +266,36 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         let (sender, mut receiver) = mpsc::channel(MAX_QUEUE_EVENTS);
         let feed = feed(subscription, sender);
         tokio::pin!(feed);
-        // Skipped events not yet covered by a written checkpoint: how many, and the last one.
-        let mut skipped: u64 = 0;
-        let mut unsaved: Option<u64> = None;
+        // What an earlier pass left unwritten is delivered again from the checkpoint.
+        self.unsaved = Unsaved::default();
         loop {
             let next = tokio::select! {
                 biased;
-                _ = self.stop.wait_for(|stop| *stop) => return Ok(Ended::Stopped),
-                () = self.wake.notified() => return Ok(Ended::Changed),
+                _ = self.stop.wait_for(|stop| *stop) => Next::Stop,
+                () = self.wake.notified() => Next::Wake,
                 () = &mut feed => return Err(StoreError::Unavailable { reason: "the log feed ended".into() }.into()),
-                next = receiver.recv() => Some(next),
-                () = idle(unsaved.is_some()) => None,
+                next = receiver.recv() => Next::Event(next),
+                () = self.unsaved.write_due() => Next::WriteDue,
             };
-            // The log has been quiet: save the skip progress.
-            let Some(next) = next else {
-                if let Some(position) = unsaved.take() {
-                    skipped = 0;
-                    if !self.save_skipped(&record, position).await? {
+            let next = match next {
+                Next::Event(next) => next,
+                Next::Stop => {
+                    // A planned stop writes what was delivered, so a restart does not repeat it.
+                    self.save(&record).await?;
+                    return Ok(Ended::Stopped);
+                }
+                Next::Wake => {
+                    // Written under the epoch it was delivered at: refused if the operator's
+                    // action changed it, the attempts recorded either way.
+                    self.save(&record).await?;
+                    return Ok(Ended::Changed);
+                }
+                Next::WriteDue => {
+                    if !self.save(&record).await? {
                         return Ok(Ended::Changed);
                     }
+                    continue;
                 }
-                continue;
             };
             let Some(next) = next else {
                 return Err(WebhookError::Journal {
@@ -241,43 +303,36 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 });
             };
             let event = next?;
-            let position = event.position.value();
-            match self.handle(&record, &event).await? {
-                Handled::End(ended) => return Ok(ended),
-                // Its checkpoint, written with it, covers the skipped events before it.
-                Handled::Delivered => {
-                    skipped = 0;
-                    unsaved = None;
-                }
-                Handled::Skipped => {
-                    skipped += 1;
-                    unsaved = Some(position);
-                }
+            if let Handled::End(ended) = self.handle(&record, &event).await? {
+                return Ok(ended);
             }
-            // Skipped events are saved in bunches, or after the log has been quiet for
-            // CHECKPOINT_IDLE_MS: a commit per skipped event would cost every endpoint an fsync
-            // per event of the ledger, and losing skip progress in a crash only means reading
+            // Written in batches: a commit per delivery was a commit (and a WAL append) per
+            // event the ledger produced; a commit per skipped event, an fsync per event for every
+            // endpoint. Losing unwritten progress in a crash only means reading (and delivering)
             // those events again.
-            if skipped >= CHECKPOINT_EVERY_SKIPPED {
-                skipped = 0;
-                unsaved = None;
-                if !self.save_skipped(&record, position).await? {
-                    return Ok(Ended::Changed);
-                }
+            if self.unsaved.full() && !self.save(&record).await? {
+                return Ok(Ended::Changed);
             }
         }
     }
 
-    /// Writes the checkpoint past skipped events; `false` when the record changed meanwhile.
-    async fn save_skipped(
-        &self,
-        record: &EndpointRecord,
-        position: u64,
-    ) -> Result<bool, WebhookError> {
-        let saved = self
-            .journal
-            .advance(&self.held, record.epoch, position)
-            .await?;
+    /// Writes the unwritten deliveries and the checkpoint past them (and past skipped events) in
+    /// one commit; `false` when the record changed meanwhile (the attempts are recorded, the
+    /// checkpoint is not moved).
+    async fn save(&mut self, record: &EndpointRecord) -> Result<bool, WebhookError> {
+        let unsaved = std::mem::take(&mut self.unsaved);
+        let Some(position) = unsaved.checkpoint else {
+            return Ok(true);
+        };
+        let saved = if unsaved.delivered.is_empty() {
+            self.journal
+                .advance(&self.held, record.epoch, position)
+                .await?
+        } else {
+            self.journal
+                .record_deliveries(unsaved.delivered, &self.held, record.epoch, position)
+                .await?
+        };
         if saved {
             self.health.checkpoint(position);
         }
@@ -293,15 +348,15 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         let position = event.position.value();
         let message = self
             .render
-            .render(event)
+            .render(event, &self.endpoint.events)
             .await
             .map_err(|reason| WebhookError::Render { position, reason })?;
-        let Some(message) = message else {
-            return Ok(Handled::Skipped);
+        let wanted = message.filter(|message| self.endpoint.wants(message.kind, &message.tenant));
+        let Some(message) = wanted else {
+            self.unsaved.skipped += 1;
+            self.unsaved.checkpoint = Some(position);
+            return Ok(Handled::Done);
         };
-        if !self.endpoint.wants(message.kind, &message.tenant) {
-            return Ok(Handled::Skipped);
-        }
         let id = webhook_id(event.event_id);
         let body = serde_json::to_vec(&json!({
             "type": format!("operation.{}", message.kind),
@@ -336,10 +391,10 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             .deliver(record, position, &id, &body)
             .instrument(span)
             .await?;
-        Ok(ended.map_or(Handled::Delivered, Handled::End))
+        Ok(ended.map_or(Handled::Done, Handled::End))
     }
 
-    /// Attempts one event until it is delivered (then its checkpoint is written: `None`), the
+    /// Attempts one event until it is delivered (then added to [`Unsaved`]: `None`), the
     /// endpoint is disabled, an operator acts or the service stops (`Some`).
     async fn deliver(
         &mut self,
@@ -387,16 +442,23 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 duration_ms: u64::try_from(attempted.duration.as_millis()).unwrap_or(u64::MAX),
                 error: error.clone(),
             };
-            // A delivery's attempt and its checkpoint are one commit; a failure's attempt alone.
+            // A delivery waits for its batch's commit; a failure is written at once, after the
+            // deliveries before it (the attempt log stays in order, and the checkpoint does not
+            // wait behind a receiver that may fail for days).
             if let Answer::Delivered { .. } = attempted.answer {
-                let advanced = self
-                    .journal
-                    .record_delivery(row, &self.held, record.epoch)
-                    .await?;
-                self.health.delivered(position);
-                return Ok((!advanced).then_some(Ended::Changed));
+                self.unsaved.delivered.push(row);
+                self.unsaved.checkpoint = Some(position);
+                self.unsaved.due.get_or_insert_with(|| {
+                    TokioInstant::now() + Duration::from_millis(CHECKPOINT_DELIVERED_MS)
+                });
+                self.health.delivered();
+                return Ok(None);
             }
+            let saved = self.save(record).await?;
             self.journal.record_attempt(row).await?;
+            if !saved {
+                return Ok(Some(Ended::Changed));
+            }
             let retry_after = match attempted.answer {
                 Answer::Delivered { .. } => unreachable!("a delivery returned above"),
                 Answer::Gone => {
@@ -490,15 +552,6 @@ async fn lease_lost(mut lease: watch::Receiver<LeaseState>, token: u64) {
         if !renewed.await {
             return;
         }
-    }
-}
-
-/// Completes [`CHECKPOINT_IDLE_MS`] after it is first polled when `armed`; never otherwise.
-async fn idle(armed: bool) {
-    if armed {
-        tokio::time::sleep(Duration::from_millis(CHECKPOINT_IDLE_MS)).await;
-    } else {
-        std::future::pending::<()>().await;
     }
 }
 

@@ -34,6 +34,7 @@ pub mod schedule;
 mod service;
 pub mod signing;
 
+use std::collections::BTreeSet;
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
@@ -61,6 +62,19 @@ pub const CHECKPOINT_EVERY_SKIPPED: u64 = 1_000;
 /// How long the log must be quiet before the checkpoint past skipped events is written, in
 /// milliseconds: the endpoint's lag then reads 0 once it has gone through everything.
 pub const CHECKPOINT_IDLE_MS: u64 = 200;
+/// Most successful deliveries whose attempts and checkpoint wait to be written in one journal
+/// commit: a burst costs one commit per this many deliveries instead of one each, and a crash
+/// (SIGKILL, power loss) repeats at most this many deliveries, under their same `webhook-id`:
+/// at least once, never skipped, since a batch is written only after all of it succeeded.
+pub const CHECKPOINT_EVERY_DELIVERIES: usize = 100;
+/// Longest a successful delivery waits for its attempt and checkpoint to be written, in
+/// milliseconds: when the log is slower than a batch, the checkpoint (and the lag metric) trails
+/// the deliveries by at most this.
+pub const CHECKPOINT_DELIVERED_MS: u64 = 100;
+// A batch never waits longer than skip progress does.
+const _: () = assert!(CHECKPOINT_DELIVERED_MS <= CHECKPOINT_IDLE_MS);
+// A batch is bounded in memory like the events read ahead (an attempt record each).
+const _: () = assert!(CHECKPOINT_EVERY_DELIVERIES <= MAX_QUEUE_EVENTS);
 /// The first pause after the journal or the log failed, in milliseconds.
 pub const FAULT_RETRY_FIRST_MS: u64 = 100;
 /// The longest pause after the journal or the log failed, in milliseconds.
@@ -111,10 +125,14 @@ pub struct Message {
 /// Reads an event of the log as a [`Message`]; `None` for events no endpoint receives (outside
 /// operation streams).
 pub trait Render: Send + Sync + 'static {
-    /// The message `event` carries.
+    /// The message `event` carries when its kind is one of `kinds` (an endpoint's `events`);
+    /// `None` for any other kind. An endpoint follows every event of the log (three or more per
+    /// operation) and wants few of them: what is costly to render (the operation's state, folded
+    /// from its stream) must be paid only for the kinds wanted.
     fn render(
         &self,
         event: &RecordedEvent,
+        kinds: &BTreeSet<String>,
     ) -> impl Future<Output = Result<Option<Message>, String>> + Send;
 }
 

@@ -81,14 +81,17 @@ pub trait DeliveryJournal: Send + Sync + 'static {
     /// Records one failed attempt (unfenced: it happened).
     fn record_attempt(&self, attempt: AttemptRecord) -> JournalFuture<'_, ()>;
 
-    /// Records a successful attempt and moves the checkpoint to its event in one commit, if the
-    /// endpoint is still at `epoch` under `lease`; `false` (the attempt recorded, the
-    /// checkpoint not moved) otherwise.
-    fn record_delivery(
+    /// Records a batch of successful attempts of one endpoint (in delivery order) and moves its
+    /// checkpoint to `checkpoint` (at or after their last event) in one commit or statement, if
+    /// the endpoint is still at `epoch` under `lease`; `false` (the attempts recorded, the
+    /// checkpoint not moved) otherwise. A batch is written only after all of its deliveries
+    /// succeeded, so a crash before the commit repeats them and never skips one.
+    fn record_deliveries(
         &self,
-        attempt: AttemptRecord,
+        attempts: Vec<AttemptRecord>,
         lease: &Lease,
         epoch: u64,
+        checkpoint: u64,
     ) -> JournalFuture<'_, bool>;
 
     /// The endpoint's latest attempts, newest first, at most `limit`.

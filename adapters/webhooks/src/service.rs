@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::client::client_for;
+use crate::delivery::Unsaved;
 use crate::delivery::{LeaseState, Task};
 use crate::journal::{AttemptRecord, EndpointStatus, Journal};
 use crate::port::{Acquired, DeliveryJournal, Lease};
@@ -115,10 +116,10 @@ impl Health {
         self.lock().checkpoint = Some(position);
     }
 
-    pub(crate) fn delivered(&self, position: u64) {
+    /// One more delivery; the checkpoint moves when its batch is written ([`Self::checkpoint`]).
+    pub(crate) fn delivered(&self) {
         let mut counts = self.lock();
         counts.delivered_total += 1;
-        counts.checkpoint = Some(position);
         counts.state = DeliveryState::Delivering;
     }
 
@@ -268,6 +269,7 @@ impl Webhooks {
                     token: 0,
                 },
                 endpoint,
+                unsaved: Unsaved::default(),
                 wake: Arc::clone(&handle.wake),
                 health: handle.health.clone(),
                 stop: stop.clone(),

@@ -30,7 +30,11 @@ const DEADLINE: Duration = Duration::from_secs(20);
 struct DataRender;
 
 impl Render for DataRender {
-    async fn render(&self, event: &RecordedEvent) -> Result<Option<Message>, String> {
+    async fn render(
+        &self,
+        event: &RecordedEvent,
+        _kinds: &std::collections::BTreeSet<String>,
+    ) -> Result<Option<Message>, String> {
         let data: serde_json::Value =
             serde_json::from_slice(&event.data).map_err(|error| error.to_string())?;
         let kind = match data["kind"].as_str() {
@@ -837,19 +841,22 @@ impl DeliveryJournal for SharedLeases {
         DeliveryJournal::record_attempt(&self.inner, attempt)
     }
 
-    fn record_delivery(
+    fn record_deliveries(
         &self,
-        attempt: AttemptRecord,
+        attempts: Vec<AttemptRecord>,
         lease: &Lease,
         epoch: u64,
+        checkpoint: u64,
     ) -> JournalFuture<'_, bool> {
         if !self.current(lease) {
             return Box::pin(async move {
-                DeliveryJournal::record_attempt(&self.inner, attempt).await?;
+                for attempt in attempts {
+                    DeliveryJournal::record_attempt(&self.inner, attempt).await?;
+                }
                 Ok(false)
             });
         }
-        DeliveryJournal::record_delivery(&self.inner, attempt, lease, epoch)
+        DeliveryJournal::record_deliveries(&self.inner, attempts, lease, epoch, checkpoint)
     }
 
     fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
@@ -972,5 +979,147 @@ async fn a_holder_whose_lease_is_taken_drops_the_attempt_under_way_and_moves_no_
         vec![Some(200)],
         "{attempts:?}"
     );
+    running.shut().await;
+}
+
+/// The SQLite journal, counting the commits that write deliveries.
+struct CountingJournal {
+    inner: opledger_webhooks::Journal,
+    /// The size of every batch of deliveries written, in order.
+    batches: Mutex<Vec<usize>>,
+}
+
+impl DeliveryJournal for CountingJournal {
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
+        DeliveryJournal::ensure(&self.inner, endpoint, start)
+    }
+
+    fn record(&self, endpoint: &str) -> JournalFuture<'_, Option<EndpointRecord>> {
+        DeliveryJournal::record(&self.inner, endpoint)
+    }
+
+    fn advance(&self, lease: &Lease, epoch: u64, position: u64) -> JournalFuture<'_, bool> {
+        DeliveryJournal::advance(&self.inner, lease, epoch, position)
+    }
+
+    fn set_status(
+        &self,
+        endpoint: &str,
+        status: EndpointStatus,
+        reason: Option<String>,
+        replay_after: Option<Option<u64>>,
+        fence: Option<(u64, &Lease)>,
+    ) -> JournalFuture<'_, bool> {
+        DeliveryJournal::set_status(&self.inner, endpoint, status, reason, replay_after, fence)
+    }
+
+    fn record_attempt(&self, attempt: AttemptRecord) -> JournalFuture<'_, ()> {
+        DeliveryJournal::record_attempt(&self.inner, attempt)
+    }
+
+    fn record_deliveries(
+        &self,
+        attempts: Vec<AttemptRecord>,
+        lease: &Lease,
+        epoch: u64,
+        checkpoint: u64,
+    ) -> JournalFuture<'_, bool> {
+        self.batches.lock().expect("lock").push(attempts.len());
+        DeliveryJournal::record_deliveries(&self.inner, attempts, lease, epoch, checkpoint)
+    }
+
+    fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        DeliveryJournal::attempts(&self.inner, endpoint, limit)
+    }
+
+    fn acquire(&self, endpoint: &str, holder: &str, lease_ms: u64) -> JournalFuture<'_, Acquired> {
+        DeliveryJournal::acquire(&self.inner, endpoint, holder, lease_ms)
+    }
+
+    fn renew(&self, lease: &Lease, lease_ms: u64) -> JournalFuture<'_, Option<u64>> {
+        DeliveryJournal::renew(&self.inner, lease, lease_ms)
+    }
+
+    fn release(&self, lease: &Lease) -> JournalFuture<'_, ()> {
+        DeliveryJournal::release(&self.inner, lease)
+    }
+}
+
+#[tokio::test]
+async fn a_burst_of_deliveries_is_written_in_batches_each_recording_every_attempt_in_it() {
+    const EVENTS: u64 = 300;
+    let store = MemoryStore::new();
+    // The burst is in the log before delivery starts: the task always has the next event ready.
+    for n in 0..EVENTS {
+        append(&store, n, "succeeded", "acme").await;
+    }
+    let (receiver, url) = Receiver::start().await;
+    let dir = dir();
+    let journal = Arc::new(CountingJournal {
+        inner: opledger_webhooks::Journal::open(dir.path().join("counted.webhooks"))
+            .await
+            .expect("opens"),
+        batches: Mutex::default(),
+    });
+    let (stop, stopping) = watch::channel(false);
+    // A new endpoint starts at the log's head: created first at the beginning, it has the burst.
+    journal
+        .inner
+        .ensure("billing", None)
+        .await
+        .expect("created");
+    let webhooks = Webhooks::start_with(
+        &store,
+        Arc::new(DataRender),
+        vec![endpoint("billing", &url)],
+        Arc::clone(&journal) as Arc<dyn DeliveryJournal>,
+        LeaseSettings {
+            holder: "only".into(),
+            lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        },
+        stopping,
+    )
+    .await
+    .expect("webhooks start");
+    let running = Running {
+        webhooks,
+        stop,
+        _dir: dir,
+    };
+    assert_eq!(
+        positions(&receiver.wait_for(EVENTS as usize).await),
+        (1..=EVENTS).collect::<Vec<_>>()
+    );
+    running.wait_for_checkpoint("billing", EVENTS).await;
+    let batches = journal.batches.lock().expect("lock").clone();
+    assert_eq!(
+        batches.iter().sum::<usize>(),
+        EVENTS as usize,
+        "{batches:?}"
+    );
+    assert!(
+        batches
+            .iter()
+            .all(|size| *size <= opledger_webhooks::CHECKPOINT_EVERY_DELIVERIES),
+        "{batches:?}"
+    );
+    // One commit per delivery would be 300; batches of up to 100, cut early by the 100 ms
+    // deadline on a slow machine, stay far below.
+    assert!(
+        batches.len() <= 30,
+        "{} commits: {batches:?}",
+        batches.len()
+    );
+    let attempts = running
+        .webhooks
+        .attempts("billing", 1_000)
+        .await
+        .expect("listed");
+    assert_eq!(attempts.len(), EVENTS as usize);
+    assert_eq!(attempts[0].position, EVENTS, "newest first");
     running.shut().await;
 }
