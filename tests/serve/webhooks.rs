@@ -49,11 +49,20 @@ class Handler(BaseHTTPRequestHandler):
                 log.write(json.dumps({"path": self.path, "id": headers.get("webhook-id"),
                     "verified": verified, "error": error, "payload": payload, "at": time.time(),
                     "overlapping": overlapping}) + "\n")
+        # A delivery is under way from its arrival until its answer is decided, not until the
+        # answer's bytes are out: a sender that has read them sends its next request on a new
+        # connection, which can arrive before this thread runs again, and would be counted as
+        # overlapping this one although the one sender never had two requests out at once.
         try:
-            self.answer(verified, n)
+            status, extra = self.answer(verified, n)
         finally:
             with lock:
                 inflight[self.path] -= 1
+        self.send_response(status)
+        for key, value in extra.items():
+            self.send_header(key, value)
+        self.send_header("content-length", "0")
+        self.end_headers()
 
     def answer(self, verified, n):
         if delay_ms:
@@ -67,11 +76,7 @@ class Handler(BaseHTTPRequestHandler):
             status, extra = 429, {"Retry-After": "2"}
         elif self.path == "/gone":
             status = 410
-        self.send_response(status)
-        for key, value in extra.items():
-            self.send_header(key, value)
-        self.send_header("content-length", "0")
-        self.end_headers()
+        return status, extra
 
     def log_message(self, *args):
         pass
