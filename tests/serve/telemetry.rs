@@ -692,6 +692,20 @@ fn assert_every_line_in(lines: &[Value], trace: &str, parent_span: &str) {
     }
 }
 
+/// Posts `body` to `path` as a child of the caller's `trace`/`span`, then waits until the
+/// operation it recorded has succeeded.
+async fn succeeded_under(server: &Server, path: &str, trace: &str, span: &str, body: &Value) {
+    let traceparent = format!("00-{trace}-{span}-01");
+    let (status, _, answered) = server
+        .post_with_headers(path, TENANT_A_TOKEN, &[("traceparent", &traceparent)], body)
+        .await;
+    assert!(status.is_success(), "{status} {answered}");
+    let operation_id = answered["operation_id"].as_str().expect("an id");
+    server
+        .wait_for_state(TENANT_A_TOKEN, operation_id, &["succeeded"])
+        .await;
+}
+
 #[tokio::test]
 async fn every_json_log_line_of_a_request_and_of_a_workers_later_drive_carries_the_trace_at_the_default_level(
 ) {
@@ -711,42 +725,20 @@ async fn every_json_log_line_of_a_request_and_of_a_workers_later_drive_carries_t
     });
     // A request's own work: it records, sends and looks up.
     lose_the_answer_then_fail_a_lookup(&harness).await;
-    let (status, _, answered) = server
-        .post_with_headers(
-            "/v1/operations?execute=true&wait_ms=100",
-            TENANT_A_TOKEN,
-            &[(
-                "traceparent",
-                &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
-            )],
-            &body,
-        )
-        .await;
-    assert!(status.is_success(), "{status} {answered}");
-    let first = answered["operation_id"].as_str().expect("an id").to_owned();
-    server
-        .wait_for_state(TENANT_A_TOKEN, &first, &["succeeded"])
-        .await;
+    let path = "/v1/operations?execute=true&wait_ms=100";
+    succeeded_under(&server, path, CALLER_TRACE, CALLER_SPAN, &body).await;
     let requested = json_log_lines(harness.dir.path()).len();
     // A worker's drive, later: the request only records; a worker sends and looks up, in the
     // trace kept with the intent.
     lose_the_answer_then_fail_a_lookup(&harness).await;
-    let (status, _, answered) = server
-        .post_with_headers(
-            "/v1/operations",
-            TENANT_A_TOKEN,
-            &[(
-                "traceparent",
-                &format!("00-{OPERATOR_TRACE}-{OPERATOR_SPAN}-01"),
-            )],
-            &body,
-        )
-        .await;
-    assert!(status.is_success(), "{status} {answered}");
-    let second = answered["operation_id"].as_str().expect("an id").to_owned();
-    server
-        .wait_for_state(TENANT_A_TOKEN, &second, &["succeeded"])
-        .await;
+    succeeded_under(
+        &server,
+        "/v1/operations",
+        OPERATOR_TRACE,
+        OPERATOR_SPAN,
+        &body,
+    )
+    .await;
     let lines = json_log_lines(harness.dir.path());
     assert_every_line_in(&lines[start_up..requested], CALLER_TRACE, CALLER_SPAN);
     assert_every_line_in(&lines[requested..], OPERATOR_TRACE, OPERATOR_SPAN);

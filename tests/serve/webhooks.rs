@@ -216,6 +216,20 @@ async fn operations(server: &Server, title: &str, count: usize) -> Vec<String> {
     ids
 }
 
+/// Never skipped, in log order: each of `deliveries` is the next position after the highest
+/// seen (starting after `highest`), or a repeat of one seen (a delivery a kill interrupted
+/// before its checkpoint was written).
+fn assert_in_log_order(deliveries: &[Logged], mut highest: u64) {
+    for delivery in deliveries {
+        let at = position(delivery);
+        assert!(
+            at <= highest + 1,
+            "position {at} arrived after {highest}: a skip"
+        );
+        highest = highest.max(at);
+    }
+}
+
 /// At least once: every position 1..=head of the log arrived, and each under one webhook-id
 /// however often it came.
 fn assert_every_position_arrived_under_one_id(logged: &[Logged], head: u64) {
@@ -269,15 +283,7 @@ async fn every_event_reaches_the_receiver_verified_in_log_order_across_a_sigkill
     // At least once: every position of the log arrived. Never skipped, in log order: each
     // delivery is either the next position after the highest seen, or a repeat of one seen (a
     // delivery the kill interrupted before its checkpoint was written).
-    let mut highest = 0;
-    for delivery in &logged {
-        let at = position(delivery);
-        assert!(
-            at <= highest + 1,
-            "position {at} arrived after {highest}: a skip"
-        );
-        highest = highest.max(at);
-    }
+    assert_in_log_order(&logged, 0);
     assert_every_position_arrived_under_one_id(&logged, head);
     let succeeded = logged
         .iter()
@@ -656,15 +662,7 @@ async fn two_instances_on_postgres_deliver_an_endpoint_one_at_a_time_and_a_kille
     );
     // After the replay (which starts again from position 1), in log order: each delivery is
     // the next position after the highest seen, or a repeat (the one the kill interrupted).
-    let mut highest = first_head;
-    for delivery in &logged[delivered..] {
-        let at = position(delivery);
-        assert!(
-            at <= highest + 1,
-            "position {at} arrived after {highest}: a skip"
-        );
-        highest = highest.max(at);
-    }
+    assert_in_log_order(&logged[delivered..], first_head);
     assert_every_position_arrived_under_one_id(&logged, head);
     // The takeover: from the kill to the first delivery the survivor made.
     let first_after = logged

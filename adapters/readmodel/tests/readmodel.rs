@@ -2091,14 +2091,7 @@ async fn a_version_1_file_gains_its_gauges_on_opening_when_alone_and_reports_the
     let path = fixture.read_models.path().to_path_buf();
     let dir = path.parent().expect("a directory").to_path_buf();
     // What a version 1 file looks like: no gauges, no work queue, version 1.
-    let rebuilt = dir.join("rebuilt.db");
-    drop(
-        rebuild(fixture.harness.store(), &rebuilt)
-            .await
-            .expect("rebuild"),
-    );
-    let old = dir.join("version-1.db");
-    std::fs::copy(&rebuilt, &old).expect("copy");
+    let (rebuilt, old) = rebuilt_and_a_copy(&fixture, &dir, "version-1.db").await;
     let states = folded_states(fixture.harness.store()).await;
     let connection = Connection::open(&old).expect("open");
     store_states_as_json(&connection, &states);
@@ -2243,19 +2236,30 @@ fn store_states_as_json(connection: &Connection, states: &BTreeMap<String, Opera
         .expect("the version 3 operations table in place");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_rebuild() {
-    let fixture = Fixture::build().await;
-    let path = fixture.read_models.path().to_path_buf();
-    let dir = path.parent().expect("a directory").to_path_buf();
+/// A rebuild of the fixture's log into `dir`, and a copy of it named `name` for a test to turn
+/// into an older version's file.
+async fn rebuilt_and_a_copy(
+    fixture: &Fixture,
+    dir: &std::path::Path,
+    name: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let rebuilt = dir.join("rebuilt.db");
     drop(
         rebuild(fixture.harness.store(), &rebuilt)
             .await
             .expect("rebuild"),
     );
-    let old = dir.join("version-3.db");
-    std::fs::copy(&rebuilt, &old).expect("copy");
+    let copy = dir.join(name);
+    std::fs::copy(&rebuilt, &copy).expect("copy");
+    (rebuilt, copy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_rebuild() {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let (rebuilt, old) = rebuilt_and_a_copy(&fixture, &dir, "version-3.db").await;
     let states = folded_states(fixture.harness.store()).await;
     assert!(states.len() > 1, "the fixture has operations");
     let connection = Connection::open(&old).expect("open");

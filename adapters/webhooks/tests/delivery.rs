@@ -204,6 +204,37 @@ async fn start(
     }
 }
 
+/// Like [`start`], with one `billing` endpoint at `url` on a journal the test holds (to count or
+/// take leases behind the service's back), held by `holder` under leases of `lease_ms`.
+async fn start_on(
+    store: &MemoryStore,
+    url: &str,
+    journal: Arc<dyn DeliveryJournal>,
+    holder: &str,
+    lease_ms: u64,
+    dir: Arc<tempfile::TempDir>,
+) -> Running {
+    let (stop, stopping) = watch::channel(false);
+    let webhooks = Webhooks::start_with(
+        store,
+        Arc::new(DataRender),
+        vec![endpoint("billing", url)],
+        journal,
+        LeaseSettings {
+            holder: holder.into(),
+            lease_ms,
+        },
+        stopping,
+    )
+    .await
+    .expect("webhooks start");
+    Running {
+        webhooks,
+        stop,
+        _dir: dir,
+    }
+}
+
 impl Running {
     async fn shut(self) {
         let _ = self.stop.send(true);
@@ -912,25 +943,15 @@ async fn a_holder_whose_lease_is_taken_drops_the_attempt_under_way_and_moves_no_
             .expect("opens"),
         leases: Mutex::default(),
     });
-    let (stop, stopping) = watch::channel(false);
-    let webhooks = Webhooks::start_with(
+    let running = start_on(
         &store,
-        Arc::new(DataRender),
-        vec![endpoint("billing", &url)],
+        &url,
         Arc::clone(&journal) as Arc<dyn DeliveryJournal>,
-        LeaseSettings {
-            holder: "a".into(),
-            lease_ms: opledger_webhooks::MIN_WEBHOOK_LEASE_MS,
-        },
-        stopping,
+        "a",
+        opledger_webhooks::MIN_WEBHOOK_LEASE_MS,
+        dir,
     )
-    .await
-    .expect("webhooks start");
-    let running = Running {
-        webhooks,
-        stop,
-        _dir: dir,
-    };
+    .await;
     // The first answer takes far longer than the test: only a dropped attempt lets the
     // delivery come again soon.
     *receiver.delay.lock().expect("lock") = Duration::from_secs(60);
@@ -1065,31 +1086,21 @@ async fn a_burst_of_deliveries_is_written_in_batches_each_recording_every_attemp
             .expect("opens"),
         batches: Mutex::default(),
     });
-    let (stop, stopping) = watch::channel(false);
     // A new endpoint starts at the log's head: created first at the beginning, it has the burst.
     journal
         .inner
         .ensure("billing", None)
         .await
         .expect("created");
-    let webhooks = Webhooks::start_with(
+    let running = start_on(
         &store,
-        Arc::new(DataRender),
-        vec![endpoint("billing", &url)],
+        &url,
         Arc::clone(&journal) as Arc<dyn DeliveryJournal>,
-        LeaseSettings {
-            holder: "only".into(),
-            lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
-        },
-        stopping,
+        "only",
+        opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        dir,
     )
-    .await
-    .expect("webhooks start");
-    let running = Running {
-        webhooks,
-        stop,
-        _dir: dir,
-    };
+    .await;
     assert_eq!(
         positions(&receiver.wait_for(EVENTS as usize).await),
         (1..=EVENTS).collect::<Vec<_>>()
