@@ -22,7 +22,6 @@ use opledger_webhooks::{
     LeaseSettings, WebhookError,
 };
 
-use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::StreamVersion;
 use opledger_domain::provider::Providers as _;
 use opledger_domain::sentence::described_sentence;
@@ -32,7 +31,7 @@ use opledger_webhooks::{Message, Render};
 use serde_json::json;
 
 use crate::config::StoreUrl;
-use crate::render::{outcome_of, state_through};
+use crate::render::{outcome_after, state_through};
 use crate::{ServeEngine, ServeError, ServeStore};
 
 /// Most operations whose state [`OutcomeRender`] keeps between events; past it the cache is
@@ -52,34 +51,22 @@ pub struct OutcomeRender {
 }
 
 impl OutcomeRender {
-    /// The state after `event`, from the cache when it holds the state just before it. Wanted
-    /// events take a copy out; the others only move the cache along.
-    fn follow(
-        &self,
-        event: &RecordedEvent,
-        decoded: &OperationEvent,
-        wanted: bool,
-    ) -> Option<OperationState> {
+    /// The state just before `event`, taken out of the cache when it holds exactly that (the
+    /// initial state for a stream's first event); `None` when the stream must be read.
+    fn take_before(&self, event: &RecordedEvent) -> Option<OperationState> {
         let mut states = self
             .states
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let before = match states.remove(&event.stream) {
-            Some((version, state)) if version.next() == event.version => state,
-            _ if event.version == StreamVersion::FIRST => OperationState::initial(),
-            _ => return None,
-        };
-        let after = evolve(before, decoded);
-        let copy = wanted.then(|| after.clone());
-        if states.len() >= MAX_RENDER_STATES_CACHED {
-            states.clear();
+        match states.remove(&event.stream) {
+            Some((version, state)) if version.next() == event.version => Some(state),
+            _ if event.version == StreamVersion::FIRST => Some(OperationState::initial()),
+            _ => None,
         }
-        states.insert(event.stream.clone(), (event.version, after));
-        copy
     }
 
-    /// Caches the state after `event`, read from the store.
-    fn remember(&self, event: &RecordedEvent, state: &OperationState) {
+    /// Caches `state`, the operation's state after `event`.
+    fn remember(&self, event: &RecordedEvent, state: OperationState) {
         let mut states = self
             .states
             .lock()
@@ -87,7 +74,7 @@ impl OutcomeRender {
         if states.len() >= MAX_RENDER_STATES_CACHED {
             states.clear();
         }
-        states.insert(event.stream.clone(), (event.version, state.clone()));
+        states.insert(event.stream.clone(), (event.version, state));
     }
 }
 
@@ -97,28 +84,37 @@ impl Render for OutcomeRender {
         event: &RecordedEvent,
         kinds: &BTreeSet<String>,
     ) -> Result<Option<Message>, String> {
-        let Some(outcome) = outcome_of(&self.store, event)
+        // The state before the event classifies it (a success on an operation already confirmed
+        // is a late answer) and, evolved by it, is what the message says: from the cache when it
+        // follows on, so neither reads the stream back from the store.
+        let before = self.take_before(event);
+        let Some(outcome) = outcome_after(&self.store, event, before.as_ref())
             .await
             .map_err(|error| error.to_string())?
         else {
             return Ok(None);
         };
-        // The state is read from the operation's stream: only for the kinds the endpoint wants
-        // (one `succeeded` among an operation's three or more events), not for every event.
         let wanted = kinds.contains(outcome.kind);
-        let followed = self.follow(event, &outcome.event, wanted);
-        if !wanted {
-            return Ok(None);
-        }
-        let state = match followed {
-            Some(state) => state,
-            None => {
+        let after = before.map(|before| evolve(before, &outcome.event));
+        let state = match after {
+            Some(after) => {
+                let copy = wanted.then(|| after.clone());
+                self.remember(event, after);
+                copy
+            }
+            // The stream is read only for the kinds the endpoint wants (one `succeeded` among
+            // an operation's three or more events), not for every event.
+            None if wanted => {
                 let state = state_through(&self.store, event)
                     .await
                     .map_err(|error| error.to_string())?;
-                self.remember(event, &state);
-                state
+                self.remember(event, state.clone());
+                Some(state)
             }
+            None => None,
+        };
+        let Some(state) = state else {
+            return Ok(None);
         };
         // Every operation stream starts with its intent; a stream without one is not an
         // operation a subscriber could be told about.

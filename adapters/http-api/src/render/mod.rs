@@ -18,7 +18,8 @@ use opledger_readmodel::ReadModelError;
 
 pub use operation::{operation_json, view_as_of, view_of, AsOf, OperationView};
 pub use outcome::{
-    outcome_json, outcome_of, state_through, wanted_types, Outcome, DEFAULT_TYPES, TYPES,
+    outcome_after, outcome_json, outcome_of, state_through, wanted_types, Outcome, DEFAULT_TYPES,
+    TYPES,
 };
 pub use progress::catch_up_showing_progress;
 pub use review::{review_detail_json, review_item_json};

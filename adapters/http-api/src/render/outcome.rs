@@ -98,6 +98,16 @@ pub async fn outcome_of<S: EventStore>(
     store: &S,
     recorded: &RecordedEvent,
 ) -> Result<Option<Outcome>, RenderError> {
+    outcome_after(store, recorded, None).await
+}
+
+/// [`outcome_of`] for a reader that may already hold the operation's state just before
+/// `recorded` (`before`): the stream is read back only when it is needed and not given.
+pub async fn outcome_after<S: EventStore>(
+    store: &S,
+    recorded: &RecordedEvent,
+    before: Option<&OperationState>,
+) -> Result<Option<Outcome>, RenderError> {
     // Only operation streams carry operation events.
     let Some(operation_id) = recorded.stream.operation_id() else {
         return Ok(None);
@@ -109,7 +119,14 @@ pub async fn outcome_of<S: EventStore>(
         // before it: on an operation already confirmed it is a late answer or a lookup (its
         // duplicate, if any, follows as its own event), never a second success.
         None => {
-            let before = state_before(store, recorded).await?;
+            let read;
+            let before = match before {
+                Some(before) => before,
+                None => {
+                    read = state_before(store, recorded).await?;
+                    &read
+                }
+            };
             match (&event, &before.status) {
                 (_, Status::Succeeded { .. })
                     if matches!(event, OperationEvent::ReconciliationRecorded(_)) =>
