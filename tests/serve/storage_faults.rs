@@ -319,3 +319,69 @@ async fn a_ledger_on_a_full_disk_refuses_writes_and_everything_resumes_once_spac
         );
     }
 }
+
+#[tokio::test]
+async fn a_trace_while_the_read_models_are_stalled_finds_an_operation_id_and_says_not_yet_for_the_rest(
+) {
+    let disk = SmallFilesystem::mount();
+    let harness = Harness::new("").await;
+    let config = moved_config(&harness, &disk.path("ledger.views"), None);
+    let server = harness.serve_with(&config);
+    disk.fill();
+    let id = create_task(&server, "recorded while the read models cannot write")
+        .await
+        .expect("the ledger is not on the full disk");
+    let operation = server
+        .wait_for_state(TENANT_A_TOKEN, &id, &["succeeded"])
+        .await;
+    let external_id = operation["external_id"]
+        .as_str()
+        .expect("a succeeded operation has its object's id")
+        .to_owned();
+    health_until(&server, DEADLINE, "degraded", |status, body| {
+        status == StatusCode::SERVICE_UNAVAILABLE && body["status"] == "degraded"
+    })
+    .await;
+
+    let trace = |query: String| {
+        let server = &server;
+        async move {
+            server
+                .call(
+                    Method::GET,
+                    &format!("/v1/trace/{query}"),
+                    Some(TENANT_A_TOKEN),
+                    None,
+                )
+                .await
+        }
+    };
+    // The operation id is the ledger's own key: found without the read models.
+    let (status, by_operation) = trace(id.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{by_operation}");
+    assert_eq!(by_operation["operation_id"], id.as_str());
+    // The object's id only the read models index: "not yet", never "does not exist".
+    let (status, by_object) = trace(external_id.clone()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{by_object}");
+    assert_eq!(by_object["error"]["code"], "read_models_behind");
+    let message = by_object["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("retry"),
+        "the answer says what to do: {message}"
+    );
+
+    disk.free();
+    health_until(&server, DEADLINE, "ok, caught up", |status, body| {
+        status == StatusCode::OK && body["status"] == "ok" && body["read_model_lag_positions"] == 0
+    })
+    .await;
+    let (status, by_object) = trace(external_id).await;
+    assert_eq!(status, StatusCode::OK, "{by_object}");
+    assert_eq!(by_object["operation_id"], id.as_str());
+    let (status, unknown) = trace("no-such-object-731".to_owned()).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "caught up, a miss is a miss: {unknown}"
+    );
+}

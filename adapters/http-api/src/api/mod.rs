@@ -19,13 +19,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use chrono::{DateTime, Utc};
-use opledger_domain::app::{IntentRequest, LoadedOperation};
+use opledger_domain::app::{AppError, IntentRequest, LoadedOperation};
 use opledger_domain::args::ArgsHash;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::ReviewDecision;
 use opledger_domain::ids::{
-    AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, IdempotencyKey, OperationId,
-    OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
+    AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, GlobalPosition, IdempotencyKey,
+    OperationId, OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
 };
 use opledger_domain::provider::{BindingQuery, Providers};
 use opledger_domain::sentence::described_sentence;
@@ -40,7 +40,7 @@ use tracing::{info, warn, Instrument};
 use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
 use super::{events, metrics, Principal, Shared};
-use crate::render::{operation_json, view_of};
+use crate::render::{operation_json, view_of, RenderError};
 
 mod actions;
 mod mcp;
@@ -508,17 +508,32 @@ async fn openapi(State(shared): State<Arc<Shared>>) -> Response {
 
 // ---- helpers ----
 
+/// How far the read models had got when [`fresh_read_models`] stopped waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Freshness {
+    /// They had applied the log up to its head as it was when the request arrived.
+    Fresh,
+    /// They were still behind after the wait: an answer from them may miss the newest events
+    /// (`applied` is their checkpoint, `head` the log's last position).
+    Behind {
+        applied: Option<GlobalPosition>,
+        head: GlobalPosition,
+    },
+}
+
 /// Waits (bounded) until the read models have applied the log up to its head as it is now, so
-/// a listing right after a write shows the write.
-async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
+/// a listing right after a write shows the write. A listing answers from where they are after
+/// the wait; a lookup that finds nothing must say "not yet" rather than "does not exist", so the
+/// answer says which.
+async fn fresh_read_models(shared: &Shared) -> Result<Freshness, ApiError> {
     let Some(head) = shared.engine.ledger().store().head_position().await? else {
-        return Ok(());
+        return Ok(Freshness::Fresh);
     };
     let started = Instant::now();
     loop {
         let checkpoint = shared.read_models.checkpoint().await?;
         if checkpoint.is_some_and(|checkpoint| checkpoint >= head) {
-            return Ok(());
+            return Ok(Freshness::Fresh);
         }
         // Behind: the runner may be lingering over a batch, waiting for more events; we are
         // waiting for it instead. Asked on every look, since the events up to `head` may take
@@ -526,7 +541,10 @@ async fn fresh_read_models(shared: &Shared) -> Result<(), ApiError> {
         shared.read_models.hurry();
         if started.elapsed() >= FRESHNESS_WAIT {
             warn!(?checkpoint, %head, "answering from read models that are behind the log");
-            return Ok(());
+            return Ok(Freshness::Behind {
+                applied: checkpoint,
+                head,
+            });
         }
         tokio::time::sleep(FRESHNESS_POLL).await;
     }

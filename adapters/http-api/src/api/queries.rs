@@ -319,7 +319,7 @@ pub(super) async fn trace(
             format!("must be 1 to {MAX_TRACE_ID_BYTES} bytes: an operation, attempt, external object or source id"),
         )));
     }
-    fresh_read_models(&shared).await?;
+    let freshness = fresh_read_models(&shared).await?;
     let query = id.clone();
     let visible_scope = scope.clone();
     // Filtered by tenant in SQL, before the cap: short external ids ("731") and source ids repeat
@@ -335,9 +335,21 @@ pub(super) async fn trace(
         })
         .await?;
     let store = shared.engine.ledger().store();
+    // An operation id is looked up in the ledger itself, so pasting one works even while the
+    // read models are behind (they answer for attempt, external and source ids only).
+    let direct = id
+        .parse::<OperationId>()
+        .ok()
+        .filter(|operation| !candidates.contains(operation));
     let mut matches = Vec::new();
-    for candidate in candidates {
-        let view = view_of(store, candidate).await.map_err(ApiError::from)?;
+    for candidate in direct.into_iter().chain(candidates) {
+        let view = match view_of(store, candidate).await {
+            Ok(view) => view,
+            Err(RenderError::App(AppError::NotFound { .. })) if Some(candidate) == direct => {
+                continue
+            }
+            Err(error) => return Err(ApiError::from(error)),
+        };
         let tenant = view
             .loaded
             .state
@@ -349,7 +361,21 @@ pub(super) async fn trace(
         }
     }
     let Some(first) = matches.first() else {
-        return Err(ApiError::not_found(format!("anything matching `{id}`")));
+        return Err(match freshness {
+            Freshness::Fresh => ApiError::not_found(format!("anything matching `{id}`")),
+            // "Does not exist" would be a guess: the attempt or object may be in the events the
+            // read models have not applied yet.
+            Freshness::Behind { applied, head } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "read_models_behind",
+                format!(
+                    "nothing matching `{id}` yet, but the read models are behind the log \
+                     (applied up to position {}, the log is at {head}), so it may be among the \
+                     newest events; retry in a moment, and see /healthz if this lasts",
+                    applied.map_or_else(|| "none".to_owned(), |applied| applied.to_string())
+                ),
+            ),
+        });
     };
     let others: Vec<OperationId> = matches[1..]
         .iter()
