@@ -73,7 +73,9 @@ pub enum Command {
     ///                 not there yet; no attempt started)
     ///   lookup_claimed  LookupClaimed (a worker looks the operation up; others leave it)
     ///   lookup        ReconciliationRecorded (not found, inconclusive, or found on an
-    ///                 operation already succeeded: its duplicate follows as `duplicate`)
+    ///                 operation already succeeded: its duplicate follows as `duplicate`),
+    ///                 LookupPostponed (its account's credentials or budget were not there
+    ///                 yet; nothing asked, no lookup counted)
     ///   retry         RetryScheduled, ReviewResolved (retry)
     ///   late          LateResponseReceived (a refusal, or a success that settles nothing)
     ///

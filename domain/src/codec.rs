@@ -11,8 +11,8 @@ use crate::chain::{self, ChainHash};
 use crate::event::{
     ApprovalDenied, ApprovalGranted, AttemptNotSent, AttemptRejected, AttemptStarted,
     AttemptSucceeded, DuplicateDetected, IntentRecorded, LateResponseReceived, LeaseExpired,
-    LookupClaimed, OperationEvent, OutcomeUnknown, ReconciliationRecorded, RetryScheduled,
-    ReviewRequired, ReviewResolved, SendPostponed,
+    LookupClaimed, LookupPostponed, OperationEvent, OutcomeUnknown, ReconciliationRecorded,
+    RetryScheduled, ReviewRequired, ReviewResolved, SendPostponed,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
 use crate::store::{EventData, RecordedEvent};
@@ -125,6 +125,7 @@ event_codec!(
     LateResponseReceived,
     DuplicateDetected,
     LookupClaimed,
+    LookupPostponed,
 );
 
 /// Encodes the event that will sit at `version` of `operation`'s stream. Its id is derived from

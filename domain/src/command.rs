@@ -75,6 +75,17 @@ pub enum Command {
         /// The earliest claim of its next attempt (clamped to what may be scheduled).
         not_before: DateTime<Utc>,
     },
+    /// Put off an unknown operation's lookup until `not_before`: what it needs first (the
+    /// account's access token, a budget slot) is not there, so nothing was asked. Not counted as
+    /// a lookup. `worker` may hold the lookup's claim; another worker's live claim refuses it.
+    PostponeLookup {
+        /// The worker putting it off.
+        worker: WorkerId,
+        /// Why, naming the account and what to do.
+        reason: String,
+        /// The earliest next lookup (clamped to what may be scheduled).
+        not_before: DateTime<Utc>,
+    },
     /// The provider confirmed `attempt_id` with an object.
     RecordSuccess {
         /// The attempt answered.
@@ -198,6 +209,7 @@ impl Command {
             Self::DenyApproval { .. } => "deny_approval",
             Self::StartAttempt { .. } => "start_attempt",
             Self::PostponeSend { .. } => "postpone_send",
+            Self::PostponeLookup { .. } => "postpone_lookup",
             Self::RecordSuccess { .. } => "record_success",
             Self::RecordRejection { .. } => "record_rejection",
             Self::RecordUnknown { .. } => "record_unknown",
@@ -222,6 +234,7 @@ pub fn user_name(name: &str) -> &str {
         "deny_approval" => "deny",
         "start_attempt" => "send",
         "postpone_send" => "postpone the send of",
+        "postpone_lookup" => "postpone the lookup of",
         "record_success" => "record a success for",
         "record_rejection" => "record a refusal for",
         "record_unknown" => "record an unknown outcome for",

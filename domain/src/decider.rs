@@ -196,6 +196,7 @@ fn dispatch(
         Command::RecordUnknown { attempt_id, error, check_not_before } => outcome::unknown(&on, *attempt_id, error, *check_not_before),
         Command::ExpireLease { attempt_id } => outcome::expire_lease(&on, *attempt_id),
         Command::ClaimLookup { worker, lease_ms, budget_wait } => lookup::claim(&on, worker, *lease_ms, budget_wait.as_ref()),
+        Command::PostponeLookup { worker, reason, not_before } => lookup::postpone(&on, worker, reason, *not_before),
         Command::RecordReconciliation { result, duplicates, evidence, binding, capabilities, policy, retry_not_before, next_check_not_before, in_progress } =>
             reconciliation::record(&on, &reconciliation::Lookup { result, duplicates, evidence, binding, capabilities, policy, retry_not_before: *retry_not_before, next_check_not_before: *next_check_not_before, in_progress: *in_progress }),
         Command::SettleWithoutLookup { binding, capabilities, policy, retry_not_before } =>

@@ -842,20 +842,18 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             state = tracing::field::Empty,
             external_id = tracing::field::Empty,
         );
-        // The budget before the claim, as for a send; a lookup that cannot be made now is
-        // claimed and recorded as inconclusive with the wait, as one refused by the provider is.
-        let (budget_wait, not_now) = match self.prepare(&intent, RequestKind::Lookup).await {
-            Readiness::Ready { budget_wait } => (budget_wait, None),
+        // The budget and credentials before the claim, as for a send: a lookup that cannot be
+        // made now is put off without a claim, and is not counted as one.
+        let budget_wait = match self.prepare(&intent, RequestKind::Lookup).await {
+            Readiness::Ready { budget_wait } => budget_wait,
             Readiness::Wait {
                 reason,
                 retry_after_ms,
-            } => (
-                None,
-                Some(LookupOutcome::Unavailable {
-                    reason,
-                    retry_after_ms: Some(retry_after_ms),
-                }),
-            ),
+            } => {
+                return self
+                    .postpone_lookup(loaded, reason, retry_after_ms, span)
+                    .await
+            }
         };
         let claimed = self.claim_lookup(loaded, budget_wait);
         let loaded = match claimed.instrument(span.clone()).await? {
@@ -871,15 +869,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             idempotency_key: intent.idempotency_key.clone(),
             label: operation_label(operation_id),
         };
-        let lookup = match not_now {
-            Some(unavailable) => unavailable,
-            None => {
-                self.providers
-                    .lookup(&request)
-                    .instrument(span.clone())
-                    .await
-            }
-        };
+        let lookup = self
+            .providers
+            .lookup(&request)
+            .instrument(span.clone())
+            .await;
+        if let LookupOutcome::NotAsked {
+            reason,
+            retry_after_ms,
+        } = lookup
+        {
+            // The account's token could not be had after the claim: nothing was asked.
+            return self
+                .postpone_lookup(loaded, reason, retry_after_ms, span)
+                .await;
+        }
         if let LookupOutcome::Refused { reason } = lookup {
             // Wrong or revoked credentials do not clear on their own: looking again would only
             // repeat the refusal until the lookup budget ran out. A person fixes the account.
@@ -916,6 +920,44 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             in_progress,
         };
         self.record_reconciliation(loaded, &command, span).await
+    }
+
+    /// Puts off the lookup of an unknown operation whose account's credentials or budget are not
+    /// there (see [`Readiness::Wait`], [`LookupOutcome::NotAsked`]): one append, no lookup
+    /// counted, so an outage of the account's credentials keeps its operations unknown instead of
+    /// spending their lookup budget and handing them to a person.
+    async fn postpone_lookup(
+        &self,
+        loaded: LoadedOperation,
+        reason: String,
+        retry_after_ms: u64,
+        span: tracing::Span,
+    ) -> Result<LoadedOperation, AppError> {
+        let operation_id = loaded.operation_id;
+        let now = self.ledger.clock().now();
+        // The account's own wait, as for a send (see `postpone`).
+        let wait = retry_after_ms.clamp(MIN_BACKOFF_MS, MAX_RETRY_AFTER_MS);
+        let not_before = now.checked_add_signed(milliseconds(wait)).unwrap_or(now);
+        info!(parent: &span, %operation_id, %reason, wait_ms = wait, "lookup postponed; nothing asked, no lookup counted");
+        span.record("state", "unknown");
+        let command = Command::PostponeLookup {
+            worker: self.worker.clone(),
+            reason,
+            not_before,
+        };
+        match self
+            .ledger
+            .execute_from(loaded, &command)
+            .instrument(span)
+            .await
+        {
+            // Another worker settled it, or is looking it up: report where it stands.
+            Err(AppError::Rejected {
+                rejection: Rejection::NotAllowed { .. } | Rejection::LookupClaimed { .. },
+                ..
+            }) => self.ledger.get(operation_id).await,
+            other => other,
+        }
     }
 
     /// Decides an unknown operation whose action cannot be looked up, without claiming or
@@ -1146,6 +1188,19 @@ fn reconciliation_of(lookup: LookupOutcome, span: &tracing::Span) -> LookupAnswe
             },
             reason,
             retry_after_ms,
+            Vec::new(),
+        ),
+        // `reconcile_loaded` postpones a lookup that asked nothing before it gets here; were it
+        // recorded, it would be no usable answer.
+        LookupOutcome::NotAsked {
+            reason,
+            retry_after_ms,
+        } => (
+            ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            reason,
+            Some(retry_after_ms),
             Vec::new(),
         ),
     };

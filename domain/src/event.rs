@@ -201,6 +201,22 @@ pub struct SendPostponed {
     pub at: DateTime<Utc>,
 }
 
+/// An unknown operation's lookup was put off before anything was asked: what it needs first
+/// (the account's access token, a budget slot) is not there. Unlike a recorded lookup it is not
+/// counted against the lookup budget; the operation stays unknown until `not_before`, when it
+/// is looked up again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupPostponed {
+    /// Why, naming the account and what to do.
+    pub reason: String,
+    /// The earliest next lookup.
+    #[serde(with = "crate::timestamp")]
+    pub not_before: DateTime<Utc>,
+    /// When.
+    #[serde(with = "crate::timestamp")]
+    pub at: DateTime<Utc>,
+}
+
 /// The attempt's lease ran out with no outcome recorded. Its request may still be running.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseExpired {
@@ -408,6 +424,8 @@ pub enum OperationEvent {
     LeaseExpired(LeaseExpired),
     /// See [`LookupClaimed`].
     LookupClaimed(LookupClaimed),
+    /// See [`LookupPostponed`].
+    LookupPostponed(LookupPostponed),
     /// See [`ReconciliationRecorded`].
     ReconciliationRecorded(ReconciliationRecorded),
     /// See [`RetryScheduled`].
@@ -437,6 +455,7 @@ impl OperationEvent {
             Self::SendPostponed(e) => e.at,
             Self::LeaseExpired(e) => e.at,
             Self::LookupClaimed(e) => e.at,
+            Self::LookupPostponed(e) => e.at,
             Self::ReconciliationRecorded(e) => e.at,
             Self::RetryScheduled(e) => e.at,
             Self::ReviewRequired(e) => e.at,

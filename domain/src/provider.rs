@@ -225,6 +225,16 @@ pub enum LookupOutcome {
         /// What the provider said.
         reason: String,
     },
+    /// Nothing was asked: what the lookup needs before it goes out (the account's access token)
+    /// is not there, and is asked for again after `retry_after_ms`. Not a lookup, so it is not
+    /// counted against the lookup budget: a long credentials outage must not hand every unknown
+    /// operation of the account to a person for lookups that never happened.
+    NotAsked {
+        /// Why, naming the account and what to do.
+        reason: String,
+        /// When the account's credentials are asked for again, in milliseconds.
+        retry_after_ms: u64,
+    },
     /// The lookup could not be made or gave no usable answer; a later one may (a timeout, a
     /// 5xx, a rate limit).
     Unavailable {

@@ -368,6 +368,15 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
                 });
             }
         }
+        OperationEvent::LookupPostponed(postponed) => {
+            // Still unknown, no lookup counted: nothing was asked. The claim (if one was taken)
+            // has served its purpose.
+            if state.status == Status::Unknown {
+                state.lookup_claim = None;
+                state.last_error = Some(format!("lookup waiting: {}", postponed.reason));
+                state.next_check_not_before = Some(postponed.not_before);
+            }
+        }
         OperationEvent::ReconciliationRecorded(reconciled) => state.reconcile(reconciled),
         OperationEvent::RetryScheduled(retry) => {
             state.become_pending(PendingSince::RetryScheduled);

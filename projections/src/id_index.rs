@@ -137,6 +137,7 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<IdIndexChan
         | OperationEvent::OutcomeUnknown(_)
         | OperationEvent::AttemptNotSent(_)
         | OperationEvent::SendPostponed(_)
+        | OperationEvent::LookupPostponed(_)
         | OperationEvent::LeaseExpired(_)
         | OperationEvent::RetryScheduled(_)
         | OperationEvent::ReviewRequired(_) => Vec::new(),

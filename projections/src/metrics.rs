@@ -82,6 +82,7 @@ pub fn changes(ctx: &FoldContext<'_>, event: &OperationEvent) -> Vec<Counter> {
         | OperationEvent::AttemptRejected(_)
         | OperationEvent::AttemptNotSent(_)
         | OperationEvent::SendPostponed(_)
+        | OperationEvent::LookupPostponed(_)
         | OperationEvent::LookupClaimed(_)
         | OperationEvent::RetryScheduled(_)
         | OperationEvent::ReviewResolved(_)

@@ -61,6 +61,7 @@ impl Totals {
             | OperationEvent::ApprovalDenied(_)
             | OperationEvent::LookupClaimed(_)
             | OperationEvent::SendPostponed(_)
+            | OperationEvent::LookupPostponed(_)
             | OperationEvent::RetryScheduled(_) => return,
         };
         *counter += 1;

@@ -9,9 +9,9 @@ use crate::apis::{accounts, preset_entry, shortened, Api};
 use crate::emulators::oauth::{Dialect, Setup};
 use crate::emulators::salesforce::{self, Salesforce};
 use crate::emulators::zendesk::Zendesk;
-use crate::emulators::Emulator;
+use crate::emulators::{Emulator, Fault};
 use crate::ledger::{Ledger, ACCOUNT, TENANT_TOKEN};
-use crate::scenarios::settle;
+use crate::scenarios::{settle, until_created, HELD_MS};
 use crate::support::Server;
 
 const CLIENT_ID: &str = "3MVG9-consumer-key";
@@ -305,6 +305,110 @@ async fn credentials_refused_for_longer_than_the_retry_budget_hold_operations_wi
         assert_eq!(view["state"], "succeeded", "none went to a person: {view}");
     }
     assert_eq!(api.records("Case").len(), 7, "each applied once");
+}
+
+/// The types of an operation's events, in order, as `/v1/trace` shows them.
+async fn event_types(server: &Server, id: &str) -> Vec<String> {
+    let (status, traced) = server
+        .call(
+            Method::GET,
+            &format!("/v1/trace/{id}"),
+            Some(TENANT_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{traced}");
+    traced["events"]
+        .as_array()
+        .expect("the events")
+        .iter()
+        .map(|event| event["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// An operation whose answer was lost just as its account's credentials stopped working stays
+/// unknown for longer than its lookup budget (the ledger here allows two lookups): each due
+/// lookup finds no token, asks nothing and counts no lookup, so nothing goes to a person or is
+/// retried blind; once the credentials work again the first lookup finds the one object.
+#[tokio::test]
+async fn an_unknown_operation_outlasts_a_credentials_outage_longer_than_its_lookup_budget() {
+    const REFUSED_WAIT_MS: u64 = 400;
+    let api = salesforce().await;
+    let refresh = api.core().oauth.authorise("a");
+    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {REFUSED_WAIT_MS}\n");
+    let document = shortened(
+        "salesforce-oauth2",
+        &[("grant = \"refresh_token\"\n", wait.as_str())],
+    );
+    let ledger = ledger(
+        &api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    );
+    ledger.rewrite("max_reconciliations = 30", "max_reconciliations = 2");
+    let server = serve(&ledger, &refresh);
+    let first = start(&server, "Before").await;
+    assert_eq!(settle(&server, &first).await["state"], "succeeded");
+
+    // Applied at once, its answer held past the request timeout: the outcome is unknown. The
+    // integration user is deactivated while the answer is held, so every lookup meets it.
+    api.fault(Fault::LateResponse { ms: HELD_MS }, 1);
+    let id = start(&server, "Answer lost").await;
+    until_created(&api, 2).await;
+    api.core().oauth.deactivate("a");
+
+    let since = std::time::Instant::now();
+    let postponed = loop {
+        let types = event_types(&server, &id).await;
+        let postponed = types
+            .iter()
+            .filter(|kind| *kind == "LookupPostponed")
+            .count();
+        // Twice the lookups the budget allows, each at the end of the account's wait.
+        if postponed >= 4 {
+            break types;
+        }
+        assert!(
+            since.elapsed() < crate::support::DEADLINE,
+            "the lookups are put off at each of the account's steps: {types:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(
+        !postponed.iter().any(|kind| kind == "ReconciliationRecorded"
+            || kind == "RetryScheduled"
+            || kind == "ReviewRequired"),
+        "no lookup counted, no blind retry, no person: {postponed:?}"
+    );
+    let view = waiting(&server, &id).await;
+    assert_eq!(view["state"], "unknown", "{view}");
+    let reason = view["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("lookup waiting: account `main`")
+            && reason.contains("invalid_grant: inactive user")
+            && reason.contains("nothing was asked"),
+        "the reason says the lookup waits for the account's token, and why: {view}"
+    );
+
+    api.core().oauth.reactivate("a");
+    let settled = settle(&server, &id).await;
+    assert_eq!(settled["state"], "succeeded", "{settled}");
+    let created = api.created("a");
+    assert_eq!(
+        created.len(),
+        2,
+        "the lost answer's object, found: {created:?}"
+    );
+    assert_eq!(settled["external_id"], created[1].as_str(), "{settled}");
+    let types = event_types(&server, &id).await;
+    assert_eq!(
+        types
+            .iter()
+            .filter(|kind| *kind == "AttemptStarted")
+            .count(),
+        1,
+        "sent once: {types:?}"
+    );
 }
 
 /// Runs `opledger connectors test` on the ledger's configuration with `refresh_token`, off the

@@ -489,6 +489,10 @@ impl Connector {
             return Readiness::Ready { budget_wait: None };
         };
         let credential = &entry.credential;
+        let nothing_done = match kind {
+            RequestKind::Send => "nothing was sent",
+            RequestKind::Lookup => "nothing was asked",
+        };
         if let Some(oauth) = &credential.oauth {
             // A caller that may not wait (an intent about to be recorded) is not held up by a
             // request to the token endpoint either: it records first and prepares after.
@@ -501,7 +505,7 @@ impl Connector {
             if let Err(no_token) = oauth.authorize(&self.client, &self.base_url, None).await {
                 let (reason, retry_after_ms) = token_failure(account, no_token);
                 return Readiness::Wait {
-                    reason: credential.scrub(format!("{reason}; nothing was sent")),
+                    reason: credential.scrub(format!("{reason}; {nothing_done}")),
                     retry_after_ms,
                 };
             }
@@ -525,7 +529,7 @@ impl Connector {
                 }),
             },
             Err(wait_ms) => Readiness::Wait {
-                reason: format!("account `{account}` has used its {} budget; its next slot is {wait_ms} ms away; nothing was sent", kind.as_str()),
+                reason: format!("account `{account}` has used its {} budget; its next slot is {wait_ms} ms away; {nothing_done}", kind.as_str()),
                 retry_after_ms: wait_ms,
             },
         }
@@ -773,9 +777,9 @@ impl Connector {
             Err(no_token) => {
                 let (reason, retry_after_ms) = token_failure(&request.account, no_token);
                 return scrub_lookup(
-                    LookupOutcome::Unavailable {
+                    LookupOutcome::NotAsked {
                         reason: format!("{reason}; nothing was asked"),
-                        retry_after_ms: Some(retry_after_ms),
+                        retry_after_ms,
                     },
                     credential,
                 );
@@ -1146,6 +1150,12 @@ fn log_lookup(span: &Span, outcome: &LookupOutcome) {
         LookupOutcome::Refused { reason } => {
             tracing::warn!(outcome = "refused", reason = %reason, "lookup refused for its credentials");
         }
+        LookupOutcome::NotAsked {
+            reason,
+            retry_after_ms,
+        } => {
+            tracing::warn!(outcome = "not_asked", reason = %reason, retry_after_ms = retry_after_ms, "lookup not made: no access token");
+        }
         LookupOutcome::Unavailable {
             reason,
             retry_after_ms,
@@ -1210,6 +1220,13 @@ fn scrub_lookup(outcome: LookupOutcome, credential: &Credential) -> LookupOutcom
         },
         LookupOutcome::Refused { reason } => LookupOutcome::Refused {
             reason: credential.scrub(reason),
+        },
+        LookupOutcome::NotAsked {
+            reason,
+            retry_after_ms,
+        } => LookupOutcome::NotAsked {
+            reason: credential.scrub(reason),
+            retry_after_ms,
         },
         LookupOutcome::Unavailable {
             reason,

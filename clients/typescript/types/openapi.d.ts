@@ -460,7 +460,7 @@ export interface components {
          * @description The stored type of an operation event.
          * @enum {string}
          */
-        EventType: "IntentRecorded" | "ApprovalGranted" | "ApprovalDenied" | "AttemptStarted" | "AttemptSucceeded" | "AttemptRejected" | "OutcomeUnknown" | "AttemptNotSent" | "SendPostponed" | "LeaseExpired" | "LookupClaimed" | "ReconciliationRecorded" | "RetryScheduled" | "ReviewRequired" | "ReviewResolved" | "LateResponseReceived" | "DuplicateDetected";
+        EventType: "IntentRecorded" | "ApprovalGranted" | "ApprovalDenied" | "AttemptStarted" | "AttemptSucceeded" | "AttemptRejected" | "OutcomeUnknown" | "AttemptNotSent" | "SendPostponed" | "LeaseExpired" | "LookupClaimed" | "LookupPostponed" | "ReconciliationRecorded" | "RetryScheduled" | "ReviewRequired" | "ReviewResolved" | "LateResponseReceived" | "DuplicateDetected";
         /** @description Only with execute=true, when the intent was recorded but executing it in the same call failed. The operation is recorded (the workers send it); do not record it again. */
         ExecuteError: {
             code: components["schemas"]["ErrorCode"];

@@ -6,9 +6,11 @@
 //! refused. It must never be taken before the lookup is due, nor while another worker's claim
 //! holds; a claim whose lease ran out is how a worker that died mid-lookup hands its share on.
 
+use chrono::{DateTime, Utc};
+
 use super::attempt::{check_lease, lease_deadline};
-use super::{On, Rejection};
-use crate::event::{BudgetWait, LookupClaimed, OperationEvent};
+use super::{clip, schedule, On, Rejection};
+use crate::event::{BudgetWait, LookupClaimed, LookupPostponed, OperationEvent};
 use crate::ids::WorkerId;
 use crate::state::Status;
 
@@ -46,6 +48,37 @@ pub(super) fn claim(
         worker: worker.clone(),
         lease_deadline: lease_deadline(on.now, lease_ms)?,
         budget_wait: budget_wait.cloned(),
+        at: on.now,
+    })])
+}
+
+/// `unknown --PostponeLookup--> unknown`, no lookup counted: what the lookup needs before it
+/// goes out is not there until `not_before`. Taken with `worker`'s own claim (the lookup found
+/// the account without a token after claiming) or with none; another worker's live claim means
+/// that worker is asking, and is left to record what it finds.
+pub(super) fn postpone(
+    on: &On<'_>,
+    worker: &WorkerId,
+    reason: &str,
+    not_before: DateTime<Utc>,
+) -> Result<Vec<OperationEvent>, Rejection> {
+    let state = on.state;
+    if state.status != Status::Unknown {
+        return Err(on.refuse());
+    }
+    if let Some(held) = state
+        .lookup_claim
+        .as_ref()
+        .filter(|held| held.worker != *worker && on.now < held.lease_deadline)
+    {
+        return Err(Rejection::LookupClaimed {
+            worker: held.worker.clone(),
+            lease_deadline: held.lease_deadline,
+        });
+    }
+    Ok(vec![OperationEvent::LookupPostponed(LookupPostponed {
+        reason: clip(reason),
+        not_before: schedule(not_before, on.now),
         at: on.now,
     })])
 }

@@ -1489,6 +1489,72 @@ fn a_person_deciding_an_unknown_operation_ends_a_lookup_claim() {
     assert_eq!(outcome.scenario.state().lookup_claim, None);
 }
 
+/// `name` puts the lookup off until `not_before`: the account has no access token.
+fn postpone_lookup(name: &str, not_before: DateTime<Utc>) -> Command {
+    Command::PostponeLookup {
+        worker: worker(name),
+        reason: "account `acct-1` has no access token: invalid_grant; nothing was asked".into(),
+        not_before,
+    }
+}
+
+#[test]
+fn a_postponed_lookup_stays_unknown_counts_no_lookup_and_is_due_again_after_the_wait() {
+    // policy(): at most 3 lookups. Ten postponements (credentials refused for a long time)
+    // count none, so the operation stays unknown and is looked up when the token is back.
+    let mut scenario = unknown_after_first_attempt(lookup_only());
+    for n in 0..10 {
+        let claimed = scenario.when(&claim_lookup("serve-1"), at_s(n * 60 + 20));
+        let outcome = claimed.scenario.when(
+            &postpone_lookup("serve-1", at_s(n * 60 + 80)),
+            at_s(n * 60 + 21),
+        );
+        assert_eq!(outcome.then_types(), vec!["LookupPostponed"]);
+        assert_eq!(outcome.status(), "unknown");
+        scenario = outcome.scenario;
+    }
+    let state = scenario.state();
+    assert_eq!(state.reconciliations, 0, "nothing was asked");
+    assert_eq!(state.lookup_claim, None, "the claim has served its purpose");
+    assert_eq!(state.next_work(), Some((at_s(620), Work::Reconcile)));
+    assert!(state
+        .last_error
+        .as_deref()
+        .is_some_and(|reason| reason.starts_with("lookup waiting: account `acct-1`")));
+    let found = scenario.when(&claim_lookup("serve-2"), at_s(620)).and(
+        &reconcile(found("task-9"), lookup_only(), at_s(621)),
+        at_s(621),
+    );
+    assert_eq!(found.status(), "succeeded");
+}
+
+#[test]
+fn a_lookup_is_postponed_without_a_claim_but_never_under_another_workers_claim() {
+    let unknown = unknown_after_first_attempt(keyed());
+    let unclaimed = unknown
+        .clone()
+        .when(&postpone_lookup("serve-2", at_s(80)), at_s(20));
+    assert_eq!(unclaimed.then_types(), vec!["LookupPostponed"]);
+    let claimed = unknown.when(&claim_lookup("serve-1"), at_s(20)).scenario;
+    let outcome = claimed.when(&postpone_lookup("serve-2", at_s(80)), at_s(21));
+    assert_eq!(
+        outcome.rejection(),
+        &Rejection::LookupClaimed {
+            worker: worker("serve-1"),
+            lease_deadline: at_s(25),
+        },
+        "serve-1 is asking; its answer is recorded, not put off by another worker"
+    );
+}
+
+#[test]
+fn only_an_unknown_operations_lookup_is_postponed() {
+    let outcome = in_flight(lookup_only()).when(&postpone_lookup("serve-1", at_s(60)), at_s(1));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+    let outcome = recorded().when(&postpone_lookup("serve-1", at_s(60)), at_s(1));
+    assert!(matches!(outcome.rejection(), Rejection::NotAllowed { .. }));
+}
+
 // --- credentials and budgets: what a send needs before its claim ------------------------------
 
 fn postpone(not_before: DateTime<Utc>) -> Command {

@@ -18,6 +18,7 @@ const WORDS = {
   SendPostponed: "Waiting: not sent yet",
   LeaseExpired: "Sender vanished: outcome unknown",
   LookupClaimed: "Looking it up",
+  LookupPostponed: "Waiting: not looked up yet",
   ReconciliationRecorded: "Lookup result",
   RetryScheduled: "Retry scheduled",
   ReviewRequired: "Handed to a person",

@@ -159,6 +159,8 @@ fn friendly_type(event: &OperationEvent) -> Option<&'static str> {
         // Nothing was sent either; the type list (and the API's schema) stays as it was.
         OperationEvent::AttemptNotSent(_) | OperationEvent::SendPostponed(_) => "not_sent",
         OperationEvent::LookupClaimed(_) => "lookup_claimed",
+        // The lookup's news (put off, nothing asked); the type list stays as it was.
+        OperationEvent::LookupPostponed(_) => "lookup",
         OperationEvent::ReconciliationRecorded(e) => match e.result {
             ReconciliationResult::Found { .. } => return None,
             _ => "lookup",

@@ -95,6 +95,12 @@ pub fn describe(event: &OperationEvent) -> String {
             format!("not sent, waiting until {}: {}", e.not_before, e.reason)
         }
         OperationEvent::LeaseExpired(e) => format!("lease of {} ran out", e.attempt_id),
+        OperationEvent::LookupPostponed(e) => {
+            format!(
+                "not looked up, waiting until {}: {}",
+                e.not_before, e.reason
+            )
+        }
         OperationEvent::LookupClaimed(e) => format!(
             "lookup claimed by {} until {}{}",
             e.worker,
