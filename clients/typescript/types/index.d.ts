@@ -81,7 +81,7 @@ export class LedgerError extends Error {
         message: string;
     }[]);
     status: number;
-    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "internal" | "unreachable" | "http_error";
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal" | "unreachable" | "http_error";
     detail: string;
     fields: {
         pointer: string;
