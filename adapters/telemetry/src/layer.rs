@@ -8,7 +8,8 @@
 //! record's attributes into the `SpanData` it queues, copying each string once.
 //!
 //! It must never block the ledger: a finished span is queued without waiting, and one that finds
-//! [`MAX_QUEUED_SPANS`] spans already waiting for export is dropped and counted in
+//! `OTEL_BSP_MAX_QUEUE_SIZE` spans ([`crate::config::DEFAULT_MAX_QUEUED_SPANS`] unless set)
+//! already waiting for export is dropped and counted in
 //! `opledger_trace_export_failures_total`.
 
 use std::borrow::Cow;
@@ -30,14 +31,6 @@ use tracing::{Level, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
-
-/// Finished spans handed to the exporter and not yet exported, at most: the SDK's default queue
-/// (2,048), about 20 ms of `bench http` at 64 with every trace sampled; the export thread's
-/// batches are 512 spans.
-pub(crate) const MAX_QUEUED_SPANS: usize = 2_048;
-/// What the SDK's batch processor sends per post.
-pub(crate) const MAX_EXPORT_BATCH_SPANS: usize = 512;
-const _: () = assert!(MAX_EXPORT_BATCH_SPANS <= MAX_QUEUED_SPANS);
 
 /// A span's OpenTelemetry identity and, when it is recorded, what it will export. Kept in the
 /// span's extensions from `new_span` to `close`; [`crate::context`] and [`crate::json_log`] read
@@ -81,10 +74,29 @@ impl SpanRecord {
         }
     }
 
-    /// The W3C `traceparent` of this span.
+    /// The W3C `traceparent` of this span: `00-<trace id>-<span id>-<flags>`, in lower-case
+    /// hex written byte by byte (the ids' `Display` formats a u128 and a u64 through the
+    /// formatter's padding machinery, per request).
     pub(crate) fn traceparent(&self) -> String {
-        let flags = if self.sampled { "01" } else { "00" };
-        format!("00-{}-{}-{flags}", self.trace_id, self.span_id)
+        let mut header = String::with_capacity(TRACEPARENT_BYTES);
+        header.push_str("00-");
+        push_hex(&mut header, &self.trace_id.to_bytes());
+        header.push('-');
+        push_hex(&mut header, &self.span_id.to_bytes());
+        header.push_str(if self.sampled { "-01" } else { "-00" });
+        debug_assert_eq!(header.len(), TRACEPARENT_BYTES);
+        header
+    }
+}
+
+/// `00-` + 32 hex digits + `-` + 16 + `-` + 2.
+const TRACEPARENT_BYTES: usize = 55;
+
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
     }
 }
 
@@ -258,7 +270,10 @@ where
             status: Status::Unset,
         };
         if recording {
-            attrs.record(&mut Fields(&mut record));
+            attrs.record(&mut Fields {
+                record: &mut record,
+                fresh: true,
+            });
         }
         span.extensions_mut().insert(record);
     }
@@ -268,7 +283,10 @@ where
         let mut extensions = span.extensions_mut();
         if let Some(record) = extensions.get_mut::<SpanRecord>() {
             if record.recording {
-                values.record(&mut Fields(record));
+                values.record(&mut Fields {
+                    record,
+                    fresh: false,
+                });
             }
         }
     }
@@ -383,43 +401,67 @@ fn span_links(links: Vec<Link>) -> SpanLinks {
 /// A span's fields as attributes, with tracing-opentelemetry's conventions: `otel.name`,
 /// `otel.kind`, `otel.status_code` and `otel.status_message` set the span's own properties, and
 /// a field recorded again replaces its value (a span exports each attribute once).
-struct Fields<'a>(&'a mut SpanRecord);
+struct Fields<'a> {
+    record: &'a mut SpanRecord,
+    /// The span's creation, where each field comes once: nothing to replace.
+    fresh: bool,
+}
 
 impl Fields<'_> {
     fn set(&mut self, field: &Field, value: Value) {
         let key = field.name();
-        match self
-            .0
-            .attributes
-            .iter_mut()
-            .find(|kv| kv.key.as_str() == key)
-        {
+        let attributes = &mut self.record.attributes;
+        // A span's fields are named by its callsite's `&'static str`s, recorded at creation or
+        // later: the same pointers, so an address comparison finds a field recorded before.
+        let existing = if self.fresh {
+            None
+        } else {
+            attributes.iter_mut().find(|kv| {
+                let name = kv.key.as_str();
+                std::ptr::eq(name.as_ptr(), key.as_ptr()) && name.len() == key.len()
+            })
+        };
+        match existing {
             Some(existing) => existing.value = value,
-            None => self
-                .0
-                .attributes
-                .push(KeyValue::new(Key::from_static_str(key), value)),
+            None => attributes.push(KeyValue::new(Key::from_static_str(key), value)),
         }
     }
 
     /// The `otel.*` fields; `true` when `field` was one.
     fn special(&mut self, field: &Field, value: &str) -> bool {
-        match field.name() {
-            "otel.name" => self.0.name = Cow::Owned(value.to_owned()),
-            "otel.kind" => self.0.kind = kind(value),
-            "otel.status_code" => {
-                self.0.status = match value {
+        let Some(property) = field.name().strip_prefix("otel.") else {
+            return false;
+        };
+        let record = &mut *self.record;
+        match property {
+            "name" => record.name = Cow::Owned(value.to_owned()),
+            "kind" => record.kind = kind(value),
+            "status_code" => {
+                record.status = match value {
                     s if s.eq_ignore_ascii_case("ok") => Status::Ok,
                     s if s.eq_ignore_ascii_case("error") => Status::error(""),
                     _ => Status::Unset,
                 }
             }
-            "otel.status_message" => self.0.status = Status::error(value.to_owned()),
+            "status_message" => record.status = Status::error(value.to_owned()),
             _ => return false,
         }
         true
     }
 }
+
+/// A `Debug` (or `%` Display) value as a string, written into a buffer that fits an id or a
+/// short message at once, where `format!` grows from nothing.
+fn debug_string(value: &dyn fmt::Debug) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(DEBUG_VALUE_BYTES);
+    let _ = write!(text, "{value:?}");
+    text
+}
+
+/// The first allocation for a value recorded with `?` or `%`: an operation id (36 bytes) or an
+/// account name fits.
+const DEBUG_VALUE_BYTES: usize = 48;
 
 fn kind(value: &str) -> SpanKind {
     match value {
@@ -439,7 +481,7 @@ impl Visit for Fields<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let value = format!("{value:?}");
+        let value = debug_string(value);
         if !self.special(field, &value) {
             self.set(field, Value::String(value.into()));
         }
@@ -487,7 +529,7 @@ impl Visit for EventFields {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let value = format!("{value:?}");
+        let value = debug_string(value);
         match field.name() {
             "message" => self.name = Some(Cow::Owned(value)),
             _ => self.set(field, Value::String(value.into())),
@@ -527,7 +569,7 @@ pub(crate) mod testing {
     /// returns the finished spans.
     pub(crate) fn spans_of(sampling_ratio: f64, work: impl FnOnce()) -> Vec<SpanData> {
         let exporter = InMemorySpanExporter::default();
-        let backlog = Arc::new(Backlog::new(MAX_QUEUED_SPANS));
+        let backlog = Arc::new(Backlog::new(crate::config::DEFAULT_MAX_QUEUED_SPANS));
         let processor = SimpleSpanProcessor::new(Counted::new(exporter.clone(), backlog.clone()));
         let sink = Arc::new(Sink::new(Box::new(processor), backlog));
         let subscriber = tracing_subscriber::registry()

@@ -35,7 +35,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
 
-use layer::{Backlog, Sink, SpanLayer, MAX_EXPORT_BATCH_SPANS, MAX_QUEUED_SPANS};
+use layer::{Backlog, Sink, SpanLayer};
 
 /// The instrumentation scope's name on every exported span.
 const TRACER_NAME: &str = "opledger";
@@ -190,10 +190,10 @@ fn sink_exporting_to(
     exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
     export: &Export,
 ) -> Sink {
-    let backlog = Arc::new(Backlog::new(MAX_QUEUED_SPANS));
+    let backlog = Arc::new(Backlog::new(export.max_queued_spans));
+    // The other `OTEL_BSP_*` variables (batch size, delay) are the SDK's to read.
     let config = BatchConfigBuilder::default()
-        .with_max_queue_size(MAX_QUEUED_SPANS)
-        .with_max_export_batch_size(MAX_EXPORT_BATCH_SPANS)
+        .with_max_queue_size(export.max_queued_spans)
         .build();
     let mut processor =
         BatchSpanProcessor::builder(export::Counted::new(exporter, Arc::clone(&backlog)))
