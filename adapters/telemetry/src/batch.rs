@@ -152,28 +152,19 @@ fn export_loop(shared: &Shared, mut exporter: impl Exporter) {
         let stop = state.stop;
         drop(state);
         deadline = Instant::now() + delay;
-        export_all(
-            &mut exporter,
-            &mut taken,
-            &mut batch,
-            shared.batch_spans,
-            stop,
-        );
+        export_all(&mut exporter, &mut taken, &mut batch, shared.batch_spans);
         if stop {
             return;
         }
     }
 }
 
-/// Exports `taken` in batches of at most `batch_spans`, leaving it empty with its capacity. When
-/// the process is stopping, the first failed batch drops the rest: a collector that hangs would
-/// otherwise hold the exit for one export timeout per batch.
+/// Exports `taken` in batches of at most `batch_spans`, leaving it empty with its capacity.
 fn export_all(
     exporter: &mut impl Exporter,
     taken: &mut Vec<SpanData>,
     batch: &mut Vec<SpanData>,
     batch_spans: usize,
-    stopping: bool,
 ) {
     if taken.len() <= batch_spans {
         export_counted(exporter, taken);
@@ -186,19 +177,16 @@ fn export_all(
         if batch.is_empty() {
             return;
         }
-        let exported = export_counted(exporter, batch);
+        export_counted(exporter, batch);
         batch.clear();
-        if stopping && !exported {
-            return;
-        }
     }
 }
 
 /// One export; a failure counts in `/metrics` and is logged on the 1st, 2nd, 4th, 8th… (a
 /// collector that is down must not flood the logs either).
-fn export_counted(exporter: &mut impl Exporter, spans: &mut Vec<SpanData>) -> bool {
+fn export_counted(exporter: &mut impl Exporter, spans: &mut Vec<SpanData>) {
     if spans.is_empty() {
-        return true;
+        return;
     }
     let count = spans.len();
     if let Err(error) = exporter.export(spans) {
@@ -207,7 +195,5 @@ fn export_counted(exporter: &mut impl Exporter, spans: &mut Vec<SpanData>) -> bo
         if failures.is_power_of_two() {
             tracing::warn!(%error, spans = count, failures, "trace export failed; the spans are dropped");
         }
-        return false;
     }
-    true
 }
