@@ -1,29 +1,60 @@
-//! The exporters the export thread ([`crate::batch`]) hands batches to: OTLP over HTTP/protobuf
-//! written here (see [`OtlpHttp`]), and gRPC through opentelemetry-otlp's tonic exporter.
+//! The exporters: OTLP over HTTP/protobuf written here (see [`OtlpHttp`]), and the counting
+//! wrapper around either protocol's: a batch that could not be delivered adds one to the domain's
+//! export-failure count, and nothing else happens to the ledger.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
-use crate::batch::Exporter;
+use crate::layer::Backlog;
 use crate::otlp_proto::Encoder;
 
-/// gRPC: opentelemetry-otlp's exporter, whose `export` takes an owned batch and is async (its
-/// tonic channel was built on the runtime `install` ran in; the future is driven here, on the
-/// export thread, as the SDK's batch processor did).
+/// Wraps an exporter so its failures are counted (and logged at most on the 1st, 2nd, 4th, 8th…
+/// failure: a collector that is down must not flood the logs either), and every batch, exported
+/// or not, gives its places in the queue back to the span layer's [`Backlog`].
 #[derive(Debug)]
-pub(crate) struct Grpc(pub(crate) opentelemetry_otlp::SpanExporter);
+pub(crate) struct Counted<E> {
+    inner: E,
+    backlog: Arc<Backlog>,
+}
 
-impl Exporter for Grpc {
-    fn export(&mut self, spans: &mut Vec<SpanData>) -> Result<(), String> {
-        // Moved into a batch of its own, so `spans` keeps its capacity for the next one.
-        let mut batch = Vec::with_capacity(spans.len());
-        batch.append(spans);
-        futures_executor::block_on(self.0.export(batch)).map_err(|error| error.to_string())
+impl<E> Counted<E> {
+    pub(crate) fn new(inner: E, backlog: Arc<Backlog>) -> Self {
+        Self { inner, backlog }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        self.backlog.exported(spans);
+        if let Err(error) = &result {
+            opledger_domain::trace_context::count_export_failure();
+            let failures = opledger_domain::trace_context::export_failures();
+            if failures.is_power_of_two() {
+                tracing::warn!(%error, spans, failures, "trace export failed; the spans are dropped");
+            }
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&mut self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&mut self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
     }
 }
 
@@ -33,8 +64,9 @@ pub(crate) struct OtlpHttp {
     client: reqwest::blocking::Client,
     /// The full URL batches are posted to (`.../v1/traces`).
     endpoint: String,
-    /// The encoder and the body buffer, reused batch after batch.
-    buffers: Buffers,
+    /// The encoder and the body buffer, reused; only the batch processor's thread exports, so
+    /// the lock is never contended (it is there because `export` takes `&self`).
+    buffers: Mutex<Buffers>,
 }
 
 #[derive(Debug, Default)]
@@ -92,17 +124,16 @@ impl OtlpHttp {
         Ok(Self {
             client,
             endpoint,
-            buffers: Buffers::default(),
+            buffers: Mutex::new(Buffers::default()),
         })
     }
 
-    /// `service.name` and the SDK's resource attributes, on every batch.
-    pub(crate) fn set_resource(&mut self, resource: &Resource) {
-        self.buffers.encoder.set_resource(resource);
-    }
-
-    fn post(&mut self, batch: &[SpanData]) -> Result<(), String> {
-        let Buffers { encoder, body } = &mut self.buffers;
+    fn post(&self, batch: &[SpanData]) -> OTelSdkResult {
+        let mut buffers = self
+            .buffers
+            .lock()
+            .map_err(|_| OTelSdkError::InternalFailure("the encoder's lock is poisoned".into()))?;
+        let Buffers { encoder, body } = &mut *buffers;
         encoder.encode(batch, body);
         let sent = Bytes::from(std::mem::take(body));
         let response = self.client.post(&self.endpoint).body(sent.clone()).send();
@@ -111,20 +142,28 @@ impl OtlpHttp {
         if let Ok(returned) = sent.try_into_mut() {
             *body = Vec::from(returned);
         }
-        let response = response.map_err(|error| error.to_string())?;
+        drop(buffers);
+        let response =
+            response.map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!(
+            return Err(OTelSdkError::InternalFailure(format!(
                 "the collector at {} answered {status}",
                 self.endpoint
-            ));
+            )));
         }
         Ok(())
     }
 }
 
-impl Exporter for OtlpHttp {
-    fn export(&mut self, spans: &mut Vec<SpanData>) -> Result<(), String> {
-        self.post(spans)
+impl SpanExporter for OtlpHttp {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        self.post(&batch)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        if let Ok(buffers) = self.buffers.get_mut() {
+            buffers.encoder.set_resource(resource);
+        }
     }
 }

@@ -14,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -21,15 +22,15 @@ use opentelemetry::trace::{
     Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, Key, KeyValue, Value};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Level, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
-
-use crate::batch::Batcher;
 
 /// A span's OpenTelemetry identity and, when it is recorded, what it will export. Kept in the
 /// span's extensions from `new_span` to `close`; [`crate::context`] and [`crate::json_log`] read
@@ -99,29 +100,87 @@ fn push_hex(text: &mut String, bytes: &[u8]) {
     }
 }
 
-/// Where finished spans go: the export queue, and the instrumentation scope they carry.
+/// Where finished spans go: a span processor (the SDK's batch processor, which exports from its
+/// own thread), behind a bounded count of what it holds.
 #[derive(Debug)]
 pub(crate) struct Sink {
-    batcher: Batcher,
+    processor: Box<dyn SpanProcessor>,
+    backlog: Arc<Backlog>,
     scope: InstrumentationScope,
 }
 
 impl Sink {
-    pub(crate) fn new(batcher: Batcher) -> Self {
+    /// `backlog` must be the one the processor's exporter reports to ([`crate::export::Counted`]).
+    pub(crate) fn new(processor: Box<dyn SpanProcessor>, backlog: Arc<Backlog>) -> Self {
         Self {
-            batcher,
+            processor,
+            backlog,
             scope: InstrumentationScope::builder(crate::TRACER_NAME).build(),
         }
     }
 
-    /// Exports what is queued and stops the export thread. A collector that is down loses the
-    /// last batch; that is all it may cost.
     pub(crate) fn shutdown(&self) {
-        self.batcher.shutdown();
+        // A collector that is down loses the last batch; that is all it may cost.
+        let _ = self.processor.shutdown();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn force_flush(&self) {
+        let _ = self.processor.force_flush();
     }
 
     fn send(&self, span: SpanData) {
-        self.batcher.push(span);
+        if self.backlog.admit() {
+            self.processor.on_end(span);
+        }
+    }
+}
+
+/// How many finished spans wait for export. The SDK's queue drops silently when full; counting
+/// here, before it, lets a drop cost a count in `/metrics` like a failed export.
+#[derive(Debug)]
+pub(crate) struct Backlog {
+    queued: AtomicUsize,
+    limit: usize,
+    dropped: AtomicU64,
+}
+
+impl Backlog {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            limit,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a place for one span, or counts it dropped.
+    fn admit(&self) -> bool {
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                (queued < self.limit).then_some(queued + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            opledger_domain::trace_context::count_export_failure();
+        }
+        admitted
+    }
+
+    /// `spans` left the queue (exported or failed).
+    pub(crate) fn exported(&self, spans: usize) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                Some(queued.saturating_sub(spans))
+            });
+    }
+
+    #[cfg(test)]
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 }
 
@@ -499,59 +558,42 @@ impl Visit for EventFields {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use std::sync::Mutex;
-
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor, SpanData};
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
-    use crate::batch::{Exporter, MAX_EXPORT_BATCH_SPANS};
-
-    /// Keeps what it is given (a unit test's double of a collector).
-    #[derive(Debug, Default)]
-    pub(crate) struct Memory(pub(crate) Arc<Mutex<Vec<SpanData>>>);
-
-    impl Exporter for Memory {
-        fn export(&mut self, spans: &mut Vec<SpanData>) -> Result<(), String> {
-            let mut kept = self.0.lock().map_err(|_| "poisoned".to_owned())?;
-            kept.append(spans);
-            Ok(())
-        }
-    }
+    use crate::export::Counted;
 
     /// Runs `work` under a subscriber with the span layer (and its filter) sampling at
-    /// `sampling_ratio` and exporting to memory, and returns the finished spans.
+    /// `sampling_ratio` and exporting to memory (a unit test's double of a collector), and
+    /// returns the finished spans.
     pub(crate) fn spans_of(sampling_ratio: f64, work: impl FnOnce()) -> Vec<SpanData> {
-        let memory = Memory::default();
-        let kept = Arc::clone(&memory.0);
-        let batcher = Batcher::start(
-            memory,
-            crate::config::DEFAULT_MAX_QUEUED_SPANS,
-            MAX_EXPORT_BATCH_SPANS,
-        )
-        .expect("the export thread started");
-        let sink = Arc::new(Sink::new(batcher));
+        let exporter = InMemorySpanExporter::default();
+        let backlog = Arc::new(Backlog::new(crate::config::DEFAULT_MAX_QUEUED_SPANS));
+        let processor = SimpleSpanProcessor::new(Counted::new(exporter.clone(), backlog.clone()));
+        let sink = Arc::new(Sink::new(Box::new(processor), backlog));
         let subscriber = tracing_subscriber::registry()
             .with(crate::span_layer(Some(Arc::clone(&sink)), sampling_ratio));
         tracing::subscriber::with_default(subscriber, work);
-        sink.shutdown();
-        let spans = std::mem::take(&mut *kept.lock().expect("spans"));
-        spans
+        sink.force_flush();
+        exporter.get_finished_spans().expect("spans")
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
+    use std::sync::{mpsc, Mutex};
 
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanExporter};
     use opledger_domain::trace_context::TraceContext as _;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use tracing::field;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::testing::spans_of;
     use super::*;
-    use crate::batch::Exporter;
     use crate::context::Adapter;
+    use crate::export::Counted;
 
     const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
     const CALLER_SPAN: &str = "00f067aa0ba902b7";
@@ -684,16 +726,18 @@ mod tests {
     #[derive(Debug)]
     struct Stuck {
         entered: mpsc::Sender<()>,
-        release: mpsc::Receiver<()>,
+        release: Mutex<mpsc::Receiver<()>>,
         exported: Arc<AtomicUsize>,
     }
 
-    impl Exporter for Stuck {
-        fn export(&mut self, spans: &mut Vec<SpanData>) -> Result<(), String> {
+    impl SpanExporter for Stuck {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
             let _ = self.entered.send(());
-            // Returns at once when the test has dropped the sender.
-            let _ = self.release.recv();
-            self.exported.fetch_add(spans.len(), Ordering::Relaxed);
+            if let Ok(release) = self.release.lock() {
+                // Returns at once when the test has dropped the sender.
+                let _ = release.recv();
+            }
+            self.exported.fetch_add(batch.len(), Ordering::Relaxed);
             Ok(())
         }
     }
@@ -701,17 +745,24 @@ mod tests {
     #[test]
     fn spans_beyond_the_queue_limit_are_dropped_and_counted_without_waiting_for_the_exporter() {
         let limit = 4;
+        let backlog = Arc::new(Backlog::new(limit));
         let (release, stuck) = mpsc::channel::<()>();
         let (entered, exporting) = mpsc::channel::<()>();
         let exported = Arc::new(AtomicUsize::new(0));
         let exporter = Stuck {
             entered,
-            release: stuck,
+            release: Mutex::new(stuck),
             exported: Arc::clone(&exported),
         };
         // Batches of one: the first span's export starts at once, and sticks.
-        let batcher = Batcher::start(exporter, limit, 1).expect("the export thread started");
-        let sink = Arc::new(Sink::new(batcher));
+        let config = BatchConfigBuilder::default()
+            .with_max_queue_size(limit)
+            .with_max_export_batch_size(1)
+            .build();
+        let processor = BatchSpanProcessor::builder(Counted::new(exporter, Arc::clone(&backlog)))
+            .with_batch_config(config)
+            .build();
+        let sink = Arc::new(Sink::new(Box::new(processor), Arc::clone(&backlog)));
         let failures = opledger_domain::trace_context::export_failures();
         let subscriber =
             tracing_subscriber::registry().with(crate::span_layer(Some(Arc::clone(&sink)), 1.0));
@@ -719,15 +770,19 @@ mod tests {
             tracing::info_span!("send").in_scope(|| {});
             exporting.recv().expect("the export started");
             // The exporter is stuck with the first span; these close without waiting for it.
-            for _ in 1..limit + 3 {
+            for _ in 1..limit + 2 {
                 tracing::info_span!("send").in_scope(|| {});
             }
         });
-        // One span in the stuck export, `limit` queued, two dropped.
-        assert_eq!(sink.batcher.dropped(), 2);
+        assert_eq!(backlog.dropped(), 2);
         assert!(opledger_domain::trace_context::export_failures() >= failures + 2);
         drop(release);
+        // The SDK exports one batch (here one span) per flush.
+        for _ in 0..limit {
+            sink.force_flush();
+        }
+        assert_eq!(exported.load(Ordering::Relaxed), limit);
+        assert_eq!(backlog.queued.load(Ordering::Relaxed), 0);
         sink.shutdown();
-        assert_eq!(exported.load(Ordering::Relaxed), limit + 1);
     }
 }

@@ -6,7 +6,7 @@
 //! OpenTelemetry. [`install`] sets up the process's subscriber: the log layer (text or JSON) with
 //! the `-v`/`RUST_LOG` filter, and, when export is configured, the span layer (`layer.rs`) with a
 //! filter of its own (the ledger's spans at info and above, whatever the log level), sampling
-//! parent-based by ratio, feeding the export queue (`batch.rs`), which exports on its own thread.
+//! parent-based by ratio, feeding the SDK's batch processor, which exports on its own thread.
 //!
 //! It must never make the ledger wait for, or fail because of, a collector: spans are queued
 //! (bounded, the overflow dropped) and exported in the background, and a failed export or a
@@ -15,7 +15,6 @@
 
 #![forbid(unsafe_code)]
 
-mod batch;
 pub mod config;
 mod context;
 mod export;
@@ -27,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::SpanExporter as _;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanProcessor};
 use opentelemetry_sdk::Resource;
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
@@ -36,8 +35,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
 
-use batch::{Batcher, MAX_EXPORT_BATCH_SPANS};
-use layer::{Sink, SpanLayer};
+use layer::{Backlog, Sink, SpanLayer};
 
 /// The instrumentation scope's name on every exported span.
 const TRACER_NAME: &str = "opledger";
@@ -152,16 +150,11 @@ fn exported(meta: &tracing::Metadata<'_>) -> bool {
 
 fn exporting_sink(export: &Export) -> Result<Sink, InitError> {
     let timeout = Duration::from_millis(export.export_timeout_ms);
-    let resource = Resource::builder()
-        .with_service_name(export.service_name.clone())
-        .build();
-    let started = match export.protocol {
+    match export.protocol {
         Protocol::HttpProtobuf => {
-            let mut exporter =
-                export::OtlpHttp::new(export.endpoint.clone(), &export.headers, timeout)
-                    .map_err(InitError::Exporter)?;
-            exporter.set_resource(&resource);
-            Batcher::start(exporter, export.max_queued_spans, MAX_EXPORT_BATCH_SPANS)
+            let exporter = export::OtlpHttp::new(export.endpoint.clone(), &export.headers, timeout)
+                .map_err(InitError::Exporter)?;
+            Ok(sink_exporting_to(exporter, export))
         }
         // gRPC keeps opentelemetry-otlp's exporter (tonic): the less common choice, and a
         // second transport for the encoder would be a gRPC client of our own.
@@ -178,25 +171,40 @@ fn exporting_sink(export: &Export) -> Result<Sink, InitError> {
             }
             let metadata =
                 opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers);
-            let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(export.endpoint.clone())
                 .with_timeout(timeout)
                 .with_metadata(metadata)
                 .build()
                 .map_err(|error| InitError::Exporter(error.to_string()))?;
-            exporter.set_resource(&resource);
-            Batcher::start(
-                export::Grpc(exporter),
-                export.max_queued_spans,
-                MAX_EXPORT_BATCH_SPANS,
-            )
+            Ok(sink_exporting_to(exporter, export))
         }
-    };
-    let batcher = started.map_err(|error| {
-        InitError::Exporter(format!("the trace export thread could not start: {error}"))
-    })?;
-    Ok(Sink::new(batcher))
+    }
+}
+
+/// The SDK's batch processor (its own thread, its batching, its shutdown) exporting to
+/// `exporter`, fed by the span layer directly: no tracer provider, sampler or span builder in
+/// between (the layer samples and builds each `SpanData` itself).
+fn sink_exporting_to(
+    exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
+    export: &Export,
+) -> Sink {
+    let backlog = Arc::new(Backlog::new(export.max_queued_spans));
+    // The other `OTEL_BSP_*` variables (batch size, delay) are the SDK's to read.
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(export.max_queued_spans)
+        .build();
+    let mut processor =
+        BatchSpanProcessor::builder(export::Counted::new(exporter, Arc::clone(&backlog)))
+            .with_batch_config(config)
+            .build();
+    processor.set_resource(
+        &Resource::builder()
+            .with_service_name(export.service_name.clone())
+            .build(),
+    );
+    Sink::new(Box::new(processor), backlog)
 }
 
 #[cfg(test)]
