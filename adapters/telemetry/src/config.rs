@@ -15,7 +15,8 @@
 //! Export is off unless the file names an endpoint or `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the standard `OTEL_*` variables fill in what the
 //! file leaves out (`OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`,
-//! `OTEL_TRACES_SAMPLER_ARG`), and `OTEL_SDK_DISABLED=true` turns export off. Every refusal names
+//! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`), and `OTEL_SDK_DISABLED=true` turns
+//! export off. Every refusal names
 //! the file, the line and the field (or the variable) and says what to write. Header values are
 //! secrets: they are read from the environment, never written in the file, and never printed.
 
@@ -37,6 +38,15 @@ pub const MIN_EXPORT_TIMEOUT_MS: u64 = 100;
 /// The longest export timeout accepted, in milliseconds. A batch waits for the one before it, so
 /// a longer one only fills the queue (whose overflow is dropped) while a dead collector hangs.
 pub const MAX_EXPORT_TIMEOUT_MS: u64 = 60_000;
+/// Finished spans waiting for export when `OTEL_BSP_MAX_QUEUE_SIZE` does not say (the
+/// OpenTelemetry default): about 20 ms of `bench http` at 64 with every trace sampled. A span
+/// that finds the queue full is dropped and counted, never waited for.
+pub const DEFAULT_MAX_QUEUED_SPANS: usize = 2_048;
+/// The largest queue accepted, in spans (a few hundred bytes each): a queue is for a collector's
+/// hiccup, not for holding a dead one's backlog in memory.
+pub const MAX_MAX_QUEUED_SPANS: usize = 65_536;
+const _: () =
+    assert!(1 <= DEFAULT_MAX_QUEUED_SPANS && DEFAULT_MAX_QUEUED_SPANS <= MAX_MAX_QUEUED_SPANS);
 /// Most extra headers on export requests.
 pub const MAX_HEADERS: usize = 32;
 /// The longest endpoint URL accepted, in bytes.
@@ -105,6 +115,8 @@ pub struct Export {
     pub service_name: String,
     /// How long one batch's export may take, in milliseconds.
     pub export_timeout_ms: u64,
+    /// Finished spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
+    pub max_queued_spans: usize,
 }
 
 /// The checked telemetry settings.
@@ -244,6 +256,7 @@ fn resolve(
         sampling_ratio: sampling_ratio(source, section, env)?,
         service_name: service_name(source, section, env)?,
         export_timeout_ms: export_timeout_ms(source, section)?,
+        max_queued_spans: max_queued_spans(env)?,
     };
     Ok(Settings {
         export: (!disabled).then_some(export),
@@ -505,6 +518,26 @@ fn export_timeout_ms(source: &Source<'_>, section: &Section) -> Result<u64, Conf
     ))
 }
 
+/// The batch processor's queue, from the standard variable: the span layer counts what it holds
+/// against the same number (`layer::Backlog`), so it is read and checked here, not by the SDK.
+fn max_queued_spans(env: &dyn Fn(&str) -> Option<String>) -> Result<usize, ConfigError> {
+    const NAME: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
+    let Some(value) = env(NAME).filter(|value| !value.trim().is_empty()) else {
+        return Ok(DEFAULT_MAX_QUEUED_SPANS);
+    };
+    value
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|spans| (1..=MAX_MAX_QUEUED_SPANS).contains(spans))
+        .ok_or_else(|| {
+            env_error(
+                NAME,
+                format!("is `{value}`; write a number of spans from 1 to {MAX_MAX_QUEUED_SPANS}"),
+            )
+        })
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset)
         .map_or(1, |before| before.matches('\n').count() + 1)
@@ -637,6 +670,26 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "environment: OTEL_EXPORTER_OTLP_PROTOCOL: is `carrier-pigeon`; write \"http/protobuf\" or \"grpc\""
+        );
+    }
+
+    #[test]
+    fn the_batch_queue_size_is_read_from_its_standard_variable_and_checked() {
+        let env = |queue: &'static str| {
+            move |name: &str| match name {
+                "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4318".to_owned()),
+                "OTEL_BSP_MAX_QUEUE_SIZE" => Some(queue.to_owned()),
+                _ => None,
+            }
+        };
+        let export = from_env(&env("8192")).unwrap().export.unwrap();
+        assert_eq!(export.max_queued_spans, 8_192);
+        let export = from_env(&env("")).unwrap().export.unwrap();
+        assert_eq!(export.max_queued_spans, DEFAULT_MAX_QUEUED_SPANS);
+        let error = from_env(&env("0")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment: OTEL_BSP_MAX_QUEUE_SIZE: is `0`; write a number of spans from 1 to 65536"
         );
     }
 

@@ -1,12 +1,13 @@
 //! The domain's trace context port, implemented with OpenTelemetry's W3C propagator.
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{TraceContextExt, TraceId};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use tracing_opentelemetry::{OpenTelemetrySpanExt, OtelData};
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Registry;
+
+use crate::layer::SpanRecord;
 
 const TRACEPARENT: &str = "traceparent";
 const TRACESTATE: &str = "tracestate";
@@ -22,11 +23,15 @@ impl Adapter {
         }
     }
 
-    fn extract(&self, traceparent: &str, tracestate: Option<&str>) -> Context {
-        self.propagator.extract(&Incoming {
+    /// The span context a `traceparent` names, when it is valid (W3C Trace Context: garbage is
+    /// ignored).
+    fn extract(&self, traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
+        let context = self.propagator.extract(&Incoming {
             traceparent,
             tracestate,
-        })
+        });
+        let span = context.span().span_context().clone();
+        span.is_valid().then_some(span)
     }
 }
 
@@ -51,29 +56,18 @@ impl Extractor for Incoming<'_> {
     }
 }
 
-/// Keeps the `traceparent` the propagator writes and nothing else (no map, no key copies).
-#[derive(Default)]
-struct Outgoing(Option<String>);
-
-impl Injector for Outgoing {
-    fn set(&mut self, key: &str, value: String) {
-        if key == TRACEPARENT {
-            self.0 = Some(value);
-        }
-    }
-}
-
-/// Whether `span` has an OpenTelemetry parent: a caller's context, or a span of this process.
-/// `None` when the span is not recorded at all.
-fn has_parent(span: &tracing::Span) -> Option<bool> {
+/// Runs `work` on the layer's record of `span`; `None` when the span is not recorded at all
+/// (disabled, or no layer of ours in the process's subscriber).
+pub(crate) fn with_record<T>(
+    span: &tracing::Span,
+    work: impl FnOnce(&mut SpanRecord) -> T,
+) -> Option<T> {
     let mut found = None;
     span.with_subscriber(|(id, dispatch)| {
         let registry = dispatch.downcast_ref::<Registry>()?;
         let data = registry.span(id)?;
-        let extensions = data.extensions();
-        found = extensions
-            .get::<OtelData>()
-            .map(|otel| otel.parent_cx.has_active_span());
+        let mut extensions = data.extensions_mut();
+        found = extensions.get_mut::<SpanRecord>().map(work);
         Some(())
     });
     found
@@ -81,52 +75,43 @@ fn has_parent(span: &tracing::Span) -> Option<bool> {
 
 impl opledger_domain::trace_context::TraceContext for Adapter {
     fn traceparent_of(&self, span: &tracing::Span) -> Option<String> {
-        let context = span.context();
-        if !context.span().span_context().is_valid() {
-            return None;
-        }
-        let mut carrier = Outgoing::default();
-        self.propagator.inject_context(&context, &mut carrier);
-        carrier.0
+        with_record(span, |record| record.traceparent())
     }
 
     fn set_remote_parent(&self, span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
-        let context = self.extract(traceparent, tracestate);
-        if context.span().span_context().is_valid() {
-            span.set_parent(context);
+        if let Some(parent) = self.extract(traceparent, tracestate) {
+            with_record(span, |record| record.set_remote_parent(&parent));
         }
     }
 
     fn continue_from(&self, span: &tracing::Span, stored: &str) {
-        let origin = self.extract(stored, None);
-        let origin = origin.span().span_context().clone();
-        if !origin.is_valid() {
+        let Some(origin) = self.extract(stored, None) else {
             return;
-        }
-        let current = span.context().span().span_context().trace_id();
-        if current == origin.trace_id() || current == TraceId::INVALID {
-            return;
-        }
-        match has_parent(span) {
-            // A span that started a trace of its own (a worker's drive): it belongs to the
-            // operation's trace instead, so the whole history is one trace.
-            Some(false) => span.set_parent(Context::new().with_remote_span_context(origin)),
-            // Work inside someone else's trace (an operator's request): linked.
-            Some(true) => span.add_link_with_attributes(
-                origin,
-                vec![KeyValue::new("opledger.link", "operation_intent")],
-            ),
-            None => {}
-        }
+        };
+        with_record(span, |record| {
+            if record.trace_id == origin.trace_id() {
+                return;
+            }
+            if record.parent_span_id == opentelemetry::trace::SpanId::INVALID {
+                // A span that started a trace of its own (a worker's drive): it belongs to the
+                // operation's trace instead, so the whole history is one trace.
+                record.set_remote_parent(&origin);
+            } else {
+                // Work inside someone else's trace (an operator's request): linked.
+                record.add_link(
+                    origin,
+                    vec![KeyValue::new("opledger.link", "operation_intent")],
+                );
+            }
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::{SpanId, TracerProvider as _};
-    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+    use opentelemetry::trace::SpanId;
+    use opentelemetry_sdk::trace::SpanData;
     use opledger_domain::trace_context::TraceContext as _;
-    use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
 
@@ -140,15 +125,7 @@ mod tests {
     /// Runs `work` under a subscriber exporting to memory (a unit test's double of a collector)
     /// and returns the finished spans.
     fn spans_of(work: impl FnOnce()) -> Vec<SpanData> {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-        tracing::subscriber::with_default(subscriber, work);
-        provider.force_flush().expect("flushed");
-        exporter.get_finished_spans().expect("spans")
+        crate::layer::testing::spans_of(1.0, work)
     }
 
     fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {

@@ -2,7 +2,7 @@
 //! wrapper around either protocol's: a batch that could not be delivered adds one to the domain's
 //! export-failure count, and nothing else happens to the ledger.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,18 +12,21 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
+use crate::layer::Backlog;
 use crate::otlp_proto::Encoder;
 
 /// Wraps an exporter so its failures are counted (and logged at most on the 1st, 2nd, 4th, 8th…
-/// failure: a collector that is down must not flood the logs either).
+/// failure: a collector that is down must not flood the logs either), and every batch, exported
+/// or not, gives its places in the queue back to the span layer's [`Backlog`].
 #[derive(Debug)]
 pub(crate) struct Counted<E> {
     inner: E,
+    backlog: Arc<Backlog>,
 }
 
 impl<E> Counted<E> {
-    pub(crate) fn new(inner: E) -> Self {
-        Self { inner }
+    pub(crate) fn new(inner: E, backlog: Arc<Backlog>) -> Self {
+        Self { inner, backlog }
     }
 }
 
@@ -31,6 +34,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len();
         let result = self.inner.export(batch).await;
+        self.backlog.exported(spans);
         if let Err(error) = &result {
             opledger_domain::trace_context::count_export_failure();
             let failures = opledger_domain::trace_context::export_failures();

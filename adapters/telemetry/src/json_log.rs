@@ -6,15 +6,16 @@
 
 use std::fmt;
 
-use opentelemetry::trace::{SpanId, TraceContextExt, TraceId};
+use opentelemetry::trace::{SpanId, TraceId};
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
-use tracing_opentelemetry::OtelData;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::{LookupSpan, Registry};
+
+use crate::layer::SpanRecord;
 
 pub(crate) struct JsonWithTrace;
 
@@ -43,17 +44,7 @@ impl Visit for Fields<'_> {
     }
 }
 
-/// The trace and span id an OpenTelemetry span will carry.
-fn ids(otel: &OtelData) -> Option<(TraceId, SpanId)> {
-    let trace_id = if otel.parent_cx.has_active_span() {
-        otel.parent_cx.span().span_context().trace_id()
-    } else {
-        otel.builder.trace_id?
-    };
-    Some((trace_id, otel.builder.span_id?))
-}
-
-/// The ids of the innermost span around `event` that the OpenTelemetry layer knows.
+/// The ids of the innermost span around `event` that the span layer knows.
 ///
 /// They are looked up in the registry itself, not in this layer's context: this layer sees only
 /// the spans its log filter lets through, and at the default level (`warn`) that is none of the
@@ -68,9 +59,11 @@ fn trace_of(event: &Event<'_>) -> Option<(TraceId, SpanId)> {
             None => return None,
         };
         let span = registry.span(&id)?;
-        let found = span
-            .scope()
-            .find_map(|span| span.extensions().get::<OtelData>().and_then(ids));
+        let found = span.scope().find_map(|span| {
+            let extensions = span.extensions();
+            let record = extensions.get::<SpanRecord>()?;
+            Some((record.trace_id, record.span_id))
+        });
         found
     })
 }

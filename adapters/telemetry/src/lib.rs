@@ -4,13 +4,13 @@
 //! The rest of the code depends on `tracing` and on the domain's trace context port
 //! (`opledger_domain::trace_context`) only; this crate is the one place that knows
 //! OpenTelemetry. [`install`] sets up the process's subscriber: the log layer (text or JSON) with
-//! the `-v`/`RUST_LOG` filter, and, when export is configured, an OpenTelemetry layer with a
-//! filter of its own (the ledger's spans at info and above, whatever the log level), a
-//! parent-based ratio sampler and a batch exporter that runs on its own thread.
+//! the `-v`/`RUST_LOG` filter, and, when export is configured, the span layer (`layer.rs`) with a
+//! filter of its own (the ledger's spans at info and above, whatever the log level), sampling
+//! parent-based by ratio, feeding the SDK's batch processor, which exports on its own thread.
 //!
 //! It must never make the ledger wait for, or fail because of, a collector: spans are queued
-//! (bounded, the overflow dropped) and exported in the background, and a failed export costs a
-//! count in `/metrics` (`opledger_trace_export_failures_total`). With export off and text logs,
+//! (bounded, the overflow dropped) and exported in the background, and a failed export or a
+//! dropped span costs a count in `/metrics` (`opledger_trace_export_failures_total`). With export off and text logs,
 //! nothing here runs per request.
 
 #![forbid(unsafe_code)]
@@ -19,13 +19,14 @@ pub mod config;
 mod context;
 mod export;
 mod json_log;
+mod layer;
 mod otlp_proto;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanProcessor};
 use opentelemetry_sdk::Resource;
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
@@ -34,7 +35,9 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
 
-/// The tracer's instrumentation scope name.
+use layer::{Backlog, Sink, SpanLayer};
+
+/// The instrumentation scope's name on every exported span.
 const TRACER_NAME: &str = "opledger";
 
 /// Telemetry that could not be started.
@@ -51,22 +54,21 @@ pub enum InitError {
 /// Keeps the exporter; [`Telemetry::shutdown`] exports what is queued before the process ends.
 #[derive(Debug, Default)]
 pub struct Telemetry {
-    provider: Option<SdkTracerProvider>,
+    sink: Option<Arc<Sink>>,
 }
 
 impl Telemetry {
     /// Exports what is queued (bounded by the export timeout) and stops the exporter. Called
     /// from a thread that may block: the batch processor's thread is joined.
     pub fn shutdown(self) {
-        if let Some(provider) = self.provider {
-            // A collector that is down loses the last batch; that is all it may cost.
-            let _ = provider.shutdown();
+        if let Some(sink) = self.sink {
+            sink.shutdown();
         }
     }
 
     /// Whether spans are exported.
     pub fn exporting(&self) -> bool {
-        self.provider.is_some()
+        self.sink.is_some()
     }
 }
 
@@ -88,40 +90,37 @@ pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, 
             .with_filter(log_filter)
             .boxed(),
     };
+    let sink = settings
+        .export
+        .as_ref()
+        .map(exporting_sink)
+        .transpose()?
+        .map(Arc::new);
     // JSON logs carry trace ids even with export off, so a caller's `traceparent` still ties
-    // their trace to these lines: the OpenTelemetry layer runs, with nothing to export to.
-    let provider = match (&settings.export, settings.log_format) {
-        (Some(export), _) => Some(exporting_provider(export)?),
-        (None, LogFormat::Json) => Some(SdkTracerProvider::builder().build()),
+    // their trace to these lines: the span layer runs, with nowhere to send spans.
+    let span_layer = match (&settings.export, settings.log_format) {
+        (Some(export), _) => Some(span_layer(sink.clone(), export.sampling_ratio)),
+        (None, LogFormat::Json) => Some(span_layer(None, 1.0)),
         (None, LogFormat::Text) => None,
     };
-    let otel_layer = provider.as_ref().map(otel_layer);
+    let tracing_spans = span_layer.is_some();
     tracing_subscriber::registry()
         .with(log_layer)
-        .with(otel_layer)
+        .with(span_layer)
         .try_init()
         .map_err(|error| InitError::Subscriber(error.to_string()))?;
-    if provider.is_some() {
+    if tracing_spans {
         opledger_domain::trace_context::install(Box::new(context::Adapter::new()));
     }
-    let exported = settings.export.is_some();
-    Ok(Telemetry {
-        provider: provider.filter(|_| exported),
-    })
+    Ok(Telemetry { sink })
 }
 
-/// The layer that turns the ledger's spans into OpenTelemetry spans of `provider`.
-fn otel_layer<S>(provider: &SdkTracerProvider) -> impl Layer<S>
+/// The layer giving the ledger's spans OpenTelemetry ids and sending them to `sink`.
+fn span_layer<S>(sink: Option<Arc<Sink>>, sampling_ratio: f64) -> impl Layer<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
-    tracing_opentelemetry::layer()
-        .with_tracer(provider.tracer(TRACER_NAME))
-        .with_tracked_inactivity(false)
-        // File, line and thread on every span cost four attributes each and tell a reviewer
-        // nothing the span's name and target do not.
-        .with_location(false)
-        .with_threads(false)
+    SpanLayer::new(sink, sampling_ratio)
         .with_filter(tracing_subscriber::filter::filter_fn(exported))
 }
 
@@ -149,13 +148,13 @@ fn exported(meta: &tracing::Metadata<'_>) -> bool {
     ours && *meta.level() <= level
 }
 
-fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
+fn exporting_sink(export: &Export) -> Result<Sink, InitError> {
     let timeout = Duration::from_millis(export.export_timeout_ms);
     match export.protocol {
         Protocol::HttpProtobuf => {
             let exporter = export::OtlpHttp::new(export.endpoint.clone(), &export.headers, timeout)
                 .map_err(InitError::Exporter)?;
-            Ok(provider_exporting_to(exporter, export))
+            Ok(sink_exporting_to(exporter, export))
         }
         // gRPC keeps opentelemetry-otlp's exporter (tonic): the less common choice, and a
         // second transport for the encoder would be a gRPC client of our own.
@@ -179,42 +178,43 @@ fn exporting_provider(export: &Export) -> Result<SdkTracerProvider, InitError> {
                 .with_metadata(metadata)
                 .build()
                 .map_err(|error| InitError::Exporter(error.to_string()))?;
-            Ok(provider_exporting_to(exporter, export))
+            Ok(sink_exporting_to(exporter, export))
         }
     }
 }
 
-fn provider_exporting_to(
+/// The SDK's batch processor (its own thread, its batching, its shutdown) exporting to
+/// `exporter`, fed by the span layer directly: no tracer provider, sampler or span builder in
+/// between (the layer samples and builds each `SpanData` itself).
+fn sink_exporting_to(
     exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
     export: &Export,
-) -> SdkTracerProvider {
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(export.sampling_ratio)));
-    SdkTracerProvider::builder()
-        .with_batch_exporter(export::Counted::new(exporter))
-        .with_sampler(sampler)
-        .with_resource(
-            Resource::builder()
-                .with_service_name(export.service_name.clone())
-                .build(),
-        )
-        .build()
+) -> Sink {
+    let backlog = Arc::new(Backlog::new(export.max_queued_spans));
+    // The other `OTEL_BSP_*` variables (batch size, delay) are the SDK's to read.
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(export.max_queued_spans)
+        .build();
+    let mut processor =
+        BatchSpanProcessor::builder(export::Counted::new(exporter, Arc::clone(&backlog)))
+            .with_batch_config(config)
+            .build();
+    processor.set_resource(
+        &Resource::builder()
+            .with_service_name(export.service_name.clone())
+            .build(),
+    );
+    Sink::new(Box::new(processor), backlog)
 }
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry_sdk::trace::InMemorySpanExporter;
-
     use super::*;
 
     #[test]
     fn the_ledgers_spans_are_exported_with_its_warnings_but_not_its_info_lines_nor_the_stands_spans(
     ) {
-        let exporter = InMemorySpanExporter::default();
-        let provider = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter.clone())
-            .build();
-        let subscriber = tracing_subscriber::registry().with(otel_layer(&provider));
-        tracing::subscriber::with_default(subscriber, || {
+        let spans = layer::testing::spans_of(1.0, || {
             tracing::info_span!("send").in_scope(|| {
                 tracing::info!("confirmed");
                 tracing::warn!("outcome unknown");
@@ -222,8 +222,6 @@ mod tests {
                     .in_scope(|| {});
             });
         });
-        provider.force_flush().expect("flushed");
-        let spans = exporter.get_finished_spans().expect("spans");
         let names: Vec<&str> = spans.iter().map(|span| span.name.as_ref()).collect();
         assert_eq!(names, ["send"]);
         let events: Vec<&str> = spans[0]

@@ -1,0 +1,788 @@
+//! The `tracing` layer that turns the ledger's spans into OpenTelemetry spans: ids, sampling,
+//! attributes, warnings as events, and on close one `SpanData` handed to the exporter's queue.
+//!
+//! Our own instead of tracing-opentelemetry's, for what it cost in the request path (README,
+//! "Trace export"): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
+//! on every poll's exit and builds the finished span through the SDK's tracer; this one keeps a
+//! fixed [`SpanRecord`] in the span's extensions, does nothing on enter and exit, and moves the
+//! record's attributes into the `SpanData` it queues, copying each string once.
+//!
+//! It must never block the ledger: a finished span is queued without waiting, and one that finds
+//! `OTEL_BSP_MAX_QUEUE_SIZE` spans ([`crate::config::DEFAULT_MAX_QUEUED_SPANS`] unless set)
+//! already waiting for export is dropped and counted in
+//! `opledger_trace_export_failures_total`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{
+    Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, Key, KeyValue, Value};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Level, Subscriber};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
+use tracing_subscriber::Layer;
+
+/// A span's OpenTelemetry identity and, when it is recorded, what it will export. Kept in the
+/// span's extensions from `new_span` to `close`; [`crate::context`] and [`crate::json_log`] read
+/// its ids.
+#[derive(Debug)]
+pub(crate) struct SpanRecord {
+    pub(crate) trace_id: TraceId,
+    pub(crate) span_id: SpanId,
+    /// `SpanId::INVALID` for a span that starts a trace.
+    pub(crate) parent_span_id: SpanId,
+    pub(crate) sampled: bool,
+    /// Whether attributes, events and links are kept: exported somewhere, and sampled or a
+    /// span starting a trace (a caller's sampled `traceparent` may still make it the child of a
+    /// sampled span). An unrecorded span only has ids (for `traceparent` and the JSON log).
+    recording: bool,
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    start: SystemTime,
+    attributes: Vec<KeyValue>,
+    events: Vec<Event>,
+    links: Vec<Link>,
+    status: Status,
+}
+
+impl SpanRecord {
+    /// Makes the span the child of a caller's span (a remote parent): its trace, and its
+    /// sampling decision, as parent-based sampling asks.
+    pub(crate) fn set_remote_parent(&mut self, parent: &SpanContext) {
+        self.trace_id = parent.trace_id();
+        self.parent_span_id = parent.span_id();
+        self.sampled = parent.is_sampled();
+        if !self.sampled {
+            self.recording = false;
+            self.attributes = Vec::new();
+        }
+    }
+
+    pub(crate) fn add_link(&mut self, to: SpanContext, attributes: Vec<KeyValue>) {
+        if self.recording {
+            self.links.push(Link::new(to, attributes, 0));
+        }
+    }
+
+    /// The W3C `traceparent` of this span: `00-<trace id>-<span id>-<flags>`, in lower-case
+    /// hex written byte by byte (the ids' `Display` formats a u128 and a u64 through the
+    /// formatter's padding machinery, per request).
+    pub(crate) fn traceparent(&self) -> String {
+        let mut header = String::with_capacity(TRACEPARENT_BYTES);
+        header.push_str("00-");
+        push_hex(&mut header, &self.trace_id.to_bytes());
+        header.push('-');
+        push_hex(&mut header, &self.span_id.to_bytes());
+        header.push_str(if self.sampled { "-01" } else { "-00" });
+        debug_assert_eq!(header.len(), TRACEPARENT_BYTES);
+        header
+    }
+}
+
+/// `00-` + 32 hex digits + `-` + 16 + `-` + 2.
+const TRACEPARENT_BYTES: usize = 55;
+
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+}
+
+/// Where finished spans go: a span processor (the SDK's batch processor, which exports from its
+/// own thread), behind a bounded count of what it holds.
+#[derive(Debug)]
+pub(crate) struct Sink {
+    processor: Box<dyn SpanProcessor>,
+    backlog: Arc<Backlog>,
+    scope: InstrumentationScope,
+}
+
+impl Sink {
+    /// `backlog` must be the one the processor's exporter reports to ([`crate::export::Counted`]).
+    pub(crate) fn new(processor: Box<dyn SpanProcessor>, backlog: Arc<Backlog>) -> Self {
+        Self {
+            processor,
+            backlog,
+            scope: InstrumentationScope::builder(crate::TRACER_NAME).build(),
+        }
+    }
+
+    pub(crate) fn shutdown(&self) {
+        // A collector that is down loses the last batch; that is all it may cost.
+        let _ = self.processor.shutdown();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn force_flush(&self) {
+        let _ = self.processor.force_flush();
+    }
+
+    fn send(&self, span: SpanData) {
+        if self.backlog.admit() {
+            self.processor.on_end(span);
+        }
+    }
+}
+
+/// How many finished spans wait for export. The SDK's queue drops silently when full; counting
+/// here, before it, lets a drop cost a count in `/metrics` like a failed export.
+#[derive(Debug)]
+pub(crate) struct Backlog {
+    queued: AtomicUsize,
+    limit: usize,
+    dropped: AtomicU64,
+}
+
+impl Backlog {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            limit,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a place for one span, or counts it dropped.
+    fn admit(&self) -> bool {
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                (queued < self.limit).then_some(queued + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            opledger_domain::trace_context::count_export_failure();
+        }
+        admitted
+    }
+
+    /// `spans` left the queue (exported or failed).
+    pub(crate) fn exported(&self, spans: usize) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                Some(queued.saturating_sub(spans))
+            });
+    }
+
+    #[cfg(test)]
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The layer. With no sink (JSON logs, no export) it still gives every span ids, so log lines
+/// carry a caller's trace.
+#[derive(Debug)]
+pub(crate) struct SpanLayer {
+    sink: Option<Arc<Sink>>,
+    /// The share of new traces sampled, as OpenTelemetry's `TraceIdRatioBased` decides it from
+    /// the trace id; a span with a parent follows the parent's decision.
+    sampling_ratio: f64,
+    ids: RandomIdGenerator,
+}
+
+impl SpanLayer {
+    pub(crate) fn new(sink: Option<Arc<Sink>>, sampling_ratio: f64) -> Self {
+        Self {
+            sink,
+            sampling_ratio,
+            ids: RandomIdGenerator::default(),
+        }
+    }
+
+    /// `TraceIdRatioBased`'s decision: the trace id's low 63 bits below the ratio's share.
+    fn samples(&self, trace_id: TraceId) -> bool {
+        if self.sampling_ratio >= 1.0 {
+            return true;
+        }
+        let bound = (self.sampling_ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+        let bytes = trace_id.to_bytes();
+        let mut low = [0; 8];
+        low.copy_from_slice(&bytes[8..]);
+        (u64::from_be_bytes(low) >> 1) < bound
+    }
+}
+
+/// The closest span around a new span or an event that this layer records.
+fn parent_of<'a, S>(
+    explicit: Option<&Id>,
+    contextual: bool,
+    ctx: &'a Context<'_, S>,
+) -> Option<SpanRef<'a, S>>
+where
+    S: Subscriber + for<'span> LookupSpan<'span>,
+{
+    match explicit {
+        // An explicit parent this layer does not see (filtered out) makes a root, as
+        // tracing-opentelemetry did.
+        Some(parent) => ctx.span(parent),
+        None if contextual => ctx.lookup_current(),
+        None => None,
+    }
+}
+
+impl<S> Layer<S> for SpanLayer
+where
+    S: Subscriber + for<'span> LookupSpan<'span>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let parent = parent_of(attrs.parent(), attrs.is_contextual(), &ctx).and_then(|parent| {
+            let extensions = parent.extensions();
+            let record = extensions.get::<SpanRecord>()?;
+            Some((record.trace_id, record.span_id, record.sampled))
+        });
+        let (trace_id, parent_span_id, sampled) = match parent {
+            Some(inherited) => inherited,
+            None => {
+                let trace_id = self.ids.new_trace_id();
+                (trace_id, SpanId::INVALID, self.samples(trace_id))
+            }
+        };
+        let meta = attrs.metadata();
+        let recording = self.sink.is_some() && (sampled || parent_span_id == SpanId::INVALID);
+        let mut record = SpanRecord {
+            trace_id,
+            span_id: self.ids.new_span_id(),
+            parent_span_id,
+            sampled,
+            recording,
+            name: Cow::Borrowed(meta.name()),
+            kind: SpanKind::Internal,
+            start: SystemTime::now(),
+            attributes: Vec::with_capacity(if recording { meta.fields().len() } else { 0 }),
+            events: Vec::new(),
+            links: Vec::new(),
+            status: Status::Unset,
+        };
+        if recording {
+            attrs.record(&mut Fields {
+                record: &mut record,
+                fresh: true,
+            });
+        }
+        span.extensions_mut().insert(record);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else { return };
+        let mut extensions = span.extensions_mut();
+        if let Some(record) = extensions.get_mut::<SpanRecord>() {
+            if record.recording {
+                values.record(&mut Fields {
+                    record,
+                    fresh: false,
+                });
+            }
+        }
+    }
+
+    fn on_follows_from(&self, id: &Id, follows: &Id, ctx: Context<'_, S>) {
+        let Some(follows) = ctx.span(follows) else {
+            return;
+        };
+        let Some(to) = follows.extensions().get::<SpanRecord>().map(|followed| {
+            SpanContext::new(
+                followed.trace_id,
+                followed.span_id,
+                flags(followed.sampled),
+                false,
+                TraceState::default(),
+            )
+        }) else {
+            return;
+        };
+        if let Some(span) = ctx.span(id) {
+            if let Some(record) = span.extensions_mut().get_mut::<SpanRecord>() {
+                record.add_link(to, Vec::new());
+            }
+        }
+    }
+
+    /// The ledger's warnings and errors (the only events the filter lets through) as events on
+    /// their span; an error marks the span's status.
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        let Some(span) = parent_of(event.parent(), event.is_contextual(), &ctx) else {
+            return;
+        };
+        let mut extensions = span.extensions_mut();
+        let Some(record) = extensions.get_mut::<SpanRecord>() else {
+            return;
+        };
+        if !record.recording {
+            return;
+        }
+        let meta = event.metadata();
+        let mut fields = EventFields {
+            name: None,
+            attributes: vec![
+                KeyValue::new("level", meta.level().as_str()),
+                KeyValue::new("target", meta.target()),
+            ],
+        };
+        event.record(&mut fields);
+        if *meta.level() == Level::ERROR && record.status == Status::Unset {
+            record.status = Status::error("");
+        }
+        record.events.push(Event::new(
+            fields.name.unwrap_or(Cow::Borrowed(meta.name())),
+            SystemTime::now(),
+            fields.attributes,
+            0,
+        ));
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(sink) = &self.sink else { return };
+        let Some(span) = ctx.span(&id) else { return };
+        let Some(record) = span.extensions_mut().remove::<SpanRecord>() else {
+            return;
+        };
+        if !(record.recording && record.sampled) {
+            return;
+        }
+        sink.send(SpanData {
+            span_context: SpanContext::new(
+                record.trace_id,
+                record.span_id,
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: record.parent_span_id,
+            span_kind: record.kind,
+            name: record.name,
+            start_time: record.start,
+            end_time: SystemTime::now(),
+            attributes: record.attributes,
+            dropped_attributes_count: 0,
+            events: span_events(record.events),
+            links: span_links(record.links),
+            status: record.status,
+            instrumentation_scope: sink.scope.clone(),
+        });
+    }
+}
+
+pub(crate) fn flags(sampled: bool) -> TraceFlags {
+    if sampled {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    }
+}
+
+fn span_events(events: Vec<Event>) -> SpanEvents {
+    let mut span_events = SpanEvents::default();
+    span_events.events = events;
+    span_events
+}
+
+fn span_links(links: Vec<Link>) -> SpanLinks {
+    let mut span_links = SpanLinks::default();
+    span_links.links = links;
+    span_links
+}
+
+/// A span's fields as attributes, with tracing-opentelemetry's conventions: `otel.name`,
+/// `otel.kind`, `otel.status_code` and `otel.status_message` set the span's own properties, and
+/// a field recorded again replaces its value (a span exports each attribute once).
+struct Fields<'a> {
+    record: &'a mut SpanRecord,
+    /// The span's creation, where each field comes once: nothing to replace.
+    fresh: bool,
+}
+
+impl Fields<'_> {
+    fn set(&mut self, field: &Field, value: Value) {
+        let key = field.name();
+        let attributes = &mut self.record.attributes;
+        // A span's fields are named by its callsite's `&'static str`s, recorded at creation or
+        // later: the same pointers, so an address comparison finds a field recorded before.
+        let existing = if self.fresh {
+            None
+        } else {
+            attributes.iter_mut().find(|kv| {
+                let name = kv.key.as_str();
+                std::ptr::eq(name.as_ptr(), key.as_ptr()) && name.len() == key.len()
+            })
+        };
+        match existing {
+            Some(existing) => existing.value = value,
+            None => attributes.push(KeyValue::new(Key::from_static_str(key), value)),
+        }
+    }
+
+    /// The `otel.*` fields; `true` when `field` was one.
+    fn special(&mut self, field: &Field, value: &str) -> bool {
+        let Some(property) = field.name().strip_prefix("otel.") else {
+            return false;
+        };
+        let record = &mut *self.record;
+        match property {
+            "name" => record.name = Cow::Owned(value.to_owned()),
+            "kind" => record.kind = kind(value),
+            "status_code" => {
+                record.status = match value {
+                    s if s.eq_ignore_ascii_case("ok") => Status::Ok,
+                    s if s.eq_ignore_ascii_case("error") => Status::error(""),
+                    _ => Status::Unset,
+                }
+            }
+            "status_message" => record.status = Status::error(value.to_owned()),
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// A `Debug` (or `%` Display) value as a string, written into a buffer that fits an id or a
+/// short message at once, where `format!` grows from nothing.
+fn debug_string(value: &dyn fmt::Debug) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(DEBUG_VALUE_BYTES);
+    let _ = write!(text, "{value:?}");
+    text
+}
+
+/// The first allocation for a value recorded with `?` or `%`: an operation id (36 bytes) or an
+/// account name fits.
+const DEBUG_VALUE_BYTES: usize = 48;
+
+fn kind(value: &str) -> SpanKind {
+    match value {
+        "server" => SpanKind::Server,
+        "client" => SpanKind::Client,
+        "producer" => SpanKind::Producer,
+        "consumer" => SpanKind::Consumer,
+        _ => SpanKind::Internal,
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if !self.special(field, value) {
+            self.set(field, Value::String(value.to_owned().into()));
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let value = debug_string(value);
+        if !self.special(field, &value) {
+            self.set(field, Value::String(value.into()));
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.set(field, Value::I64(value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match i64::try_from(value) {
+            Ok(value) => self.set(field, Value::I64(value)),
+            Err(_) => self.set(field, Value::String(value.to_string().into())),
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.set(field, Value::Bool(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.set(field, Value::F64(value));
+    }
+}
+
+/// An event's fields: `message` names it, the others are its attributes.
+struct EventFields {
+    name: Option<Cow<'static, str>>,
+    attributes: Vec<KeyValue>,
+}
+
+impl EventFields {
+    fn set(&mut self, field: &Field, value: Value) {
+        self.attributes
+            .push(KeyValue::new(Key::from_static_str(field.name()), value));
+    }
+}
+
+impl Visit for EventFields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.name = Some(Cow::Owned(value.to_owned())),
+            _ => self.set(field, Value::String(value.to_owned().into())),
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let value = debug_string(value);
+        match field.name() {
+            "message" => self.name = Some(Cow::Owned(value)),
+            _ => self.set(field, Value::String(value.into())),
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.set(field, Value::I64(value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        match i64::try_from(value) {
+            Ok(value) => self.set(field, Value::I64(value)),
+            Err(_) => self.set(field, Value::String(value.to_string().into())),
+        }
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.set(field, Value::Bool(value));
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.set(field, Value::F64(value));
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor, SpanData};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+    use crate::export::Counted;
+
+    /// Runs `work` under a subscriber with the span layer (and its filter) sampling at
+    /// `sampling_ratio` and exporting to memory (a unit test's double of a collector), and
+    /// returns the finished spans.
+    pub(crate) fn spans_of(sampling_ratio: f64, work: impl FnOnce()) -> Vec<SpanData> {
+        let exporter = InMemorySpanExporter::default();
+        let backlog = Arc::new(Backlog::new(crate::config::DEFAULT_MAX_QUEUED_SPANS));
+        let processor = SimpleSpanProcessor::new(Counted::new(exporter.clone(), backlog.clone()));
+        let sink = Arc::new(Sink::new(Box::new(processor), backlog));
+        let subscriber = tracing_subscriber::registry()
+            .with(crate::span_layer(Some(Arc::clone(&sink)), sampling_ratio));
+        tracing::subscriber::with_default(subscriber, work);
+        sink.force_flush();
+        exporter.get_finished_spans().expect("spans")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Mutex};
+
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SpanExporter};
+    use opledger_domain::trace_context::TraceContext as _;
+    use tracing::field;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::testing::spans_of;
+    use super::*;
+    use crate::context::Adapter;
+    use crate::export::Counted;
+
+    const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+    fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {
+        spans
+            .iter()
+            .find(|span| span.name == name)
+            .unwrap_or_else(|| panic!("no span {name} in {spans:?}"))
+    }
+
+    fn attribute(span: &SpanData, key: &str) -> Vec<String> {
+        span.attributes
+            .iter()
+            .filter(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_child_takes_its_trace_and_parent_from_the_closest_exported_span_around_it() {
+        let spans = spans_of(1.0, || {
+            let request = tracing::info_span!("request");
+            request.in_scope(|| {
+                let execute = tracing::info_span!("execute");
+                execute.in_scope(|| {
+                    // Debug spans are not exported: the send is the execute's child.
+                    tracing::debug_span!("provider.execute")
+                        .in_scope(|| tracing::info_span!("send").in_scope(|| {}));
+                });
+            });
+            tracing::info_span!("elsewhere").in_scope(|| {});
+        });
+        let (request, execute, send) = (
+            named(&spans, "request"),
+            named(&spans, "execute"),
+            named(&spans, "send"),
+        );
+        assert_eq!(request.parent_span_id, SpanId::INVALID);
+        assert_eq!(execute.parent_span_id, request.span_context.span_id());
+        assert_eq!(send.parent_span_id, execute.span_context.span_id());
+        for span in [execute, send] {
+            assert_eq!(
+                span.span_context.trace_id(),
+                request.span_context.trace_id()
+            );
+        }
+        assert_ne!(
+            named(&spans, "elsewhere").span_context.trace_id(),
+            request.span_context.trace_id()
+        );
+        assert_eq!(spans.len(), 4, "{spans:?}");
+    }
+
+    #[test]
+    fn fields_recorded_after_creation_are_exported_once_with_their_last_value() {
+        let spans = spans_of(1.0, || {
+            let send = tracing::info_span!(
+                "send",
+                operation_id = "op-1",
+                attempt = 2_u64,
+                state = field::Empty,
+                external_id = field::Empty,
+                otel.kind = "client",
+            );
+            send.record("state", "unknown");
+            send.record("state", "succeeded");
+            send.record("external_id", field::display(731));
+            send.in_scope(|| {});
+        });
+        let send = named(&spans, "send");
+        assert_eq!(attribute(send, "operation_id"), ["op-1"]);
+        assert_eq!(attribute(send, "attempt"), ["2"]);
+        assert_eq!(attribute(send, "state"), ["succeeded"]);
+        assert_eq!(attribute(send, "external_id"), ["731"]);
+        assert!(attribute(send, "otel.kind").is_empty());
+        assert_eq!(send.span_kind, SpanKind::Client);
+        assert!(send.start_time <= send.end_time);
+    }
+
+    #[test]
+    fn at_ratio_zero_nothing_is_exported_and_the_ids_still_say_unsampled() {
+        let mut header = None;
+        let spans = spans_of(0.0, || {
+            let request = tracing::info_span!("request", tenant = "acme");
+            let send = request.in_scope(|| tracing::info_span!("send"));
+            header = Adapter::new().traceparent_of(&send);
+            let parent = Adapter::new().traceparent_of(&request).expect("ids");
+            let trace = parent.split('-').nth(1).expect("trace id").to_owned();
+            assert!(header.as_deref().expect("ids").contains(&trace));
+        });
+        assert!(spans.is_empty(), "{spans:?}");
+        assert!(header.expect("ids").ends_with("-00"));
+    }
+
+    #[test]
+    fn a_callers_sampling_decision_wins_over_the_ratio() {
+        let sampled = spans_of(0.0, || {
+            let request = tracing::info_span!("request", tenant = "acme");
+            Adapter::new().set_remote_parent(
+                &request,
+                &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
+                None,
+            );
+            request.in_scope(|| tracing::info_span!("send").in_scope(|| {}));
+        });
+        let request = named(&sampled, "request");
+        assert_eq!(request.span_context.trace_id().to_string(), CALLER_TRACE);
+        assert_eq!(request.parent_span_id.to_string(), CALLER_SPAN);
+        // Recorded at creation, before the caller's decision was known.
+        assert_eq!(attribute(request, "tenant"), ["acme"]);
+        assert_eq!(
+            named(&sampled, "send").parent_span_id,
+            request.span_context.span_id()
+        );
+        let unsampled = spans_of(1.0, || {
+            let request = tracing::info_span!("request");
+            Adapter::new().set_remote_parent(
+                &request,
+                &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00"),
+                None,
+            );
+            request.in_scope(|| tracing::info_span!("send").in_scope(|| {}));
+        });
+        assert!(unsampled.is_empty(), "{unsampled:?}");
+    }
+
+    /// An exporter stuck until the test lets go (a collector that does not answer), saying
+    /// when it is.
+    #[derive(Debug)]
+    struct Stuck {
+        entered: mpsc::Sender<()>,
+        release: Mutex<mpsc::Receiver<()>>,
+        exported: Arc<AtomicUsize>,
+    }
+
+    impl SpanExporter for Stuck {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            let _ = self.entered.send(());
+            if let Ok(release) = self.release.lock() {
+                // Returns at once when the test has dropped the sender.
+                let _ = release.recv();
+            }
+            self.exported.fetch_add(batch.len(), Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn spans_beyond_the_queue_limit_are_dropped_and_counted_without_waiting_for_the_exporter() {
+        let limit = 4;
+        let backlog = Arc::new(Backlog::new(limit));
+        let (release, stuck) = mpsc::channel::<()>();
+        let (entered, exporting) = mpsc::channel::<()>();
+        let exported = Arc::new(AtomicUsize::new(0));
+        let exporter = Stuck {
+            entered,
+            release: Mutex::new(stuck),
+            exported: Arc::clone(&exported),
+        };
+        // Batches of one: the first span's export starts at once, and sticks.
+        let config = BatchConfigBuilder::default()
+            .with_max_queue_size(limit)
+            .with_max_export_batch_size(1)
+            .build();
+        let processor = BatchSpanProcessor::builder(Counted::new(exporter, Arc::clone(&backlog)))
+            .with_batch_config(config)
+            .build();
+        let sink = Arc::new(Sink::new(Box::new(processor), Arc::clone(&backlog)));
+        let failures = opledger_domain::trace_context::export_failures();
+        let subscriber =
+            tracing_subscriber::registry().with(crate::span_layer(Some(Arc::clone(&sink)), 1.0));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info_span!("send").in_scope(|| {});
+            exporting.recv().expect("the export started");
+            // The exporter is stuck with the first span; these close without waiting for it.
+            for _ in 1..limit + 2 {
+                tracing::info_span!("send").in_scope(|| {});
+            }
+        });
+        assert_eq!(backlog.dropped(), 2);
+        assert!(opledger_domain::trace_context::export_failures() >= failures + 2);
+        drop(release);
+        // The SDK exports one batch (here one span) per flush.
+        for _ in 0..limit {
+            sink.force_flush();
+        }
+        assert_eq!(exported.load(Ordering::Relaxed), limit);
+        assert_eq!(backlog.queued.load(Ordering::Relaxed), 0);
+        sink.shutdown();
+    }
+}
