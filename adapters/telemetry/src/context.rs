@@ -192,6 +192,10 @@ mod tests {
             request.parent_span_id,
             SpanId::from_hex(STORED_SPAN).unwrap()
         );
+        // The caller's vendors' entries travel with its trace, on the child too.
+        for span in [request, send] {
+            assert_eq!(span.span_context.trace_state().header(), "vendor=x");
+        }
         assert_eq!(
             header,
             Some(format!(

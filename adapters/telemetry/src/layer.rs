@@ -42,6 +42,9 @@ pub(crate) struct SpanRecord {
     /// `SpanId::INVALID` for a span that starts a trace.
     pub(crate) parent_span_id: SpanId,
     pub(crate) sampled: bool,
+    /// A caller's W3C `tracestate` (vendors' entries), carried by every span of its trace in
+    /// this process as the standard asks; empty (no allocation) otherwise.
+    trace_state: TraceState,
     /// Whether attributes, events and links are kept: exported somewhere, and sampled or a
     /// span starting a trace (a caller's sampled `traceparent` may still make it the child of a
     /// sampled span). An unrecorded span only has ids (for `traceparent` and the JSON log).
@@ -62,6 +65,7 @@ impl SpanRecord {
         self.trace_id = parent.trace_id();
         self.parent_span_id = parent.span_id();
         self.sampled = parent.is_sampled();
+        self.trace_state = parent.trace_state().clone();
         if !self.sampled {
             self.recording = false;
             self.attributes = Vec::new();
@@ -244,13 +248,19 @@ where
         let parent = parent_of(attrs.parent(), attrs.is_contextual(), &ctx).and_then(|parent| {
             let extensions = parent.extensions();
             let record = extensions.get::<SpanRecord>()?;
-            Some((record.trace_id, record.span_id, record.sampled))
+            Some((
+                record.trace_id,
+                record.span_id,
+                record.sampled,
+                record.trace_state.clone(),
+            ))
         });
-        let (trace_id, parent_span_id, sampled) = match parent {
+        let (trace_id, parent_span_id, sampled, trace_state) = match parent {
             Some(inherited) => inherited,
             None => {
                 let trace_id = self.ids.new_trace_id();
-                (trace_id, SpanId::INVALID, self.samples(trace_id))
+                let sampled = self.samples(trace_id);
+                (trace_id, SpanId::INVALID, sampled, TraceState::default())
             }
         };
         let meta = attrs.metadata();
@@ -260,6 +270,7 @@ where
             span_id: self.ids.new_span_id(),
             parent_span_id,
             sampled,
+            trace_state,
             recording,
             name: Cow::Borrowed(meta.name()),
             kind: SpanKind::Internal,
@@ -361,7 +372,7 @@ where
                 record.span_id,
                 TraceFlags::SAMPLED,
                 false,
-                TraceState::default(),
+                record.trace_state,
             ),
             parent_span_id: record.parent_span_id,
             span_kind: record.kind,
