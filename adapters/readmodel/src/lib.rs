@@ -21,6 +21,7 @@
 //! - `as_of.rs`: listings and the review queue as of a past moment, folded from the log;
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
+//! - `floor.rs`: what SQLite alone costs to write a rebuild's rows (a measurement);
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
 //! - `work.rs`: the durable work queue the workers read (what is due, when);
 //! - `swap.rs`: the lock that lets `opledger replay` replace a read-model file nobody has open.
@@ -28,6 +29,7 @@
 mod apply;
 mod as_of;
 mod catch_up;
+mod floor;
 mod query;
 mod rebuild;
 mod runner;
@@ -54,13 +56,14 @@ pub use as_of::{
 pub use catch_up::{
     catch_up, check_ledger, compare_files, is_read_model_file, CatchUpProgress, TableDifference,
 };
+pub use floor::{FloorLayout, FloorPhase, FloorRows, FloorWritten};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, ScopeNumbers, SharedExternalId,
 };
 pub use rebuild::{
-    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_ID_ENTRIES,
-    MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
+    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, RebuildWaits,
+    MAX_BUFFERED_ID_ENTRIES, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{
     Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,

@@ -52,7 +52,7 @@ use opledger_projections::read_models::fold_in_place;
 use opledger_projections::review_queue::ReviewChange;
 use rusqlite::Connection;
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::apply::RequestKey;
 use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
@@ -93,12 +93,17 @@ const REQUEST_FILTER_SEED: u64 = 0x6f70_6c65_6467_6572;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
-const REBUILD_CACHE_KIB: i64 = 65_536;
+pub(super) const REBUILD_CACHE_KIB: i64 = 65_536;
 /// The rebuilt file's page size, in bytes. Measured on a 1.2M-event log: 4 KiB pages 118k
 /// events/s, 16 KiB 144k, 64 KiB about the same as 16 KiB with twice the memory. Bigger pages
 /// mean fewer B-tree splits and page headers per row. The rebuilt file becomes the live one;
 /// `bench http` on 16 KiB pages was within its run-to-run noise of 4 KiB (−4 % on average).
-const REBUILD_PAGE_SIZE: u32 = 16384;
+pub(super) const REBUILD_PAGE_SIZE: u32 = 16384;
+/// Helper threads SQLite's sorter may start for the rebuild's `CREATE INDEX` (`PRAGMA threads`;
+/// SQLite's default is none). The indexes are built at the end, when the fold and the reader
+/// are done and one core would sit idle: with helpers the sorter sorts its runs and merges them
+/// on both cores. Same CPU, less wall time.
+pub(super) const REBUILD_SORTER_THREADS: u32 = 2;
 
 /// The bounds on what a rebuild holds in memory, whatever the length of the log. Only tests
 /// have a reason to change them: small ones make every path that a long log takes (operations
@@ -157,6 +162,22 @@ pub struct RebuildReport {
     /// Similar-intent lookups answered from the file because the window had let go of intents
     /// they may need.
     pub asked_the_file: u64,
+    /// Where the rebuild's threads waited for each other: what keeps it from using both cores.
+    pub waits: RebuildWaits,
+}
+
+/// Wall time the rebuild's stages spent waiting for each other, and the final index build
+/// (which runs alone). Measured, not bounded: only a report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebuildWaits {
+    /// The fold waited for the next decoded batch of the log.
+    pub fold_for_log: std::time::Duration,
+    /// The fold waited for the writer: its queue was full, or it waited for an answer.
+    pub fold_for_writer: std::time::Duration,
+    /// The writer waited for the fold's next writes.
+    pub writer_for_fold: std::time::Duration,
+    /// The writer built the secondary indexes (`CREATE INDEX`, at the end or mid-way).
+    pub writer_indexing: std::time::Duration,
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
@@ -255,9 +276,9 @@ async fn build<S: EventStore>(
         let result = Writer::open(&temporary_owned)
             .and_then(|writer| writer.write_all(from_fold))
             .and_then(|finished| {
-                if !finished {
-                    return Ok(false);
-                }
+                let Some(waits) = finished else {
+                    return Ok(None);
+                };
                 // The last events may have been handed over just before the caller went away.
                 if !wanted.load(Ordering::SeqCst) {
                     return Err(ReadModelError::Worker {
@@ -266,9 +287,9 @@ async fn build<S: EventStore>(
                     });
                 }
                 publish(&temporary_owned, &path_owned)?;
-                Ok(true)
+                Ok(Some(waits))
             });
-        if !matches!(result, Ok(true)) {
+        if !matches!(result, Ok(Some(_))) {
             remove_file_and_journal(&temporary_owned);
         }
         result
@@ -285,44 +306,59 @@ async fn build<S: EventStore>(
         };
         // The writer's error first: a fold that lost its writer reports only that.
         let finished = written.map_err(worker)??;
-        let report = folded.map_err(worker)??;
-        if !finished {
+        let mut report = folded.map_err(worker)??;
+        let Some(writer) = finished else {
             return Err(ReadModelError::Worker {
                 reason: "the rebuild's writer stopped before the end".to_string(),
             });
-        }
+        };
+        report.waits.writer_for_fold = writer.writer_for_fold;
+        report.waits.writer_indexing = writer.writer_indexing;
         Ok(report)
     };
     let reader = async {
         let mut checkpoint: Option<GlobalPosition> = None;
-        while checkpoint < target {
-            let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
-            let read = match store.read_all(start, MAX_READ_BATCH).await {
-                Ok(mut batch) if !batch.is_empty() => {
-                    batch.retain(|event| Some(event.position) <= target);
-                    checkpoint = batch.last().map(|event| event.position).or(target);
-                    Ok(batch)
-                }
-                Ok(_) => Err(StoreError::Corrupt {
-                    reason: format!(
-                        "the log's head is at {target:?} but nothing after {start:?} can be read"
-                    ),
-                }),
-                Err(error) => Err(error),
-            };
-            // Decoding on its own blocking thread keeps it off both the executor and the fold.
-            let read = match read {
-                Ok(batch) => tokio::task::spawn_blocking(move || decode_all(batch))
-                    .await
-                    .map_err(|error| StoreError::Corrupt {
-                        reason: format!("decoding a batch failed: {error}"),
+        // The batch decoding (on its own blocking thread, off the executor and the fold) while
+        // the next one is read: reading and decoding overlap instead of taking turns.
+        let mut decoding: Option<tokio::task::JoinHandle<Vec<Decoded>>> = None;
+        loop {
+            let read = if checkpoint < target {
+                let start = checkpoint.map_or(LogStart::Beginning, LogStart::After);
+                Some(match store.read_all(start, MAX_READ_BATCH).await {
+                    Ok(mut batch) if !batch.is_empty() => {
+                        batch.retain(|event| Some(event.position) <= target);
+                        checkpoint = batch.last().map(|event| event.position).or(target);
+                        Ok(batch)
+                    }
+                    Ok(_) => Err(StoreError::Corrupt {
+                        reason: format!(
+                            "the log's head is at {target:?} but nothing after {start:?} can be read"
+                        ),
                     }),
-                Err(error) => Err(error),
+                    Err(error) => Err(error),
+                })
+            } else {
+                None
             };
-            let failed = read.is_err();
-            // A closed channel means the fold stopped; its error is the one to report.
-            if sender.send(read.map(Feed::Batch)).await.is_err() || failed {
-                return;
+            if let Some(decoding) = decoding.take() {
+                let decoded = decoding.await.map_err(|error| StoreError::Corrupt {
+                    reason: format!("decoding a batch failed: {error}"),
+                });
+                let failed = decoded.is_err();
+                // A closed channel means the fold stopped; its error is the one to report.
+                if sender.send(decoded.map(Feed::Batch)).await.is_err() || failed {
+                    return;
+                }
+            }
+            match read {
+                Some(Ok(batch)) => {
+                    decoding = Some(tokio::task::spawn_blocking(move || decode_all(batch)));
+                }
+                Some(Err(error)) => {
+                    let _ = sender.send(Err(error)).await;
+                    return;
+                }
+                None => break,
             }
         }
         // Only now may the fold finish the file: a feed that just closes is a rebuild that was
@@ -633,7 +669,12 @@ impl Rebuilder {
         &mut self,
         mut receiver: mpsc::Receiver<Result<Feed, StoreError>>,
     ) -> Result<(), ReadModelError> {
-        while let Some(feed) = receiver.blocking_recv() {
+        loop {
+            let waiting = std::time::Instant::now();
+            let Some(feed) = receiver.blocking_recv() else {
+                break;
+            };
+            self.report.waits.fold_for_log += waiting.elapsed();
             match feed? {
                 Feed::Batch(batch) => {
                     for decoded in batch {
@@ -868,6 +909,7 @@ impl Rebuilder {
             gauges: std::mem::take(&mut self.gauges),
             checkpoint: self.report.checkpoint,
         })?;
+        self.report.waits.fold_for_writer = self.writes.waited;
         Ok(self.report)
     }
 }
@@ -925,6 +967,8 @@ enum Message {
 struct WriteQueue {
     pending: Vec<Write>,
     sender: SyncSender<Message>,
+    /// Time spent waiting for the writer (a full queue, an answer).
+    waited: std::time::Duration,
 }
 
 impl WriteQueue {
@@ -932,6 +976,7 @@ impl WriteQueue {
         Self {
             pending: Vec::with_capacity(WRITES_PER_MESSAGE),
             sender,
+            waited: std::time::Duration::ZERO,
         }
     }
 
@@ -951,8 +996,11 @@ impl WriteQueue {
         self.send(Message::Writes(writes))
     }
 
-    fn send(&self, message: Message) -> Result<(), ReadModelError> {
-        self.sender.send(message).map_err(|_| writer_gone())
+    fn send(&mut self, message: Message) -> Result<(), ReadModelError> {
+        let waiting = std::time::Instant::now();
+        let sent = self.sender.send(message).map_err(|_| writer_gone());
+        self.waited += waiting.elapsed();
+        sent
     }
 
     /// Sends the question `ask` makes, after everything pushed before it, and waits for the
@@ -961,7 +1009,10 @@ impl WriteQueue {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
         self.push(ask(reply))?;
         self.flush()?;
-        answer.recv().map_err(|_| writer_gone())
+        let waiting = std::time::Instant::now();
+        let answer = answer.recv().map_err(|_| writer_gone());
+        self.waited += waiting.elapsed();
+        answer
     }
 }
 
@@ -977,6 +1028,8 @@ fn writer_gone() -> ReadModelError {
 /// another, the two cores share the work instead of one doing all of it.
 struct Writer {
     connection: Connection,
+    /// What the writer measured of itself (`writer_for_fold`, `writer_indexing`).
+    waits: RebuildWaits,
 }
 
 impl Writer {
@@ -998,14 +1051,33 @@ impl Writer {
     fn open(temporary: &Path) -> Result<Self, ReadModelError> {
         let connection =
             schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
+        let threads = schema::set_sorter_threads(&connection, REBUILD_SORTER_THREADS)?;
+        if threads != i64::from(REBUILD_SORTER_THREADS) {
+            warn!(
+                threads,
+                wanted = REBUILD_SORTER_THREADS,
+                "SQLite keeps fewer sorter threads than asked: the indexes take longer to build"
+            );
+        }
         begin(&connection)?;
-        Ok(Self { connection })
+        Ok(Self {
+            connection,
+            waits: RebuildWaits::default(),
+        })
     }
 
-    /// Does the writes until [`Message::Finish`]; `Ok(false)` when the fold stopped before it
-    /// (its error is the one to report).
-    fn write_all(self, receiver: Receiver<Message>) -> Result<bool, ReadModelError> {
-        for message in receiver {
+    /// Does the writes until [`Message::Finish`], and says how long it waited and indexed;
+    /// `Ok(None)` when the fold stopped before it (its error is the one to report).
+    fn write_all(
+        mut self,
+        receiver: Receiver<Message>,
+    ) -> Result<Option<RebuildWaits>, ReadModelError> {
+        loop {
+            let waiting = std::time::Instant::now();
+            let Ok(message) = receiver.recv() else {
+                return Ok(None);
+            };
+            self.waits.writer_for_fold += waiting.elapsed();
             match message {
                 Message::Writes(writes) => {
                     for write in writes {
@@ -1016,13 +1088,17 @@ impl Writer {
                     counters,
                     gauges,
                     checkpoint,
-                } => return self.finish(&counters, &gauges, checkpoint).map(|()| true),
+                } => {
+                    let waits = self.waits;
+                    return self
+                        .finish(&counters, &gauges, checkpoint)
+                        .map(|()| Some(waits));
+                }
             }
         }
-        Ok(false)
     }
 
-    fn write(&self, write: Write) -> Result<(), ReadModelError> {
+    fn write(&mut self, write: Write) -> Result<(), ReadModelError> {
         let connection = &self.connection;
         match write {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
@@ -1033,7 +1109,12 @@ impl Writer {
                 .try_for_each(|entry| apply::write_id_entry(connection, entry)),
             Write::IdIndexAppend(entries) => apply::append_id_entries(connection, &entries),
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
-            Write::CreateIndexes => schema::create_indexes(connection),
+            Write::CreateIndexes => {
+                let indexing = std::time::Instant::now();
+                schema::create_indexes(connection)?;
+                self.waits.writer_indexing += indexing.elapsed();
+                Ok(())
+            }
             Write::LoadState {
                 operation_id,
                 reply,

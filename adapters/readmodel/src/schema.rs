@@ -198,7 +198,7 @@ const CREATE_TABLES_V3: &str = "
 ";
 
 /// The index of version 3: the work queue by due time.
-const CREATE_INDEXES_V3: &str = "
+pub(super) const CREATE_INDEXES_V3: &str = "
     CREATE INDEX work_queue_by_due ON work_queue (work, due_at, operation_id);
 ";
 
@@ -206,7 +206,7 @@ const CREATE_INDEXES_V3: &str = "
 /// after loading the rows: sorting once reads and writes each index page once, where keeping
 /// them in order row by row inserts on random pages once they outgrow the page cache. Their
 /// text is the same either way, so the schemas are identical.
-const CREATE_INDEXES_V1: &str = "
+pub(super) const CREATE_INDEXES_V1: &str = "
     CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
     CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
     CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
@@ -214,14 +214,14 @@ const CREATE_INDEXES_V1: &str = "
 
 /// The indexes of the id index (version 1's, apart because the version 4 migration makes those
 /// tables anew).
-const CREATE_ID_INDEXES_V1: &str = "
+pub(super) const CREATE_ID_INDEXES_V1: &str = "
     CREATE INDEX sources_by_id ON sources (source_id, position);
     CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
 ";
 
 /// The indexes of `operations` (version 1's, apart because the version 4 migration makes the
 /// table anew).
-const CREATE_OPERATIONS_INDEXES_V1: &str = "
+pub(super) const CREATE_OPERATIONS_INDEXES_V1: &str = "
     CREATE INDEX operations_by_created ON operations (created_at, operation_id);
     CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
     CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
@@ -364,6 +364,18 @@ pub(super) fn create_for_rebuild(
     create_schema(&mut connection, path, Indexes::Later)?;
     check_tables(&connection, path)?;
     Ok(connection)
+}
+
+/// Lets SQLite's sorter (`CREATE INDEX`, big `ORDER BY`s) start up to `threads` helper threads
+/// on this connection; returns how many it took: SQLite quietly caps the setting at the most it
+/// was compiled for, and a build without threads keeps none. Only speed depends on it.
+pub(super) fn set_sorter_threads(
+    connection: &Connection,
+    threads: u32,
+) -> Result<i64, ReadModelError> {
+    connection
+        .pragma_update_and_check(None, "threads", threads, |row| row.get(0))
+        .map_err(|error| ReadModelError::sqlite("setting the sorter's threads", error))
 }
 
 /// Creates the secondary indexes a rebuild left out ([`create_for_rebuild`]); each one is built

@@ -41,9 +41,9 @@ use opledger_projections::id_index::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::totals::Totals;
 use opledger_readmodel::{
-    catch_up, lock_path, rebuild, rebuild_to_with, OperationFilter, ReadModelError,
-    ReadModelRunner, ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS,
-    MAX_LINGER_MS, MAX_QUERY_ROWS, SCHEMA_VERSION,
+    catch_up, lock_path, rebuild, rebuild_to_with, FloorLayout, FloorPhase, FloorRows,
+    OperationFilter, ReadModelError, ReadModelRunner, ReadModelStore, ReadModels, RebuildLimits,
+    RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS, MAX_QUERY_ROWS, SCHEMA_VERSION,
 };
 use opledger_runtime::system::RandomIds;
 use opledger_store::{MemoryStore, SqliteStore};
@@ -898,6 +898,52 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
         !flagged.is_empty(),
         "the stories flag possible duplicates, so the window's answers were compared"
     );
+}
+
+/// The floor (`opledger bench projections --floor`) is only a bound on a rebuild if it writes
+/// what the rebuild writes: the same rows in every table, and the same indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_writes_exactly_the_rows_and_indexes_of_the_rebuild_it_was_loaded_from() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = MemoryStore::new();
+    let harness = Arc::new(Harness::new(store.clone()));
+    harness.play_concurrently(0..40, 4).await;
+    let rebuilt_path = dir.path().join("rebuilt.db");
+    drop(rebuild(&store, &rebuilt_path).await.expect("rebuild"));
+    let rows = FloorRows::load(&rebuilt_path).expect("the rows load");
+    assert!(rows.rows() > 40, "at least a row per operation");
+    let floor_path = dir.path().join("floor.db");
+    let mut phases = Vec::new();
+    rows.write(&floor_path, FloorLayout::CURRENT, 2, |phase| {
+        phases.push(phase)
+    })
+    .expect("the floor writes");
+    assert_eq!(
+        phases,
+        [
+            FloorPhase::Inserting,
+            FloorPhase::CreatingIndexes,
+            FloorPhase::Closing,
+            FloorPhase::Done
+        ]
+    );
+    assert_same_tables(
+        &dump_of(rebuilt_path.clone()).await,
+        &dump_of(floor_path.clone()).await,
+        "rebuild vs floor",
+    );
+    let schema_of = |path: &Path| -> Vec<(String, String)> {
+        let connection = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open read-only");
+        let mut statement = connection
+            .prepare("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
+            .expect("prepare");
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .expect("the schema reads")
+    };
+    assert_eq!(schema_of(&rebuilt_path), schema_of(&floor_path));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
