@@ -116,28 +116,13 @@ async fn projections(
 }
 
 /// The floor's runs: today's layout with SQLite's default sorter (no helper threads) and with
-/// two helpers (one per core of the 2-core machine the numbers are for), then the candidate
-/// layouts with two helpers.
-const FLOOR_RUNS: [(FloorLayout, u32); 5] = [
+/// two helpers (one per core of the 2-core machine the numbers are for, as a rebuild has), then
+/// a candidate layout with two helpers.
+const FLOOR_RUNS: [(FloorLayout, u32); 3] = [
     (FloorLayout::CURRENT, 0),
     (FloorLayout::CURRENT, 2),
     (
         FloorLayout {
-            request_hash: true,
-            without_created_index: false,
-        },
-        2,
-    ),
-    (
-        FloorLayout {
-            request_hash: false,
-            without_created_index: true,
-        },
-        2,
-    ),
-    (
-        FloorLayout {
-            request_hash: true,
             without_created_index: true,
         },
         2,
@@ -169,12 +154,11 @@ fn projection_floor(rebuilt: &Path, events: u64) -> Result<(), CliError> {
         let (indexes, indexes_cpu) = phase(1);
         let (close, _) = phase(2);
         println!(
-            "bench=projection-floor request_hash={} without_created_index={} \
+            "bench=projection-floor without_created_index={} \
              sorter_threads={threads} events={events} rows={} \
              inserts_us_per_event={inserts:.3} inserts_cpu_us_per_event={inserts_cpu:.3} \
              indexes_us_per_event={indexes:.3} indexes_cpu_us_per_event={indexes_cpu:.3} \
              close_us_per_event={close:.3} total_us_per_event={:.3}",
-            layout.request_hash,
             layout.without_created_index,
             rows.rows(),
             inserts + indexes + close,

@@ -391,6 +391,9 @@ pub(super) struct StoredOperation {
     /// The operation's row in the work queue: when its next work falls due, and what it is
     /// (`None`: it waits for a person or is settled, and has no row).
     due: Option<(DateTime<Utc>, Work)>,
+    /// The hash of the intent's request (`sql::request_hash`), built with the row, on the
+    /// rebuild's fold thread rather than its writer's.
+    request_hash: i64,
 }
 
 impl StoredOperation {
@@ -403,7 +406,7 @@ impl StoredOperation {
         if in_file {
             update_operation(connection, &self.row, &self.state)?;
         } else {
-            insert_operation(connection, &self.row, &self.state)?;
+            insert_operation(connection, &self.row, &self.state, self.request_hash)?;
         }
         write_work(
             connection,
@@ -531,6 +534,13 @@ pub(super) fn stored_operation(
         },
     )?;
     Ok(StoredOperation {
+        request_hash: sql::request_hash([
+            row.tenant.as_str(),
+            row.provider.as_str(),
+            row.account.as_str(),
+            row.action.as_str(),
+            row.args_hash.as_str(),
+        ]),
         row,
         due: due_of(state),
         state: {
@@ -593,15 +603,16 @@ pub(super) fn find_similar(
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     // `INDEXED BY` because without statistics SQLite prefers the creation-time index (it serves
     // the range and the order) and then reads every operation recorded within the window to
-    // compare its request — quadratic in a busy window. The request index narrows to identical
-    // requests first and still yields them newest first.
+    // compare its request — quadratic in a busy window. The request index narrows to requests
+    // with the same hash first and still yields them newest first; the columns themselves then
+    // drop the rare other request that shares the hash, before the LIMIT counts a row.
     let mut statement = transaction
         .prepare_cached(
             "SELECT operation_id, source_id, created_at FROM operations
              INDEXED BY operations_by_request
-             WHERE tenant = ?1 AND provider = ?2 AND account = ?3 AND action = ?4
-               AND args_hash = ?5 AND created_at >= ?6 AND created_at <= ?7
-               AND operation_id <> ?8
+             WHERE request_hash = ?10 AND created_at >= ?6 AND created_at <= ?7
+               AND tenant = ?1 AND provider = ?2 AND account = ?3 AND action = ?4
+               AND args_hash = ?5 AND operation_id <> ?8
              ORDER BY created_at DESC, operation_id DESC
              LIMIT ?9",
         )
@@ -619,6 +630,13 @@ pub(super) fn find_similar(
                 sql::TimeText::new(query.to),
                 sql::operation_text(query.operation_id),
                 limit,
+                sql::request_hash([
+                    query.tenant.as_str(),
+                    query.provider.as_str(),
+                    query.account.as_str(),
+                    query.action.as_str(),
+                    query.args_hash.as_str(),
+                ]),
             ],
             |row| {
                 Ok((
@@ -648,15 +666,16 @@ fn insert_operation(
     transaction: &Connection,
     row: &OperationRow,
     state: &[u8],
+    request_hash: i64,
 ) -> Result<(), ReadModelError> {
     let mut statement = transaction
         .prepare_cached(
             "INSERT INTO operations (operation_id, tenant, provider, account, action, args_hash,
                  source_id, state, attempts, external_id, last_error, created_at, updated_at,
                  stream_version, last_position, lease_deadline, unknown_since,
-                 needs_review_reason, folded_state)
+                 needs_review_reason, folded_state, request_hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19)",
+                 ?18, ?19, ?20)",
         )
         .map_err(|error| ReadModelError::sqlite("preparing to insert an operation", error))?;
     statement
@@ -680,6 +699,7 @@ fn insert_operation(
             row.unknown_since.map(sql::TimeText::new),
             row.needs_review_reason,
             state,
+            request_hash,
         ])
         .map_err(|error| {
             ReadModelError::sqlite(format!("inserting operation {}", row.operation_id), error)

@@ -16,8 +16,6 @@ use std::path::Path;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags};
 
-use std::hash::{BuildHasher, Hash, Hasher};
-
 use super::rebuild::{REBUILD_CACHE_KIB, REBUILD_COMMIT_EVENTS, REBUILD_PAGE_SIZE};
 use super::{schema, ReadModelError};
 
@@ -37,14 +35,10 @@ const FLOOR_TABLES: [&str; 11] = [
     "checkpoint",
 ];
 
-/// The layout the floor writes: today's (schema version 4), or a candidate for a narrower one,
-/// measured before anyone writes its migration.
+/// The layout the floor writes: today's, or a candidate for a narrower one, measured before
+/// anyone writes its migration. (Schema version 5's request hash was measured this way first.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FloorLayout {
-    /// `operations_by_request` on a 64-bit hash of the five request columns (a column of its
-    /// own, 8 bytes more per row) instead of their text: the similar-intent lookup would find
-    /// the few rows with the hash and compare their columns.
-    pub request_hash: bool,
     /// No `operations_by_created`: what that index costs to build.
     pub without_created_index: bool,
 }
@@ -52,19 +46,9 @@ pub struct FloorLayout {
 impl FloorLayout {
     /// Today's layout, as a rebuild writes it.
     pub const CURRENT: Self = Self {
-        request_hash: false,
         without_created_index: false,
     };
 }
-
-/// The candidate index on the request's hash ([`FloorLayout::request_hash`]).
-const CREATE_REQUEST_HASH_INDEX: &str =
-    "CREATE INDEX operations_by_request ON operations (request_hash, created_at, operation_id);";
-/// The request's columns in `operations`, by position (tenant, provider, account, action,
-/// args_hash), as `SELECT *` reads them.
-const REQUEST_COLUMNS: std::ops::Range<usize> = 1..6;
-/// The seed of the candidate request hash: fixed, as a stored hash must be.
-const REQUEST_HASH_SEED: u64 = 0x7265_7175_6573_7473;
 
 /// Every row of a rebuilt file, held in memory by table, ready to be written again.
 pub struct FloorRows {
@@ -166,18 +150,13 @@ impl FloorRows {
                 .execute_batch(sql)
                 .map_err(|error| ReadModelError::sqlite(format!("floor: `{sql}`"), error))
         };
-        if layout.request_hash {
-            run("ALTER TABLE operations ADD COLUMN request_hash INTEGER NOT NULL DEFAULT 0")?;
-        }
-        let hasher = foldhash::fast::FixedState::with_seed(REQUEST_HASH_SEED);
         phase(FloorPhase::Inserting);
         run("BEGIN IMMEDIATE")?;
         let mut since_commit = 0;
         let mut steps = Vec::new();
         for table in &self.tables {
             let started = std::time::Instant::now();
-            let hashed = layout.request_hash && table.name == "operations";
-            let placeholders = (1..=table.columns + usize::from(hashed))
+            let placeholders = (1..=table.columns)
                 .map(|column| format!("?{column}"))
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -188,18 +167,8 @@ impl FloorRows {
                 ))
                 .map_err(|error| ReadModelError::sqlite("floor: preparing an insert", error))?;
             for row in &table.rows {
-                let hash = hashed.then(|| {
-                    let mut state = hasher.build_hasher();
-                    for value in &row[REQUEST_COLUMNS] {
-                        if let Value::Text(text) = value {
-                            text.hash(&mut state);
-                        }
-                    }
-                    // The hash's bits as SQLite's signed 64-bit integer.
-                    Value::Integer(state.finish() as i64)
-                });
                 statement
-                    .execute(rusqlite::params_from_iter(row.iter().chain(hash.as_ref())))
+                    .execute(rusqlite::params_from_iter(row.iter()))
                     .map_err(|error| {
                         ReadModelError::sqlite(
                             format!("floor: inserting into {}", table.name),
@@ -217,8 +186,7 @@ impl FloorRows {
         phase(FloorPhase::CreatingIndexes);
         let took = schema::set_sorter_threads(&connection, sorter_threads)?;
         let creates = [
-            schema::CREATE_OPERATIONS_INDEXES_V1,
-            CREATE_REQUEST_HASH_INDEX,
+            schema::CREATE_OPERATIONS_INDEXES_V5,
             schema::CREATE_INDEXES_V1,
             schema::CREATE_ID_INDEXES_V1,
             schema::CREATE_INDEXES_V3,
@@ -227,12 +195,7 @@ impl FloorRows {
             let Some(name) = create.split_whitespace().nth(2) else {
                 continue;
             };
-            let skipped = match name {
-                "operations_by_created" => layout.without_created_index,
-                "operations_by_request" => layout.request_hash != create.contains("request_hash"),
-                _ => false,
-            };
-            if skipped {
+            if layout.without_created_index && name == "operations_by_created" {
                 continue;
             }
             let started = std::time::Instant::now();

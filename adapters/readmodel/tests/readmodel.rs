@@ -2211,10 +2211,24 @@ fn create_statement(connection: &Connection, table: &str) -> String {
         .expect("the table exists")
 }
 
+/// Puts the operations table back as version 4 had it: no request hash, and the request index
+/// on the request's five columns.
+fn back_to_version_4(connection: &Connection) {
+    connection
+        .execute_batch(
+            "DROP INDEX operations_by_request;
+             ALTER TABLE operations DROP COLUMN request_hash;
+             CREATE INDEX operations_by_request ON operations
+                 (tenant, provider, account, action, args_hash, created_at, operation_id);",
+        )
+        .expect("the version 4 operations table");
+}
+
 /// Puts the tables back as versions 1 to 3 had them: the operations table with
 /// `folded_state TEXT`, the state's JSON (versions 1-3 wrote exactly
 /// `serde_json::to_string(&state)` there), and the id index's tables with rowids.
 fn store_states_as_json(connection: &Connection, states: &BTreeMap<String, OperationState>) {
+    back_to_version_4(connection);
     for table in ID_TABLES {
         let create = create_statement(connection, table);
         assert!(create.contains("WITHOUT ROWID"), "{create}");
@@ -2338,6 +2352,58 @@ async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_
         &dump_of(rebuilt).await,
         &dump_of(old).await,
         "migrated vs rebuilt",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_file_opens_with_its_requests_hashed_and_indexed_by_hash_equal_to_a_rebuild() {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let (rebuilt, old) = rebuilt_and_a_copy(&fixture, &dir, "version-4.db").await;
+    let connection = Connection::open(&old).expect("open");
+    back_to_version_4(&connection);
+    connection
+        .execute_batch("PRAGMA user_version = 4;")
+        .expect("back to version 4");
+    drop(connection);
+    assert_ne!(
+        dump_of(rebuilt.clone()).await,
+        dump_of(old.clone()).await,
+        "no request hashes before the upgrade"
+    );
+
+    drop(
+        ReadModels::open(&old)
+            .await
+            .expect("a version 4 file opens"),
+    );
+    let schema_of = |path: &Path, kind: &str, name: &str| -> String {
+        Connection::open(path)
+            .expect("open")
+            .query_row(
+                "SELECT sql FROM sqlite_schema WHERE type = ?1 AND name = ?2",
+                [kind, name],
+                |row| row.get(0),
+            )
+            .expect("in the schema")
+    };
+    let version: i64 = Connection::open(&old)
+        .expect("open")
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    for (kind, name) in [("table", "operations"), ("index", "operations_by_request")] {
+        assert_eq!(
+            schema_of(&old, kind, name),
+            schema_of(&rebuilt, kind, name),
+            "a converted file's {name} is a new file's"
+        );
+    }
+    assert_same_tables(
+        &dump_of(rebuilt).await,
+        &dump_of(old).await,
+        "converted vs rebuilt",
     );
 }
 
