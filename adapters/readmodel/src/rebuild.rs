@@ -811,8 +811,27 @@ impl Rebuilder {
         let middle = ages.len() / 2;
         let (_, cutoff, _) = ages.select_nth_unstable(middle);
         let cutoff = *cutoff;
-        self.write_open(|open| open.last_used < cutoff)?;
-        self.open.retain(|_, open| open.last_used >= cutoff);
+        // Taken out of the map, so their states move to the writer, which builds their rows and
+        // stored states (see `Write::Fold`): the fold thread is the busier of the two.
+        let mut evicted: Vec<(OperationId, OpenOperation)> = self
+            .open
+            .extract_if(|_, open| open.last_used < cutoff)
+            .filter(|(_, open)| open.dirty)
+            .collect();
+        evicted.sort_unstable_by_key(|(operation_id, _)| *operation_id);
+        for (operation_id, open) in evicted {
+            let version = open
+                .version
+                .expect("an open operation that is dirty has folded an event");
+            self.gauges
+                .row_changed(open.before, apply::Counted::of(&open.state));
+            self.writes.push(Write::Fold {
+                operation_id,
+                state: Box::new(open.state),
+                last: (version, open.position, open.at),
+                in_file: open.in_file,
+            })?;
+        }
         Ok(())
     }
 
@@ -914,6 +933,17 @@ enum Write {
     /// An operation's row, built by the fold.
     Operation {
         stored: apply::StoredOperation,
+        in_file: bool,
+    },
+    /// An operation's row for the writer to build from its folded state, which the fold let go
+    /// of: building the row and the stored state moves to the writer's thread, which waited for
+    /// the fold about half of the time.
+    Fold {
+        operation_id: OperationId,
+        /// Boxed: a state is several times the size of the other writes.
+        state: Box<OperationState>,
+        /// Its last event's version, position and time.
+        last: (StreamVersion, GlobalPosition, DateTime<Utc>),
         in_file: bool,
     },
     Review(ReviewChange),
@@ -1081,6 +1111,12 @@ impl Writer {
         let connection = &self.connection;
         match write {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
+            Write::Fold {
+                operation_id,
+                state,
+                last,
+                in_file,
+            } => apply::stored_operation(operation_id, &state, last)?.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
             Write::IdIndex(entries) => entries
