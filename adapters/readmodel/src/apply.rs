@@ -1304,3 +1304,64 @@ fn expect_one_row(
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
+
+    /// The request index holds only the request's hash (schema version 5), so two requests that
+    /// share a hash meet in it; the lookup must still tell them apart by their columns.
+    #[test]
+    fn a_row_sharing_the_request_hash_but_not_the_request_is_not_a_similar_intent() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let connection = super::super::schema::open(&dir.path().join("views.db")).expect("open");
+        let at = Utc
+            .with_ymd_and_hms(2026, 12, 3, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let hash_of = |letter: &str| format!("sha256:{}", letter.repeat(64));
+        let query = SimilarIntentQuery {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(9)),
+            tenant: TenantId::new("t").expect("valid"),
+            provider: ProviderId::new("p").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            action: ActionName::new("create").expect("valid"),
+            args_hash: ArgsHash::parse(&hash_of("a")).expect("valid"),
+            from: at - chrono::Duration::seconds(60),
+            to: at + chrono::Duration::seconds(60),
+            limit: 10,
+        };
+        let shared = sql::request_hash(["t", "p", "a", "create", &hash_of("a")]);
+        // The same request, and another (other arguments) given the same hash by hand.
+        for (n, args_hash) in [(1_u128, hash_of("a")), (2, hash_of("b"))] {
+            connection
+                .execute(
+                    "INSERT INTO operations (operation_id, tenant, provider, account, action,
+                         args_hash, state, attempts, created_at, updated_at, stream_version,
+                         last_position, folded_state, request_hash)
+                     VALUES (?1, 't', 'p', 'a', 'create', ?2, 'pending', 0, ?3, ?3, 0, ?4, x'',
+                         ?5)",
+                    params![
+                        sql::operation_text(OperationId::from_uuid(uuid::Uuid::from_u128(n))),
+                        args_hash,
+                        sql::TimeText::new(at),
+                        n as i64,
+                        shared,
+                    ],
+                )
+                .expect("a row");
+        }
+        let found: Vec<OperationId> = find_similar(&connection, &query)
+            .expect("the lookup")
+            .into_iter()
+            .map(|intent| intent.operation_id)
+            .collect();
+        assert_eq!(
+            found,
+            [OperationId::from_uuid(uuid::Uuid::from_u128(1))],
+            "only the same request"
+        );
+    }
+}
