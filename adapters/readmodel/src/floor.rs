@@ -35,6 +35,11 @@ const FLOOR_TABLES: [&str; 11] = [
     "checkpoint",
 ];
 
+/// Most rows the floor holds in memory: ~1 KiB each with their values (a 1M-event rebuild's
+/// 1,002,006 rows peaked at ~1 GB), so at most ~2 GiB. A rebuild of up to ~2M events fits; the
+/// floor is a per-event figure, which a longer log does not change much.
+pub const MAX_FLOOR_ROWS: usize = 2_000_000;
+
 /// The layout the floor writes: today's, or a candidate for a narrower one, measured before
 /// anyone writes its migration. (Schema version 5's request hash was measured this way first.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,6 +96,11 @@ impl FloorRows {
     /// rowid order, the order the rebuild inserted them; a `WITHOUT ROWID` table's in key order,
     /// the order the rebuild appends them.
     pub fn load(path: &Path) -> Result<Self, ReadModelError> {
+        Self::load_at_most(path, MAX_FLOOR_ROWS)
+    }
+
+    /// [`FloorRows::load`] holding at most `max_rows` rows; a file with more is refused.
+    pub fn load_at_most(path: &Path, max_rows: usize) -> Result<Self, ReadModelError> {
         let connection = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -103,14 +113,36 @@ impl FloorRows {
                 .prepare(&format!("SELECT * FROM {name}"))
                 .map_err(|error| ReadModelError::sqlite(context(), error))?;
             let columns = statement.column_count();
-            let rows = statement
-                .query_map([], |row| {
+            let held: usize = tables
+                .iter()
+                .map(|table: &TableRows| table.rows.len())
+                .sum();
+            let mut rows = Vec::new();
+            let mut read = statement
+                .query([])
+                .map_err(|error| ReadModelError::sqlite(context(), error))?;
+            while let Some(row) = read
+                .next()
+                .map_err(|error| ReadModelError::sqlite(context(), error))?
+            {
+                if held + rows.len() >= max_rows {
+                    return Err(ReadModelError::InvalidQuery {
+                        reason: format!(
+                            "`{}` has more than {max_rows} rows, the most the floor holds in \
+                             memory (MAX_FLOOR_ROWS is {MAX_FLOOR_ROWS}); measure the floor on a \
+                             smaller ledger (~2M events or fewer)",
+                            path.display()
+                        ),
+                    });
+                }
+                rows.push(
                     (0..columns)
                         .map(|column| row.get::<_, Value>(column))
                         .collect::<Result<Vec<Value>, _>>()
-                })
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|error| ReadModelError::sqlite(context(), error))?;
+                        .map_err(|error| ReadModelError::sqlite(context(), error))?,
+                );
+            }
+            drop(read);
             tables.push(TableRows {
                 name,
                 columns,

@@ -56,7 +56,7 @@ pub use as_of::{
 pub use catch_up::{
     catch_up, check_ledger, compare_files, is_read_model_file, CatchUpProgress, TableDifference,
 };
-pub use floor::{FloorLayout, FloorPhase, FloorRows, FloorWritten};
+pub use floor::{FloorLayout, FloorPhase, FloorRows, FloorWritten, MAX_FLOOR_ROWS};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, ScopeNumbers, SharedExternalId,

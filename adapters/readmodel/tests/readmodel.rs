@@ -912,6 +912,13 @@ async fn the_floor_writes_exactly_the_rows_and_indexes_of_the_rebuild_it_was_loa
     drop(rebuild(&store, &rebuilt_path).await.expect("rebuild"));
     let rows = FloorRows::load(&rebuilt_path).expect("the rows load");
     assert!(rows.rows() > 40, "at least a row per operation");
+    let Err(too_many) = FloorRows::load_at_most(&rebuilt_path, 40) else {
+        panic!("more rows than the floor may hold are refused");
+    };
+    assert!(
+        too_many.to_string().contains("more than 40 rows"),
+        "{too_many}"
+    );
     let floor_path = dir.path().join("floor.db");
     let mut phases = Vec::new();
     rows.write(&floor_path, FloorLayout::CURRENT, 2, |phase| {
