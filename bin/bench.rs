@@ -21,6 +21,7 @@ use opledger_domain::ids::{ExternalObjectId, WorkerId};
 use opledger_domain::ports::IdSource;
 use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
 use opledger_projections::totals::Totals;
+use opledger_readmodel::FloorLayout;
 use tokio::sync::mpsc;
 
 use crate::cli::{BenchArgs, BenchStoreArgs, BenchTarget, CliError};
@@ -63,7 +64,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             let ledger = Arc::new(crate::intent::open_for_reading(&args.db).await?);
             let target = fresh_path("projections");
             let result = tokio::select! {
-                result = projections(&ledger, &target) => result,
+                result = projections(&ledger, &target, args.floor) => result,
                 _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
             };
             let closed = crate::intent::close(&ledger).await;
@@ -75,8 +76,12 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
 }
 
 /// Rebuilds the read models from position 0 into `target` and reports the rate and the peak
-/// memory of the rebuild alone.
-async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), CliError> {
+/// memory of the rebuild alone; with `floor`, then SQLite's floor for the same rows.
+async fn projections(
+    ledger: &Arc<SqliteLedger>,
+    target: &Path,
+    floor: bool,
+) -> Result<(), CliError> {
     reset_peak_rss();
     let started = Instant::now();
     let head = opledger_domain::store::EventStore::head_position(ledger.store()).await?;
@@ -86,15 +91,107 @@ async fn projections(ledger: &Arc<SqliteLedger>, target: &Path) -> Result<(), Cl
     let peak = peak_rss_mb();
     drop(read_models);
     let events = report.applied;
+    let ms = |duration: Duration| duration.as_millis();
     println!(
         "bench=projection-rebuild events={events} events_per_s={:.0} max_rss_mb={} \
-         read_back={} asked_the_file={}",
+         read_back={} asked_the_file={} wall_ms={} fold_waited_for_log_ms={} \
+         fold_waited_for_writer_ms={} writer_waited_for_fold_ms={} writer_indexing_ms={}",
         events as f64 / elapsed.as_secs_f64(),
         peak.map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
         report.read_back,
         report.asked_the_file,
+        ms(elapsed),
+        ms(report.waits.fold_for_log),
+        ms(report.waits.fold_for_writer),
+        ms(report.waits.writer_for_fold),
+        ms(report.waits.writer_indexing),
     );
+    if floor {
+        let target = target.to_path_buf();
+        tokio::task::spawn_blocking(move || projection_floor(&target, events))
+            .await
+            .map_err(|error| CliError::Other(format!("the floor measurement failed: {error}")))??;
+    }
     Ok(())
+}
+
+/// The floor's runs: today's layout with SQLite's default sorter (no helper threads) and with
+/// two helpers (one per core of the 2-core machine the numbers are for, as a rebuild has), then
+/// a candidate layout with two helpers.
+const FLOOR_RUNS: [(FloorLayout, u32); 3] = [
+    (FloorLayout::CURRENT, 0),
+    (FloorLayout::CURRENT, 2),
+    (
+        FloorLayout {
+            without_created_index: true,
+        },
+        2,
+    ),
+];
+
+/// Writes the rows of the rebuilt file at `rebuilt` again from memory, once per run of
+/// [`FLOOR_RUNS`], and prints each phase's wall and CPU time per event of the log (`events`).
+fn projection_floor(rebuilt: &Path, events: u64) -> Result<(), CliError> {
+    let rows = opledger_readmodel::FloorRows::load(rebuilt)?;
+    let per_event = |duration: Duration| duration.as_secs_f64() * 1e6 / events.max(1) as f64;
+    for (layout, threads) in FLOOR_RUNS {
+        let target = fresh_path("projection-floor");
+        let mut marks: Vec<(Instant, Duration)> = Vec::new();
+        let written = rows.write(&target, layout, threads, |_| {
+            marks.push((Instant::now(), process_cpu()));
+        });
+        crate::replay::remove_database(&target);
+        let written = written?;
+        let threads = written.sorter_threads;
+        let phase = |from: usize| {
+            let ((wall_from, cpu_from), (wall_to, cpu_to)) = (marks[from], marks[from + 1]);
+            (
+                per_event(wall_to - wall_from),
+                per_event(cpu_to.saturating_sub(cpu_from)),
+            )
+        };
+        let (inserts, inserts_cpu) = phase(0);
+        let (indexes, indexes_cpu) = phase(1);
+        let (close, _) = phase(2);
+        println!(
+            "bench=projection-floor without_created_index={} \
+             sorter_threads={threads} events={events} rows={} \
+             inserts_us_per_event={inserts:.3} inserts_cpu_us_per_event={inserts_cpu:.3} \
+             indexes_us_per_event={indexes:.3} indexes_cpu_us_per_event={indexes_cpu:.3} \
+             close_us_per_event={close:.3} total_us_per_event={:.3}",
+            layout.without_created_index,
+            rows.rows(),
+            inserts + indexes + close,
+        );
+        let steps: Vec<String> = written
+            .steps
+            .iter()
+            .map(|(step, took)| format!("{}={:.3}", step.replace(' ', ":"), per_event(*took)))
+            .collect();
+        println!(
+            "bench=projection-floor-steps us_per_event: {}",
+            steps.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// The CPU time (user + system) of this whole process so far, from `/proc/self/stat` (Linux
+/// only; zero elsewhere), in clock ticks of 10 ms (`CLK_TCK` is 100 on Linux).
+fn process_cpu() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let after = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            // utime and stime are the 14th and 15th fields of the line, 12th and 13th after it.
+            let user: u64 = fields.get(11)?.parse().ok()?;
+            let system: u64 = fields.get(12)?.parse().ok()?;
+            Some(user + system)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
 }
 
 async fn store(args: BenchStoreArgs) -> Result<(), CliError> {

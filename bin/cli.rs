@@ -424,8 +424,10 @@ pub enum BenchTarget {
     /// the totals read model; prints `bench=replay …`.
     Replay(BenchReplayArgs),
     /// Rebuild the SQLite read models from position 0 of an existing ledger file into a fresh
-    /// temporary file (removed afterwards); prints `bench=projection-rebuild …`.
-    Projections(BenchReplayArgs),
+    /// temporary file (removed afterwards); prints `bench=projection-rebuild …`. With `--floor`,
+    /// then writes the rebuilt rows again from memory, as SQLite alone would (see
+    /// `opledger_readmodel::FloorRows`), and prints `bench=projection-floor …` per sorter setting.
+    Projections(BenchProjectionsArgs),
     /// `opledger serve --db FILE` from process start: to `/healthz` ready, to the first due
     /// operation driven, and its peak RSS; prints `bench=startup events=… ready_ms=…
     /// first_drive_ms=… max_rss_mb=…`. The read models beside the file are caught up first
@@ -539,6 +541,17 @@ pub struct BenchReplayArgs {
     /// The ledger file to replay (left as it is).
     #[arg(long)]
     pub db: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchProjectionsArgs {
+    /// The ledger file to rebuild the read models of (left as it is).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// After the rebuild, measure SQLite's floor for the same rows: write them again from memory
+    /// (no log read, decode or fold), the indexes built with 0 and then 2 sorter threads.
+    #[arg(long)]
+    pub floor: bool,
 }
 
 #[derive(Debug, Args)]

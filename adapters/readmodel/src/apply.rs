@@ -391,6 +391,9 @@ pub(super) struct StoredOperation {
     /// The operation's row in the work queue: when its next work falls due, and what it is
     /// (`None`: it waits for a person or is settled, and has no row).
     due: Option<(DateTime<Utc>, Work)>,
+    /// The hash of the intent's request (`sql::request_hash`), built with the row, on the
+    /// rebuild's fold thread rather than its writer's.
+    request_hash: i64,
 }
 
 impl StoredOperation {
@@ -403,7 +406,7 @@ impl StoredOperation {
         if in_file {
             update_operation(connection, &self.row, &self.state)?;
         } else {
-            insert_operation(connection, &self.row, &self.state)?;
+            insert_operation(connection, &self.row, &self.state, self.request_hash)?;
         }
         write_work(
             connection,
@@ -531,6 +534,13 @@ pub(super) fn stored_operation(
         },
     )?;
     Ok(StoredOperation {
+        request_hash: sql::request_hash([
+            row.tenant.as_str(),
+            row.provider.as_str(),
+            row.account.as_str(),
+            row.action.as_str(),
+            row.args_hash.as_str(),
+        ]),
         row,
         due: due_of(state),
         state: {
@@ -593,15 +603,16 @@ pub(super) fn find_similar(
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     // `INDEXED BY` because without statistics SQLite prefers the creation-time index (it serves
     // the range and the order) and then reads every operation recorded within the window to
-    // compare its request — quadratic in a busy window. The request index narrows to identical
-    // requests first and still yields them newest first.
+    // compare its request — quadratic in a busy window. The request index narrows to requests
+    // with the same hash first and still yields them newest first; the columns themselves then
+    // drop the rare other request that shares the hash, before the LIMIT counts a row.
     let mut statement = transaction
         .prepare_cached(
             "SELECT operation_id, source_id, created_at FROM operations
              INDEXED BY operations_by_request
-             WHERE tenant = ?1 AND provider = ?2 AND account = ?3 AND action = ?4
-               AND args_hash = ?5 AND created_at >= ?6 AND created_at <= ?7
-               AND operation_id <> ?8
+             WHERE request_hash = ?10 AND created_at >= ?6 AND created_at <= ?7
+               AND tenant = ?1 AND provider = ?2 AND account = ?3 AND action = ?4
+               AND args_hash = ?5 AND operation_id <> ?8
              ORDER BY created_at DESC, operation_id DESC
              LIMIT ?9",
         )
@@ -619,6 +630,13 @@ pub(super) fn find_similar(
                 sql::TimeText::new(query.to),
                 sql::operation_text(query.operation_id),
                 limit,
+                sql::request_hash([
+                    query.tenant.as_str(),
+                    query.provider.as_str(),
+                    query.account.as_str(),
+                    query.action.as_str(),
+                    query.args_hash.as_str(),
+                ]),
             ],
             |row| {
                 Ok((
@@ -648,15 +666,16 @@ fn insert_operation(
     transaction: &Connection,
     row: &OperationRow,
     state: &[u8],
+    request_hash: i64,
 ) -> Result<(), ReadModelError> {
     let mut statement = transaction
         .prepare_cached(
             "INSERT INTO operations (operation_id, tenant, provider, account, action, args_hash,
                  source_id, state, attempts, external_id, last_error, created_at, updated_at,
                  stream_version, last_position, lease_deadline, unknown_since,
-                 needs_review_reason, folded_state)
+                 needs_review_reason, folded_state, request_hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18, ?19)",
+                 ?18, ?19, ?20)",
         )
         .map_err(|error| ReadModelError::sqlite("preparing to insert an operation", error))?;
     statement
@@ -680,6 +699,7 @@ fn insert_operation(
             row.unknown_since.map(sql::TimeText::new),
             row.needs_review_reason,
             state,
+            request_hash,
         ])
         .map_err(|error| {
             ReadModelError::sqlite(format!("inserting operation {}", row.operation_id), error)
@@ -1282,5 +1302,66 @@ fn expect_one_row(
         Err(corrupt(format!(
             "the {what} of operation {operation_id} was expected but {changed} rows matched"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use opledger_domain::ids::{AccountId, ActionName, ProviderId, TenantId};
+
+    /// The request index holds only the request's hash (schema version 5), so two requests that
+    /// share a hash meet in it; the lookup must still tell them apart by their columns.
+    #[test]
+    fn a_row_sharing_the_request_hash_but_not_the_request_is_not_a_similar_intent() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let connection = super::super::schema::open(&dir.path().join("views.db")).expect("open");
+        let at = Utc
+            .with_ymd_and_hms(2026, 12, 3, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let hash_of = |letter: &str| format!("sha256:{}", letter.repeat(64));
+        let query = SimilarIntentQuery {
+            operation_id: OperationId::from_uuid(uuid::Uuid::from_u128(9)),
+            tenant: TenantId::new("t").expect("valid"),
+            provider: ProviderId::new("p").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            action: ActionName::new("create").expect("valid"),
+            args_hash: ArgsHash::parse(&hash_of("a")).expect("valid"),
+            from: at - chrono::Duration::seconds(60),
+            to: at + chrono::Duration::seconds(60),
+            limit: 10,
+        };
+        let shared = sql::request_hash(["t", "p", "a", "create", &hash_of("a")]);
+        // The same request, and another (other arguments) given the same hash by hand.
+        for (n, args_hash) in [(1_u128, hash_of("a")), (2, hash_of("b"))] {
+            connection
+                .execute(
+                    "INSERT INTO operations (operation_id, tenant, provider, account, action,
+                         args_hash, state, attempts, created_at, updated_at, stream_version,
+                         last_position, folded_state, request_hash)
+                     VALUES (?1, 't', 'p', 'a', 'create', ?2, 'pending', 0, ?3, ?3, 0, ?4, x'',
+                         ?5)",
+                    params![
+                        sql::operation_text(OperationId::from_uuid(uuid::Uuid::from_u128(n))),
+                        args_hash,
+                        sql::TimeText::new(at),
+                        n as i64,
+                        shared,
+                    ],
+                )
+                .expect("a row");
+        }
+        let found: Vec<OperationId> = find_similar(&connection, &query)
+            .expect("the lookup")
+            .into_iter()
+            .map(|intent| intent.operation_id)
+            .collect();
+        assert_eq!(
+            found,
+            [OperationId::from_uuid(uuid::Uuid::from_u128(1))],
+            "only the same request"
+        );
     }
 }

@@ -21,6 +21,7 @@
 //! - `as_of.rs`: listings and the review queue as of a past moment, folded from the log;
 //! - `runner.rs`: the async handle, the runner and the lag;
 //! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
+//! - `floor.rs`: what SQLite alone costs to write a rebuild's rows (a measurement);
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
 //! - `work.rs`: the durable work queue the workers read (what is due, when);
 //! - `swap.rs`: the lock that lets `opledger replay` replace a read-model file nobody has open.
@@ -28,6 +29,7 @@
 mod apply;
 mod as_of;
 mod catch_up;
+mod floor;
 mod query;
 mod rebuild;
 mod runner;
@@ -54,13 +56,14 @@ pub use as_of::{
 pub use catch_up::{
     catch_up, check_ledger, compare_files, is_read_model_file, CatchUpProgress, TableDifference,
 };
+pub use floor::{FloorLayout, FloorPhase, FloorRows, FloorWritten, MAX_FLOOR_ROWS};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
     OperationPage, ReviewItem, ScopeNumbers, SharedExternalId,
 };
 pub use rebuild::{
-    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, MAX_BUFFERED_ID_ENTRIES,
-    MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
+    rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, RebuildWaits,
+    MAX_BUFFERED_ID_ENTRIES, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{
     Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
@@ -76,9 +79,10 @@ pub use swap::{lock_path, replace_read_models};
 /// filled from what a file already holds is migrated in place when the file is opened (version
 /// 2 added the gauges, version 3 the durable work queue, version 4 converted the stored folded
 /// states from JSON to the compact form of `state_codec.rs` and made the id index's tables
-/// `WITHOUT ROWID`); anything else would need a rebuild
+/// `WITHOUT ROWID`, version 5 indexed the requests of intents by a stored hash); anything else
+/// would need a rebuild
 /// from the log, the source of truth.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
 pub const MAX_BATCH_EVENTS: usize = 4096;

@@ -93,12 +93,12 @@ const REQUEST_FILTER_SEED: u64 = 0x6f70_6c65_6467_6572;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
-const REBUILD_CACHE_KIB: i64 = 65_536;
+pub(super) const REBUILD_CACHE_KIB: i64 = 65_536;
 /// The rebuilt file's page size, in bytes. Measured on a 1.2M-event log: 4 KiB pages 118k
 /// events/s, 16 KiB 144k, 64 KiB about the same as 16 KiB with twice the memory. Bigger pages
 /// mean fewer B-tree splits and page headers per row. The rebuilt file becomes the live one;
 /// `bench http` on 16 KiB pages was within its run-to-run noise of 4 KiB (−4 % on average).
-const REBUILD_PAGE_SIZE: u32 = 16384;
+pub(super) const REBUILD_PAGE_SIZE: u32 = 16384;
 
 /// The bounds on what a rebuild holds in memory, whatever the length of the log. Only tests
 /// have a reason to change them: small ones make every path that a long log takes (operations
@@ -157,6 +157,22 @@ pub struct RebuildReport {
     /// Similar-intent lookups answered from the file because the window had let go of intents
     /// they may need.
     pub asked_the_file: u64,
+    /// Where the rebuild's threads waited for each other: what keeps it from using both cores.
+    pub waits: RebuildWaits,
+}
+
+/// Wall time the rebuild's stages spent waiting for each other, and the final index build
+/// (which runs alone). Measured, not bounded: only a report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RebuildWaits {
+    /// The fold waited for the next decoded batch of the log.
+    pub fold_for_log: std::time::Duration,
+    /// The fold waited for the writer: its queue was full, or it waited for an answer.
+    pub fold_for_writer: std::time::Duration,
+    /// The writer waited for the fold's next writes.
+    pub writer_for_fold: std::time::Duration,
+    /// The writer built the secondary indexes (`CREATE INDEX`, at the end or mid-way).
+    pub writer_indexing: std::time::Duration,
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
@@ -255,9 +271,9 @@ async fn build<S: EventStore>(
         let result = Writer::open(&temporary_owned)
             .and_then(|writer| writer.write_all(from_fold))
             .and_then(|finished| {
-                if !finished {
-                    return Ok(false);
-                }
+                let Some(waits) = finished else {
+                    return Ok(None);
+                };
                 // The last events may have been handed over just before the caller went away.
                 if !wanted.load(Ordering::SeqCst) {
                     return Err(ReadModelError::Worker {
@@ -266,9 +282,9 @@ async fn build<S: EventStore>(
                     });
                 }
                 publish(&temporary_owned, &path_owned)?;
-                Ok(true)
+                Ok(Some(waits))
             });
-        if !matches!(result, Ok(true)) {
+        if !matches!(result, Ok(Some(_))) {
             remove_file_and_journal(&temporary_owned);
         }
         result
@@ -285,12 +301,14 @@ async fn build<S: EventStore>(
         };
         // The writer's error first: a fold that lost its writer reports only that.
         let finished = written.map_err(worker)??;
-        let report = folded.map_err(worker)??;
-        if !finished {
+        let mut report = folded.map_err(worker)??;
+        let Some(writer) = finished else {
             return Err(ReadModelError::Worker {
                 reason: "the rebuild's writer stopped before the end".to_string(),
             });
-        }
+        };
+        report.waits.writer_for_fold = writer.writer_for_fold;
+        report.waits.writer_indexing = writer.writer_indexing;
         Ok(report)
     };
     let reader = async {
@@ -311,6 +329,8 @@ async fn build<S: EventStore>(
                 Err(error) => Err(error),
             };
             // Decoding on its own blocking thread keeps it off both the executor and the fold.
+            // Reading the next batch while this one decodes was measured: no change in CPU or
+            // wall time (the fold waited for the log ~10 % of the wall time either way).
             let read = match read {
                 Ok(batch) => tokio::task::spawn_blocking(move || decode_all(batch))
                     .await
@@ -633,7 +653,12 @@ impl Rebuilder {
         &mut self,
         mut receiver: mpsc::Receiver<Result<Feed, StoreError>>,
     ) -> Result<(), ReadModelError> {
-        while let Some(feed) = receiver.blocking_recv() {
+        loop {
+            let waiting = std::time::Instant::now();
+            let Some(feed) = receiver.blocking_recv() else {
+                break;
+            };
+            self.report.waits.fold_for_log += waiting.elapsed();
             match feed? {
                 Feed::Batch(batch) => {
                     for decoded in batch {
@@ -786,8 +811,27 @@ impl Rebuilder {
         let middle = ages.len() / 2;
         let (_, cutoff, _) = ages.select_nth_unstable(middle);
         let cutoff = *cutoff;
-        self.write_open(|open| open.last_used < cutoff)?;
-        self.open.retain(|_, open| open.last_used >= cutoff);
+        // Taken out of the map, so their states move to the writer, which builds their rows and
+        // stored states (see `Write::Fold`): the fold thread is the busier of the two.
+        let mut evicted: Vec<(OperationId, OpenOperation)> = self
+            .open
+            .extract_if(|_, open| open.last_used < cutoff)
+            .filter(|(_, open)| open.dirty)
+            .collect();
+        evicted.sort_unstable_by_key(|(operation_id, _)| *operation_id);
+        for (operation_id, open) in evicted {
+            let version = open
+                .version
+                .expect("an open operation that is dirty has folded an event");
+            self.gauges
+                .row_changed(open.before, apply::Counted::of(&open.state));
+            self.writes.push(Write::Fold {
+                operation_id,
+                state: Box::new(open.state),
+                last: (version, open.position, open.at),
+                in_file: open.in_file,
+            })?;
+        }
         Ok(())
     }
 
@@ -868,6 +912,7 @@ impl Rebuilder {
             gauges: std::mem::take(&mut self.gauges),
             checkpoint: self.report.checkpoint,
         })?;
+        self.report.waits.fold_for_writer = self.writes.waited;
         Ok(self.report)
     }
 }
@@ -888,6 +933,17 @@ enum Write {
     /// An operation's row, built by the fold.
     Operation {
         stored: apply::StoredOperation,
+        in_file: bool,
+    },
+    /// An operation's row for the writer to build from its folded state, which the fold let go
+    /// of: building the row and the stored state moves to the writer's thread, which waited for
+    /// the fold about half of the time.
+    Fold {
+        operation_id: OperationId,
+        /// Boxed: a state is several times the size of the other writes.
+        state: Box<OperationState>,
+        /// Its last event's version, position and time.
+        last: (StreamVersion, GlobalPosition, DateTime<Utc>),
         in_file: bool,
     },
     Review(ReviewChange),
@@ -925,6 +981,8 @@ enum Message {
 struct WriteQueue {
     pending: Vec<Write>,
     sender: SyncSender<Message>,
+    /// Time spent waiting for the writer (a full queue, an answer).
+    waited: std::time::Duration,
 }
 
 impl WriteQueue {
@@ -932,6 +990,7 @@ impl WriteQueue {
         Self {
             pending: Vec::with_capacity(WRITES_PER_MESSAGE),
             sender,
+            waited: std::time::Duration::ZERO,
         }
     }
 
@@ -951,8 +1010,11 @@ impl WriteQueue {
         self.send(Message::Writes(writes))
     }
 
-    fn send(&self, message: Message) -> Result<(), ReadModelError> {
-        self.sender.send(message).map_err(|_| writer_gone())
+    fn send(&mut self, message: Message) -> Result<(), ReadModelError> {
+        let waiting = std::time::Instant::now();
+        let sent = self.sender.send(message).map_err(|_| writer_gone());
+        self.waited += waiting.elapsed();
+        sent
     }
 
     /// Sends the question `ask` makes, after everything pushed before it, and waits for the
@@ -961,7 +1023,10 @@ impl WriteQueue {
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
         self.push(ask(reply))?;
         self.flush()?;
-        answer.recv().map_err(|_| writer_gone())
+        let waiting = std::time::Instant::now();
+        let answer = answer.recv().map_err(|_| writer_gone());
+        self.waited += waiting.elapsed();
+        answer
     }
 }
 
@@ -977,6 +1042,8 @@ fn writer_gone() -> ReadModelError {
 /// another, the two cores share the work instead of one doing all of it.
 struct Writer {
     connection: Connection,
+    /// What the writer measured of itself (`writer_for_fold`, `writer_indexing`).
+    waits: RebuildWaits,
 }
 
 impl Writer {
@@ -998,14 +1065,28 @@ impl Writer {
     fn open(temporary: &Path) -> Result<Self, ReadModelError> {
         let connection =
             schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
+        // No sorter helper threads (`PRAGMA threads`): measured by the floor, each index of a
+        // 1M-event rebuild sorts within the page cache in one run, which helpers do not split
+        // (the indexes took 0.65 µs per event without them, 0.78 with two).
         begin(&connection)?;
-        Ok(Self { connection })
+        Ok(Self {
+            connection,
+            waits: RebuildWaits::default(),
+        })
     }
 
-    /// Does the writes until [`Message::Finish`]; `Ok(false)` when the fold stopped before it
-    /// (its error is the one to report).
-    fn write_all(self, receiver: Receiver<Message>) -> Result<bool, ReadModelError> {
-        for message in receiver {
+    /// Does the writes until [`Message::Finish`], and says how long it waited and indexed;
+    /// `Ok(None)` when the fold stopped before it (its error is the one to report).
+    fn write_all(
+        mut self,
+        receiver: Receiver<Message>,
+    ) -> Result<Option<RebuildWaits>, ReadModelError> {
+        loop {
+            let waiting = std::time::Instant::now();
+            let Ok(message) = receiver.recv() else {
+                return Ok(None);
+            };
+            self.waits.writer_for_fold += waiting.elapsed();
             match message {
                 Message::Writes(writes) => {
                     for write in writes {
@@ -1016,16 +1097,26 @@ impl Writer {
                     counters,
                     gauges,
                     checkpoint,
-                } => return self.finish(&counters, &gauges, checkpoint).map(|()| true),
+                } => {
+                    let waits = self.waits;
+                    return self
+                        .finish(&counters, &gauges, checkpoint)
+                        .map(|()| Some(waits));
+                }
             }
         }
-        Ok(false)
     }
 
-    fn write(&self, write: Write) -> Result<(), ReadModelError> {
+    fn write(&mut self, write: Write) -> Result<(), ReadModelError> {
         let connection = &self.connection;
         match write {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
+            Write::Fold {
+                operation_id,
+                state,
+                last,
+                in_file,
+            } => apply::stored_operation(operation_id, &state, last)?.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
             Write::IdIndex(entries) => entries
@@ -1033,7 +1124,12 @@ impl Writer {
                 .try_for_each(|entry| apply::write_id_entry(connection, entry)),
             Write::IdIndexAppend(entries) => apply::append_id_entries(connection, &entries),
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
-            Write::CreateIndexes => schema::create_indexes(connection),
+            Write::CreateIndexes => {
+                let indexing = std::time::Instant::now();
+                schema::create_indexes(connection)?;
+                self.waits.writer_indexing += indexing.elapsed();
+                Ok(())
+            }
             Write::LoadState {
                 operation_id,
                 reply,

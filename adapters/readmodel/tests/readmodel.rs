@@ -41,9 +41,9 @@ use opledger_projections::id_index::ExternalIdRole;
 use opledger_projections::metrics::Counter;
 use opledger_projections::totals::Totals;
 use opledger_readmodel::{
-    catch_up, lock_path, rebuild, rebuild_to_with, OperationFilter, ReadModelError,
-    ReadModelRunner, ReadModelStore, ReadModels, RebuildLimits, RunReport, MAX_BATCH_EVENTS,
-    MAX_LINGER_MS, MAX_QUERY_ROWS, SCHEMA_VERSION,
+    catch_up, lock_path, rebuild, rebuild_to_with, FloorLayout, FloorPhase, FloorRows,
+    OperationFilter, ReadModelError, ReadModelRunner, ReadModelStore, ReadModels, RebuildLimits,
+    RunReport, MAX_BATCH_EVENTS, MAX_LINGER_MS, MAX_QUERY_ROWS, SCHEMA_VERSION,
 };
 use opledger_runtime::system::RandomIds;
 use opledger_store::{MemoryStore, SqliteStore};
@@ -898,6 +898,59 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
         !flagged.is_empty(),
         "the stories flag possible duplicates, so the window's answers were compared"
     );
+}
+
+/// The floor (`opledger bench projections --floor`) is only a bound on a rebuild if it writes
+/// what the rebuild writes: the same rows in every table, and the same indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floor_writes_exactly_the_rows_and_indexes_of_the_rebuild_it_was_loaded_from() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = MemoryStore::new();
+    let harness = Arc::new(Harness::new(store.clone()));
+    harness.play_concurrently(0..40, 4).await;
+    let rebuilt_path = dir.path().join("rebuilt.db");
+    drop(rebuild(&store, &rebuilt_path).await.expect("rebuild"));
+    let rows = FloorRows::load(&rebuilt_path).expect("the rows load");
+    assert!(rows.rows() > 40, "at least a row per operation");
+    let Err(too_many) = FloorRows::load_at_most(&rebuilt_path, 40) else {
+        panic!("more rows than the floor may hold are refused");
+    };
+    assert!(
+        too_many.to_string().contains("more than 40 rows"),
+        "{too_many}"
+    );
+    let floor_path = dir.path().join("floor.db");
+    let mut phases = Vec::new();
+    rows.write(&floor_path, FloorLayout::CURRENT, 2, |phase| {
+        phases.push(phase)
+    })
+    .expect("the floor writes");
+    assert_eq!(
+        phases,
+        [
+            FloorPhase::Inserting,
+            FloorPhase::CreatingIndexes,
+            FloorPhase::Closing,
+            FloorPhase::Done
+        ]
+    );
+    assert_same_tables(
+        &dump_of(rebuilt_path.clone()).await,
+        &dump_of(floor_path.clone()).await,
+        "rebuild vs floor",
+    );
+    let schema_of = |path: &Path| -> Vec<(String, String)> {
+        let connection = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open read-only");
+        let mut statement = connection
+            .prepare("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
+            .expect("prepare");
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .expect("the schema reads")
+    };
+    assert_eq!(schema_of(&rebuilt_path), schema_of(&floor_path));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2165,10 +2218,24 @@ fn create_statement(connection: &Connection, table: &str) -> String {
         .expect("the table exists")
 }
 
+/// Puts the operations table back as version 4 had it: no request hash, and the request index
+/// on the request's five columns.
+fn back_to_version_4(connection: &Connection) {
+    connection
+        .execute_batch(
+            "DROP INDEX operations_by_request;
+             ALTER TABLE operations DROP COLUMN request_hash;
+             CREATE INDEX operations_by_request ON operations
+                 (tenant, provider, account, action, args_hash, created_at, operation_id);",
+        )
+        .expect("the version 4 operations table");
+}
+
 /// Puts the tables back as versions 1 to 3 had them: the operations table with
 /// `folded_state TEXT`, the state's JSON (versions 1-3 wrote exactly
 /// `serde_json::to_string(&state)` there), and the id index's tables with rowids.
 fn store_states_as_json(connection: &Connection, states: &BTreeMap<String, OperationState>) {
+    back_to_version_4(connection);
     for table in ID_TABLES {
         let create = create_statement(connection, table);
         assert!(create.contains("WITHOUT ROWID"), "{create}");
@@ -2292,6 +2359,58 @@ async fn a_version_3_file_with_json_states_opens_with_compact_states_equal_to_a_
         &dump_of(rebuilt).await,
         &dump_of(old).await,
         "migrated vs rebuilt",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_file_opens_with_its_requests_hashed_and_indexed_by_hash_equal_to_a_rebuild() {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let (rebuilt, old) = rebuilt_and_a_copy(&fixture, &dir, "version-4.db").await;
+    let connection = Connection::open(&old).expect("open");
+    back_to_version_4(&connection);
+    connection
+        .execute_batch("PRAGMA user_version = 4;")
+        .expect("back to version 4");
+    drop(connection);
+    assert_ne!(
+        dump_of(rebuilt.clone()).await,
+        dump_of(old.clone()).await,
+        "no request hashes before the upgrade"
+    );
+
+    drop(
+        ReadModels::open(&old)
+            .await
+            .expect("a version 4 file opens"),
+    );
+    let schema_of = |path: &Path, kind: &str, name: &str| -> String {
+        Connection::open(path)
+            .expect("open")
+            .query_row(
+                "SELECT sql FROM sqlite_schema WHERE type = ?1 AND name = ?2",
+                [kind, name],
+                |row| row.get(0),
+            )
+            .expect("in the schema")
+    };
+    let version: i64 = Connection::open(&old)
+        .expect("open")
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    for (kind, name) in [("table", "operations"), ("index", "operations_by_request")] {
+        assert_eq!(
+            schema_of(&old, kind, name),
+            schema_of(&rebuilt, kind, name),
+            "a converted file's {name} is a new file's"
+        );
+    }
+    assert_same_tables(
+        &dump_of(rebuilt).await,
+        &dump_of(old).await,
+        "converted vs rebuilt",
     );
 }
 
