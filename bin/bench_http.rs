@@ -322,9 +322,9 @@ const MAX_CATCH_UP_S: u64 = 600;
 /// subscribing it. It checks nothing: signatures are the webhook tests' work, not the bench's.
 ///
 /// It runs in the measured process, so its own cost is kept to what any receiver pays: hyper's
-/// HTTP/1 server straight (no router, no protocol sniffing: axum's stack was ~20 % of a
-/// delivery's CPU here), the body read whole, and one wake-up of the waiting bench when the
-/// count it waits for is reached instead of a `notify_waiters` at every request.
+/// HTTP/1 server straight (no router, no protocol sniffing; with axum the receiver as a whole
+/// was ~20 % of a delivery's CPU here), the body read whole, and one wake-up of the waiting
+/// bench when the count it waits for is reached instead of a `notify_waiters` at every request.
 struct Receiver {
     url: String,
     counts: Arc<Counts>,

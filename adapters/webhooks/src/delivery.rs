@@ -585,3 +585,37 @@ async fn feed(
     }
     std::future::pending::<()>().await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_borrowed_payload_writes_the_same_bytes_as_the_json_tree_it_replaced() {
+        let data = serde_json::json!({
+            "operation_id": "0190c7e6-0000-7000-8000-000000000001",
+            "sentence": "Task \"call the client\" created (id 731).",
+            "external_id": "731",
+            "position": 42,
+        });
+        let at = chrono::DateTime::parse_from_rfc3339("2026-12-03T19:20:00.123456Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc);
+        let written = serde_json::to_vec(&Payload {
+            data: &data,
+            timestamp: &at,
+            kind: OperationKind("succeeded"),
+        })
+        .expect("serialisable");
+        let tree = serde_json::to_vec(&serde_json::json!({
+            "type": "operation.succeeded",
+            "timestamp": at,
+            "data": data,
+        }))
+        .expect("serialisable");
+        assert_eq!(
+            String::from_utf8(written).expect("utf-8"),
+            String::from_utf8(tree).expect("utf-8")
+        );
+    }
+}
