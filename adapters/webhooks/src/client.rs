@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
+use reqwest::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 
 use crate::endpoint::{is_private, Endpoint};
 use crate::schedule::parse_retry_after;
@@ -89,16 +89,19 @@ pub async fn attempt(
     let timestamp = chrono::Utc::now().timestamp();
     let signature = signature_header(&endpoint.secrets, webhook_id, timestamp, body);
     let started = Instant::now();
-    let sent = client
-        .post(endpoint.url.clone())
-        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-        .header(USER_AGENT, HeaderValue::from_static("opledger-webhooks/1"))
-        .header("webhook-id", webhook_id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .header("webhook-signature", signature)
-        .body(body.to_vec())
-        .send()
-        .await;
+    let sent = match request(endpoint, webhook_id, timestamp, signature, body) {
+        Ok(request) => client.execute(request).await,
+        Err(error) => {
+            return Attempted {
+                answer: Answer::Failed {
+                    status: None,
+                    error: format!("failed: the request could not be built: {error}"),
+                    retry_after: None,
+                },
+                duration: started.elapsed(),
+            }
+        }
+    };
     let answer = match sent {
         Ok(response) => answer_of(response).await,
         Err(error) => Answer::Failed {
@@ -112,6 +115,30 @@ pub async fn attempt(
         duration: started.elapsed(),
     }
 }
+
+/// The signed POST of one attempt, put together directly: `RequestBuilder` parsed the three
+/// header names from text and formatted the timestamp into a `String` at every attempt.
+fn request(
+    endpoint: &Endpoint,
+    webhook_id: &str,
+    timestamp: i64,
+    signature: String,
+    body: &[u8],
+) -> Result<reqwest::Request, reqwest::header::InvalidHeaderValue> {
+    let mut request = reqwest::Request::new(reqwest::Method::POST, endpoint.url.clone());
+    let headers = request.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(USER_AGENT, HeaderValue::from_static("opledger-webhooks/1"));
+    headers.insert(WEBHOOK_ID, HeaderValue::from_str(webhook_id)?);
+    headers.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));
+    headers.insert(WEBHOOK_SIGNATURE, HeaderValue::try_from(signature)?);
+    *request.body_mut() = Some(body.to_vec().into());
+    Ok(request)
+}
+
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
 
 async fn answer_of(mut response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
 use opledger_runtime::system::RandomIds;
-use serde_json::json;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant as TokioInstant;
 use tracing::{info, warn, Instrument};
@@ -358,11 +357,11 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             return Ok(Handled::Done);
         };
         let id = webhook_id(event.event_id);
-        let body = serde_json::to_vec(&json!({
-            "type": format!("operation.{}", message.kind),
-            "timestamp": message.at,
-            "data": message.data,
-        }))
+        let body = serde_json::to_vec(&Payload {
+            data: &message.data,
+            timestamp: &message.at,
+            kind: OperationKind(message.kind),
+        })
         .map_err(|error| WebhookError::Render {
             position,
             reason: error.to_string(),
@@ -381,11 +380,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             endpoint = %self.endpoint.id,
             webhook_id = %id,
             position,
-            operation_id = %event
-                .stream
-                .operation_id()
-                .map(|id| id.to_string())
-                .unwrap_or_default(),
+            operation_id = event.stream.operation_id().map(tracing::field::display),
         );
         let ended = self
             .deliver(record, position, &id, &body)
@@ -555,6 +550,26 @@ async fn lease_lost(mut lease: watch::Receiver<LeaseState>, token: u64) {
     }
 }
 
+/// A delivery's body, `{"data": …, "timestamp": …, "type": "operation.<kind>"}`, written
+/// straight from the message it borrows: a `json!` tree here copied the whole rendered `data`
+/// (every string of it) once more per delivery. Fields in the order the tree wrote its keys.
+#[derive(serde::Serialize)]
+struct Payload<'a> {
+    data: &'a serde_json::Value,
+    timestamp: &'a chrono::DateTime<chrono::Utc>,
+    #[serde(rename = "type")]
+    kind: OperationKind,
+}
+
+/// `operation.<kind>`, written without building the string first.
+struct OperationKind(&'static str);
+
+impl serde::Serialize for OperationKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("operation.{}", self.0))
+    }
+}
+
 /// Sends the subscription's events down the channel until a read fails (that error is sent too)
 /// or the task is gone; then waits for ever, so the events before an error are still handled.
 async fn feed(
@@ -569,4 +584,38 @@ async fn feed(
         }
     }
     std::future::pending::<()>().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_borrowed_payload_writes_the_same_bytes_as_the_json_tree_it_replaced() {
+        let data = serde_json::json!({
+            "operation_id": "0190c7e6-0000-7000-8000-000000000001",
+            "sentence": "Task \"call the client\" created (id 731).",
+            "external_id": "731",
+            "position": 42,
+        });
+        let at = chrono::DateTime::parse_from_rfc3339("2026-12-03T19:20:00.123456Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc);
+        let written = serde_json::to_vec(&Payload {
+            data: &data,
+            timestamp: &at,
+            kind: OperationKind("succeeded"),
+        })
+        .expect("serialisable");
+        let tree = serde_json::to_vec(&serde_json::json!({
+            "type": "operation.succeeded",
+            "timestamp": at,
+            "data": data,
+        }))
+        .expect("serialisable");
+        assert_eq!(
+            String::from_utf8(written).expect("utf-8"),
+            String::from_utf8(tree).expect("utf-8")
+        );
+    }
 }
