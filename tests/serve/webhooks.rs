@@ -716,3 +716,53 @@ async fn holder_and_standby(servers: &[Server]) -> (usize, usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A proxy named by the environment (`HTTP_PROXY` and its kin) would resolve an endpoint's name
+/// itself, past the check that refuses private addresses: deliveries never go through one.
+#[tokio::test]
+async fn deliveries_never_go_through_a_proxy_named_by_the_environment() {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the would-be proxy");
+    let proxy_url = format!("http://{}", proxy.local_addr().expect("its address"));
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&reached);
+    tokio::spawn(async move {
+        while let Ok((connection, _)) = proxy.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(connection);
+        }
+    });
+    let mut text = std::fs::read_to_string(&harness.config).expect("the configuration");
+    text.push_str(&entry("all", &receiver.url("/ok"), r#"["succeeded"]"#));
+    let config = harness.dir.path().join("serve-webhooks.toml");
+    std::fs::write(&config, text).expect("configuration written");
+    let mut env = vec![(SECRET_ENV, SECRET)];
+    for name in [
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        env.push((name, proxy_url.as_str()));
+    }
+    let server = Server::start_with_env(
+        &["serve", "--config", &config.display().to_string()],
+        harness.dir.path(),
+        &env,
+    );
+    operations(&server, "with a proxy in the environment", 1).await;
+    let logged = receiver
+        .wait_until("/ok", |logged| !logged.is_empty())
+        .await;
+    assert!(logged[0].verified, "{:?}", logged[0].error);
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the delivery went straight to the endpoint"
+    );
+}

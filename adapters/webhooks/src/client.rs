@@ -73,6 +73,10 @@ pub fn client_for(endpoint: &Endpoint) -> Result<reqwest::Client, WebhookError> 
         .dns_resolver(std::sync::Arc::new(GuardedResolver {
             allow_private_network: endpoint.allow_private_network,
         }))
+        // Never through a proxy from the environment (`HTTPS_PROXY`, …): the proxy would
+        // resolve the endpoint's name itself, past the guard above, and a private address
+        // the configuration does not allow would be reached all the same.
+        .no_proxy()
         .build()
         .map_err(|error| WebhookError::Client {
             reason: error.to_string(),
