@@ -1191,18 +1191,19 @@ fn reconciliation_of(lookup: LookupOutcome, span: &tracing::Span) -> LookupAnswe
             Vec::new(),
         ),
         // `reconcile_loaded` postpones a lookup that asked nothing before it gets here; were it
-        // recorded, it would be no usable answer.
+        // recorded, it would be what an unavailable lookup is: no usable answer.
         LookupOutcome::NotAsked {
             reason,
             retry_after_ms,
-        } => (
-            ReconciliationResult::Inconclusive {
-                reason: reason.clone(),
-            },
-            reason,
-            Some(retry_after_ms),
-            Vec::new(),
-        ),
+        } => {
+            return reconciliation_of(
+                LookupOutcome::Unavailable {
+                    reason,
+                    retry_after_ms: Some(retry_after_ms),
+                },
+                span,
+            )
+        }
     };
     LookupAnswer {
         result,

@@ -51,6 +51,21 @@ fn oauth_ledger(provider: &str, source: &str, base_url: &str, files: &[(&str, St
     ledger
 }
 
+/// The `salesforce-oauth2` preset as a file whose account waits `refused_wait_ms` after the
+/// token endpoint refuses, so the endpoint is asked again within a test.
+fn waiting_ledger(api: &Salesforce, refused_wait_ms: u64) -> Ledger {
+    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {refused_wait_ms}\n");
+    let document = shortened(
+        "salesforce-oauth2",
+        &[("grant = \"refresh_token\"\n", wait.as_str())],
+    );
+    ledger(
+        api,
+        "file = \"salesforce-oauth2.toml\"",
+        &[("salesforce-oauth2.toml", document)],
+    )
+}
+
 fn serve(ledger: &Ledger, refresh_token: &str) -> Server {
     Server::start_with_env(
         &["serve", "--config", &ledger.config.display().to_string()],
@@ -238,16 +253,7 @@ async fn credentials_refused_for_longer_than_the_retry_budget_hold_operations_wi
     const REFUSED_WAIT_MS: u64 = 400;
     let api = salesforce().await;
     let refresh = api.core().oauth.authorise("a");
-    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {REFUSED_WAIT_MS}\n");
-    let document = shortened(
-        "salesforce-oauth2",
-        &[("grant = \"refresh_token\"\n", wait.as_str())],
-    );
-    let ledger = ledger(
-        &api,
-        "file = \"salesforce-oauth2.toml\"",
-        &[("salesforce-oauth2.toml", document)],
-    );
+    let ledger = waiting_ledger(&api, REFUSED_WAIT_MS);
     let server = serve(&ledger, &refresh);
     let first = start(&server, "Before").await;
     assert_eq!(settle(&server, &first).await["state"], "succeeded");
@@ -335,16 +341,7 @@ async fn an_unknown_operation_outlasts_a_credentials_outage_longer_than_its_look
     const REFUSED_WAIT_MS: u64 = 400;
     let api = salesforce().await;
     let refresh = api.core().oauth.authorise("a");
-    let wait = format!("grant = \"refresh_token\"\nrefused_wait_ms = {REFUSED_WAIT_MS}\n");
-    let document = shortened(
-        "salesforce-oauth2",
-        &[("grant = \"refresh_token\"\n", wait.as_str())],
-    );
-    let ledger = ledger(
-        &api,
-        "file = \"salesforce-oauth2.toml\"",
-        &[("salesforce-oauth2.toml", document)],
-    );
+    let ledger = waiting_ledger(&api, REFUSED_WAIT_MS);
     ledger.rewrite("max_reconciliations = 30", "max_reconciliations = 2");
     let server = serve(&ledger, &refresh);
     let first = start(&server, "Before").await;
