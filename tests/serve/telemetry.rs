@@ -458,18 +458,7 @@ async fn export_to_a_receiver_that_is_down_costs_a_counter_and_no_answer() {
     }
     let started = Instant::now();
     loop {
-        let metrics = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .expect("the server answers")
-            .text()
-            .await
-            .expect("a body");
-        let failures: u64 = metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("opledger_trace_export_failures_total "))
-            .and_then(|count| count.trim().parse().ok())
-            .expect("the export failure counter is shown");
-        if failures > 0 {
+        if export_failures(&server).await > 0 {
             break;
         }
         assert!(

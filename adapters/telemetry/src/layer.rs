@@ -503,10 +503,7 @@ impl Visit for Fields<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        match i64::try_from(value) {
-            Ok(value) => self.set(field, Value::I64(value)),
-            Err(_) => self.set(field, Value::String(value.to_string().into())),
-        }
+        self.set(field, u64_value(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
@@ -516,6 +513,11 @@ impl Visit for Fields<'_> {
     fn record_f64(&mut self, field: &Field, value: f64) {
         self.set(field, Value::F64(value));
     }
+}
+
+/// OpenTelemetry has no unsigned integer: one that fits is an `i64`, a bigger one its digits.
+fn u64_value(value: u64) -> Value {
+    i64::try_from(value).map_or_else(|_| Value::String(value.to_string().into()), Value::I64)
 }
 
 /// An event's fields: `message` names it, the others are its attributes.
@@ -552,10 +554,7 @@ impl Visit for EventFields {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        match i64::try_from(value) {
-            Ok(value) => self.set(field, Value::I64(value)),
-            Err(_) => self.set(field, Value::String(value.to_string().into())),
-        }
+        self.set(field, u64_value(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
