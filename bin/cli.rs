@@ -425,8 +425,9 @@ pub enum BenchTarget {
     Replay(BenchReplayArgs),
     /// Rebuild the SQLite read models from position 0 of an existing ledger file into a fresh
     /// temporary file (removed afterwards); prints `bench=projection-rebuild …`. With `--floor`,
-    /// then writes the rebuilt rows again from memory, as SQLite alone would (see
-    /// `opledger_readmodel::FloorRows`), and prints `bench=projection-floor …` per sorter setting.
+    /// then writes the rebuilt rows again from memory into a file set up as a rebuild's is (SQLite
+    /// alone: no log read, decode or fold) and prints `bench=projection-floor …` per sorter
+    /// setting, with each table's and index's time per event.
     Projections(BenchProjectionsArgs),
     /// `opledger serve --db FILE` from process start: to `/healthz` ready, to the first due
     /// operation driven, and its peak RSS; prints `bench=startup events=… ready_ms=…
