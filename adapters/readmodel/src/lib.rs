@@ -280,8 +280,17 @@ impl ReadModelStore {
                     path: path.clone(),
                     found,
                 })?;
+            // The conversion reads and rewrites every row in one transaction (~10 s for a
+            // million operations), and the command says nothing meanwhile: say why it waits. An
+            // interrupted upgrade leaves the file as it was.
+            tracing::warn!(path = %path.display(), from = found, to = SCHEMA_VERSION,
+                "upgrading the read models' schema; this rewrites every row once and may take a \
+                 while on a large file (about 10 s per million operations)");
+            let started = std::time::Instant::now();
             drop(schema::open(&path)?);
             drop(alone);
+            tracing::info!(path = %path.display(), elapsed_ms = started.elapsed().as_millis(),
+                "read models upgraded");
         }
         let lock = swap::shared(&path)?;
         let connection = schema::open(&path)?;
