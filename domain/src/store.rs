@@ -312,16 +312,18 @@ pub trait EventStore: Send + Sync {
         max_count: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>, StoreError>> + Send;
 
-    /// [`Self::read_all`], handing each event to `visit` borrowed and keeping what it returns:
-    /// for a reader that keeps only its own decoding of each event (a rebuild), so that a store
-    /// which can lend its rows (SQLite) never copies them into [`RecordedEvent`]s first. `visit`
-    /// may run on a blocking thread of the store's. This default reads the events and lends
-    /// them.
+    /// [`Self::read_all`], handing each event to `visit` borrowed and keeping what it returns,
+    /// in `into` (cleared first; a reader passes back the buffer of a batch it is done with, so
+    /// that batches reuse memory): for a reader that keeps only its own decoding of each event
+    /// (a rebuild), so that a store which can lend its rows (SQLite) never copies them into
+    /// [`RecordedEvent`]s first. `visit` may run on a blocking thread of the store's. This
+    /// default reads the events and lends them.
     fn read_all_with<T, F>(
         &self,
         start: LogStart,
         max_count: usize,
         mut visit: F,
+        mut into: Vec<T>,
     ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send
     where
         T: Send + 'static,
@@ -329,7 +331,9 @@ pub trait EventStore: Send + Sync {
     {
         async move {
             let events = self.read_all(start, max_count).await?;
-            Ok(events.iter().map(|event| visit(event.view())).collect())
+            into.clear();
+            into.extend(events.iter().map(|event| visit(event.view())));
+            Ok(into)
         }
     }
 

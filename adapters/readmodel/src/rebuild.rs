@@ -92,6 +92,11 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 const REQUEST_FILTER_SEED: u64 = 0x6f70_6c65_6467_6572;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
+/// Emptied batch buffers the fold hands back to the reader, which fills them again instead of
+/// allocating ~1.5 MiB per batch (4,096 decoded events) on one thread and freeing it on another:
+/// as many as can exist at once (those read ahead, the one being folded, the one being read).
+/// A buffer that finds the way back full is dropped.
+const SPARE_BATCHES: usize = READ_AHEAD_BATCHES + 2;
 /// SQLite's page cache for the rebuild connection, in KiB (a negative `cache_size` is KiB).
 pub(super) const REBUILD_CACHE_KIB: i64 = 65_536;
 /// The rebuilt file's page size, in bytes. Measured on a 1.2M-event log: 4 KiB pages 118k
@@ -258,7 +263,8 @@ async fn build<S: EventStore>(
     limits: RebuildLimits,
 ) -> Result<RebuildReport, ReadModelError> {
     let (sender, receiver) = mpsc::channel::<Result<Feed, StoreError>>(READ_AHEAD_BATCHES);
-    let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+    let (spent_batches, spare_batches) = std::sync::mpsc::sync_channel(SPARE_BATCHES);
+    let (to_writer, from_fold) = write_channel();
     let (temporary_owned, path_owned) = (temporary.to_path_buf(), path.to_path_buf());
     let wanted = Arc::new(AtomicBool::new(true));
     let _wanted_until_dropped = WantedUntilDropped(Arc::clone(&wanted));
@@ -290,8 +296,8 @@ async fn build<S: EventStore>(
         result
     });
     let fold = tokio::task::spawn_blocking(move || {
-        let mut rebuilder = Rebuilder::new(WriteQueue::new(to_writer), limits);
-        rebuilder.fold_all(receiver)?;
+        let mut rebuilder = Rebuilder::new(to_writer, limits);
+        rebuilder.fold_all(receiver, &spent_batches)?;
         rebuilder.finish()
     });
     let written = async {
@@ -319,7 +325,11 @@ async fn build<S: EventStore>(
             // thread (off both the executor and the fold), so no copy of the row is made first.
             // Reading the next batch while this one decodes was measured: no change in CPU or
             // wall time (the fold waited for the log ~10 % of the wall time either way).
-            let read = match store.read_all_with(start, MAX_READ_BATCH, decode).await {
+            let spare = spare_batches.try_recv().unwrap_or_default();
+            let read = match store
+                .read_all_with(start, MAX_READ_BATCH, decode, spare)
+                .await
+            {
                 Ok(mut batch) if !batch.is_empty() => {
                     batch.retain(|event| Some(event.position) <= target);
                     checkpoint = batch.last().map(|event| event.position).or(target);
@@ -564,6 +574,10 @@ struct Rebuilder {
     indexed: bool,
     /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_id_entries`]).
     id_index: Vec<IdIndexChange>,
+    /// The operations being written out by [`Self::write_least_recent`], kept between calls so
+    /// that its room (half of [`RebuildLimits::max_open_operations`]) is allocated once, not
+    /// faulted in afresh at every eviction.
+    evicted: Vec<(OperationId, OpenOperation)>,
     /// Whether the id-index tables have rows yet: until they do, a flush is appended.
     id_index_written: bool,
     limits: RebuildLimits,
@@ -619,6 +633,7 @@ fn id_entry_position(entry: &IdIndexChange) -> GlobalPosition {
 
 impl Rebuilder {
     fn new(writes: WriteQueue, limits: RebuildLimits) -> Self {
+        let id_index = writes.spare_id_entries(limits.max_buffered_id_entries);
         Self {
             writes,
             // Room for twice the most it holds, allocated once: the map is filled to the limit
@@ -635,7 +650,8 @@ impl Rebuilder {
             report: RebuildReport::default(),
             clock: 0,
             indexed: false,
-            id_index: Vec::new(),
+            id_index,
+            evicted: Vec::new(),
             id_index_written: false,
             limits,
         }
@@ -645,6 +661,7 @@ impl Rebuilder {
     fn fold_all(
         &mut self,
         mut receiver: mpsc::Receiver<Result<Feed, StoreError>>,
+        spent: &SyncSender<Vec<Decoded>>,
     ) -> Result<(), ReadModelError> {
         loop {
             let waiting = std::time::Instant::now();
@@ -653,10 +670,12 @@ impl Rebuilder {
             };
             self.report.waits.fold_for_log += waiting.elapsed();
             match feed? {
-                Feed::Batch(batch) => {
-                    for decoded in batch {
+                Feed::Batch(mut batch) => {
+                    for decoded in batch.drain(..) {
                         self.fold(decoded)?;
                     }
+                    // Back to the reader to fill again; dropped when the way back is full.
+                    let _ = spent.try_send(batch);
                 }
                 Feed::Complete => return Ok(()),
             }
@@ -806,13 +825,14 @@ impl Rebuilder {
         let cutoff = *cutoff;
         // Taken out of the map, so their states move to the writer, which builds their rows and
         // stored states (see `Write::Fold`): the fold thread is the busier of the two.
-        let mut evicted: Vec<(OperationId, OpenOperation)> = self
-            .open
-            .extract_if(|_, open| open.last_used < cutoff)
-            .filter(|(_, open)| open.dirty)
-            .collect();
+        let mut evicted = std::mem::take(&mut self.evicted);
+        evicted.extend(
+            self.open
+                .extract_if(|_, open| open.last_used < cutoff)
+                .filter(|(_, open)| open.dirty),
+        );
         evicted.sort_unstable_by_key(|(operation_id, _)| *operation_id);
-        for (operation_id, open) in evicted {
+        for (operation_id, open) in evicted.drain(..) {
             let version = open
                 .version
                 .expect("an open operation that is dirty has folded an event");
@@ -825,6 +845,7 @@ impl Rebuilder {
                 in_file: open.in_file,
             })?;
         }
+        self.evicted = evicted;
         Ok(())
     }
 
@@ -867,7 +888,10 @@ impl Rebuilder {
     /// Unstable: the stable sort's scratch buffer, half the entries, was fresh memory faulted in
     /// on every flush (the sort was 3.8 % of a rebuild's CPU with a whole log's entries).
     fn write_id_index(&mut self) -> Result<(), ReadModelError> {
-        let mut entries = std::mem::take(&mut self.id_index);
+        let spare = self
+            .writes
+            .spare_id_entries(self.limits.max_buffered_id_entries);
+        let mut entries = std::mem::replace(&mut self.id_index, spare);
         entries.sort_unstable_by(|left, right| {
             id_entry_key(left)
                 .cmp(&id_entry_key(right))
@@ -970,21 +994,61 @@ enum Message {
     },
 }
 
+/// Emptied buffers of writes the writer hands back to the fold, which fills them again instead
+/// of allocating a fresh one per message on its thread and freeing it on the writer's: as many
+/// as can exist at once (those queued, the one being written, the one being filled).
+const SPARE_WRITE_BUFFERS: usize = MESSAGES_IN_FLIGHT + 2;
+/// Emptied buffers of id-index entries the writer hands back (each with room for
+/// [`RebuildLimits::max_buffered_id_entries`], ~26 MiB at the default): one being filled and one
+/// being written. A fresh one was grown by doubling, its pages faulted in and copied at every
+/// flush; a buffer that finds the way back full is dropped.
+const SPARE_ID_ENTRY_BUFFERS: usize = 2;
+
+/// The queue from the fold to the writer, with the ways back for the buffers the writer empties.
+fn write_channel() -> (WriteQueue, WriterFeed) {
+    let (sender, messages) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+    let (spent_writes, spare_writes) = std::sync::mpsc::sync_channel(SPARE_WRITE_BUFFERS);
+    let (spent_id_entries, spare_id_entries) =
+        std::sync::mpsc::sync_channel(SPARE_ID_ENTRY_BUFFERS);
+    let queue = WriteQueue {
+        pending: Vec::with_capacity(WRITES_PER_MESSAGE),
+        sender,
+        spare_writes,
+        spare_id_entries,
+        waited: std::time::Duration::ZERO,
+    };
+    let feed = WriterFeed {
+        messages,
+        spent_writes,
+        spent_id_entries,
+    };
+    (queue, feed)
+}
+
+/// The writer's end of the queue.
+struct WriterFeed {
+    messages: Receiver<Message>,
+    spent_writes: SyncSender<Vec<Write>>,
+    spent_id_entries: SyncSender<Vec<IdIndexChange>>,
+}
+
 /// The fold's end of the queue to the writer.
 struct WriteQueue {
     pending: Vec<Write>,
     sender: SyncSender<Message>,
+    spare_writes: Receiver<Vec<Write>>,
+    spare_id_entries: Receiver<Vec<IdIndexChange>>,
     /// Time spent waiting for the writer (a full queue, an answer).
     waited: std::time::Duration,
 }
 
 impl WriteQueue {
-    fn new(sender: SyncSender<Message>) -> Self {
-        Self {
-            pending: Vec::with_capacity(WRITES_PER_MESSAGE),
-            sender,
-            waited: std::time::Duration::ZERO,
-        }
+    /// An empty buffer for id-index entries: one the writer handed back, or a new one with room
+    /// for `capacity`.
+    fn spare_id_entries(&self, capacity: usize) -> Vec<IdIndexChange> {
+        self.spare_id_entries
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(capacity))
     }
 
     fn push(&mut self, write: Write) -> Result<(), ReadModelError> {
@@ -999,7 +1063,11 @@ impl WriteQueue {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let writes = std::mem::replace(&mut self.pending, Vec::with_capacity(WRITES_PER_MESSAGE));
+        let spare = self
+            .spare_writes
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(WRITES_PER_MESSAGE));
+        let writes = std::mem::replace(&mut self.pending, spare);
         self.send(Message::Writes(writes))
     }
 
@@ -1070,21 +1138,20 @@ impl Writer {
 
     /// Does the writes until [`Message::Finish`], and says how long it waited and indexed;
     /// `Ok(None)` when the fold stopped before it (its error is the one to report).
-    fn write_all(
-        mut self,
-        receiver: Receiver<Message>,
-    ) -> Result<Option<RebuildWaits>, ReadModelError> {
+    fn write_all(mut self, feed: WriterFeed) -> Result<Option<RebuildWaits>, ReadModelError> {
         loop {
             let waiting = std::time::Instant::now();
-            let Ok(message) = receiver.recv() else {
+            let Ok(message) = feed.messages.recv() else {
                 return Ok(None);
             };
             self.waits.writer_for_fold += waiting.elapsed();
             match message {
-                Message::Writes(writes) => {
-                    for write in writes {
-                        self.write(write)?;
+                Message::Writes(mut writes) => {
+                    for write in writes.drain(..) {
+                        self.write(write, &feed)?;
                     }
+                    // Back to the fold to fill again; dropped when the way back is full.
+                    let _ = feed.spent_writes.try_send(writes);
                 }
                 Message::Finish {
                     counters,
@@ -1100,7 +1167,7 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, write: Write) -> Result<(), ReadModelError> {
+    fn write(&mut self, write: Write, feed: &WriterFeed) -> Result<(), ReadModelError> {
         let connection = &self.connection;
         match write {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
@@ -1112,10 +1179,20 @@ impl Writer {
             } => apply::stored_operation(operation_id, &state, last)?.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
-            Write::IdIndex(entries) => entries
-                .iter()
-                .try_for_each(|entry| apply::write_id_entry(connection, entry)),
-            Write::IdIndexAppend(entries) => apply::append_id_entries(connection, &entries),
+            Write::IdIndex(mut entries) => {
+                entries
+                    .iter()
+                    .try_for_each(|entry| apply::write_id_entry(connection, entry))?;
+                entries.clear();
+                let _ = feed.spent_id_entries.try_send(entries);
+                Ok(())
+            }
+            Write::IdIndexAppend(mut entries) => {
+                apply::append_id_entries(connection, &entries)?;
+                entries.clear();
+                let _ = feed.spent_id_entries.try_send(entries);
+                Ok(())
+            }
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
             Write::CreateIndexes => {
                 let indexing = std::time::Instant::now();
@@ -1296,13 +1373,12 @@ mod tests {
     fn a_writer_that_fails_answers_the_folds_question_with_an_error_instead_of_a_hang() {
         let dir = tempfile::tempdir().expect("temp dir");
         let temporary = dir.path().join("read.db.rebuild");
-        let (to_writer, from_fold) = std::sync::mpsc::sync_channel(MESSAGES_IN_FLIGHT);
+        let (mut writes, from_fold) = write_channel();
         let file = temporary.clone();
         let writer = std::thread::spawn(move || {
             Writer::create_file(&file)?;
             Writer::open(&file)?.write_all(from_fold)
         });
-        let mut writes = WriteQueue::new(to_writer);
         // Creating the indexes twice fails the writer; the question waits behind it.
         writes.push(Write::CreateIndexes).expect("queued");
         writes.push(Write::CreateIndexes).expect("queued");

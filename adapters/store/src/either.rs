@@ -103,15 +103,16 @@ impl EventStore for AnyStore {
         start: LogStart,
         max_count: usize,
         visit: F,
+        into: Vec<T>,
     ) -> Result<Vec<T>, StoreError>
     where
         T: Send + 'static,
         F: FnMut(EventView<'_>) -> T + Send + 'static,
     {
         match self {
-            Self::Sqlite(store) => store.read_all_with(start, max_count, visit).await,
-            Self::KurrentDb(store) => store.read_all_with(start, max_count, visit).await,
-            Self::Postgres(store) => store.read_all_with(start, max_count, visit).await,
+            Self::Sqlite(store) => store.read_all_with(start, max_count, visit, into).await,
+            Self::KurrentDb(store) => store.read_all_with(start, max_count, visit, into).await,
+            Self::Postgres(store) => store.read_all_with(start, max_count, visit, into).await,
         }
     }
 

@@ -250,6 +250,7 @@ impl EventStore for SqliteStore {
         start: LogStart,
         max_count: usize,
         visit: F,
+        into: Vec<T>,
     ) -> Result<Vec<T>, StoreError>
     where
         T: Send + 'static,
@@ -257,7 +258,7 @@ impl EventStore for SqliteStore {
     {
         self.shared
             .readers
-            .read_all_with(start, max_count, visit)
+            .read_all_with(start, max_count, visit, into)
             .await
     }
 
