@@ -823,8 +823,11 @@ impl Rebuilder {
         let middle = ages.len() / 2;
         let (_, cutoff, _) = ages.select_nth_unstable(middle);
         let cutoff = *cutoff;
-        // Taken out of the map, so their states move to the writer, which builds their rows and
-        // stored states (see `Write::Fold`): the fold thread is the busier of the two.
+        // Taken out of the map; their rows and stored states are built here and the states
+        // dropped here, on the thread that allocated them. (Session 39 had the writer build
+        // them, when the fold was the busier thread; with the fold's reads and fresh pages cut,
+        // the writer became the busier one, by ~1.7 to 1 in samples, and rows built here cost
+        // less CPU in all: measured in the README, "The s40 round".)
         let mut evicted = std::mem::take(&mut self.evicted);
         evicted.extend(
             self.open
@@ -838,10 +841,13 @@ impl Rebuilder {
                 .expect("an open operation that is dirty has folded an event");
             self.gauges
                 .row_changed(open.before, apply::Counted::of(&open.state));
-            self.writes.push(Write::Fold {
+            let stored = apply::stored_operation(
                 operation_id,
-                state: Box::new(open.state),
-                last: (version, open.position, open.at),
+                &open.state,
+                (version, open.position, open.at),
+            )?;
+            self.writes.push(Write::Operation {
+                stored,
                 in_file: open.in_file,
             })?;
         }
@@ -950,17 +956,6 @@ enum Write {
     /// An operation's row, built by the fold.
     Operation {
         stored: apply::StoredOperation,
-        in_file: bool,
-    },
-    /// An operation's row for the writer to build from its folded state, which the fold let go
-    /// of: building the row and the stored state moves to the writer's thread, which waited for
-    /// the fold about half of the time.
-    Fold {
-        operation_id: OperationId,
-        /// Boxed: a state is several times the size of the other writes.
-        state: Box<OperationState>,
-        /// Its last event's version, position and time.
-        last: (StreamVersion, GlobalPosition, DateTime<Utc>),
         in_file: bool,
     },
     Review(ReviewChange),
@@ -1171,12 +1166,6 @@ impl Writer {
         let connection = &self.connection;
         match write {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
-            Write::Fold {
-                operation_id,
-                state,
-                last,
-                in_file,
-            } => apply::stored_operation(operation_id, &state, last)?.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
             Write::IdIndex(mut entries) => {
