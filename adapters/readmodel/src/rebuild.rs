@@ -119,6 +119,9 @@ pub struct RebuildLimits {
     pub max_buffered_id_entries: usize,
     /// Events per transaction ([`REBUILD_COMMIT_EVENTS`]).
     pub commit_events: u64,
+    /// Id-index entries of a flush handed to the writer at a time while the fold goes on
+    /// ([`ID_ENTRIES_PER_DRIP`]).
+    pub id_entries_per_drip: usize,
 }
 
 impl Default for RebuildLimits {
@@ -128,6 +131,7 @@ impl Default for RebuildLimits {
             max_window_intents: MAX_WINDOW_INTENTS,
             max_buffered_id_entries: MAX_BUFFERED_ID_ENTRIES,
             commit_events: REBUILD_COMMIT_EVENTS,
+            id_entries_per_drip: ID_ENTRIES_PER_DRIP,
         }
     }
 }
@@ -138,6 +142,7 @@ impl RebuildLimits {
             || self.max_window_intents < 2
             || self.max_buffered_id_entries == 0
             || self.commit_events == 0
+            || self.id_entries_per_drip == 0
         {
             return Err(ReadModelError::InvalidQuery {
                 reason: format!("rebuild limits too small to make progress: {self:?}"),
@@ -578,6 +583,8 @@ struct Rebuilder {
     /// that its room (half of [`RebuildLimits::max_open_operations`]) is allocated once, not
     /// faulted in afresh at every eviction.
     evicted: Vec<(OperationId, OpenOperation)>,
+    /// The last flush of id-index entries, sorted, while it is handed to the writer.
+    draining: Option<Draining>,
     /// Whether the id-index tables have rows yet: until they do, a flush is appended.
     id_index_written: bool,
     limits: RebuildLimits,
@@ -622,6 +629,28 @@ fn id_entry_key(entry: &IdIndexChange) -> (u8, Option<uuid::Uuid>, &str, &str, &
     }
 }
 
+/// The object an id-index entry names: its key without the operation (see [`id_entry_key`]).
+fn id_entry_object(entry: &IdIndexChange) -> (u8, Option<uuid::Uuid>, &str, &str, &str) {
+    let (table, uuid, first, second, third, _) = id_entry_key(entry);
+    (table, uuid, first, second, third)
+}
+
+/// Sorted id-index entries being handed to the writer a range at a time
+/// ([`Rebuilder::drip_id_index`]).
+struct Draining {
+    entries: Arc<Vec<IdIndexChange>>,
+    /// How many of them the writer has been handed.
+    sent: usize,
+    /// Whether they go into tables that had no rows before them (appended, not upserted).
+    append: bool,
+}
+
+/// Id-index entries of a flush handed to the writer per range while the fold goes on, one range
+/// every quarter as many events: 4 entries per event, more than an event adds (at most ~2), so
+/// a flush is mostly handed over before the next one fills (what is left then goes at once).
+/// Each range costs the writer its statements' lookups, so not much fewer.
+pub const ID_ENTRIES_PER_DRIP: usize = 512;
+
 /// Where an id-index entry was recorded.
 fn id_entry_position(entry: &IdIndexChange) -> GlobalPosition {
     match entry {
@@ -651,6 +680,7 @@ impl Rebuilder {
             clock: 0,
             indexed: false,
             id_index,
+            draining: None,
             evicted: Vec::new(),
             id_index_written: false,
             limits,
@@ -783,7 +813,12 @@ impl Rebuilder {
         // key order (see `write_id_index`).
         self.id_index.extend(changes.id_index);
         if self.id_index.len() >= self.limits.max_buffered_id_entries {
-            self.write_id_index()?;
+            self.write_id_index(false)?;
+        } else if self
+            .clock
+            .is_multiple_of((self.limits.id_entries_per_drip as u64 / 4).max(1))
+        {
+            self.drip_id_index(false)?;
         }
         for counter in &changes.metrics {
             *self.counters.entry(*counter).or_default() += 1;
@@ -893,7 +928,14 @@ impl Rebuilder {
     /// and one position (one event naming one object twice) give the same row in either order.
     /// Unstable: the stable sort's scratch buffer, half the entries, was fresh memory faulted in
     /// on every flush (the sort was 3.8 % of a rebuild's CPU with a whole log's entries).
-    fn write_id_index(&mut self) -> Result<(), ReadModelError> {
+    ///
+    /// The sorted entries are handed over a range at a time as the fold goes on
+    /// ([`Self::drip_id_index`]), not at once (`at_once`: at the end): a whole flush is ~0.5 s
+    /// of the writer's time, during which a fold that handed it over at once soon found the
+    /// queue full and waited, leaving one core idle.
+    fn write_id_index(&mut self, at_once: bool) -> Result<(), ReadModelError> {
+        // The previous flush first, whole: the entries of one key keep their log order.
+        self.drip_id_index(true)?;
         let spare = self
             .writes
             .spare_id_entries(self.limits.max_buffered_id_entries);
@@ -906,11 +948,51 @@ impl Rebuilder {
         if entries.is_empty() {
             return Ok(());
         }
-        if std::mem::replace(&mut self.id_index_written, true) {
-            self.writes.push(Write::IdIndex(entries))
-        } else {
-            self.writes.push(Write::IdIndexAppend(entries))
+        self.draining = Some(Draining {
+            entries: Arc::new(entries),
+            sent: 0,
+            append: !std::mem::replace(&mut self.id_index_written, true),
+        });
+        if at_once {
+            self.drip_id_index(true)?;
         }
+        Ok(())
+    }
+
+    /// Hands the writer the next range of the sorted id-index entries (`all`: every one left),
+    /// never ending it between two entries of one object, which an append resolves together.
+    fn drip_id_index(&mut self, all: bool) -> Result<(), ReadModelError> {
+        let Some(draining) = &mut self.draining else {
+            return Ok(());
+        };
+        let entries = &draining.entries;
+        let mut end = if all {
+            entries.len()
+        } else {
+            (draining.sent + self.limits.id_entries_per_drip).min(entries.len())
+        };
+        while end < entries.len()
+            && id_entry_object(&entries[end - 1]) == id_entry_object(&entries[end])
+        {
+            end += 1;
+        }
+        let range = draining.sent..end;
+        draining.sent = end;
+        let append = draining.append;
+        // The last range takes the fold's hold of the buffer, so the writer can hand it back.
+        let entries = if end == entries.len() {
+            self.draining
+                .take()
+                .map(|draining| draining.entries)
+                .expect("draining")
+        } else {
+            Arc::clone(entries)
+        };
+        self.writes.push(Write::IdIndex {
+            entries,
+            range,
+            append,
+        })
     }
 
     /// Creates the secondary indexes, once: at the end, or before the first query that needs
@@ -927,7 +1009,7 @@ impl Rebuilder {
     /// and close the file.
     fn finish(mut self) -> Result<RebuildReport, ReadModelError> {
         self.write_open(|_| true)?;
-        self.write_id_index()?;
+        self.write_id_index(true)?;
         self.create_indexes()?;
         self.writes.flush()?;
         self.writes.send(Message::Finish {
@@ -960,10 +1042,13 @@ enum Write {
     },
     Review(ReviewChange),
     Duplicate(DuplicateChange),
-    /// Id-index entries, already in key order.
-    IdIndex(Vec<IdIndexChange>),
-    /// The first id-index entries, in key order, into tables without rows yet.
-    IdIndexAppend(Vec<IdIndexChange>),
+    /// A range of id-index entries in key order; `append`: of the first flush, into tables that
+    /// had no rows before it. The buffer goes back to the fold after its last range.
+    IdIndex {
+        entries: Arc<Vec<IdIndexChange>>,
+        range: std::ops::Range<usize>,
+        append: bool,
+    },
     /// Commit and begin the next transaction.
     Commit,
     CreateIndexes,
@@ -1168,18 +1253,24 @@ impl Writer {
             Write::Operation { stored, in_file } => stored.write(connection, in_file),
             Write::Review(review) => apply::write_review(connection, &review),
             Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
-            Write::IdIndex(mut entries) => {
-                entries
-                    .iter()
-                    .try_for_each(|entry| apply::write_id_entry(connection, entry))?;
-                entries.clear();
-                let _ = feed.spent_id_entries.try_send(entries);
-                Ok(())
-            }
-            Write::IdIndexAppend(mut entries) => {
-                apply::append_id_entries(connection, &entries)?;
-                entries.clear();
-                let _ = feed.spent_id_entries.try_send(entries);
+            Write::IdIndex {
+                entries,
+                range,
+                append,
+            } => {
+                let range_of_entries = &entries[range];
+                if append {
+                    apply::append_id_entries(connection, range_of_entries)?;
+                } else {
+                    range_of_entries
+                        .iter()
+                        .try_for_each(|entry| apply::write_id_entry(connection, entry))?;
+                }
+                // Only the last range's holder gets the buffer back.
+                if let Ok(mut entries) = Arc::try_unwrap(entries) {
+                    entries.clear();
+                    let _ = feed.spent_id_entries.try_send(entries);
+                }
                 Ok(())
             }
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
@@ -1484,6 +1575,72 @@ mod tests {
             "two objects are shared: {expected:#?}"
         );
         assert_eq!(id_tables(&appended), expected);
+    }
+
+    #[test]
+    fn a_flush_is_handed_over_in_ranges_that_never_part_one_objects_entries() {
+        use opledger_domain::ids::{ExternalObjectId, WorkerId};
+        use opledger_projections::id_index::ExternalIdRole::{Confirmed, Duplicate, Reported};
+        let operation = |n: u128| OperationId::from_uuid(uuid::Uuid::from_u128(n));
+        let named = |object: &str, by: u128, role, position| IdIndexChange::ExternalId {
+            provider: ProviderId::new("crm").expect("valid"),
+            account: AccountId::new("a").expect("valid"),
+            external_id: ExternalObjectId::new(object).expect("valid"),
+            operation_id: operation(by),
+            role,
+            position: GlobalPosition::new(position),
+        };
+        let attempt = |n: u128| IdIndexChange::Attempt {
+            attempt_id: opledger_domain::ids::AttemptId::from_uuid(uuid::Uuid::from_u128(n)),
+            operation_id: operation(n),
+            number: 1,
+            worker: WorkerId::new("w").expect("valid"),
+            started_at: Utc
+                .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
+                .single()
+                .expect("valid"),
+            position: GlobalPosition::new(100 + n as u64),
+        };
+        let (writes, feed) = write_channel();
+        let limits = RebuildLimits {
+            id_entries_per_drip: 1,
+            ..RebuildLimits::default()
+        };
+        let mut rebuilder = Rebuilder::new(writes, limits);
+        // In key order, as a flush sorts them: two attempts, then one object named three times
+        // by two operations, then another object.
+        rebuilder.id_index.extend([
+            attempt(1),
+            attempt(2),
+            named("task-1", 1, Reported, 1),
+            named("task-1", 1, Confirmed, 2),
+            named("task-1", 2, Duplicate, 3),
+            named("task-2", 3, Confirmed, 4),
+        ]);
+        rebuilder.write_id_index(false).expect("sorted and kept");
+        for _ in 0..4 {
+            rebuilder.drip_id_index(false).expect("handed over");
+        }
+        assert!(
+            rebuilder.draining.is_none(),
+            "the whole flush was handed over"
+        );
+        rebuilder.writes.flush().expect("sent");
+        let Ok(Message::Writes(handed)) = feed.messages.try_recv() else {
+            panic!("the ranges were sent");
+        };
+        let ranges: Vec<_> = handed
+            .iter()
+            .map(|write| match write {
+                Write::IdIndex { range, append, .. } => (range.clone(), *append),
+                _ => panic!("only id-index ranges"),
+            })
+            .collect();
+        assert_eq!(
+            ranges,
+            vec![(0..1, true), (1..2, true), (2..5, true), (5..6, true)],
+            "one range per entry, except the object three entries name, in one range"
+        );
     }
 
     #[test]
