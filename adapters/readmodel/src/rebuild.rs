@@ -54,7 +54,7 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::apply::RequestKey;
+use super::apply::{QueryBounds, RequestKey};
 use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
@@ -453,7 +453,7 @@ impl IntentWindow {
 
     /// The earlier intents the runner's query would return, newest first (`key`: the query's
     /// request).
-    fn find(&self, query: &SimilarIntentQuery, key: &RequestKey) -> WindowAnswer {
+    fn find(&self, key: &RequestKey, query: QueryBounds) -> WindowAnswer {
         if query.from < self.floor && self.let_go.may_contain(key) {
             return WindowAnswer::AskTheFile;
         }
@@ -734,12 +734,12 @@ impl Rebuilder {
         };
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
-        let query = duplicates::similar_intent_query(operation_id, &event);
-        // Built once per intent: the window is asked with it and then given it.
-        let key = query.as_ref().map(RequestKey::of);
-        let similar = match (&query, &key) {
-            (Some(query), Some(key)) => self.find_similar(query, key)?,
-            _ => Vec::new(),
+        // The key taken from the query once per intent, its names moved rather than copied:
+        // the window is asked with it and then given it.
+        let query = duplicates::similar_intent_query(operation_id, &event).map(RequestKey::take);
+        let similar = match &query {
+            Some((key, bounds)) => self.find_similar(key, *bounds)?,
+            None => Vec::new(),
         };
         let clock = self.clock;
         let open = match self.open.entry(operation_id) {
@@ -792,7 +792,7 @@ impl Rebuilder {
         open.at = event.at();
         open.dirty = true;
         open.last_used = clock;
-        if let (Some(key), OperationEvent::IntentRecorded(intent)) = (key, &event) {
+        if let (Some((key, _)), OperationEvent::IntentRecorded(intent)) = (query, &event) {
             let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
             self.window.insert(
                 key,
@@ -835,10 +835,10 @@ impl Rebuilder {
 
     fn find_similar(
         &mut self,
-        query: &SimilarIntentQuery,
         key: &RequestKey,
+        bounds: QueryBounds,
     ) -> Result<Vec<SimilarIntent>, ReadModelError> {
-        if let WindowAnswer::Found(found) = self.window.find(query, key) {
+        if let WindowAnswer::Found(found) = self.window.find(key, bounds) {
             return Ok(found);
         }
         // The window no longer covers the query: write every open row so the file holds every
@@ -847,7 +847,7 @@ impl Rebuilder {
         self.report.asked_the_file += 1;
         self.write_open(|_| true)?;
         self.create_indexes()?;
-        let query = query.clone();
+        let query = key.query(bounds);
         self.writes
             .ask(|reply| Write::FindSimilar { query, reply })?
     }
@@ -1417,9 +1417,10 @@ mod tests {
                 intent(n, base + Duration::seconds(n as i64)),
             );
         }
-        let WindowAnswer::Found(found) =
-            window.find(&query(2, base), &RequestKey::of(&query(2, base)))
-        else {
+        let WindowAnswer::Found(found) = window.find(
+            &RequestKey::of(&query(2, base)),
+            QueryBounds::of(&query(2, base)),
+        ) else {
             panic!("nothing let go of yet");
         };
         let ids: Vec<_> = found.iter().map(|i| i.operation_id).collect();
@@ -1433,20 +1434,41 @@ mod tests {
         // Letting go of nothing (all are newer than the floor) keeps answering.
         window.raise_floor(base);
         assert!(matches!(
-            window.find(&query(9, base), &RequestKey::of(&query(9, base))),
+            window.find(
+                &RequestKey::of(&query(9, base)),
+                QueryBounds::of(&query(9, base))
+            ),
             WindowAnswer::Found(_)
         ));
         // Letting go of the first two sends an overlapping query to the file.
         window.raise_floor(base + Duration::seconds(3));
         assert!(matches!(
-            window.find(&query(9, base), &RequestKey::of(&query(9, base))),
+            window.find(
+                &RequestKey::of(&query(9, base)),
+                QueryBounds::of(&query(9, base))
+            ),
             WindowAnswer::AskTheFile
         ));
         let later = base + Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S + 3);
         assert!(matches!(
-            window.find(&query(9, later), &RequestKey::of(&query(9, later))),
+            window.find(
+                &RequestKey::of(&query(9, later)),
+                QueryBounds::of(&query(9, later))
+            ),
             WindowAnswer::Found(_)
         ));
+    }
+
+    #[test]
+    fn a_query_taken_apart_into_its_key_and_bounds_is_put_together_unchanged() {
+        let at = Utc
+            .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let asked = query(7, at);
+        let (key, bounds) = RequestKey::take(asked.clone());
+        assert_eq!(key, RequestKey::of(&asked));
+        assert_eq!(key.query(bounds), asked);
     }
 
     #[test]
@@ -1655,7 +1677,10 @@ mod tests {
             assert!(window.entries <= 2, "the window keeps within its limit");
         }
         assert!(matches!(
-            window.find(&query(9, at), &RequestKey::of(&query(9, at))),
+            window.find(
+                &RequestKey::of(&query(9, at)),
+                QueryBounds::of(&query(9, at))
+            ),
             WindowAnswer::AskTheFile
         ));
     }
