@@ -1079,10 +1079,12 @@ enum Message {
 /// as can exist at once (those queued, the one being written, the one being filled).
 const SPARE_WRITE_BUFFERS: usize = MESSAGES_IN_FLIGHT + 2;
 /// Emptied buffers of id-index entries the writer hands back (each with room for
-/// [`RebuildLimits::max_buffered_id_entries`], ~26 MiB at the default): one being filled and one
-/// being written. A fresh one was grown by doubling, its pages faulted in and copied at every
-/// flush; a buffer that finds the way back full is dropped.
-const SPARE_ID_ENTRY_BUFFERS: usize = 2;
+/// [`RebuildLimits::max_buffered_id_entries`], ~26 MiB at the default), kept for the next flush.
+/// A fresh one was grown by doubling, its pages faulted in and copied at every flush. One: with
+/// the one being filled and the one being written, at most three exist, and only while a flush
+/// waits for the one before it; a buffer that finds the way back full is dropped. (Two spares
+/// measured 40–65 MB more peak RSS than main on a 10M-event log.)
+const SPARE_ID_ENTRY_BUFFERS: usize = 1;
 
 /// The queue from the fold to the writer, with the ways back for the buffers the writer empties.
 fn write_channel() -> (WriteQueue, WriterFeed) {
