@@ -15,7 +15,7 @@ use crate::event::{
     RetryScheduled, ReviewRequired, ReviewResolved, SendPostponed,
 };
 use crate::ids::{EventId, OperationId, StreamVersion};
-use crate::store::{EventData, RecordedEvent};
+use crate::store::{EventData, EventView, RecordedEvent};
 
 /// The schema version this build writes, and the newest it reads.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -192,10 +192,15 @@ pub fn traceparent_of(metadata: &[u8]) -> Option<String> {
 
 /// Decodes a stored event.
 pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
+    decode_view(recorded.view())
+}
+
+/// Decodes a stored event borrowed from the store ([`crate::store::EventStore::read_all_with`]).
+pub fn decode_view(recorded: EventView<'_>) -> Result<OperationEvent, DecodeError> {
     let malformed = |reason: String| DecodeError::Malformed {
-        stream: recorded.stream.to_string(),
+        stream: recorded.stream.to_owned(),
         version: recorded.version,
-        event_type: recorded.event_type.clone(),
+        event_type: recorded.event_type.to_owned(),
         reason,
     };
     // Nearly every event carries exactly the metadata this build writes; recognise it without
@@ -207,7 +212,7 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
             traceparent: None,
         }
     } else {
-        serde_json::from_slice(&recorded.metadata)
+        serde_json::from_slice(recorded.metadata)
             .map_err(|error| malformed(format!("metadata: {error}")))?
     };
     if metadata.schema_version > SCHEMA_VERSION {
@@ -217,12 +222,12 @@ pub fn decode(recorded: &RecordedEvent) -> Result<OperationEvent, DecodeError> {
             found: metadata.schema_version,
         });
     }
-    match OperationEvent::decode_data(&recorded.event_type, &recorded.data) {
+    match OperationEvent::decode_data(recorded.event_type, recorded.data) {
         Some(decoded) => decoded.map_err(|error| malformed(error.to_string())),
         None => Err(DecodeError::UnknownType {
             stream: recorded.stream.to_string(),
             version: recorded.version,
-            event_type: recorded.event_type.clone(),
+            event_type: recorded.event_type.to_owned(),
         }),
     }
 }

@@ -45,6 +45,13 @@ impl StreamName {
     /// control-character names.
     pub fn new(name: impl Into<String>) -> Result<Self, StoreError> {
         let name = name.into();
+        Self::check(&name)?;
+        Ok(Self(name))
+    }
+
+    /// Whether `name` is a valid stream name, checked without making one (a store handing out
+    /// [`EventView`]s checks its names as [`StreamName::new`] would).
+    pub fn check(name: &str) -> Result<(), StoreError> {
         if name.is_empty()
             || name.len() > MAX_STREAM_NAME_BYTES
             || name.chars().any(char::is_control)
@@ -56,7 +63,7 @@ impl StreamName {
                 ),
             });
         }
-        Ok(Self(name))
+        Ok(())
     }
 
     /// The name as text.
@@ -66,7 +73,7 @@ impl StreamName {
 
     /// The operation this stream belongs to, when it is an operation stream.
     pub fn operation_id(&self) -> Option<OperationId> {
-        self.0.strip_prefix(OPERATION_STREAM_PREFIX)?.parse().ok()
+        operation_of(&self.0)
     }
 }
 
@@ -130,6 +137,55 @@ pub struct RecordedEvent {
     pub data: Vec<u8>,
     /// The encoded metadata.
     pub metadata: Vec<u8>,
+}
+
+impl RecordedEvent {
+    /// The event borrowed, as [`EventStore::read_all_with`] hands it to its visitor.
+    pub fn view(&self) -> EventView<'_> {
+        EventView {
+            stream: self.stream.as_str(),
+            version: self.version,
+            position: self.position,
+            event_id: self.event_id,
+            event_type: &self.event_type,
+            data: &self.data,
+            metadata: &self.metadata,
+        }
+    }
+}
+
+/// A stored event borrowed from wherever the store holds it while it is read (an SQLite row):
+/// what a reader that keeps only its own decoding of each event needs, without the copy of every
+/// byte into a [`RecordedEvent`] first. The store has checked its values as for a
+/// [`RecordedEvent`] (the stream name as [`StreamName::new`] does).
+#[derive(Clone, Copy, Debug)]
+pub struct EventView<'a> {
+    /// The stream it belongs to.
+    pub stream: &'a str,
+    /// Its version in that stream.
+    pub version: StreamVersion,
+    /// Its position in the global log.
+    pub position: GlobalPosition,
+    /// Its deterministic id.
+    pub event_id: EventId,
+    /// Its type name.
+    pub event_type: &'a str,
+    /// The encoded event.
+    pub data: &'a [u8],
+    /// The encoded metadata.
+    pub metadata: &'a [u8],
+}
+
+impl EventView<'_> {
+    /// The operation whose stream the event belongs to, if it is an operation stream.
+    pub fn operation_id(&self) -> Option<OperationId> {
+        operation_of(self.stream)
+    }
+}
+
+/// The operation a stream name belongs to, if it is an operation stream's.
+fn operation_of(stream: &str) -> Option<OperationId> {
+    stream.strip_prefix(OPERATION_STREAM_PREFIX)?.parse().ok()
 }
 
 /// Where a successful append left the stream.
@@ -255,6 +311,31 @@ pub trait EventStore: Send + Sync {
         start: LogStart,
         max_count: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>, StoreError>> + Send;
+
+    /// [`Self::read_all`], handing each event to `visit` borrowed and keeping what it returns,
+    /// in `into` (cleared first; a reader passes back the buffer of a batch it is done with, so
+    /// that batches reuse memory): for a reader that keeps only its own decoding of each event
+    /// (a rebuild), so that a store which can lend its rows (SQLite) never copies them into
+    /// [`RecordedEvent`]s first. `visit` may run on a blocking thread of the store's. This
+    /// default reads the events and lends them.
+    fn read_all_with<T, F>(
+        &self,
+        start: LogStart,
+        max_count: usize,
+        mut visit: F,
+        mut into: Vec<T>,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send
+    where
+        T: Send + 'static,
+        F: FnMut(EventView<'_>) -> T + Send + 'static,
+    {
+        async move {
+            let events = self.read_all(start, max_count).await?;
+            into.clear();
+            into.extend(events.iter().map(|event| visit(event.view())));
+            Ok(into)
+        }
+    }
 
     /// The position of the newest event in the log (`None`: the log is empty).
     fn head_position(

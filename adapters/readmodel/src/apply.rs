@@ -54,6 +54,63 @@ impl RequestKey {
             args_hash: query.args_hash.clone(),
         }
     }
+
+    /// The key of `query` and the rest of it, taking the request's names instead of copying
+    /// them (a rebuild does this once per intent; [`Self::query`] puts them together again).
+    pub(super) fn take(query: SimilarIntentQuery) -> (Self, QueryBounds) {
+        let bounds = QueryBounds::of(&query);
+        let SimilarIntentQuery {
+            tenant,
+            provider,
+            account,
+            action,
+            args_hash,
+            ..
+        } = query;
+        let key = Self {
+            tenant,
+            provider,
+            account,
+            action,
+            args_hash,
+        };
+        (key, bounds)
+    }
+
+    /// The query [`Self::take`] took apart.
+    pub(super) fn query(&self, bounds: QueryBounds) -> SimilarIntentQuery {
+        SimilarIntentQuery {
+            operation_id: bounds.operation_id,
+            tenant: self.tenant.clone(),
+            provider: self.provider.clone(),
+            account: self.account.clone(),
+            action: self.action.clone(),
+            args_hash: self.args_hash.clone(),
+            from: bounds.from,
+            to: bounds.to,
+            limit: bounds.limit,
+        }
+    }
+}
+
+/// What a similar-intent query asks besides its request: who asks, the time range, how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct QueryBounds {
+    pub(super) operation_id: OperationId,
+    pub(super) from: DateTime<Utc>,
+    pub(super) to: DateTime<Utc>,
+    pub(super) limit: usize,
+}
+
+impl QueryBounds {
+    pub(super) fn of(query: &SimilarIntentQuery) -> Self {
+        Self {
+            operation_id: query.operation_id,
+            from: query.from,
+            to: query.to,
+            limit: query.limit,
+        }
+    }
 }
 
 /// Gauge names (see the gauges table in `schema.rs`, whose migration writes the same names).
@@ -337,7 +394,7 @@ fn similar_in_file_and_batch(
 ) -> Result<Vec<SimilarIntent>, ReadModelError> {
     let mut similar = find_similar(transaction, query)?;
     if let Some(same_request) = new_intents.get(&RequestKey::of(query)) {
-        add_similar(&mut similar, same_request, query);
+        add_similar(&mut similar, same_request, QueryBounds::of(query));
     }
     Ok(similar)
 }
@@ -347,7 +404,7 @@ fn similar_in_file_and_batch(
 pub(super) fn add_similar(
     found: &mut Vec<SimilarIntent>,
     candidates: &[SimilarIntent],
-    query: &SimilarIntentQuery,
+    query: QueryBounds,
 ) {
     let before = found.len();
     found.extend(

@@ -63,7 +63,8 @@ pub use query::{
 };
 pub use rebuild::{
     rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, RebuildWaits,
-    MAX_BUFFERED_ID_ENTRIES, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS, REBUILD_COMMIT_EVENTS,
+    ID_ENTRIES_PER_DRIP, MAX_BUFFERED_ID_ENTRIES, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS,
+    REBUILD_COMMIT_EVENTS,
 };
 pub use runner::{
     Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,

@@ -826,12 +826,14 @@ async fn asking_an_idle_runner_to_hurry_does_not_cut_its_next_batch_short() {
 
 /// Limits small enough that a short log takes every path a long one does: operations written
 /// out early and read back, intents let go of by the window and looked up in the file (which
-/// also creates the indexes before the end), several id-index flushes and transactions.
+/// also creates the indexes before the end), several id-index flushes, each handed to the writer
+/// in ranges while the fold goes on, and several transactions.
 const TINY_LIMITS: RebuildLimits = RebuildLimits {
     max_open_operations: 3,
     max_window_intents: 4,
     max_buffered_id_entries: 5,
     commit_events: 7,
+    id_entries_per_drip: 2,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,8 +8,8 @@ use super::kurrentdb::{KurrentDbStore, KurrentDbSubscription};
 use super::sqlite::{SqliteStore, SqliteSubscription};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
 use opledger_domain::store::{
-    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
-    StreamName, Subscription,
+    AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
+    StoreError, StreamName, Subscription,
 };
 use opledger_postgres::{PostgresStore, PostgresSubscription};
 
@@ -95,6 +95,24 @@ impl EventStore for AnyStore {
             Self::Sqlite(store) => store.read_all(start, max_count).await,
             Self::KurrentDb(store) => store.read_all(start, max_count).await,
             Self::Postgres(store) => store.read_all(start, max_count).await,
+        }
+    }
+
+    async fn read_all_with<T, F>(
+        &self,
+        start: LogStart,
+        max_count: usize,
+        visit: F,
+        into: Vec<T>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(EventView<'_>) -> T + Send + 'static,
+    {
+        match self {
+            Self::Sqlite(store) => store.read_all_with(start, max_count, visit, into).await,
+            Self::KurrentDb(store) => store.read_all_with(start, max_count, visit, into).await,
+            Self::Postgres(store) => store.read_all_with(start, max_count, visit, into).await,
         }
     }
 

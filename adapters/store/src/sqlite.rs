@@ -29,8 +29,8 @@ use std::thread::JoinHandle;
 
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
 use opledger_domain::store::{
-    AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
-    StreamName, Subscription,
+    AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
+    StoreError, StreamName, Subscription,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -241,6 +241,25 @@ impl EventStore for SqliteStore {
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         self.shared.readers.read_all(start, max_count).await
+    }
+
+    /// Decodes nothing into [`RecordedEvent`]s: `visit` reads each row's bytes where SQLite
+    /// holds them, on the reading thread.
+    async fn read_all_with<T, F>(
+        &self,
+        start: LogStart,
+        max_count: usize,
+        visit: F,
+        into: Vec<T>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(EventView<'_>) -> T + Send + 'static,
+    {
+        self.shared
+            .readers
+            .read_all_with(start, max_count, visit, into)
+            .await
     }
 
     /// Answered from the position the writer publishes after each commit, without a query: the

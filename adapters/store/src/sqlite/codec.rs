@@ -4,7 +4,7 @@
 //! that does not convert back is reported as corrupt, never wrapped or truncated.
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{RecordedEvent, StoreError, StreamName};
+use opledger_domain::store::{EventView, RecordedEvent, StoreError, StreamName};
 use uuid::Uuid;
 
 /// The columns of a full event row, in the order [`EventRow::from_row`] reads them.
@@ -45,6 +45,48 @@ pub(super) fn event_id_from_sql(bytes: &[u8]) -> Result<EventId, StoreError> {
         .map_err(|_| StoreError::Corrupt {
             reason: format!("a stored event id is {} bytes, not 16", bytes.len()),
         })
+}
+
+/// A row selected with [`EVENT_COLUMNS`], borrowed where SQLite holds it and checked as
+/// [`EventRow::decode`] checks it; the outer error is SQLite's (a column of another type).
+pub(super) fn view_row<'row>(
+    row: &'row rusqlite::Row<'_>,
+) -> rusqlite::Result<Result<EventView<'row>, StoreError>> {
+    let position: i64 = row.get(0)?;
+    let stream = borrowed(row, 1, rusqlite::types::ValueRef::as_str)?;
+    let version: i64 = row.get(2)?;
+    let event_id = borrowed(row, 3, rusqlite::types::ValueRef::as_blob)?;
+    let event_type = borrowed(row, 4, rusqlite::types::ValueRef::as_str)?;
+    let data = borrowed(row, 5, rusqlite::types::ValueRef::as_blob)?;
+    let metadata = borrowed(row, 6, rusqlite::types::ValueRef::as_blob)?;
+    let checked = || {
+        StreamName::check(stream).map_err(|error| StoreError::Corrupt {
+            reason: format!("the event at position {position} has an invalid stream name: {error}"),
+        })?;
+        Ok(EventView {
+            stream,
+            version: version_from_sql(version)?,
+            position: position_from_sql(position)?,
+            event_id: event_id_from_sql(event_id)?,
+            event_type,
+            data,
+            metadata,
+        })
+    };
+    Ok(checked())
+}
+
+/// Column `index` of `row` as `read` borrows it (text or bytes), refused as `row.get` refuses a
+/// column of another type.
+fn borrowed<'row, T: ?Sized>(
+    row: &'row rusqlite::Row<'_>,
+    index: usize,
+    read: impl FnOnce(&rusqlite::types::ValueRef<'row>) -> rusqlite::types::FromSqlResult<&'row T>,
+) -> rusqlite::Result<&'row T> {
+    let value = row.get_ref(index)?;
+    read(&value).map_err(|error| {
+        rusqlite::Error::FromSqlConversionFailure(index, value.data_type(), Box::new(error))
+    })
 }
 
 /// One event row as SQLite returned it, before its values are checked.

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use opledger_domain::ids::StreamVersion;
-use opledger_domain::store::{LogStart, RecordedEvent, StoreError, StreamName, MAX_READ_BATCH};
+use opledger_domain::store::{
+    EventView, LogStart, RecordedEvent, StoreError, StreamName, MAX_READ_BATCH,
+};
 use rusqlite::{params, Connection};
 use tokio::sync::Semaphore;
 
@@ -113,6 +115,47 @@ impl ReadPool {
         .await
     }
 
+    /// [`Self::read_all`], lending each row to `visit` instead of copying it into a
+    /// [`RecordedEvent`].
+    pub(super) async fn read_all_with<T, F>(
+        &self,
+        start: LogStart,
+        max_count: usize,
+        mut visit: F,
+        mut into: Vec<T>,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(EventView<'_>) -> T + Send + 'static,
+    {
+        into.clear();
+        let limit = max_count.min(MAX_READ_BATCH);
+        let after = match start {
+            LogStart::Beginning => 0,
+            LogStart::After(position) => match codec::position_to_sql(position) {
+                Some(position) => position,
+                None => return Ok(into),
+            },
+        };
+        if limit == 0 {
+            return Ok(into);
+        }
+        self.run(move |connection| {
+            let sql = format!(
+                "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
+            );
+            visit_events(
+                connection,
+                &sql,
+                params![after, limit as i64],
+                &mut visit,
+                into,
+            )
+            .map_err(|error| sqlite_error("cannot read the log", error))?
+        })
+        .await
+    }
+
     /// Runs `work` on a pooled connection in a blocking task.
     async fn run<T: Send + 'static>(
         &self,
@@ -169,4 +212,24 @@ fn query_events(
         }
     }
     Ok(Ok(events))
+}
+
+/// Runs an event query, lending each row to `visit` and appending what it returns to `into`;
+/// the errors as [`query_events`]'s.
+fn visit_events<T>(
+    connection: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    visit: &mut impl FnMut(EventView<'_>) -> T,
+    mut into: Vec<T>,
+) -> rusqlite::Result<Result<Vec<T>, StoreError>> {
+    let mut statement = connection.prepare_cached(sql)?;
+    let mut rows = statement.query(params)?;
+    while let Some(row) = rows.next()? {
+        match codec::view_row(row)? {
+            Ok(view) => into.push(visit(view)),
+            Err(error) => return Ok(Err(error)),
+        }
+    }
+    Ok(Ok(into))
 }

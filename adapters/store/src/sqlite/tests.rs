@@ -482,3 +482,55 @@ async fn a_caught_up_subscription_reads_the_writers_events_from_memory() {
     drop(permits);
     store.close().await.expect("close");
 }
+
+#[tokio::test]
+async fn reading_the_log_with_a_visitor_lends_exactly_the_events_read_all_returns() {
+    let dir = TempDir::new().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("events.db"))
+        .await
+        .expect("open");
+    store
+        .append(
+            &stream("a"),
+            ExpectedVersion::NoStream,
+            vec![event(1), event(2)],
+        )
+        .await
+        .expect("append a");
+    store
+        .append(&stream("b"), ExpectedVersion::NoStream, vec![event(3)])
+        .await
+        .expect("append b");
+    store
+        .append(
+            &stream("a"),
+            ExpectedVersion::Exact(StreamVersion::new(1)),
+            vec![event(4)],
+        )
+        .await
+        .expect("append a again");
+    let start = LogStart::After(GlobalPosition::new(1));
+    let owned: Vec<RecordedEvent> = store.read_all(start, 2).await.expect("read_all");
+    // A buffer with an event of an earlier batch in it: the visitor's batch replaces it.
+    let stale = vec![store.read_all(LogStart::Beginning, 1).await.expect("one")[0].clone()];
+    let lent = store
+        .read_all_with(
+            start,
+            2,
+            |view| RecordedEvent {
+                stream: StreamName::new(view.stream).expect("a checked name"),
+                version: view.version,
+                position: view.position,
+                event_id: view.event_id,
+                event_type: view.event_type.to_owned(),
+                data: view.data.to_vec(),
+                metadata: view.metadata.to_vec(),
+            },
+            stale,
+        )
+        .await
+        .expect("read_all_with");
+    assert_eq!(owned.len(), 2, "the batch is bounded by max_count");
+    assert_eq!(lent, owned);
+    store.close().await.expect("close");
+}
