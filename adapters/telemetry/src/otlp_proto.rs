@@ -156,6 +156,51 @@ impl Encoder {
     }
 }
 
+/// One span as a `ScopeSpans.spans` field (key, length, message), appended to `out`: the form a
+/// span is kept in between its end and its export ([`crate::spool`]). `scratch` holds the
+/// message while its length is measured.
+pub(crate) fn span_field(span: &SpanData, scratch: &mut Vec<u8>, out: &mut Vec<u8>) {
+    scratch.clear();
+    encode_span(span, scratch);
+    len_delimited(SCOPE_SPANS_SPANS, scratch.len(), out);
+    out.extend_from_slice(scratch);
+}
+
+impl Encoder {
+    /// Writes one `ExportTraceServiceRequest` of spans already written by [`span_field`], all of
+    /// `scope`, into `body` (cleared first): the same bytes [`Encoder::encode`] writes for those
+    /// spans. `spans` are runs of whole span fields; at least one span in all.
+    pub(crate) fn frame(
+        &self,
+        scope: &InstrumentationScope,
+        spans: &[Vec<u8>],
+        body: &mut Vec<u8>,
+    ) {
+        body.clear();
+        let spans_len: usize = spans.iter().map(Vec::len).sum();
+        let scope_len = scope_len(scope);
+        let schema_url = scope.schema_url().unwrap_or_default();
+        let scope_spans_len = message_field_len(SCOPE_SPANS_SCOPE, scope_len)
+            + spans_len
+            + string_field_len(SCOPE_SPANS_SCHEMA_URL, schema_url);
+        let resource_spans_len = message_field_len(RESOURCE_SPANS_RESOURCE, self.resource.len())
+            + message_field_len(RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len)
+            + string_field_len(RESOURCE_SPANS_SCHEMA_URL, &self.resource_schema_url);
+        body.reserve(resource_spans_len + 16);
+        len_delimited(REQUEST_RESOURCE_SPANS, resource_spans_len, body);
+        len_delimited(RESOURCE_SPANS_RESOURCE, self.resource.len(), body);
+        body.extend_from_slice(&self.resource);
+        len_delimited(RESOURCE_SPANS_SCOPE_SPANS, scope_spans_len, body);
+        len_delimited(SCOPE_SPANS_SCOPE, scope_len, body);
+        encode_scope(scope, body);
+        for run in spans {
+            body.extend_from_slice(run);
+        }
+        string_field(SCOPE_SPANS_SCHEMA_URL, schema_url, body);
+        string_field(RESOURCE_SPANS_SCHEMA_URL, &self.resource_schema_url, body);
+    }
+}
+
 fn encode_span(span: &SpanData, buf: &mut Vec<u8>) {
     let context = &span.span_context;
     bytes_field(SPAN_TRACE_ID, &context.trace_id().to_bytes(), buf);
@@ -616,6 +661,27 @@ mod tests {
             ),
         };
         assert_eq!(encoded(&resource, &batch), expected);
+    }
+
+    #[test]
+    fn spans_written_where_they_end_frame_the_same_bytes_as_the_batch_encoder() {
+        let scope = InstrumentationScope::builder("opledger")
+            .with_version("1.2.3")
+            .with_attributes([KeyValue::new("scope.attribute", 5_i64)])
+            .build();
+        let batch = vec![full_span(&scope), bare_span(&scope), full_span(&scope)];
+        let mut encoder = Encoder::default();
+        encoder.set_resource(&resource());
+        let mut expected = Vec::new();
+        encoder.encode(&batch, &mut expected);
+        // Two runs, as two threads' queues hold them.
+        let (mut scratch, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
+        span_field(&batch[0], &mut scratch, &mut first);
+        span_field(&batch[1], &mut scratch, &mut second);
+        span_field(&batch[2], &mut scratch, &mut second);
+        let mut body = vec![7; 3];
+        encoder.frame(&scope, &[first, second], &mut body);
+        assert_eq!(body, expected);
     }
 
     #[test]
