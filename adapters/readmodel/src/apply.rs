@@ -232,11 +232,6 @@ impl BatchScratch {
         self.new_intents.clear();
         self.rows.clear();
     }
-
-    #[cfg(test)]
-    pub(super) fn is_empty(&self) -> bool {
-        self.touched.is_empty() && self.new_intents.is_empty() && self.rows.is_empty()
-    }
 }
 
 /// Writes the operations the batch folded and the gauges they moved, and (when the batch

@@ -1,5 +1,6 @@
 //! The OTLP `ExportTraceServiceRequest` protobuf body of a batch, written straight from the SDK's
-//! `SpanData` into one buffer.
+//! `SpanData`: each span where it ends ([`span_field`], kept by [`crate::spool`]), and the
+//! request around a queue of them ([`Encoder::frame`]).
 //!
 //! opentelemetry-otlp's exporter clones every span of a batch, groups them by scope in a hash map,
 //! converts each into the generated message types (a `String` or `Vec` per id, name, key and
@@ -87,10 +88,13 @@ pub(crate) struct Encoder {
     resource: Vec<u8>,
     resource_schema_url: String,
     /// One span's body, before its length is known.
+    #[cfg(test)]
     span: Vec<u8>,
     /// One scope's spans, each with its key and length.
+    #[cfg(test)]
     spans: Vec<u8>,
     /// The `ScopeSpans` fields, each with its key and length.
+    #[cfg(test)]
     scopes: Vec<u8>,
 }
 
@@ -108,6 +112,9 @@ impl Encoder {
 
     /// Writes `batch` as one `ExportTraceServiceRequest` into `body` (cleared first): one
     /// `ResourceSpans` with a `ScopeSpans` per instrumentation scope, in order of first use.
+    /// The reference the spool's framing ([`Encoder::frame`]) is tested against: the batch
+    /// processor no longer feeds this encoder (gRPC uses the SDK's own).
+    #[cfg(test)]
     pub(crate) fn encode(&mut self, batch: &[SpanData], body: &mut Vec<u8>) {
         body.clear();
         self.scopes.clear();

@@ -157,6 +157,7 @@ impl Spool {
     }
 
     /// Exports what is queued and waits until it is posted (or failed).
+    #[cfg(test)]
     pub(crate) fn flush(&self) {
         let mut control = lock(&self.control);
         if control.stopping {
