@@ -25,9 +25,6 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// digits) and `"}`; recognised without a JSON parse, because replay decodes millions.
 const METADATA_PREFIX: &[u8] = br#"{"schema_version":1,"chain":""#;
 const METADATA_SUFFIX: &[u8] = br#""}"#;
-/// Between the chain hash and the `traceparent` in the metadata written with trace export on:
-/// that shape is recognised without a JSON parse too (every event of a traced request has it).
-const METADATA_TRACEPARENT: &[u8] = br#"","traceparent":""#;
 /// A chain hash's length in hex digits.
 const CHAIN_HEX_LEN: usize = 64;
 
@@ -159,81 +156,35 @@ pub fn encode(
         event_id: EventId::for_operation_event(operation, version, event.at(), event_type, &data),
         event_type: event_type.to_owned(),
         data,
-        metadata: metadata_bytes(&metadata),
+        metadata: serde_json::to_vec(&metadata)
+            .expect("metadata is plain data and always serializes"),
     };
     (encoded, chain)
 }
 
-/// The metadata's JSON: the shapes this build writes spelled out byte for byte (serde_json's
-/// generic path escaped and formatted every field of every event, a few µs per operation with
-/// trace export on), anything else through serde_json. Both spell the same value the same way.
-fn metadata_bytes(metadata: &EventMetadata) -> Vec<u8> {
-    let plain = |text: &str| {
-        text.bytes()
-            .all(|byte| byte.is_ascii_hexdigit() || byte == b'-')
-    };
-    match (
-        metadata.schema_version,
-        &metadata.chain,
-        &metadata.traceparent,
-    ) {
-        (SCHEMA_VERSION, Some(chain), traceparent)
-            if chain.len() == CHAIN_HEX_LEN
-                && plain(chain)
-                && traceparent.as_deref().is_none_or(plain) =>
-        {
-            let mut bytes = Vec::with_capacity(
-                METADATA_PREFIX.len()
-                    + CHAIN_HEX_LEN
-                    + METADATA_TRACEPARENT.len()
-                    + traceparent.as_ref().map_or(0, String::len)
-                    + METADATA_SUFFIX.len(),
-            );
-            bytes.extend_from_slice(METADATA_PREFIX);
-            bytes.extend_from_slice(chain.as_bytes());
-            if let Some(traceparent) = traceparent {
-                bytes.extend_from_slice(METADATA_TRACEPARENT);
-                bytes.extend_from_slice(traceparent.as_bytes());
-            }
-            bytes.extend_from_slice(METADATA_SUFFIX);
-            bytes
-        }
-        _ => serde_json::to_vec(metadata).expect("metadata is plain data and always serializes"),
-    }
-}
-
-/// The chain hash's hex digits and the `traceparent` (if any) of metadata in exactly a shape
-/// [`metadata_bytes`] spells out; `None` for anything else (then it is parsed as JSON).
-fn written_parts(metadata: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
-    let rest = metadata
-        .strip_prefix(METADATA_PREFIX)?
-        .strip_suffix(METADATA_SUFFIX)?;
-    let (chain, after) = rest.split_at_checked(CHAIN_HEX_LEN)?;
-    if after.is_empty() {
-        return Some((chain, None));
-    }
-    let traceparent = after.strip_prefix(METADATA_TRACEPARENT)?;
-    // A quote or a backslash would be JSON this spelling never writes.
-    traceparent
-        .iter()
-        .all(|byte| byte.is_ascii_hexdigit() || *byte == b'-')
-        .then_some((chain, Some(traceparent)))
-}
-
 /// The chain hash a stored event carries, if it carries a well-formed one.
 pub fn chain_of(metadata: &[u8]) -> Option<ChainHash> {
-    if let Some((hex, _)) = written_parts(metadata) {
+    // Only the exact shape is the fast path: metadata with a `traceparent` after the chain also
+    // starts with the prefix and ends with the suffix.
+    if let Some(hex) = metadata
+        .strip_prefix(METADATA_PREFIX)
+        .and_then(|rest| rest.strip_suffix(METADATA_SUFFIX))
+        .filter(|hex| hex.len() == CHAIN_HEX_LEN)
+    {
         return ChainHash::parse_hex(std::str::from_utf8(hex).ok()?);
     }
     let parsed: EventMetadata = serde_json::from_slice(metadata).ok()?;
     ChainHash::parse_hex(parsed.chain.as_deref()?)
 }
 
-/// The `traceparent` a stored event's metadata carries, if any. Metadata in exactly a shape this
-/// build writes is recognised without a JSON parse.
+/// The `traceparent` a stored event's metadata carries, if any. Metadata in exactly the shape
+/// written without telemetry is recognised without a JSON parse.
 pub fn traceparent_of(metadata: &[u8]) -> Option<String> {
-    if let Some((_, traceparent)) = written_parts(metadata) {
-        return traceparent.and_then(|text| String::from_utf8(text.to_vec()).ok());
+    if metadata.starts_with(METADATA_PREFIX) && metadata.ends_with(METADATA_SUFFIX) {
+        let hex_len = metadata.len() - METADATA_PREFIX.len() - METADATA_SUFFIX.len();
+        if hex_len == CHAIN_HEX_LEN {
+            return None;
+        }
     }
     let parsed: EventMetadata = serde_json::from_slice(metadata).ok()?;
     parsed.traceparent
@@ -356,50 +307,5 @@ mod tests {
         })
         .expect("serializes");
         assert_eq!(traceparent_of(&without), None);
-    }
-
-    #[test]
-    fn metadata_is_spelled_as_serde_json_spells_it_and_read_back_without_a_parse_or_with_one() {
-        let chain = chain::link(None, StreamVersion::FIRST, "T", b"{}").to_hex();
-        let shapes = [
-            None,
-            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
-            // Not a shape the fast path writes: serde_json escapes it.
-            Some(r#"00-"quoted"\-01"#),
-        ];
-        for traceparent in shapes {
-            let metadata = EventMetadata {
-                schema_version: SCHEMA_VERSION,
-                chain: Some(chain.clone()),
-                traceparent: traceparent.map(str::to_owned),
-            };
-            let written = metadata_bytes(&metadata);
-            assert_eq!(
-                written,
-                serde_json::to_vec(&metadata).expect("serializes"),
-                "{traceparent:?}"
-            );
-            assert_eq!(
-                chain_of(&written).map(|hash| hash.to_hex()),
-                Some(chain.clone())
-            );
-            assert_eq!(traceparent_of(&written).as_deref(), traceparent);
-        }
-        let traced = metadata_bytes(&EventMetadata {
-            schema_version: SCHEMA_VERSION,
-            chain: Some(chain.clone()),
-            traceparent: Some(shapes[1].expect("a traceparent").to_owned()),
-        });
-        assert!(
-            written_parts(&traced).is_some(),
-            "the traced shape is the fast path"
-        );
-        let escaped = serde_json::to_vec(&EventMetadata {
-            schema_version: SCHEMA_VERSION,
-            chain: Some(chain),
-            traceparent: Some(r#"a"b"#.to_owned()),
-        })
-        .expect("serializes");
-        assert_eq!(written_parts(&escaped), None, "an escape is parsed as JSON");
     }
 }
