@@ -6,7 +6,9 @@
 //! OpenTelemetry. [`install`] sets up the process's subscriber: the log layer (text or JSON) with
 //! the `-v`/`RUST_LOG` filter, and, when export is configured, the span layer (`layer.rs`) with a
 //! filter of its own (the ledger's spans at info and above, whatever the log level), sampling
-//! parent-based by ratio, feeding the SDK's batch processor, which exports on its own thread.
+//! parent-based by ratio. HTTP/protobuf spans are encoded where they end into per-thread queues
+//! (`spool.rs`) that our own thread posts; gRPC's go to the SDK's batch processor, which exports
+//! on its own thread.
 //!
 //! It must never make the ledger wait for, or fail because of, a collector: spans are queued
 //! (bounded, the overflow dropped) and exported in the background, and a failed export or a
@@ -70,7 +72,7 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Exports what is queued (bounded by the export timeout) and stops the exporter. Called
-    /// from a thread that may block: the batch processor's thread is joined.
+    /// from a thread that may block: the export thread is joined.
     pub fn shutdown(self) {
         if let Some(sink) = self.sink {
             sink.shutdown();

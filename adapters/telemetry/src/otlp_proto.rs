@@ -5,8 +5,7 @@
 //! opentelemetry-otlp's exporter clones every span of a batch, groups them by scope in a hash map,
 //! converts each into the generated message types (a `String` or `Vec` per id, name, key and
 //! value) and then encodes those: about 17 µs of CPU per operation of `bench http` (README,
-//! "Trace export"). The batch processor hands the exporter the batch by value, so nothing needs a
-//! copy: this writes the wire format (opentelemetry-proto's `trace.proto`, `common.proto`,
+//! "Trace export"). Nothing here needs a copy of a span: this writes the wire format (opentelemetry-proto's `trace.proto`, `common.proto`,
 //! `resource.proto`) with prost's encoding primitives, reusing its buffers from batch to batch.
 //! Proto3 rules as prost applies them: a scalar field at its default is left out, a oneof member
 //! and a present message field are always written. The unit tests decode what it writes with
