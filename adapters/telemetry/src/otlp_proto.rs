@@ -176,14 +176,9 @@ impl Encoder {
     /// Writes one `ExportTraceServiceRequest` of spans already written by [`span_field`], all of
     /// `scope`, into `body` (cleared first): the same bytes [`Encoder::encode`] writes for those
     /// spans. `spans` are runs of whole span fields; at least one span in all.
-    pub(crate) fn frame(
-        &self,
-        scope: &InstrumentationScope,
-        spans: &[Vec<u8>],
-        body: &mut Vec<u8>,
-    ) {
+    pub(crate) fn frame(&self, scope: &InstrumentationScope, spans: &[&[u8]], body: &mut Vec<u8>) {
         body.clear();
-        let spans_len: usize = spans.iter().map(Vec::len).sum();
+        let spans_len: usize = spans.iter().map(|run| run.len()).sum();
         let scope_len = scope_len(scope);
         let schema_url = scope.schema_url().unwrap_or_default();
         let scope_spans_len = message_field_len(SCOPE_SPANS_SCOPE, scope_len)
@@ -686,7 +681,7 @@ mod tests {
         span_field(&batch[1], &mut scratch, &mut second);
         span_field(&batch[2], &mut scratch, &mut second);
         let mut body = vec![7; 3];
-        encoder.frame(&scope, &[first, second], &mut body);
+        encoder.frame(&scope, &[&first, &second], &mut body);
         assert_eq!(body, expected);
     }
 

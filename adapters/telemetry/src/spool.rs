@@ -71,7 +71,8 @@ struct Queue {
 struct Held {
     /// Whole `ScopeSpans.spans` fields, back to back.
     bytes: Vec<u8>,
-    spans: usize,
+    /// Where each span's field ends in `bytes`, so a post carries at most a batch.
+    ends: Vec<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -145,9 +146,9 @@ impl Spool {
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let mut held = lock(&self.queues[index].held);
-            let Held { bytes, spans } = &mut *held;
+            let Held { bytes, ends } = &mut *held;
             span_field(span, &mut scratch, bytes);
-            *spans += 1;
+            ends.push(bytes.len());
         });
         // Once per batch, not per span: the export thread is woken by the push that reaches it.
         if queued == self.batch_spans {
@@ -185,7 +186,7 @@ impl Spool {
     }
 
     fn run(&self, mut encoder: Encoder, mut post: impl Post, delay: Duration) {
-        let mut taken: Vec<Vec<u8>> = vec![Vec::new(); self.queues.len()];
+        let mut taken: Vec<Held> = (0..self.queues.len()).map(|_| Held::default()).collect();
         let mut body = Vec::new();
         loop {
             let (stopping, flush) = self.wait(delay);
@@ -225,36 +226,65 @@ impl Spool {
     fn held_spans(&self) -> usize {
         self.queues
             .iter()
-            .map(|queue| lock(&queue.held).spans)
+            .map(|queue| lock(&queue.held).ends.len())
             .sum()
     }
 
-    /// Takes every queue's spans and posts them as one request; returns how many spans.
+    /// Takes every queue's spans and posts them, at most a batch per request; returns how many
+    /// spans.
     fn export_queued(
         &self,
         encoder: &mut Encoder,
         post: &mut impl Post,
-        taken: &mut [Vec<u8>],
+        taken: &mut [Held],
         body: &mut Vec<u8>,
     ) -> usize {
-        let mut spans = 0;
         for (queue, into) in self.queues.iter().zip(taken.iter_mut()) {
-            into.clear();
-            let mut held = lock(&queue.held);
-            // The queue keeps the emptied buffer of the last round: both keep their capacity.
-            std::mem::swap(&mut held.bytes, into);
-            spans += std::mem::take(&mut held.spans);
+            into.bytes.clear();
+            into.ends.clear();
+            // The queue keeps the emptied buffers of the last round: both keep their capacity.
+            std::mem::swap(&mut *lock(&queue.held), into);
         }
-        if spans == 0 {
-            return 0;
+        let mut runs: Vec<&[u8]> = Vec::new();
+        let (mut in_batch, mut exported) = (0, 0);
+        for held in taken.iter() {
+            let mut from = 0;
+            for end in &held.ends {
+                in_batch += 1;
+                if in_batch == self.batch_spans {
+                    runs.push(&held.bytes[from..*end]);
+                    from = *end;
+                    self.post_batch(encoder, post, &runs, in_batch, body);
+                    exported += in_batch;
+                    runs.clear();
+                    in_batch = 0;
+                }
+            }
+            if from < held.bytes.len() {
+                runs.push(&held.bytes[from..]);
+            }
         }
-        encoder.frame(&self.scope, taken, body);
+        if in_batch > 0 {
+            self.post_batch(encoder, post, &runs, in_batch, body);
+            exported += in_batch;
+        }
+        exported
+    }
+
+    fn post_batch(
+        &self,
+        encoder: &Encoder,
+        post: &mut impl Post,
+        runs: &[&[u8]],
+        spans: usize,
+        body: &mut Vec<u8>,
+    ) {
+        encoder.frame(&self.scope, runs, body);
         let result = post.post(body);
         self.backlog.exported(spans);
         if let Err(error) = result {
             crate::export::count_failure(&error, spans);
         }
-        spans
     }
 }
 
@@ -376,6 +406,35 @@ mod tests {
         spool.flush();
         assert_eq!(posted.try_recv().expect("posted by the flush"), ["span 3"]);
         spool.shutdown();
+    }
+
+    #[test]
+    fn a_post_carries_at_most_a_batch_even_when_more_waited() {
+        let (names, posted) = mpsc::channel();
+        let (release, stuck) = mpsc::channel();
+        let (spool, _) = spool(
+            100,
+            4,
+            Collector {
+                names,
+                stuck: Some(stuck),
+            },
+        );
+        // The fourth span wakes the export thread, which takes four and sticks in their post
+        // while seven more wait.
+        for number in 0..4 {
+            spool.push(&span(number));
+        }
+        while spool.held_spans() > 0 {
+            std::thread::yield_now();
+        }
+        for number in 4..11 {
+            spool.push(&span(number));
+        }
+        drop(release);
+        spool.shutdown();
+        let sizes: Vec<usize> = posted.try_iter().map(|names| names.len()).collect();
+        assert_eq!(sizes, [4, 4, 3]);
     }
 
     #[test]
