@@ -188,6 +188,7 @@ pub(super) fn read_checkpoint(
 pub(super) fn apply_batch(
     connection: &mut Connection,
     events: &[RecordedEvent],
+    scratch: &mut BatchScratch,
 ) -> Result<BatchOutcome, ReadModelError> {
     if events.len() > MAX_BATCH_EVENTS {
         return Err(ReadModelError::BatchTooLarge {
@@ -204,13 +205,13 @@ pub(super) fn apply_batch(
     };
     // Counters are summed over the batch and written once: a few rows instead of one per event.
     let mut counters: BTreeMap<Counter, u64> = BTreeMap::new();
-    // The operations this batch touched, folded in memory: each one's stored state is read at
-    // most once per batch, and its row written once at the end (an operation's events usually
-    // arrive together). Bounded by the batch.
-    let mut touched: HashMap<OperationId, Touched> = HashMap::new();
-    // The intents recorded in this batch, whose rows are not in the file yet: a later intent in
-    // the batch finds its similar ones here and in the file. Bounded by the batch.
-    let mut new_intents: HashMap<RequestKey, Vec<SimilarIntent>> = HashMap::new();
+    // Emptied here too: a batch that failed half way leaves what it folded behind.
+    scratch.clear();
+    let BatchScratch {
+        touched,
+        new_intents,
+        rows,
+    } = scratch;
     for recorded in events {
         let position = recorded.position;
         // A prefix at or below the checkpoint was applied by an earlier batch (a runner that
@@ -232,8 +233,8 @@ pub(super) fn apply_batch(
                     &transaction,
                     operation_id,
                     recorded,
-                    &mut touched,
-                    &mut new_intents,
+                    touched,
+                    new_intents,
                     &mut counters,
                 )?;
                 outcome.applied += 1;
@@ -242,21 +243,66 @@ pub(super) fn apply_batch(
         }
         outcome.checkpoint = Some(position);
     }
-    commit_batch(transaction, touched, &counters, start, outcome.checkpoint)?;
+    commit_batch(
+        transaction,
+        touched,
+        rows,
+        &counters,
+        start,
+        outcome.checkpoint,
+    )?;
+    new_intents.clear();
     Ok(outcome)
+}
+
+/// What a batch folds into, kept by the store from one batch to the next (emptied, with its
+/// capacity): allocated anew per batch, the maps of a large batch (an operation's whole state
+/// per entry) took fresh pages every time, which the kernel zeroed first (README, "Trace
+/// export", the s40 round). Bounded by the largest batch, [`crate::MAX_BATCH_EVENTS`] events.
+#[derive(Default)]
+pub(super) struct BatchScratch {
+    /// The operations this batch touched, folded in memory: each one's stored state is read at
+    /// most once per batch, and its row written once at the end (an operation's events usually
+    /// arrive together).
+    touched: HashMap<OperationId, Touched>,
+    /// The intents recorded in this batch, whose rows are not in the file yet: a later intent in
+    /// the batch finds its similar ones here and in the file.
+    new_intents: HashMap<RequestKey, Vec<SimilarIntent>>,
+    /// `touched` in id order, for writing.
+    rows: Vec<(OperationId, Touched)>,
+}
+
+impl std::fmt::Debug for BatchScratch {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("BatchScratch")
+            .field("touched_capacity", &self.touched.capacity())
+            .field("new_intents_capacity", &self.new_intents.capacity())
+            .field("rows_capacity", &self.rows.capacity())
+            .finish()
+    }
+}
+
+impl BatchScratch {
+    fn clear(&mut self) {
+        self.touched.clear();
+        self.new_intents.clear();
+        self.rows.clear();
+    }
 }
 
 /// Writes the operations the batch folded and the gauges they moved, and (when the batch
 /// advanced past `start`) its counters and checkpoint; then commits.
 fn commit_batch(
     transaction: Transaction<'_>,
-    touched: HashMap<OperationId, Touched>,
+    touched: &mut HashMap<OperationId, Touched>,
+    rows: &mut Vec<(OperationId, Touched)>,
     counters: &BTreeMap<Counter, u64>,
     start: Option<GlobalPosition>,
     checkpoint: Option<GlobalPosition>,
 ) -> Result<(), ReadModelError> {
     let mut gauges = GaugeChanges::default();
-    write_touched(&transaction, touched, &mut gauges)?;
+    write_touched(&transaction, touched, rows, &mut gauges)?;
     write_gauges(&transaction, &gauges)?;
     if checkpoint != start {
         write_counters(&transaction, counters)?;
@@ -356,13 +402,15 @@ fn apply_event(
 /// Writes back the rows of the operations the batch changed since they were last written.
 fn write_touched(
     transaction: &Transaction<'_>,
-    touched: HashMap<OperationId, Touched>,
+    touched: &mut HashMap<OperationId, Touched>,
+    rows: &mut Vec<(OperationId, Touched)>,
     gauges: &mut GaugeChanges,
 ) -> Result<(), ReadModelError> {
-    let mut rows: Vec<(OperationId, Touched)> = touched.into_iter().collect();
+    rows.clear();
+    rows.extend(touched.drain());
     // In id order, so consecutive updates land on neighbouring pages.
     rows.sort_unstable_by_key(|(operation_id, _)| *operation_id);
-    for (operation_id, held) in rows {
+    for (operation_id, held) in rows.drain(..) {
         write_operation(transaction, operation_id, &held)?;
         gauges.row_changed(held.before, Counted::of(&held.state));
     }

@@ -260,6 +260,8 @@ pub struct ReadModelStore {
     /// `swap.rs`). Declared after the connection: fields drop in order, so the connection is
     /// closed (its write-ahead log folded in) before the lock is released.
     _lock: swap::ViewsLock,
+    /// What each batch folds into, kept with its capacity (see [`apply::BatchScratch`]).
+    batch_scratch: apply::BatchScratch,
 }
 
 impl ReadModelStore {
@@ -299,6 +301,7 @@ impl ReadModelStore {
             connection,
             path,
             _lock: lock,
+            batch_scratch: apply::BatchScratch::default(),
         })
     }
 
@@ -358,6 +361,6 @@ impl ReadModelStore {
         &mut self,
         events: &[RecordedEvent],
     ) -> Result<BatchOutcome, ReadModelError> {
-        apply::apply_batch(&mut self.connection, events)
+        apply::apply_batch(&mut self.connection, events, &mut self.batch_scratch)
     }
 }

@@ -1,22 +1,32 @@
-//! The exporters: OTLP over HTTP/protobuf written here (see [`OtlpHttp`]), and the counting
-//! wrapper around either protocol's: a batch that could not be delivered adds one to the domain's
-//! export-failure count, and nothing else happens to the ledger.
+//! The exporters: OTLP over HTTP/protobuf posted here (see [`OtlpHttp`], fed by
+//! [`crate::spool`]), and the counting wrapper around gRPC's (the SDK's): a batch that could not
+//! be delivered adds one to the domain's export-failure count, and nothing else happens to the
+//! ledger.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
 
 use crate::layer::Backlog;
-use crate::otlp_proto::Encoder;
+use crate::spool::Post;
 
-/// Wraps an exporter so its failures are counted (and logged at most on the 1st, 2nd, 4th, 8th…
-/// failure: a collector that is down must not flood the logs either), and every batch, exported
+/// Counts a batch that could not be delivered, and logs it at most on the 1st, 2nd, 4th, 8th…
+/// failure: a collector that is down must not flood the logs either.
+pub(crate) fn count_failure(error: &dyn std::fmt::Display, spans: usize) {
+    opledger_domain::trace_context::count_export_failure();
+    let failures = opledger_domain::trace_context::export_failures();
+    if failures.is_power_of_two() {
+        tracing::warn!(%error, spans, failures, "trace export failed; the spans are dropped");
+    }
+}
+
+/// Wraps an exporter so its failures are counted ([`count_failure`]), and every batch, exported
 /// or not, gives its places in the queue back to the span layer's [`Backlog`].
 #[derive(Debug)]
 pub(crate) struct Counted<E> {
@@ -36,11 +46,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let result = self.inner.export(batch).await;
         self.backlog.exported(spans);
         if let Err(error) = &result {
-            opledger_domain::trace_context::count_export_failure();
-            let failures = opledger_domain::trace_context::export_failures();
-            if failures.is_power_of_two() {
-                tracing::warn!(%error, spans, failures, "trace export failed; the spans are dropped");
-            }
+            count_failure(error, spans);
         }
         result
     }
@@ -58,24 +64,12 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     }
 }
 
-/// OTLP over HTTP/protobuf: each batch encoded in place by [`Encoder`] (no copy of a span) and
-/// posted with reqwest's blocking client, from the batch processor's own thread.
+/// OTLP over HTTP/protobuf: posts the bodies [`crate::spool`] frames, with reqwest's blocking
+/// client, from the spool's export thread.
 pub(crate) struct OtlpHttp {
     client: reqwest::blocking::Client,
     /// The full URL batches are posted to (`.../v1/traces`).
     endpoint: String,
-    /// The encoder and the body buffer, reused; only the batch processor's thread exports, so
-    /// the lock is never contended (it is there because `export` takes `&self`).
-    buffers: Mutex<Buffers>,
-}
-
-#[derive(Debug, Default)]
-struct Buffers {
-    encoder: Encoder,
-    /// The last body's buffer, back from the client. A fresh one per post was allocated on this
-    /// thread and freed on reqwest's, so this thread's allocator kept taking fresh pages, each
-    /// zeroed by the kernel (README, "Trace export").
-    body: Vec<u8>,
 }
 
 impl std::fmt::Debug for OtlpHttp {
@@ -121,49 +115,29 @@ impl OtlpHttp {
         .join()
         .map_err(|_| "building the HTTP client panicked".to_owned())?
         .map_err(|error| error.to_string())?;
-        Ok(Self {
-            client,
-            endpoint,
-            buffers: Mutex::new(Buffers::default()),
-        })
-    }
-
-    fn post(&self, batch: &[SpanData]) -> OTelSdkResult {
-        let mut buffers = self
-            .buffers
-            .lock()
-            .map_err(|_| OTelSdkError::InternalFailure("the encoder's lock is poisoned".into()))?;
-        let Buffers { encoder, body } = &mut *buffers;
-        encoder.encode(batch, body);
-        let sent = Bytes::from(std::mem::take(body));
-        let response = self.client.post(&self.endpoint).body(sent.clone()).send();
-        // Back when the client has let go of it (almost always once the answer is in); if not,
-        // the next body starts empty.
-        if let Ok(returned) = sent.try_into_mut() {
-            *body = Vec::from(returned);
-        }
-        drop(buffers);
-        let response =
-            response.map_err(|error| OTelSdkError::InternalFailure(error.to_string()))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(OTelSdkError::InternalFailure(format!(
-                "the collector at {} answered {status}",
-                self.endpoint
-            )));
-        }
-        Ok(())
+        Ok(Self { client, endpoint })
     }
 }
 
-impl SpanExporter for OtlpHttp {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        self.post(&batch)
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        if let Ok(buffers) = self.buffers.get_mut() {
-            buffers.encoder.set_resource(resource);
+impl Post for OtlpHttp {
+    fn post(&mut self, body: &mut Vec<u8>) -> Result<(), String> {
+        let sent = Bytes::from(std::mem::take(body));
+        let response = self.client.post(&self.endpoint).body(sent.clone()).send();
+        // The buffer back for the next body when the client has let go of it (almost always once
+        // the answer is in; if not, the next body starts empty). A fresh one per post was
+        // allocated on this thread and freed on reqwest's, so this thread's allocator kept taking
+        // fresh pages, each zeroed by the kernel (README, "Trace export").
+        if let Ok(returned) = sent.try_into_mut() {
+            *body = Vec::from(returned);
         }
+        let response = response.map_err(|error| error.to_string())?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!(
+                "the collector at {} answered {status}",
+                self.endpoint
+            ));
+        }
+        Ok(())
     }
 }

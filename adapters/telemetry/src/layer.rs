@@ -32,6 +32,8 @@ use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
+use crate::spool::Spool;
+
 /// A span's OpenTelemetry identity and, when it is recorded, what it will export. Kept in the
 /// span's extensions from `new_span` to `close`; [`crate::context`] and [`crate::json_log`] read
 /// its ids.
@@ -104,38 +106,70 @@ fn push_hex(text: &mut String, bytes: &[u8]) {
     }
 }
 
-/// Where finished spans go: a span processor (the SDK's batch processor, which exports from its
-/// own thread), behind a bounded count of what it holds.
+/// Where finished spans go, behind a bounded count of what waits for export: HTTP/protobuf's
+/// spool (encoded here, posted from its own thread), or a span processor (gRPC: the SDK's batch
+/// processor, which exports from its own thread).
 #[derive(Debug)]
 pub(crate) struct Sink {
-    processor: Box<dyn SpanProcessor>,
-    backlog: Arc<Backlog>,
+    route: Route,
     scope: InstrumentationScope,
+}
+
+#[derive(Debug)]
+enum Route {
+    Spool(Arc<Spool>),
+    Processor {
+        processor: Box<dyn SpanProcessor>,
+        backlog: Arc<Backlog>,
+    },
 }
 
 impl Sink {
     /// `backlog` must be the one the processor's exporter reports to ([`crate::export::Counted`]).
     pub(crate) fn new(processor: Box<dyn SpanProcessor>, backlog: Arc<Backlog>) -> Self {
         Self {
-            processor,
-            backlog,
-            scope: InstrumentationScope::builder(crate::TRACER_NAME).build(),
+            route: Route::Processor { processor, backlog },
+            scope: crate::scope(),
+        }
+    }
+
+    pub(crate) fn spooled(spool: Arc<Spool>) -> Self {
+        Self {
+            route: Route::Spool(spool),
+            scope: crate::scope(),
         }
     }
 
     pub(crate) fn shutdown(&self) {
-        // A collector that is down loses the last batch; that is all it may cost.
-        let _ = self.processor.shutdown();
+        // A collector that is down loses what is queued; that is all it may cost.
+        match &self.route {
+            Route::Spool(spool) => spool.shutdown(),
+            Route::Processor { processor, .. } => {
+                let _ = processor.shutdown();
+            }
+        }
     }
 
     #[cfg(test)]
     pub(crate) fn force_flush(&self) {
-        let _ = self.processor.force_flush();
+        match &self.route {
+            Route::Spool(spool) => spool.flush(),
+            Route::Processor { processor, .. } => {
+                let _ = processor.force_flush();
+            }
+        }
     }
 
     fn send(&self, span: SpanData) {
-        if self.backlog.admit() {
-            self.processor.on_end(span);
+        match &self.route {
+            // Encoded here; the span's strings are freed here, by the thread that (almost
+            // always) allocated them.
+            Route::Spool(spool) => spool.push(&span),
+            Route::Processor { processor, backlog } => {
+                if backlog.admit().is_some() {
+                    processor.on_end(span);
+                }
+            }
         }
     }
 }
@@ -158,19 +192,26 @@ impl Backlog {
         }
     }
 
-    /// Takes a place for one span, or counts it dropped.
-    fn admit(&self) -> bool {
+    /// Takes a place for one span (`Some` of the spans now queued, this one included), or counts
+    /// it dropped.
+    pub(crate) fn admit(&self) -> Option<usize> {
         let admitted = self
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
                 (queued < self.limit).then_some(queued + 1)
             })
-            .is_ok();
-        if !admitted {
+            .ok()
+            .map(|before| before + 1);
+        if admitted.is_none() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             opledger_domain::trace_context::count_export_failure();
         }
         admitted
+    }
+
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     /// `spans` left the queue (exported or failed).

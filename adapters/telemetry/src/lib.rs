@@ -6,7 +6,9 @@
 //! OpenTelemetry. [`install`] sets up the process's subscriber: the log layer (text or JSON) with
 //! the `-v`/`RUST_LOG` filter, and, when export is configured, the span layer (`layer.rs`) with a
 //! filter of its own (the ledger's spans at info and above, whatever the log level), sampling
-//! parent-based by ratio, feeding the SDK's batch processor, which exports on its own thread.
+//! parent-based by ratio. HTTP/protobuf spans are encoded where they end into per-thread queues
+//! (`spool.rs`) that our own thread posts; gRPC's go to the SDK's batch processor, which exports
+//! on its own thread.
 //!
 //! It must never make the ledger wait for, or fail because of, a collector: spans are queued
 //! (bounded, the overflow dropped) and exported in the background, and a failed export or a
@@ -21,6 +23,7 @@ mod export;
 mod json_log;
 mod layer;
 mod otlp_proto;
+mod spool;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +42,16 @@ use layer::{Backlog, Sink, SpanLayer};
 
 /// The instrumentation scope's name on every exported span.
 const TRACER_NAME: &str = "opledger";
+
+/// The instrumentation scope of every exported span.
+fn scope() -> opentelemetry::InstrumentationScope {
+    opentelemetry::InstrumentationScope::builder(TRACER_NAME).build()
+}
+
+/// `OTEL_BSP_SCHEDULE_DELAY`'s default (the SDK's): a post at least this often while spans wait.
+const DEFAULT_SCHEDULE_DELAY_MS: u64 = 5_000;
+/// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`'s default (the SDK's): a post as soon as this many wait.
+const DEFAULT_EXPORT_BATCH_SPANS: usize = 512;
 
 /// Telemetry that could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +72,7 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Exports what is queued (bounded by the export timeout) and stops the exporter. Called
-    /// from a thread that may block: the batch processor's thread is joined.
+    /// from a thread that may block: the export thread is joined.
     pub fn shutdown(self) {
         if let Some(sink) = self.sink {
             sink.shutdown();
@@ -154,7 +167,17 @@ fn exporting_sink(export: &Export) -> Result<Sink, InitError> {
         Protocol::HttpProtobuf => {
             let exporter = export::OtlpHttp::new(export.endpoint.clone(), &export.headers, timeout)
                 .map_err(InitError::Exporter)?;
-            Ok(sink_exporting_to(exporter, export))
+            let mut encoder = otlp_proto::Encoder::default();
+            encoder.set_resource(&resource(export));
+            let spool = spool::Spool::start(
+                encoder,
+                exporter,
+                Arc::new(Backlog::new(export.max_queued_spans)),
+                scope(),
+                spool_timing(export.max_queued_spans),
+            )
+            .map_err(|error| InitError::Exporter(error.to_string()))?;
+            Ok(Sink::spooled(spool))
         }
         // gRPC keeps opentelemetry-otlp's exporter (tonic): the less common choice, and a
         // second transport for the encoder would be a gRPC client of our own.
@@ -199,12 +222,34 @@ fn sink_exporting_to(
         BatchSpanProcessor::builder(export::Counted::new(exporter, Arc::clone(&backlog)))
             .with_batch_config(config)
             .build();
-    processor.set_resource(
-        &Resource::builder()
-            .with_service_name(export.service_name.clone())
-            .build(),
-    );
+    processor.set_resource(&resource(export));
     Sink::new(Box::new(processor), backlog)
+}
+
+fn resource(export: &Export) -> Resource {
+    Resource::builder()
+        .with_service_name(export.service_name.clone())
+        .build()
+}
+
+/// The spool's timing from the SDK's variables, read as the SDK reads them (a value that is not
+/// a number is the default; the batch is at most the queue).
+fn spool_timing(max_queued_spans: usize) -> spool::Timing {
+    let number = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    let batch_spans = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+        .and_then(|spans| usize::try_from(spans).ok())
+        .filter(|spans| *spans > 0)
+        .unwrap_or(DEFAULT_EXPORT_BATCH_SPANS);
+    spool::Timing {
+        delay: Duration::from_millis(
+            number("OTEL_BSP_SCHEDULE_DELAY").unwrap_or(DEFAULT_SCHEDULE_DELAY_MS),
+        ),
+        batch_spans: batch_spans.min(max_queued_spans),
+    }
 }
 
 #[cfg(test)]
