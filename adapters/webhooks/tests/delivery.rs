@@ -1,7 +1,8 @@
 //! Delivery against real HTTP receivers on 127.0.0.1: order, signatures, retries, Retry-After,
-//! 410, the retry window, restarts from the checkpoint, replay, filters, and a dead endpoint
-//! beside a live one, and a holder losing its lease. The log is the memory store; the journal a
-//! real SQLite file (behind a test double holding the leases in memory, for the lease test).
+//! 410, the retry window, restarts from the checkpoint, replay, filters, a dead endpoint beside a
+//! live one (and holding no more than its bound of events), and a holder losing its lease. The
+//! log is the memory store; the journal a real SQLite file (behind a test double holding the
+//! leases in memory, for the lease test).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -671,66 +672,9 @@ async fn a_receiver_that_never_answers_times_out_and_is_retried() {
     running.shut().await;
 }
 
-/// The memory store, whose subscriptions fail to start while `down` is set: a log that cannot be
-/// read for a while.
-#[derive(Clone, Default)]
-struct FlakyLog {
-    inner: MemoryStore,
-    down: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl EventStore for FlakyLog {
-    type Subscription = <MemoryStore as EventStore>::Subscription;
-
-    async fn append(
-        &self,
-        stream: &StreamName,
-        expected: ExpectedVersion,
-        events: Vec<EventData>,
-    ) -> Result<opledger_domain::store::AppendOutcome, opledger_domain::store::StoreError> {
-        self.inner.append(stream, expected, events).await
-    }
-
-    async fn read_stream(
-        &self,
-        stream: &StreamName,
-        from: opledger_domain::ids::StreamVersion,
-        max_count: usize,
-    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
-        self.inner.read_stream(stream, from, max_count).await
-    }
-
-    async fn read_all(
-        &self,
-        start: opledger_domain::store::LogStart,
-        max_count: usize,
-    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
-        self.inner.read_all(start, max_count).await
-    }
-
-    async fn head_position(
-        &self,
-    ) -> Result<Option<opledger_domain::ids::GlobalPosition>, opledger_domain::store::StoreError>
-    {
-        self.inner.head_position().await
-    }
-
-    async fn subscribe_all(
-        &self,
-        start: opledger_domain::store::LogStart,
-    ) -> Result<Self::Subscription, opledger_domain::store::StoreError> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(opledger_domain::store::StoreError::Unavailable {
-                reason: "the test took the log down".into(),
-            });
-        }
-        self.inner.subscribe_all(start).await
-    }
-}
-
 #[tokio::test]
 async fn delivery_that_cannot_read_the_log_is_a_problem_until_it_resumes_from_its_checkpoint() {
-    let store = FlakyLog::default();
+    let store = TestLog::default();
     store.down.store(true, std::sync::atomic::Ordering::SeqCst);
     let (receiver, url) = Receiver::start().await;
     let (stop, stopping) = watch::channel(false);
@@ -1133,4 +1077,142 @@ async fn a_burst_of_deliveries_is_written_in_batches_each_recording_every_attemp
     assert_eq!(attempts.len(), EVENTS as usize);
     assert_eq!(attempts[0].position, EVENTS, "newest first");
     running.shut().await;
+}
+
+/// The memory store, whose subscriptions fail to start while `down` is set (a log that cannot be
+/// read for a while), counting for each subscription how many events it handed out (what an
+/// endpoint's task has taken from the log, delivered or not).
+#[derive(Clone, Default)]
+struct TestLog {
+    inner: MemoryStore,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    taken: Arc<Mutex<Vec<Arc<std::sync::atomic::AtomicUsize>>>>,
+}
+
+struct CountingSubscription {
+    inner: <MemoryStore as EventStore>::Subscription,
+    taken: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl opledger_domain::store::Subscription for CountingSubscription {
+    async fn next(&mut self) -> Result<RecordedEvent, opledger_domain::store::StoreError> {
+        let next = self.inner.next().await;
+        self.taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        next
+    }
+}
+
+impl EventStore for TestLog {
+    type Subscription = CountingSubscription;
+
+    async fn append(
+        &self,
+        stream: &StreamName,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<opledger_domain::store::AppendOutcome, opledger_domain::store::StoreError> {
+        self.inner.append(stream, expected, events).await
+    }
+
+    async fn read_stream(
+        &self,
+        stream: &StreamName,
+        from: opledger_domain::ids::StreamVersion,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
+        self.inner.read_stream(stream, from, max_count).await
+    }
+
+    async fn read_all(
+        &self,
+        start: opledger_domain::store::LogStart,
+        max_count: usize,
+    ) -> Result<Vec<RecordedEvent>, opledger_domain::store::StoreError> {
+        self.inner.read_all(start, max_count).await
+    }
+
+    async fn head_position(
+        &self,
+    ) -> Result<Option<opledger_domain::ids::GlobalPosition>, opledger_domain::store::StoreError>
+    {
+        self.inner.head_position().await
+    }
+
+    async fn subscribe_all(
+        &self,
+        start: opledger_domain::store::LogStart,
+    ) -> Result<Self::Subscription, opledger_domain::store::StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(opledger_domain::store::StoreError::Unavailable {
+                reason: "the test took the log down".into(),
+            });
+        }
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        self.taken
+            .lock()
+            .expect("the counters")
+            .push(Arc::clone(&taken));
+        Ok(CountingSubscription {
+            inner: self.inner.subscribe_all(start).await?,
+            taken,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_holds_no_more_than_its_bound_of_events_however_far_the_log_runs_ahead() {
+    let store = TestLog::default();
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let dead_url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = dead.accept().await {
+            held.push(socket);
+        }
+    });
+    let (receiver, url) = Receiver::start().await;
+    let (stop, stopping) = watch::channel(false);
+    let dir = dir();
+    let webhooks = Webhooks::start(
+        &store,
+        Arc::new(DataRender),
+        vec![endpoint("dead", &dead_url), endpoint("live", &url)],
+        &dir.path().join("test.webhooks"),
+        stopping,
+    )
+    .await
+    .expect("webhooks start");
+    // Four times the bound: a task that read ahead without one would take them all.
+    let events = 4 * opledger_webhooks::MAX_QUEUE_EVENTS;
+    for n in 0..events as u64 {
+        append(&store.inner, n, "succeeded", "acme").await;
+    }
+    assert_eq!(receiver.wait_for(events).await.len(), events);
+    // The dead endpoint's reading has had the time the live one needed, and more, to run ahead.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut taken: Vec<usize> = store
+        .taken
+        .lock()
+        .expect("the counters")
+        .iter()
+        .map(|taken| taken.load(std::sync::atomic::Ordering::SeqCst))
+        .collect();
+    taken.sort_unstable();
+    // The queue's events, the one waiting for room in it, and the one being delivered.
+    let bound = opledger_webhooks::MAX_QUEUE_EVENTS + 2;
+    assert_eq!(taken.len(), 2, "one subscription per endpoint: {taken:?}");
+    assert!(
+        taken[0] <= bound,
+        "the dead endpoint took {} events from the log; its bound is {bound}",
+        taken[0]
+    );
+    assert!(
+        taken[1] >= events,
+        "the live endpoint took only {} of {events} events",
+        taken[1]
+    );
+    let _ = stop.send(true);
+    webhooks.join().await;
 }
