@@ -423,6 +423,11 @@ try {
     // until the API knows the id.
     await waitFor(async () => (await api("GET", `/v1/trace/${duplicate}`, TENANT_A)).status === 200, `the read models know ${duplicate}`);
     await page.getByRole("link", { name: "Trace" }).click();
+    // The page is already a trace (the check before), so the old form stays in the DOM until the
+    // hash change is handled: filling it, then clicking the new form's button, submitted an
+    // empty search (the input is `required`), and the page showed no result — 2 runs in 5. Wait
+    // for the new, empty form first.
+    await page.waitForFunction(() => location.hash === "#/trace" && document.getElementById("trace-id")?.value === "");
     await page.getByLabel("Any id").fill(duplicate);
     await page.getByRole("button", { name: "Trace" }).click();
     const flagged = page.locator(".chain .node-duplicate.tone-bad");
