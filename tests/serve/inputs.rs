@@ -105,6 +105,27 @@ async fn bad_requests_are_refused_with_a_clear_error_and_write_nothing() {
             .await;
         assert_error(status, &answer, expected, code, what);
     }
+    // A new user's first try put `execute` in the body: the refusal says where it goes.
+    let (status, answer) = server
+        .call_raw(
+            "/v1/operations",
+            TENANT_A_TOKEN,
+            with("execute", json!(true)).to_string().into_bytes(),
+        )
+        .await;
+    assert_error(
+        status,
+        &answer,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_input",
+        "execute in the body",
+    );
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`execute` is a query parameter")
+            && message.contains("/v1/operations?execute=true"),
+        "{message}"
+    );
     let gets: Vec<(String, StatusCode, &str)> = vec![
         (
             "/v1/operations?limit=0".into(),

@@ -221,7 +221,10 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
             Category::Data => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_input",
-                format!("the body does not match the request: {error}"),
+                format!(
+                    "the body does not match the request: {error}{}",
+                    query_option_hint(&error)
+                ),
             ),
             _ => ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -234,6 +237,24 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
     // number the ledger would store as a different number is refused, not rounded.
     opledger_domain::args::check_numbers(&bytes, "").map_err(ApiError::invalid)?;
     Ok(parsed)
+}
+
+/// The options a first try puts in the body although they are query parameters (a new user did,
+/// with `execute`): the refusal then says where they go.
+const QUERY_OPTIONS: [&str; 2] = ["execute", "wait_ms"];
+
+fn query_option_hint(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    QUERY_OPTIONS
+        .iter()
+        .find(|option| message.starts_with(&format!("unknown field `{option}`")))
+        .map(|option| {
+            format!(
+                "; `{option}` is a query parameter, not a field of the body: e.g. \
+                 POST /v1/operations?execute=true&wait_ms=5000"
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// Whether reading a body failed on the size limit (rather than on the connection).
