@@ -273,6 +273,22 @@ impl Running {
     }
 }
 
+/// The URL of a receiver that accepts connections and never answers: each attempt there waits
+/// out the request timeout.
+async fn dead_receiver() -> String {
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = dead.accept().await {
+            held.push(socket);
+        }
+    });
+    url
+}
+
 fn positions(received: &[Received]) -> Vec<u64> {
     received
         .iter()
@@ -526,18 +542,7 @@ async fn a_paused_endpoint_waits_on_its_checkpoint_and_resumes_where_it_stopped(
 #[tokio::test]
 async fn a_dead_endpoint_beside_a_live_one_does_not_slow_it() {
     let store = MemoryStore::new();
-    // The dead receiver accepts connections and never answers: each attempt waits out the
-    // request timeout.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let dead_url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = dead.accept().await {
-            held.push(socket);
-        }
-    });
+    let dead_url = dead_receiver().await;
     let (receiver, url) = Receiver::start().await;
     let running = start(
         &store,
@@ -1162,16 +1167,7 @@ impl EventStore for TestLog {
 #[tokio::test]
 async fn a_dead_endpoint_holds_no_more_than_its_bound_of_events_however_far_the_log_runs_ahead() {
     let store = TestLog::default();
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let dead_url = format!("http://{}/hooks", dead.local_addr().expect("an address"));
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = dead.accept().await {
-            held.push(socket);
-        }
-    });
+    let dead_url = dead_receiver().await;
     let (receiver, url) = Receiver::start().await;
     let (stop, stopping) = watch::channel(false);
     let dir = dir();
