@@ -94,22 +94,11 @@ impl ReadPool {
         start: LogStart,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let limit = max_count.min(MAX_READ_BATCH);
-        let after = match start {
-            LogStart::Beginning => 0,
-            LogStart::After(position) => match codec::position_to_sql(position) {
-                Some(position) => position,
-                None => return Ok(Vec::new()),
-            },
-        };
-        if limit == 0 {
+        let Some((after, limit)) = log_slice(start, max_count) else {
             return Ok(Vec::new());
-        }
+        };
         self.run(move |connection| {
-            let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
-            );
-            query_events(connection, &sql, params![after, limit as i64])
+            query_events(connection, &log_sql(), params![after, limit])
                 .map_err(|error| sqlite_error("cannot read the log", error))?
         })
         .await
@@ -129,25 +118,14 @@ impl ReadPool {
         F: FnMut(EventView<'_>) -> T + Send + 'static,
     {
         into.clear();
-        let limit = max_count.min(MAX_READ_BATCH);
-        let after = match start {
-            LogStart::Beginning => 0,
-            LogStart::After(position) => match codec::position_to_sql(position) {
-                Some(position) => position,
-                None => return Ok(into),
-            },
-        };
-        if limit == 0 {
+        let Some((after, limit)) = log_slice(start, max_count) else {
             return Ok(into);
-        }
+        };
         self.run(move |connection| {
-            let sql = format!(
-                "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
-            );
             visit_events(
                 connection,
-                &sql,
-                params![after, limit as i64],
+                &log_sql(),
+                params![after, limit],
                 &mut visit,
                 into,
             )
@@ -212,6 +190,23 @@ fn query_events(
         }
     }
     Ok(Ok(events))
+}
+
+/// The log's slice after `start`, at most `max_count` events (and at most a batch), as the SQL
+/// parameters of [`log_sql`]: `None` when nothing can follow (a limit of zero, or a position past
+/// what SQLite stores).
+fn log_slice(start: LogStart, max_count: usize) -> Option<(i64, i64)> {
+    let limit = max_count.min(MAX_READ_BATCH);
+    let after = match start {
+        LogStart::Beginning => 0,
+        LogStart::After(position) => codec::position_to_sql(position)?,
+    };
+    (limit > 0).then_some((after, limit as i64))
+}
+
+/// The events after position `?1`, at most `?2` of them, in log order.
+fn log_sql() -> String {
+    format!("SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2")
 }
 
 /// Runs an event query, lending each row to `visit` and appending what it returns to `into`;
