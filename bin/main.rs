@@ -185,8 +185,10 @@ fn init_logging(cli: &Cli, quiet: bool) -> Result<opledger_telemetry::Telemetry,
         2 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+    };
     let env = |name: &str| std::env::var(name).ok();
     let mut settings = match cli.command.config_path() {
         Some(path) => {

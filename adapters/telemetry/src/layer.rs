@@ -27,10 +27,11 @@ use opentelemetry_sdk::trace::{
 };
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
-use tracing::{Level, Subscriber};
-use tracing_subscriber::layer::Context;
+use tracing::subscriber::Interest;
+use tracing::{Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
-use tracing_subscriber::Layer;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::spool::Spool;
 
@@ -238,14 +239,23 @@ pub(crate) struct SpanLayer {
     /// the trace id; a span with a parent follows the parent's decision.
     sampling_ratio: f64,
     ids: RandomIdGenerator,
+    /// The log layer's filter (a copy: the log layer has its own), asked at each callsite this
+    /// layer does not export, so that the callsite stays as enabled or disabled as the log alone
+    /// would have it. `None`: no log layer (unit tests), nothing else is enabled.
+    logged: Option<EnvFilter>,
 }
 
 impl SpanLayer {
-    pub(crate) fn new(sink: Option<Arc<Sink>>, sampling_ratio: f64) -> Self {
+    pub(crate) fn new(
+        sink: Option<Arc<Sink>>,
+        sampling_ratio: f64,
+        logged: Option<EnvFilter>,
+    ) -> Self {
         Self {
             sink,
             sampling_ratio,
             ids: RandomIdGenerator::default(),
+            logged,
         }
     }
 
@@ -262,7 +272,10 @@ impl SpanLayer {
     }
 }
 
-/// The closest span around a new span or an event that this layer records.
+/// The closest span around a new span or an event that this layer records (that has a
+/// [`SpanRecord`]). The layer has no per-layer filter, so the span around may be one only the
+/// log layer wants (a debug span with `-vv`): the walk goes up past those to the closest
+/// exported one.
 fn parent_of<'a, S>(
     explicit: Option<&Id>,
     contextual: bool,
@@ -271,20 +284,42 @@ fn parent_of<'a, S>(
 where
     S: Subscriber + for<'span> LookupSpan<'span>,
 {
-    match explicit {
-        // An explicit parent this layer does not see (filtered out) makes a root, as
-        // tracing-opentelemetry did.
+    let around = match explicit {
         Some(parent) => ctx.span(parent),
         None if contextual => ctx.lookup_current(),
         None => None,
-    }
+    }?;
+    around
+        .scope()
+        .find(|span| span.extensions().get::<SpanRecord>().is_some())
 }
 
 impl<S> Layer<S> for SpanLayer
 where
     S: Subscriber + for<'span> LookupSpan<'span>,
 {
+    /// The one interest decision per callsite, in place of a per-layer filter: a per-layer
+    /// filter makes tracing-subscriber look the span up in the registry on every callback for
+    /// this layer — every enter and exit, and an instrumented future enters and exits on every
+    /// poll — only to learn what the callsite already said. The ledger's own spans (and warnings)
+    /// are always of interest; any other callsite is what the log's filter says of it, since a
+    /// plain layer answering `never` would disable it for the log layer too, and `always` would
+    /// enable every callsite in the process.
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if crate::exported(meta) {
+            return Interest::always();
+        }
+        match &self.logged {
+            Some(logged) => <EnvFilter as Filter<S>>::callsite_enabled(logged, meta),
+            None => Interest::never(),
+        }
+    }
+
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        // A span only the log layer wants (no per-layer filter keeps it away).
+        if !crate::exported(attrs.metadata()) {
+            return;
+        }
         let Some(span) = ctx.span(id) else { return };
         let parent = parent_of(attrs.parent(), attrs.is_contextual(), &ctx).and_then(|parent| {
             let extensions = parent.extensions();
@@ -368,6 +403,9 @@ where
     /// The ledger's warnings and errors (the only events the filter lets through) as events on
     /// their span; an error marks the span's status.
     fn on_event(&self, event: &tracing::Event<'_>, ctx: Context<'_, S>) {
+        if !crate::exported(event.metadata()) {
+            return;
+        }
         let Some(span) = parent_of(event.parent(), event.is_contextual(), &ctx) else {
             return;
         };
@@ -615,19 +653,68 @@ pub(crate) mod testing {
     use super::*;
     use crate::export::Counted;
 
-    /// Runs `work` under a subscriber with the span layer (and its filter) sampling at
-    /// `sampling_ratio` and exporting to memory (a unit test's double of a collector), and
-    /// returns the finished spans.
+    /// Runs `work` under a subscriber with the span layer sampling at `sampling_ratio` and
+    /// exporting to memory (a unit test's double of a collector), and returns the finished spans.
     pub(crate) fn spans_of(sampling_ratio: f64, work: impl FnOnce()) -> Vec<SpanData> {
         let exporter = InMemorySpanExporter::default();
-        let backlog = Arc::new(Backlog::new(crate::config::DEFAULT_MAX_QUEUED_SPANS));
-        let processor = SimpleSpanProcessor::new(Counted::new(exporter.clone(), backlog.clone()));
-        let sink = Arc::new(Sink::new(Box::new(processor), backlog));
-        let subscriber = tracing_subscriber::registry()
-            .with(crate::span_layer(Some(Arc::clone(&sink)), sampling_ratio));
+        let sink = memory_sink(&exporter);
+        let subscriber = tracing_subscriber::registry().with(crate::span_layer(
+            Some(Arc::clone(&sink)),
+            sampling_ratio,
+            None,
+        ));
         tracing::subscriber::with_default(subscriber, work);
         sink.force_flush();
         exporter.get_finished_spans().expect("spans")
+    }
+
+    fn memory_sink(exporter: &InMemorySpanExporter) -> Arc<Sink> {
+        let backlog = Arc::new(Backlog::new(crate::config::DEFAULT_MAX_QUEUED_SPANS));
+        let processor = SimpleSpanProcessor::new(Counted::new(exporter.clone(), backlog.clone()));
+        Arc::new(Sink::new(Box::new(processor), backlog))
+    }
+
+    /// What a log layer saw: the names of its spans and of its events, in order.
+    #[derive(Clone, Default)]
+    pub(crate) struct Logged(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Logged {
+        pub(crate) fn seen(&self) -> Vec<String> {
+            self.0.lock().expect("the log").clone()
+        }
+    }
+
+    impl<S: Subscriber> Layer<S> for Logged {
+        fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+            let name = format!("span {}", attrs.metadata().name());
+            self.0.lock().expect("the log").push(name);
+        }
+
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let name = format!("event {}", event.metadata().level());
+            self.0.lock().expect("the log").push(name);
+        }
+    }
+
+    /// [`spans_of`] at ratio 1.0 beside a log layer filtered by `directives` (as `install`
+    /// puts them together): the finished spans and what the log layer saw.
+    pub(crate) fn spans_and_log(
+        directives: &str,
+        work: impl FnOnce(),
+    ) -> (Vec<SpanData>, Vec<String>) {
+        let exporter = InMemorySpanExporter::default();
+        let sink = memory_sink(&exporter);
+        let logged = Logged::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(logged.clone().with_filter(EnvFilter::new(directives)))
+            .with(crate::span_layer(
+                Some(Arc::clone(&sink)),
+                1.0,
+                Some(EnvFilter::new(directives)),
+            ));
+        tracing::subscriber::with_default(subscriber, work);
+        sink.force_flush();
+        (exporter.get_finished_spans().expect("spans"), logged.seen())
     }
 }
 
@@ -641,7 +728,7 @@ mod tests {
     use tracing::field;
     use tracing_subscriber::layer::SubscriberExt;
 
-    use super::testing::spans_of;
+    use super::testing::{spans_and_log, spans_of};
     use super::*;
     use crate::context::Adapter;
     use crate::export::Counted;
@@ -697,6 +784,56 @@ mod tests {
             request.span_context.trace_id()
         );
         assert_eq!(spans.len(), 4, "{spans:?}");
+    }
+
+    #[test]
+    fn with_warnings_logged_a_debug_callsite_stays_disabled_and_the_ledgers_info_spans_are_exported(
+    ) {
+        let (spans, logged) = spans_and_log("warn", || {
+            // Disabled at the callsite, as the log's filter alone would have it: the span
+            // layer's interest does not enable every callsite in the process.
+            assert!(tracing::debug_span!("provider.execute").is_disabled());
+            assert!(!tracing::enabled!(tracing::Level::DEBUG));
+            tracing::info_span!("send").in_scope(|| {
+                tracing::info!("confirmed");
+                tracing::warn!("outcome unknown");
+            });
+        });
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_ref()).collect();
+        assert_eq!(names, ["send"]);
+        assert_eq!(spans[0].events.len(), 1, "{spans:?}");
+        // The log layer sees what its filter lets through, not the exported span.
+        assert_eq!(logged, ["event WARN"]);
+    }
+
+    #[test]
+    fn a_span_only_the_log_wants_is_not_exported_and_its_child_hangs_under_the_exported_span_around_it(
+    ) {
+        let (spans, logged) = spans_and_log("debug", || {
+            tracing::info_span!("request").in_scope(|| {
+                tracing::debug_span!("provider.execute").in_scope(|| {
+                    tracing::info_span!("send").in_scope(|| tracing::warn!("outcome unknown"));
+                });
+            });
+        });
+        let names: Vec<&str> = spans.iter().map(|span| span.name.as_ref()).collect();
+        assert_eq!(names, ["send", "request"]);
+        let (send, request) = (named(&spans, "send"), named(&spans, "request"));
+        assert_eq!(send.parent_span_id, request.span_context.span_id());
+        assert_eq!(
+            send.span_context.trace_id(),
+            request.span_context.trace_id()
+        );
+        assert_eq!(send.events.len(), 1, "{spans:?}");
+        assert_eq!(
+            logged,
+            [
+                "span request",
+                "span provider.execute",
+                "span send",
+                "event WARN"
+            ]
+        );
     }
 
     #[test]
@@ -815,8 +952,11 @@ mod tests {
             .build();
         let sink = Arc::new(Sink::new(Box::new(processor), Arc::clone(&backlog)));
         let failures = opledger_domain::trace_context::export_failures();
-        let subscriber =
-            tracing_subscriber::registry().with(crate::span_layer(Some(Arc::clone(&sink)), 1.0));
+        let subscriber = tracing_subscriber::registry().with(crate::span_layer(
+            Some(Arc::clone(&sink)),
+            1.0,
+            None,
+        ));
         tracing::subscriber::with_default(subscriber, || {
             tracing::info_span!("send").in_scope(|| {});
             exporting.recv().expect("the export started");

@@ -86,21 +86,26 @@ impl Telemetry {
 }
 
 /// Installs the process's subscriber: logs on stderr in `settings.log_format` filtered by
-/// `log_filter`, and the trace exporter when `settings.export` says so. Call it inside the tokio
-/// runtime (the gRPC exporter's channel is built on it).
-pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, InitError> {
+/// `log_filter()`, and the trace exporter when `settings.export` says so. `log_filter` is called
+/// twice when spans are traced: the log layer's filter, and a copy the span layer asks about
+/// the callsites it does not export (`layer.rs`, `register_callsite`), so both must be the
+/// same filter. Call it inside the tokio runtime (the gRPC exporter's channel is built on it).
+pub fn install(
+    settings: &Settings,
+    log_filter: impl Fn() -> EnvFilter,
+) -> Result<Telemetry, InitError> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let log_layer = match settings.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
-            .with_filter(log_filter)
+            .with_filter(log_filter())
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(json_log::JsonWithTrace)
             .with_writer(std::io::stderr)
-            .with_filter(log_filter)
+            .with_filter(log_filter())
             .boxed(),
     };
     let sink = settings
@@ -112,8 +117,12 @@ pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, 
     // JSON logs carry trace ids even with export off, so a caller's `traceparent` still ties
     // their trace to these lines: the span layer runs, with nowhere to send spans.
     let span_layer = match (&settings.export, settings.log_format) {
-        (Some(export), _) => Some(span_layer(sink.clone(), export.sampling_ratio)),
-        (None, LogFormat::Json) => Some(span_layer(None, 1.0)),
+        (Some(export), _) => Some(span_layer(
+            sink.clone(),
+            export.sampling_ratio,
+            Some(log_filter()),
+        )),
+        (None, LogFormat::Json) => Some(span_layer(None, 1.0, Some(log_filter()))),
         (None, LogFormat::Text) => None,
     };
     let tracing_spans = span_layer.is_some();
@@ -129,12 +138,14 @@ pub fn install(settings: &Settings, log_filter: EnvFilter) -> Result<Telemetry, 
 }
 
 /// The layer giving the ledger's spans OpenTelemetry ids and sending them to `sink`.
-fn span_layer<S>(sink: Option<Arc<Sink>>, sampling_ratio: f64) -> impl Layer<S>
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-{
-    SpanLayer::new(sink, sampling_ratio)
-        .with_filter(tracing_subscriber::filter::filter_fn(exported))
+/// No per-layer filter: the layer decides its interest once per callsite with
+/// [`exported`] and, for every other callsite, `logged` (a copy of the log layer's filter).
+fn span_layer(
+    sink: Option<Arc<Sink>>,
+    sampling_ratio: f64,
+    logged: Option<EnvFilter>,
+) -> SpanLayer {
+    SpanLayer::new(sink, sampling_ratio, logged)
 }
 
 /// The target prefix of the ledger's own spans (a prefix covers every `opledger_*` crate).
