@@ -191,6 +191,8 @@ fn request_span(method: &'static str, route: &'static str, request: &Request) ->
         http.route = route,
         url.path = request.uri().path(),
         http.response.status_code = tracing::field::Empty,
+        // Recorded by a handler that acts on one operation (an operator's execute).
+        operation_id = tracing::field::Empty,
     );
     if !span.is_disabled() {
         let header = |name: &str| {

@@ -56,8 +56,9 @@ impl Extractor for Incoming<'_> {
     }
 }
 
-/// Runs `work` on the layer's record of `span`; `None` when the span is not recorded at all
-/// (disabled, or no layer of ours in the process's subscriber).
+/// Runs `work` on the layer's record of `span`, or of the closest span around it that has one
+/// (a span only the log wants, a debug one with `-vv`, has none); `None` when there is none at
+/// all (disabled, or no layer of ours in the process's subscriber).
 pub(crate) fn with_record<T>(
     span: &tracing::Span,
     work: impl FnOnce(&mut SpanRecord) -> T,
@@ -65,8 +66,11 @@ pub(crate) fn with_record<T>(
     let mut found = None;
     span.with_subscriber(|(id, dispatch)| {
         let registry = dispatch.downcast_ref::<Registry>()?;
-        let data = registry.span(id)?;
-        let mut extensions = data.extensions_mut();
+        let recorded = registry
+            .span(id)?
+            .scope()
+            .find(|span| span.extensions().get::<SpanRecord>().is_some())?;
+        let mut extensions = recorded.extensions_mut();
         found = extensions.get_mut::<SpanRecord>().map(work);
         Some(())
     });
@@ -92,12 +96,13 @@ impl opledger_domain::trace_context::TraceContext for Adapter {
             if record.trace_id == origin.trace_id() {
                 return;
             }
-            if record.parent_span_id == opentelemetry::trace::SpanId::INVALID {
+            if record.parent_span_id == opentelemetry::trace::SpanId::INVALID && !record.serves() {
                 // A span that started a trace of its own (a worker's drive): it belongs to the
                 // operation's trace instead, so the whole history is one trace.
                 record.set_remote_parent(&origin);
             } else {
-                // Work inside someone else's trace (an operator's request): linked.
+                // Work inside someone else's trace (an operator's request, whether its caller
+                // sent a `traceparent` or not: the request's span is its caller's): linked.
                 record.add_link(
                     origin,
                     vec![KeyValue::new("opledger.link", "operation_intent")],
@@ -170,6 +175,49 @@ mod tests {
             .map(|link| link.span_context.trace_id().to_string())
             .collect();
         assert_eq!(links, [STORED_TRACE]);
+    }
+
+    #[test]
+    fn a_request_span_without_a_caller_is_linked_to_the_stored_trace_not_moved_into_it() {
+        let spans = spans_of(|| {
+            let request = tracing::info_span!("request", otel.kind = "server");
+            Adapter::new().continue_from(&request, &stored());
+            request.in_scope(|| tracing::info_span!("claim").in_scope(|| {}));
+        });
+        let (request, claim) = (named(&spans, "request"), named(&spans, "claim"));
+        assert_eq!(request.parent_span_id, SpanId::INVALID);
+        assert_ne!(request.span_context.trace_id().to_string(), STORED_TRACE);
+        assert_eq!(
+            claim.span_context.trace_id(),
+            request.span_context.trace_id()
+        );
+        let links: Vec<String> = request
+            .links
+            .iter()
+            .map(|link| link.span_context.trace_id().to_string())
+            .collect();
+        assert_eq!(links, [STORED_TRACE]);
+    }
+
+    #[test]
+    fn a_span_only_the_log_wants_speaks_for_the_exported_span_around_it() {
+        let adapter = Adapter::new();
+        let mut headers = (None, None);
+        let (spans, _) = crate::layer::testing::spans_and_log("debug", || {
+            let request = tracing::info_span!("request", otel.kind = "server");
+            let execute = request.in_scope(|| tracing::debug_span!("execute"));
+            adapter.continue_from(&execute, &stored());
+            headers = (
+                adapter.traceparent_of(&execute),
+                adapter.traceparent_of(&request),
+            );
+            drop(execute);
+        });
+        let request = named(&spans, "request");
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        assert!(headers.0.is_some());
+        assert_eq!(headers.0, headers.1);
+        assert_eq!(request.links.len(), 1, "{request:?}");
     }
 
     #[test]

@@ -75,6 +75,11 @@ impl SpanRecord {
         }
     }
 
+    /// Whether this is the span of a request this process serves (`otel.kind = "server"`).
+    pub(crate) fn serves(&self) -> bool {
+        self.kind == SpanKind::Server
+    }
+
     pub(crate) fn add_link(&mut self, to: SpanContext, attributes: Vec<KeyValue>) {
         if self.recording {
             self.links.push(Link::new(to, attributes, 0));

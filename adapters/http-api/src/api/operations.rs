@@ -259,8 +259,7 @@ async fn execute_recorded(
     let operation_id = recorded.operation_id;
     // Debug, so not exported: inside the request's span and around the claim and send, which
     // carry the operation id, it only cost every traced call one more span (README, "Trace
-    // export"). An operator's later execute keeps its info span: the link to the intent's trace
-    // hangs on it.
+    // export").
     let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     // The first drive sends the attempt just claimed.
     let start = Start::Claimed(Box::new(recorded.clone()), claimed);
@@ -494,7 +493,11 @@ pub(super) async fn execute(
     let wait = wait_of(&shared, query.wait_ms.as_deref())?;
     check_visible(&shared, &scope, operation_id).await?;
     let place = execute_place(&shared)?;
-    let span = tracing::info_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
+    // Debug like the one-call path's: the request's own span carries the operation id and the
+    // link to the intent's trace (the drive continues from it), so an exported `execute` inside
+    // it would only cost every call one more span (README, "Trace export").
+    tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
+    let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)
         .instrument(span)
         .await?;
