@@ -122,6 +122,12 @@ async fn relay(
             if read == 0 {
                 return;
             }
+            // Checked per chunk, not only by the `select!` below: a chunk that arrived before
+            // this task saw the generation change would otherwise go on to the server (and a
+            // COMMIT in it commit) after the server "went away".
+            if *mode.lock().expect("mode") == Mode::Gone {
+                return;
+            }
             let chunk = &buffer[..read];
             if answered.swap(false, Ordering::SeqCst) {
                 round_trips.fetch_add(1, Ordering::SeqCst);
