@@ -570,7 +570,7 @@ struct Rebuilder {
     window: IntentWindow,
     counters: BTreeMap<Counter, u64>,
     /// The changes of the row gauges as rows are written, summed: the file starts empty, so at
-    /// the end they are those gauges (`shared_external_ids` is kept by the id-index writes).
+    /// the end they are those gauges (`shared_external_ids` is counted from the finished table, `Writer::finish`).
     gauges: apply::GaugeChanges,
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
@@ -1260,14 +1260,12 @@ impl Writer {
                 range,
                 append,
             } => {
-                let range_of_entries = &entries[range];
-                if append {
-                    apply::append_id_entries(connection, range_of_entries)?;
+                let tables = if append {
+                    apply::IdTables::Empty
                 } else {
-                    range_of_entries
-                        .iter()
-                        .try_for_each(|entry| apply::write_id_entry(connection, entry))?;
-                }
+                    apply::IdTables::Filled
+                };
+                apply::write_sorted_id_entries(connection, &entries[range], tables)?;
                 // Only the last range's holder gets the buffer back.
                 if let Ok(mut entries) = Arc::try_unwrap(entries) {
                     entries.clear();
@@ -1306,6 +1304,8 @@ impl Writer {
         if let Some(checkpoint) = checkpoint {
             apply::write_counters(&self.connection, counters)?;
             apply::write_gauges(&self.connection, gauges)?;
+            // The id-index writes leave this gauge to the end (`write_sorted_id_entries`).
+            apply::write_shared_external_ids(&self.connection)?;
             apply::write_checkpoint(&self.connection, checkpoint)?;
         }
         commit(&self.connection)?;
@@ -1526,7 +1526,7 @@ mod tests {
     }
 
     #[test]
-    fn the_first_id_entries_appended_leave_the_rows_and_gauge_the_runners_upserts_leave() {
+    fn id_entries_appended_then_merged_leave_the_rows_and_gauge_the_runners_upserts_leave() {
         use opledger_domain::ids::{AttemptId, ExternalObjectId, SourceId, WorkerId};
         use opledger_projections::id_index::ExternalIdRole::{Confirmed, Duplicate, Reported};
         let operation = |n: u128| OperationId::from_uuid(uuid::Uuid::from_u128(n));
@@ -1549,7 +1549,7 @@ mod tests {
         };
         // In log order: one operation naming an object weakly, then strongly, then weakly again;
         // another naming it strongly first; an object three operations share; one named once.
-        let mut entries = vec![
+        let entries = vec![
             named("task-1", 1, Reported, next()),
             IdIndexChange::Attempt {
                 attempt_id: AttemptId::from_uuid(uuid::Uuid::from_u128(9)),
@@ -1564,11 +1564,13 @@ mod tests {
             named("task-1", 1, Duplicate, next()),
             named("task-2", 2, Reported, next()),
             named("task-3", 3, Confirmed, next()),
+            named("task-5", 7, Reported, next()),
             named("task-3", 4, Duplicate, next()),
             named("task-3", 5, Reported, next()),
             named("task-3", 4, Confirmed, next()),
             named("task-4", 1, Duplicate, next()),
             named("task-4", 6, Reported, next()),
+            named("task-5", 7, Confirmed, next()),
             IdIndexChange::Source {
                 tenant: TenantId::new("t").expect("valid"),
                 source_id: SourceId::new("call-1").expect("valid"),
@@ -1586,19 +1588,36 @@ mod tests {
         for entry in &entries {
             apply::write_id_entry(&upserted, entry).expect("the runner's upsert");
         }
-        entries.sort_unstable_by(|left, right| {
-            id_entry_key(left)
-                .cmp(&id_entry_key(right))
-                .then_with(|| id_entry_position(left).cmp(&id_entry_position(right)))
-        });
-        let appended = fresh("appended.db");
-        apply::append_id_entries(&appended, &entries).expect("appended");
+        let sorted = |flush: &[IdIndexChange]| {
+            let mut flush = flush.to_vec();
+            flush.sort_unstable_by(|left, right| {
+                id_entry_key(left)
+                    .cmp(&id_entry_key(right))
+                    .then_with(|| id_entry_position(left).cmp(&id_entry_position(right)))
+            });
+            flush
+        };
         let expected = id_tables(&upserted);
         assert!(
             expected.contains(&"gauges: [Text(\"shared_external_ids\"), Integer(2)]".to_string()),
             "two objects are shared: {expected:#?}"
         );
+        // One flush, appended into the empty tables.
+        let appended = fresh("appended.db");
+        apply::write_sorted_id_entries(&appended, &sorted(&entries), apply::IdTables::Empty)
+            .expect("appended");
+        apply::write_shared_external_ids(&appended).expect("counted");
         assert_eq!(id_tables(&appended), expected);
+        // Two flushes: the second names objects of the first again (task-3 by other
+        // operations, task-5 by the same one, stronger) and is merged into filled tables.
+        let (first, second) = entries.split_at(8);
+        let merged = fresh("merged.db");
+        apply::write_sorted_id_entries(&merged, &sorted(first), apply::IdTables::Empty)
+            .expect("appended");
+        apply::write_sorted_id_entries(&merged, &sorted(second), apply::IdTables::Filled)
+            .expect("merged");
+        apply::write_shared_external_ids(&merged).expect("counted");
+        assert_eq!(id_tables(&merged), expected);
     }
 
     #[test]
