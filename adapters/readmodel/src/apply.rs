@@ -54,43 +54,6 @@ impl RequestKey {
             args_hash: query.args_hash.clone(),
         }
     }
-
-    /// The key of `query` and the rest of it, taking the request's names instead of copying
-    /// them (a rebuild does this once per intent; [`Self::query`] puts them together again).
-    pub(super) fn take(query: SimilarIntentQuery) -> (Self, QueryBounds) {
-        let bounds = QueryBounds::of(&query);
-        let SimilarIntentQuery {
-            tenant,
-            provider,
-            account,
-            action,
-            args_hash,
-            ..
-        } = query;
-        let key = Self {
-            tenant,
-            provider,
-            account,
-            action,
-            args_hash,
-        };
-        (key, bounds)
-    }
-
-    /// The query [`Self::take`] took apart.
-    pub(super) fn query(&self, bounds: QueryBounds) -> SimilarIntentQuery {
-        SimilarIntentQuery {
-            operation_id: bounds.operation_id,
-            tenant: self.tenant.clone(),
-            provider: self.provider.clone(),
-            account: self.account.clone(),
-            action: self.action.clone(),
-            args_hash: self.args_hash.clone(),
-            from: bounds.from,
-            to: bounds.to,
-            limit: bounds.limit,
-        }
-    }
 }
 
 /// What a similar-intent query asks besides its request: who asks, the time range, how many.

@@ -31,7 +31,6 @@
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -54,8 +53,8 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::apply::{QueryBounds, RequestKey};
-use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
+use super::apply::QueryBounds;
+use super::{apply, schema, sql, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
 /// are mostly close together in the log, so nearly every event finds its operation here; one
@@ -87,9 +86,6 @@ pub const MAX_BUFFERED_ID_ENTRIES: usize = 1 << 18;
 /// The rebuild's in-memory maps, hashed with foldhash: their keys (operation ids, requests) come
 /// from our own log, and SipHash, std's default, was 3.4 % of a rebuild's CPU.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// The seed of the request filter's hash: fixed, so a rebuild's "maybe"s, and so its time, are
-/// the same on every run over one log.
-const REQUEST_FILTER_SEED: u64 = 0x6f70_6c65_6467_6572;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// Emptied batch buffers the fold hands back to the reader, which fills them again instead of
@@ -422,7 +418,7 @@ struct OpenOperation {
 /// whose window reaches below `floor` for a request the filter may have seen is answered from the
 /// file instead. So the answers are always the runner's, and the memory is fixed.
 struct IntentWindow {
-    by_request: FastMap<RequestKey, Vec<SimilarIntent>>,
+    by_request: FastMap<RequestDigest, Vec<SimilarIntent>>,
     entries: usize,
     /// Most entries held; at least 2.
     max_entries: usize,
@@ -453,11 +449,11 @@ impl IntentWindow {
 
     /// The earlier intents the runner's query would return, newest first (`key`: the query's
     /// request).
-    fn find(&self, key: &RequestKey, query: QueryBounds) -> WindowAnswer {
+    fn find(&self, key: RequestDigest, query: QueryBounds) -> WindowAnswer {
         if query.from < self.floor && self.let_go.may_contain(key) {
             return WindowAnswer::AskTheFile;
         }
-        let Some(candidates) = self.by_request.get(key) else {
+        let Some(candidates) = self.by_request.get(&key) else {
             return WindowAnswer::Found(Vec::new());
         };
         let mut found = Vec::new();
@@ -465,10 +461,10 @@ impl IntentWindow {
         WindowAnswer::Found(found)
     }
 
-    fn insert(&mut self, key: RequestKey, intent: SimilarIntent) {
+    fn insert(&mut self, key: RequestDigest, intent: SimilarIntent) {
         self.newest = self.newest.max(intent.recorded_at);
         if intent.recorded_at < self.floor {
-            self.let_go.insert(&key);
+            self.let_go.insert(key);
             return;
         }
         self.by_request.entry(key).or_default().push(intent);
@@ -516,11 +512,35 @@ impl IntentWindow {
             let before = intents.len();
             intents.retain(|intent| intent.recorded_at >= floor);
             if intents.len() < before {
-                let_go.insert(key);
+                let_go.insert(*key);
             }
             !intents.is_empty()
         });
         self.entries = self.by_request.values().map(Vec::len).sum();
+    }
+}
+
+/// A request as the similar-intent window keys it: [`sql::request_digest`] of its five names,
+/// 16 bytes instead of five strings. The window held ~65,000 keys of five heap strings each
+/// (~20 MiB, all copied from the intent), and hashing, comparing and dropping them was a few
+/// per cent of the fold; a lookup in the file (rare) is asked with the whole query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct RequestDigest(u128);
+
+impl RequestDigest {
+    fn of(query: &SimilarIntentQuery) -> Self {
+        Self(sql::request_digest([
+            query.tenant.as_str(),
+            query.provider.as_str(),
+            query.account.as_str(),
+            query.action.as_str(),
+            query.args_hash.as_str(),
+        ]))
+    }
+
+    /// 32 bits of the digest, from bit `shift` up.
+    fn low_bits(self, shift: u32) -> u64 {
+        u64::try_from((self.0 >> shift) & 0xffff_ffff).expect("32 bits fit")
     }
 }
 
@@ -540,23 +560,24 @@ impl RequestFilter {
         }
     }
 
-    /// The bits of `key`, by double hashing one 64-bit hash (foldhash with a fixed seed).
-    fn probes(key: &RequestKey) -> impl Iterator<Item = usize> {
-        let hash = foldhash::fast::FixedState::with_seed(REQUEST_FILTER_SEED).hash_one(key);
-        let (first, step) = (hash & 0xffff_ffff, (hash >> 32) | 1);
+    /// The bits of `key`, by double hashing two 32-bit parts of its digest (SHA-256 bits, so
+    /// independent; and fixed, so a rebuild's "maybe"s, and so its time, are the same on every
+    /// run over one log).
+    fn probes(key: RequestDigest) -> impl Iterator<Item = usize> {
+        let (first, step) = (key.low_bits(0), key.low_bits(32) | 1);
         (0..Self::PROBES).map(move |probe| {
             // The modulus is a power of two below 2^32, so the value fits any usize.
             (first.wrapping_add(probe.wrapping_mul(step)) % REQUEST_FILTER_BITS as u64) as usize
         })
     }
 
-    fn insert(&mut self, key: &RequestKey) {
+    fn insert(&mut self, key: RequestDigest) {
         for bit in Self::probes(key) {
             self.bits[bit / 64] |= 1 << (bit % 64);
         }
     }
 
-    fn may_contain(&self, key: &RequestKey) -> bool {
+    fn may_contain(&self, key: RequestDigest) -> bool {
         Self::probes(key).all(|bit| self.bits[bit / 64] & (1 << (bit % 64)) != 0)
     }
 }
@@ -734,12 +755,14 @@ impl Rebuilder {
         };
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
-        // The key taken from the query once per intent, its names moved rather than copied:
-        // the window is asked with it and then given it.
-        let query = duplicates::similar_intent_query(operation_id, &event).map(RequestKey::take);
-        let similar = match &query {
-            Some((key, bounds)) => self.find_similar(key, *bounds)?,
-            None => Vec::new(),
+        // The request's digest, made once per intent: the window is asked with it and then
+        // given it.
+        let (key, similar) = match duplicates::similar_intent_query(operation_id, &event) {
+            Some(query) => {
+                let key = RequestDigest::of(&query);
+                (Some(key), self.find_similar(key, query)?)
+            }
+            None => (None, Vec::new()),
         };
         let clock = self.clock;
         let open = match self.open.entry(operation_id) {
@@ -792,7 +815,7 @@ impl Rebuilder {
         open.at = event.at();
         open.dirty = true;
         open.last_used = clock;
-        if let (Some((key, _)), OperationEvent::IntentRecorded(intent)) = (query, &event) {
+        if let (Some(key), OperationEvent::IntentRecorded(intent)) = (key, &event) {
             let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
             self.window.insert(
                 key,
@@ -835,10 +858,10 @@ impl Rebuilder {
 
     fn find_similar(
         &mut self,
-        key: &RequestKey,
-        bounds: QueryBounds,
+        key: RequestDigest,
+        query: SimilarIntentQuery,
     ) -> Result<Vec<SimilarIntent>, ReadModelError> {
-        if let WindowAnswer::Found(found) = self.window.find(key, bounds) {
+        if let WindowAnswer::Found(found) = self.window.find(key, QueryBounds::of(&query)) {
             return Ok(found);
         }
         // The window no longer covers the query: write every open row so the file holds every
@@ -847,7 +870,6 @@ impl Rebuilder {
         self.report.asked_the_file += 1;
         self.write_open(|_| true)?;
         self.create_indexes()?;
-        let query = key.query(bounds);
         self.writes
             .ask(|reply| Write::FindSimilar { query, reply })?
     }
@@ -1425,12 +1447,12 @@ mod tests {
         let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
         for n in 1..=3 {
             window.insert(
-                RequestKey::of(&query(n, base)),
+                RequestDigest::of(&query(n, base)),
                 intent(n, base + Duration::seconds(n as i64)),
             );
         }
         let WindowAnswer::Found(found) = window.find(
-            &RequestKey::of(&query(2, base)),
+            RequestDigest::of(&query(2, base)),
             QueryBounds::of(&query(2, base)),
         ) else {
             panic!("nothing let go of yet");
@@ -1447,7 +1469,7 @@ mod tests {
         window.raise_floor(base);
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, base)),
+                RequestDigest::of(&query(9, base)),
                 QueryBounds::of(&query(9, base))
             ),
             WindowAnswer::Found(_)
@@ -1456,7 +1478,7 @@ mod tests {
         window.raise_floor(base + Duration::seconds(3));
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, base)),
+                RequestDigest::of(&query(9, base)),
                 QueryBounds::of(&query(9, base))
             ),
             WindowAnswer::AskTheFile
@@ -1464,7 +1486,7 @@ mod tests {
         let later = base + Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S + 3);
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, later)),
+                RequestDigest::of(&query(9, later)),
                 QueryBounds::of(&query(9, later))
             ),
             WindowAnswer::Found(_)
@@ -1472,15 +1494,28 @@ mod tests {
     }
 
     #[test]
-    fn a_query_taken_apart_into_its_key_and_bounds_is_put_together_unchanged() {
+    fn a_request_digest_tells_requests_apart_by_their_names_and_where_the_names_split() {
         let at = Utc
             .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
             .single()
             .expect("valid");
         let asked = query(7, at);
-        let (key, bounds) = RequestKey::take(asked.clone());
-        assert_eq!(key, RequestKey::of(&asked));
-        assert_eq!(key.query(bounds), asked);
+        // Who asks and when is not the request.
+        assert_eq!(
+            RequestDigest::of(&asked),
+            RequestDigest::of(&query(8, at + Duration::seconds(5)))
+        );
+        let mut other_action = asked.clone();
+        other_action.action = ActionName::new("update").expect("valid");
+        assert_ne!(RequestDigest::of(&asked), RequestDigest::of(&other_action));
+        // The same bytes split differently between two names are another request.
+        let split = |tenant: &str, provider: &str| {
+            let mut split = asked.clone();
+            split.tenant = TenantId::new(tenant).expect("valid");
+            split.provider = ProviderId::new(provider).expect("valid");
+            RequestDigest::of(&split)
+        };
+        assert_ne!(split("ab", "c"), split("a", "bc"));
     }
 
     #[test]
@@ -1704,12 +1739,12 @@ mod tests {
             .expect("valid");
         let mut window = IntentWindow::new(2);
         for n in 1..=5 {
-            window.insert(RequestKey::of(&query(n, at)), intent(n, at));
+            window.insert(RequestDigest::of(&query(n, at)), intent(n, at));
             assert!(window.entries <= 2, "the window keeps within its limit");
         }
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, at)),
+                RequestDigest::of(&query(9, at)),
                 QueryBounds::of(&query(9, at))
             ),
             WindowAnswer::AskTheFile
