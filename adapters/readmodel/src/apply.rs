@@ -54,43 +54,6 @@ impl RequestKey {
             args_hash: query.args_hash.clone(),
         }
     }
-
-    /// The key of `query` and the rest of it, taking the request's names instead of copying
-    /// them (a rebuild does this once per intent; [`Self::query`] puts them together again).
-    pub(super) fn take(query: SimilarIntentQuery) -> (Self, QueryBounds) {
-        let bounds = QueryBounds::of(&query);
-        let SimilarIntentQuery {
-            tenant,
-            provider,
-            account,
-            action,
-            args_hash,
-            ..
-        } = query;
-        let key = Self {
-            tenant,
-            provider,
-            account,
-            action,
-            args_hash,
-        };
-        (key, bounds)
-    }
-
-    /// The query [`Self::take`] took apart.
-    pub(super) fn query(&self, bounds: QueryBounds) -> SimilarIntentQuery {
-        SimilarIntentQuery {
-            operation_id: bounds.operation_id,
-            tenant: self.tenant.clone(),
-            provider: self.provider.clone(),
-            account: self.account.clone(),
-            action: self.action.clone(),
-            args_hash: self.args_hash.clone(),
-            from: bounds.from,
-            to: bounds.to,
-            limit: bounds.limit,
-        }
-    }
 }
 
 /// What a similar-intent query asks besides its request: who asks, the time range, how many.
@@ -1115,26 +1078,43 @@ fn index_source(
     Ok(())
 }
 
-/// Writes id-index entries into tables that hold none yet — a rebuild's first flush — with
-/// the rows the runner's upserts would leave, without its reads: `entries` are sorted by each
-/// table's key, then by position, so the entries of one key are in log order (see `rebuild.rs`). Repeats
-/// of one external object by one operation are resolved here as the upsert resolves them (the
-/// first position stays, the strongest role wins), an object named by a second operation raises
-/// `shared_external_ids` once, and every row is a plain `INSERT` of the next key: an append to
-/// the table's B-tree instead of a lookup, a read of the object's other names and an insert on a
-/// random page. A repeated attempt or source key fails its `INSERT` as the runner's does.
-pub(super) fn append_id_entries(
+/// Into which tables [`write_sorted_id_entries`] writes a rebuild's flush of id-index entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum IdTables {
+    /// Tables that hold no rows yet (the first flush): every row is a plain `INSERT`.
+    Empty,
+    /// Tables that hold earlier flushes: an external-id row this flush names again is merged as
+    /// the runner's upsert merges it (first position kept, strongest role).
+    Filled,
+}
+
+/// Writes a rebuild's flush of id-index entries with the rows the runner's upserts would leave,
+/// without its reads: `entries` are sorted by each table's key, then by position, so the entries
+/// of one key are in log order (see `rebuild.rs`). Repeats of one external object by one
+/// operation are resolved here as the upsert resolves them (the first position stays, the
+/// strongest role wins) and written as one row: into empty tables a plain `INSERT` of the next
+/// key, an append to the table's B-tree; into filled ones the runner's upsert, whose conflict
+/// is found by the same B-tree descent the insert makes. A repeated attempt or source key
+/// fails its `INSERT` as the runner's does.
+///
+/// The `shared_external_ids` gauge is not kept here: the runner's reads of an object's other
+/// names (to raise it when a second operation names the object) were a fifth of the later
+/// flushes' time. A rebuild counts it once from the finished table
+/// ([`write_shared_external_ids`]), the count the runner's increments reach.
+pub(super) fn write_sorted_id_entries(
     transaction: &Connection,
     entries: &[IdIndexChange],
+    tables: IdTables,
 ) -> Result<(), ReadModelError> {
     let prepare = |sql| {
         transaction
             .prepare_cached(sql)
             .map_err(|error| ReadModelError::sqlite("preparing an id-index entry", error))
     };
-    // Each statement taken from the cache once for the whole flush, not once per row: looking
+    // Each statement taken from the cache once for the whole range, not once per row: looking
     // one up and handing it back costs about as much as a short insert (`cache_stmt` and
-    // dropping the `CachedStatement` were 2.4 % of a rebuild's CPU over all its writes).
+    // dropping the `CachedStatement` were 2.4 % of a rebuild's CPU over all its writes, and a
+    // fifth of the later flushes' time when they were written row by row).
     let mut attempts = prepare(
         "INSERT INTO attempts (attempt_id, operation_id, attempt_number, worker, started_at,
              position)
@@ -1143,14 +1123,14 @@ pub(super) fn append_id_entries(
     let mut sources = prepare(
         "INSERT INTO sources (tenant, source_id, operation_id, position) VALUES (?1, ?2, ?3, ?4)",
     )?;
-    let mut external_ids = prepare(
-        "INSERT INTO external_ids (provider, account, external_id, operation_id, role, position)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
-    let mut shared: i64 = 0;
-    // The object of the last external-id row written, and how many operations named it.
-    let mut last_object: Option<(&ProviderId, &AccountId, &ExternalObjectId)> = None;
-    let mut operations_naming_it = 0_usize;
+    let mut external_ids = prepare(match tables {
+        IdTables::Empty => {
+            "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
+                 position)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+        }
+        IdTables::Filled => UPSERT_EXTERNAL_ID,
+    })?;
     let mut index = 0;
     while let Some(entry) = entries.get(index) {
         index += 1;
@@ -1200,7 +1180,6 @@ pub(super) fn append_id_entries(
                 position,
             } => (provider, account, external_id, operation_id, role, position),
         };
-        let object = (provider, account, external_id);
         let mut strongest = *role;
         while let Some(IdIndexChange::ExternalId {
             provider: next_provider,
@@ -1223,16 +1202,6 @@ pub(super) fn append_id_entries(
             strongest = strongest.max(*next_role);
             index += 1;
         }
-        if last_object == Some(object) {
-            operations_naming_it += 1;
-        } else {
-            last_object = Some(object);
-            operations_naming_it = 1;
-        }
-        // The runner raises the gauge when the second operation names the object, not after.
-        if operations_naming_it == 2 {
-            shared += 1;
-        }
         external_ids
             .execute(params![
                 provider.as_str(),
@@ -1244,11 +1213,39 @@ pub(super) fn append_id_entries(
             ])
             .map_err(|error| ReadModelError::sqlite("indexing an external id", error))?;
     }
+    Ok(())
+}
+
+/// Sets the `shared_external_ids` gauge of a rebuilt file, which starts at zero, from its
+/// finished `external_ids`: the objects two or more operations name. The runner raises it when
+/// a second operation names an object and never lowers it (no entry is ever removed), so this is
+/// the value its increments reach. One pass over the table in its key order, no sort.
+pub(super) fn write_shared_external_ids(transaction: &Connection) -> Result<(), ReadModelError> {
+    let shared: i64 = transaction
+        .query_row(
+            "SELECT count(*) FROM (
+                 SELECT 1 FROM external_ids GROUP BY provider, account, external_id
+                 HAVING count(*) > 1
+             )",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|error| ReadModelError::sqlite("counting shared external ids", error))?;
     if shared > 0 {
         add_to_gauge(transaction, SHARED_EXTERNAL_IDS_GAUGE, shared)?;
     }
     Ok(())
 }
+
+/// The runner's write of an external id: naming the same object again keeps the first position
+/// and the strongest role.
+const UPSERT_EXTERNAL_ID: &str = "INSERT INTO external_ids (provider, account, external_id,
+         operation_id, role, position)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+     ON CONFLICT (provider, account, external_id, operation_id) DO UPDATE
+     SET role = excluded.role
+     WHERE (CASE excluded.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1 ELSE 0 END)
+         > (CASE external_ids.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1 ELSE 0 END)";
 
 /// An external object as a provider's account names it.
 struct ExternalName<'a> {
@@ -1291,17 +1288,7 @@ fn index_external_id(
     }
     // Naming the same object again keeps the first position and the strongest role.
     let mut statement = transaction
-        .prepare_cached(
-            "INSERT INTO external_ids (provider, account, external_id, operation_id, role,
-                 position)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (provider, account, external_id, operation_id) DO UPDATE
-             SET role = excluded.role
-             WHERE (CASE excluded.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
-                        ELSE 0 END)
-                 > (CASE external_ids.role WHEN 'confirmed' THEN 2 WHEN 'duplicate' THEN 1
-                        ELSE 0 END)",
-        )
+        .prepare_cached(UPSERT_EXTERNAL_ID)
         .map_err(|error| ReadModelError::sqlite("preparing an external id entry", error))?;
     statement
         .execute(params![

@@ -31,7 +31,6 @@
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -54,8 +53,8 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::apply::{QueryBounds, RequestKey};
-use super::{apply, schema, ReadModelError, ReadModelStore, ReadModels};
+use super::apply::QueryBounds;
+use super::{apply, schema, sql, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
 /// are mostly close together in the log, so nearly every event finds its operation here; one
@@ -87,9 +86,6 @@ pub const MAX_BUFFERED_ID_ENTRIES: usize = 1 << 18;
 /// The rebuild's in-memory maps, hashed with foldhash: their keys (operation ids, requests) come
 /// from our own log, and SipHash, std's default, was 3.4 % of a rebuild's CPU.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// The seed of the request filter's hash: fixed, so a rebuild's "maybe"s, and so its time, are
-/// the same on every run over one log.
-const REQUEST_FILTER_SEED: u64 = 0x6f70_6c65_6467_6572;
 /// Batches of [`MAX_READ_BATCH`] events read ahead of the fold.
 const READ_AHEAD_BATCHES: usize = 2;
 /// Emptied batch buffers the fold hands back to the reader, which fills them again instead of
@@ -422,7 +418,7 @@ struct OpenOperation {
 /// whose window reaches below `floor` for a request the filter may have seen is answered from the
 /// file instead. So the answers are always the runner's, and the memory is fixed.
 struct IntentWindow {
-    by_request: FastMap<RequestKey, Vec<SimilarIntent>>,
+    by_request: FastMap<RequestDigest, Vec<SimilarIntent>>,
     entries: usize,
     /// Most entries held; at least 2.
     max_entries: usize,
@@ -453,11 +449,11 @@ impl IntentWindow {
 
     /// The earlier intents the runner's query would return, newest first (`key`: the query's
     /// request).
-    fn find(&self, key: &RequestKey, query: QueryBounds) -> WindowAnswer {
+    fn find(&self, key: RequestDigest, query: QueryBounds) -> WindowAnswer {
         if query.from < self.floor && self.let_go.may_contain(key) {
             return WindowAnswer::AskTheFile;
         }
-        let Some(candidates) = self.by_request.get(key) else {
+        let Some(candidates) = self.by_request.get(&key) else {
             return WindowAnswer::Found(Vec::new());
         };
         let mut found = Vec::new();
@@ -465,10 +461,10 @@ impl IntentWindow {
         WindowAnswer::Found(found)
     }
 
-    fn insert(&mut self, key: RequestKey, intent: SimilarIntent) {
+    fn insert(&mut self, key: RequestDigest, intent: SimilarIntent) {
         self.newest = self.newest.max(intent.recorded_at);
         if intent.recorded_at < self.floor {
-            self.let_go.insert(&key);
+            self.let_go.insert(key);
             return;
         }
         self.by_request.entry(key).or_default().push(intent);
@@ -516,11 +512,35 @@ impl IntentWindow {
             let before = intents.len();
             intents.retain(|intent| intent.recorded_at >= floor);
             if intents.len() < before {
-                let_go.insert(key);
+                let_go.insert(*key);
             }
             !intents.is_empty()
         });
         self.entries = self.by_request.values().map(Vec::len).sum();
+    }
+}
+
+/// A request as the similar-intent window keys it: [`sql::request_digest`] of its five names,
+/// 16 bytes instead of five strings. The window held ~65,000 keys of five heap strings each
+/// (~20 MiB, all copied from the intent), and hashing, comparing and dropping them was a few
+/// per cent of the fold; a lookup in the file (rare) is asked with the whole query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct RequestDigest(u128);
+
+impl RequestDigest {
+    fn of(query: &SimilarIntentQuery) -> Self {
+        Self(sql::request_digest([
+            query.tenant.as_str(),
+            query.provider.as_str(),
+            query.account.as_str(),
+            query.action.as_str(),
+            query.args_hash.as_str(),
+        ]))
+    }
+
+    /// 32 bits of the digest, from bit `shift` up.
+    fn low_bits(self, shift: u32) -> u64 {
+        u64::try_from((self.0 >> shift) & 0xffff_ffff).expect("32 bits fit")
     }
 }
 
@@ -540,23 +560,24 @@ impl RequestFilter {
         }
     }
 
-    /// The bits of `key`, by double hashing one 64-bit hash (foldhash with a fixed seed).
-    fn probes(key: &RequestKey) -> impl Iterator<Item = usize> {
-        let hash = foldhash::fast::FixedState::with_seed(REQUEST_FILTER_SEED).hash_one(key);
-        let (first, step) = (hash & 0xffff_ffff, (hash >> 32) | 1);
+    /// The bits of `key`, by double hashing two 32-bit parts of its digest (SHA-256 bits, so
+    /// independent; and fixed, so a rebuild's "maybe"s, and so its time, are the same on every
+    /// run over one log).
+    fn probes(key: RequestDigest) -> impl Iterator<Item = usize> {
+        let (first, step) = (key.low_bits(0), key.low_bits(32) | 1);
         (0..Self::PROBES).map(move |probe| {
             // The modulus is a power of two below 2^32, so the value fits any usize.
             (first.wrapping_add(probe.wrapping_mul(step)) % REQUEST_FILTER_BITS as u64) as usize
         })
     }
 
-    fn insert(&mut self, key: &RequestKey) {
+    fn insert(&mut self, key: RequestDigest) {
         for bit in Self::probes(key) {
             self.bits[bit / 64] |= 1 << (bit % 64);
         }
     }
 
-    fn may_contain(&self, key: &RequestKey) -> bool {
+    fn may_contain(&self, key: RequestDigest) -> bool {
         Self::probes(key).all(|bit| self.bits[bit / 64] & (1 << (bit % 64)) != 0)
     }
 }
@@ -570,7 +591,7 @@ struct Rebuilder {
     window: IntentWindow,
     counters: BTreeMap<Counter, u64>,
     /// The changes of the row gauges as rows are written, summed: the file starts empty, so at
-    /// the end they are those gauges (`shared_external_ids` is kept by the id-index writes).
+    /// the end they are those gauges (`shared_external_ids` is counted from the finished table, `Writer::finish`).
     gauges: apply::GaugeChanges,
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
@@ -734,12 +755,14 @@ impl Rebuilder {
         };
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
-        // The key taken from the query once per intent, its names moved rather than copied:
-        // the window is asked with it and then given it.
-        let query = duplicates::similar_intent_query(operation_id, &event).map(RequestKey::take);
-        let similar = match &query {
-            Some((key, bounds)) => self.find_similar(key, *bounds)?,
-            None => Vec::new(),
+        // The request's digest, made once per intent: the window is asked with it and then
+        // given it.
+        let (key, similar) = match duplicates::similar_intent_query(operation_id, &event) {
+            Some(query) => {
+                let key = RequestDigest::of(&query);
+                (Some(key), self.find_similar(key, query)?)
+            }
+            None => (None, Vec::new()),
         };
         let clock = self.clock;
         let open = match self.open.entry(operation_id) {
@@ -792,7 +815,7 @@ impl Rebuilder {
         open.at = event.at();
         open.dirty = true;
         open.last_used = clock;
-        if let (Some((key, _)), OperationEvent::IntentRecorded(intent)) = (query, &event) {
+        if let (Some(key), OperationEvent::IntentRecorded(intent)) = (key, &event) {
             let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
             self.window.insert(
                 key,
@@ -835,10 +858,10 @@ impl Rebuilder {
 
     fn find_similar(
         &mut self,
-        key: &RequestKey,
-        bounds: QueryBounds,
+        key: RequestDigest,
+        query: SimilarIntentQuery,
     ) -> Result<Vec<SimilarIntent>, ReadModelError> {
-        if let WindowAnswer::Found(found) = self.window.find(key, bounds) {
+        if let WindowAnswer::Found(found) = self.window.find(key, QueryBounds::of(&query)) {
             return Ok(found);
         }
         // The window no longer covers the query: write every open row so the file holds every
@@ -847,7 +870,6 @@ impl Rebuilder {
         self.report.asked_the_file += 1;
         self.write_open(|_| true)?;
         self.create_indexes()?;
-        let query = key.query(bounds);
         self.writes
             .ask(|reply| Write::FindSimilar { query, reply })?
     }
@@ -1074,9 +1096,11 @@ enum Message {
     },
 }
 
-/// Emptied buffers of writes the writer hands back to the fold, which fills them again instead
-/// of allocating a fresh one per message on its thread and freeing it on the writer's: as many
-/// as can exist at once (those queued, the one being written, the one being filled).
+/// Buffers of done writes the writer hands back to the fold, which drops the writes (their rows
+/// and states are its allocations) and fills the buffers again instead of allocating a fresh one
+/// per message on its thread and freeing it on the writer's: as many as can exist at once (those
+/// queued, the one being written, the one being filled). Each holds at most
+/// [`WRITES_PER_MESSAGE`] done writes until the fold takes it (~0.5 MiB of rows and states).
 const SPARE_WRITE_BUFFERS: usize = MESSAGES_IN_FLIGHT + 2;
 /// Emptied buffers of id-index entries the writer hands back (each with room for
 /// [`RebuildLimits::max_buffered_id_entries`], ~26 MiB at the default), kept for the next flush.
@@ -1145,10 +1169,14 @@ impl WriteQueue {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let spare = self
-            .spare_writes
-            .try_recv()
-            .unwrap_or_else(|_| Vec::with_capacity(WRITES_PER_MESSAGE));
+        let spare = match self.spare_writes.try_recv() {
+            Ok(mut written) => {
+                // The writes the writer did, dropped here where they were allocated.
+                written.clear();
+                written
+            }
+            Err(_) => Vec::with_capacity(WRITES_PER_MESSAGE),
+        };
         let writes = std::mem::replace(&mut self.pending, spare);
         self.send(Message::Writes(writes))
     }
@@ -1229,10 +1257,13 @@ impl Writer {
             self.waits.writer_for_fold += waiting.elapsed();
             match message {
                 Message::Writes(mut writes) => {
-                    for write in writes.drain(..) {
+                    for write in &mut writes {
                         self.write(write, &feed)?;
                     }
-                    // Back to the fold to fill again; dropped when the way back is full.
+                    // Back to the fold with the writes still in it: the fold drops them, on the
+                    // thread that allocated their rows and states, where a free is a local one
+                    // (freeing them here, cross-thread, was ~3 % of the writer's samples).
+                    // Dropped here when the way back is full.
                     let _ = feed.spent_writes.try_send(writes);
                 }
                 Message::Finish {
@@ -1249,27 +1280,26 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, write: Write, feed: &WriterFeed) -> Result<(), ReadModelError> {
+    fn write(&mut self, write: &mut Write, feed: &WriterFeed) -> Result<(), ReadModelError> {
         let connection = &self.connection;
         match write {
-            Write::Operation { stored, in_file } => stored.write(connection, in_file),
-            Write::Review(review) => apply::write_review(connection, &review),
-            Write::Duplicate(duplicate) => apply::write_duplicate(connection, &duplicate),
+            Write::Operation { stored, in_file } => stored.write(connection, *in_file),
+            Write::Review(review) => apply::write_review(connection, review),
+            Write::Duplicate(duplicate) => apply::write_duplicate(connection, duplicate),
             Write::IdIndex {
                 entries,
                 range,
                 append,
             } => {
-                let range_of_entries = &entries[range];
-                if append {
-                    apply::append_id_entries(connection, range_of_entries)?;
+                let tables = if *append {
+                    apply::IdTables::Empty
                 } else {
-                    range_of_entries
-                        .iter()
-                        .try_for_each(|entry| apply::write_id_entry(connection, entry))?;
-                }
+                    apply::IdTables::Filled
+                };
+                apply::write_sorted_id_entries(connection, &entries[range.clone()], tables)?;
                 // Only the last range's holder gets the buffer back.
-                if let Ok(mut entries) = Arc::try_unwrap(entries) {
+                if let Some(entries) = Arc::get_mut(entries) {
+                    let mut entries = std::mem::take(entries);
                     entries.clear();
                     let _ = feed.spent_id_entries.try_send(entries);
                 }
@@ -1287,11 +1317,11 @@ impl Writer {
                 reply,
             } => {
                 // A fold that stopped waiting has failed already; its error is reported.
-                let _ = reply.send(apply::load_state(connection, operation_id));
+                let _ = reply.send(apply::load_state(connection, *operation_id));
                 Ok(())
             }
             Write::FindSimilar { query, reply } => {
-                let _ = reply.send(apply::find_similar(connection, &query));
+                let _ = reply.send(apply::find_similar(connection, query));
                 Ok(())
             }
         }
@@ -1306,6 +1336,8 @@ impl Writer {
         if let Some(checkpoint) = checkpoint {
             apply::write_counters(&self.connection, counters)?;
             apply::write_gauges(&self.connection, gauges)?;
+            // The id-index writes leave this gauge to the end (`write_sorted_id_entries`).
+            apply::write_shared_external_ids(&self.connection)?;
             apply::write_checkpoint(&self.connection, checkpoint)?;
         }
         commit(&self.connection)?;
@@ -1415,12 +1447,12 @@ mod tests {
         let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
         for n in 1..=3 {
             window.insert(
-                RequestKey::of(&query(n, base)),
+                RequestDigest::of(&query(n, base)),
                 intent(n, base + Duration::seconds(n as i64)),
             );
         }
         let WindowAnswer::Found(found) = window.find(
-            &RequestKey::of(&query(2, base)),
+            RequestDigest::of(&query(2, base)),
             QueryBounds::of(&query(2, base)),
         ) else {
             panic!("nothing let go of yet");
@@ -1437,7 +1469,7 @@ mod tests {
         window.raise_floor(base);
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, base)),
+                RequestDigest::of(&query(9, base)),
                 QueryBounds::of(&query(9, base))
             ),
             WindowAnswer::Found(_)
@@ -1446,7 +1478,7 @@ mod tests {
         window.raise_floor(base + Duration::seconds(3));
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, base)),
+                RequestDigest::of(&query(9, base)),
                 QueryBounds::of(&query(9, base))
             ),
             WindowAnswer::AskTheFile
@@ -1454,7 +1486,7 @@ mod tests {
         let later = base + Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S + 3);
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, later)),
+                RequestDigest::of(&query(9, later)),
                 QueryBounds::of(&query(9, later))
             ),
             WindowAnswer::Found(_)
@@ -1462,15 +1494,28 @@ mod tests {
     }
 
     #[test]
-    fn a_query_taken_apart_into_its_key_and_bounds_is_put_together_unchanged() {
+    fn a_request_digest_tells_requests_apart_by_their_names_and_where_the_names_split() {
         let at = Utc
             .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
             .single()
             .expect("valid");
         let asked = query(7, at);
-        let (key, bounds) = RequestKey::take(asked.clone());
-        assert_eq!(key, RequestKey::of(&asked));
-        assert_eq!(key.query(bounds), asked);
+        // Who asks and when is not the request.
+        assert_eq!(
+            RequestDigest::of(&asked),
+            RequestDigest::of(&query(8, at + Duration::seconds(5)))
+        );
+        let mut other_action = asked.clone();
+        other_action.action = ActionName::new("update").expect("valid");
+        assert_ne!(RequestDigest::of(&asked), RequestDigest::of(&other_action));
+        // The same bytes split differently between two names are another request.
+        let split = |tenant: &str, provider: &str| {
+            let mut split = asked.clone();
+            split.tenant = TenantId::new(tenant).expect("valid");
+            split.provider = ProviderId::new(provider).expect("valid");
+            RequestDigest::of(&split)
+        };
+        assert_ne!(split("ab", "c"), split("a", "bc"));
     }
 
     #[test]
@@ -1526,7 +1571,7 @@ mod tests {
     }
 
     #[test]
-    fn the_first_id_entries_appended_leave_the_rows_and_gauge_the_runners_upserts_leave() {
+    fn id_entries_appended_then_merged_leave_the_rows_and_gauge_the_runners_upserts_leave() {
         use opledger_domain::ids::{AttemptId, ExternalObjectId, SourceId, WorkerId};
         use opledger_projections::id_index::ExternalIdRole::{Confirmed, Duplicate, Reported};
         let operation = |n: u128| OperationId::from_uuid(uuid::Uuid::from_u128(n));
@@ -1549,7 +1594,7 @@ mod tests {
         };
         // In log order: one operation naming an object weakly, then strongly, then weakly again;
         // another naming it strongly first; an object three operations share; one named once.
-        let mut entries = vec![
+        let entries = vec![
             named("task-1", 1, Reported, next()),
             IdIndexChange::Attempt {
                 attempt_id: AttemptId::from_uuid(uuid::Uuid::from_u128(9)),
@@ -1564,11 +1609,13 @@ mod tests {
             named("task-1", 1, Duplicate, next()),
             named("task-2", 2, Reported, next()),
             named("task-3", 3, Confirmed, next()),
+            named("task-5", 7, Reported, next()),
             named("task-3", 4, Duplicate, next()),
             named("task-3", 5, Reported, next()),
             named("task-3", 4, Confirmed, next()),
             named("task-4", 1, Duplicate, next()),
             named("task-4", 6, Reported, next()),
+            named("task-5", 7, Confirmed, next()),
             IdIndexChange::Source {
                 tenant: TenantId::new("t").expect("valid"),
                 source_id: SourceId::new("call-1").expect("valid"),
@@ -1586,19 +1633,36 @@ mod tests {
         for entry in &entries {
             apply::write_id_entry(&upserted, entry).expect("the runner's upsert");
         }
-        entries.sort_unstable_by(|left, right| {
-            id_entry_key(left)
-                .cmp(&id_entry_key(right))
-                .then_with(|| id_entry_position(left).cmp(&id_entry_position(right)))
-        });
-        let appended = fresh("appended.db");
-        apply::append_id_entries(&appended, &entries).expect("appended");
+        let sorted = |flush: &[IdIndexChange]| {
+            let mut flush = flush.to_vec();
+            flush.sort_unstable_by(|left, right| {
+                id_entry_key(left)
+                    .cmp(&id_entry_key(right))
+                    .then_with(|| id_entry_position(left).cmp(&id_entry_position(right)))
+            });
+            flush
+        };
         let expected = id_tables(&upserted);
         assert!(
             expected.contains(&"gauges: [Text(\"shared_external_ids\"), Integer(2)]".to_string()),
             "two objects are shared: {expected:#?}"
         );
+        // One flush, appended into the empty tables.
+        let appended = fresh("appended.db");
+        apply::write_sorted_id_entries(&appended, &sorted(&entries), apply::IdTables::Empty)
+            .expect("appended");
+        apply::write_shared_external_ids(&appended).expect("counted");
         assert_eq!(id_tables(&appended), expected);
+        // Two flushes: the second names objects of the first again (task-3 by other
+        // operations, task-5 by the same one, stronger) and is merged into filled tables.
+        let (first, second) = entries.split_at(8);
+        let merged = fresh("merged.db");
+        apply::write_sorted_id_entries(&merged, &sorted(first), apply::IdTables::Empty)
+            .expect("appended");
+        apply::write_sorted_id_entries(&merged, &sorted(second), apply::IdTables::Filled)
+            .expect("merged");
+        apply::write_shared_external_ids(&merged).expect("counted");
+        assert_eq!(id_tables(&merged), expected);
     }
 
     #[test]
@@ -1675,12 +1739,12 @@ mod tests {
             .expect("valid");
         let mut window = IntentWindow::new(2);
         for n in 1..=5 {
-            window.insert(RequestKey::of(&query(n, at)), intent(n, at));
+            window.insert(RequestDigest::of(&query(n, at)), intent(n, at));
             assert!(window.entries <= 2, "the window keeps within its limit");
         }
         assert!(matches!(
             window.find(
-                &RequestKey::of(&query(9, at)),
+                RequestDigest::of(&query(9, at)),
                 QueryBounds::of(&query(9, at))
             ),
             WindowAnswer::AskTheFile

@@ -99,16 +99,31 @@ impl ToSql for UuidText {
 /// index on it is a fifth of the size of one on the five texts, and each of its comparisons one
 /// integer's; two requests sharing a hash are told apart by their columns (`find_similar`).
 pub(super) fn request_hash(request: [&str; 5]) -> i64 {
+    let mut first = [0; 8];
+    first.copy_from_slice(&request_sha256(request)[..8]);
+    i64::from_le_bytes(first)
+}
+
+/// The first 128 bits of the same SHA-256 as [`request_hash`]: what a rebuild's similar-intent
+/// window keys a request by instead of its five texts. Two different requests would share it
+/// only through a collision of 128 bits of SHA-256 (by chance ~2^-128 per pair; none has ever
+/// been found), so the window still answers exactly as the runner's lookup of the texts.
+pub(super) fn request_digest(request: [&str; 5]) -> u128 {
+    let mut first = [0; 16];
+    first.copy_from_slice(&request_sha256(request)[..16]);
+    u128::from_le_bytes(first)
+}
+
+/// SHA-256 of the request's five texts, each preceded by its length (so that no two different
+/// requests are the same byte string).
+fn request_sha256(request: [&str; 5]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut hasher = Sha256::new();
     for column in request {
         hasher.update((column.len() as u64).to_le_bytes());
         hasher.update(column.as_bytes());
     }
-    let digest = hasher.finalize();
-    let mut first = [0; 8];
-    first.copy_from_slice(&digest[..8]);
-    i64::from_le_bytes(first)
+    hasher.finalize().into()
 }
 
 /// An operation id as stored.
