@@ -59,6 +59,8 @@ pub(crate) struct SpanRecord {
     kind: SpanKind,
     start: SystemTime,
     attributes: EncodedAttributes,
+    /// Which of the callsite's fields (by index, the first 64) `attributes` holds.
+    written: u64,
     events: Vec<Event>,
     links: Vec<Link>,
     status: Status,
@@ -75,6 +77,7 @@ impl SpanRecord {
         if !self.sampled {
             self.recording = false;
             self.attributes.clear();
+            self.written = 0;
         }
     }
 
@@ -404,6 +407,7 @@ where
             } else {
                 0
             }),
+            written: 0,
             events: Vec::new(),
             links: Vec::new(),
             status: Status::Unset,
@@ -411,7 +415,6 @@ where
         if recording {
             attrs.record(&mut Fields {
                 record: &mut record,
-                fresh: true,
             });
         }
         span.extensions_mut().insert(record);
@@ -422,10 +425,7 @@ where
         let mut extensions = span.extensions_mut();
         if let Some(record) = extensions.get_mut::<SpanRecord>() {
             if record.recording {
-                values.record(&mut Fields {
-                    record,
-                    fresh: false,
-                });
+                values.record(&mut Fields { record });
             }
         }
     }
@@ -530,13 +530,22 @@ fn span_links(links: Vec<Link>) -> SpanLinks {
 /// a field recorded again replaces its value (a span exports each attribute once).
 struct Fields<'a> {
     record: &'a mut SpanRecord,
-    /// The span's creation, where each field comes once: nothing to replace.
-    fresh: bool,
 }
 
 impl Fields<'_> {
     fn set(&mut self, field: &Field, value: Scalar<'_>) {
-        self.record.attributes.set(field.name(), value, !self.fresh);
+        // Only a field written before needs its bytes searched for: most fields recorded after
+        // creation were empty until then. A field's index in its callsite says which it is.
+        let replace = match 1_u64.checked_shl(field.index() as u32) {
+            Some(bit) => {
+                let written = self.record.written & bit != 0;
+                self.record.written |= bit;
+                written
+            }
+            // Past the 64th field (tracing's macros allow 32): searched every time.
+            None => true,
+        };
+        self.record.attributes.set(field.name(), value, replace);
     }
 
     /// The `otel.*` fields; `true` when `field` was one.
