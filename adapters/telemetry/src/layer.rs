@@ -1,11 +1,13 @@
 //! The `tracing` layer that turns the ledger's spans into OpenTelemetry spans: ids, sampling,
-//! attributes, warnings as events, and on close one `SpanData` handed to the exporter's queue.
+//! attributes, warnings as events, and on close the span handed to the exporter's queue (encoded
+//! there for HTTP/protobuf, as a `SpanData` for the SDK's processor).
 //!
 //! Our own instead of tracing-opentelemetry's, for what it cost in the request path (README,
 //! "Trace export"): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
 //! on every poll's exit and builds the finished span through the SDK's tracer; this one keeps a
-//! fixed [`SpanRecord`] in the span's extensions, does nothing on enter and exit, and moves the
-//! record's attributes into the `SpanData` it queues, copying each string once.
+//! fixed [`SpanRecord`] in the span's extensions, does nothing on enter and exit, and writes
+//! the attributes as protobuf as they are recorded ([`EncodedAttributes`]), copying each string
+//! once, into the bytes that are exported.
 //!
 //! It must never block the ledger: a finished span is queued without waiting, and one that finds
 //! `OTEL_BSP_MAX_QUEUE_SIZE` spans ([`crate::config::DEFAULT_MAX_QUEUED_SPANS`] unless set)
@@ -33,6 +35,7 @@ use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::{EnvFilter, Layer};
 
+use crate::otlp_proto::{EncodedAttributes, Scalar, SpanParts};
 use crate::spool::Spool;
 
 /// A span's OpenTelemetry identity and, when it is recorded, what it will export. Kept in the
@@ -55,7 +58,9 @@ pub(crate) struct SpanRecord {
     name: Cow<'static, str>,
     kind: SpanKind,
     start: SystemTime,
-    attributes: Vec<KeyValue>,
+    attributes: EncodedAttributes,
+    /// Which of the callsite's fields (by index, the first 64) `attributes` holds.
+    written: u64,
     events: Vec<Event>,
     links: Vec<Link>,
     status: Status,
@@ -71,7 +76,8 @@ impl SpanRecord {
         self.trace_state = parent.trace_state().clone();
         if !self.sampled {
             self.recording = false;
-            self.attributes = Vec::new();
+            self.attributes.clear();
+            self.written = 0;
         }
     }
 
@@ -166,14 +172,54 @@ impl Sink {
         }
     }
 
-    fn send(&self, span: SpanData) {
+    /// Queues a sampled, recorded span that ended at `end`.
+    fn send(&self, record: SpanRecord, end: SystemTime) {
         match &self.route {
-            // Encoded here; the span's strings are freed here, by the thread that (almost
-            // always) allocated them.
-            Route::Spool(spool) => spool.push(&span),
+            // Encoded here, attributes as they were written; the span's buffers are freed here,
+            // by the thread that (almost always) allocated them.
+            Route::Spool(spool) => spool.push(&SpanParts {
+                trace_id: record.trace_id,
+                span_id: record.span_id,
+                trace_state: &record.trace_state,
+                parent_span_id: record.parent_span_id,
+                name: &record.name,
+                kind: &record.kind,
+                start: record.start,
+                end,
+                attributes: &[],
+                encoded_attributes: &record.attributes,
+                dropped_attributes: 0,
+                events: &record.events,
+                dropped_events: 0,
+                links: &record.links,
+                dropped_links: 0,
+                status: &record.status,
+                flags: TraceFlags::SAMPLED,
+            }),
+            // The SDK's processor takes a `SpanData`: the attributes are read back into values
+            // (gRPC only, where the SDK's exporter converts every span again anyway).
             Route::Processor { processor, backlog } => {
                 if backlog.admit().is_some() {
-                    processor.on_end(span);
+                    processor.on_end(SpanData {
+                        span_context: SpanContext::new(
+                            record.trace_id,
+                            record.span_id,
+                            TraceFlags::SAMPLED,
+                            false,
+                            record.trace_state,
+                        ),
+                        parent_span_id: record.parent_span_id,
+                        span_kind: record.kind,
+                        name: record.name,
+                        start_time: record.start,
+                        end_time: end,
+                        attributes: record.attributes.key_values(),
+                        dropped_attributes_count: 0,
+                        events: span_events(record.events),
+                        links: span_links(record.links),
+                        status: record.status,
+                        instrumentation_scope: self.scope.clone(),
+                    });
                 }
             }
         }
@@ -356,7 +402,12 @@ where
             name: Cow::Borrowed(meta.name()),
             kind: SpanKind::Internal,
             start: SystemTime::now(),
-            attributes: Vec::with_capacity(if recording { meta.fields().len() } else { 0 }),
+            attributes: EncodedAttributes::with_capacity(if recording {
+                meta.fields().len() * ATTRIBUTE_BYTES
+            } else {
+                0
+            }),
+            written: 0,
             events: Vec::new(),
             links: Vec::new(),
             status: Status::Unset,
@@ -364,7 +415,6 @@ where
         if recording {
             attrs.record(&mut Fields {
                 record: &mut record,
-                fresh: true,
             });
         }
         span.extensions_mut().insert(record);
@@ -375,10 +425,7 @@ where
         let mut extensions = span.extensions_mut();
         if let Some(record) = extensions.get_mut::<SpanRecord>() {
             if record.recording {
-                values.record(&mut Fields {
-                    record,
-                    fresh: false,
-                });
+                values.record(&mut Fields { record });
             }
         }
     }
@@ -450,28 +497,13 @@ where
         if !(record.recording && record.sampled) {
             return;
         }
-        sink.send(SpanData {
-            span_context: SpanContext::new(
-                record.trace_id,
-                record.span_id,
-                TraceFlags::SAMPLED,
-                false,
-                record.trace_state,
-            ),
-            parent_span_id: record.parent_span_id,
-            span_kind: record.kind,
-            name: record.name,
-            start_time: record.start,
-            end_time: SystemTime::now(),
-            attributes: record.attributes,
-            dropped_attributes_count: 0,
-            events: span_events(record.events),
-            links: span_links(record.links),
-            status: record.status,
-            instrumentation_scope: sink.scope.clone(),
-        });
+        sink.send(record, SystemTime::now());
     }
 }
+
+/// The first allocation for a span's attributes, per field of its callsite: a key and an id
+/// (an operation id is 36 bytes) with their keys and lengths fit.
+const ATTRIBUTE_BYTES: usize = 56;
 
 pub(crate) fn flags(sampled: bool) -> TraceFlags {
     if sampled {
@@ -498,28 +530,22 @@ fn span_links(links: Vec<Link>) -> SpanLinks {
 /// a field recorded again replaces its value (a span exports each attribute once).
 struct Fields<'a> {
     record: &'a mut SpanRecord,
-    /// The span's creation, where each field comes once: nothing to replace.
-    fresh: bool,
 }
 
 impl Fields<'_> {
-    fn set(&mut self, field: &Field, value: Value) {
-        let key = field.name();
-        let attributes = &mut self.record.attributes;
-        // A span's fields are named by its callsite's `&'static str`s, recorded at creation or
-        // later: the same pointers, so an address comparison finds a field recorded before.
-        let existing = if self.fresh {
-            None
-        } else {
-            attributes.iter_mut().find(|kv| {
-                let name = kv.key.as_str();
-                std::ptr::eq(name.as_ptr(), key.as_ptr()) && name.len() == key.len()
-            })
+    fn set(&mut self, field: &Field, value: Scalar<'_>) {
+        // Only a field written before needs its bytes searched for: most fields recorded after
+        // creation were empty until then. A field's index in its callsite says which it is.
+        let replace = match 1_u64.checked_shl(field.index() as u32) {
+            Some(bit) => {
+                let written = self.record.written & bit != 0;
+                self.record.written |= bit;
+                written
+            }
+            // Past the 64th field (tracing's macros allow 32): searched every time.
+            None => true,
         };
-        match existing {
-            Some(existing) => existing.value = value,
-            None => attributes.push(KeyValue::new(Key::from_static_str(key), value)),
-        }
+        self.record.attributes.set(field.name(), value, replace);
     }
 
     /// The `otel.*` fields; `true` when `field` was one.
@@ -571,33 +597,66 @@ fn kind(value: &str) -> SpanKind {
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if !self.special(field, value) {
-            self.set(field, Value::String(value.to_owned().into()));
+            self.set(field, Scalar::Str(value));
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let value = debug_string(value);
-        if !self.special(field, &value) {
-            self.set(field, Value::String(value.into()));
-        }
+        with_debug_text(value, |text| {
+            if !self.special(field, text) {
+                self.set(field, Scalar::Str(text));
+            }
+        });
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.set(field, Value::I64(value));
+        self.set(field, Scalar::Int(value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.set(field, u64_value(value));
+        match i64::try_from(value) {
+            Ok(value) => self.set(field, Scalar::Int(value)),
+            // OpenTelemetry has no unsigned integer: a bigger one is its digits.
+            Err(_) => self.set(field, Scalar::Str(&value.to_string())),
+        }
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.set(field, Value::Bool(value));
+        self.set(field, Scalar::Bool(value));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.set(field, Value::F64(value));
+        self.set(field, Scalar::Double(value));
     }
 }
+
+thread_local! {
+    /// Where a `?` or `%` value is formatted before it is written into the span's attributes:
+    /// one buffer per thread instead of a `String` per value.
+    static DEBUG_TEXT: std::cell::RefCell<String> =
+        std::cell::RefCell::new(String::with_capacity(DEBUG_VALUE_BYTES));
+}
+
+/// Calls `each` with `value` formatted (`Debug`; a `%` value's `Display`).
+fn with_debug_text(value: &dyn fmt::Debug, each: impl FnOnce(&str)) {
+    DEBUG_TEXT.with(|text| match text.try_borrow_mut() {
+        Ok(mut text) => {
+            use std::fmt::Write as _;
+            text.clear();
+            let _ = write!(text, "{value:?}");
+            each(&text);
+            // A huge value once is not kept for the thread's life.
+            if text.capacity() > MAX_KEPT_DEBUG_TEXT_BYTES {
+                *text = String::with_capacity(DEBUG_VALUE_BYTES);
+            }
+        }
+        // Formatting `value` recorded a field itself (a `Debug` that traces): its own buffer.
+        Err(_) => each(&debug_string(value)),
+    });
+}
+
+/// The most a thread's [`DEBUG_TEXT`] keeps between values.
+const MAX_KEPT_DEBUG_TEXT_BYTES: usize = 4096;
 
 /// OpenTelemetry has no unsigned integer: one that fits is an `i64`, a bigger one its digits.
 fn u64_value(value: u64) -> Value {

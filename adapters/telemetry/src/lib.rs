@@ -22,6 +22,8 @@ mod context;
 mod export;
 mod json_log;
 mod layer;
+#[cfg(test)]
+mod layer_cost;
 mod otlp_proto;
 mod spool;
 

@@ -13,11 +13,16 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use opentelemetry::trace::{Link, SpanKind, Status};
+use opentelemetry::trace::{
+    Event, Link, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
 use opentelemetry::{Array, InstrumentationScope, KeyValue, Value};
+#[cfg(test)]
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, WireType,
+};
 
 // Field numbers, from opentelemetry-proto's .proto files.
 /// `ExportTraceServiceRequest.resource_spans`.
@@ -165,9 +170,9 @@ impl Encoder {
 /// One span as a `ScopeSpans.spans` field (key, length, message), appended to `out`: the form a
 /// span is kept in between its end and its export ([`crate::spool`]). `scratch` holds the
 /// message while its length is measured.
-pub(crate) fn span_field(span: &SpanData, scratch: &mut Vec<u8>, out: &mut Vec<u8>) {
+pub(crate) fn span_field(span: &SpanParts<'_>, scratch: &mut Vec<u8>, out: &mut Vec<u8>) {
     scratch.clear();
-    encode_span(span, scratch);
+    encode_parts(span, scratch);
     len_delimited(SCOPE_SPANS_SPANS, scratch.len(), out);
     out.extend_from_slice(scratch);
 }
@@ -202,27 +207,87 @@ impl Encoder {
     }
 }
 
+/// What one span writes, borrowed from the span layer's record without building a `SpanData`:
+/// its attributes come already written ([`EncodedAttributes`]). The tests build it from a
+/// `SpanData` (`SpanParts::of`).
+pub(crate) struct SpanParts<'a> {
+    pub(crate) trace_id: TraceId,
+    pub(crate) span_id: SpanId,
+    pub(crate) trace_state: &'a TraceState,
+    pub(crate) parent_span_id: SpanId,
+    pub(crate) name: &'a str,
+    pub(crate) kind: &'a SpanKind,
+    pub(crate) start: SystemTime,
+    pub(crate) end: SystemTime,
+    pub(crate) attributes: &'a [KeyValue],
+    /// Written after `attributes`, as they are.
+    pub(crate) encoded_attributes: &'a EncodedAttributes,
+    pub(crate) dropped_attributes: u32,
+    pub(crate) events: &'a [Event],
+    pub(crate) dropped_events: u32,
+    pub(crate) links: &'a [Link],
+    pub(crate) dropped_links: u32,
+    pub(crate) status: &'a Status,
+    pub(crate) flags: TraceFlags,
+}
+
+/// For [`SpanParts::of`]: a `SpanData` has its attributes as values.
+#[cfg(test)]
+static NO_ENCODED_ATTRIBUTES: EncodedAttributes = EncodedAttributes { bytes: Vec::new() };
+
+/// A `SpanData`'s parts: the tests' spans (the layer writes its record's).
+#[cfg(test)]
+impl<'a> SpanParts<'a> {
+    pub(crate) fn of(span: &'a SpanData) -> Self {
+        let context = &span.span_context;
+        Self {
+            trace_id: context.trace_id(),
+            span_id: context.span_id(),
+            trace_state: context.trace_state(),
+            parent_span_id: span.parent_span_id,
+            name: &span.name,
+            kind: &span.span_kind,
+            start: span.start_time,
+            end: span.end_time,
+            attributes: &span.attributes,
+            encoded_attributes: &NO_ENCODED_ATTRIBUTES,
+            dropped_attributes: span.dropped_attributes_count,
+            events: &span.events.events,
+            dropped_events: span.events.dropped_count,
+            links: &span.links.links,
+            dropped_links: span.links.dropped_count,
+            status: &span.status,
+            flags: context.trace_flags(),
+        }
+    }
+}
+
+#[cfg(test)]
 fn encode_span(span: &SpanData, buf: &mut Vec<u8>) {
-    let context = &span.span_context;
-    bytes_field(SPAN_TRACE_ID, &context.trace_id().to_bytes(), buf);
-    bytes_field(SPAN_SPAN_ID, &context.span_id().to_bytes(), buf);
-    string_field(SPAN_TRACE_STATE, &context.trace_state().header(), buf);
-    if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
+    encode_parts(&SpanParts::of(span), buf);
+}
+
+fn encode_parts(span: &SpanParts<'_>, buf: &mut Vec<u8>) {
+    bytes_field(SPAN_TRACE_ID, &span.trace_id.to_bytes(), buf);
+    bytes_field(SPAN_SPAN_ID, &span.span_id.to_bytes(), buf);
+    string_field(SPAN_TRACE_STATE, &span.trace_state.header(), buf);
+    if span.parent_span_id != SpanId::INVALID {
         bytes_field(SPAN_PARENT_SPAN_ID, &span.parent_span_id.to_bytes(), buf);
     }
-    string_field(SPAN_NAME, &span.name, buf);
-    varint_field(SPAN_KIND, kind_number(&span.span_kind), buf);
-    fixed64_field(SPAN_START_TIME, unix_nanos(span.start_time), buf);
-    fixed64_field(SPAN_END_TIME, unix_nanos(span.end_time), buf);
-    for attribute in &span.attributes {
+    string_field(SPAN_NAME, span.name, buf);
+    varint_field(SPAN_KIND, kind_number(span.kind), buf);
+    fixed64_field(SPAN_START_TIME, unix_nanos(span.start), buf);
+    fixed64_field(SPAN_END_TIME, unix_nanos(span.end), buf);
+    for attribute in span.attributes {
         key_value_field(SPAN_ATTRIBUTES, attribute, buf);
     }
+    buf.extend_from_slice(&span.encoded_attributes.bytes);
     varint_field(
         SPAN_DROPPED_ATTRIBUTES,
-        u64::from(span.dropped_attributes_count),
+        u64::from(span.dropped_attributes),
         buf,
     );
-    for event in span.events.iter() {
+    for event in span.events {
         let name_len = string_field_len(EVENT_NAME, &event.name);
         let len = fixed64_field_len(EVENT_TIME, unix_nanos(event.timestamp))
             + name_len
@@ -243,16 +308,12 @@ fn encode_span(span: &SpanData, buf: &mut Vec<u8>) {
             buf,
         );
     }
-    varint_field(
-        SPAN_DROPPED_EVENTS,
-        u64::from(span.events.dropped_count),
-        buf,
-    );
-    for link in span.links.iter() {
+    varint_field(SPAN_DROPPED_EVENTS, u64::from(span.dropped_events), buf);
+    for link in span.links {
         encode_link(link, buf);
     }
-    varint_field(SPAN_DROPPED_LINKS, u64::from(span.links.dropped_count), buf);
-    let (code, message) = match &span.status {
+    varint_field(SPAN_DROPPED_LINKS, u64::from(span.dropped_links), buf);
+    let (code, message) = match span.status {
         Status::Unset => (0, ""),
         Status::Ok => (1, ""),
         Status::Error { description } => (2, description.as_ref()),
@@ -262,7 +323,7 @@ fn encode_span(span: &SpanData, buf: &mut Vec<u8>) {
     len_delimited(SPAN_STATUS, status_len, buf);
     string_field(STATUS_MESSAGE, message, buf);
     varint_field(STATUS_CODE, code, buf);
-    fixed32_field(SPAN_FLAGS, u32::from(context.trace_flags().to_u8()), buf);
+    fixed32_field(SPAN_FLAGS, u32::from(span.flags.to_u8()), buf);
 }
 
 fn encode_link(link: &Link, buf: &mut Vec<u8>) {
@@ -331,9 +392,138 @@ fn unix_nanos(time: SystemTime) -> u64 {
     })
 }
 
+/// A span's attributes as its `Span.attributes` fields, written as the span layer records them
+/// (README, "Trace export", the s41b round): no `KeyValue`, `Value` or `String` per attribute,
+/// and nothing left to convert when the span ends. A key written again replaces its field where
+/// it is, so a span exports each attribute once, with its last value, in order of first record.
+#[derive(Debug, Default)]
+pub(crate) struct EncodedAttributes {
+    bytes: Vec<u8>,
+}
+
+impl EncodedAttributes {
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.bytes = Vec::new();
+    }
+
+    /// Writes `key` = `value`. `replace`: a field of the same key may be there already (a
+    /// span's creation writes each key once and says `false`, sparing the search).
+    pub(crate) fn set(&mut self, key: &str, value: Scalar<'_>, replace: bool) {
+        let existing = if replace { self.find(key) } else { None };
+        let start = self.bytes.len();
+        let len = string_field_len(KEY_VALUE_KEY, key)
+            + message_field_len(KEY_VALUE_VALUE, scalar_len(value));
+        len_delimited(SPAN_ATTRIBUTES, len, &mut self.bytes);
+        string_field(KEY_VALUE_KEY, key, &mut self.bytes);
+        len_delimited(KEY_VALUE_VALUE, scalar_len(value), &mut self.bytes);
+        encode_scalar(value, &mut self.bytes);
+        if let Some(old) = existing {
+            // Rare (a field recorded twice): the new field moves into the old one's place.
+            let written = self.bytes.split_off(start);
+            self.bytes.splice(old, written);
+        }
+    }
+
+    /// The byte range of the field whose key is `key`.
+    fn find(&self, key: &str) -> Option<std::ops::Range<usize>> {
+        let mut at = 0;
+        while at < self.bytes.len() {
+            let (field, body) = self.field_at(at)?;
+            if self.key_of(body.clone()) == key.as_bytes() {
+                return Some(field);
+            }
+            at = field.end;
+        }
+        None
+    }
+
+    /// The field starting at `at`: its whole range and its `KeyValue` body's range.
+    fn field_at(&self, at: usize) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let mut rest = &self.bytes[at..];
+        let (tag, _) = decode_key(&mut rest).ok()?;
+        debug_assert_eq!(tag, SPAN_ATTRIBUTES);
+        let len = usize::try_from(decode_varint(&mut rest).ok()?).ok()?;
+        let body_start = self.bytes.len() - rest.len();
+        let end = body_start.checked_add(len)?;
+        (end <= self.bytes.len()).then_some((at..end, body_start..end))
+    }
+
+    /// The key of the `KeyValue` in `body` (empty when the field is left out, as for "").
+    fn key_of(&self, body: std::ops::Range<usize>) -> &[u8] {
+        let mut rest = &self.bytes[body.clone()];
+        match decode_key(&mut rest) {
+            Ok((KEY_VALUE_KEY, WireType::LengthDelimited)) => {
+                let Ok(len) = decode_varint(&mut rest) else {
+                    return &[];
+                };
+                let start = body.end - rest.len();
+                let end = usize::try_from(len).map_or(body.end, |len| start + len);
+                &self.bytes[start..end.min(body.end)]
+            }
+            _ => &[],
+        }
+    }
+
+    /// The attributes as values, in order: for the SDK's span processor (gRPC) and the tests.
+    pub(crate) fn key_values(&self) -> Vec<KeyValue> {
+        let mut values = Vec::new();
+        let mut at = 0;
+        while let Some((field, body)) = (at < self.bytes.len()).then(|| self.field_at(at)).flatten()
+        {
+            let key = String::from_utf8_lossy(self.key_of(body.clone())).into_owned();
+            let value = self.value_of(body).unwrap_or(Value::Bool(false));
+            values.push(KeyValue::new(key, value));
+            at = field.end;
+        }
+        values
+    }
+
+    /// The scalar of the `KeyValue` in `body` (this type writes nothing else).
+    fn value_of(&self, body: std::ops::Range<usize>) -> Option<Value> {
+        let mut rest = &self.bytes[body];
+        loop {
+            let (tag, wire) = decode_key(&mut rest).ok()?;
+            let len = match wire {
+                WireType::LengthDelimited => {
+                    usize::try_from(decode_varint(&mut rest).ok()?).ok()?
+                }
+                _ => return None,
+            };
+            let (field, after) = rest.split_at_checked(len)?;
+            rest = after;
+            if tag != KEY_VALUE_VALUE {
+                continue;
+            }
+            let mut any = field;
+            let (member, _) = decode_key(&mut any).ok()?;
+            return match member {
+                ANY_STRING => {
+                    let len = usize::try_from(decode_varint(&mut any).ok()?).ok()?;
+                    let text = any.get(..len)?;
+                    Some(Value::String(
+                        String::from_utf8_lossy(text).into_owned().into(),
+                    ))
+                }
+                ANY_BOOL => Some(Value::Bool(decode_varint(&mut any).ok()? != 0)),
+                ANY_INT => Some(Value::I64(decode_varint(&mut any).ok()? as i64)),
+                ANY_DOUBLE => Some(Value::F64(f64::from_le_bytes(
+                    any.get(..8)?.try_into().ok()?,
+                ))),
+                _ => None,
+            };
+        }
+    }
+}
+
 /// One attribute value as `AnyValue`'s scalar members.
-#[derive(Clone, Copy)]
-enum Scalar<'a> {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scalar<'a> {
     Bool(bool),
     Int(i64),
     Double(f64),
@@ -535,7 +725,7 @@ mod tests {
     use std::borrow::Cow;
     use std::time::Duration;
 
-    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+    use opentelemetry::trace::SpanContext;
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
@@ -677,12 +867,74 @@ mod tests {
         encoder.encode(&batch, &mut expected);
         // Two runs, as two threads' queues hold them.
         let (mut scratch, mut first, mut second) = (Vec::new(), Vec::new(), Vec::new());
-        span_field(&batch[0], &mut scratch, &mut first);
-        span_field(&batch[1], &mut scratch, &mut second);
-        span_field(&batch[2], &mut scratch, &mut second);
+        span_field(&SpanParts::of(&batch[0]), &mut scratch, &mut first);
+        span_field(&SpanParts::of(&batch[1]), &mut scratch, &mut second);
+        span_field(&SpanParts::of(&batch[2]), &mut scratch, &mut second);
         let mut body = vec![7; 3];
         encoder.frame(&scope, &[&first, &second], &mut body);
         assert_eq!(body, expected);
+    }
+
+    /// Scalar attributes of every kind, as the span layer records them.
+    fn scalar_attributes() -> Vec<KeyValue> {
+        vec![
+            KeyValue::new("operation_id", "op_01J"),
+            KeyValue::new("attempt_number", 1_i64),
+            KeyValue::new("negative", -3_i64),
+            KeyValue::new("ratio", 0.25),
+            KeyValue::new("retry", false),
+            KeyValue::new("", "an empty key"),
+            KeyValue::new("empty", ""),
+        ]
+    }
+
+    fn written(attributes: &[KeyValue], replace: bool) -> EncodedAttributes {
+        let mut encoded = EncodedAttributes::default();
+        for attribute in attributes {
+            let value = scalar(&attribute.value).expect("a scalar");
+            encoded.set(attribute.key.as_str(), value, replace);
+        }
+        encoded
+    }
+
+    #[test]
+    fn attributes_written_as_recorded_make_the_same_span_bytes_as_their_values() {
+        let scope = InstrumentationScope::builder("opledger").build();
+        let mut span = full_span(&scope);
+        span.attributes = scalar_attributes();
+        let (mut scratch, mut expected, mut actual) = (Vec::new(), Vec::new(), Vec::new());
+        span_field(&SpanParts::of(&span), &mut scratch, &mut expected);
+        let encoded = written(&scalar_attributes(), true);
+        span.attributes = Vec::new();
+        let mut parts = SpanParts::of(&span);
+        parts.encoded_attributes = &encoded;
+        span_field(&parts, &mut scratch, &mut actual);
+        assert_eq!(actual, expected);
+        assert_eq!(encoded.key_values(), scalar_attributes());
+    }
+
+    #[test]
+    fn a_key_written_again_keeps_its_place_and_takes_its_last_value() {
+        let mut encoded = EncodedAttributes::default();
+        encoded.set("state", Scalar::Str("unknown"), true);
+        encoded.set("attempt", Scalar::Int(2), true);
+        encoded.set("", Scalar::Bool(true), true);
+        encoded.set("state", Scalar::Str("succeeded after a long wait"), true);
+        encoded.set("attempt", Scalar::Int(-3), true);
+        encoded.set("", Scalar::Bool(false), true);
+        encoded.set("state", Scalar::Str("x"), true);
+        let expected = vec![
+            KeyValue::new("state", "x"),
+            KeyValue::new("attempt", -3_i64),
+            KeyValue::new("", false),
+        ];
+        assert_eq!(encoded.key_values(), expected);
+        assert_eq!(encoded.bytes, written(&expected, false).bytes);
+        // As opentelemetry-proto reads them: a span's attributes and nothing else.
+        let span = opentelemetry_proto::tonic::trace::v1::Span::decode(encoded.bytes.as_slice())
+            .expect("valid Span fields");
+        let converted = opentelemetry_proto::transform::common::tonic::Attributes::from(expected);
+        assert_eq!(span.attributes, converted.0);
     }
 
     #[test]

@@ -21,11 +21,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use opentelemetry::InstrumentationScope;
-use opentelemetry_sdk::trace::SpanData;
-
 use crate::layer::Backlog;
-use crate::otlp_proto::{span_field, Encoder};
+use crate::otlp_proto::{span_field, Encoder, SpanParts};
+use opentelemetry::InstrumentationScope;
 
 /// Queues per spool: each thread pushes to one (chosen round robin at its first span), so the
 /// tokio workers of a small machine rarely share one. More than the machine's threads buys
@@ -132,7 +130,7 @@ impl Spool {
     }
 
     /// Queues `span`, encoded here, or counts it dropped when the queue is full.
-    pub(crate) fn push(&self, span: &SpanData) {
+    pub(crate) fn push(&self, span: &SpanParts<'_>) {
         let Some(queued) = self.backlog.admit() else {
             return;
         };
@@ -294,7 +292,7 @@ mod tests {
 
     use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+    use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
     use prost::Message as _;
 
     use super::*;
@@ -374,7 +372,7 @@ mod tests {
                 let spool = &spool;
                 threads.spawn(move || {
                     for number in 0..5 {
-                        spool.push(&span(thread * 10 + number));
+                        spool.push(&SpanParts::of(&span(thread * 10 + number)));
                     }
                 });
             }
@@ -396,13 +394,13 @@ mod tests {
         let (names, posted) = mpsc::channel();
         let (spool, _) = spool(100, 3, Collector { names, stuck: None });
         for number in 0..3 {
-            spool.push(&span(number));
+            spool.push(&SpanParts::of(&span(number)));
         }
         let batch = posted
             .recv_timeout(Duration::from_secs(10))
             .expect("the batch is posted long before the hour's delay");
         assert_eq!(batch, ["span 0", "span 1", "span 2"]);
-        spool.push(&span(3));
+        spool.push(&SpanParts::of(&span(3)));
         spool.flush();
         assert_eq!(posted.try_recv().expect("posted by the flush"), ["span 3"]);
         spool.shutdown();
@@ -423,13 +421,13 @@ mod tests {
         // The fourth span wakes the export thread, which takes four and sticks in their post
         // while seven more wait.
         for number in 0..4 {
-            spool.push(&span(number));
+            spool.push(&SpanParts::of(&span(number)));
         }
         while spool.held_spans() > 0 {
             std::thread::yield_now();
         }
         for number in 4..11 {
-            spool.push(&span(number));
+            spool.push(&SpanParts::of(&span(number)));
         }
         drop(release);
         spool.shutdown();
@@ -453,12 +451,12 @@ mod tests {
         let failures = opledger_domain::trace_context::export_failures();
         // The first span's batch is taken by the export thread, which then sticks in its post:
         // the span is still counted as queued until the post ends.
-        spool.push(&span(0));
+        spool.push(&SpanParts::of(&span(0)));
         while spool.held_spans() > 0 {
             std::thread::yield_now();
         }
         for number in 1..limit as u64 + 2 {
-            spool.push(&span(number));
+            spool.push(&SpanParts::of(&span(number)));
         }
         assert_eq!(backlog.dropped(), 2);
         assert!(opledger_domain::trace_context::export_failures() >= failures + 2);
