@@ -99,9 +99,18 @@ impl ToSql for UuidText {
 /// index on it is a fifth of the size of one on the five texts, and each of its comparisons one
 /// integer's; two requests sharing a hash are told apart by their columns (`find_similar`).
 pub(super) fn request_hash(request: [&str; 5]) -> i64 {
-    let mut first = [0; 8];
-    first.copy_from_slice(&request_sha256(request)[..8]);
-    i64::from_le_bytes(first)
+    request_hash_of_digest(request_digest(request))
+}
+
+/// [`request_hash`] from the request's [`request_digest`], for a caller that has the digest
+/// already: the digest's low 8 bytes are the same first 8 bytes of the SHA-256.
+pub(super) fn request_hash_of_digest(digest: u128) -> i64 {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low 8 bytes (the SHA-256's first, little-endian) are the hash"
+    )]
+    let low = digest as u64;
+    i64::from_le_bytes(low.to_le_bytes())
 }
 
 /// The first 128 bits of the same SHA-256 as [`request_hash`]: what a rebuild's similar-intent
