@@ -46,11 +46,10 @@
 //! like changed arguments), and accept numbers such as `1e400` that a provider reading doubles
 //! cannot take as written.
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::sync::Arc;
 
 use crate::error::ValidationError;
 
@@ -67,25 +66,9 @@ const MAX_NUMBER_SHOWN_CHARS: usize = 48;
 ///
 /// Equal exactly when their canonical JSON texts (and so their hashes) are equal; see the module
 /// docs on numbers.
-///
-/// Shared, not copied, when cloned: the arguments never change once frozen, and every fold of an
-/// operation copies its intent into the state (a rebuild did so for each of its intents, the
-/// map's nodes allocated again and the event's freed: ~1.3 % of a rebuild's CPU).
-#[derive(Clone, Debug)]
-pub struct ArgsSnapshot(Arc<Map<String, Value>>);
-
-/// As the JSON object itself, as when it was a plain map.
-impl Serialize for ArgsSnapshot {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ArgsSnapshot {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Map::deserialize(deserializer).map(|map| Self(Arc::new(map)))
-    }
-}
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ArgsSnapshot(Map<String, Value>);
 
 impl PartialEq for ArgsSnapshot {
     fn eq(&self, other: &Self) -> bool {
@@ -114,7 +97,7 @@ impl ArgsSnapshot {
                 format!("nest {depth} levels deep; the limit is {MAX_ARGS_DEPTH}"),
             ));
         }
-        let snapshot = Self(Arc::new(map));
+        let snapshot = Self(map);
         let size = snapshot.canonical_json().len();
         if size > MAX_ARGS_BYTES {
             return Err(ValidationError::new(
@@ -459,21 +442,6 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn a_cloned_snapshot_shares_its_map_and_serializes_as_the_plain_object() {
-        let args = ArgsSnapshot::parse(r#"{"b": [1, {"c": null}], "a": "x"}"#).expect("valid");
-        let copy = args.clone();
-        assert!(std::ptr::eq(args.as_map(), copy.as_map()));
-        let text = serde_json::to_string(&args).expect("serializes");
-        assert_eq!(
-            serde_json::from_str::<Value>(&text).expect("JSON"),
-            json!({"a": "x", "b": [1, {"c": null}]})
-        );
-        let back: ArgsSnapshot = serde_json::from_str(&text).expect("deserializes");
-        assert_eq!(back.as_map(), args.as_map());
-        assert!(!std::ptr::eq(back.as_map(), args.as_map()));
-    }
 
     #[test]
     fn canonical_json_sorts_keys_at_every_level() {
