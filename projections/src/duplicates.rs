@@ -18,7 +18,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use opledger_domain::args::ArgsHash;
-use opledger_domain::event::OperationEvent;
+use opledger_domain::event::{IntentRecorded, OperationEvent};
 use opledger_domain::ids::{
     AccountId, ActionName, ExternalObjectId, GlobalPosition, OperationId, ProviderId, SourceId,
     TenantId,
@@ -137,7 +137,7 @@ pub fn similar_intent_query(
     let OperationEvent::IntentRecorded(intent) = event else {
         return None;
     };
-    let window = window();
+    let (from, to) = similar_intent_range(intent);
     Some(SimilarIntentQuery {
         operation_id,
         tenant: intent.tenant.clone(),
@@ -145,12 +145,22 @@ pub fn similar_intent_query(
         account: intent.account.clone(),
         action: intent.action.clone(),
         args_hash: intent.args_hash.clone(),
-        // Times at the ends of the calendar cannot be widened; the intent's own time still is a
-        // correct (narrower) bound.
-        from: intent.at.checked_sub_signed(window).unwrap_or(intent.at),
-        to: intent.at.checked_add_signed(window).unwrap_or(intent.at),
+        from,
+        to,
         limit: MAX_SIMILAR_INTENTS_CHECKED,
     })
+}
+
+/// The time range [`similar_intent_query`] asks about around `intent` (first, last), for a
+/// caller that matches the request by its own key and needs no copy of its names.
+pub fn similar_intent_range(intent: &IntentRecorded) -> (DateTime<Utc>, DateTime<Utc>) {
+    let window = window();
+    // Times at the ends of the calendar cannot be widened; the intent's own time still is a
+    // correct (narrower) bound.
+    (
+        intent.at.checked_sub_signed(window).unwrap_or(intent.at),
+        intent.at.checked_add_signed(window).unwrap_or(intent.at),
+    )
 }
 
 /// The duplicates read model's changes for one event.

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 
 use opledger_domain::args::ArgsHash;
 use opledger_domain::codec;
-use opledger_domain::event::OperationEvent;
+use opledger_domain::event::{IntentRecorded, OperationEvent};
 use opledger_domain::ids::{
     AccountId, ActionName, AttemptId, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
     SourceId, StreamVersion, TenantId, WorkerId,
@@ -72,6 +72,18 @@ impl QueryBounds {
             from: query.from,
             to: query.to,
             limit: query.limit,
+        }
+    }
+
+    /// The bounds [`duplicates::similar_intent_query`] gives `intent`'s query, without copying
+    /// its request's names.
+    pub(super) fn of_intent(operation_id: OperationId, intent: &IntentRecorded) -> Self {
+        let (from, to) = duplicates::similar_intent_range(intent);
+        Self {
+            operation_id,
+            from,
+            to,
+            limit: duplicates::MAX_SIMILAR_INTENTS_CHECKED,
         }
     }
 }
@@ -446,7 +458,7 @@ pub(super) fn write_folded(
     last: (StreamVersion, GlobalPosition, DateTime<Utc>),
     in_file: bool,
 ) -> Result<(), ReadModelError> {
-    stored_operation(operation_id, state, last)?.write(connection, in_file)
+    stored_operation(operation_id, state, last, None)?.write(connection, in_file)
 }
 
 /// An operation's row and its state as stored, built and ready to write. Batches and the
@@ -585,11 +597,13 @@ pub(super) fn fill_work_queue(connection: &Connection) -> Result<(), ReadModelEr
     Ok(())
 }
 
-/// Builds what [`write_folded`] writes.
+/// Builds what [`write_folded`] writes. `request_hash`: the intent's [`sql::request_hash`] when
+/// the caller has it already (a rebuild keeps its digest); `None`: made here from the row.
 pub(super) fn stored_operation(
     operation_id: OperationId,
     state: &OperationState,
     last: (StreamVersion, GlobalPosition, DateTime<Utc>),
+    request_hash: Option<i64>,
 ) -> Result<StoredOperation, ReadModelError> {
     let (version, position, at) = last;
     let row = operations::row(operation_id, state, version, position, at).ok_or(
@@ -602,13 +616,15 @@ pub(super) fn stored_operation(
         },
     )?;
     Ok(StoredOperation {
-        request_hash: sql::request_hash([
-            row.tenant.as_str(),
-            row.provider.as_str(),
-            row.account.as_str(),
-            row.action.as_str(),
-            row.args_hash.as_str(),
-        ]),
+        request_hash: request_hash.unwrap_or_else(|| {
+            sql::request_hash([
+                row.tenant.as_str(),
+                row.provider.as_str(),
+                row.account.as_str(),
+                row.action.as_str(),
+                row.args_hash.as_str(),
+            ])
+        }),
         row,
         due: due_of(state),
         state: {

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use opledger_domain::codec::{self, DecodeError};
-use opledger_domain::event::OperationEvent;
+use opledger_domain::event::{IntentRecorded, OperationEvent};
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::state::OperationState;
 use opledger_domain::store::{EventStore, EventView, LogStart, StoreError, MAX_READ_BATCH};
@@ -410,6 +410,10 @@ struct OpenOperation {
     before: Option<apply::Counted>,
     /// The event count when it was last touched; the least recent are written out first.
     last_used: u64,
+    /// Its row's `request_hash`, from the digest the window was asked with, when this rebuild
+    /// folded its intent (`None`: read back from the file, whose row has it), so that the
+    /// request's SHA-256 is made once per operation, not again for the row.
+    request_hash: Option<i64>,
 }
 
 /// The intents folded so far that were recorded at or after `floor`, by request: exactly the
@@ -528,6 +532,7 @@ impl IntentWindow {
 struct RequestDigest(u128);
 
 impl RequestDigest {
+    #[cfg(test)]
     fn of(query: &SimilarIntentQuery) -> Self {
         Self(sql::request_digest([
             query.tenant.as_str(),
@@ -536,6 +541,23 @@ impl RequestDigest {
             query.action.as_str(),
             query.args_hash.as_str(),
         ]))
+    }
+
+    /// The digest of the request `intent` makes: the same as of its query
+    /// ([`duplicates::similar_intent_query`]), from the intent's own names, uncopied.
+    fn of_intent(intent: &IntentRecorded) -> Self {
+        Self(sql::request_digest([
+            intent.tenant.as_str(),
+            intent.provider.as_str(),
+            intent.account.as_str(),
+            intent.action.as_str(),
+            intent.args_hash.as_str(),
+        ]))
+    }
+
+    /// The row's `request_hash` of the same request.
+    fn row_hash(self) -> i64 {
+        sql::request_hash_of_digest(self.0)
     }
 
     /// 32 bits of the digest, from bit `shift` up.
@@ -756,13 +778,17 @@ impl Rebuilder {
         self.clock += 1;
         let event = event.map_err(|source| ReadModelError::Decode { position, source })?;
         // The request's digest, made once per intent: the window is asked with it and then
-        // given it.
-        let (key, similar) = match duplicates::similar_intent_query(operation_id, &event) {
-            Some(query) => {
-                let key = RequestDigest::of(&query);
-                (Some(key), self.find_similar(key, query)?)
+        // given it, and the row's request hash is cut from it. The names are copied into a
+        // query only when the file is asked.
+        let (key, similar) = match &event {
+            OperationEvent::IntentRecorded(intent) => {
+                let key = RequestDigest::of_intent(intent);
+                (
+                    Some(key),
+                    self.find_similar(key, operation_id, &event, intent)?,
+                )
             }
-            None => (None, Vec::new()),
+            _ => (None, Vec::new()),
         };
         let clock = self.clock;
         let open = match self.open.entry(operation_id) {
@@ -797,6 +823,7 @@ impl Rebuilder {
                     dirty: false,
                     before,
                     last_used: clock,
+                    request_hash: None,
                 })
             }
         };
@@ -815,6 +842,9 @@ impl Rebuilder {
         open.at = event.at();
         open.dirty = true;
         open.last_used = clock;
+        if let Some(key) = key {
+            open.request_hash = Some(key.row_hash());
+        }
         if let (Some(key), OperationEvent::IntentRecorded(intent)) = (key, &event) {
             let recorded_at = open.state.intent.as_ref().map_or(intent.at, |kept| kept.at);
             self.window.insert(
@@ -859,11 +889,16 @@ impl Rebuilder {
     fn find_similar(
         &mut self,
         key: RequestDigest,
-        query: SimilarIntentQuery,
+        operation_id: OperationId,
+        event: &OperationEvent,
+        intent: &IntentRecorded,
     ) -> Result<Vec<SimilarIntent>, ReadModelError> {
-        if let WindowAnswer::Found(found) = self.window.find(key, QueryBounds::of(&query)) {
+        let bounds = QueryBounds::of_intent(operation_id, intent);
+        if let WindowAnswer::Found(found) = self.window.find(key, bounds) {
             return Ok(found);
         }
+        let query = duplicates::similar_intent_query(operation_id, event)
+            .expect("an intent has a similar-intent query");
         // The window no longer covers the query: write every open row so the file holds every
         // intent folded so far, as the runner's file would, and ask it. Its query needs the
         // request index, so from here on the indexes are kept row by row.
@@ -902,6 +937,7 @@ impl Rebuilder {
                 operation_id,
                 &open.state,
                 (version, open.position, open.at),
+                open.request_hash,
             )?;
             self.writes.push(Write::Operation {
                 stored,
@@ -929,6 +965,7 @@ impl Rebuilder {
                 *operation_id,
                 &open.state,
                 (version, open.position, open.at),
+                open.request_hash,
             )?;
             self.writes.push(Write::Operation {
                 stored,
@@ -1516,6 +1553,52 @@ mod tests {
             RequestDigest::of(&split)
         };
         assert_ne!(split("ab", "c"), split("a", "bc"));
+    }
+
+    #[test]
+    fn an_intent_is_keyed_and_bounded_as_its_query_and_its_row_hash_is_the_one_made_from_the_row() {
+        use opledger_domain::args::ArgsSnapshot;
+        use opledger_domain::ids::{CredentialFingerprint, IdempotencyKey};
+        let at = Utc
+            .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
+            .single()
+            .expect("valid");
+        let args = ArgsSnapshot::parse(r#"{"title": "Call the client"}"#).expect("valid");
+        let operation_id = OperationId::from_uuid(uuid::Uuid::from_u128(7));
+        let intent = IntentRecorded {
+            operation_id,
+            tenant: TenantId::new("tenant").expect("valid"),
+            owner: None,
+            provider: ProviderId::new("crm").expect("valid"),
+            account: AccountId::new("acct").expect("valid"),
+            credential_fingerprint: CredentialFingerprint::new("fp").expect("valid"),
+            action: ActionName::new("create_task").expect("valid"),
+            args_hash: args.hash(),
+            args,
+            idempotency_key: IdempotencyKey::new("opk_1").expect("valid"),
+            source_id: None,
+            requires_approval: false,
+            at,
+        };
+        let event = OperationEvent::IntentRecorded(intent.clone());
+        let query = duplicates::similar_intent_query(operation_id, &event).expect("an intent");
+        assert_eq!(RequestDigest::of_intent(&intent), RequestDigest::of(&query));
+        assert_eq!(
+            QueryBounds::of_intent(operation_id, &intent),
+            QueryBounds::of(&query)
+        );
+        let from_row = sql::request_hash([
+            intent.tenant.as_str(),
+            intent.provider.as_str(),
+            intent.account.as_str(),
+            intent.action.as_str(),
+            intent.args_hash.as_str(),
+        ]);
+        assert_eq!(RequestDigest::of_intent(&intent).row_hash(), from_row);
+        // Another request, another hash: the hash is not a constant.
+        let mut other = intent;
+        other.action = ActionName::new("update_task").expect("valid");
+        assert_ne!(RequestDigest::of_intent(&other).row_hash(), from_row);
     }
 
     #[test]
