@@ -133,6 +133,14 @@ mod tests {
         crate::layer::testing::spans_of(1.0, work)
     }
 
+    /// The trace ids `span` is linked to, in order.
+    fn linked_traces(span: &SpanData) -> Vec<String> {
+        span.links
+            .iter()
+            .map(|link| link.span_context.trace_id().to_string())
+            .collect()
+    }
+
     fn named<'a>(spans: &'a [SpanData], name: &str) -> &'a SpanData {
         spans
             .iter()
@@ -169,12 +177,7 @@ mod tests {
             request.span_context.trace_id()
         );
         assert_eq!(execute.parent_span_id, request.span_context.span_id());
-        let links: Vec<String> = execute
-            .links
-            .iter()
-            .map(|link| link.span_context.trace_id().to_string())
-            .collect();
-        assert_eq!(links, [STORED_TRACE]);
+        assert_eq!(linked_traces(execute), [STORED_TRACE]);
     }
 
     #[test]
@@ -191,12 +194,7 @@ mod tests {
             claim.span_context.trace_id(),
             request.span_context.trace_id()
         );
-        let links: Vec<String> = request
-            .links
-            .iter()
-            .map(|link| link.span_context.trace_id().to_string())
-            .collect();
-        assert_eq!(links, [STORED_TRACE]);
+        assert_eq!(linked_traces(request), [STORED_TRACE]);
     }
 
     #[test]

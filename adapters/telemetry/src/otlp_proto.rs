@@ -777,22 +777,18 @@ mod tests {
             name: Cow::Borrowed("send"),
             start_time: start,
             end_time: start + Duration::from_millis(5),
-            attributes: vec![
-                KeyValue::new("operation_id", "op_01J"),
-                KeyValue::new("attempt_number", 1_i64),
-                KeyValue::new("negative", -3_i64),
-                KeyValue::new("ratio", 0.25),
-                KeyValue::new("retry", false),
-                KeyValue::new("", "an empty key"),
-                KeyValue::new("empty", ""),
-                KeyValue::new("codes", Value::Array(Array::I64(vec![200, -1, 0]))),
-                KeyValue::new(
-                    "names",
-                    Value::Array(Array::String(vec!["a".into(), "".into()])),
-                ),
-                KeyValue::new("flags", Value::Array(Array::Bool(vec![true, false]))),
-                KeyValue::new("weights", Value::Array(Array::F64(vec![1.5]))),
-            ],
+            attributes: scalar_attributes()
+                .into_iter()
+                .chain([
+                    KeyValue::new("codes", Value::Array(Array::I64(vec![200, -1, 0]))),
+                    KeyValue::new(
+                        "names",
+                        Value::Array(Array::String(vec!["a".into(), "".into()])),
+                    ),
+                    KeyValue::new("flags", Value::Array(Array::Bool(vec![true, false]))),
+                    KeyValue::new("weights", Value::Array(Array::F64(vec![1.5]))),
+                ])
+                .collect(),
             dropped_attributes_count: 3,
             events,
             links,
