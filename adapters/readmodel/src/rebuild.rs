@@ -1487,6 +1487,13 @@ mod tests {
         assert!(maybes <= 1, "{maybes} false maybes in a million lookups");
     }
 
+    /// 09:00 UTC on the given day.
+    fn at_nine(year: i32, month: u32, day: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(year, month, day, 9, 0, 0)
+            .single()
+            .expect("valid")
+    }
+
     fn query(operation: u128, at: DateTime<Utc>) -> SimilarIntentQuery {
         let window = Duration::seconds(POSSIBLE_DUPLICATE_WINDOW_S);
         SimilarIntentQuery {
@@ -1512,10 +1519,7 @@ mod tests {
 
     #[test]
     fn the_window_answers_newest_first_without_the_asker_and_refuses_below_its_floor() {
-        let base = Utc
-            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
-            .single()
-            .expect("valid");
+        let base = at_nine(2026, 11, 30);
         let mut window = IntentWindow::new(MAX_WINDOW_INTENTS);
         for n in 1..=3 {
             window.insert(
@@ -1567,10 +1571,7 @@ mod tests {
 
     #[test]
     fn a_request_digest_tells_requests_apart_by_their_names_and_where_the_names_split() {
-        let at = Utc
-            .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
-            .single()
-            .expect("valid");
+        let at = at_nine(2026, 12, 4);
         let asked = query(7, at);
         // Who asks and when is not the request.
         assert_eq!(
@@ -1594,10 +1595,7 @@ mod tests {
     fn an_intent_is_keyed_and_bounded_as_its_query_and_its_row_hash_is_the_one_made_from_the_row() {
         use opledger_domain::args::ArgsSnapshot;
         use opledger_domain::ids::{CredentialFingerprint, IdempotencyKey};
-        let at = Utc
-            .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
-            .single()
-            .expect("valid");
+        let at = at_nine(2026, 12, 4);
         let args = ArgsSnapshot::parse(r#"{"title": "Call the client"}"#).expect("valid");
         let operation_id = OperationId::from_uuid(uuid::Uuid::from_u128(7));
         let intent = IntentRecorded {
@@ -1693,10 +1691,7 @@ mod tests {
         use opledger_domain::ids::{AttemptId, ExternalObjectId, SourceId, WorkerId};
         use opledger_projections::id_index::ExternalIdRole::{Confirmed, Duplicate, Reported};
         let operation = |n: u128| OperationId::from_uuid(uuid::Uuid::from_u128(n));
-        let at = Utc
-            .with_ymd_and_hms(2026, 12, 3, 9, 0, 0)
-            .single()
-            .expect("valid");
+        let at = at_nine(2026, 12, 3);
         let mut position = 0;
         let mut next = || {
             position += 1;
@@ -1801,10 +1796,7 @@ mod tests {
             operation_id: operation(n),
             number: 1,
             worker: WorkerId::new("w").expect("valid"),
-            started_at: Utc
-                .with_ymd_and_hms(2026, 12, 4, 9, 0, 0)
-                .single()
-                .expect("valid"),
+            started_at: at_nine(2026, 12, 4),
             position: GlobalPosition::new(100 + n as u64),
         };
         let (writes, feed) = write_channel();
@@ -1851,10 +1843,7 @@ mod tests {
 
     #[test]
     fn a_window_full_of_intents_recorded_at_one_time_lets_them_all_go_and_asks_the_file() {
-        let at = Utc
-            .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
-            .single()
-            .expect("valid");
+        let at = at_nine(2026, 11, 30);
         let mut window = IntentWindow::new(2);
         for n in 1..=5 {
             window.insert(RequestDigest::of(&query(n, at)), intent(n, at));
