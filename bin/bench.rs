@@ -95,7 +95,7 @@ async fn projections(
     println!(
         "bench=projection-rebuild events={events} events_per_s={:.0} max_rss_mb={} \
          read_back={} asked_the_file={} wall_ms={} fold_waited_for_log_ms={} \
-         fold_waited_for_writer_ms={} writer_waited_for_fold_ms={} writer_indexing_ms={}",
+         fold_waited_for_writer_ms={} writer_waited_for_fold_ms={} writer_indexing_ms={} publishing_ms={}",
         events as f64 / elapsed.as_secs_f64(),
         peak.map_or_else(|| "unknown".to_owned(), |mb| format!("{mb:.1}")),
         report.read_back,
@@ -105,6 +105,7 @@ async fn projections(
         ms(report.waits.fold_for_writer),
         ms(report.waits.writer_for_fold),
         ms(report.waits.writer_indexing),
+        ms(report.waits.publishing),
     );
     if floor {
         let target = target.to_path_buf();

@@ -39,6 +39,7 @@ mod state_codec;
 mod supervise;
 mod swap;
 mod work;
+mod writeback;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -54,6 +54,7 @@ use tokio::sync::mpsc;
 use tracing::info;
 
 use super::apply::QueryBounds;
+use super::writeback::{EarlyWriteback, WRITEBACK_EVERY_MS};
 use super::{apply, schema, sql, ReadModelError, ReadModelStore, ReadModels};
 
 /// Most operations whose folded state the rebuild holds in memory at once. An operation's events
@@ -180,6 +181,8 @@ pub struct RebuildWaits {
     pub writer_for_fold: std::time::Duration,
     /// The writer built the secondary indexes (`CREATE INDEX`, at the end or mid-way).
     pub writer_indexing: std::time::Duration,
+    /// The finished file was synced to the disk and linked into place (alone, at the end).
+    pub publishing: std::time::Duration,
 }
 
 /// Builds the read models from position zero into a new file at `path`, up to the log's head as
@@ -276,22 +279,28 @@ async fn build<S: EventStore>(
         Writer::create_file(&temporary_owned)?;
         // From here the temporary file is this rebuild's: anything but a finished and published
         // file removes it, here, because after a cancelled rebuild nobody else is left to.
-        let result = Writer::open(&temporary_owned)
-            .and_then(|writer| writer.write_all(from_fold))
-            .and_then(|finished| {
-                let Some(waits) = finished else {
-                    return Ok(None);
-                };
-                // The last events may have been handed over just before the caller went away.
-                if !wanted.load(Ordering::SeqCst) {
-                    return Err(ReadModelError::Worker {
-                        reason: "the rebuild was cancelled before its file was published"
-                            .to_string(),
-                    });
-                }
-                publish(&temporary_owned, &path_owned)?;
-                Ok(Some(waits))
-            });
+        let result = EarlyWriteback::start(
+            &temporary_owned,
+            std::time::Duration::from_millis(WRITEBACK_EVERY_MS),
+        )
+        .and_then(|writeback| {
+            let finished =
+                Writer::open(&temporary_owned).and_then(|writer| writer.write_all(from_fold))?;
+            let Some(mut waits) = finished else {
+                return Ok(None);
+            };
+            // The last events may have been handed over just before the caller went away.
+            if !wanted.load(Ordering::SeqCst) {
+                return Err(ReadModelError::Worker {
+                    reason: "the rebuild was cancelled before its file was published".to_string(),
+                });
+            }
+            let publishing = std::time::Instant::now();
+            writeback.stop()?;
+            publish(&temporary_owned, &path_owned)?;
+            waits.publishing = publishing.elapsed();
+            Ok(Some(waits))
+        });
         if !matches!(result, Ok(Some(_))) {
             remove_file_and_journal(&temporary_owned);
         }
@@ -317,6 +326,7 @@ async fn build<S: EventStore>(
         };
         report.waits.writer_for_fold = writer.writer_for_fold;
         report.waits.writer_indexing = writer.writer_indexing;
+        report.waits.publishing = writer.publishing;
         Ok(report)
     };
     let reader = async {
