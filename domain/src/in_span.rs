@@ -125,7 +125,11 @@ mod tests {
         fn exit(&self, id: &span::Id) {
             let mut state = self.state.lock().expect("test lock");
             let popped = state.stack.pop();
-            assert_eq!(popped, Some(id.into_u64()), "spans exit in the order entered");
+            assert_eq!(
+                popped,
+                Some(id.into_u64()),
+                "spans exit in the order entered"
+            );
         }
     }
 
