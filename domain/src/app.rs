@@ -20,6 +20,7 @@ use crate::ids::{
     AccountId, ActionName, ActorId, CredentialFingerprint, OperationId, OwnerId, ProviderId,
     SourceId, StreamVersion, TenantId,
 };
+use crate::in_span::InSpanExt;
 use crate::ports::{Clock, IdSource};
 use crate::state::{evolve, OperationState, Status};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
@@ -317,12 +318,26 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// two, and still nothing sent before the intent is on disk, since the send comes after the
     /// append. If the decider refuses the follow-up, or `then` asks for nothing, only the intent
     /// is appended; a redelivery appends nothing and answers the existing operation.
-    #[instrument(
-        name = "record",
-        skip_all,
-        fields(tenant = %request.tenant, provider = %request.provider, account = %request.account, action = %request.action, operation_id)
-    )]
     pub async fn record_intent_then(
+        &self,
+        request: IntentRequest,
+        then: impl FnOnce(&OperationState) -> Option<Command>,
+    ) -> Result<RecordedIntent, AppError> {
+        // The span `#[instrument]` would make, by hand: its future would be an `Instrumented`,
+        // which enters the span once more to drop the finished recording (`in_span.rs`).
+        let span = tracing::info_span!(
+            "record",
+            tenant = %request.tenant,
+            provider = %request.provider,
+            account = %request.account,
+            action = %request.action,
+            operation_id = tracing::field::Empty,
+        );
+        self.record_in_span(request, then).in_span(span).await
+    }
+
+    /// [`Ledger::record_intent_then`] inside its `record` span.
+    async fn record_in_span(
         &self,
         request: IntentRequest,
         then: impl FnOnce(&OperationState) -> Option<Command>,

@@ -19,7 +19,7 @@
 //! intent is bound to, and never decide on its own that an unclear attempt failed.
 
 use chrono::{DateTime, Utc};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 
 use crate::app::{AppError, IntentRequest, Ledger, LoadedOperation, RecordedIntent};
 use crate::command::{
@@ -36,6 +36,7 @@ use crate::ids::{
     AccountId, ActionName, ActorId, AttemptId, CredentialFingerprint, ExternalObjectId,
     OperationId, ProviderId, TenantId, WorkerId,
 };
+use crate::in_span::InSpanExt;
 use crate::ports::{Clock, IdSource};
 use crate::provider::{
     operation_label, Binding, BindingQuery, LookupOutcome, LookupRequest, Providers, Readiness,
@@ -328,7 +329,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let resolved = self
             .ledger
             .execute_on_seen(seen, &command)
-            .instrument(span)
+            .in_span(span)
             .await?;
         self.after_review(resolved, retry).await
     }
@@ -355,7 +356,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let resolved = self
             .ledger
             .execute_from(loaded, &command)
-            .instrument(span)
+            .in_span(span)
             .await?;
         self.after_review(resolved, retry).await
     }
@@ -499,7 +500,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let readiness = self
             .providers
             .prepare(&binding_query(intent), kind, true)
-            .instrument(span)
+            .in_span(span)
             .await;
         match readiness {
             Readiness::Ready { budget_wait } => Readiness::Ready {
@@ -593,12 +594,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             } => return self.postpone(loaded, reason, retry_after_ms).await,
         }
         let span = tracing::info_span!("claim", %operation_id, %attempt_id);
-        let claimed = match self
-            .ledger
-            .execute_from(loaded, &claim)
-            .instrument(span)
-            .await
-        {
+        let claimed = match self.ledger.execute_from(loaded, &claim).in_span(span).await {
             Ok(claimed) => claimed,
             Err(AppError::Rejected {
                 rejection:
@@ -678,11 +674,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             state = tracing::field::Empty,
             external_id = tracing::field::Empty,
         );
-        let outcome = self
-            .providers
-            .execute(&request)
-            .instrument(span.clone())
-            .await;
+        let outcome = self.providers.execute(&request).in_span(span.clone()).await;
         let now = self.ledger.clock().now();
         let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
         // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
@@ -690,7 +682,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let recorded = self
             .ledger
             .execute_from(claimed, &command)
-            .instrument(span.clone())
+            .in_span(span.clone())
             .await?;
         span.record("state", recorded.state.status.name());
         Ok(recorded)
@@ -856,7 +848,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             }
         };
         let claimed = self.claim_lookup(loaded, budget_wait);
-        let loaded = match claimed.instrument(span.clone()).await? {
+        let loaded = match claimed.in_span(span.clone()).await? {
             LookupTurn::Ours(claimed) => claimed,
             LookupTurn::Elsewhere(current) => return Ok(current),
         };
@@ -869,11 +861,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             idempotency_key: intent.idempotency_key.clone(),
             label: operation_label(operation_id),
         };
-        let lookup = self
-            .providers
-            .lookup(&request)
-            .instrument(span.clone())
-            .await;
+        let lookup = self.providers.lookup(&request).in_span(span.clone()).await;
         if let LookupOutcome::NotAsked {
             reason,
             retry_after_ms,
@@ -948,7 +936,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         match self
             .ledger
             .execute_from(loaded, &command)
-            .instrument(span)
+            .in_span(span)
             .await
         {
             // Another worker settled it, or is looking it up: report where it stands.
@@ -1039,7 +1027,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let recorded = self
             .ledger
             .execute_from(loaded, command)
-            .instrument(span.clone())
+            .in_span(span.clone())
             .await;
         if let Ok(recorded) = &recorded {
             span.record("state", recorded.state.status.name());

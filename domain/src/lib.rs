@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod in_span;
 pub mod ports;
 pub mod provider;
 pub mod sentence;

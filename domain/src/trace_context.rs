@@ -18,6 +18,13 @@ pub const MAX_TRACEPARENT_BYTES: usize = 256;
 pub trait TraceContext: Send + Sync + 'static {
     /// The `traceparent` of `span` (W3C Trace Context), when it belongs to a sampled trace.
     fn traceparent_of(&self, span: &tracing::Span) -> Option<String>;
+    /// The `traceparent` of the current span. The default asks [`TraceContext::traceparent_of`]
+    /// of `Span::current()`; an adapter that can read the current span in place overrides it,
+    /// since `Span::current()` is a handle (a reference count taken and given back through the
+    /// subscriber), and every event written asks.
+    fn traceparent_of_current(&self) -> Option<String> {
+        self.traceparent_of(&tracing::Span::current())
+    }
     /// Makes the caller's `traceparent` (and `tracestate`) the parent of `span`; a malformed
     /// header is ignored, as the W3C specification says, and `span` starts a trace of its own.
     fn set_remote_parent(&self, span: &tracing::Span, traceparent: &str, tracestate: Option<&str>);
@@ -45,7 +52,7 @@ pub fn enabled() -> bool {
 pub fn current() -> Option<String> {
     let adapter = INSTALLED.get()?;
     adapter
-        .traceparent_of(&tracing::Span::current())
+        .traceparent_of_current()
         .filter(|traceparent| traceparent.len() <= MAX_TRACEPARENT_BYTES)
 }
 

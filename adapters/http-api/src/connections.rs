@@ -45,12 +45,13 @@ use hyper::body::Incoming;
 use hyper::service::{service_fn, Service as _};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use opledger_domain::in_span::InSpanExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
-use tracing::{debug, warn, Instrument as _};
+use tracing::{debug, warn};
 
 use crate::config::Limits;
 
@@ -187,7 +188,7 @@ pub(crate) async fn serve(
                     Ok(place) => {
                         let span = tracing::debug_span!("connection", %peer);
                         let served = serve_connection(stream, router.clone(), limits, Arc::clone(&counters), stopping.clone(), place);
-                        connections.spawn(served.instrument(span));
+                        connections.spawn(served.in_span(span));
                     }
                     Err(refusal) => {
                         refusal_log.note(refusal, peer, &counters);

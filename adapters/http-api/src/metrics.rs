@@ -14,13 +14,12 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use tracing::Instrument;
-
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
+use opledger_domain::in_span::InSpanExt;
 use opledger_projections::metrics::Counter;
 use opledger_readmodel::{Metrics, RunnerHealthReport};
 
@@ -167,7 +166,7 @@ pub async fn observe(State(shared): State<Arc<Shared>>, request: Request, next: 
     let route = route_label(request.extensions().get::<MatchedPath>());
     let started = Instant::now();
     let span = request_span(method, route, &request);
-    let response = next.run(request).instrument(span.clone()).await;
+    let response = next.run(request).in_span(span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());
     shared.requests.observe(
         method,

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use opledger_domain::ids::TenantId;
+use opledger_domain::in_span::InSpanExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
@@ -46,7 +47,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Map, Value};
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 pub use self::reply::next_step;
 pub use self::tools::{
@@ -242,7 +243,7 @@ impl<L: Ledger> McpServer<L> {
         // Spawned: a cancelled request (or a client that hangs up) stops the wait, never the
         // recording nor a send half-way; the ledger records the outcome either way.
         let mut task = tokio::spawn(
-            async move { ledger.call(&tenant, call).await }.instrument(tracing::Span::current()),
+            async move { ledger.call(&tenant, call).await }.in_span(tracing::Span::current()),
         );
         let progress = context.meta.get_progress_token();
         let started = Instant::now();
@@ -321,8 +322,8 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
             );
         }
         let result = match request.name.as_ref() {
-            STATUS_TOOL => self.status(&tenant, &arguments).instrument(span).await,
-            LIST_TOOL => self.list(&tenant, &arguments).instrument(span).await,
+            STATUS_TOOL => self.status(&tenant, &arguments).in_span(span).await,
+            LIST_TOOL => self.list(&tenant, &arguments).in_span(span).await,
             name => {
                 let catalog = tools::Catalog::of(self.ledger.actions(&tenant));
                 let Some(action) = catalog.action(name) else {
@@ -339,7 +340,7 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
                 match tools::read_call(action, arguments, meta) {
                     Ok(call) => {
                         self.call_action(tenant, call, &context)
-                            .instrument(span)
+                            .in_span(span)
                             .await?
                     }
                     Err(problem) => reply::refusal_result(&Refusal::Invalid(problem)),

@@ -16,6 +16,7 @@ use chrono::Utc;
 use opledger_domain::contract::ProviderCapabilities;
 use opledger_domain::event::BudgetWait;
 use opledger_domain::ids::{AccountId, ActionName, CredentialFingerprint, ProviderId, TenantId};
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{
     ArgProblem, Binding, LookupOutcome, LookupRequest, Readiness, RequestKind, SendOutcome,
     SendRequest, Unbound,
@@ -23,7 +24,7 @@ use opledger_domain::provider::{
 use reqwest::header::HeaderValue;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
-use tracing::{field, Instrument, Span};
+use tracing::{field, Span};
 
 use crate::body::{self, BodyEncoding};
 use crate::budget::{Bucket, Kind, Waits};
@@ -376,7 +377,7 @@ impl Connector {
             log_send(&this_span, &outcome);
             outcome
         }
-        .instrument(span)
+        .in_span(span)
         .await
     }
 
@@ -722,7 +723,7 @@ impl Connector {
             log_lookup(&this_span, &outcome);
             outcome
         }
-        .instrument(span)
+        .in_span(span)
         .await
     }
 

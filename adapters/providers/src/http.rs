@@ -11,11 +11,11 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Datelike, NaiveDateTime, Utc};
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{LookupOutcome, SendOutcome};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use reqwest::Method;
 use serde_json::Value;
-use tracing::Instrument;
 
 /// Largest response body read, in bytes; a longer body counts as unreadable.
 pub const MAX_RESPONSE_BODY_BYTES: usize = 256 * 1024;
@@ -262,12 +262,12 @@ pub async fn send_to(
     }
     let response = builder
         .send()
-        .instrument(span.clone())
+        .in_span(span.clone())
         .await
         .map_err(|error| failed(&span, TransportFailure::from_reqwest(&error)))?;
     span.record("http.response.status_code", response.status().as_u16());
     read_reply(response)
-        .instrument(span.clone())
+        .in_span(span.clone())
         .await
         .map_err(|failure| failed(&span, failure))
 }

@@ -37,12 +37,13 @@ use chrono::{DateTime, Utc};
 use opledger_domain::app::AppError;
 use opledger_domain::engine::Engine;
 use opledger_domain::ids::{OperationId, StreamVersion};
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::ports::{Clock, IdSource};
 use opledger_domain::provider::Providers;
 use opledger_domain::store::{EventStore, StoreError};
 use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, info_span, warn};
 
 use crate::work_source::{DuePage, WorkSource};
 
@@ -357,7 +358,7 @@ impl Drives {
                     engine.drive(operation_id).await.map(drop),
                 )
             }
-            .instrument(span),
+            .in_span(span),
         );
     }
 

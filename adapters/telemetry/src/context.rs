@@ -63,23 +63,36 @@ pub(crate) fn with_record<T>(
     span: &tracing::Span,
     work: impl FnOnce(&mut SpanRecord) -> T,
 ) -> Option<T> {
-    let mut found = None;
-    span.with_subscriber(|(id, dispatch)| {
-        let registry = dispatch.downcast_ref::<Registry>()?;
-        let recorded = registry
-            .span(id)?
-            .scope()
-            .find(|span| span.extensions().get::<SpanRecord>().is_some())?;
-        let mut extensions = recorded.extensions_mut();
-        found = extensions.get_mut::<SpanRecord>().map(work);
-        Some(())
-    });
-    found
+    span.with_subscriber(|(id, dispatch)| with_record_of(id, dispatch, work))
+        .flatten()
+}
+
+/// [`with_record`] of the span `id` in `dispatch`.
+fn with_record_of<T>(
+    id: &tracing::Id,
+    dispatch: &tracing::Dispatch,
+    work: impl FnOnce(&mut SpanRecord) -> T,
+) -> Option<T> {
+    let registry = dispatch.downcast_ref::<Registry>()?;
+    let recorded = registry
+        .span(id)?
+        .scope()
+        .find(|span| span.extensions().get::<SpanRecord>().is_some())?;
+    let mut extensions = recorded.extensions_mut();
+    extensions.get_mut::<SpanRecord>().map(work)
 }
 
 impl opledger_domain::trace_context::TraceContext for Adapter {
     fn traceparent_of(&self, span: &tracing::Span) -> Option<String> {
         with_record(span, |record| record.traceparent())
+    }
+
+    /// Read where the current span is, by its id: no `Span` handle cloned and dropped for it.
+    fn traceparent_of_current(&self) -> Option<String> {
+        tracing::dispatcher::get_default(|dispatch| {
+            let current = dispatch.current_span();
+            with_record_of(current.id()?, dispatch, |record| record.traceparent())
+        })
     }
 
     fn set_remote_parent(&self, span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
@@ -216,6 +229,37 @@ mod tests {
         assert!(headers.0.is_some());
         assert_eq!(headers.0, headers.1);
         assert_eq!(request.links.len(), 1, "{request:?}");
+    }
+
+    #[test]
+    fn the_current_spans_traceparent_is_read_in_place_as_its_handle_would_give_it() {
+        let adapter = Adapter::new();
+        let mut read = Vec::new();
+        crate::layer::testing::spans_and_log("debug", || {
+            read.push(("outside", adapter.traceparent_of_current(), None));
+            let request = tracing::info_span!("request", otel.kind = "server");
+            let send = request.in_scope(|| tracing::info_span!("send"));
+            let execute = send.in_scope(|| tracing::debug_span!("execute"));
+            for (name, span) in [
+                ("request", &request),
+                ("send", &send),
+                ("execute", &execute),
+            ] {
+                span.in_scope(|| {
+                    let by_handle = adapter.traceparent_of(&tracing::Span::current());
+                    read.push((name, adapter.traceparent_of_current(), by_handle));
+                });
+            }
+        });
+        assert_eq!(read[0], ("outside", None, None));
+        for (name, in_place, by_handle) in &read[1..] {
+            assert!(in_place.is_some(), "{name}");
+            assert_eq!(in_place, by_handle, "{name}");
+        }
+        // A log-only span speaks for the exported one around it, and the two exported spans
+        // differ: the reads are of the current span, not of whatever was entered first.
+        assert_eq!(read[3].1, read[2].1);
+        assert_ne!(read[1].1, read[2].1);
     }
 
     #[test]

@@ -33,8 +33,9 @@ use tracing::subscriber::Interest;
 use tracing::{Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::Layer;
 
+use crate::log_filter::LogFilter;
 use crate::otlp_proto::{EncodedAttributes, Scalar, SpanParts};
 use crate::spool::Spool;
 
@@ -293,14 +294,14 @@ pub(crate) struct SpanLayer {
     /// The log layer's filter (a copy: the log layer has its own), asked at each callsite this
     /// layer does not export, so that the callsite stays as enabled or disabled as the log alone
     /// would have it. `None`: no log layer (unit tests), nothing else is enabled.
-    logged: Option<EnvFilter>,
+    logged: Option<LogFilter>,
 }
 
 impl SpanLayer {
     pub(crate) fn new(
         sink: Option<Arc<Sink>>,
         sampling_ratio: f64,
-        logged: Option<EnvFilter>,
+        logged: Option<LogFilter>,
     ) -> Self {
         Self {
             sink,
@@ -361,7 +362,7 @@ where
             return Interest::always();
         }
         match &self.logged {
-            Some(logged) => <EnvFilter as Filter<S>>::callsite_enabled(logged, meta),
+            Some(logged) => <LogFilter as Filter<S>>::callsite_enabled(logged, meta),
             None => Interest::never(),
         }
     }
@@ -713,6 +714,7 @@ impl Visit for EventFields {
 pub(crate) mod testing {
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor, SpanData};
     use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::EnvFilter;
 
     use super::*;
     use crate::export::Counted;
@@ -770,11 +772,15 @@ pub(crate) mod testing {
         let sink = memory_sink(&exporter);
         let logged = Logged::default();
         let subscriber = tracing_subscriber::registry()
-            .with(logged.clone().with_filter(EnvFilter::new(directives)))
+            .with(
+                logged
+                    .clone()
+                    .with_filter(LogFilter::of(EnvFilter::new(directives))),
+            )
             .with(crate::span_layer(
                 Some(Arc::clone(&sink)),
                 1.0,
-                Some(EnvFilter::new(directives)),
+                Some(LogFilter::of(EnvFilter::new(directives))),
             ));
         tracing::subscriber::with_default(subscriber, work);
         sink.force_flush();

@@ -24,6 +24,7 @@ mod json_log;
 mod layer;
 #[cfg(test)]
 mod layer_cost;
+mod log_filter;
 mod otlp_proto;
 mod spool;
 
@@ -41,6 +42,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
 
 use layer::{Backlog, Sink, SpanLayer};
+use log_filter::LogFilter;
 
 /// The instrumentation scope's name on every exported span.
 const TRACER_NAME: &str = "opledger";
@@ -101,13 +103,13 @@ pub fn install(
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
-            .with_filter(log_filter())
+            .with_filter(LogFilter::of(log_filter()))
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(json_log::JsonWithTrace)
             .with_writer(std::io::stderr)
-            .with_filter(log_filter())
+            .with_filter(LogFilter::of(log_filter()))
             .boxed(),
     };
     let sink = settings
@@ -122,9 +124,9 @@ pub fn install(
         (Some(export), _) => Some(span_layer(
             sink.clone(),
             export.sampling_ratio,
-            Some(log_filter()),
+            Some(LogFilter::of(log_filter())),
         )),
-        (None, LogFormat::Json) => Some(span_layer(None, 1.0, Some(log_filter()))),
+        (None, LogFormat::Json) => Some(span_layer(None, 1.0, Some(LogFilter::of(log_filter())))),
         (None, LogFormat::Text) => None,
     };
     let tracing_spans = span_layer.is_some();
@@ -145,7 +147,7 @@ pub fn install(
 fn span_layer(
     sink: Option<Arc<Sink>>,
     sampling_ratio: f64,
-    logged: Option<EnvFilter>,
+    logged: Option<LogFilter>,
 ) -> SpanLayer {
     SpanLayer::new(sink, sampling_ratio, logged)
 }

@@ -20,11 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use opledger_domain::ids::GlobalPosition;
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StoreError, Subscription};
 use opledger_runtime::system::RandomIds;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant as TokioInstant;
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 use crate::client::{attempt, Answer};
 use crate::journal::{AttemptRecord, EndpointRecord, EndpointStatus};
@@ -384,7 +385,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         );
         let ended = self
             .deliver(record, position, &id, &body)
-            .instrument(span)
+            .in_span(span)
             .await?;
         Ok(ended.map_or(Handled::Done, Handled::End))
     }

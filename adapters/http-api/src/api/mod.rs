@@ -27,6 +27,7 @@ use opledger_domain::ids::{
     AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, GlobalPosition, IdempotencyKey,
     OperationId, OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
 };
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{BindingQuery, Providers};
 use opledger_domain::sentence::described_sentence;
 use opledger_domain::state::Status;
@@ -35,7 +36,7 @@ use opledger_readmodel::{OperationCursor, OperationFilter, ReadModelError, MAX_Q
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 use super::auth::{approver_for, operator_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};

@@ -263,10 +263,7 @@ async fn execute_recorded(
     let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     // The first drive sends the attempt just claimed.
     let start = Start::Claimed(Box::new(recorded.clone()), claimed);
-    match drive_until(shared, start, wait, place)
-        .instrument(span)
-        .await
-    {
+    match drive_until(shared, start, wait, place).in_span(span).await {
         Ok(operation) => (operation, None),
         // The intent is recorded, so the answer is its success with the operation as recorded
         // (the workers send it): an error here would invite a client to record it again, and
@@ -499,7 +496,7 @@ pub(super) async fn execute(
     tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
     let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)
-        .instrument(span)
+        .in_span(span)
         .await?;
     Ok(view_reply(
         StatusCode::OK,
@@ -623,9 +620,11 @@ async fn still_driving(
 /// of a drive down to the store's and the provider's is inlined into it), and tokio moves a
 /// spawned future into its task cell and its output back out by value: callgrind counted ~100 KB
 /// of `memcpy` per operation for the two spawns of a record-and-execute call. A box moves as a
-/// pointer. The task carries the request's span, so the work it does is in the caller's trace.
+/// pointer. The task carries the request's span, so the work it does is in the caller's trace
+/// (an [`InSpan`](opledger_domain::in_span::InSpan): the finished drive is dropped inside its
+/// last poll, not by entering the span once more).
 pub(crate) fn boxed<F: std::future::Future>(
     future: F,
-) -> std::pin::Pin<Box<tracing::instrument::Instrumented<F>>> {
-    Box::pin(tracing::Instrument::in_current_span(future))
+) -> std::pin::Pin<Box<opledger_domain::in_span::InSpan<F>>> {
+    Box::pin(future.in_span(tracing::Span::current()))
 }
