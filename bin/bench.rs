@@ -115,24 +115,15 @@ async fn projections(
     Ok(())
 }
 
-/// The floor's runs: today's layout with SQLite's default sorter (no helper threads), the same
-/// rows with every index built after them (as before session 42), today's layout with two
-/// helpers (one per core of the 2-core machine the numbers are for, as a rebuild has), then a
-/// candidate layout with two helpers.
-const FLOOR_RUNS: [(FloorLayout, u32); 4] = [
+/// The floor's runs: today's layout with SQLite's default sorter (no helper threads) and with
+/// two helpers (one per core of the 2-core machine the numbers are for, as a rebuild has), then
+/// a candidate layout with two helpers.
+const FLOOR_RUNS: [(FloorLayout, u32); 3] = [
     (FloorLayout::CURRENT, 0),
-    (
-        FloorLayout {
-            all_indexes_after_loading: true,
-            ..FloorLayout::CURRENT
-        },
-        0,
-    ),
     (FloorLayout::CURRENT, 2),
     (
         FloorLayout {
             without_created_index: true,
-            ..FloorLayout::CURRENT
         },
         2,
     ),
@@ -163,13 +154,12 @@ fn projection_floor(rebuilt: &Path, events: u64) -> Result<(), CliError> {
         let (indexes, indexes_cpu) = phase(1);
         let (close, _) = phase(2);
         println!(
-            "bench=projection-floor without_created_index={} all_indexes_after_loading={} \
+            "bench=projection-floor without_created_index={} \
              sorter_threads={threads} events={events} rows={} \
              inserts_us_per_event={inserts:.3} inserts_cpu_us_per_event={inserts_cpu:.3} \
              indexes_us_per_event={indexes:.3} indexes_cpu_us_per_event={indexes_cpu:.3} \
              close_us_per_event={close:.3} total_us_per_event={:.3}",
             layout.without_created_index,
-            layout.all_indexes_after_loading,
             rows.rows(),
             inserts + indexes + close,
         );

@@ -46,17 +46,12 @@ pub const MAX_FLOOR_ROWS: usize = 2_000_000;
 pub struct FloorLayout {
     /// No `operations_by_created`: what that index costs to build.
     pub without_created_index: bool,
-    /// Every index built after the rows are in, none kept row by row (a rebuild before session
-    /// 42): what keeping those of `schema::INDEXES_KEPT_WHILE_LOADING` costs the inserts, and
-    /// saves the end.
-    pub all_indexes_after_loading: bool,
 }
 
 impl FloorLayout {
     /// Today's layout, as a rebuild writes it.
     pub const CURRENT: Self = Self {
         without_created_index: false,
-        all_indexes_after_loading: false,
     };
 }
 
@@ -187,16 +182,6 @@ impl FloorRows {
                 .execute_batch(sql)
                 .map_err(|error| ReadModelError::sqlite(format!("floor: `{sql}`"), error))
         };
-        let wanted =
-            |name: &str| !(layout.without_created_index && name == "operations_by_created");
-        let kept =
-            |name: &str| !layout.all_indexes_after_loading && schema::kept_while_loading(name);
-        // The indexes a rebuild keeps row by row, created before the first row as it does; each
-        // one's upkeep is in the time of its table's inserts.
-        for (_, create) in schema::index_statements().filter(|(name, _)| wanted(name) && kept(name))
-        {
-            run(create)?;
-        }
         phase(FloorPhase::Inserting);
         run("BEGIN IMMEDIATE")?;
         let mut since_commit = 0;
@@ -232,9 +217,19 @@ impl FloorRows {
         }
         phase(FloorPhase::CreatingIndexes);
         let took = schema::set_sorter_threads(&connection, sorter_threads)?;
-        for (name, create) in
-            schema::index_statements().filter(|(name, _)| wanted(name) && !kept(name))
-        {
+        let creates = [
+            schema::CREATE_OPERATIONS_INDEXES_V5,
+            schema::CREATE_INDEXES_V1,
+            schema::CREATE_ID_INDEXES_V1,
+            schema::CREATE_INDEXES_V3,
+        ];
+        for create in creates.iter().flat_map(|batch| batch.split_inclusive(';')) {
+            let Some(name) = create.split_whitespace().nth(2) else {
+                continue;
+            };
+            if layout.without_created_index && name == "operations_by_created" {
+                continue;
+            }
             let started = std::time::Instant::now();
             run(create)?;
             steps.push((format!("index {name}"), started.elapsed()));

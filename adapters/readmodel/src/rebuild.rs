@@ -6,9 +6,8 @@
 //! operations' states are folded in place in memory ([`fold_in_place`]) and each operation's row
 //! is built and written once, when it falls out of a bounded cache (or at the end); the
 //! similar-intent lookup is answered from a bounded in-memory window; the id-index entries are
-//! buffered and written in key order; the secondary indexes whose keys arrive in order are
-//! kept as the rows go in and the others created by sorting after the rows are in
-//! (`schema::INDEXES_KEPT_WHILE_LOADING`); and the file is written without a journal or fsyncs, in large transactions, with
+//! buffered and written in key order; the secondary indexes are created by sorting after the
+//! rows are in; and the file is written without a journal or fsyncs, in large transactions, with
 //! 16 KiB pages, and moved into place only after a final fsync. The fold and the building of
 //! rows run on one thread and SQLite's writing on another ([`Writer`]), so both cores work.
 //! The contents must be exactly the runner's: the same fold with the same inputs, the row from
@@ -624,8 +623,7 @@ struct Rebuilder {
     report: RebuildReport,
     /// Events seen, for the cache's recency and the commit rhythm.
     clock: u64,
-    /// Whether the secondary indexes built after loading exist yet (those kept while loading
-    /// exist from the start).
+    /// Whether the secondary indexes exist yet.
     indexed: bool,
     /// Id-index entries not yet written (at most [`RebuildLimits::max_buffered_id_entries`]).
     id_index: Vec<IdIndexChange>,
@@ -1287,7 +1285,6 @@ impl Writer {
     fn open(temporary: &Path) -> Result<Self, ReadModelError> {
         let connection =
             schema::create_for_rebuild(temporary, REBUILD_PAGE_SIZE, REBUILD_CACHE_KIB)?;
-        schema::create_indexes_while_loading(&connection)?;
         // No sorter helper threads (`PRAGMA threads`): measured by the floor, each index of a
         // 1M-event rebuild sorts within the page cache in one run, which helpers do not split
         // (the indexes took 0.65 µs per event without them, 0.78 with two).
@@ -1360,7 +1357,7 @@ impl Writer {
             Write::Commit => commit(connection).and_then(|()| begin(connection)),
             Write::CreateIndexes => {
                 let indexing = std::time::Instant::now();
-                schema::create_indexes_after_loading(connection)?;
+                schema::create_indexes(connection)?;
                 self.waits.writer_indexing += indexing.elapsed();
                 Ok(())
             }

@@ -206,7 +206,7 @@ const CREATE_TABLES_V3: &str = "
 ";
 
 /// The index of version 3: the work queue by due time.
-const CREATE_INDEXES_V3: &str = "
+pub(super) const CREATE_INDEXES_V3: &str = "
     CREATE INDEX work_queue_by_due ON work_queue (work, due_at, operation_id);
 ";
 
@@ -214,7 +214,7 @@ const CREATE_INDEXES_V3: &str = "
 /// after loading the rows: sorting once reads and writes each index page once, where keeping
 /// them in order row by row inserts on random pages once they outgrow the page cache. Their
 /// text is the same either way, so the schemas are identical.
-const CREATE_INDEXES_V1: &str = "
+pub(super) const CREATE_INDEXES_V1: &str = "
     CREATE INDEX review_queue_by_age ON review_queue (since, operation_id);
     CREATE INDEX review_queue_by_state ON review_queue (state, since, operation_id);
     CREATE INDEX possible_duplicate_intents_by_position ON possible_duplicate_intents (position);
@@ -222,7 +222,7 @@ const CREATE_INDEXES_V1: &str = "
 
 /// The indexes of the id index (version 1's, apart because the version 4 migration makes those
 /// tables anew).
-const CREATE_ID_INDEXES_V1: &str = "
+pub(super) const CREATE_ID_INDEXES_V1: &str = "
     CREATE INDEX sources_by_id ON sources (source_id, position);
     CREATE INDEX external_ids_by_id ON external_ids (external_id, position);
 ";
@@ -233,7 +233,7 @@ const CREATE_ID_INDEXES_V1: &str = "
 /// whose tenant, provider, account and action are mostly equal, deep into `args_hash`. Measured
 /// by `bench projections --floor`: 1.1–1.8 µs of wall per event to build it, 0.63–0.67 on the
 /// hash.
-const CREATE_OPERATIONS_INDEXES_V5: &str = "
+pub(super) const CREATE_OPERATIONS_INDEXES_V5: &str = "
     CREATE INDEX operations_by_created ON operations (created_at, operation_id);
     CREATE INDEX operations_by_state ON operations (state, created_at, operation_id);
     CREATE INDEX operations_by_tenant ON operations (tenant, created_at, operation_id);
@@ -348,16 +348,14 @@ fn keep_plans(connection: &Connection) -> Result<(), ReadModelError> {
 enum Indexes {
     /// With the tables: every row written later keeps them in order.
     Now,
-    /// Not yet: a rebuild creates them itself ([`create_indexes_while_loading`],
-    /// [`create_indexes_after_loading`]).
+    /// Not yet: a rebuild loads the rows first and then calls [`create_indexes`].
     Later,
 }
 
 /// Creates the tables in a new, empty file for a rebuild, set for writing fast: no journal and
 /// no fsyncs, one connection holding the file exclusively, pages of `page_size` bytes and a page
-/// cache of `cache_kib` KiB. The secondary indexes are left out for the caller to create
-/// ([`create_indexes_while_loading`] before the rows, [`create_indexes_after_loading`] after): a
-/// query that needs one must not run before it exists. Only for a file that nobody else knows of and that
+/// cache of `cache_kib` KiB. The secondary indexes are left out until [`create_indexes`]: a
+/// query that needs one must not run before. Only for a file that nobody else knows of and that
 /// is discarded if the rebuild does not finish (see `rebuild.rs`); [`open`] puts the finished
 /// file back to WAL with `synchronous=FULL`.
 pub(super) fn create_for_rebuild(
@@ -401,63 +399,14 @@ pub(super) fn set_sorter_threads(
         .map_err(|error| ReadModelError::sqlite("setting the sorter's threads", error))
 }
 
-/// The secondary indexes a rebuild creates before its first row and keeps row by row as the
-/// rows go in ([`create_indexes_while_loading`]), by name; it builds the others by sorting after
-/// the rows are in ([`create_indexes_after_loading`]). These are the ones whose keys arrive
-/// nearly in order: a rebuild writes operations as they fall out of its cache, oldest first and
-/// sorted by their time-ordered ids, so each new key lands at the right edge of its B-tree (of
-/// its state's or its tenant's part of it, and those are few), on pages still in the cache. The
-/// others' keys (a hash, an external id, a source id) land anywhere, on pages evicted long ago
-/// once the index outgrows the cache: those are cheaper sorted once at the end.
-pub(super) const INDEXES_KEPT_WHILE_LOADING: [&str; 3] = [
-    "operations_by_created",
-    "operations_by_state",
-    "operations_by_tenant",
-];
-
-/// Each secondary index of the current version: its name and its `CREATE INDEX` statement, the
-/// same text however and whenever the index is made.
-pub(super) fn index_statements() -> impl Iterator<Item = (&'static str, &'static str)> {
-    [
-        CREATE_OPERATIONS_INDEXES_V5,
-        CREATE_INDEXES_V1,
-        CREATE_ID_INDEXES_V1,
-        CREATE_INDEXES_V3,
-    ]
-    .into_iter()
-    .flat_map(|batch| batch.split_inclusive(';'))
-    .filter_map(|statement| Some((statement.split_whitespace().nth(2)?, statement)))
-}
-
-/// Creates every secondary index.
+/// Creates the secondary indexes a rebuild left out ([`create_for_rebuild`]); each one is built
+/// by sorting the rows already written.
 pub(super) fn create_indexes(connection: &Connection) -> Result<(), ReadModelError> {
-    create_indexes_where(connection, |_| true)
-}
-
-/// Creates the secondary indexes a rebuild keeps from its first row
-/// ([`INDEXES_KEPT_WHILE_LOADING`]), in a file with no rows yet.
-pub(super) fn create_indexes_while_loading(connection: &Connection) -> Result<(), ReadModelError> {
-    create_indexes_where(connection, kept_while_loading)
-}
-
-/// Creates the secondary indexes [`create_indexes_while_loading`] left out; each one is built by
-/// sorting the rows already written.
-pub(super) fn create_indexes_after_loading(connection: &Connection) -> Result<(), ReadModelError> {
-    create_indexes_where(connection, |name| !kept_while_loading(name))
-}
-
-/// Whether a rebuild creates the index `name` before its first row ([`INDEXES_KEPT_WHILE_LOADING`]).
-pub(super) fn kept_while_loading(name: &str) -> bool {
-    INDEXES_KEPT_WHILE_LOADING.contains(&name)
-}
-
-fn create_indexes_where(
-    connection: &Connection,
-    wanted: impl Fn(&str) -> bool,
-) -> Result<(), ReadModelError> {
-    index_statements()
-        .filter(|(name, _)| wanted(name))
-        .try_for_each(|(_, statement)| connection.execute_batch(statement))
+    connection
+        .execute_batch(CREATE_OPERATIONS_INDEXES_V5)
+        .and_then(|()| connection.execute_batch(CREATE_INDEXES_V1))
+        .and_then(|()| connection.execute_batch(CREATE_ID_INDEXES_V1))
+        .and_then(|()| connection.execute_batch(CREATE_INDEXES_V3))
         .map_err(|error| ReadModelError::sqlite("creating the indexes", error))
 }
 
@@ -752,43 +701,5 @@ mod tests {
         assert_eq!(pragma("synchronous"), SYNCHRONOUS_FULL);
         assert_eq!(pragma("wal_autocheckpoint"), WAL_AUTOCHECKPOINT_PAGES);
         assert_eq!(pragma("cache_size"), -CACHE_KIB);
-    }
-
-    fn schema_of(connection: &Connection) -> Vec<(String, String)> {
-        connection
-            .prepare("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
-            .and_then(|mut statement| {
-                statement
-                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-                    .and_then(|rows| rows.collect())
-            })
-            .expect("the schema reads")
-    }
-
-    #[test]
-    fn a_rebuilds_indexes_kept_while_loading_and_built_after_are_a_new_files_each_once() {
-        let names: Vec<&str> = index_statements().map(|(name, _)| name).collect();
-        for kept in INDEXES_KEPT_WHILE_LOADING {
-            assert!(names.contains(&kept), "`{kept}` names an index: {names:?}");
-        }
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let opened = open(&dir.path().join("opened.db")).expect("a new file opens");
-        let rebuilt_path = dir.path().join("rebuilt.db");
-        std::fs::File::create(&rebuilt_path).expect("an empty file");
-        let rebuilt = create_for_rebuild(&rebuilt_path, 16384, 1024).expect("a rebuild's file");
-        let tables = schema_of(&rebuilt);
-        create_indexes_while_loading(&rebuilt).expect("the indexes kept while loading");
-        let while_loading = schema_of(&rebuilt);
-        let kept: Vec<&str> = while_loading
-            .iter()
-            .filter(|entry| !tables.contains(entry))
-            .map(|(name, _)| name.as_str())
-            .collect();
-        assert_eq!(
-            kept, INDEXES_KEPT_WHILE_LOADING,
-            "only those, before any row"
-        );
-        create_indexes_after_loading(&rebuilt).expect("the others");
-        assert_eq!(schema_of(&rebuilt), schema_of(&opened));
     }
 }
