@@ -1097,7 +1097,8 @@ const WRITES_PER_MESSAGE: usize = 512;
 /// thousands of events whose only writes were id-index ranges. With 8 batches the fold waited
 /// for the writer at every eviction, and the writer for the fold between them: on a 1M-event
 /// log the fold waited 0.65–0.98 s with 8, 0.25–0.55 s with 32 and 0.1–0.23 s with 64, which
-/// cost ~100 MB more peak RSS (README, "The s42 round"). At most ~16 MiB of rows queued.
+/// cost ~100 MB more peak RSS. At most ~16 MiB of rows queued; still, a 10M-event rebuild peaks
+/// 55–100 MB higher with 32 than with 8, during the final index build (README, "The s42 round").
 const MESSAGES_IN_FLIGHT: usize = 32;
 // An eviction at the default limits fits in the queue, so the fold goes on folding meanwhile.
 const _: () = assert!(MESSAGES_IN_FLIGHT * WRITES_PER_MESSAGE >= MAX_OPEN_OPERATIONS / 2);
