@@ -1101,9 +1101,17 @@ impl Rebuilder {
 const WRITES_PER_MESSAGE: usize = 512;
 /// Batches of writes the fold may run ahead of the writer. Between the two threads there are at
 /// most this many queued, one being written and one being filled, each of at most
-/// [`WRITES_PER_MESSAGE`] writes: a row each, or one flush of up to
-/// [`RebuildLimits::max_buffered_id_entries`] id-index entries.
-const MESSAGES_IN_FLIGHT: usize = 8;
+/// [`WRITES_PER_MESSAGE`] writes: a row each, or a range of a flush's id-index entries (which
+/// share the flush's buffer). The writer's work comes in bursts: an eviction hands over half
+/// the open operations at once (8,192 rows at the default limits, 16 batches), after tens of
+/// thousands of events whose only writes were id-index ranges. With 8 batches the fold waited
+/// for the writer at every eviction, and the writer for the fold between them: on a 1M-event
+/// log the fold waited 0.65–0.98 s with 8, 0.25–0.55 s with 32 and 0.1–0.23 s with 64, which
+/// cost ~100 MB more peak RSS. At most ~16 MiB of rows queued; still, a 10M-event rebuild peaks
+/// 55–100 MB higher with 32 than with 8, during the final index build (README, "The s42 round").
+const MESSAGES_IN_FLIGHT: usize = 32;
+// An eviction at the default limits fits in the queue, so the fold goes on folding meanwhile.
+const _: () = assert!(MESSAGES_IN_FLIGHT * WRITES_PER_MESSAGE >= MAX_OPEN_OPERATIONS / 2);
 
 /// One thing for the writer to do, in the fold's order: a write, or one of the fold's two
 /// questions to the file, which travel the same queue so that each answer sees every write the

@@ -486,6 +486,18 @@ fn dump(path: &Path) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// Every table and index of a read-model file by name, with the statement that made it: a file
+/// made another way (a rebuild, a conversion) must have made each with the same text.
+fn schema_entries(path: &Path) -> Vec<(String, String)> {
+    Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .expect("open the read models for reading")
+        .prepare("SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
+        .expect("list the schema")
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .and_then(|rows| rows.collect())
+        .expect("the schema reads")
+}
+
 async fn dump_of(path: PathBuf) -> BTreeMap<String, Vec<String>> {
     tokio::task::spawn_blocking(move || dump(&path))
         .await
@@ -884,6 +896,29 @@ async fn a_rebuild_within_tiny_limits_writes_out_reads_back_and_still_equals_the
         "a short log fits the default limits"
     );
     drop(default);
+    // The indexes a rebuild builds at the end, or (having asked the file, as the tiny rebuild
+    // did) mid-way, are the incremental file's, statement for statement.
+    let live_schema = schema_entries(&live_path);
+    assert!(
+        [
+            "operations_by_created",
+            "operations_by_request",
+            "external_ids_by_id"
+        ]
+        .iter()
+        .all(|index| live_schema.iter().any(|(name, _)| name == index)),
+        "the schema lists the indexes: {live_schema:?}"
+    );
+    assert_eq!(
+        schema_entries(&tiny_path),
+        live_schema,
+        "tiny rebuild's schema"
+    );
+    assert_eq!(
+        schema_entries(&default_path),
+        live_schema,
+        "default rebuild's schema"
+    );
     let live = dump_of(live_path).await;
     assert_same_tables(
         &live,
