@@ -511,6 +511,31 @@ fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
 }
 
 #[test]
+fn a_rust_log_that_is_not_a_log_filter_stops_the_command_and_says_why() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    record_pending(&db);
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["ops", "list", "--db", db.to_str().expect("utf-8")])
+        .env_remove("OPLEDGER_DB")
+        .env("RUST_LOG", "opledger=loud")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    let message = stderr(&output);
+    assert!(
+        message.contains("RUST_LOG=`opledger=loud` is not a log filter")
+            && message.contains("unset RUST_LOG"),
+        "{message}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "nothing listed: {:?}",
+        output.stdout
+    );
+}
+
+#[test]
 fn connectors_check_reports_every_problem_of_a_file_with_its_line_and_field() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let file = dir.path().join("crm.toml");
