@@ -15,7 +15,9 @@
 //! Export is off unless the file names an endpoint or `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the standard `OTEL_*` variables fill in what the
 //! file leaves out (`OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`,
-//! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`), and `OTEL_SDK_DISABLED=true` turns
+//! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`; `OTEL_BSP_SCHEDULE_DELAY` and
+//! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` are checked here and read by the exporter), and
+//! `OTEL_SDK_DISABLED=true` turns
 //! export off. Every refusal names
 //! the file, the line and the field (or the variable) and says what to write. Header values are
 //! secrets: they are read from the environment, never written in the file, and never printed.
@@ -258,6 +260,7 @@ fn resolve(
         export_timeout_ms: export_timeout_ms(source, section)?,
         max_queued_spans: max_queued_spans(env)?,
     };
+    check_batch_timing(env)?;
     Ok(Settings {
         export: (!disabled).then_some(export),
         log_format,
@@ -538,6 +541,47 @@ fn max_queued_spans(env: &dyn Fn(&str) -> Option<String>) -> Result<usize, Confi
         })
 }
 
+/// The longest `OTEL_BSP_SCHEDULE_DELAY` accepted, in milliseconds: an hour between posts.
+const MAX_SCHEDULE_DELAY_MS: u64 = 3_600_000;
+
+/// Checks the batch processor's two timing variables, which the exporter reads itself (the
+/// spool in `lib.rs`, or the SDK for gRPC): the SDK would quietly take its default for a value
+/// that is not a number, so a typo would look like export that does not keep its timing.
+fn check_batch_timing(env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    let checks: [(&str, std::ops::RangeInclusive<u64>, &str); 2] = [
+        (
+            "OTEL_BSP_SCHEDULE_DELAY",
+            1..=MAX_SCHEDULE_DELAY_MS,
+            "milliseconds between posts",
+        ),
+        (
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            1..=MAX_MAX_QUEUED_SPANS as u64,
+            "spans a post carries at most",
+        ),
+    ];
+    for (name, allowed, what) in checks {
+        let Some(value) = env(name).filter(|value| !value.trim().is_empty()) else {
+            continue;
+        };
+        if !value
+            .trim()
+            .parse::<u64>()
+            .is_ok_and(|number| allowed.contains(&number))
+        {
+            return Err(env_error(
+                name,
+                format!(
+                    "is `{value}`; write a whole number of {what} from {} to {}",
+                    allowed.start(),
+                    allowed.end()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset)
         .map_or(1, |before| before.matches('\n').count() + 1)
@@ -690,6 +734,30 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "environment: OTEL_BSP_MAX_QUEUE_SIZE: is `0`; write a number of spans from 1 to 65536"
+        );
+    }
+
+    #[test]
+    fn the_batch_timing_variables_are_checked_and_a_typo_is_refused_with_what_to_write() {
+        let env = |name_set: &'static str, value: &'static str| {
+            move |name: &str| match name {
+                "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4318".to_owned()),
+                _ if name == name_set => Some(value.to_owned()),
+                _ => None,
+            }
+        };
+        assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "1000")).is_ok());
+        assert!(from_env(&env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", " 2048 ")).is_ok());
+        assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "")).is_ok());
+        let error = from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "5s")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment: OTEL_BSP_SCHEDULE_DELAY: is `5s`; write a whole number of milliseconds between posts from 1 to 3600000"
+        );
+        let error = from_env(&env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "environment: OTEL_BSP_MAX_EXPORT_BATCH_SIZE: is `0`; write a whole number of spans a post carries at most from 1 to 65536"
         );
     }
 

@@ -247,8 +247,9 @@ fn resource(export: &Export) -> Resource {
         .build()
 }
 
-/// The spool's timing from the SDK's variables, read as the SDK reads them (a value that is not
-/// a number is the default; the batch is at most the queue).
+/// The spool's timing from the SDK's variables, which the configuration has checked (a value
+/// that is not a number stopped the start); unset or empty is the default, and the batch is at
+/// most the queue.
 fn spool_timing(max_queued_spans: usize) -> spool::Timing {
     let number = |name: &str| {
         std::env::var(name)
