@@ -185,23 +185,21 @@ fn init_logging(cli: &Cli, quiet: bool) -> Result<opledger_telemetry::Telemetry,
         2 => "debug",
         _ => "trace",
     };
-    // A `RUST_LOG` that does not parse was quietly replaced by the default, so a typo looked
-    // like logging that does not work: it stops the command instead, saying what is wrong.
-    if let Some(directives) = std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
+    // `RUST_LOG`, read once: unset or empty leaves `-v` in charge (an empty one used to silence
+    // even `-v`), and one that does not parse stops the command, saying what is wrong (it used to
+    // be quietly replaced by the default, so a typo looked like logging that does not work).
+    let directives = std::env::var(tracing_subscriber::EnvFilter::DEFAULT_ENV)
         .ok()
-        .filter(|directives| !directives.trim().is_empty())
-    {
-        tracing_subscriber::EnvFilter::try_new(&directives).map_err(|error| {
+        .filter(|directives| !directives.trim().is_empty());
+    if let Some(directives) = &directives {
+        tracing_subscriber::EnvFilter::try_new(directives).map_err(|error| {
             format!(
                 "RUST_LOG=`{directives}` is not a log filter ({error}); write directives such as \
                  `info` or `opledger=debug,hyper=warn`, or unset RUST_LOG and use -v"
             )
         })?;
     }
-    let filter = || {
-        tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-    };
+    let filter = || tracing_subscriber::EnvFilter::new(directives.as_deref().unwrap_or(default));
     let env = |name: &str| std::env::var(name).ok();
     let mut settings = match cli.command.config_path() {
         Some(path) => {

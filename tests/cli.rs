@@ -492,18 +492,25 @@ fn record_with_json_prints_the_recorded_operation_as_json() {
     assert_eq!(again["created"], false);
 }
 
-#[test]
-fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
+/// `opledger ops list` of a ledger holding one pending operation, with `RUST_LOG` set to
+/// `rust_log`, `args` after the command's own, and no `NO_COLOR`.
+fn ops_list_with_rust_log(rust_log: &str, args: &[&str]) -> Output {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("ledger.db");
     record_pending(&db);
-    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+    Command::new(env!("CARGO_BIN_EXE_opledger"))
         .args(["ops", "list", "--db", db.to_str().expect("utf-8")])
+        .args(args)
         .env_remove("OPLEDGER_DB")
         .env_remove("NO_COLOR")
-        .env("RUST_LOG", "debug")
+        .env("RUST_LOG", rust_log)
         .output()
-        .expect("runs");
+        .expect("runs")
+}
+
+#[test]
+fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
+    let output = ops_list_with_rust_log("debug", &[]);
     assert!(output.status.success(), "{}", stderr(&output));
     let logs = stderr(&output);
     assert!(logs.contains("DEBUG"), "debug logs are written: {logs}");
@@ -512,15 +519,7 @@ fn logs_written_to_a_pipe_or_file_carry_no_colour_codes() {
 
 #[test]
 fn a_rust_log_that_is_not_a_log_filter_stops_the_command_and_says_why() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = dir.path().join("ledger.db");
-    record_pending(&db);
-    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
-        .args(["ops", "list", "--db", db.to_str().expect("utf-8")])
-        .env_remove("OPLEDGER_DB")
-        .env("RUST_LOG", "opledger=loud")
-        .output()
-        .expect("runs");
+    let output = ops_list_with_rust_log("opledger=loud", &[]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     let message = stderr(&output);
     assert!(
@@ -532,6 +531,17 @@ fn a_rust_log_that_is_not_a_log_filter_stops_the_command_and_says_why() {
         output.stdout.is_empty(),
         "nothing listed: {:?}",
         output.stdout
+    );
+}
+
+#[test]
+fn an_empty_rust_log_leaves_the_verbosity_to_dash_v() {
+    let output = ops_list_with_rust_log("", &["-vv"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let logs = stderr(&output);
+    assert!(
+        logs.contains("DEBUG"),
+        "-vv's debug logs are written: {logs}"
     );
 }
 
