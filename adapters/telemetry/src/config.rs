@@ -524,21 +524,14 @@ fn export_timeout_ms(source: &Source<'_>, section: &Section) -> Result<u64, Conf
 /// The batch processor's queue, from the standard variable: the span layer counts what it holds
 /// against the same number (`layer::Backlog`), so it is read and checked here, not by the SDK.
 fn max_queued_spans(env: &dyn Fn(&str) -> Option<String>) -> Result<usize, ConfigError> {
-    const NAME: &str = "OTEL_BSP_MAX_QUEUE_SIZE";
-    let Some(value) = env(NAME).filter(|value| !value.trim().is_empty()) else {
-        return Ok(DEFAULT_MAX_QUEUED_SPANS);
-    };
-    value
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|spans| (1..=MAX_MAX_QUEUED_SPANS).contains(spans))
-        .ok_or_else(|| {
-            env_error(
-                NAME,
-                format!("is `{value}`; write a number of spans from 1 to {MAX_MAX_QUEUED_SPANS}"),
-            )
-        })
+    let spans = env_number(
+        env,
+        "OTEL_BSP_MAX_QUEUE_SIZE",
+        1..=MAX_MAX_QUEUED_SPANS as u64,
+        "spans",
+    )?;
+    // Within `MAX_MAX_QUEUED_SPANS`, a `usize`.
+    Ok(spans.map_or(DEFAULT_MAX_QUEUED_SPANS, |spans| spans as usize))
 }
 
 /// The longest `OTEL_BSP_SCHEDULE_DELAY` accepted, in milliseconds: an hour between posts.
@@ -548,38 +541,43 @@ const MAX_SCHEDULE_DELAY_MS: u64 = 3_600_000;
 /// spool in `lib.rs`, or the SDK for gRPC): the SDK would quietly take its default for a value
 /// that is not a number, so a typo would look like export that does not keep its timing.
 fn check_batch_timing(env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-    let checks: [(&str, std::ops::RangeInclusive<u64>, &str); 2] = [
-        (
-            "OTEL_BSP_SCHEDULE_DELAY",
-            1..=MAX_SCHEDULE_DELAY_MS,
-            "milliseconds between posts",
-        ),
-        (
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-            1..=MAX_MAX_QUEUED_SPANS as u64,
-            "spans a post carries at most",
-        ),
-    ];
-    for (name, allowed, what) in checks {
-        let Some(value) = env(name).filter(|value| !value.trim().is_empty()) else {
-            continue;
-        };
-        if !value
-            .trim()
-            .parse::<u64>()
-            .is_ok_and(|number| allowed.contains(&number))
-        {
-            return Err(env_error(
-                name,
-                format!(
-                    "is `{value}`; write a whole number of {what} from {} to {}",
-                    allowed.start(),
-                    allowed.end()
-                ),
-            ));
-        }
-    }
+    env_number(
+        env,
+        "OTEL_BSP_SCHEDULE_DELAY",
+        1..=MAX_SCHEDULE_DELAY_MS,
+        "milliseconds between posts",
+    )?;
+    env_number(
+        env,
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        1..=MAX_MAX_QUEUED_SPANS as u64,
+        "spans a post carries at most",
+    )?;
     Ok(())
+}
+
+/// The whole number in the variable `name` (`None` when unset or empty), refused outside
+/// `allowed` with what to write: "a number of {what} from … to …".
+fn env_number(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    allowed: std::ops::RangeInclusive<u64>,
+    what: &str,
+) -> Result<Option<u64>, ConfigError> {
+    let Some(value) = env(name).filter(|value| !value.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u64>() {
+        Ok(number) if allowed.contains(&number) => Ok(Some(number)),
+        _ => Err(env_error(
+            name,
+            format!(
+                "is `{value}`; write a number of {what} from {} to {}",
+                allowed.start(),
+                allowed.end()
+            ),
+        )),
+    }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -752,12 +750,12 @@ mod tests {
         let error = from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "5s")).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "environment: OTEL_BSP_SCHEDULE_DELAY: is `5s`; write a whole number of milliseconds between posts from 1 to 3600000"
+            "environment: OTEL_BSP_SCHEDULE_DELAY: is `5s`; write a number of milliseconds between posts from 1 to 3600000"
         );
         let error = from_env(&env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0")).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "environment: OTEL_BSP_MAX_EXPORT_BATCH_SIZE: is `0`; write a whole number of spans a post carries at most from 1 to 65536"
+            "environment: OTEL_BSP_MAX_EXPORT_BATCH_SIZE: is `0`; write a number of spans a post carries at most from 1 to 65536"
         );
     }
 
