@@ -15,7 +15,7 @@
 //! Export is off unless the file names an endpoint or `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the standard `OTEL_*` variables fill in what the
 //! file leaves out (`OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`,
-//! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`; `OTEL_BSP_SCHEDULE_DELAY` and
+//! `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`; `OTEL_BSP_SCHEDULE_DELAY` and
 //! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` are checked here and read by the exporter), and
 //! `OTEL_SDK_DISABLED=true` turns
 //! export off. Every refusal names
@@ -111,8 +111,13 @@ pub struct Export {
     pub protocol: Protocol,
     /// Extra request headers (name, value); values are secrets.
     pub headers: Vec<(String, String)>,
-    /// The share of traces started here that are recorded, 0.0 to 1.0.
+    /// The share of traces that are recorded, 0.0 to 1.0, decided from the trace id
+    /// (OpenTelemetry's `TraceIdRatioBased`).
     pub sampling_ratio: f64,
+    /// Whether a caller's decision (its `traceparent`'s sampled flag) is followed, the ratio
+    /// deciding only traces that start here (`parentbased_*` samplers, the default), or the
+    /// ratio decides every trace (`always_on`, `always_off`, `traceidratio`).
+    pub follow_caller: bool,
     /// `service.name` on every span.
     pub service_name: String,
     /// How long one batch's export may take, in milliseconds.
@@ -251,11 +256,13 @@ fn resolve(
     };
     let protocol = protocol(source, section, env)?;
     let endpoint = endpoint_url(source, endpoint, protocol)?;
+    let (sampling_ratio, follow_caller) = sampling(source, section, env)?;
     let export = Export {
         endpoint,
         protocol,
         headers: headers(source, section, env)?,
-        sampling_ratio: sampling_ratio(source, section, env)?,
+        sampling_ratio,
+        follow_caller,
         service_name: service_name(source, section, env)?,
         export_timeout_ms: export_timeout_ms(source, section)?,
         max_queued_spans: max_queued_spans(env)?,
@@ -455,6 +462,62 @@ fn file_headers(
     Ok(headers)
 }
 
+/// `OTEL_TRACES_SAMPLER`'s values this sampling can be, with (ratio, follow the caller); `None`
+/// for a ratio read from `sampling_ratio` or `OTEL_TRACES_SAMPLER_ARG`.
+const SAMPLERS: [(&str, Option<f64>, bool); 6] = [
+    ("parentbased_traceidratio", None, true),
+    ("parentbased_always_on", Some(1.0), true),
+    ("parentbased_always_off", Some(0.0), true),
+    ("traceidratio", None, false),
+    ("always_on", Some(1.0), false),
+    ("always_off", Some(0.0), false),
+];
+
+/// The sampling ratio and whether a caller's decision is followed: `OTEL_TRACES_SAMPLER` (the
+/// OpenTelemetry names; `parentbased_traceidratio` when unset) and the ratio for the ratio
+/// samplers. A fixed sampler with a ratio written beside it is refused rather than one of the
+/// two quietly winning.
+fn sampling(
+    source: &Source<'_>,
+    section: &Section,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(f64, bool), ConfigError> {
+    const NAME: &str = "OTEL_TRACES_SAMPLER";
+    let Some(written) = env(NAME).filter(|value| !value.trim().is_empty()) else {
+        return Ok((sampling_ratio(source, section, env)?, true));
+    };
+    let Some((name, fixed, follow_caller)) = SAMPLERS
+        .iter()
+        .find(|(name, ..)| name.eq_ignore_ascii_case(written.trim()))
+    else {
+        let names: Vec<&str> = SAMPLERS.iter().map(|(name, ..)| *name).collect();
+        return Err(env_error(
+            NAME,
+            format!(
+                "is `{written}`; write one of {} (remote samplers such as jaeger_remote are not supported)",
+                names.join(", ")
+            ),
+        ));
+    };
+    let Some(fixed) = fixed else {
+        return Ok((sampling_ratio(source, section, env)?, *follow_caller));
+    };
+    if let Some(written_ratio) = &section.sampling_ratio {
+        return Err(source.error(
+            Some(written_ratio.span()),
+            "telemetry.sampling_ratio",
+            format!("is set, but {NAME} is `{name}`, which takes no ratio; remove one of the two, or make the sampler a traceidratio one"),
+        ));
+    }
+    if env("OTEL_TRACES_SAMPLER_ARG").is_some_and(|value| !value.trim().is_empty()) {
+        return Err(env_error(
+            "OTEL_TRACES_SAMPLER_ARG",
+            format!("is set, but {NAME} is `{name}`, which takes no argument; unset it, or make the sampler a traceidratio one"),
+        ));
+    }
+    Ok((*fixed, *follow_caller))
+}
+
 fn sampling_ratio(
     source: &Source<'_>,
     section: &Section,
@@ -619,6 +682,53 @@ mod tests {
         let export = from_env(&env).unwrap().export.expect("on");
         assert_eq!(export.protocol, Protocol::HttpProtobuf);
         assert_eq!(export.endpoint, "http://127.0.0.1:4318/v1/traces");
+    }
+
+    #[test]
+    fn the_standard_sampler_variable_picks_the_ratio_and_whether_a_caller_decides() {
+        let export_with = |sampler: &'static str, argument: Option<&'static str>| {
+            let env = move |name: &str| match name {
+                "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://127.0.0.1:4318".to_owned()),
+                "OTEL_TRACES_SAMPLER" => Some(sampler.to_owned()),
+                "OTEL_TRACES_SAMPLER_ARG" => argument.map(str::to_owned),
+                _ => None,
+            };
+            from_env(&env).map(|settings| {
+                let export = settings.export.expect("on");
+                (export.sampling_ratio, export.follow_caller)
+            })
+        };
+        assert_eq!(export_with("", None).unwrap(), (1.0, true));
+        assert_eq!(
+            export_with("parentbased_traceidratio", Some("0.25")).unwrap(),
+            (0.25, true)
+        );
+        assert_eq!(
+            export_with("traceidratio", Some("0.5")).unwrap(),
+            (0.5, false)
+        );
+        assert_eq!(export_with("ALWAYS_ON", None).unwrap(), (1.0, false));
+        assert_eq!(export_with("always_off", None).unwrap(), (0.0, false));
+        assert_eq!(
+            export_with("parentbased_always_off", None).unwrap(),
+            (0.0, true)
+        );
+        let unknown = export_with("jaeger_remote", None).unwrap_err();
+        assert_eq!(unknown.field, "OTEL_TRACES_SAMPLER");
+        assert!(
+            unknown.message.contains("parentbased_traceidratio"),
+            "{unknown}"
+        );
+        let both = export_with("always_on", Some("0.1")).unwrap_err();
+        assert_eq!(both.field, "OTEL_TRACES_SAMPLER_ARG");
+        assert!(both.message.contains("takes no argument"), "{both}");
+        let env = |name: &str| (name == "OTEL_TRACES_SAMPLER").then(|| "always_off".to_owned());
+        let text = "[telemetry]\nendpoint = \"http://127.0.0.1:4318\"\nsampling_ratio = 0.5\n";
+        let error = from_file("f.toml", text, &env).unwrap_err();
+        assert_eq!(
+            (error.field.as_str(), error.line),
+            ("telemetry.sampling_ratio", Some(3))
+        );
     }
 
     #[test]

@@ -7,19 +7,23 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Registry;
 
-use crate::layer::SpanRecord;
+use crate::layer::{Sampling, SpanRecord};
 
 const TRACEPARENT: &str = "traceparent";
 const TRACESTATE: &str = "tracestate";
 
 pub(crate) struct Adapter {
     propagator: TraceContextPropagator,
+    /// Decides a span's sampling when it gets a remote parent (the span layer's, for spans that
+    /// start a trace).
+    sampling: Sampling,
 }
 
 impl Adapter {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(sampling: Sampling) -> Self {
         Self {
             propagator: TraceContextPropagator::new(),
+            sampling,
         }
     }
 
@@ -97,7 +101,8 @@ impl opledger_domain::trace_context::TraceContext for Adapter {
 
     fn set_remote_parent(&self, span: &tracing::Span, traceparent: &str, tracestate: Option<&str>) {
         if let Some(parent) = self.extract(traceparent, tracestate) {
-            with_record(span, |record| record.set_remote_parent(&parent));
+            let sampled = self.sampling.samples_child_of(&parent);
+            with_record(span, |record| record.set_remote_parent(&parent, sampled));
         }
     }
 
@@ -112,7 +117,7 @@ impl opledger_domain::trace_context::TraceContext for Adapter {
             if record.parent_span_id == opentelemetry::trace::SpanId::INVALID && !record.serves() {
                 // A span that started a trace of its own (a worker's drive): it belongs to the
                 // operation's trace instead, so the whole history is one trace.
-                record.set_remote_parent(&origin);
+                record.set_remote_parent(&origin, self.sampling.samples_child_of(&origin));
             } else {
                 // Work inside someone else's trace (an operator's request, whether its caller
                 // sent a `traceparent` or not: the request's span is its caller's): linked.
@@ -165,7 +170,7 @@ mod tests {
     fn a_span_that_starts_a_trace_joins_the_stored_one_as_its_child() {
         let spans = spans_of(|| {
             let drive = tracing::info_span!("drive");
-            Adapter::new().continue_from(&drive, &stored());
+            Adapter::new(Sampling::EVERY_TRACE).continue_from(&drive, &stored());
             drive.in_scope(|| tracing::info_span!("lookup").in_scope(|| {}));
         });
         let (drive, lookup) = (named(&spans, "drive"), named(&spans, "lookup"));
@@ -180,7 +185,7 @@ mod tests {
         let spans = spans_of(|| {
             let request = tracing::info_span!("request");
             let execute = request.in_scope(|| tracing::info_span!("execute"));
-            Adapter::new().continue_from(&execute, &stored());
+            Adapter::new(Sampling::EVERY_TRACE).continue_from(&execute, &stored());
             execute.in_scope(|| {});
             drop(execute);
         });
@@ -197,7 +202,7 @@ mod tests {
     fn a_request_span_without_a_caller_is_linked_to_the_stored_trace_not_moved_into_it() {
         let spans = spans_of(|| {
             let request = tracing::info_span!("request", otel.kind = "server");
-            Adapter::new().continue_from(&request, &stored());
+            Adapter::new(Sampling::EVERY_TRACE).continue_from(&request, &stored());
             request.in_scope(|| tracing::info_span!("claim").in_scope(|| {}));
         });
         let (request, claim) = (named(&spans, "request"), named(&spans, "claim"));
@@ -212,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_span_only_the_log_wants_speaks_for_the_exported_span_around_it() {
-        let adapter = Adapter::new();
+        let adapter = Adapter::new(Sampling::EVERY_TRACE);
         let mut headers = (None, None);
         let (spans, _) = crate::layer::testing::spans_and_log("debug", || {
             let request = tracing::info_span!("request", otel.kind = "server");
@@ -233,7 +238,7 @@ mod tests {
 
     #[test]
     fn the_current_spans_traceparent_is_read_in_place_as_its_handle_would_give_it() {
-        let adapter = Adapter::new();
+        let adapter = Adapter::new(Sampling::EVERY_TRACE);
         let mut read = Vec::new();
         crate::layer::testing::spans_and_log("debug", || {
             read.push(("outside", adapter.traceparent_of_current(), None));
@@ -266,7 +271,7 @@ mod tests {
     fn a_remote_parent_is_taken_from_a_traceparent_and_given_back_for_a_child() {
         let mut header = None;
         let spans = spans_of(|| {
-            let adapter = Adapter::new();
+            let adapter = Adapter::new(Sampling::EVERY_TRACE);
             let request = tracing::info_span!("request");
             adapter.set_remote_parent(&request, &stored(), Some("vendor=x"));
             let send = request.in_scope(|| tracing::info_span!("send"));

@@ -68,12 +68,12 @@ pub(crate) struct SpanRecord {
 }
 
 impl SpanRecord {
-    /// Makes the span the child of a caller's span (a remote parent): its trace, and its
-    /// sampling decision, as parent-based sampling asks.
-    pub(crate) fn set_remote_parent(&mut self, parent: &SpanContext) {
+    /// Makes the span the child of a caller's span (a remote parent): its trace, and the
+    /// sampling decision [`Sampling::samples_child_of`] made for it.
+    pub(crate) fn set_remote_parent(&mut self, parent: &SpanContext, sampled: bool) {
         self.trace_id = parent.trace_id();
         self.parent_span_id = parent.span_id();
-        self.sampled = parent.is_sampled();
+        self.sampled = sampled;
         self.trace_state = parent.trace_state().clone();
         if !self.sampled {
             self.recording = false;
@@ -282,14 +282,54 @@ impl Backlog {
     }
 }
 
+/// How a trace's sampling is decided (`OTEL_TRACES_SAMPLER`): OpenTelemetry's
+/// `TraceIdRatioBased` at `ratio`, for the traces that start here or for every trace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Sampling {
+    /// The share of traces sampled, 0.0 to 1.0.
+    pub(crate) ratio: f64,
+    /// A caller's decision is followed (`parentbased_*`); else the ratio decides its trace too.
+    pub(crate) follow_caller: bool,
+}
+
+impl Sampling {
+    /// Every trace, and a caller's decision followed: the default.
+    pub(crate) const EVERY_TRACE: Self = Self {
+        ratio: 1.0,
+        follow_caller: true,
+    };
+
+    /// `TraceIdRatioBased`'s decision: the trace id's low 63 bits below the ratio's share.
+    fn samples(self, trace_id: TraceId) -> bool {
+        if self.ratio >= 1.0 {
+            return true;
+        }
+        let bound = (self.ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+        let bytes = trace_id.to_bytes();
+        let mut low = [0; 8];
+        low.copy_from_slice(&bytes[8..]);
+        (u64::from_be_bytes(low) >> 1) < bound
+    }
+
+    /// The decision for a span whose parent is remote: a caller's span, or the span an
+    /// operation's intent was recorded in.
+    pub(crate) fn samples_child_of(self, parent: &SpanContext) -> bool {
+        if self.follow_caller {
+            parent.is_sampled()
+        } else {
+            self.samples(parent.trace_id())
+        }
+    }
+}
+
 /// The layer. With no sink (JSON logs, no export) it still gives every span ids, so log lines
 /// carry a caller's trace.
 #[derive(Debug)]
 pub(crate) struct SpanLayer {
     sink: Option<Arc<Sink>>,
-    /// The share of new traces sampled, as OpenTelemetry's `TraceIdRatioBased` decides it from
-    /// the trace id; a span with a parent follows the parent's decision.
-    sampling_ratio: f64,
+    /// How a trace that starts here is sampled; a span with a parent in this process follows
+    /// the parent's decision.
+    sampling: Sampling,
     ids: RandomIdGenerator,
     /// The log layer's filter (a copy: the log layer has its own), asked at each callsite this
     /// layer does not export, so that the callsite stays as enabled or disabled as the log alone
@@ -300,27 +340,15 @@ pub(crate) struct SpanLayer {
 impl SpanLayer {
     pub(crate) fn new(
         sink: Option<Arc<Sink>>,
-        sampling_ratio: f64,
+        sampling: Sampling,
         logged: Option<LogFilter>,
     ) -> Self {
         Self {
             sink,
-            sampling_ratio,
+            sampling,
             ids: RandomIdGenerator::default(),
             logged,
         }
-    }
-
-    /// `TraceIdRatioBased`'s decision: the trace id's low 63 bits below the ratio's share.
-    fn samples(&self, trace_id: TraceId) -> bool {
-        if self.sampling_ratio >= 1.0 {
-            return true;
-        }
-        let bound = (self.sampling_ratio.max(0.0) * (1u64 << 63) as f64) as u64;
-        let bytes = trace_id.to_bytes();
-        let mut low = [0; 8];
-        low.copy_from_slice(&bytes[8..]);
-        (u64::from_be_bytes(low) >> 1) < bound
     }
 }
 
@@ -387,7 +415,7 @@ where
             Some(inherited) => inherited,
             None => {
                 let trace_id = self.ids.new_trace_id();
-                let sampled = self.samples(trace_id);
+                let sampled = self.sampling.samples(trace_id);
                 (trace_id, SpanId::INVALID, sampled, TraceState::default())
             }
         };
@@ -722,11 +750,20 @@ pub(crate) mod testing {
     /// Runs `work` under a subscriber with the span layer sampling at `sampling_ratio` and
     /// exporting to memory (a unit test's double of a collector), and returns the finished spans.
     pub(crate) fn spans_of(sampling_ratio: f64, work: impl FnOnce()) -> Vec<SpanData> {
+        let sampling = Sampling {
+            ratio: sampling_ratio,
+            follow_caller: true,
+        };
+        spans_sampled(sampling, work)
+    }
+
+    /// [`spans_of`] with any sampling.
+    pub(crate) fn spans_sampled(sampling: Sampling, work: impl FnOnce()) -> Vec<SpanData> {
         let exporter = InMemorySpanExporter::default();
         let sink = memory_sink(&exporter);
         let subscriber = tracing_subscriber::registry().with(crate::span_layer(
             Some(Arc::clone(&sink)),
-            sampling_ratio,
+            sampling,
             None,
         ));
         tracing::subscriber::with_default(subscriber, work);
@@ -779,7 +816,7 @@ pub(crate) mod testing {
             )
             .with(crate::span_layer(
                 Some(Arc::clone(&sink)),
-                1.0,
+                Sampling::EVERY_TRACE,
                 Some(LogFilter::of(EnvFilter::new(directives))),
             ));
         tracing::subscriber::with_default(subscriber, work);
@@ -798,7 +835,7 @@ mod tests {
     use tracing::field;
     use tracing_subscriber::layer::SubscriberExt;
 
-    use super::testing::{spans_and_log, spans_of};
+    use super::testing::{spans_and_log, spans_of, spans_sampled};
     use super::*;
     use crate::context::Adapter;
     use crate::export::Counted;
@@ -938,8 +975,10 @@ mod tests {
         let spans = spans_of(0.0, || {
             let request = tracing::info_span!("request", tenant = "acme");
             let send = request.in_scope(|| tracing::info_span!("send"));
-            header = Adapter::new().traceparent_of(&send);
-            let parent = Adapter::new().traceparent_of(&request).expect("ids");
+            header = Adapter::new(Sampling::EVERY_TRACE).traceparent_of(&send);
+            let parent = Adapter::new(Sampling::EVERY_TRACE)
+                .traceparent_of(&request)
+                .expect("ids");
             let trace = parent.split('-').nth(1).expect("trace id").to_owned();
             assert!(header.as_deref().expect("ids").contains(&trace));
         });
@@ -951,7 +990,7 @@ mod tests {
     fn a_callers_sampling_decision_wins_over_the_ratio() {
         let sampled = spans_of(0.0, || {
             let request = tracing::info_span!("request", tenant = "acme");
-            Adapter::new().set_remote_parent(
+            Adapter::new(Sampling::EVERY_TRACE).set_remote_parent(
                 &request,
                 &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
                 None,
@@ -969,7 +1008,7 @@ mod tests {
         );
         let unsampled = spans_of(1.0, || {
             let request = tracing::info_span!("request");
-            Adapter::new().set_remote_parent(
+            Adapter::new(Sampling::EVERY_TRACE).set_remote_parent(
                 &request,
                 &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-00"),
                 None,
@@ -977,6 +1016,37 @@ mod tests {
             request.in_scope(|| tracing::info_span!("send").in_scope(|| {}));
         });
         assert!(unsampled.is_empty(), "{unsampled:?}");
+    }
+
+    #[test]
+    fn a_sampler_that_is_not_parent_based_decides_a_callers_trace_by_its_ratio() {
+        let request_of_a_caller = |sampling: Sampling, flags: &str| {
+            spans_sampled(sampling, || {
+                let request = tracing::info_span!("request");
+                Adapter::new(sampling).set_remote_parent(
+                    &request,
+                    &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-{flags}"),
+                    None,
+                );
+                request.in_scope(|| tracing::info_span!("send").in_scope(|| {}));
+            })
+        };
+        let always_on = Sampling {
+            ratio: 1.0,
+            follow_caller: false,
+        };
+        let spans = request_of_a_caller(always_on, "00");
+        assert_eq!(spans.len(), 2, "{spans:?}");
+        assert_eq!(
+            named(&spans, "request").span_context.trace_id().to_string(),
+            CALLER_TRACE
+        );
+        let always_off = Sampling {
+            ratio: 0.0,
+            follow_caller: false,
+        };
+        let spans = request_of_a_caller(always_off, "01");
+        assert!(spans.is_empty(), "{spans:?}");
     }
 
     /// An exporter stuck until the test lets go (a collector that does not answer), saying
@@ -1024,7 +1094,7 @@ mod tests {
         let failures = opledger_domain::trace_context::export_failures();
         let subscriber = tracing_subscriber::registry().with(crate::span_layer(
             Some(Arc::clone(&sink)),
-            1.0,
+            Sampling::EVERY_TRACE,
             None,
         ));
         tracing::subscriber::with_default(subscriber, || {

@@ -43,8 +43,11 @@ fn layer_cost_of_a_recorded_span() {
     let spool =
         Spool::start(Encoder::default(), Discard, backlog, crate::scope(), timing).expect("spool");
     let sink = Arc::new(Sink::spooled(spool));
-    let subscriber =
-        tracing_subscriber::registry().with(crate::span_layer(Some(Arc::clone(&sink)), 1.0, None));
+    let subscriber = tracing_subscriber::registry().with(crate::span_layer(
+        Some(Arc::clone(&sink)),
+        crate::layer::Sampling::EVERY_TRACE,
+        None,
+    ));
     tracing::subscriber::with_default(subscriber, || {
         let (ticks, wall) = (thread_cpu_ticks(), Instant::now());
         for number in 0..SPANS {
@@ -129,7 +132,11 @@ where
         .with_filter(log_filter);
     let subscriber = tracing_subscriber::registry()
         .with(log_layer)
-        .with(crate::span_layer(None, 1.0, Some(logged)));
+        .with(crate::span_layer(
+            None,
+            crate::layer::Sampling::EVERY_TRACE,
+            Some(logged),
+        ));
     tracing::subscriber::with_default(subscriber, || {
         let request = tracing::info_span!(target: "opledger_http_api", "POST /v1/operations");
         let _request = request.enter();

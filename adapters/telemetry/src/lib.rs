@@ -41,7 +41,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
 
-use layer::{Backlog, Sink, SpanLayer};
+use layer::{Backlog, Sampling, Sink, SpanLayer};
 use log_filter::LogFilter;
 
 /// The instrumentation scope's name on every exported span.
@@ -120,13 +120,19 @@ pub fn install(
         .map(Arc::new);
     // JSON logs carry trace ids even with export off, so a caller's `traceparent` still ties
     // their trace to these lines: the span layer runs, with nowhere to send spans.
+    let sampling = settings
+        .export
+        .as_ref()
+        .map_or(Sampling::EVERY_TRACE, |export| Sampling {
+            ratio: export.sampling_ratio,
+            follow_caller: export.follow_caller,
+        });
     let span_layer = match (&settings.export, settings.log_format) {
-        (Some(export), _) => Some(span_layer(
+        (Some(_), _) | (None, LogFormat::Json) => Some(span_layer(
             sink.clone(),
-            export.sampling_ratio,
+            sampling,
             Some(LogFilter::of(log_filter())),
         )),
-        (None, LogFormat::Json) => Some(span_layer(None, 1.0, Some(LogFilter::of(log_filter())))),
         (None, LogFormat::Text) => None,
     };
     let tracing_spans = span_layer.is_some();
@@ -136,7 +142,7 @@ pub fn install(
         .try_init()
         .map_err(|error| InitError::Subscriber(error.to_string()))?;
     if tracing_spans {
-        opledger_domain::trace_context::install(Box::new(context::Adapter::new()));
+        opledger_domain::trace_context::install(Box::new(context::Adapter::new(sampling)));
     }
     Ok(Telemetry { sink })
 }
@@ -144,12 +150,8 @@ pub fn install(
 /// The layer giving the ledger's spans OpenTelemetry ids and sending them to `sink`.
 /// No per-layer filter: the layer decides its interest once per callsite with
 /// [`exported`] and, for every other callsite, `logged` (a copy of the log layer's filter).
-fn span_layer(
-    sink: Option<Arc<Sink>>,
-    sampling_ratio: f64,
-    logged: Option<LogFilter>,
-) -> SpanLayer {
-    SpanLayer::new(sink, sampling_ratio, logged)
+fn span_layer(sink: Option<Arc<Sink>>, sampling: Sampling, logged: Option<LogFilter>) -> SpanLayer {
+    SpanLayer::new(sink, sampling, logged)
 }
 
 /// The target prefix of the ledger's own spans (a prefix covers every `opledger_*` crate).
