@@ -111,19 +111,35 @@ pub struct Export {
     pub protocol: Protocol,
     /// Extra request headers (name, value); values are secrets.
     pub headers: Vec<(String, String)>,
-    /// The share of traces that are recorded, 0.0 to 1.0, decided from the trace id
-    /// (OpenTelemetry's `TraceIdRatioBased`).
-    pub sampling_ratio: f64,
-    /// Whether a caller's decision (its `traceparent`'s sampled flag) is followed, the ratio
-    /// deciding only traces that start here (`parentbased_*` samplers, the default), or the
-    /// ratio decides every trace (`always_on`, `always_off`, `traceidratio`).
-    pub follow_caller: bool,
+    /// Which traces are recorded.
+    pub sampling: Sampling,
     /// `service.name` on every span.
     pub service_name: String,
     /// How long one batch's export may take, in milliseconds.
     pub export_timeout_ms: u64,
     /// Finished spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
     pub max_queued_spans: usize,
+}
+
+/// How traces are sampled (`OTEL_TRACES_SAMPLER`): OpenTelemetry's `TraceIdRatioBased` at
+/// `ratio`, for the traces that start here or for every trace. The decisions are the span
+/// layer's (`layer.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// The share of traces recorded, 0.0 to 1.0, decided from the trace id.
+    pub ratio: f64,
+    /// A caller's decision (its `traceparent`'s sampled flag) is followed and the ratio decides
+    /// only traces that start here (`parentbased_*` samplers, the default); else the ratio
+    /// decides every trace (`always_on`, `always_off`, `traceidratio`).
+    pub follow_caller: bool,
+}
+
+impl Sampling {
+    /// Every trace, and a caller's decision followed: the default.
+    pub const EVERY_TRACE: Self = Self {
+        ratio: 1.0,
+        follow_caller: true,
+    };
 }
 
 /// The checked telemetry settings.
@@ -256,13 +272,11 @@ fn resolve(
     };
     let protocol = protocol(source, section, env)?;
     let endpoint = endpoint_url(source, endpoint, protocol)?;
-    let (sampling_ratio, follow_caller) = sampling(source, section, env)?;
     let export = Export {
         endpoint,
         protocol,
         headers: headers(source, section, env)?,
-        sampling_ratio,
-        follow_caller,
+        sampling: sampling(source, section, env)?,
         service_name: service_name(source, section, env)?,
         export_timeout_ms: export_timeout_ms(source, section)?,
         max_queued_spans: max_queued_spans(env)?,
@@ -462,8 +476,8 @@ fn file_headers(
     Ok(headers)
 }
 
-/// `OTEL_TRACES_SAMPLER`'s values this sampling can be, with (ratio, follow the caller); `None`
-/// for a ratio read from `sampling_ratio` or `OTEL_TRACES_SAMPLER_ARG`.
+/// `OTEL_TRACES_SAMPLER`'s values, with (ratio, follow the caller); `None` for a ratio read from
+/// `sampling_ratio` or `OTEL_TRACES_SAMPLER_ARG`.
 const SAMPLERS: [(&str, Option<f64>, bool); 6] = [
     ("parentbased_traceidratio", None, true),
     ("parentbased_always_on", Some(1.0), true),
@@ -473,18 +487,20 @@ const SAMPLERS: [(&str, Option<f64>, bool); 6] = [
     ("always_off", Some(0.0), false),
 ];
 
-/// The sampling ratio and whether a caller's decision is followed: `OTEL_TRACES_SAMPLER` (the
-/// OpenTelemetry names; `parentbased_traceidratio` when unset) and the ratio for the ratio
-/// samplers. A fixed sampler with a ratio written beside it is refused rather than one of the
+/// The sampling: `OTEL_TRACES_SAMPLER` (the OpenTelemetry names; `parentbased_traceidratio` when
+/// unset) and the ratio for the ratio samplers. A fixed sampler with a ratio written beside it is refused rather than one of the
 /// two quietly winning.
 fn sampling(
     source: &Source<'_>,
     section: &Section,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(f64, bool), ConfigError> {
+) -> Result<Sampling, ConfigError> {
     const NAME: &str = "OTEL_TRACES_SAMPLER";
     let Some(written) = env(NAME).filter(|value| !value.trim().is_empty()) else {
-        return Ok((sampling_ratio(source, section, env)?, true));
+        return Ok(Sampling {
+            ratio: sampling_ratio(source, section, env)?,
+            follow_caller: true,
+        });
     };
     let Some((name, fixed, follow_caller)) = SAMPLERS
         .iter()
@@ -499,8 +515,12 @@ fn sampling(
             ),
         ));
     };
-    let Some(fixed) = fixed else {
-        return Ok((sampling_ratio(source, section, env)?, *follow_caller));
+    let follow_caller = *follow_caller;
+    let Some(ratio) = *fixed else {
+        return Ok(Sampling {
+            ratio: sampling_ratio(source, section, env)?,
+            follow_caller,
+        });
     };
     if let Some(written_ratio) = &section.sampling_ratio {
         return Err(source.error(
@@ -515,7 +535,10 @@ fn sampling(
             format!("is set, but {NAME} is `{name}`, which takes no argument; unset it, or make the sampler a traceidratio one"),
         ));
     }
-    Ok((*fixed, *follow_caller))
+    Ok(Sampling {
+        ratio,
+        follow_caller,
+    })
 }
 
 fn sampling_ratio(
@@ -695,7 +718,7 @@ mod tests {
             };
             from_env(&env).map(|settings| {
                 let export = settings.export.expect("on");
-                (export.sampling_ratio, export.follow_caller)
+                (export.sampling.ratio, export.sampling.follow_caller)
             })
         };
         assert_eq!(export_with("", None).unwrap(), (1.0, true));

@@ -35,6 +35,7 @@ use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::Layer;
 
+pub(crate) use crate::config::Sampling;
 use crate::log_filter::LogFilter;
 use crate::otlp_proto::{EncodedAttributes, Scalar, SpanParts};
 use crate::spool::Spool;
@@ -282,23 +283,8 @@ impl Backlog {
     }
 }
 
-/// How a trace's sampling is decided (`OTEL_TRACES_SAMPLER`): OpenTelemetry's
-/// `TraceIdRatioBased` at `ratio`, for the traces that start here or for every trace.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Sampling {
-    /// The share of traces sampled, 0.0 to 1.0.
-    pub(crate) ratio: f64,
-    /// A caller's decision is followed (`parentbased_*`); else the ratio decides its trace too.
-    pub(crate) follow_caller: bool,
-}
-
+/// The sampling decisions: the settings are read in `config.rs`.
 impl Sampling {
-    /// Every trace, and a caller's decision followed: the default.
-    pub(crate) const EVERY_TRACE: Self = Self {
-        ratio: 1.0,
-        follow_caller: true,
-    };
-
     /// `TraceIdRatioBased`'s decision: the trace id's low 63 bits below the ratio's share.
     fn samples(self, trace_id: TraceId) -> bool {
         if self.ratio >= 1.0 {

@@ -39,9 +39,9 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-pub use config::{ConfigError, Export, LogFormat, Protocol, Settings};
+pub use config::{ConfigError, Export, LogFormat, Protocol, Sampling, Settings};
 
-use layer::{Backlog, Sampling, Sink, SpanLayer};
+use layer::{Backlog, Sink, SpanLayer};
 use log_filter::LogFilter;
 
 /// The instrumentation scope's name on every exported span.
@@ -123,10 +123,7 @@ pub fn install(
     let sampling = settings
         .export
         .as_ref()
-        .map_or(Sampling::EVERY_TRACE, |export| Sampling {
-            ratio: export.sampling_ratio,
-            follow_caller: export.follow_caller,
-        });
+        .map_or(Sampling::EVERY_TRACE, |export| export.sampling);
     let span_layer = match (&settings.export, settings.log_format) {
         (Some(_), _) | (None, LogFormat::Json) => Some(span_layer(
             sink.clone(),
