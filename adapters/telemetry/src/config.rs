@@ -15,10 +15,9 @@
 //! Export is off unless the file names an endpoint or `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the standard `OTEL_*` variables fill in what the
 //! file leaves out (`OTEL_EXPORTER_OTLP_PROTOCOL`, `OTEL_SERVICE_NAME`,
-//! `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_MAX_QUEUE_SIZE`; `OTEL_BSP_SCHEDULE_DELAY` and
-//! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` are checked here and read by the exporter), and
-//! `OTEL_SDK_DISABLED=true` turns
-//! export off. Every refusal names
+//! `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG`, and the batch processor's
+//! `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_SCHEDULE_DELAY` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, read
+//! here for both exporters), and `OTEL_SDK_DISABLED=true` turns export off. Every refusal names
 //! the file, the line and the field (or the variable) and says what to write. Header values are
 //! secrets: they are read from the environment, never written in the file, and never printed.
 
@@ -49,6 +48,13 @@ pub const DEFAULT_MAX_QUEUED_SPANS: usize = 2_048;
 pub const MAX_MAX_QUEUED_SPANS: usize = 65_536;
 const _: () =
     assert!(1 <= DEFAULT_MAX_QUEUED_SPANS && DEFAULT_MAX_QUEUED_SPANS <= MAX_MAX_QUEUED_SPANS);
+/// `OTEL_BSP_SCHEDULE_DELAY`'s default (the SDK's), in milliseconds.
+pub const DEFAULT_SCHEDULE_DELAY_MS: u64 = 5_000;
+/// The longest `OTEL_BSP_SCHEDULE_DELAY` accepted, in milliseconds: an hour between posts.
+pub const MAX_SCHEDULE_DELAY_MS: u64 = 3_600_000;
+/// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`'s default (the SDK's), in spans.
+pub const DEFAULT_EXPORT_BATCH_SPANS: usize = 512;
+const _: () = assert!(DEFAULT_EXPORT_BATCH_SPANS <= DEFAULT_MAX_QUEUED_SPANS);
 /// Most extra headers on export requests.
 pub const MAX_HEADERS: usize = 32;
 /// The longest endpoint URL accepted, in bytes.
@@ -119,6 +125,11 @@ pub struct Export {
     pub export_timeout_ms: u64,
     /// Finished spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
     pub max_queued_spans: usize,
+    /// A post at least this often while spans wait, in milliseconds (`OTEL_BSP_SCHEDULE_DELAY`).
+    pub schedule_delay_ms: u64,
+    /// A post as soon as this many spans wait, and at most this many in one
+    /// (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`); never more than `max_queued_spans`.
+    pub max_export_batch_spans: usize,
 }
 
 /// How traces are sampled (`OTEL_TRACES_SAMPLER`): OpenTelemetry's `TraceIdRatioBased` at
@@ -272,6 +283,7 @@ fn resolve(
     };
     let protocol = protocol(source, section, env)?;
     let endpoint = endpoint_url(source, endpoint, protocol)?;
+    let max_queued_spans = max_queued_spans(env)?;
     let export = Export {
         endpoint,
         protocol,
@@ -279,9 +291,10 @@ fn resolve(
         sampling: sampling(source, section, env)?,
         service_name: service_name(source, section, env)?,
         export_timeout_ms: export_timeout_ms(source, section)?,
-        max_queued_spans: max_queued_spans(env)?,
+        max_queued_spans,
+        schedule_delay_ms: schedule_delay_ms(env)?,
+        max_export_batch_spans: max_export_batch_spans(env, max_queued_spans)?,
     };
-    check_batch_timing(env)?;
     Ok(Settings {
         export: (!disabled).then_some(export),
         log_format,
@@ -620,26 +633,35 @@ fn max_queued_spans(env: &dyn Fn(&str) -> Option<String>) -> Result<usize, Confi
     Ok(spans.map_or(DEFAULT_MAX_QUEUED_SPANS, |spans| spans as usize))
 }
 
-/// The longest `OTEL_BSP_SCHEDULE_DELAY` accepted, in milliseconds: an hour between posts.
-const MAX_SCHEDULE_DELAY_MS: u64 = 3_600_000;
-
-/// Checks the batch processor's two timing variables, which the exporter reads itself (the
-/// spool in `lib.rs`, or the SDK for gRPC): the SDK would quietly take its default for a value
-/// that is not a number, so a typo would look like export that does not keep its timing.
-fn check_batch_timing(env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
-    env_number(
+/// The batch processor's delay between posts, from the standard variable. Read here for both
+/// exporters (the spool, and the SDK's processor for gRPC, which is given it): the SDK would
+/// quietly take its default for a value that is not a number, so a typo would look like export
+/// that does not keep its timing.
+fn schedule_delay_ms(env: &dyn Fn(&str) -> Option<String>) -> Result<u64, ConfigError> {
+    let delay_ms = env_number(
         env,
         "OTEL_BSP_SCHEDULE_DELAY",
         1..=MAX_SCHEDULE_DELAY_MS,
         "milliseconds between posts",
     )?;
-    env_number(
+    Ok(delay_ms.unwrap_or(DEFAULT_SCHEDULE_DELAY_MS))
+}
+
+/// The most spans a post carries, from the standard variable, and at most the queue (as the
+/// SDK has it: a batch larger than what may wait would never fill).
+fn max_export_batch_spans(
+    env: &dyn Fn(&str) -> Option<String>,
+    max_queued_spans: usize,
+) -> Result<usize, ConfigError> {
+    let spans = env_number(
         env,
         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
         1..=MAX_MAX_QUEUED_SPANS as u64,
         "spans a post carries at most",
     )?;
-    Ok(())
+    // Within `MAX_MAX_QUEUED_SPANS`, a `usize`.
+    let spans = spans.map_or(DEFAULT_EXPORT_BATCH_SPANS, |spans| spans as usize);
+    Ok(spans.min(max_queued_spans))
 }
 
 /// The whole number in the variable `name` (`None` when unset or empty), refused outside
@@ -880,6 +902,26 @@ mod tests {
         assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "1000")).is_ok());
         assert!(from_env(&env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", " 2048 ")).is_ok());
         assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "")).is_ok());
+        let export_with = |name: &'static str, value: &'static str| {
+            from_env(&env(name, value)).unwrap().export.expect("on")
+        };
+        assert_eq!(
+            export_with("OTEL_BSP_SCHEDULE_DELAY", "1000").schedule_delay_ms,
+            1000
+        );
+        assert_eq!(
+            export_with("OTEL_BSP_SCHEDULE_DELAY", "").schedule_delay_ms,
+            DEFAULT_SCHEDULE_DELAY_MS
+        );
+        // The batch is read, and never more than the queue (2,048 spans by default).
+        assert_eq!(
+            export_with("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100").max_export_batch_spans,
+            100
+        );
+        assert_eq!(
+            export_with("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096").max_export_batch_spans,
+            DEFAULT_MAX_QUEUED_SPANS
+        );
         let error = from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "5s")).unwrap_err();
         assert_eq!(
             error.to_string(),

@@ -52,11 +52,6 @@ fn scope() -> opentelemetry::InstrumentationScope {
     opentelemetry::InstrumentationScope::builder(TRACER_NAME).build()
 }
 
-/// `OTEL_BSP_SCHEDULE_DELAY`'s default (the SDK's): a post at least this often while spans wait.
-const DEFAULT_SCHEDULE_DELAY_MS: u64 = 5_000;
-/// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`'s default (the SDK's): a post as soon as this many wait.
-const DEFAULT_EXPORT_BATCH_SPANS: usize = 512;
-
 /// Telemetry that could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
@@ -188,7 +183,10 @@ fn exporting_sink(export: &Export) -> Result<Sink, InitError> {
                 exporter,
                 Arc::new(Backlog::new(export.max_queued_spans)),
                 scope(),
-                spool_timing(export.max_queued_spans),
+                spool::Timing {
+                    delay: Duration::from_millis(export.schedule_delay_ms),
+                    batch_spans: export.max_export_batch_spans,
+                },
             )
             .map_err(|error| InitError::Exporter(error.to_string()))?;
             Ok(Sink::spooled(spool))
@@ -228,9 +226,12 @@ fn sink_exporting_to(
     export: &Export,
 ) -> Sink {
     let backlog = Arc::new(Backlog::new(export.max_queued_spans));
-    // The other `OTEL_BSP_*` variables (batch size, delay) are the SDK's to read.
+    // The `OTEL_BSP_*` values as the settings read and checked them (the builder's default reads
+    // the variables again, and takes its default for a malformed one).
     let config = BatchConfigBuilder::default()
         .with_max_queue_size(export.max_queued_spans)
+        .with_scheduled_delay(Duration::from_millis(export.schedule_delay_ms))
+        .with_max_export_batch_size(export.max_export_batch_spans)
         .build();
     let mut processor =
         BatchSpanProcessor::builder(export::Counted::new(exporter, Arc::clone(&backlog)))
@@ -244,27 +245,6 @@ fn resource(export: &Export) -> Resource {
     Resource::builder()
         .with_service_name(export.service_name.clone())
         .build()
-}
-
-/// The spool's timing from the SDK's variables, which the configuration has checked (a value
-/// that is not a number stopped the start); unset or empty is the default, and the batch is at
-/// most the queue.
-fn spool_timing(max_queued_spans: usize) -> spool::Timing {
-    let number = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|value| value.trim().parse::<u64>().ok())
-    };
-    let batch_spans = number("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
-        .and_then(|spans| usize::try_from(spans).ok())
-        .filter(|spans| *spans > 0)
-        .unwrap_or(DEFAULT_EXPORT_BATCH_SPANS);
-    spool::Timing {
-        delay: Duration::from_millis(
-            number("OTEL_BSP_SCHEDULE_DELAY").unwrap_or(DEFAULT_SCHEDULE_DELAY_MS),
-        ),
-        batch_spans: batch_spans.min(max_queued_spans),
-    }
 }
 
 #[cfg(test)]
