@@ -902,26 +902,27 @@ mod tests {
         assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "1000")).is_ok());
         assert!(from_env(&env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", " 2048 ")).is_ok());
         assert!(from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "")).is_ok());
-        let export_with = |name: &'static str, value: &'static str| {
-            from_env(&env(name, value)).unwrap().export.expect("on")
-        };
-        assert_eq!(
-            export_with("OTEL_BSP_SCHEDULE_DELAY", "1000").schedule_delay_ms,
-            1000
-        );
-        assert_eq!(
-            export_with("OTEL_BSP_SCHEDULE_DELAY", "").schedule_delay_ms,
-            DEFAULT_SCHEDULE_DELAY_MS
-        );
-        // The batch is read, and never more than the queue (2,048 spans by default).
-        assert_eq!(
-            export_with("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100").max_export_batch_spans,
-            100
-        );
-        assert_eq!(
-            export_with("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096").max_export_batch_spans,
-            DEFAULT_MAX_QUEUED_SPANS
-        );
+        // What the exporters are given: the value, the default when empty, and a batch never
+        // larger than the queue (2,048 spans by default).
+        let given = [
+            ("OTEL_BSP_SCHEDULE_DELAY", "1000", 1000),
+            ("OTEL_BSP_SCHEDULE_DELAY", "", DEFAULT_SCHEDULE_DELAY_MS),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100", 100),
+            (
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                "4096",
+                DEFAULT_MAX_QUEUED_SPANS as u64,
+            ),
+        ];
+        for (name, value, expected) in given {
+            let export = from_env(&env(name, value)).unwrap().export.expect("on");
+            let read = if name == "OTEL_BSP_SCHEDULE_DELAY" {
+                export.schedule_delay_ms
+            } else {
+                export.max_export_batch_spans as u64
+            };
+            assert_eq!(read, expected, "{name}={value:?}");
+        }
         let error = from_env(&env("OTEL_BSP_SCHEDULE_DELAY", "5s")).unwrap_err();
         assert_eq!(
             error.to_string(),
