@@ -23,6 +23,7 @@ use opledger_domain::app::IntentRequest;
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::{Engine, EnginePolicy, Report};
 use opledger_domain::ids::{AccountId, ActionName, OperationId, ProviderId, TenantId, WorkerId};
+use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{operation_label, BindingQuery, Providers};
 use opledger_domain::state::{OperationState, Status};
 use opledger_providers::presets::{stand_document, StandSettings};
@@ -213,7 +214,7 @@ async fn play(
     println!("   intent recorded: operation {operation_id}, key {key}");
     queue_fault(admin, scenario).await?;
 
-    let first = engine.drive(operation_id).await?;
+    let first = drive(engine, operation_id).await?;
     println!(
         "   after the first send: {} — agent: \"{}\"",
         first.state().status.name(),
@@ -327,12 +328,20 @@ fn as_expected(expect: Expect, objects: &[StandObject], state: &OperationState) 
     }
 }
 
+/// One drive, as a worker makes it (`opledger_runtime::workers`): in a `drive` span of its own,
+/// which the engine joins to the trace the intent was recorded in, so that with trace export on
+/// an operation's whole history is one trace (without it each step would start a trace).
+async fn drive(engine: &DemoEngine, operation_id: OperationId) -> Result<Report, CliError> {
+    let span = tracing::info_span!(parent: None, "drive", %operation_id);
+    Ok(engine.drive(operation_id).in_span(span).await?)
+}
+
 /// Drives the operation until it is settled or waits for a person, sleeping until its next work
 /// is due in between.
 async fn settle(engine: &DemoEngine, operation_id: OperationId) -> Result<Report, CliError> {
     let deadline = Instant::now() + SCENARIO_DEADLINE;
     loop {
-        let report = engine.drive(operation_id).await?;
+        let report = drive(engine, operation_id).await?;
         let state = report.state();
         let waiting_for_work = matches!(
             state.status,

@@ -181,6 +181,42 @@ fn the_demo_plays_the_article_against_the_stand_and_counts_no_duplicates() {
 }
 
 #[test]
+fn the_demo_with_trace_export_on_keeps_each_operations_history_in_one_trace() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("demo.db");
+    let db = db.to_str().expect("utf-8");
+    // Nothing listens on the discard port: export fails and is counted, and the trace context
+    // is kept with the events all the same.
+    let output = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["demo", "--db", db])
+        .env_remove("OPLEDGER_DB")
+        .env_remove("RUST_LOG")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .expect("the opledger binary runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let listed = json_stdout(&opledger(&["ops", "list", "--db", db, "--json"]));
+    let operations = listed["operations"].as_array().expect("operations");
+    assert_eq!(operations.len(), 3, "{listed}");
+    for operation in operations {
+        let id = operation["operation_id"].as_str().expect("an id");
+        let traced = json_stdout(&opledger(&["trace", "--db", db, id, "--json"]));
+        let events = traced["events"].as_array().expect("events");
+        let traces: std::collections::BTreeSet<&str> = events
+            .iter()
+            .map(|event| event["trace_id"].as_str().unwrap_or("none"))
+            .collect();
+        assert!(events.len() > 2, "{traced}");
+        assert_eq!(
+            traces.len(),
+            1,
+            "every event of {id} in its intent's trace: {traces:?}"
+        );
+        assert!(!traces.contains("none"), "{traces:?}");
+    }
+}
+
+#[test]
 fn help_explains_every_command() {
     let output = opledger(&["--help"]);
     assert!(output.status.success());
