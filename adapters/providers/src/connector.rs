@@ -1093,7 +1093,7 @@ fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
 /// Logs `outcome` and records its external id on `span`, the provider's own span: not on the
 /// current span, which is the engine's `send` when `span` is disabled (debug-level), and which
 /// the engine records the id on itself: recorded twice, it was exported twice.
-fn log_send(span: &Span, outcome: &SendOutcome) {
+pub(crate) fn log_send(span: &Span, outcome: &SendOutcome) {
     match outcome {
         SendOutcome::Confirmed {
             external_id,
@@ -1125,7 +1125,7 @@ fn log_send(span: &Span, outcome: &SendOutcome) {
 }
 
 /// Logs `outcome` and records its external id on `span` (see [`log_send`]).
-fn log_lookup(span: &Span, outcome: &LookupOutcome) {
+pub(crate) fn log_lookup(span: &Span, outcome: &LookupOutcome) {
     match outcome {
         LookupOutcome::Found {
             external_id,

@@ -108,6 +108,7 @@ pub mod document;
 pub mod error;
 pub mod http;
 pub mod lookup;
+pub mod mcp;
 pub mod oauth;
 pub mod pointer;
 pub mod presets;

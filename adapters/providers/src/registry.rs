@@ -16,11 +16,14 @@ use serde_json::Value;
 
 use crate::connector::Connector;
 use crate::error::ConnectorError;
+use crate::mcp::McpConnector;
 
-/// Every registered connector, by provider id.
+/// Every registered connector, by provider id: REST connectors and upstream MCP servers
+/// ([`McpConnector`]) side by side, one provider id each, answered through the same port.
 #[derive(Debug, Default)]
 pub struct HttpProviders {
     connectors: BTreeMap<ProviderId, Connector>,
+    upstreams: BTreeMap<ProviderId, McpConnector>,
 }
 
 impl HttpProviders {
@@ -35,19 +38,40 @@ impl HttpProviders {
 
     /// Adds one connector; its provider id must be new.
     pub fn insert(&mut self, connector: Connector) -> Result<(), ConnectorError> {
-        if self.connectors.contains_key(connector.id()) {
+        self.check_new(connector.id(), connector.document_name())?;
+        self.connectors.insert(connector.id().clone(), connector);
+        Ok(())
+    }
+
+    /// Adds one upstream MCP server; its provider id must be new.
+    pub fn insert_mcp(&mut self, connector: McpConnector) -> Result<(), ConnectorError> {
+        self.check_new(connector.id(), connector.document_name())?;
+        self.upstreams.insert(connector.id().clone(), connector);
+        Ok(())
+    }
+
+    fn check_new(&self, id: &ProviderId, document: &str) -> Result<(), ConnectorError> {
+        if self.connectors.contains_key(id) || self.upstreams.contains_key(id) {
             return Err(ConnectorError {
-                file: connector.document_name().to_owned(),
+                file: document.to_owned(),
                 line: None,
                 field: "id".to_owned(),
                 message: format!(
-                    "provider `{}` is registered twice; give each connector its own id",
-                    connector.id()
+                    "provider `{id}` is registered twice; give each connector its own id"
                 ),
             });
         }
-        self.connectors.insert(connector.id().clone(), connector);
         Ok(())
+    }
+
+    /// The upstream MCP server registered under `id`.
+    pub fn mcp(&self, id: &ProviderId) -> Option<&McpConnector> {
+        self.upstreams.get(id)
+    }
+
+    /// Every registered upstream MCP server, by provider id.
+    pub fn mcp_connectors(&self) -> impl Iterator<Item = &McpConnector> {
+        self.upstreams.values()
     }
 
     /// The connector registered under `id`.
@@ -55,12 +79,12 @@ impl HttpProviders {
         self.connectors.get(id)
     }
 
-    /// The registered provider ids, in order.
+    /// The registered provider ids (REST connectors, then upstream MCP servers), each in order.
     pub fn ids(&self) -> impl Iterator<Item = &ProviderId> {
-        self.connectors.keys()
+        self.connectors.keys().chain(self.upstreams.keys())
     }
 
-    /// Every registered connector, by provider id.
+    /// Every registered REST connector, by provider id.
     pub fn connectors(&self) -> impl Iterator<Item = &Connector> {
         self.connectors.values()
     }
@@ -72,6 +96,9 @@ fn not_registered(provider: &ProviderId) -> String {
 
 impl Providers for HttpProviders {
     fn bind(&self, query: &BindingQuery<'_>) -> Result<Binding, Unbound> {
+        if let Some(upstream) = self.mcp(query.provider) {
+            return upstream.bind(query.tenant, query.account, query.action);
+        }
         let connector = self.get(query.provider).ok_or_else(|| Unbound::Provider {
             provider: query.provider.clone(),
         })?;
@@ -86,6 +113,12 @@ impl Providers for HttpProviders {
         action: &ActionName,
         args: &Value,
     ) -> Result<(), Vec<ArgProblem>> {
+        if let Some(upstream) = self.mcp(provider) {
+            return match upstream.action(action) {
+                Some(_) => upstream.check_args(action, args),
+                None => Ok(()),
+            };
+        }
         match self.get(provider) {
             Some(connector) if connector.action(action).is_some() => {
                 connector.check_args(action, args)
@@ -95,12 +128,20 @@ impl Providers for HttpProviders {
     }
 
     fn action_description(&self, provider: &ProviderId, action: &ActionName) -> Option<String> {
+        if let Some(upstream) = self.mcp(provider) {
+            return upstream
+                .action(action)
+                .map(|action| action.description.clone());
+        }
         self.get(provider)?
             .action(action)
             .map(|action| action.description.clone())
     }
 
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
+        if let Some(upstream) = self.mcp(&request.provider) {
+            return upstream.execute(request).await;
+        }
         match self.get(&request.provider) {
             Some(connector) => connector.execute(request).await,
             None => {
@@ -136,6 +177,9 @@ impl Providers for HttpProviders {
     }
 
     async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
+        if let Some(upstream) = self.mcp(&request.provider) {
+            return upstream.lookup(request).await;
+        }
         match self.get(&request.provider) {
             Some(connector) => connector.lookup(request).await,
             None => LookupOutcome::Unavailable {
@@ -146,11 +190,9 @@ impl Providers for HttpProviders {
     }
 
     fn longest_send_ms(&self) -> u64 {
-        self.connectors
-            .values()
-            .map(Connector::longest_send_ms)
-            .max()
-            .unwrap_or(0)
+        let rest = self.connectors.values().map(Connector::longest_send_ms);
+        let upstreams = self.upstreams.values().map(McpConnector::longest_send_ms);
+        rest.chain(upstreams).max().unwrap_or(0)
     }
 }
 

@@ -50,7 +50,7 @@ pub const DEFAULT_IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 /// What the templates of one request may name.
 #[derive(Clone, Copy)]
-enum Scope<'a> {
+pub(super) enum Scope<'a> {
     /// A send: arguments (checked against the schema when it is valid).
     Send { schema: Option<&'a Value> },
     /// A lookup: no arguments.
@@ -58,9 +58,9 @@ enum Scope<'a> {
 }
 
 /// Everything a template check needs.
-struct Names<'a> {
-    scope: Scope<'a>,
-    settings: &'a BTreeMap<String, String>,
+pub(super) struct Names<'a> {
+    pub(super) scope: Scope<'a>,
+    pub(super) settings: &'a BTreeMap<String, String>,
 }
 
 /// Reads `[probe]`: the read-only request `opledger connectors test` sends to check an account's
@@ -203,7 +203,7 @@ fn action(
     Some(action)
 }
 
-fn required_table<'n>(
+pub(super) fn required_table<'n>(
     table: &Table<'n>,
     key: &str,
     hint: &str,
@@ -216,7 +216,7 @@ fn required_table<'n>(
     table.table(key, findings)
 }
 
-fn action_name(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ActionName> {
+pub(super) fn action_name(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ActionName> {
     let found = table.required_string(
         "name",
         "write the action's name, e.g. name = \"create_task\"",
@@ -246,7 +246,10 @@ fn action_name(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<ActionN
 
 /// The input schema as JSON, and whether it is a valid 2020-12 schema of an object (only then
 /// are placeholders checked against it, so one schema error does not become ten).
-fn input_schema(table: &Table<'_>, findings: &mut Findings<'_>) -> (Option<Value>, bool) {
+pub(super) fn input_schema(
+    table: &Table<'_>,
+    findings: &mut Findings<'_>,
+) -> (Option<Value>, bool) {
     let Some(node) = table.get("input") else {
         table.missing(
             "input",
@@ -415,7 +418,7 @@ fn method(
 
 /// Where a template is used, for what its placeholders may name.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Place {
+pub(super) enum Place {
     /// A path: a placeholder is one segment and cannot be left out.
     Path,
     /// A query value, header value, body leaf or key: absent values are left out.
@@ -423,7 +426,7 @@ enum Place {
 }
 
 /// Parses and checks one template; every problem is a finding at its place.
-fn template(
+pub(super) fn template(
     found: &Found<'_, &str>,
     names: &Names<'_>,
     place: Place,
@@ -630,7 +633,7 @@ fn body(
 }
 
 /// A body value as a template tree; each leaf's problems at its own line.
-fn tree_of(
+pub(super) fn tree_of(
     node: &Node,
     field: &str,
     names: &Names<'_>,
@@ -792,7 +795,10 @@ fn dedup_spec(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Dedup> {
     }
 }
 
-fn retention(table: &Table<'_>, findings: &mut Findings<'_>) -> (Option<u64>, Option<u64>) {
+pub(super) fn retention(
+    table: &Table<'_>,
+    findings: &mut Findings<'_>,
+) -> (Option<u64>, Option<u64>) {
     for key in ["retention_s", "safety_margin_s"] {
         if !table.has(key) {
             let hint = if key == "retention_s" {

@@ -142,6 +142,7 @@
 //! rejection) and its request must carry `{{label}}`; `by_label` is `by_key` with `{{label}}`.
 
 mod action;
+mod mcp;
 mod read;
 mod tree;
 
@@ -550,6 +551,34 @@ pub struct SearchLookup {
     /// How long the index may lag behind a create, in milliseconds.
     pub lag_ms: u64,
 }
+
+/// A checked connector document of either transport.
+#[derive(Clone, Debug)]
+pub enum AnyDocument {
+    /// A REST API (`transport = "http"`, the default). Both are boxed: a document is read once,
+    /// and the two differ in size by hundreds of bytes.
+    Rest(Box<Document>),
+    /// An upstream MCP server (`transport = "mcp"`, see [`crate::mcp`]).
+    Mcp(Box<crate::mcp::McpDocument>),
+}
+
+impl AnyDocument {
+    /// The provider id it registers under unless the user gives another.
+    pub fn id(&self) -> &ProviderId {
+        match self {
+            Self::Rest(document) => &document.id,
+            Self::Mcp(document) => &document.id,
+        }
+    }
+}
+
+/// Reads and checks a connector document of either transport (see [`AnyDocument`]); every
+/// problem found is returned, each with its line and field.
+pub fn parse_any(name: &str, text: &str) -> Result<AnyDocument, Vec<ConnectorError>> {
+    read::any_document(name, text)
+}
+
+pub(crate) use mcp::fill_pattern;
 
 /// Reads and checks a connector document; `name` is its file name (for messages). Every problem
 /// found is returned, each with its line and field.

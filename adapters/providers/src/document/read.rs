@@ -29,6 +29,7 @@ use crate::template::{check_pointer, is_setting_name, resolve_pointer};
 
 const TOP_KEYS: &[&str] = &[
     "id",
+    "transport",
     "description",
     "base_url",
     "request_timeout_ms",
@@ -56,6 +57,23 @@ const SECRET_KEYS: &[&str] = &[
 
 /// Reads and checks the whole document.
 pub(super) fn document(name: &str, text: &str) -> Result<Document, Vec<ConnectorError>> {
+    match any_document(name, text)? {
+        super::AnyDocument::Rest(document) => Ok(*document),
+        super::AnyDocument::Mcp(_) => Err(vec![ConnectorError {
+            file: name.to_owned(),
+            line: None,
+            field: "transport".to_owned(),
+            message: "is \"mcp\": this is an MCP connector, which is loaded where connectors are configured (a [[connectors]] entry), not as a REST document".to_owned(),
+        }]),
+    }
+}
+
+/// Reads and checks a whole document of either transport: `transport = "mcp"` (an upstream MCP
+/// server, [`super::mcp`]) or `"http"`, the default (a REST API).
+pub(super) fn any_document(
+    name: &str,
+    text: &str,
+) -> Result<super::AnyDocument, Vec<ConnectorError>> {
     let mut findings = Findings::new(name, text);
     if text.len() > MAX_DOCUMENT_BYTES {
         findings.add(
@@ -78,13 +96,44 @@ pub(super) fn document(name: &str, text: &str) -> Result<Document, Vec<Connector
     let Some(top) = Table::of(&root, String::new(), &mut findings) else {
         return Err(findings.into_errors());
     };
-    let document = top_level(name, &top, &mut findings);
+    let document = match transport(&top, &mut findings) {
+        Some(Transport::Mcp) => super::mcp::document(name, &top, &mut findings)
+            .map(|document| super::AnyDocument::Mcp(Box::new(document))),
+        Some(Transport::Http) => top_level(name, &top, &mut findings)
+            .map(|document| super::AnyDocument::Rest(Box::new(document))),
+        None => None,
+    };
     match document {
         Some(document) if findings.is_empty() => Ok(document),
         _ => {
             debug_assert!(!findings.is_empty(), "a document that failed says why");
             Err(findings.into_errors())
         }
+    }
+}
+
+/// The wire a document speaks.
+enum Transport {
+    Http,
+    Mcp,
+}
+
+fn transport(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<Transport> {
+    match top.string("transport", findings) {
+        None if top.has("transport") => None,
+        None => Some(Transport::Http),
+        Some(found) => match found.value {
+            "http" => Some(Transport::Http),
+            "mcp" => Some(Transport::Mcp),
+            other => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("`{other}` is no transport; write \"http\" (a REST API, the default) or \"mcp\" (an upstream MCP server)"),
+                );
+                None
+            }
+        },
     }
 }
 
@@ -132,7 +181,7 @@ fn top_level(name: &str, top: &Table<'_>, findings: &mut Findings<'_>) -> Option
     })
 }
 
-fn provider_id(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<ProviderId> {
+pub(super) fn provider_id(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<ProviderId> {
     let found = top.required_string(
         "id",
         "write the provider id it registers under, e.g. id = \"hubspot\"",
@@ -143,7 +192,7 @@ fn provider_id(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<ProviderI
         .ok()
 }
 
-fn description(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<String> {
+pub(super) fn description(top: &Table<'_>, findings: &mut Findings<'_>) -> Option<String> {
     let found = top.required_string(
         "description",
         "write one line saying which API this is",
@@ -498,7 +547,7 @@ fn oauth2(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<OAuth2Spec> 
     })
 }
 
-fn settings(top: &Table<'_>, findings: &mut Findings<'_>) -> BTreeMap<String, String> {
+pub(super) fn settings(top: &Table<'_>, findings: &mut Findings<'_>) -> BTreeMap<String, String> {
     let mut settings = BTreeMap::new();
     let Some(table) = top.table("settings", findings) else {
         return settings;

@@ -1,0 +1,219 @@
+//! The sessions one MCP connector keeps to its upstream: started when first needed, shared by
+//! every call (each session multiplexes), started again after it closed — never sooner than the
+//! restart wait after its last start.
+//!
+//! A session that cannot be had is reported as such ([`Unready`]): the call was never written,
+//! which is the one case a call is provably not sent.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use tokio::sync::Mutex;
+
+/// A live session with the upstream.
+pub(crate) type Session = RunningService<RoleClient, ()>;
+
+/// How a session is started, with every value read from the environment already in hand.
+#[derive(Clone)]
+pub(crate) enum Launch {
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: Vec<(String, OsString)>,
+        cwd: Option<String>,
+    },
+    Http {
+        url: String,
+        headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    },
+}
+
+impl std::fmt::Debug for Launch {
+    /// Never the environment's or the headers' values: they may be secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stdio { command, args, .. } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .finish_non_exhaustive(),
+            Self::Http { url, .. } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// Variables the child keeps from this process besides the ones the document names: what a
+/// program needs to be found and to run (`uvx` and `npx` keep their caches under `HOME`).
+const INHERITED_VARIABLES: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR"];
+
+/// Why no session is at hand; nothing was sent.
+#[derive(Debug)]
+pub(crate) struct Unready {
+    pub reason: String,
+    pub retry_after_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct Slot {
+    session: Option<Arc<Session>>,
+    last_start: Option<Instant>,
+}
+
+/// Every session of one connector.
+pub(crate) struct Sessions {
+    launch: Launch,
+    slots: Vec<Mutex<Slot>>,
+    next: AtomicUsize,
+    start_timeout: Duration,
+    restart_wait: Duration,
+    starts: AtomicU64,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("launch", &self.launch)
+            .field("slots", &self.slots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sessions {
+    pub fn new(
+        launch: Launch,
+        count: usize,
+        start_timeout: Duration,
+        restart_wait: Duration,
+    ) -> Self {
+        assert!(
+            (1..=super::MAX_SESSIONS_PER_UPSTREAM).contains(&count),
+            "the document's check keeps the session count in range"
+        );
+        Self {
+            launch,
+            slots: (0..count).map(|_| Mutex::new(Slot::default())).collect(),
+            next: AtomicUsize::new(0),
+            start_timeout,
+            restart_wait,
+            starts: AtomicU64::new(0),
+        }
+    }
+
+    /// How a session is started (for a one-off session, such as listing the tools).
+    pub fn launch_for_listing(&self) -> Launch {
+        self.launch.clone()
+    }
+
+    /// How many sessions were started so far (a restart counts).
+    pub fn starts(&self) -> u64 {
+        self.starts.load(Ordering::Relaxed)
+    }
+
+    /// A live session (the next one in turn), started if it is not open.
+    pub async fn get(&self) -> Result<(usize, Arc<Session>), Unready> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[index].lock().await;
+        if let Some(session) = &slot.session {
+            if !session.is_closed() {
+                return Ok((index, Arc::clone(session)));
+            }
+            slot.session = None;
+        }
+        if let Some(last) = slot.last_start {
+            let since = last.elapsed();
+            if since < self.restart_wait {
+                let wait = self.restart_wait - since;
+                return Err(Unready {
+                    reason: format!(
+                        "the upstream's session closed and was started {} ms ago; it is started again at most once every {} ms (restart_wait_ms)",
+                        since.as_millis(),
+                        self.restart_wait.as_millis()
+                    ),
+                    retry_after_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1)),
+                });
+            }
+        }
+        slot.last_start = Some(Instant::now());
+        self.starts.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::new(start(&self.launch, self.start_timeout).await?);
+        slot.session = Some(Arc::clone(&session));
+        Ok((index, session))
+    }
+
+    /// Forgets `session` (after it broke with a call out), so the next call starts another.
+    pub async fn discard(&self, index: usize, session: &Arc<Session>) {
+        let mut slot = self.slots[index].lock().await;
+        if slot
+            .session
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, session))
+        {
+            if let Some(held) = slot.session.take() {
+                held.cancellation_token().cancel();
+            }
+        }
+    }
+}
+
+/// Starts one session: spawns the child or connects, then the MCP `initialize` handshake, all
+/// within `timeout`.
+pub(crate) async fn start(launch: &Launch, timeout: Duration) -> Result<Session, Unready> {
+    let unready = |reason: String| Unready {
+        reason,
+        retry_after_ms: None,
+    };
+    let started = match launch {
+        Launch::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            let mut child = tokio::process::Command::new(command);
+            child.args(args).env_clear();
+            for name in INHERITED_VARIABLES {
+                if let Some(value) = std::env::var_os(name) {
+                    child.env(name, value);
+                }
+            }
+            child.envs(env.iter().map(|(name, value)| (name, value)));
+            if let Some(cwd) = cwd {
+                child.current_dir(cwd);
+            }
+            let (transport, _) = TokioChildProcess::builder(child)
+                .stderr(std::process::Stdio::inherit())
+                .spawn()
+                .map_err(|error| {
+                    unready(format!(
+                        "the upstream `{command}` could not be started: {error}"
+                    ))
+                })?;
+            tokio::time::timeout(timeout, ().serve(transport)).await
+        }
+        Launch::Http { url, headers } => {
+            let headers: HashMap<_, _> = headers.iter().cloned().collect();
+            let config =
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+            let transport = StreamableHttpClientTransport::from_config(config);
+            tokio::time::timeout(timeout, ().serve(transport)).await
+        }
+    };
+    match started {
+        Ok(Ok(session)) => Ok(session),
+        Ok(Err(error)) => Err(unready(format!("no session with the upstream: {error}"))),
+        Err(_) => Err(unready(format!(
+            "no session with the upstream within {} ms (start_timeout_ms)",
+            timeout.as_millis()
+        ))),
+    }
+}
