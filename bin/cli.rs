@@ -161,6 +161,32 @@ pub enum ConnectorsCommand {
     /// Check each account's credentials against the live API with the connector's read-only
     /// [probe] request (nothing is created); exit non-zero when any account fails.
     Test(ConnectorsTestArgs),
+    /// List an upstream MCP server's tools and write a connector document to start from, with
+    /// every decision a person must make (contract, lookup, result) marked TO DECIDE.
+    ImportMcp(ConnectorsImportMcpArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("upstream").required(true).args(["command", "url"])))]
+pub struct ConnectorsImportMcpArgs {
+    /// The program that starts the upstream on stdio; its arguments follow `--`.
+    #[arg(long)]
+    pub command: Option<String>,
+    /// The upstream's Streamable HTTP endpoint.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// The provider id the document names.
+    #[arg(long, default_value = "upstream")]
+    pub id: String,
+    /// Write the document here instead of printing it.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// How long starting the upstream and listing its tools may take, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
+    /// The upstream program's arguments.
+    #[arg(last = true)]
+    pub args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -252,7 +278,7 @@ impl Command {
             Self::Verify(args) => args.json,
             Self::Demo(_)
             | Self::Connectors(ConnectorsArgs {
-                command: ConnectorsCommand::Show(_),
+                command: ConnectorsCommand::Show(_) | ConnectorsCommand::ImportMcp(_),
             })
             | Self::Export(_)
             | Self::Bench(_)

@@ -16,8 +16,8 @@ use opledger_providers::{presets, render_all, Connector, Overrides};
 use serde_json::{json, Value};
 
 use crate::cli::{
-    CliError, ConnectorsArgs, ConnectorsCheckArgs, ConnectorsCommand, ConnectorsListArgs,
-    ConnectorsShowArgs, ConnectorsTestArgs,
+    CliError, ConnectorsArgs, ConnectorsCheckArgs, ConnectorsCommand, ConnectorsImportMcpArgs,
+    ConnectorsListArgs, ConnectorsShowArgs, ConnectorsTestArgs,
 };
 use crate::read_models::print_json;
 
@@ -28,6 +28,7 @@ pub async fn run(args: ConnectorsArgs) -> Result<(), CliError> {
         ConnectorsCommand::List(args) => list(&args),
         ConnectorsCommand::Show(args) => show(&args),
         ConnectorsCommand::Test(args) => test(&args).await,
+        ConnectorsCommand::ImportMcp(args) => import_mcp(&args).await,
     }
 }
 
@@ -109,11 +110,65 @@ async fn test(args: &ConnectorsTestArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `connectors import-mcp`: starts the upstream (or connects), lists its tools, and writes the
+/// starting document; nothing is called but `initialize` and `tools/list`.
+async fn import_mcp(args: &ConnectorsImportMcpArgs) -> Result<(), CliError> {
+    use opledger_providers::mcp::spec::Upstream;
+    let upstream = match (&args.command, &args.url) {
+        (Some(command), None) => Upstream::Stdio {
+            command: command.clone(),
+            args: args.args.clone(),
+            env_from: Vec::new(),
+            cwd: None,
+        },
+        (None, Some(url)) => Upstream::Http {
+            url: url.clone(),
+            headers_from: Vec::new(),
+        },
+        _ => {
+            return Err(CliError::Other(
+                "give --command PROGRAM [-- ARGS…] or --url URL, not both".to_owned(),
+            ))
+        }
+    };
+    let timeout = std::time::Duration::from_millis(args.timeout_ms);
+    let tools =
+        opledger_providers::mcp::list_tools(&upstream, &|name| std::env::var_os(name), timeout)
+            .await
+            .map_err(CliError::Other)?;
+    let text = opledger_providers::mcp::starting_document(&args.id, &upstream, &tools);
+    match &args.out {
+        Some(path) => std::fs::write(path, &text).map_err(|error| {
+            CliError::Other(format!("cannot write {}: {error}", path.display()))
+        })?,
+        None => print!("{text}"),
+    }
+    eprintln!(
+        "{} tool(s) listed; decide every TO DECIDE, then check the file with `opledger connectors check`",
+        tools.len()
+    );
+    Ok(())
+}
+
 /// `connectors check FILE…`: every file read whole; exit 2 when any has a problem.
 fn check(args: &ConnectorsCheckArgs) -> Result<(), CliError> {
     let mut problems = Vec::new();
     let mut checked = Vec::new();
     for path in &args.files {
+        // An upstream MCP server's document is checked whole too (its variables are read only
+        // when it is built).
+        if let Some(upstream) = mcp_document_of(path) {
+            match upstream {
+                Ok(document) => checked.push(json!({
+                    "file": document.name,
+                    "id": document.id.to_string(),
+                    "transport": "mcp",
+                    "actions": document.actions.iter().map(|action| action.name.to_string()).collect::<Vec<_>>(),
+                })),
+                Err(errors) => problems.extend(errors),
+            }
+            continue;
+        }
         match document_of(path) {
             Ok(document) => {
                 if args.env {
@@ -179,6 +234,25 @@ fn list(args: &ConnectorsListArgs) -> Result<(), CliError> {
     };
     println!("{} {what}", rows.len());
     Ok(())
+}
+
+/// The file's MCP document (or its problems), when it is one (`transport = "mcp"`).
+#[allow(clippy::type_complexity)]
+fn mcp_document_of(
+    path: &Path,
+) -> Option<Result<opledger_providers::mcp::McpDocument, Vec<opledger_providers::ConnectorError>>> {
+    let text = read_connector_file(path).ok()?;
+    match opledger_providers::document::parse_any(&path.display().to_string(), &text) {
+        Ok(opledger_providers::document::AnyDocument::Mcp(document)) => Some(Ok(*document)),
+        Ok(opledger_providers::document::AnyDocument::Rest(_)) => None,
+        Err(errors) => {
+            let mcp = text.lines().any(|line| {
+                let line = line.split('#').next().unwrap_or("").replace(' ', "");
+                line == "transport=\"mcp\""
+            });
+            mcp.then_some(Err(errors))
+        }
+    }
 }
 
 fn document_of(path: &Path) -> Result<Document, Vec<opledger_providers::ConnectorError>> {

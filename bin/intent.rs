@@ -61,8 +61,13 @@ fn configured_fingerprint(
 
     let loaded = opledger_http_api::config::load(config)
         .map_err(|error| CliError::Config(error.to_string()))?;
-    let providers = opledger_providers::HttpProviders::new(loaded.providers)
+    let mut providers = opledger_providers::HttpProviders::new(loaded.providers)
         .map_err(|error| CliError::Config(error.to_string()))?;
+    for upstream in loaded.upstreams {
+        providers
+            .insert_mcp(upstream)
+            .map_err(|error| CliError::Config(error.to_string()))?;
+    }
     let field = |name: &str, error: ValidationError| ValidationError::new(name, error.message);
     let tenant = TenantId::new(args.tenant.clone()).map_err(|e| field("--tenant", e))?;
     let provider = ProviderId::new(args.provider.clone()).map_err(|e| field("--provider", e))?;

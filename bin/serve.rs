@@ -163,6 +163,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         tokens,
         metrics_token: None,
         providers,
+        upstreams: Vec::new(),
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
     };

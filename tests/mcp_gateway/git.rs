@@ -188,3 +188,46 @@ async fn a_commit_refused_for_nothing_staged_is_not_read_as_not_done() {
     assert!(!events.contains(&"AttemptRejected"), "{events:?}");
     assert!(events.contains(&"OutcomeUnknown"), "{events:?}");
 }
+
+#[test]
+fn import_mcp_lists_the_servers_tools_and_leaves_every_decision_to_a_person() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).expect("the repository folder");
+    git(&repo, &["init", "--quiet"]);
+    let out = dir.path().join("git.toml");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_opledger"));
+    command
+        .args(["connectors", "import-mcp", "--id", "git", "--command"])
+        .arg(super::support::python_text())
+        .arg("--out")
+        .arg(&out)
+        .arg("--")
+        .args(super::support::server_args("mcp_server_git"))
+        .arg("--repository")
+        .arg(&repo);
+    let said = run(&mut command, "opledger connectors import-mcp");
+    assert!(said.contains("tool(s) listed"), "{said}");
+    let text = std::fs::read_to_string(&out).expect("the document is written");
+    assert!(text.contains("tool = \"git_commit\""), "{text}");
+    assert!(
+        text.contains("# the server says: readOnlyHint=false"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# read_only = [") && text.contains("\"git_log\""),
+        "the server's read-only tools are offered, commented out: {text}"
+    );
+    assert!(!text.contains("tool = \"git_log\""), "{text}");
+    let checked = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["connectors", "check"])
+        .arg(&out)
+        .output()
+        .expect("opledger runs");
+    assert!(
+        !checked.status.success(),
+        "an undecided document does not load"
+    );
+    let problems = String::from_utf8_lossy(&checked.stderr);
+    assert!(problems.contains("dedup.kind"), "{problems}");
+}

@@ -21,6 +21,7 @@
 //! Cost: the Python environment is made once per target directory (about a minute on first use,
 //! reused afterwards); the npm packages likewise.
 
+mod book;
 mod faults;
 mod filesystem;
 mod git;

@@ -14,9 +14,11 @@ use std::path::{Path, PathBuf};
 use opledger_domain::contract::RetryPolicy;
 use opledger_domain::engine::EnginePolicy;
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use opledger_providers::document::{parse_any, AnyDocument};
+use opledger_providers::mcp::spec::McpAccount;
+use opledger_providers::mcp::{McpConnector, McpDocument};
 use opledger_providers::{
-    presets, AccountSpec, Connector, ConnectorError, Credentials, Document, Overrides, Secret,
-    SecretSource,
+    presets, AccountSpec, Connector, ConnectorError, Credentials, Overrides, Secret, SecretSource,
 };
 use opledger_readmodel::MAX_LINGER_MS;
 use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
@@ -210,11 +212,20 @@ pub struct ServeConfig {
     pub metrics_token: Option<String>,
     /// The connectors and their accounts, built (their HTTP clients ready).
     pub providers: Vec<Connector>,
+    /// The upstream MCP servers configured as connectors (their sessions start when first
+    /// needed).
+    pub upstreams: Vec<McpConnector>,
     /// The endpoints outcome events are delivered to (`[[webhooks]]`).
     pub webhooks: Vec<opledger_webhooks::Endpoint>,
     /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
     /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
     pub webhook_lease_ms: u64,
+}
+
+/// One built `[[connectors]]` entry.
+enum Built {
+    Rest(Connector),
+    Mcp(McpConnector),
 }
 
 // ---- the file's shape (serde) ----
@@ -520,7 +531,8 @@ impl Checker<'_> {
             _ => None,
         }
         .unwrap_or_else(|| self.relative("."));
-        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
+        let (providers, upstreams) =
+            self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
@@ -546,6 +558,7 @@ impl Checker<'_> {
             tokens,
             metrics_token,
             providers,
+            upstreams,
             webhooks,
             webhook_lease_ms,
         })
@@ -905,25 +918,35 @@ impl Checker<'_> {
         entries: &[ConnectorEntry],
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
-    ) -> Result<Vec<Connector>, ConfigError> {
+    ) -> Result<(Vec<Connector>, Vec<McpConnector>), ConfigError> {
         let mut seen = BTreeSet::new();
         let mut built = Vec::with_capacity(entries.len());
+        let mut upstreams = Vec::new();
         for (index, entry) in entries.iter().enumerate() {
             let field = format!("connectors[{index}]");
-            let connector = self.connector(&field, entry, tenants, token_dir)?;
-            if !seen.insert(connector.id().clone()) {
+            let id = match self.connector(&field, entry, tenants, token_dir)? {
+                Built::Rest(connector) => {
+                    let id = connector.id().clone();
+                    built.push(connector);
+                    id
+                }
+                Built::Mcp(upstream) => {
+                    let id = upstream.id().clone();
+                    upstreams.push(upstream);
+                    id
+                }
+            };
+            if !seen.insert(id.clone()) {
                 return Err(self.error(
                     entry.id.as_ref().map(Spanned::span),
                     &format!("{field}.id"),
                     format!(
-                        "provider `{}` is configured twice; give one of them another id = \"…\"",
-                        connector.id()
+                        "provider `{id}` is configured twice; give one of them another id = \"…\""
                     ),
                 ));
             }
-            built.push(connector);
         }
-        Ok(built)
+        Ok((built, upstreams))
     }
 
     /// One connector: its document, then what this file adds, built with the environment.
@@ -933,8 +956,15 @@ impl Checker<'_> {
         entry: &ConnectorEntry,
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
-    ) -> Result<Connector, ConfigError> {
-        let document = self.document(field, entry)?;
+    ) -> Result<Built, ConfigError> {
+        let document = match self.document(field, entry)? {
+            AnyDocument::Rest(document) => *document,
+            AnyDocument::Mcp(document) => {
+                return self
+                    .upstream(field, entry, &document, tenants)
+                    .map(Built::Mcp)
+            }
+        };
         let mut overrides = self.overrides(field, entry, tenants)?;
         // Rotated OAuth2 refresh tokens are kept beside the ledger, one file per connector, so
         // a restart finds the token the provider last issued (never in the ledger's events).
@@ -942,11 +972,71 @@ impl Checker<'_> {
         overrides.token_file = Some(token_dir.join(format!("opledger-oauth-{provider}.json")));
         let env = |name: &str| (self.env)(name).map(std::ffi::OsString::from);
         Connector::with_env(&document, overrides, &env)
+            .map(Built::Rest)
+            .map_err(|errors| self.connector_errors(field, &errors))
+    }
+
+    /// An upstream MCP server: what an entry may add to its document is an id and accounts
+    /// (owners only: the upstream has one identity, reached as its document says).
+    fn upstream(
+        &self,
+        field: &str,
+        entry: &ConnectorEntry,
+        document: &McpDocument,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<McpConnector, ConfigError> {
+        let rest_only = [
+            (entry.base_url.as_ref().map(Spanned::span), "base_url"),
+            (
+                entry.request_timeout_ms.as_ref().map(Spanned::span),
+                "request_timeout_ms",
+            ),
+            (
+                entry.connect_timeout_ms.as_ref().map(Spanned::span),
+                "connect_timeout_ms",
+            ),
+            (
+                entry.settings.values().next().map(Spanned::span),
+                "settings",
+            ),
+        ];
+        if let Some((at, key)) = rest_only.into_iter().find(|(at, _)| at.is_some()) {
+            return Err(self.error(at, &format!("{field}.{key}"), format!("is for a REST connector; `{}` is an MCP upstream, whose document says how it is reached (its [upstream] and timeouts)", document.id)));
+        }
+        let id = match &entry.id {
+            Some(id) => Some(ProviderId::new(id.get_ref().clone()).map_err(|error| {
+                self.error(Some(id.span()), &format!("{field}.id"), error.message)
+            })?),
+            None => None,
+        };
+        let mut accounts = Vec::with_capacity(entry.accounts.len());
+        for (position, account) in entry.accounts.iter().enumerate() {
+            let account_field = format!("{field}.accounts[{position}]");
+            let credentials = [
+                &account.token,
+                &account.token_env,
+                &account.username_env,
+                &account.password_env,
+                &account.client_id_env,
+                &account.client_secret_env,
+                &account.refresh_token_env,
+            ];
+            if let Some(given) = credentials.into_iter().flatten().next() {
+                return Err(self.error(Some(given.span()), &account_field, "an MCP upstream's account carries no credentials (the upstream has one identity: its document's env_from or headers_from); give id and tenants only".to_owned()));
+            }
+            let (id, owners) = self.account_owners(&account_field, account, tenants)?;
+            accounts.push(McpAccount {
+                id,
+                tenants: owners,
+            });
+        }
+        let env = |name: &str| (self.env)(name).map(std::ffi::OsString::from);
+        McpConnector::build(document, id, &accounts, &env)
             .map_err(|errors| self.connector_errors(field, &errors))
     }
 
     /// The connector document an entry names: exactly one of `preset`, `file` and `inline`.
-    fn document(&self, field: &str, entry: &ConnectorEntry) -> Result<Document, ConfigError> {
+    fn document(&self, field: &str, entry: &ConnectorEntry) -> Result<AnyDocument, ConfigError> {
         let given = [&entry.preset, &entry.file, &entry.inline];
         let count = given.iter().filter(|source| source.is_some()).count();
         if count != 1 {
@@ -972,13 +1062,13 @@ impl Checker<'_> {
                     ),
                 )
             })?;
-            opledger_providers::parse(name, text)
+            parse_any(name, text)
         } else if let Some(file) = &entry.file {
             let path = self.relative(file.get_ref());
             let text = read_connector_file(&path).map_err(|message| {
                 self.error(Some(file.span()), &format!("{field}.file"), message)
             })?;
-            opledger_providers::parse(&path.display().to_string(), &text)
+            parse_any(&path.display().to_string(), &text)
         } else {
             let inline = entry.inline.as_ref().expect("exactly one source is given");
             self.inline_document(field, inline)
@@ -991,7 +1081,7 @@ impl Checker<'_> {
         &self,
         field: &str,
         inline: &Spanned<String>,
-    ) -> Result<Document, Vec<ConnectorError>> {
+    ) -> Result<AnyDocument, Vec<ConnectorError>> {
         // The string's first line is the line its opening quotes are on; TOML drops a newline
         // right after them, so the document's line 1 is the next one.
         let opening_line = line_of(self.text, inline.span().start);
@@ -1000,7 +1090,7 @@ impl Checker<'_> {
                 .get(inline.span().start..)
                 .is_some_and(|rest| rest.starts_with("'''\n") || rest.starts_with("\"\"\"\n")),
         );
-        opledger_providers::parse(self.file, inline.get_ref()).map_err(|errors| {
+        parse_any(self.file, inline.get_ref()).map_err(|errors| {
             errors
                 .into_iter()
                 .map(|mut error| {
@@ -1053,6 +1143,21 @@ impl Checker<'_> {
         account: &ConnectorAccount,
         tenants: &BTreeSet<TenantId>,
     ) -> Result<AccountSpec, ConfigError> {
+        let (id, owned_by) = self.account_owners(field, account, tenants)?;
+        Ok(AccountSpec {
+            id,
+            tenants: owned_by,
+            credentials: self.credentials(field, account)?,
+        })
+    }
+
+    /// An account's id and owners (each a configured tenant).
+    fn account_owners(
+        &self,
+        field: &str,
+        account: &ConnectorAccount,
+        tenants: &BTreeSet<TenantId>,
+    ) -> Result<(AccountId, Vec<TenantId>), ConfigError> {
         let id = AccountId::new(account.id.get_ref().clone()).map_err(|error| {
             self.error(
                 Some(account.id.span()),
@@ -1082,11 +1187,7 @@ impl Checker<'_> {
             }
             owned_by.push(tenant_id);
         }
-        Ok(AccountSpec {
-            id,
-            tenants: owned_by,
-            credentials: self.credentials(field, account)?,
-        })
+        Ok((id, owned_by))
     }
 
     /// An account's credentials: `token_env` (or `token` for local use), or `username_env` and

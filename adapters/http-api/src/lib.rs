@@ -259,8 +259,13 @@ impl Service {
         let store = open_store(&config.store).await?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
-        let providers =
+        let mut providers =
             HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
+        for upstream in config.upstreams {
+            providers
+                .insert_mcp(upstream)
+                .map_err(|e| ServeError::Config(e.to_string()))?;
+        }
         let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
         let engine = Arc::new(Engine::try_new(
             Ledger::new(store.clone(), SystemClock, RandomIds),

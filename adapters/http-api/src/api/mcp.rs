@@ -141,6 +141,31 @@ pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool,
             ));
         }
     }
+    for upstream in providers.mcp_connectors() {
+        let accounts: Vec<String> = upstream
+            .account_owners()
+            .filter(|(_, owners, _)| owners.contains(tenant))
+            .map(|(account, _, _)| account.to_string())
+            .collect();
+        if accounts.is_empty() {
+            continue;
+        }
+        for action in upstream.actions() {
+            let deduplication = action.capabilities().deduplication;
+            actions.push((
+                ActionTool {
+                    provider: upstream.id().to_string(),
+                    action: action.name.to_string(),
+                    description: action.description.clone(),
+                    destructive: action.destructive,
+                    repeat_harmless: matches!(deduplication, Deduplication::NaturallyIdempotent),
+                    input: action.input.clone(),
+                    accounts: accounts.clone(),
+                },
+                deduplication,
+            ));
+        }
+    }
     actions
 }
 

@@ -33,6 +33,10 @@ use crate::error::ConnectorError;
 use crate::http::{shorten, MAX_MESSAGE_CHARS};
 use crate::template::Context;
 
+/// The least time a call is given once a session is at hand: a session started near the end of
+/// the call's deadline still gets its request out and a moment for the answer.
+const MIN_CALL_MS: Duration = Duration::from_millis(100);
+
 /// One action, ready: its spec and its compiled schema.
 struct Compiled {
     action: McpAction,
@@ -276,10 +280,10 @@ impl McpConnector {
             .collect()
     }
 
-    /// The longest one send can take, in milliseconds: waiting for a call slot, starting a
-    /// session, then the call.
+    /// The longest one send can take, in milliseconds: starting a session, then waiting for a
+    /// call slot and the call, within the call timeout.
     pub fn longest_send_ms(&self) -> u64 {
-        let total = self.call_timeout * 2 + self.start_timeout;
+        let total = self.call_timeout + self.start_timeout + MIN_CALL_MS;
         u64::try_from(total.as_millis()).unwrap_or(u64::MAX / 2)
     }
 
@@ -423,8 +427,10 @@ impl McpConnector {
 
     /// One `tools/call` on a live session, within the call timeout.
     async fn call(&self, tool: &str, arguments: Map<String, Value>) -> Result<Answer, Failure> {
-        let Ok(_permit) = tokio::time::timeout(self.call_timeout, self.permits.acquire()).await
-        else {
+        // Waiting for a call slot and the call itself share one deadline, so a send takes at
+        // most the start timeout and the call timeout (`longest_send_ms`).
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let Ok(_permit) = tokio::time::timeout_at(deadline, self.permits.acquire()).await else {
             return Err(Failure::NotSent(Unready {
                 reason: format!(
                     "{MAX_CALLS_IN_FLIGHT_PER_UPSTREAM} calls to the upstream were out for {} ms",
@@ -435,7 +441,8 @@ impl McpConnector {
         };
         let (index, session) = self.sessions.get().await.map_err(Failure::NotSent)?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        match tokio::time::timeout(self.call_timeout, session.peer().call_tool(params)).await {
+        let deadline = deadline.max(tokio::time::Instant::now() + MIN_CALL_MS);
+        match tokio::time::timeout_at(deadline, session.peer().call_tool(params)).await {
             Err(_) => Err(Failure::Unclear(format!(
                 "the upstream did not answer tools/call `{tool}` within {} ms (call_timeout_ms)",
                 self.call_timeout.as_millis()

@@ -15,7 +15,7 @@
 //! id = "notes"
 //! description = "The notes database, through its MCP server"
 //! transport = "mcp"
-//! call_timeout_ms = 10000        # one tools/call; then the outcome is unclear (default 30000)
+//! call_timeout_ms = 10000        # one tools/call; then the outcome is unclear (default 10000)
 //! start_timeout_ms = 10000       # spawning or connecting, then initialize (default 10000)
 //! restart_wait_ms = 1000         # least time between two starts of a session (default 1000)
 //! sessions = 1                   # sessions kept open, each multiplexing calls (1..=8)
@@ -102,22 +102,28 @@
 //! restarted in a loop and the ledger, not a worker, holds the waiting operation.
 
 mod connector;
+mod import;
 mod session;
 pub mod spec;
 
 pub use connector::{list_tools, McpConnector, UpstreamTool};
+pub use import::starting_document;
 pub use spec::McpDocument;
 
 /// The longest any upstream timeout may be set to, in milliseconds.
 pub const MAX_UPSTREAM_TIMEOUT_MS: u64 = 120_000;
-/// One `tools/call`'s timeout unless the document says otherwise, in milliseconds.
-pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
+/// One `tools/call`'s timeout unless the document says otherwise, in milliseconds. With the
+/// start timeout it is the longest a send takes, which the engine's lease (30 s by default) must
+/// outlast.
+pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 10_000;
 /// Starting a session's timeout unless the document says otherwise, in milliseconds (a `uvx` or
 /// `npx` upstream may install itself on its first start).
 pub const DEFAULT_START_TIMEOUT_MS: u64 = 10_000;
 const _: () = assert!(
     DEFAULT_CALL_TIMEOUT_MS <= MAX_UPSTREAM_TIMEOUT_MS
         && DEFAULT_START_TIMEOUT_MS <= MAX_UPSTREAM_TIMEOUT_MS
+        && DEFAULT_CALL_TIMEOUT_MS + DEFAULT_START_TIMEOUT_MS
+            < opledger_domain::command::DEFAULT_LEASE_MS
 );
 /// The least time between two starts of one session unless the document says otherwise, in
 /// milliseconds.

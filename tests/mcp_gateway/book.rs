@@ -1,0 +1,154 @@
+//! The book's gateway page (`docs/src/agents/mcp-gateway.md`) run as written: its files written
+//! out, its shell steps run in order in a fresh folder, the service started, the agent's Python
+//! script run with the official MCP SDK. The one change: the page's port, 8787, is replaced by a
+//! free one, so the test never collides with anything listening there.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::python::python_venv::run;
+use super::support::{python_text, server_args};
+
+const PAGE: &str = include_str!("../../docs/src/agents/mcp-gateway.md");
+
+/// The page's fenced blocks, each with the marker comment above it (`file: NAME`, `run: STEP`).
+fn blocks() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut marker: Option<String> = None;
+    let mut lines = PAGE.lines();
+    while let Some(line) = lines.next() {
+        if let Some(found) = line
+            .strip_prefix("<!-- ")
+            .and_then(|rest| rest.strip_suffix(" -->"))
+        {
+            marker = Some(found.to_owned());
+        } else if line.starts_with("```") {
+            let body: Vec<&str> = lines
+                .by_ref()
+                .take_while(|line| !line.starts_with("```"))
+                .collect();
+            if let Some(marker) = marker.take() {
+                out.push((marker, body.join("\n") + "\n"));
+            }
+        }
+    }
+    out
+}
+
+/// Programs the page calls by name, as the environment and the build provide them.
+fn shims(dir: &Path) {
+    let python = python_text();
+    let [flag, code] = server_args("mcp_server_git")
+        .try_into()
+        .expect("two arguments");
+    let scripts = [
+        ("python", format!("exec '{python}' \"$@\"")),
+        (
+            "pip",
+            format!("exec '{python}' -m pip --disable-pip-version-check --quiet \"$@\""),
+        ),
+        (
+            "mcp-server-git",
+            format!("exec '{python}' {flag} '{code}' \"$@\""),
+        ),
+        (
+            "opledger",
+            format!("exec '{}' \"$@\"", env!("CARGO_BIN_EXE_opledger")),
+        ),
+    ];
+    for (name, body) in scripts {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("a shim");
+        run(Command::new("chmod").arg("+x").arg(&path), "chmod");
+    }
+}
+
+#[test]
+fn the_gateway_page_runs_as_written() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("a folder for the shims");
+    shims(&bin);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let shell = |script: &str| {
+        let mut command = Command::new("bash");
+        command
+            .args(["-euc", script])
+            .current_dir(dir.path())
+            .env("PATH", &path);
+        command
+    };
+    let mut server = None;
+    let mut agent_output = String::new();
+    for (marker, body) in blocks() {
+        let body = body.replace("127.0.0.1:8787", &format!("127.0.0.1:{port}"));
+        if let Some(file) = marker.strip_prefix("file: ") {
+            std::fs::write(dir.path().join(file), body).expect("the page's file");
+        } else if marker == "run: serve" {
+            let log = std::fs::File::create(dir.path().join("serve.log")).expect("a log");
+            let mut command = shell(&format!("{body}\nwait"));
+            command.stdout(Stdio::null()).stderr(log).process_group(0);
+            server = Some(command.spawn().expect("the service starts"));
+            wait_for(port, dir.path());
+        } else if let Some(step) = marker.strip_prefix("run: ") {
+            let output = shell(&body).output().expect("bash runs");
+            let printed = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                output.status.success(),
+                "the page's `{step}` step failed:\n{printed}\nthe service's log:\n{}",
+                std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+            );
+            if step == "agent" {
+                agent_output = printed;
+            }
+        }
+    }
+    if let Some(mut server) = server {
+        // The service and its children run in a process group of their own, led by the shell.
+        let group = format!("-{}", server.id());
+        let _ = Command::new("kill").args(["-TERM", &group]).status();
+        let _ = server.wait();
+    }
+    let answers: Vec<&str> = agent_output
+        .lines()
+        .filter(|line| line.starts_with("succeeded "))
+        .collect();
+    assert_eq!(answers.len(), 2, "two answers:\n{agent_output}");
+    assert_eq!(answers[0], answers[1], "the retry found the same commit");
+    let hash = answers[0].trim_start_matches("succeeded ");
+    let log = run(
+        Command::new("git")
+            .args(["-C", "repo", "log", "--format=%H %s"])
+            .current_dir(dir.path()),
+        "git log",
+    );
+    assert_eq!(log.lines().count(), 1, "one commit:\n{log}");
+    assert!(log.starts_with(hash), "{log}");
+    assert!(log.contains("Add the client call [opl-"), "{log}");
+}
+
+fn wait_for(port: u16, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the service listens on {port}:\n{}",
+            std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
