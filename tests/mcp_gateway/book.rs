@@ -120,7 +120,7 @@ fn the_gateway_page_runs_as_written() {
     if let Some(mut server) = server {
         // The service and its children run in a process group of their own, led by the shell.
         let group = format!("-{}", server.id());
-        let _ = Command::new("kill").args(["-TERM", &group]).status();
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
         let _ = server.wait();
     }
     let answers: Vec<&str> = agent_output
