@@ -150,7 +150,7 @@ macro_rules! ledger_suite {
                 let hash = recorded.intent().args_hash.clone();
                 // Someone else approves while a person still looks at version 0.
                 ledger.approve(operation_id, ActorId::new("boss").expect("actor"), hash.clone()).await.expect("approved");
-                let deny = Command::DenyApproval {
+                let deny = Command::DenyApproval { principal: None,
                     approver: ActorId::new("auditor").expect("actor"),
                     args_hash: hash,
                     reason: "looked at the old state".into(),
@@ -271,7 +271,7 @@ macro_rules! ledger_suite {
                     let timed_out = Command::RecordUnknown { check_not_before: None, attempt_id, error: "timed out".into() };
                     let unknown = ledger.execute(intent.operation_id, &timed_out).await.expect("unknown");
                     assert_eq!(unknown.state.status, Status::Unknown);
-                    let command = Command::ResolveReview { accept_duplicate_risk: true, capabilities: None, reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
+                    let command = Command::ResolveReview { principal: None, accept_duplicate_risk: true, capabilities: None, reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
                     decided.push(ledger.execute(intent.operation_id, &command).await.expect("decided").state.status);
                 }
                 assert_eq!(

@@ -31,7 +31,7 @@ use crate::contract::{
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
-use crate::event::{BudgetWait, IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::event::{BudgetWait, IntentRecorded, Principal, ReconciliationResult, ReviewDecision};
 use crate::ids::{
     AccountId, ActionName, ActorId, AttemptId, CredentialFingerprint, ExternalObjectId,
     OperationId, ProviderId, TenantId, WorkerId,
@@ -313,6 +313,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         seen: LoadedOperation,
         reviewer: ActorId,
+        principal: Option<Principal>,
         decision: ReviewDecision,
         note: String,
         accept_duplicate_risk: bool,
@@ -320,6 +321,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let capabilities = self.contract_of(&seen.state);
         let (command, retry) = review_command(
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,
@@ -339,6 +341,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         operation_id: OperationId,
         reviewer: ActorId,
+        principal: Option<Principal>,
         decision: ReviewDecision,
         note: String,
         accept_duplicate_risk: bool,
@@ -347,6 +350,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let capabilities = self.contract_of(&loaded.state);
         let (command, retry) = review_command(
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,
@@ -1261,6 +1265,7 @@ fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
 /// The command recording a reviewer's decision, and whether it asks for a retry.
 fn review_command(
     reviewer: ActorId,
+    principal: Option<Principal>,
     decision: ReviewDecision,
     note: String,
     accept_duplicate_risk: bool,
@@ -1270,6 +1275,7 @@ fn review_command(
     (
         Command::ResolveReview {
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,

@@ -62,8 +62,9 @@ pub enum Unbound {
         /// The actions it has.
         known: Vec<String>,
     },
-    /// The account is not configured at the provider.
-    #[error("`{account}` is not an account of provider `{provider}` on this server")]
+    /// The account is not configured at the provider. Said exactly as [`Unbound::NotOwned`]
+    /// is, so a tenant cannot learn from the answer which names are another tenant's accounts.
+    #[error("`{account}` is not an account of provider `{provider}` that this tenant may use; an account's `tenants` list says who may use it")]
     Account {
         /// The provider.
         provider: ProviderId,
@@ -71,7 +72,7 @@ pub enum Unbound {
         account: AccountId,
     },
     /// The account exists, but another tenant owns it.
-    #[error("account `{account}` of provider `{provider}` is not owned by tenant `{tenant}`; an account's `tenants` list says who may use it")]
+    #[error("`{account}` is not an account of provider `{provider}` that this tenant may use; an account's `tenants` list says who may use it")]
     NotOwned {
         /// The provider.
         provider: ProviderId,

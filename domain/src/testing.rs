@@ -294,6 +294,7 @@ pub fn claim_of(intent: &IntentRecorded, attempt_id: AttemptId, worker: WorkerId
 /// `boss` approves the standard intent's arguments.
 pub fn grant() -> Command {
     Command::GrantApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: intent(true).args_hash,
     }

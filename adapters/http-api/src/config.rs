@@ -215,6 +215,9 @@ pub struct ServeConfig {
     /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
     /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
     pub webhook_lease_ms: u64,
+    /// Browser origins `/mcp` answers besides loopback ones (`[mcp] allowed_origins`), each
+    /// `scheme://host[:port]` in lower case.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 // ---- the file's shape (serde) ----
@@ -243,6 +246,8 @@ struct File {
     #[serde(default)]
     metrics: MetricsSection,
     #[serde(default)]
+    mcp: McpSection,
+    #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
@@ -250,6 +255,13 @@ struct File {
     #[serde(default)]
     #[allow(dead_code)]
     telemetry: Option<toml::Table>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSection {
+    #[serde(default)]
+    allowed_origins: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -525,6 +537,7 @@ impl Checker<'_> {
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
+        let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -548,7 +561,51 @@ impl Checker<'_> {
             providers,
             webhooks,
             webhook_lease_ms,
+            mcp_allowed_origins,
         })
+    }
+
+    /// `[mcp] allowed_origins`: each a browser origin, `scheme://host[:port]` with nothing after.
+    fn mcp_allowed_origins(&self, section: &McpSection) -> Result<Vec<String>, ConfigError> {
+        if section.allowed_origins.len() > MAX_ENTRIES {
+            return Err(self.error(
+                None,
+                "mcp.allowed_origins",
+                format!(
+                    "lists {}; at most {MAX_ENTRIES} are allowed",
+                    section.allowed_origins.len()
+                ),
+            ));
+        }
+        section
+            .allowed_origins
+            .iter()
+            .enumerate()
+            .map(|(index, origin)| {
+                let text = origin.get_ref().trim().to_ascii_lowercase();
+                let well_formed = ["http://", "https://"]
+                    .iter()
+                    .find_map(|scheme| text.strip_prefix(scheme))
+                    .is_some_and(|host| {
+                        !host.is_empty()
+                            && host.bytes().all(|byte| {
+                                byte.is_ascii_alphanumeric() || b"-.:[]".contains(&byte)
+                            })
+                    });
+                if well_formed {
+                    Ok(text)
+                } else {
+                    Err(self.error(
+                        Some(origin.span()),
+                        &format!("mcp.allowed_origins[{index}]"),
+                        format!(
+                            "`{}` is no browser origin; write the scheme, host and port only, e.g. \"https://agent.example.com\" or \"http://localhost:3000\"",
+                            origin.get_ref()
+                        ),
+                    ))
+                }
+            })
+            .collect()
     }
 
     /// The engine section. Its ranges are the domain's ([`EnginePolicy::validate`]), so a file can
@@ -888,6 +945,8 @@ impl Checker<'_> {
             }
         };
         let token = token.trim().to_owned();
+        // Kept out of every log line and answer (`opledger_domain::redact`).
+        opledger_domain::redact::register(&token);
         if token.chars().count() < MIN_TOKEN_CHARS || token.chars().any(char::is_whitespace) {
             return Err(self.error(
                 Some(at),

@@ -155,6 +155,8 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
+    /// Browser origins `/mcp` answers besides loopback ones.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -332,6 +334,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
+            mcp_allowed_origins: config.mcp_allowed_origins,
         });
         Ok(Self {
             shared,

@@ -323,7 +323,7 @@ impl Connector {
                 ),
             }]);
         };
-        let problems: Vec<ArgProblem> = compiled
+        let mut problems: Vec<ArgProblem> = compiled
             .validator
             .iter_errors(args)
             .take(MAX_ARG_PROBLEMS)
@@ -332,6 +332,18 @@ impl Connector {
                 message: shorten(&error.to_string(), MAX_MESSAGE_CHARS),
             })
             .collect();
+        // A path value stays one segment: `..` would send the request elsewhere (a server
+        // resolves `/deals/../notes` to `/notes`), so it is refused here, before anything is
+        // recorded, as the schema's own problems are.
+        for (path, value) in compiled.action.request.path.dot_segment_args(args) {
+            problems.push(ArgProblem {
+                pointer: format!("/{}", path.join("/")),
+                message: format!(
+                    "{:?} is a dot segment; a value placed in the request's path may not be `.` or `..` (nor a percent-encoded form of them), since a server would move up or across the path instead of naming an object",
+                    shorten(&value, 20)
+                ),
+            });
+        }
         if problems.is_empty() {
             Ok(())
         } else {

@@ -163,7 +163,9 @@ impl fmt::Debug for Credential {
 }
 
 impl Credential {
-    /// `text` with every secret of this credential replaced by `[redacted]`.
+    /// `text` with every secret of this credential replaced by `[redacted]`, then passed through
+    /// the process's one scrubber ([`opledger_domain::redact`]: every configured secret and every
+    /// value that looks like one).
     pub fn scrub(&self, text: String) -> String {
         let mut text = text;
         let live = self
@@ -173,10 +175,10 @@ impl Credential {
             .unwrap_or_default();
         for secret in self.secrets.iter().chain(&live) {
             if !secret.is_empty() && text.contains(secret.as_str()) {
-                text = text.replace(secret.as_str(), "[redacted]");
+                text = text.replace(secret.as_str(), opledger_domain::redact::REDACTED);
             }
         }
-        text
+        opledger_domain::redact::scrub_owned(text)
     }
 }
 
@@ -234,6 +236,9 @@ pub(crate) fn resolve(
                 }
             }
             let secrets = vec![client_secret.expose().to_owned()];
+            for secret in [Some(&client_secret), refresh_token.as_ref()].into_iter().flatten() {
+                opledger_domain::redact::register(secret.expose());
+            }
             let grant = crate::oauth::GrantSecrets { client_id, client_secret, refresh_token };
             // The grant's fingerprint names the account too; the connector sets it when it places
             // the account (`OAuthAccount::place`). Until then, this one names no account.
@@ -309,6 +314,9 @@ fn ready(
 ) -> Result<Credential, String> {
     let mut value = HeaderValue::from_str(text)
         .map_err(|_| "the credentials cannot be written as a header value".to_owned())?;
+    for secret in &secrets {
+        opledger_domain::redact::register(secret);
+    }
     // Marks the value so the HTTP stack never writes it into its own debug output.
     value.set_sensitive(true);
     Ok(Credential {

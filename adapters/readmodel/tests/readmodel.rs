@@ -361,6 +361,7 @@ impl<S: EventStore> Harness<S> {
                 self.run(
                     intent,
                     Command::DenyApproval {
+                        principal: None,
                         approver: ActorId::new("boss").expect("valid"),
                         args_hash: intent.args_hash.clone(),
                         reason: "wrong client".into(),
@@ -375,6 +376,7 @@ impl<S: EventStore> Harness<S> {
                 self.run(
                     intent,
                     Command::ResolveReview {
+                        principal: None,
                         accept_duplicate_risk: true,
                         capabilities: None,
                         reviewer: ActorId::new("olga").expect("valid"),

@@ -84,6 +84,7 @@ fn needs_review() -> Scenario {
 
 fn resolve(decision: ReviewDecision) -> Command {
     Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision,
         note: "checked the CRM by hand".into(),
@@ -152,6 +153,7 @@ fn approval_of_other_arguments_is_refused() {
         .expect("valid")
         .hash();
     let command = Command::GrantApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: other.clone(),
     };
@@ -188,6 +190,7 @@ fn an_operation_that_needs_approval_cannot_start_before_it() {
 #[test]
 fn a_denied_operation_is_never_sent_or_approved() {
     let deny = Command::DenyApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: intent(true).args_hash,
         reason: "wrong client".into(),
@@ -699,6 +702,7 @@ fn a_reviewer_retry_of_an_unknown_operation_is_sent_without_a_retry_contract() {
 #[test]
 fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
@@ -714,6 +718,7 @@ fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
 #[test]
 fn an_oversized_reviewer_note_is_refused() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
@@ -1134,6 +1139,7 @@ fn a_denial_of_other_arguments_is_refused() {
         .expect("valid")
         .hash();
     let deny = Command::DenyApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: other,
         reason: "no".into(),
@@ -1216,6 +1222,7 @@ fn resolve_retry(
     capabilities: Option<ProviderCapabilities>,
 ) -> Command {
     Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision: ReviewDecision::Retry,
         note: "the CRM was down; retrying".into(),
@@ -1317,6 +1324,7 @@ fn a_reviewer_retry_of_a_key_past_its_retention_needs_the_duplicate_risk_accepte
 #[test]
 fn the_flag_is_recorded_only_on_a_retry() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision: ReviewDecision::Abandon,
         note: "not needed any more".into(),
