@@ -550,6 +550,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let Binding {
             capabilities,
             credential_fingerprint,
+            earlier_fingerprints,
         } = match self.providers.bind(&binding_query(intent)) {
             Ok(bound) => bound,
             Err(unbound) => {
@@ -558,6 +559,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 )))
             }
         };
+        let credential_fingerprint =
+            carried_over(intent, credential_fingerprint, &earlier_fingerprints);
         let binding = send_binding(intent, credential_fingerprint);
         Some(ClaimPlan::Claim(Box::new(Command::StartAttempt {
             attempt_id,
@@ -811,6 +814,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let Binding {
             capabilities,
             credential_fingerprint,
+            earlier_fingerprints,
         } = match self.providers.bind(&binding_query(&intent)) {
             Ok(bound) => bound,
             Err(unbound) => {
@@ -822,6 +826,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
+        let credential_fingerprint =
+            carried_over(&intent, credential_fingerprint, &earlier_fingerprints);
         if capabilities.lookup == LookupSupport::None {
             return self
                 .settle_without_lookup(loaded, &intent, capabilities, credential_fingerprint)
@@ -1239,6 +1245,21 @@ fn binding_query(intent: &IntentRecorded) -> BindingQuery<'_> {
         provider: &intent.provider,
         account: &intent.account,
         action: &intent.action,
+    }
+}
+
+/// The fingerprint a send of `intent` is checked with: the one recorded, when it is an earlier
+/// form of the credentials configured now (an operation recorded before fingerprints were keyed);
+/// else the one of today, which the binding check compares with the recorded one.
+fn carried_over(
+    intent: &IntentRecorded,
+    now: CredentialFingerprint,
+    earlier: &[CredentialFingerprint],
+) -> CredentialFingerprint {
+    if earlier.contains(&intent.credential_fingerprint) {
+        intent.credential_fingerprint.clone()
+    } else {
+        now
     }
 }
 

@@ -40,6 +40,10 @@ pub struct Binding {
     pub capabilities: ProviderCapabilities,
     /// The fingerprint of the account's credentials configured now.
     pub credential_fingerprint: CredentialFingerprint,
+    /// The same credentials' fingerprints in the forms an earlier version recorded (the unkeyed
+    /// `sha256:` one, before fingerprints were keyed): an operation recorded with one of them is
+    /// bound to these very credentials, and its sends and lookups go on.
+    pub earlier_fingerprints: Vec<CredentialFingerprint>,
 }
 
 /// Why an operation cannot be bound (nothing is recorded or sent then). Each message names what

@@ -66,6 +66,10 @@ pub struct Overrides {
     /// per connector). `None`: a rotated token lives in memory only, and a restart needs the
     /// account re-authorised.
     pub token_file: Option<std::path::PathBuf>,
+    /// The server's key for credential fingerprints: each account's fingerprint is then an
+    /// HMAC-SHA256 under it (`hmac-sha256:…`), so one shown to a tenant or in an export cannot be
+    /// used to confirm a guessed key offline. `None`: the unkeyed `sha256:` form.
+    pub fingerprint_key: Option<credentials::FingerprintKey>,
 }
 
 /// One account, ready: who owns it, its credential and its request budgets.
@@ -182,7 +186,11 @@ impl Connector {
             document,
             &overrides.accounts,
             env,
-            (&provider, token_file.as_ref()),
+            (
+                &provider,
+                token_file.as_ref(),
+                overrides.fingerprint_key.as_ref(),
+            ),
             &mut problems,
         );
         let actions = compile(document, &settings, &mut problems);
@@ -291,6 +299,12 @@ impl Connector {
         Ok(Binding {
             capabilities: compiled.capabilities,
             credential_fingerprint: account_entry.credential.fingerprint.clone(),
+            earlier_fingerprints: account_entry
+                .credential
+                .earlier_fingerprint
+                .iter()
+                .cloned()
+                .collect(),
         })
     }
 
@@ -888,7 +902,11 @@ fn accounts(
     document: &Document,
     extra: &[AccountSpec],
     env: &dyn Fn(&str) -> Option<OsString>,
-    (provider, token_file): (&ProviderId, Option<&std::sync::Arc<TokenFile>>),
+    (provider, token_file, fingerprint_key): (
+        &ProviderId,
+        Option<&std::sync::Arc<TokenFile>>,
+        Option<&credentials::FingerprintKey>,
+    ),
     problems: &mut Problems,
 ) -> BTreeMap<AccountId, Account> {
     let all = document
@@ -930,6 +948,9 @@ fn accounts(
                         key: format!("{provider}/{}", spec.id),
                     });
                     credential.fingerprint = oauth.place(&spec.id, place)?;
+                }
+                if let Some(key) = fingerprint_key {
+                    credential.key_fingerprint(key);
                 }
                 Ok(credential)
             },

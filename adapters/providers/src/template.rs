@@ -658,6 +658,34 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_dot_segment_is_refused_however_it_is_encoded_and_dots_inside_a_value_are_not() {
+        for dots in [".", "..", "%2e", "%2E%2e", ".%2E", "%252e%252e", "%25252e"] {
+            assert!(is_dot_segment(dots), "{dots}");
+        }
+        for value in ["a..b", "...", ".a", "%2e%2e%2e", "v1.2", "%zz", "%"] {
+            assert!(!is_dot_segment(value), "{value}");
+        }
+        let path = Template::parse("/deals/{{args.deal}}/notes").expect("valid");
+        let args = serde_json::json!({"deal": ".."});
+        assert_eq!(
+            path.dot_segment_args(&args),
+            vec![(vec!["deal".to_owned()], "..".to_owned())]
+        );
+        let settings = BTreeMap::new();
+        let context = Context {
+            args: args.as_object(),
+            key: "",
+            label: "",
+            account: "",
+            operation_id: "",
+            settings: &settings,
+        };
+        assert!(path
+            .render_path(&context)
+            .is_err_and(|message| message.contains("`..`")));
+    }
+
+    #[test]
     fn a_path_encodes_each_placeholder_as_one_segment_and_cannot_drop_one() {
         let args = args();
         let settings = settings();

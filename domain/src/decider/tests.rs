@@ -168,6 +168,40 @@ fn approval_of_other_arguments_is_refused() {
 }
 
 #[test]
+fn an_approval_records_the_token_that_gave_it_and_an_older_one_reads_and_hashes_as_before() {
+    let principal = crate::event::Principal {
+        kind: crate::event::PrincipalKind::TenantToken,
+        name: "acme".into(),
+    };
+    let command = Command::GrantApproval {
+        principal: Some(principal.clone()),
+        approver: actor("Jane Doe (CFO)"),
+        args_hash: intent(true).args_hash,
+    };
+    let outcome = awaiting_approval().when(&command, at_s(1));
+    let [OperationEvent::ApprovalGranted(granted)] = outcome.events() else {
+        panic!("one approval: {:?}", outcome.events());
+    };
+    assert_eq!(granted.principal.as_ref(), Some(&principal));
+    let written = serde_json::to_value(granted).expect("serializes");
+    assert_eq!(
+        written["principal"],
+        json!({"kind": "tenant_token", "name": "acme"})
+    );
+    // An approval written before principals were kept: read without one, written back the same
+    // bytes, so its hash in the chain is unchanged.
+    let mut older = written.clone();
+    older
+        .as_object_mut()
+        .expect("an object")
+        .remove("principal");
+    let read: crate::event::ApprovalGranted =
+        serde_json::from_value(older.clone()).expect("an older approval reads");
+    assert_eq!(read.principal, None);
+    assert_eq!(serde_json::to_value(&read).expect("serializes"), older);
+}
+
+#[test]
 fn approving_twice_changes_nothing() {
     let outcome = awaiting_approval()
         .when(&grant(), at_s(1))

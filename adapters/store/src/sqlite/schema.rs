@@ -118,6 +118,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
 
 /// Opens a read-only connection for the reader pool.
 pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    refuse_special_file(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(path, flags).map_err(|error| {
         sqlite_error(
