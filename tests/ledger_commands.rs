@@ -44,6 +44,7 @@ fn claim_recorded(state: &OperationState) -> Option<Command> {
 
 fn start_command(intent: &IntentRecorded, worker: &str) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id: RandomIds.new_attempt_id(),
         worker: WorkerId::new(worker).expect("valid worker"),
@@ -265,7 +266,7 @@ macro_rules! ledger_suite {
                     let recorded = ledger.record_intent(request(None)).await.expect("recorded");
                     let intent = recorded.intent().clone();
                     let claim = start_command(&intent, "w-1");
-                    let Command::StartAttempt { attempt_id, .. } = &claim else { unreachable!() };
+                    let Command::StartAttempt { request: None, attempt_id, .. } = &claim else { unreachable!() };
                     let attempt_id = *attempt_id;
                     ledger.execute(intent.operation_id, &claim).await.expect("claimed");
                     let timed_out = Command::RecordUnknown { check_not_before: None, attempt_id, error: "timed out".into() };

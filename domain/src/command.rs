@@ -69,6 +69,8 @@ pub enum Command {
         policy: RetryPolicy,
         /// The wait for the account's send budget before this claim, to record with it.
         budget_wait: Option<BudgetWait>,
+        /// The request the attempt sends (method and URL), to record with it.
+        request: Option<String>,
     },
     /// Put off the claim of a pending operation's next attempt until `not_before`: what its
     /// send needs first (the account's credentials, a budget slot) is not there. No attempt is

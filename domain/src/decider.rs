@@ -185,8 +185,8 @@ fn dispatch(
         Command::RecordIntent(_) => unreachable!("handled above: the one command without an intent"),
         Command::GrantApproval { approver, principal, args_hash } => approval::grant(&on, approver, principal.as_ref(), args_hash),
         Command::DenyApproval { approver, principal, args_hash, reason } => approval::deny(&on, approver, principal.as_ref(), args_hash, reason),
-        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait } =>
-            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref() }),
+        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait, request } =>
+            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref(), request: request.as_ref() }),
         Command::PostponeSend { reason, not_before } => attempt::postpone(&on, reason, *not_before),
         Command::RecordSuccess { attempt_id, external_id, provider_request_id } =>
             outcome::success(&on, *attempt_id, external_id, provider_request_id.as_ref()),

@@ -562,7 +562,10 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let credential_fingerprint =
             carried_over(intent, credential_fingerprint, &earlier_fingerprints);
         let binding = send_binding(intent, credential_fingerprint);
+        // What will go over the wire, recorded with the claim, before anything is sent.
+        let request = self.providers.describe_send(intent);
         Some(ClaimPlan::Claim(Box::new(Command::StartAttempt {
+            request,
             attempt_id,
             worker: self.worker.clone(),
             lease_ms: self.policy.lease_ms,

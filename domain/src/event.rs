@@ -130,6 +130,12 @@ pub struct AttemptStarted {
     /// recorded, and from sends that did not wait: such events read and hash as before.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_wait: Option<BudgetWait>,
+    /// The request this attempt sends, as the connector builds it from the frozen intent: its
+    /// method and URL (`POST https://crm.example.com/deals/42/notes`), secrets scrubbed, so an
+    /// auditor sees what went over the wire. Recorded before it is sent; absent from attempts
+    /// recorded before it was kept and from providers that cannot say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// When it started.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,

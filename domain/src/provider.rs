@@ -318,6 +318,14 @@ pub trait Providers: Send + Sync {
         std::future::ready(Readiness::Ready { budget_wait: None })
     }
 
+    /// The request a send of `intent` would make, as one line for the record: its method and
+    /// URL (`POST https://crm.example.com/deals/42/notes`), secrets scrubbed; `None` when the
+    /// adapter cannot say (the default) or the request cannot be built.
+    fn describe_send(&self, intent: &crate::event::IntentRecorded) -> Option<String> {
+        let _ = intent;
+        None
+    }
+
     /// Carries out one attempt.
     fn execute(&self, request: &SendRequest) -> impl Future<Output = SendOutcome> + Send;
 

@@ -267,6 +267,7 @@ pub fn start_with(
     lease_ms: u64,
 ) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id: attempt(n),
         worker: worker("worker-1"),
@@ -281,6 +282,7 @@ pub fn start_with(
 /// provider, with the default lease and retry policy: what a ledger test appends after the intent.
 pub fn claim_of(intent: &IntentRecorded, attempt_id: AttemptId, worker: WorkerId) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker,

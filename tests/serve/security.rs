@@ -517,9 +517,12 @@ fn note(deal: &str) -> Value {
 }
 
 #[tokio::test]
-async fn a_path_value_that_is_a_dot_segment_is_refused_naming_the_field() {
+async fn a_path_value_that_is_a_dot_segment_is_refused_naming_the_field_and_each_attempt_records_its_request(
+) {
     let harness = Harness::new("").await;
-    let server = echo_server(&harness).await;
+    let base = echo_provider().await;
+    with_echo_connectors(&harness, &base);
+    let server = start_verbose(&harness);
     for deal in [".", "..", "%2e", "%2E%2e", ".%2E", "%252e%252e"] {
         let (status, refused) = server
             .post("/v1/operations", TENANT_A_TOKEN, &note(deal))
@@ -540,11 +543,28 @@ async fn a_path_value_that_is_a_dot_segment_is_refused_naming_the_field() {
             "{refused}"
         );
     }
-    // Dots inside a value are a value like any other.
+    // Dots inside a value are a value like any other, and the attempt records what it sent.
     let (status, recorded) = server
         .post("/v1/operations", TENANT_A_TOKEN, &note("a..b"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id");
+    server.execute(TENANT_A_TOKEN, id, 3000).await;
+    server
+        .wait_for_state(TENANT_A_TOKEN, id, &["succeeded"])
+        .await;
+    let events = history(&server, id).await;
+    let started = events["events"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|event| event["type"] == "AttemptStarted")
+        .expect("an attempt");
+    assert_eq!(
+        started["data"]["request"],
+        format!("POST {base}/deals/a..b/notes"),
+        "{started}"
+    );
 }
 
 #[tokio::test]

@@ -696,6 +696,29 @@ impl Connector {
         }
     }
 
+    /// The request a send of `intent` makes, as `METHOD URL` with the base URL, secrets
+    /// scrubbed (the evidence recorded with each attempt); `None` for an action it does not have
+    /// or a request that cannot be built (the send itself says why).
+    pub fn describe_send(&self, intent: &opledger_domain::event::IntentRecorded) -> Option<String> {
+        let compiled = self.compiled(&intent.action)?;
+        let operation_id = intent.operation_id.to_string();
+        let label = opledger_domain::provider::operation_label(intent.operation_id);
+        let context = self.context(
+            Some(intent.args.as_map()),
+            intent.idempotency_key.as_str(),
+            &label,
+            intent.account.as_str(),
+            &operation_id,
+        );
+        let prepared = prepare(&compiled.action.request, &context).ok()?;
+        let line = format!("{} {}{}", prepared.method, self.base_url, prepared.path);
+        let line = match self.accounts.get(&intent.account) {
+            Some(entry) => entry.credential.scrub(line),
+            None => opledger_domain::redact::scrub_owned(line),
+        };
+        Some(shorten(&line, MAX_MESSAGE_CHARS))
+    }
+
     /// The send's request, or the outcome of a request that can never be built.
     fn prepare_send(
         &self,

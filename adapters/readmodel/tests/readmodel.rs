@@ -212,6 +212,7 @@ impl<S: EventStore> Harness<S> {
         self.run(
             intent,
             Command::StartAttempt {
+                request: None,
                 budget_wait: None,
                 attempt_id,
                 worker: WorkerId::new("worker-1").expect("valid"),

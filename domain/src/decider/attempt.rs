@@ -26,6 +26,7 @@ pub(super) struct Claim<'a> {
     pub(super) capabilities: &'a ProviderCapabilities,
     pub(super) policy: &'a RetryPolicy,
     pub(super) budget_wait: Option<&'a BudgetWait>,
+    pub(super) request: Option<&'a String>,
 }
 
 /// `pending --StartAttempt (binding, contract)--> in_flight`; the same claim again is nothing.
@@ -59,6 +60,7 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
     check_binding(state, claim.binding).map_err(Rejection::BindingChanged)?;
     check_may_send_again(on, claim)?;
     Ok(vec![OperationEvent::AttemptStarted(AttemptStarted {
+        request: claim.request.cloned(),
         attempt_id: claim.attempt_id,
         attempt_number: state.attempts + 1,
         worker: claim.worker.clone(),

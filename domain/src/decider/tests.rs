@@ -1648,7 +1648,12 @@ fn a_budget_wait_is_recorded_with_the_claim_it_preceded() {
         waited_ms: 1_250,
     };
     let mut claim = start(1, lookup_only());
-    if let Command::StartAttempt { budget_wait, .. } = &mut claim {
+    if let Command::StartAttempt {
+        request: None,
+        budget_wait,
+        ..
+    } = &mut claim
+    {
         *budget_wait = Some(wait.clone());
     }
     let outcome = recorded().when(&claim, at_s(1));

@@ -100,11 +100,14 @@ pub fn describe(event: &OperationEvent) -> String {
             e.reason
         ),
         OperationEvent::AttemptStarted(e) => format!(
-            "attempt #{} ({}) by {}{}",
+            "attempt #{} ({}) by {}{}{}",
             e.attempt_number,
             e.attempt_id,
             e.worker,
-            after_wait(e.budget_wait.as_ref())
+            after_wait(e.budget_wait.as_ref()),
+            e.request
+                .as_ref()
+                .map_or_else(String::new, |request| format!(": {request}"))
         ),
         OperationEvent::AttemptSucceeded(e) => format!("confirmed: object {}", e.external_id),
         OperationEvent::AttemptRejected(e) => format!("refused: {} {}", e.code, e.message),
