@@ -1529,7 +1529,8 @@ mod tests {
         request.tenant = TenantId::new("globex").expect("valid");
         assert!(matches!(
             connector.execute(&request).await,
-            SendOutcome::NotSent { reason, .. } if reason.contains("globex")
+            // Said as for an account that does not exist: nothing about who owns it.
+            SendOutcome::NotSent { reason, .. } if reason.contains("`acct-1` is not an account of provider `crm` that this tenant may use")
         ));
     }
 

@@ -60,12 +60,12 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
     check_binding(state, claim.binding).map_err(Rejection::BindingChanged)?;
     check_may_send_again(on, claim)?;
     Ok(vec![OperationEvent::AttemptStarted(AttemptStarted {
-        request: claim.request.cloned(),
         attempt_id: claim.attempt_id,
         attempt_number: state.attempts + 1,
         worker: claim.worker.clone(),
         lease_deadline: lease_deadline(on.now, claim.lease_ms)?,
         budget_wait: claim.budget_wait.cloned(),
+        request: claim.request.cloned(),
         at: on.now,
     })])
 }
