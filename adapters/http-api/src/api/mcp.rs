@@ -287,7 +287,7 @@ pub(crate) fn origin_allowed(headers: &HeaderMap, allowed: &[String]) -> Result<
     }
     let text = origin.to_str().map_err(|_| refused("(not text)"))?;
     let lower = text.trim().to_ascii_lowercase();
-    if is_loopback_origin(&lower) || allowed.iter().any(|allowed| *allowed == lower) {
+    if is_loopback_origin(&lower) || allowed.contains(&lower) {
         Ok(())
     } else {
         Err(refused(&opledger_providers::http::shorten(text, 100)))
