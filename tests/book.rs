@@ -492,15 +492,17 @@ struct Server {
     child: Child,
     /// `127.0.0.1:PORT`
     address: String,
-    _dir: tempfile::TempDir,
+    /// The folder the server runs in, with its ledger at the default path `opledger.db`, so the
+    /// examples' `opledger export` and `opledger verify` read it as a user's would.
+    dir: tempfile::TempDir,
 }
 
 impl Server {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("a folder for the ledger");
         let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(dir.path().join("opledger.db"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", "opledger.db"])
+            .current_dir(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -527,7 +529,7 @@ impl Server {
         Self {
             child,
             address,
-            _dir: dir,
+            dir,
         }
     }
 
@@ -801,11 +803,15 @@ fn every_runnable_example_in_the_readme_and_the_book_runs_against_a_real_server(
         runnable.len()
     );
     let server = Server::start();
-    let scratch = tempfile::tempdir().expect("a scratch folder");
-    let node = node_folder(scratch.path());
+    // The examples run where the server runs, as a user's shell beside `opledger serve` would,
+    // with the repository's `clients/` there for the paths they name.
+    let scratch = server.dir.path();
+    std::os::unix::fs::symlink(repo().join("clients"), scratch.join("clients"))
+        .expect("clients/ is linked");
+    let node = node_folder(scratch);
     let mut failed = Vec::new();
     for block in &runnable {
-        if let Err(why) = run_block(block, &server, scratch.path(), &node) {
+        if let Err(why) = run_block(block, &server, scratch, &node) {
             failed.push(format!(
                 "{}:{} ({}): {why}",
                 shown(&block.page),
