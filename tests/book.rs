@@ -658,48 +658,57 @@ struct Block {
     code: String,
 }
 
+/// The fenced blocks of `page`. A block opened with four backticks (an example of a block, as in
+/// contributing.md) is text, whatever it holds.
 fn blocks(page: &Path) -> Vec<Block> {
     let text = read(page);
     let mut found = Vec::new();
-    let mut open: Option<(usize, String, Option<String>, String)> = None;
+    // The open block's fence, and the block so far.
+    let mut open: Option<(&str, Block)> = None;
     for (index, line) in text.lines().enumerate() {
-        match open.as_mut() {
-            Some((_, _, _, code)) if line.trim_start() != "```" => {
-                code.push_str(line);
-                code.push('\n');
+        let trimmed = line.trim_start();
+        if let Some((fence, block)) = open.as_mut() {
+            if trimmed == *fence {
+                let (_, block) = open.take().expect("a block is open");
+                found.push(block);
+            } else {
+                block.code.push_str(line);
+                block.code.push('\n');
             }
-            Some(_) => {
-                let (line, language, not_runnable, code) = open.take().expect("an open block");
-                found.push(Block {
-                    page: page.to_owned(),
-                    line,
-                    language,
-                    not_runnable,
-                    code,
-                });
-            }
-            None => {
-                let Some(info) = line.trim_start().strip_prefix("```") else {
-                    continue;
-                };
-                if info.starts_with('`') {
-                    // A four-backtick block (an example of a block): skipped to its end below.
-                    open = Some((index + 1, "````".into(), None, String::new()));
-                    continue;
-                }
-                let (language, rest) = info.split_once(' ').unwrap_or((info, ""));
-                let not_runnable = rest
-                    .trim()
-                    .strip_prefix(NOT_RUNNABLE)
-                    .map(|reason| reason.trim_start_matches(':').trim().to_owned());
-                open = Some((index + 1, language.to_owned(), not_runnable, String::new()));
-            }
+            continue;
         }
+        let fence = if trimmed.starts_with("````") {
+            "````"
+        } else {
+            "```"
+        };
+        let Some(info) = trimmed.strip_prefix(fence) else {
+            continue;
+        };
+        let (language, rest) = info.split_once(' ').unwrap_or((info, ""));
+        let not_runnable = rest
+            .trim()
+            .strip_prefix(NOT_RUNNABLE)
+            .map(|reason| reason.trim_start_matches(':').trim().to_owned());
+        let block = Block {
+            page: page.to_owned(),
+            line: index + 1,
+            language: if fence == "```" {
+                language.to_owned()
+            } else {
+                "text".to_owned()
+            },
+            not_runnable,
+            code: String::new(),
+        };
+        open = Some((fence, block));
     }
+    assert!(
+        open.is_none(),
+        "{}: a code block is never closed",
+        shown(page)
+    );
     found
-        .into_iter()
-        .filter(|block| block.language != "````")
-        .collect()
 }
 
 /// A folder where `import "opledger-client"` finds `clients/typescript`.
