@@ -653,18 +653,22 @@ fn the_metrics_reference_alert_rules_and_dashboard_name_only_metrics_the_server_
 struct Block {
     page: PathBuf,
     line: usize,
+    /// What follows the fence: the language alone.
+    info: String,
     language: String,
     not_runnable: Option<String>,
     code: String,
 }
 
 /// The fenced blocks of `page`. A block opened with four backticks (an example of a block, as in
-/// contributing.md) is text, whatever it holds.
+/// contributing.md) is text, whatever it holds. A block is marked not runnable by the comment
+/// `<!-- not-runnable: why -->` on the line right above it.
 fn blocks(page: &Path) -> Vec<Block> {
     let text = read(page);
     let mut found = Vec::new();
     // The open block's fence, and the block so far.
     let mut open: Option<(&str, Block)> = None;
+    let mut previous = "";
     for (index, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
         if let Some((fence, block)) = open.as_mut() {
@@ -682,26 +686,27 @@ fn blocks(page: &Path) -> Vec<Block> {
         } else {
             "```"
         };
-        let Some(info) = trimmed.strip_prefix(fence) else {
-            continue;
-        };
-        let (language, rest) = info.split_once(' ').unwrap_or((info, ""));
-        let not_runnable = rest
-            .trim()
-            .strip_prefix(NOT_RUNNABLE)
-            .map(|reason| reason.trim_start_matches(':').trim().to_owned());
-        let block = Block {
-            page: page.to_owned(),
-            line: index + 1,
-            language: if fence == "```" {
-                language.to_owned()
-            } else {
-                "text".to_owned()
-            },
-            not_runnable,
-            code: String::new(),
-        };
-        open = Some((fence, block));
+        if let Some(info) = trimmed.strip_prefix(fence) {
+            let not_runnable = previous
+                .trim()
+                .strip_prefix(&format!("<!-- {NOT_RUNNABLE}"))
+                .and_then(|rest| rest.strip_suffix("-->"))
+                .map(|reason| reason.trim_start_matches(':').trim().to_owned());
+            let block = Block {
+                page: page.to_owned(),
+                line: index + 1,
+                info: info.trim().to_owned(),
+                language: if fence == "```" {
+                    info.trim().to_owned()
+                } else {
+                    "text".to_owned()
+                },
+                not_runnable,
+                code: String::new(),
+            };
+            open = Some((fence, block));
+        }
+        previous = line;
     }
     assert!(
         open.is_none(),
@@ -799,7 +804,20 @@ fn every_runnable_example_in_the_readme_and_the_book_runs_against_a_real_server(
         .collect();
     assert!(
         unexplained.is_empty(),
-        "blocks marked {NOT_RUNNABLE} without a reason (write `{NOT_RUNNABLE}: why`): {unexplained:?}"
+        "blocks marked {NOT_RUNNABLE} without a reason (write `<!-- {NOT_RUNNABLE}: why -->`): \
+         {unexplained:?}"
+    );
+    // Every word of an info string becomes a CSS class of the block in the book and on GitHub,
+    // and some are the book's own (`page`, `hidden`): the language alone, the rest in a comment.
+    let crowded: Vec<String> = all
+        .iter()
+        .filter(|block| block.info.contains(char::is_whitespace))
+        .map(|block| format!("{}:{} `{}`", shown(&block.page), block.line, block.info))
+        .collect();
+    assert!(
+        crowded.is_empty(),
+        "info strings with more than the language (put a reason in `<!-- {NOT_RUNNABLE}: why -->` \
+         above the block): {crowded:?}"
     );
     let runnable: Vec<&Block> = all
         .iter()
@@ -832,7 +850,7 @@ fn every_runnable_example_in_the_readme_and_the_book_runs_against_a_real_server(
     println!("{} examples run", runnable.len());
     assert!(
         failed.is_empty(),
-        "examples that failed (fix them, or mark them `{NOT_RUNNABLE}: why`):\n{}",
+        "examples that failed (fix them, or mark them `<!-- {NOT_RUNNABLE}: why -->`):\n{}",
         failed.join("\n\n")
     );
 }

@@ -180,7 +180,7 @@ def readme_examples() -> List[str]:
         readme = file.read()
     start = readme.index("### From TypeScript, and from agent frameworks")
     section = readme[start : readme.index("\n## ", start)]
-    return re.findall(r"```python[^\n]*\n(.*?)```", section, re.S)
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
 def test_every_framework_example_in_the_book_compiles_and_imports_only_what_the_package_exports():

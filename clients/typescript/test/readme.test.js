@@ -1,4 +1,4 @@
-// The framework examples of the book's clients page stay true to the package: each is valid JavaScript as it
+// The book's framework examples stay true to the package: each is valid JavaScript as it
 // stands (they use no type syntax, so a user can paste them into an .mjs file too), and every
 // name they import from opledger-client is one the module exports.
 
@@ -17,7 +17,7 @@ function examples() {
   const start = readme.indexOf("### From TypeScript");
   assert.ok(start >= 0, "the page has a TypeScript section");
   const section = readme.slice(start, readme.indexOf("\n## ", start));
-  return [...section.matchAll(/```ts[^\n]*\n([\s\S]*?)```/g)].map((match) => match[1]);
+  return [...section.matchAll(/```ts\n([\s\S]*?)```/g)].map((match) => match[1]);
 }
 
 const SUBPATHS = { "opledger-client": "../src/index.js", "opledger-client/ai-sdk": "../src/ai-sdk.js",
