@@ -19,11 +19,14 @@
 //! It must never hash anything but the stored bytes (a re-encoding would make a proof depend on
 //! this build's encoder), and never accept a proof without checking it against a root.
 
+use std::cell::RefCell;
 use std::fmt;
+use std::future::Future;
 
+pub use tlog_tiles::Error as TlogError;
 pub use tlog_tiles::{stored_hash_count, stored_hash_index, Hash, HashReader, HASH_SIZE};
 
-use crate::store::EventView;
+use crate::store::{EventView, StoreError};
 
 /// The domain-separation tag every leaf starts with; changing it would change every tree.
 pub const LEAF_TAG: &[u8] = b"opledger-leaf-v1\0";
@@ -225,6 +228,153 @@ pub fn check_consistency(proof: &[Hash], old: TreeHead, head: TreeHead) -> Resul
             ),
         },
     )
+}
+
+/// The port of a store that keeps the transparency log's tree beside its events: the tree grows
+/// in the same commit as the log (leaf `position − 1` for the event at `position` in stores that
+/// number their log without gaps), and the checkpoints signed over it are kept in the same store.
+pub trait LogTree: Send + Sync {
+    /// Leaves in the tree now (every committed event, once the tree has caught up with the log).
+    fn tree_size(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The stored hashes at these stored hash indexes, in the same order; every index is below
+    /// [`stored_hash_count`]`(tree_size)`.
+    fn stored_hashes(
+        &self,
+        indexes: Vec<u64>,
+    ) -> impl Future<Output = Result<Vec<Hash>, StoreError>> + Send;
+
+    /// Keeps a signed checkpoint of the tree of `size` leaves (replacing none: the first one kept
+    /// for a size stays).
+    fn keep_checkpoint(
+        &self,
+        size: u64,
+        note: String,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The checkpoint kept for `size` leaves, or the newest kept when `size` is `None`.
+    fn kept_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> impl Future<Output = Result<Option<(u64, String)>, StoreError>> + Send;
+}
+
+/// Runs `work` (which makes exactly one `read_hashes` call, as every tlog function here does)
+/// against a store's hashes: once to learn which stored hashes it needs, then again with them.
+async fn with_stored<L: LogTree, T>(
+    log: &L,
+    work: impl Fn(&dyn HashReaderDyn) -> Result<T, ProofError>,
+) -> Result<T, ProofError> {
+    let wanted = Wanted::default();
+    let _ = work(&wanted);
+    let indexes = wanted.0.into_inner();
+    let hashes = log
+        .stored_hashes(indexes.clone())
+        .await
+        .map_err(|error| ProofError::Storage {
+            reason: error.to_string(),
+        })?;
+    if hashes.len() != indexes.len() {
+        return Err(ProofError::Storage {
+            reason: format!(
+                "asked for {} stored hashes, got {}",
+                indexes.len(),
+                hashes.len()
+            ),
+        });
+    }
+    work(&Given { indexes, hashes })
+}
+
+/// [`HashReader`] as an object, so one closure serves both passes of [`with_stored`].
+trait HashReaderDyn {
+    fn read(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error>;
+}
+
+impl HashReader for &dyn HashReaderDyn {
+    fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        self.read(indexes)
+    }
+}
+
+/// The first pass: records what is asked for and answers with placeholders.
+#[derive(Default)]
+struct Wanted(RefCell<Vec<u64>>);
+
+impl HashReaderDyn for Wanted {
+    fn read(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        self.0.borrow_mut().extend_from_slice(indexes);
+        Ok(vec![Hash([0; HASH_SIZE]); indexes.len()])
+    }
+}
+
+/// The second pass: the hashes the store gave for the indexes the first pass asked for.
+struct Given {
+    indexes: Vec<u64>,
+    hashes: Vec<Hash>,
+}
+
+impl HashReaderDyn for Given {
+    fn read(&self, indexes: &[u64]) -> Result<Vec<Hash>, tlog_tiles::Error> {
+        indexes
+            .iter()
+            .map(|index| {
+                self.indexes
+                    .iter()
+                    .position(|given| given == index)
+                    .map(|at| self.hashes[at])
+                    .ok_or(tlog_tiles::Error::IndexesNotInTree)
+            })
+            .collect()
+    }
+}
+
+/// The head of the tree of the first `size` leaves of a store's log (the whole tree when
+/// `size` is `None`).
+pub async fn head_of<L: LogTree>(log: &L, size: Option<u64>) -> Result<TreeHead, ProofError> {
+    let now = log.tree_size().await.map_err(|error| ProofError::Storage {
+        reason: error.to_string(),
+    })?;
+    let size = size.unwrap_or(now);
+    if size > now {
+        return Err(ProofError::OutOfRange {
+            reason: format!("the log has {now} leaves; there is no tree of {size} yet"),
+        });
+    }
+    let root = with_stored(log, |reader| tree_hash(size, &reader)).await?;
+    Ok(TreeHead { size, root })
+}
+
+/// The inclusion proof of leaf `index` in the store's tree of `size` leaves.
+pub async fn inclusion_proof_of<L: LogTree>(
+    log: &L,
+    index: u64,
+    size: u64,
+) -> Result<Vec<Hash>, ProofError> {
+    check_within(log, size).await?;
+    with_stored(log, |reader| prove_inclusion(index, size, &reader)).await
+}
+
+/// The consistency proof from the store's tree of `old_size` leaves to the one of `size`.
+pub async fn consistency_proof_of<L: LogTree>(
+    log: &L,
+    old_size: u64,
+    size: u64,
+) -> Result<Vec<Hash>, ProofError> {
+    check_within(log, size).await?;
+    with_stored(log, |reader| prove_consistency(old_size, size, &reader)).await
+}
+
+async fn check_within<L: LogTree>(log: &L, size: u64) -> Result<(), ProofError> {
+    let now = log.tree_size().await.map_err(|error| ProofError::Storage {
+        reason: error.to_string(),
+    })?;
+    if size > now {
+        return Err(ProofError::OutOfRange {
+            reason: format!("the log has {now} leaves; there is no tree of {size} yet"),
+        });
+    }
+    Ok(())
 }
 
 /// A whole tree's stored hashes in memory: the memory store's tree, a rebuild's, and tests'.
