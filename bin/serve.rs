@@ -165,6 +165,8 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         providers,
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        log: opledger_http_api::log::LogSettings::from_environment()
+            .map_err(crate::cli::CliError::Config)?,
     };
     Ok((config, stand))
 }

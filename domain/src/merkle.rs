@@ -24,6 +24,7 @@ use std::fmt;
 use std::future::Future;
 
 pub use tlog_tiles::Error as TlogError;
+pub use tlog_tiles::Tile;
 pub use tlog_tiles::{stored_hash_count, stored_hash_index, Hash, HashReader, HASH_SIZE};
 
 use crate::store::{EventView, StoreError};
@@ -430,6 +431,58 @@ impl HashReader for MemoryTree {
                     .ok_or(tlog_tiles::Error::IndexesNotInTree)
             })
             .collect()
+    }
+}
+
+/// The root of a tree computed leaf by leaf in O(log n) memory: what a verifier that streams a
+/// log keeps (the roots of the perfect subtrees of the leaves so far, largest first).
+#[derive(Clone, Debug, Default)]
+pub struct RootFolder {
+    /// (subtree root, its height): heights strictly decrease along the vector.
+    subtrees: Vec<(Hash, u32)>,
+    size: u64,
+}
+
+impl RootFolder {
+    /// No leaves yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Leaves folded so far.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Folds in the next leaf by its hash.
+    pub fn push(&mut self, leaf: Hash) {
+        let mut hash = leaf;
+        let mut height = 0;
+        while let Some(&(left, left_height)) = self.subtrees.last() {
+            if left_height != height {
+                break;
+            }
+            self.subtrees.pop();
+            hash = tlog_tiles::node_hash(left, hash);
+            height += 1;
+        }
+        self.subtrees.push((hash, height));
+        self.size += 1;
+    }
+
+    /// The tree head of the leaves folded so far.
+    pub fn head(&self) -> TreeHead {
+        let root = self
+            .subtrees
+            .iter()
+            .rev()
+            .map(|(hash, _)| *hash)
+            .reduce(|right, left| tlog_tiles::node_hash(left, right))
+            .unwrap_or(EMPTY_TREE_HASH);
+        TreeHead {
+            size: self.size,
+            root,
+        }
     }
 }
 

@@ -23,6 +23,7 @@ use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 
+mod log;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -215,6 +216,8 @@ pub struct ServeConfig {
     /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
     /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
     pub webhook_lease_ms: u64,
+    /// The transparency log: signing key, checkpoint publishing, the tree switch (`[log]`).
+    pub log: crate::log::LogSettings,
 }
 
 // ---- the file's shape (serde) ----
@@ -245,6 +248,8 @@ struct File {
     #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
+    /// `[log]`: the transparency log.
+    log: Option<log::LogSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -525,6 +530,7 @@ impl Checker<'_> {
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
+        let log = self.log(file.log.as_ref())?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -548,6 +554,7 @@ impl Checker<'_> {
             providers,
             webhooks,
             webhook_lease_ms,
+            log,
         })
     }
 

@@ -21,6 +21,8 @@ mod reader;
 mod recent;
 mod schema;
 mod tree;
+
+pub use self::tree::{LogMarks, StreamAhead};
 mod writer;
 
 use std::fmt::Display;
@@ -78,8 +80,10 @@ struct Shared {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqliteOptions {
     /// Whether the transparency log's tree grows with the log, in the same commits (the
-    /// default). Off only to measure what it costs: a tree left behind is caught up from the
-    /// log the next time the file is opened or written with it on.
+    /// default). Off only to measure what it costs, on a file of its own: a file written with it
+    /// off from the start gets its tree from the log when opened with it on, but one that had a
+    /// tree refuses appends with it on again (the tree cannot tell the events it missed from
+    /// events inserted behind the ledger's back).
     pub log_tree: bool,
 }
 
@@ -185,6 +189,16 @@ impl SqliteStore {
     /// Counts of commits and of the appends they carried since the store was opened.
     pub fn commit_stats(&self) -> CommitStats {
         self.shared.counters.snapshot()
+    }
+
+    /// What the file remembers of its log beside the events: the highest position it handed
+    /// out and the streams whose last version has no event (what `opledger verify` checks a
+    /// removed tail against).
+    pub async fn log_marks(&self) -> Result<LogMarks, StoreError> {
+        self.shared
+            .readers
+            .run(|connection| tree::log_marks(connection))
+            .await
     }
 
     /// The file this store keeps its events in.

@@ -153,6 +153,24 @@ fn head_at(tree: &MemoryTree, size: u64) -> TreeHead {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn a_root_folded_leaf_by_leaf_is_the_stored_trees_root(
+        leaves in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..4), 0..300),
+    ) {
+        let mut folder = RootFolder::new();
+        let mut tree = MemoryTree::new();
+        for leaf in &leaves {
+            folder.push(tlog_tiles::record_hash(leaf));
+            tree.push(tlog_tiles::record_hash(leaf));
+            prop_assert_eq!(folder.head(), tree.head());
+        }
+        prop_assert_eq!(folder.head(), tree.head());
+    }
+}
+
+proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]

@@ -44,6 +44,7 @@ use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of, RenderError};
 
 mod actions;
+mod log;
 mod mcp;
 mod operations;
 mod queries;
@@ -65,7 +66,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 22] = [
+pub(crate) const ROUTES: [(&str, &str); 26] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -88,6 +89,10 @@ pub(crate) const ROUTES: [(&str, &str); 22] = [
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
     ("get", "/v1/actions"),
+    ("get", "/v1/log/checkpoint"),
+    ("get", "/v1/log/tile/{*path}"),
+    ("get", "/v1/log/proof/inclusion"),
+    ("get", "/v1/log/proof/consistency"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -127,6 +132,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/whoami", get(whoami))
         .route("/v1/counts", get(queries::counts))
         .route("/v1/actions", get(actions::list))
+        .route("/v1/log/checkpoint", get(log::checkpoint))
+        .route("/v1/log/tile/{*path}", get(log::tile))
+        .route("/v1/log/proof/inclusion", get(log::inclusion))
+        .route("/v1/log/proof/consistency", get(log::consistency))
         .route("/v1/webhooks", get(webhooks::list))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))

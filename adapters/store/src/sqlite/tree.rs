@@ -5,9 +5,9 @@
 //! `log_tree` holds one row per stored hash, keyed by its stored hash index: about two per event
 //! (64 bytes of hash and the row's overhead), so a tree head or a proof reads O(log n) rows by
 //! primary key. Leaf `position − 1` is the event at `position`: the writer refuses to grow the
-//! tree out of step with the log, so a tree and its log always commit together. A file from
-//! before the tree (or written with the tree switched off) gets its tree built from the log when
-//! it is opened or next written: the tree is rebuildable from the log alone.
+//! tree out of step with the log, so a tree and its log always commit together. A file without a
+//! tree (from before it, or written with it switched off from the start) gets one built from its
+//! log when it is opened with the tree on: the tree is rebuildable from the log alone.
 //!
 //! It must never write a stored hash outside the transaction of the events it covers, and never
 //! rewrite one: a stored hash, once committed, is what every checkpoint signed since relies on.
@@ -135,18 +135,31 @@ pub(super) fn keep_checkpoint(
         .map_err(|error| sqlite_error("cannot keep the checkpoint", error))
 }
 
-/// Builds the tree of a file opened with the tree on up to the log's head, in one transaction of
-/// its own: a file from before the tree, or written with it off. A log with a position missing
-/// keeps the tree up to the gap; the open goes on (so `opledger verify` can name the gap), and
-/// appends are refused until the file is repaired.
+/// Builds the tree of a file that has none yet (one from before the tree, or written with it
+/// off from the start) from its log, in one transaction of its own: the tree is rebuildable from
+/// the log. A tree that exists but is behind its log is never extended here: events it did not
+/// see appended cannot be told from events inserted behind the ledger's back, so they stay out of
+/// it, `opledger verify` names them, and appends are refused. (Deleting the `log_tree` rows and
+/// opening the file rebuilds the tree from the log as it is then: a rebuild trusts the log, and
+/// checkpoints kept outside the ledger still catch what was changed before it.) A log with a
+/// position missing keeps the tree up to the gap; the open goes on.
 pub(super) fn catch_up_at_open(
     connection: &Connection,
     head: Option<GlobalPosition>,
 ) -> Result<(), StoreError> {
+    if size(connection)? > 0 {
+        return Ok(());
+    }
     connection
         .execute_batch("BEGIN IMMEDIATE")
         .map_err(|error| sqlite_error("cannot start the log tree's catch-up", error))?;
-    let caught_up = TreeAppender::open(connection).and_then(|mut tree| tree.catch_up(head));
+    let caught_up = TreeAppender::open(connection).and_then(|mut tree| {
+        // Another opener may have built it between the look above and this lock.
+        if tree.size > 0 {
+            return Ok(0);
+        }
+        tree.catch_up(head)
+    });
     match caught_up {
         Ok(added) => {
             connection
@@ -278,4 +291,73 @@ impl HashReader for TreeAppender<'_> {
             })
             .collect())
     }
+}
+
+/// Most streams [`log_marks`] lists whose recorded last version is ahead of their events.
+const MAX_STREAMS_AHEAD: i64 = 1_000;
+
+/// What the file itself remembers of its log beside the events, read on `connection`: the
+/// highest position ever handed out and each stream's last version. Removing events with plain
+/// SQL leaves both behind, so they show a removed tail that the events alone cannot.
+pub(super) fn log_marks(connection: &Connection) -> Result<LogMarks, StoreError> {
+    let sequence: Option<i64> = connection
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'events'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|error| sqlite_error("cannot read the log's sequence", error))?;
+    let mut statement = connection
+        .prepare(
+            "SELECT name, last_version, stored FROM ( \
+                 SELECT s.name, s.last_version, \
+                        (SELECT MAX(e.version) FROM events e WHERE e.stream_id = s.stream_id) AS stored \
+                 FROM streams s) \
+             WHERE stored IS NULL OR stored < last_version ORDER BY name LIMIT ?1",
+        )
+        .map_err(|error| sqlite_error("cannot prepare the streams' versions query", error))?;
+    let rows = statement
+        .query_map([MAX_STREAMS_AHEAD], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, Option<i64>>(2)?,
+            ))
+        })
+        .map_err(|error| sqlite_error("cannot read the streams' versions", error))?;
+    let mut streams_ahead = Vec::new();
+    for row in rows {
+        let (name, last, stored) =
+            row.map_err(|error| sqlite_error("cannot read the streams' versions", error))?;
+        streams_ahead.push(StreamAhead {
+            stream: name,
+            last_version: u64::try_from(last).unwrap_or(0),
+            newest_stored: stored.and_then(|stored| u64::try_from(stored).ok()),
+        });
+    }
+    Ok(LogMarks {
+        highest_position: sequence.and_then(|sequence| u64::try_from(sequence).ok()),
+        streams_ahead,
+    })
+}
+
+/// What the file remembers of its log beside the events (see [`log_marks`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogMarks {
+    /// The highest position the file ever handed out (`None`: never any).
+    pub highest_position: Option<u64>,
+    /// Streams whose recorded last version has no event (at most a thousand).
+    pub streams_ahead: Vec<StreamAhead>,
+}
+
+/// A stream whose recorded last version has no event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamAhead {
+    /// The stream's name.
+    pub stream: String,
+    /// The last version the file recorded for it.
+    pub last_version: u64,
+    /// The newest version it still has an event for (`None`: none left).
+    pub newest_stored: Option<u64>,
 }

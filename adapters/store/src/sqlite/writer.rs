@@ -236,13 +236,10 @@ impl Writer {
         let connection = &self.connection;
         exec(connection, "BEGIN IMMEDIATE")?;
         let log_head_before = schema::head_position(connection)?;
+        // A tree behind its log (another opener wrote with it off, or events were inserted
+        // behind the ledger's back) is not extended: the first append refuses (see tree.rs).
         let mut tree = match self.log_tree {
-            true => {
-                let mut tree = TreeAppender::open(connection)?;
-                // Another opener may have written with the tree switched off.
-                tree.catch_up(log_head_before)?;
-                Some(tree)
-            }
+            true => Some(TreeAppender::open(connection)?),
             false => None,
         };
         let mut results = Vec::with_capacity(batch.len());
