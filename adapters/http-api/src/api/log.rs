@@ -17,7 +17,7 @@ use opledger_domain::store::{EventStore, LogStart};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Shared};
+use super::{json_reply, ApiError, Shared};
 
 /// The height of a tile: 8 levels, 256 hashes wide (C2SP tlog-tiles).
 const TILE_HEIGHT: u8 = 8;
@@ -105,7 +105,7 @@ pub(super) async fn inclusion(
     let head = merkle::head_of(store, Some(size))
         .await
         .map_err(proof_error)?;
-    Ok(axum::Json(json!({
+    Ok(json_reply(StatusCode::OK, &json!({
         "position": query.position,
         "leaf_index": index,
         "tree_size": size,
@@ -113,8 +113,7 @@ pub(super) async fn inclusion(
         "leaf_hash": event.as_ref().map(|event| merkle::leaf_hash(&event.view()).to_string()),
         "inclusion_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "checkpoint": kept.filter(|(kept, _)| *kept == size).map(|(_, note)| note),
-    }))
-    .into_response())
+    })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -134,12 +133,11 @@ pub(super) async fn consistency(
     let proof = merkle::consistency_proof_of(store, query.from, query.to)
         .await
         .map_err(proof_error)?;
-    Ok(axum::Json(json!({
+    Ok(json_reply(StatusCode::OK, &json!({
         "from": query.from,
         "to": query.to,
         "consistency_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    }))
-    .into_response())
+    })))
 }
 
 /// `GET /v1/log/tile/{L}/{N}[.p/{W}]`: the hash tile (C2SP tlog-tiles): `W` (default 256)
