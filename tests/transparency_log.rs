@@ -424,3 +424,129 @@ async fn prove_gives_inclusion_proofs_that_check_against_the_kept_checkpoint() {
         merkle::check_inclusion(&hashes, opened.head, index, leaf).expect("included");
     }
 }
+
+/// `opledger serve` on the ledger, with the signing key from the environment, on a free port;
+/// killed when dropped.
+struct Served {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Served {
+    fn start(db: &Path, key: &Path) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_opledger"))
+            .args(["serve", "--db", path(db), "--listen", "127.0.0.1:0"])
+            .env_remove("OPLEDGER_DB")
+            .env_remove("OPLEDGER_CONFIG")
+            .env_remove("OPLEDGER_LOG_KEY")
+            .env("OPLEDGER_LOG_KEY_FILE", key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(db.with_extension("serve.log")).expect("a log file"))
+            .spawn()
+            .expect("serve starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!(
+                    "serve stopped before listening: {}",
+                    std::fs::read_to_string(db.with_extension("serve.log")).unwrap_or_default()
+                );
+            };
+            if let Some(rest) = line.strip_prefix("opledger serve: listening on ") {
+                break rest.split_whitespace().next().expect("a URL").to_owned();
+            }
+        };
+        // The rest of its output is not read; keep the pipe drained so it never blocks.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self { child, url }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn witness(url: &str, state: &Path, verifier_key: &str) -> Output {
+    opledger(&[
+        "witness",
+        "--url",
+        url,
+        "--state",
+        path(state),
+        "--verifier-key",
+        verifier_key,
+    ])
+}
+
+#[tokio::test]
+async fn a_witness_follows_the_served_log_and_fails_when_it_is_rolled_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("ledger.db");
+    write_operations(&db, 2).await;
+    let older = dir.path().join("older.db");
+    std::fs::copy(&db, &older).expect("an older copy");
+    write_operations(&db, 1).await;
+    let key = dir.path().join("log.key");
+    let generated = opledger(&[
+        "keys",
+        "generate",
+        "--name",
+        "ledger.example.com/acme",
+        "--out",
+        path(&key),
+    ]);
+    let verifier_key = stdout(&generated).trim().to_owned();
+    let state = dir.path().join("witness.checkpoint");
+
+    let served = Served::start(&db, &key);
+    let first = witness(&served.url, &state, &verifier_key);
+    assert!(first.status.success(), "{}", both(&first));
+    assert!(
+        stdout(&first).contains("at tree size 6")
+            && stdout(&first).contains("kept as the first checkpoint"),
+        "{}",
+        both(&first)
+    );
+    // The served hash tile of the leaves is the leaves the log holds.
+    let tile = reqwest::get(format!("{}/v1/log/tile/0/000.p/6", served.url))
+        .await
+        .expect("served")
+        .bytes()
+        .await
+        .expect("read");
+    let store = SqliteStore::open(&db)
+        .await
+        .expect("opens beside the server");
+    let log = store
+        .read_all(LogStart::Beginning, 10)
+        .await
+        .expect("reads");
+    store.close().await.expect("closes");
+    let leaves: Vec<u8> = log
+        .iter()
+        .flat_map(|event| merkle::leaf_hash(&event.view()).0)
+        .collect();
+    assert_eq!(tile.as_ref(), leaves.as_slice());
+    drop(served);
+
+    // The whole database rolled back to the older copy; the server (which holds the key) signs
+    // the smaller tree without complaint, and the witness refuses it.
+    std::fs::copy(&older, &db).expect("rolled back");
+    let _ = std::fs::remove_file(db.with_extension("db-wal"));
+    // As whoever restores a copy does: the read models of the newer log go too.
+    std::fs::remove_file(db.with_extension("db.views")).expect("the read models");
+    let served = Served::start(&db, &key);
+    let second = witness(&served.url, &state, &verifier_key);
+    assert_eq!(second.status.code(), Some(4), "{}", both(&second));
+    assert!(
+        both(&second)
+            .contains("the log shrank: the served checkpoint has 4 leaves, the kept one 6"),
+        "{}",
+        both(&second)
+    );
+}

@@ -105,15 +105,18 @@ pub(super) async fn inclusion(
     let head = merkle::head_of(store, Some(size))
         .await
         .map_err(proof_error)?;
-    Ok(json_reply(StatusCode::OK, &json!({
-        "position": query.position,
-        "leaf_index": index,
-        "tree_size": size,
-        "root_hash": head.root.to_string(),
-        "leaf_hash": event.as_ref().map(|event| merkle::leaf_hash(&event.view()).to_string()),
-        "inclusion_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "checkpoint": kept.filter(|(kept, _)| *kept == size).map(|(_, note)| note),
-    })))
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "position": query.position,
+            "leaf_index": index,
+            "tree_size": size,
+            "root_hash": head.root.to_string(),
+            "leaf_hash": event.as_ref().map(|event| merkle::leaf_hash(&event.view()).to_string()),
+            "inclusion_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "checkpoint": kept.filter(|(kept, _)| *kept == size).map(|(_, note)| note),
+        }),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,11 +136,14 @@ pub(super) async fn consistency(
     let proof = merkle::consistency_proof_of(store, query.from, query.to)
         .await
         .map_err(proof_error)?;
-    Ok(json_reply(StatusCode::OK, &json!({
-        "from": query.from,
-        "to": query.to,
-        "consistency_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
-    })))
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "from": query.from,
+            "to": query.to,
+            "consistency_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        }),
+    ))
 }
 
 /// `GET /v1/log/tile/{L}/{N}[.p/{W}]`: the hash tile (C2SP tlog-tiles): `W` (default 256)
