@@ -195,10 +195,7 @@ impl SqliteStore {
     /// out and the streams whose last version has no event (what `opledger verify` checks a
     /// removed tail against).
     pub async fn log_marks(&self) -> Result<LogMarks, StoreError> {
-        self.shared
-            .readers
-            .run(|connection| tree::log_marks(connection))
-            .await
+        self.shared.readers.run(tree::log_marks).await
     }
 
     /// The file this store keeps its events in.
@@ -255,10 +252,7 @@ impl std::fmt::Debug for SqliteStore {
 /// their own, opened for the one insert, since the writer thread only appends events.
 impl LogTree for SqliteStore {
     async fn tree_size(&self) -> Result<u64, StoreError> {
-        self.shared
-            .readers
-            .run(|connection| tree::size(connection))
-            .await
+        self.shared.readers.run(tree::size).await
     }
 
     async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
