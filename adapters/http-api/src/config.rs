@@ -23,6 +23,7 @@ use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 
+mod log;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -221,6 +222,8 @@ pub struct ServeConfig {
     /// Browser origins `/mcp` answers besides loopback ones (`[mcp] allowed_origins`), each
     /// `scheme://host[:port]` in lower case.
     pub mcp_allowed_origins: Vec<String>,
+    /// The transparency log: signing key, checkpoint publishing, the tree switch (`[log]`).
+    pub log: crate::log::LogSettings,
 }
 
 // ---- the file's shape (serde) ----
@@ -255,6 +258,8 @@ struct File {
     #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
+    /// `[log]`: the transparency log.
+    log: Option<log::LogSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -564,6 +569,7 @@ impl Checker<'_> {
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
         let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
+        let log = self.log(file.log.as_ref())?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -589,6 +595,7 @@ impl Checker<'_> {
             webhooks,
             webhook_lease_ms,
             mcp_allowed_origins,
+            log,
         })
     }
 

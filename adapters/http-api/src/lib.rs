@@ -39,6 +39,7 @@ mod console;
 mod error;
 mod events;
 pub mod input;
+pub mod log;
 mod metrics;
 pub mod render;
 mod webhooks;
@@ -159,6 +160,8 @@ pub struct Shared {
     pub connections: Arc<connections::ConnectionCounters>,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
+    /// The transparency log's signing key, when one is configured.
+    pub log_signer: Option<Arc<opledger_domain::checkpoint::LogSigner>>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -248,6 +251,8 @@ impl Output {
 /// workers, the read-model runner, and what every request shares.
 struct Service {
     shared: Arc<Shared>,
+    /// The checkpoint publisher, when a signing key is configured.
+    publisher: Option<tokio::task::JoinHandle<()>>,
     webhooks: Arc<opledger_webhooks::Webhooks>,
     workers: Workers,
     runner: tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>>,
@@ -265,7 +270,8 @@ impl Service {
     /// Opens the ledger and the read models (caught up), and starts the engine's workers.
     async fn start(config: ServeConfig, output: Output) -> Result<Self, ServeError> {
         let (ledger_name, read_models_path) = locations(&config);
-        let store = open_store(&config.store).await?;
+        let store = open_store(&config.store, &config.log).await?;
+        let log_signer = log::signer_of(&config.log).map_err(ServeError::Config)?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
         let providers =
@@ -343,9 +349,14 @@ impl Service {
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
             mcp_allowed_origins: config.mcp_allowed_origins,
+            log_signer: log_signer.clone(),
+        });
+        let publisher = log_signer.map(|signer| {
+            log::spawn_publisher(store.clone(), signer, &config.log, stopping.clone())
         });
         Ok(Self {
             shared,
+            publisher,
             webhooks,
             workers,
             runner,
@@ -372,6 +383,10 @@ impl Service {
         )
         .await;
         drop(self.shared);
+        if let Some(publisher) = self.publisher {
+            // It stops at the stop signal; a checkpoint being kept finishes first.
+            let _ = publisher.await;
+        }
         let worker_stats = self.workers.shutdown().await;
         let runner_result = self.runner.await;
         // A delivery under way is dropped: its checkpoint was not moved, so it repeats at start.
@@ -444,9 +459,12 @@ async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr
 }
 
 /// Opens the ledger the configuration names.
-async fn open_store(store: &StoreUrl) -> Result<ServeStore, ServeError> {
+async fn open_store(store: &StoreUrl, log: &log::LogSettings) -> Result<ServeStore, ServeError> {
     Ok(match store {
-        StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
+        StoreUrl::Sqlite(path) => ServeStore::Sqlite(
+            SqliteStore::open_with(path, opledger_store::SqliteOptions { log_tree: log.tree })
+                .await?,
+        ),
         StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
             KurrentDbStore::connect(url)
                 .await
