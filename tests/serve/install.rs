@@ -4,8 +4,10 @@
 //! they installed. The Python one also runs the framework and async tests against that install —
 //! the newest framework releases the extras' ranges admit (tests/serve/python.rs runs the lowest).
 //!
-//! Nothing is cached on purpose: a fresh directory is what the docs promise works. pip's and
-//! npm's own download caches keep the repeat cheap.
+//! The npm install runs in a new directory every time (about 30 s). The pip install takes minutes
+//! (a few hundred packages' worth of resolving), so its app directory is kept in the target
+//! directory and made again from nothing whenever the commands, pyproject.toml or the package's
+//! sources change; made aside and renamed into place, as tests/python_venv's are.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,50 +47,101 @@ fn run_documented(commands: &str, dir: &Path, what: &str) -> String {
     )
 }
 
+/// The stamp of what the Python app directory was made from: the commands, the manifest and
+/// every source file of the package.
+fn python_install_stamp(commands: &str) -> String {
+    let client = repo().join("adapters/python-client");
+    let mut stamp = commands.to_owned();
+    stamp
+        .push_str(&std::fs::read_to_string(client.join("pyproject.toml")).expect("pyproject.toml"));
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(client.join("opledger_client"))
+        .expect("the package's folder")
+        .map(|entry| entry.expect("a file").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "py"))
+        .collect();
+    sources.sort();
+    for source in sources {
+        stamp.push_str(&std::fs::read_to_string(&source).expect("a source file"));
+    }
+    stamp
+}
+
+/// The app directory the documented pip commands made (and pytest added to), made again when
+/// its stamp changes.
+fn python_app() -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let place = tmp.join("python-documented-install");
+    let commands = install_commands("clients-python.md");
+    let stamp = python_install_stamp(&commands);
+    let is_ready = |dir: &Path| {
+        std::fs::read_to_string(dir.join("opledger-install-stamp"))
+            .ok()
+            .as_deref()
+            == Some(stamp.as_str())
+    };
+    if is_ready(&place) {
+        return place;
+    }
+    let dir = tmp.join(format!(
+        "python-documented-install.making-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a fresh app directory");
+    run_documented(&commands, &dir, "the documented pip install");
+    // What the tests themselves need beside the app's own install.
+    run(
+        Command::new(dir.join(".venv/bin/python")).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "pytest>=7",
+            "jsonschema>=4.18",
+        ]),
+        "installing pytest into the fresh app",
+    );
+    std::fs::write(dir.join("opledger-install-stamp"), &stamp).expect("the stamp is written");
+    if place.exists() {
+        let stale = tmp.join(format!(
+            "python-documented-install.stale-{}",
+            std::process::id()
+        ));
+        if std::fs::rename(&place, &stale).is_ok() {
+            let _ = std::fs::remove_dir_all(&stale);
+        }
+    }
+    if std::fs::rename(&dir, &place).is_err() {
+        // Another process put its own in place first: use that one.
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(is_ready(&place), "cannot put the app directory in place");
+    }
+    place
+}
+
 #[tokio::test]
 async fn the_documented_python_install_in_a_fresh_app_imports_every_adapter_and_passes_the_framework_tests(
 ) {
-    let app = tempfile::tempdir().expect("a fresh app directory");
-    let dir = app.path().to_owned();
-    let python = tokio::task::spawn_blocking(move || {
-        run_documented(
-            &install_commands("clients-python.md"),
-            &dir,
-            "the documented pip install",
-        );
-        let python = dir.join(".venv/bin/python");
-        let imported = run(
-            Command::new(&python).current_dir(&dir).args([
-                "-c",
-                "import opledger_client, opledger_client.aio, opledger_client.openai_agents, \
-                 opledger_client.langchain, opledger_client.pydantic_ai, importlib.metadata as m\n\
-                 print(opledger_client.__file__)\n\
-                 print(*(f'{p} {m.version(p)}' for p in ('openai-agents', 'langchain-core', 'pydantic-ai-slim', 'httpx')))",
-            ]),
-            "importing every adapter from the fresh install",
-        );
-        assert!(
-            imported.contains(".venv"),
-            "the installed package, not the clone's: {imported}"
-        );
-        println!("installed: {imported}");
-        // What the tests themselves need beside the app's own install.
-        run(
-            Command::new(&python).args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "pytest>=7",
-                "jsonschema>=4.18",
-            ]),
-            "installing pytest into the fresh app",
-        );
-        python
-    })
-    .await
-    .expect("the documented install ran");
+    let app = tokio::task::spawn_blocking(python_app)
+        .await
+        .expect("the documented install ran");
+    let python = app.join(".venv/bin/python");
+    let imported = run(
+        Command::new(&python).current_dir(&app).args([
+            "-c",
+            "import opledger_client, opledger_client.aio, opledger_client.openai_agents, \
+             opledger_client.langchain, opledger_client.pydantic_ai, importlib.metadata as m\n\
+             print(opledger_client.__file__)\n\
+             print(*(f'{p} {m.version(p)}' for p in ('openai-agents', 'langchain-core', 'pydantic-ai-slim', 'httpx')))",
+        ]),
+        "importing every adapter from the fresh install",
+    );
+    assert!(
+        imported.contains(".venv"),
+        "the installed package, not the clone's: {imported}"
+    );
+    println!("installed: {imported}");
     let harness = Harness::new("").await;
     let server = harness.serve();
     let tests = repo().join("adapters/python-client/tests");
@@ -98,7 +151,7 @@ async fn the_documented_python_install_in_a_fresh_app_imports_every_adapter_and_
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs"])
         .arg(tests.join("test_frameworks.py"))
         .arg(tests.join("test_aio.py"))
-        .current_dir(app.path())
+        .current_dir(&app)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("OPLEDGER_BASE_URL", &server.base)
         .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
