@@ -8,8 +8,16 @@ the call out once, and the tool returns the one sentence the agent may say.
 
 Requests are named by the ``Idempotency-Key`` header (the API maps it onto the source id): pass
 the same key when retrying a call whose answer was lost, and the ledger answers the operation the
-first call recorded instead of making a second one. The field names and states follow the
+first call recorded instead of making a second one. Every record carries one (a fresh random key
+when none is given), so the client repeats a record by itself after no answer, a timeout, a 503
+or a 429, under the same key, a bounded number of times: a repeat is safe by construction.
+``wait_for`` waits for an operation to settle; ``outcomes`` follows the outcome feed. Failures
+are typed (``IdempotencyKeyReused``, ``InvalidInput``, ``NotFound``, ``Unauthorized``,
+``RateLimited``, ``Unavailable``, …), all ``LedgerError``. The field names and states follow the
 OpenAPI document the server serves at ``/v1/openapi.json`` (the tests check them against it).
+
+It must never depend on anything outside the standard library (the async client, in ``aio``,
+is the one that uses httpx).
 """
 
 from __future__ import annotations
