@@ -161,7 +161,10 @@ async fn the_documented_python_install_in_a_fresh_app_imports_every_adapter_and_
             "OPLEDGER_OPENAPI",
             repo().join("adapters/http-api/src/openapi.json"),
         )
-        .env("OPLEDGER_README", repo().join("README.md"));
+        .env(
+            "OPLEDGER_CLIENTS_PAGE",
+            repo().join("docs/src/agents/clients.md"),
+        );
     let printed = tokio::task::spawn_blocking(move || run(&mut pytest, "pytest"))
         .await
         .expect("pytest ran");
