@@ -7,6 +7,7 @@ mod console;
 mod contract;
 mod idempotency;
 mod inputs;
+mod install;
 mod instances;
 mod isolation;
 mod kurrentdb;
