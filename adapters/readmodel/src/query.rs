@@ -172,7 +172,8 @@ const OPERATION_COLUMNS: &str = "operation_id, tenant, provider, account, action
     source_id, state, attempts, external_id, last_error, created_at, updated_at, stream_version,
     last_position, lease_deadline, unknown_since, needs_review_reason";
 
-const REVIEW_COLUMNS: &str = "operation_id, state, since, tenant, provider, account, attempts,
+pub(super) const REVIEW_COLUMNS: &str =
+    "operation_id, state, since, tenant, provider, account, attempts,
     lookups, last_error, last_lookup_result, last_lookup_evidence, last_lookup_at, review_reason,
     review_evidence, updated_at";
 
@@ -850,7 +851,7 @@ pub(crate) fn page_of(mut operations: Vec<OperationRow>, limit: usize) -> Operat
 }
 
 /// `tenants` as the JSON array the scoped queries bind (at most [`MAX_QUERY_ROWS`] of them).
-fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {
+pub(super) fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {
     let names: Vec<&str> = tenants
         .iter()
         .take(MAX_QUERY_ROWS)
@@ -966,7 +967,7 @@ impl RawOperation {
 }
 
 /// A review-queue row as SQLite returned it.
-struct RawReview {
+pub(super) struct RawReview {
     operation_id: String,
     state: String,
     since: String,
@@ -985,7 +986,7 @@ struct RawReview {
 }
 
 impl RawReview {
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+    pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             operation_id: row.get(0)?,
             state: row.get(1)?,
@@ -1005,7 +1006,7 @@ impl RawReview {
         })
     }
 
-    fn decode(self) -> Result<ReviewItem, ReadModelError> {
+    pub(super) fn decode(self) -> Result<ReviewItem, ReadModelError> {
         let last_lookup = match (self.lookup_result, self.lookup_at) {
             (Some(result), Some(at)) => Some(LookupEvidence {
                 result,

@@ -233,8 +233,25 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The operator's queue: operations unknown or waiting for a person, longest-waiting first, with the evidence (operator token). */
+        /** The operator's queue, a page at a time: operations unknown or waiting for a person, longest-waiting first unless `order=newest`, filtered, with the number matching (`total`) and the evidence (operator token). */
         get: operations["reviewQueue"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One operation of the review queue with the evidence a person deciding needs (operator token); 404 when it does not wait for review or is outside the token's scope. */
+        get: operations["reviewItem"];
         put?: never;
         post?: never;
         delete?: never;
@@ -651,6 +668,8 @@ export interface components {
                     evidence: string;
                     result: Record<string, never>;
                 }[];
+                /** @description Whom the operation is for, as recorded with the intent; null when none was given. */
+                owner?: string | null;
             };
             /** @description What was known when it was handed over. */
             evidence: string | null;
@@ -673,7 +692,11 @@ export interface components {
             updated_at: components["schemas"]["Timestamp"];
         };
         ReviewQueue: {
+            /** @description Pass as `after` for the next page; null on the last page. */
+            next?: string | null;
             queue: components["schemas"]["ReviewItem"][];
+            /** @description Items matching the filter, on every page. */
+            total?: number;
         };
         /** @description A decision: `external_id` is required with `confirm` and refused with `retry` and `abandon`. */
         ReviewRequest: {
@@ -1240,6 +1263,20 @@ export interface operations {
                 limit?: number;
                 /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. */
                 as_of?: string;
+                /** @description The `next` of the previous page: where this page starts. A cursor carries its own position, so it stays valid while items are decided between pages. */
+                after?: string;
+                /** @description `oldest`: the longest-waiting first; `newest`: the latest first. */
+                order?: "oldest" | "newest";
+                /** @description `full`: each item with its arguments, attempts and lookups (one stream read per item); `none`: the queue's rows only, for a list that refreshes often. One item's detail: GET /v1/review/{id}. */
+                detail?: "full" | "none";
+                /** @description Only this tenant's items (404 for a tenant outside the token's scope). */
+                tenant?: components["schemas"]["TextId"];
+                /** @description Only items sent to this provider. */
+                provider?: components["schemas"]["TextId"];
+                /** @description Only items bound to this account. */
+                account?: components["schemas"]["TextId"];
+                /** @description Only items in this state. */
+                state?: "unknown" | "needs_review";
             };
             header?: never;
             path?: never;
@@ -1259,6 +1296,35 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    reviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The item, with its detail. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReviewItem"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };

@@ -1,7 +1,7 @@
 // Listings by state and age, with paging (the API's `next` cursor) and filters: state, age,
 // tenant, provider and account are all the listing API's own, so every page is filtered.
 
-import { chooseTenant, chosenTenant, get, needsTenant } from "../api.js";
+import { get, needsTenant } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
 
 /// Rows per page.
@@ -15,9 +15,6 @@ export async function render(main, { query }) {
   for (const name of ["state", "older_than", "tenant", "provider", "account", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
-  // A tenant named here is remembered for the other pages of a token that sees several.
-  if (query.get("tenant")) chooseTenant(query.get("tenant"));
-  else if (chosenTenant()) params.set("tenant", chosenTenant());
   try {
     const page = await get(`/v1/operations?${params}`);
     results.replaceChildren(listing(page.operations), pager(query, page.next));
@@ -37,7 +34,7 @@ function filters(query) {
     { class: "filters card", role: "search", "aria-label": "Filter operations" },
     field("state", "State", state),
     field("older_than", "Older than", text("older_than", "e.g. 5m, 2h")),
-    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? chosenTenant() ?? "", placeholder: "any of yours", autocomplete: "off" })),
+    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? "", placeholder: "any of yours", autocomplete: "off" })),
     field("provider", "Provider", text("provider", "any")),
     field("account", "Account", text("account", "any")),
     h("button", { type: "submit" }, "Show"),

@@ -65,7 +65,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 22] = [
+pub(crate) const ROUTES: [(&str, &str); 23] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -75,6 +75,7 @@ pub(crate) const ROUTES: [(&str, &str); 22] = [
     ("post", "/v1/operations/{id}/execute"),
     ("post", "/v1/operations/{id}/review"),
     ("get", "/v1/review"),
+    ("get", "/v1/review/{id}"),
     ("get", "/v1/trace/{id}"),
     ("get", "/v1/events"),
     ("get", "/metrics"),
@@ -119,6 +120,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/operations/{id}/execute", post(operations::execute))
         .route("/v1/operations/{id}/review", post(review::review))
         .route("/v1/review", get(queries::review_queue))
+        .route("/v1/review/{id}", get(queries::review_item))
         .route("/v1/trace/{id}", get(queries::trace))
         .route("/v1/events", get(events::stream))
         .route("/metrics", get(metrics::render))

@@ -1,0 +1,197 @@
+// The console in an incident: a ledger with more operations waiting for a person than the API's
+// largest page, in headless Chromium against a real `opledger serve`. tests/serve/console.rs
+// seeds the ledger, starts the server, and runs this script with:
+//   OPLEDGER_BASE_URL                        the server
+//   OPLEDGER_OPERATOR_TOKEN                  an operator of every tenant
+//   OPLEDGER_OPERATOR_AB_TOKEN               an operator of tenants A and B
+//   OPLEDGER_WAITING                         how many operations were seeded waiting
+//   OPLEDGER_NODE_MODULES, OPLEDGER_SCREENSHOTS
+// Every step waits for what it expects (no sleeps); any failure exits non-zero with the step's
+// name.
+
+import { createRequire } from "node:module";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import assert from "node:assert/strict";
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set; run this through tests/serve/console.rs`);
+  return value;
+};
+const BASE = env("OPLEDGER_BASE_URL");
+const OPERATOR = env("OPLEDGER_OPERATOR_TOKEN");
+const OPERATOR_AB = env("OPLEDGER_OPERATOR_AB_TOKEN");
+const WAITING = Number(env("OPLEDGER_WAITING"));
+const MODULES = env("OPLEDGER_NODE_MODULES");
+const SHOTS = env("OPLEDGER_SCREENSHOTS");
+const WAIT_MS = 30000;
+const LAPTOP = { width: 1280, height: 800 };
+/// Items on one page of the console's queue (pages/review.js).
+const QUEUE_ROWS = 50;
+
+const require = createRequire(join(MODULES, "node_modules", "noop.js"));
+const { chromium } = require("playwright-core");
+const AXE = readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
+
+async function api(path, token = OPERATOR) {
+  const response = await fetch(`${BASE}${path}`, { headers: { Authorization: `Bearer ${token}` } });
+  return { status: response.status, json: await response.json().catch(() => null) };
+}
+
+const profile = mkdtempSync(join(tmpdir(), "opledger-chromium-"));
+const browser = await chromium.launchPersistentContext(profile, {
+  executablePath: "/usr/bin/chromium",
+  headless: true,
+  baseURL: BASE,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const problems = [];
+
+async function newPage() {
+  const page = await browser.newPage();
+  await page.setViewportSize(LAPTOP);
+  page.setDefaultTimeout(WAIT_MS);
+  page.on("console", (message) => {
+    if (message.type() === "error" && !/Failed to load resource: the server responded with a status of (401|403|404|409|422)/.test(message.text())) {
+      problems.push(`console error: ${message.text()}`);
+    }
+  });
+  page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+  return page;
+}
+
+let step = "";
+async function check(name, body) {
+  step = name;
+  const started = Date.now();
+  await body();
+  console.log(`ok - ${name} (${Date.now() - started} ms)`);
+}
+
+async function axe(page, name) {
+  await page.evaluate(AXE);
+  const results = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
+  const serious = results.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
+  assert.deepEqual(serious.map((v) => `${v.id}: ${v.help}`), [], `axe-core finds serious violations on ${name}`);
+}
+
+async function signIn(page, token) {
+  await page.goto("/console");
+  await page.getByLabel("Access token").fill(token);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.locator("#who:not([hidden])").waitFor();
+}
+
+/// The operation ids the queue page shows, in order, once it has loaded.
+async function shownIds(page) {
+  await page.locator(".queue[aria-busy=false]").waitFor();
+  return page.locator(".queue-item").evaluateAll((nodes) => nodes.map((n) => n.dataset.operation));
+}
+
+try {
+  const page = await newPage();
+
+  await check("the navigation's count is the server's, not a page's length", async () => {
+    await signIn(page, OPERATOR);
+    await page.locator("#review-count", { hasText: String(WAITING) }).waitFor();
+  });
+
+  await check("the queue pages through every waiting item, newest first, to the last one", async () => {
+    await page.goto("/console#/review");
+    await page.locator(".queue-summary", { hasText: `${WAITING} waiting match` }).waitFor();
+    const newest = (await api("/v1/review?order=newest&limit=1&detail=none")).json.queue[0].operation_id;
+    const oldest = (await api("/v1/review?order=oldest&limit=1&detail=none")).json.queue[0].operation_id;
+    const seen = [];
+    let pages = 0;
+    for (;;) {
+      const ids = await shownIds(page);
+      assert.ok(ids.length <= QUEUE_ROWS, `a page shows at most ${QUEUE_ROWS}`);
+      seen.push(...ids);
+      pages += 1;
+      if (pages === 1) {
+        assert.equal(ids[0], newest, "the newest first");
+        await axe(page, "the review queue in an incident");
+        await page.screenshot({ path: join(SHOTS, "review-queue-incident.png"), fullPage: false });
+      }
+      const next = page.getByRole("link", { name: "Next page →" });
+      if (!(await next.count())) break;
+      const before = page.url();
+      await next.click();
+      await page.waitForFunction((url) => location.href !== url, before);
+    }
+    assert.equal(seen.length, WAITING, `every item once across ${pages} pages`);
+    assert.equal(new Set(seen).size, WAITING, "no item twice");
+    assert.equal(seen.at(-1), oldest, "the last page ends with the longest-waiting item");
+  });
+
+  await check("a page of the queue transfers a bounded amount, whatever the queue's length", async () => {
+    await page.goto("/console#/review");
+    await shownIds(page);
+    const bytes = await page.evaluate(() =>
+      performance
+        .getEntriesByType("resource")
+        .filter((entry) => entry.name.includes("/v1/review?"))
+        .map((entry) => entry.encodedBodySize)
+        .at(-1),
+    );
+    console.log(`  the first page of ${WAITING} waiting: ${bytes} bytes of JSON`);
+    assert.ok(bytes < 200_000, `one page is ${bytes} bytes`);
+  });
+
+  await check("the oldest-first toggle and the filters live in the URL, and nothing sticks", async () => {
+    await page.getByRole("link", { name: "Show oldest first" }).click();
+    await page.waitForFunction(() => location.hash.includes("order=oldest"));
+    const oldest = (await api("/v1/review?order=oldest&limit=1&detail=none")).json.queue[0].operation_id;
+    assert.equal((await shownIds(page))[0], oldest);
+    const tenantB = (await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total;
+    assert.ok(tenantB > 0 && tenantB < WAITING, `tenant B has ${tenantB}`);
+    await page.getByLabel("Tenant").fill("tenant-b");
+    await page.getByRole("button", { name: "Show" }).click();
+    await page.locator(".queue-summary", { hasText: `${tenantB} waiting match` }).waitFor();
+    assert.ok(page.url().includes("tenant=tenant-b") && page.url().includes("order=oldest"), page.url());
+    // A shared link shows the same; the plain route shows everything again.
+    await page.goto("/console#/review");
+    await page.locator(".queue-summary", { hasText: `${WAITING} waiting match` }).waitFor();
+    assert.equal(await page.getByLabel("Tenant").inputValue(), "");
+  });
+
+  await check("one item opens from its own route, without reading the queue", async () => {
+    const deep = (await api("/v1/review?order=oldest&limit=1&detail=none")).json.queue[0].operation_id;
+    const requested = [];
+    page.on("request", (request) => requested.push(new URL(request.url()).pathname + new URL(request.url()).search));
+    await page.goto(`/console#/review/${deep}`);
+    await page.locator("#decide-heading").waitFor();
+    assert.ok(requested.some((path) => path === `/v1/review/${deep}`), requested.join(" "));
+    assert.ok(!requested.some((path) => path.startsWith("/v1/review?")), `no queue listing: ${requested.join(" ")}`);
+  });
+
+  await check("an operator of two tenants sees both counted, and a tenant only when the URL names it", async () => {
+    const both = await newPage();
+    await signIn(both, OPERATOR_AB);
+    await both.getByRole("link", { name: "Overview" }).click();
+    await both.locator(".stat-needs_review .stat-number", { hasText: String(WAITING) }).waitFor();
+    await both.getByText("Counting every tenant this token sees.").waitFor();
+    await both.getByLabel("Tenant", { exact: true }).fill("tenant-b");
+    await both.getByRole("button", { name: "Count" }).click();
+    const tenantB = (await api("/v1/counts?tenant=tenant-b")).json.by_state.needs_review;
+    await both.locator(".stat-needs_review .stat-number", { hasText: new RegExp(`^${tenantB}$`) }).waitFor();
+    await both.getByText("Counting tenant tenant-b only.").waitFor();
+    await axe(both, "the overview of one tenant");
+    // The choice is not kept: the overview's own link counts every tenant again.
+    await both.getByRole("link", { name: "Overview" }).click();
+    await both.locator(".stat-needs_review .stat-number", { hasText: String(WAITING) }).waitFor();
+    await both.close();
+  });
+
+  assert.deepEqual(problems, [], "the browser reported problems");
+  console.log("all scale checks passed");
+} catch (error) {
+  console.error(`FAILED at: ${step}\n${error.stack ?? error}`);
+  if (problems.length) console.error(`browser problems:\n${problems.join("\n")}`);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+  rmSync(profile, { recursive: true, force: true });
+}
