@@ -39,6 +39,14 @@ pub struct OperationFilter {
     pub account: Option<AccountId>,
     /// Only operations recorded before this time.
     pub older_than: Option<DateTime<Utc>>,
+    /// Only operations recorded at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only operations of this action.
+    pub action: Option<ActionName>,
+    /// Only operations recorded from this delivery (a tool call's or a queue message's id).
+    pub source_id: Option<SourceId>,
+    /// The latest recorded first (else the earliest first).
+    pub newest_first: bool,
 }
 
 /// Where a page of operations ended; pass it back to get the next page.
@@ -195,8 +203,8 @@ impl ReadModelStore {
         raw.map(RawOperation::decode).transpose()
     }
 
-    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first,
-    /// starting after `after`.
+    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first
+    /// (newest first if it says so), starting after `after`.
     pub fn list_operations(
         &self,
         filter: &OperationFilter,
@@ -207,9 +215,10 @@ impl ReadModelStore {
         let mut conditions = Conditions::of(filter, after)?;
         // One more than asked tells whether another page follows.
         let fetch = conditions.bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
+        let direction = if filter.newest_first { " DESC" } else { "" };
         let query = format!(
             "SELECT {OPERATION_COLUMNS} FROM operations {}
-             ORDER BY created_at, operation_id LIMIT ?{fetch}",
+             ORDER BY created_at{direction}, operation_id{direction} LIMIT ?{fetch}",
             conditions.where_clause()
         );
         let operations = self.listed_operations(&query, &conditions.values)?;
@@ -808,11 +817,28 @@ impl Conditions {
             let older_than = conditions.bind(Box::new(sql::time(older_than)));
             conditions.texts.push(format!("created_at < ?{older_than}"));
         }
+        if let Some(since) = filter.since {
+            let since = conditions.bind(Box::new(sql::time(since)));
+            conditions.texts.push(format!("created_at >= ?{since}"));
+        }
+        if let Some(action) = &filter.action {
+            let action = conditions.bind(Box::new(action.as_str().to_owned()));
+            conditions.texts.push(format!("action = ?{action}"));
+        }
+        if let Some(source_id) = &filter.source_id {
+            // Through the id index's own index on the source id: a delivery names one operation
+            // (per tenant), so this reads a row or two, not a scan of the operations.
+            let source_id = conditions.bind(Box::new(source_id.as_str().to_owned()));
+            conditions.texts.push(format!(
+                "operation_id IN (SELECT operation_id FROM sources WHERE source_id = ?{source_id})"
+            ));
+        }
         if let Some(cursor) = after {
             let created = conditions.bind(Box::new(sql::time(cursor.created_at)));
             let operation = conditions.bind(Box::new(cursor.operation_id.to_string()));
+            let comparison = if filter.newest_first { "<" } else { ">" };
             conditions.texts.push(format!(
-                "(created_at, operation_id) > (?{created}, ?{operation})"
+                "(created_at, operation_id) {comparison} (?{created}, ?{operation})"
             ));
         }
         Ok(conditions)

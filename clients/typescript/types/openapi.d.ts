@@ -978,6 +978,14 @@ export interface operations {
                 account?: components["schemas"]["TextId"];
                 /** @description The listing as it was at this moment: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). Folded from the log's start up to the moment (at most 2,000,000 events read and 100,000 operations of the listed scope held; beyond either, 422 `as_of_beyond_limit` says what to ask instead); `age_s` and `older_than` are measured from the moment; `after` pages with the same as_of. 422 `invalid_input` for a moment that is neither. */
                 as_of?: string;
+                /** @description Only this action's operations. */
+                action?: components["schemas"]["TextId"];
+                /** @description Only the operations recorded from this delivery id (a tool call's or a queue message's), found through the id index. */
+                source_id?: components["schemas"]["TextId"];
+                /** @description Only operations recorded at or after this RFC 3339 time; with `older_than`, a time range. */
+                since?: string;
+                /** @description `oldest`: the earliest recorded first; `newest`: the latest first. `after` continues in the same order. */
+                order?: "oldest" | "newest";
             };
             header?: never;
             path?: never;

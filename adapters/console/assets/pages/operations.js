@@ -11,8 +11,9 @@ export async function render(main, { query }) {
   const form = filters(query);
   const results = h("div", { "aria-live": "polite", "aria-busy": "true" });
   main.append(pageTitle("Operations"), form, results);
-  const params = new URLSearchParams({ limit: String(PAGE_ROWS) });
-  for (const name of ["state", "older_than", "tenant", "provider", "account", "after"]) {
+  // Newest first unless the URL asks for the oldest: what an incident adds is what is looked for.
+  const params = new URLSearchParams({ limit: String(PAGE_ROWS), order: query.get("order") === "oldest" ? "oldest" : "newest" });
+  for (const name of ["state", "older_than", "since", "tenant", "provider", "account", "action", "source_id", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
   try {
@@ -37,6 +38,10 @@ function filters(query) {
     field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? "", placeholder: "any of yours", autocomplete: "off" })),
     field("provider", "Provider", text("provider", "any")),
     field("account", "Account", text("account", "any")),
+    field("action", "Action", text("action", "any")),
+    field("source_id", "Source id", text("source_id", "a tool call's id")),
+    field("since", "Recorded since", text("since", "e.g. 2026-12-01T14:00:00Z")),
+    field("order", "Order", h("select", { id: "filter-order", name: "order" }, h("option", { value: "" }, "newest first"), h("option", { value: "oldest", selected: query.get("order") === "oldest" }, "oldest first"))),
     h("button", { type: "submit" }, "Show"),
   );
   form.addEventListener("submit", (event) => {
@@ -52,7 +57,7 @@ function listing(rows) {
   if (!rows.length) return h("p", { class: "empty card" }, "No operation matches.");
   return h(
     "div",
-    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations, oldest first" },
+    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations" },
     h(
       "table",
       { class: "listing stacking" },

@@ -185,6 +185,20 @@ try {
     await both.close();
   });
 
+  await check("operations are found by their delivery id and action, newest first, from the URL", async () => {
+    await page.goto("/console#/operations?tenant=tenant-a&source_id=incident-42");
+    const rows = page.locator("table.listing tbody tr");
+    await rows.first().waitFor();
+    assert.equal(await rows.count(), 1, "one delivery, one operation");
+    assert.equal(await page.getByLabel("Source id").inputValue(), "incident-42");
+    await page.goto("/console#/operations?tenant=tenant-a&action=create_task");
+    await rows.nth(1).waitFor();
+    const newest = (await api("/v1/operations?tenant=tenant-a&action=create_task&order=newest&limit=1")).json.operations[0].operation_id;
+    assert.equal(await rows.first().locator("a").getAttribute("title"), newest, "the newest first");
+    await page.goto("/console#/operations?tenant=tenant-a&action=no_such_action");
+    await page.getByText("No operation matches.").waitFor();
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   console.log("all scale checks passed");
 } catch (error) {

@@ -27,6 +27,14 @@ pub(super) struct ListQuery {
     tenant: Option<String>,
     provider: Option<String>,
     account: Option<String>,
+    /// Only this action's operations.
+    action: Option<String>,
+    /// Only the operation(s) recorded from this delivery id.
+    source_id: Option<String>,
+    /// Only operations recorded at or after this RFC 3339 time.
+    since: Option<String>,
+    /// `oldest` (the default) or `newest` first.
+    order: Option<String>,
     /// The listing as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
 }
@@ -69,6 +77,31 @@ pub(super) async fn list(
             AccountId::new(text).map_err(|error| ValidationError::new("account", error.message))
         })
         .transpose()?;
+    let action = query
+        .action
+        .as_deref()
+        .map(|text| ActionName::new(text).map_err(|e| field("action", e)))
+        .transpose()?;
+    let source_id = query
+        .source_id
+        .as_deref()
+        .map(|text| SourceId::new(text).map_err(|e| field("source_id", e)))
+        .transpose()?;
+    let since = query
+        .since
+        .as_deref()
+        .map(|text| {
+            DateTime::parse_from_rfc3339(text)
+                .map(|time| time.with_timezone(&Utc))
+                .map_err(|error| {
+                    ApiError::invalid(ValidationError::new(
+                        "since",
+                        format!("`{text}` is not an RFC 3339 time ({error}); write e.g. 2026-12-01T14:02:00Z"),
+                    ))
+                })
+        })
+        .transpose()?;
+    let newest_first = review_order(query.order.as_deref())? == ReviewOrder::NewestFirst;
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
     if let Some(as_of) = as_of {
         let scope = PastScope {
@@ -87,6 +120,10 @@ pub(super) async fn list(
             provider,
             account,
             older_than: older_than.map(|duration| now - duration),
+            since,
+            action,
+            source_id,
+            newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
         return Ok(page_reply(&page, now));
@@ -99,6 +136,10 @@ pub(super) async fn list(
         provider,
         account,
         older_than: older_than.map(|duration| now - duration),
+        since,
+        action,
+        source_id,
+        newest_first,
     };
     let page = shared
         .read_models
