@@ -243,6 +243,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/review/bulk": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** One decision (retry or abandon) with one note for many operations of the review queue: those named, or every item matching a filter (oldest first, at most 1000). Each is recorded as its own decision event at the version read for it and checked against its own state and contract; those that cannot take it are listed in `refused` with why. With `dry_run`, nothing is written and `decided` lists what would be (operator token). */
+        post: operations["reviewBulk"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/review/{id}": {
         parameters: {
             query?: never;
@@ -1303,6 +1320,77 @@ export interface operations {
             };
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    reviewBulk: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @default false */
+                    accept_duplicate_risk?: boolean;
+                    /** @enum {string} */
+                    decision: "retry" | "abandon";
+                    /** @default false */
+                    dry_run?: boolean;
+                    filter?: {
+                        account?: components["schemas"]["TextId"];
+                        provider?: components["schemas"]["TextId"];
+                        /** @enum {string} */
+                        state?: "unknown" | "needs_review";
+                        tenant?: components["schemas"]["TextId"];
+                    };
+                    /** @description With `filter`: at most this many of the matching items, oldest first (default and most: 1000). */
+                    limit?: number;
+                    note: components["schemas"]["Note"];
+                    operation_ids?: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description What was decided (or would be, in a dry run) and what was refused. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        decided: {
+                            code?: string;
+                            message?: string;
+                            /** Format: uuid */
+                            operation_id: string;
+                            state?: string;
+                            version?: number | null;
+                        }[];
+                        decision: string;
+                        dry_run: boolean;
+                        matched: number;
+                        refused: {
+                            code?: string;
+                            message?: string;
+                            /** Format: uuid */
+                            operation_id: string;
+                            state?: string;
+                            version?: number | null;
+                        }[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            413: components["responses"]["Error"];
             422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];

@@ -35,8 +35,12 @@ const require = createRequire(join(MODULES, "node_modules", "noop.js"));
 const { chromium } = require("playwright-core");
 const AXE = readFileSync(require.resolve("axe-core/axe.min.js"), "utf8");
 
-async function api(path, token = OPERATOR) {
-  const response = await fetch(`${BASE}${path}`, { headers: { Authorization: `Bearer ${token}` } });
+async function api(path, token = OPERATOR, body = undefined) {
+  const response = await fetch(`${BASE}${path}`, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
   return { status: response.status, json: await response.json().catch(() => null) };
 }
 
@@ -197,6 +201,39 @@ try {
     assert.equal(await rows.first().locator("a").getAttribute("title"), newest, "the newest first");
     await page.goto("/console#/operations?tenant=tenant-a&action=no_such_action");
     await page.getByText("No operation matches.").waitFor();
+  });
+
+  await check("a bulk abandon of 500 by a filter records 500 decisions, and one by ids lists those it could not take", async () => {
+    const before = (await api("/v1/review?tenant=tenant-a&limit=1&detail=none")).json.total;
+    const note = "the CRM was down from 02:00 to 02:40; the agents will ask again";
+    const dry = await api("/v1/review/bulk", OPERATOR, { decision: "abandon", note, filter: { tenant: "tenant-a" }, limit: 500, dry_run: true });
+    assert.equal(dry.status, 200, JSON.stringify(dry.json));
+    assert.equal(dry.json.decided.length, 500, "the dry run says 500 would be abandoned");
+    assert.equal((await api("/v1/review?tenant=tenant-a&limit=1&detail=none")).json.total, before, "a dry run writes nothing");
+    const started = Date.now();
+    const done = await api("/v1/review/bulk", OPERATOR, { decision: "abandon", note, filter: { tenant: "tenant-a" }, limit: 500 });
+    assert.equal(done.status, 200, JSON.stringify(done.json).slice(0, 500));
+    console.log(`  500 abandoned in ${Date.now() - started} ms`);
+    assert.equal(done.json.decided.length, 500);
+    assert.deepEqual(done.json.refused, []);
+    assert.ok(done.json.decided.every((d) => d.state === "abandoned"), "each one abandoned");
+    assert.deepEqual(done.json.decided.map((d) => d.operation_id), dry.json.decided.map((d) => d.operation_id), "the ones the dry run named");
+    assert.equal((await api("/v1/review?tenant=tenant-a&limit=1&detail=none")).json.total, before - 500);
+    // One decision event per operation, the note and the operator's name on each.
+    for (const { operation_id } of done.json.decided.slice(0, 5)) {
+      const events = (await api(`/v1/operations/${operation_id}/events`)).json.events;
+      const resolved = events.filter((e) => e.type === "ReviewResolved");
+      assert.equal(resolved.length, 1, JSON.stringify(events.map((e) => e.type)));
+      assert.ok(JSON.stringify(resolved[0]).includes(note) && JSON.stringify(resolved[0]).includes("oncall"), JSON.stringify(resolved[0]));
+    }
+    // By ids: three already decided, two still waiting.
+    const waiting = (await api("/v1/review?tenant=tenant-a&limit=2&detail=none")).json.queue.map((i) => i.operation_id);
+    const gone = done.json.decided.slice(0, 3).map((d) => d.operation_id);
+    const mixed = await api("/v1/review/bulk", OPERATOR, { decision: "abandon", note, operation_ids: [...gone, ...waiting] });
+    assert.equal(mixed.status, 200, JSON.stringify(mixed.json));
+    assert.deepEqual(mixed.json.decided.map((d) => d.operation_id), waiting);
+    assert.deepEqual(mixed.json.refused.map((r) => [r.operation_id, r.code]), gone.map((id) => [id, "not_waiting"]));
+    assert.ok(mixed.json.refused.every((r) => r.message.includes("abandoned")), JSON.stringify(mixed.json.refused));
   });
 
   assert.deepEqual(problems, [], "the browser reported problems");
