@@ -38,6 +38,7 @@ async function renderQueue(main, query, context) {
     pageTitle("Review queue"),
     h("p", { class: "lead" }, "Operations whose outcome opledger could not establish on its own. Open one, read the evidence, and record what should happen."),
     queueFilters(query),
+    bulkPanel(query),
     h("div", { class: "row queue-bar" }, summary, orderToggle(query, oldest)),
     changed,
     list,
@@ -121,13 +122,84 @@ function queuePager(query, next) {
   return h("nav", { class: "pager", "aria-label": "Pages of the queue" }, links);
 }
 
+/// One decision for many: the items ticked on this page, or every item matching the page's
+/// filters. A preview (the API's dry run) says what would happen first; nothing is recorded until
+/// the person confirms the number shown.
+function bulkPanel(query) {
+  const decision = h("select", { id: "bulk-decision", name: "decision" }, h("option", { value: "abandon" }, "Give up on them — send nothing"), h("option", { value: "retry" }, "Send them again"));
+  const scope = h("select", { id: "bulk-scope", name: "scope" }, h("option", { value: "matching" }, "every item matching the filters above"), h("option", { value: "ticked" }, "the items ticked below"));
+  const note = h("input", { id: "bulk-note", name: "note", type: "text", maxlength: "4096", autocomplete: "off" });
+  const result = h("div", { id: "bulk-result", "aria-live": "polite" });
+  const body = () => {
+    const request = { decision: decision.value, note: note.value.trim() };
+    if (scope.value === "ticked") request.operation_ids = [...document.querySelectorAll(".queue-item input.pick:checked")].map((box) => box.value);
+    else {
+      request.filter = {};
+      for (const name of FILTERS) if (query.get(name)) request.filter[name] = query.get(name);
+    }
+    return request;
+  };
+  const preview = h("button", { type: "button" }, "Preview");
+  preview.addEventListener("click", async () => {
+    const request = body();
+    if (!request.note) return result.replaceChildren(errorBox(new ApiError(0, "incomplete", "Say why, in a sentence: it is recorded with every decision."), null));
+    if (request.operation_ids && !request.operation_ids.length) return result.replaceChildren(errorBox(new ApiError(0, "incomplete", "Tick the items to decide, or choose every item matching the filters."), null));
+    result.replaceChildren(h("p", { class: "muted" }, "Reading what would happen…"));
+    try {
+      const dry = await post("/v1/review/bulk", { ...request, dry_run: true });
+      const verb = request.decision === "abandon" ? "Give up on" : "Send again";
+      const confirm = h("button", { type: "button", class: "primary" }, `${verb} ${dry.decided.length} operation${dry.decided.length === 1 ? "" : "s"}`);
+      confirm.addEventListener("click", async () => {
+        confirm.disabled = true;
+        result.replaceChildren(h("p", { role: "status" }, `Recording ${dry.decided.length} decisions, one by one…`));
+        try {
+          const done = await post("/v1/review/bulk", { ...request, operation_ids: dry.decided.map((d) => d.operation_id), filter: undefined });
+          result.replaceChildren(bulkOutcome(done, false));
+          announce(`${done.decided.length} decisions recorded`);
+          refreshCount();
+        } catch (error) {
+          result.replaceChildren(errorBox(error, null));
+        }
+      });
+      result.replaceChildren(bulkOutcome(dry, true), dry.decided.length ? confirm : null);
+    } catch (error) {
+      result.replaceChildren(errorBox(error, null));
+    }
+  });
+  return h(
+    "details",
+    { class: "card bulk" },
+    h("summary", {}, "Decide many at once"),
+    h("div", { class: "field" }, h("label", { for: "bulk-scope" }, "Which"), scope),
+    h("div", { class: "field" }, h("label", { for: "bulk-decision" }, "Decision"), decision),
+    h("div", { class: "field" }, h("label", { for: "bulk-note" }, "Why (recorded with each decision)"), note),
+    h("p", { class: "help" }, "Each operation gets its own decision, checked against its own state and contract; those that cannot take it are listed, not skipped. At most 1000 at a time."),
+    preview,
+    result,
+  );
+}
+
+function bulkOutcome(answer, dry) {
+  const decided = answer.decided.length;
+  const refused = answer.refused;
+  return h(
+    "div",
+    { class: dry ? "notice" : "done", role: "status" },
+    h("p", {}, dry ? `${decided} would take the decision; ${refused.length} could not.` : `Decided: ${decided}. Could not take it: ${refused.length}.`),
+    refused.length
+      ? h("ul", { class: "refused" }, refused.map((r) => h("li", {}, link(`operation/${r.operation_id}`, shortId(r.operation_id), { title: r.operation_id }), ` — ${r.message}`)))
+      : null,
+  );
+}
+
 function item(entry) {
   const title = entry.detail?.args?.title ?? entry.detail?.description ?? entry.operation_id;
   const owner = entry.detail?.owner;
+  const pick = h("input", { type: "checkbox", class: "pick", value: entry.operation_id, id: `pick-${entry.operation_id}` });
   return h(
     "article",
     { class: "card queue-item", "data-operation": entry.operation_id },
-    h("div", { class: "row" }, badge(entry.state), h("span", { class: "muted" }, `waiting ${duration(entry.age_s * 1000)}`)),
+    h("div", { class: "row" }, pick, h("label", { for: `pick-${entry.operation_id}`, class: "visually-hidden" }, `Tick “${title}”`), badge(entry.state), h("span", { class: "muted" }, `waiting ${duration(entry.age_s * 1000)}`)),
     h("h2", {}, link(`review/${entry.operation_id}`, `${entry.detail?.description ?? entry.operation_id}: “${title}”`)),
     h("p", { class: "muted" }, `tenant ${entry.tenant}${owner ? ` · for ${owner}` : ""} · ${entry.provider} / account ${entry.account} · ${entry.attempts} attempt(s), ${entry.lookups} lookup(s)`),
     h("p", {}, entry.reason ?? "The outcome of the last attempt is unknown; opledger is still checking."),

@@ -236,6 +236,23 @@ try {
     assert.ok(mixed.json.refused.every((r) => r.message.includes("abandoned")), JSON.stringify(mixed.json.refused));
   });
 
+  await check("in the console, every item matching a filter is previewed, confirmed and decided, with the result shown", async () => {
+    const tenantB = (await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total;
+    await page.goto("/console#/review?tenant=tenant-b");
+    await page.locator(".queue-summary", { hasText: `${tenantB} waiting match` }).waitFor();
+    await page.getByText("Decide many at once").click();
+    await page.getByLabel("Decision", { exact: true }).selectOption("abandon");
+    await page.getByLabel("Why (recorded with each decision)").fill("tenant B's CRM was down; they will ask again");
+    await page.getByRole("button", { name: "Preview" }).click();
+    await page.getByText(`${tenantB} would take the decision; 0 could not.`).waitFor();
+    assert.equal((await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total, tenantB, "the preview wrote nothing");
+    await axe(page, "a bulk decision's preview");
+    await page.screenshot({ path: join(SHOTS, "review-bulk.png"), fullPage: false });
+    await page.getByRole("button", { name: `Give up on ${tenantB} operations` }).click();
+    await page.getByText(`Decided: ${tenantB}. Could not take it: 0.`).waitFor();
+    assert.equal((await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total, 0);
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   console.log("all scale checks passed");
 } catch (error) {
