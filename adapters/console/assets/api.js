@@ -28,6 +28,8 @@ export class ApiError extends Error {
         return "This token is not allowed to do that; use a token with that scope.";
       case "not_found":
         return "Check the id; an operation of a tenant outside this token's scope looks missing too.";
+      case "claimed":
+        return "Another operator is working this case. Ask them, or wait until their claim ends (it ends by itself).";
       case "stale":
         return "The operation changed since you loaded it. Reload the evidence and decide again.";
       case "network":

@@ -33,6 +33,7 @@
 
 mod api;
 mod auth;
+pub mod claims;
 pub mod config;
 pub mod connections;
 mod console;
@@ -155,6 +156,8 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
+    /// Operators' claims on review items (in memory: see `claims.rs`).
+    pub claims: claims::Claims,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -332,6 +335,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
+            claims: claims::Claims::default(),
         });
         Ok(Self {
             shared,

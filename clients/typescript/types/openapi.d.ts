@@ -277,6 +277,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/review/{id}/claim": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims live in the serving process's memory, not in the log (operator token). */
+        post: operations["claimReviewItem"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/{id}/release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** End the caller's claim on an item (someone else's is refused with 409 `claimed`) (operator token). */
+        post: operations["releaseReviewItem"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/trace/{id}": {
         parameters: {
             query?: never;
@@ -475,7 +509,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -656,6 +690,11 @@ export interface components {
             /** @description Seconds since `since`. */
             age_s: number;
             attempts: number;
+            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are not in the log). */
+            claim?: {
+                expires_at: components["schemas"]["Timestamp"];
+                holder: string;
+            } | null;
             /** @description From the operation's stream: the frozen arguments, the binding, every attempt with how it ended and every lookup with its evidence. */
             detail?: {
                 args: Record<string, never> | null;
@@ -1423,6 +1462,88 @@ export interface operations {
             404: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    claimReviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    lease_s?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description The claim. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        claim: {
+                            expires_at: components["schemas"]["Timestamp"];
+                            holder: string;
+                        } | null;
+                        /** Format: uuid */
+                        operation_id: string;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    releaseReviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No claim any more. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        claim: {
+                            expires_at: components["schemas"]["Timestamp"];
+                            holder: string;
+                        } | null;
+                        /** Format: uuid */
+                        operation_id: string;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
         };
     };
     trace: {

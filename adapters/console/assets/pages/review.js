@@ -161,7 +161,7 @@ function bulkPanel(query) {
           result.replaceChildren(errorBox(error, null));
         }
       });
-      result.replaceChildren(bulkOutcome(dry, true), dry.decided.length ? confirm : null);
+      result.replaceChildren(...[bulkOutcome(dry, true), dry.decided.length ? confirm : null].filter(Boolean));
     } catch (error) {
       result.replaceChildren(errorBox(error, null));
     }
@@ -203,6 +203,7 @@ function item(entry) {
     h("h2", {}, link(`review/${entry.operation_id}`, `${entry.detail?.description ?? entry.operation_id}: “${title}”`)),
     h("p", { class: "muted" }, `tenant ${entry.tenant}${owner ? ` · for ${owner}` : ""} · ${entry.provider} / account ${entry.account} · ${entry.attempts} attempt(s), ${entry.lookups} lookup(s)`),
     h("p", {}, entry.reason ?? "The outcome of the last attempt is unknown; opledger is still checking."),
+    entry.claim ? h("p", { class: "claimed" }, `Claimed by ${entry.claim.holder} until ${time(entry.claim.expires_at)}`) : null,
   );
 }
 
@@ -230,7 +231,7 @@ async function renderItem(main, id, context) {
   body.replaceChildren(
     h("p", { class: "next-step" }, "Read the evidence, check the CRM if you need to, then ", h("a", { href: "#decide-heading", onclick: jumpToForm }, "record your decision"), "."),
     h("div", { class: "evidence" }, evidence(item, operation)),
-    h("aside", { class: "decide-aside", "aria-label": "Decision" }, decisionForm(item, operation)),
+    h("aside", { class: "decide-aside", "aria-label": "Decision" }, claimBar(item, context), decisionForm(item, operation)),
   );
   return context.onEvent((event) => {
     const form = document.querySelector("form.decision");
@@ -239,6 +240,46 @@ async function renderItem(main, id, context) {
       if (notice) notice.hidden = false;
     }
   });
+}
+
+/// Who works this case: a claim with a lease, shown to every operator, so two people do not
+/// investigate and decide the same one. It ends by itself; the holder can let go.
+function claimBar(item, context) {
+  const me = context.name();
+  const bar = h("div", { class: "card claim", id: "claim", "aria-live": "polite" });
+  const show = (claim, problem) => {
+    const mine = claim && claim.holder === me;
+    const until = claim ? `${time(claim.expires_at)} (${relative(claim.expires_at)})` : "";
+    const button = (label, path) => {
+      const b = h("button", { type: "button", class: mine ? "" : "primary" }, label);
+      b.addEventListener("click", async () => {
+        b.disabled = true;
+        try {
+          const answer = await post(`/v1/review/${encodeURIComponent(item.operation_id)}/${path}`, {});
+          show(answer.claim, null);
+        } catch (error) {
+          show(claim, error);
+        }
+      });
+      return b;
+    };
+    // replaceChildren would write a null as the text "null": leave the missing ones out.
+    bar.replaceChildren(
+      ...[
+        h("p", {}, !claim ? "Nobody is working this case." : mine ? `You hold this case until ${until}.` : `${claim.holder} is working this case until ${until}.`),
+        problem ? errorBox(problem, null) : null,
+        !claim || mine ? button(mine ? "Let go of it" : "Claim this case", mine ? "release" : "claim") : null,
+      ].filter(Boolean),
+    );
+  };
+  show(item.claim ?? null, null);
+  return bar;
+}
+
+/// "in 14 min", "3 s ago": a time relative to now.
+function relative(iso) {
+  const ms = Date.parse(iso) - Date.now();
+  return ms >= 0 ? `in ${duration(ms)}` : `${duration(-ms)} ago`;
 }
 
 /// The in-page link to the form: the route lives in the fragment, so move focus instead of
@@ -455,6 +496,7 @@ function decisionForm(item, operation) {
     } catch (error) {
       submit.disabled = false;
       if (error.code === "stale") result.replaceChildren(staleNotice(error, version));
+      else if (error.code === "claimed") result.replaceChildren(errorBox(error, null));
       else if (error.code === "duplicate_risk_not_accepted") {
         result.replaceChildren();
         risk.replaceChildren(...riskNotice(error, item));

@@ -253,6 +253,42 @@ try {
     assert.equal((await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total, 0);
   });
 
+  await check("two operators in two browser contexts claim one case: the second is told who holds it and cannot decide it", async () => {
+    const id = (await api("/v1/review?tenant=tenant-a&limit=1&detail=none")).json.queue[0].operation_id;
+    await page.goto(`/console#/review/${id}`);
+    await page.getByRole("button", { name: "Claim this case" }).click();
+    await page.getByText("You hold this case until").waitFor();
+    assert.match(await page.locator("#who-role").innerText(), /oncall \(operator, every tenant\)/);
+    const other = await chromium.launch({ executablePath: "/usr/bin/chromium", headless: true, args: ["--headless", "--no-sandbox", "--disable-gpu"] });
+    try {
+      const context = await other.newContext({ baseURL: BASE, viewport: LAPTOP });
+      const second = await context.newPage();
+      second.setDefaultTimeout(WAIT_MS);
+      await signIn(second, OPERATOR_AB);
+      await second.goto(`/console#/review/${id}`);
+      await second.getByText("oncall is working this case until").waitFor();
+      assert.equal(await second.getByRole("button", { name: "Claim this case" }).count(), 0, "no claim over someone else's");
+      await second.getByLabel("Give up — do not send it").check();
+      await second.getByLabel("Why (recorded with your decision)").fill("looks like the outage");
+      await second.getByRole("button", { name: "Record decision" }).click();
+      await second.getByRole("alert").filter({ hasText: "claimed by oncall" }).waitFor();
+      await axe(second, "a case claimed by someone else");
+      await second.screenshot({ path: join(SHOTS, "decide-claimed.png"), fullPage: false });
+      const bulk = await api("/v1/review/bulk", OPERATOR_AB, { decision: "abandon", note: "outage", operation_ids: [id] });
+      assert.deepEqual(bulk.json.refused.map((r) => r.code), ["claimed"], JSON.stringify(bulk.json));
+      assert.equal((await api(`/v1/review/${id}`)).json.claim.holder, "oncall");
+      // Let go: the other operator may now claim it.
+      await page.getByRole("button", { name: "Let go of it" }).click();
+      await page.getByText("Nobody is working this case.").waitFor();
+      await second.reload();
+      await second.getByRole("button", { name: "Claim this case" }).click();
+      await second.getByText("You hold this case until").waitFor();
+      await context.close();
+    } finally {
+      await other.close();
+    }
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   console.log("all scale checks passed");
 } catch (error) {

@@ -96,6 +96,11 @@ pub(super) async fn bulk(
                 continue;
             }
         };
+        if let Some(claim) = shared.claims.held_by_other(operation_id, name, Utc::now()) {
+            let error = super::claim::held_error(operation_id, &claim);
+            refused.push(refuse(error.code, error.message));
+            continue;
+        }
         let state = loaded.state.status.name();
         if state != "unknown" && state != "needs_review" {
             refused.push(refuse(
