@@ -289,6 +289,16 @@ try {
     }
   });
 
+  await check("times show milliseconds, and an operator opening Approvals is told who can approve instead of buttons that fail", async () => {
+    const id = (await api("/v1/review?limit=1&detail=none")).json.queue[0].operation_id;
+    await page.goto(`/console#/review/${id}`);
+    const started = await page.locator("td[data-label=Started]").first().innerText();
+    assert.match(started, /\d\d:\d\d:\d\d\.\d{3} UTC/, started);
+    await page.goto("/console#/approvals");
+    await page.getByText("an operator token cannot approve or deny").waitFor();
+    assert.equal(await page.getByRole("button", { name: /Approve/ }).count(), 0);
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   console.log("all scale checks passed");
 } catch (error) {
