@@ -760,11 +760,11 @@ token_env = "OPLEDGER_TEST_CRM_TOKEN"
 }
 
 #[test]
-fn the_readmes_connector_example_is_a_valid_connector() {
-    let readme = include_str!("../README.md");
+fn the_books_connector_example_is_a_valid_connector() {
+    let readme = include_str!("../docs/src/agents/connectors.md");
     let start = readme
         .find("# connectors/tasks-api.toml")
-        .expect("the README shows the example connector");
+        .expect("the connectors page shows the example connector");
     let end = start
         + readme[start..]
             .find("```")

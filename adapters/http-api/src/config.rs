@@ -70,7 +70,7 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 /// The longest idle timeout any configuration may set, in milliseconds.
 pub const MAX_IDLE_TIMEOUT_MS: u64 = 60 * 60 * 1000;
 /// Most connections open at once when the file does not say. A half-open connection costs about
-/// 27 KiB (measured, README "Slow and idle clients"), so a flood holding them all costs ~108 MiB,
+/// 27 KiB (measured: docs/src/performance.md), so a flood holding them all costs ~108 MiB,
 /// for at most `header_read_timeout_ms` each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 /// Most connections open at once from one client address when the file does not say: one

@@ -74,7 +74,7 @@ use self::metrics::RequestMetrics;
 /// (events for SQLite; byte offsets for KurrentDB): within it start-up catches them up before
 /// serving and `/healthz` answers ready; beyond it they catch up in the background, the server
 /// serves meanwhile, and `/healthz` answers 503 `catching_up`. Start-up never does work that
-/// grows with the history (issue 18); 10,000 events take well under a second to apply.
+/// grows with the history; 10,000 events take well under a second to apply.
 pub const READY_LAG_POSITIONS: u64 = 10_000;
 
 /// The OpenAPI description of every route, served at `/v1/openapi.json`.

@@ -361,7 +361,7 @@ impl Connector {
     /// Carries out one attempt and classifies it (see the table in the crate docs).
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
         // Debug: the engine's `send` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (README, "Trace export").
+        // span exported per request costs CPU (docs/src/performance.md).
         let span = tracing::debug_span!(
             "provider.execute",
             operation_id = %request.operation_id,
@@ -708,7 +708,7 @@ impl Connector {
     /// Looks the operation up (see the table in the crate docs).
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
         // Debug: the engine's `lookup` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (README, "Trace export").
+        // span exported per request costs CPU (docs/src/performance.md).
         let span = tracing::debug_span!(
             "provider.lookup",
             operation_id = %request.operation_id,

@@ -1,5 +1,5 @@
 //! A restart resumes every waiting operation from the read models' durable work queue, without
-//! reading the log from the start (issue 18).
+//! reading the log from the start.
 //!
 //! The first life, two minutes ago by its clock, leaves one operation in every state that is not
 //! settled: a due send, an attempt whose lease has since run out, an unknown outcome due for a

@@ -2,8 +2,7 @@
 //! attributes, warnings as events, and on close the span handed to the exporter's queue (encoded
 //! there for HTTP/protobuf, as a `SpanData` for the SDK's processor).
 //!
-//! Our own instead of tracing-opentelemetry's, for what it cost in the request path (README,
-//! "Trace export"): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
+//! Our own instead of tracing-opentelemetry's, for what it cost in the request path (docs/src/performance.md): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
 //! on every poll's exit and builds the finished span through the SDK's tracer; this one keeps a
 //! fixed [`SpanRecord`] in the span's extensions, does nothing on enter and exit, and writes
 //! the attributes as protobuf as they are recorded ([`EncodedAttributes`]), copying each string

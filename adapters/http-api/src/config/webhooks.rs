@@ -45,7 +45,7 @@ pub(super) struct WebhookEntry {
 impl Checker<'_> {
     /// Refuses webhooks on a KurrentDB ledger: its instances share no journal, so each would
     /// keep its own checkpoints and deliver every event once per instance, with no lease to make
-    /// one of them the sender (README, "Webhooks with several instances").
+    /// one of them the sender (docs/src/subscribers/webhooks.md, "Several instances").
     pub(super) fn webhooks_fit_the_store(
         &self,
         entries: &[WebhookEntry],
