@@ -274,10 +274,16 @@ async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_
             ),
         )],
     );
+    // bench/console_review_load.sh runs this test with more (e.g. 10,000) to measure the pages.
+    let waiting = std::env::var("OPLEDGER_CONSOLE_WAITING")
+        .ok()
+        .and_then(|text| text.parse::<usize>().ok())
+        .unwrap_or(WAITING_ITEMS)
+        .max(WAITING_ITEMS);
     let seeded = std::time::Instant::now();
-    seed_waiting(&harness.dir.path().join("ledger.db"), WAITING_ITEMS).await;
+    seed_waiting(&harness.dir.path().join("ledger.db"), waiting).await;
     println!(
-        "seeded {WAITING_ITEMS} waiting operations in {} ms",
+        "seeded {waiting} waiting operations in {} ms",
         seeded.elapsed().as_millis()
     );
     let server = Server::start_with_env(
@@ -291,7 +297,7 @@ async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_
         .env("OPLEDGER_BASE_URL", &server.base)
         .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
         .env("OPLEDGER_OPERATOR_AB_TOKEN", OPERATOR_AB_TOKEN)
-        .env("OPLEDGER_WAITING", WAITING_ITEMS.to_string())
+        .env("OPLEDGER_WAITING", waiting.to_string())
         .env("OPLEDGER_NODE_MODULES", &modules)
         .env("OPLEDGER_SCREENSHOTS", &shots);
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "the console's scale test"))

@@ -131,8 +131,11 @@ try {
   });
 
   await check("a page of the queue transfers a bounded amount, whatever the queue's length", async () => {
+    const loading = Date.now();
     await page.goto("/console#/review");
     await shownIds(page);
+    const paint = await page.evaluate(() => performance.getEntriesByType("paint").find((entry) => entry.name === "first-contentful-paint")?.startTime);
+    console.log(`  the review page with ${WAITING} waiting: first contentful paint ${Math.round(paint ?? -1)} ms, its page of items shown after ${Date.now() - loading} ms`);
     const bytes = await page.evaluate(() =>
       performance
         .getEntriesByType("resource")
