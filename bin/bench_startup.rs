@@ -278,6 +278,7 @@ pub async fn leave_open<S: EventStore>(
     let intent = recorded.intent().clone();
     let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
     let start = LedgerCommand::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker: WorkerId::new(format!("bench-{worker}"))?,

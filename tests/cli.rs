@@ -833,7 +833,7 @@ token = "crm-token"
     let not_owned = record("globex", r#"{"title": "Call"}"#);
     assert_eq!(not_owned.status.code(), Some(2), "{not_owned:?}");
     assert!(
-        stdout(&not_owned).contains("not owned by tenant `globex`"),
+        stdout(&not_owned).contains("that this tenant may use"),
         "{not_owned:?}"
     );
     assert!(!db.exists(), "a refused intent creates no ledger");

@@ -148,6 +148,8 @@ pub struct Shared {
     pub approval_guard: auth::Scope,
     /// The digest of the token `/metrics` asks for, if any.
     pub metrics_token: Option<[u8; 32]>,
+    /// `/metrics` answers nobody (several tenants, no scraper token, not declared open).
+    pub metrics_closed: bool,
     /// What the background workers counted (undecodable events), for `/metrics`.
     pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
@@ -158,6 +160,8 @@ pub struct Shared {
     pub connections: Arc<connections::ConnectionCounters>,
     /// Operators' claims on review items (in memory: see `claims.rs`).
     pub claims: claims::Claims,
+    /// Browser origins `/mcp` answers besides loopback ones.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -168,6 +172,11 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Bound first: a port in use is found before the ledger is opened.
     let (listener, local) = bind(config.listen).await?;
+    if config.metrics_closed {
+        let note = "/metrics is closed: several tenants are configured and its counters show each one's activity; give the scraper a token ([metrics] token_env), or declare it open ([metrics] open = true)";
+        warn!("{note}");
+        eprintln!("{note}");
+    }
     if let Some(warning) = connections::fit_descriptor_limit(&config.limits) {
         warn!("{warning}");
         eprintln!("{warning}");
@@ -323,6 +332,7 @@ impl Service {
             runner_health,
             approval_guard: auth::guarded_by_approvers(&tokens),
             metrics_token: config.metrics_token.as_deref().map(auth::digest),
+            metrics_closed: config.metrics_closed,
             tokens,
             limits,
             requests: RequestMetrics::default(),
@@ -336,6 +346,7 @@ impl Service {
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
             claims: claims::Claims::default(),
+            mcp_allowed_origins: config.mcp_allowed_origins,
         });
         Ok(Self {
             shared,

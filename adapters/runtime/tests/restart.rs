@@ -166,6 +166,7 @@ async fn people_decide<S: opledger_domain::store::EventStore>(
         .await
         .expect("approved");
     let retry = Command::ResolveReview {
+        principal: None,
         reviewer: person,
         decision: ReviewDecision::Retry,
         note: "the CRM has no such task; send it again".into(),

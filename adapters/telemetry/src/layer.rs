@@ -690,16 +690,19 @@ impl EventFields {
     }
 }
 
+// A warning's fields carry what a provider answered (a refusal's message, an error): scrubbed of
+// secrets before they become a span event (`opledger_domain::redact`).
 impl Visit for EventFields {
     fn record_str(&mut self, field: &Field, value: &str) {
+        let value = opledger_domain::redact::scrub(value).into_owned();
         match field.name() {
-            "message" => self.name = Some(Cow::Owned(value.to_owned())),
-            _ => self.set(field, Value::String(value.to_owned().into())),
+            "message" => self.name = Some(Cow::Owned(value)),
+            _ => self.set(field, Value::String(value.into())),
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let value = debug_string(value);
+        let value = opledger_domain::redact::scrub_owned(debug_string(value));
         match field.name() {
             "message" => self.name = Some(Cow::Owned(value)),
             _ => self.set(field, Value::String(value.into())),

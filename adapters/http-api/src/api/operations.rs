@@ -457,14 +457,19 @@ async fn approval(
     let tenant = check_visible(shared, &scope, operation_id).await?;
     let name = approver_for(principal, &tenant, &shared.approval_guard, body.approver)?;
     let approver = ActorId::new(name).map_err(|e| field("approver", e))?;
+    let decided_by = Some(principal_of(principal));
     let ledger = shared.engine.ledger();
     let loaded = match reason {
         Some(reason) => {
             ledger
-                .deny(operation_id, approver, args_hash, reason)
+                .deny_as(operation_id, approver, decided_by, args_hash, reason)
                 .await?
         }
-        None => ledger.approve(operation_id, approver, args_hash).await?,
+        None => {
+            ledger
+                .approve_as(operation_id, approver, decided_by, args_hash)
+                .await?
+        }
     };
     Ok(view_reply(StatusCode::OK, &operation_view(shared, &loaded)))
 }

@@ -237,6 +237,8 @@ impl Checker<'_> {
         let secrets = value
             .split_whitespace()
             .map(|text| {
+                // Kept out of every log line and answer (`opledger_domain::redact`).
+                opledger_domain::redact::register(text);
                 Secret::parse(text)
                     .map_err(|message| at(format!("`{}`: {message}", variable.get_ref())))
             })
