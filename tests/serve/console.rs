@@ -226,6 +226,7 @@ async fn seed_waiting(db: &Path, count: usize) {
                         lookup: LookupSupport::Consistent,
                     },
                     policy: RetryPolicy::default(),
+                    request: None,
                 },
                 Command::RecordUnknown {
                     check_not_before: None,

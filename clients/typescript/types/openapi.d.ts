@@ -28,7 +28,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token; then that bearer token is required. */
+        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token (then that bearer token is required) or several tenants are configured without one and without `[metrics] open = true` (then 403 for everyone). */
         get: operations["metrics"];
         put?: never;
         post?: never;
@@ -509,7 +509,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -912,6 +912,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
             500: components["responses"]["Error"];
         };
     };

@@ -384,7 +384,7 @@ try {
     // In the order it happened: the lost attempt, the lookups that proved nothing, the person's
     // retry (with the risk they accepted), the attempt that succeeded.
     assert.deepEqual(labels.map((l) => l.replace(" (your id)", "")), ["Source delivery", "Operation", "Attempt #1", `Lookups (${labels[3]?.match(/\d+/)?.[0]})`, "A person decided", "Attempt #2", "Outcome"]);
-    await page.locator(".chain .node-decision", { hasText: "oncall: retry · accepted the duplicate risk" }).waitFor();
+    await page.locator(".chain .node-decision", { hasText: "oncall (with the operator token oncall): retry · accepted the duplicate risk" }).waitFor();
     await page.locator(".chain .matched", { hasText: external }).waitFor();
     await axe(page, "trace");
     await shot(page, "trace");

@@ -53,6 +53,8 @@ pub(super) async fn bulk(
     let principal = shared.tokens.authenticate(request.headers())?;
     let (name, scope) = operator_of(principal)?;
     let reviewer = ActorId::new(name.to_owned())?;
+    // Each decision records who made it, as a single decision does.
+    let decided_by = crate::auth::principal_of(principal);
     let body: BulkBody = body(&shared, request).await?;
     let decision = match body.decision.as_str() {
         "retry" => ReviewDecision::Retry,
@@ -115,10 +117,11 @@ pub(super) async fn bulk(
         }
         let engine = Arc::clone(&shared.engine);
         let (reviewer, decision, note) = (reviewer.clone(), decision.clone(), body.note.clone());
+        let decided_by = decided_by.clone();
         let accept = body.accept_duplicate_risk;
         let outcome = tokio::spawn(super::operations::boxed(async move {
             engine
-                .resolve_review_seen(loaded, reviewer, decision, note, accept)
+                .resolve_review_seen(loaded, reviewer, Some(decided_by), decision, note, accept)
                 .await
         }))
         .await
