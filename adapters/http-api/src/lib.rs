@@ -33,6 +33,7 @@
 
 mod api;
 mod auth;
+pub mod claims;
 pub mod config;
 pub mod connections;
 mod console;
@@ -158,6 +159,8 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
+    /// Operators' claims on review items (in memory: see `claims.rs`).
+    pub claims: claims::Claims,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
     /// The transparency log's signing key, when one is configured.
@@ -348,6 +351,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
+            claims: claims::Claims::default(),
             mcp_allowed_origins: config.mcp_allowed_origins,
             log_signer: log_signer.clone(),
         });

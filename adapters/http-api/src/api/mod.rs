@@ -45,6 +45,8 @@ use crate::render::{operation_json, view_of, RenderError};
 
 mod actions;
 mod log;
+mod bulk;
+mod claim;
 mod mcp;
 mod operations;
 mod queries;
@@ -66,7 +68,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 22] = [
+pub(crate) const ROUTES: [(&str, &str); 26] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -76,6 +78,10 @@ pub(crate) const ROUTES: [(&str, &str); 22] = [
     ("post", "/v1/operations/{id}/execute"),
     ("post", "/v1/operations/{id}/review"),
     ("get", "/v1/review"),
+    ("get", "/v1/review/{id}"),
+    ("post", "/v1/review/bulk"),
+    ("post", "/v1/review/{id}/claim"),
+    ("post", "/v1/review/{id}/release"),
     ("get", "/v1/trace/{id}"),
     ("get", "/v1/events"),
     ("get", "/metrics"),
@@ -120,6 +126,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/operations/{id}/execute", post(operations::execute))
         .route("/v1/operations/{id}/review", post(review::review))
         .route("/v1/review", get(queries::review_queue))
+        .route("/v1/review/{id}", get(queries::review_item))
+        .route("/v1/review/bulk", post(bulk::bulk))
+        .route("/v1/review/{id}/claim", post(claim::claim))
+        .route("/v1/review/{id}/release", post(claim::release))
         .route("/v1/trace/{id}", get(queries::trace))
         .route("/v1/events", get(events::stream))
         .route("/metrics", get(metrics::render))
