@@ -37,6 +37,22 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// Longest a read waits for a free pooled connection, in ms.
 pub const DEFAULT_POOL_WAIT_MS: u64 = 5_000;
 const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS);
+/// Longest the client waits for the server's answer to one round trip (a read, the writer's
+/// pipelined transaction, its COMMIT), in ms. The server's `statement_timeout` bounds the work
+/// it does; this bounds what it cannot: a network path that drops answers without a reset, a
+/// host that died, a COMMIT waiting for a synchronous standby that is gone. Above the statement
+/// timeout, so a statement the server gives up on is answered as the server's refusal.
+pub const DEFAULT_ROUND_TRIP_TIMEOUT_MS: u64 = 10_000;
+const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_ROUND_TRIP_TIMEOUT_MS);
+/// Idle time before the kernel probes a connection with TCP keepalives, in s; with
+/// [`TCP_KEEPALIVE_INTERVAL_S`] and [`TCP_KEEPALIVE_RETRIES`], a peer that vanished without a
+/// reset is found in about 25 s even on an idle connection (the operating system's default is
+/// two hours).
+pub const TCP_KEEPALIVE_IDLE_S: u64 = 10;
+/// Pause between unanswered keepalive probes, in s.
+pub const TCP_KEEPALIVE_INTERVAL_S: u64 = 5;
+/// Unanswered keepalive probes before the kernel closes the connection.
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 /// How often a caught-up subscription reads the log without a notice, in ms. Other instances'
 /// commits wake it at once through `LISTEN`/`NOTIFY`; the poll finds those whose notification
 /// was lost (the listening connection was down), within this delay. The SQLite store's value.
@@ -63,6 +79,8 @@ pub struct PostgresConfig {
     pub connect_timeout_ms: u64,
     /// The wait for a free pooled connection, in ms.
     pub pool_wait_ms: u64,
+    /// The client's wait for the answer to one round trip, in ms.
+    pub round_trip_timeout_ms: u64,
     /// How often a caught-up subscription reads the log without a notice, in ms.
     pub subscription_poll_ms: u64,
     /// How the server's TLS certificate is checked (the URL's `sslmode`).
@@ -144,6 +162,7 @@ impl PostgresConfig {
             idle_in_transaction_timeout_ms: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             pool_wait_ms: DEFAULT_POOL_WAIT_MS,
+            round_trip_timeout_ms: DEFAULT_ROUND_TRIP_TIMEOUT_MS,
             subscription_poll_ms: DEFAULT_SUBSCRIPTION_POLL_MS,
             certificate_check,
         })
@@ -164,6 +183,15 @@ impl PostgresConfig {
                     .into(),
             );
         }
+        if self.round_trip_timeout_ms <= self.statement_timeout_ms {
+            return invalid(format!(
+                "round_trip_timeout_ms is {} and statement_timeout_ms {}; the client's wait must be longer than the server's, or a slow statement would be cut by the client instead of refused by the server",
+                self.round_trip_timeout_ms, self.statement_timeout_ms
+            ));
+        }
+        if self.connect_timeout_ms == 0 || self.pool_wait_ms == 0 {
+            return invalid("connect_timeout_ms and pool_wait_ms must be above 0".into());
+        }
         if !(1..=MAX_SUBSCRIPTION_POLL_MS).contains(&self.subscription_poll_ms) {
             return invalid(format!(
                 "subscription_poll_ms is {}; it must be 1 to {MAX_SUBSCRIPTION_POLL_MS}",
@@ -173,8 +201,9 @@ impl PostgresConfig {
         Ok(())
     }
 
-    /// The settings every connection opens with: the timeouts, and the durability the store
-    /// promises (`synchronous_commit = on`, whatever the server's default).
+    /// The settings every connection opens with: the timeouts, the durability the store
+    /// promises (`synchronous_commit = on`, whatever the server's default), and TCP keepalives
+    /// and `tcp_user_timeout` so the kernel gives up on a peer that vanished without a reset.
     pub(crate) fn session(&self) -> tokio_postgres::Config {
         let mut connect = self.connect.clone();
         connect.options(format!(
@@ -182,6 +211,13 @@ impl PostgresConfig {
             self.statement_timeout_ms, self.idle_in_transaction_timeout_ms
         ));
         connect.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        connect.keepalives(true);
+        connect.keepalives_idle(Duration::from_secs(TCP_KEEPALIVE_IDLE_S));
+        connect.keepalives_interval(Duration::from_secs(TCP_KEEPALIVE_INTERVAL_S));
+        connect.keepalives_retries(TCP_KEEPALIVE_RETRIES);
+        // Linux only (the client ignores it elsewhere): data sent and not acknowledged by the
+        // peer's kernel for this long closes the connection.
+        connect.tcp_user_timeout(Duration::from_millis(self.round_trip_timeout_ms));
         connect
     }
 

@@ -178,10 +178,15 @@ pub enum PostgresError {
     },
 }
 
-/// Opens connections with the store's session settings and TLS.
+/// Opens connections with the store's session settings and TLS, each bounded in time.
 pub(crate) struct Connector {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
+    /// The longest a connection may take to open, startup and authentication included (the
+    /// client's own `connect_timeout` covers only the TCP connect).
+    connect_timeout: Duration,
+    /// The longest the client waits for the answer to one round trip.
+    pub(crate) round_trip: Duration,
 }
 
 impl Connector {
@@ -189,38 +194,156 @@ impl Connector {
         Ok(Self {
             config: config.session(),
             tls: tls::connector(config.certificate_check)?,
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            round_trip: Duration::from_millis(config.round_trip_timeout_ms),
         })
     }
 
     /// A client and its connection, which the caller must drive (poll) for the client to work.
     pub(crate) async fn connect_unspawned(
         &self,
-    ) -> Result<(Client, RawConnection), tokio_postgres::Error> {
-        self.config.connect(self.tls.clone()).await
-    }
-
-    async fn connect_raw(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.connect_unspawned().await?;
-        // The connection's I/O runs on its own task; it ends when the client is dropped or the
-        // connection breaks, and the client then answers every call with an error.
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
-            }
-        });
-        Ok(client)
-    }
-
-    pub(crate) async fn connect(&self) -> Result<Client, StoreError> {
-        self.connect_raw()
+    ) -> Result<(Client, RawConnection), ConnectFailure> {
+        match tokio::time::timeout(self.connect_timeout, self.config.connect(self.tls.clone()))
             .await
-            .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
+        {
+            Ok(connected) => connected.map_err(ConnectFailure::Refused),
+            Err(_) => Err(ConnectFailure::NoAnswer(self.connect_timeout)),
+        }
+    }
+
+    /// A connection whose I/O runs on its own task, ended when the connection is dropped.
+    pub(crate) async fn connect(&self) -> Result<Connection, StoreError> {
+        let (client, connection) =
+            self.connect_unspawned()
+                .await
+                .map_err(|failure| StoreError::Unavailable {
+                    reason: format!("cannot connect to PostgreSQL: {failure}"),
+                })?;
+        Ok(Connection::spawn(client, connection))
+    }
+}
+
+/// Why a connection did not open.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// The client or the server refused (unreachable, credentials, TLS, …).
+    Refused(tokio_postgres::Error),
+    /// Nothing came back within the connect timeout (a silent network path or host).
+    NoAnswer(Duration),
+}
+
+impl std::fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(error) => f.write_str(&describe(error)),
+            Self::NoAnswer(after) => write!(
+                f,
+                "no answer within {} ms (a network path or host that drops packets without a reset)",
+                after.as_millis()
+            ),
+        }
     }
 }
 
 /// A connection to the server through the store's TLS set-up (plain TCP when `sslmode` says so).
 pub(crate) type RawConnection =
     tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+
+/// A client with the task driving its connection. Dropping it ends the task, which closes the
+/// socket at once: a dropped client alone leaves the task waiting for answers it still expects,
+/// for ever when the peer went silent.
+pub(crate) struct Connection {
+    pub(crate) client: Client,
+    pub(crate) task: EndsOnDrop,
+}
+
+/// The task driving a connection, ended when this is dropped.
+pub(crate) struct EndsOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for EndsOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Connection {
+    fn spawn(client: Client, connection: RawConnection) -> Self {
+        let task = tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
+            }
+        });
+        Self {
+            client,
+            task: EndsOnDrop(task),
+        }
+    }
+
+    /// The client.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// Runs one round trip, answering "no answer within …" when the server's answer does not come
+/// within `limit`; the caller then drops the connection, which may be in any state.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    round_trip: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, round_trip).await {
+        Ok(answer) => answer.map_err(|error| unavailable(what, &error)),
+        Err(_) => Err(no_answer(what, limit)),
+    }
+}
+
+/// The failure of a round trip whose answer did not come within `limit`.
+pub(crate) fn no_answer(what: &str, limit: Duration) -> StoreError {
+    StoreError::Unavailable {
+        reason: format!(
+            "{what}: no answer from PostgreSQL within {} ms (round_trip_timeout_ms); the connection was closed and is replaced",
+            limit.as_millis()
+        ),
+    }
+}
+
+/// The pool's way to open a connection: the connector's, so a pooled connection has the same
+/// bounded start as the writer's, and its task ends when the pool drops it.
+struct PoolConnect(Arc<Connector>);
+
+impl deadpool_postgres::Connect for PoolConnect {
+    fn connect(
+        &self,
+        _: &tokio_postgres::Config,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+                > + Send
+                + '_,
+        >,
+    > {
+        Box::pin(async move {
+            match self.0.connect_unspawned().await {
+                Ok((client, connection)) => {
+                    let task = tokio::spawn(async move {
+                        if let Err(error) = connection.await {
+                            tracing::debug!(error = %describe(&error), "a pooled PostgreSQL connection closed");
+                        }
+                    });
+                    Ok((client, task))
+                }
+                Err(ConnectFailure::Refused(error)) => Err(error),
+                Err(ConnectFailure::NoAnswer(_)) => {
+                    // The pool's create timeout (the same connect timeout) fires first and is
+                    // what the reader sees; this error only has to exist.
+                    std::future::pending().await
+                }
+            }
+        })
+    }
+}
 
 /// Moves a store's head to `newest` if that is newer; the head only grows. Both the writer (its
 /// own commits) and the listener (every instance's) move it, in either order.
@@ -258,8 +381,18 @@ pub(crate) fn unavailable(context: &str, error: &tokio_postgres::Error) -> Store
 }
 
 /// Sorts a failed first connection into the refusal that says what to do.
-fn classify(config: &PostgresConfig, error: &tokio_postgres::Error) -> PostgresError {
+fn classify(config: &PostgresConfig, failure: ConnectFailure) -> PostgresError {
     let target = config.target();
+    let error = match failure {
+        ConnectFailure::Refused(error) => error,
+        ConnectFailure::NoAnswer(_) => {
+            return PostgresError::Unreachable {
+                target,
+                reason: failure.to_string(),
+            }
+        }
+    };
+    let error = &error;
     let reason = describe(error);
     let code = error.as_db_error().map(|db| db.code().clone());
     match code {
@@ -320,6 +453,49 @@ struct Shared {
     /// The newest position this store committed, for its own subscriptions.
     head: watch::Receiver<Option<GlobalPosition>>,
     counters: Arc<CommitCounters>,
+    /// What the writer is doing, for readiness.
+    writer_watch: Arc<WriterWatch>,
+    /// The client's wait for one round trip.
+    round_trip: Duration,
+    /// How long the writer may be in one round before readiness calls it stuck.
+    stuck_after: Duration,
+}
+
+/// What the writer is doing, as readiness needs to know it: since when it has been in its
+/// current round (taking a connection, a transaction, its COMMIT), and whether it is resolving
+/// a commit whose answer was lost.
+#[derive(Debug, Default)]
+pub(crate) struct WriterWatch {
+    busy_since: Mutex<Option<std::time::Instant>>,
+    resolving: std::sync::atomic::AtomicBool,
+}
+
+impl WriterWatch {
+    pub(crate) fn busy(&self, busy: bool) {
+        *lock(&self.busy_since) = busy.then(std::time::Instant::now);
+    }
+
+    pub(crate) fn resolving(&self, resolving: bool) {
+        self.resolving
+            .store(resolving, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why the writer counts as stuck, if it does.
+    fn stuck(&self, after: Duration) -> Option<String> {
+        if self.resolving.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some(
+                "the writer is resolving a commit whose answer was lost (its appends wait)".into(),
+            );
+        }
+        let since = (*lock(&self.busy_since))?;
+        let busy = since.elapsed();
+        (busy > after).then(|| {
+            format!(
+                "the writer has waited {} ms for PostgreSQL in one commit",
+                busy.as_millis()
+            )
+        })
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -341,21 +517,22 @@ impl PostgresStore {
     pub async fn connect_with(config: PostgresConfig) -> Result<Self, PostgresError> {
         config.check()?;
         let connector = Arc::new(Connector::new(&config)?);
-        let mut client = connector
-            .connect_raw()
+        let (client, connection) = connector
+            .connect_unspawned()
             .await
-            .map_err(|error| classify(&config, &error))?;
-        schema::prepare(&mut client, config.database()).await?;
-        let head = read_head(&client)
+            .map_err(|failure| classify(&config, failure))?;
+        let mut connection = Connection::spawn(client, connection);
+        schema::prepare(&mut connection.client, config.database()).await?;
+        let head = read_head(connection.client(), connector.round_trip)
             .await
             .map_err(|error| PostgresError::Setup {
                 reason: error.to_string(),
             })?;
-        drop(client);
+        drop(connection);
 
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             config.session(),
-            connector.tls.clone(),
+            PoolConnect(Arc::clone(&connector)),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -375,8 +552,16 @@ impl PostgresStore {
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let span = tracing::debug_span!("postgres_writer", target = %config.target());
         let counters = Arc::new(CommitCounters::default());
+        let writer_watch = Arc::new(WriterWatch::default());
+        let round_trip = connector.round_trip;
         let writer = tokio::spawn(tracing::Instrument::instrument(
-            Writer::new(connector, head_sender, Arc::clone(&counters)).run(append_receiver),
+            Writer::new(
+                connector,
+                head_sender,
+                Arc::clone(&counters),
+                Arc::clone(&writer_watch),
+            )
+            .run(append_receiver),
             span,
         ));
         tracing::debug!(target = %config.target(), ?head, "postgres event store opened");
@@ -390,6 +575,9 @@ impl PostgresStore {
                 subscription_poll: Duration::from_millis(config.subscription_poll_ms),
                 head: head_receiver,
                 counters,
+                writer_watch,
+                round_trip,
+                stuck_after: Duration::from_millis(config.statement_timeout_ms),
             }),
         })
     }
@@ -428,6 +616,25 @@ impl PostgresStore {
         &self.shared.target
     }
 
+    /// Whether this store can serve now, or why not: the writer is not stuck in a commit, and a
+    /// pooled connection answers within the round-trip timeout. For readiness probes; it
+    /// never waits longer than the pool's wait plus one round trip.
+    pub async fn readiness(&self) -> Result<(), String> {
+        if let Some(stuck) = self.shared.writer_watch.stuck(self.shared.stuck_after) {
+            return Err(stuck);
+        }
+        let client = self.reader().await.map_err(|error| error.to_string())?;
+        let limit = self.shared.round_trip;
+        let what = "PostgreSQL does not answer";
+        let ping = async {
+            bounded(limit, what, client.simple_query("SELECT 1"))
+                .await
+                .map(drop)
+        };
+        let answer = tokio::time::timeout(limit, ping).await;
+        settle(client, answer, what, limit).map_err(|error| error.to_string())
+    }
+
     async fn reader(&self) -> Result<deadpool_postgres::Object, StoreError> {
         if lock(&self.shared.appends).is_none() {
             return Err(StoreError::Closed);
@@ -445,11 +652,31 @@ async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
     })
 }
 
-async fn read_head(client: &Client) -> Result<Option<GlobalPosition>, StoreError> {
-    let row = client
-        .query_one("SELECT last_position FROM opledger.log_head", &[])
-        .await
-        .map_err(|error| unavailable("cannot read the log's head position", &error))?;
+/// The answer of a read on a pooled connection given `limit` (`tokio::time::timeout` of it); a
+/// connection whose answer did not come is taken out of the pool and closed, so a silent peer
+/// cannot hold a slot for ever.
+fn settle<T>(
+    client: deadpool_postgres::Object,
+    answer: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
+    what: &str,
+    limit: Duration,
+) -> Result<T, StoreError> {
+    match answer {
+        Ok(answer) => answer,
+        Err(_) => {
+            drop(deadpool_postgres::Object::take(client));
+            Err(no_answer(what, limit))
+        }
+    }
+}
+
+async fn read_head(client: &Client, limit: Duration) -> Result<Option<GlobalPosition>, StoreError> {
+    let row = bounded(
+        limit,
+        "cannot read the log's head position",
+        client.query_one("SELECT last_position FROM opledger.log_head", &[]),
+    )
+    .await?;
     match row.get::<_, i64>(0) {
         0 => Ok(None),
         last => codec::position(last).map(Some),
@@ -457,7 +684,8 @@ async fn read_head(client: &Client) -> Result<Option<GlobalPosition>, StoreError
 }
 
 async fn read_log(
-    client: &deadpool_postgres::Object,
+    client: deadpool_postgres::Object,
+    limit: Duration,
     start: LogStart,
     max_count: usize,
 ) -> Result<Vec<RecordedEvent>, StoreError> {
@@ -468,19 +696,23 @@ async fn read_log(
             None => return Ok(Vec::new()),
         },
     };
-    let limit = max_count.min(MAX_READ_BATCH) as i64;
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT {} FROM opledger.events WHERE position > $1 ORDER BY position LIMIT $2",
-            codec::EVENT_COLUMNS
-        ))
-        .await
-        .map_err(|error| unavailable("cannot prepare the log read", &error))?;
-    let rows = client
-        .query(&statement, &[&after, &limit])
-        .await
-        .map_err(|error| unavailable("cannot read the log", &error))?;
-    rows.iter().map(codec::event).collect()
+    let limit_rows = max_count.min(MAX_READ_BATCH) as i64;
+    let read = async {
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {} FROM opledger.events WHERE position > $1 ORDER BY position LIMIT $2",
+                codec::EVENT_COLUMNS
+            ))
+            .await
+            .map_err(|error| unavailable("cannot prepare the log read", &error))?;
+        let rows = client
+            .query(&statement, &[&after, &limit_rows])
+            .await
+            .map_err(|error| unavailable("cannot read the log", &error))?;
+        rows.iter().map(codec::event).collect()
+    };
+    let answer = tokio::time::timeout(limit, read).await;
+    settle(client, answer, "cannot read the log", limit)
 }
 
 impl EventStore for PostgresStore {
@@ -510,20 +742,26 @@ impl EventStore for PostgresStore {
             return Ok(Vec::new());
         };
         let limit = max_count.min(MAX_READ_BATCH) as i64;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM opledger.events \
-                 WHERE stream_id = (SELECT stream_id FROM opledger.streams WHERE name = $1) \
-                 AND version >= $2 ORDER BY version LIMIT $3",
-                codec::EVENT_COLUMNS
-            ))
-            .await
-            .map_err(|error| unavailable("cannot prepare the stream read", &error))?;
-        let rows = client
-            .query(&statement, &[&stream.as_str(), &from, &limit])
-            .await
-            .map_err(|error| unavailable(&format!("cannot read `{stream}`"), &error))?;
-        rows.iter().map(codec::event).collect()
+        let what = format!("cannot read `{stream}`");
+        let read = async {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {} FROM opledger.events \
+                     WHERE stream_id = (SELECT stream_id FROM opledger.streams WHERE name = $1) \
+                     AND version >= $2 ORDER BY version LIMIT $3",
+                    codec::EVENT_COLUMNS
+                ))
+                .await
+                .map_err(|error| unavailable("cannot prepare the stream read", &error))?;
+            let rows = client
+                .query(&statement, &[&stream.as_str(), &from, &limit])
+                .await
+                .map_err(|error| unavailable(&what, &error))?;
+            rows.iter().map(codec::event).collect()
+        };
+        let limit = self.shared.round_trip;
+        let answer = tokio::time::timeout(limit, read).await;
+        settle(client, answer, &what, limit)
     }
 
     async fn read_all(
@@ -532,13 +770,15 @@ impl EventStore for PostgresStore {
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let client = self.reader().await?;
-        read_log(&client, start, max_count).await
+        read_log(client, self.shared.round_trip, start, max_count).await
     }
 
     /// Read from the database, not from this store's own commits: other instances write too.
     async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
         let client = self.reader().await?;
-        read_head(&client).await
+        let limit = self.shared.round_trip;
+        let answer = tokio::time::timeout(limit, read_head(&client, limit)).await;
+        settle(client, answer, "cannot read the log's head position", limit)
     }
 
     async fn subscribe_all(&self, start: LogStart) -> Result<PostgresSubscription, StoreError> {
@@ -548,6 +788,7 @@ impl EventStore for PostgresStore {
         let feed = LogFeed {
             pool: self.shared.pool.clone(),
             poll: self.shared.subscription_poll,
+            round_trip: self.shared.round_trip,
         };
         Ok(PostgresSubscription {
             inner: CatchUp::new(feed, start, self.shared.head.clone()),
@@ -577,6 +818,7 @@ impl Subscription for PostgresSubscription {
 struct LogFeed {
     pool: Pool,
     poll: Duration,
+    round_trip: Duration,
 }
 
 impl LogSource for LogFeed {
@@ -586,7 +828,7 @@ impl LogSource for LogFeed {
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let client = pooled(&self.pool).await?;
-        read_log(&client, start, max_count).await
+        read_log(client, self.round_trip, start, max_count).await
     }
 
     fn unannounced_poll(&self) -> Duration {

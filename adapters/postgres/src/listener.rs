@@ -68,7 +68,7 @@ async fn listen(
 ) -> String {
     let (client, mut connection) = match connector.connect_unspawned().await {
         Ok(connected) => connected,
-        Err(error) => return crate::describe(&error),
+        Err(failure) => return failure.to_string(),
     };
     // The connection is driven here rather than by `connect`'s task, to take its notifications.
     // It ends when `client` is dropped (this function returns or its task is aborted).
@@ -88,13 +88,21 @@ async fn listen(
     let setup = async {
         client
             .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
-            .await?;
+            .await
+            .map_err(|error| crate::describe(&error))?;
         // Commits between the store's start (or the last connection's end) and LISTEN sent no
         // notification here: the head as it is now covers them.
         client
             .query_one("SELECT last_position FROM opledger.log_head", &[])
             .await
             .map(|row| row.get::<_, i64>(0))
+            .map_err(|error| crate::describe(&error))
+    };
+    // Bounded like every round trip: a silent peer must not keep the listener from trying again.
+    let setup = async {
+        tokio::time::timeout(connector.round_trip, setup)
+            .await
+            .unwrap_or_else(|_| Err("no answer within the round-trip timeout".to_owned()))
     };
     let last = tokio::select! {
         last = setup => last,
@@ -102,9 +110,9 @@ async fn listen(
     };
     match last {
         Ok(last) => advance_to(head, &last.to_string()),
-        Err(error) => {
+        Err(reason) => {
             driver.abort();
-            return crate::describe(&error);
+            return reason;
         }
     }
     if let Some(ready) = ready.take() {
