@@ -221,6 +221,44 @@ impl PostgresConfig {
         connect
     }
 
+    /// [`Self::session`] once per host of the URL, each naming that host alone, in the URL's
+    /// order: the store tries them one by one so that it can check each server's ledger
+    /// identity and move on to the next host when one holds an older copy.
+    pub(crate) fn session_per_host(&self) -> Vec<(String, tokio_postgres::Config)> {
+        let session = self.session();
+        let hosts = session.get_hosts();
+        let ports = session.get_ports();
+        let addrs = session.get_hostaddrs();
+        if hosts.len() <= 1 {
+            return vec![(self.target(), session)];
+        }
+        (0..hosts.len())
+            .map(|index| {
+                let mut one = session.clone_without_hosts();
+                let port = ports.get(index).or(ports.first()).copied().unwrap_or(5432);
+                let name = match &hosts[index] {
+                    tokio_postgres::config::Host::Tcp(host) => {
+                        one.host(host);
+                        host.clone()
+                    }
+                    #[cfg(unix)]
+                    tokio_postgres::config::Host::Unix(path) => {
+                        one.host_path(path);
+                        path.display().to_string()
+                    }
+                };
+                if let Some(addr) = addrs.get(index) {
+                    one.hostaddr(*addr);
+                }
+                one.port(port);
+                (
+                    format!("{}@{name}:{port}/{}", self.user(), self.database()),
+                    one,
+                )
+            })
+            .collect()
+    }
+
     /// `user@host:port/database`, without the password, for messages and logs.
     pub fn target(&self) -> String {
         let host = match self.connect.get_hosts().first() {
@@ -250,6 +288,52 @@ impl PostgresConfig {
     /// Whether a password will be sent.
     pub(crate) fn has_password(&self) -> bool {
         self.connect.get_password().is_some()
+    }
+}
+
+/// A copy of a client configuration without its hosts, ports and host addresses (the client
+/// has no way to remove them from a configuration).
+trait WithoutHosts {
+    fn clone_without_hosts(&self) -> tokio_postgres::Config;
+}
+
+impl WithoutHosts for tokio_postgres::Config {
+    fn clone_without_hosts(&self) -> tokio_postgres::Config {
+        let mut one = tokio_postgres::Config::new();
+        if let Some(user) = self.get_user() {
+            one.user(user);
+        }
+        if let Some(password) = self.get_password() {
+            one.password(password);
+        }
+        if let Some(dbname) = self.get_dbname() {
+            one.dbname(dbname);
+        }
+        if let Some(options) = self.get_options() {
+            one.options(options);
+        }
+        if let Some(name) = self.get_application_name() {
+            one.application_name(name);
+        }
+        if let Some(timeout) = self.get_connect_timeout() {
+            one.connect_timeout(*timeout);
+        }
+        if let Some(timeout) = self.get_tcp_user_timeout() {
+            one.tcp_user_timeout(*timeout);
+        }
+        one.ssl_mode(self.get_ssl_mode())
+            .ssl_negotiation(self.get_ssl_negotiation())
+            .keepalives(self.get_keepalives())
+            .keepalives_idle(self.get_keepalives_idle())
+            .target_session_attrs(self.get_target_session_attrs())
+            .channel_binding(self.get_channel_binding());
+        if let Some(interval) = self.get_keepalives_interval() {
+            one.keepalives_interval(interval);
+        }
+        if let Some(retries) = self.get_keepalives_retries() {
+            one.keepalives_retries(retries);
+        }
+        one
     }
 }
 

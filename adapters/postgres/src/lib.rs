@@ -44,6 +44,7 @@
 
 mod codec;
 mod config;
+mod identity;
 mod listener;
 mod schema;
 mod tls;
@@ -83,6 +84,7 @@ pub use webhook_journal::{
 };
 pub use writer::{ROUND_TRIPS_PER_CHECKED_COMMIT, ROUND_TRIPS_PER_COMMIT};
 
+use self::identity::Identity;
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};
 
@@ -178,48 +180,118 @@ pub enum PostgresError {
     },
 }
 
-/// Opens connections with the store's session settings and TLS, each bounded in time.
+/// Opens connections with the store's session settings and TLS, each bounded in time, each
+/// checked to reach this ledger's current copy (`identity.rs`) before it is handed out.
 pub(crate) struct Connector {
+    /// The URL's settings, every host in it: the first connection's, for the start's refusals.
     config: tokio_postgres::Config,
+    /// One configuration per host, in the URL's order, each named `user@host:port/database`.
+    hosts: Vec<(String, tokio_postgres::Config)>,
     tls: MakeRustlsConnect,
     /// The longest a connection may take to open, startup and authentication included (the
     /// client's own `connect_timeout` covers only the TCP connect).
     connect_timeout: Duration,
     /// The longest the client waits for the answer to one round trip.
     pub(crate) round_trip: Duration,
+    /// The ledger identity every connection is checked against.
+    pub(crate) identity: Identity,
+    /// Why the last connection that failed did, for a reader the pool can only say "failed" to.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Connector {
-    fn new(config: &PostgresConfig) -> Result<Self, PostgresError> {
+    fn new(
+        config: &PostgresConfig,
+        seen: Arc<watch::Sender<Option<GlobalPosition>>>,
+    ) -> Result<Self, PostgresError> {
         Ok(Self {
             config: config.session(),
+            hosts: config.session_per_host(),
             tls: tls::connector(config.certificate_check)?,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms),
             round_trip: Duration::from_millis(config.round_trip_timeout_ms),
+            identity: Identity::new(seen),
+            last_failure: Mutex::new(None),
         })
     }
 
-    /// A client and its connection, which the caller must drive (poll) for the client to work.
-    pub(crate) async fn connect_unspawned(
+    /// The first connection, to whichever host of the URL the client takes (its refusals are
+    /// the start's), not yet checked: the caller prepares the schema, then learns the identity.
+    async fn connect_first(&self) -> Result<(Client, RawConnection), ConnectFailure> {
+        self.open(&self.config).await
+    }
+
+    async fn open(
         &self,
+        config: &tokio_postgres::Config,
     ) -> Result<(Client, RawConnection), ConnectFailure> {
-        match tokio::time::timeout(self.connect_timeout, self.config.connect(self.tls.clone()))
-            .await
-        {
+        match tokio::time::timeout(self.connect_timeout, config.connect(self.tls.clone())).await {
             Ok(connected) => connected.map_err(ConnectFailure::Refused),
             Err(_) => Err(ConnectFailure::NoAnswer(self.connect_timeout)),
         }
     }
 
-    /// A connection whose I/O runs on its own task, ended when the connection is dropped.
+    /// A connection to the first host of the URL that answers and holds this ledger's current
+    /// copy, its I/O on its own task (ended when the connection is dropped). Each host's
+    /// failure is in the answer when none passes; the identity check's refusal is recorded.
     pub(crate) async fn connect(&self) -> Result<Connection, StoreError> {
-        let (client, connection) =
-            self.connect_unspawned()
-                .await
-                .map_err(|failure| StoreError::Unavailable {
-                    reason: format!("cannot connect to PostgreSQL: {failure}"),
-                })?;
-        Ok(Connection::spawn(client, connection))
+        let mut failures = Vec::with_capacity(self.hosts.len());
+        for (host, config) in &self.hosts {
+            let (client, connection) = match self.open(config).await {
+                Ok(opened) => opened,
+                Err(failure) => {
+                    failures.push(format!("{host}: cannot connect: {failure}"));
+                    continue;
+                }
+            };
+            let connection = Connection::spawn(client, connection);
+            match self.check(host, connection.client()).await {
+                Ok(()) => {
+                    *lock(&self.last_failure) = None;
+                    return Ok(connection);
+                }
+                Err(reason) => failures.push(reason),
+            }
+        }
+        let reason = failures.join("; ");
+        *lock(&self.last_failure) = Some(reason.clone());
+        Err(StoreError::Unavailable { reason })
+    }
+
+    /// Reads what `host` says of its ledger and checks it (bounded like any round trip).
+    async fn check(&self, host: &str, client: &Client) -> Result<(), String> {
+        let seen = self.identity.seen();
+        let mut rereads = 0;
+        loop {
+            let found = self.read_identity(host, client).await?;
+            if rereads < identity::HEAD_REREADS && self.identity.only_behind(&found, seen) {
+                rereads += 1;
+                tokio::time::sleep(Duration::from_millis(identity::HEAD_REREAD_PAUSE_MS)).await;
+                continue;
+            }
+            return self.identity.check(host, &found, seen);
+        }
+    }
+
+    async fn read_identity(&self, host: &str, client: &Client) -> Result<identity::Found, String> {
+        match tokio::time::timeout(self.round_trip, identity::Found::read(client)).await {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(error)) => Err(format!(
+                "{host}: cannot read the ledger's identity: {}",
+                describe(&error)
+            )),
+            Err(_) => Err(format!(
+                "{host}: no answer within {} ms to the ledger identity check",
+                self.round_trip.as_millis()
+            )),
+        }
+    }
+
+    /// Why connections fail now: the identity refusal in force, else the last failure.
+    pub(crate) fn failing(&self) -> Option<String> {
+        self.identity
+            .refusal()
+            .or_else(|| lock(&self.last_failure).clone())
     }
 }
 
@@ -255,27 +327,57 @@ pub(crate) type RawConnection =
 pub(crate) struct Connection {
     pub(crate) client: Client,
     pub(crate) task: EndsOnDrop,
+    /// The payloads of the notifications the connection receives (only the listener's
+    /// `LISTEN`s); closed when the connection ends.
+    pub(crate) notifications: mpsc::UnboundedReceiver<String>,
+}
+
+/// Drives a connection until it ends, passing its notifications on.
+async fn drive(mut connection: RawConnection, notified: mpsc::UnboundedSender<String>) {
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(note))) => {
+                // Nobody listening (the writer's and the pool's connections): nothing to pass on.
+                let _ = notified.send(note.payload().to_owned());
+            }
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
+                return;
+            }
+            None => return,
+        }
+    }
 }
 
 /// The task driving a connection, ended when this is dropped.
-pub(crate) struct EndsOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct EndsOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl EndsOnDrop {
+    /// The task, to be ended by whoever takes it (the pool ends it when it drops a client).
+    fn into_handle(mut self) -> tokio::task::JoinHandle<()> {
+        self.0
+            .take()
+            .expect("the handle is taken only here, which consumes self")
+    }
+}
 
 impl Drop for EndsOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
     }
 }
 
 impl Connection {
     fn spawn(client: Client, connection: RawConnection) -> Self {
-        let task = tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
-            }
-        });
+        let (notified, notifications) = mpsc::unbounded_channel();
+        let task = tokio::spawn(drive(connection, notified));
         Self {
             client,
-            task: EndsOnDrop(task),
+            task: EndsOnDrop(Some(task)),
+            notifications,
         }
     }
 
@@ -325,23 +427,25 @@ impl deadpool_postgres::Connect for PoolConnect {
         >,
     > {
         Box::pin(async move {
-            match self.0.connect_unspawned().await {
-                Ok((client, connection)) => {
-                    let task = tokio::spawn(async move {
-                        if let Err(error) = connection.await {
-                            tracing::debug!(error = %describe(&error), "a pooled PostgreSQL connection closed");
-                        }
-                    });
-                    Ok((client, task))
-                }
-                Err(ConnectFailure::Refused(error)) => Err(error),
-                Err(ConnectFailure::NoAnswer(_)) => {
-                    // The pool's create timeout (the same connect timeout) fires first and is
-                    // what the reader sees; this error only has to exist.
-                    std::future::pending().await
-                }
+            match self.0.connect().await {
+                Ok(Connection { client, task, .. }) => Ok((client, task.into_handle())),
+                // The pool's error must be the client's type, which only the client makes; the
+                // reader is told the real reason from the connector (`Connector::failing`).
+                Err(_) => Err(unusable_connection().await),
             }
         })
+    }
+}
+
+/// A client error for a connection the store would not use; its text is never shown.
+async fn unusable_connection() -> tokio_postgres::Error {
+    match tokio_postgres::Config::new()
+        .connect(tokio_postgres::NoTls)
+        .await
+    {
+        Err(error) => error,
+        // A configuration without a host never connects.
+        Ok(_) => unreachable!("a connection without a host"),
     }
 }
 
@@ -455,6 +559,8 @@ struct Shared {
     counters: Arc<CommitCounters>,
     /// What the writer is doing, for readiness.
     writer_watch: Arc<WriterWatch>,
+    /// How connections are opened and checked.
+    connector: Arc<Connector>,
     /// The client's wait for one round trip.
     round_trip: Duration,
     /// How long the writer may be in one round before readiness calls it stuck.
@@ -516,18 +622,28 @@ impl PostgresStore {
     /// As [`Self::connect`], with the settings given.
     pub async fn connect_with(config: PostgresConfig) -> Result<Self, PostgresError> {
         config.check()?;
-        let connector = Arc::new(Connector::new(&config)?);
+        let (head_sender, head_receiver) = watch::channel(None);
+        let head_sender = Arc::new(head_sender);
+        let connector = Arc::new(Connector::new(&config, Arc::clone(&head_sender))?);
         let (client, connection) = connector
-            .connect_unspawned()
+            .connect_first()
             .await
             .map_err(|failure| classify(&config, failure))?;
         let mut connection = Connection::spawn(client, connection);
         schema::prepare(&mut connection.client, config.database()).await?;
+        // The first check learns the ledger's identity; it refuses only a standby.
+        connector
+            .check(&config.target(), connection.client())
+            .await
+            .map_err(|reason| PostgresError::Setup { reason })?;
         let head = read_head(connection.client(), connector.round_trip)
             .await
             .map_err(|error| PostgresError::Setup {
                 reason: error.to_string(),
             })?;
+        if let Some(head) = head {
+            advance(&head_sender, head);
+        }
         drop(connection);
 
         let manager = Manager::from_connect(
@@ -540,14 +656,13 @@ impl PostgresStore {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .wait_timeout(Some(Duration::from_millis(config.pool_wait_ms)))
-            .create_timeout(Some(Duration::from_millis(config.connect_timeout_ms)))
+            // No create timeout of the pool's own: the connector bounds each host's attempt
+            // (connect_timeout_ms, then one round trip for the identity check).
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|error| PostgresError::Setup {
                 reason: format!("cannot build the connection pool: {error}"),
             })?;
-        let (head_sender, head_receiver) = watch::channel(head);
-        let head_sender = Arc::new(head_sender);
         let listener = listener::start(Arc::clone(&connector), Arc::clone(&head_sender)).await;
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let span = tracing::debug_span!("postgres_writer", target = %config.target());
@@ -556,7 +671,7 @@ impl PostgresStore {
         let round_trip = connector.round_trip;
         let writer = tokio::spawn(tracing::Instrument::instrument(
             Writer::new(
-                connector,
+                Arc::clone(&connector),
                 head_sender,
                 Arc::clone(&counters),
                 Arc::clone(&writer_watch),
@@ -576,6 +691,7 @@ impl PostgresStore {
                 head: head_receiver,
                 counters,
                 writer_watch,
+                connector,
                 round_trip,
                 stuck_after: Duration::from_millis(config.statement_timeout_ms),
             }),
@@ -620,6 +736,9 @@ impl PostgresStore {
     /// pooled connection answers within the round-trip timeout. For readiness probes; it
     /// never waits longer than the pool's wait plus one round trip.
     pub async fn readiness(&self) -> Result<(), String> {
+        if let Some(refusal) = self.shared.connector.identity.refusal() {
+            return Err(refusal);
+        }
         if let Some(stuck) = self.shared.writer_watch.stuck(self.shared.stuck_after) {
             return Err(stuck);
         }
@@ -639,8 +758,24 @@ impl PostgresStore {
         if lock(&self.shared.appends).is_none() {
             return Err(StoreError::Closed);
         }
-        pooled(&self.shared.pool).await
+        pooled_from(&self.shared.connector, &self.shared.pool).await
     }
+}
+
+/// A pooled connection; when none can be opened, the reason the connector recorded (the
+/// identity refusal in force, or each host's failure) rather than the pool's bare "failed".
+async fn pooled_from(
+    connector: &Connector,
+    pool: &Pool,
+) -> Result<deadpool_postgres::Object, StoreError> {
+    pooled(pool)
+        .await
+        .map_err(|error| match (&error, connector.failing()) {
+            (StoreError::Unavailable { .. }, Some(reason)) => StoreError::Unavailable {
+                reason: format!("no PostgreSQL connection: {reason}"),
+            },
+            _ => error,
+        })
 }
 
 async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
@@ -786,6 +921,7 @@ impl EventStore for PostgresStore {
             return Err(StoreError::Closed);
         }
         let feed = LogFeed {
+            connector: Arc::clone(&self.shared.connector),
             pool: self.shared.pool.clone(),
             poll: self.shared.subscription_poll,
             round_trip: self.shared.round_trip,
@@ -816,6 +952,7 @@ impl Subscription for PostgresSubscription {
 
 /// What a subscription reads the log through: the store's pool.
 struct LogFeed {
+    connector: Arc<Connector>,
     pool: Pool,
     poll: Duration,
     round_trip: Duration,
@@ -827,7 +964,7 @@ impl LogSource for LogFeed {
         start: LogStart,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let client = pooled(&self.pool).await?;
+        let client = pooled_from(&self.connector, &self.pool).await?;
         read_log(client, self.round_trip, start, max_count).await
     }
 

@@ -454,7 +454,7 @@ impl Writer {
     }
 
     async fn connect(&self) -> Result<Session, StoreError> {
-        let Connection { client, task } = self.connector.connect().await?;
+        let Connection { client, task, .. } = self.connector.connect().await?;
         let statements = crate::bounded(
             self.connector.round_trip,
             "cannot prepare the writer's statements",
