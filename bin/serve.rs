@@ -165,6 +165,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         providers,
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        instance_id: None,
     };
     Ok((config, stand))
 }

@@ -18,6 +18,7 @@ mod numbers;
 mod postgres;
 #[path = "../postgres_server/mod.rs"]
 mod postgres_server;
+mod probes;
 mod python;
 mod redelivery;
 mod shutdown;

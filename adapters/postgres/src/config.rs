@@ -168,6 +168,12 @@ impl PostgresConfig {
         })
     }
 
+    /// Names this instance to the server (`application_name`, seen in `pg_stat_activity`), so
+    /// an operator can tell which instance holds a lock or runs a query.
+    pub fn set_application_name(&mut self, name: &str) {
+        self.connect.application_name(name);
+    }
+
     /// Checks the limits; called by `connect_with` so a hand-built config is held to them too.
     pub(crate) fn check(&self) -> Result<(), PostgresError> {
         let invalid = |reason: String| Err(PostgresError::InvalidUrl { reason });

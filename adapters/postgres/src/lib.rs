@@ -742,7 +742,7 @@ impl PostgresStore {
         if let Some(stuck) = self.shared.writer_watch.stuck(self.shared.stuck_after) {
             return Err(stuck);
         }
-        let client = self.reader().await.map_err(|error| error.to_string())?;
+        let client = InFlight::new(self.reader().await.map_err(|error| error.to_string())?);
         let limit = self.shared.round_trip;
         let what = "PostgreSQL does not answer";
         let ping = async {
@@ -787,19 +787,61 @@ async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
     })
 }
 
-/// The answer of a read on a pooled connection given `limit` (`tokio::time::timeout` of it); a
-/// connection whose answer did not come is taken out of the pool and closed, so a silent peer
-/// cannot hold a slot for ever.
+/// A pooled connection while a read is on it. Dropped before [`InFlight::done`] (the read was
+/// cancelled, or its answer did not come) it is taken out of the pool and closed, never handed
+/// to the next reader with an answer still owed.
+struct InFlight(Option<deadpool_postgres::Object>);
+
+impl InFlight {
+    fn new(client: deadpool_postgres::Object) -> Self {
+        Self(Some(client))
+    }
+
+    /// The read is answered: the connection goes back to the pool.
+    fn done(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for InFlight {
+    type Target = deadpool_postgres::Object;
+
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("set until done or drop, which consume or end it")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+/// The answer of a read on a pooled connection given `limit` (`tokio::time::timeout` of it). A
+/// connection whose answer did not come is closed, and so is every idle one: they went the same
+/// way to the server, and a path that went silent would cost each of them a whole timeout to
+/// find out.
 fn settle<T>(
-    client: deadpool_postgres::Object,
+    client: InFlight,
     answer: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
     what: &str,
     limit: Duration,
 ) -> Result<T, StoreError> {
     match answer {
-        Ok(answer) => answer,
+        Ok(answer) => {
+            client.done();
+            answer
+        }
         Err(_) => {
-            drop(deadpool_postgres::Object::take(client));
+            let pool = deadpool_postgres::Object::pool(&client);
+            drop(client);
+            if let Some(pool) = pool {
+                pool.retain(|_, _| false);
+            }
             Err(no_answer(what, limit))
         }
     }
@@ -832,6 +874,7 @@ async fn read_log(
         },
     };
     let limit_rows = max_count.min(MAX_READ_BATCH) as i64;
+    let client = InFlight::new(client);
     let read = async {
         let statement = client
             .prepare_cached(&format!(
@@ -872,10 +915,10 @@ impl EventStore for PostgresStore {
         from: StreamVersion,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let client = self.reader().await?;
         let Some(from) = codec::version_to_sql(from) else {
             return Ok(Vec::new());
         };
+        let client = InFlight::new(self.reader().await?);
         let limit = max_count.min(MAX_READ_BATCH) as i64;
         let what = format!("cannot read `{stream}`");
         let read = async {
@@ -910,7 +953,7 @@ impl EventStore for PostgresStore {
 
     /// Read from the database, not from this store's own commits: other instances write too.
     async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
-        let client = self.reader().await?;
+        let client = InFlight::new(self.reader().await?);
         let limit = self.shared.round_trip;
         let answer = tokio::time::timeout(limit, read_head(&client, limit)).await;
         settle(client, answer, "cannot read the log's head position", limit)
