@@ -13,6 +13,7 @@
 //!   deadline on every round trip, so a silent network path cannot either (`deadlines.rs`);
 //! - a reconnection to an older copy of the ledger or another ledger is refused
 //!   (`identity.rs`);
+//! - PgBouncer in transaction mode refused at start with the reason (`pooler.rs`);
 //! - another instance's commit wakes a subscriber through LISTEN/NOTIFY, not its poll;
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
@@ -23,6 +24,8 @@ mod postgres_server;
 mod deadlines;
 #[path = "postgres/identity.rs"]
 mod identity;
+#[path = "postgres/pooler.rs"]
+mod pooler;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;

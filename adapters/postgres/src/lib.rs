@@ -484,6 +484,50 @@ pub(crate) fn unavailable(context: &str, error: &tokio_postgres::Error) -> Store
     }
 }
 
+/// Refuses a connection on which the per-session settings the store opens every connection with
+/// did not take: a pooler that drops the startup `options` (PgBouncer with
+/// `ignore_startup_parameters = options`) would leave the store without its statement timeout,
+/// its idle-transaction timeout and `synchronous_commit = on`, silently.
+async fn check_session_settings(
+    config: &PostgresConfig,
+    client: &Client,
+) -> Result<(), PostgresError> {
+    let rows = client
+        .query(
+            "SELECT name, setting FROM pg_settings WHERE name IN \
+             ('statement_timeout', 'idle_in_transaction_session_timeout', 'synchronous_commit')",
+            &[],
+        )
+        .await
+        .map_err(|error| PostgresError::Setup {
+            reason: format!("cannot read the session's settings: {}", describe(&error)),
+        })?;
+    let expected = [
+        ("statement_timeout", config.statement_timeout_ms.to_string()),
+        (
+            "idle_in_transaction_session_timeout",
+            config.idle_in_transaction_timeout_ms.to_string(),
+        ),
+        ("synchronous_commit", "on".to_owned()),
+    ];
+    for (name, wanted) in expected {
+        let found = rows
+            .iter()
+            .find(|row| row.get::<_, &str>(0) == name)
+            .map(|row| row.get::<_, String>(1));
+        if found.as_deref() != Some(wanted.as_str()) {
+            return Err(PostgresError::Setup {
+                reason: format!(
+                    "the connection to {} runs with {name} = {} instead of the {wanted} opledger asked for in the startup options: a pooler between opledger and PostgreSQL drops them (PgBouncer with ignore_startup_parameters). Connect opledger to PostgreSQL directly, or through a session-mode pool that passes the options on; transaction-mode pooling is not supported",
+                    config.target(),
+                    found.as_deref().unwrap_or("nothing")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Sorts a failed first connection into the refusal that says what to do.
 fn classify(config: &PostgresConfig, failure: ConnectFailure) -> PostgresError {
     let target = config.target();
@@ -513,6 +557,12 @@ fn classify(config: &PostgresConfig, failure: ConnectFailure) -> PostgresError {
         Some(code) if code == SqlState::INVALID_CATALOG_NAME => PostgresError::NoDatabase {
             target,
             database: config.database().to_owned(),
+        },
+        // PgBouncer's refusal of the startup `options` that carry the session's settings.
+        Some(_) if reason.contains("unsupported startup parameter") => PostgresError::Setup {
+            reason: format!(
+                "{reason}: a pooler (PgBouncer) between opledger and {target} refuses the startup options that carry opledger's per-session settings (timeouts, synchronous_commit). Connect opledger to PostgreSQL directly; transaction-mode pooling is not supported, and ignore_startup_parameters would drop the settings"
+            ),
         },
         Some(_) => PostgresError::Setup { reason },
         None if tls::is_untrusted_certificate(error) => PostgresError::UntrustedCertificate {
@@ -630,6 +680,7 @@ impl PostgresStore {
             .await
             .map_err(|failure| classify(&config, failure))?;
         let mut connection = Connection::spawn(client, connection);
+        check_session_settings(&config, connection.client()).await?;
         schema::prepare(&mut connection.client, config.database()).await?;
         // The first check learns the ledger's identity; it refuses only a standby.
         connector
