@@ -21,6 +21,7 @@ mod postgres_server;
 mod probes;
 mod python;
 mod redelivery;
+mod security;
 mod shutdown;
 mod soak;
 mod storage_faults;
