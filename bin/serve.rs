@@ -169,6 +169,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         mcp_allowed_origins: Vec::new(),
         log: opledger_http_api::log::LogSettings::from_environment()
             .map_err(crate::cli::CliError::Config)?,
+        instance_id: None,
     };
     Ok((config, stand))
 }

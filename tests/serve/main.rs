@@ -19,6 +19,7 @@ mod numbers;
 mod postgres;
 #[path = "../postgres_server/mod.rs"]
 mod postgres_server;
+mod probes;
 mod python;
 mod redelivery;
 mod security;

@@ -49,6 +49,7 @@ mod bulk;
 mod claim;
 mod mcp;
 mod operations;
+mod probes;
 mod queries;
 mod review;
 mod webhooks;
@@ -68,7 +69,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 26] = [
+pub(crate) const ROUTES: [(&str, &str); 28] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -86,6 +87,8 @@ pub(crate) const ROUTES: [(&str, &str); 26] = [
     ("get", "/v1/events"),
     ("get", "/metrics"),
     ("get", "/healthz"),
+    ("get", "/livez"),
+    ("get", "/readyz"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/webhooks"),
     ("post", "/v1/webhooks/{id}/pause"),
@@ -134,6 +137,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/events", get(events::stream))
         .route("/metrics", get(metrics::render))
         .route("/healthz", get(health))
+        .route("/livez", get(probes::live))
+        .route("/readyz", get(probes::ready))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/whoami", get(whoami))
         .route("/v1/counts", get(queries::counts))
@@ -782,6 +787,12 @@ mod tests {
                     if path == "/healthz" && status == "503" {
                         let shapes = &response["content"]["application/json"]["schema"]["oneOf"];
                         assert_eq!(shapes[1]["$ref"], "#/components/schemas/Error");
+                        continue;
+                    }
+                    // The probes answer their own body, read by status code alone.
+                    if ["/livez", "/readyz"].contains(&path.as_str()) && status == "503" {
+                        let schema = &response["content"]["application/json"]["schema"];
+                        assert_eq!(schema["$ref"], "#/components/schemas/Probe");
                         continue;
                     }
                     if status.starts_with('4') || status.starts_with('5') {
