@@ -162,10 +162,15 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         limits: Limits::default(),
         tokens,
         metrics_token: None,
+        metrics_closed: false,
         providers,
         upstreams: Vec::new(),
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        mcp_allowed_origins: Vec::new(),
+        log: opledger_http_api::log::LogSettings::from_environment()
+            .map_err(crate::cli::CliError::Config)?,
+        instance_id: None,
     };
     Ok((config, stand))
 }

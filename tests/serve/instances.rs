@@ -6,7 +6,7 @@
 //! Every instance's workers see every due operation. A send is claimed with a conditional append
 //! (one instance wins), and so is a lookup (`LookupClaimed`, with a lease), so neither is made
 //! once per instance; a lookup claimed by an instance that dies is taken over by another once its
-//! lease runs out. The numbers each test prints are the ones in the README's KurrentDB section.
+//! lease runs out. The numbers each test prints are the ones in the book's KurrentDB and PostgreSQL pages.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -291,7 +291,7 @@ async fn lookup_takeover(backend: Backend) {
     let victim_worker = claimants[0].clone();
     let victim = servers
         .iter()
-        .position(|server| format!("serve-{}", server.pid()) == victim_worker)
+        .position(|server| victim_worker.starts_with(&format!("serve-{}-", server.pid())))
         .expect("the claimant is one of the instances");
     servers.remove(victim).kill();
     let killed_at = Instant::now();
@@ -398,7 +398,7 @@ async fn send_takeover(backend: Backend) {
     }
     let victim = servers
         .iter()
-        .position(|server| format!("serve-{}", server.pid()) == sender)
+        .position(|server| sender.starts_with(&format!("serve-{}-", server.pid())))
         .expect("the sender is one of the instances");
     servers.remove(victim).kill();
     let killed_at = Instant::now();

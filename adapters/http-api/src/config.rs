@@ -25,6 +25,7 @@ use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 
+mod log;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -72,7 +73,7 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 /// The longest idle timeout any configuration may set, in milliseconds.
 pub const MAX_IDLE_TIMEOUT_MS: u64 = 60 * 60 * 1000;
 /// Most connections open at once when the file does not say. A half-open connection costs about
-/// 27 KiB (measured, README "Slow and idle clients"), so a flood holding them all costs ~108 MiB,
+/// 27 KiB (measured: docs/src/performance.md), so a flood holding them all costs ~108 MiB,
 /// for at most `header_read_timeout_ms` each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 /// Most connections open at once from one client address when the file does not say: one
@@ -155,6 +156,10 @@ pub struct Limits {
     pub default_wait_ms: u64,
     /// How long shutdown waits for requests in progress before dropping them, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// How long, after a shutdown signal, `/readyz` answers 503 while requests are still
+    /// accepted and served, before the listener closes, in milliseconds: time for a load
+    /// balancer or Kubernetes' endpoints to stop sending traffic here.
+    pub shutdown_drain_ms: u64,
     /// Most execute calls driving or waiting at once (each holds a drive or a timer).
     pub max_concurrent_executes: usize,
     /// How long a connection may take to deliver a request's headers, in milliseconds: from its
@@ -178,6 +183,7 @@ impl Default for Limits {
             max_wait_ms: 30_000,
             default_wait_ms: 5_000,
             shutdown_grace_ms: 35_000,
+            shutdown_drain_ms: 0,
             max_concurrent_executes: 1_024,
             header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
@@ -210,6 +216,9 @@ pub struct ServeConfig {
     pub tokens: BTreeMap<String, Principal>,
     /// The token `/metrics` asks for (`None`: open, showing aggregates only).
     pub metrics_token: Option<String>,
+    /// `/metrics` answers nobody: several tenants are configured and no scraper token, and it
+    /// was not declared open (`[metrics] open = true`). Its counters show every tenant's activity.
+    pub metrics_closed: bool,
     /// The connectors and their accounts, built (their HTTP clients ready).
     pub providers: Vec<Connector>,
     /// The upstream MCP servers configured as connectors (their sessions start when first
@@ -220,6 +229,34 @@ pub struct ServeConfig {
     /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
     /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
     pub webhook_lease_ms: u64,
+    /// Browser origins `/mcp` answers besides loopback ones (`[mcp] allowed_origins`), each
+    /// `scheme://host[:port]` in lower case.
+    pub mcp_allowed_origins: Vec<String>,
+    /// The transparency log: signing key, checkpoint publishing, the tree switch (`[log]`).
+    pub log: crate::log::LogSettings,
+    /// This instance's name (`instance_id`); `None`: `serve-<pid>-<random>`, unique even
+    /// between containers whose processes share a process id.
+    pub instance_id: Option<String>,
+}
+
+/// The longest `instance_id`, in characters: it travels in every attempt event, log line and
+/// PostgreSQL's `application_name` (63 bytes, with the `opledger ` before it).
+pub const MAX_INSTANCE_ID_CHARS: usize = 48;
+
+/// Checks an `instance_id`: 1 to [`MAX_INSTANCE_ID_CHARS`] letters, digits, `.`, `_` or `-`.
+pub fn check_instance_id(id: &str) -> Result<(), String> {
+    let fits = !id.is_empty()
+        && id.chars().count() <= MAX_INSTANCE_ID_CHARS
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{id}` is not an instance id; write 1 to {MAX_INSTANCE_ID_CHARS} letters, digits, '.', '_' or '-', unique among the instances sharing a ledger (a pod name fits)"
+        ))
+    }
 }
 
 /// One built `[[connectors]]` entry.
@@ -234,11 +271,14 @@ enum Built {
 #[serde(deny_unknown_fields)]
 struct File {
     listen: Option<Spanned<String>>,
+    instance_id: Option<Spanned<String>>,
     store: Option<Spanned<String>>,
     /// `views` is the key's older name, still read.
     #[serde(alias = "views")]
     read_models: Option<PathBuf>,
     read_model_linger_ms: Option<Spanned<u64>>,
+    /// The environment variable holding the key credential fingerprints are keyed with.
+    credential_fingerprint_key_env: Option<Spanned<String>>,
     #[serde(default)]
     engine: EngineSection,
     #[serde(default)]
@@ -254,8 +294,12 @@ struct File {
     #[serde(default)]
     metrics: MetricsSection,
     #[serde(default)]
+    mcp: McpSection,
+    #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
+    /// `[log]`: the transparency log.
+    log: Option<log::LogSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -265,9 +309,18 @@ struct File {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct McpSection {
+    #[serde(default)]
+    allowed_origins: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct MetricsSection {
     token: Option<Spanned<String>>,
     token_env: Option<Spanned<String>>,
+    /// Shows `/metrics` to anyone though several tenants are configured.
+    open: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -321,6 +374,7 @@ struct LimitsSection {
     max_wait_ms: Option<Spanned<u64>>,
     default_wait_ms: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
+    shutdown_drain_ms: Option<Spanned<u64>>,
     max_concurrent_executes: Option<Spanned<usize>>,
     header_read_timeout_ms: Option<Spanned<u64>>,
     idle_timeout_ms: Option<Spanned<u64>>,
@@ -346,6 +400,7 @@ impl LimitsSection {
             max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
             default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
             shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
+            shutdown_drain_ms: spanned_or(&section.shutdown_drain_ms, defaults.shutdown_drain_ms),
             max_concurrent_executes: spanned_or(
                 &section.max_concurrent_executes,
                 defaults.max_concurrent_executes,
@@ -526,17 +581,41 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
+        let open = file
+            .metrics
+            .open
+            .as_ref()
+            .is_some_and(|open| *open.get_ref());
+        if open && metrics_token.is_some() {
+            return Err(self.error(
+                span(&file.metrics.open),
+                "metrics.open",
+                "is given together with a token; keep the token (the scraper sends it) or open = true (anyone may read /metrics), not both".into(),
+            ));
+        }
+        let metrics_closed = metrics_token.is_none() && !open && tenant_ids(&tokens).len() > 1;
         let token_dir = match &store {
             StoreUrl::Sqlite(path) => path.parent().map(Path::to_path_buf),
             _ => None,
         }
         .unwrap_or_else(|| self.relative("."));
-        let (providers, upstreams) =
-            self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
+        let fingerprint_key = self.fingerprint_key(&file.credential_fingerprint_key_env)?;
+        let (providers, upstreams) = self.connectors(
+            &file.connectors,
+            &tenant_ids(&tokens),
+            &token_dir,
+            fingerprint_key.as_ref(),
+        )?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
+        let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
+        let log = self.log(file.log.as_ref())?;
+        if let Some(id) = &file.instance_id {
+            check_instance_id(id.get_ref())
+                .map_err(|message| self.error(Some(id.span()), "instance_id", message))?;
+        }
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -557,11 +636,58 @@ impl Checker<'_> {
             limits,
             tokens,
             metrics_token,
+            metrics_closed,
             providers,
             upstreams,
             webhooks,
             webhook_lease_ms,
+            mcp_allowed_origins,
+            log,
+            instance_id: file.instance_id.map(Spanned::into_inner),
         })
+    }
+
+    /// `[mcp] allowed_origins`: each a browser origin, `scheme://host[:port]` with nothing after.
+    fn mcp_allowed_origins(&self, section: &McpSection) -> Result<Vec<String>, ConfigError> {
+        if section.allowed_origins.len() > MAX_ENTRIES {
+            return Err(self.error(
+                None,
+                "mcp.allowed_origins",
+                format!(
+                    "lists {}; at most {MAX_ENTRIES} are allowed",
+                    section.allowed_origins.len()
+                ),
+            ));
+        }
+        section
+            .allowed_origins
+            .iter()
+            .enumerate()
+            .map(|(index, origin)| {
+                let text = origin.get_ref().trim().to_ascii_lowercase();
+                let well_formed = ["http://", "https://"]
+                    .iter()
+                    .find_map(|scheme| text.strip_prefix(scheme))
+                    .is_some_and(|host| {
+                        !host.is_empty()
+                            && host.bytes().all(|byte| {
+                                byte.is_ascii_alphanumeric() || b"-.:[]".contains(&byte)
+                            })
+                    });
+                if well_formed {
+                    Ok(text)
+                } else {
+                    Err(self.error(
+                        Some(origin.span()),
+                        &format!("mcp.allowed_origins[{index}]"),
+                        format!(
+                            "`{}` is no browser origin; write the scheme, host and port only, e.g. \"https://agent.example.com\" or \"http://localhost:3000\"",
+                            origin.get_ref()
+                        ),
+                    ))
+                }
+            })
+            .collect()
     }
 
     /// The engine section. Its ranges are the domain's ([`EnginePolicy::validate`]), so a file can
@@ -669,6 +795,14 @@ impl Checker<'_> {
             1_000,
             MAX_WAIT_LIMIT_MS,
             " (longer than max_wait_ms lets every execute call answer)",
+        )?;
+        self.limit_in_range(
+            span(&section.shutdown_drain_ms),
+            "shutdown_drain_ms",
+            limits.shutdown_drain_ms,
+            0,
+            MAX_WAIT_LIMIT_MS,
+            " (a few times the readiness probe's period, e.g. 10000 on Kubernetes)",
         )?;
         self.limit_in_range(
             span(&section.max_wait_ms),
@@ -901,6 +1035,8 @@ impl Checker<'_> {
             }
         };
         let token = token.trim().to_owned();
+        // Kept out of every log line and answer (`opledger_domain::redact`).
+        opledger_domain::redact::register(&token);
         if token.chars().count() < MIN_TOKEN_CHARS || token.chars().any(char::is_whitespace) {
             return Err(self.error(
                 Some(at),
@@ -918,13 +1054,14 @@ impl Checker<'_> {
         entries: &[ConnectorEntry],
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
+        fingerprint_key: Option<&opledger_providers::credentials::FingerprintKey>,
     ) -> Result<(Vec<Connector>, Vec<McpConnector>), ConfigError> {
         let mut seen = BTreeSet::new();
         let mut built = Vec::with_capacity(entries.len());
         let mut upstreams = Vec::new();
         for (index, entry) in entries.iter().enumerate() {
             let field = format!("connectors[{index}]");
-            let id = match self.connector(&field, entry, tenants, token_dir)? {
+            let id = match self.connector(&field, entry, tenants, token_dir, fingerprint_key)? {
                 Built::Rest(connector) => {
                     let id = connector.id().clone();
                     built.push(connector);
@@ -956,6 +1093,7 @@ impl Checker<'_> {
         entry: &ConnectorEntry,
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
+        fingerprint_key: Option<&opledger_providers::credentials::FingerprintKey>,
     ) -> Result<Built, ConfigError> {
         let document = match self.document(field, entry)? {
             AnyDocument::Rest(document) => *document,
@@ -966,6 +1104,7 @@ impl Checker<'_> {
             }
         };
         let mut overrides = self.overrides(field, entry, tenants)?;
+        overrides.fingerprint_key = fingerprint_key.cloned();
         // Rotated OAuth2 refresh tokens are kept beside the ledger, one file per connector, so
         // a restart finds the token the provider last issued (never in the ledger's events).
         let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
@@ -1132,7 +1271,37 @@ impl Checker<'_> {
             request_timeout_ms: entry.request_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             connect_timeout_ms: entry.connect_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             token_file: None,
+            fingerprint_key: None,
         })
+    }
+
+    /// The key credential fingerprints are keyed with, from the variable
+    /// `credential_fingerprint_key_env` names (`None` when it is not set: the unkeyed form).
+    fn fingerprint_key(
+        &self,
+        variable: &Option<Spanned<String>>,
+    ) -> Result<Option<opledger_providers::credentials::FingerprintKey>, ConfigError> {
+        let Some(variable) = variable else {
+            return Ok(None);
+        };
+        let at = |message: String| {
+            self.error(
+                Some(variable.span()),
+                "credential_fingerprint_key_env",
+                message,
+            )
+        };
+        let value = (self.env)(variable.get_ref()).ok_or_else(|| {
+            at(format!(
+                "environment variable `{}` is not set; export a key of at least {} bytes (e.g. `openssl rand -hex 32`) before starting the server",
+                variable.get_ref(),
+                opledger_providers::credentials::MIN_FINGERPRINT_KEY_BYTES
+            ))
+        })?;
+        opledger_domain::redact::register(value.trim());
+        opledger_providers::credentials::FingerprintKey::new(value.trim().as_bytes().to_vec())
+            .map(Some)
+            .map_err(|message| at(format!("`{}`: {message}", variable.get_ref())))
     }
 
     /// One account an entry adds, with its owners (configured tenants) and its credentials

@@ -217,6 +217,13 @@ pub async fn render(
     State(shared): State<Arc<Shared>>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
+    if shared.metrics_closed {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "/metrics is closed: several tenants are configured and its counters show each one's activity; configure a scraper token under [metrics] (token_env) and send it, or declare it open with [metrics] open = true",
+        ));
+    }
     if let Some(expected) = &shared.metrics_token {
         super::auth::require_token(&headers, expected)?;
     }
@@ -236,6 +243,7 @@ pub async fn render(
     );
     let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
     render_connections(&mut out, &shared.connections);
+    render_instance(&mut out, &shared.instance_id);
     render_runner(&mut out, &shared.runner_health.report(), lag.positions);
     let endpoints = shared
         .webhooks
@@ -385,6 +393,18 @@ fn render_runner(out: &mut String, runner: &RunnerHealthReport, lag_positions: u
 
 /// The accept loop's counts: connections open, refused at each limit, closed at the header read
 /// timeout (`connections.rs`).
+fn render_instance(out: &mut String, instance_id: &str) {
+    gauge(
+        out,
+        "opledger_instance_info",
+        "1, labelled with this instance's id (instance_id): the worker id its attempts carry and its PostgreSQL application_name.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_instance_info{{instance_id=\"{instance_id}\"}} 1"
+    );
+}
+
 fn render_connections(out: &mut String, connections: &crate::connections::ConnectionCounters) {
     gauge(
         out,

@@ -138,6 +138,16 @@ impl Providers for HttpProviders {
             .map(|action| action.description.clone())
     }
 
+    fn describe_send(&self, intent: &opledger_domain::event::IntentRecorded) -> Option<String> {
+        if let Some(upstream) = self.mcp(&intent.provider) {
+            // The MCP request: the tool it calls (its arguments are the frozen intent's).
+            return upstream
+                .action(&intent.action)
+                .map(|action| format!("tools/call {}", action.tool));
+        }
+        self.get(&intent.provider)?.describe_send(intent)
+    }
+
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
         if let Some(upstream) = self.mcp(&request.provider) {
             return upstream.execute(request).await;

@@ -10,7 +10,7 @@
 //! The cost is the log up to the moment: a read and a decode per event of the listed operations
 //! (other tenants' events are skipped undecoded). Keeping every operation's state changes in the
 //! file instead would make a past listing one query, but would write a row per event into the
-//! read models, which the rebuild (issue 29's 500k events/s) cannot afford. Both the events read
+//! read models, which the rebuild (its target is 500k events/s) cannot afford. Both the events read
 //! and the operations held are bounded ([`MAX_AS_OF_FOLD_EVENTS`], [`MAX_AS_OF_OPERATIONS`]); a
 //! moment beyond them is refused with what to ask instead, never answered in part.
 //!
@@ -239,7 +239,12 @@ impl PastReadModels {
             .filter(|row| listed(row, filter, cursor.as_ref()))
             .collect();
         rows.sort_unstable_by(|a, b| {
-            (a.created_at, a.operation_id).cmp(&(b.created_at, b.operation_id))
+            let order = (a.created_at, a.operation_id).cmp(&(b.created_at, b.operation_id));
+            if filter.newest_first {
+                order.reverse()
+            } else {
+                order
+            }
         });
         rows.truncate(limit + 1);
         Ok(page_of(rows, limit))
@@ -288,8 +293,20 @@ fn listed(row: &OperationRow, filter: &OperationFilter, cursor: Option<&Operatio
         && filter.provider.as_ref().is_none_or(|p| *p == row.provider)
         && filter.account.as_ref().is_none_or(|a| *a == row.account)
         && filter.older_than.is_none_or(|time| row.created_at < time)
+        && filter.since.is_none_or(|time| row.created_at >= time)
+        && filter.action.as_ref().is_none_or(|a| *a == row.action)
+        && filter
+            .source_id
+            .as_ref()
+            .is_none_or(|s| row.source_id.as_ref() == Some(s))
         && cursor.is_none_or(|cursor| {
-            (row.created_at, row.operation_id) > (cursor.created_at, cursor.operation_id)
+            let key = (row.created_at, row.operation_id);
+            let cursor = (cursor.created_at, cursor.operation_id);
+            if filter.newest_first {
+                key < cursor
+            } else {
+                key > cursor
+            }
         })
 }
 

@@ -303,6 +303,7 @@ impl McpConnector {
         Ok(Binding {
             capabilities: compiled.capabilities,
             credential_fingerprint: self.fingerprint.clone(),
+            earlier_fingerprints: Vec::new(),
         })
     }
 
