@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamablehttp_client
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 UPSTREAM = os.path.join(HERE, "..", "tests", "mcp_gateway", "upstream.py")
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789abcdef"
 
 CONNECTOR = """
 id = "records"

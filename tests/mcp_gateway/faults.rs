@@ -143,6 +143,7 @@ macro_rules! over_both_wires {
 }
 
 over_both_wires! {
+    an_answer_names_its_record_without_a_lookup => an_answer_names_its_record;
     a_lost_request_is_looked_up_then_retried_with_its_label => lost_request;
     a_lost_answer_is_looked_up_and_found => lost_answer;
     a_late_answer_is_looked_up_and_found => late_answer;
@@ -214,6 +215,18 @@ async fn refusal_before_the_change(wire: Wire) {
     let state = records.gateway.settle(operation).await;
     assert_eq!(state.status, Status::Rejected, "{wire:?}: {state:?}");
     assert_eq!(records.records(), Vec::<Value>::new());
+}
+
+async fn an_answer_names_its_record(wire: Wire) {
+    let records = Records::start(wire).await;
+    let operation = records.create("call-1").await;
+    let id = succeeded_with(&records.gateway.settle(operation).await);
+    assert_eq!(ids(&records.records()), [id]);
+    assert_eq!(
+        records.gateway.events(operation).await,
+        ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"],
+        "{wire:?}: confirmed by the answer itself, no lookup"
+    );
 }
 
 async fn restart_between_calls(wire: Wire) {

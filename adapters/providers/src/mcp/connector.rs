@@ -529,7 +529,8 @@ impl McpConnector {
         }
         let id = match &action.result.id {
             IdRule::At(pointer) => structured(&result, &text)
-                .and_then(|value| value.pointer(pointer).and_then(id_text)),
+                .iter()
+                .find_map(|value| value.pointer(pointer).and_then(id_text)),
             IdRule::Pattern(pattern) => pattern
                 .captures(&text)
                 .and_then(|captures| captures.get(1))
@@ -811,12 +812,16 @@ fn result_text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
-/// The result as JSON: its structured content, else its text if that is JSON.
-fn structured(result: &CallToolResult, text: &str) -> Option<Value> {
+/// The result as JSON, in the order a pointer is tried: its structured content, then its text
+/// if that is JSON (SDKs wrap a tool's returned text as `{"result": "…"}` structured content, so
+/// the text may be where the object is).
+fn structured(result: &CallToolResult, text: &str) -> Vec<Value> {
     result
         .structured_content
-        .clone()
-        .or_else(|| serde_json::from_str(text).ok())
+        .iter()
+        .cloned()
+        .chain(serde_json::from_str(text).ok())
+        .collect()
 }
 
 /// An id as text: a string as it is, an integer written out.
