@@ -44,9 +44,9 @@ use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of, RenderError};
 
 mod actions;
-mod log;
 mod bulk;
 mod claim;
+mod log;
 mod mcp;
 mod operations;
 mod probes;
