@@ -258,6 +258,18 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 () = self.wake.notified() => Ended::Changed,
             });
         }
+        // A checkpoint the log has not reached would wait, silently, for events that are then
+        // skipped: refused here, so the endpoint shows it (and `/healthz` with it).
+        if let Some(checkpoint) = record.checkpoint {
+            let head = self
+                .store
+                .head_position()
+                .await?
+                .map_or(0, GlobalPosition::value);
+            if checkpoint > head {
+                return Err(WebhookError::CheckpointBeyondHead { checkpoint, head });
+            }
+        }
         self.health.set(DeliveryState::Delivering);
         let start = record.checkpoint.map_or(LogStart::Beginning, |at| {
             LogStart::After(GlobalPosition::new(at))

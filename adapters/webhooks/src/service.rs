@@ -378,8 +378,22 @@ impl Webhooks {
     }
 
     /// Delivers again every event after `after` (`None`: from the log's beginning), and resumes
-    /// the endpoint if it was paused or disabled.
-    pub async fn replay(&self, id: &str, after: Option<u64>) -> Result<(), WebhookError> {
+    /// the endpoint if it was paused or disabled. `head` is the log's newest position now: a
+    /// replay after it is refused, since a checkpoint beyond the head would skip every event
+    /// written until the log caught up with it, silently.
+    pub async fn replay(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        head: Option<u64>,
+    ) -> Result<(), WebhookError> {
+        self.handle(id)?;
+        if let Some(after) = after.filter(|after| *after > head.unwrap_or(0)) {
+            return Err(WebhookError::ReplayBeyondHead {
+                after,
+                head: head.unwrap_or(0),
+            });
+        }
         self.change(id, EndpointStatus::Active, None, Some(after))
             .await
     }

@@ -482,11 +482,91 @@ async fn a_new_endpoint_starts_at_the_head_and_replay_delivers_the_history_again
     assert_eq!(positions(&receiver.wait_for(1).await), vec![4]);
     running
         .webhooks
-        .replay("billing", Some(1))
+        .replay("billing", Some(1), Some(4))
         .await
         .expect("replayed");
     let received = receiver.wait_for(4).await;
     assert_eq!(positions(&received), vec![4, 2, 3, 4]);
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_replay_after_the_head_is_refused_and_later_events_are_still_delivered() {
+    let store = MemoryStore::new();
+    let (receiver, url) = Receiver::start().await;
+    let running = start(&store, vec![endpoint("billing", &url)], dir()).await;
+    append(&store, 0, "succeeded", "acme").await;
+    running.wait_for_checkpoint("billing", 1).await;
+    let refused = running
+        .webhooks
+        .replay("billing", Some(999_999), Some(1))
+        .await
+        .expect_err("a replay past the head is refused");
+    assert!(
+        refused.to_string().contains("from 0 to 1"),
+        "the refusal says what may be given: {refused}"
+    );
+    let overview = running
+        .webhooks
+        .endpoint("billing", Some(1))
+        .await
+        .expect("an endpoint");
+    assert_eq!(overview.checkpoint, Some(1), "the checkpoint did not move");
+    append(&store, 1, "succeeded", "acme").await;
+    assert_eq!(positions(&receiver.wait_for(2).await), vec![1, 2]);
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_beyond_the_head_stops_delivery_and_says_so_until_replayed() {
+    let store = MemoryStore::new();
+    let dir = dir();
+    let journal_path = dir.path().join("test.webhooks");
+    append(&store, 0, "succeeded", "acme").await;
+    // A checkpoint the log has not reached, as a ledger restored from an older copy leaves it:
+    // written into the journal behind the service's back.
+    let journal = opledger_webhooks::Journal::open(&journal_path)
+        .await
+        .expect("a journal");
+    journal
+        .ensure("billing", Some(999))
+        .await
+        .expect("a record");
+    drop(journal);
+    let (receiver, url) = Receiver::start().await;
+    let running = start(&store, vec![endpoint("billing", &url)], Arc::clone(&dir)).await;
+    let started = Instant::now();
+    let problem = loop {
+        if let Some(problem) = running.webhooks.problem() {
+            break problem;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the checkpoint was never reported"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(
+        problem.contains("checkpoint 999 is beyond the log's newest position 1"),
+        "{problem}"
+    );
+    let overview = running
+        .webhooks
+        .endpoint("billing", Some(1))
+        .await
+        .expect("an endpoint");
+    assert!(
+        matches!(&overview.delivery, DeliveryState::Faulted { error, .. } if error.contains("beyond")),
+        "the endpoint's own state says it too: {overview:?}"
+    );
+    running
+        .webhooks
+        .replay("billing", Some(0), Some(1))
+        .await
+        .expect("replayed");
+    append(&store, 1, "succeeded", "acme").await;
+    assert_eq!(positions(&receiver.wait_for(2).await), vec![1, 2]);
+    assert_eq!(running.webhooks.problem(), None);
     running.shut().await;
 }
 
