@@ -944,3 +944,78 @@ async fn batches_are_posted_over_one_connection_when_the_collector_answers_with_
         "every batch opened a connection of its own"
     );
 }
+
+/// The Python OpenTelemetry SDK's own propagator: the `traceparent` it injects for a sampled span
+/// of its own (whatever flags that SDK sets), then for contexts carrying flags `03` (sampled and
+/// the Level 2 random-trace-id bit) and `09` (sampled and a bit no version defines yet), printed
+/// as a JSON list.
+const PYTHON_CALLER: &str = r#"
+import json
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+trace.set_tracer_provider(TracerProvider())
+tracer = trace.get_tracer("agent-platform")
+headers = []
+for flags in (None, 0x03, 0x09):
+    with tracer.start_as_current_span("agent tool call") as span:
+        context = None
+        if flags is not None:
+            own = span.get_span_context()
+            forced = SpanContext(own.trace_id, own.span_id, False, TraceFlags(flags))
+            context = set_span_in_context(NonRecordingSpan(forced))
+        carrier = {}
+        propagate.inject(carrier, context=context)
+        headers.append(carrier["traceparent"])
+print(json.dumps(headers))
+"#;
+
+#[tokio::test]
+async fn a_callers_trace_from_the_python_sdks_propagator_continues_whatever_its_unknown_flags() {
+    let python = tokio::task::spawn_blocking(|| {
+        python_with("otel-sdk-venv", &["opentelemetry-sdk==1.45.2"])
+    })
+    .await
+    .expect("the virtual environment is made");
+    let printed = super::python::python_venv::run(
+        std::process::Command::new(python).args(["-c", PYTHON_CALLER]),
+        "the Python SDK injecting traceparents",
+    );
+    // Its output's last line (pip or Python may warn before it).
+    let last = printed.lines().last().unwrap_or_default();
+    let headers: Vec<String> = serde_json::from_str(last).expect("a JSON list");
+    assert!(
+        headers[1].ends_with("-03") && headers[2].ends_with("-09"),
+        "{headers:?}"
+    );
+    let receiver = Receiver::start().await;
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &receiver.url);
+    for traceparent in &headers {
+        let (status, _, answered) = server
+            .post_with_headers(
+                "/v1/operations?execute=true&wait_ms=5000",
+                TENANT_A_TOKEN,
+                &[("traceparent", traceparent)],
+                &json!({
+                    "provider": "crm", "account": ACCOUNT, "action": "create_task",
+                    "args": {"title": TITLE},
+                }),
+            )
+            .await;
+        assert!(status.is_success(), "{status} {answered}");
+        let mut parts = traceparent.split('-').skip(1);
+        let (trace, caller) = (
+            parts.next().expect("a trace id"),
+            parts.next().expect("a span id"),
+        );
+        receiver
+            .until(&format!("a request span under {traceparent}"), |spans| {
+                spans
+                    .iter()
+                    .any(|span| hex(&span.trace_id) == trace && hex(&span.parent_span_id) == caller)
+            })
+            .await;
+    }
+}
