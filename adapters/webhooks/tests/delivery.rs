@@ -422,9 +422,48 @@ async fn an_endpoint_failing_for_its_whole_retry_window_is_disabled_and_says_why
     };
     let running = start(&store, vec![short], dir()).await;
     append(&store, 0, "succeeded", "acme").await;
+    // While it waits, the endpoint says when the next attempt is due, a moment that does not
+    // move as time passes (a pause in milliseconds was the same number however long ago).
+    let started = Instant::now();
+    let due = loop {
+        let overview = running
+            .webhooks
+            .endpoint("billing", None)
+            .await
+            .expect("listed");
+        if let DeliveryState::Retrying {
+            next_attempt_at,
+            retry_in_ms,
+            ..
+        } = overview.delivery
+        {
+            break (next_attempt_at, retry_in_ms);
+        }
+        assert!(started.elapsed() < DEADLINE, "never retrying: {overview:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let (next_attempt_at, retry_in_ms) = due;
+    let from_now = next_attempt_at - chrono::Utc::now();
+    assert!(
+        from_now <= chrono::Duration::milliseconds(i64::try_from(retry_in_ms).expect("small"))
+            && from_now > chrono::Duration::milliseconds(-500),
+        "the next attempt is due at {next_attempt_at}, {from_now} from now ({retry_in_ms} ms pause)"
+    );
     running
         .wait_for_status("billing", EndpointStatus::Disabled)
         .await;
+    // Disabled only once it failed for the whole window: its last attempt came a window after
+    // the first (the last pause cut short to end there, not the endpoint given up a pause early).
+    let received = receiver.received.lock().expect("lock").clone();
+    let (first, last) = (
+        received.first().expect("attempted"),
+        received.last().expect("attempted"),
+    );
+    assert!(
+        last.at.duration_since(first.at) >= Duration::from_secs(1),
+        "disabled {:?} after the first attempt, inside its 1 s window",
+        last.at.duration_since(first.at)
+    );
     // The task counts the disabling right after the journal's commit, which the status above
     // already shows: wait for the count too.
     let started = Instant::now();
