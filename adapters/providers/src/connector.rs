@@ -1050,11 +1050,16 @@ fn prepare(spec: &RequestSpec, context: &Context<'_>) -> Result<PreparedRequest,
             .flatten()
             .zip(encoding.content_type()),
     };
+    // A lookup by key carries the key in its path: the span shows `{key}` in its place.
+    let encoded_key = encode_component(context.key);
+    let shown_path = (!context.key.is_empty() && path.contains(&encoded_key))
+        .then(|| path.replace(&encoded_key, "{key}"));
     Ok(PreparedRequest {
         method: spec.method.clone(),
         path,
         headers,
         body,
+        shown_path,
     })
 }
 
@@ -1389,6 +1394,27 @@ mod tests {
             "GET /plain/acct%201/tasks/search?label=opl-a%26b%3Dc"
         );
         assert!(prepared.body.is_none());
+    }
+
+    #[test]
+    fn a_lookup_by_key_shows_its_span_the_path_with_the_key_written_as_a_placeholder() {
+        let connector = connector(&keyed_document());
+        let lookup = lookup_request("crm", "acct-1");
+        let Lookup::Consistent(by_key) = &connector.actions[0].action.lookup else {
+            panic!("a lookup by key");
+        };
+        let operation_id = lookup.operation_id.to_string();
+        let key = lookup.idempotency_key.as_str();
+        let context = connector.context(None, key, &lookup.label, "acct-1", &operation_id);
+        let prepared = prepare(&by_key.request, &context).expect("a request");
+        assert!(prepared.path.contains(key), "{}", prepared.path);
+        let shown = prepared
+            .shown_path
+            .expect("the key is hidden from the span");
+        assert!(!shown.contains(key) && shown.contains("{key}"), "{shown}");
+        // A send carries its key in a header, not its path: nothing to hide there.
+        let send = prepared(&keyed_document(), &send_request("crm", "acct-1"));
+        assert_eq!(send.shown_path, None);
     }
 
     #[test]
