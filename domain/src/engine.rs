@@ -602,12 +602,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 ..
             }) => {
                 let current = self.ledger.get(operation_id).await?;
-                return self
-                    .require_review(
-                        current,
-                        format!("the send is not safe any more: {violation}"),
+                let reason = if nothing_sent(&current.state) {
+                    format!(
+                        "the provider took none of {} attempts, and nothing was sent ({}), until the retry budget ran out: {violation}; a retry is safe, since nothing reached the provider",
+                        current.state.attempts,
+                        current.state.last_error.as_deref().unwrap_or("no answer recorded"),
                     )
-                    .await;
+                } else {
+                    format!("the send is not safe any more: {violation}")
+                };
+                return self.require_review(current, reason).await;
             }
             // Another worker claimed it, or its time has not come: report where it stands.
             Err(AppError::Rejected {
@@ -1086,6 +1090,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let wait = jittered.max(retry_after_ms.unwrap_or(0).min(MAX_RETRY_AFTER_MS));
         now.checked_add_signed(milliseconds(wait)).unwrap_or(now)
     }
+}
+
+/// Whether none of the operation's attempts was sent: pending since it was recorded (an attempt
+/// that may have reached the provider moves it to unknown, and on from there), with no attempt
+/// that ended unclear.
+fn nothing_sent(state: &OperationState) -> bool {
+    state.pending_since == Some(PendingSince::Recorded) && state.uncertain_attempts == 0
 }
 
 /// What claiming a pending operation's next attempt comes to.

@@ -1186,8 +1186,8 @@ fn reconciliation_is_refused_before_any_attempt_and_during_review() {
 }
 
 #[test]
-fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
-    // policy(): at most 3 attempts.
+fn attempts_provably_not_sent_do_not_use_up_the_attempts_but_the_time_budget_ends_them() {
+    // policy(): at most 3 attempts, in an hour.
     let not_sent = |n| Command::RecordNotSent {
         attempt_id: attempt(n),
         reason: "429 rate limited".into(),
@@ -1202,10 +1202,14 @@ fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
             .and(&not_sent(n), at_s(2))
             .scenario;
     }
-    let outcome = scenario.when(&start(4, lookup_only()), at_s(3));
+    // Three 429s risked nothing: a fourth attempt is as safe as the first.
+    let fourth = scenario.clone().when(&start(4, lookup_only()), at_s(3));
+    assert_eq!(fourth.then_types(), ["AttemptStarted"]);
+    // An hour after the first attempt, a person decides.
+    let late = scenario.when(&start(4, lookup_only()), at_s(3_600));
     assert!(matches!(
-        outcome.rejection(),
-        Rejection::RetryNotAllowed(ContractViolation::AttemptsExhausted { attempts: 3, .. })
+        late.rejection(),
+        Rejection::RetryNotAllowed(ContractViolation::TotalTimeExhausted { .. })
     ));
 }
 
