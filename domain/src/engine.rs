@@ -680,7 +680,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         );
         let outcome = self.providers.execute(&request).in_span(span.clone()).await;
         let now = self.ledger.clock().now();
-        let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
+        let command = self.outcome_command(
+            outcome,
+            (operation_id, attempt_id),
+            attempt_number,
+            now,
+            &span,
+        );
         // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
         // unknown and the reconciler finds what the provider did. Nothing is guessed.
         let recorded = self
@@ -732,7 +738,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     fn outcome_command(
         &self,
         outcome: SendOutcome,
-        attempt_id: AttemptId,
+        (operation_id, attempt_id): (OperationId, AttemptId),
         attempt_number: u32,
         now: DateTime<Utc>,
         span: &tracing::Span,
@@ -762,7 +768,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 error,
                 retry_after_ms,
             } => {
-                warn!(parent: span, %error, retry_after_ms, "outcome unknown");
+                // The ids in the line itself: at the default level the span is not written.
+                warn!(parent: span, %operation_id, %attempt_id, %error, retry_after_ms, "outcome unknown");
                 // A provider that failed and asked for a pause (a 5xx with Retry-After) is
                 // not looked up before it said it would answer again.
                 Command::RecordUnknown {

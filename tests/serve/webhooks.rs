@@ -411,6 +411,15 @@ async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_oper
         text.contains("opledger_webhook_delivered_total{endpoint=\"flaky\"} "),
         "{text}"
     );
+    // The build's version, and time in seconds (Prometheus' base unit), not milliseconds.
+    assert!(
+        text.contains(&format!(
+            "opledger_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )) && text.contains("opledger_provider_budget_wait_seconds_total{")
+            && !text.contains("_ms_total"),
+        "{text}"
+    );
     // The operator resumes it: the same event is delivered again under the same id.
     let (status, resumed) = server
         .call(

@@ -374,7 +374,7 @@ impl Connector {
         let this_span = span.clone();
         async {
             let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, &outcome);
+            log_send(&this_span, request, &outcome);
             outcome
         }
         .in_span(span)
@@ -1098,7 +1098,9 @@ fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
 /// Logs `outcome` and records its external id on `span`, the provider's own span: not on the
 /// current span, which is the engine's `send` when `span` is disabled (debug-level), and which
 /// the engine records the id on itself: recorded twice, it was exported twice.
-fn log_send(span: &Span, outcome: &SendOutcome) {
+/// The warning carries the operation and attempt itself: at the default level the spans around
+/// it are not written, and a warning nobody can tie to an operation helps nobody.
+fn log_send(span: &Span, request: &SendRequest, outcome: &SendOutcome) {
     match outcome {
         SendOutcome::Confirmed {
             external_id,
@@ -1118,7 +1120,7 @@ fn log_send(span: &Span, outcome: &SendOutcome) {
             error,
             retry_after_ms,
         } => {
-            tracing::warn!(outcome = "uncertain", error = %error, retry_after_ms = retry_after_ms, "the send may or may not have been applied");
+            tracing::warn!(operation_id = %request.operation_id, attempt_id = %request.attempt_id, outcome = "uncertain", error = %error, retry_after_ms = retry_after_ms, "the send may or may not have been applied");
         }
         SendOutcome::NotSent {
             reason,

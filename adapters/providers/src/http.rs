@@ -301,6 +301,8 @@ fn failed(span: &tracing::Span, failure: TransportFailure) -> TransportFailure {
         TransportFailure::MaybeSent { .. } => "maybe_sent",
     };
     span.record("error.type", kind);
+    // The HTTP client conventions: a request that got no answer is a failed span.
+    span.record("otel.status_code", "ERROR");
     failure
 }
 
@@ -318,6 +320,7 @@ fn client_span(method: &str, url: &str, parsed: Option<&reqwest::Url>) -> tracin
         url.full = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if !span.is_disabled() {
         let without_query = url.split(['?', '#']).next().unwrap_or_default();

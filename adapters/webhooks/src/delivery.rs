@@ -397,8 +397,14 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             position,
             operation_id = event.stream.operation_id().map(tracing::field::display),
         );
+        // The delivery belongs to the trace the event was written in (a child of the span that
+        // wrote it), not to a trace of its own; the receiver is sent its context. Nothing when
+        // trace export is off or the event was written under no trace.
+        let written_under = opledger_domain::codec::traceparent_of(&event.metadata);
+        opledger_domain::trace_context::continue_from(&span, written_under.as_deref());
+        let traceparent = opledger_domain::trace_context::traceparent_of(&span);
         let ended = self
-            .deliver(record, position, &id, &body)
+            .deliver(record, position, &id, &body, traceparent.as_deref())
             .in_span(span)
             .await?;
         Ok(ended.map_or(Handled::Done, Handled::End))
@@ -412,13 +418,14 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         position: u64,
         id: &str,
         body: &[u8],
+        traceparent: Option<&str>,
     ) -> Result<Option<Ended>, WebhookError> {
         let window = Duration::from_secs(self.endpoint.retry_window_s);
         let mut first_failure: Option<Instant> = None;
         for number in 1u32.. {
             let at = chrono::Utc::now();
             let attempted = {
-                let under_way = attempt(&self.client, &self.endpoint, id, body);
+                let under_way = attempt(&self.client, &self.endpoint, id, body, traceparent);
                 tokio::pin!(under_way);
                 tokio::select! {
                     biased;
