@@ -867,7 +867,11 @@ fn a_lookup_budget_spent_inside_the_search_lag_leaves_its_last_lookup_for_after_
     let mut scenario = unknown_after_first_attempt(lookup_only());
     for at in [11, 11, 12] {
         let outcome = scenario.when(&reconcile(not_found(), lookup_only(), at_s(at)), at_s(at));
-        assert_eq!(outcome.then_types(), ["ReconciliationRecorded"], "at {at} s");
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "at {at} s"
+        );
         scenario = outcome.scenario;
     }
     // The one that spent the budget put the next check after the lag, not a backoff away.
