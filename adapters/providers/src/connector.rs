@@ -1408,9 +1408,9 @@ mod tests {
         let operation_id = lookup.operation_id.to_string();
         let key = lookup.idempotency_key.as_str();
         let context = connector.context(None, key, &lookup.label, "acct-1", &operation_id);
-        let prepared = prepare(&by_key.request, &context).expect("a request");
-        assert!(prepared.path.contains(key), "{}", prepared.path);
-        let shown = prepared
+        let by_key_request = prepare(&by_key.request, &context).expect("a request");
+        assert!(by_key_request.path.contains(key), "{}", by_key_request.path);
+        let shown = by_key_request
             .shown_path
             .expect("the key is hidden from the span");
         assert!(!shown.contains(key) && shown.contains("{key}"), "{shown}");
