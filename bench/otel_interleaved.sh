@@ -1,5 +1,5 @@
 #!/bin/bash
-# Trace export's cost, two builds run by run (README, "Trace export", the s42 round):
+# Trace export's cost, two builds run by run (docs/src/performance.md, "HTTP, trace export and webhooks"):
 #   bench/otel_interleaved.sh ROUNDS BINARY_A BINARY_B
 # Each round runs `bench http --operations 20000 --concurrency 64` with export off and on for both
 # builds, interleaved, the order reversed every other round, against bench/otlp_sink.py on port

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Trace export's cost measured side by side (README, "Trace export", the s43 round):
+# Trace export's cost measured side by side (docs/src/performance.md, "HTTP, trace export and webhooks"):
 #   bench/otel_paired.sh SECONDS BINARY_A MODE_A BINARY_B MODE_B
 # Two loops run at the same time for SECONDS, each repeating `bench http --operations 5000
 # --concurrency 64`, MODE `off` or `on` (export to bench/otlp_sink.py on port 14318). Both share

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A local OTLP/HTTP sink for `opledger bench http` with trace export on (README, "Trace export").
+"""A local OTLP/HTTP sink for `opledger bench http` with trace export on (docs/src/performance.md).
 
 It answers every POST with 200 and an empty ExportTraceServiceResponse, counting requests and
 bytes, and prints the totals when stopped (SIGTERM or Ctrl-C). It does not decode the spans: the

@@ -357,6 +357,7 @@ async fn lifecycle<S: EventStore>(
     let intent = recorded.intent().clone();
     let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
     let start = Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker: WorkerId::new(format!("bench-{worker}"))?,

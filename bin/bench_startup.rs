@@ -1,5 +1,5 @@
 //! `opledger bench startup --db FILE`: how long `opledger serve` takes from process start to
-//! `/healthz` ready and to its first due operation driven, and its peak memory (issue 18), on a
+//! `/healthz` ready and to its first due operation driven, and its peak memory, on a
 //! ledger of any size written by `bench store --open-per-mille N`.
 //!
 //! The server is a child process (the same binary), so its peak RSS is its own. Its read models
@@ -278,6 +278,7 @@ pub async fn leave_open<S: EventStore>(
     let intent = recorded.intent().clone();
     let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
     let start = LedgerCommand::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker: WorkerId::new(format!("bench-{worker}"))?,

@@ -92,8 +92,8 @@ pub enum Command {
     /// Write the log's events (all, a slice by position or time, or one tenant's) to a file, one
     /// JSON object per line with each event's link in its stream's hash chain, for auditors and
     /// the tools they trust (the export is checked without opledger by
-    /// clients/verify-export/verify_export.py; the README's "Export and offline verification"
-    /// gives the chain's construction).
+    /// clients/verify-export/verify_export.py; the book's page "Export and offline verification"
+    /// (docs/src/auditors/export.md) gives the chain's construction).
     ///
     /// Examples:
     ///   opledger export --out ledger.ndjson

@@ -110,7 +110,7 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
             ),
         )
     })?;
-    opledger_domain::args::check_numbers(args.args.as_bytes(), "args")?;
+    opledger_domain::args::check_json(args.args.as_bytes(), "args")?;
     let credential_fingerprint = match &args.config {
         Some(config) => configured_fingerprint(config, &args, &json)?,
         None => args.credential_fingerprint.clone().unwrap_or_default(),

@@ -52,6 +52,13 @@ pub enum LedgerFileError {
         /// The path given.
         path: String,
     },
+    /// The path names a device, a pipe or a socket: SQLite would open it and make its journal
+    /// beside it (`/dev/null-journal`) before finding it is no database.
+    #[error("{path} is not a regular file (a device, a pipe or a socket), so it cannot be a ledger; nothing was written beside it. Pass --db (or set OPLEDGER_DB) to a ledger file, or to a new path to start one")]
+    NotAFile {
+        /// The path given.
+        path: String,
+    },
     /// The file is not an SQLite database at all.
     #[error("{}", not_a_ledger_message(path, *access))]
     NotALedger {
@@ -68,7 +75,9 @@ impl LedgerFileError {
         match self {
             Self::Missing { .. } => "no_ledger",
             Self::NoDirectory { .. } => "no_directory",
-            Self::IsADirectory { .. } | Self::NotALedger { .. } => "not_a_ledger",
+            Self::IsADirectory { .. } | Self::NotAFile { .. } | Self::NotALedger { .. } => {
+                "not_a_ledger"
+            }
         }
     }
 }
@@ -107,6 +116,7 @@ pub fn check(path: &Path, access: Access) -> Result<(), LedgerFileError> {
     let shown = path.display().to_string();
     match std::fs::metadata(path) {
         Ok(metadata) if metadata.is_dir() => Err(LedgerFileError::IsADirectory { path: shown }),
+        Ok(metadata) if !metadata.is_file() => Err(LedgerFileError::NotAFile { path: shown }),
         Ok(_) if !starts_like_sqlite(path) => Err(LedgerFileError::NotALedger {
             path: shown,
             access,

@@ -239,6 +239,7 @@ pub async fn resolve(args: ReviewResolveArgs) -> Result<(), CliError> {
     }
     let ledger = open_existing_ledger(&args.store.db).await?;
     let command = Command::ResolveReview {
+        principal: None,
         accept_duplicate_risk: args.accept_duplicate_risk,
         // No provider configuration here: the contract is unknown, so a retry of an operation
         // that may have been applied needs the risk accepted.

@@ -143,9 +143,11 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         limits: Limits::default(),
         tokens,
         metrics_token: None,
+        metrics_closed: false,
         providers,
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
+        mcp_allowed_origins: Vec::new(),
     };
     Ok((config, stand))
 }

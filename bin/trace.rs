@@ -225,7 +225,15 @@ fn external_id_named(event: &OperationEvent) -> Option<(String, String)> {
         OperationEvent::ReviewResolved(e) => match &e.decision {
             ReviewDecision::ConfirmSucceeded { external_id } => Some((
                 external_id.to_string(),
-                format!("confirmed by reviewer {}", e.reviewer),
+                match &e.principal {
+                    Some(principal) => format!(
+                        "confirmed by reviewer {} (with the {} token {})",
+                        e.reviewer,
+                        principal.kind.as_str().trim_end_matches("_token"),
+                        principal.name
+                    ),
+                    None => format!("confirmed by reviewer {}", e.reviewer),
+                },
             )),
             _ => None,
         },

@@ -18,7 +18,7 @@ const MAX_FINDINGS_SHOWN: usize = 1_000;
 /// Events read from the log at a time. Smaller than the store's `MAX_READ_BATCH`: a batch in
 /// memory (its events' data and metadata) is the part of the walk's peak memory that swings, and
 /// with 4,096 the peak at 10M events was 10–15 % above the one at 1M; with 512 it is 8 %, for
-/// the same walking speed (README, "Start-up and memory").
+/// the same walking speed (docs/src/performance.md).
 const VERIFY_READ_BATCH: usize = 512;
 const _: () = assert!(0 < VERIFY_READ_BATCH && VERIFY_READ_BATCH <= MAX_READ_BATCH);
 

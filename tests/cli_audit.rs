@@ -90,6 +90,7 @@ fn no_dedup_consistent_lookup() -> ProviderCapabilities {
 async fn start(ledger: &SqliteLedger, intent: &IntentRecorded) -> AttemptId {
     let attempt_id = RandomIds.new_attempt_id();
     let command = Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker: WorkerId::new("worker-1").expect("a valid worker id"),

@@ -44,6 +44,7 @@ fn claim_recorded(state: &OperationState) -> Option<Command> {
 
 fn start_command(intent: &IntentRecorded, worker: &str) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id: RandomIds.new_attempt_id(),
         worker: WorkerId::new(worker).expect("valid worker"),
@@ -150,7 +151,7 @@ macro_rules! ledger_suite {
                 let hash = recorded.intent().args_hash.clone();
                 // Someone else approves while a person still looks at version 0.
                 ledger.approve(operation_id, ActorId::new("boss").expect("actor"), hash.clone()).await.expect("approved");
-                let deny = Command::DenyApproval {
+                let deny = Command::DenyApproval { principal: None,
                     approver: ActorId::new("auditor").expect("actor"),
                     args_hash: hash,
                     reason: "looked at the old state".into(),
@@ -265,13 +266,13 @@ macro_rules! ledger_suite {
                     let recorded = ledger.record_intent(request(None)).await.expect("recorded");
                     let intent = recorded.intent().clone();
                     let claim = start_command(&intent, "w-1");
-                    let Command::StartAttempt { attempt_id, .. } = &claim else { unreachable!() };
+                    let Command::StartAttempt { request: None, attempt_id, .. } = &claim else { unreachable!() };
                     let attempt_id = *attempt_id;
                     ledger.execute(intent.operation_id, &claim).await.expect("claimed");
                     let timed_out = Command::RecordUnknown { check_not_before: None, attempt_id, error: "timed out".into() };
                     let unknown = ledger.execute(intent.operation_id, &timed_out).await.expect("unknown");
                     assert_eq!(unknown.state.status, Status::Unknown);
-                    let command = Command::ResolveReview { accept_duplicate_risk: true, capabilities: None, reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
+                    let command = Command::ResolveReview { principal: None, accept_duplicate_risk: true, capabilities: None, reviewer: reviewer(), decision, note: "the CRM is down; checked by hand".into() };
                     decided.push(ledger.execute(intent.operation_id, &command).await.expect("decided").state.status);
                 }
                 assert_eq!(

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Resident memory of `opledger serve` under a flood of half-open connections (issue 26, item 2).
+"""Resident memory of `opledger serve` under a flood of half-open connections.
 
 Starts `opledger serve` on a fresh SQLite file, opens N connections spread over loopback
 addresses 127.0.0.2.. (Linux routes all of 127.0.0.0/8 to lo), each sending half a request
@@ -10,8 +10,8 @@ round after round) is told from an allocator keeping freed memory for reuse (RSS
 
     python3 bench/connections/rss.py --binary target/release/opledger [--limits 'key = value' ...]
 
-`--limits` lines go into the configuration's [limits] table (the binary before issue 26's fix
-knows none of the connection keys: give none to it). Prints one line per measurement.
+`--limits` lines go into the configuration's [limits] table (a binary older than the
+connection limits knows none of the connection keys: give none to it). Prints one line per measurement.
 """
 
 import argparse

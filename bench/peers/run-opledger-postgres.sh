@@ -80,7 +80,7 @@ start_stub "$WD"
 
 export OPL_BENCH_TENANT_TOKEN="bench-$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
 export OPL_BENCH_CRM_TOKEN="stub-crm-token"
-# SSLMODE (default disable, as in the runs before session 38, so the numbers compare): the
+# SSLMODE (default disable, as in the published runs, so the numbers compare): the
 # connection is loopback TCP. DBOS's libpq negotiates TLS on it (its default `prefer`), which
 # costs DBOS a little CPU; SSLMODE=prefer makes opledger do the same (it accepts the Debian
 # cluster's self-signed "snakeoil" certificate under prefer/require, as libpq does).

@@ -1,4 +1,4 @@
-//! `opledger bench soak`: the crash soak with real processes (issue 17).
+//! `opledger bench soak`: the crash soak with real processes.
 //!
 //! The CRM stand runs here, in this process: it is the external system, holding the ground
 //! truth, and must outlive every server. `opledger serve` (this very binary) runs as a child on

@@ -10,7 +10,7 @@ summary when the export is intact; 2 when the file cannot be read as an export.
 Only Python's standard library for NDJSON, so an auditor can read all of it; pyarrow for a
 Parquet export (``--format parquet``), whose header and closing count are the file's key-value
 metadata. The construction it checks is
-documented in opledger's README ("Export and offline verification"):
+documented in opledger's book (docs/src/auditors/export.md):
 
     content(type, data)  = SHA-256(type || 0x00 || data)
     link(prev, v, type, data)

@@ -15,7 +15,7 @@ use crate::codec::{self, DecodeError};
 use crate::command::Command;
 use crate::decider::{decide, Rejection};
 use crate::error::ValidationError;
-use crate::event::{IntentRecorded, OperationEvent};
+use crate::event::{IntentRecorded, OperationEvent, Principal};
 use crate::ids::{
     AccountId, ActionName, ActorId, CredentialFingerprint, OperationId, OwnerId, ProviderId,
     SourceId, StreamVersion, TenantId,
@@ -416,26 +416,39 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         }
     }
 
-    /// Approves exactly the snapshot with `args_hash`.
-    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    /// Approves exactly the snapshot with `args_hash`, with no token named (see
+    /// [`Ledger::approve_as`]).
     pub async fn approve(
         &self,
         operation_id: OperationId,
         approver: ActorId,
         args_hash: ArgsHash,
     ) -> Result<LoadedOperation, AppError> {
+        self.approve_as(operation_id, approver, None, args_hash)
+            .await
+    }
+
+    /// Approves exactly the snapshot with `args_hash`, recording the token that decided.
+    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    pub async fn approve_as(
+        &self,
+        operation_id: OperationId,
+        approver: ActorId,
+        principal: Option<Principal>,
+        args_hash: ArgsHash,
+    ) -> Result<LoadedOperation, AppError> {
         self.execute(
             operation_id,
             &Command::GrantApproval {
                 approver,
+                principal,
                 args_hash,
             },
         )
         .await
     }
 
-    /// Denies the snapshot with `args_hash`; the operation will never be sent.
-    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    /// Denies the snapshot with `args_hash`, with no token named (see [`Ledger::deny_as`]).
     pub async fn deny(
         &self,
         operation_id: OperationId,
@@ -443,10 +456,26 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         args_hash: ArgsHash,
         reason: String,
     ) -> Result<LoadedOperation, AppError> {
+        self.deny_as(operation_id, approver, None, args_hash, reason)
+            .await
+    }
+
+    /// Denies the snapshot with `args_hash`, recording the token that decided; the operation
+    /// will never be sent.
+    #[instrument(skip_all, fields(operation_id = %operation_id))]
+    pub async fn deny_as(
+        &self,
+        operation_id: OperationId,
+        approver: ActorId,
+        principal: Option<Principal>,
+        args_hash: ArgsHash,
+        reason: String,
+    ) -> Result<LoadedOperation, AppError> {
         self.execute(
             operation_id,
             &Command::DenyApproval {
                 approver,
+                principal,
                 args_hash,
                 reason,
             },

@@ -222,6 +222,25 @@ impl fmt::Display for ArgsHash {
 /// assert_eq!(error.field, "args.y[1]");
 /// ```
 pub fn check_numbers(text: &[u8], root: &str) -> Result<(), ValidationError> {
+    walk(text, root, false)
+}
+
+/// [`check_numbers`], and refuses any object that holds one key twice, at any depth: JSON
+/// parsers disagree on which of two `"title"`s counts (serde_json keeps the last, others the
+/// first), so the ledger would record one value while a reader of the same request saw the
+/// other. `{"a": 1, "a": 2}` is refused, naming the key's place (`args.a`).
+///
+/// ```
+/// use opledger_domain::args::check_json;
+/// assert!(check_json(br#"{"a": {"b": 1}, "c": {"b": 2}}"#, "").is_ok());
+/// let error = check_json(br#"{"args": {"title": "d1", "title": "d2"}}"#, "").unwrap_err();
+/// assert_eq!(error.field, "args.title");
+/// ```
+pub fn check_json(text: &[u8], root: &str) -> Result<(), ValidationError> {
+    walk(text, root, true)
+}
+
+fn walk(text: &[u8], root: &str, unique_keys: bool) -> Result<(), ValidationError> {
     let mut stack: Vec<Frame<'_>> = Vec::new();
     let mut at = 0;
     while let Some(&byte) = text.get(at) {
@@ -229,6 +248,7 @@ pub fn check_numbers(text: &[u8], root: &str) -> Result<(), ValidationError> {
             b'{' => stack.push(Frame::Object {
                 key: None,
                 awaiting_key: true,
+                seen: Vec::new(),
             }),
             b'[' => stack.push(Frame::Array { index: 0 }),
             b'}' | b']' => {
@@ -241,11 +261,28 @@ pub fn check_numbers(text: &[u8], root: &str) -> Result<(), ValidationError> {
             },
             b'"' => {
                 let end = string_end(text, at);
-                if let Some(Frame::Object { key, awaiting_key }) = stack.last_mut() {
+                let mut twice = false;
+                if let Some(Frame::Object {
+                    key,
+                    awaiting_key,
+                    seen,
+                }) = stack.last_mut()
+                {
                     if *awaiting_key {
                         *key = text.get(at + 1..end.saturating_sub(1));
                         *awaiting_key = false;
+                        if unique_keys {
+                            let name = key_text(text.get(at..end).unwrap_or_default());
+                            twice = seen.contains(&name);
+                            seen.push(name);
+                        }
                     }
+                }
+                if twice {
+                    return Err(ValidationError::new(
+                        path(root, &stack),
+                        "is given twice in one object; send each key once (parsers disagree on which of the two counts)",
+                    ));
                 }
                 at = end;
                 continue;
@@ -269,11 +306,20 @@ pub fn check_numbers(text: &[u8], root: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// A key as the JSON string `quoted` (quotes included) means it: escapes undone, so
+/// `"t\u0069tle"` is the key `title`.
+fn key_text(quoted: &[u8]) -> String {
+    serde_json::from_slice::<String>(quoted)
+        .unwrap_or_else(|_| String::from_utf8_lossy(quoted).into_owned())
+}
+
 /// Where [`check_numbers`] is inside the document.
 enum Frame<'a> {
     Object {
         key: Option<&'a [u8]>,
         awaiting_key: bool,
+        /// The keys met so far (only when keys are checked).
+        seen: Vec<String>,
     },
     Array {
         index: usize,

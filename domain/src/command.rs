@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 
 use crate::args::ArgsHash;
 use crate::contract::{ProviderCapabilities, RetryPolicy, SendBinding};
-use crate::event::{BudgetWait, IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::event::{BudgetWait, IntentRecorded, Principal, ReconciliationResult, ReviewDecision};
 use crate::ids::{ActorId, AttemptId, ExternalObjectId, ProviderRequestId, WorkerId};
 
 /// Shortest lease a worker may take on an attempt, in milliseconds.
@@ -37,6 +37,8 @@ pub enum Command {
     GrantApproval {
         /// Who approves.
         approver: ActorId,
+        /// The token that decides, when one did.
+        principal: Option<Principal>,
         /// The snapshot the approver saw; must be the recorded one.
         args_hash: ArgsHash,
     },
@@ -44,6 +46,8 @@ pub enum Command {
     DenyApproval {
         /// Who refuses.
         approver: ActorId,
+        /// The token that decides, when one did.
+        principal: Option<Principal>,
         /// The snapshot the approver saw; must be the recorded one.
         args_hash: ArgsHash,
         /// Why.
@@ -65,6 +69,8 @@ pub enum Command {
         policy: RetryPolicy,
         /// The wait for the account's send budget before this claim, to record with it.
         budget_wait: Option<BudgetWait>,
+        /// The request the attempt sends (method and URL), to record with it.
+        request: Option<String>,
     },
     /// Put off the claim of a pending operation's next attempt until `not_before`: what its
     /// send needs first (the account's credentials, a budget slot) is not there. No attempt is
@@ -187,6 +193,8 @@ pub enum Command {
     ResolveReview {
         /// Who decided.
         reviewer: ActorId,
+        /// The token that decides, when one did.
+        principal: Option<Principal>,
         /// What.
         decision: ReviewDecision,
         /// Their note.

@@ -183,10 +183,10 @@ fn dispatch(
     #[rustfmt::skip]
     let events = match command {
         Command::RecordIntent(_) => unreachable!("handled above: the one command without an intent"),
-        Command::GrantApproval { approver, args_hash } => approval::grant(&on, approver, args_hash),
-        Command::DenyApproval { approver, args_hash, reason } => approval::deny(&on, approver, args_hash, reason),
-        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait } =>
-            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref() }),
+        Command::GrantApproval { approver, principal, args_hash } => approval::grant(&on, approver, principal.as_ref(), args_hash),
+        Command::DenyApproval { approver, principal, args_hash, reason } => approval::deny(&on, approver, principal.as_ref(), args_hash, reason),
+        Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait, request } =>
+            attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref(), request: request.as_ref() }),
         Command::PostponeSend { reason, not_before } => attempt::postpone(&on, reason, *not_before),
         Command::RecordSuccess { attempt_id, external_id, provider_request_id } =>
             outcome::success(&on, *attempt_id, external_id, provider_request_id.as_ref()),
@@ -202,8 +202,8 @@ fn dispatch(
         Command::SettleWithoutLookup { binding, capabilities, policy, retry_not_before } =>
             reconciliation::without_lookup(&on, binding, capabilities, policy, *retry_not_before),
         Command::RequireReview { reason, evidence } => review::require(&on, reason, evidence),
-        Command::ResolveReview { reviewer, decision, note, accept_duplicate_risk, capabilities } =>
-            review::resolve(&on, &review::Decision { reviewer, decision, note, accept_duplicate_risk: *accept_duplicate_risk, capabilities: capabilities.as_ref() }),
+        Command::ResolveReview { reviewer, principal, decision, note, accept_duplicate_risk, capabilities } =>
+            review::resolve(&on, &review::Decision { reviewer, principal: principal.as_ref(), decision, note, accept_duplicate_risk: *accept_duplicate_risk, capabilities: capabilities.as_ref() }),
     };
     events
 }

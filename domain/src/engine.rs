@@ -31,7 +31,7 @@ use crate::contract::{
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
-use crate::event::{BudgetWait, IntentRecorded, ReconciliationResult, ReviewDecision};
+use crate::event::{BudgetWait, IntentRecorded, Principal, ReconciliationResult, ReviewDecision};
 use crate::ids::{
     AccountId, ActionName, ActorId, AttemptId, CredentialFingerprint, ExternalObjectId,
     OperationId, ProviderId, TenantId, WorkerId,
@@ -313,6 +313,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         seen: LoadedOperation,
         reviewer: ActorId,
+        principal: Option<Principal>,
         decision: ReviewDecision,
         note: String,
         accept_duplicate_risk: bool,
@@ -320,6 +321,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let capabilities = self.contract_of(&seen.state);
         let (command, retry) = review_command(
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,
@@ -339,6 +341,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         operation_id: OperationId,
         reviewer: ActorId,
+        principal: Option<Principal>,
         decision: ReviewDecision,
         note: String,
         accept_duplicate_risk: bool,
@@ -347,6 +350,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let capabilities = self.contract_of(&loaded.state);
         let (command, retry) = review_command(
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,
@@ -546,6 +550,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let Binding {
             capabilities,
             credential_fingerprint,
+            earlier_fingerprints,
         } = match self.providers.bind(&binding_query(intent)) {
             Ok(bound) => bound,
             Err(unbound) => {
@@ -554,8 +559,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 )))
             }
         };
+        let credential_fingerprint =
+            carried_over(intent, credential_fingerprint, &earlier_fingerprints);
         let binding = send_binding(intent, credential_fingerprint);
+        // What will go over the wire, recorded with the claim, before anything is sent.
+        let request = self.providers.describe_send(intent);
         Some(ClaimPlan::Claim(Box::new(Command::StartAttempt {
+            request,
             attempt_id,
             worker: self.worker.clone(),
             lease_ms: self.policy.lease_ms,
@@ -818,6 +828,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let Binding {
             capabilities,
             credential_fingerprint,
+            earlier_fingerprints,
         } = match self.providers.bind(&binding_query(&intent)) {
             Ok(bound) => bound,
             Err(unbound) => {
@@ -829,6 +840,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
+        let credential_fingerprint =
+            carried_over(&intent, credential_fingerprint, &earlier_fingerprints);
         if capabilities.lookup == LookupSupport::None {
             return self
                 .settle_without_lookup(loaded, &intent, capabilities, credential_fingerprint)
@@ -1256,6 +1269,21 @@ fn binding_query(intent: &IntentRecorded) -> BindingQuery<'_> {
     }
 }
 
+/// The fingerprint a send of `intent` is checked with: the one recorded, when it is an earlier
+/// form of the credentials configured now (an operation recorded before fingerprints were keyed);
+/// else the one of today, which the binding check compares with the recorded one.
+fn carried_over(
+    intent: &IntentRecorded,
+    now: CredentialFingerprint,
+    earlier: &[CredentialFingerprint],
+) -> CredentialFingerprint {
+    if earlier.contains(&intent.credential_fingerprint) {
+        intent.credential_fingerprint.clone()
+    } else {
+        now
+    }
+}
+
 /// What a send of `intent` would carry today: its account, the credentials the account has now
 /// (`credential_fingerprint`), and the hash of the arguments as they will actually be sent —
 /// recomputed, not copied from the intent.
@@ -1279,6 +1307,7 @@ fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {
 /// The command recording a reviewer's decision, and whether it asks for a retry.
 fn review_command(
     reviewer: ActorId,
+    principal: Option<Principal>,
     decision: ReviewDecision,
     note: String,
     accept_duplicate_risk: bool,
@@ -1288,6 +1317,7 @@ fn review_command(
     (
         Command::ResolveReview {
             reviewer,
+            principal,
             decision,
             note,
             accept_duplicate_risk,

@@ -46,11 +46,49 @@ pub struct IntentRecorded {
     pub at: DateTime<Utc>,
 }
 
+/// The credential that made a decision, as the server authenticated it. Beside the name a
+/// decision carries (which a tenant's token may write freely), this is what the ledger vouches
+/// for: which configured token decided. Absent from decisions recorded before it was kept, and
+/// from those made without a token (the local `opledger review` command).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// Which kind of token.
+    pub kind: PrincipalKind,
+    /// Its configured name: the tenant's id, or the approver's or operator's id.
+    pub name: String,
+}
+
+/// The kinds of token that can decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrincipalKind {
+    /// A tenant's own token (`[[tenants]]`), approving while the tenant has no approver.
+    TenantToken,
+    /// An approver's token (`[[approvers]]`).
+    Approver,
+    /// An operator's token (`[[operators]]`).
+    Operator,
+}
+
+impl PrincipalKind {
+    /// The kind as written in events: `tenant_token`, `approver` or `operator`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TenantToken => "tenant_token",
+            Self::Approver => "approver",
+            Self::Operator => "operator",
+        }
+    }
+}
+
 /// A person approved exactly the snapshot with this hash.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalGranted {
-    /// Who approved.
+    /// Who approved, as named.
     pub approver: ActorId,
+    /// The token that decided (absent from older events: they read and hash as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
     /// The snapshot the approval covers.
     pub args_hash: ArgsHash,
     /// When.
@@ -61,8 +99,11 @@ pub struct ApprovalGranted {
 /// A person refused the snapshot with this hash; the operation will never be sent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalDenied {
-    /// Who denied.
+    /// Who denied, as named.
     pub approver: ActorId,
+    /// The token that decided (absent from older events: they read and hash as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
     /// The snapshot the denial covers.
     pub args_hash: ArgsHash,
     /// Why, in their words.
@@ -89,6 +130,12 @@ pub struct AttemptStarted {
     /// recorded, and from sends that did not wait: such events read and hash as before.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_wait: Option<BudgetWait>,
+    /// The request this attempt sends, as the connector builds it from the frozen intent: its
+    /// method and URL (`POST https://crm.example.com/deals/42/notes`), secrets scrubbed, so an
+    /// auditor sees what went over the wire. Recorded before it is sent; absent from attempts
+    /// recorded before it was kept and from providers that cannot say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// When it started.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
@@ -336,8 +383,11 @@ pub enum ReviewDecision {
 /// A reviewer decided.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReviewResolved {
-    /// Who decided.
+    /// Who decided, as named.
     pub reviewer: ActorId,
+    /// The token that decided (absent from older events: they read and hash as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Principal>,
     /// What they decided.
     pub decision: ReviewDecision,
     /// Their note.

@@ -18,6 +18,7 @@ pub mod ids;
 pub mod in_span;
 pub mod ports;
 pub mod provider;
+pub mod redact;
 pub mod sentence;
 pub mod state;
 pub mod store;

@@ -40,6 +40,10 @@ pub struct Binding {
     pub capabilities: ProviderCapabilities,
     /// The fingerprint of the account's credentials configured now.
     pub credential_fingerprint: CredentialFingerprint,
+    /// The same credentials' fingerprints in the forms an earlier version recorded (the unkeyed
+    /// `sha256:` one, before fingerprints were keyed): an operation recorded with one of them is
+    /// bound to these very credentials, and its sends and lookups go on.
+    pub earlier_fingerprints: Vec<CredentialFingerprint>,
 }
 
 /// Why an operation cannot be bound (nothing is recorded or sent then). Each message names what
@@ -62,8 +66,9 @@ pub enum Unbound {
         /// The actions it has.
         known: Vec<String>,
     },
-    /// The account is not configured at the provider.
-    #[error("`{account}` is not an account of provider `{provider}` on this server")]
+    /// The account is not configured at the provider. Said exactly as [`Unbound::NotOwned`]
+    /// is, so a tenant cannot learn from the answer which names are another tenant's accounts.
+    #[error("`{account}` is not an account of provider `{provider}` that this tenant may use; an account's `tenants` list says who may use it")]
     Account {
         /// The provider.
         provider: ProviderId,
@@ -71,7 +76,7 @@ pub enum Unbound {
         account: AccountId,
     },
     /// The account exists, but another tenant owns it.
-    #[error("account `{account}` of provider `{provider}` is not owned by tenant `{tenant}`; an account's `tenants` list says who may use it")]
+    #[error("`{account}` is not an account of provider `{provider}` that this tenant may use; an account's `tenants` list says who may use it")]
     NotOwned {
         /// The provider.
         provider: ProviderId,
@@ -311,6 +316,14 @@ pub trait Providers: Send + Sync {
     ) -> impl Future<Output = Readiness> + Send {
         let _ = (query, kind, may_wait);
         std::future::ready(Readiness::Ready { budget_wait: None })
+    }
+
+    /// The request a send of `intent` would make, as one line for the record: its method and
+    /// URL (`POST https://crm.example.com/deals/42/notes`), secrets scrubbed; `None` when the
+    /// adapter cannot say (the default) or the request cannot be built.
+    fn describe_send(&self, intent: &crate::event::IntentRecorded) -> Option<String> {
+        let _ = intent;
+        None
     }
 
     /// Carries out one attempt.

@@ -87,6 +87,7 @@ mod tests {
         let mut events = vec![
             OperationEvent::IntentRecorded(intent(false)),
             OperationEvent::AttemptStarted(AttemptStarted {
+                request: None,
                 budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,

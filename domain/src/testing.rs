@@ -267,6 +267,7 @@ pub fn start_with(
     lease_ms: u64,
 ) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id: attempt(n),
         worker: worker("worker-1"),
@@ -281,6 +282,7 @@ pub fn start_with(
 /// provider, with the default lease and retry policy: what a ledger test appends after the intent.
 pub fn claim_of(intent: &IntentRecorded, attempt_id: AttemptId, worker: WorkerId) -> Command {
     Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker,
@@ -294,6 +296,7 @@ pub fn claim_of(intent: &IntentRecorded, attempt_id: AttemptId, worker: WorkerId
 /// `boss` approves the standard intent's arguments.
 pub fn grant() -> Command {
     Command::GrantApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: intent(true).args_hash,
     }

@@ -4,7 +4,7 @@
 //!
 //! The binary installs one [`TraceContext`] when export is configured; until then every function
 //! here is one atomic load and returns nothing, so a ledger without telemetry pays nothing for it
-//! (the hot path's numbers are in the README). Trace context is a pointer for people reading a
+//! (the hot path's numbers are in docs/src/performance.md). Trace context is a pointer for people reading a
 //! tracing tool: it must never decide anything, and it never carries arguments or secrets.
 
 use std::sync::atomic::{AtomicU64, Ordering};

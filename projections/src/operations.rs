@@ -137,6 +137,7 @@ mod tests {
     #[test]
     fn the_row_shows_the_lease_while_in_flight_and_unknown_since_while_unresolved() {
         let started = OperationEvent::AttemptStarted(AttemptStarted {
+            request: None,
             budget_wait: None,
             attempt_id: attempt(1),
             attempt_number: 1,

@@ -164,6 +164,7 @@ mod tests {
         queue.apply(
             operation,
             &OperationEvent::AttemptStarted(AttemptStarted {
+                request: None,
                 budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,
@@ -229,6 +230,7 @@ mod tests {
         queue.apply(
             operation,
             &OperationEvent::AttemptStarted(AttemptStarted {
+                request: None,
                 budget_wait: None,
                 attempt_id: attempt,
                 attempt_number: 1,

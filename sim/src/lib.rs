@@ -1,4 +1,4 @@
-//! opledger's deterministic simulator (issue 17): the real engine under faults, one seed at a
+//! opledger's deterministic simulator: the real engine under faults, one seed at a
 //! time, single-threaded, fully determined by one `u64`.
 //!
 //! # What is real and what is a stand-in

@@ -714,6 +714,7 @@ impl Providers for SimProviders {
         Ok(Binding {
             capabilities,
             credential_fingerprint: fingerprint(query.account, *generation),
+            earlier_fingerprints: Vec::new(),
         })
     }
 

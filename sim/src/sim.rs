@@ -684,6 +684,7 @@ impl Sim {
                     .resolve_review_seen(
                         seen,
                         reviewer,
+                        None,
                         decision,
                         "simulated review".into(),
                         accept,

@@ -733,6 +733,7 @@ pub async fn claim_and_send(
         })
         .expect("the operation's binding is configured");
     let claim = Command::StartAttempt {
+        request: None,
         budget_wait: None,
         attempt_id,
         worker: worker_id(worker),

@@ -1,4 +1,4 @@
-//! Slow and many clients (issue 26, item 2), with real sockets against a real server: half a
+//! Slow and many clients, with real sockets against a real server: half a
 //! header is closed at `header_read_timeout_ms`, an idle keep-alive connection at
 //! `idle_timeout_ms`, a flood from one address is answered 429 at its own limit while other
 //! addresses (`/healthz`) are still served, and at `max_connections` the next connection is

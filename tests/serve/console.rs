@@ -7,7 +7,7 @@
 //!   Debian machine runs as root);
 //! - the script's npm packages (playwright-core, axe-core), installed with `npm ci` from the
 //!   committed lock file into the target directory and reused while the lock is the same;
-//! - the screenshots it takes go to docs/console, where the README shows them, so they stay
+//! - the screenshots it takes go to docs/console, where the book's console page shows them, so they stay
 //!   true to the console each test run.
 
 use std::path::{Path, PathBuf};

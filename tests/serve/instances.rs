@@ -6,7 +6,7 @@
 //! Every instance's workers see every due operation. A send is claimed with a conditional append
 //! (one instance wins), and so is a lookup (`LookupClaimed`, with a lease), so neither is made
 //! once per instance; a lookup claimed by an instance that dies is taken over by another once its
-//! lease runs out. The numbers each test prints are the ones in the README's KurrentDB section.
+//! lease runs out. The numbers each test prints are the ones in the book's KurrentDB and PostgreSQL pages.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -242,7 +242,7 @@ async fn an_account_of_another_tenant_is_refused_at_record_and_nothing_is_writte
     let message = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(
         message.starts_with("invalid `account`")
-            && message.contains("not owned by tenant `tenant-b`"),
+            && message.contains("is not an account of provider `crm` that this tenant may use"),
         "{refused}"
     );
     // The owner records on it.
@@ -340,7 +340,7 @@ async fn an_account_handed_to_another_tenant_after_recording_is_not_sent_but_goe
     assert!(
         settled["review_reason"]
             .as_str()
-            .is_some_and(|reason| reason.contains("not owned by tenant `tenant-a`")),
+            .is_some_and(|reason| reason.contains("that this tenant may use")),
         "{settled}"
     );
     assert_eq!(settled["attempts"], 0, "nothing was sent: {settled}");

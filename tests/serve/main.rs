@@ -20,6 +20,7 @@ mod postgres;
 mod postgres_server;
 mod python;
 mod redelivery;
+mod security;
 mod shutdown;
 mod soak;
 mod storage_faults;

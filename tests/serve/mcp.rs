@@ -575,13 +575,9 @@ async fn opledger_mcp_names_what_is_missing_when_no_tenant_or_a_wrong_one_is_giv
     }
 }
 
-/// The Claude Desktop snippet of the README's "Agents (MCP)" section, as a client reads it.
-fn readme_desktop_snippet() -> Value {
-    let readme = include_str!("../../README.md");
-    let section = readme
-        .split_once("## Agents (MCP)")
-        .expect("the README has an Agents (MCP) section")
-        .1;
+/// The Claude Desktop snippet of the book's MCP page, as a client reads it.
+fn desktop_snippet() -> Value {
+    let section = include_str!("../../docs/src/agents/mcp.md");
     let block = section
         .split("```json\n")
         .skip(1)
@@ -592,15 +588,15 @@ fn readme_desktop_snippet() -> Value {
 }
 
 #[tokio::test]
-async fn the_readmes_desktop_snippet_runs_the_embedded_default_and_a_tool_call_succeeds() {
-    let snippet = readme_desktop_snippet();
+async fn the_books_desktop_snippet_runs_the_embedded_default_and_a_tool_call_succeeds() {
+    let snippet = desktop_snippet();
     let server = &snippet["mcpServers"]["opledger"];
-    // The README's install step (`cargo install --path .`) puts this binary on the PATH under
+    // The page's install step (`cargo install --path .`) puts this binary on the PATH under
     // the name the snippet gives.
     assert_eq!(server["command"], "opledger", "{snippet}");
     assert!(
-        include_str!("../../README.md").contains("cargo install --locked --path ."),
-        "the README says how `opledger` gets onto the PATH"
+        include_str!("../../docs/src/agents/mcp.md").contains("cargo install --locked --path ."),
+        "the MCP page says how `opledger` gets onto the PATH"
     );
     let args: Vec<String> = server["args"]
         .as_array()

@@ -61,7 +61,10 @@ async fn the_python_client_passes_its_tests_against_a_real_server() {
             "OPLEDGER_OPENAPI",
             repo().join("adapters/http-api/src/openapi.json"),
         )
-        .env("OPLEDGER_README", repo().join("README.md"));
+        .env(
+            "OPLEDGER_CLIENTS_PAGE",
+            repo().join("docs/src/agents/clients.md"),
+        );
     let printed = tokio::task::spawn_blocking(move || run(&mut pytest, "pytest"))
         .await
         .expect("pytest ran");

@@ -1,4 +1,4 @@
-//! Issue 17's crash soak, CI-sized: `opledger bench soak` runs 20 cycles of a burst of
+//! The crash soak, CI-sized: `opledger bench soak` runs 20 cycles of a burst of
 //! record-and-execute calls, a SIGKILL of `opledger serve` mid-burst and a restart on the same
 //! SQLite file, checking after each that nothing acknowledged was lost, that redeliveries map to
 //! their operations, and that no request has two objects at the CRM stand.

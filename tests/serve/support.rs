@@ -83,6 +83,11 @@ max_reconciliations = 5
 [limits]
 {limits}
 
+# Two tenants close /metrics unless a scraper token is given or it is declared open; the tests
+# read it as any scraper of a single-team installation would.
+[metrics]
+open = true
+
 [[tenants]]
 id = "tenant-a"
 token = "{TENANT_A_TOKEN}"

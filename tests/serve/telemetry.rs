@@ -1,4 +1,4 @@
-//! OpenTelemetry export (issue 33), against a real OTLP HTTP/protobuf receiver: a loopback
+//! OpenTelemetry export, against a real OTLP HTTP/protobuf receiver: a loopback
 //! server that decodes what `opledger serve` posts with the OTLP protobuf definitions
 //! (`opentelemetry-proto`), as a collector would, and a real OTLP/gRPC receiver (the protocol's
 //! Python service definitions served by grpcio, `otlp_grpc_receiver.py`). Nothing of the

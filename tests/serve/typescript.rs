@@ -81,8 +81,8 @@ async fn the_typescript_client_and_adapters_pass_their_tests_against_a_real_serv
         .env("OPLEDGER_ACCOUNT", ACCOUNT)
         .env("OPLEDGER_STAND_URL", harness.stand_url())
         .env(
-            "OPLEDGER_README",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"),
+            "OPLEDGER_CLIENTS_PAGE",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/agents/clients.md"),
         );
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
         .await

@@ -60,20 +60,33 @@ pub fn require_token(headers: &HeaderMap, expected: &[u8; 32]) -> Result<(), Api
     }
 }
 
-/// The bearer token of a request.
+/// The bearer token of a request. The scheme is matched in any case (RFC 9110 §11.1: `bearer`
+/// is `Bearer`); two `Authorization` headers are refused with 400, since which one a proxy in
+/// front and this server each read could differ.
 fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     let unauthorized =
         |message: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message.to_owned());
-    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next().ok_or_else(|| {
         unauthorized("no Authorization header; send `Authorization: Bearer <your token>`")
     })?;
+    if values.next().is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "duplicate_authorization",
+            "the request carries more than one Authorization header; send exactly one, `Authorization: Bearer <your token>`",
+        ));
+    }
     if value.len() > MAX_AUTHORIZATION_BYTES {
         return Err(unauthorized("the Authorization header is too long"));
     }
     let token = value
         .to_str()
         .ok()
-        .and_then(|text| text.strip_prefix("Bearer "))
+        .and_then(|text| {
+            let (scheme, token) = text.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
         .map(str::trim)
         .filter(|token| !token.is_empty())
         .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
@@ -83,6 +96,26 @@ fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
 /// A token's SHA-256 digest, the form tokens are kept and compared in.
 pub fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+/// The token behind a request as the ledger records it on a decision: its kind and configured
+/// name, beside whatever name the caller wrote.
+pub fn principal_of(principal: &Principal) -> opledger_domain::event::Principal {
+    use opledger_domain::event::{Principal as Decided, PrincipalKind};
+    match principal {
+        Principal::Tenant(tenant) => Decided {
+            kind: PrincipalKind::TenantToken,
+            name: tenant.to_string(),
+        },
+        Principal::Approver { name, .. } => Decided {
+            kind: PrincipalKind::Approver,
+            name: name.clone(),
+        },
+        Principal::Operator { name, .. } => Decided {
+            kind: PrincipalKind::Operator,
+            name: name.clone(),
+        },
+    }
 }
 
 /// Which tenants' operations a caller may see.
@@ -143,6 +176,22 @@ pub fn operator_of(principal: &Principal) -> Result<(&str, Scope), ApiError> {
             StatusCode::FORBIDDEN,
             "forbidden",
             "the review queue needs an operator token (configured under [[operators]])",
+        )),
+    }
+}
+
+/// The caller must be an operator to use `route` (the webhooks' administration): returns the
+/// operator's name and scope, or a 403 naming the route asked for.
+pub fn operator_for_route<'p>(
+    principal: &'p Principal,
+    route: &str,
+) -> Result<(&'p str, Scope), ApiError> {
+    match principal {
+        Principal::Operator { name, .. } => Ok((name, Scope::of(principal))),
+        Principal::Tenant(_) | Principal::Approver { .. } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("{route} needs an operator token (configured under [[operators]])"),
         )),
     }
 }

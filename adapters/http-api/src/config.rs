@@ -70,7 +70,7 @@ pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 120_000;
 /// The longest idle timeout any configuration may set, in milliseconds.
 pub const MAX_IDLE_TIMEOUT_MS: u64 = 60 * 60 * 1000;
 /// Most connections open at once when the file does not say. A half-open connection costs about
-/// 27 KiB (measured, README "Slow and idle clients"), so a flood holding them all costs ~108 MiB,
+/// 27 KiB (measured: docs/src/performance.md), so a flood holding them all costs ~108 MiB,
 /// for at most `header_read_timeout_ms` each.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 /// Most connections open at once from one client address when the file does not say: one
@@ -208,6 +208,9 @@ pub struct ServeConfig {
     pub tokens: BTreeMap<String, Principal>,
     /// The token `/metrics` asks for (`None`: open, showing aggregates only).
     pub metrics_token: Option<String>,
+    /// `/metrics` answers nobody: several tenants are configured and no scraper token, and it
+    /// was not declared open (`[metrics] open = true`). Its counters show every tenant's activity.
+    pub metrics_closed: bool,
     /// The connectors and their accounts, built (their HTTP clients ready).
     pub providers: Vec<Connector>,
     /// The endpoints outcome events are delivered to (`[[webhooks]]`).
@@ -215,6 +218,9 @@ pub struct ServeConfig {
     /// How long an instance's hold on an endpoint lasts unrenewed, in milliseconds, when
     /// instances share a PostgreSQL ledger (`webhook_lease_ms`).
     pub webhook_lease_ms: u64,
+    /// Browser origins `/mcp` answers besides loopback ones (`[mcp] allowed_origins`), each
+    /// `scheme://host[:port]` in lower case.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 // ---- the file's shape (serde) ----
@@ -228,6 +234,8 @@ struct File {
     #[serde(alias = "views")]
     read_models: Option<PathBuf>,
     read_model_linger_ms: Option<Spanned<u64>>,
+    /// The environment variable holding the key credential fingerprints are keyed with.
+    credential_fingerprint_key_env: Option<Spanned<String>>,
     #[serde(default)]
     engine: EngineSection,
     #[serde(default)]
@@ -243,6 +251,8 @@ struct File {
     #[serde(default)]
     metrics: MetricsSection,
     #[serde(default)]
+    mcp: McpSection,
+    #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
@@ -254,9 +264,18 @@ struct File {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct McpSection {
+    #[serde(default)]
+    allowed_origins: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct MetricsSection {
     token: Option<Spanned<String>>,
     token_env: Option<Spanned<String>>,
+    /// Shows `/metrics` to anyone though several tenants are configured.
+    open: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -515,16 +534,36 @@ impl Checker<'_> {
         }
         let tokens = self.tokens(&file)?;
         let metrics_token = self.metrics_token(&file.metrics, &tokens)?;
+        let open = file
+            .metrics
+            .open
+            .as_ref()
+            .is_some_and(|open| *open.get_ref());
+        if open && metrics_token.is_some() {
+            return Err(self.error(
+                span(&file.metrics.open),
+                "metrics.open",
+                "is given together with a token; keep the token (the scraper sends it) or open = true (anyone may read /metrics), not both".into(),
+            ));
+        }
+        let metrics_closed = metrics_token.is_none() && !open && tenant_ids(&tokens).len() > 1;
         let token_dir = match &store {
             StoreUrl::Sqlite(path) => path.parent().map(Path::to_path_buf),
             _ => None,
         }
         .unwrap_or_else(|| self.relative("."));
-        let providers = self.connectors(&file.connectors, &tenant_ids(&tokens), &token_dir)?;
+        let fingerprint_key = self.fingerprint_key(&file.credential_fingerprint_key_env)?;
+        let providers = self.connectors(
+            &file.connectors,
+            &tenant_ids(&tokens),
+            &token_dir,
+            fingerprint_key.as_ref(),
+        )?;
         let tenant_names = tenant_ids(&tokens).iter().map(|t| t.to_string()).collect();
         let webhooks = self.webhooks(&file.webhooks, &tenant_names)?;
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
+        let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -545,10 +584,55 @@ impl Checker<'_> {
             limits,
             tokens,
             metrics_token,
+            metrics_closed,
             providers,
             webhooks,
             webhook_lease_ms,
+            mcp_allowed_origins,
         })
+    }
+
+    /// `[mcp] allowed_origins`: each a browser origin, `scheme://host[:port]` with nothing after.
+    fn mcp_allowed_origins(&self, section: &McpSection) -> Result<Vec<String>, ConfigError> {
+        if section.allowed_origins.len() > MAX_ENTRIES {
+            return Err(self.error(
+                None,
+                "mcp.allowed_origins",
+                format!(
+                    "lists {}; at most {MAX_ENTRIES} are allowed",
+                    section.allowed_origins.len()
+                ),
+            ));
+        }
+        section
+            .allowed_origins
+            .iter()
+            .enumerate()
+            .map(|(index, origin)| {
+                let text = origin.get_ref().trim().to_ascii_lowercase();
+                let well_formed = ["http://", "https://"]
+                    .iter()
+                    .find_map(|scheme| text.strip_prefix(scheme))
+                    .is_some_and(|host| {
+                        !host.is_empty()
+                            && host.bytes().all(|byte| {
+                                byte.is_ascii_alphanumeric() || b"-.:[]".contains(&byte)
+                            })
+                    });
+                if well_formed {
+                    Ok(text)
+                } else {
+                    Err(self.error(
+                        Some(origin.span()),
+                        &format!("mcp.allowed_origins[{index}]"),
+                        format!(
+                            "`{}` is no browser origin; write the scheme, host and port only, e.g. \"https://agent.example.com\" or \"http://localhost:3000\"",
+                            origin.get_ref()
+                        ),
+                    ))
+                }
+            })
+            .collect()
     }
 
     /// The engine section. Its ranges are the domain's ([`EnginePolicy::validate`]), so a file can
@@ -888,6 +972,8 @@ impl Checker<'_> {
             }
         };
         let token = token.trim().to_owned();
+        // Kept out of every log line and answer (`opledger_domain::redact`).
+        opledger_domain::redact::register(&token);
         if token.chars().count() < MIN_TOKEN_CHARS || token.chars().any(char::is_whitespace) {
             return Err(self.error(
                 Some(at),
@@ -905,12 +991,13 @@ impl Checker<'_> {
         entries: &[ConnectorEntry],
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
+        fingerprint_key: Option<&opledger_providers::credentials::FingerprintKey>,
     ) -> Result<Vec<Connector>, ConfigError> {
         let mut seen = BTreeSet::new();
         let mut built = Vec::with_capacity(entries.len());
         for (index, entry) in entries.iter().enumerate() {
             let field = format!("connectors[{index}]");
-            let connector = self.connector(&field, entry, tenants, token_dir)?;
+            let connector = self.connector(&field, entry, tenants, token_dir, fingerprint_key)?;
             if !seen.insert(connector.id().clone()) {
                 return Err(self.error(
                     entry.id.as_ref().map(Spanned::span),
@@ -933,9 +1020,11 @@ impl Checker<'_> {
         entry: &ConnectorEntry,
         tenants: &BTreeSet<TenantId>,
         token_dir: &Path,
+        fingerprint_key: Option<&opledger_providers::credentials::FingerprintKey>,
     ) -> Result<Connector, ConfigError> {
         let document = self.document(field, entry)?;
         let mut overrides = self.overrides(field, entry, tenants)?;
+        overrides.fingerprint_key = fingerprint_key.cloned();
         // Rotated OAuth2 refresh tokens are kept beside the ledger, one file per connector, so
         // a restart finds the token the provider last issued (never in the ledger's events).
         let provider = overrides.id.clone().unwrap_or_else(|| document.id.clone());
@@ -1042,7 +1131,37 @@ impl Checker<'_> {
             request_timeout_ms: entry.request_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             connect_timeout_ms: entry.connect_timeout_ms.as_ref().map(|ms| *ms.get_ref()),
             token_file: None,
+            fingerprint_key: None,
         })
+    }
+
+    /// The key credential fingerprints are keyed with, from the variable
+    /// `credential_fingerprint_key_env` names (`None` when it is not set: the unkeyed form).
+    fn fingerprint_key(
+        &self,
+        variable: &Option<Spanned<String>>,
+    ) -> Result<Option<opledger_providers::credentials::FingerprintKey>, ConfigError> {
+        let Some(variable) = variable else {
+            return Ok(None);
+        };
+        let at = |message: String| {
+            self.error(
+                Some(variable.span()),
+                "credential_fingerprint_key_env",
+                message,
+            )
+        };
+        let value = (self.env)(variable.get_ref()).ok_or_else(|| {
+            at(format!(
+                "environment variable `{}` is not set; export a key of at least {} bytes (e.g. `openssl rand -hex 32`) before starting the server",
+                variable.get_ref(),
+                opledger_providers::credentials::MIN_FINGERPRINT_KEY_BYTES
+            ))
+        })?;
+        opledger_domain::redact::register(value.trim());
+        opledger_providers::credentials::FingerprintKey::new(value.trim().as_bytes().to_vec())
+            .map(Some)
+            .map_err(|message| at(format!("`{}`: {message}", variable.get_ref())))
     }
 
     /// One account an entry adds, with its owners (configured tenants) and its credentials

@@ -1,7 +1,7 @@
 //! The server's own accept loop: every connection is bounded in time and in number.
 //!
 //! `axum::serve` keeps a connection that sends half a request header open for ever and accepts
-//! without limit (issue 26: 15,000 idle connections took ~610 MB), so each connection is served
+//! without limit (15,000 idle connections took ~610 MB), so each connection is served
 //! here with hyper's HTTP/1 builder, under four limits from `[limits]`:
 //!
 //! | limit | what happens at it |

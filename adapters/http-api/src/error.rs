@@ -223,7 +223,15 @@ impl IntoResponse for ApiError {
                 .collect();
             body["error"]["fields"] = serde_json::Value::Array(fields);
         }
-        json_reply(self.status, &body)
+        let mut response = json_reply(self.status, &body);
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 9110 §11.6.1: a 401 says which scheme to authenticate with.
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"opledger\""),
+            );
+        }
+        response
     }
 }
 

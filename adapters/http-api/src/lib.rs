@@ -73,7 +73,7 @@ use self::metrics::RequestMetrics;
 /// (events for SQLite; byte offsets for KurrentDB): within it start-up catches them up before
 /// serving and `/healthz` answers ready; beyond it they catch up in the background, the server
 /// serves meanwhile, and `/healthz` answers 503 `catching_up`. Start-up never does work that
-/// grows with the history (issue 18); 10,000 events take well under a second to apply.
+/// grows with the history; 10,000 events take well under a second to apply.
 pub const READY_LAG_POSITIONS: u64 = 10_000;
 
 /// The OpenAPI description of every route, served at `/v1/openapi.json`.
@@ -147,6 +147,8 @@ pub struct Shared {
     pub approval_guard: auth::Scope,
     /// The digest of the token `/metrics` asks for, if any.
     pub metrics_token: Option<[u8; 32]>,
+    /// `/metrics` answers nobody (several tenants, no scraper token, not declared open).
+    pub metrics_closed: bool,
     /// What the background workers counted (undecodable events), for `/metrics`.
     pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
@@ -155,6 +157,8 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
+    /// Browser origins `/mcp` answers besides loopback ones.
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -165,6 +169,11 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Bound first: a port in use is found before the ledger is opened.
     let (listener, local) = bind(config.listen).await?;
+    if config.metrics_closed {
+        let note = "/metrics is closed: several tenants are configured and its counters show each one's activity; give the scraper a token ([metrics] token_env), or declare it open ([metrics] open = true)";
+        warn!("{note}");
+        eprintln!("{note}");
+    }
     if let Some(warning) = connections::fit_descriptor_limit(&config.limits) {
         warn!("{warning}");
         eprintln!("{warning}");
@@ -320,6 +329,7 @@ impl Service {
             runner_health,
             approval_guard: auth::guarded_by_approvers(&tokens),
             metrics_token: config.metrics_token.as_deref().map(auth::digest),
+            metrics_closed: config.metrics_closed,
             tokens,
             limits,
             requests: RequestMetrics::default(),
@@ -332,6 +342,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
+            mcp_allowed_origins: config.mcp_allowed_origins,
         });
         Ok(Self {
             shared,

@@ -237,6 +237,13 @@ pub async fn render(
     State(shared): State<Arc<Shared>>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
+    if shared.metrics_closed {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "/metrics is closed: several tenants are configured and its counters show each one's activity; configure a scraper token under [metrics] (token_env) and send it, or declare it open with [metrics] open = true",
+        ));
+    }
     if let Some(expected) = &shared.metrics_token {
         super::auth::require_token(&headers, expected)?;
     }

@@ -66,6 +66,10 @@ pub struct Overrides {
     /// per connector). `None`: a rotated token lives in memory only, and a restart needs the
     /// account re-authorised.
     pub token_file: Option<std::path::PathBuf>,
+    /// The server's key for credential fingerprints: each account's fingerprint is then an
+    /// HMAC-SHA256 under it (`hmac-sha256:…`), so one shown to a tenant or in an export cannot be
+    /// used to confirm a guessed key offline. `None`: the unkeyed `sha256:` form.
+    pub fingerprint_key: Option<credentials::FingerprintKey>,
 }
 
 /// One account, ready: who owns it, its credential and its request budgets.
@@ -182,7 +186,11 @@ impl Connector {
             document,
             &overrides.accounts,
             env,
-            (&provider, token_file.as_ref()),
+            (
+                &provider,
+                token_file.as_ref(),
+                overrides.fingerprint_key.as_ref(),
+            ),
             &mut problems,
         );
         let actions = compile(document, &settings, &mut problems);
@@ -291,6 +299,12 @@ impl Connector {
         Ok(Binding {
             capabilities: compiled.capabilities,
             credential_fingerprint: account_entry.credential.fingerprint.clone(),
+            earlier_fingerprints: account_entry
+                .credential
+                .earlier_fingerprint
+                .iter()
+                .cloned()
+                .collect(),
         })
     }
 
@@ -323,7 +337,7 @@ impl Connector {
                 ),
             }]);
         };
-        let problems: Vec<ArgProblem> = compiled
+        let mut problems: Vec<ArgProblem> = compiled
             .validator
             .iter_errors(args)
             .take(MAX_ARG_PROBLEMS)
@@ -332,6 +346,18 @@ impl Connector {
                 message: shorten(&error.to_string(), MAX_MESSAGE_CHARS),
             })
             .collect();
+        // A path value stays one segment: `..` would send the request elsewhere (a server
+        // resolves `/deals/../notes` to `/notes`), so it is refused here, before anything is
+        // recorded, as the schema's own problems are.
+        for (path, value) in compiled.action.request.path.dot_segment_args(args) {
+            problems.push(ArgProblem {
+                pointer: format!("/{}", path.join("/")),
+                message: format!(
+                    "{:?} is a dot segment; a value placed in the request's path may not be `.` or `..` (nor a percent-encoded form of them), since a server would move up or across the path instead of naming an object",
+                    shorten(&value, 20)
+                ),
+            });
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -361,7 +387,7 @@ impl Connector {
     /// Carries out one attempt and classifies it (see the table in the crate docs).
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
         // Debug: the engine's `send` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (README, "Trace export").
+        // span exported per request costs CPU (docs/src/performance.md).
         let span = tracing::debug_span!(
             "provider.execute",
             operation_id = %request.operation_id,
@@ -670,6 +696,29 @@ impl Connector {
         }
     }
 
+    /// The request a send of `intent` makes, as `METHOD URL` with the base URL, secrets
+    /// scrubbed (the evidence recorded with each attempt); `None` for an action it does not have
+    /// or a request that cannot be built (the send itself says why).
+    pub fn describe_send(&self, intent: &opledger_domain::event::IntentRecorded) -> Option<String> {
+        let compiled = self.compiled(&intent.action)?;
+        let operation_id = intent.operation_id.to_string();
+        let label = opledger_domain::provider::operation_label(intent.operation_id);
+        let context = self.context(
+            Some(intent.args.as_map()),
+            intent.idempotency_key.as_str(),
+            &label,
+            intent.account.as_str(),
+            &operation_id,
+        );
+        let prepared = prepare(&compiled.action.request, &context).ok()?;
+        let line = format!("{} {}{}", prepared.method, self.base_url, prepared.path);
+        let line = match self.accounts.get(&intent.account) {
+            Some(entry) => entry.credential.scrub(line),
+            None => opledger_domain::redact::scrub_owned(line),
+        };
+        Some(shorten(&line, MAX_MESSAGE_CHARS))
+    }
+
     /// The send's request, or the outcome of a request that can never be built.
     fn prepare_send(
         &self,
@@ -708,7 +757,7 @@ impl Connector {
     /// Looks the operation up (see the table in the crate docs).
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
         // Debug: the engine's `lookup` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (README, "Trace export").
+        // span exported per request costs CPU (docs/src/performance.md).
         let span = tracing::debug_span!(
             "provider.lookup",
             operation_id = %request.operation_id,
@@ -876,7 +925,11 @@ fn accounts(
     document: &Document,
     extra: &[AccountSpec],
     env: &dyn Fn(&str) -> Option<OsString>,
-    (provider, token_file): (&ProviderId, Option<&std::sync::Arc<TokenFile>>),
+    (provider, token_file, fingerprint_key): (
+        &ProviderId,
+        Option<&std::sync::Arc<TokenFile>>,
+        Option<&credentials::FingerprintKey>,
+    ),
     problems: &mut Problems,
 ) -> BTreeMap<AccountId, Account> {
     let all = document
@@ -918,6 +971,9 @@ fn accounts(
                         key: format!("{provider}/{}", spec.id),
                     });
                     credential.fingerprint = oauth.place(&spec.id, place)?;
+                }
+                if let Some(key) = fingerprint_key {
+                    credential.key_fingerprint(key);
                 }
                 Ok(credential)
             },
@@ -1501,7 +1557,8 @@ mod tests {
         request.tenant = TenantId::new("globex").expect("valid");
         assert!(matches!(
             connector.execute(&request).await,
-            SendOutcome::NotSent { reason, .. } if reason.contains("globex")
+            // Said as for an account that does not exist: nothing about who owns it.
+            SendOutcome::NotSent { reason, .. } if reason.contains("`acct-1` is not an account of provider `crm` that this tenant may use")
         ));
     }
 

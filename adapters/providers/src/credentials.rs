@@ -88,6 +88,50 @@ pub fn fingerprint_of(text: &str) -> CredentialFingerprint {
     CredentialFingerprint::new(out).expect("a short hex digest is a valid fingerprint")
 }
 
+/// The server's key for credential fingerprints (`credential_fingerprint_key_env`). Its `Debug`
+/// never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FingerprintKey(Vec<u8>);
+
+/// Shortest fingerprint key accepted, in bytes: HMAC-SHA256's own block of security.
+pub const MIN_FINGERPRINT_KEY_BYTES: usize = 32;
+
+impl FingerprintKey {
+    /// A key of at least [`MIN_FINGERPRINT_KEY_BYTES`] bytes; the error says what to give.
+    pub fn new(key: impl Into<Vec<u8>>) -> Result<Self, String> {
+        let key = key.into();
+        if key.len() < MIN_FINGERPRINT_KEY_BYTES {
+            return Err(format!(
+                "the fingerprint key is {} bytes; give at least {MIN_FINGERPRINT_KEY_BYTES} (e.g. `openssl rand -hex 32`)",
+                key.len()
+            ));
+        }
+        Ok(Self(key))
+    }
+
+    /// `hmac-sha256:` and the first [`FINGERPRINT_HEX_DIGITS`] hex digits of HMAC-SHA256 under
+    /// this key of the credential's unkeyed fingerprint (which stands for its secret).
+    pub fn keyed(&self, unkeyed: &CredentialFingerprint) -> CredentialFingerprint {
+        use hmac::Mac as _;
+        let mut mac =
+            hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes a key of any length");
+        mac.update(unkeyed.as_str().as_bytes());
+        let digest = mac.finalize().into_bytes();
+        let mut out = String::with_capacity(12 + FINGERPRINT_HEX_DIGITS);
+        out.push_str("hmac-sha256:");
+        for byte in digest.iter().take(FINGERPRINT_HEX_DIGITS / 2) {
+            out.push_str(&format!("{byte:02x}"));
+        }
+        CredentialFingerprint::new(out).expect("a short hex digest is a valid fingerprint")
+    }
+}
+
+impl fmt::Debug for FingerprintKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FingerprintKey([redacted])")
+    }
+}
+
 /// Where one secret comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SecretSource {
@@ -149,6 +193,9 @@ pub(crate) struct Credential {
     /// Every text an echo of which must be scrubbed from outcomes.
     secrets: Vec<String>,
     pub fingerprint: CredentialFingerprint,
+    /// The unkeyed form of `fingerprint` when it is keyed: what operations recorded before the
+    /// server had a fingerprint key carry.
+    pub earlier_fingerprint: Option<CredentialFingerprint>,
     /// The account's OAuth2 grant and token cache, for `oauth2` auth.
     pub oauth: Option<crate::oauth::OAuthAccount>,
 }
@@ -163,7 +210,15 @@ impl fmt::Debug for Credential {
 }
 
 impl Credential {
-    /// `text` with every secret of this credential replaced by `[redacted]`.
+    /// Keys the fingerprint under `key`, keeping the unkeyed one as the earlier form.
+    pub fn key_fingerprint(&mut self, key: &FingerprintKey) {
+        let keyed = key.keyed(&self.fingerprint);
+        self.earlier_fingerprint = Some(std::mem::replace(&mut self.fingerprint, keyed));
+    }
+
+    /// `text` with every secret of this credential replaced by `[redacted]`, then passed through
+    /// the process's one scrubber ([`opledger_domain::redact`]: every configured secret and every
+    /// value that looks like one).
     pub fn scrub(&self, text: String) -> String {
         let mut text = text;
         let live = self
@@ -173,10 +228,10 @@ impl Credential {
             .unwrap_or_default();
         for secret in self.secrets.iter().chain(&live) {
             if !secret.is_empty() && text.contains(secret.as_str()) {
-                text = text.replace(secret.as_str(), "[redacted]");
+                text = text.replace(secret.as_str(), opledger_domain::redact::REDACTED);
             }
         }
-        text
+        opledger_domain::redact::scrub_owned(text)
     }
 }
 
@@ -234,6 +289,9 @@ pub(crate) fn resolve(
                 }
             }
             let secrets = vec![client_secret.expose().to_owned()];
+            for secret in [Some(&client_secret), refresh_token.as_ref()].into_iter().flatten() {
+                opledger_domain::redact::register(secret.expose());
+            }
             let grant = crate::oauth::GrantSecrets { client_id, client_secret, refresh_token };
             // The grant's fingerprint names the account too; the connector sets it when it places
             // the account (`OAuthAccount::place`). Until then, this one names no account.
@@ -244,6 +302,7 @@ pub(crate) fn resolve(
                 value: HeaderValue::from_static("Bearer"),
                 secrets,
                 fingerprint,
+                earlier_fingerprint: None,
                 oauth: Some(crate::oauth::OAuthAccount::new(spec.clone(), grant)),
             })
         }
@@ -309,6 +368,9 @@ fn ready(
 ) -> Result<Credential, String> {
     let mut value = HeaderValue::from_str(text)
         .map_err(|_| "the credentials cannot be written as a header value".to_owned())?;
+    for secret in &secrets {
+        opledger_domain::redact::register(secret);
+    }
     // Marks the value so the HTTP stack never writes it into its own debug output.
     value.set_sensitive(true);
     Ok(Credential {
@@ -316,6 +378,7 @@ fn ready(
         value,
         secrets,
         fingerprint,
+        earlier_fingerprint: None,
         oauth: None,
     })
 }

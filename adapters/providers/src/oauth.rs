@@ -249,6 +249,7 @@ impl OAuthAccount {
         if let (Some(place), Some(configured)) = (&place, &self.grant.refresh_token) {
             let seed = configured.fingerprint().to_string();
             if let Some(stored) = place.file.get(&place.key, &seed)? {
+                opledger_domain::redact::register(stored.expose());
                 self.state.get_mut().refresh_token = Some(stored);
             }
         }
@@ -364,6 +365,12 @@ impl OAuthAccount {
 
     /// Keeps a granted token (a rotated refresh token durably first) and hands it out.
     fn take(&self, state: &mut State, granted: Granted) -> Result<Token, TokenFailure> {
+        for secret in [Some(&granted.access_token), granted.refresh_token.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            opledger_domain::redact::register(secret.expose());
+        }
         if let Some(rotated) = granted.refresh_token {
             let changed = state
                 .refresh_token
@@ -503,7 +510,11 @@ pub(crate) fn read_answer(
         || shorten(String::from_utf8_lossy(body).trim(), MAX_MESSAGE_CHARS),
         provider_message,
     );
-    let message = format!("the token endpoint answered {status}: {said}");
+    // The provider's words may echo what it was sent (a form with the client secret and the
+    // refresh token): scrubbed here, before the message reaches a log line or an outcome.
+    let message = opledger_domain::redact::scrub_owned(format!(
+        "the token endpoint answered {status}: {said}"
+    ));
     // RFC 6749 §5.2 answers 400 (401 for a failed client authentication); a 403 is the same
     // refusal in other words. Those do not clear on their own. Anything else may.
     if matches!(status, 400 | 401 | 403) {

@@ -100,6 +100,10 @@ impl Providers for HttpProviders {
             .map(|action| action.description.clone())
     }
 
+    fn describe_send(&self, intent: &opledger_domain::event::IntentRecorded) -> Option<String> {
+        self.get(&intent.provider)?.describe_send(intent)
+    }
+
     async fn execute(&self, request: &SendRequest) -> SendOutcome {
         match self.get(&request.provider) {
             Some(connector) => connector.execute(request).await,

@@ -192,11 +192,44 @@ impl Template {
                                 "`{reference}` has no value, and a path segment cannot be left out"
                             )
                         })?;
+                    if is_dot_segment(&text) {
+                        return Err(format!(
+                            "`{reference}` is `{}`, which a server reads as a move up or across the path, not as a value; a path value may not be `.` or `..` (nor their percent-encoded forms)",
+                            crate::http::shorten(&text, 20)
+                        ));
+                    }
                     out.push_str(&crate::http::encode_component(&text));
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The argument paths this path template takes whole path segments from, with what each
+    /// holds when `args` has a dot segment there (`.`, `..` or an encoded form): the problems a
+    /// call's arguments must be refused for before anything is recorded.
+    pub fn dot_segment_args(&self, args: &Value) -> Vec<(Vec<String>, String)> {
+        let Some(args) = args.as_object() else {
+            return Vec::new();
+        };
+        let context = Context {
+            args: Some(args),
+            key: "",
+            label: "",
+            account: "",
+            operation_id: "",
+            settings: &EMPTY_SETTINGS,
+        };
+        self.parts
+            .iter()
+            .filter_map(|part| match part {
+                Part::Ref(reference @ Ref::Args(path)) => {
+                    let text = resolve(reference, &context).as_ref().and_then(text_of)?;
+                    is_dot_segment(&text).then(|| (path.clone(), text))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// The template as text; `None` when a placeholder names an absent argument.
@@ -323,6 +356,47 @@ pub fn is_setting_name(text: &str) -> bool {
         && text
             .bytes()
             .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_')
+}
+
+static EMPTY_SETTINGS: BTreeMap<String, String> = BTreeMap::new();
+
+/// Whether a path value is a dot segment (RFC 3986 §5.2.4) once percent-decoding is undone, as
+/// often as a server or a proxy in between might undo it: `.`, `..`, `%2e`, `.%2E`, `%252e`.
+/// Percent-encoding the dots would not help, since servers normalise `%2E` to `.` too.
+pub fn is_dot_segment(text: &str) -> bool {
+    let mut text = text.to_owned();
+    for _ in 0..4 {
+        if text == "." || text == ".." {
+            return true;
+        }
+        let decoded = percent_decoded(&text);
+        if decoded == text {
+            return false;
+        }
+        text = decoded;
+    }
+    // Still changing after four decodings: nothing a path value should look like.
+    true
+}
+
+/// `text` with each `%XX` decoded (bytes that are no UTF-8 kept as they were).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = |byte: u8| char::from(byte).to_digit(16);
+        if bytes[at] == b'%' && at + 2 < bytes.len() {
+            if let (Some(high), Some(low)) = (hex(bytes[at + 1]), hex(bytes[at + 2])) {
+                out.push(u8::try_from(high * 16 + low).unwrap_or(b'%'));
+                at += 3;
+                continue;
+            }
+        }
+        out.push(bytes[at]);
+        at += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| text.to_owned())
 }
 
 fn resolve(reference: &Ref, context: &Context<'_>) -> Option<Value> {
@@ -581,6 +655,34 @@ pub(crate) mod tests {
                 .render_value(&lookup),
             None
         );
+    }
+
+    #[test]
+    fn a_dot_segment_is_refused_however_it_is_encoded_and_dots_inside_a_value_are_not() {
+        for dots in [".", "..", "%2e", "%2E%2e", ".%2E", "%252e%252e", "%25252e"] {
+            assert!(is_dot_segment(dots), "{dots}");
+        }
+        for value in ["a..b", "...", ".a", "%2e%2e%2e", "v1.2", "%zz", "%"] {
+            assert!(!is_dot_segment(value), "{value}");
+        }
+        let path = Template::parse("/deals/{{args.deal}}/notes").expect("valid");
+        let args = serde_json::json!({"deal": ".."});
+        assert_eq!(
+            path.dot_segment_args(&args),
+            vec![(vec!["deal".to_owned()], "..".to_owned())]
+        );
+        let settings = BTreeMap::new();
+        let context = Context {
+            args: args.as_object(),
+            key: "",
+            label: "",
+            account: "",
+            operation_id: "",
+            settings: &settings,
+        };
+        assert!(path
+            .render_path(&context)
+            .is_err_and(|message| message.contains("`..`")));
     }
 
     #[test]

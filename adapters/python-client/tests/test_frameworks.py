@@ -37,7 +37,7 @@ WAIT_MS = 5000
 
 def create_task(title: str) -> None:
     """Create a task in the CRM."""
-    # As the README shows it: no body, so the tool's arguments are the action's.
+    # As the book shows it: no body, so the tool's arguments are the action's.
 
 
 def assert_not_confirmed(text: str) -> None:
@@ -170,26 +170,26 @@ def test_langchain_tools_from_get_actions_act_in_the_account_the_model_names(led
     assert_done(str(message.content), stand.objects_titled(task)[0]["id"])
 
 
-# ---- the README's examples ----
+# ---- the book's framework examples (docs/src/agents/clients.md) ----
 
 
 def readme_examples() -> List[str]:
     from conftest import env
 
-    with open(env("OPLEDGER_README"), encoding="utf-8") as file:
+    with open(env("OPLEDGER_CLIENTS_PAGE"), encoding="utf-8") as file:
         readme = file.read()
     start = readme.index("### From TypeScript, and from agent frameworks")
     section = readme[start : readme.index("\n## ", start)]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_every_readme_framework_example_compiles_and_imports_only_what_the_package_exports():
+def test_every_framework_example_in_the_book_compiles_and_imports_only_what_the_package_exports():
     import importlib
 
     examples = readme_examples()
     assert len(examples) == 3, "one example per framework"
     for example in examples:
-        compile(example, "<README example>", "exec")
+        compile(example, "<framework example>", "exec")
         imports = re.findall(r"^from (opledger_client[\w.]*) import (.+)$", example, re.M)
         assert imports, example
         for module_name, names in imports:

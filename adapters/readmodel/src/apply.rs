@@ -232,8 +232,8 @@ pub(super) fn apply_batch(
 
 /// What a batch folds into, kept by the store from one batch to the next (emptied, with its
 /// capacity): allocated anew per batch, the maps of a large batch (an operation's whole state
-/// per entry) took fresh pages every time, which the kernel zeroed first (README, "Trace
-/// export", the s40 round). Bounded by the largest batch, [`crate::MAX_BATCH_EVENTS`] events.
+/// per entry) took fresh pages every time, which the kernel zeroed first (seen in profiles of
+/// `bench http`). Bounded by the largest batch, [`crate::MAX_BATCH_EVENTS`] events.
 #[derive(Default)]
 pub(super) struct BatchScratch {
     /// The operations this batch touched, folded in memory: each one's stored state is read at

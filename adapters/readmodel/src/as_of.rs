@@ -10,7 +10,7 @@
 //! The cost is the log up to the moment: a read and a decode per event of the listed operations
 //! (other tenants' events are skipped undecoded). Keeping every operation's state changes in the
 //! file instead would make a past listing one query, but would write a row per event into the
-//! read models, which the rebuild (issue 29's 500k events/s) cannot afford. Both the events read
+//! read models, which the rebuild (its target is 500k events/s) cannot afford. Both the events read
 //! and the operations held are bounded ([`MAX_AS_OF_FOLD_EVENTS`], [`MAX_AS_OF_OPERATIONS`]); a
 //! moment beyond them is refused with what to ask instead, never answered in part.
 //!

@@ -931,10 +931,10 @@ impl Rebuilder {
         let (_, cutoff, _) = ages.select_nth_unstable(middle);
         let cutoff = *cutoff;
         // Taken out of the map; their rows and stored states are built here and the states
-        // dropped here, on the thread that allocated them. (Session 39 had the writer build
-        // them, when the fold was the busier thread; with the fold's reads and fresh pages cut,
-        // the writer became the busier one, by ~1.7 to 1 in samples, and rows built here cost
-        // less CPU in all: measured in the README, "The s40 round".)
+        // dropped here, on the thread that allocated them. (The writer built them once, when the
+        // fold was the busier thread; with the fold's reads and fresh pages cut, the writer
+        // became the busier one, by ~1.7 to 1 in samples, and rows built here cost less CPU in
+        // all, measured with `bench projections`.)
         let mut evicted = std::mem::take(&mut self.evicted);
         evicted.extend(
             self.open
@@ -1108,7 +1108,7 @@ const WRITES_PER_MESSAGE: usize = 512;
 /// for the writer at every eviction, and the writer for the fold between them: on a 1M-event
 /// log the fold waited 0.65–0.98 s with 8, 0.25–0.55 s with 32 and 0.1–0.23 s with 64, which
 /// cost ~100 MB more peak RSS. At most ~16 MiB of rows queued; still, a 10M-event rebuild peaks
-/// 55–100 MB higher with 32 than with 8, during the final index build (README, "The s42 round").
+/// 55–100 MB higher with 32 than with 8, during the final index build (`bench projections`).
 const MESSAGES_IN_FLIGHT: usize = 32;
 // An eviction at the default limits fits in the queue, so the fold goes on folding meanwhile.
 const _: () = assert!(MESSAGES_IN_FLIGHT * WRITES_PER_MESSAGE >= MAX_OPEN_OPERATIONS / 2);

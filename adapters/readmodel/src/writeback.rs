@@ -5,7 +5,7 @@
 //! kernel starts writing dirty pages back on its own only past `dirty_background_ratio` (10 % of
 //! memory by default, gigabytes on most machines), so a read-model file of a few hundred
 //! megabytes was written to the disk entirely inside that last fsync: serial time at the end
-//! of the rebuild with both cores idle (measured in the README, issue 29's s42 round). Syncing
+//! of the rebuild with both cores idle (measured with `bench projections`). Syncing
 //! every [`WRITEBACK_EVERY_MS`] from a thread of its own overlaps that I/O with the fold and the
 //! writer; a page written back and then changed again is simply written again by the next sync.
 //!

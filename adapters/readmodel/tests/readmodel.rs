@@ -212,6 +212,7 @@ impl<S: EventStore> Harness<S> {
         self.run(
             intent,
             Command::StartAttempt {
+                request: None,
                 budget_wait: None,
                 attempt_id,
                 worker: WorkerId::new("worker-1").expect("valid"),
@@ -361,6 +362,7 @@ impl<S: EventStore> Harness<S> {
                 self.run(
                     intent,
                     Command::DenyApproval {
+                        principal: None,
                         approver: ActorId::new("boss").expect("valid"),
                         args_hash: intent.args_hash.clone(),
                         reason: "wrong client".into(),
@@ -375,6 +377,7 @@ impl<S: EventStore> Harness<S> {
                 self.run(
                     intent,
                     Command::ResolveReview {
+                        principal: None,
                         accept_duplicate_risk: true,
                         capabilities: None,
                         reviewer: ActorId::new("olga").expect("valid"),

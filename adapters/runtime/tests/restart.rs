@@ -1,5 +1,5 @@
 //! A restart resumes every waiting operation from the read models' durable work queue, without
-//! reading the log from the start (issue 18).
+//! reading the log from the start.
 //!
 //! The first life, two minutes ago by its clock, leaves one operation in every state that is not
 //! settled: a due send, an attempt whose lease has since run out, an unknown outcome due for a
@@ -166,6 +166,7 @@ async fn people_decide<S: opledger_domain::store::EventStore>(
         .await
         .expect("approved");
     let retry = Command::ResolveReview {
+        principal: None,
         reviewer: person,
         decision: ReviewDecision::Retry,
         note: "the CRM has no such task; send it again".into(),

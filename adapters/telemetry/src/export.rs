@@ -126,7 +126,7 @@ impl Post for OtlpHttp {
         // The buffer back for the next body when the client has let go of it (almost always once
         // the answer is in; if not, the next body starts empty). A fresh one per post was
         // allocated on this thread and freed on reqwest's, so this thread's allocator kept taking
-        // fresh pages, each zeroed by the kernel (README, "Trace export").
+        // fresh pages, each zeroed by the kernel (docs/src/performance.md).
         if let Ok(returned) = sent.try_into_mut() {
             *body = Vec::from(returned);
         }

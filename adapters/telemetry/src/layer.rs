@@ -2,8 +2,7 @@
 //! attributes, warnings as events, and on close the span handed to the exporter's queue (encoded
 //! there for HTTP/protobuf, as a `SpanData` for the SDK's processor).
 //!
-//! Our own instead of tracing-opentelemetry's, for what it cost in the request path (README,
-//! "Trace export"): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
+//! Our own instead of tracing-opentelemetry's, for what it cost in the request path (docs/src/performance.md): that layer keeps a `SpanBuilder` and a `Context` per span, stamps an end time
 //! on every poll's exit and builds the finished span through the SDK's tracer; this one keeps a
 //! fixed [`SpanRecord`] in the span's extensions, does nothing on enter and exit, and writes
 //! the attributes as protobuf as they are recorded ([`EncodedAttributes`]), copying each string
@@ -691,16 +690,19 @@ impl EventFields {
     }
 }
 
+// A warning's fields carry what a provider answered (a refusal's message, an error): scrubbed of
+// secrets before they become a span event (`opledger_domain::redact`).
 impl Visit for EventFields {
     fn record_str(&mut self, field: &Field, value: &str) {
+        let value = opledger_domain::redact::scrub(value).into_owned();
         match field.name() {
-            "message" => self.name = Some(Cow::Owned(value.to_owned())),
-            _ => self.set(field, Value::String(value.to_owned().into())),
+            "message" => self.name = Some(Cow::Owned(value)),
+            _ => self.set(field, Value::String(value.into())),
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let value = debug_string(value);
+        let value = opledger_domain::redact::scrub_owned(debug_string(value));
         match field.name() {
             "message" => self.name = Some(Cow::Owned(value)),
             _ => self.set(field, Value::String(value.into())),

@@ -1,6 +1,6 @@
 //! What recording and ending one of the ledger's spans costs the thread that does it, export on
 //! (HTTP/protobuf's spool, posting nowhere): a measurement, not a check, run by hand against two
-//! builds (README, "Trace export", the s41b round):
+//! builds:
 //! `cargo test --release -p opledger-telemetry layer_cost -- --ignored --nocapture`.
 
 use std::sync::Arc;
@@ -94,7 +94,7 @@ fn per_run(step: &mut dyn FnMut()) -> f64 {
 /// (the default: the log's filter disables the ledger's spans) and at `info` (`-v`: it enables
 /// them), its filter an `EnvFilter` or the [`LogFilter`](crate::log_filter::LogFilter) `install`
 /// makes of it; and what a finished future costs in `tracing`'s `Instrumented` against the
-/// domain's `InSpan` (README, "Trace export", the s42 round): multiply by the enters an operation
+/// domain's `InSpan`: multiply by the enters an operation
 /// makes to price them.
 #[test]
 #[ignore = "a measurement, run by hand"]

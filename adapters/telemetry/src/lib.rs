@@ -26,6 +26,7 @@ mod layer;
 mod layer_cost;
 mod log_filter;
 mod otlp_proto;
+mod scrubbed;
 mod spool;
 
 use std::sync::Arc;
@@ -96,14 +97,14 @@ pub fn install(
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let log_layer = match settings.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(scrubbed::Stderr)
             .with_ansi(ansi)
             .with_filter(LogFilter::of(log_filter()))
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .event_format(json_log::JsonWithTrace)
-            .with_writer(std::io::stderr)
+            .with_writer(scrubbed::Stderr)
             .with_filter(LogFilter::of(log_filter()))
             .boxed(),
     };

@@ -4,8 +4,7 @@
 //!
 //! opentelemetry-otlp's exporter clones every span of a batch, groups them by scope in a hash map,
 //! converts each into the generated message types (a `String` or `Vec` per id, name, key and
-//! value) and then encodes those: about 17 µs of CPU per operation of `bench http` (README,
-//! "Trace export"). Nothing here needs a copy of a span: this writes the wire format (opentelemetry-proto's `trace.proto`, `common.proto`,
+//! value) and then encodes those: about 17 µs of CPU per operation of `bench http` (docs/src/performance.md). Nothing here needs a copy of a span: this writes the wire format (opentelemetry-proto's `trace.proto`, `common.proto`,
 //! `resource.proto`) with prost's encoding primitives, reusing its buffers from batch to batch.
 //! Proto3 rules as prost applies them: a scalar field at its default is left out, a oneof member
 //! and a present message field are always written. The unit tests decode what it writes with
@@ -393,7 +392,7 @@ fn unix_nanos(time: SystemTime) -> u64 {
 }
 
 /// A span's attributes as its `Span.attributes` fields, written as the span layer records them
-/// (README, "Trace export", the s41b round): no `KeyValue`, `Value` or `String` per attribute,
+/// (so recording costs the request path little: docs/src/performance.md): no `KeyValue`, `Value` or `String` per attribute,
 /// and nothing left to convert when the span ends. A key written again replaces its field where
 /// it is, so a span exports each attribute once, with its last value, in order of first record.
 #[derive(Debug, Default)]

@@ -5,8 +5,8 @@
 //! Why not the SDK's batch processor: it moves each `SpanData` (a few hundred bytes, a `String`
 //! or a vector per attribute) through a channel to its thread, which gathers a new vector per
 //! batch, encodes from cold memory and frees every string a worker allocated: a send per span,
-//! and frees across threads that keep the workers' allocator pages from being reused (README,
-//! "Trace export", the s40 round). Here a span is encoded where it ends, while its fields are
+//! and frees across threads that keep the workers' allocator pages from being reused (seen in
+//! profiles of `bench http` with export on). Here a span is encoded where it ends, while its fields are
 //! in the cache, its strings are freed by the thread that (almost always) allocated them, and
 //! what crosses to the export thread is bytes, taken a whole queue at a time.
 //!

@@ -511,7 +511,7 @@ fn open(path: &Path) -> Result<Connection, WebhookError> {
     // WAL with NORMAL sync for deliveries: a commit survives the process dying (SIGKILL), and a
     // power loss can only take back the last checkpoints, which repeats deliveries (same
     // `webhook-id`) and never skips one — what at-least-once allows. It halves the fsyncs a
-    // delivery costs the machine the ledger commits on (`bench http --webhook`, README). An
+    // delivery costs the machine the ledger commits on (`bench http --webhook`, docs/src/performance.md). An
     // operator's pause or replay and a disabling commit with FULL sync (`set_status`): a lost
     // pause would resume deliveries.
     connection

@@ -1,4 +1,4 @@
-// The README's TypeScript examples stay true to the package: each is valid JavaScript as it
+// The book's framework examples stay true to the package: each is valid JavaScript as it
 // stands (they use no type syntax, so a user can paste them into an .mjs file too), and every
 // name they import from opledger-client is one the module exports.
 
@@ -11,11 +11,11 @@ import { test } from "node:test";
 
 import { env } from "./support.js";
 
-/** The ```ts blocks of the README's TypeScript section. */
+/** The ```ts blocks of the page's TypeScript section. */
 function examples() {
-  const readme = readFileSync(env("OPLEDGER_README"), "utf8");
+  const readme = readFileSync(env("OPLEDGER_CLIENTS_PAGE"), "utf8");
   const start = readme.indexOf("### From TypeScript");
-  assert.ok(start >= 0, "the README has a TypeScript section");
+  assert.ok(start >= 0, "the page has a TypeScript section");
   const section = readme.slice(start, readme.indexOf("\n## ", start));
   return [...section.matchAll(/```ts\n([\s\S]*?)```/g)].map((match) => match[1]);
 }
@@ -23,7 +23,7 @@ function examples() {
 const SUBPATHS = { "opledger-client": "../src/index.js", "opledger-client/ai-sdk": "../src/ai-sdk.js",
   "opledger-client/openai-agents": "../src/openai-agents.js", "opledger-client/langchain": "../src/langchain.js" };
 
-test("every README example parses and imports only what the package exports", async () => {
+test("every framework example parses and imports only what the package exports", async () => {
   const blocks = examples();
   assert.equal(blocks.length, 3, "one example per framework");
   const scratch = mkdtempSync(join(tmpdir(), "opledger-readme-"));

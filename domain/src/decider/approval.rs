@@ -5,7 +5,7 @@
 
 use super::{check_hash, check_note, On, Rejection};
 use crate::args::ArgsHash;
-use crate::event::{ApprovalDenied, ApprovalGranted, OperationEvent};
+use crate::event::{ApprovalDenied, ApprovalGranted, OperationEvent, Principal};
 use crate::ids::ActorId;
 use crate::state::Status;
 
@@ -13,12 +13,14 @@ use crate::state::Status;
 pub(super) fn grant(
     on: &On<'_>,
     approver: &ActorId,
+    principal: Option<&Principal>,
     args_hash: &ArgsHash,
 ) -> Result<Vec<OperationEvent>, Rejection> {
     check_hash(&on.intent.args_hash, args_hash)?;
     match on.state.status {
         Status::AwaitingApproval => Ok(vec![OperationEvent::ApprovalGranted(ApprovalGranted {
             approver: approver.clone(),
+            principal: principal.cloned(),
             args_hash: args_hash.clone(),
             at: on.now,
         })]),
@@ -32,6 +34,7 @@ pub(super) fn grant(
 pub(super) fn deny(
     on: &On<'_>,
     approver: &ActorId,
+    principal: Option<&Principal>,
     args_hash: &ArgsHash,
     reason: &str,
 ) -> Result<Vec<OperationEvent>, Rejection> {
@@ -40,6 +43,7 @@ pub(super) fn deny(
     match on.state.status {
         Status::AwaitingApproval => Ok(vec![OperationEvent::ApprovalDenied(ApprovalDenied {
             approver: approver.clone(),
+            principal: principal.cloned(),
             args_hash: args_hash.clone(),
             reason: reason.to_owned(),
             at: on.now,

@@ -26,6 +26,7 @@ pub(super) struct Claim<'a> {
     pub(super) capabilities: &'a ProviderCapabilities,
     pub(super) policy: &'a RetryPolicy,
     pub(super) budget_wait: Option<&'a BudgetWait>,
+    pub(super) request: Option<&'a String>,
 }
 
 /// `pending --StartAttempt (binding, contract)--> in_flight`; the same claim again is nothing.
@@ -64,6 +65,7 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
         worker: claim.worker.clone(),
         lease_deadline: lease_deadline(on.now, claim.lease_ms)?,
         budget_wait: claim.budget_wait.cloned(),
+        request: claim.request.cloned(),
         at: on.now,
     })])
 }

@@ -100,6 +100,7 @@ fn command_for(
     match action {
         Action::Grant => grant(),
         Action::Deny => Command::DenyApproval {
+            principal: None,
             approver: actor("boss"),
             args_hash: first.args_hash.clone(),
             reason: "no".into(),
@@ -182,6 +183,7 @@ fn command_for(
             evidence: String::new(),
         },
         Action::Resolve(decision, id) => Command::ResolveReview {
+            principal: None,
             reviewer: actor("operator"),
             decision: match decision {
                 0 => ReviewDecision::Retry,

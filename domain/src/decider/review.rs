@@ -12,7 +12,7 @@
 use super::attempt::check_attempt_limit;
 use super::{check_note, clip, On, Rejection};
 use crate::contract::{check_retry_contract, ProviderCapabilities, SendBinding};
-use crate::event::{OperationEvent, ReviewDecision, ReviewRequired, ReviewResolved};
+use crate::event::{OperationEvent, Principal, ReviewDecision, ReviewRequired, ReviewResolved};
 use crate::ids::ActorId;
 use crate::state::Status;
 
@@ -56,6 +56,7 @@ pub(super) fn resolve(
     }
     Ok(vec![OperationEvent::ReviewResolved(ReviewResolved {
         reviewer: decided.reviewer.clone(),
+        principal: decided.principal.cloned(),
         decision: decided.decision.clone(),
         note: decided.note.to_owned(),
         // Only a retry can create anything; the flag on another decision would claim a risk
@@ -68,6 +69,7 @@ pub(super) fn resolve(
 /// The fields of [`crate::command::Command::ResolveReview`], borrowed.
 pub(super) struct Decision<'a> {
     pub(super) reviewer: &'a ActorId,
+    pub(super) principal: Option<&'a Principal>,
     pub(super) decision: &'a ReviewDecision,
     pub(super) note: &'a str,
     pub(super) accept_duplicate_risk: bool,

@@ -84,6 +84,7 @@ fn needs_review() -> Scenario {
 
 fn resolve(decision: ReviewDecision) -> Command {
     Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision,
         note: "checked the CRM by hand".into(),
@@ -152,6 +153,7 @@ fn approval_of_other_arguments_is_refused() {
         .expect("valid")
         .hash();
     let command = Command::GrantApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: other.clone(),
     };
@@ -163,6 +165,40 @@ fn approval_of_other_arguments_is_refused() {
             offered: other
         }
     );
+}
+
+#[test]
+fn an_approval_records_the_token_that_gave_it_and_an_older_one_reads_and_hashes_as_before() {
+    let principal = crate::event::Principal {
+        kind: crate::event::PrincipalKind::TenantToken,
+        name: "acme".into(),
+    };
+    let command = Command::GrantApproval {
+        principal: Some(principal.clone()),
+        approver: actor("Jane Doe (CFO)"),
+        args_hash: intent(true).args_hash,
+    };
+    let outcome = awaiting_approval().when(&command, at_s(1));
+    let [OperationEvent::ApprovalGranted(granted)] = outcome.events() else {
+        panic!("one approval: {:?}", outcome.events());
+    };
+    assert_eq!(granted.principal.as_ref(), Some(&principal));
+    let written = serde_json::to_value(granted).expect("serializes");
+    assert_eq!(
+        written["principal"],
+        json!({"kind": "tenant_token", "name": "acme"})
+    );
+    // An approval written before principals were kept: read without one, written back the same
+    // bytes, so its hash in the chain is unchanged.
+    let mut older = written.clone();
+    older
+        .as_object_mut()
+        .expect("an object")
+        .remove("principal");
+    let read: crate::event::ApprovalGranted =
+        serde_json::from_value(older.clone()).expect("an older approval reads");
+    assert_eq!(read.principal, None);
+    assert_eq!(serde_json::to_value(&read).expect("serializes"), older);
 }
 
 #[test]
@@ -188,6 +224,7 @@ fn an_operation_that_needs_approval_cannot_start_before_it() {
 #[test]
 fn a_denied_operation_is_never_sent_or_approved() {
     let deny = Command::DenyApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: intent(true).args_hash,
         reason: "wrong client".into(),
@@ -699,6 +736,7 @@ fn a_reviewer_retry_of_an_unknown_operation_is_sent_without_a_retry_contract() {
 #[test]
 fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
@@ -714,6 +752,7 @@ fn a_reviewer_note_on_an_unknown_operation_is_held_to_the_same_limit() {
 #[test]
 fn an_oversized_reviewer_note_is_refused() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("op"),
         decision: ReviewDecision::Abandon,
         note: "x".repeat(crate::command::MAX_NOTE_BYTES + 1),
@@ -1160,6 +1199,7 @@ fn a_denial_of_other_arguments_is_refused() {
         .expect("valid")
         .hash();
     let deny = Command::DenyApproval {
+        principal: None,
         approver: actor("boss"),
         args_hash: other,
         reason: "no".into(),
@@ -1246,6 +1286,7 @@ fn resolve_retry(
     capabilities: Option<ProviderCapabilities>,
 ) -> Command {
     Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision: ReviewDecision::Retry,
         note: "the CRM was down; retrying".into(),
@@ -1347,6 +1388,7 @@ fn a_reviewer_retry_of_a_key_past_its_retention_needs_the_duplicate_risk_accepte
 #[test]
 fn the_flag_is_recorded_only_on_a_retry() {
     let command = Command::ResolveReview {
+        principal: None,
         reviewer: actor("operator"),
         decision: ReviewDecision::Abandon,
         note: "not needed any more".into(),
@@ -1636,7 +1678,12 @@ fn a_budget_wait_is_recorded_with_the_claim_it_preceded() {
         waited_ms: 1_250,
     };
     let mut claim = start(1, lookup_only());
-    if let Command::StartAttempt { budget_wait, .. } = &mut claim {
+    if let Command::StartAttempt {
+        request: None,
+        budget_wait,
+        ..
+    } = &mut claim
+    {
         *budget_wait = Some(wait.clone());
     }
     let outcome = recorded().when(&claim, at_s(1));

@@ -84,6 +84,7 @@ pub mod events {
 
     fn started(n: u128, seconds: i64) -> OperationEvent {
         OperationEvent::AttemptStarted(AttemptStarted {
+            request: None,
             budget_wait: None,
             attempt_id: attempt(n),
             attempt_number: u32::try_from(n).expect("small"),

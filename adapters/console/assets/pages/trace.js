@@ -66,6 +66,14 @@ function chain(trace) {
   ].filter(Boolean);
 }
 
+// The token that made a decision, beside the name written with it (absent from older events).
+function decidedWith(data) {
+  const principal = data.principal;
+  if (!principal) return "";
+  const kind = principal.kind === "tenant_token" ? "tenant" : principal.kind;
+  return ` (with the ${kind} token ${principal.name})`;
+}
+
 /// The chain's node for one event, or null for events that are part of another node (an
 /// attempt's outcome belongs to its attempt) or carry nothing to draw (a claimed lookup).
 function stepOf(event, events, trace) {
@@ -78,13 +86,13 @@ function stepOf(event, events, trace) {
       return node(`attempt ${kind}`, `Attempt #${data.attempt_number}`, data.attempt_id, `${time(data.at)}${end ? ` · took ${between(data.at, end.data.at)}` : ""} · ${what}`, trace.query === data.attempt_id);
     }
     case "ApprovalGranted":
-      return node("decision ok", "Approved", data.approver ?? "", time(data.at));
+      return node("decision ok", "Approved", `${data.approver ?? ""}${decidedWith(data)}`, time(data.at));
     case "ApprovalDenied":
-      return node("decision bad", "Denied", data.approver ?? "", data.reason ?? "");
+      return node("decision bad", "Denied", `${data.approver ?? ""}${decidedWith(data)}`, data.reason ?? "");
     case "ReviewResolved": {
       const decided = data.decision?.kind === "confirm_succeeded" ? `confirmed object ${data.decision.external_id}` : (data.decision?.kind ?? "decided");
       const risk = data.accept_duplicate_risk ? " · accepted the duplicate risk" : "";
-      return node("decision", "A person decided", `${data.reviewer ?? "a reviewer"}: ${decided}${risk}`, `${time(data.at)} · “${data.note ?? ""}”`);
+      return node("decision", "A person decided", `${data.reviewer ?? "a reviewer"}${decidedWith(data)}: ${decided}${risk}`, `${time(data.at)} · “${data.note ?? ""}”`);
     }
     case "DuplicateDetected":
       return node("duplicate bad", "Duplicate detected", `object ${data.duplicate_external_id}`, `a second object for this one request (confirmed: ${data.confirmed_external_id}); found by ${data.found_by}`, trace.query === data.duplicate_external_id);

@@ -198,12 +198,18 @@ fn mcp_stop(shared: &Shared) -> opledger_mcp::CancellationToken {
     token
 }
 
-/// Puts the calling tenant in the request, or answers 401/403 as the API does.
+/// Puts the calling tenant in the request, or answers 401/403 as the API does. A browser's
+/// request from a foreign origin is refused first (403), as the MCP Streamable HTTP transport
+/// requires against DNS rebinding: a page on `http://evil.example` whose name was made to resolve
+/// to 127.0.0.1 must not reach a local server.
 async fn authenticate(
     State(shared): State<Arc<Shared>>,
     mut request: Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if let Err(error) = origin_allowed(request.headers(), &shared.mcp_allowed_origins) {
+        return error.into_response();
+    }
     let tenant = match shared
         .tokens
         .authenticate(request.headers())
@@ -213,5 +219,145 @@ async fn authenticate(
         Err(error) => return error.into_response(),
     };
     request.extensions_mut().insert(Caller(tenant));
+    let request = match checked_tool_call(request).await {
+        Ok(request) => request,
+        Err(refusal) => return refusal,
+    };
     next.run(request).await
+}
+
+/// A `tools/call` whose `arguments` the MCP SDK would misread is answered here with JSON-RPC's
+/// invalid params (-32602), naming what is wrong: `arguments` that are no object (the SDK
+/// answers "method not found" for it), and an object holding one key twice at any depth (the SDK
+/// keeps the last, silently). Any other request passes on with its body unchanged.
+async fn checked_tool_call(request: Request) -> Result<Request, Response> {
+    if request.method() != axum::http::Method::POST {
+        return Ok(request);
+    }
+    let (parts, body) = request.into_parts();
+    // A longer body is cut here and refused by the SDK's own limit, as before.
+    let bytes = axum::body::to_bytes(body, opledger_mcp::MAX_MCP_BODY_BYTES + 1)
+        .await
+        .unwrap_or_default();
+    let message: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    let call = message
+        .as_ref()
+        .filter(|message| message["method"] == "tools/call");
+    if let Some(call) = call {
+        let arguments = &call["params"]["arguments"];
+        let problem = if !(arguments.is_object() || arguments.is_null()) {
+            Some("`params.arguments` must be an object of the tool's arguments".to_owned())
+        } else {
+            opledger_domain::args::check_json(&bytes, "")
+                .err()
+                .map(|error| error.to_string())
+        };
+        if let Some(problem) = problem {
+            let answer = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": call["id"],
+                "error": {"code": -32602, "message": format!("invalid params: {problem}")},
+            });
+            return Err(crate::error::json_reply(StatusCode::OK, &answer));
+        }
+    }
+    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
+}
+
+/// Whether `/mcp` answers a request with these headers: one without `Origin` (no browser sent
+/// it: an agent's own client), or one whose `Origin` is a loopback origin (`localhost`,
+/// `127.0.0.0/8`, `[::1]`) or listed in `[mcp] allowed_origins`. Anything else, `null` and
+/// several `Origin` headers included, is refused with 403 naming the origin and the setting.
+pub(crate) fn origin_allowed(headers: &HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
+    let mut origins = headers.get_all(axum::http::header::ORIGIN).iter();
+    let Some(origin) = origins.next() else {
+        return Ok(());
+    };
+    let refused = |shown: &str| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            format!(
+                "/mcp does not answer pages from origin `{shown}`; list it under [mcp] allowed_origins if that page is yours (loopback origins are always allowed)"
+            ),
+        )
+    };
+    if origins.next().is_some() {
+        return Err(refused("(several Origin headers)"));
+    }
+    let text = origin.to_str().map_err(|_| refused("(not text)"))?;
+    let lower = text.trim().to_ascii_lowercase();
+    if is_loopback_origin(&lower) || allowed.contains(&lower) {
+        Ok(())
+    } else {
+        Err(refused(&opledger_providers::http::shorten(text, 100)))
+    }
+}
+
+/// Whether `origin` (lower case) is `http(s)://` a loopback host, with any port.
+fn is_loopback_origin(origin: &str) -> bool {
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    if authority.contains(['/', '@', '?', '#']) {
+        return false;
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_origin(origins: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for origin in origins {
+            headers.append(
+                axum::http::header::ORIGIN,
+                origin.parse().expect("a header value"),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn loopback_and_listed_origins_are_answered_and_others_refused() {
+        let allowed = vec!["https://agent.example.com".to_owned()];
+        for origin in [
+            "http://localhost:3000",
+            "http://127.0.0.1:8080",
+            "https://[::1]:1",
+            "HTTPS://Agent.Example.com",
+        ] {
+            assert!(
+                origin_allowed(&with_origin(&[origin]), &allowed).is_ok(),
+                "{origin}"
+            );
+        }
+        assert!(origin_allowed(&HeaderMap::new(), &allowed).is_ok());
+        for origins in [
+            &["http://evil.example"][..],
+            &["null"],
+            &["http://localhost.evil.example"],
+            &["http://127.0.0.1.evil.example"],
+            &["http://localhost@evil.example"],
+            &["https://agent.example.com:444"],
+            &["http://localhost", "http://evil.example"],
+        ] {
+            assert!(
+                origin_allowed(&with_origin(origins), &allowed).is_err(),
+                "{origins:?}"
+            );
+        }
+    }
 }

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tracing::{info, warn};
 
-use super::auth::{approver_for, operator_of, tenant_of, Scope};
+use super::auth::{approver_for, operator_of, principal_of, tenant_of, Scope};
 use super::error::{json_reply, ApiError};
 use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of, RenderError};
@@ -234,8 +234,9 @@ async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<
         }
     })?;
     // After the parse, so malformed JSON gets its own answer; before anything is recorded, so a
-    // number the ledger would store as a different number is refused, not rounded.
-    opledger_domain::args::check_numbers(&bytes, "").map_err(ApiError::invalid)?;
+    // number the ledger would store as a different number is refused, not rounded, and a key
+    // given twice (in `args` too) is refused, not settled by whichever of the two a parser keeps.
+    opledger_domain::args::check_json(&bytes, "").map_err(ApiError::invalid)?;
     Ok(parsed)
 }
 

@@ -258,8 +258,7 @@ async fn execute_recorded(
 ) -> (LoadedOperation, Option<ApiError>) {
     let operation_id = recorded.operation_id;
     // Debug, so not exported: inside the request's span and around the claim and send, which
-    // carry the operation id, it only cost every traced call one more span (README, "Trace
-    // export").
+    // carry the operation id, it only cost every traced call one more span (docs/src/performance.md).
     let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     // The first drive sends the attempt just claimed.
     let start = Start::Claimed(Box::new(recorded.clone()), claimed);
@@ -492,14 +491,19 @@ async fn approval(
     let tenant = check_visible(shared, &scope, operation_id).await?;
     let name = approver_for(principal, &tenant, &shared.approval_guard, body.approver)?;
     let approver = ActorId::new(name).map_err(|e| field("approver", e))?;
+    let decided_by = Some(principal_of(principal));
     let ledger = shared.engine.ledger();
     let loaded = match reason {
         Some(reason) => {
             ledger
-                .deny(operation_id, approver, args_hash, reason)
+                .deny_as(operation_id, approver, decided_by, args_hash, reason)
                 .await?
         }
-        None => ledger.approve(operation_id, approver, args_hash).await?,
+        None => {
+            ledger
+                .approve_as(operation_id, approver, decided_by, args_hash)
+                .await?
+        }
     };
     Ok(view_reply(StatusCode::OK, &operation_view(shared, &loaded)))
 }
@@ -526,7 +530,7 @@ pub(super) async fn execute(
     let place = execute_place(&shared)?;
     // Debug like the one-call path's: the request's own span carries the operation id and the
     // link to the intent's trace (the drive continues from it), so an exported `execute` inside
-    // it would only cost every call one more span (README, "Trace export").
+    // it would only cost every call one more span (docs/src/performance.md).
     tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
     let span = tracing::debug_span!("execute", %operation_id, wait_ms = wait.as_millis() as u64);
     let loaded = drive_until(&shared, Start::Read(operation_id), wait, place)

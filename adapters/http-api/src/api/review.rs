@@ -29,6 +29,7 @@ pub(super) async fn review(
     let principal = shared.tokens.authenticate(request.headers())?;
     let (name, scope) = operator_of(principal)?;
     let reviewer = ActorId::new(name.to_owned())?;
+    let decided_by = principal_of(principal);
     let operation_id = operation_id(&id)?;
     let body: ReviewBody = body(&shared, request).await?;
     if body.accept_duplicate_risk && body.decision != "retry" {
@@ -85,13 +86,21 @@ pub(super) async fn review(
     let report = tokio::spawn(super::operations::boxed(async move {
         if pinned {
             engine
-                .resolve_review_seen(loaded, reviewer, decision, body.note, accept_duplicate_risk)
+                .resolve_review_seen(
+                    loaded,
+                    reviewer,
+                    Some(decided_by),
+                    decision,
+                    body.note,
+                    accept_duplicate_risk,
+                )
                 .await
         } else {
             engine
                 .resolve_review(
                     operation_id,
                     reviewer,
+                    Some(decided_by),
                     decision,
                     body.note,
                     accept_duplicate_risk,

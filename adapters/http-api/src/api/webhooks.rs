@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{body, IdPath};
-use crate::auth::{operator_of, Scope};
+use crate::auth::{operator_for_route, Scope};
 use crate::error::{json_reply, ApiError};
 use crate::{ServeStore, Shared};
 
@@ -40,7 +40,7 @@ pub(super) async fn list(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (_, scope) = operator_of(shared.tokens.authenticate(&headers)?)?;
+    let (_, scope) = operator_for_route(shared.tokens.authenticate(&headers)?, "GET /v1/webhooks")?;
     let head = head(&shared).await?;
     let endpoints = shared
         .webhooks
@@ -61,7 +61,7 @@ pub(super) async fn pause(
     IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let name = operator_endpoint(&shared, &headers, &id).await?;
+    let name = operator_endpoint(&shared, &headers, &id, "pause").await?;
     shared
         .webhooks
         .pause(&id, &name)
@@ -76,7 +76,7 @@ pub(super) async fn resume(
     IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let name = operator_endpoint(&shared, &headers, &id).await?;
+    let name = operator_endpoint(&shared, &headers, &id, "resume").await?;
     shared.webhooks.resume(&id).await.map_err(webhook_error)?;
     tracing::info!(endpoint = %id, operator = %name, "webhook endpoint resumed");
     overview(&shared, &id).await
@@ -88,7 +88,7 @@ pub(super) async fn replay(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let name = operator_endpoint(&shared, &headers, &id).await?;
+    let name = operator_endpoint(&shared, &headers, &id, "replay").await?;
     let replay: ReplayRequest = body(&shared, request).await?;
     let after = match (replay.after_position, replay.since) {
         (Some(position), None) => (position > 0).then_some(position),
@@ -116,7 +116,7 @@ pub(super) async fn attempts(
     query: Result<Query<AttemptsQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    operator_endpoint(&shared, &headers, &id).await?;
+    operator_endpoint(&shared, &headers, &id, "attempts").await?;
     let Query(query) = query?;
     let limit = super::page_limit(query.limit.as_deref())?;
     let attempts = shared
@@ -127,13 +127,17 @@ pub(super) async fn attempts(
     Ok(json_reply(StatusCode::OK, &json!({ "attempts": attempts })))
 }
 
-/// Authenticates an operator who may act on endpoint `id`; their name.
+/// Authenticates an operator who may act on endpoint `id` (at its route ending in `what`); their
+/// name.
 async fn operator_endpoint(
     shared: &Shared,
     headers: &HeaderMap,
     id: &str,
+    what: &str,
 ) -> Result<String, ApiError> {
-    let (name, scope) = operator_of(shared.tokens.authenticate(headers)?)?;
+    let method = if what == "attempts" { "GET" } else { "POST" };
+    let route = format!("{method} /v1/webhooks/{{id}}/{what}");
+    let (name, scope) = operator_for_route(shared.tokens.authenticate(headers)?, &route)?;
     let endpoint = shared
         .webhooks
         .endpoint(id, None)

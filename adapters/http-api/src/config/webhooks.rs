@@ -45,7 +45,7 @@ pub(super) struct WebhookEntry {
 impl Checker<'_> {
     /// Refuses webhooks on a KurrentDB ledger: its instances share no journal, so each would
     /// keep its own checkpoints and deliver every event once per instance, with no lease to make
-    /// one of them the sender (README, "Webhooks with several instances").
+    /// one of them the sender (docs/src/subscribers/webhooks.md, "Several instances").
     pub(super) fn webhooks_fit_the_store(
         &self,
         entries: &[WebhookEntry],
@@ -237,6 +237,8 @@ impl Checker<'_> {
         let secrets = value
             .split_whitespace()
             .map(|text| {
+                // Kept out of every log line and answer (`opledger_domain::redact`).
+                opledger_domain::redact::register(text);
                 Secret::parse(text)
                     .map_err(|message| at(format!("`{}`: {message}", variable.get_ref())))
             })

@@ -143,6 +143,7 @@ mod tests {
     fn a_review_detail_carries_the_arguments_the_binding_every_attempt_and_every_lookup() {
         let started = |n: u128| {
             OperationEvent::AttemptStarted(AttemptStarted {
+                request: None,
                 budget_wait: None,
                 attempt_id: attempt(n),
                 attempt_number: u32::try_from(n).expect("small"),

@@ -67,6 +67,18 @@ fn after_wait(wait: Option<&BudgetWait>) -> String {
     wait.map_or_else(String::new, |wait| format!(", after it {wait}"))
 }
 
+/// The token behind a decision, as ` (with the approver token finance-lead)`; nothing for a
+/// decision recorded without one.
+fn decided_with(principal: Option<&opledger_domain::event::Principal>) -> String {
+    principal.map_or_else(String::new, |principal| {
+        format!(
+            " (with the {} token {})",
+            principal.kind.as_str().trim_end_matches("_token"),
+            principal.name
+        )
+    })
+}
+
 /// What one event means, in a phrase.
 pub fn describe(event: &OperationEvent) -> String {
     match event {
@@ -78,14 +90,24 @@ pub fn describe(event: &OperationEvent) -> String {
             e.idempotency_key,
             e.args.canonical_json()
         ),
-        OperationEvent::ApprovalGranted(e) => format!("by {}", e.approver),
-        OperationEvent::ApprovalDenied(e) => format!("by {}: {}", e.approver, e.reason),
+        OperationEvent::ApprovalGranted(e) => {
+            format!("by {}{}", e.approver, decided_with(e.principal.as_ref()))
+        }
+        OperationEvent::ApprovalDenied(e) => format!(
+            "by {}{}: {}",
+            e.approver,
+            decided_with(e.principal.as_ref()),
+            e.reason
+        ),
         OperationEvent::AttemptStarted(e) => format!(
-            "attempt #{} ({}) by {}{}",
+            "attempt #{} ({}) by {}{}{}",
             e.attempt_number,
             e.attempt_id,
             e.worker,
-            after_wait(e.budget_wait.as_ref())
+            after_wait(e.budget_wait.as_ref()),
+            e.request
+                .as_ref()
+                .map_or_else(String::new, |request| format!(": {request}"))
         ),
         OperationEvent::AttemptSucceeded(e) => format!("confirmed: object {}", e.external_id),
         OperationEvent::AttemptRejected(e) => format!("refused: {} {}", e.code, e.message),
@@ -135,7 +157,12 @@ pub fn describe(event: &OperationEvent) -> String {
                 }
                 ReviewDecision::Abandon => "abandoned".to_owned(),
             };
-            format!("{} decided: {decision} ({})", e.reviewer, e.note)
+            format!(
+                "{}{} decided: {decision} ({})",
+                e.reviewer,
+                decided_with(e.principal.as_ref()),
+                e.note
+            )
         }
         OperationEvent::LateResponseReceived(e) => match &e.response {
             LateResponse::Succeeded { external_id, .. } => {

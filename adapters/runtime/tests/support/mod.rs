@@ -56,6 +56,7 @@ impl Providers for ConfirmingCrm {
             },
             credential_fingerprint: CredentialFingerprint::new("fp-1")
                 .expect("a valid fingerprint"),
+            earlier_fingerprints: Vec::new(),
         })
     }
 

@@ -61,8 +61,24 @@ pub(super) const WRITER_CACHE_KIB: i64 = 16 * 1024;
 /// `PRAGMA synchronous` reads back 2 for FULL.
 const SYNCHRONOUS_FULL: i64 = 2;
 
+/// Refuses a path that exists and is no regular file (a device such as `/dev/null`, a pipe, a
+/// socket, a directory) before SQLite touches it: SQLite would open it, and create its journal
+/// beside it (`/dev/null-journal`) before finding it is no database.
+pub(crate) fn refuse_special_file(path: &Path) -> Result<(), StoreError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(StoreError::Unavailable {
+            reason: format!(
+                "`{}` is not a regular file (a device, a pipe, a socket or a directory); give the path of a ledger file, or of a new one to create",
+                path.display()
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Opens the one read-write connection, creating or checking the schema.
 pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
+    refuse_special_file(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -102,6 +118,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
 
 /// Opens a read-only connection for the reader pool.
 pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    refuse_special_file(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(path, flags).map_err(|error| {
         sqlite_error(

@@ -1,5 +1,6 @@
 #!/bin/bash
-# The issue 29 benchmarks, one after another, each line tagged with the load average before it.
+# Replay, read-model rebuild and export of a 1M- and a 10M-event ledger, one after another, each
+# line tagged with the load average before it (docs/src/performance.md, "Large ledgers").
 # Run it in a directory outside the repository with room for ~20 GB, with the release binary
 # copied in as ./opledger (a later build then cannot change it mid-run).
 cd "${1:-.}"
