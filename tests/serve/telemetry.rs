@@ -1075,10 +1075,13 @@ async fn a_callers_trace_from_the_python_sdks_propagator_continues_whatever_its_
     }
 }
 
+/// What the webhook receiver below kept: each delivery's `traceparent` header and body.
+type Deliveries = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+
 /// A loopback webhook receiver keeping each delivery's `traceparent` header and body; it
 /// answers 200 without verifying (the webhook tests verify with the Standard Webhooks library).
-async fn traceparent_keeping_receiver() -> (String, Arc<Mutex<Vec<(Option<String>, Value)>>>) {
-    let kept: Arc<Mutex<Vec<(Option<String>, Value)>>> = Arc::default();
+async fn traceparent_keeping_receiver() -> (String, Deliveries) {
+    let kept: Deliveries = Arc::default();
     let keep = Arc::clone(&kept);
     let app = axum::Router::new().route(
         "/hooks",
