@@ -89,6 +89,19 @@ pub enum Command {
     /// Walk the whole log and report every event edited, removed or moved behind the ledger's
     /// back, by stream and version (exit status 4 when anything is found).
     Verify(VerifyArgs),
+    /// The transparency log's signing keys: `keys generate` makes one.
+    Keys(KeysArgs),
+    /// Sign the log's tree head now (a C2SP checkpoint), keep it in the ledger, and print it;
+    /// keep the printed checkpoint outside opledger to hold the ledger to it later
+    /// (`opledger verify --against`).
+    Checkpoint(CheckpointArgs),
+    /// Print the inclusion proofs of an operation's events (or of the event at a position)
+    /// against the newest kept checkpoint, as JSON any RFC 6962 verifier can check.
+    Prove(ProveArgs),
+    /// Follow a served log as a witness: fetch its checkpoint, check it is signed and extends the
+    /// one kept in --state (a consistency proof), then keep the new one; exit 4 on any
+    /// inconsistency. Run it from cron.
+    Witness(WitnessArgs),
     /// Write the log's events (all, a slice by position or time, or one tenant's) to a file, one
     /// JSON object per line with each event's link in its stream's hash chain, for auditors and
     /// the tools they trust (the export is checked without opledger by
@@ -251,6 +264,10 @@ impl Command {
             Self::Replay(args) => args.json,
             Self::Verify(args) => args.json,
             Self::Demo(_)
+            | Self::Keys(_)
+            | Self::Checkpoint(_)
+            | Self::Prove(_)
+            | Self::Witness(_)
             | Self::Connectors(ConnectorsArgs {
                 command: ConnectorsCommand::Show(_),
             })
@@ -274,6 +291,82 @@ pub struct VerifyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also hold the ledger to this kept checkpoint: the log must still hold every event it
+    /// covers, unchanged and in order; the first divergence is named (a removed tail, a
+    /// rewritten event, a reordering).
+    #[arg(long, value_name = "CHECKPOINT_FILE", requires = "verifier_key")]
+    pub against: Option<PathBuf>,
+    /// The log's verifier key, which must have signed the checkpoint.
+    #[arg(long, env = "OPLEDGER_LOG_VERIFIER_KEY")]
+    pub verifier_key: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Make an Ed25519 signing key for the log's checkpoints: writes the private key to --out
+    /// (created, never overwritten, readable by its owner only) and prints the verifier key to
+    /// give auditors and witnesses.
+    Generate(KeysGenerateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeysGenerateArgs {
+    /// The log's name: the first line of every checkpoint, and the key's name (no spaces or
+    /// `+`), e.g. `ledger.example.com/acme`.
+    #[arg(long)]
+    pub name: String,
+    /// Where to write the private key (a new file).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Where the log's signing key comes from: a file, or the environment. Never the ledger.
+#[derive(Debug, Args)]
+pub struct SigningKeyArgs {
+    /// A file holding the signing key (as `opledger keys generate` wrote it).
+    #[arg(long, env = "OPLEDGER_LOG_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    #[command(flatten)]
+    pub store: ReadStoreArgs,
+    #[command(flatten)]
+    pub key: SigningKeyArgs,
+    /// Also write the checkpoint to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProveArgs {
+    #[command(flatten)]
+    pub store: ReadStoreArgs,
+    /// An operation id (its every event is proved) or a global position.
+    pub what: String,
+    /// Prove against the kept checkpoint of this tree size (default: the newest kept).
+    #[arg(long)]
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct WitnessArgs {
+    /// The served log's base URL (e.g. `http://127.0.0.1:8080`).
+    #[arg(long)]
+    pub url: String,
+    /// The file the witness keeps the last checkpoint it accepted in (created on the first run).
+    #[arg(long)]
+    pub state: PathBuf,
+    /// The log's verifier key (as `opledger keys generate` printed it).
+    #[arg(long, env = "OPLEDGER_LOG_VERIFIER_KEY")]
+    pub verifier_key: String,
 }
 
 #[derive(Debug, Args)]

@@ -16,6 +16,7 @@ mod export;
 mod export_parquet;
 mod intent;
 mod ledger_file;
+mod log;
 mod mcp;
 mod ops;
 mod read_models;
@@ -110,6 +111,12 @@ fn main() -> ExitCode {
             Command::Sim(args) => sim::run(args).await,
             Command::Connectors(args) => connectors::run(args).await,
             Command::Verify(args) => verify::run(args).await,
+            Command::Keys(args) => match args.command {
+                cli::KeysCommand::Generate(args) => log::generate_keys(args),
+            },
+            Command::Checkpoint(args) => log::checkpoint(args).await,
+            Command::Prove(args) => log::prove(args).await,
+            Command::Witness(args) => log::witness(args).await,
             Command::Export(args) => export::run(args).await,
         }
     });

@@ -138,6 +138,7 @@ impl ListQuery {
                 })
                 .transpose()?,
             older_than: older_than.map(|duration| now - duration),
+            ..OperationFilter::default()
         };
         Ok(Self {
             filter,

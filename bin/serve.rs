@@ -148,6 +148,9 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         webhooks: Vec::new(),
         webhook_lease_ms: opledger_webhooks::DEFAULT_WEBHOOK_LEASE_MS,
         mcp_allowed_origins: Vec::new(),
+        log: opledger_http_api::log::LogSettings::from_environment()
+            .map_err(crate::cli::CliError::Config)?,
+        instance_id: None,
     };
     Ok((config, stand))
 }

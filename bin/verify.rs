@@ -1,12 +1,23 @@
 //! `opledger verify`: walk the whole log and report every event edited, removed or moved behind
 //! the ledger's back, by stream and version. Exit status 4 when anything is found.
+//!
+//! Each event is checked against its stream (versions, id, chain link), against the leaf the
+//! log's tree recorded for it when it was appended (so a rewrite with its link and id recomputed
+//! is blamed on the rewritten event), and the file's own marks show a removed tail (the highest
+//! position handed out, each stream's last version, the tree's size). With `--against`, the log
+//! is also held to a checkpoint kept outside it: the root of its first events, computed from the
+//! events themselves, must be the checkpoint's, or the first divergence is named.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use opledger_domain::ids::StreamVersion;
-use opledger_domain::store::{EventStore, LogStart, RecordedEvent, MAX_READ_BATCH};
-use opledger_domain::verify::{Finding, Verifier};
+use opledger_domain::checkpoint::{self, Checkpoint};
+use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::merkle::{self, Hash, LogTree, RootFolder};
+use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
+use opledger_domain::verify::{Finding, Recorded, Tampering, Verifier};
+use opledger_store::SqliteStore;
 
 use crate::cli::{CliError, VerifyArgs};
 use crate::intent::{close, open_for_reading};
@@ -23,9 +34,13 @@ const VERIFY_READ_BATCH: usize = 512;
 const _: () = assert!(0 < VERIFY_READ_BATCH && VERIFY_READ_BATCH <= MAX_READ_BATCH);
 
 pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
+    let against = match (&args.against, &args.verifier_key) {
+        (Some(path), Some(key)) => Some(open_kept_checkpoint(path, key)?),
+        _ => None,
+    };
     let ledger = open_for_reading(&args.db).await?;
     let result = tokio::select! {
-        result = walk(ledger.store(), args.json) => result,
+        result = walk(ledger.store(), args.json, against.as_ref()) => result,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
     let closed = close(&ledger).await;
@@ -38,35 +53,183 @@ pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
     }
 }
 
-async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
+/// The checkpoint kept in `path`, opened with the verifier key (its signature checked first).
+fn open_kept_checkpoint(path: &Path, key: &str) -> Result<Checkpoint, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        CliError::Config(format!(
+            "cannot read the checkpoint {}: {error}",
+            path.display()
+        ))
+    })?;
+    checkpoint::open(&text, key).map_err(|error| {
+        CliError::Config(format!(
+            "the checkpoint {} is refused: {error}",
+            path.display()
+        ))
+    })
+}
+
+/// What the walk holds the log to when given a kept checkpoint: the root of the first `size`
+/// events, computed from the events themselves, and the first event that does not fit.
+struct Against<'c> {
+    checkpoint: &'c Checkpoint,
+    folder: RootFolder,
+    first_divergence: Option<Finding>,
+}
+
+impl Against<'_> {
+    /// Folds in the event of rank `rank` (0-based) and notes it if it is the first that does not
+    /// fit the checkpoint.
+    fn fold(
+        &mut self,
+        rank: u64,
+        event: &RecordedEvent,
+        leaf: Hash,
+        recorded: Recorded,
+        findings: &[Finding],
+    ) {
+        if rank >= self.checkpoint.head.size {
+            return;
+        }
+        self.folder.push(leaf);
+        if self.first_divergence.is_some() {
+            return;
+        }
+        let expected = rank + 1;
+        let (what, detail) = if event.position.value() != expected {
+            (
+                "a removed event",
+                format!(
+                    "position {expected}, which the checkpoint covers, is missing from the log"
+                ),
+            )
+        } else if findings
+            .iter()
+            .any(|finding| finding.kind == Tampering::Reordered)
+        {
+            (
+                "a reordering",
+                "this event is not in the place the checkpoint recorded it".to_owned(),
+            )
+        } else if recorded != Recorded::Matches || !findings.is_empty() {
+            (
+                "a rewritten event",
+                "this event is not the one the checkpoint covers at this position".to_owned(),
+            )
+        } else {
+            return;
+        };
+        self.first_divergence = Some(Finding {
+            kind: Tampering::Diverged,
+            stream: Some(event.stream.clone()),
+            version: Some(event.version),
+            position: event.position,
+            detail: format!(
+                "first divergence from the checkpoint of {} events, {what}: {detail}",
+                self.checkpoint.head.size
+            ),
+        });
+    }
+
+    /// The finding, if the log does not extend the checkpoint.
+    fn finish(self, last_position: GlobalPosition) -> Option<Finding> {
+        let size = self.checkpoint.head.size;
+        if let Some(first) = self.first_divergence {
+            return Some(first);
+        }
+        if self.folder.size() < size {
+            return Some(Finding {
+                kind: Tampering::Diverged,
+                stream: None,
+                version: None,
+                position: last_position,
+                detail: format!(
+                    "first divergence from the checkpoint of {size} events, a removed tail: the log holds only {} of them",
+                    self.folder.size(),
+                ),
+            });
+        }
+        if self.folder.head().root == self.checkpoint.head.root {
+            return None;
+        }
+        Some(Finding {
+            kind: Tampering::Diverged,
+            stream: None,
+            version: None,
+            position: last_position,
+            detail: format!(
+                "the log's first {size} events do not hash to the checkpoint's root, and the file's own tree was rewritten to match them, so no single event can be named; compare with a kept export"
+            ),
+        })
+    }
+}
+
+async fn walk(
+    store: &SqliteStore,
+    json: bool,
+    against: Option<&Checkpoint>,
+) -> Result<usize, CliError> {
     // The SQLite store numbers its log 1, 2, 3… without gaps, so a missing position is a removal.
     let mut verifier = Verifier::new(true);
     let head = store.head_position().await?.map_or(0, |head| head.value());
+    let tree_size = store.tree_size().await?;
+    let mut against = against.map(|checkpoint| Against {
+        checkpoint,
+        folder: RootFolder::new(),
+        first_divergence: None,
+    });
     let progress = std::io::stderr().is_terminal() && !json;
     let mut last_progress = Instant::now();
     let mut findings: Vec<Finding> = Vec::new();
     let mut found = 0;
     let mut start = LogStart::Beginning;
+    let mut rank = 0_u64;
+    let mut last_position = GlobalPosition::new(1);
+    let mut note = |finding: Finding, found: &mut usize| {
+        *found += 1;
+        if findings.len() < MAX_FINDINGS_SHOWN {
+            findings.push(finding);
+        }
+    };
     loop {
         let batch = store.read_all(start, VERIFY_READ_BATCH).await?;
         let Some(last) = batch.last() else { break };
         start = LogStart::After(last.position);
-        for event in &batch {
+        last_position = last.position;
+        let recorded_leaves = recorded_leaves(store, &batch, tree_size).await?;
+        for (event, recorded_leaf) in batch.iter().zip(recorded_leaves) {
             if verifier.needs_history(event) {
                 let earlier = earlier_events(store, event).await?;
                 verifier.seed(event, &earlier);
             }
-            for finding in verifier.check(event) {
-                found += 1;
-                if findings.len() < MAX_FINDINGS_SHOWN {
-                    findings.push(finding);
-                }
+            let leaf = merkle::leaf_hash(&event.view());
+            let recorded = match recorded_leaf {
+                Some(recorded) if recorded == leaf => Recorded::Matches,
+                Some(_) => match appended_elsewhere(store, event, tree_size).await? {
+                    Some(appended_at) => Recorded::Moved { appended_at },
+                    None => Recorded::Differs,
+                },
+                None => Recorded::Unknown,
+            };
+            let event_findings = verifier.check_recorded(event, recorded);
+            if let Some(against) = against.as_mut() {
+                against.fold(rank, event, leaf, recorded, &event_findings);
+            }
+            rank += 1;
+            for finding in event_findings {
+                note(finding, &mut found);
             }
         }
         if progress && last_progress.elapsed() >= PROGRESS_EVERY {
             eprint!("\rverified {} of {head} events…", verifier.events());
             last_progress = Instant::now();
         }
+    }
+    for finding in tail_findings(store, head, tree_size).await? {
+        note(finding, &mut found);
+    }
+    if let Some(finding) = against.and_then(|against| against.finish(last_position)) {
+        note(finding, &mut found);
     }
     if progress {
         eprint!("\r\x1b[2K");
@@ -79,7 +242,115 @@ async fn walk<S: EventStore>(store: &S, json: bool) -> Result<usize, CliError> {
     Ok(found)
 }
 
-/// Prints the walk's counts and the findings shown as JSON; with findings, also as the error.
+/// The leaf hashes the log's tree recorded for these events when they were appended (`None`
+/// for an event past the tree).
+async fn recorded_leaves(
+    store: &SqliteStore,
+    batch: &[RecordedEvent],
+    tree_size: u64,
+) -> Result<Vec<Option<Hash>>, CliError> {
+    let indexes: Vec<u64> = batch
+        .iter()
+        .filter(|event| event.position.value() <= tree_size)
+        .map(|event| merkle::stored_hash_index(0, event.position.value() - 1))
+        .collect();
+    let mut hashes = store.stored_hashes(indexes).await?.into_iter();
+    Ok(batch
+        .iter()
+        .map(|event| {
+            (event.position.value() <= tree_size)
+                .then(|| hashes.next())
+                .flatten()
+        })
+        .collect())
+}
+
+/// How far around its position a differing event is looked for in the tree, as moved there.
+const MOVED_SEARCH_POSITIONS: u64 = 16;
+
+/// The position near its own at which the tree recorded `event` (as it is now), if any: a
+/// reordered event. Asked only of events whose own leaf differs, which an untouched log has none of.
+async fn appended_elsewhere(
+    store: &SqliteStore,
+    event: &RecordedEvent,
+    tree_size: u64,
+) -> Result<Option<GlobalPosition>, CliError> {
+    let position = event.position.value();
+    let low = position.saturating_sub(MOVED_SEARCH_POSITIONS).max(1);
+    let high = position
+        .saturating_add(MOVED_SEARCH_POSITIONS)
+        .min(tree_size);
+    let candidates: Vec<u64> = (low..=high)
+        .filter(|candidate| *candidate != position)
+        .collect();
+    let indexes = candidates
+        .iter()
+        .map(|candidate| merkle::stored_hash_index(0, candidate - 1))
+        .collect();
+    let recorded = store.stored_hashes(indexes).await?;
+    let mut moved = event.clone();
+    for (candidate, recorded) in candidates.into_iter().zip(recorded) {
+        moved.position = GlobalPosition::new(candidate);
+        if merkle::leaf_hash(&moved.view()) == recorded {
+            return Ok(Some(moved.position));
+        }
+    }
+    Ok(None)
+}
+
+/// What the events alone cannot show: a removed tail. The file remembers the highest position
+/// it handed out, each stream's last version and, in its tree, every event it appended; events
+/// deleted from the end leave all three behind. And events the tree never recorded were added
+/// behind its back.
+async fn tail_findings(
+    store: &SqliteStore,
+    head: u64,
+    tree_size: u64,
+) -> Result<Vec<Finding>, CliError> {
+    let marks = store.log_marks().await?;
+    let mut findings = Vec::new();
+    let removed_to = marks.highest_position.unwrap_or(0).max(tree_size);
+    if removed_to > head {
+        findings.push(Finding {
+            kind: Tampering::Removed,
+            stream: None,
+            version: None,
+            position: GlobalPosition::new(removed_to),
+            detail: format!(
+                "the log ends at position {head}, but the file handed out positions up to {} and its tree recorded {tree_size} events: positions {}..{removed_to} were removed",
+                marks.highest_position.unwrap_or(0),
+                head + 1
+            ),
+        });
+    }
+    for ahead in marks.streams_ahead {
+        let first_missing = ahead.newest_stored.map_or(0, |newest| newest + 1);
+        findings.push(Finding {
+            kind: Tampering::Removed,
+            stream: StreamName::new(ahead.stream).ok(),
+            version: Some(StreamVersion::new(first_missing)),
+            position: GlobalPosition::new(head.max(1)),
+            detail: format!(
+                "the stream's last version is recorded as {}, but versions {first_missing}..{} have no event",
+                ahead.last_version, ahead.last_version
+            ),
+        });
+    }
+    if head > tree_size && tree_size > 0 {
+        findings.push(Finding {
+            kind: Tampering::Inserted,
+            stream: None,
+            version: None,
+            position: GlobalPosition::new(tree_size + 1),
+            detail: format!(
+                "the log's tree recorded {tree_size} events, but the log goes on to position {head}: positions {}..{head} were added behind the ledger's back",
+                tree_size + 1
+            ),
+        });
+    }
+    Ok(findings)
+}
+
 /// The stored events of `event`'s stream before its version: what the verifier needs for a
 /// stream it no longer tracks (its memory is bounded). One operation's stream is short.
 async fn earlier_events<S: EventStore>(

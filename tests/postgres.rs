@@ -9,12 +9,23 @@
 //! - a TCP proxy between the store and the server that cuts the connection at COMMIT: the
 //!   append's outcome is learnt from the database, never acknowledged unless stored, never
 //!   written twice; a server that goes away answers "unavailable" and the store recovers;
-//! - a statement timeout, so a lock held elsewhere cannot hold an append for ever;
+//! - a statement timeout, so a lock held elsewhere cannot hold an append for ever; a client
+//!   deadline on every round trip, so a silent network path cannot either (`deadlines.rs`);
+//! - a reconnection to an older copy of the ledger or another ledger is refused
+//!   (`identity.rs`);
+//! - PgBouncer in transaction mode refused at start with the reason (`pooler.rs`);
 //! - another instance's commit wakes a subscriber through LISTEN/NOTIFY, not its poll;
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
 
 mod postgres_server;
+
+#[path = "postgres/deadlines.rs"]
+mod deadlines;
+#[path = "postgres/identity.rs"]
+mod identity;
+#[path = "postgres/pooler.rs"]
+mod pooler;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;

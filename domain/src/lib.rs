@@ -7,6 +7,7 @@
 pub mod app;
 pub mod args;
 pub mod chain;
+pub mod checkpoint;
 pub mod codec;
 pub mod command;
 pub mod contract;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod in_span;
+pub mod merkle;
 pub mod ports;
 pub mod provider;
 pub mod redact;

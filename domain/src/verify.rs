@@ -44,6 +44,10 @@ pub enum Tampering {
     Reordered,
     /// The event carries no usable chain hash, so it cannot be verified.
     Unchained,
+    /// Events the log's tree never recorded: added behind the ledger's back.
+    Inserted,
+    /// The log no longer extends a checkpoint kept outside it.
+    Diverged,
 }
 
 impl Tampering {
@@ -54,6 +58,8 @@ impl Tampering {
             Self::Removed => "removed",
             Self::Reordered => "reordered",
             Self::Unchained => "unchained",
+            Self::Inserted => "inserted",
+            Self::Diverged => "diverged",
         }
     }
 }
@@ -93,7 +99,29 @@ struct Link {
     version: StreamVersion,
     chain: Option<ChainHash>,
     active_at: u64,
+    /// Whether the log's tree showed this last event rewritten: then the next event's broken
+    /// link is that rewrite's doing, already reported, not the next event's.
+    rewritten: bool,
 }
+
+/// What the log's own tree (see [`crate::merkle`]) recorded of an event when it was appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recorded {
+    /// The event's bytes are the ones the tree recorded at its position.
+    Matches,
+    /// The event's bytes are not the ones the tree recorded at its position.
+    Differs,
+    /// The event is one the tree recorded at another position: it was moved.
+    Moved {
+        /// Where the tree recorded it.
+        appended_at: GlobalPosition,
+    },
+    /// The tree does not cover this event (a store without one, or a file from before it).
+    Unknown,
+}
+
+/// The detail of a broken chain link.
+const BROKEN_LINK: &str = "its chain hash does not link to the previous event of its stream";
 
 /// A tracked stream's key: an operation's stream by its id (16 bytes, no allocation: the
 /// verifier forgets and meets streams millions of times on a long log, and a heap string per
@@ -196,6 +224,7 @@ impl Verifier {
             version,
             chain,
             active_at: self.events,
+            rewritten: false,
         };
         self.streams.insert(key, link);
         debug_assert!(self.streams.len() <= self.max_tracked);
@@ -209,6 +238,41 @@ impl Verifier {
     /// Streams seen so far (those whose first event was checked).
     pub fn streams(&self) -> u64 {
         self.streams_started
+    }
+
+    /// Checks the next event of the log, also against what the log's tree recorded of it: an
+    /// event whose bytes differ from the recorded ones is reported as edited even when its link
+    /// and id were recomputed to fit, and the next event of its stream, recorded as it is, is
+    /// not blamed for the link that rewrite broke.
+    pub fn check_recorded(&mut self, event: &RecordedEvent, recorded: Recorded) -> Vec<Finding> {
+        let key = StreamKey::of(&event.stream);
+        let previous_rewritten = self.streams.get(&key).is_some_and(|link| link.rewritten);
+        let mut findings = self.check(event);
+        match recorded {
+            Recorded::Matches if previous_rewritten => findings.retain(|finding| {
+                !(finding.kind == Tampering::Edited && finding.detail == BROKEN_LINK)
+            }),
+            Recorded::Differs if findings.is_empty() => findings.push(finding(
+                event,
+                Tampering::Edited,
+                Some(event.version),
+                "its bytes are not the ones the log's tree recorded when it was appended".into(),
+            )),
+            Recorded::Moved { appended_at } => {
+                findings.retain(|finding| finding.kind != Tampering::Removed);
+                findings.push(finding(
+                    event,
+                    Tampering::Reordered,
+                    Some(event.version),
+                    format!("the log's tree recorded this event at position {appended_at}"),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(link) = self.streams.get_mut(&key) {
+            link.rewritten = matches!(recorded, Recorded::Differs | Recorded::Moved { .. });
+        }
+        findings
     }
 
     /// Checks the next event of the log.
@@ -370,7 +434,7 @@ fn check_chain(event: &RecordedEvent, previous: Option<&ChainHash>) -> Option<Fi
             event,
             Tampering::Edited,
             Some(event.version),
-            "its chain hash does not link to the previous event of its stream".into(),
+            BROKEN_LINK.into(),
         )
     })
 }

@@ -90,6 +90,12 @@ impl Server {
 
     /// Runs SQL in `database` through psql, failing the test when it fails; returns its output.
     pub fn sql(&self, database: &str, sql: &str) -> String {
+        self.try_sql(database, sql)
+            .unwrap_or_else(|error| panic!("psql `{sql}` failed: {error}"))
+    }
+
+    /// Runs SQL in `database` through psql; its output, or psql's error.
+    pub fn try_sql(&self, database: &str, sql: &str) -> Result<String, String> {
         let output = self
             .command("psql")
             .args([
@@ -114,13 +120,33 @@ impl Server {
             ])
             .env("PGPASSWORD", PASSWORD)
             .output()
-            .expect("run psql");
-        assert!(
-            output.status.success(),
-            "psql `{sql}` failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+            .map_err(|error| format!("run psql: {error}"))?;
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+
+    /// Runs SQL that needs `database` to have no session (a rename, a copy by template): ends
+    /// every session on it and tries again until the server takes it.
+    pub fn sql_alone(&self, database: &str, sql: &str) {
+        let deadline = Instant::now() + START_LIMIT;
+        loop {
+            self.sql(
+                "postgres",
+                &format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+                ),
+            );
+            match self.try_sql("postgres", sql) {
+                Ok(_) => return,
+                Err(error) if Instant::now() < deadline => {
+                    let _ = error;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(error) => panic!("psql `{sql}` failed: {error}"),
+            }
+        }
     }
 
     /// A command from the server's binaries, run as the `postgres` user when we are root.

@@ -1,8 +1,11 @@
 //! A TCP proxy between a store (or `opledger serve`) and the test cluster that cuts connections
 //! at chosen moments: right after forwarding a COMMIT (the commit happens, its answer is lost),
 //! instead of forwarding it (the server rolls back), or all at once with new ones refused (the
-//! server "goes away" until it is set back to passing). It also counts round trips: how often a
-//! client spoke again after the server had answered.
+//! server "goes away" until it is set back to passing). It can also go silent without closing
+//! anything, as a network partition or a host that died without a reset does: a COMMIT
+//! forwarded whose answer never comes, or every connection, new ones included, held open with
+//! nothing passing either way. It also counts round trips: how often a client spoke again after
+//! the server had answered.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +26,12 @@ pub enum Mode {
     CutBeforeCommit,
     /// Cuts every open connection and refuses new ones: the server is gone.
     Gone,
+    /// Forwards the next COMMIT to the server, then never passes that connection's answers on,
+    /// and never closes it.
+    SwallowAfterCommit,
+    /// Passes nothing on any connection, open or new, and closes none: a silent network path.
+    /// A connection silenced stays silent after the proxy passes again.
+    Silent,
 }
 
 /// A TCP proxy between the store and the server that cuts connections at chosen moments.
@@ -112,6 +121,10 @@ async fn relay(
     // Set before a COMMIT is forwarded, so not one byte of its answer reaches the client.
     let cut = Arc::new(AtomicBool::new(false));
     let upstream_cut = Arc::clone(&cut);
+    // Set once the connection went silent: from then on nothing passes, and nothing is closed.
+    let silenced = Arc::new(AtomicBool::new(*mode.lock().expect("mode") == Mode::Silent));
+    let (upstream_silenced, downstream_silenced) = (Arc::clone(&silenced), Arc::clone(&silenced));
+    let downstream_mode = Arc::clone(&mode);
     // Set when the server's bytes were forwarded; the client's next bytes start a round trip.
     let answered = Arc::new(AtomicBool::new(true));
     let downstream_answered = Arc::clone(&answered);
@@ -125,8 +138,13 @@ async fn relay(
             // Checked per chunk, not only by the `select!` below: a chunk that arrived before
             // this task saw the generation change would otherwise go on to the server (and a
             // COMMIT in it commit) after the server "went away".
-            if *mode.lock().expect("mode") == Mode::Gone {
-                return;
+            match *mode.lock().expect("mode") {
+                Mode::Gone => return,
+                Mode::Silent => upstream_silenced.store(true, Ordering::SeqCst),
+                _ => {}
+            }
+            if upstream_silenced.load(Ordering::SeqCst) {
+                continue;
             }
             let chunk = &buffer[..read];
             if answered.swap(false, Ordering::SeqCst) {
@@ -137,7 +155,10 @@ async fn relay(
                 let armed = {
                     let mut mode = mode.lock().expect("mode");
                     let armed = *mode;
-                    if matches!(armed, Mode::CutAfterCommit | Mode::CutBeforeCommit) {
+                    if matches!(
+                        armed,
+                        Mode::CutAfterCommit | Mode::CutBeforeCommit | Mode::SwallowAfterCommit
+                    ) {
                         *mode = Mode::Pass;
                     }
                     armed
@@ -155,7 +176,14 @@ async fn relay(
                         cuts.fetch_add(1, Ordering::SeqCst);
                         return;
                     }
-                    Mode::Pass | Mode::Gone => {}
+                    Mode::SwallowAfterCommit => {
+                        upstream_silenced.store(true, Ordering::SeqCst);
+                        let _ = server_write.write_all(chunk).await;
+                        let _ = server_write.flush().await;
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    Mode::Pass | Mode::Gone | Mode::Silent => {}
                 }
             }
             if server_write.write_all(chunk).await.is_err() {
@@ -169,6 +197,12 @@ async fn relay(
             let read = server_read.read(&mut buffer).await.unwrap_or(0);
             if read == 0 || cut.load(Ordering::SeqCst) {
                 return;
+            }
+            if *downstream_mode.lock().expect("mode") == Mode::Silent {
+                downstream_silenced.store(true, Ordering::SeqCst);
+            }
+            if downstream_silenced.load(Ordering::SeqCst) {
+                continue;
             }
             // Before the bytes go on: a client that answers them at once must find it set.
             downstream_answered.store(true, Ordering::SeqCst);

@@ -392,3 +392,57 @@ async fn pipedrive_an_activity_whose_answer_was_lost_goes_to_a_person_without_a_
     let reason = run.body["review_reason"].as_str().unwrap_or_default();
     assert!(reason.contains("cannot be looked up"), "{}", run.body);
 }
+
+#[tokio::test]
+async fn pipedrive_an_activity_with_a_person_sends_them_as_its_primary_participant() {
+    // v2 refuses an activity's `person_id`; the person travels as its primary participant.
+    let api = <Pipedrive as Api>::start().await;
+    let ledger = api.ledger();
+    let server = ledger.serve();
+    let args = json!({"subject": "Call the client", "type": "call",
+        "participants": [{"person_id": 7, "primary": true}]});
+    let id = start(&server, "pipedrive", "create_activity", args).await;
+    let settled = settle(&server, &id).await;
+    let activities = api.objects("activity");
+    let ids: Vec<String> = activities
+        .iter()
+        .map(|activity| activity.body["id"].to_string())
+        .collect();
+    assert_succeeded_with(&settled, &ids);
+    assert_eq!(activities[0].body["person_id"], 7, "{activities:?}");
+}
+
+#[tokio::test]
+async fn pipedrive_refuses_an_activitys_person_id_and_the_preset_never_sends_one() {
+    let api = <Pipedrive as Api>::start().await;
+    // The emulator answers as v2 does, word for word.
+    let refused = reqwest::Client::new()
+        .post(format!("{}/api/v2/activities", api.running.base_url))
+        .header("x-api-token", TOKEN_A)
+        .json(&json!({"subject": "Call", "person_id": 7}))
+        .send()
+        .await
+        .expect("the emulator answers");
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let body: Value = refused.json().await.expect("JSON");
+    assert_eq!(
+        body["error"],
+        crate::emulators::pipedrive::PERSON_ID_READ_ONLY
+    );
+    // The preset's schema has no `person_id`: the call is refused before anything is recorded.
+    let ledger = api.ledger();
+    let server = ledger.serve();
+    let body = json!({"provider": "pipedrive", "account": ACCOUNT, "action": "create_activity",
+        "args": {"subject": "Call", "person_id": 7}});
+    let (status, answer) = server
+        .call(
+            Method::POST,
+            "/v1/operations",
+            Some(TENANT_TOKEN),
+            Some(&body),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["code"], "invalid_input", "{answer}");
+    assert!(api.objects("activity").is_empty());
+}

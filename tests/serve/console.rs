@@ -164,3 +164,149 @@ async fn the_console_is_served_with_its_policy_and_unknown_files_are_404() {
         .expect("the server answers");
     assert_eq!(missing.status(), reqwest::StatusCode::NOT_FOUND);
 }
+
+/// Operations the scale test seeds waiting for review: more than a page of the API's largest
+/// (1,000), so only paging reaches the last.
+const WAITING_ITEMS: usize = 1_100;
+/// Operations seeded at a time: the store's one writer commits their appends together.
+const SEED_CONCURRENCY: usize = 100;
+
+/// Writes `count` operations that wait for a person into the SQLite ledger at `db`, through the
+/// ledger's own commands (intent, attempt, lost answer, hand-over) as the engine would record
+/// them, without a round trip to a server per event. Tenant A's at `crm-plain` (a lookup-only
+/// CRM: no safe retry); every tenth is tenant B's. Titles are `Incident task N`.
+async fn seed_waiting(db: &Path, count: usize) {
+    use futures_util::future::join_all;
+    use opledger_domain::app::{IntentRequest, Ledger};
+    use opledger_domain::command::Command;
+    use opledger_domain::contract::{
+        Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
+    };
+    use opledger_domain::ids::WorkerId;
+    use opledger_domain::ports::IdSource;
+    use opledger_runtime::system::{RandomIds, SystemClock};
+    use opledger_store::SqliteStore;
+
+    let store = SqliteStore::open(db).await.expect("the ledger opens");
+    let ledger = Ledger::new(store, SystemClock, RandomIds);
+    let one = |n: usize| {
+        let ledger = &ledger;
+        async move {
+            let tenant = if n % 10 == 9 { "tenant-b" } else { "tenant-a" };
+            let intent = ledger
+                .record_intent(IntentRequest {
+                    tenant: tenant.into(),
+                    owner: Some(format!("owner-{}", n % 7)),
+                    provider: "crm-plain".into(),
+                    account: ACCOUNT.into(),
+                    credential_fingerprint: "seeded".into(),
+                    action: "create_task".into(),
+                    args: serde_json::json!({"title": format!("Incident task {n}")}),
+                    source_id: Some(format!("incident-{n}")),
+                    requires_approval: false,
+                })
+                .await
+                .expect("the intent is recorded")
+                .intent()
+                .clone();
+            let attempt_id = RandomIds.new_attempt_id();
+            let commands = [
+                Command::StartAttempt {
+                    budget_wait: None,
+                    attempt_id,
+                    worker: WorkerId::new("seeder").expect("a worker id"),
+                    lease_ms: 30_000,
+                    binding: SendBinding {
+                        account: intent.account.clone(),
+                        credential_fingerprint: intent.credential_fingerprint.clone(),
+                        args_hash: intent.args_hash.clone(),
+                    },
+                    capabilities: ProviderCapabilities {
+                        deduplication: Deduplication::None,
+                        lookup: LookupSupport::Consistent,
+                    },
+                    policy: RetryPolicy::default(),
+                    request: None,
+                },
+                Command::RecordUnknown {
+                    check_not_before: None,
+                    attempt_id,
+                    error: "read timeout after 2 s (the CRM was down)".into(),
+                },
+                Command::RequireReview {
+                    reason: "the CRM neither honours idempotency keys nor enforces a unique label, and its search found nothing".into(),
+                    evidence: "search by label found nothing".into(),
+                },
+            ];
+            for command in commands {
+                ledger
+                    .execute(intent.operation_id, &command)
+                    .await
+                    .unwrap_or_else(|error| panic!("{}: {error}", command.name()));
+            }
+        }
+    };
+    for start in (0..count).step_by(SEED_CONCURRENCY) {
+        join_all((start..(start + SEED_CONCURRENCY).min(count)).map(one)).await;
+    }
+    ledger
+        .store()
+        .clone()
+        .close()
+        .await
+        .expect("the ledger closes");
+}
+
+#[tokio::test]
+async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_real_browser() {
+    let modules = tokio::task::spawn_blocking(|| {
+        ensure_chromium();
+        node_modules()
+    })
+    .await
+    .expect("the browser and the packages are installed");
+    let harness = Harness::new("").await;
+    let config = harness.instance_config(
+        0,
+        &[(
+            "[[approvers]]",
+            &format!(
+                "[[operators]]\nid = \"ab-reviewer\"\ntoken = \"{OPERATOR_AB_TOKEN}\"\ntenants = [\"tenant-a\", \"tenant-b\"]\n\n[[approvers]]"
+            ),
+        )],
+    );
+    // bench/console_review_load.sh runs this test with more (e.g. 10,000) to measure the pages.
+    let waiting = std::env::var("OPLEDGER_CONSOLE_WAITING")
+        .ok()
+        .and_then(|text| text.parse::<usize>().ok())
+        .unwrap_or(WAITING_ITEMS)
+        .max(WAITING_ITEMS);
+    let seeded = std::time::Instant::now();
+    seed_waiting(&harness.dir.path().join("ledger.db"), waiting).await;
+    println!(
+        "seeded {waiting} waiting operations in {} ms",
+        seeded.elapsed().as_millis()
+    );
+    let server = Server::start_with_env(
+        &["serve", "--config", &config.display().to_string()],
+        harness.dir.path(),
+        &[],
+    );
+    let shots = repo().join("docs/console");
+    let mut node = Command::new("node");
+    node.arg(browser_tests().join("review_at_scale.test.mjs"))
+        .env("OPLEDGER_BASE_URL", &server.base)
+        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        .env("OPLEDGER_OPERATOR_AB_TOKEN", OPERATOR_AB_TOKEN)
+        .env("OPLEDGER_WAITING", waiting.to_string())
+        .env("OPLEDGER_NODE_MODULES", &modules)
+        .env("OPLEDGER_SCREENSHOTS", &shots);
+    let printed = tokio::task::spawn_blocking(move || run(&mut node, "the console's scale test"))
+        .await
+        .expect("node ran");
+    println!("{printed}");
+    assert!(
+        printed.contains("all scale checks passed"),
+        "the browser test did not reach its end:\n{printed}"
+    );
+}

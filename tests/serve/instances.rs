@@ -291,7 +291,7 @@ async fn lookup_takeover(backend: Backend) {
     let victim_worker = claimants[0].clone();
     let victim = servers
         .iter()
-        .position(|server| format!("serve-{}", server.pid()) == victim_worker)
+        .position(|server| victim_worker.starts_with(&format!("serve-{}-", server.pid())))
         .expect("the claimant is one of the instances");
     servers.remove(victim).kill();
     let killed_at = Instant::now();
@@ -398,7 +398,7 @@ async fn send_takeover(backend: Backend) {
     }
     let victim = servers
         .iter()
-        .position(|server| format!("serve-{}", server.pid()) == sender)
+        .position(|server| sender.starts_with(&format!("serve-{}-", server.pid())))
         .expect("the sender is one of the instances");
     servers.remove(victim).kill();
     let killed_at = Instant::now();

@@ -7,6 +7,7 @@ mod console;
 mod contract;
 mod idempotency;
 mod inputs;
+mod install;
 mod instances;
 mod isolation;
 mod kurrentdb;
@@ -18,6 +19,7 @@ mod numbers;
 mod postgres;
 #[path = "../postgres_server/mod.rs"]
 mod postgres_server;
+mod probes;
 mod python;
 mod redelivery;
 mod security;

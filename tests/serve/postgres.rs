@@ -102,3 +102,76 @@ async fn a_server_whose_database_goes_away_answers_503_store_unavailable_and_rec
         .await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_fails_quickly_while_the_database_path_is_silent_and_livez_stays_200() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let harness = Harness::with_store("", Some(proxy.url(&database))).await;
+    let server = harness.serve();
+    let (status, ready) = server.call(Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{ready}");
+
+    proxy.set(Mode::Silent);
+    let started = Instant::now();
+    let (status, not_ready) = server.call(Method::GET, "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{not_ready}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the probe took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        not_ready["reasons"][0]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("store:"),
+        "{not_ready}"
+    );
+    let (status, _) = server.call(Method::GET, "/livez", None, None).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a silent database is no reason to restart"
+    );
+
+    proxy.set(Mode::Pass);
+    let started = Instant::now();
+    loop {
+        let (status, body) = server.call(Method::GET, "/readyz", None, None).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "never ready again: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_instance_id_names_the_instance_to_postgresql_and_in_metrics() {
+    let database = server().database();
+    let harness = Harness::with_store("", Some(server().url(&database))).await;
+    let config = harness.instance_config(
+        1,
+        &[(
+            "listen = \"127.0.0.1:0\"",
+            "instance_id = \"east-1\"\nlisten = \"127.0.0.1:0\"",
+        )],
+    );
+    let instance = harness.serve_with(&config);
+    let connections = postgres_server::server().sql(
+        &database,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'opledger east-1'",
+    );
+    assert_ne!(connections, "0", "PostgreSQL sees the instance by name");
+    let response = reqwest::get(format!("{}/metrics", instance.base))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("a body");
+    assert!(
+        response.contains("opledger_instance_info{instance_id=\"east-1\"} 1"),
+        "{response}"
+    );
+}

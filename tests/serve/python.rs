@@ -17,16 +17,17 @@ pub mod python_venv;
 use python_venv::{python_with, run};
 
 /// What the client's tests and the document's check need, as pip takes it (the client itself
-/// needs nothing). The agent frameworks its adapters are tested with are pinned, as
-/// pyproject.toml's extras name them (langchain-core 1.8 needs a langchain-protocol that PyPI
-/// does not have yet).
-const REQUIREMENTS: [&str; 6] = [
+/// needs nothing). The agent frameworks (and httpx, the async client's) at the lowest releases
+/// pyproject.toml's extras admit: the newest are installed and tested by tests/serve/install.rs,
+/// the way the docs say.
+const REQUIREMENTS: [&str; 7] = [
     "pytest>=7",
     "jsonschema>=4.18",
     "openapi-spec-validator>=0.7",
     "openai-agents==0.24.0",
     "langchain-core==1.7.7",
     "pydantic-ai-slim==2.68.0",
+    "httpx==0.27.0",
 ];
 
 fn repo() -> PathBuf {

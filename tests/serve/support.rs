@@ -469,7 +469,7 @@ impl Server {
         }
     }
 
-    /// The child's process id (its worker id is `serve-<pid>`).
+    /// The child's process id (its worker id is `serve-<pid>-<random>` unless configured).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -482,13 +482,24 @@ impl Server {
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code and what it printed
     /// after starting.
-    pub fn terminate(mut self) -> (Option<i32>, Vec<String>) {
+    pub fn terminate(self) -> (Option<i32>, Vec<String>) {
+        self.send_sigterm();
+        self.wait_for_exit()
+    }
+
+    /// Sends SIGTERM and returns at once (the server drains meanwhile).
+    pub fn send_sigterm(&self) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("kill runs");
         assert!(sent.success());
+    }
+
+    /// Waits for the process to exit after a signal; returns its exit code and what it printed
+    /// after starting.
+    pub fn wait_for_exit(mut self) -> (Option<i32>, Vec<String>) {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

@@ -4,7 +4,6 @@
 // to do.
 
 const TOKEN_KEY = "opledger.token";
-const TENANT_KEY = "opledger.tenant";
 /// The longest a console request waits for an answer before it says so, in milliseconds.
 const REQUEST_TIMEOUT_MS = 15000;
 /// The most characters of one Server-Sent Event the reader keeps before it gives up on the
@@ -29,6 +28,8 @@ export class ApiError extends Error {
         return "This token is not allowed to do that; use a token with that scope.";
       case "not_found":
         return "Check the id; an operation of a tenant outside this token's scope looks missing too.";
+      case "claimed":
+        return "Another operator is working this case. Ask them, or wait until their claim ends (it ends by itself).";
       case "stale":
         return "The operation changed since you loaded it. Reload the evidence and decide again.";
       case "network":
@@ -53,24 +54,6 @@ export function setToken(value) {
 
 export function signOut() {
   sessionStorage.removeItem(TOKEN_KEY);
-  sessionStorage.removeItem(TENANT_KEY);
-}
-
-/// The tenant the person chose to look at, for a token that sees several (the listings then
-/// need one named); null until chosen.
-export function chosenTenant() {
-  return sessionStorage.getItem(TENANT_KEY);
-}
-
-export function chooseTenant(tenant) {
-  if (tenant) sessionStorage.setItem(TENANT_KEY, tenant);
-  else sessionStorage.removeItem(TENANT_KEY);
-}
-
-/// `&tenant=…` for the chosen tenant, or nothing.
-export function tenantParam() {
-  const tenant = chosenTenant();
-  return tenant ? `&tenant=${encodeURIComponent(tenant)}` : "";
 }
 
 /// Whether `error` is the listing's answer to a token that sees several tenants and named none.

@@ -13,6 +13,8 @@ import * as trace from "./pages/trace.js";
 import * as webhooks from "./pages/webhooks.js";
 
 const ROLE_KEY = "opledger.role";
+const NAME_KEY = "opledger.name";
+const SCOPE_KEY = "opledger.scope";
 
 const PAGES = { overview, review, approvals, operations, timeline, trace, webhooks };
 
@@ -29,6 +31,8 @@ let signInNotice = null;
 /// What every page gets: the signed-in role, and the live feed.
 const context = {
   role: () => sessionStorage.getItem(ROLE_KEY),
+  /// The principal's name as configured (an operator's id), who claims and decides.
+  name: () => sessionStorage.getItem(NAME_KEY),
   onEvent(listener) {
     listeners.add(listener);
     return () => listeners.delete(listener);
@@ -120,9 +124,12 @@ function renderSignIn(main) {
     }
     message.replaceChildren(h("p", { class: "muted" }, "Checking the token…"));
     try {
-      const role = await roleOf(value);
+      const me = await call("GET", "/v1/whoami", undefined, value);
+      const role = me.kind;
       setToken(value);
       sessionStorage.setItem(ROLE_KEY, role);
+      sessionStorage.setItem(NAME_KEY, me.name);
+      sessionStorage.setItem(SCOPE_KEY, me.tenants === null ? "every tenant" : me.tenants.join(", "));
       announce(`Signed in as ${role}`);
       const start = role === "operator" ? "#/review" : "#/overview";
       // Changing the fragment shows the page (hashchange); the same fragment changes nothing.
@@ -150,18 +157,14 @@ function renderSignIn(main) {
   document.getElementById("page-title")?.focus();
 }
 
-/// Which kind of token this is, as the API says (`GET /v1/whoami`): "operator" works the review
-/// queue; "tenant" and "approver" see the approvals page (the API decides who may approve).
-async function roleOf(candidate) {
-  const me = await call("GET", "/v1/whoami", undefined, candidate);
-  return me.kind;
-}
-
 function startShell() {
   const role = context.role();
   document.getElementById("nav").hidden = false;
   document.getElementById("who").hidden = false;
-  document.getElementById("who-role").textContent = `Signed in: ${role}`;
+  // Who is signed in, by name, and what they see: "oncall (operator, every tenant)".
+  const name = sessionStorage.getItem(NAME_KEY);
+  const scope = sessionStorage.getItem(SCOPE_KEY);
+  document.getElementById("who-role").textContent = name ? `Signed in: ${name} (${role}, ${scope})` : `Signed in: ${role}`;
   for (const item of document.querySelectorAll("#nav [data-role]")) {
     const wanted = item.dataset.role;
     item.hidden = wanted === "operator" ? role !== "operator" : role === "operator";
@@ -191,13 +194,13 @@ function stopShell() {
 
 document.getElementById("sign-out").addEventListener("click", () => {
   signOut();
-  sessionStorage.removeItem(ROLE_KEY);
+  for (const key of [ROLE_KEY, NAME_KEY, SCOPE_KEY]) sessionStorage.removeItem(key);
   location.hash = "";
   show();
 });
 window.addEventListener("opledger:unauthorized", (event) => {
   signOut();
-  sessionStorage.removeItem(ROLE_KEY);
+  for (const key of [ROLE_KEY, NAME_KEY, SCOPE_KEY]) sessionStorage.removeItem(key);
   signInNotice = `This server no longer accepts the token (${event.detail ?? "unauthorized"}). Sign in again.`;
   show();
 });

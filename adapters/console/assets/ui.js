@@ -45,12 +45,13 @@ export function badge(state) {
   return h("span", { class: `badge badge-${kind}` }, label);
 }
 
-/// "2026-12-03 07:34:58 UTC" (seconds are what people compare; the raw JSON keeps the rest).
+/// "2026-12-03 07:34:58.169 UTC": to the millisecond, because attempts and lookups a few hundred
+/// milliseconds apart looked simultaneous to the second (the raw JSON keeps the rest).
 export function time(iso) {
   if (!iso) return "—";
   const date = new Date(iso);
   if (Number.isNaN(date.getTime())) return iso;
-  return `${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+  return `${date.toISOString().slice(0, 23).replace("T", " ")} UTC`;
 }
 
 /// A duration in words a person reads at a glance: "7 ms", "2.6 s", "4 min 10 s", "3 h 2 min".

@@ -23,6 +23,7 @@ use opledger_runtime::workers::{MAX_CONCURRENT_LIMIT, MAX_SEND_DELAY_MS};
 use serde::Deserialize;
 use toml::Spanned;
 
+mod log;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -153,6 +154,10 @@ pub struct Limits {
     pub default_wait_ms: u64,
     /// How long shutdown waits for requests in progress before dropping them, in milliseconds.
     pub shutdown_grace_ms: u64,
+    /// How long, after a shutdown signal, `/readyz` answers 503 while requests are still
+    /// accepted and served, before the listener closes, in milliseconds: time for a load
+    /// balancer or Kubernetes' endpoints to stop sending traffic here.
+    pub shutdown_drain_ms: u64,
     /// Most execute calls driving or waiting at once (each holds a drive or a timer).
     pub max_concurrent_executes: usize,
     /// How long a connection may take to deliver a request's headers, in milliseconds: from its
@@ -176,6 +181,7 @@ impl Default for Limits {
             max_wait_ms: 30_000,
             default_wait_ms: 5_000,
             shutdown_grace_ms: 35_000,
+            shutdown_drain_ms: 0,
             max_concurrent_executes: 1_024,
             header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
@@ -221,6 +227,31 @@ pub struct ServeConfig {
     /// Browser origins `/mcp` answers besides loopback ones (`[mcp] allowed_origins`), each
     /// `scheme://host[:port]` in lower case.
     pub mcp_allowed_origins: Vec<String>,
+    /// The transparency log: signing key, checkpoint publishing, the tree switch (`[log]`).
+    pub log: crate::log::LogSettings,
+    /// This instance's name (`instance_id`); `None`: `serve-<pid>-<random>`, unique even
+    /// between containers whose processes share a process id.
+    pub instance_id: Option<String>,
+}
+
+/// The longest `instance_id`, in characters: it travels in every attempt event, log line and
+/// PostgreSQL's `application_name` (63 bytes, with the `opledger ` before it).
+pub const MAX_INSTANCE_ID_CHARS: usize = 48;
+
+/// Checks an `instance_id`: 1 to [`MAX_INSTANCE_ID_CHARS`] letters, digits, `.`, `_` or `-`.
+pub fn check_instance_id(id: &str) -> Result<(), String> {
+    let fits = !id.is_empty()
+        && id.chars().count() <= MAX_INSTANCE_ID_CHARS
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{id}` is not an instance id; write 1 to {MAX_INSTANCE_ID_CHARS} letters, digits, '.', '_' or '-', unique among the instances sharing a ledger (a pod name fits)"
+        ))
+    }
 }
 
 // ---- the file's shape (serde) ----
@@ -229,6 +260,7 @@ pub struct ServeConfig {
 #[serde(deny_unknown_fields)]
 struct File {
     listen: Option<Spanned<String>>,
+    instance_id: Option<Spanned<String>>,
     store: Option<Spanned<String>>,
     /// `views` is the key's older name, still read.
     #[serde(alias = "views")]
@@ -255,6 +287,8 @@ struct File {
     #[serde(default)]
     webhooks: Vec<webhooks::WebhookEntry>,
     webhook_lease_ms: Option<Spanned<u64>>,
+    /// `[log]`: the transparency log.
+    log: Option<log::LogSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -329,6 +363,7 @@ struct LimitsSection {
     max_wait_ms: Option<Spanned<u64>>,
     default_wait_ms: Option<Spanned<u64>>,
     shutdown_grace_ms: Option<Spanned<u64>>,
+    shutdown_drain_ms: Option<Spanned<u64>>,
     max_concurrent_executes: Option<Spanned<usize>>,
     header_read_timeout_ms: Option<Spanned<u64>>,
     idle_timeout_ms: Option<Spanned<u64>>,
@@ -354,6 +389,7 @@ impl LimitsSection {
             max_wait_ms: spanned_or(&section.max_wait_ms, defaults.max_wait_ms),
             default_wait_ms: spanned_or(&section.default_wait_ms, defaults.default_wait_ms),
             shutdown_grace_ms: spanned_or(&section.shutdown_grace_ms, defaults.shutdown_grace_ms),
+            shutdown_drain_ms: spanned_or(&section.shutdown_drain_ms, defaults.shutdown_drain_ms),
             max_concurrent_executes: spanned_or(
                 &section.max_concurrent_executes,
                 defaults.max_concurrent_executes,
@@ -564,6 +600,11 @@ impl Checker<'_> {
         self.webhooks_fit_the_store(&file.webhooks, &store)?;
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
         let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
+        let log = self.log(file.log.as_ref())?;
+        if let Some(id) = &file.instance_id {
+            check_instance_id(id.get_ref())
+                .map_err(|message| self.error(Some(id.span()), "instance_id", message))?;
+        }
         let read_model_linger_ms =
             spanned_or(&file.read_model_linger_ms, DEFAULT_READ_MODEL_LINGER_MS);
         if read_model_linger_ms > MAX_LINGER_MS {
@@ -589,6 +630,8 @@ impl Checker<'_> {
             webhooks,
             webhook_lease_ms,
             mcp_allowed_origins,
+            log,
+            instance_id: file.instance_id.map(Spanned::into_inner),
         })
     }
 
@@ -740,6 +783,14 @@ impl Checker<'_> {
             1_000,
             MAX_WAIT_LIMIT_MS,
             " (longer than max_wait_ms lets every execute call answer)",
+        )?;
+        self.limit_in_range(
+            span(&section.shutdown_drain_ms),
+            "shutdown_drain_ms",
+            limits.shutdown_drain_ms,
+            0,
+            MAX_WAIT_LIMIT_MS,
+            " (a few times the readiness probe's period, e.g. 10000 on Kubernetes)",
         )?;
         self.limit_in_range(
             span(&section.max_wait_ms),

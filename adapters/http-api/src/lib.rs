@@ -33,12 +33,14 @@
 
 mod api;
 mod auth;
+pub mod claims;
 pub mod config;
 pub mod connections;
 mod console;
 mod error;
 mod events;
 pub mod input;
+pub mod log;
 mod metrics;
 pub mod render;
 mod webhooks;
@@ -157,8 +159,31 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
+    /// Operators' claims on review items (in memory: see `claims.rs`).
+    pub claims: claims::Claims,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
+    /// The transparency log's signing key, when one is configured.
+    pub log_signer: Option<Arc<opledger_domain::checkpoint::LogSigner>>,
+    /// Set when a shutdown signal came: `/readyz` answers 503 while requests are still served
+    /// for `shutdown_drain_ms`, before the listener closes.
+    pub draining: std::sync::atomic::AtomicBool,
+    /// This instance's id (`instance_id`, or `serve-<pid>-<random>`).
+    pub instance_id: String,
+}
+
+/// An instance id when the configuration names none: the process id for the operator reading
+/// it, and a random suffix, because processes in separate containers (PID namespaces) are all
+/// process 1.
+pub fn default_instance_id() -> String {
+    // Two instances drawing the same 32 random bits is a one in four billion chance per pair;
+    // a configured `instance_id` removes it.
+    use opledger_domain::ports::IdSource;
+    format!(
+        "serve-{}-{:08x}",
+        std::process::id(),
+        RandomIds.random_below(1 << 32)
+    )
 }
 
 /// Serves until `until` resolves, then shuts down cleanly; `ready` learns the bound address.
@@ -248,6 +273,8 @@ impl Output {
 /// workers, the read-model runner, and what every request shares.
 struct Service {
     shared: Arc<Shared>,
+    /// The checkpoint publisher, when a signing key is configured.
+    publisher: Option<tokio::task::JoinHandle<()>>,
     webhooks: Arc<opledger_webhooks::Webhooks>,
     workers: Workers,
     runner: tokio::task::JoinHandle<Result<opledger_readmodel::RunReport, ReadModelError>>,
@@ -265,12 +292,20 @@ impl Service {
     /// Opens the ledger and the read models (caught up), and starts the engine's workers.
     async fn start(config: ServeConfig, output: Output) -> Result<Self, ServeError> {
         let (ledger_name, read_models_path) = locations(&config);
-        let store = open_store(&config.store).await?;
+        let instance_id = config
+            .instance_id
+            .clone()
+            .unwrap_or_else(default_instance_id);
+        info!(%instance_id, "this instance's id (in attempts, PostgreSQL's application_name, /metrics)");
+        let store = open_store(&config.store, &config.log, &instance_id).await?;
+        let log_signer = log::signer_of(&config.log).map_err(ServeError::Config)?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
         let providers =
             HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
-        let worker = WorkerId::new(format!("serve-{}", std::process::id()))?;
+        // The engine's worker id: attempts carry it, and shutdown marks unknown only the
+        // attempts in flight under it, so it must be this instance's alone.
+        let worker = WorkerId::new(instance_id.clone())?;
         let engine = Arc::new(Engine::try_new(
             Ledger::new(store.clone(), SystemClock, RandomIds),
             providers,
@@ -342,10 +377,18 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
+            claims: claims::Claims::default(),
             mcp_allowed_origins: config.mcp_allowed_origins,
+            draining: std::sync::atomic::AtomicBool::new(false),
+            instance_id,
+            log_signer: log_signer.clone(),
+        });
+        let publisher = log_signer.map(|signer| {
+            log::spawn_publisher(store.clone(), signer, &config.log, stopping.clone())
         });
         Ok(Self {
             shared,
+            publisher,
             webhooks,
             workers,
             runner,
@@ -372,6 +415,10 @@ impl Service {
         )
         .await;
         drop(self.shared);
+        if let Some(publisher) = self.publisher {
+            // It stops at the stop signal; a checkpoint being kept finishes first.
+            let _ = publisher.await;
+        }
         let worker_stats = self.workers.shutdown().await;
         let runner_result = self.runner.await;
         // A delivery under way is dropped: its checkpoint was not moved, so it repeats at start.
@@ -443,21 +490,34 @@ async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr
     Ok((listener, local))
 }
 
-/// Opens the ledger the configuration names.
-async fn open_store(store: &StoreUrl) -> Result<ServeStore, ServeError> {
+/// Opens the ledger the configuration names; PostgreSQL learns the instance's id as the
+/// connections' `application_name`.
+async fn open_store(
+    store: &StoreUrl,
+    log: &log::LogSettings,
+    instance_id: &str,
+) -> Result<ServeStore, ServeError> {
     Ok(match store {
-        StoreUrl::Sqlite(path) => ServeStore::Sqlite(SqliteStore::open(path).await?),
+        StoreUrl::Sqlite(path) => ServeStore::Sqlite(
+            SqliteStore::open_with(path, opledger_store::SqliteOptions { log_tree: log.tree })
+                .await?,
+        ),
         StoreUrl::KurrentDb(url) => ServeStore::KurrentDb(
             KurrentDbStore::connect(url)
                 .await
                 .map_err(|error| ServeError::Io(format!("cannot reach KurrentDB: {error}")))?,
         ),
         // The refusal already says which of URL, server, credentials or schema is wrong.
-        StoreUrl::Postgres(url) => ServeStore::Postgres(
-            PostgresStore::connect(url)
-                .await
-                .map_err(|error| ServeError::Io(error.to_string()))?,
-        ),
+        StoreUrl::Postgres(url) => {
+            let mut config = opledger_store::postgres::PostgresConfig::from_url(url)
+                .map_err(|error| ServeError::Io(error.to_string()))?;
+            config.set_application_name(&format!("opledger {instance_id}"));
+            ServeStore::Postgres(
+                PostgresStore::connect_with(config)
+                    .await
+                    .map_err(|error| ServeError::Io(error.to_string()))?,
+            )
+        }
     })
 }
 
@@ -497,9 +557,11 @@ async fn serve_until(
     limits: Limits,
 ) -> tokio::time::Instant {
     let grace = std::time::Duration::from_millis(limits.shutdown_grace_ms);
+    let drain = std::time::Duration::from_millis(limits.shutdown_drain_ms);
     let stopped_at = Arc::new(std::sync::OnceLock::new());
     let stop_time = Arc::clone(&stopped_at);
     let counters = Arc::clone(&shared.connections);
+    let drained = Arc::clone(&shared);
     let graceful = connections::serve(
         listener,
         api::router(shared),
@@ -507,6 +569,19 @@ async fn serve_until(
         counters,
         async move {
             until.await;
+            // Readiness fails first, while requests are still accepted and served, so that
+            // traffic moves elsewhere before connections are refused.
+            drained
+                .draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            drop(drained);
+            if !drain.is_zero() {
+                info!(
+                    drain_ms = limits.shutdown_drain_ms,
+                    "shutdown signal: /readyz answers 503 while requests are still served"
+                );
+                tokio::time::sleep(drain).await;
+            }
             let _ = stop_time.set(tokio::time::Instant::now());
             info!("shutting down: no new connections; finishing requests in progress");
             let _ = stop.send(true);
@@ -618,5 +693,26 @@ fn redacted(url: &str) -> String {
             format!("{}://…@{}", &url[..scheme_end], &url[at + 1..])
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod instance_tests {
+    #[test]
+    fn default_instance_ids_differ_between_instances_of_one_process_id() {
+        let (a, b) = (super::default_instance_id(), super::default_instance_id());
+        let pid = format!("serve-{}-", std::process::id());
+        assert!(a.starts_with(&pid) && b.starts_with(&pid), "{a} {b}");
+        assert_ne!(a, b);
+        super::config::check_instance_id(&a).expect("a default id is a valid instance id");
+    }
+
+    #[test]
+    fn an_instance_id_is_short_and_plain() {
+        use super::config::check_instance_id;
+        assert!(check_instance_id("opledger-7f9c4-x2l8q").is_ok());
+        assert!(check_instance_id("").is_err());
+        assert!(check_instance_id("a b").is_err());
+        assert!(check_instance_id(&"x".repeat(49)).is_err());
     }
 }

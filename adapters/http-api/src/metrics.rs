@@ -263,6 +263,7 @@ pub async fn render(
     );
     let _ = writeln!(out, "opledger_read_model_lag_positions {}", lag.positions);
     render_connections(&mut out, &shared.connections);
+    render_instance(&mut out, &shared.instance_id);
     render_runner(&mut out, &shared.runner_health.report(), lag.positions);
     let endpoints = shared
         .webhooks
@@ -427,6 +428,18 @@ fn render_runner(out: &mut String, runner: &RunnerHealthReport, lag_positions: u
 
 /// The accept loop's counts: connections open, refused at each limit, closed at the header read
 /// timeout (`connections.rs`).
+fn render_instance(out: &mut String, instance_id: &str) {
+    gauge(
+        out,
+        "opledger_instance_info",
+        "1, labelled with this instance's id (instance_id): the worker id its attempts carry and its PostgreSQL application_name.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_instance_info{{instance_id=\"{instance_id}\"}} 1"
+    );
+}
+
 fn render_connections(out: &mut String, connections: &crate::connections::ConnectionCounters) {
     gauge(
         out,

@@ -1,7 +1,12 @@
 //! The tools a tenant sees, and how a call's arguments become an intent.
 //!
 //! One tool per action of each provider where the tenant owns an account, named
-//! `<provider>__<action>`. The input schema is the action's own JSON Schema with opledger's fields
+//! `<provider>__<action>` with every character outside `[A-Za-z0-9_]` written as `_`
+//! (`crm-plain` → `crm_plain__create_task`), at most 64 characters: the one name valid as it is
+//! in every framework (OpenAI's function names, Anthropic's tool names, Gemini's, MCP's), so no
+//! framework renames a tool and a name in `GET /v1/actions`, an MCP listing and an adapter is the
+//! same text. A call under the name the tool had before (`crm-plain__create_task`) still finds
+//! it; only the new name is listed. The input schema is the action's own JSON Schema with opledger's fields
 //! added beside the action's properties: `request_id` always, and `account` (an enum of the
 //! tenant's accounts, required) only when the tenant has more than one account at the provider —
 //! with one account the tool acts in it and its description says which. An action whose input
@@ -30,8 +35,9 @@ pub const MAX_REQUEST_ID_BYTES: usize = 200;
 pub const STATUS_TOOL: &str = "operation_status";
 /// The tool that lists the operations not settled yet.
 pub const LIST_TOOL: &str = "list_operations";
-/// The longest tool name MCP allows, in characters.
-const MAX_TOOL_NAME_CHARS: usize = 128;
+/// The longest tool name, in characters: OpenAI's function names allow 64 (`^[a-zA-Z0-9_-]{1,64}$`),
+/// MCP 128, so 64 is the length every framework takes as it is.
+const MAX_TOOL_NAME_CHARS: usize = 64;
 /// Prefixes a request id into the source id namespace, apart from the HTTP API's.
 const SOURCE_PREFIX: &str = "mcp:";
 /// The states `list_operations` takes: every state an operation is not settled in.
@@ -65,7 +71,7 @@ pub enum Audience {
 /// One action described as a tool: its name, what the model reads, the arguments it fills.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Described {
-    /// `<provider>__<action>`.
+    /// `<provider>__<action>`, only `[A-Za-z0-9_]`, at most 64 characters.
     pub name: String,
     /// What the model reads about the tool.
     pub description: String,
@@ -96,6 +102,9 @@ pub fn describe(action: &ActionTool, audience: Audience) -> Result<Described, St
 pub(crate) struct Catalog {
     tools: Vec<Tool>,
     actions: BTreeMap<String, ActionTool>,
+    /// The name each tool had when `-` and `.` were kept (`crm-plain__create_task`) → its name
+    /// now, so a client holding an old listing still reaches the tool. Never listed.
+    former_names: BTreeMap<String, String>,
 }
 
 impl Catalog {
@@ -103,11 +112,16 @@ impl Catalog {
     pub(crate) fn of(actions: Vec<ActionTool>) -> Self {
         let mut tools = Vec::new();
         let mut by_name = BTreeMap::new();
+        let mut former_names = BTreeMap::new();
         for action in actions {
             let name = tool_name(&action.provider, &action.action);
+            let former = former_tool_name(&action.provider, &action.action);
             match action_tool(&action) {
                 Ok(tool) if !by_name.contains_key(&name) => {
                     tools.push(tool);
+                    if former != name {
+                        former_names.insert(former, name.clone());
+                    }
                     by_name.insert(name, action);
                 }
                 Ok(_) => {
@@ -121,6 +135,7 @@ impl Catalog {
         Self {
             tools,
             actions: by_name,
+            former_names,
         }
     }
 
@@ -129,14 +144,26 @@ impl Catalog {
         self.tools
     }
 
-    /// The action a tool name stands for.
+    /// The action a tool name stands for, by its name or the name it had before.
     pub(crate) fn action(&self, name: &str) -> Option<&ActionTool> {
-        self.actions.get(name)
+        self.actions.get(name).or_else(|| {
+            self.former_names
+                .get(name)
+                .and_then(|current| self.actions.get(current))
+        })
     }
 }
 
-/// `<provider>__<action>`, with any character MCP names do not allow as `_`.
+/// `<provider>__<action>`, with every character outside `[A-Za-z0-9_]` as `_`.
 fn tool_name(provider: &str, action: &str) -> String {
+    format!("{provider}__{action}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// The name a tool had when `-` and `.` were kept as they are.
+fn former_tool_name(provider: &str, action: &str) -> String {
     format!("{provider}__{action}")
         .chars()
         .map(|c| {
@@ -396,6 +423,35 @@ mod tests {
             json!(["acct-1", "acct-2"])
         );
         assert_eq!(two["required"], json!(["title", ACCOUNT_ARG]));
+    }
+
+    #[test]
+    fn tool_names_are_valid_in_every_framework_as_they_are_and_former_names_still_resolve() {
+        let mut plain = create_task(&["acct-1"]);
+        plain.provider = "crm-plain.v2".into();
+        let catalog = Catalog::of(vec![plain]);
+        assert!(catalog.action("crm_plain_v2__create_task").is_some());
+        assert!(
+            catalog.action("crm-plain.v2__create_task").is_some(),
+            "a client holding the former name still reaches the tool"
+        );
+        let names: Vec<String> = catalog.tools().into_iter().map(|t| t.name.into()).collect();
+        assert_eq!(names, ["crm_plain_v2__create_task", STATUS_TOOL, LIST_TOOL]);
+        for name in &names {
+            assert!(
+                (1..=64).contains(&name.len())
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{name} matches ^[A-Za-z0-9_]{{1,64}}$"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tool_name_longer_than_64_characters_is_not_offered_and_says_why() {
+        let mut long = create_task(&["acct-1"]);
+        long.provider = "p".repeat(60);
+        let refused = describe(&long, Audience::Framework).expect_err("too long");
+        assert!(refused.contains("64"), "{refused}");
     }
 
     #[test]

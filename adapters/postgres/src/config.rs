@@ -37,6 +37,22 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// Longest a read waits for a free pooled connection, in ms.
 pub const DEFAULT_POOL_WAIT_MS: u64 = 5_000;
 const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS);
+/// Longest the client waits for the server's answer to one round trip (a read, the writer's
+/// pipelined transaction, its COMMIT), in ms. The server's `statement_timeout` bounds the work
+/// it does; this bounds what it cannot: a network path that drops answers without a reset, a
+/// host that died, a COMMIT waiting for a synchronous standby that is gone. Above the statement
+/// timeout, so a statement the server gives up on is answered as the server's refusal.
+pub const DEFAULT_ROUND_TRIP_TIMEOUT_MS: u64 = 10_000;
+const _: () = assert!(DEFAULT_STATEMENT_TIMEOUT_MS < DEFAULT_ROUND_TRIP_TIMEOUT_MS);
+/// Idle time before the kernel probes a connection with TCP keepalives, in s; with
+/// [`TCP_KEEPALIVE_INTERVAL_S`] and [`TCP_KEEPALIVE_RETRIES`], a peer that vanished without a
+/// reset is found in about 25 s even on an idle connection (the operating system's default is
+/// two hours).
+pub const TCP_KEEPALIVE_IDLE_S: u64 = 10;
+/// Pause between unanswered keepalive probes, in s.
+pub const TCP_KEEPALIVE_INTERVAL_S: u64 = 5;
+/// Unanswered keepalive probes before the kernel closes the connection.
+pub const TCP_KEEPALIVE_RETRIES: u32 = 3;
 /// How often a caught-up subscription reads the log without a notice, in ms. Other instances'
 /// commits wake it at once through `LISTEN`/`NOTIFY`; the poll finds those whose notification
 /// was lost (the listening connection was down), within this delay. The SQLite store's value.
@@ -63,6 +79,8 @@ pub struct PostgresConfig {
     pub connect_timeout_ms: u64,
     /// The wait for a free pooled connection, in ms.
     pub pool_wait_ms: u64,
+    /// The client's wait for the answer to one round trip, in ms.
+    pub round_trip_timeout_ms: u64,
     /// How often a caught-up subscription reads the log without a notice, in ms.
     pub subscription_poll_ms: u64,
     /// How the server's TLS certificate is checked (the URL's `sslmode`).
@@ -144,9 +162,16 @@ impl PostgresConfig {
             idle_in_transaction_timeout_ms: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             pool_wait_ms: DEFAULT_POOL_WAIT_MS,
+            round_trip_timeout_ms: DEFAULT_ROUND_TRIP_TIMEOUT_MS,
             subscription_poll_ms: DEFAULT_SUBSCRIPTION_POLL_MS,
             certificate_check,
         })
+    }
+
+    /// Names this instance to the server (`application_name`, seen in `pg_stat_activity`), so
+    /// an operator can tell which instance holds a lock or runs a query.
+    pub fn set_application_name(&mut self, name: &str) {
+        self.connect.application_name(name);
     }
 
     /// Checks the limits; called by `connect_with` so a hand-built config is held to them too.
@@ -164,6 +189,15 @@ impl PostgresConfig {
                     .into(),
             );
         }
+        if self.round_trip_timeout_ms <= self.statement_timeout_ms {
+            return invalid(format!(
+                "round_trip_timeout_ms is {} and statement_timeout_ms {}; the client's wait must be longer than the server's, or a slow statement would be cut by the client instead of refused by the server",
+                self.round_trip_timeout_ms, self.statement_timeout_ms
+            ));
+        }
+        if self.connect_timeout_ms == 0 || self.pool_wait_ms == 0 {
+            return invalid("connect_timeout_ms and pool_wait_ms must be above 0".into());
+        }
         if !(1..=MAX_SUBSCRIPTION_POLL_MS).contains(&self.subscription_poll_ms) {
             return invalid(format!(
                 "subscription_poll_ms is {}; it must be 1 to {MAX_SUBSCRIPTION_POLL_MS}",
@@ -173,8 +207,9 @@ impl PostgresConfig {
         Ok(())
     }
 
-    /// The settings every connection opens with: the timeouts, and the durability the store
-    /// promises (`synchronous_commit = on`, whatever the server's default).
+    /// The settings every connection opens with: the timeouts, the durability the store
+    /// promises (`synchronous_commit = on`, whatever the server's default), and TCP keepalives
+    /// and `tcp_user_timeout` so the kernel gives up on a peer that vanished without a reset.
     pub(crate) fn session(&self) -> tokio_postgres::Config {
         let mut connect = self.connect.clone();
         connect.options(format!(
@@ -182,7 +217,52 @@ impl PostgresConfig {
             self.statement_timeout_ms, self.idle_in_transaction_timeout_ms
         ));
         connect.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        connect.keepalives(true);
+        connect.keepalives_idle(Duration::from_secs(TCP_KEEPALIVE_IDLE_S));
+        connect.keepalives_interval(Duration::from_secs(TCP_KEEPALIVE_INTERVAL_S));
+        connect.keepalives_retries(TCP_KEEPALIVE_RETRIES);
+        // Linux only (the client ignores it elsewhere): data sent and not acknowledged by the
+        // peer's kernel for this long closes the connection.
+        connect.tcp_user_timeout(Duration::from_millis(self.round_trip_timeout_ms));
         connect
+    }
+
+    /// [`Self::session`] once per host of the URL, each naming that host alone, in the URL's
+    /// order: the store tries them one by one so that it can check each server's ledger
+    /// identity and move on to the next host when one holds an older copy.
+    pub(crate) fn session_per_host(&self) -> Vec<(String, tokio_postgres::Config)> {
+        let session = self.session();
+        let hosts = session.get_hosts();
+        let ports = session.get_ports();
+        let addrs = session.get_hostaddrs();
+        if hosts.len() <= 1 {
+            return vec![(self.target(), session)];
+        }
+        (0..hosts.len())
+            .map(|index| {
+                let mut one = session.clone_without_hosts();
+                let port = ports.get(index).or(ports.first()).copied().unwrap_or(5432);
+                let name = match &hosts[index] {
+                    tokio_postgres::config::Host::Tcp(host) => {
+                        one.host(host);
+                        host.clone()
+                    }
+                    #[cfg(unix)]
+                    tokio_postgres::config::Host::Unix(path) => {
+                        one.host_path(path);
+                        path.display().to_string()
+                    }
+                };
+                if let Some(addr) = addrs.get(index) {
+                    one.hostaddr(*addr);
+                }
+                one.port(port);
+                (
+                    format!("{}@{name}:{port}/{}", self.user(), self.database()),
+                    one,
+                )
+            })
+            .collect()
     }
 
     /// `user@host:port/database`, without the password, for messages and logs.
@@ -214,6 +294,52 @@ impl PostgresConfig {
     /// Whether a password will be sent.
     pub(crate) fn has_password(&self) -> bool {
         self.connect.get_password().is_some()
+    }
+}
+
+/// A copy of a client configuration without its hosts, ports and host addresses (the client
+/// has no way to remove them from a configuration).
+trait WithoutHosts {
+    fn clone_without_hosts(&self) -> tokio_postgres::Config;
+}
+
+impl WithoutHosts for tokio_postgres::Config {
+    fn clone_without_hosts(&self) -> tokio_postgres::Config {
+        let mut one = tokio_postgres::Config::new();
+        if let Some(user) = self.get_user() {
+            one.user(user);
+        }
+        if let Some(password) = self.get_password() {
+            one.password(password);
+        }
+        if let Some(dbname) = self.get_dbname() {
+            one.dbname(dbname);
+        }
+        if let Some(options) = self.get_options() {
+            one.options(options);
+        }
+        if let Some(name) = self.get_application_name() {
+            one.application_name(name);
+        }
+        if let Some(timeout) = self.get_connect_timeout() {
+            one.connect_timeout(*timeout);
+        }
+        if let Some(timeout) = self.get_tcp_user_timeout() {
+            one.tcp_user_timeout(*timeout);
+        }
+        one.ssl_mode(self.get_ssl_mode())
+            .ssl_negotiation(self.get_ssl_negotiation())
+            .keepalives(self.get_keepalives())
+            .keepalives_idle(self.get_keepalives_idle())
+            .target_session_attrs(self.get_target_session_attrs())
+            .channel_binding(self.get_channel_binding());
+        if let Some(interval) = self.get_keepalives_interval() {
+            one.keepalives_interval(interval);
+        }
+        if let Some(retries) = self.get_keepalives_retries() {
+            one.keepalives_retries(retries);
+        }
+        one
     }
 }
 

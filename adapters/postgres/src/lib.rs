@@ -44,6 +44,7 @@
 
 mod codec;
 mod config;
+mod identity;
 mod listener;
 mod schema;
 mod tls;
@@ -83,6 +84,7 @@ pub use webhook_journal::{
 };
 pub use writer::{ROUND_TRIPS_PER_CHECKED_COMMIT, ROUND_TRIPS_PER_COMMIT};
 
+use self::identity::Identity;
 use self::subscription::{CatchUp, LogSource};
 use self::writer::{AppendRequest, Writer};
 
@@ -178,49 +180,274 @@ pub enum PostgresError {
     },
 }
 
-/// Opens connections with the store's session settings and TLS.
+/// Opens connections with the store's session settings and TLS, each bounded in time, each
+/// checked to reach this ledger's current copy (`identity.rs`) before it is handed out.
 pub(crate) struct Connector {
+    /// The URL's settings, every host in it: the first connection's, for the start's refusals.
     config: tokio_postgres::Config,
+    /// One configuration per host, in the URL's order, each named `user@host:port/database`.
+    hosts: Vec<(String, tokio_postgres::Config)>,
     tls: MakeRustlsConnect,
+    /// The longest a connection may take to open, startup and authentication included (the
+    /// client's own `connect_timeout` covers only the TCP connect).
+    connect_timeout: Duration,
+    /// The longest the client waits for the answer to one round trip.
+    pub(crate) round_trip: Duration,
+    /// The ledger identity every connection is checked against.
+    pub(crate) identity: Identity,
+    /// Why the last connection that failed did, for a reader the pool can only say "failed" to.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Connector {
-    fn new(config: &PostgresConfig) -> Result<Self, PostgresError> {
+    fn new(
+        config: &PostgresConfig,
+        seen: Arc<watch::Sender<Option<GlobalPosition>>>,
+    ) -> Result<Self, PostgresError> {
         Ok(Self {
             config: config.session(),
+            hosts: config.session_per_host(),
             tls: tls::connector(config.certificate_check)?,
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            round_trip: Duration::from_millis(config.round_trip_timeout_ms),
+            identity: Identity::new(seen),
+            last_failure: Mutex::new(None),
         })
     }
 
-    /// A client and its connection, which the caller must drive (poll) for the client to work.
-    pub(crate) async fn connect_unspawned(
+    /// The first connection, to whichever host of the URL the client takes (its refusals are
+    /// the start's), not yet checked: the caller prepares the schema, then learns the identity.
+    async fn connect_first(&self) -> Result<(Client, RawConnection), ConnectFailure> {
+        self.open(&self.config).await
+    }
+
+    async fn open(
         &self,
-    ) -> Result<(Client, RawConnection), tokio_postgres::Error> {
-        self.config.connect(self.tls.clone()).await
+        config: &tokio_postgres::Config,
+    ) -> Result<(Client, RawConnection), ConnectFailure> {
+        match tokio::time::timeout(self.connect_timeout, config.connect(self.tls.clone())).await {
+            Ok(connected) => connected.map_err(ConnectFailure::Refused),
+            Err(_) => Err(ConnectFailure::NoAnswer(self.connect_timeout)),
+        }
     }
 
-    async fn connect_raw(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.connect_unspawned().await?;
-        // The connection's I/O runs on its own task; it ends when the client is dropped or the
-        // connection breaks, and the client then answers every call with an error.
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
+    /// A connection to the first host of the URL that answers and holds this ledger's current
+    /// copy, its I/O on its own task (ended when the connection is dropped). Each host's
+    /// failure is in the answer when none passes; the identity check's refusal is recorded.
+    pub(crate) async fn connect(&self) -> Result<Connection, StoreError> {
+        let mut failures = Vec::with_capacity(self.hosts.len());
+        for (host, config) in &self.hosts {
+            let (client, connection) = match self.open(config).await {
+                Ok(opened) => opened,
+                Err(failure) => {
+                    failures.push(format!("{host}: cannot connect: {failure}"));
+                    continue;
+                }
+            };
+            let connection = Connection::spawn(client, connection);
+            match self.check(host, connection.client()).await {
+                Ok(()) => {
+                    *lock(&self.last_failure) = None;
+                    return Ok(connection);
+                }
+                Err(reason) => failures.push(reason),
             }
-        });
-        Ok(client)
+        }
+        let reason = failures.join("; ");
+        *lock(&self.last_failure) = Some(reason.clone());
+        Err(StoreError::Unavailable { reason })
     }
 
-    pub(crate) async fn connect(&self) -> Result<Client, StoreError> {
-        self.connect_raw()
-            .await
-            .map_err(|error| unavailable("cannot connect to PostgreSQL", &error))
+    /// Reads what `host` says of its ledger and checks it (bounded like any round trip).
+    async fn check(&self, host: &str, client: &Client) -> Result<(), String> {
+        let seen = self.identity.seen();
+        let mut rereads = 0;
+        loop {
+            let found = self.read_identity(host, client).await?;
+            if rereads < identity::HEAD_REREADS && self.identity.only_behind(&found, seen) {
+                rereads += 1;
+                tokio::time::sleep(Duration::from_millis(identity::HEAD_REREAD_PAUSE_MS)).await;
+                continue;
+            }
+            return self.identity.check(host, &found, seen);
+        }
+    }
+
+    async fn read_identity(&self, host: &str, client: &Client) -> Result<identity::Found, String> {
+        match tokio::time::timeout(self.round_trip, identity::Found::read(client)).await {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(error)) => Err(format!(
+                "{host}: cannot read the ledger's identity: {}",
+                describe(&error)
+            )),
+            Err(_) => Err(format!(
+                "{host}: no answer within {} ms to the ledger identity check",
+                self.round_trip.as_millis()
+            )),
+        }
+    }
+
+    /// Why connections fail now: the identity refusal in force, else the last failure.
+    pub(crate) fn failing(&self) -> Option<String> {
+        self.identity
+            .refusal()
+            .or_else(|| lock(&self.last_failure).clone())
+    }
+}
+
+/// Why a connection did not open.
+#[derive(Debug)]
+pub(crate) enum ConnectFailure {
+    /// The client or the server refused (unreachable, credentials, TLS, …).
+    Refused(tokio_postgres::Error),
+    /// Nothing came back within the connect timeout (a silent network path or host).
+    NoAnswer(Duration),
+}
+
+impl std::fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(error) => f.write_str(&describe(error)),
+            Self::NoAnswer(after) => write!(
+                f,
+                "no answer within {} ms (a network path or host that drops packets without a reset)",
+                after.as_millis()
+            ),
+        }
     }
 }
 
 /// A connection to the server through the store's TLS set-up (plain TCP when `sslmode` says so).
 pub(crate) type RawConnection =
     tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+
+/// A client with the task driving its connection. Dropping it ends the task, which closes the
+/// socket at once: a dropped client alone leaves the task waiting for answers it still expects,
+/// for ever when the peer went silent.
+pub(crate) struct Connection {
+    pub(crate) client: Client,
+    pub(crate) task: EndsOnDrop,
+    /// The payloads of the notifications the connection receives (only the listener's
+    /// `LISTEN`s); closed when the connection ends.
+    pub(crate) notifications: mpsc::UnboundedReceiver<String>,
+}
+
+/// Drives a connection until it ends, passing its notifications on.
+async fn drive(mut connection: RawConnection, notified: mpsc::UnboundedSender<String>) {
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(note))) => {
+                // Nobody listening (the writer's and the pool's connections): nothing to pass on.
+                let _ = notified.send(note.payload().to_owned());
+            }
+            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                tracing::debug!(error = %describe(&error), "a PostgreSQL connection closed");
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+/// The task driving a connection, ended when this is dropped.
+pub(crate) struct EndsOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl EndsOnDrop {
+    /// The task, to be ended by whoever takes it (the pool ends it when it drops a client).
+    fn into_handle(mut self) -> tokio::task::JoinHandle<()> {
+        self.0
+            .take()
+            .expect("the handle is taken only here, which consumes self")
+    }
+}
+
+impl Drop for EndsOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Connection {
+    fn spawn(client: Client, connection: RawConnection) -> Self {
+        let (notified, notifications) = mpsc::unbounded_channel();
+        let task = tokio::spawn(drive(connection, notified));
+        Self {
+            client,
+            task: EndsOnDrop(Some(task)),
+            notifications,
+        }
+    }
+
+    /// The client.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+/// Runs one round trip, answering "no answer within …" when the server's answer does not come
+/// within `limit`; the caller then drops the connection, which may be in any state.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    round_trip: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, round_trip).await {
+        Ok(answer) => answer.map_err(|error| unavailable(what, &error)),
+        Err(_) => Err(no_answer(what, limit)),
+    }
+}
+
+/// The failure of a round trip whose answer did not come within `limit`.
+pub(crate) fn no_answer(what: &str, limit: Duration) -> StoreError {
+    StoreError::Unavailable {
+        reason: format!(
+            "{what}: no answer from PostgreSQL within {} ms (round_trip_timeout_ms); the connection was closed and is replaced",
+            limit.as_millis()
+        ),
+    }
+}
+
+/// The pool's way to open a connection: the connector's, so a pooled connection has the same
+/// bounded start as the writer's, and its task ends when the pool drops it.
+struct PoolConnect(Arc<Connector>);
+
+impl deadpool_postgres::Connect for PoolConnect {
+    fn connect(
+        &self,
+        _: &tokio_postgres::Config,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>,
+                > + Send
+                + '_,
+        >,
+    > {
+        Box::pin(async move {
+            match self.0.connect().await {
+                Ok(Connection { client, task, .. }) => Ok((client, task.into_handle())),
+                // The pool's error must be the client's type, which only the client makes; the
+                // reader is told the real reason from the connector (`Connector::failing`).
+                Err(_) => Err(unusable_connection().await),
+            }
+        })
+    }
+}
+
+/// A client error for a connection the store would not use; its text is never shown.
+async fn unusable_connection() -> tokio_postgres::Error {
+    match tokio_postgres::Config::new()
+        .connect(tokio_postgres::NoTls)
+        .await
+    {
+        Err(error) => error,
+        // A configuration without a host never connects.
+        Ok(_) => unreachable!("a connection without a host"),
+    }
+}
 
 /// Moves a store's head to `newest` if that is newer; the head only grows. Both the writer (its
 /// own commits) and the listener (every instance's) move it, in either order.
@@ -257,9 +484,63 @@ pub(crate) fn unavailable(context: &str, error: &tokio_postgres::Error) -> Store
     }
 }
 
+/// Refuses a connection on which the per-session settings the store opens every connection with
+/// did not take: a pooler that drops the startup `options` (PgBouncer with
+/// `ignore_startup_parameters = options`) would leave the store without its statement timeout,
+/// its idle-transaction timeout and `synchronous_commit = on`, silently.
+async fn check_session_settings(
+    config: &PostgresConfig,
+    client: &Client,
+) -> Result<(), PostgresError> {
+    let rows = client
+        .query(
+            "SELECT name, setting FROM pg_settings WHERE name IN \
+             ('statement_timeout', 'idle_in_transaction_session_timeout', 'synchronous_commit')",
+            &[],
+        )
+        .await
+        .map_err(|error| PostgresError::Setup {
+            reason: format!("cannot read the session's settings: {}", describe(&error)),
+        })?;
+    let expected = [
+        ("statement_timeout", config.statement_timeout_ms.to_string()),
+        (
+            "idle_in_transaction_session_timeout",
+            config.idle_in_transaction_timeout_ms.to_string(),
+        ),
+        ("synchronous_commit", "on".to_owned()),
+    ];
+    for (name, wanted) in expected {
+        let found = rows
+            .iter()
+            .find(|row| row.get::<_, &str>(0) == name)
+            .map(|row| row.get::<_, String>(1));
+        if found.as_deref() != Some(wanted.as_str()) {
+            return Err(PostgresError::Setup {
+                reason: format!(
+                    "the connection to {} runs with {name} = {} instead of the {wanted} opledger asked for in the startup options: a pooler between opledger and PostgreSQL drops them (PgBouncer with ignore_startup_parameters). Connect opledger to PostgreSQL directly, or through a session-mode pool that passes the options on; transaction-mode pooling is not supported",
+                    config.target(),
+                    found.as_deref().unwrap_or("nothing")
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Sorts a failed first connection into the refusal that says what to do.
-fn classify(config: &PostgresConfig, error: &tokio_postgres::Error) -> PostgresError {
+fn classify(config: &PostgresConfig, failure: ConnectFailure) -> PostgresError {
     let target = config.target();
+    let error = match failure {
+        ConnectFailure::Refused(error) => error,
+        ConnectFailure::NoAnswer(_) => {
+            return PostgresError::Unreachable {
+                target,
+                reason: failure.to_string(),
+            }
+        }
+    };
+    let error = &error;
     let reason = describe(error);
     let code = error.as_db_error().map(|db| db.code().clone());
     match code {
@@ -276,6 +557,12 @@ fn classify(config: &PostgresConfig, error: &tokio_postgres::Error) -> PostgresE
         Some(code) if code == SqlState::INVALID_CATALOG_NAME => PostgresError::NoDatabase {
             target,
             database: config.database().to_owned(),
+        },
+        // PgBouncer's refusal of the startup `options` that carry the session's settings.
+        Some(_) if reason.contains("unsupported startup parameter") => PostgresError::Setup {
+            reason: format!(
+                "{reason}: a pooler (PgBouncer) between opledger and {target} refuses the startup options that carry opledger's per-session settings (timeouts, synchronous_commit). Connect opledger to PostgreSQL directly; transaction-mode pooling is not supported, and ignore_startup_parameters would drop the settings"
+            ),
         },
         Some(_) => PostgresError::Setup { reason },
         None if tls::is_untrusted_certificate(error) => PostgresError::UntrustedCertificate {
@@ -320,6 +607,51 @@ struct Shared {
     /// The newest position this store committed, for its own subscriptions.
     head: watch::Receiver<Option<GlobalPosition>>,
     counters: Arc<CommitCounters>,
+    /// What the writer is doing, for readiness.
+    writer_watch: Arc<WriterWatch>,
+    /// How connections are opened and checked.
+    connector: Arc<Connector>,
+    /// The client's wait for one round trip.
+    round_trip: Duration,
+    /// How long the writer may be in one round before readiness calls it stuck.
+    stuck_after: Duration,
+}
+
+/// What the writer is doing, as readiness needs to know it: since when it has been in its
+/// current round (taking a connection, a transaction, its COMMIT), and whether it is resolving
+/// a commit whose answer was lost.
+#[derive(Debug, Default)]
+pub(crate) struct WriterWatch {
+    busy_since: Mutex<Option<std::time::Instant>>,
+    resolving: std::sync::atomic::AtomicBool,
+}
+
+impl WriterWatch {
+    pub(crate) fn busy(&self, busy: bool) {
+        *lock(&self.busy_since) = busy.then(std::time::Instant::now);
+    }
+
+    pub(crate) fn resolving(&self, resolving: bool) {
+        self.resolving
+            .store(resolving, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why the writer counts as stuck, if it does.
+    fn stuck(&self, after: Duration) -> Option<String> {
+        if self.resolving.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some(
+                "the writer is resolving a commit whose answer was lost (its appends wait)".into(),
+            );
+        }
+        let since = (*lock(&self.busy_since))?;
+        let busy = since.elapsed();
+        (busy > after).then(|| {
+            format!(
+                "the writer has waited {} ms for PostgreSQL in one commit",
+                busy.as_millis()
+            )
+        })
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -340,22 +672,34 @@ impl PostgresStore {
     /// As [`Self::connect`], with the settings given.
     pub async fn connect_with(config: PostgresConfig) -> Result<Self, PostgresError> {
         config.check()?;
-        let connector = Arc::new(Connector::new(&config)?);
-        let mut client = connector
-            .connect_raw()
+        let (head_sender, head_receiver) = watch::channel(None);
+        let head_sender = Arc::new(head_sender);
+        let connector = Arc::new(Connector::new(&config, Arc::clone(&head_sender))?);
+        let (client, connection) = connector
+            .connect_first()
             .await
-            .map_err(|error| classify(&config, &error))?;
-        schema::prepare(&mut client, config.database()).await?;
-        let head = read_head(&client)
+            .map_err(|failure| classify(&config, failure))?;
+        let mut connection = Connection::spawn(client, connection);
+        check_session_settings(&config, connection.client()).await?;
+        schema::prepare(&mut connection.client, config.database()).await?;
+        // The first check learns the ledger's identity; it refuses only a standby.
+        connector
+            .check(&config.target(), connection.client())
+            .await
+            .map_err(|reason| PostgresError::Setup { reason })?;
+        let head = read_head(connection.client(), connector.round_trip)
             .await
             .map_err(|error| PostgresError::Setup {
                 reason: error.to_string(),
             })?;
-        drop(client);
+        if let Some(head) = head {
+            advance(&head_sender, head);
+        }
+        drop(connection);
 
-        let manager = Manager::from_config(
+        let manager = Manager::from_connect(
             config.session(),
-            connector.tls.clone(),
+            PoolConnect(Arc::clone(&connector)),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -363,20 +707,27 @@ impl PostgresStore {
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .wait_timeout(Some(Duration::from_millis(config.pool_wait_ms)))
-            .create_timeout(Some(Duration::from_millis(config.connect_timeout_ms)))
+            // No create timeout of the pool's own: the connector bounds each host's attempt
+            // (connect_timeout_ms, then one round trip for the identity check).
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|error| PostgresError::Setup {
                 reason: format!("cannot build the connection pool: {error}"),
             })?;
-        let (head_sender, head_receiver) = watch::channel(head);
-        let head_sender = Arc::new(head_sender);
         let listener = listener::start(Arc::clone(&connector), Arc::clone(&head_sender)).await;
         let (append_sender, append_receiver) = mpsc::channel(APPEND_QUEUE_CAPACITY);
         let span = tracing::debug_span!("postgres_writer", target = %config.target());
         let counters = Arc::new(CommitCounters::default());
+        let writer_watch = Arc::new(WriterWatch::default());
+        let round_trip = connector.round_trip;
         let writer = tokio::spawn(tracing::Instrument::instrument(
-            Writer::new(connector, head_sender, Arc::clone(&counters)).run(append_receiver),
+            Writer::new(
+                Arc::clone(&connector),
+                head_sender,
+                Arc::clone(&counters),
+                Arc::clone(&writer_watch),
+            )
+            .run(append_receiver),
             span,
         ));
         tracing::debug!(target = %config.target(), ?head, "postgres event store opened");
@@ -390,6 +741,10 @@ impl PostgresStore {
                 subscription_poll: Duration::from_millis(config.subscription_poll_ms),
                 head: head_receiver,
                 counters,
+                writer_watch,
+                connector,
+                round_trip,
+                stuck_after: Duration::from_millis(config.statement_timeout_ms),
             }),
         })
     }
@@ -428,12 +783,50 @@ impl PostgresStore {
         &self.shared.target
     }
 
+    /// Whether this store can serve now, or why not: the writer is not stuck in a commit, and a
+    /// pooled connection answers within the round-trip timeout. For readiness probes; it
+    /// never waits longer than the pool's wait plus one round trip.
+    pub async fn readiness(&self) -> Result<(), String> {
+        if let Some(refusal) = self.shared.connector.identity.refusal() {
+            return Err(refusal);
+        }
+        if let Some(stuck) = self.shared.writer_watch.stuck(self.shared.stuck_after) {
+            return Err(stuck);
+        }
+        let client = InFlight::new(self.reader().await.map_err(|error| error.to_string())?);
+        let limit = self.shared.round_trip;
+        let what = "PostgreSQL does not answer";
+        let ping = async {
+            bounded(limit, what, client.simple_query("SELECT 1"))
+                .await
+                .map(drop)
+        };
+        let answer = tokio::time::timeout(limit, ping).await;
+        settle(client, answer, what, limit).map_err(|error| error.to_string())
+    }
+
     async fn reader(&self) -> Result<deadpool_postgres::Object, StoreError> {
         if lock(&self.shared.appends).is_none() {
             return Err(StoreError::Closed);
         }
-        pooled(&self.shared.pool).await
+        pooled_from(&self.shared.connector, &self.shared.pool).await
     }
+}
+
+/// A pooled connection; when none can be opened, the reason the connector recorded (the
+/// identity refusal in force, or each host's failure) rather than the pool's bare "failed".
+async fn pooled_from(
+    connector: &Connector,
+    pool: &Pool,
+) -> Result<deadpool_postgres::Object, StoreError> {
+    pooled(pool)
+        .await
+        .map_err(|error| match (&error, connector.failing()) {
+            (StoreError::Unavailable { .. }, Some(reason)) => StoreError::Unavailable {
+                reason: format!("no PostgreSQL connection: {reason}"),
+            },
+            _ => error,
+        })
 }
 
 async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
@@ -445,11 +838,73 @@ async fn pooled(pool: &Pool) -> Result<deadpool_postgres::Object, StoreError> {
     })
 }
 
-async fn read_head(client: &Client) -> Result<Option<GlobalPosition>, StoreError> {
-    let row = client
-        .query_one("SELECT last_position FROM opledger.log_head", &[])
-        .await
-        .map_err(|error| unavailable("cannot read the log's head position", &error))?;
+/// A pooled connection while a read is on it. Dropped before [`InFlight::done`] (the read was
+/// cancelled, or its answer did not come) it is taken out of the pool and closed, never handed
+/// to the next reader with an answer still owed.
+struct InFlight(Option<deadpool_postgres::Object>);
+
+impl InFlight {
+    fn new(client: deadpool_postgres::Object) -> Self {
+        Self(Some(client))
+    }
+
+    /// The read is answered: the connection goes back to the pool.
+    fn done(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for InFlight {
+    type Target = deadpool_postgres::Object;
+
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("set until done or drop, which consume or end it")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+/// The answer of a read on a pooled connection given `limit` (`tokio::time::timeout` of it). A
+/// connection whose answer did not come is closed, and so is every idle one: they went the same
+/// way to the server, and a path that went silent would cost each of them a whole timeout to
+/// find out.
+fn settle<T>(
+    client: InFlight,
+    answer: Result<Result<T, StoreError>, tokio::time::error::Elapsed>,
+    what: &str,
+    limit: Duration,
+) -> Result<T, StoreError> {
+    match answer {
+        Ok(answer) => {
+            client.done();
+            answer
+        }
+        Err(_) => {
+            let pool = deadpool_postgres::Object::pool(&client);
+            drop(client);
+            if let Some(pool) = pool {
+                pool.retain(|_, _| false);
+            }
+            Err(no_answer(what, limit))
+        }
+    }
+}
+
+async fn read_head(client: &Client, limit: Duration) -> Result<Option<GlobalPosition>, StoreError> {
+    let row = bounded(
+        limit,
+        "cannot read the log's head position",
+        client.query_one("SELECT last_position FROM opledger.log_head", &[]),
+    )
+    .await?;
     match row.get::<_, i64>(0) {
         0 => Ok(None),
         last => codec::position(last).map(Some),
@@ -457,7 +912,8 @@ async fn read_head(client: &Client) -> Result<Option<GlobalPosition>, StoreError
 }
 
 async fn read_log(
-    client: &deadpool_postgres::Object,
+    client: deadpool_postgres::Object,
+    limit: Duration,
     start: LogStart,
     max_count: usize,
 ) -> Result<Vec<RecordedEvent>, StoreError> {
@@ -468,19 +924,24 @@ async fn read_log(
             None => return Ok(Vec::new()),
         },
     };
-    let limit = max_count.min(MAX_READ_BATCH) as i64;
-    let statement = client
-        .prepare_cached(&format!(
-            "SELECT {} FROM opledger.events WHERE position > $1 ORDER BY position LIMIT $2",
-            codec::EVENT_COLUMNS
-        ))
-        .await
-        .map_err(|error| unavailable("cannot prepare the log read", &error))?;
-    let rows = client
-        .query(&statement, &[&after, &limit])
-        .await
-        .map_err(|error| unavailable("cannot read the log", &error))?;
-    rows.iter().map(codec::event).collect()
+    let limit_rows = max_count.min(MAX_READ_BATCH) as i64;
+    let client = InFlight::new(client);
+    let read = async {
+        let statement = client
+            .prepare_cached(&format!(
+                "SELECT {} FROM opledger.events WHERE position > $1 ORDER BY position LIMIT $2",
+                codec::EVENT_COLUMNS
+            ))
+            .await
+            .map_err(|error| unavailable("cannot prepare the log read", &error))?;
+        let rows = client
+            .query(&statement, &[&after, &limit_rows])
+            .await
+            .map_err(|error| unavailable("cannot read the log", &error))?;
+        rows.iter().map(codec::event).collect()
+    };
+    let answer = tokio::time::timeout(limit, read).await;
+    settle(client, answer, "cannot read the log", limit)
 }
 
 impl EventStore for PostgresStore {
@@ -505,25 +966,31 @@ impl EventStore for PostgresStore {
         from: StreamVersion,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let client = self.reader().await?;
         let Some(from) = codec::version_to_sql(from) else {
             return Ok(Vec::new());
         };
+        let client = InFlight::new(self.reader().await?);
         let limit = max_count.min(MAX_READ_BATCH) as i64;
-        let statement = client
-            .prepare_cached(&format!(
-                "SELECT {} FROM opledger.events \
-                 WHERE stream_id = (SELECT stream_id FROM opledger.streams WHERE name = $1) \
-                 AND version >= $2 ORDER BY version LIMIT $3",
-                codec::EVENT_COLUMNS
-            ))
-            .await
-            .map_err(|error| unavailable("cannot prepare the stream read", &error))?;
-        let rows = client
-            .query(&statement, &[&stream.as_str(), &from, &limit])
-            .await
-            .map_err(|error| unavailable(&format!("cannot read `{stream}`"), &error))?;
-        rows.iter().map(codec::event).collect()
+        let what = format!("cannot read `{stream}`");
+        let read = async {
+            let statement = client
+                .prepare_cached(&format!(
+                    "SELECT {} FROM opledger.events \
+                     WHERE stream_id = (SELECT stream_id FROM opledger.streams WHERE name = $1) \
+                     AND version >= $2 ORDER BY version LIMIT $3",
+                    codec::EVENT_COLUMNS
+                ))
+                .await
+                .map_err(|error| unavailable("cannot prepare the stream read", &error))?;
+            let rows = client
+                .query(&statement, &[&stream.as_str(), &from, &limit])
+                .await
+                .map_err(|error| unavailable(&what, &error))?;
+            rows.iter().map(codec::event).collect()
+        };
+        let limit = self.shared.round_trip;
+        let answer = tokio::time::timeout(limit, read).await;
+        settle(client, answer, &what, limit)
     }
 
     async fn read_all(
@@ -532,13 +999,15 @@ impl EventStore for PostgresStore {
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let client = self.reader().await?;
-        read_log(&client, start, max_count).await
+        read_log(client, self.shared.round_trip, start, max_count).await
     }
 
     /// Read from the database, not from this store's own commits: other instances write too.
     async fn head_position(&self) -> Result<Option<GlobalPosition>, StoreError> {
-        let client = self.reader().await?;
-        read_head(&client).await
+        let client = InFlight::new(self.reader().await?);
+        let limit = self.shared.round_trip;
+        let answer = tokio::time::timeout(limit, read_head(&client, limit)).await;
+        settle(client, answer, "cannot read the log's head position", limit)
     }
 
     async fn subscribe_all(&self, start: LogStart) -> Result<PostgresSubscription, StoreError> {
@@ -546,8 +1015,10 @@ impl EventStore for PostgresStore {
             return Err(StoreError::Closed);
         }
         let feed = LogFeed {
+            connector: Arc::clone(&self.shared.connector),
             pool: self.shared.pool.clone(),
             poll: self.shared.subscription_poll,
+            round_trip: self.shared.round_trip,
         };
         Ok(PostgresSubscription {
             inner: CatchUp::new(feed, start, self.shared.head.clone()),
@@ -575,8 +1046,10 @@ impl Subscription for PostgresSubscription {
 
 /// What a subscription reads the log through: the store's pool.
 struct LogFeed {
+    connector: Arc<Connector>,
     pool: Pool,
     poll: Duration,
+    round_trip: Duration,
 }
 
 impl LogSource for LogFeed {
@@ -585,8 +1058,8 @@ impl LogSource for LogFeed {
         start: LogStart,
         max_count: usize,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
-        let client = pooled(&self.pool).await?;
-        read_log(&client, start, max_count).await
+        let client = pooled_from(&self.connector, &self.pool).await?;
+        read_log(client, self.round_trip, start, max_count).await
     }
 
     fn unannounced_poll(&self) -> Duration {

@@ -14,7 +14,6 @@ use std::time::Duration;
 use opledger_domain::ids::GlobalPosition;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_postgres::AsyncMessage;
 
 use crate::{codec, Connector};
 
@@ -66,59 +65,48 @@ async fn listen(
     head: &Arc<watch::Sender<Option<GlobalPosition>>>,
     ready: &mut Option<oneshot::Sender<()>>,
 ) -> String {
-    let (client, mut connection) = match connector.connect_unspawned().await {
-        Ok(connected) => connected,
-        Err(error) => return crate::describe(&error),
+    // Checked like every connection: an older copy of the ledger is never listened to.
+    let mut connection = match connector.connect().await {
+        Ok(connection) => connection,
+        Err(error) => return error.to_string(),
     };
-    // The connection is driven here rather than by `connect`'s task, to take its notifications.
-    // It ends when `client` is dropped (this function returns or its task is aborted).
-    let publisher = Arc::clone(head);
-    let mut driver = tokio::spawn(async move {
-        loop {
-            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(note))) => {
-                    advance_to(&publisher, note.payload())
-                }
-                Some(Ok(_)) => {}
-                Some(Err(error)) => return crate::describe(&error),
-                None => return "the connection closed".to_owned(),
-            }
-        }
-    });
+    let client = &connection.client;
     let setup = async {
         client
             .batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
-            .await?;
+            .await
+            .map_err(|error| crate::describe(&error))?;
         // Commits between the store's start (or the last connection's end) and LISTEN sent no
         // notification here: the head as it is now covers them.
         client
             .query_one("SELECT last_position FROM opledger.log_head", &[])
             .await
             .map(|row| row.get::<_, i64>(0))
+            .map_err(|error| crate::describe(&error))
     };
-    let last = tokio::select! {
-        last = setup => last,
-        ended = &mut driver => return ended.unwrap_or_else(|error| error.to_string()),
-    };
+    // Bounded like every round trip: a silent peer must not keep the listener from trying again.
+    let last = tokio::time::timeout(connector.round_trip, setup)
+        .await
+        .unwrap_or_else(|_| Err("no answer within the round-trip timeout".to_owned()));
     match last {
         Ok(last) => advance_to(head, &last.to_string()),
-        Err(error) => {
-            driver.abort();
-            return crate::describe(&error);
-        }
+        Err(reason) => return reason,
     }
     if let Some(ready) = ready.take() {
         let _ = ready.send(());
     }
     tracing::debug!("listening for commits of every instance");
-    let ended = tokio::select! {
-        ended = &mut driver => ended.unwrap_or_else(|error| error.to_string()),
-        // The store was dropped without `close` and its subscriptions are gone: dropping the
-        // client below ends the connection and its driver.
-        () = head.closed() => "nobody is left to wake".to_owned(),
-    };
-    drop(client);
-    ended
+    loop {
+        tokio::select! {
+            note = connection.notifications.recv() => match note {
+                Some(payload) => advance_to(head, &payload),
+                None => return "the connection closed".to_owned(),
+            },
+            // The store was dropped without `close` and its subscriptions are gone: dropping
+            // the connection on return ends it.
+            () = head.closed() => return "nobody is left to wake".to_owned(),
+        }
+    }
 }
 
 /// Moves the head to the position a notification (or the log's head) names, if it is newer.

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -50,6 +50,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     );
 ",
     WEBHOOK_JOURNAL,
+    LEDGER_IDENTITY,
 ];
 
 /// Version 2: the webhooks' delivery journal, shared by every instance on the database
@@ -79,6 +80,23 @@ const WEBHOOK_JOURNAL: &str = "
         error       text
     );
     CREATE INDEX webhook_attempts_by_endpoint ON opledger.webhook_attempts (endpoint, seq);
+";
+
+/// Version 3: the ledger's identity (`identity.rs`), one row written once when the schema is
+/// made, so a connection can tell this ledger from another and, with the cluster's system
+/// identifier, timeline and the log's head, from an older copy of it. The id is made by the
+/// server, from what differs between any two databases made anywhere (`gen_random_uuid` is
+/// PostgreSQL 13's; this works on every version the store supports).
+const LEDGER_IDENTITY: &str = "
+    CREATE TABLE opledger.ledger (
+        singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+        ledger_id  uuid        NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+    INSERT INTO opledger.ledger (ledger_id)
+    SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text
+               || system_identifier::text)::uuid
+    FROM pg_control_system();
 ";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.

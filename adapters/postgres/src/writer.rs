@@ -57,8 +57,17 @@ use uuid::Uuid;
 
 use crate::rules::{self, AppendPlan};
 use crate::{
-    codec, CommitCounters, Connector, MAX_APPENDS_PER_COMMIT, RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
+    codec, CommitCounters, Connection, Connector, WriterWatch, MAX_APPENDS_PER_COMMIT,
+    RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
 };
+
+/// Why a round's outcome is unknown when its answers did not come within `limit`.
+fn no_answer_within(limit: std::time::Duration) -> String {
+    format!(
+        "no answer from PostgreSQL within {} ms (round_trip_timeout_ms) after COMMIT was sent; the connection was closed",
+        limit.as_millis()
+    )
+}
 
 /// Round trips to the server one group commit of fresh appends costs, whatever the number of
 /// appends it carries (see the module's docs); `tests/postgres.rs` counts them through a proxy.
@@ -205,6 +214,8 @@ impl Statements {
 struct Session {
     client: Client,
     statements: Statements,
+    /// Ends the connection's task (and closes its socket) when the session is dropped.
+    _task: crate::EndsOnDrop,
 }
 
 pub(crate) struct Writer {
@@ -213,6 +224,8 @@ pub(crate) struct Writer {
     /// The newest position this store committed, for its own subscriptions.
     head: Arc<watch::Sender<Option<GlobalPosition>>>,
     counters: Arc<CommitCounters>,
+    /// What readiness sees of this writer.
+    watch: Arc<WriterWatch>,
 }
 
 /// What one append did inside the batch's transaction.
@@ -248,12 +261,14 @@ impl Writer {
         connector: Arc<Connector>,
         head: Arc<watch::Sender<Option<GlobalPosition>>>,
         counters: Arc<CommitCounters>,
+        watch: Arc<WriterWatch>,
     ) -> Self {
         Self {
             connector,
             session: None,
             head,
             counters,
+            watch,
         }
     }
 
@@ -264,9 +279,11 @@ impl Writer {
         // drain is the group commit. It returns 0 only once the channel is closed and empty.
         while requests.recv_many(&mut batch, MAX_APPENDS_PER_COMMIT).await > 0 {
             let mut answers = Vec::with_capacity(batch.len());
+            self.watch.busy(true);
             for round in rounds(&batch) {
                 answers.extend(self.commit(round).await);
             }
+            self.watch.busy(false);
             debug_assert_eq!(answers.len(), batch.len());
             for (request, answer) in batch.drain(..).zip(answers) {
                 // A caller that stopped waiting dropped its receiver; its append stands anyway.
@@ -276,8 +293,18 @@ impl Writer {
         tracing::debug!("append queue closed; the PostgreSQL writer stops");
     }
 
-    /// Runs `round` in one transaction and answers each append, resolving a lost COMMIT answer.
+    /// Runs `round` in one transaction and answers each append, resolving a lost COMMIT answer;
+    /// readiness sees the writer as stuck while it resolves.
     async fn commit(&mut self, round: &[AppendRequest]) -> Vec<Result<AppendOutcome, StoreError>> {
+        let answers = self.commit_resolving(round).await;
+        self.watch.resolving(false);
+        answers
+    }
+
+    async fn commit_resolving(
+        &mut self,
+        round: &[AppendRequest],
+    ) -> Vec<Result<AppendOutcome, StoreError>> {
         let mut last_reason = String::new();
         for attempt in 0..=RESOLVE_ATTEMPTS {
             if attempt > 0 {
@@ -309,6 +336,7 @@ impl Writer {
                     if let Some(refusals) = refusals {
                         return refusals.into_iter().map(Err).collect();
                     }
+                    self.watch.resolving(true);
                     last_reason = reason;
                 }
             }
@@ -360,8 +388,17 @@ impl Writer {
                 Err(error) => return Ended::NotCommitted(error),
             },
         };
+        // Every round trip below is bounded by the round-trip timeout. A deadline that passes
+        // drops the session, which closes its socket: the server rolls back what was not
+        // committed, and a later round opens a new connection.
+        let limit = self.connector.round_trip;
         if let Some(fresh) = Fresh::plan(round) {
-            match write_fresh(&session, &fresh).await {
+            // COMMIT goes out with the round's statements: no answer in time leaves the outcome
+            // unknown, resolved by applying the appends again.
+            let Ok(ended) = tokio::time::timeout(limit, write_fresh(&session, &fresh)).await else {
+                return Ended::Unknown(None, no_answer_within(limit));
+            };
+            match ended {
                 FreshEnded::Committed(head) => {
                     self.session = Some(session);
                     return Ended::Committed(fresh.outcomes(head));
@@ -379,14 +416,14 @@ impl Writer {
                 FreshEnded::Unknown(reason) => return Ended::Unknown(None, reason),
             }
         }
-        let snapshot = match read_under_lock(&session, round).await {
-            Ok(snapshot) => snapshot,
-            Err(error) => {
+        let snapshot = match tokio::time::timeout(limit, read_under_lock(&session, round)).await {
+            Ok(Ok(snapshot)) => snapshot,
+            Ok(Err(error)) => {
                 // Nothing is committed until COMMIT: dropping a broken connection rolls back
                 // on the server; on a live one, roll back and keep it.
-                if !session.client.is_closed()
-                    && session.client.batch_execute("ROLLBACK").await.is_ok()
-                {
+                let rolled_back =
+                    tokio::time::timeout(limit, session.client.batch_execute("ROLLBACK"));
+                if !session.client.is_closed() && matches!(rolled_back.await, Ok(Ok(()))) {
                     self.session = Some(session);
                 }
                 return Ended::NotCommitted(crate::unavailable(
@@ -394,9 +431,21 @@ impl Writer {
                     &error,
                 ));
             }
+            // COMMIT was not sent: dropping the session rolls back.
+            Err(_) => {
+                return Ended::NotCommitted(crate::no_answer(
+                    "the append transaction failed",
+                    limit,
+                ))
+            }
         };
         let plan = plan(round, &snapshot);
-        let answers = write_and_commit(&session, &plan, snapshot.head).await;
+        let Ok(answers) =
+            tokio::time::timeout(limit, write_and_commit(&session, &plan, snapshot.head)).await
+        else {
+            let refusals = plan.refusals_if_all_refused();
+            return Ended::Unknown(refusals, no_answer_within(limit));
+        };
         let ended = answers.ended(plan, round);
         if !session.client.is_closed() && !matches!(ended, Ended::Unknown(..)) {
             self.session = Some(session);
@@ -405,11 +454,18 @@ impl Writer {
     }
 
     async fn connect(&self) -> Result<Session, StoreError> {
-        let client = self.connector.connect().await?;
-        let statements = Statements::prepare(&client).await.map_err(|error| {
-            crate::unavailable("cannot prepare the writer's statements", &error)
-        })?;
-        Ok(Session { client, statements })
+        let Connection { client, task, .. } = self.connector.connect().await?;
+        let statements = crate::bounded(
+            self.connector.round_trip,
+            "cannot prepare the writer's statements",
+            Statements::prepare(&client),
+        )
+        .await?;
+        Ok(Session {
+            client,
+            statements,
+            _task: task,
+        })
     }
 }
 
@@ -639,7 +695,9 @@ enum FreshEnded {
 /// BEGIN, the lock and the positions, the streams, the events, the `NOTIFY` and COMMIT, in one
 /// round trip (see [`Fresh`]).
 async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
-    let Session { client, statements } = session;
+    let Session {
+        client, statements, ..
+    } = session;
     let count = fresh.event_count();
     let head_params: [Param; 1] = [&count];
     let create_params: [Param; 2] = [&fresh.new_names, &fresh.new_lasts];
@@ -747,7 +805,9 @@ async fn read_under_lock(
     session: &Session,
     round: &[AppendRequest],
 ) -> Result<Snapshot, tokio_postgres::Error> {
-    let Session { client, statements } = session;
+    let Session {
+        client, statements, ..
+    } = session;
     let names: Vec<&str> = round
         .iter()
         .map(|request| request.stream.as_str())
@@ -892,6 +952,18 @@ fn decide<'a>(
 }
 
 impl<'a> Plan<'a> {
+    /// Every append's refusal when every append of the round was refused before anything was
+    /// written (they stand whatever happened to the COMMIT); `None` otherwise.
+    fn refusals_if_all_refused(&self) -> Option<Vec<StoreError>> {
+        self.decisions
+            .iter()
+            .map(|decision| match decision {
+                Decision::Done(Err(refusal)) => Some(refusal.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Adds an append's events after the round's last position; returns its outcome.
     fn add_write(
         &mut self,
@@ -975,7 +1047,9 @@ struct Answers {
 
 /// The round's writes and COMMIT, in one round trip; empty statements are not sent.
 async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answers {
-    let Session { client, statements } = session;
+    let Session {
+        client, statements, ..
+    } = session;
     let (writes, checks) = (&plan.writes, &plan.checks);
     // Each statement's parameters outlive the statement's future, which holds them until the
     // statement is sent.
@@ -1073,15 +1147,7 @@ impl Answers {
                     error,
                 ));
             }
-            let refusals = plan
-                .decisions
-                .into_iter()
-                .map(|decision| match decision {
-                    Decision::Done(Err(refusal)) => Some(refusal),
-                    _ => None,
-                })
-                .collect();
-            return Ended::Unknown(refusals, crate::describe(error));
+            return Ended::Unknown(plan.refusals_if_all_refused(), crate::describe(error));
         }
         if !self.commit_sent {
             // Unreachable in practice: a statement that failed unsent returned an error above.

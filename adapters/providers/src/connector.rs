@@ -37,7 +37,7 @@ use crate::document::{
 use crate::error::ConnectorError;
 use crate::http::{self, encode_component, shorten, PreparedRequest, MAX_MESSAGE_CHARS};
 use crate::lookup::{classify_consistent, classify_search, Asked};
-use crate::oauth::{NoToken, Place, TokenFailure, TokenFile};
+use crate::oauth::{Grant, NoToken, Place, TokenFailure, TokenFile};
 use crate::pointer::{check_any_steps, check_no_any_step};
 use crate::template::{resolve_pointer, Context};
 
@@ -1135,9 +1135,12 @@ fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
 /// Why an operation of `account` waits for its access token, what to do, and how long to wait
 /// (the account's wait, in milliseconds).
 fn token_failure(account: &AccountId, no_token: NoToken) -> (String, u64) {
-    let reason = match no_token.failure {
-        TokenFailure::Refused { message } => format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger; until then its operations wait, and the token endpoint is asked again in {} ms", no_token.retry_after_ms),
-        TokenFailure::Unavailable { message } => format!("account `{account}` has no access token yet: {message}; it is asked again in {} ms", no_token.retry_after_ms),
+    let reason = match (no_token.failure, no_token.grant) {
+        // The client alone asks: once the provider grants it again (the client re-enabled, its
+        // access restored) the next ask succeeds and the operations go on, without a restart.
+        (TokenFailure::Refused { message }, Grant::ClientCredentials) => format!("account `{account}` has no access token: {message}; the token endpoint refused the client's credentials: restore the client's access at the provider (its operations go on by themselves once a token is granted), or correct the client id and secret in the configuration and restart opledger; until then its operations wait, and the token endpoint is asked again in {} ms", no_token.retry_after_ms),
+        (TokenFailure::Refused { message }, Grant::RefreshToken) => format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret) and restart opledger; until then its operations wait, and the token endpoint is asked again in {} ms", no_token.retry_after_ms),
+        (TokenFailure::Unavailable { message }, _) => format!("account `{account}` has no access token yet: {message}; it is asked again in {} ms", no_token.retry_after_ms),
     };
     (reason, no_token.retry_after_ms)
 }
@@ -1146,6 +1149,7 @@ fn token_failure(account: &AccountId, no_token: NoToken) -> (String, u64) {
 /// [`token_failure`] it names no retry.
 fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
     match no_token.failure {
+        TokenFailure::Refused { message } if no_token.grant == Grant::ClientCredentials => format!("account `{account}` has no access token: {message}; the token endpoint refused the client's credentials: correct the client id and secret, or restore the client's access at the provider"),
         TokenFailure::Refused { message } => format!("account `{account}` has no access token: {message}; fix the account's OAuth2 credentials (re-authorise the account and configure its new refresh token, or correct the client id and secret)"),
         TokenFailure::Unavailable { message } => format!("account `{account}` has no access token: {message}; check the token URL and the network, then test again"),
     }

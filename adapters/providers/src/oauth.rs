@@ -171,6 +171,8 @@ pub struct NoToken {
     pub failure: TokenFailure,
     /// How long until the account's endpoint is asked again, in milliseconds.
     pub retry_after_ms: u64,
+    /// The grant that was asked for, which decides what the user can do about a refusal.
+    pub grant: Grant,
 }
 
 /// A usable access token: the header value and the generation it belongs to.
@@ -316,6 +318,7 @@ impl OAuthAccount {
                 return Err(NoToken {
                     failure: failure.clone(),
                     retry_after_ms: millis(*until - now),
+                    grant: self.spec.grant,
                 });
             }
         }
@@ -326,6 +329,7 @@ impl OAuthAccount {
             Ok(granted) => self.take(&mut state, granted).map_err(|failure| NoToken {
                 failure,
                 retry_after_ms: FIRST_UNAVAILABLE_WAIT_MS,
+                grant: self.spec.grant,
             }),
             Err(failure) => {
                 state.failures = state.failures.saturating_add(1);
@@ -345,6 +349,7 @@ impl OAuthAccount {
                 Err(NoToken {
                     failure,
                     retry_after_ms: wait_ms,
+                    grant: self.spec.grant,
                 })
             }
         }

@@ -226,6 +226,36 @@ mod tests {
     }
 
     #[test]
+    fn a_crm_stand_task_without_a_title_is_refused_before_anything_is_recorded() {
+        // The embedded default serves the stand's keyed and plain shapes: `{}` made an empty
+        // task there.
+        let action = opledger_domain::ids::ActionName::new("create_task").expect("valid");
+        for name in ["crm-stand-keyed", "crm-stand-labelled", "crm-stand-plain"] {
+            let overrides = crate::Overrides {
+                base_url: Some("http://127.0.0.1:1".into()),
+                accounts: vec![crate::AccountSpec {
+                    id: opledger_domain::ids::AccountId::new("acct-1").expect("valid"),
+                    tenants: vec![opledger_domain::ids::TenantId::new("acme").expect("valid")],
+                    credentials: crate::Credentials::token("t"),
+                }],
+                ..crate::Overrides::default()
+            };
+            let connector = crate::Connector::from_preset(name, overrides).expect("loads");
+            let problems = connector
+                .check_args(&action, &serde_json::json!({}))
+                .expect_err("a task needs a title");
+            assert!(
+                problems.iter().any(|p| p.message.contains("title")),
+                "{name}: {problems:?}"
+            );
+            let blank = serde_json::json!({"title": ""});
+            assert!(connector.check_args(&action, &blank).is_err(), "{name}");
+            let titled = serde_json::json!({"title": "Call the client"});
+            assert!(connector.check_args(&action, &titled).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
     fn the_oauth2_forms_differ_from_their_presets_in_auth_alone() {
         for (name, base) in [
             ("salesforce-oauth2", "salesforce"),

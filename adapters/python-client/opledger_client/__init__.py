@@ -8,27 +8,48 @@ the call out once, and the tool returns the one sentence the agent may say.
 
 Requests are named by the ``Idempotency-Key`` header (the API maps it onto the source id): pass
 the same key when retrying a call whose answer was lost, and the ledger answers the operation the
-first call recorded instead of making a second one. The field names and states follow the
+first call recorded instead of making a second one. Every record carries one (a fresh random key
+when none is given), so the client repeats a record by itself after no answer, a timeout, a 503
+or a 429, under the same key, a bounded number of times: a repeat is safe by construction.
+``wait_for`` waits for an operation to settle; ``outcomes`` follows the outcome feed. Failures
+are typed (``IdempotencyKeyReused``, ``InvalidInput``, ``NotFound``, ``Unauthorized``,
+``RateLimited``, ``Unavailable``, …), all ``LedgerError``. The field names and states follow the
 OpenAPI document the server serves at ``/v1/openapi.json`` (the tests check them against it).
+
+It must never depend on anything outside the standard library (the async client, in ``aio``,
+is the one that uses httpx).
 """
 
 from __future__ import annotations
 
 import functools
+import http.client
 import inspect
 import json
+import random
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 __all__ = [
     "Ledger",
     "Operation",
     "LedgerError",
+    "InvalidInput",
+    "IdempotencyKeyReused",
+    "Conflict",
+    "NotFound",
+    "Unauthorized",
+    "RateLimited",
+    "Unavailable",
+    "WaitTimedOut",
     "SETTLED_STATES",
     "NOT_CONFIRMED_STATES",
+    "refusal_text",
     "sentence_of",
 ]
 
@@ -39,6 +60,22 @@ NOT_CONFIRMED_STATES = frozenset({"pending", "in_flight", "unknown", "needs_revi
 #: How long one HTTP request may take, in seconds, unless the client is told otherwise. Longer
 #: than the server's largest ``wait_ms`` (30 s by default).
 DEFAULT_TIMEOUT_S = 40.0
+#: How many times a request that is safe to repeat is repeated after a connection error, a timeout,
+#: a 503 or a 429 (Stripe's SDKs repeat twice by default). A record is repeated with the same
+#: Idempotency-Key, so a repeat finds the operation the lost attempt recorded.
+DEFAULT_MAX_RETRIES = 2
+#: The first pause before a repeat, in seconds; each further one doubles, with full jitter.
+RETRY_BASE_S = 0.5
+#: The longest pause before one repeat, in seconds.
+RETRY_CAP_S = 8.0
+#: How many times in a row the outcome feed reconnects without receiving an event before it
+#: raises (naming the position to resume from).
+MAX_CONSECUTIVE_RECONNECTS = 20
+#: The pause before the outcome feed reconnects, in seconds.
+RECONNECT_PAUSE_S = 0.5
+#: The first pause between two reads of ``wait_for``, in seconds; it grows to ``WAIT_POLL_CAP_S``.
+WAIT_POLL_S = 0.05
+WAIT_POLL_CAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,24 +134,135 @@ def sentence_of(operation: Operation) -> str:
 
 
 class LedgerError(Exception):
-    """The API refused a request (``{"error": {"code", "message"}}``), or could not be reached."""
+    """The API refused a request (``{"error": {"code", "message"}}``), or could not be reached.
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    ``status`` is the HTTP status (0 when no answer came), ``code`` the API's stable code,
+    ``message`` what is wrong and what to do, ``request_id`` the idempotency key the request was
+    sent under (the same on every repeat), when it had one. Catch a subclass to act on one family.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        request_id: Optional[str] = None,
+        fields: Sequence[Mapping[str, str]] = (),
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+        self.request_id = request_id
+        #: With ``invalid_input``: every failing field (``pointer``, ``message``).
+        self.fields = list(fields)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may be repeated as it is (the server said so, or never
+        answered): what the client itself repeats, up to ``max_retries``."""
+        return self.status in (0, 429, 503)
+
+
+class InvalidInput(LedgerError):
+    """422 ``invalid_input`` (and the other malformed-request codes): fix the request."""
+
+
+class IdempotencyKeyReused(LedgerError):
+    """409 ``idempotency_key_reused`` / ``source_id_reused``: the key named another request."""
+
+
+class Conflict(LedgerError):
+    """409: refused by the ledger's rules (``refused``, ``stale``, ``duplicate_risk_not_accepted``)."""
+
+
+class NotFound(LedgerError):
+    """404: no such operation (or not this tenant's)."""
+
+
+class Unauthorized(LedgerError):
+    """401 / 403: the token is unknown or may not do this."""
+
+
+class RateLimited(LedgerError):
+    """429: too many requests at once; repeated by the client up to ``max_retries``."""
+
+
+class Unavailable(LedgerError):
+    """503, a timeout or no answer at all: whether a record arrived is unknown, so it is repeated
+    with the same idempotency key (by the client, up to ``max_retries``; then by you)."""
+
+
+class WaitTimedOut(LedgerError):
+    """``wait_for`` reached its timeout before the operation settled; ``operation`` is where it
+    stood last."""
+
+    def __init__(self, operation: "Operation", timeout_s: float) -> None:
+        super().__init__(
+            0,
+            "wait_timed_out",
+            f"operation {operation.operation_id} is still {operation.state} after {timeout_s} s; "
+            "it is not confirmed: do not repeat it, ask its status later",
+        )
+        self.operation = operation
+
+
+_BY_CODE = {
+    "idempotency_key_reused": IdempotencyKeyReused,
+    "source_id_reused": IdempotencyKeyReused,
+    "invalid_input": InvalidInput,
+    "malformed_json": InvalidInput,
+    "invalid_path": InvalidInput,
+    "too_large": InvalidInput,
+    "not_found": NotFound,
+    "unauthorized": Unauthorized,
+    "forbidden": Unauthorized,
+}
+_BY_STATUS = {400: InvalidInput, 401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict,
+              413: InvalidInput, 422: InvalidInput, 429: RateLimited, 503: Unavailable}
+
+
+def error_of(status: int, code: str, message: str, **named: Any) -> LedgerError:
+    """The typed error for an answer: by the API's code, else by the HTTP status."""
+    kind = _BY_CODE.get(code) or _BY_STATUS.get(status) or LedgerError
+    if status == 0:
+        kind = Unavailable
+    return kind(status, code, message, **named)
+
+
+def refusal_text(error: LedgerError) -> str:
+    """What a guarded tool hands the model when the ledger refuses a call or cannot be reached:
+    the API's own message, and what the model should do. Never "done"."""
+    if isinstance(error, Unavailable):
+        return (
+            f"The ledger did not answer ({error.code}: {error.message}). The call is not confirmed: "
+            "do not repeat it with other arguments; ask for its status later."
+        )
+    return f"The ledger refused the call ({error.code}): {error.message}"
 
 
 class Ledger:
     """A client of one ``opledger serve`` as one tenant (its bearer token)."""
 
-    def __init__(self, base_url: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+    ) -> None:
         if not token:
             raise ValueError("token is required: a tenant's token from the server's [[tenants]]")
+        if max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
         self.base_url = base_url.rstrip("/")
         self._token = token
         self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        #: How the client pauses between repeats (a test may make it instant).
+        self.sleep: Callable[[float], None] = time.sleep
 
     def record(
         self,
@@ -153,7 +301,8 @@ class Ledger:
         """Drives a recorded operation and waits (at most ``wait_ms``) for its outcome."""
         query = {} if wait_ms is None else {"wait_ms": str(wait_ms)}
         path = f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}/execute"
-        body, _ = self._call("POST", path, query=query)
+        # Executing is idempotent by the operation's id: a repeat drives the same operation.
+        body, _ = self._call("POST", path, query=query, retry=True)
         return Operation.from_json(body)
 
     def status(self, operation_id: str) -> Operation:
@@ -167,6 +316,62 @@ class Ledger:
         deduplication, idempotent_hint, destructive)."""
         body, _ = self._call("GET", "/v1/actions")
         return list(body["actions"])
+
+    def wait_for(self, operation_id: str, timeout_s: float = 30.0) -> Operation:
+        """Waits until the operation settles (succeeded, rejected, denied, abandoned) and returns
+        it, like Temporal's ``handle.result()``; raises :class:`WaitTimedOut` (with where it
+        stood) after ``timeout_s``. An operation with a person (``needs_review``) waits for them."""
+        deadline = time.monotonic() + timeout_s
+        pause = WAIT_POLL_S
+        while True:
+            operation = self.status(operation_id)
+            if operation.state in SETTLED_STATES:
+                return operation
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimedOut(operation, timeout_s)
+            self.sleep(min(pause, left))
+            pause = min(pause * 2, WAIT_POLL_CAP_S)
+
+    def outcomes(
+        self,
+        *,
+        after: Optional[int] = None,
+        types: Optional[Sequence[str]] = None,
+        max_reconnects: int = MAX_CONSECUTIVE_RECONNECTS,
+        reconnect_s: float = RECONNECT_PAUSE_S,
+    ) -> Iterator[Dict[str, Any]]:
+        """The outcome feed (``GET /v1/events``, Server-Sent Events) as an iterator of events. It
+        resumes by itself: when the stream ends or breaks it reconnects with ``Last-Event-ID`` set
+        to the last event it yielded, so no event is skipped or repeated; pass the last
+        ``position`` you processed as ``after`` to resume across restarts. After
+        ``max_reconnects`` reconnections in a row without an event it raises :class:`Unavailable`
+        naming the position to resume from."""
+        last = after
+        reconnects = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            query = {"types": ",".join(types)} if types else {}
+            try:
+                with self._open("GET", "/v1/events", query=query, headers=headers, timeout=None) as response:
+                    for event_id, data in _server_sent_events(response):
+                        outcome = json.loads(data)
+                        last = int(event_id) if event_id is not None else outcome["position"]
+                        reconnects = 0
+                        yield outcome
+            except LedgerError as error:
+                if not error.retryable:
+                    raise
+            except (OSError, http.client.HTTPException):
+                pass  # a broken stream is resumed from the last event yielded
+            reconnects += 1
+            if reconnects > max_reconnects:
+                raise Unavailable(
+                    0, "unreachable", f"the outcome feed ended {reconnects} times in a row; resume with after={last}"
+                )
+            self.sleep(reconnect_s)
 
     def guarded_call(
         self,
@@ -229,11 +434,34 @@ class Ledger:
 
         return wrap
 
+    def guarded_answer(
+        self,
+        action: Mapping[str, Any],
+        args: Mapping[str, Any],
+        *,
+        request_id: Optional[str],
+        wait_ms: Optional[int] = None,
+    ) -> "tuple[str, bool]":
+        """:meth:`guarded_call` for a framework adapter: ``(text, refused)``. A refusal is the
+        API's message as text (``refused``), which the adapter hands to the model as the
+        framework's tool error. A ledger that never answered, even after the client's own
+        repeats, is an answer like an unknown outcome ("not confirmed: do not repeat it"), never
+        an error inviting the model to call again under a new tool-call id."""
+        try:
+            return self.guarded_call(action, args, request_id=request_id, wait_ms=wait_ms), False
+        except Unavailable as error:
+            return refusal_text(error), False
+        except LedgerError as error:
+            return refusal_text(error), True
+
     def _record(
         self, body: Dict[str, Any], idempotency_key: Optional[str], query: Dict[str, str]
     ) -> Operation:
-        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
-        answer, replayed = self._call("POST", "/v1/operations", query=query, body=body, headers=headers)
+        # Every record carries a key, so a record whose answer was lost can be repeated safely.
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        answer, replayed = self._call(
+            "POST", "/v1/operations", query=query, body=body, headers={"Idempotency-Key": key}, retry=True
+        )
         return Operation.from_json(answer, replayed=replayed)
 
     def _call(
@@ -244,7 +472,40 @@ class Ledger:
         query: Optional[Dict[str, str]] = None,
         body: Optional[Dict[str, Any]] = None,
         headers: Optional[Dict[str, str]] = None,
+        retry: Optional[bool] = None,
     ) -> "tuple[Dict[str, Any], bool]":
+        """One request and its JSON answer, repeated up to ``max_retries`` times when that is
+        safe: a read, or a request named by an Idempotency-Key (``retry``), after no answer, a
+        timeout, a 503 or a 429. Pauses grow exponentially with full jitter, capped."""
+        repeatable = method == "GET" if retry is None else retry
+        attempt = 0
+        while True:
+            try:
+                with self._open(method, path, query=query, body=body, headers=headers) as response:
+                    replayed = response.headers.get("Idempotent-Replayed") == "true"
+                    return json.loads(response.read()), replayed
+            except LedgerError as error:
+                if not (repeatable and error.retryable and attempt < self.max_retries):
+                    raise
+            except (OSError, http.client.HTTPException) as error:
+                # The answer broke off while it was being read: as unknown as no answer at all.
+                failure = _unreachable(method, path, error, headers)
+                if not (repeatable and attempt < self.max_retries):
+                    raise failure from None
+            attempt += 1
+            self.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempt - 1))))
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Dict[str, str]] = None,
+        body: Optional[Dict[str, Any]] = None,
+        headers: Optional[Dict[str, str]] = None,
+        timeout: "Optional[float] | str" = "default",
+    ) -> Any:
+        """Sends one request and returns the open response; a refusal is a typed LedgerError."""
         url = self.base_url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
@@ -256,15 +517,48 @@ class Ledger:
         if body is not None:
             data = json.dumps(body).encode()
             request.add_header("Content-Type", "application/json")
+        limit = self.timeout_s if timeout == "default" else timeout
+        key = (headers or {}).get("Idempotency-Key")
         try:
-            with urllib.request.urlopen(request, data=data, timeout=self.timeout_s) as response:
-                replayed = response.headers.get("Idempotent-Replayed") == "true"
-                return json.loads(response.read()), replayed
+            return urllib.request.urlopen(request, data=data, timeout=limit)
         except urllib.error.HTTPError as error:
-            raise _api_error(error) from None
-        except urllib.error.URLError as error:
-            # Whether a POST reached the server is unknown: repeat it with the same key.
-            raise LedgerError(0, "unreachable", f"{url}: {error.reason}; repeat the call with the same idempotency key") from None
+            raise _api_error(error, key) from None
+        except (OSError, http.client.HTTPException) as error:
+            # URLError, a timeout (TimeoutError, socket.timeout), a reset connection: whether a
+            # POST reached the server is unknown, so it is repeated with the same key.
+            raise _unreachable(method, path, error, headers) from None
+
+
+def _unreachable(method: str, path: str, error: BaseException, headers: Optional[Mapping[str, str]]) -> Unavailable:
+    reason = getattr(error, "reason", None) or error
+    timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
+    return Unavailable(
+        0,
+        "timeout" if timed_out else "unreachable",
+        f"{method} {path}: {reason or type(error).__name__}; repeat the call with the same idempotency key",
+        request_id=(headers or {}).get("Idempotency-Key"),
+    )
+
+
+def _server_sent_events(response: Any) -> "Iterator[tuple[Optional[str], str]]":
+    """``(id, data)`` of each event of a Server-Sent Events stream, as the WHATWG rules read it."""
+    event_id: Optional[str] = None
+    data: List[str] = []
+    for raw in response:
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line == "":
+            if data:
+                yield event_id, "\n".join(data)
+            event_id, data = None, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
 
 
 def _intent(
@@ -311,7 +605,7 @@ def _account_of(action: Mapping[str, Any], args: Mapping[str, Any]) -> "tuple[st
         return accounts[0], rest
     named = rest.pop("account", None)
     if named not in accounts:
-        raise LedgerError(
+        raise InvalidInput(
             422,
             "invalid_input",
             f"`account` must be one of {', '.join(accounts)} (got {named!r}); nothing was recorded",
@@ -319,9 +613,11 @@ def _account_of(action: Mapping[str, Any], args: Mapping[str, Any]) -> "tuple[st
     return named, rest
 
 
-def _api_error(error: urllib.error.HTTPError) -> LedgerError:
+def _api_error(error: urllib.error.HTTPError, key: Optional[str]) -> LedgerError:
     try:
         detail = json.loads(error.read())["error"]
-        return LedgerError(error.code, detail["code"], detail["message"])
-    except (ValueError, KeyError, TypeError):
-        return LedgerError(error.code, "http_error", str(error))
+        return error_of(
+            error.code, detail["code"], detail["message"], request_id=key, fields=detail.get("fields") or ()
+        )
+    except (ValueError, KeyError, TypeError, OSError):
+        return error_of(error.code, "http_error", str(error), request_id=key)

@@ -6,6 +6,11 @@ first one recorded. Install with the ``langchain`` extra.
 parameters describe the tool, and it returns the action's arguments (or nothing: then its
 arguments are the action's). ``ledger_tools`` builds every action the tenant may use from
 ``GET /v1/actions``.
+
+A refusal (409 ``idempotency_key_reused``, 422 ``invalid_input``, …) or a ledger that never
+answered raises LangChain's ``ToolException`` with the API's message, and the tools handle it
+(``handle_tool_error``): the ``ToolMessage`` has ``status="error"`` and the message as its content,
+so the agent's loop goes on and the model reads why.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Callable, Dict, List, Optional
 
-from langchain_core.tools import BaseTool
+from langchain_core.tools import BaseTool, ToolException
 from langchain_core.tools.base import create_schema_from_function
 
 from . import Ledger, arguments_of
@@ -37,6 +42,7 @@ class GuardedTool(BaseTool):
     target: Dict[str, Any]
     wait_ms: Optional[int] = None
     build_args: Optional[Callable[..., Any]] = None
+    handle_tool_error: Any = True
 
     def run(self, *args: Any, tool_call_id: Optional[str] = None, **kwargs: Any) -> Any:
         token = _TOOL_CALL_ID.set(tool_call_id)
@@ -57,9 +63,12 @@ class GuardedTool(BaseTool):
         action_args = (
             arguments_of(self.build_args, args, kwargs) if self.build_args is not None else kwargs
         )
-        return self.ledger.guarded_call(
+        text, refused = self.ledger.guarded_answer(
             self.target, action_args, request_id=_TOOL_CALL_ID.get(), wait_ms=self.wait_ms
         )
+        if refused:
+            raise ToolException(text)
+        return text
 
 
 def guarded_tool(

@@ -6,6 +6,11 @@ tool call finds the operation the first one recorded. Install with the ``openai-
 and typed parameters describe the tool as ``function_tool`` reads them, and it returns the
 action's arguments (or nothing: then its arguments are the action's). ``ledger_tools`` builds every
 action the tenant may use from ``GET /v1/actions``.
+
+A refusal (409 ``idempotency_key_reused``, 422 ``invalid_input``, …) or a ledger that never
+answered is the tool's output, the API's message in it, as the SDK's own ``failure_error_function``
+hands a failed tool to the model: the run goes on and the model reads why, instead of the
+exception ending ``Runner.run``.
 """
 
 from __future__ import annotations
@@ -36,10 +41,7 @@ def guarded_function_tool(
             parsed = schema.params_pydantic_model.model_validate_json(raw or "{}")
             positional, named = schema.to_call_args(parsed)
             args = arguments_of(build_args, tuple(positional), named)
-            # The client is synchronous (standard library only): off the event loop.
-            return await asyncio.to_thread(
-                ledger.guarded_call, target, args, request_id=context.tool_call_id, wait_ms=wait_ms
-            )
+            return await _answer(ledger, target, args, context.tool_call_id, wait_ms)
 
         return FunctionTool(
             name=schema.name,
@@ -61,9 +63,7 @@ def ledger_tools(ledger: Ledger, *, wait_ms: Optional[int] = None) -> List[Funct
 def _tool_of(ledger: Ledger, action: Mapping[str, Any], wait_ms: Optional[int]) -> FunctionTool:
     async def invoke(context: ToolContext[Any], raw: str) -> str:
         args = json.loads(raw or "{}")
-        return await asyncio.to_thread(
-            ledger.guarded_call, action, args, request_id=context.tool_call_id, wait_ms=wait_ms
-        )
+        return await _answer(ledger, action, args, context.tool_call_id, wait_ms)
 
     return FunctionTool(
         name=action["name"],
@@ -72,3 +72,13 @@ def _tool_of(ledger: Ledger, action: Mapping[str, Any], wait_ms: Optional[int]) 
         on_invoke_tool=invoke,
         strict_json_schema=False,
     )
+
+
+async def _answer(
+    ledger: Ledger, action: Mapping[str, Any], args: Mapping[str, Any], call_id: Optional[str], wait_ms: Optional[int]
+) -> str:
+    # The client is synchronous (standard library only): off the event loop.
+    text, _refused = await asyncio.to_thread(
+        ledger.guarded_answer, action, args, request_id=call_id, wait_ms=wait_ms
+    )
+    return text

@@ -6,6 +6,10 @@ the first one recorded. Install with the ``pydantic-ai`` extra.
 function's name, docstring and typed parameters describe the tool, and it returns the action's
 arguments (or nothing: then its arguments are the action's). ``ledger_tools`` builds every action
 the tenant may use from ``GET /v1/actions``.
+
+A refusal (409 ``idempotency_key_reused``, 422 ``invalid_input``, …) or a ledger that never
+answered raises Pydantic AI's ``ModelRetry`` with the API's message: the agent hands it to the
+model as a retry prompt (within the tool's ``retries``), instead of the exception ending the run.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import inspect
 import typing
 from typing import Any, Callable, List, Mapping, Optional
 
-from pydantic_ai import RunContext, Tool
+from pydantic_ai import ModelRetry, RunContext, Tool
 
 from . import Ledger, arguments_of
 
@@ -33,9 +37,7 @@ def guarded_tool(
         @functools.wraps(build_args)
         async def guarded(ctx: RunContext[Any], *args: Any, **kwargs: Any) -> str:
             action_args = arguments_of(build_args, args, kwargs)
-            return await asyncio.to_thread(
-                ledger.guarded_call, target, action_args, request_id=ctx.tool_call_id, wait_ms=wait_ms
-            )
+            return await _answer(ledger, target, action_args, ctx.tool_call_id, wait_ms)
 
         # Pydantic AI reads the tool's parameters from the signature and type hints: the
         # function's own, behind the RunContext that carries the tool-call id.
@@ -60,9 +62,7 @@ def ledger_tools(ledger: Ledger, *, wait_ms: Optional[int] = None) -> List[Tool[
 
 def _tool_of(ledger: Ledger, action: Mapping[str, Any], wait_ms: Optional[int]) -> Tool[Any]:
     async def call(ctx: RunContext[Any], **args: Any) -> str:
-        return await asyncio.to_thread(
-            ledger.guarded_call, action, args, request_id=ctx.tool_call_id, wait_ms=wait_ms
-        )
+        return await _answer(ledger, action, args, ctx.tool_call_id, wait_ms)
 
     return Tool.from_schema(
         call,
@@ -71,3 +71,15 @@ def _tool_of(ledger: Ledger, action: Mapping[str, Any], wait_ms: Optional[int]) 
         json_schema=dict(action["input_schema"]),
         takes_ctx=True,
     )
+
+
+async def _answer(
+    ledger: Ledger, action: Mapping[str, Any], args: Mapping[str, Any], call_id: Optional[str], wait_ms: Optional[int]
+) -> str:
+    # The client is synchronous (standard library only): off the event loop.
+    text, refused = await asyncio.to_thread(
+        ledger.guarded_answer, action, args, request_id=call_id, wait_ms=wait_ms
+    )
+    if refused:
+        raise ModelRetry(text)
+    return text

@@ -18,7 +18,7 @@ from agents.models.interface import Model
 from agents.usage import Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from pydantic_ai import Agent as PydanticAgent
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, RetryPromptPart, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from conftest import until_settled
@@ -74,7 +74,7 @@ def tool_calling_model(tool_name: str, call_id: str, args: dict) -> FunctionMode
     def respond(messages: List[ModelMessage], info: AgentInfo) -> ModelResponse:
         for message in messages:
             for part in message.parts:
-                if isinstance(part, ToolReturnPart):
+                if isinstance(part, (ToolReturnPart, RetryPromptPart)):
                     return ModelResponse(parts=[TextPart(content=str(part.content))])
         return ModelResponse(parts=[ToolCallPart(tool_name=tool_name, args=args, tool_call_id=call_id)])
 
@@ -94,7 +94,7 @@ def test_pydantic_ai_a_lost_response_then_the_agents_repeat_of_the_tool_call_mak
 
 def test_pydantic_ai_tools_from_get_actions_act_in_the_account_the_model_names(ledger, account, stand):
     tools = pa_adapter.ledger_tools(ledger, wait_ms=WAIT_MS)
-    assert {"crm__create_task", "crm-plain__create_task"} <= {t.name for t in tools}
+    assert {"crm__create_task", "crm_plain__create_task"} <= {t.name for t in tools}
     task = f"pydantic-ai-actions {uuid.uuid4()}"
     model = tool_calling_model("crm__create_task", "actions-1", {"title": task, "account": account})
     said = PydanticAgent(model, tools=tools).run_sync("Set a task").output
@@ -168,6 +168,76 @@ def test_langchain_tools_from_get_actions_act_in_the_account_the_model_names(led
         {"type": "tool_call", "id": "actions-3", "name": "crm__create_task", "args": {"title": task, "account": account}}
     )
     assert_done(str(message.content), stand.objects_titled(task)[0]["id"])
+
+
+# ---- refusals and repeats, through each framework ----
+
+
+def refused_then(ledger: Ledger, account: str, call: Callable[[str, str], str]) -> None:
+    """``call(id, title)`` is one framework-driven tool call; under an id that already named
+    another request the ledger refuses it (409), and the framework hands the API's message to the
+    model instead of ending the run."""
+    call_id = f"reused-{uuid.uuid4()}"
+    ledger.record("crm-plain", account, "create_task", {"title": "the first request"}, idempotency_key=call_id)
+    said = call(call_id, "another request")
+    assert "idempotency_key_reused" in said, said
+    assert "other arguments" in said or "another request" in said or "idempotency" in said.lower(), said
+    assert not said.startswith("Done"), said
+
+
+def repeated_after_a_503(proxied: Ledger, proxy, stand, call: Callable[[Ledger, str, str], str]) -> None:
+    """``call(ledger, id, title)`` through ``proxy``, whose first record is answered 503 after the
+    server recorded it: the client repeats it under the same key, and the CRM holds one task."""
+    task = f"after a 503 {uuid.uuid4()}"
+    proxy.faults.append("503_after")
+    said = call(proxied, f"call-{uuid.uuid4()}", task)
+    objects = stand.objects_titled(task)
+    assert len(objects) == 1, objects
+    assert_done(said, objects[0]["id"])
+    assert len(proxy.keys) == 2 and proxy.keys[0] == proxy.keys[1], proxy.keys
+
+
+def pydantic_call(ledger: Ledger, account: str, call_id: str, title: str) -> str:
+    tool = pa_adapter.guarded_tool(ledger, "crm-plain", account, "create_task", wait_ms=WAIT_MS)(create_task)
+    agent = PydanticAgent(tool_calling_model("create_task", call_id, {"title": title}), tools=[tool])
+    return agent.run_sync("Set a task").output
+
+
+def openai_call(ledger: Ledger, account: str, call_id: str, title: str) -> str:
+    tool = oa_adapter.guarded_function_tool(ledger, "crm-plain", account, "create_task", wait_ms=WAIT_MS)(create_task)
+    agent = OpenAIAgent(name="assistant", model=ScriptedModel("create_task", call_id, {"title": title}), tools=[tool])
+    return str(Runner.run_sync(agent, "Set a task").final_output)
+
+
+def langchain_call(ledger: Ledger, account: str, call_id: str, title: str, status: str = "success") -> str:
+    tool = lc_adapter.guarded_tool(ledger, "crm-plain", account, "create_task", wait_ms=WAIT_MS)(create_task)
+    message = tool.invoke({"type": "tool_call", "id": call_id, "name": "create_task", "args": {"title": title}})
+    assert message.status == status, message
+    return str(message.content)
+
+
+def test_pydantic_ai_a_refusal_is_a_retry_prompt_with_the_apis_message(ledger, account):
+    refused_then(ledger, account, lambda call_id, title: pydantic_call(ledger, account, call_id, title))
+
+
+def test_openai_agents_a_refusal_is_the_tools_output_and_the_run_goes_on(ledger, account):
+    refused_then(ledger, account, lambda call_id, title: openai_call(ledger, account, call_id, title))
+
+
+def test_langchain_a_refusal_is_an_error_tool_message_with_the_apis_message(ledger, account):
+    refused_then(ledger, account, lambda call_id, title: langchain_call(ledger, account, call_id, title, "error"))
+
+
+def test_pydantic_ai_a_503_is_repeated_with_the_same_key(proxied, proxy, account, stand):
+    repeated_after_a_503(proxied, proxy, stand, lambda client, i, t: pydantic_call(client, account, i, t))
+
+
+def test_openai_agents_a_503_is_repeated_with_the_same_key(proxied, proxy, account, stand):
+    repeated_after_a_503(proxied, proxy, stand, lambda client, i, t: openai_call(client, account, i, t))
+
+
+def test_langchain_a_503_is_repeated_with_the_same_key(proxied, proxy, account, stand):
+    repeated_after_a_503(proxied, proxy, stand, lambda client, i, t: langchain_call(client, account, i, t))
 
 
 # ---- the book's framework examples (docs/src/agents/clients.md) ----

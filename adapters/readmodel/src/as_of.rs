@@ -240,7 +240,12 @@ impl PastReadModels {
             .filter(|row| listed(row, filter, cursor.as_ref()))
             .collect();
         rows.sort_unstable_by(|a, b| {
-            (a.created_at, a.operation_id).cmp(&(b.created_at, b.operation_id))
+            let order = (a.created_at, a.operation_id).cmp(&(b.created_at, b.operation_id));
+            if filter.newest_first {
+                order.reverse()
+            } else {
+                order
+            }
         });
         rows.truncate(limit + 1);
         Ok(page_of(rows, limit))
@@ -289,8 +294,20 @@ fn listed(row: &OperationRow, filter: &OperationFilter, cursor: Option<&Operatio
         && filter.provider.as_ref().is_none_or(|p| *p == row.provider)
         && filter.account.as_ref().is_none_or(|a| *a == row.account)
         && filter.older_than.is_none_or(|time| row.created_at < time)
+        && filter.since.is_none_or(|time| row.created_at >= time)
+        && filter.action.as_ref().is_none_or(|a| *a == row.action)
+        && filter
+            .source_id
+            .as_ref()
+            .is_none_or(|s| row.source_id.as_ref() == Some(s))
         && cursor.is_none_or(|cursor| {
-            (row.created_at, row.operation_id) > (cursor.created_at, cursor.operation_id)
+            let key = (row.created_at, row.operation_id);
+            let cursor = (cursor.created_at, cursor.operation_id);
+            if filter.newest_first {
+                key < cursor
+            } else {
+                key > cursor
+            }
         })
 }
 

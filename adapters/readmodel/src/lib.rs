@@ -32,6 +32,7 @@ mod catch_up;
 mod floor;
 mod query;
 mod rebuild;
+mod review;
 mod runner;
 mod schema;
 mod sql;
@@ -67,6 +68,7 @@ pub use rebuild::{
     ID_ENTRIES_PER_DRIP, MAX_BUFFERED_ID_ENTRIES, MAX_OPEN_OPERATIONS, MAX_WINDOW_INTENTS,
     REBUILD_COMMIT_EVENTS,
 };
+pub use review::{ReviewCursor, ReviewFilter, ReviewOrder, ReviewPage, REVIEW_STATES};
 pub use runner::{
     Lag, ReadModelRunner, ReadModels, RunReport, MAX_LINGER_MS, RUNNER_BUFFER_EVENTS,
 };

@@ -39,6 +39,14 @@ pub struct OperationFilter {
     pub account: Option<AccountId>,
     /// Only operations recorded before this time.
     pub older_than: Option<DateTime<Utc>>,
+    /// Only operations recorded at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only operations of this action.
+    pub action: Option<ActionName>,
+    /// Only operations recorded from this delivery (a tool call's or a queue message's id).
+    pub source_id: Option<SourceId>,
+    /// The latest recorded first (else the earliest first).
+    pub newest_first: bool,
 }
 
 /// Where a page of operations ended; pass it back to get the next page.
@@ -172,7 +180,8 @@ const OPERATION_COLUMNS: &str = "operation_id, tenant, provider, account, action
     source_id, state, attempts, external_id, last_error, created_at, updated_at, stream_version,
     last_position, lease_deadline, unknown_since, needs_review_reason";
 
-const REVIEW_COLUMNS: &str = "operation_id, state, since, tenant, provider, account, attempts,
+pub(super) const REVIEW_COLUMNS: &str =
+    "operation_id, state, since, tenant, provider, account, attempts,
     lookups, last_error, last_lookup_result, last_lookup_evidence, last_lookup_at, review_reason,
     review_evidence, updated_at";
 
@@ -194,8 +203,8 @@ impl ReadModelStore {
         raw.map(RawOperation::decode).transpose()
     }
 
-    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first,
-    /// starting after `after`.
+    /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first
+    /// (newest first if it says so), starting after `after`.
     pub fn list_operations(
         &self,
         filter: &OperationFilter,
@@ -206,9 +215,10 @@ impl ReadModelStore {
         let mut conditions = Conditions::of(filter, after)?;
         // One more than asked tells whether another page follows.
         let fetch = conditions.bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
+        let direction = if filter.newest_first { " DESC" } else { "" };
         let query = format!(
             "SELECT {OPERATION_COLUMNS} FROM operations {}
-             ORDER BY created_at, operation_id LIMIT ?{fetch}",
+             ORDER BY created_at{direction}, operation_id{direction} LIMIT ?{fetch}",
             conditions.where_clause()
         );
         let operations = self.listed_operations(&query, &conditions.values)?;
@@ -807,11 +817,28 @@ impl Conditions {
             let older_than = conditions.bind(Box::new(sql::time(older_than)));
             conditions.texts.push(format!("created_at < ?{older_than}"));
         }
+        if let Some(since) = filter.since {
+            let since = conditions.bind(Box::new(sql::time(since)));
+            conditions.texts.push(format!("created_at >= ?{since}"));
+        }
+        if let Some(action) = &filter.action {
+            let action = conditions.bind(Box::new(action.as_str().to_owned()));
+            conditions.texts.push(format!("action = ?{action}"));
+        }
+        if let Some(source_id) = &filter.source_id {
+            // Through the id index's own index on the source id: a delivery names one operation
+            // (per tenant), so this reads a row or two, not a scan of the operations.
+            let source_id = conditions.bind(Box::new(source_id.as_str().to_owned()));
+            conditions.texts.push(format!(
+                "operation_id IN (SELECT operation_id FROM sources WHERE source_id = ?{source_id})"
+            ));
+        }
         if let Some(cursor) = after {
             let created = conditions.bind(Box::new(sql::time(cursor.created_at)));
             let operation = conditions.bind(Box::new(cursor.operation_id.to_string()));
+            let comparison = if filter.newest_first { "<" } else { ">" };
             conditions.texts.push(format!(
-                "(created_at, operation_id) > (?{created}, ?{operation})"
+                "(created_at, operation_id) {comparison} (?{created}, ?{operation})"
             ));
         }
         Ok(conditions)
@@ -850,7 +877,7 @@ pub(crate) fn page_of(mut operations: Vec<OperationRow>, limit: usize) -> Operat
 }
 
 /// `tenants` as the JSON array the scoped queries bind (at most [`MAX_QUERY_ROWS`] of them).
-fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {
+pub(super) fn tenant_array(tenants: &[TenantId]) -> Result<String, ReadModelError> {
     let names: Vec<&str> = tenants
         .iter()
         .take(MAX_QUERY_ROWS)
@@ -966,7 +993,7 @@ impl RawOperation {
 }
 
 /// A review-queue row as SQLite returned it.
-struct RawReview {
+pub(super) struct RawReview {
     operation_id: String,
     state: String,
     since: String,
@@ -985,7 +1012,7 @@ struct RawReview {
 }
 
 impl RawReview {
-    fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
+    pub(super) fn from_row(row: &Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             operation_id: row.get(0)?,
             state: row.get(1)?,
@@ -1005,7 +1032,7 @@ impl RawReview {
         })
     }
 
-    fn decode(self) -> Result<ReviewItem, ReadModelError> {
+    pub(super) fn decode(self) -> Result<ReviewItem, ReadModelError> {
         let last_lookup = match (self.lookup_result, self.lookup_at) {
             (Some(result), Some(at)) => Some(LookupEvidence {
                 result,

@@ -7,6 +7,7 @@
 use super::kurrentdb::{KurrentDbStore, KurrentDbSubscription};
 use super::sqlite::{SqliteStore, SqliteSubscription};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::merkle::{Hash, LogTree};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
     StoreError, StreamName, Subscription,
@@ -138,6 +139,58 @@ impl EventStore for AnyStore {
                 .subscribe_all(start)
                 .await
                 .map(AnySubscription::Postgres),
+        }
+    }
+}
+
+/// The transparency log's tree is kept by the SQLite store. A PostgreSQL store would keep the
+/// same stored hashes in a table written in each append's transaction; a KurrentDB store would
+/// need a projection of its own (its `$all` positions are not leaf numbers). Until then they say
+/// so, rather than serve a tree that does not cover their log.
+impl LogTree for AnyStore {
+    async fn tree_size(&self) -> Result<u64, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.tree_size().await,
+            _ => Err(self.no_tree()),
+        }
+    }
+
+    async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.stored_hashes(indexes).await,
+            _ => Err(self.no_tree()),
+        }
+    }
+
+    async fn keep_checkpoint(&self, size: u64, note: String) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(store) => store.keep_checkpoint(size, note).await,
+            _ => Err(self.no_tree()),
+        }
+    }
+
+    async fn kept_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<(u64, String)>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.kept_checkpoint(size).await,
+            _ => Err(self.no_tree()),
+        }
+    }
+}
+
+impl AnyStore {
+    fn no_tree(&self) -> StoreError {
+        let store = match self {
+            Self::Sqlite(_) => "SQLite",
+            Self::KurrentDb(_) => "KurrentDB",
+            Self::Postgres(_) => "PostgreSQL",
+        };
+        StoreError::Unavailable {
+            reason: format!(
+                "the {store} store does not keep the transparency log's tree yet; use the SQLite ledger for checkpoints and proofs"
+            ),
         }
     }
 }

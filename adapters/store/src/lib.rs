@@ -31,4 +31,4 @@ pub use memory::{MemoryStore, MemorySubscription};
 /// The PostgreSQL store's crate: its settings, limits and start-up refusals.
 pub use opledger_postgres as postgres;
 pub use opledger_postgres::{PostgresStore, PostgresSubscription};
-pub use sqlite::{CommitStats, SqliteStore, SqliteSubscription};
+pub use sqlite::{CommitStats, SqliteOptions, SqliteStore, SqliteSubscription};

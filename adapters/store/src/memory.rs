@@ -6,10 +6,11 @@
 //! tests. It must never be used where the ledger has to survive a restart: nothing is written to
 //! disk, and "durable" here means "in this process's memory".
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
+use opledger_domain::merkle::{self, Hash, HashReader, LogTree, MemoryTree};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription, MAX_READ_BATCH,
@@ -55,6 +56,11 @@ struct Log {
     streams: HashMap<StreamName, Vec<usize>>,
     /// The log index of every event id, so a reused id is refused.
     by_event_id: HashMap<EventId, usize>,
+    /// The transparency log's tree over `events`, grown in the same append (leaf `i` is the
+    /// event at index `i`).
+    tree: MemoryTree,
+    /// Checkpoints kept, by tree size.
+    checkpoints: BTreeMap<u64, String>,
 }
 
 impl MemoryStore {
@@ -174,6 +180,8 @@ impl Log {
                 data: event.data,
                 metadata: event.metadata,
             });
+            self.tree
+                .push(merkle::leaf_hash(&self.events[index].view()));
             self.by_event_id.insert(event.event_id, index);
             indices.push(index);
             version = version.next();
@@ -187,6 +195,38 @@ impl Log {
             next_expected: event.version,
             position: event.position,
         }
+    }
+}
+
+impl LogTree for MemoryStore {
+    async fn tree_size(&self) -> Result<u64, StoreError> {
+        Ok(self.lock().tree.size())
+    }
+
+    async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
+        self.lock()
+            .tree
+            .read_hashes(&indexes)
+            .map_err(|error| StoreError::Corrupt {
+                reason: format!("the memory tree lacks a stored hash: {error}"),
+            })
+    }
+
+    async fn keep_checkpoint(&self, size: u64, note: String) -> Result<(), StoreError> {
+        self.lock().checkpoints.entry(size).or_insert(note);
+        Ok(())
+    }
+
+    async fn kept_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<(u64, String)>, StoreError> {
+        let log = self.lock();
+        let found = match size {
+            Some(size) => log.checkpoints.get_key_value(&size),
+            None => log.checkpoints.last_key_value(),
+        };
+        Ok(found.map(|(size, note)| (*size, note.clone())))
     }
 }
 

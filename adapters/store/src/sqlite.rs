@@ -20,6 +20,9 @@ mod codec;
 mod reader;
 mod recent;
 mod schema;
+mod tree;
+
+pub use self::tree::{LogMarks, StreamAhead};
 mod writer;
 
 use std::fmt::Display;
@@ -28,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::merkle::{Hash, LogTree};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
     StoreError, StreamName, Subscription,
@@ -72,6 +76,23 @@ struct Shared {
     counters: Arc<CommitCounters>,
 }
 
+/// How a [`SqliteStore`] is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// Whether the transparency log's tree grows with the log, in the same commits (the
+    /// default). Off only to measure what it costs, on a file of its own: a file written with it
+    /// off from the start gets its tree from the log when opened with it on, but one that had a
+    /// tree refuses appends with it on again (the tree cannot tell the events it missed from
+    /// events inserted behind the ledger's back).
+    pub log_tree: bool,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self { log_tree: true }
+    }
+}
+
 /// How well group commit is working: commits that wrote events, and the appends they wrote.
 /// `appends / commits` is the average number of callers that shared one fsync. Appends that
 /// wrote nothing (refused, or already stored) are not counted.
@@ -93,17 +114,28 @@ impl SqliteStore {
     /// [`StoreError::Unavailable`] when the file cannot be opened, is another program's database,
     /// or cannot be put in WAL mode. A refused file is left unmodified.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, SqliteOptions::default()).await
+    }
+
+    /// [`SqliteStore::open`] with options.
+    pub async fn open_with(
+        path: impl AsRef<Path>,
+        options: SqliteOptions,
+    ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        tokio::task::spawn_blocking(move || Self::open_blocking(path))
+        tokio::task::spawn_blocking(move || Self::open_blocking(path, options))
             .await
             .map_err(|error| StoreError::Unavailable {
                 reason: format!("opening the store failed: {error}"),
             })?
     }
 
-    fn open_blocking(path: PathBuf) -> Result<Self, StoreError> {
+    fn open_blocking(path: PathBuf, options: SqliteOptions) -> Result<Self, StoreError> {
         let connection = schema::open_writer(&path)?;
         let head = schema::head_position(&connection)?;
+        if options.log_tree {
+            tree::catch_up_at_open(&connection, head)?;
+        }
         let readers = (0..READ_POOL_SIZE)
             .map(|_| schema::open_reader(&path))
             .collect::<Result<Vec<_>, _>>()?;
@@ -118,6 +150,7 @@ impl SqliteStore {
             head_sender,
             Arc::clone(&recent),
             Arc::clone(&counters),
+            options.log_tree,
         )?;
         tracing::debug!(path = %path.display(), ?head, "sqlite event store opened");
         Ok(Self {
@@ -156,6 +189,13 @@ impl SqliteStore {
     /// Counts of commits and of the appends they carried since the store was opened.
     pub fn commit_stats(&self) -> CommitStats {
         self.shared.counters.snapshot()
+    }
+
+    /// What the file remembers of its log beside the events: the highest position it handed
+    /// out and the streams whose last version has no event (what `opledger verify` checks a
+    /// removed tail against).
+    pub async fn log_marks(&self) -> Result<LogMarks, StoreError> {
+        self.shared.readers.run(tree::log_marks).await
     }
 
     /// The file this store keeps its events in.
@@ -204,6 +244,45 @@ impl std::fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("path", &self.shared.path)
             .finish_non_exhaustive()
+    }
+}
+
+/// The tree is read on the reader pool (stored hashes never change once committed, so a reader
+/// that sees a size sees every hash below it); checkpoints are kept through a connection of
+/// their own, opened for the one insert, since the writer thread only appends events.
+impl LogTree for SqliteStore {
+    async fn tree_size(&self) -> Result<u64, StoreError> {
+        self.shared.readers.run(tree::size).await
+    }
+
+    async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
+        self.shared
+            .readers
+            .run(move |connection| tree::read(connection, &indexes))
+            .await
+    }
+
+    async fn keep_checkpoint(&self, size: u64, note: String) -> Result<(), StoreError> {
+        self.ensure_open()?;
+        let path = self.shared.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let connection = schema::open_side_writer(&path)?;
+            tree::keep_checkpoint(&connection, size, &note)
+        })
+        .await
+        .map_err(|error| StoreError::Unavailable {
+            reason: format!("keeping the checkpoint failed: {error}"),
+        })?
+    }
+
+    async fn kept_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<(u64, String)>, StoreError> {
+        self.shared
+            .readers
+            .run(move |connection| tree::kept_checkpoint(connection, size))
+            .await
     }
 }
 
@@ -347,3 +426,5 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tree_tests;

@@ -1,8 +1,14 @@
-// The Vercel AI SDK (`ai`, v5): a tool's `execute` guarded by the ledger, with the SDK's own
+// The Vercel AI SDK (`ai`, v5 and v6): a tool's `execute` guarded by the ledger, with the SDK's own
 // `toolCallId` as the request id, so the SDK's (or the model's) repeat of one tool call finds the
 // operation the first one recorded. `ai` is a peer dependency: the user's own copy is used.
+//
+// A refusal (409 `idempotency_key_reused`, 422 `invalid_input`, …) throws the LedgerError, whose
+// message carries the API's: the SDK makes it the tool call's `tool-error` and hands it to the
+// model. A ledger that never answered is an answer ("not confirmed: do not repeat it").
 
 import { jsonSchema, tool } from "ai";
+
+import { Unavailable } from "./index.js";
 
 // The client too, so a user imports one module: the adapter and the Ledger it takes.
 export { Ledger } from "./index.js";
@@ -19,7 +25,11 @@ export { Ledger } from "./index.js";
  */
 export function guardedExecute(ledger, action, options) {
   const guarded = ledger.guardedTool(action, options);
-  return async (input, { toolCallId }) => (await guarded.run(input, { requestId: toolCallId })).text;
+  return async (input, { toolCallId }) => {
+    const { text, error } = await guarded.answer(input, { requestId: toolCallId });
+    if (error !== undefined && !(error instanceof Unavailable)) throw error;
+    return text;
+  };
 }
 
 /**

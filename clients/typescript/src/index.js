@@ -62,32 +62,109 @@ export const MAX_CONSECUTIVE_RECONNECTS = 20;
 export const RECONNECT_PAUSE_MS = 500;
 /** The longest request id a guarded tool sends as an `Idempotency-Key`, in bytes (TextId). */
 export const MAX_REQUEST_ID_BYTES = 256;
+/**
+ * How many times a request that is safe to repeat is repeated after no answer, a timeout, a 503
+ * or a 429 (Stripe's SDKs repeat twice by default). A record is repeated with the same
+ * Idempotency-Key, so a repeat finds the operation the lost attempt recorded.
+ */
+export const DEFAULT_MAX_RETRIES = 2;
+/** The first pause before a repeat, in milliseconds; each further one doubles, with full jitter. */
+export const RETRY_BASE_MS = 500;
+/** The longest pause before one repeat, in milliseconds. */
+export const RETRY_CAP_MS = 8_000;
+/** The first pause between two reads of `waitFor`, in milliseconds; it grows to one second. */
+export const WAIT_POLL_MS = 50;
 
 /**
  * The API refused a request (`{"error": {"code", "message"}}`, `status` the HTTP status), or
- * could not be reached (`status` 0, `code` "unreachable": whether a record arrived is unknown,
- * so repeat it with the same idempotency key).
+ * could not be reached (`status` 0, `code` "unreachable" or "timeout": whether a record arrived
+ * is unknown, so repeat it with the same idempotency key). `detail` is the API's message,
+ * `requestId` the idempotency key the request was sent under (the same on every repeat). Catch a
+ * subclass to act on one family.
  */
 export class LedgerError extends Error {
   /**
    * @param {number} status
-   * @param {ErrorCode | "unreachable" | "http_error"} code
+   * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out"} code
    * @param {string} message
    * @param {{ pointer: string, message: string }[]} [fields]
+   * @param {string} [requestId]
    */
-  constructor(status, code, message, fields) {
+  constructor(status, code, message, fields, requestId) {
     super(`${status} ${code}: ${message}`);
     this.name = "LedgerError";
     this.status = status;
     this.code = code;
     this.detail = message;
     this.fields = fields ?? [];
+    this.requestId = requestId;
   }
 
   /** Whether the same request may be repeated as it is (the server said so, or never answered). */
   get retryable() {
     return this.status === 0 || this.status === 503 || this.status === 429;
   }
+}
+
+/** 422 `invalid_input` (and the other malformed-request codes): fix the request. */
+export class InvalidInput extends LedgerError {}
+/** 409 `idempotency_key_reused` / `source_id_reused`: the key named another request. */
+export class IdempotencyKeyReused extends LedgerError {}
+/** 409: refused by the ledger's rules (`refused`, `stale`, `duplicate_risk_not_accepted`). */
+export class Conflict extends LedgerError {}
+/** 404: no such operation (or not this tenant's). */
+export class NotFound extends LedgerError {}
+/** 401 / 403: the token is unknown or may not do this. */
+export class Unauthorized extends LedgerError {}
+/** 429: too many requests at once; repeated by the client up to `maxRetries`. */
+export class RateLimited extends LedgerError {}
+/** 503, a timeout or no answer: repeated with the same key by the client up to `maxRetries`. */
+export class Unavailable extends LedgerError {}
+/** `waitFor` reached its timeout first; `operation` is where it stood last. */
+export class WaitTimedOut extends LedgerError {
+  /** @param {Operation} operation @param {number} timeoutMs */
+  constructor(operation, timeoutMs) {
+    super(0, "wait_timed_out", `operation ${operation.operation_id} is still ${operation.state} after ${timeoutMs} ms; it is not confirmed: do not repeat it, ask its status later`);
+    this.operation = operation;
+  }
+}
+
+/** @type {Record<string, typeof LedgerError>} */
+const BY_CODE = {
+  idempotency_key_reused: IdempotencyKeyReused, source_id_reused: IdempotencyKeyReused,
+  invalid_input: InvalidInput, malformed_json: InvalidInput, invalid_path: InvalidInput, too_large: InvalidInput,
+  not_found: NotFound, unauthorized: Unauthorized, forbidden: Unauthorized,
+};
+/** @type {Record<number, typeof LedgerError>} */
+const BY_STATUS = {
+  0: Unavailable, 400: InvalidInput, 401: Unauthorized, 403: Unauthorized, 404: NotFound, 409: Conflict,
+  413: InvalidInput, 422: InvalidInput, 429: RateLimited, 503: Unavailable,
+};
+
+/**
+ * The typed error for an answer: by the API's code, else by the HTTP status.
+ * @param {number} status
+ * @param {ConstructorParameters<typeof LedgerError>[1]} code
+ * @param {string} message
+ * @param {{ pointer: string, message: string }[]} [fields]
+ * @param {string} [requestId]
+ * @returns {LedgerError}
+ */
+export function errorOf(status, code, message, fields, requestId) {
+  const Kind = (status === 0 ? Unavailable : BY_CODE[code] ?? BY_STATUS[status]) ?? LedgerError;
+  return new Kind(status, code, message, fields, requestId);
+}
+
+/**
+ * What a guarded tool hands the model when the ledger refuses a call or never answers: the API's
+ * own message, and what to do. Never "done".
+ * @param {LedgerError} error
+ */
+export function refusalText(error) {
+  if (error instanceof Unavailable) {
+    return `The ledger did not answer (${error.code}: ${error.detail}). The call is not confirmed: do not repeat it with other arguments; ask for its status later.`;
+  }
+  return `The ledger refused the call (${error.code}): ${error.detail}`;
 }
 
 /** Whether `operation` is settled as confirmed: it succeeded and names the object. */
@@ -105,6 +182,8 @@ export function notConfirmed(/** @type {Operation} */ operation) {
  * @property {string} token A tenant's (or an operator's, an approver's) bearer token.
  * @property {typeof fetch} [fetch] The fetch to use (default: the global one).
  * @property {number} [timeoutMs] One request's limit, in milliseconds.
+ * @property {number} [maxRetries] How often a request safe to repeat is repeated (default 2).
+ * @property {(ms: number) => Promise<void>} [sleep] How the client pauses between repeats.
  */
 
 /** A client of one `opledger serve`, as the holder of one bearer token. */
@@ -123,6 +202,9 @@ export class Ledger {
     this.token = options.token;
     /** @private */
     this.fetch = options.fetch ?? globalThis.fetch;
+    this.maxRetries = options.maxRetries ?? DEFAULT_MAX_RETRIES;
+    /** @private */
+    this.sleep = options.sleep ?? ((/** @type {number} */ ms) => pause(ms, undefined));
   }
 
   /**
@@ -158,8 +240,31 @@ export class Ledger {
    */
   async execute(operationId, options = {}) {
     const query = defined({ wait_ms: options.waitMs === undefined ? undefined : String(options.waitMs) });
-    const { body } = await this.#call("POST", `/v1/operations/${segment(operationId)}/execute`, { query });
+    // Executing is idempotent by the operation's id: a repeat drives the same operation.
+    const { body } = await this.#call("POST", `/v1/operations/${segment(operationId)}/execute`, { query, retry: true });
     return /** @type {Operation} */ (body);
+  }
+
+  /**
+   * Waits until the operation settles (succeeded, rejected, denied, abandoned) and answers it,
+   * like Temporal's `handle.result()`; throws {@link WaitTimedOut} (with where it stood) after
+   * `timeoutMs`. An operation with a person (`needs_review`) waits for them.
+   * @param {string} operationId
+   * @param {{ timeoutMs?: number }} [options]
+   * @returns {Promise<Operation>}
+   */
+  async waitFor(operationId, options = {}) {
+    const timeoutMs = options.timeoutMs ?? 30_000;
+    const deadline = Date.now() + timeoutMs;
+    let wait = WAIT_POLL_MS;
+    for (;;) {
+      const operation = await this.status(operationId);
+      if (/** @type {readonly string[]} */ (SETTLED_STATES).includes(operation.state)) return operation;
+      const left = deadline - Date.now();
+      if (left <= 0) throw new WaitTimedOut(operation, timeoutMs);
+      await this.sleep(Math.min(wait, left));
+      wait = Math.min(wait * 2, 1_000);
+    }
   }
 
   /**
@@ -342,7 +447,7 @@ export class Ledger {
       if (options.signal?.aborted) return;
       reconnects += 1;
       if (reconnects > maxReconnects) {
-        throw new LedgerError(0, "unreachable", `the outcome feed ended ${reconnects} times in a row; resume with after: ${last}`);
+        throw new Unavailable(0, "unreachable", `the outcome feed ended ${reconnects} times in a row; resume with after: ${last}`);
       }
       await pause(options.reconnectMs ?? RECONNECT_PAUSE_MS, options.signal);
     }
@@ -377,6 +482,23 @@ export class Ledger {
         );
         return { text: sentenceOf(operation), operation };
       },
+      /**
+       * `run` for a framework adapter: a refusal is the API's message as text (`refused`), which
+       * the adapter hands to the model as the framework's tool error; a ledger that never
+       * answered, even after the client's repeats, is an answer like an unknown outcome ("not
+       * confirmed: do not repeat it"), never an error inviting a call under a new tool-call id.
+       * @param {Record<string, unknown>} args
+       * @param {{ requestId?: string }} [call]
+       * @returns {Promise<{ text: string, refused: boolean, error?: LedgerError }>}
+       */
+      async answer(args, call = {}) {
+        try {
+          return { text: (await this.run(args, call)).text, refused: false };
+        } catch (error) {
+          if (!(error instanceof LedgerError)) throw error;
+          return { text: refusalText(error), refused: !(error instanceof Unavailable), error };
+        }
+      },
     };
   }
 
@@ -392,20 +514,37 @@ export class Ledger {
       query,
       body: intent,
       headers: { "Idempotency-Key": idempotencyKey },
+      retry: true,
     });
     const operation = /** @type {Operation} */ (body);
     return { ...operation, replayed: response.headers.get("Idempotent-Replayed") === "true" };
   }
 
   /**
+   * One request and its JSON answer, repeated up to `maxRetries` times when that is safe: a read,
+   * or a request named by an Idempotency-Key (`retry`), after no answer, a timeout, a 503 or a
+   * 429. Pauses grow exponentially with full jitter, capped.
    * @param {string} method
    * @param {string} path
-   * @param {{ query?: Record<string, string>, body?: unknown, headers?: Record<string, string> }} [request]
+   * @param {{ query?: Record<string, string>, body?: unknown, headers?: Record<string, string>, retry?: boolean }} [request]
    * @returns {Promise<{ body: unknown, response: Response }>}
    */
   async #call(method, path, request = {}) {
-    const response = await this.#send(method, path, request);
-    return { body: await response.json(), response };
+    const repeatable = request.retry ?? method === "GET";
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        const response = await this.#send(method, path, request);
+        try {
+          return { body: await response.json(), response };
+        } catch (error) {
+          // The answer broke off while it was being read: as unknown as no answer at all.
+          throw new Unavailable(0, "unreachable", `${method} ${path}: ${errorText(error)}; repeat the call with the same idempotency key`, undefined, request.headers?.["Idempotency-Key"]);
+        }
+      } catch (error) {
+        if (!(error instanceof LedgerError && error.retryable && repeatable && attempt < this.maxRetries)) throw error;
+      }
+      await this.sleep(Math.random() * Math.min(RETRY_CAP_MS, RETRY_BASE_MS * 2 ** attempt));
+    }
   }
 
   /**
@@ -435,9 +574,10 @@ export class Ledger {
     } catch (error) {
       if (request.signal?.aborted) throw error;
       // Whether a POST reached the server is unknown: the same key finds it if it did.
-      throw new LedgerError(0, "unreachable", `${method} ${url.pathname}: ${errorText(error)}; repeat the call with the same idempotency key`);
+      const code = timeout?.aborted ? "timeout" : "unreachable";
+      throw new Unavailable(0, code, `${method} ${url.pathname}: ${errorText(error)}; repeat the call with the same idempotency key`, undefined, request.headers?.["Idempotency-Key"]);
     }
-    if (!response.ok) throw await apiError(response);
+    if (!response.ok) throw await apiError(response, request.headers?.["Idempotency-Key"]);
     return response;
   }
 }
@@ -465,7 +605,7 @@ function accountOf(action, args) {
   if (others.length === 0) return { account: only, rest: args };
   const { account, ...rest } = args;
   if (typeof account !== "string" || !action.accounts.includes(account)) {
-    throw new LedgerError(422, "invalid_input", `\`account\` must be one of ${action.accounts.join(", ")} (got ${JSON.stringify(account)}); nothing was recorded`);
+    throw new InvalidInput(422, "invalid_input", `\`account\` must be one of ${action.accounts.join(", ")} (got ${JSON.stringify(account)}); nothing was recorded`);
   }
   return { account, rest };
 }
@@ -477,19 +617,22 @@ function accountOf(action, args) {
 function requestKey(requestId) {
   if (requestId === undefined) return undefined;
   if (requestId.length === 0 || new TextEncoder().encode(requestId).length > MAX_REQUEST_ID_BYTES) {
-    throw new LedgerError(422, "invalid_input", `the request id must be 1 to ${MAX_REQUEST_ID_BYTES} bytes; nothing was recorded`);
+    throw new InvalidInput(422, "invalid_input", `the request id must be 1 to ${MAX_REQUEST_ID_BYTES} bytes; nothing was recorded`);
   }
   return requestId;
 }
 
-/** @param {Response} response */
-async function apiError(response) {
+/**
+ * @param {Response} response
+ * @param {string | undefined} requestId
+ */
+async function apiError(response, requestId) {
   const text = await response.text();
   try {
     const { error } = /** @type {components["schemas"]["Error"]} */ (JSON.parse(text));
-    return new LedgerError(response.status, error.code, error.message, error.fields);
+    return errorOf(response.status, error.code, error.message, error.fields, requestId);
   } catch {
-    return new LedgerError(response.status, "http_error", text.slice(0, 500));
+    return errorOf(response.status, "http_error", text.slice(0, 500), undefined, requestId);
   }
 }
 

@@ -1,6 +1,10 @@
 // The OpenAI Agents SDK for TypeScript (`@openai/agents`): a function tool's `execute` guarded by
 // the ledger, with the model's function-call id (`details.toolCall.callId`) as the request id,
 // so a repeated call finds the operation the first one recorded. A peer dependency.
+//
+// A refusal (409 `idempotency_key_reused`, 422 `invalid_input`, …) is the tool's output with the
+// API's message in it: thrown, the SDK would hand the model only "An error occurred while running
+// the tool. Please try again.", which loses the reason and invites a repeat.
 
 import { tool } from "@openai/agents";
 
@@ -20,7 +24,7 @@ export { Ledger } from "./index.js";
 export function guardedExecute(ledger, action, options) {
   const guarded = ledger.guardedTool(action, options);
   return async (input, _context, details) =>
-    (await guarded.run(input, { requestId: details?.toolCall?.callId })).text;
+    (await guarded.answer(input, { requestId: details?.toolCall?.callId })).text;
 }
 
 /**

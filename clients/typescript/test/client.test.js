@@ -7,9 +7,12 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { test } from "node:test";
 
-import { LedgerError, Ledger, confirmed, notConfirmed } from "../src/index.js";
 import {
-  account, assertDoneSentence, assertNotConfirmedSentence, env, ledger, operator, stand, title, untilSettled,
+  IdempotencyKeyReused, InvalidInput, LedgerError, Ledger, NotFound, Unauthorized, Unavailable, WaitTimedOut,
+  confirmed, notConfirmed,
+} from "../src/index.js";
+import {
+  account, assertDoneSentence, assertNotConfirmedSentence, env, faultyProxy, ledger, operator, stand, title, untilSettled,
 } from "./support.js";
 
 test("a recorded intent is executed and its status names the object", async () => {
@@ -57,24 +60,63 @@ test("refusals are typed errors carrying the API's status and code", async () =>
   await client.record({ provider: "crm", account: account(), action: "create_task", args: { title: "One" } }, { idempotencyKey: key });
   await assert.rejects(
     client.record({ provider: "crm", account: account(), action: "create_task", args: { title: "Another" } }, { idempotencyKey: key }),
-    (error) => error instanceof LedgerError && error.status === 409 && error.code === "idempotency_key_reused",
+    (error) => error instanceof IdempotencyKeyReused && error.status === 409 && error.code === "idempotency_key_reused"
+      && error.requestId === key && /idempotency/i.test(error.detail),
   );
   await assert.rejects(
     client.record({ provider: "crm", account: account(), action: "create_task", args: { title: 42 } }),
-    (error) => error instanceof LedgerError && error.status === 422 && error.code === "invalid_input",
+    (error) => error instanceof InvalidInput && error.status === 422 && error.code === "invalid_input",
   );
   await assert.rejects(
     new Ledger(env("OPLEDGER_BASE_URL"), { token: "not-a-token-0123456789" }).whoami(),
-    (error) => error instanceof LedgerError && error.status === 401 && error.code === "unauthorized",
+    (error) => error instanceof Unauthorized && error.status === 401 && error.code === "unauthorized",
   );
   await assert.rejects(
     client.status(randomUUID()),
-    (error) => error instanceof LedgerError && error.status === 404 && error.code === "not_found",
+    (error) => error instanceof NotFound && error.status === 404 && error.code === "not_found",
   );
   await assert.rejects(
-    new Ledger("http://127.0.0.1:9", { token: "any-token-0123456789" }).whoami(),
-    (error) => error instanceof LedgerError && error.code === "unreachable" && error.retryable,
+    new Ledger("http://127.0.0.1:9", { token: "any-token-0123456789", sleep: async () => {} }).whoami(),
+    (error) => error instanceof Unavailable && error instanceof LedgerError && error.code === "unreachable" && error.retryable,
   );
+});
+
+test("a 503 after the server recorded, or a lost answer, is repeated with the same key and finds the one operation", async () => {
+  const proxy = await faultyProxy(env("OPLEDGER_BASE_URL"));
+  try {
+    const client = new Ledger(proxy.url, { token: env("OPLEDGER_TOKEN"), sleep: async () => {} });
+    for (const fault of ["503_after", "drop_after"]) {
+      proxy.keys.length = 0;
+      proxy.faults.push(fault);
+      const recorded = await client.record({ provider: "crm", account: account(), action: "create_task", args: { title: title(fault) } });
+      assert.ok(recorded.replayed && recorded.created === false, `${fault}: ${JSON.stringify(recorded)}`);
+      assert.equal(proxy.keys.length, 2, fault);
+      assert.equal(proxy.keys[0], proxy.keys[1], fault);
+    }
+    // Bounded: one call and maxRetries repeats, then the last failure.
+    const once = new Ledger(proxy.url, { token: env("OPLEDGER_TOKEN"), maxRetries: 1, sleep: async () => {} });
+    proxy.keys.length = 0;
+    proxy.faults.push("503_after", "503_after");
+    await assert.rejects(
+      once.record({ provider: "crm", account: account(), action: "create_task", args: { title: title("bounded") } }),
+      (error) => error instanceof Unavailable && error.code === "outcome_unknown",
+    );
+    assert.equal(proxy.keys.length, 2);
+  } finally {
+    await proxy.close();
+  }
+});
+
+test("waitFor answers the settled operation, and times out with where it stood", async () => {
+  const client = ledger();
+  const recorded = await client.record({ provider: "crm", account: account(), action: "create_task", args: { title: title("waited") } });
+  await assert.rejects(
+    client.waitFor(recorded.operation_id, { timeoutMs: 200 }),
+    (error) => error instanceof WaitTimedOut && error.operation.state === "pending",
+  );
+  await client.execute(recorded.operation_id, { waitMs: 0 });
+  const settled = await client.waitFor(recorded.operation_id, { timeoutMs: 30_000 });
+  assert.ok(confirmed(settled), JSON.stringify(settled));
 });
 
 test("listings page through the operations and counts and whoami answer for the token", async () => {

@@ -4,6 +4,7 @@
 
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { createServer } from "node:http";
 
 import { Ledger, notConfirmed } from "../src/index.js";
 
@@ -72,4 +73,63 @@ export function assertNotConfirmedSentence(/** @type {string} */ text) {
 /** A confirmed sentence naming the one object. */
 export function assertDoneSentence(/** @type {string} */ text, /** @type {string} */ objectId) {
   assert.match(text, new RegExp(`^Done: .* object ${objectId}\\.$`));
+}
+
+/**
+ * A real HTTP server on 127.0.0.1 in front of `opledger serve`: it passes requests on, and plays
+ * the faults queued for the next POSTs to `/v1/operations` — `"503_after"` (the server records
+ * it, then the answer is replaced by a 503 `outcome_unknown`), `"drop_after"` (the server records
+ * it, then the connection closes without an answer). It keeps the Idempotency-Key of every POST.
+ * @param {string} target
+ */
+export async function faultyProxy(target) {
+  /** @type {string[]} */
+  const faults = [];
+  /** @type {(string | undefined)[]} */
+  const keys = [];
+  const server = createServer(async (request, response) => {
+    /** @type {Buffer[]} */
+    const chunks = [];
+    for await (const chunk of request) chunks.push(chunk);
+    let fault;
+    if (request.method === "POST" && (request.url ?? "").split("?")[0] === "/v1/operations") {
+      keys.push(/** @type {string | undefined} */ (request.headers["idempotency-key"]));
+      fault = faults.shift();
+    }
+    /** @type {Record<string, string>} */
+    const headers = {};
+    for (const name of ["authorization", "content-type", "idempotency-key", "accept", "last-event-id"]) {
+      const value = request.headers[name];
+      if (typeof value === "string") headers[name] = value;
+    }
+    const answer = await fetch(target + request.url, {
+      method: request.method,
+      headers,
+      body: chunks.length ? Buffer.concat(chunks) : undefined,
+    });
+    const body = Buffer.from(await answer.arrayBuffer());
+    if (fault === "drop_after") {
+      request.socket.destroy();
+      return;
+    }
+    if (fault === "503_after") {
+      response.writeHead(503, { "Content-Type": "application/json" });
+      response.end(JSON.stringify({ error: { code: "outcome_unknown", message: "the append's outcome is unknown; repeat the same request: it is idempotent" } }));
+      return;
+    }
+    /** @type {Record<string, string>} */
+    const out = { "Content-Type": answer.headers.get("content-type") ?? "application/json" };
+    const replayed = answer.headers.get("idempotent-replayed");
+    if (replayed) out["Idempotent-Replayed"] = replayed;
+    response.writeHead(answer.status, out);
+    response.end(body);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(undefined)));
+  const address = /** @type {import("node:net").AddressInfo} */ (server.address());
+  return {
+    url: `http://127.0.0.1:${address.port}`,
+    faults,
+    keys,
+    close: () => new Promise((resolve) => { server.closeAllConnections(); server.close(() => resolve(undefined)); }),
+  };
 }

@@ -1,3 +1,22 @@
+/**
+ * The typed error for an answer: by the API's code, else by the HTTP status.
+ * @param {number} status
+ * @param {ConstructorParameters<typeof LedgerError>[1]} code
+ * @param {string} message
+ * @param {{ pointer: string, message: string }[]} [fields]
+ * @param {string} [requestId]
+ * @returns {LedgerError}
+ */
+export function errorOf(status: number, code: ConstructorParameters<typeof LedgerError>[1], message: string, fields?: {
+    pointer: string;
+    message: string;
+}[], requestId?: string): LedgerError;
+/**
+ * What a guarded tool hands the model when the ledger refuses a call or never answers: the API's
+ * own message, and what to do. Never "done".
+ * @param {LedgerError} error
+ */
+export function refusalText(error: LedgerError): string;
 /** Whether `operation` is settled as confirmed: it succeeded and names the object. */
 export function confirmed(operation: Operation): boolean;
 /** Whether `operation`'s outcome is not known yet: do not repeat it; ask `status` later. */
@@ -65,36 +84,106 @@ export const RECONNECT_PAUSE_MS: 500;
 /** The longest request id a guarded tool sends as an `Idempotency-Key`, in bytes (TextId). */
 export const MAX_REQUEST_ID_BYTES: 256;
 /**
+ * How many times a request that is safe to repeat is repeated after no answer, a timeout, a 503
+ * or a 429 (Stripe's SDKs repeat twice by default). A record is repeated with the same
+ * Idempotency-Key, so a repeat finds the operation the lost attempt recorded.
+ */
+export const DEFAULT_MAX_RETRIES: 2;
+/** The first pause before a repeat, in milliseconds; each further one doubles, with full jitter. */
+export const RETRY_BASE_MS: 500;
+/** The longest pause before one repeat, in milliseconds. */
+export const RETRY_CAP_MS: 8000;
+/** The first pause between two reads of `waitFor`, in milliseconds; it grows to one second. */
+export const WAIT_POLL_MS: 50;
+/**
  * The API refused a request (`{"error": {"code", "message"}}`, `status` the HTTP status), or
- * could not be reached (`status` 0, `code` "unreachable": whether a record arrived is unknown,
- * so repeat it with the same idempotency key).
+ * could not be reached (`status` 0, `code` "unreachable" or "timeout": whether a record arrived
+ * is unknown, so repeat it with the same idempotency key). `detail` is the API's message,
+ * `requestId` the idempotency key the request was sent under (the same on every repeat). Catch a
+ * subclass to act on one family.
  */
 export class LedgerError extends Error {
     /**
      * @param {number} status
-     * @param {ErrorCode | "unreachable" | "http_error"} code
+     * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out"} code
      * @param {string} message
      * @param {{ pointer: string, message: string }[]} [fields]
+     * @param {string} [requestId]
      */
-    constructor(status: number, code: ErrorCode | "unreachable" | "http_error", message: string, fields?: {
+    constructor(status: number, code: ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out", message: string, fields?: {
         pointer: string;
         message: string;
-    }[]);
+    }[], requestId?: string);
     status: number;
-    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal" | "unreachable" | "http_error";
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
     detail: string;
     fields: {
         pointer: string;
         message: string;
     }[];
+    requestId: string | undefined;
     /** Whether the same request may be repeated as it is (the server said so, or never answered). */
     get retryable(): boolean;
+}
+/** 422 `invalid_input` (and the other malformed-request codes): fix the request. */
+export class InvalidInput extends LedgerError {
+}
+/** 409 `idempotency_key_reused` / `source_id_reused`: the key named another request. */
+export class IdempotencyKeyReused extends LedgerError {
+}
+/** 409: refused by the ledger's rules (`refused`, `stale`, `duplicate_risk_not_accepted`). */
+export class Conflict extends LedgerError {
+}
+/** 404: no such operation (or not this tenant's). */
+export class NotFound extends LedgerError {
+}
+/** 401 / 403: the token is unknown or may not do this. */
+export class Unauthorized extends LedgerError {
+}
+/** 429: too many requests at once; repeated by the client up to `maxRetries`. */
+export class RateLimited extends LedgerError {
+}
+/** 503, a timeout or no answer: repeated with the same key by the client up to `maxRetries`. */
+export class Unavailable extends LedgerError {
+}
+/** `waitFor` reached its timeout first; `operation` is where it stood last. */
+export class WaitTimedOut extends LedgerError {
+    /** @param {Operation} operation @param {number} timeoutMs */
+    constructor(operation: Operation, timeoutMs: number);
+    operation: {
+        account: components["schemas"]["TextId"];
+        action: components["schemas"]["TextId"];
+        args: Record<string, never>;
+        args_hash: components["schemas"]["ArgsHash"];
+        attempt_ids: string[];
+        attempts: number;
+        created?: boolean;
+        duplicates: components["schemas"]["TextId"][];
+        execute_error?: components["schemas"]["ExecuteError"];
+        external_id: string | null;
+        idempotency_key: string;
+        last_error: string | null;
+        message: string;
+        operation_id: string;
+        owner: string | null;
+        provider: components["schemas"]["TextId"];
+        requires_approval: boolean;
+        review_reason: string | null;
+        source_id: string | null;
+        state: components["schemas"]["State"];
+        tenant: components["schemas"]["TextId"];
+        unknown_since: string | null;
+        updated_at: string;
+        version: number;
+    };
 }
 /**
  * @typedef {object} LedgerOptions
  * @property {string} token A tenant's (or an operator's, an approver's) bearer token.
  * @property {typeof fetch} [fetch] The fetch to use (default: the global one).
  * @property {number} [timeoutMs] One request's limit, in milliseconds.
+ * @property {number} [maxRetries] How often a request safe to repeat is repeated (default 2).
+ * @property {(ms: number) => Promise<void>} [sleep] How the client pauses between repeats.
  */
 /** A client of one `opledger serve`, as the holder of one bearer token. */
 export class Ledger {
@@ -109,6 +198,9 @@ export class Ledger {
     private token;
     /** @private */
     private fetch;
+    maxRetries: number;
+    /** @private */
+    private sleep;
     /**
      * Records an intent without sending anything. Every record carries an `Idempotency-Key`: the
      * one given (the same on a retry finds the operation the first call recorded), else a fresh
@@ -138,6 +230,17 @@ export class Ledger {
      */
     execute(operationId: string, options?: {
         waitMs?: number;
+    }): Promise<Operation>;
+    /**
+     * Waits until the operation settles (succeeded, rejected, denied, abandoned) and answers it,
+     * like Temporal's `handle.result()`; throws {@link WaitTimedOut} (with where it stood) after
+     * `timeoutMs`. An operation with a person (`needs_review`) waits for them.
+     * @param {string} operationId
+     * @param {{ timeoutMs?: number }} [options]
+     * @returns {Promise<Operation>}
+     */
+    waitFor(operationId: string, options?: {
+        timeoutMs?: number;
     }): Promise<Operation>;
     /**
      * Where an operation stands now, or as of a moment (a global position or an RFC 3339 time).
@@ -273,6 +376,22 @@ export class Ledger {
             text: string;
             operation: Answer;
         }>;
+        /**
+         * `run` for a framework adapter: a refusal is the API's message as text (`refused`), which
+         * the adapter hands to the model as the framework's tool error; a ledger that never
+         * answered, even after the client's repeats, is an answer like an unknown outcome ("not
+         * confirmed: do not repeat it"), never an error inviting a call under a new tool-call id.
+         * @param {Record<string, unknown>} args
+         * @param {{ requestId?: string }} [call]
+         * @returns {Promise<{ text: string, refused: boolean, error?: LedgerError }>}
+         */
+        answer(args: Record<string, unknown>, call?: {
+            requestId?: string;
+        }): Promise<{
+            text: string;
+            refused: boolean;
+            error?: LedgerError;
+        }>;
     };
     #private;
 }
@@ -318,5 +437,13 @@ export type LedgerOptions = {
      * One request's limit, in milliseconds.
      */
     timeoutMs?: number | undefined;
+    /**
+     * How often a request safe to repeat is repeated (default 2).
+     */
+    maxRetries?: number | undefined;
+    /**
+     * How the client pauses between repeats.
+     */
+    sleep?: ((ms: number) => Promise<void>) | undefined;
 };
 import type { components } from "../types/openapi.js";

@@ -21,6 +21,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/livez": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Liveness, by status code: restart only when 503. */
+        get: operations["liveness"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -28,8 +45,25 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token; then that bearer token is required. */
+        /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token (then that bearer token is required) or several tenants are configured without one and without `[metrics] open = true` (then 403 for everyone). */
         get: operations["metrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/readyz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Readiness, by status code: send traffic only while 200. */
+        get: operations["readiness"];
         put?: never;
         post?: never;
         delete?: never;
@@ -233,10 +267,78 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The operator's queue: operations unknown or waiting for a person, longest-waiting first, with the evidence (operator token). */
+        /** The operator's queue, a page at a time: operations unknown or waiting for a person, longest-waiting first unless `order=newest`, filtered, with the number matching (`total`) and the evidence (operator token). */
         get: operations["reviewQueue"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/bulk": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** One decision (retry or abandon) with one note for many operations of the review queue: those named, or every item matching a filter (oldest first, at most 1000). Each is recorded as its own decision event at the version read for it and checked against its own state and contract; those that cannot take it are listed in `refused` with why. With `dry_run`, nothing is written and `decided` lists what would be (operator token). */
+        post: operations["reviewBulk"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One operation of the review queue with the evidence a person deciding needs (operator token); 404 when it does not wait for review or is outside the token's scope. */
+        get: operations["reviewItem"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/{id}/claim": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims live in the serving process's memory, not in the log (operator token). */
+        post: operations["claimReviewItem"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/review/{id}/release": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** End the caller's claim on an item (someone else's is refused with 409 `claimed`) (operator token). */
+        post: operations["releaseReviewItem"];
         delete?: never;
         options?: never;
         head?: never;
@@ -441,7 +543,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -615,6 +717,15 @@ export interface components {
             /** @description The tenants whose operations the token sees; null for every tenant. */
             tenants: components["schemas"]["TextId"][] | null;
         };
+        Probe: {
+            /** @description Why not alive or not ready, one sentence each (absent when alive or ready). */
+            reasons?: string[];
+            /**
+             * @description `/livez`: alive (200), or restart (503: only a restart helps). `/readyz`: ready (200), or not_ready (503).
+             * @enum {unknown}
+             */
+            status: "alive" | "restart" | "ready" | "not_ready";
+        };
         /** @description An intent. `args` must be at most 65536 bytes as canonical JSON and is checked against the action's input schema. */
         RecordRequest: {
             account: components["schemas"]["TextId"];
@@ -642,6 +753,11 @@ export interface components {
             /** @description Seconds since `since`. */
             age_s: number;
             attempts: number;
+            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are not in the log). */
+            claim?: {
+                expires_at: components["schemas"]["Timestamp"];
+                holder: string;
+            } | null;
             /** @description From the operation's stream: the frozen arguments, the binding, every attempt with how it ended and every lookup with its evidence. */
             detail?: {
                 args: Record<string, never> | null;
@@ -671,6 +787,8 @@ export interface components {
                     evidence: string;
                     result: Record<string, never>;
                 }[];
+                /** @description Whom the operation is for, as recorded with the intent; null when none was given. */
+                owner?: string | null;
             };
             /** @description What was known when it was handed over. */
             evidence: string | null;
@@ -695,7 +813,11 @@ export interface components {
         ReviewQueue: {
             /** @description Only in an answer as of a moment (`as_of`): the log position the moment resolved to (0: before the first event); the answer holds the events up to it. */
             as_of_position?: number;
+            /** @description Pass as `after` for the next page; null on the last page. */
+            next?: string | null;
             queue: components["schemas"]["ReviewItem"][];
+            /** @description Items matching the filter, on every page. */
+            total?: number;
         };
         /** @description A decision: `external_id` is required with `confirm` and refused with `retry` and `abandon`. */
         ReviewRequest: {
@@ -839,6 +961,35 @@ export interface operations {
             };
         };
     };
+    liveness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The process is alive and recovers from store or network faults on its own. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+            /** @description Only a restart helps (the read-model runner has stopped for good); the reasons say why. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+        };
+    };
     metrics: {
         parameters: {
             query?: never;
@@ -858,7 +1009,37 @@ export interface operations {
                 };
             };
             401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
             500: components["responses"]["Error"];
+        };
+    };
+    readiness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The server can serve: the store answers (for PostgreSQL: its writer is not stuck and its connections reach this ledger's current copy) and the read models are near the log. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+            /** @description Send no traffic here now: the server is draining after a shutdown signal, the store cannot serve, or the read models are far behind or cannot follow the log; the reasons say which. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
         };
     };
     listActions: {
@@ -980,6 +1161,14 @@ export interface operations {
                 account?: components["schemas"]["TextId"];
                 /** @description The listing as it was at this moment: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). Folded from the log's start up to the moment (at most 2,000,000 events read and 100,000 operations of the listed scope held; beyond either, 422 `as_of_beyond_limit` says what to ask instead); `age_s` and `older_than` are measured from the moment; `after` pages with the same as_of. 422 `invalid_input` for a moment that is neither. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
+                /** @description Only this action's operations. */
+                action?: components["schemas"]["TextId"];
+                /** @description Only the operations recorded from this delivery id (a tool call's or a queue message's), found through the id index. */
+                source_id?: components["schemas"]["TextId"];
+                /** @description Only operations recorded at or after this RFC 3339 time; with `older_than`, a time range. */
+                since?: string;
+                /** @description `oldest`: the earliest recorded first; `newest`: the latest first. `after` continues in the same order. */
+                order?: "oldest" | "newest";
             };
             header?: never;
             path?: never;
@@ -1268,6 +1457,20 @@ export interface operations {
                 limit?: number;
                 /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
+                /** @description The `next` of the previous page: where this page starts. A cursor carries its own position, so it stays valid while items are decided between pages. */
+                after?: string;
+                /** @description `oldest`: the longest-waiting first; `newest`: the latest first. */
+                order?: "oldest" | "newest";
+                /** @description `full`: each item with its arguments, attempts and lookups (one stream read per item); `none`: the queue's rows only, for a list that refreshes often. One item's detail: GET /v1/review/{id}. */
+                detail?: "full" | "none";
+                /** @description Only this tenant's items (404 for a tenant outside the token's scope). */
+                tenant?: components["schemas"]["TextId"];
+                /** @description Only items sent to this provider. */
+                provider?: components["schemas"]["TextId"];
+                /** @description Only items bound to this account. */
+                account?: components["schemas"]["TextId"];
+                /** @description Only items in this state. */
+                state?: "unknown" | "needs_review";
             };
             header?: never;
             path?: never;
@@ -1289,6 +1492,188 @@ export interface operations {
             422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
+        };
+    };
+    reviewBulk: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @default false */
+                    accept_duplicate_risk?: boolean;
+                    /** @enum {string} */
+                    decision: "retry" | "abandon";
+                    /** @default false */
+                    dry_run?: boolean;
+                    filter?: {
+                        account?: components["schemas"]["TextId"];
+                        provider?: components["schemas"]["TextId"];
+                        /** @enum {string} */
+                        state?: "unknown" | "needs_review";
+                        tenant?: components["schemas"]["TextId"];
+                    };
+                    /** @description With `filter`: at most this many of the matching items, oldest first (default and most: 1000). */
+                    limit?: number;
+                    note: components["schemas"]["Note"];
+                    operation_ids?: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description What was decided (or would be, in a dry run) and what was refused. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        decided: {
+                            code?: string;
+                            message?: string;
+                            /** Format: uuid */
+                            operation_id: string;
+                            state?: string;
+                            version?: number | null;
+                        }[];
+                        decision: string;
+                        dry_run: boolean;
+                        matched: number;
+                        refused: {
+                            code?: string;
+                            message?: string;
+                            /** Format: uuid */
+                            operation_id: string;
+                            state?: string;
+                            version?: number | null;
+                        }[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    reviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The item, with its detail. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReviewItem"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    claimReviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    lease_s?: number;
+                };
+            };
+        };
+        responses: {
+            /** @description The claim. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        claim: {
+                            expires_at: components["schemas"]["Timestamp"];
+                            holder: string;
+                        } | null;
+                        /** Format: uuid */
+                        operation_id: string;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    releaseReviewItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No claim any more. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        claim: {
+                            expires_at: components["schemas"]["Timestamp"];
+                            holder: string;
+                        } | null;
+                        /** Format: uuid */
+                        operation_id: string;
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
         };
     };
     trace: {

@@ -18,6 +18,16 @@
 //!   "title",…,"custom_fields":[strings],"notes":[…]}}]},"additional_data":{"next_cursor"}}`; a hit's
 //!   `custom_fields` is an array of strings whose order is not documented. It is served by a
 //!   search index that lags (configurable here).
+//! - An activity takes the fields of v2's `AddActivityRequest` (the official Node client's v2 model,
+//!   generated from Pipedrive's OpenAPI description): `subject`, `type`, `owner_id`, `deal_id`,
+//!   `lead_id`, `org_id`, `project_id`, `due_date`, `due_time`, `duration`, `busy`, `done`,
+//!   `location`, `participants`, `attendees`, `public_description`, `priority`, `note`. The
+//!   description still lists `person_id`, but the API refuses it: 400 `{"success":false,"error":
+//!   "'person_id' is a read-only field. Add a primary participant to set 'person_id' instead.",
+//!   "code":"ERR_BAD_REQUEST"}` (the v1→v2 migration guide; Pipedrive's developer community thread
+//!   "API v1 to v2 upgrade POST activities http 400 responses"). A participant is `{"person_id":
+//!   N, "primary": true}` (`primary` on the way in, `primary_flag` on the way out); the primary
+//!   one becomes the activity's `person_id`.
 //! - No idempotency: a repeat creates another object.
 //! - Rate limits answer 429 with `x-ratelimit-reset`, the seconds left in the 2-second window.
 //!
@@ -25,7 +35,9 @@
 //! values a hit lists and in what order (this lists every text custom field of the deal, the
 //! account's other fields first, so the label is never the first element when the account has
 //! others: the preset must find it at any position); whether a v2 create answers 200 or 201
-//! (this answers 200; the preset accepts both); the 5xx body.
+//! (this answers 200; the preset accepts both); the 5xx body; whether v2 refuses two primary
+//! participants (this takes the first primary one as the activity's person); which code the other
+//! v2 validation errors carry (this answers them in v1's shape).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -52,15 +64,30 @@ const DEAL_FIELDS: &[&str] = &[
 const NUMBER_FIELDS: &[&str] = &["value", "person_id", "org_id", "deal_id"];
 /// The most results one search may ask for.
 const MAX_SEARCH_LIMIT: u64 = 500;
+/// The fields v2's `AddActivityRequest` takes (`person_id` is listed there but read-only).
 const ACTIVITY_FIELDS: &[&str] = &[
     "subject",
     "type",
+    "owner_id",
+    "deal_id",
+    "lead_id",
+    "org_id",
+    "project_id",
     "due_date",
     "due_time",
-    "deal_id",
-    "person_id",
+    "duration",
+    "busy",
+    "done",
+    "location",
+    "participants",
+    "attendees",
+    "public_description",
+    "priority",
     "note",
 ];
+/// What v2 answers to an activity carrying `person_id`, word for word.
+pub const PERSON_ID_READ_ONLY: &str =
+    "'person_id' is a read-only field. Add a primary participant to set 'person_id' instead.";
 
 /// What the emulator is started with.
 #[derive(Clone, Debug)]
@@ -193,6 +220,11 @@ async fn create_activity(
     headers: HeaderMap,
     body: Bytes,
 ) -> Reply {
+    if let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&body) {
+        if let Err(reply) = check_activity(&fields) {
+            return reply;
+        }
+    }
     create(
         shared,
         connection,
@@ -203,6 +235,38 @@ async fn create_activity(
         |name| ACTIVITY_FIELDS.contains(&name),
     )
     .await
+}
+
+/// What v2 refuses in an activity beyond the common checks: `person_id` (read-only), and
+/// participants that are not `{"person_id": number, "primary": boolean}`.
+fn check_activity(fields: &Map<String, Value>) -> Result<(), Reply> {
+    if fields.contains_key("person_id") {
+        return Err(Reply::json(
+            400,
+            &json!({"success": false, "error": PERSON_ID_READ_ONLY, "code": "ERR_BAD_REQUEST"}),
+        ));
+    }
+    let Some(participants) = fields.get("participants") else {
+        return Ok(());
+    };
+    let well_formed = participants.as_array().is_some_and(|all| {
+        all.iter().all(|one| {
+            one.as_object().is_some_and(|one| {
+                one.get("person_id").is_some_and(Value::is_number)
+                    && one.get("primary").is_none_or(Value::is_boolean)
+                    && one.keys().all(|key| key == "person_id" || key == "primary")
+            })
+        })
+    });
+    if well_formed {
+        Ok(())
+    } else {
+        Err(error(
+            400,
+            "Bad request",
+            "participants must be an array of {\"person_id\": number, \"primary\": boolean}",
+        ))
+    }
 }
 
 async fn create(
@@ -319,6 +383,15 @@ fn apply(
             custom.extend(given);
         }
         body.insert("custom_fields".into(), Value::Object(custom));
+    }
+    if kind == "activity" {
+        // The primary participant is the activity's person.
+        let primary = body
+            .get("participants")
+            .and_then(Value::as_array)
+            .and_then(|all| all.iter().find(|one| one["primary"] == json!(true)))
+            .map(|one| one["person_id"].clone());
+        body.insert("person_id".into(), primary.unwrap_or(Value::Null));
     }
     store.objects.push(Object {
         company: company.to_owned(),

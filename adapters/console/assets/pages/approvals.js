@@ -2,16 +2,23 @@
 // argument snapshot and its hash. Approving names the hash, so an approval covers exactly the
 // snapshot shown here; the API refuses it if the arguments are not that snapshot.
 
-import { ApiError, chooseTenant, chosenTenant, get, needsTenant, post } from "../api.js";
+import { ApiError, get, needsTenant, post } from "../api.js";
 import { announce, badge, errorBox, facts, h, link, pageTitle, tenantPicker, time } from "../ui.js";
 
 /// The most waiting operations one page shows.
 const ROWS = 100;
 
-export async function render(main, { query }) {
+export async function render(main, { query }, context) {
   const list = h("div", { "aria-busy": "true" });
   main.append(pageTitle("Approvals"), h("p", { class: "lead" }, "Requests that wait for a person before anything is sent. Approve exactly what is shown, or deny it with a reason."), list);
-  const tenant = query.get("tenant") ?? chosenTenant();
+  if (context.role() === "operator") {
+    // The API answers an operator's approval with 403: offering buttons that always fail is worse
+    // than saying who can approve.
+    list.setAttribute("aria-busy", "false");
+    list.replaceChildren(h("p", { class: "card notice" }, "Approvals are given by the tenant or by an approver configured for it (under [[approvers]]); an operator token cannot approve or deny. Sign in with one of those tokens to approve."));
+    return null;
+  }
+  const tenant = query.get("tenant");
   try {
     const page = await get(`/v1/operations?state=awaiting_approval&limit=${ROWS}${tenant ? `&tenant=${encodeURIComponent(tenant)}` : ""}`);
     const operations = await Promise.all(page.operations.map((op) => get(`/v1/operations/${op.operation_id}`)));
@@ -20,8 +27,7 @@ export async function render(main, { query }) {
     list.replaceChildren(
       needsTenant(error)
         ? tenantPicker("This token sees several tenants. Whose approvals should be shown?", (chosen) => {
-            chooseTenant(chosen);
-            location.reload();
+            location.hash = `#/approvals?tenant=${encodeURIComponent(chosen)}`;
           })
         : errorBox(error, null),
     );

@@ -1,7 +1,7 @@
 // Listings by state and age, with paging (the API's `next` cursor) and filters: state, age,
 // tenant, provider and account are all the listing API's own, so every page is filtered.
 
-import { chooseTenant, chosenTenant, get, needsTenant } from "../api.js";
+import { get, needsTenant } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
 
 /// Rows per page.
@@ -11,13 +11,11 @@ export async function render(main, { query }) {
   const form = filters(query);
   const results = h("div", { "aria-live": "polite", "aria-busy": "true" });
   main.append(pageTitle("Operations"), form, results);
-  const params = new URLSearchParams({ limit: String(PAGE_ROWS) });
-  for (const name of ["state", "older_than", "tenant", "provider", "account", "after"]) {
+  // Newest first unless the URL asks for the oldest: what an incident adds is what is looked for.
+  const params = new URLSearchParams({ limit: String(PAGE_ROWS), order: query.get("order") === "oldest" ? "oldest" : "newest" });
+  for (const name of ["state", "older_than", "since", "tenant", "provider", "account", "action", "source_id", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
-  // A tenant named here is remembered for the other pages of a token that sees several.
-  if (query.get("tenant")) chooseTenant(query.get("tenant"));
-  else if (chosenTenant()) params.set("tenant", chosenTenant());
   try {
     const page = await get(`/v1/operations?${params}`);
     results.replaceChildren(listing(page.operations), pager(query, page.next));
@@ -37,9 +35,13 @@ function filters(query) {
     { class: "filters card", role: "search", "aria-label": "Filter operations" },
     field("state", "State", state),
     field("older_than", "Older than", text("older_than", "e.g. 5m, 2h")),
-    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? chosenTenant() ?? "", placeholder: "any of yours", autocomplete: "off" })),
+    field("tenant", "Tenant", h("input", { id: "filter-tenant", name: "tenant", type: "text", value: query.get("tenant") ?? "", placeholder: "any of yours", autocomplete: "off" })),
     field("provider", "Provider", text("provider", "any")),
     field("account", "Account", text("account", "any")),
+    field("action", "Action", text("action", "any")),
+    field("source_id", "Source id", text("source_id", "a tool call's id")),
+    field("since", "Recorded since", text("since", "e.g. 2026-12-01T14:00:00Z")),
+    field("order", "Order", h("select", { id: "filter-order", name: "order" }, h("option", { value: "" }, "newest first"), h("option", { value: "oldest", selected: query.get("order") === "oldest" }, "oldest first"))),
     h("button", { type: "submit" }, "Show"),
   );
   form.addEventListener("submit", (event) => {
@@ -55,7 +57,7 @@ function listing(rows) {
   if (!rows.length) return h("p", { class: "empty card" }, "No operation matches.");
   return h(
     "div",
-    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations, oldest first" },
+    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations" },
     h(
       "table",
       { class: "listing stacking" },

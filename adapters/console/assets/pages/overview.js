@@ -3,8 +3,8 @@
 // are behind — refreshed when the live feed says something happened, never on a timer, and at
 // most once a second, so a burst of events is one refresh, not a storm.
 
-import { chooseTenant, chosenTenant, get, needsTenant, tenantParam } from "../api.js";
-import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, tenantPicker, time } from "../ui.js";
+import { get } from "../api.js";
+import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId, time } from "../ui.js";
 
 /// Events refresh the numbers at most once per this many milliseconds: the first event starts the
 /// wait, the ones during it ride along (a steady stream of events cannot postpone it for ever).
@@ -12,7 +12,10 @@ const REFRESH_EVERY_MS = 1000;
 /// The live events the page keeps on screen.
 const RECENT_EVENTS = 12;
 
-export async function render(main, _params, context) {
+export async function render(main, { query }, context) {
+  // The tenant the numbers are for comes from the URL only: a filter the person cannot see must
+  // never narrow what the overview says.
+  const tenant = query.get("tenant");
   const cards = h("div", { class: "cards", "aria-busy": "true" });
   const server = h("div", { class: "cards" });
   // A fixed set of rows whose contents change: a new event rewrites the rows instead of
@@ -24,21 +27,22 @@ export async function render(main, _params, context) {
   const failure = h("div");
   main.append(
     pageTitle("Overview"),
+    scopeLine(tenant),
     failure,
     h("section", { "aria-labelledby": "states-heading" }, h("h2", { id: "states-heading" }, "Operations by state"), cards),
     h("section", { "aria-labelledby": "server-heading" }, h("h2", { id: "server-heading" }, "Reconciliation and health"), server),
     h("section", { "aria-labelledby": "recent-heading" }, h("h2", { id: "recent-heading" }, "Live outcome events"), h("div", { class: "recent-box card" }, recent)),
   );
   // Placeholders of the final size first, so the numbers arriving move nothing.
-  cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…")));
+  cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, "…", tenant)));
   server.replaceChildren(...["Oldest unknown", "Reconciliations confirmed", "Duplicates detected", "Read-model lag"].map((label) => numberCard(label, "…")));
   // The reconciler's count is kept for the whole server only (/metrics), so it is shown to a
   // token that sees every tenant; the other numbers are the token's own scope.
   const everyTenant = (await get("/v1/whoami").catch(() => null))?.tenants === null;
   const refresh = async () => {
     try {
-      const [counts, health, metrics] = await Promise.all([get(`/v1/counts${tenantParam().replace(/^&/, "?")}`), get("/healthz").catch(() => null), everyTenant ? metricsText() : {}]);
-      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, String(counts.by_state[state] ?? 0))));
+      const [counts, health, metrics] = await Promise.all([get(`/v1/counts${tenant ? `?tenant=${encodeURIComponent(tenant)}` : ""}`), get("/healthz").catch(() => null), everyTenant ? metricsText() : {}]);
+      cards.replaceChildren(...Object.keys(STATES).map((state) => stateCard(state, String(counts.by_state[state] ?? 0), tenant)));
       cards.setAttribute("aria-busy", "false");
       const oldest = counts.oldest_unknown;
       server.replaceChildren(
@@ -47,18 +51,9 @@ export async function render(main, _params, context) {
         numberCard("Duplicates detected", counts.duplicates_detected, "a second object for one request"),
         numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
       );
-      failure.replaceChildren(...(chosenTenant() ? [h("p", { class: "muted" }, `Showing tenant ${chosenTenant()}. `, h("button", { type: "button", onclick: () => { chooseTenant(null); refresh(); } }, "Choose another"))] : []));
+      failure.replaceChildren();
     } catch (error) {
-      // A refresh while the person is typing a tenant must not replace what they typed.
-      if (needsTenant(error) && failure.querySelector("#tenant-choice")) return;
-      failure.replaceChildren(
-        needsTenant(error)
-          ? tenantPicker("This token sees several tenants. Which one should the overview count?", (tenant) => {
-              chooseTenant(tenant);
-              refresh();
-            })
-          : errorBox(error, refresh),
-      );
+      failure.replaceChildren(errorBox(error, refresh));
     }
   };
   await refresh();
@@ -72,6 +67,25 @@ export async function render(main, _params, context) {
       refresh();
     }, REFRESH_EVERY_MS);
   });
+}
+
+/// What the numbers count, and the form to count one tenant (the choice lives in the URL).
+function scopeLine(tenant) {
+  const input = h("input", { id: "overview-tenant", name: "tenant", type: "text", autocomplete: "off", value: tenant ?? "", placeholder: "all of yours" });
+  const form = h(
+    "form",
+    { class: "row scope-line", role: "search", "aria-label": "Count one tenant" },
+    h("p", { class: "muted" }, tenant ? `Counting tenant ${tenant} only. ` : "Counting every tenant this token sees. ", tenant ? link("overview", "Count all of them") : null),
+    h("label", { for: "overview-tenant" }, "Tenant"),
+    input,
+    h("button", { type: "submit" }, "Count"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = input.value.trim();
+    location.hash = value ? `#/overview?tenant=${encodeURIComponent(value)}` : "#/overview";
+  });
+  return form;
 }
 
 function eventLine(event) {
@@ -91,9 +105,10 @@ async function metricsText() {
   return { reconciliations: value("opledger_reconciliations_confirmed_total") };
 }
 
-function stateCard(state, count) {
+function stateCard(state, count, tenant) {
+  const tenantLink = tenant ? `&tenant=${encodeURIComponent(tenant)}` : "";
   const [label] = STATES[state];
-  return h("a", { class: `stat stat-${state}`, href: `#/operations?state=${state}` }, h("span", { class: "stat-number" }, count), h("span", { class: "stat-label" }, label));
+  return h("a", { class: `stat stat-${state}`, href: `#/operations?state=${state}${tenantLink}` }, h("span", { class: "stat-number" }, count), h("span", { class: "stat-label" }, label));
 }
 
 function numberCard(label, value, help) {

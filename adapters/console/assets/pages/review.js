@@ -1,50 +1,209 @@
-// The review queue and the decision form: operations whose outcome nobody knows, oldest first,
-// each with the whole evidence a person needs to decide (what was asked, where, every attempt
-// and what came back, every lookup, the reason, the action's deduplication contract in words),
-// and a form that records one decision at the version the person looked at.
+// The review queue and the decision form: operations whose outcome nobody knows, a page at a
+// time (the API's keyset cursor, so the thousandth item costs what the first does), newest first
+// unless the person asks for the oldest, filtered by what the URL says (shareable, never
+// remembered behind the person's back); and one item with the whole evidence a person needs to
+// decide (what was asked, where, every attempt and what came back, every lookup, the reason, the
+// action's deduplication contract in words), and a form that records one decision at the version
+// the person looked at.
 
 import { ApiError, get, post } from "../api.js";
 import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
 
-/// The most queue items one page shows; the API's own page limit is higher.
-const QUEUE_ROWS = 200;
-/// How far into the queue a decision page looks for its item: the API's page limit.
-const QUEUE_SEARCH_ROWS = 1000;
-/// Live events refresh the queue at most once per this many milliseconds.
-const REFRESH_EVERY_MS = 500;
+/// Queue items on one page.
+const QUEUE_ROWS = 50;
+/// Live events look at the queue's size at most once per this many milliseconds.
+const REFRESH_EVERY_MS = 1000;
+/// The filters a queue page takes from its URL, as the API names them.
+const FILTERS = ["tenant", "provider", "account", "state"];
 
-export async function render(main, { id }, context) {
+export async function render(main, { id, query }, context) {
   if (id) return renderItem(main, id, context);
-  return renderQueue(main, context);
+  return renderQueue(main, query, context);
 }
 
-async function renderQueue(main, context) {
-  const list = h("div", { class: "queue", "aria-live": "polite", "aria-busy": "true" });
-  const note = h("p", { class: "lead" }, "Operations whose outcome opledger could not establish on its own. Oldest first: open one, read the evidence, and record what should happen.");
-  main.append(pageTitle("Review queue"), note, list);
-  const refresh = async () => {
-    try {
-      const { queue } = await get(`/v1/review?limit=${QUEUE_ROWS}`);
-      list.replaceChildren(...(queue.length ? queue.map(item) : [h("p", { class: "empty card" }, "Nothing waits for a person. New cases appear here by themselves.")]));
-      setCount(queue.length);
-    } catch (error) {
-      list.replaceChildren(errorBox(error, refresh));
+/// The API query of a queue page: its filters and cursor from the URL, newest first by default.
+function queueParams(query, extra = {}) {
+  const params = new URLSearchParams({ order: query.get("order") === "oldest" ? "oldest" : "newest" });
+  for (const name of [...FILTERS, "after"]) if (query.get(name)) params.set(name, query.get(name));
+  for (const [name, value] of Object.entries(extra)) params.set(name, value);
+  return params;
+}
+
+async function renderQueue(main, query, context) {
+  const oldest = query.get("order") === "oldest";
+  const list = h("div", { class: "queue", "aria-busy": "true" });
+  const summary = h("p", { class: "queue-summary", role: "status" });
+  const changed = h("div", { class: "queue-changed" });
+  main.append(
+    pageTitle("Review queue"),
+    h("p", { class: "lead" }, "Operations whose outcome opledger could not establish on its own. Open one, read the evidence, and record what should happen."),
+    queueFilters(query),
+    bulkPanel(query),
+    h("div", { class: "row queue-bar" }, summary, orderToggle(query, oldest)),
+    changed,
+    list,
+  );
+  let shownTotal = null;
+  try {
+    const page = await get(`/v1/review?${queueParams(query, { limit: String(QUEUE_ROWS), detail: "full" })}`);
+    shownTotal = page.total;
+    summary.textContent = summaryText(page, query);
+    list.replaceChildren(
+      ...(page.queue.length ? page.queue.map(item) : [h("p", { class: "empty card" }, page.total || query.get("after") ? "No more items on this page." : "Nothing waits for a person here. New cases appear in the count above by themselves.")]),
+      queuePager(query, page.next),
+    );
+  } catch (error) {
+    list.replaceChildren(errorBox(error, () => location.reload()));
+  }
+  list.setAttribute("aria-busy", "false");
+  refreshCount();
+  // Live events never rewrite the list under the person's eyes (nor fetch every item's evidence
+  // again): they update the count, and say so when the queue changed.
+  return context.onEvent(
+    throttled(async () => {
+      refreshCount();
+      const now = await get(`/v1/review?${queueParams(query, { limit: "1", detail: "none" })}`).catch(() => null);
+      if (!now || shownTotal === null || now.total === shownTotal) return;
+      changed.replaceChildren(
+        h("p", { class: "notice" }, `The queue changed: ${now.total} waiting match now (${shownTotal} when this page loaded). `, h("button", { type: "button", onclick: () => location.reload() }, "Show the current queue")),
+      );
+    }),
+  );
+}
+
+function summaryText(page, query) {
+  const where = query.get("after") ? "a later page" : "the first page";
+  return `${page.total} waiting match${page.total === 1 ? "es" : ""}; ${page.queue.length} on ${where}, ${query.get("order") === "oldest" ? "oldest" : "newest"} first.`;
+}
+
+function orderToggle(query, oldest) {
+  const next = new URLSearchParams(query);
+  next.delete("after");
+  if (oldest) next.delete("order");
+  else next.set("order", "oldest");
+  return h("a", { href: `#/review?${next}`, class: "button-link" }, oldest ? "Show newest first" : "Show oldest first");
+}
+
+function queueFilters(query) {
+  const field = (name, label, control) => h("div", { class: "field" }, h("label", { for: `queue-${name}` }, label), control);
+  const text = (name, placeholder) => h("input", { id: `queue-${name}`, name, type: "text", value: query.get(name) ?? "", placeholder, autocomplete: "off" });
+  const state = h("select", { id: "queue-state", name: "state" }, h("option", { value: "" }, "either"), h("option", { value: "needs_review", selected: query.get("state") === "needs_review" }, "needs review"), h("option", { value: "unknown", selected: query.get("state") === "unknown" }, "unknown outcome"));
+  const form = h(
+    "form",
+    { class: "filters card", role: "search", "aria-label": "Filter the review queue" },
+    field("tenant", "Tenant", text("tenant", "any of yours")),
+    field("provider", "Provider", text("provider", "any")),
+    field("account", "Account", text("account", "any")),
+    field("state", "State", state),
+    h("button", { type: "submit" }, "Show"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    if (query.get("order")) next.set("order", query.get("order"));
+    for (const [name, value] of new FormData(form)) if (String(value).trim()) next.set(name, String(value).trim());
+    location.hash = `#/review?${next}`;
+  });
+  return form;
+}
+
+function queuePager(query, next) {
+  const links = [];
+  if (query.get("after")) {
+    const first = new URLSearchParams(query);
+    first.delete("after");
+    links.push(h("a", { href: `#/review?${first}` }, "← First page"));
+  }
+  if (next) {
+    const following = new URLSearchParams(query);
+    following.set("after", next);
+    links.push(h("a", { href: `#/review?${following}`, rel: "next" }, "Next page →"));
+  }
+  return h("nav", { class: "pager", "aria-label": "Pages of the queue" }, links);
+}
+
+/// One decision for many: the items ticked on this page, or every item matching the page's
+/// filters. A preview (the API's dry run) says what would happen first; nothing is recorded until
+/// the person confirms the number shown.
+function bulkPanel(query) {
+  const decision = h("select", { id: "bulk-decision", name: "decision" }, h("option", { value: "abandon" }, "Give up on them — send nothing"), h("option", { value: "retry" }, "Send them again"));
+  const scope = h("select", { id: "bulk-scope", name: "scope" }, h("option", { value: "matching" }, "every item matching the filters above"), h("option", { value: "ticked" }, "the items ticked below"));
+  const note = h("input", { id: "bulk-note", name: "note", type: "text", maxlength: "4096", autocomplete: "off" });
+  const result = h("div", { id: "bulk-result", "aria-live": "polite" });
+  const body = () => {
+    const request = { decision: decision.value, note: note.value.trim() };
+    if (scope.value === "ticked") request.operation_ids = [...document.querySelectorAll(".queue-item input.pick:checked")].map((box) => box.value);
+    else {
+      request.filter = {};
+      for (const name of FILTERS) if (query.get(name)) request.filter[name] = query.get(name);
     }
-    list.setAttribute("aria-busy", "false");
+    return request;
   };
-  await refresh();
-  return context.onEvent(throttled(refresh));
+  const preview = h("button", { type: "button" }, "Preview");
+  preview.addEventListener("click", async () => {
+    const request = body();
+    if (!request.note) return result.replaceChildren(errorBox(new ApiError(0, "incomplete", "Say why, in a sentence: it is recorded with every decision."), null));
+    if (request.operation_ids && !request.operation_ids.length) return result.replaceChildren(errorBox(new ApiError(0, "incomplete", "Tick the items to decide, or choose every item matching the filters."), null));
+    result.replaceChildren(h("p", { class: "muted" }, "Reading what would happen…"));
+    try {
+      const dry = await post("/v1/review/bulk", { ...request, dry_run: true });
+      const verb = request.decision === "abandon" ? "Give up on" : "Send again";
+      const confirm = h("button", { type: "button", class: "primary" }, `${verb} ${dry.decided.length} operation${dry.decided.length === 1 ? "" : "s"}`);
+      confirm.addEventListener("click", async () => {
+        confirm.disabled = true;
+        result.replaceChildren(h("p", { role: "status" }, `Recording ${dry.decided.length} decisions, one by one…`));
+        try {
+          const done = await post("/v1/review/bulk", { ...request, operation_ids: dry.decided.map((d) => d.operation_id), filter: undefined });
+          result.replaceChildren(bulkOutcome(done, false));
+          announce(`${done.decided.length} decisions recorded`);
+          refreshCount();
+        } catch (error) {
+          result.replaceChildren(errorBox(error, null));
+        }
+      });
+      result.replaceChildren(...[bulkOutcome(dry, true), dry.decided.length ? confirm : null].filter(Boolean));
+    } catch (error) {
+      result.replaceChildren(errorBox(error, null));
+    }
+  });
+  return h(
+    "details",
+    { class: "card bulk" },
+    h("summary", {}, "Decide many at once"),
+    h("div", { class: "field" }, h("label", { for: "bulk-scope" }, "Which"), scope),
+    h("div", { class: "field" }, h("label", { for: "bulk-decision" }, "Decision"), decision),
+    h("div", { class: "field" }, h("label", { for: "bulk-note" }, "Why (recorded with each decision)"), note),
+    h("p", { class: "help" }, "Each operation gets its own decision, checked against its own state and contract; those that cannot take it are listed, not skipped. At most 1000 at a time."),
+    preview,
+    result,
+  );
+}
+
+function bulkOutcome(answer, dry) {
+  const decided = answer.decided.length;
+  const refused = answer.refused;
+  return h(
+    "div",
+    { class: dry ? "notice" : "done", role: "status" },
+    h("p", {}, dry ? `${decided} would take the decision; ${refused.length} could not.` : `Decided: ${decided}. Could not take it: ${refused.length}.`),
+    refused.length
+      ? h("ul", { class: "refused" }, refused.map((r) => h("li", {}, link(`operation/${r.operation_id}`, shortId(r.operation_id), { title: r.operation_id }), ` — ${r.message}`)))
+      : null,
+  );
 }
 
 function item(entry) {
   const title = entry.detail?.args?.title ?? entry.detail?.description ?? entry.operation_id;
+  const owner = entry.detail?.owner;
+  const pick = h("input", { type: "checkbox", class: "pick", value: entry.operation_id, id: `pick-${entry.operation_id}` });
   return h(
     "article",
     { class: "card queue-item", "data-operation": entry.operation_id },
-    h("div", { class: "row" }, badge(entry.state), h("span", { class: "muted" }, `waiting ${duration(entry.age_s * 1000)}`)),
+    h("div", { class: "row" }, pick, h("label", { for: `pick-${entry.operation_id}`, class: "visually-hidden" }, `Tick “${title}”`), badge(entry.state), h("span", { class: "muted" }, `waiting ${duration(entry.age_s * 1000)}`)),
     h("h2", {}, link(`review/${entry.operation_id}`, `${entry.detail?.description ?? entry.operation_id}: “${title}”`)),
-    h("p", { class: "muted" }, `tenant ${entry.tenant} · ${entry.provider} / account ${entry.account} · ${entry.attempts} attempt(s), ${entry.lookups} lookup(s)`),
+    h("p", { class: "muted" }, `tenant ${entry.tenant}${owner ? ` · for ${owner}` : ""} · ${entry.provider} / account ${entry.account} · ${entry.attempts} attempt(s), ${entry.lookups} lookup(s)`),
     h("p", {}, entry.reason ?? "The outcome of the last attempt is unknown; opledger is still checking."),
+    entry.claim ? h("p", { class: "claimed" }, `Claimed by ${entry.claim.holder} until ${time(entry.claim.expires_at)}`) : null,
   );
 }
 
@@ -54,18 +213,12 @@ async function renderItem(main, id, context) {
   let item;
   let operation;
   try {
-    [item, operation] = await Promise.all([findInQueue(id), get(`/v1/operations/${encodeURIComponent(id)}`)]);
+    [item, operation] = await Promise.all([reviewItem(id), get(`/v1/operations/${encodeURIComponent(id)}`)]);
   } catch (error) {
     body.replaceChildren(errorBox(error, () => location.reload()));
     return null;
   }
   body.setAttribute("aria-busy", "false");
-  if (!item && (operation.state === "needs_review" || operation.state === "unknown")) {
-    body.replaceChildren(
-      h("div", { class: "card" }, h("p", {}, `This operation waits for a decision, but it is not among the ${QUEUE_SEARCH_ROWS} longest-waiting ones the queue shows, so its evidence is not loaded here. Decide on those first, or read its `, link(`operation/${id}`, "timeline"), ".")),
-    );
-    return null;
-  }
   if (!item) {
     body.replaceChildren(
       h("div", { class: "card" }, h("p", {}, "This operation does not wait for a decision (any more): it is ", badge(operation.state), "."), h("p", {}, operation.message), h("p", {}, link(`operation/${id}`, "Open its timeline"))),
@@ -78,7 +231,7 @@ async function renderItem(main, id, context) {
   body.replaceChildren(
     h("p", { class: "next-step" }, "Read the evidence, check the CRM if you need to, then ", h("a", { href: "#decide-heading", onclick: jumpToForm }, "record your decision"), "."),
     h("div", { class: "evidence" }, evidence(item, operation)),
-    h("aside", { class: "decide-aside", "aria-label": "Decision" }, decisionForm(item, operation)),
+    h("aside", { class: "decide-aside", "aria-label": "Decision" }, claimBar(item, context), decisionForm(item, operation)),
   );
   return context.onEvent((event) => {
     const form = document.querySelector("form.decision");
@@ -87,6 +240,46 @@ async function renderItem(main, id, context) {
       if (notice) notice.hidden = false;
     }
   });
+}
+
+/// Who works this case: a claim with a lease, shown to every operator, so two people do not
+/// investigate and decide the same one. It ends by itself; the holder can let go.
+function claimBar(item, context) {
+  const me = context.name();
+  const bar = h("div", { class: "card claim", id: "claim", "aria-live": "polite" });
+  const show = (claim, problem) => {
+    const mine = claim && claim.holder === me;
+    const until = claim ? `${time(claim.expires_at)} (${relative(claim.expires_at)})` : "";
+    const button = (label, path) => {
+      const b = h("button", { type: "button", class: mine ? "" : "primary" }, label);
+      b.addEventListener("click", async () => {
+        b.disabled = true;
+        try {
+          const answer = await post(`/v1/review/${encodeURIComponent(item.operation_id)}/${path}`, {});
+          show(answer.claim, null);
+        } catch (error) {
+          show(claim, error);
+        }
+      });
+      return b;
+    };
+    // replaceChildren would write a null as the text "null": leave the missing ones out.
+    bar.replaceChildren(
+      ...[
+        h("p", {}, !claim ? "Nobody is working this case." : mine ? `You hold this case until ${until}.` : `${claim.holder} is working this case until ${until}.`),
+        problem ? errorBox(problem, null) : null,
+        !claim || mine ? button(mine ? "Let go of it" : "Claim this case", mine ? "release" : "claim") : null,
+      ].filter(Boolean),
+    );
+  };
+  show(item.claim ?? null, null);
+  return bar;
+}
+
+/// "in 14 min", "3 s ago": a time relative to now.
+function relative(iso) {
+  const ms = Date.parse(iso) - Date.now();
+  return ms >= 0 ? `in ${duration(ms)}` : `${duration(-ms)} ago`;
 }
 
 /// The in-page link to the form: the route lives in the fragment, so move focus instead of
@@ -99,9 +292,15 @@ function jumpToForm(event) {
   heading.focus();
 }
 
-async function findInQueue(id) {
-  const { queue } = await get(`/v1/review?limit=${QUEUE_SEARCH_ROWS}`);
-  return queue.find((entry) => entry.operation_id === id) ?? null;
+/// The operation's review item with its evidence (`GET /v1/review/{id}`), or null when it does
+/// not wait for review.
+async function reviewItem(id) {
+  try {
+    return await get(`/v1/review/${encodeURIComponent(id)}`);
+  } catch (error) {
+    if (error instanceof ApiError && error.code === "not_found") return null;
+    throw error;
+  }
 }
 
 /// The evidence, in the order a person reads it: what, why, then the record.
@@ -297,6 +496,7 @@ function decisionForm(item, operation) {
     } catch (error) {
       submit.disabled = false;
       if (error.code === "stale") result.replaceChildren(staleNotice(error, version));
+      else if (error.code === "claimed") result.replaceChildren(errorBox(error, null));
       else if (error.code === "duplicate_risk_not_accepted") {
         result.replaceChildren();
         risk.replaceChildren(...riskNotice(error, item));
@@ -341,13 +541,12 @@ function riskNotice(error, item) {
   ];
 }
 
-/// The queue's size in the navigation, asked again after a decision.
-async function refreshCount() {
-  const answer = await get(`/v1/review?limit=${QUEUE_ROWS}`).catch(() => null);
-  if (answer) setCount(answer.queue.length);
-}
-
-function setCount(n) {
+/// The queue's size in the navigation (the server's count of this token's unresolved
+/// operations), asked again after a decision.
+export async function refreshCount() {
+  const counts = await get("/v1/counts").catch(() => null);
+  if (!counts) return;
+  const n = (counts.by_state.unknown ?? 0) + (counts.by_state.needs_review ?? 0);
   const count = document.getElementById("review-count");
   if (count) count.textContent = n ? String(n) : "";
 }

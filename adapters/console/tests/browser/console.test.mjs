@@ -282,9 +282,14 @@ try {
     await shot(page, "overview");
   });
 
-  await check("the review queue lists both, oldest first, and opens the full evidence", async () => {
+  await check("the review queue lists both, newest first, oldest first on request, and opens the full evidence", async () => {
     await page.getByRole("link", { name: /Review queue/ }).click();
     const items = page.locator(".queue-item");
+    await items.nth(1).waitFor();
+    assert.deepEqual(await items.evaluateAll((nodes) => nodes.map((n) => n.dataset.operation)), [second, first]);
+    await page.getByRole("link", { name: "Show oldest first" }).click();
+    await page.waitForFunction(() => location.hash === "#/review?order=oldest");
+    await page.locator(".queue[aria-busy=false]").waitFor();
     await items.nth(1).waitFor();
     assert.deepEqual(await items.evaluateAll((nodes) => nodes.map((n) => n.dataset.operation)), [first, second]);
     await axe(page, "review queue");
@@ -379,7 +384,7 @@ try {
     // In the order it happened: the lost attempt, the lookups that proved nothing, the person's
     // retry (with the risk they accepted), the attempt that succeeded.
     assert.deepEqual(labels.map((l) => l.replace(" (your id)", "")), ["Source delivery", "Operation", "Attempt #1", `Lookups (${labels[3]?.match(/\d+/)?.[0]})`, "A person decided", "Attempt #2", "Outcome"]);
-    await page.locator(".chain .node-decision", { hasText: "oncall: retry · accepted the duplicate risk" }).waitFor();
+    await page.locator(".chain .node-decision", { hasText: "oncall (with the operator token oncall): retry · accepted the duplicate risk" }).waitFor();
     await page.locator(".chain .matched", { hasText: external }).waitFor();
     await axe(page, "trace");
     await shot(page, "trace");
@@ -533,18 +538,23 @@ try {
     await scoped.close();
   });
 
-  await check("an operator who sees two tenants is asked which one the overview and listings show", async () => {
+  await check("an operator who sees two tenants gets both counted, and a tenant named in the URL never sticks", async () => {
     const both = await newPage(LAPTOP);
     await signIn(both, OPERATOR_AB);
     await both.getByRole("link", { name: "Overview" }).click();
+    await both.getByText("Counting every tenant this token sees.").waitFor();
     await both.getByLabel("Tenant", { exact: true }).fill("tenant-a");
     await axe(both, "tenant choice");
-    await both.getByRole("button", { name: "Show this tenant" }).click();
-    await both.getByText("Showing tenant tenant-a.").waitFor();
+    await both.getByRole("button", { name: "Count" }).click();
+    await both.getByText("Counting tenant tenant-a only.").waitFor();
     await both.locator(".stat-succeeded .stat-number", { hasText: /^[1-9]/ }).waitFor();
     await both.getByRole("link", { name: "Operations" }).click();
     await both.locator("h1", { hasText: "Operations" }).waitFor();
-    assert.equal(await both.getByLabel("Tenant", { exact: true }).inputValue(), "tenant-a");
+    // Nothing was remembered: the listing asks for a tenant rather than quietly using one.
+    assert.equal(await both.getByLabel("Tenant", { exact: true }).inputValue(), "");
+    await both.getByRole("alert").filter({ hasText: "name one in the Tenant field" }).waitFor();
+    await both.getByLabel("Tenant", { exact: true }).fill("tenant-a");
+    await both.getByRole("button", { name: "Show" }).click();
     await both.locator(`table.listing a[title="${second}"]`).waitFor();
     await both.close();
   });

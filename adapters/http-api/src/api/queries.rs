@@ -7,7 +7,10 @@ use super::*;
 use std::collections::BTreeSet;
 
 use crate::render::AsOf;
-use opledger_readmodel::{OperationPage, PastReadModels, PastScope};
+use opledger_readmodel::{
+    OperationPage, PastReadModels, PastScope, ReviewCursor, ReviewFilter, ReviewOrder, ReviewPage,
+    REVIEW_STATES,
+};
 
 /// Most operations a traced id may match.
 const MAX_TRACE_MATCHES: usize = 10;
@@ -24,6 +27,14 @@ pub(super) struct ListQuery {
     tenant: Option<String>,
     provider: Option<String>,
     account: Option<String>,
+    /// Only this action's operations.
+    action: Option<String>,
+    /// Only the operation(s) recorded from this delivery id.
+    source_id: Option<String>,
+    /// Only operations recorded at or after this RFC 3339 time.
+    since: Option<String>,
+    /// `oldest` (the default) or `newest` first.
+    order: Option<String>,
     /// The listing as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
 }
@@ -66,6 +77,31 @@ pub(super) async fn list(
             AccountId::new(text).map_err(|error| ValidationError::new("account", error.message))
         })
         .transpose()?;
+    let action = query
+        .action
+        .as_deref()
+        .map(|text| ActionName::new(text).map_err(|e| field("action", e)))
+        .transpose()?;
+    let source_id = query
+        .source_id
+        .as_deref()
+        .map(|text| SourceId::new(text).map_err(|e| field("source_id", e)))
+        .transpose()?;
+    let since = query
+        .since
+        .as_deref()
+        .map(|text| {
+            DateTime::parse_from_rfc3339(text)
+                .map(|time| time.with_timezone(&Utc))
+                .map_err(|error| {
+                    ApiError::invalid(ValidationError::new(
+                        "since",
+                        format!("`{text}` is not an RFC 3339 time ({error}); write e.g. 2026-12-01T14:02:00Z"),
+                    ))
+                })
+        })
+        .transpose()?;
+    let newest_first = review_order(query.order.as_deref())? == ReviewOrder::NewestFirst;
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
     if let Some(as_of) = as_of {
         let scope = PastScope {
@@ -83,6 +119,10 @@ pub(super) async fn list(
             provider,
             account,
             older_than: older_than.map(|duration| now - duration),
+            since,
+            action,
+            source_id,
+            newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
         return Ok(page_reply(&page, now, Some(position)));
@@ -95,6 +135,10 @@ pub(super) async fn list(
         provider,
         account,
         older_than: older_than.map(|duration| now - duration),
+        since,
+        action,
+        source_id,
+        newest_first,
     };
     let page = shared
         .read_models
@@ -188,15 +232,45 @@ pub(super) async fn counts(
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
     let Query(query) = query?;
-    let tenant = listed_tenant(&scope, query.tenant.as_deref())?;
+    // A token that sees several tenants and names none counts all of them: the badge of an
+    // operator of several tenants needs the whole scope's numbers, not a choice first.
+    let counted: Vec<Option<TenantId>> = match (&scope, query.tenant.as_deref()) {
+        (Scope::Tenants(tenants), None) if tenants.len() > 1 => {
+            tenants.iter().cloned().map(Some).collect()
+        }
+        _ => vec![listed_tenant(&scope, query.tenant.as_deref())?],
+    };
+    let tenant = match counted.as_slice() {
+        [one] => one.clone(),
+        _ => None,
+    };
     fresh_read_models(&shared).await?;
-    let counted = tenant.clone();
     let (by_state, numbers) = shared
         .read_models
         .call(move |store| {
+            let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();
+            let mut oldest: Option<opledger_readmodel::OldestUnresolved> = None;
+            let mut duplicates = 0;
+            for tenant in &counted {
+                for (state, count) in store.count_by_state(tenant.as_ref())? {
+                    *by_state.entry(state).or_default() += count;
+                }
+                let numbers = store.scope_numbers(tenant.as_ref())?;
+                duplicates += numbers.duplicates_detected;
+                if let Some(found) = numbers.oldest_unknown {
+                    if oldest.as_ref().is_none_or(|o| {
+                        (found.since, found.operation_id) < (o.since, o.operation_id)
+                    }) {
+                        oldest = Some(found);
+                    }
+                }
+            }
             Ok((
-                store.count_by_state(counted.as_ref())?,
-                store.scope_numbers(counted.as_ref())?,
+                by_state,
+                opledger_readmodel::ScopeNumbers {
+                    oldest_unknown: oldest,
+                    duplicates_detected: duplicates,
+                },
             ))
         })
         .await?;
@@ -268,8 +342,21 @@ pub(super) struct ReviewQueueQuery {
     limit: Option<String>,
     /// The queue as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
+    /// The `next` of the previous page.
+    after: Option<String>,
+    /// `oldest` (the default) or `newest` first.
+    order: Option<String>,
+    /// `full` (the default: each item with its arguments, attempts and lookups, one stream read
+    /// per row) or `none` (the queue's own rows only, for a list that refreshes often).
+    detail: Option<String>,
+    tenant: Option<String>,
+    provider: Option<String>,
+    account: Option<String>,
+    state: Option<String>,
 }
 
+/// `GET /v1/review`: a page of the review queue in the caller's scope, filtered, in either order,
+/// with the number of items matching the filter (`total`) and the cursor of the next page.
 pub(super) async fn review_queue(
     State(shared): State<Arc<Shared>>,
     query: Result<Query<ReviewQueueQuery>, axum::extract::rejection::QueryRejection>,
@@ -279,11 +366,34 @@ pub(super) async fn review_queue(
     let Query(query) = query?;
     let limit = page_limit(query.limit.as_deref())?;
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
-    let (queue, now, position) = match as_of {
+    let order = review_order(query.order.as_deref())?;
+    let full = match query.detail.as_deref() {
+        None | Some("full") => true,
+        Some("none") => false,
+        Some(other) => {
+            return Err(ApiError::invalid(ValidationError::new(
+                "detail",
+                format!("`{other}` is not a detail level; use full or none"),
+            )))
+        }
+    };
+    let after = query
+        .after
+        .as_deref()
+        .map(ReviewCursor::parse)
+        .transpose()?;
+    let filter = review_filter(
+        &scope,
+        query.tenant.as_deref(),
+        query.provider.as_deref(),
+        query.account.as_deref(),
+        query.state.clone(),
+    )?;
+    let (page, total, now, position) = match as_of {
         Some(as_of) => {
-            let tenants = match scope {
+            let tenants = match &scope {
                 Scope::All => None,
-                Scope::Tenants(tenants) => Some(tenants),
+                Scope::Tenants(tenants) => Some(tenants.clone()),
             };
             let scope = PastScope {
                 tenants,
@@ -291,48 +401,215 @@ pub(super) async fn review_queue(
             };
             let (past, position) = past_at(&shared, as_of, &scope).await?;
             let now = moment_time(as_of, &past);
-            (past.review_queue(limit), now, Some(position))
+            let (page, total) = past_review_page(
+                past.review_queue(usize::MAX),
+                &filter,
+                order,
+                limit,
+                after.as_ref(),
+            );
+            (page, total, now, Some(position))
         }
         None => {
             fresh_read_models(&shared).await?;
-            let queue = shared
+            let (page, total) = shared
                 .read_models
-                .call(move |store| match scope {
-                    Scope::All => store.review_queue(limit),
-                    Scope::Tenants(tenants) => {
-                        store.review_queue_of(&tenants.into_iter().collect::<Vec<_>>(), limit)
-                    }
+                .call(move |store| {
+                    Ok((
+                        store.review_page(&filter, order, limit, after.as_ref())?,
+                        store.review_count(&filter)?,
+                    ))
                 })
                 .await?;
-            (queue, Utc::now(), None)
+            (page, total, Utc::now(), None)
         }
     };
-    let store = shared.engine.ledger().store();
-    let mut rows: Vec<Value> = Vec::with_capacity(queue.len());
-    for item in &queue {
-        // One stream read per row, bounded by the page limit: the person deciding needs every
-        // attempt and lookup, which the queue's row does not keep. As of a moment, the events
-        // up to it.
-        let view = match as_of {
-            Some(as_of) => crate::render::view_as_of(store, item.operation_id, as_of).await?,
-            None => crate::render::view_of(store, item.operation_id).await?,
-        };
+    let mut rows: Vec<Value> = Vec::with_capacity(page.items.len());
+    for item in &page.items {
         let mut row = crate::render::review_item_json(item, now);
-        row["detail"] = crate::render::review_detail_json(&view.history);
-        let description = view.loaded.state.intent.as_ref().and_then(|intent| {
-            shared
-                .engine
-                .providers()
-                .action_description(&intent.provider, &intent.action)
-        });
-        row["detail"]["description"] = json!(description);
+        // Claims are the present's (kept in memory, not in the log): none as of a past moment.
+        row["claim"] = match as_of {
+            None => claim_of(&shared, item.operation_id),
+            Some(_) => Value::Null,
+        };
+        if full {
+            row["detail"] = review_detail(&shared, item.operation_id, as_of).await?;
+        }
         rows.push(row);
     }
-    let mut body = json!({"queue": rows});
+    let mut body = json!({
+        "queue": rows,
+        "next": page.next.as_ref().map(ReviewCursor::token),
+        "total": total,
+    });
     if let Some(position) = position {
         body["as_of_position"] = json!(position);
     }
     Ok(json_reply(StatusCode::OK, &body))
+}
+
+/// `GET /v1/review/{id}`: one operation of the review queue with everything a person deciding
+/// needs (the row, its arguments, attempts and lookups), without reading the rest of the queue.
+pub(super) async fn review_item(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (_, scope) = operator_of(shared.tokens.authenticate(&headers)?)?;
+    let operation_id = operation_id(&id)?;
+    fresh_read_models(&shared).await?;
+    let tenants = match &scope {
+        Scope::All => None,
+        Scope::Tenants(tenants) => Some(tenants.iter().cloned().collect::<Vec<_>>()),
+    };
+    let item = shared
+        .read_models
+        .call(move |store| store.review_item(operation_id, tenants.as_deref()))
+        .await?;
+    let Some(item) = item else {
+        // Whether it exists elsewhere (settled, or another tenant's) is the operation's own
+        // route to say, with its own scope check.
+        return Err(ApiError::not_found(format!(
+            "operation {operation_id} in the review queue (it is settled, not yet unresolved, or not yours); GET /v1/operations/{operation_id} says which"
+        )));
+    };
+    let mut row = crate::render::review_item_json(&item, Utc::now());
+    row["claim"] = claim_of(&shared, item.operation_id);
+    row["detail"] = review_detail(&shared, item.operation_id, None).await?;
+    Ok(json_reply(StatusCode::OK, &row))
+}
+
+/// The running claim on an item, or null.
+fn claim_of(shared: &Shared, operation_id: OperationId) -> Value {
+    shared
+        .claims
+        .of(operation_id, Utc::now())
+        .map_or(Value::Null, |claim| super::claim::claim_json(&claim))
+}
+
+/// An item's detail from its stream (as of a moment, the events up to it) with its action's
+/// description.
+async fn review_detail(
+    shared: &Shared,
+    operation_id: OperationId,
+    as_of: Option<AsOf>,
+) -> Result<Value, ApiError> {
+    let store = shared.engine.ledger().store();
+    let view = match as_of {
+        Some(as_of) => crate::render::view_as_of(store, operation_id, as_of).await?,
+        None => crate::render::view_of(store, operation_id).await?,
+    };
+    let mut detail = crate::render::review_detail_json(&view.history);
+    let description = view.loaded.state.intent.as_ref().and_then(|intent| {
+        shared
+            .engine
+            .providers()
+            .action_description(&intent.provider, &intent.action)
+    });
+    detail["description"] = json!(description);
+    detail["owner"] = json!(view
+        .loaded
+        .state
+        .intent
+        .as_ref()
+        .and_then(|intent| intent.owner.as_ref()));
+    Ok(detail)
+}
+
+/// `order`: `oldest` (the default) or `newest`.
+pub(super) fn review_order(text: Option<&str>) -> Result<ReviewOrder, ApiError> {
+    match text {
+        None | Some("oldest") => Ok(ReviewOrder::OldestFirst),
+        Some("newest") => Ok(ReviewOrder::NewestFirst),
+        Some(other) => Err(ApiError::invalid(ValidationError::new(
+            "order",
+            format!("`{other}` is not an order; use oldest or newest"),
+        ))),
+    }
+}
+
+/// The review filter a caller in `scope` asks for; a tenant outside the scope is not found.
+pub(super) fn review_filter(
+    scope: &Scope,
+    tenant: Option<&str>,
+    provider: Option<&str>,
+    account: Option<&str>,
+    state: Option<String>,
+) -> Result<ReviewFilter, ApiError> {
+    let tenant = tenant
+        .map(|text| {
+            let tenant = TenantId::new(text).map_err(|e| field("tenant", e))?;
+            if scope.allows(&tenant) {
+                Ok(tenant)
+            } else {
+                Err(ApiError::not_found(format!("tenant {tenant}")))
+            }
+        })
+        .transpose()?;
+    if let Some(state) = state.as_deref() {
+        if !REVIEW_STATES.contains(&state) {
+            return Err(ApiError::invalid(ValidationError::new(
+                "state",
+                format!(
+                    "`{state}` is not a state of the review queue; use one of {}",
+                    REVIEW_STATES.join(", ")
+                ),
+            )));
+        }
+    }
+    Ok(ReviewFilter {
+        scope: match scope {
+            Scope::All => None,
+            Scope::Tenants(tenants) => Some(tenants.iter().cloned().collect()),
+        },
+        tenant,
+        provider: provider
+            .map(|text| ProviderId::new(text).map_err(|e| field("provider", e)))
+            .transpose()?,
+        account: account
+            .map(|text| AccountId::new(text).map_err(|e| field("account", e)))
+            .transpose()?,
+        state,
+    })
+}
+
+/// A page of a past review queue (folded in memory, already in the caller's scope) with the same
+/// filter, order and cursor as the live one, and the number matching.
+fn past_review_page(
+    mut items: Vec<opledger_readmodel::ReviewItem>,
+    filter: &ReviewFilter,
+    order: ReviewOrder,
+    limit: usize,
+    after: Option<&ReviewCursor>,
+) -> (ReviewPage, u64) {
+    let limit = limit.min(MAX_QUERY_ROWS);
+    items.retain(|item| {
+        filter.tenant.as_ref().is_none_or(|t| *t == item.tenant)
+            && filter.provider.as_ref().is_none_or(|p| *p == item.provider)
+            && filter.account.as_ref().is_none_or(|a| *a == item.account)
+            && filter.state.as_deref().is_none_or(|s| s == item.state)
+    });
+    let total = items.len() as u64;
+    if order == ReviewOrder::NewestFirst {
+        items.reverse();
+    }
+    let key = |item: &opledger_readmodel::ReviewItem| (item.since, item.operation_id);
+    if let Some(cursor) = after {
+        let cursor = (cursor.since, cursor.operation_id);
+        items.retain(|item| match order {
+            ReviewOrder::OldestFirst => key(item) > cursor,
+            ReviewOrder::NewestFirst => key(item) < cursor,
+        });
+    }
+    let next = (items.len() > limit).then(|| {
+        let last = &items[limit - 1];
+        ReviewCursor {
+            since: last.since,
+            operation_id: last.operation_id,
+        }
+    });
+    items.truncate(limit);
+    (ReviewPage { items, next }, total)
 }
 
 #[derive(Debug, Deserialize)]

@@ -135,7 +135,7 @@ impl ReadPool {
     }
 
     /// Runs `work` on a pooled connection in a blocking task.
-    async fn run<T: Send + 'static>(
+    pub(super) async fn run<T: Send + 'static>(
         &self,
         work: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {

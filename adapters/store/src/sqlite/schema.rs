@@ -113,6 +113,24 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
         create_schema(&mut connection)?;
     }
     check_schema(&connection, path)?;
+    connection
+        .execute_batch(super::tree::CREATE_TREE_SCHEMA)
+        .map_err(|error| sqlite_error("cannot create the log tree's tables", error))?;
+    Ok(connection)
+}
+
+/// Opens a read-write connection for a rare write beside the writer thread's (a kept
+/// checkpoint): it waits for the writer's lock like any other opener of the file.
+pub(super) fn open_side_writer(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let connection = Connection::open_with_flags(path, flags)
+        .map_err(|error| sqlite_error(format_args!("cannot open `{}`", path.display()), error))?;
+    connection
+        .busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))
+        .map_err(|error| sqlite_error("cannot set the busy timeout", error))?;
+    connection
+        .pragma_update(None, "synchronous", "FULL")
+        .map_err(|error| sqlite_error("cannot set synchronous=FULL", error))?;
     Ok(connection)
 }
 

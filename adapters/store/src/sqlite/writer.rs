@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::store::{AppendOutcome, RecordedEvent, StoreError, StreamName};
+use opledger_domain::store::{AppendOutcome, EventView, RecordedEvent, StoreError, StreamName};
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::{mpsc, watch};
 
@@ -24,6 +24,7 @@ use super::checkpointer::Checkpointer;
 use super::codec;
 use super::recent::RecentEvents;
 use super::schema;
+use super::tree::TreeAppender;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::rules::{self, AppendPlan};
 
@@ -55,6 +56,7 @@ pub(super) fn spawn(
     head: watch::Sender<Option<GlobalPosition>>,
     recent: Arc<RecentEvents>,
     counters: Arc<CommitCounters>,
+    log_tree: bool,
 ) -> Result<JoinHandle<()>, StoreError> {
     let span = tracing::debug_span!("sqlite_writer", path = %path.display());
     let checkpointer = Checkpointer::spawn(path)?;
@@ -68,6 +70,7 @@ pub(super) fn spawn(
                 recent,
                 counters,
                 checkpointer,
+                log_tree,
             };
             let checkpointer = writer.run(requests);
             // Its connection must close before the writer's, so that the writer's is the last
@@ -86,6 +89,8 @@ struct Writer {
     recent: Arc<RecentEvents>,
     counters: Arc<CommitCounters>,
     checkpointer: Checkpointer,
+    /// Whether the transparency log's tree grows with the log (see `tree.rs`).
+    log_tree: bool,
 }
 
 /// What one append did inside the batch's transaction.
@@ -231,9 +236,15 @@ impl Writer {
         let connection = &self.connection;
         exec(connection, "BEGIN IMMEDIATE")?;
         let log_head_before = schema::head_position(connection)?;
+        // A tree behind its log (another opener wrote with it off, or events were inserted
+        // behind the ledger's back) is not extended: the first append refuses (see tree.rs).
+        let mut tree = match self.log_tree {
+            true => Some(TreeAppender::open(connection)?),
+            false => None,
+        };
         let mut results = Vec::with_capacity(batch.len());
         for request in batch {
-            let result = match apply(connection, request) {
+            let result = match apply(connection, request, tree.as_mut()) {
                 Ok(applied) => Ok(applied),
                 Err(Failure::Refused(refusal)) => Err(refusal),
                 Err(Failure::Storage(error)) => return Err(error),
@@ -266,7 +277,11 @@ impl Writer {
 }
 
 /// Applies one append inside the batch's transaction; a refusal is returned before it writes.
-fn apply(connection: &Connection, request: &AppendRequest) -> Result<Applied, Failure> {
+fn apply(
+    connection: &Connection,
+    request: &AppendRequest,
+    tree: Option<&mut TreeAppender<'_>>,
+) -> Result<Applied, Failure> {
     let stream = &request.stream;
     let found = find_stream(connection, stream)?;
     let last = found.map(|(_, last)| last);
@@ -286,7 +301,7 @@ fn apply(connection: &Connection, request: &AppendRequest) -> Result<Applied, Fa
                 }
                 None => create_stream(connection, stream, new_last)?,
             };
-            insert(connection, request, stream_id, first).map(Applied::Written)
+            insert(connection, request, stream_id, first, tree).map(Applied::Written)
         }
         AppendPlan::CheckStored { first } => {
             let Some((stream_id, _)) = found else {
@@ -399,6 +414,7 @@ fn insert(
     request: &AppendRequest,
     stream_id: i64,
     first: StreamVersion,
+    mut tree: Option<&mut TreeAppender<'_>>,
 ) -> Result<Vec<(GlobalPosition, StreamVersion)>, Failure> {
     let stream = &request.stream;
     let mut statement = connection
@@ -432,6 +448,17 @@ fn insert(
             }
         }
         let position = codec::position_from_sql(connection.last_insert_rowid())?;
+        if let Some(tree) = tree.as_deref_mut() {
+            tree.append(&EventView {
+                stream: stream.as_str(),
+                version,
+                position,
+                event_id: event.event_id,
+                event_type: &event.event_type,
+                data: &event.data,
+                metadata: &event.metadata,
+            })?;
+        }
         placed.push((position, version));
         version = version.next();
     }

@@ -1,0 +1,281 @@
+"""The async client: :class:`AsyncLedger` is :class:`opledger_client.Ledger` with ``async`` /
+``await``, over httpx (install the ``async`` extra). The same requests, the same typed errors,
+the same safe repeats: a read, or a request named by an Idempotency-Key, repeated with that key
+after no answer, a timeout, a 503 or a 429, up to ``max_retries`` times with jittered backoff.
+
+It must never be what the synchronous client depends on: that one stays on the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import urllib.parse
+import uuid
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
+
+import httpx
+
+from . import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    MAX_CONSECUTIVE_RECONNECTS,
+    RECONNECT_PAUSE_S,
+    RETRY_BASE_S,
+    RETRY_CAP_S,
+    SETTLED_STATES,
+    WAIT_POLL_CAP_S,
+    WAIT_POLL_S,
+    LedgerError,
+    Operation,
+    Unavailable,
+    WaitTimedOut,
+    _account_of,
+    _intent,
+    error_of,
+    refusal_text,
+    sentence_of,
+)
+
+__all__ = ["AsyncLedger"]
+
+
+class AsyncLedger:
+    """A client of one ``opledger serve`` as one tenant (its bearer token), for asyncio code.
+    Use it as ``async with AsyncLedger(...) as ledger:`` or call :meth:`aclose` at the end."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        if not token:
+            raise ValueError("token is required: a tenant's token from the server's [[tenants]]")
+        if max_retries < 0:
+            raise ValueError("max_retries must be 0 or more")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        #: How the client pauses between repeats (a test may make it instant).
+        self.sleep = asyncio.sleep
+        self._http = httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s, transport=transport
+        )
+
+    async def __aenter__(self) -> "AsyncLedger":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def record(
+        self,
+        provider: str,
+        account: str,
+        action: str,
+        args: Mapping[str, Any],
+        *,
+        idempotency_key: Optional[str] = None,
+        owner: Optional[str] = None,
+        requires_approval: bool = False,
+    ) -> Operation:
+        """Records an intent without sending anything."""
+        body = _intent(provider, account, action, args, owner, requires_approval)
+        return await self._record(body, idempotency_key, {})
+
+    async def record_and_execute(
+        self,
+        provider: str,
+        account: str,
+        action: str,
+        args: Mapping[str, Any],
+        *,
+        idempotency_key: Optional[str] = None,
+        wait_ms: Optional[int] = None,
+        owner: Optional[str] = None,
+    ) -> Operation:
+        """Records an intent and executes it in the same call, waiting at most ``wait_ms``."""
+        body = _intent(provider, account, action, args, owner, False)
+        query = {"execute": "true"}
+        if wait_ms is not None:
+            query["wait_ms"] = str(wait_ms)
+        return await self._record(body, idempotency_key, query)
+
+    async def execute(self, operation_id: str, *, wait_ms: Optional[int] = None) -> Operation:
+        """Drives a recorded operation and waits (at most ``wait_ms``) for its outcome."""
+        query = {} if wait_ms is None else {"wait_ms": str(wait_ms)}
+        path = f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}/execute"
+        body, _ = await self._call("POST", path, query=query, retry=True)
+        return Operation.from_json(body)
+
+    async def status(self, operation_id: str) -> Operation:
+        """Where an operation stands now."""
+        body, _ = await self._call("GET", f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}")
+        return Operation.from_json(body)
+
+    async def actions(self) -> List[Dict[str, Any]]:
+        """The configured actions this tenant may use, each described as a tool."""
+        body, _ = await self._call("GET", "/v1/actions")
+        return list(body["actions"])
+
+    async def wait_for(self, operation_id: str, timeout_s: float = 30.0) -> Operation:
+        """Waits until the operation settles and returns it; raises :class:`WaitTimedOut`."""
+        deadline = time.monotonic() + timeout_s
+        pause = WAIT_POLL_S
+        while True:
+            operation = await self.status(operation_id)
+            if operation.state in SETTLED_STATES:
+                return operation
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimedOut(operation, timeout_s)
+            await self.sleep(min(pause, left))
+            pause = min(pause * 2, WAIT_POLL_CAP_S)
+
+    async def outcomes(
+        self,
+        *,
+        after: Optional[int] = None,
+        types: Optional[Sequence[str]] = None,
+        max_reconnects: int = MAX_CONSECUTIVE_RECONNECTS,
+        reconnect_s: float = RECONNECT_PAUSE_S,
+    ) -> AsyncIterator[Dict[str, Any]]:
+        """The outcome feed, resumed with ``Last-Event-ID`` after a break (see
+        :meth:`opledger_client.Ledger.outcomes`)."""
+        last = after
+        reconnects = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = str(last)
+            params = {"types": ",".join(types)} if types else {}
+            try:
+                async with self._http.stream(
+                    "GET", self.base_url + "/v1/events", params=params, headers=headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise _api_error(response, None)
+                    event_id: Optional[str] = None
+                    data: List[str] = []
+                    async for line in response.aiter_lines():
+                        if line == "":
+                            if data:
+                                outcome = json.loads("\n".join(data))
+                                last = int(event_id) if event_id is not None else outcome["position"]
+                                reconnects = 0
+                                yield outcome
+                            event_id, data = None, []
+                        elif not line.startswith(":"):
+                            name, _, value = line.partition(":")
+                            value = value[1:] if value.startswith(" ") else value
+                            if name == "data":
+                                data.append(value)
+                            elif name == "id":
+                                event_id = value
+            except LedgerError as error:
+                if not error.retryable:
+                    raise
+            except httpx.TransportError:
+                pass  # a broken stream is resumed from the last event yielded
+            reconnects += 1
+            if reconnects > max_reconnects:
+                raise Unavailable(
+                    0, "unreachable", f"the outcome feed ended {reconnects} times in a row; resume with after={last}"
+                )
+            await self.sleep(reconnect_s)
+
+    async def guarded_call(
+        self,
+        action: Mapping[str, Any],
+        args: Mapping[str, Any],
+        *,
+        request_id: Optional[str],
+        wait_ms: Optional[int] = None,
+    ) -> str:
+        """Records and executes one tool call of ``action`` under ``request_id`` and returns what
+        the agent may say (see :meth:`opledger_client.Ledger.guarded_call`)."""
+        account, rest = _account_of(action, args)
+        operation = await self.record_and_execute(
+            action["provider"], account, action["action"], rest, idempotency_key=request_id, wait_ms=wait_ms
+        )
+        return sentence_of(operation)
+
+    async def guarded_answer(
+        self,
+        action: Mapping[str, Any],
+        args: Mapping[str, Any],
+        *,
+        request_id: Optional[str],
+        wait_ms: Optional[int] = None,
+    ) -> "tuple[str, bool]":
+        """``(text, refused)``, as :meth:`opledger_client.Ledger.guarded_answer`."""
+        try:
+            return await self.guarded_call(action, args, request_id=request_id, wait_ms=wait_ms), False
+        except Unavailable as error:
+            return refusal_text(error), False
+        except LedgerError as error:
+            return refusal_text(error), True
+
+    async def _record(self, body: Dict[str, Any], key: Optional[str], query: Dict[str, str]) -> Operation:
+        # Every record carries a key, so a record whose answer was lost can be repeated safely.
+        headers = {"Idempotency-Key": key if key is not None else str(uuid.uuid4())}
+        answer, replayed = await self._call(
+            "POST", "/v1/operations", query=query, body=body, headers=headers, retry=True
+        )
+        return Operation.from_json(answer, replayed=replayed)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Optional[Dict[str, str]] = None,
+        body: Optional[Dict[str, Any]] = None,
+        headers: Optional[Dict[str, str]] = None,
+        retry: Optional[bool] = None,
+    ) -> "tuple[Dict[str, Any], bool]":
+        repeatable = method == "GET" if retry is None else retry
+        key = (headers or {}).get("Idempotency-Key")
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    method, self.base_url + path, params=query or None, json=body, headers=headers
+                )
+                if response.status_code >= 400:
+                    raise _api_error(response, key)
+                return response.json(), response.headers.get("Idempotent-Replayed") == "true"
+            except httpx.TransportError as error:
+                # A timeout, a refused or reset connection: whether a POST arrived is unknown.
+                failure: LedgerError = Unavailable(
+                    0,
+                    "timeout" if isinstance(error, httpx.TimeoutException) else "unreachable",
+                    f"{method} {path}: {error!r}; repeat the call with the same idempotency key",
+                    request_id=key,
+                )
+            except LedgerError as error:
+                failure = error
+            if not (repeatable and failure.retryable and attempt < self.max_retries):
+                raise failure
+            attempt += 1
+            await self.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempt - 1))))
+
+
+def _api_error(response: httpx.Response, key: Optional[str]) -> LedgerError:
+    try:
+        detail = response.json()["error"]
+        return error_of(
+            response.status_code, detail["code"], detail["message"], request_id=key, fields=detail.get("fields") or ()
+        )
+    except (ValueError, KeyError, TypeError):
+        return error_of(response.status_code, "http_error", response.text[:500], request_id=key)

@@ -1,0 +1,363 @@
+//! The transparency log's tree in the ledger file: the stored hashes of the Merkle tree over the
+//! log (see `opledger_domain::merkle`), written by the writer in the same transaction as the
+//! events they hash, and the signed checkpoints kept over it.
+//!
+//! `log_tree` holds one row per stored hash, keyed by its stored hash index: about two per event
+//! (64 bytes of hash and the row's overhead), so a tree head or a proof reads O(log n) rows by
+//! primary key. Leaf `position − 1` is the event at `position`: the writer refuses to grow the
+//! tree out of step with the log, so a tree and its log always commit together. A file without a
+//! tree (from before it, or written with it switched off from the start) gets one built from its
+//! log when it is opened with the tree on: the tree is rebuildable from the log alone.
+//!
+//! It must never write a stored hash outside the transaction of the events it covers, and never
+//! rewrite one: a stored hash, once committed, is what every checkpoint signed since relies on.
+
+use std::collections::HashMap;
+
+use opledger_domain::ids::GlobalPosition;
+use opledger_domain::merkle::{self, Hash, HashReader, HASH_SIZE};
+use opledger_domain::store::{EventView, RecordedEvent, StoreError};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::codec::{EventRow, EVENT_COLUMNS};
+use super::sqlite_error;
+
+/// The tree's tables; created in files made before the tree existed, too (older builds ignore
+/// them, so a file stays readable by them).
+pub(super) const CREATE_TREE_SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS log_tree (
+        stored_index INTEGER PRIMARY KEY CHECK (stored_index >= 0),
+        hash         BLOB    NOT NULL CHECK (length(hash) = 32)
+    ) STRICT;
+    CREATE TABLE IF NOT EXISTS log_checkpoints (
+        tree_size INTEGER PRIMARY KEY CHECK (tree_size >= 0),
+        note      TEXT    NOT NULL
+    ) STRICT;
+";
+
+/// Events read from the log at a time while the tree catches up with it.
+const CATCH_UP_BATCH: i64 = 4_096;
+
+/// Leaves in the tree stored in the file, read on `connection`.
+pub(super) fn size(connection: &Connection) -> Result<u64, StoreError> {
+    let newest: Option<i64> = connection
+        .prepare_cached("SELECT MAX(stored_index) FROM log_tree")
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .map_err(|error| sqlite_error("cannot read the log tree's size", error))?;
+    let Some(newest) = newest else {
+        return Ok(0);
+    };
+    let count = u64::try_from(newest).map_err(|_| corrupt("a stored hash index is negative"))? + 1;
+    merkle::size_from_stored_count(count).ok_or_else(|| {
+        corrupt(&format!(
+            "the log tree holds {count} stored hashes, which no tree of whole leaves does"
+        ))
+    })
+}
+
+fn corrupt(reason: &str) -> StoreError {
+    StoreError::Corrupt {
+        reason: reason.to_owned(),
+    }
+}
+
+/// Reads stored hashes by index on `connection`.
+pub(super) fn read(connection: &Connection, indexes: &[u64]) -> Result<Vec<Hash>, StoreError> {
+    let mut statement = connection
+        .prepare_cached("SELECT hash FROM log_tree WHERE stored_index = ?1")
+        .map_err(|error| sqlite_error("cannot prepare the log tree query", error))?;
+    indexes
+        .iter()
+        .map(|&index| {
+            let sql_index = i64::try_from(index)
+                .map_err(|_| corrupt(&format!("stored hash index {index} is out of range")))?;
+            let bytes: Option<Vec<u8>> = statement
+                .query_row([sql_index], |row| row.get(0))
+                .optional()
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+            let bytes =
+                bytes.ok_or_else(|| corrupt(&format!("the log tree lacks stored hash {index}")))?;
+            <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
+                .map(Hash)
+                .map_err(|_| corrupt(&format!("stored hash {index} is not 32 bytes")))
+        })
+        .collect()
+}
+
+/// The checkpoint kept for `size` leaves, or the newest one.
+pub(super) fn kept_checkpoint(
+    connection: &Connection,
+    size: Option<u64>,
+) -> Result<Option<(u64, String)>, StoreError> {
+    let found: Option<(i64, String)> = match size {
+        Some(size) => connection
+            .prepare_cached("SELECT tree_size, note FROM log_checkpoints WHERE tree_size = ?1")
+            .and_then(|mut statement| {
+                statement
+                    .query_row([i64::try_from(size).unwrap_or(i64::MAX)], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })
+                    .optional()
+            }),
+        None => connection
+            .prepare_cached(
+                "SELECT tree_size, note FROM log_checkpoints ORDER BY tree_size DESC LIMIT 1",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+            }),
+    }
+    .map_err(|error| sqlite_error("cannot read the kept checkpoints", error))?;
+    found
+        .map(|(size, note)| {
+            u64::try_from(size)
+                .map(|size| (size, note))
+                .map_err(|_| corrupt("a kept checkpoint's size is negative"))
+        })
+        .transpose()
+}
+
+/// Keeps a checkpoint; the first one kept for a size stays.
+pub(super) fn keep_checkpoint(
+    connection: &Connection,
+    size: u64,
+    note: &str,
+) -> Result<(), StoreError> {
+    let size = i64::try_from(size).map_err(|_| StoreError::InvalidAppend {
+        reason: format!("a tree of {size} leaves cannot be stored"),
+    })?;
+    connection
+        .prepare_cached("INSERT OR IGNORE INTO log_checkpoints (tree_size, note) VALUES (?1, ?2)")
+        .and_then(|mut statement| statement.execute(params![size, note]))
+        .map(drop)
+        .map_err(|error| sqlite_error("cannot keep the checkpoint", error))
+}
+
+/// Builds the tree of a file that has none yet (one from before the tree, or written with it
+/// off from the start) from its log, in one transaction of its own: the tree is rebuildable from
+/// the log. A tree that exists but is behind its log is never extended here: events it did not
+/// see appended cannot be told from events inserted behind the ledger's back, so they stay out of
+/// it, `opledger verify` names them, and appends are refused. (Deleting the `log_tree` rows and
+/// opening the file rebuilds the tree from the log as it is then: a rebuild trusts the log, and
+/// checkpoints kept outside the ledger still catch what was changed before it.) A log with a
+/// position missing keeps the tree up to the gap; the open goes on.
+pub(super) fn catch_up_at_open(
+    connection: &Connection,
+    head: Option<GlobalPosition>,
+) -> Result<(), StoreError> {
+    if size(connection)? > 0 {
+        return Ok(());
+    }
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|error| sqlite_error("cannot start the log tree's catch-up", error))?;
+    let caught_up = TreeAppender::open(connection).and_then(|mut tree| {
+        // Another opener may have built it between the look above and this lock.
+        if tree.size > 0 {
+            return Ok(0);
+        }
+        tree.catch_up(head)
+    });
+    match caught_up {
+        Ok(added) => {
+            connection
+                .execute_batch("COMMIT")
+                .map_err(|error| sqlite_error("cannot commit the log tree's catch-up", error))?;
+            if added > 0 {
+                tracing::info!(added, "the log tree caught up with the log");
+            }
+            Ok(())
+        }
+        Err(StoreError::Corrupt { reason }) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            tracing::warn!(%reason, "the log tree cannot catch up with the log");
+            Ok(())
+        }
+        Err(error) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            Err(error)
+        }
+    }
+}
+
+/// Grows the tree inside the writer's transaction: one leaf per event, in position order.
+pub(super) struct TreeAppender<'c> {
+    connection: &'c Connection,
+    size: u64,
+    /// Hashes stored by this transaction, so the next leaves' subtrees read them from memory.
+    written: HashMap<u64, Hash>,
+}
+
+impl<'c> TreeAppender<'c> {
+    /// The tree as stored, read under the write transaction's lock.
+    pub(super) fn open(connection: &'c Connection) -> Result<Self, StoreError> {
+        Ok(Self {
+            size: size(connection)?,
+            connection,
+            written: HashMap::new(),
+        })
+    }
+
+    /// Appends the leaf of `event`, which must be the event at position `size + 1`.
+    pub(super) fn append(&mut self, event: &EventView<'_>) -> Result<(), StoreError> {
+        let expected = self.size + 1;
+        if event.position.value() != expected {
+            return Err(corrupt(&format!(
+                "the log tree has {} leaves, so its next leaf is the event at position {expected}, \
+                 but the event being added is at position {}: the ledger file was changed behind \
+                 opledger's back; run `opledger verify`",
+                self.size, event.position
+            )));
+        }
+        let hashes = merkle::hashes_to_store(self.size, merkle::leaf_hash(event), self)
+            .map_err(|error| corrupt(&error.to_string()))?;
+        let first = merkle::stored_hash_index(0, self.size);
+        let mut statement = self
+            .connection
+            .prepare_cached("INSERT INTO log_tree (stored_index, hash) VALUES (?1, ?2)")
+            .map_err(|error| sqlite_error("cannot prepare the log tree insert", error))?;
+        for (offset, hash) in (0_u64..).zip(hashes) {
+            let index = first + offset;
+            let sql_index = i64::try_from(index)
+                .map_err(|_| corrupt("the log tree outgrew what SQLite can index"))?;
+            statement
+                .execute(params![sql_index, hash.0.as_slice()])
+                .map_err(|error| sqlite_error("cannot grow the log tree", error))?;
+            self.written.insert(index, hash);
+        }
+        self.size += 1;
+        Ok(())
+    }
+
+    /// Up to [`CATCH_UP_BATCH`] events after `position`, in position order.
+    fn read_after(&self, position: u64) -> Result<Vec<RecordedEvent>, StoreError> {
+        let sql = format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
+        );
+        let after = i64::try_from(position).unwrap_or(i64::MAX);
+        let mut statement = self
+            .connection
+            .prepare_cached(&sql)
+            .map_err(|error| sqlite_error("cannot prepare the log read", error))?;
+        let rows = statement
+            .query_map(params![after, CATCH_UP_BATCH], EventRow::from_row)
+            .map_err(|error| sqlite_error("cannot read the log", error))?;
+        rows.map(|row| {
+            row.map_err(|error| sqlite_error("cannot read the log", error))?
+                .decode()
+        })
+        .collect()
+    }
+
+    /// Adds the leaves of the events stored after the tree's last leaf, up to and including
+    /// `head`: a file from before the tree, or written with it switched off. Stops at the first
+    /// position missing from the log (the tree cannot cover an event that is not there) and says
+    /// so in the error.
+    pub(super) fn catch_up(&mut self, head: Option<GlobalPosition>) -> Result<u64, StoreError> {
+        let head = head.map_or(0, GlobalPosition::value);
+        let before = self.size;
+        while self.size < head {
+            let batch = self.read_after(self.size)?;
+            if batch.is_empty() {
+                break;
+            }
+            for event in &batch {
+                self.append(&event.view())?;
+            }
+        }
+        Ok(self.size - before)
+    }
+}
+
+impl HashReader for TreeAppender<'_> {
+    fn read_hashes(&self, indexes: &[u64]) -> Result<Vec<Hash>, merkle::TlogError> {
+        let missing: Vec<u64> = indexes
+            .iter()
+            .copied()
+            .filter(|index| !self.written.contains_key(index))
+            .collect();
+        let mut from_file = read(self.connection, &missing)
+            .map_err(|error| merkle::TlogError::InvalidInput(error.to_string()))?
+            .into_iter();
+        Ok(indexes
+            .iter()
+            .map(|index| match self.written.get(index) {
+                Some(hash) => *hash,
+                None => from_file
+                    .next()
+                    .expect("one hash read from the file per index missing from memory"),
+            })
+            .collect())
+    }
+}
+
+/// Most streams [`log_marks`] lists whose recorded last version is ahead of their events.
+const MAX_STREAMS_AHEAD: i64 = 1_000;
+
+/// What the file itself remembers of its log beside the events, read on `connection`: the
+/// highest position ever handed out and each stream's last version. Removing events with plain
+/// SQL leaves both behind, so they show a removed tail that the events alone cannot.
+pub(super) fn log_marks(connection: &Connection) -> Result<LogMarks, StoreError> {
+    let sequence: Option<i64> = connection
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'events'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|error| sqlite_error("cannot read the log's sequence", error))?;
+    let mut statement = connection
+        .prepare(
+            "SELECT name, last_version, stored FROM ( \
+                 SELECT s.name, s.last_version, \
+                        (SELECT MAX(e.version) FROM events e WHERE e.stream_id = s.stream_id) AS stored \
+                 FROM streams s) \
+             WHERE stored IS NULL OR stored < last_version ORDER BY name LIMIT ?1",
+        )
+        .map_err(|error| sqlite_error("cannot prepare the streams' versions query", error))?;
+    let rows = statement
+        .query_map([MAX_STREAMS_AHEAD], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, Option<i64>>(2)?,
+            ))
+        })
+        .map_err(|error| sqlite_error("cannot read the streams' versions", error))?;
+    let mut streams_ahead = Vec::new();
+    for row in rows {
+        let (name, last, stored) =
+            row.map_err(|error| sqlite_error("cannot read the streams' versions", error))?;
+        streams_ahead.push(StreamAhead {
+            stream: name,
+            last_version: u64::try_from(last).unwrap_or(0),
+            newest_stored: stored.and_then(|stored| u64::try_from(stored).ok()),
+        });
+    }
+    Ok(LogMarks {
+        highest_position: sequence.and_then(|sequence| u64::try_from(sequence).ok()),
+        streams_ahead,
+    })
+}
+
+/// What the file remembers of its log beside the events (see [`log_marks`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogMarks {
+    /// The highest position the file ever handed out (`None`: never any).
+    pub highest_position: Option<u64>,
+    /// Streams whose recorded last version has no event (at most a thousand).
+    pub streams_ahead: Vec<StreamAhead>,
+}
+
+/// A stream whose recorded last version has no event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamAhead {
+    /// The stream's name.
+    pub stream: String,
+    /// The last version the file recorded for it.
+    pub last_version: u64,
+    /// The newest version it still has an event for (`None`: none left).
+    pub newest_stored: Option<u64>,
+}

@@ -1,0 +1,110 @@
+//! The log tree in the file: grown with the log, equal to a tree built from the log alone, and
+//! caught up from the log when a file was written without it.
+
+use opledger_domain::ids::EventId;
+use opledger_domain::merkle::{self, MemoryTree};
+use opledger_domain::store::{EventData, EventStore, ExpectedVersion, LogStart, StreamName};
+use tempfile::TempDir;
+use uuid::Uuid;
+
+use super::*;
+
+fn event(id: u128) -> EventData {
+    EventData {
+        event_id: EventId::from_uuid(Uuid::from_u128(id)),
+        event_type: "Tested".into(),
+        data: format!("{{\"n\":{id}}}").into_bytes(),
+        metadata: b"{}".to_vec(),
+    }
+}
+
+/// Appends `count` events in appends of one to three events over a few streams.
+async fn append_events(store: &SqliteStore, first_id: u128, count: u128) {
+    let mut id = first_id;
+    while id < first_id + count {
+        let name = StreamName::new(format!("s-{id}")).unwrap();
+        let events: Vec<EventData> = (id..(id + 1 + id % 3).min(first_id + count))
+            .map(event)
+            .collect();
+        id += events.len() as u128;
+        store
+            .append(&name, ExpectedVersion::NoStream, events)
+            .await
+            .unwrap();
+    }
+}
+
+/// The tree built from the log's events alone.
+async fn tree_from_log(store: &SqliteStore) -> MemoryTree {
+    let mut tree = MemoryTree::new();
+    for event in store.read_all(LogStart::Beginning, 4096).await.unwrap() {
+        tree.push(merkle::leaf_hash(&event.view()));
+    }
+    tree
+}
+
+#[tokio::test]
+async fn the_stored_tree_is_the_tree_of_the_log_and_its_proofs_verify() {
+    let dir = TempDir::new().unwrap();
+    let store = SqliteStore::open(dir.path().join("events.db"))
+        .await
+        .unwrap();
+    append_events(&store, 1, 300).await;
+    let expected = tree_from_log(&store).await.head();
+    let head = merkle::head_of(&store, None).await.unwrap();
+    assert_eq!(head, expected);
+    let older = merkle::head_of(&store, Some(77)).await.unwrap();
+    let events = store.read_all(LogStart::Beginning, 4096).await.unwrap();
+    for index in [0, 1, 76, 150, 299] {
+        let proof = merkle::inclusion_proof_of(&store, index, 300)
+            .await
+            .unwrap();
+        let leaf = merkle::leaf_hash(&events[index as usize].view());
+        merkle::check_inclusion(&proof, head, index, leaf).unwrap();
+    }
+    let proof = merkle::consistency_proof_of(&store, 77, 300).await.unwrap();
+    merkle::check_consistency(&proof, older, head).unwrap();
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_file_written_without_the_tree_gets_it_from_the_log_when_opened_with_it() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("events.db");
+    let off = SqliteOptions { log_tree: false };
+    let store = SqliteStore::open_with(&path, off).await.unwrap();
+    append_events(&store, 1, 50).await;
+    assert_eq!(store.tree_size().await.unwrap(), 0);
+    store.close().await.unwrap();
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.tree_size().await.unwrap(), 50);
+    append_events(&store, 51, 10).await;
+    let head = merkle::head_of(&store, None).await.unwrap();
+    assert_eq!(head, tree_from_log(&store).await.head());
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn checkpoints_are_kept_by_size_and_the_newest_is_found() {
+    let dir = TempDir::new().unwrap();
+    let store = SqliteStore::open(dir.path().join("events.db"))
+        .await
+        .unwrap();
+    assert_eq!(store.kept_checkpoint(None).await.unwrap(), None);
+    store.keep_checkpoint(3, "three".into()).await.unwrap();
+    store.keep_checkpoint(9, "nine".into()).await.unwrap();
+    store
+        .keep_checkpoint(3, "another three".into())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.kept_checkpoint(Some(3)).await.unwrap(),
+        Some((3, "three".into()))
+    );
+    assert_eq!(
+        store.kept_checkpoint(None).await.unwrap(),
+        Some((9, "nine".into()))
+    );
+    store.close().await.unwrap();
+}
