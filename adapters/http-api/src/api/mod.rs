@@ -24,8 +24,8 @@ use opledger_domain::args::ArgsHash;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::ReviewDecision;
 use opledger_domain::ids::{
-    AccountId, ActorId, AttemptId, ExternalObjectId, GlobalPosition, OperationId, ProviderId,
-    StreamVersion, TenantId,
+    AccountId, ActionName, ActorId, AttemptId, ExternalObjectId, GlobalPosition, OperationId,
+    ProviderId, SourceId, StreamVersion, TenantId,
 };
 use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{BindingQuery, Providers};
@@ -43,9 +43,9 @@ use super::{events, metrics, Principal, Shared};
 use crate::render::{operation_json, view_of, RenderError};
 
 mod actions;
-mod log;
 mod bulk;
 mod claim;
+mod log;
 mod mcp;
 mod operations;
 mod probes;
