@@ -790,7 +790,12 @@ pub struct StatusArgs {
     /// or before it); folded from its events up to then.
     #[arg(long, value_parser = parse_as_of, value_name = "POSITION|TIME")]
     pub as_of: Option<opledger_http_api::render::AsOf>,
-    /// Print JSON instead of text.
+    /// The serve configuration whose connectors word the agent's sentence, as the API words it
+    /// (credentials are read from the environment, as at `serve`'s start). Without it: the
+    /// embedded default's, as `serve` without one.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text: the API's operation object (`GET /v1/operations/{id}`).
     #[arg(long)]
     pub json: bool,
 }
@@ -1115,6 +1120,7 @@ impl From<opledger_http_api::render::RenderError> for CliError {
             RenderError::App(error) => Self::App(error),
             RenderError::Store(error) => Self::Store(error),
             RenderError::ReadModel(error) => Self::ReadModel(error),
+            RenderError::Invalid(error) => Self::Invalid(error),
             other => Self::Other(other.to_string()),
         }
     }

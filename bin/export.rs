@@ -29,6 +29,7 @@ use opledger_domain::error::ValidationError;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, StreamVersion, TenantId};
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
+use opledger_domain::timestamp::at_or_before;
 use serde_json::json;
 
 use crate::cli::{CliError, ExportArgs, ExportFormat, LogBound};
@@ -52,7 +53,13 @@ struct Exported {
     events: u64,
     first: Option<u64>,
     last: Option<u64>,
+    /// Some of the tenants whose operations the walk passed (at most [`MAX_TENANTS_NAMED`]),
+    /// named when the tenant asked for had none.
+    tenants_seen: std::collections::BTreeSet<TenantId>,
 }
+
+/// Most tenants an export that found none of the tenant asked for names instead.
+const MAX_TENANTS_NAMED: usize = 20;
 
 pub async fn run(args: ExportArgs) -> Result<(), CliError> {
     let tenant = args
@@ -76,7 +83,10 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
     let closed = close(&ledger).await;
-    let exported = match result.and_then(|exported| closed.map(|()| exported)) {
+    let exported = match result
+        .and_then(|exported| closed.map(|()| exported))
+        .and_then(|exported| tenant_found(&slice, exported))
+    {
         Ok(exported) => exported,
         Err(error) => {
             let _ = std::fs::remove_file(&partial);
@@ -102,6 +112,28 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
         ),
     }
     Ok(())
+}
+
+/// Refuses an export for a tenant none of whose events the slice holds: a mistyped tenant is
+/// then told apart from a quiet one, instead of leaving an empty file that looks like evidence
+/// of "nothing happened".
+fn tenant_found(slice: &Slice, exported: Exported) -> Result<Exported, CliError> {
+    let Some(tenant) = slice.tenant.as_ref().filter(|_| exported.events == 0) else {
+        return Ok(exported);
+    };
+    let seen = if exported.tenants_seen.is_empty() {
+        "no operation at all".to_owned()
+    } else {
+        let names: Vec<String> = exported
+            .tenants_seen
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        format!("operations of {}", names.join(", "))
+    };
+    Err(CliError::NotFound(format!(
+        "no event of tenant `{tenant}` is in the slice asked for, which holds {seen}; nothing was written. Check the tenant's name (names are case-sensitive) or widen --from/--to"
+    )))
 }
 
 /// Which events to export.
@@ -276,6 +308,7 @@ async fn write_events<S: EventStore>(
         events: 0,
         first: None,
         last: None,
+        tenants_seen: std::collections::BTreeSet::new(),
     };
     let mut started = !matches!(slice.from, Some(LogBound::Time(_)));
     let mut start = match slice.from {
@@ -300,14 +333,24 @@ async fn write_events<S: EventStore>(
                 let Some(LogBound::Time(from)) = slice.from else {
                     unreachable!("only a time start waits for its first event")
                 };
-                if time.is_none_or(|time| time < from) {
+                // At or after `from`, to the millisecond, as every bound on time is compared.
+                if time.is_none_or(|time| time.timestamp_millis() < from.timestamp_millis()) {
                     continue;
                 }
                 started = true;
             }
             let previous = streams.previous_chain(store, event).await?;
             let admitted = match &slice.tenant {
-                Some(tenant) => streams.tenant(store, event).await?.as_ref() == Some(tenant),
+                Some(tenant) => {
+                    let of = streams.tenant(store, event).await?;
+                    if let Some(of) = of
+                        .as_ref()
+                        .filter(|_| exported.tenants_seen.len() < MAX_TENANTS_NAMED)
+                    {
+                        exported.tenants_seen.insert(of.clone());
+                    }
+                    of.as_ref() == Some(tenant)
+                }
                 None => true,
             };
             streams.remember_chain(event);
@@ -344,7 +387,7 @@ fn past_the_end(to: Option<LogBound>, position: u64, time: Option<DateTime<Utc>>
     match to {
         None => false,
         Some(LogBound::Position(to)) => position > to,
-        Some(LogBound::Time(to)) => time.is_some_and(|time| time > to),
+        Some(LogBound::Time(to)) => time.is_some_and(|time| !at_or_before(time, to)),
     }
 }
 

@@ -8,7 +8,6 @@ use chrono::{DateTime, Utc};
 use opledger_domain::app::AppError;
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::{AccountId, OperationId, ProviderId, TenantId};
-use opledger_domain::sentence::agent_sentence;
 use opledger_projections::operations::{OperationRow, STATE_NAMES};
 use opledger_readmodel::{
     OperationCursor, OperationFilter, OperationPage, PastReadModels, PastScope, ReadModelError,
@@ -20,7 +19,8 @@ use crate::cli::{CliError, OpsListArgs, StatusArgs};
 use crate::intent::{close, open_for_reading, print_state, SqliteLedger};
 use crate::read_models::{self, age, check_limit, print_json, print_table};
 use opledger_http_api::render::{
-    operation_json, view_as_of, view_of, AsOf, OperationView, RenderError,
+    operation_body, operation_json, resolve_as_of, view_as_of, view_of, AsOf, OperationView,
+    RenderError,
 };
 
 /// The states `--state` accepts: every state but `new`, which no recorded operation is in.
@@ -269,46 +269,83 @@ fn table_row(row: &OperationRow, now: DateTime<Utc>) -> Vec<String> {
     ]
 }
 
-/// `ops show` and `status`.
+/// `ops show` and `status`: the operation as the API shows it, in the same words.
 pub async fn show(args: StatusArgs) -> Result<(), CliError> {
     let operation_id: OperationId = args.operation_id.parse()?;
+    // The connectors are read first, so a bad configuration opens nothing.
+    let descriptions = Descriptions::load(args.config.as_deref())?;
     let ledger = open_for_reading(&args.store.db).await?;
     let result = match args.as_of {
-        None => print_operation(&ledger, operation_id, args.json).await,
-        Some(as_of) => print_operation_as_of(&ledger, operation_id, as_of, args.json).await,
+        None => print_operation_with(&ledger, operation_id, args.json, &descriptions).await,
+        Some(as_of) => {
+            print_operation_as_of(&ledger, operation_id, as_of, args.json, &descriptions).await
+        }
     };
     let closed = close(&ledger).await;
     result?;
     closed
 }
 
-/// Prints an operation's state, the agent's sentence and its timeline (or all of it as JSON).
-pub async fn print_operation(
+/// The actions' configured descriptions, which the agent's sentence is worded in.
+pub struct Descriptions(opledger_providers::HttpProviders);
+
+impl Descriptions {
+    /// The connectors of the configuration at `config`, or the embedded default's.
+    pub fn load(config: Option<&std::path::Path>) -> Result<Self, CliError> {
+        let connectors = match config {
+            Some(config) => {
+                opledger_http_api::config::load(config)
+                    .map_err(|error| CliError::Config(error.to_string()))?
+                    .providers
+            }
+            // Nothing is sent from here: the address only has to be one.
+            None => crate::serve::embedded_providers("http://127.0.0.1:9".to_owned())?,
+        };
+        opledger_providers::HttpProviders::new(connectors)
+            .map(Self)
+            .map_err(|error| CliError::Config(error.to_string()))
+    }
+
+    fn of(&self, state: &opledger_domain::state::OperationState) -> Option<String> {
+        use opledger_domain::provider::Providers as _;
+        let intent = state.intent.as_ref()?;
+        self.0.action_description(&intent.provider, &intent.action)
+    }
+}
+
+/// Prints an operation's state, the agent's sentence and its timeline (or, as JSON, the API's
+/// operation object), the sentence in the actions' configured words.
+async fn print_operation_with(
     ledger: &SqliteLedger,
     operation_id: OperationId,
     json: bool,
+    descriptions: &Descriptions,
 ) -> Result<(), CliError> {
     let view = view_of(ledger.store(), operation_id).await?;
-    print_view(operation_id, view, json)
+    print_view(view, json, descriptions, None)
 }
 
-/// Prints an operation as it stood at `as_of` (not found if it was not recorded yet then).
+/// Prints an operation as it stood at `as_of`, checked and resolved to a position of the log as
+/// the API does (not found if it was not recorded yet then).
 async fn print_operation_as_of(
     ledger: &SqliteLedger,
     operation_id: OperationId,
     as_of: AsOf,
     json: bool,
+    descriptions: &Descriptions,
 ) -> Result<(), CliError> {
-    let view = view_as_of(ledger.store(), operation_id, as_of)
+    let store = ledger.store();
+    let position = resolve_as_of(store, as_of, Utc::now()).await?;
+    let view = view_as_of(store, operation_id, as_of)
         .await
         .map_err(|error| match error {
             RenderError::App(AppError::NotFound { .. }) => CliError::NotFound(format!(
-                "operation {operation_id} was not in the ledger at {}",
+                "operation {operation_id} was not in the ledger at {} (log position {position})",
                 as_of_words(as_of)
             )),
             other => other.into(),
         })?;
-    print_view(operation_id, view, json)
+    print_view(view, json, descriptions, Some(position))
 }
 
 fn as_of_words(as_of: AsOf) -> String {
@@ -318,26 +355,28 @@ fn as_of_words(as_of: AsOf) -> String {
     }
 }
 
-fn print_view(operation_id: OperationId, view: OperationView, json: bool) -> Result<(), CliError> {
-    let OperationView {
-        loaded,
-        events,
-        lines,
-        ..
-    } = view;
-    let sentence = agent_sentence(&loaded.state);
+fn print_view(
+    view: OperationView,
+    json: bool,
+    descriptions: &Descriptions,
+    as_of_position: Option<u64>,
+) -> Result<(), CliError> {
+    let OperationView { loaded, lines, .. } = view;
+    let description = descriptions.of(&loaded.state);
+    let body = operation_body(&loaded, description.as_deref());
     if json {
-        return print_json(&json!({
-            "operation_id": operation_id,
-            "state": loaded.state,
-            "version": loaded.version,
-            "sentence": sentence,
-            "events": events,
-            "timeline": lines,
-        }));
+        let mut object = serde_json::to_value(&body)
+            .map_err(|error| CliError::Other(format!("cannot write the operation: {error}")))?;
+        if let Some(position) = as_of_position {
+            object["as_of_position"] = json!(position);
+        }
+        return print_json(&object);
     }
     print_state(&loaded);
-    println!("sentence        {sentence}");
+    if let Some(position) = as_of_position {
+        println!("as_of_position  {position}");
+    }
+    println!("sentence        {}", body.message);
     println!("timeline:");
     for line in &lines {
         println!("  {line}");

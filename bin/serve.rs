@@ -116,26 +116,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
     )
     .await
     .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
-    // The stand's keyed and plain shapes, through the same connector documents a user's
-    // configuration names as presets, with the demo tenant owning the demo account.
-    let mut providers = Vec::new();
-    for (id, preset) in [("crm", "crm-stand-keyed"), ("crm-plain", "crm-stand-plain")] {
-        let overrides = Overrides {
-            id: Some(ProviderId::new(id)?),
-            base_url: Some(stand.base_url()),
-            accounts: vec![AccountSpec {
-                id: AccountId::new(DEMO_ACCOUNT)?,
-                tenants: vec![TenantId::new(DEMO_TENANT)?],
-                credentials: Credentials::token(DEMO_CRM_TOKEN),
-            }],
-            request_timeout_ms: Some(5_000),
-            ..Overrides::default()
-        };
-        providers.push(
-            Connector::from_preset(preset, overrides)
-                .map_err(|errors| CliError::Other(render_all(&errors)))?,
-        );
-    }
+    let providers = embedded_providers(stand.base_url())?;
     let mut tokens = BTreeMap::new();
     tokens.insert(
         DEMO_TENANT_TOKEN.to_owned(),
@@ -173,6 +154,32 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         instance_id: None,
     };
     Ok((config, stand))
+}
+
+/// The embedded default's connectors, sending to the stand at `base_url`: the stand's keyed and
+/// plain shapes, through the same connector documents a user's configuration names as presets,
+/// with the demo tenant owning the demo account. (`ops show` without `--config` words its
+/// sentence from them, as `serve` without one does.)
+pub fn embedded_providers(base_url: String) -> Result<Vec<Connector>, CliError> {
+    let mut providers = Vec::new();
+    for (id, preset) in [("crm", "crm-stand-keyed"), ("crm-plain", "crm-stand-plain")] {
+        let overrides = Overrides {
+            id: Some(ProviderId::new(id)?),
+            base_url: Some(base_url.clone()),
+            accounts: vec![AccountSpec {
+                id: AccountId::new(DEMO_ACCOUNT)?,
+                tenants: vec![TenantId::new(DEMO_TENANT)?],
+                credentials: Credentials::token(DEMO_CRM_TOKEN),
+            }],
+            request_timeout_ms: Some(5_000),
+            ..Overrides::default()
+        };
+        providers.push(
+            Connector::from_preset(preset, overrides)
+                .map_err(|errors| CliError::Other(render_all(&errors)))?,
+        );
+    }
+    Ok(providers)
 }
 
 /// What the embedded default at `db` with `stand` is, in a phrase for the start-up line.

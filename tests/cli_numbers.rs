@@ -71,9 +71,9 @@ fn record_keeps_the_numbers_of_args_as_written_and_refuses_one_it_would_change()
         .expect("the opledger binary runs");
     assert!(shown.status.success());
     let json: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("JSON");
-    let args = &json["state"]["intent"]["args"];
+    let args = &json["args"];
     assert_eq!(args["x"].to_string(), "3.402823466e+38", "{json}");
     assert_eq!(args["n"].to_string(), "100000.0", "{json}");
     assert_eq!(args["z"].to_string(), "-0.0", "{json}");
-    assert_eq!(json["state"]["intent"]["args_hash"], expected.as_str());
+    assert_eq!(json["args_hash"], expected.as_str());
 }

@@ -132,6 +132,41 @@ async fn a_whole_export_verifies_offline_with_every_link_and_id_recomputed() {
 }
 
 #[tokio::test]
+async fn an_export_to_a_time_read_off_a_line_holds_that_line() {
+    let (dir, db) = ledger().await;
+    let all = dir.path().join("all.ndjson");
+    assert!(export(&db, &all, &[]).status.success());
+    let lines = events(&all);
+    // An event's time is written to the millisecond; the event itself carries more digits. A
+    // bound is compared at the precision it is written in, so the line it was read off is in.
+    let time = lines[5]["time"].as_str().expect("each event has its time");
+    let to = dir.path().join("to-time.ndjson");
+    let exported = export(&db, &to, &["--to", time]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    let sliced = events(&to);
+    let through = lines
+        .iter()
+        .rposition(|l| l["time"].as_str().unwrap() <= time)
+        .unwrap();
+    assert_eq!(sliced, lines[..=through].to_vec());
+}
+
+#[tokio::test]
+async fn an_export_for_a_tenant_with_no_event_in_the_slice_writes_nothing_and_names_the_tenants() {
+    let (dir, db) = ledger().await;
+    let out = dir.path().join("nosuch.ndjson");
+    let refused = export(&db, &out, &["--tenant", "nosuch"]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("no event of tenant `nosuch`")
+            && text(&refused).contains("operations of acme, globex"),
+        "{}",
+        text(&refused)
+    );
+    assert!(!out.exists(), "no empty file is left to pass for evidence");
+}
+
+#[tokio::test]
 async fn a_tenants_export_holds_only_its_operations_and_still_verifies() {
     let (dir, db) = ledger().await;
     let out = dir.path().join("globex.ndjson");
@@ -363,15 +398,49 @@ async fn ops_show_as_of_a_moment_shows_the_operation_as_it_stood_then() {
     assert_eq!(now["version"], 1, "recorded, then approved: {now}");
     let recorded = shown(&["--as-of", "1"]);
     assert_eq!(recorded["version"], 0);
-    assert_eq!(recorded["events"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        recorded["as_of_position"], 1,
+        "the answer names the position: {recorded}"
+    );
     assert_ne!(recorded["state"], now["state"]);
     // Approvals were written at positions 7–12, the first operation's at 7.
     assert_eq!(shown(&["--as-of", "6"])["state"], recorded["state"]);
     assert_eq!(shown(&["--as-of", "7"])["state"], now["state"]);
-    let time = now["events"][1]["data"]["at"]
-        .as_str()
-        .expect("the approval's time");
-    assert_eq!(shown(&["--as-of", time])["version"], 1);
+    let time = now["updated_at"].as_str().expect("the approval's time");
+    let at_approval = shown(&["--as-of", time]);
+    assert_eq!(at_approval["version"], 1);
+    // Positions 8 on may share the approval's millisecond.
+    assert!(
+        at_approval["as_of_position"].as_u64() >= Some(7),
+        "{at_approval}"
+    );
+    // The sentence in the action's configured words, as the API says it.
+    assert!(
+        recorded["message"].as_str().is_some_and(
+            |message| message.contains("the request to create a task in account acct-1")
+        ),
+        "{recorded}"
+    );
+
+    let past_the_head = ops_show(&db, &[id, "--as-of", "13"]);
+    assert_eq!(
+        past_the_head.status.code(),
+        Some(2),
+        "{}",
+        text(&past_the_head)
+    );
+    assert!(
+        text(&past_the_head).contains("past the log's newest position 12"),
+        "{}",
+        text(&past_the_head)
+    );
+    let future = ops_show(&db, &[id, "--as-of", "2999-01-01T00:00:00Z"]);
+    assert_eq!(future.status.code(), Some(2), "{}", text(&future));
+    assert!(
+        text(&future).contains("later than now"),
+        "{}",
+        text(&future)
+    );
 
     let before = ops_show(&db, &[id, "--as-of", "2000-01-01T00:00:00Z"]);
     assert_eq!(before.status.code(), Some(3), "{}", text(&before));

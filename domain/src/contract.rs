@@ -294,6 +294,15 @@ pub fn check_retry_budget(
             max_attempts,
         });
     }
+    check_retry_time(policy, state, now)
+}
+
+/// The time part of the retry budget alone: `policy.max_total_ms` from the first attempt.
+pub fn check_retry_time(
+    policy: &RetryPolicy,
+    state: &OperationState,
+    now: DateTime<Utc>,
+) -> Result<(), ContractViolation> {
     if let Some(first_attempt_at) = state.first_attempt_at {
         let deadline = first_attempt_at.checked_add_signed(milliseconds(policy.max_total_ms));
         if let Some(deadline) = deadline.filter(|deadline| now >= *deadline) {

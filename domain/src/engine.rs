@@ -612,12 +612,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 ..
             }) => {
                 let current = self.ledger.get(operation_id).await?;
-                return self
-                    .require_review(
-                        current,
-                        format!("the send is not safe any more: {violation}"),
+                let reason = if nothing_sent(&current.state) {
+                    format!(
+                        "the provider took none of {} attempts, and nothing was sent ({}), until the retry budget ran out: {violation}; a retry is safe, since nothing reached the provider",
+                        current.state.attempts,
+                        current.state.last_error.as_deref().unwrap_or("no answer recorded"),
                     )
-                    .await;
+                } else {
+                    format!("the send is not safe any more: {violation}")
+                };
+                return self.require_review(current, reason).await;
             }
             // Another worker claimed it, or its time has not come: report where it stands.
             Err(AppError::Rejected {
@@ -686,7 +690,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         );
         let outcome = self.providers.execute(&request).in_span(span.clone()).await;
         let now = self.ledger.clock().now();
-        let command = self.outcome_command(outcome, attempt_id, attempt_number, now, &span);
+        let command = self.outcome_command(
+            outcome,
+            (operation_id, attempt_id),
+            attempt_number,
+            now,
+            &span,
+        );
         // A failure here leaves the attempt in flight: its lease runs out, the sweeper makes it
         // unknown and the reconciler finds what the provider did. Nothing is guessed.
         let recorded = self
@@ -738,7 +748,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     fn outcome_command(
         &self,
         outcome: SendOutcome,
-        attempt_id: AttemptId,
+        (operation_id, attempt_id): (OperationId, AttemptId),
         attempt_number: u32,
         now: DateTime<Utc>,
         span: &tracing::Span,
@@ -768,7 +778,8 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 error,
                 retry_after_ms,
             } => {
-                warn!(parent: span, %error, retry_after_ms, "outcome unknown");
+                // The ids in the line itself: at the default level the span is not written.
+                warn!(parent: span, %operation_id, %attempt_id, %error, retry_after_ms, "outcome unknown");
                 // A provider that failed and asked for a pause (a 5xx with Retry-After) is
                 // not looked up before it said it would answer again.
                 Command::RecordUnknown {
@@ -1099,6 +1110,13 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let wait = jittered.max(retry_after_ms.unwrap_or(0).min(MAX_RETRY_AFTER_MS));
         now.checked_add_signed(milliseconds(wait)).unwrap_or(now)
     }
+}
+
+/// Whether none of the operation's attempts was sent: pending since it was recorded (an attempt
+/// that may have reached the provider moves it to unknown, and on from there), with no attempt
+/// that ended unclear.
+fn nothing_sent(state: &OperationState) -> bool {
+    state.pending_since == Some(PendingSince::Recorded) && state.uncertain_attempts == 0
 }
 
 /// What claiming a pending operation's next attempt comes to.

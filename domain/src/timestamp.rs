@@ -12,6 +12,23 @@ pub fn serialize<S: Serializer>(value: &DateTime<Utc>, serializer: S) -> Result<
     serializer.serialize_str(&value.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
+/// Whether an event that happened `at` is in the log as of the moment `moment`: at or before it,
+/// compared to the millisecond. One rule for every answer "as of a time" (the API's `as_of`,
+/// `ops show --as-of`, `export --from/--to`), at the precision the export writes an event's time
+/// in, so a time read off an exported line and given back names that line's event, whatever
+/// digits beyond the millisecond the event's own record carries.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use opledger_domain::timestamp::at_or_before;
+/// let event = Utc.timestamp_nanos(1_700_000_000_123_456_789);
+/// assert!(at_or_before(event, Utc.timestamp_millis_opt(1_700_000_000_123).unwrap()));
+/// assert!(!at_or_before(event, Utc.timestamp_millis_opt(1_700_000_000_122).unwrap()));
+/// ```
+pub fn at_or_before(at: DateTime<Utc>, moment: DateTime<Utc>) -> bool {
+    at.timestamp_millis() <= moment.timestamp_millis()
+}
+
 /// Parses an RFC 3339 timestamp.
 pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<DateTime<Utc>, D::Error> {
     // Borrowed where the input allows, owned otherwise (e.g. a string with escapes).

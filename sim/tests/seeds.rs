@@ -90,9 +90,10 @@ fn a_seed_runs_the_same_trace_every_time() {
 fn the_trace_of_a_fixed_seed_is_stable_across_builds() {
     // Computed once and written down: a change of this hash means the simulation of seed 7
     // changed (the engine's behaviour, the faults, or the scheduler) and must be looked at.
-    // Last changed when actions without a lookup stopped claiming lookups: an unknown one is
-    // retried under its key, or handed to a person, at once.
-    const SEED_7_TRACE_HASH: u64 = 0xc1d2_15a6_cf0a_7b96;
+    // Last changed when attempts provably not sent stopped using up the attempts a policy
+    // allows, and an empty search inside the provider's lag stopped spending the last lookup
+    // (seed 7 keeps every invariant either way; 10,000 seeds pass).
+    const SEED_7_TRACE_HASH: u64 = 0xa01d_b486_d8c8_5f37;
     let report = run_seed(7, &SimConfig::default());
     assert!(report.passed(), "{:?}", report.violations);
     assert_eq!(

@@ -162,18 +162,61 @@ async fn as_of_any_moment_answers_what_the_live_service_answered_then() {
         let at = versions[&version];
         let (status, then) = as_of(&server, id, &at.to_string()).await;
         assert_eq!(status, StatusCode::OK, "{then}");
-        assert_eq!(&then, view, "as of position {at}");
+        assert_eq!(
+            then["as_of_position"], at,
+            "the answer names its position: {then}"
+        );
+        assert_eq!(&without_position(&then), view, "as of position {at}");
+        // The CLI answers with the API's object, sentence and all.
+        assert_eq!(
+            ops_show(&harness, id, &at.to_string()),
+            then,
+            "ops show --as-of {at}"
+        );
 
         // Any moment before the stream's next event shows the same.
         let next = versions.get(&(version + 1)).copied().unwrap_or(head + 1);
         let moment = at + random.below(next - at);
         let (_, then) = as_of(&server, id, &moment.to_string()).await;
-        assert_eq!(&then, view, "as of position {moment} (before {next})");
+        assert_eq!(
+            &without_position(&then),
+            view,
+            "as of position {moment} (before {next})"
+        );
 
         let time = view["updated_at"].as_str().expect("a time");
         let (_, then) = as_of(&server, id, time).await;
-        assert_eq!(&then, view, "as of {time}");
+        assert_eq!(&without_position(&then), view, "as of {time}");
+        assert!(then["as_of_position"].as_u64().is_some(), "{then}");
     }
+}
+
+/// An answer as of a moment without the position it names, to compare with a live answer.
+fn without_position(value: &Value) -> Value {
+    let mut value = value.clone();
+    if let Some(members) = value.as_object_mut() {
+        members.remove("as_of_position");
+    }
+    value
+}
+
+/// `opledger ops show --json` of `id` as of `moment`, on the server's ledger and configuration.
+fn ops_show(harness: &Harness, id: &str, moment: &str) -> Value {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["ops", "show", "--json", "--as-of", moment, "--db"])
+        .arg(harness.dir.path().join("ledger.db"))
+        .arg("--config")
+        .arg(&harness.config)
+        .arg(id)
+        .env_remove("OPLEDGER_DB")
+        .output()
+        .expect("the opledger binary runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("ops show --json prints JSON")
 }
 
 #[tokio::test]
@@ -201,6 +244,57 @@ async fn as_of_before_the_intent_is_not_found_and_a_bad_moment_is_refused() {
             "{bad}: {body}"
         );
     }
+
+    // Past the head, or later than now: refused, naming what may be asked; never "now".
+    let head = server.log_head().await;
+    let (status, body) = as_of(&server, first_id, &(head + 1).to_string()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&format!("newest position {head}"))),
+        "{body}"
+    );
+    let (status, body) = as_of(&server, first_id, "2999-01-01T00:00:00Z").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    // Refused in words of what was expected, not the parser's.
+    let (_, body) = as_of(&server, first_id, "abc").await;
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("premature")
+            && message.contains("neither a position nor an RFC 3339 time"),
+        "{body}"
+    );
+
+    // The history and the trace are cut at the moment too, and say where.
+    for path in [
+        format!("/v1/operations/{first_id}/events?as_of={first_position}"),
+        format!("/v1/trace/{first_id}?as_of={first_position}"),
+    ] {
+        let (status, body) = server
+            .call(Method::GET, &path, Some(TENANT_A_TOKEN), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        assert_eq!(body["as_of_position"], first_position, "{path}: {body}");
+        assert_eq!(
+            body["events"].as_array().map(Vec::len),
+            Some(1),
+            "{path}: {body}"
+        );
+    }
+    let (status, body) = server
+        .call(
+            Method::GET,
+            &format!("/v1/trace/{second_id}?as_of={first_position}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "not recorded yet then: {body}"
+    );
 
     // Another tenant's operation stays invisible at every moment.
     let (status, _) = server
@@ -253,7 +347,7 @@ fn without_ages(value: &Value) -> Value {
         Value::Object(members) => Value::Object(
             members
                 .iter()
-                .filter(|(name, _)| name.as_str() != "age_s")
+                .filter(|(name, _)| name.as_str() != "age_s" && name.as_str() != "as_of_position")
                 .map(|(name, member)| (name.clone(), without_ages(member)))
                 .collect(),
         ),
@@ -331,6 +425,7 @@ async fn listings_and_the_review_queue_as_of_any_moment_are_what_the_live_servic
     for seen in &listed {
         let at = seen.head;
         let operations = get_ok(&server, &format!("{OPERATIONS}&as_of={at}"), TENANT_A_TOKEN).await;
+        assert_eq!(operations["as_of_position"], at, "{operations}");
         assert_eq!(
             without_ages(&operations),
             without_ages(&seen.operations),

@@ -131,11 +131,81 @@ pub fn request_is_valid(name: &str, body: &Value) -> bool {
     validate_at(&format!("/components/schemas/{name}"), body).is_ok()
 }
 
-/// Checks the `data` of one Server-Sent Event against the document's `OutcomeEvent`.
+/// Checks the `data` of one Server-Sent Event against the document's `OutcomeEvent`, and against
+/// the event catalog's schema for its type.
 #[track_caller]
 pub fn check_outcome_event(data: &Value) {
     if let Err(errors) = validate_at("/components/schemas/OutcomeEvent", data) {
         panic!("an event's data does not match OutcomeEvent: {errors:?}\n{data}");
+    }
+    check_catalog(data);
+}
+
+/// The event catalog: one JSON Schema per event type, a page of the book
+/// (`docs/src/subscribers/events/<type>.schema.json`).
+fn catalog_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src/subscribers/events")
+}
+
+/// The catalog's validator for event type `kind`, built once per type.
+fn catalog_validator(kind: &str) -> &'static Validator {
+    static VALIDATORS: OnceLock<Mutex<HashMap<String, &'static Validator>>> = OnceLock::new();
+    let mut cache = VALIDATORS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    cache.entry(kind.to_owned()).or_insert_with(|| {
+        let path = catalog_dir().join(format!("{kind}.schema.json"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("the event catalog has no {}: {error}", path.display()));
+        let schema: Value = serde_json::from_str(&text).expect("a catalog schema is JSON");
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .should_validate_formats(true)
+            .build(&schema)
+            .unwrap_or_else(|error| panic!("{} does not compile: {error}", path.display()));
+        Box::leak(Box::new(validator))
+    })
+}
+
+/// Checks an event payload (an SSE event's or a webhook's `data`) against the event catalog's
+/// schema for its `type`.
+#[track_caller]
+pub fn check_catalog(data: &Value) {
+    let kind = data["type"].as_str().expect("an event payload has a type");
+    let errors: Vec<String> = catalog_validator(kind)
+        .iter_errors(data)
+        .map(|error| format!("at {}: {error}", error.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "an event does not match the catalog's {kind}.schema.json: {errors:?}\n{data}"
+    );
+}
+
+#[test]
+fn the_event_catalog_has_one_schema_per_event_type_and_each_compiles() {
+    let types: std::collections::BTreeSet<String> = document()["components"]["schemas"]
+        ["OutcomeEvent"]["properties"]["type"]["enum"]
+        .as_array()
+        .expect("the types")
+        .iter()
+        .map(|kind| kind.as_str().expect("a name").to_owned())
+        .collect();
+    let files: std::collections::BTreeSet<String> = std::fs::read_dir(catalog_dir())
+        .expect("the catalog's folder")
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter_map(|name| name.strip_suffix(".schema.json").map(str::to_owned))
+        .collect();
+    assert_eq!(files, types);
+    for kind in &types {
+        catalog_validator(kind);
     }
 }
 

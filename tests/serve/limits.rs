@@ -230,6 +230,7 @@ async fn every_documented_bound_is_where_the_server_starts_refusing() {
     // older_than's pattern and the state enum.
     for (query, taken) in [
         ("older_than=10m", true),
+        ("older_than=500ms", true),
         ("older_than=10x", false),
         ("older_than=m", false),
         ("state=needs_review", true),

@@ -282,6 +282,13 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
         client_attributes.get("error.type").map(String::as_str),
         Some("maybe_sent")
     );
+    // A failed request is a failed span, as the HTTP client conventions ask (status ERROR).
+    assert_eq!(
+        client.status.as_ref().map(|status| status.code),
+        Some(2),
+        "{}",
+        describe(client)
+    );
     assert_eq!(
         client_attributes.get("server.address").map(String::as_str),
         Some("127.0.0.1")
@@ -670,6 +677,17 @@ fn assert_every_line_in(lines: &[Value], trace: &str, parent_span: &str) {
             "no `{message}` line in {lines:#?}"
         );
     }
+    // A warning about a send names its operation and attempt itself: at the default level the
+    // spans around it are not written.
+    for line in lines.iter().filter(|line| {
+        line["fields"]["message"] == "outcome unknown"
+            || line["fields"]["message"] == "the send may or may not have been applied"
+    }) {
+        assert!(
+            line["fields"]["operation_id"].is_string() && line["fields"]["attempt_id"].is_string(),
+            "{line}"
+        );
+    }
     for line in lines {
         assert_eq!(line["trace_id"], trace, "{line}");
         assert!(
@@ -826,6 +844,17 @@ async fn http_export_posts_protobuf_with_the_service_name_and_the_headers_from_t
                 service,
                 Some(AnyValue::StringValue("opledger-http-test".to_owned()))
             );
+            // The build's version and an id of this process, as the resource conventions ask.
+            for key in ["service.version", "service.instance.id"] {
+                assert!(
+                    resource
+                        .attributes
+                        .iter()
+                        .any(|attribute| attribute.key == key),
+                    "no {key} in {:?}",
+                    resource.attributes
+                );
+            }
             for scope_spans in &resource_spans.scope_spans {
                 let scope = scope_spans.scope.as_ref().expect("a scope");
                 assert_eq!(scope.name, "opledger");
@@ -942,5 +971,205 @@ async fn batches_are_posted_over_one_connection_when_the_collector_answers_with_
         connections.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "every batch opened a connection of its own"
+    );
+}
+
+/// The Python OpenTelemetry SDK's own propagator: the `traceparent` it injects for a sampled span
+/// of its own (whatever flags that SDK sets), then for contexts carrying flags `03` (sampled and
+/// the Level 2 random-trace-id bit) and `09` (sampled and a bit no version defines yet), printed
+/// as a JSON list.
+const PYTHON_CALLER: &str = r#"
+import json
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+trace.set_tracer_provider(TracerProvider())
+tracer = trace.get_tracer("agent-platform")
+headers = []
+for flags in (None, 0x03, 0x09):
+    with tracer.start_as_current_span("agent tool call") as span:
+        context = None
+        if flags is not None:
+            own = span.get_span_context()
+            forced = SpanContext(own.trace_id, own.span_id, False, TraceFlags(flags))
+            context = set_span_in_context(NonRecordingSpan(forced))
+        carrier = {}
+        propagate.inject(carrier, context=context)
+        headers.append(carrier["traceparent"])
+print(json.dumps(headers))
+"#;
+
+#[tokio::test]
+async fn a_callers_trace_from_the_python_sdks_propagator_continues_whatever_its_unknown_flags() {
+    let python = tokio::task::spawn_blocking(|| {
+        python_with("otel-sdk-venv", &["opentelemetry-sdk==1.45.2"])
+    })
+    .await
+    .expect("the virtual environment is made");
+    let printed = super::python::python_venv::run(
+        std::process::Command::new(python).args(["-c", PYTHON_CALLER]),
+        "the Python SDK injecting traceparents",
+    );
+    // Its output's last line (pip or Python may warn before it).
+    let last = printed.lines().last().unwrap_or_default();
+    let headers: Vec<String> = serde_json::from_str(last).expect("a JSON list");
+    assert!(
+        headers[1].ends_with("-03") && headers[2].ends_with("-09"),
+        "{headers:?}"
+    );
+    let receiver = Receiver::start().await;
+    let harness = Harness::new("").await;
+    let server = start_exporting(&harness, &receiver.url);
+    for traceparent in &headers {
+        let (status, _, answered) = server
+            .post_with_headers(
+                "/v1/operations?execute=true&wait_ms=5000",
+                TENANT_A_TOKEN,
+                &[
+                    ("traceparent", traceparent),
+                    ("user-agent", "agent-platform/1"),
+                ],
+                &json!({
+                    "provider": "crm", "account": ACCOUNT, "action": "create_task",
+                    "args": {"title": TITLE},
+                }),
+            )
+            .await;
+        assert!(status.is_success(), "{status} {answered}");
+        let mut parts = traceparent.split('-').skip(1);
+        let (trace, caller) = (
+            parts.next().expect("a trace id"),
+            parts.next().expect("a span id"),
+        );
+        let spans = receiver
+            .until(&format!("a request span under {traceparent}"), |spans| {
+                spans
+                    .iter()
+                    .any(|span| hex(&span.trace_id) == trace && hex(&span.parent_span_id) == caller)
+            })
+            .await;
+        // The HTTP server conventions: the scheme, the host and port asked for, the user agent.
+        let request = spans
+            .iter()
+            .find(|span| hex(&span.trace_id) == trace && hex(&span.parent_span_id) == caller)
+            .expect("the request's span");
+        let attributes = attributes(request);
+        for (key, value) in [
+            ("url.scheme", "http"),
+            ("server.address", "127.0.0.1"),
+            ("user_agent.original", "agent-platform/1"),
+        ] {
+            assert_eq!(
+                attributes.get(key).map(String::as_str),
+                Some(value),
+                "{}",
+                describe(request)
+            );
+        }
+        assert!(
+            attributes.contains_key("server.port"),
+            "{}",
+            describe(request)
+        );
+    }
+}
+
+/// What the webhook receiver below kept: each delivery's `traceparent` header and body.
+type Deliveries = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+
+/// A loopback webhook receiver keeping each delivery's `traceparent` header and body; it
+/// answers 200 without verifying (the webhook tests verify with the Standard Webhooks library).
+async fn traceparent_keeping_receiver() -> (String, Deliveries) {
+    let kept: Deliveries = Arc::default();
+    let keep = Arc::clone(&kept);
+    let app = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: Bytes| {
+            let keep = Arc::clone(&keep);
+            async move {
+                let traceparent = headers
+                    .get("traceparent")
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                keep.lock().expect("not poisoned").push((traceparent, body));
+                AxumStatus::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("the receiver binds");
+    let url = format!(
+        "http://{}/hooks",
+        listener.local_addr().expect("an address")
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, kept)
+}
+
+#[tokio::test]
+async fn a_webhook_delivery_is_a_span_of_the_operations_trace_and_sends_the_receiver_its_context() {
+    const SECRET_ENV: &str = "OPLEDGER_TEST_WEBHOOK_SECRET";
+    let receiver = Receiver::start().await;
+    let (hooks, delivered) = traceparent_keeping_receiver().await;
+    let harness = Harness::new("").await;
+    let mut config = std::fs::read_to_string(&harness.config).expect("the configuration");
+    config.push_str(&format!(
+        "\n[[webhooks]]\nid = \"traced\"\nurl = \"{hooks}\"\nsecret_env = \"{SECRET_ENV}\"\nevents = [\"succeeded\"]\n"
+    ));
+    let path = harness.dir.path().join("serve-traced-webhooks.toml");
+    std::fs::write(&path, config).expect("configuration written");
+    let server = Server::start_with_env(
+        &["serve", "--config", &path.display().to_string()],
+        harness.dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            (SECRET_ENV, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        ],
+    );
+    succeeded_under(
+        &server,
+        "/v1/operations?execute=true&wait_ms=5000",
+        CALLER_TRACE,
+        CALLER_SPAN,
+        &json!({
+            "provider": "crm", "account": ACCOUNT, "action": "create_task",
+            "args": {"title": TITLE},
+        }),
+    )
+    .await;
+    let started = Instant::now();
+    let traceparent = loop {
+        let first = delivered.lock().expect("not poisoned").first().cloned();
+        if let Some((traceparent, body)) = first {
+            assert_eq!(body["type"], "operation.succeeded", "{body}");
+            break traceparent.expect("the delivery carries a traceparent");
+        }
+        assert!(started.elapsed() < DEADLINE, "nothing was delivered");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(
+        traceparent.starts_with(&format!("00-{CALLER_TRACE}-")),
+        "the receiver is sent the operation's trace: {traceparent}"
+    );
+    let spans = receiver
+        .until("the delivery's span in the caller's trace", |spans| {
+            spans
+                .iter()
+                .any(|span| span.name == "webhook_delivery" && hex(&span.trace_id) == CALLER_TRACE)
+        })
+        .await;
+    let delivery = spans
+        .iter()
+        .find(|span| span.name == "webhook_delivery")
+        .expect("a delivery span");
+    // The receiver's parent is the delivery's own span.
+    assert!(
+        traceparent.contains(&hex(&delivery.span_id)),
+        "{traceparent} {}",
+        describe(delivery)
     );
 }

@@ -157,6 +157,13 @@ impl Receiver {
                 overlapping: line["overlapping"].as_u64().unwrap_or(0),
             })
             .filter(|logged| logged.path == path)
+            .inspect(|logged| {
+                // Every verified delivery's data is the event stream's payload, as the catalog
+                // documents it for its type.
+                if logged.verified {
+                    crate::contract::check_catalog(&logged.payload["data"]);
+                }
+            })
             .collect()
     }
 
@@ -300,9 +307,29 @@ async fn every_event_reaches_the_receiver_verified_in_log_order_across_a_sigkill
         "{data}"
     );
     assert!(
-        data.get("args").is_none(),
-        "arguments are never sent: {data}"
+        data.get("args").is_none() && data.get("idempotency_key").is_none(),
+        "arguments and keys are never sent: {data}"
     );
+    // One payload for every subscriber: the event stream's data for each position is the
+    // webhook's, member for member.
+    let mut stream = server.events(TENANT_A_TOKEN, "?types=all", Some(0)).await;
+    let streamed = stream.until(|event| event.id >= head).await;
+    assert_eq!(
+        streamed.len() as u64,
+        head,
+        "every event of tenant A's operations"
+    );
+    for event in &streamed {
+        let delivered = logged
+            .iter()
+            .find(|l| position(l) == event.id)
+            .expect("delivered");
+        assert_eq!(
+            event.data, delivered.payload["data"],
+            "position {}",
+            event.id
+        );
+    }
     println!(
         "{} deliveries for {head} events ({} repeated after the kill)",
         logged.len(),
@@ -382,6 +409,15 @@ async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_oper
     );
     assert!(
         text.contains("opledger_webhook_delivered_total{endpoint=\"flaky\"} "),
+        "{text}"
+    );
+    // The build's version, and time in seconds (Prometheus' base unit), not milliseconds.
+    assert!(
+        text.contains(&format!(
+            "opledger_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )) && text.contains("opledger_provider_budget_wait_seconds_total{")
+            && !text.contains("_ms_total"),
         "{text}"
     );
     // The operator resumes it: the same event is delivered again under the same id.
@@ -516,6 +552,32 @@ async fn replay_since_a_time_delivers_again_exactly_the_events_from_that_time_on
         )
         .await;
     assert_eq!(status, 422, "{refused}");
+    // A replay after the head would skip every event until the log reached it: refused, naming
+    // the head, and the endpoint goes on delivering what comes next.
+    let head = server.log_head().await;
+    let (status, refused) = server
+        .call(
+            Method::POST,
+            "/v1/webhooks/all/replay",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({ "after_position": head + 999_999 })),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&format!("from 0 to {head}"))),
+        "{refused}"
+    );
+    let delivered = receiver.logged("/ok").len();
+    operations(&server, "after the refusal", 1).await;
+    let head_after = server.log_head().await;
+    receiver
+        .wait_until("/ok", |l| {
+            l.len() as u64 >= delivered as u64 + head_after - head
+        })
+        .await;
 }
 
 #[tokio::test]

@@ -196,6 +196,7 @@ impl From<crate::render::RenderError> for ApiError {
             RenderError::App(error) => error.into(),
             RenderError::Store(error) => error.into(),
             RenderError::ReadModel(error) => error.into(),
+            RenderError::Invalid(error) => Self::invalid(error),
             other => Self::internal("the request failed", other),
         }
     }

@@ -1,5 +1,10 @@
 //! `GET /v1/events`: outcome events as Server-Sent Events.
 //!
+//! Each event's `data` is the payload webhooks carry too ([`crate::render::event_payload`]; one
+//! JSON Schema per event type in the book's event catalog). While nothing is sent, a comment
+//! line (`:` and nothing else) keeps the connection open every 15 seconds (axum's default
+//! keep-alive), which SSE clients skip.
+//!
 //! Each event's SSE id is its global position in the log, so a client that reconnects with
 //! `Last-Event-ID` (browsers' EventSource does this by itself) resumes exactly after the last
 //! event it received — across server restarts too, because positions are the log's, not the
@@ -19,6 +24,7 @@ use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion, TenantId};
+use opledger_domain::provider::Providers as _;
 use opledger_domain::store::{EventStore, LogStart, StreamName, Subscription};
 use serde::Deserialize;
 use tokio::sync::OwnedSemaphorePermit;
@@ -28,7 +34,7 @@ use super::auth::Scope;
 use super::config::Principal;
 use super::error::ApiError;
 use super::{ServeStore, Shared};
-use crate::render::{outcome_json, outcome_of, wanted_types};
+use crate::render::{event_payload, outcome_of, state_through, wanted_types};
 
 /// Most operations whose tenant is remembered; the cache is emptied when full (a miss costs one
 /// read of the operation's first event).
@@ -276,11 +282,26 @@ async fn next_event(feed: &mut Feed) -> Option<Event> {
         if !feed.wanted.contains(outcome.kind) {
             continue;
         }
+        // Where the operation stands after the event, read only for the events sent.
+        let after = match state_through(store, &recorded).await {
+            Ok(after) => after,
+            Err(error) => {
+                warn!(%error, position = %recorded.position, "event stream ends: an operation could not be read");
+                return None;
+            }
+        };
+        let description = after.intent.as_ref().and_then(|intent| {
+            feed.shared
+                .engine
+                .providers()
+                .action_description(&intent.provider, &intent.action)
+        });
+        let data = event_payload(&recorded, &outcome, &after, description.as_deref());
         return Some(
             Event::default()
                 .id(recorded.position.value().to_string())
                 .event(outcome.kind)
-                .data(outcome_json(&recorded, &outcome).to_string()),
+                .data(data.to_string()),
         );
     }
 }

@@ -189,6 +189,11 @@ fn request_span(method: &'static str, route: &'static str, request: &Request) ->
         http.request.method = method,
         http.route = route,
         url.path = request.uri().path(),
+        // The service listens in plain HTTP (TLS, if any, ends before it).
+        url.scheme = "http",
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
+        user_agent.original = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         // Recorded by a handler that acts on one operation (an operator's execute).
         operation_id = tracing::field::Empty,
@@ -200,6 +205,21 @@ fn request_span(method: &'static str, route: &'static str, request: &Request) ->
                 .get(name)
                 .and_then(|value| value.to_str().ok())
         };
+        if let Some(agent) = header("user-agent") {
+            span.record("user_agent.original", agent);
+        }
+        // The host the client asked for, as the conventions take it (the Host header).
+        if let Some(host) =
+            header("host").and_then(|host| host.parse::<axum::http::uri::Authority>().ok())
+        {
+            span.record(
+                "server.address",
+                host.host().trim_start_matches('[').trim_end_matches(']'),
+            );
+            if let Some(port) = host.port_u16() {
+                span.record("server.port", port);
+            }
+        }
         if let Some(traceparent) = header("traceparent") {
             opledger_domain::trace_context::set_remote_parent(
                 &span,
@@ -282,6 +302,16 @@ pub async fn render(
         shared.worker_counters.undecodable_events()
     );
     render_budgets(&mut out, shared.engine.providers());
+    gauge(
+        &mut out,
+        "opledger_build_info",
+        "Always 1; its label names the version of the build that answers.",
+    );
+    let _ = writeln!(
+        out,
+        "opledger_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
     shared.requests.render(&mut out);
     Ok((
         StatusCode::OK,
@@ -302,7 +332,8 @@ fn render_budgets(out: &mut String, providers: &opledger_providers::HttpProvider
     use opledger_providers::budget::Kind;
     let families = [
         ("opledger_provider_budget_waits_total", "Requests that waited for their account's request budget before they were made."),
-        ("opledger_provider_budget_wait_ms_total", "Milliseconds requests waited for their account's request budget."),
+        // Seconds, Prometheus' base unit for time.
+        ("opledger_provider_budget_wait_seconds_total", "Seconds requests waited for their account's request budget."),
         ("opledger_provider_budget_deferred_total", "Requests not made because the budget's next slot was further than the request timeout; the operation waited in the ledger."),
     ];
     for (index, (name, help)) in families.iter().enumerate() {
@@ -310,7 +341,11 @@ fn render_budgets(out: &mut String, providers: &opledger_providers::HttpProvider
         for connector in providers.connectors() {
             for kind in [Kind::Send, Kind::Lookup] {
                 let (waits, waited_ms, deferred) = connector.budget_waits().of(kind);
-                let value = [waits, waited_ms, deferred][index];
+                let value = match index {
+                    0 => waits.to_string(),
+                    1 => format!("{}", waited_ms as f64 / 1_000.0),
+                    _ => deferred.to_string(),
+                };
                 let _ = writeln!(
                     out,
                     "{name}{{provider=\"{}\",kind=\"{}\"}} {value}",

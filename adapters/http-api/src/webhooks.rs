@@ -4,10 +4,10 @@
 //! (adapted to the webhooks' port below), so instances sharing a database share the journal and
 //! its leases.
 //!
-//! The payload names the operation, its tenant, provider, account and action, its state and
-//! external id after the event, the event's global position, stream version and types, and the
-//! agent's sentence. It never carries the operation's arguments (they may hold personal data or
-//! secrets a subscriber has no need for) or any credential.
+//! The payload is the event stream's ([`crate::render::event_payload`]): the event, the operation
+//! it belongs to, where it stands after it and the agent's sentence. It never carries the
+//! operation's arguments (they may hold personal data or secrets a subscriber has no need for),
+//! its key or any credential.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -24,14 +24,12 @@ use opledger_webhooks::{
 
 use opledger_domain::ids::StreamVersion;
 use opledger_domain::provider::Providers as _;
-use opledger_domain::sentence::described_sentence;
 use opledger_domain::state::{evolve, OperationState};
 use opledger_domain::store::{RecordedEvent, StreamName};
 use opledger_webhooks::{Message, Render};
-use serde_json::json;
 
 use crate::config::StoreUrl;
-use crate::render::{outcome_after, state_through, Outcome};
+use crate::render::{event_payload, outcome_after, state_through, Outcome};
 use crate::{ServeEngine, ServeError, ServeStore};
 
 /// Most operations whose state [`OutcomeRender`] keeps between events; past it the cache is
@@ -103,20 +101,8 @@ impl OutcomeRender {
             kind: outcome.kind,
             tenant: intent.tenant.to_string(),
             at: outcome.event.at(),
-            data: json!({
-                "operation_id": outcome.operation_id,
-                "tenant": intent.tenant,
-                "provider": intent.provider,
-                "account": intent.account,
-                "action": intent.action,
-                "state": state.status.name(),
-                "external_id": state.external_id(),
-                "position": event.position,
-                "version": event.version,
-                "type": outcome.kind,
-                "event_type": event.event_type,
-                "sentence": described_sentence(state, description.as_deref()),
-            }),
+            // The event stream's payload, to the member: one shape for every subscriber.
+            data: event_payload(event, outcome, state, description.as_deref()),
         })
     }
 }

@@ -400,7 +400,7 @@ impl Connector {
         let this_span = span.clone();
         async {
             let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, &outcome);
+            log_send(&this_span, request, &outcome);
             outcome
         }
         .in_span(span)
@@ -1106,11 +1106,16 @@ fn prepare(spec: &RequestSpec, context: &Context<'_>) -> Result<PreparedRequest,
             .flatten()
             .zip(encoding.content_type()),
     };
+    // A lookup by key carries the key in its path: the span shows `{key}` in its place.
+    let encoded_key = encode_component(context.key);
+    let shown_path = (!context.key.is_empty() && path.contains(&encoded_key))
+        .then(|| path.replace(&encoded_key, "{key}"));
     Ok(PreparedRequest {
         method: spec.method.clone(),
         path,
         headers,
         body,
+        shown_path,
     })
 }
 
@@ -1153,7 +1158,9 @@ fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
 /// Logs `outcome` and records its external id on `span`, the provider's own span: not on the
 /// current span, which is the engine's `send` when `span` is disabled (debug-level), and which
 /// the engine records the id on itself: recorded twice, it was exported twice.
-pub(crate) fn log_send(span: &Span, outcome: &SendOutcome) {
+/// The warning carries the operation and attempt itself: at the default level the spans around
+/// it are not written, and a warning nobody can tie to an operation helps nobody.
+pub(crate) fn log_send(span: &Span, request: &SendRequest, outcome: &SendOutcome) {
     match outcome {
         SendOutcome::Confirmed {
             external_id,
@@ -1173,7 +1180,7 @@ pub(crate) fn log_send(span: &Span, outcome: &SendOutcome) {
             error,
             retry_after_ms,
         } => {
-            tracing::warn!(outcome = "uncertain", error = %error, retry_after_ms = retry_after_ms, "the send may or may not have been applied");
+            tracing::warn!(operation_id = %request.operation_id, attempt_id = %request.attempt_id, outcome = "uncertain", error = %error, retry_after_ms = retry_after_ms, "the send may or may not have been applied");
         }
         SendOutcome::NotSent {
             reason,
@@ -1449,6 +1456,27 @@ mod tests {
             "GET /plain/acct%201/tasks/search?label=opl-a%26b%3Dc"
         );
         assert!(prepared.body.is_none());
+    }
+
+    #[test]
+    fn a_lookup_by_key_shows_its_span_the_path_with_the_key_written_as_a_placeholder() {
+        let connector = connector(&keyed_document());
+        let lookup = lookup_request("crm", "acct-1");
+        let Lookup::Consistent(by_key) = &connector.actions[0].action.lookup else {
+            panic!("a lookup by key");
+        };
+        let operation_id = lookup.operation_id.to_string();
+        let key = lookup.idempotency_key.as_str();
+        let context = connector.context(None, key, &lookup.label, "acct-1", &operation_id);
+        let by_key_request = prepare(&by_key.request, &context).expect("a request");
+        assert!(by_key_request.path.contains(key), "{}", by_key_request.path);
+        let shown = by_key_request
+            .shown_path
+            .expect("the key is hidden from the span");
+        assert!(!shown.contains(key) && shown.contains("{key}"), "{shown}");
+        // A send carries its key in a header, not its path: nothing to hide there.
+        let send = prepared(&keyed_document(), &send_request("crm", "acct-1"));
+        assert_eq!(send.shown_path, None);
     }
 
     #[test]

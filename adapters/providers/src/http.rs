@@ -181,6 +181,9 @@ pub struct PreparedRequest {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// The body and its content type, if any.
     pub body: Option<(Vec<u8>, &'static str)>,
+    /// The path as the request's span shows it, when `path` carries the operation's idempotency
+    /// key (a lookup by key): the key written `{key}` instead. Spans never carry keys.
+    pub shown_path: Option<String>,
 }
 
 impl PreparedRequest {
@@ -224,7 +227,11 @@ pub async fn send(
     request: &PreparedRequest,
 ) -> Result<HttpReply, TransportFailure> {
     let url = format!("{base_url}{}", request.path);
-    send_to(client, &url, Some(auth), request).await
+    let shown = request
+        .shown_path
+        .as_ref()
+        .map(|shown| format!("{base_url}{shown}"));
+    send_shown(client, &url, shown.as_deref(), Some(auth), request).await
 }
 
 /// Sends `request` to `url` (its path is already in it), with the credential header `auth` if
@@ -235,11 +242,26 @@ pub async fn send_to(
     auth: Option<(&HeaderName, &HeaderValue)>,
     request: &PreparedRequest,
 ) -> Result<HttpReply, TransportFailure> {
+    send_shown(client, url, None, auth, request).await
+}
+
+/// [`send_to`], its span showing `shown` (the URL with the key written `{key}`) when given.
+async fn send_shown(
+    client: &reqwest::Client,
+    url: &str,
+    shown: Option<&str>,
+    auth: Option<(&HeaderName, &HeaderValue)>,
+    request: &PreparedRequest,
+) -> Result<HttpReply, TransportFailure> {
     // Parsed once, here: the span takes its `server.address` and `server.port` from it and
     // reqwest takes it as it is (a `&str` would be parsed again, IDNA and all, ~1 µs a request).
     // One that does not parse goes to reqwest as text, to fail there as it always has.
     let parsed = reqwest::Url::parse(url).ok();
-    let span = client_span(request.method.as_str(), url, parsed.as_ref());
+    let span = client_span(
+        request.method.as_str(),
+        shown.unwrap_or(url),
+        parsed.as_ref(),
+    );
     let mut builder = match parsed {
         Some(parsed) => client.request(request.method.clone(), parsed),
         None => client.request(request.method.clone(), url),
@@ -279,6 +301,8 @@ fn failed(span: &tracing::Span, failure: TransportFailure) -> TransportFailure {
         TransportFailure::MaybeSent { .. } => "maybe_sent",
     };
     span.record("error.type", kind);
+    // The HTTP client conventions: a request that got no answer is a failed span.
+    span.record("otel.status_code", "ERROR");
     failure
 }
 
@@ -296,6 +320,7 @@ fn client_span(method: &str, url: &str, parsed: Option<&reqwest::Url>) -> tracin
         url.full = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if !span.is_disabled() {
         let without_query = url.split(['?', '#']).next().unwrap_or_default();

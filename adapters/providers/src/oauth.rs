@@ -462,6 +462,7 @@ impl OAuthAccount {
             path: String::new(),
             headers: Vec::new(),
             body: encoding.content_type().map(|kind| (bytes, kind)),
+            shown_path: None,
         };
         let reply = http::send_to(client, &url, None, &request)
             .await

@@ -73,7 +73,8 @@ impl Default for PastLimits {
 pub enum Moment {
     /// Every event up to and including this position.
     Position(GlobalPosition),
-    /// Every event recorded at or before this time. A stream's events are in time order, so a
+    /// Every event recorded at or before this time, to the millisecond
+    /// ([`opledger_domain::timestamp::at_or_before`]). A stream's events are in time order, so a
     /// stream is cut at its first event after the time (as `ops show --as-of` cuts it).
     Time(DateTime<Utc>),
 }
@@ -340,7 +341,7 @@ impl Folding {
             source,
         })?;
         if let Moment::Time(time) = moment {
-            if event.at() > time {
+            if !opledger_domain::timestamp::at_or_before(event.at(), time) {
                 self.cut.insert(operation_id);
                 return Ok(());
             }

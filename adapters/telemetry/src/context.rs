@@ -30,13 +30,40 @@ impl Adapter {
     /// The span context a `traceparent` names, when it is valid (W3C Trace Context: garbage is
     /// ignored).
     fn extract(&self, traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
+        let traceparent = known_flags_only(traceparent)?;
         let context = self.propagator.extract(&Incoming {
-            traceparent,
+            traceparent: &traceparent,
             tracestate,
         });
         let span = context.span().span_context().clone();
         span.is_valid().then_some(span)
     }
+}
+
+/// `traceparent` with the trace flags this version knows only (the sampled bit), so a caller
+/// setting others is followed rather than ignored. W3C Trace Context says a receiver ignores the
+/// flag bits it does not know, not the header: Level 2 adds the random-trace-id bit (`03` is
+/// what the Python OpenTelemetry SDK sends for a sampled trace), and more may come. The SDK's
+/// propagator refuses a version-00 header with any flag above `02`, so the flags are masked
+/// before it reads them. `None` for a version-00 header whose flags are not two hex digits.
+fn known_flags_only(traceparent: &str) -> Option<std::borrow::Cow<'_, str>> {
+    const SAMPLED: u8 = 0x01;
+    let traceparent = traceparent.trim();
+    if !traceparent.starts_with("00-") {
+        // Another version: the propagator's own rules.
+        return Some(traceparent.into());
+    }
+    // version (2) - trace id (32) - parent id (16) - flags (2): the flags start at 53.
+    let (head, flags) = traceparent.split_at_checked(53)?;
+    if !head.ends_with('-') || flags.len() != 2 || !flags.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let value = u8::from_str_radix(flags, 16).ok()?;
+    Some(if value > SAMPLED {
+        format!("{head}{:02x}", value & SAMPLED).into()
+    } else {
+        traceparent.into()
+    })
 }
 
 /// The headers a context is read from, borrowed: the propagator asks for two keys, and a map of
@@ -265,6 +292,36 @@ mod tests {
         // differ: the reads are of the current span, not of whatever was entered first.
         assert_eq!(read[3].1, read[2].1);
         assert_ne!(read[1].1, read[2].1);
+    }
+
+    #[test]
+    fn a_caller_setting_flags_this_version_does_not_know_is_followed_by_its_sampled_bit() {
+        let adapter = Adapter::new(Sampling::EVERY_TRACE);
+        // 03: sampled and the Level 2 random-trace-id bit; 09: sampled and an unknown bit;
+        // 02: the random bit alone, not sampled.
+        for (flags, sampled) in [
+            ("01", true),
+            ("03", true),
+            ("09", true),
+            ("02", false),
+            ("ff", true),
+        ] {
+            let header = format!("00-{STORED_TRACE}-{STORED_SPAN}-{flags}");
+            let parent = adapter
+                .extract(&header, None)
+                .unwrap_or_else(|| panic!("flags {flags} were refused"));
+            assert_eq!(parent.trace_id().to_string(), STORED_TRACE, "{flags}");
+            assert_eq!(parent.span_id().to_string(), STORED_SPAN, "{flags}");
+            assert_eq!(parent.is_sampled(), sampled, "{flags}");
+        }
+        for garbage in [
+            format!("00-{STORED_TRACE}-{STORED_SPAN}-0g"),
+            format!("00-{STORED_TRACE}-{STORED_SPAN}-+1"),
+            format!("00-{STORED_TRACE}-{STORED_SPAN}-013"),
+            format!("00-{STORED_TRACE}-{STORED_SPAN}"),
+        ] {
+            assert_eq!(adapter.extract(&garbage, None), None, "{garbage}");
+        }
     }
 
     #[test]

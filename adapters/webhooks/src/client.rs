@@ -89,11 +89,19 @@ pub async fn attempt(
     endpoint: &Endpoint,
     webhook_id: &str,
     body: &[u8],
+    traceparent: Option<&str>,
 ) -> Attempted {
     let timestamp = chrono::Utc::now().timestamp();
     let signature = signature_header(&endpoint.secrets, webhook_id, timestamp, body);
     let started = Instant::now();
-    let sent = match request(endpoint, webhook_id, timestamp, signature, body) {
+    let sent = match request(
+        endpoint,
+        webhook_id,
+        timestamp,
+        signature,
+        body,
+        traceparent,
+    ) {
         Ok(request) => client.execute(request).await,
         Err(error) => {
             return Attempted {
@@ -128,6 +136,7 @@ fn request(
     timestamp: i64,
     signature: String,
     body: &[u8],
+    traceparent: Option<&str>,
 ) -> Result<reqwest::Request, reqwest::header::InvalidHeaderValue> {
     let mut request = reqwest::Request::new(reqwest::Method::POST, endpoint.url.clone());
     let headers = request.headers_mut();
@@ -136,6 +145,10 @@ fn request(
     headers.insert(WEBHOOK_ID, HeaderValue::from_str(webhook_id)?);
     headers.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));
     headers.insert(WEBHOOK_SIGNATURE, HeaderValue::try_from(signature)?);
+    // The delivery's own span, in the operation's trace: a receiver that traces joins it.
+    if let Some(traceparent) = traceparent {
+        headers.insert(TRACEPARENT, HeaderValue::from_str(traceparent)?);
+    }
     *request.body_mut() = Some(body.to_vec().into());
     Ok(request)
 }
@@ -143,6 +156,7 @@ fn request(
 const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
 const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 async fn answer_of(mut response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();

@@ -188,6 +188,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                     self.health.set(DeliveryState::Faulted {
                         error: error.to_string(),
                         retry_in_ms: backoff,
+                        next_attempt_at: after_ms(backoff),
                     });
                     if self.rest(Duration::from_millis(backoff)).await.is_some() {
                         break;
@@ -212,6 +213,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 LeaseState::Held { .. } => DeliveryState::Faulted {
                     error: "this instance's lease on the endpoint ran out unrenewed (the journal did not answer)".into(),
                     retry_in_ms: self.renew_every_ms,
+                    next_attempt_at: after_ms(self.renew_every_ms),
                 },
             });
             tokio::select! {
@@ -257,6 +259,18 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 _ = self.stop.wait_for(|stop| *stop) => Ended::Stopped,
                 () = self.wake.notified() => Ended::Changed,
             });
+        }
+        // A checkpoint the log has not reached would wait, silently, for events that are then
+        // skipped: refused here, so the endpoint shows it (and `/healthz` with it).
+        if let Some(checkpoint) = record.checkpoint {
+            let head = self
+                .store
+                .head_position()
+                .await?
+                .map_or(0, GlobalPosition::value);
+            if checkpoint > head {
+                return Err(WebhookError::CheckpointBeyondHead { checkpoint, head });
+            }
         }
         self.health.set(DeliveryState::Delivering);
         let start = record.checkpoint.map_or(LogStart::Beginning, |at| {
@@ -383,8 +397,14 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             position,
             operation_id = event.stream.operation_id().map(tracing::field::display),
         );
+        // The delivery belongs to the trace the event was written in (a child of the span that
+        // wrote it), not to a trace of its own; the receiver is sent its context. Nothing when
+        // trace export is off or the event was written under no trace.
+        let written_under = opledger_domain::codec::traceparent_of(&event.metadata);
+        opledger_domain::trace_context::continue_from(&span, written_under.as_deref());
+        let traceparent = opledger_domain::trace_context::traceparent_of(&span);
         let ended = self
-            .deliver(record, position, &id, &body)
+            .deliver(record, position, &id, &body, traceparent.as_deref())
             .in_span(span)
             .await?;
         Ok(ended.map_or(Handled::Done, Handled::End))
@@ -398,13 +418,14 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         position: u64,
         id: &str,
         body: &[u8],
+        traceparent: Option<&str>,
     ) -> Result<Option<Ended>, WebhookError> {
         let window = Duration::from_secs(self.endpoint.retry_window_s);
         let mut first_failure: Option<Instant> = None;
         for number in 1u32.. {
             let at = chrono::Utc::now();
             let attempted = {
-                let under_way = attempt(&self.client, &self.endpoint, id, body);
+                let under_way = attempt(&self.client, &self.endpoint, id, body, traceparent);
                 tokio::pin!(under_way);
                 tokio::select! {
                     biased;
@@ -471,19 +492,25 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             };
             self.health.failed(error.as_deref());
             let first = *first_failure.get_or_insert_with(Instant::now);
-            let wait = pause(number, retry_after, &RandomIds);
-            if first.elapsed() + wait > window {
+            let elapsed = first.elapsed();
+            if elapsed >= window {
                 let reason = format!(
-                    "the event at position {position} failed for the whole retry window of {} s ({number} attempts; last: {}); resume the endpoint once the receiver is fixed",
+                    "the event at position {position} failed for the whole retry window of {} s ({number} attempts over {} s; last: {}); resume the endpoint once the receiver is fixed",
                     self.endpoint.retry_window_s,
+                    elapsed.as_secs(),
                     error.as_deref().unwrap_or("no answer"),
                 );
                 return self.disable(record, reason).await;
             }
+            // The last attempt comes at the window's end, not a whole backoff before it: an
+            // endpoint is disabled only once it has failed for the whole window it was given.
+            let wait = pause(number, retry_after, &RandomIds).min(window - elapsed);
+            let retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
             self.health.set(DeliveryState::Retrying {
                 position,
                 consecutive_failures: number,
-                retry_in_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                retry_in_ms,
+                next_attempt_at: after_ms(retry_in_ms),
             });
             if let Some(ended) = self.rest(wait).await {
                 return Ok(Some(ended));
@@ -525,6 +552,15 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         }
         Ok(Some(Ended::Changed))
     }
+}
+
+/// The wall-clock time `ms` milliseconds from now, for an operator reading when something is due.
+fn after_ms(ms: u64) -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now();
+    now.checked_add_signed(chrono::Duration::milliseconds(
+        i64::try_from(ms).unwrap_or(i64::MAX),
+    ))
+    .unwrap_or(now)
 }
 
 /// Completes when the lease with `token` is no longer held, or its validity runs out before a

@@ -162,6 +162,24 @@ pub enum WebhookError {
         /// Why.
         reason: String,
     },
+    /// An operator asked to replay after a position the log has not reached.
+    #[error("the log's newest position is {head}; a replay after {after} would skip every event until the log reached it, so give a position from 0 to {head}")]
+    ReplayBeyondHead {
+        /// The position asked for.
+        after: u64,
+        /// The log's newest position.
+        head: u64,
+    },
+    /// The endpoint's checkpoint is beyond the log's newest position (the ledger was replaced by
+    /// an older copy, or the journal was edited): nothing would be delivered until the log
+    /// passed it, so the task stops and says so instead.
+    #[error("the endpoint's checkpoint {checkpoint} is beyond the log's newest position {head}; events written until the log passes it would be skipped, so nothing is delivered: replay the endpoint from a position at or before {head}")]
+    CheckpointBeyondHead {
+        /// The checkpoint.
+        checkpoint: u64,
+        /// The log's newest position.
+        head: u64,
+    },
     /// An operator named an endpoint that is not configured.
     #[error("no webhook endpoint `{id}` is configured")]
     NoSuchEndpoint {

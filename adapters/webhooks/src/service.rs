@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use opledger_domain::store::EventStore;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
@@ -50,8 +51,11 @@ pub enum DeliveryState {
         position: u64,
         /// Failed attempts at it in a row.
         consecutive_failures: u32,
-        /// The pause before the next, in milliseconds.
+        /// The pause before the next, in milliseconds, as it was decided (it does not count
+        /// down; `next_attempt_at` says when).
         retry_in_ms: u64,
+        /// When the next attempt is due.
+        next_attempt_at: DateTime<Utc>,
     },
     /// Paused by an operator.
     Paused,
@@ -71,8 +75,10 @@ pub enum DeliveryState {
     Faulted {
         /// What failed.
         error: String,
-        /// The pause, in milliseconds.
+        /// The pause, in milliseconds, as it was decided.
         retry_in_ms: u64,
+        /// When the task starts again.
+        next_attempt_at: DateTime<Utc>,
     },
     /// The service is stopping.
     Finished,
@@ -378,8 +384,22 @@ impl Webhooks {
     }
 
     /// Delivers again every event after `after` (`None`: from the log's beginning), and resumes
-    /// the endpoint if it was paused or disabled.
-    pub async fn replay(&self, id: &str, after: Option<u64>) -> Result<(), WebhookError> {
+    /// the endpoint if it was paused or disabled. `head` is the log's newest position now: a
+    /// replay after it is refused, since a checkpoint beyond the head would skip every event
+    /// written until the log caught up with it, silently.
+    pub async fn replay(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        head: Option<u64>,
+    ) -> Result<(), WebhookError> {
+        self.handle(id)?;
+        if let Some(after) = after.filter(|after| *after > head.unwrap_or(0)) {
+            return Err(WebhookError::ReplayBeyondHead {
+                after,
+                head: head.unwrap_or(0),
+            });
+        }
         self.change(id, EndpointStatus::Active, None, Some(after))
             .await
     }
@@ -402,9 +422,10 @@ impl Webhooks {
             // A task that panicked never says Finished: its handle tells (until `join` takes it).
             let ended = tasks.get(index).is_some_and(JoinHandle::is_finished);
             match state {
-                DeliveryState::Faulted { error, retry_in_ms } => problems.push(format!(
-                    "webhook endpoint `{}` cannot deliver ({error}); it tries again in {retry_in_ms} ms from its checkpoint",
-                    handle.endpoint.id
+                DeliveryState::Faulted { error, next_attempt_at, .. } => problems.push(format!(
+                    "webhook endpoint `{}` cannot deliver ({error}); it tries again at {} from its checkpoint",
+                    handle.endpoint.id,
+                    next_attempt_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
                 )),
                 DeliveryState::Finished => problems.push(format!(
                     "webhook delivery to `{}` has stopped (the service is shutting down)",

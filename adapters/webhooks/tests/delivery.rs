@@ -422,9 +422,48 @@ async fn an_endpoint_failing_for_its_whole_retry_window_is_disabled_and_says_why
     };
     let running = start(&store, vec![short], dir()).await;
     append(&store, 0, "succeeded", "acme").await;
+    // While it waits, the endpoint says when the next attempt is due, a moment that does not
+    // move as time passes (a pause in milliseconds was the same number however long ago).
+    let started = Instant::now();
+    let due = loop {
+        let overview = running
+            .webhooks
+            .endpoint("billing", None)
+            .await
+            .expect("listed");
+        if let DeliveryState::Retrying {
+            next_attempt_at,
+            retry_in_ms,
+            ..
+        } = overview.delivery
+        {
+            break (next_attempt_at, retry_in_ms);
+        }
+        assert!(started.elapsed() < DEADLINE, "never retrying: {overview:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let (next_attempt_at, retry_in_ms) = due;
+    let from_now = next_attempt_at - chrono::Utc::now();
+    assert!(
+        from_now <= chrono::Duration::milliseconds(i64::try_from(retry_in_ms).expect("small"))
+            && from_now > chrono::Duration::milliseconds(-500),
+        "the next attempt is due at {next_attempt_at}, {from_now} from now ({retry_in_ms} ms pause)"
+    );
     running
         .wait_for_status("billing", EndpointStatus::Disabled)
         .await;
+    // Disabled only once it failed for the whole window: its last attempt came a window after
+    // the first (the last pause cut short to end there, not the endpoint given up a pause early).
+    let received = receiver.received.lock().expect("lock").clone();
+    let (first, last) = (
+        received.first().expect("attempted"),
+        received.last().expect("attempted"),
+    );
+    assert!(
+        last.at.duration_since(first.at) >= Duration::from_secs(1),
+        "disabled {:?} after the first attempt, inside its 1 s window",
+        last.at.duration_since(first.at)
+    );
     // The task counts the disabling right after the journal's commit, which the status above
     // already shows: wait for the count too.
     let started = Instant::now();
@@ -482,11 +521,91 @@ async fn a_new_endpoint_starts_at_the_head_and_replay_delivers_the_history_again
     assert_eq!(positions(&receiver.wait_for(1).await), vec![4]);
     running
         .webhooks
-        .replay("billing", Some(1))
+        .replay("billing", Some(1), Some(4))
         .await
         .expect("replayed");
     let received = receiver.wait_for(4).await;
     assert_eq!(positions(&received), vec![4, 2, 3, 4]);
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_replay_after_the_head_is_refused_and_later_events_are_still_delivered() {
+    let store = MemoryStore::new();
+    let (receiver, url) = Receiver::start().await;
+    let running = start(&store, vec![endpoint("billing", &url)], dir()).await;
+    append(&store, 0, "succeeded", "acme").await;
+    running.wait_for_checkpoint("billing", 1).await;
+    let refused = running
+        .webhooks
+        .replay("billing", Some(999_999), Some(1))
+        .await
+        .expect_err("a replay past the head is refused");
+    assert!(
+        refused.to_string().contains("from 0 to 1"),
+        "the refusal says what may be given: {refused}"
+    );
+    let overview = running
+        .webhooks
+        .endpoint("billing", Some(1))
+        .await
+        .expect("an endpoint");
+    assert_eq!(overview.checkpoint, Some(1), "the checkpoint did not move");
+    append(&store, 1, "succeeded", "acme").await;
+    assert_eq!(positions(&receiver.wait_for(2).await), vec![1, 2]);
+    running.shut().await;
+}
+
+#[tokio::test]
+async fn a_checkpoint_beyond_the_head_stops_delivery_and_says_so_until_replayed() {
+    let store = MemoryStore::new();
+    let dir = dir();
+    let journal_path = dir.path().join("test.webhooks");
+    append(&store, 0, "succeeded", "acme").await;
+    // A checkpoint the log has not reached, as a ledger restored from an older copy leaves it:
+    // written into the journal behind the service's back.
+    let journal = opledger_webhooks::Journal::open(&journal_path)
+        .await
+        .expect("a journal");
+    journal
+        .ensure("billing", Some(999))
+        .await
+        .expect("a record");
+    drop(journal);
+    let (receiver, url) = Receiver::start().await;
+    let running = start(&store, vec![endpoint("billing", &url)], Arc::clone(&dir)).await;
+    let started = Instant::now();
+    let problem = loop {
+        if let Some(problem) = running.webhooks.problem() {
+            break problem;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the checkpoint was never reported"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(
+        problem.contains("checkpoint 999 is beyond the log's newest position 1"),
+        "{problem}"
+    );
+    let overview = running
+        .webhooks
+        .endpoint("billing", Some(1))
+        .await
+        .expect("an endpoint");
+    assert!(
+        matches!(&overview.delivery, DeliveryState::Faulted { error, .. } if error.contains("beyond")),
+        "the endpoint's own state says it too: {overview:?}"
+    );
+    running
+        .webhooks
+        .replay("billing", Some(0), Some(1))
+        .await
+        .expect("replayed");
+    append(&store, 1, "succeeded", "acme").await;
+    assert_eq!(positions(&receiver.wait_for(2).await), vec![1, 2]);
+    assert_eq!(running.webhooks.problem(), None);
     running.shut().await;
 }
 

@@ -21,6 +21,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/livez": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Liveness, by status code: restart only when 503. */
+        get: operations["liveness"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -30,6 +47,23 @@ export interface paths {
         };
         /** Prometheus text format: operations by state, the oldest unknown's age, reconciliations confirmed, duplicates found, request latencies. Open unless [metrics] names a token (then that bearer token is required) or several tenants are configured without one and without `[metrics] open = true` (then 403 for everyone). */
         get: operations["metrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/readyz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Readiness, by status code: send traffic only while 200. */
+        get: operations["readiness"];
         put?: never;
         post?: never;
         delete?: never;
@@ -561,6 +595,8 @@ export interface components {
             status: "ok" | "catching_up" | "degraded";
         };
         History: {
+            /** @description Only in an answer as of a moment (`as_of`): the log position the moment resolved to (0: before the first event); the answer holds the events up to it. */
+            as_of_position?: number;
             events: components["schemas"]["Event"][];
             /** Format: uuid */
             operation_id: string;
@@ -598,6 +634,8 @@ export interface components {
             /** @description The arguments, frozen as recorded. */
             args: Record<string, never>;
             args_hash: components["schemas"]["ArgsHash"];
+            /** @description Only in an answer as of a moment (`as_of`): the log position the moment resolved to (0: before the first event); the answer holds the events up to it. */
+            as_of_position?: number;
             attempt_ids: string[];
             attempts: number;
             /** @description Only when recording: whether this request created the operation. */
@@ -633,6 +671,8 @@ export interface components {
             version: number;
         } & (unknown & unknown & unknown);
         OperationPage: {
+            /** @description Only in an answer as of a moment (`as_of`): the log position the moment resolved to (0: before the first event); the answer holds the events up to it. */
+            as_of_position?: number;
             /**
              * Format: uuid
              * @description Pass as `after` for the next page; null on the last page.
@@ -640,14 +680,28 @@ export interface components {
             next: string | null;
             operations: components["schemas"]["ListItem"][];
         };
-        /** @description The `data` of one Server-Sent Event. */
+        /** @description The `data` of one Server-Sent Event, and of one webhook: the same payload for every subscriber. The book's event catalog (docs/src/subscribers/events/) has one JSON Schema per `type`, stricter than this one. It never carries the operation's arguments or its idempotency key. */
         OutcomeEvent: {
+            account: string;
+            action: string;
             at: components["schemas"]["Timestamp"];
-            detail: string;
+            /**
+             * Format: uuid
+             * @description The attempt the event is about, if any.
+             */
+            attempt_id: string | null;
             event_type: components["schemas"]["EventType"];
+            external_id: string | null;
             /** Format: uuid */
             operation_id: string;
+            owner: string | null;
             position: number;
+            provider: string;
+            /** @description The agent's sentence for the operation after the event. */
+            sentence: string;
+            source_id: string | null;
+            state: components["schemas"]["State"];
+            tenant: string;
             /** @enum {string} */
             type: "succeeded" | "unknown" | "rejected" | "needs_review" | "duplicate" | "denied" | "abandoned" | "recorded" | "approved" | "started" | "not_sent" | "lookup_claimed" | "lookup" | "retry" | "late";
             version: number;
@@ -662,6 +716,15 @@ export interface components {
             name: string;
             /** @description The tenants whose operations the token sees; null for every tenant. */
             tenants: components["schemas"]["TextId"][] | null;
+        };
+        Probe: {
+            /** @description Why not alive or not ready, one sentence each (absent when alive or ready). */
+            reasons?: string[];
+            /**
+             * @description `/livez`: alive (200), or restart (503: only a restart helps). `/readyz`: ready (200), or not_ready (503).
+             * @enum {unknown}
+             */
+            status: "alive" | "restart" | "ready" | "not_ready";
         };
         /** @description An intent. `args` must be at most 65536 bytes as canonical JSON and is checked against the action's input schema. */
         RecordRequest: {
@@ -748,6 +811,8 @@ export interface components {
             updated_at: components["schemas"]["Timestamp"];
         };
         ReviewQueue: {
+            /** @description Only in an answer as of a moment (`as_of`): the log position the moment resolved to (0: before the first event); the answer holds the events up to it. */
+            as_of_position?: number;
             /** @description Pass as `after` for the next page; null on the last page. */
             next?: string | null;
             queue: components["schemas"]["ReviewItem"][];
@@ -808,9 +873,12 @@ export interface components {
             error?: string;
             /** @description standby: the instance holding the endpoint's lease. */
             holder?: string;
+            /** @description retrying / faulted: when the next attempt is due. */
+            next_attempt_at?: components["schemas"]["Timestamp"];
             /** @description retrying: the event's position. */
             position?: number;
             reason?: string;
+            /** @description retrying / faulted: the pause as it was decided; it does not count down (next_attempt_at says when). */
             retry_in_ms?: number;
             /**
              * @description delivering: following the log. retrying: an event failed and waits for its next attempt. paused / disabled: see status. standby: another instance on the shared PostgreSQL ledger holds the endpoint's lease and delivers it (holder names it); this one takes over if that lease runs out. faulted: the journal or the log failed; the task starts again from the checkpoint after a pause. finished: the service is stopping.
@@ -893,6 +961,35 @@ export interface operations {
             };
         };
     };
+    liveness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The process is alive and recovers from store or network faults on its own. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+            /** @description Only a restart helps (the read-model runner has stopped for good); the reasons say why. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+        };
+    };
     metrics: {
         parameters: {
             query?: never;
@@ -914,6 +1011,35 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             500: components["responses"]["Error"];
+        };
+    };
+    readiness: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The server can serve: the store answers (for PostgreSQL: its writer is not stuck and its connections reach this ledger's current copy) and the read models are near the log. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
+            /** @description Send no traffic here now: the server is draining after a shutdown signal, the store cannot serve, or the read models are far behind or cannot follow the log; the reasons say which. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Probe"];
+                };
+            };
         };
     };
     listActions: {
@@ -1022,7 +1148,7 @@ export interface operations {
         parameters: {
             query?: {
                 state?: components["schemas"]["State"];
-                /** @description Recorded longer ago than this: a whole number and s, m, h or d. */
+                /** @description Recorded longer ago than this: a whole number and ms, s, m, h or d. */
                 older_than?: string;
                 limit?: number;
                 /** @description The `next` of the previous page. */
@@ -1033,7 +1159,7 @@ export interface operations {
                 provider?: components["schemas"]["TextId"];
                 /** @description Only operations bound to this account. */
                 account?: components["schemas"]["TextId"];
-                /** @description The listing as it was at this moment: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). Folded from the log's start up to the moment (at most 2,000,000 events read and 100,000 operations of the listed scope held; beyond either, 422 `as_of_beyond_limit` says what to ask instead); `age_s` and `older_than` are measured from the moment; `after` pages with the same as_of. 422 `invalid_input` for a moment that is neither. */
+                /** @description The listing as it was at this moment: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). Folded from the log's start up to the moment (at most 2,000,000 events read and 100,000 operations of the listed scope held; beyond either, 422 `as_of_beyond_limit` says what to ask instead); `age_s` and `older_than` are measured from the moment; `after` pages with the same as_of. 422 `invalid_input` for a moment that is neither. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
                 /** @description Only this action's operations. */
                 action?: components["schemas"]["TextId"];
@@ -1121,7 +1247,7 @@ export interface operations {
     getOperation: {
         parameters: {
             query?: {
-                /** @description The operation as it stood at this moment, folded from its events up to it: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). 404 if it was not recorded yet then; 422 `invalid_input` for anything else. */
+                /** @description The operation as it stood at this moment, folded from its events up to it: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). 404 if it was not recorded yet then; 422 `invalid_input` for anything else. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
             };
             header?: never;
@@ -1225,7 +1351,10 @@ export interface operations {
     };
     getOperationEvents: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description The history as it stood at this moment, its events up to it: a global position or an RFC 3339 time, as for one operation. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. 404 if it was not recorded yet then. */
+                as_of?: string;
+            };
             header?: never;
             path: {
                 /** @description The operation id. */
@@ -1326,7 +1455,7 @@ export interface operations {
         parameters: {
             query?: {
                 limit?: number;
-                /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. */
+                /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
                 /** @description The `next` of the previous page: where this page starts. A cursor carries its own position, so it stays valid while items are decided between pages. */
                 after?: string;
@@ -1549,7 +1678,10 @@ export interface operations {
     };
     trace: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description The chain as it stood at this moment, each operation's events up to it: a global position or an RFC 3339 time, as for one operation; an operation recorded after it is not matched. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
+                as_of?: string;
+            };
             header?: never;
             path: {
                 /** @description An operation, attempt, external object or source id: 1 to 512 bytes once trimmed. */

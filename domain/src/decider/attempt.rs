@@ -9,7 +9,7 @@ use chrono::Utc;
 use super::{clip, schedule, On, Rejection};
 use crate::command::{MAX_LEASE_MS, MIN_LEASE_MS};
 use crate::contract::{
-    check_automatic_retry, check_binding, check_retry_budget, milliseconds, ContractViolation,
+    check_automatic_retry, check_binding, check_retry_time, milliseconds, ContractViolation,
     ProviderCapabilities, RetryPolicy, SendBinding, MAX_ATTEMPTS_LIMIT,
 };
 use crate::error::{OutOfRange, ValidationError};
@@ -111,10 +111,17 @@ fn check_may_send_again(on: &On<'_>, claim: &Claim<'_>) -> Result<(), Rejection>
             )
             .map_err(Rejection::RetryNotAllowed)?;
         }
-        // Attempts provably not sent (429, no connection) still count against the budget: a
-        // CRM that keeps refusing must end with a person, not loop.
+        // Pending since it was recorded, with attempts made: every one of them was provably
+        // not sent (429, no connection; any other answer moves it on for good or to unknown).
+        // They risk nothing, so they do not use up the attempts the policy allows (which bound
+        // the risky ones); the time budget still ends a CRM that keeps refusing at a person, and
+        // the hard limit below still holds.
         Some(PendingSince::Recorded) if state.attempts > 0 => {
-            check_retry_budget(claim.policy, state, on.now).map_err(Rejection::RetryNotAllowed)?;
+            debug_assert_eq!(
+                state.uncertain_attempts, 0,
+                "a recorded operation's attempts were all not sent"
+            );
+            check_retry_time(claim.policy, state, on.now).map_err(Rejection::RetryNotAllowed)?;
         }
         // A reviewer's retry is the person's decision; only the hard limit applies.
         _ => {}

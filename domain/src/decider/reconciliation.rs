@@ -46,9 +46,17 @@ impl Lookup<'_> {
         })
     }
 
-    /// The lookup recorded with its next check scheduled: the operation stays unknown.
+    /// The lookup recorded with its next check scheduled: the operation stays unknown. When
+    /// this lookup used up the budget inside a search's lag, the next one (then the last before
+    /// a person) waits until the lag has passed, so what the search could not show yet is seen.
     fn look_again(&self, on: &On<'_>) -> Vec<OperationEvent> {
-        let next_check = schedule(self.next_check_not_before, on.now);
+        let mut next_check = self.next_check_not_before;
+        if on.state.reconciliations.saturating_add(1) >= self.policy.max_reconciliations {
+            if let Some(indexed_by) = indexed_by(self.capabilities, on.state) {
+                next_check = next_check.max(indexed_by);
+            }
+        }
+        let next_check = schedule(next_check, on.now);
         vec![self.recorded(on, Some(next_check))]
     }
 
@@ -253,6 +261,11 @@ fn without_evidence(on: &On<'_>, lookup: &Lookup<'_>) -> Vec<OperationEvent> {
 /// Whether an operation without a safe retry may stay unknown and be looked up again rather
 /// than go to a person now: only while the lookup budget lasts, and only when the answer could
 /// still change — the lookup was inconclusive, or a lagging search may not show the object yet.
+///
+/// An empty search inside the lag proves nothing whatever the budget says: the budget then
+/// allows one more lookup, after the lag ([`Lookup::look_again`] schedules it), so the last
+/// lookup before a person is one whose "not found" means something. Found by a schedule that
+/// spent three lookups in 436 ms against a declared lag of 2 s.
 fn may_keep_checking(
     result: &ReconciliationResult,
     capabilities: &ProviderCapabilities,
@@ -260,20 +273,33 @@ fn may_keep_checking(
     state: &OperationState,
     now: DateTime<Utc>,
 ) -> bool {
+    let inside_lag = indexed_by(capabilities, state).is_some_and(|indexed_by| now < indexed_by);
+    let empty_search_inside_lag = inside_lag
+        && matches!(
+            result,
+            ReconciliationResult::NotFound {
+                authoritative: false
+            }
+        );
+    if empty_search_inside_lag {
+        return true;
+    }
     if state.reconciliations.saturating_add(1) >= policy.max_reconciliations {
         return false;
     }
-    match (result, capabilities.lookup) {
-        (ReconciliationResult::Inconclusive { .. }, _) => true,
-        (
-            ReconciliationResult::NotFound {
-                authoritative: false,
-            },
-            LookupSupport::EventuallyConsistent { lag_ms },
-        ) => state
-            .unknown_since
-            .and_then(|since| since.checked_add_signed(milliseconds(lag_ms)))
-            .is_some_and(|indexed_by| now < indexed_by),
-        _ => false,
-    }
+    matches!(result, ReconciliationResult::Inconclusive { .. })
+}
+
+/// When a lagging search shows every object created before the operation became unknown (the
+/// create, if any, happened before that); `None` for a lookup without lag.
+fn indexed_by(
+    capabilities: &ProviderCapabilities,
+    state: &OperationState,
+) -> Option<DateTime<Utc>> {
+    let LookupSupport::EventuallyConsistent { lag_ms } = capabilities.lookup else {
+        return None;
+    };
+    state
+        .unknown_since
+        .and_then(|since| since.checked_add_signed(milliseconds(lag_ms)))
 }

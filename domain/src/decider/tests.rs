@@ -900,6 +900,32 @@ fn the_seed_incident_is_caught_the_lost_response_does_not_become_a_second_task()
 }
 
 #[test]
+fn a_lookup_budget_spent_inside_the_search_lag_leaves_its_last_lookup_for_after_the_lag() {
+    // policy(): at most 3 lookups; lookup_only(): the search lags 5 s; unknown at 10 s, so the
+    // index shows everything from 15 s. Three empty searches within a second prove nothing.
+    let mut scenario = unknown_after_first_attempt(lookup_only());
+    for at in [11, 11, 12] {
+        let outcome = scenario.when(&reconcile(not_found(), lookup_only(), at_s(at)), at_s(at));
+        assert_eq!(
+            outcome.then_types(),
+            ["ReconciliationRecorded"],
+            "at {at} s"
+        );
+        scenario = outcome.scenario;
+    }
+    // The one that spent the budget put the next check after the lag, not a backoff away.
+    let state = scenario.state();
+    assert_eq!(state.status, Status::Unknown);
+    assert_eq!(state.next_check_not_before, Some(at_s(15)));
+    // The last lookup, after the lag: an empty search now means something, and a person decides.
+    let outcome = scenario.when(&reconcile(not_found(), lookup_only(), at_s(15)), at_s(15));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "ReviewRequired"]
+    );
+}
+
+#[test]
 fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
     // policy(): at most 3 lookups leave the operation unknown.
     let inconclusive = || ReconciliationResult::Inconclusive {
@@ -1226,8 +1252,8 @@ fn reconciliation_is_refused_before_any_attempt_and_during_review() {
 }
 
 #[test]
-fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
-    // policy(): at most 3 attempts.
+fn attempts_provably_not_sent_do_not_use_up_the_attempts_but_the_time_budget_ends_them() {
+    // policy(): at most 3 attempts, in an hour.
     let not_sent = |n| Command::RecordNotSent {
         attempt_id: attempt(n),
         reason: "429 rate limited".into(),
@@ -1242,10 +1268,14 @@ fn attempts_provably_not_sent_still_count_against_the_attempt_budget() {
             .and(&not_sent(n), at_s(2))
             .scenario;
     }
-    let outcome = scenario.when(&start(4, lookup_only()), at_s(3));
+    // Three 429s risked nothing: a fourth attempt is as safe as the first.
+    let fourth = scenario.clone().when(&start(4, lookup_only()), at_s(3));
+    assert_eq!(fourth.then_types(), ["AttemptStarted"]);
+    // An hour after the first attempt, a person decides.
+    let late = scenario.when(&start(4, lookup_only()), at_s(3_600));
     assert!(matches!(
-        outcome.rejection(),
-        Rejection::RetryNotAllowed(ContractViolation::AttemptsExhausted { attempts: 3, .. })
+        late.rejection(),
+        Rejection::RetryNotAllowed(ContractViolation::TotalTimeExhausted { .. })
     ));
 }
 

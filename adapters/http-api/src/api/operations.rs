@@ -346,17 +346,39 @@ pub(super) async fn show(
             &operation_view(&shared, &loaded),
         ));
     };
-    let as_of = AsOf::parse(&as_of)
-        .map_err(|problem| ApiError::invalid(ValidationError::new("as_of", problem)))?;
-    let view = view_as_of(shared.engine.ledger().store(), operation_id, as_of)
-        .await
-        .map_err(ApiError::from)?;
+    let (view, position) = view_at(&shared, operation_id, &as_of).await?;
     // The tenant never changes, so the check on the moment's intent is the same as now's.
     view_visible(&scope, &view, operation_id)?;
-    Ok(view_reply(
-        StatusCode::OK,
-        &operation_view(&shared, &view.loaded),
-    ))
+    let mut body = serde_json::to_value(operation_view(&shared, &view.loaded))
+        .map_err(|error| ApiError::internal("an operation could not be written as JSON", error))?;
+    body["as_of_position"] = json!(position);
+    Ok(json_reply(StatusCode::OK, &body))
+}
+
+/// An operation as it stood at the moment `as_of` names (checked against the log first), and
+/// the log position the moment resolved to, which the answer names.
+pub(super) async fn view_at(
+    shared: &Shared,
+    operation_id: OperationId,
+    as_of: &str,
+) -> Result<(crate::render::OperationView, u64), ApiError> {
+    let store = shared.engine.ledger().store();
+    let (as_of, position) = resolved_as_of(shared, as_of).await?;
+    let view = view_as_of(store, operation_id, as_of)
+        .await
+        .map_err(ApiError::from)?;
+    Ok((view, position))
+}
+
+/// `as_of` parsed, checked against the log (not past its head, not later than now) and the log
+/// position it stands for (see [`crate::render::resolve_as_of`]), which the answer names.
+pub(super) async fn resolved_as_of(shared: &Shared, as_of: &str) -> Result<(AsOf, u64), ApiError> {
+    let as_of = AsOf::parse(as_of)
+        .map_err(|problem| ApiError::invalid(ValidationError::new("as_of", problem)))?;
+    let position = crate::render::resolve_as_of(shared.engine.ledger().store(), as_of, Utc::now())
+        .await
+        .map_err(ApiError::from)?;
+    Ok((as_of, position))
 }
 
 /// A view read for the caller passes only if its tenant is in the caller's scope; anything else
@@ -382,25 +404,37 @@ fn view_visible(
 pub(super) async fn history(
     State(shared): State<Arc<Shared>>,
     IdPath(id): IdPath,
+    query: Result<Query<ShowQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
     let operation_id = operation_id(&id)?;
+    let Query(query) = query?;
     // Checked on the same read that is returned, so the answer cannot leak another tenant's.
-    let view = view_of(shared.engine.ledger().store(), operation_id)
-        .await
-        .map_err(ApiError::from)?;
+    let (view, position) = match query.as_of.as_deref() {
+        Some(as_of) => {
+            let (view, position) = view_at(&shared, operation_id, as_of).await?;
+            (view, Some(position))
+        }
+        None => (
+            view_of(shared.engine.ledger().store(), operation_id)
+                .await
+                .map_err(ApiError::from)?,
+            None,
+        ),
+    };
     view_visible(&scope, &view, operation_id)?;
-    Ok(json_reply(
-        StatusCode::OK,
-        &json!({
-            "operation_id": operation_id,
-            "state": view.loaded.state.status.name(),
-            "version": view.loaded.version,
-            "events": view.events,
-            "timeline": view.lines,
-        }),
-    ))
+    let mut body = json!({
+        "operation_id": operation_id,
+        "state": view.loaded.state.status.name(),
+        "version": view.loaded.version,
+        "events": view.events,
+        "timeline": view.lines,
+    });
+    if let Some(position) = position {
+        body["as_of_position"] = json!(position);
+    }
+    Ok(json_reply(StatusCode::OK, &body))
 }
 
 pub(super) async fn approve(

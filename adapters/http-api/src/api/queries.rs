@@ -109,11 +109,10 @@ pub(super) async fn list(
             provider: provider.clone(),
             account: account.clone(),
         };
-        let past =
-            PastReadModels::fold(shared.engine.ledger().store(), as_of.moment(), &scope).await?;
+        let (past, position) = past_at(&shared, as_of, &scope).await?;
         // Ages and `older_than` are measured from the moment, as the live listing measured them
         // from when it answered.
-        let now = past.time().unwrap_or_else(Utc::now);
+        let now = moment_time(as_of, &past);
         let filter = OperationFilter {
             state: query.state.clone(),
             tenant,
@@ -126,7 +125,7 @@ pub(super) async fn list(
             newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
-        return Ok(page_reply(&page, now));
+        return Ok(page_reply(&page, now, Some(position)));
     }
     fresh_read_models(&shared).await?;
     let now = Utc::now();
@@ -151,23 +150,52 @@ pub(super) async fn list(
             store.list_operations(&filter, limit, cursor.as_ref())
         })
         .await?;
-    Ok(page_reply(&page, now))
+    Ok(page_reply(&page, now, None))
 }
 
-/// A page of operations as the listing answers it, ages measured from `now`.
-fn page_reply(page: &OperationPage, now: DateTime<Utc>) -> Response {
+/// A page of operations as the listing answers it, ages measured from `now`; as of a moment,
+/// with the log position the moment resolved to.
+fn page_reply(page: &OperationPage, now: DateTime<Utc>, as_of_position: Option<u64>) -> Response {
     let rows: Vec<Value> = page
         .operations
         .iter()
         .map(|row| operation_json(row, now))
         .collect();
     let next = page.next.as_ref().map(|cursor| cursor.operation_id);
-    json_reply(StatusCode::OK, &json!({"operations": rows, "next": next}))
+    let mut body = json!({"operations": rows, "next": next});
+    if let Some(position) = as_of_position {
+        body["as_of_position"] = json!(position);
+    }
+    json_reply(StatusCode::OK, &body)
 }
 
 /// `as_of`: a global position or an RFC 3339 time.
 fn parse_as_of(text: &str) -> Result<AsOf, ApiError> {
     AsOf::parse(text).map_err(|problem| ApiError::invalid(ValidationError::new("as_of", problem)))
+}
+
+/// The read models of `scope` as they stood at `as_of` (checked against the log first), and the
+/// log position the moment resolved to.
+async fn past_at(
+    shared: &Shared,
+    as_of: AsOf,
+    scope: &PastScope,
+) -> Result<(PastReadModels, u64), ApiError> {
+    let store = shared.engine.ledger().store();
+    let position = crate::render::resolve_as_of(store, as_of, Utc::now()).await?;
+    Ok((
+        PastReadModels::fold(store, as_of.moment(), scope).await?,
+        position,
+    ))
+}
+
+/// The time a moment stands for, from which ages are measured: the time asked, or the time of
+/// the last event up to the position asked.
+fn moment_time(as_of: AsOf, past: &PastReadModels) -> DateTime<Utc> {
+    match as_of {
+        AsOf::Time(time) => time,
+        AsOf::Position(_) => past.time().unwrap_or_else(Utc::now),
+    }
 }
 
 /// A listed state must be one of the API's.
@@ -361,7 +389,7 @@ pub(super) async fn review_queue(
         query.account.as_deref(),
         query.state.clone(),
     )?;
-    let (page, total, now) = match as_of {
+    let (page, total, now, position) = match as_of {
         Some(as_of) => {
             let tenants = match &scope {
                 Scope::All => None,
@@ -371,8 +399,8 @@ pub(super) async fn review_queue(
                 tenants,
                 ..PastScope::default()
             };
-            let past = PastReadModels::fold(shared.engine.ledger().store(), as_of.moment(), &scope)
-                .await?;
+            let (past, position) = past_at(&shared, as_of, &scope).await?;
+            let now = moment_time(as_of, &past);
             let (page, total) = past_review_page(
                 past.review_queue(usize::MAX),
                 &filter,
@@ -380,7 +408,7 @@ pub(super) async fn review_queue(
                 limit,
                 after.as_ref(),
             );
-            (page, total, past.time().unwrap_or_else(Utc::now))
+            (page, total, now, Some(position))
         }
         None => {
             fresh_read_models(&shared).await?;
@@ -393,7 +421,7 @@ pub(super) async fn review_queue(
                     ))
                 })
                 .await?;
-            (page, total, Utc::now())
+            (page, total, Utc::now(), None)
         }
     };
     let mut rows: Vec<Value> = Vec::with_capacity(page.items.len());
@@ -409,14 +437,15 @@ pub(super) async fn review_queue(
         }
         rows.push(row);
     }
-    Ok(json_reply(
-        StatusCode::OK,
-        &json!({
-            "queue": rows,
-            "next": page.next.as_ref().map(ReviewCursor::token),
-            "total": total,
-        }),
-    ))
+    let mut body = json!({
+        "queue": rows,
+        "next": page.next.as_ref().map(ReviewCursor::token),
+        "total": total,
+    });
+    if let Some(position) = position {
+        body["as_of_position"] = json!(position);
+    }
+    Ok(json_reply(StatusCode::OK, &body))
 }
 
 /// `GET /v1/review/{id}`: one operation of the review queue with everything a person deciding
@@ -583,12 +612,26 @@ fn past_review_page(
     (ReviewPage { items, next }, total)
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TraceQuery {
+    /// The chain as it stood at this global position or RFC 3339 time.
+    as_of: Option<String>,
+}
+
 pub(super) async fn trace(
     State(shared): State<Arc<Shared>>,
     IdPath(id): IdPath,
+    query: Result<Query<TraceQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let scope = Scope::of(shared.tokens.authenticate(&headers)?);
+    let Query(query) = query?;
+    let resolved = match query.as_of.as_deref() {
+        Some(as_of) => Some(super::operations::resolved_as_of(&shared, as_of).await?),
+        None => None,
+    };
+    let position = resolved.map(|(_, position)| position);
     let id = id.trim().to_owned();
     if id.is_empty() || id.len() > MAX_TRACE_ID_BYTES {
         return Err(ApiError::invalid(ValidationError::new(
@@ -620,9 +663,16 @@ pub(super) async fn trace(
         .filter(|operation| !candidates.contains(operation));
     let mut matches = Vec::new();
     for candidate in direct.into_iter().chain(candidates) {
-        let view = match view_of(store, candidate).await {
+        // As of a moment, the chain up to it: an operation recorded after it is not found.
+        let viewed = match resolved {
+            Some((as_of, _)) => crate::render::view_as_of(store, candidate, as_of).await,
+            None => view_of(store, candidate).await,
+        };
+        let view = match viewed {
             Ok(view) => view,
-            Err(RenderError::App(AppError::NotFound { .. })) if Some(candidate) == direct => {
+            Err(RenderError::App(AppError::NotFound { .. }))
+                if Some(candidate) == direct || position.is_some() =>
+            {
                 continue
             }
             Err(error) => return Err(ApiError::from(error)),
@@ -664,5 +714,8 @@ pub(super) async fn trace(
     body["events"] = json!(first.events);
     body["timeline"] = json!(first.lines);
     body["other_matches"] = json!(others);
+    if let Some(position) = position {
+        body["as_of_position"] = json!(position);
+    }
     Ok(json_reply(StatusCode::OK, &body))
 }

@@ -100,9 +100,10 @@ pub(super) async fn replay(
             )))
         }
     };
+    let head = head(&shared).await?;
     shared
         .webhooks
-        .replay(&id, after)
+        .replay(&id, after, head)
         .await
         .map_err(webhook_error)?;
     tracing::info!(endpoint = %id, operator = %name, after = ?after, "webhook endpoint replays");
@@ -226,6 +227,9 @@ fn no_such_endpoint(id: &str) -> ApiError {
 fn webhook_error(error: WebhookError) -> ApiError {
     match error {
         WebhookError::NoSuchEndpoint { id } => no_such_endpoint(&id),
+        beyond @ WebhookError::ReplayBeyondHead { .. } => {
+            ApiError::invalid(ValidationError::new("after_position", beyond.to_string()))
+        }
         other => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",

@@ -16,10 +16,13 @@ use opledger_domain::ids::{OperationId, StreamVersion};
 use opledger_domain::store::StoreError;
 use opledger_readmodel::ReadModelError;
 
-pub use operation::{operation_json, view_as_of, view_of, AsOf, OperationView};
+pub use operation::{
+    operation_body, operation_json, resolve_as_of, view_as_of, view_of, AsOf, OperationBody,
+    OperationView,
+};
 pub use outcome::{
-    outcome_after, outcome_json, outcome_of, state_through, wanted_types, Outcome, DEFAULT_TYPES,
-    TYPES,
+    event_payload, outcome_after, outcome_json, outcome_of, state_through, wanted_types, Outcome,
+    DEFAULT_TYPES, TYPES,
 };
 pub use progress::catch_up_showing_progress;
 pub use review::{review_detail_json, review_item_json};
@@ -36,6 +39,9 @@ pub enum RenderError {
     /// The read models failed.
     #[error("{0}")]
     ReadModel(#[from] ReadModelError),
+    /// The caller asked for something the log cannot answer (a moment past its head).
+    #[error("{0}")]
+    Invalid(#[from] opledger_domain::error::ValidationError),
     /// A stored event's data is not JSON (the ledger file was damaged or edited).
     #[error("event {version} of {operation_id} is not JSON: {reason}")]
     NotJson {

@@ -3,15 +3,93 @@
 
 use chrono::{DateTime, Utc};
 use opledger_domain::app::{AppError, LoadedOperation};
+use opledger_domain::args::ArgsHash;
 use opledger_domain::codec;
 use opledger_domain::event::OperationEvent;
-use opledger_domain::ids::{GlobalPosition, OperationId};
+use opledger_domain::ids::{
+    AccountId, ActionName, AttemptId, ExternalObjectId, GlobalPosition, IdempotencyKey,
+    OperationId, OwnerId, ProviderId, SourceId, StreamVersion, TenantId,
+};
+use opledger_domain::sentence::described_sentence;
 use opledger_domain::state::fold;
 use opledger_domain::store::{EventStore, RecordedEvent};
 use opledger_projections::operations::OperationRow;
-use serde_json::json;
+use serde::Serialize;
+use serde_json::{json, Value};
 
 use super::{timeline, RenderError};
+
+/// An operation as every endpoint of the API returns it and `ops show --json` prints it: one
+/// object, rendered here, so the two cannot drift apart. Serialised straight from the state it
+/// borrows: the hottest answer of the API (every record and execute) builds no JSON tree on the
+/// way.
+#[derive(Serialize)]
+pub struct OperationBody<'a> {
+    pub operation_id: OperationId,
+    pub state: &'static str,
+    pub message: String,
+    pub external_id: Option<&'a ExternalObjectId>,
+    pub attempts: u32,
+    pub attempt_ids: &'a [AttemptId],
+    pub tenant: Option<&'a TenantId>,
+    pub provider: Option<&'a ProviderId>,
+    pub account: Option<&'a AccountId>,
+    pub action: Option<&'a ActionName>,
+    pub args: Option<&'a serde_json::Map<String, Value>>,
+    pub args_hash: Option<&'a ArgsHash>,
+    pub idempotency_key: Option<&'a IdempotencyKey>,
+    pub source_id: Option<&'a SourceId>,
+    pub owner: Option<&'a OwnerId>,
+    pub requires_approval: Option<bool>,
+    pub last_error: Option<&'a str>,
+    pub review_reason: Option<&'a str>,
+    pub unknown_since: Option<DateTime<Utc>>,
+    pub duplicates: &'a [ExternalObjectId],
+    pub updated_at: Option<DateTime<Utc>>,
+    pub version: Option<StreamVersion>,
+    /// Recording: whether this call created the operation (else a redelivery found it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<bool>,
+    /// Recording and executing: why executing failed after the intent was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execute_error: Option<Value>,
+}
+
+/// The operation as the API shows it; its sentence in the words of `description` (the action's
+/// configured one; the action's name stands in without it).
+pub fn operation_body<'a>(
+    loaded: &'a LoadedOperation,
+    description: Option<&str>,
+) -> OperationBody<'a> {
+    let state = &loaded.state;
+    let intent = state.intent.as_ref();
+    OperationBody {
+        operation_id: loaded.operation_id,
+        state: state.status.name(),
+        message: described_sentence(state, description),
+        external_id: state.external_id(),
+        attempts: state.attempts,
+        attempt_ids: &state.attempt_ids,
+        tenant: intent.map(|i| &i.tenant),
+        provider: intent.map(|i| &i.provider),
+        account: intent.map(|i| &i.account),
+        action: intent.map(|i| &i.action),
+        args: intent.map(|i| i.args.as_map()),
+        args_hash: intent.map(|i| &i.args_hash),
+        idempotency_key: intent.map(|i| &i.idempotency_key),
+        source_id: intent.and_then(|i| i.source_id.as_ref()),
+        owner: intent.and_then(|i| i.owner.as_ref()),
+        requires_approval: intent.map(|i| i.requires_approval),
+        last_error: state.last_error.as_deref(),
+        review_reason: state.review_reason.as_deref(),
+        unknown_since: state.unknown_since,
+        duplicates: &state.duplicates,
+        updated_at: state.updated_at,
+        version: loaded.version,
+        created: None,
+        execute_error: None,
+    }
+}
 
 /// One listed operation as JSON.
 pub fn operation_json(row: &OperationRow, now: chrono::DateTime<Utc>) -> serde_json::Value {
@@ -78,11 +156,13 @@ impl AsOf {
                 Ok(position) => Ok(Self::Position(GlobalPosition::new(position))),
             };
         }
+        // chrono's own words ("premature end of input") describe its parser, not the input:
+        // the message says what was expected instead.
         DateTime::parse_from_rfc3339(text)
             .map(|time| Self::Time(time.with_timezone(&Utc)))
-            .map_err(|error| {
+            .map_err(|_| {
                 format!(
-                    "{text:?} is neither a position nor an RFC 3339 time ({error}); write e.g. 1200 or 2026-12-01T14:02:00Z"
+                    "{text:?} is neither a position nor an RFC 3339 time: write a whole number from 1 (e.g. 1200) or a time with its offset (e.g. 2026-12-01T14:02:00Z)"
                 )
             })
     }
@@ -99,9 +179,81 @@ impl AsOf {
     fn includes(&self, recorded: &RecordedEvent, event: &OperationEvent) -> bool {
         match self {
             Self::Position(position) => recorded.position <= *position,
-            Self::Time(time) => event.at() <= *time,
+            Self::Time(time) => opledger_domain::timestamp::at_or_before(event.at(), *time),
         }
     }
+}
+
+/// The log position `as_of` stands for, which every answer "as of" a moment names: the position
+/// itself, or for a time the position of the last event recorded at or before it (to the
+/// millisecond, see [`opledger_domain::timestamp::at_or_before`]; 0 when there was none), found
+/// by bisecting the log. (A time's answer still holds every event recorded at or before it:
+/// times follow the log's order only up to a writer's batching, so concurrent writers' events
+/// may sit a few positions either side of the one named.) A position past the log's head, or a
+/// time after `now`, is refused: the log cannot say yet what will be in it, and answering with
+/// today's state would pass it off as the past's.
+pub async fn resolve_as_of<S: EventStore>(
+    store: &S,
+    as_of: AsOf,
+    now: DateTime<Utc>,
+) -> Result<u64, RenderError> {
+    let head = store
+        .head_position()
+        .await?
+        .map_or(0, GlobalPosition::value);
+    match as_of {
+        AsOf::Position(position) if position.value() > head => {
+            Err(opledger_domain::error::ValidationError::new(
+                "as_of",
+                format!(
+                    "position {position} is past the log's newest position {head}; ask for a position from 1 to {head}, or leave as_of out for now"
+                ),
+            )
+            .into())
+        }
+        AsOf::Position(position) => Ok(position.value()),
+        AsOf::Time(time) if !opledger_domain::timestamp::at_or_before(time, now) => {
+            Err(opledger_domain::error::ValidationError::new(
+                "as_of",
+                format!(
+                    "{} is later than now ({}); the log cannot say yet what will be in it, so ask for a moment up to now, or leave as_of out",
+                    time.to_rfc3339(),
+                    now.to_rfc3339()
+                ),
+            )
+            .into())
+        }
+        AsOf::Time(time) => last_position_at_or_before(store, time, head).await,
+    }
+}
+
+/// The last position whose event was recorded at or before `time` (0: none), by bisecting
+/// positions: a few dozen one-event reads however long the log. Events are appended in time order
+/// by one writer, so their times grow with their positions (clock steps aside).
+async fn last_position_at_or_before<S: EventStore>(
+    store: &S,
+    time: DateTime<Utc>,
+    head: u64,
+) -> Result<u64, RenderError> {
+    // The first position whose event is after `time` (head + 1 when none is), less one.
+    let (mut low, mut high) = (1u64, head.saturating_add(1));
+    while low < high {
+        let middle = low + (high - low) / 2;
+        let start = opledger_domain::store::LogStart::After(GlobalPosition::new(middle - 1));
+        let after = match store.read_all(start, 1).await?.first() {
+            Some(event) => {
+                let at = codec::decode(event).map_err(AppError::from)?.at();
+                !opledger_domain::timestamp::at_or_before(at, time)
+            }
+            None => true,
+        };
+        if after {
+            high = middle;
+        } else {
+            low = middle + 1;
+        }
+    }
+    Ok(low - 1)
 }
 
 /// An operation as it stood at `as_of`: folded from the events of its stream up to that moment

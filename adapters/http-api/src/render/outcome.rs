@@ -80,7 +80,57 @@ pub struct Outcome {
     pub event: OperationEvent,
 }
 
-/// One outcome as JSON, as `tail --json` prints it and the server streams it.
+/// What a subscriber is told about one event, the same on the event stream (`GET /v1/events`,
+/// the SSE `data`) and in a webhook (its `data`): the event (its friendly type, the stored type,
+/// its position, stream version and time), the operation it belongs to (tenant, owner, source
+/// id, provider, account, action; the attempt the event is about, if any), and where the
+/// operation stands after it (its state, external id, and the agent's sentence in the action's
+/// configured words, `description`). One JSON Schema per type documents it
+/// (`docs/src/subscribers/events/`). It never carries the operation's arguments or its key: they
+/// may hold personal data or secrets a subscriber has no need for, and the operation's own
+/// route shows them to whoever may see them.
+pub fn event_payload(
+    recorded: &RecordedEvent,
+    outcome: &Outcome,
+    after: &OperationState,
+    description: Option<&str>,
+) -> serde_json::Value {
+    let intent = after.intent.as_ref();
+    json!({
+        "type": outcome.kind,
+        "event_type": recorded.event_type,
+        "position": recorded.position,
+        "version": recorded.version,
+        "at": outcome.event.at(),
+        "operation_id": outcome.operation_id,
+        "tenant": intent.map(|intent| &intent.tenant),
+        "owner": intent.and_then(|intent| intent.owner.as_ref()),
+        "source_id": intent.and_then(|intent| intent.source_id.as_ref()),
+        "provider": intent.map(|intent| &intent.provider),
+        "account": intent.map(|intent| &intent.account),
+        "action": intent.map(|intent| &intent.action),
+        "attempt_id": attempt_of(&outcome.event),
+        "state": after.status.name(),
+        "external_id": after.external_id(),
+        "sentence": opledger_domain::sentence::described_sentence(after, description),
+    })
+}
+
+/// The attempt an event is about, if it is about one.
+fn attempt_of(event: &OperationEvent) -> Option<opledger_domain::ids::AttemptId> {
+    match event {
+        OperationEvent::AttemptStarted(e) => Some(e.attempt_id),
+        OperationEvent::AttemptSucceeded(e) => Some(e.attempt_id),
+        OperationEvent::AttemptRejected(e) => Some(e.attempt_id),
+        OperationEvent::OutcomeUnknown(e) => Some(e.attempt_id),
+        OperationEvent::AttemptNotSent(e) => Some(e.attempt_id),
+        OperationEvent::LeaseExpired(e) => Some(e.attempt_id),
+        OperationEvent::LateResponseReceived(e) => Some(e.attempt_id),
+        _ => None,
+    }
+}
+
+/// One outcome as JSON, as `tail --json` prints it.
 pub fn outcome_json(recorded: &RecordedEvent, outcome: &Outcome) -> serde_json::Value {
     json!({
         "position": recorded.position,

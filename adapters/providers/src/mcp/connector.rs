@@ -381,7 +381,7 @@ impl McpConnector {
         let this_span = span.clone();
         async {
             let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, &outcome);
+            log_send(&this_span, request, &outcome);
             outcome
         }
         .in_span(span)
