@@ -249,10 +249,14 @@ async fn restart_between_calls(wire: Wire) {
     // A call written into a session whose child had just died is unclear (the SDK reports a
     // failed write, not an unread one), so it may be looked up and sent again under the label:
     // still one record per call.
-    assert!(
-        records.gateway.connector().session_starts() >= 2,
-        "{wire:?}: the session was started again"
-    );
+    // Over stdio the child is gone, so the gateway starts another; over HTTP the SDK's client
+    // may open a new session with the restarted server itself.
+    if let Wire::Stdio = wire {
+        assert!(
+            records.gateway.connector().session_starts() >= 2,
+            "the session was started again"
+        );
+    }
 }
 
 /// SIGKILL to the upstream process serving `store` (found by that unique path on its command
