@@ -430,11 +430,16 @@ fn ops_show_and_status_print_the_sentence_and_the_timeline() {
             assert!(text.contains(event), "{event} missing:\n{text}");
         }
     }
+    // `--json` is the API's operation object: its state, object and sentence.
     let json = json_of(&fixture.run(&["ops", "show", &id, "--json"]));
-    assert_eq!(json["events"].as_array().map(Vec::len), Some(3));
-    assert!(json["sentence"]
-        .as_str()
-        .is_some_and(|s| s.contains("obj-731")));
+    assert_eq!(json["state"], "succeeded", "{json}");
+    assert_eq!(json["external_id"], "obj-731", "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("obj-731")),
+        "{json}"
+    );
 }
 
 #[test]

@@ -176,9 +176,10 @@ fn keyed_value(lower: &str, start: usize, len: usize) -> Option<(usize, usize)> 
     while bytes.get(at) == Some(&b' ') {
         at += 1;
     }
-    if !matches!(bytes.get(at), Some(b'=' | b':')) {
-        return None;
-    }
+    let separator = match bytes.get(at) {
+        Some(&separator @ (b'=' | b':')) => separator,
+        _ => return None,
+    };
     at += 1;
     while bytes.get(at) == Some(&b' ') {
         at += 1;
@@ -191,7 +192,12 @@ fn keyed_value(lower: &str, start: usize, len: usize) -> Option<(usize, usize)> 
         _ => None,
     };
     let end = value_end(bytes, at, quote);
-    (end > at).then_some((at, end))
+    // `key: word` is also how a sentence names a token ("has no access token: the token endpoint
+    // answered …"): after a colon, an unquoted value is taken for a credential only when it is
+    // as long as one. `key=value` (forms, queries) and quoted values are always taken.
+    let short_word_after_colon =
+        separator == b':' && quote.is_none() && end - at < MIN_SCHEME_CREDENTIAL_CHARS;
+    (end > at && !short_word_after_colon).then_some((at, end))
 }
 
 /// The credential after a scheme word at `start..start + len`: its byte span, when it is long
@@ -299,6 +305,7 @@ mod tests {
     fn prose_about_tokens_is_left_alone() {
         for prose in [
             "the token endpoint refused the account's credentials",
+            "account `main` has no access token: the token endpoint answered 400",
             "give refresh_token_env naming the variable",
             "send `Authorization: Bearer <your token>`",
             "the connector uses basic auth",

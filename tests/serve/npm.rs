@@ -13,6 +13,12 @@ use super::python::python_venv::run;
 /// `node_modules` whose presence says the install finished; `what` names the packages in a
 /// failure.
 pub fn installed(source: &Path, name: &str, marks: &[&str], what: &str) -> PathBuf {
+    // Tests of one process ask at once; the folder made aside is named by the process, so its
+    // threads take turns (other processes are kept apart by the rename below).
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = MAKING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let place = tmp.join(name);
     let lock = std::fs::read_to_string(source.join("package-lock.json"))

@@ -417,6 +417,19 @@ impl Server {
 
     /// Polls the operation until `done` holds for its state, or fails after the deadline.
     pub async fn wait_for_state(&self, token: &str, operation_id: &str, done: &[&str]) -> Value {
+        self.wait_for_state_within(token, operation_id, done, DEADLINE)
+            .await
+    }
+
+    /// [`Server::wait_for_state`] with a deadline of its own, for an operation whose last lookup
+    /// waits out a provider's declared search lag.
+    pub async fn wait_for_state_within(
+        &self,
+        token: &str,
+        operation_id: &str,
+        done: &[&str],
+        deadline: Duration,
+    ) -> Value {
         let started = Instant::now();
         loop {
             let (status, body) = self
@@ -432,8 +445,8 @@ impl Server {
                 return body;
             }
             assert!(
-                started.elapsed() < DEADLINE,
-                "operation {operation_id} stayed {} instead of {done:?}",
+                started.elapsed() < deadline,
+                "operation {operation_id} stayed {} instead of {done:?}: {body}",
                 body["state"]
             );
             tokio::time::sleep(Duration::from_millis(25)).await;

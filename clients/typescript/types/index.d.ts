@@ -115,7 +115,7 @@ export class LedgerError extends Error {
         message: string;
     }[], requestId?: string);
     status: number;
-    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
     detail: string;
     fields: {
         pointer: string;
@@ -155,6 +155,7 @@ export class WaitTimedOut extends LedgerError {
         action: components["schemas"]["TextId"];
         args: Record<string, never>;
         args_hash: components["schemas"]["ArgsHash"];
+        as_of_position?: number;
         attempt_ids: string[];
         attempts: number;
         created?: boolean;
