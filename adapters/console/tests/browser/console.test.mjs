@@ -289,6 +289,9 @@ try {
     assert.deepEqual(await items.evaluateAll((nodes) => nodes.map((n) => n.dataset.operation)), [second, first]);
     await page.getByRole("link", { name: "Show oldest first" }).click();
     await page.waitForFunction(() => location.hash === "#/review?order=oldest");
+    // The list is drawn again after the hash changes: wait for the new order to be drawn (the
+    // queue is not busy yet in the moment between the two, so that alone is no sign).
+    await page.waitForFunction((oldest) => document.querySelector(".queue-item")?.dataset.operation === oldest, first);
     await page.locator(".queue[aria-busy=false]").waitFor();
     await items.nth(1).waitFor();
     assert.deepEqual(await items.evaluateAll((nodes) => nodes.map((n) => n.dataset.operation)), [first, second]);
