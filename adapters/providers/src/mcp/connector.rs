@@ -53,6 +53,9 @@ pub struct McpConnector {
     fingerprint: CredentialFingerprint,
     actions: Vec<Compiled>,
     read_only: Vec<String>,
+    /// The read-only tools as the upstream's `tools/list` describes them, asked at the first
+    /// listing and kept: an upstream's tools are fixed for the life of its process.
+    read_only_listed: tokio::sync::OnceCell<Vec<UpstreamTool>>,
     rules: Vec<super::spec::TextRule>,
     sessions: Sessions,
     call_timeout: Duration,
@@ -201,6 +204,7 @@ impl McpConnector {
             fingerprint: fingerprint_of(&identity),
             actions,
             read_only: document.read_only.clone(),
+            read_only_listed: tokio::sync::OnceCell::new(),
             rules: document.errors.clone(),
             sessions: Sessions::new(
                 launch,
@@ -690,6 +694,54 @@ impl McpConnector {
         }
     }
 
+    /// The tools declared read-only, each with the description and input schema the upstream
+    /// lists for it (a declared tool the upstream does not have is left out, with a warning).
+    /// The first call asks the upstream within `call_timeout_ms`; a failure is not kept, so the
+    /// next listing asks again.
+    pub async fn read_only_listing(&self) -> Result<Vec<UpstreamTool>, String> {
+        if self.read_only.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed = self
+            .read_only_listed
+            .get_or_try_init(|| async {
+                let (index, session) = self
+                    .sessions
+                    .get()
+                    .await
+                    .map_err(|unready| unready.reason)?;
+                let tools =
+                    match tokio::time::timeout(self.call_timeout, session.peer().list_all_tools())
+                        .await
+                    {
+                        Ok(Ok(tools)) => tools,
+                        Ok(Err(error)) => {
+                            self.sessions.discard(index, &session).await;
+                            return Err(format!("the upstream did not list its tools: {error}"));
+                        }
+                        Err(_) => {
+                            return Err(format!(
+                                "the upstream did not list its tools within {} ms (call_timeout_ms)",
+                                self.call_timeout.as_millis()
+                            ))
+                        }
+                    };
+                let tools: Vec<UpstreamTool> = tools
+                    .into_iter()
+                    .map(upstream_tool)
+                    .filter(|tool| self.read_only.contains(&tool.name))
+                    .collect();
+                for declared in &self.read_only {
+                    if !tools.iter().any(|tool| &tool.name == declared) {
+                        tracing::warn!(provider = %self.id, tool = %declared, "a tool declared read-only is not among the upstream's tools; it is not offered");
+                    }
+                }
+                Ok(tools)
+            })
+            .await?;
+        Ok(listed.clone())
+    }
+
     /// Calls a tool declared read-only, outside the ledger (it changes nothing): for `tenant`,
     /// which must own one of the connector's accounts. Any other tool is refused without a call.
     pub async fn call_read_only(
@@ -871,19 +923,21 @@ pub async fn list_tools(
             ))
         }
     };
-    Ok(tools
-        .into_iter()
-        .map(|tool| UpstreamTool {
-            name: tool.name.to_string(),
-            description: tool
-                .description
-                .map(|text| text.to_string())
-                .unwrap_or_default(),
-            input_schema: Value::Object((*tool.input_schema).clone()),
-            annotations: tool
-                .annotations
-                .map(|annotations| serde_json::to_value(annotations).unwrap_or(Value::Null))
-                .unwrap_or(Value::Null),
-        })
-        .collect())
+    Ok(tools.into_iter().map(upstream_tool).collect())
+}
+
+/// A tool as `tools/list` describes it.
+fn upstream_tool(tool: rmcp::model::Tool) -> UpstreamTool {
+    UpstreamTool {
+        name: tool.name.to_string(),
+        description: tool
+            .description
+            .map(|text| text.to_string())
+            .unwrap_or_default(),
+        input_schema: Value::Object((*tool.input_schema).clone()),
+        annotations: tool
+            .annotations
+            .map(|annotations| serde_json::to_value(annotations).unwrap_or(Value::Null))
+            .unwrap_or(Value::Null),
+    }
 }
