@@ -141,7 +141,15 @@ impl McpConnector {
                     .collect(),
                 cwd: cwd.clone(),
             },
-            Upstream::Http { url, headers_from } => Launch::Http {
+            Upstream::Http {
+                url,
+                headers_from,
+                ca_file,
+            } => Launch::Http {
+                client: session::http_client(ca_file.as_deref()).unwrap_or_else(|reason| {
+                    problem("upstream.ca_file".to_owned(), reason);
+                    reqwest013::Client::new()
+                }),
                 url: url.clone(),
                 headers: headers_from
                     .iter()
