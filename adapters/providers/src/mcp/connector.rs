@@ -12,7 +12,6 @@ use opledger_domain::contract::ProviderCapabilities;
 use opledger_domain::ids::{
     AccountId, ActionName, CredentialFingerprint, ExternalObjectId, ProviderId, TenantId,
 };
-use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{
     ArgProblem, Binding, LookupOutcome, LookupRequest, SendOutcome, SendRequest, Unbound,
 };
@@ -20,13 +19,12 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode};
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
-use tracing::field;
 
 use super::session::{self, Launch, Sessions, Unready};
 use super::spec::{IdRule, McpAction, McpDedup, McpDocument, McpLookup, Upstream};
 use super::{MAX_CALLS_IN_FLIGHT_PER_UPSTREAM, MAX_RESULT_TEXT_CHARS};
 use crate::body::merge;
-use crate::connector::{log_lookup, log_send, MAX_ARG_PROBLEMS};
+use crate::connector::{in_lookup_span, in_send_span, MAX_ARG_PROBLEMS};
 use crate::credentials::fingerprint_of;
 use crate::document::{fill_pattern, Means};
 use crate::error::ConnectorError;
@@ -381,23 +379,7 @@ impl McpConnector {
 
     /// Carries out one attempt: one `tools/call`, classified.
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
-        let span = tracing::debug_span!(
-            "provider.execute",
-            operation_id = %request.operation_id,
-            attempt_id = %request.attempt_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, request, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_send_span(&self.id, request, self.execute_unlogged(request)).await
     }
 
     async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
@@ -576,22 +558,7 @@ impl McpConnector {
 
     /// Looks an operation up with the action's lookup tool.
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
-        let span = tracing::debug_span!(
-            "provider.lookup",
-            operation_id = %request.operation_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.lookup_unlogged(request).await;
-            log_lookup(&this_span, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_lookup_span(&self.id, request, self.lookup_unlogged(request)).await
     }
 
     async fn lookup_unlogged(&self, request: &LookupRequest) -> LookupOutcome {
