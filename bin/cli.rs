@@ -314,6 +314,11 @@ pub struct VerifyArgs {
     /// The ledger file to verify (read only).
     #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
     pub db: PathBuf,
+    /// Verify a PostgreSQL ledger instead: its `postgres://` URL (the password from the URL or
+    /// PGPASSWORD); `--db` is then not read. Its schema is brought up to date first, as `serve`
+    /// does.
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
