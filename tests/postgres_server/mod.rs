@@ -153,6 +153,68 @@ impl Server {
     fn command(&self, program: &str) -> Command {
         command(&self.bin, program, self.as_postgres)
     }
+
+    /// `database` dumped with pg_dump (its custom format), as an operator keeps a backup.
+    pub fn dump(&self, database: &str) -> Vec<u8> {
+        let output = self
+            .command("pg_dump")
+            .args([
+                "-Fc",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                database,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("run pg_dump");
+        assert!(
+            output.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    }
+
+    /// Replaces `database` by the state a [`Self::dump`] kept: the database is dropped (its
+    /// sessions ended), made again and the dump restored into it with pg_restore.
+    pub fn restore(&self, database: &str, dump: &[u8]) {
+        use std::io::Write;
+        self.sql_alone(database, &format!("DROP DATABASE {database}"));
+        self.sql("postgres", &format!("CREATE DATABASE {database}"));
+        let mut child = self
+            .command("pg_restore")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                database,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run pg_restore");
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(dump)
+            .expect("the dump goes to pg_restore");
+        let output = child.wait_with_output().expect("pg_restore ends");
+        assert!(
+            output.status.success(),
+            "pg_restore: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
