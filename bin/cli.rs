@@ -113,6 +113,10 @@ pub enum Command {
     ///   opledger export --tenant acme --from 2026-12-01T00:00:00Z --out acme-december.ndjson
     #[command(verbatim_doc_comment)]
     Export(ExportArgs),
+    /// Bring a PostgreSQL ledger's schema to this version of opledger, and say what was done
+    /// (nothing, when it is already there). Run it with a role that owns the schema before
+    /// starting `serve` with a role that may only read and write rows.
+    Migrate(MigrateArgs),
     /// Run the HTTP API agents and services use: record, approve, execute, list, trace, review,
     /// a Server-Sent Events feed of outcomes, Prometheus metrics. With no --config, runs the
     /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
@@ -294,6 +298,7 @@ impl Command {
             | Self::Checkpoint(_)
             | Self::Prove(_)
             | Self::Witness(_)
+            | Self::Migrate(_)
             | Self::Connectors(ConnectorsArgs {
                 command: ConnectorsCommand::Show(_) | ConnectorsCommand::ImportMcp(_),
             })
@@ -385,6 +390,17 @@ pub struct ProveArgs {
     /// Prove against the kept checkpoint of this tree size (default: the newest kept).
     #[arg(long)]
     pub size: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The service's configuration file: its `store` is migrated.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The ledger's `postgres://` URL instead of a configuration (the password from the URL or
+    /// PGPASSWORD).
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Args)]

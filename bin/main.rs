@@ -18,6 +18,7 @@ mod intent;
 mod ledger_file;
 mod log;
 mod mcp;
+mod migrate;
 mod ops;
 mod read_models;
 mod replay;
@@ -118,6 +119,7 @@ fn main() -> ExitCode {
             Command::Prove(args) => log::prove(args).await,
             Command::Witness(args) => log::witness(args).await,
             Command::Export(args) => export::run(args).await,
+            Command::Migrate(args) => migrate::run(args).await,
         }
     });
     // The spans still queued go out before the process ends (bounded by the export timeout).

@@ -13,6 +13,8 @@
 //!   deadline on every round trip, so a silent network path cannot either (`deadlines.rs`);
 //! - a reconnection to an older copy of the ledger or another ledger is refused
 //!   (`identity.rs`);
+//! - `opledger migrate` with an owner role, `serve` with a DML-only role refused on an old schema
+//!   and running once it is migrated, a tree built for a log from before it (`migrate.rs`);
 //! - PgBouncer in transaction mode refused at start with the reason (`pooler.rs`);
 //! - the transparency log's tree follows the log under many writers, and every tampering of the
 //!   database is caught by `verify --against` a kept checkpoint and by a witness
@@ -27,6 +29,8 @@ mod postgres_server;
 mod deadlines;
 #[path = "postgres/identity.rs"]
 mod identity;
+#[path = "postgres/migrate.rs"]
+mod migrate;
 #[path = "postgres/pooler.rs"]
 mod pooler;
 #[path = "postgres/transparency_log.rs"]
