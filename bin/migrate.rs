@@ -4,7 +4,7 @@
 //! change a database of a newer opledger.
 
 use opledger_http_api::config::StoreUrl;
-use opledger_store::postgres::{PostgresConfig, PostgresStore};
+use opledger_store::postgres::{PostgresConfig, PostgresStore, StoreLimits};
 
 use crate::cli::{CliError, MigrateArgs};
 

@@ -132,6 +132,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
     let config = ServeConfig {
         listen: opledger_http_api::config::DEFAULT_LISTEN,
         store: StoreUrl::Sqlite(db.to_path_buf()),
+        store_limits: Default::default(),
         read_models: None,
         policy: opledger_domain::engine::EnginePolicy {
             lease_ms: 15_000,

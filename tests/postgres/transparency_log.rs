@@ -99,7 +99,7 @@ fn assert_caught(output: &Output, expected: &str) {
 /// `opledger serve` on the database, signing with the key from the environment, on a free port,
 /// with read models of its own (a copy restored elsewhere has none), a checkpoint signed for
 /// every event, and its workers leaving the recorded operations alone (so the log is only what
-/// the test wrote); killed when dropped.
+/// the test wrote), its store given as a `[store]` table with a small pool; killed when dropped.
 struct Served {
     child: std::process::Child,
     url: String,
@@ -113,7 +113,7 @@ impl Served {
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:0\"\nstore = \"{store_url}\"\nread_models = \"{}\"\n\n[log]\ncheckpoint_every_events = 1\n\n[engine]\nworker_send_delay_ms = 600000\n",
+                "listen = \"127.0.0.1:0\"\nread_models = \"{}\"\n\n[store]\nurl = \"{store_url}\"\npool_size = 2\n\n[log]\ncheckpoint_every_events = 1\n\n[engine]\nworker_send_delay_ms = 600000\n",
                 read_models.display()
             ),
         )
