@@ -11,6 +11,9 @@
 //!   written twice; a server that goes away answers "unavailable" and the store recovers;
 //! - a statement timeout, so a lock held elsewhere cannot hold an append for ever; a client
 //!   deadline on every round trip, so a silent network path cannot either (`deadlines.rs`);
+//! - a failover to a synchronous standby under load, on a multi-host URL: no restart, no
+//!   acknowledged append lost, nothing written to the old primary when it comes back
+//!   (`failover.rs`);
 //! - a reconnection to an older copy of the ledger or another ledger is refused
 //!   (`identity.rs`);
 //! - `opledger migrate` with an owner role, `serve` with a DML-only role refused on an old schema
@@ -27,6 +30,8 @@ mod postgres_server;
 
 #[path = "postgres/deadlines.rs"]
 mod deadlines;
+#[path = "postgres/failover.rs"]
+mod failover;
 #[path = "postgres/identity.rs"]
 mod identity;
 #[path = "postgres/migrate.rs"]
