@@ -9,13 +9,13 @@ use opledger_store::postgres::{PostgresConfig, PostgresStore, StoreLimits};
 use crate::cli::{CliError, MigrateArgs};
 
 pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
-    let store =
+    let (store, limits) =
         match (&args.store, &args.config) {
-            (Some(url), _) => StoreUrl::Postgres(url.clone()),
+            (Some(url), _) => (StoreUrl::Postgres(url.clone()), StoreLimits::default()),
             (None, Some(path)) => {
-                opledger_http_api::config::load(path)
-                    .map_err(|error| CliError::Config(error.to_string()))?
-                    .store
+                let config = opledger_http_api::config::load(path)
+                    .map_err(|error| CliError::Config(error.to_string()))?;
+                (config.store, config.store_limits)
             }
             (None, None) => return Err(CliError::Config(
                 "name the ledger to migrate: --config FILE (its `store`) or --store postgres://…"
@@ -36,8 +36,11 @@ pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
             return Ok(());
         }
     };
-    let config =
+    let mut config =
         PostgresConfig::from_url(&url).map_err(|error| CliError::Config(error.to_string()))?;
+    config
+        .apply(&limits)
+        .map_err(|error| CliError::Config(error.to_string()))?;
     let target = config.target();
     let migration = PostgresStore::migrate(config)
         .await

@@ -246,6 +246,13 @@ pub struct ServeConfig {
 /// PostgreSQL's `application_name` (63 bytes, with the `opledger ` before it).
 pub const MAX_INSTANCE_ID_CHARS: usize = 48;
 
+/// The `instance_id` a configuration's text names, read before the file is loaded (the traces
+/// start first); `None` when it names none or does not parse (the loader then says why).
+pub fn instance_id_in(text: &str) -> Option<String> {
+    let table = text.parse::<toml::Table>().ok()?;
+    table.get("instance_id")?.as_str().map(str::to_owned)
+}
+
 /// Checks an `instance_id`: 1 to [`MAX_INSTANCE_ID_CHARS`] letters, digits, `.`, `_` or `-`.
 pub fn check_instance_id(id: &str) -> Result<(), String> {
     let fits = !id.is_empty()
