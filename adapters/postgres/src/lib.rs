@@ -32,8 +32,11 @@
 //! - an append is acknowledged only after its COMMIT returned; one whose COMMIT answer was lost
 //!   is resolved by applying it again (same event ids: found stored, or written now), never
 //!   written twice, and reported as "outcome unknown" if the database cannot be asked;
-//! - the schema is created and migrated by opledger, versioned, and a newer one is refused
-//!   (`schema.rs`);
+//! - the schema is created and migrated by opledger (or on its own by `opledger migrate`),
+//!   versioned, and a newer one is refused (`schema.rs`);
+//! - the transparency log's Merkle tree grows in the transaction of the events it covers, under
+//!   the same lock, so it follows the position order exactly whatever the number of instances
+//!   (`tree.rs`);
 //! - reads use a pool of at most [`PostgresConfig::pool_size`] connections; every statement has
 //!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
 //!

@@ -13,16 +13,20 @@
 //! the client. So the common round, in which every append is fresh (its stream where it expects
 //! it, its event ids new: everything but a lost race or a retry), is one round trip whatever its
 //! size ([`ROUND_TRIPS_PER_COMMIT`]): BEGIN, the head moved by the round's event count (which
-//! takes the lock and hands out the positions), one INSERT of the new streams, one UPDATE of
-//! the grown ones guarded by their expected versions, one `INSERT … SELECT FROM UNNEST` of all
-//! the events, the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
-//! COMMIT, pipelined (sent together, run by the server in order). The server's constraints
+//! takes the lock and hands out the positions) with the log tree's new size and frontier, one
+//! INSERT of the new streams, one UPDATE of the grown ones guarded by their expected versions,
+//! one `INSERT … SELECT FROM UNNEST` of all the events, one of the tree's stored hashes
+//! (`tree.rs`), the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
+//! COMMIT, pipelined (sent together, run by the server in order). The tree's hashes are computed
+//! here from the frontier this writer's last commit left; the head's `UPDATE` refuses them (the
+//! round then goes the checked path) if another instance has written since. The server's constraints
 //! check that every append was fresh (see `Fresh`); if one was not, the transaction rolls back
 //! and the round is decided on the checked path, two round trips
 //! ([`ROUND_TRIPS_PER_CHECKED_COMMIT`]):
-//! 1. BEGIN, the lock, every stream head the batch names (`name = ANY($1)`) and every of its
-//!    event ids already stored (`event_id = ANY($1)`); the reads run after the lock is granted,
-//!    so they see every commit before it;
+//! 1. BEGIN, the lock (which reads the log's head and the tree's frontier), every stream head
+//!    the batch names (`name = ANY($1)`) and every of its event ids already stored
+//!    (`event_id = ANY($1)`); the reads run after the lock is granted, so they see every commit
+//!    before it;
 //! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
 //!    rules), then the same writes, the head, the `NOTIFY`, and COMMIT.
 //!
