@@ -511,3 +511,48 @@ async fn a_database_restored_from_an_older_dump_verifies_on_its_own_but_not_agai
         "the log shrank: the served checkpoint has 4 leaves, the kept one 8",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_are_refused_while_the_tree_is_behind_its_log_saying_to_run_verify() {
+    use opledger_domain::store::{ExpectedVersion, StoreError};
+    let database = server().database();
+    let store = connect(&server().url(&database)).await;
+    store
+        .append(
+            &crate::stream("first"),
+            ExpectedVersion::NoStream,
+            vec![crate::event(1)],
+        )
+        .await
+        .expect("appended");
+    // An event added behind the ledger's back, the head moved to match: the tree never saw it.
+    server().sql(
+        &database,
+        "INSERT INTO opledger.events \
+             (position, stream_id, version, stream, event_id, event_type, data, metadata) \
+         SELECT 2, stream_id, 1, stream, md5(random()::text)::uuid, event_type, data, metadata \
+         FROM opledger.events WHERE position = 1;
+         UPDATE opledger.streams SET last_version = 1;
+         UPDATE opledger.log_head SET last_position = 2;",
+    );
+    let refused = store
+        .append(
+            &crate::stream("second"),
+            ExpectedVersion::NoStream,
+            vec![crate::event(2)],
+        )
+        .await
+        .expect_err("the tree is not grown over an event it did not see appended");
+    assert!(
+        matches!(refused, StoreError::Corrupt { .. })
+            && refused.to_string().contains("the log's tree has 1 leaves")
+            && refused.to_string().contains("run `opledger verify`"),
+        "{refused}"
+    );
+    assert_eq!(
+        server().sql(&database, "SELECT count(*) FROM opledger.events"),
+        "2",
+        "nothing was written"
+    );
+    store.close().await.expect("closes");
+}
