@@ -418,7 +418,7 @@ mod tests {
             Ok(token)
         }
         fn keyed_hash(&self, _: &TenantId, _: &str, _: &ArgsSnapshot) -> Result<ArgsHash, PersonalDataError> {
-            Ok(ArgsHash::parse(&"ab".repeat(32)).unwrap())
+            Ok(ArgsHash::keyed(&[0xab; 32]))
         }
         fn open(&self, operation: OperationId, token: &str) -> Option<String> {
             (token_operation(token) == Some(operation)).then(|| self.0.lock().unwrap().get(token).cloned())?
