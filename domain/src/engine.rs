@@ -49,9 +49,6 @@ use crate::store::EventStore;
 mod driving;
 use driving::Driving;
 
-/// Why an operation whose data subject was erased goes to a person instead of being sent.
-pub const ERASED_SUBJECT_REASON: &str = "the data subject of this operation was erased: its personal arguments can no longer be read, so it can never be sent; resolve it as given up (or confirm the object the provider already made)";
-
 /// Most steps one `drive` call takes (claim + send, sweep, lookup) before it returns.
 pub const MAX_DRIVE_STEPS: usize = 4;
 /// The longest wait a provider's Retry-After may impose, in milliseconds.
@@ -597,7 +594,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
             .is_ok_and(|intent| crate::personal::is_erased(intent.args.as_map()))
         {
             return self
-                .require_review(loaded, ERASED_SUBJECT_REASON.to_owned())
+                .require_review(loaded, crate::personal::ERASED_REASON.to_owned())
                 .await;
         }
         let attempt_id = self.ledger.ids().new_attempt_id();
@@ -743,7 +740,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let attempt = claimed.state.current_attempt.as_ref()?;
         if crate::personal::is_erased(intent.args.as_map()) {
             // Claimed before the erasure, sent after it: nothing may leave.
-            return Some(ERASED_SUBJECT_REASON.to_owned());
+            return Some(crate::personal::ERASED_REASON.to_owned());
         }
         if now >= attempt.lease_deadline {
             return Some(format!(

@@ -218,7 +218,7 @@ pub fn seal_event(
         intent.args = sealed.clone();
     }
     for text in texts_mut(&mut stored) {
-        if text.is_empty() || text.starts_with(SEALED_PREFIX) {
+        if text.is_empty() || text.starts_with(SEALED_PREFIX) || text == ERASED_REASON {
             continue;
         }
         let json = serde_json::to_string(&*text).expect("a string always serializes");
@@ -317,18 +317,19 @@ pub fn open_value(port: Option<&dyn PersonalData>, operation: OperationId, value
 }
 
 /// Opens the tokens anywhere in a JSON document whose operations are not known in advance (a
-/// listing, an event page): each token names the operation it was sealed for, and is opened for
-/// that one only.
+/// listing, an event page, a timeline): each token names the operation it was sealed for, and is
+/// opened for that one only. A string that is a token becomes its value; a token inside a longer
+/// text (a timeline line quoting the arguments) is replaced by its value's text.
 pub fn open_anywhere(port: Option<&dyn PersonalData>, value: &mut Value) -> bool {
     match value {
-        Value::String(text) if text.starts_with(SEALED_PREFIX) => {
-            let operation = token_operation(text);
-            let opened = operation.and_then(|operation| port.and_then(|port| port.open(operation, text)));
-            *value = match opened.and_then(|json| serde_json::from_str::<Value>(&json).ok()) {
-                // Inside free text a value is shown as text.
-                Some(opened) => opened,
-                None => Value::String(ERASED.to_owned()),
-            };
+        Value::String(text) if text.starts_with(SEALED_PREFIX) && token_len(text) == text.len() => {
+            *value = open_token(port, text)
+                .and_then(|json| serde_json::from_str::<Value>(&json).ok())
+                .unwrap_or_else(|| Value::String(ERASED.to_owned()));
+            true
+        }
+        Value::String(text) if text.contains(SEALED_PREFIX) => {
+            *text = open_in_text(port, text);
             true
         }
         Value::Array(items) => items
@@ -339,6 +340,44 @@ pub fn open_anywhere(port: Option<&dyn PersonalData>, value: &mut Value) -> bool
             .fold(false, |met, field| open_anywhere(port, field) | met),
         _ => false,
     }
+}
+
+/// The length of the token at the start of `text`: the prefix and the characters a token is
+/// written with (hex, digits, `-`, `_`, `:` and base64url letters).
+fn token_len(text: &str) -> usize {
+    SEALED_PREFIX.len()
+        + text[SEALED_PREFIX.len()..]
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':'))
+            .count()
+}
+
+/// The JSON text of the value a token holds, opened for the operation it names.
+fn open_token(port: Option<&dyn PersonalData>, token: &str) -> Option<String> {
+    let operation = token_operation(token)?;
+    port?.open(operation, token)
+}
+
+/// `text` with every token in it replaced by its value's text (a string's characters, any
+/// other value's JSON), or by [`ERASED`].
+pub fn open_in_text(port: Option<&dyn PersonalData>, text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(SEALED_PREFIX) {
+        out.push_str(&rest[..start]);
+        let token_text = &rest[start..];
+        let len = token_len(token_text);
+        let shown = open_token(port, &token_text[..len]).map(|json| {
+            match serde_json::from_str::<Value>(&json) {
+                Ok(Value::String(plain)) => plain,
+                _ => json,
+            }
+        });
+        out.push_str(shown.as_deref().unwrap_or(ERASED));
+        rest = &token_text[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The arguments with every token opened for `operation` (see [`open_value`]).
@@ -398,6 +437,61 @@ pub fn token_parts(token: &str) -> Option<(&str, &str, &str)> {
 pub fn token_operation(token: &str) -> Option<OperationId> {
     let (_, operation, _) = token_parts(token)?;
     operation.parse::<uuid::Uuid>().ok().map(OperationId::from_uuid)
+}
+
+/// The event type of an erasure.
+pub const SUBJECT_ERASED: &str = "SubjectErased";
+
+/// Why an operation whose data subject was erased goes to a person instead of being sent.
+/// Stored in clear (it holds nothing personal), so the person reads why.
+pub const ERASED_REASON: &str = "the data subject of this operation was erased: its personal arguments can no longer be read, so it can never be sent; resolve it as given up (or confirm the object the provider already made)";
+
+/// A data subject was erased: their data key was destroyed, and every value sealed under it
+/// reads [`ERASED`] from now on. The fact carries no personal data: not the subject's name,
+/// not a value; only the random id of the destroyed key. It is the first and only event of its
+/// own stream, `subject-<key id>`, so it is hashed, chained and proved like every other event.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SubjectErased {
+    /// The destroyed key's id (random; not personal).
+    pub key_id: String,
+    /// The tenant whose subject it was.
+    pub tenant: TenantId,
+    /// Who erased: an operator's token, or the retention worker.
+    pub erased_by: crate::event::Principal,
+    /// Why, in the operator's words (a request's reference, not the person's name), or the
+    /// retention rule.
+    pub reason: String,
+    /// How many operations had values sealed under the key.
+    pub operations: u64,
+    /// When.
+    #[serde(with = "crate::timestamp")]
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+impl SubjectErased {
+    /// The stream of the erasure of key `key_id`.
+    pub fn stream(key_id: &str) -> Result<crate::store::StreamName, crate::store::StoreError> {
+        crate::store::StreamName::new(format!("subject-{key_id}"))
+    }
+
+    /// The event as stored: its id derived from the key id (so an erasure run again appends
+    /// nothing new), its chain link as the first event of its stream.
+    pub fn encode(&self) -> crate::store::EventData {
+        let data = serde_json::to_vec(self).expect("plain data always serializes");
+        let chain = crate::chain::link(None, crate::ids::StreamVersion::FIRST, SUBJECT_ERASED, &data);
+        let metadata = crate::codec::EventMetadata {
+            schema_version: crate::codec::SCHEMA_VERSION,
+            chain: Some(chain.to_hex()),
+            traceparent: None,
+        };
+        let namespace = uuid::Uuid::from_u128(0x6f70_6c65_6467_6572_2d65_7261_7375_7265);
+        crate::store::EventData {
+            event_id: crate::ids::EventId::from_uuid(uuid::Uuid::new_v5(&namespace, self.key_id.as_bytes())),
+            event_type: SUBJECT_ERASED.to_owned(),
+            data,
+            metadata: serde_json::to_vec(&metadata).expect("plain data always serializes"),
+        }
+    }
 }
 
 #[cfg(test)]

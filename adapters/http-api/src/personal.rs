@@ -1,0 +1,366 @@
+//! Personal data in the service: the key store opened at start, the data subject of a record
+//! call, the operator's erasure routes, and the one place every JSON answer passes through on its
+//! way out, where sealed values are opened (or shown as `[erased]`).
+//!
+//! Nothing here holds a value in clear for longer than one answer: the log, the read models and
+//! the journals keep tokens, and only an answer being written is opened.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use opledger_domain::command::Command;
+use opledger_domain::event::{Principal as EventPrincipal, PrincipalKind};
+use opledger_domain::ids::{OperationId, TenantId};
+use opledger_domain::personal::{
+    self, open_anywhere, Personal, PersonalData, PersonalFields, SubjectErased, ERASED_REASON,
+    SEALED_PREFIX,
+};
+use opledger_domain::store::{EventStore, ExpectedVersion, StoreError};
+use opledger_subjects::{key_store_path, Erasure, Subjects};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::auth::operator_for_route;
+use crate::config::personal::{PersonalFieldsMode, TenantPrivacy};
+use crate::config::{ServeConfig, StoreUrl};
+use crate::error::{json_reply, ApiError};
+use crate::{ServeError, ServeStore, Shared};
+
+/// The key store `config` names, opened with its key-encryption key (a wrong key stops the
+/// start with what to do), and each tenant's privacy settings.
+pub(crate) fn open_key_store(
+    config: &ServeConfig,
+) -> Result<
+    (
+        Option<Arc<Subjects>>,
+        BTreeMap<TenantId, TenantPrivacy>,
+    ),
+    ServeError,
+> {
+    let Some(settings) = &config.personal_data else {
+        return Ok((None, BTreeMap::new()));
+    };
+    let path = match (&settings.key_store, &config.store) {
+        (Some(path), _) => path.clone(),
+        (None, StoreUrl::Sqlite(ledger)) => key_store_path(ledger),
+        (None, _) => {
+            return Err(ServeError::Config(
+                "personal_data.key_store: name the key store's file (a SQLite file on durable storage, backed up apart from the ledger) when the ledger is not a SQLite file".into(),
+            ))
+        }
+    };
+    let subjects = Subjects::open(Some(&path), settings.kek.clone())
+        .map_err(|error| ServeError::Config(error.to_string()))?;
+    tracing::info!(key_store = %path.display(), kek_id = %settings.kek.id(), "personal data: key store open");
+    Ok((Some(Arc::new(subjects)), settings.tenants.clone()))
+}
+
+/// The personal data of a record call by `tenant`: the subject it names (`subject` in the body,
+/// or the value at the action's declared `subject` pointer), and which values the tenant seals.
+/// No subject: `None`, and nothing is sealed.
+pub(crate) fn personal_of(
+    shared: &Shared,
+    tenant: &TenantId,
+    subject: Option<String>,
+    declared: Option<(Option<String>, Vec<String>)>,
+    args: &Value,
+) -> Option<Personal> {
+    let (subject_pointer, personal_pointers) = declared.unwrap_or_default();
+    let subject = subject.or_else(|| {
+        let pointer = subject_pointer?;
+        match args.pointer(&pointer)? {
+            Value::String(text) => Some(text.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    })?;
+    let mode = shared
+        .privacy
+        .get(tenant)
+        .map(|privacy| privacy.fields)
+        .unwrap_or_default();
+    let fields = match mode {
+        // With nothing declared, every value is sealed: a connector that forgot to declare its
+        // personal fields must not let them through in clear.
+        PersonalFieldsMode::Declared if !personal_pointers.is_empty() => {
+            PersonalFields::Declared(personal_pointers)
+        }
+        _ => PersonalFields::All,
+    };
+    Some(Personal { subject, fields })
+}
+
+/// Opens the sealed values in a JSON answer on its way out: each shows its value while its
+/// subject's key lives, `[erased]` after. Answers without a token (nearly all) pass untouched.
+pub(crate) async fn open_sealed_answers(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if !json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return ApiError::internal("an answer could not be read back to open its personal values", "")
+            .into_response();
+    };
+    if !contains(&bytes, SEALED_PREFIX.as_bytes()) {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        return ApiError::internal("an answer with personal values is not JSON", "").into_response();
+    };
+    open_anywhere(port(&shared), &mut value);
+    let opened = serde_json::to_vec(&value).expect("a JSON value always serializes");
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(opened))
+}
+
+/// The port to open values with, when personal data is configured.
+pub(crate) fn port(shared: &Shared) -> Option<&dyn PersonalData> {
+    shared.subjects.as_deref().map(|subjects| subjects as &dyn PersonalData)
+}
+
+/// Opens the tokens in a text meant for a reader (an SSE frame), as answers are opened.
+pub(crate) fn open_text(shared: &Shared, text: String) -> String {
+    if !text.contains(SEALED_PREFIX) {
+        return text;
+    }
+    match serde_json::from_str::<Value>(&text) {
+        Ok(mut value) => {
+            open_anywhere(port(shared), &mut value);
+            value.to_string()
+        }
+        Err(_) => text,
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|window| window == needle)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EraseBody {
+    /// Why, in the operator's words: a request's reference, never the person's data.
+    reason: String,
+    /// Only this tenant's subject of that name (default: every tenant's).
+    tenant: Option<String>,
+}
+
+/// `POST /v1/subjects/{subject}/erase` (operator token): destroys the subject's key, records a
+/// `SubjectErased` event per tenant, and sends the subject's open operations to a person.
+pub(crate) async fn erase(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(subject): axum::extract::Path<String>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (name, scope) = operator_for_route(
+        shared.tokens.authenticate(request.headers())?,
+        "POST /v1/subjects/{subject}/erase",
+    )?;
+    let name = name.to_owned();
+    let subjects = configured(&shared)?;
+    let body: EraseBody = crate::api::body_of::<EraseBody>(&shared, request).await?;
+    personal::check_subject(&subject)?;
+    if body.reason.trim().is_empty() {
+        return Err(ApiError::invalid(
+            opledger_domain::error::ValidationError::new(
+                "reason",
+                "is empty; say why (the request's reference, e.g. \"GDPR art. 17 request #4711\"), without the person's data",
+            ),
+        ));
+    }
+    let tenant = body.tenant.map(TenantId::new).transpose()?;
+    if let Some(tenant) = &tenant {
+        if !scope.allows(tenant) {
+            return Err(ApiError::not_found(format!("data subject in tenant `{tenant}`")));
+        }
+    }
+    let by = EventPrincipal {
+        kind: PrincipalKind::Operator,
+        name,
+    };
+    let erasures = erase_subject(
+        &shared,
+        subjects,
+        &subject,
+        tenant.as_ref(),
+        &scope,
+        by,
+        &body.reason,
+    )
+    .await?;
+    Ok(json_reply(StatusCode::OK, &json!({ "erased": erasures })))
+}
+
+/// Erases `subject` (in `tenant`, or every tenant `scope` allows): for each of its keys, the
+/// `SubjectErased` event is appended first (so the log says so even if the process dies next),
+/// then the key destroyed, then its open operations sent to a person. Run again, it completes
+/// what a crash left undone and records nothing twice.
+pub(crate) async fn erase_subject(
+    shared: &Shared,
+    subjects: &Subjects,
+    subject: &str,
+    tenant: Option<&TenantId>,
+    scope: &crate::auth::Scope,
+    by: EventPrincipal,
+    reason: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let found = subjects
+        .show(subject)
+        .map_err(|_| ApiError::not_found("data subject (subjects are named exactly as they were recorded)"))?;
+    let mut answers = Vec::new();
+    for summary in found {
+        let summary_tenant = TenantId::new(summary.tenant.clone())?;
+        if tenant.is_some_and(|t| *t != summary_tenant) || !scope.allows(&summary_tenant) {
+            continue;
+        }
+        let erasure = erase_key(shared, subjects, &summary.key_id, &summary_tenant, &by, reason).await?;
+        answers.push(erasure);
+    }
+    if answers.is_empty() {
+        return Err(ApiError::not_found("data subject (subjects are named exactly as they were recorded)"));
+    }
+    Ok(answers)
+}
+
+/// Erases one key (see [`erase_subject`]); the retention worker's erasure too.
+pub(crate) async fn erase_key(
+    shared: &Shared,
+    subjects: &Subjects,
+    key_id: &str,
+    tenant: &TenantId,
+    by: &EventPrincipal,
+    reason: &str,
+) -> Result<Value, ApiError> {
+    let operations = subjects
+        .list()
+        .map_err(key_store_error)?
+        .into_iter()
+        .find(|summary| summary.key_id == key_id)
+        .map(|summary| summary.operations)
+        .unwrap_or_default();
+    let event = SubjectErased {
+        key_id: key_id.to_owned(),
+        tenant: tenant.clone(),
+        erased_by: by.clone(),
+        reason: reason.to_owned(),
+        operations: operations.len() as u64,
+        at: chrono::Utc::now(),
+    };
+    let recorded = append_erasure(&shared.engine.ledger().store().clone(), &event).await?;
+    // Open operations go to a person before the key goes: their review reason is then stored
+    // in clear (it holds nothing personal), and nothing can be sent in between.
+    let mut to_review = Vec::new();
+    for operation in &operations {
+        if send_to_review(shared, *operation).await {
+            to_review.push(operation.to_string());
+        }
+    }
+    let erasure: Erasure = subjects
+        .erase_key(key_id, &format!("{}:{}", by.kind.as_str(), by.name))
+        .map_err(key_store_error)?;
+    Ok(json!({
+        "key_id": erasure.key_id,
+        "tenant": erasure.tenant,
+        "operations": erasure.operations.len(),
+        "sent_to_review": to_review,
+        "already_erased_at": erasure.already_erased_at,
+        "recorded": recorded,
+    }))
+}
+
+/// Appends the erasure's event; an erasure run again finds it there (`false`).
+async fn append_erasure(store: &ServeStore, event: &SubjectErased) -> Result<bool, ApiError> {
+    let stream = SubjectErased::stream(&event.key_id).map_err(ApiError::from)?;
+    match store
+        .append(&stream, ExpectedVersion::NoStream, vec![event.encode()])
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(StoreError::VersionConflict { .. }) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Sends an open operation to a person (`needs_review` with the erasure's reason); `false` when
+/// it is settled already or not open to review now (in flight: its next step meets the guard).
+async fn send_to_review(shared: &Shared, operation: OperationId) -> bool {
+    let command = Command::RequireReview {
+        reason: ERASED_REASON.to_owned(),
+        evidence: String::new(),
+    };
+    match shared.engine.ledger().execute(operation, &command).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::debug!(%operation, %error, "not sent to review at erasure");
+            false
+        }
+    }
+}
+
+fn configured(shared: &Shared) -> Result<&Subjects, ApiError> {
+    shared.subjects.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "personal_data_off",
+            "this server keeps no personal data: configure [personal_data] with a key-encryption key",
+        )
+    })
+}
+
+fn key_store_error(error: opledger_subjects::SubjectsError) -> ApiError {
+    ApiError::internal("the key store failed", error)
+}
+
+/// `GET /v1/subjects` (operator token): every subject in the operator's tenants, names only of
+/// those not erased, never a key.
+pub(crate) async fn list(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (_, scope) = operator_for_route(shared.tokens.authenticate(&headers)?, "GET /v1/subjects")?;
+    let subjects = configured(&shared)?;
+    let listed: Vec<_> = subjects
+        .list()
+        .map_err(key_store_error)?
+        .into_iter()
+        .filter(|summary| {
+            TenantId::new(summary.tenant.clone()).is_ok_and(|tenant| scope.allows(&tenant))
+        })
+        .collect();
+    Ok(json_reply(StatusCode::OK, &json!({ "subjects": listed })))
+}
+
+/// `GET /v1/subjects/{subject}` (operator token).
+pub(crate) async fn show(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(subject): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (_, scope) = operator_for_route(shared.tokens.authenticate(&headers)?, "GET /v1/subjects/{subject}")?;
+    let subjects = configured(&shared)?;
+    let found: Vec<_> = subjects
+        .show(&subject)
+        .map_err(|_| ApiError::not_found("data subject"))?
+        .into_iter()
+        .filter(|summary| {
+            TenantId::new(summary.tenant.clone()).is_ok_and(|tenant| scope.allows(&tenant))
+        })
+        .collect();
+    if found.is_empty() {
+        return Err(ApiError::not_found("data subject"));
+    }
+    Ok(json_reply(StatusCode::OK, &json!({ "subjects": found })))
+}
