@@ -590,9 +590,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// Claims, sends and records one attempt of a pending operation.
     async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
-        if intent_of(&loaded)
-            .is_ok_and(|intent| crate::personal::is_erased(intent.args.as_map()))
-        {
+        if intent_of(&loaded).is_ok_and(|intent| crate::personal::is_erased(intent.args.as_map())) {
             return self
                 .require_review(loaded, crate::personal::ERASED_REASON.to_owned())
                 .await;

@@ -66,10 +66,16 @@ impl Personal {
             if pointers.len() > MAX_PERSONAL_POINTERS {
                 return Err(crate::error::ValidationError::new(
                     "personal",
-                    format!("names {} fields; at most {MAX_PERSONAL_POINTERS} are accepted", pointers.len()),
+                    format!(
+                        "names {} fields; at most {MAX_PERSONAL_POINTERS} are accepted",
+                        pointers.len()
+                    ),
                 ));
             }
-            if let Some(bad) = pointers.iter().find(|p| !p.is_empty() && !p.starts_with('/')) {
+            if let Some(bad) = pointers
+                .iter()
+                .find(|p| !p.is_empty() && !p.starts_with('/'))
+            {
                 return Err(crate::error::ValidationError::new(
                     "personal",
                     format!("`{bad}` is not a JSON pointer; write it as `/field` (RFC 6901)"),
@@ -231,7 +237,11 @@ pub fn seal_event(
 
 /// Opens a stored event of `operation` in place: its intent's arguments and its free text
 /// (see [`seal_event`]); what cannot be opened shows [`ERASED`].
-pub fn open_event(port: Option<&dyn PersonalData>, operation: OperationId, event: &mut OperationEvent) {
+pub fn open_event(
+    port: Option<&dyn PersonalData>,
+    operation: OperationId,
+    event: &mut OperationEvent,
+) {
     if let OperationEvent::IntentRecorded(intent) = event {
         if let Some(opened) = open_args(port, operation, &intent.args) {
             intent.args = opened;
@@ -286,8 +296,7 @@ pub fn seal_args(
     }
     // A sealed value is a string no longer than the limits the plaintext passed, plus a
     // bounded overhead; re-checking keeps the snapshot's own invariants in one place.
-    let args = ArgsSnapshot::new(Value::Object(map))
-        .map_err(PersonalDataError::Invalid)?;
+    let args = ArgsSnapshot::new(Value::Object(map)).map_err(PersonalDataError::Invalid)?;
     Ok(SealedArgs { args, args_hash })
 }
 
@@ -297,7 +306,11 @@ fn is_token(value: &Value) -> bool {
 
 /// Opens every token in `value` that was sealed for `operation`: the plaintext value where its
 /// key is alive, [`ERASED`] where it is not. Returns whether any token was met.
-pub fn open_value(port: Option<&dyn PersonalData>, operation: OperationId, value: &mut Value) -> bool {
+pub fn open_value(
+    port: Option<&dyn PersonalData>,
+    operation: OperationId,
+    value: &mut Value,
+) -> bool {
     match value {
         Value::String(text) if text.starts_with(SEALED_PREFIX) => {
             let opened = port.and_then(|port| port.open(operation, text));
@@ -436,7 +449,10 @@ pub fn token_parts(token: &str) -> Option<(&str, &str, &str)> {
 /// The operation a token was sealed for.
 pub fn token_operation(token: &str) -> Option<OperationId> {
     let (_, operation, _) = token_parts(token)?;
-    operation.parse::<uuid::Uuid>().ok().map(OperationId::from_uuid)
+    operation
+        .parse::<uuid::Uuid>()
+        .ok()
+        .map(OperationId::from_uuid)
 }
 
 /// The event type of an erasure.
@@ -478,7 +494,12 @@ impl SubjectErased {
     /// nothing new), its chain link as the first event of its stream.
     pub fn encode(&self) -> crate::store::EventData {
         let data = serde_json::to_vec(self).expect("plain data always serializes");
-        let chain = crate::chain::link(None, crate::ids::StreamVersion::FIRST, SUBJECT_ERASED, &data);
+        let chain = crate::chain::link(
+            None,
+            crate::ids::StreamVersion::FIRST,
+            SUBJECT_ERASED,
+            &data,
+        );
         let metadata = crate::codec::EventMetadata {
             schema_version: crate::codec::SCHEMA_VERSION,
             chain: Some(chain.to_hex()),
@@ -486,7 +507,10 @@ impl SubjectErased {
         };
         let namespace = uuid::Uuid::from_u128(0x6f70_6c65_6467_6572_2d65_7261_7375_7265);
         crate::store::EventData {
-            event_id: crate::ids::EventId::from_uuid(uuid::Uuid::new_v5(&namespace, self.key_id.as_bytes())),
+            event_id: crate::ids::EventId::from_uuid(uuid::Uuid::new_v5(
+                &namespace,
+                self.key_id.as_bytes(),
+            )),
             event_type: SUBJECT_ERASED.to_owned(),
             data,
             metadata: serde_json::to_vec(&metadata).expect("plain data always serializes"),
@@ -505,20 +529,33 @@ mod tests {
     struct Remembering(Mutex<HashMap<String, String>>);
 
     impl PersonalData for Remembering {
-        fn seal(&self, _: &TenantId, _: &str, operation: OperationId, json: &str) -> Result<String, PersonalDataError> {
+        fn seal(
+            &self,
+            _: &TenantId,
+            _: &str,
+            operation: OperationId,
+            json: &str,
+        ) -> Result<String, PersonalDataError> {
             let mut values = self.0.lock().unwrap();
             let token = format!("{SEALED_PREFIX}k:{operation}:{}", values.len());
             values.insert(token.clone(), json.to_owned());
             Ok(token)
         }
-        fn keyed_hash(&self, _: &TenantId, _: &str, _: &ArgsSnapshot) -> Result<ArgsHash, PersonalDataError> {
+        fn keyed_hash(
+            &self,
+            _: &TenantId,
+            _: &str,
+            _: &ArgsSnapshot,
+        ) -> Result<ArgsHash, PersonalDataError> {
             Ok(ArgsHash::keyed(&[0xab; 32]))
         }
         fn open(&self, operation: OperationId, token: &str) -> Option<String> {
-            (token_operation(token) == Some(operation)).then(|| self.0.lock().unwrap().get(token).cloned())?
+            (token_operation(token) == Some(operation))
+                .then(|| self.0.lock().unwrap().get(token).cloned())?
         }
         fn seal_like(&self, _: &str, operation: OperationId, json: &str) -> Option<String> {
-            self.seal(&TenantId::new("t").unwrap(), "s", operation, json).ok()
+            self.seal(&TenantId::new("t").unwrap(), "s", operation, json)
+                .ok()
         }
         fn keyed_hash_like(&self, _: &str, _: &ArgsSnapshot) -> Option<ArgsHash> {
             None
@@ -540,24 +577,44 @@ mod tests {
         };
         let plain = args(r#"{"email":"ann@example.com","title":"call"}"#);
         let sealed = seal_args(&port, &tenant, operation, &personal, &plain).unwrap();
-        assert!(!sealed.args.canonical_json().contains("ann@"), "{}", sealed.args.canonical_json());
+        assert!(
+            !sealed.args.canonical_json().contains("ann@"),
+            "{}",
+            sealed.args.canonical_json()
+        );
         assert!(sealed.args.canonical_json().contains(r#""title":"call""#));
         assert!(has_tokens(&sealed.args));
         assert_eq!(open_args(Some(&port), operation, &sealed.args), Some(plain));
         let other = OperationId::from_uuid(uuid::Uuid::from_u128(2));
         let moved = open_args(Some(&port), other, &sealed.args).unwrap();
-        assert!(is_erased(moved.as_map()), "a token opens for its own operation only");
+        assert!(
+            is_erased(moved.as_map()),
+            "a token opens for its own operation only"
+        );
         port.0.lock().unwrap().clear();
         let erased = open_args(Some(&port), operation, &sealed.args).unwrap();
-        assert_eq!(erased.canonical_json(), r#"{"email":"[erased]","title":"call"}"#);
+        assert_eq!(
+            erased.canonical_json(),
+            r#"{"email":"[erased]","title":"call"}"#
+        );
     }
 
     #[test]
     fn all_fields_seals_each_top_level_value_and_keeps_the_names() {
         let port = Remembering::default();
         let operation = OperationId::from_uuid(uuid::Uuid::from_u128(1));
-        let personal = Personal { subject: "s".into(), fields: PersonalFields::All };
-        let sealed = seal_args(&port, &TenantId::new("t").unwrap(), operation, &personal, &args(r#"{"a":{"b":1},"c":[2]}"#)).unwrap();
+        let personal = Personal {
+            subject: "s".into(),
+            fields: PersonalFields::All,
+        };
+        let sealed = seal_args(
+            &port,
+            &TenantId::new("t").unwrap(),
+            operation,
+            &personal,
+            &args(r#"{"a":{"b":1},"c":[2]}"#),
+        )
+        .unwrap();
         let map = sealed.args.as_map();
         assert!(map.values().all(is_token));
         assert_eq!(map.keys().collect::<Vec<_>>(), ["a", "c"]);

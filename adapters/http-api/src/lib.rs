@@ -37,12 +37,12 @@ pub mod claims;
 pub mod config;
 pub mod connections;
 mod console;
-pub mod personal;
 mod error;
 mod events;
 pub mod input;
 pub mod log;
 mod metrics;
+pub mod personal;
 pub mod render;
 mod webhooks;
 
@@ -174,10 +174,8 @@ pub struct Shared {
     /// The key store and cipher for personal data (`[personal_data]`), when configured.
     pub subjects: Option<Arc<opledger_subjects::Subjects>>,
     /// Each tenant's privacy settings (which values are personal, how long they are kept).
-    pub privacy: std::collections::BTreeMap<
-        opledger_domain::ids::TenantId,
-        config::personal::TenantPrivacy,
-    >,
+    pub privacy:
+        std::collections::BTreeMap<opledger_domain::ids::TenantId, config::personal::TenantPrivacy>,
 }
 
 /// An instance id when the configuration names none: the process id for the operator reading
@@ -324,12 +322,7 @@ impl Service {
         if let Some(subjects) = &subjects {
             ledger = ledger.with_personal_data(Arc::clone(subjects) as _);
         }
-        let engine = Arc::new(Engine::try_new(
-            ledger,
-            providers,
-            config.policy,
-            worker,
-        )?);
+        let engine = Arc::new(Engine::try_new(ledger, providers, config.policy, worker)?);
         let (stop, stopping) = watch::channel(false);
         let workers = Workers::spawn(
             Arc::clone(&engine),

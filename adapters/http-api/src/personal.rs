@@ -11,15 +11,12 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use opledger_domain::command::Command;
 use opledger_domain::event::{Principal as EventPrincipal, PrincipalKind};
-use opledger_domain::ids::{OperationId, TenantId};
+use opledger_domain::ids::TenantId;
 use opledger_domain::personal::{
-    self, open_anywhere, Personal, PersonalData, PersonalFields, SubjectErased, ERASED_REASON,
-    SEALED_PREFIX,
+    self, open_anywhere, Personal, PersonalData, PersonalFields, SEALED_PREFIX,
 };
-use opledger_domain::store::{EventStore, ExpectedVersion, StoreError};
-use opledger_subjects::{key_store_path, Erasure, Subjects};
+use opledger_subjects::{key_store_path, Subjects};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -27,19 +24,13 @@ use crate::auth::operator_for_route;
 use crate::config::personal::{PersonalFieldsMode, TenantPrivacy};
 use crate::config::{ServeConfig, StoreUrl};
 use crate::error::{json_reply, ApiError};
-use crate::{ServeError, ServeStore, Shared};
+use crate::{ServeError, Shared};
 
 /// The key store `config` names, opened with its key-encryption key (a wrong key stops the
 /// start with what to do), and each tenant's privacy settings.
 pub(crate) fn open_key_store(
     config: &ServeConfig,
-) -> Result<
-    (
-        Option<Arc<Subjects>>,
-        BTreeMap<TenantId, TenantPrivacy>,
-    ),
-    ServeError,
-> {
+) -> Result<(Option<Arc<Subjects>>, BTreeMap<TenantId, TenantPrivacy>), ServeError> {
     let Some(settings) = &config.personal_data else {
         return Ok((None, BTreeMap::new()));
     };
@@ -111,14 +102,18 @@ pub(crate) async fn open_sealed_answers(
     }
     let (mut parts, body) = response.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return ApiError::internal("an answer could not be read back to open its personal values", "")
-            .into_response();
+        return ApiError::internal(
+            "an answer could not be read back to open its personal values",
+            "",
+        )
+        .into_response();
     };
     if !contains(&bytes, SEALED_PREFIX.as_bytes()) {
         return Response::from_parts(parts, axum::body::Body::from(bytes));
     }
     let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
-        return ApiError::internal("an answer with personal values is not JSON", "").into_response();
+        return ApiError::internal("an answer with personal values is not JSON", "")
+            .into_response();
     };
     open_anywhere(port(&shared), &mut value);
     let opened = serde_json::to_vec(&value).expect("a JSON value always serializes");
@@ -128,25 +123,16 @@ pub(crate) async fn open_sealed_answers(
 
 /// The port to open values with, when personal data is configured.
 pub(crate) fn port(shared: &Shared) -> Option<&dyn PersonalData> {
-    shared.subjects.as_deref().map(|subjects| subjects as &dyn PersonalData)
-}
-
-/// Opens the tokens in a text meant for a reader (an SSE frame), as answers are opened.
-pub(crate) fn open_text(shared: &Shared, text: String) -> String {
-    if !text.contains(SEALED_PREFIX) {
-        return text;
-    }
-    match serde_json::from_str::<Value>(&text) {
-        Ok(mut value) => {
-            open_anywhere(port(shared), &mut value);
-            value.to_string()
-        }
-        Err(_) => text,
-    }
+    shared
+        .subjects
+        .as_deref()
+        .map(|subjects| subjects as &dyn PersonalData)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,7 +170,9 @@ pub(crate) async fn erase(
     let tenant = body.tenant.map(TenantId::new).transpose()?;
     if let Some(tenant) = &tenant {
         if !scope.allows(tenant) {
-            return Err(ApiError::not_found(format!("data subject in tenant `{tenant}`")));
+            return Err(ApiError::not_found(format!(
+                "data subject in tenant `{tenant}`"
+            )));
         }
     }
     let by = EventPrincipal {
@@ -217,97 +205,42 @@ pub(crate) async fn erase_subject(
     by: EventPrincipal,
     reason: &str,
 ) -> Result<Vec<Value>, ApiError> {
-    let found = subjects
-        .show(subject)
-        .map_err(|_| ApiError::not_found("data subject (subjects are named exactly as they were recorded)"))?;
+    let found = subjects.show(subject).map_err(|_| {
+        ApiError::not_found("data subject (subjects are named exactly as they were recorded)")
+    })?;
     let mut answers = Vec::new();
     for summary in found {
         let summary_tenant = TenantId::new(summary.tenant.clone())?;
         if tenant.is_some_and(|t| *t != summary_tenant) || !scope.allows(&summary_tenant) {
             continue;
         }
-        let erasure = erase_key(shared, subjects, &summary.key_id, &summary_tenant, &by, reason).await?;
+        let erasure = erase_key(shared, subjects, &summary.key_id, &by, reason).await?;
         answers.push(erasure);
     }
     if answers.is_empty() {
-        return Err(ApiError::not_found("data subject (subjects are named exactly as they were recorded)"));
+        return Err(ApiError::not_found(
+            "data subject (subjects are named exactly as they were recorded)",
+        ));
     }
     Ok(answers)
 }
 
-/// Erases one key (see [`erase_subject`]); the retention worker's erasure too.
+/// Erases one key (see [`opledger_subjects::erase_key`]); the retention worker's erasure too.
 pub(crate) async fn erase_key(
     shared: &Shared,
     subjects: &Subjects,
     key_id: &str,
-    tenant: &TenantId,
     by: &EventPrincipal,
     reason: &str,
 ) -> Result<Value, ApiError> {
-    let operations = subjects
-        .list()
-        .map_err(key_store_error)?
-        .into_iter()
-        .find(|summary| summary.key_id == key_id)
-        .map(|summary| summary.operations)
-        .unwrap_or_default();
-    let event = SubjectErased {
-        key_id: key_id.to_owned(),
-        tenant: tenant.clone(),
-        erased_by: by.clone(),
-        reason: reason.to_owned(),
-        operations: operations.len() as u64,
-        at: chrono::Utc::now(),
-    };
-    let recorded = append_erasure(&shared.engine.ledger().store().clone(), &event).await?;
-    // Open operations go to a person before the key goes: their review reason is then stored
-    // in clear (it holds nothing personal), and nothing can be sent in between.
-    let mut to_review = Vec::new();
-    for operation in &operations {
-        if send_to_review(shared, *operation).await {
-            to_review.push(operation.to_string());
-        }
-    }
-    let erasure: Erasure = subjects
-        .erase_key(key_id, &format!("{}:{}", by.kind.as_str(), by.name))
-        .map_err(key_store_error)?;
-    Ok(json!({
-        "key_id": erasure.key_id,
-        "tenant": erasure.tenant,
-        "operations": erasure.operations.len(),
-        "sent_to_review": to_review,
-        "already_erased_at": erasure.already_erased_at,
-        "recorded": recorded,
-    }))
-}
-
-/// Appends the erasure's event; an erasure run again finds it there (`false`).
-async fn append_erasure(store: &ServeStore, event: &SubjectErased) -> Result<bool, ApiError> {
-    let stream = SubjectErased::stream(&event.key_id).map_err(ApiError::from)?;
-    match store
-        .append(&stream, ExpectedVersion::NoStream, vec![event.encode()])
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(StoreError::VersionConflict { .. }) => Ok(false),
-        Err(error) => Err(error.into()),
-    }
-}
-
-/// Sends an open operation to a person (`needs_review` with the erasure's reason); `false` when
-/// it is settled already or not open to review now (in flight: its next step meets the guard).
-async fn send_to_review(shared: &Shared, operation: OperationId) -> bool {
-    let command = Command::RequireReview {
-        reason: ERASED_REASON.to_owned(),
-        evidence: String::new(),
-    };
-    match shared.engine.ledger().execute(operation, &command).await {
-        Ok(_) => true,
-        Err(error) => {
-            tracing::debug!(%operation, %error, "not sent to review at erasure");
-            false
-        }
-    }
+    let report =
+        opledger_subjects::erase_key(shared.engine.ledger(), subjects, key_id, by.clone(), reason)
+            .await
+            .map_err(|error| match error {
+                opledger_subjects::EraseError::Store(error) => ApiError::from(error),
+                other => ApiError::internal("the erasure failed", other),
+            })?;
+    Ok(serde_json::to_value(report).expect("plain data always serializes"))
 }
 
 fn configured(shared: &Shared) -> Result<&Subjects, ApiError> {
@@ -349,7 +282,10 @@ pub(crate) async fn show(
     axum::extract::Path(subject): axum::extract::Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (_, scope) = operator_for_route(shared.tokens.authenticate(&headers)?, "GET /v1/subjects/{subject}")?;
+    let (_, scope) = operator_for_route(
+        shared.tokens.authenticate(&headers)?,
+        "GET /v1/subjects/{subject}",
+    )?;
     let subjects = configured(&shared)?;
     let found: Vec<_> = subjects
         .show(&subject)

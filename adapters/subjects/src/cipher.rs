@@ -62,7 +62,13 @@ impl Key {
         getrandom::fill(&mut nonce)?;
         let cipher = XChaCha20Poly1305::new((&*self.0).into());
         let sealed = cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: plaintext, aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: plaintext,
+                    aad,
+                },
+            )
             .expect("XChaCha20-Poly1305 encrypts any message below 256 GiB");
         let mut out = Vec::with_capacity(NONCE_BYTES + sealed.len());
         out.extend_from_slice(&nonce);
@@ -79,7 +85,13 @@ impl Key {
         let (nonce, ciphertext) = sealed.split_at(NONCE_BYTES);
         let cipher = XChaCha20Poly1305::new((&*self.0).into());
         cipher
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: ciphertext, aad })
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad,
+                },
+            )
             .ok()
             .map(Zeroizing::new)
     }
@@ -93,12 +105,31 @@ mod tests {
     fn a_sealed_value_opens_with_its_key_and_associated_data_only() {
         let key = Key::generate().unwrap();
         let sealed = key.seal(b"ann@example.com", b"operation 1").unwrap();
-        assert_eq!(&key.open(&sealed, b"operation 1").unwrap()[..], b"ann@example.com");
-        assert!(key.open(&sealed, b"operation 2").is_none(), "other associated data");
-        assert!(Key::generate().unwrap().open(&sealed, b"operation 1").is_none(), "another key");
+        assert_eq!(
+            &key.open(&sealed, b"operation 1").unwrap()[..],
+            b"ann@example.com"
+        );
+        assert!(
+            key.open(&sealed, b"operation 2").is_none(),
+            "other associated data"
+        );
+        assert!(
+            Key::generate()
+                .unwrap()
+                .open(&sealed, b"operation 1")
+                .is_none(),
+            "another key"
+        );
         let mut changed = sealed.clone();
         *changed.last_mut().unwrap() ^= 1;
-        assert!(key.open(&changed, b"operation 1").is_none(), "a changed byte");
-        assert_ne!(key.seal(b"x", b"").unwrap(), key.seal(b"x", b"").unwrap(), "fresh nonces");
+        assert!(
+            key.open(&changed, b"operation 1").is_none(),
+            "a changed byte"
+        );
+        assert_ne!(
+            key.seal(b"x", b"").unwrap(),
+            key.seal(b"x", b"").unwrap(),
+            "fresh nonces"
+        );
     }
 }

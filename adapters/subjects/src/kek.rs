@@ -52,10 +52,14 @@ impl Kek {
                     .map(Zeroizing::new)
             })
             .filter(|bytes| bytes.len() == KEY_BYTES)
-            .ok_or_else(|| KekError::Malformed { from: from.to_owned() })?;
+            .ok_or_else(|| KekError::Malformed {
+                from: from.to_owned(),
+            })?;
         let mut key = [0_u8; KEY_BYTES];
         key.copy_from_slice(&bytes);
-        Ok(Self { key: Key::from_bytes(key) })
+        Ok(Self {
+            key: Key::from_bytes(key),
+        })
     }
 
     /// The key in the file at `path`.
@@ -69,7 +73,9 @@ impl Kek {
 
     /// The key in the environment variable `name`.
     pub fn from_env(name: &str) -> Result<Self, KekError> {
-        let text = std::env::var(name).map_err(|_| KekError::Unset { name: name.to_owned() })?;
+        let text = std::env::var(name).map_err(|_| KekError::Unset {
+            name: name.to_owned(),
+        })?;
         Self::parse(&text, &format!("${name}"))
     }
 
@@ -106,7 +112,10 @@ mod tests {
         let hex = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
         let a = Kek::parse(hex, "test").unwrap();
         let b64 = base64::engine::general_purpose::STANDARD.encode(a.key().bytes());
-        assert_eq!(Kek::parse(&format!(" {b64}\n"), "test").unwrap().id(), a.id());
+        assert_eq!(
+            Kek::parse(&format!(" {b64}\n"), "test").unwrap().id(),
+            a.id()
+        );
         assert!(Kek::parse("abcd", "test").is_err());
         assert!(Kek::parse("not a key at all", "test").is_err());
         assert_eq!(a.id().len(), 16);

@@ -139,7 +139,9 @@ pub struct Subjects {
 
 impl std::fmt::Debug for Subjects {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subjects").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("Subjects")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -205,13 +207,19 @@ impl Subjects {
                     Some(key) => key.clone(),
                     None => inner.store.unwrap_key(&row).ok_or_else(|| {
                         key_store(SubjectsError::Corrupt {
-                            what: format!("the data key {} does not open with the key-encryption key", row.key_id),
+                            what: format!(
+                                "the data key {} does not open with the key-encryption key",
+                                row.key_id
+                            ),
                         })
                     })?,
                 };
                 (row.key_id, key)
             }
-            None => inner.store.create(tenant, subject, &tag, &now()).map_err(key_store)?,
+            None => inner
+                .store
+                .create(tenant, subject, &tag, &now())
+                .map_err(key_store)?,
         };
         inner.cache.insert(key_id.clone(), key.clone());
         Ok((key_id, key))
@@ -273,7 +281,14 @@ impl Subjects {
             let inner = self.inner();
             match tenant {
                 Some(tenant) => vec![tenant.to_owned()],
-                None => inner.store.rows()?.into_iter().map(|row| row.tenant).collect::<std::collections::BTreeSet<_>>().into_iter().collect(),
+                None => inner
+                    .store
+                    .rows()?
+                    .into_iter()
+                    .map(|row| row.tenant)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
             }
         };
         let mut erased = Vec::new();
@@ -297,7 +312,11 @@ impl Subjects {
 
     /// Destroys the data key with this id (the retention worker's erasure).
     pub fn erase_key(&self, key_id: &str, by: &str) -> Result<Erasure, SubjectsError> {
-        let row = self.inner().store.row_by_key(key_id)?.ok_or(SubjectsError::Unknown { tenant: None })?;
+        let row = self
+            .inner()
+            .store
+            .row_by_key(key_id)?
+            .ok_or(SubjectsError::Unknown { tenant: None })?;
         self.erase_row(row, by)
     }
 
@@ -346,8 +365,12 @@ impl Subjects {
     /// The subject of this name (in every tenant that has it).
     pub fn show(&self, subject: &str) -> Result<Vec<SubjectSummary>, SubjectsError> {
         let inner = self.inner();
-        let tenants: std::collections::BTreeSet<String> =
-            inner.store.rows()?.into_iter().map(|row| row.tenant).collect();
+        let tenants: std::collections::BTreeSet<String> = inner
+            .store
+            .rows()?
+            .into_iter()
+            .map(|row| row.tenant)
+            .collect();
         let mut found = Vec::new();
         for tenant in tenants {
             if let Some(row) = inner.store.row_by_tag(&inner.store.tag(&tenant, subject))? {
@@ -370,7 +393,9 @@ impl Subjects {
 }
 
 fn summary(store: &Store, row: Row) -> Result<SubjectSummary, SubjectsError> {
-    let subject = store.unwrap_key(&row).and_then(|key| store.name_of(&row, &key));
+    let subject = store
+        .unwrap_key(&row)
+        .and_then(|key| store.name_of(&row, &key));
     let operations = operations_of(store, &row.key_id)?;
     Ok(SubjectSummary {
         key_id: row.key_id,
@@ -387,7 +412,9 @@ fn summary(store: &Store, row: Row) -> Result<SubjectSummary, SubjectsError> {
 fn operations_of(store: &Store, key_id: &str) -> Result<Vec<OperationId>, SubjectsError> {
     let mut statement = store
         .conn
-        .prepare_cached("SELECT operation_id FROM subject_operations WHERE key_id = ?1 ORDER BY operation_id")
+        .prepare_cached(
+            "SELECT operation_id FROM subject_operations WHERE key_id = ?1 ORDER BY operation_id",
+        )
         .map_err(|error| SubjectsError::store("list a subject's operations", error))?;
     let ids: Vec<String> = statement
         .query_map([key_id], |row| row.get(0))
@@ -412,7 +439,12 @@ fn value_aad(key_id: &str, operation: OperationId) -> String {
     format!("{SEALED_PREFIX}{key_id}:{operation}")
 }
 
-fn token(key_id: &str, operation: OperationId, key: &Key, value_json: &str) -> Result<String, PersonalDataError> {
+fn token(
+    key_id: &str,
+    operation: OperationId,
+    key: &Key,
+    value_json: &str,
+) -> Result<String, PersonalDataError> {
     let aad = value_aad(key_id, operation);
     let sealed = key
         .derive("value")
@@ -425,7 +457,10 @@ fn token(key_id: &str, operation: OperationId, key: &Key, value_json: &str) -> R
 }
 
 fn keyed_hash(key: &Key, args: &ArgsSnapshot) -> ArgsHash {
-    ArgsHash::keyed(&key.derive("args-hash").mac(&[args.canonical_json().as_bytes()]))
+    ArgsHash::keyed(
+        &key.derive("args-hash")
+            .mac(&[args.canonical_json().as_bytes()]),
+    )
 }
 
 impl PersonalData for Subjects {
@@ -457,14 +492,21 @@ impl PersonalData for Subjects {
             return None;
         }
         let key = self.key_by_id(key_id)?;
-        let sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(sealed).ok()?;
+        let sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sealed)
+            .ok()?;
         let opened = key
             .derive("value")
             .open(&sealed, value_aad(key_id, operation).as_bytes())?;
         String::from_utf8(opened.to_vec()).ok()
     }
 
-    fn seal_like(&self, token_in: &str, operation: OperationId, value_json: &str) -> Option<String> {
+    fn seal_like(
+        &self,
+        token_in: &str,
+        operation: OperationId,
+        value_json: &str,
+    ) -> Option<String> {
         let (key_id, _, _) = token_parts(token_in)?;
         let key = self.key_by_id(key_id)?;
         token(key_id, operation, &key, value_json).ok()
@@ -478,3 +520,102 @@ impl PersonalData for Subjects {
 
 #[cfg(test)]
 mod tests;
+
+/// What erasing one key did.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ErasureReport {
+    /// The destroyed key's id.
+    pub key_id: String,
+    /// The tenant whose subject it was.
+    pub tenant: String,
+    /// How many operations had values sealed under it.
+    pub operations: usize,
+    /// The open operations sent to a person.
+    pub sent_to_review: Vec<OperationId>,
+    /// When it had been erased already (this run only completed what was left), if so.
+    pub already_erased_at: Option<String>,
+    /// Whether this run appended the `SubjectErased` event (`false`: it was there).
+    pub recorded: bool,
+}
+
+/// Why an erasure stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum EraseError {
+    /// The key store failed.
+    #[error(transparent)]
+    Subjects(#[from] SubjectsError),
+    /// The ledger failed.
+    #[error("the ledger failed while recording the erasure: {0}")]
+    Store(#[from] opledger_domain::store::StoreError),
+}
+
+/// Erases one subject's key, in the order that leaves nothing half-done for good: the
+/// `SubjectErased` event is appended first (the log says so even if the process dies next), the
+/// subject's open operations are sent to a person (their review reason is stored in clear: it
+/// holds nothing personal), then the key is destroyed. Run again after a crash, it completes
+/// what was left and records nothing twice.
+pub async fn erase_key<S, C, I>(
+    ledger: &opledger_domain::app::Ledger<S, C, I>,
+    subjects: &Subjects,
+    key_id: &str,
+    by: opledger_domain::event::Principal,
+    reason: &str,
+) -> Result<ErasureReport, EraseError>
+where
+    S: opledger_domain::store::EventStore,
+    C: opledger_domain::ports::Clock,
+    I: opledger_domain::ports::IdSource,
+{
+    use opledger_domain::personal::{SubjectErased, ERASED_REASON};
+    use opledger_domain::store::{ExpectedVersion, StoreError};
+    let summary = subjects
+        .list()?
+        .into_iter()
+        .find(|summary| summary.key_id == key_id)
+        .ok_or(SubjectsError::Unknown { tenant: None })?;
+    let tenant = TenantId::new(summary.tenant.clone()).map_err(|error| SubjectsError::Corrupt {
+        what: format!("the key store names tenant `{}`: {error}", summary.tenant),
+    })?;
+    let event = SubjectErased {
+        key_id: key_id.to_owned(),
+        tenant,
+        erased_by: by.clone(),
+        reason: reason.to_owned(),
+        operations: summary.operations.len() as u64,
+        at: ledger.clock().now(),
+    };
+    let stream = SubjectErased::stream(key_id)?;
+    let recorded = match ledger
+        .store()
+        .append(&stream, ExpectedVersion::NoStream, vec![event.encode()])
+        .await
+    {
+        Ok(_) => true,
+        Err(StoreError::VersionConflict { .. }) => false,
+        Err(error) => return Err(error.into()),
+    };
+    let mut sent_to_review = Vec::new();
+    if summary.erased_at.is_none() {
+        let command = opledger_domain::command::Command::RequireReview {
+            reason: ERASED_REASON.to_owned(),
+            evidence: String::new(),
+        };
+        for operation in &summary.operations {
+            // Settled operations refuse it, and one in flight meets the engine's guard at its
+            // next step: neither is an error of the erasure.
+            match ledger.execute(*operation, &command).await {
+                Ok(_) => sent_to_review.push(*operation),
+                Err(error) => tracing::debug!(%operation, %error, "not sent to review at erasure"),
+            }
+        }
+    }
+    let erasure = subjects.erase_key(key_id, &format!("{}:{}", by.kind.as_str(), by.name))?;
+    Ok(ErasureReport {
+        key_id: erasure.key_id,
+        tenant: erasure.tenant,
+        operations: erasure.operations.len(),
+        sent_to_review,
+        already_erased_at: erasure.already_erased_at,
+        recorded,
+    })
+}

@@ -93,7 +93,11 @@ impl Store {
     /// The index tag of `subject` in `tenant`.
     pub fn tag(&self, tenant: &str, subject: &str) -> Vec<u8> {
         self.index
-            .mac(&[b"opledger-subject-tag-v1", tenant.as_bytes(), subject.as_bytes()])
+            .mac(&[
+                b"opledger-subject-tag-v1",
+                tenant.as_bytes(),
+                subject.as_bytes(),
+            ])
             .to_vec()
     }
 
@@ -165,19 +169,20 @@ impl Store {
 
     /// The data key of a live row.
     pub fn unwrap_key(&self, row: &Row) -> Option<Key> {
-        let opened = self
-            .kek
-            .key()
-            .open(row.wrapped_key.as_deref()?, wrap_aad(&row.key_id).as_bytes())?;
+        let opened = self.kek.key().open(
+            row.wrapped_key.as_deref()?,
+            wrap_aad(&row.key_id).as_bytes(),
+        )?;
         let bytes: [u8; KEY_BYTES] = opened.as_slice().try_into().ok()?;
         Some(Key::from_bytes(bytes))
     }
 
     /// The subject's name of a live row.
     pub fn name_of(&self, row: &Row, key: &Key) -> Option<String> {
-        let opened = key
-            .derive("subject-name")
-            .open(row.sealed_name.as_deref()?, name_aad(&row.key_id).as_bytes())?;
+        let opened = key.derive("subject-name").open(
+            row.sealed_name.as_deref()?,
+            name_aad(&row.key_id).as_bytes(),
+        )?;
         String::from_utf8(opened.to_vec()).ok()
     }
 
@@ -192,7 +197,10 @@ impl Store {
         let mut rewrapped = Vec::with_capacity(live.len());
         for row in &live {
             let key = self.unwrap_key(row).ok_or_else(|| SubjectsError::Corrupt {
-                what: format!("the data key {} does not open with the key-encryption key", row.key_id),
+                what: format!(
+                    "the data key {} does not open with the key-encryption key",
+                    row.key_id
+                ),
             })?;
             let wrapped = new
                 .key()
@@ -263,9 +271,11 @@ pub(crate) fn truncate_wal(conn: &Connection) -> Result<(), SubjectsError> {
 /// store made with another key-encryption key is refused, naming both ids.
 fn open_meta(conn: &Connection, kek: &Kek, path: Option<&Path>) -> Result<Key, SubjectsError> {
     let read = |name: &str| -> Result<Option<Vec<u8>>, SubjectsError> {
-        conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |row| row.get(0))
-            .optional()
-            .map_err(|error| SubjectsError::store("read the key store's header", error))
+        conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(|error| SubjectsError::store("read the key store's header", error))
     };
     let Some(wrapped_index) = read("index_key")? else {
         let index = Key::generate().map_err(SubjectsError::random)?;

@@ -15,9 +15,15 @@ fn record(subjects: &Subjects, operation: OperationId, email: &str) -> ArgsSnaps
         subject: email.into(),
         fields: PersonalFields::Declared(vec!["/email".into()]),
     };
-    seal_args(subjects, &TenantId::new("acme").unwrap(), operation, &personal, &args)
-        .unwrap()
-        .args
+    seal_args(
+        subjects,
+        &TenantId::new("acme").unwrap(),
+        operation,
+        &personal,
+        &args,
+    )
+    .unwrap()
+    .args
 }
 
 #[test]
@@ -40,13 +46,18 @@ fn an_erased_subjects_values_never_open_again_and_the_key_file_keeps_no_trace_of
     let after = open_args(Some(&subjects), op(1), &stored).unwrap();
     assert_eq!(after.as_map()["email"], "[erased]");
     // Twice: answered with the first erasure, nothing changed.
-    assert!(subjects.erase(email, None, "operator:dpo").unwrap()[0].already_erased_at.is_some());
+    assert!(subjects.erase(email, None, "operator:dpo").unwrap()[0]
+        .already_erased_at
+        .is_some());
     // A new record under the erased name is refused, not given a fresh key.
     let again = seal_args(
         &subjects,
         &TenantId::new("acme").unwrap(),
         op(2),
-        &Personal { subject: email.into(), fields: PersonalFields::All },
+        &Personal {
+            subject: email.into(),
+            fields: PersonalFields::All,
+        },
         &ArgsSnapshot::new(serde_json::json!({"a": 1})).unwrap(),
     );
     assert_eq!(again.unwrap_err(), PersonalDataError::Erased);
@@ -63,11 +74,17 @@ fn an_unknown_subject_is_refused_and_a_wrong_kek_is_refused_with_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
     let subjects = Subjects::open(Some(&path), kek(1)).unwrap();
-    assert!(matches!(subjects.erase("nobody", None, "op"), Err(SubjectsError::Unknown { .. })));
+    assert!(matches!(
+        subjects.erase("nobody", None, "op"),
+        Err(SubjectsError::Unknown { .. })
+    ));
     record(&subjects, op(1), "a@example.com");
     drop(subjects);
     let refused = Subjects::open(Some(&path), kek(2)).unwrap_err().to_string();
-    assert!(refused.contains(&kek(2).id()) && refused.contains(&kek(1).id()), "{refused}");
+    assert!(
+        refused.contains(&kek(2).id()) && refused.contains(&kek(1).id()),
+        "{refused}"
+    );
     assert!(refused.contains("rotate-kek"), "{refused}");
 }
 
@@ -91,9 +108,17 @@ fn an_erasure_by_another_process_is_seen_by_a_running_one() {
     let path = dir.path().join("keys");
     let server = Subjects::open(Some(&path), kek(1)).unwrap();
     let stored = record(&server, op(1), "c@example.com");
-    assert!(!opledger_domain::personal::is_erased(open_args(Some(&server), op(1), &stored).unwrap().as_map()));
+    assert!(!opledger_domain::personal::is_erased(
+        open_args(Some(&server), op(1), &stored).unwrap().as_map()
+    ));
     let command_line = Subjects::open(Some(&path), kek(1)).unwrap();
-    command_line.erase("c@example.com", Some("acme"), "op").unwrap();
+    command_line
+        .erase("c@example.com", Some("acme"), "op")
+        .unwrap();
     let after = open_args(Some(&server), op(1), &stored).unwrap();
-    assert_eq!(after.as_map()["email"], "[erased]", "the server's cached key was dropped");
+    assert_eq!(
+        after.as_map()["email"],
+        "[erased]",
+        "the server's cached key was dropped"
+    );
 }

@@ -160,10 +160,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/webhooks/{id}/attempts", get(webhooks::attempts))
         .route("/v1/subjects", get(crate::personal::list))
         .route("/v1/subjects/{subject}", get(crate::personal::show))
-        .route(
-            "/v1/subjects/{subject}/erase",
-            post(crate::personal::erase),
-        )
+        .route("/v1/subjects/{subject}/erase", post(crate::personal::erase))
         .merge(mcp::route(Arc::clone(&shared)))
         .merge(super::console::routes())
         .fallback(not_a_route)

@@ -168,12 +168,11 @@ pub(crate) async fn record_then_execute(
             // the server a write. Spawned, so a caller who hangs up cannot cancel a send
             // half-way.
             let engine = Arc::clone(&shared.engine);
-            let (recorded, claimed) =
-                tokio::spawn(boxed(async move {
-                    engine.record_personal_and_claim(request, personal).await
-                }))
-                    .await
-                    .map_err(|error| ApiError::internal("recording the intent failed", error))??;
+            let (recorded, claimed) = tokio::spawn(boxed(async move {
+                engine.record_personal_and_claim(request, personal).await
+            }))
+            .await
+            .map_err(|error| ApiError::internal("recording the intent failed", error))??;
             (
                 recorded,
                 Some((claimed, wait.saturating_sub(started.elapsed()), place)),
@@ -215,13 +214,8 @@ fn personal_of_body(
         // A bad name is refused, naming its field, when the intent is validated.
         _ => None,
     };
-    let personal = crate::personal::personal_of(
-        shared,
-        tenant,
-        body.subject.clone(),
-        declared,
-        &body.args,
-    );
+    let personal =
+        crate::personal::personal_of(shared, tenant, body.subject.clone(), declared, &body.args);
     if let Some(personal) = &personal {
         personal.check()?;
     }

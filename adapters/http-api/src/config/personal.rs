@@ -97,7 +97,9 @@ impl Checker<'_> {
                 },
             };
             let retention_days = holder.retention_days.as_ref().map(|days| *days.get_ref());
-            if let Some(days) = retention_days.filter(|days| *days == 0 || *days > MAX_RETENTION_DAYS) {
+            if let Some(days) =
+                retention_days.filter(|days| *days == 0 || *days > MAX_RETENTION_DAYS)
+            {
                 return Err(self.error(
                     span(&holder.retention_days),
                     &format!("{field}.retention_days"),
@@ -105,7 +107,13 @@ impl Checker<'_> {
                 ));
             }
             if let Ok(tenant) = TenantId::new(holder.id.get_ref().clone()) {
-                privacy.insert(tenant, TenantPrivacy { fields, retention_days });
+                privacy.insert(
+                    tenant,
+                    TenantPrivacy {
+                        fields,
+                        retention_days,
+                    },
+                );
             }
         }
         let kek = match section {

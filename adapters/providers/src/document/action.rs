@@ -191,9 +191,9 @@ fn action(
         findings,
     )
     .and_then(|lookup| lookup_spec(&lookup, &lookup_names, auth, findings));
-    let subject = table.string("subject", findings).and_then(|found| {
-        pointer_ok(&found, findings).then(|| found.value.to_owned())
-    });
+    let subject = table
+        .string("subject", findings)
+        .and_then(|found| pointer_ok(&found, findings).then(|| found.value.to_owned()));
     let personal = table
         .strings("personal", findings)
         .unwrap_or_default()
@@ -225,7 +225,10 @@ fn pointer_ok(found: &super::tree::Found<'_, &str>, findings: &mut Findings<'_>)
     findings.add(
         Some(found.span),
         &found.field,
-        format!("`{}` is not a JSON pointer into the arguments; write it as \"/email\" (RFC 6901)", found.value),
+        format!(
+            "`{}` is not a JSON pointer into the arguments; write it as \"/email\" (RFC 6901)",
+            found.value
+        ),
     );
     false
 }
