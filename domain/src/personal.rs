@@ -29,6 +29,10 @@ pub const SEALED_PREFIX: &str = "opledger-sealed:v1:";
 /// What a sealed value shows once its subject has been erased (or its key cannot be opened).
 pub const ERASED: &str = "[erased]";
 
+/// What a sealed value shows where no key store is at hand (a command run without the
+/// key-encryption key): it may well be readable elsewhere, so it is not called erased.
+pub const SEALED_SHOWN: &str = "[sealed]";
+
 /// The longest subject name accepted, in bytes.
 pub const MAX_SUBJECT_BYTES: usize = 256;
 
@@ -252,7 +256,7 @@ pub fn open_event(
             *text = port
                 .and_then(|port| port.open(operation, text))
                 .and_then(|json| serde_json::from_str::<String>(&json).ok())
-                .unwrap_or_else(|| ERASED.to_owned());
+                .unwrap_or_else(|| unreadable(port).to_owned());
         }
     }
 }
@@ -316,7 +320,7 @@ pub fn open_value(
             let opened = port.and_then(|port| port.open(operation, text));
             *value = opened
                 .and_then(|json| serde_json::from_str(&json).ok())
-                .unwrap_or_else(|| Value::String(ERASED.to_owned()));
+                .unwrap_or_else(|| Value::String(unreadable(port).to_owned()));
             true
         }
         Value::Array(items) => items
@@ -338,7 +342,7 @@ pub fn open_anywhere(port: Option<&dyn PersonalData>, value: &mut Value) -> bool
         Value::String(text) if text.starts_with(SEALED_PREFIX) && token_len(text) == text.len() => {
             *value = open_token(port, text)
                 .and_then(|json| serde_json::from_str::<Value>(&json).ok())
-                .unwrap_or_else(|| Value::String(ERASED.to_owned()));
+                .unwrap_or_else(|| Value::String(unreadable(port).to_owned()));
             true
         }
         Value::String(text) if text.contains(SEALED_PREFIX) => {
@@ -386,7 +390,7 @@ pub fn open_in_text(port: Option<&dyn PersonalData>, text: &str) -> String {
                 _ => json,
             }
         });
-        out.push_str(shown.as_deref().unwrap_or(ERASED));
+        out.push_str(shown.as_deref().unwrap_or(unreadable(port)));
         rest = &token_text[len..];
     }
     out.push_str(rest);
@@ -422,12 +426,22 @@ pub fn has_tokens(args: &ArgsSnapshot) -> bool {
     args.as_map().values().any(any)
 }
 
-/// Whether any value of `args` shows [`ERASED`] after opening: the operation's personal data
-/// is gone and it must never be sent again.
+/// What a token that does not open shows: [`ERASED`] where a key store was asked,
+/// [`SEALED_SHOWN`] where there is none.
+fn unreadable(port: Option<&dyn PersonalData>) -> &'static str {
+    if port.is_some() {
+        ERASED
+    } else {
+        SEALED_SHOWN
+    }
+}
+
+/// Whether any value of `args` did not open ([`ERASED`], or [`SEALED_SHOWN`] without a key
+/// store): the operation cannot be sent with them, and never is.
 pub fn is_erased(args: &Map<String, Value>) -> bool {
     fn any(value: &Value) -> bool {
         match value {
-            Value::String(text) => text == ERASED,
+            Value::String(text) => text == ERASED || text == SEALED_SHOWN,
             Value::Array(items) => items.iter().any(any),
             Value::Object(fields) => fields.values().any(any),
             _ => false,
