@@ -504,8 +504,15 @@ impl SubjectErased {
         crate::store::StreamName::new(format!("subject-{key_id}"))
     }
 
-    /// The event as stored: its id derived from the key id (so an erasure run again appends
-    /// nothing new), its chain link as the first event of its stream.
+    /// The uuid a `subject-<key id>` stream is named by, as an operation stream is by its
+    /// operation's.
+    pub fn stream_uuid(stream: &str) -> Option<uuid::Uuid> {
+        uuid::Uuid::parse_str(stream.strip_prefix("subject-")?).ok()
+    }
+
+    /// The event as stored: its id derived as an operation event's is (the key id in the
+    /// operation's place), so `opledger verify` and the offline verifier check it the same way;
+    /// its chain link as the first event of its stream.
     pub fn encode(&self) -> crate::store::EventData {
         let data = serde_json::to_vec(self).expect("plain data always serializes");
         let chain = crate::chain::link(
@@ -519,12 +526,17 @@ impl SubjectErased {
             chain: Some(chain.to_hex()),
             traceparent: None,
         };
-        let namespace = uuid::Uuid::from_u128(0x6f70_6c65_6467_6572_2d65_7261_7375_7265);
+        let key = uuid::Uuid::parse_str(&self.key_id).unwrap_or_else(|_| {
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, self.key_id.as_bytes())
+        });
         crate::store::EventData {
-            event_id: crate::ids::EventId::from_uuid(uuid::Uuid::new_v5(
-                &namespace,
-                self.key_id.as_bytes(),
-            )),
+            event_id: crate::ids::EventId::for_operation_event(
+                OperationId::from_uuid(key),
+                crate::ids::StreamVersion::FIRST,
+                self.at,
+                SUBJECT_ERASED,
+                &data,
+            ),
             event_type: SUBJECT_ERASED.to_owned(),
             data,
             metadata: serde_json::to_vec(&metadata).expect("plain data always serializes"),

@@ -585,15 +585,18 @@ where
         at: ledger.clock().now(),
     };
     let stream = SubjectErased::stream(key_id)?;
-    let recorded = match ledger
-        .store()
-        .append(&stream, ExpectedVersion::NoStream, vec![event.encode()])
-        .await
-    {
-        Ok(_) => true,
-        Err(StoreError::VersionConflict { .. }) => false,
-        Err(error) => return Err(error.into()),
-    };
+    // Erased already: the event is in the log. A run that stopped between the event and the
+    // key appends the same event again, which the store recognises by its id.
+    let recorded = summary.erased_at.is_none()
+        && match ledger
+            .store()
+            .append(&stream, ExpectedVersion::NoStream, vec![event.encode()])
+            .await
+        {
+            Ok(_) => true,
+            Err(StoreError::VersionConflict { .. }) => false,
+            Err(error) => return Err(error.into()),
+        };
     let mut sent_to_review = Vec::new();
     if summary.erased_at.is_none() {
         let command = opledger_domain::command::Command::RequireReview {
