@@ -396,6 +396,9 @@ impl Service {
             subjects,
             privacy,
         });
+        // It ends at the stop signal; an erasure under way completes or is completed by the
+        // next sweep (each step is idempotent).
+        let _retention = personal::spawn_retention(&shared, stopping.clone());
         let publisher = log_signer.map(|signer| {
             log::spawn_publisher(store.clone(), signer, &config.log, stopping.clone())
         });

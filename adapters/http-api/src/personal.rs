@@ -300,3 +300,143 @@ pub(crate) async fn show(
     }
     Ok(json_reply(StatusCode::OK, &json!({ "subjects": found })))
 }
+
+/// How often the retention worker looks for subjects kept longer than their tenant's
+/// `retention_days`, in seconds. Retention is counted in days: an hour late is within the rule's
+/// own granularity, and a sweep reads every live subject's operations.
+pub const RETENTION_SWEEP_EVERY_S: u64 = 3_600;
+
+/// The name the retention worker erases under (`erased_by` of its `SubjectErased` events).
+pub const RETENTION_ERASER: &str = "retention";
+
+/// Starts the retention worker when some tenant sets `retention_days`: every
+/// [`RETENTION_SWEEP_EVERY_S`] it erases the subjects whose operations all settled longer ago,
+/// each erasure an event. It stops with the server.
+pub(crate) fn spawn_retention(
+    shared: &Arc<Shared>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    shared.subjects.as_ref()?;
+    if !shared.privacy.values().any(|p| p.retention_days.is_some()) {
+        return None;
+    }
+    let shared = Arc::clone(shared);
+    Some(tokio::spawn(async move {
+        loop {
+            match retention_sweep(&shared, chrono::Utc::now()).await {
+                Ok(0) => {}
+                Ok(erased) => tracing::info!(erased, "retention: subjects erased"),
+                Err(error) => {
+                    tracing::warn!(code = error.code, message = %error.message, "retention sweep failed; trying again at the next")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(RETENTION_SWEEP_EVERY_S)) => {}
+                _ = stopping.changed() => return,
+            }
+        }
+    }))
+}
+
+/// One sweep at `now`: erases every live subject of a tenant with `retention_days` whose
+/// operations are all settled (terminal), the last of them longer ago than that. Returns how
+/// many were erased.
+pub(crate) async fn retention_sweep(
+    shared: &Shared,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<usize, ApiError> {
+    let Some(subjects) = shared.subjects.as_deref() else {
+        return Ok(0);
+    };
+    let by = EventPrincipal {
+        kind: PrincipalKind::Operator,
+        name: RETENTION_ERASER.to_owned(),
+    };
+    let mut erased = 0;
+    for summary in subjects.list().map_err(key_store_error)? {
+        let Ok(tenant) = TenantId::new(summary.tenant.clone()) else {
+            continue;
+        };
+        let Some(days) = shared.privacy.get(&tenant).and_then(|p| p.retention_days) else {
+            continue;
+        };
+        if summary.erased_at.is_some() {
+            continue;
+        }
+        let cutoff = now - chrono::Duration::days(i64::from(days));
+        let mut settled = Vec::with_capacity(summary.operations.len());
+        for operation in &summary.operations {
+            let loaded = shared.engine.ledger().load(*operation).await?;
+            settled.push(Settled {
+                terminal: loaded.version.is_none() || loaded.state.status.is_terminal(),
+                at: loaded.state.updated_at,
+            });
+        }
+        let recorded_at = chrono::DateTime::parse_from_rfc3339(&summary.last_recorded_at)
+            .map(|at| at.with_timezone(&chrono::Utc))
+            .ok();
+        if kept_too_long(&settled, recorded_at, cutoff) {
+            let reason = format!("retention: personal data of tenant {tenant} is kept {days} days after its operations settle");
+            erase_key(shared, subjects, &summary.key_id, &by, &reason).await?;
+            erased += 1;
+        }
+    }
+    Ok(erased)
+}
+
+/// One operation of a subject, as retention sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settled {
+    /// Its state is terminal (or it was never appended).
+    pub terminal: bool,
+    /// Its last event's time.
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Whether a subject is kept past `cutoff`: every operation settled before it, and nothing
+/// recorded under the subject since.
+pub(crate) fn kept_too_long(
+    operations: &[Settled],
+    last_recorded_at: Option<chrono::DateTime<chrono::Utc>>,
+    cutoff: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    last_recorded_at.is_some_and(|at| at < cutoff)
+        && operations
+            .iter()
+            .all(|operation| operation.terminal && operation.at.is_none_or(|at| at < cutoff))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{Duration, TimeZone, Utc};
+
+    #[test]
+    fn a_subject_is_erased_by_retention_only_when_every_operation_settled_before_the_cutoff() {
+        let cutoff = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap();
+        let old = Some(cutoff - Duration::days(3));
+        let new = Some(cutoff + Duration::hours(1));
+        let settled = |terminal, at| Settled { terminal, at };
+        assert!(kept_too_long(
+            &[settled(true, old), settled(true, old)],
+            old,
+            cutoff
+        ));
+        assert!(
+            !kept_too_long(&[settled(true, old), settled(false, old)], old, cutoff),
+            "one still open"
+        );
+        assert!(
+            !kept_too_long(&[settled(true, old), settled(true, new)], old, cutoff),
+            "one settled since"
+        );
+        assert!(
+            !kept_too_long(&[settled(true, old)], new, cutoff),
+            "recorded again since"
+        );
+        assert!(
+            kept_too_long(&[], old, cutoff),
+            "a key with no operation left behind"
+        );
+    }
+}
