@@ -647,6 +647,11 @@ pub enum BenchTarget {
     /// first_drive_ms=… max_rss_mb=…`. The read models beside the file are caught up first
     /// (untimed): the measurement is a restart, not a first start.
     Startup(BenchStartupArgs),
+    /// Erasure of one data subject: records --operations intents under one subject on a fresh
+    /// SQLite ledger (untimed beyond its own line), then erases the subject (the event, every
+    /// open operation to review, the key destroyed); prints `bench=erase operations=…
+    /// record_s=… erase_ms=…`.
+    Erase(BenchEraseArgs),
     /// The HTTP service end to end: record + execute against the CRM stand on loopback, at each
     /// concurrency; prints `bench=http concurrency=… operations=… ops_per_s=… p50_ms=… p99_ms=…`.
     /// Without --url it starts the stand and `opledger serve` itself on a fresh ledger file.
@@ -687,6 +692,13 @@ pub struct BenchFloorArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BenchEraseArgs {
+    /// Operations recorded under the subject.
+    #[arg(long, default_value_t = 10_000)]
+    pub operations: u32,
+}
+
+#[derive(Debug, Args)]
 pub struct BenchHttpArgs {
     /// Operations (record + execute) per concurrency level.
     #[arg(long, default_value_t = 5_000)]
@@ -714,6 +726,10 @@ pub struct BenchHttpArgs {
     /// the level's last operation it had delivered everything (not with --url).
     #[arg(long)]
     pub webhook: bool,
+    /// Record every operation with a data subject (one of 1,000) and personal data on, every
+    /// argument sealed (not with --url): compare with a run without it.
+    #[arg(long)]
+    pub personal: bool,
 }
 
 #[derive(Debug, Args)]
