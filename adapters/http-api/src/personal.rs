@@ -26,11 +26,12 @@ use crate::config::{ServeConfig, StoreUrl};
 use crate::error::{json_reply, ApiError};
 use crate::{ServeError, Shared};
 
+/// The key store, when configured, and each tenant's privacy settings.
+pub(crate) type KeyStore = (Option<Arc<Subjects>>, BTreeMap<TenantId, TenantPrivacy>);
+
 /// The key store `config` names, opened with its key-encryption key (a wrong key stops the
 /// start with what to do), and each tenant's privacy settings.
-pub(crate) fn open_key_store(
-    config: &ServeConfig,
-) -> Result<(Option<Arc<Subjects>>, BTreeMap<TenantId, TenantPrivacy>), ServeError> {
+pub(crate) fn open_key_store(config: &ServeConfig) -> Result<KeyStore, ServeError> {
     let Some(settings) = &config.personal_data else {
         return Ok((None, BTreeMap::new()));
     };

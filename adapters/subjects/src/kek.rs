@@ -93,7 +93,7 @@ impl Kek {
 }
 
 fn decode_hex(text: &str) -> Option<Zeroizing<Vec<u8>>> {
-    if text.len() % 2 != 0 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let bytes = (0..text.len())
