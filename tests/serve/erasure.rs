@@ -416,6 +416,45 @@ async fn a_server_started_with_another_key_is_refused_and_a_rotated_key_opens_ev
     let operation: Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let operation_id = operation["operation_id"].as_str().unwrap().to_owned();
 
+    // An auditor keeps a signed checkpoint of the log as it is now.
+    let log_key = dir.join("log.key");
+    let generated = succeeded(
+        &opledger(
+            &[
+                "keys",
+                "generate",
+                "--name",
+                "ledger.example.com/test",
+                "--out",
+                &log_key.display().to_string(),
+            ],
+            &[],
+        ),
+        "keys generate",
+    );
+    let verifier_key = generated
+        .lines()
+        .next()
+        .expect("the verifier key")
+        .trim()
+        .to_owned();
+    let checkpoint = dir.join("before.checkpoint");
+    succeeded(
+        &opledger(
+            &[
+                "checkpoint",
+                "--db",
+                &db_arg,
+                "--key-file",
+                &log_key.display().to_string(),
+                "--out",
+                &checkpoint.display().to_string(),
+            ],
+            &[],
+        ),
+        "checkpoint",
+    );
+
     // Another key: the server refuses to start, and says what to do.
     let refused = Command::new(env!("CARGO_BIN_EXE_opledger"))
         .args(["serve", "--config", &harness.config.display().to_string()])
@@ -488,6 +527,21 @@ async fn a_server_started_with_another_key_is_refused_and_a_rotated_key_opens_ev
     succeeded(
         &opledger(&["verify", "--db", &db_arg], &[]),
         "opledger verify",
+    );
+    succeeded(
+        &opledger(
+            &[
+                "verify",
+                "--db",
+                &db_arg,
+                "--against",
+                &checkpoint.display().to_string(),
+                "--verifier-key",
+                &verifier_key,
+            ],
+            &[],
+        ),
+        "verify --against the checkpoint kept before the erasure",
     );
     assert_eq!(holding(&dir, &email), Vec::<PathBuf>::new());
 }
