@@ -26,6 +26,7 @@ mod review;
 mod serve;
 mod sim;
 mod stand;
+mod subjects;
 mod tail;
 mod trace;
 mod verify;
@@ -120,6 +121,12 @@ fn main() -> ExitCode {
             Command::Witness(args) => log::witness(args).await,
             Command::Export(args) => export::run(args).await,
             Command::Migrate(args) => migrate::run(args).await,
+            Command::Subjects(args) => match args.command {
+                cli::SubjectsCommand::List(args) => subjects::list(args).await,
+                cli::SubjectsCommand::Show(args) => subjects::show(args).await,
+                cli::SubjectsCommand::Erase(args) => subjects::erase(args).await,
+                cli::SubjectsCommand::RotateKek(args) => subjects::rotate(args).await,
+            },
         }
     });
     // The spans still queued go out before the process ends (bounded by the export timeout).

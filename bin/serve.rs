@@ -173,6 +173,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         log: opledger_http_api::log::LogSettings::from_environment()
             .map_err(crate::cli::CliError::Config)?,
         instance_id: None,
+        personal_data: None,
     };
     Ok((config, stand))
 }

@@ -5,6 +5,7 @@ mod as_of;
 mod connections;
 mod console;
 mod contract;
+mod erasure;
 mod fuzz;
 mod idempotency;
 mod inputs;

@@ -26,6 +26,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 mod log;
+pub mod personal;
 mod store;
 mod webhooks;
 
@@ -240,6 +241,9 @@ pub struct ServeConfig {
     /// This instance's name (`instance_id`); `None`: `serve-<pid>-<random>`, unique even
     /// between containers whose processes share a process id.
     pub instance_id: Option<String>,
+    /// Personal data (`[personal_data]`): `None` when no key-encryption key is configured, and
+    /// then an intent naming a data subject is refused.
+    pub personal_data: Option<personal::PersonalDataSettings>,
 }
 
 /// The longest `instance_id`, in characters: it travels in every attempt event, log line and
@@ -311,6 +315,8 @@ struct File {
     webhook_lease_ms: Option<Spanned<u64>>,
     /// `[log]`: the transparency log.
     log: Option<log::LogSection>,
+    /// `[personal_data]`: the key-encryption key and the key store.
+    personal_data: Option<personal::PersonalDataSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -436,6 +442,10 @@ struct TokenHolder {
     id: Spanned<String>,
     token: Option<Spanned<String>>,
     token_env: Option<Spanned<String>>,
+    /// `"all"` or `"declared"`: which argument values of an operation with a subject are sealed.
+    personal_data: Option<Spanned<String>>,
+    /// Days after which a subject whose operations all settled is erased automatically.
+    retention_days: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -619,6 +629,7 @@ impl Checker<'_> {
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
         let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
         let log = self.log(file.log.as_ref())?;
+        let personal_data = self.personal_data(file.personal_data.as_ref(), &file.tenants)?;
         if let Some(id) = &file.instance_id {
             check_instance_id(id.get_ref())
                 .map_err(|message| self.error(Some(id.span()), "instance_id", message))?;
@@ -652,6 +663,7 @@ impl Checker<'_> {
             mcp_allowed_origins,
             log,
             instance_id: file.instance_id.map(Spanned::into_inner),
+            personal_data,
         })
     }
 

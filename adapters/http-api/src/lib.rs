@@ -42,6 +42,7 @@ mod events;
 pub mod input;
 pub mod log;
 mod metrics;
+pub mod personal;
 pub mod render;
 mod webhooks;
 
@@ -170,6 +171,11 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     /// This instance's id (`instance_id`, or `serve-<pid>-<random>`).
     pub instance_id: String,
+    /// The key store and cipher for personal data (`[personal_data]`), when configured.
+    pub subjects: Option<Arc<opledger_subjects::Subjects>>,
+    /// Each tenant's privacy settings (which values are personal, how long they are kept).
+    pub privacy:
+        std::collections::BTreeMap<opledger_domain::ids::TenantId, config::personal::TenantPrivacy>,
 }
 
 /// An instance id when the configuration names none: the process id for the operator reading
@@ -297,6 +303,7 @@ impl Service {
             .clone()
             .unwrap_or_else(default_instance_id);
         info!(%instance_id, "this instance's id (in attempts, PostgreSQL's application_name, /metrics)");
+        let (subjects, privacy) = personal::open_key_store(&config)?;
         let store = open_store(
             &config.store,
             &config.store_limits,
@@ -317,12 +324,11 @@ impl Service {
         // The engine's worker id: attempts carry it, and shutdown marks unknown only the
         // attempts in flight under it, so it must be this instance's alone.
         let worker = WorkerId::new(instance_id.clone())?;
-        let engine = Arc::new(Engine::try_new(
-            Ledger::new(store.clone(), SystemClock, RandomIds),
-            providers,
-            config.policy,
-            worker,
-        )?);
+        let mut ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
+        if let Some(subjects) = &subjects {
+            ledger = ledger.with_personal_data(Arc::clone(subjects) as _);
+        }
+        let engine = Arc::new(Engine::try_new(ledger, providers, config.policy, worker)?);
         let (stop, stopping) = watch::channel(false);
         let workers = Workers::spawn(
             Arc::clone(&engine),
@@ -393,7 +399,12 @@ impl Service {
             draining: std::sync::atomic::AtomicBool::new(false),
             instance_id,
             log_signer: log_signer.clone(),
+            subjects,
+            privacy,
         });
+        // It ends at the stop signal; an erasure under way completes or is completed by the
+        // next sweep (each step is idempotent).
+        let _retention = personal::spawn_retention(&shared, stopping.clone());
         let publisher = log_signer.map(|signer| {
             log::spawn_publisher(store.clone(), signer, &config.log, stopping.clone())
         });
