@@ -42,6 +42,7 @@ mod events;
 pub mod input;
 pub mod log;
 mod metrics;
+mod process_metrics;
 pub mod render;
 mod webhooks;
 
