@@ -923,6 +923,14 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 .await;
         }
         if let LookupOutcome::Refused { reason } = lookup {
+            if confirmed {
+                // A confirmed operation is no person's business: its look for a duplicate ends.
+                let reason = format!(
+                    "the provider refused the lookup for account `{}`'s credentials: {reason}",
+                    intent.account
+                );
+                return self.end_duplicate_check(loaded, &intent, reason).await;
+            }
             // Wrong or revoked credentials do not clear on their own: looking again would only
             // repeat the refusal until the lookup budget ran out. A person fixes the account.
             warn!(parent: &span, %reason, "lookup refused for its credentials");
@@ -1008,7 +1016,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let wait = retry_after_ms.clamp(MIN_BACKOFF_MS, MAX_RETRY_AFTER_MS);
         let not_before = now.checked_add_signed(milliseconds(wait)).unwrap_or(now);
         info!(parent: &span, %operation_id, %reason, wait_ms = wait, "lookup postponed; nothing asked, no lookup counted");
-        span.record("state", "unknown");
+        span.record("state", loaded.state.status.name());
         let command = Command::PostponeLookup {
             worker: self.worker.clone(),
             reason,

@@ -271,6 +271,54 @@ async fn a_search_that_settles_inside_its_lag_looks_once_more_after_it_and_finds
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_after_the_lag_refused_for_credentials_ends_without_a_person_and_is_not_repeated() {
+    let h = Harness::with(Setup {
+        stand_search_lag_ms: 0,
+        search_lag_ms: 1_500,
+        ..Setup::default()
+    })
+    .await;
+    h.queue(Crm::Plain.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Plain, Some("toolcall-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    // The answer is lost; the index shows the task at once, so a lookup inside the declared lag
+    // (in this drive or a next one) settles it.
+    let mut settled = h.drive(operation_id).await;
+    for _ in 0..3 {
+        if matches!(settled.state().status, Status::Succeeded { .. }) {
+            break;
+        }
+        settled = h.drive_when_due(operation_id).await;
+    }
+    assert!(
+        matches!(settled.state().status, Status::Succeeded { .. }),
+        "{:?}",
+        settled.state()
+    );
+    assert!(
+        settled.state().next_work().is_some(),
+        "a look after the lag is due"
+    );
+    // The account's token is revoked before that look: the provider refuses it.
+    h.admin
+        .set_account_token(ACCOUNT, &format!("{ACCOUNT_TOKEN}-revoked"))
+        .await
+        .expect("the stand takes the new token");
+    let looked = h.drive_when_due(operation_id).await;
+    let state = looked.state();
+    assert!(
+        matches!(state.status, Status::Succeeded { .. }),
+        "{state:?}"
+    );
+    assert_eq!(state.next_work(), None, "the look is over, not repeated");
+    let names = h.event_names(operation_id).await;
+    assert!(!names.contains(&"ReviewRequired"), "{names:?}");
+    assert_eq!(names.last(), Some(&"ReconciliationRecorded"), "{names:?}");
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_after_reconciliation_changes_nothing_and_a_different_late_id_is_a_duplicate(
 ) {
     let h = Harness::with(Setup {
