@@ -26,8 +26,8 @@ use crate::command::{
     Command, DEFAULT_LEASE_MS, MAX_LEASE_MS, MAX_SCHEDULE_AHEAD_MS, MIN_LEASE_MS,
 };
 use crate::contract::{
-    check_retry_contract, milliseconds, LookupSupport, ProviderCapabilities, RetryPolicy,
-    SendBinding,
+    check_retry_contract, milliseconds, Deduplication, LookupSupport, ProviderCapabilities,
+    RetryPolicy, SendBinding,
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
@@ -278,6 +278,9 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 Status::Pending => self.attempt(loaded).await?,
                 Status::InFlight => self.expire(loaded).await?,
                 Status::Unknown => self.reconcile_loaded(loaded).await?,
+                // The look for a duplicate a lagging search asked for (see `next_work`): one
+                // lookup, recorded whatever it finds, so it is due no more.
+                Status::Succeeded { .. } => self.reconcile_loaded(loaded).await?,
                 _ => break,
             };
         }
@@ -840,15 +843,32 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         }
     }
 
-    /// Asks the provider what became of an unknown operation and records the answer.
+    /// Asks the provider what became of an unknown operation and records the answer; for a
+    /// succeeded one, the look for a duplicate a lagging search asked for.
     async fn reconcile_loaded(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
         let intent = intent_of(&loaded)?.clone();
+        let confirmed = matches!(loaded.state.status, Status::Succeeded { .. });
+        let bound = self.providers.bind(&binding_query(&intent));
+        if confirmed {
+            let unable = match &bound {
+                Err(unbound) => Some(format!(
+                    "the operation cannot be looked up as recorded: {unbound}"
+                )),
+                Ok(bound) if bound.capabilities.lookup == LookupSupport::None => {
+                    Some("the action has no lookup any more".to_owned())
+                }
+                Ok(_) => None,
+            };
+            if let Some(reason) = unable {
+                return self.end_duplicate_check(loaded, &intent, reason).await;
+            }
+        }
         let Binding {
             capabilities,
             credential_fingerprint,
             earlier_fingerprints,
-        } = match self.providers.bind(&binding_query(&intent)) {
+        } = match bound {
             Ok(bound) => bound,
             Err(unbound) => {
                 return self
@@ -890,10 +910,16 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                     .await
             }
         };
-        let claimed = self.claim_lookup(loaded, budget_wait);
-        let loaded = match claimed.in_span(span.clone()).await? {
-            LookupTurn::Ours(claimed) => claimed,
-            LookupTurn::Elsewhere(current) => return Ok(current),
+        // A confirmed operation's look for a duplicate is not claimed: it can only add a
+        // duplicate found, and two instances making it at once cost one read-only request more.
+        let loaded = if matches!(loaded.state.status, Status::Succeeded { .. }) {
+            loaded
+        } else {
+            let claimed = self.claim_lookup(loaded, budget_wait);
+            match claimed.in_span(span.clone()).await? {
+                LookupTurn::Ours(claimed) => claimed,
+                LookupTurn::Elsewhere(current) => return Ok(current),
+            }
         };
         let request = LookupRequest {
             operation_id,
@@ -916,6 +942,14 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
                 .await;
         }
         if let LookupOutcome::Refused { reason } = lookup {
+            if confirmed {
+                // A confirmed operation is no person's business: its look for a duplicate ends.
+                let reason = format!(
+                    "the provider refused the lookup for account `{}`'s credentials: {reason}",
+                    intent.account
+                );
+                return self.end_duplicate_check(loaded, &intent, reason).await;
+            }
             // Wrong or revoked credentials do not clear on their own: looking again would only
             // repeat the refusal until the lookup budget ran out. A person fixes the account.
             warn!(parent: &span, %reason, "lookup refused for its credentials");
@@ -953,6 +987,37 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         self.record_reconciliation(loaded, &command, span).await
     }
 
+    /// Records that a confirmed operation's look for a duplicate cannot be made (its provider or
+    /// its lookup is no longer configured), so it is due no more. The record of a confirmed
+    /// operation's lookup reads no contract: the ones given are what the action has now.
+    async fn end_duplicate_check(
+        &self,
+        loaded: LoadedOperation,
+        intent: &IntentRecorded,
+        reason: String,
+    ) -> Result<LoadedOperation, AppError> {
+        let now = self.ledger.clock().now();
+        warn!(operation_id = %loaded.operation_id, %reason, "the look for a duplicate after the search's lag cannot be made");
+        let command = Command::RecordReconciliation {
+            result: ReconciliationResult::Inconclusive {
+                reason: reason.clone(),
+            },
+            duplicates: Vec::new(),
+            evidence: reason,
+            binding: send_binding(intent, intent.credential_fingerprint.clone()),
+            capabilities: ProviderCapabilities {
+                deduplication: Deduplication::None,
+                lookup: LookupSupport::None,
+            },
+            policy: self.policy.retry,
+            retry_not_before: now,
+            next_check_not_before: now,
+            in_progress: false,
+        };
+        let span = tracing::info_span!("lookup", operation_id = %loaded.operation_id, state = tracing::field::Empty, external_id = tracing::field::Empty);
+        self.record_reconciliation(loaded, &command, span).await
+    }
+
     /// Puts off the lookup of an unknown operation whose account's credentials or budget are not
     /// there (see [`Readiness::Wait`], [`LookupOutcome::NotAsked`]): one append, no lookup
     /// counted, so an outage of the account's credentials keeps its operations unknown instead of
@@ -970,7 +1035,7 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let wait = retry_after_ms.clamp(MIN_BACKOFF_MS, MAX_RETRY_AFTER_MS);
         let not_before = now.checked_add_signed(milliseconds(wait)).unwrap_or(now);
         info!(parent: &span, %operation_id, %reason, wait_ms = wait, "lookup postponed; nothing asked, no lookup counted");
-        span.record("state", "unknown");
+        span.record("state", loaded.state.status.name());
         let command = Command::PostponeLookup {
             worker: self.worker.clone(),
             reason,

@@ -328,7 +328,9 @@ pub struct ReconciliationRecorded {
     pub result: ReconciliationResult,
     /// The evidence, as the provider gave it.
     pub evidence: String,
-    /// When the operation stays unknown: the earliest time to look again.
+    /// When the operation stays unknown: the earliest time to look again. When a lagging search
+    /// found the object inside its lag (the operation succeeds): when to look once more, after
+    /// the lag, for a duplicate the search could not show yet.
     #[serde(
         default,
         with = "crate::timestamp::option",

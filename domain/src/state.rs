@@ -177,7 +177,9 @@ pub struct OperationState {
     pub uncertain_attempts: u32,
     /// Lookups made since it last became unknown.
     pub reconciliations: u32,
-    /// While unknown: the earliest time to look again.
+    /// While unknown: the earliest time to look again. While succeeded: when to look once more,
+    /// after a lagging search's lag, for a duplicate the search could not show yet (set when a
+    /// search inside its lag settled the operation; cleared by that look).
     pub next_check_not_before: Option<DateTime<Utc>>,
     /// While unknown: the worker that claimed the lookup in progress, until it is recorded.
     /// (Absent from states serialised before lookups were claimed.)
@@ -259,6 +261,11 @@ impl OperationState {
                     .map_or(check, |claim| check.max(claim.lease_deadline));
                 Some((due, Work::Reconcile))
             }
+            // Settled by a lagging search inside its lag: one more look after the lag, for an
+            // object the search could not show yet (a duplicate behind the success).
+            Status::Succeeded { .. } => self
+                .next_check_not_before
+                .map(|check| (check, Work::Reconcile)),
             _ => None,
         }
     }
@@ -375,6 +382,9 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
                 state.lookup_claim = None;
                 state.last_error = Some(format!("lookup waiting: {}", postponed.reason));
                 state.next_check_not_before = Some(postponed.not_before);
+            } else if state.next_check_not_before.is_some() {
+                // A confirmed operation's look for a duplicate, put off the same way.
+                state.next_check_not_before = Some(postponed.not_before);
             }
         }
         OperationEvent::ReconciliationRecorded(reconciled) => state.reconcile(reconciled),
@@ -473,8 +483,16 @@ impl OperationState {
     fn reconcile(&mut self, reconciled: &ReconciliationRecorded) {
         // The lookup is recorded, whoever made it: the claim on it has served its purpose.
         self.lookup_claim = None;
-        if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
+        if matches!(self.status, Status::Succeeded { .. }) {
+            // The look after a lagging search's lag (any other lookup of a confirmed operation
+            // is recorded only for what it found): it is made, none is due any more.
+            self.next_check_not_before = None;
+        } else if let ReconciliationResult::Found { external_id, .. } = &reconciled.result {
             self.succeed(external_id);
+            // Found inside a search's lag: the decider asks for one more look after the lag.
+            if matches!(self.status, Status::Succeeded { .. }) {
+                self.next_check_not_before = reconciled.next_check_not_before;
+            }
         } else if self.status == Status::Unknown {
             self.reconciliations += 1;
             self.next_check_not_before = reconciled.next_check_not_before;

@@ -90,10 +90,10 @@ fn a_seed_runs_the_same_trace_every_time() {
 fn the_trace_of_a_fixed_seed_is_stable_across_builds() {
     // Computed once and written down: a change of this hash means the simulation of seed 7
     // changed (the engine's behaviour, the faults, or the scheduler) and must be looked at.
-    // Last changed when attempts provably not sent stopped using up the attempts a policy
-    // allows, and an empty search inside the provider's lag stopped spending the last lookup
-    // (seed 7 keeps every invariant either way; 10,000 seeds pass).
-    const SEED_7_TRACE_HASH: u64 = 0xa01d_b486_d8c8_5f37;
+    // Last changed when a search that settled an operation inside the provider's lag started
+    // asking for one more look after the lag, for a duplicate the index did not show yet (seed 7
+    // keeps every invariant either way; the CI seeds pass).
+    const SEED_7_TRACE_HASH: u64 = 0xfcbb_b683_8f86_6db3;
     let report = run_seed(7, &SimConfig::default());
     assert!(report.passed(), "{:?}", report.violations);
     assert_eq!(

@@ -11,7 +11,7 @@ use opledger_projections::work_queue::WorkQueue;
 
 use opledger_domain::engine::Report;
 
-use super::support::{names, Crm, Harness, Setup};
+use super::support::{names, Crm, Harness, Setup, ACCOUNT, ACCOUNT_TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_never_arrived_is_retried_with_the_same_key_and_creates_one_task() {
@@ -187,6 +187,134 @@ async fn a_lookup_only_crm_with_a_lagging_index_keeps_the_operation_unknown_unti
         ),
         "{found:?}"
     );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_that_settles_inside_its_lag_looks_once_more_after_it_and_finds_the_duplicate_behind(
+) {
+    // The stand's index lags 60 s on its own clock (moved by hand); the connector declares 1.5 s,
+    // the time this test waits for the look after the lag.
+    let h = Harness::with(Setup {
+        stand_search_lag_ms: 60_000,
+        search_lag_ms: 1_500,
+        ..Setup::default()
+    })
+    .await;
+    h.queue(Crm::Plain.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Plain, Some("toolcall-1"))).await;
+    let intent = recorded.intent().clone();
+    let operation_id = intent.operation_id;
+    assert_eq!(h.drive(operation_id).await.state().status, Status::Unknown);
+    // The index shows the task the lost answer created; then a second task under the operation's
+    // label is created (another sender, a provider's own repeat), which the index does not show yet.
+    h.admin
+        .advance_clock_ms(61_000)
+        .await
+        .expect("the stand clock moves");
+    let label = opledger_domain::provider::operation_label(operation_id);
+    let second: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/plain/{ACCOUNT}/tasks", h.base_url()))
+        .bearer_auth(ACCOUNT_TOKEN)
+        .json(&serde_json::json!({"title": "the same task again", "opledger_label": label}))
+        .send()
+        .await
+        .expect("the stand answers")
+        .json()
+        .await
+        .expect("the second task");
+    let second_id = second["id"].as_str().expect("an id").to_owned();
+
+    // Inside the declared lag the search shows one labelled task: it settles the operation...
+    let settled = h.drive_when_due(operation_id).await;
+    let first_id = match &settled.state().status {
+        Status::Succeeded { external_id } => external_id.clone(),
+        other => panic!("settled by the search: {other:?}"),
+    };
+    assert_ne!(first_id.as_str(), second_id);
+    assert!(settled.state().duplicates.is_empty());
+    // ...and leaves one more look for after the lag, as work a worker finds due.
+    assert!(
+        settled.state().next_work().is_some(),
+        "{:?}",
+        settled.state()
+    );
+
+    // The index catches up; the look after the lag sees the second task: a detected duplicate.
+    h.admin
+        .advance_clock_ms(61_000)
+        .await
+        .expect("the stand clock moves");
+    let looked = h.drive_when_due(operation_id).await;
+    let state = looked.state();
+    assert_eq!(
+        state.status,
+        Status::Succeeded {
+            external_id: first_id
+        },
+        "no regression"
+    );
+    assert_eq!(
+        state.duplicates,
+        [ExternalObjectId::new(second_id).expect("a valid id")]
+    );
+    assert_eq!(state.next_work(), None, "looked once, not again");
+    let names = h.event_names(operation_id).await;
+    assert_eq!(
+        names[names.len() - 2..],
+        ["ReconciliationRecorded", "DuplicateDetected"],
+        "{names:?}"
+    );
+    assert_eq!(state.attempts, 1, "never sent again");
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_after_the_lag_refused_for_credentials_ends_without_a_person_and_is_not_repeated() {
+    let h = Harness::with(Setup {
+        stand_search_lag_ms: 0,
+        search_lag_ms: 1_500,
+        ..Setup::default()
+    })
+    .await;
+    h.queue(Crm::Plain.create_fault(FaultKind::DropResponse))
+        .await;
+    let recorded = h.record(h.request(Crm::Plain, Some("toolcall-1"))).await;
+    let operation_id = recorded.intent().operation_id;
+    // The answer is lost; the index shows the task at once, so a lookup inside the declared lag
+    // (in this drive or a next one) settles it.
+    let mut settled = h.drive(operation_id).await;
+    for _ in 0..3 {
+        if matches!(settled.state().status, Status::Succeeded { .. }) {
+            break;
+        }
+        settled = h.drive_when_due(operation_id).await;
+    }
+    assert!(
+        matches!(settled.state().status, Status::Succeeded { .. }),
+        "{:?}",
+        settled.state()
+    );
+    assert!(
+        settled.state().next_work().is_some(),
+        "a look after the lag is due"
+    );
+    // The account's token is revoked before that look: the provider refuses it.
+    h.admin
+        .set_account_token(ACCOUNT, &format!("{ACCOUNT_TOKEN}-revoked"))
+        .await
+        .expect("the stand takes the new token");
+    let looked = h.drive_when_due(operation_id).await;
+    let state = looked.state();
+    assert!(
+        matches!(state.status, Status::Succeeded { .. }),
+        "{state:?}"
+    );
+    assert_eq!(state.next_work(), None, "the look is over, not repeated");
+    let names = h.event_names(operation_id).await;
+    assert!(!names.contains(&"ReviewRequired"), "{names:?}");
+    assert_eq!(names.last(), Some(&"ReconciliationRecorded"), "{names:?}");
     h.finish().await;
 }
 

@@ -413,6 +413,39 @@ async fn pipedrive_an_activity_with_a_person_sends_them_as_its_primary_participa
 }
 
 #[tokio::test]
+async fn a_pipedrive_refusal_reaches_the_operator_in_pipedrives_own_words_and_code() {
+    // A label field key that is not one of the account's custom fields (a setting typed wrong):
+    // v2 refuses the deal, naming the field in `error`.
+    let api = <Pipedrive as Api>::start().await;
+    let wrong_key = "f".repeat(40);
+    let source =
+        format!("file = \"pipedrive.toml\"\nsettings = {{ label_field_key = \"{wrong_key}\" }}");
+    let entry = preset_entry("pipedrive", &source, &api.running.base_url);
+    let ledger = Ledger::new(
+        &entry,
+        TOKEN_A,
+        &[("pipedrive.toml", shortened("pipedrive", &[]))],
+    );
+    let server = ledger.serve();
+    let id = start(
+        &server,
+        "pipedrive",
+        "create_deal",
+        json!({"title": "Renewal"}),
+    )
+    .await;
+    let settled = settle(&server, &id).await;
+    assert_eq!(settled["state"], "rejected", "{settled}");
+    // The status and Pipedrive's code, then its message: not the hint, not the raw body.
+    assert_eq!(
+        settled["last_error"],
+        format!("400 ERR_BAD_REQUEST: Custom field `{wrong_key}` does not exist or is not text"),
+        "{settled}"
+    );
+    assert!(api.objects("deal").is_empty());
+}
+
+#[tokio::test]
 async fn pipedrive_refuses_an_activitys_person_id_and_the_preset_never_sends_one() {
     let api = <Pipedrive as Api>::start().await;
     // The emulator answers as v2 does, word for word.

@@ -34,6 +34,17 @@ const TITLE: &str = "Call the client about invoice 4471";
 /// The stand's credential for the account (see support.rs), which no span may carry.
 const ACCOUNT_TOKEN: &str = "token-acct-1";
 
+/// The OpenTelemetry semantic conventions' namespaces the ledger's spans use (HTTP server and
+/// client spans, errors).
+const SEMANTIC_CONVENTION_NAMESPACES: [&str; 6] = [
+    "http.",
+    "url.",
+    "server.",
+    "user_agent.",
+    "error.",
+    "network.",
+];
+
 /// A loopback OTLP/HTTP receiver keeping every span posted to `/v1/traces`.
 pub(super) struct Receiver {
     pub(super) url: String,
@@ -133,7 +144,8 @@ fn named<'a>(spans: &'a [Span], name: &str, operation_id: &str) -> Vec<&'a Span>
     spans
         .iter()
         .filter(|span| {
-            span.name == name && attribute(span, "operation_id").as_deref() == Some(operation_id)
+            span.name == name
+                && attribute(span, "opledger.operation_id").as_deref() == Some(operation_id)
         })
         .collect()
 }
@@ -218,7 +230,7 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
         .until("the lookup that found the task", |spans| {
             named(spans, "lookup", &operation_id)
                 .iter()
-                .any(|span| attribute(span, "state").as_deref() == Some("succeeded"))
+                .any(|span| attribute(span, "opledger.state").as_deref() == Some("succeeded"))
         })
         .await;
     let caller_span = (0..8)
@@ -228,7 +240,7 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
     // One trace: every span about the operation is in the caller's.
     let ours: Vec<&Span> = spans
         .iter()
-        .filter(|span| attribute(span, "operation_id").as_deref() == Some(&operation_id))
+        .filter(|span| attribute(span, "opledger.operation_id").as_deref() == Some(&operation_id))
         .collect();
     let traces: BTreeSet<String> = ours.iter().map(|span| hex(&span.trace_id)).collect();
     assert_eq!(
@@ -258,10 +270,10 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
     };
     assert!(descends_from(&spans, record, &request.span_id));
     for (key, value) in [
-        ("tenant", "tenant-a"),
-        ("provider", "crm-plain"),
-        ("account", ACCOUNT),
-        ("action", "create_task"),
+        ("opledger.tenant", "tenant-a"),
+        ("opledger.provider", "crm-plain"),
+        ("opledger.account", ACCOUNT),
+        ("opledger.action", "create_task"),
     ] {
         assert_eq!(
             attribute(record, key).as_deref(),
@@ -276,8 +288,11 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
         panic!("one send: {sends:?}")
     };
     assert!(descends_from(&spans, send, &request.span_id));
-    assert_eq!(attribute(send, "state").as_deref(), Some("unknown"));
-    assert!(attribute(send, "attempt_id").is_some_and(|id| !id.is_empty()));
+    assert_eq!(
+        attribute(send, "opledger.state").as_deref(),
+        Some("unknown")
+    );
+    assert!(attribute(send, "opledger.attempt_id").is_some_and(|id| !id.is_empty()));
     let client = spans
         .iter()
         .find(|span| span.name == "POST" && descends_from(&spans, span, &send.span_id))
@@ -306,10 +321,10 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
     // the context kept with the intent (its drive's parent is a span of the caller's request).
     let lookup = named(&spans, "lookup", &operation_id)
         .into_iter()
-        .find(|span| attribute(span, "state").as_deref() == Some("succeeded"))
+        .find(|span| attribute(span, "opledger.state").as_deref() == Some("succeeded"))
         .expect("the successful lookup");
     assert_eq!(
-        attribute(lookup, "external_id").as_deref(),
+        attribute(lookup, "opledger.external_id").as_deref(),
         Some(external_id.as_str())
     );
     assert!(
@@ -334,6 +349,21 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
         attribute(lookup_client, "http.response.status_code").as_deref(),
         Some("200")
     );
+
+    // Every attribute is named after an OpenTelemetry semantic convention or is the ledger's
+    // own, in its namespace: no bare `operation_id` to collide with another library's.
+    for span in &spans {
+        for name in attributes(span).keys() {
+            assert!(
+                name.starts_with("opledger.")
+                    || SEMANTIC_CONVENTION_NAMESPACES
+                        .iter()
+                        .any(|namespace| name.starts_with(namespace)),
+                "{name} of {} is neither a convention's nor in the opledger namespace",
+                span.name
+            );
+        }
+    }
 
     // Never arguments, keys, tokens or secrets, in any span.
     for span in &spans {
@@ -443,7 +473,7 @@ async fn a_lost_response_is_one_trace_from_the_callers_span_through_the_lookup_t
     assert!(spans
         .iter()
         .filter(|span| hex(&span.trace_id) == OPERATOR_TRACE)
-        .all(|span| attribute(span, "operation_id").is_none_or(|id| id == operation_id)));
+        .all(|span| attribute(span, "opledger.operation_id").is_none_or(|id| id == operation_id)));
 }
 
 #[tokio::test]
@@ -605,7 +635,7 @@ async fn grpc_export_brings_the_callers_trace_to_a_real_otlp_grpc_receiver() {
     assert_eq!(answered["state"], "succeeded", "{answered}");
     let operation_id = answered["operation_id"].as_str().expect("an id").to_owned();
     let of_operation = |span: &Value, name: &str| {
-        span["name"] == name && span["attributes"]["operation_id"] == operation_id.as_str()
+        span["name"] == name && span["attributes"]["opledger.operation_id"] == operation_id.as_str()
     };
     let is_request =
         |span: &Value| span["name"] == "POST /v1/operations" && span["trace_id"] == CALLER_TRACE;

@@ -618,6 +618,76 @@ async fn a_dead_endpoint_beside_a_live_one_does_not_hold_it_back() {
     assert_eq!(live["delivered_total"], json!(head), "{live}");
     // One attempt at the dead endpoint waits 15 s; the live one finished long before.
     assert!(elapsed < Duration::from_secs(15), "took {elapsed:?}");
+
+    // /metrics tells them apart: the live endpoint's every delivery is in its latency histogram
+    // and its last success is now; the dead one has no delivery and no last success at all.
+    let samples = metric_samples(&metrics_text(&server).await);
+    let sample = |series: &str| {
+        samples
+            .get(series)
+            .copied()
+            .unwrap_or_else(|| panic!("{series} missing from {samples:#?}"))
+    };
+    let latency = "opledger_webhook_delivery_latency_seconds";
+    assert_eq!(
+        sample(&format!("{latency}_count{{endpoint=\"live\"}}")),
+        head as f64
+    );
+    assert_eq!(
+        sample(&format!(
+            "{latency}_bucket{{endpoint=\"live\",le=\"+Inf\"}}"
+        )),
+        head as f64
+    );
+    let live_sum = sample(&format!("{latency}_sum{{endpoint=\"live\"}}"));
+    assert!(
+        live_sum > 0.0 && live_sum < elapsed.as_secs_f64() * head as f64,
+        "{live_sum}"
+    );
+    assert_eq!(
+        sample(&format!("{latency}_count{{endpoint=\"dead\"}}")),
+        0.0
+    );
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let last = sample("opledger_webhook_last_success_timestamp_seconds{endpoint=\"live\"}");
+    assert!(
+        now_s - last >= 0.0 && now_s - last < elapsed.as_secs_f64() + 5.0,
+        "{last} vs {now_s}"
+    );
+    assert!(
+        !samples.contains_key("opledger_webhook_last_success_timestamp_seconds{endpoint=\"dead\"}")
+    );
+    // The standard process series, as every Prometheus client exports them.
+    assert!(sample("process_cpu_seconds_total") > 0.0);
+    assert!(sample("process_resident_memory_bytes") > 1_000_000.0);
+    assert!(sample("process_virtual_memory_bytes") >= sample("process_resident_memory_bytes"));
+    assert!(sample("process_open_fds") >= 3.0);
+    assert!(sample("process_max_fds") >= sample("process_open_fds"));
+    let started_s = sample("process_start_time_seconds");
+    assert!(
+        started_s <= now_s && now_s - started_s < 600.0,
+        "{started_s} vs {now_s}"
+    );
+}
+
+/// The samples of a Prometheus text answer: each series (name and labels, as written) to its
+/// value; every sample line must parse.
+fn metric_samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("a sample: {line}"));
+            let value = value
+                .parse()
+                .unwrap_or_else(|_| panic!("a sample's value: {line}"));
+            (series.to_owned(), value)
+        })
+        .collect()
 }
 
 /// Two instances on one PostgreSQL ledger with one endpoint: the lease makes one of them the

@@ -43,6 +43,7 @@ pub mod input;
 pub mod log;
 mod metrics;
 pub mod personal;
+mod process_metrics;
 pub mod render;
 mod webhooks;
 

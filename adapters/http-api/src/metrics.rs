@@ -319,6 +319,7 @@ pub async fn render(
         env!("CARGO_PKG_VERSION")
     );
     shared.requests.render(&mut out);
+    crate::process_metrics::render(&mut out);
     Ok((
         StatusCode::OK,
         [(
@@ -390,6 +391,7 @@ fn render_webhooks(out: &mut String, endpoints: &[opledger_webhooks::EndpointOve
             );
         }
     }
+    render_webhook_latency(out, endpoints);
     gauge(out, "opledger_webhook_active", "1 while the endpoint is delivered to; 0 while paused or disabled (GET /v1/webhooks says why).");
     for endpoint in endpoints {
         let active = u8::from(endpoint.status == EndpointStatus::Active);
@@ -398,6 +400,56 @@ fn render_webhooks(out: &mut String, endpoints: &[opledger_webhooks::EndpointOve
             "opledger_webhook_active{{endpoint=\"{}\"}} {active}",
             endpoint.id
         );
+    }
+}
+
+/// Per webhook endpoint: how long its deliveries took (seconds from an event's first attempt to
+/// the receiver's 2xx, so a retried event counts its retries) and when it last answered 2xx (left
+/// out until it has, since the service started: an alert on its age must not fire for an endpoint
+/// that had nothing to deliver).
+fn render_webhook_latency(out: &mut String, endpoints: &[opledger_webhooks::EndpointOverview]) {
+    use opledger_webhooks::DELIVERY_LATENCY_BUCKETS_S;
+    let name = "opledger_webhook_delivery_latency_seconds";
+    let _ = writeln!(out, "# HELP {name} Seconds from an event's first delivery attempt to the receiver's 2xx answer (a retried event counts its retries and their pauses).");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for endpoint in endpoints {
+        let latency = &endpoint.latency;
+        let mut cumulative = 0;
+        for (bound, count) in DELIVERY_LATENCY_BUCKETS_S.iter().zip(latency.counts) {
+            cumulative += count;
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{endpoint=\"{}\",le=\"{bound}\"}} {cumulative}",
+                endpoint.id
+            );
+        }
+        let count = latency.count();
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {count}",
+            endpoint.id
+        );
+        let _ = writeln!(
+            out,
+            "{name}_sum{{endpoint=\"{}\"}} {}",
+            endpoint.id, latency.sum_s
+        );
+        let _ = writeln!(out, "{name}_count{{endpoint=\"{}\"}} {count}", endpoint.id);
+    }
+    gauge(
+        out,
+        "opledger_webhook_last_success_timestamp_seconds",
+        "Unix time of the endpoint's last 2xx answer since the service started (absent before its first).",
+    );
+    for endpoint in endpoints {
+        if let Some(at) = endpoint.latency.last_delivered_at {
+            let _ = writeln!(
+                out,
+                "opledger_webhook_last_success_timestamp_seconds{{endpoint=\"{}\"}} {}",
+                endpoint.id,
+                at.timestamp_millis() as f64 / 1_000.0
+            );
+        }
     }
 }
 

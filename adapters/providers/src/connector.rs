@@ -1065,7 +1065,8 @@ fn prepare(spec: &RequestSpec, context: &Context<'_>) -> Result<PreparedRequest,
     }
     let body = match spec.encoding {
         BodyEncoding::None => None,
-        encoding => body_value(spec, context)
+        encoding => spec
+            .body_value(context)
             .map(|value| body::encode(encoding, &value))
             .transpose()?
             .flatten()
@@ -1084,16 +1085,20 @@ fn prepare(spec: &RequestSpec, context: &Context<'_>) -> Result<PreparedRequest,
     })
 }
 
-/// The body: the arguments (when the body starts from them) with the rendered tree merged over.
-fn body_value(spec: &RequestSpec, context: &Context<'_>) -> Option<Value> {
-    let base = spec
-        .body_base_args
-        .then(|| context.args.map(|args| Value::Object(args.clone())))
-        .flatten();
-    let over = spec.body.as_ref().and_then(|tree| tree.render(context));
-    match (base, over) {
-        (Some(base), Some(over)) => Some(body::merge(base, over)),
-        (base, over) => base.or(over),
+impl RequestSpec {
+    /// The body as JSON, before it is encoded (as JSON or as a form): the arguments (when the
+    /// body starts from them) with the rendered tree merged over. What a provider's published
+    /// description of the request is checked against (tests/preset_request_bodies.rs).
+    pub fn body_value(&self, context: &Context<'_>) -> Option<Value> {
+        let base = self
+            .body_base_args
+            .then(|| context.args.map(|args| Value::Object(args.clone())))
+            .flatten();
+        let over = self.body.as_ref().and_then(|tree| tree.render(context));
+        match (base, over) {
+            (Some(base), Some(over)) => Some(body::merge(base, over)),
+            (base, over) => base.or(over),
+        }
     }
 }
 

@@ -485,9 +485,11 @@ where
         let meta = event.metadata();
         let mut fields = EventFields {
             name: None,
+            // No semantic convention names a span event's level or its Rust module: the
+            // ledger's own, in its namespace.
             attributes: vec![
-                KeyValue::new("level", meta.level().as_str()),
-                KeyValue::new("target", meta.target()),
+                KeyValue::new("opledger.level", meta.level().as_str()),
+                KeyValue::new("opledger.target", meta.target()),
             ],
         };
         event.record(&mut fields);
@@ -559,7 +561,10 @@ impl Fields<'_> {
             // Past the 64th field (tracing's macros allow 32): searched every time.
             None => true,
         };
-        self.record.attributes.set(field.name(), value, replace);
+        let name = field.name();
+        self.record
+            .attributes
+            .set_in(namespace_of(name), name, value, replace);
     }
 
     /// The `otel.*` fields; `true` when `field` was one.
@@ -584,6 +589,22 @@ impl Fields<'_> {
         true
     }
 }
+
+/// The namespace an exported attribute's key takes before a field's name. A field named with a
+/// namespace (`http.route`, `url.full`, `server.port`, `error.type`) is named after OpenTelemetry's
+/// semantic conventions and is exported as it is; a bare field (`operation_id`, `attempt_id`,
+/// `provider`, `state`) is the ledger's own and is exported as `opledger.<name>`, so it can never
+/// collide with a convention's name or another library's. The JSON log keeps the bare names.
+pub(crate) fn namespace_of(field: &str) -> &'static str {
+    if field.contains('.') {
+        ""
+    } else {
+        OWN_NAMESPACE
+    }
+}
+
+/// The namespace of the ledger's own span and event attributes.
+pub(crate) const OWN_NAMESPACE: &str = "opledger.";
 
 /// A `Debug` (or `%` Display) value as a string, written into a buffer that fits an id or a
 /// short message at once, where `format!` grows from nothing.
@@ -685,8 +706,12 @@ struct EventFields {
 
 impl EventFields {
     fn set(&mut self, field: &Field, value: Value) {
-        self.attributes
-            .push(KeyValue::new(Key::from_static_str(field.name()), value));
+        let name = field.name();
+        let key = match namespace_of(name) {
+            "" => Key::from_static_str(name),
+            namespace => Key::from(format!("{namespace}{name}")),
+        };
+        self.attributes.push(KeyValue::new(key, value));
     }
 }
 
@@ -948,13 +973,66 @@ mod tests {
             send.in_scope(|| {});
         });
         let send = named(&spans, "send");
-        assert_eq!(attribute(send, "operation_id"), ["op-1"]);
-        assert_eq!(attribute(send, "attempt"), ["2"]);
-        assert_eq!(attribute(send, "state"), ["succeeded"]);
-        assert_eq!(attribute(send, "external_id"), ["731"]);
+        assert_eq!(attribute(send, "opledger.operation_id"), ["op-1"]);
+        assert_eq!(attribute(send, "opledger.attempt"), ["2"]);
+        assert_eq!(attribute(send, "opledger.state"), ["succeeded"]);
+        assert_eq!(attribute(send, "opledger.external_id"), ["731"]);
         assert!(attribute(send, "otel.kind").is_empty());
         assert_eq!(send.span_kind, SpanKind::Client);
         assert!(send.start_time <= send.end_time);
+    }
+
+    #[test]
+    fn the_ledgers_own_fields_are_exported_in_its_namespace_and_semantic_conventions_as_named() {
+        let spans = spans_of(1.0, || {
+            let request = tracing::info_span!(
+                "POST /v1/operations",
+                operation_id = "op-1",
+                http.request.method = "POST",
+                url.scheme = "http",
+                error.type = field::Empty,
+            );
+            request.record("error.type", "timeout");
+            request.in_scope(
+                || tracing::warn!(attempt_id = "at-1", error.type = "timeout", "outcome unknown"),
+            );
+        });
+        let request = named(&spans, "POST /v1/operations");
+        let mut keys: Vec<&str> = request
+            .attributes
+            .iter()
+            .map(|kv| kv.key.as_str())
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "error.type",
+                "http.request.method",
+                "opledger.operation_id",
+                "url.scheme"
+            ]
+        );
+        let warning = request
+            .events
+            .iter()
+            .next()
+            .expect("the warning is an event");
+        let mut keys: Vec<&str> = warning
+            .attributes
+            .iter()
+            .map(|kv| kv.key.as_str())
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "error.type",
+                "opledger.attempt_id",
+                "opledger.level",
+                "opledger.target"
+            ]
+        );
     }
 
     #[test]
@@ -989,7 +1067,7 @@ mod tests {
         assert_eq!(request.span_context.trace_id().to_string(), CALLER_TRACE);
         assert_eq!(request.parent_span_id.to_string(), CALLER_SPAN);
         // Recorded at creation, before the caller's decision was known.
-        assert_eq!(attribute(request, "tenant"), ["acme"]);
+        assert_eq!(attribute(request, "opledger.tenant"), ["acme"]);
         assert_eq!(
             named(&sampled, "send").parent_span_id,
             request.span_context.span_id()

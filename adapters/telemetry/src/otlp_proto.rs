@@ -413,13 +413,29 @@ impl EncodedAttributes {
 
     /// Writes `key` = `value`. `replace`: a field of the same key may be there already (a
     /// span's creation writes each key once and says `false`, sparing the search).
+    #[cfg(test)]
     pub(crate) fn set(&mut self, key: &str, value: Scalar<'_>, replace: bool) {
-        let existing = if replace { self.find(key) } else { None };
+        self.set_in("", key, value, replace);
+    }
+
+    /// Writes `namespace` + `name` = `value`: the key is written in its two parts, so a
+    /// namespaced key (`opledger.` + a field's name) costs no string of its own.
+    pub(crate) fn set_in(&mut self, namespace: &str, name: &str, value: Scalar<'_>, replace: bool) {
+        let existing = if replace {
+            self.find(namespace, name)
+        } else {
+            None
+        };
         let start = self.bytes.len();
-        let len = string_field_len(KEY_VALUE_KEY, key)
+        let key_len = namespace.len() + name.len();
+        let len = bytes_field_len(KEY_VALUE_KEY, key_len)
             + message_field_len(KEY_VALUE_VALUE, scalar_len(value));
         len_delimited(SPAN_ATTRIBUTES, len, &mut self.bytes);
-        string_field(KEY_VALUE_KEY, key, &mut self.bytes);
+        if key_len > 0 {
+            len_delimited(KEY_VALUE_KEY, key_len, &mut self.bytes);
+            self.bytes.extend_from_slice(namespace.as_bytes());
+            self.bytes.extend_from_slice(name.as_bytes());
+        }
         len_delimited(KEY_VALUE_VALUE, scalar_len(value), &mut self.bytes);
         encode_scalar(value, &mut self.bytes);
         if let Some(old) = existing {
@@ -429,12 +445,16 @@ impl EncodedAttributes {
         }
     }
 
-    /// The byte range of the field whose key is `key`.
-    fn find(&self, key: &str) -> Option<std::ops::Range<usize>> {
+    /// The byte range of the field whose key is `namespace` + `name`.
+    fn find(&self, namespace: &str, name: &str) -> Option<std::ops::Range<usize>> {
         let mut at = 0;
         while at < self.bytes.len() {
             let (field, body) = self.field_at(at)?;
-            if self.key_of(body.clone()) == key.as_bytes() {
+            let key = self.key_of(body.clone());
+            if key.len() == namespace.len() + name.len()
+                && key.starts_with(namespace.as_bytes())
+                && key.ends_with(name.as_bytes())
+            {
                 return Some(field);
             }
             at = field.end;

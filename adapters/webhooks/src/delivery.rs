@@ -422,6 +422,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
     ) -> Result<Option<Ended>, WebhookError> {
         let window = Duration::from_secs(self.endpoint.retry_window_s);
         let mut first_failure: Option<Instant> = None;
+        let first_attempt = Instant::now();
         for number in 1u32.. {
             let at = chrono::Utc::now();
             let attempted = {
@@ -468,7 +469,8 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
                 self.unsaved.due.get_or_insert_with(|| {
                     TokioInstant::now() + Duration::from_millis(CHECKPOINT_DELIVERED_MS)
                 });
-                self.health.delivered();
+                self.health
+                    .delivered(first_attempt.elapsed(), chrono::Utc::now());
                 return Ok(None);
             }
             let saved = self.save(record).await?;

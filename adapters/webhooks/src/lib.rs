@@ -29,6 +29,7 @@ mod client;
 mod delivery;
 pub mod endpoint;
 pub mod journal;
+pub mod latency;
 pub mod port;
 pub mod schedule;
 mod service;
@@ -46,6 +47,7 @@ pub use client::{
 };
 pub use endpoint::Endpoint;
 pub use journal::{AttemptRecord, EndpointRecord, EndpointStatus, Journal};
+pub use latency::{DeliveryLatency, DELIVERY_LATENCY_BUCKETS_S};
 pub use port::{Acquired, DeliveryJournal, JournalFuture, Lease};
 pub use service::{DeliveryState, EndpointOverview, LeaseSettings, Webhooks};
 

@@ -25,6 +25,7 @@ use crate::client::client_for;
 use crate::delivery::Unsaved;
 use crate::delivery::{LeaseState, Task};
 use crate::journal::{AttemptRecord, EndpointStatus, Journal};
+use crate::latency::DeliveryLatency;
 use crate::port::{Acquired, DeliveryJournal, Lease};
 use crate::{
     Endpoint, Render, WebhookError, LEASE_RENEWALS_PER_LEASE, LEASE_VALID_PERCENT, MAX_ENDPOINTS,
@@ -98,6 +99,7 @@ struct Counts {
     disabled_total: u64,
     last_error: Option<String>,
     checkpoint: Option<u64>,
+    latency: DeliveryLatency,
 }
 
 impl Health {
@@ -110,6 +112,7 @@ impl Health {
                 disabled_total: 0,
                 last_error: None,
                 checkpoint,
+                latency: DeliveryLatency::default(),
             })),
         }
     }
@@ -122,10 +125,12 @@ impl Health {
         self.lock().checkpoint = Some(position);
     }
 
-    /// One more delivery; the checkpoint moves when its batch is written ([`Self::checkpoint`]).
-    pub(crate) fn delivered(&self) {
+    /// One more delivery, `took` from its first attempt to the 2xx answered `at`; the
+    /// checkpoint moves when its batch is written ([`Self::checkpoint`]).
+    pub(crate) fn delivered(&self, took: Duration, at: DateTime<Utc>) {
         let mut counts = self.lock();
         counts.delivered_total += 1;
+        counts.latency.delivered(took, at);
         counts.state = DeliveryState::Delivering;
     }
 
@@ -174,6 +179,9 @@ pub struct EndpointOverview {
     pub disabled_total: u64,
     /// The last failed attempt's error.
     pub last_error: Option<String>,
+    /// How long deliveries took since the service started, and the last 2xx (for `/metrics`).
+    #[serde(skip)]
+    pub latency: DeliveryLatency,
 }
 
 struct Handle {
@@ -369,6 +377,7 @@ impl Webhooks {
             failed_attempts_total: counts.failed_attempts_total,
             disabled_total: counts.disabled_total,
             last_error: counts.last_error,
+            latency: counts.latency,
         })
     }
 

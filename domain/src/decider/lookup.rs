@@ -63,7 +63,10 @@ pub(super) fn postpone(
     not_before: DateTime<Utc>,
 ) -> Result<Vec<OperationEvent>, Rejection> {
     let state = on.state;
-    if state.status != Status::Unknown {
+    // A confirmed operation's look for a duplicate after a search's lag is put off as well.
+    let duplicate_check =
+        matches!(state.status, Status::Succeeded { .. }) && state.next_check_not_before.is_some();
+    if state.status != Status::Unknown && !duplicate_check {
         return Err(on.refuse());
     }
     if let Some(held) = state

@@ -85,7 +85,12 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
     }
     match (&on.state.status, lookup.result) {
         (Status::Unknown, ReconciliationResult::Found { external_id, .. }) => {
-            let mut events = vec![lookup.recorded(on, None)];
+            // Found by a search inside its lag: it settles the operation, and one more look
+            // after the lag comes, since a second labelled object (a duplicate) may not show yet.
+            let look_again = indexed_by(lookup.capabilities, on.state)
+                .filter(|indexed_by| on.now < *indexed_by)
+                .map(|indexed_by| schedule(indexed_by, on.now));
+            let mut events = vec![lookup.recorded(on, look_again)];
             events.extend(also_found(on, lookup, external_id));
             Ok(events)
         }
@@ -110,18 +115,29 @@ pub(super) fn record(on: &On<'_>, lookup: &Lookup<'_>) -> Result<Vec<OperationEv
             },
             ReconciliationResult::Found { external_id, .. },
         ) => {
-            if confirmed == external_id {
+            let mut found = Vec::new();
+            if !on.state.duplicates.contains(external_id) {
+                found.extend(duplicate_of(
+                    on.state,
+                    external_id,
+                    "reconciliation",
+                    on.now,
+                ));
+            }
+            found.extend(also_found(on, lookup, confirmed));
+            // The look a lagging search asked for is recorded whatever it found (it clears the
+            // check); another lookup of a confirmed operation only when it found a duplicate.
+            if found.is_empty() && on.state.next_check_not_before.is_none() {
                 return Ok(Vec::new());
             }
             let mut events = vec![lookup.recorded(on, None)];
-            events.extend(duplicate_of(
-                on.state,
-                external_id,
-                "reconciliation",
-                on.now,
-            ));
-            events.extend(also_found(on, lookup, confirmed));
+            events.extend(found);
             Ok(events)
+        }
+        // The look for a duplicate after the lag, which found nothing new (or could not look):
+        // recorded, so it is not asked for again.
+        (Status::Succeeded { .. }, _) if on.state.next_check_not_before.is_some() => {
+            Ok(vec![lookup.recorded(on, None)])
         }
         (Status::Succeeded { .. }, _) => Ok(Vec::new()),
         _ => Err(on.refuse()),

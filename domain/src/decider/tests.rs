@@ -926,6 +926,60 @@ fn a_lookup_budget_spent_inside_the_search_lag_leaves_its_last_lookup_for_after_
 }
 
 #[test]
+fn a_search_that_finds_the_object_inside_its_lag_settles_it_and_looks_once_more_after_the_lag() {
+    // lookup_only(): the search lags 5 s; unknown at 10 s, so the index shows everything from
+    // 15 s. The search at 11 s shows one labelled object: evidence, the operation succeeds.
+    let scenario = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(found("731"), lookup_only(), at_s(11)), at_s(11))
+        .scenario;
+    let state = scenario.state();
+    assert_eq!(state.external_id(), Some(&external("731")));
+    // A second object the search could not show yet would go unseen: one more look is due
+    // when the index has caught up, as work for a worker.
+    assert_eq!(state.next_check_not_before, Some(at_s(15)));
+    assert_eq!(state.next_work(), Some((at_s(15), Work::Reconcile)));
+    // After the lag the search shows a second labelled object: a detected duplicate.
+    let mut look = reconcile(found("731"), lookup_only(), at_s(15));
+    if let Command::RecordReconciliation { duplicates, .. } = &mut look {
+        *duplicates = vec![external("732")];
+    }
+    let outcome = scenario.clone().when(&look, at_s(15));
+    assert_eq!(
+        outcome.then_types(),
+        ["ReconciliationRecorded", "DuplicateDetected"]
+    );
+    let state = outcome.scenario.state();
+    assert_eq!(state.duplicates, vec![external("732")]);
+    assert_eq!(state.external_id(), Some(&external("731")), "no regression");
+    assert_eq!(state.next_check_not_before, None);
+    assert_eq!(state.next_work(), None, "looked once, not again");
+}
+
+#[test]
+fn the_look_after_the_lag_that_finds_nothing_new_is_recorded_and_not_asked_for_again() {
+    let scenario = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(found("731"), lookup_only(), at_s(11)), at_s(11))
+        .scenario;
+    for result in [found("731"), not_found()] {
+        let outcome = scenario
+            .clone()
+            .when(&reconcile(result, lookup_only(), at_s(16)), at_s(16));
+        assert_eq!(outcome.then_types(), ["ReconciliationRecorded"]);
+        let state = outcome.scenario.state();
+        assert_eq!(state.next_work(), None);
+        assert!(state.duplicates.is_empty());
+    }
+}
+
+#[test]
+fn a_search_that_finds_the_object_after_its_lag_settles_it_without_another_look() {
+    let outcome = unknown_after_first_attempt(lookup_only())
+        .when(&reconcile(found("731"), lookup_only(), at_s(15)), at_s(15));
+    assert_eq!(outcome.then_types(), ["ReconciliationRecorded"]);
+    assert_eq!(outcome.scenario.state().next_work(), None);
+}
+
+#[test]
 fn an_inconclusive_lookup_keeps_checking_until_the_lookup_budget_is_spent() {
     // policy(): at most 3 lookups leave the operation unknown.
     let inconclusive = || ReconciliationResult::Inconclusive {

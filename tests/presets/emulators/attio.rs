@@ -7,7 +7,8 @@
 //! - Errors are `{"status_code","type","code","message"}`; an unknown matching attribute is 400
 //!   `value_not_found`; a write that lost a race is 409 `concurrent_write_conflict` ("please try
 //!   again"), nothing written.
-//! - Assert takes `{"data":{"values":{slug: value, …}}}`: no record holds the matching
+//! - Assert takes `{"data":{"values":{slug: [value, …], …}}}` (the OpenAPI description types every
+//!   value as an array; the reference also takes a single value bare): no record holds the matching
 //!   attribute's value → one is created; one does → it is updated; the attribute must be unique.
 //!   Both answer 200 `{"data":{"id":{"workspace_id","object_id","record_id"},"values":{…}}}`, each
 //!   value read back as an array of `{"value": …}`-like entries.
@@ -220,9 +221,13 @@ fn checked_assert(
             "data.values is required",
         ));
     };
+    // A list of one value (the OpenAPI's form) or the value itself (the reference's).
     let Some(label) = values
         .get(attribute)
-        .and_then(Value::as_str)
+        .and_then(|value| match value {
+            Value::Array(items) if items.len() == 1 => items[0].as_str(),
+            other => other.as_str(),
+        })
         .map(str::to_owned)
     else {
         let message = "The matching attribute needs a value.";

@@ -7,7 +7,9 @@
 //!   `INVALID_AUTHENTICATION`.
 //! - Errors are `{"status":"error","message":…,"correlationId":…,"category":…}`; a property that
 //!   does not exist on the object, or a task without `hs_timestamp`, is 400 `VALIDATION_ERROR`.
-//! - A create takes `{"properties":{…}}` and answers 201 `{"id":"<digits>","properties":{…},
+//! - A create takes `{"properties":{…},"associations":[…]}` (the OpenAPI description's
+//!   SimplePublicObjectInputForCreate requires both, the associations a list; the preset sends an
+//!   empty one) and answers 201 `{"id":"<digits>","properties":{…},
 //!   "createdAt","updatedAt","archived":false}`; there is no idempotency key: a repeat creates
 //!   another object.
 //! - Search takes `{"filterGroups":[{"filters":[{"propertyName","operator":"EQ","value"}]}],
@@ -239,6 +241,16 @@ fn checked_create(
     let Some(Value::Object(properties)) = body.remove("properties") else {
         return Err(error(400, "VALIDATION_ERROR", "properties is required"));
     };
+    if body
+        .get("associations")
+        .is_some_and(|associations| !associations.is_array())
+    {
+        return Err(error(
+            400,
+            "VALIDATION_ERROR",
+            "Invalid input JSON: associations must be a list",
+        ));
+    }
     if let Some(unknown) = properties
         .keys()
         .find(|name| !known.contains(&name.as_str()) && *name != label_property)

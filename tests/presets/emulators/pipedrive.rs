@@ -8,7 +8,11 @@
 //! - Only the `/api/v2/` prefix; the personal API token in the `x-api-token` header; a bad one is
 //!   401 `{"success":false,"error":"unauthorized access","errorCode":401,…}`.
 //! - Answers are `{"success":true,"data":{…}}`; a create names the new object's integer `id` in
-//!   `data`; errors are `{"success":false,"error":…,"error_info":…,"data":null}`.
+//!   `data`. A refusal names what is wrong in `error` ("Responses": "main error message"); v2's
+//!   refusal of a malformed request adds its code, `{"success":false,"error":"'person_id' is a
+//!   read-only field. …","code":"ERR_BAD_REQUEST"}`; the other errors (401, 429, 5xx) are the
+//!   common answer, `{"success":false,"error":…,"error_info":"Please check
+//!   developers.pipedrive.com","data":null}`, `error_info` a hint, not the reason.
 //! - v2 validates strictly: a number field given a string is refused (400), not coerced.
 //! - A deal's custom fields travel in a `custom_fields` object keyed by the field's 40-character
 //!   key; a text field's value is a plain string.
@@ -37,7 +41,7 @@
 //! others: the preset must find it at any position); whether a v2 create answers 200 or 201
 //! (this answers 200; the preset accepts both); the 5xx body; whether v2 refuses two primary
 //! participants (this takes the first primary one as the activity's person); which code the other
-//! v2 validation errors carry (this answers them in v1's shape).
+//! v2 validation errors carry (this answers every 400 with `ERR_BAD_REQUEST`, the documented one's).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -141,6 +145,19 @@ impl Voice for PipedriveVoice {
     }
 }
 
+/// The code v2 gives a request it refuses as malformed (its answer to an activity's `person_id`).
+const BAD_REQUEST: &str = "ERR_BAD_REQUEST";
+
+/// v2's refusal of a malformed request: what is wrong in `error`, and its code.
+fn refused(message: &str) -> Reply {
+    Reply::json(
+        400,
+        &json!({"success": false, "error": message, "code": BAD_REQUEST}),
+    )
+}
+
+/// Pipedrive's common error answer ("Responses": the main message in `error`, a hint in
+/// `error_info`), with v1's numeric `errorCode` that the 401 answer still carries.
 fn error(status: u16, error: &str, info: &str) -> Reply {
     Reply::json(
         status,
@@ -243,7 +260,7 @@ fn check_activity(fields: &Map<String, Value>) -> Result<(), Reply> {
     if fields.contains_key("person_id") {
         return Err(Reply::json(
             400,
-            &json!({"success": false, "error": PERSON_ID_READ_ONLY, "code": "ERR_BAD_REQUEST"}),
+            &json!({"success": false, "error": PERSON_ID_READ_ONLY, "code": BAD_REQUEST}),
         ));
     }
     let Some(participants) = fields.get("participants") else {
@@ -261,9 +278,7 @@ fn check_activity(fields: &Map<String, Value>) -> Result<(), Reply> {
     if well_formed {
         Ok(())
     } else {
-        Err(error(
-            400,
-            "Bad request",
+        Err(refused(
             "participants must be an array of {\"person_id\": number, \"primary\": boolean}",
         ))
     }
@@ -283,7 +298,7 @@ async fn create(
         Err(reply) => return reply,
     };
     let Ok(Value::Object(fields)) = serde_json::from_slice::<Value>(&body) else {
-        return error(400, "Bad request", "The body is no JSON object");
+        return refused("The body is no JSON object");
     };
     if let Err(reply) = check_fields(&shared.config, &fields, required, known) {
         return reply;
@@ -312,34 +327,22 @@ fn check_fields(
     known: impl Fn(&str) -> bool,
 ) -> Result<(), Reply> {
     if !fields.contains_key(required) {
-        return Err(error(
-            400,
-            &format!("{required} is required"),
-            "A required field is missing",
-        ));
+        return Err(refused(&format!("{required} is required")));
     }
     if let Some(unknown) = fields.keys().find(|name| !known(name)) {
-        return Err(error(
-            400,
-            "Bad request",
-            &format!("Unknown field `{unknown}`"),
-        ));
+        return Err(refused(&format!("Unknown field `{unknown}`")));
     }
     if let Some(name) = NUMBER_FIELDS
         .iter()
         .find(|name| fields.get(**name).is_some_and(|value| !value.is_number()))
     {
-        return Err(error(
-            400,
-            "Bad request",
-            &format!("`{name}` must be a number"),
-        ));
+        return Err(refused(&format!("`{name}` must be a number")));
     }
     let Some(custom) = fields.get("custom_fields") else {
         return Ok(());
     };
     let Some(custom) = custom.as_object() else {
-        return Err(error(400, "Bad request", "custom_fields must be an object"));
+        return Err(refused("custom_fields must be an object"));
     };
     let is_field = |key: &str| {
         key == config.label_field_key
@@ -352,11 +355,9 @@ fn check_fields(
         .iter()
         .find(|(key, value)| !is_field(key) || !value.is_string())
     {
-        Some((key, _)) => Err(error(
-            400,
-            "Bad request",
-            &format!("Custom field `{key}` does not exist or is not text"),
-        )),
+        Some((key, _)) => Err(refused(&format!(
+            "Custom field `{key}` does not exist or is not text"
+        ))),
         None => Ok(()),
     }
 }
@@ -432,22 +433,14 @@ fn search_query(query: &BTreeMap<String, String>) -> Result<SearchQuery, Reply> 
     let exact = match query.get("exact_match").map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
-        Some(_) => {
-            return Err(error(
-                400,
-                "Bad request",
-                "exact_match must be true or false",
-            ))
-        }
+        Some(_) => return Err(refused("exact_match must be true or false")),
     };
     let shortest = if exact { 1 } else { 2 };
     let Some(term) = query
         .get("term")
         .filter(|term| term.chars().count() >= shortest)
     else {
-        return Err(error(
-            400,
-            "Bad request",
+        return Err(refused(
             "term must be at least 2 characters (1 with exact_match)",
         ));
     };
@@ -459,16 +452,12 @@ fn search_query(query: &BTreeMap<String, String>) -> Result<SearchQuery, Reply> 
         .iter()
         .find(|field| !["custom_fields", "notes", "title"].contains(field))
     {
-        return Err(error(
-            400,
-            "Bad request",
-            &format!("`{unknown}` is no searchable field"),
-        ));
+        return Err(refused(&format!("`{unknown}` is no searchable field")));
     }
     let limit = match query.get("limit").map(|limit| limit.parse::<u64>()) {
         None => 100,
         Some(Ok(limit)) if (1..=MAX_SEARCH_LIMIT).contains(&limit) => limit,
-        Some(_) => return Err(error(400, "Bad request", "limit must be 1 to 500")),
+        Some(_) => return Err(refused("limit must be 1 to 500")),
     };
     Ok(SearchQuery {
         term: term.clone(),
