@@ -30,5 +30,6 @@ mod storage_faults;
 mod stream;
 mod support;
 mod telemetry;
+mod transparency;
 mod typescript;
 mod webhooks;

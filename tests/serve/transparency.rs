@@ -1,0 +1,249 @@
+//! The transparency log checked by a tlog implementation nobody here wrote: Go's
+//! `golang.org/x/mod/sumdb/note` and `golang.org/x/mod/sumdb/tlog` (Debian's
+//! `golang-golang-x-mod-dev`, installed with `golang-go` when missing). A real `opledger serve`
+//! publishes checkpoints while operations are recorded and executed against the CRM stand; an
+//! auditor keeps an early checkpoint, exports the ledger, and the Go program in `tlog_go/`
+//! (written from the book's page, not from opledger's code) opens both checkpoints with the
+//! verifier key, reads the tiles through `tlog.TileHashReader`, checks the consistency proof with
+//! `tlog.CheckTree` and every event's inclusion proof with `tlog.CheckRecord`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::python::python_venv::run;
+use crate::support::{Harness, Server, DEADLINE, TENANT_A_TOKEN, TENANT_B_TOKEN};
+
+/// Where Debian's `golang-golang-x-mod-dev` puts the packages (a GOPATH tree).
+const GOPATH: &str = "/usr/share/gocode";
+
+/// Installs Go and `golang.org/x/mod` from Debian when missing (about 15 s). Fails the test when
+/// it cannot: an interoperability test that skips proves nothing. apt waits for the package
+/// lock, which other tests installing their tools may hold.
+fn ensure_go() {
+    static INSTALLING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tlog = Path::new(GOPATH).join("src/golang.org/x/mod/sumdb/tlog");
+    if tlog.exists() && Path::new("/usr/bin/go").exists() {
+        return;
+    }
+    let apt = |args: &[&str], what: &str| {
+        run(
+            Command::new("apt-get")
+                .args(["-o", "DPkg::Lock::Timeout=600"])
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            what,
+        )
+    };
+    apt(
+        &["update"],
+        "apt-get update (Go is missing; this test installs it as root)",
+    );
+    apt(
+        &[
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "golang-go",
+            "golang-golang-x-mod-dev",
+        ],
+        "apt-get install golang-go golang-golang-x-mod-dev",
+    );
+    assert!(
+        tlog.exists(),
+        "apt-get installed golang-golang-x-mod-dev but {} is not there",
+        tlog.display()
+    );
+}
+
+/// Builds the Go checker once per test process, in GOPATH mode over Debian's packages (no module
+/// download: the network reaches no Go proxy).
+fn go_checker() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            ensure_go();
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            let binary = tmp.join(format!("tlog-go-check-{}", std::process::id()));
+            run(
+                Command::new("go")
+                    .args(["build", "-o"])
+                    .arg(&binary)
+                    .arg(".")
+                    .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/tlog_go"))
+                    .env("GO111MODULE", "off")
+                    .env("GOPATH", GOPATH)
+                    .env("GOCACHE", tmp.join("go-build-cache"))
+                    .env("GOFLAGS", ""),
+                "building the Go tlog checker",
+            );
+            binary
+        })
+        .clone()
+}
+
+fn opledger(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(args)
+        .env_remove("OPLEDGER_DB")
+        .env_remove("OPLEDGER_LOG_KEY")
+        .env_remove("OPLEDGER_LOG_KEY_FILE")
+        .output()
+        .expect("opledger runs")
+}
+
+fn printed(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The served checkpoint once it covers at least `size` events.
+async fn checkpoint_covering(server: &Server, size: u64) -> String {
+    let started = Instant::now();
+    loop {
+        let note = reqwest::get(format!("{}/v1/log/checkpoint", server.base))
+            .await
+            .expect("served")
+            .text()
+            .await
+            .expect("text");
+        let covered: u64 = note
+            .lines()
+            .nth(1)
+            .and_then(|line| line.parse().ok())
+            .unwrap_or_else(|| panic!("a checkpoint's second line is its size: {note}"));
+        if covered >= size {
+            return note;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no checkpoint covering {size} events was published; the newest:\n{note}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The last event position of an NDJSON export.
+fn last_position(export: &Path) -> u64 {
+    let text = std::fs::read_to_string(export).expect("the export");
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|line| line["position"].as_u64())
+        .max()
+        .expect("the export has events")
+}
+
+fn go_check(url: &str, verifier_key: &str, kept: &Path, export: &Path) -> Output {
+    Command::new(go_checker())
+        .args(["-url", url, "-vkey", verifier_key, "-kept"])
+        .arg(kept)
+        .arg("-export")
+        .arg(export)
+        .output()
+        .expect("the Go checker runs")
+}
+
+#[tokio::test]
+async fn go_sumdb_tlog_verifies_the_served_checkpoints_tiles_and_proofs_and_refuses_an_edited_event(
+) {
+    // Built first: on a fresh machine this installs Go, which the rest need not wait behind.
+    let checker = tokio::task::spawn_blocking(go_checker);
+    let harness = Harness::new("").await;
+    let key = harness.dir.path().join("log.key");
+    let generated = opledger(&[
+        "keys",
+        "generate",
+        "--name",
+        "ledger.example.com/acme",
+        "--out",
+        key.to_str().expect("utf-8"),
+    ]);
+    assert!(generated.status.success(), "{}", printed(&generated));
+    let verifier_key = String::from_utf8_lossy(&generated.stdout).trim().to_owned();
+    let log_section = format!(
+        "[log]\nsigning_key_file = \"{}\"\ncheckpoint_every_events = 1\ncheckpoint_every_s = 1\n\n[metrics]",
+        key.display()
+    );
+    let config = harness.instance_config(0, &[("[metrics]", &log_section)]);
+    let server = harness.serve_with(&config);
+
+    // An early checkpoint, kept by the auditor on their own machine.
+    server
+        .record_for_approval(TENANT_A_TOKEN, "Call the client")
+        .await;
+    server
+        .record_for_approval(TENANT_B_TOKEN, "Send the contract")
+        .await;
+    let kept = harness.dir.path().join("kept.checkpoint");
+    std::fs::write(&kept, checkpoint_covering(&server, 2).await).expect("kept");
+
+    // The log grows: more intents, and one executed against the CRM (its attempt and outcome).
+    for title in ["Book the room", "Order lunch"] {
+        server.record_for_approval(TENANT_A_TOKEN, title).await;
+    }
+    let (status, recorded) = server
+        .record(TENANT_A_TOKEN, "crm", "Call back", None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{recorded}");
+    let operation = recorded["operation_id"].as_str().expect("an id").to_owned();
+    server.execute(TENANT_A_TOKEN, &operation, 5_000).await;
+    server
+        .wait_for_state(TENANT_A_TOKEN, &operation, &["succeeded"])
+        .await;
+
+    let export = harness.dir.path().join("ledger.ndjson");
+    let ledger = harness.dir.path().join("ledger.db");
+    let exported = opledger(&[
+        "export",
+        "--db",
+        ledger.to_str().expect("utf-8"),
+        "--out",
+        export.to_str().expect("utf-8"),
+    ]);
+    assert!(exported.status.success(), "{}", printed(&exported));
+    let head = last_position(&export);
+    checkpoint_covering(&server, head).await;
+    checker.await.expect("the Go checker is built");
+
+    let checked = go_check(&server.base, &verifier_key, &kept, &export);
+    assert!(checked.status.success(), "{}", printed(&checked));
+    let summary = printed(&checked);
+    assert!(
+        summary.contains("signed by ledger.example.com/acme")
+            && summary.contains(&format!("{head} events included")),
+        "{summary}"
+    );
+
+    // One byte of one event's data changed in the export: Go's CheckRecord refuses its proof.
+    let text = std::fs::read_to_string(&export).expect("the export");
+    let edited = harness.dir.path().join("edited.ndjson");
+    assert!(text.contains("Book the room"));
+    std::fs::write(&edited, text.replacen("Book the room", "Book the roof", 1)).expect("written");
+    let refused = go_check(&server.base, &verifier_key, &kept, &edited);
+    assert_eq!(refused.status.code(), Some(1), "{}", printed(&refused));
+    assert!(
+        printed(&refused).contains("is not in the checkpoint of"),
+        "{}",
+        printed(&refused)
+    );
+
+    // A kept checkpoint whose size was edited no longer opens with the verifier key.
+    let note = std::fs::read_to_string(&kept).expect("kept");
+    let size = note.lines().nth(1).expect("a size").to_owned();
+    let forged = harness.dir.path().join("forged.checkpoint");
+    std::fs::write(&forged, note.replacen(&format!("\n{size}\n"), "\n1\n", 1)).expect("written");
+    let refused = go_check(&server.base, &verifier_key, &forged, &export);
+    assert_eq!(refused.status.code(), Some(1), "{}", printed(&refused));
+    assert!(
+        printed(&refused).contains("does not open with the verifier key"),
+        "{}",
+        printed(&refused)
+    );
+}
