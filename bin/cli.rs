@@ -414,6 +414,11 @@ pub struct ExportArgs {
     /// The file's format: `ndjson` (one JSON object per line) or `parquet`.
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
+    /// Sign a checkpoint of the log as it is now with this key (kept in the ledger too) and cut
+    /// the export at it. Without a key the export is cut at the newest checkpoint kept in the
+    /// ledger; a ledger that keeps none gives an export without proofs.
+    #[command(flatten)]
+    pub key: SigningKeyArgs,
     /// The file to write; written beside it under a temporary name and renamed when complete, so
     /// an interrupted export leaves no partial file.
     #[arg(long)]

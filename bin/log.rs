@@ -96,7 +96,7 @@ pub async fn checkpoint(args: CheckpointArgs) -> Result<(), CliError> {
 }
 
 /// Signs the tree head as it is now and keeps the checkpoint in the store.
-async fn sign_and_keep<L: LogTree>(store: &L, signer: &LogSigner) -> Result<String, CliError> {
+pub async fn sign_and_keep<L: LogTree>(store: &L, signer: &LogSigner) -> Result<String, CliError> {
     let head = merkle::head_of(store, None).await.map_err(proof_error)?;
     let note = signer
         .sign(head)
