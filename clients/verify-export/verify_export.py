@@ -151,7 +151,7 @@ class VerifierKey:
 
     def __init__(self, text):
         try:
-            name, key_id, encoded = text.strip().split("+")
+            name, key_id, encoded = text.strip().split("+", 2)
             raw = base64.b64decode(encoded, validate=True)
         except ValueError as error:
             raise Unreadable(f"the verifier key is not `<name>+<id>+<base64>` ({error})") from error
@@ -430,6 +430,15 @@ class StreamState:
         self.link = stored_link
 
 
+def json_object(raw):
+    """The JSON object in ``raw``, or an empty one (a verifier judges bytes it cannot read)."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 class Event:
     """One event line or row, its fields parsed."""
 
@@ -457,11 +466,10 @@ class Event:
         )
 
     def data_json(self):
-        try:
-            value = json.loads(self.data)
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
+        return json_object(self.data)
+
+    def metadata_json(self):
+        return json_object(self.metadata)
 
 
 class Verifier:
@@ -476,6 +484,7 @@ class Verifier:
         self.from_beginning = self.from_bound is None
         self.streams = collections.OrderedDict()
         self.forgot_streams = False
+        self.stream_count = 0
         self.tenants = {}
         self.last_position = None
         self.first = None
@@ -665,8 +674,13 @@ class Verifier:
             problems.append("its content does not hash to its chain link")
         if not event_id_matches(event.event_id, stream, version, event.event_type, event.data):
             problems.append("its event id does not belong to this content at this version")
+        stored = event.metadata_json().get("chain")
+        if event.link is not None and stored is not None and stored != event.link.hex():
+            problems.append("its chain column is not the link stored in its metadata")
         if problems:
             found("edited", "; ".join(problems))
+        if seen is None:
+            self.stream_count += 1
         if seen is None or version > seen.version:
             self.streams[stream] = StreamState(version, event.link)
             self.streams.move_to_end(stream)
@@ -760,7 +774,7 @@ class Verifier:
             self.found(number, {}, "removed or inserted", f"the closing line ends at position {closing.get('last_position')}, the file at {self.last_position}")
 
     def summary(self):
-        summary = {"events": self.events, "streams": len(self.streams), "findings": len(self.findings)}
+        summary = {"events": self.events, "streams": self.stream_count, "findings": len(self.findings)}
         if self.checkpoint is not None:
             summary["tree_size"] = self.checkpoint.size
             summary["signed_by"] = self.checkpoint.signed_by
@@ -919,9 +933,9 @@ def main(argv):
     for finding in findings:
         print(finding)
     if findings:
-        print(f"{len(findings)} problem(s) in {summary['events']} event(s)")
+        print(f"{len(findings)} problem(s) in {summary['events']} event(s) of {summary['streams']} stream(s)")
         return 1
-    line = f"OK: {summary['events']} event(s); every link and id recomputed"
+    line = f"OK: {summary['events']} event(s) of {summary['streams']} stream(s); every link and id recomputed"
     if "tree_size" in summary:
         how = "the leaves make its root" if summary["proof"] == "root" else "every event's inclusion proof holds"
         line += f"; against the checkpoint of {summary['tree_size']} events, {how}"
