@@ -221,6 +221,54 @@ async fn go_sumdb_tlog_verifies_the_served_checkpoints_tiles_and_proofs_and_refu
         "{summary}"
     );
 
+    // The project's own offline verifier agrees, and holds the served checkpoint to the kept
+    // one with the served consistency proof, without an export.
+    let python_verifier =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/verify-export/verify_export.py");
+    let verified = Command::new("python3")
+        .arg(&python_verifier)
+        .arg(&export)
+        .args(["--verifier-key", &verifier_key, "--kept"])
+        .arg(&kept)
+        .output()
+        .expect("python3 runs");
+    assert!(verified.status.success(), "{}", printed(&verified));
+    let latest = harness.dir.path().join("latest.checkpoint");
+    let note = checkpoint_covering(&server, head).await;
+    std::fs::write(&latest, &note).expect("written");
+    let size = note.lines().nth(1).expect("a size").to_owned();
+    let kept_size = std::fs::read_to_string(&kept).expect("kept");
+    let kept_size = kept_size.lines().nth(1).expect("a size");
+    let proof = reqwest::get(format!(
+        "{}/v1/log/proof/consistency?from={kept_size}&to={size}",
+        server.base
+    ))
+    .await
+    .expect("served")
+    .text()
+    .await
+    .expect("text");
+    let proof_file = harness.dir.path().join("consistency.json");
+    std::fs::write(&proof_file, proof).expect("written");
+    let extended = Command::new("python3")
+        .arg(&python_verifier)
+        .args(["--verifier-key", &verifier_key, "--kept"])
+        .arg(&kept)
+        .arg("--checkpoint")
+        .arg(&latest)
+        .arg("--consistency-proof")
+        .arg(&proof_file)
+        .output()
+        .expect("python3 runs");
+    assert!(extended.status.success(), "{}", printed(&extended));
+    assert!(
+        printed(&extended).contains(&format!(
+            "the checkpoint of {size} events extends the kept one of {kept_size}"
+        )),
+        "{}",
+        printed(&extended)
+    );
+
     // One byte of one event's data changed in the export: Go's CheckRecord refuses its proof.
     let text = std::fs::read_to_string(&export).expect("the export");
     let edited = harness.dir.path().join("edited.ndjson");
