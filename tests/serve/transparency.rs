@@ -200,10 +200,13 @@ async fn go_sumdb_tlog_verifies_the_served_checkpoints_tiles_and_proofs_and_refu
 
     let export = harness.dir.path().join("ledger.ndjson");
     let ledger = harness.dir.path().join("ledger.db");
+    // Cut at a checkpoint of the log as it is now (the newest the server published may be older).
     let exported = opledger(&[
         "export",
         "--db",
         ledger.to_str().expect("utf-8"),
+        "--key-file",
+        key.to_str().expect("utf-8"),
         "--out",
         export.to_str().expect("utf-8"),
     ]);
@@ -294,4 +297,104 @@ async fn go_sumdb_tlog_verifies_the_served_checkpoints_tiles_and_proofs_and_refu
         "{}",
         printed(&refused)
     );
+}
+
+#[tokio::test]
+async fn an_as_of_answer_with_proof_names_each_folded_event_with_its_inclusion_proof() {
+    use base64::Engine as _;
+    use opledger_domain::{checkpoint, merkle};
+    let harness = Harness::new("").await;
+    let key = harness.dir.path().join("log.key");
+    let generated = opledger(&[
+        "keys",
+        "generate",
+        "--name",
+        "ledger.example.com/acme",
+        "--out",
+        key.to_str().expect("utf-8"),
+    ]);
+    let verifier_key = String::from_utf8_lossy(&generated.stdout).trim().to_owned();
+    let server = Server::start_with_env(
+        &["serve", "--config", &harness.config.display().to_string()],
+        harness.dir.path(),
+        &[("OPLEDGER_LOG_KEY_FILE", key.to_str().expect("utf-8"))],
+    );
+    let (status, recorded) = server
+        .record(TENANT_A_TOKEN, "crm", "Call back", None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{recorded}");
+    let operation = recorded["operation_id"].as_str().expect("an id").to_owned();
+    server.execute(TENANT_A_TOKEN, &operation, 5_000).await;
+    server
+        .wait_for_state(TENANT_A_TOKEN, &operation, &["succeeded"])
+        .await;
+
+    // As of the intent's own position: one event folded, proved.
+    let path = format!("/v1/operations/{operation}?as_of=1&proof=true");
+    let (status, answer) = server
+        .call(reqwest::Method::GET, &path, Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{answer}");
+    assert_eq!(answer["as_of_position"], 1);
+    let proof = &answer["proof"];
+    let opened = checkpoint::open(proof["checkpoint"].as_str().expect("a note"), &verifier_key)
+        .expect("signed by the log's key");
+    assert_eq!(proof["tree_size"].as_u64(), Some(opened.head.size));
+    let events = proof["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{answer}");
+    assert_eq!(events[0]["position"], 1);
+
+    // As of now: every event of the succeeded operation, each leaf in the signed tree.
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let path = format!("/v1/operations/{operation}?as_of={now}&proof=true");
+    let (status, answer) = server
+        .call(reqwest::Method::GET, &path, Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{answer}");
+    assert_eq!(answer["state"], "succeeded", "{answer}");
+    let proof = &answer["proof"];
+    let opened = checkpoint::open(proof["checkpoint"].as_str().expect("a note"), &verifier_key)
+        .expect("signed by the log's key");
+    let events = proof["events"].as_array().expect("events");
+    assert!(events.len() >= 3, "intent, attempt, outcome: {answer}");
+    for (version, event) in events.iter().enumerate() {
+        assert_eq!(event["version"].as_u64(), Some(version as u64));
+        let leaf = base64::engine::general_purpose::STANDARD
+            .decode(event["leaf"].as_str().expect("a leaf"))
+            .expect("base64");
+        assert!(leaf.starts_with(merkle::LEAF_TAG));
+        // RFC 6962's leaf hash, computed here: SHA-256 of a zero byte and the leaf.
+        use sha2::Digest as _;
+        let leaf_hash = merkle::Hash(
+            sha2::Sha256::new()
+                .chain_update([0])
+                .chain_update(&leaf)
+                .finalize()
+                .into(),
+        );
+        assert_eq!(
+            event["leaf_hash"].as_str(),
+            Some(leaf_hash.to_string().as_str())
+        );
+        let hashes: Vec<merkle::Hash> = event["inclusion_proof"]
+            .as_array()
+            .expect("a proof")
+            .iter()
+            .map(|hash| merkle::parse_hash(hash.as_str().expect("text")).expect("a hash"))
+            .collect();
+        let index = event["leaf_index"].as_u64().expect("an index");
+        merkle::check_inclusion(&hashes, opened.head, index, leaf_hash).expect("included");
+    }
+
+    // A proof of an answer that names no moment is refused, saying what to add.
+    let path = format!("/v1/operations/{operation}?proof=true");
+    let (status, answer) = server
+        .call(reqwest::Method::GET, &path, Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(
+        status,
+        reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+        "{answer}"
+    );
+    assert!(answer.to_string().contains("give as_of too"), "{answer}");
 }
