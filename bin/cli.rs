@@ -325,6 +325,10 @@ pub struct VerifyArgs {
     /// The log's verifier key, which must have signed the checkpoint.
     #[arg(long, env = "OPLEDGER_LOG_VERIFIER_KEY")]
     pub verifier_key: Option<String>,
+    /// A witness's key (C2SP tlog-cosignature/v1, `<name>+<id>+<base64>`) whose cosignature the
+    /// kept checkpoint must carry; repeat for several witnesses.
+    #[arg(long, requires = "against")]
+    pub witness_key: Vec<String>,
 }
 
 #[derive(Debug, Args)]
