@@ -580,6 +580,22 @@ pub enum BenchTarget {
     /// hash chain. Prints `opledger bench floor: listening on http://…`; runs until Ctrl-C or SIGTERM. A
     /// bound to measure `serve` against, not a ledger: a re-sent source_id is refused.
     Floor(BenchFloorArgs),
+    /// The transparency log of an existing ledger file: inclusion proofs of random positions
+    /// against its whole tree, as `opledger prove` and /v1/log/proof/inclusion make them (the
+    /// stored hashes read, the proof built), then the tree rebuilt from the log (every event
+    /// read, leaf-hashed and folded); prints `bench=prove samples=… tree_size=… p50_us=…
+    /// p99_us=… max_us=…` and `bench=tree-rebuild events=… events_per_s=…`.
+    Proofs(BenchProofsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchProofsArgs {
+    /// The ledger file (left as it is).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Inclusion proofs to make, at positions spread over the whole log.
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: u32,
 }
 
 #[derive(Debug, Args)]

@@ -212,7 +212,7 @@ async fn cut_at<S: LogTree>(
 ) -> Result<Option<(u64, String)>, CliError> {
     if key.key_file.is_some() || std::env::var_os(crate::log::SIGNING_KEY_ENV).is_some() {
         let signer = crate::log::load_signer(key)?;
-        crate::log::sign_and_keep(store, &signer).await?;
+        return Ok(Some(crate::log::sign_and_keep_head(store, &signer).await?));
     }
     Ok(store.kept_checkpoint(None).await?)
 }

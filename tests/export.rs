@@ -650,3 +650,23 @@ async fn every_tampering_of_a_proved_export_is_named_by_the_verifier_in_ndjson_a
     assert!(tampered.status.success(), "{report}");
     assert!(report.contains("0 missed"), "{report}");
 }
+
+#[tokio::test]
+async fn an_export_signed_with_a_key_carries_that_keys_checkpoint_though_another_of_its_size_is_kept(
+) {
+    let (dir, db, key, _) = signed_ledger().await;
+    let (_other_dir, _, other_key, other_verifier_key) = signed_ledger().await;
+    let first = dir.path().join("first.ndjson");
+    let exported = export(&db, &first, &["--key-file", key.to_str().expect("utf-8")]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    // The same tree size, signed by another key: the ledger already keeps a checkpoint of it.
+    let second = dir.path().join("second.ndjson");
+    let exported = export(
+        &db,
+        &second,
+        &["--key-file", other_key.to_str().expect("utf-8")],
+    );
+    assert!(exported.status.success(), "{}", text(&exported));
+    let verified = verify_with_key(Path::new("python3"), &second, &other_verifier_key, &[]);
+    assert!(verified.status.success(), "{}", text(&verified));
+}
