@@ -884,6 +884,81 @@ def read_consistency_proof(path):
         raise Unreadable(f"{path} is not a consistency proof answer ({error})") from error
 
 
+def parse_leaf(leaf):
+    """The fields of a leaf (the book's leaf encoding), or None if it is not one."""
+    try:
+        if not leaf.startswith(LEAF_TAG):
+            return None
+        at = len(LEAF_TAG)
+
+        def take(size):
+            nonlocal at
+            value = leaf[at : at + size]
+            if len(value) != size:
+                raise ValueError("short")
+            at += size
+            return value
+
+        position = int.from_bytes(take(8), "big")
+        stream = take(int.from_bytes(take(2), "big")).decode("utf-8")
+        version = int.from_bytes(take(8), "big")
+        event_id = uuid.UUID(bytes=take(16))
+        event_type = take(int.from_bytes(take(2), "big"))
+        data = take(int.from_bytes(take(4), "big"))
+        metadata = take(int.from_bytes(take(4), "big"))
+        if at != len(leaf):
+            return None
+        return position, stream, version, event_id, event_type, data, metadata
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def verify_answer(answer, key, kept, consistency_proof):
+    """Checks an answer of ``GET /v1/operations/{id}?as_of=…&proof=true``: every event folded
+    into it is proved against the signed checkpoint, and they are its operation's versions 0, 1,
+    2… up to the moment, each with its link and id. Returns (problems, lines to print)."""
+    problems, lines = [], []
+    proof = answer.get("proof") or {}
+    checkpoint = open_checkpoint(proof.get("checkpoint") or "", key)
+    operation, moment = answer.get("operation_id"), answer.get("as_of_position")
+    if proof.get("tree_size") != checkpoint.size:
+        problems.append(f"the proof's tree_size {proof.get('tree_size')} is not its checkpoint's {checkpoint.size}")
+    previous = None
+    for version, event in enumerate(proof.get("events") or []):
+        leaf = base64.b64decode(event.get("leaf", ""))
+        fields = parse_leaf(leaf)
+        where = f"version {version}, position {event.get('position')}"
+        if fields is None:
+            problems.append(f"{where}: its leaf is not an opledger leaf")
+            continue
+        position, stream, leaf_version, event_id, event_type, data, metadata = fields
+        hash_ = hashlib.sha256(b"\x00" + leaf).digest()
+        proof_hashes = parse_hashes(event.get("inclusion_proof"), "inclusion_proof")
+        if root_from_inclusion(position - 1, checkpoint.size, hash_, proof_hashes) != checkpoint.root:
+            problems.append(f"{where}: its leaf is not in the checkpoint's tree at position {position}")
+        if (position, leaf_version, stream) != (event.get("position"), version, f"{OPERATION_PREFIX}{operation}"):
+            problems.append(f"{where}: its leaf is of {stream} v{leaf_version} at position {position}")
+        if moment is not None and position > moment:
+            problems.append(f"{where}: it lies after the moment the answer is as of (position {moment})")
+        stored = json_object(metadata).get("chain")
+        if stored is None or link(previous, leaf_version, event_type, data).hex() != stored:
+            problems.append(f"{where}: its content does not hash to its chain link")
+        previous = bytes.fromhex(stored) if isinstance(stored, str) and len(stored) == 64 else None
+        if not event_id_matches(str(event_id), stream, leaf_version, event_type, data):
+            problems.append(f"{where}: its event id does not belong to its content")
+        lines.append(f"  v{leaf_version} position {position} {event_type.decode()} at {json_object(data).get('at')}")
+    if not proof.get("events"):
+        problems.append("the answer proves no event")
+    if kept is not None:
+        if kept.size > checkpoint.size:
+            problems.append(f"the kept checkpoint covers {kept.size} events, the answer's only {checkpoint.size}: the log shrank")
+        elif not consistent(kept, checkpoint, consistency_proof or []):
+            problems.append(f"the answer's checkpoint of {checkpoint.size} events does not extend the kept one of {kept.size} (give --consistency-proof)")
+    head = (f"operation {operation} as of position {moment}, state {answer.get('state')}: "
+            f"{len(lines)} event(s) proved against the checkpoint of {checkpoint.size} events")
+    return problems, [head] + lines
+
+
 def arguments(argv):
     parser = argparse.ArgumentParser(
         prog=argv[0], description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -893,9 +968,10 @@ def arguments(argv):
     parser.add_argument("--kept", help="a checkpoint kept earlier, which the export's (or --checkpoint) must extend")
     parser.add_argument("--checkpoint", help="with no export: the later checkpoint to hold --kept against")
     parser.add_argument("--consistency-proof", help="the JSON of GET /v1/log/proof/consistency?from=M&to=N")
+    parser.add_argument("--answer", help="instead of an export: an answer of GET /v1/operations/{id}?as_of=…&proof=true")
     parsed = parser.parse_args(argv[1:])
-    if parsed.export is None and (parsed.checkpoint is None or parsed.kept is None):
-        parser.error("give an export, or --kept and --checkpoint (with --consistency-proof)")
+    if parsed.export is None and parsed.answer is None and (parsed.checkpoint is None or parsed.kept is None):
+        parser.error("give an export, an --answer, or --kept and --checkpoint (with --consistency-proof)")
     return parsed
 
 
@@ -918,6 +994,20 @@ def main(argv):
     args = arguments(argv)
     try:
         key = VerifierKey(args.verifier_key) if args.verifier_key else None
+        if args.answer is not None:
+            with open(args.answer, encoding="utf-8") as file:
+                answer = json.load(file)
+            kept = read_checkpoint(args.kept, key) if args.kept else None
+            proof = read_consistency_proof(args.consistency_proof) if args.consistency_proof else None
+            problems, lines = verify_answer(answer, key, kept, proof)
+            for problem in problems:
+                print(f"NOT PROVED: {problem}")
+            if problems:
+                return 1
+            signed = f"signed by {key.name}" if key else "its signature NOT checked (give --verifier-key)"
+            print(f"OK: {lines[0]}, {signed}" + (f"; it extends the kept checkpoint of {kept.size} events" if kept else ""))
+            print("\n".join(lines[1:]))
+            return 0
         if args.export is None:
             return verify_checkpoints(args, key)
         kept = read_checkpoint(args.kept, key) if args.kept else None

@@ -343,6 +343,7 @@ async fn an_as_of_answer_with_proof_names_each_folded_event_with_its_inclusion_p
     let events = proof["events"].as_array().expect("events");
     assert_eq!(events.len(), 1, "{answer}");
     assert_eq!(events[0]["position"], 1);
+    let first_checkpoint = proof["checkpoint"].as_str().expect("a note").to_owned();
 
     // As of now: every event of the succeeded operation, each leaf in the signed tree.
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -385,6 +386,76 @@ async fn an_as_of_answer_with_proof_names_each_folded_event_with_its_inclusion_p
         let index = event["leaf_index"].as_u64().expect("an index");
         merkle::check_inclusion(&hashes, opened.head, index, leaf_hash).expect("included");
     }
+
+    // The project's offline verifier (not opledger) checks the answer on its own: the
+    // checkpoint's signature, each leaf and proof, the versions' links and ids, and that the
+    // answer's checkpoint extends one the auditor kept earlier (the first answer's).
+    let kept = harness.dir.path().join("kept.checkpoint");
+    std::fs::write(&kept, first_checkpoint).expect("kept");
+    let answer_file = harness.dir.path().join("answer.json");
+    std::fs::write(&answer_file, answer.to_string()).expect("written");
+    let kept_size = checkpoint::open(
+        &std::fs::read_to_string(&kept).expect("kept"),
+        &verifier_key,
+    )
+    .expect("signed")
+    .head
+    .size;
+    let consistency = reqwest::get(format!(
+        "{}/v1/log/proof/consistency?from={kept_size}&to={}",
+        server.base, opened.head.size
+    ))
+    .await
+    .expect("served")
+    .text()
+    .await
+    .expect("text");
+    let consistency_file = harness.dir.path().join("consistency.json");
+    std::fs::write(&consistency_file, consistency).expect("written");
+    let python_verifier =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/verify-export/verify_export.py");
+    let check = |answer: &Path| {
+        Command::new("python3")
+            .arg(&python_verifier)
+            .arg("--answer")
+            .arg(answer)
+            .args(["--verifier-key", &verifier_key, "--kept"])
+            .arg(&kept)
+            .arg("--consistency-proof")
+            .arg(&consistency_file)
+            .output()
+            .expect("python3 runs")
+    };
+    let verified = check(&answer_file);
+    assert!(verified.status.success(), "{}", printed(&verified));
+    assert!(
+        printed(&verified).contains(&format!("{} event(s) proved", events.len()))
+            && printed(&verified).contains("state succeeded")
+            && printed(&verified).contains("it extends the kept checkpoint"),
+        "{}",
+        printed(&verified)
+    );
+    // One bit of one event's leaf changed (its stored metadata): the verifier names the event.
+    let mut edited = answer.clone();
+    let leaf = edited["proof"]["events"][1]["leaf"]
+        .as_str()
+        .expect("a leaf")
+        .to_owned();
+    let mut bytes = base64::engine::general_purpose::STANDARD
+        .decode(&leaf)
+        .expect("base64");
+    let last = bytes.len() - 3;
+    bytes[last] ^= 1;
+    edited["proof"]["events"][1]["leaf"] =
+        serde_json::json!(base64::engine::general_purpose::STANDARD.encode(&bytes));
+    std::fs::write(&answer_file, edited.to_string()).expect("written");
+    let refused = check(&answer_file);
+    assert_eq!(refused.status.code(), Some(1), "{}", printed(&refused));
+    assert!(
+        printed(&refused).contains("NOT PROVED: version 1"),
+        "{}",
+        printed(&refused)
+    );
 
     // A proof of an answer that names no moment is refused, saying what to add.
     let path = format!("/v1/operations/{operation}?proof=true");
