@@ -488,7 +488,7 @@ where
     }
     // Positions spread by a fixed odd stride, so every part of the tree is asked and a run is
     // repeatable.
-    let stride = 0x9E37_79B9_7F4A_7C15_u64 % size | 1;
+    let stride = (0x9E37_79B9_7F4A_7C15_u64 % size).max(1);
     let mut took = Vec::with_capacity(samples as usize);
     let mut index = 0_u64;
     for _ in 0..samples {
