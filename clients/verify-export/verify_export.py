@@ -147,16 +147,17 @@ def ed25519_verify(public, message, signature):
 
 
 class VerifierKey:
-    """A signed-note Ed25519 verifier key: ``<name>+<key id, 8 hex>+<base64(0x01 || public key)>``."""
+    """A signed-note Ed25519 verifier key: ``<name>+<key id, 8 hex>+<base64(0x01 || public key)>``,
+    or with ``algorithm=4`` a witness's C2SP tlog-cosignature/v1 key (``0x04 || public key``)."""
 
-    def __init__(self, text):
+    def __init__(self, text, algorithm=1):
         try:
             name, key_id, encoded = text.strip().split("+", 2)
             raw = base64.b64decode(encoded, validate=True)
         except ValueError as error:
             raise Unreadable(f"the verifier key is not `<name>+<id>+<base64>` ({error})") from error
-        if len(raw) != 33 or raw[0] != 1:
-            raise Unreadable("the verifier key is not an Ed25519 key (algorithm byte 0x01, 32 bytes)")
+        if len(raw) != 33 or raw[0] != algorithm:
+            raise Unreadable(f"the key is not an Ed25519 key of algorithm byte 0x0{algorithm} and 32 bytes")
         computed = hashlib.sha256(name.encode() + b"\n" + raw).digest()[:4]
         if computed.hex() != key_id.lower():
             raise Unreadable(f"the verifier key's id {key_id} is not the one of its name and key")
@@ -171,8 +172,9 @@ class Checkpoint:
         self.signed_by, self.cosigners = signed_by, cosigners
 
 
-def open_checkpoint(note, key):
-    """Parses a signed checkpoint; with ``key``, its signature by that key must hold."""
+def open_checkpoint(note, key, witnesses=()):
+    """Parses a signed checkpoint; with ``key``, its signature by that key must hold, and each of
+    ``witnesses`` (tlog-cosignature/v1 keys) must have cosigned it."""
     if "\n\n" not in note:
         raise Unreadable("a checkpoint is its text, a blank line, then signature lines")
     text, signatures = note.split("\n\n", 1)
@@ -189,7 +191,7 @@ def open_checkpoint(note, key):
         raise Unreadable(f"the checkpoint's root hash {root_text!r} is not base64") from error
     if len(root) != 32:
         raise Unreadable("the checkpoint's root hash is not 32 bytes")
-    signed_by, cosigners = None, []
+    signed_by, cosigners, cosigned = None, [], set()
     for line in signatures.split("\n"):
         if not line:
             continue
@@ -200,13 +202,25 @@ def open_checkpoint(note, key):
         if key is not None and name == key.name and raw[:4] == key.key_id:
             if len(raw) == 68 and ed25519_verify(key.public, text.encode(), raw[4:]):
                 signed_by = name
-        elif name != origin:
+            continue
+        for witness in witnesses:
+            if name == witness.name and raw[:4] == witness.key_id and len(raw) == 76:
+                # cosignature/v1: an 8-byte time, then Ed25519 over the time lines and the text.
+                time = int.from_bytes(raw[4:12], "big")
+                message = f"cosignature/v1\ntime {time}\n".encode() + text.encode()
+                if not ed25519_verify(witness.public, message, raw[12:]):
+                    raise Unreadable(f"the cosignature of witness `{name}` does not hold")
+                cosigned.add(name)
+        if name != origin:
             cosigners.append(name)
     if key is not None:
         if signed_by is None:
             raise Unreadable(f"the checkpoint is not signed by the verifier key `{key.name}`")
         if origin != key.name:
             raise Unreadable(f"the checkpoint is of the log `{origin}`, not `{key.name}`")
+    for witness in witnesses:
+        if witness.name not in cosigned:
+            raise Unreadable(f"the checkpoint is not cosigned by the witness `{witness.name}`")
     return Checkpoint(origin, int(size_text), root, signed_by, cosigners)
 
 
@@ -475,7 +489,8 @@ class Event:
 class Verifier:
     """Checks the events of an export, whichever its format, as they stream past."""
 
-    def __init__(self, header, key=None, kept=None, consistency_proof=None):
+    def __init__(self, header, key=None, kept=None, consistency_proof=None, witnesses=()):
+        self.witnesses = witnesses
         self.findings = []
         self.header = header
         self.tenant = header.get("tenant")
@@ -517,7 +532,7 @@ class Verifier:
                 self.found(1, {}, "unproven", "the export carries no checkpoint: nothing ties its events to a signed tree head")
             return
         try:
-            self.checkpoint = open_checkpoint(note, key)
+            self.checkpoint = open_checkpoint(note, key, self.witnesses)
         except Unreadable as error:
             self.found(1, {}, "header", f"its checkpoint is refused: {error}")
             self.proof = None
@@ -797,7 +812,7 @@ def check_header(header):
         raise Unreadable(f"leaf {header.get('leaf')!r} is not one this verifier knows")
 
 
-def verify_lines(lines, key=None, kept=None, consistency_proof=None):
+def verify_lines(lines, key=None, kept=None, consistency_proof=None, witnesses=()):
     """Checks an NDJSON export given as an iterable of lines; returns (findings, summary)."""
     iterator = iter(enumerate(lines, start=1))
     try:
@@ -806,7 +821,7 @@ def verify_lines(lines, key=None, kept=None, consistency_proof=None):
     except (StopIteration, json.JSONDecodeError) as error:
         raise Unreadable(f"the first line is not an export header ({error})") from error
     check_header(header)
-    verifier = Verifier(header, key, kept, consistency_proof)
+    verifier = Verifier(header, key, kept, consistency_proof, witnesses)
     end = None
     for number, line in iterator:
         if not line.strip():
@@ -827,7 +842,7 @@ def verify_lines(lines, key=None, kept=None, consistency_proof=None):
     return verifier.findings, verifier.summary()
 
 
-def verify_parquet(path, key=None, kept=None, consistency_proof=None):
+def verify_parquet(path, key=None, kept=None, consistency_proof=None, witnesses=()):
     """Checks a Parquet export (needs pyarrow) batch by batch; returns (findings, summary)."""
     try:
         import pyarrow.parquet as pq
@@ -845,7 +860,7 @@ def verify_parquet(path, key=None, kept=None, consistency_proof=None):
     check_header(header)
     end = metadata.get(b"opledger_export.end")
     closing = (0, json.loads(end)) if end is not None else None
-    verifier = Verifier(header, key, kept, consistency_proof)
+    verifier = Verifier(header, key, kept, consistency_proof, witnesses)
     number = 0
     try:
         for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS):
@@ -870,9 +885,9 @@ def is_parquet(path):
         return file.read(4) == b"PAR1"
 
 
-def read_checkpoint(path, key):
+def read_checkpoint(path, key, witnesses=()):
     with open(path, encoding="utf-8") as file:
-        return open_checkpoint(file.read(), key)
+        return open_checkpoint(file.read(), key, witnesses)
 
 
 def read_consistency_proof(path):
@@ -913,13 +928,13 @@ def parse_leaf(leaf):
         return None
 
 
-def verify_answer(answer, key, kept, consistency_proof):
+def verify_answer(answer, key, kept, consistency_proof, witnesses=()):
     """Checks an answer of ``GET /v1/operations/{id}?as_of=…&proof=true``: every event folded
     into it is proved against the signed checkpoint, and they are its operation's versions 0, 1,
     2… up to the moment, each with its link and id. Returns (problems, lines to print)."""
     problems, lines = [], []
     proof = answer.get("proof") or {}
-    checkpoint = open_checkpoint(proof.get("checkpoint") or "", key)
+    checkpoint = open_checkpoint(proof.get("checkpoint") or "", key, witnesses)
     operation, moment = answer.get("operation_id"), answer.get("as_of_position")
     if proof.get("tree_size") != checkpoint.size:
         problems.append(f"the proof's tree_size {proof.get('tree_size')} is not its checkpoint's {checkpoint.size}")
@@ -968,6 +983,8 @@ def arguments(argv):
     parser.add_argument("--kept", help="a checkpoint kept earlier, which the export's (or --checkpoint) must extend")
     parser.add_argument("--checkpoint", help="with no export: the later checkpoint to hold --kept against")
     parser.add_argument("--consistency-proof", help="the JSON of GET /v1/log/proof/consistency?from=M&to=N")
+    parser.add_argument("--witness-key", action="append", default=[],
+                        help="a witness's tlog-cosignature/v1 key whose cosignature the checked checkpoint must carry (repeatable)")
     parser.add_argument("--answer", help="instead of an export: an answer of GET /v1/operations/{id}?as_of=…&proof=true")
     parsed = parser.parse_args(argv[1:])
     if parsed.export is None and parsed.answer is None and (parsed.checkpoint is None or parsed.kept is None):
@@ -977,7 +994,7 @@ def arguments(argv):
 
 def verify_checkpoints(args, key):
     kept = read_checkpoint(args.kept, key)
-    later = read_checkpoint(args.checkpoint, key)
+    later = read_checkpoint(args.checkpoint, key, args.witnesses)
     proof = read_consistency_proof(args.consistency_proof) if args.consistency_proof else []
     if kept.origin != later.origin:
         print(f"ROLLED BACK: the checkpoints are of two logs, {kept.origin} and {later.origin}")
@@ -994,12 +1011,13 @@ def main(argv):
     args = arguments(argv)
     try:
         key = VerifierKey(args.verifier_key) if args.verifier_key else None
+        args.witnesses = [VerifierKey(text, algorithm=4) for text in args.witness_key]
         if args.answer is not None:
             with open(args.answer, encoding="utf-8") as file:
                 answer = json.load(file)
             kept = read_checkpoint(args.kept, key) if args.kept else None
             proof = read_consistency_proof(args.consistency_proof) if args.consistency_proof else None
-            problems, lines = verify_answer(answer, key, kept, proof)
+            problems, lines = verify_answer(answer, key, kept, proof, args.witnesses)
             for problem in problems:
                 print(f"NOT PROVED: {problem}")
             if problems:
@@ -1013,10 +1031,10 @@ def main(argv):
         kept = read_checkpoint(args.kept, key) if args.kept else None
         proof = read_consistency_proof(args.consistency_proof) if args.consistency_proof else None
         if is_parquet(args.export):
-            findings, summary = verify_parquet(args.export, key, kept, proof)
+            findings, summary = verify_parquet(args.export, key, kept, proof, args.witnesses)
         else:
             with open(args.export, encoding="utf-8") as file:
-                findings, summary = verify_lines(file, key, kept, proof)
+                findings, summary = verify_lines(file, key, kept, proof, args.witnesses)
     except (OSError, UnicodeDecodeError, ValueError, Unreadable) as error:
         print(f"error: cannot verify: {error}", file=sys.stderr)
         return 2
