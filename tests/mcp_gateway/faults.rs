@@ -1,7 +1,9 @@
 //! The fault matrix of the CRM stand, against an upstream MCP server of our own written with the
 //! official Python SDK (`upstream.py`), over stdio and over Streamable HTTP: a request lost (the
 //! server killed before it stored anything), an answer lost (killed after), an answer too late,
-//! a failure after the change, a refusal before it, and a server restarted between calls. The
+//! a failure after the change, a refusal before it, and a server restarted between calls; and
+//! over HTTPS, with the server's certificate signed by a CA of the test's own (trusted through the
+//! connector's `ca_file`, and refused without it). The
 //! action's contract is a unique label (the server keeps at most one record per label), so an
 //! unclear call is looked up and, when nothing is found, retried with the same label.
 
@@ -20,6 +22,10 @@ use super::support::{here, python, quoted, succeeded_with, Gateway};
 enum Wire {
     Stdio,
     Http,
+    /// Streamable HTTP over TLS; `trusted`: the connector names the CA in `ca_file`.
+    Https {
+        trusted: bool,
+    },
 }
 
 fn document(upstream: &str) -> String {
@@ -91,11 +97,27 @@ impl Records {
             Wire::Http => {
                 let free = free_port();
                 port = Some(free);
-                let server = Supervised::start(&store, &fault, free);
+                let server = Supervised::start(&store, &fault, free, &[]);
                 (
                     format!("[upstream]\nurl = \"http://127.0.0.1:{free}/mcp\""),
                     Some(server),
                 )
+            }
+            Wire::Https { trusted } => {
+                let free = free_port();
+                port = Some(free);
+                let tls = certificates(dir.path());
+                let server = Supervised::start(
+                    &store,
+                    &fault,
+                    free,
+                    &[tls.certificate.clone(), tls.key.clone()],
+                );
+                let mut upstream = format!("[upstream]\nurl = \"https://127.0.0.1:{free}/mcp\"");
+                if trusted {
+                    upstream.push_str(&format!("\nca_file = {}", quoted(&tls.ca)));
+                }
+                (upstream, Some(server))
             }
         };
         Self {
@@ -150,6 +172,131 @@ over_both_wires! {
     a_failure_after_the_change_is_looked_up_and_found => failure_after_the_change;
     a_refusal_before_the_change_is_a_rejection => refusal_before_the_change;
     an_upstream_restarted_between_calls_is_reached_again => restart_between_calls;
+}
+
+mod https {
+    use super::Wire;
+
+    #[tokio::test]
+    async fn an_answer_names_its_record_without_a_lookup() {
+        super::an_answer_names_its_record(Wire::Https { trusted: true }).await;
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_looked_up_and_found() {
+        super::lost_answer(Wire::Https { trusted: true }).await;
+    }
+}
+
+#[tokio::test]
+async fn an_https_upstream_whose_certificate_no_trusted_ca_signed_is_never_sent_a_call() {
+    let records = Records::start(Wire::Https { trusted: false }).await;
+    let refused = records
+        .gateway
+        .connector()
+        .read_only_listing()
+        .await
+        .expect_err("no session with an upstream whose certificate is not trusted");
+    assert!(
+        refused.contains("certificate") || refused.contains("UnknownIssuer"),
+        "the reason names the certificate: {refused}"
+    );
+    let operation = records.create("call-1").await;
+    let report = records
+        .gateway
+        .engine
+        .drive(operation)
+        .await
+        .expect("the engine drives the operation");
+    let events = records.gateway.events(operation).await;
+    assert!(
+        matches!(report.state().status, Status::Pending),
+        "not sent, so still to send: {:?} after {events:?}",
+        report.state()
+    );
+    assert_eq!(
+        records.records(),
+        Vec::<Value>::new(),
+        "nothing reached the upstream"
+    );
+}
+
+/// A CA of the test's own and the server's certificate for 127.0.0.1 signed by it, made with
+/// the openssl program.
+struct Tls {
+    ca: String,
+    certificate: String,
+    key: String,
+}
+
+fn certificates(dir: &std::path::Path) -> Tls {
+    let path = |name: &str| dir.join(name).to_str().expect("UTF-8").to_owned();
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(output.status.success(), "openssl {args:?}: {output:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=opledger test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n",
+    )
+    .expect("the extensions file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    Tls {
+        ca: path("ca.pem"),
+        certificate: path("server.pem"),
+        key: path("server.key"),
+    }
 }
 
 async fn lost_request(wire: Wire) {
@@ -315,16 +462,19 @@ struct Supervised {
 }
 
 impl Supervised {
-    fn start(store: &std::path::Path, fault: &std::path::Path, port: u16) -> Self {
+    /// `tls`: the certificate and key files to serve HTTPS with (none: plain HTTP).
+    fn start(store: &std::path::Path, fault: &std::path::Path, port: u16, tls: &[String]) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let child: Arc<Mutex<Option<Child>>> = Arc::new(Mutex::new(None));
         let spawn = {
-            let (store, fault) = (store.to_owned(), fault.to_owned());
+            let (store, fault, tls) = (store.to_owned(), fault.to_owned(), tls.to_vec());
             move || {
                 Command::new(python())
                     .arg(here("upstream.py"))
                     .arg(&store)
-                    .args(["http", &port.to_string()])
+                    .arg(if tls.is_empty() { "http" } else { "https" })
+                    .arg(port.to_string())
+                    .args(&tls)
                     .env("OPLEDGER_FAULT_FILE", &fault)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

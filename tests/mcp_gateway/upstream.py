@@ -13,6 +13,7 @@ OPLEDGER_FAULT_FILE and consumed by the create it fires on:
 - `error_before`: fail with "validation failed" before storing.
 
 Usage: python upstream.py STORE stdio | python upstream.py STORE http PORT
+       | python upstream.py STORE https PORT CERT_FILE KEY_FILE
 """
 
 import json
@@ -84,4 +85,17 @@ def find_records(label: str) -> str:
 
 
 if __name__ == "__main__":
-    server.run(transport="streamable-http" if sys.argv[2] == "http" else "stdio")
+    if sys.argv[2] == "https":
+        # The SDK's own Streamable HTTP app, served over TLS by uvicorn (which the SDK runs on).
+        import uvicorn
+
+        uvicorn.run(
+            server.streamable_http_app(),
+            host="127.0.0.1",
+            port=PORT,
+            ssl_certfile=sys.argv[4],
+            ssl_keyfile=sys.argv[5],
+            log_level="warning",
+        )
+    else:
+        server.run(transport="streamable-http" if sys.argv[2] == "http" else "stdio")

@@ -168,7 +168,7 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
             })
         }
         (false, true) => {
-            table.only(&["url", "headers_from"], findings);
+            table.only(&["url", "headers_from", "ca_file"], findings);
             let url = table.string("url", findings).and_then(|found| {
                 let value = found.value;
                 if !(value.starts_with("http://") || value.starts_with("https://")) {
@@ -178,9 +178,17 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
                 Some(value.to_owned())
             });
             let headers_from = variables(table, "headers_from", findings);
+            let ca_file = table.string("ca_file", findings).and_then(|found| {
+                if url.as_deref().is_some_and(|url| url.starts_with("http://")) {
+                    findings.add(Some(found.span), &found.field, "trusts a CA for an https:// URL, and the url is http://; remove ca_file or write the upstream's https:// URL".to_owned());
+                    return None;
+                }
+                Some(found.value.to_owned())
+            });
             Some(Upstream::Http {
                 url: url?,
                 headers_from,
+                ca_file,
             })
         }
         (both, _) => {
@@ -782,6 +790,37 @@ consistent = true
             .replace("transport = \"mcp\"", "transport = \"mcp\"\nsessions = 99");
         let fields: Vec<String> = errors(&text).into_iter().map(|error| error.field).collect();
         assert_eq!(fields, ["sessions", "upstream", "actions[0].retries"]);
+    }
+
+    #[test]
+    fn a_ca_file_is_for_an_https_upstream_and_one_that_cannot_be_read_is_named_at_build() {
+        let plain = GOOD.replace(
+            "command = \"mcp-server-git\"",
+            "url = \"http://127.0.0.1:1/mcp\"\nca_file = \"ca.pem\"",
+        );
+        let refused = errors(&plain);
+        assert_eq!(refused[0].field, "upstream.ca_file");
+        assert!(
+            refused[0].message.contains("https://"),
+            "{}",
+            refused[0].message
+        );
+
+        let missing = GOOD.replace(
+            "command = \"mcp-server-git\"",
+            "url = \"https://127.0.0.1:1/mcp\"\nca_file = \"/nonexistent/ca.pem\"",
+        );
+        let Ok(AnyDocument::Mcp(document)) = parse_any("git.toml", &missing) else {
+            panic!("the document itself is well formed");
+        };
+        let built = crate::mcp::McpConnector::build(&document, None, &[], &|_| None)
+            .expect_err("the CA file cannot be read");
+        assert_eq!(built[0].field, "upstream.ca_file");
+        assert!(
+            built[0].message.contains("/nonexistent/ca.pem") && built[0].message.contains("PEM"),
+            "{}",
+            built[0].message
+        );
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub(crate) enum Launch {
     Http {
         url: String,
         headers: Vec<(http::HeaderName, http::HeaderValue)>,
+        /// Made once per connector: it keeps the connections and the trusted roots.
+        client: reqwest013::Client,
     },
 }
 
@@ -55,6 +57,57 @@ impl std::fmt::Debug for Launch {
 /// Variables the child keeps from this process besides the ones the document names: what a
 /// program needs to be found and to run (`uvx` and `npx` keep their caches under `HOME`).
 const INHERITED_VARIABLES: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR"];
+
+/// The HTTP client of a Streamable HTTP upstream: TLS through rustls, trusting the operating
+/// system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured) and the certificates of
+/// `ca_file` beside them. Redirects are not followed: an MCP endpoint answers where it is.
+pub(crate) fn http_client(ca_file: Option<&str>) -> Result<reqwest013::Client, String> {
+    let mut builder = reqwest013::Client::builder().redirect(reqwest013::redirect::Policy::none());
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|error| {
+            format!("`{path}` cannot be read ({error}); give the PEM file of the CA that signed the upstream's certificate")
+        })?;
+        let certificates = reqwest013::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| format!("`{path}` is no PEM certificate bundle: {error}"))?;
+        if certificates.is_empty() {
+            return Err(format!(
+                "`{path}` holds no certificate (a PEM file starts with -----BEGIN CERTIFICATE-----)"
+            ));
+        }
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|error| format!("the HTTPS client cannot be made: {error}"))
+}
+
+/// An error with every cause under it (`: `-joined), skipping a cause its parent already says:
+/// a refused certificate or a refused connection is said at the bottom of the chain, and the top
+/// of it only says a request failed. (The SDK's HTTP error keeps the client's error without
+/// naming it as its cause, so the chain is followed into it by hand.)
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut text = error.to_string();
+    let mut cause = match error.downcast_ref::<ClientInitializeError>() {
+        Some(ClientInitializeError::TransportError { error, .. }) => Some(&*error.error as _),
+        _ => error.source(),
+    };
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = match inner.downcast_ref::<StreamableHttpError<reqwest013::Error>>() {
+            Some(StreamableHttpError::Client(client)) => Some(client),
+            _ => inner.source(),
+        };
+    }
+    text
+}
 
 /// Why no session is at hand; nothing was sent.
 #[derive(Debug)]
@@ -200,17 +253,24 @@ pub(crate) async fn start(launch: &Launch, timeout: Duration) -> Result<Session,
                 })?;
             tokio::time::timeout(timeout, ().serve(transport)).await
         }
-        Launch::Http { url, headers } => {
+        Launch::Http {
+            url,
+            headers,
+            client,
+        } => {
             let headers: HashMap<_, _> = headers.iter().cloned().collect();
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
-            let transport = StreamableHttpClientTransport::from_config(config);
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
             tokio::time::timeout(timeout, ().serve(transport)).await
         }
     };
     match started {
         Ok(Ok(session)) => Ok(session),
-        Ok(Err(error)) => Err(unready(format!("no session with the upstream: {error}"))),
+        Ok(Err(error)) => Err(unready(format!(
+            "no session with the upstream: {}",
+            with_causes(&error)
+        ))),
         Err(_) => Err(unready(format!(
             "no session with the upstream within {} ms (start_timeout_ms)",
             timeout.as_millis()

@@ -84,6 +84,9 @@ pub enum Upstream {
         /// Headers sent with every request, each read from an environment variable: (header,
         /// variable). `Authorization` carries a bearer token this way.
         headers_from: Vec<(String, String)>,
+        /// A PEM file of CA certificates trusted for an `https://` URL beside the operating
+        /// system's (an upstream behind a private CA).
+        ca_file: Option<String>,
     },
 }
 
