@@ -68,11 +68,14 @@ fn go_checker() -> PathBuf {
         .get_or_init(|| {
             ensure_go();
             let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-            let binary = tmp.join(format!("tlog-go-check-{}", std::process::id()));
+            // Built aside and renamed into place, so test processes running at once never run
+            // a half-written binary, and runs do not pile binaries up.
+            let binary = tmp.join("tlog-go-check");
+            let building = tmp.join(format!("tlog-go-check.building-{}", std::process::id()));
             run(
                 Command::new("go")
                     .args(["build", "-o"])
-                    .arg(&binary)
+                    .arg(&building)
                     .arg(".")
                     .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/serve/tlog_go"))
                     .env("GO111MODULE", "off")
@@ -81,6 +84,7 @@ fn go_checker() -> PathBuf {
                     .env("GOFLAGS", ""),
                 "building the Go tlog checker",
             );
+            std::fs::rename(&building, &binary).expect("the Go checker is put in place");
             binary
         })
         .clone()
