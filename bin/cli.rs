@@ -113,6 +113,10 @@ pub enum Command {
     ///   opledger export --tenant acme --from 2026-12-01T00:00:00Z --out acme-december.ndjson
     #[command(verbatim_doc_comment)]
     Export(ExportArgs),
+    /// Bring a PostgreSQL ledger's schema to this version of opledger, and say what was done
+    /// (nothing, when it is already there). Run it with a role that owns the schema before
+    /// starting `serve` with a role that may only read and write rows.
+    Migrate(MigrateArgs),
     /// Run the HTTP API agents and services use: record, approve, execute, list, trace, review,
     /// a Server-Sent Events feed of outcomes, Prometheus metrics. With no --config, runs the
     /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
@@ -298,6 +302,7 @@ impl Command {
             | Self::Checkpoint(_)
             | Self::Prove(_)
             | Self::Witness(_)
+            | Self::Migrate(_)
             | Self::Connectors(ConnectorsArgs {
                 command: ConnectorsCommand::Show(_) | ConnectorsCommand::ImportMcp(_),
             })
@@ -318,6 +323,11 @@ pub struct VerifyArgs {
     /// The ledger file to verify (read only).
     #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
     pub db: PathBuf,
+    /// Verify a PostgreSQL ledger instead: its `postgres://` URL (the password from the URL or
+    /// PGPASSWORD); `--db` is then not read. Its schema is brought up to date first, as `serve`
+    /// does.
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -388,6 +398,17 @@ pub struct ProveArgs {
     /// Prove against the kept checkpoint of this tree size (default: the newest kept).
     #[arg(long)]
     pub size: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The service's configuration file: its `store` is migrated.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The ledger's `postgres://` URL instead of a configuration (the password from the URL or
+    /// PGPASSWORD).
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -125,6 +125,7 @@ async fn import_mcp(args: &ConnectorsImportMcpArgs) -> Result<(), CliError> {
             url: url.clone(),
             headers_from: Vec::new(),
             ca_file: args.ca_file.clone(),
+            oauth: None,
         },
         _ => {
             return Err(CliError::Other(

@@ -26,6 +26,13 @@ enum Wire {
     Https {
         trusted: bool,
     },
+    /// Streamable HTTP behind a bearer token from an OAuth2 token endpoint (client credentials)
+    /// granting tokens for `expires_in_s`; `right_secret`: the connector's secret is the one the
+    /// endpoint knows.
+    OAuth {
+        expires_in_s: u32,
+        right_secret: bool,
+    },
 }
 
 fn document(upstream: &str) -> String {
@@ -76,6 +83,17 @@ struct Records {
     /// The HTTP server's port (`None` on stdio).
     port: Option<u16>,
     _server: Option<Supervised>,
+    _token_server: Option<Killed>,
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 impl Records {
@@ -85,6 +103,8 @@ impl Records {
         let fault = dir.path().join("fault");
         let script = quoted(&here("upstream.py"));
         let mut port = None;
+        let mut token_server = None;
+        let mut env = Vec::new();
         let (upstream, server) = match wire {
             Wire::Stdio => (
                 format!(
@@ -97,9 +117,52 @@ impl Records {
             Wire::Http => {
                 let free = free_port();
                 port = Some(free);
-                let server = Supervised::start(&store, &fault, free, &[]);
+                let server = Supervised::start(&store, &fault, free, &[], &[]);
                 (
                     format!("[upstream]\nurl = \"http://127.0.0.1:{free}/mcp\""),
+                    Some(server),
+                )
+            }
+            Wire::OAuth {
+                expires_in_s,
+                right_secret,
+            } => {
+                let (free, token_port) = (free_port(), free_port());
+                port = Some(free);
+                let tokens = dir.path().join("tokens");
+                let tokens_text = tokens.to_str().expect("UTF-8").to_owned();
+                token_server = Some(Killed(
+                    Command::new(python())
+                        .arg(here("token_server.py"))
+                        .args([
+                            &token_port.to_string(),
+                            &tokens_text,
+                            "gateway-client",
+                            "gateway-client-secret-0123",
+                            &expires_in_s.to_string(),
+                        ])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .expect("the token server starts"),
+                ));
+                wait_for_port(token_port);
+                let server = Supervised::start(
+                    &store,
+                    &fault,
+                    free,
+                    &[],
+                    &[("OPLEDGER_TOKENS_FILE".to_owned(), tokens_text)],
+                );
+                env.push(("TEST_CLIENT_ID".to_owned(), "gateway-client".to_owned()));
+                env.push((
+                    "TEST_CLIENT_SECRET".to_owned(),
+                    if right_secret { "gateway-client-secret-0123" } else { "a-wrong-secret-0123" }
+                        .to_owned(),
+                ));
+                (
+                    format!(
+                        "[upstream]\nurl = \"http://127.0.0.1:{free}/mcp\"\n\n[upstream.oauth]\ntoken_url = \"http://127.0.0.1:{token_port}/token\"\nclient_id_env = \"TEST_CLIENT_ID\"\nclient_secret_env = \"TEST_CLIENT_SECRET\""
+                    ),
                     Some(server),
                 )
             }
@@ -112,6 +175,7 @@ impl Records {
                     &fault,
                     free,
                     &[tls.certificate.clone(), tls.key.clone()],
+                    &[],
                 );
                 let mut upstream = format!("[upstream]\nurl = \"https://127.0.0.1:{free}/mcp\"");
                 if trusted {
@@ -121,10 +185,11 @@ impl Records {
             }
         };
         Self {
-            gateway: Gateway::start(dir, &document(&upstream)).await,
+            gateway: Gateway::start_with_env(dir, &document(&upstream), env).await,
             store,
             port,
             _server: server,
+            _token_server: token_server,
         }
     }
 
@@ -219,6 +284,68 @@ async fn an_https_upstream_whose_certificate_no_trusted_ca_signed_is_never_sent_
         Vec::<Value>::new(),
         "nothing reached the upstream"
     );
+}
+
+#[tokio::test]
+async fn an_upstream_behind_oauth_is_sent_calls_with_a_token_renewed_before_it_expires() {
+    let records = Records::start(Wire::OAuth {
+        expires_in_s: 4,
+        right_secret: true,
+    })
+    .await;
+    let first = records.create("call-1").await;
+    succeeded_with(&records.gateway.settle(first).await);
+    assert_eq!(records.gateway.connector().token_requests(), Some(1));
+    // Renewed once half its four seconds are gone, while it is still good: the next call goes
+    // out in a session started with the new token, never with one about to expire.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let second = records.create("call-2").await;
+    succeeded_with(&records.gateway.settle(second).await);
+    assert_eq!(records.gateway.connector().token_requests(), Some(2));
+    assert_eq!(records.records().len(), 2);
+    for operation in [first, second] {
+        assert_eq!(
+            records.gateway.events(operation).await,
+            ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"],
+            "no call was refused for its token"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_whose_token_endpoint_refuses_the_client_is_never_sent_a_call() {
+    let records = Records::start(Wire::OAuth {
+        expires_in_s: 60,
+        right_secret: false,
+    })
+    .await;
+    let refused = records
+        .gateway
+        .connector()
+        .read_only_listing()
+        .await
+        .expect_err("no token, so no session");
+    assert!(
+        refused.contains("refused the client's credentials") && refused.contains("invalid_client"),
+        "the reason names the refusal and what to correct: {refused}"
+    );
+    assert!(
+        !refused.contains("a-wrong-secret-0123"),
+        "the secret is not in the reason: {refused}"
+    );
+    let operation = records.create("call-1").await;
+    let report = records
+        .gateway
+        .engine
+        .drive(operation)
+        .await
+        .expect("the engine drives the operation");
+    assert!(
+        matches!(report.state().status, Status::Pending),
+        "not sent, so still to send: {:?}",
+        report.state()
+    );
+    assert_eq!(records.records(), Vec::<Value>::new());
 }
 
 /// A CA of the test's own and the server's certificate for 127.0.0.1 signed by it, made with
@@ -462,12 +589,24 @@ struct Supervised {
 }
 
 impl Supervised {
-    /// `tls`: the certificate and key files to serve HTTPS with (none: plain HTTP).
-    fn start(store: &std::path::Path, fault: &std::path::Path, port: u16, tls: &[String]) -> Self {
+    /// `tls`: the certificate and key files to serve HTTPS with (none: plain HTTP); `env`: more
+    /// variables for the server.
+    fn start(
+        store: &std::path::Path,
+        fault: &std::path::Path,
+        port: u16,
+        tls: &[String],
+        env: &[(String, String)],
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let child: Arc<Mutex<Option<Child>>> = Arc::new(Mutex::new(None));
         let spawn = {
-            let (store, fault, tls) = (store.to_owned(), fault.to_owned(), tls.to_vec());
+            let (store, fault, tls, env) = (
+                store.to_owned(),
+                fault.to_owned(),
+                tls.to_vec(),
+                env.to_vec(),
+            );
             move || {
                 Command::new(python())
                     .arg(here("upstream.py"))
@@ -475,6 +614,7 @@ impl Supervised {
                     .arg(if tls.is_empty() { "http" } else { "https" })
                     .arg(port.to_string())
                     .args(&tls)
+                    .envs(env.iter().map(|(name, value)| (name, value)))
                     .env("OPLEDGER_FAULT_FILE", &fault)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

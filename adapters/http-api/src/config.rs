@@ -26,6 +26,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 mod log;
+mod store;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -200,6 +201,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// The ledger.
     pub store: StoreUrl,
+    /// A PostgreSQL store's pool and timeouts (`[store]`); unset ones keep their defaults.
+    pub store_limits: opledger_store::postgres::StoreLimits,
     /// The read-model file (`None`: beside the SQLite ledger, or `opledger.views` for KurrentDB).
     pub read_models: Option<PathBuf>,
     /// How long a read-model batch waits for more events after its first, in milliseconds.
@@ -243,6 +246,13 @@ pub struct ServeConfig {
 /// PostgreSQL's `application_name` (63 bytes, with the `opledger ` before it).
 pub const MAX_INSTANCE_ID_CHARS: usize = 48;
 
+/// The `instance_id` a configuration's text names, read before the file is loaded (the traces
+/// start first); `None` when it names none or does not parse (the loader then says why).
+pub fn instance_id_in(text: &str) -> Option<String> {
+    let table = text.parse::<toml::Table>().ok()?;
+    table.get("instance_id")?.as_str().map(str::to_owned)
+}
+
 /// Checks an `instance_id`: 1 to [`MAX_INSTANCE_ID_CHARS`] letters, digits, `.`, `_` or `-`.
 pub fn check_instance_id(id: &str) -> Result<(), String> {
     let fits = !id.is_empty()
@@ -272,7 +282,8 @@ enum Built {
 struct File {
     listen: Option<Spanned<String>>,
     instance_id: Option<Spanned<String>>,
-    store: Option<Spanned<String>>,
+    /// A URL, or a `[store]` table with the URL and the limits (`config/store.rs`).
+    store: Option<Spanned<toml::Value>>,
     /// `views` is the key's older name, still read.
     #[serde(alias = "views")]
     read_models: Option<PathBuf>,
@@ -547,11 +558,7 @@ impl Checker<'_> {
             })?,
             None => DEFAULT_LISTEN,
         };
-        let store = match &file.store {
-            Some(store) => parse_store(store.get_ref())
-                .map_err(|message| self.error(Some(store.span()), "store", message))?,
-            None => StoreUrl::Sqlite(PathBuf::from(opledger_store::DEFAULT_SQLITE_PATH)),
-        };
+        let (store, store_limits) = self.store(file.store.as_ref())?;
         let (policy, workers) = self.engine(&file.engine)?;
         let worker_send_delay_ms = spanned_or(
             &file.engine.worker_send_delay_ms,
@@ -628,6 +635,7 @@ impl Checker<'_> {
         Ok(ServeConfig {
             listen,
             store,
+            store_limits,
             read_models: file.read_models,
             read_model_linger_ms,
             policy,
@@ -1954,6 +1962,147 @@ token_env = "CRM_TOKEN"
         );
         let error = parse("opledger.example.toml", text, &|_| None).expect_err("no env");
         assert_eq!(error.field, "tenants[0].token_env");
+    }
+
+    fn with_store_table(table: &str) -> String {
+        GOOD.replace("store = \"sqlite:///tmp/ledger.db\"\n", "") + "\n[store]\n" + table
+    }
+
+    #[test]
+    fn a_store_table_sets_a_postgres_stores_pool_and_timeouts() {
+        let config = check(&with_store_table(
+            "url = \"postgres://ledger@db:5432/opledger\"\npool_size = 16\nround_trip_timeout_ms = 8000\n",
+        ))
+        .expect("valid");
+        assert!(matches!(config.store, StoreUrl::Postgres(_)));
+        assert_eq!(config.store_limits.pool_size, Some(16));
+        assert_eq!(config.store_limits.round_trip_timeout_ms, Some(8000));
+        assert_eq!(config.store_limits.statement_timeout_ms, None);
+    }
+
+    #[test]
+    fn a_store_limit_out_of_bounds_unknown_or_on_another_store_is_refused_naming_it() {
+        let postgres = "url = \"postgres://ledger@db:5432/opledger\"\n";
+        for (table, expected) in [
+            (
+                format!("{postgres}pool_size = 0"),
+                "pool_size is 0; it must be 1 to 64",
+            ),
+            (
+                format!("{postgres}round_trip_timeout_ms = 1000"),
+                "round_trip_timeout_ms is 1000 and statement_timeout_ms 5000",
+            ),
+            (
+                format!("{postgres}connect_timeout_ms = 0"),
+                "connect_timeout_ms and pool_wait_ms must be above 0",
+            ),
+            (
+                format!("{postgres}pool_sise = 3"),
+                "unknown field `pool_sise`",
+            ),
+            (
+                "url = \"sqlite:///tmp/ledger.db\"\npool_size = 4".to_owned(),
+                "only a PostgreSQL store has",
+            ),
+        ] {
+            let error = check(&with_store_table(&table))
+                .expect_err(&table)
+                .to_string();
+            assert!(
+                error.contains(expected) && error.contains("store"),
+                "{table}: {error}"
+            );
+        }
+    }
+
+    /// The keys the file's shape accepts in the section `path` (empty: the top level), as
+    /// serde's refusal of an unknown key lists them; `None` when the section takes any key (a
+    /// map of names) or is read elsewhere. `arrays`: the sections written `[[…]]`.
+    fn keys_accepted_in(path: &[&str], arrays: &BTreeSet<String>) -> Option<Vec<String>> {
+        let mut text = String::new();
+        for depth in 1..=path.len() {
+            let section = path[..depth].join(".");
+            if arrays.contains(&section) {
+                text.push_str(&format!("[[{section}]]\n"));
+            } else {
+                text.push_str(&format!("[{section}]\n"));
+            }
+        }
+        text.push_str("no_such_key_anywhere = 1\n");
+        let refusal = toml::from_str::<File>(&text).err()?.to_string();
+        let listed = refusal.split("expected").nth(1)?;
+        Some(
+            listed
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_key_the_parser_accepts_is_named_in_the_example_the_reference_shows() {
+        let example = include_str!("../../../opledger.example.toml");
+        let words: BTreeSet<&str> = example
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        // Every section the example shows, written or commented out (`# [mcp]`).
+        let mut sections: BTreeSet<String> = BTreeSet::new();
+        let mut arrays: BTreeSet<String> = BTreeSet::new();
+        for line in example.lines() {
+            let line = line.trim_start_matches(['#', ' ']);
+            if let Some(name) = line
+                .strip_prefix("[[")
+                .and_then(|rest| rest.split("]]").next())
+            {
+                arrays.insert(name.to_owned());
+                sections.insert(name.to_owned());
+            } else if let Some(name) = line
+                .strip_prefix('[')
+                .and_then(|rest| rest.split(']').next())
+            {
+                if !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+                {
+                    sections.insert(name.to_owned());
+                }
+            }
+        }
+        let mut checked = Vec::new();
+        let mut missing = Vec::new();
+        for section in std::iter::once(String::new()).chain(sections) {
+            let path: Vec<&str> = section.split('.').filter(|part| !part.is_empty()).collect();
+            let Some(keys) = keys_accepted_in(&path, &arrays) else {
+                continue;
+            };
+            for key in keys {
+                if !words.contains(key.as_str()) {
+                    missing.push(format!("[{section}] {key}"));
+                }
+            }
+            checked.push(section);
+        }
+        for expected in [
+            "",
+            "engine",
+            "limits",
+            "tenants",
+            "connectors",
+            "webhooks",
+            "metrics",
+        ] {
+            assert!(
+                checked.iter().any(|section| section == expected),
+                "the keys of section `{expected}` were read from the parser: {checked:?}"
+            );
+        }
+        assert!(
+            missing.is_empty(),
+            "keys the parser accepts that opledger.example.toml (the configuration reference) never names: {missing:?}"
+        );
     }
 
     #[test]

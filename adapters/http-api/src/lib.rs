@@ -297,7 +297,13 @@ impl Service {
             .clone()
             .unwrap_or_else(default_instance_id);
         info!(%instance_id, "this instance's id (in attempts, PostgreSQL's application_name, /metrics)");
-        let store = open_store(&config.store, &config.log, &instance_id).await?;
+        let store = open_store(
+            &config.store,
+            &config.store_limits,
+            &config.log,
+            &instance_id,
+        )
+        .await?;
         let log_signer = log::signer_of(&config.log).map_err(ServeError::Config)?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
@@ -499,6 +505,7 @@ async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr
 /// connections' `application_name`.
 async fn open_store(
     store: &StoreUrl,
+    limits: &opledger_store::postgres::StoreLimits,
     log: &log::LogSettings,
     instance_id: &str,
 ) -> Result<ServeStore, ServeError> {
@@ -515,6 +522,9 @@ async fn open_store(
         // The refusal already says which of URL, server, credentials or schema is wrong.
         StoreUrl::Postgres(url) => {
             let mut config = opledger_store::postgres::PostgresConfig::from_url(url)
+                .map_err(|error| ServeError::Io(error.to_string()))?;
+            config
+                .apply(limits)
                 .map_err(|error| ServeError::Io(error.to_string()))?;
             config.set_application_name(&format!("opledger {instance_id}"));
             ServeStore::Postgres(

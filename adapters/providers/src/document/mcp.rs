@@ -13,7 +13,7 @@ use super::{Means, MAX_ACCOUNTS_PER_CONNECTOR, MAX_ACTIONS_PER_CONNECTOR};
 use crate::error::Findings;
 use crate::mcp::spec::{
     IdRule, McpAccount, McpAction, McpDedup, McpDocument, McpLookup, ResultSpec, TextRule,
-    ToolLookup, Upstream,
+    ToolLookup, Upstream, UpstreamOAuth,
 };
 use crate::mcp::{
     DEFAULT_CALL_TIMEOUT_MS, DEFAULT_RESTART_WAIT_MS, DEFAULT_START_TIMEOUT_MS,
@@ -168,7 +168,7 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
             })
         }
         (false, true) => {
-            table.only(&["url", "headers_from", "ca_file"], findings);
+            table.only(&["url", "headers_from", "ca_file", "oauth"], findings);
             let url = table.string("url", findings).and_then(|found| {
                 let value = found.value;
                 if !(value.starts_with("http://") || value.starts_with("https://")) {
@@ -185,10 +185,14 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
                 }
                 Some(found.value.to_owned())
             });
+            let oauth = table
+                .table("oauth", findings)
+                .and_then(|oauth| upstream_oauth(&oauth, &headers_from, findings));
             Some(Upstream::Http {
                 url: url?,
                 headers_from,
                 ca_file,
+                oauth,
             })
         }
         (both, _) => {
@@ -625,6 +629,60 @@ pub(crate) fn fill_pattern(pattern: &str, label: &str, key: &str, account: &str)
         .replace("{{label}}", &regex::escape(label))
         .replace("{{key}}", &regex::escape(key))
         .replace("{{account}}", &regex::escape(account))
+}
+
+/// `[upstream.oauth]`: the client-credentials grant's token endpoint, scopes and the variables
+/// holding the client's id and secret.
+fn upstream_oauth(
+    table: &Table<'_>,
+    headers_from: &[(String, String)],
+    findings: &mut Findings<'_>,
+) -> Option<UpstreamOAuth> {
+    table.only(
+        &["token_url", "scopes", "client_id_env", "client_secret_env"],
+        findings,
+    );
+    let token_url = table
+        .required_string("token_url", "token_url = \"https://auth.example.com/oauth/token\"", findings)
+        .and_then(|found| {
+        if found.value.starts_with("http://") || found.value.starts_with("https://") {
+            Some(found.value.to_owned())
+        } else {
+            findings.add(Some(found.span), &found.field, format!("`{}` is no http:// or https:// URL; write the authorization server's token endpoint", found.value));
+            None
+        }
+        });
+    let client_id_env = table.required_string(
+        "client_id_env",
+        "client_id_env = \"VARIABLE\" (the environment variable holding the client id)",
+        findings,
+    );
+    let client_secret_env = table.required_string(
+        "client_secret_env",
+        "client_secret_env = \"VARIABLE\" (the environment variable holding the client secret)",
+        findings,
+    );
+    let scopes = table
+        .strings("scopes", findings)
+        .map(|found| found.iter().map(|scope| scope.value.to_owned()).collect())
+        .unwrap_or_default();
+    if headers_from
+        .iter()
+        .any(|(header, _)| header.eq_ignore_ascii_case("authorization"))
+    {
+        findings.add(
+            Some(table.span()),
+            table.path(),
+            "an access token from [upstream.oauth] is sent as Authorization, and headers_from sends one too; keep one of them".to_owned(),
+        );
+        return None;
+    }
+    Some(UpstreamOAuth {
+        token_url: token_url?,
+        scopes,
+        client_id_env: client_id_env?.value.to_owned(),
+        client_secret_env: client_secret_env?.value.to_owned(),
+    })
 }
 
 fn read_only(top: &Table<'_>, actions: &[McpAction], findings: &mut Findings<'_>) -> Vec<String> {

@@ -143,10 +143,27 @@ impl McpConnector {
                 url,
                 headers_from,
                 ca_file,
+                oauth,
             } => Launch::Http {
                 client: session::http_client(ca_file.as_deref()).unwrap_or_else(|reason| {
                     problem("upstream.ca_file".to_owned(), reason);
                     reqwest013::Client::new()
+                }),
+                oauth: oauth.as_ref().and_then(|oauth| {
+                    let id = read("oauth", "client_id_env", &oauth.client_id_env);
+                    let secret = read("oauth", "client_secret_env", &oauth.client_secret_env);
+                    let token_client = crate::http::build_client(
+                        document.call_timeout_ms,
+                        document.start_timeout_ms,
+                    )
+                    .map_err(|reason| problem("upstream.oauth".to_owned(), reason))
+                    .ok()?;
+                    Some(session::TokenSource::new(
+                        oauth,
+                        id?.to_string_lossy().into_owned(),
+                        secret?.to_string_lossy().into_owned(),
+                        token_client,
+                    ))
                 }),
                 url: url.clone(),
                 headers: headers_from
@@ -251,6 +268,12 @@ impl McpConnector {
     /// The action called `name`.
     pub fn action(&self, name: &ActionName) -> Option<&McpAction> {
         self.compiled(name).map(|compiled| &compiled.action)
+    }
+
+    /// How many times the upstream's OAuth2 token endpoint was asked (`None`: it takes no
+    /// token).
+    pub fn token_requests(&self) -> Option<u64> {
+        self.sessions.token_requests()
     }
 
     /// The upstream tools declared read-only (passed through without the ledger).
@@ -883,7 +906,7 @@ pub async fn list_tools(
     };
     let connector = McpConnector::build(&document, None, &[], env)
         .map_err(|errors| crate::error::render_all(&errors))?;
-    let session = session::start(&connector.sessions.launch_for_listing(), timeout)
+    let (session, _) = session::start(&connector.sessions.launch_for_listing(), timeout)
         .await
         .map_err(|unready| unready.reason)?;
     let listed = tokio::time::timeout(timeout, session.peer().list_all_tools()).await;
