@@ -59,6 +59,16 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
         BenchTarget::Erase(args) => erase(args).await,
         BenchTarget::Floor(args) => crate::bench_floor::run(args).await,
+        BenchTarget::Proofs(args) => {
+            let ledger = crate::intent::open_for_reading(&args.db).await?;
+            let result = tokio::select! {
+                result = proofs(ledger.store(), args.samples) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            let closed = crate::intent::close(&ledger).await;
+            result?;
+            closed
+        }
         BenchTarget::Startup(args) => crate::bench_startup::run(args).await,
         BenchTarget::Soak(args) => crate::bench_soak::run(args).await,
         BenchTarget::Projections(args) => {
@@ -542,6 +552,72 @@ async fn erase(args: crate::cli::BenchEraseArgs) -> Result<(), CliError> {
         "bench=erase operations={} sent_to_review={} record_s={record_s:.2} erase_ms={erase_ms:.1}",
         report.operations,
         report.sent_to_review.len()
+    );
+    Ok(())
+}
+
+/// Most inclusion proofs one run may make.
+const MAX_PROOF_SAMPLES: u32 = 10_000_000;
+
+/// `opledger bench proofs`: inclusion proofs at spread positions, then the tree rebuilt from the
+/// log in memory.
+async fn proofs<S>(store: &S, samples: u32) -> Result<(), CliError>
+where
+    S: opledger_domain::store::EventStore + opledger_domain::merkle::LogTree,
+{
+    use opledger_domain::merkle;
+    use opledger_domain::store::LogStart;
+    if samples == 0 || samples > MAX_PROOF_SAMPLES {
+        return Err(CliError::Config(format!(
+            "--samples must be 1 to {MAX_PROOF_SAMPLES}"
+        )));
+    }
+    let size = store.tree_size().await?;
+    if size == 0 {
+        return Err(CliError::NotFound("the ledger's tree is empty".into()));
+    }
+    // Positions spread by a fixed odd stride, so every part of the tree is asked and a run is
+    // repeatable.
+    let stride = (0x9E37_79B9_7F4A_7C15_u64 % size).max(1);
+    let mut took = Vec::with_capacity(samples as usize);
+    let mut index = 0_u64;
+    for _ in 0..samples {
+        index = (index + stride) % size;
+        let started = std::time::Instant::now();
+        merkle::inclusion_proof_of(store, index, size)
+            .await
+            .map_err(|error| CliError::Other(error.to_string()))?;
+        took.push(started.elapsed().as_micros());
+    }
+    took.sort_unstable();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    println!(
+        "bench=prove samples={samples} tree_size={size} p50_us={} p99_us={} max_us={}",
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+    let started = std::time::Instant::now();
+    let mut tree = merkle::RootFolder::new();
+    let mut start = LogStart::Beginning;
+    loop {
+        let batch = store.read_all(start, 512).await?;
+        let Some(last) = batch.last() else { break };
+        start = LogStart::After(last.position);
+        for event in &batch {
+            tree.push(merkle::leaf_hash(&event.view()));
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stored = merkle::head_of(store, Some(tree.size().min(size)))
+        .await
+        .map_err(|error| CliError::Other(error.to_string()))?;
+    let rebuilt = tree.head();
+    println!(
+        "bench=tree-rebuild events={} events_per_s={:.0} matches_stored_tree={}",
+        rebuilt.size,
+        rebuilt.size as f64 / seconds.max(1e-9),
+        rebuilt.size == stored.size && rebuilt.root == stored.root
     );
     Ok(())
 }

@@ -433,6 +433,10 @@ pub struct VerifyArgs {
     /// The log's verifier key, which must have signed the checkpoint.
     #[arg(long, env = "OPLEDGER_LOG_VERIFIER_KEY")]
     pub verifier_key: Option<String>,
+    /// A witness's key (C2SP tlog-cosignature/v1, `<name>+<id>+<base64>`) whose cosignature the
+    /// kept checkpoint must carry; repeat for several witnesses.
+    #[arg(long, requires = "against")]
+    pub witness_key: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -533,6 +537,11 @@ pub struct ExportArgs {
     /// The file's format: `ndjson` (one JSON object per line) or `parquet`.
     #[arg(long, value_enum, default_value_t = ExportFormat::Ndjson)]
     pub format: ExportFormat,
+    /// Sign a checkpoint of the log as it is now with this key (kept in the ledger too) and cut
+    /// the export at it. Without a key the export is cut at the newest checkpoint kept in the
+    /// ledger; a ledger that keeps none gives an export without proofs.
+    #[command(flatten)]
+    pub key: SigningKeyArgs,
     /// The file to write; written beside it under a temporary name and renamed when complete, so
     /// an interrupted export leaves no partial file.
     #[arg(long)]
@@ -695,6 +704,22 @@ pub enum BenchTarget {
     /// hash chain. Prints `opledger bench floor: listening on http://…`; runs until Ctrl-C or SIGTERM. A
     /// bound to measure `serve` against, not a ledger: a re-sent source_id is refused.
     Floor(BenchFloorArgs),
+    /// The transparency log of an existing ledger file: inclusion proofs of random positions
+    /// against its whole tree, as `opledger prove` and /v1/log/proof/inclusion make them (the
+    /// stored hashes read, the proof built), then the tree rebuilt from the log (every event
+    /// read, leaf-hashed and folded); prints `bench=prove samples=… tree_size=… p50_us=…
+    /// p99_us=… max_us=…` and `bench=tree-rebuild events=… events_per_s=…`.
+    Proofs(BenchProofsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchProofsArgs {
+    /// The ledger file (left as it is).
+    #[arg(long)]
+    pub db: PathBuf,
+    /// Inclusion proofs to make, at positions spread over the whole log.
+    #[arg(long, default_value_t = 10_000)]
+    pub samples: u32,
 }
 
 #[derive(Debug, Args)]

@@ -10,6 +10,13 @@
 //! and per-stream memory ([`MAX_REMEMBERED_STREAMS`]) that is emptied when full (a miss costs one
 //! read of the stream).
 //!
+//! The export proves itself against a signed checkpoint of the transparency log (the one it is cut
+//! at, in its header): an export of the whole log by its leaves, from which a verifier recomputes
+//! the checkpoint's root; a slice or one tenant's export by an inclusion proof on every event,
+//! plus context lines that prove its claims: the events just outside a slice's ends (their times
+//! and positions show nothing at its edges was left out) and, for a tenant, the intent that opens
+//! each of its operations (which names the tenant). A context line is never counted as exported.
+//!
 //! It must never write an event's data re-encoded: a verifier recomputes the chain over the
 //! bytes it is given, and any re-encoding (key order, number formatting, escapes) would turn a
 //! faithful export into a false alarm.
@@ -28,16 +35,17 @@ use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, StreamVersion, TenantId};
+use opledger_domain::merkle::{self, Hash, LogTree};
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
 use opledger_domain::timestamp::at_or_before;
 use serde_json::json;
 
-use crate::cli::{CliError, ExportArgs, ExportFormat, LogBound};
+use crate::cli::{CliError, ExportArgs, ExportFormat, LogBound, SigningKeyArgs};
 use crate::export_parquet::ParquetSink;
 use crate::intent::{close, open_for_reading};
 
 /// The export format's version, in its header; a reader refuses a version it does not know.
-pub const EXPORT_FORMAT_VERSION: u64 = 1;
+pub const EXPORT_FORMAT_VERSION: u64 = 2;
 /// Events read from the log at a time (as `verify`, whose measurement chose it: a batch in memory
 /// is the part of the walk's peak memory that swings).
 const EXPORT_READ_BATCH: usize = 512;
@@ -56,6 +64,8 @@ struct Exported {
     /// Some of the tenants whose operations the walk passed (at most [`MAX_TENANTS_NAMED`]),
     /// named when the tenant asked for had none.
     tenants_seen: std::collections::BTreeSet<TenantId>,
+    /// The size of the checkpoint the export was cut at, if any.
+    tree_size: Option<u64>,
 }
 
 /// Most tenants an export that found none of the tenant asked for names instead.
@@ -79,7 +89,7 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
         tenant,
     };
     let result = tokio::select! {
-        result = write_file(ledger.store(), &slice, args.format, &partial) => result,
+        result = write_file(ledger.store(), &slice, args.format, &args.key, &partial) => result,
         _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
     };
     let closed = close(&ledger).await;
@@ -102,9 +112,13 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
     })?;
     match (exported.first, exported.last) {
         (Some(first), Some(last)) => println!(
-            "exported {} event(s), positions {first}–{last}, to {}",
+            "exported {} event(s), positions {first}–{last}, to {}{}",
             exported.events,
-            args.out.display()
+            args.out.display(),
+            match exported.tree_size {
+                Some(size) => format!(", with the proofs against the checkpoint of tree size {size}"),
+                None => ", without proofs: the ledger keeps no checkpoint (pass --key-file or run `opledger checkpoint` first)".to_owned(),
+            }
         ),
         _ => println!(
             "exported no event (nothing in the slice asked for) to {}",
@@ -190,19 +204,81 @@ fn partial_path(out: &Path) -> Result<PathBuf, CliError> {
     Ok(parent.join(partial))
 }
 
-async fn write_file<S: EventStore>(
+/// The checkpoint an export is cut at: one signed now when a key is given (and kept in the
+/// ledger, as `opledger checkpoint` keeps it), else the newest kept one, else none.
+async fn cut_at<S: LogTree>(
+    store: &S,
+    key: &SigningKeyArgs,
+) -> Result<Option<(u64, String)>, CliError> {
+    if key.key_file.is_some() || std::env::var_os(crate::log::SIGNING_KEY_ENV).is_some() {
+        let signer = crate::log::load_signer(key)?;
+        return Ok(Some(crate::log::sign_and_keep_head(store, &signer).await?));
+    }
+    Ok(store.kept_checkpoint(None).await?)
+}
+
+/// How the export proves its events against its checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Proof {
+    /// No checkpoint: only the chains.
+    None,
+    /// Every leaf of the tree is in the export: the verifier recomputes the root.
+    Root,
+    /// A slice or a tenant: each event carries its inclusion proof in the tree of `size` leaves.
+    Inclusion { size: u64 },
+}
+
+impl Proof {
+    fn name(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Root => Some("root"),
+            Self::Inclusion { .. } => Some("inclusion"),
+        }
+    }
+
+    /// The inclusion proof of the event at `position`, in an export that carries them.
+    async fn of<S: LogTree>(self, store: &S, position: u64) -> Result<Option<Vec<Hash>>, CliError> {
+        let Self::Inclusion { size } = self else {
+            return Ok(None);
+        };
+        merkle::inclusion_proof_of(store, position - 1, size)
+            .await
+            .map(Some)
+            .map_err(|error| CliError::Other(format!("cannot prove position {position}: {error}")))
+    }
+}
+
+async fn write_file<S: EventStore + LogTree>(
     store: &S,
     slice: &Slice,
     format: ExportFormat,
+    key: &SigningKeyArgs,
     partial: &Path,
 ) -> Result<Exported, CliError> {
     let file = File::create(partial).map_err(|error| {
         CliError::Other(format!("cannot create {}: {error}", partial.display()))
     })?;
-    let head = store.head_position().await?.map_or(0, |head| head.value());
+    let cut = cut_at(store, key).await?;
+    // Cut at the checkpoint: every exported event is then in the tree it signs. (SQLite numbers
+    // its log 1, 2, 3… without gaps, so the tree's size is the position of its last leaf.)
+    let head = match &cut {
+        Some((size, _)) => *size,
+        None => store.head_position().await?.map_or(0, |head| head.value()),
+    };
+    let whole = slice.from.is_none() && slice.to.is_none() && slice.tenant.is_none();
+    let proof = match &cut {
+        None => Proof::None,
+        Some(_) if whole => Proof::Root,
+        Some((size, _)) => Proof::Inclusion { size: *size },
+    };
     let header = Header {
         opledger_export: EXPORT_FORMAT_VERSION,
         chain: "opledger-chain-v1",
+        leaf: "opledger-leaf-v1",
+        checkpoint: cut.as_ref().map(|(_, note)| note.clone()),
+        tree_size: cut.as_ref().map(|(size, _)| *size),
+        proof: proof.name(),
         exported_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
         log_head: head,
         from: slice.from.map(bound_json),
@@ -217,7 +293,8 @@ async fn write_file<S: EventStore>(
         ExportFormat::Parquet => Sink::parquet(file, &header),
     }
     .map_err(|error| CliError::Other(format!("cannot write {}: {error}", partial.display())))?;
-    let exported = write_events(store, slice, head, &mut sink).await?;
+    let mut exported = write_events(store, slice, head, proof, &mut sink).await?;
+    exported.tree_size = cut.map(|(size, _)| size);
     let file = sink
         .finish(&exported)
         .map_err(|error| CliError::Other(format!("cannot write {}: {error}", partial.display())))?;
@@ -232,6 +309,15 @@ async fn write_file<S: EventStore>(
 pub struct Header {
     pub opledger_export: u64,
     pub chain: &'static str,
+    /// The leaf encoding of the transparency log (docs/src/auditors/transparency-log.md).
+    pub leaf: &'static str,
+    /// The signed checkpoint the export was cut at (C2SP tlog-checkpoint), if the ledger has one.
+    pub checkpoint: Option<String>,
+    /// Its tree size: no exported event lies past it.
+    pub tree_size: Option<u64>,
+    /// `root` (every leaf is here: recompute the root), `inclusion` (each event carries its
+    /// inclusion proof), or none.
+    pub proof: Option<&'static str>,
     pub exported_at: String,
     pub log_head: u64,
     pub from: Option<serde_json::Value>,
@@ -281,11 +367,17 @@ impl Sink {
     }
 }
 
-/// One event as exported: the stored event, its time and the link before it.
+/// One event as exported: the stored event, its time and the link before it, its inclusion proof
+/// (in an export that carries them), and why it is there if it is only context.
 pub struct ExportedEvent<'a> {
     pub event: &'a RecordedEvent,
     pub time: Option<DateTime<Utc>>,
     pub previous: Option<ChainHash>,
+    pub inclusion: Option<Vec<Hash>>,
+    /// `before` / `after`: the event just outside a slice's first / last end; `intent`: the event
+    /// that opens an operation of a tenant export, named before the operation's first event in
+    /// the file when the slice does not hold it. `None`: an exported event.
+    pub context: Option<&'static str>,
 }
 
 fn bound_json(bound: LogBound) -> serde_json::Value {
@@ -297,10 +389,11 @@ fn bound_json(bound: LogBound) -> serde_json::Value {
 
 /// Walks the log from the slice's start to its end (at most `head`, the head when the export
 /// began, so an export of a busy ledger ends), writing each event the slice admits.
-async fn write_events<S: EventStore>(
+async fn write_events<S: EventStore + LogTree>(
     store: &S,
     slice: &Slice,
     head: u64,
+    proof: Proof,
     sink: &mut Sink,
 ) -> Result<Exported, CliError> {
     let mut streams = StreamMemory::default();
@@ -309,7 +402,9 @@ async fn write_events<S: EventStore>(
         first: None,
         last: None,
         tenants_seen: std::collections::BTreeSet::new(),
+        tree_size: None,
     };
+    let bounded = slice.tenant.is_none() && proof != Proof::None;
     let mut started = !matches!(slice.from, Some(LogBound::Time(_)));
     let mut start = match slice.from {
         // Reads start after the position named, so a slice from position `from` reads after
@@ -357,10 +452,24 @@ async fn write_events<S: EventStore>(
             if !admitted {
                 continue;
             }
+            if bounded && slice.from.is_some() && exported.first.is_none() && position > 1 {
+                let before = event_at(store, position - 1).await?;
+                write_context(store, sink, &before, "before", proof, &mut streams).await?;
+            }
+            if slice.tenant.is_some() && proof != Proof::None && streams.first_shown(event) {
+                let intent = store
+                    .read_stream(&event.stream, StreamVersion::FIRST, 1)
+                    .await?;
+                if let Some(intent) = intent.first() {
+                    write_context(store, sink, intent, "intent", proof, &mut streams).await?;
+                }
+            }
             let exported_event = ExportedEvent {
                 event,
                 time,
                 previous,
+                inclusion: proof.of(store, position).await?,
+                context: None,
             };
             sink.event(&exported_event)
                 .map_err(|error| CliError::Other(format!("cannot write the export: {error}")))?;
@@ -379,7 +488,54 @@ async fn write_events<S: EventStore>(
     if progress {
         eprint!("\r\x1b[2K");
     }
+    if let Some(last) = exported
+        .last
+        .filter(|last| bounded && slice.to.is_some() && *last < head)
+    {
+        let after = event_at(store, last + 1).await?;
+        write_context(store, sink, &after, "after", proof, &mut streams).await?;
+    }
     Ok(exported)
+}
+
+/// The event at `position` (the log has it: it lies inside the checkpoint's tree).
+async fn event_at<S: EventStore>(store: &S, position: u64) -> Result<RecordedEvent, CliError> {
+    let start = match position - 1 {
+        0 => LogStart::Beginning,
+        before => LogStart::After(GlobalPosition::new(before)),
+    };
+    store
+        .read_all(start, 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|event| event.position.value() == position)
+        .ok_or_else(|| {
+            CliError::Other(format!(
+                "the log has no event at position {position}, inside its checkpoint's tree; run `opledger verify`"
+            ))
+        })
+}
+
+/// Writes `event` as a context line of `kind`, with its own inclusion proof.
+async fn write_context<S: EventStore + LogTree>(
+    store: &S,
+    sink: &mut Sink,
+    event: &RecordedEvent,
+    kind: &'static str,
+    proof: Proof,
+    streams: &mut StreamMemory,
+) -> Result<(), CliError> {
+    let previous = streams.previous_chain(store, event).await?;
+    let line = ExportedEvent {
+        event,
+        time: time_of(event),
+        previous,
+        inclusion: proof.of(store, event.position.value()).await?,
+        context: Some(kind),
+    };
+    sink.event(&line)
+        .map_err(|error| CliError::Other(format!("cannot write the export: {error}")))
 }
 
 /// Whether an event at `position` and `time` lies after the slice's end.
@@ -417,6 +573,10 @@ struct EventLine<'a> {
     metadata: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     metadata_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inclusion_proof: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context: Option<&'static str>,
 }
 
 fn write_event(out: &mut impl Write, exported: &ExportedEvent<'_>) -> std::io::Result<()> {
@@ -424,6 +584,8 @@ fn write_event(out: &mut impl Write, exported: &ExportedEvent<'_>) -> std::io::R
         event,
         time,
         previous,
+        inclusion,
+        context,
     } = exported;
     // The exact stored bytes, as text when they are UTF-8 (a JSON string carries any text
     // losslessly), else as base64 under another name, so nothing is silently replaced.
@@ -442,6 +604,10 @@ fn write_event(out: &mut impl Write, exported: &ExportedEvent<'_>) -> std::io::R
         data_base64,
         metadata,
         metadata_base64,
+        inclusion_proof: inclusion
+            .as_ref()
+            .map(|proof| proof.iter().map(ToString::to_string).collect()),
+        context: *context,
     };
     serde_json::to_writer(&mut *out, &line)?;
     out.write_all(b"\n")
@@ -460,9 +626,22 @@ fn text_or_base64(bytes: &[u8]) -> (Option<&str>, Option<String>) {
 struct StreamMemory {
     links: HashMap<StreamName, (StreamVersion, Option<ChainHash>)>,
     tenants: HashMap<StreamName, Option<TenantId>>,
+    /// Streams of a tenant export whose intent the file already holds (emptied when full: the
+    /// intent is then named again, which a verifier accepts).
+    shown: std::collections::HashSet<StreamName>,
 }
 
 impl StreamMemory {
+    /// Whether `event` is the first of its stream in a tenant export without the stream's intent
+    /// before it in the file (so the intent must be written as context first).
+    fn first_shown(&mut self, event: &RecordedEvent) -> bool {
+        if self.shown.len() >= MAX_REMEMBERED_STREAMS {
+            self.shown.clear();
+        }
+        let new = self.shown.insert(event.stream.clone());
+        new && event.version != StreamVersion::FIRST
+    }
+
     /// The stored chain link of the event before `event` in its stream (`None` for a first
     /// event, or one whose predecessor carries no link).
     async fn previous_chain<S: EventStore>(

@@ -41,6 +41,8 @@ message opledger_export {
   OPTIONAL BYTE_ARRAY previous_chain (UTF8);
   REQUIRED BYTE_ARRAY data;
   REQUIRED BYTE_ARRAY metadata;
+  OPTIONAL BYTE_ARRAY inclusion_proof;
+  OPTIONAL BYTE_ARRAY context (UTF8);
 }
 ";
 
@@ -57,6 +59,9 @@ struct Columns {
     previous_chain: Optional<ByteArray>,
     data: Vec<ByteArray>,
     metadata: Vec<ByteArray>,
+    /// The inclusion proof's hashes, 32 bytes each, concatenated in RFC 6962 order.
+    inclusion_proof: Optional<ByteArray>,
+    context: Optional<ByteArray>,
 }
 
 /// An optional column: the values present and each row's definition level (1 present, 0 null).
@@ -140,6 +145,12 @@ impl ParquetSink {
         columns
             .metadata
             .push(ByteArray::from(event.metadata.clone()));
+        columns
+            .inclusion_proof
+            .push(exported.inclusion.as_ref().map(|proof| {
+                ByteArray::from(proof.iter().flat_map(|hash| hash.0).collect::<Vec<u8>>())
+            }));
+        columns.context.push(exported.context.map(text));
         self.rows += 1;
         if self.rows >= ROW_GROUP_EVENTS {
             self.flush()?;
@@ -179,7 +190,17 @@ impl ParquetSink {
                 ),
                 8 => write_bytes(&mut column, &columns.data, None),
                 9 => write_bytes(&mut column, &columns.metadata, None),
-                _ => unreachable!("the schema has ten columns"),
+                10 => write_bytes(
+                    &mut column,
+                    &columns.inclusion_proof.values,
+                    Some(&columns.inclusion_proof.levels),
+                ),
+                11 => write_bytes(
+                    &mut column,
+                    &columns.context.values,
+                    Some(&columns.context.levels),
+                ),
+                _ => unreachable!("the schema has twelve columns"),
             }
             .map_err(io)?;
             column.close().map_err(io)?;

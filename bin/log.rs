@@ -95,14 +95,23 @@ pub async fn checkpoint(args: CheckpointArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Signs the tree head as it is now and keeps the checkpoint in the store.
+/// Signs the tree head as it is now and keeps the checkpoint in the store; returns the note.
 async fn sign_and_keep<L: LogTree>(store: &L, signer: &LogSigner) -> Result<String, CliError> {
+    Ok(sign_and_keep_head(store, signer).await?.1)
+}
+
+/// [`sign_and_keep`], with the tree size signed. The note returned is the one just signed (a
+/// store that already keeps a checkpoint of that size, by another key, keeps its first).
+pub async fn sign_and_keep_head<L: LogTree>(
+    store: &L,
+    signer: &LogSigner,
+) -> Result<(u64, String), CliError> {
     let head = merkle::head_of(store, None).await.map_err(proof_error)?;
     let note = signer
         .sign(head)
         .map_err(|error| CliError::Config(error.to_string()))?;
     store.keep_checkpoint(head.size, note.clone()).await?;
-    Ok(note)
+    Ok((head.size, note))
 }
 
 /// `opledger prove`.

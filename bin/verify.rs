@@ -38,7 +38,7 @@ const _: () = assert!(0 < VERIFY_READ_BATCH && VERIFY_READ_BATCH <= MAX_READ_BAT
 
 pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
     let against = match (&args.against, &args.verifier_key) {
-        (Some(path), Some(key)) => Some(open_kept_checkpoint(path, key)?),
+        (Some(path), Some(key)) => Some(open_kept_checkpoint(path, key, &args.witness_key)?),
         _ => None,
     };
     let findings = match &args.store {
@@ -92,14 +92,18 @@ impl Audited for PostgresStore {
 }
 
 /// The checkpoint kept in `path`, opened with the verifier key (its signature checked first).
-fn open_kept_checkpoint(path: &Path, key: &str) -> Result<Checkpoint, CliError> {
+fn open_kept_checkpoint(
+    path: &Path,
+    key: &str,
+    witness_keys: &[String],
+) -> Result<Checkpoint, CliError> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         CliError::Config(format!(
             "cannot read the checkpoint {}: {error}",
             path.display()
         ))
     })?;
-    checkpoint::open(&text, key).map_err(|error| {
+    checkpoint::open_cosigned(&text, key, witness_keys).map_err(|error| {
         CliError::Config(format!(
             "the checkpoint {} is refused: {error}",
             path.display()

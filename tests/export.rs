@@ -313,6 +313,10 @@ if len(sys.argv) == 2:
         row["time"] = row["time"].isoformat(timespec="milliseconds").replace("+00:00", "Z")
         row["data"] = row["data"].decode()
         row["metadata"] = row["metadata"].decode()
+        # Absent in NDJSON when empty (an export without proofs, an event that is no context).
+        for name in ("context", "inclusion_proof"):
+            if row[name] is None:
+                del row[name]
         print(json.dumps(row))
 else:
     index = int(sys.argv[2])
@@ -448,4 +452,221 @@ async fn ops_show_as_of_a_moment_shows_the_operation_as_it_stood_then() {
     let bad = ops_show(&db, &[id, "--as-of", "soon"]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
     assert!(text(&bad).contains("neither a position nor an RFC 3339 time"));
+}
+
+/// A ledger of two tenants, a key made by `opledger keys generate`, and its verifier key.
+async fn signed_ledger() -> (tempfile::TempDir, PathBuf, PathBuf, String) {
+    let (dir, db) = ledger().await;
+    let key = dir.path().join("log.key");
+    let generated = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args([
+            "keys",
+            "generate",
+            "--name",
+            "ledger.example.com/audit",
+            "--out",
+        ])
+        .arg(&key)
+        .output()
+        .expect("runs");
+    assert!(generated.status.success(), "{}", text(&generated));
+    let verifier_key = String::from_utf8_lossy(&generated.stdout).trim().to_owned();
+    (dir, db, key, verifier_key)
+}
+
+fn verify_with_key(python: &Path, file: &Path, verifier_key: &str, extra: &[&str]) -> Output {
+    Command::new(python)
+        .arg(verifier())
+        .arg(file)
+        .args(["--verifier-key", verifier_key])
+        .args(extra)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (install python3)")
+}
+
+#[tokio::test]
+async fn exports_cut_at_a_signed_checkpoint_prove_themselves_whole_sliced_and_per_tenant() {
+    let (dir, db, key, verifier_key) = signed_ledger().await;
+    let key_flag = ["--key-file", key.to_str().expect("utf-8")];
+    let cases: [(&str, &[&str], &str); 3] = [
+        ("whole", &[], "the leaves make its root"),
+        (
+            "slice",
+            &["--from", "3", "--to", "10"],
+            "every event's inclusion proof holds",
+        ),
+        (
+            "tenant",
+            &["--tenant", "acme"],
+            "every event's inclusion proof holds",
+        ),
+    ];
+    for (name, bounds, proved) in cases {
+        let out = dir.path().join(format!("{name}.ndjson"));
+        let exported = export(&db, &out, &[&key_flag[..], bounds].concat());
+        assert!(exported.status.success(), "{}", text(&exported));
+        assert!(
+            text(&exported).contains("with the proofs against the checkpoint of tree size 12"),
+            "{}",
+            text(&exported)
+        );
+        let verified = verify_with_key(Path::new("python3"), &out, &verifier_key, &[]);
+        assert!(verified.status.success(), "{name}: {}", text(&verified));
+        let report = text(&verified);
+        assert!(
+            report.contains(proved)
+                && report.contains("against the checkpoint of 12 events")
+                && report.contains("signed by ledger.example.com/audit"),
+            "{name}: {report}"
+        );
+    }
+    // The slice names the events just outside its ends, with their proofs, as context.
+    let slice = events(&dir.path().join("slice.ndjson"));
+    let contexts: Vec<(&str, u64)> = slice
+        .iter()
+        .filter_map(|l| Some((l["context"].as_str()?, l["position"].as_u64()?)))
+        .collect();
+    assert_eq!(contexts, vec![("before", 2), ("after", 11)]);
+
+    // Another log's key does not open the export's checkpoint.
+    let other = dir.path().join("other.key");
+    let generated = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args([
+            "keys",
+            "generate",
+            "--name",
+            "ledger.example.com/audit",
+            "--out",
+        ])
+        .arg(&other)
+        .output()
+        .expect("runs");
+    let other_key = String::from_utf8_lossy(&generated.stdout).trim().to_owned();
+    let refused = verify_with_key(
+        Path::new("python3"),
+        &dir.path().join("whole.ndjson"),
+        &other_key,
+        &[],
+    );
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains(
+            "its checkpoint is refused: the checkpoint is not signed by the verifier key"
+        ),
+        "{}",
+        text(&refused)
+    );
+}
+
+#[tokio::test]
+async fn a_kept_checkpoint_is_extended_by_a_later_whole_export_and_a_rolled_back_ledger_is_named() {
+    let (dir, db, key, verifier_key) = signed_ledger().await;
+    let older = dir.path().join("older.db");
+    std::fs::copy(&db, &older).expect("an older copy");
+    write_ledger(&db).await;
+    let kept_export = dir.path().join("kept.ndjson");
+    let key_flag = ["--key-file", key.to_str().expect("utf-8")];
+    assert!(export(&db, &kept_export, &key_flag).status.success());
+    let header: Value = serde_json::from_str(
+        std::fs::read_to_string(&kept_export)
+            .expect("the export")
+            .lines()
+            .next()
+            .expect("a header"),
+    )
+    .expect("JSON");
+    let kept = dir.path().join("kept.checkpoint");
+    std::fs::write(&kept, header["checkpoint"].as_str().expect("a checkpoint")).expect("kept");
+
+    write_ledger(&db).await;
+    let later = dir.path().join("later.ndjson");
+    assert!(export(&db, &later, &key_flag).status.success());
+    let kept_flag = ["--kept", kept.to_str().expect("utf-8")];
+    let verified = verify_with_key(Path::new("python3"), &later, &verifier_key, &kept_flag);
+    assert!(verified.status.success(), "{}", text(&verified));
+    assert!(
+        text(&verified).contains("it extends the kept checkpoint of 24 events"),
+        "{}",
+        text(&verified)
+    );
+
+    // The ledger rolled back to its older copy, exported with the same key: the log shrank.
+    let rolled_back = dir.path().join("rolled-back.ndjson");
+    assert!(export(&older, &rolled_back, &key_flag).status.success());
+    let refused = verify_with_key(
+        Path::new("python3"),
+        &rolled_back,
+        &verifier_key,
+        &kept_flag,
+    );
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(
+        text(&refused).contains(
+            "ROLLED BACK (line 1): the kept checkpoint covers 24 events, the export's only 12"
+        ),
+        "{}",
+        text(&refused)
+    );
+}
+
+#[tokio::test]
+async fn every_tampering_of_a_proved_export_is_named_by_the_verifier_in_ndjson_and_parquet() {
+    let python = tokio::task::spawn_blocking(|| {
+        python_venv::python_with("export-parquet-venv", &PARQUET_REQUIREMENTS)
+    });
+    let (dir, db, key, verifier_key) = signed_ledger().await;
+    let key_flag = ["--key-file", key.to_str().expect("utf-8")];
+    let kinds: [(&str, &[&str]); 4] = [
+        ("whole", &[]),
+        ("slice", &["--from", "3", "--to", "10"]),
+        ("tenant", &["--tenant", "acme"]),
+        // Another tenant's intents with their proofs, for slipping one in.
+        ("foreign", &["--from", "1", "--to", "6"]),
+    ];
+    let mut files = Vec::new();
+    for format in ["ndjson", "parquet"] {
+        for (name, bounds) in kinds {
+            let out = dir.path().join(format!("{name}.{format}"));
+            let exported = export(
+                &db,
+                &out,
+                &[&key_flag[..], bounds, &["--format", format]].concat(),
+            );
+            assert!(exported.status.success(), "{}", text(&exported));
+            files.push(out);
+        }
+    }
+    let python = python.await.expect("the virtual environment is made");
+    let tampered = Command::new(python)
+        .arg(repo().join("clients/verify-export/tests/tamper_exports.py"))
+        .arg(&verifier_key)
+        .args(&files)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("TMPDIR", dir.path())
+        .output()
+        .expect("runs");
+    let report = text(&tampered);
+    assert!(tampered.status.success(), "{report}");
+    assert!(report.contains("0 missed"), "{report}");
+}
+
+#[tokio::test]
+async fn an_export_signed_with_a_key_carries_that_keys_checkpoint_though_another_of_its_size_is_kept(
+) {
+    let (dir, db, key, _) = signed_ledger().await;
+    let (_other_dir, _, other_key, other_verifier_key) = signed_ledger().await;
+    let first = dir.path().join("first.ndjson");
+    let exported = export(&db, &first, &["--key-file", key.to_str().expect("utf-8")]);
+    assert!(exported.status.success(), "{}", text(&exported));
+    // The same tree size, signed by another key: the ledger already keeps a checkpoint of it.
+    let second = dir.path().join("second.ndjson");
+    let exported = export(
+        &db,
+        &second,
+        &["--key-file", other_key.to_str().expect("utf-8")],
+    );
+    assert!(exported.status.success(), "{}", text(&exported));
+    let verified = verify_with_key(Path::new("python3"), &second, &other_verifier_key, &[]);
+    assert!(verified.status.success(), "{}", text(&verified));
 }

@@ -550,3 +550,60 @@ async fn a_witness_follows_the_served_log_and_fails_when_it_is_rolled_back() {
         both(&second)
     );
 }
+
+#[tokio::test]
+async fn verify_against_a_checkpoint_a_named_witness_did_not_cosign_refuses_it() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let audited = Audited::new().await;
+    // A witness's tlog-cosignature/v1 verifier key: its name, the key id
+    // SHA-256(name ‖ "\n" ‖ 0x04 ‖ public key)[:4], and base64(0x04 ‖ public key).
+    let name = "witness.example.org";
+    let mut public = vec![4_u8];
+    public.extend_from_slice(ed25519_public_key_of_seed().as_slice());
+    let id = sha2::Sha256::new()
+        .chain_update(name.as_bytes())
+        .chain_update(b"\n")
+        .chain_update(&public)
+        .finalize();
+    let witness_key = format!(
+        "{name}+{}+{}",
+        hex_of(&id[..4]),
+        base64::engine::general_purpose::STANDARD.encode(&public)
+    );
+    let output = opledger(&[
+        "verify",
+        "--db",
+        path(&audited.db),
+        "--against",
+        path(&audited.checkpoint),
+        "--verifier-key",
+        &audited.verifier_key,
+        "--witness-key",
+        &witness_key,
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", both(&output));
+    assert!(
+        both(&output).contains("the witness's cosignature is missing"),
+        "{}",
+        both(&output)
+    );
+}
+
+/// The Ed25519 public key of the RFC 8032 test vector 1 (any valid point serves).
+fn ed25519_public_key_of_seed() -> Vec<u8> {
+    (0..32)
+        .map(|i| {
+            u8::from_str_radix(
+                &"d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+                    [2 * i..2 * i + 2],
+                16,
+            )
+            .expect("hex")
+        })
+        .collect()
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}

@@ -11,7 +11,8 @@
 //! Pure: the signing key comes in as its text (from a file or the environment, never from the
 //! ledger), and nothing here reads a clock or draws randomness. A checkpoint is accepted only
 //! with a valid signature of the verifier key the caller names; other signatures (a witness's
-//! cosignature) are kept and reported, never trusted.
+//! cosignature) are kept and reported, never trusted; a witness's cosignature (C2SP
+//! tlog-cosignature) is checked when its key is given ([`open_cosigned`]).
 
 use signed_note::{Note, Signer, StandardSigner, StandardVerifier, VerifierList};
 
@@ -139,24 +140,69 @@ pub struct Checkpoint {
     /// Names of the other signers (witnesses' cosignatures) whose keys were not given, so not
     /// checked.
     pub other_signers: Vec<String>,
+    /// Witnesses whose cosignature was checked, with the time (Unix seconds) each cosigned at.
+    pub cosigned_by: Vec<(String, u64)>,
 }
 
 /// Parses `note` and checks it is a checkpoint signed by `verifier_key`, whose name must be the
 /// checkpoint's origin.
 pub fn open(note: &str, verifier_key: &str) -> Result<Checkpoint, CheckpointError> {
+    open_cosigned(note, verifier_key, &[])
+}
+
+/// [`open`], and each witness in `witness_keys` (C2SP tlog-cosignature verifier keys,
+/// `<name>+<id>+<base64(0x04 ‖ public key)>`) must have cosigned it: a missing or bad
+/// cosignature of a named witness refuses the checkpoint.
+pub fn open_cosigned(
+    note: &str,
+    verifier_key: &str,
+    witness_keys: &[String],
+) -> Result<Checkpoint, CheckpointError> {
     let verifier = StandardVerifier::new(verifier_key.trim()).map_err(|error| {
         CheckpointError::BadVerifierKey {
             reason: error.to_string(),
         }
     })?;
     let key_name = signed_note::Verifier::name(&verifier).to_owned();
+    let mut verifiers: Vec<Box<dyn signed_note::Verifier>> = vec![Box::new(verifier)];
+    for key in witness_keys {
+        verifiers.push(Box::new(CosignatureVerifier::new(key)?));
+    }
     let parsed = Note::from_bytes(note.as_bytes()).map_err(malformed)?;
-    let (_, unverified) = parsed
-        .verify(&VerifierList::new(vec![Box::new(verifier)]))
+    let (verified, unverified) = parsed
+        .verify(&VerifierList::new(verifiers))
         .map_err(|error| CheckpointError::NotSigned {
             key: key_name.clone(),
             reason: error.to_string(),
         })?;
+    if !verified
+        .iter()
+        .any(|signature| signature.name() == key_name)
+    {
+        return Err(CheckpointError::NotSigned {
+            key: key_name,
+            reason: "only witnesses signed it".to_owned(),
+        });
+    }
+    let mut cosigned_by = Vec::new();
+    for key in witness_keys {
+        let witness = key.split('+').next().unwrap_or_default();
+        let Some(signature) = verified
+            .iter()
+            .find(|signature| signature.name() == witness)
+        else {
+            return Err(CheckpointError::NotSigned {
+                key: witness.to_owned(),
+                reason: "the witness's cosignature is missing".to_owned(),
+            });
+        };
+        let time = signature
+            .signature()
+            .get(..8)
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+            .map_or(0, u64::from_be_bytes);
+        cosigned_by.push((witness.to_owned(), time));
+    }
     let body = tlog_tiles::Checkpoint::from_bytes(parsed.text()).map_err(malformed)?;
     if body.origin() != key_name {
         return Err(CheckpointError::NotSigned {
@@ -174,7 +220,87 @@ pub fn open(note: &str, verifier_key: &str) -> Result<Checkpoint, CheckpointErro
             .iter()
             .map(|signature| signature.name().to_owned())
             .collect(),
+        cosigned_by,
     })
+}
+
+/// The signed-note algorithm byte of C2SP tlog-cosignature/v1 (Ed25519 over a timestamped
+/// checkpoint).
+const COSIGNATURE_V1: u8 = 4;
+
+/// A witness's key for C2SP tlog-cosignature/v1: the signature is an 8-byte big-endian Unix time
+/// and an Ed25519 signature of `cosignature/v1\ntime <time>\n` followed by the checkpoint's text.
+struct CosignatureVerifier {
+    name: String,
+    id: u32,
+    key: ed25519_dalek::VerifyingKey,
+}
+
+impl CosignatureVerifier {
+    fn new(text: &str) -> Result<Self, CheckpointError> {
+        use base64::Engine as _;
+        let bad = |reason: String| CheckpointError::BadVerifierKey { reason };
+        let mut parts = text.trim().splitn(3, '+');
+        let (Some(name), Some(id), Some(key)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(bad(format!(
+                "the witness key `{text}` is not `<name>+<id>+<base64>`"
+            )));
+        };
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(key)
+            .map_err(|error| bad(format!("the witness key's base64: {error}")))?;
+        let (Some(&COSIGNATURE_V1), Ok(public)) = (
+            raw.first(),
+            <[u8; 32]>::try_from(raw.get(1..).unwrap_or_default()),
+        ) else {
+            return Err(bad(
+                "a witness key is a tlog-cosignature/v1 key (algorithm 0x04 and 32 bytes)".into(),
+            ));
+        };
+        let computed = signed_note::key_id(name, &raw);
+        if u32::from_str_radix(id, 16).ok() != Some(computed) {
+            return Err(bad(format!(
+                "the witness key's id {id} is not its name's and key's"
+            )));
+        }
+        let key = ed25519_dalek::VerifyingKey::from_bytes(&public)
+            .map_err(|error| bad(format!("the witness key: {error}")))?;
+        Ok(Self {
+            name: name.to_owned(),
+            id: computed,
+            key,
+        })
+    }
+}
+
+impl signed_note::Verifier for CosignatureVerifier {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn key_id(&self) -> u32 {
+        self.id
+    }
+
+    fn verify(&self, msg: &[u8], sig: &[u8]) -> bool {
+        let (Some(time), Some(signature)) = (sig.get(..8), sig.get(8..)) else {
+            return false;
+        };
+        let (Ok(time), Ok(signature)) =
+            (<[u8; 8]>::try_from(time), <[u8; 64]>::try_from(signature))
+        else {
+            return false;
+        };
+        let mut message =
+            format!("cosignature/v1\ntime {}\n", u64::from_be_bytes(time)).into_bytes();
+        message.extend_from_slice(msg);
+        ed25519_dalek::Verifier::verify(
+            &self.key,
+            &message,
+            &ed25519_dalek::Signature::from_bytes(&signature),
+        )
+        .is_ok()
+    }
 }
 
 #[cfg(test)]
@@ -217,6 +343,65 @@ mod tests {
         assert!(matches!(
             open(&edited, &verifier),
             Err(CheckpointError::NotSigned { .. })
+        ));
+    }
+
+    /// A witness's cosignature line (C2SP tlog-cosignature/v1) for `note`, made here with the
+    /// witness's Ed25519 key as a witness would.
+    fn cosign(note: &str, name: &str, seed: [u8; 32], time: u64) -> (String, String) {
+        use base64::Engine as _;
+        use ed25519_dalek::Signer as _;
+        let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+        let mut public = vec![COSIGNATURE_V1];
+        public.extend_from_slice(key.verifying_key().as_bytes());
+        let id = signed_note::key_id(name, &public);
+        let text = note.split("\n\n").next().expect("a body").to_owned() + "\n";
+        let signature = key.sign(format!("cosignature/v1\ntime {time}\n{text}").as_bytes());
+        let mut raw = id.to_be_bytes().to_vec();
+        raw.extend_from_slice(&time.to_be_bytes());
+        raw.extend_from_slice(&signature.to_bytes());
+        let engine = base64::engine::general_purpose::STANDARD;
+        (
+            format!("{note}— {name} {}\n", engine.encode(raw)),
+            format!("{name}+{id:08x}+{}", engine.encode(public)),
+        )
+    }
+
+    #[test]
+    fn a_witness_cosignature_is_checked_when_its_key_is_given() {
+        let (signer, verifier) = keys();
+        let note = signer
+            .sign(TreeHead {
+                size: 7,
+                root: EMPTY_TREE_HASH,
+            })
+            .unwrap();
+        let (cosigned, witness) = cosign(&note, "witness.example.org", [9; 32], 1_700_000_000);
+        let opened = open_cosigned(&cosigned, &verifier, std::slice::from_ref(&witness)).unwrap();
+        assert_eq!(
+            opened.cosigned_by,
+            vec![("witness.example.org".to_owned(), 1_700_000_000)]
+        );
+        // Without the witness's key, its cosignature is only reported.
+        assert_eq!(
+            open(&cosigned, &verifier).unwrap().other_signers,
+            vec!["witness.example.org".to_owned()]
+        );
+        // A cosignature whose time was changed, or that is missing, refuses the checkpoint.
+        let line = cosigned.lines().last().unwrap().to_owned();
+        let (_, encoded) = line.rsplit_once(' ').unwrap();
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::STANDARD;
+        let mut raw = engine.decode(encoded).unwrap();
+        raw[11] ^= 1;
+        let forged = cosigned.replace(encoded, &engine.encode(raw));
+        assert!(matches!(
+            open_cosigned(&forged, &verifier, std::slice::from_ref(&witness)),
+            Err(CheckpointError::NotSigned { .. })
+        ));
+        assert!(matches!(
+            open_cosigned(&note, &verifier, std::slice::from_ref(&witness)),
+            Err(CheckpointError::NotSigned { key, .. }) if key == "witness.example.org"
         ));
     }
 

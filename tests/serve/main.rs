@@ -31,5 +31,6 @@ mod storage_faults;
 mod stream;
 mod support;
 mod telemetry;
+mod transparency;
 mod typescript;
 mod webhooks;

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use opledger_domain::ids::GlobalPosition;
+use opledger_domain::ids::{GlobalPosition, OperationId, StreamVersion};
 use opledger_domain::merkle::{self, LogTree, ProofError};
-use opledger_domain::store::{EventStore, LogStart};
+use opledger_domain::store::{EventStore, LogStart, StreamName};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -70,8 +70,10 @@ pub(super) struct InclusionQuery {
 /// `position` in the tree of `size` leaves (default: the newest kept checkpoint's, else the tree's).
 pub(super) async fn inclusion(
     State(shared): State<Arc<Shared>>,
-    Query(query): Query<InclusionQuery>,
+    query: Result<Query<InclusionQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    // A missing or malformed parameter is answered as JSON, as every route's error is.
+    let Query(query) = query?;
     let store = shared.engine.ledger().store();
     let kept = store.kept_checkpoint(query.size).await?;
     let size = match (query.size, &kept) {
@@ -130,8 +132,10 @@ pub(super) struct ConsistencyQuery {
 /// the one of `from` leaves.
 pub(super) async fn consistency(
     State(shared): State<Arc<Shared>>,
-    Query(query): Query<ConsistencyQuery>,
+    query: Result<Query<ConsistencyQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    // A missing or malformed parameter is answered as JSON, as every route's error is.
+    let Query(query) = query?;
     let store = shared.engine.ledger().store();
     let proof = merkle::consistency_proof_of(store, query.from, query.to)
         .await
@@ -190,4 +194,69 @@ pub(super) async fn tile(
     let hashes = store.stored_hashes(indexes).await?;
     let body: Vec<u8> = hashes.iter().flat_map(|hash| hash.0).collect();
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+/// The proof of an answer as of a moment: the checkpoint it is proved against (the newest kept
+/// one; one is signed now when none kept covers the events and this server has the key) and,
+/// for each event folded (versions 0 to `version` of the operation's stream), its position, its
+/// leaf (base64 of the bytes the book's leaf encoding gives), leaf hash and inclusion proof. The
+/// events are read again from the log, so the answer's fold can be checked event by event.
+pub(super) async fn operation_proof(
+    shared: &Shared,
+    operation_id: OperationId,
+    version: Option<StreamVersion>,
+) -> Result<serde_json::Value, ApiError> {
+    use base64::Engine as _;
+    let store = shared.engine.ledger().store();
+    let count = version.map_or(0, |version| version.value() + 1);
+    let events = store
+        .read_stream(
+            &StreamName::for_operation(operation_id),
+            StreamVersion::FIRST,
+            usize::try_from(count).unwrap_or(usize::MAX),
+        )
+        .await?;
+    let highest = events
+        .iter()
+        .map(|event| event.position.value())
+        .max()
+        .unwrap_or(0);
+    let (size, note) = covering_checkpoint(shared, highest).await?;
+    let mut proved = Vec::with_capacity(events.len());
+    for event in events.iter().filter(|event| event.version.value() < count) {
+        let index = event.position.value() - 1;
+        let proof = merkle::inclusion_proof_of(store, index, size)
+            .await
+            .map_err(proof_error)?;
+        let leaf = merkle::leaf_bytes(&event.view());
+        proved.push(json!({
+            "position": event.position.value(),
+            "version": event.version.value(),
+            "leaf_index": index,
+            "leaf": base64::engine::general_purpose::STANDARD.encode(&leaf),
+            "leaf_hash": merkle::leaf_hash(&event.view()).to_string(),
+            "inclusion_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        }));
+    }
+    Ok(json!({"tree_size": size, "checkpoint": note, "events": proved}))
+}
+
+/// The newest kept checkpoint if it covers the leaf at `position`, else one signed now.
+async fn covering_checkpoint(shared: &Shared, position: u64) -> Result<(u64, String), ApiError> {
+    let store = shared.engine.ledger().store();
+    if let Some((size, note)) = store.kept_checkpoint(None).await? {
+        if size >= position {
+            return Ok((size, note));
+        }
+    }
+    let Some(signer) = &shared.log_signer else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_checkpoint",
+            format!("no kept checkpoint covers position {position} yet and this server has no signing key; ask again after the next `opledger checkpoint`"),
+        ));
+    };
+    crate::log::publish(store, signer).await.map_err(|reason| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", reason)
+    })
 }

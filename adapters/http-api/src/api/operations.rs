@@ -366,6 +366,10 @@ pub(crate) fn wait_of(shared: &Shared, wait_ms: Option<&str>) -> Result<Duration
 pub(super) struct ShowQuery {
     /// The operation as it stood at this global position or RFC 3339 time.
     as_of: Option<String>,
+    /// With `as_of`: also the proof of the answer (`show` only): the checkpoint and the inclusion
+    /// proof of each event folded.
+    #[serde(default)]
+    proof: bool,
 }
 
 pub(super) async fn show(
@@ -378,6 +382,13 @@ pub(super) async fn show(
     let operation_id = operation_id(&id)?;
     let Query(query) = query?;
     let Some(as_of) = query.as_of else {
+        if query.proof {
+            return Err(ApiError::invalid(ValidationError::new(
+                "proof",
+                "proves an answer as of a moment; give as_of too (a position or an RFC 3339 time)"
+                    .to_owned(),
+            )));
+        }
         let loaded = visible(&shared, &scope, operation_id).await?;
         return Ok(view_reply(
             StatusCode::OK,
@@ -390,6 +401,10 @@ pub(super) async fn show(
     let mut body = serde_json::to_value(operation_view(&shared, &view.loaded))
         .map_err(|error| ApiError::internal("an operation could not be written as JSON", error))?;
     body["as_of_position"] = json!(position);
+    if query.proof {
+        body["proof"] =
+            super::log::operation_proof(&shared, operation_id, view.loaded.version).await?;
+    }
     Ok(json_reply(StatusCode::OK, &body))
 }
 
