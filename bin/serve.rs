@@ -165,6 +165,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         tokens,
         metrics_token: None,
         metrics_closed: false,
+        metrics_by_endpoint: true,
         providers,
         upstreams: Vec::new(),
         webhooks: Vec::new(),

@@ -968,7 +968,7 @@ fn a_device_given_as_the_ledger_is_refused_before_sqlite_touches_it() {
 async fn metrics_of_several_tenants_need_the_scrapers_token_and_the_start_says_so() {
     let harness = Harness::new("").await;
     let text = std::fs::read_to_string(&harness.config).expect("the configuration");
-    let closed = text.replace("[metrics]\nopen = true\n", "");
+    let closed = text.replace("[metrics]\nopen = true\nendpoint_labels = true\n", "");
     assert_ne!(closed, text, "the harness declared /metrics open");
     std::fs::write(&harness.config, &closed).expect("written");
     let server = harness.serve();
@@ -996,6 +996,58 @@ async fn metrics_of_several_tenants_need_the_scrapers_token_and_the_start_says_s
         .await
         .expect("answered");
     assert_eq!(answer.status(), StatusCode::OK);
+    drop(server);
+
+    // An endpoint's counts are one tenant's activity: summed over endpoints, without the
+    // endpoint's id, unless the configuration asks for labels.
+    let scrape = |server: &Server| {
+        let url = format!("{}/metrics", server.base);
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(scraper)
+                .send()
+                .await
+                .expect("answered")
+                .text()
+                .await
+                .expect("a body")
+        }
+    };
+    let base = echo_provider().await;
+    with_echo_connectors(&harness, &base);
+    let server = start_verbose(&harness);
+    record_and_execute(
+        &server,
+        "echo-bearer",
+        "main",
+        "create_note",
+        json!({"mode": "ok"}),
+    )
+    .await;
+    let summed = scrape(&server).await;
+    assert!(
+        !summed.contains("endpoint=\"audit\""),
+        "no endpoint's id by default:\n{summed}"
+    );
+    assert!(
+        summed.contains("\nopledger_webhook_active 1\n")
+            && summed.contains("\nopledger_webhook_delivered_total "),
+        "the webhook metrics summed over endpoints:\n{summed}"
+    );
+    drop(server);
+    let configured = std::fs::read_to_string(&harness.config).expect("the configuration");
+    std::fs::write(
+        &harness.config,
+        configured.replacen("[metrics]\n", "[metrics]\nendpoint_labels = true\n", 1),
+    )
+    .expect("written");
+    let server = start_verbose(&harness);
+    let labelled = scrape(&server).await;
+    assert!(
+        labelled.contains("opledger_webhook_active{endpoint=\"audit\"} 1"),
+        "labelled when asked for:\n{labelled}"
+    );
 }
 
 #[tokio::test]

@@ -83,10 +83,12 @@ max_reconciliations = 5
 [limits]
 {limits}
 
-# Two tenants close /metrics unless a scraper token is given or it is declared open; the tests
-# read it as any scraper of a single-team installation would.
+# Two tenants close /metrics unless a scraper token is given or it is declared open, and sum the
+# webhook metrics over endpoints unless labels are asked for; the tests read it as any scraper of
+# a single-team installation would.
 [metrics]
 open = true
+endpoint_labels = true
 
 [[tenants]]
 id = "tenant-a"

@@ -223,6 +223,10 @@ pub struct ServeConfig {
     /// `/metrics` answers nobody: several tenants are configured and no scraper token, and it
     /// was not declared open (`[metrics] open = true`). Its counters show every tenant's activity.
     pub metrics_closed: bool,
+    /// The webhook metrics are labelled by endpoint (`endpoint="billing"`). With several tenants
+    /// an endpoint's counts are one tenant's activity, so they are summed over every endpoint
+    /// unless `[metrics] endpoint_labels = true` asks for them one by one.
+    pub metrics_by_endpoint: bool,
     /// The connectors and their accounts, built (their HTTP clients ready).
     pub providers: Vec<Connector>,
     /// The upstream MCP servers configured as connectors (their sessions start when first
@@ -338,6 +342,8 @@ struct MetricsSection {
     token_env: Option<Spanned<String>>,
     /// Shows `/metrics` to anyone though several tenants are configured.
     open: Option<Spanned<bool>>,
+    /// Labels the webhook metrics by endpoint though several tenants are configured.
+    endpoint_labels: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -610,7 +616,13 @@ impl Checker<'_> {
                 "is given together with a token; keep the token (the scraper sends it) or open = true (anyone may read /metrics), not both".into(),
             ));
         }
-        let metrics_closed = metrics_token.is_none() && !open && tenant_ids(&tokens).len() > 1;
+        let several_tenants = tenant_ids(&tokens).len() > 1;
+        let metrics_closed = metrics_token.is_none() && !open && several_tenants;
+        let metrics_by_endpoint = file
+            .metrics
+            .endpoint_labels
+            .as_ref()
+            .map_or(!several_tenants, |labels| *labels.get_ref());
         let token_dir = match &store {
             StoreUrl::Sqlite(path) => path.parent().map(Path::to_path_buf),
             _ => None,
@@ -656,6 +668,7 @@ impl Checker<'_> {
             tokens,
             metrics_token,
             metrics_closed,
+            metrics_by_endpoint,
             providers,
             upstreams,
             webhooks,

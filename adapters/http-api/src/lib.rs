@@ -153,6 +153,8 @@ pub struct Shared {
     pub metrics_token: Option<[u8; 32]>,
     /// `/metrics` answers nobody (several tenants, no scraper token, not declared open).
     pub metrics_closed: bool,
+    /// The webhook metrics carry the endpoint's id (else they are summed over endpoints).
+    pub metrics_by_endpoint: bool,
     /// What the background workers counted (undecodable events), for `/metrics`.
     pub worker_counters: opledger_runtime::workers::WorkerCounters,
     /// The OpenAPI document as served: [`OPENAPI`] with this server's configured limits.
@@ -383,6 +385,7 @@ impl Service {
             approval_guard: auth::guarded_by_approvers(&tokens),
             metrics_token: config.metrics_token.as_deref().map(auth::digest),
             metrics_closed: config.metrics_closed,
+            metrics_by_endpoint: config.metrics_by_endpoint,
             tokens,
             limits,
             requests: RequestMetrics::default(),

@@ -276,7 +276,7 @@ pub async fn render(
         .overview(lag.head.map(opledger_domain::ids::GlobalPosition::value))
         .await
         .map_err(|error| ApiError::internal("the webhook journal could not be read", error))?;
-    render_webhooks(&mut out, &endpoints);
+    render_webhooks(&mut out, &endpoints, shared.metrics_by_endpoint);
     gauge(
         &mut out,
         "opledger_event_streams_open",
@@ -364,17 +364,65 @@ fn render_budgets(out: &mut String, providers: &opledger_providers::HttpProvider
     }
 }
 
+/// The `{endpoint="…"}` label of one endpoint's series, or, summed over endpoints (`by_endpoint`
+/// false: several tenants, where one endpoint's counts are one tenant's activity), none.
+struct EndpointLabels<'a> {
+    endpoints: &'a [opledger_webhooks::EndpointOverview],
+    by_endpoint: bool,
+}
+
+impl EndpointLabels<'_> {
+    /// One line per endpoint (`{name}{label} {value}`, `extra` label pairs after it), or one line
+    /// of `fold` over every endpoint's value; `None` values are left out.
+    fn write<T: std::fmt::Display>(
+        &self,
+        out: &mut String,
+        name: &str,
+        extra: &str,
+        value: impl Fn(&opledger_webhooks::EndpointOverview) -> Option<T>,
+        fold: impl Fn(Vec<T>) -> Option<T>,
+    ) {
+        if self.by_endpoint {
+            for endpoint in self.endpoints {
+                if let Some(value) = value(endpoint) {
+                    let _ = writeln!(out, "{name}{{endpoint=\"{}\"{extra}}} {value}", endpoint.id);
+                }
+            }
+        } else if let Some(value) = fold(self.endpoints.iter().filter_map(&value).collect()) {
+            let labels = extra.trim_start_matches(',');
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {value}");
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {value}");
+            }
+        }
+    }
+}
+
+fn sum(values: Vec<u64>) -> Option<u64> {
+    Some(values.into_iter().sum())
+}
+
 /// Per webhook endpoint (ids come from the configuration, at most `MAX_ENDPOINTS`, so the label
-/// set is bounded): deliveries, failed attempts, disablings, lag, and whether it is delivering.
-fn render_webhooks(out: &mut String, endpoints: &[opledger_webhooks::EndpointOverview]) {
+/// set is bounded), or summed over them (see [`EndpointLabels`]): deliveries, failed attempts,
+/// disablings, lag, and whether it is delivering.
+fn render_webhooks(
+    out: &mut String,
+    endpoints: &[opledger_webhooks::EndpointOverview],
+    by_endpoint: bool,
+) {
     use opledger_webhooks::{DeliveryState, EndpointStatus};
     type Value = fn(&opledger_webhooks::EndpointOverview) -> u64;
+    let labels = EndpointLabels {
+        endpoints,
+        by_endpoint,
+    };
     let series: [(&str, bool, &str, Value); 5] = [
         ("opledger_webhook_delivered_total", true, "Events delivered (answered 2xx) since the service started.", |e| e.delivered_total),
         ("opledger_webhook_failed_attempts_total", true, "Delivery attempts that failed (no answer, or not 2xx) since the service started.", |e| e.failed_attempts_total),
         ("opledger_webhook_disabled_total", true, "Times the endpoint was disabled (410 Gone, or failing for its whole retry window) since the service started.", |e| e.disabled_total),
-        ("opledger_webhook_lag_positions", false, "Log positions after the endpoint's checkpoint: what it has still to go through (pending).", |e| e.lag_positions),
-        ("opledger_webhook_retrying", false, "1 while an event of the endpoint waits for its next attempt after a failure.", |e| u64::from(matches!(e.delivery, DeliveryState::Retrying { .. }))),
+        ("opledger_webhook_lag_positions", false, "Log positions after the endpoint's checkpoint: what it has still to go through (pending; the largest over endpoints when not labelled by endpoint).", |e| e.lag_positions),
+        ("opledger_webhook_retrying", false, "1 while an event of the endpoint waits for its next attempt after a failure (how many endpoints do, when not labelled by endpoint).", |e| u64::from(matches!(e.delivery, DeliveryState::Retrying { .. }))),
     ];
     for (name, is_counter, help, value) in series {
         if is_counter {
@@ -382,75 +430,88 @@ fn render_webhooks(out: &mut String, endpoints: &[opledger_webhooks::EndpointOve
         } else {
             gauge(out, name, help);
         }
-        for endpoint in endpoints {
-            let _ = writeln!(
-                out,
-                "{name}{{endpoint=\"{}\"}} {}",
-                endpoint.id,
-                value(endpoint)
-            );
-        }
-    }
-    render_webhook_latency(out, endpoints);
-    gauge(out, "opledger_webhook_active", "1 while the endpoint is delivered to; 0 while paused or disabled (GET /v1/webhooks says why).");
-    for endpoint in endpoints {
-        let active = u8::from(endpoint.status == EndpointStatus::Active);
-        let _ = writeln!(
+        let largest = name == "opledger_webhook_lag_positions";
+        labels.write(
             out,
-            "opledger_webhook_active{{endpoint=\"{}\"}} {active}",
-            endpoint.id
+            name,
+            "",
+            |endpoint| Some(value(endpoint)),
+            |values| {
+                if largest {
+                    Some(values.into_iter().max().unwrap_or(0))
+                } else {
+                    sum(values)
+                }
+            },
         );
     }
+    render_webhook_latency(out, &labels);
+    gauge(out, "opledger_webhook_active", "1 while the endpoint is delivered to; 0 while paused or disabled (GET /v1/webhooks says why). When not labelled by endpoint: how many are delivered to.");
+    labels.write(
+        out,
+        "opledger_webhook_active",
+        "",
+        |endpoint| Some(u64::from(endpoint.status == EndpointStatus::Active)),
+        sum,
+    );
 }
 
-/// Per webhook endpoint: how long its deliveries took (seconds from an event's first attempt to
-/// the receiver's 2xx, so a retried event counts its retries) and when it last answered 2xx (left
-/// out until it has, since the service started: an alert on its age must not fire for an endpoint
-/// that had nothing to deliver).
-fn render_webhook_latency(out: &mut String, endpoints: &[opledger_webhooks::EndpointOverview]) {
+/// Per webhook endpoint (or summed, see [`EndpointLabels`]): how long its deliveries took
+/// (seconds from an event's first attempt to the receiver's 2xx, so a retried event counts its
+/// retries) and when it last answered 2xx (left out until it has, since the service started: an
+/// alert on its age must not fire for an endpoint that had nothing to deliver).
+fn render_webhook_latency(out: &mut String, labels: &EndpointLabels<'_>) {
     use opledger_webhooks::DELIVERY_LATENCY_BUCKETS_S;
     let name = "opledger_webhook_delivery_latency_seconds";
     let _ = writeln!(out, "# HELP {name} Seconds from an event's first delivery attempt to the receiver's 2xx answer (a retried event counts its retries and their pauses).");
     let _ = writeln!(out, "# TYPE {name} histogram");
-    for endpoint in endpoints {
-        let latency = &endpoint.latency;
-        let mut cumulative = 0;
-        for (bound, count) in DELIVERY_LATENCY_BUCKETS_S.iter().zip(latency.counts) {
-            cumulative += count;
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{endpoint=\"{}\",le=\"{bound}\"}} {cumulative}",
-                endpoint.id
-            );
-        }
-        let count = latency.count();
-        let _ = writeln!(
+    for (index, bound) in DELIVERY_LATENCY_BUCKETS_S.iter().enumerate() {
+        labels.write(
             out,
-            "{name}_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {count}",
-            endpoint.id
+            &format!("{name}_bucket"),
+            &format!(",le=\"{bound}\""),
+            |endpoint| Some(endpoint.latency.counts[..=index].iter().sum::<u64>()),
+            sum,
         );
-        let _ = writeln!(
-            out,
-            "{name}_sum{{endpoint=\"{}\"}} {}",
-            endpoint.id, latency.sum_s
-        );
-        let _ = writeln!(out, "{name}_count{{endpoint=\"{}\"}} {count}", endpoint.id);
     }
+    labels.write(
+        out,
+        &format!("{name}_bucket"),
+        ",le=\"+Inf\"",
+        |endpoint| Some(endpoint.latency.count()),
+        sum,
+    );
+    labels.write(
+        out,
+        &format!("{name}_sum"),
+        "",
+        |endpoint| Some(endpoint.latency.sum_s),
+        |values| Some(values.into_iter().sum::<f64>()),
+    );
+    labels.write(
+        out,
+        &format!("{name}_count"),
+        "",
+        |endpoint| Some(endpoint.latency.count()),
+        sum,
+    );
     gauge(
         out,
         "opledger_webhook_last_success_timestamp_seconds",
-        "Unix time of the endpoint's last 2xx answer since the service started (absent before its first).",
+        "Unix time of the endpoint's last 2xx answer since the service started (absent before its first; the latest over endpoints when not labelled by endpoint).",
     );
-    for endpoint in endpoints {
-        if let Some(at) = endpoint.latency.last_delivered_at {
-            let _ = writeln!(
-                out,
-                "opledger_webhook_last_success_timestamp_seconds{{endpoint=\"{}\"}} {}",
-                endpoint.id,
-                at.timestamp_millis() as f64 / 1_000.0
-            );
-        }
-    }
+    labels.write(
+        out,
+        "opledger_webhook_last_success_timestamp_seconds",
+        "",
+        |endpoint| {
+            endpoint
+                .latency
+                .last_delivered_at
+                .map(|at| at.timestamp_millis() as f64 / 1_000.0)
+        },
+        |values| values.into_iter().reduce(f64::max),
+    );
 }
 
 /// The read-model runner: whether it is healthy, its failures, and how long since it advanced.
