@@ -159,7 +159,7 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
-    /// Operators' claims on review items (in memory: see `claims.rs`).
+    /// Operators' claims on review items (beside the ledger: see `claims.rs`).
     pub claims: claims::Claims,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
@@ -360,6 +360,10 @@ impl Service {
             }
             None => opledger_webhooks::Webhooks::none(),
         });
+        let claims = match &store {
+            ServeStore::Postgres(postgres) => claims::Claims::Postgres(postgres.review_claims()),
+            _ => claims::Claims::open_file(&claims::claims_path(&config.store, &read_models_path))?,
+        };
         let limits = config.limits;
         let tokens = Tokens::new(config.tokens);
         let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
@@ -382,7 +386,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
-            claims: claims::Claims::default(),
+            claims,
             mcp_allowed_origins: config.mcp_allowed_origins,
             draining: std::sync::atomic::AtomicBool::new(false),
             instance_id,

@@ -46,6 +46,7 @@ mod codec;
 mod config;
 mod identity;
 mod listener;
+mod review_claims;
 mod schema;
 mod tls;
 mod webhook_journal;
@@ -76,6 +77,7 @@ pub use config::{
     USER_VAR,
 };
 pub use listener::LISTEN_RETRY_PAUSE_MS;
+pub use review_claims::{ClaimAsk, ClaimRow, ReviewClaims};
 pub use schema::SCHEMA_VERSION;
 pub use tls::CertificateCheck;
 pub use webhook_journal::{

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -51,6 +51,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
 ",
     WEBHOOK_JOURNAL,
     LEDGER_IDENTITY,
+    REVIEW_CLAIMS,
 ];
 
 /// Version 2: the webhooks' delivery journal, shared by every instance on the database
@@ -97,6 +98,18 @@ const LEDGER_IDENTITY: &str = "
     SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text
                || system_identifier::text)::uuid
     FROM pg_control_system();
+";
+
+/// Version 4: operators' claims on review items (`review_claims.rs`), one row per claimed
+/// operation with its holder and an expiry in the database's clock, so every instance on the
+/// database refuses a second claimer. Expired rows are deleted by the next claim that meets them.
+const REVIEW_CLAIMS: &str = "
+    CREATE TABLE opledger.review_claims (
+        operation_id uuid        PRIMARY KEY,
+        holder       text        NOT NULL,
+        expires_at   timestamptz NOT NULL
+    );
+    CREATE INDEX review_claims_by_expiry ON opledger.review_claims (expires_at);
 ";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.

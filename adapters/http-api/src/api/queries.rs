@@ -424,14 +424,20 @@ pub(super) async fn review_queue(
             (page, total, Utc::now(), None)
         }
     };
+    // Claims are the present's (kept beside the log, not in it): none as of a past moment.
+    let claims = match as_of {
+        None => {
+            let ids: Vec<_> = page.items.iter().map(|item| item.operation_id).collect();
+            shared.claims.running(&ids, Utc::now()).await?
+        }
+        Some(_) => std::collections::HashMap::new(),
+    };
     let mut rows: Vec<Value> = Vec::with_capacity(page.items.len());
     for item in &page.items {
         let mut row = crate::render::review_item_json(item, now);
-        // Claims are the present's (kept in memory, not in the log): none as of a past moment.
-        row["claim"] = match as_of {
-            None => claim_of(&shared, item.operation_id),
-            Some(_) => Value::Null,
-        };
+        row["claim"] = claims
+            .get(&item.operation_id)
+            .map_or(Value::Null, super::claim::claim_json);
         if full {
             row["detail"] = review_detail(&shared, item.operation_id, as_of).await?;
         }
@@ -474,17 +480,18 @@ pub(super) async fn review_item(
         )));
     };
     let mut row = crate::render::review_item_json(&item, Utc::now());
-    row["claim"] = claim_of(&shared, item.operation_id);
+    row["claim"] = claim_of(&shared, item.operation_id).await?;
     row["detail"] = review_detail(&shared, item.operation_id, None).await?;
     Ok(json_reply(StatusCode::OK, &row))
 }
 
 /// The running claim on an item, or null.
-fn claim_of(shared: &Shared, operation_id: OperationId) -> Value {
-    shared
+async fn claim_of(shared: &Shared, operation_id: OperationId) -> Result<Value, ApiError> {
+    Ok(shared
         .claims
         .of(operation_id, Utc::now())
-        .map_or(Value::Null, |claim| super::claim::claim_json(&claim))
+        .await?
+        .map_or(Value::Null, |claim| super::claim::claim_json(&claim)))
 }
 
 /// An item's detail from its stream (as of a moment, the events up to it) with its action's

@@ -65,7 +65,11 @@ pub(super) async fn review(
         }
     };
     let loaded = visible(&shared, &scope, operation_id).await?;
-    if let Some(claim) = shared.claims.held_by_other(operation_id, name, Utc::now()) {
+    if let Some(claim) = shared
+        .claims
+        .held_by_other(operation_id, name, Utc::now())
+        .await?
+    {
         return Err(super::claim::held_error(operation_id, &claim));
     }
     if let Some(expected) = body.expected_version {
