@@ -335,13 +335,7 @@ impl Service {
             config.read_model_linger_ms,
             &stopping,
         );
-        let journal = webhooks::journal_for(
-            &store,
-            &config.store,
-            &read_models_path,
-            config.webhooks.len(),
-        )
-        .await?;
+        let journal = webhooks::journal_for(&store, &config.store, &read_models_path).await?;
         let webhooks = Arc::new(match journal {
             Some(journal) => {
                 opledger_webhooks::Webhooks::start_with(

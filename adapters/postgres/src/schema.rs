@@ -102,8 +102,14 @@ const LEDGER_IDENTITY: &str = "
 
 /// Version 4: operators' claims on review items (`review_claims.rs`), one row per claimed
 /// operation with its holder and an expiry in the database's clock, so every instance on the
-/// database refuses a second claimer. Expired rows are deleted by the next claim that meets them.
+/// database refuses a second claimer (expired rows are deleted by the next claim that meets
+/// them); and the webhook endpoints defined through the API (`webhook_journal.rs`), one JSON
+/// definition per endpoint, which every instance reads.
 const REVIEW_CLAIMS: &str = "
+    CREATE TABLE opledger.webhook_definitions (
+        id         text PRIMARY KEY,
+        definition text NOT NULL
+    );
     CREATE TABLE opledger.review_claims (
         operation_id uuid        PRIMARY KEY,
         holder       text        NOT NULL,

@@ -907,6 +907,14 @@ impl DeliveryJournal for SharedLeases {
         true
     }
 
+    fn definitions(&self) -> JournalFuture<'_, Vec<(String, String)>> {
+        DeliveryJournal::definitions(&self.inner)
+    }
+
+    fn define(&self, endpoint: &str, definition: Option<String>) -> JournalFuture<'_, ()> {
+        DeliveryJournal::define(&self.inner, endpoint, definition)
+    }
+
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
         DeliveryJournal::ensure(&self.inner, endpoint, start)
     }
@@ -1081,6 +1089,14 @@ struct CountingJournal {
 impl DeliveryJournal for CountingJournal {
     fn shared(&self) -> bool {
         false
+    }
+
+    fn definitions(&self) -> JournalFuture<'_, Vec<(String, String)>> {
+        DeliveryJournal::definitions(&self.inner)
+    }
+
+    fn define(&self, endpoint: &str, definition: Option<String>) -> JournalFuture<'_, ()> {
+        DeliveryJournal::define(&self.inner, endpoint, definition)
     }
 
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {

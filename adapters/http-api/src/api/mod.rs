@@ -150,7 +150,14 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/log/tile/{*path}", get(log::tile))
         .route("/v1/log/proof/inclusion", get(log::inclusion))
         .route("/v1/log/proof/consistency", get(log::consistency))
-        .route("/v1/webhooks", get(webhooks::list))
+        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+        .route(
+            "/v1/webhooks/{id}",
+            axum::routing::patch(webhooks::update).delete(webhooks::remove),
+        )
+        .route("/v1/webhooks/{id}/rotate-secret", post(webhooks::rotate))
+        .route("/v1/webhooks/{id}/test", post(webhooks::test))
+        .route("/v1/webhooks/{id}/resend", post(webhooks::resend))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
         .route("/v1/webhooks/{id}/replay", post(webhooks::replay))
