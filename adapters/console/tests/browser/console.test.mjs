@@ -461,9 +461,11 @@ try {
   await check("an operator sees a failing webhook endpoint, its attempts, and pauses and resumes it", async () => {
     await page.getByRole("link", { name: "Webhooks" }).click();
     const endpoint = page.locator('article[data-endpoint="ops-feed"]');
-    // Its receiver is gone: the first event is retried with growing pauses.
+    // Its receiver is gone: the first event is retried with growing pauses, and the badge says
+    // so instead of a green "active".
     await endpoint.getByText(/retrying the event at position \d+/).waitFor();
-    await endpoint.getByText("active", { exact: true }).waitFor();
+    await endpoint.locator("h2 .badge", { hasText: /^(retrying|failing)$/ }).waitFor();
+    assert.equal(await endpoint.locator("h2 .badge-ok").count(), 0, "a failing endpoint is not shown green");
     await axe(page, "webhooks");
     await shot(page, "webhooks");
     await endpoint.getByRole("link", { name: "Delivery attempts" }).click();
@@ -479,11 +481,46 @@ try {
     const listed = await api("GET", "/v1/webhooks", OPERATOR);
     assert.equal(listed.json.endpoints.find((e) => e.id === "ops-feed").status, "paused", JSON.stringify(listed.json));
     await endpoint.getByRole("button", { name: "Resume deliveries" }).click();
-    await endpoint.getByText("active", { exact: true }).waitFor();
+    await endpoint.getByRole("button", { name: "Pause deliveries" }).waitFor();
     // A replay from something that is neither a position nor a time is refused on the page.
     await endpoint.getByLabel("Deliver again from").fill("yesterday");
     await endpoint.getByRole("button", { name: "Replay" }).click();
     await endpoint.getByRole("alert").filter({ hasText: "log position" }).waitFor();
+    // A replay asks first, says what it will do, and shows what it did.
+    await endpoint.getByLabel("Deliver again from").fill("0");
+    await endpoint.getByRole("button", { name: "Replay" }).click();
+    await endpoint.getByRole("alertdialog").filter({ hasText: "Deliver every event from the beginning to ops-feed again?" }).waitFor();
+    await endpoint.getByRole("button", { name: "Yes, deliver again" }).click();
+    await endpoint.locator(".done", { hasText: /replaying from position 0; \d+ log positions to go through again/ }).waitFor();
+  });
+
+  await check("an operator adds an endpoint on the page without a restart, tests it, rotates its secret and deletes it", async () => {
+    // The same gone receiver as ops-feed's: the test event's failure is what the page shows.
+    const gone = (await api("GET", "/v1/webhooks", OPERATOR)).json.endpoints.find((e) => e.id === "ops-feed").url;
+    await page.getByRole("link", { name: "Webhooks" }).click();
+    await page.getByLabel("Name").fill("crm-feed");
+    await page.getByLabel("URL").fill("https://169.254.169.254/latest");
+    await page.getByRole("button", { name: "Add endpoint" }).click();
+    await page.getByText(/private or link-local address/).waitFor();
+    await page.getByLabel("URL").fill(gone);
+    await page.getByRole("button", { name: "Add endpoint" }).click();
+    const secret = await page.locator("code.secret").innerText();
+    assert.match(secret, /^whsec_/);
+    const added = page.locator('article[data-endpoint="crm-feed"]');
+    await added.getByText("the API (change it here)").waitFor();
+    await added.getByRole("button", { name: "Send a test event" }).click();
+    await added.locator(".done", { hasText: /crm-feed: test event (failed|answered HTTP)/ }).waitFor();
+    await added.getByRole("button", { name: "Rotate secret" }).click();
+    await added.getByRole("button", { name: "Yes, do it" }).click();
+    const rotated = await added.locator("code.secret").innerText();
+    assert.ok(rotated.startsWith("whsec_") && rotated !== secret, "a new secret is shown");
+    await axe(page, "webhooks with an endpoint added");
+    await shot(page, "webhooks-added");
+    await added.getByRole("button", { name: "Delete endpoint" }).click();
+    await added.getByRole("button", { name: "Yes, do it" }).click();
+    await added.waitFor({ state: "detached" });
+    const listed = await api("GET", "/v1/webhooks", OPERATOR);
+    assert.deepEqual(listed.json.endpoints.map((e) => e.id), ["ops-feed"]);
   });
 
   await check("at a phone's width the decision and the timeline fit without sideways scrolling", async () => {
