@@ -320,7 +320,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims live in the serving process's memory, not in the log (operator token). */
+        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims are kept beside the log, not in it: in the shared PostgreSQL database, or in a file beside the SQLite ledger, so every instance on the ledger refuses a second claimer and a restart keeps them (operator token). */
         post: operations["claimReviewItem"];
         delete?: never;
         options?: never;
@@ -372,11 +372,30 @@ export interface paths {
         /** The webhook endpoints with their state, lag and counts (operator token; an operator limited to some tenants sees the endpoints whose tenants are all theirs). */
         get: operations["listWebhooks"];
         put?: never;
-        post?: never;
+        /** Define an endpoint, delivered at once without a restart from the log's head; kept in the ledger's store so every instance on it delivers it (operator token; an operator limited to some tenants defines endpoints of their tenants only). The answer carries its secret. */
+        post: operations["createWebhook"];
         delete?: never;
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Delete an endpoint defined through the API and stop delivering it (operator token). */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        /** Change an endpoint defined through the API; it goes on from its checkpoint (operator token). An endpoint from the configuration file is 409 configured_in_file. */
+        patch: operations["updateWebhook"];
         trace?: never;
     };
     "/v1/webhooks/{id}/attempts": {
@@ -430,6 +449,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks/{id}/resend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Deliver one event of the log to this endpoint again now, under its own webhook-id (a receiver that has it deduplicates), and answer with the attempt (operator token). */
+        post: operations["resendWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks/{id}/resume": {
         parameters: {
             query?: never;
@@ -441,6 +477,40 @@ export interface paths {
         put?: never;
         /** Resume a paused or disabled endpoint from its checkpoint (operator token). */
         post: operations["resumeWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/rotate-secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Make a new signing secret current; the old one keeps signing beside it for overlap_s (Standard Webhooks' several signatures), so receivers switch without a lost delivery (operator token). The answer carries the new secret. */
+        post: operations["rotateWebhookSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send a signed test event (type webhook.test, no operation) to the endpoint now and answer with the attempt; it is recorded in the attempt log at position 0 (operator token). */
+        post: operations["testWebhook"];
         delete?: never;
         options?: never;
         head?: never;
@@ -543,7 +613,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -753,7 +823,7 @@ export interface components {
             /** @description Seconds since `since`. */
             age_s: number;
             attempts: number;
-            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are not in the log). */
+            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are kept beside the log, not in it). */
             claim?: {
                 expires_at: components["schemas"]["Timestamp"];
                 holder: string;
@@ -868,6 +938,29 @@ export interface components {
         WebhookAttempts: {
             attempts: components["schemas"]["WebhookAttempt"][];
         };
+        WebhookCreateRequest: {
+            /** @description Allow private and link-local addresses. */
+            allow_private_network?: boolean;
+            /** @description The friendly event types it receives (succeeded, rejected, unknown, needs_review, duplicate_detected, …), or ["all"]. */
+            events: string[];
+            /** @description Its name in the API and the metrics. */
+            id: string;
+            /** @description The longest one attempt may take. */
+            request_timeout_ms?: number;
+            /** @description How long one event is retried before the endpoint is disabled (default three days). */
+            retry_window_s?: number;
+            /** @description A whsec_… secret (24 to 64 bytes of key); one is made when left out. */
+            secret?: string;
+            /** @description The tenants whose operations it receives; left out or null: all (an operator limited to some tenants must name tenants of theirs). */
+            tenants?: string[] | null;
+            /** @description Where deliveries go: https://, or http:// to a loopback host. Private and link-local addresses are refused unless allow_private_network (SSRF). */
+            url: string;
+        };
+        WebhookDeleted: {
+            /** @constant */
+            deleted: true;
+            id: string;
+        };
         WebhookDelivery: {
             consecutive_failures?: number;
             error?: string;
@@ -901,6 +994,46 @@ export interface components {
             last_error: string | null;
             reason: string | null;
             /**
+             * @description Where it is defined: the configuration file (changed there) or the API (changed, rotated and deleted through it).
+             * @enum {unknown}
+             */
+            source: "configuration" | "api";
+            /**
+             * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
+             * @enum {unknown}
+             */
+            status: "active" | "paused" | "disabled";
+            /** @description The tenants it receives; null: all. */
+            tenants: string[] | null;
+            url: string;
+        };
+        WebhookEndpointWithSecret: {
+            /** @description The last log position delivered or skipped; null: none yet. */
+            checkpoint: number | null;
+            delivered_total: number;
+            delivery: components["schemas"]["WebhookDelivery"];
+            disabled_total: number;
+            /** @description The friendly event types it receives. */
+            events: string[];
+            failed_attempts_total: number;
+            id: string;
+            /** @description Log positions after the checkpoint (pending). */
+            lag_positions: number;
+            last_error: string | null;
+            /**
+             * Format: date-time
+             * @description After a rotation: when the secret it replaced stops signing (null: at once).
+             */
+            previous_secret_expires_at?: string | null;
+            reason: string | null;
+            /** @description The endpoint's current whsec_… signing secret: shown in this answer only; keep it for the receiver. */
+            secret: string;
+            /**
+             * @description Where it is defined: the configuration file (changed there) or the API (changed, rotated and deleted through it).
+             * @enum {unknown}
+             */
+            source: "configuration" | "api";
+            /**
              * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
              * @enum {unknown}
              */
@@ -911,6 +1044,33 @@ export interface components {
         };
         WebhookEndpoints: {
             endpoints: components["schemas"]["WebhookEndpoint"][];
+        };
+        WebhookResendRequest: {
+            /** @description The log position of the event to deliver again, under its own webhook-id. */
+            position: number;
+        };
+        WebhookRotateRequest: {
+            /** @description How long the old secret keeps signing beside the new one, in seconds (default 86400); receivers verify with either meanwhile. */
+            overlap_s?: number;
+            /** @description The new whsec_… secret; one is made when left out. */
+            secret?: string;
+        };
+        WebhookSent: {
+            attempt: components["schemas"]["WebhookAttempt"];
+        };
+        WebhookUpdateRequest: {
+            /** @description Allow private and link-local addresses. */
+            allow_private_network?: boolean;
+            /** @description The friendly event types it receives (succeeded, rejected, unknown, needs_review, duplicate_detected, …), or ["all"]. */
+            events?: string[];
+            /** @description The longest one attempt may take. */
+            request_timeout_ms?: number;
+            /** @description How long one event is retried before the endpoint is disabled (default three days). */
+            retry_window_s?: number;
+            /** @description The tenants whose operations it receives; left out or null: all (an operator limited to some tenants must name tenants of theirs). */
+            tenants?: string[] | null;
+            /** @description Where deliveries go: https://, or http:// to a loopback host. Private and link-local addresses are refused unless allow_private_network (SSRF). */
+            url?: string;
         };
     };
     responses: {
@@ -1732,6 +1892,110 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookCreateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointWithSecret"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    updateWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookUpdateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpoint"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     webhookAttempts: {
         parameters: {
             query?: {
@@ -1827,6 +2091,43 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    resendWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookResendRequest"];
+            };
+        };
+        responses: {
+            /** @description The attempt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSent"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     resumeWebhook: {
         parameters: {
             query?: never;
@@ -1851,6 +2152,76 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    rotateWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["WebhookRotateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint, with its new secret. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointWithSecret"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    testWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The attempt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSent"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
