@@ -33,10 +33,39 @@ pub(super) struct ListQuery {
     source_id: Option<String>,
     /// Only operations recorded at or after this RFC 3339 time.
     since: Option<String>,
+    /// Only operations for this owner.
+    owner: Option<String>,
+    /// Only operations whose top-level argument has a value: `name:value` (e.g.
+    /// `title:Call the client`), matched whole whatever its case and spacing.
+    arg: Option<String>,
     /// `oldest` (the default) or `newest` first.
     order: Option<String>,
     /// The listing as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
+}
+
+/// `arg=name:value` read as (name, value); the name is an argument's, the value what to find.
+fn argument_search(text: &str) -> Result<(String, String), ApiError> {
+    let refuse = |why: &str| {
+        ApiError::invalid(ValidationError::new(
+            "arg",
+            format!("{why}; write arg=NAME:VALUE with an argument's name and the value to find, e.g. arg=title:Call the client"),
+        ))
+    };
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| refuse(&format!("`{text}` has no `:` between a name and a value")))?;
+    let name = name.trim();
+    if name.is_empty() || name.len() > opledger_readmodel::terms::MAX_TERM_NAME_BYTES {
+        return Err(refuse(&format!(
+            "the argument's name is empty or longer than {} bytes",
+            opledger_readmodel::terms::MAX_TERM_NAME_BYTES
+        )));
+    }
+    if value.trim().is_empty() {
+        return Err(refuse("the value to find is empty"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 pub(super) async fn list(
@@ -102,6 +131,8 @@ pub(super) async fn list(
         })
         .transpose()?;
     let newest_first = review_order(query.order.as_deref())? == ReviewOrder::NewestFirst;
+    let argument = query.arg.as_deref().map(argument_search).transpose()?;
+    let owner = query.owner.clone().filter(|owner| !owner.trim().is_empty());
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
     if let Some(as_of) = as_of {
         let scope = PastScope {
@@ -122,6 +153,8 @@ pub(super) async fn list(
             since,
             action,
             source_id,
+            owner,
+            argument,
             newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
@@ -138,6 +171,8 @@ pub(super) async fn list(
         since,
         action,
         source_id,
+        owner,
+        argument,
         newest_first,
     };
     let page = shared
