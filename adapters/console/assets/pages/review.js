@@ -314,7 +314,7 @@ function evidence(item, operation) {
       { class: "card summary", "aria-labelledby": "what-heading" },
       h("h2", { id: "what-heading" }, "What was asked"),
       h("p", { class: "big" }, `${capital(detail.description ?? binding.action ?? "an action")} in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, for tenant ${item.tenant}.`),
-      h("table", { class: "args" }, h("caption", {}, "Arguments, frozen when the request was recorded"), h("tbody", {}, Object.entries(args).map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, typeof v === "string" ? v : JSON.stringify(v)))))),
+      h("table", { class: "args" }, h("caption", {}, "Arguments, frozen when the request was recorded"), h("tbody", {}, Object.entries(args).map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, argumentValue(typeof v === "string" ? v : JSON.stringify(v, null, 1))))))),
       h("p", {}, badge(item.state), " ", operation.message),
     ),
     h(
@@ -397,6 +397,16 @@ function lookupResult(result) {
   if (typeof result === "string") return result;
   const kind = (result.kind ?? "").replaceAll("_", " ");
   return result.authoritative === false ? `${kind} (not proof)` : kind;
+}
+
+/// Longer argument values than this (in characters) are collapsed to their first line, so a
+/// pasted document does not push the evidence off the screen.
+const ARGUMENT_SHOWN_CHARS = 240;
+
+/// An argument's value, collapsed behind its beginning when it is long.
+function argumentValue(text) {
+  if (text.length <= ARGUMENT_SHOWN_CHARS) return text;
+  return h("details", { class: "long-argument" }, h("summary", {}, `${text.slice(0, ARGUMENT_SHOWN_CHARS / 2)}… (${text.length.toLocaleString("en")} characters; show all)`), h("pre", {}, text));
 }
 
 /// The action's deduplication contract in plain words, from the reason the ledger gave.
