@@ -2841,57 +2841,9 @@ const SEARCHED_OPERATIONS: usize = 100_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_by_title_among_a_hundred_thousand_operations_reads_through_the_terms_index() {
-    // Rows written straight into a read-model file (the shape the runner writes, folded states
-    // left empty: a listing never reads them), so the test spends its time on the search, not
-    // on folding 100,000 histories.
     let dir = TempDir::new().expect("temp dir");
     let path = dir.path().join("views.db");
-    drop(ReadModels::open(&path).await.expect("a new file"));
-    let mut connection = Connection::open(&path).expect("open");
-    let transaction = connection.transaction().expect("a transaction");
-    {
-        let mut operation = transaction
-            .prepare(
-                "INSERT INTO operations (operation_id, tenant, provider, account, action,
-                     args_hash, state, attempts, created_at, updated_at, stream_version,
-                     last_position, folded_state, request_hash)
-                 VALUES (?1, 'acme', 'crm', 'acct-1', 'create_task', ?4, 'succeeded', 1, ?2, ?2,
-                     3, ?3, x'', 0)",
-            )
-            .expect("prepare");
-        let mut term = transaction
-            .prepare("INSERT INTO operation_terms (term, at, operation) VALUES (?1, ?2, ?3)")
-            .expect("prepare");
-        let start = Utc
-            .with_ymd_and_hms(2026, 11, 1, 0, 0, 0)
-            .single()
-            .expect("a time");
-        for n in 0..SEARCHED_OPERATIONS {
-            let id = uuid::Uuid::from_u128(n as u128 + 1).to_string();
-            let at = (start + chrono::Duration::seconds(n as i64))
-                .format("%Y-%m-%dT%H:%M:%S%.9fZ")
-                .to_string();
-            operation
-                .execute(rusqlite::params![
-                    id,
-                    at,
-                    n as i64 * 3,
-                    format!("sha256:{}", "0".repeat(64))
-                ])
-                .expect("an operation");
-            for text in [
-                opledger_readmodel::terms::argument_term("title", &format!("Incident task {n}")),
-                opledger_readmodel::terms::owner_term(&format!("owner-{}", n % 50)),
-            ] {
-                term.execute(rusqlite::params![text, at, id])
-                    .expect("a term");
-            }
-        }
-    }
-    transaction.commit().expect("commit");
-    connection.execute_batch("ANALYZE;").expect("statistics");
-    drop(connection);
-
+    seed_searchable(&path, SEARCHED_OPERATIONS).await;
     let read_models = ReadModels::open(&path).await.expect("opens");
     let wanted = uuid::Uuid::from_u128(77_778).to_string();
     let (found, title_plan, owner_plan, owner_page) = read_models
@@ -2948,5 +2900,115 @@ async fn a_search_by_title_among_a_hundred_thousand_operations_reads_through_the
                 .any(|line| line.starts_with("SCAN") || line.contains("TEMP B-TREE")),
             "{plan:#?}"
         );
+    }
+}
+
+/// Writes `count` operations straight into a new read-model file at `path` (the shape the runner
+/// writes, folded states left empty: a listing never reads them), so a search test or benchmark
+/// spends its time on the search, not on folding histories: titled `Incident task N`, owned by
+/// `owner-{N % 50}`, one a second from 2026-11-01.
+async fn seed_searchable(path: &Path, count: usize) {
+    drop(ReadModels::open(path).await.expect("a new file"));
+    let mut connection = Connection::open(path).expect("open");
+    let transaction = connection.transaction().expect("a transaction");
+    {
+        let mut operation = transaction
+            .prepare(
+                "INSERT INTO operations (operation_id, tenant, provider, account, action,
+                     args_hash, state, attempts, created_at, updated_at, stream_version,
+                     last_position, folded_state, request_hash)
+                 VALUES (?1, 'acme', 'crm', 'acct-1', 'create_task', ?4, 'succeeded', 1, ?2, ?2,
+                     3, ?3, x'', 0)",
+            )
+            .expect("prepare");
+        let mut term = transaction
+            .prepare("INSERT INTO operation_terms (term, at, operation) VALUES (?1, ?2, ?3)")
+            .expect("prepare");
+        let start = Utc
+            .with_ymd_and_hms(2026, 11, 1, 0, 0, 0)
+            .single()
+            .expect("a time");
+        for n in 0..count {
+            let id = uuid::Uuid::from_u128(n as u128 + 1).to_string();
+            let at = (start + chrono::Duration::seconds(n as i64))
+                .format("%Y-%m-%dT%H:%M:%S%.9fZ")
+                .to_string();
+            operation
+                .execute(rusqlite::params![
+                    id,
+                    at,
+                    n as i64 * 3,
+                    format!("sha256:{}", "0".repeat(64))
+                ])
+                .expect("an operation");
+            for text in [
+                opledger_readmodel::terms::argument_term("title", &format!("Incident task {n}")),
+                opledger_readmodel::terms::owner_term(&format!("owner-{}", n % 50)),
+            ] {
+                term.execute(rusqlite::params![text, at, id])
+                    .expect("a term");
+            }
+        }
+    }
+    transaction.commit().expect("commit");
+    connection.execute_batch("ANALYZE;").expect("statistics");
+    drop(connection);
+}
+
+/// The search benchmark (`bench/operations_search.sh`): seeds `OPLEDGER_SEARCH_OPERATIONS`
+/// operations (default 1,000,000) and prints the latency of a search by title and of a page of
+/// one owner's, p50 and p99 over 200 searches each, and the plans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run by bench/operations_search.sh"]
+async fn search_latency_at_scale() {
+    let count = std::env::var("OPLEDGER_SEARCH_OPERATIONS")
+        .ok()
+        .and_then(|text| text.parse::<usize>().ok())
+        .unwrap_or(1_000_000);
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("views.db");
+    let seeded = Instant::now();
+    seed_searchable(&path, count).await;
+    println!(
+        "seeded {count} operations in {} ms",
+        seeded.elapsed().as_millis()
+    );
+    let read_models = ReadModels::open(&path).await.expect("opens");
+    let report = read_models
+        .call(move |store| {
+            let mut lines = Vec::new();
+            for (what, make) in [
+                ("title", (|n: usize| OperationFilter {
+                    argument: Some(("title".into(), format!("Incident task {n}"))),
+                    ..OperationFilter::default()
+                }) as fn(usize) -> OperationFilter),
+                ("owner page", |n: usize| OperationFilter {
+                    owner: Some(format!("owner-{}", n % 50)),
+                    newest_first: true,
+                    ..OperationFilter::default()
+                }),
+            ] {
+                let mut took = Vec::with_capacity(200);
+                for i in 0..200 {
+                    let filter = make((i * 7_919) % count);
+                    let started = Instant::now();
+                    let page = store.list_operations(&filter, 50, None)?;
+                    took.push(started.elapsed());
+                    assert!(!page.operations.is_empty(), "{what} finds something");
+                }
+                took.sort();
+                lines.push(format!(
+                    "bench=operations-search what={what} operations={count} p50_us={} p99_us={} plan={:?}",
+                    took[took.len() / 2].as_micros(),
+                    took[took.len() * 99 / 100].as_micros(),
+                    store.listing_plan(&make(1), 50)?
+                ));
+            }
+            Ok(lines)
+        })
+        .await
+        .expect("the searches answer");
+    for line in report {
+        println!("{line}");
     }
 }

@@ -555,7 +555,53 @@ async fn review_detail(
         .intent
         .as_ref()
         .and_then(|intent| intent.owner.as_ref()));
+    detail["contract"] = view
+        .loaded
+        .state
+        .intent
+        .as_ref()
+        .map_or(Value::Null, |intent| {
+            contract_json(shared, intent, Utc::now())
+        });
     Ok(detail)
+}
+
+/// What the action's provider promises about a repeated request, as configured now (the
+/// contract every retry is checked against), so a person reads it from data: the deduplication
+/// kind, and for an idempotency key whether this operation's key is still remembered. Null when
+/// the action is not bound any more (provider, account or action gone from the configuration).
+fn contract_json(
+    shared: &Shared,
+    intent: &opledger_domain::event::IntentRecorded,
+    now: DateTime<Utc>,
+) -> Value {
+    let query = opledger_domain::provider::BindingQuery {
+        tenant: &intent.tenant,
+        provider: &intent.provider,
+        account: &intent.account,
+        action: &intent.action,
+    };
+    let Ok(binding) = shared.engine.providers().bind(&query) else {
+        return Value::Null;
+    };
+    let deduplication = binding.capabilities.deduplication;
+    let key_usable_until = match deduplication {
+        opledger_domain::contract::Deduplication::IdempotencyKey {
+            retention_s,
+            safety_margin_s,
+        } => Some(
+            intent.at
+                + chrono::Duration::seconds(
+                    i64::try_from(retention_s.saturating_sub(safety_margin_s)).unwrap_or(i64::MAX),
+                ),
+        ),
+        _ => None,
+    };
+    json!({
+        "deduplication": super::actions::deduplication_name(deduplication),
+        "key_usable_until": key_usable_until,
+        "key_expired": key_usable_until.map(|until| until <= now),
+    })
 }
 
 /// `order`: `oldest` (the default) or `newest`.
