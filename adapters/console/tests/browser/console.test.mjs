@@ -258,6 +258,12 @@ try {
     assert.equal(await page.evaluate(() => document.cookie), "");
   });
 
+  await check("an empty ledger's overview says the log is empty, not a null head", async () => {
+    await page.getByRole("link", { name: "Overview" }).click();
+    await page.getByText(/the log is empty/).waitFor();
+    assert.ok(!(await page.locator("main").innerText()).includes("null"), "no null is shown");
+  });
+
   await check("an unknown operation appears live on the overview", async () => {
     await page.getByRole("link", { name: "Overview" }).click();
     await page.locator("h1", { hasText: "Overview" }).waitFor();
@@ -307,6 +313,7 @@ try {
     await shot(page, "decide");
   });
 
+
   await check("a decision on a version that moved on is refused and shown as stale", async () => {
     // Another operator decides first, through the API, while this page shows the old version.
     const current = await stateOf(first);
@@ -321,6 +328,8 @@ try {
     await page.getByLabel("Why (recorded with your decision)").fill("the client cancelled");
     await page.getByRole("button", { name: "Record decision" }).click();
     await page.locator(".stale", { hasText: "changed after you opened it" }).waitFor();
+    // The refusal names who decided and what, not only that something changed.
+    await page.locator(".stale", { hasText: /oncall decided that it succeeded as found-by-hand-1 at .*found it in the CRM/ }).waitFor();
     assert.equal((await stateOf(first)).state, "succeeded", "the stale decision changed nothing");
     await shot(page, "decide-stale");
     await page.getByRole("button", { name: "Reload the evidence" }).click();
@@ -652,8 +661,38 @@ try {
     await approver.close();
   });
 
+  await check("a long argument is collapsed behind its beginning, and the owner is shown", async () => {
+    await loseNextCreates(1);
+    const recorded = await api("POST", "/v1/operations?execute=true&wait_ms=200", TENANT_A, {
+      provider: "crm-plain",
+      account: ACCOUNT,
+      action: "create_task",
+      owner: "anna.k",
+      args: { title: "Call Dora about the long brief", notes: "A pasted brief. ".repeat(640) },
+    });
+    assert.ok([200, 201].includes(recorded.status), JSON.stringify(recorded.json));
+    const id = recorded.json.operation_id;
+    await page.goto(`/console#/operation/${id}`);
+    await page.locator(".summary").getByText("anna.k").waitFor();
+    for (let tries = 0; (await stateOf(id)).state !== "needs_review"; tries += 1) {
+      assert.ok(tries < 100, "the lost task reaches the review queue");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    await page.goto(`/console#/review/${id}`);
+    await page.locator("#decide-heading").waitFor();
+    const collapsed = page.locator("details.long-argument");
+    await collapsed.waitFor();
+    assert.match(await collapsed.locator("summary").innerText(), /10,240 characters; show all/);
+    assert.equal(await collapsed.evaluate((node) => node.open), false, "closed until asked");
+    const box = await page.locator("table.args").boundingBox();
+    assert.ok(box.height < 400, `the arguments take ${box.height}px, not a screenful`);
+    await page.locator(".summary, .why").first().waitFor();
+    await api("POST", `/v1/operations/${id}/review`, OPERATOR, { decision: "abandon", note: "a test item" });
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   assert.equal(inlineRefusals.length, 1, `only the injected script is refused: ${inlineRefusals.join("\n")}`);
+
   console.log("all console checks passed");
 } catch (error) {
   console.error(`FAILED at: ${step}\n${error.stack ?? error}`);
