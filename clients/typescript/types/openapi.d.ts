@@ -850,6 +850,18 @@ export interface components {
                     provider: string;
                     tenant: string;
                 };
+                /** @description What the action's provider promises about a repeated request, as configured now (what a retry is checked against); null when the action is no longer configured. */
+                contract?: {
+                    /** @enum {unknown} */
+                    deduplication: "idempotency_key" | "unique_label" | "naturally_idempotent" | "none";
+                    /** @description With an idempotency key: whether that time has passed. */
+                    key_expired: boolean | null;
+                    /**
+                     * Format: date-time
+                     * @description With an idempotency key: until when a retry with this operation's key is recognised (retention less its safety margin).
+                     */
+                    key_usable_until: string | null;
+                } | null;
                 /** @description The action's configured description (what the operation does, in words); null when the action is not configured any more. */
                 description?: string | null;
                 lookups: {
@@ -1327,6 +1339,10 @@ export interface operations {
                 source_id?: components["schemas"]["TextId"];
                 /** @description Only operations recorded at or after this RFC 3339 time; with `older_than`, a time range. */
                 since?: string;
+                /** @description Only operations for this owner (as recorded with the intent), matched whole whatever its case and spacing; read through the search terms' index. */
+                owner?: string;
+                /** @description Only operations whose top-level argument NAME has VALUE, written `NAME:VALUE`; the value is matched whole (its first 200 bytes) whatever its case and spacing, for string, number and boolean arguments. Read through the search terms' index, so it answers from the matching operations only, however long the ledger. */
+                arg?: string;
                 /** @description `oldest`: the earliest recorded first; `newest`: the latest first. `after` continues in the same order. */
                 order?: "oldest" | "newest";
             };
