@@ -687,6 +687,12 @@ try {
     const box = await page.locator("table.args").boundingBox();
     assert.ok(box.height < 400, `the arguments take ${box.height}px, not a screenful`);
     await page.locator(".summary, .why").first().waitFor();
+    // Dark mode, when the system asks for it: every text still at AA contrast.
+    await page.emulateMedia({ colorScheme: "dark" });
+    assert.equal(await page.evaluate(() => getComputedStyle(document.documentElement).backgroundColor), "rgb(13, 17, 23)");
+    await axe(page, "decision form in dark mode");
+    await shot(page, "decide-dark");
+    await page.emulateMedia({ colorScheme: "light" });
     await api("POST", `/v1/operations/${id}/review`, OPERATOR, { decision: "abandon", note: "a test item" });
   });
 
