@@ -188,6 +188,10 @@ pub struct ConnectorsImportMcpArgs {
     /// The upstream's Streamable HTTP endpoint.
     #[arg(long)]
     pub url: Option<String>,
+    /// A PEM file of CA certificates to trust for an https:// `--url` beside the system's (an
+    /// upstream behind a private CA); written into the document as `ca_file`.
+    #[arg(long, requires = "url")]
+    pub ca_file: Option<String>,
     /// The provider id the document names.
     #[arg(long, default_value = "upstream")]
     pub id: String,

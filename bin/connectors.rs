@@ -124,6 +124,8 @@ async fn import_mcp(args: &ConnectorsImportMcpArgs) -> Result<(), CliError> {
         (None, Some(url)) => Upstream::Http {
             url: url.clone(),
             headers_from: Vec::new(),
+            ca_file: args.ca_file.clone(),
+            oauth: None,
         },
         _ => {
             return Err(CliError::Other(

@@ -1,7 +1,9 @@
 //! The fault matrix of the CRM stand, against an upstream MCP server of our own written with the
 //! official Python SDK (`upstream.py`), over stdio and over Streamable HTTP: a request lost (the
 //! server killed before it stored anything), an answer lost (killed after), an answer too late,
-//! a failure after the change, a refusal before it, and a server restarted between calls. The
+//! a failure after the change, a refusal before it, and a server restarted between calls; and
+//! over HTTPS, with the server's certificate signed by a CA of the test's own (trusted through the
+//! connector's `ca_file`, and refused without it). The
 //! action's contract is a unique label (the server keeps at most one record per label), so an
 //! unclear call is looked up and, when nothing is found, retried with the same label.
 
@@ -20,6 +22,17 @@ use super::support::{here, python, quoted, succeeded_with, Gateway};
 enum Wire {
     Stdio,
     Http,
+    /// Streamable HTTP over TLS; `trusted`: the connector names the CA in `ca_file`.
+    Https {
+        trusted: bool,
+    },
+    /// Streamable HTTP behind a bearer token from an OAuth2 token endpoint (client credentials)
+    /// granting tokens for `expires_in_s`; `right_secret`: the connector's secret is the one the
+    /// endpoint knows.
+    OAuth {
+        expires_in_s: u32,
+        right_secret: bool,
+    },
 }
 
 fn document(upstream: &str) -> String {
@@ -70,6 +83,17 @@ struct Records {
     /// The HTTP server's port (`None` on stdio).
     port: Option<u16>,
     _server: Option<Supervised>,
+    _token_server: Option<Killed>,
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 impl Records {
@@ -79,6 +103,8 @@ impl Records {
         let fault = dir.path().join("fault");
         let script = quoted(&here("upstream.py"));
         let mut port = None;
+        let mut token_server = None;
+        let mut env = Vec::new();
         let (upstream, server) = match wire {
             Wire::Stdio => (
                 format!(
@@ -91,18 +117,79 @@ impl Records {
             Wire::Http => {
                 let free = free_port();
                 port = Some(free);
-                let server = Supervised::start(&store, &fault, free);
+                let server = Supervised::start(&store, &fault, free, &[], &[]);
                 (
                     format!("[upstream]\nurl = \"http://127.0.0.1:{free}/mcp\""),
                     Some(server),
                 )
             }
+            Wire::OAuth {
+                expires_in_s,
+                right_secret,
+            } => {
+                let (free, token_port) = (free_port(), free_port());
+                port = Some(free);
+                let tokens = dir.path().join("tokens");
+                let tokens_text = tokens.to_str().expect("UTF-8").to_owned();
+                token_server = Some(Killed(
+                    Command::new(python())
+                        .arg(here("token_server.py"))
+                        .args([
+                            &token_port.to_string(),
+                            &tokens_text,
+                            "gateway-client",
+                            "gateway-client-secret-0123",
+                            &expires_in_s.to_string(),
+                        ])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .expect("the token server starts"),
+                ));
+                wait_for_port(token_port);
+                let server = Supervised::start(
+                    &store,
+                    &fault,
+                    free,
+                    &[],
+                    &[("OPLEDGER_TOKENS_FILE".to_owned(), tokens_text)],
+                );
+                env.push(("TEST_CLIENT_ID".to_owned(), "gateway-client".to_owned()));
+                env.push((
+                    "TEST_CLIENT_SECRET".to_owned(),
+                    if right_secret { "gateway-client-secret-0123" } else { "a-wrong-secret-0123" }
+                        .to_owned(),
+                ));
+                (
+                    format!(
+                        "[upstream]\nurl = \"http://127.0.0.1:{free}/mcp\"\n\n[upstream.oauth]\ntoken_url = \"http://127.0.0.1:{token_port}/token\"\nclient_id_env = \"TEST_CLIENT_ID\"\nclient_secret_env = \"TEST_CLIENT_SECRET\""
+                    ),
+                    Some(server),
+                )
+            }
+            Wire::Https { trusted } => {
+                let free = free_port();
+                port = Some(free);
+                let tls = certificates(dir.path());
+                let server = Supervised::start(
+                    &store,
+                    &fault,
+                    free,
+                    &[tls.certificate.clone(), tls.key.clone()],
+                    &[],
+                );
+                let mut upstream = format!("[upstream]\nurl = \"https://127.0.0.1:{free}/mcp\"");
+                if trusted {
+                    upstream.push_str(&format!("\nca_file = {}", quoted(&tls.ca)));
+                }
+                (upstream, Some(server))
+            }
         };
         Self {
-            gateway: Gateway::start(dir, &document(&upstream)).await,
+            gateway: Gateway::start_with_env(dir, &document(&upstream), env).await,
             store,
             port,
             _server: server,
+            _token_server: token_server,
         }
     }
 
@@ -150,6 +237,193 @@ over_both_wires! {
     a_failure_after_the_change_is_looked_up_and_found => failure_after_the_change;
     a_refusal_before_the_change_is_a_rejection => refusal_before_the_change;
     an_upstream_restarted_between_calls_is_reached_again => restart_between_calls;
+}
+
+mod https {
+    use super::Wire;
+
+    #[tokio::test]
+    async fn an_answer_names_its_record_without_a_lookup() {
+        super::an_answer_names_its_record(Wire::Https { trusted: true }).await;
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_looked_up_and_found() {
+        super::lost_answer(Wire::Https { trusted: true }).await;
+    }
+}
+
+#[tokio::test]
+async fn an_https_upstream_whose_certificate_no_trusted_ca_signed_is_never_sent_a_call() {
+    let records = Records::start(Wire::Https { trusted: false }).await;
+    let refused = records
+        .gateway
+        .connector()
+        .read_only_listing()
+        .await
+        .expect_err("no session with an upstream whose certificate is not trusted");
+    assert!(
+        refused.contains("certificate") || refused.contains("UnknownIssuer"),
+        "the reason names the certificate: {refused}"
+    );
+    let operation = records.create("call-1").await;
+    let report = records
+        .gateway
+        .engine
+        .drive(operation)
+        .await
+        .expect("the engine drives the operation");
+    let events = records.gateway.events(operation).await;
+    assert!(
+        matches!(report.state().status, Status::Pending),
+        "not sent, so still to send: {:?} after {events:?}",
+        report.state()
+    );
+    assert_eq!(
+        records.records(),
+        Vec::<Value>::new(),
+        "nothing reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_behind_oauth_is_sent_calls_with_a_token_renewed_before_it_expires() {
+    let records = Records::start(Wire::OAuth {
+        expires_in_s: 4,
+        right_secret: true,
+    })
+    .await;
+    let first = records.create("call-1").await;
+    succeeded_with(&records.gateway.settle(first).await);
+    assert_eq!(records.gateway.connector().token_requests(), Some(1));
+    // Renewed once half its four seconds are gone, while it is still good: the next call goes
+    // out in a session started with the new token, never with one about to expire.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let second = records.create("call-2").await;
+    succeeded_with(&records.gateway.settle(second).await);
+    assert_eq!(records.gateway.connector().token_requests(), Some(2));
+    assert_eq!(records.records().len(), 2);
+    for operation in [first, second] {
+        assert_eq!(
+            records.gateway.events(operation).await,
+            ["IntentRecorded", "AttemptStarted", "AttemptSucceeded"],
+            "no call was refused for its token"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_whose_token_endpoint_refuses_the_client_is_never_sent_a_call() {
+    let records = Records::start(Wire::OAuth {
+        expires_in_s: 60,
+        right_secret: false,
+    })
+    .await;
+    let refused = records
+        .gateway
+        .connector()
+        .read_only_listing()
+        .await
+        .expect_err("no token, so no session");
+    assert!(
+        refused.contains("refused the client's credentials") && refused.contains("invalid_client"),
+        "the reason names the refusal and what to correct: {refused}"
+    );
+    assert!(
+        !refused.contains("a-wrong-secret-0123"),
+        "the secret is not in the reason: {refused}"
+    );
+    let operation = records.create("call-1").await;
+    let report = records
+        .gateway
+        .engine
+        .drive(operation)
+        .await
+        .expect("the engine drives the operation");
+    assert!(
+        matches!(report.state().status, Status::Pending),
+        "not sent, so still to send: {:?}",
+        report.state()
+    );
+    assert_eq!(records.records(), Vec::<Value>::new());
+}
+
+/// A CA of the test's own and the server's certificate for 127.0.0.1 signed by it, made with
+/// the openssl program.
+struct Tls {
+    ca: String,
+    certificate: String,
+    key: String,
+}
+
+fn certificates(dir: &std::path::Path) -> Tls {
+    let path = |name: &str| dir.join(name).to_str().expect("UTF-8").to_owned();
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(output.status.success(), "openssl {args:?}: {output:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=opledger test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n",
+    )
+    .expect("the extensions file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    Tls {
+        ca: path("ca.pem"),
+        certificate: path("server.pem"),
+        key: path("server.key"),
+    }
 }
 
 async fn lost_request(wire: Wire) {
@@ -315,16 +589,32 @@ struct Supervised {
 }
 
 impl Supervised {
-    fn start(store: &std::path::Path, fault: &std::path::Path, port: u16) -> Self {
+    /// `tls`: the certificate and key files to serve HTTPS with (none: plain HTTP); `env`: more
+    /// variables for the server.
+    fn start(
+        store: &std::path::Path,
+        fault: &std::path::Path,
+        port: u16,
+        tls: &[String],
+        env: &[(String, String)],
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let child: Arc<Mutex<Option<Child>>> = Arc::new(Mutex::new(None));
         let spawn = {
-            let (store, fault) = (store.to_owned(), fault.to_owned());
+            let (store, fault, tls, env) = (
+                store.to_owned(),
+                fault.to_owned(),
+                tls.to_vec(),
+                env.to_vec(),
+            );
             move || {
                 Command::new(python())
                     .arg(here("upstream.py"))
                     .arg(&store)
-                    .args(["http", &port.to_string()])
+                    .arg(if tls.is_empty() { "http" } else { "https" })
+                    .arg(port.to_string())
+                    .args(&tls)
+                    .envs(env.iter().map(|(name, value)| (name, value)))
                     .env("OPLEDGER_FAULT_FILE", &fault)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

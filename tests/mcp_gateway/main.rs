@@ -17,6 +17,8 @@
 //! - [`faults`]: the fault-injecting server over stdio and Streamable HTTP: a lost request, a lost
 //!   answer, a late answer, errors before and after the change, an upstream restarted between
 //!   calls.
+//! - [`inspector`]: the MCP Inspector's CLI (npm), a client nobody here wrote, calling the
+//!   gateway's tools.
 //!
 //! Cost: the Python environment is made once per target directory (about a minute on first use,
 //! reused afterwards); the npm packages likewise.
@@ -25,6 +27,7 @@ mod book;
 mod faults;
 mod filesystem;
 mod git;
+mod inspector;
 mod sqlite;
 mod support;
 

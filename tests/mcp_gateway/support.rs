@@ -106,6 +106,11 @@ impl Gateway {
     /// A gateway for the connector `document` (written for provider [`PROVIDER`]); the
     /// document's `env_from` variables are `OPLEDGER_FAULT_FILE` (the fault file) only.
     pub async fn start(dir: TempDir, document: &str) -> Self {
+        Self::start_with_env(dir, document, Vec::new()).await
+    }
+
+    /// [`Gateway::start`] with more variables for the document to read (`(name, value)`).
+    pub async fn start_with_env(dir: TempDir, document: &str, more: Vec<(String, String)>) -> Self {
         let fault_file = dir.path().join("fault");
         let parsed = match parse_any("upstream.toml", document) {
             Ok(AnyDocument::Mcp(document)) => document,
@@ -113,8 +118,14 @@ impl Gateway {
             Err(errors) => panic!("the test's document loads:\n{}", render_all(&errors)),
         };
         let fault = fault_file.clone();
-        let env =
-            move |name: &str| (name == "TEST_FAULT_FILE").then(|| fault.clone().into_os_string());
+        let env = move |name: &str| {
+            if name == "TEST_FAULT_FILE" {
+                return Some(fault.clone().into_os_string());
+            }
+            more.iter()
+                .find(|(variable, _)| variable == name)
+                .map(|(_, value)| value.into())
+        };
         let connector = McpConnector::build(&parsed, None, &[], &env)
             .unwrap_or_else(|errors| panic!("the connector builds:\n{}", render_all(&errors)));
         let mut providers = HttpProviders::default();

@@ -12,13 +12,19 @@ OPLEDGER_FAULT_FILE and consumed by the create it fires on:
 - `error_after`: store, then fail with an internal error;
 - `error_before`: fail with "validation failed" before storing.
 
+With OPLEDGER_TOKENS_FILE set (HTTP only), every request must carry `Authorization: Bearer` with a
+token listed there and not expired (`token expiry` lines, written by `token_server.py`); any
+other answers 401.
+
 Usage: python upstream.py STORE stdio | python upstream.py STORE http PORT
+       | python upstream.py STORE https PORT CERT_FILE KEY_FILE
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 import anyio
 from mcp.server.fastmcp import FastMCP
@@ -83,5 +89,43 @@ def find_records(label: str) -> str:
     return json.dumps([record for record in load() if record["label"] == label])
 
 
+def bearer_only(app, tokens_file):
+    """The app behind a check of the request's bearer token against the tokens file."""
+
+    def accepted(token):
+        try:
+            with open(tokens_file) as tokens:
+                for line in tokens:
+                    known, _, expiry = line.strip().partition(" ")
+                    if known == token and time.time() < float(expiry):
+                        return True
+        except FileNotFoundError:
+            pass
+        return False
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            sent = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if not (sent.startswith("Bearer ") and accepted(sent[len("Bearer ") :])):
+                await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": b'{"error": "invalid_token"}'})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 if __name__ == "__main__":
-    server.run(transport="streamable-http" if sys.argv[2] == "http" else "stdio")
+    tokens_file = os.environ.get("OPLEDGER_TOKENS_FILE")
+    if sys.argv[2] == "https" or (sys.argv[2] == "http" and tokens_file):
+        # The SDK's own Streamable HTTP app, served by uvicorn (which the SDK runs on), over TLS
+        # or behind the bearer check.
+        import uvicorn
+
+        app = server.streamable_http_app()
+        if tokens_file:
+            app = bearer_only(app, tokens_file)
+        tls = {"ssl_certfile": sys.argv[4], "ssl_keyfile": sys.argv[5]} if sys.argv[2] == "https" else {}
+        uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning", **tls)
+    else:
+        server.run(transport="streamable-http" if sys.argv[2] == "http" else "stdio")

@@ -3,7 +3,7 @@
 //! A provider on loopback echoes every credential it is sent back — in a body, in a header, in an
 //! error, and a token endpoint echoes the form with the client secret and the refresh token — and
 //! no configured secret is found afterwards in the log at `-vv`, in the events through the API
-//! and MCP, or in the export. A value placed in a request path stays one segment; `/mcp` refuses
+//! and MCP, in the spans a collector receives, or in the export. A value placed in a request path stays one segment; `/mcp` refuses
 //! a foreign `Origin`; every decision names the token that made it; the answers give nothing away
 //! about other tenants; files are their owner's only.
 
@@ -26,6 +26,7 @@ use super::support::{
     Harness, Server, ACCOUNT, APPROVER_B_TOKEN, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN,
     TENANT_B_TOKEN,
 };
+use super::telemetry::{attributes, exporting_to, Receiver};
 
 const BEARER_SECRET: &str = "echo-bearer-secret-0123456789";
 const API_KEY_SECRET: &str = "echo-api-key-secret-0123456789";
@@ -276,6 +277,23 @@ fn assert_no_secret(surface: &str, text: &str) {
 }
 
 fn start_verbose(harness: &Harness) -> Server {
+    start_verbose_with(harness, &[])
+}
+
+/// `start_verbose` with more of the environment (e.g. where to export traces).
+fn start_verbose_with(harness: &Harness, more: &[(&str, &str)]) -> Server {
+    let mut env = vec![
+        // Empty: `-vv` decides the level.
+        ("RUST_LOG", ""),
+        ("ECHO_USERNAME", "echo-user"),
+        ("ECHO_PASSWORD", BASIC_PASSWORD),
+        ("ECHO_CLIENT_ID", CLIENT_ID),
+        ("ECHO_CLIENT_SECRET", CLIENT_SECRET),
+        ("ECHO_REFUSED_REFRESH", REFUSED_REFRESH_TOKEN),
+        ("ECHO_GOOD_REFRESH", GOOD_REFRESH_TOKEN),
+        ("ECHO_WEBHOOK_SECRET", WEBHOOK_SECRET),
+    ];
+    env.extend_from_slice(more);
     Server::start_with_env(
         &[
             "-vv",
@@ -284,17 +302,7 @@ fn start_verbose(harness: &Harness) -> Server {
             &harness.config.display().to_string(),
         ],
         harness.dir.path(),
-        &[
-            // Empty: `-vv` decides the level.
-            ("RUST_LOG", ""),
-            ("ECHO_USERNAME", "echo-user"),
-            ("ECHO_PASSWORD", BASIC_PASSWORD),
-            ("ECHO_CLIENT_ID", CLIENT_ID),
-            ("ECHO_CLIENT_SECRET", CLIENT_SECRET),
-            ("ECHO_REFUSED_REFRESH", REFUSED_REFRESH_TOKEN),
-            ("ECHO_GOOD_REFRESH", GOOD_REFRESH_TOKEN),
-            ("ECHO_WEBHOOK_SECRET", WEBHOOK_SECRET),
-        ],
+        &env,
     )
 }
 
@@ -379,11 +387,12 @@ fn server_logs(dir: &Path) -> String {
 }
 
 #[tokio::test]
-async fn no_secret_a_provider_echoes_back_is_found_in_logs_events_mcp_or_the_export() {
+async fn no_secret_a_provider_echoes_back_is_found_in_logs_events_traces_mcp_or_the_export() {
     let harness = Harness::new("").await;
     let base = echo_provider().await;
     with_echo_connectors(&harness, &base);
-    let server = start_verbose(&harness);
+    let receiver = Receiver::start().await;
+    let server = start_verbose_with(&harness, &exporting_to(&receiver.url));
 
     let mut operations = Vec::new();
     for provider in ["echo-bearer", "echo-key", "echo-basic"] {
@@ -494,6 +503,24 @@ async fn no_secret_a_provider_echoes_back_is_found_in_logs_events_mcp_or_the_exp
         "the export",
         &std::fs::read_to_string(&export).expect("the export"),
     );
+
+    // Every operation's spans reach the collector, the refused token grant's among them, whose
+    // error carried the echoed form; not one span holds a secret.
+    let spans = receiver
+        .until("a span of every operation", |spans| {
+            operations.iter().all(|id| {
+                spans
+                    .iter()
+                    .any(|span| attributes(span).values().any(|value| value == id))
+            })
+        })
+        .await;
+    let exported = format!("{spans:?}");
+    assert!(
+        exported.contains("[redacted]"),
+        "a provider's words reached a span, the secret taken out"
+    );
+    assert_no_secret("the exported spans", &exported);
 
     drop(server);
     let logs = server_logs(harness.dir.path());

@@ -35,13 +35,13 @@ const TITLE: &str = "Call the client about invoice 4471";
 const ACCOUNT_TOKEN: &str = "token-acct-1";
 
 /// A loopback OTLP/HTTP receiver keeping every span posted to `/v1/traces`.
-struct Receiver {
-    url: String,
+pub(super) struct Receiver {
+    pub(super) url: String,
     spans: Arc<Mutex<Vec<Span>>>,
 }
 
 impl Receiver {
-    async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let spans = Arc::new(Mutex::new(Vec::new()));
         let app = axum::Router::new()
             .route("/v1/traces", axum::routing::post(receive))
@@ -54,12 +54,12 @@ impl Receiver {
         Self { url, spans }
     }
 
-    fn spans(&self) -> Vec<Span> {
+    pub(super) fn spans(&self) -> Vec<Span> {
         self.spans.lock().expect("not poisoned").clone()
     }
 
     /// Waits until a span satisfies `done` (the exporter sends in batches, in the background).
-    async fn until(&self, what: &str, done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    pub(super) async fn until(&self, what: &str, done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
         let started = Instant::now();
         loop {
             let spans = self.spans();
@@ -93,7 +93,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-fn attributes(span: &Span) -> BTreeMap<String, String> {
+pub(super) fn attributes(span: &Span) -> BTreeMap<String, String> {
     span.attributes
         .iter()
         .map(|attribute| {
@@ -154,17 +154,22 @@ fn descends_from(spans: &[Span], span: &Span, ancestor: &[u8]) -> bool {
     false
 }
 
+/// The environment that turns OTLP export on towards `endpoint`, batching every 50 ms.
+pub(super) fn exporting_to(endpoint: &str) -> [(&str, &str); 2] {
+    [
+        // The standard variable alone turns export on.
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        // Batches every 50 ms instead of every 5 s, so the test waits less.
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ]
+}
+
 fn start_exporting(harness: &Harness, endpoint: &str) -> Server {
     let config = harness.config.display().to_string();
     Server::start_with_env(
         &["serve", "--config", &config, "--log-format", "json"],
         harness.dir.path(),
-        &[
-            // The standard variable alone turns export on.
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
-            // Batches every 50 ms instead of every 5 s, so the test waits less.
-            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-        ],
+        &exporting_to(endpoint),
     )
 }
 

@@ -1956,6 +1956,96 @@ token_env = "CRM_TOKEN"
         assert_eq!(error.field, "tenants[0].token_env");
     }
 
+    /// The keys the file's shape accepts in the section `path` (empty: the top level), as
+    /// serde's refusal of an unknown key lists them; `None` when the section takes any key (a
+    /// map of names) or is read elsewhere. `arrays`: the sections written `[[…]]`.
+    fn keys_accepted_in(path: &[&str], arrays: &BTreeSet<String>) -> Option<Vec<String>> {
+        let mut text = String::new();
+        for depth in 1..=path.len() {
+            let section = path[..depth].join(".");
+            if arrays.contains(&section) {
+                text.push_str(&format!("[[{section}]]\n"));
+            } else {
+                text.push_str(&format!("[{section}]\n"));
+            }
+        }
+        text.push_str("no_such_key_anywhere = 1\n");
+        let refusal = toml::from_str::<File>(&text).err()?.to_string();
+        let listed = refusal.split("expected").nth(1)?;
+        Some(
+            listed
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_key_the_parser_accepts_is_named_in_the_example_the_reference_shows() {
+        let example = include_str!("../../../opledger.example.toml");
+        let words: BTreeSet<&str> = example
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .collect();
+        // Every section the example shows, written or commented out (`# [mcp]`).
+        let mut sections: BTreeSet<String> = BTreeSet::new();
+        let mut arrays: BTreeSet<String> = BTreeSet::new();
+        for line in example.lines() {
+            let line = line.trim_start_matches(['#', ' ']);
+            if let Some(name) = line
+                .strip_prefix("[[")
+                .and_then(|rest| rest.split("]]").next())
+            {
+                arrays.insert(name.to_owned());
+                sections.insert(name.to_owned());
+            } else if let Some(name) = line
+                .strip_prefix('[')
+                .and_then(|rest| rest.split(']').next())
+            {
+                if !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+                {
+                    sections.insert(name.to_owned());
+                }
+            }
+        }
+        let mut checked = Vec::new();
+        let mut missing = Vec::new();
+        for section in std::iter::once(String::new()).chain(sections) {
+            let path: Vec<&str> = section.split('.').filter(|part| !part.is_empty()).collect();
+            let Some(keys) = keys_accepted_in(&path, &arrays) else {
+                continue;
+            };
+            for key in keys {
+                if !words.contains(key.as_str()) {
+                    missing.push(format!("[{section}] {key}"));
+                }
+            }
+            checked.push(section);
+        }
+        for expected in [
+            "",
+            "engine",
+            "limits",
+            "tenants",
+            "connectors",
+            "webhooks",
+            "metrics",
+        ] {
+            assert!(
+                checked.iter().any(|section| section == expected),
+                "the keys of section `{expected}` were read from the parser: {checked:?}"
+            );
+        }
+        assert!(
+            missing.is_empty(),
+            "keys the parser accepts that opledger.example.toml (the configuration reference) never names: {missing:?}"
+        );
+    }
+
     #[test]
     fn store_urls_are_sqlite_paths_kurrentdb_connection_strings_or_postgres_urls() {
         assert_eq!(

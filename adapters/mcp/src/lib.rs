@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use opledger_domain::ids::TenantId;
 use opledger_domain::in_span::InSpanExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
@@ -54,6 +54,8 @@ pub use self::tools::{
     describe, source_id_of, Audience, Described, ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES,
     META_REQUEST_ID, REQUEST_ID_ARG, STATUS_TOOL,
 };
+/// The answer of a tool, as a read-only upstream tool's is passed back.
+pub use rmcp::model::CallToolResult;
 
 /// How often a waiting tool call tells a client that asked for progress that it still waits, in
 /// milliseconds.
@@ -80,6 +82,20 @@ pub struct ActionTool {
     pub input: Value,
     /// The tenant's accounts at the provider, at least one.
     pub accounts: Vec<String>,
+}
+
+/// A tool of an upstream MCP server declared read-only: it changes nothing, so a call passes to
+/// the upstream as it is, outside the ledger (nothing is recorded, nothing is deduplicated).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassThroughTool {
+    /// The provider (the upstream's connector id).
+    pub provider: String,
+    /// The tool's name at the upstream.
+    pub tool: String,
+    /// What the upstream says it does.
+    pub description: String,
+    /// Its input JSON Schema, as the upstream lists it.
+    pub input: Value,
 }
 
 /// A tool call as an intent to record and execute.
@@ -169,6 +185,23 @@ pub trait Ledger: Send + Sync + 'static {
         tenant: &TenantId,
         operation_id: &str,
     ) -> impl Future<Output = Result<Outcome, Refusal>> + Send;
+
+    /// The read-only tools of the upstream MCP servers where `tenant` owns an account. An
+    /// upstream that cannot list them now is left out of this answer (the server logs why).
+    fn pass_through_tools(
+        &self,
+        tenant: &TenantId,
+    ) -> impl Future<Output = Vec<PassThroughTool>> + Send;
+
+    /// Calls `tool`, declared read-only at `provider`, for `tenant` with `arguments`: the
+    /// upstream's own answer, or why it was not called or did not answer.
+    fn call_pass_through(
+        &self,
+        tenant: &TenantId,
+        provider: &str,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> impl Future<Output = Result<CallToolResult, String>> + Send;
 
     /// `tenant`'s operations that are not settled, in `state` or in any open state.
     fn open_operations(
@@ -292,7 +325,10 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let tenant = self.tenant(&context)?;
-        let catalog = tools::Catalog::of(self.ledger.actions(&tenant));
+        let catalog = tools::Catalog::of(
+            self.ledger.actions(&tenant),
+            self.ledger.pass_through_tools(&tenant).await,
+        );
         Ok(ListToolsResult::with_all_items(catalog.tools()))
     }
 
@@ -325,12 +361,15 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
             STATUS_TOOL => self.status(&tenant, &arguments).in_span(span).await,
             LIST_TOOL => self.list(&tenant, &arguments).in_span(span).await,
             name => {
-                let catalog = tools::Catalog::of(self.ledger.actions(&tenant));
+                let catalog = tools::Catalog::of(self.ledger.actions(&tenant), Vec::new());
                 let Some(action) = catalog.action(name) else {
-                    return Err(McpError::invalid_params(
-                        format!("no tool `{name}` for this tenant; tools/list names them"),
-                        None,
-                    ));
+                    // Not an action: perhaps a read-only tool of an upstream. Asked only now, so
+                    // an upstream that cannot list its tools never delays an action's call.
+                    return self
+                        .pass_through(&tenant, name, arguments)
+                        .in_span(span)
+                        .await
+                        .map(Into::into);
                 };
                 let meta = request
                     .meta
@@ -352,6 +391,36 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
 }
 
 impl<L: Ledger> McpServer<L> {
+    /// Calls the read-only upstream tool listed as `name`, or refuses a name no tool has.
+    async fn pass_through(
+        &self,
+        tenant: &TenantId,
+        name: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<CallToolResult, McpError> {
+        let catalog = tools::Catalog::of(
+            self.ledger.actions(tenant),
+            self.ledger.pass_through_tools(tenant).await,
+        );
+        let Some(tool) = catalog.pass_through(name) else {
+            return Err(McpError::invalid_params(
+                format!("no tool `{name}` for this tenant; tools/list names them"),
+                None,
+            ));
+        };
+        info!(provider = %tool.provider, tool = %tool.tool, "a read-only tool passes to its upstream, outside the ledger");
+        Ok(
+            match self
+                .ledger
+                .call_pass_through(tenant, &tool.provider, &tool.tool, arguments)
+                .await
+            {
+                Ok(result) => result,
+                Err(reason) => reply::pass_through_failed(&tool.provider, &tool.tool, &reason),
+            },
+        )
+    }
+
     async fn status(&self, tenant: &TenantId, arguments: &Map<String, Value>) -> CallToolResult {
         let answered = match tools::read_operation_id(arguments) {
             Ok(operation_id) => self.ledger.status(tenant, &operation_id).await,

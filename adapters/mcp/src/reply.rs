@@ -66,6 +66,14 @@ pub(crate) fn refusal_result(refusal: &Refusal) -> CallToolResult {
     result(format!("{message}\n{next}"), structured, true)
 }
 
+/// The answer for a read-only upstream tool that was not called or did not answer. Nothing was
+/// recorded, and a read-only tool changed nothing, so calling it again is safe.
+pub(crate) fn pass_through_failed(provider: &str, tool: &str, reason: &str) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "The read-only tool `{tool}` of {provider} did not answer: {reason}\nIt changes nothing, so it may be called again."
+    ))])
+}
+
 /// The answer of `list_operations`.
 pub(crate) fn listed_result(listed: &[Listed]) -> CallToolResult {
     let rows: Vec<Value> = listed

@@ -20,7 +20,7 @@ use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{json, Map, Value};
 use tracing::warn;
 
-use crate::{reply, ActionTool, ToolCall};
+use crate::{reply, ActionTool, PassThroughTool, ToolCall};
 
 /// The `_meta` key a client may send the request id under (reverse-DNS prefix, as the MCP spec
 /// asks of keys that are not its own).
@@ -98,18 +98,21 @@ pub fn describe(action: &ActionTool, audience: Audience) -> Result<Described, St
     })
 }
 
-/// The tenant's tools, and which action each action tool stands for.
+/// The tenant's tools, and which action (or read-only upstream tool) each stands for.
 pub(crate) struct Catalog {
     tools: Vec<Tool>,
     actions: BTreeMap<String, ActionTool>,
+    pass_through: BTreeMap<String, PassThroughTool>,
     /// The name each tool had when `-` and `.` were kept (`crm-plain__create_task`) → its name
     /// now, so a client holding an old listing still reaches the tool. Never listed.
     former_names: BTreeMap<String, String>,
 }
 
 impl Catalog {
-    /// The tools for `actions`, plus `operation_status` and `list_operations`.
-    pub(crate) fn of(actions: Vec<ActionTool>) -> Self {
+    /// The tools for `actions`, then `pass_through` (read-only upstream tools, named
+    /// `<provider>__<tool>` as actions are; one whose name an action or opledger's own tool
+    /// has is not offered), plus `operation_status` and `list_operations`.
+    pub(crate) fn of(actions: Vec<ActionTool>, pass_through: Vec<PassThroughTool>) -> Self {
         let mut tools = Vec::new();
         let mut by_name = BTreeMap::new();
         let mut former_names = BTreeMap::new();
@@ -130,11 +133,30 @@ impl Catalog {
                 Err(problem) => warn!(tool = %name, %problem, "action not offered as a tool"),
             }
         }
+        let mut passed = BTreeMap::new();
+        for tool in pass_through {
+            let name = tool_name(&tool.provider, &tool.tool);
+            let taken = by_name.contains_key(&name)
+                || passed.contains_key(&name)
+                || name == STATUS_TOOL
+                || name == LIST_TOOL;
+            match pass_through_tool(&name, &tool) {
+                Ok(listed) if !taken => {
+                    tools.push(listed);
+                    passed.insert(name, tool);
+                }
+                Ok(_) => {
+                    warn!(tool = %name, "a read-only tool has the name of another tool; it is not offered")
+                }
+                Err(problem) => warn!(tool = %name, %problem, "read-only tool not offered"),
+            }
+        }
         tools.push(status_tool());
         tools.push(list_tool());
         Self {
             tools,
             actions: by_name,
+            pass_through: passed,
             former_names,
         }
     }
@@ -152,6 +174,36 @@ impl Catalog {
                 .and_then(|current| self.actions.get(current))
         })
     }
+
+    /// The read-only upstream tool listed as `name`.
+    pub(crate) fn pass_through(&self, name: &str) -> Option<&PassThroughTool> {
+        self.pass_through.get(name)
+    }
+}
+
+/// The MCP tool for a read-only upstream tool: its own description and input schema, marked as
+/// passed through outside the ledger.
+fn pass_through_tool(name: &str, tool: &PassThroughTool) -> Result<Tool, String> {
+    if name.chars().count() > MAX_TOOL_NAME_CHARS {
+        return Err(format!(
+            "the name is longer than {MAX_TOOL_NAME_CHARS} characters"
+        ));
+    }
+    let Some(schema) = tool.input.as_object() else {
+        return Err("its input schema is not an object schema".to_owned());
+    };
+    let what = tool.description.trim();
+    let description = format!(
+        "{what}{}Read-only, at {}: passed to it as it is, not recorded in the ledger.",
+        if what.is_empty() { "" } else { "\n" },
+        tool.provider
+    );
+    let annotations = ToolAnnotations::new()
+        .read_only(true)
+        .destructive(false)
+        .idempotent(true)
+        .open_world(true);
+    Ok(Tool::new(name.to_owned(), description, Arc::new(schema.clone())).annotate(annotations))
 }
 
 /// `<provider>__<action>`, with every character outside `[A-Za-z0-9_]` as `_`.
@@ -429,7 +481,7 @@ mod tests {
     fn tool_names_are_valid_in_every_framework_as_they_are_and_former_names_still_resolve() {
         let mut plain = create_task(&["acct-1"]);
         plain.provider = "crm-plain.v2".into();
-        let catalog = Catalog::of(vec![plain]);
+        let catalog = Catalog::of(vec![plain], Vec::new());
         assert!(catalog.action("crm_plain_v2__create_task").is_some());
         assert!(
             catalog.action("crm-plain.v2__create_task").is_some(),
@@ -447,6 +499,48 @@ mod tests {
     }
 
     #[test]
+    fn read_only_upstream_tools_are_listed_as_read_only_and_never_take_an_actions_name() {
+        let query = PassThroughTool {
+            provider: "db".into(),
+            tool: "read_query".into(),
+            description: "Run a SELECT".into(),
+            input: json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+        };
+        let shadowing = PassThroughTool {
+            tool: "create_task".into(),
+            provider: "crm".into(),
+            ..query.clone()
+        };
+        let catalog = Catalog::of(vec![create_task(&["acct-1"])], vec![query, shadowing]);
+        assert_eq!(
+            catalog
+                .pass_through("db__read_query")
+                .map(|t| t.tool.as_str()),
+            Some("read_query")
+        );
+        assert!(
+            catalog.pass_through("crm__create_task").is_none(),
+            "the action keeps its name; the read-only tool under it is not offered"
+        );
+        let tools = catalog.tools();
+        let listed = tools
+            .iter()
+            .find(|tool| tool.name == "db__read_query")
+            .expect("listed");
+        let hints = listed.annotations.clone().expect("annotations");
+        assert_eq!(hints.read_only_hint, Some(true));
+        assert!(listed
+            .description
+            .as_deref()
+            .is_some_and(|text| text.contains("not recorded in the ledger")));
+        assert_eq!(
+            tools.len(),
+            4,
+            "the action, the read-only tool, status and list"
+        );
+    }
+
+    #[test]
     fn a_tool_name_longer_than_64_characters_is_not_offered_and_says_why() {
         let mut long = create_task(&["acct-1"]);
         long.provider = "p".repeat(60);
@@ -458,7 +552,7 @@ mod tests {
     fn an_action_with_a_request_id_property_of_its_own_is_not_offered() {
         let mut action = create_task(&["acct-1"]);
         action.input["properties"][REQUEST_ID_ARG] = json!({"type": "string"});
-        let catalog = Catalog::of(vec![action]);
+        let catalog = Catalog::of(vec![action], Vec::new());
         assert!(catalog.action("crm__create_task").is_none());
         let names: Vec<String> = catalog.tools().into_iter().map(|t| t.name.into()).collect();
         assert_eq!(names, [STATUS_TOOL, LIST_TOOL]);

@@ -386,25 +386,7 @@ impl Connector {
 
     /// Carries out one attempt and classifies it (see the table in the crate docs).
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
-        // Debug: the engine's `send` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (docs/src/performance.md).
-        let span = tracing::debug_span!(
-            "provider.execute",
-            operation_id = %request.operation_id,
-            attempt_id = %request.attempt_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, request, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_send_span(&self.id, request, self.execute_unlogged(request)).await
     }
 
     async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
@@ -756,24 +738,7 @@ impl Connector {
 
     /// Looks the operation up (see the table in the crate docs).
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
-        // Debug: the engine's `lookup` span, around this one, carries the same fields, and a
-        // span exported per request costs CPU (docs/src/performance.md).
-        let span = tracing::debug_span!(
-            "provider.lookup",
-            operation_id = %request.operation_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.lookup_unlogged(request).await;
-            log_lookup(&this_span, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_lookup_span(&self.id, request, self.lookup_unlogged(request)).await
     }
 
     async fn lookup_unlogged(&self, request: &LookupRequest) -> LookupOutcome {
@@ -1155,12 +1120,66 @@ fn probe_token_failure(account: &AccountId, no_token: NoToken) -> String {
     }
 }
 
+/// Runs `send` (a connector's send of `request` to `provider`, of either kind) in the
+/// `provider.execute` span, then logs its outcome.
+pub(crate) async fn in_send_span(
+    provider: &ProviderId,
+    request: &SendRequest,
+    send: impl std::future::Future<Output = SendOutcome>,
+) -> SendOutcome {
+    // Debug: the engine's `send` span, around this one, carries the same fields, and a span
+    // exported per request costs CPU (docs/src/performance.md).
+    let span = tracing::debug_span!(
+        "provider.execute",
+        operation_id = %request.operation_id,
+        attempt_id = %request.attempt_id,
+        provider = %provider,
+        account = %request.account,
+        action = %request.action,
+        external_id = field::Empty,
+    );
+    let this_span = span.clone();
+    async {
+        let outcome = send.await;
+        log_send(&this_span, request, &outcome);
+        outcome
+    }
+    .in_span(span)
+    .await
+}
+
+/// Runs `lookup` (a connector's lookup for `request` at `provider`) in the `provider.lookup`
+/// span, then logs its outcome.
+pub(crate) async fn in_lookup_span(
+    provider: &ProviderId,
+    request: &LookupRequest,
+    lookup: impl std::future::Future<Output = LookupOutcome>,
+) -> LookupOutcome {
+    // Debug, as the send's span (see `in_send_span`).
+    let span = tracing::debug_span!(
+        "provider.lookup",
+        operation_id = %request.operation_id,
+        provider = %provider,
+        account = %request.account,
+        action = %request.action,
+        external_id = field::Empty,
+    );
+    let this_span = span.clone();
+    async {
+        let outcome = lookup.await;
+        log_lookup(&this_span, &outcome);
+        outcome
+    }
+    .in_span(span)
+    .await
+}
+
 /// Logs `outcome` and records its external id on `span`, the provider's own span: not on the
 /// current span, which is the engine's `send` when `span` is disabled (debug-level), and which
 /// the engine records the id on itself: recorded twice, it was exported twice.
 /// The warning carries the operation and attempt itself: at the default level the spans around
 /// it are not written, and a warning nobody can tie to an operation helps nobody.
-pub(crate) fn log_send(span: &Span, request: &SendRequest, outcome: &SendOutcome) {
+fn log_send(span: &Span, request: &SendRequest, outcome: &SendOutcome) {
     match outcome {
         SendOutcome::Confirmed {
             external_id,
@@ -1192,7 +1211,7 @@ pub(crate) fn log_send(span: &Span, request: &SendRequest, outcome: &SendOutcome
 }
 
 /// Logs `outcome` and records its external id on `span` (see [`log_send`]).
-pub(crate) fn log_lookup(span: &Span, outcome: &LookupOutcome) {
+fn log_lookup(span: &Span, outcome: &LookupOutcome) {
     match outcome {
         LookupOutcome::Found {
             external_id,

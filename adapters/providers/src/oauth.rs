@@ -180,6 +180,8 @@ pub struct NoToken {
 pub(crate) struct Token {
     pub value: HeaderValue,
     pub generation: u64,
+    /// When it should no longer be used (`None`: until a 401 says so).
+    pub renew_at: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -310,6 +312,7 @@ impl OAuthAccount {
                 return Ok(Token {
                     value: access.value.clone(),
                     generation: state.generation,
+                    renew_at: access.renew_at,
                 });
             }
         }
@@ -414,6 +417,7 @@ impl OAuthAccount {
         Ok(Token {
             value,
             generation: state.generation,
+            renew_at,
         })
     }
 

@@ -242,6 +242,125 @@ def refusal_text(error: LedgerError) -> str:
     return f"The ledger refused the call ({error.code}): {error.message}"
 
 
+@dataclass(frozen=True)
+class _Request:
+    """One API request as data, the same for the synchronous and the async client: each sends it
+    its own way, and repeats it when ``retry`` says it is safe (a read, or a request named by an
+    Idempotency-Key)."""
+
+    method: str
+    path: str
+    query: Dict[str, str] = field(default_factory=dict)
+    body: Optional[Dict[str, Any]] = None
+    headers: Dict[str, str] = field(default_factory=dict)
+    retry: bool = False
+
+    @property
+    def key(self) -> Optional[str]:
+        return self.headers.get("Idempotency-Key")
+
+
+def _record_request(
+    body: Dict[str, Any], idempotency_key: Optional[str], *, execute: bool, wait_ms: Optional[int]
+) -> _Request:
+    """``POST /v1/operations``. Every record carries a key (a fresh one when none is given), so a
+    record whose answer was lost can be repeated safely."""
+    query = {"execute": "true"} if execute else {}
+    if wait_ms is not None:
+        query["wait_ms"] = str(wait_ms)
+    key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+    return _Request("POST", "/v1/operations", query, body, {"Idempotency-Key": key}, retry=True)
+
+
+def _operation_path(operation_id: str) -> str:
+    return f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}"
+
+
+def _execute_request(operation_id: str, wait_ms: Optional[int]) -> _Request:
+    """``POST …/execute``: idempotent by the operation's id (a repeat drives the same operation)."""
+    query = {} if wait_ms is None else {"wait_ms": str(wait_ms)}
+    return _Request("POST", _operation_path(operation_id) + "/execute", query, retry=True)
+
+
+def _status_request(operation_id: str) -> _Request:
+    return _Request("GET", _operation_path(operation_id), retry=True)
+
+
+_ACTIONS_REQUEST = _Request("GET", "/v1/actions", retry=True)
+
+
+def _events_request(last: Optional[int], types: Optional[Sequence[str]]) -> _Request:
+    """``GET /v1/events`` resumed after ``last`` (``Last-Event-ID``)."""
+    headers = {"Accept": "text/event-stream"}
+    if last is not None:
+        headers["Last-Event-ID"] = str(last)
+    query = {"types": ",".join(types)} if types else {}
+    return _Request("GET", "/v1/events", query, headers=headers)
+
+
+def _backoff_s(attempt: int) -> float:
+    """The pause before repeat number ``attempt`` (from 1): exponential, capped, full jitter."""
+    return random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempt - 1)))
+
+
+def _refusal_of(status: int, text: "str | bytes", key: Optional[str]) -> LedgerError:
+    """The typed error for an answer of ``status`` >= 400 whose body is ``text``."""
+    try:
+        detail = json.loads(text)["error"]
+        return error_of(status, detail["code"], detail["message"], request_id=key, fields=detail.get("fields") or ())
+    except (ValueError, KeyError, TypeError):
+        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        return error_of(status, "http_error", shown[:500], request_id=key)
+
+
+def _unreachable_of(request: _Request, reason: object, timed_out: bool) -> Unavailable:
+    """No answer (a timeout, a refused or reset connection): whether a POST arrived is unknown,
+    so it is repeated with the same key."""
+    return Unavailable(
+        0,
+        "timeout" if timed_out else "unreachable",
+        f"{request.method} {request.path}: {reason}; repeat the call with the same idempotency key",
+        request_id=request.key,
+    )
+
+
+class _EventReader:
+    """Reads a Server-Sent Events stream line by line, as the WHATWG rules read it: ``feed``
+    answers ``(id, data)`` when a line ends an event."""
+
+    def __init__(self) -> None:
+        self._id: Optional[str] = None
+        self._data: List[str] = []
+
+    def feed(self, line: str) -> "Optional[tuple[Optional[str], str]]":
+        line = line.rstrip("\r\n")
+        if line == "":
+            event = (self._id, "\n".join(self._data)) if self._data else None
+            self._id, self._data = None, []
+            return event
+        if not line.startswith(":"):
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                self._data.append(value)
+            elif name == "id":
+                self._id = value
+        return None
+
+
+def _outcome_of(event: "tuple[Optional[str], str]") -> "tuple[int, Dict[str, Any]]":
+    """An outcome feed event's position (its id, else its own ``position``) and body."""
+    event_id, data = event
+    outcome = json.loads(data)
+    return (int(event_id) if event_id is not None else outcome["position"]), outcome
+
+
+def _feed_broke(reconnects: int, max_reconnects: int, last: Optional[int]) -> None:
+    """Raises once the outcome feed has ended more often in a row than it may."""
+    if reconnects > max_reconnects:
+        raise Unavailable(0, "unreachable", f"the outcome feed ended {reconnects} times in a row; resume with after={last}")
+
+
 class Ledger:
     """A client of one ``opledger serve`` as one tenant (its bearer token)."""
 
@@ -277,7 +396,7 @@ class Ledger:
     ) -> Operation:
         """Records an intent without sending anything."""
         body = _intent(provider, account, action, args, owner, requires_approval)
-        return self._record(body, idempotency_key, query={})
+        return self._record(_record_request(body, idempotency_key, execute=False, wait_ms=None))
 
     def record_and_execute(
         self,
@@ -292,29 +411,23 @@ class Ledger:
     ) -> Operation:
         """Records an intent and executes it in the same call, waiting at most ``wait_ms``."""
         body = _intent(provider, account, action, args, owner, False)
-        query = {"execute": "true"}
-        if wait_ms is not None:
-            query["wait_ms"] = str(wait_ms)
-        return self._record(body, idempotency_key, query=query)
+        return self._record(_record_request(body, idempotency_key, execute=True, wait_ms=wait_ms))
 
     def execute(self, operation_id: str, *, wait_ms: Optional[int] = None) -> Operation:
         """Drives a recorded operation and waits (at most ``wait_ms``) for its outcome."""
-        query = {} if wait_ms is None else {"wait_ms": str(wait_ms)}
-        path = f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}/execute"
-        # Executing is idempotent by the operation's id: a repeat drives the same operation.
-        body, _ = self._call("POST", path, query=query, retry=True)
+        body, _ = self._call(_execute_request(operation_id, wait_ms))
         return Operation.from_json(body)
 
     def status(self, operation_id: str) -> Operation:
         """Where an operation stands now."""
-        body, _ = self._call("GET", f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}")
+        body, _ = self._call(_status_request(operation_id))
         return Operation.from_json(body)
 
     def actions(self) -> "list[Dict[str, Any]]":
         """The configured actions this tenant may use, each described as a tool
         (``GET /v1/actions``: name, provider, action, accounts, description, input_schema,
         deduplication, idempotent_hint, destructive)."""
-        body, _ = self._call("GET", "/v1/actions")
+        body, _ = self._call(_ACTIONS_REQUEST)
         return list(body["actions"])
 
     def wait_for(self, operation_id: str, timeout_s: float = 30.0) -> Operation:
@@ -350,27 +463,22 @@ class Ledger:
         last = after
         reconnects = 0
         while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = str(last)
-            query = {"types": ",".join(types)} if types else {}
             try:
-                with self._open("GET", "/v1/events", query=query, headers=headers, timeout=None) as response:
-                    for event_id, data in _server_sent_events(response):
-                        outcome = json.loads(data)
-                        last = int(event_id) if event_id is not None else outcome["position"]
-                        reconnects = 0
-                        yield outcome
+                with self._open(_events_request(last, types), timeout=None) as response:
+                    reader = _EventReader()
+                    for raw in response:
+                        event = reader.feed(raw.decode("utf-8"))
+                        if event is not None:
+                            last, outcome = _outcome_of(event)
+                            reconnects = 0
+                            yield outcome
             except LedgerError as error:
                 if not error.retryable:
                     raise
             except (OSError, http.client.HTTPException):
                 pass  # a broken stream is resumed from the last event yielded
             reconnects += 1
-            if reconnects > max_reconnects:
-                raise Unavailable(
-                    0, "unreachable", f"the outcome feed ended {reconnects} times in a row; resume with after={last}"
-                )
+            _feed_broke(reconnects, max_reconnects, last)
             self.sleep(reconnect_s)
 
     def guarded_call(
@@ -454,111 +562,61 @@ class Ledger:
         except LedgerError as error:
             return refusal_text(error), True
 
-    def _record(
-        self, body: Dict[str, Any], idempotency_key: Optional[str], query: Dict[str, str]
-    ) -> Operation:
-        # Every record carries a key, so a record whose answer was lost can be repeated safely.
-        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-        answer, replayed = self._call(
-            "POST", "/v1/operations", query=query, body=body, headers={"Idempotency-Key": key}, retry=True
-        )
+    def _record(self, request: _Request) -> Operation:
+        answer, replayed = self._call(request)
         return Operation.from_json(answer, replayed=replayed)
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Optional[Dict[str, str]] = None,
-        body: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
-        retry: Optional[bool] = None,
-    ) -> "tuple[Dict[str, Any], bool]":
+    def _call(self, request: _Request) -> "tuple[Dict[str, Any], bool]":
         """One request and its JSON answer, repeated up to ``max_retries`` times when that is
         safe: a read, or a request named by an Idempotency-Key (``retry``), after no answer, a
         timeout, a 503 or a 429. Pauses grow exponentially with full jitter, capped."""
-        repeatable = method == "GET" if retry is None else retry
         attempt = 0
         while True:
             try:
-                with self._open(method, path, query=query, body=body, headers=headers) as response:
+                with self._open(request) as response:
                     replayed = response.headers.get("Idempotent-Replayed") == "true"
                     return json.loads(response.read()), replayed
             except LedgerError as error:
-                if not (repeatable and error.retryable and attempt < self.max_retries):
-                    raise
+                failure = error
             except (OSError, http.client.HTTPException) as error:
                 # The answer broke off while it was being read: as unknown as no answer at all.
-                failure = _unreachable(method, path, error, headers)
-                if not (repeatable and attempt < self.max_retries):
-                    raise failure from None
+                failure = _unreachable(request, error)
+            if not (request.retry and failure.retryable and attempt < self.max_retries):
+                raise failure from None
             attempt += 1
-            self.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempt - 1))))
+            self.sleep(_backoff_s(attempt))
 
-    def _open(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Optional[Dict[str, str]] = None,
-        body: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
-        timeout: "Optional[float] | str" = "default",
-    ) -> Any:
+    def _open(self, request: _Request, *, timeout: "Optional[float] | str" = "default") -> Any:
         """Sends one request and returns the open response; a refusal is a typed LedgerError."""
-        url = self.base_url + path
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
-        request = urllib.request.Request(url, method=method)
-        request.add_header("Authorization", f"Bearer {self._token}")
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
+        url = self.base_url + request.path
+        if request.query:
+            url += "?" + urllib.parse.urlencode(request.query)
+        sent = urllib.request.Request(url, method=request.method)
+        sent.add_header("Authorization", f"Bearer {self._token}")
+        for name, value in request.headers.items():
+            sent.add_header(name, value)
         data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            request.add_header("Content-Type", "application/json")
+        if request.body is not None:
+            data = json.dumps(request.body).encode()
+            sent.add_header("Content-Type", "application/json")
         limit = self.timeout_s if timeout == "default" else timeout
-        key = (headers or {}).get("Idempotency-Key")
         try:
-            return urllib.request.urlopen(request, data=data, timeout=limit)
+            return urllib.request.urlopen(sent, data=data, timeout=limit)
         except urllib.error.HTTPError as error:
-            raise _api_error(error, key) from None
+            try:
+                text = error.read()
+            except OSError:
+                text = str(error).encode()
+            raise _refusal_of(error.code, text, request.key) from None
         except (OSError, http.client.HTTPException) as error:
-            # URLError, a timeout (TimeoutError, socket.timeout), a reset connection: whether a
-            # POST reached the server is unknown, so it is repeated with the same key.
-            raise _unreachable(method, path, error, headers) from None
+            # URLError, a timeout (TimeoutError, socket.timeout), a reset connection.
+            raise _unreachable(request, error) from None
 
 
-def _unreachable(method: str, path: str, error: BaseException, headers: Optional[Mapping[str, str]]) -> Unavailable:
+def _unreachable(request: _Request, error: BaseException) -> Unavailable:
     reason = getattr(error, "reason", None) or error
     timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
-    return Unavailable(
-        0,
-        "timeout" if timed_out else "unreachable",
-        f"{method} {path}: {reason or type(error).__name__}; repeat the call with the same idempotency key",
-        request_id=(headers or {}).get("Idempotency-Key"),
-    )
-
-
-def _server_sent_events(response: Any) -> "Iterator[tuple[Optional[str], str]]":
-    """``(id, data)`` of each event of a Server-Sent Events stream, as the WHATWG rules read it."""
-    event_id: Optional[str] = None
-    data: List[str] = []
-    for raw in response:
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if line == "":
-            if data:
-                yield event_id, "\n".join(data)
-            event_id, data = None, []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            data.append(value)
-        elif name == "id":
-            event_id = value
+    return _unreachable_of(request, reason or type(error).__name__, timed_out)
 
 
 def _intent(
@@ -611,13 +669,3 @@ def _account_of(action: Mapping[str, Any], args: Mapping[str, Any]) -> "tuple[st
             f"`account` must be one of {', '.join(accounts)} (got {named!r}); nothing was recorded",
         )
     return named, rest
-
-
-def _api_error(error: urllib.error.HTTPError, key: Optional[str]) -> LedgerError:
-    try:
-        detail = json.loads(error.read())["error"]
-        return error_of(
-            error.code, detail["code"], detail["message"], request_id=key, fields=detail.get("fields") or ()
-        )
-    except (ValueError, KeyError, TypeError, OSError):
-        return error_of(error.code, "http_error", str(error), request_id=key)

@@ -9,22 +9,17 @@ It must never be what the synchronous client depends on: that one stays on the s
 from __future__ import annotations
 
 import asyncio
-import json
-import random
 import time
-import urllib.parse
-import uuid
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 
 import httpx
 
 from . import (
+    _ACTIONS_REQUEST,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT_S,
     MAX_CONSECUTIVE_RECONNECTS,
     RECONNECT_PAUSE_S,
-    RETRY_BASE_S,
-    RETRY_CAP_S,
     SETTLED_STATES,
     WAIT_POLL_CAP_S,
     WAIT_POLL_S,
@@ -33,8 +28,18 @@ from . import (
     Unavailable,
     WaitTimedOut,
     _account_of,
+    _backoff_s,
+    _EventReader,
+    _events_request,
+    _execute_request,
+    _feed_broke,
     _intent,
-    error_of,
+    _outcome_of,
+    _record_request,
+    _refusal_of,
+    _Request,
+    _status_request,
+    _unreachable_of,
     refusal_text,
     sentence_of,
 )
@@ -90,7 +95,7 @@ class AsyncLedger:
     ) -> Operation:
         """Records an intent without sending anything."""
         body = _intent(provider, account, action, args, owner, requires_approval)
-        return await self._record(body, idempotency_key, {})
+        return await self._record(_record_request(body, idempotency_key, execute=False, wait_ms=None))
 
     async def record_and_execute(
         self,
@@ -105,26 +110,21 @@ class AsyncLedger:
     ) -> Operation:
         """Records an intent and executes it in the same call, waiting at most ``wait_ms``."""
         body = _intent(provider, account, action, args, owner, False)
-        query = {"execute": "true"}
-        if wait_ms is not None:
-            query["wait_ms"] = str(wait_ms)
-        return await self._record(body, idempotency_key, query)
+        return await self._record(_record_request(body, idempotency_key, execute=True, wait_ms=wait_ms))
 
     async def execute(self, operation_id: str, *, wait_ms: Optional[int] = None) -> Operation:
         """Drives a recorded operation and waits (at most ``wait_ms``) for its outcome."""
-        query = {} if wait_ms is None else {"wait_ms": str(wait_ms)}
-        path = f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}/execute"
-        body, _ = await self._call("POST", path, query=query, retry=True)
+        body, _ = await self._call(_execute_request(operation_id, wait_ms))
         return Operation.from_json(body)
 
     async def status(self, operation_id: str) -> Operation:
         """Where an operation stands now."""
-        body, _ = await self._call("GET", f"/v1/operations/{urllib.parse.quote(operation_id, safe='')}")
+        body, _ = await self._call(_status_request(operation_id))
         return Operation.from_json(body)
 
     async def actions(self) -> List[Dict[str, Any]]:
         """The configured actions this tenant may use, each described as a tool."""
-        body, _ = await self._call("GET", "/v1/actions")
+        body, _ = await self._call(_ACTIONS_REQUEST)
         return list(body["actions"])
 
     async def wait_for(self, operation_id: str, timeout_s: float = 30.0) -> Operation:
@@ -154,44 +154,27 @@ class AsyncLedger:
         last = after
         reconnects = 0
         while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = str(last)
-            params = {"types": ",".join(types)} if types else {}
+            request = _events_request(last, types)
             try:
                 async with self._http.stream(
-                    "GET", self.base_url + "/v1/events", params=params, headers=headers, timeout=None
+                    "GET", self.base_url + request.path, params=request.query, headers=request.headers, timeout=None
                 ) as response:
                     if response.status_code >= 400:
-                        await response.aread()
-                        raise _api_error(response, None)
-                    event_id: Optional[str] = None
-                    data: List[str] = []
+                        raise _refusal_of(response.status_code, await response.aread(), None)
+                    reader = _EventReader()
                     async for line in response.aiter_lines():
-                        if line == "":
-                            if data:
-                                outcome = json.loads("\n".join(data))
-                                last = int(event_id) if event_id is not None else outcome["position"]
-                                reconnects = 0
-                                yield outcome
-                            event_id, data = None, []
-                        elif not line.startswith(":"):
-                            name, _, value = line.partition(":")
-                            value = value[1:] if value.startswith(" ") else value
-                            if name == "data":
-                                data.append(value)
-                            elif name == "id":
-                                event_id = value
+                        event = reader.feed(line)
+                        if event is not None:
+                            last, outcome = _outcome_of(event)
+                            reconnects = 0
+                            yield outcome
             except LedgerError as error:
                 if not error.retryable:
                     raise
             except httpx.TransportError:
                 pass  # a broken stream is resumed from the last event yielded
             reconnects += 1
-            if reconnects > max_reconnects:
-                raise Unavailable(
-                    0, "unreachable", f"the outcome feed ended {reconnects} times in a row; resume with after={last}"
-                )
+            _feed_broke(reconnects, max_reconnects, last)
             await self.sleep(reconnect_s)
 
     async def guarded_call(
@@ -226,56 +209,33 @@ class AsyncLedger:
         except LedgerError as error:
             return refusal_text(error), True
 
-    async def _record(self, body: Dict[str, Any], key: Optional[str], query: Dict[str, str]) -> Operation:
-        # Every record carries a key, so a record whose answer was lost can be repeated safely.
-        headers = {"Idempotency-Key": key if key is not None else str(uuid.uuid4())}
-        answer, replayed = await self._call(
-            "POST", "/v1/operations", query=query, body=body, headers=headers, retry=True
-        )
+    async def _record(self, request: _Request) -> Operation:
+        answer, replayed = await self._call(request)
         return Operation.from_json(answer, replayed=replayed)
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Optional[Dict[str, str]] = None,
-        body: Optional[Dict[str, Any]] = None,
-        headers: Optional[Dict[str, str]] = None,
-        retry: Optional[bool] = None,
-    ) -> "tuple[Dict[str, Any], bool]":
-        repeatable = method == "GET" if retry is None else retry
-        key = (headers or {}).get("Idempotency-Key")
+    async def _call(self, request: _Request) -> "tuple[Dict[str, Any], bool]":
+        """One request and its JSON answer, repeated as :meth:`opledger_client.Ledger._call`
+        repeats it."""
         attempt = 0
         while True:
             try:
                 response = await self._http.request(
-                    method, self.base_url + path, params=query or None, json=body, headers=headers
+                    request.method,
+                    self.base_url + request.path,
+                    params=request.query or None,
+                    json=request.body,
+                    headers=request.headers,
                 )
                 if response.status_code >= 400:
-                    raise _api_error(response, key)
+                    raise _refusal_of(response.status_code, response.content, request.key)
                 return response.json(), response.headers.get("Idempotent-Replayed") == "true"
             except httpx.TransportError as error:
-                # A timeout, a refused or reset connection: whether a POST arrived is unknown.
-                failure: LedgerError = Unavailable(
-                    0,
-                    "timeout" if isinstance(error, httpx.TimeoutException) else "unreachable",
-                    f"{method} {path}: {error!r}; repeat the call with the same idempotency key",
-                    request_id=key,
+                failure: LedgerError = _unreachable_of(
+                    request, repr(error), isinstance(error, httpx.TimeoutException)
                 )
             except LedgerError as error:
                 failure = error
-            if not (repeatable and failure.retryable and attempt < self.max_retries):
+            if not (request.retry and failure.retryable and attempt < self.max_retries):
                 raise failure
             attempt += 1
-            await self.sleep(random.uniform(0, min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (attempt - 1))))
-
-
-def _api_error(response: httpx.Response, key: Optional[str]) -> LedgerError:
-    try:
-        detail = response.json()["error"]
-        return error_of(
-            response.status_code, detail["code"], detail["message"], request_id=key, fields=detail.get("fields") or ()
-        )
-    except (ValueError, KeyError, TypeError):
-        return error_of(response.status_code, "http_error", response.text[:500], request_id=key)
+            await self.sleep(_backoff_s(attempt))

@@ -9,7 +9,7 @@
 // The handlers share the parent module's imports, extractors and helpers.
 use super::*;
 use opledger_domain::contract::Deduplication;
-use opledger_mcp::{ActionTool, Caller, Listed, Outcome, Refusal, ToolCall};
+use opledger_mcp::{ActionTool, Caller, Listed, Outcome, PassThroughTool, Refusal, ToolCall};
 
 use super::operations::{execute_place, record_then_execute, wait_of, RecordBody};
 
@@ -62,6 +62,46 @@ impl opledger_mcp::Ledger for McpLedger {
         let scope = Scope::Tenants([tenant.clone()].into());
         let loaded = visible(shared, &scope, id).await.map_err(refusal)?;
         Ok(outcome_of(shared, &loaded))
+    }
+
+    async fn pass_through_tools(&self, tenant: &TenantId) -> Vec<PassThroughTool> {
+        let providers = self.0.engine.providers();
+        let mut tools = Vec::new();
+        for connector in providers.mcp_connectors() {
+            let owned = connector
+                .account_owners()
+                .any(|(_, owners, _)| owners.contains(tenant));
+            if !owned || connector.read_only_tools().is_empty() {
+                continue;
+            }
+            match connector.read_only_listing().await {
+                Ok(listed) => tools.extend(listed.into_iter().map(|tool| PassThroughTool {
+                    provider: connector.id().to_string(),
+                    tool: tool.name,
+                    description: tool.description,
+                    input: tool.input_schema,
+                })),
+                Err(reason) => {
+                    warn!(provider = %connector.id(), %reason, "the upstream's read-only tools are not listed this time")
+                }
+            }
+        }
+        tools
+    }
+
+    async fn call_pass_through(
+        &self,
+        tenant: &TenantId,
+        provider: &str,
+        tool: &str,
+        arguments: serde_json::Map<String, Value>,
+    ) -> Result<opledger_mcp::CallToolResult, String> {
+        let providers = self.0.engine.providers();
+        let connector = ProviderId::new(provider)
+            .ok()
+            .and_then(|id| providers.mcp(&id))
+            .ok_or_else(|| format!("no MCP upstream `{provider}` is configured"))?;
+        connector.call_read_only(tenant, tool, arguments).await
     }
 
     async fn open_operations(

@@ -13,7 +13,7 @@ use super::{Means, MAX_ACCOUNTS_PER_CONNECTOR, MAX_ACTIONS_PER_CONNECTOR};
 use crate::error::Findings;
 use crate::mcp::spec::{
     IdRule, McpAccount, McpAction, McpDedup, McpDocument, McpLookup, ResultSpec, TextRule,
-    ToolLookup, Upstream,
+    ToolLookup, Upstream, UpstreamOAuth,
 };
 use crate::mcp::{
     DEFAULT_CALL_TIMEOUT_MS, DEFAULT_RESTART_WAIT_MS, DEFAULT_START_TIMEOUT_MS,
@@ -168,7 +168,7 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
             })
         }
         (false, true) => {
-            table.only(&["url", "headers_from"], findings);
+            table.only(&["url", "headers_from", "ca_file", "oauth"], findings);
             let url = table.string("url", findings).and_then(|found| {
                 let value = found.value;
                 if !(value.starts_with("http://") || value.starts_with("https://")) {
@@ -178,9 +178,21 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
                 Some(value.to_owned())
             });
             let headers_from = variables(table, "headers_from", findings);
+            let ca_file = table.string("ca_file", findings).and_then(|found| {
+                if url.as_deref().is_some_and(|url| url.starts_with("http://")) {
+                    findings.add(Some(found.span), &found.field, "trusts a CA for an https:// URL, and the url is http://; remove ca_file or write the upstream's https:// URL".to_owned());
+                    return None;
+                }
+                Some(found.value.to_owned())
+            });
+            let oauth = table
+                .table("oauth", findings)
+                .and_then(|oauth| upstream_oauth(&oauth, &headers_from, findings));
             Some(Upstream::Http {
                 url: url?,
                 headers_from,
+                ca_file,
+                oauth,
             })
         }
         (both, _) => {
@@ -619,6 +631,60 @@ pub(crate) fn fill_pattern(pattern: &str, label: &str, key: &str, account: &str)
         .replace("{{account}}", &regex::escape(account))
 }
 
+/// `[upstream.oauth]`: the client-credentials grant's token endpoint, scopes and the variables
+/// holding the client's id and secret.
+fn upstream_oauth(
+    table: &Table<'_>,
+    headers_from: &[(String, String)],
+    findings: &mut Findings<'_>,
+) -> Option<UpstreamOAuth> {
+    table.only(
+        &["token_url", "scopes", "client_id_env", "client_secret_env"],
+        findings,
+    );
+    let token_url = table
+        .required_string("token_url", "token_url = \"https://auth.example.com/oauth/token\"", findings)
+        .and_then(|found| {
+        if found.value.starts_with("http://") || found.value.starts_with("https://") {
+            Some(found.value.to_owned())
+        } else {
+            findings.add(Some(found.span), &found.field, format!("`{}` is no http:// or https:// URL; write the authorization server's token endpoint", found.value));
+            None
+        }
+        });
+    let client_id_env = table.required_string(
+        "client_id_env",
+        "client_id_env = \"VARIABLE\" (the environment variable holding the client id)",
+        findings,
+    );
+    let client_secret_env = table.required_string(
+        "client_secret_env",
+        "client_secret_env = \"VARIABLE\" (the environment variable holding the client secret)",
+        findings,
+    );
+    let scopes = table
+        .strings("scopes", findings)
+        .map(|found| found.iter().map(|scope| scope.value.to_owned()).collect())
+        .unwrap_or_default();
+    if headers_from
+        .iter()
+        .any(|(header, _)| header.eq_ignore_ascii_case("authorization"))
+    {
+        findings.add(
+            Some(table.span()),
+            table.path(),
+            "an access token from [upstream.oauth] is sent as Authorization, and headers_from sends one too; keep one of them".to_owned(),
+        );
+        return None;
+    }
+    Some(UpstreamOAuth {
+        token_url: token_url?,
+        scopes,
+        client_id_env: client_id_env?.value.to_owned(),
+        client_secret_env: client_secret_env?.value.to_owned(),
+    })
+}
+
 fn read_only(top: &Table<'_>, actions: &[McpAction], findings: &mut Findings<'_>) -> Vec<String> {
     let Some(items) = top.strings("read_only", findings) else {
         return Vec::new();
@@ -782,6 +848,37 @@ consistent = true
             .replace("transport = \"mcp\"", "transport = \"mcp\"\nsessions = 99");
         let fields: Vec<String> = errors(&text).into_iter().map(|error| error.field).collect();
         assert_eq!(fields, ["sessions", "upstream", "actions[0].retries"]);
+    }
+
+    #[test]
+    fn a_ca_file_is_for_an_https_upstream_and_one_that_cannot_be_read_is_named_at_build() {
+        let plain = GOOD.replace(
+            "command = \"mcp-server-git\"",
+            "url = \"http://127.0.0.1:1/mcp\"\nca_file = \"ca.pem\"",
+        );
+        let refused = errors(&plain);
+        assert_eq!(refused[0].field, "upstream.ca_file");
+        assert!(
+            refused[0].message.contains("https://"),
+            "{}",
+            refused[0].message
+        );
+
+        let missing = GOOD.replace(
+            "command = \"mcp-server-git\"",
+            "url = \"https://127.0.0.1:1/mcp\"\nca_file = \"/nonexistent/ca.pem\"",
+        );
+        let Ok(AnyDocument::Mcp(document)) = parse_any("git.toml", &missing) else {
+            panic!("the document itself is well formed");
+        };
+        let built = crate::mcp::McpConnector::build(&document, None, &[], &|_| None)
+            .expect_err("the CA file cannot be read");
+        assert_eq!(built[0].field, "upstream.ca_file");
+        assert!(
+            built[0].message.contains("/nonexistent/ca.pem") && built[0].message.contains("PEM"),
+            "{}",
+            built[0].message
+        );
     }
 
     #[test]

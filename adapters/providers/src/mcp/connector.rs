@@ -12,7 +12,6 @@ use opledger_domain::contract::ProviderCapabilities;
 use opledger_domain::ids::{
     AccountId, ActionName, CredentialFingerprint, ExternalObjectId, ProviderId, TenantId,
 };
-use opledger_domain::in_span::InSpanExt;
 use opledger_domain::provider::{
     ArgProblem, Binding, LookupOutcome, LookupRequest, SendOutcome, SendRequest, Unbound,
 };
@@ -20,13 +19,12 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode};
 use rmcp::service::ServiceError;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
-use tracing::field;
 
 use super::session::{self, Launch, Sessions, Unready};
 use super::spec::{IdRule, McpAction, McpDedup, McpDocument, McpLookup, Upstream};
 use super::{MAX_CALLS_IN_FLIGHT_PER_UPSTREAM, MAX_RESULT_TEXT_CHARS};
 use crate::body::merge;
-use crate::connector::{log_lookup, log_send, MAX_ARG_PROBLEMS};
+use crate::connector::{in_lookup_span, in_send_span, MAX_ARG_PROBLEMS};
 use crate::credentials::fingerprint_of;
 use crate::document::{fill_pattern, Means};
 use crate::error::ConnectorError;
@@ -53,6 +51,9 @@ pub struct McpConnector {
     fingerprint: CredentialFingerprint,
     actions: Vec<Compiled>,
     read_only: Vec<String>,
+    /// The read-only tools as the upstream's `tools/list` describes them, asked at the first
+    /// listing and kept: an upstream's tools are fixed for the life of its process.
+    read_only_listed: tokio::sync::OnceCell<Vec<UpstreamTool>>,
     rules: Vec<super::spec::TextRule>,
     sessions: Sessions,
     call_timeout: Duration,
@@ -138,7 +139,32 @@ impl McpConnector {
                     .collect(),
                 cwd: cwd.clone(),
             },
-            Upstream::Http { url, headers_from } => Launch::Http {
+            Upstream::Http {
+                url,
+                headers_from,
+                ca_file,
+                oauth,
+            } => Launch::Http {
+                client: session::http_client(ca_file.as_deref()).unwrap_or_else(|reason| {
+                    problem("upstream.ca_file".to_owned(), reason);
+                    reqwest013::Client::new()
+                }),
+                oauth: oauth.as_ref().and_then(|oauth| {
+                    let id = read("oauth", "client_id_env", &oauth.client_id_env);
+                    let secret = read("oauth", "client_secret_env", &oauth.client_secret_env);
+                    let token_client = crate::http::build_client(
+                        document.call_timeout_ms,
+                        document.start_timeout_ms,
+                    )
+                    .map_err(|reason| problem("upstream.oauth".to_owned(), reason))
+                    .ok()?;
+                    Some(session::TokenSource::new(
+                        oauth,
+                        id?.to_string_lossy().into_owned(),
+                        secret?.to_string_lossy().into_owned(),
+                        token_client,
+                    ))
+                }),
                 url: url.clone(),
                 headers: headers_from
                     .iter()
@@ -201,6 +227,7 @@ impl McpConnector {
             fingerprint: fingerprint_of(&identity),
             actions,
             read_only: document.read_only.clone(),
+            read_only_listed: tokio::sync::OnceCell::new(),
             rules: document.errors.clone(),
             sessions: Sessions::new(
                 launch,
@@ -241,6 +268,12 @@ impl McpConnector {
     /// The action called `name`.
     pub fn action(&self, name: &ActionName) -> Option<&McpAction> {
         self.compiled(name).map(|compiled| &compiled.action)
+    }
+
+    /// How many times the upstream's OAuth2 token endpoint was asked (`None`: it takes no
+    /// token).
+    pub fn token_requests(&self) -> Option<u64> {
+        self.sessions.token_requests()
     }
 
     /// The upstream tools declared read-only (passed through without the ledger).
@@ -369,23 +402,7 @@ impl McpConnector {
 
     /// Carries out one attempt: one `tools/call`, classified.
     pub async fn execute(&self, request: &SendRequest) -> SendOutcome {
-        let span = tracing::debug_span!(
-            "provider.execute",
-            operation_id = %request.operation_id,
-            attempt_id = %request.attempt_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.execute_unlogged(request).await;
-            log_send(&this_span, request, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_send_span(&self.id, request, self.execute_unlogged(request)).await
     }
 
     async fn execute_unlogged(&self, request: &SendRequest) -> SendOutcome {
@@ -564,22 +581,7 @@ impl McpConnector {
 
     /// Looks an operation up with the action's lookup tool.
     pub async fn lookup(&self, request: &LookupRequest) -> LookupOutcome {
-        let span = tracing::debug_span!(
-            "provider.lookup",
-            operation_id = %request.operation_id,
-            provider = %self.id,
-            account = %request.account,
-            action = %request.action,
-            external_id = field::Empty,
-        );
-        let this_span = span.clone();
-        async {
-            let outcome = self.lookup_unlogged(request).await;
-            log_lookup(&this_span, &outcome);
-            outcome
-        }
-        .in_span(span)
-        .await
+        in_lookup_span(&self.id, request, self.lookup_unlogged(request)).await
     }
 
     async fn lookup_unlogged(&self, request: &LookupRequest) -> LookupOutcome {
@@ -688,6 +690,54 @@ impl McpConnector {
                 evidence,
             },
         }
+    }
+
+    /// The tools declared read-only, each with the description and input schema the upstream
+    /// lists for it (a declared tool the upstream does not have is left out, with a warning).
+    /// The first call asks the upstream within `call_timeout_ms`; a failure is not kept, so the
+    /// next listing asks again.
+    pub async fn read_only_listing(&self) -> Result<Vec<UpstreamTool>, String> {
+        if self.read_only.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed = self
+            .read_only_listed
+            .get_or_try_init(|| async {
+                let (index, session) = self
+                    .sessions
+                    .get()
+                    .await
+                    .map_err(|unready| unready.reason)?;
+                let tools =
+                    match tokio::time::timeout(self.call_timeout, session.peer().list_all_tools())
+                        .await
+                    {
+                        Ok(Ok(tools)) => tools,
+                        Ok(Err(error)) => {
+                            self.sessions.discard(index, &session).await;
+                            return Err(format!("the upstream did not list its tools: {error}"));
+                        }
+                        Err(_) => {
+                            return Err(format!(
+                                "the upstream did not list its tools within {} ms (call_timeout_ms)",
+                                self.call_timeout.as_millis()
+                            ))
+                        }
+                    };
+                let tools: Vec<UpstreamTool> = tools
+                    .into_iter()
+                    .map(upstream_tool)
+                    .filter(|tool| self.read_only.contains(&tool.name))
+                    .collect();
+                for declared in &self.read_only {
+                    if !tools.iter().any(|tool| &tool.name == declared) {
+                        tracing::warn!(provider = %self.id, tool = %declared, "a tool declared read-only is not among the upstream's tools; it is not offered");
+                    }
+                }
+                Ok(tools)
+            })
+            .await?;
+        Ok(listed.clone())
     }
 
     /// Calls a tool declared read-only, outside the ledger (it changes nothing): for `tenant`,
@@ -856,7 +906,7 @@ pub async fn list_tools(
     };
     let connector = McpConnector::build(&document, None, &[], env)
         .map_err(|errors| crate::error::render_all(&errors))?;
-    let session = session::start(&connector.sessions.launch_for_listing(), timeout)
+    let (session, _) = session::start(&connector.sessions.launch_for_listing(), timeout)
         .await
         .map_err(|unready| unready.reason)?;
     let listed = tokio::time::timeout(timeout, session.peer().list_all_tools()).await;
@@ -871,19 +921,21 @@ pub async fn list_tools(
             ))
         }
     };
-    Ok(tools
-        .into_iter()
-        .map(|tool| UpstreamTool {
-            name: tool.name.to_string(),
-            description: tool
-                .description
-                .map(|text| text.to_string())
-                .unwrap_or_default(),
-            input_schema: Value::Object((*tool.input_schema).clone()),
-            annotations: tool
-                .annotations
-                .map(|annotations| serde_json::to_value(annotations).unwrap_or(Value::Null))
-                .unwrap_or(Value::Null),
-        })
-        .collect())
+    Ok(tools.into_iter().map(upstream_tool).collect())
+}
+
+/// A tool as `tools/list` describes it.
+fn upstream_tool(tool: rmcp::model::Tool) -> UpstreamTool {
+    UpstreamTool {
+        name: tool.name.to_string(),
+        description: tool
+            .description
+            .map(|text| text.to_string())
+            .unwrap_or_default(),
+        input_schema: Value::Object((*tool.input_schema).clone()),
+        annotations: tool
+            .annotations
+            .map(|annotations| serde_json::to_value(annotations).unwrap_or(Value::Null))
+            .unwrap_or(Value::Null),
+    }
 }

@@ -51,8 +51,11 @@ pub fn starting_document(id: &str, upstream: &Upstream, tools: &[UpstreamTool]) 
             let args: Vec<String> = args.iter().map(|arg| quoted(arg)).collect();
             let _ = writeln!(out, "args = [{}]", args.join(", "));
         }
-        Upstream::Http { url, .. } => {
+        Upstream::Http { url, ca_file, .. } => {
             let _ = writeln!(out, "url = {}", quoted(url));
+            if let Some(path) = ca_file {
+                let _ = writeln!(out, "ca_file = {}", quoted(path));
+            }
         }
     }
     out.push_str("\n[[accounts]]\nid = \"main\"\ntenants = [\"TO DECIDE: the tenants that may use this upstream\"]\n");

@@ -32,7 +32,75 @@ pub(crate) enum Launch {
     Http {
         url: String,
         headers: Vec<(http::HeaderName, http::HeaderValue)>,
+        /// Made once per connector: it keeps the connections and the trusted roots.
+        client: reqwest013::Client,
+        /// Where a session's access token comes from, when the upstream takes one.
+        oauth: Option<Arc<TokenSource>>,
     },
+}
+
+/// An upstream's OAuth2 access token, obtained with the client-credentials grant and kept for
+/// all its sessions (one request to the token endpoint per renewal, whatever the sessions). A
+/// session is started with the token of the moment and started again once it is due for renewal,
+/// since the SDK's transport sends the headers it was made with.
+pub(crate) struct TokenSource {
+    account: crate::oauth::OAuthAccount,
+    client: reqwest::Client,
+    token_url: String,
+}
+
+impl TokenSource {
+    pub fn new(
+        spec: &super::spec::UpstreamOAuth,
+        client_id: String,
+        client_secret: String,
+        client: reqwest::Client,
+    ) -> Arc<Self> {
+        opledger_domain::redact::register(&client_secret);
+        let oauth = crate::oauth::OAuth2Spec {
+            grant: crate::oauth::Grant::ClientCredentials,
+            token_url: spec.token_url.clone(),
+            scopes: spec.scopes.clone(),
+            body_encoding: crate::body::BodyEncoding::Form,
+            refused_wait_ms: crate::oauth::DEFAULT_REFUSED_WAIT_MS,
+        };
+        let grant = crate::oauth::GrantSecrets {
+            client_id: crate::credentials::Secret::new(client_id),
+            client_secret: crate::credentials::Secret::new(client_secret),
+            refresh_token: None,
+        };
+        Arc::new(Self {
+            account: crate::oauth::OAuthAccount::new(oauth, grant),
+            client,
+            token_url: spec.token_url.clone(),
+        })
+    }
+
+    /// A usable token, or why none can be had now (nothing is sent without one).
+    async fn token(&self) -> Result<crate::oauth::Token, Unready> {
+        self.account
+            .authorize(&self.client, &self.token_url, None)
+            .await
+            .map_err(|no_token| {
+                let said = match no_token.failure {
+                    crate::oauth::TokenFailure::Refused { message } => {
+                        format!("the token endpoint refused the client's credentials: {message}; correct client_id_env and client_secret_env")
+                    }
+                    crate::oauth::TokenFailure::Unavailable { message } => {
+                        format!("the token endpoint gave no token: {message}")
+                    }
+                };
+                Unready {
+                    reason: format!("no access token for the upstream: {said}"),
+                    retry_after_ms: Some(no_token.retry_after_ms.max(1)),
+                }
+            })
+    }
+
+    /// How many times the token endpoint was asked.
+    pub fn requests(&self) -> u64 {
+        self.account.refreshes()
+    }
 }
 
 impl std::fmt::Debug for Launch {
@@ -56,6 +124,57 @@ impl std::fmt::Debug for Launch {
 /// program needs to be found and to run (`uvx` and `npx` keep their caches under `HOME`).
 const INHERITED_VARIABLES: &[&str] = &["PATH", "HOME", "LANG", "TMPDIR"];
 
+/// The HTTP client of a Streamable HTTP upstream: TLS through rustls, trusting the operating
+/// system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` are honoured) and the certificates of
+/// `ca_file` beside them. Redirects are not followed: an MCP endpoint answers where it is.
+pub(crate) fn http_client(ca_file: Option<&str>) -> Result<reqwest013::Client, String> {
+    let mut builder = reqwest013::Client::builder().redirect(reqwest013::redirect::Policy::none());
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|error| {
+            format!("`{path}` cannot be read ({error}); give the PEM file of the CA that signed the upstream's certificate")
+        })?;
+        let certificates = reqwest013::Certificate::from_pem_bundle(&pem)
+            .map_err(|error| format!("`{path}` is no PEM certificate bundle: {error}"))?;
+        if certificates.is_empty() {
+            return Err(format!(
+                "`{path}` holds no certificate (a PEM file starts with -----BEGIN CERTIFICATE-----)"
+            ));
+        }
+        for certificate in certificates {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder
+        .build()
+        .map_err(|error| format!("the HTTPS client cannot be made: {error}"))
+}
+
+/// An error with every cause under it (`: `-joined), skipping a cause its parent already says:
+/// a refused certificate or a refused connection is said at the bottom of the chain, and the top
+/// of it only says a request failed. (The SDK's HTTP error keeps the client's error without
+/// naming it as its cause, so the chain is followed into it by hand.)
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut text = error.to_string();
+    let mut cause = match error.downcast_ref::<ClientInitializeError>() {
+        Some(ClientInitializeError::TransportError { error, .. }) => Some(&*error.error as _),
+        _ => error.source(),
+    };
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = match inner.downcast_ref::<StreamableHttpError<reqwest013::Error>>() {
+            Some(StreamableHttpError::Client(client)) => Some(client),
+            _ => inner.source(),
+        };
+    }
+    text
+}
+
 /// Why no session is at hand; nothing was sent.
 #[derive(Debug)]
 pub(crate) struct Unready {
@@ -67,6 +186,8 @@ pub(crate) struct Unready {
 struct Slot {
     session: Option<Arc<Session>>,
     last_start: Option<Instant>,
+    /// When the session's access token is due for renewal (`None`: no token, or no expiry).
+    renew_at: Option<tokio::time::Instant>,
 }
 
 /// Every session of one connector.
@@ -114,6 +235,17 @@ impl Sessions {
         self.launch.clone()
     }
 
+    /// How many times the upstream's token endpoint was asked (`None`: it takes no token).
+    pub fn token_requests(&self) -> Option<u64> {
+        match &self.launch {
+            Launch::Http {
+                oauth: Some(source),
+                ..
+            } => Some(source.requests()),
+            _ => None,
+        }
+    }
+
     /// How many sessions were started so far (a restart counts).
     pub fn starts(&self) -> u64 {
         self.starts.load(Ordering::Relaxed)
@@ -124,8 +256,16 @@ impl Sessions {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut slot = self.slots[index].lock().await;
         if let Some(session) = &slot.session {
-            if !session.is_closed() {
+            let token_due = slot
+                .renew_at
+                .is_some_and(|at| tokio::time::Instant::now() >= at);
+            if !session.is_closed() && !token_due {
                 return Ok((index, Arc::clone(session)));
+            }
+            // A session whose token is due is left to the calls still using it (it closes when
+            // the last lets it go) and not counted as closed: it is started again at once.
+            if token_due {
+                slot.last_start = None;
             }
             slot.session = None;
         }
@@ -145,8 +285,10 @@ impl Sessions {
         }
         slot.last_start = Some(Instant::now());
         self.starts.fetch_add(1, Ordering::Relaxed);
-        let session = Arc::new(start(&self.launch, self.start_timeout).await?);
+        let (session, renew_at) = start(&self.launch, self.start_timeout).await?;
+        let session = Arc::new(session);
         slot.session = Some(Arc::clone(&session));
+        slot.renew_at = renew_at;
         Ok((index, session))
     }
 
@@ -165,9 +307,14 @@ impl Sessions {
     }
 }
 
-/// Starts one session: spawns the child or connects, then the MCP `initialize` handshake, all
-/// within `timeout`.
-pub(crate) async fn start(launch: &Launch, timeout: Duration) -> Result<Session, Unready> {
+/// Starts one session: spawns the child or connects (with an access token when the upstream
+/// takes one), then the MCP `initialize` handshake, all within `timeout`. Also when the session's
+/// token is due for renewal.
+pub(crate) async fn start(
+    launch: &Launch,
+    timeout: Duration,
+) -> Result<(Session, Option<tokio::time::Instant>), Unready> {
+    let mut renew_at = None;
     let unready = |reason: String| Unready {
         reason,
         retry_after_ms: None,
@@ -200,17 +347,30 @@ pub(crate) async fn start(launch: &Launch, timeout: Duration) -> Result<Session,
                 })?;
             tokio::time::timeout(timeout, ().serve(transport)).await
         }
-        Launch::Http { url, headers } => {
-            let headers: HashMap<_, _> = headers.iter().cloned().collect();
+        Launch::Http {
+            url,
+            headers,
+            client,
+            oauth,
+        } => {
+            let mut headers: HashMap<_, _> = headers.iter().cloned().collect();
+            if let Some(source) = oauth {
+                let token = source.token().await?;
+                headers.insert(http::header::AUTHORIZATION, token.value);
+                renew_at = token.renew_at;
+            }
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
-            let transport = StreamableHttpClientTransport::from_config(config);
+            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
             tokio::time::timeout(timeout, ().serve(transport)).await
         }
     };
     match started {
-        Ok(Ok(session)) => Ok(session),
-        Ok(Err(error)) => Err(unready(format!("no session with the upstream: {error}"))),
+        Ok(Ok(session)) => Ok((session, renew_at)),
+        Ok(Err(error)) => Err(unready(format!(
+            "no session with the upstream: {}",
+            with_causes(&error)
+        ))),
         Err(_) => Err(unready(format!(
             "no session with the upstream within {} ms (start_timeout_ms)",
             timeout.as_millis()

@@ -84,7 +84,27 @@ pub enum Upstream {
         /// Headers sent with every request, each read from an environment variable: (header,
         /// variable). `Authorization` carries a bearer token this way.
         headers_from: Vec<(String, String)>,
+        /// A PEM file of CA certificates trusted for an `https://` URL beside the operating
+        /// system's (an upstream behind a private CA).
+        ca_file: Option<String>,
+        /// An access token obtained with OAuth2 client credentials, sent as
+        /// `Authorization: Bearer`.
+        oauth: Option<UpstreamOAuth>,
     },
+}
+
+/// `[upstream.oauth]`: an access token for the upstream from its authorization server, with the
+/// client-credentials grant (RFC 6749 §4.4), renewed before it expires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamOAuth {
+    /// The token endpoint's `http(s)://` URL.
+    pub token_url: String,
+    /// Scopes asked for (none: the parameter is left out).
+    pub scopes: Vec<String>,
+    /// The variable holding the client id.
+    pub client_id_env: String,
+    /// The variable holding the client secret.
+    pub client_secret_env: String,
 }
 
 /// One thing the ledger may ask the upstream to do: one tool, and its contract.
