@@ -68,7 +68,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 28] = [
+pub(crate) const ROUTES: [(&str, &str); 34] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -93,6 +93,12 @@ pub(crate) const ROUTES: [(&str, &str); 28] = [
     ("post", "/v1/webhooks/{id}/pause"),
     ("post", "/v1/webhooks/{id}/resume"),
     ("post", "/v1/webhooks/{id}/replay"),
+    ("post", "/v1/webhooks"),
+    ("patch", "/v1/webhooks/{id}"),
+    ("delete", "/v1/webhooks/{id}"),
+    ("post", "/v1/webhooks/{id}/rotate-secret"),
+    ("post", "/v1/webhooks/{id}/test"),
+    ("post", "/v1/webhooks/{id}/resend"),
     ("get", "/v1/webhooks/{id}/attempts"),
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
