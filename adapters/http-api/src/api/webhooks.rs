@@ -247,7 +247,9 @@ fn webhook_error(error: WebhookError) -> ApiError {
         beyond @ WebhookError::ReplayBeyondHead { .. } => {
             ApiError::invalid(ValidationError::new("after_position", beyond.to_string()))
         }
-        WebhookError::Definition { reason } => invalid("url", reason),
+        WebhookError::Definition { reason } => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", reason)
+        }
         none @ WebhookError::NoJournal => {
             ApiError::new(StatusCode::CONFLICT, "no_webhooks_here", none.to_string())
         }
