@@ -57,6 +57,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             closed
         }
         BenchTarget::Http(args) => crate::bench_http::run(args).await,
+        BenchTarget::Erase(args) => erase(args).await,
         BenchTarget::Floor(args) => crate::bench_floor::run(args).await,
         BenchTarget::Startup(args) => crate::bench_startup::run(args).await,
         BenchTarget::Soak(args) => crate::bench_soak::run(args).await,
@@ -454,4 +455,93 @@ fn peak_rss_mb() -> Option<f64> {
     let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
+}
+
+/// Most operations `bench erase` records.
+const MAX_ERASE_OPERATIONS: u32 = 1_000_000;
+
+/// `bench erase`: one subject with `--operations` pending operations, erased.
+async fn erase(args: crate::cli::BenchEraseArgs) -> Result<(), CliError> {
+    use opledger_domain::app::IntentRequest;
+    use opledger_domain::personal::{Personal, PersonalFields};
+    if args.operations == 0 || args.operations > MAX_ERASE_OPERATIONS {
+        return Err(opledger_domain::error::ValidationError::new(
+            "--operations",
+            format!(
+                "{} must be from 1 to {MAX_ERASE_OPERATIONS}",
+                args.operations
+            ),
+        )
+        .into());
+    }
+    let path = fresh_path("bench-erase");
+    let keys = opledger_subjects::key_store_path(&path);
+    let kek = opledger_subjects::Kek::parse(
+        &format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        ),
+        "a fresh key",
+    )
+    .map_err(|error| CliError::Other(error.to_string()))?;
+    let subjects = Arc::new(
+        opledger_subjects::Subjects::open(Some(&keys), kek)
+            .map_err(|error| CliError::Other(error.to_string()))?,
+    );
+    let ledger = crate::intent::open_ledger(&path)
+        .await?
+        .with_personal_data(subjects.clone());
+    let subject = "bench-person@example.org";
+    let started = std::time::Instant::now();
+    for number in 0..args.operations {
+        let request = IntentRequest {
+            tenant: "bench".into(),
+            owner: None,
+            provider: "crm".into(),
+            account: "demo".into(),
+            credential_fingerprint: "fp".into(),
+            action: "create_task".into(),
+            args: serde_json::json!({"title": format!("call {subject} #{number}"), "email": subject}),
+            source_id: None,
+            requires_approval: false,
+        };
+        let personal = Personal {
+            subject: subject.into(),
+            fields: PersonalFields::All,
+        };
+        ledger
+            .record_personal_then(request, Some(personal), |_| None)
+            .await?;
+    }
+    let record_s = started.elapsed().as_secs_f64();
+    let key_id = subjects
+        .show(subject)
+        .map_err(|error| CliError::Other(error.to_string()))?[0]
+        .key_id
+        .clone();
+    let started = std::time::Instant::now();
+    let report = opledger_subjects::erase_key(
+        &ledger,
+        &subjects,
+        &key_id,
+        opledger_domain::event::Principal {
+            kind: opledger_domain::event::PrincipalKind::Operator,
+            name: "bench".into(),
+        },
+        "bench",
+    )
+    .await
+    .map_err(|error| CliError::Other(error.to_string()))?;
+    let erase_ms = started.elapsed().as_secs_f64() * 1000.0;
+    crate::intent::close(&ledger).await?;
+    drop(subjects);
+    crate::replay::remove_database(&path);
+    crate::replay::remove_database(&keys);
+    println!(
+        "bench=erase operations={} sent_to_review={} record_s={record_s:.2} erase_ms={erase_ms:.1}",
+        report.operations,
+        report.sent_to_review.len()
+    );
+    Ok(())
 }

@@ -50,6 +50,13 @@ pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    if args.personal && args.url.is_some() {
+        return Err(ValidationError::new(
+            "--personal",
+            "turns personal data on in a server started here; leave out --url and --token",
+        )
+        .into());
+    }
     if args.webhook && args.url.is_some() {
         return Err(ValidationError::new(
             "--webhook",
@@ -80,6 +87,22 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
     let path = fresh_path("bench-http");
     let (mut config, stand) = serve::embedded_default(&path).await?;
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    if args.personal {
+        let kek = opledger_subjects::Kek::parse(
+            &format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            ),
+            "a fresh key",
+        )
+        .map_err(|error| CliError::Other(error.to_string()))?;
+        config.personal_data = Some(opledger_http_api::config::personal::PersonalDataSettings {
+            kek,
+            key_store: None,
+            tenants: Default::default(),
+        });
+    }
     let receiver = if args.webhook {
         let receiver = Receiver::start().await?;
         config.webhooks = vec![receiver.endpoint()?];
@@ -116,6 +139,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
     crate::replay::remove_database(&path);
     crate::replay::remove_database(&crate::replay::sibling(&path, ".views"));
     crate::replay::remove_database(&crate::replay::sibling(&path, ".webhooks"));
+    crate::replay::remove_database(&opledger_subjects::key_store_path(&path));
     result?;
     Ok(served?)
 }
@@ -140,6 +164,7 @@ async fn measure_all(
         token: token.to_owned(),
         provider: provider.to_owned(),
         account: account.to_owned(),
+        personal: args.personal,
     };
     // A short warm-up opens connections and pages in the ledger.
     measure(&target, 8, 200.min(args.operations)).await?;
@@ -191,6 +216,8 @@ struct Target {
     token: String,
     provider: String,
     account: String,
+    /// Name a data subject on every record (one of 1,000), so every argument is sealed.
+    personal: bool,
 }
 
 /// Runs `operations` record+execute pairs with `concurrency` clients; returns the wall time and
@@ -233,12 +260,15 @@ async fn measure(
 /// asks for a different task: identical requests from different deliveries are flagged as
 /// possible duplicate intents, which is not the traffic being measured.
 async fn one(target: &Target, number: u32) -> Result<(), CliError> {
-    let body = json!({
+    let mut body = json!({
         "provider": target.provider,
         "account": target.account,
         "action": "create_task",
         "args": {"title": format!("bench task {number}"), "run": RUN.as_str()},
     });
+    if target.personal {
+        body["subject"] = json!(format!("bench-person-{}@example.org", number % 1_000));
+    }
     let executed = if target.one_call {
         post(
             target,

@@ -113,6 +113,10 @@ pub enum Command {
     ///   opledger export --tenant acme --from 2026-12-01T00:00:00Z --out acme-december.ndjson
     #[command(verbatim_doc_comment)]
     Export(ExportArgs),
+    /// Bring a PostgreSQL ledger's schema to this version of opledger, and say what was done
+    /// (nothing, when it is already there). Run it with a role that owns the schema before
+    /// starting `serve` with a role that may only read and write rows.
+    Migrate(MigrateArgs),
     /// Run the HTTP API agents and services use: record, approve, execute, list, trace, review,
     /// a Server-Sent Events feed of outcomes, Prometheus metrics. With no --config, runs the
     /// embedded default (the SQLite ledger at --db, the CRM stand in-process as provider `crm`,
@@ -137,6 +141,94 @@ pub enum Command {
     /// Check connector files (every problem with its file, line and field) and list what is
     /// loaded: a configuration's connectors, or the presets shipped in the binary.
     Connectors(ConnectorsArgs),
+    /// Data subjects (the people whose personal data operations carry): list them, show one,
+    /// erase one (their key is destroyed; every proof still verifies), rotate the
+    /// key-encryption key. Needs the key-encryption key: --kek-file or $OPLEDGER_KEK.
+    Subjects(SubjectsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SubjectsArgs {
+    #[command(subcommand)]
+    pub command: SubjectsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SubjectsCommand {
+    /// Every data subject: its key's id, tenant, operations, and name unless erased.
+    List(SubjectsListArgs),
+    /// One data subject, in every tenant that has it.
+    Show(SubjectsShowArgs),
+    /// Erase a data subject: record SubjectErased (who, when, why; nothing personal), send their
+    /// open operations to a person, destroy their key. Their values read `[erased]` from then on,
+    /// everywhere; `opledger verify` and every export still verify.
+    Erase(SubjectsEraseArgs),
+    /// Wrap every data key again under a new key-encryption key; from then on only the new key
+    /// opens the key store.
+    RotateKek(SubjectsRotateArgs),
+}
+
+/// The key store and the key that opens it.
+#[derive(Debug, Args)]
+pub struct KeyStoreArgs {
+    /// The SQLite ledger file; the key store is beside it (`<db>.keys`) unless --key-store names it.
+    #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
+    pub db: PathBuf,
+    /// The key store's file.
+    #[arg(long)]
+    pub key_store: Option<PathBuf>,
+    /// The file holding the key-encryption key (64 hex digits); without it, $OPLEDGER_KEK.
+    #[arg(long, env = "OPLEDGER_KEK_FILE")]
+    pub kek_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SubjectsListArgs {
+    #[command(flatten)]
+    pub keys: KeyStoreArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SubjectsShowArgs {
+    #[command(flatten)]
+    pub keys: KeyStoreArgs,
+    /// The subject, exactly as recorded.
+    pub subject: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SubjectsEraseArgs {
+    #[command(flatten)]
+    pub keys: KeyStoreArgs,
+    /// The subject, exactly as recorded.
+    pub subject: String,
+    /// Why: the request's reference (e.g. "GDPR art. 17 request #4711"), never the person's data.
+    #[arg(long)]
+    pub reason: String,
+    /// Who erases (recorded as the operator's name).
+    #[arg(long, default_value = "cli")]
+    pub operator: String,
+    /// Only this tenant's subject of that name (default: every tenant's).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SubjectsRotateArgs {
+    #[command(flatten)]
+    pub keys: KeyStoreArgs,
+    /// The file holding the new key-encryption key.
+    #[arg(long)]
+    pub new_kek_file: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -293,11 +385,18 @@ impl Command {
             Self::Tail(args) => args.json,
             Self::Replay(args) => args.json,
             Self::Verify(args) => args.json,
+            Self::Subjects(SubjectsArgs { command }) => match command {
+                SubjectsCommand::List(args) => args.json,
+                SubjectsCommand::Show(args) => args.json,
+                SubjectsCommand::Erase(args) => args.json,
+                SubjectsCommand::RotateKek(_) => false,
+            },
             Self::Demo(_)
             | Self::Keys(_)
             | Self::Checkpoint(_)
             | Self::Prove(_)
             | Self::Witness(_)
+            | Self::Migrate(_)
             | Self::Connectors(ConnectorsArgs {
                 command: ConnectorsCommand::Show(_) | ConnectorsCommand::ImportMcp(_),
             })
@@ -318,6 +417,11 @@ pub struct VerifyArgs {
     /// The ledger file to verify (read only).
     #[arg(long, env = "OPLEDGER_DB", default_value = DEFAULT_DB)]
     pub db: PathBuf,
+    /// Verify a PostgreSQL ledger instead: its `postgres://` URL (the password from the URL or
+    /// PGPASSWORD); `--db` is then not read. Its schema is brought up to date first, as `serve`
+    /// does.
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -384,6 +488,17 @@ pub struct ProveArgs {
     /// Prove against the kept checkpoint of this tree size (default: the newest kept).
     #[arg(long)]
     pub size: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The service's configuration file: its `store` is migrated.
+    #[arg(long, env = "OPLEDGER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The ledger's `postgres://` URL instead of a configuration (the password from the URL or
+    /// PGPASSWORD).
+    #[arg(long, value_name = "POSTGRES_URL")]
+    pub store: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -557,6 +672,11 @@ pub enum BenchTarget {
     /// first_drive_ms=… max_rss_mb=…`. The read models beside the file are caught up first
     /// (untimed): the measurement is a restart, not a first start.
     Startup(BenchStartupArgs),
+    /// Erasure of one data subject: records --operations intents under one subject on a fresh
+    /// SQLite ledger (untimed beyond its own line), then erases the subject (the event, every
+    /// open operation to review, the key destroyed); prints `bench=erase operations=…
+    /// record_s=… erase_ms=…`.
+    Erase(BenchEraseArgs),
     /// The HTTP service end to end: record + execute against the CRM stand on loopback, at each
     /// concurrency; prints `bench=http concurrency=… operations=… ops_per_s=… p50_ms=… p99_ms=…`.
     /// Without --url it starts the stand and `opledger serve` itself on a fresh ledger file.
@@ -597,6 +717,13 @@ pub struct BenchFloorArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct BenchEraseArgs {
+    /// Operations recorded under the subject.
+    #[arg(long, default_value_t = 10_000)]
+    pub operations: u32,
+}
+
+#[derive(Debug, Args)]
 pub struct BenchHttpArgs {
     /// Operations (record + execute) per concurrency level.
     #[arg(long, default_value_t = 5_000)]
@@ -624,6 +751,10 @@ pub struct BenchHttpArgs {
     /// the level's last operation it had delivered everything (not with --url).
     #[arg(long)]
     pub webhook: bool,
+    /// Record every operation with a data subject (one of 1,000) and personal data on, every
+    /// argument sealed (not with --url): compare with a run without it.
+    #[arg(long)]
+    pub personal: bool,
 }
 
 #[derive(Debug, Args)]
@@ -755,6 +886,13 @@ pub struct RecordArgs {
     /// Require a person's approval before the operation may be sent.
     #[arg(long)]
     pub requires_approval: bool,
+    /// The data subject (the person the arguments are about): every argument value is sealed
+    /// under their key. Needs the key-encryption key (--kek-file or $OPLEDGER_KEK).
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// The file holding the key-encryption key, with --subject.
+    #[arg(long, env = "OPLEDGER_KEK_FILE")]
+    pub kek_file: Option<PathBuf>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -1091,6 +1229,10 @@ impl CliError {
             Self::App(AppError::Contended { .. }) => "contended",
             Self::App(AppError::Store(_)) | Self::Store(_) => "store_unavailable",
             Self::App(AppError::Decode(_)) => "undecodable_event",
+            Self::App(AppError::PersonalData(
+                opledger_domain::personal::PersonalDataError::Erased,
+            )) => "subject_erased",
+            Self::App(AppError::PersonalData(_)) => "personal_data_failed",
             Self::ReadModel(_) => "read_models_unavailable",
             Self::Config(_) => "invalid_config",
             Self::Differs { .. } => "read_models_differ",

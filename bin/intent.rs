@@ -132,8 +132,26 @@ pub async fn record(args: RecordArgs) -> Result<(), CliError> {
         requires_approval: args.requires_approval,
     };
     let _ = request.clone().validate()?;
-    let ledger = open_ledger(&args.store.db).await?;
-    let recorded = ledger.record_intent(request).await;
+    let personal = match &args.subject {
+        Some(subject) => {
+            let personal = opledger_domain::personal::Personal {
+                subject: subject.clone(),
+                fields: opledger_domain::personal::PersonalFields::All,
+            };
+            personal.check()?;
+            Some(personal)
+        }
+        None => None,
+    };
+    let mut ledger = open_ledger(&args.store.db).await?;
+    if personal.is_some() {
+        let subjects =
+            crate::subjects::open_subjects(&args.store.db, None, args.kek_file.as_deref())?;
+        ledger = ledger.with_personal_data(std::sync::Arc::new(subjects));
+    }
+    let recorded = ledger
+        .record_personal_then(request, personal, |_| None)
+        .await;
     let closed = close(&ledger).await;
     let recorded = recorded?;
     closed?;

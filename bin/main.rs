@@ -18,6 +18,7 @@ mod intent;
 mod ledger_file;
 mod log;
 mod mcp;
+mod migrate;
 mod ops;
 mod read_models;
 mod replay;
@@ -25,6 +26,7 @@ mod review;
 mod serve;
 mod sim;
 mod stand;
+mod subjects;
 mod tail;
 mod trace;
 mod verify;
@@ -118,6 +120,13 @@ fn main() -> ExitCode {
             Command::Prove(args) => log::prove(args).await,
             Command::Witness(args) => log::witness(args).await,
             Command::Export(args) => export::run(args).await,
+            Command::Migrate(args) => migrate::run(args).await,
+            Command::Subjects(args) => match args.command {
+                cli::SubjectsCommand::List(args) => subjects::list(args).await,
+                cli::SubjectsCommand::Show(args) => subjects::show(args).await,
+                cli::SubjectsCommand::Erase(args) => subjects::erase(args).await,
+                cli::SubjectsCommand::RotateKek(args) => subjects::rotate(args).await,
+            },
         }
     });
     // The spans still queued go out before the process ends (bounded by the export timeout).
@@ -209,21 +218,27 @@ fn init_logging(cli: &Cli, quiet: bool) -> Result<opledger_telemetry::Telemetry,
     }
     let filter = || tracing_subscriber::EnvFilter::new(directives.as_deref().unwrap_or(default));
     let env = |name: &str| std::env::var(name).ok();
-    let mut settings = match cli.command.config_path() {
-        Some(path) => {
-            // An unreadable file is reported by the command's own loader, with its advice.
-            let small = std::fs::metadata(path)
-                .is_ok_and(|file| file.len() <= opledger_http_api::config::MAX_CONFIG_BYTES);
-            match std::fs::read_to_string(path).ok().filter(|_| small) {
-                Some(text) => {
-                    opledger_telemetry::config::from_file(&path.display().to_string(), &text, &env)
-                }
-                None => opledger_telemetry::config::from_env(&env),
-            }
+    // An unreadable file is reported by the command's own loader, with its advice.
+    let text = cli.command.config_path().and_then(|path| {
+        let small = std::fs::metadata(path)
+            .is_ok_and(|file| file.len() <= opledger_http_api::config::MAX_CONFIG_BYTES);
+        std::fs::read_to_string(path)
+            .ok()
+            .filter(|_| small)
+            .map(|text| (path, text))
+    });
+    let mut settings = match &text {
+        Some((path, text)) => {
+            opledger_telemetry::config::from_file(&path.display().to_string(), text, &env)
         }
         None => opledger_telemetry::config::from_env(&env),
     }
     .map_err(|error| error.to_string())?;
+    if let (Command::Serve(_), Some(export)) = (&cli.command, settings.export.as_mut()) {
+        export.instance_id = Some(serve::instance_id(
+            text.as_ref().map(|(_, text)| text.as_str()),
+        ));
+    }
     if let Some(format) = cli.log_format.as_deref() {
         settings.log_format =
             opledger_telemetry::LogFormat::parse(format).expect("clap allows text and json only");

@@ -60,11 +60,31 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    // The id the traces were started with (see `instance_id`), so spans, logs, metrics and the
+    // ledger's events name this instance alike.
+    config
+        .instance_id
+        .get_or_insert_with(|| default_instance_id().to_owned());
     let result = opledger_http_api::run(config, shutdown_signal(), None).await;
     if let Some(stand) = stand {
         stand.shutdown().await;
     }
     Ok(result?)
+}
+
+/// The id this process serves as when its configuration names none (`serve-<pid>-<random>`),
+/// drawn once: the traces' resource takes it before the configuration is loaded.
+fn default_instance_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(opledger_http_api::default_instance_id)
+}
+
+/// The id `serve` runs as, for the traces' `service.instance.id`: the configuration's
+/// `instance_id` (read from its text; the loader checks it) or the default one.
+pub fn instance_id(config_text: Option<&str>) -> String {
+    config_text
+        .and_then(opledger_http_api::config::instance_id_in)
+        .unwrap_or_else(|| default_instance_id().to_owned())
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT); a second signal ends the process at once (what was
@@ -132,6 +152,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
     let config = ServeConfig {
         listen: opledger_http_api::config::DEFAULT_LISTEN,
         store: StoreUrl::Sqlite(db.to_path_buf()),
+        store_limits: Default::default(),
         read_models: None,
         policy: opledger_domain::engine::EnginePolicy {
             lease_ms: 15_000,
@@ -152,6 +173,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         log: opledger_http_api::log::LogSettings::from_environment()
             .map_err(crate::cli::CliError::Config)?,
         instance_id: None,
+        personal_data: None,
     };
     Ok((config, stand))
 }

@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use opledger_domain::checkpoint::{self, Checkpoint};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
 use opledger_domain::merkle::{self, Hash, LogTree, RootFolder};
+use opledger_domain::store::StoreError;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
 use opledger_domain::verify::{Finding, Recorded, Tampering, Verifier};
+use opledger_store::postgres::PostgresStore;
+use opledger_store::sqlite::LogMarks;
 use opledger_store::SqliteStore;
 
 use crate::cli::{CliError, VerifyArgs};
@@ -38,18 +41,53 @@ pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
         (Some(path), Some(key)) => Some(open_kept_checkpoint(path, key)?),
         _ => None,
     };
-    let ledger = open_for_reading(&args.db).await?;
-    let result = tokio::select! {
-        result = walk(ledger.store(), args.json, against.as_ref()) => result,
-        _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+    let findings = match &args.store {
+        Some(url) => {
+            let store = PostgresStore::connect(url)
+                .await
+                .map_err(|error| CliError::Config(error.to_string()))?;
+            let result = tokio::select! {
+                result = walk(&store, args.json, against.as_ref()) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            let closed = store.close().await;
+            let findings = result?;
+            closed?;
+            findings
+        }
+        None => {
+            let ledger = open_for_reading(&args.db).await?;
+            let result = tokio::select! {
+                result = walk(ledger.store(), args.json, against.as_ref()) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            let closed = close(&ledger).await;
+            let findings = result?;
+            closed?;
+            findings
+        }
     };
-    let closed = close(&ledger).await;
-    let findings = result?;
-    closed?;
     if findings == 0 {
         Ok(())
     } else {
         Err(CliError::Tampered { findings })
+    }
+}
+
+/// A store `verify` walks: its log, its tree, and what it remembers beside them.
+trait Audited: EventStore + LogTree {
+    fn marks(&self) -> impl std::future::Future<Output = Result<LogMarks, StoreError>> + Send;
+}
+
+impl Audited for SqliteStore {
+    async fn marks(&self) -> Result<LogMarks, StoreError> {
+        self.log_marks().await
+    }
+}
+
+impl Audited for PostgresStore {
+    async fn marks(&self) -> Result<LogMarks, StoreError> {
+        self.log_marks().await
     }
 }
 
@@ -164,12 +202,12 @@ impl Against<'_> {
     }
 }
 
-async fn walk(
-    store: &SqliteStore,
+async fn walk<S: Audited>(
+    store: &S,
     json: bool,
     against: Option<&Checkpoint>,
 ) -> Result<usize, CliError> {
-    // The SQLite store numbers its log 1, 2, 3… without gaps, so a missing position is a removal.
+    // Both stores number their log 1, 2, 3… without gaps, so a missing position is a removal.
     let mut verifier = Verifier::new(true);
     let head = store.head_position().await?.map_or(0, |head| head.value());
     let tree_size = store.tree_size().await?;
@@ -185,6 +223,8 @@ async fn walk(
     let mut start = LogStart::Beginning;
     let mut rank = 0_u64;
     let mut last_position = GlobalPosition::new(1);
+    // Where the events end: a store's head row may remember more than its events hold.
+    let mut walked_end = 0;
     let mut note = |finding: Finding, found: &mut usize| {
         *found += 1;
         if findings.len() < MAX_FINDINGS_SHOWN {
@@ -196,6 +236,7 @@ async fn walk(
         let Some(last) = batch.last() else { break };
         start = LogStart::After(last.position);
         last_position = last.position;
+        walked_end = last.position.value();
         let recorded_leaves = recorded_leaves(store, &batch, tree_size).await?;
         for (event, recorded_leaf) in batch.iter().zip(recorded_leaves) {
             if verifier.needs_history(event) {
@@ -225,7 +266,7 @@ async fn walk(
             last_progress = Instant::now();
         }
     }
-    for finding in tail_findings(store, head, tree_size).await? {
+    for finding in tail_findings(store, walked_end, tree_size).await? {
         note(finding, &mut found);
     }
     if let Some(finding) = against.and_then(|against| against.finish(last_position)) {
@@ -244,8 +285,8 @@ async fn walk(
 
 /// The leaf hashes the log's tree recorded for these events when they were appended (`None`
 /// for an event past the tree).
-async fn recorded_leaves(
-    store: &SqliteStore,
+async fn recorded_leaves<S: Audited>(
+    store: &S,
     batch: &[RecordedEvent],
     tree_size: u64,
 ) -> Result<Vec<Option<Hash>>, CliError> {
@@ -270,8 +311,8 @@ const MOVED_SEARCH_POSITIONS: u64 = 16;
 
 /// The position near its own at which the tree recorded `event` (as it is now), if any: a
 /// reordered event. Asked only of events whose own leaf differs, which an untouched log has none of.
-async fn appended_elsewhere(
-    store: &SqliteStore,
+async fn appended_elsewhere<S: Audited>(
+    store: &S,
     event: &RecordedEvent,
     tree_size: u64,
 ) -> Result<Option<GlobalPosition>, CliError> {
@@ -302,12 +343,12 @@ async fn appended_elsewhere(
 /// it handed out, each stream's last version and, in its tree, every event it appended; events
 /// deleted from the end leave all three behind. And events the tree never recorded were added
 /// behind its back.
-async fn tail_findings(
-    store: &SqliteStore,
+async fn tail_findings<S: Audited>(
+    store: &S,
     head: u64,
     tree_size: u64,
 ) -> Result<Vec<Finding>, CliError> {
-    let marks = store.log_marks().await?;
+    let marks = store.marks().await?;
     let mut findings = Vec::new();
     let removed_to = marks.highest_position.unwrap_or(0).max(tree_size);
     if removed_to > head {

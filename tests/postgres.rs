@@ -11,9 +11,17 @@
 //!   written twice; a server that goes away answers "unavailable" and the store recovers;
 //! - a statement timeout, so a lock held elsewhere cannot hold an append for ever; a client
 //!   deadline on every round trip, so a silent network path cannot either (`deadlines.rs`);
+//! - a failover to a synchronous standby under load, on a multi-host URL: no restart, no
+//!   acknowledged append lost, nothing written to the old primary when it comes back
+//!   (`failover.rs`);
 //! - a reconnection to an older copy of the ledger or another ledger is refused
 //!   (`identity.rs`);
+//! - `opledger migrate` with an owner role, `serve` with a DML-only role refused on an old schema
+//!   and running once it is migrated, a tree built for a log from before it (`migrate.rs`);
 //! - PgBouncer in transaction mode refused at start with the reason (`pooler.rs`);
+//! - the transparency log's tree follows the log under many writers, and every tampering of the
+//!   database is caught by `verify --against` a kept checkpoint and by a witness
+//!   (`transparency_log.rs`);
 //! - another instance's commit wakes a subscriber through LISTEN/NOTIFY, not its poll;
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
@@ -22,16 +30,23 @@ mod postgres_server;
 
 #[path = "postgres/deadlines.rs"]
 mod deadlines;
+#[path = "postgres/failover.rs"]
+mod failover;
 #[path = "postgres/identity.rs"]
 mod identity;
+#[path = "postgres/migrate.rs"]
+mod migrate;
 #[path = "postgres/pooler.rs"]
 mod pooler;
+#[path = "postgres/transparency_log.rs"]
+mod transparency_log;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
+use opledger_domain::merkle;
 use opledger_domain::store::{
     EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError, StreamName,
     Subscription, MAX_READ_BATCH,
@@ -196,6 +211,20 @@ async fn many_writers_on_four_instances_while_subscribers_follow_leave_no_gap_an
                 "run {run}: the log is in position order"
             );
         }
+        // The tree grown by four instances' writers, each in its own commits, is the tree of
+        // the log in position order: no leaf missing, none out of place.
+        let mut of_the_log = merkle::MemoryTree::new();
+        for event in &log {
+            of_the_log.push(merkle::leaf_hash(&event.view()));
+        }
+        let grown = merkle::head_of(&stores[run % INSTANCES], None)
+            .await
+            .expect("the stored tree's head");
+        assert_eq!(
+            grown,
+            of_the_log.head(),
+            "run {run}: the tree follows the log"
+        );
         for (instance, follower) in followers.into_iter().enumerate() {
             let seen = within("a subscriber catches up", follower)
                 .await

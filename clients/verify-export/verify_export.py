@@ -19,6 +19,7 @@ documented in opledger's book (docs/src/auditors/export.md):
                            or 32 zero bytes for version 0
     event id (UUID v8)   = millis(48 bits) || SHA-256("opledger event id v8" || 0x00 || u64be(millis)
                            || operation uuid (16 bytes) || u64be(v) || content)[0..10],
+                           (for a `subject-<key id>` stream, the key id's 16 bytes)
                            with the UUID version (8) and variant (0b10) bits set
     event id (UUID v5, older ledgers)
                          = UUIDv5(namespace 6f706c65-6467-4572-8000-000000000001,
@@ -41,6 +42,9 @@ NAMESPACE = uuid.UUID("6f706c65-6467-4572-8000-000000000001")
 ZERO_LINK = bytes(32)
 FORMAT_VERSION = 1
 OPERATION_PREFIX = "operation-"
+# An erasure's stream (SubjectErased) is named by the destroyed key's id, a UUID that stands in
+# for the operation's in the event id.
+SUBJECT_PREFIX = "subject-"
 
 
 class Unreadable(Exception):
@@ -64,11 +68,15 @@ def link(previous, version: int, event_type: bytes, data: bytes) -> bytes:
 
 def event_id_matches(event_id: str, stream: str, version: int, event_type: bytes, data: bytes) -> bool:
     """Whether ``event_id`` is the id opledger derives for this content at this version."""
-    if not stream.startswith(OPERATION_PREFIX):
+    if stream.startswith(OPERATION_PREFIX):
+        named = stream[len(OPERATION_PREFIX):]
+    elif stream.startswith(SUBJECT_PREFIX):
+        named = stream[len(SUBJECT_PREFIX):]
+    else:
         return False
     try:
         given = uuid.UUID(event_id)
-        operation = uuid.UUID(stream[len(OPERATION_PREFIX):])
+        operation = uuid.UUID(named)
     except ValueError:
         return False
     content = content_hash(event_type, data)

@@ -21,6 +21,7 @@ use crate::ids::{
     SourceId, StreamVersion, TenantId,
 };
 use crate::in_span::InSpanExt;
+use crate::personal::{self as personal_data, Personal, PersonalData};
 use crate::ports::{Clock, IdSource};
 use crate::state::{evolve, OperationState, Status};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
@@ -87,6 +88,10 @@ pub enum AppError {
     /// A stored event could not be read.
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// Personal data could not be sealed (the key store failed, the subject was erased, or
+    /// this ledger has no key store configured).
+    #[error(transparent)]
+    PersonalData(#[from] crate::personal::PersonalDataError),
 }
 
 /// An operation as loaded from its stream.
@@ -103,6 +108,10 @@ pub struct LoadedOperation {
     /// The W3C `traceparent` kept with its intent (when trace export was on as it was
     /// recorded): later work on it joins that trace ([`crate::trace_context::continue_from`]).
     pub origin_traceparent: Option<String>,
+    /// One sealed token of its intent, when it has personal data (see [`crate::personal`]):
+    /// the free text of its later events (the request line, provider errors, evidence) is
+    /// sealed under the same subject's key, since a provider may echo a personal value.
+    pub sealed_with: Option<String>,
 }
 
 /// A request to record an intent, as it arrives from an API or the command line: raw text,
@@ -186,12 +195,31 @@ pub struct Ledger<S, C, I> {
     store: S,
     clock: C,
     ids: I,
+    /// The key store and cipher for personal data; without one, an intent naming a data
+    /// subject is refused rather than stored in clear.
+    personal: Option<std::sync::Arc<dyn PersonalData>>,
 }
 
 impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// Services over these ports.
     pub fn new(store: S, clock: C, ids: I) -> Self {
-        Self { store, clock, ids }
+        Self {
+            store,
+            clock,
+            ids,
+            personal: None,
+        }
+    }
+
+    /// These services, sealing personal data through `personal` (see [`crate::personal`]).
+    pub fn with_personal_data(mut self, personal: std::sync::Arc<dyn PersonalData>) -> Self {
+        self.personal = Some(personal);
+        self
+    }
+
+    /// The key store and cipher for personal data, when configured.
+    pub fn personal_data(&self) -> Option<&dyn PersonalData> {
+        self.personal.as_deref()
     }
 
     /// The event store underneath.
@@ -217,6 +245,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         let mut version = None;
         let mut chain = None;
         let mut origin_traceparent = None;
+        let mut sealed_with = None;
         loop {
             let from = version.map_or(StreamVersion::FIRST, StreamVersion::next);
             let batch = self
@@ -232,12 +261,17 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     version.map_or(StreamVersion::FIRST, StreamVersion::next),
                     "`{stream}` skips a version"
                 );
-                state = evolve(state, &codec::decode(recorded)?);
-                version = Some(recorded.version);
-                chain = codec::chain_of(&recorded.metadata);
+                let mut event = codec::decode(recorded)?;
                 if recorded.version == StreamVersion::FIRST {
                     origin_traceparent = codec::traceparent_of(&recorded.metadata);
+                    sealed_with = personal_data::first_token(&event);
                 }
+                if sealed_with.is_some() {
+                    personal_data::open_event(self.personal_data(), operation_id, &mut event);
+                }
+                state = evolve(state, &event);
+                version = Some(recorded.version);
+                chain = codec::chain_of(&recorded.metadata);
             }
             if !full {
                 return Ok(LoadedOperation {
@@ -246,6 +280,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     version,
                     chain,
                     origin_traceparent,
+                    sealed_with,
                 });
             }
         }
@@ -323,6 +358,19 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         request: IntentRequest,
         then: impl FnOnce(&OperationState) -> Option<Command>,
     ) -> Result<RecordedIntent, AppError> {
+        self.record_personal_then(request, None, then).await
+    }
+
+    /// [`Ledger::record_intent_then`] for an intent with personal data: the values `personal`
+    /// names are sealed under its subject's key before anything is hashed or appended, and the
+    /// argument hash approvals bind to is keyed with that key (see [`crate::personal`]). The
+    /// operation's state, as returned and as loaded later, holds the values opened again.
+    pub async fn record_personal_then(
+        &self,
+        request: IntentRequest,
+        personal: Option<Personal>,
+        then: impl FnOnce(&OperationState) -> Option<Command>,
+    ) -> Result<RecordedIntent, AppError> {
         // The span `#[instrument]` would make, by hand: its future would be an `Instrumented`,
         // which enters the span once more to drop the finished recording (`in_span.rs`).
         let span = tracing::info_span!(
@@ -333,13 +381,16 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             action = %request.action,
             operation_id = tracing::field::Empty,
         );
-        self.record_in_span(request, then).in_span(span).await
+        self.record_in_span(request, personal, then)
+            .in_span(span)
+            .await
     }
 
-    /// [`Ledger::record_intent_then`] inside its `record` span.
+    /// [`Ledger::record_personal_then`] inside its `record` span.
     async fn record_in_span(
         &self,
         request: IntentRequest,
+        personal: Option<Personal>,
         then: impl FnOnce(&OperationState) -> Option<Command>,
     ) -> Result<RecordedIntent, AppError> {
         let valid = request.validate()?;
@@ -348,7 +399,30 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             None => self.ids.new_operation_id(),
         };
         tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
-        let intent = self.frozen_intent(operation_id, &valid);
+        let mut intent = self.frozen_intent(operation_id, &valid);
+        let sealed = match &personal {
+            None => None,
+            Some(personal) => {
+                let port = self.personal.as_deref().ok_or_else(|| {
+                    ValidationError::new(
+                        "subject",
+                        "names a data subject, but this ledger keeps no personal data: configure [personal_data] with a key-encryption key, or record without a subject",
+                    )
+                })?;
+                let sealed = personal_data::seal_args(
+                    port,
+                    &valid.tenant,
+                    operation_id,
+                    personal,
+                    &intent.args,
+                )?;
+                // The state holds the plaintext (it is what is sent); only the stored intent
+                // holds the tokens. Both carry the keyed hash.
+                intent.args_hash = sealed.args_hash.clone();
+                Some(sealed)
+            }
+        };
+        let asked_hash = intent.args_hash.clone();
         // Decide on "nothing recorded yet" without reading: if a redelivery got there first, the
         // no-stream append conflicts, and the existing intent is the answer.
         let fresh = LoadedOperation {
@@ -357,6 +431,9 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             version: None,
             chain: None,
             origin_traceparent: None,
+            sealed_with: sealed
+                .as_ref()
+                .and_then(|sealed| personal_data::first_token_in(&sealed.args)),
         };
         let mut events = self.decide_on(&Command::RecordIntent(intent), &fresh)?;
         let recorded = events.iter().fold(OperationState::initial(), evolve);
@@ -374,7 +451,11 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                 }
             }
         }
-        match self.append_decided(fresh, &events).await {
+        let sealed_args = sealed.map(|sealed| sealed.args);
+        match self
+            .append_sealed(fresh, &events, sealed_args.as_ref())
+            .await
+        {
             Ok(operation) => {
                 info!(events = events.len(), "intent recorded");
                 Ok(RecordedIntent {
@@ -389,7 +470,9 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     return Err(conflict.into());
                 };
                 let operation = self.get(operation_id).await?;
-                let found = check_redelivery(operation, &Asked::of(&valid, source_id))?;
+                let mut asked = Asked::of(&valid, source_id);
+                asked.args_hash = asked_hash;
+                let found = check_redelivery(operation, &asked)?;
                 debug!("redelivered source found the existing operation");
                 Ok(found)
             }
@@ -575,8 +658,20 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
     /// it then stands. A version conflict means another writer got there first.
     async fn append_decided(
         &self,
+        loaded: LoadedOperation,
+        events: &[OperationEvent],
+    ) -> Result<LoadedOperation, StoreError> {
+        self.append_sealed(loaded, events, None).await
+    }
+
+    /// [`Ledger::append_decided`], storing the intent with `sealed_args` in place of its
+    /// arguments, and the free text of an operation with personal data sealed (see
+    /// [`crate::personal::seal_event`]). The state folds the events as decided, in clear.
+    async fn append_sealed(
+        &self,
         mut loaded: LoadedOperation,
         events: &[OperationEvent],
+        sealed_args: Option<&ArgsSnapshot>,
     ) -> Result<LoadedOperation, StoreError> {
         let expected = ExpectedVersion::from_last(loaded.version);
         // Design rule 5 holds only if the append is conditional on exactly the stream the
@@ -593,8 +688,31 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             // What `encode_all` is about to keep with the intent, for the drive that follows.
             loaded.origin_traceparent = crate::trace_context::current();
         }
-        let (data, chain) =
-            encode_all(loaded.operation_id, expected, events, loaded.chain.as_ref());
+        let stored;
+        let to_store = match (&loaded.sealed_with, self.personal.as_deref()) {
+            (Some(token), Some(port)) => {
+                stored = events
+                    .iter()
+                    .map(|event| {
+                        personal_data::seal_event(
+                            port,
+                            loaded.operation_id,
+                            token,
+                            sealed_args,
+                            event,
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                &stored[..]
+            }
+            _ => events,
+        };
+        let (data, chain) = encode_all(
+            loaded.operation_id,
+            expected,
+            to_store,
+            loaded.chain.as_ref(),
+        );
         let stream = StreamName::for_operation(loaded.operation_id);
         let outcome = self
             .append_resolving_unclear(&stream, expected, data)

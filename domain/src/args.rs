@@ -132,6 +132,13 @@ impl ArgsSnapshot {
         Self::new(value)
     }
 
+    /// Arguments whose sealed values were opened again (see [`crate::personal::open_args`]):
+    /// each opened value is the one that passed [`ArgsSnapshot::new`] when it was sealed, or
+    /// the short `[erased]` text, so the limits still hold without checking them again.
+    pub(crate) fn from_opened(map: Map<String, Value>) -> Self {
+        Self(map)
+    }
+
     /// The arguments as a JSON object.
     pub fn as_map(&self) -> &Map<String, Value> {
         &self.0
@@ -158,7 +165,12 @@ impl ArgsSnapshot {
     }
 }
 
-/// The hash of an argument snapshot, written `sha256:<64 hex digits>`.
+/// The prefix of a keyed argument hash.
+const KEYED_PREFIX: &str = "hmac-sha256:";
+
+/// The hash of an argument snapshot, written `sha256:<64 hex digits>`; for an operation with
+/// personal data, `hmac-sha256:<64 hex digits>`, keyed with its subject's data key (see
+/// [`crate::personal::SealedArgs::args_hash`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ArgsHash(String);
@@ -166,7 +178,10 @@ pub struct ArgsHash(String);
 impl ArgsHash {
     /// Parses a hash a caller sent back (e.g. with an approval).
     pub fn parse(text: &str) -> Result<Self, ValidationError> {
-        let valid = text.strip_prefix("sha256:").is_some_and(|digits| {
+        let digits = text
+            .strip_prefix("sha256:")
+            .or_else(|| text.strip_prefix(KEYED_PREFIX));
+        let valid = digits.is_some_and(|digits| {
             digits.len() == 64
                 && digits
                     .bytes()
@@ -177,9 +192,20 @@ impl ArgsHash {
         } else {
             Err(ValidationError::new(
                 "args_hash",
-                "must be `sha256:` followed by 64 lowercase hex digits, as returned when the intent was recorded",
+                "must be `sha256:` (or `hmac-sha256:`) followed by 64 lowercase hex digits, as returned when the intent was recorded",
             ))
         }
+    }
+
+    /// A keyed hash from its 32 bytes (HMAC-SHA-256 under a subject's key).
+    pub fn keyed(digest: &[u8; 32]) -> Self {
+        Self(format!("{KEYED_PREFIX}{}", hex(digest)))
+    }
+
+    /// Whether it is keyed (an operation with personal data): only its subject's key can
+    /// recompute it.
+    pub fn is_keyed(&self) -> bool {
+        self.0.starts_with(KEYED_PREFIX)
     }
 
     /// The hash as text.

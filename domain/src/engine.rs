@@ -419,11 +419,21 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         &self,
         request: IntentRequest,
     ) -> Result<(RecordedIntent, Option<AttemptId>), AppError> {
+        self.record_personal_and_claim(request, None).await
+    }
+
+    /// [`Engine::record_and_claim`] for an intent with personal data (see
+    /// [`Ledger::record_personal_then`]).
+    pub async fn record_personal_and_claim(
+        &self,
+        request: IntentRequest,
+        personal: Option<crate::personal::Personal>,
+    ) -> Result<(RecordedIntent, Option<AttemptId>), AppError> {
         let attempt_id = self.ledger.ids().new_attempt_id();
         let ready = self.ready_at_once(&request).await;
         let recorded = self
             .ledger
-            .record_intent_then(request, |state| {
+            .record_personal_then(request, personal, |state| {
                 let now = self.ledger.clock().now();
                 let due = ready
                     && state.status == Status::Pending
@@ -580,6 +590,11 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// Claims, sends and records one attempt of a pending operation.
     async fn attempt(&self, loaded: LoadedOperation) -> Result<LoadedOperation, AppError> {
         let operation_id = loaded.operation_id;
+        if intent_of(&loaded).is_ok_and(|intent| crate::personal::is_erased(intent.args.as_map())) {
+            return self
+                .require_review(loaded, crate::personal::ERASED_REASON.to_owned())
+                .await;
+        }
         let attempt_id = self.ledger.ids().new_attempt_id();
         let mut claim = match self.claim_plan(&loaded.state, attempt_id) {
             Some(ClaimPlan::Claim(claim)) => *claim,
@@ -721,6 +736,10 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         now: DateTime<Utc>,
     ) -> Option<String> {
         let attempt = claimed.state.current_attempt.as_ref()?;
+        if crate::personal::is_erased(intent.args.as_map()) {
+            // Claimed before the erasure, sent after it: nothing may leave.
+            return Some(crate::personal::ERASED_REASON.to_owned());
+        }
         if now >= attempt.lease_deadline {
             return Some(format!(
                 "the claim's lease ran out at {} before it was sent",
@@ -1294,8 +1313,20 @@ fn send_binding(
     SendBinding {
         account: intent.account.clone(),
         credential_fingerprint,
-        args_hash: intent.args.hash(),
+        args_hash: sent_args_hash(intent),
     }
+}
+
+/// The hash of the arguments a send would carry. A plain hash is recomputed from them. A keyed
+/// one (personal data) cannot be recomputed without the subject's key, and need not be: the
+/// arguments were opened from authenticated ciphertext bound to this operation, so they are
+/// exactly those recorded — unless the subject was erased, when they show `[erased]`, and the
+/// plain hash of that (which never equals a keyed one) refuses the send.
+fn sent_args_hash(intent: &IntentRecorded) -> crate::args::ArgsHash {
+    if intent.args_hash.is_keyed() && !crate::personal::is_erased(intent.args.as_map()) {
+        return intent.args_hash.clone();
+    }
+    intent.args.hash()
 }
 
 fn intent_of(loaded: &LoadedOperation) -> Result<&IntentRecorded, AppError> {

@@ -18,6 +18,7 @@ pub mod event;
 pub mod ids;
 pub mod in_span;
 pub mod merkle;
+pub mod personal;
 pub mod ports;
 pub mod provider;
 pub mod redact;

@@ -389,8 +389,17 @@ fn content_belongs_at(event: &RecordedEvent, version: StreamVersion) -> bool {
                 .event_id
                 .matches(operation, version, &event.event_type, &event.data)
         }
-        // Streams that are not operations carry ids opledger did not derive; skip the check.
-        None => true,
+        // An erasure's stream is named by its key's id, which stands in for the operation's.
+        None => match crate::personal::SubjectErased::stream_uuid(event.stream.as_str()) {
+            Some(key) => event.event_id.matches(
+                OperationId::from_uuid(key),
+                version,
+                &event.event_type,
+                &event.data,
+            ),
+            // Streams that are not opledger's carry ids it did not derive; skip the check.
+            None => true,
+        },
     }
 }
 

@@ -44,6 +44,8 @@ pub struct Server {
     dir: PathBuf,
     bin: PathBuf,
     as_postgres: bool,
+    /// Settings given to the server at start, `name=value` each.
+    settings: Vec<String>,
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
@@ -153,6 +155,68 @@ impl Server {
     fn command(&self, program: &str) -> Command {
         command(&self.bin, program, self.as_postgres)
     }
+
+    /// `database` dumped with pg_dump (its custom format), as an operator keeps a backup.
+    pub fn dump(&self, database: &str) -> Vec<u8> {
+        let output = self
+            .command("pg_dump")
+            .args([
+                "-Fc",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                database,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("run pg_dump");
+        assert!(
+            output.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    }
+
+    /// Replaces `database` by the state a [`Self::dump`] kept: the database is dropped (its
+    /// sessions ended), made again and the dump restored into it with pg_restore.
+    pub fn restore(&self, database: &str, dump: &[u8]) {
+        use std::io::Write;
+        self.sql_alone(database, &format!("DROP DATABASE {database}"));
+        self.sql("postgres", &format!("CREATE DATABASE {database}"));
+        let mut child = self
+            .command("pg_restore")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                USER,
+                "-d",
+                database,
+            ])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run pg_restore");
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(dump)
+            .expect("the dump goes to pg_restore");
+        let output = child.wait_with_output().expect("pg_restore ends");
+        assert!(
+            output.status.success(),
+            "pg_restore: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
@@ -167,6 +231,102 @@ fn command(bin: &Path, program: &str, as_postgres: bool) -> Command {
 }
 
 fn start(tls: bool) -> Result<Server, String> {
+    start_with(tls, Vec::new())
+}
+
+/// A cluster of the test's own, not shared with the binary's other tests (one a test may stop,
+/// promote or start again), started with these settings (`name=value` each). Stopped and removed
+/// when the binary ends, as the shared one is.
+pub fn own_cluster(settings: &[&str]) -> Server {
+    start_with(
+        false,
+        settings
+            .iter()
+            .map(|setting| (*setting).to_owned())
+            .collect(),
+    )
+    .unwrap_or_else(|error| panic!("cannot start a PostgreSQL cluster: {error}"))
+}
+
+impl Server {
+    /// A streaming standby of this cluster, made as an operator makes one (`pg_basebackup -R`),
+    /// connecting to it as `application_name` (the name `synchronous_standby_names` lists).
+    pub fn standby(&self, application_name: &str) -> Server {
+        let dir = temp_dir().unwrap_or_else(|error| panic!("{error}"));
+        let connection = format!(
+            "host=127.0.0.1 port={} user={USER} application_name={application_name}",
+            self.port
+        );
+        run(self
+            .command("pg_basebackup")
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-R", "-X", "stream", "-c", "fast", "-d", &connection])
+            .env("PGPASSWORD", PASSWORD))
+        .unwrap_or_else(|error| panic!("pg_basebackup: {error}"));
+        watch_over(&dir).unwrap_or_else(|error| panic!("{error}"));
+        let mut last = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let standby = Server {
+                port: free_port().unwrap_or_else(|error| panic!("{error}")),
+                tls: false,
+                dir: dir.clone(),
+                bin: self.bin.clone(),
+                as_postgres: self.as_postgres,
+                settings: Vec::new(),
+            };
+            match launch(&standby) {
+                Ok(()) => return standby,
+                Err(error) => last = error,
+            }
+        }
+        panic!("cannot start the standby: {last}")
+    }
+
+    /// Stops the cluster as a crash does (`pg_ctl stop -m immediate`: no checkpoint, every
+    /// session cut).
+    pub fn crash(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["stop", "-m", "immediate", "-w"]))
+        .unwrap_or_else(|error| panic!("pg_ctl stop: {error}"));
+    }
+
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) {
+        run(self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["promote", "-w"]))
+        .unwrap_or_else(|error| panic!("pg_ctl promote: {error}"));
+    }
+
+    /// Starts a stopped cluster again on its port, as it was (a crashed primary comes back as a
+    /// primary).
+    pub fn start_again(&self) {
+        launch(self).unwrap_or_else(|error| panic!("cannot start the cluster again: {error}"));
+    }
+}
+
+/// A fresh directory for a cluster, owned by the user the server runs as.
+fn temp_dir() -> Result<PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "opledger-pg-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|error| format!("create {}: {error}", dir.display()))?;
+    if is_root() {
+        run(Command::new("chown").args(["-R", "postgres:"]).arg(&dir))?;
+        run(Command::new("chmod").arg("700").arg(&dir))?;
+    }
+    Ok(dir)
+}
+
+fn start_with(tls: bool, settings: Vec<String>) -> Result<Server, String> {
     let bin = match find_bin() {
         Some(bin) => bin,
         None => {
@@ -211,6 +371,7 @@ fn start(tls: bool) -> Result<Server, String> {
             dir: dir.clone(),
             bin: bin.clone(),
             as_postgres,
+            settings: settings.clone(),
         };
         match launch(&server) {
             Ok(()) => return Ok(server),
@@ -271,6 +432,12 @@ fn launch(server: &Server) -> Result<(), String> {
             ],
             false => Vec::new(),
         })
+        .args(
+            server
+                .settings
+                .iter()
+                .flat_map(|setting| ["-c", setting.as_str()]),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)

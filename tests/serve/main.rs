@@ -6,6 +6,7 @@ mod claims;
 mod connections;
 mod console;
 mod contract;
+mod erasure;
 mod fuzz;
 mod idempotency;
 mod inputs;

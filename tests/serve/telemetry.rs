@@ -784,6 +784,22 @@ async fn post_keeping_receiver(status: AxumStatus) -> (String, Posts) {
 }
 
 /// `opledger_trace_export_failures_total` from `/metrics`.
+/// The instance id the server's metrics name (`opledger_instance_info`).
+async fn served_instance_id(server: &Server) -> String {
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("the server answers")
+        .text()
+        .await
+        .expect("a body");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("opledger_instance_info{instance_id=\""))
+        .and_then(|rest| rest.split('"').next())
+        .expect("the instance is named")
+        .to_owned()
+}
+
 async fn export_failures(server: &Server) -> u64 {
     let metrics = reqwest::get(format!("{}/metrics", server.base))
         .await
@@ -829,6 +845,7 @@ async fn http_export_posts_protobuf_with_the_service_name_and_the_headers_from_t
         ],
     );
     create_one_task(&server).await;
+    let instance_id = served_instance_id(&server).await;
     let started = Instant::now();
     while posts.lock().expect("not poisoned").is_empty() {
         assert!(started.elapsed() < DEADLINE, "nothing was posted");
@@ -860,6 +877,17 @@ async fn http_export_posts_protobuf_with_the_service_name_and_the_headers_from_t
                     resource.attributes
                 );
             }
+            // The instance id is the one the instance's metrics (and logs and events) carry.
+            let instance = resource
+                .attributes
+                .iter()
+                .find(|attribute| attribute.key == "service.instance.id")
+                .and_then(|attribute| attribute.value.as_ref()?.value.clone());
+            assert_eq!(
+                instance,
+                Some(AnyValue::StringValue(instance_id.clone())),
+                "the resource's service.instance.id"
+            );
             for scope_spans in &resource_spans.scope_spans {
                 let scope = scope_spans.scope.as_ref().expect("a scope");
                 assert_eq!(scope.name, "opledger");

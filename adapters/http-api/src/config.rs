@@ -26,6 +26,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 mod log;
+pub mod personal;
+mod store;
 mod webhooks;
 
 /// How long the background workers leave a fresh send to an API caller who may execute it, in
@@ -200,6 +202,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// The ledger.
     pub store: StoreUrl,
+    /// A PostgreSQL store's pool and timeouts (`[store]`); unset ones keep their defaults.
+    pub store_limits: opledger_store::postgres::StoreLimits,
     /// The read-model file (`None`: beside the SQLite ledger, or `opledger.views` for KurrentDB).
     pub read_models: Option<PathBuf>,
     /// How long a read-model batch waits for more events after its first, in milliseconds.
@@ -237,11 +241,21 @@ pub struct ServeConfig {
     /// This instance's name (`instance_id`); `None`: `serve-<pid>-<random>`, unique even
     /// between containers whose processes share a process id.
     pub instance_id: Option<String>,
+    /// Personal data (`[personal_data]`): `None` when no key-encryption key is configured, and
+    /// then an intent naming a data subject is refused.
+    pub personal_data: Option<personal::PersonalDataSettings>,
 }
 
 /// The longest `instance_id`, in characters: it travels in every attempt event, log line and
 /// PostgreSQL's `application_name` (63 bytes, with the `opledger ` before it).
 pub const MAX_INSTANCE_ID_CHARS: usize = 48;
+
+/// The `instance_id` a configuration's text names, read before the file is loaded (the traces
+/// start first); `None` when it names none or does not parse (the loader then says why).
+pub fn instance_id_in(text: &str) -> Option<String> {
+    let table = text.parse::<toml::Table>().ok()?;
+    table.get("instance_id")?.as_str().map(str::to_owned)
+}
 
 /// Checks an `instance_id`: 1 to [`MAX_INSTANCE_ID_CHARS`] letters, digits, `.`, `_` or `-`.
 pub fn check_instance_id(id: &str) -> Result<(), String> {
@@ -272,7 +286,8 @@ enum Built {
 struct File {
     listen: Option<Spanned<String>>,
     instance_id: Option<Spanned<String>>,
-    store: Option<Spanned<String>>,
+    /// A URL, or a `[store]` table with the URL and the limits (`config/store.rs`).
+    store: Option<Spanned<toml::Value>>,
     /// `views` is the key's older name, still read.
     #[serde(alias = "views")]
     read_models: Option<PathBuf>,
@@ -300,6 +315,8 @@ struct File {
     webhook_lease_ms: Option<Spanned<u64>>,
     /// `[log]`: the transparency log.
     log: Option<log::LogSection>,
+    /// `[personal_data]`: the key-encryption key and the key store.
+    personal_data: Option<personal::PersonalDataSection>,
     /// `[telemetry]` is read and checked by `adapters/telemetry` when the binary starts, before
     /// this file is loaded; here it is only allowed.
     #[serde(default)]
@@ -425,6 +442,10 @@ struct TokenHolder {
     id: Spanned<String>,
     token: Option<Spanned<String>>,
     token_env: Option<Spanned<String>>,
+    /// `"all"` or `"declared"`: which argument values of an operation with a subject are sealed.
+    personal_data: Option<Spanned<String>>,
+    /// Days after which a subject whose operations all settled is erased automatically.
+    retention_days: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -547,11 +568,7 @@ impl Checker<'_> {
             })?,
             None => DEFAULT_LISTEN,
         };
-        let store = match &file.store {
-            Some(store) => parse_store(store.get_ref())
-                .map_err(|message| self.error(Some(store.span()), "store", message))?,
-            None => StoreUrl::Sqlite(PathBuf::from(opledger_store::DEFAULT_SQLITE_PATH)),
-        };
+        let (store, store_limits) = self.store(file.store.as_ref())?;
         let (policy, workers) = self.engine(&file.engine)?;
         let worker_send_delay_ms = spanned_or(
             &file.engine.worker_send_delay_ms,
@@ -612,6 +629,7 @@ impl Checker<'_> {
         let webhook_lease_ms = self.webhook_lease_ms(&file.webhook_lease_ms)?;
         let mcp_allowed_origins = self.mcp_allowed_origins(&file.mcp)?;
         let log = self.log(file.log.as_ref())?;
+        let personal_data = self.personal_data(file.personal_data.as_ref(), &file.tenants)?;
         if let Some(id) = &file.instance_id {
             check_instance_id(id.get_ref())
                 .map_err(|message| self.error(Some(id.span()), "instance_id", message))?;
@@ -628,6 +646,7 @@ impl Checker<'_> {
         Ok(ServeConfig {
             listen,
             store,
+            store_limits,
             read_models: file.read_models,
             read_model_linger_ms,
             policy,
@@ -644,6 +663,7 @@ impl Checker<'_> {
             mcp_allowed_origins,
             log,
             instance_id: file.instance_id.map(Spanned::into_inner),
+            personal_data,
         })
     }
 
@@ -1954,6 +1974,57 @@ token_env = "CRM_TOKEN"
         );
         let error = parse("opledger.example.toml", text, &|_| None).expect_err("no env");
         assert_eq!(error.field, "tenants[0].token_env");
+    }
+
+    fn with_store_table(table: &str) -> String {
+        GOOD.replace("store = \"sqlite:///tmp/ledger.db\"\n", "") + "\n[store]\n" + table
+    }
+
+    #[test]
+    fn a_store_table_sets_a_postgres_stores_pool_and_timeouts() {
+        let config = check(&with_store_table(
+            "url = \"postgres://ledger@db:5432/opledger\"\npool_size = 16\nround_trip_timeout_ms = 8000\n",
+        ))
+        .expect("valid");
+        assert!(matches!(config.store, StoreUrl::Postgres(_)));
+        assert_eq!(config.store_limits.pool_size, Some(16));
+        assert_eq!(config.store_limits.round_trip_timeout_ms, Some(8000));
+        assert_eq!(config.store_limits.statement_timeout_ms, None);
+    }
+
+    #[test]
+    fn a_store_limit_out_of_bounds_unknown_or_on_another_store_is_refused_naming_it() {
+        let postgres = "url = \"postgres://ledger@db:5432/opledger\"\n";
+        for (table, expected) in [
+            (
+                format!("{postgres}pool_size = 0"),
+                "pool_size is 0; it must be 1 to 64",
+            ),
+            (
+                format!("{postgres}round_trip_timeout_ms = 1000"),
+                "round_trip_timeout_ms is 1000 and statement_timeout_ms 5000",
+            ),
+            (
+                format!("{postgres}connect_timeout_ms = 0"),
+                "connect_timeout_ms and pool_wait_ms must be above 0",
+            ),
+            (
+                format!("{postgres}pool_sise = 3"),
+                "unknown field `pool_sise`",
+            ),
+            (
+                "url = \"sqlite:///tmp/ledger.db\"\npool_size = 4".to_owned(),
+                "only a PostgreSQL store has",
+            ),
+        ] {
+            let error = check(&with_store_table(&table))
+                .expect_err(&table)
+                .to_string();
+            assert!(
+                error.contains(expected) && error.contains("store"),
+                "{table}: {error}"
+            );
+        }
     }
 
     /// The keys the file's shape accepts in the section `path` (empty: the top level), as

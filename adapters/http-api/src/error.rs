@@ -168,6 +168,15 @@ impl From<AppError> for ApiError {
             ),
             AppError::Store(error) => error.into(),
             AppError::Decode(error) => Self::internal("a stored event could not be read", error),
+            AppError::PersonalData(opledger_domain::personal::PersonalDataError::Invalid(
+                error,
+            )) => Self::invalid(error),
+            AppError::PersonalData(opledger_domain::personal::PersonalDataError::Erased) => {
+                Self::new(StatusCode::CONFLICT, "subject_erased", error.to_string())
+            }
+            AppError::PersonalData(error) => {
+                Self::internal("personal data could not be sealed", error)
+            }
         }
     }
 }

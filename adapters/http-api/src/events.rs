@@ -296,7 +296,8 @@ async fn next_event(feed: &mut Feed) -> Option<Event> {
                 .providers()
                 .action_description(&intent.provider, &intent.action)
         });
-        let data = event_payload(&recorded, &outcome, &after, description.as_deref());
+        let mut data = event_payload(&recorded, &outcome, &after, description.as_deref());
+        opledger_domain::personal::open_anywhere(crate::personal::port(&feed.shared), &mut data);
         return Some(
             Event::default()
                 .id(recorded.position.value().to_string())

@@ -42,6 +42,7 @@ mod events;
 pub mod input;
 pub mod log;
 mod metrics;
+pub mod personal;
 pub mod render;
 mod webhooks;
 
@@ -170,6 +171,11 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     /// This instance's id (`instance_id`, or `serve-<pid>-<random>`).
     pub instance_id: String,
+    /// The key store and cipher for personal data (`[personal_data]`), when configured.
+    pub subjects: Option<Arc<opledger_subjects::Subjects>>,
+    /// Each tenant's privacy settings (which values are personal, how long they are kept).
+    pub privacy:
+        std::collections::BTreeMap<opledger_domain::ids::TenantId, config::personal::TenantPrivacy>,
 }
 
 /// An instance id when the configuration names none: the process id for the operator reading
@@ -297,7 +303,14 @@ impl Service {
             .clone()
             .unwrap_or_else(default_instance_id);
         info!(%instance_id, "this instance's id (in attempts, PostgreSQL's application_name, /metrics)");
-        let store = open_store(&config.store, &config.log, &instance_id).await?;
+        let (subjects, privacy) = personal::open_key_store(&config)?;
+        let store = open_store(
+            &config.store,
+            &config.store_limits,
+            &config.log,
+            &instance_id,
+        )
+        .await?;
         let log_signer = log::signer_of(&config.log).map_err(ServeError::Config)?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
@@ -311,12 +324,11 @@ impl Service {
         // The engine's worker id: attempts carry it, and shutdown marks unknown only the
         // attempts in flight under it, so it must be this instance's alone.
         let worker = WorkerId::new(instance_id.clone())?;
-        let engine = Arc::new(Engine::try_new(
-            Ledger::new(store.clone(), SystemClock, RandomIds),
-            providers,
-            config.policy,
-            worker,
-        )?);
+        let mut ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
+        if let Some(subjects) = &subjects {
+            ledger = ledger.with_personal_data(Arc::clone(subjects) as _);
+        }
+        let engine = Arc::new(Engine::try_new(ledger, providers, config.policy, worker)?);
         let (stop, stopping) = watch::channel(false);
         let workers = Workers::spawn(
             Arc::clone(&engine),
@@ -385,7 +397,12 @@ impl Service {
             draining: std::sync::atomic::AtomicBool::new(false),
             instance_id,
             log_signer: log_signer.clone(),
+            subjects,
+            privacy,
         });
+        // It ends at the stop signal; an erasure under way completes or is completed by the
+        // next sweep (each step is idempotent).
+        let _retention = personal::spawn_retention(&shared, stopping.clone());
         let publisher = log_signer.map(|signer| {
             log::spawn_publisher(store.clone(), signer, &config.log, stopping.clone())
         });
@@ -497,6 +514,7 @@ async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr
 /// connections' `application_name`.
 async fn open_store(
     store: &StoreUrl,
+    limits: &opledger_store::postgres::StoreLimits,
     log: &log::LogSettings,
     instance_id: &str,
 ) -> Result<ServeStore, ServeError> {
@@ -513,6 +531,9 @@ async fn open_store(
         // The refusal already says which of URL, server, credentials or schema is wrong.
         StoreUrl::Postgres(url) => {
             let mut config = opledger_store::postgres::PostgresConfig::from_url(url)
+                .map_err(|error| ServeError::Io(error.to_string()))?;
+            config
+                .apply(limits)
                 .map_err(|error| ServeError::Io(error.to_string()))?;
             config.set_application_name(&format!("opledger {instance_id}"));
             ServeStore::Postgres(

@@ -188,7 +188,13 @@ fn request_span(method: &'static str, route: &'static str, request: &Request) ->
         otel.kind = "server",
         http.request.method = method,
         http.route = route,
-        url.path = request.uri().path(),
+        // A data subject's route names the person in its path: its logs and traces carry the
+        // route instead, so no log line keeps a subject's name (an erased person's above all).
+        url.path = if route.starts_with("/v1/subjects") {
+            route
+        } else {
+            request.uri().path()
+        },
         // The service listens in plain HTTP (TLS, if any, ends before it).
         url.scheme = "http",
         server.address = tracing::field::Empty,

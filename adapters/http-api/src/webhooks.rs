@@ -102,7 +102,16 @@ impl OutcomeRender {
             tenant: intent.tenant.to_string(),
             at: outcome.event.at(),
             // The event stream's payload, to the member: one shape for every subscriber.
-            data: event_payload(event, outcome, state, description.as_deref()),
+            // Sealed text (a provider's refusal quoting a personal value) is opened for the
+            // subscriber, or reads `[erased]`; the journal keeps no payload.
+            data: {
+                let mut data = event_payload(event, outcome, state, description.as_deref());
+                opledger_domain::personal::open_anywhere(
+                    self.engine.ledger().personal_data(),
+                    &mut data,
+                );
+                data
+            },
         })
     }
 }

@@ -64,6 +64,36 @@ const _: () = assert!(
     10 <= DEFAULT_SUBSCRIPTION_POLL_MS && DEFAULT_SUBSCRIPTION_POLL_MS <= MAX_SUBSCRIPTION_POLL_MS
 );
 
+/// The limits a configuration file may set (`[store]` in `opledger serve`'s file); each `None`
+/// keeps the default named beside its field in [`PostgresConfig`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Read connections at most (1 to [`MAX_POOL_SIZE`]; default [`DEFAULT_POOL_SIZE`]).
+    pub pool_size: Option<usize>,
+    /// The wait for a free pooled connection, in ms (default [`DEFAULT_POOL_WAIT_MS`]).
+    pub pool_wait_ms: Option<u64>,
+    /// The wait for a connection to open, in ms (default [`DEFAULT_CONNECT_TIMEOUT_MS`]).
+    pub connect_timeout_ms: Option<u64>,
+    /// The server's `statement_timeout`, in ms (default [`DEFAULT_STATEMENT_TIMEOUT_MS`]).
+    pub statement_timeout_ms: Option<u64>,
+    /// The server's `idle_in_transaction_session_timeout`, in ms (default
+    /// [`DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS`]).
+    pub idle_in_transaction_timeout_ms: Option<u64>,
+    /// The client's wait for one round trip's answer, in ms (default
+    /// [`DEFAULT_ROUND_TRIP_TIMEOUT_MS`]).
+    pub round_trip_timeout_ms: Option<u64>,
+    /// How often a caught-up subscription reads the log without a notice, in ms (default
+    /// [`DEFAULT_SUBSCRIPTION_POLL_MS`]).
+    pub subscription_poll_ms: Option<u64>,
+}
+
+impl StoreLimits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        *self != Self::default()
+    }
+}
+
 /// The connection settings and limits of a [`crate::PostgresStore`].
 #[derive(Clone)]
 pub struct PostgresConfig {
@@ -166,6 +196,29 @@ impl PostgresConfig {
             subscription_poll_ms: DEFAULT_SUBSCRIPTION_POLL_MS,
             certificate_check,
         })
+    }
+
+    /// Sets the limits a configuration gives, and checks them all together (a round trip's
+    /// wait above the statement timeout, say); the error names the first that does not hold.
+    pub fn apply(&mut self, limits: &StoreLimits) -> Result<(), PostgresError> {
+        let StoreLimits {
+            pool_size,
+            pool_wait_ms,
+            connect_timeout_ms,
+            statement_timeout_ms,
+            idle_in_transaction_timeout_ms,
+            round_trip_timeout_ms,
+            subscription_poll_ms,
+        } = limits.clone();
+        self.pool_size = pool_size.unwrap_or(self.pool_size);
+        self.pool_wait_ms = pool_wait_ms.unwrap_or(self.pool_wait_ms);
+        self.connect_timeout_ms = connect_timeout_ms.unwrap_or(self.connect_timeout_ms);
+        self.statement_timeout_ms = statement_timeout_ms.unwrap_or(self.statement_timeout_ms);
+        self.idle_in_transaction_timeout_ms =
+            idle_in_transaction_timeout_ms.unwrap_or(self.idle_in_transaction_timeout_ms);
+        self.round_trip_timeout_ms = round_trip_timeout_ms.unwrap_or(self.round_trip_timeout_ms);
+        self.subscription_poll_ms = subscription_poll_ms.unwrap_or(self.subscription_poll_ms);
+        self.check()
     }
 
     /// Names this instance to the server (`application_name`, seen in `pg_stat_activity`), so

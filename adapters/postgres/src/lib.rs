@@ -32,8 +32,11 @@
 //! - an append is acknowledged only after its COMMIT returned; one whose COMMIT answer was lost
 //!   is resolved by applying it again (same event ids: found stored, or written now), never
 //!   written twice, and reported as "outcome unknown" if the database cannot be asked;
-//! - the schema is created and migrated by opledger, versioned, and a newer one is refused
-//!   (`schema.rs`);
+//! - the schema is created and migrated by opledger (or on its own by `opledger migrate`),
+//!   versioned, and a newer one is refused (`schema.rs`);
+//! - the transparency log's Merkle tree grows in the transaction of the events it covers, under
+//!   the same lock, so it follows the position order exactly whatever the number of instances
+//!   (`tree.rs`);
 //! - reads use a pool of at most [`PostgresConfig::pool_size`] connections; every statement has
 //!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
 //!
@@ -49,10 +52,12 @@ mod listener;
 mod review_claims;
 mod schema;
 mod tls;
+mod tree;
 mod webhook_journal;
 mod writer;
 
 // The SQLite store's rules and catch-up subscription, from the crate both stores depend on.
+pub use opledger_store_core::marks::{LogMarks, StreamAhead};
 use opledger_store_core::{queue, rules, subscription};
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -60,6 +65,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::merkle::{Hash, LogTree, HASH_SIZE};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription, MAX_READ_BATCH,
@@ -71,14 +77,14 @@ use tokio_postgres::{Client, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use config::{
-    redact, PostgresConfig, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS,
-    DEFAULT_POOL_SIZE, DEFAULT_POOL_WAIT_MS, DEFAULT_STATEMENT_TIMEOUT_MS,
-    DEFAULT_SUBSCRIPTION_POLL_MS, MAX_POOL_SIZE, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, SCHEMES,
-    USER_VAR,
+    redact, PostgresConfig, StoreLimits, DEFAULT_CONNECT_TIMEOUT_MS,
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT_MS, DEFAULT_POOL_SIZE, DEFAULT_POOL_WAIT_MS,
+    DEFAULT_ROUND_TRIP_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS, DEFAULT_SUBSCRIPTION_POLL_MS,
+    MAX_POOL_SIZE, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, SCHEMES, USER_VAR,
 };
 pub use listener::LISTEN_RETRY_PAUSE_MS;
 pub use review_claims::{ClaimAsk, ClaimRow, ReviewClaims};
-pub use schema::SCHEMA_VERSION;
+pub use schema::{Migration, SCHEMA_VERSION};
 pub use tls::CertificateCheck;
 pub use webhook_journal::{
     WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
@@ -173,6 +179,18 @@ pub enum PostgresError {
         found: i32,
         /// The newest version this build knows.
         supported: i32,
+    },
+    /// The schema is older than this build's, and the role connected may not change it.
+    #[error("database `{database}` holds opledger's schema version {found}, this opledger needs version {needed}, and the role it connects as may not change the schema ({reason}). Run `opledger migrate --config FILE` once with a role that owns the schema (the database owner, say), then start opledger again")]
+    SchemaNotOwned {
+        /// The database.
+        database: String,
+        /// The version found.
+        found: i32,
+        /// The version this build needs.
+        needed: i32,
+        /// The server's reason.
+        reason: String,
     },
     /// Anything else that kept the store from starting.
     #[error("the PostgreSQL store cannot start: {reason}")]
@@ -671,6 +689,22 @@ impl PostgresStore {
         Self::connect_with(PostgresConfig::from_url(url)?).await
     }
 
+    /// Brings the database's schema to this build's version on one connection, and says what it
+    /// did (`opledger migrate`): idempotent, a newer schema refused and left as it is. Needs a
+    /// role that may create and alter opledger's tables.
+    pub async fn migrate(config: PostgresConfig) -> Result<Migration, PostgresError> {
+        config.check()?;
+        let (head_sender, _) = watch::channel(None);
+        let connector = Connector::new(&config, Arc::new(head_sender))?;
+        let (client, connection) = connector
+            .connect_first()
+            .await
+            .map_err(|failure| classify(&config, failure))?;
+        let mut connection = Connection::spawn(client, connection);
+        check_session_settings(&config, connection.client()).await?;
+        schema::prepare(&mut connection.client, config.database()).await
+    }
+
     /// As [`Self::connect`], with the settings given.
     pub async fn connect_with(config: PostgresConfig) -> Result<Self, PostgresError> {
         config.check()?;
@@ -1066,6 +1100,176 @@ impl LogSource for LogFeed {
 
     fn unannounced_poll(&self) -> Duration {
         self.poll
+    }
+}
+
+/// The transparency log's tree, read through the pool (`tree.rs` says how it is kept).
+impl LogTree for PostgresStore {
+    async fn tree_size(&self) -> Result<u64, StoreError> {
+        let row = self
+            .read_one("cannot read the log tree's size", |client| {
+                Box::pin(async move {
+                    client
+                        .query_one("SELECT tree_size FROM opledger.log_head", &[])
+                        .await
+                })
+            })
+            .await?;
+        u64::try_from(row.get::<_, i64>(0)).map_err(|_| StoreError::Corrupt {
+            reason: "the log tree's size is negative".into(),
+        })
+    }
+
+    async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
+        let wanted: Vec<i64> = indexes
+            .iter()
+            .map(|&index| i64::try_from(index).unwrap_or(i64::MAX))
+            .collect();
+        let rows = self
+            .read_one("cannot read the log tree", |client| Box::pin(async move {
+                let statement = client
+                    .prepare_cached(
+                        "SELECT stored_index, hash FROM opledger.log_tree WHERE stored_index = ANY($1)",
+                    )
+                    .await?;
+                client.query(&statement, &[&wanted]).await
+            }))
+            .await?;
+        let found: std::collections::HashMap<i64, Vec<u8>> =
+            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+        indexes
+            .iter()
+            .map(|&index| {
+                let bytes = i64::try_from(index)
+                    .ok()
+                    .and_then(|index| found.get(&index))
+                    .ok_or_else(|| StoreError::Corrupt {
+                        reason: format!("the log tree lacks stored hash {index}"),
+                    })?;
+                <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
+                    .map(Hash)
+                    .map_err(|_| StoreError::Corrupt {
+                        reason: format!("stored hash {index} is not {HASH_SIZE} bytes"),
+                    })
+            })
+            .collect()
+    }
+
+    async fn keep_checkpoint(&self, size: u64, note: String) -> Result<(), StoreError> {
+        let size = i64::try_from(size).map_err(|_| StoreError::InvalidAppend {
+            reason: format!("a tree of {size} leaves cannot be stored"),
+        })?;
+        self.read_one("cannot keep the checkpoint", |client| {
+            Box::pin(async move {
+                client
+                    .execute(
+                        "INSERT INTO opledger.log_checkpoints (tree_size, note) VALUES ($1, $2) \
+                     ON CONFLICT (tree_size) DO NOTHING",
+                        &[&size, &note],
+                    )
+                    .await
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn kept_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<(u64, String)>, StoreError> {
+        let size = size.map(|size| i64::try_from(size).unwrap_or(i64::MAX));
+        let row = self
+            .read_one("cannot read the kept checkpoints", |client| {
+                Box::pin(async move {
+                    client
+                        .query_opt(
+                            "SELECT tree_size, note FROM opledger.log_checkpoints \
+                         WHERE $1::bigint IS NULL OR tree_size = $1 \
+                         ORDER BY tree_size DESC LIMIT 1",
+                            &[&size],
+                        )
+                        .await
+                })
+            })
+            .await?;
+        row.map(|row| {
+            u64::try_from(row.get::<_, i64>(0))
+                .map(|size| (size, row.get(1)))
+                .map_err(|_| StoreError::Corrupt {
+                    reason: "a kept checkpoint's size is negative".into(),
+                })
+        })
+        .transpose()
+    }
+}
+
+/// One round trip's work on a borrowed connection, as [`PostgresStore::read_one`] runs it.
+type Work<'c, T> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<T, tokio_postgres::Error>> + Send + 'c>,
+>;
+
+/// Most streams [`PostgresStore::log_marks`] lists whose recorded last version is ahead of
+/// their events.
+const MAX_STREAMS_AHEAD: i64 = 1_000;
+
+impl PostgresStore {
+    /// What the database remembers of its log beside the events: the highest position handed
+    /// out (the log's head row) and the streams whose last version has no event. Removing events
+    /// with plain SQL leaves both behind (`opledger verify`).
+    pub async fn log_marks(&self) -> Result<LogMarks, StoreError> {
+        let (head, rows) = self
+            .read_one("cannot read the log's marks", |client| {
+                Box::pin(async move {
+                    let head = client
+                        .query_one("SELECT last_position FROM opledger.log_head", &[])
+                        .await?;
+                    let rows = client
+                        .query(
+                            "SELECT s.name, s.last_version, \
+                                    (SELECT MAX(e.version) FROM opledger.events e \
+                                     WHERE e.stream_id = s.stream_id) AS stored \
+                             FROM opledger.streams s \
+                             WHERE s.last_version > COALESCE((SELECT MAX(e.version) \
+                                 FROM opledger.events e WHERE e.stream_id = s.stream_id), -1) \
+                             ORDER BY s.name LIMIT $1",
+                            &[&MAX_STREAMS_AHEAD],
+                        )
+                        .await?;
+                    Ok((head.get::<_, i64>(0), rows))
+                })
+            })
+            .await?;
+        Ok(LogMarks {
+            highest_position: u64::try_from(head).ok().filter(|head| *head > 0),
+            streams_ahead: rows
+                .iter()
+                .map(|row| StreamAhead {
+                    stream: row.get(0),
+                    last_version: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
+                    newest_stored: row
+                        .get::<_, Option<i64>>(2)
+                        .and_then(|stored| u64::try_from(stored).ok()),
+                })
+                .collect(),
+        })
+    }
+
+    /// Runs one bounded round of work on a pooled connection (see [`settle`]).
+    async fn read_one<T>(
+        &self,
+        what: &str,
+        work: impl for<'c> FnOnce(&'c deadpool_postgres::ClientWrapper) -> Work<'c, T>,
+    ) -> Result<T, StoreError> {
+        let client = InFlight::new(self.reader().await?);
+        let limit = self.shared.round_trip;
+        let answer = tokio::time::timeout(limit, async {
+            work(&client)
+                .await
+                .map_err(|error| unavailable(what, &error))
+        })
+        .await;
+        settle(client, answer, what, limit)
     }
 }
 

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -51,6 +51,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
 ",
     WEBHOOK_JOURNAL,
     LEDGER_IDENTITY,
+    LOG_TREE,
     REVIEW_CLAIMS,
 ];
 
@@ -100,7 +101,28 @@ const LEDGER_IDENTITY: &str = "
     FROM pg_control_system();
 ";
 
-/// Version 4: operators' claims on review items (`review_claims.rs`), one row per claimed
+/// Version 4: the transparency log's tree (`tree.rs`): its stored hashes, the checkpoints kept
+/// over it, and beside the log's head the tree's size and frontier, which the writer reads and
+/// moves under the same lock as the head. A database from before it gets its tree built from its
+/// log in the migration's transaction ([`crate::tree::rebuild`]).
+const LOG_TREE: &str = "
+    ALTER TABLE opledger.log_head
+        ADD COLUMN tree_size     bigint NOT NULL DEFAULT 0 CHECK (tree_size >= 0),
+        ADD COLUMN tree_frontier bytea  NOT NULL DEFAULT '\\x';
+    CREATE TABLE opledger.log_tree (
+        stored_index bigint PRIMARY KEY CHECK (stored_index >= 0),
+        hash         bytea  NOT NULL CHECK (length(hash) = 32)
+    );
+    CREATE TABLE opledger.log_checkpoints (
+        tree_size bigint PRIMARY KEY CHECK (tree_size >= 0),
+        note      text   NOT NULL
+    );
+";
+
+/// The schema version from which the log's tree exists.
+const TREE_VERSION: i32 = 4;
+
+/// Version 5: operators' claims on review items (`review_claims.rs`), one row per claimed
 /// operation with its holder and an expiry in the database's clock, so every instance on the
 /// database refuses a second claimer (expired rows are deleted by the next claim that meets
 /// them); and the webhook endpoints defined through the API (`webhook_journal.rs`), one JSON
@@ -135,8 +157,79 @@ async fn found_version(client: &impl GenericClient) -> Result<i32, tokio_postgre
     Ok(row.map_or(0, |row| row.get(0)))
 }
 
-/// Creates or migrates the schema, refusing a newer one before changing anything.
-pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), PostgresError> {
+/// What [`prepare`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migration {
+    /// The version found (0: no opledger schema yet).
+    pub from: i32,
+    /// The version left (this build's [`SCHEMA_VERSION`]).
+    pub to: i32,
+    /// Leaves the log's tree was built with from the log, when this migration created the tree
+    /// for a log that already held events.
+    pub tree_built: Option<u64>,
+}
+
+impl Migration {
+    /// Whether the database was already at this build's version.
+    pub fn changed_nothing(&self) -> bool {
+        self.from == self.to
+    }
+}
+
+/// Builds the tree again from the log when its rows were all removed (as in the SQLite ledger:
+/// a rebuild trusts the log as it is then, and checkpoints kept outside the ledger still catch
+/// what was changed before it). A tree that exists but is behind its log is never extended.
+async fn rebuild_emptied_tree(
+    client: &mut Client,
+    database: &str,
+) -> Result<Option<u64>, PostgresError> {
+    let setup = |error: tokio_postgres::Error| PostgresError::Setup {
+        reason: format!(
+            "cannot read the log's tree in database `{database}`: {}",
+            crate::describe(&error)
+        ),
+    };
+    let emptied = "SELECT tree_size = 0 AND last_position > 0 \
+                   AND NOT EXISTS (SELECT 1 FROM opledger.log_tree) FROM opledger.log_head";
+    if !client
+        .query_one(emptied, &[])
+        .await
+        .map_err(setup)?
+        .get::<_, bool>(0)
+    {
+        return Ok(None);
+    }
+    let transaction = client.transaction().await.map_err(setup)?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await
+        .map_err(setup)?;
+    // Another instance may have built it while this one waited for the lock.
+    if !transaction
+        .query_one(emptied, &[])
+        .await
+        .map_err(setup)?
+        .get::<_, bool>(0)
+    {
+        return Ok(None);
+    }
+    let built = crate::tree::rebuild(&transaction)
+        .await
+        .map_err(|reason| PostgresError::Setup { reason })?;
+    transaction.commit().await.map_err(setup)?;
+    Ok(Some(built))
+}
+
+/// SQLSTATE 42501: the role lacks a privilege (here: to create or alter opledger's tables).
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Creates or migrates the schema, refusing a newer one before changing anything. A role that
+/// may not change the schema (one granted only reads and writes of its rows) is refused with
+/// what to run instead.
+pub(crate) async fn prepare(
+    client: &mut Client,
+    database: &str,
+) -> Result<Migration, PostgresError> {
     let setup = |error: tokio_postgres::Error| PostgresError::Setup {
         reason: format!(
             "cannot create or read opledger's tables in database `{database}`: {}",
@@ -153,8 +246,21 @@ pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), P
         return Err(newer(found));
     }
     if found == SCHEMA_VERSION {
-        return Ok(());
+        return Ok(Migration {
+            from: found,
+            to: found,
+            tree_built: rebuild_emptied_tree(client, database).await?,
+        });
     }
+    let not_owner = |error: tokio_postgres::Error| match error.code() {
+        Some(code) if code.code() == INSUFFICIENT_PRIVILEGE => PostgresError::SchemaNotOwned {
+            database: database.to_owned(),
+            found,
+            needed: SCHEMA_VERSION,
+            reason: crate::describe(&error),
+        },
+        _ => setup(error),
+    };
     let transaction = client.transaction().await.map_err(setup)?;
     transaction
         .execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
@@ -169,7 +275,7 @@ pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), P
              );",
         )
         .await
-        .map_err(setup)?;
+        .map_err(not_owner)?;
     // Another instance may have migrated while this one waited for the lock.
     let found = found_version(&transaction).await.map_err(setup)?;
     if found > SCHEMA_VERSION {
@@ -181,8 +287,21 @@ pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), P
             to = from + 1,
             "migrating the PostgreSQL store's schema"
         );
-        transaction.batch_execute(migration).await.map_err(setup)?;
+        transaction
+            .batch_execute(migration)
+            .await
+            .map_err(not_owner)?;
     }
+    // A log from before the tree gets one built from it, in this transaction: the tree is
+    // rebuildable from the log alone. (A new schema's log is empty; its tree is too.)
+    let tree_built = match (1..TREE_VERSION).contains(&found) {
+        true => Some(
+            crate::tree::rebuild(&transaction)
+                .await
+                .map_err(|reason| PostgresError::Setup { reason })?,
+        ),
+        false => None,
+    };
     transaction
         .execute(
             "INSERT INTO opledger.schema_version (version) VALUES ($1)
@@ -191,5 +310,10 @@ pub(crate) async fn prepare(client: &mut Client, database: &str) -> Result<(), P
         )
         .await
         .map_err(setup)?;
-    transaction.commit().await.map_err(setup)
+    transaction.commit().await.map_err(setup)?;
+    Ok(Migration {
+        from: found,
+        to: SCHEMA_VERSION,
+        tree_built,
+    })
 }

@@ -13,16 +13,20 @@
 //! the client. So the common round, in which every append is fresh (its stream where it expects
 //! it, its event ids new: everything but a lost race or a retry), is one round trip whatever its
 //! size ([`ROUND_TRIPS_PER_COMMIT`]): BEGIN, the head moved by the round's event count (which
-//! takes the lock and hands out the positions), one INSERT of the new streams, one UPDATE of
-//! the grown ones guarded by their expected versions, one `INSERT … SELECT FROM UNNEST` of all
-//! the events, the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
-//! COMMIT, pipelined (sent together, run by the server in order). The server's constraints
+//! takes the lock and hands out the positions) with the log tree's new size and frontier, one
+//! INSERT of the new streams, one UPDATE of the grown ones guarded by their expected versions,
+//! one `INSERT … SELECT FROM UNNEST` of all the events, one of the tree's stored hashes
+//! (`tree.rs`), the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
+//! COMMIT, pipelined (sent together, run by the server in order). The tree's hashes are computed
+//! here from the frontier this writer's last commit left; the head's `UPDATE` refuses them (the
+//! round then goes the checked path) if another instance has written since. The server's constraints
 //! check that every append was fresh (see `Fresh`); if one was not, the transaction rolls back
 //! and the round is decided on the checked path, two round trips
 //! ([`ROUND_TRIPS_PER_CHECKED_COMMIT`]):
-//! 1. BEGIN, the lock, every stream head the batch names (`name = ANY($1)`) and every of its
-//!    event ids already stored (`event_id = ANY($1)`); the reads run after the lock is granted,
-//!    so they see every commit before it;
+//! 1. BEGIN, the lock (which reads the log's head and the tree's frontier), every stream head
+//!    the batch names (`name = ANY($1)`) and every of its event ids already stored
+//!    (`event_id = ANY($1)`); the reads run after the lock is granted, so they see every commit
+//!    before it;
 //! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
 //!    rules), then the same writes, the head, the `NOTIFY`, and COMMIT.
 //!
@@ -49,13 +53,15 @@ use std::task::Poll;
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
 use opledger_domain::store::{
-    AppendOutcome, ExpectedVersion, StoreError, StreamName, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES,
+    AppendOutcome, EventView, ExpectedVersion, StoreError, StreamName, MAX_EVENTS_PER_APPEND,
+    MAX_EVENT_BYTES,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use crate::rules::{self, AppendPlan};
+use crate::tree::{Frontier, TreeRows};
 use crate::{
     codec, CommitCounters, Connection, Connector, WriterWatch, MAX_APPENDS_PER_COMMIT,
     RESOLVE_ATTEMPTS, RESOLVE_PAUSE_MS,
@@ -96,6 +102,7 @@ struct Statements {
     grow_streams: Statement,
     insert_events: Statement,
     set_head: Statement,
+    insert_tree: Statement,
     notify: Statement,
     // The one-round-trip path for a round of fresh appends (see `write_fresh`).
     grow_head: Statement,
@@ -108,7 +115,9 @@ impl Statements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
         Ok(Self {
             lock_head: client
-                .prepare("SELECT last_position FROM opledger.log_head FOR UPDATE")
+                .prepare(
+                    "SELECT last_position, tree_size, tree_frontier FROM opledger.log_head FOR UPDATE",
+                )
                 .await?,
             read_streams: client
                 .prepare(
@@ -159,7 +168,18 @@ impl Statements {
                 )
                 .await?,
             set_head: client
-                .prepare("UPDATE opledger.log_head SET last_position = $1")
+                .prepare(
+                    "UPDATE opledger.log_head \
+                     SET last_position = $1, tree_size = $2, tree_frontier = $3",
+                )
+                .await?,
+            // The round's stored hashes of the log's tree (`tree.rs`); a stored index written
+            // before fails the primary key, so a hash is never written twice.
+            insert_tree: client
+                .prepare(
+                    "INSERT INTO opledger.log_tree (stored_index, hash) \
+                     SELECT * FROM UNNEST($1::bigint[], $2::bytea[])",
+                )
                 .await?,
             // Delivered to every listening instance only if, and once, the transaction commits.
             notify: client
@@ -168,10 +188,16 @@ impl Statements {
                     crate::listener::NOTIFY_CHANNEL
                 ))
                 .await?,
-            // Takes the log's lock and hands out the round's positions in one statement.
+            // Takes the log's lock and hands out the round's positions in one statement, and
+            // moves the tree with them. The tree's rows were computed from the head this writer
+            // committed last ($2): if another instance wrote since (or the tree is not at the
+            // head), the head becomes -1, which its CHECK refuses, and the round is decided on
+            // the checked path, which reads the tree under the lock.
             grow_head: client
                 .prepare(
-                    "UPDATE opledger.log_head SET last_position = last_position + $1 \
+                    "UPDATE opledger.log_head SET last_position = \
+                     CASE WHEN last_position = $2 AND tree_size = $2 THEN last_position + $1 ELSE -1 END, \
+                     tree_size = $3, tree_frontier = $4 \
                      RETURNING last_position",
                 )
                 .await?,
@@ -226,6 +252,9 @@ pub(crate) struct Writer {
     counters: Arc<CommitCounters>,
     /// What readiness sees of this writer.
     watch: Arc<WriterWatch>,
+    /// The log's tree as this writer's last commit left it: while no other instance has written
+    /// since, the next round grows it without reading it (`None`: not known, read under the lock).
+    tip: Option<Frontier>,
 }
 
 /// What one append did inside the batch's transaction.
@@ -269,6 +298,7 @@ impl Writer {
             head,
             counters,
             watch,
+            tip: None,
         }
     }
 
@@ -392,15 +422,26 @@ impl Writer {
         // drops the session, which closes its socket: the server rolls back what was not
         // committed, and a later round opens a new connection.
         let limit = self.connector.round_trip;
-        if let Some(fresh) = Fresh::plan(round) {
+        // Known again only once this round commits.
+        let tip = self.tip.take();
+        // Another instance's commit that this one heard of makes the tip stale; one not heard of
+        // yet is caught by the server (see `grow_head`).
+        let seen = self.head.borrow().map_or(0, GlobalPosition::value);
+        let fresh = tip
+            .filter(|tip| tip.size() == seen)
+            .and_then(|tip| Fresh::plan(round).map(|fresh| (fresh, tip)))
+            .and_then(|(fresh, tip)| fresh.grow_tree(&tip).ok().map(|grown| (fresh, tip, grown)));
+        if let Some((fresh, before, (after, rows))) = fresh {
             // COMMIT goes out with the round's statements: no answer in time leaves the outcome
             // unknown, resolved by applying the appends again.
-            let Ok(ended) = tokio::time::timeout(limit, write_fresh(&session, &fresh)).await else {
+            let write = write_fresh(&session, &fresh, &before, &after, &rows);
+            let Ok(ended) = tokio::time::timeout(limit, write).await else {
                 return Ended::Unknown(None, no_answer_within(limit));
             };
             match ended {
                 FreshEnded::Committed(head) => {
                     self.session = Some(session);
+                    self.tip = Some(after);
                     return Ended::Committed(fresh.outcomes(head));
                 }
                 // Something in the round is not what the fresh path assumed (a conflict, a
@@ -440,13 +481,30 @@ impl Writer {
             }
         };
         let plan = plan(round, &snapshot);
-        let Ok(answers) =
-            tokio::time::timeout(limit, write_and_commit(&session, &plan, snapshot.head)).await
-        else {
+        // A tree out of step with the log is never grown (see `tree.rs`): nothing is written.
+        let grown = snapshot
+            .tree()
+            .and_then(|before| grow_checked(before, &plan.writes));
+        let (after, rows) = match grown {
+            Ok(grown) => grown,
+            Err(error) => {
+                let rolled_back =
+                    tokio::time::timeout(limit, session.client.batch_execute("ROLLBACK"));
+                if !session.client.is_closed() && matches!(rolled_back.await, Ok(Ok(()))) {
+                    self.session = Some(session);
+                }
+                return Ended::NotCommitted(error);
+            }
+        };
+        let write = write_and_commit(&session, &plan, snapshot.head, &after, &rows);
+        let Ok(answers) = tokio::time::timeout(limit, write).await else {
             let refusals = plan.refusals_if_all_refused();
             return Ended::Unknown(refusals, no_answer_within(limit));
         };
         let ended = answers.ended(plan, round);
+        if matches!(ended, Ended::Committed(_)) {
+            self.tip = Some(after);
+        }
         if !session.client.is_closed() && !matches!(ended, Ended::Unknown(..)) {
             self.session = Some(session);
         }
@@ -659,6 +717,29 @@ impl<'a> Fresh<'a> {
         self.streams.len() as i64
     }
 
+    /// The tree after the round's events, taken at the positions after `tip`'s last leaf, and
+    /// the hashes to store; an error when a position would not fit (the checked path says why).
+    fn grow_tree(&self, tip: &Frontier) -> Result<(Frontier, TreeRows), StoreError> {
+        let mut after = tip.clone();
+        let mut rows = TreeRows::default();
+        for index in 0..self.streams.len() {
+            let position = tip.sql_size() + 1 + index as i64;
+            after.push(
+                &EventView {
+                    stream: self.streams[index],
+                    version: codec::version(self.versions[index])?,
+                    position: codec::position(position)?,
+                    event_id: EventId::from_uuid(self.event_ids[index]),
+                    event_type: self.types[index],
+                    data: self.data[index],
+                    metadata: self.metadata[index],
+                },
+                &mut rows,
+            )?;
+        }
+        Ok((after, rows))
+    }
+
     /// Each append's outcome once the round committed with the log's head at `head`.
     fn outcomes(&self, head: i64) -> Vec<Result<Applied, StoreError>> {
         let first_position = head - self.event_count();
@@ -694,12 +775,20 @@ enum FreshEnded {
 
 /// BEGIN, the lock and the positions, the streams, the events, the `NOTIFY` and COMMIT, in one
 /// round trip (see [`Fresh`]).
-async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
+async fn write_fresh(
+    session: &Session,
+    fresh: &Fresh<'_>,
+    before: &Frontier,
+    after: &Frontier,
+    rows: &TreeRows,
+) -> FreshEnded {
     let Session {
         client, statements, ..
     } = session;
     let count = fresh.event_count();
-    let head_params: [Param; 1] = [&count];
+    let (head_before, tree_size, frontier) = (before.sql_size(), after.sql_size(), after.encode());
+    let head_params: [Param; 4] = [&count, &head_before, &tree_size, &frontier];
+    let tree_params: [Param; 2] = [&rows.indexes, &rows.hashes];
     let create_params: [Param; 2] = [&fresh.new_names, &fresh.new_lasts];
     let grow_params: [Param; 3] = [
         &fresh.grown_names,
@@ -724,12 +813,14 @@ async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
     let grow = !fresh.grown_names.is_empty();
     let grown = send_if(grow, client.execute(&s.grow_expected, &grow_params)).await;
     let inserted = send(client.execute(&s.insert_fresh, &insert_params)).await;
+    let tree = send(client.execute(&s.insert_tree, &tree_params)).await;
     let notified = send(client.query(&s.notify_head, &[])).await;
     let unsent = begin.failed_unsent()
         || head.failed_unsent()
         || created.as_ref().is_some_and(Sent::failed_unsent)
         || grown.as_ref().is_some_and(Sent::failed_unsent)
         || inserted.failed_unsent()
+        || tree.failed_unsent()
         || notified.failed_unsent();
     let end = send(client.batch_execute(if unsent { "ROLLBACK" } else { "COMMIT" })).await;
     // Every answer is awaited before any is judged, so none is left unread on the connection.
@@ -738,6 +829,7 @@ async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
     let created = answer_of(created).await;
     let grown = answer_of(grown).await;
     let inserted = inserted.answer().await.map(drop);
+    let tree = tree.answer().await.map(drop);
     let notified = notified.answer().await.map(drop);
     let end = end.answer().await;
     let errors = [
@@ -746,6 +838,7 @@ async fn write_fresh(session: &Session, fresh: &Fresh<'_>) -> FreshEnded {
         created.as_ref().and_then(|answer| answer.as_ref().err()),
         grown.as_ref().and_then(|answer| answer.as_ref().err()),
         inserted.as_ref().err(),
+        tree.as_ref().err(),
         notified.as_ref().err(),
         end.as_ref().err(),
     ];
@@ -797,6 +890,47 @@ struct Snapshot {
     streams: HashMap<String, (i64, i64)>,
     /// Each of the round's event ids already stored: the stream and version holding it.
     stored_ids: HashMap<Uuid, (String, i64)>,
+    /// The log's tree as the head row holds it: its size and frontier.
+    tree_size: i64,
+    tree_frontier: Vec<u8>,
+}
+
+impl Snapshot {
+    /// The log's tree, which must be at the log's head: a tree behind it means events were
+    /// added behind the ledger's back (or its rows changed), and it is never grown then.
+    fn tree(&self) -> Result<Frontier, StoreError> {
+        let frontier = Frontier::decode(self.tree_size, &self.tree_frontier)?;
+        if self.tree_size != self.head {
+            return Err(crate::tree::corrupt(&format!(
+                "the log's tree has {} leaves, but the log's head is at position {}, so the tree's next leaf is not the next event",
+                self.tree_size, self.head
+            )));
+        }
+        Ok(frontier)
+    }
+}
+
+/// The tree after the checked round's writes, and the hashes to store.
+fn grow_checked(
+    mut tree: Frontier,
+    writes: &Writes<'_>,
+) -> Result<(Frontier, TreeRows), StoreError> {
+    let mut rows = TreeRows::default();
+    for index in 0..writes.positions.len() {
+        tree.push(
+            &EventView {
+                stream: writes.streams[index],
+                version: codec::version(writes.versions[index])?,
+                position: codec::position(writes.positions[index])?,
+                event_id: EventId::from_uuid(writes.event_ids[index]),
+                event_type: writes.types[index],
+                data: writes.data[index],
+                metadata: writes.metadata[index],
+            },
+            &mut rows,
+        )?;
+    }
+    Ok((tree, rows))
 }
 
 /// BEGIN, the lock and the round's reads, in one round trip. An error means nothing may be
@@ -829,7 +963,9 @@ async fn read_under_lock(
         stored.answer().await,
     );
     begin?;
-    let head: i64 = lock?.get(0);
+    let lock = lock?;
+    let (head, tree_size, tree_frontier): (i64, i64, Vec<u8>) =
+        (lock.get(0), lock.get(1), lock.get(2));
     let streams = streams?
         .iter()
         .map(|row| (row.get(0), (row.get(1), row.get(2))))
@@ -842,6 +978,8 @@ async fn read_under_lock(
         head,
         streams,
         stored_ids,
+        tree_size,
+        tree_frontier,
     })
 }
 
@@ -1046,7 +1184,13 @@ struct Answers {
 }
 
 /// The round's writes and COMMIT, in one round trip; empty statements are not sent.
-async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answers {
+async fn write_and_commit(
+    session: &Session,
+    plan: &Plan<'_>,
+    head: i64,
+    tree: &Frontier,
+    rows: &TreeRows,
+) -> Answers {
     let Session {
         client, statements, ..
     } = session;
@@ -1065,7 +1209,9 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
         &writes.data,
         &writes.metadata,
     ];
-    let head_params: [Param; 1] = [&plan.last_position];
+    let (tree_size, frontier) = (tree.sql_size(), tree.encode());
+    let head_params: [Param; 3] = [&plan.last_position, &tree_size, &frontier];
+    let tree_params: [Param; 2] = [&rows.indexes, &rows.hashes];
     let newest = plan.last_position.to_string();
     let notify_params: [Param; 1] = [&newest];
     let (s, no_writes) = (statements, plan.last_position == head);
@@ -1080,12 +1226,14 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
     let grown = send_if(grow, client.execute(&s.grow_streams, &grow_params)).await;
     let inserted = send_if(!no_writes, client.execute(&s.insert_events, &insert_params)).await;
     let moved_head = send_if(!no_writes, client.execute(&s.set_head, &head_params)).await;
+    let grown_tree = send_if(!no_writes, client.execute(&s.insert_tree, &tree_params)).await;
     let notified = send_if(!no_writes, client.query(&s.notify, &notify_params)).await;
     let unsent = stored.as_ref().is_some_and(Sent::failed_unsent)
         || created.as_ref().is_some_and(Sent::failed_unsent)
         || grown.as_ref().is_some_and(Sent::failed_unsent)
         || inserted.as_ref().is_some_and(Sent::failed_unsent)
         || moved_head.as_ref().is_some_and(Sent::failed_unsent)
+        || grown_tree.as_ref().is_some_and(Sent::failed_unsent)
         || notified.as_ref().is_some_and(Sent::failed_unsent);
     let end = send(client.batch_execute(if unsent { "ROLLBACK" } else { "COMMIT" })).await;
     let stored = match stored {
@@ -1097,6 +1245,7 @@ async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64) -> Answ
         answer_of(grown).await,
         answer_of(inserted).await,
         answer_of(moved_head).await,
+        answer_of(grown_tree).await,
         answer_of(notified).await,
     ]
     .into_iter()

@@ -84,6 +84,17 @@ impl HttpProviders {
         self.connectors.keys().chain(self.upstreams.keys())
     }
 
+    /// The declared data subject pointer and personal fields of `provider`'s `action` (see
+    /// [`crate::document::Action::subject`]); `None` when either is not a REST connector's.
+    pub fn personal_fields(
+        &self,
+        provider: &ProviderId,
+        action: &opledger_domain::ids::ActionName,
+    ) -> Option<(Option<String>, Vec<String>)> {
+        let action = self.connectors.get(provider)?.action(action)?;
+        Some((action.subject.clone(), action.personal.clone()))
+    }
+
     /// Every registered REST connector, by provider id.
     pub fn connectors(&self) -> impl Iterator<Item = &Connector> {
         self.connectors.values()

@@ -6,6 +6,7 @@
 //!   it given the stream's last version, how refusals are worded);
 //! - [`subscription`]: the catch-up subscription, gap-free and repeat-free, over a store's log
 //!   and its published head;
+//! - [`marks`]: what a store remembers of its log beside the events (for `opledger verify`);
 //! - [`queue`]: the way a store's callers hand appends to its single writer and wait for the
 //!   answer.
 //!
@@ -13,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod marks;
 pub mod queue;
 pub mod rules;
 pub mod subscription;

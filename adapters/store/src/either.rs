@@ -143,29 +143,32 @@ impl EventStore for AnyStore {
     }
 }
 
-/// The transparency log's tree is kept by the SQLite store. A PostgreSQL store would keep the
-/// same stored hashes in a table written in each append's transaction; a KurrentDB store would
-/// need a projection of its own (its `$all` positions are not leaf numbers). Until then they say
-/// so, rather than serve a tree that does not cover their log.
+/// The transparency log's tree is kept by the SQLite and PostgreSQL stores, each in the
+/// transaction of the events it covers. A KurrentDB store would need a tree of its own (its
+/// `$all` positions are not leaf numbers; see docs/src/design/transparency-log-stores.md); until
+/// then it says so, rather than serve a tree that does not cover its log.
 impl LogTree for AnyStore {
     async fn tree_size(&self) -> Result<u64, StoreError> {
         match self {
             Self::Sqlite(store) => store.tree_size().await,
-            _ => Err(self.no_tree()),
+            Self::Postgres(store) => store.tree_size().await,
+            Self::KurrentDb(_) => Err(self.no_tree()),
         }
     }
 
     async fn stored_hashes(&self, indexes: Vec<u64>) -> Result<Vec<Hash>, StoreError> {
         match self {
             Self::Sqlite(store) => store.stored_hashes(indexes).await,
-            _ => Err(self.no_tree()),
+            Self::Postgres(store) => store.stored_hashes(indexes).await,
+            Self::KurrentDb(_) => Err(self.no_tree()),
         }
     }
 
     async fn keep_checkpoint(&self, size: u64, note: String) -> Result<(), StoreError> {
         match self {
             Self::Sqlite(store) => store.keep_checkpoint(size, note).await,
-            _ => Err(self.no_tree()),
+            Self::Postgres(store) => store.keep_checkpoint(size, note).await,
+            Self::KurrentDb(_) => Err(self.no_tree()),
         }
     }
 
@@ -175,22 +178,16 @@ impl LogTree for AnyStore {
     ) -> Result<Option<(u64, String)>, StoreError> {
         match self {
             Self::Sqlite(store) => store.kept_checkpoint(size).await,
-            _ => Err(self.no_tree()),
+            Self::Postgres(store) => store.kept_checkpoint(size).await,
+            Self::KurrentDb(_) => Err(self.no_tree()),
         }
     }
 }
 
 impl AnyStore {
     fn no_tree(&self) -> StoreError {
-        let store = match self {
-            Self::Sqlite(_) => "SQLite",
-            Self::KurrentDb(_) => "KurrentDB",
-            Self::Postgres(_) => "PostgreSQL",
-        };
         StoreError::Unavailable {
-            reason: format!(
-                "the {store} store does not keep the transparency log's tree yet; use the SQLite ledger for checkpoints and proofs"
-            ),
+            reason: "the KurrentDB store does not keep the transparency log's tree; use a SQLite or PostgreSQL ledger for checkpoints and proofs".into(),
         }
     }
 }

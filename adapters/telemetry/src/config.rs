@@ -121,6 +121,10 @@ pub struct Export {
     pub sampling: Sampling,
     /// `service.name` on every span.
     pub service_name: String,
+    /// `service.instance.id` on every span: the instance's id when the command has one (`serve`'s
+    /// `instance_id`, the id its attempts, logs, metrics and PostgreSQL sessions carry); `None`:
+    /// a random one per start.
+    pub instance_id: Option<String>,
     /// How long one batch's export may take, in milliseconds.
     pub export_timeout_ms: u64,
     /// Finished spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`).
@@ -290,6 +294,7 @@ fn resolve(
         headers: headers(source, section, env)?,
         sampling: sampling(source, section, env)?,
         service_name: service_name(source, section, env)?,
+        instance_id: None,
         export_timeout_ms: export_timeout_ms(source, section)?,
         max_queued_spans,
         schedule_delay_ms: schedule_delay_ms(env)?,

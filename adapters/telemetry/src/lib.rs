@@ -243,8 +243,9 @@ fn sink_exporting_to(
 }
 
 /// The process's resource: its service name, the build's version, and an id of this process
-/// (`service.instance.id`, random per start, as the conventions ask), so two instances' spans are
-/// told apart in a collector.
+/// (`service.instance.id`: the instance's own id when it has one, so its spans are found by the
+/// id its logs, metrics and ledger events carry; else random per start, as the conventions ask),
+/// so two instances' spans are told apart in a collector.
 fn resource(export: &Export) -> Resource {
     Resource::builder()
         .with_service_name(export.service_name.clone())
@@ -254,7 +255,7 @@ fn resource(export: &Export) -> Resource {
         ))
         .with_attribute(opentelemetry::KeyValue::new(
             "service.instance.id",
-            instance_id(),
+            export.instance_id.clone().unwrap_or_else(instance_id),
         ))
         .build()
 }

@@ -43,6 +43,8 @@ impl opledger_mcp::Ledger for McpLedger {
             source_id: call.source_id,
             owner: None,
             requires_approval: false,
+            // The tool's connector declares where its subject is, if anywhere.
+            subject: None,
         };
         let recorded = record_then_execute(shared, tenant, body, Some((place, wait)))
             .await

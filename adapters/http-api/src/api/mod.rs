@@ -68,7 +68,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 34] = [
+pub(crate) const ROUTES: [(&str, &str); 37] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -103,6 +103,9 @@ pub(crate) const ROUTES: [(&str, &str); 34] = [
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
     ("get", "/v1/actions"),
+    ("get", "/v1/subjects"),
+    ("get", "/v1/subjects/{subject}"),
+    ("post", "/v1/subjects/{subject}/erase"),
 ];
 
 /// The states an operation shows through the API: every state a recorded operation can be in
@@ -168,10 +171,19 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
         .route("/v1/webhooks/{id}/replay", post(webhooks::replay))
         .route("/v1/webhooks/{id}/attempts", get(webhooks::attempts))
+        .route("/v1/subjects", get(crate::personal::list))
+        .route("/v1/subjects/{subject}", get(crate::personal::show))
+        .route("/v1/subjects/{subject}/erase", post(crate::personal::erase))
         .merge(mcp::route(Arc::clone(&shared)))
         .merge(super::console::routes())
         .fallback(not_a_route)
         .method_not_allowed_fallback(method_not_allowed)
+        // Inside the metrics layer, so the time to open personal values is measured with the
+        // request it belongs to.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            crate::personal::open_sealed_answers,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             metrics::observe,
@@ -220,6 +232,14 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
 
 /// Reads the body (at most the configured size) and parses it as `T`, with errors that say
 /// where the JSON is wrong.
+/// [`body`] for routes outside this module.
+pub(crate) async fn body_of<T: DeserializeOwned>(
+    shared: &Shared,
+    request: Request,
+) -> Result<T, ApiError> {
+    body(shared, request).await
+}
+
 async fn body<T: DeserializeOwned>(shared: &Shared, request: Request) -> Result<T, ApiError> {
     let limit = shared.limits.max_body_bytes;
     let read = tokio::time::timeout(

@@ -29,6 +29,10 @@ pub(crate) struct RecordBody {
     pub(crate) owner: Option<String>,
     #[serde(default)]
     pub(crate) requires_approval: bool,
+    /// The data subject (the person the arguments are about): their values are sealed under
+    /// their own key, so they can be erased later. Never stored in clear.
+    #[serde(default)]
+    pub(crate) subject: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,10 +149,18 @@ pub(crate) async fn record_then_execute(
     body: RecordBody,
     place: Option<(OwnedSemaphorePermit, Duration)>,
 ) -> Result<Recorded, ApiError> {
+    let personal = personal_of_body(shared, tenant, &body)?;
     let request = intent_request(shared, tenant, body).await?;
     // Recording validates every field before it appends, so a bad field writes nothing.
     let (recorded, driven) = match place {
-        None => (shared.engine.ledger().record_intent(request).await?, None),
+        None => (
+            shared
+                .engine
+                .ledger()
+                .record_personal_then(request, personal, |_| None)
+                .await?,
+            None,
+        ),
         Some((place, wait)) => {
             let started = Instant::now();
             // The intent and the claim of its first attempt are one append, made durable before
@@ -156,10 +168,11 @@ pub(crate) async fn record_then_execute(
             // the server a write. Spawned, so a caller who hangs up cannot cancel a send
             // half-way.
             let engine = Arc::clone(&shared.engine);
-            let (recorded, claimed) =
-                tokio::spawn(boxed(async move { engine.record_and_claim(request).await }))
-                    .await
-                    .map_err(|error| ApiError::internal("recording the intent failed", error))??;
+            let (recorded, claimed) = tokio::spawn(boxed(async move {
+                engine.record_personal_and_claim(request, personal).await
+            }))
+            .await
+            .map_err(|error| ApiError::internal("recording the intent failed", error))??;
             (
                 recorded,
                 Some((claimed, wait.saturating_sub(started.elapsed()), place)),
@@ -182,6 +195,31 @@ pub(crate) async fn record_then_execute(
         created: recorded.created,
         execute_error,
     })
+}
+
+/// The personal data of a record call: its `subject`, or the one its action declares.
+fn personal_of_body(
+    shared: &Shared,
+    tenant: &TenantId,
+    body: &RecordBody,
+) -> Result<Option<opledger_domain::personal::Personal>, ApiError> {
+    let declared = match (
+        opledger_domain::ids::ProviderId::new(body.provider.clone()),
+        opledger_domain::ids::ActionName::new(body.action.clone()),
+    ) {
+        (Ok(provider), Ok(action)) => shared
+            .engine
+            .providers()
+            .personal_fields(&provider, &action),
+        // A bad name is refused, naming its field, when the intent is validated.
+        _ => None,
+    };
+    let personal =
+        crate::personal::personal_of(shared, tenant, body.subject.clone(), declared, &body.args);
+    if let Some(personal) = &personal {
+        personal.check()?;
+    }
+    Ok(personal)
 }
 
 /// `execute` and `wait_ms` of a record call: `wait_ms` is only taken with `execute=true`.

@@ -325,6 +325,8 @@ fn view_from(
         version: loaded_version,
         chain,
         origin_traceparent: None,
+        // A view is shown, never appended to.
+        sealed_with: None,
     };
     Ok(OperationView {
         loaded,

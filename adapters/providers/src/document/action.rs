@@ -34,6 +34,8 @@ const ACTION_KEYS: &[&str] = &[
     "response",
     "dedup",
     "lookup",
+    "subject",
+    "personal",
 ];
 const REQUEST_KEYS: &[&str] = &[
     "method",
@@ -189,7 +191,19 @@ fn action(
         findings,
     )
     .and_then(|lookup| lookup_spec(&lookup, &lookup_names, auth, findings));
+    let subject = table
+        .string("subject", findings)
+        .and_then(|found| pointer_ok(&found, findings).then(|| found.value.to_owned()));
+    let personal = table
+        .strings("personal", findings)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|found| pointer_ok(found, findings))
+        .map(|found| found.value.to_owned())
+        .collect();
     let action = Action {
+        subject,
+        personal,
         name: name?,
         description: description?,
         destructive,
@@ -201,6 +215,22 @@ fn action(
     };
     contract_checks(table, &action, findings);
     Some(action)
+}
+
+/// Whether a declared `subject` or `personal` entry is a JSON pointer into the arguments.
+fn pointer_ok(found: &super::tree::Found<'_, &str>, findings: &mut Findings<'_>) -> bool {
+    if found.value.starts_with('/') {
+        return true;
+    }
+    findings.add(
+        Some(found.span),
+        &found.field,
+        format!(
+            "`{}` is not a JSON pointer into the arguments; write it as \"/email\" (RFC 6901)",
+            found.value
+        ),
+    );
+    false
 }
 
 pub(super) fn required_table<'n>(

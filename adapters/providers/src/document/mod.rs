@@ -379,6 +379,12 @@ pub struct Action {
     pub dedup: Dedup,
     /// How an operation can be looked up.
     pub lookup: Lookup,
+    /// Where in the arguments the data subject is named (`subject = "/email"`): an operation
+    /// of this action is recorded with personal data under that person's key.
+    pub subject: Option<String>,
+    /// Which argument values are personal (`personal = ["/email", "/name"]`), sealed under the
+    /// subject's key when the tenant seals declared fields only.
+    pub personal: Vec<String>,
 }
 
 impl Action {

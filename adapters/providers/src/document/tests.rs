@@ -931,3 +931,25 @@ fn a_probe_is_a_get_and_may_name_the_account() {
         .iter()
         .any(|error| error.field == "probe.path"));
 }
+
+#[test]
+fn an_action_declares_its_data_subject_and_personal_fields_as_pointers_into_its_arguments() {
+    let text = with(
+        "name = \"create_task\"\ndescription = \"create a task\"\n",
+        "name = \"create_task\"\ndescription = \"create a task\"\nsubject = \"/email\"\npersonal = [\"/email\", \"/title\"]\n",
+    );
+    let document = parse("tasks.toml", &text)
+        .unwrap_or_else(|errors| panic!("{}", crate::error::render_all(&errors)));
+    assert_eq!(document.actions[0].subject.as_deref(), Some("/email"));
+    assert_eq!(document.actions[0].personal, ["/email", "/title"]);
+    let bad = with(
+        "name = \"create_task\"\ndescription = \"create a task\"\n",
+        "name = \"create_task\"\ndescription = \"create a task\"\npersonal = [\"email\"]\n",
+    );
+    assert_error(
+        &bad,
+        "actions[0].personal[0]",
+        "personal = [\"email\"]",
+        "not a JSON pointer",
+    );
+}

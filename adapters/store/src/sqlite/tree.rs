@@ -21,6 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::codec::{EventRow, EVENT_COLUMNS};
 use super::sqlite_error;
+pub use opledger_store_core::marks::{LogMarks, StreamAhead};
 
 /// The tree's tables; created in files made before the tree existed, too (older builds ignore
 /// them, so a file stays readable by them).
@@ -340,24 +341,4 @@ pub(super) fn log_marks(connection: &Connection) -> Result<LogMarks, StoreError>
         highest_position: sequence.and_then(|sequence| u64::try_from(sequence).ok()),
         streams_ahead,
     })
-}
-
-/// What the file remembers of its log beside the events (see [`log_marks`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogMarks {
-    /// The highest position the file ever handed out (`None`: never any).
-    pub highest_position: Option<u64>,
-    /// Streams whose recorded last version has no event (at most a thousand).
-    pub streams_ahead: Vec<StreamAhead>,
-}
-
-/// A stream whose recorded last version has no event.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamAhead {
-    /// The stream's name.
-    pub stream: String,
-    /// The last version the file recorded for it.
-    pub last_version: u64,
-    /// The newest version it still has an event for (`None`: none left).
-    pub newest_stored: Option<u64>,
 }
