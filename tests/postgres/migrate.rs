@@ -12,12 +12,14 @@ use opledger_store::PostgresStore;
 use crate::postgres_server::{server, PASSWORD};
 use crate::{connect, event, stream, whole_log};
 
-/// Takes a database of this version back to the previous one, as the previous build made it:
-/// the tree's tables and columns removed, the version row set back.
+/// Takes a database of this version back to version 3, as the build before the tree made it:
+/// the tree's tables and columns and version 5's claims and webhook definitions removed, the
+/// version row set back.
 fn back_to_the_version_before_the_tree(database: &str) {
     server().sql(
         database,
-        "DROP TABLE opledger.log_tree; DROP TABLE opledger.log_checkpoints;
+        "DROP TABLE opledger.review_claims; DROP TABLE opledger.webhook_definitions;
+         DROP TABLE opledger.log_tree; DROP TABLE opledger.log_checkpoints;
          ALTER TABLE opledger.log_head DROP COLUMN tree_size, DROP COLUMN tree_frontier;
          UPDATE opledger.schema_version SET version = 3;",
     );
