@@ -345,6 +345,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/subjects": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every data subject: its key's id, tenant, operations, and name unless erased (operator token). */
+        get: operations["listSubjects"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/subjects/{subject}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One data subject, in every tenant that has it (operator token). */
+        get: operations["showSubject"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/subjects/{subject}/erase": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Erase a data subject: destroy their key, record SubjectErased, send their open operations to a person (operator token; a tenant token is refused). */
+        post: operations["eraseSubject"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/trace/{id}": {
         parameters: {
             query?: never;
@@ -570,7 +621,7 @@ export interface components {
             args_hash: components["schemas"]["ArgsHash"];
         };
         /**
-         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded.
+         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded; for an operation with a data subject, `hmac-sha256:` and the HMAC-SHA-256 under the subject's key, so a guessed personal value cannot be confirmed against it.
          * @example sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
          */
         ArgsHash: string;
@@ -809,6 +860,8 @@ export interface components {
             requires_approval: boolean;
             /** @description The delivery's id (tool-call id, message id): a redelivery finds the same operation. */
             source_id?: components["schemas"]["TextId"];
+            /** @description The data subject: the person the arguments are about (an e-mail address, a customer number). Their values are stored sealed under a key of their own and read `[erased]` once the subject is erased. Never stored in clear. */
+            subject?: components["schemas"]["TextId"];
         };
         /** @description Exactly one of the two. */
         ReplayRequest: {
@@ -919,6 +972,17 @@ export interface components {
          * @enum {string}
          */
         State: "awaiting_approval" | "denied" | "pending" | "in_flight" | "succeeded" | "rejected" | "unknown" | "needs_review" | "abandoned";
+        Subject: {
+            created_at: string;
+            erased_at?: string | null;
+            erased_by?: string | null;
+            key_id: string;
+            last_recorded_at: string;
+            operations: string[];
+            /** @description The name; null once erased. */
+            subject?: string | null;
+            tenant: string;
+        };
         /** @description A name or id: 1 to 256 bytes of UTF-8 (maxLength counts characters, so text outside ASCII is refused sooner), not only whitespace, no control characters. */
         TextId: string;
         /**
@@ -1850,6 +1914,112 @@ export interface operations {
             404: components["responses"]["Error"];
             409: components["responses"]["Error"];
             500: components["responses"]["Error"];
+        };
+    };
+    listSubjects: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The subjects. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        subjects: components["schemas"]["Subject"][];
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    showSubject: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The data subject, exactly as it was recorded. */
+                subject: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The subject. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        subjects: components["schemas"]["Subject"][];
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    eraseSubject: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The data subject, exactly as it was recorded. */
+                subject: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @description Why: the request's reference, never the person's data. */
+                    reason: string;
+                    tenant?: components["schemas"]["TextId"];
+                };
+            };
+        };
+        responses: {
+            /** @description What was erased, per tenant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        erased: {
+                            already_erased_at: string | null;
+                            key_id: string;
+                            operations: number;
+                            recorded: boolean;
+                            sent_to_review: string[];
+                            tenant: string;
+                        }[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     trace: {
