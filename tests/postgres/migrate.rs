@@ -12,12 +12,14 @@ use opledger_store::PostgresStore;
 use crate::postgres_server::{server, PASSWORD};
 use crate::{connect, event, stream, whole_log};
 
-/// Takes a database of this version back to the previous one, as the previous build made it:
-/// the tree's tables and columns removed, the version row set back.
+/// Takes a database of this version back to version 3, as the build before the tree made it:
+/// the tree's tables and columns and version 5's claims and webhook definitions removed, the
+/// version row set back.
 fn back_to_the_version_before_the_tree(database: &str) {
     server().sql(
         database,
-        "DROP TABLE opledger.log_tree; DROP TABLE opledger.log_checkpoints;
+        "DROP TABLE opledger.review_claims; DROP TABLE opledger.webhook_definitions;
+         DROP TABLE opledger.log_tree; DROP TABLE opledger.log_checkpoints;
          ALTER TABLE opledger.log_head DROP COLUMN tree_size, DROP COLUMN tree_frontier;
          UPDATE opledger.schema_version SET version = 3;",
     );
@@ -80,16 +82,20 @@ async fn migrate_builds_the_tree_of_a_database_from_before_it_once_and_appends_g
     let first = migrate(&url);
     assert!(first.status.success(), "{}", said(&first));
     assert!(
-        said(&first).contains("migrated opledger's schema from version 3 to 4")
-            && said(&first).contains("built the transparency log's tree from the log (15 events)"),
+        said(&first).contains(&format!(
+            "migrated opledger's schema from version 3 to {}",
+            opledger_postgres::SCHEMA_VERSION
+        )) && said(&first).contains("built the transparency log's tree from the log (15 events)"),
         "{}",
         said(&first)
     );
     let again = migrate(&url);
     assert!(again.status.success(), "{}", said(&again));
     assert!(
-        said(&again).contains("schema version 4 already; nothing to do")
-            && !said(&again).contains("built"),
+        said(&again).contains(&format!(
+            "schema version {} already; nothing to do",
+            opledger_postgres::SCHEMA_VERSION
+        )) && !said(&again).contains("built"),
         "{}",
         said(&again)
     );
@@ -154,10 +160,11 @@ async fn serve_with_a_dml_only_role_refuses_an_old_schema_saying_to_migrate_and_
         .expect("runs");
     assert_ne!(refused.status.code(), Some(0), "{}", said(&refused));
     assert!(
-        said(&refused).contains("holds opledger's schema version 3, this opledger needs version 4")
-            && said(&refused).contains(
-                "Run `opledger migrate --config FILE` once with a role that owns the schema"
-            ),
+        said(&refused).contains(&format!(
+            "holds opledger's schema version 3, this opledger needs version {}",
+            opledger_postgres::SCHEMA_VERSION
+        )) && said(&refused)
+            .contains("Run `opledger migrate --config FILE` once with a role that owns the schema"),
         "{}",
         said(&refused)
     );

@@ -255,6 +255,12 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
     assert_eq!(refused["error"]["code"], "stale");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("new evidence arrived (") && m.contains("AttemptStarted")),
+        "the refusal says what arrived: {refused}"
+    );
 
     let decision = json!({"decision": "abandon", "note": "the client cancelled", "expected_version": waiting["version"]});
     let (status, decided) = server
@@ -266,6 +272,23 @@ async fn a_lost_request_on_a_lookup_only_crm_goes_to_the_operator_who_decides() 
         .await;
     assert_eq!(status, StatusCode::OK, "{decided}");
     assert_eq!(decided["state"], "abandoned");
+    // A second operator who looked at the same version is told who decided, and what.
+    let late = json!({"decision": "retry", "note": "trying again", "expected_version": waiting["version"], "accept_duplicate_risk": true});
+    let (status, refused) = server
+        .post(
+            &format!("/v1/operations/{id}/review"),
+            OPERATOR_TOKEN,
+            &late,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("oncall decided to abandon it at")
+                && m.contains("the client cancelled")),
+        "the refusal names who decided and what: {refused}"
+    );
     let (_, queue) = server
         .call(Method::GET, "/v1/review", Some(OPERATOR_TOKEN), None)
         .await;
@@ -660,4 +683,83 @@ async fn counts_by_state_agree_with_the_listings_for_each_tenant_and_for_all() {
     let b = counts(TENANT_B_TOKEN, "").await;
     assert_eq!(b["by_state"]["succeeded"], 1, "{b}");
     assert_eq!(b["by_state"]["rejected"], 0, "{b}");
+}
+
+#[tokio::test]
+async fn operations_are_found_by_an_arguments_value_and_by_owner_and_a_bad_search_is_refused() {
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let mut ids = Vec::new();
+    for (title, owner) in [
+        ("Call the client", "anna"),
+        ("Call the supplier", "boris"),
+        ("Call the client", "boris"),
+    ] {
+        let body = json!({
+            "provider": "crm", "account": crate::support::ACCOUNT, "action": "create_task",
+            "args": {"title": title}, "owner": owner,
+        });
+        let (status, recorded) = server
+            .call(
+                Method::POST,
+                "/v1/operations",
+                Some(TENANT_A_TOKEN),
+                Some(&body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{recorded}");
+        ids.push(recorded["operation_id"].as_str().expect("an id").to_owned());
+    }
+    let found = |query: &'static str| {
+        let server = &server;
+        async move {
+            let (status, body) = server
+                .call(
+                    Method::GET,
+                    &format!("/v1/operations?{query}"),
+                    Some(TENANT_A_TOKEN),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{query}: {body}");
+            body["operations"]
+                .as_array()
+                .expect("operations")
+                .iter()
+                .filter_map(|row| row["operation_id"].as_str().map(str::to_owned))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        found("arg=title:call%20THE%20client").await,
+        vec![ids[0].clone(), ids[2].clone()],
+        "whatever the case, oldest first"
+    );
+    assert_eq!(
+        found("owner=boris&order=newest").await,
+        vec![ids[2].clone(), ids[1].clone()]
+    );
+    assert_eq!(
+        found("owner=boris&arg=title:Call%20the%20client").await,
+        vec![ids[2].clone()]
+    );
+    assert!(
+        found("arg=title:Call").await.is_empty(),
+        "a value is matched whole"
+    );
+    let (status, refused) = server
+        .call(
+            Method::GET,
+            "/v1/operations?arg=title",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("arg") && m.contains("NAME:VALUE")),
+        "{refused}"
+    );
 }

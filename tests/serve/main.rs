@@ -2,6 +2,7 @@
 //! HTTP, sending to the CRM stand on loopback.
 
 mod as_of;
+mod claims;
 mod connections;
 mod console;
 mod contract;

@@ -898,3 +898,231 @@ async fn deliveries_never_go_through_a_proxy_named_by_the_environment() {
         "the delivery went straight to the endpoint"
     );
 }
+
+/// Every request the receiver logged at `path`, as raw JSON lines (test events included, which
+/// are no event of the catalog).
+fn raw_lines(receiver: &Receiver, path: &str) -> Vec<Value> {
+    std::fs::read_to_string(&receiver.log)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("a JSON line"))
+        .filter(|line| line["path"] == path)
+        .collect()
+}
+
+#[tokio::test]
+async fn an_endpoint_defined_through_the_api_receives_deliveries_signed_with_a_secret_rotated_through_the_api(
+) {
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    // No [[webhooks]] in the file: the endpoint comes from the API, without a restart.
+    let server = start(&harness, &harness.config);
+    let url = receiver.url("/api");
+    let first_secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+    // Bad input is refused with the field named and nothing defined.
+    for (body, field, says) in [
+        (
+            json!({"id": "crm-sync", "url": "https://169.254.169.254/latest", "events": ["succeeded"]}),
+            "url",
+            "allow_private_network",
+        ),
+        (
+            json!({"id": "crm-sync", "url": url, "events": ["delivered"]}),
+            "events",
+            "delivered",
+        ),
+        (
+            json!({"id": "crm sync", "url": url, "events": ["succeeded"]}),
+            "id",
+            "letters, digits",
+        ),
+        (
+            json!({"id": "crm-sync", "url": url, "events": ["succeeded"], "secret": "hunter2"}),
+            "secret",
+            "whsec_",
+        ),
+        (
+            json!({"id": "crm-sync", "url": url, "events": ["succeeded"], "tenants": ["tenant-z"]}),
+            "tenants",
+            "tenant-z",
+        ),
+    ] {
+        let (status, refused) = server.post("/v1/webhooks", OPERATOR_TOKEN, &body).await;
+        assert_eq!(status, 422, "{body} → {refused}");
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field) && m.contains(says)),
+            "{field}: {refused}"
+        );
+    }
+    let (status, refused) = server
+        .post(
+            "/v1/webhooks",
+            TENANT_A_TOKEN,
+            &json!({"id": "crm-sync", "url": url, "events": ["succeeded"]}),
+        )
+        .await;
+    assert_eq!(status, 403, "{refused}");
+    let (_, listed) = server
+        .call(Method::GET, "/v1/webhooks", Some(OPERATOR_TOKEN), None)
+        .await;
+    assert_eq!(
+        listed["endpoints"],
+        json!([]),
+        "nothing was defined: {listed}"
+    );
+
+    let (status, created) = server
+        .post(
+            "/v1/webhooks",
+            OPERATOR_TOKEN,
+            &json!({"id": "crm-sync", "url": url, "events": ["succeeded"], "secret": first_secret}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["source"], "api", "{created}");
+    assert_eq!(created["secret"], first_secret);
+    let (status, again) = server
+        .post(
+            "/v1/webhooks",
+            OPERATOR_TOKEN,
+            &json!({"id": "crm-sync", "url": url, "events": ["succeeded"]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{again}");
+
+    // Rotated to the secret the receiver verifies with; the first keeps signing for an hour,
+    // so a receiver still on it would verify too (Standard Webhooks' several signatures).
+    let (status, rotated) = server
+        .post(
+            "/v1/webhooks/crm-sync/rotate-secret",
+            OPERATOR_TOKEN,
+            &json!({"secret": SECRET, "overlap_s": 3600}),
+        )
+        .await;
+    assert_eq!(status, 200, "{rotated}");
+    assert!(
+        rotated["previous_secret_expires_at"].is_string(),
+        "{rotated}"
+    );
+
+    let ids = operations(&server, "defined through the API", 1).await;
+    let logged = receiver
+        .wait_until("/api", |logged| {
+            logged
+                .iter()
+                .any(|l| l.payload["type"] == "operation.succeeded")
+        })
+        .await;
+    let delivered = logged
+        .iter()
+        .find(|l| l.payload["type"] == "operation.succeeded")
+        .expect("delivered");
+    assert!(
+        delivered.verified,
+        "standardwebhooks verifies with the rotated secret: {:?}",
+        delivered.error
+    );
+    assert_eq!(delivered.payload["data"]["operation_id"], ids[0].as_str());
+    let position = position(delivered);
+
+    // Resend that one event to this endpoint: the same webhook-id, verified again.
+    let (status, resent) = server
+        .post(
+            "/v1/webhooks/crm-sync/resend",
+            OPERATOR_TOKEN,
+            &json!({"position": position}),
+        )
+        .await;
+    assert_eq!(status, 200, "{resent}");
+    assert_eq!(resent["attempt"]["status"], 200, "{resent}");
+    let again = receiver
+        .wait_until("/api", |logged| {
+            logged.iter().filter(|l| l.id == delivered.id).count() == 2
+        })
+        .await;
+    assert!(again.iter().all(|l| l.verified));
+
+    // A test event: sent at once, its answer returned, verified by the receiver.
+    let (status, tested) = server
+        .post("/v1/webhooks/crm-sync/test", OPERATOR_TOKEN, &json!({}))
+        .await;
+    assert_eq!(status, 200, "{tested}");
+    assert_eq!(tested["attempt"]["status"], 200, "{tested}");
+    let test_line = raw_lines(&receiver, "/api")
+        .into_iter()
+        .find(|line| line["payload"]["type"] == "webhook.test")
+        .expect("the test event arrived");
+    assert_eq!(test_line["verified"], true, "{test_line}");
+    let (_, attempts) = server
+        .call(
+            Method::GET,
+            "/v1/webhooks/crm-sync/attempts",
+            Some(OPERATOR_TOKEN),
+            None,
+        )
+        .await;
+    // The resend and the test are in the attempt log (the first delivery's own row comes with
+    // its batch's commit, which may be a moment later).
+    let logged = attempts["attempts"].as_array().expect("attempts");
+    let resend_logged = logged
+        .iter()
+        .any(|a| a["webhook_id"] == delivered.id.as_str() && a["position"] == position);
+    let test_logged = logged.iter().any(|a| {
+        a["position"] == 0
+            && a["webhook_id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("msg_test_"))
+    });
+    assert!(
+        resend_logged && test_logged,
+        "the resend and the test are in the attempt log: {attempts}"
+    );
+
+    // Changed and then deleted, each without a restart.
+    let (status, changed) = server
+        .call(
+            Method::PATCH,
+            "/v1/webhooks/crm-sync",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({"events": ["succeeded", "needs_review"]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["events"], json!(["needs_review", "succeeded"]));
+    let (status, deleted) = server
+        .call(
+            Method::DELETE,
+            "/v1/webhooks/crm-sync",
+            Some(OPERATOR_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    let (_, listed) = server
+        .call(Method::GET, "/v1/webhooks", Some(OPERATOR_TOKEN), None)
+        .await;
+    assert_eq!(listed["endpoints"], json!([]), "{listed}");
+}
+
+#[tokio::test]
+async fn an_endpoint_from_the_configuration_file_is_not_changed_through_the_api() {
+    let harness = Harness::new("").await;
+    let (server, _) = serve_with_webhooks(
+        &harness,
+        &entry("billing", "http://127.0.0.1:9/ok", r#"["succeeded"]"#),
+    );
+    for (method, path) in [
+        (Method::PATCH, "/v1/webhooks/billing"),
+        (Method::DELETE, "/v1/webhooks/billing"),
+        (Method::POST, "/v1/webhooks/billing/rotate-secret"),
+    ] {
+        let (status, refused) = server
+            .call(method, path, Some(OPERATOR_TOKEN), Some(&json!({})))
+            .await;
+        assert_eq!(status, 409, "{path}: {refused}");
+        assert_eq!(refused["error"]["code"], "configured_in_file", "{refused}");
+    }
+}

@@ -34,6 +34,17 @@ impl Tokens {
         }
     }
 
+    /// The tenants that have a token.
+    pub fn tenants(&self) -> BTreeSet<&str> {
+        self.by_digest
+            .values()
+            .filter_map(|principal| match principal {
+                Principal::Tenant(tenant) => Some(tenant.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Who the request's bearer token belongs to.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<&Principal, ApiError> {
         let token = bearer(headers)?;

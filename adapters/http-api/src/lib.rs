@@ -163,7 +163,7 @@ pub struct Shared {
     pub webhooks: Arc<opledger_webhooks::Webhooks>,
     /// What the accept loop counted (open, refused, timed out), for `/metrics`.
     pub connections: Arc<connections::ConnectionCounters>,
-    /// Operators' claims on review items (in memory: see `claims.rs`).
+    /// Operators' claims on review items (beside the ledger: see `claims.rs`).
     pub claims: claims::Claims,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
@@ -350,13 +350,7 @@ impl Service {
             config.read_model_linger_ms,
             &stopping,
         );
-        let journal = webhooks::journal_for(
-            &store,
-            &config.store,
-            &read_models_path,
-            config.webhooks.len(),
-        )
-        .await?;
+        let journal = webhooks::journal_for(&store, &config.store, &read_models_path).await?;
         let webhooks = Arc::new(match journal {
             Some(journal) => {
                 opledger_webhooks::Webhooks::start_with(
@@ -375,6 +369,10 @@ impl Service {
             }
             None => opledger_webhooks::Webhooks::none(),
         });
+        let claims = match &store {
+            ServeStore::Postgres(postgres) => claims::Claims::Postgres(postgres.review_claims()),
+            _ => claims::Claims::open_file(&claims::claims_path(&config.store, &read_models_path))?,
+        };
         let limits = config.limits;
         let tokens = Tokens::new(config.tokens);
         let executes = Arc::new(Semaphore::new(limits.max_concurrent_executes));
@@ -398,7 +396,7 @@ impl Service {
             worker_counters: workers.counters(),
             webhooks: Arc::clone(&webhooks),
             connections: Arc::default(),
-            claims: claims::Claims::default(),
+            claims,
             mcp_allowed_origins: config.mcp_allowed_origins,
             draining: std::sync::atomic::AtomicBool::new(false),
             instance_id,

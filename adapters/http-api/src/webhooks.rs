@@ -168,14 +168,15 @@ pub fn journal_path(store: &StoreUrl, read_models: &Path) -> PathBuf {
 }
 
 /// The journal webhooks deliver from: the shared database's tables on PostgreSQL, the file at
-/// [`journal_path`] otherwise; `None` without endpoints (no file is left then).
+/// [`journal_path`] beside a SQLite ledger, opened with or without configured endpoints (more
+/// may be defined through the API); `None` on KurrentDB, whose instances share no journal
+/// (webhooks are refused there).
 pub async fn journal_for(
     store: &ServeStore,
     url: &StoreUrl,
     read_models: &Path,
-    endpoints: usize,
 ) -> Result<Option<Arc<dyn DeliveryJournal>>, ServeError> {
-    if endpoints == 0 {
+    if matches!(url, StoreUrl::KurrentDb(_)) {
         return Ok(None);
     }
     Ok(Some(match store {
@@ -277,6 +278,20 @@ fn attempt_of(row: WebhookAttemptRow) -> Result<AttemptRecord, WebhookError> {
 impl DeliveryJournal for PostgresJournal {
     fn shared(&self) -> bool {
         true
+    }
+
+    fn definitions(&self) -> JournalFuture<'_, Vec<(String, String)>> {
+        Box::pin(async move { self.0.definitions().await.map_err(journal_error) })
+    }
+
+    fn define(&self, endpoint: &str, definition: Option<String>) -> JournalFuture<'_, ()> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move {
+            self.0
+                .define(&endpoint, definition.as_deref())
+                .await
+                .map_err(journal_error)
+        })
     }
 
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {

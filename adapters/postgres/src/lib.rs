@@ -49,6 +49,7 @@ mod codec;
 mod config;
 mod identity;
 mod listener;
+mod review_claims;
 mod schema;
 mod tls;
 mod tree;
@@ -82,6 +83,7 @@ pub use config::{
     MAX_POOL_SIZE, MAX_SUBSCRIPTION_POLL_MS, PASSWORD_VAR, SCHEMES, USER_VAR,
 };
 pub use listener::LISTEN_RETRY_PAUSE_MS;
+pub use review_claims::{ClaimAsk, ClaimRow, ReviewClaims};
 pub use schema::{Migration, SCHEMA_VERSION};
 pub use tls::CertificateCheck;
 pub use webhook_journal::{

@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -52,6 +52,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     WEBHOOK_JOURNAL,
     LEDGER_IDENTITY,
     LOG_TREE,
+    REVIEW_CLAIMS,
 ];
 
 /// Version 2: the webhooks' delivery journal, shared by every instance on the database
@@ -120,6 +121,24 @@ const LOG_TREE: &str = "
 
 /// The schema version from which the log's tree exists.
 const TREE_VERSION: i32 = 4;
+
+/// Version 5: operators' claims on review items (`review_claims.rs`), one row per claimed
+/// operation with its holder and an expiry in the database's clock, so every instance on the
+/// database refuses a second claimer (expired rows are deleted by the next claim that meets
+/// them); and the webhook endpoints defined through the API (`webhook_journal.rs`), one JSON
+/// definition per endpoint, which every instance reads.
+const REVIEW_CLAIMS: &str = "
+    CREATE TABLE opledger.webhook_definitions (
+        id         text PRIMARY KEY,
+        definition text NOT NULL
+    );
+    CREATE TABLE opledger.review_claims (
+        operation_id uuid        PRIMARY KEY,
+        holder       text        NOT NULL,
+        expires_at   timestamptz NOT NULL
+    );
+    CREATE INDEX review_claims_by_expiry ON opledger.review_claims (expires_at);
+";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.
 async fn found_version(client: &impl GenericClient) -> Result<i32, tokio_postgres::Error> {

@@ -100,6 +100,45 @@ impl PostgresStore {
 const ENDPOINT_COLUMNS: &str = "checkpoint, status, reason, epoch";
 
 impl WebhookJournal {
+    /// Every endpoint defined through the API: id and definition, in id order.
+    pub async fn definitions(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let client = pooled(&self.pool).await?;
+        let rows = client
+            .query(
+                "SELECT id, definition FROM opledger.webhook_definitions ORDER BY id",
+                &[],
+            )
+            .await
+            .map_err(|error| unavailable("cannot read webhook endpoint definitions", &error))?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// Writes (`Some`) or deletes (`None`) an endpoint's definition.
+    pub async fn define(&self, endpoint: &str, definition: Option<&str>) -> Result<(), StoreError> {
+        let client = pooled(&self.pool).await?;
+        match definition {
+            Some(text) => {
+                client
+                    .execute(
+                        "INSERT INTO opledger.webhook_definitions (id, definition) VALUES ($1, $2)
+                         ON CONFLICT (id) DO UPDATE SET definition = excluded.definition",
+                        &[&endpoint, &text],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .execute(
+                        "DELETE FROM opledger.webhook_definitions WHERE id = $1",
+                        &[&endpoint],
+                    )
+                    .await
+            }
+        }
+        .map(drop)
+        .map_err(|error| unavailable("cannot write a webhook endpoint definition", &error))
+    }
+
     /// The endpoint's row, created with `start` as its checkpoint when it has none.
     pub async fn ensure(
         &self,

@@ -474,6 +474,8 @@ pub(super) struct StoredOperation {
     /// The hash of the intent's request (`sql::request_hash`), built with the row, on the
     /// rebuild's fold thread rather than its writer's.
     request_hash: i64,
+    /// The operation's search terms (`terms.rs`), written with its row when it is inserted.
+    terms: Vec<String>,
 }
 
 impl StoredOperation {
@@ -487,6 +489,7 @@ impl StoredOperation {
             update_operation(connection, &self.row, &self.state)?;
         } else {
             insert_operation(connection, &self.row, &self.state, self.request_hash)?;
+            insert_terms(connection, &self.row, &self.terms)?;
         }
         write_work(
             connection,
@@ -627,6 +630,7 @@ pub(super) fn stored_operation(
         }),
         row,
         due: due_of(state),
+        terms: crate::terms::terms_of(state),
         state: {
             // About a third of the JSON it replaced; one allocation of the right size mostly.
             let mut stored = Vec::with_capacity(STORED_STATE_CAPACITY_BYTES);
@@ -788,6 +792,33 @@ fn insert_operation(
         .map_err(|error| {
             ReadModelError::sqlite(format!("inserting operation {}", row.operation_id), error)
         })?;
+    Ok(())
+}
+
+/// An operation's search terms, each with its recorded time and id (the index's order).
+fn insert_terms(
+    connection: &Connection,
+    row: &OperationRow,
+    terms: &[String],
+) -> Result<(), ReadModelError> {
+    if terms.is_empty() {
+        return Ok(());
+    }
+    let mut statement = connection
+        .prepare_cached("INSERT INTO operation_terms (term, at, operation) VALUES (?1, ?2, ?3)")
+        .map_err(|error| ReadModelError::sqlite("preparing to insert search terms", error))?;
+    let at = sql::TimeText::new(row.created_at);
+    let operation = sql::operation_text(row.operation_id);
+    for term in terms {
+        statement
+            .execute(params![term, at, operation])
+            .map_err(|error| {
+                ReadModelError::sqlite(
+                    format!("inserting operation {}'s search terms", row.operation_id),
+                    error,
+                )
+            })?;
+    }
     Ok(())
 }
 

@@ -225,9 +225,17 @@ impl PastReadModels {
             Some(operation_id) => Some(self.cursor(operation_id, filter)?),
             None => None,
         };
+        // A search's terms, matched as the file's index matches them.
+        let wanted = filter.terms();
         let mut rows: Vec<OperationRow> = self
             .held
             .iter()
+            .filter(|(_, held)| {
+                wanted.is_empty() || {
+                    let terms = crate::terms::terms_of(&held.state);
+                    wanted.iter().all(|term| terms.contains(term))
+                }
+            })
             .filter_map(|(operation_id, held)| {
                 operations::row(
                     *operation_id,

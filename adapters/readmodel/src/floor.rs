@@ -21,8 +21,9 @@ use super::{schema, ReadModelError};
 
 /// The tables a rebuild writes, in the order the floor writes them: the big ones first, as the
 /// rebuild's rows mostly are, then the few rows it writes at the end.
-const FLOOR_TABLES: [&str; 11] = [
+const FLOOR_TABLES: [&str; 12] = [
     "operations",
+    "operation_terms",
     "work_queue",
     "review_queue",
     "duplicate_detections",
@@ -222,6 +223,7 @@ impl FloorRows {
             schema::CREATE_INDEXES_V1,
             schema::CREATE_ID_INDEXES_V1,
             schema::CREATE_INDEXES_V3,
+            schema::CREATE_INDEXES_V6,
         ];
         for create in creates.iter().flat_map(|batch| batch.split_inclusive(';')) {
             let Some(name) = create.split_whitespace().nth(2) else {

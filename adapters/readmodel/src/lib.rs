@@ -39,6 +39,7 @@ mod sql;
 mod state_codec;
 mod supervise;
 mod swap;
+pub mod terms;
 mod work;
 mod writeback;
 
@@ -83,10 +84,11 @@ pub use swap::{lock_path, replace_read_models};
 /// filled from what a file already holds is migrated in place when the file is opened (version
 /// 2 added the gauges, version 3 the durable work queue, version 4 converted the stored folded
 /// states from JSON to the compact form of `state_codec.rs` and made the id index's tables
-/// `WITHOUT ROWID`, version 5 indexed the requests of intents by a stored hash); anything else
+/// `WITHOUT ROWID`, version 5 indexed the requests of intents by a stored hash, version 6 added
+/// the search terms of `terms.rs`); anything else
 /// would need a rebuild
 /// from the log, the source of truth.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 /// Most events one batch may carry, and so one transaction; bounds the runner's memory and how
 /// long a query waits behind a commit.
 pub const MAX_BATCH_EVENTS: usize = 4096;

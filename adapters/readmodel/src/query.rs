@@ -45,8 +45,27 @@ pub struct OperationFilter {
     pub action: Option<ActionName>,
     /// Only operations recorded from this delivery (a tool call's or a queue message's id).
     pub source_id: Option<SourceId>,
+    /// Only operations for this owner (matched as `terms.rs` normalises it).
+    pub owner: Option<String>,
+    /// Only operations whose top-level argument (name, value) has this value (matched as
+    /// `terms.rs` normalises it: whole, whatever its case and spacing).
+    pub argument: Option<(String, String)>,
     /// The latest recorded first (else the earliest first).
     pub newest_first: bool,
+}
+
+impl OperationFilter {
+    /// The search terms the filter asks for (`terms.rs`), if any.
+    pub(crate) fn terms(&self) -> Vec<String> {
+        let mut terms = Vec::new();
+        if let Some(owner) = &self.owner {
+            terms.push(crate::terms::owner_term(owner));
+        }
+        if let Some((name, value)) = &self.argument {
+            terms.push(crate::terms::argument_term(name, value));
+        }
+        terms
+    }
 }
 
 /// Where a page of operations ended; pass it back to get the next page.
@@ -212,17 +231,83 @@ impl ReadModelStore {
         after: Option<&OperationCursor>,
     ) -> Result<OperationPage, ReadModelError> {
         let limit = limit.min(MAX_QUERY_ROWS);
-        let mut conditions = Conditions::of(filter, after)?;
+        let query = Self::listing_query(filter, after, limit)?;
+        let (query, conditions) = (query.0, query.1);
+        let operations = self.listed_operations(&query, &conditions.values)?;
+        Ok(page_of(operations, limit))
+    }
+
+    /// The statement listing a page of `filter`'s operations after `after`, with its values.
+    ///
+    /// A search (an owner or an argument's value) is driven by the terms' index: the first term's
+    /// rows are read in the listing's order (its cursor compared on the index's own columns) and
+    /// each is joined to its operation by key, so the statement reads the matching rows up to the
+    /// page's end and never scans the operations. `CROSS JOIN` keeps SQLite from choosing the
+    /// other order.
+    fn listing_query(
+        filter: &OperationFilter,
+        after: Option<&OperationCursor>,
+        limit: usize,
+    ) -> Result<(String, Conditions), ReadModelError> {
+        let terms = filter.terms();
+        let order = if terms.is_empty() {
+            ("created_at", "operation_id")
+        } else {
+            ("operation_terms.at", "operation_terms.operation")
+        };
+        let mut conditions = Conditions::of(filter, after, order)?;
+        let mut from = "operations".to_owned();
+        if let Some((first, rest)) = terms.split_first() {
+            let term = conditions.bind(Box::new(first.clone()));
+            from = "operation_terms CROSS JOIN operations
+                 ON operations.operation_id = operation_terms.operation"
+                .to_owned();
+            conditions
+                .texts
+                .insert(0, format!("operation_terms.term = ?{term}"));
+            for other in rest {
+                let other = conditions.bind(Box::new(other.clone()));
+                conditions.texts.push(format!(
+                    "operations.operation_id IN (SELECT operation FROM operation_terms WHERE term = ?{other})"
+                ));
+            }
+        }
         // One more than asked tells whether another page follows.
         let fetch = conditions.bind(Box::new(i64::try_from(limit + 1).unwrap_or(i64::MAX)));
         let direction = if filter.newest_first { " DESC" } else { "" };
         let query = format!(
-            "SELECT {OPERATION_COLUMNS} FROM operations {}
-             ORDER BY created_at{direction}, operation_id{direction} LIMIT ?{fetch}",
-            conditions.where_clause()
+            "SELECT {OPERATION_COLUMNS} FROM {from} {}
+             ORDER BY {}{direction}, {}{direction} LIMIT ?{fetch}",
+            conditions.where_clause(),
+            order.0,
+            order.1
         );
-        let operations = self.listed_operations(&query, &conditions.values)?;
-        Ok(page_of(operations, limit))
+        Ok((query, conditions))
+    }
+
+    /// How SQLite answers a listing of `filter`'s first page: the lines of `EXPLAIN QUERY PLAN`,
+    /// for tests and benchmarks that check a search reads through an index.
+    pub fn listing_plan(
+        &self,
+        filter: &OperationFilter,
+        limit: usize,
+    ) -> Result<Vec<String>, ReadModelError> {
+        let (query, conditions) = Self::listing_query(filter, None, limit.min(MAX_QUERY_ROWS))?;
+        let mut statement = self
+            .connection
+            .prepare(&format!("EXPLAIN QUERY PLAN {query}"))
+            .map_err(|error| ReadModelError::sqlite("preparing a query plan", error))?;
+        let parameters: Vec<&dyn ToSql> = conditions
+            .values
+            .iter()
+            .map(|value| value.as_ref())
+            .collect();
+        let lines = statement
+            .query_map(parameters.as_slice(), |row| row.get::<_, String>(3))
+            .map_err(|error| ReadModelError::sqlite("reading a query plan", error))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ReadModelError::sqlite("reading a query plan", error))?;
+        Ok(lines)
     }
 
     /// The operations `query` selects, with `values` bound to its numbered placeholders.
@@ -784,6 +869,7 @@ impl Conditions {
     fn of(
         filter: &OperationFilter,
         after: Option<&OperationCursor>,
+        order: (&str, &str),
     ) -> Result<Self, ReadModelError> {
         let mut conditions = Self {
             texts: Vec::new(),
@@ -830,7 +916,7 @@ impl Conditions {
             // (per tenant), so this reads a row or two, not a scan of the operations.
             let source_id = conditions.bind(Box::new(source_id.as_str().to_owned()));
             conditions.texts.push(format!(
-                "operation_id IN (SELECT operation_id FROM sources WHERE source_id = ?{source_id})"
+                "operations.operation_id IN (SELECT operation_id FROM sources WHERE source_id = ?{source_id})"
             ));
         }
         if let Some(cursor) = after {
@@ -838,7 +924,8 @@ impl Conditions {
             let operation = conditions.bind(Box::new(cursor.operation_id.to_string()));
             let comparison = if filter.newest_first { "<" } else { ">" };
             conditions.texts.push(format!(
-                "(created_at, operation_id) {comparison} (?{created}, ?{operation})"
+                "({}, {}) {comparison} (?{created}, ?{operation})",
+                order.0, order.1
             ));
         }
         Ok(conditions)

@@ -250,8 +250,26 @@ pub(super) const CREATE_OPERATIONS_INDEXES_V1: &str = "
         ON operations (tenant, provider, account, action, args_hash, created_at, operation_id);
 ";
 
+/// What version 6 adds: the search terms (`terms.rs`), one row per owner and top-level argument
+/// value of each operation. A rowid table with its index apart ([`CREATE_INDEXES_V6`]), so a
+/// rebuild appends the rows and sorts the index once.
+const CREATE_TABLES_V6: &str = "
+    CREATE TABLE operation_terms (
+        term      TEXT NOT NULL,
+        at        TEXT NOT NULL,
+        operation TEXT NOT NULL
+    ) STRICT;
+";
+
+/// The index of version 6: a term's operations in the listings' order, so a search reads the
+/// matching rows only.
+pub(super) const CREATE_INDEXES_V6: &str = "
+    CREATE INDEX operation_terms_by_term ON operation_terms (term, at, operation);
+";
+
 /// The tables of the current version; a file claiming it must have all of them.
-const TABLES: [&str; 11] = [
+const TABLES: [&str; 12] = [
+    "operation_terms",
     "work_queue",
     "gauges",
     "checkpoint",
@@ -407,6 +425,7 @@ pub(super) fn create_indexes(connection: &Connection) -> Result<(), ReadModelErr
         .and_then(|()| connection.execute_batch(CREATE_INDEXES_V1))
         .and_then(|()| connection.execute_batch(CREATE_ID_INDEXES_V1))
         .and_then(|()| connection.execute_batch(CREATE_INDEXES_V3))
+        .and_then(|()| connection.execute_batch(CREATE_INDEXES_V6))
         .map_err(|error| ReadModelError::sqlite("creating the indexes", error))
 }
 
@@ -498,6 +517,7 @@ fn create_schema(
             })
             .and_then(|()| transaction.execute_batch(CREATE_TABLES_V2))
             .and_then(|()| transaction.execute_batch(CREATE_TABLES_V3))
+            .and_then(|()| transaction.execute_batch(CREATE_TABLES_V6))
             .map_err(|error| ReadModelError::sqlite("creating the schema", error))?;
         if indexes == Indexes::Now {
             create_indexes(&transaction)?;
@@ -532,6 +552,21 @@ fn create_schema(
     if found < 5 {
         // After version 4's conversion: its new table has no hash yet either.
         migrate_request_hash_v5(&transaction)?;
+    }
+    if found < 6 {
+        // Additive: the terms of every operation, from its stored state, in the same
+        // transaction, so a file is never seen at version 6 without them.
+        transaction
+            .execute_batch(CREATE_TABLES_V6)
+            .map_err(|error| {
+                ReadModelError::sqlite("adding the search terms of version 6", error)
+            })?;
+        fill_terms_v6(&transaction)?;
+        transaction
+            .execute_batch(CREATE_INDEXES_V6)
+            .map_err(|error| {
+                ReadModelError::sqlite("indexing the search terms of version 6", error)
+            })?;
     }
     finish_schema(transaction, found)
 }
@@ -622,6 +657,35 @@ fn migrate_request_hash_v5(connection: &Connection) -> Result<(), ReadModelError
              CREATE INDEX operations_by_request ON operations (request_hash, created_at, operation_id);",
         )
         .map_err(sqlite)
+}
+
+/// Writes every operation's search terms from its stored state, inside the schema transaction.
+/// One row at a time, so memory does not grow with the file.
+fn fill_terms_v6(connection: &Connection) -> Result<(), ReadModelError> {
+    let sqlite = |error| ReadModelError::sqlite("filling the search terms of version 6", error);
+    let mut read = connection
+        .prepare("SELECT operation_id, created_at, folded_state FROM operations")
+        .map_err(sqlite)?;
+    let mut write = connection
+        .prepare("INSERT INTO operation_terms (term, at, operation) VALUES (?1, ?2, ?3)")
+        .map_err(sqlite)?;
+    let mut rows = read.query([]).map_err(sqlite)?;
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let operation_id: String = row.get(0).map_err(sqlite)?;
+        let created_at: String = row.get(1).map_err(sqlite)?;
+        let bytes: Vec<u8> = row.get(2).map_err(sqlite)?;
+        let state = super::state_codec::decode(&bytes).map_err(|error| {
+            super::sql::corrupt(format!(
+                "the stored state of operation {operation_id} cannot be read: {error}"
+            ))
+        })?;
+        for term in super::terms::terms_of(&state) {
+            write
+                .execute(rusqlite::params![term, created_at, operation_id])
+                .map_err(sqlite)?;
+        }
+    }
+    Ok(())
 }
 
 /// Makes the id index's tables anew `WITHOUT ROWID` ([`CREATE_ID_TABLES_V4`]), inside the schema

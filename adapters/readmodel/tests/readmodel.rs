@@ -2261,6 +2261,7 @@ fn create_statement(connection: &Connection, table: &str) -> String {
 /// Puts the operations table back as version 4 had it: no request hash, and the request index
 /// on the request's five columns.
 fn back_to_version_4(connection: &Connection) {
+    back_to_version_5(connection);
     connection
         .execute_batch(
             "DROP INDEX operations_by_request;
@@ -2269,6 +2270,13 @@ fn back_to_version_4(connection: &Connection) {
                  (tenant, provider, account, action, args_hash, created_at, operation_id);",
         )
         .expect("the version 4 operations table");
+}
+
+/// Takes away what version 6 added: the search terms and their index.
+fn back_to_version_5(connection: &Connection) {
+    connection
+        .execute_batch("DROP TABLE operation_terms;")
+        .expect("the version 5 tables");
 }
 
 /// Puts the tables back as versions 1 to 3 had them: the operations table with
@@ -2691,4 +2699,316 @@ async fn a_past_listing_beyond_its_limits_is_refused_with_what_to_ask_instead() 
         .list_operations(&OperationFilter::default(), MAX_QUERY_ROWS, None)
         .expect("listed");
     assert!(page.operations.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_by_title_or_owner_answers_the_same_from_the_live_runner_a_rebuild_and_a_past_moment(
+) {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let search = |read_models: &ReadModels, filter: OperationFilter| {
+        let read_models = read_models.clone();
+        async move {
+            read_models
+                .call(move |store| {
+                    let page = store.list_operations(&filter, MAX_QUERY_ROWS, None)?;
+                    Ok(page
+                        .operations
+                        .into_iter()
+                        .map(|row| row.operation_id)
+                        .collect::<Vec<_>>())
+                })
+                .await
+                .expect("the search answers")
+        }
+    };
+    let by_title = OperationFilter {
+        // Another case and spacing than recorded ("Call review").
+        argument: Some(("title".into(), "  call   REVIEW ".into())),
+        ..OperationFilter::default()
+    };
+    let by_owner = OperationFilter {
+        owner: Some("Anna".into()),
+        newest_first: true,
+        ..OperationFilter::default()
+    };
+    let both = OperationFilter {
+        owner: Some("anna".into()),
+        argument: Some(("title".into(), "Call plain".into())),
+        ..OperationFilter::default()
+    };
+    let nobody = OperationFilter {
+        owner: Some("boris".into()),
+        ..OperationFilter::default()
+    };
+    let live = (
+        search(&fixture.read_models, by_title.clone()).await,
+        search(&fixture.read_models, by_owner.clone()).await,
+        search(&fixture.read_models, both.clone()).await,
+        search(&fixture.read_models, nobody.clone()).await,
+    );
+    assert_eq!(live.0, vec![fixture.ops["review"].operation_id]);
+    assert_eq!(live.1.len(), fixture.ops.len(), "anna owns every operation");
+    assert_eq!(live.2, vec![fixture.ops["plain"].operation_id]);
+    assert!(live.3.is_empty());
+
+    let rebuilt = assert_equals_a_rebuild(
+        fixture.harness.store(),
+        &dir,
+        &path,
+        "the terms of the live runner and of a rebuild",
+    )
+    .await;
+    let from_rebuild = (
+        search(&rebuilt, by_title.clone()).await,
+        search(&rebuilt, by_owner.clone()).await,
+        search(&rebuilt, both.clone()).await,
+        search(&rebuilt, nobody.clone()).await,
+    );
+    assert_eq!(
+        live, from_rebuild,
+        "a rebuild answers as the live projection"
+    );
+
+    // As of the log's head, a search folds the log and matches the same terms.
+    let head = fixture
+        .harness
+        .store()
+        .head_position()
+        .await
+        .expect("the head")
+        .expect("events");
+    let past = opledger_readmodel::PastReadModels::fold(
+        fixture.harness.store(),
+        opledger_readmodel::Moment::Position(head),
+        &opledger_readmodel::PastScope::default(),
+    )
+    .await
+    .expect("the past");
+    let past_search = |filter: &OperationFilter| -> Vec<OperationId> {
+        past.list_operations(filter, MAX_QUERY_ROWS, None)
+            .expect("the past search")
+            .operations
+            .into_iter()
+            .map(|row| row.operation_id)
+            .collect()
+    };
+    assert_eq!(
+        (
+            past_search(&by_title),
+            past_search(&by_owner),
+            past_search(&both),
+            past_search(&nobody)
+        ),
+        live,
+        "as of the head, the same answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_5_file_opens_with_every_operations_search_terms_equal_to_a_rebuild() {
+    let fixture = Fixture::build().await;
+    let path = fixture.read_models.path().to_path_buf();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    let (rebuilt, old) = rebuilt_and_a_copy(&fixture, &dir, "version-5.db").await;
+    let connection = Connection::open(&old).expect("open");
+    back_to_version_5(&connection);
+    connection
+        .execute_batch("PRAGMA user_version = 5;")
+        .expect("back to version 5");
+    drop(connection);
+    drop(
+        ReadModels::open(&old)
+            .await
+            .expect("a version 5 file opens"),
+    );
+    assert_eq!(
+        schema_entries(&old),
+        schema_entries(&rebuilt),
+        "a converted file's tables and indexes are a new file's"
+    );
+    assert_same_tables(
+        &dump_of(rebuilt).await,
+        &dump_of(old).await,
+        "converted vs rebuilt",
+    );
+}
+
+/// Operations in the search test: enough that a scan of them would be felt, as an operator's
+/// ledger after a busy month is.
+const SEARCHED_OPERATIONS: usize = 100_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_by_title_among_a_hundred_thousand_operations_reads_through_the_terms_index() {
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("views.db");
+    seed_searchable(&path, SEARCHED_OPERATIONS).await;
+    let read_models = ReadModels::open(&path).await.expect("opens");
+    let wanted = uuid::Uuid::from_u128(77_778).to_string();
+    let (found, title_plan, owner_plan, owner_page) = read_models
+        .call(|store| {
+            let by_title = OperationFilter {
+                argument: Some(("title".into(), "incident task 77777".into())),
+                ..OperationFilter::default()
+            };
+            let by_owner = OperationFilter {
+                owner: Some("owner-7".into()),
+                state: Some("succeeded".into()),
+                newest_first: true,
+                ..OperationFilter::default()
+            };
+            Ok((
+                store.list_operations(&by_title, 50, None)?,
+                store.listing_plan(&by_title, 50)?,
+                store.listing_plan(&by_owner, 50)?,
+                store.list_operations(&by_owner, 50, None)?,
+            ))
+        })
+        .await
+        .expect("the searches answer");
+    assert_eq!(
+        found
+            .operations
+            .iter()
+            .map(|row| row.operation_id.to_string())
+            .collect::<Vec<_>>(),
+        vec![wanted]
+    );
+    assert_eq!(
+        owner_page.operations.len(),
+        50,
+        "a full page of one owner's"
+    );
+    assert!(owner_page.next.is_some());
+    for plan in [&title_plan, &owner_plan] {
+        // The terms index gives the rows in the page's order (no sort of the matches), and each
+        // operation is found by its key: no step scans a table.
+        assert!(
+            plan.iter().any(|line| line
+                .contains("operation_terms USING COVERING INDEX operation_terms_by_term (term=?")),
+            "{plan:#?}"
+        );
+        assert!(
+            plan.iter()
+                .any(|line| line.contains("SEARCH operations USING INDEX")),
+            "{plan:#?}"
+        );
+        assert!(
+            !plan
+                .iter()
+                .any(|line| line.starts_with("SCAN") || line.contains("TEMP B-TREE")),
+            "{plan:#?}"
+        );
+    }
+}
+
+/// Writes `count` operations straight into a new read-model file at `path` (the shape the runner
+/// writes, folded states left empty: a listing never reads them), so a search test or benchmark
+/// spends its time on the search, not on folding histories: titled `Incident task N`, owned by
+/// `owner-{N % 50}`, one a second from 2026-11-01.
+async fn seed_searchable(path: &Path, count: usize) {
+    drop(ReadModels::open(path).await.expect("a new file"));
+    let mut connection = Connection::open(path).expect("open");
+    let transaction = connection.transaction().expect("a transaction");
+    {
+        let mut operation = transaction
+            .prepare(
+                "INSERT INTO operations (operation_id, tenant, provider, account, action,
+                     args_hash, state, attempts, created_at, updated_at, stream_version,
+                     last_position, folded_state, request_hash)
+                 VALUES (?1, 'acme', 'crm', 'acct-1', 'create_task', ?4, 'succeeded', 1, ?2, ?2,
+                     3, ?3, x'', 0)",
+            )
+            .expect("prepare");
+        let mut term = transaction
+            .prepare("INSERT INTO operation_terms (term, at, operation) VALUES (?1, ?2, ?3)")
+            .expect("prepare");
+        let start = Utc
+            .with_ymd_and_hms(2026, 11, 1, 0, 0, 0)
+            .single()
+            .expect("a time");
+        for n in 0..count {
+            let id = uuid::Uuid::from_u128(n as u128 + 1).to_string();
+            let at = (start + chrono::Duration::seconds(n as i64))
+                .format("%Y-%m-%dT%H:%M:%S%.9fZ")
+                .to_string();
+            operation
+                .execute(rusqlite::params![
+                    id,
+                    at,
+                    n as i64 * 3,
+                    format!("sha256:{}", "0".repeat(64))
+                ])
+                .expect("an operation");
+            for text in [
+                opledger_readmodel::terms::argument_term("title", &format!("Incident task {n}")),
+                opledger_readmodel::terms::owner_term(&format!("owner-{}", n % 50)),
+            ] {
+                term.execute(rusqlite::params![text, at, id])
+                    .expect("a term");
+            }
+        }
+    }
+    transaction.commit().expect("commit");
+    connection.execute_batch("ANALYZE;").expect("statistics");
+    drop(connection);
+}
+
+/// The search benchmark (`bench/operations_search.sh`): seeds `OPLEDGER_SEARCH_OPERATIONS`
+/// operations (default 1,000,000) and prints the latency of a search by title and of a page of
+/// one owner's, p50 and p99 over 200 searches each, and the plans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run by bench/operations_search.sh"]
+async fn search_latency_at_scale() {
+    let count = std::env::var("OPLEDGER_SEARCH_OPERATIONS")
+        .ok()
+        .and_then(|text| text.parse::<usize>().ok())
+        .unwrap_or(1_000_000);
+    let dir = TempDir::new().expect("temp dir");
+    let path = dir.path().join("views.db");
+    let seeded = Instant::now();
+    seed_searchable(&path, count).await;
+    println!(
+        "seeded {count} operations in {} ms",
+        seeded.elapsed().as_millis()
+    );
+    let read_models = ReadModels::open(&path).await.expect("opens");
+    let report = read_models
+        .call(move |store| {
+            let mut lines = Vec::new();
+            for (what, make) in [
+                ("title", (|n: usize| OperationFilter {
+                    argument: Some(("title".into(), format!("Incident task {n}"))),
+                    ..OperationFilter::default()
+                }) as fn(usize) -> OperationFilter),
+                ("owner page", |n: usize| OperationFilter {
+                    owner: Some(format!("owner-{}", n % 50)),
+                    newest_first: true,
+                    ..OperationFilter::default()
+                }),
+            ] {
+                let mut took = Vec::with_capacity(200);
+                for i in 0..200 {
+                    let filter = make((i * 7_919) % count);
+                    let started = Instant::now();
+                    let page = store.list_operations(&filter, 50, None)?;
+                    took.push(started.elapsed());
+                    assert!(!page.operations.is_empty(), "{what} finds something");
+                }
+                took.sort();
+                lines.push(format!(
+                    "bench=operations-search what={what} operations={count} p50_us={} p99_us={} plan={:?}",
+                    took[took.len() / 2].as_micros(),
+                    took[took.len() * 99 / 100].as_micros(),
+                    store.listing_plan(&make(1), 50)?
+                ));
+            }
+            Ok(lines)
+        })
+        .await
+        .expect("the searches answer");
+    for line in report {
+        println!("{line}");
+    }
 }

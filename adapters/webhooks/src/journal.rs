@@ -166,6 +166,46 @@ impl Journal {
     }
 
     /// The endpoint's record (`None`: it was never configured here).
+    /// Every endpoint defined through the API: its id and its definition (JSON, see
+    /// `managed.rs`), in id order.
+    pub async fn definitions(&self) -> Result<Vec<(String, String)>, WebhookError> {
+        self.call(|connection| {
+            let mut statement = connection
+                .prepare("SELECT id, definition FROM definitions ORDER BY id")
+                .map_err(sqlite("reading endpoint definitions"))?;
+            let rows = statement
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .map_err(sqlite("reading endpoint definitions"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sqlite("reading endpoint definitions"))
+        })
+        .await
+    }
+
+    /// Writes (`Some`) or deletes (`None`) an endpoint's definition.
+    pub async fn define(
+        &self,
+        endpoint: &str,
+        definition: Option<String>,
+    ) -> Result<(), WebhookError> {
+        let endpoint = endpoint.to_owned();
+        self.call(move |connection| {
+            match definition {
+                Some(text) => connection.execute(
+                    "INSERT INTO definitions (id, definition) VALUES (?1, ?2)
+                     ON CONFLICT (id) DO UPDATE SET definition = excluded.definition",
+                    params![endpoint, text],
+                ),
+                None => {
+                    connection.execute("DELETE FROM definitions WHERE id = ?1", params![endpoint])
+                }
+            }
+            .map(drop)
+            .map_err(sqlite("writing an endpoint definition"))
+        })
+        .await
+    }
+
     pub async fn record(&self, endpoint: &str) -> Result<Option<EndpointRecord>, WebhookError> {
         let endpoint = endpoint.to_owned();
         self.call(move |connection| read_record(connection, &endpoint))
@@ -400,6 +440,15 @@ impl DeliveryJournal for Journal {
         false
     }
 
+    fn definitions(&self) -> JournalFuture<'_, Vec<(String, String)>> {
+        Box::pin(Journal::definitions(self))
+    }
+
+    fn define(&self, endpoint: &str, definition: Option<String>) -> JournalFuture<'_, ()> {
+        let endpoint = endpoint.to_owned();
+        Box::pin(async move { Journal::define(self, &endpoint, definition).await })
+    }
+
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord> {
         let endpoint = endpoint.to_owned();
         Box::pin(async move { Journal::ensure(self, &endpoint, start).await })
@@ -555,6 +604,10 @@ fn open(path: &Path) -> Result<Connection, WebhookError> {
                  error TEXT
              );
              CREATE INDEX IF NOT EXISTS attempts_by_endpoint ON attempts (endpoint, seq);
+             CREATE TABLE IF NOT EXISTS definitions (
+                 id TEXT PRIMARY KEY,
+                 definition TEXT NOT NULL
+             );
              PRAGMA user_version = 1;",
         )
         .map_err(sqlite("creating the journal's tables"))?;

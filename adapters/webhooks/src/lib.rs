@@ -30,6 +30,7 @@ mod delivery;
 pub mod endpoint;
 pub mod journal;
 pub mod latency;
+pub mod managed;
 pub mod port;
 pub mod schedule;
 mod service;
@@ -182,6 +183,15 @@ pub enum WebhookError {
         /// The log's newest position.
         head: u64,
     },
+    /// An endpoint's definition cannot be used.
+    #[error("{reason}")]
+    Definition {
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// This ledger keeps no delivery journal (KurrentDB), so no endpoint can be defined.
+    #[error("webhooks need a journal every instance shares, and this ledger (KurrentDB) has none; keep the ledger in SQLite or PostgreSQL to deliver webhooks")]
+    NoJournal,
     /// An operator named an endpoint that is not configured.
     #[error("no webhook endpoint `{id}` is configured")]
     NoSuchEndpoint {

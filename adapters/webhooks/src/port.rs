@@ -55,6 +55,13 @@ pub trait DeliveryJournal: Send + Sync + 'static {
     /// polled; otherwise the one process holds every lease for ever.
     fn shared(&self) -> bool;
 
+    /// Every endpoint defined through the API: its id and its definition (JSON text, read by
+    /// `managed.rs`), in id order.
+    fn definitions(&self) -> JournalFuture<'_, Vec<(String, String)>>;
+
+    /// Writes (`Some`) or deletes (`None`) an endpoint's definition.
+    fn define(&self, endpoint: &str, definition: Option<String>) -> JournalFuture<'_, ()>;
+
     /// The endpoint's record, created with `start` as its checkpoint when it has none.
     fn ensure(&self, endpoint: &str, start: Option<u64>) -> JournalFuture<'_, EndpointRecord>;
 

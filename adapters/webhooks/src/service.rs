@@ -10,7 +10,9 @@
 //! It must never report an endpoint as delivering while its task is faulted or gone: `/healthz`
 //! reads [`Webhooks::problem`].
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -26,6 +28,7 @@ use crate::delivery::Unsaved;
 use crate::delivery::{LeaseState, Task};
 use crate::journal::{AttemptRecord, EndpointStatus, Journal};
 use crate::latency::DeliveryLatency;
+use crate::managed::Definition;
 use crate::port::{Acquired, DeliveryJournal, Lease};
 use crate::{
     Endpoint, Render, WebhookError, LEASE_RENEWALS_PER_LEASE, LEASE_VALID_PERCENT, MAX_ENDPOINTS,
@@ -161,6 +164,8 @@ pub struct EndpointOverview {
     pub events: Vec<String>,
     /// The tenants it receives (`None`: all).
     pub tenants: Option<Vec<String>>,
+    /// Where it is defined: `configuration` (the file; changed there) or `api`.
+    pub source: &'static str,
     /// Active, paused or disabled, as the journal holds it.
     pub status: EndpointStatus,
     /// Why it is paused or disabled.
@@ -189,15 +194,226 @@ struct Handle {
     wake: Arc<Notify>,
     health: Health,
     lease: Arc<watch::Sender<LeaseState>>,
+    /// Set to stop this endpoint's task alone (removed or redefined through the API); the
+    /// service's stop reaches it too.
+    stop: Arc<watch::Sender<bool>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    /// The endpoint's epoch at the keeper's last renewal: a change is an operator's action
+    /// elsewhere.
+    epoch: Mutex<Option<u64>>,
+    /// For an endpoint defined through the API: the definition it runs, and when it changes by
+    /// itself (a rotated-out secret's window ends).
+    managed: Option<(String, Option<DateTime<Utc>>)>,
+}
+
+/// Starts an endpoint's task: the store and the renderer, whose types the handle does not carry.
+trait Spawn: Send + Sync + 'static {
+    fn spawn(
+        &self,
+        handle: &Handle,
+        stop: watch::Receiver<bool>,
+    ) -> Result<JoinHandle<()>, WebhookError>;
+
+    fn head(&self) -> Pin<Box<dyn Future<Output = Result<Option<u64>, WebhookError>> + Send + '_>>;
+}
+
+struct Spawner<S, R> {
+    store: S,
+    render: Arc<R>,
+    journal: Arc<dyn DeliveryJournal>,
+    settings: LeaseSettings,
+}
+
+impl<S: EventStore + Clone + 'static, R: Render> Spawn for Spawner<S, R> {
+    fn spawn(
+        &self,
+        handle: &Handle,
+        stop: watch::Receiver<bool>,
+    ) -> Result<JoinHandle<()>, WebhookError> {
+        let task = Task {
+            store: self.store.clone(),
+            render: Arc::clone(&self.render),
+            journal: Arc::clone(&self.journal),
+            client: client_for(&handle.endpoint)?,
+            held: Lease {
+                endpoint: handle.endpoint.id.clone(),
+                holder: self.settings.holder.clone(),
+                token: 0,
+            },
+            endpoint: Arc::clone(&handle.endpoint),
+            unsaved: Unsaved::default(),
+            wake: Arc::clone(&handle.wake),
+            health: handle.health.clone(),
+            stop,
+            lease: handle.lease.subscribe(),
+            renew_every_ms: self.settings.lease_ms / LEASE_RENEWALS_PER_LEASE,
+        };
+        Ok(tokio::spawn(task.run()))
+    }
+
+    fn head(&self) -> Pin<Box<dyn Future<Output = Result<Option<u64>, WebhookError>> + Send + '_>> {
+        Box::pin(async move { Ok(self.store.head_position().await?.map(|head| head.value())) })
+    }
+}
+
+/// The endpoints running now and how to start more: shared by the handle and the lease keeper.
+struct Registry {
+    journal: Arc<dyn DeliveryJournal>,
+    spawner: Box<dyn Spawn>,
+    settings: LeaseSettings,
+    handles: Mutex<Vec<Arc<Handle>>>,
+    /// The service's stop.
+    stop: watch::Receiver<bool>,
+    /// Serialises [`Registry::sync`] so two callers never start one endpoint twice.
+    syncing: tokio::sync::Mutex<()>,
+}
+
+impl Registry {
+    fn handles(&self) -> Vec<Arc<Handle>> {
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Gives the endpoint a record (a new one starts at the log's head) and starts its task.
+    async fn start(
+        &self,
+        endpoint: Endpoint,
+        managed: Option<(String, Option<DateTime<Utc>>)>,
+        head: Option<u64>,
+    ) -> Result<(), WebhookError> {
+        let record = self.journal.ensure(&endpoint.id, head).await?;
+        // An embedded journal's one process holds every lease for ever; a shared one's leases
+        // are asked for by the keeper.
+        let initial = if self.journal.shared() {
+            LeaseState::Standby { holder: None }
+        } else {
+            match self
+                .journal
+                .acquire(&endpoint.id, &self.settings.holder, self.settings.lease_ms)
+                .await?
+            {
+                Acquired::Held(lease) => LeaseState::Held {
+                    lease,
+                    valid_until: None,
+                },
+                Acquired::HeldBy(holder) => LeaseState::Standby {
+                    holder: Some(holder),
+                },
+            }
+        };
+        let (own_stop, stopped) = watch::channel(false);
+        let handle = Arc::new(Handle {
+            endpoint: Arc::new(endpoint),
+            wake: Arc::new(Notify::new()),
+            health: Health::new(record.checkpoint),
+            lease: Arc::new(watch::channel(initial).0),
+            stop: Arc::new(own_stop),
+            task: Mutex::new(None),
+            epoch: Mutex::new(None),
+            managed,
+        });
+        let task = self.spawner.spawn(&handle, stopped)?;
+        *handle.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task);
+        // The service's stop reaches the task through its own stop; the forwarder ends with the
+        // task (its receiver dropped) or with the service.
+        let (mut service_stop, own) = (self.stop.clone(), Arc::clone(&handle.stop));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = service_stop.wait_for(|stop| *stop) => { own.send_replace(true); }
+                () = own.closed() => {}
+            }
+        });
+        self.handles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(handle);
+        Ok(())
+    }
+
+    /// Stops endpoint `id`'s task and forgets it; its journal record and attempts stay.
+    async fn stop_one(&self, id: &str) {
+        let removed = {
+            let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+            let index = handles.iter().position(|handle| handle.endpoint.id == id);
+            index.map(|index| handles.remove(index))
+        };
+        let Some(handle) = removed else {
+            return;
+        };
+        handle.stop.send_replace(true);
+        let task = handle
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        let state = handle.lease.borrow().clone();
+        if let LeaseState::Held { lease, .. } = state {
+            if let Err(error) = self.journal.release(&lease).await {
+                warn!(endpoint = %id, %error, "the webhook lease could not be given up");
+            }
+        }
+    }
+
+    /// Brings the running endpoints defined through the API in line with the journal's
+    /// definitions: new ones started, changed ones restarted from their checkpoint, removed ones
+    /// stopped, and those whose rotated-out secret's window ended restarted without it.
+    async fn sync(&self) -> Result<(), WebhookError> {
+        let _one_at_a_time = self.syncing.lock().await;
+        let definitions = self.journal.definitions().await?;
+        let now = Utc::now();
+        let running = self.handles();
+        for handle in running.iter().filter(|handle| handle.managed.is_some()) {
+            let id = &handle.endpoint.id;
+            let current = definitions.iter().find(|(defined, _)| defined == id);
+            let (text, changes_at) = handle.managed.as_ref().expect("filtered on managed");
+            let stale = match current {
+                None => true,
+                Some((_, defined)) => defined != text || changes_at.is_some_and(|at| at <= now),
+            };
+            if stale {
+                self.stop_one(id).await;
+            }
+        }
+        let head = self.spawner.head().await?;
+        for (id, text) in definitions {
+            let known = self.handles().iter().any(|handle| handle.endpoint.id == id);
+            if known {
+                continue;
+            }
+            let definition = match Definition::parse(&text) {
+                Ok(definition) => definition,
+                Err(error) => {
+                    warn!(endpoint = %id, %error, "a webhook endpoint's definition cannot be used; it is not delivered");
+                    continue;
+                }
+            };
+            let endpoint = match definition.endpoint(&id, now) {
+                Ok(endpoint) => endpoint,
+                Err(error) => {
+                    warn!(endpoint = %id, %error, "a webhook endpoint's definition cannot be used; it is not delivered");
+                    continue;
+                }
+            };
+            if self.handles().len() >= MAX_ENDPOINTS {
+                warn!(endpoint = %id, "more webhook endpoints are defined than one server delivers ({MAX_ENDPOINTS}); this one is not delivered");
+                continue;
+            }
+            let changes_at = definition.next_change(now);
+            self.start(endpoint, Some((text, changes_at)), head).await?;
+        }
+        Ok(())
+    }
 }
 
 /// The webhooks of one server.
 pub struct Webhooks {
-    /// `None` when no endpoint is configured: a server without webhooks leaves no journal file.
-    journal: Option<Arc<dyn DeliveryJournal>>,
-    endpoints: Vec<Handle>,
-    /// Taken by [`Webhooks::join`]; until then, one per endpoint in configuration order.
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// `None` on a ledger without a journal (KurrentDB): nothing is delivered.
+    registry: Option<Arc<Registry>>,
     /// The lease keeper, with a shared journal; taken by [`Webhooks::join`].
     keeper: Mutex<Option<JoinHandle<()>>>,
 }
@@ -213,9 +429,6 @@ impl Webhooks {
         journal_path: &Path,
         stop: watch::Receiver<bool>,
     ) -> Result<Self, WebhookError> {
-        if endpoints.is_empty() {
-            return Ok(Self::without_endpoints());
-        }
         let journal = Arc::new(Journal::open(journal_path).await?);
         let settings = LeaseSettings {
             holder: format!("pid-{}", std::process::id()),
@@ -224,8 +437,9 @@ impl Webhooks {
         Self::start_with(store, render, endpoints, journal, settings, stop).await
     }
 
-    /// Starts the endpoints on `journal`, which may be shared with other instances (then each
-    /// endpoint is delivered by whichever instance holds its lease).
+    /// Starts the configured endpoints and those defined through the API on `journal`, which
+    /// may be shared with other instances (then each endpoint is delivered by whichever instance
+    /// holds its lease).
     pub async fn start_with<S: EventStore + Clone + 'static, R: Render>(
         store: &S,
         render: Arc<R>,
@@ -238,101 +452,48 @@ impl Webhooks {
             endpoints.len() <= MAX_ENDPOINTS,
             "the configuration check bounds the endpoints"
         );
-        if endpoints.is_empty() {
-            return Ok(Self::without_endpoints());
-        }
-        let head = store.head_position().await?.map(|head| head.value());
-        let mut handles = Vec::with_capacity(endpoints.len());
-        let mut tasks = Vec::with_capacity(endpoints.len());
-        for endpoint in endpoints {
-            let record = journal.ensure(&endpoint.id, head).await?;
-            // An embedded journal's one process holds every lease for ever; a shared one's
-            // leases are asked for by the keeper below.
-            let initial = if journal.shared() {
-                LeaseState::Standby { holder: None }
-            } else {
-                match journal
-                    .acquire(&endpoint.id, &settings.holder, settings.lease_ms)
-                    .await?
-                {
-                    Acquired::Held(lease) => LeaseState::Held {
-                        lease,
-                        valid_until: None,
-                    },
-                    Acquired::HeldBy(holder) => LeaseState::Standby {
-                        holder: Some(holder),
-                    },
-                }
-            };
-            let (lease, leased) = watch::channel(initial);
-            let endpoint = Arc::new(endpoint);
-            let handle = Handle {
-                endpoint: Arc::clone(&endpoint),
-                wake: Arc::new(Notify::new()),
-                health: Health::new(record.checkpoint),
-                lease: Arc::new(lease),
-            };
-            let task = Task {
+        let registry = Arc::new(Registry {
+            spawner: Box::new(Spawner {
                 store: store.clone(),
-                render: Arc::clone(&render),
+                render,
                 journal: Arc::clone(&journal),
-                client: client_for(&endpoint)?,
-                held: Lease {
-                    endpoint: endpoint.id.clone(),
-                    holder: settings.holder.clone(),
-                    token: 0,
-                },
-                endpoint,
-                unsaved: Unsaved::default(),
-                wake: Arc::clone(&handle.wake),
-                health: handle.health.clone(),
-                stop: stop.clone(),
-                lease: leased,
-                renew_every_ms: settings.lease_ms / LEASE_RENEWALS_PER_LEASE,
-            };
-            tasks.push(tokio::spawn(task.run()));
-            handles.push(handle);
-        }
-        let keeper = journal.shared().then(|| {
-            let kept = handles
-                .iter()
-                .map(|handle| Kept {
-                    endpoint: handle.endpoint.id.clone(),
-                    lease: Arc::clone(&handle.lease),
-                    wake: Arc::clone(&handle.wake),
-                    epoch: None,
-                })
-                .collect();
-            tokio::spawn(keep_leases(Arc::clone(&journal), settings, kept, stop))
+                settings: settings.clone(),
+            }),
+            journal: Arc::clone(&journal),
+            settings: settings.clone(),
+            handles: Mutex::new(Vec::new()),
+            stop: stop.clone(),
+            syncing: tokio::sync::Mutex::new(()),
         });
+        let head = registry.spawner.head().await?;
+        for endpoint in endpoints {
+            registry.start(endpoint, None, head).await?;
+        }
+        registry.sync().await?;
+        let keeper = tokio::spawn(keep_leases(Arc::clone(&registry), stop));
         Ok(Self {
-            journal: Some(journal),
-            endpoints: handles,
-            tasks: Mutex::new(tasks),
-            keeper: Mutex::new(keeper),
+            registry: Some(registry),
+            keeper: Mutex::new(Some(keeper)),
         })
     }
 
-    /// A server's webhooks when none is configured.
+    /// A server's webhooks when its ledger keeps no journal.
     pub fn none() -> Self {
-        Self::without_endpoints()
-    }
-
-    fn without_endpoints() -> Self {
         Self {
-            journal: None,
-            endpoints: Vec::new(),
-            tasks: Mutex::new(Vec::new()),
+            registry: None,
             keeper: Mutex::new(None),
         }
     }
 
-    /// Every endpoint, in configuration order, with its lag behind `head` (the log's newest
+    /// Every endpoint, configured ones first, with its lag behind `head` (the log's newest
     /// position).
     pub async fn overview(&self, head: Option<u64>) -> Result<Vec<EndpointOverview>, WebhookError> {
-        let mut overviews = Vec::with_capacity(self.endpoints.len());
-        for handle in &self.endpoints {
-            overviews.push(self.overview_of(handle, head).await?);
+        let Some(registry) = &self.registry else {
+            return Ok(Vec::new());
+        };
+        let mut overviews = Vec::new();
+        for handle in registry.handles() {
+            overviews.push(self.overview_of(&handle, head).await?);
         }
         Ok(overviews)
     }
@@ -343,7 +504,110 @@ impl Webhooks {
         id: &str,
         head: Option<u64>,
     ) -> Result<EndpointOverview, WebhookError> {
-        self.overview_of(self.handle(id)?, head).await
+        let handle = self.handle(id)?;
+        self.overview_of(&handle, head).await
+    }
+
+    /// The definition of an endpoint defined through the API (`None` for a configured one).
+    pub async fn definition(&self, id: &str) -> Result<Option<Definition>, WebhookError> {
+        let handle = self.handle(id)?;
+        if handle.managed.is_none() {
+            return Ok(None);
+        }
+        let stored = self
+            .journal()?
+            .definitions()
+            .await?
+            .into_iter()
+            .find(|(defined, _)| defined == id)
+            .ok_or_else(|| WebhookError::NoSuchEndpoint { id: id.to_owned() })?;
+        Definition::parse(&stored.1)
+            .map(Some)
+            .map_err(|reason| WebhookError::Journal { reason })
+    }
+
+    /// Whether endpoint `id` comes from the configuration file (the API changes only its own).
+    pub fn configured(&self, id: &str) -> bool {
+        self.handle(id).is_ok_and(|handle| handle.managed.is_none())
+    }
+
+    /// Defines (or redefines) endpoint `id` and starts delivering it at once, without a restart.
+    /// A new endpoint starts at the log's head, as a configured one does; a redefined one goes
+    /// on from its checkpoint. Other instances sharing the journal pick it up within a lease
+    /// renewal period.
+    pub async fn define(&self, id: &str, definition: &Definition) -> Result<(), WebhookError> {
+        let registry = self.registry()?;
+        // Checked as it will be read back, so a definition that cannot run is never written.
+        definition
+            .endpoint(id, Utc::now())
+            .map_err(|reason| WebhookError::Definition { reason })?;
+        let exists = self.handle(id).is_ok();
+        if !exists && registry.handles().len() >= MAX_ENDPOINTS {
+            return Err(WebhookError::Definition {
+                reason: format!("{MAX_ENDPOINTS} endpoints are defined already, the most one server delivers; delete one first"),
+            });
+        }
+        if !exists {
+            // A new endpoint (perhaps named as a deleted one was) starts at the head, not at an
+            // old record's checkpoint.
+            let head = registry.spawner.head().await?;
+            registry.journal.ensure(id, head).await?;
+            registry
+                .journal
+                .set_status(id, EndpointStatus::Active, None, Some(head), None)
+                .await?;
+        }
+        registry.journal.define(id, Some(definition.text())).await?;
+        registry.sync().await
+    }
+
+    /// Deletes endpoint `id` defined through the API and stops delivering it; its attempt log
+    /// stays readable until the id is reused.
+    pub async fn delete(&self, id: &str) -> Result<(), WebhookError> {
+        let registry = self.registry()?;
+        self.handle(id)?;
+        registry.journal.define(id, None).await?;
+        registry.sync().await
+    }
+
+    /// Sends `body` once to endpoint `id` now as delivery `webhook_id`, signed with its
+    /// secrets, and records the attempt (at `position`, 0 for a test event that is no event of
+    /// the log). Its answer: the status and error as recorded.
+    pub async fn send_once(
+        &self,
+        id: &str,
+        position: u64,
+        webhook_id: &str,
+        body: &[u8],
+    ) -> Result<AttemptRecord, WebhookError> {
+        let registry = self.registry()?;
+        let handle = self.handle(id)?;
+        let client = client_for(&handle.endpoint)?;
+        let at = Utc::now();
+        let attempted =
+            crate::client::attempt(&client, &handle.endpoint, webhook_id, body, None).await;
+        let (status, error) = match attempted.answer {
+            crate::client::Answer::Delivered { status } => (Some(status), None),
+            crate::client::Answer::Gone => (Some(410), Some("answered 410 Gone".to_owned())),
+            crate::client::Answer::Failed { status, error, .. } => (status, Some(error)),
+        };
+        let record = AttemptRecord {
+            endpoint: id.to_owned(),
+            position,
+            webhook_id: webhook_id.to_owned(),
+            attempt: 1,
+            at,
+            status,
+            duration_ms: u64::try_from(attempted.duration.as_millis()).unwrap_or(u64::MAX),
+            error,
+        };
+        registry.journal.record_attempt(record.clone()).await?;
+        Ok(record)
+    }
+
+    /// Picks up endpoints defined, changed or deleted on another instance sharing the journal.
+    pub async fn sync(&self) -> Result<(), WebhookError> {
+        self.registry()?.sync().await
     }
 
     async fn overview_of(
@@ -352,7 +616,7 @@ impl Webhooks {
         head: Option<u64>,
     ) -> Result<EndpointOverview, WebhookError> {
         let endpoint = &handle.endpoint;
-        let record = self.journal().record(&endpoint.id).await?.ok_or_else(|| {
+        let record = self.journal()?.record(&endpoint.id).await?.ok_or_else(|| {
             WebhookError::NoSuchEndpoint {
                 id: endpoint.id.clone(),
             }
@@ -366,6 +630,11 @@ impl Webhooks {
                 .tenants
                 .as_ref()
                 .map(|tenants| tenants.iter().cloned().collect()),
+            source: if handle.managed.is_some() {
+                "api"
+            } else {
+                "configuration"
+            },
             status: record.status,
             reason: record.reason,
             delivery: counts.state,
@@ -416,7 +685,7 @@ impl Webhooks {
     /// The endpoint's latest attempts, newest first.
     pub async fn attempts(&self, id: &str, limit: u64) -> Result<Vec<AttemptRecord>, WebhookError> {
         self.handle(id)?;
-        self.journal().attempts(id, limit).await
+        self.journal()?.attempts(id, limit).await
     }
 
     /// Why webhook delivery cannot be trusted to be running, if it cannot: a task that is
@@ -424,12 +693,17 @@ impl Webhooks {
     /// disabled endpoint is an operator's decision or the receiver's state, shown in the
     /// overview, not a fault of this instance.
     pub fn problem(&self) -> Option<String> {
+        let registry = self.registry.as_ref()?;
         let mut problems = Vec::new();
-        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        for (index, handle) in self.endpoints.iter().enumerate() {
+        for handle in registry.handles() {
             let state = handle.health.lock().state.clone();
             // A task that panicked never says Finished: its handle tells (until `join` takes it).
-            let ended = tasks.get(index).is_some_and(JoinHandle::is_finished);
+            let ended = handle
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(JoinHandle::is_finished);
             match state {
                 DeliveryState::Faulted { error, next_attempt_at, .. } => problems.push(format!(
                     "webhook endpoint `{}` cannot deliver ({error}); it tries again at {} from its checkpoint",
@@ -454,23 +728,35 @@ impl Webhooks {
     /// instance holds up, so another instance takes its endpoints over at once instead of after
     /// the lease.
     pub async fn join(&self) {
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
-        for task in tasks {
-            let _ = task.await;
+        let Some(registry) = &self.registry else {
+            return;
+        };
+        let handles = registry.handles();
+        for handle in &handles {
+            let task = handle
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(task) = task {
+                let _ = task.await;
+            }
         }
         let keeper = self
             .keeper
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(keeper) = keeper else {
+        if let Some(keeper) = keeper {
+            let _ = keeper.await;
+        }
+        if !registry.journal.shared() {
             return;
-        };
-        let _ = keeper.await;
-        for handle in &self.endpoints {
+        }
+        for handle in &handles {
             let state = handle.lease.borrow().clone();
             if let LeaseState::Held { lease, .. } = state {
-                if let Err(error) = self.journal().release(&lease).await {
+                if let Err(error) = registry.journal.release(&lease).await {
                     warn!(endpoint = %lease.endpoint, %error, "the webhook lease could not be given up; another instance takes the endpoint over when it runs out");
                 }
             }
@@ -485,44 +771,37 @@ impl Webhooks {
         replay_after: Option<Option<u64>>,
     ) -> Result<(), WebhookError> {
         let handle = self.handle(id)?;
-        self.journal()
+        self.journal()?
             .set_status(id, status, reason, replay_after, None)
             .await?;
         handle.wake.notify_one();
         Ok(())
     }
 
-    fn journal(&self) -> &dyn DeliveryJournal {
-        self.journal
-            .as_deref()
-            .expect("endpoints exist only with a journal, and every caller names one")
+    fn registry(&self) -> Result<&Registry, WebhookError> {
+        self.registry.as_deref().ok_or(WebhookError::NoJournal)
     }
 
-    fn handle(&self, id: &str) -> Result<&Handle, WebhookError> {
-        self.endpoints
-            .iter()
+    fn journal(&self) -> Result<&dyn DeliveryJournal, WebhookError> {
+        Ok(self.registry()?.journal.as_ref())
+    }
+
+    fn handle(&self, id: &str) -> Result<Arc<Handle>, WebhookError> {
+        self.registry()
+            .map_err(|_| WebhookError::NoSuchEndpoint { id: id.to_owned() })?
+            .handles()
+            .into_iter()
             .find(|handle| handle.endpoint.id == id)
             .ok_or_else(|| WebhookError::NoSuchEndpoint { id: id.to_owned() })
     }
 }
 
-/// One endpoint as the lease keeper sees it.
-struct Kept {
-    endpoint: String,
-    lease: Arc<watch::Sender<LeaseState>>,
-    wake: Arc<Notify>,
-    /// The endpoint's epoch at the last renewal: a change is an operator's action elsewhere.
-    epoch: Option<u64>,
-}
-
-/// Renews the leases this instance holds and asks for the others, every
-/// `lease_ms / LEASE_RENEWALS_PER_LEASE`, until the service stops.
-async fn keep_leases(
-    journal: Arc<dyn DeliveryJournal>,
-    settings: LeaseSettings,
-    mut kept: Vec<Kept>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Every `lease_ms / LEASE_RENEWALS_PER_LEASE` until the service stops: with a shared journal,
+/// renews the leases this instance holds and asks for the others; with any journal, picks up
+/// endpoints defined, changed or deleted through the API (on another instance, or a rotated-out
+/// secret's window ending).
+async fn keep_leases(registry: Arc<Registry>, mut stop: watch::Receiver<bool>) {
+    let settings = registry.settings.clone();
     let every = Duration::from_millis(settings.lease_ms / LEASE_RENEWALS_PER_LEASE);
     // The holder stops delivering before the journal lets another instance take over: its
     // validity counts from before the renewal was sent, and ends short of the whole lease, so
@@ -530,8 +809,13 @@ async fn keep_leases(
     // holder's first delivery.
     let valid_for = Duration::from_millis(settings.lease_ms * LEASE_VALID_PERCENT / 100);
     loop {
-        for endpoint in &mut kept {
-            keep_one(journal.as_ref(), &settings, endpoint, valid_for).await;
+        if let Err(error) = registry.sync().await {
+            warn!(%error, "webhook endpoint definitions could not be read; the running ones go on");
+        }
+        if registry.journal.shared() {
+            for handle in registry.handles() {
+                keep_one(registry.journal.as_ref(), &settings, &handle, valid_for).await;
+            }
         }
         tokio::select! {
             biased;
@@ -545,48 +829,51 @@ async fn keep_leases(
 async fn keep_one(
     journal: &dyn DeliveryJournal,
     settings: &LeaseSettings,
-    kept: &mut Kept,
+    handle: &Handle,
     valid_for: Duration,
 ) {
     let asked_at = tokio::time::Instant::now();
-    let state = kept.lease.borrow().clone();
+    let state = handle.lease.borrow().clone();
+    let endpoint = &handle.endpoint.id;
     match state {
         LeaseState::Held { lease, .. } => match journal.renew(&lease, settings.lease_ms).await {
             Ok(Some(epoch)) => {
-                kept.lease.send_replace(LeaseState::Held {
+                handle.lease.send_replace(LeaseState::Held {
                     lease,
                     valid_until: Some(asked_at + valid_for),
                 });
-                if kept.epoch.is_some_and(|before| before != epoch) {
-                    kept.wake.notify_one();
+                let mut kept = handle.epoch.lock().unwrap_or_else(PoisonError::into_inner);
+                if kept.is_some_and(|before| before != epoch) {
+                    handle.wake.notify_one();
                 }
-                kept.epoch = Some(epoch);
+                *kept = Some(epoch);
             }
             Ok(None) => {
-                warn!(endpoint = %kept.endpoint, holder = %settings.holder, "another instance took the webhook endpoint's lease; this one stops delivering it");
-                kept.lease
+                warn!(%endpoint, holder = %settings.holder, "another instance took the webhook endpoint's lease; this one stops delivering it");
+                handle
+                    .lease
                     .send_replace(LeaseState::Standby { holder: None });
             }
             // The validity runs out by itself if the journal stays unreachable.
             Err(error) => {
-                warn!(endpoint = %kept.endpoint, %error, "the webhook lease could not be renewed")
+                warn!(%endpoint, %error, "the webhook lease could not be renewed")
             }
         },
         LeaseState::Standby { .. } => {
             match journal
-                .acquire(&kept.endpoint, &settings.holder, settings.lease_ms)
+                .acquire(endpoint, &settings.holder, settings.lease_ms)
                 .await
             {
                 Ok(Acquired::Held(lease)) => {
-                    info!(endpoint = %kept.endpoint, holder = %settings.holder, token = lease.token, "this instance took the webhook endpoint's lease and delivers it");
-                    kept.epoch = None;
-                    kept.lease.send_replace(LeaseState::Held {
+                    info!(%endpoint, holder = %settings.holder, token = lease.token, "this instance took the webhook endpoint's lease and delivers it");
+                    *handle.epoch.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    handle.lease.send_replace(LeaseState::Held {
                         lease,
                         valid_until: Some(asked_at + valid_for),
                     });
                 }
                 Ok(Acquired::HeldBy(holder)) => {
-                    kept.lease.send_if_modified(|state| {
+                    handle.lease.send_if_modified(|state| {
                         let standby = LeaseState::Standby {
                             holder: Some(holder),
                         };
@@ -596,7 +883,7 @@ async fn keep_one(
                     });
                 }
                 Err(error) => {
-                    warn!(endpoint = %kept.endpoint, %error, "the webhook lease could not be asked for")
+                    warn!(%endpoint, %error, "the webhook lease could not be asked for")
                 }
             }
         }

@@ -57,6 +57,11 @@ impl Secret {
         Ok(Self { key })
     }
 
+    /// The `whsec_…` text of a key of `key` bytes (made by the caller from a secure source).
+    pub fn encode(key: &[u8]) -> String {
+        format!("{SECRET_PREFIX}{}", STANDARD.encode(key))
+    }
+
     /// `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`.
     fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.key)

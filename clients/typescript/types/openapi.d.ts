@@ -123,74 +123,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/log/checkpoint": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** The transparency log's newest signed checkpoint (C2SP tlog-checkpoint as a signed-note, text). */
-        get: operations["getLogCheckpoint"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/log/proof/consistency": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** The RFC 6962 consistency proof that the tree of `to` leaves extends the one of `from` leaves. */
-        get: operations["getLogConsistencyProof"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/log/proof/inclusion": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** The RFC 6962 inclusion proof of the event at a position in the tree of a size. */
-        get: operations["getLogInclusionProof"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/v1/log/tile/{tile}": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** A hash tile of the tree (C2SP tlog-tiles, height 8): `<level>/<index>[.p/<width>]`, the index in the `x001/234` form; the path holds slashes. */
-        get: operations["getLogTile"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/openapi.json": {
         parameters: {
             query?: never;
@@ -388,7 +320,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims live in the serving process's memory, not in the log (operator token). */
+        /** Claim an item of the review queue for the caller (or renew the caller's claim) for `lease_s` seconds (default 900, at most 3600); the claim is shown to others and ends by itself. While it runs, another operator's claim or decision is refused with 409 `claimed` naming the holder. Claims are kept beside the log, not in it: in the shared PostgreSQL database, or in a file beside the SQLite ledger, so every instance on the ledger refuses a second claimer and a restart keeps them (operator token). */
         post: operations["claimReviewItem"];
         delete?: never;
         options?: never;
@@ -407,6 +339,57 @@ export interface paths {
         put?: never;
         /** End the caller's claim on an item (someone else's is refused with 409 `claimed`) (operator token). */
         post: operations["releaseReviewItem"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/subjects": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Every data subject: its key's id, tenant, operations, and name unless erased (operator token). */
+        get: operations["listSubjects"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/subjects/{subject}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** One data subject, in every tenant that has it (operator token). */
+        get: operations["showSubject"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/subjects/{subject}/erase": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Erase a data subject: destroy their key, record SubjectErased, send their open operations to a person (operator token; a tenant token is refused). */
+        post: operations["eraseSubject"];
         delete?: never;
         options?: never;
         head?: never;
@@ -440,11 +423,30 @@ export interface paths {
         /** The webhook endpoints with their state, lag and counts (operator token; an operator limited to some tenants sees the endpoints whose tenants are all theirs). */
         get: operations["listWebhooks"];
         put?: never;
-        post?: never;
+        /** Define an endpoint, delivered at once without a restart from the log's head; kept in the ledger's store so every instance on it delivers it (operator token; an operator limited to some tenants defines endpoints of their tenants only). The answer carries its secret. */
+        post: operations["createWebhook"];
         delete?: never;
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** Delete an endpoint defined through the API and stop delivering it (operator token). */
+        delete: operations["deleteWebhook"];
+        options?: never;
+        head?: never;
+        /** Change an endpoint defined through the API; it goes on from its checkpoint (operator token). An endpoint from the configuration file is 409 configured_in_file. */
+        patch: operations["updateWebhook"];
         trace?: never;
     };
     "/v1/webhooks/{id}/attempts": {
@@ -498,6 +500,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks/{id}/resend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Deliver one event of the log to this endpoint again now, under its own webhook-id (a receiver that has it deduplicates), and answer with the attempt (operator token). */
+        post: operations["resendWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks/{id}/resume": {
         parameters: {
             query?: never;
@@ -509,6 +528,40 @@ export interface paths {
         put?: never;
         /** Resume a paused or disabled endpoint from its checkpoint (operator token). */
         post: operations["resumeWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/rotate-secret": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Make a new signing secret current; the old one keeps signing beside it for overlap_s (Standard Webhooks' several signatures), so receivers switch without a lost delivery (operator token). The answer carries the new secret. */
+        post: operations["rotateWebhookSecret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send a signed test event (type webhook.test, no operation) to the endpoint now and answer with the attempt; it is recorded in the attempt log at position 0 (operator token). */
+        post: operations["testWebhook"];
         delete?: never;
         options?: never;
         head?: never;
@@ -568,15 +621,10 @@ export interface components {
             args_hash: components["schemas"]["ArgsHash"];
         };
         /**
-         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded.
+         * @description `sha256:` and 64 lowercase hex digits: the SHA-256 of the arguments' canonical JSON, as recorded; for an operation with a data subject, `hmac-sha256:` and the HMAC-SHA-256 under the subject's key, so a guessed personal value cannot be confirmed against it.
          * @example sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
          */
         ArgsHash: string;
-        ConsistencyProof: {
-            consistency_proof: string[];
-            from: number;
-            to: number;
-        };
         Counts: {
             by_state: {
                 [key: string]: number;
@@ -616,7 +664,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -673,20 +721,9 @@ export interface components {
             events: components["schemas"]["Event"][];
             /** Format: uuid */
             operation_id: string;
-            proof?: components["schemas"]["OperationProof"];
             state: components["schemas"]["State"];
             timeline: string[];
             version: number;
-        };
-        InclusionProof: {
-            /** @description The kept checkpoint of this tree size, if one is kept. */
-            checkpoint: string | null;
-            inclusion_proof: string[];
-            leaf_hash: string | null;
-            leaf_index: number;
-            position: number;
-            root_hash: string;
-            tree_size: number;
         };
         /** @description One operation of a listing, from the read models. */
         ListItem: {
@@ -737,7 +774,6 @@ export interface components {
             /** Format: uuid */
             operation_id: string;
             owner: string | null;
-            proof?: components["schemas"]["OperationProof"];
             provider: components["schemas"]["TextId"];
             requires_approval: boolean;
             /** @description Why a person must look at it; set when the state is needs_review. */
@@ -764,21 +800,6 @@ export interface components {
              */
             next: string | null;
             operations: components["schemas"]["ListItem"][];
-        };
-        /** @description Only with `proof=true` (and `as_of`): the answer's proof. Each event folded into it, its leaf (the bytes of the transparency log's leaf encoding, base64) and its RFC 6962 inclusion proof in the tree of `tree_size` leaves, which the signed `checkpoint` commits to. Check the checkpoint's signature with the log's verifier key, each leaf hash (SHA-256 of 0x00 and the leaf) and each proof; the leaf holds the event's stored data, so the fold can be repeated from it. */
-        OperationProof: {
-            /** @description A C2SP tlog-checkpoint signed as a C2SP signed-note (Ed25519). */
-            checkpoint: string;
-            events: {
-                inclusion_proof: string[];
-                leaf: string;
-                leaf_hash: string;
-                /** @description position - 1 */
-                leaf_index: number;
-                position: number;
-                version: number;
-            }[];
-            tree_size: number;
         };
         /** @description The `data` of one Server-Sent Event, and of one webhook: the same payload for every subscriber. The book's event catalog (docs/src/subscribers/events/) has one JSON Schema per `type`, stricter than this one. It never carries the operation's arguments or its idempotency key. */
         OutcomeEvent: {
@@ -839,6 +860,8 @@ export interface components {
             requires_approval: boolean;
             /** @description The delivery's id (tool-call id, message id): a redelivery finds the same operation. */
             source_id?: components["schemas"]["TextId"];
+            /** @description The data subject: the person the arguments are about (an e-mail address, a customer number). Their values are stored sealed under a key of their own and read `[erased]` once the subject is erased. Never stored in clear. */
+            subject?: components["schemas"]["TextId"];
         };
         /** @description Exactly one of the two. */
         ReplayRequest: {
@@ -853,7 +876,7 @@ export interface components {
             /** @description Seconds since `since`. */
             age_s: number;
             attempts: number;
-            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are not in the log). */
+            /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are kept beside the log, not in it). */
             claim?: {
                 expires_at: components["schemas"]["Timestamp"];
                 holder: string;
@@ -880,6 +903,18 @@ export interface components {
                     provider: string;
                     tenant: string;
                 };
+                /** @description What the action's provider promises about a repeated request, as configured now (what a retry is checked against); null when the action is no longer configured. */
+                contract?: {
+                    /** @enum {unknown} */
+                    deduplication: "idempotency_key" | "unique_label" | "naturally_idempotent" | "none";
+                    /** @description With an idempotency key: whether that time has passed. */
+                    key_expired: boolean | null;
+                    /**
+                     * Format: date-time
+                     * @description With an idempotency key: until when a retry with this operation's key is recognised (retention less its safety margin).
+                     */
+                    key_usable_until: string | null;
+                } | null;
                 /** @description The action's configured description (what the operation does, in words); null when the action is not configured any more. */
                 description?: string | null;
                 lookups: {
@@ -937,6 +972,17 @@ export interface components {
          * @enum {string}
          */
         State: "awaiting_approval" | "denied" | "pending" | "in_flight" | "succeeded" | "rejected" | "unknown" | "needs_review" | "abandoned";
+        Subject: {
+            created_at: string;
+            erased_at?: string | null;
+            erased_by?: string | null;
+            key_id: string;
+            last_recorded_at: string;
+            operations: string[];
+            /** @description The name; null once erased. */
+            subject?: string | null;
+            tenant: string;
+        };
         /** @description A name or id: 1 to 256 bytes of UTF-8 (maxLength counts characters, so text outside ASCII is refused sooner), not only whitespace, no control characters. */
         TextId: string;
         /**
@@ -967,6 +1013,29 @@ export interface components {
         };
         WebhookAttempts: {
             attempts: components["schemas"]["WebhookAttempt"][];
+        };
+        WebhookCreateRequest: {
+            /** @description Allow private and link-local addresses. */
+            allow_private_network?: boolean;
+            /** @description The friendly event types it receives (succeeded, rejected, unknown, needs_review, duplicate_detected, …), or ["all"]. */
+            events: string[];
+            /** @description Its name in the API and the metrics. */
+            id: string;
+            /** @description The longest one attempt may take. */
+            request_timeout_ms?: number;
+            /** @description How long one event is retried before the endpoint is disabled (default three days). */
+            retry_window_s?: number;
+            /** @description A whsec_… secret (24 to 64 bytes of key); one is made when left out. */
+            secret?: string;
+            /** @description The tenants whose operations it receives; left out or null: all (an operator limited to some tenants must name tenants of theirs). */
+            tenants?: string[] | null;
+            /** @description Where deliveries go: https://, or http:// to a loopback host. Private and link-local addresses are refused unless allow_private_network (SSRF). */
+            url: string;
+        };
+        WebhookDeleted: {
+            /** @constant */
+            deleted: true;
+            id: string;
         };
         WebhookDelivery: {
             consecutive_failures?: number;
@@ -1001,6 +1070,46 @@ export interface components {
             last_error: string | null;
             reason: string | null;
             /**
+             * @description Where it is defined: the configuration file (changed there) or the API (changed, rotated and deleted through it).
+             * @enum {unknown}
+             */
+            source: "configuration" | "api";
+            /**
+             * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
+             * @enum {unknown}
+             */
+            status: "active" | "paused" | "disabled";
+            /** @description The tenants it receives; null: all. */
+            tenants: string[] | null;
+            url: string;
+        };
+        WebhookEndpointWithSecret: {
+            /** @description The last log position delivered or skipped; null: none yet. */
+            checkpoint: number | null;
+            delivered_total: number;
+            delivery: components["schemas"]["WebhookDelivery"];
+            disabled_total: number;
+            /** @description The friendly event types it receives. */
+            events: string[];
+            failed_attempts_total: number;
+            id: string;
+            /** @description Log positions after the checkpoint (pending). */
+            lag_positions: number;
+            last_error: string | null;
+            /**
+             * Format: date-time
+             * @description After a rotation: when the secret it replaced stops signing (null: at once).
+             */
+            previous_secret_expires_at?: string | null;
+            reason: string | null;
+            /** @description The endpoint's current whsec_… signing secret: shown in this answer only; keep it for the receiver. */
+            secret: string;
+            /**
+             * @description Where it is defined: the configuration file (changed there) or the API (changed, rotated and deleted through it).
+             * @enum {unknown}
+             */
+            source: "configuration" | "api";
+            /**
              * @description paused: by an operator. disabled: it answered 410 Gone or failed for its whole retry window (reason says which); an operator resumes it.
              * @enum {unknown}
              */
@@ -1011,6 +1120,33 @@ export interface components {
         };
         WebhookEndpoints: {
             endpoints: components["schemas"]["WebhookEndpoint"][];
+        };
+        WebhookResendRequest: {
+            /** @description The log position of the event to deliver again, under its own webhook-id. */
+            position: number;
+        };
+        WebhookRotateRequest: {
+            /** @description How long the old secret keeps signing beside the new one, in seconds (default 86400); receivers verify with either meanwhile. */
+            overlap_s?: number;
+            /** @description The new whsec_… secret; one is made when left out. */
+            secret?: string;
+        };
+        WebhookSent: {
+            attempt: components["schemas"]["WebhookAttempt"];
+        };
+        WebhookUpdateRequest: {
+            /** @description Allow private and link-local addresses. */
+            allow_private_network?: boolean;
+            /** @description The friendly event types it receives (succeeded, rejected, unknown, needs_review, duplicate_detected, …), or ["all"]. */
+            events?: string[];
+            /** @description The longest one attempt may take. */
+            request_timeout_ms?: number;
+            /** @description How long one event is retried before the endpoint is disabled (default three days). */
+            retry_window_s?: number;
+            /** @description The tenants whose operations it receives; left out or null: all (an operator limited to some tenants must name tenants of theirs). */
+            tenants?: string[] | null;
+            /** @description Where deliveries go: https://, or http:// to a loopback host. Private and link-local addresses are refused unless allow_private_network (SSRF). */
+            url?: string;
         };
     };
     responses: {
@@ -1224,107 +1360,6 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
-    getLogCheckpoint: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The checkpoint's text. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/plain": string;
-                };
-            };
-            404: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
-    getLogConsistencyProof: {
-        parameters: {
-            query: {
-                from: number;
-                to: number;
-            };
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The proof. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ConsistencyProof"];
-                };
-            };
-            404: components["responses"]["Error"];
-            422: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
-    getLogInclusionProof: {
-        parameters: {
-            query: {
-                /** @description The event's global position (its leaf is position - 1). */
-                position: number;
-                /** @description The tree size (default: the newest kept checkpoint's, else the tree's). */
-                size?: number;
-            };
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The proof. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["InclusionProof"];
-                };
-            };
-            404: components["responses"]["Error"];
-            422: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
-    getLogTile: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path: {
-                /** @description The tile's path under tile/, e.g. `0/000` or `1/x001/002.p/7`. */
-                tile: string;
-            };
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description The tile's hashes, 32 bytes each. */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/octet-stream": string;
-                };
-            };
-            404: components["responses"]["Error"];
-            503: components["responses"]["Error"];
-        };
-    };
     openapi: {
         parameters: {
             query?: never;
@@ -1368,6 +1403,10 @@ export interface operations {
                 source_id?: components["schemas"]["TextId"];
                 /** @description Only operations recorded at or after this RFC 3339 time; with `older_than`, a time range. */
                 since?: string;
+                /** @description Only operations for this owner (as recorded with the intent), matched whole whatever its case and spacing; read through the search terms' index. */
+                owner?: string;
+                /** @description Only operations whose top-level argument NAME has VALUE, written `NAME:VALUE`; the value is matched whole (its first 200 bytes) whatever its case and spacing, for string, number and boolean arguments. Read through the search terms' index, so it answers from the matching operations only, however long the ledger. */
+                arg?: string;
                 /** @description `oldest`: the earliest recorded first; `newest`: the latest first. `after` continues in the same order. */
                 order?: "oldest" | "newest";
             };
@@ -1450,8 +1489,6 @@ export interface operations {
             query?: {
                 /** @description The operation as it stood at this moment, folded from its events up to it: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). 404 if it was not recorded yet then; 422 `invalid_input` for anything else. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
-                /** @description With `as_of`: the answer also carries `proof`, the checkpoint and the inclusion proof of each event folded (422 `invalid_input` without `as_of`; 409 `no_checkpoint` when no kept checkpoint covers the events yet and the server has no signing key). */
-                proof?: boolean;
             };
             header?: never;
             path: {
@@ -1474,7 +1511,6 @@ export interface operations {
             400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             404: components["responses"]["Error"];
-            409: components["responses"]["Error"];
             422: components["responses"]["Error"];
             500: components["responses"]["Error"];
         };
@@ -1880,6 +1916,112 @@ export interface operations {
             500: components["responses"]["Error"];
         };
     };
+    listSubjects: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The subjects. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        subjects: components["schemas"]["Subject"][];
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    showSubject: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The data subject, exactly as it was recorded. */
+                subject: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The subject. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        subjects: components["schemas"]["Subject"][];
+                    };
+                };
+            };
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+        };
+    };
+    eraseSubject: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The data subject, exactly as it was recorded. */
+                subject: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @description Why: the request's reference, never the person's data. */
+                    reason: string;
+                    tenant?: components["schemas"]["TextId"];
+                };
+            };
+        };
+        responses: {
+            /** @description What was erased, per tenant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        erased: {
+                            already_erased_at: string | null;
+                            key_id: string;
+                            operations: number;
+                            recorded: boolean;
+                            sent_to_review: string[];
+                            tenant: string;
+                        }[];
+                    };
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            415: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     trace: {
         parameters: {
             query?: {
@@ -1932,6 +2074,110 @@ export interface operations {
             };
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    createWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookCreateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointWithSecret"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    deleteWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeleted"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    updateWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookUpdateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint now. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpoint"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };
@@ -2031,6 +2277,43 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    resendWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookResendRequest"];
+            };
+        };
+        responses: {
+            /** @description The attempt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSent"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     resumeWebhook: {
         parameters: {
             query?: never;
@@ -2055,6 +2338,76 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    rotateWebhookSecret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["WebhookRotateRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint, with its new secret. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointWithSecret"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    testWebhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The attempt. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookSent"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };

@@ -1,5 +1,6 @@
 // Listings by state and age, with paging (the API's `next` cursor) and filters: state, age,
-// tenant, provider and account are all the listing API's own, so every page is filtered.
+// tenant, provider, account, owner and an argument's value are all the listing API's own, so
+// every page is filtered (a search by owner or argument reads the server's index).
 
 import { get, needsTenant } from "../api.js";
 import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
@@ -13,7 +14,7 @@ export async function render(main, { query }) {
   main.append(pageTitle("Operations"), form, results);
   // Newest first unless the URL asks for the oldest: what an incident adds is what is looked for.
   const params = new URLSearchParams({ limit: String(PAGE_ROWS), order: query.get("order") === "oldest" ? "oldest" : "newest" });
-  for (const name of ["state", "older_than", "since", "tenant", "provider", "account", "action", "source_id", "after"]) {
+  for (const name of ["state", "older_than", "since", "tenant", "provider", "account", "action", "source_id", "owner", "arg", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
   try {
@@ -40,6 +41,8 @@ function filters(query) {
     field("account", "Account", text("account", "any")),
     field("action", "Action", text("action", "any")),
     field("source_id", "Source id", text("source_id", "a tool call's id")),
+    field("owner", "Owner", text("owner", "whom it is for")),
+    field("arg", "Argument", text("arg", "name:value, e.g. title:Call the client")),
     field("since", "Recorded since", text("since", "e.g. 2026-12-01T14:00:00Z")),
     field("order", "Order", h("select", { id: "filter-order", name: "order" }, h("option", { value: "" }, "newest first"), h("option", { value: "oldest", selected: query.get("order") === "oldest" }, "oldest first"))),
     h("button", { type: "submit" }, "Show"),

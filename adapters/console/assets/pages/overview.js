@@ -49,7 +49,7 @@ export async function render(main, { query }, context) {
         numberCard("Oldest unknown", oldest ? duration(Date.now() - Date.parse(oldest.since)) : "none", oldest ? h("span", {}, "since its answer was lost: ", link(`operation/${oldest.operation_id}`, shortId(oldest.operation_id), { title: oldest.operation_id })) : "no operation waits for its outcome"),
         numberCard("Reconciliations confirmed", everyTenant ? metrics.reconciliations ?? "—" : "—", everyTenant ? "lookups that found the object (all tenants)" : "counted for the whole server only"),
         numberCard("Duplicates detected", counts.duplicates_detected, "a second object for one request"),
-        numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `log head ${health.log_head} · ${health.status}` : "health unavailable"),
+        numberCard("Read-model lag", health ? `${health.read_model_lag_positions} events` : "—", health ? `${health.log_head === null || health.log_head === undefined ? "the log is empty" : `log head at position ${health.log_head}`} · ${health.status}` : "health unavailable"),
       );
       failure.replaceChildren();
     } catch (error) {

@@ -314,7 +314,7 @@ function evidence(item, operation) {
       { class: "card summary", "aria-labelledby": "what-heading" },
       h("h2", { id: "what-heading" }, "What was asked"),
       h("p", { class: "big" }, `${capital(detail.description ?? binding.action ?? "an action")} in ${binding.provider ?? item.provider}, account ${binding.account ?? item.account}, for tenant ${item.tenant}.`),
-      h("table", { class: "args" }, h("caption", {}, "Arguments, frozen when the request was recorded"), h("tbody", {}, Object.entries(args).map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, typeof v === "string" ? v : JSON.stringify(v)))))),
+      h("table", { class: "args" }, h("caption", {}, "Arguments, frozen when the request was recorded"), h("tbody", {}, Object.entries(args).map(([k, v]) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, argumentValue(typeof v === "string" ? v : JSON.stringify(v, null, 1))))))),
       h("p", {}, badge(item.state), " ", operation.message),
     ),
     h(
@@ -322,7 +322,7 @@ function evidence(item, operation) {
       { class: "card why", "aria-labelledby": "why-heading" },
       h("h2", { id: "why-heading" }, "Why it needs you"),
       h("p", {}, item.reason ?? "The last attempt's outcome is unknown and opledger is still looking for evidence; you may decide now or wait."),
-      h("p", { class: "contract" }, h("strong", {}, "What this CRM promises about repeats: "), contractInWords(item.reason)),
+      h("p", { class: "contract" }, h("strong", {}, "What this CRM promises about repeats: "), contractInWords(detail.contract)),
       h("p", { class: "how" }, h("strong", {}, "How to check: "), howToCheck(item, detail)),
       facts([
         ["Waiting since", `${time(item.since)} (${duration(item.age_s * 1000)})`],
@@ -399,18 +399,33 @@ function lookupResult(result) {
   return result.authoritative === false ? `${kind} (not proof)` : kind;
 }
 
-/// The action's deduplication contract in plain words, from the reason the ledger gave.
-function contractInWords(reason = "") {
-  if (/neither honours idempotency keys nor enforces a unique label/.test(reason)) {
-    return "nothing. It cannot tell a repeated request from a new one, so if the first request did arrive, a retry creates a second object.";
+/// Longer argument values than this (in characters) are collapsed to their first line, so a
+/// pasted document does not push the evidence off the screen.
+const ARGUMENT_SHOWN_CHARS = 240;
+
+/// An argument's value, collapsed behind its beginning when it is long.
+function argumentValue(text) {
+  if (text.length <= ARGUMENT_SHOWN_CHARS) return text;
+  return h("details", { class: "long-argument" }, h("summary", {}, `${text.slice(0, ARGUMENT_SHOWN_CHARS / 2)}… (${text.length.toLocaleString("en")} characters; show all)`), h("pre", {}, text));
+}
+
+/// The action's deduplication contract in plain words, from the contract the API reports (the
+/// one every retry is checked against), not from the wording of a reason.
+function contractInWords(contract) {
+  switch (contract?.deduplication) {
+    case "none":
+      return "nothing. It cannot tell a repeated request from a new one, so if the first request did arrive, a retry creates a second object.";
+    case "idempotency_key":
+      return contract.key_expired
+        ? `it recognises a repeat by its idempotency key only for a limited time, and that time ended ${time(contract.key_usable_until)}: a retry now may create a second object.`
+        : `it recognises a repeat by its idempotency key until ${time(contract.key_usable_until)}, so a retry with the same key before then does not create a second object.`;
+    case "unique_label":
+      return "it refuses a second object with the same label, so a retry cannot create a duplicate.";
+    case "naturally_idempotent":
+      return "repeating this request has no further effect, so a retry is safe.";
+    default:
+      return "unknown: the action is no longer configured, so nothing can be said about repeats. Check the CRM before retrying.";
   }
-  if (/retention/.test(reason)) {
-    return "it recognises a repeat by its idempotency key only for a limited time, and that time has passed: a retry now may create a second object.";
-  }
-  if (/idempotency key/.test(reason)) {
-    return "it recognises a repeat by its idempotency key, so a retry with the same key does not create a second object.";
-  }
-  return "see the reason above; a retry is sent with the same key and label as the first request.";
 }
 
 function table(headings, rows) {
@@ -458,7 +473,7 @@ function decisionForm(item, operation) {
       externalRow.hidden = event.target.value !== "confirm";
       // Where the contract cannot make a retry safe, the acknowledgement is asked for when the
       // retry is chosen, not only after the server refused it.
-      const ask = event.target.value === "retry" && retryMayDuplicate(item.reason);
+      const ask = event.target.value === "retry" && retryMayDuplicate(item.detail?.contract);
       risk.replaceChildren(...(ask ? riskNotice(null, item) : []));
       risk.hidden = !ask;
     }
@@ -519,10 +534,10 @@ function staleNotice(error, version) {
   );
 }
 
-/// Whether the ledger's reason says the action's contract cannot make a retry safe (the API then
-/// refuses a retry without `accept_duplicate_risk`).
-function retryMayDuplicate(reason = "") {
-  return /neither honours idempotency keys nor enforces a unique label|retention/.test(reason);
+/// Whether the action's contract cannot make a retry safe (the API then refuses a retry without
+/// `accept_duplicate_risk`): no deduplication, or an idempotency key the provider has forgotten.
+function retryMayDuplicate(contract) {
+  return contract?.deduplication === "none" || (contract?.deduplication === "idempotency_key" && contract.key_expired === true);
 }
 
 /// The duplicate-risk explanation and its acknowledgement: asked for when a risky retry is

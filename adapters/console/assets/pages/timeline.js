@@ -84,6 +84,7 @@ function summary(operation) {
     facts([
       ["Operation", operation.operation_id],
       ["Tenant", operation.tenant],
+      ["Owner", operation.owner ?? "none recorded"],
       ["Provider / account", `${operation.provider} / ${operation.account}`],
       ["Action", operation.action],
       ["External id", operation.external_id],

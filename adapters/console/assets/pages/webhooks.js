@@ -1,9 +1,11 @@
 // Outcome webhooks, for operators: each subscribed endpoint with what its delivery is doing, how
-// far behind it is and its counts; pause, resume and replay; and one endpoint's delivery attempts
-// (when, the answer, how long, what went wrong), newest first. The same routes as any client:
-// GET /v1/webhooks, POST /v1/webhooks/{id}/pause|resume|replay, GET /v1/webhooks/{id}/attempts.
+// far behind it is and its counts; pause, resume and replay (confirmed first); a test event;
+// endpoints defined, rotated and deleted here without a restart; and one endpoint's delivery
+// attempts (when, the answer, how long, what went wrong), newest first. The same routes as any
+// client: GET|POST /v1/webhooks, PATCH|DELETE /v1/webhooks/{id},
+// POST /v1/webhooks/{id}/pause|resume|replay|test|rotate-secret, GET /v1/webhooks/{id}/attempts.
 
-import { get, post } from "../api.js";
+import { call, get, post } from "../api.js";
 import { announce, duration, errorBox, facts, h, link, pageTitle, rawJson, time } from "../ui.js";
 
 /// The most attempts one endpoint's page lists (the API keeps 10,000 per endpoint).
@@ -15,15 +17,18 @@ export async function render(main, { id }) {
 
 async function renderEndpoints(main) {
   const list = h("div", { "aria-busy": "true" });
+  const shown = h("div", { "aria-live": "polite" });
   main.append(
     pageTitle("Webhooks"),
     h("p", { class: "lead" }, "Services that receive outcome events by URL. Each endpoint gets its events one at a time, in the ledger's order, signed; a failing one is retried with growing pauses, and only that endpoint waits."),
     list,
+    newEndpointForm(shown, () => show()),
+    shown,
   );
   const show = async () => {
     try {
       const { endpoints } = await get("/v1/webhooks");
-      list.replaceChildren(...(endpoints.length ? endpoints.map((endpoint) => card(endpoint, show)) : [h("p", { class: "empty card" }, "No webhook endpoint is configured (or none whose tenants this token sees). They are added as [[webhooks]] entries in the server's configuration.")]));
+      list.replaceChildren(...(endpoints.length ? endpoints.map((endpoint) => card(endpoint, show)) : [h("p", { class: "empty card" }, "No webhook endpoint yet (or none whose tenants this token sees). Add one below, or as a [[webhooks]] entry in the server's configuration.")]));
     } catch (error) {
       list.replaceChildren(errorBox(error, show));
     }
@@ -33,17 +38,90 @@ async function renderEndpoints(main) {
   return null;
 }
 
+/// The form that defines an endpoint through the API; its secret is shown once, here.
+function newEndpointForm(shown, refresh) {
+  const field = (id, label, attributes, help) => [
+    h("label", { for: id }, label),
+    h("input", { id, type: "text", autocomplete: "off", ...attributes, ...(help ? { "aria-describedby": `${id}-help` } : {}) }),
+    help ? h("p", { id: `${id}-help`, class: "help" }, help) : null,
+  ];
+  const form = h(
+    "form",
+    { class: "card new-endpoint", novalidate: true, "aria-labelledby": "new-endpoint-title" },
+    h("h2", { id: "new-endpoint-title" }, "Add an endpoint"),
+    ...field("new-endpoint-id", "Name", { placeholder: "e.g. billing" }, "Letters, digits, - or _."),
+    ...field("new-endpoint-url", "URL", { placeholder: "https://billing.example.com/hooks/opledger" }, "https://, or http:// to this machine. Private network addresses are refused."),
+    ...field("new-endpoint-events", "Events", { value: "succeeded, needs_review" }, "Comma-separated: succeeded, rejected, unknown, needs_review, duplicate_detected … or all."),
+    ...field("new-endpoint-tenants", "Tenants", { placeholder: "every tenant" }, "Comma-separated; leave empty for every tenant your token covers."),
+    h("button", { type: "submit", class: "primary" }, "Add endpoint"),
+  );
+  const list = (id) =>
+    form
+      .querySelector(`#${id}`)
+      .value.split(",")
+      .map((part) => part.trim())
+      .filter(Boolean);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const tenants = list("new-endpoint-tenants");
+    const body = {
+      id: form.querySelector("#new-endpoint-id").value.trim(),
+      url: form.querySelector("#new-endpoint-url").value.trim(),
+      events: list("new-endpoint-events"),
+      ...(tenants.length ? { tenants } : {}),
+    };
+    try {
+      const created = await post("/v1/webhooks", body);
+      shown.replaceChildren(secretNote(created.id, created.secret, "added"));
+      announce(`${created.id} added`);
+      form.reset();
+      await refresh();
+    } catch (error) {
+      shown.replaceChildren(errorBox(error, null));
+    }
+  });
+  return form;
+}
+
+/// A secret handed over once, to copy into the receiver's configuration.
+function secretNote(id, secret, what) {
+  return h(
+    "div",
+    { class: "card notice", role: "status" },
+    h("p", {}, `${id} ${what}. Its signing secret is shown this once; put it in the receiver's configuration:`),
+    h("p", {}, h("code", { class: "secret" }, secret)),
+  );
+}
+
 function card(endpoint, refresh) {
   const key = endpoint.id;
+  const path = `/v1/webhooks/${encodeURIComponent(key)}`;
   const result = h("div", { "aria-live": "polite" });
-  const act = async (verb, body) => {
+  const act = async (verb, body, said) => {
     try {
-      await post(`/v1/webhooks/${encodeURIComponent(key)}/${verb}`, body);
-      announce(`${key}: ${verb} done`);
+      const answer = await post(`${path}/${verb}`, body);
+      const text = said ? said(answer) : `${key}: ${verb} done`;
+      announce(text);
       await refresh();
+      document.querySelector(`[data-endpoint="${CSS.escape(key)}"] [aria-live]`)?.replaceChildren(h("p", { class: "done", role: "status" }, text));
     } catch (error) {
       result.replaceChildren(errorBox(error, null));
     }
+  };
+  /// A second click confirms: the button says what is about to happen, and another way out.
+  const confirmed = (button, question, run) => {
+    button.addEventListener("click", () => {
+      const yes = h("button", { type: "button", class: "primary" }, "Yes, do it");
+      const no = h("button", { type: "button" }, "Cancel");
+      yes.addEventListener("click", () => {
+        result.replaceChildren();
+        run();
+      });
+      no.addEventListener("click", () => result.replaceChildren());
+      result.replaceChildren(h("div", { class: "confirm", role: "alertdialog", "aria-label": question }, h("p", {}, question), yes, no));
+      yes.focus();
+    });
+    return button;
   };
   const from = h("input", { id: `replay-from-${key}`, type: "text", autocomplete: "off", placeholder: "e.g. 0, 1520 or 2026-12-01T00:00:00Z", "aria-describedby": `replay-help-${key}` });
   const replay = h(
@@ -53,20 +131,49 @@ function card(endpoint, refresh) {
     from,
     h("button", { type: "submit" }, "Replay"),
   );
+  const replayed = (answer) => `${key}: replaying from position ${answer.checkpoint ?? 0}; ${answer.lag_positions} log positions to go through again`;
   replay.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = from.value.trim();
-    if (/^\d+$/.test(text)) act("replay", { after_position: Number(text) });
-    else if (text && !Number.isNaN(Date.parse(text))) act("replay", { since: text });
-    else result.replaceChildren(h("p", { class: "error", role: "alert" }, "Give a log position (0 for the very beginning) or a time such as 2026-12-01T00:00:00Z."));
+    let body;
+    let what;
+    if (/^\d+$/.test(text)) [body, what] = [{ after_position: Number(text) }, Number(text) === 0 ? "every event from the beginning" : `every event after position ${text}`];
+    else if (text && !Number.isNaN(Date.parse(text))) [body, what] = [{ since: text }, `every event since ${text}`];
+    else return result.replaceChildren(h("p", { class: "error", role: "alert" }, "Give a log position (0 for the very beginning) or a time such as 2026-12-01T00:00:00Z."));
+    const yes = h("button", { type: "button", class: "primary" }, "Yes, deliver again");
+    const no = h("button", { type: "button" }, "Cancel");
+    yes.addEventListener("click", () => act("replay", body, replayed));
+    no.addEventListener("click", () => result.replaceChildren());
+    result.replaceChildren(h("div", { class: "confirm", role: "alertdialog", "aria-label": "Confirm the replay" }, h("p", {}, `Deliver ${what} to ${key} again?`), yes, no));
+    yes.focus();
   });
   const status = endpoint.status;
+  const health = badgeOf(endpoint);
+  const managed = endpoint.source === "api";
+  const rotate = confirmed(h("button", { type: "button" }, "Rotate secret"), `Make a new secret for ${key}? The current one keeps signing beside it for 24 hours, so the receiver can switch without losing a delivery.`, async () => {
+    try {
+      const rotated = await post(`${path}/rotate-secret`, {});
+      result.replaceChildren(secretNote(key, rotated.secret, "has a new secret"));
+    } catch (error) {
+      result.replaceChildren(errorBox(error, null));
+    }
+  });
+  const remove = confirmed(h("button", { type: "button", class: "danger" }, "Delete endpoint"), `Delete ${key}? Deliveries to it stop at once.`, async () => {
+    try {
+      await call("DELETE", path);
+      announce(`${key} deleted`);
+      await refresh();
+    } catch (error) {
+      result.replaceChildren(errorBox(error, null));
+    }
+  });
   return h(
     "article",
     { class: "card webhook", "data-endpoint": key, "aria-labelledby": `endpoint-${key}` },
-    h("h2", { id: `endpoint-${key}` }, key, " ", h("span", { class: `badge badge-${status === "active" ? "ok" : status === "paused" ? "warn" : "bad"}` }, status)),
+    h("h2", { id: `endpoint-${key}` }, key, " ", h("span", { class: `badge badge-${health.tone}` }, health.text)),
     facts([
       ["URL", h("code", {}, endpoint.url)],
+      ["Defined in", managed ? "the API (change it here)" : "the configuration file"],
       ["Events", endpoint.events.join(", ")],
       ["Tenants", endpoint.tenants ? endpoint.tenants.join(", ") : "every tenant"],
       ["Delivery", deliveryText(endpoint)],
@@ -81,6 +188,9 @@ function card(endpoint, refresh) {
       status === "active"
         ? h("button", { type: "button", onclick: () => act("pause") }, "Pause deliveries")
         : h("button", { type: "button", class: "primary", onclick: () => act("resume") }, status === "disabled" ? "Resume (the failed event comes first)" : "Resume deliveries"),
+      h("button", { type: "button", onclick: () => act("test", {}, ({ attempt }) => `${key}: test event ${attempt.error ? `failed: ${attempt.error}` : `answered HTTP ${attempt.status}`} in ${duration(attempt.duration_ms)}`) }, "Send a test event"),
+      managed ? rotate : null,
+      managed ? remove : null,
       link(`webhooks/${encodeURIComponent(key)}`, "Delivery attempts"),
     ),
     replay,
@@ -88,6 +198,25 @@ function card(endpoint, refresh) {
     result,
     rawJson(endpoint),
   );
+}
+
+/// The badge an endpoint wears: what its delivery is doing, not only the journal's status (an
+/// active endpoint retrying the same event for hours is failing, not green).
+function badgeOf({ status, delivery }) {
+  if (status === "paused") return { tone: "warn", text: "paused" };
+  if (status === "disabled") return { tone: "bad", text: "disabled" };
+  switch (delivery?.state) {
+    case "retrying":
+      return delivery.consecutive_failures >= 3 ? { tone: "bad", text: "failing" } : { tone: "warn", text: "retrying" };
+    case "faulted":
+      return { tone: "bad", text: "faulted" };
+    case "standby":
+      return { tone: "ok", text: "standby" };
+    case "finished":
+      return { tone: "warn", text: "stopped" };
+    default:
+      return { tone: "ok", text: "active" };
+  }
 }
 
 /// What the endpoint's delivery is doing. The journal's status decides first: right after a

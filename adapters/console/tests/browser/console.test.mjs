@@ -258,6 +258,12 @@ try {
     assert.equal(await page.evaluate(() => document.cookie), "");
   });
 
+  await check("an empty ledger's overview says the log is empty, not a null head", async () => {
+    await page.getByRole("link", { name: "Overview" }).click();
+    await page.getByText(/the log is empty/).waitFor();
+    assert.ok(!(await page.locator("main").innerText()).includes("null"), "no null is shown");
+  });
+
   await check("an unknown operation appears live on the overview", async () => {
     await page.getByRole("link", { name: "Overview" }).click();
     await page.locator("h1", { hasText: "Overview" }).waitFor();
@@ -307,6 +313,7 @@ try {
     await shot(page, "decide");
   });
 
+
   await check("a decision on a version that moved on is refused and shown as stale", async () => {
     // Another operator decides first, through the API, while this page shows the old version.
     const current = await stateOf(first);
@@ -321,6 +328,8 @@ try {
     await page.getByLabel("Why (recorded with your decision)").fill("the client cancelled");
     await page.getByRole("button", { name: "Record decision" }).click();
     await page.locator(".stale", { hasText: "changed after you opened it" }).waitFor();
+    // The refusal names who decided and what, not only that something changed.
+    await page.locator(".stale", { hasText: /oncall decided that it succeeded as found-by-hand-1 at .*found it in the CRM/ }).waitFor();
     assert.equal((await stateOf(first)).state, "succeeded", "the stale decision changed nothing");
     await shot(page, "decide-stale");
     await page.getByRole("button", { name: "Reload the evidence" }).click();
@@ -461,9 +470,11 @@ try {
   await check("an operator sees a failing webhook endpoint, its attempts, and pauses and resumes it", async () => {
     await page.getByRole("link", { name: "Webhooks" }).click();
     const endpoint = page.locator('article[data-endpoint="ops-feed"]');
-    // Its receiver is gone: the first event is retried with growing pauses.
+    // Its receiver is gone: the first event is retried with growing pauses, and the badge says
+    // so instead of a green "active".
     await endpoint.getByText(/retrying the event at position \d+/).waitFor();
-    await endpoint.getByText("active", { exact: true }).waitFor();
+    await endpoint.locator("h2 .badge", { hasText: /^(retrying|failing)$/ }).waitFor();
+    assert.equal(await endpoint.locator("h2 .badge-ok").count(), 0, "a failing endpoint is not shown green");
     await axe(page, "webhooks");
     await shot(page, "webhooks");
     await endpoint.getByRole("link", { name: "Delivery attempts" }).click();
@@ -479,11 +490,46 @@ try {
     const listed = await api("GET", "/v1/webhooks", OPERATOR);
     assert.equal(listed.json.endpoints.find((e) => e.id === "ops-feed").status, "paused", JSON.stringify(listed.json));
     await endpoint.getByRole("button", { name: "Resume deliveries" }).click();
-    await endpoint.getByText("active", { exact: true }).waitFor();
+    await endpoint.getByRole("button", { name: "Pause deliveries" }).waitFor();
     // A replay from something that is neither a position nor a time is refused on the page.
     await endpoint.getByLabel("Deliver again from").fill("yesterday");
     await endpoint.getByRole("button", { name: "Replay" }).click();
     await endpoint.getByRole("alert").filter({ hasText: "log position" }).waitFor();
+    // A replay asks first, says what it will do, and shows what it did.
+    await endpoint.getByLabel("Deliver again from").fill("0");
+    await endpoint.getByRole("button", { name: "Replay" }).click();
+    await endpoint.getByRole("alertdialog").filter({ hasText: "Deliver every event from the beginning to ops-feed again?" }).waitFor();
+    await endpoint.getByRole("button", { name: "Yes, deliver again" }).click();
+    await endpoint.locator(".done", { hasText: /replaying from position 0; \d+ log positions to go through again/ }).waitFor();
+  });
+
+  await check("an operator adds an endpoint on the page without a restart, tests it, rotates its secret and deletes it", async () => {
+    // The same gone receiver as ops-feed's: the test event's failure is what the page shows.
+    const gone = (await api("GET", "/v1/webhooks", OPERATOR)).json.endpoints.find((e) => e.id === "ops-feed").url;
+    await page.getByRole("link", { name: "Webhooks" }).click();
+    await page.getByLabel("Name").fill("crm-feed");
+    await page.getByLabel("URL").fill("https://169.254.169.254/latest");
+    await page.getByRole("button", { name: "Add endpoint" }).click();
+    await page.getByText(/private or link-local address/).waitFor();
+    await page.getByLabel("URL").fill(gone);
+    await page.getByRole("button", { name: "Add endpoint" }).click();
+    const secret = await page.locator("code.secret").innerText();
+    assert.match(secret, /^whsec_/);
+    const added = page.locator('article[data-endpoint="crm-feed"]');
+    await added.getByText("the API (change it here)").waitFor();
+    await added.getByRole("button", { name: "Send a test event" }).click();
+    await added.locator(".done", { hasText: /crm-feed: test event (failed|answered HTTP)/ }).waitFor();
+    await added.getByRole("button", { name: "Rotate secret" }).click();
+    await added.getByRole("button", { name: "Yes, do it" }).click();
+    const rotated = await added.locator("code.secret").innerText();
+    assert.ok(rotated.startsWith("whsec_") && rotated !== secret, "a new secret is shown");
+    await axe(page, "webhooks with an endpoint added");
+    await shot(page, "webhooks-added");
+    await added.getByRole("button", { name: "Delete endpoint" }).click();
+    await added.getByRole("button", { name: "Yes, do it" }).click();
+    await added.waitFor({ state: "detached" });
+    const listed = await api("GET", "/v1/webhooks", OPERATOR);
+    assert.deepEqual(listed.json.endpoints.map((e) => e.id), ["ops-feed"]);
   });
 
   await check("at a phone's width the decision and the timeline fit without sideways scrolling", async () => {
@@ -615,8 +661,44 @@ try {
     await approver.close();
   });
 
+  await check("a long argument is collapsed behind its beginning, and the owner is shown", async () => {
+    await loseNextCreates(1);
+    const recorded = await api("POST", "/v1/operations?execute=true&wait_ms=200", TENANT_A, {
+      provider: "crm-plain",
+      account: ACCOUNT,
+      action: "create_task",
+      owner: "anna.k",
+      args: { title: "Call Dora about the long brief", notes: "A pasted brief. ".repeat(640) },
+    });
+    assert.ok([200, 201].includes(recorded.status), JSON.stringify(recorded.json));
+    const id = recorded.json.operation_id;
+    await page.goto(`/console#/operation/${id}`);
+    await page.locator(".summary").getByText("anna.k").waitFor();
+    for (let tries = 0; (await stateOf(id)).state !== "needs_review"; tries += 1) {
+      assert.ok(tries < 100, "the lost task reaches the review queue");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    await page.goto(`/console#/review/${id}`);
+    await page.locator("#decide-heading").waitFor();
+    const collapsed = page.locator("details.long-argument");
+    await collapsed.waitFor();
+    assert.match(await collapsed.locator("summary").innerText(), /10,240 characters; show all/);
+    assert.equal(await collapsed.evaluate((node) => node.open), false, "closed until asked");
+    const box = await page.locator("table.args").boundingBox();
+    assert.ok(box.height < 400, `the arguments take ${box.height}px, not a screenful`);
+    await page.locator(".summary, .why").first().waitFor();
+    // Dark mode, when the system asks for it: every text still at AA contrast.
+    await page.emulateMedia({ colorScheme: "dark" });
+    assert.equal(await page.evaluate(() => getComputedStyle(document.documentElement).backgroundColor), "rgb(13, 17, 23)");
+    await axe(page, "decision form in dark mode");
+    await shot(page, "decide-dark");
+    await page.emulateMedia({ colorScheme: "light" });
+    await api("POST", `/v1/operations/${id}/review`, OPERATOR, { decision: "abandon", note: "a test item" });
+  });
+
   assert.deepEqual(problems, [], "the browser reported problems");
   assert.equal(inlineRefusals.length, 1, `only the injected script is refused: ${inlineRefusals.join("\n")}`);
+
   console.log("all console checks passed");
 } catch (error) {
   console.error(`FAILED at: ${step}\n${error.stack ?? error}`);

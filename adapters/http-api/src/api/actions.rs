@@ -36,7 +36,7 @@ pub(crate) const DEDUPLICATIONS: [&str; 4] = [
     "none",
 ];
 
-fn deduplication_name(deduplication: Deduplication) -> &'static str {
+pub(super) fn deduplication_name(deduplication: Deduplication) -> &'static str {
     match deduplication {
         Deduplication::IdempotencyKey { .. } => DEDUPLICATIONS[0],
         Deduplication::UniqueLabel => DEDUPLICATIONS[1],

@@ -98,7 +98,11 @@ pub(super) async fn bulk(
                 continue;
             }
         };
-        if let Some(claim) = shared.claims.held_by_other(operation_id, name, Utc::now()) {
+        if let Some(claim) = shared
+            .claims
+            .held_by_other(operation_id, name, Utc::now())
+            .await?
+        {
             let error = super::claim::held_error(operation_id, &claim);
             refused.push(refuse(error.code, error.message));
             continue;

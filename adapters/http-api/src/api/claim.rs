@@ -1,5 +1,5 @@
 //! Claiming a review item before working it, and letting go of it (see `claims.rs` for where
-//! claims live and why they are not in the log).
+//! claims live and why they are rows beside the log, not events in it).
 
 // The handlers share the parent module's imports, extractors and helpers.
 use super::*;
@@ -61,6 +61,7 @@ pub(super) async fn claim(
     match shared
         .claims
         .claim(operation_id, &name, lease_s, Utc::now())
+        .await
     {
         Ok(claim) => Ok(json_reply(
             StatusCode::OK,
@@ -70,8 +71,9 @@ pub(super) async fn claim(
         Err(ClaimRefused::Full) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_claims",
-            "this server holds as many claims as it keeps; try again once some have ended",
+            "as many claims run as the ledger keeps; try again once some have ended",
         )),
+        Err(ClaimRefused::Store(error)) => Err(error.into()),
     }
 }
 
@@ -88,6 +90,7 @@ pub(super) async fn release(
     shared
         .claims
         .release(operation_id, name, Utc::now())
+        .await?
         .map_err(|claim| held_error(operation_id, &claim))?;
     Ok(json_reply(
         StatusCode::OK,

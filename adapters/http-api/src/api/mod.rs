@@ -68,7 +68,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 35] = [
+pub(crate) const ROUTES: [(&str, &str); 41] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
@@ -93,6 +93,12 @@ pub(crate) const ROUTES: [(&str, &str); 35] = [
     ("post", "/v1/webhooks/{id}/pause"),
     ("post", "/v1/webhooks/{id}/resume"),
     ("post", "/v1/webhooks/{id}/replay"),
+    ("post", "/v1/webhooks"),
+    ("patch", "/v1/webhooks/{id}"),
+    ("delete", "/v1/webhooks/{id}"),
+    ("post", "/v1/webhooks/{id}/rotate-secret"),
+    ("post", "/v1/webhooks/{id}/test"),
+    ("post", "/v1/webhooks/{id}/resend"),
     ("get", "/v1/webhooks/{id}/attempts"),
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
@@ -158,7 +164,14 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/log/tile/{*path}", get(log::tile))
         .route("/v1/log/proof/inclusion", get(log::inclusion))
         .route("/v1/log/proof/consistency", get(log::consistency))
-        .route("/v1/webhooks", get(webhooks::list))
+        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+        .route(
+            "/v1/webhooks/{id}",
+            axum::routing::patch(webhooks::update).delete(webhooks::remove),
+        )
+        .route("/v1/webhooks/{id}/rotate-secret", post(webhooks::rotate))
+        .route("/v1/webhooks/{id}/test", post(webhooks::test))
+        .route("/v1/webhooks/{id}/resend", post(webhooks::resend))
         .route("/v1/webhooks/{id}/pause", post(webhooks::pause))
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
         .route("/v1/webhooks/{id}/replay", post(webhooks::replay))

@@ -33,10 +33,39 @@ pub(super) struct ListQuery {
     source_id: Option<String>,
     /// Only operations recorded at or after this RFC 3339 time.
     since: Option<String>,
+    /// Only operations for this owner.
+    owner: Option<String>,
+    /// Only operations whose top-level argument has a value: `name:value` (e.g.
+    /// `title:Call the client`), matched whole whatever its case and spacing.
+    arg: Option<String>,
     /// `oldest` (the default) or `newest` first.
     order: Option<String>,
     /// The listing as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
+}
+
+/// `arg=name:value` read as (name, value); the name is an argument's, the value what to find.
+fn argument_search(text: &str) -> Result<(String, String), ApiError> {
+    let refuse = |why: &str| {
+        ApiError::invalid(ValidationError::new(
+            "arg",
+            format!("{why}; write arg=NAME:VALUE with an argument's name and the value to find, e.g. arg=title:Call the client"),
+        ))
+    };
+    let (name, value) = text
+        .split_once(':')
+        .ok_or_else(|| refuse(&format!("`{text}` has no `:` between a name and a value")))?;
+    let name = name.trim();
+    if name.is_empty() || name.len() > opledger_readmodel::terms::MAX_TERM_NAME_BYTES {
+        return Err(refuse(&format!(
+            "the argument's name is empty or longer than {} bytes",
+            opledger_readmodel::terms::MAX_TERM_NAME_BYTES
+        )));
+    }
+    if value.trim().is_empty() {
+        return Err(refuse("the value to find is empty"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 pub(super) async fn list(
@@ -102,6 +131,8 @@ pub(super) async fn list(
         })
         .transpose()?;
     let newest_first = review_order(query.order.as_deref())? == ReviewOrder::NewestFirst;
+    let argument = query.arg.as_deref().map(argument_search).transpose()?;
+    let owner = query.owner.clone().filter(|owner| !owner.trim().is_empty());
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
     if let Some(as_of) = as_of {
         let scope = PastScope {
@@ -122,6 +153,8 @@ pub(super) async fn list(
             since,
             action,
             source_id,
+            owner,
+            argument,
             newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
@@ -138,6 +171,8 @@ pub(super) async fn list(
         since,
         action,
         source_id,
+        owner,
+        argument,
         newest_first,
     };
     let page = shared
@@ -424,14 +459,20 @@ pub(super) async fn review_queue(
             (page, total, Utc::now(), None)
         }
     };
+    // Claims are the present's (kept beside the log, not in it): none as of a past moment.
+    let claims = match as_of {
+        None => {
+            let ids: Vec<_> = page.items.iter().map(|item| item.operation_id).collect();
+            shared.claims.running(&ids, Utc::now()).await?
+        }
+        Some(_) => std::collections::HashMap::new(),
+    };
     let mut rows: Vec<Value> = Vec::with_capacity(page.items.len());
     for item in &page.items {
         let mut row = crate::render::review_item_json(item, now);
-        // Claims are the present's (kept in memory, not in the log): none as of a past moment.
-        row["claim"] = match as_of {
-            None => claim_of(&shared, item.operation_id),
-            Some(_) => Value::Null,
-        };
+        row["claim"] = claims
+            .get(&item.operation_id)
+            .map_or(Value::Null, super::claim::claim_json);
         if full {
             row["detail"] = review_detail(&shared, item.operation_id, as_of).await?;
         }
@@ -474,17 +515,18 @@ pub(super) async fn review_item(
         )));
     };
     let mut row = crate::render::review_item_json(&item, Utc::now());
-    row["claim"] = claim_of(&shared, item.operation_id);
+    row["claim"] = claim_of(&shared, item.operation_id).await?;
     row["detail"] = review_detail(&shared, item.operation_id, None).await?;
     Ok(json_reply(StatusCode::OK, &row))
 }
 
 /// The running claim on an item, or null.
-fn claim_of(shared: &Shared, operation_id: OperationId) -> Value {
-    shared
+async fn claim_of(shared: &Shared, operation_id: OperationId) -> Result<Value, ApiError> {
+    Ok(shared
         .claims
         .of(operation_id, Utc::now())
-        .map_or(Value::Null, |claim| super::claim::claim_json(&claim))
+        .await?
+        .map_or(Value::Null, |claim| super::claim::claim_json(&claim)))
 }
 
 /// An item's detail from its stream (as of a moment, the events up to it) with its action's
@@ -513,7 +555,53 @@ async fn review_detail(
         .intent
         .as_ref()
         .and_then(|intent| intent.owner.as_ref()));
+    detail["contract"] = view
+        .loaded
+        .state
+        .intent
+        .as_ref()
+        .map_or(Value::Null, |intent| {
+            contract_json(shared, intent, Utc::now())
+        });
     Ok(detail)
+}
+
+/// What the action's provider promises about a repeated request, as configured now (the
+/// contract every retry is checked against), so a person reads it from data: the deduplication
+/// kind, and for an idempotency key whether this operation's key is still remembered. Null when
+/// the action is not bound any more (provider, account or action gone from the configuration).
+fn contract_json(
+    shared: &Shared,
+    intent: &opledger_domain::event::IntentRecorded,
+    now: DateTime<Utc>,
+) -> Value {
+    let query = opledger_domain::provider::BindingQuery {
+        tenant: &intent.tenant,
+        provider: &intent.provider,
+        account: &intent.account,
+        action: &intent.action,
+    };
+    let Ok(binding) = shared.engine.providers().bind(&query) else {
+        return Value::Null;
+    };
+    let deduplication = binding.capabilities.deduplication;
+    let key_usable_until = match deduplication {
+        opledger_domain::contract::Deduplication::IdempotencyKey {
+            retention_s,
+            safety_margin_s,
+        } => Some(
+            intent.at
+                + chrono::Duration::seconds(
+                    i64::try_from(retention_s.saturating_sub(safety_margin_s)).unwrap_or(i64::MAX),
+                ),
+        ),
+        _ => None,
+    };
+    json!({
+        "deduplication": super::actions::deduplication_name(deduplication),
+        "key_usable_until": key_usable_until,
+        "key_expired": key_usable_until.map(|until| until <= now),
+    })
 }
 
 /// `order`: `oldest` (the default) or `newest`.

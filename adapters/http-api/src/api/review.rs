@@ -65,17 +65,22 @@ pub(super) async fn review(
         }
     };
     let loaded = visible(&shared, &scope, operation_id).await?;
-    if let Some(claim) = shared.claims.held_by_other(operation_id, name, Utc::now()) {
+    if let Some(claim) = shared
+        .claims
+        .held_by_other(operation_id, name, Utc::now())
+        .await?
+    {
         return Err(super::claim::held_error(operation_id, &claim));
     }
     if let Some(expected) = body.expected_version {
         let current = loaded.version.map(StreamVersion::value);
         if current != Some(expected) {
+            let changed = what_changed(&shared, operation_id, expected).await?;
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "stale",
                 format!(
-                    "the operation is at version {} now, not {expected}: new evidence arrived; look again before deciding",
+                    "the operation is at version {} now, not {expected}: {changed}; look again before deciding",
                     current.unwrap_or(0)
                 ),
             ));
@@ -117,4 +122,58 @@ pub(super) async fn review(
         StatusCode::OK,
         &operation_view(&shared, &report.operation),
     ))
+}
+
+/// Most events after the version an operator saw that a stale refusal reads to say what changed.
+const MAX_CHANGES_READ: usize = 64;
+
+/// What happened to `operation_id` after version `seen`, in words: who decided what (another
+/// operator's decision is the usual reason), else which evidence arrived.
+async fn what_changed(
+    shared: &Shared,
+    operation_id: OperationId,
+    seen: u64,
+) -> Result<String, ApiError> {
+    let store = shared.engine.ledger().store();
+    let stream = opledger_domain::store::StreamName::for_operation(operation_id);
+    let events = store
+        .read_stream(
+            &stream,
+            StreamVersion::new(seen.saturating_add(1)),
+            MAX_CHANGES_READ,
+        )
+        .await?;
+    let mut evidence = Vec::new();
+    for recorded in &events {
+        let Ok(event) = opledger_domain::codec::decode(recorded) else {
+            continue;
+        };
+        if let opledger_domain::event::OperationEvent::ReviewResolved(resolved) = &event {
+            let decision = match &resolved.decision {
+                ReviewDecision::Retry => "to retry it".to_owned(),
+                ReviewDecision::Abandon => "to abandon it".to_owned(),
+                ReviewDecision::ConfirmSucceeded { external_id } => {
+                    format!("that it succeeded as {external_id}")
+                }
+            };
+            let note = if resolved.note.trim().is_empty() {
+                String::new()
+            } else {
+                format!(" (note: \"{}\")", resolved.note.trim())
+            };
+            return Ok(format!(
+                "{} decided {decision} at {}{note}",
+                resolved.reviewer,
+                resolved
+                    .at
+                    .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            ));
+        }
+        evidence.push(recorded.event_type.clone());
+    }
+    Ok(if evidence.is_empty() {
+        "it changed since you loaded it".to_owned()
+    } else {
+        format!("new evidence arrived ({})", evidence.join(", "))
+    })
 }
