@@ -115,7 +115,7 @@ export class LedgerError extends Error {
         message: string;
     }[], requestId?: string);
     status: number;
-    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
     detail: string;
     fields: {
         pointer: string;
@@ -160,7 +160,7 @@ export class WaitTimedOut extends LedgerError {
         attempts: number;
         created?: boolean;
         duplicates: components["schemas"]["TextId"][];
-        execute_error?: components["schemas"] /** @type {{ id?: string, event?: string, data: string[] }} */["ExecuteError"];
+        execute_error?: components["schemas"]["ExecuteError"];
         external_id: string | null;
         idempotency_key: string;
         last_error: string | null;

@@ -123,6 +123,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/log/checkpoint": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The transparency log's newest signed checkpoint (C2SP tlog-checkpoint as a signed-note, text). */
+        get: operations["getLogCheckpoint"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/log/proof/consistency": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The RFC 6962 consistency proof that the tree of `to` leaves extends the one of `from` leaves. */
+        get: operations["getLogConsistencyProof"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/log/proof/inclusion": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The RFC 6962 inclusion proof of the event at a position in the tree of a size. */
+        get: operations["getLogInclusionProof"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/log/tile/{tile}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A hash tile of the tree (C2SP tlog-tiles, height 8): `<level>/<index>[.p/<width>]`, the index in the `x001/234` form; the path holds slashes. */
+        get: operations["getLogTile"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/openapi.json": {
         parameters: {
             query?: never;
@@ -625,6 +693,11 @@ export interface components {
          * @example sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
          */
         ArgsHash: string;
+        ConsistencyProof: {
+            consistency_proof: string[];
+            from: number;
+            to: number;
+        };
         Counts: {
             by_state: {
                 [key: string]: number;
@@ -664,7 +737,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -721,9 +794,20 @@ export interface components {
             events: components["schemas"]["Event"][];
             /** Format: uuid */
             operation_id: string;
+            proof?: components["schemas"]["OperationProof"];
             state: components["schemas"]["State"];
             timeline: string[];
             version: number;
+        };
+        InclusionProof: {
+            /** @description The kept checkpoint of this tree size, if one is kept. */
+            checkpoint: string | null;
+            inclusion_proof: string[];
+            leaf_hash: string | null;
+            leaf_index: number;
+            position: number;
+            root_hash: string;
+            tree_size: number;
         };
         /** @description One operation of a listing, from the read models. */
         ListItem: {
@@ -774,6 +858,7 @@ export interface components {
             /** Format: uuid */
             operation_id: string;
             owner: string | null;
+            proof?: components["schemas"]["OperationProof"];
             provider: components["schemas"]["TextId"];
             requires_approval: boolean;
             /** @description Why a person must look at it; set when the state is needs_review. */
@@ -800,6 +885,21 @@ export interface components {
              */
             next: string | null;
             operations: components["schemas"]["ListItem"][];
+        };
+        /** @description Only with `proof=true` (and `as_of`): the answer's proof. Each event folded into it, its leaf (the bytes of the transparency log's leaf encoding, base64) and its RFC 6962 inclusion proof in the tree of `tree_size` leaves, which the signed `checkpoint` commits to. Check the checkpoint's signature with the log's verifier key, each leaf hash (SHA-256 of 0x00 and the leaf) and each proof; the leaf holds the event's stored data, so the fold can be repeated from it. */
+        OperationProof: {
+            /** @description A C2SP tlog-checkpoint signed as a C2SP signed-note (Ed25519). */
+            checkpoint: string;
+            events: {
+                inclusion_proof: string[];
+                leaf: string;
+                leaf_hash: string;
+                /** @description position - 1 */
+                leaf_index: number;
+                position: number;
+                version: number;
+            }[];
+            tree_size: number;
         };
         /** @description The `data` of one Server-Sent Event, and of one webhook: the same payload for every subscriber. The book's event catalog (docs/src/subscribers/events/) has one JSON Schema per `type`, stricter than this one. It never carries the operation's arguments or its idempotency key. */
         OutcomeEvent: {
@@ -1360,6 +1460,107 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    getLogCheckpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The checkpoint's text. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getLogConsistencyProof: {
+        parameters: {
+            query: {
+                from: number;
+                to: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The proof. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConsistencyProof"];
+                };
+            };
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getLogInclusionProof: {
+        parameters: {
+            query: {
+                /** @description The event's global position (its leaf is position - 1). */
+                position: number;
+                /** @description The tree size (default: the newest kept checkpoint's, else the tree's). */
+                size?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The proof. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InclusionProof"];
+                };
+            };
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getLogTile: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tile's path under tile/, e.g. `0/000` or `1/x001/002.p/7`. */
+                tile: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tile's hashes, 32 bytes each. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": string;
+                };
+            };
+            404: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     openapi: {
         parameters: {
             query?: never;
@@ -1489,6 +1690,8 @@ export interface operations {
             query?: {
                 /** @description The operation as it stood at this moment, folded from its events up to it: a global position (`1200`: once the event there was committed) or an RFC 3339 time (`2026-12-01T14:02:00Z`: the events recorded at or before it). 404 if it was not recorded yet then; 422 `invalid_input` for anything else. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
+                /** @description With `as_of`: the answer also carries `proof`, the checkpoint and the inclusion proof of each event folded (422 `invalid_input` without `as_of`; 409 `no_checkpoint` when no kept checkpoint covers the events yet and the server has no signing key). */
+                proof?: boolean;
             };
             header?: never;
             path: {
@@ -1511,6 +1714,7 @@ export interface operations {
             400: components["responses"]["Error"];
             401: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            409: components["responses"]["Error"];
             422: components["responses"]["Error"];
             500: components["responses"]["Error"];
         };
