@@ -239,7 +239,11 @@ pub async fn resolve(args: ReviewResolveArgs) -> Result<(), CliError> {
     }
     let ledger = open_existing_ledger(&args.store.db).await?;
     let command = Command::ResolveReview {
-        principal: None,
+        // No token here: the decision is the file's owner's, named by the account running this.
+        principal: Some(opledger_domain::event::Principal {
+            kind: opledger_domain::event::PrincipalKind::Local,
+            name: local_account(),
+        }),
         accept_duplicate_risk: args.accept_duplicate_risk,
         // No provider configuration here: the contract is unknown, so a retry of an operation
         // that may have been applied needs the risk accepted.
@@ -276,4 +280,14 @@ pub async fn resolve(args: ReviewResolveArgs) -> Result<(), CliError> {
     print_state(&loaded);
     println!("sentence        {}", agent_sentence(&loaded.state));
     Ok(())
+}
+
+/// The operating system account running this command: `$USER` (or `$LOGNAME`), else its uid.
+fn local_account() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .map(|name| name.trim().to_owned())
+        .find(|name| !name.is_empty() && name.len() <= 64)
+        .unwrap_or_else(|| format!("uid {}", rustix::process::getuid().as_raw()))
 }

@@ -227,10 +227,9 @@ fn external_id_named(event: &OperationEvent) -> Option<(String, String)> {
                 external_id.to_string(),
                 match &e.principal {
                     Some(principal) => format!(
-                        "confirmed by reviewer {} (with the {} token {})",
+                        "confirmed by reviewer {} ({})",
                         e.reviewer,
-                        principal.kind.as_str().trim_end_matches("_token"),
-                        principal.name
+                        principal.phrase()
                     ),
                     None => format!("confirmed by reviewer {}", e.reviewer),
                 },

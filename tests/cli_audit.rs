@@ -522,7 +522,32 @@ fn review_resolve_abandon_records_the_decision_and_a_second_resolve_is_refused()
 
     let shown = succeeded(&fixture.run(&["ops", "show", &id]));
     assert!(shown.contains("ReviewResolved"), "{shown}");
-    assert!(shown.contains("anna decided: abandoned"), "{shown}");
+    assert!(
+        shown.contains("anna (as the local account ") && shown.contains(") decided: abandoned"),
+        "the decision names who wrote it and the account that made it: {shown}"
+    );
+
+    // No token on the file's host: the decision names the account that ran the command.
+    let export = tempfile::NamedTempFile::new().expect("a file for the export");
+    let out = export.path().to_str().expect("UTF-8").to_owned();
+    succeeded(&fixture.run(&["export", "--out", &out]));
+    let decided = std::fs::read_to_string(&out)
+        .expect("the export")
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|event| event["type"] == "ReviewResolved")
+        .expect("the decision is exported");
+    let data = match &decided["data"] {
+        serde_json::Value::String(text) => serde_json::from_str(text).expect("the event's data"),
+        object => object.clone(),
+    };
+    assert_eq!(data["principal"]["kind"], "local", "{decided}");
+    assert!(
+        data["principal"]["name"]
+            .as_str()
+            .is_some_and(|name| !name.is_empty()),
+        "{decided}"
+    );
 
     let again = fixture.run(&resolve);
     assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));

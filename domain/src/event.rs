@@ -58,6 +58,21 @@ pub struct Principal {
     pub name: String,
 }
 
+impl Principal {
+    /// How a sentence names it: `with the approver token finance-lead`, or for a local decision
+    /// `as the local account anna`.
+    pub fn phrase(&self) -> String {
+        match self.kind {
+            PrincipalKind::Local => format!("as the local account {}", self.name),
+            kind => format!(
+                "with the {} token {}",
+                kind.as_str().trim_end_matches("_token"),
+                self.name
+            ),
+        }
+    }
+}
+
 /// The kinds of token that can decide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -68,15 +83,20 @@ pub enum PrincipalKind {
     Approver,
     /// An operator's token (`[[operators]]`).
     Operator,
+    /// No token: a person deciding on the ledger file's own host (`opledger review`), whose
+    /// credential is the operating system's access to the file; named by the account that ran
+    /// the command.
+    Local,
 }
 
 impl PrincipalKind {
-    /// The kind as written in events: `tenant_token`, `approver` or `operator`.
+    /// The kind as written in events: `tenant_token`, `approver`, `operator` or `local`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::TenantToken => "tenant_token",
             Self::Approver => "approver",
             Self::Operator => "operator",
+            Self::Local => "local",
         }
     }
 }

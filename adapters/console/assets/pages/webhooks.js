@@ -50,7 +50,7 @@ function newEndpointForm(shown, refresh) {
     { class: "card new-endpoint", novalidate: true, "aria-labelledby": "new-endpoint-title" },
     h("h2", { id: "new-endpoint-title" }, "Add an endpoint"),
     ...field("new-endpoint-id", "Name", { placeholder: "e.g. billing" }, "Letters, digits, - or _."),
-    ...field("new-endpoint-url", "URL", { placeholder: "https://billing.example.com/hooks/opledger" }, "https://, or http:// to this machine. Private network addresses are refused."),
+    ...field("new-endpoint-url", "URL", { placeholder: "the receiver's HTTPS URL" }, "An HTTPS URL, or plain HTTP to this machine only. Private network addresses are refused."),
     ...field("new-endpoint-events", "Events", { value: "succeeded, needs_review" }, "Comma-separated: succeeded, rejected, unknown, needs_review, duplicate_detected … or all."),
     ...field("new-endpoint-tenants", "Tenants", { placeholder: "every tenant" }, "Comma-separated; leave empty for every tenant your token covers."),
     h("button", { type: "submit", class: "primary" }, "Add endpoint"),

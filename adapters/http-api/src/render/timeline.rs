@@ -71,11 +71,7 @@ fn after_wait(wait: Option<&BudgetWait>) -> String {
 /// decision recorded without one.
 fn decided_with(principal: Option<&opledger_domain::event::Principal>) -> String {
     principal.map_or_else(String::new, |principal| {
-        format!(
-            " (with the {} token {})",
-            principal.kind.as_str().trim_end_matches("_token"),
-            principal.name
-        )
+        format!(" ({})", principal.phrase())
     })
 }
 
