@@ -26,6 +26,8 @@
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
 
+#[path = "approved_operations/mod.rs"]
+mod approved_operations;
 mod postgres_server;
 
 #[path = "postgres/deadlines.rs"]

@@ -4,41 +4,15 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use opledger_domain::app::{IntentRequest, Ledger};
-use opledger_domain::ids::ActorId;
-use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
 
+#[path = "approved_operations/mod.rs"]
+mod approved_operations;
+
+/// Three approved operations (six events) in a fresh ledger file.
 async fn write_ledger(db: &Path) -> Vec<String> {
     let store = SqliteStore::open(db).await.expect("opens");
-    let ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
-    let mut streams = Vec::new();
-    for n in 0..3 {
-        let recorded = ledger
-            .record_intent(IntentRequest {
-                tenant: "acme".into(),
-                owner: None,
-                provider: "crm".into(),
-                account: "acct-1".into(),
-                credential_fingerprint: "fp-1".into(),
-                action: "create_task".into(),
-                args: serde_json::json!({"title": format!("Call client {n}")}),
-                source_id: None,
-                requires_approval: true,
-            })
-            .await
-            .expect("recorded");
-        let intent = recorded.intent().clone();
-        ledger
-            .approve(
-                intent.operation_id,
-                ActorId::new("boss").expect("valid"),
-                intent.args_hash.clone(),
-            )
-            .await
-            .expect("approved");
-        streams.push(format!("operation-{}", intent.operation_id));
-    }
+    let streams = approved_operations::record_approved(&store, 3).await;
     store.close().await.expect("closes");
     streams
 }

@@ -12,13 +12,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::chain;
 use opledger_domain::checkpoint;
-use opledger_domain::ids::{ActorId, EventId, StreamVersion};
+use opledger_domain::ids::{EventId, StreamVersion};
 use opledger_domain::merkle::{self, TreeHead};
 use opledger_domain::store::{EventStore, StreamName};
-use opledger_runtime::system::{RandomIds, SystemClock};
 
 use crate::postgres_server::server;
 use crate::{connect, within};
@@ -26,34 +24,7 @@ use crate::{connect, within};
 /// Records `operations` approved operations (two events each: positions 2n−1 and 2n).
 async fn write_operations(url: &str, operations: usize) -> Vec<String> {
     let store = connect(url).await;
-    let ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
-    let mut streams = Vec::new();
-    for n in 0..operations {
-        let recorded = ledger
-            .record_intent(IntentRequest {
-                tenant: "acme".into(),
-                owner: None,
-                provider: "crm".into(),
-                account: "acct-1".into(),
-                credential_fingerprint: "fp-1".into(),
-                action: "create_task".into(),
-                args: serde_json::json!({"title": format!("Call client {n}")}),
-                source_id: None,
-                requires_approval: true,
-            })
-            .await
-            .expect("recorded");
-        let intent = recorded.intent().clone();
-        ledger
-            .approve(
-                intent.operation_id,
-                ActorId::new("boss").expect("valid"),
-                intent.args_hash.clone(),
-            )
-            .await
-            .expect("approved");
-        streams.push(format!("operation-{}", intent.operation_id));
-    }
+    let streams = crate::approved_operations::record_approved(&store, operations).await;
     store.close().await.expect("closes");
     streams
 }
