@@ -52,6 +52,22 @@ fn both(output: &Output) -> String {
     )
 }
 
+/// A signing key made by `opledger keys generate` in `dir`, and the verifier key it printed.
+fn generate_key(dir: &Path) -> (PathBuf, String) {
+    let key = dir.join("log.key");
+    let generated = opledger(&[
+        "keys",
+        "generate",
+        "--name",
+        "ledger.example.com/acme",
+        "--out",
+        path(&key),
+    ]);
+    assert!(generated.status.success(), "{}", both(&generated));
+    let verifier_key = stdout(&generated).trim().to_owned();
+    (key, verifier_key)
+}
+
 /// A ledger of three operations (six events), a key made by `opledger keys generate`, and a
 /// checkpoint of the six signed by `opledger checkpoint` and kept in a file outside the ledger.
 struct Audited {
@@ -68,17 +84,7 @@ impl Audited {
         let dir = tempfile::tempdir().expect("temp dir");
         let db = dir.path().join("ledger.db");
         let streams = write_operations(&db, 3).await;
-        let key = dir.path().join("log.key");
-        let generated = opledger(&[
-            "keys",
-            "generate",
-            "--name",
-            "ledger.example.com/acme",
-            "--out",
-            path(&key),
-        ]);
-        assert!(generated.status.success(), "{}", both(&generated));
-        let verifier_key = stdout(&generated).trim().to_owned();
+        let (key, verifier_key) = generate_key(dir.path());
         let checkpoint = dir.path().join("kept.checkpoint");
         let signed = opledger(&[
             "checkpoint",
@@ -304,16 +310,7 @@ async fn a_ledger_rolled_back_to_an_older_copy_verifies_on_its_own_but_not_again
     let older = dir.path().join("older.db");
     std::fs::copy(&db, &older).expect("an older copy");
     write_operations(&db, 2).await;
-    let key = dir.path().join("log.key");
-    let generated = opledger(&[
-        "keys",
-        "generate",
-        "--name",
-        "ledger.example.com/acme",
-        "--out",
-        path(&key),
-    ]);
-    let verifier_key = stdout(&generated).trim().to_owned();
+    let (key, verifier_key) = generate_key(dir.path());
     let kept = dir.path().join("kept.checkpoint");
     let signed = opledger(&[
         "checkpoint",
@@ -465,16 +462,7 @@ async fn a_witness_follows_the_served_log_and_fails_when_it_is_rolled_back() {
     let older = dir.path().join("older.db");
     std::fs::copy(&db, &older).expect("an older copy");
     write_operations(&db, 1).await;
-    let key = dir.path().join("log.key");
-    let generated = opledger(&[
-        "keys",
-        "generate",
-        "--name",
-        "ledger.example.com/acme",
-        "--out",
-        path(&key),
-    ]);
-    let verifier_key = stdout(&generated).trim().to_owned();
+    let (key, verifier_key) = generate_key(dir.path());
     let state = dir.path().join("witness.checkpoint");
 
     let served = Served::start(&db, &key);
