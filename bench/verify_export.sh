@@ -1,7 +1,7 @@
 #!/bin/bash
 # The offline verifier (clients/verify-export/verify_export.py) on proved exports of an existing
-# ledger: a whole-log NDJSON and Parquet export (the root recomputed) and a slice (an inclusion
-# proof per event); prints `bench=verify-export format=… proof=… events=… events_per_s=…
+# ledger: a whole-log NDJSON and Parquet export (the root recomputed), a slice (an inclusion
+# proof per event) and one tenant's whole history (its tree against the signed tenants' map); prints `bench=verify-export format=… proof=… events=… events_per_s=…
 # max_rss_mb=…` per run. Also `opledger bench proofs` on the same file (prove p99, tree rebuild).
 #
 #   bench/verify_export.sh LEDGER.db [WORKDIR]    (pyarrow must be importable by python3 for
@@ -31,4 +31,8 @@ $B export --db "$DB" --key-file bench.key --format parquet --out bench-whole.par
 run parquet root bench-whole.parquet
 $B export --db "$DB" --key-file bench.key --from 1 --to 100000 --out bench-slice.ndjson > /dev/null
 run ndjson inclusion bench-slice.ndjson
-rm -f bench-whole.ndjson bench-whole.parquet bench-slice.ndjson bench.key
+# One tenant's whole history (`bench store` writes every operation as tenant `bench`): an
+# inclusion proof per event and the tenant's tree recomputed against the signed tenants' map.
+$B export --db "$DB" --key-file bench.key --tenant bench --format parquet --out bench-tenant.parquet > /dev/null
+run parquet tenant bench-tenant.parquet
+rm -f bench-whole.ndjson bench-whole.parquet bench-slice.ndjson bench-tenant.parquet bench.key

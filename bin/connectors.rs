@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::cli::{
     CliError, ConnectorsArgs, ConnectorsCheckArgs, ConnectorsCommand, ConnectorsImportMcpArgs,
-    ConnectorsListArgs, ConnectorsShowArgs, ConnectorsTestArgs,
+    ConnectorsListArgs, ConnectorsLoginArgs, ConnectorsShowArgs, ConnectorsTestArgs,
 };
 use crate::read_models::print_json;
 
@@ -29,6 +29,7 @@ pub async fn run(args: ConnectorsArgs) -> Result<(), CliError> {
         ConnectorsCommand::Show(args) => show(&args),
         ConnectorsCommand::Test(args) => test(&args).await,
         ConnectorsCommand::ImportMcp(args) => import_mcp(&args).await,
+        ConnectorsCommand::Login(args) => login(&args).await,
     }
 }
 
@@ -126,6 +127,7 @@ async fn import_mcp(args: &ConnectorsImportMcpArgs) -> Result<(), CliError> {
             headers_from: Vec::new(),
             ca_file: args.ca_file.clone(),
             oauth: None,
+            login: None,
         },
         _ => {
             return Err(CliError::Other(
@@ -149,6 +151,83 @@ async fn import_mcp(args: &ConnectorsImportMcpArgs) -> Result<(), CliError> {
         "{} tool(s) listed; decide every TO DECIDE, then check the file with `opledger connectors check`",
         tools.len()
     );
+    Ok(())
+}
+
+/// `connectors login ID --config F`: the MCP authorization flow for a person's account at an
+/// upstream; the URL goes to stdout, everything else to stderr; never a token.
+async fn login(args: &ConnectorsLoginArgs) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let config = opledger_http_api::config::load(&args.config)
+        .map_err(|error| CliError::Config(error.to_string()))?;
+    let upstream = config
+        .upstreams
+        .iter()
+        .find(|upstream| upstream.id().as_str() == args.connector)
+        .ok_or_else(|| {
+            let known: Vec<&str> = config
+                .upstreams
+                .iter()
+                .filter(|upstream| upstream.takes_login())
+                .map(|upstream| upstream.id().as_str())
+                .collect();
+            CliError::NotFound(format!(
+                "no upstream MCP connector `{}` in {}; the ones a person logs in to: {}",
+                args.connector,
+                args.config.display(),
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ))
+        })?;
+    let mut show = |url: &str| {
+        eprintln!(
+            "Open this URL in a browser and approve the access (waiting {} s; Ctrl-C stops):",
+            args.timeout_s
+        );
+        println!("{url}");
+        let _ = std::io::stdout().flush();
+    };
+    let timeout = std::time::Duration::from_secs(args.timeout_s);
+    let report = tokio::select! {
+        report = upstream.log_in(&mut show, timeout) => report.map_err(CliError::Other)?,
+        _ = tokio::signal::ctrl_c() => {
+            return Err(CliError::Other("the login was stopped; nothing was stored".to_owned()));
+        }
+    };
+    eprintln!(
+        "Logged in to `{}`{}: client {}{}, scopes [{}]{}.",
+        args.connector,
+        report
+            .issuer
+            .as_deref()
+            .map(|issuer| format!(" at {issuer}"))
+            .unwrap_or_default(),
+        report.client_id,
+        if report.registered {
+            " (registered now)"
+        } else {
+            ""
+        },
+        report.scopes.join(" "),
+        report
+            .expires_in_s
+            .map(|s| format!(", access token for {s} s"))
+            .unwrap_or_default(),
+    );
+    if report.refresh_token {
+        eprintln!(
+            "The refresh token is sealed in {}; `serve` reads it at its next session with the upstream.",
+            report.file.display()
+        );
+    } else {
+        eprintln!(
+            "The authorization server gave no refresh token: the login lasts as long as its access token (sealed in {}).",
+            report.file.display()
+        );
+    }
     Ok(())
 }
 

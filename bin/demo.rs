@@ -34,7 +34,6 @@ use opledger_providers::{
 use opledger_runtime::system::{RandomIds, SystemClock};
 use opledger_store::SqliteStore;
 
-use crate::bench::fresh_path;
 use crate::cli::{CliError, DemoArgs};
 use crate::intent::open_ledger;
 use opledger_http_api::render::timeline;
@@ -358,4 +357,12 @@ async fn settle(engine: &DemoEngine, operation_id: OperationId) -> Result<Report
             .clamp(Duration::from_millis(20), Duration::from_secs(2));
         tokio::time::sleep(pause).await;
     }
+}
+
+/// A path for a fresh ledger file in the system's temporary directory.
+fn fresh_path(purpose: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "opledger-{purpose}-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ))
 }

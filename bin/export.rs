@@ -35,6 +35,9 @@ use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
 use opledger_domain::event::OperationEvent;
 use opledger_domain::ids::{GlobalPosition, StreamVersion, TenantId};
+use opledger_domain::merkle::tenants::{
+    tenant_leaf_hash, Frontier, RangeFolder, TenantMap, TenantTrees,
+};
 use opledger_domain::merkle::{self, Hash, LogTree};
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
 use opledger_domain::timestamp::at_or_before;
@@ -43,6 +46,7 @@ use serde_json::json;
 use crate::cli::{CliError, ExportArgs, ExportFormat, LogBound, SigningKeyArgs};
 use crate::export_parquet::ParquetSink;
 use crate::intent::{close, open_for_reading};
+use opledger_store::postgres::PostgresStore;
 
 /// The export format's version, in its header; a reader refuses a version it does not know.
 pub const EXPORT_FORMAT_VERSION: u64 = 2;
@@ -51,7 +55,10 @@ pub const EXPORT_FORMAT_VERSION: u64 = 2;
 const EXPORT_READ_BATCH: usize = 512;
 const _: () = assert!(0 < EXPORT_READ_BATCH && EXPORT_READ_BATCH <= MAX_READ_BATCH);
 /// Most streams whose last link and tenant the export remembers (under 200 bytes each: a few
-/// MiB at most). Emptied when full; a stream met again costs one read.
+/// MiB at most). Emptied when full; a stream met again costs one read. A tenant export names an
+/// operation's intent again after it forgot the stream: the offline verifier remembers the
+/// tenants of at least the 65,536 streams met last (half its `TENANT_STREAMS`), as many
+/// as this, so it never meets an event whose intent it has forgotten and not been shown again.
 const MAX_REMEMBERED_STREAMS: usize = 65_536;
 /// How often progress is shown on a terminal.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -66,6 +73,9 @@ struct Exported {
     tenants_seen: std::collections::BTreeSet<TenantId>,
     /// The size of the checkpoint the export was cut at, if any.
     tree_size: Option<u64>,
+    /// For a whole tenant's export cut at a checkpoint that signs the tenants' map: the tenant's
+    /// tree head and its proof in the map, for the closing record.
+    tenant_proof: Option<serde_json::Value>,
 }
 
 /// Most tenants an export that found none of the tenant asked for names instead.
@@ -82,17 +92,31 @@ pub async fn run(args: ExportArgs) -> Result<(), CliError> {
         .transpose()?;
     check_bounds(args.from, args.to)?;
     let partial = partial_path(&args.out)?;
-    let ledger = open_for_reading(&args.store.db).await?;
     let slice = Slice {
         from: args.from,
         to: args.to,
         tenant,
     };
-    let result = tokio::select! {
-        result = write_file(ledger.store(), &slice, args.format, &args.key, &partial) => result,
-        _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+    let (result, closed) = match &args.store_url {
+        Some(url) => {
+            let store = PostgresStore::connect(url)
+                .await
+                .map_err(|error| CliError::Config(error.to_string()))?;
+            let result = tokio::select! {
+                result = write_file(&store, &slice, args.format, &args.key, &partial) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            (result, store.close().await.map_err(CliError::from))
+        }
+        None => {
+            let ledger = open_for_reading(&args.store.db).await?;
+            let result = tokio::select! {
+                result = write_file(ledger.store(), &slice, args.format, &args.key, &partial) => result,
+                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+            };
+            (result, close(&ledger).await)
+        }
     };
-    let closed = close(&ledger).await;
     let exported = match result
         .and_then(|exported| closed.map(|()| exported))
         .and_then(|exported| tenant_found(&slice, exported))
@@ -293,7 +317,12 @@ async fn write_file<S: EventStore + LogTree>(
         ExportFormat::Parquet => Sink::parquet(file, &header),
     }
     .map_err(|error| CliError::Other(format!("cannot write {}: {error}", partial.display())))?;
-    let mut exported = write_events(store, slice, head, proof, &mut sink).await?;
+    let tenants = match (&cut, &slice.tenant) {
+        (Some((_, note)), Some(_)) => opledger_domain::checkpoint::unchecked_tenants(note)
+            .map_err(|error| CliError::Other(format!("the kept checkpoint: {error}")))?,
+        _ => None,
+    };
+    let mut exported = write_events(store, slice, head, proof, tenants, &mut sink).await?;
     exported.tree_size = cut.map(|(size, _)| size);
     let file = sink
         .finish(&exported)
@@ -352,17 +381,20 @@ impl Sink {
     }
 
     fn finish(self, exported: &Exported) -> std::io::Result<File> {
+        let mut end = json!({
+            "events": exported.events,
+            "first_position": exported.first,
+            "last_position": exported.last,
+        });
+        if let Some(tenant_proof) = &exported.tenant_proof {
+            end["tenant_tree"] = tenant_proof.clone();
+        }
         match self {
             Self::Ndjson(mut out) => {
-                let end = json!({"end": {
-                    "events": exported.events,
-                    "first_position": exported.first,
-                    "last_position": exported.last,
-                }});
-                writeln!(out, "{end}")?;
+                writeln!(out, "{}", json!({ "end": end }))?;
                 out.into_inner().map_err(|error| error.into_error())
             }
-            Self::Parquet(sink) => sink.finish(exported.events, exported.first, exported.last),
+            Self::Parquet(sink) => sink.finish(&end),
         }
     }
 }
@@ -389,11 +421,16 @@ fn bound_json(bound: LogBound) -> serde_json::Value {
 
 /// Walks the log from the slice's start to its end (at most `head`, the head when the export
 /// began, so an export of a busy ledger ends), writing each event the slice admits.
+///
+/// With `tenants` (the tenants' map its checkpoint signs; a whole tenant's export), every
+/// tenant's tree is grown from the events walked, the map they make must be the signed one, and
+/// the tenant's head and its proof in the map go in the closing record.
 async fn write_events<S: EventStore + LogTree>(
     store: &S,
     slice: &Slice,
     head: u64,
     proof: Proof,
+    tenants: Option<merkle::TreeHead>,
     sink: &mut Sink,
 ) -> Result<Exported, CliError> {
     let mut streams = StreamMemory::default();
@@ -403,13 +440,32 @@ async fn write_events<S: EventStore + LogTree>(
         last: None,
         tenants_seen: std::collections::BTreeSet::new(),
         tree_size: None,
+        tenant_proof: None,
+    };
+    let mut trees = tenants.map(|_| TenantTrees::new());
+    // A tenant's export whose checkpoint signs the tenants' map walks the whole log up to it:
+    // every tenant's tree is grown to check the signed map, and a slice's ends are proved by the
+    // tenant's own tree (see `TenantSlice`).
+    let walk_all = trees.is_some();
+    let mut edges = match (&slice.tenant, walk_all) {
+        (Some(_), true) if slice.from.is_some() || slice.to.is_some() => {
+            Some(TenantSlice::default())
+        }
+        _ => None,
     };
     let bounded = slice.tenant.is_none() && proof != Proof::None;
-    let mut started = !matches!(slice.from, Some(LogBound::Time(_)));
+    let mut started = match slice.from {
+        Some(LogBound::Time(_)) => false,
+        Some(LogBound::Position(_)) => !walk_all,
+        None => true,
+    };
+    let mut ended = false;
     let mut start = match slice.from {
         // Reads start after the position named, so a slice from position `from` reads after
         // the one before it.
-        Some(LogBound::Position(from)) => LogStart::After(GlobalPosition::new(from - 1)),
+        Some(LogBound::Position(from)) if !walk_all => {
+            LogStart::After(GlobalPosition::new(from - 1))
+        }
         _ => LogStart::Beginning,
     };
     let progress = std::io::stderr().is_terminal();
@@ -421,18 +477,27 @@ async fn write_events<S: EventStore + LogTree>(
         for event in &batch {
             let position = event.position.value();
             let time = time_of(event);
-            if position > head || past_the_end(slice.to, position, time) {
+            if position > head {
                 break 'log;
             }
+            if past_the_end(slice.to, position, time) {
+                if !walk_all {
+                    break 'log;
+                }
+                ended = true;
+            }
             if !started {
-                let Some(LogBound::Time(from)) = slice.from else {
-                    unreachable!("only a time start waits for its first event")
-                };
                 // At or after `from`, to the millisecond, as every bound on time is compared.
-                if time.is_none_or(|time| time.timestamp_millis() < from.timestamp_millis()) {
+                started = match slice.from {
+                    Some(LogBound::Time(from)) => {
+                        time.is_some_and(|time| time.timestamp_millis() >= from.timestamp_millis())
+                    }
+                    Some(LogBound::Position(from)) => position >= from,
+                    None => true,
+                };
+                if !started && !walk_all {
                     continue;
                 }
-                started = true;
             }
             let previous = streams.previous_chain(store, event).await?;
             let admitted = match &slice.tenant {
@@ -444,13 +509,32 @@ async fn write_events<S: EventStore + LogTree>(
                     {
                         exported.tenants_seen.insert(of.clone());
                     }
-                    of.as_ref() == Some(tenant)
+                    let leaf = merkle::leaf_hash(&event.view());
+                    if let (Some(trees), Some(of)) = (trees.as_mut(), of.as_ref()) {
+                        trees.push(of.as_str(), position, leaf);
+                    }
+                    let of_tenant = of.as_ref() == Some(tenant);
+                    if let (Some(edges), true) = (edges.as_mut(), of_tenant) {
+                        let outside = !started || ended;
+                        if let Some(after) = edges.pass(event, leaf, !started, ended) {
+                            write_context(store, sink, after, "tenant_after", proof, &mut streams)
+                                .await?;
+                        }
+                        if outside {
+                            streams.remember_chain(event);
+                            continue;
+                        }
+                    }
+                    of_tenant && started && !ended
                 }
                 None => true,
             };
             streams.remember_chain(event);
             if !admitted {
                 continue;
+            }
+            if let Some(before) = edges.as_mut().and_then(TenantSlice::take_before) {
+                write_context(store, sink, &before, "tenant_before", proof, &mut streams).await?;
             }
             if bounded && slice.from.is_some() && exported.first.is_none() && position > 1 {
                 let before = event_at(store, position - 1).await?;
@@ -495,7 +579,105 @@ async fn write_events<S: EventStore + LogTree>(
         let after = event_at(store, last + 1).await?;
         write_context(store, sink, &after, "after", proof, &mut streams).await?;
     }
+    if let (Some(signed), Some(trees), Some(tenant)) = (tenants, trees, &slice.tenant) {
+        exported.tenant_proof = tenant_proof(&trees.map(), signed, head, tenant.as_str())?;
+        if let (Some(proof), Some(edges)) = (exported.tenant_proof.as_mut(), edges) {
+            edges.close(proof);
+        }
+    }
     Ok(exported)
+}
+
+/// What a slice of one tenant's export proves its ends with, from the tenant's own tree: the
+/// tenant's event just before the slice (context `tenant_before`) and the frontier of the tree's
+/// leaves before that one (`left`), the tenant's event just after it (context `tenant_after`) and
+/// the compact range of the tree's leaves after that one (`right`). A verifier folds
+/// `left`, those two events' and the exported events' leaves, and `right` into the tenant's root,
+/// which the checkpoint's tenants' map signs: no event of the tenant between the two edges can
+/// be left out, and the edges' positions and times show they lie outside the slice's bounds.
+#[derive(Default)]
+struct TenantSlice {
+    /// The tenant's tree as the walk grew it, up to its first event after the slice.
+    tree: Frontier,
+    /// The tenant's last event before the slice, and the frontier of the leaves before it.
+    before: Option<(RecordedEvent, Frontier)>,
+    before_written: bool,
+    /// The compact range of the tenant's leaves after its first event past the slice.
+    after: Option<RangeFolder>,
+}
+
+impl TenantSlice {
+    /// Passes an event of the tenant (log leaf hash `leaf`) before the slice, inside it, or after
+    /// its end; returns it when it is the first after the end (to write as `tenant_after`).
+    fn pass<'e>(
+        &mut self,
+        event: &'e RecordedEvent,
+        leaf: Hash,
+        before: bool,
+        ended: bool,
+    ) -> Option<&'e RecordedEvent> {
+        let tenant_leaf = tenant_leaf_hash(event.position.value(), leaf);
+        if let Some(after) = self.after.as_mut() {
+            after.push(tenant_leaf);
+            return None;
+        }
+        if before {
+            self.before = Some((event.clone(), self.tree.clone()));
+        }
+        self.tree.push(tenant_leaf);
+        if ended {
+            self.after = Some(RangeFolder::new(self.tree.size()));
+            return Some(event);
+        }
+        None
+    }
+
+    /// The tenant's event before the slice, once, for the slice's first event.
+    fn take_before(&mut self) -> Option<RecordedEvent> {
+        if std::mem::replace(&mut self.before_written, true) {
+            return None;
+        }
+        self.before.as_ref().map(|(event, _)| event.clone())
+    }
+
+    /// Adds the slice's proof of its ends to the closing record's `tenant_tree`.
+    fn close(self, proof: &mut serde_json::Value) {
+        let text =
+            |hashes: Vec<Hash>| -> Vec<String> { hashes.iter().map(ToString::to_string).collect() };
+        let left = self.before.map(|(_, left)| left).unwrap_or_default();
+        let right = self.after.map(|after| after.hashes()).unwrap_or_default();
+        proof["left_size"] = json!(left.size());
+        proof["left"] = json!(text(left.hashes()));
+        proof["right"] = json!(text(right));
+    }
+}
+
+/// The closing record's proof that `tenant`'s tree, as the walk grew it, is the one the
+/// checkpoint of `size` events signs in its tenants' map `signed`; `None` when the tenant has no
+/// event (the export is then refused as empty). Refuses an export whose walk does not make the
+/// signed map: the ledger's tenant trees disagree with its log.
+fn tenant_proof(
+    map: &TenantMap,
+    signed: merkle::TreeHead,
+    size: u64,
+    tenant: &str,
+) -> Result<Option<serde_json::Value>, CliError> {
+    if map.head() != signed {
+        return Err(CliError::Other(format!(
+            "the checkpoint of {size} events signs a tenants' map ({} tenants) that the log's events do not make ({} tenants): the ledger was changed behind opledger's back; run `opledger verify`",
+            signed.size,
+            map.len()
+        )));
+    }
+    let (Some(head), Some((index, proof))) = (map.get(tenant), map.prove(tenant)) else {
+        return Ok(None);
+    };
+    Ok(Some(json!({
+        "size": head.size,
+        "root": head.root.to_string(),
+        "map_index": index,
+        "map_proof": proof.iter().map(ToString::to_string).collect::<Vec<_>>(),
+    })))
 }
 
 /// The event at `position` (the log has it: it lies inside the checkpoint's tree).

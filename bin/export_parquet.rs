@@ -212,18 +212,10 @@ impl ParquetSink {
     }
 
     /// Writes the last rows and the footer, with the closing count beside the header.
-    pub fn finish(
-        mut self,
-        events: u64,
-        first: Option<u64>,
-        last: Option<u64>,
-    ) -> std::io::Result<File> {
+    /// Writes the rows left and the closing record (`end`, as the NDJSON's closing line holds
+    /// it) into the footer's key-value metadata.
+    pub fn finish(mut self, end: &serde_json::Value) -> std::io::Result<File> {
         self.flush()?;
-        let end = serde_json::json!({
-            "events": events,
-            "first_position": first,
-            "last_position": last,
-        });
         self.writer.append_key_value_metadata(KeyValue::new(
             "opledger_export.end".to_owned(),
             end.to_string(),

@@ -106,9 +106,9 @@ pub async fn sign_and_keep_head<L: LogTree>(
     store: &L,
     signer: &LogSigner,
 ) -> Result<(u64, String), CliError> {
-    let head = merkle::head_of(store, None).await.map_err(proof_error)?;
+    let (head, tenants) = merkle::heads_to_sign(store).await.map_err(proof_error)?;
     let note = signer
-        .sign(head)
+        .sign(head, tenants)
         .map_err(|error| CliError::Config(error.to_string()))?;
     store.keep_checkpoint(head.size, note.clone()).await?;
     Ok((head.size, note))

@@ -5,10 +5,6 @@
 //! exit status. Nothing here panics on user input.
 
 mod bench;
-mod bench_floor;
-mod bench_http;
-mod bench_soak;
-mod bench_startup;
 mod cli;
 mod connectors;
 mod demo;

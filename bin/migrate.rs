@@ -64,5 +64,8 @@ pub async fn run(args: MigrateArgs) -> Result<(), CliError> {
     if let Some(leaves) = migration.tree_built {
         println!("{target}: built the transparency log's tree from the log ({leaves} events)");
     }
+    if let Some(leaves) = migration.tenant_trees_built.filter(|leaves| *leaves > 0) {
+        println!("{target}: built the tenants' trees from the log ({leaves} events)");
+    }
     Ok(())
 }

@@ -175,6 +175,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
             .map_err(crate::cli::CliError::Config)?,
         instance_id: None,
         personal_data: None,
+        webhook_loopback_tenants: Default::default(),
     };
     Ok((config, stand))
 }

@@ -6,7 +6,10 @@ use std::path::Path;
 
 use opledger_domain::event::{Principal, PrincipalKind};
 use opledger_domain::personal::check_subject;
-use opledger_subjects::{key_store_path, Kek, Subjects};
+use opledger_runtime::system::{RandomIds, SystemClock};
+use opledger_store::postgres::PostgresStore;
+use opledger_subjects::table::KeyTable;
+use opledger_subjects::{key_store_path, ErasureReport, Kek, Subjects, SubjectsError};
 
 use crate::cli::{
     CliError, KeyStoreArgs, SubjectsEraseArgs, SubjectsListArgs, SubjectsRotateArgs,
@@ -41,18 +44,48 @@ fn kek_of(kek_file: Option<&Path>) -> Result<Kek, CliError> {
     })
 }
 
-fn open(keys: &KeyStoreArgs) -> Result<Subjects, CliError> {
-    open_subjects(
-        &keys.db,
-        keys.key_store.as_deref(),
-        keys.kek_file.as_deref(),
-    )
+/// The key store `keys` names: the key tables of the PostgreSQL ledger at `--store` (with that
+/// store, open), or the SQLite file beside `--db`.
+async fn open(keys: &KeyStoreArgs) -> Result<(Subjects, Option<PostgresStore>), CliError> {
+    let Some(url) = &keys.store else {
+        let subjects = open_subjects(
+            &keys.db,
+            keys.key_store.as_deref(),
+            keys.kek_file.as_deref(),
+        )?;
+        return Ok((subjects, None));
+    };
+    let kek = kek_of(keys.kek_file.as_deref())?;
+    let config = |error: &dyn std::fmt::Display| CliError::Config(error.to_string());
+    let store = PostgresStore::connect(url)
+        .await
+        .map_err(|error| config(&error))?;
+    let table = || {
+        store
+            .key_table()
+            .map(|table| Box::new(table) as Box<dyn KeyTable>)
+            .map_err(|error| config(&error))
+    };
+    let subjects =
+        Subjects::with_tables(table()?, Some(table()?), kek).map_err(|error| config(&error))?;
+    Ok((subjects, Some(store)))
+}
+
+/// Closes the PostgreSQL store [`open`] opened, if it did.
+async fn done(store: Option<PostgresStore>) -> Result<(), CliError> {
+    match store {
+        Some(store) => Ok(store.close().await?),
+        None => Ok(()),
+    }
 }
 
 /// `subjects list`.
 pub async fn list(args: SubjectsListArgs) -> Result<(), CliError> {
-    let subjects = open(&args.keys)?;
-    let listed = subjects.list().map_err(other)?;
+    let (subjects, store) = open(&args.keys).await?;
+    let listed = subjects.list().map_err(other);
+    drop(subjects);
+    done(store).await?;
+    let listed = listed?;
     if args.json {
         return crate::read_models::print_json(&serde_json::json!({ "subjects": listed }));
     }
@@ -75,10 +108,13 @@ pub async fn list(args: SubjectsListArgs) -> Result<(), CliError> {
 
 /// `subjects show SUBJECT`.
 pub async fn show(args: SubjectsShowArgs) -> Result<(), CliError> {
-    let subjects = open(&args.keys)?;
+    let (subjects, store) = open(&args.keys).await?;
     let found = subjects
         .show(&args.subject)
-        .map_err(|error| CliError::NotFound(error.to_string()))?;
+        .map_err(|error| CliError::NotFound(error.to_string()));
+    drop(subjects);
+    done(store).await?;
+    let found = found?;
     if args.json {
         return crate::read_models::print_json(&serde_json::json!({ "subjects": found }));
     }
@@ -109,44 +145,37 @@ pub async fn erase(args: SubjectsEraseArgs) -> Result<(), CliError> {
         )
         .into());
     }
-    let subjects = std::sync::Arc::new(open(&args.keys)?);
+    let (subjects, store) = open(&args.keys).await?;
+    let subjects = std::sync::Arc::new(subjects);
     let found = subjects
         .show(&args.subject)
-        .map_err(|error| CliError::NotFound(error.to_string()))?;
-    let ledger = open_existing_ledger(&args.keys.db)
-        .await?
-        .with_personal_data(subjects.clone());
+        .map_err(|error| CliError::NotFound(error.to_string()));
     let by = Principal {
         kind: PrincipalKind::Operator,
         name: args.operator.clone(),
     };
-    let mut reports = Vec::new();
-    let mut failed = None;
-    for summary in found {
-        if args
-            .tenant
-            .as_ref()
-            .is_some_and(|tenant| *tenant != summary.tenant)
-        {
-            continue;
+    let (reports, failed) = match (found, store) {
+        (Err(error), store) => {
+            done(store).await?;
+            return Err(error);
         }
-        match opledger_subjects::erase_key(
-            &ledger,
-            &subjects,
-            &summary.key_id,
-            by.clone(),
-            &args.reason,
-        )
-        .await
-        {
-            Ok(report) => reports.push(report),
-            Err(error) => {
-                failed = Some(CliError::Other(error.to_string()));
-                break;
-            }
+        (Ok(found), Some(store)) => {
+            let ledger = opledger_domain::app::Ledger::new(store.clone(), SystemClock, RandomIds)
+                .with_personal_data(subjects.clone());
+            let erased = erase_each(&ledger, &subjects, found, &args, &by).await;
+            drop(ledger);
+            store.close().await?;
+            erased
         }
-    }
-    close(&ledger).await?;
+        (Ok(found), None) => {
+            let ledger = open_existing_ledger(&args.keys.db)
+                .await?
+                .with_personal_data(subjects.clone());
+            let erased = erase_each(&ledger, &subjects, found, &args, &by).await;
+            close(&ledger).await?;
+            erased
+        }
+    };
     if let Some(error) = failed {
         return Err(error);
     }
@@ -174,17 +203,59 @@ pub async fn erase(args: SubjectsEraseArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Erases each of `found` (in `--tenant` only, if given) on `ledger`: the reports, and the
+/// failure that stopped it, if one did.
+async fn erase_each<S, C, I>(
+    ledger: &opledger_domain::app::Ledger<S, C, I>,
+    subjects: &Subjects,
+    found: Vec<opledger_subjects::SubjectSummary>,
+    args: &SubjectsEraseArgs,
+    by: &Principal,
+) -> (Vec<ErasureReport>, Option<CliError>)
+where
+    S: opledger_domain::store::EventStore,
+    C: opledger_domain::ports::Clock,
+    I: opledger_domain::ports::IdSource,
+{
+    let mut reports = Vec::new();
+    for summary in found {
+        if args
+            .tenant
+            .as_ref()
+            .is_some_and(|tenant| *tenant != summary.tenant)
+        {
+            continue;
+        }
+        match opledger_subjects::erase_key(
+            ledger,
+            subjects,
+            &summary.key_id,
+            by.clone(),
+            &args.reason,
+        )
+        .await
+        {
+            Ok(report) => reports.push(report),
+            Err(error) => return (reports, Some(CliError::Other(error.to_string()))),
+        }
+    }
+    (reports, None)
+}
+
 /// `subjects rotate-kek --new-kek-file FILE`.
 pub async fn rotate(args: SubjectsRotateArgs) -> Result<(), CliError> {
-    let subjects = open(&args.keys)?;
     let new =
         Kek::from_file(&args.new_kek_file).map_err(|error| CliError::Config(error.to_string()))?;
+    let (subjects, store) = open(&args.keys).await?;
     let id = new.id();
-    let count = subjects.rotate_kek(new).map_err(other)?;
+    let count = subjects.rotate_kek(new).map_err(other);
+    drop(subjects);
+    done(store).await?;
+    let count = count?;
     println!("re-wrapped {count} data key(s) under the key-encryption key {id}; start the server with the new key from now on");
     Ok(())
 }
 
-fn other(error: opledger_subjects::SubjectsError) -> CliError {
+fn other(error: SubjectsError) -> CliError {
     CliError::Other(error.to_string())
 }

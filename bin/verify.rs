@@ -7,6 +7,11 @@
 //! position handed out, each stream's last version, the tree's size). With `--against`, the log
 //! is also held to a checkpoint kept outside it: the root of its first events, computed from the
 //! events themselves, must be the checkpoint's, or the first divergence is named.
+//!
+//! Every tenant's tree is grown from the events walked too (from the leaves the log's tree
+//! recorded, so a rewritten event is named once, above): the tenants' map a kept checkpoint signs
+//! (its `opledger-tenants` line) must be the one the log makes at its size, and the tenant trees
+//! the store keeps must be the ones the log makes now.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -14,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use opledger_domain::checkpoint::{self, Checkpoint};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
+use opledger_domain::merkle::tenants::{tenant_of_first_event, TenantMap, TenantTrees};
 use opledger_domain::merkle::{self, Hash, LogTree, RootFolder};
 use opledger_domain::store::StoreError;
 use opledger_domain::store::{EventStore, LogStart, RecordedEvent, StreamName, MAX_READ_BATCH};
@@ -35,6 +41,9 @@ const MAX_FINDINGS_SHOWN: usize = 1_000;
 /// the same walking speed (docs/src/performance.md).
 const VERIFY_READ_BATCH: usize = 512;
 const _: () = assert!(0 < VERIFY_READ_BATCH && VERIFY_READ_BATCH <= MAX_READ_BATCH);
+/// Most streams whose tenant the walk remembers (about 100 bytes each); emptied when full, a
+/// stream met again costs one read of its first event.
+const MAX_REMEMBERED_TENANTS: usize = 65_536;
 
 pub async fn run(args: VerifyArgs) -> Result<(), CliError> {
     let against = match (&args.against, &args.verifier_key) {
@@ -173,6 +182,22 @@ impl Against<'_> {
         });
     }
 
+    /// Holds the tenants' map the log's events make at the checkpoint's size to the one it signs.
+    fn tenants_at_size(&self, made: &TenantMap, position: GlobalPosition) -> Option<Finding> {
+        let signed = self.checkpoint.tenants?;
+        let made = made.head();
+        (made != signed).then(|| Finding {
+            kind: Tampering::Diverged,
+            stream: None,
+            version: None,
+            position,
+            detail: format!(
+                "the checkpoint of {} events signs a tenants' map of {} tenants that the log's events do not make ({} tenants, another root): an event was moved from one tenant's history to another's, or the tenant trees were forged when it was signed",
+                self.checkpoint.head.size, signed.size, made.size
+            ),
+        })
+    }
+
     /// The finding, if the log does not extend the checkpoint.
     fn finish(self, last_position: GlobalPosition) -> Option<Finding> {
         let size = self.checkpoint.head.size;
@@ -229,6 +254,7 @@ async fn walk<S: Audited>(
     let mut last_position = GlobalPosition::new(1);
     // Where the events end: a store's head row may remember more than its events hold.
     let mut walked_end = 0;
+    let mut tenants = WalkedTenants::default();
     let mut note = |finding: Finding, found: &mut usize| {
         *found += 1;
         if findings.len() < MAX_FINDINGS_SHOWN {
@@ -257,11 +283,23 @@ async fn walk<S: Audited>(
                 None => Recorded::Unknown,
             };
             let event_findings = verifier.check_recorded(event, recorded);
+            // The leaf the log's tree recorded, where it did: the tenant trees were grown from
+            // it, and an event rewritten since is named by the check above, not once per tree.
+            tenants
+                .push(store, event, recorded_leaf.unwrap_or(leaf))
+                .await?;
             if let Some(against) = against.as_mut() {
                 against.fold(rank, event, leaf, recorded, &event_findings);
             }
             rank += 1;
             for finding in event_findings {
+                note(finding, &mut found);
+            }
+            let at_checkpoint = against
+                .as_ref()
+                .filter(|against| against.checkpoint.head.size == rank)
+                .and_then(|against| against.tenants_at_size(&tenants.trees.map(), event.position));
+            if let Some(finding) = at_checkpoint {
                 note(finding, &mut found);
             }
         }
@@ -271,6 +309,9 @@ async fn walk<S: Audited>(
         }
     }
     for finding in tail_findings(store, walked_end, tree_size).await? {
+        note(finding, &mut found);
+    }
+    for finding in stored_tenant_findings(store, &tenants.trees.map(), rank, last_position).await? {
         note(finding, &mut found);
     }
     if let Some(finding) = against.and_then(|against| against.finish(last_position)) {
@@ -285,6 +326,85 @@ async fn walk<S: Audited>(
         print_report_text(&verifier, &findings, found);
     }
     Ok(found)
+}
+
+/// Every tenant's tree as the walk grows it from the log's events, and the streams' tenants.
+#[derive(Default)]
+struct WalkedTenants {
+    trees: TenantTrees,
+    streams: std::collections::HashMap<StreamName, Option<String>>,
+}
+
+impl WalkedTenants {
+    /// Adds `event` (log leaf hash `leaf`) to its tenant's tree, if it has a tenant.
+    async fn push<S: EventStore>(
+        &mut self,
+        store: &S,
+        event: &RecordedEvent,
+        leaf: Hash,
+    ) -> Result<(), CliError> {
+        let tenant = match self.streams.get(&event.stream) {
+            Some(known) => known.clone(),
+            None => {
+                let tenant = if event.version == StreamVersion::FIRST {
+                    tenant_of_first_event(&event.event_type, &event.data)
+                } else {
+                    store
+                        .read_stream(&event.stream, StreamVersion::FIRST, 1)
+                        .await?
+                        .first()
+                        .filter(|first| first.version == StreamVersion::FIRST)
+                        .and_then(|first| tenant_of_first_event(&first.event_type, &first.data))
+                };
+                if self.streams.len() >= MAX_REMEMBERED_TENANTS {
+                    self.streams.clear();
+                }
+                self.streams.insert(event.stream.clone(), tenant.clone());
+                tenant
+            }
+        };
+        if let Some(tenant) = tenant {
+            self.trees.push(&tenant, event.position.value(), leaf);
+        }
+        Ok(())
+    }
+}
+
+/// The tenants whose tree the store keeps is not the tree their events in the log make, when the
+/// store's trees cover the `walked` events (a store that keeps none, or is catching up, is not
+/// judged).
+async fn stored_tenant_findings<S: Audited>(
+    store: &S,
+    made: &TenantMap,
+    walked: u64,
+    position: GlobalPosition,
+) -> Result<Vec<Finding>, CliError> {
+    let Some(stored) = store.tenant_heads().await? else {
+        return Ok(Vec::new());
+    };
+    if stored.log_size != walked || stored.map == *made {
+        return Ok(Vec::new());
+    }
+    let mut names: Vec<String> = Vec::new();
+    for tenant in made.tenants().chain(stored.map.tenants()) {
+        if made.get(tenant) != stored.map.get(tenant) && !names.iter().any(|name| name == tenant) {
+            names.push(tenant.to_owned());
+        }
+    }
+    Ok(names
+        .into_iter()
+        .map(|tenant| Finding {
+            kind: Tampering::Edited,
+            stream: None,
+            version: None,
+            position,
+            detail: format!(
+                "the ledger's stored tree of tenant `{tenant}` ({} leaves) is not the tree of the tenant's events in the log ({} leaves); the next checkpoint would sign it",
+                stored.map.get(&tenant).map_or(0, |head| head.size),
+                made.get(&tenant).map_or(0, |head| head.size),
+            ),
+        })
+        .collect())
 }
 
 /// The leaf hashes the log's tree recorded for these events when they were appended (`None`

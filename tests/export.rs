@@ -499,7 +499,7 @@ async fn exports_cut_at_a_signed_checkpoint_prove_themselves_whole_sliced_and_pe
         (
             "tenant",
             &["--tenant", "acme"],
-            "every event's inclusion proof holds",
+            "every event's inclusion proof holds; the tenant's events make the tenant's tree the checkpoint signs (none left out)",
         ),
     ];
     for (name, bounds, proved) in cases {
@@ -617,10 +617,14 @@ async fn every_tampering_of_a_proved_export_is_named_by_the_verifier_in_ndjson_a
     });
     let (dir, db, key, verifier_key) = signed_ledger().await;
     let key_flag = ["--key-file", key.to_str().expect("utf-8")];
-    let kinds: [(&str, &[&str]); 4] = [
+    let kinds: [(&str, &[&str]); 5] = [
         ("whole", &[]),
         ("slice", &["--from", "3", "--to", "10"]),
         ("tenant", &["--tenant", "acme"]),
+        (
+            "tenant-slice",
+            &["--tenant", "acme", "--from", "2", "--to", "10"],
+        ),
         // Another tenant's intents with their proofs, for slipping one in.
         ("foreign", &["--from", "1", "--to", "6"]),
     ];
@@ -669,4 +673,138 @@ async fn an_export_signed_with_a_key_carries_that_keys_checkpoint_though_another
     assert!(exported.status.success(), "{}", text(&exported));
     let verified = verify_with_key(Path::new("python3"), &second, &other_verifier_key, &[]);
     assert!(verified.status.success(), "{}", text(&verified));
+}
+
+/// The export's lines without the event lines `drop` picks, its closing line made to match, as
+/// someone covering their tracks would; the tenant tree's proofs are kept (they cannot be forged).
+fn without_events(export: &Path, drop: impl Fn(&Value) -> bool) -> PathBuf {
+    let text = std::fs::read_to_string(export).expect("the export");
+    let mut lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON"))
+        .collect();
+    lines.retain(|line| {
+        line.get("position").is_none() || line.get("context").is_some() || !drop(line)
+    });
+    let positions: Vec<u64> = lines
+        .iter()
+        .filter(|line| line.get("position").is_some() && line.get("context").is_none())
+        .map(|line| line["position"].as_u64().expect("a position"))
+        .collect();
+    let end = lines.last_mut().expect("a closing line");
+    end["end"]["events"] = positions.len().into();
+    end["end"]["first_position"] = positions.first().copied().into();
+    end["end"]["last_position"] = positions.last().copied().into();
+    let cut = export.with_extension("cut.ndjson");
+    let text: Vec<String> = lines.iter().map(ToString::to_string).collect();
+    std::fs::write(&cut, text.join("\n") + "\n").expect("written");
+    cut
+}
+
+/// A slice asked for: its name, its bounds, the positions exported, and the context lines given
+/// (kind, position).
+type SliceCase = (
+    &'static str,
+    &'static [&'static str],
+    &'static [u64],
+    &'static [(&'static str, u64)],
+);
+
+#[tokio::test]
+async fn a_slice_of_a_tenant_proves_none_of_its_events_between_its_ends_left_out_and_a_cut_one_is_named(
+) {
+    // Acme's events are at positions 1, 3, 5 (intents) and 7, 9, 11 (approvals).
+    let (dir, db, key, verifier_key) = signed_ledger().await;
+    let key_flag = ["--key-file", key.to_str().expect("utf-8")];
+    let cases: [SliceCase; 3] = [
+        (
+            "middle",
+            &["--from", "4", "--to", "8"],
+            &[5, 7],
+            &[("tenant_before", 3), ("intent", 1), ("tenant_after", 9)],
+        ),
+        ("start", &["--to", "4"], &[1, 3], &[("tenant_after", 5)]),
+        (
+            "end",
+            &["--from", "8"],
+            &[9, 11],
+            &[("tenant_before", 7), ("intent", 3), ("intent", 5)],
+        ),
+    ];
+    for (name, bounds, exported, contexts) in cases {
+        let out = dir.path().join(format!("acme-{name}.ndjson"));
+        let done = export(
+            &db,
+            &out,
+            &[&key_flag[..], &["--tenant", "acme"], bounds].concat(),
+        );
+        assert!(done.status.success(), "{name}: {}", text(&done));
+        let lines = events(&out);
+        let positions: Vec<u64> = lines
+            .iter()
+            .filter(|line| line.get("context").is_none())
+            .filter_map(|line| line["position"].as_u64())
+            .collect();
+        assert_eq!(positions, exported, "{name}");
+        let given: Vec<(&str, u64)> = lines
+            .iter()
+            .filter_map(|l| Some((l["context"].as_str()?, l["position"].as_u64()?)))
+            .collect();
+        assert_eq!(given, contexts, "{name}");
+        let verified = verify_with_key(Path::new("python3"), &out, &verifier_key, &[]);
+        assert!(
+            verified.status.success(),
+            "{name}: {}\n{}",
+            text(&verified),
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+        assert!(
+            text(&verified).contains("none of the tenant's events between them left out"),
+            "{name}: {}",
+            text(&verified)
+        );
+
+        // Its last event cut off, the closing line rewritten: each event left still holds, but
+        // the tenant's tree does not.
+        let last = *exported.last().expect("an event");
+        let cut = without_events(&out, |line| line["position"] == last);
+        let refused = verify_with_key(Path::new("python3"), &cut, &verifier_key, &[]);
+        assert_eq!(refused.status.code(), Some(1), "{name}: {}", text(&refused));
+        assert!(
+            text(&refused).contains("INCOMPLETE"),
+            "{name}: {}",
+            text(&refused)
+        );
+    }
+
+    // Bounded by times read off the middle slice's own events: the edges are proved by their
+    // times, which lie outside the bounds.
+    let middle = events(&dir.path().join("acme-middle.ndjson"));
+    let time_at = |position: u64| -> String {
+        middle
+            .iter()
+            .find(|line| line["position"] == position)
+            .and_then(|line| line["time"].as_str())
+            .expect("a time")
+            .to_owned()
+    };
+    let (from, to) = (time_at(5), time_at(7));
+    let out = dir.path().join("acme-times.ndjson");
+    let done = export(
+        &db,
+        &out,
+        &[
+            &key_flag[..],
+            &["--tenant", "acme", "--from", &from, "--to", &to],
+        ]
+        .concat(),
+    );
+    assert!(done.status.success(), "{}", text(&done));
+    let verified = verify_with_key(Path::new("python3"), &out, &verifier_key, &[]);
+    assert!(
+        verified.status.success()
+            && text(&verified).contains("none of the tenant's events between them left out"),
+        "{}",
+        text(&verified)
+    );
 }

@@ -22,6 +22,9 @@
 //! - the transparency log's tree follows the log under many writers, and every tampering of the
 //!   database is caught by `verify --against` a kept checkpoint and by a witness
 //!   (`transparency_log.rs`);
+//! - the data subjects' key table: one key per subject when two instances make it at once, and a
+//!   destroyed key gone from every file of the database, not only from its row
+//!   (`subject_keys.rs`);
 //! - another instance's commit wakes a subscriber through LISTEN/NOTIFY, not its poll;
 //! - a group commit costs the same few round trips to the server whatever its size, counted by
 //!   the proxy (the position lock is held for those round trips, so they are the store's limit).
@@ -40,6 +43,8 @@ mod identity;
 mod migrate;
 #[path = "postgres/pooler.rs"]
 mod pooler;
+#[path = "postgres/subject_keys.rs"]
+mod subject_keys;
 #[path = "postgres/transparency_log.rs"]
 mod transparency_log;
 
@@ -112,6 +117,52 @@ async fn whole_log(store: &PostgresStore) -> Vec<RecordedEvent> {
         let Some(last) = page.last() else { return log };
         start = LogStart::After(last.position);
         log.extend(page);
+    }
+}
+
+/// The tenants' map the log's events make, grown as the book specifies (each event in its
+/// stream's tenant's tree, the tenant named by the intent that opens the stream).
+fn tenant_map_of(log: &[RecordedEvent]) -> merkle::tenants::TenantMap {
+    let mut tenants = std::collections::HashMap::new();
+    let mut trees = merkle::tenants::TenantTrees::new();
+    for event in log {
+        if event.version == StreamVersion::FIRST {
+            tenants.insert(
+                event.stream.clone(),
+                merkle::tenants::tenant_of_first_event(&event.event_type, &event.data),
+            );
+        }
+        if let Some(Some(tenant)) = tenants.get(&event.stream) {
+            trees.push(
+                tenant,
+                event.position.value(),
+                merkle::leaf_hash(&event.view()),
+            );
+        }
+    }
+    trees.map()
+}
+
+/// The tenants' trees the store keeps are the ones its log makes, and cover its whole tree.
+async fn assert_the_tenant_trees_are_the_logs(store: &PostgresStore) {
+    use opledger_domain::merkle::LogTree;
+    let log = whole_log(store).await;
+    let stored = store
+        .tenant_heads()
+        .await
+        .expect("reads")
+        .expect("the tenant trees cover the log's tree");
+    assert_eq!(stored.log_size, log.len() as u64);
+    assert_eq!(stored.map, tenant_map_of(&log));
+}
+
+/// An intent of `tenant` as the tenant trees read it (the first event of its stream).
+fn intent_of(tenant: &str, n: u128) -> EventData {
+    EventData {
+        event_id: EventId::from_uuid(uuid::Uuid::from_u128(n)),
+        event_type: "IntentRecorded".into(),
+        data: format!("{{\"tenant\":\"{tenant}\",\"n\":{n}}}").into_bytes(),
+        metadata: b"{\"schema\":1}".to_vec(),
     }
 }
 
@@ -318,6 +369,121 @@ async fn a_group_commit_of_fresh_appends_costs_one_round_trip_whatever_the_numbe
     );
     let log = whole_log(&store).await;
     assert_eq!(log.len(), 1 + appends as usize, "every append stored once");
+}
+
+/// Tenants the tenant-tree tests spread their operations over.
+const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
+
+// One thread, as above. The tenants' trees are grown in the same transaction as the events, by
+// the statements the commit already sends: no round trip is added for them.
+#[tokio::test(flavor = "current_thread")]
+async fn a_group_commit_of_fresh_intents_grows_the_tenants_trees_in_its_one_round_trip() {
+    let database = server().database();
+    let proxy = Proxy::start(server().port).await;
+    let store = connect(&proxy.url(&database)).await;
+    // The writer meets each tenant once (reading its tree under the lock): not counted.
+    for (n, tenant) in TENANTS.iter().enumerate() {
+        store
+            .append(
+                &stream(&format!("warm-up-{n}")),
+                ExpectedVersion::NoStream,
+                vec![intent_of(tenant, n as u128)],
+            )
+            .await
+            .expect("append");
+    }
+    let round_trips_before = proxy.round_trips.load(Ordering::SeqCst);
+    let before = store.commit_stats();
+    // A wave opening operations of every tenant, then a wave growing each of them.
+    for wave in 0..2_u128 {
+        let appends: Vec<_> = (0..BATCHED_APPENDS)
+            .map(|n| {
+                let store = store.clone();
+                let (expected, events) = match wave {
+                    0 => (
+                        ExpectedVersion::NoStream,
+                        vec![intent_of(TENANTS[n % TENANTS.len()], 1_000 + n as u128)],
+                    ),
+                    _ => (
+                        ExpectedVersion::Exact(StreamVersion::FIRST),
+                        vec![event(2_000 + n as u128)],
+                    ),
+                };
+                tokio::spawn(async move {
+                    store
+                        .append(&stream(&format!("operation-{n}")), expected, events)
+                        .await
+                })
+            })
+            .collect();
+        for append in appends {
+            within("an append", append)
+                .await
+                .expect("the append task")
+                .expect("each append owns its stream");
+        }
+    }
+    let round_trips = proxy.round_trips.load(Ordering::SeqCst) - round_trips_before;
+    let after = store.commit_stats();
+    let commits = after.commits - before.commits;
+    assert_eq!(after.appends - before.appends, 2 * BATCHED_APPENDS as u64);
+    assert!(
+        round_trips <= commits as usize * ROUND_TRIPS_PER_COMMIT,
+        "{round_trips} round trips for {commits} commits; at most {ROUND_TRIPS_PER_COMMIT} per commit"
+    );
+    assert_the_tenant_trees_are_the_logs(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_appending_several_tenants_operations_at_once_grow_each_tenants_tree_in_log_order(
+) {
+    const WRITERS: usize = 4;
+    const OPERATIONS_PER_WRITER: usize = 8;
+    let database = server().database();
+    let url = server().url(&database);
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(connect(&url).await);
+    }
+    let mut writers = Vec::new();
+    for (i, instance) in instances.iter().enumerate() {
+        for w in 0..WRITERS {
+            let store = instance.clone();
+            writers.push(tokio::spawn(async move {
+                for op in 0..OPERATIONS_PER_WRITER {
+                    let n = ((i * WRITERS + w) * OPERATIONS_PER_WRITER + op) as u128;
+                    let name = stream(&format!("operation-{n}"));
+                    let tenant = TENANTS[n as usize % TENANTS.len()];
+                    store
+                        .append(
+                            &name,
+                            ExpectedVersion::NoStream,
+                            vec![intent_of(tenant, n * 2)],
+                        )
+                        .await
+                        .expect("opened");
+                    store
+                        .append(
+                            &name,
+                            ExpectedVersion::Exact(StreamVersion::FIRST),
+                            vec![event(n * 2 + 1)],
+                        )
+                        .await
+                        .expect("grown");
+                }
+            }));
+        }
+    }
+    for writer in writers {
+        within("a writer", writer).await.expect("the writer task");
+    }
+    // Every instance reads the same trees, and they are the ones the log's order makes.
+    for instance in &instances {
+        assert_the_tenant_trees_are_the_logs(instance).await;
+    }
+    for instance in instances {
+        instance.close().await.expect("closes");
+    }
 }
 
 // One thread, as above: the wave is one batch.

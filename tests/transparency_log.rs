@@ -157,7 +157,11 @@ async fn a_kept_checkpoint_of_an_untouched_ledger_verifies_and_opens_with_the_pr
     // The key never went into the ledger.
     let key = std::fs::read_to_string(&audited.key).expect("the key file");
     let ledger = std::fs::read(&audited.db).expect("the ledger file");
-    let secret = key.trim().rsplit('+').next().expect("the key's base64");
+    // `PRIVATE+KEY+<name>+<hash>+<base64>`: the base64 may itself hold a '+', so the fields are
+    // counted from the front (the last '+' would leave a tail of a few characters, which a
+    // ledger of any size holds by chance).
+    let secret = key.trim().splitn(5, '+').nth(4).expect("the key's base64");
+    assert!(secret.len() > 40, "the whole key: {secret}");
     assert!(!ledger
         .windows(secret.len())
         .any(|window| window == secret.as_bytes()));
@@ -568,4 +572,66 @@ fn ed25519_public_key_of_seed() -> Vec<u8> {
 
 fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[tokio::test]
+async fn a_forged_tenant_tree_is_named_by_verify_and_a_checkpoint_signed_over_it_is_caught() {
+    let audited = Audited::new().await;
+    let note = std::fs::read_to_string(&audited.checkpoint).expect("kept");
+    let kept = checkpoint::open(&note, &audited.verifier_key).expect("signed by the key");
+    let tenants = kept.tenants.expect("the checkpoint signs the tenants' map");
+    assert_eq!(tenants.size, 1, "one tenant, acme");
+
+    // The tenant's stored tree replaced by another of the same shape.
+    audited.sql(
+        "UPDATE tenant_trees SET frontier = randomblob(length(frontier)) WHERE tenant = 'acme'",
+    );
+    assert_tampered(
+        &audited.verify(),
+        "the ledger's stored tree of tenant `acme` (6 leaves) is not the tree of the tenant's events in the log (6 leaves)",
+    );
+
+    // A checkpoint signed over the forged tree: held against the log, and refused by an export.
+    let forged = audited.checkpoint.with_file_name("forged.checkpoint");
+    let signed = opledger(&[
+        "checkpoint",
+        "--db",
+        path(&audited.db),
+        "--key-file",
+        path(&audited.key),
+        "--out",
+        path(&forged),
+    ]);
+    assert!(signed.status.success(), "{}", both(&signed));
+    let against = opledger(&[
+        "verify",
+        "--db",
+        path(&audited.db),
+        "--against",
+        path(&forged),
+        "--verifier-key",
+        &audited.verifier_key,
+    ]);
+    assert_tampered(
+        &against,
+        "the checkpoint of 6 events signs a tenants' map of 1 tenants that the log's events do not make",
+    );
+    let export = opledger(&[
+        "export",
+        "--db",
+        path(&audited.db),
+        "--key-file",
+        path(&audited.key),
+        "--tenant",
+        "acme",
+        "--out",
+        path(&audited.checkpoint.with_file_name("acme.ndjson")),
+    ]);
+    assert!(!export.status.success(), "{}", both(&export));
+    assert!(
+        both(&export)
+            .contains("signs a tenants' map (1 tenants) that the log's events do not make"),
+        "{}",
+        both(&export)
+    );
 }

@@ -15,13 +15,13 @@ use crate::codec::{self, DecodeError};
 use crate::command::Command;
 use crate::decider::{decide, Rejection};
 use crate::error::ValidationError;
-use crate::event::{IntentRecorded, OperationEvent, Principal};
+use crate::event::{Executor, IntentRecorded, OperationEvent, Principal};
 use crate::ids::{
     AccountId, ActionName, ActorId, CredentialFingerprint, OperationId, OwnerId, ProviderId,
     SourceId, StreamVersion, TenantId,
 };
 use crate::in_span::InSpanExt;
-use crate::personal::{self as personal_data, Personal, PersonalData};
+use crate::personal::{self as personal_data, Personal, PersonalData, PersonalDataError};
 use crate::ports::{Clock, IdSource};
 use crate::state::{evolve, OperationState, Status};
 use crate::store::{EventStore, ExpectedVersion, StoreError, StreamName, MAX_READ_BATCH};
@@ -344,6 +344,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             args_hash: ArgsSnapshot::new(request.args.clone())?.hash(),
             requires_approval: request.requires_approval,
             owner: owner.as_ref(),
+            executor: Executor::Ledger,
         };
         check_redelivery(existing, &asked).map(Some)
     }
@@ -381,7 +382,25 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             action = %request.action,
             operation_id = tracing::field::Empty,
         );
-        self.record_in_span(request, personal, then)
+        self.record_in_span(request, personal, Executor::Ledger, then)
+            .in_span(span)
+            .await
+    }
+
+    /// Records the intent of a step the caller's own code carries out (see
+    /// [`crate::event::Executor::Caller`]): the same rules as [`Ledger::record_intent`] — the
+    /// same source id finds the same operation, a reused one asking for something else is
+    /// refused — but the ledger never sends it. The caller claims each attempt
+    /// ([`Command::ClaimStep`]) and reports what its function did.
+    pub async fn record_step(&self, request: IntentRequest) -> Result<RecordedIntent, AppError> {
+        let span = tracing::info_span!(
+            "record_step",
+            tenant = %request.tenant,
+            provider = %request.provider,
+            action = %request.action,
+            operation_id = tracing::field::Empty,
+        );
+        self.record_in_span(request, None, Executor::Caller, |_| None)
             .in_span(span)
             .await
     }
@@ -391,6 +410,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         &self,
         request: IntentRequest,
         personal: Option<Personal>,
+        executor: Executor,
         then: impl FnOnce(&OperationState) -> Option<Command>,
     ) -> Result<RecordedIntent, AppError> {
         let valid = request.validate()?;
@@ -400,6 +420,8 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         };
         tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
         let mut intent = self.frozen_intent(operation_id, &valid);
+        intent.executor = executor;
+        let mut links = None;
         let sealed = match &personal {
             None => None,
             Some(personal) => {
@@ -409,13 +431,33 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                         "names a data subject, but this ledger keeps no personal data: configure [personal_data] with a key-encryption key, or record without a subject",
                     )
                 })?;
-                let sealed = personal_data::seal_args(
-                    port,
-                    &valid.tenant,
-                    operation_id,
-                    personal,
-                    &intent.args,
-                )?;
+                let mut sealed_again = false;
+                let sealed = loop {
+                    let sealed = personal_data::seal_args(
+                        port,
+                        &valid.tenant,
+                        operation_id,
+                        personal,
+                        &intent.args,
+                    )?;
+                    // A new subject's key is written with other new keys, one sync for many: it
+                    // must be durable before a value sealed under it is. The links are written
+                    // in the same batches while the ledger appends, and awaited before the
+                    // answer.
+                    links = Some(port.all_durable());
+                    let token = personal_data::first_token_in(&sealed.args);
+                    match port
+                        .key_durable(&valid.tenant, &personal.subject, token.as_deref())
+                        .await
+                    {
+                        // Another server stored the new subject's key at the same moment: once
+                        // more, under the key it stored (the seal finds it now).
+                        Err(PersonalDataError::KeyReplaced) if !sealed_again => {
+                            sealed_again = true;
+                        }
+                        durable => break durable.map(|()| sealed)?,
+                    }
+                };
                 // The state holds the plaintext (it is what is sent); only the stored intent
                 // holds the tokens. Both carry the keyed hash.
                 intent.args_hash = sealed.args_hash.clone();
@@ -458,6 +500,14 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         {
             Ok(operation) => {
                 info!(events = events.len(), "intent recorded");
+                if let Some(links) = links {
+                    // The intent is recorded: failing the call now would invite a second
+                    // operation. A lost link costs no data (the key alone seals the values; an
+                    // erased subject's operation is held back by its unreadable arguments).
+                    if let Err(error) = links.await {
+                        tracing::warn!(%error, "the link of an operation to its data subject was not written");
+                    }
+                }
                 Ok(RecordedIntent {
                     operation,
                     created: true,
@@ -470,7 +520,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                     return Err(conflict.into());
                 };
                 let operation = self.get(operation_id).await?;
-                let mut asked = Asked::of(&valid, source_id);
+                let mut asked = Asked::of(&valid, source_id, executor);
                 asked.args_hash = asked_hash;
                 let found = check_redelivery(operation, &asked)?;
                 debug!("redelivered source found the existing operation");
@@ -495,6 +545,7 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
             idempotency_key: self.ids.new_idempotency_key(),
             source_id: valid.source_id.clone(),
             requires_approval: valid.requires_approval,
+            executor: Default::default(),
             at: self.clock.now(),
         }
     }
@@ -788,10 +839,11 @@ struct Asked<'a> {
     args_hash: ArgsHash,
     requires_approval: bool,
     owner: Option<&'a OwnerId>,
+    executor: Executor,
 }
 
 impl<'a> Asked<'a> {
-    fn of(valid: &'a ValidIntent, source_id: &'a SourceId) -> Self {
+    fn of(valid: &'a ValidIntent, source_id: &'a SourceId, executor: Executor) -> Self {
         Self {
             source_id,
             provider: &valid.provider,
@@ -800,6 +852,7 @@ impl<'a> Asked<'a> {
             args_hash: valid.args.hash(),
             requires_approval: valid.requires_approval,
             owner: valid.owner.as_ref(),
+            executor,
         }
     }
 }
@@ -827,6 +880,10 @@ fn check_redelivery(
         // The owner is part of what was asked (whose task it is): an HTTP client replaying an
         // Idempotency-Key with another owner sent another request (Stripe compares the body).
         Some("owner")
+    } else if intent.executor != asked.executor {
+        // A step the caller carries out and a connector's operation are different requests,
+        // whatever else they share: one sender per side effect.
+        Some("executor (a caller's step or a connector's operation)")
     } else {
         None
     };

@@ -8,6 +8,11 @@
 //! Ed25519 signature)>`. The key id is the first four bytes of SHA-256(name ‖ "\n" ‖ 0x01 ‖
 //! public key).
 //!
+//! A checkpoint of a store that keeps tenant trees has one extension line after the root hash
+//! (C2SP tlog-checkpoint allows them; generic tools read the first three lines and ignore it):
+//! `opledger-tenants <map size> <base64 map root>`, the head of the tenants' map
+//! ([`crate::merkle::tenants`]), so one signature covers the log and every tenant's history.
+//!
 //! Pure: the signing key comes in as its text (from a file or the environment, never from the
 //! ledger), and nothing here reads a clock or draws randomness. A checkpoint is accepted only
 //! with a valid signature of the verifier key the caller names; other signatures (a witness's
@@ -76,9 +81,14 @@ impl LogSigner {
         self.signer.name()
     }
 
-    /// Signs the checkpoint of `head`: the note's bytes, as served and kept.
-    pub fn sign(&self, head: TreeHead) -> Result<String, CheckpointError> {
-        let text = checkpoint_text(self.origin(), head);
+    /// Signs the checkpoint of `head` and, when given, of the tenants' map at the same log size:
+    /// the note's bytes, as served and kept.
+    pub fn sign(
+        &self,
+        head: TreeHead,
+        tenants: Option<TreeHead>,
+    ) -> Result<String, CheckpointError> {
+        let text = checkpoint_text(self.origin(), head, tenants);
         let mut note = Note::new(text.as_bytes(), &[]).map_err(malformed)?;
         note.add_sigs(&[&self.signer as &dyn Signer])
             .map_err(|error| CheckpointError::BadSigningKey {
@@ -119,9 +129,49 @@ pub fn generate_keys(name: &str, seed: [u8; 32]) -> Result<(String, String), Che
 /// The signed-note algorithm byte of Ed25519 keys.
 const ED25519: u8 = 1;
 
-/// The unsigned body of a checkpoint: origin, size and base64 root hash, each on its own line.
-pub fn checkpoint_text(origin: &str, head: TreeHead) -> String {
-    format!("{origin}\n{}\n{}\n", head.size, head.root)
+/// The first word of the extension line that carries the tenants' map.
+pub const TENANTS_EXTENSION: &str = "opledger-tenants";
+
+/// The unsigned body of a checkpoint: origin, size and base64 root hash, each on its own line,
+/// then the tenants' map line when there is one.
+pub fn checkpoint_text(origin: &str, head: TreeHead, tenants: Option<TreeHead>) -> String {
+    let mut text = format!("{origin}\n{}\n{}\n", head.size, head.root);
+    if let Some(map) = tenants {
+        text.push_str(&format!("{TENANTS_EXTENSION} {} {}\n", map.size, map.root));
+    }
+    text
+}
+
+/// The tenants' map head a checkpoint's text names, read without checking its signature: for the
+/// log's own use of a checkpoint it keeps (a verifier uses [`open`]).
+pub fn unchecked_tenants(note: &str) -> Result<Option<TreeHead>, CheckpointError> {
+    let text = note.split("\n\n").next().unwrap_or_default().to_owned() + "\n";
+    let body = tlog_tiles::Checkpoint::from_bytes(text.as_bytes()).map_err(malformed)?;
+    tenants_of(body.extension())
+}
+
+/// The tenants' map head in a checkpoint's extension lines, if one names it.
+fn tenants_of(extension: &str) -> Result<Option<TreeHead>, CheckpointError> {
+    let Some(line) = extension
+        .lines()
+        .find(|line| line.split(' ').next() == Some(TENANTS_EXTENSION))
+    else {
+        return Ok(None);
+    };
+    let bad = || CheckpointError::Malformed {
+        reason: format!("the line `{line}` is not `{TENANTS_EXTENSION} <size> <base64 root>`"),
+    };
+    let mut words = line.split(' ').skip(1);
+    let (Some(size), Some(root), None) = (words.next(), words.next(), words.next()) else {
+        return Err(bad());
+    };
+    let size = size
+        .parse::<u64>()
+        .ok()
+        .filter(|parsed| parsed.to_string() == size)
+        .ok_or_else(bad)?;
+    let root = Hash::parse_hash(root).map_err(|_| bad())?;
+    Ok(Some(TreeHead { size, root }))
 }
 
 fn malformed(error: impl std::fmt::Display) -> CheckpointError {
@@ -137,6 +187,8 @@ pub struct Checkpoint {
     pub origin: String,
     /// The tree head it commits to.
     pub head: TreeHead,
+    /// The head of the tenants' map it commits to, if it carries one.
+    pub tenants: Option<TreeHead>,
     /// Names of the other signers (witnesses' cosignatures) whose keys were not given, so not
     /// checked.
     pub other_signers: Vec<String>,
@@ -216,6 +268,7 @@ pub fn open_cosigned(
             size: body.size(),
             root: Hash(body.hash().0),
         },
+        tenants: tenants_of(body.extension())?,
         other_signers: unverified
             .iter()
             .map(|signature| signature.name().to_owned())
@@ -323,7 +376,7 @@ mod tests {
             size: 7,
             root: EMPTY_TREE_HASH,
         };
-        let note = signer.sign(head).unwrap();
+        let note = signer.sign(head, None).unwrap();
         assert!(note.starts_with("example.com/log\n7\n47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=\n\n— example.com/log "));
         let opened = open(&note, &verifier).unwrap();
         assert_eq!(opened.head, head);
@@ -334,10 +387,13 @@ mod tests {
     fn a_checkpoint_with_a_changed_size_or_hash_is_refused() {
         let (signer, verifier) = keys();
         let note = signer
-            .sign(TreeHead {
-                size: 7,
-                root: EMPTY_TREE_HASH,
-            })
+            .sign(
+                TreeHead {
+                    size: 7,
+                    root: EMPTY_TREE_HASH,
+                },
+                None,
+            )
             .unwrap();
         let edited = note.replacen("\n7\n", "\n8\n", 1);
         assert!(matches!(
@@ -371,10 +427,13 @@ mod tests {
     fn a_witness_cosignature_is_checked_when_its_key_is_given() {
         let (signer, verifier) = keys();
         let note = signer
-            .sign(TreeHead {
-                size: 7,
-                root: EMPTY_TREE_HASH,
-            })
+            .sign(
+                TreeHead {
+                    size: 7,
+                    root: EMPTY_TREE_HASH,
+                },
+                None,
+            )
             .unwrap();
         let (cosigned, witness) = cosign(&note, "witness.example.org", [9; 32], 1_700_000_000);
         let opened = open_cosigned(&cosigned, &verifier, std::slice::from_ref(&witness)).unwrap();
@@ -402,6 +461,39 @@ mod tests {
         assert!(matches!(
             open_cosigned(&note, &verifier, std::slice::from_ref(&witness)),
             Err(CheckpointError::NotSigned { key, .. }) if key == "witness.example.org"
+        ));
+    }
+
+    #[test]
+    fn the_tenants_map_is_an_extension_line_the_signature_covers() {
+        let (signer, verifier) = keys();
+        let map = TreeHead {
+            size: 3,
+            root: Hash([5; 32]),
+        };
+        let note = signer
+            .sign(
+                TreeHead {
+                    size: 7,
+                    root: EMPTY_TREE_HASH,
+                },
+                Some(map),
+            )
+            .unwrap();
+        let text = note.split("\n\n").next().unwrap();
+        assert_eq!(
+            text.lines().nth(3),
+            Some(format!("opledger-tenants 3 {}", map.root).as_str())
+        );
+        // Generic tlog tools read the first three lines and the extension beside them.
+        let body = tlog_tiles::Checkpoint::from_bytes(format!("{text}\n").as_bytes()).unwrap();
+        assert_eq!(body.size(), 7);
+        assert_eq!(open(&note, &verifier).unwrap().tenants, Some(map));
+        // A changed map is not what was signed.
+        let edited = note.replacen("opledger-tenants 3", "opledger-tenants 2", 1);
+        assert!(matches!(
+            open(&edited, &verifier),
+            Err(CheckpointError::NotSigned { .. })
         ));
     }
 

@@ -72,6 +72,18 @@ pub enum Command {
         /// The request the attempt sends (method and URL), to record with it.
         request: Option<String>,
     },
+    /// The caller claims the next attempt of a step its own code carries out (see
+    /// [`crate::event::Executor::Caller`]): the same single-sender move `pending → in_flight` as
+    /// [`Command::StartAttempt`], with a lease. The caller may run its function only while it
+    /// holds the claim; when the lease runs out without an outcome the step is unknown.
+    ClaimStep {
+        /// The new attempt's id.
+        attempt_id: AttemptId,
+        /// Who claims it (the caller's name for its process, or the tenant).
+        caller: WorkerId,
+        /// How long the claim holds without an outcome, in milliseconds.
+        lease_ms: u64,
+    },
     /// Put off the claim of a pending operation's next attempt until `not_before`: what its
     /// send needs first (the account's credentials, a budget slot) is not there. No attempt is
     /// started, so none is used up.
@@ -216,6 +228,7 @@ impl Command {
             Self::GrantApproval { .. } => "grant_approval",
             Self::DenyApproval { .. } => "deny_approval",
             Self::StartAttempt { .. } => "start_attempt",
+            Self::ClaimStep { .. } => "claim_step",
             Self::PostponeSend { .. } => "postpone_send",
             Self::PostponeLookup { .. } => "postpone_lookup",
             Self::RecordSuccess { .. } => "record_success",
@@ -241,6 +254,7 @@ pub fn user_name(name: &str) -> &str {
         "grant_approval" => "approve",
         "deny_approval" => "deny",
         "start_attempt" => "send",
+        "claim_step" => "claim",
         "postpone_send" => "postpone the send of",
         "postpone_lookup" => "postpone the lookup of",
         "record_success" => "record a success for",

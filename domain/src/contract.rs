@@ -96,6 +96,15 @@ pub struct ProviderCapabilities {
     pub lookup: LookupSupport,
 }
 
+/// What a step the caller's own code carries out promises: nothing the ledger can hold it to.
+/// The ledger cannot look the caller's system up, and cannot know that the function honours the
+/// key it is given, so an unknown step is never retried automatically: it goes to a person, and
+/// a person's retry is taken to risk a second effect.
+pub const CALLER_STEP_CAPABILITIES: ProviderCapabilities = ProviderCapabilities {
+    deduplication: Deduplication::None,
+    lookup: LookupSupport::None,
+};
+
 /// The budget of automatic retries for one operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {

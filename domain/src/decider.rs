@@ -8,6 +8,7 @@
 //! awaiting_approval--GrantApproval (same args hash)--------> pending
 //! awaiting_approval--DenyApproval (same args hash)---------> denied
 //! pending          --StartAttempt (binding, contract)------> in_flight
+//! pending (a step) --ClaimStep (the caller claims)---------> in_flight
 //! in_flight        --RecordSuccess (external id)-----------> succeeded
 //! in_flight        --RecordRejection-----------------------> rejected (unknown after an unclear attempt)
 //! in_flight        --RecordUnknown / ExpireLease-----------> unknown
@@ -44,6 +45,11 @@
 //!   sharing the ledger one looks each round up; a claim whose lease ran out may be taken over,
 //!   and a lookup recorded by anyone — the claimant or a worker it outlived — is evidence all the
 //!   same (the claim decides who asks the provider, never what its answer means);
+//! - a step the caller's own code carries out is claimed by the caller (`ClaimStep`), never
+//!   sent by the ledger (`StartAttempt` is refused for it), and a connector's operation is never
+//!   claimed by a caller; what the caller reports of its attempt is decided as a provider's
+//!   answer is, so a report after the lease ran out is a late answer (a success settles the
+//!   unknown step; a different object after a success is a detected duplicate);
 //! - a pending operation whose send became impossible while queued (the retry contract ran out,
 //!   rule 9: "re-checked right before each send"; the binding changed) goes to review.
 
@@ -99,6 +105,13 @@ pub enum Rejection {
         /// The hash the approver sent.
         offered: ArgsHash,
     },
+    /// The command belongs to the other kind of sender: the ledger never sends a caller's step,
+    /// and a caller never claims a connector's operation.
+    #[error("{}", wrong_executor(*executor))]
+    WrongExecutor {
+        /// Who carries the operation out.
+        executor: crate::event::Executor,
+    },
     /// A scheduled retry is not due yet.
     #[error("the next attempt may not start before {not_before}")]
     NotYetDue {
@@ -147,6 +160,13 @@ pub enum Rejection {
     },
 }
 
+fn wrong_executor(executor: crate::event::Executor) -> &'static str {
+    match executor {
+        crate::event::Executor::Caller => "the operation is a step the caller's own code carries out; the ledger never sends it: the caller claims it and reports its outcome",
+        crate::event::Executor::Ledger => "the operation is carried out by its connector; only an operation recorded as a step is claimed by its caller",
+    }
+}
+
 /// Decides what `command` does to an operation in `state` at `now`: the events to append, in
 /// order, or why nothing may be. An empty list means the command changes nothing (it repeats
 /// what is already recorded), so retried commands are harmless.
@@ -187,6 +207,7 @@ fn dispatch(
         Command::DenyApproval { approver, principal, args_hash, reason } => approval::deny(&on, approver, principal.as_ref(), args_hash, reason),
         Command::StartAttempt { attempt_id, worker, lease_ms, binding, capabilities, policy, budget_wait, request } =>
             attempt::start(&on, &attempt::Claim { attempt_id: *attempt_id, worker, lease_ms: *lease_ms, binding, capabilities, policy, budget_wait: budget_wait.as_ref(), request: request.as_ref() }),
+        Command::ClaimStep { attempt_id, caller, lease_ms } => attempt::claim_step(&on, *attempt_id, caller, *lease_ms),
         Command::PostponeSend { reason, not_before } => attempt::postpone(&on, reason, *not_before),
         Command::RecordSuccess { attempt_id, external_id, provider_request_id } =>
             outcome::success(&on, *attempt_id, external_id, provider_request_id.as_ref()),
@@ -322,5 +343,7 @@ fn clip(text: &str) -> String {
 pub(crate) mod fixtures;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,7 @@ use crate::command::{
 };
 use crate::contract::{
     check_retry_contract, milliseconds, Deduplication, LookupSupport, ProviderCapabilities,
-    RetryPolicy, SendBinding,
+    RetryPolicy, SendBinding, CALLER_STEP_CAPABILITIES,
 };
 use crate::decider::Rejection;
 use crate::error::{OutOfRange, ValidationError};
@@ -287,6 +287,74 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         Ok(self.report(loaded))
     }
 
+    /// The caller claims the next attempt of its step `operation_id` as `caller`, for
+    /// `lease_ms` (one conditional append: of two callers, one wins), as attempt `attempt_id`
+    /// (a fresh one when `None`). The loaded operation shows
+    /// the claim: its current attempt, its lease's end, the key to pass to the function. Refused
+    /// with [`Rejection::NotAllowed`] unless the step is pending (another caller's claim is live,
+    /// or it settled), and with [`Rejection::WrongExecutor`] for a connector's operation.
+    pub async fn claim_step(
+        &self,
+        operation_id: OperationId,
+        attempt_id: Option<AttemptId>,
+        caller: WorkerId,
+        lease_ms: u64,
+    ) -> Result<LoadedOperation, AppError> {
+        let _turn = self.driving.acquire(operation_id).await;
+        let loaded = self.ledger.get(operation_id).await?;
+        let command = Command::ClaimStep {
+            // A caller that names its attempt can repeat a claim whose answer it lost: the same
+            // claim again is answered as it was, instead of refused as another caller's.
+            attempt_id: attempt_id.unwrap_or_else(|| self.ledger.ids().new_attempt_id()),
+            caller,
+            lease_ms,
+        };
+        let span = tracing::info_span!("claim_step", %operation_id);
+        self.ledger
+            .execute_from(loaded, &command)
+            .in_span(span)
+            .await
+    }
+
+    /// Records what the caller reports of its step's attempt (`command` is one of
+    /// [`Command::RecordSuccess`], [`Command::RecordRejection`], [`Command::RecordUnknown`]),
+    /// decided as a provider's answer is: a report for the live attempt settles it, a late one is
+    /// evidence. An unknown outcome is driven on at once, so the answer already says that a
+    /// person has it.
+    pub async fn report_step(
+        &self,
+        operation_id: OperationId,
+        command: &Command,
+    ) -> Result<Report, AppError> {
+        debug_assert!(matches!(
+            command,
+            Command::RecordSuccess { .. }
+                | Command::RecordRejection { .. }
+                | Command::RecordUnknown { .. }
+        ));
+        let recorded = {
+            let _turn = self.driving.acquire(operation_id).await;
+            let loaded = self.ledger.get(operation_id).await?;
+            if !loaded.state.executed_by_caller() {
+                let executor = loaded
+                    .state
+                    .intent
+                    .as_ref()
+                    .map_or(crate::event::Executor::Ledger, |intent| intent.executor);
+                return Err(AppError::Rejected {
+                    operation_id,
+                    rejection: Rejection::WrongExecutor { executor },
+                });
+            }
+            let span = tracing::info_span!("report_step", %operation_id, command = command.name());
+            self.ledger
+                .execute_from(loaded, command)
+                .in_span(span)
+                .await?
+        };
+        self.drive_from(recorded).await
+    }
+
     /// Records that this engine's attempt of `operation_id` was cut off before its outcome was
     /// recorded (the process is stopping): its outcome is unknown from now on, instead of in
     /// flight until the lease runs out, and the reconciler finds out what the provider did.
@@ -380,6 +448,9 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
     /// The contract the operation's action has as configured now, if it is bound.
     fn contract_of(&self, state: &OperationState) -> Option<ProviderCapabilities> {
         let intent = state.intent.as_ref()?;
+        if intent.executed_by_caller() {
+            return Some(CALLER_STEP_CAPABILITIES);
+        }
         self.providers
             .bind(&binding_query(intent))
             .ok()
@@ -849,6 +920,14 @@ impl<S: EventStore, C: Clock, I: IdSource, P: Providers> Engine<S, C, I, P> {
         let operation_id = loaded.operation_id;
         let intent = intent_of(&loaded)?.clone();
         let confirmed = matches!(loaded.state.status, Status::Succeeded { .. });
+        if intent.executed_by_caller() && !confirmed {
+            // Nothing to ask: the step's function is the caller's, and its contract is none, so
+            // the decider hands the unknown step to a person at once.
+            let fingerprint = intent.credential_fingerprint.clone();
+            return self
+                .settle_without_lookup(loaded, &intent, CALLER_STEP_CAPABILITIES, fingerprint)
+                .await;
+        }
         let bound = self.providers.bind(&binding_query(&intent));
         if confirmed {
             let unable = match &bound {

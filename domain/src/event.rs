@@ -41,9 +41,51 @@ pub struct IntentRecorded {
     pub source_id: Option<SourceId>,
     /// Whether a person must approve it before it may be sent.
     pub requires_approval: bool,
+    /// Who carries it out: the ledger's connector, or the caller's own code (a guarded step).
+    /// Absent from intents recorded before steps existed, and from every connector's intent:
+    /// those read and hash as before.
+    #[serde(default, skip_serializing_if = "Executor::is_ledger")]
+    pub executor: Executor,
     /// When it was recorded.
     #[serde(with = "crate::timestamp")]
     pub at: DateTime<Utc>,
+}
+
+impl IntentRecorded {
+    /// Whether the caller's own code carries it out (a guarded step), not a connector.
+    pub fn executed_by_caller(&self) -> bool {
+        self.executor == Executor::Caller
+    }
+}
+
+/// Who carries an operation's side effect out. Frozen with the intent: a step recorded for the
+/// caller's function is never sent by the ledger's workers, and a connector's operation is never
+/// claimed by a caller, so one side effect has exactly one kind of sender.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Executor {
+    /// A configured connector, sent by the ledger's engine.
+    #[default]
+    Ledger,
+    /// The caller's own function: the caller claims an attempt (with a lease), runs it and
+    /// reports what it did; the ledger records, expires the lease and hands a lost result to a
+    /// person.
+    Caller,
+}
+
+impl Executor {
+    /// Whether this is the default, the ledger's own connector (left out of the stored event).
+    pub fn is_ledger(&self) -> bool {
+        *self == Self::Ledger
+    }
+
+    /// As written in events and answers: `ledger` or `caller`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ledger => "ledger",
+            Self::Caller => "caller",
+        }
+    }
 }
 
 /// The credential that made a decision, as the server authenticated it. Beside the name a

@@ -29,6 +29,8 @@ pub use tlog_tiles::{stored_hash_count, stored_hash_index, Hash, HashReader, HAS
 
 use crate::store::{EventView, StoreError};
 
+pub mod tenants;
+
 /// The domain-separation tag every leaf starts with; changing it would change every tree.
 pub const LEAF_TAG: &[u8] = b"opledger-leaf-v1\0";
 
@@ -258,6 +260,42 @@ pub trait LogTree: Send + Sync {
         &self,
         size: Option<u64>,
     ) -> impl Future<Output = Result<Option<(u64, String)>, StoreError>> + Send;
+
+    /// Every tenant's tree head and the log's size they cover, read at one moment; `None` when
+    /// the store keeps no tenant trees (or keeps them switched off), and a checkpoint then signs
+    /// the log's tree alone.
+    fn tenant_heads(&self) -> impl Future<Output = Result<Option<TenantHeads>, StoreError>> + Send {
+        std::future::ready(Ok(None))
+    }
+}
+
+/// Every tenant's tree head at one size of the log.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TenantHeads {
+    /// Leaves of the log's tree the tenant trees cover.
+    pub log_size: u64,
+    /// The tenants' heads.
+    pub map: tenants::TenantMap,
+}
+
+/// The heads a checkpoint signs now: the log's tree and, when the store keeps tenant trees, the
+/// tenants' map at the same log size.
+pub async fn heads_to_sign<L: LogTree>(
+    log: &L,
+) -> Result<(TreeHead, Option<TreeHead>), ProofError> {
+    let tenants = log
+        .tenant_heads()
+        .await
+        .map_err(|error| ProofError::Storage {
+            reason: error.to_string(),
+        })?;
+    match tenants {
+        Some(tenants) => {
+            let head = head_of(log, Some(tenants.log_size)).await?;
+            Ok((head, Some(tenants.map.head())))
+        }
+        None => Ok((head_of(log, None).await?, None)),
+    }
 }
 
 /// Runs `work` (which makes exactly one `read_hashes` call, as every tlog function here does)
@@ -436,7 +474,7 @@ impl HashReader for MemoryTree {
 
 /// The root of a tree computed leaf by leaf in O(log n) memory: what a verifier that streams a
 /// log keeps (the roots of the perfect subtrees of the leaves so far, largest first).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RootFolder {
     /// (subtree root, its height): heights strictly decrease along the vector.
     subtrees: Vec<(Hash, u32)>,

@@ -128,6 +128,11 @@ pub enum PersonalDataError {
     /// The subject was erased: nothing new may be recorded under its name.
     #[error("the data subject was erased; nothing more can be recorded for them")]
     Erased,
+    /// The key the values were sealed under was not stored: another server stored the
+    /// subject's key at the same moment (or its write failed and a later seal made another). The
+    /// values must be sealed again, under the key now stored.
+    #[error("the data subject's key was stored by another server at the same moment; seal again under it")]
+    KeyReplaced,
     /// The key store failed.
     #[error("the key store failed: {0}")]
     KeyStore(String),
@@ -170,6 +175,28 @@ pub trait PersonalData: Send + Sync + std::fmt::Debug {
     /// The keyed argument hash of `args` under the key that sealed `token`; `None` when that
     /// key is destroyed or unknown.
     fn keyed_hash_like(&self, token: &str, args: &ArgsSnapshot) -> Option<ArgsHash>;
+
+    /// Resolves once `subject`'s data key in `tenant` is durable. A key made by a seal may be
+    /// written a moment later, together with other new keys (one sync for many); the ledger
+    /// awaits this before it appends a value sealed under the key, so that a crash can never
+    /// leave a value in the log under a key that was lost. Ready at once for a key written
+    /// before (nearly always). `sealed` is a token the seals made: refused when the subject's
+    /// stored key is not the one that sealed it.
+    fn key_durable(&self, tenant: &TenantId, subject: &str, sealed: Option<&str>) -> Durable<'_>;
+
+    /// Resolves once everything the seals made so far asked to be written is durable: the keys
+    /// and the links of operations to their subjects (which an erasure and retention follow).
+    /// The ledger takes it before an append and awaits it after, before it answers.
+    fn all_durable(&self) -> Durable<'_>;
+}
+
+/// A wait for the key store's writes (see [`PersonalData::key_durable`]).
+pub type Durable<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PersonalDataError>> + Send + 'a>>;
+
+/// A wait that is over: nothing is pending.
+pub fn durable_now<'a>() -> Durable<'a> {
+    Box::pin(std::future::ready(Ok(())))
 }
 
 /// The first token in an intent's stored arguments, which names the subject's key.
@@ -460,6 +487,20 @@ pub fn token_parts(token: &str) -> Option<(&str, &str, &str)> {
     Some((parts.next()?, parts.next()?, parts.next()?))
 }
 
+/// The first token anywhere in `value`: a string that is one, or one inside a longer text (a
+/// sentence quoting a sealed reason).
+pub fn first_token_anywhere(value: &Value) -> Option<String> {
+    match value {
+        Value::String(text) => text.find(SEALED_PREFIX).map(|start| {
+            let token = &text[start..];
+            token[..token_len(token)].to_owned()
+        }),
+        Value::Array(items) => items.iter().find_map(first_token_anywhere),
+        Value::Object(fields) => fields.values().find_map(first_token_anywhere),
+        _ => None,
+    }
+}
+
 /// The operation a token was sealed for.
 pub fn token_operation(token: &str) -> Option<OperationId> {
     let (_, operation, _) = token_parts(token)?;
@@ -585,6 +626,12 @@ mod tests {
         }
         fn keyed_hash_like(&self, _: &str, _: &ArgsSnapshot) -> Option<ArgsHash> {
             None
+        }
+        fn key_durable(&self, _: &TenantId, _: &str, _: Option<&str>) -> Durable<'_> {
+            durable_now()
+        }
+        fn all_durable(&self) -> Durable<'_> {
+            durable_now()
         }
     }
 

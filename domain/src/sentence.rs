@@ -19,6 +19,11 @@ pub fn agent_sentence(state: &OperationState) -> String {
 /// naming the account: "I have recorded the request to create a task in account acct-1; …".
 /// Without a description (the action is not configured here), the action's name stands in.
 pub fn described_sentence(state: &OperationState, description: Option<&str>) -> String {
+    if state.executed_by_caller() {
+        if let Some(sentence) = step_sentence(state) {
+            return sentence;
+        }
+    }
     let what = match (state.intent.as_ref(), description) {
         (None, _) => "the operation".to_owned(),
         (Some(intent), Some(description)) => format!(
@@ -61,6 +66,41 @@ pub fn described_sentence(state: &OperationState, description: Option<&str>) -> 
         ),
         Status::Abandoned => format!("{} was cancelled after review.", capitalize(&what)),
     }
+}
+
+/// The sentences of a step the caller's own code carries out where a connector's would name a
+/// system that sends and confirms: the caller runs it and reports. `None` where the common
+/// sentence fits (approval, refusal, review, abandonment).
+fn step_sentence(state: &OperationState) -> Option<String> {
+    let intent = state.intent.as_ref()?;
+    let what = format!(
+        "the {} step of {}",
+        intent.action.as_str().replace('_', " "),
+        intent.provider
+    );
+    Some(match &state.status {
+        Status::Pending if state.attempts == 0 => {
+            format!("I have recorded {what}; it has not been run yet.")
+        }
+        Status::Pending => format!("I have recorded {what}; a person decided to run it again, and it has not been run since."),
+        Status::InFlight => format!("{} is running now; it has not reported back yet.", capitalize(&what)),
+        Status::Succeeded { external_id } => {
+            format!("Done: {what} ran and reported result {external_id}.")
+        }
+        Status::Rejected => format!(
+            "{} failed without taking effect{}.",
+            capitalize(&what),
+            reason_suffix(state.last_error.as_deref())
+        ),
+        Status::Unknown => format!(
+            "{} stopped reporting, so whether it took effect is unknown; it will not be run again without a person. Please do not repeat it.",
+            capitalize(&what)
+        ),
+        Status::NeedsReview => format!(
+            "I could not confirm whether {what} took effect; a person is checking it now. Please do not repeat it."
+        ),
+        _ => return None,
+    })
 }
 
 fn reason_suffix(reason: Option<&str>) -> String {
@@ -139,6 +179,59 @@ mod tests {
         ] {
             assert!(!agent_sentence(&state).contains("Done"));
         }
+    }
+
+    #[test]
+    fn a_steps_sentence_says_its_caller_runs_it_and_only_a_reported_result_is_done() {
+        let mut step = intent(false);
+        step.executor = crate::event::Executor::Caller;
+        let recorded = fold(&[OperationEvent::IntentRecorded(step.clone())]);
+        assert!(
+            agent_sentence(&recorded).contains("has not been run yet"),
+            "{}",
+            agent_sentence(&recorded)
+        );
+        let mut history = vec![
+            OperationEvent::IntentRecorded(step),
+            OperationEvent::AttemptStarted(AttemptStarted {
+                request: None,
+                budget_wait: None,
+                attempt_id: crate::testing::attempt(1),
+                attempt_number: 1,
+                worker: WorkerId::new("caller:job").expect("valid"),
+                lease_deadline: at_s(30),
+                at: at_s(0),
+            }),
+        ];
+        let running = fold(&history);
+        let sentence = agent_sentence(&running);
+        assert!(
+            sentence.contains("is running now") && !sentence.contains("sending"),
+            "{sentence}"
+        );
+        history.push(OperationEvent::OutcomeUnknown(OutcomeUnknown {
+            attempt_id: crate::testing::attempt(1),
+            error: "the caller reported: timeout".into(),
+            check_not_before: None,
+            at: at_s(10),
+        }));
+        let sentence = agent_sentence(&fold(&history));
+        assert!(
+            !sentence.contains("Done") && sentence.contains("do not repeat"),
+            "{sentence}"
+        );
+        history.pop();
+        history.push(OperationEvent::AttemptSucceeded(AttemptSucceeded {
+            attempt_id: crate::testing::attempt(1),
+            external_id: external("inv-1"),
+            provider_request_id: None,
+            at: at_s(1),
+        }));
+        let sentence = agent_sentence(&fold(&history));
+        assert!(
+            sentence.starts_with("Done") && sentence.contains("inv-1"),
+            "{sentence}"
+        );
     }
 
     #[test]

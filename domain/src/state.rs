@@ -248,6 +248,9 @@ impl OperationState {
     pub fn next_work(&self) -> Option<(DateTime<Utc>, Work)> {
         let since = self.updated_at?;
         match &self.status {
+            // A caller's step is claimed by the caller, never sent by the ledger: a pending one
+            // is the caller's work, not the workers'.
+            Status::Pending if self.executed_by_caller() => None,
             Status::Pending => Some((self.retry_not_before.unwrap_or(since), Work::Send)),
             Status::InFlight => self
                 .current_attempt
@@ -268,6 +271,13 @@ impl OperationState {
                 .map(|check| (check, Work::Reconcile)),
             _ => None,
         }
+    }
+
+    /// Whether the caller's own code carries the operation out (a guarded step), not a connector.
+    pub fn executed_by_caller(&self) -> bool {
+        self.intent
+            .as_ref()
+            .is_some_and(crate::event::IntentRecorded::executed_by_caller)
     }
 
     /// Whether `attempt` is one of this operation's attempts.
@@ -365,7 +375,14 @@ pub fn evolve(mut state: OperationState, event: &OperationEvent) -> OperationSta
             state.retry_not_before = Some(postponed.not_before);
         }
         OperationEvent::LeaseExpired(expired) => {
-            state.end_uncertain(format!("lease expired at {}", expired.lease_deadline));
+            let what = if state.executed_by_caller() {
+                // The evidence a reviewer reads: the step's function is the caller's, so only
+                // the caller could have said whether it ran.
+                format!("the caller's process stopped reporting: its claim ran out at {} without an outcome, so whether its function ran is unknown", expired.lease_deadline)
+            } else {
+                format!("lease expired at {}", expired.lease_deadline)
+            };
+            state.end_uncertain(what);
         }
         OperationEvent::LookupClaimed(claimed) => {
             if state.status == Status::Unknown {

@@ -179,6 +179,7 @@ pub fn intent(requires_approval: bool) -> IntentRecorded {
         idempotency_key: IdempotencyKey::new("opk_test").expect("valid"),
         source_id: None,
         requires_approval,
+        executor: Default::default(),
         at: t0(),
     }
 }

@@ -218,6 +218,7 @@ fn intent(args: ArgsSnapshot) -> IntentRecorded {
         idempotency_key: IdempotencyKey::new("opk_numbers").expect("valid"),
         source_id: None,
         requires_approval: false,
+        executor: Default::default(),
         at: Utc
             .with_ymd_and_hms(2026, 11, 30, 9, 0, 0)
             .single()

@@ -141,6 +141,7 @@ mod tests {
             idempotency_key: IdempotencyKey::new("k").expect("valid"),
             source_id: None,
             requires_approval: false,
+            executor: Default::default(),
             at: at(0),
         })
     }

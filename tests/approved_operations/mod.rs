@@ -9,12 +9,22 @@ use opledger_runtime::system::{RandomIds, SystemClock};
 /// Records `operations` approved operations on `store` (two events each: an intent and its
 /// approval, so positions 2n−1 and 2n of a fresh log); returns their stream names in order.
 pub async fn record_approved<S: EventStore + Clone>(store: &S, operations: usize) -> Vec<String> {
+    record_approved_of(store, &["acme"], operations).await
+}
+
+/// As [`record_approved`], the operations' tenants taken from `tenants` in turn.
+#[allow(dead_code)] // Not every test binary that shares the fixture uses it.
+pub async fn record_approved_of<S: EventStore + Clone>(
+    store: &S,
+    tenants: &[&str],
+    operations: usize,
+) -> Vec<String> {
     let ledger = Ledger::new(store.clone(), SystemClock, RandomIds);
     let mut streams = Vec::new();
     for n in 0..operations {
         let recorded = ledger
             .record_intent(IntentRequest {
-                tenant: "acme".into(),
+                tenant: tenants[n % tenants.len()].into(),
                 owner: None,
                 provider: "crm".into(),
                 account: "acct-1".into(),

@@ -35,6 +35,25 @@ enum Wire {
     },
 }
 
+/// The record store's create, as the connector documents of these tests declare it: a label in
+/// an argument the upstream keeps, looked up with `find_records`.
+pub(crate) const CREATE_RECORD_ACTION: &str = r#"[[actions]]
+name = "create_record"
+description = "create a record"
+tool = "create_record"
+input = { type = "object", required = ["title"], additionalProperties = false, properties.title = { type = "string" } }
+arguments = { title = "{{args.title}}", label = "{{label}}" }
+result = { id_at = "/id" }
+dedup = { kind = "label_argument", argument = "label" }
+
+[actions.lookup]
+kind = "tool"
+tool = "find_records"
+arguments = { label = "{{label}}" }
+found = "\"id\": \"(\\d+)\", \"title\": \"[^\"]*\", \"label\": \"{{label}}\""
+consistent = true
+"#;
+
 fn document(upstream: &str) -> String {
     format!(
         r#"
@@ -56,21 +75,7 @@ tenants = ["acme"]
 contains = "validation failed"
 means = "rejected"
 
-[[actions]]
-name = "create_record"
-description = "create a record"
-tool = "create_record"
-input = {{ type = "object", required = ["title"], additionalProperties = false, properties.title = {{ type = "string" }} }}
-arguments = {{ title = "{{{{args.title}}}}", label = "{{{{label}}}}" }}
-result = {{ id_at = "/id" }}
-dedup = {{ kind = "label_argument", argument = "label" }}
-
-[actions.lookup]
-kind = "tool"
-tool = "find_records"
-arguments = {{ label = "{{{{label}}}}" }}
-found = "\"id\": \"(\\d+)\", \"title\": \"[^\"]*\", \"label\": \"{{{{label}}}}\""
-consistent = true
+{CREATE_RECORD_ACTION}
 "#
     )
 }

@@ -17,6 +17,9 @@
 //! - [`faults`]: the fault-injecting server over stdio and Streamable HTTP: a lost request, a lost
 //!   answer, a late answer, errors before and after the change, an upstream restarted between
 //!   calls.
+//! - [`login`]: an upstream that acts for a person's account, its authorization server and
+//!   protected resource the official Python SDK's: `opledger connectors login`, renewals, a
+//!   revoked login, and no token in clear anywhere.
 //! - [`inspector`]: the MCP Inspector's CLI (npm), a client nobody here wrote, calling the
 //!   gateway's tools.
 //!
@@ -28,6 +31,7 @@ mod faults;
 mod filesystem;
 mod git;
 mod inspector;
+mod login;
 mod sqlite;
 mod support;
 

@@ -111,23 +111,13 @@ impl Gateway {
 
     /// [`Gateway::start`] with more variables for the document to read (`(name, value)`).
     pub async fn start_with_env(dir: TempDir, document: &str, more: Vec<(String, String)>) -> Self {
+        let connector = build_connector(&dir, document, more);
+        Self::start_with_connector(dir, connector).await
+    }
+
+    /// A gateway for a connector built (and placed) by the test.
+    pub async fn start_with_connector(dir: TempDir, connector: McpConnector) -> Self {
         let fault_file = dir.path().join("fault");
-        let parsed = match parse_any("upstream.toml", document) {
-            Ok(AnyDocument::Mcp(document)) => document,
-            Ok(AnyDocument::Rest(_)) => panic!("the test's document is an MCP one"),
-            Err(errors) => panic!("the test's document loads:\n{}", render_all(&errors)),
-        };
-        let fault = fault_file.clone();
-        let env = move |name: &str| {
-            if name == "TEST_FAULT_FILE" {
-                return Some(fault.clone().into_os_string());
-            }
-            more.iter()
-                .find(|(variable, _)| variable == name)
-                .map(|(_, value)| value.into())
-        };
-        let connector = McpConnector::build(&parsed, None, &[], &env)
-            .unwrap_or_else(|errors| panic!("the connector builds:\n{}", render_all(&errors)));
         let mut providers = HttpProviders::default();
         providers.insert_mcp(connector).expect("one provider");
         let store = SqliteStore::open(dir.path().join("ledger.db"))
@@ -145,7 +135,31 @@ impl Gateway {
             fault_file,
         }
     }
+}
 
+/// The connector `document` describes (written for provider [`PROVIDER`]), its `env_from`
+/// variables `TEST_FAULT_FILE` (the fault file in `dir`) and `more` (`(name, value)`).
+pub fn build_connector(dir: &TempDir, document: &str, more: Vec<(String, String)>) -> McpConnector {
+    let fault_file = dir.path().join("fault");
+    let parsed = match parse_any("upstream.toml", document) {
+        Ok(AnyDocument::Mcp(document)) => document,
+        Ok(AnyDocument::Rest(_)) => panic!("the test's document is an MCP one"),
+        Err(errors) => panic!("the test's document loads:\n{}", render_all(&errors)),
+    };
+    let fault = fault_file.clone();
+    let env = move |name: &str| {
+        if name == "TEST_FAULT_FILE" {
+            return Some(fault.clone().into_os_string());
+        }
+        more.iter()
+            .find(|(variable, _)| variable == name)
+            .map(|(_, value)| value.into())
+    };
+    McpConnector::build(&parsed, None, &[], &env)
+        .unwrap_or_else(|errors| panic!("the connector builds:\n{}", render_all(&errors)))
+}
+
+impl Gateway {
     /// Arms one fault for the relay or the upstream (`kill_after write_query`, `die_before`).
     pub fn arm(&self, fault: &str) {
         std::fs::write(&self.fault_file, fault).expect("the fault is armed");

@@ -10,12 +10,25 @@ use opledger_domain::store::{EventStore, ExpectedVersion};
 use opledger_store::PostgresStore;
 
 use crate::postgres_server::{server, PASSWORD};
-use crate::{connect, event, stream, whole_log};
+use crate::{assert_the_tenant_trees_are_the_logs, connect, event, stream, whole_log};
+
+/// Takes a database of this version back to version 5, as the build before the tenants' trees
+/// made it: their table and columns removed, the version row set back.
+fn back_to_the_version_before_the_tenant_trees(database: &str) {
+    server().sql(
+        database,
+        "DROP TABLE opledger.tenant_trees;
+         ALTER TABLE opledger.log_head DROP COLUMN tenants_size;
+         ALTER TABLE opledger.streams DROP COLUMN tenant;
+         UPDATE opledger.schema_version SET version = 5;",
+    );
+}
 
 /// Takes a database of this version back to version 3, as the build before the tree made it:
-/// the tree's tables and columns and version 5's claims and webhook definitions removed, the
-/// version row set back.
+/// version 6's tenant trees, the tree's tables and columns and version 5's claims and webhook
+/// definitions removed, the version row set back.
 fn back_to_the_version_before_the_tree(database: &str) {
+    back_to_the_version_before_the_tenant_trees(database);
     server().sql(
         database,
         "DROP TABLE opledger.review_claims; DROP TABLE opledger.webhook_definitions;
@@ -181,5 +194,45 @@ async fn serve_with_a_dml_only_role_refuses_an_old_schema_saying_to_migrate_and_
         .expect("the DML-only role runs on the migrated schema");
     append_some(&store, "dml", 2).await;
     assert_the_tree_is_the_logs(&store).await;
+    store.close().await.expect("closes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_builds_the_tenant_trees_of_a_database_from_before_them_and_appends_grow_them() {
+    let database = server().database();
+    let url = server().url(&database);
+    let store = connect(&url).await;
+    crate::approved_operations::record_approved_of(&store, &crate::TENANTS, 5).await;
+    store.close().await.expect("closes");
+    back_to_the_version_before_the_tenant_trees(&database);
+
+    let migrated = migrate(&url);
+    assert!(migrated.status.success(), "{}", said(&migrated));
+    assert!(
+        said(&migrated).contains(&format!(
+            "migrated opledger's schema from version 5 to {}",
+            opledger_postgres::SCHEMA_VERSION
+        )) && said(&migrated).contains("built the tenants' trees from the log (10 events)"),
+        "{}",
+        said(&migrated)
+    );
+    assert_eq!(
+        server().sql(
+            &database,
+            "SELECT count(*) FROM opledger.streams WHERE tenant IS NULL"
+        ),
+        "0",
+        "every stream's tenant is on its row"
+    );
+    let store = connect(&url).await;
+    assert_the_tenant_trees_are_the_logs(&store).await;
+    crate::approved_operations::record_approved_of(&store, &crate::TENANTS, 4).await;
+    assert_the_tenant_trees_are_the_logs(&store).await;
+    store.close().await.expect("closes");
+
+    // Trees removed by hand are built again from the log when the store next starts.
+    server().sql(&database, "DELETE FROM opledger.tenant_trees");
+    let store = connect(&url).await;
+    assert_the_tenant_trees_are_the_logs(&store).await;
     store.close().await.expect("closes");
 }

@@ -27,14 +27,10 @@ impl Drop for Bouncer {
 
 fn pgbouncer() -> &'static str {
     const BIN: &str = "/usr/sbin/pgbouncer";
-    if !std::path::Path::new(BIN).exists() {
-        let installed = Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", "pgbouncer"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .expect("run apt-get");
-        assert!(installed.success(), "apt-get install pgbouncer failed");
-    }
+    crate::postgres_server::apt::install(&["pgbouncer"], BIN, || {
+        std::path::Path::new(BIN).exists()
+    })
+    .unwrap_or_else(|error| panic!("the pooler tests need PgBouncer: {error}"));
     BIN
 }
 

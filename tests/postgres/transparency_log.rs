@@ -334,6 +334,30 @@ async fn deleting_an_event_in_the_middle_is_named_at_its_position_and_the_witnes
     );
 }
 
+/// What an attacker with the database can recompute for a stream's first event (`intent`) whose
+/// data it rewrote to `data`: the event id (same time, same scheme) and the chain link.
+fn forged_identity(
+    intent: &opledger_domain::store::RecordedEvent,
+    data: &str,
+) -> (EventId, String) {
+    let millis = u64::from_be_bytes({
+        let mut bytes = [0_u8; 8];
+        bytes[2..].copy_from_slice(&intent.event_id.as_uuid().as_bytes()[..6]);
+        bytes
+    });
+    let at = chrono::DateTime::from_timestamp_millis(millis as i64).expect("a time");
+    let operation = intent.stream.operation_id().expect("an operation stream");
+    let id = EventId::for_operation_event(
+        operation,
+        intent.version,
+        at,
+        &intent.event_type,
+        data.as_bytes(),
+    );
+    let link = chain::link(None, intent.version, &intent.event_type, data.as_bytes());
+    (id, link.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_rewritten_with_its_link_and_id_recomputed_is_named_and_the_witness_fails() {
     let audited = Audited::new(3).await;
@@ -354,21 +378,7 @@ async fn an_event_rewritten_with_its_link_and_id_recomputed_is_named_and_the_wit
         .replace("Call client 1", "Call client X");
     // Everything an attacker with the database can recompute: the id (same time, same scheme)
     // and the chain link (the intent is the stream's first event).
-    let millis = u64::from_be_bytes({
-        let mut bytes = [0_u8; 8];
-        bytes[2..].copy_from_slice(&intent.event_id.as_uuid().as_bytes()[..6]);
-        bytes
-    });
-    let at = chrono::DateTime::from_timestamp_millis(millis as i64).expect("a time");
-    let operation = intent.stream.operation_id().expect("an operation stream");
-    let id = EventId::for_operation_event(
-        operation,
-        intent.version,
-        at,
-        &intent.event_type,
-        data.as_bytes(),
-    );
-    let link = chain::link(None, intent.version, &intent.event_type, data.as_bytes());
+    let (id, link) = forged_identity(intent, &data);
     audited.sql(&format!(
         "UPDATE opledger.events SET data = convert_to('{}', 'UTF8'), event_id = '{}', \
          metadata = convert_to('{{\"schema_version\":1,\"chain\":\"{link}\"}}', 'UTF8') \
@@ -526,4 +536,215 @@ async fn appends_are_refused_while_the_tree_is_behind_its_log_saying_to_run_veri
         "nothing was written"
     );
     store.close().await.expect("closes");
+}
+
+// ----- the tenants' trees on PostgreSQL --------------------------------------------------------
+
+/// Four approved operations of tenants acme and globex in turn: acme at positions 1, 2, 5, 6,
+/// globex at 3, 4, 7, 8.
+async fn two_tenants() -> Audited {
+    let database = server().database();
+    let url = server().url(&database);
+    let store = connect(&url).await;
+    let streams =
+        crate::approved_operations::record_approved_of(&store, &["acme", "globex"], 4).await;
+    store.close().await.expect("closes");
+    Audited::keeping_a_checkpoint(database, url, streams).await
+}
+
+/// The offline verifier (`clients/verify-export`) on `file`, with the log's verifier key.
+fn verify_export(file: &Path, verifier_key: &str) -> Output {
+    Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/verify-export/verify_export.py"))
+        .arg(file)
+        .args(["--verifier-key", verifier_key])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3 runs (install python3)")
+}
+
+/// The export's lines rewritten without the event lines (and context lines) `drop` picks, its
+/// closing line made to match, as someone covering their tracks would.
+fn without(export: &Path, drop: impl Fn(&serde_json::Value) -> bool) -> PathBuf {
+    let text = std::fs::read_to_string(export).expect("the export");
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON"))
+        .collect();
+    lines.retain(|line| line.get("end").is_some() || line.get("position").is_none() || !drop(line));
+    let positions: Vec<u64> = lines
+        .iter()
+        .filter(|line| line.get("position").is_some() && line.get("context").is_none())
+        .map(|line| line["position"].as_u64().expect("a position"))
+        .collect();
+    let end = lines.last_mut().expect("a closing line");
+    end["end"]["events"] = positions.len().into();
+    end["end"]["first_position"] = positions.first().copied().into();
+    end["end"]["last_position"] = positions.last().copied().into();
+    let cut = export.with_extension("cut.ndjson");
+    let text: Vec<String> = lines.iter().map(ToString::to_string).collect();
+    std::fs::write(&cut, text.join("\n") + "\n").expect("written");
+    cut
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_checkpoint_signs_every_tenants_tree_and_a_tenant_export_from_postgres_proves_itself_complete(
+) {
+    let audited = two_tenants().await;
+    let note = std::fs::read_to_string(&audited.checkpoint).expect("kept");
+    let opened = checkpoint::open(&note, &audited.verifier_key).expect("signed by the key");
+    assert_eq!(opened.head.size, 8);
+    let tenants = opened
+        .tenants
+        .expect("the checkpoint signs the tenants' map");
+    assert_eq!(tenants.size, 2, "acme and globex");
+    // The trees the database keeps are the ones the log's events make.
+    let verified = audited.verify_against();
+    assert!(verified.status.success(), "{}", both(&verified));
+
+    // A tenant's export, cut at the checkpoint the service kept, proves none of its events left
+    // out, by a verifier that is not opledger.
+    let out = audited.dir.path().join("acme.ndjson");
+    let exported = opledger(&[
+        "export",
+        "--store",
+        &audited.url,
+        "--tenant",
+        "acme",
+        "--out",
+        path(&out),
+    ]);
+    assert!(exported.status.success(), "{}", both(&exported));
+    let checked = verify_export(&out, &audited.verifier_key);
+    assert!(checked.status.success(), "{}", both(&checked));
+    assert!(
+        stdout(&checked).contains("against the checkpoint of 8 events")
+            && stdout(&checked).contains("(none left out)"),
+        "{}",
+        both(&checked)
+    );
+
+    // A slice of it proves none of acme's events between its ends left out.
+    let slice = audited.dir.path().join("acme-slice.ndjson");
+    let exported = opledger(&[
+        "export",
+        "--store",
+        &audited.url,
+        "--tenant",
+        "acme",
+        "--from",
+        "2",
+        "--to",
+        "5",
+        "--out",
+        path(&slice),
+    ]);
+    assert!(exported.status.success(), "{}", both(&exported));
+    let checked = verify_export(&slice, &audited.verifier_key);
+    assert!(
+        checked.status.success()
+            && stdout(&checked).contains("none of the tenant's events between them left out"),
+        "{}",
+        both(&checked)
+    );
+
+    // Its newest event cut off, or an operation dropped whole, the closing line made to match:
+    // each event left still proves its inclusion, but the tenant's tree is not the signed one.
+    let cut = without(&out, |line| line["position"] == 6);
+    let dropped = without(&out, |line| line["stream"] == audited.streams[2].as_str());
+    for tampered in [cut, dropped] {
+        let checked = verify_export(&tampered, &audited.verifier_key);
+        assert_eq!(checked.status.code(), Some(1), "{}", both(&checked));
+        assert!(
+            stdout(&checked).contains("INCOMPLETE")
+                && stdout(&checked)
+                    .contains("do not make the tree the checkpoint signs for tenant 'acme'"),
+            "{}",
+            both(&checked)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_tenants_newest_event_is_caught_against_the_kept_checkpoint_and_its_export_refused(
+) {
+    let audited = two_tenants().await;
+    // Acme's newest event, in the middle of the log: globex's last operation follows it.
+    audited.sql("DELETE FROM opledger.events WHERE position = 6");
+    assert_caught(
+        &audited.verify_against(),
+        "a removed event: position 6, which the checkpoint covers, is missing from the log",
+    );
+    let out = audited.dir.path().join("acme.ndjson");
+    let refused = opledger(&[
+        "export",
+        "--store",
+        &audited.url,
+        "--tenant",
+        "acme",
+        "--out",
+        path(&out),
+    ]);
+    assert!(!refused.status.success(), "{}", both(&refused));
+    assert!(!out.exists(), "no export is written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_rewritten_into_another_tenants_history_is_named_and_caught_against_the_kept_checkpoint(
+) {
+    let audited = two_tenants().await;
+    // Globex's first intent (position 3) rewritten to name acme, its id and link recomputed, as
+    // someone with the database would do to move an operation from one tenant's history to
+    // another's.
+    let stream = &audited.streams[1];
+    let store = connect(&audited.url).await;
+    let events = store
+        .read_stream(
+            &StreamName::new(stream.clone()).expect("valid"),
+            StreamVersion::FIRST,
+            10,
+        )
+        .await
+        .expect("reads");
+    store.close().await.expect("closes");
+    let intent = &events[0];
+    let data = String::from_utf8(intent.data.clone())
+        .expect("JSON")
+        .replace("\"tenant\":\"globex\"", "\"tenant\":\"acme\"");
+    assert_ne!(
+        data.as_bytes(),
+        intent.data.as_slice(),
+        "the tenant is named in the intent"
+    );
+    let (id, link) = forged_identity(intent, &data);
+    audited.sql(&format!(
+        "UPDATE opledger.events SET data = convert_to('{}', 'UTF8'), event_id = '{}', \
+         metadata = convert_to('{{\"schema_version\":1,\"chain\":\"{link}\"}}', 'UTF8') \
+         WHERE position = 3; UPDATE opledger.streams SET tenant = 'acme' WHERE name = '{stream}'",
+        data.replace('\'', "''"),
+        id.as_uuid(),
+    ));
+    let alone = audited.verify();
+    assert_caught(
+        &alone,
+        &format!("EDITED    {stream} v0 @3: its bytes are not the ones the log's tree recorded"),
+    );
+    // Both tenants' stored trees are named: the log now gives the operation to acme.
+    for named in [
+        "the ledger's stored tree of tenant `acme` (4 leaves) is not the tree of the tenant's events in the log (6 leaves)",
+        "the ledger's stored tree of tenant `globex` (4 leaves) is not the tree of the tenant's events in the log (2 leaves)",
+    ] {
+        assert_caught(&alone, named);
+    }
+    let against = audited.verify_against();
+    assert_caught(
+        &against,
+        &format!(
+            "DIVERGED  {stream} v0 @3: first divergence from the checkpoint of 8 events, a rewritten event"
+        ),
+    );
+    assert_caught(
+        &against,
+        "the checkpoint of 8 events signs a tenants' map of 2 tenants that the log's events do not make",
+    );
 }

@@ -22,6 +22,9 @@
 
 pub mod proxy;
 
+#[path = "../apt/mod.rs"]
+pub mod apt;
+
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -179,6 +182,40 @@ impl Server {
             String::from_utf8_lossy(&output.stderr)
         );
         output.stdout
+    }
+
+    /// `database` dumped with pg_dump as plain SQL text (every row's values as they are stored,
+    /// nothing compressed), for a search of its bytes.
+    pub fn dump_plain(&self, database: &str) -> Vec<u8> {
+        let output = self
+            .command("pg_dump")
+            .args(["-Fp", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", USER, database])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("run pg_dump");
+        assert!(
+            output.status.success(),
+            "pg_dump: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    }
+
+    /// The cluster's data directory (the tests run as root, so they can read it).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The directory of `database`'s own files (its tables and indexes) in the data directory,
+    /// after a `CHECKPOINT` has written every changed page there.
+    pub fn database_files(&self, database: &str) -> PathBuf {
+        self.sql(database, "CHECKPOINT");
+        let oid = self.sql(
+            database,
+            "SELECT oid FROM pg_database WHERE datname = current_database()",
+        );
+        self.data_dir().join("base").join(oid)
     }
 
     /// Replaces `database` by the state a [`Self::dump`] kept: the database is dropped (its
@@ -511,11 +548,9 @@ fn find_bin() -> Option<PathBuf> {
 }
 
 fn install() -> Result<(), String> {
-    eprintln!("no PostgreSQL found: installing Debian's postgresql package for the tests");
-    run(Command::new("apt-get").arg("update"))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", "postgresql"])
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    apt::install(&["postgresql"], "PostgreSQL's initdb", || {
+        find_bin().is_some()
+    })
 }
 
 fn is_root() -> bool {

@@ -35,23 +35,8 @@ fn browser_tests() -> PathBuf {
 /// Installs Debian's Chromium when it is missing. Fails the test if it cannot: a browser test
 /// that skips would pass on exactly the machines where nobody looked.
 fn ensure_chromium() {
-    if Path::new(CHROMIUM).exists() {
-        return;
-    }
-    run(
-        Command::new("apt-get").arg("update"),
-        "apt-get update (Chromium is missing; the console tests install it as root)",
-    );
-    run(
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", "chromium"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-        "apt-get install chromium",
-    );
-    assert!(
-        Path::new(CHROMIUM).exists(),
-        "apt-get installed chromium but {CHROMIUM} is not there"
-    );
+    crate::postgres_server::apt::install(&["chromium"], CHROMIUM, || Path::new(CHROMIUM).exists())
+        .unwrap_or_else(|error| panic!("the console tests need Chromium: {error}"));
 }
 
 /// The folder holding `node_modules` with the lock file's packages, made once per lock file.
@@ -168,15 +153,36 @@ async fn the_console_is_served_with_its_policy_and_unknown_files_are_404() {
 /// Operations the scale test seeds waiting for review: more than a page of the API's largest
 /// (1,000), so only paging reaches the last.
 const WAITING_ITEMS: usize = 1_100;
-/// Operations seeded at a time: the store's one writer commits their appends together.
-const SEED_CONCURRENCY: usize = 100;
+/// Operations seeded at once: the store's one writer commits their appends together, so more
+/// at once means fewer, larger commits (256 writes 1M settled operations in a few minutes where
+/// waves of 100 waited on each wave's slowest).
+const SEED_CONCURRENCY: usize = 256;
+
+/// Runs `one(n)` for every n in `0..count`, `SEED_CONCURRENCY` at a time, each worker taking the
+/// next n as soon as it is free (no wave waits for its slowest).
+async fn seed_each<F, Fut>(count: usize, one: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let worker = || async {
+        loop {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n >= count {
+                return;
+            }
+            one(n).await;
+        }
+    };
+    futures_util::future::join_all((0..SEED_CONCURRENCY).map(|_| worker())).await;
+}
 
 /// Writes `count` operations that wait for a person into the SQLite ledger at `db`, through the
 /// ledger's own commands (intent, attempt, lost answer, hand-over) as the engine would record
 /// them, without a round trip to a server per event. Tenant A's at `crm-plain` (a lookup-only
 /// CRM: no safe retry); every tenth is tenant B's. Titles are `Incident task N`.
-async fn seed_waiting(db: &Path, count: usize) {
-    use futures_util::future::join_all;
+async fn seed_waiting(db: &Path, count: usize, settled: usize) {
     use opledger_domain::app::{IntentRequest, Ledger};
     use opledger_domain::command::Command;
     use opledger_domain::contract::{
@@ -246,9 +252,66 @@ async fn seed_waiting(db: &Path, count: usize) {
             }
         }
     };
-    for start in (0..count).step_by(SEED_CONCURRENCY) {
-        join_all((start..(start + SEED_CONCURRENCY).min(count)).map(one)).await;
-    }
+    // Settled ones first, as a ledger's history is before an incident: tenant A's, confirmed by
+    // the keyed CRM, titled `Settled task N`, one of 50 owners. Each is three appends from the
+    // state the last one returned (no stream read between them).
+    let settle = |n: usize| {
+        let ledger = &ledger;
+        async move {
+            let recorded = ledger
+                .record_intent(IntentRequest {
+                    tenant: "tenant-a".into(),
+                    owner: Some(format!("owner-{}", n % 50)),
+                    provider: "crm".into(),
+                    account: ACCOUNT.into(),
+                    credential_fingerprint: "seeded".into(),
+                    action: "create_task".into(),
+                    args: serde_json::json!({"title": format!("Settled task {n}")}),
+                    source_id: None,
+                    requires_approval: false,
+                })
+                .await
+                .expect("the intent is recorded");
+            let intent = recorded.intent().clone();
+            let attempt_id = RandomIds.new_attempt_id();
+            let start = Command::StartAttempt {
+                budget_wait: None,
+                attempt_id,
+                worker: WorkerId::new("seeder").expect("a worker id"),
+                lease_ms: 30_000,
+                binding: SendBinding {
+                    account: intent.account.clone(),
+                    credential_fingerprint: intent.credential_fingerprint.clone(),
+                    args_hash: intent.args_hash.clone(),
+                },
+                capabilities: ProviderCapabilities {
+                    deduplication: Deduplication::IdempotencyKey {
+                        retention_s: 86_400,
+                        safety_margin_s: 3_600,
+                    },
+                    lookup: LookupSupport::Consistent,
+                },
+                policy: RetryPolicy::default(),
+                request: None,
+            };
+            let started = ledger
+                .execute_from(recorded.operation, &start)
+                .await
+                .expect("the attempt starts");
+            let success = Command::RecordSuccess {
+                attempt_id,
+                external_id: opledger_domain::ids::ExternalObjectId::new(format!("task-{n}"))
+                    .expect("an external id"),
+                provider_request_id: None,
+            };
+            ledger
+                .execute_from(started, &success)
+                .await
+                .expect("the success is recorded");
+        }
+    };
+    seed_each(settled, settle).await;
+    seed_each(count, one).await;
     ledger
         .store()
         .clone()
@@ -257,8 +320,11 @@ async fn seed_waiting(db: &Path, count: usize) {
         .expect("the ledger closes");
 }
 
+// Returns its failure instead of panicking so that the failing step's name and message end the
+// test's output, after no backtrace: a CI log cut to its last lines still says what broke.
 #[tokio::test]
-async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_real_browser() {
+async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_real_browser(
+) -> Result<(), String> {
     let modules = tokio::task::spawn_blocking(|| {
         ensure_chromium();
         node_modules()
@@ -281,16 +347,43 @@ async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_
         .and_then(|text| text.parse::<usize>().ok())
         .unwrap_or(WAITING_ITEMS)
         .max(WAITING_ITEMS);
+    // bench/console_load.sh adds settled operations (e.g. 1,000,000) to measure the console
+    // on a ledger with a history.
+    let settled = std::env::var("OPLEDGER_CONSOLE_OPERATIONS")
+        .ok()
+        .and_then(|text| text.parse::<usize>().ok())
+        .unwrap_or(0);
     let seeded = std::time::Instant::now();
-    seed_waiting(&harness.dir.path().join("ledger.db"), waiting).await;
+    seed_waiting(&harness.dir.path().join("ledger.db"), waiting, settled).await;
     println!(
-        "seeded {waiting} waiting operations in {} ms",
+        "seeded {waiting} waiting and {settled} settled operations in {} ms",
         seeded.elapsed().as_millis()
     );
     let server = Server::start_with_env(
         &["serve", "--config", &config.display().to_string()],
         harness.dir.path(),
         &[],
+    );
+    // A large seeded ledger is served before its read models have caught up with it (they answer
+    // 503 until then): the browser starts once /healthz says ok, and the wait is printed.
+    let caught_up = std::time::Instant::now();
+    let allowed = std::time::Duration::from_secs(60 + (waiting + settled) as u64 / 1_000);
+    loop {
+        let (status, body) = server
+            .call(reqwest::Method::GET, "/healthz", None, None)
+            .await;
+        if status == reqwest::StatusCode::OK {
+            break;
+        }
+        assert!(
+            caught_up.elapsed() < allowed,
+            "the read models did not catch up within {allowed:?}: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    println!(
+        "served: read models caught up {} ms after the start",
+        caught_up.elapsed().as_millis()
     );
     let shots = repo().join("docs/console");
     let mut node = Command::new("node");
@@ -299,14 +392,29 @@ async fn an_operator_works_through_an_incident_of_a_thousand_waiting_items_in_a_
         .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
         .env("OPLEDGER_OPERATOR_AB_TOKEN", OPERATOR_AB_TOKEN)
         .env("OPLEDGER_WAITING", waiting.to_string())
+        .env("OPLEDGER_SETTLED", settled.to_string())
         .env("OPLEDGER_NODE_MODULES", &modules)
         .env("OPLEDGER_SCREENSHOTS", &shots);
-    let printed = tokio::task::spawn_blocking(move || run(&mut node, "the console's scale test"))
+    let output = tokio::task::spawn_blocking(move || node.output())
         .await
-        .expect("node ran");
-    println!("{printed}");
-    assert!(
-        printed.contains("all scale checks passed"),
-        "the browser test did not reach its end:\n{printed}"
+        .expect("the thread running node ended")
+        .map_err(|error| format!("cannot start node: {error}"))?;
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
     );
+    println!("{printed}");
+    if output.status.success() && printed.contains("all scale checks passed") {
+        return Ok(());
+    }
+    let failure: Vec<&str> = printed
+        .lines()
+        .skip_while(|line| !line.starts_with("FAILED at:"))
+        .take(12)
+        .collect();
+    Err(format!(
+        "the browser test did not reach its end (its whole output is above):\n{}",
+        failure.join("\n")
+    ))
 }

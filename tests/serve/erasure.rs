@@ -1,24 +1,34 @@
 //! Erasing a data subject end to end: a real `opledger serve` on a real SQLite ledger with its
-//! key store beside it, operations recorded with a person's e-mail address, the person erased,
-//! and then every byte of every file opledger wrote searched for the address and its SHA-256.
-//! The proofs are checked by the binary (`opledger verify`) and by the offline verifier in
-//! Python, on an export made before the erasure and one made after.
+//! key store beside it, and on a real PostgreSQL database with its key table in it, operations
+//! recorded with a person's e-mail address (one of them denied with a reason quoting it, whose
+//! webhook a receiver refuses with the payload echoed back), the person erased, and then every
+//! byte of every file opledger wrote (ledger, WAL, read models, webhook journal, key store,
+//! logs, exports; a `pg_dump` of the database and the cluster's own files) searched for the
+//! address and its SHA-256. The proofs are checked by the binary (`opledger verify`), by the
+//! offline verifier in Python on exports made before and after, and against a checkpoint kept
+//! before the erasure.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::support::{Harness, Server, ACCOUNT, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN};
+use super::support::{
+    Harness, Server, ACCOUNT, DEADLINE, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN,
+};
+use crate::postgres_server;
 
-const KEK: &str = "3c1f0a9e5b7d2c4e6f8a1b3d5c7e9f0a2b4c6d8e1f3a5b7c9d0e2f4a6b8c1d3e";
+pub(super) const KEK: &str = "3c1f0a9e5b7d2c4e6f8a1b3d5c7e9f0a2b4c6d8e1f3a5b7c9d0e2f4a6b8c1d3e";
 const OTHER_KEK: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
-const KEK_ENV: &str = "OPLEDGER_TEST_KEK";
+pub(super) const KEK_ENV: &str = "OPLEDGER_TEST_KEK";
+const WEBHOOK_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const WEBHOOK_SECRET_ENV: &str = "OPLEDGER_TEST_ERASURE_WEBHOOK_SECRET";
 
 /// An address nobody else writes: random words and a number from the clock.
-fn unique_email() -> String {
+pub(super) fn unique_email() -> String {
     const WORDS: [&str; 16] = [
         "amber", "birch", "cobalt", "dune", "ember", "fjord", "garnet", "heron", "indigo",
         "juniper", "kestrel", "lichen", "marlin", "nettle", "opal", "quartz",
@@ -45,19 +55,141 @@ fn sha256_hex(text: &str) -> String {
 
 /// The harness's configuration with personal data on (the key from `KEK_ENV`).
 async fn harness() -> Harness {
-    let harness = Harness::new("").await;
-    let mut text = std::fs::read_to_string(&harness.config).expect("the configuration");
-    text.push_str(&format!("\n[personal_data]\nkek_env = \"{KEK_ENV}\"\n"));
-    std::fs::write(&harness.config, text).expect("configuration written");
+    harness_on(None).await
+}
+
+/// The same with the ledger at `store` (`None`: a SQLite file).
+async fn harness_on(store: Option<String>) -> Harness {
+    let harness = Harness::with_store("", store).await;
+    append_config(
+        &harness,
+        &format!("\n[personal_data]\nkek_env = \"{KEK_ENV}\"\n"),
+    );
     harness
+}
+
+fn append_config(harness: &Harness, text: &str) {
+    let mut config = std::fs::read_to_string(&harness.config).expect("the configuration");
+    config.push_str(text);
+    std::fs::write(&harness.config, config).expect("configuration written");
 }
 
 fn serve(harness: &Harness, kek: &str) -> Server {
     Server::start_with_env(
         &["serve", "--config", &harness.config.display().to_string()],
         harness.dir.path(),
-        &[(KEK_ENV, kek)],
+        &[(KEK_ENV, kek), (WEBHOOK_SECRET_ENV, WEBHOOK_SECRET)],
     )
+}
+
+/// A webhook receiver that refuses every delivery with 400 and the delivery's body echoed back,
+/// as a receiver's validation error quoting what it was sent does; its URL.
+async fn echoing_receiver() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = listener.local_addr().expect("bound").port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    let Ok(read) = socket.read(&mut chunk).await else {
+                        return;
+                    };
+                    if read == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&chunk[..read]);
+                    let text = String::from_utf8_lossy(&request).into_owned();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length: usize = text[..end]
+                        .lines()
+                        .find_map(|line| {
+                            let (name, value) = line.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse().ok())?
+                        })
+                        .unwrap_or(0);
+                    if request.len() < end + 4 + length {
+                        continue;
+                    }
+                    let echoed = format!(
+                        "{{\"refused\": {}}}",
+                        String::from_utf8_lossy(&request[end + 4..end + 4 + length])
+                    );
+                    let answer = format!(
+                        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{echoed}",
+                        echoed.len()
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                    return;
+                }
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}/hook")
+}
+
+/// A webhook endpoint for denials, at `url`.
+fn webhook_entry(url: &str) -> String {
+    format!("\n[[webhooks]]\nid = \"echo\"\nurl = \"{url}\"\nsecret_env = \"{WEBHOOK_SECRET_ENV}\"\nevents = [\"denied\"]\n")
+}
+
+/// Records an operation about the person and denies it with a reason quoting their address; its
+/// webhook goes to the echoing receiver.
+async fn deny_quoting(server: &Server, email: &str) -> String {
+    let recorded = record(
+        server,
+        TENANT_A_TOKEN,
+        email,
+        json!({"provider": "crm", "account": ACCOUNT, "action": "create_task",
+               "args": {"title": "Send the offer", "email": email}, "requires_approval": true}),
+        "",
+    )
+    .await;
+    let id = recorded["operation_id"].as_str().unwrap().to_owned();
+    let (status, denied) = server
+        .post(
+            &format!("/v1/operations/{id}/deny"),
+            TENANT_A_TOKEN,
+            &json!({"approver": "boss", "args_hash": recorded["args_hash"],
+                    "reason": format!("not to {email}: they asked not to be contacted")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{denied}");
+    id
+}
+
+/// The echo endpoint's attempts once one failed; the operator's listing.
+async fn failed_attempts(server: &Server) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, attempts) = server
+            .call(
+                Method::GET,
+                "/v1/webhooks/echo/attempts?limit=10",
+                Some(OPERATOR_TOKEN),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{attempts}");
+        if attempts["attempts"]
+            .as_array()
+            .is_some_and(|all| all.iter().any(|a| a["error"].is_string()))
+        {
+            return attempts;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no failed delivery: {attempts}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
 }
 
 /// Every file under `dir`, recursively.
@@ -75,7 +207,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The files under `dir` whose bytes contain `needle`.
-fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+pub(super) fn holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
     files(dir)
         .into_iter()
         .filter(|path| {
@@ -132,52 +264,40 @@ async fn record(server: &Server, token: &str, email: &str, body: Value, query: &
     recorded
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_erased_persons_address_is_found_nowhere_opledger_wrote_and_every_proof_still_verifies()
-{
-    let harness = harness().await;
-    let dir = harness.dir.path().to_path_buf();
-    let db = dir.join("ledger.db");
-    let db_arg = db.display().to_string();
-    let email = unique_email();
-    let hash = sha256_hex(&email);
-    let server = serve(&harness, KEK);
-
-    // One sent and confirmed, one waiting for an approval (open), both about the person, and
-    // one about somebody else, which the erasure must leave readable.
+/// Records what the erasure tests erase: one operation about the person sent and confirmed, one
+/// waiting for an approval (open), and one about somebody else, which the erasure must leave
+/// readable; then a denial whose webhook receiver echoes the address back (the journal keeps it
+/// sealed like the values it quotes, and the operator reads it while the key lives). Checks that
+/// while the key lives the API shows the values. The sent and the open operations' answers, and
+/// the other operation's id.
+async fn record_the_persons_operations(server: &Server, email: &str) -> (Value, Value, String) {
     let create = |title: String, approval: bool| {
         json!({"provider": "crm", "account": ACCOUNT, "action": "create_task",
                "args": {"title": title, "email": email}, "requires_approval": approval})
     };
     let sent = record(
-        &server,
+        server,
         TENANT_A_TOKEN,
-        &email,
+        email,
         create(format!("Call {email}"), false),
         "?execute=true&wait_ms=5000",
     )
     .await;
     assert_eq!(sent["state"], "succeeded", "{sent}");
-    assert!(
-        sent["args_hash"]
-            .as_str()
-            .unwrap()
-            .starts_with("hmac-sha256:"),
-        "{sent}"
-    );
     let open = record(
-        &server,
+        server,
         TENANT_A_TOKEN,
-        &email,
+        email,
         create("Follow up".into(), true),
         "",
     )
     .await;
     let open_id = open["operation_id"].as_str().unwrap().to_owned();
-    let other = record(&server, TENANT_A_TOKEN, "someone.else@example.org", json!({"provider": "crm", "account": ACCOUNT, "action": "create_task", "args": {"title": "Unrelated"}}), "").await;
+    let other = record(server, TENANT_A_TOKEN, "someone.else@example.org", json!({"provider": "crm", "account": ACCOUNT, "action": "create_task", "args": {"title": "Unrelated"}}), "").await;
     let other_id = other["operation_id"].as_str().unwrap().to_owned();
-
-    // While the key lives the API shows the values; the files hold them only sealed.
+    deny_quoting(server, email).await;
+    let attempts = failed_attempts(server).await;
+    assert!(attempts.to_string().contains(email), "{attempts}");
     let (_, shown) = server
         .call(
             Method::GET,
@@ -187,6 +307,30 @@ async fn an_erased_persons_address_is_found_nowhere_opledger_wrote_and_every_pro
         )
         .await;
     assert_eq!(shown["args"]["email"], email, "{shown}");
+    (sent, open, other_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erased_persons_address_is_found_nowhere_opledger_wrote_and_every_proof_still_verifies()
+{
+    let harness = harness().await;
+    append_config(&harness, &webhook_entry(&echoing_receiver().await));
+    let dir = harness.dir.path().to_path_buf();
+    let db = dir.join("ledger.db");
+    let db_arg = db.display().to_string();
+    let email = unique_email();
+    let hash = sha256_hex(&email);
+    let server = serve(&harness, KEK);
+
+    let (sent, open, other_id) = record_the_persons_operations(&server, &email).await;
+    let open_id = open["operation_id"].as_str().unwrap().to_owned();
+    assert!(
+        sent["args_hash"]
+            .as_str()
+            .unwrap()
+            .starts_with("hmac-sha256:"),
+        "{sent}"
+    );
     let before = dir.join("before.ndjson");
     succeeded(
         &opledger(
@@ -231,7 +375,7 @@ async fn an_erased_persons_address_is_found_nowhere_opledger_wrote_and_every_pro
     assert_eq!(status, StatusCode::NOT_FOUND, "{unknown}");
     let (status, erased) = server.post(&erase, OPERATOR_TOKEN, &reason).await;
     assert_eq!(status, StatusCode::OK, "{erased}");
-    assert_eq!(erased["erased"][0]["operations"], 2, "{erased}");
+    assert_eq!(erased["erased"][0]["operations"], 3, "{erased}");
     assert_eq!(erased["erased"][0]["recorded"], true, "{erased}");
     let (status, again) = server.post(&erase, OPERATOR_TOKEN, &reason).await;
     assert_eq!(status, StatusCode::OK, "{again}");
@@ -264,6 +408,11 @@ async fn an_erased_persons_address_is_found_nowhere_opledger_wrote_and_every_pro
         )
         .await;
     assert!(!listed.to_string().contains(&email), "{listed}");
+    let attempts = failed_attempts(&server).await;
+    assert!(
+        !attempts.to_string().contains(&email) && attempts.to_string().contains("[erased]"),
+        "the receiver's answer quoting the address reads [erased]: {attempts}"
+    );
     let (_, others) = server
         .call(
             Method::GET,
@@ -544,4 +693,397 @@ async fn a_server_started_with_another_key_is_refused_and_a_rotated_key_opens_ev
         "verify --against the checkpoint kept before the erasure",
     );
     assert_eq!(holding(&dir, &email), Vec::<PathBuf>::new());
+}
+
+/// The files under `dirs` (recursively) whose bytes hold `needle`.
+fn holding_any(dirs: &[PathBuf], needle: &str) -> Vec<PathBuf> {
+    dirs.iter().flat_map(|dir| holding(dir, needle)).collect()
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+/// The newest checkpoint the server published once it covers `size` events.
+async fn checkpoint_covering(server: &Server, size: u64) -> String {
+    let started = Instant::now();
+    loop {
+        let note = reqwest::get(format!("{}/v1/log/checkpoint", server.base))
+            .await
+            .expect("served")
+            .text()
+            .await
+            .expect("text");
+        let covered: u64 = note
+            .lines()
+            .nth(1)
+            .and_then(|line| line.parse().ok())
+            .unwrap_or(0);
+        if covered >= size {
+            return note;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "no checkpoint covers {size}: {note}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erased_persons_address_is_in_no_pg_dump_and_no_file_of_the_postgresql_cluster_and_the_log_still_verifies(
+) {
+    let cluster = postgres_server::server();
+    let database = cluster.database();
+    let url = cluster.url(&database);
+    let harness = harness_on(Some(url.clone())).await;
+    let dir = harness.dir.path().to_path_buf();
+    let log_key = dir.join("log.key");
+    let generated = succeeded(
+        &opledger(
+            &[
+                "keys",
+                "generate",
+                "--name",
+                "ledger.example.com/pg",
+                "--out",
+                &log_key.display().to_string(),
+            ],
+            &[],
+        ),
+        "keys generate",
+    );
+    let verifier_key = generated.lines().next().expect("a key").trim().to_owned();
+    append_config(
+        &harness,
+        &format!(
+            "\n[log]\nsigning_key_file = \"{}\"\ncheckpoint_every_events = 1\ncheckpoint_every_s = 1\n{}",
+            log_key.display(),
+            webhook_entry(&echoing_receiver().await)
+        ),
+    );
+    let email = unique_email();
+    let hash = sha256_hex(&email);
+    let server = serve(&harness, KEK);
+
+    let (_, open, other_id) = record_the_persons_operations(&server, &email).await;
+    let open_id = open["operation_id"].as_str().unwrap().to_owned();
+
+    // An auditor keeps a checkpoint of the log as it is before the erasure.
+    let kept = dir.join("kept.checkpoint");
+    let head = server.log_head().await;
+    std::fs::write(&kept, checkpoint_covering(&server, head).await).expect("kept");
+
+    // Before: the database holds the values only sealed — in a dump, in the database's files,
+    // in PostgreSQL's write-ahead log — and so does everything else opledger wrote.
+    let places = || {
+        vec![
+            cluster.database_files(&database),
+            cluster.data_dir().join("pg_wal"),
+            dir.clone(),
+        ]
+    };
+    let dump = cluster.dump_plain(&database);
+    assert!(
+        !contains(&dump, &email),
+        "the address in a dump before erasure"
+    );
+    assert!(
+        !contains(&dump, &hash),
+        "its SHA-256 in a dump before erasure"
+    );
+    assert!(
+        contains(&dump, "opledger-sealed:v1:"),
+        "the values are stored, sealed"
+    );
+    assert_eq!(holding_any(&places(), &email), Vec::<PathBuf>::new());
+    assert_eq!(holding_any(&places(), &hash), Vec::<PathBuf>::new());
+
+    let erase = format!("/v1/subjects/{email}/erase");
+    let (status, erased) = server
+        .post(
+            &erase,
+            OPERATOR_TOKEN,
+            &json!({"reason": "GDPR art. 17 request #4712"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{erased}");
+    assert_eq!(erased["erased"][0]["operations"], 3, "{erased}");
+    let (_, shown) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{open_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(shown["args"]["email"], "[erased]", "{shown}");
+    let (_, others) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{other_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(others["args"]["title"], "Unrelated", "{others}");
+    let attempts = failed_attempts(&server).await;
+    assert!(
+        !attempts.to_string().contains(&email) && attempts.to_string().contains("[erased]"),
+        "{attempts}"
+    );
+    let (code, _) = server.terminate();
+    assert_eq!(code, Some(0));
+
+    // After: found nowhere, and the key's row holds no key.
+    let dump = cluster.dump_plain(&database);
+    assert!(
+        !contains(&dump, &email),
+        "the address in a dump after erasure"
+    );
+    assert!(
+        !contains(&dump, &hash),
+        "its SHA-256 in a dump after erasure"
+    );
+    assert_eq!(holding_any(&places(), &email), Vec::<PathBuf>::new());
+    assert_eq!(holding_any(&places(), &hash), Vec::<PathBuf>::new());
+    assert_eq!(
+        cluster.sql(
+            &database,
+            "SELECT count(*) FROM opledger.subject_keys WHERE erased_at IS NOT NULL AND wrapped_key IS NULL AND sealed_name IS NULL"
+        ),
+        "1"
+    );
+
+    // The command line reads the same key tables: the person is listed erased, the other not;
+    // a rotated key-encryption key opens them, the old one no longer does.
+    let listed = succeeded(
+        &opledger(
+            &["subjects", "list", "--store", &url, "--json"],
+            &[("OPLEDGER_KEK", KEK)],
+        ),
+        "subjects list --store",
+    );
+    assert!(
+        !listed.contains(&email) && listed.contains("someone.else@example.org"),
+        "{listed}"
+    );
+    let new_kek = dir.join("new.kek");
+    std::fs::write(&new_kek, OTHER_KEK).expect("written");
+    let rotate = [
+        "subjects",
+        "rotate-kek",
+        "--store",
+        &url,
+        "--new-kek-file",
+        new_kek.to_str().expect("utf-8"),
+    ];
+    succeeded(
+        &opledger(&rotate, &[("OPLEDGER_KEK", KEK)]),
+        "rotate-kek --store",
+    );
+    let old = opledger(
+        &["subjects", "list", "--store", &url],
+        &[("OPLEDGER_KEK", KEK)],
+    );
+    assert!(
+        !old.status.success(),
+        "the old key no longer opens the key tables"
+    );
+    let listed = succeeded(
+        &opledger(
+            &["subjects", "list", "--store", &url, "--json"],
+            &[("OPLEDGER_KEK", OTHER_KEK)],
+        ),
+        "subjects list with the new key",
+    );
+    assert!(listed.contains("someone.else@example.org"), "{listed}");
+
+    // The history is complete and unaltered: the chain and the tree, and the checkpoint kept
+    // before the erasure.
+    succeeded(
+        &opledger(&["verify", "--store", &url], &[]),
+        "opledger verify",
+    );
+    succeeded(
+        &opledger(
+            &[
+                "verify",
+                "--store",
+                &url,
+                "--against",
+                &kept.display().to_string(),
+                "--verifier-key",
+                &verifier_key,
+            ],
+            &[],
+        ),
+        "verify --against the checkpoint kept before the erasure",
+    );
+}
+
+/// Operations recorded and executed by each of the load's clients.
+const LOAD_OPERATIONS_PER_CLIENT: usize = 12;
+/// Clients recording at once, spread over the two instances.
+const LOAD_CLIENTS: usize = 6;
+
+/// One operation the load recorded: who it is about and what its title was.
+struct Recorded {
+    id: String,
+    subject: String,
+    title: String,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_erased_under_load_on_two_instances_is_unreadable_everywhere_and_every_other_operation_is_intact(
+) {
+    let cluster = postgres_server::server();
+    let database = cluster.database();
+    let url = cluster.url(&database);
+    let harness = harness_on(Some(url.clone())).await;
+    let dir = harness.dir.path().to_path_buf();
+    let servers: Vec<Server> = (0..2)
+        .map(|n| {
+            Server::start_with_env(
+                &[
+                    "serve",
+                    "--config",
+                    &harness.instance_config(n, &[]).display().to_string(),
+                ],
+                &dir,
+                &[(KEK_ENV, KEK)],
+            )
+        })
+        .collect();
+    let email = unique_email();
+    let hash = sha256_hex(&email);
+
+    // Clients record and execute on both instances at once, each alternating between the person
+    // and others; new subjects meet on both instances at once too. Midway the person is erased.
+    // (Futures of one task: the servers' handles stay on it.)
+    let recorded_so_far = std::sync::atomic::AtomicUsize::new(0);
+    let total = LOAD_CLIENTS * LOAD_OPERATIONS_PER_CLIENT;
+    let client = |client: usize| {
+        let (servers, email, recorded_so_far) = (&servers, &email, &recorded_so_far);
+        async move {
+            let mut recorded = Vec::new();
+            let mut refused = 0;
+            for n in 0..LOAD_OPERATIONS_PER_CLIENT {
+                let server = &servers[(client + n) % 2];
+                let subject = match n % 2 {
+                    0 => email.clone(),
+                    _ => format!("other-{}@example.org", n % 4),
+                };
+                let title = format!("Call {subject} #{client}-{n}");
+                let body = json!({"provider": "crm", "account": ACCOUNT, "action": "create_task",
+                                  "args": {"title": title}, "subject": subject});
+                let (status, answer) = server
+                    .post(
+                        "/v1/operations?execute=true&wait_ms=50",
+                        TENANT_A_TOKEN,
+                        &body,
+                    )
+                    .await;
+                match status {
+                    StatusCode::CREATED => recorded.push(Recorded {
+                        id: answer["operation_id"].as_str().expect("an id").to_owned(),
+                        subject,
+                        title,
+                    }),
+                    // Only the person's, and only once they are erased.
+                    StatusCode::CONFLICT
+                        if answer["error"]["code"] == "subject_erased" && subject == *email =>
+                    {
+                        refused += 1;
+                    }
+                    other => panic!("{subject}: {other} {answer}"),
+                }
+                recorded_so_far.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            (recorded, refused)
+        }
+    };
+    let eraser = async {
+        let started = Instant::now();
+        while recorded_so_far.load(std::sync::atomic::Ordering::Relaxed) < total / 3 {
+            assert!(started.elapsed() < DEADLINE, "the load does not move");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let (status, erased) = servers[0]
+            .post(
+                &format!("/v1/subjects/{email}/erase"),
+                OPERATOR_TOKEN,
+                &json!({"reason": "GDPR art. 17 request #4713"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{erased}");
+        assert!(
+            recorded_so_far.load(std::sync::atomic::Ordering::Relaxed) < total,
+            "the erasure came while the load was still recording"
+        );
+    };
+    let (done, ()) = tokio::join!(
+        futures_util::future::join_all((0..LOAD_CLIENTS).map(client)),
+        eraser
+    );
+    let mut recorded = Vec::new();
+    let mut refused = 0;
+    for (mine, not) in done {
+        recorded.extend(mine);
+        refused += not;
+    }
+    assert!(
+        refused > 0,
+        "records of the person after the erasure are refused"
+    );
+
+    // Every acknowledged operation is there, on both instances: the others' as recorded and
+    // settled, the person's unreadable.
+    for operation in &recorded {
+        for server in servers.iter() {
+            let (status, shown) = server
+                .call(
+                    Method::GET,
+                    &format!("/v1/operations/{}", operation.id),
+                    Some(TENANT_A_TOKEN),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{shown}");
+            let expected = match operation.subject == email {
+                true => "[erased]",
+                false => operation.title.as_str(),
+            };
+            assert_eq!(shown["args"]["title"], expected, "{shown}");
+        }
+        if operation.subject != email {
+            servers[0]
+                .wait_for_state(TENANT_A_TOKEN, &operation.id, &["succeeded"])
+                .await;
+        }
+    }
+    let others = recorded.iter().filter(|op| op.subject != email).count();
+    assert_eq!(others, total / 2, "no other operation was refused or lost");
+    for server in servers {
+        let (code, _) = server.terminate();
+        assert_eq!(code, Some(0));
+    }
+
+    // None of the person's values is readable anywhere; the log is whole.
+    let dump = cluster.dump_plain(&database);
+    assert!(!contains(&dump, &email), "the address in a dump");
+    assert!(!contains(&dump, &hash), "its SHA-256 in a dump");
+    let places = [
+        cluster.database_files(&database),
+        cluster.data_dir().join("pg_wal"),
+        dir.clone(),
+    ];
+    assert_eq!(holding_any(&places, &email), Vec::<PathBuf>::new());
+    assert_eq!(holding_any(&places, &hash), Vec::<PathBuf>::new());
+    succeeded(
+        &opledger(&["verify", "--store", &url], &[]),
+        "opledger verify",
+    );
 }

@@ -15,7 +15,10 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::support::{Harness, ACCOUNT, A_ONLY_ACCOUNT, DEADLINE, TENANT_A_TOKEN, TENANT_B_TOKEN};
+use super::support::{
+    Harness, Server, ACCOUNT, A_ONLY_ACCOUNT, DEADLINE, OPERATOR_TOKEN, TENANT_A_TOKEN,
+    TENANT_B_TOKEN,
+};
 
 /// A tool call's wait, short so a lost response answers before the plain CRM's search (its lag
 /// is the harness's SEARCH_LAG_MS, 200 ms) can show the object.
@@ -690,4 +693,122 @@ async fn opledger_mcp_without_a_configuration_refuses_another_tenant_or_token_an
             "stdout is the protocol's: {args:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_naming_its_data_subject_is_sealed_under_their_key_and_erased_with_them() {
+    use super::erasure::{holding, unique_email, KEK, KEK_ENV};
+    let harness = Harness::new("").await;
+    let mut config = std::fs::read_to_string(&harness.config).expect("the configuration");
+    config.push_str(&format!("\n[personal_data]\nkek_env = \"{KEK_ENV}\"\n"));
+    std::fs::write(&harness.config, config).expect("configuration written");
+    let server = Server::start_with_env(
+        &["serve", "--config", &harness.config.display().to_string()],
+        harness.dir.path(),
+        &[(KEK_ENV, KEK)],
+    );
+    let (client, _) = http_client(&server.base, TENANT_A_TOKEN).await;
+    let email = unique_email();
+
+    let tools = tools_by_name(&client).await;
+    let schema = &tools["crm_plain__create_task"].input_schema;
+    assert!(
+        schema["properties"].get("data_subject").is_some(),
+        "the tool takes the data subject: {schema:?}"
+    );
+    let answered = call(
+        &client,
+        "crm_plain__create_task",
+        json!({"title": format!("Call {email}"), "data_subject": email, "request_id": "subject-1"}),
+    )
+    .await;
+    assert_eq!(answered.is_error, Some(false), "{}", text(&answered));
+    let operation_id = structured(&answered)["operation_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    until_succeeded(&client, &operation_id).await;
+    // Another person's call through the same tool, to stay readable.
+    let other = call(
+        &client,
+        "crm_plain__create_task",
+        json!({"title": "Call Bob", "data_subject": "bob@example.org", "request_id": "subject-2"}),
+    )
+    .await;
+    let other_id = structured(&other)["operation_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+
+    let (_, shown) = server
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/operations/{operation_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        shown["args"],
+        json!({"title": format!("Call {email}")}),
+        "{shown}"
+    );
+    let (_, subjects) = server
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/subjects/{email}"),
+            Some(OPERATOR_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(
+        subjects["subjects"][0]["operations"],
+        json!([operation_id]),
+        "{subjects}"
+    );
+    assert_eq!(
+        holding(harness.dir.path(), &email),
+        Vec::<std::path::PathBuf>::new()
+    );
+
+    let (status, erased) = server
+        .post(
+            &format!("/v1/subjects/{email}/erase"),
+            OPERATOR_TOKEN,
+            &json!({"reason": "request #9"}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{erased}");
+    let status = call(
+        &client,
+        "operation_status",
+        json!({"operation_id": operation_id}),
+    )
+    .await;
+    assert!(!text(&status).contains(&email), "{}", text(&status));
+    let (_, shown) = server
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/operations/{operation_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(shown["args"]["title"], "[erased]", "{shown}");
+    let (_, kept) = server
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/operations/{other_id}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(kept["args"]["title"], "Call Bob", "{kept}");
+    client.cancel().await.expect("the session ends");
+    let (code, _) = server.terminate();
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        holding(harness.dir.path(), &email),
+        Vec::<std::path::PathBuf>::new()
+    );
 }

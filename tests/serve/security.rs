@@ -807,15 +807,21 @@ async fn what_a_tenant_is_told_gives_nothing_away_about_other_tenants_or_routes(
         StatusCode::NOT_FOUND,
         "a scoped operator sees its tenants only"
     );
-    // Scopes: a tenant token is no operator's, and the refusal names the route asked for.
+    // Scopes: a tenant token is no operator's, and the refusal names the route asked for (a
+    // tenant lists and manages its own webhook endpoints, but pausing one is an operator's).
     let (status, refused) = server
-        .call(Method::GET, "/v1/webhooks", Some(TENANT_A_TOKEN), None)
+        .call(
+            Method::POST,
+            "/v1/webhooks/billing/pause",
+            Some(TENANT_A_TOKEN),
+            Some(&json!({})),
+        )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(
         refused["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.starts_with("GET /v1/webhooks needs an operator token")),
+            .is_some_and(|m| m.starts_with("POST /v1/webhooks/{id}/pause needs an operator token")),
         "{refused}"
     );
     let (status, _) = server

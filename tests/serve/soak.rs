@@ -3,7 +3,7 @@
 //! SQLite file, checking after each that nothing acknowledged was lost, that redeliveries map to
 //! their operations, and that no request has two objects at the CRM stand.
 //!
-//! The soak is the binary's own (`bench_soak`); this test holds it to its result line, so a soak
+//! The soak is the opledger-bench crate's (`bench/src/soak/`); this test holds it to its result line, so a soak
 //! that stopped killing mid-burst, or stopped acknowledging anything, fails here too.
 
 use std::collections::HashMap;

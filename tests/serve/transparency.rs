@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::python::python_venv::run;
@@ -19,45 +18,16 @@ use crate::support::{Harness, Server, DEADLINE, TENANT_A_TOKEN, TENANT_B_TOKEN};
 const GOPATH: &str = "/usr/share/gocode";
 
 /// Installs Go and `golang.org/x/mod` from Debian when missing (about 15 s). Fails the test when
-/// it cannot: an interoperability test that skips proves nothing. apt waits for the package
-/// lock, which other tests installing their tools may hold.
+/// it cannot: an interoperability test that skips proves nothing. It waits while another test
+/// installs its tools.
 fn ensure_go() {
-    static INSTALLING: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = INSTALLING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let tlog = Path::new(GOPATH).join("src/golang.org/x/mod/sumdb/tlog");
-    if tlog.exists() && Path::new("/usr/bin/go").exists() {
-        return;
-    }
-    let apt = |args: &[&str], what: &str| {
-        run(
-            Command::new("apt-get")
-                .args(["-o", "DPkg::Lock::Timeout=600"])
-                .args(args)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-            what,
-        )
-    };
-    apt(
-        &["update"],
-        "apt-get update (Go is missing; this test installs it as root)",
-    );
-    apt(
-        &[
-            "install",
-            "-y",
-            "--no-install-recommends",
-            "golang-go",
-            "golang-golang-x-mod-dev",
-        ],
-        "apt-get install golang-go golang-golang-x-mod-dev",
-    );
-    assert!(
-        tlog.exists(),
-        "apt-get installed golang-golang-x-mod-dev but {} is not there",
-        tlog.display()
-    );
+    crate::postgres_server::apt::install(
+        &["golang-go", "golang-golang-x-mod-dev"],
+        "Go with golang.org/x/mod",
+        || tlog.exists() && Path::new("/usr/bin/go").exists(),
+    )
+    .unwrap_or_else(|error| panic!("this test needs Go: {error}"));
 }
 
 /// Builds the Go checker once per test process, in GOPATH mode over Debian's packages (no module
@@ -344,6 +314,11 @@ async fn an_as_of_answer_with_proof_names_each_folded_event_with_its_inclusion_p
     let opened = checkpoint::open(proof["checkpoint"].as_str().expect("a note"), &verifier_key)
         .expect("signed by the log's key");
     assert_eq!(proof["tree_size"].as_u64(), Some(opened.head.size));
+    assert_eq!(
+        opened.tenants.map(|tenants| tenants.size),
+        Some(1),
+        "the served checkpoint signs the tenants' map (one tenant so far)"
+    );
     let events = proof["events"].as_array().expect("events");
     assert_eq!(events.len(), 1, "{answer}");
     assert_eq!(events[0]["position"], 1);

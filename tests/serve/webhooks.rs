@@ -16,7 +16,9 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::python::python_venv::python_with as venv_python_with;
-use super::support::{Harness, Server, DEADLINE, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use super::support::{
+    Harness, Server, DEADLINE, OPERATOR_B_TOKEN, OPERATOR_TOKEN, TENANT_A_TOKEN, TENANT_B_TOKEN,
+};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const SECRET_ENV: &str = "OPLEDGER_TEST_WEBHOOK_SECRET";
@@ -360,10 +362,12 @@ async fn failures_429_and_410_are_retried_disabled_listed_and_resumed_by_an_oper
         Some(1),
         "{listed}"
     );
-    let (status, _) = server
+    // A tenant's token lists only endpoints it defined itself: none of the file's.
+    let (status, listed) = server
         .call(Method::GET, "/v1/webhooks", Some(TENANT_A_TOKEN), None)
         .await;
-    assert_eq!(status, 403);
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["endpoints"], json!([]), "{listed}");
     operations(&server, "retried", 1).await;
     let flaky = receiver.wait_until("/flaky", |l| l.len() >= 3).await;
     assert!(
@@ -957,14 +961,6 @@ async fn an_endpoint_defined_through_the_api_receives_deliveries_signed_with_a_s
             "{field}: {refused}"
         );
     }
-    let (status, refused) = server
-        .post(
-            "/v1/webhooks",
-            TENANT_A_TOKEN,
-            &json!({"id": "crm-sync", "url": url, "events": ["succeeded"]}),
-        )
-        .await;
-    assert_eq!(status, 403, "{refused}");
     let (_, listed) = server
         .call(Method::GET, "/v1/webhooks", Some(OPERATOR_TOKEN), None)
         .await;
@@ -1124,5 +1120,443 @@ async fn an_endpoint_from_the_configuration_file_is_not_changed_through_the_api(
             .await;
         assert_eq!(status, 409, "{path}: {refused}");
         assert_eq!(refused["error"]["code"], "configured_in_file", "{refused}");
+    }
+}
+
+#[tokio::test]
+async fn a_tenants_endpoint_may_not_post_to_loopback_unless_an_operator_allows_it_for_that_tenant()
+{
+    let harness = Harness::new("").await;
+    let config = harness.instance_config(
+        0,
+        &[(
+            "[[tenants]]\nid = \"tenant-b\"",
+            "[[tenants]]\nid = \"tenant-b\"\nwebhooks_to_loopback = true",
+        )],
+    );
+    let server = start(&harness, &config);
+    // Any port of the server's own host, in every way loopback is written: tenant A would learn
+    // from each delivery's status what listens there.
+    for url in [
+        "http://127.0.0.1:5432/",
+        "http://127.9.9.9:6379/hooks",
+        "http://[::1]:22/",
+        "http://LOCALHOST:8080/hooks",
+        "https://localhost/hooks",
+    ] {
+        let body = json!({"id": "a-probe", "url": url, "events": ["succeeded"], "secret": SECRET});
+        let (status, refused) = server.post("/v1/webhooks", TENANT_A_TOKEN, &body).await;
+        assert_eq!(status, 403, "{url}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("may not post to loopback")
+                && message.contains("webhooks_to_loopback = true"),
+            "{url}: {refused}"
+        );
+    }
+    let (_, listed) = server
+        .call(Method::GET, "/v1/webhooks", Some(TENANT_A_TOKEN), None)
+        .await;
+    assert_eq!(
+        listed["endpoints"],
+        json!([]),
+        "nothing was defined: {listed}"
+    );
+    // A public address is the tenant's to choose; moving it to loopback afterwards is refused too.
+    let public = json!({"id": "a-feed", "url": "https://hooks.example.com/opledger", "events": ["succeeded"], "secret": SECRET});
+    let (status, defined) = server.post("/v1/webhooks", TENANT_A_TOKEN, &public).await;
+    assert_eq!(status, 201, "{defined}");
+    let (status, refused) = server
+        .call(
+            Method::PATCH,
+            "/v1/webhooks/a-feed",
+            Some(TENANT_A_TOKEN),
+            Some(&json!({"url": "http://127.0.0.1:5432/"})),
+        )
+        .await;
+    assert_eq!(status, 403, "{refused}");
+    // The tenant the operator allowed, and operators themselves, may.
+    for (token, id) in [(TENANT_B_TOKEN, "b-local"), (OPERATOR_TOKEN, "ops-local")] {
+        let body = json!({"id": id, "url": "http://127.0.0.1:9/hooks", "events": ["succeeded"], "secret": SECRET});
+        let (status, defined) = server.post("/v1/webhooks", token, &body).await;
+        assert_eq!(status, 201, "{id}: {defined}");
+    }
+}
+
+/// Records and executes one operation of the tenant whose token is `token`, waiting for it to
+/// succeed; its id.
+async fn succeeded_for(server: &Server, token: &str, title: &str) -> String {
+    let (_, recorded) = server.record(token, "crm", title, None).await;
+    let id = recorded["operation_id"].as_str().expect("an id").to_owned();
+    server.execute(token, &id, 5_000).await;
+    server.wait_for_state(token, &id, &["succeeded"]).await;
+    id
+}
+
+#[tokio::test]
+async fn a_tenant_manages_its_own_endpoints_which_receive_its_events_alone_and_never_sees_anothers()
+{
+    let harness = Harness::new("").await;
+    let receiver = Receiver::start(harness.dir.path(), 0).await;
+    // The receiver listens on loopback, which a tenant's endpoint reaches only when the operator
+    // allows it for that tenant.
+    let config = harness.instance_config(
+        0,
+        &[
+            (
+                "[[tenants]]\nid = \"tenant-a\"",
+                "[[tenants]]\nid = \"tenant-a\"\nwebhooks_to_loopback = true",
+            ),
+            (
+                "[[tenants]]\nid = \"tenant-b\"",
+                "[[tenants]]\nid = \"tenant-b\"\nwebhooks_to_loopback = true",
+            ),
+        ],
+    );
+    let server = start(&harness, &config);
+    let define = |token: &'static str, id: &str, path: &str| {
+        let body =
+            json!({"id": id, "url": receiver.url(path), "events": ["succeeded"], "secret": SECRET});
+        let server = &server;
+        async move { server.post("/v1/webhooks", token, &body).await }
+    };
+    let (status, ops) = define(OPERATOR_TOKEN, "ops-feed", "/ops").await;
+    assert_eq!(status, 201, "{ops}");
+    let (status, a_feed) = define(TENANT_A_TOKEN, "a-feed", "/a").await;
+    assert_eq!(status, 201, "{a_feed}");
+    assert_eq!(a_feed["managed_by"], "tenant-a", "{a_feed}");
+    assert_eq!(
+        a_feed["tenants"],
+        json!(["tenant-a"]),
+        "its own tenant's events only"
+    );
+    let (status, b_feed) = define(TENANT_B_TOKEN, "b-feed", "/b").await;
+    assert_eq!(status, 201, "{b_feed}");
+
+    // A tenant may not widen its endpoint to another tenant, nor open private networks.
+    let (status, refused) = server
+        .post(
+            "/v1/webhooks",
+            TENANT_A_TOKEN,
+            &json!({"id": "a-wide", "url": receiver.url("/a"), "events": ["succeeded"], "tenants": ["tenant-b"]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("managed by tenant `tenant-a`")),
+        "{refused}"
+    );
+    let (status, refused) = server
+        .post(
+            "/v1/webhooks",
+            TENANT_A_TOKEN,
+            &json!({"id": "a-lan", "url": "https://10.0.0.8/hooks", "events": ["succeeded"], "allow_private_network": true}),
+        )
+        .await;
+    assert_eq!(status, 403, "{refused}");
+    let (status, refused) = server
+        .call(
+            Method::PATCH,
+            "/v1/webhooks/a-feed",
+            Some(TENANT_A_TOKEN),
+            Some(&json!({"tenants": ["tenant-a", "tenant-b"]})),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+    // Nor may an operator: the endpoint is the tenant's.
+    let (status, refused) = server
+        .call(
+            Method::PATCH,
+            "/v1/webhooks/a-feed",
+            Some(OPERATOR_TOKEN),
+            Some(&json!({"tenants": null})),
+        )
+        .await;
+    assert_eq!(status, 200, "left out, it stays the tenant's: {refused}");
+    assert_eq!(refused["tenants"], json!(["tenant-a"]), "{refused}");
+
+    // Each token lists its own; operators list all.
+    let listed = |token: &'static str| {
+        let server = &server;
+        async move {
+            let (_, listed) = server
+                .call(Method::GET, "/v1/webhooks", Some(token), None)
+                .await;
+            listed["endpoints"]
+                .as_array()
+                .expect("endpoints")
+                .iter()
+                .map(|endpoint| endpoint["id"].as_str().expect("an id").to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(TENANT_A_TOKEN).await, ["a-feed"]);
+    assert_eq!(listed(TENANT_B_TOKEN).await, ["b-feed"]);
+    let mut all = listed(OPERATOR_TOKEN).await;
+    all.sort();
+    assert_eq!(all, ["a-feed", "b-feed", "ops-feed"]);
+
+    // Another tenant's endpoint and an operator's answer as if they did not exist, on every
+    // route; pausing and replays are operators' even on its own.
+    for other in ["b-feed", "ops-feed"] {
+        for (method, path, body) in [
+            (
+                Method::PATCH,
+                format!("/v1/webhooks/{other}"),
+                Some(json!({"events": ["all"]})),
+            ),
+            (Method::DELETE, format!("/v1/webhooks/{other}"), None),
+            (
+                Method::POST,
+                format!("/v1/webhooks/{other}/rotate-secret"),
+                Some(json!({})),
+            ),
+            (
+                Method::POST,
+                format!("/v1/webhooks/{other}/test"),
+                Some(json!({})),
+            ),
+            (
+                Method::POST,
+                format!("/v1/webhooks/{other}/resend"),
+                Some(json!({"position": 1})),
+            ),
+            (Method::GET, format!("/v1/webhooks/{other}/attempts"), None),
+            (
+                Method::GET,
+                format!("/v1/webhooks/{other}/payload?position=1"),
+                None,
+            ),
+        ] {
+            let (status, refused) = server
+                .call(method.clone(), &path, Some(TENANT_A_TOKEN), body.as_ref())
+                .await;
+            assert_eq!(status, 404, "{method} {path}: {refused}");
+        }
+    }
+    for action in ["pause", "resume", "replay"] {
+        let (status, refused) = server
+            .post(
+                &format!("/v1/webhooks/a-feed/{action}"),
+                TENANT_A_TOKEN,
+                &json!({"after_position": 0}),
+            )
+            .await;
+        assert_eq!(status, 403, "{action}: {refused}");
+    }
+
+    // Tenant B's operation first, then tenant A's: delivered in log order, so once A's arrives
+    // at /a, B's has been passed over there.
+    let b_operation = succeeded_for(&server, TENANT_B_TOKEN, "tenant B's task").await;
+    let a_operation = succeeded_for(&server, TENANT_A_TOKEN, "tenant A's task").await;
+    let at_a = receiver
+        .wait_until("/a", |logged| {
+            logged
+                .iter()
+                .any(|l| l.payload["data"]["operation_id"] == a_operation.as_str())
+        })
+        .await;
+    let at_b = receiver
+        .wait_until("/b", |logged| {
+            logged
+                .iter()
+                .any(|l| l.payload["data"]["operation_id"] == b_operation.as_str())
+        })
+        .await;
+    receiver
+        .wait_until("/ops", |logged| logged.len() >= 2)
+        .await;
+    assert!(
+        at_a.iter()
+            .all(|l| l.verified && l.payload["data"]["operation_id"] != b_operation.as_str()),
+        "{at_a:#?}"
+    );
+    assert!(
+        at_b.iter()
+            .all(|l| l.verified && l.payload["data"]["operation_id"] != a_operation.as_str()),
+        "{at_b:#?}"
+    );
+    let a_position = position(
+        at_a.iter()
+            .find(|l| l.payload["data"]["operation_id"] == a_operation.as_str())
+            .expect("A's delivery"),
+    );
+    let b_position = position(&at_b[0]);
+
+    // Its own endpoint: rotated, tested, one event resent; another tenant's event is not one
+    // it receives.
+    for (path, body) in [
+        (
+            "/v1/webhooks/a-feed/rotate-secret",
+            json!({"secret": SECRET, "overlap_s": 0}),
+        ),
+        ("/v1/webhooks/a-feed/test", json!({})),
+        (
+            "/v1/webhooks/a-feed/resend",
+            json!({"position": a_position}),
+        ),
+    ] {
+        let (status, answer) = server.post(path, TENANT_A_TOKEN, &body).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+    let (status, refused) = server
+        .post(
+            "/v1/webhooks/a-feed/resend",
+            TENANT_A_TOKEN,
+            &json!({"position": b_position}),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+
+    // The attempt log links each attempt to its operation, and its payload is readable.
+    let attempts = wait_for_attempts_by(&server, TENANT_A_TOKEN, "a-feed", 2).await;
+    assert!(
+        attempts["attempts"]
+            .as_array()
+            .expect("attempts")
+            .iter()
+            .any(|a| a["position"] == a_position && a["operation_id"] == a_operation.as_str()),
+        "{attempts}"
+    );
+    let (status, payload) = server
+        .call(
+            Method::GET,
+            &format!("/v1/webhooks/a-feed/payload?position={a_position}"),
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{payload}");
+    assert_eq!(
+        payload["payload"]["data"]["operation_id"],
+        a_operation.as_str()
+    );
+    assert_eq!(payload["operation_id"], a_operation.as_str());
+
+    // An operation's deliveries: a tenant sees its own endpoint's, an operator every endpoint's;
+    // another tenant's operation is not found.
+    let deliveries = |token: &'static str, operation: String| {
+        let server = &server;
+        async move {
+            server
+                .call(
+                    Method::GET,
+                    &format!("/v1/operations/{operation}/deliveries"),
+                    Some(token),
+                    None,
+                )
+                .await
+        }
+    };
+    let endpoints_of = |answer: &Value| -> BTreeSet<String> {
+        answer["deliveries"]
+            .as_array()
+            .expect("deliveries")
+            .iter()
+            .map(|d| d["endpoint"].as_str().expect("an endpoint").to_owned())
+            .collect()
+    };
+    // The first delivery's own row comes with its batch's commit, a moment after the receiver
+    // has it; the resend's at once.
+    let own = wait_for_deliveries(&server, TENANT_A_TOKEN, &a_operation, |answer| {
+        answer["deliveries"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|d| d["position"] == a_position && d["attempts"].as_u64() >= Some(2))
+        })
+    })
+    .await;
+    assert_eq!(
+        endpoints_of(&own),
+        BTreeSet::from(["a-feed".to_owned()]),
+        "{own}"
+    );
+    let delivered = own["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .find(|d| d["position"] == a_position)
+        .expect("the succeeded event's delivery");
+    assert_eq!(delivered["delivered"], true, "{own}");
+    assert_eq!(delivered["last_status"], 200, "{own}");
+    assert_eq!(delivered["event_type"], "AttemptSucceeded", "{own}");
+    let seen_by_operator = wait_for_deliveries(&server, OPERATOR_TOKEN, &a_operation, |answer| {
+        endpoints_of(answer).len() == 2
+    })
+    .await;
+    assert_eq!(
+        endpoints_of(&seen_by_operator),
+        BTreeSet::from(["a-feed".to_owned(), "ops-feed".to_owned()]),
+        "{seen_by_operator}"
+    );
+    let (status, refused) = deliveries(TENANT_A_TOKEN, b_operation.clone()).await;
+    assert_eq!(status, 404, "{refused}");
+
+    let (status, deleted) = server
+        .call(
+            Method::DELETE,
+            "/v1/webhooks/a-feed",
+            Some(TENANT_A_TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert!(listed(TENANT_A_TOKEN).await.is_empty());
+}
+
+/// Waits until `done` holds for the deliveries of `operation` that `token` reads (a batch's
+/// attempt rows are written with its checkpoint, a moment after the receiver has them).
+async fn wait_for_deliveries(
+    server: &Server,
+    token: &str,
+    operation: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, answer) = server
+            .call(
+                Method::GET,
+                &format!("/v1/operations/{operation}/deliveries"),
+                Some(token),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        if done(&answer) {
+            return answer;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "deliveries never as expected: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `token` reads at least `count` attempts of endpoint `id`.
+async fn wait_for_attempts_by(server: &Server, token: &str, id: &str, count: usize) -> Value {
+    let started = Instant::now();
+    loop {
+        let (_, attempts) = server
+            .call(
+                Method::GET,
+                &format!("/v1/webhooks/{id}/attempts"),
+                Some(token),
+                None,
+            )
+            .await;
+        if attempts["attempts"]
+            .as_array()
+            .is_some_and(|all| all.len() >= count)
+        {
+            return attempts;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{id} never had {count} attempts: {attempts}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -138,3 +138,56 @@ export function pageTitle(text) {
   document.title = `${text} · opledger console`;
   return h("h1", { tabindex: "-1", id: "page-title" }, text);
 }
+
+/// Columns a person chooses for a listing, kept in the URL's `cols` (comma-separated keys, e.g.
+/// `arg:title,owner,tenant,age`) so a view is shared by its link and nothing is remembered behind
+/// the person's back. `arg:NAME` shows an argument's value; the others are the page's own keys.
+export function chosenColumns(query, defaults) {
+  const text = query.get("cols");
+  const keys = (text === null ? defaults : text.split(","))
+    .map((key) => key.trim())
+    .filter((key) => key && (!key.startsWith("arg:") || key.length > 4));
+  return [...new Set(keys)].slice(0, 12);
+}
+
+/// The argument names the chosen columns show, for the listing's `args=`.
+export function argumentColumns(columns) {
+  return columns.filter((key) => key.startsWith("arg:")).map((key) => key.slice(4));
+}
+
+/// The "Columns" form of a listing: a box per column of `available` ({key: label}) and a field
+/// for an argument column; applying it writes `cols` into the URL of `route` (keeping the rest of
+/// `query` but the page cursor).
+export function columnPicker(route, query, available, columns) {
+  const argument = columns.find((key) => key.startsWith("arg:"))?.slice(4) ?? "";
+  const boxes = Object.entries(available).map(([key, label]) =>
+    h("span", { class: "choice inline" }, h("input", { type: "checkbox", id: `col-${key}`, name: "col", value: key, checked: columns.includes(key) }), h("label", { for: `col-${key}` }, label, h("span", { class: "visually-hidden" }, " column"))),
+  );
+  const argField = h("input", { id: "col-arg", name: "col-arg", type: "text", value: argument, placeholder: "e.g. title", autocomplete: "off", "aria-describedby": "col-arg-help" });
+  const form = h(
+    "form",
+    { class: "columns", "aria-label": "Columns" },
+    h("fieldset", {}, h("legend", {}, "Show these columns"), boxes),
+    h("div", { class: "field" }, h("label", { for: "col-arg" }, "Argument column"), argField, h("p", { class: "help", id: "col-arg-help" }, "An argument's name (title, amount, …): its value is shown in the first column.")),
+    h("button", { type: "submit" }, "Apply columns"),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const chosen = [];
+    if (argField.value.trim()) chosen.push(`arg:${argField.value.trim()}`);
+    for (const box of form.querySelectorAll("input[name=col]:checked")) chosen.push(box.value);
+    const next = new URLSearchParams(query);
+    next.delete("after");
+    next.set("cols", chosen.join(","));
+    location.hash = `#/${route}?${next}`;
+  });
+  return h("details", { class: "card column-picker" }, h("summary", {}, "Columns"), form);
+}
+
+/// A chosen argument's value for a table cell: text as it is, anything else as JSON, long values
+/// cut (the operation's page shows them whole).
+export function argumentCell(value) {
+  if (value === undefined || value === null) return "—";
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text.length > 80 ? `${text.slice(0, 79)}…` : text;
+}

@@ -22,7 +22,7 @@
 //! acknowledged append is durable. It must never answer 2xx before the ledger's append returned,
 //! so an acknowledged intent is never lost.
 //!
-//! Files: `config.rs` the TOML configuration and its limits; `auth.rs` bearer tokens and scopes;
+//! Files: `config/` the TOML configuration and its limits; `auth.rs` bearer tokens and scopes;
 //! `api/` the routes (`operations.rs` record and execute, `queries.rs` lists and traces,
 //! `review.rs` decisions); `events.rs` the SSE feed of outcomes; `metrics.rs` Prometheus;
 //! `error.rs` the error body every route answers with; `console.rs` the operator console's files; `openapi.json` the OpenAPI document;
@@ -167,6 +167,8 @@ pub struct Shared {
     pub claims: claims::Claims,
     /// Browser origins `/mcp` answers besides loopback ones.
     pub mcp_allowed_origins: Vec<String>,
+    /// The tenants whose own webhook endpoints may post to loopback.
+    pub webhook_loopback_tenants: std::collections::BTreeSet<opledger_domain::ids::TenantId>,
     /// The transparency log's signing key, when one is configured.
     pub log_signer: Option<Arc<opledger_domain::checkpoint::LogSigner>>,
     /// Set when a shutdown signal came: `/readyz` answers 503 while requests are still served
@@ -306,7 +308,6 @@ impl Service {
             .clone()
             .unwrap_or_else(default_instance_id);
         info!(%instance_id, "this instance's id (in attempts, PostgreSQL's application_name, /metrics)");
-        let (subjects, privacy) = personal::open_key_store(&config)?;
         let store = open_store(
             &config.store,
             &config.store_limits,
@@ -314,12 +315,18 @@ impl Service {
             &instance_id,
         )
         .await?;
+        let (subjects, privacy) = personal::open_key_store(&config, &store)?;
         let log_signer = log::signer_of(&config.log).map_err(ServeError::Config)?;
         let read_models = ReadModels::open(&read_models_path).await?;
         catch_up_or_leave_to_runner(&store, &read_models, output).await?;
         let mut providers =
             HttpProviders::new(config.providers).map_err(|e| ServeError::Config(e.to_string()))?;
         for upstream in config.upstreams {
+            // Said at start, not at the first call: the upstream's calls wait until a person
+            // logs in (each not sent, with what to do).
+            if let Some(file) = upstream.login_file().filter(|file| !file.exists()) {
+                tracing::warn!(provider = %upstream.id(), file = %file.display(), "no one has logged in to this upstream yet; its calls wait until someone runs `opledger connectors login {}`", upstream.id());
+            }
             providers
                 .insert_mcp(upstream)
                 .map_err(|e| ServeError::Config(e.to_string()))?;
@@ -398,6 +405,7 @@ impl Service {
             connections: Arc::default(),
             claims,
             mcp_allowed_origins: config.mcp_allowed_origins,
+            webhook_loopback_tenants: config.webhook_loopback_tenants,
             draining: std::sync::atomic::AtomicBool::new(false),
             instance_id,
             log_signer: log_signer.clone(),

@@ -88,10 +88,12 @@ pub fn signer_of(settings: &LogSettings) -> Result<Option<Arc<LogSigner>>, Strin
 
 /// Signs the stored tree's head and keeps the checkpoint; returns it.
 pub async fn publish(store: &ServeStore, signer: &LogSigner) -> Result<(u64, String), String> {
-    let head = merkle::head_of(store, None)
+    let (head, tenants) = merkle::heads_to_sign(store)
         .await
         .map_err(|error| error.to_string())?;
-    let note = signer.sign(head).map_err(|error| error.to_string())?;
+    let note = signer
+        .sign(head, tenants)
+        .map_err(|error| error.to_string())?;
     store
         .keep_checkpoint(head.size, note.clone())
         .await

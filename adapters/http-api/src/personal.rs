@@ -30,11 +30,35 @@ use crate::{ServeError, Shared};
 pub(crate) type KeyStore = (Option<Arc<Subjects>>, BTreeMap<TenantId, TenantPrivacy>);
 
 /// The key store `config` names, opened with its key-encryption key (a wrong key stops the
-/// start with what to do), and each tenant's privacy settings.
-pub(crate) fn open_key_store(config: &ServeConfig) -> Result<KeyStore, ServeError> {
+/// start with what to do), and each tenant's privacy settings. A PostgreSQL ledger keeps its
+/// keys in its own database (`opledger.subject_keys`), shared by every instance on it; a SQLite
+/// ledger in a file beside it.
+pub(crate) fn open_key_store(
+    config: &ServeConfig,
+    store: &crate::ServeStore,
+) -> Result<KeyStore, ServeError> {
     let Some(settings) = &config.personal_data else {
         return Ok((None, BTreeMap::new()));
     };
+    if let crate::ServeStore::Postgres(postgres) = store {
+        if let Some(path) = &settings.key_store {
+            return Err(ServeError::Config(format!(
+                "personal_data.key_store = {}: a PostgreSQL ledger keeps its subjects' keys in its own database (table opledger.subject_keys), shared by every instance on it; remove key_store",
+                path.display()
+            )));
+        }
+        let open = |postgres: &opledger_store::PostgresStore| {
+            Ok::<_, String>(Box::new(postgres.key_table().map_err(|e| e.to_string())?)
+                as Box<dyn opledger_subjects::table::KeyTable>)
+        };
+        let (writer, reader) = open(postgres)
+            .and_then(|writer| Ok((writer, open(postgres)?)))
+            .map_err(ServeError::Config)?;
+        let subjects = Subjects::with_tables(writer, Some(reader), settings.kek.clone())
+            .map_err(|error| ServeError::Config(error.to_string()))?;
+        tracing::info!(key_store = "opledger.subject_keys", kek_id = %settings.kek.id(), "personal data: key store open");
+        return Ok((Some(Arc::new(subjects)), settings.tenants.clone()));
+    }
     let path = match (&settings.key_store, &config.store) {
         (Some(path), _) => path.clone(),
         (None, StoreUrl::Sqlite(ledger)) => key_store_path(ledger),
@@ -130,10 +154,9 @@ pub(crate) fn port(shared: &Shared) -> Option<&dyn PersonalData> {
         .map(|subjects| subjects as &dyn PersonalData)
 }
 
+/// Whether `haystack` holds `needle` (the token prefix, in every JSON answer that leaves).
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|window| window == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 #[derive(Debug, Deserialize)]

@@ -97,26 +97,59 @@ impl OutcomeRender {
             .engine
             .providers()
             .action_description(&intent.provider, &intent.action);
+        // The event stream's payload, to the member: one shape for every subscriber. Sealed
+        // text (a provider's refusal quoting a personal value) is opened for the subscriber, or
+        // reads `[erased]`; the journal keeps no payload, and the receiver's answers to it are
+        // sealed like it (`kept_answer`).
+        let mut data = event_payload(event, outcome, state, description.as_deref());
+        let answer_seal = opledger_domain::personal::first_token_anywhere(&data);
+        opledger_domain::personal::open_anywhere(self.engine.ledger().personal_data(), &mut data);
         Some(Message {
             kind: outcome.kind,
             tenant: intent.tenant.to_string(),
             at: outcome.event.at(),
-            // The event stream's payload, to the member: one shape for every subscriber.
-            // Sealed text (a provider's refusal quoting a personal value) is opened for the
-            // subscriber, or reads `[erased]`; the journal keeps no payload.
-            data: {
-                let mut data = event_payload(event, outcome, state, description.as_deref());
-                opledger_domain::personal::open_anywhere(
-                    self.engine.ledger().personal_data(),
-                    &mut data,
-                );
-                data
-            },
+            data,
+            answer_seal,
         })
     }
 }
 
 impl Render for OutcomeRender {
+    /// An answer to a message that carried personal values is sealed under their key (it may
+    /// echo them), cut so that the sealed text fits the journal's bound on an attempt's error (a
+    /// token cut by the journal would never open again); when that key is gone already, only
+    /// `[erased]` is kept.
+    fn kept_answer(&self, message: &Message, answer: String) -> String {
+        use opledger_domain::personal::{token_operation, ERASED};
+        use opledger_webhooks::journal::MAX_ATTEMPT_ERROR_BYTES;
+        let Some(token) = &message.answer_seal else {
+            return answer;
+        };
+        let (Some(port), Some(operation)) =
+            (self.engine.ledger().personal_data(), token_operation(token))
+        else {
+            return ERASED.to_owned();
+        };
+        let mut kept = answer;
+        loop {
+            let json = serde_json::to_string(&kept).expect("a string always serializes");
+            let Some(sealed) = port.seal_like(token, operation, &json) else {
+                return ERASED.to_owned();
+            };
+            if sealed.len() <= MAX_ATTEMPT_ERROR_BYTES || kept.is_empty() {
+                return sealed;
+            }
+            // Base64 writes 4 characters for 3 bytes: cut what is over, a little more for the
+            // JSON escapes, at a character's boundary.
+            let over = (sealed.len() - MAX_ATTEMPT_ERROR_BYTES) * 3 / 4 + 8;
+            let mut end = kept.len().saturating_sub(over);
+            while !kept.is_char_boundary(end) {
+                end -= 1;
+            }
+            kept.truncate(end);
+        }
+    }
+
     async fn render(
         &self,
         event: &RecordedEvent,

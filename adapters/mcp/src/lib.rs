@@ -52,7 +52,7 @@ use tracing::{info, warn};
 pub use self::reply::next_step;
 pub use self::tools::{
     describe, source_id_of, Audience, Described, ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES,
-    META_REQUEST_ID, REQUEST_ID_ARG, STATUS_TOOL,
+    META_REQUEST_ID, META_SUBJECT, REQUEST_ID_ARG, STATUS_TOOL, SUBJECT_ARG,
 };
 /// The answer of a tool, as a read-only upstream tool's is passed back.
 pub use rmcp::model::CallToolResult;
@@ -82,6 +82,10 @@ pub struct ActionTool {
     pub input: Value,
     /// The tenant's accounts at the provider, at least one.
     pub accounts: Vec<String>,
+    /// Whether the server keeps personal data: the tool then takes the data subject a call is
+    /// about ([`SUBJECT_ARG`], or `_meta` [`META_SUBJECT`]), as the HTTP API's record takes
+    /// `subject`, and the call's values are sealed under that person's key.
+    pub takes_subject: bool,
 }
 
 /// A tool of an upstream MCP server declared read-only: it changes nothing, so a call passes to
@@ -111,6 +115,8 @@ pub struct ToolCall {
     pub args: Value,
     /// The source id a retry finds the operation by (see [`source_id_of`]).
     pub source_id: Option<String>,
+    /// The data subject the call is about, when the tool takes one and it was given.
+    pub subject: Option<String>,
 }
 
 /// Where one operation stands.
@@ -376,7 +382,12 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
                     .as_ref()
                     .and_then(|meta| meta.get(META_REQUEST_ID))
                     .or_else(|| context.meta.get(META_REQUEST_ID));
-                match tools::read_call(action, arguments, meta) {
+                let meta_subject = request
+                    .meta
+                    .as_ref()
+                    .and_then(|meta| meta.get(META_SUBJECT))
+                    .or_else(|| context.meta.get(META_SUBJECT));
+                match tools::read_call(action, arguments, meta, meta_subject) {
                     Ok(call) => {
                         self.call_action(tenant, call, &context)
                             .in_span(span)
@@ -473,15 +484,19 @@ pub async fn serve_stdio<L: Ledger>(
 }
 
 /// The Streamable HTTP transport for `opledger serve`'s `/mcp` route: stateless (every POST is
-/// answered on its own, progress notifications on its event stream), so no session outlives a
-/// request and any instance can answer any call. `stop` ends open streams at shutdown. The
-/// route in front of it authenticates and puts the [`Caller`] in the request.
+/// answered on its own), so no session outlives a request and any instance can answer any call.
+/// A call answered without a notification first is one JSON body; one that sends progress
+/// notifications answers on an event stream. `stop` ends open streams at shutdown. The route in
+/// front of it authenticates and puts the [`Caller`] in the request.
 pub fn http_service<L: Ledger>(
     ledger: Arc<L>,
     stop: tokio_util::sync::CancellationToken,
 ) -> StreamableHttpService<McpServer<L>, NeverSessionManager> {
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
+        // A plain JSON answer where the spec allows one: an event stream for a single message
+        // costs the client an SSE parser and the server a stream task for nothing.
+        .with_json_response(true)
         .with_cancellation_token(stop)
         .with_max_request_body_bytes(MAX_MCP_BODY_BYTES)
         // Every request needs the tenant's bearer token, which a page rebinding a host name to

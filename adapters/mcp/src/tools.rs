@@ -27,6 +27,13 @@ use crate::{reply, ActionTool, PassThroughTool, ToolCall};
 pub const META_REQUEST_ID: &str = "dev.opledger/request_id";
 /// The optional argument every action tool takes the request id in.
 pub const REQUEST_ID_ARG: &str = "request_id";
+/// The optional argument naming the data subject a call is about (the person whose values it
+/// carries), offered when the server keeps personal data. Not `subject`: that is a common
+/// argument of actions themselves (an e-mail's subject line).
+pub const SUBJECT_ARG: &str = "data_subject";
+/// The `_meta` key a client may send the data subject under (a host that knows whom the
+/// conversation is about, without asking the model).
+pub const META_SUBJECT: &str = "dev.opledger/subject";
 /// The argument naming the account, when the tenant has several at the provider.
 pub const ACCOUNT_ARG: &str = "account";
 /// The longest request id, in bytes (the source id it becomes is at most 256).
@@ -296,6 +303,10 @@ fn input_schema(action: &ActionTool, audience: Audience) -> Result<Map<String, V
     if action.accounts.len() > 1 {
         ours.push(ACCOUNT_ARG);
     }
+    let takes_subject = audience == Audience::Mcp && action.takes_subject;
+    if takes_subject {
+        ours.push(SUBJECT_ARG);
+    }
     if let Some(taken) = ours.iter().find(|name| properties.contains_key(**name)) {
         return Err(format!(
             "its input already has a property `{taken}`, which opledger's tools reserve"
@@ -309,6 +320,17 @@ fn input_schema(action: &ActionTool, audience: Audience) -> Result<Map<String, V
                 "minLength": 1,
                 "maxLength": MAX_REQUEST_ID_BYTES,
                 "description": "Names this request: fresh for every new request, the same when retrying it (a retry then finds the same operation). Also accepted as _meta \"dev.opledger/request_id\".",
+            }),
+        );
+    }
+    if takes_subject {
+        properties.insert(
+            SUBJECT_ARG.to_owned(),
+            json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": opledger_domain::personal::MAX_SUBJECT_BYTES,
+                "description": "The person this request is about, if it carries personal data (their e-mail address or customer id, the same for every request about them): their values are then stored so that they can be erased on request. Also accepted as _meta \"dev.opledger/subject\".",
             }),
         );
     }
@@ -331,7 +353,12 @@ pub(crate) fn read_call(
     action: &ActionTool,
     mut arguments: Map<String, Value>,
     meta: Option<&Value>,
+    meta_subject: Option<&Value>,
 ) -> Result<ToolCall, String> {
+    let subject = match action.takes_subject {
+        true => subject_of(arguments.remove(SUBJECT_ARG), meta_subject)?,
+        false => None,
+    };
     let argument = arguments
         .remove(REQUEST_ID_ARG)
         .map(|value| request_id(REQUEST_ID_ARG, value))
@@ -365,7 +392,32 @@ pub(crate) fn read_call(
         action: action.action.clone(),
         args: Value::Object(arguments),
         source_id: request_id.as_deref().map(source_id_of),
+        subject,
     })
+}
+
+/// The data subject from the argument or `_meta` (the same in both when both are sent).
+fn subject_of(argument: Option<Value>, meta: Option<&Value>) -> Result<Option<String>, String> {
+    let text = |field: &str, value: Value| {
+        match value {
+        Value::String(text) if !text.trim().is_empty() => Ok(text),
+        Value::Null => Err(format!("`{field}` is null; leave it out when the request is about nobody; nothing was recorded")),
+        other => Err(format!(
+            "`{field}` must be text naming the person (got {other}); nothing was recorded"
+        )),
+    }
+    };
+    let argument = argument.map(|value| text(SUBJECT_ARG, value)).transpose()?;
+    let from_meta = meta
+        .map(|value| text(META_SUBJECT, value.clone()))
+        .transpose()?;
+    match (from_meta, argument) {
+        (Some(meta), Some(argument)) if meta != argument => Err(format!(
+            "`{SUBJECT_ARG}` and _meta `{META_SUBJECT}` name different people; send one, or the same in both. Nothing was recorded."
+        )),
+        (Some(meta), _) => Ok(Some(meta)),
+        (None, argument) => Ok(argument),
+    }
 }
 
 /// A request id: text of 1..=[`MAX_REQUEST_ID_BYTES`] bytes.
@@ -460,6 +512,7 @@ mod tests {
             repeat_harmless: false,
             input: json!({"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}),
             accounts: accounts.iter().map(|a| (*a).to_owned()).collect(),
+            takes_subject: false,
         }
     }
 
@@ -561,7 +614,7 @@ mod tests {
     #[test]
     fn the_request_id_is_taken_out_of_the_arguments_and_prefixed() {
         let arguments = object(json!({"title": "Call", "request_id": "r-1"}));
-        let call = read_call(&create_task(&["acct-1"]), arguments, None).expect("a call");
+        let call = read_call(&create_task(&["acct-1"]), arguments, None, None).expect("a call");
         assert_eq!(call.source_id.as_deref(), Some("mcp:r-1"));
         assert_eq!(call.args, json!({"title": "Call"}));
         assert_eq!(call.account, "acct-1");
@@ -570,19 +623,25 @@ mod tests {
     #[test]
     fn meta_and_argument_naming_different_requests_are_refused() {
         let arguments = object(json!({"title": "Call", "request_id": "r-1"}));
-        let refused = read_call(&create_task(&["acct-1"]), arguments, Some(&json!("r-2")))
-            .expect_err("refused");
+        let refused = read_call(
+            &create_task(&["acct-1"]),
+            arguments,
+            Some(&json!("r-2")),
+            None,
+        )
+        .expect_err("refused");
         assert!(refused.contains("differ"), "{refused}");
         let same = object(json!({"title": "Call", "request_id": "r-1"}));
-        let call = read_call(&create_task(&["acct-1"]), same, Some(&json!("r-1"))).expect("a call");
+        let call =
+            read_call(&create_task(&["acct-1"]), same, Some(&json!("r-1")), None).expect("a call");
         assert_eq!(call.source_id.as_deref(), Some("mcp:r-1"));
     }
 
     #[test]
     fn an_account_the_tenant_does_not_have_is_refused() {
         let arguments = object(json!({"title": "Call", "account": "acct-9"}));
-        let refused =
-            read_call(&create_task(&["acct-1", "acct-2"]), arguments, None).expect_err("refused");
+        let refused = read_call(&create_task(&["acct-1", "acct-2"]), arguments, None, None)
+            .expect_err("refused");
         assert!(refused.contains("acct-1, acct-2"), "{refused}");
     }
 
@@ -622,5 +681,50 @@ mod tests {
         own.input["properties"][REQUEST_ID_ARG] = json!({"type": "string"});
         assert!(describe(&own, Audience::Framework).is_ok());
         assert!(describe(&own, Audience::Mcp).is_err());
+    }
+
+    #[test]
+    fn a_tool_of_a_server_keeping_personal_data_takes_the_data_subject_from_its_argument_or_meta() {
+        let mut action = create_task(&["acct-1"]);
+        let plain = input_schema(&action, Audience::Mcp).expect("a schema");
+        assert!(plain["properties"].get(SUBJECT_ARG).is_none());
+        action.takes_subject = true;
+        let schema = input_schema(&action, Audience::Mcp).expect("a schema");
+        assert!(schema["properties"].get(SUBJECT_ARG).is_some());
+        let framework = input_schema(&action, Audience::Framework).expect("a schema");
+        assert!(framework["properties"].get(SUBJECT_ARG).is_none());
+
+        let arguments = object(json!({"title": "Call", SUBJECT_ARG: "ada@example.org"}));
+        let call = read_call(&action, arguments, None, None).expect("a call");
+        assert_eq!(call.subject.as_deref(), Some("ada@example.org"));
+        assert_eq!(
+            call.args,
+            json!({"title": "Call"}),
+            "not an argument of the action"
+        );
+        let from_meta = read_call(
+            &action,
+            object(json!({"title": "Call"})),
+            None,
+            Some(&json!("ada@example.org")),
+        )
+        .expect("a call");
+        assert_eq!(from_meta.subject.as_deref(), Some("ada@example.org"));
+        let differ = read_call(
+            &action,
+            object(json!({"title": "Call", SUBJECT_ARG: "bob@example.org"})),
+            None,
+            Some(&json!("ada@example.org")),
+        )
+        .expect_err("refused");
+        assert!(differ.contains("different people"), "{differ}");
+        let number = read_call(
+            &action,
+            object(json!({"title": "Call", SUBJECT_ARG: 7})),
+            None,
+            None,
+        )
+        .expect_err("refused");
+        assert!(number.contains(SUBJECT_ARG), "{number}");
     }
 }

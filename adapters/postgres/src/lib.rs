@@ -36,7 +36,7 @@
 //!   versioned, and a newer one is refused (`schema.rs`);
 //! - the transparency log's Merkle tree grows in the transaction of the events it covers, under
 //!   the same lock, so it follows the position order exactly whatever the number of instances
-//!   (`tree.rs`);
+//!   (`tree.rs`), and each tenant's tree beside it (`tenant_trees.rs`);
 //! - reads use a pool of at most [`PostgresConfig::pool_size`] connections; every statement has
 //!   a `statement_timeout`, so a stuck query cannot hold a request for ever.
 //!
@@ -51,6 +51,8 @@ mod identity;
 mod listener;
 mod review_claims;
 mod schema;
+mod subject_keys;
+mod tenant_trees;
 mod tls;
 mod tree;
 mod webhook_journal;
@@ -65,7 +67,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
-use opledger_domain::merkle::{Hash, LogTree, HASH_SIZE};
+use opledger_domain::merkle::{Hash, LogTree, TenantHeads, HASH_SIZE};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription, MAX_READ_BATCH,
@@ -85,6 +87,7 @@ pub use config::{
 pub use listener::LISTEN_RETRY_PAUSE_MS;
 pub use review_claims::{ClaimAsk, ClaimRow, ReviewClaims};
 pub use schema::{Migration, SCHEMA_VERSION};
+pub use subject_keys::{PostgresKeyTable, DESTROY_TIMEOUT_MS, WRITE_ATTEMPTS};
 pub use tls::CertificateCheck;
 pub use webhook_journal::{
     WebhookAttemptRow, WebhookEndpointRow, WebhookFence, WebhookJournal, WebhookLeaseAsk,
@@ -1201,6 +1204,13 @@ impl LogTree for PostgresStore {
                 })
         })
         .transpose()
+    }
+
+    async fn tenant_heads(&self) -> Result<Option<TenantHeads>, StoreError> {
+        self.read_one("cannot read the tenants' trees", |client| {
+            Box::pin(async move { tenant_trees::read_heads(&**client).await })
+        })
+        .await
     }
 }
 

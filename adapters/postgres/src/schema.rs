@@ -12,7 +12,7 @@ use tokio_postgres::{Client, GenericClient};
 use crate::PostgresError;
 
 /// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// The advisory lock key start-up holds while it creates or migrates the schema (the bytes of
 /// "opledger" read as a number; any fixed key works, this one is unlikely to be another's).
@@ -53,6 +53,7 @@ const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [
     LEDGER_IDENTITY,
     LOG_TREE,
     REVIEW_CLAIMS,
+    TENANT_TREES,
 ];
 
 /// Version 2: the webhooks' delivery journal, shared by every instance on the database
@@ -121,6 +122,8 @@ const LOG_TREE: &str = "
 
 /// The schema version from which the log's tree exists.
 const TREE_VERSION: i32 = 4;
+/// The schema version from which the tenants' trees exist.
+const TENANT_TREES_VERSION: i32 = 6;
 
 /// Version 5: operators' claims on review items (`review_claims.rs`), one row per claimed
 /// operation with its holder and an expiry in the database's clock, so every instance on the
@@ -138,6 +141,22 @@ const REVIEW_CLAIMS: &str = "
         expires_at   timestamptz NOT NULL
     );
     CREATE INDEX review_claims_by_expiry ON opledger.review_claims (expires_at);
+";
+
+/// Version 6: the tenants' trees (`tenant_trees.rs`): one frontier per tenant, the log size they
+/// cover beside the log's head (moved by the writer under the same lock; `NULL` until they are
+/// built), and each stream's tenant on its row, so the writer reads a stream's tenant with the
+/// stream. A database from before them gets them built from its log in the migration's
+/// transaction ([`crate::tenant_trees::rebuild`]).
+const TENANT_TREES: &str = "
+    ALTER TABLE opledger.log_head
+        ADD COLUMN tenants_size bigint CHECK (tenants_size >= 0);
+    ALTER TABLE opledger.streams ADD COLUMN tenant text;
+    CREATE TABLE opledger.tenant_trees (
+        tenant   text   PRIMARY KEY,
+        size     bigint NOT NULL CHECK (size > 0),
+        frontier bytea  NOT NULL
+    );
 ";
 
 /// The version the database holds (0: no opledger schema yet), read without changing anything.
@@ -167,6 +186,9 @@ pub struct Migration {
     /// Leaves the log's tree was built with from the log, when this migration created the tree
     /// for a log that already held events.
     pub tree_built: Option<u64>,
+    /// Leaves of the log the tenants' trees were built from, when start-up built them (a
+    /// database from before them, or trees that did not cover the log's tree).
+    pub tenant_trees_built: Option<u64>,
 }
 
 impl Migration {
@@ -246,10 +268,15 @@ pub(crate) async fn prepare(
         return Err(newer(found));
     }
     if found == SCHEMA_VERSION {
+        let tree_built = rebuild_emptied_tree(client, database).await?;
+        let tenant_trees_built = crate::tenant_trees::rebuild_if_behind(client, MIGRATION_LOCK_KEY)
+            .await
+            .map_err(|reason| PostgresError::Setup { reason })?;
         return Ok(Migration {
             from: found,
             to: found,
-            tree_built: rebuild_emptied_tree(client, database).await?,
+            tree_built,
+            tenant_trees_built,
         });
     }
     let not_owner = |error: tokio_postgres::Error| match error.code() {
@@ -302,6 +329,16 @@ pub(crate) async fn prepare(
         ),
         false => None,
     };
+    // And a log from before the tenants' trees gets them built from it, after its tree (a new
+    // schema's are built empty, so they cover its empty tree).
+    let tenant_trees_built = match found < TENANT_TREES_VERSION {
+        true => Some(
+            crate::tenant_trees::rebuild(&transaction)
+                .await
+                .map_err(|reason| PostgresError::Setup { reason })?,
+        ),
+        false => None,
+    };
     transaction
         .execute(
             "INSERT INTO opledger.schema_version (version) VALUES ($1)
@@ -315,5 +352,6 @@ pub(crate) async fn prepare(
         from: found,
         to: SCHEMA_VERSION,
         tree_built,
+        tenant_trees_built,
     })
 }

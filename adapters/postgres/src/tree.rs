@@ -94,7 +94,8 @@ pub(crate) async fn rebuild(client: &impl GenericClient) -> Result<u64, String> 
     }
     client
         .execute(
-            "UPDATE opledger.log_head SET tree_size = $1, tree_frontier = $2",
+            // The tenant trees covered the tree this replaces: they are built again after it.
+            "UPDATE opledger.log_head SET tree_size = $1, tree_frontier = $2, tenants_size = NULL",
             &[&frontier.sql_size(), &frontier.encode()],
         )
         .await
@@ -164,12 +165,12 @@ impl Frontier {
     }
 
     /// Appends the leaf of `event`, which must be the event at position `size + 1`, adding the
-    /// hashes to store to `rows`.
+    /// hashes to store to `rows`; returns the leaf's hash (its tenant's tree grows by it).
     pub(crate) fn push(
         &mut self,
         event: &EventView<'_>,
         rows: &mut TreeRows,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Hash, StoreError> {
         let index = self.size;
         if event.position.value() != index + 1 {
             return Err(corrupt(&format!(
@@ -178,7 +179,8 @@ impl Frontier {
                 event.position
             )));
         }
-        let hashes = merkle::hashes_to_store(index, merkle::leaf_hash(event), &*self)
+        let leaf = merkle::leaf_hash(event);
+        let hashes = merkle::hashes_to_store(index, leaf, &*self)
             .map_err(|error| corrupt(&error.to_string()))?;
         let first = merkle::stored_hash_index(0, index);
         for (offset, hash) in (0_u64..).zip(&hashes) {
@@ -194,7 +196,7 @@ impl Frontier {
             .push(*hashes.last().expect("a leaf stores at least its own hash"));
         self.size += 1;
         debug_assert_eq!(self.subtrees.len(), self.size.count_ones() as usize);
-        Ok(())
+        Ok(leaf)
     }
 }
 

@@ -16,15 +16,18 @@
 //! takes the lock and hands out the positions) with the log tree's new size and frontier, one
 //! INSERT of the new streams, one UPDATE of the grown ones guarded by their expected versions,
 //! one `INSERT … SELECT FROM UNNEST` of all the events, one of the tree's stored hashes
-//! (`tree.rs`), the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
-//! COMMIT, pipelined (sent together, run by the server in order). The tree's hashes are computed
-//! here from the frontier this writer's last commit left; the head's `UPDATE` refuses them (the
-//! round then goes the checked path) if another instance has written since. The server's constraints
+//! (`tree.rs`) and the rows of the tenants' trees the round grew (`tenant_trees.rs`, in the same
+//! statement), the `NOTIFY` that wakes other instances' subscriptions (`listener.rs`), and
+//! COMMIT, pipelined (sent together, run by the server in order). The tree's hashes and the
+//! tenants' rows are computed here from the frontiers this writer's last commit left; the head's
+//! `UPDATE` refuses them (the round then goes the checked path) if another instance has written
+//! since, and a stream or tenant this writer has not met sends the round there too. The server's constraints
 //! check that every append was fresh (see `Fresh`); if one was not, the transaction rolls back
 //! and the round is decided on the checked path, two round trips
 //! ([`ROUND_TRIPS_PER_CHECKED_COMMIT`]):
-//! 1. BEGIN, the lock (which reads the log's head and the tree's frontier), every stream head
-//!    the batch names (`name = ANY($1)`) and every of its event ids already stored
+//! 1. BEGIN, the lock (which reads the log's head, the tree's frontier and the tenant trees'
+//!    cover), every stream head the batch names (`name = ANY($1)`, with each stream's tenant),
+//!    the trees of the round's tenants, and every of its event ids already stored
 //!    (`event_id = ANY($1)`); the reads run after the lock is granted, so they see every commit
 //!    before it;
 //! 2. the appends decided here from what step 1 read (conflicts, retries, reused ids: the shared
@@ -61,6 +64,7 @@ use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use crate::rules::{self, AppendPlan};
+use crate::tenant_trees::{self, Growth, StreamTenants, TenantRows, TenantTip};
 use crate::tree::{Frontier, TreeRows};
 use crate::{
     codec, CommitCounters, Connection, Connector, WriterWatch, MAX_APPENDS_PER_COMMIT,
@@ -96,6 +100,7 @@ pub(crate) use opledger_store_core::queue::AppendRequest;
 struct Statements {
     lock_head: Statement,
     read_streams: Statement,
+    read_tenants: Statement,
     find_ids: Statement,
     stored_in: Statement,
     create_streams: Statement,
@@ -116,12 +121,22 @@ impl Statements {
         Ok(Self {
             lock_head: client
                 .prepare(
-                    "SELECT last_position, tree_size, tree_frontier FROM opledger.log_head FOR UPDATE",
+                    "SELECT last_position, tree_size, tree_frontier, tenants_size \
+                     FROM opledger.log_head FOR UPDATE",
                 )
                 .await?,
             read_streams: client
                 .prepare(
-                    "SELECT name, stream_id, last_version FROM opledger.streams WHERE name = ANY($1)",
+                    "SELECT name, stream_id, last_version, tenant FROM opledger.streams WHERE name = ANY($1)",
+                )
+                .await?,
+            // The trees of the round's tenants: those its new streams' intents name ($1), and
+            // those of its streams that exist ($2), whose tenant is on their row.
+            read_tenants: client
+                .prepare(
+                    "SELECT tenant, size, frontier FROM opledger.tenant_trees \
+                     WHERE tenant = ANY($1) \
+                     OR tenant IN (SELECT s.tenant FROM opledger.streams s WHERE s.name = ANY($2))",
                 )
                 .await?,
             find_ids: client
@@ -141,8 +156,8 @@ impl Statements {
                 .await?,
             create_streams: client
                 .prepare(
-                    "INSERT INTO opledger.streams (name, last_version) \
-                     SELECT * FROM UNNEST($1::text[], $2::bigint[])",
+                    "INSERT INTO opledger.streams (name, last_version, tenant) \
+                     SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::text[])",
                 )
                 .await?,
             grow_streams: client
@@ -170,14 +185,21 @@ impl Statements {
             set_head: client
                 .prepare(
                     "UPDATE opledger.log_head \
-                     SET last_position = $1, tree_size = $2, tree_frontier = $3",
+                     SET last_position = $1, tree_size = $2, tree_frontier = $3, tenants_size = $4",
                 )
                 .await?,
             // The round's stored hashes of the log's tree (`tree.rs`); a stored index written
-            // before fails the primary key, so a hash is never written twice.
+            // before fails the primary key, so a hash is never written twice. The tenants' trees
+            // the round grew (`tenant_trees.rs`) are written by the same statement, so they cost
+            // the commit no statement of their own.
             insert_tree: client
                 .prepare(
-                    "INSERT INTO opledger.log_tree (stored_index, hash) \
+                    "WITH tenants AS ( \
+                         INSERT INTO opledger.tenant_trees (tenant, size, frontier) \
+                         SELECT * FROM UNNEST($3::text[], $4::bigint[], $5::bytea[]) \
+                         ON CONFLICT (tenant) DO UPDATE \
+                         SET size = excluded.size, frontier = excluded.frontier) \
+                     INSERT INTO opledger.log_tree (stored_index, hash) \
                      SELECT * FROM UNNEST($1::bigint[], $2::bytea[])",
                 )
                 .await?,
@@ -189,15 +211,17 @@ impl Statements {
                 ))
                 .await?,
             // Takes the log's lock and hands out the round's positions in one statement, and
-            // moves the tree with them. The tree's rows were computed from the head this writer
-            // committed last ($2): if another instance wrote since (or the tree is not at the
-            // head), the head becomes -1, which its CHECK refuses, and the round is decided on
-            // the checked path, which reads the tree under the lock.
+            // moves the tree and the tenant trees' cover with them. The tree's rows were computed
+            // from the head this writer committed last ($2), the tenant trees' from the cover it
+            // left ($5): if another instance wrote since (or the tree is not at the head, or the
+            // cover moved), the head becomes -1, which its CHECK refuses, and the round is
+            // decided on the checked path, which reads them under the lock.
             grow_head: client
                 .prepare(
                     "UPDATE opledger.log_head SET last_position = \
-                     CASE WHEN last_position = $2 AND tree_size = $2 THEN last_position + $1 ELSE -1 END, \
-                     tree_size = $3, tree_frontier = $4 \
+                     CASE WHEN last_position = $2 AND tree_size = $2 \
+                     AND tenants_size IS NOT DISTINCT FROM $5 THEN last_position + $1 ELSE -1 END, \
+                     tree_size = $3, tree_frontier = $4, tenants_size = $6 \
                      RETURNING last_position",
                 )
                 .await?,
@@ -252,9 +276,83 @@ pub(crate) struct Writer {
     counters: Arc<CommitCounters>,
     /// What readiness sees of this writer.
     watch: Arc<WriterWatch>,
-    /// The log's tree as this writer's last commit left it: while no other instance has written
-    /// since, the next round grows it without reading it (`None`: not known, read under the lock).
-    tip: Option<Frontier>,
+    /// The log's tree and the tenants' trees as this writer's last commit left them: while no
+    /// other instance has written since, the next round grows them without reading them
+    /// (`None`: not known, read under the lock).
+    tip: Option<Tip>,
+    /// Each stream's tenant, as far as this writer met the stream.
+    stream_tenants: StreamTenants,
+}
+
+/// What a writer knows of the trees after its last commit.
+#[derive(Debug)]
+struct Tip {
+    tree: Frontier,
+    tenants: TenantTip,
+}
+
+/// The trees after a round's events, and the rows to write for them.
+struct Grown {
+    tree: Frontier,
+    rows: TreeRows,
+    /// The log size the tenant trees cover after the round.
+    covered: Option<i64>,
+    tenants: HashMap<String, opledger_domain::merkle::tenants::Frontier>,
+    tenant_rows: TenantRows,
+}
+
+/// Grows the log's tree from `tree` (and, when they cover it, the tenant trees from the
+/// frontiers in `base`) by `count` events, the `index`-th given by `event`; `None` when a
+/// tenant's tree is not in `base` and `missing_is_new` is false.
+fn grow<'e>(
+    mut tree: Frontier,
+    covered: Option<i64>,
+    base: &HashMap<String, opledger_domain::merkle::tenants::Frontier>,
+    missing_is_new: bool,
+    count: usize,
+    event: impl Fn(usize) -> Result<(EventView<'e>, Option<&'e str>), StoreError>,
+) -> Result<Option<Grown>, StoreError> {
+    let in_step = covered == Some(tree.sql_size());
+    let mut rows = TreeRows::default();
+    let mut growth = Growth::new(base, missing_is_new);
+    for index in 0..count {
+        let (view, tenant) = event(index)?;
+        let leaf = tree.push(&view, &mut rows)?;
+        if let (true, Some(tenant)) = (in_step, tenant) {
+            if !growth.push(tenant, view.position.value(), leaf) {
+                return Ok(None);
+            }
+        }
+    }
+    let (tenants, tenant_rows) = growth.finish()?;
+    Ok(Some(Grown {
+        covered: if in_step {
+            Some(tree.sql_size())
+        } else {
+            covered
+        },
+        tree,
+        rows,
+        tenants,
+        tenant_rows,
+    }))
+}
+
+/// The tenant of the stream of an append of `round`: from its first event when the append opens
+/// the stream, else as `known` says (`None`: not known).
+fn stream_tenant(
+    request: &AppendRequest,
+    known: impl FnOnce(&str) -> Option<Option<String>>,
+) -> Option<Option<String>> {
+    match request.expected {
+        ExpectedVersion::NoStream => Some(
+            request
+                .events
+                .first()
+                .and_then(|first| tenant_trees::tenant_of(&first.event_type, &first.data)),
+        ),
+        ExpectedVersion::Exact(_) => known(request.stream.as_str()),
+    }
 }
 
 /// What one append did inside the batch's transaction.
@@ -299,6 +397,7 @@ impl Writer {
             counters,
             watch,
             tip: None,
+            stream_tenants: StreamTenants::default(),
         }
     }
 
@@ -427,21 +526,34 @@ impl Writer {
         // Another instance's commit that this one heard of makes the tip stale; one not heard of
         // yet is caught by the server (see `grow_head`).
         let seen = self.head.borrow().map_or(0, GlobalPosition::value);
-        let fresh = tip
-            .filter(|tip| tip.size() == seen)
-            .and_then(|tip| Fresh::plan(round).map(|fresh| (fresh, tip)))
-            .and_then(|(fresh, tip)| fresh.grow_tree(&tip).ok().map(|grown| (fresh, tip, grown)));
-        if let Some((fresh, before, (after, rows))) = fresh {
+        let tip = tip.filter(|tip| tip.tree.size() == seen);
+        // A stream or a tenant this writer does not know sends the round to the checked path,
+        // which reads them under the lock.
+        let fresh = tip.as_ref().and_then(|tip| {
+            let fresh = Fresh::plan(round, &self.stream_tenants, &tip.tenants, &tip.tree)?;
+            let grown = fresh.grow(tip).ok().flatten()?;
+            Some((fresh, grown))
+        });
+        if let (Some((fresh, grown)), Some(before)) = (fresh, tip.as_ref()) {
             // COMMIT goes out with the round's statements: no answer in time leaves the outcome
             // unknown, resolved by applying the appends again.
-            let write = write_fresh(&session, &fresh, &before, &after, &rows);
+            let write = write_fresh(&session, &fresh, before, &grown);
             let Ok(ended) = tokio::time::timeout(limit, write).await else {
                 return Ended::Unknown(None, no_answer_within(limit));
             };
             match ended {
                 FreshEnded::Committed(head) => {
                     self.session = Some(session);
-                    self.tip = Some(after);
+                    for (name, tenant) in fresh.new_names.iter().zip(&fresh.new_tenants) {
+                        self.stream_tenants.remember(name, tenant.clone());
+                    }
+                    let mut tenants = tip.map(|tip| tip.tenants).unwrap_or_default();
+                    tenants.covered = grown.covered;
+                    tenants.keep(grown.tenants);
+                    self.tip = Some(Tip {
+                        tree: grown.tree,
+                        tenants,
+                    });
                     return Ended::Committed(fresh.outcomes(head));
                 }
                 // Something in the round is not what the fresh path assumed (a conflict, a
@@ -482,10 +594,8 @@ impl Writer {
         };
         let plan = plan(round, &snapshot);
         // A tree out of step with the log is never grown (see `tree.rs`): nothing is written.
-        let grown = snapshot
-            .tree()
-            .and_then(|before| grow_checked(before, &plan.writes));
-        let (after, rows) = match grown {
+        let grown = grow_checked(&snapshot, &plan.writes, &self.stream_tenants);
+        let grown = match grown {
             Ok(grown) => grown,
             Err(error) => {
                 let rolled_back =
@@ -496,14 +606,42 @@ impl Writer {
                 return Ended::NotCommitted(error);
             }
         };
-        let write = write_and_commit(&session, &plan, snapshot.head, &after, &rows);
+        let write = write_and_commit(&session, &plan, snapshot.head, &grown);
         let Ok(answers) = tokio::time::timeout(limit, write).await else {
             let refusals = plan.refusals_if_all_refused();
             return Ended::Unknown(refusals, no_answer_within(limit));
         };
+        let new_streams: Vec<(String, Option<String>)> = plan
+            .writes
+            .new_names
+            .iter()
+            .map(|name| (*name).to_owned())
+            .zip(plan.writes.new_tenants.iter().cloned())
+            .collect();
         let ended = answers.ended(plan, round);
         if matches!(ended, Ended::Committed(_)) {
-            self.tip = Some(after);
+            let Snapshot {
+                head,
+                stream_tenants,
+                tenant_trees,
+                ..
+            } = snapshot;
+            for (name, tenant) in new_streams.into_iter().chain(stream_tenants) {
+                self.stream_tenants.remember(&name, tenant);
+            }
+            // What this writer remembered still holds if nobody wrote since its last commit;
+            // the rows read under the lock hold in any case.
+            let mut tenants = match tip {
+                Some(tip) if tip.tree.sql_size() == head => tip.tenants,
+                _ => TenantTip::default(),
+            };
+            tenants.covered = grown.covered;
+            tenants.keep(tenant_trees.unwrap_or_default());
+            tenants.keep(grown.tenants);
+            self.tip = Some(Tip {
+                tree: grown.tree,
+                tenants,
+            });
         }
         if !session.client.is_closed() && !matches!(ended, Ended::Unknown(..)) {
             self.session = Some(session);
@@ -639,6 +777,10 @@ async fn answer_of<T, F: Future<Output = Result<T, tokio_postgres::Error>>>(
 struct Fresh<'a> {
     new_names: Vec<&'a str>,
     new_lasts: Vec<i64>,
+    /// The tenant each new stream's intent names.
+    new_tenants: Vec<Option<String>>,
+    /// Per event: its stream's tenant (`None` too while the tenant trees are not grown).
+    tenants: Vec<Option<String>>,
     grown_names: Vec<&'a str>,
     grown_expected: Vec<i64>,
     grown_lasts: Vec<i64>,
@@ -655,12 +797,22 @@ struct Fresh<'a> {
 
 impl<'a> Fresh<'a> {
     /// The round's writes if every append were fresh; `None` when a version would not fit a
-    /// `bigint` (the checked path refuses it with its reason).
-    fn plan(round: &'a [AppendRequest]) -> Option<Self> {
+    /// `bigint` (the checked path refuses it with its reason), or while the tenant trees grow
+    /// with the log, when a stream's tenant or a tenant's tree is not known here (the checked
+    /// path reads them).
+    fn plan(
+        round: &'a [AppendRequest],
+        known: &StreamTenants,
+        tip: &TenantTip,
+        tree: &Frontier,
+    ) -> Option<Self> {
+        let in_step = tip.covered == Some(tree.sql_size());
         let events = round.iter().map(|request| request.events.len()).sum();
         let mut fresh = Self {
             new_names: Vec::with_capacity(round.len()),
             new_lasts: Vec::with_capacity(round.len()),
+            new_tenants: Vec::with_capacity(round.len()),
+            tenants: Vec::with_capacity(events),
             grown_names: Vec::with_capacity(round.len()),
             grown_expected: Vec::with_capacity(round.len()),
             grown_lasts: Vec::with_capacity(round.len()),
@@ -687,10 +839,21 @@ impl<'a> Fresh<'a> {
             };
             let new_last = codec::last_version_after(first, count)?;
             let first = codec::version_to_sql(first)?;
+            let tenant = match stream_tenant(request, |name| known.get(name).cloned()) {
+                Some(tenant) => tenant,
+                None if in_step => return None,
+                None => None,
+            };
+            if let (true, Some(tenant)) = (in_step, &tenant) {
+                if !tip.trees.contains_key(tenant) {
+                    return None;
+                }
+            }
             match expected {
                 None => {
                     fresh.new_names.push(name);
                     fresh.new_lasts.push(new_last);
+                    fresh.new_tenants.push(tenant.clone());
                 }
                 Some(expected) => {
                     fresh.grown_names.push(name);
@@ -699,6 +862,7 @@ impl<'a> Fresh<'a> {
                 }
             }
             for (offset, event) in (0..).zip(&request.events) {
+                fresh.tenants.push(tenant.clone());
                 fresh.streams.push(name);
                 fresh.versions.push(first + offset);
                 fresh.stream_lasts.push(new_last);
@@ -717,27 +881,30 @@ impl<'a> Fresh<'a> {
         self.streams.len() as i64
     }
 
-    /// The tree after the round's events, taken at the positions after `tip`'s last leaf, and
-    /// the hashes to store; an error when a position would not fit (the checked path says why).
-    fn grow_tree(&self, tip: &Frontier) -> Result<(Frontier, TreeRows), StoreError> {
-        let mut after = tip.clone();
-        let mut rows = TreeRows::default();
-        for index in 0..self.streams.len() {
-            let position = tip.sql_size() + 1 + index as i64;
-            after.push(
-                &EventView {
+    /// The trees after the round's events, taken at the positions after `tip`'s last leaf, and
+    /// the rows to store; an error when a position would not fit (the checked path says why),
+    /// `None` when a tenant's tree is not known here.
+    fn grow(&self, tip: &Tip) -> Result<Option<Grown>, StoreError> {
+        let first = tip.tree.sql_size() + 1;
+        grow(
+            tip.tree.clone(),
+            tip.tenants.covered,
+            &tip.tenants.trees,
+            false,
+            self.streams.len(),
+            |index| {
+                let view = EventView {
                     stream: self.streams[index],
                     version: codec::version(self.versions[index])?,
-                    position: codec::position(position)?,
+                    position: codec::position(first + index as i64)?,
                     event_id: EventId::from_uuid(self.event_ids[index]),
                     event_type: self.types[index],
                     data: self.data[index],
                     metadata: self.metadata[index],
-                },
-                &mut rows,
-            )?;
-        }
-        Ok((after, rows))
+                };
+                Ok((view, self.tenants[index].as_deref()))
+            },
+        )
     }
 
     /// Each append's outcome once the round committed with the log's head at `head`.
@@ -778,18 +945,35 @@ enum FreshEnded {
 async fn write_fresh(
     session: &Session,
     fresh: &Fresh<'_>,
-    before: &Frontier,
-    after: &Frontier,
-    rows: &TreeRows,
+    before: &Tip,
+    grown: &Grown,
 ) -> FreshEnded {
     let Session {
         client, statements, ..
     } = session;
     let count = fresh.event_count();
-    let (head_before, tree_size, frontier) = (before.sql_size(), after.sql_size(), after.encode());
-    let head_params: [Param; 4] = [&count, &head_before, &tree_size, &frontier];
-    let tree_params: [Param; 2] = [&rows.indexes, &rows.hashes];
-    let create_params: [Param; 2] = [&fresh.new_names, &fresh.new_lasts];
+    let (head_before, tree_size, frontier) = (
+        before.tree.sql_size(),
+        grown.tree.sql_size(),
+        grown.tree.encode(),
+    );
+    let head_params: [Param; 6] = [
+        &count,
+        &head_before,
+        &tree_size,
+        &frontier,
+        &before.tenants.covered,
+        &grown.covered,
+    ];
+    let (rows, tenants) = (&grown.rows, &grown.tenant_rows);
+    let tree_params: [Param; 5] = [
+        &rows.indexes,
+        &rows.hashes,
+        &tenants.tenants,
+        &tenants.sizes,
+        &tenants.frontiers,
+    ];
+    let create_params: [Param; 3] = [&fresh.new_names, &fresh.new_lasts, &fresh.new_tenants];
     let grow_params: [Param; 3] = [
         &fresh.grown_names,
         &fresh.grown_expected,
@@ -893,6 +1077,12 @@ struct Snapshot {
     /// The log's tree as the head row holds it: its size and frontier.
     tree_size: i64,
     tree_frontier: Vec<u8>,
+    /// The log size the tenant trees cover (`None`: never built).
+    tenants_size: Option<i64>,
+    /// Each existing stream of the round: its tenant.
+    stream_tenants: HashMap<String, Option<String>>,
+    /// The trees of the round's tenants that have one.
+    tenant_trees: Result<HashMap<String, opledger_domain::merkle::tenants::Frontier>, StoreError>,
 }
 
 impl Snapshot {
@@ -910,15 +1100,53 @@ impl Snapshot {
     }
 }
 
-/// The tree after the checked round's writes, and the hashes to store.
+/// The trees after the checked round's writes, and the rows to store: the log's tree from the
+/// head row, each tenant's from its row read under the lock (a tenant without one has no tree
+/// yet).
 fn grow_checked(
-    mut tree: Frontier,
+    snapshot: &Snapshot,
     writes: &Writes<'_>,
-) -> Result<(Frontier, TreeRows), StoreError> {
-    let mut rows = TreeRows::default();
-    for index in 0..writes.positions.len() {
-        tree.push(
-            &EventView {
+    known: &StreamTenants,
+) -> Result<Grown, StoreError> {
+    let tree = snapshot.tree()?;
+    let in_step = snapshot.tenants_size == Some(tree.sql_size());
+    let opened: HashMap<&str, Option<&str>> = writes
+        .new_names
+        .iter()
+        .zip(&writes.new_tenants)
+        .map(|(name, tenant)| (*name, tenant.as_deref()))
+        .collect();
+    let tenant_of = |name: &str| -> Result<Option<&str>, StoreError> {
+        if let Some(tenant) = opened.get(name) {
+            return Ok(*tenant);
+        }
+        match snapshot
+            .stream_tenants
+            .get(name)
+            .or_else(|| known.get(name))
+        {
+            Some(tenant) => Ok(tenant.as_deref()),
+            // Unreachable: a stream the round grows and does not open exists, and was read.
+            None if in_step => Err(crate::tree::corrupt(&format!(
+                "the tenant of stream `{name}` is not known"
+            ))),
+            None => Ok(None),
+        }
+    };
+    let none = HashMap::new();
+    let base = match &snapshot.tenant_trees {
+        Ok(trees) => trees,
+        Err(error) if in_step => return Err(error.clone()),
+        Err(_) => &none,
+    };
+    let grown = grow(
+        tree,
+        snapshot.tenants_size,
+        base,
+        true,
+        writes.positions.len(),
+        |index| {
+            let view = EventView {
                 stream: writes.streams[index],
                 version: codec::version(writes.versions[index])?,
                 position: codec::position(writes.positions[index])?,
@@ -926,11 +1154,11 @@ fn grow_checked(
                 event_type: writes.types[index],
                 data: writes.data[index],
                 metadata: writes.metadata[index],
-            },
-            &mut rows,
-        )?;
-    }
-    Ok((tree, rows))
+            };
+            Ok((view, tenant_of(writes.streams[index])?))
+        },
+    )?;
+    Ok(grown.expect("a tenant without a row read under the lock has no tree yet"))
 }
 
 /// BEGIN, the lock and the round's reads, in one round trip. An error means nothing may be
@@ -950,25 +1178,44 @@ async fn read_under_lock(
         .iter()
         .flat_map(|request| request.events.iter().map(|event| event.event_id.as_uuid()))
         .collect();
+    // The tenants the round's new streams' intents name.
+    let opened: Vec<String> = round
+        .iter()
+        .filter_map(|request| stream_tenant(request, |_| None).flatten())
+        .collect();
     let begin = send(client.batch_execute("BEGIN")).await;
     let lock = send(client.query_one(&statements.lock_head, &[])).await;
-    let (names, ids): ([Param; 1], [Param; 1]) = ([&names], [&ids]);
+    let (tenant_params, names, ids): ([Param; 2], [Param; 1], [Param; 1]) =
+        ([&opened, &names], [&names], [&ids]);
     let streams = send(client.query(&statements.read_streams, &names)).await;
+    let tenants = send(client.query(&statements.read_tenants, &tenant_params)).await;
     let stored = send(client.query(&statements.find_ids, &ids)).await;
     // Every answer is awaited before any is judged, so none is left unread on the connection.
-    let (begin, lock, streams, stored) = (
+    let (begin, lock, streams, tenants, stored) = (
         begin.answer().await,
         lock.answer().await,
         streams.answer().await,
+        tenants.answer().await,
         stored.answer().await,
     );
     begin?;
     let lock = lock?;
-    let (head, tree_size, tree_frontier): (i64, i64, Vec<u8>) =
-        (lock.get(0), lock.get(1), lock.get(2));
-    let streams = streams?
+    let (head, tree_size, tree_frontier, tenants_size): (i64, i64, Vec<u8>, Option<i64>) =
+        (lock.get(0), lock.get(1), lock.get(2), lock.get(3));
+    let streams = streams?;
+    let stream_tenants = streams.iter().map(|row| (row.get(0), row.get(3))).collect();
+    let streams = streams
         .iter()
         .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect();
+    // A row that is not a frontier refuses the round while the tenant trees are grown, as in
+    // the SQLite store (`opledger verify` names the tenant).
+    let tenant_trees = tenants?
+        .iter()
+        .map(|row| {
+            let tenant: String = row.get(0);
+            tenant_trees::frontier_of(&tenant, row.get(1), row.get(2)).map(|tree| (tenant, tree))
+        })
         .collect();
     let stored_ids = stored?
         .iter()
@@ -980,6 +1227,9 @@ async fn read_under_lock(
         stored_ids,
         tree_size,
         tree_frontier,
+        tenants_size,
+        stream_tenants,
+        tenant_trees,
     })
 }
 
@@ -1010,6 +1260,8 @@ enum Decision {
 struct Writes<'a> {
     new_names: Vec<&'a str>,
     new_lasts: Vec<i64>,
+    /// The tenant each new stream's intent names.
+    new_tenants: Vec<Option<String>>,
     grown_ids: Vec<i64>,
     grown_lasts: Vec<i64>,
     positions: Vec<i64>,
@@ -1126,6 +1378,9 @@ impl<'a> Plan<'a> {
             None => {
                 writes.new_names.push(name);
                 writes.new_lasts.push(new_last);
+                writes
+                    .new_tenants
+                    .push(stream_tenant(request, |_| None).flatten());
             }
         }
         let first_version = new_last - (count - 1);
@@ -1184,13 +1439,7 @@ struct Answers {
 }
 
 /// The round's writes and COMMIT, in one round trip; empty statements are not sent.
-async fn write_and_commit(
-    session: &Session,
-    plan: &Plan<'_>,
-    head: i64,
-    tree: &Frontier,
-    rows: &TreeRows,
-) -> Answers {
+async fn write_and_commit(session: &Session, plan: &Plan<'_>, head: i64, grown: &Grown) -> Answers {
     let Session {
         client, statements, ..
     } = session;
@@ -1198,7 +1447,7 @@ async fn write_and_commit(
     // Each statement's parameters outlive the statement's future, which holds them until the
     // statement is sent.
     let check_params: [Param; 3] = [&checks.stream_ids, &checks.firsts, &checks.lasts];
-    let create_params: [Param; 2] = [&writes.new_names, &writes.new_lasts];
+    let create_params: [Param; 3] = [&writes.new_names, &writes.new_lasts, &writes.new_tenants];
     let grow_params: [Param; 2] = [&writes.grown_ids, &writes.grown_lasts];
     let insert_params: [Param; 7] = [
         &writes.positions,
@@ -1209,9 +1458,16 @@ async fn write_and_commit(
         &writes.data,
         &writes.metadata,
     ];
-    let (tree_size, frontier) = (tree.sql_size(), tree.encode());
-    let head_params: [Param; 3] = [&plan.last_position, &tree_size, &frontier];
-    let tree_params: [Param; 2] = [&rows.indexes, &rows.hashes];
+    let (tree_size, frontier) = (grown.tree.sql_size(), grown.tree.encode());
+    let head_params: [Param; 4] = [&plan.last_position, &tree_size, &frontier, &grown.covered];
+    let (rows, tenants) = (&grown.rows, &grown.tenant_rows);
+    let tree_params: [Param; 5] = [
+        &rows.indexes,
+        &rows.hashes,
+        &tenants.tenants,
+        &tenants.sizes,
+        &tenants.frontiers,
+    ];
     let newest = plan.last_position.to_string();
     let notify_params: [Param; 1] = [&newest];
     let (s, no_writes) = (statements, plan.last_position == head);

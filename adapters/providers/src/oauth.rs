@@ -688,7 +688,7 @@ impl TokenFile {
 }
 
 /// Writes `bytes` to a new file only its owner can read, and syncs it to disk.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);

@@ -4,9 +4,11 @@
 //! file (`provider_schemas/<provider>.json`), each naming the file, commit and version it was
 //! taken from, so a provider's new version is a diff to read, not a surprise in production.
 //!
-//! Zendesk and Salesforce are not here: Zendesk's OpenAPI description is published only on its
-//! developer site (no versioned copy to pin), and Salesforce publishes none for sObject rows (an
-//! org generates its own). Their emulators follow the reference pages they name.
+//! Zendesk keeps its OpenAPI description in no versioned repository (it serves it from its
+//! developer site), so its schema is pinned as a copy committed elsewhere, named with the file's
+//! SHA-256. Salesforce is not here: it publishes no description of sObject rows (an org generates
+//! its own from its fields); its emulator follows the reference pages it names
+//! (docs/src/agents/presets.md says what was looked for).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -52,6 +54,11 @@ fn calls() -> Vec<(&'static str, &'static str, Value)> {
             "pipedrive",
             "create_activity",
             json!({"subject": "Call the client", "type": "call", "due_date": "2026-12-02", "due_time": "09:00", "deal_id": 11, "participants": [{"person_id": 7, "primary": true}]}),
+        ),
+        (
+            "zendesk",
+            "create_ticket",
+            json!({"subject": "Printer on fire", "comment": "The third floor printer is smoking", "priority": "urgent", "type": "incident", "tags": ["printer", "facilities"]}),
         ),
         (
             "attio",
@@ -141,7 +148,7 @@ fn every_action_of_a_described_preset_is_checked() {
         .iter()
         .map(|(preset, action, _)| (*preset, *action))
         .collect();
-    for preset in ["stripe", "hubspot", "pipedrive", "attio"] {
+    for preset in ["stripe", "hubspot", "pipedrive", "attio", "zendesk"] {
         let (file, text) = opledger_providers::presets::preset(preset).expect("a preset");
         let document = opledger_providers::parse(file, text).expect("the preset loads");
         for action in &document.actions {

@@ -11,7 +11,10 @@ the same key when retrying a call whose answer was lost, and the ledger answers 
 first call recorded instead of making a second one. Every record carries one (a fresh random key
 when none is given), so the client repeats a record by itself after no answer, a timeout, a 503
 or a 429, under the same key, a bounded number of times: a repeat is safe by construction.
-``wait_for`` waits for an operation to settle; ``outcomes`` follows the outcome feed. Failures
+``wait_for`` waits for an operation to settle; ``outcomes`` follows the outcome feed.
+``Ledger.step`` guards a function of your own (a side effect no connector makes): the ledger
+records it, the function runs once under a claim, and its outcome is recorded; a repeat answers
+the recorded outcome, and a run whose outcome was lost goes to a person, never runs again. Failures
 are typed (``IdempotencyKeyReused``, ``InvalidInput``, ``NotFound``, ``Unauthorized``,
 ``RateLimited``, ``Unavailable``, …), all ``LedgerError``. The field names and states follow the
 OpenAPI document the server serves at ``/v1/openapi.json`` (the tests check them against it).
@@ -23,6 +26,7 @@ is the one that uses httpx).
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.client
 import inspect
 import json
@@ -47,6 +51,11 @@ __all__ = [
     "RateLimited",
     "Unavailable",
     "WaitTimedOut",
+    "StepError",
+    "StepFailed",
+    "StepNotConfirmed",
+    "StepInProgress",
+    "StepDidNotApply",
     "SETTLED_STATES",
     "NOT_CONFIRMED_STATES",
     "refusal_text",
@@ -73,6 +82,10 @@ RETRY_CAP_S = 8.0
 MAX_CONSECUTIVE_RECONNECTS = 20
 #: The pause before the outcome feed reconnects, in seconds.
 RECONNECT_PAUSE_S = 0.5
+#: How long a step's claim holds without an outcome unless the step says otherwise, in
+#: milliseconds (the server's default): make it longer than the function runs. When it runs out
+#: without an outcome, the step is unknown and goes to a person.
+DEFAULT_STEP_LEASE_MS = 30_000
 #: The first pause between two reads of ``wait_for``, in seconds; it grows to ``WAIT_POLL_CAP_S``.
 WAIT_POLL_S = 0.05
 WAIT_POLL_CAP_S = 1.0
@@ -208,6 +221,36 @@ class WaitTimedOut(LedgerError):
         self.operation = operation
 
 
+class StepError(LedgerError):
+    """A guarded step did not give a result: ``operation`` is where the ledger says it stands."""
+
+    def __init__(self, operation: "Operation", code: str, message: str) -> None:
+        super().__init__(409, code, message)
+        self.operation = operation
+
+
+class StepFailed(StepError):
+    """The step's function failed without taking effect (recorded as ``rejected``); a repeat with
+    the same key answers this again without running it."""
+
+
+class StepNotConfirmed(StepError):
+    """Whether the step took effect is unknown (``unknown``, ``needs_review``: its process
+    stopped reporting, or the function could not tell): the function is never run again for this
+    key; a person checks and decides. ``operation.message`` is what to tell the user."""
+
+
+class StepInProgress(StepNotConfirmed):
+    """Another process holds the step's claim now (``in_flight``): do not run it here; wait for
+    its outcome (``wait_for``), or for its claim to run out (then a person decides)."""
+
+
+class StepDidNotApply(Exception):
+    """Raise it (or an exception of a class named in ``not_applied=``) from a guarded function
+    when nothing took effect: the step is recorded as failed (``rejected``), not as unknown. Any
+    other exception is recorded as "may have taken effect", which a person then checks."""
+
+
 _BY_CODE = {
     "idempotency_key_reused": IdempotencyKeyReused,
     "source_id_reused": IdempotencyKeyReused,
@@ -296,6 +339,139 @@ def _events_request(last: Optional[int], types: Optional[Sequence[str]]) -> _Req
         headers["Last-Event-ID"] = str(last)
     query = {"types": ",".join(types)} if types else {}
     return _Request("GET", "/v1/events", query, headers=headers)
+
+
+def _step_request(body: Dict[str, Any], key: str) -> _Request:
+    """``POST /v1/steps`` under ``key`` (the step's source id): a repeat finds the same step."""
+    return _Request("POST", "/v1/steps", body=body, headers={"Idempotency-Key": key}, retry=True)
+
+
+def _claim_request(operation_id: str, attempt_id: str, lease_ms: int, caller: Optional[str]) -> _Request:
+    """``POST …/claim`` under an attempt id chosen here, so a claim whose answer was lost is
+    repeated as the same claim."""
+    body: Dict[str, Any] = {"attempt_id": attempt_id, "lease_ms": lease_ms}
+    if caller is not None:
+        body["caller"] = caller
+    return _Request("POST", _operation_path(operation_id) + "/claim", body=body, retry=True)
+
+
+def _outcome_request(operation_id: str, attempt_id: str, body: Dict[str, Any]) -> _Request:
+    """``POST …/attempts/{attempt_id}/outcome``: the same report again records nothing new."""
+    path = _operation_path(operation_id) + f"/attempts/{urllib.parse.quote(attempt_id, safe='')}/outcome"
+    return _Request("POST", path, body=body, retry=True)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One guarded function: what it records, how its result is named, which failures mean
+    nothing took effect. Shared by the synchronous and the async client."""
+
+    function: Callable[..., Any]
+    provider: str
+    action: str
+    key: Optional[Callable[..., str]]
+    result_id: Callable[[Any], Any]
+    not_applied: "tuple[type, ...]"
+    lease_ms: int
+    caller: Optional[str]
+
+    def takes_key(self) -> bool:
+        parameters = inspect.signature(self.function).parameters
+        return "idempotency_key" in parameters or any(
+            parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()
+        )
+
+    def arguments(self, args: "tuple[Any, ...]", kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+        """The function's arguments by name (the key it is given left out), as JSON values."""
+        bound = inspect.signature(self.function).bind_partial(*args, **kwargs)
+        bound.apply_defaults()
+        named = {name: value for name, value in bound.arguments.items() if name != "idempotency_key"}
+        for name, value in named.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"argument `{name}` of step {self.provider}.{self.action} is a "
+                    f"{type(value).__name__}, which is not JSON; the ledger records the arguments, "
+                    "so pass plain values (str, int, float, bool, None, lists, dicts)"
+                ) from None
+        return named
+
+    def key_of(self, args: "tuple[Any, ...]", kwargs: Mapping[str, Any], named: Mapping[str, Any]) -> str:
+        """The step's source id: ``key(...)`` when given, else one derived from the provider, the
+        action and the arguments, so a repeat of the same call finds the same step (and two calls
+        with the same arguments are one step: pass ``source_id=`` to tell them apart)."""
+        if self.key is not None:
+            return str(self.key(*args, **kwargs))
+        canonical = json.dumps([self.provider, self.action, named], sort_keys=True, separators=(",", ":"))
+        return "step-" + hashlib.sha256(canonical.encode()).hexdigest()[:40]
+
+    def body(self, named: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"provider": self.provider, "action": self.action, "args": dict(named)}
+
+    def success(self, result: Any) -> Dict[str, Any]:
+        return {"outcome": "succeeded", "external_id": str(self.result_id(result))}
+
+    def failure(self, error: BaseException) -> Dict[str, Any]:
+        applied = "no" if isinstance(error, (StepDidNotApply, *self.not_applied)) else "unknown"
+        message = f"{type(error).__name__}: {error}"[:4000]
+        return {"outcome": "failed", "applied": applied, "code": type(error).__name__, "message": message}
+
+
+def _result_id(result: Any) -> Any:
+    """What a guarded function's result is recorded as: itself when it is a str or an int, else
+    its ``id`` (a mapping's key or an attribute)."""
+    if isinstance(result, (str, int)) and not isinstance(result, bool):
+        return result
+    if isinstance(result, Mapping) and "id" in result:
+        return result["id"]
+    if getattr(result, "id", None) is not None:
+        return result.id
+    raise TypeError(
+        f"a guarded step must return what it made (an id: a str or an int, or something with an "
+        f"`id`), or be given result_id= to name it; it returned a {type(result).__name__}"
+    )
+
+
+def _recorded_answer(operation: "Operation") -> Optional[str]:
+    """What a step already recorded answers, if it is settled or not to be run here: its result
+    (``succeeded``), else the typed error. ``None`` when it is pending: claim it and run it."""
+    state = operation.state
+    if state == "succeeded":
+        return operation.external_id
+    if state == "pending":
+        return None
+    if state == "rejected":
+        raise StepFailed(operation, "step_failed", operation.message)
+    if state == "in_flight":
+        raise StepInProgress(operation, "step_in_progress", operation.message)
+    if state in ("unknown", "needs_review"):
+        raise StepNotConfirmed(operation, "step_not_confirmed", operation.message)
+    raise StepFailed(operation, f"step_{state}", operation.message)
+
+
+def _step_decorator(
+    provider: str,
+    action: str,
+    key: Optional[Callable[..., str]],
+    result_id: Optional[Callable[[Any], Any]],
+    not_applied: Sequence[type],
+    lease_ms: Optional[int],
+    caller: Optional[str],
+) -> Callable[[Callable[..., Any]], _Step]:
+    def describe(function: Callable[..., Any]) -> _Step:
+        return _Step(
+            function=function,
+            provider=provider,
+            action=action,
+            key=key,
+            result_id=result_id or _result_id,
+            not_applied=tuple(not_applied),
+            lease_ms=DEFAULT_STEP_LEASE_MS if lease_ms is None else lease_ms,
+            caller=caller,
+        )
+
+    return describe
 
 
 def _backoff_s(attempt: int) -> float:
@@ -541,6 +717,89 @@ class Ledger:
             return guarded
 
         return wrap
+
+    def step(
+        self,
+        provider: str,
+        action: str,
+        *,
+        key: Optional[Callable[..., str]] = None,
+        result_id: Optional[Callable[[Any], Any]] = None,
+        not_applied: Sequence[type] = (),
+        lease_ms: Optional[int] = None,
+        caller: Optional[str] = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Guards a function of your own that has a side effect (a charge, an e-mail): the ledger
+        records the call as a step (``provider``, ``action``, the arguments), the function runs
+        once while this process holds the step's claim (``lease_ms``), and what it made is
+        recorded. The wrapper returns the recorded result (``str``: what ``result_id`` names).
+
+        The call is named by ``key(*args, **kwargs)``, by a ``source_id=`` keyword at the call,
+        or else by its arguments. A repeat under the same name returns the recorded result
+        without running the function; a recorded failure raises :class:`StepFailed`; a step
+        whose outcome is unknown (the process was killed after the function ran, before it
+        reported) raises :class:`StepNotConfirmed` and is never run again: a person decides. A
+        function with an ``idempotency_key`` parameter is given the step's key, the same on every
+        attempt, to pass on to its own system.
+
+        An exception from the function is recorded and raised again: as "nothing took effect"
+        for :class:`StepDidNotApply` and the classes in ``not_applied``, else as unknown.
+        """
+
+        describe = _step_decorator(provider, action, key, result_id, not_applied, lease_ms, caller)
+
+        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+            step = describe(function)
+
+            @functools.wraps(function)
+            def guarded(*args: Any, source_id: Optional[str] = None, **kwargs: Any) -> Any:
+                return self._run_step(step, args, kwargs, source_id, guarded)
+
+            return guarded
+
+        return wrap
+
+    def _run_step(
+        self, step: _Step, args: "tuple[Any, ...]", kwargs: Dict[str, Any], source_id: Optional[str], guarded: Any
+    ) -> Any:
+        named = step.arguments(args, kwargs)
+        name = source_id if source_id is not None else step.key_of(args, kwargs, named)
+        operation = self._record(_step_request(step.body(named), name))
+        guarded.last_operation = operation
+        recorded = _recorded_answer(operation)
+        if recorded is not None:
+            return recorded
+        try:
+            claim, _ = self._call(_claim_request(operation.operation_id, str(uuid.uuid4()), step.lease_ms, step.caller))
+        except Conflict:
+            # Another process claimed it first, or it moved on: answer where it stands.
+            operation = self.status(operation.operation_id)
+            guarded.last_operation = operation
+            return _recorded_answer(operation) or self._not_claimed(operation)
+        attempt_id = claim["attempt_id"]
+        if step.takes_key():
+            kwargs = {**kwargs, "idempotency_key": claim["idempotency_key"]}
+        try:
+            result = step.function(*args, **kwargs)
+        except BaseException as error:
+            try:
+                guarded.last_operation = self._report(operation.operation_id, attempt_id, step.failure(error))
+            except LedgerError:
+                pass  # unreported, its claim runs out: the step becomes unknown, and a person decides
+            raise
+        report = step.success(result)
+        operation = self._report(operation.operation_id, attempt_id, report)
+        guarded.last_operation = operation
+        answer = _recorded_answer(operation)
+        return answer if answer is not None else self._not_claimed(operation)
+
+    def _report(self, operation_id: str, attempt_id: str, report: Dict[str, Any]) -> Operation:
+        body, _ = self._call(_outcome_request(operation_id, attempt_id, report))
+        return Operation.from_json(body)
+
+    @staticmethod
+    def _not_claimed(operation: Operation) -> Any:
+        raise StepNotConfirmed(operation, "step_not_confirmed", operation.message)
 
     def guarded_answer(
         self,

@@ -9,8 +9,11 @@ It must never be what the synchronous client depends on: that one stays on the s
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
+import uuid
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence
 
 import httpx
 
@@ -27,7 +30,15 @@ from . import (
     Operation,
     Unavailable,
     WaitTimedOut,
+    Conflict,
+    StepNotConfirmed,
     _account_of,
+    _claim_request,
+    _outcome_request,
+    _recorded_answer,
+    _Step,
+    _step_decorator,
+    _step_request,
     _backoff_s,
     _EventReader,
     _events_request,
@@ -209,6 +220,72 @@ class AsyncLedger:
         except LedgerError as error:
             return refusal_text(error), True
 
+    def step(
+        self,
+        provider: str,
+        action: str,
+        *,
+        key: Optional[Callable[..., str]] = None,
+        result_id: Optional[Callable[[Any], Any]] = None,
+        not_applied: Sequence[type] = (),
+        lease_ms: Optional[int] = None,
+        caller: Optional[str] = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Guards a function of your own (``async def`` or plain) as
+        :meth:`opledger_client.Ledger.step` does; the guarded function is a coroutine function."""
+
+        describe = _step_decorator(provider, action, key, result_id, not_applied, lease_ms, caller)
+
+        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+            step = describe(function)
+
+            @functools.wraps(function)
+            async def guarded(*args: Any, source_id: Optional[str] = None, **kwargs: Any) -> Any:
+                return await self._run_step(step, args, kwargs, source_id, guarded)
+
+            return guarded
+
+        return wrap
+
+    async def _run_step(
+        self, step: _Step, args: "tuple[Any, ...]", kwargs: Dict[str, Any], source_id: Optional[str], guarded: Any
+    ) -> Any:
+        named = step.arguments(args, kwargs)
+        name = source_id if source_id is not None else step.key_of(args, kwargs, named)
+        operation = await self._record(_step_request(step.body(named), name))
+        guarded.last_operation = operation
+        recorded = _recorded_answer(operation)
+        if recorded is not None:
+            return recorded
+        claim_request = _claim_request(operation.operation_id, str(uuid.uuid4()), step.lease_ms, step.caller)
+        try:
+            claim, _ = await self._call(claim_request)
+        except Conflict:
+            operation = await self.status(operation.operation_id)
+            guarded.last_operation = operation
+            return _recorded_answer(operation) or _not_claimed(operation)
+        attempt_id = claim["attempt_id"]
+        if step.takes_key():
+            kwargs = {**kwargs, "idempotency_key": claim["idempotency_key"]}
+        try:
+            result = step.function(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as error:
+            try:
+                guarded.last_operation = await self._report(operation.operation_id, attempt_id, step.failure(error))
+            except LedgerError:
+                pass  # unreported, its claim runs out: the step becomes unknown, and a person decides
+            raise
+        operation = await self._report(operation.operation_id, attempt_id, step.success(result))
+        guarded.last_operation = operation
+        answer = _recorded_answer(operation)
+        return answer if answer is not None else _not_claimed(operation)
+
+    async def _report(self, operation_id: str, attempt_id: str, report: Dict[str, Any]) -> Operation:
+        body, _ = await self._call(_outcome_request(operation_id, attempt_id, report))
+        return Operation.from_json(body)
+
     async def _record(self, request: _Request) -> Operation:
         answer, replayed = await self._call(request)
         return Operation.from_json(answer, replayed=replayed)
@@ -239,3 +316,7 @@ class AsyncLedger:
                 raise failure
             attempt += 1
             await self.sleep(_backoff_s(attempt))
+
+
+def _not_claimed(operation: Operation) -> Any:
+    raise StepNotConfirmed(operation, "step_not_confirmed", operation.message)

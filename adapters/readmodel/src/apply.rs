@@ -1137,7 +1137,7 @@ pub(super) enum IdTables {
 
 /// Writes a rebuild's flush of id-index entries with the rows the runner's upserts would leave,
 /// without its reads: `entries` are sorted by each table's key, then by position, so the entries
-/// of one key are in log order (see `rebuild.rs`). Repeats of one external object by one
+/// of one key are in log order (see `rebuild/`). Repeats of one external object by one
 /// operation are resolved here as the upsert resolves them (the first position stays, the
 /// strongest role wins) and written as one row: into empty tables a plain `INSERT` of the next
 /// key, an append to the table's B-tree; into filled ones the runner's upsert, whose conflict

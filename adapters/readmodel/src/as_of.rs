@@ -271,6 +271,16 @@ impl PastReadModels {
             .collect()
     }
 
+    /// Whether `operation_id`'s intent had every one of `terms` (`terms.rs`) at the moment: how a
+    /// past review queue is searched by owner or argument, as the file's index matches them.
+    pub fn has_terms(&self, operation_id: OperationId, terms: &[String]) -> bool {
+        terms.is_empty()
+            || self.held.get(&operation_id).is_some_and(|held| {
+                let held_terms = crate::terms::terms_of(&held.state);
+                terms.iter().all(|term| held_terms.contains(term))
+            })
+    }
+
     fn cursor(
         &self,
         operation_id: OperationId,

@@ -20,7 +20,7 @@
 //! - `query.rs`: the query API;
 //! - `as_of.rs`: listings and the review queue as of a past moment, folded from the log;
 //! - `runner.rs`: the async handle, the runner and the lag;
-//! - `rebuild.rs`: the rebuild from position zero into a fresh file, folded in memory;
+//! - `rebuild/`: the rebuild from position zero into a fresh file, folded in memory;
 //! - `floor.rs`: what SQLite alone costs to write a rebuild's rows (a measurement);
 //! - `catch_up.rs`: a bounded catch-up to a position, and a table-by-table comparison of files;
 //! - `work.rs`: the durable work queue the workers read (what is due, when);
@@ -62,7 +62,7 @@ pub use catch_up::{
 pub use floor::{FloorLayout, FloorPhase, FloorRows, FloorWritten, MAX_FLOOR_ROWS};
 pub use query::{
     AttemptStats, DuplicatesReport, Metrics, OldestUnresolved, OperationCursor, OperationFilter,
-    OperationPage, ReviewItem, ScopeNumbers, SharedExternalId,
+    OperationPage, ReviewItem, ScopeNumbers, SharedExternalId, Shown,
 };
 pub use rebuild::{
     rebuild, rebuild_to, rebuild_to_with, RebuildLimits, RebuildReport, RebuildWaits,

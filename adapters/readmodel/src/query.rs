@@ -195,6 +195,16 @@ impl Metrics {
     }
 }
 
+/// What a listing shows of an operation beside its row, from its intent: whose it is and the
+/// values of the arguments a person chose as columns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shown {
+    /// The owner recorded with the intent.
+    pub owner: Option<String>,
+    /// The chosen top-level arguments the intent has, by name (missing ones left out).
+    pub args: serde_json::Map<String, serde_json::Value>,
+}
+
 const OPERATION_COLUMNS: &str = "operation_id, tenant, provider, account, action, args_hash,
     source_id, state, attempts, external_id, last_error, created_at, updated_at, stream_version,
     last_position, lease_deadline, unknown_since, needs_review_reason";
@@ -220,6 +230,50 @@ impl ReadModelStore {
             .optional()
             .map_err(|error| ReadModelError::sqlite("reading an operation", error))?;
         raw.map(RawOperation::decode).transpose()
+    }
+
+    /// The owner and the arguments `names` of each of `ids` (at most [`MAX_QUERY_ROWS`] of them),
+    /// from their stored states: one read by key each, so a page costs its own rows. An
+    /// operation the read models have not seen is left out.
+    pub fn shown(
+        &self,
+        ids: &[OperationId],
+        names: &[String],
+    ) -> Result<std::collections::HashMap<OperationId, Shown>, ReadModelError> {
+        let mut statement = self
+            .connection
+            .prepare_cached("SELECT folded_state FROM operations WHERE operation_id = ?1")
+            .map_err(|error| ReadModelError::sqlite("preparing to read stored states", error))?;
+        let mut shown = std::collections::HashMap::with_capacity(ids.len());
+        for operation_id in ids.iter().take(MAX_QUERY_ROWS) {
+            let bytes: Option<Vec<u8>> = statement
+                .query_row([operation_id.to_string()], |row| row.get(0))
+                .optional()
+                .map_err(|error| ReadModelError::sqlite("reading a stored state", error))?;
+            let Some(bytes) = bytes else { continue };
+            let state = super::state_codec::decode(&bytes).map_err(|error| {
+                corrupt(format!(
+                    "the stored state of operation {operation_id} cannot be read: {error}"
+                ))
+            })?;
+            let Some(intent) = state.intent.as_ref() else {
+                continue;
+            };
+            let values = intent.args.as_map();
+            shown.insert(
+                *operation_id,
+                Shown {
+                    owner: intent.owner.as_ref().map(|owner| owner.as_str().to_owned()),
+                    args: names
+                        .iter()
+                        .filter_map(|name| {
+                            values.get(name).map(|value| (name.clone(), value.clone()))
+                        })
+                        .collect(),
+                },
+            );
+        }
+        Ok(shown)
     }
 
     /// Up to `limit` (at most [`MAX_QUERY_ROWS`]) operations matching `filter`, oldest first

@@ -374,7 +374,7 @@ enum Indexes {
 /// no fsyncs, one connection holding the file exclusively, pages of `page_size` bytes and a page
 /// cache of `cache_kib` KiB. The secondary indexes are left out until [`create_indexes`]: a
 /// query that needs one must not run before. Only for a file that nobody else knows of and that
-/// is discarded if the rebuild does not finish (see `rebuild.rs`); [`open`] puts the finished
+/// is discarded if the rebuild does not finish (see `rebuild/`); [`open`] puts the finished
 /// file back to WAL with `synchronous=FULL`.
 pub(super) fn create_for_rebuild(
     path: &Path,

@@ -21,7 +21,7 @@
 
 use chrono::{DateTime, Utc};
 use opledger_domain::args::{ArgsHash, ArgsSnapshot};
-use opledger_domain::event::IntentRecorded;
+use opledger_domain::event::{Executor, IntentRecorded};
 use opledger_domain::ids::{
     AccountId, ActionName, AttemptId, CredentialFingerprint, ExternalObjectId, IdempotencyKey,
     OperationId, OwnerId, ProviderId, SourceId, TenantId, WorkerId,
@@ -30,6 +30,12 @@ use opledger_domain::state::{AttemptInfo, LookupClaim, OperationState, PendingSi
 
 /// The layout's version, the first byte of every stored state.
 pub(super) const FORMAT: u8 = 1;
+
+/// The intent's flags byte: whether it needs an approval (the only flag format 1 had at first,
+/// so states written before steps existed read exactly as before, with the ledger executing),
+/// and whether the caller's own code carries it out.
+const APPROVAL_FLAG: u8 = 1;
+const CALLER_FLAG: u8 = 2;
 
 /// Most elements a stored list may claim: far above the attempt limit, and it stops a corrupt
 /// length from reserving gigabytes before the bytes run out.
@@ -240,6 +246,7 @@ impl Writer<'_> {
             idempotency_key,
             source_id,
             requires_approval,
+            executor,
             at,
         } = intent;
         self.uuid(operation_id.as_uuid());
@@ -255,7 +262,9 @@ impl Writer<'_> {
         self.str(args_hash.as_str());
         self.str(idempotency_key.as_str());
         self.option(source_id.as_ref().map(SourceId::as_str), Writer::str);
-        self.byte(u8::from(*requires_approval));
+        let approval = if *requires_approval { APPROVAL_FLAG } else { 0 };
+        let caller = if executor.is_ledger() { 0 } else { CALLER_FLAG };
+        self.byte(approval | caller);
         self.time(at);
     }
 
@@ -402,31 +411,43 @@ impl Reader<'_> {
     }
 
     fn intent(&mut self) -> Result<IntentRecorded, StateCodecError> {
+        let operation_id = OperationId::from_uuid(self.uuid()?);
+        let tenant = self.id(TenantId::new)?;
+        let owner = self.option(|r| r.id(OwnerId::new))?;
+        let provider = self.id(ProviderId::new)?;
+        let account = self.id(AccountId::new)?;
+        let credential_fingerprint = self.id(CredentialFingerprint::new)?;
+        let action = self.id(ActionName::new)?;
+        let len = self.len()?;
+        let args = serde_json::from_slice::<ArgsSnapshot>(self.take(len)?).map_err(|error| {
+            StateCodecError(format!("stored arguments are not a JSON object: {error}"))
+        })?;
+        let text = self.string()?;
+        let args_hash = ArgsHash::parse(&text)
+            .map_err(|error| StateCodecError(format!("stored args hash: {error}")))?;
+        let idempotency_key = self.id(IdempotencyKey::new)?;
+        let source_id = self.option(|r| r.id(SourceId::new))?;
+        let flags = self.byte()?;
+        if flags & !(APPROVAL_FLAG | CALLER_FLAG) != 0 {
+            return Err(StateCodecError(format!("unknown flag {flags}")));
+        }
         Ok(IntentRecorded {
-            operation_id: OperationId::from_uuid(self.uuid()?),
-            tenant: self.id(TenantId::new)?,
-            owner: self.option(|r| r.id(OwnerId::new))?,
-            provider: self.id(ProviderId::new)?,
-            account: self.id(AccountId::new)?,
-            credential_fingerprint: self.id(CredentialFingerprint::new)?,
-            action: self.id(ActionName::new)?,
-            args: {
-                let len = self.len()?;
-                serde_json::from_slice::<ArgsSnapshot>(self.take(len)?).map_err(|error| {
-                    StateCodecError(format!("stored arguments are not a JSON object: {error}"))
-                })?
-            },
-            args_hash: {
-                let text = self.string()?;
-                ArgsHash::parse(&text)
-                    .map_err(|error| StateCodecError(format!("stored args hash: {error}")))?
-            },
-            idempotency_key: self.id(IdempotencyKey::new)?,
-            source_id: self.option(|r| r.id(SourceId::new))?,
-            requires_approval: match self.byte()? {
-                0 => false,
-                1 => true,
-                other => return Err(StateCodecError(format!("unknown flag {other}"))),
+            operation_id,
+            tenant,
+            owner,
+            provider,
+            account,
+            credential_fingerprint,
+            action,
+            args,
+            args_hash,
+            idempotency_key,
+            source_id,
+            requires_approval: flags & APPROVAL_FLAG != 0,
+            executor: if flags & CALLER_FLAG != 0 {
+                Executor::Caller
+            } else {
+                Executor::Ledger
             },
             at: self.time()?,
         })
@@ -477,6 +498,7 @@ mod tests {
                 idempotency_key: IdempotencyKey::new("opk_1").expect("valid"),
                 source_id: Some(SourceId::new("call-1").expect("valid")),
                 requires_approval: true,
+                executor: Executor::Caller,
                 at: at(0, 123_456_789),
             }),
             pending_since: Some(PendingSince::ReviewerRetry),

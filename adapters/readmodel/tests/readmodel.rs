@@ -3012,3 +3012,126 @@ async fn search_latency_at_scale() {
         println!("{line}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_queue_is_searched_by_title_owner_and_time_with_its_count_and_pages() {
+    let fixture = Fixture::build().await;
+    let review = |filter: opledger_readmodel::ReviewFilter, limit: usize| {
+        let read_models = fixture.read_models.clone();
+        async move {
+            read_models
+                .call(move |store| {
+                    let mut found = Vec::new();
+                    let mut after = None;
+                    loop {
+                        let page = store.review_page(
+                            &filter,
+                            opledger_readmodel::ReviewOrder::OldestFirst,
+                            limit,
+                            after.as_ref(),
+                        )?;
+                        found.extend(page.items.iter().map(|item| item.operation_id));
+                        match page.next {
+                            Some(next) => after = Some(next),
+                            None => break,
+                        }
+                    }
+                    Ok((found, store.review_count(&filter)?))
+                })
+                .await
+                .expect("the review search answers")
+        }
+    };
+    let queue = fixture
+        .read_models
+        .call(|store| store.review_queue(100))
+        .await
+        .expect("the queue");
+    // Another case and spacing than recorded ("Call unknown").
+    let by_title = opledger_readmodel::ReviewFilter {
+        argument: Some(("title".into(), " call  UNKNOWN".into())),
+        ..Default::default()
+    };
+    assert_eq!(review(by_title, 50).await, (vec![fixture.id("unknown")], 1));
+    let by_owner = opledger_readmodel::ReviewFilter {
+        owner: Some("ANNA".into()),
+        ..Default::default()
+    };
+    let every: Vec<OperationId> = queue.iter().map(|item| item.operation_id).collect();
+    assert_eq!(
+        review(by_owner.clone(), 1).await,
+        (every.clone(), 3),
+        "one item a page reaches every item of the owner's"
+    );
+    // A term naming few operations (here, each) is read from its matches, each found in the
+    // queue by key; a further term is tested item by item with one point lookup of the terms'
+    // index (term, time, operation), never by walking the rows of a term many operations share.
+    let two_terms = opledger_readmodel::ReviewFilter {
+        argument: Some(("due".into(), "Tomorrow".into())),
+        ..by_owner.clone()
+    };
+    assert_eq!(review(two_terms.clone(), 2).await, (every.clone(), 3));
+    let plan = fixture
+        .read_models
+        .call(move |store| store.review_plan(&two_terms))
+        .await
+        .expect("a plan");
+    assert!(
+        plan.iter().any(|line| line.contains(
+            "SEARCH found USING COVERING INDEX operation_terms_by_term (term=? AND at=? AND operation=?)"
+        )),
+        "{plan:#?}"
+    );
+    assert!(
+        plan.iter().any(|line| line.contains(
+            "SEARCH review_queue USING INDEX sqlite_autoindex_review_queue_1 (operation_id=?)"
+        )),
+        "{plan:#?}"
+    );
+    assert!(
+        !plan.iter().any(|line| line.starts_with("SCAN review_queue")
+            || line.starts_with("SCAN found")
+            || line.starts_with("SCAN operations")),
+        "{plan:#?}"
+    );
+    let nobody = opledger_readmodel::ReviewFilter {
+        owner: Some("boris".into()),
+        ..Default::default()
+    };
+    assert_eq!(review(nobody, 50).await, (Vec::new(), 0));
+    // A time range on when each became unresolved: from the second item's time, before the
+    // third's.
+    let window = opledger_readmodel::ReviewFilter {
+        since: Some(queue[1].since),
+        until: Some(queue[2].since),
+        ..by_owner
+    };
+    assert_eq!(review(window, 50).await, (vec![every[1]], 1));
+
+    // As of the head, the past queue's items have the same terms.
+    let head = fixture
+        .harness
+        .store()
+        .head_position()
+        .await
+        .expect("the head")
+        .expect("events");
+    let past = opledger_readmodel::PastReadModels::fold(
+        fixture.harness.store(),
+        opledger_readmodel::Moment::Position(head),
+        &opledger_readmodel::PastScope::default(),
+    )
+    .await
+    .expect("the past");
+    let title = [opledger_readmodel::terms::argument_term(
+        "title",
+        "call unknown",
+    )];
+    let matching: Vec<OperationId> = past
+        .review_queue(100)
+        .iter()
+        .map(|item| item.operation_id)
+        .filter(|id| past.has_terms(*id, &title))
+        .collect();
+    assert_eq!(matching, vec![fixture.id("unknown")]);
+}

@@ -7,7 +7,7 @@
 use super::kurrentdb::{KurrentDbStore, KurrentDbSubscription};
 use super::sqlite::{SqliteStore, SqliteSubscription};
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
-use opledger_domain::merkle::{Hash, LogTree};
+use opledger_domain::merkle::{Hash, LogTree, TenantHeads};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
     StoreError, StreamName, Subscription,
@@ -180,6 +180,14 @@ impl LogTree for AnyStore {
             Self::Sqlite(store) => store.kept_checkpoint(size).await,
             Self::Postgres(store) => store.kept_checkpoint(size).await,
             Self::KurrentDb(_) => Err(self.no_tree()),
+        }
+    }
+
+    async fn tenant_heads(&self) -> Result<Option<TenantHeads>, StoreError> {
+        match self {
+            Self::Sqlite(store) => store.tenant_heads().await,
+            Self::Postgres(store) => store.tenant_heads().await,
+            Self::KurrentDb(_) => Ok(None),
         }
     }
 }

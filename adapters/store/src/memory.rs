@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use opledger_domain::ids::{EventId, GlobalPosition, StreamVersion};
-use opledger_domain::merkle::{self, Hash, HashReader, LogTree, MemoryTree};
+use opledger_domain::merkle::tenants::{tenant_of_first_event, TenantTrees};
+use opledger_domain::merkle::{self, Hash, HashReader, LogTree, MemoryTree, TenantHeads};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, ExpectedVersion, LogStart, RecordedEvent, StoreError,
     StreamName, Subscription, MAX_READ_BATCH,
@@ -59,6 +60,9 @@ struct Log {
     /// The transparency log's tree over `events`, grown in the same append (leaf `i` is the
     /// event at index `i`).
     tree: MemoryTree,
+    /// The tenants' trees, grown with `tree`, and each operation stream's tenant.
+    tenants: TenantTrees,
+    stream_tenants: HashMap<StreamName, Option<String>>,
     /// Checkpoints kept, by tree size.
     checkpoints: BTreeMap<u64, String>,
 }
@@ -180,8 +184,16 @@ impl Log {
                 data: event.data,
                 metadata: event.metadata,
             });
-            self.tree
-                .push(merkle::leaf_hash(&self.events[index].view()));
+            let leaf = merkle::leaf_hash(&self.events[index].view());
+            self.tree.push(leaf);
+            let added = &self.events[index];
+            let tenant = self
+                .stream_tenants
+                .entry(stream.clone())
+                .or_insert_with(|| tenant_of_first_event(&added.event_type, &added.data));
+            if let Some(tenant) = tenant {
+                self.tenants.push(tenant, index as u64 + 1, leaf);
+            }
             self.by_event_id.insert(event.event_id, index);
             indices.push(index);
             version = version.next();
@@ -227,6 +239,14 @@ impl LogTree for MemoryStore {
             None => log.checkpoints.last_key_value(),
         };
         Ok(found.map(|(size, note)| (*size, note.clone())))
+    }
+
+    async fn tenant_heads(&self) -> Result<Option<TenantHeads>, StoreError> {
+        let log = self.lock();
+        Ok(Some(TenantHeads {
+            log_size: log.tree.size(),
+            map: log.tenants.map(),
+        }))
     }
 }
 

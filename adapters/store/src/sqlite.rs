@@ -20,6 +20,7 @@ mod codec;
 mod reader;
 mod recent;
 mod schema;
+mod tenant_trees;
 mod tree;
 
 pub use self::tree::{LogMarks, StreamAhead};
@@ -31,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use opledger_domain::ids::{GlobalPosition, StreamVersion};
-use opledger_domain::merkle::{Hash, LogTree};
+use opledger_domain::merkle::{Hash, LogTree, TenantHeads};
 use opledger_domain::store::{
     AppendOutcome, EventData, EventStore, EventView, ExpectedVersion, LogStart, RecordedEvent,
     StoreError, StreamName, Subscription,
@@ -79,8 +80,8 @@ struct Shared {
 /// How a [`SqliteStore`] is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SqliteOptions {
-    /// Whether the transparency log's tree grows with the log, in the same commits (the
-    /// default). Off only to measure what it costs, on a file of its own: a file written with it
+    /// Whether the transparency log's tree, and the tenants' trees beside it, grow with the log,
+    /// in the same commits (the default). Off only to measure what it costs, on a file of its own: a file written with it
     /// off from the start gets its tree from the log when opened with it on, but one that had a
     /// tree refuses appends with it on again (the tree cannot tell the events it missed from
     /// events inserted behind the ledger's back).
@@ -283,6 +284,10 @@ impl LogTree for SqliteStore {
             .readers
             .run(move |connection| tree::kept_checkpoint(connection, size))
             .await
+    }
+
+    async fn tenant_heads(&self) -> Result<Option<TenantHeads>, StoreError> {
+        self.shared.readers.run(tenant_trees::tenant_heads).await
     }
 }
 

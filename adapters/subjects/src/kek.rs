@@ -86,6 +86,12 @@ impl Kek {
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// A key of its own for sealing something other than data keys (`purpose` names it), so
+    /// the key-encryption key never serves two uses directly.
+    pub fn subkey(&self, purpose: &str) -> Key {
+        self.key.derive(purpose)
+    }
+
     /// The key itself.
     pub(crate) fn key(&self) -> &Key {
         &self.key

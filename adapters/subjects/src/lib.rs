@@ -5,9 +5,15 @@
 //!
 //! - [`cipher`]: XChaCha20-Poly1305 and HMAC-SHA-256 under 32-byte keys wiped on drop.
 //! - [`kek`]: the key-encryption key from a file or an environment variable.
-//! - `store`: the key store, a SQLite file beside the ledger (`<ledger>.keys`).
+//! - [`table`]: where the rows are kept; `store` keeps them in a SQLite file beside the ledger
+//!   (`<ledger>.keys`), the PostgreSQL store in a table beside its events.
+//! - `writer`: new keys and links written in batches, one durable commit for many seals.
 //! - [`Subjects`]: the domain's [`PersonalData`] port over them, and the operator's commands
 //!   (erase, list, show, rotate the key-encryption key).
+//!
+//! A seal takes its subject's key from memory: the keys in use are kept unwrapped (at most
+//! [`MAX_CACHED_KEYS`], wiped when dropped), and what a seal makes is queued for the writer.
+//! Only a subject seen for the first time reads the table.
 //!
 //! What must never happen: a personal value, a subject's name or a data key written anywhere in
 //! clear; a token opened for an operation other than its own; a key that survives its
@@ -18,20 +24,26 @@
 pub mod cipher;
 pub mod kek;
 mod store;
+pub mod table;
+mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use opledger_domain::args::{ArgsHash, ArgsSnapshot};
 use opledger_domain::ids::{OperationId, TenantId};
-use opledger_domain::personal::{token_parts, PersonalData, PersonalDataError, SEALED_PREFIX};
-use rusqlite::params;
+use opledger_domain::personal::{
+    durable_now, token_parts, Durable, PersonalData, PersonalDataError, SEALED_PREFIX,
+};
 
-use cipher::Key;
+use cipher::{Key, KEY_BYTES};
 pub use kek::{Kek, KekError};
-use store::{Row, Store};
+use table::{KeyTable, Row, Write};
+use writer::{lock, Batch, Table, Writer};
 
 /// Why the key store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +91,14 @@ impl SubjectsError {
         }
     }
 
+    /// A key table's failure, from any backend.
+    pub fn table(action: &'static str, reason: impl std::fmt::Display) -> Self {
+        Self::Store {
+            action,
+            reason: reason.to_string(),
+        }
+    }
+
     fn random(error: getrandom::Error) -> Self {
         Self::Random(error.to_string())
     }
@@ -118,23 +138,129 @@ pub struct Erasure {
     pub already_erased_at: Option<String>,
 }
 
-struct Inner {
-    store: Store,
-    /// Data keys in use, by key id: opening a value must not cost a key unwrap.
-    cache: HashMap<String, Key>,
-    /// SQLite's `data_version` when the cache was last known good: another process's commit
-    /// (an erasure by the command line while the server runs) changes it, and the cache is
-    /// dropped before the next use.
-    data_version: i64,
-    /// Operations already linked to their subject in this process, so a record with several
-    /// personal values writes the link once.
-    linked: std::collections::HashSet<(String, OperationId)>,
+/// Most data keys kept unwrapped in memory. A key is a few hundred bytes with its entry, so the
+/// cache stays within ~16 MB; when it is full, every key already stored is dropped (wiped) and
+/// read again on its next use. Keys still being written are never dropped: the table does not
+/// hold them yet.
+pub const MAX_CACHED_KEYS: usize = 65_536;
+
+/// How often, at most, a seal or an opening asks the key store whether another process (the
+/// command line, another server on the same PostgreSQL) destroyed or re-wrapped keys, in
+/// milliseconds. Asking costs a query; within this time a key erased elsewhere may still be
+/// used here, which no caller can tell from a use that began just before the erasure.
+pub const OTHERS_CHECK_EVERY_MS: u64 = 1;
+
+/// A subject's data key, with the subkeys derived from it once.
+struct SubjectKey {
+    key_id: String,
+    /// Seals and opens values.
+    value: Key,
+    /// Keys the argument hash.
+    args_hash: Key,
+}
+
+impl SubjectKey {
+    fn new(key_id: String, data_key: &Key) -> Arc<Self> {
+        Arc::new(Self {
+            key_id,
+            value: data_key.derive("value"),
+            args_hash: data_key.derive("args-hash"),
+        })
+    }
+}
+
+enum Cached {
+    /// The key; with the batch it is being written in, when it is new.
+    Live {
+        key: Arc<SubjectKey>,
+        batch: Option<Arc<Batch>>,
+    },
+    Erased,
+}
+
+impl Cached {
+    /// Whether the table may not hold the key yet (or never will: its write failed). Such an
+    /// entry is never dropped from the cache: a second key for the same subject would be made.
+    fn unsettled(&self) -> bool {
+        match self {
+            Cached::Live {
+                key,
+                batch: Some(batch),
+            } => !matches!(batch.stored(Some(&key.key_id)), Some(Ok(()))),
+            _ => false,
+        }
+    }
+
+    /// Whether its key was never stored: a seal makes a new one.
+    fn lost(&self) -> bool {
+        match self {
+            Cached::Live {
+                key,
+                batch: Some(batch),
+            } => matches!(batch.stored(Some(&key.key_id)), Some(Err(_))),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    by_tag: HashMap<Vec<u8>, Cached>,
+    by_id: HashMap<String, Arc<SubjectKey>>,
+    /// Moved on by every erasure and every drop of the cache: a key read from the table under
+    /// an older epoch is not put in.
+    epoch: u64,
+    /// The table's generation the cache is good for.
+    generation: i64,
+}
+
+impl Cache {
+    fn insert(&mut self, tag: Vec<u8>, entry: Cached) {
+        if self.by_tag.len() >= MAX_CACHED_KEYS || self.by_id.len() >= MAX_CACHED_KEYS {
+            self.drop_settled();
+        }
+        if let Cached::Live { key, .. } = &entry {
+            self.by_id.insert(key.key_id.clone(), Arc::clone(key));
+        }
+        self.by_tag.insert(tag, entry);
+    }
+
+    /// Drops every key the table holds (they are wiped when the last user lets go).
+    fn drop_settled(&mut self) {
+        self.by_tag.retain(|_, entry| entry.unsettled());
+        let keep: std::collections::HashSet<String> = self
+            .by_tag
+            .values()
+            .filter_map(|entry| match entry {
+                Cached::Live { key, .. } => Some(key.key_id.clone()),
+                Cached::Erased => None,
+            })
+            .collect();
+        self.by_id.retain(|key_id, _| keep.contains(key_id));
+        self.epoch += 1;
+    }
 }
 
 /// The key store and cipher for personal data.
 pub struct Subjects {
-    inner: Mutex<Inner>,
+    cache: Mutex<Cache>,
+    /// Reads keys not in the cache (a connection of its own where the table allows, so a read
+    /// never waits for the writer's commit).
+    reader: Table,
+    writer: Arc<Writer>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    kek: Mutex<Kek>,
+    /// The key of the subject index: subjects are found by a keyed hash of (tenant, name), so
+    /// the table never holds a name in clear, and nobody without the key-encryption key can test
+    /// a guessed name against it.
+    index: Key,
     path: Option<PathBuf>,
+    /// Whether another process may change the table (a file, a database server).
+    shared: bool,
+    started: Instant,
+    /// When others' changes were last asked for, in ms since `started`.
+    others_checked_ms: AtomicU64,
+    others_every: Duration,
 }
 
 impl std::fmt::Debug for Subjects {
@@ -142,6 +268,16 @@ impl std::fmt::Debug for Subjects {
         f.debug_struct("Subjects")
             .field("path", &self.path)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Subjects {
+    fn drop(&mut self) {
+        // What is queued is written before the thread ends; the table closes with it.
+        self.writer.stop();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -160,16 +296,53 @@ impl Subjects {
     /// Opens the key store at `path` (`None`: in memory, for a memory ledger) with `kek`;
     /// refused with what to do when the store was made with another key.
     pub fn open(path: Option<&Path>, kek: Kek) -> Result<Self, SubjectsError> {
-        let store = Store::open(path, kek)?;
-        let data_version = data_version(&store.conn)?;
+        let writer: Box<dyn KeyTable> = Box::new(store::SqliteTable::open(path)?);
+        let reader: Option<Box<dyn KeyTable>> = match path {
+            Some(path) => Some(Box::new(store::SqliteTable::open(Some(path))?)),
+            // One database in memory is one connection's: the reader is the writer.
+            None => None,
+        };
+        let mut subjects = Self::with_tables(writer, reader, kek)?;
+        subjects.path = path.map(Path::to_path_buf);
+        subjects.shared = path.is_some();
+        Ok(subjects)
+    }
+
+    /// The key store over `writer` (and `reader` for the reads of keys not in memory, or the
+    /// writer), with `kek`; refused with what to do when the table was made with another key.
+    /// Another process may share the table: its erasures are seen within
+    /// [`OTHERS_CHECK_EVERY_MS`].
+    pub fn with_tables(
+        mut writer: Box<dyn KeyTable>,
+        reader: Option<Box<dyn KeyTable>>,
+        kek: Kek,
+    ) -> Result<Self, SubjectsError> {
+        let index = open_meta(&mut *writer, &kek)?;
+        let generation = writer.generation()?;
+        let writer: Table = Arc::new(Mutex::new(writer));
+        let reader = match reader {
+            Some(reader) => Arc::new(Mutex::new(reader)),
+            None => Arc::clone(&writer),
+        };
+        let (writer, thread) = Writer::start(writer).map_err(|error| SubjectsError::Store {
+            action: "start its writer",
+            reason: error.to_string(),
+        })?;
         Ok(Self {
-            inner: Mutex::new(Inner {
-                store,
-                cache: HashMap::new(),
-                data_version,
-                linked: Default::default(),
+            cache: Mutex::new(Cache {
+                generation,
+                ..Cache::default()
             }),
-            path: path.map(Path::to_path_buf),
+            reader,
+            writer,
+            thread: Mutex::new(Some(thread)),
+            kek: Mutex::new(kek),
+            index,
+            path: None,
+            shared: true,
+            started: Instant::now(),
+            others_checked_ms: AtomicU64::new(0),
+            others_every: Duration::from_millis(OTHERS_CHECK_EVERY_MS),
         })
     }
 
@@ -178,94 +351,193 @@ impl Subjects {
         self.path.as_deref()
     }
 
-    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        let mut inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Another process may have erased a subject: its keys must not be used from the cache.
-        match data_version(&inner.store.conn) {
-            Ok(version) if version == inner.data_version => {}
-            Ok(version) => {
-                inner.cache.clear();
-                inner.data_version = version;
-            }
-            Err(_) => inner.cache.clear(),
+    /// Writes what the seals queued, now (the ledger waits for it through
+    /// [`PersonalData::all_durable`] instead).
+    pub fn flush(&self) -> Result<(), SubjectsError> {
+        let mut table = lock(self.writer.table());
+        self.writer.flush_locked(&mut **table);
+        drop(table);
+        match self.writer.last().stored(None) {
+            Some(Err(error)) => Err(SubjectsError::Store {
+                action: "write new data keys and links",
+                reason: error.to_string(),
+            }),
+            _ => Ok(()),
         }
-        inner
     }
 
-    /// The live key of `subject` in `tenant`, made on first use.
-    fn key_for(&self, tenant: &str, subject: &str) -> Result<(String, Key), PersonalDataError> {
-        let mut inner = self.inner();
-        let tag = inner.store.tag(tenant, subject);
-        let row = inner.store.row_by_tag(&tag).map_err(key_store)?;
-        let (key_id, key) = match row {
-            Some(row) if row.erased_at.is_some() => return Err(PersonalDataError::Erased),
-            Some(row) => {
-                let key = match inner.cache.get(&row.key_id) {
-                    Some(key) => key.clone(),
-                    None => inner.store.unwrap_key(&row).ok_or_else(|| {
+    /// The index tag of `subject` in `tenant`.
+    fn tag(&self, tenant: &str, subject: &str) -> Vec<u8> {
+        self.index
+            .mac(&[
+                b"opledger-subject-tag-v1",
+                tenant.as_bytes(),
+                subject.as_bytes(),
+            ])
+            .to_vec()
+    }
+
+    /// Drops the cache when another process destroyed or re-wrapped keys since the last look
+    /// (at most every [`OTHERS_CHECK_EVERY_MS`]).
+    fn check_others(&self) {
+        if !self.shared {
+            return;
+        }
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.others_checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < self.others_every.as_millis() as u64
+            && last != 0
+            && !self.others_every.is_zero()
+        {
+            return;
+        }
+        if self
+            .others_checked_ms
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let generation = lock(&self.reader).generation();
+        let mut cache = lock(&self.cache);
+        match generation {
+            Ok(generation) if generation == cache.generation => {}
+            Ok(generation) => {
+                cache.drop_settled();
+                cache.generation = generation;
+            }
+            // Unsure: drop the keys, each is read again (and found erased or not).
+            Err(_) => cache.drop_settled(),
+        }
+    }
+
+    /// The live key of `subject` in `tenant` (made on first use, and queued to be written),
+    /// with the batch it is written in while it is new.
+    fn key_for(
+        &self,
+        tenant: &str,
+        subject: &str,
+    ) -> Result<(Arc<SubjectKey>, Option<Arc<Batch>>), PersonalDataError> {
+        let tag = self.tag(tenant, subject);
+        self.check_others();
+        loop {
+            let epoch = {
+                let cache = lock(&self.cache);
+                match cache.by_tag.get(&tag) {
+                    Some(entry) if entry.lost() => cache.epoch,
+                    Some(Cached::Live { key, batch }) => {
+                        return Ok((Arc::clone(key), batch.clone()))
+                    }
+                    Some(Cached::Erased) => return Err(PersonalDataError::Erased),
+                    None => cache.epoch,
+                }
+            };
+            let row = lock(&self.reader).row_by_tag(&tag).map_err(key_store)?;
+            let mut cache = lock(&self.cache);
+            if cache.epoch != epoch {
+                continue;
+            }
+            match cache.by_tag.get(&tag) {
+                Some(entry) if entry.lost() => {}
+                Some(Cached::Live { key, batch }) => return Ok((Arc::clone(key), batch.clone())),
+                Some(Cached::Erased) => return Err(PersonalDataError::Erased),
+                None => {}
+            }
+            return match row {
+                Some(row) if row.erased_at.is_some() => {
+                    cache.insert(tag, Cached::Erased);
+                    Err(PersonalDataError::Erased)
+                }
+                Some(row) => {
+                    let data_key = unwrap_key(&lock(&self.kek), &row).ok_or_else(|| {
                         key_store(SubjectsError::Corrupt {
                             what: format!(
                                 "the data key {} does not open with the key-encryption key",
                                 row.key_id
                             ),
                         })
-                    })?,
-                };
-                (row.key_id, key)
-            }
-            None => inner
-                .store
-                .create(tenant, subject, &tag, &now())
-                .map_err(key_store)?,
+                    })?;
+                    let key = SubjectKey::new(row.key_id, &data_key);
+                    cache.insert(
+                        tag,
+                        Cached::Live {
+                            key: Arc::clone(&key),
+                            batch: None,
+                        },
+                    );
+                    Ok((key, None))
+                }
+                None => {
+                    // Made and queued under the cache's lock: a second seal for the same new
+                    // subject finds this key, never makes another.
+                    let (write, key) = self.new_key(tenant, subject, &tag).map_err(key_store)?;
+                    let batch = self.writer.push(write);
+                    cache.insert(
+                        tag,
+                        Cached::Live {
+                            key: Arc::clone(&key),
+                            batch: batch.clone(),
+                        },
+                    );
+                    Ok((key, batch))
+                }
+            };
+        }
+    }
+
+    /// A fresh data key for `subject`, wrapped, with the subject's name sealed under it.
+    fn new_key(
+        &self,
+        tenant: &str,
+        subject: &str,
+        tag: &[u8],
+    ) -> Result<(Write, Arc<SubjectKey>), SubjectsError> {
+        let data_key = Key::generate().map_err(SubjectsError::random)?;
+        let key_id = uuid::Uuid::new_v4().simple().to_string();
+        let wrapped_key = wrap_key(&lock(&self.kek), &key_id, &data_key)?;
+        let sealed_name = data_key
+            .derive("subject-name")
+            .seal(subject.as_bytes(), name_aad(&key_id).as_bytes())
+            .map_err(SubjectsError::random)?;
+        let key = SubjectKey::new(key_id.clone(), &data_key);
+        let write = Write::Key {
+            key_id,
+            tag: tag.to_vec(),
+            tenant: tenant.to_owned(),
+            wrapped_key,
+            sealed_name,
+            at: now(),
         };
-        inner.cache.insert(key_id.clone(), key.clone());
-        Ok((key_id, key))
+        Ok((write, key))
     }
 
     /// The live key with this id, if it is not destroyed.
-    fn key_by_id(&self, key_id: &str) -> Option<Key> {
-        let mut inner = self.inner();
-        if let Some(key) = inner.cache.get(key_id) {
-            return Some(key.clone());
+    fn key_by_id(&self, key_id: &str) -> Option<Arc<SubjectKey>> {
+        self.check_others();
+        loop {
+            let epoch = {
+                let cache = lock(&self.cache);
+                if let Some(key) = cache.by_id.get(key_id) {
+                    return Some(Arc::clone(key));
+                }
+                cache.epoch
+            };
+            let row = lock(&self.reader).row_by_key(key_id).ok()??;
+            let data_key = unwrap_key(&lock(&self.kek), &row)?;
+            let mut cache = lock(&self.cache);
+            if cache.epoch != epoch {
+                continue;
+            }
+            let key = SubjectKey::new(row.key_id, &data_key);
+            cache.insert(
+                row.tag,
+                Cached::Live {
+                    key: Arc::clone(&key),
+                    batch: None,
+                },
+            );
+            return Some(key);
         }
-        let row = inner.store.row_by_key(key_id).ok()??;
-        let key = inner.store.unwrap_key(&row)?;
-        inner.cache.insert(key_id.to_owned(), key.clone());
-        Some(key)
-    }
-
-    fn link(&self, key_id: &str, operation: OperationId) -> Result<(), PersonalDataError> {
-        let mut inner = self.inner();
-        if !inner.linked.insert((key_id.to_owned(), operation)) {
-            return Ok(());
-        }
-        // The link only routes the subject's open operations to a person at erasure: losing
-        // the newest links in a power cut loses no data (the key alone seals it), so they are
-        // written without a sync of their own.
-        inner
-            .store
-            .conn
-            .execute_batch("PRAGMA synchronous = NORMAL")
-            .and_then(|()| {
-                inner.store.conn.execute(
-                    "INSERT OR IGNORE INTO subject_operations (key_id, operation_id) VALUES (?1, ?2)",
-                    params![key_id, operation.to_string()],
-                )
-            })
-            .and_then(|_| {
-                inner.store.conn.execute(
-                    "UPDATE subjects SET last_recorded_at = ?2 WHERE key_id = ?1",
-                    params![key_id, now()],
-                )
-            })
-            .and_then(|_| inner.store.conn.execute_batch("PRAGMA synchronous = FULL"))
-            .map_err(|error| key_store(SubjectsError::store("link an operation to its subject", error)))?;
-        // The process's own commit changed data_version too: the cache stays good.
-        inner.data_version = data_version(&inner.store.conn).map_err(key_store)?;
-        Ok(())
     }
 
     /// Destroys the data key of `subject` (in `tenant`, or in every tenant that has one), so
@@ -277,27 +549,15 @@ impl Subjects {
         tenant: Option<&str>,
         by: &str,
     ) -> Result<Vec<Erasure>, SubjectsError> {
-        let tenants: Vec<String> = {
-            let inner = self.inner();
-            match tenant {
-                Some(tenant) => vec![tenant.to_owned()],
-                None => inner
-                    .store
-                    .rows()?
-                    .into_iter()
-                    .map(|row| row.tenant)
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
-            }
+        let rows = self.rows()?;
+        let tenants: std::collections::BTreeSet<String> = match tenant {
+            Some(tenant) => [tenant.to_owned()].into(),
+            None => rows.into_iter().map(|row| row.tenant).collect(),
         };
         let mut erased = Vec::new();
         for tenant in &tenants {
-            let row = {
-                let inner = self.inner();
-                let tag = inner.store.tag(tenant, subject);
-                inner.store.row_by_tag(&tag)?
-            };
+            let tag = self.tag(tenant, subject);
+            let row = lock(self.writer.table()).row_by_tag(&tag)?;
             if let Some(row) = row {
                 erased.push(self.erase_row(row, by)?);
             }
@@ -312,17 +572,26 @@ impl Subjects {
 
     /// Destroys the data key with this id (the retention worker's erasure).
     pub fn erase_key(&self, key_id: &str, by: &str) -> Result<Erasure, SubjectsError> {
-        let row = self
-            .inner()
-            .store
+        self.flush()?;
+        let row = lock(self.writer.table())
             .row_by_key(key_id)?
             .ok_or(SubjectsError::Unknown { tenant: None })?;
         self.erase_row(row, by)
     }
 
     fn erase_row(&self, row: Row, by: &str) -> Result<Erasure, SubjectsError> {
-        let mut inner = self.inner();
-        let operations = operations_of(&inner.store, &row.key_id)?;
+        // The cache forgets the key first: from here on no seal and no opening in this process
+        // uses it, and a read of the table that began before is not put back (the epoch).
+        {
+            let mut cache = lock(&self.cache);
+            cache.by_id.remove(&row.key_id);
+            cache.by_tag.insert(row.tag.clone(), Cached::Erased);
+            cache.epoch += 1;
+        }
+        let mut table = lock(self.writer.table());
+        // Links queued for the subject's operations are written before they are read.
+        self.writer.flush_locked(&mut **table);
+        let operations = parse_operations(table.operations_of(&row.key_id)?);
         if let Some(at) = row.erased_at {
             return Ok(Erasure {
                 key_id: row.key_id,
@@ -331,17 +600,11 @@ impl Subjects {
                 already_erased_at: Some(at),
             });
         }
-        inner
-            .store
-            .conn
-            .execute(
-                "UPDATE subjects SET wrapped_key = NULL, sealed_name = NULL, erased_at = ?2, erased_by = ?3 WHERE key_id = ?1",
-                params![row.key_id, now(), by],
-            )
-            .map_err(|error| SubjectsError::store("destroy a data key", error))?;
-        inner.cache.remove(&row.key_id);
-        store::truncate_wal(&inner.store.conn)?;
-        inner.data_version = data_version(&inner.store.conn)?;
+        let generation = table.destroy(&row.key_id, &now(), by)?;
+        drop(table);
+        let mut cache = lock(&self.cache);
+        cache.generation = cache.generation.max(generation);
+        drop(cache);
         tracing::info!(key_id = %row.key_id, tenant = %row.tenant, operations = operations.len(), "data subject erased: its key is destroyed");
         Ok(Erasure {
             key_id: row.key_id,
@@ -351,30 +614,27 @@ impl Subjects {
         })
     }
 
+    /// Every row, once what is queued is written.
+    fn rows(&self) -> Result<Vec<Row>, SubjectsError> {
+        self.flush()?;
+        lock(self.writer.table()).rows()
+    }
+
     /// Every subject, oldest first: names only of those not erased.
     pub fn list(&self) -> Result<Vec<SubjectSummary>, SubjectsError> {
-        let inner = self.inner();
-        inner
-            .store
-            .rows()?
-            .into_iter()
-            .map(|row| summary(&inner.store, row))
-            .collect()
+        let rows = self.rows()?;
+        rows.into_iter().map(|row| self.summary(row)).collect()
     }
 
     /// The subject of this name (in every tenant that has it).
     pub fn show(&self, subject: &str) -> Result<Vec<SubjectSummary>, SubjectsError> {
-        let inner = self.inner();
-        let tenants: std::collections::BTreeSet<String> = inner
-            .store
-            .rows()?
-            .into_iter()
-            .map(|row| row.tenant)
-            .collect();
+        let tenants: std::collections::BTreeSet<String> =
+            self.rows()?.into_iter().map(|row| row.tenant).collect();
         let mut found = Vec::new();
         for tenant in tenants {
-            if let Some(row) = inner.store.row_by_tag(&inner.store.tag(&tenant, subject))? {
-                found.push(summary(&inner.store, row)?);
+            let row = lock(self.writer.table()).row_by_tag(&self.tag(&tenant, subject))?;
+            if let Some(row) = row {
+                found.push(self.summary(row)?);
             }
         }
         if found.is_empty() {
@@ -383,52 +643,131 @@ impl Subjects {
         Ok(found)
     }
 
+    fn summary(&self, row: Row) -> Result<SubjectSummary, SubjectsError> {
+        let subject = unwrap_key(&lock(&self.kek), &row).and_then(|key| name_of(&row, &key));
+        let operations = parse_operations(lock(self.writer.table()).operations_of(&row.key_id)?);
+        Ok(SubjectSummary {
+            key_id: row.key_id,
+            tenant: row.tenant,
+            subject,
+            created_at: row.created_at,
+            last_recorded_at: row.last_recorded_at,
+            erased_at: row.erased_at,
+            erased_by: row.erased_by,
+            operations,
+        })
+    }
+
     /// Wraps every live data key again under `new`; from then on only `new` opens the store.
     pub fn rotate_kek(&self, new: Kek) -> Result<usize, SubjectsError> {
-        let mut inner = self.inner();
-        let count = inner.store.rotate(new)?;
-        inner.data_version = data_version(&inner.store.conn)?;
-        Ok(count)
+        let live: Vec<Row> = self
+            .rows()?
+            .into_iter()
+            .filter(|row| row.wrapped_key.is_some())
+            .collect();
+        let mut kek = lock(&self.kek);
+        let mut rewrapped = Vec::with_capacity(live.len());
+        for row in &live {
+            let key = unwrap_key(&kek, row).ok_or_else(|| SubjectsError::Corrupt {
+                what: format!(
+                    "the data key {} does not open with the key-encryption key",
+                    row.key_id
+                ),
+            })?;
+            rewrapped.push((row.key_id.clone(), wrap_key(&new, &row.key_id, &key)?));
+        }
+        let meta = meta_of(&new, &self.index)?;
+        let meta: Vec<(&str, Vec<u8>)> = meta.iter().map(|(n, v)| (*n, v.clone())).collect();
+        let generation = lock(self.writer.table()).rewrap(&rewrapped, &meta)?;
+        *kek = new;
+        drop(kek);
+        let mut cache = lock(&self.cache);
+        cache.generation = cache.generation.max(generation);
+        Ok(rewrapped.len())
     }
 }
 
-fn summary(store: &Store, row: Row) -> Result<SubjectSummary, SubjectsError> {
-    let subject = store
-        .unwrap_key(&row)
-        .and_then(|key| store.name_of(&row, &key));
-    let operations = operations_of(store, &row.key_id)?;
-    Ok(SubjectSummary {
-        key_id: row.key_id,
-        tenant: row.tenant,
-        subject,
-        created_at: row.created_at,
-        last_recorded_at: row.last_recorded_at,
-        erased_at: row.erased_at,
-        erased_by: row.erased_by,
-        operations,
-    })
-}
-
-fn operations_of(store: &Store, key_id: &str) -> Result<Vec<OperationId>, SubjectsError> {
-    let mut statement = store
-        .conn
-        .prepare_cached(
-            "SELECT operation_id FROM subject_operations WHERE key_id = ?1 ORDER BY operation_id",
-        )
-        .map_err(|error| SubjectsError::store("list a subject's operations", error))?;
-    let ids: Vec<String> = statement
-        .query_map([key_id], |row| row.get(0))
-        .and_then(Iterator::collect)
-        .map_err(|error| SubjectsError::store("list a subject's operations", error))?;
-    Ok(ids
-        .iter()
+fn parse_operations(ids: Vec<String>) -> Vec<OperationId> {
+    ids.iter()
         .filter_map(|id| id.parse::<uuid::Uuid>().ok().map(OperationId::from_uuid))
-        .collect())
+        .collect()
 }
 
-fn data_version(conn: &rusqlite::Connection) -> Result<i64, SubjectsError> {
-    conn.query_row("PRAGMA data_version", [], |row| row.get(0))
-        .map_err(|error| SubjectsError::store("read the key store's version", error))
+fn wrap_aad(key_id: &str) -> String {
+    format!("opledger-data-key:v1:{key_id}")
+}
+
+fn name_aad(key_id: &str) -> String {
+    format!("opledger-subject-name:v1:{key_id}")
+}
+
+fn wrap_key(kek: &Kek, key_id: &str, key: &Key) -> Result<Vec<u8>, SubjectsError> {
+    kek.key()
+        .seal(key.bytes(), wrap_aad(key_id).as_bytes())
+        .map_err(SubjectsError::random)
+}
+
+/// The data key of a live row.
+fn unwrap_key(kek: &Kek, row: &Row) -> Option<Key> {
+    let opened = kek.key().open(
+        row.wrapped_key.as_deref()?,
+        wrap_aad(&row.key_id).as_bytes(),
+    )?;
+    let bytes: [u8; KEY_BYTES] = opened.as_slice().try_into().ok()?;
+    Some(Key::from_bytes(bytes))
+}
+
+/// The subject's name of a live row.
+fn name_of(row: &Row, key: &Key) -> Option<String> {
+    let opened = key.derive("subject-name").open(
+        row.sealed_name.as_deref()?,
+        name_aad(&row.key_id).as_bytes(),
+    )?;
+    String::from_utf8(opened.to_vec()).ok()
+}
+
+/// The header values: the index key wrapped by `kek`, and `kek`'s id.
+fn meta_of(kek: &Kek, index: &Key) -> Result<[(&'static str, Vec<u8>); 2], SubjectsError> {
+    let wrapped = kek
+        .key()
+        .seal(index.bytes(), b"opledger-index-key:v1")
+        .map_err(SubjectsError::random)?;
+    Ok([("index_key", wrapped), ("kek_id", kek.id().into_bytes())])
+}
+
+/// Reads the key store's index key with `kek`, writing it on first use; a key store made with
+/// another key-encryption key is refused, naming both ids.
+fn open_meta(table: &mut dyn KeyTable, kek: &Kek) -> Result<Key, SubjectsError> {
+    if table.meta("index_key")?.is_none() {
+        let index = Key::generate().map_err(SubjectsError::random)?;
+        let meta = meta_of(kek, &index)?;
+        let meta: Vec<(&str, Vec<u8>)> = meta.iter().map(|(n, v)| (*n, v.clone())).collect();
+        table.set_meta(&meta)?;
+    }
+    // Read back, not the key just made: another instance starting on the same table at the
+    // same moment may have written its index key first, and every instance must tag a subject
+    // alike (else one subject would get two keys).
+    let wrapped_index = table
+        .meta("index_key")?
+        .ok_or_else(|| SubjectsError::Corrupt {
+            what: format!("{} has no index key after it was written", table.describe()),
+        })?;
+    let stored_id = table
+        .meta("kek_id")?
+        .and_then(|id| String::from_utf8(id).ok())
+        .unwrap_or_default();
+    let opened = kek
+        .key()
+        .open(&wrapped_index, b"opledger-index-key:v1")
+        .and_then(|bytes| <[u8; KEY_BYTES]>::try_from(bytes.as_slice()).ok());
+    match opened {
+        Some(bytes) => Ok(Key::from_bytes(bytes)),
+        None => Err(SubjectsError::WrongKek {
+            path: table.describe(),
+            given: kek.id(),
+            stored: stored_id,
+        }),
+    }
 }
 
 fn key_store(error: SubjectsError) -> PersonalDataError {
@@ -440,14 +779,13 @@ fn value_aad(key_id: &str, operation: OperationId) -> String {
 }
 
 fn token(
-    key_id: &str,
+    key: &Arc<SubjectKey>,
     operation: OperationId,
-    key: &Key,
     value_json: &str,
 ) -> Result<String, PersonalDataError> {
-    let aad = value_aad(key_id, operation);
+    let aad = value_aad(&key.key_id, operation);
     let sealed = key
-        .derive("value")
+        .value
         .seal(value_json.as_bytes(), aad.as_bytes())
         .map_err(|error| key_store(SubjectsError::random(error)))?;
     Ok(format!(
@@ -456,11 +794,8 @@ fn token(
     ))
 }
 
-fn keyed_hash(key: &Key, args: &ArgsSnapshot) -> ArgsHash {
-    ArgsHash::keyed(
-        &key.derive("args-hash")
-            .mac(&[args.canonical_json().as_bytes()]),
-    )
+fn keyed_hash(key: &Arc<SubjectKey>, args: &ArgsSnapshot) -> ArgsHash {
+    ArgsHash::keyed(&key.args_hash.mac(&[args.canonical_json().as_bytes()]))
 }
 
 impl PersonalData for Subjects {
@@ -471,9 +806,13 @@ impl PersonalData for Subjects {
         operation: OperationId,
         value_json: &str,
     ) -> Result<String, PersonalDataError> {
-        let (key_id, key) = self.key_for(tenant.as_str(), subject)?;
-        self.link(&key_id, operation)?;
-        token(&key_id, operation, &key, value_json)
+        let (key, _) = self.key_for(tenant.as_str(), subject)?;
+        self.writer.push(Write::Link {
+            key_id: key.key_id.clone(),
+            operation_id: operation.to_string(),
+            at: now(),
+        });
+        token(&key, operation, value_json)
     }
 
     fn keyed_hash(
@@ -482,7 +821,7 @@ impl PersonalData for Subjects {
         subject: &str,
         args: &ArgsSnapshot,
     ) -> Result<ArgsHash, PersonalDataError> {
-        let (_, key) = self.key_for(tenant.as_str(), subject)?;
+        let (key, _) = self.key_for(tenant.as_str(), subject)?;
         Ok(keyed_hash(&key, args))
     }
 
@@ -496,7 +835,7 @@ impl PersonalData for Subjects {
             .decode(sealed)
             .ok()?;
         let opened = key
-            .derive("value")
+            .value
             .open(&sealed, value_aad(key_id, operation).as_bytes())?;
         String::from_utf8(opened.to_vec()).ok()
     }
@@ -509,12 +848,40 @@ impl PersonalData for Subjects {
     ) -> Option<String> {
         let (key_id, _, _) = token_parts(token_in)?;
         let key = self.key_by_id(key_id)?;
-        token(key_id, operation, &key, value_json).ok()
+        token(&key, operation, value_json).ok()
     }
 
     fn keyed_hash_like(&self, token_in: &str, args: &ArgsSnapshot) -> Option<ArgsHash> {
         let (key_id, _, _) = token_parts(token_in)?;
         Some(keyed_hash(&self.key_by_id(key_id)?, args))
+    }
+
+    fn key_durable(&self, tenant: &TenantId, subject: &str, sealed: Option<&str>) -> Durable<'_> {
+        let tag = self.tag(tenant.as_str(), subject);
+        let (key_id, batch) = match lock(&self.cache).by_tag.get(&tag) {
+            Some(Cached::Live { key, batch }) => (key.key_id.clone(), batch.clone()),
+            // Erased since: what was sealed is unreadable, never in clear.
+            _ => return durable_now(),
+        };
+        if let Some((sealed_by, _, _)) = sealed.and_then(token_parts) {
+            if sealed_by != key_id {
+                // Its key was not stored (another server's won, or its write failed) and the
+                // subject has another now: the values are sealed again under that one.
+                return Box::pin(std::future::ready(Err(PersonalDataError::KeyReplaced)));
+            }
+        }
+        match batch {
+            None => durable_now(),
+            Some(batch) => Box::pin(async move { batch.wait(Some(&key_id)).await }),
+        }
+    }
+
+    fn all_durable(&self) -> Durable<'_> {
+        let batch = self.writer.last();
+        match batch.stored(None) {
+            Some(Ok(())) => durable_now(),
+            _ => Box::pin(async move { batch.wait(None).await }),
+        }
     }
 }
 

@@ -1,23 +1,16 @@
-//! The key store: one row per data subject and tenant, holding the subject's data key wrapped
-//! by the key-encryption key and the subject's name sealed under the data key itself.
-//!
-//! A SQLite file of its own beside the ledger (`<ledger>.keys`), never the ledger file: the
-//! ledger is append-only and copied whole (backups, exports), and a copy of it must carry no key.
-//! The file runs with `secure_delete`, so the bytes of a destroyed key are overwritten with
-//! zeros in the database page, and every erasure ends with a WAL checkpoint that truncates the
-//! write-ahead log, so no older copy of the page survives there either. Keys are written with
-//! `synchronous=FULL`: a value sealed under a key that a power loss then forgot would be lost.
-//!
-//! What must never happen: a data key or a subject's name stored in clear; a key kept after its
-//! subject was erased; a subject re-created under a fresh key after erasure (a new record for
-//! an erased person is refused until the erasure is cleared by a person).
+//! The key table on SQLite: a file of its own beside the ledger (`<ledger>.keys`), never the
+//! ledger file: the ledger is append-only and copied whole (backups, exports), and a copy of it
+//! must carry no key. The file runs with `secure_delete`, so the bytes of a destroyed key are
+//! overwritten with zeros in the database page, and every destruction ends with a WAL
+//! checkpoint that truncates the write-ahead log, so no older copy of the page survives there
+//! either. Writes are `synchronous=FULL`: a value sealed under a key that a power loss then
+//! forgot would be lost.
 
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::cipher::{Key, KEY_BYTES};
-use crate::kek::Kek;
+use crate::table::{generation_of, KeyTable, Row, Write};
 use crate::SubjectsError;
 
 const SCHEMA: &str = "
@@ -45,32 +38,20 @@ CREATE TABLE IF NOT EXISTS subject_operations (
 ) STRICT, WITHOUT ROWID;
 ";
 
-/// A subject's row, as the store keeps it.
-#[derive(Clone, Debug)]
-pub(crate) struct Row {
-    pub key_id: String,
-    pub tenant: String,
-    pub wrapped_key: Option<Vec<u8>>,
-    pub sealed_name: Option<Vec<u8>>,
-    pub created_at: String,
-    pub last_recorded_at: String,
-    pub erased_at: Option<String>,
-    pub erased_by: Option<String>,
+const COLUMNS: &str = "key_id, tag, tenant, wrapped_key, sealed_name, created_at, last_recorded_at, erased_at, erased_by";
+
+/// A connection to the key store's SQLite file (or to a database in memory).
+pub(crate) struct SqliteTable {
+    conn: Connection,
+    path: Option<String>,
+    /// `PRAGMA data_version` when the generation was last read: unchanged, nobody committed.
+    seen_version: Option<i64>,
+    generation: i64,
 }
 
-/// The key store's connection and the secrets it was opened with.
-pub(crate) struct Store {
-    pub conn: Connection,
-    kek: Kek,
-    /// The key of the subject index: subjects are found by a keyed hash of (tenant, name), so
-    /// the file never holds a name in clear, and nobody without the key-encryption key can test
-    /// a guessed name against it.
-    index: Key,
-}
-
-impl Store {
-    /// Opens (or creates) the key store at `path` (`None`: in memory) with `kek`.
-    pub fn open(path: Option<&Path>, kek: Kek) -> Result<Self, SubjectsError> {
+impl SqliteTable {
+    /// Opens (or creates) the key store at `path` (`None`: in memory).
+    pub fn open(path: Option<&Path>) -> Result<Self, SubjectsError> {
         let conn = match path {
             Some(path) => Connection::open(path),
             None => Connection::open_in_memory(),
@@ -86,48 +67,87 @@ impl Store {
         .map_err(|error| SubjectsError::store("set up the key store", error))?;
         conn.execute_batch(SCHEMA)
             .map_err(|error| SubjectsError::store("create the key store's tables", error))?;
-        let index = open_meta(&conn, &kek, path)?;
-        Ok(Self { conn, kek, index })
-    }
-
-    /// The index tag of `subject` in `tenant`.
-    pub fn tag(&self, tenant: &str, subject: &str) -> Vec<u8> {
-        self.index
-            .mac(&[
-                b"opledger-subject-tag-v1",
-                tenant.as_bytes(),
-                subject.as_bytes(),
-            ])
-            .to_vec()
-    }
-
-    pub fn row_by_tag(&self, tag: &[u8]) -> Result<Option<Row>, SubjectsError> {
-        self.row_where("tag = ?1", &[&tag])
-    }
-
-    pub fn row_by_key(&self, key_id: &str) -> Result<Option<Row>, SubjectsError> {
-        self.row_where("key_id = ?1", &[&key_id])
+        Ok(Self {
+            conn,
+            path: path.map(|path| path.display().to_string()),
+            seen_version: None,
+            generation: 0,
+        })
     }
 
     fn row_where(
         &self,
         condition: &str,
-        values: &[&dyn rusqlite::ToSql],
+        value: &dyn rusqlite::ToSql,
     ) -> Result<Option<Row>, SubjectsError> {
         self.conn
-            .query_row(
-                &format!("SELECT key_id, tenant, wrapped_key, sealed_name, created_at, last_recorded_at, erased_at, erased_by FROM subjects WHERE {condition}"),
-                values,
-                row_of,
-            )
-            .optional()
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM subjects WHERE {condition}"))
+            .and_then(|mut statement| statement.query_row([value], row_of).optional())
             .map_err(|error| SubjectsError::store("read a subject", error))
     }
 
-    pub fn rows(&self) -> Result<Vec<Row>, SubjectsError> {
+    fn bump_generation(transaction: &rusqlite::Transaction<'_>) -> Result<i64, SubjectsError> {
+        let current: Option<Vec<u8>> = transaction
+            .query_row(
+                "SELECT value FROM meta WHERE name = 'generation'",
+                [],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|error| SubjectsError::store("read the key store's generation", error))?;
+        let next = generation_of(current.as_deref()) + 1;
+        transaction
+            .execute(
+                "INSERT INTO meta (name, value) VALUES ('generation', ?1) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                [next.to_string().into_bytes()],
+            )
+            .map_err(|error| SubjectsError::store("move the key store's generation on", error))?;
+        Ok(next)
+    }
+}
+
+impl KeyTable for SqliteTable {
+    fn meta(&mut self, name: &str) -> Result<Option<Vec<u8>>, SubjectsError> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE name = ?1", [name], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(|error| SubjectsError::store("read the key store's header", error))
+    }
+
+    fn set_meta(&mut self, values: &[(&str, Vec<u8>)]) -> Result<(), SubjectsError> {
+        let transaction = self
+            .conn
+            .transaction()
+            .map_err(|error| SubjectsError::store("write the key store's header", error))?;
+        for (name, value) in values {
+            transaction
+                .execute(
+                    "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING",
+                    params![name, value],
+                )
+                .map_err(|error| SubjectsError::store("write the key store's header", error))?;
+        }
+        transaction
+            .commit()
+            .map_err(|error| SubjectsError::store("write the key store's header", error))
+    }
+
+    fn row_by_tag(&mut self, tag: &[u8]) -> Result<Option<Row>, SubjectsError> {
+        self.row_where("tag = ?1", &tag)
+    }
+
+    fn row_by_key(&mut self, key_id: &str) -> Result<Option<Row>, SubjectsError> {
+        self.row_where("key_id = ?1", &key_id)
+    }
+
+    fn rows(&mut self) -> Result<Vec<Row>, SubjectsError> {
         let mut statement = self
             .conn
-            .prepare("SELECT key_id, tenant, wrapped_key, sealed_name, created_at, last_recorded_at, erased_at, erased_by FROM subjects ORDER BY created_at, key_id")
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM subjects ORDER BY created_at, key_id"
+            ))
             .map_err(|error| SubjectsError::store("list subjects", error))?;
         let rows = statement
             .query_map([], row_of)
@@ -136,124 +156,172 @@ impl Store {
         Ok(rows)
     }
 
-    /// A new subject's row with a fresh data key, durable before it is used.
-    pub fn create(
-        &self,
-        tenant: &str,
-        subject: &str,
-        tag: &[u8],
-        now: &str,
-    ) -> Result<(String, Key), SubjectsError> {
-        let key = Key::generate().map_err(SubjectsError::random)?;
-        let key_id = uuid::Uuid::new_v4().simple().to_string();
-        let wrapped = self.wrap(&key_id, &key)?;
-        let sealed_name = key
-            .derive("subject-name")
-            .seal(subject.as_bytes(), name_aad(&key_id).as_bytes())
-            .map_err(SubjectsError::random)?;
-        self.conn
-            .execute(
-                "INSERT INTO subjects (key_id, tag, tenant, wrapped_key, sealed_name, created_at, last_recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
-                params![key_id, tag, tenant, wrapped, sealed_name, now],
+    fn operations_of(&mut self, key_id: &str) -> Result<Vec<String>, SubjectsError> {
+        let mut statement = self
+            .conn
+            .prepare_cached(
+                "SELECT operation_id FROM subject_operations WHERE key_id = ?1 ORDER BY operation_id",
             )
-            .map_err(|error| SubjectsError::store("store a new data key", error))?;
-        Ok((key_id, key))
+            .map_err(|error| SubjectsError::store("list a subject's operations", error))?;
+        let ids = statement
+            .query_map([key_id], |row| row.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|error| SubjectsError::store("list a subject's operations", error))?;
+        Ok(ids)
     }
 
-    pub fn wrap(&self, key_id: &str, key: &Key) -> Result<Vec<u8>, SubjectsError> {
-        self.kek
-            .key()
-            .seal(key.bytes(), wrap_aad(key_id).as_bytes())
-            .map_err(SubjectsError::random)
-    }
-
-    /// The data key of a live row.
-    pub fn unwrap_key(&self, row: &Row) -> Option<Key> {
-        let opened = self.kek.key().open(
-            row.wrapped_key.as_deref()?,
-            wrap_aad(&row.key_id).as_bytes(),
-        )?;
-        let bytes: [u8; KEY_BYTES] = opened.as_slice().try_into().ok()?;
-        Some(Key::from_bytes(bytes))
-    }
-
-    /// The subject's name of a live row.
-    pub fn name_of(&self, row: &Row, key: &Key) -> Option<String> {
-        let opened = key.derive("subject-name").open(
-            row.sealed_name.as_deref()?,
-            name_aad(&row.key_id).as_bytes(),
-        )?;
-        String::from_utf8(opened.to_vec()).ok()
-    }
-
-    /// Every live data key and the index key wrapped again under `new`, in one transaction;
-    /// the store is opened with `new` from then on.
-    pub fn rotate(&mut self, new: Kek) -> Result<usize, SubjectsError> {
-        let live: Vec<Row> = self
-            .rows()?
-            .into_iter()
-            .filter(|row| row.wrapped_key.is_some())
-            .collect();
-        let mut rewrapped = Vec::with_capacity(live.len());
-        for row in &live {
-            let key = self.unwrap_key(row).ok_or_else(|| SubjectsError::Corrupt {
-                what: format!(
-                    "the data key {} does not open with the key-encryption key",
-                    row.key_id
-                ),
-            })?;
-            let wrapped = new
-                .key()
-                .seal(key.bytes(), wrap_aad(&row.key_id).as_bytes())
-                .map_err(SubjectsError::random)?;
-            rewrapped.push((row.key_id.clone(), wrapped));
+    fn write(&mut self, writes: &[Write]) -> Result<Vec<String>, SubjectsError> {
+        let failed = |error| SubjectsError::store("write new data keys and links", error);
+        // A new key is synced before anything sealed under it is appended. Links alone are
+        // not: a sync per batch of them competed with the ledger's own syncs for the disk (one
+        // every ~3 operations at concurrency 64, costing a third of the throughput), and what
+        // they say is in the log already (each token names its key and operation). The next
+        // key's sync, or a checkpoint, makes them durable too.
+        let synchronous = if writes
+            .iter()
+            .any(|write| matches!(write, Write::Key { .. }))
+        {
+            "PRAGMA synchronous = FULL"
+        } else {
+            "PRAGMA synchronous = NORMAL"
+        };
+        self.conn.execute_batch(synchronous).map_err(failed)?;
+        let transaction = self.conn.transaction().map_err(failed)?;
+        let mut lost = Vec::new();
+        {
+            let mut key = transaction
+                .prepare_cached("INSERT INTO subjects (key_id, tag, tenant, wrapped_key, sealed_name, created_at, last_recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT (tag) DO NOTHING")
+                .map_err(failed)?;
+            let mut link = transaction
+                .prepare_cached("INSERT OR IGNORE INTO subject_operations (key_id, operation_id) SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM subjects WHERE key_id = ?1)")
+                .map_err(failed)?;
+            let mut recorded = transaction
+                .prepare_cached("UPDATE subjects SET last_recorded_at = ?2 WHERE key_id = ?1 AND last_recorded_at < ?2")
+                .map_err(failed)?;
+            for write in writes {
+                match write {
+                    Write::Key {
+                        key_id,
+                        tag,
+                        tenant,
+                        wrapped_key,
+                        sealed_name,
+                        at,
+                    } => key
+                        .execute(params![key_id, tag, tenant, wrapped_key, sealed_name, at])
+                        .map(|stored| {
+                            if stored == 0 {
+                                lost.push(key_id.clone());
+                            }
+                        }),
+                    Write::Link {
+                        key_id,
+                        operation_id,
+                        at,
+                    } => link
+                        .execute(params![key_id, operation_id])
+                        .and_then(|_| recorded.execute(params![key_id, at]))
+                        .map(drop),
+                }
+                .map_err(failed)?;
+            }
         }
+        let committed = transaction.commit().map_err(failed);
+        // Every other write of the key store is synced.
+        self.conn
+            .execute_batch("PRAGMA synchronous = FULL")
+            .map_err(failed)?;
+        committed?;
+        Ok(lost)
+    }
+
+    fn destroy(&mut self, key_id: &str, at: &str, by: &str) -> Result<i64, SubjectsError> {
+        let failed = |error| SubjectsError::store("destroy a data key", error);
+        let transaction = self.conn.transaction().map_err(failed)?;
+        transaction
+            .execute(
+                "UPDATE subjects SET wrapped_key = NULL, sealed_name = NULL, erased_at = ?2, erased_by = ?3 WHERE key_id = ?1 AND erased_at IS NULL",
+                params![key_id, at, by],
+            )
+            .map_err(failed)?;
+        let generation = Self::bump_generation(&transaction)?;
+        transaction.commit().map_err(failed)?;
+        truncate_wal(&self.conn)?;
+        Ok(generation)
+    }
+
+    fn rewrap(
+        &mut self,
+        keys: &[(String, Vec<u8>)],
+        meta: &[(&str, Vec<u8>)],
+    ) -> Result<i64, SubjectsError> {
         let transaction = self
             .conn
             .transaction()
             .map_err(|error| SubjectsError::store("begin the rotation", error))?;
-        for (key_id, wrapped) in &rewrapped {
+        for (key_id, wrapped) in keys {
             transaction
                 .execute(
-                    "UPDATE subjects SET wrapped_key = ?2 WHERE key_id = ?1",
+                    "UPDATE subjects SET wrapped_key = ?2 WHERE key_id = ?1 AND erased_at IS NULL",
                     params![key_id, wrapped],
                 )
                 .map_err(|error| SubjectsError::store("re-wrap a data key", error))?;
         }
-        write_meta(&transaction, &new, &self.index)?;
+        write_meta(&transaction, meta)?;
+        let generation = Self::bump_generation(&transaction)?;
         transaction
             .commit()
             .map_err(|error| SubjectsError::store("commit the rotation", error))?;
-        self.kek = new;
         truncate_wal(&self.conn)?;
-        Ok(rewrapped.len())
+        Ok(generation)
     }
+
+    fn generation(&mut self) -> Result<i64, SubjectsError> {
+        let version: i64 = self
+            .conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+            .map_err(|error| SubjectsError::store("read the key store's version", error))?;
+        if self.seen_version != Some(version) {
+            self.generation = generation_of(self.meta("generation")?.as_deref());
+            self.seen_version = Some(version);
+        }
+        Ok(self.generation)
+    }
+
+    fn describe(&self) -> String {
+        self.path.clone().unwrap_or_else(|| "(memory)".to_owned())
+    }
+}
+
+fn write_meta(conn: &Connection, values: &[(&str, Vec<u8>)]) -> Result<(), SubjectsError> {
+    for (name, value) in values {
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            params![name, value],
+        )
+        .map_err(|error| SubjectsError::store("write the key store's header", error))?;
+    }
+    Ok(())
 }
 
 fn row_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
     Ok(Row {
         key_id: row.get(0)?,
-        tenant: row.get(1)?,
-        wrapped_key: row.get(2)?,
-        sealed_name: row.get(3)?,
-        created_at: row.get(4)?,
-        last_recorded_at: row.get(5)?,
-        erased_at: row.get(6)?,
-        erased_by: row.get(7)?,
+        tag: row.get(1)?,
+        tenant: row.get(2)?,
+        wrapped_key: row.get(3)?,
+        sealed_name: row.get(4)?,
+        created_at: row.get(5)?,
+        last_recorded_at: row.get(6)?,
+        erased_at: row.get(7)?,
+        erased_by: row.get(8)?,
     })
-}
-
-fn wrap_aad(key_id: &str) -> String {
-    format!("opledger-data-key:v1:{key_id}")
-}
-
-fn name_aad(key_id: &str) -> String {
-    format!("opledger-subject-name:v1:{key_id}")
 }
 
 /// Checkpoints the write-ahead log into the database and truncates it to nothing, so the pages
 /// a destroyed key was in are gone from the log too.
-pub(crate) fn truncate_wal(conn: &Connection) -> Result<(), SubjectsError> {
+fn truncate_wal(conn: &Connection) -> Result<(), SubjectsError> {
     let (busy, _, _): (i64, i64, i64) = conn
         .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
@@ -263,53 +331,6 @@ pub(crate) fn truncate_wal(conn: &Connection) -> Result<(), SubjectsError> {
         return Err(SubjectsError::Corrupt {
             what: "another process holds the key store open, so its write-ahead log could not be truncated; the key is destroyed in the database, run the erasure again once the other process has stopped".into(),
         });
-    }
-    Ok(())
-}
-
-/// Reads the key store's check and index key with `kek`, writing them on first use; a key
-/// store made with another key-encryption key is refused, naming both ids.
-fn open_meta(conn: &Connection, kek: &Kek, path: Option<&Path>) -> Result<Key, SubjectsError> {
-    let read = |name: &str| -> Result<Option<Vec<u8>>, SubjectsError> {
-        conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |row| {
-            row.get(0)
-        })
-        .optional()
-        .map_err(|error| SubjectsError::store("read the key store's header", error))
-    };
-    let Some(wrapped_index) = read("index_key")? else {
-        let index = Key::generate().map_err(SubjectsError::random)?;
-        write_meta(conn, kek, &index)?;
-        return Ok(index);
-    };
-    let stored_id = read("kek_id")?
-        .and_then(|id| String::from_utf8(id).ok())
-        .unwrap_or_default();
-    let opened = kek
-        .key()
-        .open(&wrapped_index, b"opledger-index-key:v1")
-        .and_then(|bytes| <[u8; KEY_BYTES]>::try_from(bytes.as_slice()).ok());
-    match opened {
-        Some(bytes) => Ok(Key::from_bytes(bytes)),
-        None => Err(SubjectsError::WrongKek {
-            path: path.map_or_else(|| "(memory)".to_owned(), |p| p.display().to_string()),
-            given: kek.id(),
-            stored: stored_id,
-        }),
-    }
-}
-
-fn write_meta(conn: &Connection, kek: &Kek, index: &Key) -> Result<(), SubjectsError> {
-    let wrapped = kek
-        .key()
-        .seal(index.bytes(), b"opledger-index-key:v1")
-        .map_err(SubjectsError::random)?;
-    for (name, value) in [("index_key", wrapped), ("kek_id", kek.id().into_bytes())] {
-        conn.execute(
-            "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-            params![name, value],
-        )
-        .map_err(|error| SubjectsError::store("write the key store's header", error))?;
     }
     Ok(())
 }

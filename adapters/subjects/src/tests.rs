@@ -1,5 +1,6 @@
 use super::*;
 use opledger_domain::personal::{open_args, seal_args, Personal, PersonalFields};
+use table::{KeyTable, Row, Write};
 
 fn kek(byte: u8) -> Kek {
     Kek::parse(&format!("{byte:02x}").repeat(32), "test").unwrap()
@@ -15,7 +16,7 @@ fn record(subjects: &Subjects, operation: OperationId, email: &str) -> ArgsSnaps
         subject: email.into(),
         fields: PersonalFields::Declared(vec!["/email".into()]),
     };
-    seal_args(
+    let sealed = seal_args(
         subjects,
         &TenantId::new("acme").unwrap(),
         operation,
@@ -23,7 +24,10 @@ fn record(subjects: &Subjects, operation: OperationId, email: &str) -> ArgsSnaps
         &args,
     )
     .unwrap()
-    .args
+    .args;
+    // What the ledger awaits before it appends.
+    subjects.flush().unwrap();
+    sealed
 }
 
 #[test]
@@ -106,7 +110,9 @@ fn a_rotated_kek_opens_every_value_and_the_old_one_no_longer_opens_the_store() {
 fn an_erasure_by_another_process_is_seen_by_a_running_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
-    let server = Subjects::open(Some(&path), kek(1)).unwrap();
+    let mut server = Subjects::open(Some(&path), kek(1)).unwrap();
+    // Asked at every use, so the test needs no clock.
+    server.others_every = std::time::Duration::ZERO;
     let stored = record(&server, op(1), "c@example.com");
     assert!(!opledger_domain::personal::is_erased(
         open_args(Some(&server), op(1), &stored).unwrap().as_map()
@@ -121,4 +127,241 @@ fn an_erasure_by_another_process_is_seen_by_a_running_one() {
         "[erased]",
         "the server's cached key was dropped"
     );
+}
+
+/// A key table that counts what is asked of it, can be made to fail its writes, and can run
+/// something right after a read returned (to put an erasure between a read and its use).
+struct Watched {
+    inner: Box<dyn KeyTable>,
+    log: Arc<Mutex<Log>>,
+}
+
+#[derive(Default)]
+struct Log {
+    reads: usize,
+    commits: usize,
+    fail_writes: bool,
+    after_read: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Watched {
+    fn read<T>(&mut self, read: impl FnOnce(&mut dyn KeyTable) -> T) -> T {
+        let value = read(&mut *self.inner);
+        let hook = {
+            let mut log = self.log.lock().unwrap();
+            log.reads += 1;
+            log.after_read.take()
+        };
+        if let Some(hook) = hook {
+            hook();
+        }
+        value
+    }
+}
+
+impl KeyTable for Watched {
+    fn meta(&mut self, name: &str) -> Result<Option<Vec<u8>>, SubjectsError> {
+        self.inner.meta(name)
+    }
+    fn set_meta(&mut self, values: &[(&str, Vec<u8>)]) -> Result<(), SubjectsError> {
+        self.inner.set_meta(values)
+    }
+    fn row_by_tag(&mut self, tag: &[u8]) -> Result<Option<Row>, SubjectsError> {
+        self.read(|table| table.row_by_tag(tag))
+    }
+    fn row_by_key(&mut self, key_id: &str) -> Result<Option<Row>, SubjectsError> {
+        self.read(|table| table.row_by_key(key_id))
+    }
+    fn rows(&mut self) -> Result<Vec<Row>, SubjectsError> {
+        self.inner.rows()
+    }
+    fn operations_of(&mut self, key_id: &str) -> Result<Vec<String>, SubjectsError> {
+        self.inner.operations_of(key_id)
+    }
+    fn write(&mut self, writes: &[Write]) -> Result<Vec<String>, SubjectsError> {
+        let mut log = self.log.lock().unwrap();
+        if log.fail_writes {
+            return Err(SubjectsError::table("write", "the disk is full"));
+        }
+        log.commits += 1;
+        drop(log);
+        self.inner.write(writes)
+    }
+    fn destroy(&mut self, key_id: &str, at: &str, by: &str) -> Result<i64, SubjectsError> {
+        self.inner.destroy(key_id, at, by)
+    }
+    fn rewrap(
+        &mut self,
+        keys: &[(String, Vec<u8>)],
+        meta: &[(&str, Vec<u8>)],
+    ) -> Result<i64, SubjectsError> {
+        self.inner.rewrap(keys, meta)
+    }
+    fn generation(&mut self) -> Result<i64, SubjectsError> {
+        self.inner.generation()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+fn watched_in_memory() -> (Subjects, Arc<Mutex<Log>>) {
+    let log = Arc::new(Mutex::new(Log::default()));
+    let table = Watched {
+        inner: Box::new(store::SqliteTable::open(None).unwrap()),
+        log: Arc::clone(&log),
+    };
+    (
+        Subjects::with_tables(Box::new(table), None, kek(1)).unwrap(),
+        log,
+    )
+}
+
+fn seal_for(subjects: &Subjects, operation: OperationId, subject: &str) -> ArgsSnapshot {
+    seal_args(
+        subjects,
+        &TenantId::new("acme").unwrap(),
+        operation,
+        &Personal {
+            subject: subject.into(),
+            fields: PersonalFields::All,
+        },
+        &ArgsSnapshot::new(serde_json::json!({"email": subject, "title": "call"})).unwrap(),
+    )
+    .unwrap()
+    .args
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+#[test]
+fn new_keys_and_links_of_many_seals_share_one_commit_and_a_known_subject_reads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys");
+    let log = Arc::new(Mutex::new(Log::default()));
+    let watched = || -> Box<dyn KeyTable> {
+        Box::new(Watched {
+            inner: Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
+            log: Arc::clone(&log),
+        })
+    };
+    let subjects = Subjects::with_tables(watched(), Some(watched()), kek(1)).unwrap();
+    // The writer thread may take the first seals on its own; holding the table keeps them
+    // queued, as they are while a commit is running.
+    let held = lock(subjects.writer.table());
+    let mut stored = Vec::new();
+    for n in 0..50 {
+        stored.push(seal_for(
+            &subjects,
+            op(n),
+            &format!("person{n}@example.com"),
+        ));
+    }
+    assert_eq!(
+        log.lock().unwrap().commits,
+        0,
+        "a seal never waits for a commit"
+    );
+    drop(held);
+    subjects.flush().unwrap();
+    assert!(
+        log.lock().unwrap().commits <= 1,
+        "fifty new keys and their links in one commit"
+    );
+    let reads = log.lock().unwrap().reads;
+    for n in 0..50 {
+        seal_for(&subjects, op(100 + n), &format!("person{n}@example.com"));
+        let opened = open_args(Some(&subjects), op(n), &stored[n as usize]).unwrap();
+        assert_eq!(opened.as_map()["email"], format!("person{n}@example.com"));
+    }
+    assert_eq!(
+        log.lock().unwrap().reads,
+        reads,
+        "known subjects' keys come from memory"
+    );
+    subjects.flush().unwrap();
+    let seventh = subjects
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|summary| summary.subject.as_deref() == Some("person7@example.com"))
+        .unwrap();
+    assert_eq!(seventh.operations, vec![op(7), op(107)]);
+}
+
+#[test]
+fn a_value_sealed_under_a_key_whose_write_failed_is_never_reported_durable() {
+    let (subjects, log) = watched_in_memory();
+    let tenant = TenantId::new("acme").unwrap();
+    log.lock().unwrap().fail_writes = true;
+    let first = seal_for(&subjects, op(1), "dana@example.com");
+    let token = opledger_domain::personal::first_token_in(&first);
+    let refused = block_on(subjects.key_durable(&tenant, "dana@example.com", token.as_deref()));
+    // Refused: because the write failed, or because a later seal of the same record already
+    // made the subject a new key (then the values' key is not the stored one).
+    assert!(
+        matches!(
+            refused,
+            Err(PersonalDataError::KeyStore(_) | PersonalDataError::KeyReplaced)
+        ),
+        "{refused:?}"
+    );
+    assert!(block_on(subjects.all_durable()).is_err());
+
+    log.lock().unwrap().fail_writes = false;
+    let second = seal_for(&subjects, op(2), "dana@example.com");
+    let token2 = opledger_domain::personal::first_token_in(&second);
+    assert_ne!(
+        token.as_deref().and_then(token_parts).map(|t| t.0),
+        token2.as_deref().and_then(token_parts).map(|t| t.0),
+        "a new key, not the one never stored"
+    );
+    block_on(subjects.key_durable(&tenant, "dana@example.com", token2.as_deref())).unwrap();
+    assert!(
+        block_on(subjects.key_durable(&tenant, "dana@example.com", token.as_deref())).is_err(),
+        "the first values' key is still not the stored one"
+    );
+    assert!(!opledger_domain::personal::is_erased(
+        open_args(Some(&subjects), op(2), &second).unwrap().as_map()
+    ));
+}
+
+#[test]
+fn an_erasure_between_a_key_read_and_its_use_leaves_the_key_unused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys");
+    let stored = {
+        let subjects = Subjects::open(Some(&path), kek(1)).unwrap();
+        record(&subjects, op(1), "eve@example.com")
+    };
+    // A fresh process: nothing in memory, so opening reads the key from the table, and the
+    // erasure runs right after that read returned the live key.
+    let log = Arc::new(Mutex::new(Log::default()));
+    let reader = Watched {
+        inner: Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
+        log: Arc::clone(&log),
+    };
+    let subjects = Arc::new(
+        Subjects::with_tables(
+            Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
+            Some(Box::new(reader)),
+            kek(1),
+        )
+        .unwrap(),
+    );
+    let eraser = Arc::downgrade(&subjects);
+    log.lock().unwrap().after_read = Some(Box::new(move || {
+        let subjects = eraser.upgrade().unwrap();
+        std::thread::spawn(move || subjects.erase("eve@example.com", None, "op").unwrap())
+            .join()
+            .unwrap();
+    }));
+    let opened = open_args(Some(&*subjects), op(1), &stored).unwrap();
+    assert_eq!(opened.as_map()["email"], "[erased]", "{opened:?}");
+    assert!(log.lock().unwrap().after_read.is_none(), "the erasure ran");
 }

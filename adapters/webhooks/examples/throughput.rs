@@ -27,6 +27,7 @@ impl Render for Every {
             tenant: "acme".into(),
             at: chrono::Utc::now(),
             data: serde_json::json!({ "position": event.position.value() }),
+            answer_seal: None,
         }))
     }
 }

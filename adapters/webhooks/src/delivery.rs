@@ -403,8 +403,10 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         let written_under = opledger_domain::codec::traceparent_of(&event.metadata);
         opledger_domain::trace_context::continue_from(&span, written_under.as_deref());
         let traceparent = opledger_domain::trace_context::traceparent_of(&span);
+        let render = Arc::clone(&self.render);
+        let kept = move |answer: String| render.kept_answer(&message, answer);
         let ended = self
-            .deliver(record, position, &id, &body, traceparent.as_deref())
+            .deliver(record, position, &id, &body, traceparent.as_deref(), &kept)
             .in_span(span)
             .await?;
         Ok(ended.map_or(Handled::Done, Handled::End))
@@ -419,6 +421,7 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
         id: &str,
         body: &[u8],
         traceparent: Option<&str>,
+        kept: &(dyn Fn(String) -> String + Send + Sync),
     ) -> Result<Option<Ended>, WebhookError> {
         let window = Duration::from_secs(self.endpoint.retry_window_s);
         let mut first_failure: Option<Instant> = None;
@@ -448,7 +451,8 @@ impl<S: EventStore + Clone + 'static, R: Render> Task<S, R> {
             let (status, error) = match &attempted.answer {
                 Answer::Delivered { status } => (Some(*status), None),
                 Answer::Gone => (Some(410), Some("answered 410 Gone".to_owned())),
-                Answer::Failed { status, error, .. } => (*status, Some(error.clone())),
+                // The receiver's words may echo the payload: kept as the renderer says.
+                Answer::Failed { status, error, .. } => (*status, Some(kept(error.clone()))),
             };
             let row = AttemptRecord {
                 endpoint: self.endpoint.id.clone(),

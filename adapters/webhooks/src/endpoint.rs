@@ -91,6 +91,11 @@ pub fn check_url(text: &str, allow_private_network: bool) -> Result<Url, String>
     Ok(url)
 }
 
+/// Whether `text` is a URL whose host is loopback written as such (false for no URL).
+pub fn is_loopback_url(text: &str) -> bool {
+    Url::parse(text).is_ok_and(|url| is_loopback_host(&url))
+}
+
 /// Whether the URL's host is loopback written as such: an address in 127.0.0.0/8, `::1`, or
 /// `localhost`.
 pub fn is_loopback_host(url: &Url) -> bool {

@@ -379,45 +379,45 @@ impl Journal {
         let limit = limit.min(MAX_ATTEMPTS_LISTED);
         self.call(move |connection| {
             let mut statement = connection
-                .prepare(
+                .prepare_cached(
                     "SELECT position, webhook_id, attempt, at, status, duration_ms, error
                      FROM attempts WHERE endpoint = ?1 ORDER BY seq DESC LIMIT ?2",
                 )
                 .map_err(sqlite("listing attempts"))?;
             let rows = statement
-                .query_map(params![endpoint, to_sql(limit)], |row| {
-                    Ok((
-                        row.get::<_, i64>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, u32>(2)?,
-                        row.get::<_, String>(3)?,
-                        row.get::<_, Option<u16>>(4)?,
-                        row.get::<_, i64>(5)?,
-                        row.get::<_, Option<String>>(6)?,
-                    ))
-                })
+                .query(params![endpoint, to_sql(limit)])
                 .map_err(sqlite("listing attempts"))?;
-            let mut attempts = Vec::new();
-            for row in rows {
-                let (position, webhook_id, attempt, at, status, duration_ms, error) =
-                    row.map_err(sqlite("reading an attempt"))?;
-                let at = DateTime::parse_from_rfc3339(&at)
-                    .map_err(|error| WebhookError::Journal {
-                        reason: format!("an attempt's time `{at}` is not RFC 3339: {error}"),
-                    })?
-                    .with_timezone(&Utc);
-                attempts.push(AttemptRecord {
-                    endpoint: endpoint.clone(),
-                    position: from_sql(position),
-                    webhook_id,
-                    attempt,
-                    at,
-                    status,
-                    duration_ms: from_sql(duration_ms),
-                    error,
-                });
-            }
-            Ok(attempts)
+            attempt_rows(rows, &endpoint)
+        })
+        .await
+    }
+
+    /// The endpoint's attempts at any of `positions` (an operation's events), newest first, at
+    /// most [`MAX_ATTEMPTS_LISTED`]: through the position index, whatever the log's length.
+    pub async fn attempts_at(
+        &self,
+        endpoint: &str,
+        positions: &[u64],
+    ) -> Result<Vec<AttemptRecord>, WebhookError> {
+        let endpoint = endpoint.to_owned();
+        let positions: Vec<i64> = positions.iter().map(|position| to_sql(*position)).collect();
+        self.call(move |connection| {
+            let positions =
+                serde_json::to_string(&positions).map_err(|error| WebhookError::Journal {
+                    reason: format!("positions cannot be written as JSON: {error}"),
+                })?;
+            let mut statement = connection
+                .prepare_cached(
+                    "SELECT position, webhook_id, attempt, at, status, duration_ms, error
+                     FROM attempts WHERE endpoint = ?1
+                     AND position IN (SELECT value FROM json_each(?2))
+                     ORDER BY seq DESC LIMIT ?3",
+                )
+                .map_err(sqlite("listing an operation's attempts"))?;
+            let rows = statement
+                .query(params![endpoint, positions, to_sql(MAX_ATTEMPTS_LISTED)])
+                .map_err(sqlite("listing an operation's attempts"))?;
+            attempt_rows(rows, &endpoint)
         })
         .await
     }
@@ -493,6 +493,16 @@ impl DeliveryJournal for Journal {
         Box::pin(Journal::record_deliveries(
             self, attempts, epoch, checkpoint,
         ))
+    }
+
+    fn attempts_at(
+        &self,
+        endpoint: &str,
+        positions: &[u64],
+    ) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        let endpoint = endpoint.to_owned();
+        let positions = positions.to_vec();
+        Box::pin(async move { Journal::attempts_at(self, &endpoint, &positions).await })
     }
 
     fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>> {
@@ -604,6 +614,8 @@ fn open(path: &Path) -> Result<Connection, WebhookError> {
                  error TEXT
              );
              CREATE INDEX IF NOT EXISTS attempts_by_endpoint ON attempts (endpoint, seq);
+             -- An operation's deliveries: the attempts at its events' positions.
+             CREATE INDEX IF NOT EXISTS attempts_by_position ON attempts (endpoint, position, seq);
              CREATE TABLE IF NOT EXISTS definitions (
                  id TEXT PRIMARY KEY,
                  definition TEXT NOT NULL
@@ -612,6 +624,46 @@ fn open(path: &Path) -> Result<Connection, WebhookError> {
         )
         .map_err(sqlite("creating the journal's tables"))?;
     Ok(connection)
+}
+
+/// The attempts of `endpoint` a listing's rows hold (position, webhook id, attempt, time,
+/// status, duration, error).
+fn attempt_rows(
+    mut rows: rusqlite::Rows<'_>,
+    endpoint: &str,
+) -> Result<Vec<AttemptRecord>, WebhookError> {
+    let mut attempts = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite("reading an attempt"))? {
+        let read = |row: &rusqlite::Row<'_>| {
+            Ok::<_, rusqlite::Error>((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, u32>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, Option<u16>>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, Option<String>>(6)?,
+            ))
+        };
+        let (position, webhook_id, attempt, at, status, duration_ms, error) =
+            read(row).map_err(sqlite("reading an attempt"))?;
+        let at = DateTime::parse_from_rfc3339(&at)
+            .map_err(|error| WebhookError::Journal {
+                reason: format!("an attempt's time `{at}` is not RFC 3339: {error}"),
+            })?
+            .with_timezone(&Utc);
+        attempts.push(AttemptRecord {
+            endpoint: endpoint.to_owned(),
+            position: from_sql(position),
+            webhook_id,
+            attempt,
+            at,
+            status,
+            duration_ms: from_sql(duration_ms),
+            error,
+        });
+    }
+    Ok(attempts)
 }
 
 fn read_record(

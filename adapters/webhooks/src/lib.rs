@@ -123,6 +123,10 @@ pub struct Message {
     pub at: DateTime<Utc>,
     /// The payload's `data`: never credentials or arguments' secrets.
     pub data: serde_json::Value,
+    /// When `data` carries personal values (opened for the subscriber): an opaque token of the
+    /// renderer's that [`Render::kept_answer`] seals the receiver's answers like. `None`: the
+    /// answers are kept as they are.
+    pub answer_seal: Option<String>,
 }
 
 /// Reads an event of the log as a [`Message`]; `None` for events no endpoint receives (outside
@@ -137,6 +141,16 @@ pub trait Render: Send + Sync + 'static {
         event: &RecordedEvent,
         kinds: &BTreeSet<String>,
     ) -> impl Future<Output = Result<Option<Message>, String>> + Send;
+
+    /// A receiver's answer to a failed delivery of `message`, as the journal keeps it (and the
+    /// endpoint's health and a disabling reason quote it). A receiver may echo what it was sent,
+    /// personal values included: a renderer that opened such values seals the answer under the
+    /// same key (see [`Message::answer_seal`]), so an erasure of the person leaves it unreadable
+    /// too. By default the answer is kept as it is.
+    fn kept_answer(&self, message: &Message, answer: String) -> String {
+        let _ = message;
+        answer
+    }
 }
 
 /// Why webhooks could not start or a delivery task had to pause.

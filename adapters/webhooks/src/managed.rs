@@ -51,6 +51,10 @@ pub struct Definition {
     pub request_timeout_ms: u64,
     /// The current secret last; rotated-out ones before it, each with its end.
     pub secrets: Vec<StoredSecret>,
+    /// The tenant whose own token defined it (`None`: an operator did). Such an endpoint receives
+    /// that tenant's events only, and no other tenant's token sees or changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed_by: Option<String>,
 }
 
 impl Definition {
@@ -69,6 +73,20 @@ impl Definition {
     /// its window.
     pub fn endpoint(&self, id: &str, now: DateTime<Utc>) -> Result<Endpoint, String> {
         let url = check_url(&self.url, self.allow_private_network)?;
+        // A tenant's own endpoint receives that tenant's events and nothing else, however its
+        // definition was written.
+        if let Some(tenant) = &self.managed_by {
+            if self.tenants.as_deref() != Some(std::slice::from_ref(tenant)) {
+                return Err(format!(
+                    "is managed by tenant `{tenant}`, so it receives that tenant's events only: its tenants must be [\"{tenant}\"]"
+                ));
+            }
+            if self.allow_private_network {
+                return Err(format!(
+                    "is managed by tenant `{tenant}`, whose endpoints may not reach private addresses (allow_private_network is an operator's to set)"
+                ));
+            }
+        }
         let secrets = self
             .secrets
             .iter()
@@ -162,6 +180,7 @@ mod tests {
                 secret: OLD.into(),
                 expires_at: None,
             }],
+            managed_by: None,
         }
     }
 
@@ -200,6 +219,28 @@ mod tests {
             .map(|stored| stored.secret.as_str())
             .collect();
         assert_eq!(kept, [OLD, third]);
+    }
+
+    #[test]
+    fn a_tenants_endpoint_receives_only_its_tenant_whatever_its_stored_text_says() {
+        let mut own = definition();
+        own.managed_by = Some("acme".into());
+        own.tenants = Some(vec!["acme".into()]);
+        assert!(own.endpoint("billing", Utc::now()).is_ok());
+        for tenants in [None, Some(vec!["acme".into(), "globex".into()])] {
+            let mut widened = own.clone();
+            widened.tenants = tenants;
+            let refused = Definition::parse(&widened.text())
+                .expect("readable")
+                .endpoint("billing", Utc::now())
+                .expect_err("refused");
+            assert!(refused.contains("managed by tenant `acme`"), "{refused}");
+        }
+        let mut private = own.clone();
+        private.allow_private_network = true;
+        assert!(private.endpoint("billing", Utc::now()).is_err());
+        // An operator's definition reads back as before, without the field.
+        assert!(!definition().text().contains("managed_by"));
     }
 
     #[test]

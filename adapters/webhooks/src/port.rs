@@ -104,6 +104,26 @@ pub trait DeliveryJournal: Send + Sync + 'static {
     /// The endpoint's latest attempts, newest first, at most `limit`.
     fn attempts(&self, endpoint: &str, limit: u64) -> JournalFuture<'_, Vec<AttemptRecord>>;
 
+    /// The endpoint's attempts at any of `positions` (the events of one operation), newest
+    /// first, at most [`crate::journal::MAX_ATTEMPTS_LISTED`]. This default looks among the
+    /// endpoint's latest [`crate::journal::MAX_ATTEMPTS_LISTED`] attempts only; a journal with
+    /// an index on the position (the SQLite file's) answers from all it keeps.
+    fn attempts_at(
+        &self,
+        endpoint: &str,
+        positions: &[u64],
+    ) -> JournalFuture<'_, Vec<AttemptRecord>> {
+        let positions: std::collections::BTreeSet<u64> = positions.iter().copied().collect();
+        let latest = self.attempts(endpoint, crate::journal::MAX_ATTEMPTS_LISTED);
+        Box::pin(async move {
+            Ok(latest
+                .await?
+                .into_iter()
+                .filter(|attempt| positions.contains(&attempt.position))
+                .collect())
+        })
+    }
+
     /// Takes the endpoint's lease for `holder` for `lease_ms` if it is free or expired.
     fn acquire(&self, endpoint: &str, holder: &str, lease_ms: u64) -> JournalFuture<'_, Acquired>;
 

@@ -166,6 +166,9 @@ pub struct EndpointOverview {
     pub tenants: Option<Vec<String>>,
     /// Where it is defined: `configuration` (the file; changed there) or `api`.
     pub source: &'static str,
+    /// The tenant whose own token defined it through the API (`None`: an operator's, or the
+    /// file's); only that tenant's token (and operators) see it.
+    pub managed_by: Option<String>,
     /// Active, paused or disabled, as the journal holds it.
     pub status: EndpointStatus,
     /// Why it is paused or disabled.
@@ -630,6 +633,11 @@ impl Webhooks {
                 .tenants
                 .as_ref()
                 .map(|tenants| tenants.iter().cloned().collect()),
+            managed_by: handle
+                .managed
+                .as_ref()
+                .and_then(|(text, _)| Definition::parse(text).ok())
+                .and_then(|definition| definition.managed_by),
             source: if handle.managed.is_some() {
                 "api"
             } else {
@@ -686,6 +694,16 @@ impl Webhooks {
     pub async fn attempts(&self, id: &str, limit: u64) -> Result<Vec<AttemptRecord>, WebhookError> {
         self.handle(id)?;
         self.journal()?.attempts(id, limit).await
+    }
+
+    /// The endpoint's attempts at any of `positions` (one operation's events), newest first.
+    pub async fn attempts_at(
+        &self,
+        id: &str,
+        positions: &[u64],
+    ) -> Result<Vec<AttemptRecord>, WebhookError> {
+        self.handle(id)?;
+        self.journal()?.attempts_at(id, positions).await
     }
 
     /// Why webhook delivery cannot be trusted to be running, if it cannot: a task that is

@@ -48,6 +48,7 @@ impl Render for DataRender {
             tenant: data["tenant"].as_str().unwrap_or_default().to_owned(),
             at: chrono::Utc::now(),
             data: serde_json::json!({ "position": event.position.value(), "n": data["n"] }),
+            answer_seal: None,
         }))
     }
 }

@@ -1,7 +1,9 @@
 // A typed client of opledger's HTTP API (`opledger serve`) for agents written in TypeScript or
 // JavaScript: record an intent, execute it, read where it stands, list, review, approve, follow
 // the outcome feed, and guard one configured action as a tool whose retry finds the same
-// operation and whose answer is the ledger's sentence.
+// operation and whose answer is the ledger's sentence; and guard a function of your own
+// (`step`): recorded, run once under a claim, its outcome recorded, never run again once its
+// outcome is lost.
 //
 // Written in JavaScript with JSDoc types that `tsc` checks (strict) against the types generated
 // from the served OpenAPI document (types/openapi.d.ts): the package runs as it is on Node 20
@@ -85,7 +87,7 @@ export const WAIT_POLL_MS = 50;
 export class LedgerError extends Error {
   /**
    * @param {number} status
-   * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out"} code
+   * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out" | `step_${string}`} code
    * @param {string} message
    * @param {{ pointer: string, message: string }[]} [fields]
    * @param {string} [requestId]
@@ -120,6 +122,106 @@ export class Unauthorized extends LedgerError {}
 export class RateLimited extends LedgerError {}
 /** 503, a timeout or no answer: repeated with the same key by the client up to `maxRetries`. */
 export class Unavailable extends LedgerError {}
+/**
+ * A guarded step gave no result: `operation` is where the ledger says it stands, and
+ * `operation.message` is what to tell the user.
+ */
+export class StepError extends LedgerError {
+  /** @param {Operation} operation @param {`step_${string}`} code */
+  constructor(operation, code) {
+    super(409, code, operation.message);
+    this.operation = operation;
+  }
+}
+/** The step's function failed without taking effect (`rejected`); a repeat answers it again. */
+export class StepFailed extends StepError {}
+/**
+ * Whether the step took effect is unknown (`unknown`, `needs_review`): its function is never run
+ * again for this key; a person checks and decides.
+ */
+export class StepNotConfirmed extends StepError {}
+/** Another process holds the step's claim now (`in_flight`): do not run it here. */
+export class StepInProgress extends StepNotConfirmed {}
+/**
+ * Throw it from a guarded function when nothing took effect: the step is recorded as failed
+ * (`rejected`), not as unknown. Any other error is recorded as "may have taken effect".
+ */
+export class StepDidNotApply extends Error {}
+
+/** How long a step's claim holds without an outcome unless the step says otherwise, in ms. */
+export const DEFAULT_STEP_LEASE_MS = 30_000;
+
+/**
+ * What a step already recorded answers: its result when it succeeded, `undefined` when it is
+ * pending (claim it and run it), else the typed error.
+ * @param {Operation} operation
+ * @returns {string | undefined}
+ */
+function recordedAnswer(operation) {
+  switch (operation.state) {
+    case "succeeded":
+      return /** @type {string} */ (operation.external_id);
+    case "pending":
+      return undefined;
+    case "rejected":
+      throw new StepFailed(operation, "step_failed");
+    case "in_flight":
+      throw new StepInProgress(operation, "step_in_progress");
+    case "unknown":
+    case "needs_review":
+      throw new StepNotConfirmed(operation, "step_not_confirmed");
+    default:
+      throw new StepFailed(operation, `step_${operation.state}`);
+  }
+}
+
+/**
+ * What a guarded function's result is recorded as: itself when it is a string or a number, else
+ * its `id`.
+ * @param {unknown} result
+ * @returns {string}
+ */
+function resultId(result) {
+  if (typeof result === "string" || typeof result === "number") return String(result);
+  const id = result !== null && typeof result === "object" ? /** @type {{ id?: unknown }} */ (result).id : undefined;
+  if (typeof id === "string" || typeof id === "number") return String(id);
+  throw new TypeError(`a guarded step must return what it made (an id: a string or a number, or an object with an \`id\`), or be given resultId to name it; it returned ${typeof result}`);
+}
+
+/**
+ * The step's source id derived from its provider, action and arguments (SHA-256 of their JSON
+ * with sorted keys), so a repeat of the same call finds the same step.
+ * @param {string} provider @param {string} action @param {unknown[]} args
+ */
+async function derivedKey(provider, action, args) {
+  const canonical = JSON.stringify([provider, action, args], (_, value) =>
+    value && typeof value === "object" && !Array.isArray(value)
+      ? Object.fromEntries(Object.entries(value).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
+      : value,
+  );
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonical));
+  const hex = Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+  return `step-${hex.slice(0, 40)}`;
+}
+
+/**
+ * How a step is guarded.
+ * @typedef {object} StepOptions
+ * @property {string} provider your code's system, e.g. `billing` (not a configured connector)
+ * @property {string} action what the function does there, e.g. `charge`
+ * @property {(...args: any[]) => string} [key] names a call from its arguments (default: the
+ *   arguments themselves)
+ * @property {(result: any) => string | number} [resultId] what the result is recorded as
+ * @property {number} [leaseMs] how long the claim holds without an outcome
+ * @property {string} [caller] your name for this process, recorded with the attempt
+ */
+
+/**
+ * What a guarded function is given besides its arguments: the step's key, the same on every
+ * attempt, to pass on to its own system.
+ * @typedef {{ idempotencyKey: string, operationId: string, attemptId: string }} StepContext
+ */
+
 /** `waitFor` reached its timeout first; `operation` is where it stood last. */
 export class WaitTimedOut extends LedgerError {
   /** @param {Operation} operation @param {number} timeoutMs */
@@ -503,6 +605,75 @@ export class Ledger {
   }
 
   /**
+   * Guards a function of your own that has a side effect (a charge, an e-mail): the ledger
+   * records the call as a step, the function runs once while this process holds the step's
+   * claim, and what it made is recorded. The wrapper resolves to the recorded result (a string).
+   *
+   * The function is called with its arguments and then a {@link StepContext} (its
+   * `idempotencyKey` to pass on). A call is named by `options.key(...args)`, else by its
+   * arguments; a repeat under the same name resolves to the recorded result without running the
+   * function, a recorded failure throws {@link StepFailed}, and a step whose outcome was lost
+   * (the process died after the function ran) throws {@link StepNotConfirmed} and is never run
+   * again: a person decides. An error from the function is recorded ({@link StepDidNotApply}:
+   * nothing took effect; anything else: it may have) and thrown again.
+   * @template {unknown[]} A
+   * @param {StepOptions} options
+   * @param {(...args: [...A, StepContext]) => unknown} fn
+   * @returns {((...args: A) => Promise<string>) & { lastOperation?: Operation }}
+   */
+  step(options, fn) {
+    const ledger = this;
+    const leaseMs = options.leaseMs ?? DEFAULT_STEP_LEASE_MS;
+    /** @type {((...args: A) => Promise<string>) & { lastOperation?: Operation }} */
+    const guarded = async (...args) => {
+      const name = options.key ? options.key(...args) : await derivedKey(options.provider, options.action, args);
+      const args_ = stepArguments(args);
+      const { body: recordedBody } = await ledger.#call("POST", "/v1/steps", {
+        body: { provider: options.provider, action: options.action, args: args_ },
+        headers: { "Idempotency-Key": name },
+        retry: true,
+      });
+      let operation = /** @type {Operation} */ (recordedBody);
+      guarded.lastOperation = operation;
+      const recorded = recordedAnswer(operation);
+      if (recorded !== undefined) return recorded;
+      /** @type {{ attempt_id: string, idempotency_key: string }} */
+      let claim;
+      try {
+        const claimBody = { attempt_id: crypto.randomUUID(), lease_ms: leaseMs, ...(options.caller ? { caller: options.caller } : {}) };
+        const { body } = await ledger.#call("POST", `/v1/operations/${segment(operation.operation_id)}/claim`, { body: claimBody, retry: true });
+        claim = /** @type {{ attempt_id: string, idempotency_key: string }} */ (body);
+      } catch (error) {
+        if (!(error instanceof Conflict)) throw error;
+        operation = await ledger.status(operation.operation_id);
+        guarded.lastOperation = operation;
+        return recordedAnswer(operation) ?? notClaimed(operation);
+      }
+      const outcomePath = `/v1/operations/${segment(operation.operation_id)}/attempts/${segment(claim.attempt_id)}/outcome`;
+      const report = async (/** @type {Record<string, string>} */ outcome) => {
+        const { body } = await ledger.#call("POST", outcomePath, { body: outcome, retry: true });
+        guarded.lastOperation = /** @type {Operation} */ (body);
+        return guarded.lastOperation;
+      };
+      let result;
+      try {
+        result = await fn(...args, { idempotencyKey: claim.idempotency_key, operationId: operation.operation_id, attemptId: claim.attempt_id });
+      } catch (error) {
+        const applied = error instanceof StepDidNotApply ? "no" : "unknown";
+        const code = error instanceof Error ? error.name || "Error" : "Error";
+        await report({ outcome: "failed", applied, code, message: errorText(error).slice(0, 4000) }).catch(() => {
+          // Unreported, its claim runs out: the step becomes unknown, and a person decides.
+        });
+        throw error;
+      }
+      const id = options.resultId ? String(options.resultId(result)) : resultId(result);
+      const settled = await report({ outcome: "succeeded", external_id: id });
+      return recordedAnswer(settled) ?? notClaimed(settled);
+    };
+    return guarded;
+  }
+
+  /**
    * @param {Intent} intent
    * @param {string | undefined} key
    * @param {Record<string, string>} query
@@ -592,6 +763,29 @@ export function sentenceOf(operation) {
     return `${operation.message} Not confirmed yet: do not repeat the call (operation ${operation.operation_id}).`;
   }
   return operation.message;
+}
+
+/**
+ * A step's arguments as the ledger records them (a JSON object): a single plain object as it
+ * is, anything else by position (`{"0": …, "1": …}`).
+ * @param {unknown[]} args
+ * @returns {Record<string, unknown>}
+ */
+function stepArguments(args) {
+  const [only] = args;
+  if (args.length === 1 && only !== null && typeof only === "object" && !Array.isArray(only)) {
+    return /** @type {Record<string, unknown>} */ (only);
+  }
+  return Object.fromEntries(args.map((value, index) => [String(index), value]));
+}
+
+/**
+ * A step that is neither settled nor claimable here after all.
+ * @param {Operation} operation
+ * @returns {never}
+ */
+function notClaimed(operation) {
+  throw new StepNotConfirmed(operation, "step_not_confirmed");
 }
 
 /**

@@ -105,17 +105,17 @@ export const WAIT_POLL_MS: 50;
 export class LedgerError extends Error {
     /**
      * @param {number} status
-     * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out"} code
+     * @param {ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out" | `step_${string}`} code
      * @param {string} message
      * @param {{ pointer: string, message: string }[]} [fields]
      * @param {string} [requestId]
      */
-    constructor(status: number, code: ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out", message: string, fields?: {
+    constructor(status: number, code: ErrorCode | "unreachable" | "timeout" | "http_error" | "wait_timed_out" | `step_${string}`, message: string, fields?: {
         pointer: string;
         message: string;
     }[], requestId?: string);
     status: number;
-    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal" | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
+    code: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "personal_data_off" | "subject_erased" | "internal" | `step_${string}` | "unreachable" | "timeout" | "http_error" | "wait_timed_out";
     detail: string;
     fields: {
         pointer: string;
@@ -146,6 +146,83 @@ export class RateLimited extends LedgerError {
 /** 503, a timeout or no answer: repeated with the same key by the client up to `maxRetries`. */
 export class Unavailable extends LedgerError {
 }
+/**
+ * A guarded step gave no result: `operation` is where the ledger says it stands, and
+ * `operation.message` is what to tell the user.
+ */
+export class StepError extends LedgerError {
+    /** @param {Operation} operation @param {`step_${string}`} code */
+    constructor(operation: Operation, code: `step_${string}`);
+    operation: {
+        account: components["schemas"]["TextId"];
+        action: components["schemas"]["TextId"];
+        args: Record<string, never>;
+        args_hash: components["schemas"]["ArgsHash"];
+        as_of_position?: number;
+        attempt_ids: string[];
+        attempts: number;
+        created?: boolean;
+        duplicates: components["schemas"]["TextId"][];
+        execute_error?: components["schemas"]["ExecuteError"];
+        external_id: string | null;
+        idempotency_key: string;
+        last_error: string | null;
+        message: string;
+        operation_id: string;
+        owner: string | null;
+        proof?: 
+        /**
+         * @param {number} ms
+         * @param {AbortSignal | undefined} signal
+         */
+        components["schemas"]["OperationProof"];
+        provider: components["schemas"]["TextId"];
+        requires_approval: boolean;
+        review_reason: string | null;
+        source_id: string | null;
+        state: components["schemas"]["State"];
+        tenant: components["schemas"]["TextId"];
+        unknown_since: string | null;
+        updated_at: string;
+        version: number;
+    };
+}
+/** The step's function failed without taking effect (`rejected`); a repeat answers it again. */
+export class StepFailed extends StepError {
+}
+/**
+ * Whether the step took effect is unknown (`unknown`, `needs_review`): its function is never run
+ * again for this key; a person checks and decides.
+ */
+export class StepNotConfirmed extends StepError {
+}
+/** Another process holds the step's claim now (`in_flight`): do not run it here. */
+export class StepInProgress extends StepNotConfirmed {
+}
+/**
+ * Throw it from a guarded function when nothing took effect: the step is recorded as failed
+ * (`rejected`), not as unknown. Any other error is recorded as "may have taken effect".
+ */
+export class StepDidNotApply extends Error {
+}
+/** How long a step's claim holds without an outcome unless the step says otherwise, in ms. */
+export const DEFAULT_STEP_LEASE_MS: 30000;
+/**
+ * How a step is guarded.
+ * @typedef {object} StepOptions
+ * @property {string} provider your code's system, e.g. `billing` (not a configured connector)
+ * @property {string} action what the function does there, e.g. `charge`
+ * @property {(...args: any[]) => string} [key] names a call from its arguments (default: the
+ *   arguments themselves)
+ * @property {(result: any) => string | number} [resultId] what the result is recorded as
+ * @property {number} [leaseMs] how long the claim holds without an outcome
+ * @property {string} [caller] your name for this process, recorded with the attempt
+ */
+/**
+ * What a guarded function is given besides its arguments: the step's key, the same on every
+ * attempt, to pass on to its own system.
+ * @typedef {{ idempotencyKey: string, operationId: string, attemptId: string }} StepContext
+ */
 /** `waitFor` reached its timeout first; `operation` is where it stood last. */
 export class WaitTimedOut extends LedgerError {
     /** @param {Operation} operation @param {number} timeoutMs */
@@ -167,7 +244,12 @@ export class WaitTimedOut extends LedgerError {
         message: string;
         operation_id: string;
         owner: string | null;
-        proof?: components["schemas"]["OperationProof"];
+        proof?: 
+        /**
+         * @param {number} ms
+         * @param {AbortSignal | undefined} signal
+         */
+        components["schemas"]["OperationProof"];
         provider: components["schemas"]["TextId"];
         requires_approval: boolean;
         review_reason: string | null;
@@ -395,6 +477,26 @@ export class Ledger {
             error?: LedgerError;
         }>;
     };
+    /**
+     * Guards a function of your own that has a side effect (a charge, an e-mail): the ledger
+     * records the call as a step, the function runs once while this process holds the step's
+     * claim, and what it made is recorded. The wrapper resolves to the recorded result (a string).
+     *
+     * The function is called with its arguments and then a {@link StepContext} (its
+     * `idempotencyKey` to pass on). A call is named by `options.key(...args)`, else by its
+     * arguments; a repeat under the same name resolves to the recorded result without running the
+     * function, a recorded failure throws {@link StepFailed}, and a step whose outcome was lost
+     * (the process died after the function ran) throws {@link StepNotConfirmed} and is never run
+     * again: a person decides. An error from the function is recorded ({@link StepDidNotApply}:
+     * nothing took effect; anything else: it may have) and thrown again.
+     * @template {unknown[]} A
+     * @param {StepOptions} options
+     * @param {(...args: [...A, StepContext]) => unknown} fn
+     * @returns {((...args: A) => Promise<string>) & { lastOperation?: Operation }}
+     */
+    step<A extends unknown[]>(options: StepOptions, fn: (...args: [...A, StepContext]) => unknown): ((...args: A) => Promise<string>) & {
+        lastOperation?: Operation;
+    };
     #private;
 }
 export type Operation = components["schemas"]["Operation"];
@@ -425,6 +527,45 @@ export type Intent = {
  */
 export type Answer = Operation & {
     replayed: boolean;
+};
+/**
+ * How a step is guarded.
+ */
+export type StepOptions = {
+    /**
+     * your code's system, e.g. `billing` (not a configured connector)
+     */
+    provider: string;
+    /**
+     * what the function does there, e.g. `charge`
+     */
+    action: string;
+    /**
+     * names a call from its arguments (default: the
+     * arguments themselves)
+     */
+    key?: ((...args: any[]) => string) | undefined;
+    /**
+     * what the result is recorded as
+     */
+    resultId?: ((result: any) => string | number) | undefined;
+    /**
+     * how long the claim holds without an outcome
+     */
+    leaseMs?: number | undefined;
+    /**
+     * your name for this process, recorded with the attempt
+     */
+    caller?: string | undefined;
+};
+/**
+ * What a guarded function is given besides its arguments: the step's key, the same on every
+ * attempt, to pass on to its own system.
+ */
+export type StepContext = {
+    idempotencyKey: string;
+    operationId: string;
+    attemptId: string;
 };
 export type LedgerOptions = {
     /**

@@ -260,6 +260,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/operations/{id}/attempts/{attempt_id}/outcome": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Report what the function did in a claimed attempt: succeeded with what it made, or failed with applied `no` (rejected: nothing took effect) or `unknown` (it may have: the step goes to a person). A report after the claim ran out is recorded as a late answer: a success settles the unknown step, a different result after a success is a detected duplicate. Only a step's attempts are reported here. */
+        post: operations["reportStepOutcome"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/operations/{id}/claim": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Claim the next attempt of a pending step, with a lease: run the function only while holding the claim, then report its outcome. A second claim while the lease is live is 409 `claimed` (naming the holder and the lease's end); a step in any other state is 409 `refused` naming the state. When the lease runs out without an outcome the step is unknown, and (the ledger cannot look a caller's function up) goes to a person. */
+        post: operations["claimStep"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/operations/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The webhook deliveries of the operation's events: which endpoint, how many attempts, the last status and error (an operator's endpoints in scope, or a tenant token's own). */
+        get: operations["getOperationDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/operations/{id}/deny": {
         parameters: {
             query?: never;
@@ -413,6 +464,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/steps": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Record the intent of a step the caller's own code carries out (a function guarded by the clients' ledger.step): the ledger never runs it; the caller claims an attempt, runs the function with the operation's idempotency key, and reports what it did. No configuration: the provider and action name the caller's code (not a configured connector); the account is `caller`. */
+        post: operations["recordStep"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/subjects": {
         parameters: {
             query?: never;
@@ -488,10 +556,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The webhook endpoints with their state, lag and counts (operator token; an operator limited to some tenants sees the endpoints whose tenants are all theirs). */
+        /** The webhook endpoints with their state, lag and counts (an operator limited to some tenants sees the endpoints whose tenants are all theirs; a tenant token sees only the endpoints it defined). */
         get: operations["listWebhooks"];
         put?: never;
-        /** Define an endpoint, delivered at once without a restart from the log's head; kept in the ledger's store so every instance on it delivers it (operator token; an operator limited to some tenants defines endpoints of their tenants only). The answer carries its secret. */
+        /** Define an endpoint, delivered at once without a restart from the log's head; kept in the ledger's store so every instance on it delivers it (an operator limited to some tenants defines endpoints of their tenants only; a tenant token defines endpoints of its own, which receive its events alone, may not allow private networks, and number at most 8 per tenant). The answer carries its secret. */
         post: operations["createWebhook"];
         delete?: never;
         options?: never;
@@ -509,11 +577,11 @@ export interface paths {
         get?: never;
         put?: never;
         post?: never;
-        /** Delete an endpoint defined through the API and stop delivering it (operator token). */
+        /** Delete an endpoint defined through the API and stop delivering it (an operator, or the tenant token that defined it). */
         delete: operations["deleteWebhook"];
         options?: never;
         head?: never;
-        /** Change an endpoint defined through the API; it goes on from its checkpoint (operator token). An endpoint from the configuration file is 409 configured_in_file. */
+        /** Change an endpoint defined through the API; it goes on from its checkpoint (an operator, or the tenant token that defined it; a tenant's endpoint keeps receiving that tenant's events only). An endpoint from the configuration file is 409 configured_in_file. */
         patch: operations["updateWebhook"];
         trace?: never;
     };
@@ -524,7 +592,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The endpoint's latest delivery attempts, newest first (operator token). */
+        /** The endpoint's latest delivery attempts, newest first, each with the operation whose event it carried (an operator, or the tenant token that defined it). */
         get: operations["webhookAttempts"];
         put?: never;
         post?: never;
@@ -545,6 +613,23 @@ export interface paths {
         put?: never;
         /** Pause an endpoint: its events wait on its checkpoint (operator token). */
         post: operations["pauseWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/payload": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** What the endpoint is sent for the event at a log position (the payload of an attempt there), rendered again from the log. */
+        get: operations["webhookPayload"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -577,7 +662,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Deliver one event of the log to this endpoint again now, under its own webhook-id (a receiver that has it deduplicates), and answer with the attempt (operator token). */
+        /** Deliver one event of the log to this endpoint again now, under its own webhook-id (a receiver that has it deduplicates), and answer with the attempt (an operator, or the tenant token that defined it). */
         post: operations["resendWebhook"];
         delete?: never;
         options?: never;
@@ -611,7 +696,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Make a new signing secret current; the old one keeps signing beside it for overlap_s (Standard Webhooks' several signatures), so receivers switch without a lost delivery (operator token). The answer carries the new secret. */
+        /** Make a new signing secret current; the old one keeps signing beside it for overlap_s (Standard Webhooks' several signatures), so receivers switch without a lost delivery (an operator, or the tenant token that defined it). The answer carries the new secret. */
         post: operations["rotateWebhookSecret"];
         delete?: never;
         options?: never;
@@ -628,7 +713,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Send a signed test event (type webhook.test, no operation) to the endpoint now and answer with the attempt; it is recorded in the attempt log at position 0 (operator token). */
+        /** Send a signed test event (type webhook.test, no operation) to the endpoint now and answer with the attempt; it is recorded in the attempt log at position 0 (an operator, or the tenant token that defined it). */
         post: operations["testWebhook"];
         delete?: never;
         options?: never;
@@ -737,7 +822,7 @@ export interface components {
          * @description Stable code; the HTTP status goes with it (see each route).
          * @enum {string}
          */
-        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "internal";
+        ErrorCode: "malformed_json" | "body_unreadable" | "invalid_path" | "invalid_input" | "unauthorized" | "duplicate_authorization" | "forbidden" | "not_found" | "no_such_route" | "method_not_allowed" | "body_timeout" | "refused" | "source_id_reused" | "idempotency_key_reused" | "duplicate_risk_not_accepted" | "stale" | "too_large" | "too_many_streams" | "too_many_executes" | "contended" | "outcome_unknown" | "store_unavailable" | "read_models_behind" | "claimed" | "not_waiting" | "too_many_claims" | "no_checkpoint" | "not_in_tree" | "no_such_tile" | "exists" | "configured_in_file" | "too_many_secrets" | "no_webhooks_here" | "personal_data_off" | "subject_erased" | "internal";
         /** @description One event of an operation's stream, as stored. */
         Event: {
             /** @description The event's fields as stored (schema versioned with the event type). */
@@ -815,6 +900,10 @@ export interface components {
             action: components["schemas"]["TextId"];
             /** @description Seconds since it was recorded. */
             age_s: number;
+            /** @description The values of the arguments named by `args=` that the intent has (sealed personal values opened for the reader). */
+            args?: {
+                [key: string]: unknown;
+            };
             attempts: number;
             created_at: components["schemas"]["Timestamp"];
             external_id: string | null;
@@ -822,6 +911,8 @@ export interface components {
             needs_review_reason: string | null;
             /** Format: uuid */
             operation_id: string;
+            /** @description Whose it is, as recorded with the intent. */
+            owner?: string | null;
             provider: components["schemas"]["TextId"];
             source_id: string | null;
             state: components["schemas"]["State"];
@@ -832,6 +923,37 @@ export interface components {
         Note: string;
         /** @description An operation as every route that acts on one answers it. `created` only when recording, `execute_error` only with execute=true. */
         Operation: components["schemas"]["OperationFields"];
+        OperationDeliveries: {
+            deliveries: components["schemas"]["OperationDelivery"][];
+            /** @description The endpoints the caller sees, each with its checkpoint and whether it is still behind the operation's newest event (a delivery not yet attempted). */
+            endpoints: {
+                behind: boolean;
+                checkpoint: number | null;
+                id: string;
+                /** @enum {unknown} */
+                status: "active" | "paused" | "disabled";
+            }[];
+            /** Format: uuid */
+            operation_id: string;
+        };
+        OperationDelivery: {
+            /** @description Attempts at this event kept in the journal. */
+            attempts: number;
+            /** @description Whether one of them was answered 2xx. */
+            delivered: boolean;
+            endpoint: string;
+            /** @description The event's type in the log (IntentRecorded, AttemptSucceeded, …). */
+            event_type: string | null;
+            last_at: components["schemas"]["Timestamp"];
+            /** @description The latest error among its attempts. */
+            last_error: string | null;
+            /** @description The latest attempt's HTTP status; null: no answer. */
+            last_status: number | null;
+            /** @description The log position of the operation's event delivered. */
+            position: number;
+            /** @description The webhook-id header of its latest attempt. */
+            webhook_id: string;
+        };
         /** @description The fields of an operation (shared by Operation and Trace). */
         OperationFields: {
             account: components["schemas"]["TextId"];
@@ -975,6 +1097,10 @@ export interface components {
             account: components["schemas"]["TextId"];
             /** @description Seconds since `since`. */
             age_s: number;
+            /** @description The values of the arguments named by `args=` that the intent has (sealed personal values opened for the reader). */
+            args?: {
+                [key: string]: unknown;
+            };
             attempts: number;
             /** @description The operator working this item and when the claim ends by itself; null when nobody holds it (or as of a past moment: claims are kept beside the log, not in it). */
             claim?: {
@@ -1036,6 +1162,8 @@ export interface components {
             lookups: number;
             /** Format: uuid */
             operation_id: string;
+            /** @description Whose it is, as recorded with the intent. */
+            owner?: string | null;
             provider: components["schemas"]["TextId"];
             /** @description Why a person must look (needs_review). */
             reason: string | null;
@@ -1072,6 +1200,62 @@ export interface components {
          * @enum {string}
          */
         State: "awaiting_approval" | "denied" | "pending" | "in_flight" | "succeeded" | "rejected" | "unknown" | "needs_review" | "abandoned";
+        StepClaim: {
+            /**
+             * Format: uuid
+             * @description Report the outcome under this attempt.
+             */
+            attempt_id: string;
+            attempt_number: number;
+            /** @description The step's key, the same on every attempt: pass it to your own system so it can deduplicate. */
+            idempotency_key: string;
+            lease_deadline: components["schemas"]["Timestamp"];
+            operation: components["schemas"]["Operation"];
+        };
+        StepClaimRequest: {
+            /**
+             * Format: uuid
+             * @description The attempt's id, chosen by you (a fresh UUID per attempt), so a claim whose answer was lost can be sent again and is answered as the same claim. A fresh one is made when absent.
+             */
+            attempt_id?: string;
+            /** @description Your name for the process (recorded with the attempt as `caller:<name>`). */
+            caller?: components["schemas"]["TextId"];
+            /**
+             * @description How long the claim holds without an outcome: longer than the function runs.
+             * @default 30000
+             */
+            lease_ms: number;
+        };
+        StepOutcomeRequest: {
+            /**
+             * @description With failed (required): `no` when nothing took effect, `unknown` when it may have.
+             * @enum {unknown}
+             */
+            applied?: "no" | "unknown";
+            /** @description With failed: a short code for the failure. */
+            code?: components["schemas"]["TextId"];
+            /** @description With succeeded (required): what the function made (an invoice id, a message id). */
+            external_id?: components["schemas"]["TextId"];
+            /** @description With failed: what happened (cut at 16 KiB). */
+            message?: string;
+            /** @enum {unknown} */
+            outcome: "succeeded" | "failed";
+        };
+        /** @description A step's intent. `args` must be at most 65536 bytes as canonical JSON. */
+        StepRequest: {
+            /** @example charge */
+            action: components["schemas"]["TextId"];
+            /** @description The function's arguments, frozen as sent. */
+            args: Record<string, never>;
+            owner?: components["schemas"]["TextId"];
+            /**
+             * @description Your code's system (e.g. `billing`); not a connector configured on the server.
+             * @example billing
+             */
+            provider: components["schemas"]["TextId"];
+            /** @description The call's id (a tool-call id, a key derived from the arguments): a repeat finds the same step. */
+            source_id?: components["schemas"]["TextId"];
+        };
         Subject: {
             created_at: string;
             erased_at?: string | null;
@@ -1105,6 +1289,11 @@ export interface components {
             duration_ms: number;
             endpoint: string;
             error: string | null;
+            /**
+             * Format: uuid
+             * @description In the attempt log: the operation whose event was delivered (null for a test event); GET /v1/operations/{id}/deliveries lists an operation's.
+             */
+            operation_id?: string | null;
             position: number;
             /** @description The HTTP status answered; null: no answer (refused, timed out, reset). */
             status: number | null;
@@ -1168,6 +1357,8 @@ export interface components {
             /** @description Log positions after the checkpoint (pending). */
             lag_positions: number;
             last_error: string | null;
+            /** @description The tenant whose own token defined it through the API: it receives that tenant's events only, and only that tenant's token (and operators) see it; null for an operator's or the configuration file's. */
+            managed_by?: string | null;
             reason: string | null;
             /**
              * @description Where it is defined: the configuration file (changed there) or the API (changed, rotated and deleted through it).
@@ -1196,6 +1387,8 @@ export interface components {
             /** @description Log positions after the checkpoint (pending). */
             lag_positions: number;
             last_error: string | null;
+            /** @description The tenant whose own token defined it through the API: it receives that tenant's events only, and only that tenant's token (and operators) see it; null for an operator's or the configuration file's. */
+            managed_by?: string | null;
             /**
              * Format: date-time
              * @description After a rotation: when the secret it replaced stops signing (null: at once).
@@ -1220,6 +1413,18 @@ export interface components {
         };
         WebhookEndpoints: {
             endpoints: components["schemas"]["WebhookEndpoint"][];
+        };
+        WebhookPayload: {
+            endpoint: string;
+            /** Format: uuid */
+            operation_id: string | null;
+            /** @description The JSON body sent: type, timestamp and data, as the endpoint receives it. */
+            payload: {
+                [key: string]: unknown;
+            };
+            position: number;
+            /** @description The webhook-id its deliveries carry. */
+            webhook_id: string;
         };
         WebhookResendRequest: {
             /** @description The log position of the event to deliver again, under its own webhook-id. */
@@ -1584,6 +1789,8 @@ export interface operations {
     listOperations: {
         parameters: {
             query?: {
+                /** @description Argument names (comma-separated, at most 8) whose values each row carries in `args`, for the columns a person chose; every row carries its `owner` too. */
+                args?: string;
                 state?: components["schemas"]["State"];
                 /** @description Recorded longer ago than this: a whole number and ms, s, m, h or d. */
                 older_than?: string;
@@ -1756,6 +1963,112 @@ export interface operations {
             503: components["responses"]["Error"];
         };
     };
+    reportStepOutcome: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The step's operation id. */
+                id: string;
+                /** @description The attempt the claim started. */
+                attempt_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StepOutcomeRequest"];
+            };
+        };
+        responses: {
+            /** @description Recorded; the step as it stands now and the sentence the agent may say. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Operation"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    claimStep: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The step's operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StepClaimRequest"];
+            };
+        };
+        responses: {
+            /** @description Claimed: the attempt, the key to pass to the function, the lease's end. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StepClaim"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    getOperationDeliveries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The operation id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Its deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OperationDeliveries"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
     denyOperation: {
         parameters: {
             query?: never;
@@ -1898,6 +2211,16 @@ export interface operations {
     reviewQueue: {
         parameters: {
             query?: {
+                /** @description Only items for this owner (as recorded with the intent), matched whole whatever its case and spacing, as in GET /v1/operations. */
+                owner?: string;
+                /** @description Only items whose top-level argument NAME has VALUE, written `NAME:VALUE`, matched as in GET /v1/operations (whole, whatever its case and spacing). Each item of the queue is checked against the search terms' index by key, so a search reads at most the queue, never the ledger's operations. */
+                arg?: string;
+                /** @description Only items unresolved (unknown or waiting for a person) since this RFC 3339 time or later. */
+                since?: string;
+                /** @description Only items unresolved since before this RFC 3339 time; with `since`, a time range. */
+                until?: string;
+                /** @description Argument names (comma-separated, at most 8) whose values each row carries in `args`, for the columns a person chose; every row carries its `owner` too. */
+                args?: string;
                 limit?: number;
                 /** @description The queue as it was at this moment: a global position or an RFC 3339 time, as for the operation listing (the same limits, 422 `as_of_beyond_limit` beyond them); each row's detail is folded from the operation's events up to the moment, and `age_s` is measured from it. The moment is resolved to a log position, which the answer names as `as_of_position` (for a time, the last event recorded at or before it, compared to the millisecond); 422 `invalid_input` for a position past the log's head or a time later than now. */
                 as_of?: string;
@@ -1956,10 +2279,16 @@ export interface operations {
                     dry_run?: boolean;
                     filter?: {
                         account?: components["schemas"]["TextId"];
+                        arg?: string;
+                        owner?: string;
                         provider?: components["schemas"]["TextId"];
+                        /** Format: date-time */
+                        since?: string;
                         /** @enum {string} */
                         state?: "unknown" | "needs_review";
                         tenant?: components["schemas"]["TextId"];
+                        /** Format: date-time */
+                        until?: string;
                     };
                     /** @description With `filter`: at most this many of the matching items, oldest first (default and most: 1000). */
                     limit?: number;
@@ -2118,6 +2447,51 @@ export interface operations {
             404: components["responses"]["Error"];
             409: components["responses"]["Error"];
             500: components["responses"]["Error"];
+        };
+    };
+    recordStep: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Names this request, as on POST /v1/operations: the same key with the same body answers 200 with the step it recorded; with another body, 409 idempotency_key_reused. It is the step's source id. */
+                "Idempotency-Key"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StepRequest"];
+            };
+        };
+        responses: {
+            /** @description The source id (or Idempotency-Key) was seen before: the step it recorded, as it stands (its outcome, if reported). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Operation"];
+                };
+            };
+            /** @description Recorded (new step, pending: claim it before running the function). */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Operation"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            408: components["responses"]["Error"];
+            409: components["responses"]["Error"];
+            413: components["responses"]["Error"];
+            422: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
         };
     };
     listSubjects: {
@@ -2441,6 +2815,39 @@ export interface operations {
             401: components["responses"]["Error"];
             403: components["responses"]["Error"];
             404: components["responses"]["Error"];
+            500: components["responses"]["Error"];
+            503: components["responses"]["Error"];
+        };
+    };
+    webhookPayload: {
+        parameters: {
+            query: {
+                /** @description An attempt's position. */
+                position: number;
+            };
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The payload. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookPayload"];
+                };
+            };
+            400: components["responses"]["Error"];
+            401: components["responses"]["Error"];
+            403: components["responses"]["Error"];
+            404: components["responses"]["Error"];
+            422: components["responses"]["Error"];
             500: components["responses"]["Error"];
             503: components["responses"]["Error"];
         };

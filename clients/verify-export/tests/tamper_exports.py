@@ -3,8 +3,9 @@
 each: run by tests/export.rs on real exports (NDJSON and Parquet; the whole log, a slice, one
 tenant) made by the real binary from a real ledger of two tenants.
 
-Usage: tamper_exports.py VERIFIER_KEY (WHOLE SLICE TENANT FOREIGN_SOURCE)...
-one group per format, where FOREIGN_SOURCE is a proved slice holding another tenant's intent. Exit 0 when every case is
+Usage: tamper_exports.py VERIFIER_KEY (WHOLE SLICE TENANT TENANT_SLICE FOREIGN_SOURCE)...
+one group per format, where TENANT_SLICE is a slice of one tenant's export and FOREIGN_SOURCE a
+proved slice holding another tenant's intent. Exit 0 when every case is
 named as expected (and each intact export verifies), 1 with the cases that were not.
 """
 
@@ -23,32 +24,39 @@ import verify_export  # noqa: E402
 
 
 def load(path):
-    """(format, header, rows, schema) of an export."""
+    """(format, header, rows, schema, closing record) of an export."""
     if verify_export.is_parquet(path):
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)
         metadata = table.schema.metadata
         header = json.loads(metadata[b"opledger_export.header"])
-        return "parquet", header, table.to_pylist(), table.schema
+        end = json.loads(metadata[b"opledger_export.end"])
+        return "parquet", header, table.to_pylist(), table.schema.remove_metadata(), end
     with open(path, encoding="utf-8") as file:
         lines = [json.loads(line) for line in file if line.strip()]
-    return "ndjson", lines[0], [line for line in lines[1:] if "end" not in line], None
+    end = next(line["end"] for line in lines[1:] if "end" in line)
+    return "ndjson", lines[0], [line for line in lines[1:] if "end" not in line], None, end
 
 
-def closing(rows):
+def closing(rows, original):
+    """The closing record a tamperer writes to match the rows, keeping what it cannot forge (the
+    tenant tree's proof in the checkpoint's map)."""
     events = [row for row in rows if row.get("context") is None]
     positions = [row["position"] for row in events]
-    return {
+    end = {
         "events": len(events),
         "first_position": positions[0] if positions else None,
         "last_position": max(positions) if positions else None,
     }
+    if "tenant_tree" in original:
+        end["tenant_tree"] = original["tenant_tree"]
+    return end
 
 
-def verify(fmt, header, rows, schema, key):
+def verify(fmt, header, rows, schema, key, original_end):
     """The verifier's findings on the export written back in its format."""
-    end = closing(rows)
+    end = closing(rows, original_end)
     if fmt == "ndjson":
         text = [json.dumps(header)] + [json.dumps(row) for row in rows] + [json.dumps({"end": end})]
         return verify_export.verify_lines(text, key)[0]
@@ -97,7 +105,7 @@ def later(rows):
     for i in indexes:
         if any(rows[j]["stream"] == rows[i]["stream"] for j in indexes if j < i):
             return i
-    raise AssertionError("no stream has two events in this export")
+    raise AssertionError(f"no stream has two events in this export: {[(rows[i]['position'], rows[i]['stream'][-4:], rows[i].get('context')) for i in range(len(rows))]}")
 
 
 def data_text(row):
@@ -217,6 +225,14 @@ def move_event(rows, **_):
     return [rows[a]["position"], rows[b]["position"]]
 
 
+def drop_operation(rows, **_):
+    """Drops every event of one operation (its intent too), as if it never happened."""
+    stream = rows[middle(rows)]["stream"]
+    dropped = [row["position"] for row in rows if row["stream"] == stream and row.get("context") is None]
+    rows[:] = [row for row in rows if row["stream"] != stream]
+    return dropped + [position + 1 for position in dropped]
+
+
 def slip_in_foreign(rows, foreign, **_):
     """Another tenant's intent, with its real inclusion proof, put in position order."""
     at = next((i for i, row in enumerate(rows) if row.get("context") is None and row["position"] > foreign["position"]), len(rows))
@@ -226,48 +242,76 @@ def slip_in_foreign(rows, foreign, **_):
     return foreign["position"]
 
 
+def first_passed_off_as_before(rows, end, **_):
+    """The slice's first event relabelled as the tenant's event just before it, and the real one
+    folded into the frontier before that, so the tenant's tree still holds: only the edge's place
+    inside the slice's `from` shows that the slice now leaves that event out."""
+    b = next(i for i, row in enumerate(rows) if row.get("context") == "tenant_before")
+    before = dict(rows.pop(b))
+    for name in ("data", "metadata"):
+        if isinstance(before.get(name), bytes):
+            before[name + "_bytes"] = before.pop(name)
+    leaf = verify_export.tenant_leaf_hash(before["position"], verify_export.Event(before).leaf())
+    tree = end["tenant_tree"]
+    left = [base64.b64decode(h) for h in tree["left"]]
+    builder = verify_export.RootBuilder.from_frontier(tree["left_size"], left)
+    builder.push(leaf)
+    tree["left_size"] = builder.size
+    tree["left"] = [base64.b64encode(h).decode() for _, h in builder.stack]
+    first = events_of(rows)[0]
+    rows[first] = dict(rows[first], context="tenant_before")
+    return rows[first]["position"]
+
+
 # What each case must be named as, per export: substrings of which one must be in a finding.
 CASES = [
-    ("data edited", edit_data, {"whole": ["EDITED", "REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"]}),
+    ("data edited", edit_data, {"whole": ["EDITED", "REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"], "tenant_slice": ["EDITED"]}),
     ("rewritten with its link and id recomputed", rewrite_with_link_and_id,
-     {"whole": ["REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"]}),
-    ("time edited", edit_time, {"whole": ["TIME"], "slice": ["TIME"], "tenant": ["TIME"]}),
-    ("metadata edited", edit_metadata, {"whole": ["REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"]}),
-    ("header: contiguity claimed falsely", header_contiguity, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"]}),
-    ("header: head and tree size raised", header_head, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"]}),
-    ("header: checkpoint edited", header_checkpoint, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"]}),
-    ("header: another tenant named", header_tenant, {"tenant": ["FOREIGN"]}),
-    ("tail cut (closing line rewritten)", cut_tail, {"whole": ["TRUNCATED"], "slice": ["TRUNCATED"]}),
-    ("an event dropped", drop_event, {"whole": ["REMOVED"], "slice": ["REMOVED"], "tenant": ["REMOVED"]}),
-    ("an event added", add_event, {"whole": ["INSERTED"], "slice": ["INSERTED"], "tenant": ["INSERTED"]}),
-    ("an event moved", move_event, {"whole": ["MOVED"], "slice": ["MOVED"], "tenant": ["MOVED"]}),
-    ("another tenant's event slipped in", slip_in_foreign, {"tenant": ["FOREIGN"]}),
+     {"whole": ["REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"], "tenant_slice": ["EDITED"]}),
+    ("time edited", edit_time, {"whole": ["TIME"], "slice": ["TIME"], "tenant": ["TIME"], "tenant_slice": ["TIME"]}),
+    ("metadata edited", edit_metadata, {"whole": ["REWRITTEN"], "slice": ["EDITED"], "tenant": ["EDITED"], "tenant_slice": ["EDITED"]}),
+    ("header: contiguity claimed falsely", header_contiguity, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"], "tenant_slice": ["HEADER"]}),
+    ("header: head and tree size raised", header_head, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"], "tenant_slice": ["HEADER"]}),
+    ("header: checkpoint edited", header_checkpoint, {"whole": ["HEADER"], "slice": ["HEADER"], "tenant": ["HEADER"], "tenant_slice": ["HEADER"]}),
+    ("header: another tenant named", header_tenant, {"tenant": ["FOREIGN"], "tenant_slice": ["FOREIGN"]}),
+    ("tail cut (closing line rewritten)", cut_tail,
+     {"whole": ["TRUNCATED"], "slice": ["TRUNCATED"], "tenant": ["INCOMPLETE"], "tenant_slice": ["INCOMPLETE"]}),
+    ("an operation dropped whole (closing line rewritten)", drop_operation,
+     {"whole": ["REMOVED"], "tenant": ["INCOMPLETE"], "tenant_slice": ["INCOMPLETE"]}),
+    ("an event dropped", drop_event,
+     {"whole": ["REMOVED"], "slice": ["REMOVED"], "tenant": ["REMOVED"], "tenant_slice": ["REMOVED", "INCOMPLETE"]}),
+    ("an event added", add_event,
+     {"whole": ["INSERTED"], "slice": ["INSERTED"], "tenant": ["INSERTED"], "tenant_slice": ["INSERTED"]}),
+    ("an event moved", move_event, {"whole": ["MOVED"], "slice": ["MOVED"], "tenant": ["MOVED"], "tenant_slice": ["MOVED"]}),
+    ("another tenant's event slipped in", slip_in_foreign, {"tenant": ["FOREIGN"], "tenant_slice": ["FOREIGN"]}),
+    ("the slice's first event passed off as the tenant's event before it", first_passed_off_as_before,
+     {"tenant_slice": ["given as just before the slice, lies inside"]}),
 ]
 
 
 def main(argv):
     key = verify_export.VerifierKey(argv[1])
-    kinds = ["whole", "slice", "tenant"]
+    kinds = ["whole", "slice", "tenant", "tenant_slice"]
     exports = []
-    for group in range(2, len(argv), 4):
-        whole, slice_, tenant, source = argv[group : group + 4]
-        _, _, source_rows, _ = load(source)
+    for group in range(2, len(argv), 5):
+        whole, slice_, tenant, tenant_slice, source = argv[group : group + 5]
+        _, _, source_rows, _, _ = load(source)
         foreign = next(row for row in source_rows if row["version"] == 0 and '"tenant":"globex"' in data_text(row))
-        exports += [(whole, foreign), (slice_, foreign), (tenant, foreign)]
+        exports += [(whole, foreign), (slice_, foreign), (tenant, foreign), (tenant_slice, foreign)]
     failures, checked = [], 0
     for index, (path, foreign) in enumerate(exports):
-        kind = kinds[index % 3]
-        fmt, header, rows, schema = load(path)
-        intact = verify(fmt, header, rows, schema, key)
+        kind = kinds[index % 4]
+        fmt, header, rows, schema, end = load(path)
+        intact = verify(fmt, header, rows, schema, key, end)
         if intact:
             failures.append(f"{fmt} {kind}: the intact export has findings: {[str(f) for f in intact]}")
             continue
         for name, tamper, expected in CASES:
             if kind not in expected:
                 continue
-            h, r = json.loads(json.dumps(header)), [dict(row) for row in rows]
-            position = tamper(r, header=h, foreign=foreign)
-            findings = [str(f) for f in verify(fmt, h, r, schema, key)]
+            h, r, e = json.loads(json.dumps(header)), [dict(row) for row in rows], json.loads(json.dumps(end))
+            position = tamper(r, header=h, foreign=foreign, end=e)
+            findings = [str(f) for f in verify(fmt, h, r, schema, key, e)]
             checked += 1
             named = any(word in f for f in findings for word in expected[kind])
             positions = position if isinstance(position, list) else [position]
@@ -277,7 +321,7 @@ def main(argv):
             if not (named and placed):
                 failures.append(f"{fmt} {kind}: {name} (position {position}) not named as {expected[kind]}: {findings}")
             else:
-                print(f"{fmt:7} {kind:6} {name}: {findings[0]}")
+                print(f"{fmt:7} {kind:12} {name}: {findings[0]}")
     for failure in failures:
         print("MISSED", failure)
     print(f"{checked} tamperings checked, {len(failures)} missed")

@@ -32,6 +32,11 @@ pub(super) struct Claim<'a> {
 /// `pending --StartAttempt (binding, contract)--> in_flight`; the same claim again is nothing.
 pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent>, Rejection> {
     let state = on.state;
+    if on.intent.executed_by_caller() {
+        return Err(Rejection::WrongExecutor {
+            executor: on.intent.executor,
+        });
+    }
     if state.knows_attempt(claim.attempt_id) {
         // The same claim again (its append's outcome was unclear): nothing new. Any other reuse
         // of an attempt id would let a late answer to one attempt pass for another's.
@@ -66,6 +71,54 @@ pub(super) fn start(on: &On<'_>, claim: &Claim<'_>) -> Result<Vec<OperationEvent
         lease_deadline: lease_deadline(on.now, claim.lease_ms)?,
         budget_wait: claim.budget_wait.cloned(),
         request: claim.request.cloned(),
+        at: on.now,
+    })])
+}
+
+/// `pending --ClaimStep--> in_flight`: the caller claims its step's next attempt; the same claim
+/// again is nothing. No binding or retry contract to check: the caller's function is bound to
+/// nothing the ledger configures, and a step is only pending again after a person decided to
+/// retry it (its contract is "none": an unknown step is never retried automatically).
+pub(super) fn claim_step(
+    on: &On<'_>,
+    attempt_id: AttemptId,
+    caller: &WorkerId,
+    lease_ms: u64,
+) -> Result<Vec<OperationEvent>, Rejection> {
+    let state = on.state;
+    if !on.intent.executed_by_caller() {
+        return Err(Rejection::WrongExecutor {
+            executor: on.intent.executor,
+        });
+    }
+    if state.knows_attempt(attempt_id) {
+        if state.status == Status::InFlight && state.is_current_attempt(attempt_id) {
+            return Ok(Vec::new());
+        }
+        return Err(ValidationError::new(
+            "attempt_id",
+            format!("{attempt_id} was already used by an earlier attempt; every attempt needs a fresh id"),
+        )
+        .into());
+    }
+    if state.status != Status::Pending {
+        return Err(on.refuse());
+    }
+    check_lease(lease_ms)?;
+    if let Some(not_before) = state
+        .retry_not_before
+        .filter(|not_before| on.now < *not_before)
+    {
+        return Err(Rejection::NotYetDue { not_before });
+    }
+    check_attempt_limit(state.attempts)?;
+    Ok(vec![OperationEvent::AttemptStarted(AttemptStarted {
+        attempt_id,
+        attempt_number: state.attempts + 1,
+        worker: caller.clone(),
+        lease_deadline: lease_deadline(on.now, lease_ms)?,
+        budget_wait: None,
+        request: None,
         at: on.now,
     })])
 }

@@ -31,6 +31,8 @@ enum Action {
     Grant,
     Deny,
     Start,
+    /// The caller claims a step's next attempt.
+    ClaimStep,
     Succeed(Which, u8),
     Reject(Which),
     Unknown(Which),
@@ -56,6 +58,7 @@ fn action() -> impl Strategy<Value = Action> {
         1 => Just(Action::Grant),
         1 => Just(Action::Deny),
         4 => Just(Action::Start),
+        3 => Just(Action::ClaimStep),
         3 => (which(), 0..3_u8).prop_map(|(w, id)| Action::Succeed(w, id)),
         1 => which().prop_map(Action::Reject),
         3 => which().prop_map(Action::Unknown),
@@ -108,6 +111,15 @@ fn command_for(
         Action::Start => {
             *next_attempt += 1;
             start(*next_attempt, capabilities)
+        }
+        // A lease of 30 min against steps of up to 2 h: some claims lapse, some are reported.
+        Action::ClaimStep => {
+            *next_attempt += 1;
+            Command::ClaimStep {
+                attempt_id: attempt(*next_attempt),
+                caller: worker(STEP_CALLER),
+                lease_ms: 30 * 60 * 1000,
+            }
         }
         Action::Succeed(w, id) => Command::RecordSuccess {
             attempt_id: pick(w),
@@ -200,6 +212,9 @@ fn command_for(
     }
 }
 
+/// The caller that claims a step's attempts.
+const STEP_CALLER: &str = "caller:job";
+
 /// What the property test carries from step to step.
 struct Run {
     capabilities: ProviderCapabilities,
@@ -223,6 +238,12 @@ impl Run {
         // Attempt numbers strictly grow, one at a time.
         if let OperationEvent::AttemptStarted(started) = event {
             prop_assert_eq!(started.attempt_number, before.attempts + 1);
+            // One kind of sender per operation: the caller for a step, a worker otherwise.
+            prop_assert_eq!(
+                started.worker.as_str() == STEP_CALLER,
+                self.first.executed_by_caller(),
+                "a step sent by a worker, or a connector's operation claimed by a caller"
+            );
             prop_assert_eq!(
                 &before.status,
                 &Status::Pending,
@@ -362,12 +383,21 @@ proptest! {
 
     #[test]
     fn random_command_sequences_never_break_an_invariant(
-        shape in 0..3_u8,
+        shape in 0..4_u8,
         requires_approval in any::<bool>(),
         steps in steps(),
     ) {
-        let capabilities = match shape { 0 => keyed(), 1 => labelled(), _ => lookup_only() };
-        let first = intent(requires_approval);
+        // Shape 3: a step the caller's own code carries out, with the contract every step has.
+        let capabilities = match shape {
+            0 => keyed(),
+            1 => labelled(),
+            2 => lookup_only(),
+            _ => crate::contract::CALLER_STEP_CAPABILITIES,
+        };
+        let mut first = intent(requires_approval);
+        if shape == 3 {
+            first.executor = crate::event::Executor::Caller;
+        }
         let history = vec![OperationEvent::IntentRecorded(first.clone())];
         let state = fold(&history);
         state.assert_invariants();

@@ -232,6 +232,11 @@ pub(super) fn without_lookup(
             reason: "the action cannot be looked up, and the retry contract holds".to_owned(),
             at: on.now,
         }),
+        Err(_) if on.intent.executed_by_caller() => OperationEvent::ReviewRequired(ReviewRequired {
+            reason: "the step is carried out by the caller's own code, which the ledger cannot look up, and the caller did not report what it did; running it again could do it twice, so a person checks the caller's system and confirms the result, retries or gives up".to_owned(),
+            evidence: clip(on.state.last_error.as_deref().unwrap_or_default()),
+            at: on.now,
+        }),
         Err(violation) => OperationEvent::ReviewRequired(ReviewRequired {
             reason: format!(
                 "the action cannot be looked up, so no evidence can come, and there is no safe retry: {violation}"

@@ -45,6 +45,7 @@ pub fn intent(operation_id: OperationId, source_id: Option<&str>, seconds: i64) 
         idempotency_key: IdempotencyKey::new("k").expect("valid"),
         source_id: source_id.map(source),
         requires_approval: false,
+        executor: Default::default(),
         at: at(seconds),
     })
 }

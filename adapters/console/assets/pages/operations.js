@@ -3,23 +3,30 @@
 // every page is filtered (a search by owner or argument reads the server's index).
 
 import { get, needsTenant } from "../api.js";
-import { STATES, badge, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
+import { STATES, argumentCell, argumentColumns, badge, chosenColumns, columnPicker, duration, errorBox, h, link, pageTitle, shortId } from "../ui.js";
 
 /// Rows per page.
 const PAGE_ROWS = 25;
+/// The columns a person may choose besides the state and the operation (and an argument's).
+const COLUMNS = { owner: "Owner", tenant: "Tenant", provider: "Provider / account", action: "Action", age: "Age", attempts: "Attempts", external: "External id" };
+/// The columns shown while the URL names none.
+const DEFAULT_COLUMNS = ["tenant", "provider", "action", "age", "external"];
 
 export async function render(main, { query }) {
   const form = filters(query);
+  const columns = chosenColumns(query, DEFAULT_COLUMNS);
   const results = h("div", { "aria-live": "polite", "aria-busy": "true" });
-  main.append(pageTitle("Operations"), form, results);
+  main.append(pageTitle("Operations"), form, columnPicker("operations", query, COLUMNS, columns), results);
   // Newest first unless the URL asks for the oldest: what an incident adds is what is looked for.
   const params = new URLSearchParams({ limit: String(PAGE_ROWS), order: query.get("order") === "oldest" ? "oldest" : "newest" });
   for (const name of ["state", "older_than", "since", "tenant", "provider", "account", "action", "source_id", "owner", "arg", "after"]) {
     if (query.get(name)) params.set(name, query.get(name));
   }
+  const shownArgs = argumentColumns(columns);
+  if (shownArgs.length) params.set("args", shownArgs.join(","));
   try {
     const page = await get(`/v1/operations?${params}`);
-    results.replaceChildren(listing(page.operations), pager(query, page.next));
+    results.replaceChildren(listing(page.operations, columns), pager(query, page.next));
   } catch (error) {
     results.replaceChildren(needsTenant(error) ? h("p", { class: "warning", role: "alert" }, "This token sees several tenants: name one in the Tenant field above.") : errorBox(error, null));
   }
@@ -51,21 +58,51 @@ function filters(query) {
     event.preventDefault();
     const next = new URLSearchParams();
     for (const [name, value] of new FormData(form)) if (String(value).trim()) next.set(name, String(value).trim());
+    // The chosen columns stay with a new search: they are the view, not the filter.
+    if (query.get("cols") !== null) next.set("cols", query.get("cols"));
     location.hash = `#/operations?${next}`;
   });
   return form;
 }
 
-function listing(rows) {
+/// A column's heading and its cell for one operation.
+function column(key) {
+  if (key.startsWith("arg:")) return [key.slice(4), (op) => argumentCell(op.args?.[key.slice(4)])];
+  switch (key) {
+    case "owner":
+      return ["Owner", (op) => op.owner ?? "—"];
+    case "tenant":
+      return ["Tenant", (op) => op.tenant];
+    case "provider":
+      return ["Provider / account", (op) => `${op.provider} / ${op.account}`];
+    case "action":
+      return ["Action", (op) => op.action];
+    case "age":
+      return ["Age", (op) => duration(op.age_s * 1000)];
+    case "attempts":
+      return ["Attempts", (op) => String(op.attempts)];
+    case "external":
+      return ["External id", (op) => op.external_id ?? "—"];
+    default:
+      return null;
+  }
+}
+
+function listing(rows, columns) {
   if (!rows.length) return h("p", { class: "empty card" }, "No operation matches.");
+  const shown = columns.map(column).filter(Boolean);
   return h(
     "div",
     { class: "scroll", tabindex: "0", role: "region", "aria-label": "Operations" },
     h(
       "table",
       { class: "listing stacking" },
-      h("thead", {}, h("tr", {}, ["State", "Operation", "Tenant", "Provider / account", "Action", "Age", "External id"].map((x) => h("th", { scope: "col" }, x)))),
-      h("tbody", {}, rows.map((op) => h("tr", {}, cell("State", badge(op.state)), cell("Operation", link(`operation/${op.operation_id}`, shortId(op.operation_id), { title: op.operation_id })), cell("Tenant", op.tenant), cell("Provider / account", `${op.provider} / ${op.account}`), cell("Action", op.action), cell("Age", duration(op.age_s * 1000)), cell("External id", op.external_id ?? "—")))),
+      h("thead", {}, h("tr", {}, ["State", "Operation", ...shown.map(([heading]) => heading)].map((x) => h("th", { scope: "col" }, x)))),
+      h(
+        "tbody",
+        {},
+        rows.map((op) => h("tr", {}, cell("State", badge(op.state)), cell("Operation", link(`operation/${op.operation_id}`, shortId(op.operation_id), { title: op.operation_id })), shown.map(([heading, value]) => cell(heading, value(op))))),
+      ),
     ),
   );
 }

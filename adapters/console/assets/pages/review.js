@@ -7,14 +7,17 @@
 // the person looked at.
 
 import { ApiError, get, post } from "../api.js";
-import { announce, badge, between, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
+import { announce, argumentCell, argumentColumns, badge, between, chosenColumns, columnPicker, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
 
 /// Queue items on one page.
 const QUEUE_ROWS = 50;
 /// Live events look at the queue's size at most once per this many milliseconds.
 const REFRESH_EVERY_MS = 1000;
-/// The filters a queue page takes from its URL, as the API names them.
-const FILTERS = ["tenant", "provider", "account", "state"];
+/// The filters a queue page takes from its URL, as the API names them (a bulk decision's
+/// `filter` takes the same, so "every item matching" is what the page lists).
+const FILTERS = ["tenant", "provider", "account", "state", "owner", "arg", "since", "until"];
+/// The columns a person may choose for the queue as a table (and an argument's, `arg:NAME`).
+const COLUMNS = { owner: "Owner", tenant: "Tenant", provider: "Provider / account", age: "Waiting", attempts: "Attempts" };
 
 export async function render(main, { id, query }, context) {
   if (id) return renderItem(main, id, context);
@@ -31,6 +34,9 @@ function queueParams(query, extra = {}) {
 
 async function renderQueue(main, query, context) {
   const oldest = query.get("order") === "oldest";
+  // Without `cols` in the URL the queue is a list of cards with each item's evidence; with it,
+  // a table of the chosen columns, read without the evidence (one row per item).
+  const columns = query.get("cols") === null ? null : chosenColumns(query, []);
   const list = h("div", { class: "queue", "aria-busy": "true" });
   const summary = h("p", { class: "queue-summary", role: "status" });
   const changed = h("div", { class: "queue-changed" });
@@ -38,6 +44,7 @@ async function renderQueue(main, query, context) {
     pageTitle("Review queue"),
     h("p", { class: "lead" }, "Operations whose outcome opledger could not establish on its own. Open one, read the evidence, and record what should happen."),
     queueFilters(query),
+    columnPicker("review", query, COLUMNS, columns ?? []),
     bulkPanel(query),
     h("div", { class: "row queue-bar" }, summary, orderToggle(query, oldest)),
     changed,
@@ -45,11 +52,14 @@ async function renderQueue(main, query, context) {
   );
   let shownTotal = null;
   try {
-    const page = await get(`/v1/review?${queueParams(query, { limit: String(QUEUE_ROWS), detail: "full" })}`);
+    const extra = { limit: String(QUEUE_ROWS), detail: columns ? "none" : "full" };
+    if (columns && argumentColumns(columns).length) extra.args = argumentColumns(columns).join(",");
+    const page = await get(`/v1/review?${queueParams(query, extra)}`);
     shownTotal = page.total;
     summary.textContent = summaryText(page, query);
+    const shown = columns ? (page.queue.length ? [queueTable(page.queue, columns)] : []) : page.queue.map(item);
     list.replaceChildren(
-      ...(page.queue.length ? page.queue.map(item) : [h("p", { class: "empty card" }, page.total || query.get("after") ? "No more items on this page." : "Nothing waits for a person here. New cases appear in the count above by themselves.")]),
+      ...(page.queue.length ? shown : [h("p", { class: "empty card" }, page.total || query.get("after") ? "No more items on this page." : "Nothing waits for a person here. New cases appear in the count above by themselves.")]),
       queuePager(query, page.next),
     );
   } catch (error) {
@@ -95,12 +105,18 @@ function queueFilters(query) {
     field("provider", "Provider", text("provider", "any")),
     field("account", "Account", text("account", "any")),
     field("state", "State", state),
+    field("arg", "Title or argument", text("arg", "name:value, e.g. title:Call the client")),
+    field("owner", "Owner", text("owner", "whom it is for")),
+    field("since", "Unresolved since", text("since", "e.g. 2026-12-01T14:00:00Z")),
+    field("until", "Unresolved before", text("until", "e.g. 2026-12-01T15:00:00Z")),
     h("button", { type: "submit" }, "Show"),
   );
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const next = new URLSearchParams();
     if (query.get("order")) next.set("order", query.get("order"));
+    // The chosen columns stay with a new search: they are the view, not the filter.
+    if (query.get("cols") !== null) next.set("cols", query.get("cols"));
     for (const [name, value] of new FormData(form)) if (String(value).trim()) next.set(name, String(value).trim());
     location.hash = `#/review?${next}`;
   });
@@ -189,6 +205,54 @@ function bulkOutcome(answer, dry) {
     refused.length
       ? h("ul", { class: "refused" }, refused.map((r) => h("li", {}, link(`operation/${r.operation_id}`, shortId(r.operation_id), { title: r.operation_id }), ` — ${r.message}`)))
       : null,
+  );
+}
+
+/// The queue as a table of the chosen columns: a box to tick, the state and the link to decide,
+/// then each column.
+function queueTable(entries, columns) {
+  const cell = (key, entry) => {
+    if (key.startsWith("arg:")) return argumentCell(entry.args?.[key.slice(4)]);
+    switch (key) {
+      case "owner":
+        return entry.owner ?? "—";
+      case "tenant":
+        return entry.tenant;
+      case "provider":
+        return `${entry.provider} / ${entry.account}`;
+      case "age":
+        return duration(entry.age_s * 1000);
+      case "attempts":
+        return String(entry.attempts);
+      default:
+        return null;
+    }
+  };
+  const shown = columns.filter((key) => key.startsWith("arg:") || COLUMNS[key]);
+  const heading = (key) => (key.startsWith("arg:") ? key.slice(4) : COLUMNS[key]);
+  return h(
+    "div",
+    { class: "scroll", tabindex: "0", role: "region", "aria-label": "Review queue" },
+    h(
+      "table",
+      { class: "listing stacking queue-table" },
+      h("thead", {}, h("tr", {}, ["Pick", "State", "Operation", ...shown.map(heading), "Claim"].map((x) => h("th", { scope: "col" }, x)))),
+      h(
+        "tbody",
+        {},
+        entries.map((entry) =>
+          h(
+            "tr",
+            { class: "queue-item", "data-operation": entry.operation_id },
+            h("td", { "data-label": "Pick" }, h("input", { type: "checkbox", class: "pick", value: entry.operation_id, id: `pick-${entry.operation_id}`, "aria-label": `Tick ${entry.operation_id}` })),
+            h("td", { "data-label": "State" }, badge(entry.state)),
+            h("td", { "data-label": "Operation" }, link(`review/${entry.operation_id}`, shortId(entry.operation_id), { title: entry.operation_id })),
+            shown.map((key) => h("td", { "data-label": heading(key) }, cell(key, entry))),
+            h("td", { "data-label": "Claim" }, entry.claim ? entry.claim.holder : "—"),
+          ),
+        ),
+      ),
+    ),
   );
 }
 

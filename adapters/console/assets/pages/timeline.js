@@ -2,7 +2,7 @@
 // since the step before and since the intent, and the raw JSON one click away. New events arrive
 // at the bottom over the live feed, so nothing the reader is looking at moves.
 
-import { get } from "../api.js";
+import { ApiError, get } from "../api.js";
 import { badge, duration, errorBox, facts, h, link, pageTitle, rawJson, time } from "../ui.js";
 
 /// What each stored event type means, in a few words a person reads.
@@ -34,7 +34,9 @@ export async function render(main, { id }, context) {
   }
   const head = h("div", { "aria-busy": "true" });
   const list = h("ol", { class: "timeline", "aria-label": "Events, oldest first" });
-  main.append(h("p", {}, link("operations", "← Operations")), pageTitle("Operation timeline"), head, list);
+  const deliveries = h("section", { class: "card deliveries", "aria-labelledby": "deliveries-heading", "aria-busy": "true" });
+  main.append(h("p", {}, link("operations", "← Operations")), pageTitle("Operation timeline"), head, list, deliveries);
+  showDeliveries(deliveries, id);
   let shown = 0;
   const load = async () => {
     try {
@@ -113,4 +115,53 @@ function readable(line) {
   if (!line) return null;
   const match = /^@\d+\s+v\d+\s+\+\s*\d+ ms\s+\S+\s+(.*)$/.exec(line);
   return match ? match[1] : line;
+}
+
+/// The operation's webhook deliveries: for each endpoint and event, how many attempts, whether
+/// one got through, the last answer and error; and the endpoints that have not reached its newest
+/// event yet. A token that may not read them (an approver's) is told so in one line.
+async function showDeliveries(section, id) {
+  const title = h("h2", { id: "deliveries-heading" }, "Webhook deliveries");
+  try {
+    const answer = await get(`/v1/operations/${encodeURIComponent(id)}/deliveries`);
+    const behind = answer.endpoints.filter((endpoint) => endpoint.behind);
+    // replaceChildren would write a null as the text "null": leave the missing ones out.
+    section.replaceChildren(
+      ...[
+      title,
+      answer.deliveries.length
+        ? h(
+            "div",
+            { class: "scroll", tabindex: "0", role: "region", "aria-label": "Webhook deliveries" },
+            h(
+              "table",
+              { class: "listing stacking" },
+              h("thead", {}, h("tr", {}, ["Endpoint", "Event", "Attempts", "Status", "Last answer", "Last error", "Last attempt"].map((x) => h("th", { scope: "col" }, x)))),
+              h(
+                "tbody",
+                {},
+                answer.deliveries.map((d) =>
+                  h(
+                    "tr",
+                    { class: d.delivered ? "" : "failed", "data-endpoint": d.endpoint },
+                    h("td", { "data-label": "Endpoint" }, link(`webhooks/${encodeURIComponent(d.endpoint)}`, d.endpoint)),
+                    h("td", { "data-label": "Event" }, `${WORDS[d.event_type] ?? d.event_type ?? "?"} (position ${d.position})`),
+                    h("td", { "data-label": "Attempts" }, String(d.attempts)),
+                    h("td", { "data-label": "Status" }, h("span", { class: `badge badge-${d.delivered ? "ok" : "bad"}` }, d.delivered ? "delivered" : "failing")),
+                    h("td", { "data-label": "Last answer" }, d.last_status === null ? "no answer" : `HTTP ${d.last_status}`),
+                    h("td", { "data-label": "Last error" }, d.last_error ?? "—"),
+                    h("td", { "data-label": "Last attempt" }, time(d.last_at)),
+                  ),
+                ),
+              ),
+            ),
+          )
+        : h("p", { class: "muted" }, answer.endpoints.length ? "No delivery attempt for this operation's events yet." : "No webhook endpoint receives this operation's events."),
+      behind.length ? h("p", { class: "muted" }, `Not yet through this operation's newest event: ${behind.map((e) => `${e.id} (${e.status})`).join(", ")}.`) : null,
+      ].filter(Boolean),
+    );
+  } catch (error) {
+    section.replaceChildren(title, h("p", { class: "muted" }, error instanceof ApiError && error.status === 403 ? "This token may not read webhook deliveries." : error.message));
+  }
+  section.setAttribute("aria-busy", "false");
 }

@@ -6,7 +6,7 @@
 // POST /v1/webhooks/{id}/pause|resume|replay|test|rotate-secret, GET /v1/webhooks/{id}/attempts.
 
 import { call, get, post } from "../api.js";
-import { announce, duration, errorBox, facts, h, link, pageTitle, rawJson, time } from "../ui.js";
+import { announce, duration, errorBox, facts, h, link, pageTitle, rawJson, shortId, time } from "../ui.js";
 
 /// The most attempts one endpoint's page lists (the API keeps 10,000 per endpoint).
 const ATTEMPTS_SHOWN = 200;
@@ -255,7 +255,7 @@ async function renderAttempts(main, id) {
             "table",
             { class: "listing stacking attempts" },
             h("caption", { class: "visually-hidden" }, `Delivery attempts to ${id}, newest first`),
-            h("thead", {}, h("tr", {}, ["When", "Position", "webhook-id", "Try", "Answer", "Took", "What went wrong"].map((label) => h("th", { scope: "col" }, label)))),
+            h("thead", {}, h("tr", {}, ["When", "Operation", "Position", "webhook-id", "Try", "Answer", "Took", "What went wrong", "Payload"].map((label) => h("th", { scope: "col" }, label)))),
             h(
               "tbody",
               {},
@@ -264,12 +264,14 @@ async function renderAttempts(main, id) {
                   "tr",
                   { class: attempt.error ? "failed" : "" },
                   h("td", { "data-label": "When" }, time(attempt.at)),
+                  h("td", { "data-label": "Operation" }, attempt.operation_id ? link(`operation/${attempt.operation_id}`, shortId(attempt.operation_id), { title: attempt.operation_id }) : "test event"),
                   h("td", { "data-label": "Position" }, String(attempt.position)),
                   h("td", { "data-label": "webhook-id" }, h("code", {}, attempt.webhook_id)),
                   h("td", { "data-label": "Try" }, `#${attempt.attempt}`),
                   h("td", { "data-label": "Answer" }, attempt.status === null ? "no answer" : `HTTP ${attempt.status}`),
                   h("td", { "data-label": "Took" }, duration(attempt.duration_ms)),
                   h("td", { "data-label": "What went wrong" }, attempt.error ?? "delivered"),
+                  h("td", { "data-label": "Payload" }, attempt.position > 0 ? payloadButton(id, attempt.position) : "—"),
                 ),
               ),
             ),
@@ -281,4 +283,24 @@ async function renderAttempts(main, id) {
   }
   table.setAttribute("aria-busy", "false");
   return null;
+}
+
+/// A button that reads what the endpoint is sent for the event at `position` (rendered again
+/// from the log) and shows it beneath, once asked: payloads can be large, so none is fetched
+/// until a person wants it.
+function payloadButton(id, position) {
+  const shown = h("div", { class: "payload", "aria-live": "polite" });
+  const button = h("button", { type: "button", class: "small", "aria-label": `Show the payload at position ${position}` }, "Show");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const answer = await get(`/v1/webhooks/${encodeURIComponent(id)}/payload?position=${position}`);
+      shown.replaceChildren(h("pre", {}, JSON.stringify(answer.payload, null, 2)));
+      button.hidden = true;
+    } catch (error) {
+      shown.replaceChildren(errorBox(error, null));
+      button.disabled = false;
+    }
+  });
+  return h("div", {}, button, shown);
 }

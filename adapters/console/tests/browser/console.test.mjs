@@ -483,6 +483,23 @@ try {
     const first = await rows.first().innerText();
     assert.ok(first.includes("no answer") && /#\d+/.test(first), first);
     await axe(page, "webhook attempts");
+    // An attempt shows its payload on request and links to its operation, whose page lists the
+    // operation's deliveries: which endpoint, how many attempts, the last answer and error.
+    await rows.first().getByRole("button", { name: /Show the payload/ }).click();
+    const payload = JSON.parse(await rows.first().locator(".payload pre").innerText());
+    assert.match(payload.type, /^operation\./, JSON.stringify(payload));
+    const operationLink = rows.first().locator("td[data-label=Operation] a");
+    assert.equal(await operationLink.getAttribute("title"), payload.data.operation_id);
+    await operationLink.click();
+    const delivery = page.locator('section.deliveries tr[data-endpoint="ops-feed"]').first();
+    await delivery.waitFor();
+    const deliveryText = await delivery.innerText();
+    assert.ok(deliveryText.includes("failing") && deliveryText.includes("no answer"), deliveryText);
+    assert.notEqual(await delivery.locator("td[data-label='Last error']").innerText(), "—", deliveryText);
+    await axe(page, "an operation's webhook deliveries");
+    await shot(page, "operation-deliveries");
+    await page.goBack();
+    await rows.first().waitFor();
     await page.getByRole("link", { name: "All webhook endpoints" }).click();
     await endpoint.getByRole("button", { name: "Pause deliveries" }).click();
     await endpoint.getByText("paused", { exact: true }).waitFor();

@@ -5,6 +5,7 @@
 //   OPLEDGER_OPERATOR_TOKEN                  an operator of every tenant
 //   OPLEDGER_OPERATOR_AB_TOKEN               an operator of tenants A and B
 //   OPLEDGER_WAITING                         how many operations were seeded waiting
+//   OPLEDGER_SETTLED                         how many settled operations were seeded before them
 //   OPLEDGER_NODE_MODULES, OPLEDGER_SCREENSHOTS
 // Every step waits for what it expects (no sleeps); any failure exits non-zero with the step's
 // name.
@@ -24,6 +25,7 @@ const BASE = env("OPLEDGER_BASE_URL");
 const OPERATOR = env("OPLEDGER_OPERATOR_TOKEN");
 const OPERATOR_AB = env("OPLEDGER_OPERATOR_AB_TOKEN");
 const WAITING = Number(env("OPLEDGER_WAITING"));
+const SETTLED = Number(process.env.OPLEDGER_SETTLED ?? "0");
 const MODULES = env("OPLEDGER_NODE_MODULES");
 const SHOTS = env("OPLEDGER_SCREENSHOTS");
 const WAIT_MS = 30000;
@@ -88,6 +90,33 @@ async function signIn(page, token) {
   await page.locator("#who:not([hidden])").waitFor();
 }
 
+/// An RFC 3339 UTC time as text that sorts as the time does: the API writes 3, 6 or 9 digits of
+/// fractional seconds (as many as the value needs), so "…00.5Z" and "…00.123456Z" must be
+/// padded to nanoseconds before they are compared.
+function instant(text) {
+  const [whole, fraction = ""] = text.replace(/Z$/, "").split(".");
+  return `${whole}.${fraction.padEnd(9, "0")}`;
+}
+
+/// Follows the queue's "Next page →" link from the page showing `ids`, if there is one, and waits
+/// until the next page is shown: the URL changing is not enough, because the queue can still say
+/// it is not busy, with the previous page's items, before the next page's request starts.
+async function nextPage(page, ids) {
+  const next = page.getByRole("link", { name: "Next page →" });
+  if (!(await next.count())) return false;
+  const before = page.url();
+  await next.click();
+  await page.waitForFunction((url) => location.href !== url, before);
+  await page.waitForFunction(
+    (first) => {
+      const item = document.querySelector(".queue[aria-busy=false] .queue-item");
+      return item !== null && item.dataset.operation !== first;
+    },
+    ids[0],
+  );
+  return true;
+}
+
 /// The operation ids the queue page shows, in order, once it has loaded.
 async function shownIds(page) {
   await page.locator(".queue[aria-busy=false]").waitFor();
@@ -119,11 +148,7 @@ try {
         await axe(page, "the review queue in an incident");
         await page.screenshot({ path: join(SHOTS, "review-queue-incident.png"), fullPage: false });
       }
-      const next = page.getByRole("link", { name: "Next page →" });
-      if (!(await next.count())) break;
-      const before = page.url();
-      await next.click();
-      await page.waitForFunction((url) => location.href !== url, before);
+      if (!(await nextPage(page, ids))) break;
     }
     assert.equal(seen.length, WAITING, `every item once across ${pages} pages`);
     assert.equal(new Set(seen).size, WAITING, "no item twice");
@@ -147,6 +172,57 @@ try {
     assert.ok(bytes < 200_000, `one page is ${bytes} bytes`);
   });
 
+  await check("the console's first load and the review page's are measured: bytes, first paint, interactive", async () => {
+    // A fresh tab each, so its resource timings are its own load's.
+    for (const [what, route, ready] of [
+      ["overview", "/console#/overview", ".stat-needs_review .stat-number"],
+      ["review queue", "/console#/review", ".queue[aria-busy=false]"],
+    ]) {
+      const tab = await newPage();
+      await signIn(tab, OPERATOR);
+      await tab.goto("about:blank");
+      const started = Date.now();
+      await tab.goto(route);
+      await tab.locator(ready).first().waitFor();
+      const shownAfter = Date.now() - started;
+      const timing = await tab.evaluate(() => {
+        const navigation = performance.getEntriesByType("navigation")[0];
+        const paint = performance.getEntriesByType("paint").find((entry) => entry.name === "first-contentful-paint");
+        const resources = performance.getEntriesByType("resource");
+        return {
+          paint: paint?.startTime ?? -1,
+          interactive: navigation?.domInteractive ?? -1,
+          bytes: resources.reduce((sum, entry) => sum + entry.transferSize, navigation?.transferSize ?? 0),
+          requests: resources.length + 1,
+        };
+      });
+      console.log(
+        `  bench=console-load page=${what.replace(" ", "-")} waiting=${WAITING} settled=${SETTLED} first_paint_ms=${Math.round(timing.paint)} dom_interactive_ms=${Math.round(timing.interactive)} data_shown_ms=${shownAfter} bytes=${timing.bytes} requests=${timing.requests}`,
+      );
+      await tab.close();
+    }
+    // Search latency through the API at this ledger's size: the first page of a search by title
+    // (and by owner) among the settled operations, and of the queue.
+    const timed = async (path) => {
+      const took = [];
+      for (let n = 0; n < 20; n++) {
+        const started = performance.now();
+        const answer = await api(path(n));
+        took.push(performance.now() - started);
+        assert.equal(answer.status, 200, JSON.stringify(answer.json));
+      }
+      took.sort((a, b) => a - b);
+      return `p50_ms=${took[10].toFixed(1)} max_ms=${took[19].toFixed(1)}`;
+    };
+    const total = SETTLED + WAITING;
+    if (SETTLED > 0) {
+      console.log(`  bench=search what=operations-title operations=${total} ${await timed((n) => `/v1/operations?tenant=tenant-a&arg=${encodeURIComponent(`title:Settled task ${(n * 7919) % SETTLED}`)}`)}`);
+      console.log(`  bench=search what=operations-owner-page operations=${total} ${await timed((n) => `/v1/operations?tenant=tenant-a&order=newest&owner=owner-${n % 50}`)}`);
+    }
+    console.log(`  bench=search what=review-title operations=${total} ${await timed((n) => `/v1/review?detail=none&arg=${encodeURIComponent(`title:Incident task ${(n * 7919) % WAITING}`)}`)}`);
+    console.log(`  bench=search what=review-owner-page operations=${total} ${await timed((n) => `/v1/review?detail=none&order=newest&owner=owner-${n % 7}`)}`);
+  });
+
   await check("the oldest-first toggle and the filters live in the URL, and nothing sticks", async () => {
     await page.getByRole("link", { name: "Show oldest first" }).click();
     await page.waitForFunction(() => location.hash.includes("order=oldest"));
@@ -154,14 +230,14 @@ try {
     assert.equal((await shownIds(page))[0], oldest);
     const tenantB = (await api("/v1/review?tenant=tenant-b&limit=1&detail=none")).json.total;
     assert.ok(tenantB > 0 && tenantB < WAITING, `tenant B has ${tenantB}`);
-    await page.getByLabel("Tenant").fill("tenant-b");
+    await page.getByLabel("Tenant", { exact: true }).fill("tenant-b");
     await page.getByRole("button", { name: "Show" }).click();
     await page.locator(".queue-summary", { hasText: `${tenantB} waiting match` }).waitFor();
     assert.ok(page.url().includes("tenant=tenant-b") && page.url().includes("order=oldest"), page.url());
     // A shared link shows the same; the plain route shows everything again.
     await page.goto("/console#/review");
     await page.locator(".queue-summary", { hasText: `${WAITING} waiting match` }).waitFor();
-    assert.equal(await page.getByLabel("Tenant").inputValue(), "");
+    assert.equal(await page.getByLabel("Tenant", { exact: true }).inputValue(), "");
   });
 
   await check("one item opens from its own route, without reading the queue", async () => {
@@ -172,6 +248,80 @@ try {
     await page.locator("#decide-heading").waitFor();
     assert.ok(requested.some((path) => path === `/v1/review/${deep}`), requested.join(" "));
     assert.ok(!requested.some((path) => path.startsWith("/v1/review?")), `no queue listing: ${requested.join(" ")}`);
+  });
+
+  await check("the queue is searched by title, owner and time from the URL, with its count and paging intact", async () => {
+    // By title, typed in the form in another case and spacing than recorded.
+    await page.goto("/console#/review");
+    await page.locator(".queue-summary", { hasText: `${WAITING} waiting match` }).waitFor();
+    await page.getByLabel("Title or argument").fill("title:incident  TASK 77");
+    await page.getByRole("button", { name: "Show" }).click();
+    await page.locator(".queue-summary", { hasText: "1 waiting matches" }).waitFor();
+    assert.ok(page.url().includes("arg=title"), page.url());
+    const wanted = (await api(`/v1/review?arg=${encodeURIComponent("title:Incident task 77")}&detail=none`)).json.queue.map((i) => i.operation_id);
+    assert.deepEqual(await shownIds(page), wanted);
+    // By owner: every one of the owner's items once, page after page.
+    const owner = (await api("/v1/review?owner=owner-3&limit=1&detail=none")).json.total;
+    assert.ok(owner > QUEUE_ROWS && owner < WAITING, `owner-3 has ${owner}`);
+    await page.goto("/console#/review?owner=owner-3");
+    await page.locator(".queue-summary", { hasText: `${owner} waiting match` }).waitFor();
+    const seen = [];
+    for (;;) {
+      const ids = await shownIds(page);
+      seen.push(...ids);
+      if (!(await nextPage(page, ids))) break;
+    }
+    assert.equal(new Set(seen).size, owner, "every item of the owner's once");
+    // A time range on when each became unresolved: the console counts what the API counts.
+    const ten = (await api("/v1/review?order=oldest&limit=10&detail=none")).json.queue;
+    const range = `since=${encodeURIComponent(ten[2].since)}&until=${encodeURIComponent(ten[8].since)}`;
+    const inRange = (await api(`/v1/review?${range}&limit=1000&detail=none`)).json;
+    assert.ok(inRange.total >= 1 && inRange.total <= 6, `${inRange.total} in the range`);
+    assert.ok(inRange.queue.every((i) => instant(i.since) >= instant(ten[2].since) && instant(i.since) < instant(ten[8].since)), JSON.stringify(inRange.queue.map((i) => i.since)));
+    await page.goto(`/console#/review?${range}`);
+    await page.locator(".queue-summary", { hasText: `${inRange.total} waiting match` }).waitFor();
+    await axe(page, "the review queue searched");
+  });
+
+  await check("columns chosen by the operator are kept in the URL, shared by it, and never stick", async () => {
+    await page.goto("/console#/review?owner=owner-2");
+    await page.locator(".queue[aria-busy=false]").waitFor();
+    await page.getByText("Columns", { exact: true }).click();
+    await page.getByLabel("Argument column").fill("title");
+    await page.getByLabel("Owner column").check();
+    await page.getByLabel("Tenant column").check();
+    await page.getByRole("button", { name: "Apply columns" }).click();
+    await page.waitForFunction(() => location.hash.includes("cols="));
+    const url = page.url();
+    assert.ok(decodeURIComponent(url).includes("cols=arg:title,owner,tenant") && url.includes("owner=owner-2"), url);
+    const headings = async (p) => {
+      await p.locator(".queue[aria-busy=false] table.queue-table").waitFor();
+      return p.locator("table.queue-table thead th").allInnerTexts();
+    };
+    assert.deepEqual(await headings(page), ["Pick", "State", "Operation", "title", "Owner", "Tenant", "Claim"]);
+    const first = page.locator("table.queue-table tbody tr").first();
+    assert.match(await first.locator("td[data-label=title]").innerText(), /^Incident task \d+$/);
+    assert.equal(await first.locator("td[data-label=Owner]").innerText(), "owner-2");
+    await axe(page, "the review queue with chosen columns");
+    await page.screenshot({ path: join(SHOTS, "review-columns.png"), fullPage: false });
+    // The link, opened by another person in another tab, shows the same columns.
+    const other = await newPage();
+    await signIn(other, OPERATOR);
+    await other.goto(url);
+    assert.deepEqual(await headings(other), ["Pick", "State", "Operation", "title", "Owner", "Tenant", "Claim"]);
+    // The queue's own link shows the cards again: nothing was remembered.
+    await other.goto("/console#/review");
+    await other.locator(".queue[aria-busy=false] article.queue-item").first().waitFor();
+    assert.equal(await other.locator("table.queue-table").count(), 0);
+    // The operations listing takes its columns the same way.
+    await other.goto("/console#/operations?tenant=tenant-a&owner=owner-4&cols=arg:title,owner,attempts");
+    await other.locator("table.listing tbody tr").first().waitFor();
+    assert.deepEqual(await other.locator("table.listing thead th").allInnerTexts(), ["State", "Operation", "title", "Owner", "Attempts"]);
+    const row = other.locator("table.listing tbody tr").first();
+    assert.match(await row.locator("td[data-label=title]").innerText(), /^Incident task \d+$/);
+    assert.equal(await row.locator("td[data-label=Owner]").innerText(), "owner-4");
+    await axe(other, "operations with chosen columns");
+    await other.close();
   });
 
   await check("an operator of two tenants sees both counted, and a tenant only when the URL names it", async () => {

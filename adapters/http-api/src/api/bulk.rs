@@ -36,14 +36,9 @@ struct BulkBody {
     accept_duplicate_risk: bool,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BulkFilter {
-    tenant: Option<String>,
-    provider: Option<String>,
-    account: Option<String>,
-    state: Option<String>,
-}
+/// A bulk decision's `filter`: the review queue's search, so "every item matching" decides
+/// exactly the items the queue lists for it.
+type BulkFilter = super::queries::ReviewSearch;
 
 /// `POST /v1/review/bulk`.
 pub(super) async fn bulk(
@@ -189,13 +184,7 @@ async fn chosen_operations(
             Ok(chosen)
         }
         (None, Some(matching)) => {
-            let filter: ReviewFilter = review_filter(
-                scope,
-                matching.tenant.as_deref(),
-                matching.provider.as_deref(),
-                matching.account.as_deref(),
-                matching.state,
-            )?;
+            let filter: ReviewFilter = review_filter(scope, matching)?;
             fresh_read_models(shared).await?;
             let page = shared
                 .read_models

@@ -43,8 +43,8 @@ impl opledger_mcp::Ledger for McpLedger {
             source_id: call.source_id,
             owner: None,
             requires_approval: false,
-            // The tool's connector declares where its subject is, if anywhere.
-            subject: None,
+            // Named by the call, or where the tool's connector declares it, if anywhere.
+            subject: call.subject,
         };
         let recorded = record_then_execute(shared, tenant, body, Some((place, wait)))
             .await
@@ -178,6 +178,7 @@ pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool,
                     repeat_harmless: matches!(deduplication, Deduplication::NaturallyIdempotent),
                     input: action.input.clone(),
                     accounts: accounts.clone(),
+                    takes_subject: shared.subjects.is_some(),
                 },
                 deduplication,
             ));
@@ -203,6 +204,7 @@ pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool,
                     repeat_harmless: matches!(deduplication, Deduplication::NaturallyIdempotent),
                     input: action.input.clone(),
                     accounts: accounts.clone(),
+                    takes_subject: shared.subjects.is_some(),
                 },
                 deduplication,
             ));

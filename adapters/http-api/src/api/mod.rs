@@ -7,7 +7,8 @@
 //! A handler never returns 2xx for something the ledger has not durably recorded. The handlers
 //! live by concern: operations.rs (record, show, history, approve/deny, execute), queries.rs
 //! (listings, the review queue, trace), review.rs (an operator's decision), mcp.rs (the MCP
-//! tools over the same paths, at `/mcp`), actions.rs (the actions as tools for agent frameworks).
+//! tools over the same paths, at `/mcp`), actions.rs (the actions as tools for agent frameworks),
+//! steps.rs (steps the caller's own code carries out: record, claim, report).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ mod operations;
 mod probes;
 mod queries;
 mod review;
+mod steps;
 mod webhooks;
 
 pub use self::mcp::McpLedger;
@@ -68,15 +70,19 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The API's routes; `/v1/openapi.json` describes each of them (a test keeps the two in step,
 /// and the black-box tests call each route of the router). The metrics label requests with these
 /// templates only, so the set of `route` values is bounded.
-pub(crate) const ROUTES: [(&str, &str); 41] = [
+pub(crate) const ROUTES: [(&str, &str); 46] = [
     ("post", "/v1/operations"),
     ("get", "/v1/operations"),
     ("get", "/v1/operations/{id}"),
     ("get", "/v1/operations/{id}/events"),
+    ("get", "/v1/operations/{id}/deliveries"),
     ("post", "/v1/operations/{id}/approve"),
     ("post", "/v1/operations/{id}/deny"),
     ("post", "/v1/operations/{id}/execute"),
     ("post", "/v1/operations/{id}/review"),
+    ("post", "/v1/steps"),
+    ("post", "/v1/operations/{id}/claim"),
+    ("post", "/v1/operations/{id}/attempts/{attempt_id}/outcome"),
     ("get", "/v1/review"),
     ("get", "/v1/review/{id}"),
     ("post", "/v1/review/bulk"),
@@ -100,6 +106,7 @@ pub(crate) const ROUTES: [(&str, &str); 41] = [
     ("post", "/v1/webhooks/{id}/test"),
     ("post", "/v1/webhooks/{id}/resend"),
     ("get", "/v1/webhooks/{id}/attempts"),
+    ("get", "/v1/webhooks/{id}/payload"),
     ("get", "/v1/whoami"),
     ("get", "/v1/counts"),
     ("get", "/v1/actions"),
@@ -138,10 +145,17 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v1/operations/{id}", get(operations::show))
         .route("/v1/operations/{id}/events", get(operations::history))
+        .route("/v1/operations/{id}/deliveries", get(webhooks::deliveries))
         .route("/v1/operations/{id}/approve", post(operations::approve))
         .route("/v1/operations/{id}/deny", post(operations::deny))
         .route("/v1/operations/{id}/execute", post(operations::execute))
         .route("/v1/operations/{id}/review", post(review::review))
+        .route("/v1/steps", post(steps::record))
+        .route("/v1/operations/{id}/claim", post(steps::claim))
+        .route(
+            "/v1/operations/{id}/attempts/{attempt_id}/outcome",
+            post(steps::outcome),
+        )
         .route("/v1/review", get(queries::review_queue))
         .route("/v1/review/{id}", get(queries::review_item))
         .route("/v1/review/bulk", post(bulk::bulk))
@@ -176,6 +190,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/webhooks/{id}/resume", post(webhooks::resume))
         .route("/v1/webhooks/{id}/replay", post(webhooks::replay))
         .route("/v1/webhooks/{id}/attempts", get(webhooks::attempts))
+        .route("/v1/webhooks/{id}/payload", get(webhooks::payload))
         .route("/v1/subjects", get(crate::personal::list))
         .route("/v1/subjects/{subject}", get(crate::personal::show))
         .route("/v1/subjects/{subject}/erase", post(crate::personal::erase))
@@ -668,6 +683,10 @@ mod tests {
             schemas["Note"]["maxLength"],
             opledger_domain::command::MAX_NOTE_BYTES
         );
+        let lease = &schemas["StepClaimRequest"]["properties"]["lease_ms"];
+        assert_eq!(lease["minimum"], opledger_domain::command::MIN_LEASE_MS);
+        assert_eq!(lease["maximum"], opledger_domain::command::MAX_LEASE_MS);
+        assert_eq!(lease["default"], opledger_domain::command::DEFAULT_LEASE_MS);
         let trace = parameter(&spec, "/v1/trace/{id}", "get", "id");
         assert_eq!(trace["maxLength"], queries::MAX_TRACE_ID_BYTES);
         assert!(

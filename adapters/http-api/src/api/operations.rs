@@ -108,7 +108,7 @@ pub(super) async fn record(
 
 /// The `Idempotency-Key` header, if sent: one visible-ASCII value (checked as a source id when
 /// the intent is recorded).
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -128,7 +128,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// The source id a record call asks under. The `Idempotency-Key` header *is* the source id (the
 /// same tenant-scoped namespace, so `Idempotency-Key: K` and `"source_id": "K"` name one
 /// request); sending both with different values is refused, since one of them would be ignored.
-fn source_of(key: Option<&str>, source_id: Option<String>) -> Result<Option<String>, ApiError> {
+pub(super) fn source_of(
+    key: Option<&str>,
+    source_id: Option<String>,
+) -> Result<Option<String>, ApiError> {
     match (key, source_id) {
         (Some(key), Some(source_id)) if key != source_id => {
             Err(ApiError::invalid(ValidationError::new(

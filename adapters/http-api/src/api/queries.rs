@@ -42,6 +42,9 @@ pub(super) struct ListQuery {
     order: Option<String>,
     /// The listing as it was at this global position or RFC 3339 time.
     as_of: Option<String>,
+    /// Argument names whose values each row carries in `args` (comma-separated), for the
+    /// columns a person chose.
+    args: Option<String>,
 }
 
 /// `arg=name:value` read as (name, value); the name is an argument's, the value what to find.
@@ -134,6 +137,7 @@ pub(super) async fn list(
     let argument = query.arg.as_deref().map(argument_search).transpose()?;
     let owner = query.owner.clone().filter(|owner| !owner.trim().is_empty());
     let as_of = query.as_of.as_deref().map(parse_as_of).transpose()?;
+    let shown_args = argument_names(query.args.as_deref())?;
     if let Some(as_of) = as_of {
         let scope = PastScope {
             tenants: tenant.clone().map(|tenant| BTreeSet::from([tenant])),
@@ -158,7 +162,8 @@ pub(super) async fn list(
             newest_first,
         };
         let page = past.list_operations(&filter, limit, after)?;
-        return Ok(page_reply(&page, now, Some(position)));
+        let shown = page_shown(&shared, &page, shown_args).await?;
+        return Ok(page_reply(&page, shown, now, Some(position)));
     }
     fresh_read_models(&shared).await?;
     let now = Utc::now();
@@ -185,16 +190,36 @@ pub(super) async fn list(
             store.list_operations(&filter, limit, cursor.as_ref())
         })
         .await?;
-    Ok(page_reply(&page, now, None))
+    let shown = page_shown(&shared, &page, shown_args).await?;
+    Ok(page_reply(&page, shown, now, None))
+}
+
+/// The owner and chosen arguments of a page's operations.
+async fn page_shown(
+    shared: &Shared,
+    page: &OperationPage,
+    names: Vec<String>,
+) -> Result<std::collections::HashMap<OperationId, opledger_readmodel::Shown>, ApiError> {
+    let ids = page.operations.iter().map(|row| row.operation_id).collect();
+    shown_of(shared, ids, names).await
 }
 
 /// A page of operations as the listing answers it, ages measured from `now`; as of a moment,
 /// with the log position the moment resolved to.
-fn page_reply(page: &OperationPage, now: DateTime<Utc>, as_of_position: Option<u64>) -> Response {
+fn page_reply(
+    page: &OperationPage,
+    mut shown: std::collections::HashMap<OperationId, opledger_readmodel::Shown>,
+    now: DateTime<Utc>,
+    as_of_position: Option<u64>,
+) -> Response {
     let rows: Vec<Value> = page
         .operations
         .iter()
-        .map(|row| operation_json(row, now))
+        .map(|row| {
+            let mut json = operation_json(row, now);
+            put_shown(&mut json, shown.remove(&row.operation_id));
+            json
+        })
         .collect();
     let next = page.next.as_ref().map(|cursor| cursor.operation_id);
     let mut body = json!({"operations": rows, "next": next});
@@ -388,6 +413,31 @@ pub(super) struct ReviewQueueQuery {
     provider: Option<String>,
     account: Option<String>,
     state: Option<String>,
+    /// Only items for this owner.
+    owner: Option<String>,
+    /// Only items whose top-level argument has a value: `name:value`, as in `GET /v1/operations`.
+    arg: Option<String>,
+    /// Only items unresolved at or after this RFC 3339 time.
+    since: Option<String>,
+    /// Only items unresolved before this RFC 3339 time.
+    until: Option<String>,
+    /// Argument names whose values each row carries in `args` (comma-separated), for the
+    /// columns a person chose.
+    args: Option<String>,
+}
+
+/// What a review search may name, as text from a query string or a bulk decision's `filter`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReviewSearch {
+    pub(super) tenant: Option<String>,
+    pub(super) provider: Option<String>,
+    pub(super) account: Option<String>,
+    pub(super) state: Option<String>,
+    pub(super) owner: Option<String>,
+    pub(super) arg: Option<String>,
+    pub(super) since: Option<String>,
+    pub(super) until: Option<String>,
 }
 
 /// `GET /v1/review`: a page of the review queue in the caller's scope, filtered, in either order,
@@ -417,12 +467,19 @@ pub(super) async fn review_queue(
         .as_deref()
         .map(ReviewCursor::parse)
         .transpose()?;
+    let shown_args = argument_names(query.args.as_deref())?;
     let filter = review_filter(
         &scope,
-        query.tenant.as_deref(),
-        query.provider.as_deref(),
-        query.account.as_deref(),
-        query.state.clone(),
+        ReviewSearch {
+            tenant: query.tenant,
+            provider: query.provider,
+            account: query.account,
+            state: query.state,
+            owner: query.owner,
+            arg: query.arg,
+            since: query.since,
+            until: query.until,
+        },
     )?;
     let (page, total, now, position) = match as_of {
         Some(as_of) => {
@@ -436,13 +493,10 @@ pub(super) async fn review_queue(
             };
             let (past, position) = past_at(&shared, as_of, &scope).await?;
             let now = moment_time(as_of, &past);
-            let (page, total) = past_review_page(
-                past.review_queue(usize::MAX),
-                &filter,
-                order,
-                limit,
-                after.as_ref(),
-            );
+            let terms = filter.terms();
+            let mut items = past.review_queue(usize::MAX);
+            items.retain(|item| past.has_terms(item.operation_id, &terms));
+            let (page, total) = past_review_page(items, &filter, order, limit, after.as_ref());
             (page, total, now, Some(position))
         }
         None => {
@@ -467,12 +521,15 @@ pub(super) async fn review_queue(
         }
         Some(_) => std::collections::HashMap::new(),
     };
+    let ids: Vec<OperationId> = page.items.iter().map(|item| item.operation_id).collect();
+    let mut shown = shown_of(&shared, ids, shown_args).await?;
     let mut rows: Vec<Value> = Vec::with_capacity(page.items.len());
     for item in &page.items {
         let mut row = crate::render::review_item_json(item, now);
         row["claim"] = claims
             .get(&item.operation_id)
             .map_or(Value::Null, super::claim::claim_json);
+        put_shown(&mut row, shown.remove(&item.operation_id));
         if full {
             row["detail"] = review_detail(&shared, item.operation_id, as_of).await?;
         }
@@ -617,14 +674,27 @@ pub(super) fn review_order(text: Option<&str>) -> Result<ReviewOrder, ApiError> 
 }
 
 /// The review filter a caller in `scope` asks for; a tenant outside the scope is not found.
-pub(super) fn review_filter(
-    scope: &Scope,
-    tenant: Option<&str>,
-    provider: Option<&str>,
-    account: Option<&str>,
-    state: Option<String>,
-) -> Result<ReviewFilter, ApiError> {
+pub(super) fn review_filter(scope: &Scope, search: ReviewSearch) -> Result<ReviewFilter, ApiError> {
+    let ReviewSearch {
+        tenant,
+        provider,
+        account,
+        state,
+        owner,
+        arg,
+        since,
+        until,
+    } = search;
+    let since = since
+        .as_deref()
+        .map(|text| rfc3339("since", text))
+        .transpose()?;
+    let until = until
+        .as_deref()
+        .map(|text| rfc3339("until", text))
+        .transpose()?;
     let tenant = tenant
+        .as_deref()
         .map(|text| {
             let tenant = TenantId::new(text).map_err(|e| field("tenant", e))?;
             if scope.allows(&tenant) {
@@ -652,13 +722,87 @@ pub(super) fn review_filter(
         },
         tenant,
         provider: provider
+            .as_deref()
             .map(|text| ProviderId::new(text).map_err(|e| field("provider", e)))
             .transpose()?,
         account: account
+            .as_deref()
             .map(|text| AccountId::new(text).map_err(|e| field("account", e)))
             .transpose()?,
         state,
+        owner: owner.filter(|owner| !owner.trim().is_empty()),
+        argument: arg.as_deref().map(argument_search).transpose()?,
+        since,
+        until,
     })
+}
+
+/// An RFC 3339 time given as `name`.
+fn rfc3339(name: &str, text: &str) -> Result<DateTime<Utc>, ApiError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|time| time.with_timezone(&Utc))
+        .map_err(|error| {
+            ApiError::invalid(ValidationError::new(
+                name,
+                format!(
+                    "`{text}` is not an RFC 3339 time ({error}); write e.g. 2026-12-01T14:02:00Z"
+                ),
+            ))
+        })
+}
+
+/// Most argument names one listing shows values of (`args=`).
+pub(super) const MAX_SHOWN_ARGS: usize = 8;
+
+/// `args=title,amount`: the argument names whose values each listed row carries.
+pub(super) fn argument_names(text: Option<&str>) -> Result<Vec<String>, ApiError> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let names: Vec<String> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if names.len() > MAX_SHOWN_ARGS
+        || names
+            .iter()
+            .any(|name| name.len() > opledger_readmodel::terms::MAX_TERM_NAME_BYTES)
+    {
+        return Err(ApiError::invalid(ValidationError::new(
+            "args",
+            format!(
+                "names at most {MAX_SHOWN_ARGS} arguments of at most {} bytes each, comma-separated, e.g. args=title,amount",
+                opledger_readmodel::terms::MAX_TERM_NAME_BYTES
+            ),
+        )));
+    }
+    Ok(names)
+}
+
+/// The owner and the named arguments' values of each of `ids`, from the read models' stored
+/// states (one read by key per row: a page, never the ledger).
+pub(super) async fn shown_of(
+    shared: &Shared,
+    ids: Vec<OperationId>,
+    names: Vec<String>,
+) -> Result<std::collections::HashMap<OperationId, opledger_readmodel::Shown>, ApiError> {
+    if ids.is_empty() {
+        return Ok(std::collections::HashMap::new());
+    }
+    Ok(shared
+        .read_models
+        .call(move |store| store.shown(&ids, &names))
+        .await?)
+}
+
+/// Puts a row's owner and shown arguments (`{}` when none were asked or the read models have no
+/// state for it) into its JSON.
+pub(super) fn put_shown(row: &mut Value, shown: Option<opledger_readmodel::Shown>) {
+    let shown = shown.unwrap_or_default();
+    row["owner"] = json!(shown.owner);
+    row["args"] = Value::Object(shown.args);
 }
 
 /// A page of a past review queue (folded in memory, already in the caller's scope) with the same
@@ -676,6 +820,8 @@ fn past_review_page(
             && filter.provider.as_ref().is_none_or(|p| *p == item.provider)
             && filter.account.as_ref().is_none_or(|a| *a == item.account)
             && filter.state.as_deref().is_none_or(|s| s == item.state)
+            && filter.since.is_none_or(|since| item.since >= since)
+            && filter.until.is_none_or(|until| item.since < until)
     });
     let total = items.len() as u64;
     if order == ReviewOrder::NewestFirst {

@@ -1,9 +1,12 @@
-//! Webhook endpoints for operators: list them with state and lag, pause, resume, replay from a
-//! position or a time, and read the attempt log; define, change and delete endpoints, rotate
-//! their secrets, send a test event and resend one event, without a restart. Operator tokens
-//! only; an operator limited to some tenants sees and acts on only the endpoints whose tenants
-//! are all theirs, and defines only such endpoints. Endpoints from the configuration file are
-//! changed there, not here.
+//! Webhook endpoints for operators and tenants: list them with state and lag, pause, resume,
+//! replay from a position or a time, and read the attempt log and what an attempt sent; define,
+//! change and delete endpoints, rotate their secrets, send a test event and resend one event,
+//! without a restart. An operator limited to some tenants sees and acts on only the endpoints
+//! whose tenants are all theirs, and defines only such endpoints. A tenant's token manages its
+//! own endpoints only (defined, changed, tested and read; pausing and replays are operators'):
+//! they receive that tenant's events alone, and it never sees or touches another tenant's or an
+//! operator's endpoint, which answer as if they did not exist. Endpoints from the configuration
+//! file are changed there, not here.
 
 use std::sync::Arc;
 
@@ -15,7 +18,7 @@ use opledger_domain::codec;
 use opledger_domain::error::ValidationError;
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::store::{EventStore, LogStart};
-use opledger_webhooks::endpoint::{check_url, MAX_ENDPOINT_ID_BYTES};
+use opledger_webhooks::endpoint::{check_url, is_loopback_url, MAX_ENDPOINT_ID_BYTES};
 use opledger_webhooks::managed::{
     Definition, StoredSecret, DEFAULT_ROTATION_OVERLAP_S, MAX_ROTATION_OVERLAP_S,
 };
@@ -32,7 +35,9 @@ use super::{body, IdPath};
 use crate::auth::{operator_for_route, Scope};
 use crate::error::{json_reply, ApiError};
 use crate::render::wanted_types;
+use crate::Principal;
 use crate::{ServeStore, Shared};
+use opledger_domain::ids::TenantId;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,11 +54,71 @@ struct ReplayRequest {
     since: Option<DateTime<Utc>>,
 }
 
+/// Most endpoints one tenant may define through the API: the server delivers at most
+/// [`opledger_webhooks::MAX_ENDPOINTS`], and one tenant must not take them all from the others.
+pub(crate) const MAX_ENDPOINTS_PER_TENANT: usize = 8;
+const _: () = assert!(MAX_ENDPOINTS_PER_TENANT < opledger_webhooks::MAX_ENDPOINTS);
+
+/// Who manages endpoints through a request: an operator within their scope, or a tenant's token
+/// over its own endpoints.
+enum Manager {
+    Operator { name: String, scope: Scope },
+    Tenant(TenantId),
+}
+
+impl Manager {
+    /// The caller of `route`, when it may manage endpoints there: an operator anywhere, a tenant
+    /// where `tenants_too`; 403 otherwise, naming the route.
+    fn of(principal: &Principal, route: &str, tenants_too: bool) -> Result<Self, ApiError> {
+        match principal {
+            Principal::Tenant(tenant) if tenants_too => Ok(Self::Tenant(tenant.clone())),
+            _ => {
+                let (name, scope) = operator_for_route(principal, route)?;
+                Ok(Self::Operator {
+                    name: name.to_owned(),
+                    scope,
+                })
+            }
+        }
+    }
+
+    /// Whether this caller sees `endpoint`: an operator, if every tenant it delivers is theirs;
+    /// a tenant, if it is the tenant's own.
+    fn sees(&self, endpoint: &EndpointOverview) -> bool {
+        match self {
+            Self::Operator { scope, .. } => visible(scope, endpoint),
+            Self::Tenant(tenant) => endpoint.managed_by.as_deref() == Some(tenant.as_str()),
+        }
+    }
+
+    /// The name the logs and a test event give the caller.
+    fn name(&self) -> String {
+        match self {
+            Self::Operator { name, .. } => name.clone(),
+            Self::Tenant(tenant) => format!("tenant {tenant}"),
+        }
+    }
+
+    /// The scope a definition's tenants are checked against.
+    fn scope(&self) -> Scope {
+        match self {
+            Self::Operator { scope, .. } => scope.clone(),
+            Self::Tenant(tenant) => {
+                Scope::Tenants(std::collections::BTreeSet::from([tenant.clone()]))
+            }
+        }
+    }
+}
+
 pub(super) async fn list(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (_, scope) = operator_for_route(shared.tokens.authenticate(&headers)?, "GET /v1/webhooks")?;
+    let manager = Manager::of(
+        shared.tokens.authenticate(&headers)?,
+        "GET /v1/webhooks",
+        true,
+    )?;
     let head = head(&shared).await?;
     let endpoints = shared
         .webhooks
@@ -61,7 +126,7 @@ pub(super) async fn list(
         .await
         .map_err(webhook_error)?
         .into_iter()
-        .filter(|endpoint| visible(&scope, endpoint))
+        .filter(|endpoint| manager.sees(endpoint))
         .collect::<Vec<_>>();
     Ok(json_reply(
         StatusCode::OK,
@@ -129,7 +194,7 @@ pub(super) async fn attempts(
     query: Result<Query<AttemptsQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    operator_endpoint(&shared, &headers, &id, "attempts").await?;
+    endpoint_manager(&shared, &headers, &id, "attempts", true).await?;
     let Query(query) = query?;
     let limit = super::page_limit(query.limit.as_deref())?;
     let attempts = shared
@@ -137,7 +202,42 @@ pub(super) async fn attempts(
         .attempts(&id, limit as u64)
         .await
         .map_err(webhook_error)?;
-    Ok(json_reply(StatusCode::OK, &json!({ "attempts": attempts })))
+    let store = shared.engine.ledger().store();
+    let mut operations: std::collections::HashMap<u64, Option<String>> =
+        std::collections::HashMap::new();
+    let mut rows = Vec::with_capacity(attempts.len());
+    for attempt in attempts {
+        // Which operation the delivered event belongs to, so an attempt links to it (a test
+        // event, at position 0, to none).
+        let operation = match operations.get(&attempt.position) {
+            Some(known) => known.clone(),
+            None => {
+                let found = operation_at(store, attempt.position).await?;
+                operations.insert(attempt.position, found.clone());
+                found
+            }
+        };
+        let mut row = json!(attempt);
+        row["operation_id"] = json!(operation);
+        rows.push(row);
+    }
+    Ok(json_reply(StatusCode::OK, &json!({ "attempts": rows })))
+}
+
+/// The operation whose event is at `position`, if one is (none for 0, a test event's).
+async fn operation_at(store: &ServeStore, position: u64) -> Result<Option<String>, ApiError> {
+    if position == 0 {
+        return Ok(None);
+    }
+    let start = LogStart::After(GlobalPosition::new(position - 1));
+    Ok(store
+        .read_all(start, 1)
+        .await?
+        .into_iter()
+        .next()
+        .filter(|event| event.position.value() == position)
+        .and_then(|event| event.stream.operation_id())
+        .map(|operation| operation.to_string()))
 }
 
 /// Authenticates an operator who may act on endpoint `id` (at its route ending in `what`); their
@@ -148,22 +248,41 @@ async fn operator_endpoint(
     id: &str,
     what: &str,
 ) -> Result<String, ApiError> {
-    let method = if what == "attempts" { "GET" } else { "POST" };
+    Ok(endpoint_manager(shared, headers, id, what, false)
+        .await?
+        .name())
+}
+
+/// Authenticates a caller who may act on endpoint `id` at its route ending in `what` (a tenant's
+/// token too where `tenants_too`, on its own endpoints). An endpoint the caller may not see is
+/// not found, exactly as one that does not exist.
+async fn endpoint_manager(
+    shared: &Shared,
+    headers: &HeaderMap,
+    id: &str,
+    what: &str,
+    tenants_too: bool,
+) -> Result<Manager, ApiError> {
+    let method = if what == "attempts" || what == "payload" {
+        "GET"
+    } else {
+        "POST"
+    };
+    let route = format!("{method} /v1/webhooks/{{id}}/{what}");
+    let manager = Manager::of(shared.tokens.authenticate(headers)?, &route, tenants_too)?;
     // Another instance may have defined it a moment ago.
     if shared.webhooks.endpoint(id, None).await.is_err() {
         let _ = shared.webhooks.sync().await;
     }
-    let route = format!("{method} /v1/webhooks/{{id}}/{what}");
-    let (name, scope) = operator_for_route(shared.tokens.authenticate(headers)?, &route)?;
     let endpoint = shared
         .webhooks
         .endpoint(id, None)
         .await
         .map_err(webhook_error)?;
-    if !visible(&scope, &endpoint) {
+    if !manager.sees(&endpoint) {
         return Err(no_such_endpoint(id));
     }
-    Ok(name.to_owned())
+    Ok(manager)
 }
 
 async fn overview(shared: &Shared, id: &str) -> Result<Response, ApiError> {
@@ -346,9 +465,39 @@ fn checked_secret(field: &str, secret: Option<String>) -> Result<String, ApiErro
 /// is defined.
 fn check_definition(
     shared: &Shared,
-    scope: &Scope,
+    manager: &Manager,
     definition: &Definition,
 ) -> Result<(), ApiError> {
+    let scope = &manager.scope();
+    if let Some(tenant) = &definition.managed_by {
+        // A tenant's endpoint stays its tenant's whoever changes it: an operator widening it
+        // would send one tenant's events to another's receiver.
+        if definition.tenants.as_deref() != Some(std::slice::from_ref(tenant)) {
+            return Err(invalid(
+                "tenants",
+                format!("endpoint is managed by tenant `{tenant}` and receives its events only; leave tenants out or name [\"{tenant}\"]"),
+            ));
+        }
+        if definition.allow_private_network {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("allow_private_network is an operator's decision; an endpoint managed by tenant `{tenant}` reaches public addresses only"),
+            ));
+        }
+        // Loopback is the server's own host: a tenant posting there could probe its ports
+        // (each delivery's status and error are shown to the tenant).
+        let loopback = is_loopback_url(&definition.url);
+        let allowed = TenantId::new(tenant.clone())
+            .is_ok_and(|id| shared.webhook_loopback_tenants.contains(&id));
+        if loopback && !allowed {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("an endpoint managed by tenant `{tenant}` may not post to loopback (this server's own host); use a public https:// URL, or an operator sets webhooks_to_loopback = true in the tenant's [[tenants]] entry (for development)"),
+            ));
+        }
+    }
     wanted_types("events", &definition.events).map_err(ApiError::invalid)?;
     if definition.events.is_empty() {
         return Err(invalid(
@@ -424,10 +573,35 @@ pub(super) async fn create(
     request: Request,
 ) -> Result<Response, ApiError> {
     let principal = shared.tokens.authenticate(request.headers())?;
-    let (name, scope) = operator_for_route(principal, "POST /v1/webhooks")?;
-    let name = name.to_owned();
-    let create: CreateRequest = body(&shared, request).await?;
+    let manager = Manager::of(principal, "POST /v1/webhooks", true)?;
+    let name = manager.name();
+    let mut create: CreateRequest = body(&shared, request).await?;
     check_id(&create.id)?;
+    let managed_by = match &manager {
+        Manager::Tenant(tenant) => {
+            // Its own tenant's events, whether it names the tenant or leaves tenants out.
+            if create.tenants.is_none() {
+                create.tenants = Some(vec![tenant.to_string()]);
+            }
+            let own = shared
+                .webhooks
+                .overview(None)
+                .await
+                .map_err(webhook_error)?
+                .iter()
+                .filter(|endpoint| manager.sees(endpoint))
+                .count();
+            if own >= MAX_ENDPOINTS_PER_TENANT {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "too_many_endpoints",
+                    format!("tenant `{tenant}` has {own} endpoints, the most one tenant may define ({MAX_ENDPOINTS_PER_TENANT}); delete one first"),
+                ));
+            }
+            Some(tenant.to_string())
+        }
+        Manager::Operator { .. } => None,
+    };
     if shared.webhooks.endpoint(&create.id, None).await.is_ok() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -449,8 +623,9 @@ pub(super) async fn create(
             secret: secret.clone(),
             expires_at: None,
         }],
+        managed_by,
     };
-    check_definition(&shared, &scope, &definition)?;
+    check_definition(&shared, &manager, &definition)?;
     shared
         .webhooks
         .define(&create.id, &definition)
@@ -468,14 +643,14 @@ async fn managed(
     headers: &HeaderMap,
     id: &str,
     route: &str,
-) -> Result<(String, Scope, Definition), ApiError> {
-    let (name, scope) = operator_for_route(shared.tokens.authenticate(headers)?, route)?;
+) -> Result<(Manager, Definition), ApiError> {
+    let manager = Manager::of(shared.tokens.authenticate(headers)?, route, true)?;
     let endpoint = shared
         .webhooks
         .endpoint(id, None)
         .await
         .map_err(webhook_error)?;
-    if !visible(&scope, &endpoint) {
+    if !manager.sees(&endpoint) {
         return Err(no_such_endpoint(id));
     }
     let definition = shared
@@ -490,7 +665,7 @@ async fn managed(
                 format!("webhook endpoint `{id}` is defined in the configuration file; change it there (the API changes only the endpoints it defined)"),
             )
         })?;
-    Ok((name.to_owned(), scope, definition))
+    Ok((manager, definition))
 }
 
 pub(super) async fn update(
@@ -499,8 +674,9 @@ pub(super) async fn update(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (name, scope, mut definition) =
+    let (manager, mut definition) =
         managed(&shared, &headers, &id, "PATCH /v1/webhooks/{id}").await?;
+    let name = manager.name();
     let update: UpdateRequest = body(&shared, request).await?;
     if let Some(url) = update.url {
         definition.url = url.trim().to_owned();
@@ -509,7 +685,11 @@ pub(super) async fn update(
         definition.events = events;
     }
     if let Some(tenants) = update.tenants {
-        definition.tenants = tenants;
+        // A tenant's endpoint left without tenants is still its own tenant's only.
+        definition.tenants = match (tenants, &definition.managed_by) {
+            (None, Some(tenant)) => Some(vec![tenant.clone()]),
+            (tenants, _) => tenants,
+        };
     }
     if let Some(allow) = update.allow_private_network {
         definition.allow_private_network = allow;
@@ -520,7 +700,7 @@ pub(super) async fn update(
     if let Some(timeout) = update.request_timeout_ms {
         definition.request_timeout_ms = timeout;
     }
-    check_definition(&shared, &scope, &definition)?;
+    check_definition(&shared, &manager, &definition)?;
     shared
         .webhooks
         .define(&id, &definition)
@@ -538,7 +718,10 @@ pub(super) async fn remove(
     IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (name, _, _) = managed(&shared, &headers, &id, "DELETE /v1/webhooks/{id}").await?;
+    let name = managed(&shared, &headers, &id, "DELETE /v1/webhooks/{id}")
+        .await?
+        .0
+        .name();
     shared.webhooks.delete(&id).await.map_err(webhook_error)?;
     tracing::info!(endpoint = %id, operator = %name, "webhook endpoint deleted");
     Ok(json_reply(
@@ -553,13 +736,14 @@ pub(super) async fn rotate(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (name, _, mut definition) = managed(
+    let (manager, mut definition) = managed(
         &shared,
         &headers,
         &id,
         "POST /v1/webhooks/{id}/rotate-secret",
     )
     .await?;
+    let name = manager.name();
     let rotate: RotateRequest = body(&shared, request).await?;
     let overlap_s = rotate.overlap_s.unwrap_or(DEFAULT_ROTATION_OVERLAP_S);
     if overlap_s > MAX_ROTATION_OVERLAP_S {
@@ -591,7 +775,9 @@ pub(super) async fn test(
     IdPath(id): IdPath,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let name = operator_endpoint(&shared, &headers, &id, "test").await?;
+    let name = endpoint_manager(&shared, &headers, &id, "test", true)
+        .await?
+        .name();
     let now = Utc::now();
     let body = serde_json::to_vec(&json!({
         "data": {"endpoint": id, "sent_by": name, "message": "a test event from opledger; no operation changed"},
@@ -615,25 +801,49 @@ pub(super) async fn resend(
     headers: HeaderMap,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let name = operator_endpoint(&shared, &headers, &id, "resend").await?;
+    let name = endpoint_manager(&shared, &headers, &id, "resend", true)
+        .await?
+        .name();
     let resend: ResendRequest = body(&shared, request).await?;
+    let (event, body) = rendered(&shared, &id, resend.position).await?;
+    let body = serde_json::to_vec(&body)
+        .map_err(|error| ApiError::internal("the event could not be written", error))?;
+    // The delivery's own id: a receiver that has it already deduplicates, as for any repeat.
+    let webhook_id = opledger_webhooks::signing::webhook_id(event.event_id);
+    let attempt = shared
+        .webhooks
+        .send_once(&id, resend.position, &webhook_id, &body)
+        .await
+        .map_err(webhook_error)?;
+    tracing::info!(endpoint = %id, operator = %name, position = resend.position, status = ?attempt.status, "webhook event resent");
+    Ok(json_reply(StatusCode::OK, &json!({"attempt": attempt})))
+}
+
+/// The event at `position` and the payload endpoint `id` is sent for it (rendered as its
+/// delivery renders it); invalid input when no event is there or the endpoint does not receive
+/// it (its types or tenants).
+async fn rendered(
+    shared: &Shared,
+    id: &str,
+    position: u64,
+) -> Result<(opledger_domain::store::RecordedEvent, serde_json::Value), ApiError> {
     let store = shared.engine.ledger().store();
-    let start = LogStart::After(GlobalPosition::new(resend.position.saturating_sub(1)));
+    let start = LogStart::After(GlobalPosition::new(position.saturating_sub(1)));
     let event = store
         .read_all(start, 1)
         .await?
         .into_iter()
         .next()
-        .filter(|event| event.position.value() == resend.position)
+        .filter(|event| event.position.value() == position)
         .ok_or_else(|| {
             invalid(
                 "position",
-                format!("no event is at position {}; GET /v1/webhooks/{id}/attempts lists the positions delivered", resend.position),
+                format!("no event is at position {position}; GET /v1/webhooks/{id}/attempts lists the positions delivered"),
             )
         })?;
     let endpoint = shared
         .webhooks
-        .endpoint(&id, None)
+        .endpoint(id, None)
         .await
         .map_err(webhook_error)?;
     let kinds = endpoint.events.iter().cloned().collect();
@@ -654,24 +864,59 @@ pub(super) async fn resend(
         .ok_or_else(|| {
             invalid(
                 "position",
-                format!("the event at position {} is not one endpoint `{id}` receives (its types or tenants)", resend.position),
+                format!("the event at position {position} is not one endpoint `{id}` receives (its types or tenants)"),
             )
         })?;
-    let body = serde_json::to_vec(&json!({
+    let body = json!({
         "data": message.data,
         "timestamp": message.at,
         "type": format!("operation.{}", message.kind),
-    }))
-    .map_err(|error| ApiError::internal("the event could not be written", error))?;
-    // The delivery's own id: a receiver that has it already deduplicates, as for any repeat.
-    let webhook_id = opledger_webhooks::signing::webhook_id(event.event_id);
-    let attempt = shared
-        .webhooks
-        .send_once(&id, resend.position, &webhook_id, &body)
-        .await
-        .map_err(webhook_error)?;
-    tracing::info!(endpoint = %id, operator = %name, position = resend.position, status = ?attempt.status, "webhook event resent");
-    Ok(json_reply(StatusCode::OK, &json!({"attempt": attempt})))
+    });
+    Ok((event, body))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PayloadQuery {
+    position: String,
+}
+
+/// `GET /v1/webhooks/{id}/payload?position=N`: what the endpoint is sent for the event at a
+/// position (the body an attempt there carried, rendered again from the log), so an attempt in
+/// the log can be read with its payload.
+pub(super) async fn payload(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    query: Result<Query<PayloadQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    endpoint_manager(&shared, &headers, &id, "payload", true).await?;
+    let Query(query) = query?;
+    let position = query
+        .position
+        .parse::<u64>()
+        .ok()
+        .filter(|position| *position > 0)
+        .ok_or_else(|| {
+            invalid(
+                "position",
+                format!(
+                    "`{}` is not a log position; pass an attempt's `position` (1 or more)",
+                    query.position
+                ),
+            )
+        })?;
+    let (event, body) = rendered(&shared, &id, position).await?;
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "endpoint": id,
+            "position": position,
+            "operation_id": event.stream.operation_id().map(|operation| operation.to_string()),
+            "webhook_id": opledger_webhooks::signing::webhook_id(event.event_id),
+            "payload": body,
+        }),
+    ))
 }
 
 async fn overview_json(shared: &Shared, id: &str) -> Result<serde_json::Value, ApiError> {
@@ -682,4 +927,89 @@ async fn overview_json(shared: &Shared, id: &str) -> Result<serde_json::Value, A
         .await
         .map_err(webhook_error)?;
     Ok(json!(endpoint))
+}
+
+/// Most events of one operation whose deliveries `GET /v1/operations/{id}/deliveries` looks up
+/// (an operation has a handful: intent, attempts, outcomes, lookups, decisions).
+const MAX_DELIVERY_EVENTS: usize = 1_000;
+
+/// `GET /v1/operations/{id}/deliveries`: every webhook attempt made for the operation's events,
+/// grouped by endpoint and event: which endpoint, the event, how many attempts, the last status
+/// and error. An operator sees the endpoints of their scope; a tenant's token its own endpoints.
+pub(super) async fn deliveries(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let principal = shared.tokens.authenticate(&headers)?;
+    let manager = Manager::of(principal, "GET /v1/operations/{id}/deliveries", true)?;
+    let operation_id = super::operation_id(&id)?;
+    super::visible(&shared, &manager.scope(), operation_id).await?;
+    let store = shared.engine.ledger().store();
+    let stream = opledger_domain::store::StreamName::for_operation(operation_id);
+    let events = store
+        .read_stream(
+            &stream,
+            opledger_domain::ids::StreamVersion::new(0),
+            MAX_DELIVERY_EVENTS,
+        )
+        .await?;
+    let positions: Vec<u64> = events.iter().map(|event| event.position.value()).collect();
+    let types: std::collections::HashMap<u64, &str> = events
+        .iter()
+        .map(|event| (event.position.value(), event.event_type.as_str()))
+        .collect();
+    let endpoints = shared
+        .webhooks
+        .overview(None)
+        .await
+        .map_err(webhook_error)?
+        .into_iter()
+        .filter(|endpoint| manager.sees(endpoint))
+        .collect::<Vec<_>>();
+    let mut deliveries = Vec::new();
+    for endpoint in &endpoints {
+        let attempts = shared
+            .webhooks
+            .attempts_at(&endpoint.id, &positions)
+            .await
+            .map_err(webhook_error)?;
+        // Newest first: the first row of a position is its latest attempt.
+        let mut by_position: std::collections::BTreeMap<u64, Vec<_>> = Default::default();
+        for attempt in attempts {
+            by_position
+                .entry(attempt.position)
+                .or_default()
+                .push(attempt);
+        }
+        for (position, attempts) in by_position {
+            let latest = &attempts[0];
+            deliveries.push(json!({
+                "endpoint": endpoint.id,
+                "position": position,
+                "event_type": types.get(&position).copied(),
+                "webhook_id": latest.webhook_id,
+                "attempts": attempts.len(),
+                "delivered": attempts.iter().any(|attempt| attempt.error.is_none()),
+                "last_status": latest.status,
+                "last_error": attempts.iter().find_map(|attempt| attempt.error.clone()),
+                "last_at": latest.at,
+            }));
+        }
+    }
+    Ok(json_reply(
+        StatusCode::OK,
+        &json!({
+            "operation_id": operation_id,
+            "deliveries": deliveries,
+            // What a delivery not yet attempted waits on: each endpoint's checkpoint against
+            // the operation's newest event.
+            "endpoints": endpoints.iter().map(|endpoint| json!({
+                "id": endpoint.id,
+                "status": endpoint.status,
+                "checkpoint": endpoint.checkpoint,
+                "behind": endpoint.checkpoint.unwrap_or(0) < positions.last().copied().unwrap_or(0),
+            })).collect::<Vec<_>>(),
+        }),
+    ))
 }

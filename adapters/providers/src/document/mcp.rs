@@ -13,7 +13,7 @@ use super::{Means, MAX_ACCOUNTS_PER_CONNECTOR, MAX_ACTIONS_PER_CONNECTOR};
 use crate::error::Findings;
 use crate::mcp::spec::{
     IdRule, McpAccount, McpAction, McpDedup, McpDocument, McpLookup, ResultSpec, TextRule,
-    ToolLookup, Upstream, UpstreamOAuth,
+    ToolLookup, Upstream, UpstreamLogin, UpstreamOAuth,
 };
 use crate::mcp::{
     DEFAULT_CALL_TIMEOUT_MS, DEFAULT_RESTART_WAIT_MS, DEFAULT_START_TIMEOUT_MS,
@@ -168,7 +168,10 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
             })
         }
         (false, true) => {
-            table.only(&["url", "headers_from", "ca_file", "oauth"], findings);
+            table.only(
+                &["url", "headers_from", "ca_file", "oauth", "login"],
+                findings,
+            );
             let url = table.string("url", findings).and_then(|found| {
                 let value = found.value;
                 if !(value.starts_with("http://") || value.starts_with("https://")) {
@@ -188,11 +191,15 @@ fn upstream(table: &Table<'_>, findings: &mut Findings<'_>) -> Option<Upstream> 
             let oauth = table
                 .table("oauth", findings)
                 .and_then(|oauth| upstream_oauth(&oauth, &headers_from, findings));
+            let login = table
+                .table("login", findings)
+                .and_then(|login| upstream_login(&login, &headers_from, oauth.is_some(), findings));
             Some(Upstream::Http {
                 url: url?,
                 headers_from,
                 ca_file,
                 oauth,
+                login,
             })
         }
         (both, _) => {
@@ -685,6 +692,79 @@ fn upstream_oauth(
     })
 }
 
+/// `[upstream.login]`: a person's account, authorized with `opledger connectors login`.
+fn upstream_login(
+    table: &Table<'_>,
+    headers_from: &[(String, String)],
+    with_oauth: bool,
+    findings: &mut Findings<'_>,
+) -> Option<UpstreamLogin> {
+    table.only(
+        &[
+            "scopes",
+            "client_id_env",
+            "client_secret_env",
+            "redirect_port",
+        ],
+        findings,
+    );
+    if with_oauth {
+        findings.add(
+            Some(table.span()),
+            table.path(),
+            "is given with [upstream.oauth]; an upstream is reached as one identity: a person's account (login) or the client's own (oauth), not both".to_owned(),
+        );
+        return None;
+    }
+    if headers_from
+        .iter()
+        .any(|(header, _)| header.eq_ignore_ascii_case("authorization"))
+    {
+        findings.add(
+            Some(table.span()),
+            table.path(),
+            "the login's access token is sent as Authorization, and headers_from sends one too; keep one of them".to_owned(),
+        );
+        return None;
+    }
+    let client_id_env = table
+        .string("client_id_env", findings)
+        .map(|found| found.value.to_owned());
+    let client_secret_env = table.string("client_secret_env", findings);
+    if let (Some(found), None) = (&client_secret_env, &client_id_env) {
+        findings.add(
+            Some(found.span),
+            &found.field,
+            "names a client secret without client_id_env; a client registered beforehand gives both, a client that registers itself neither".to_owned(),
+        );
+        return None;
+    }
+    let redirect_port = match table.unsigned("redirect_port", findings) {
+        Some(found) => match u16::try_from(found.value) {
+            Ok(port) if port > 0 => Some(port),
+            _ => {
+                findings.add(
+                    Some(found.span),
+                    &found.field,
+                    format!("is {}; a TCP port is 1 to 65535", found.value),
+                );
+                return None;
+            }
+        },
+        None => None,
+    };
+    let scopes = table
+        .strings("scopes", findings)
+        .map(|found| found.iter().map(|scope| scope.value.to_owned()).collect())
+        .unwrap_or_default();
+    Some(UpstreamLogin {
+        scopes,
+        client_id_env,
+        client_secret_env: client_secret_env.map(|found| found.value.to_owned()),
+        redirect_port,
+    })
+}
+
 fn read_only(top: &Table<'_>, actions: &[McpAction], findings: &mut Findings<'_>) -> Vec<String> {
     let Some(items) = top.strings("read_only", findings) else {
         return Vec::new();
@@ -878,6 +958,63 @@ consistent = true
             built[0].message.contains("/nonexistent/ca.pem") && built[0].message.contains("PEM"),
             "{}",
             built[0].message
+        );
+    }
+
+    #[test]
+    fn a_login_is_read_with_its_client_and_port_and_its_conflicts_are_named() {
+        let http = |login: &str| {
+            GOOD.replace(
+                "command = \"mcp-server-git\"",
+                &format!("url = \"https://mcp.example.com/mcp\"\n\n[upstream.login]\n{login}"),
+            )
+        };
+        let Ok(AnyDocument::Mcp(document)) = parse_any(
+            "git.toml",
+            &http("scopes = [\"repo\"]\nclient_id_env = \"GIT_CLIENT_ID\"\nredirect_port = 8976"),
+        ) else {
+            panic!("a login document loads");
+        };
+        let crate::mcp::spec::Upstream::Http { login, .. } = &document.upstream else {
+            panic!("an HTTP upstream");
+        };
+        assert_eq!(
+            login.as_ref(),
+            Some(&crate::mcp::spec::UpstreamLogin {
+                scopes: vec!["repo".to_owned()],
+                client_id_env: Some("GIT_CLIENT_ID".to_owned()),
+                client_secret_env: None,
+                redirect_port: Some(8976),
+            })
+        );
+        let cases = [
+            (
+                "client_secret_env = \"S\"",
+                "upstream.login.client_secret_env",
+                "client_id_env",
+            ),
+            (
+                "redirect_port = 70000",
+                "upstream.login.redirect_port",
+                "1 to 65535",
+            ),
+            ("prompt = true", "upstream.login.prompt", "prompt"),
+        ];
+        for (login, field, said) in cases {
+            let refused = errors(&http(login));
+            assert_eq!(refused[0].field, field, "{refused:?}");
+            assert!(refused[0].message.contains(said), "{}", refused[0].message);
+        }
+        let both = GOOD.replace(
+            "command = \"mcp-server-git\"",
+            "url = \"https://mcp.example.com/mcp\"\n\n[upstream.oauth]\ntoken_url = \"https://a.example.com/token\"\nclient_id_env = \"I\"\nclient_secret_env = \"S\"\n\n[upstream.login]",
+        );
+        let refused = errors(&both);
+        assert_eq!(refused[0].field, "upstream.login", "{refused:?}");
+        assert!(
+            refused[0].message.contains("not both"),
+            "{}",
+            refused[0].message
         );
     }
 

@@ -144,11 +144,26 @@ impl McpConnector {
                 headers_from,
                 ca_file,
                 oauth,
-            } => Launch::Http {
-                client: session::http_client(ca_file.as_deref()).unwrap_or_else(|reason| {
+                login,
+            } => {
+                let client = session::http_client(ca_file.as_deref()).unwrap_or_else(|reason| {
                     problem("upstream.ca_file".to_owned(), reason);
                     reqwest013::Client::new()
+                });
+                Launch::Http {
+                login: login.as_ref().map(|login| {
+                    let text = |value: OsString| value.to_string_lossy().into_owned();
+                    let id = login
+                        .client_id_env
+                        .as_ref()
+                        .and_then(|variable| read("login", "client_id_env", variable).map(text));
+                    let secret = login
+                        .client_secret_env
+                        .as_ref()
+                        .and_then(|variable| read("login", "client_secret_env", variable).map(text));
+                    std::sync::Arc::new(super::login::Login::new(url, login, id, secret, client.clone()))
                 }),
+                client,
                 oauth: oauth.as_ref().and_then(|oauth| {
                     let id = read("oauth", "client_id_env", &oauth.client_id_env);
                     let secret = read("oauth", "client_secret_env", &oauth.client_secret_env);
@@ -184,7 +199,8 @@ impl McpConnector {
                         }
                     })
                     .collect(),
-            },
+            }
+            }
         };
         let mut owners: BTreeMap<AccountId, BTreeSet<TenantId>> = BTreeMap::new();
         for account in document.accounts.iter().chain(accounts) {
@@ -243,6 +259,49 @@ impl McpConnector {
                 .filter(|secret| secret.len() >= 4)
                 .collect(),
         })
+    }
+
+    /// Whether the upstream acts for a person's login (`[upstream.login]`).
+    pub fn takes_login(&self) -> bool {
+        self.sessions.login().is_some()
+    }
+
+    /// Names where the person's login is kept: `file`, sealed under `key` (the server's
+    /// key-encryption key narrowed to [`super::LOGIN_KEY_PURPOSE`]). Nothing for an upstream
+    /// without `[upstream.login]`.
+    pub fn place_login(&self, file: std::path::PathBuf, key: opledger_subjects::cipher::Key) {
+        if let Some(login) = self.sessions.login() {
+            login.place(self.id.as_str(), file, key);
+        }
+    }
+
+    /// The file the person's login is sealed in, once placed.
+    pub fn login_file(&self) -> Option<std::path::PathBuf> {
+        self.sessions
+            .login()
+            .and_then(|login| login.file().map(std::path::Path::to_path_buf))
+    }
+
+    /// How many times the login's credentials were sealed (the login, then each renewal;
+    /// `None`: the upstream takes no login).
+    pub fn login_saves(&self) -> Option<u64> {
+        self.sessions.login().map(|login| login.saves())
+    }
+
+    /// Logs a person in to the upstream (see [`super::login`]): `show` is handed the URL to
+    /// open; the redirect is awaited on 127.0.0.1 for at most `timeout`.
+    pub async fn log_in(
+        &self,
+        show: &mut (dyn FnMut(&str) + Send),
+        timeout: Duration,
+    ) -> Result<super::LoginReport, String> {
+        let login = self.sessions.login().ok_or_else(|| {
+            format!("the upstream `{}` has no [upstream.login]; a person logs in only to an upstream whose document asks for it", self.id)
+        })?;
+        let report = login.log_in(show, timeout).await?;
+        // Sessions started with the former login's client read the new one at their next start.
+        login.forget().await;
+        Ok(report)
     }
 
     /// The provider id it is registered under.
@@ -458,6 +517,21 @@ impl McpConnector {
             }));
         };
         let (index, session) = self.sessions.get().await.map_err(Failure::NotSent)?;
+        if let Some(login) = self.sessions.login() {
+            let fresh = tokio::time::timeout_at(deadline, login.fresh_token()).await;
+            let refusal = match fresh {
+                Ok(Ok(())) => None,
+                Ok(Err(refusal)) => Some(refusal),
+                Err(_) => Some(super::login::Refusal::Unavailable(format!(
+                    "the authorization server did not renew the login's token within {} ms (call_timeout_ms)",
+                    self.call_timeout.as_millis()
+                ))),
+            };
+            if let Some(refusal) = refusal {
+                login.forget().await;
+                return Err(self.refused(refusal));
+            }
+        }
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         let deadline = deadline.max(tokio::time::Instant::now() + MIN_CALL_MS);
         match tokio::time::timeout_at(deadline, session.peer().call_tool(params)).await {
@@ -471,6 +545,17 @@ impl McpConnector {
                 message: error.message.into_owned(),
             }),
             Ok(Err(error)) => {
+                if let Some(refusal) = super::login::refused_for_authorization(&error) {
+                    // A refused token is refused before anything runs (the upstream answered
+                    // 401), and a token that could not be had stopped the request before it was
+                    // written: either way nothing was done. The next session reads the sealed
+                    // login again, in case a person logged in meanwhile.
+                    self.sessions.discard(index, &session).await;
+                    if let Some(login) = self.sessions.login() {
+                        login.forget().await;
+                    }
+                    return Err(self.refused(refusal));
+                }
                 // The session broke with the call out: the upstream may have done it before it
                 // died. The next call starts another session.
                 self.sessions.discard(index, &session).await;
@@ -479,6 +564,23 @@ impl McpConnector {
                 )))
             }
         }
+    }
+
+    /// A call stopped for its login, never written: what to do about it and how long to wait.
+    fn refused(&self, refusal: super::login::Refusal) -> Failure {
+        let (reason, retry_after_ms) = match refusal {
+            super::login::Refusal::LogInAgain(said) => (
+                format!("{said}; run `opledger connectors login {}` again", self.id),
+                super::login::REFUSED_LOGIN_WAIT_MS,
+            ),
+            super::login::Refusal::Unavailable(said) => {
+                (said, super::login::UNAVAILABLE_TOKEN_WAIT_MS)
+            }
+        };
+        Failure::NotSent(Unready {
+            reason,
+            retry_after_ms: Some(retry_after_ms),
+        })
     }
 
     fn classify_send(

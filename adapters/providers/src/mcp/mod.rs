@@ -26,7 +26,8 @@
 //! args = ["--db-path", "/var/lib/notes.db"]
 //! env_from = { NOTES_TOKEN = "OPLEDGER_NOTES_TOKEN" }   # child variable = ours (never a value)
 //! ## ... or Streamable HTTP: url = "https://mcp.example.com/mcp",
-//! ##      headers_from = { Authorization = "NOTES_MCP_AUTHORIZATION" }
+//! ##      headers_from = { Authorization = "NOTES_MCP_AUTHORIZATION" }, or a person's account:
+//! ##      [upstream.login] scopes = ["notes"] (once: `opledger connectors login notes`)
 //!
 //! [[accounts]]
 //! id = "main"
@@ -84,6 +85,7 @@
 //! | no answer within `call_timeout_ms` | `Uncertain` | the call may still run and finish |
 //! | the session closed or broke with the call out (the upstream died, the connection reset) | `Uncertain`, the session restarted for the next call | the upstream may have done it before it died |
 //! | no session could be started (spawn failed, connect refused, `initialize` failed or timed out), or one was started less than `restart_wait_ms` ago | `NotSent` | the call was never written |
+//! | the upstream refused a person's login token (401) and no new one could be had, or none could be had before the call was written | `NotSent`, a minute's wait, "run `opledger connectors login …` again" | a 401 is a refusal before the tool runs |
 //! | unknown provider or account, or a tenant that does not own it | `NotSent` | nothing was sent |
 //! | an action the connector does not have | `Rejected { code: "local …" }` | it can never be sent |
 //!
@@ -103,11 +105,13 @@
 
 mod connector;
 mod import;
+mod login;
 mod session;
 pub mod spec;
 
 pub use connector::{list_tools, McpConnector, UpstreamTool};
 pub use import::starting_document;
+pub use login::{LoginReport, LOGIN_KEY_PURPOSE, REFUSED_LOGIN_WAIT_MS, UNAVAILABLE_TOKEN_WAIT_MS};
 pub use spec::McpDocument;
 
 /// The longest any upstream timeout may be set to, in milliseconds.

@@ -36,6 +36,8 @@ pub(crate) enum Launch {
         client: reqwest013::Client,
         /// Where a session's access token comes from, when the upstream takes one.
         oauth: Option<Arc<TokenSource>>,
+        /// A person's login, whose tokens the SDK's client sends and renews.
+        login: Option<Arc<super::login::Login>>,
     },
 }
 
@@ -246,6 +248,16 @@ impl Sessions {
         }
     }
 
+    /// The person's login the upstream is reached with, if it takes one.
+    pub fn login(&self) -> Option<&Arc<super::login::Login>> {
+        match &self.launch {
+            Launch::Http {
+                login: Some(login), ..
+            } => Some(login),
+            _ => None,
+        }
+    }
+
     /// How many sessions were started so far (a restart counts).
     pub fn starts(&self) -> u64 {
         self.starts.load(Ordering::Relaxed)
@@ -352,6 +364,7 @@ pub(crate) async fn start(
             headers,
             client,
             oauth,
+            login,
         } => {
             let mut headers: HashMap<_, _> = headers.iter().cloned().collect();
             if let Some(source) = oauth {
@@ -361,12 +374,41 @@ pub(crate) async fn start(
             }
             let config =
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
-            let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
-            tokio::time::timeout(timeout, ().serve(transport)).await
+            if let Some(login) = login {
+                // The SDK's client adds the login's token to each request, renews it shortly
+                // before it expires, and after a 401 renews it once and sends the request again.
+                let client = login.client().await?;
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                tokio::time::timeout(timeout, ().serve(transport)).await
+            } else {
+                let transport = StreamableHttpClientTransport::with_client(client.clone(), config);
+                tokio::time::timeout(timeout, ().serve(transport)).await
+            }
         }
+    };
+    let login = match launch {
+        Launch::Http {
+            login: Some(login), ..
+        } => Some(login),
+        _ => None,
     };
     match started {
         Ok(Ok(session)) => Ok((session, renew_at)),
+        Ok(Err(error)) if login.is_some() && super::login::refused_at_start(&error) => {
+            // The login's tokens were refused and could not be renewed: only a person can
+            // help, by logging in again (read at the next start).
+            if let Some(login) = login {
+                login.forget().await;
+            }
+            Err(Unready {
+                reason: format!(
+                    "the upstream refused the login's token and it could not be renewed ({}); run `opledger connectors login {}` again",
+                    with_causes(&error),
+                    login.map(|login| login.provider()).unwrap_or_default()
+                ),
+                retry_after_ms: Some(super::REFUSED_LOGIN_WAIT_MS),
+            })
+        }
         Ok(Err(error)) => Err(unready(format!(
             "no session with the upstream: {}",
             with_causes(&error)

@@ -90,7 +90,28 @@ pub enum Upstream {
         /// An access token obtained with OAuth2 client credentials, sent as
         /// `Authorization: Bearer`.
         oauth: Option<UpstreamOAuth>,
+        /// A person's account at the upstream, authorized once with `opledger connectors
+        /// login` (the MCP authorization flow); its tokens are sent as `Authorization: Bearer`.
+        login: Option<UpstreamLogin>,
     },
+}
+
+/// `[upstream.login]`: the upstream acts for a person's account, authorized once with the MCP
+/// specification's authorization flow (OAuth 2.1 authorization code with PKCE, the authorization
+/// server found from the upstream's protected resource metadata). The refresh token it yields is
+/// kept sealed beside the ledger.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpstreamLogin {
+    /// Scopes asked for (none: what the upstream's metadata or challenge names).
+    pub scopes: Vec<String>,
+    /// The variable holding a client id registered with the authorization server beforehand
+    /// (`None`: the client registers itself, RFC 7591).
+    pub client_id_env: Option<String>,
+    /// The variable holding that client's secret (a confidential client only).
+    pub client_secret_env: Option<String>,
+    /// The loopback port the authorization server redirects to (`None`: any free port; a client
+    /// registered beforehand names the redirect URI it registered).
+    pub redirect_port: Option<u16>,
 }
 
 /// `[upstream.oauth]`: an access token for the upstream from its authorization server, with the

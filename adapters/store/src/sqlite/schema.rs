@@ -116,6 +116,9 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
     connection
         .execute_batch(super::tree::CREATE_TREE_SCHEMA)
         .map_err(|error| sqlite_error("cannot create the log tree's tables", error))?;
+    connection
+        .execute_batch(super::tenant_trees::CREATE_TENANT_SCHEMA)
+        .map_err(|error| sqlite_error("cannot create the tenant trees' tables", error))?;
     Ok(connection)
 }
 

@@ -21,6 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::codec::{EventRow, EVENT_COLUMNS};
 use super::sqlite_error;
+use super::tenant_trees::{self, StreamTenants, TenantAppender};
 pub use opledger_store_core::marks::{LogMarks, StreamAhead};
 
 /// The tree's tables; created in files made before the tree existed, too (older builds ignore
@@ -148,13 +149,17 @@ pub(super) fn catch_up_at_open(
     connection: &Connection,
     head: Option<GlobalPosition>,
 ) -> Result<(), StoreError> {
-    if size(connection)? > 0 {
-        return Ok(());
+    if size(connection)? == 0 {
+        build_at_open(connection, head)?;
     }
+    catch_up_tenants(connection)
+}
+
+fn build_at_open(connection: &Connection, head: Option<GlobalPosition>) -> Result<(), StoreError> {
     connection
         .execute_batch("BEGIN IMMEDIATE")
         .map_err(|error| sqlite_error("cannot start the log tree's catch-up", error))?;
-    let caught_up = TreeAppender::open(connection).and_then(|mut tree| {
+    let caught_up = TreeAppender::open(connection, None).and_then(|mut tree| {
         // Another opener may have built it between the look above and this lock.
         if tree.size > 0 {
             return Ok(0);
@@ -183,22 +188,104 @@ pub(super) fn catch_up_at_open(
     }
 }
 
-/// Grows the tree inside the writer's transaction: one leaf per event, in position order.
+/// Brings the tenant trees up to the log's tree (built from its leaves when they were never
+/// built), in one transaction of its own; see `tenant_trees.rs`.
+fn catch_up_tenants(connection: &Connection) -> Result<(), StoreError> {
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|error| sqlite_error("cannot start the tenant trees' catch-up", error))?;
+    let caught_up = (|| {
+        let log_size = size(connection)?;
+        let Some(covered) = tenant_trees::behind(connection, log_size)? else {
+            return Ok(0);
+        };
+        let mut streams = StreamTenants::default();
+        let mut tenants = TenantAppender::open(connection, &mut streams, covered)?
+            .expect("`behind` left the trees covering `covered` leaves");
+        let mut at = covered;
+        while at < log_size {
+            let batch = read_after(connection, at)?;
+            let Some(last) = batch.last() else { break };
+            let last = last.position.value();
+            for event in batch
+                .iter()
+                .take_while(|event| event.position.value() <= log_size)
+            {
+                if event.position.value() != at + 1 {
+                    return Err(corrupt(&format!(
+                        "position {} is missing from the log its tree covers",
+                        at + 1
+                    )));
+                }
+                let view = event.view();
+                tenants.append(&view, merkle::leaf_hash(&view))?;
+                at += 1;
+            }
+            if last >= log_size {
+                break;
+            }
+        }
+        tenants.finish()?;
+        Ok(at - covered)
+    })();
+    match caught_up {
+        Ok(added) => {
+            connection
+                .execute_batch("COMMIT")
+                .map_err(|error| sqlite_error("cannot commit the tenant trees' catch-up", error))?;
+            if added > 0 {
+                tracing::info!(added, "the tenant trees caught up with the log");
+            }
+            Ok(())
+        }
+        Err(StoreError::Corrupt { reason }) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            tracing::warn!(%reason, "the tenant trees cannot catch up with the log; checkpoints sign the log's tree alone");
+            Ok(())
+        }
+        Err(error) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            Err(error)
+        }
+    }
+}
+
+/// Grows the tree inside the writer's transaction: one leaf per event, in position order, and
+/// each event's tenant's tree beside it when the tenant trees are in step.
 pub(super) struct TreeAppender<'c> {
     connection: &'c Connection,
     size: u64,
     /// Hashes stored by this transaction, so the next leaves' subtrees read them from memory.
     written: HashMap<u64, Hash>,
+    tenants: Option<TenantAppender<'c>>,
 }
 
 impl<'c> TreeAppender<'c> {
-    /// The tree as stored, read under the write transaction's lock.
-    pub(super) fn open(connection: &'c Connection) -> Result<Self, StoreError> {
+    /// The tree as stored, read under the write transaction's lock; with `streams`, the tenant
+    /// trees grow too (when they cover the same leaves).
+    pub(super) fn open(
+        connection: &'c Connection,
+        streams: Option<&'c mut StreamTenants>,
+    ) -> Result<Self, StoreError> {
+        let size = size(connection)?;
+        let tenants = match streams {
+            Some(streams) => TenantAppender::open(connection, streams, size)?,
+            None => None,
+        };
         Ok(Self {
-            size: size(connection)?,
+            size,
             connection,
             written: HashMap::new(),
+            tenants,
         })
+    }
+
+    /// Ends the transaction's growth: writes the tenant trees it grew.
+    pub(super) fn finish(self) -> Result<(), StoreError> {
+        match self.tenants {
+            Some(tenants) => tenants.finish(),
+            None => Ok(()),
+        }
     }
 
     /// Appends the leaf of `event`, which must be the event at position `size + 1`.
@@ -212,7 +299,8 @@ impl<'c> TreeAppender<'c> {
                 self.size, event.position
             )));
         }
-        let hashes = merkle::hashes_to_store(self.size, merkle::leaf_hash(event), self)
+        let leaf = merkle::leaf_hash(event);
+        let hashes = merkle::hashes_to_store(self.size, leaf, self)
             .map_err(|error| corrupt(&error.to_string()))?;
         let first = merkle::stored_hash_index(0, self.size);
         let mut statement = self
@@ -229,27 +317,10 @@ impl<'c> TreeAppender<'c> {
             self.written.insert(index, hash);
         }
         self.size += 1;
+        if let Some(tenants) = self.tenants.as_mut() {
+            tenants.append(event, leaf)?;
+        }
         Ok(())
-    }
-
-    /// Up to [`CATCH_UP_BATCH`] events after `position`, in position order.
-    fn read_after(&self, position: u64) -> Result<Vec<RecordedEvent>, StoreError> {
-        let sql = format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
-        );
-        let after = i64::try_from(position).unwrap_or(i64::MAX);
-        let mut statement = self
-            .connection
-            .prepare_cached(&sql)
-            .map_err(|error| sqlite_error("cannot prepare the log read", error))?;
-        let rows = statement
-            .query_map(params![after, CATCH_UP_BATCH], EventRow::from_row)
-            .map_err(|error| sqlite_error("cannot read the log", error))?;
-        rows.map(|row| {
-            row.map_err(|error| sqlite_error("cannot read the log", error))?
-                .decode()
-        })
-        .collect()
     }
 
     /// Adds the leaves of the events stored after the tree's last leaf, up to and including
@@ -260,7 +331,7 @@ impl<'c> TreeAppender<'c> {
         let head = head.map_or(0, GlobalPosition::value);
         let before = self.size;
         while self.size < head {
-            let batch = self.read_after(self.size)?;
+            let batch = read_after(self.connection, self.size)?;
             if batch.is_empty() {
                 break;
             }
@@ -270,6 +341,25 @@ impl<'c> TreeAppender<'c> {
         }
         Ok(self.size - before)
     }
+}
+
+/// Up to [`CATCH_UP_BATCH`] events after `position`, in position order.
+fn read_after(connection: &Connection, position: u64) -> Result<Vec<RecordedEvent>, StoreError> {
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM events WHERE position > ?1 ORDER BY position LIMIT ?2"
+    );
+    let after = i64::try_from(position).unwrap_or(i64::MAX);
+    let mut statement = connection
+        .prepare_cached(&sql)
+        .map_err(|error| sqlite_error("cannot prepare the log read", error))?;
+    let rows = statement
+        .query_map(params![after, CATCH_UP_BATCH], EventRow::from_row)
+        .map_err(|error| sqlite_error("cannot read the log", error))?;
+    rows.map(|row| {
+        row.map_err(|error| sqlite_error("cannot read the log", error))?
+            .decode()
+    })
+    .collect()
 }
 
 impl HashReader for TreeAppender<'_> {

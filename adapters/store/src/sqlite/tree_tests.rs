@@ -108,3 +108,118 @@ async fn checkpoints_are_kept_by_size_and_the_newest_is_found() {
     );
     store.close().await.unwrap();
 }
+
+/// Opens `operations` operation streams of three tenants (an intent naming the tenant, then one
+/// or two more events, appended apart so operations interleave in the log), plus one stream
+/// whose first event names no tenant.
+async fn append_operations(store: &SqliteStore, first: u128, operations: u128) {
+    use opledger_domain::ids::StreamVersion;
+    let tenants = ["acme", "globex", "initech"];
+    for id in first..first + operations {
+        let intent = EventData {
+            event_id: EventId::from_uuid(Uuid::from_u128(id << 8)),
+            event_type: "IntentRecorded".into(),
+            data: format!(
+                "{{\"tenant\":\"{}\",\"n\":{id}}}",
+                tenants[(id % 3) as usize]
+            )
+            .into_bytes(),
+            metadata: b"{}".to_vec(),
+        };
+        let name = StreamName::new(format!("operation-{id}")).unwrap();
+        store
+            .append(&name, ExpectedVersion::NoStream, vec![intent])
+            .await
+            .unwrap();
+    }
+    for id in first..first + operations {
+        let name = StreamName::new(format!("operation-{id}")).unwrap();
+        let more: Vec<EventData> = (1..=1 + id % 2).map(|n| event((id << 8) + n)).collect();
+        store
+            .append(&name, ExpectedVersion::Exact(StreamVersion::FIRST), more)
+            .await
+            .unwrap();
+    }
+    let other = StreamName::new(format!("subject-{first}")).unwrap();
+    store
+        .append(
+            &other,
+            ExpectedVersion::NoStream,
+            vec![event(first << 8 | 0xff)],
+        )
+        .await
+        .unwrap();
+}
+
+/// Every tenant's tree built from the log's events alone.
+async fn tenant_trees_from_log(store: &SqliteStore) -> merkle::tenants::TenantMap {
+    use std::collections::HashMap;
+    let mut trees = merkle::tenants::TenantTrees::new();
+    let mut tenants: HashMap<String, Option<String>> = HashMap::new();
+    for event in store.read_all(LogStart::Beginning, 4096).await.unwrap() {
+        let tenant = tenants
+            .entry(event.stream.as_str().to_owned())
+            .or_insert_with(|| {
+                merkle::tenants::tenant_of_first_event(&event.event_type, &event.data)
+            })
+            .clone();
+        if let Some(tenant) = tenant {
+            trees.push(
+                &tenant,
+                event.position.value(),
+                merkle::leaf_hash(&event.view()),
+            );
+        }
+    }
+    trees.map()
+}
+
+#[tokio::test]
+async fn each_tenants_tree_grows_with_the_log_and_is_the_tree_of_its_events() {
+    let dir = TempDir::new().unwrap();
+    let store = SqliteStore::open(dir.path().join("events.db"))
+        .await
+        .unwrap();
+    append_operations(&store, 1, 40).await;
+    let heads = store
+        .tenant_heads()
+        .await
+        .unwrap()
+        .expect("tenant trees kept");
+    assert_eq!(heads.log_size, store.tree_size().await.unwrap());
+    let expected = tenant_trees_from_log(&store).await;
+    assert_eq!(expected.len(), 3);
+    assert_eq!(heads.map, expected);
+    let (head, tenants) = merkle::heads_to_sign(&store).await.unwrap();
+    assert_eq!(head, tree_from_log(&store).await.head());
+    assert_eq!(tenants, Some(expected.head()));
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn tenant_trees_lost_or_never_written_are_rebuilt_from_the_log_when_opened() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("events.db");
+    let off = SqliteOptions { log_tree: false };
+    let store = SqliteStore::open_with(&path, off).await.unwrap();
+    append_operations(&store, 1, 20).await;
+    // Without the tree, a checkpoint signs no tenant map: none is kept.
+    assert_eq!(store.tenant_heads().await.unwrap(), None);
+    store.close().await.unwrap();
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    append_operations(&store, 100, 10).await;
+    let expected = tenant_trees_from_log(&store).await;
+    assert_eq!(store.tenant_heads().await.unwrap().unwrap().map, expected);
+    store.close().await.unwrap();
+
+    // A file from before the tenant trees (its log tree kept, its tenant trees gone).
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    connection
+        .execute_batch("DROP TABLE tenant_trees; DROP TABLE tenant_trees_cover;")
+        .unwrap();
+    drop(connection);
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.tenant_heads().await.unwrap().unwrap().map, expected);
+    store.close().await.unwrap();
+}

@@ -24,6 +24,7 @@ use super::checkpointer::Checkpointer;
 use super::codec;
 use super::recent::RecentEvents;
 use super::schema;
+use super::tenant_trees::StreamTenants;
 use super::tree::TreeAppender;
 use super::{sqlite_error, CommitStats, MAX_APPENDS_PER_COMMIT};
 use crate::rules::{self, AppendPlan};
@@ -71,6 +72,7 @@ pub(super) fn spawn(
                 counters,
                 checkpointer,
                 log_tree,
+                stream_tenants: std::cell::RefCell::default(),
             };
             let checkpointer = writer.run(requests);
             // Its connection must close before the writer's, so that the writer's is the last
@@ -91,6 +93,8 @@ struct Writer {
     checkpointer: Checkpointer,
     /// Whether the transparency log's tree grows with the log (see `tree.rs`).
     log_tree: bool,
+    /// Each stream's tenant, remembered across commits for the tenant trees.
+    stream_tenants: std::cell::RefCell<StreamTenants>,
 }
 
 /// What one append did inside the batch's transaction.
@@ -238,8 +242,9 @@ impl Writer {
         let log_head_before = schema::head_position(connection)?;
         // A tree behind its log (another opener wrote with it off, or events were inserted
         // behind the ledger's back) is not extended: the first append refuses (see tree.rs).
+        let mut streams = self.stream_tenants.borrow_mut();
         let mut tree = match self.log_tree {
-            true => Some(TreeAppender::open(connection)?),
+            true => Some(TreeAppender::open(connection, Some(&mut streams))?),
             false => None,
         };
         let mut results = Vec::with_capacity(batch.len());
@@ -258,6 +263,9 @@ impl Writer {
                 });
             }
             results.push(result);
+        }
+        if let Some(tree) = tree {
+            tree.finish()?;
         }
         Ok(BatchApplied {
             log_head_before,

@@ -34,8 +34,9 @@ use serde_json::{json, Value};
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::bench::fresh_path;
-use crate::cli::{BenchFloorArgs, CliError};
+use crate::args::BenchFloorArgs;
+use crate::files::fresh_path;
+use crate::{BenchError, Product};
 
 /// The default address: loopback, a free port.
 pub const DEFAULT_LISTEN: SocketAddr =
@@ -67,7 +68,7 @@ struct Floor {
     provider_url: String,
 }
 
-pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
+pub async fn run(args: BenchFloorArgs, product: &dyn Product) -> Result<(), BenchError> {
     let provider_url = provider_url(&args.provider_url)?;
     let ledger = match (&args.db, args.without_ledger) {
         (Some(_), true) => {
@@ -93,10 +94,10 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|error| CliError::Other(format!("cannot listen on {}: {error}", args.listen)))?;
+        .map_err(|error| BenchError::Other(format!("cannot listen on {}: {error}", args.listen)))?;
     let address = listener
         .local_addr()
-        .map_err(|error| CliError::Other(format!("no local address: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("no local address: {error}")))?;
     let store = match &ledger {
         Some((path, _)) => Some(SqliteStore::open(path).await?),
         None => None,
@@ -104,7 +105,7 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_millis(SEND_TIMEOUT_MS))
         .build()
-        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("cannot build the HTTP client: {error}")))?;
     // A handle of our own to close with: a connection task may still hold the router's state
     // for a moment after the server returns, and closing closes the store for every handle.
     let closing = store.clone();
@@ -125,9 +126,9 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     println!("opledger bench floor: listening on http://{address} ({described})");
     info!(%address, %described, "floor serving");
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .with_graceful_shutdown(product.shutdown_signal())
         .await
-        .map_err(|error| CliError::Other(format!("serving failed: {error}")));
+        .map_err(|error| BenchError::Other(format!("serving failed: {error}")));
     drop(floor);
     // Waits for the writer to commit and answer what was queued; later appends fail as closed.
     if let Some(store) = closing {
@@ -135,12 +136,12 @@ pub async fn run(args: BenchFloorArgs) -> Result<(), CliError> {
     }
     println!("opledger bench floor: stopped");
     if let Some((path, true)) = ledger {
-        crate::replay::remove_database(&path);
+        crate::files::remove_database(&path);
     }
     served
 }
 
-fn provider_url(text: &str) -> Result<String, CliError> {
+fn provider_url(text: &str) -> Result<String, BenchError> {
     let parsed = reqwest::Url::parse(text).map_err(|error| {
         ValidationError::new(
             "--provider-url",

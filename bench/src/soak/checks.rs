@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 
 use super::api::{Answer, Api, OperationView, Request, UID_FIELD};
 use super::Tally;
-use crate::cli::CliError;
+use crate::BenchError;
 
 /// How often the settle step reads the operations still open, in milliseconds.
 const SETTLE_POLL_MS: u64 = 100;
@@ -187,11 +187,11 @@ pub async fn stand(
     admin: &StandAdmin,
     records: &[Record],
     tally: &mut Tally,
-) -> Result<(), CliError> {
+) -> Result<(), BenchError> {
     let objects = admin
         .objects(None)
         .await
-        .map_err(|error| CliError::Other(format!("cannot list the stand's objects: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("cannot list the stand's objects: {error}")))?;
     let mut by_uid: HashMap<&str, Vec<&StandObject>> = HashMap::new();
     for object in &objects {
         if let Some(uid) = object.fields.get(UID_FIELD).and_then(|uid| uid.as_str()) {

@@ -23,15 +23,12 @@ use opledger_domain::app::LoadedOperation;
 use opledger_domain::app::{IntentRequest, Ledger};
 use opledger_domain::codec;
 use opledger_domain::command::Command as LedgerCommand;
-use opledger_domain::contract::{
-    Deduplication, LookupSupport, ProviderCapabilities, RetryPolicy, SendBinding,
-};
-use opledger_domain::ids::WorkerId;
 use opledger_domain::ports::IdSource;
 use opledger_domain::store::{EventStore, LogStart, MAX_READ_BATCH};
 use opledger_projections::work_queue::WorkQueue;
 
-use crate::cli::{BenchStartupArgs, CliError};
+use crate::args::BenchStartupArgs;
+use crate::{BenchError, Product};
 use opledger_runtime::system::{RandomIds, SystemClock};
 
 /// How often the benchmark asks `/healthz`, in milliseconds.
@@ -39,14 +36,14 @@ const POLL_MS: u64 = 5;
 /// The longest the benchmark waits for the server to be ready or to drive, in milliseconds.
 const MAX_WAIT_MS: u64 = 600_000;
 
-pub async fn run(args: BenchStartupArgs) -> Result<(), CliError> {
-    let prepared = prepare(&args.db, args.server_exe.is_none()).await?;
+pub async fn run(args: BenchStartupArgs, product: &dyn Product) -> Result<(), BenchError> {
+    let prepared = prepare(&args.db, args.server_exe.is_none(), product).await?;
     let (events, head) = (prepared.events, prepared.head);
     let drive_expected = drive_expected(&args.db, prepared.first_due_at, Utc::now());
     let exe = match args.server_exe {
         Some(exe) => exe,
         None => std::env::current_exe()
-            .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?,
+            .map_err(|error| BenchError::Other(format!("cannot find this executable: {error}")))?,
     };
     let listen = free_port()?;
     let started = Instant::now();
@@ -111,8 +108,12 @@ struct Prepared {
 /// Catches the read models beside `db` up to its log (untimed; only when `own_read_models`:
 /// another build's read models are its own, so then the log is folded instead) and reads the
 /// number of events, the log's head and when the first work falls due.
-async fn prepare(db: &Path, own_read_models: bool) -> Result<Prepared, CliError> {
-    let ledger = crate::intent::open_for_reading(db).await?;
+async fn prepare(
+    db: &Path,
+    own_read_models: bool,
+    product: &dyn Product,
+) -> Result<Prepared, BenchError> {
+    let ledger = product.open_for_reading(db).await?;
     let head = ledger.store().head_position().await?;
     let first_due_at = if own_read_models {
         let mut views = db.as_os_str().to_owned();
@@ -130,7 +131,7 @@ async fn prepare(db: &Path, own_read_models: bool) -> Result<Prepared, CliError>
         eprintln!("# reading the ledger's open work from its log (untimed)");
         first_due_in_log(ledger.store()).await?
     };
-    crate::intent::close(&ledger).await?;
+    crate::close(&ledger).await?;
     // SQLite positions are one per event, from 1.
     let head = head.map(|position| position.value());
     Ok(Prepared {
@@ -141,7 +142,7 @@ async fn prepare(db: &Path, own_read_models: bool) -> Result<Prepared, CliError>
 }
 
 /// When the first work of `store`'s log falls due, folding the whole log into the work queue.
-async fn first_due_in_log(store: &impl EventStore) -> Result<Option<DateTime<Utc>>, CliError> {
+async fn first_due_in_log(store: &impl EventStore) -> Result<Option<DateTime<Utc>>, BenchError> {
     let mut queue = WorkQueue::new();
     let mut start = LogStart::Beginning;
     loop {
@@ -160,15 +161,15 @@ async fn first_due_in_log(store: &impl EventStore) -> Result<Option<DateTime<Utc
     }
 }
 
-fn free_port() -> Result<SocketAddr, CliError> {
+fn free_port() -> Result<SocketAddr, BenchError> {
     let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .map_err(|error| CliError::Other(format!("cannot find a free port: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("cannot find a free port: {error}")))?;
     listener
         .local_addr()
-        .map_err(|error| CliError::Other(format!("cannot find a free port: {error}")))
+        .map_err(|error| BenchError::Other(format!("cannot find a free port: {error}")))
 }
 
-fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, CliError> {
+fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, BenchError> {
     Command::new(exe)
         .arg("serve")
         .arg("--db")
@@ -178,7 +179,7 @@ fn spawn_server(exe: &Path, db: &Path, listen: SocketAddr) -> Result<Child, CliE
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|error| CliError::Other(format!("cannot start the server: {error}")))
+        .map_err(|error| BenchError::Other(format!("cannot start the server: {error}")))
 }
 
 /// Time to ready, time to the first drive (`None` if none came, or none was `drive_expected`),
@@ -190,11 +191,11 @@ async fn measure(
     head: Option<u64>,
     drive_expected: bool,
     settle_ms: u64,
-) -> Result<(Duration, Option<Duration>, Option<f64>), CliError> {
+) -> Result<(Duration, Option<Duration>, Option<f64>), BenchError> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
-        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("cannot build the HTTP client: {error}")))?;
     let url = format!("http://{listen}/healthz");
     let mut ready = None;
     let mut first_drive = None;
@@ -203,7 +204,7 @@ async fn measure(
             break;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(CliError::Other(format!("the server exited: {status}")));
+            return Err(BenchError::Other(format!("the server exited: {status}")));
         }
         if let Some((is_ready, log_head)) = health(&client, &url).await {
             if is_ready && ready.is_none() {
@@ -215,7 +216,7 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
     }
-    let ready = ready.ok_or_else(|| CliError::Other("the server never became ready".into()))?;
+    let ready = ready.ok_or_else(|| BenchError::Other("the server never became ready".into()))?;
     tokio::time::sleep(Duration::from_millis(settle_ms)).await;
     Ok((ready, first_drive, peak_rss_mb(child.id())))
 }
@@ -256,8 +257,9 @@ pub async fn leave_open<S: EventStore>(
     ledger: &Ledger<S, SystemClock, RandomIds>,
     worker: u32,
     index: u32,
-) -> Result<LoadedOperation, CliError> {
-    let fingerprint = opledger_providers::credentials::fingerprint_of(crate::serve::DEMO_CRM_TOKEN);
+    crm_token: &str,
+) -> Result<LoadedOperation, BenchError> {
+    let fingerprint = opledger_providers::credentials::fingerprint_of(crm_token);
     let kind = index % 5;
     let recorded = ledger
         .record_intent(IntentRequest {
@@ -275,28 +277,8 @@ pub async fn leave_open<S: EventStore>(
     if kind == 0 || kind == 3 {
         return Ok(recorded.operation);
     }
-    let intent = recorded.intent().clone();
-    let attempt_id = opledger_runtime::system::RandomIds.new_attempt_id();
-    let start = LedgerCommand::StartAttempt {
-        request: None,
-        budget_wait: None,
-        attempt_id,
-        worker: WorkerId::new(format!("bench-{worker}"))?,
-        lease_ms: 30_000,
-        binding: SendBinding {
-            account: intent.account,
-            credential_fingerprint: intent.credential_fingerprint,
-            args_hash: intent.args_hash,
-        },
-        capabilities: ProviderCapabilities {
-            deduplication: Deduplication::IdempotencyKey {
-                retention_s: 86_400,
-                safety_margin_s: 3_600,
-            },
-            lookup: LookupSupport::Consistent,
-        },
-        policy: RetryPolicy::default(),
-    };
+    let attempt_id = RandomIds.new_attempt_id();
+    let start = crate::ledger::keyed_start(recorded.intent(), attempt_id, &worker)?;
     let mut loaded = ledger.execute_from(recorded.operation, &start).await?;
     if kind == 1 {
         return Ok(loaded);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::cli::CliError;
+use crate::BenchError;
 
 /// How long a start may take, to `/healthz` answering ready: a debug build on a loaded
 /// 2-core machine, replaying nothing (start-up does no work proportional to the history).
@@ -34,12 +34,14 @@ impl ServerProcess {
         config: &Path,
         log: &Path,
         client: &reqwest::Client,
-    ) -> Result<Self, CliError> {
+    ) -> Result<Self, BenchError> {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
-            .map_err(|error| CliError::Other(format!("cannot open {}: {error}", log.display())))?;
+            .map_err(|error| {
+                BenchError::Other(format!("cannot open {}: {error}", log.display()))
+            })?;
         let mut child = Command::new(exe)
             .arg("serve")
             .arg("--config")
@@ -49,7 +51,7 @@ impl ServerProcess {
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
-            .map_err(|error| CliError::Other(format!("cannot start the server: {error}")))?;
+            .map_err(|error| BenchError::Other(format!("cannot start the server: {error}")))?;
         let lines = read_lines(&mut child);
         let mut server = Self {
             child: Some(child),
@@ -76,7 +78,7 @@ impl ServerProcess {
         mut lines: mpsc::UnboundedReceiver<String>,
         started: Instant,
         log: &Path,
-    ) -> Result<String, CliError> {
+    ) -> Result<String, BenchError> {
         loop {
             let left = Duration::from_millis(START_DEADLINE_MS).saturating_sub(started.elapsed());
             let line = match tokio::time::timeout(left, lines.recv()).await {
@@ -96,7 +98,7 @@ impl ServerProcess {
         client: &reqwest::Client,
         started: Instant,
         log: &Path,
-    ) -> Result<(), CliError> {
+    ) -> Result<(), BenchError> {
         let url = format!("{}/healthz", self.base);
         while started.elapsed() < Duration::from_millis(START_DEADLINE_MS) {
             if let Ok(response) = client.get(&url).send().await {
@@ -110,12 +112,12 @@ impl ServerProcess {
     }
 
     /// The error of a start that failed, with the end of the server's log; the child is killed.
-    fn failed(&mut self, what: &str, log: &Path) -> CliError {
+    fn failed(&mut self, what: &str, log: &Path) -> BenchError {
         self.kill();
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        CliError::Other(format!(
+        BenchError::Other(format!(
             "the server {what} within {START_DEADLINE_MS} ms; the end of its log ({}):\n{}",
             log.display(),
             tail.join("\n")

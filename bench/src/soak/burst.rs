@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use super::api::{Answer, Api, Request, BURST_WAIT_MS, PROVIDERS};
 use super::server::ServerProcess;
 use super::Rng;
-use crate::cli::CliError;
+use crate::BenchError;
 
 /// The longest pause of a client between two requests, in milliseconds.
 const THINK_MS_MAX: u64 = 5;
@@ -45,7 +45,7 @@ pub struct Burst {
 }
 
 /// Runs the burst against `server` and kills it at the plan's moment.
-pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<Burst, CliError> {
+pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<Burst, BenchError> {
     let stop = Arc::new(AtomicBool::new(false));
     let in_flight = Arc::new(AtomicU32::new(0));
     let issued = Arc::new(AtomicU32::new(0));
@@ -76,7 +76,7 @@ pub async fn run(api: &Api, server: &mut ServerProcess, plan: &Plan) -> Result<B
     let mut sent = Vec::new();
     while let Some(joined) = clients.join_next().await {
         let part =
-            joined.map_err(|error| CliError::Other(format!("a soak client failed: {error}")))?;
+            joined.map_err(|error| BenchError::Other(format!("a soak client failed: {error}")))?;
         sent.extend(part);
     }
     Ok(Burst {

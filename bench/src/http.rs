@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use opledger_domain::error::ValidationError;
 use serde_json::{json, Value};
 
-use crate::bench::fresh_path;
-use crate::cli::{BenchHttpArgs, CliError};
-use crate::serve;
+use crate::args::BenchHttpArgs;
+use crate::files::fresh_path;
+use crate::{BenchError, Product};
 
 /// Most concurrent clients.
 const MAX_CONCURRENCY: u32 = 1024;
@@ -30,7 +30,7 @@ const EXECUTE_WAIT_MS: u64 = 10_000;
 static RUN: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| uuid::Uuid::new_v4().simple().to_string());
 
-pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
+pub async fn run(args: BenchHttpArgs, product: &dyn Product) -> Result<(), BenchError> {
     if args.concurrency.is_empty()
         || args
             .concurrency
@@ -57,6 +57,13 @@ pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
         )
         .into());
     }
+    if args.no_tree && args.url.is_some() {
+        return Err(ValidationError::new(
+            "--no-tree",
+            "switches the tree off in a server started here; leave out --url and --token",
+        )
+        .into());
+    }
     if args.webhook && args.url.is_some() {
         return Err(ValidationError::new(
             "--webhook",
@@ -70,7 +77,7 @@ pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
             let account = args.account.clone();
             tokio::select! {
                 result = measure_all(&args, url, token, &provider, &account, None) => result,
-                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+                _ = tokio::signal::ctrl_c() => Err(BenchError::Interrupted),
             }
         }
         (Some(_), None) | (None, Some(_)) => Err(ValidationError::new(
@@ -78,15 +85,16 @@ pub async fn run(args: BenchHttpArgs) -> Result<(), CliError> {
             "--url and --token go together (the server's address and a tenant token); leave both out to benchmark a server started here",
         )
         .into()),
-        (None, None) => self_hosted(&args).await,
+        (None, None) => self_hosted(&args, product).await,
     }
 }
 
 /// Starts the stand and the embedded default on a fresh file, measures, stops, removes the file.
-async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
+async fn self_hosted(args: &BenchHttpArgs, product: &dyn Product) -> Result<(), BenchError> {
     let path = fresh_path("bench-http");
-    let (mut config, stand) = serve::embedded_default(&path).await?;
+    let (mut config, stand) = product.embedded_default(&path).await?;
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    config.log.tree = !args.no_tree;
     if args.personal {
         let kek = opledger_subjects::Kek::parse(
             &format!(
@@ -96,7 +104,7 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
             ),
             "a fresh key",
         )
-        .map_err(|error| CliError::Other(error.to_string()))?;
+        .map_err(|error| BenchError::Other(error.to_string()))?;
         config.personal_data = Some(opledger_http_api::config::personal::PersonalDataSettings {
             kek,
             key_store: None,
@@ -123,23 +131,23 @@ async fn self_hosted(args: &BenchHttpArgs) -> Result<(), CliError> {
         Ok(address) => {
             let url = format!("http://{address}");
             tokio::select! {
-                result = measure_all(args, &url, serve::DEMO_TENANT_TOKEN, "crm", "demo", receiver.as_ref()) => result,
-                _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+                result = measure_all(args, &url, product.demo_tenant_token(), "crm", "demo", receiver.as_ref()) => result,
+                _ = tokio::signal::ctrl_c() => Err(BenchError::Interrupted),
             }
         }
-        Err(_) => Err(CliError::Other("the server did not start".into())),
+        Err(_) => Err(BenchError::Other("the server did not start".into())),
     };
     let _ = stop_tx.send(());
     let served = server
         .await
-        .map_err(|error| CliError::Other(format!("the server task failed: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("the server task failed: {error}")))?;
     stand.shutdown().await;
     // The ledger and the read models beside it (`.views`, with its swap lock `.views.lock`):
     // left behind, one pair per run would pile up in the temporary directory.
-    crate::replay::remove_database(&path);
-    crate::replay::remove_database(&crate::replay::sibling(&path, ".views"));
-    crate::replay::remove_database(&crate::replay::sibling(&path, ".webhooks"));
-    crate::replay::remove_database(&opledger_subjects::key_store_path(&path));
+    crate::files::remove_database(&path);
+    crate::files::remove_database(&crate::files::sibling(&path, ".views"));
+    crate::files::remove_database(&crate::files::sibling(&path, ".webhooks"));
+    crate::files::remove_database(&opledger_subjects::key_store_path(&path));
     result?;
     Ok(served?)
 }
@@ -151,12 +159,12 @@ async fn measure_all(
     provider: &str,
     account: &str,
     receiver: Option<&Receiver>,
-) -> Result<(), CliError> {
+) -> Result<(), BenchError> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(MAX_CONCURRENCY as usize)
         .timeout(Duration::from_millis(EXECUTE_WAIT_MS + 5_000))
         .build()
-        .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("cannot build the HTTP client: {error}")))?;
     let target = Target {
         client,
         one_call: args.one_call,
@@ -226,7 +234,7 @@ async fn measure(
     target: &Target,
     concurrency: u32,
     operations: u32,
-) -> Result<(Duration, Vec<Duration>), CliError> {
+) -> Result<(Duration, Vec<Duration>), BenchError> {
     let next = Arc::new(AtomicU32::new(0));
     let started = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
@@ -244,13 +252,13 @@ async fn measure(
                 one(&target, number).await?;
                 latencies.push(began.elapsed());
             }
-            Ok::<_, CliError>(latencies)
+            Ok::<_, BenchError>(latencies)
         });
     }
     let mut latencies = Vec::with_capacity(operations as usize);
     while let Some(joined) = clients.join_next().await {
-        let part =
-            joined.map_err(|error| CliError::Other(format!("a client task failed: {error}")))??;
+        let part = joined
+            .map_err(|error| BenchError::Other(format!("a client task failed: {error}")))??;
         latencies.extend(part);
     }
     Ok((started.elapsed(), latencies))
@@ -259,7 +267,7 @@ async fn measure(
 /// One operation: record, execute, and check the answer says it succeeded. Every operation
 /// asks for a different task: identical requests from different deliveries are flagged as
 /// possible duplicate intents, which is not the traffic being measured.
-async fn one(target: &Target, number: u32) -> Result<(), CliError> {
+async fn one(target: &Target, number: u32) -> Result<(), BenchError> {
     let mut body = json!({
         "provider": target.provider,
         "account": target.account,
@@ -280,7 +288,7 @@ async fn one(target: &Target, number: u32) -> Result<(), CliError> {
         let recorded = post(target, "/v1/operations", Some(body)).await?;
         let id = recorded
             .operation_id
-            .ok_or_else(|| CliError::Other("record answered without an operation id".into()))?;
+            .ok_or_else(|| BenchError::Other("record answered without an operation id".into()))?;
         post(
             target,
             &format!("/v1/operations/{id}/execute?wait_ms={EXECUTE_WAIT_MS}"),
@@ -289,7 +297,7 @@ async fn one(target: &Target, number: u32) -> Result<(), CliError> {
         .await?
     };
     if executed.state.as_deref() != Some("succeeded") {
-        return Err(CliError::Other(format!(
+        return Err(BenchError::Other(format!(
             "operation {} ended {} instead of succeeded (last error: {}; execute error: {})",
             executed.operation_id.as_deref().unwrap_or("?"),
             executed.state.as_deref().unwrap_or("without a state"),
@@ -314,7 +322,7 @@ struct Answer {
     execute_error: Option<Value>,
 }
 
-async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Answer, CliError> {
+async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Answer, BenchError> {
     let mut request = target
         .client
         .post(format!("{}{path}", target.url))
@@ -327,19 +335,19 @@ async fn post(target: &Target, path: &str, body: Option<Value>) -> Result<Answer
     let response = request
         .send()
         .await
-        .map_err(|error| CliError::Other(format!("POST {path} failed: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("POST {path} failed: {error}")))?;
     let status = response.status();
     let text = response
         .text()
         .await
-        .map_err(|error| CliError::Other(format!("POST {path}: reading the answer: {error}")))?;
+        .map_err(|error| BenchError::Other(format!("POST {path}: reading the answer: {error}")))?;
     if !status.is_success() {
-        return Err(CliError::Other(format!(
+        return Err(BenchError::Other(format!(
             "POST {path} answered {status}: {text}"
         )));
     }
     serde_json::from_str(&text).map_err(|error| {
-        CliError::Other(format!(
+        BenchError::Other(format!(
             "POST {path} answered something else than an operation ({error}): {text}"
         ))
     })
@@ -379,14 +387,14 @@ impl Counts {
 }
 
 impl Receiver {
-    async fn start() -> Result<Self, CliError> {
+    async fn start() -> Result<Self, BenchError> {
         let counts = Arc::new(Counts::default());
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
-            .map_err(|error| CliError::Other(format!("cannot listen for webhooks: {error}")))?;
+            .map_err(|error| BenchError::Other(format!("cannot listen for webhooks: {error}")))?;
         let address = listener
             .local_addr()
-            .map_err(|error| CliError::Other(format!("the receiver has no address: {error}")))?;
+            .map_err(|error| BenchError::Other(format!("the receiver has no address: {error}")))?;
         tokio::spawn(serve_receiver(listener, Arc::clone(&counts)));
         Ok(Self {
             url: format!("http://{address}/hooks"),
@@ -394,13 +402,13 @@ impl Receiver {
         })
     }
 
-    fn endpoint(&self) -> Result<opledger_webhooks::Endpoint, CliError> {
+    fn endpoint(&self) -> Result<opledger_webhooks::Endpoint, BenchError> {
         let url =
-            opledger_webhooks::endpoint::check_url(&self.url, false).map_err(CliError::Other)?;
+            opledger_webhooks::endpoint::check_url(&self.url, false).map_err(BenchError::Other)?;
         // A fixed key: the receiver does not verify, and nothing outside this process sees it.
         let secret =
             opledger_webhooks::signing::Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-                .map_err(CliError::Other)?;
+                .map_err(BenchError::Other)?;
         Ok(opledger_webhooks::Endpoint {
             id: "bench".into(),
             url,
@@ -418,7 +426,7 @@ impl Receiver {
     }
 
     /// Waits until `count` deliveries arrived; answers when the last of them did.
-    async fn wait_for(&self, count: u64) -> Result<Instant, CliError> {
+    async fn wait_for(&self, count: u64) -> Result<Instant, BenchError> {
         let deadline = Instant::now() + Duration::from_secs(MAX_CATCH_UP_S);
         self.counts.wanted.store(count, Ordering::Release);
         loop {
@@ -428,7 +436,7 @@ impl Receiver {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(CliError::Other(format!(
+                return Err(BenchError::Other(format!(
                     "the webhook endpoint had {} of {count} deliveries after {MAX_CATCH_UP_S} s",
                     self.received()
                 )));

@@ -26,7 +26,8 @@ use opledger_domain::error::ValidationError;
 use self::api::{Api, ACCOUNT, ACCOUNT_TOKEN, CALL_TIMEOUT_MS, TENANT, TENANT_TOKEN};
 use self::checks::Record;
 use self::server::ServerProcess;
-use crate::cli::{BenchSoakArgs, CliError};
+use crate::args::BenchSoakArgs;
+use crate::BenchError;
 
 /// Most cycles a run may ask for: each burst may still send [`MIN_CYCLE_REQUESTS`].
 const MAX_CYCLES: u32 = 9_000;
@@ -168,7 +169,7 @@ struct Files {
     made_dir: bool,
 }
 
-pub async fn run(args: BenchSoakArgs) -> Result<(), CliError> {
+pub async fn run(args: BenchSoakArgs) -> Result<(), BenchError> {
     check(&args)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -184,7 +185,7 @@ pub async fn run(args: BenchSoakArgs) -> Result<(), CliError> {
         },
     )
     .await
-    .map_err(|error| CliError::Other(format!("cannot start the CRM stand: {error}")))?;
+    .map_err(|error| BenchError::Other(format!("cannot start the CRM stand: {error}")))?;
     write_config(&files, &stand.base_url())?;
     eprintln!(
         "# soak: seed {seed}, ledger {}, server log {}, stand {}",
@@ -196,13 +197,13 @@ pub async fn run(args: BenchSoakArgs) -> Result<(), CliError> {
     let mut tally = Tally::default();
     let result = tokio::select! {
         result = soak(&args, seed, &files, &stand, &mut tally) => result,
-        _ = tokio::signal::ctrl_c() => Err(CliError::Interrupted),
+        _ = tokio::signal::ctrl_c() => Err(BenchError::Interrupted),
     };
     stand.shutdown().await;
     println!("{}", tally.line(args.clients, seed, started.elapsed()));
     result?;
     if tally.failure_count() > 0 {
-        return Err(CliError::Other(format!(
+        return Err(BenchError::Other(format!(
             "the soak failed (its files are kept in {}):{}",
             files.dir.display(),
             tally.failures()
@@ -214,8 +215,8 @@ pub async fn run(args: BenchSoakArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn check(args: &BenchSoakArgs) -> Result<(), CliError> {
-    let invalid = |field: &str, message: String| -> Result<(), CliError> {
+fn check(args: &BenchSoakArgs) -> Result<(), BenchError> {
+    let invalid = |field: &str, message: String| -> Result<(), BenchError> {
         Err(ValidationError::new(field, message).into())
     };
     if args.cycles == 0 || args.cycles > MAX_CYCLES {
@@ -236,7 +237,7 @@ fn check(args: &BenchSoakArgs) -> Result<(), CliError> {
 
 /// The run's files: beside `db` (a file that must not exist yet, or a directory to put a fresh
 /// one in), else in a fresh directory of their own.
-fn files(db: Option<&Path>) -> Result<Files, CliError> {
+fn files(db: Option<&Path>) -> Result<Files, BenchError> {
     let name = format!("opledger-soak-{}", uuid::Uuid::new_v4().simple());
     let (dir, ledger, made_dir) = match db {
         Some(dir) if dir.is_dir() => (dir.to_path_buf(), dir.join(format!("{name}.db")), false),
@@ -257,7 +258,7 @@ fn files(db: Option<&Path>) -> Result<Files, CliError> {
         None => {
             let dir = std::env::temp_dir().join(&name);
             std::fs::create_dir(&dir).map_err(|error| {
-                CliError::Other(format!("cannot make {}: {error}", dir.display()))
+                BenchError::Other(format!("cannot make {}: {error}", dir.display()))
             })?;
             (dir.clone(), dir.join("ledger.db"), true)
         }
@@ -277,7 +278,7 @@ fn files(db: Option<&Path>) -> Result<Files, CliError> {
 }
 
 /// The serve configuration: the ledger, one tenant, the stand's keyed and labelled shapes.
-fn write_config(files: &Files, stand: &str) -> Result<(), CliError> {
+fn write_config(files: &Files, stand: &str) -> Result<(), BenchError> {
     let mut text = format!(
         r#"listen = "127.0.0.1:0"
 store = "sqlite://{ledger}"
@@ -318,7 +319,7 @@ token = "{ACCOUNT_TOKEN}"
         ));
     }
     std::fs::write(&files.config, text).map_err(|error| {
-        CliError::Other(format!("cannot write {}: {error}", files.config.display()))
+        BenchError::Other(format!("cannot write {}: {error}", files.config.display()))
     })
 }
 
@@ -329,17 +330,17 @@ async fn soak(
     files: &Files,
     stand: &Stand,
     tally: &mut Tally,
-) -> Result<(), CliError> {
+) -> Result<(), BenchError> {
     let soak = Soak {
         exe: std::env::current_exe()
-            .map_err(|error| CliError::Other(format!("cannot find this executable: {error}")))?,
+            .map_err(|error| BenchError::Other(format!("cannot find this executable: {error}")))?,
         client: reqwest::Client::builder()
             .timeout(Duration::from_millis(CALL_TIMEOUT_MS))
             .build()
-            .map_err(|error| CliError::Other(format!("cannot build the HTTP client: {error}")))?,
+            .map_err(|error| BenchError::Other(format!("cannot build the HTTP client: {error}")))?,
         admin: stand
             .admin()
-            .map_err(|error| CliError::Other(format!("cannot reach the stand: {error}")))?,
+            .map_err(|error| BenchError::Other(format!("cannot reach the stand: {error}")))?,
         args,
         files,
         seed,
@@ -380,7 +381,7 @@ struct Soak<'a> {
 }
 
 impl Soak<'_> {
-    async fn start(&self) -> Result<ServerProcess, CliError> {
+    async fn start(&self) -> Result<ServerProcess, BenchError> {
         ServerProcess::start(&self.exe, &self.files.config, &self.files.log, &self.client).await
     }
 
@@ -399,7 +400,7 @@ impl Soak<'_> {
         server: &mut ServerProcess,
         rng: &mut Rng,
         tally: &mut Tally,
-    ) -> Result<Vec<Record>, CliError> {
+    ) -> Result<Vec<Record>, BenchError> {
         let args = self.args;
         let faults = args.fault_every > 0 && cycle.is_multiple_of(args.fault_every);
         let span = args.kill_after_ms_max - args.kill_after_ms_min;
@@ -433,7 +434,7 @@ impl Soak<'_> {
         *server = self.start().await?;
         // Fault-free from here: what the faults and the kill left unknown is reconciled.
         self.admin.clear_faults().await.map_err(|error| {
-            CliError::Other(format!("cannot clear the stand's faults: {error}"))
+            BenchError::Other(format!("cannot clear the stand's faults: {error}"))
         })?;
         let records = after_restart(&self.api(server), &self.admin, burst, args, tally).await?;
         eprintln!(
@@ -453,7 +454,7 @@ async fn after_restart(
     burst: burst::Burst,
     args: &BenchSoakArgs,
     tally: &mut Tally,
-) -> Result<Vec<Record>, CliError> {
+) -> Result<Vec<Record>, BenchError> {
     if burst.killed_at_budget {
         tally.kills_at_budget += 1;
     }
@@ -498,7 +499,7 @@ async fn after_restart(
 
 /// Faults for the burst's creates, so some outcomes are unknown before the kill: lost
 /// responses on both shapes (applied, no answer) and a 503 after a keyed commit.
-async fn queue_faults(admin: &StandAdmin) -> Result<(), CliError> {
+async fn queue_faults(admin: &StandAdmin) -> Result<(), BenchError> {
     let faults = [
         Fault::new(FaultKind::DropResponse)
             .shape(Shape::Keyed)
@@ -519,7 +520,7 @@ async fn queue_faults(admin: &StandAdmin) -> Result<(), CliError> {
         admin
             .queue_fault(fault)
             .await
-            .map_err(|error| CliError::Other(format!("cannot queue a stand fault: {error}")))?;
+            .map_err(|error| BenchError::Other(format!("cannot queue a stand fault: {error}")))?;
     }
     Ok(())
 }
