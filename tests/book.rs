@@ -854,3 +854,52 @@ fn every_runnable_example_in_the_readme_and_the_book_runs_against_a_real_server(
         failed.join("\n\n")
     );
 }
+
+#[test]
+fn every_toml_and_json_block_in_the_readme_and_the_book_parses() {
+    let mut checked = 0;
+    let mut failed = Vec::new();
+    for block in pages().iter().flat_map(|page| blocks(page)) {
+        if block.not_runnable.is_some() {
+            continue;
+        }
+        // A block that is an mdBook include shows that file: parse the file.
+        let code = match block
+            .code
+            .trim()
+            .strip_prefix("{{#include ")
+            .and_then(|rest| rest.strip_suffix("}}"))
+        {
+            Some(included) => read(
+                &block
+                    .page
+                    .parent()
+                    .expect("a page is in a folder")
+                    .join(included.trim()),
+            ),
+            None => block.code.clone(),
+        };
+        let parsed = match block.language.as_str() {
+            "toml" => toml::from_str::<toml::Table>(&code).map_err(|error| error.to_string()),
+            "json" => serde_json::from_str::<serde_json::Value>(&code)
+                .map(drop)
+                .map_err(|error| error.to_string()),
+            _ => continue,
+        };
+        checked += 1;
+        if let Err(why) = parsed {
+            failed.push(format!(
+                "{}:{} ({}): {why}",
+                shown(&block.page),
+                block.line,
+                block.language
+            ));
+        }
+    }
+    assert!(checked >= 10, "only {checked} TOML and JSON blocks found");
+    assert!(
+        failed.is_empty(),
+        "blocks a user could not paste (fix them, or mark them `<!-- {NOT_RUNNABLE}: why -->`):\n{}",
+        failed.join("\n")
+    );
+}

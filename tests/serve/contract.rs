@@ -184,7 +184,7 @@ pub fn check_catalog(data: &Value) {
 }
 
 #[test]
-fn the_event_catalog_has_one_schema_per_event_type_and_each_compiles() {
+fn the_event_catalog_has_one_schema_per_event_type_each_with_an_example_it_accepts() {
     let types: std::collections::BTreeSet<String> = document()["components"]["schemas"]
         ["OutcomeEvent"]["properties"]["type"]["enum"]
         .as_array()
@@ -205,7 +205,29 @@ fn the_event_catalog_has_one_schema_per_event_type_and_each_compiles() {
         .collect();
     assert_eq!(files, types);
     for kind in &types {
-        catalog_validator(kind);
+        let path = catalog_dir().join(format!("{kind}.schema.json"));
+        let schema: Value = serde_json::from_str(
+            &std::fs::read_to_string(&path).expect("the catalog's schema is readable"),
+        )
+        .expect("a catalog schema is JSON");
+        let examples = schema["examples"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        assert!(
+            !examples.is_empty(),
+            "{} has no example: give it one under `examples`",
+            path.display()
+        );
+        for example in examples {
+            assert_eq!(
+                example["type"],
+                kind.as_str(),
+                "{}'s example",
+                path.display()
+            );
+            check_catalog(example);
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! they installed. The Python one also runs the framework and async tests against that install —
 //! the newest framework releases the extras' ranges admit (tests/serve/python.rs runs the lowest).
 //!
-//! The npm install runs in a new directory every time (about 30 s). The pip install takes minutes
+//! The npm install runs in a new directory every time (about 30 s), and the TypeScript framework
+//! tests run against what it installed (the newest releases), as the Python ones do. The pip install takes minutes
 //! (a few hundred packages' worth of resolving), so its app directory is kept in the target
 //! directory and made again from nothing whenever the commands, pyproject.toml or the package's
 //! sources change; made aside and renamed into place, as tests/python_venv's are.
@@ -13,27 +14,47 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::python::python_venv::run;
-use super::support::{Harness, ACCOUNT, TENANT_A_TOKEN};
+use super::support::{Harness, ACCOUNT, OPERATOR_TOKEN, TENANT_A_TOKEN};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The commands of the first ```sh block under "## Install" in the book page `page`.
-fn install_commands(page: &str) -> String {
-    let path = repo().join("docs/src/agents").join(page);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("{} is readable: {error}", path.display()));
+/// The commands of the first ```sh block under `heading` in the file `path` (relative to the
+/// repository).
+fn first_sh_block_under(path: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(repo().join(path))
+        .unwrap_or_else(|error| panic!("{path} is readable: {error}"));
     let section = text
-        .split_once("## Install\n")
-        .unwrap_or_else(|| panic!("{page} has an Install section"))
+        .split_once(&format!("{heading}\n"))
+        .unwrap_or_else(|| panic!("{path} has a `{heading}` section"))
         .1;
     let block = section
         .split_once("```sh\n")
         .and_then(|(_, rest)| rest.split_once("```"))
-        .unwrap_or_else(|| panic!("{page}'s Install section has a sh block"))
+        .unwrap_or_else(|| panic!("{path}'s `{heading}` section has a sh block"))
         .0;
     block.to_owned()
+}
+
+/// The commands of the first ```sh block under "## Install" in the book page `page`.
+fn install_commands(page: &str) -> String {
+    first_sh_block_under(&format!("docs/src/agents/{page}"), "## Install")
+}
+
+#[test]
+fn the_readmes_install_commands_are_the_books_which_these_tests_run() {
+    for (readme_section, page) in [
+        ("## From Python", "clients-python.md"),
+        ("## From TypeScript", "clients-typescript.md"),
+    ] {
+        assert_eq!(
+            first_sh_block_under("README.md", readme_section),
+            install_commands(page),
+            "the README's install under `{readme_section}` is not the one {page} documents and \
+             this file runs: make them the same"
+        );
+    }
 }
 
 /// Runs `commands` with `sh -eu` in `dir`, as the docs say.
@@ -209,5 +230,47 @@ async fn the_documented_npm_install_in_a_fresh_app_imports_every_adapter() {
         printed.contains("opledger-client/langchain: file://")
             && printed.contains("node_modules/opledger-client/"),
         "the adapters resolve from the app's own copy: {printed}"
+    );
+
+    // The framework tests against the releases that install brought (the newest the ranges
+    // admit; tests/serve/typescript.rs runs them against the lock file's): the package's sources
+    // and tests copied into the app, so their bare imports resolve to the app's own frameworks.
+    let checkout = app.path().join("my-agent/opledger-tests");
+    for folder in ["src", "test"] {
+        std::fs::create_dir_all(checkout.join(folder)).expect("a folder");
+        let from = repo().join("clients/typescript").join(folder);
+        for entry in std::fs::read_dir(from).expect("the package's folder") {
+            let entry = entry.expect("a file");
+            std::fs::copy(entry.path(), checkout.join(folder).join(entry.file_name()))
+                .expect("a file copied");
+        }
+    }
+    std::fs::write(checkout.join("package.json"), r#"{"type": "module"}"#)
+        .expect("the tests' manifest");
+    let harness = Harness::new("").await;
+    let server = harness.serve();
+    let mut node = Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "test/frameworks.test.js"])
+        .current_dir(&checkout)
+        .env("OPLEDGER_BASE_URL", &server.base)
+        .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
+        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        .env("OPLEDGER_ACCOUNT", ACCOUNT)
+        .env("OPLEDGER_STAND_URL", harness.stand_url())
+        .env(
+            "OPLEDGER_CLIENTS_PAGE",
+            repo().join("docs/src/agents/clients.md"),
+        );
+    let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
+        .await
+        .expect("node ran");
+    println!("{printed}");
+    assert!(
+        printed.contains("ℹ pass") && printed.contains("ℹ fail 0"),
+        "the framework tests on the newest releases:\n{printed}"
+    );
+    assert!(
+        printed.contains("ℹ skipped 0") && printed.contains("ℹ todo 0"),
+        "a test skipped, which counts as missing:\n{printed}"
     );
 }
