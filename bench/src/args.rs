@@ -210,6 +210,10 @@ pub struct BenchStoreArgs {
     /// provider `crm` and account `demo`, so `opledger serve --db FILE` can drive them.
     #[arg(long, default_value_t = 0)]
     pub open_per_mille: u32,
+    /// Keep no transparency-log tree (nor the tenants' trees) in the benchmark's SQLite file:
+    /// compare with a run with it, to measure what maintaining the trees costs the store alone.
+    #[arg(long, conflicts_with = "store")]
+    pub no_tree: bool,
 }
 
 #[derive(Debug, Args)]

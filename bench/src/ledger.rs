@@ -196,7 +196,13 @@ pub(crate) async fn store(
         )));
     }
     eprintln!("# ledger file: {}", path.display());
-    let ledger = Arc::new(product.open_ledger(&path).await?);
+    let ledger = if args.no_tree {
+        let options = opledger_store::SqliteOptions { log_tree: false };
+        let store = opledger_store::SqliteStore::open_with(&path, options).await?;
+        Arc::new(Ledger::new(store, SystemClock, RandomIds))
+    } else {
+        Arc::new(product.open_ledger(&path).await?)
+    };
     measure(&ledger, &args, "sqlite", product.demo_crm_token(), || {
         let stats = ledger.store().commit_stats();
         (stats.commits, stats.appends)

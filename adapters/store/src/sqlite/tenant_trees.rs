@@ -12,7 +12,8 @@
 //!
 //! It must never write a tenant's row outside the transaction of the events it covers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use opledger_domain::merkle::tenants::{tenant_of_first_event, Frontier, TenantMap};
 use opledger_domain::merkle::{Hash, TenantHeads};
@@ -44,9 +45,18 @@ fn corrupt(reason: String) -> StoreError {
 }
 
 /// Each stream's tenant, remembered across commits by the writer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct StreamTenants {
-    known: HashMap<String, Option<String>>,
+    /// Made at its full size once: growing it rehashed every entry, a pause of the writer's.
+    known: HashMap<Box<str>, Option<Arc<str>>>,
+}
+
+impl Default for StreamTenants {
+    fn default() -> Self {
+        Self {
+            known: HashMap::with_capacity(MAX_REMEMBERED_STREAMS),
+        }
+    }
 }
 
 impl StreamTenants {
@@ -56,7 +66,7 @@ impl StreamTenants {
         &mut self,
         connection: &Connection,
         event: &EventView<'_>,
-    ) -> Result<Option<String>, StoreError> {
+    ) -> Result<Option<Arc<str>>, StoreError> {
         if let Some(known) = self.known.get(event.stream) {
             return Ok(known.clone());
         }
@@ -76,10 +86,11 @@ impl StreamTenants {
                 .map_err(|error| sqlite_error("cannot read a stream's first event", error))?;
             first.and_then(|(event_type, data)| tenant_of_first_event(&event_type, &data))
         };
+        let tenant: Option<Arc<str>> = tenant.map(Arc::from);
         if self.known.len() >= MAX_REMEMBERED_STREAMS {
             self.known.clear();
         }
-        self.known.insert(event.stream.to_owned(), tenant.clone());
+        self.known.insert(event.stream.into(), tenant.clone());
         Ok(tenant)
     }
 }
@@ -113,9 +124,8 @@ fn frontier_of(tenant: &str, size: i64, bytes: &[u8]) -> Result<Frontier, StoreE
 pub(super) struct TenantAppender<'c> {
     connection: &'c Connection,
     streams: &'c mut StreamTenants,
-    /// The trees read or grown by this transaction.
-    trees: HashMap<String, Frontier>,
-    changed: HashSet<String>,
+    /// The trees grown by this transaction (each read first when it has one).
+    trees: HashMap<Arc<str>, Frontier>,
     covered: u64,
 }
 
@@ -134,7 +144,6 @@ impl<'c> TenantAppender<'c> {
             connection,
             streams,
             trees: HashMap::new(),
-            changed: HashSet::new(),
             covered: log_size,
         }))
     }
@@ -153,7 +162,7 @@ impl<'c> TenantAppender<'c> {
                 .prepare_cached("SELECT size, frontier FROM tenant_trees WHERE tenant = ?1")
                 .and_then(|mut statement| {
                     statement
-                        .query_row([&tenant], |row| Ok((row.get(0)?, row.get(1)?)))
+                        .query_row([&*tenant], |row| Ok((row.get(0)?, row.get(1)?)))
                         .optional()
                 })
                 .map_err(|error| sqlite_error("cannot read a tenant's tree", error))?;
@@ -161,7 +170,7 @@ impl<'c> TenantAppender<'c> {
                 Some((size, bytes)) => frontier_of(&tenant, size, &bytes)?,
                 None => Frontier::new(),
             };
-            self.trees.insert(tenant.clone(), frontier);
+            self.trees.insert(Arc::clone(&tenant), frontier);
         }
         let tree = self
             .trees
@@ -171,7 +180,6 @@ impl<'c> TenantAppender<'c> {
             event.position.value(),
             leaf,
         ));
-        self.changed.insert(tenant);
         Ok(())
     }
 
@@ -184,12 +192,11 @@ impl<'c> TenantAppender<'c> {
                  ON CONFLICT (tenant) DO UPDATE SET size = excluded.size, frontier = excluded.frontier",
             )
             .map_err(|error| sqlite_error("cannot prepare the tenant tree write", error))?;
-        for tenant in &self.changed {
-            let tree = &self.trees[tenant];
+        for (tenant, tree) in &self.trees {
             let size = i64::try_from(tree.size())
                 .map_err(|_| corrupt("a tenant's tree outgrew SQLite".into()))?;
             statement
-                .execute(params![tenant, size, tree.to_bytes()])
+                .execute(params![&**tenant, size, tree.to_bytes()])
                 .map_err(|error| sqlite_error("cannot grow a tenant's tree", error))?;
         }
         set_cover(self.connection, self.covered)

@@ -2,17 +2,20 @@
 //! log (see `opledger_domain::merkle`), written by the writer in the same transaction as the
 //! events they hash, and the signed checkpoints kept over it.
 //!
-//! `log_tree` holds one row per stored hash, keyed by its stored hash index: about two per event
-//! (64 bytes of hash and the row's overhead), so a tree head or a proof reads O(log n) rows by
-//! primary key. Leaf `position − 1` is the event at `position`: the writer refuses to grow the
+//! The stored hashes a transaction adds have consecutive stored hash indexes (about two per
+//! event), so `log_tree_runs` keeps them as runs: one row per commit (or per
+//! [`MAX_RUN_HASHES`] hashes), keyed by the stored hash index of its first hash, the hashes
+//! concatenated. A tree head or a proof reads O(log n) hashes, each from the run holding it (one
+//! lookup by primary key). A row per hash cost the writer a B-tree insert per hash, most of
+//! what the tree cost each append; a row per run costs one per commit. Files written before kept
+//! a row per hash in `log_tree`: they are copied into runs when first opened with the tree on.
+//! Leaf `position − 1` is the event at `position`: the writer refuses to grow the
 //! tree out of step with the log, so a tree and its log always commit together. A file without a
 //! tree (from before it, or written with it switched off from the start) gets one built from its
 //! log when it is opened with the tree on: the tree is rebuildable from the log alone.
 //!
 //! It must never write a stored hash outside the transaction of the events it covers, and never
 //! rewrite one: a stored hash, once committed, is what every checkpoint signed since relies on.
-
-use std::collections::HashMap;
 
 use opledger_domain::ids::GlobalPosition;
 use opledger_domain::merkle::{self, Hash, HashReader, HASH_SIZE};
@@ -31,6 +34,11 @@ pub(super) const CREATE_TREE_SCHEMA: &str = "
         stored_index INTEGER PRIMARY KEY CHECK (stored_index >= 0),
         hash         BLOB    NOT NULL CHECK (length(hash) = 32)
     ) STRICT;
+    CREATE TABLE IF NOT EXISTS log_tree_runs (
+        first_index INTEGER PRIMARY KEY CHECK (first_index >= 0),
+        hashes      BLOB    NOT NULL
+                    CHECK (length(hashes) % 32 = 0 AND length(hashes) BETWEEN 32 AND 3840)
+    ) STRICT;
     CREATE TABLE IF NOT EXISTS log_checkpoints (
         tree_size INTEGER PRIMARY KEY CHECK (tree_size >= 0),
         note      TEXT    NOT NULL
@@ -40,16 +48,41 @@ pub(super) const CREATE_TREE_SCHEMA: &str = "
 /// Events read from the log at a time while the tree catches up with it.
 const CATCH_UP_BATCH: i64 = 4_096;
 
-/// Leaves in the tree stored in the file, read on `connection`.
-pub(super) fn size(connection: &Connection) -> Result<u64, StoreError> {
-    let newest: Option<i64> = connection
-        .prepare_cached("SELECT MAX(stored_index) FROM log_tree")
-        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+/// Most hashes in one run (3,840 bytes): a row that fits in a 4 KiB page, so reading one hash
+/// reads one page. A commit of a group of appends makes far fewer; a catch-up over a whole log
+/// writes a row every this many.
+const MAX_RUN_HASHES: usize = 120;
+
+/// The run holding stored hash index `?1`: the one that starts at it or nearest before it.
+const RUN_AT: &str = "SELECT first_index, hashes FROM log_tree_runs \
+                      WHERE first_index <= ?1 ORDER BY first_index DESC LIMIT 1";
+
+/// The stored hashes in the file, read on `connection`.
+fn stored_count(connection: &Connection) -> Result<u64, StoreError> {
+    let newest: Option<(i64, i64)> = connection
+        .prepare_cached(
+            "SELECT first_index, length(hashes) / 32 FROM log_tree_runs \
+             ORDER BY first_index DESC LIMIT 1",
+        )
+        .and_then(|mut statement| {
+            statement
+                .query_row([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
         .map_err(|error| sqlite_error("cannot read the log tree's size", error))?;
-    let Some(newest) = newest else {
+    let Some((first, count)) = newest else {
         return Ok(0);
     };
-    let count = u64::try_from(newest).map_err(|_| corrupt("a stored hash index is negative"))? + 1;
+    let first = u64::try_from(first).map_err(|_| corrupt("a stored hash index is negative"))?;
+    Ok(first + u64::try_from(count).unwrap_or(0))
+}
+
+/// Leaves in the tree stored in the file, read on `connection`.
+pub(super) fn size(connection: &Connection) -> Result<u64, StoreError> {
+    let count = stored_count(connection)?;
+    if count == 0 {
+        return Ok(0);
+    }
     merkle::size_from_stored_count(count).ok_or_else(|| {
         corrupt(&format!(
             "the log tree holds {count} stored hashes, which no tree of whole leaves does"
@@ -63,27 +96,164 @@ fn corrupt(reason: &str) -> StoreError {
     }
 }
 
-/// Reads stored hashes by index on `connection`.
+/// Reads stored hashes by index on `connection`; the run last read is kept for the next index,
+/// so the neighbouring hashes a proof or a tile asks for cost one read.
 pub(super) fn read(connection: &Connection, indexes: &[u64]) -> Result<Vec<Hash>, StoreError> {
     let mut statement = connection
-        .prepare_cached("SELECT hash FROM log_tree WHERE stored_index = ?1")
+        .prepare_cached(RUN_AT)
         .map_err(|error| sqlite_error("cannot prepare the log tree query", error))?;
+    let mut run: Option<(u64, Vec<u8>)> = None;
     indexes
         .iter()
         .map(|&index| {
+            let lacks = || corrupt(&format!("the log tree lacks stored hash {index}"));
+            let held = |run: &Option<(u64, Vec<u8>)>| {
+                run.as_ref()
+                    .and_then(|(first, hashes)| {
+                        let offset = usize::try_from(index.checked_sub(*first)?).ok()?;
+                        hashes.get(offset * HASH_SIZE..(offset + 1) * HASH_SIZE)
+                    })
+                    .map(|bytes| Hash(bytes.try_into().expect("a slice of one hash")))
+            };
+            if let Some(hash) = held(&run) {
+                return Ok(hash);
+            }
             let sql_index = i64::try_from(index)
                 .map_err(|_| corrupt(&format!("stored hash index {index} is out of range")))?;
-            let bytes: Option<Vec<u8>> = statement
-                .query_row([sql_index], |row| row.get(0))
+            let found: Option<(i64, Vec<u8>)> = statement
+                .query_row([sql_index], |row| Ok((row.get(0)?, row.get(1)?)))
                 .optional()
                 .map_err(|error| sqlite_error("cannot read the log tree", error))?;
-            let bytes =
-                bytes.ok_or_else(|| corrupt(&format!("the log tree lacks stored hash {index}")))?;
-            <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
-                .map(Hash)
-                .map_err(|_| corrupt(&format!("stored hash {index} is not 32 bytes")))
+            let (first, hashes) = found.ok_or_else(lacks)?;
+            let first = u64::try_from(first).map_err(|_| lacks())?;
+            run = Some((first, hashes));
+            held(&run).ok_or_else(lacks)
         })
         .collect()
+}
+
+/// Copies a file's tree kept a row per hash (`log_tree`, written before runs) into runs, in one
+/// transaction of its own; the rows are then removed. Runs already there (written by this build,
+/// then the file opened by an older one that rebuilt `log_tree` and appended beside it) give
+/// way to the older build's rows, which cover everything it appended.
+fn runs_from_rows(connection: &Connection) -> Result<(), StoreError> {
+    let has_rows: bool = connection
+        .query_row("SELECT EXISTS (SELECT 1 FROM log_tree)", [], |row| {
+            row.get(0)
+        })
+        .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+    if !has_rows {
+        return Ok(());
+    }
+    connection
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|error| sqlite_error("cannot start copying the log tree into runs", error))?;
+    let copied = (|| {
+        connection
+            .execute_batch("DELETE FROM log_tree_runs")
+            .map_err(|error| sqlite_error("cannot clear the log tree's runs", error))?;
+        let mut rows = connection
+            .prepare("SELECT stored_index, hash FROM log_tree ORDER BY stored_index")
+            .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+        let mut rows = rows
+            .query([])
+            .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+        let mut writer = RunWriter::new(0);
+        let mut copied = 0_u64;
+        while let Some(row) = rows
+            .next()
+            .map_err(|error| sqlite_error("cannot read the log tree", error))?
+        {
+            let index: i64 = row
+                .get(0)
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+            let bytes: Vec<u8> = row
+                .get(1)
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+            if u64::try_from(index).ok() != Some(copied) {
+                return Err(corrupt(&format!("the log tree lacks stored hash {copied}")));
+            }
+            let hash = <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
+                .map_err(|_| corrupt(&format!("stored hash {index} is not 32 bytes")))?;
+            writer.push(connection, Hash(hash))?;
+            copied += 1;
+        }
+        writer.flush(connection)?;
+        connection
+            .execute_batch("DELETE FROM log_tree")
+            .map_err(|error| sqlite_error("cannot remove the copied log tree rows", error))?;
+        Ok(copied)
+    })();
+    match copied {
+        Ok(copied) => {
+            connection
+                .execute_batch("COMMIT")
+                .map_err(|error| sqlite_error("cannot commit the log tree's runs", error))?;
+            tracing::info!(
+                stored_hashes = copied,
+                "the log tree's rows were copied into runs"
+            );
+            Ok(())
+        }
+        Err(StoreError::Corrupt { reason }) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            tracing::warn!(%reason, "the log tree's rows cannot be copied into runs; they are left as they are");
+            Ok(())
+        }
+        Err(error) => {
+            let _ = connection.execute_batch("ROLLBACK");
+            Err(error)
+        }
+    }
+}
+
+/// Writes consecutive stored hashes as runs of at most [`MAX_RUN_HASHES`].
+struct RunWriter {
+    /// The stored hash index of `pending[0]`: every index below it is in the file.
+    first: u64,
+    /// Hashes not written yet, at consecutive stored hash indexes.
+    pending: Vec<Hash>,
+}
+
+impl RunWriter {
+    fn new(first: u64) -> Self {
+        Self {
+            first,
+            pending: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, connection: &Connection, hash: Hash) -> Result<(), StoreError> {
+        self.pending.push(hash);
+        if self.pending.len() >= MAX_RUN_HASHES {
+            self.flush(connection)?;
+        }
+        Ok(())
+    }
+
+    /// The pending hash at stored hash index `index`, if it is one.
+    fn at(&self, index: u64) -> Option<Hash> {
+        let offset = usize::try_from(index.checked_sub(self.first)?).ok()?;
+        self.pending.get(offset).copied()
+    }
+
+    /// Writes the pending hashes as one run.
+    fn flush(&mut self, connection: &Connection) -> Result<(), StoreError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        debug_assert!(self.pending.len() <= MAX_RUN_HASHES);
+        let first = i64::try_from(self.first)
+            .map_err(|_| corrupt("the log tree outgrew what SQLite can index"))?;
+        let bytes: Vec<u8> = self.pending.iter().flat_map(|hash| hash.0).collect();
+        connection
+            .prepare_cached("INSERT INTO log_tree_runs (first_index, hashes) VALUES (?1, ?2)")
+            .and_then(|mut statement| statement.execute(params![first, bytes]))
+            .map_err(|error| sqlite_error("cannot grow the log tree", error))?;
+        self.first += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
 }
 
 /// The checkpoint kept for `size` leaves, or the newest one.
@@ -141,7 +311,7 @@ pub(super) fn keep_checkpoint(
 /// off from the start) from its log, in one transaction of its own: the tree is rebuildable from
 /// the log. A tree that exists but is behind its log is never extended here: events it did not
 /// see appended cannot be told from events inserted behind the ledger's back, so they stay out of
-/// it, `opledger verify` names them, and appends are refused. (Deleting the `log_tree` rows and
+/// it, `opledger verify` names them, and appends are refused. (Deleting the `log_tree_runs` rows and
 /// opening the file rebuilds the tree from the log as it is then: a rebuild trusts the log, and
 /// checkpoints kept outside the ledger still catch what was changed before it.) A log with a
 /// position missing keeps the tree up to the gap; the open goes on.
@@ -149,6 +319,7 @@ pub(super) fn catch_up_at_open(
     connection: &Connection,
     head: Option<GlobalPosition>,
 ) -> Result<(), StoreError> {
+    runs_from_rows(connection)?;
     if size(connection)? == 0 {
         build_at_open(connection, head)?;
     }
@@ -164,7 +335,9 @@ fn build_at_open(connection: &Connection, head: Option<GlobalPosition>) -> Resul
         if tree.size > 0 {
             return Ok(0);
         }
-        tree.catch_up(head)
+        let added = tree.catch_up(head)?;
+        tree.finish()?;
+        Ok(added)
     });
     match caught_up {
         Ok(added) => {
@@ -255,8 +428,9 @@ fn catch_up_tenants(connection: &Connection) -> Result<(), StoreError> {
 pub(super) struct TreeAppender<'c> {
     connection: &'c Connection,
     size: u64,
-    /// Hashes stored by this transaction, so the next leaves' subtrees read them from memory.
-    written: HashMap<u64, Hash>,
+    /// The hashes made by this transaction and not written yet; the next leaves' subtrees read
+    /// them from here.
+    runs: RunWriter,
     tenants: Option<TenantAppender<'c>>,
 }
 
@@ -275,13 +449,15 @@ impl<'c> TreeAppender<'c> {
         Ok(Self {
             size,
             connection,
-            written: HashMap::new(),
+            runs: RunWriter::new(merkle::stored_hash_index(0, size)),
             tenants,
         })
     }
 
-    /// Ends the transaction's growth: writes the tenant trees it grew.
-    pub(super) fn finish(self) -> Result<(), StoreError> {
+    /// Ends the transaction's growth: inserts the hashes it made and writes the tenant trees it
+    /// grew. Must run before the transaction commits.
+    pub(super) fn finish(mut self) -> Result<(), StoreError> {
+        self.runs.flush(self.connection)?;
         match self.tenants {
             Some(tenants) => tenants.finish(),
             None => Ok(()),
@@ -302,19 +478,13 @@ impl<'c> TreeAppender<'c> {
         let leaf = merkle::leaf_hash(event);
         let hashes = merkle::hashes_to_store(self.size, leaf, self)
             .map_err(|error| corrupt(&error.to_string()))?;
-        let first = merkle::stored_hash_index(0, self.size);
-        let mut statement = self
-            .connection
-            .prepare_cached("INSERT INTO log_tree (stored_index, hash) VALUES (?1, ?2)")
-            .map_err(|error| sqlite_error("cannot prepare the log tree insert", error))?;
-        for (offset, hash) in (0_u64..).zip(hashes) {
-            let index = first + offset;
-            let sql_index = i64::try_from(index)
-                .map_err(|_| corrupt("the log tree outgrew what SQLite can index"))?;
-            statement
-                .execute(params![sql_index, hash.0.as_slice()])
-                .map_err(|error| sqlite_error("cannot grow the log tree", error))?;
-            self.written.insert(index, hash);
+        debug_assert_eq!(
+            self.runs.first + self.runs.pending.len() as u64,
+            merkle::stored_hash_index(0, self.size),
+            "a leaf's hashes follow the previous leaf's"
+        );
+        for hash in hashes {
+            self.runs.push(self.connection, hash)?;
         }
         self.size += 1;
         if let Some(tenants) = self.tenants.as_mut() {
@@ -367,15 +537,15 @@ impl HashReader for TreeAppender<'_> {
         let missing: Vec<u64> = indexes
             .iter()
             .copied()
-            .filter(|index| !self.written.contains_key(index))
+            .filter(|&index| self.runs.at(index).is_none())
             .collect();
         let mut from_file = read(self.connection, &missing)
             .map_err(|error| merkle::TlogError::InvalidInput(error.to_string()))?
             .into_iter();
         Ok(indexes
             .iter()
-            .map(|index| match self.written.get(index) {
-                Some(hash) => *hash,
+            .map(|&index| match self.runs.at(index) {
+                Some(hash) => hash,
                 None => from_file
                     .next()
                     .expect("one hash read from the file per index missing from memory"),

@@ -73,16 +73,74 @@ async fn a_file_written_without_the_tree_gets_it_from_the_log_when_opened_with_i
     let path = dir.path().join("events.db");
     let off = SqliteOptions { log_tree: false };
     let store = SqliteStore::open_with(&path, off).await.unwrap();
-    append_events(&store, 1, 50).await;
+    // More than one run's worth of hashes in the catch-up's one transaction.
+    append_events(&store, 1, 500).await;
     assert_eq!(store.tree_size().await.unwrap(), 0);
     store.close().await.unwrap();
 
     let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.tree_size().await.unwrap(), 50);
-    append_events(&store, 51, 10).await;
+    assert_eq!(store.tree_size().await.unwrap(), 500);
+    append_events(&store, 501, 10).await;
     let head = merkle::head_of(&store, None).await.unwrap();
     assert_eq!(head, tree_from_log(&store).await.head());
     store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_tree_kept_a_row_per_hash_is_copied_into_runs_when_opened_and_proves_the_same() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("events.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    // Enough for a catch-up to span several runs, and proofs across their edges.
+    append_events(&store, 1, 700).await;
+    let head = merkle::head_of(&store, None).await.unwrap();
+    store.close().await.unwrap();
+
+    // The file as a build from before runs wrote it: a row per stored hash.
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        let runs: Vec<(i64, Vec<u8>)> = connection
+            .prepare("SELECT first_index, hashes FROM log_tree_runs ORDER BY first_index")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(runs.len() > 1, "the tree is kept in runs: {}", runs.len());
+        for (first, hashes) in runs {
+            for (offset, hash) in (0_i64..).zip(hashes.chunks(32)) {
+                connection
+                    .execute(
+                        "INSERT INTO log_tree (stored_index, hash) VALUES (?1, ?2)",
+                        rusqlite::params![first + offset, hash],
+                    )
+                    .unwrap();
+            }
+        }
+        connection.execute("DELETE FROM log_tree_runs", []).unwrap();
+    }
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(merkle::head_of(&store, None).await.unwrap(), head);
+    let events = store.read_all(LogStart::Beginning, 4096).await.unwrap();
+    for index in [0, 119, 120, 121, 350, 699] {
+        let proof = merkle::inclusion_proof_of(&store, index, 700)
+            .await
+            .unwrap();
+        let leaf = merkle::leaf_hash(&events[index as usize].view());
+        merkle::check_inclusion(&proof, head, index, leaf).unwrap();
+    }
+    append_events(&store, 701, 5).await;
+    assert_eq!(
+        merkle::head_of(&store, None).await.unwrap(),
+        tree_from_log(&store).await.head()
+    );
+    store.close().await.unwrap();
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let rows: i64 = connection
+        .query_row("SELECT count(*) FROM log_tree", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(rows, 0, "the copied rows are removed");
 }
 
 #[tokio::test]
