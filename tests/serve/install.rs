@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::python::python_venv::run;
-use super::support::{Harness, ACCOUNT, OPERATOR_TOKEN, TENANT_A_TOKEN};
+use super::support::{Harness, ACCOUNT, TENANT_A_TOKEN};
+use super::typescript::{copy_package_folders, node_test};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -236,31 +237,17 @@ async fn the_documented_npm_install_in_a_fresh_app_imports_every_adapter() {
     // admit; tests/serve/typescript.rs runs them against the lock file's): the package's sources
     // and tests copied into the app, so their bare imports resolve to the app's own frameworks.
     let checkout = app.path().join("my-agent/opledger-tests");
-    for folder in ["src", "test"] {
-        std::fs::create_dir_all(checkout.join(folder)).expect("a folder");
-        let from = repo().join("clients/typescript").join(folder);
-        for entry in std::fs::read_dir(from).expect("the package's folder") {
-            let entry = entry.expect("a file");
-            std::fs::copy(entry.path(), checkout.join(folder).join(entry.file_name()))
-                .expect("a file copied");
-        }
-    }
+    copy_package_folders(&checkout, &["src", "test"]);
     std::fs::write(checkout.join("package.json"), r#"{"type": "module"}"#)
         .expect("the tests' manifest");
     let harness = Harness::new("").await;
     let server = harness.serve();
-    let mut node = Command::new("node");
-    node.args(["--test", "--test-reporter=spec", "test/frameworks.test.js"])
-        .current_dir(&checkout)
-        .env("OPLEDGER_BASE_URL", &server.base)
-        .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
-        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
-        .env("OPLEDGER_ACCOUNT", ACCOUNT)
-        .env("OPLEDGER_STAND_URL", harness.stand_url())
-        .env(
-            "OPLEDGER_CLIENTS_PAGE",
-            repo().join("docs/src/agents/clients.md"),
-        );
+    let mut node = node_test(
+        &checkout,
+        &[PathBuf::from("test/frameworks.test.js")],
+        &server.base,
+        &harness.stand_url(),
+    );
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
         .await
         .expect("node ran");

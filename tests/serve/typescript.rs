@@ -36,10 +36,9 @@ fn node_modules() -> PathBuf {
     .clone()
 }
 
-/// Copies the package's sources, tests, types and manifests into `into`, beside a link to the
-/// installed modules.
-fn lay_out(into: &Path, modules: &Path) {
-    for folder in ["src", "test", "types"] {
+/// Copies these folders of the package into `into`.
+pub(super) fn copy_package_folders(into: &Path, folders: &[&str]) {
+    for folder in folders {
         std::fs::create_dir_all(into.join(folder)).expect("a folder");
         for entry in std::fs::read_dir(package().join(folder)).expect("the package's folder") {
             let entry = entry.expect("a file");
@@ -47,6 +46,31 @@ fn lay_out(into: &Path, modules: &Path) {
                 .expect("a file copied");
         }
     }
+}
+
+/// `node --test` on `tests` in `dir`, with what the package's test support reads: the server
+/// at `base`, the tokens, the account, the CRM stand and the clients page.
+pub(super) fn node_test(dir: &Path, tests: &[PathBuf], base: &str, stand_url: &str) -> Command {
+    let mut node = Command::new("node");
+    node.args(["--test", "--test-reporter=spec", "--test-concurrency=1"])
+        .args(tests)
+        .current_dir(dir)
+        .env("OPLEDGER_BASE_URL", base)
+        .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
+        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
+        .env("OPLEDGER_ACCOUNT", ACCOUNT)
+        .env("OPLEDGER_STAND_URL", stand_url)
+        .env(
+            "OPLEDGER_CLIENTS_PAGE",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/agents/clients.md"),
+        );
+    node
+}
+
+/// Copies the package's sources, tests, types and manifests into `into`, beside a link to the
+/// installed modules.
+fn lay_out(into: &Path, modules: &Path) {
+    copy_package_folders(into, &["src", "test", "types"]);
     for file in ["package.json", "tsconfig.json", "tsconfig.types.json"] {
         std::fs::copy(package().join(file), into.join(file)).expect("a manifest copied");
     }
@@ -71,19 +95,7 @@ async fn the_typescript_client_and_adapters_pass_their_tests_against_a_real_serv
         .collect();
     tests.sort();
     assert!(tests.len() >= 3, "the test files: {tests:?}");
-    let mut node = Command::new("node");
-    node.args(["--test", "--test-reporter=spec", "--test-concurrency=1"])
-        .args(&tests)
-        .current_dir(copy.path())
-        .env("OPLEDGER_BASE_URL", &server.base)
-        .env("OPLEDGER_TOKEN", TENANT_A_TOKEN)
-        .env("OPLEDGER_OPERATOR_TOKEN", OPERATOR_TOKEN)
-        .env("OPLEDGER_ACCOUNT", ACCOUNT)
-        .env("OPLEDGER_STAND_URL", harness.stand_url())
-        .env(
-            "OPLEDGER_CLIENTS_PAGE",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/src/agents/clients.md"),
-        );
+    let mut node = node_test(copy.path(), &tests, &server.base, &harness.stand_url());
     let printed = tokio::task::spawn_blocking(move || run(&mut node, "node --test"))
         .await
         .expect("node ran");
