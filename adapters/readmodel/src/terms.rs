@@ -8,8 +8,12 @@
 //! A value is matched whole, normalised (trimmed, lower case, runs of white space as one space)
 //! and cut to [`MAX_TERM_VALUE_BYTES`]: "Call  the client" finds "call the client". It must never
 //! index a nested object or array (only scalars are values a person types), nor more than
-//! [`MAX_TERMS_PER_OPERATION`] terms for one operation.
+//! [`MAX_TERMS_PER_OPERATION`] terms for one operation, nor a sealed personal value: the log
+//! holds it as a token no search text can match (and the read model must hold no plaintext of
+//! it), and each token is random, so its term would be a scattered insert of 200 bytes into the
+//! index for nothing.
 
+use opledger_domain::personal::SEALED_PREFIX;
 use opledger_domain::state::OperationState;
 use serde_json::Value;
 
@@ -45,21 +49,28 @@ pub fn terms_of(state: &OperationState) -> Vec<String> {
         if terms.len() >= MAX_TERMS_PER_OPERATION {
             break;
         }
-        if name.len() > MAX_TERM_NAME_BYTES {
-            continue;
-        }
-        let text = match value {
-            Value::String(text) => text.clone(),
-            Value::Number(number) => number.to_string(),
-            Value::Bool(flag) => flag.to_string(),
-            Value::Null | Value::Array(_) | Value::Object(_) => continue,
-        };
-        terms.push(argument_term(name, &text));
+        terms.extend(value_term(name, value));
     }
     terms.sort_unstable();
     terms.dedup();
     debug_assert!(terms.len() <= MAX_TERMS_PER_OPERATION);
     terms
+}
+
+/// The term of one top-level argument: none for a name too long, a nested value or a sealed
+/// value.
+fn value_term(name: &str, value: &Value) -> Option<String> {
+    if name.len() > MAX_TERM_NAME_BYTES {
+        return None;
+    }
+    let text = match value {
+        Value::String(text) if text.starts_with(SEALED_PREFIX) => return None,
+        Value::String(text) => text.clone(),
+        Value::Number(number) => number.to_string(),
+        Value::Bool(flag) => flag.to_string(),
+        Value::Null | Value::Array(_) | Value::Object(_) => return None,
+    };
+    Some(argument_term(name, &text))
 }
 
 /// Trimmed, lower case, white space runs as one space, cut to [`MAX_TERM_VALUE_BYTES`] on a
@@ -98,5 +109,22 @@ mod tests {
         let term = argument_term("title", &long);
         assert!(term.len() <= "arg:title=".len() + MAX_TERM_VALUE_BYTES);
         assert_eq!(term, argument_term("title", &format!("{long}and more")));
+    }
+
+    #[test]
+    fn a_sealed_personal_value_is_no_search_term_while_a_plain_one_is() {
+        let sealed = Value::String(format!(
+            "{SEALED_PREFIX}0a1b:0190c0de-0000-7000-8000-000000000000:c2VhbGVk"
+        ));
+        assert_eq!(value_term("email", &sealed), None);
+        assert_eq!(
+            value_term("title", &Value::String("Call the client".into())),
+            Some(argument_term("title", "call the client"))
+        );
+        assert_eq!(
+            value_term("amount", &serde_json::json!(12)),
+            Some(argument_term("amount", "12"))
+        );
+        assert_eq!(value_term("nested", &serde_json::json!({"a": 1})), None);
     }
 }

@@ -244,6 +244,8 @@ impl Cache {
 /// The key store and cipher for personal data.
 pub struct Subjects {
     cache: Mutex<Cache>,
+    /// Each subject's index tag by tenant and name (at most [`MAX_CACHED_KEYS`] names).
+    tags: Mutex<HashMap<String, HashMap<String, Vec<u8>>>>,
     /// Reads keys not in the cache (a connection of its own where the table allows, so a read
     /// never waits for the writer's commit).
     reader: Table,
@@ -333,6 +335,7 @@ impl Subjects {
                 generation,
                 ..Cache::default()
             }),
+            tags: Mutex::default(),
             reader,
             writer,
             thread: Mutex::new(Some(thread)),
@@ -366,15 +369,37 @@ impl Subjects {
         }
     }
 
-    /// The index tag of `subject` in `tenant`.
+    /// The index tag of `subject` in `tenant`: computed once per subject in use (a record asks
+    /// for it once per sealed value and again for the key's durability, and an HMAC is four
+    /// SHA-256 blocks on a machine without SHA instructions).
     fn tag(&self, tenant: &str, subject: &str) -> Vec<u8> {
-        self.index
+        let mut tags = lock(&self.tags);
+        if let Some(tag) = tags
+            .get(tenant)
+            .and_then(|of_tenant| of_tenant.get(subject))
+        {
+            return tag.clone();
+        }
+        let tag = self
+            .index
             .mac(&[
                 b"opledger-subject-tag-v1",
                 tenant.as_bytes(),
                 subject.as_bytes(),
             ])
-            .to_vec()
+            .to_vec();
+        if tags.values().map(HashMap::len).sum::<usize>() >= MAX_CACHED_KEYS {
+            tags.clear();
+        }
+        tags.entry(tenant.to_owned())
+            .or_default()
+            .insert(subject.to_owned(), tag.clone());
+        tag
+    }
+
+    /// Forgets every subject's name held for its tag (an erasure leaves none in memory).
+    fn forget_names(&self) {
+        lock(&self.tags).clear();
     }
 
     /// Drops the cache when another process destroyed or re-wrapped keys since the last look
@@ -580,6 +605,7 @@ impl Subjects {
     }
 
     fn erase_row(&self, row: Row, by: &str) -> Result<Erasure, SubjectsError> {
+        self.forget_names();
         // The cache forgets the key first: from here on no seal and no opening in this process
         // uses it, and a read of the table that began before is not put back (the epoch).
         {

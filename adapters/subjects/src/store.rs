@@ -5,6 +5,13 @@
 //! checkpoint that truncates the write-ahead log, so no older copy of the page survives there
 //! either. Writes are `synchronous=FULL`: a value sealed under a key that a power loss then
 //! forgot would be lost.
+//!
+//! The links of operations to their subjects arrive one per sealed operation, thousands a
+//! second. Each commit of the writer keeps its links as one row (`subject_link_runs`: the
+//! pairs packed in a blob), appended at the table's end; they are folded into the indexed
+//! `subject_operations` (sorted, in one transaction) before anything reads them and whenever
+//! [`FOLD_AFTER_LINKS`] are waiting. A row per link written as it came cost a scattered index
+//! insert, an update of the subject's row and a foreign-key check per sealed operation.
 
 use std::path::Path;
 
@@ -36,7 +43,19 @@ CREATE TABLE IF NOT EXISTS subject_operations (
     operation_id TEXT NOT NULL,
     PRIMARY KEY (key_id, operation_id)
 ) STRICT, WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS subject_link_runs (
+    run   INTEGER PRIMARY KEY,
+    at    TEXT NOT NULL,
+    links BLOB NOT NULL CHECK (length(links) % 32 = 0)
+) STRICT;
 ";
+
+/// Most links kept in runs before the writer folds them into `subject_operations`: bounds the
+/// fold a read waits for (~65,536 sorted inserts) and the runs' size (2 MiB).
+pub const FOLD_AFTER_LINKS: usize = 65_536;
+
+/// Bytes of one packed link: the key id's 16 bytes, then the operation id's.
+const LINK_BYTES: usize = 32;
 
 const COLUMNS: &str = "key_id, tag, tenant, wrapped_key, sealed_name, created_at, last_recorded_at, erased_at, erased_by";
 
@@ -47,6 +66,12 @@ pub(crate) struct SqliteTable {
     /// `PRAGMA data_version` when the generation was last read: unchanged, nobody committed.
     seen_version: Option<i64>,
     generation: i64,
+    /// Whether the connection runs `synchronous = FULL` now (`NORMAL` while it writes links
+    /// alone).
+    synchronous_full: bool,
+    /// Links written in runs and not folded yet (counted since the file was opened, which
+    /// folds what an earlier process left).
+    unfolded_links: usize,
 }
 
 impl SqliteTable {
@@ -67,12 +92,97 @@ impl SqliteTable {
         .map_err(|error| SubjectsError::store("set up the key store", error))?;
         conn.execute_batch(SCHEMA)
             .map_err(|error| SubjectsError::store("create the key store's tables", error))?;
-        Ok(Self {
+        let mut table = Self {
             conn,
             path: path.map(|path| path.display().to_string()),
             seen_version: None,
             generation: 0,
-        })
+            synchronous_full: true,
+            unfolded_links: 0,
+        };
+        table.fold()?;
+        Ok(table)
+    }
+
+    /// Sets `synchronous` to FULL or NORMAL, if it is not already.
+    fn set_synchronous(&mut self, full: bool) -> Result<(), SubjectsError> {
+        if self.synchronous_full != full {
+            let pragma = if full {
+                "PRAGMA synchronous = FULL"
+            } else {
+                "PRAGMA synchronous = NORMAL"
+            };
+            self.conn
+                .execute_batch(pragma)
+                .map_err(|error| SubjectsError::store("set how the key store syncs", error))?;
+            self.synchronous_full = full;
+        }
+        Ok(())
+    }
+
+    /// Folds every run of links into `subject_operations` (sorted, duplicates once, links of
+    /// keys the table does not hold dropped: another process made that subject's key first)
+    /// and moves each subject's `last_recorded_at` on, in one transaction.
+    fn fold(&mut self) -> Result<(), SubjectsError> {
+        let failed =
+            |error| SubjectsError::store("fold the links of operations to subjects", error);
+        self.set_synchronous(true)?;
+        let transaction = self.conn.transaction().map_err(failed)?;
+        let mut links: Vec<([u8; 16], [u8; 16])> = Vec::new();
+        let mut latest: std::collections::HashMap<[u8; 16], String> =
+            std::collections::HashMap::new();
+        {
+            let mut runs = transaction
+                .prepare_cached("SELECT at, links FROM subject_link_runs ORDER BY run")
+                .map_err(failed)?;
+            let mut rows = runs.query([]).map_err(failed)?;
+            while let Some(row) = rows.next().map_err(failed)? {
+                let at: String = row.get(0).map_err(failed)?;
+                let packed: Vec<u8> = row.get(1).map_err(failed)?;
+                for link in packed.chunks_exact(LINK_BYTES) {
+                    let (key, operation) = link.split_at(16);
+                    let key: [u8; 16] = key.try_into().expect("a link's key is 16 bytes");
+                    let operation: [u8; 16] = operation
+                        .try_into()
+                        .expect("a link's operation is 16 bytes");
+                    links.push((key, operation));
+                    let newest = latest.entry(key).or_default();
+                    if *newest < at {
+                        newest.clone_from(&at);
+                    }
+                }
+            }
+        }
+        if links.is_empty() {
+            self.unfolded_links = 0;
+            return Ok(());
+        }
+        links.sort_unstable();
+        links.dedup();
+        {
+            let mut link = transaction
+                .prepare_cached("INSERT OR IGNORE INTO subject_operations (key_id, operation_id) SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM subjects WHERE key_id = ?1)")
+                .map_err(failed)?;
+            for (key, operation) in &links {
+                let key_id = uuid::Uuid::from_bytes(*key).simple().to_string();
+                let operation_id = uuid::Uuid::from_bytes(*operation).to_string();
+                link.execute(params![key_id, operation_id])
+                    .map_err(failed)?;
+            }
+            let mut recorded = transaction
+                .prepare_cached("UPDATE subjects SET last_recorded_at = ?2 WHERE key_id = ?1 AND last_recorded_at < ?2")
+                .map_err(failed)?;
+            for (key, at) in &latest {
+                let key_id = uuid::Uuid::from_bytes(*key).simple().to_string();
+                recorded.execute(params![key_id, at]).map_err(failed)?;
+            }
+        }
+        transaction
+            .execute("DELETE FROM subject_link_runs", [])
+            .map_err(failed)?;
+        transaction.commit().map_err(failed)?;
+        self.unfolded_links = 0;
+        Ok(())
     }
 
     fn row_where(
@@ -117,6 +227,7 @@ impl KeyTable for SqliteTable {
     }
 
     fn set_meta(&mut self, values: &[(&str, Vec<u8>)]) -> Result<(), SubjectsError> {
+        self.set_synchronous(true)?;
         let transaction = self
             .conn
             .transaction()
@@ -143,6 +254,8 @@ impl KeyTable for SqliteTable {
     }
 
     fn rows(&mut self) -> Result<Vec<Row>, SubjectsError> {
+        // Each row's `last_recorded_at` counts every link written.
+        self.fold()?;
         let mut statement = self
             .conn
             .prepare(&format!(
@@ -157,6 +270,7 @@ impl KeyTable for SqliteTable {
     }
 
     fn operations_of(&mut self, key_id: &str) -> Result<Vec<String>, SubjectsError> {
+        self.fold()?;
         let mut statement = self
             .conn
             .prepare_cached(
@@ -177,66 +291,67 @@ impl KeyTable for SqliteTable {
         // every ~3 operations at concurrency 64, costing a third of the throughput), and what
         // they say is in the log already (each token names its key and operation). The next
         // key's sync, or a checkpoint, makes them durable too.
-        let synchronous = if writes
+        let has_key = writes
             .iter()
-            .any(|write| matches!(write, Write::Key { .. }))
-        {
-            "PRAGMA synchronous = FULL"
-        } else {
-            "PRAGMA synchronous = NORMAL"
-        };
-        self.conn.execute_batch(synchronous).map_err(failed)?;
+            .any(|write| matches!(write, Write::Key { .. }));
+        self.set_synchronous(has_key)?;
+        let mut packed = Vec::new();
+        let mut latest = "";
+        for write in writes {
+            if let Write::Link {
+                key_id,
+                operation_id,
+                at,
+            } = write
+            {
+                packed.extend_from_slice(uuid_bytes(key_id, "a data key's id")?.as_slice());
+                packed.extend_from_slice(uuid_bytes(operation_id, "an operation id")?.as_slice());
+                latest = latest.max(at.as_str());
+            }
+        }
         let transaction = self.conn.transaction().map_err(failed)?;
         let mut lost = Vec::new();
         {
             let mut key = transaction
                 .prepare_cached("INSERT INTO subjects (key_id, tag, tenant, wrapped_key, sealed_name, created_at, last_recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT (tag) DO NOTHING")
                 .map_err(failed)?;
-            let mut link = transaction
-                .prepare_cached("INSERT OR IGNORE INTO subject_operations (key_id, operation_id) SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM subjects WHERE key_id = ?1)")
-                .map_err(failed)?;
-            let mut recorded = transaction
-                .prepare_cached("UPDATE subjects SET last_recorded_at = ?2 WHERE key_id = ?1 AND last_recorded_at < ?2")
-                .map_err(failed)?;
             for write in writes {
-                match write {
-                    Write::Key {
-                        key_id,
-                        tag,
-                        tenant,
-                        wrapped_key,
-                        sealed_name,
-                        at,
-                    } => key
+                if let Write::Key {
+                    key_id,
+                    tag,
+                    tenant,
+                    wrapped_key,
+                    sealed_name,
+                    at,
+                } = write
+                {
+                    let stored = key
                         .execute(params![key_id, tag, tenant, wrapped_key, sealed_name, at])
-                        .map(|stored| {
-                            if stored == 0 {
-                                lost.push(key_id.clone());
-                            }
-                        }),
-                    Write::Link {
-                        key_id,
-                        operation_id,
-                        at,
-                    } => link
-                        .execute(params![key_id, operation_id])
-                        .and_then(|_| recorded.execute(params![key_id, at]))
-                        .map(drop),
+                        .map_err(failed)?;
+                    if stored == 0 {
+                        lost.push(key_id.clone());
+                    }
                 }
-                .map_err(failed)?;
+            }
+            if !packed.is_empty() {
+                transaction
+                    .prepare_cached("INSERT INTO subject_link_runs (at, links) VALUES (?1, ?2)")
+                    .and_then(|mut run| run.execute(params![latest, packed]))
+                    .map_err(failed)?;
             }
         }
-        let committed = transaction.commit().map_err(failed);
-        // Every other write of the key store is synced.
-        self.conn
-            .execute_batch("PRAGMA synchronous = FULL")
-            .map_err(failed)?;
-        committed?;
+        transaction.commit().map_err(failed)?;
+        self.unfolded_links += packed.len() / LINK_BYTES;
+        if self.unfolded_links >= FOLD_AFTER_LINKS {
+            // Folded here, on the writer's thread, so no read waits for many runs.
+            self.fold()?;
+        }
         Ok(lost)
     }
 
     fn destroy(&mut self, key_id: &str, at: &str, by: &str) -> Result<i64, SubjectsError> {
         let failed = |error| SubjectsError::store("destroy a data key", error);
+        self.set_synchronous(true)?;
         let transaction = self.conn.transaction().map_err(failed)?;
         transaction
             .execute(
@@ -255,6 +370,7 @@ impl KeyTable for SqliteTable {
         keys: &[(String, Vec<u8>)],
         meta: &[(&str, Vec<u8>)],
     ) -> Result<i64, SubjectsError> {
+        self.set_synchronous(true)?;
         let transaction = self
             .conn
             .transaction()
@@ -292,6 +408,15 @@ impl KeyTable for SqliteTable {
     fn describe(&self) -> String {
         self.path.clone().unwrap_or_else(|| "(memory)".to_owned())
     }
+}
+
+/// The 16 bytes of a UUID written as text (an operation id, or a key id without hyphens).
+fn uuid_bytes(text: &str, what: &str) -> Result<[u8; 16], SubjectsError> {
+    uuid::Uuid::parse_str(text)
+        .map(|id| id.into_bytes())
+        .map_err(|error| SubjectsError::Corrupt {
+            what: format!("{what} to link is not a UUID ({text}): {error}"),
+        })
 }
 
 fn write_meta(conn: &Connection, values: &[(&str, Vec<u8>)]) -> Result<(), SubjectsError> {

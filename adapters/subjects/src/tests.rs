@@ -365,3 +365,134 @@ fn an_erasure_between_a_key_read_and_its_use_leaves_the_key_unused() {
     assert_eq!(opened.as_map()["email"], "[erased]", "{opened:?}");
     assert!(log.lock().unwrap().after_read.is_none(), "the erasure ran");
 }
+
+fn key_write(key_id: &str, tag: u8) -> Write {
+    Write::Key {
+        key_id: key_id.into(),
+        tag: vec![tag],
+        tenant: "acme".into(),
+        wrapped_key: vec![1],
+        sealed_name: vec![2],
+        at: "2026-01-01T00:00:00.000Z".into(),
+    }
+}
+
+fn link_write(key_id: &str, operation: u128, at: &str) -> Write {
+    Write::Link {
+        key_id: key_id.into(),
+        operation_id: op(operation).to_string(),
+        at: at.into(),
+    }
+}
+
+fn runs_in(path: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM subject_link_runs", [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+}
+
+#[test]
+fn links_kept_as_one_run_per_commit_are_folded_before_they_are_read_and_when_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db.keys");
+    let first = "0000000000000000000000000000000a";
+    let second = "0000000000000000000000000000000b";
+    let mut table = store::SqliteTable::open(Some(&path)).unwrap();
+    table
+        .write(&[key_write(first, 1), key_write(second, 2)])
+        .unwrap();
+    table
+        .write(&[
+            link_write(first, 3, "2026-01-02T00:00:00.000Z"),
+            link_write(second, 1, "2026-01-02T00:00:00.000Z"),
+            link_write(first, 1, "2026-01-02T00:00:00.000Z"),
+        ])
+        .unwrap();
+    // A link written twice, and one to a key this table does not hold (another process made
+    // that subject's key first).
+    table
+        .write(&[
+            link_write(first, 3, "2026-01-03T00:00:00.000Z"),
+            link_write(
+                "0000000000000000000000000000000c",
+                9,
+                "2026-01-03T00:00:00.000Z",
+            ),
+        ])
+        .unwrap();
+    assert_eq!(runs_in(&path), 2, "one row per commit of links");
+
+    let operations = table.operations_of(first).unwrap();
+    assert_eq!(operations, vec![op(1).to_string(), op(3).to_string()]);
+    assert_eq!(
+        table.operations_of(second).unwrap(),
+        vec![op(1).to_string()]
+    );
+    assert_eq!(runs_in(&path), 0, "folded when read");
+    let rows = table.rows().unwrap();
+    assert_eq!(rows[0].last_recorded_at, "2026-01-03T00:00:00.000Z");
+    assert_eq!(rows[1].last_recorded_at, "2026-01-02T00:00:00.000Z");
+
+    // Links a process left in runs when it stopped are folded when the file is opened again.
+    table
+        .write(&[link_write(second, 7, "2026-01-04T00:00:00.000Z")])
+        .unwrap();
+    drop(table);
+    assert_eq!(runs_in(&path), 1);
+    let mut reopened = store::SqliteTable::open(Some(&path)).unwrap();
+    assert_eq!(runs_in(&path), 0);
+    assert_eq!(
+        reopened.operations_of(second).unwrap(),
+        vec![op(1).to_string(), op(7).to_string()]
+    );
+}
+
+#[test]
+fn the_writer_folds_its_runs_once_enough_links_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db.keys");
+    let key = "0000000000000000000000000000000a";
+    let mut table = store::SqliteTable::open(Some(&path)).unwrap();
+    table.write(&[key_write(key, 1)]).unwrap();
+    let per_commit = 4_096;
+    let commits = store::FOLD_AFTER_LINKS / per_commit;
+    for commit in 0..commits {
+        let links: Vec<Write> = (0..per_commit)
+            .map(|n| {
+                let operation = (commit * per_commit + n) as u128;
+                link_write(key, operation, "2026-01-02T00:00:00.000Z")
+            })
+            .collect();
+        table.write(&links).unwrap();
+        let expected = if commit + 1 == commits {
+            0
+        } else {
+            commit as i64 + 1
+        };
+        assert_eq!(runs_in(&path), expected, "after commit {commit}");
+    }
+    assert_eq!(
+        table.operations_of(key).unwrap().len(),
+        store::FOLD_AFTER_LINKS
+    );
+}
+
+#[test]
+fn a_link_that_is_not_two_uuids_is_refused_and_nothing_of_its_commit_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db.keys");
+    let mut table = store::SqliteTable::open(Some(&path)).unwrap();
+    let refused = table.write(&[
+        key_write("0000000000000000000000000000000a", 1),
+        Write::Link {
+            key_id: "not-a-key".into(),
+            operation_id: op(1).to_string(),
+            at: "2026-01-02T00:00:00.000Z".into(),
+        },
+    ]);
+    assert!(matches!(refused, Err(SubjectsError::Corrupt { .. })));
+    assert!(table.rows().unwrap().is_empty());
+}

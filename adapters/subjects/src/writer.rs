@@ -4,17 +4,28 @@
 //!
 //! A seal never waits for a disk: it takes its key from memory, and what it made (a new key, a
 //! link) is queued here. Whoever needs it durable waits for its batch: the ledger before it
-//! appends a value sealed under a new key, and before it answers for the links.
+//! appends a value sealed under a new key. A new key is written at once; links alone wait up
+//! to [`LINK_LINGER_MS`] (or until [`LINK_BATCH`] are queued), so that one commit carries the
+//! links of hundreds of operations: nobody waits for them, and an erasure writes what is queued
+//! before it reads.
 //!
 //! What must never happen: a batch reported durable before its commit returned; a write
 //! reported durable whose commit failed.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use opledger_domain::personal::PersonalDataError;
 
 use crate::table::{KeyTable, Write};
+
+/// Longest a link waits in the queue for others to share its commit, in milliseconds: the
+/// window in which a crash of the process loses links (never keys, never values).
+pub const LINK_LINGER_MS: u64 = 50;
+
+/// Links queued that are written at once, without waiting out [`LINK_LINGER_MS`].
+pub const LINK_BATCH: usize = 4_096;
 
 /// The table, shared by the writer thread and the operator's commands.
 pub(crate) type Table = Arc<Mutex<Box<dyn KeyTable>>>;
@@ -91,7 +102,23 @@ struct Queue {
     /// The links queued in the open batch: a record with several personal values asks once per
     /// value.
     linked: HashSet<(String, String)>,
+    /// Whether a new key is queued (written at once: a record waits for it).
+    keys_queued: bool,
+    /// When the oldest queued link was queued.
+    links_since: Option<Instant>,
     stop: bool,
+}
+
+impl Queue {
+    /// Whether what is queued is written now; otherwise how long the thread may wait first.
+    fn due(&self) -> Result<(), Duration> {
+        let linger = Duration::from_millis(LINK_LINGER_MS);
+        match self.links_since {
+            _ if self.keys_queued || self.stop || self.writes.len() >= LINK_BATCH => Ok(()),
+            Some(since) => linger.checked_sub(since.elapsed()).map_or(Ok(()), Err),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The queue and the thread that empties it.
@@ -113,6 +140,8 @@ impl Writer {
                 open: Batch::new(),
                 taken: done,
                 linked: HashSet::new(),
+                keys_queued: false,
+                links_since: None,
                 stop: false,
             }),
             wake: Condvar::new(),
@@ -130,14 +159,27 @@ impl Writer {
         loop {
             {
                 let mut queue = lock(&self.queue);
-                while queue.writes.is_empty() && !queue.stop {
-                    queue = self
-                        .wake
-                        .wait(queue)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-                if queue.writes.is_empty() {
-                    return;
+                loop {
+                    if queue.writes.is_empty() {
+                        if queue.stop {
+                            return;
+                        }
+                        queue = self
+                            .wake
+                            .wait(queue)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        continue;
+                    }
+                    match queue.due() {
+                        Ok(()) => break,
+                        Err(wait) => {
+                            queue = self
+                                .wake
+                                .wait_timeout(queue, wait)
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .0;
+                        }
+                    }
                 }
             }
             let mut table = lock(&self.table);
@@ -149,20 +191,31 @@ impl Writer {
     /// queued).
     pub fn push(&self, write: Write) -> Option<Arc<Batch>> {
         let mut queue = lock(&self.queue);
-        if let Write::Link {
-            key_id,
-            operation_id,
-            ..
-        } = &write
-        {
-            if !queue.linked.insert((key_id.clone(), operation_id.clone())) {
-                return None;
+        // The thread is woken when it must write now or start its wait: not for every link.
+        let wake = match &write {
+            Write::Link {
+                key_id,
+                operation_id,
+                ..
+            } => {
+                if !queue.linked.insert((key_id.clone(), operation_id.clone())) {
+                    return None;
+                }
+                let first = queue.links_since.is_none();
+                queue.links_since.get_or_insert_with(Instant::now);
+                first || queue.writes.len() + 1 >= LINK_BATCH
             }
-        }
+            Write::Key { .. } => {
+                queue.keys_queued = true;
+                true
+            }
+        };
         queue.writes.push(write);
         let batch = Arc::clone(&queue.open);
         drop(queue);
-        self.wake.notify_one();
+        if wake {
+            self.wake.notify_one();
+        }
         Some(batch)
     }
 
@@ -185,6 +238,8 @@ impl Writer {
                 return;
             }
             queue.linked.clear();
+            queue.keys_queued = false;
+            queue.links_since = None;
             let batch = std::mem::replace(&mut queue.open, Batch::new());
             queue.taken = Arc::clone(&batch);
             (std::mem::take(&mut queue.writes), batch)
