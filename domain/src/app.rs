@@ -421,7 +421,6 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         tracing::Span::current().record("operation_id", tracing::field::display(operation_id));
         let mut intent = self.frozen_intent(operation_id, &valid);
         intent.executor = executor;
-        let mut links = None;
         let sealed = match &personal {
             None => None,
             Some(personal) => {
@@ -441,10 +440,10 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
                         &intent.args,
                     )?;
                     // A new subject's key is written with other new keys, one sync for many: it
-                    // must be durable before a value sealed under it is. The links are written
-                    // in the same batches while the ledger appends, and awaited before the
-                    // answer.
-                    links = Some(port.all_durable());
+                    // must be durable before a value sealed under it is. The link of the
+                    // operation to its subject is not awaited: it is an index of what the log
+                    // holds (each token names its key and operation), written a moment later
+                    // with many others, and an erasure writes what is queued before it reads.
                     let token = personal_data::first_token_in(&sealed.args);
                     match port
                         .key_durable(&valid.tenant, &personal.subject, token.as_deref())
@@ -500,14 +499,6 @@ impl<S: EventStore, C: Clock, I: IdSource> Ledger<S, C, I> {
         {
             Ok(operation) => {
                 info!(events = events.len(), "intent recorded");
-                if let Some(links) = links {
-                    // The intent is recorded: failing the call now would invite a second
-                    // operation. A lost link costs no data (the key alone seals the values; an
-                    // erased subject's operation is held back by its unreadable arguments).
-                    if let Err(error) = links.await {
-                        tracing::warn!(%error, "the link of an operation to its data subject was not written");
-                    }
-                }
                 Ok(RecordedIntent {
                     operation,
                     created: true,

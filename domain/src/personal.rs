@@ -186,7 +186,9 @@ pub trait PersonalData: Send + Sync + std::fmt::Debug {
 
     /// Resolves once everything the seals made so far asked to be written is durable: the keys
     /// and the links of operations to their subjects (which an erasure and retention follow).
-    /// The ledger takes it before an append and awaits it after, before it answers.
+    /// The ledger does not await the links: a link lost to a crash costs no data (the key alone
+    /// seals the values, and an erased subject's operation is held back by its unreadable
+    /// arguments at its next step), so links are written a moment later, many in one commit.
     fn all_durable(&self) -> Durable<'_>;
 }
 
@@ -422,6 +424,65 @@ pub fn open_in_text(port: Option<&dyn PersonalData>, text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A JSON document's text with every token in it opened, as [`open_anywhere`] would on its
+/// parsed value, without parsing it: a token that is a whole string becomes its value's JSON,
+/// one inside a longer string its value's text (escaped for the string), one that does not
+/// open [`ERASED`] (or [`SEALED_SHOWN`]). `None` when `json` holds no token. Answers are opened
+/// this way on their way out: a parse and a serialization of every answer cost more than the
+/// sealing itself.
+pub fn open_in_json(port: Option<&dyn PersonalData>, json: &str) -> Option<String> {
+    let first = json.find(SEALED_PREFIX)?;
+    let mut out = String::with_capacity(json.len() + json.len() / 4);
+    let mut copied = 0;
+    let mut at = first;
+    loop {
+        let len = token_len(&json[at..]);
+        let token = &json[at..at + len];
+        let opened = open_token(port, token);
+        let before = &json.as_bytes()[..at];
+        let after = &json[at + len..];
+        let whole = before.last() == Some(&b'"')
+            && before[..before.len() - 1]
+                .iter()
+                .rev()
+                .take_while(|b| **b == b'\\')
+                .count()
+                % 2
+                == 0
+            && after.starts_with('"');
+        if whole && after[1..].trim_start().starts_with(':') {
+            // A name, never opened (no name is sealed).
+            out.push_str(&json[copied..at + len]);
+            copied = at + len;
+        } else if whole {
+            // `"token"` becomes the value's JSON, quotes and all.
+            out.push_str(&json[copied..at - 1]);
+            match opened.filter(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok())
+            {
+                Some(value_json) => out.push_str(&value_json),
+                None => out.push_str(&Value::String(unreadable(port).to_owned()).to_string()),
+            }
+            copied = at + len + 1;
+        } else {
+            out.push_str(&json[copied..at]);
+            let shown = opened.map(|text| match serde_json::from_str::<Value>(&text) {
+                Ok(Value::String(plain)) => plain,
+                _ => text,
+            });
+            let escaped =
+                Value::String(shown.unwrap_or_else(|| unreadable(port).to_owned())).to_string();
+            out.push_str(&escaped[1..escaped.len() - 1]);
+            copied = at + len;
+        }
+        match json[copied..].find(SEALED_PREFIX) {
+            Some(next) => at = copied + next,
+            None => break,
+        }
+    }
+    out.push_str(&json[copied..]);
+    Some(out)
 }
 
 /// The arguments with every token opened for `operation` (see [`open_value`]).
@@ -699,5 +760,47 @@ mod tests {
         assert!(check_subject(&"x".repeat(MAX_SUBJECT_BYTES + 1)).is_err());
         assert!(check_subject("line\nbreak").is_err());
         assert!(check_subject("ann@example.com").is_ok());
+    }
+
+    #[test]
+    fn an_answers_text_opens_as_its_parsed_value_would_whatever_the_tokens_place() {
+        let port = Remembering::default();
+        let tenant = TenantId::new("t").unwrap();
+        let operation = OperationId::from_uuid(uuid::Uuid::from_u128(1));
+        let email = port
+            .seal(&tenant, "s", operation, r#""ann \"a\" @example.com""#)
+            .unwrap();
+        let amount = port.seal(&tenant, "s", operation, "12.5").unwrap();
+        let gone = format!("{SEALED_PREFIX}k:{operation}:99");
+        let answers = [
+            format!(r#"{{"args":{{"email":"{email}","amount":"{amount}","note":"plain"}}}}"#),
+            format!(
+                r#"{{"error":"the CRM refused {email} (amount {amount})","list":["{gone}", 3]}}"#
+            ),
+            format!(r#"{{"quoted":"said \"{email}\" twice: {email}", "ends": "x{email}"}}"#),
+            format!(r#"{{ "{email}" : "{email}" }}"#),
+            r#"{"nothing":"sealed here"}"#.to_owned(),
+        ];
+        for answer in &answers {
+            let mut parsed: Value = serde_json::from_str(answer).unwrap();
+            let met = open_anywhere(Some(&port), &mut parsed);
+            match open_in_json(Some(&port), answer) {
+                Some(opened) => {
+                    assert!(met, "{answer}");
+                    let reparsed: Value = serde_json::from_str(&opened)
+                        .unwrap_or_else(|error| panic!("{opened} is not JSON: {error}"));
+                    assert_eq!(reparsed, parsed, "{answer}");
+                }
+                None => assert!(!met, "{answer}"),
+            }
+        }
+        let opened = open_in_json(Some(&port), &answers[0]).unwrap();
+        assert!(opened.contains(r#""amount":12.5"#), "{opened}");
+        assert!(open_in_json(Some(&port), &answers[1])
+            .unwrap()
+            .contains(ERASED));
+        assert!(open_in_json(None, &answers[0])
+            .unwrap()
+            .contains(SEALED_SHOWN));
     }
 }

@@ -13,9 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use opledger_domain::event::{Principal as EventPrincipal, PrincipalKind};
 use opledger_domain::ids::TenantId;
-use opledger_domain::personal::{
-    self, open_anywhere, Personal, PersonalData, PersonalFields, SEALED_PREFIX,
-};
+use opledger_domain::personal::{self, Personal, PersonalData, PersonalFields, SEALED_PREFIX};
 use opledger_subjects::{key_store_path, Subjects};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -136,12 +134,13 @@ pub(crate) async fn open_sealed_answers(
     if !contains(&bytes, SEALED_PREFIX.as_bytes()) {
         return Response::from_parts(parts, axum::body::Body::from(bytes));
     }
-    let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
-        return ApiError::internal("an answer with personal values is not JSON", "")
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return ApiError::internal("an answer with personal values is not UTF-8 JSON", "")
             .into_response();
     };
-    open_anywhere(port(&shared), &mut value);
-    let opened = serde_json::to_vec(&value).expect("a JSON value always serializes");
+    let Some(opened) = personal::open_in_json(port(&shared), text) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, axum::body::Body::from(opened))
 }
