@@ -127,7 +127,13 @@ impl SqliteTable {
         let failed =
             |error| SubjectsError::store("fold the links of operations to subjects", error);
         self.set_synchronous(true)?;
-        let transaction = self.conn.transaction().map_err(failed)?;
+        // Immediate: the write lock is taken before the runs are read, so a run another
+        // process (a server beside this command) appends meanwhile waits for the fold, and is
+        // never deleted unread.
+        let transaction = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(failed)?;
         let mut links: Vec<([u8; 16], [u8; 16])> = Vec::new();
         let mut latest: std::collections::HashMap<[u8; 16], String> =
             std::collections::HashMap::new();

@@ -2,8 +2,9 @@
 //! store runs on a SQLite file beside a SQLite ledger and on a table beside a PostgreSQL one.
 //!
 //! A row per data subject and tenant holds the subject's data key wrapped by the
-//! key-encryption key and the subject's name sealed under the data key; a row per operation
-//! links it to its subject. Destroying a key must leave no copy the table's own storage keeps.
+//! key-encryption key and the subject's name sealed under the data key; each operation is
+//! linked to its subject (a row per link on PostgreSQL; the SQLite file packs a commit's links
+//! in one row and indexes them before they are read). Destroying a key must leave no copy the table's own storage keeps.
 //!
 //! What must never happen: a data key or a subject's name stored in clear; a destroyed key
 //! readable from anything the table wrote; a write reported durable that a crash could lose.
