@@ -143,16 +143,16 @@ async def run_session(session, tool, make_args, calls, label, results):
     results[(label, "check")] = await answer_check_ms(session, tool, make_args)
 
 
-async def answer_check_ms(session, tool, make_args):
+async def answer_check_ms(client, tool, make_args):
     """How long the Python SDK's client takes, per call, to check an answer's structuredContent
     against the tool's outputSchema (`jsonschema.validate`, which checks the schema itself each
     time too): client-side time inside every latency measured here, direct and gateway alike."""
     from jsonschema import validate
     from referencing import Registry
 
-    listed = await session.list_tools()
+    listed = await client.list_tools()
     schema = next(listed_tool.outputSchema for listed_tool in listed.tools if listed_tool.name == tool)
-    answer = (await session.call_tool(tool, make_args())).structuredContent
+    answer = (await client.call_tool(tool, make_args())).structuredContent
     if schema is None or answer is None:
         return 0.0
     timings = []
