@@ -12,6 +12,7 @@ Python SDK), a create per call. Needs Python with `mcp>=1.20,<2` and a built `op
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -87,6 +88,24 @@ def wait_for(port, deadline_s=30):
     raise SystemExit(f"nothing listens on {port}")
 
 
+@contextlib.contextmanager
+def upstream_over_http(records_file):
+    """The record store over Streamable HTTP, keeping its records in `records_file`; yields its
+    URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, UPSTREAM, records_file, "http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(port)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.kill()
+        server.wait()
+
+
 async def measure(session, tool, make_args, calls, concurrency):
     """Latencies in milliseconds of `calls` calls, `concurrency` at a time."""
     latencies = []
@@ -121,6 +140,27 @@ async def run_session(session, tool, make_args, calls, label, results):
     for concurrency in (1, 16):
         latencies = await measure(session, tool, make_args, calls, concurrency)
         results[(label, concurrency)] = latencies
+    results[(label, "check")] = await answer_check_ms(session, tool, make_args)
+
+
+async def answer_check_ms(client, tool, make_args):
+    """How long the Python SDK's client takes, per call, to check an answer's structuredContent
+    against the tool's outputSchema (`jsonschema.validate`, which checks the schema itself each
+    time too): client-side time inside every latency measured here, direct and gateway alike."""
+    from jsonschema import validate
+    from referencing import Registry
+
+    listed = await client.list_tools()
+    schema = next(listed_tool.outputSchema for listed_tool in listed.tools if listed_tool.name == tool)
+    answer = (await client.call_tool(tool, make_args())).structuredContent
+    if schema is None or answer is None:
+        return 0.0
+    timings = []
+    for _ in range(200):
+        started = time.perf_counter()
+        validate(answer, schema, registry=Registry())
+        timings.append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings)
 
 
 async def gateway_tool(session):
@@ -163,20 +203,15 @@ async def main():
                 await session.initialize()
                 tool = await gateway_tool(session)
                 await run_session(session, tool, gateway_args, args.calls, "stdio gateway", results)
-        # HTTP, straight
-        upstream_port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, UPSTREAM, os.path.join(work, "http.json"), "http", str(upstream_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_for(upstream_port)
-            url = f"http://127.0.0.1:{upstream_port}/mcp"
+        # HTTP, straight and through `/mcp` on `opledger serve`, each side with an upstream of its
+        # own (as on stdio): the record store reads and rewrites its whole file on every create,
+        # so an upstream shared with the direct run would make every gateway call pay for the
+        # records the direct run left (820 of them, several ms per call in Python).
+        with upstream_over_http(os.path.join(work, "http-direct.json")) as url:
             async with streamablehttp_client(url) as (read, write, _):
                 async with ClientSession(read, write) as session:
                     await run_session(session, "create_record", direct_args, args.calls, "http direct", results)
-            # HTTP, through `/mcp` on `opledger serve`
+        with upstream_over_http(os.path.join(work, "http-gateway.json")) as url:
             with open(os.path.join(work, "records.toml"), "w") as out:
                 out.write(CONNECTOR.format(upstream=f'[upstream]\nurl = "{url}"'))
             port = free_port()
@@ -200,9 +235,6 @@ async def main():
             finally:
                 service.terminate()
                 service.wait()
-        finally:
-            server.kill()
-            server.wait()
 
     print(f"{'wire':6} {'conc':>4} {'direct p50':>11} {'p99':>8} {'gateway p50':>12} {'p99':>8} {'added p50':>10} {'p99':>8}  (ms)")
     for wire in ("stdio", "http"):
@@ -213,6 +245,13 @@ async def main():
             d50, d99 = statistics.median(direct), p(direct, 0.99)
             g50, g99 = statistics.median(gateway), p(gateway, 0.99)
             print(f"{wire:6} {concurrency:>4} {d50:>11.2f} {d99:>8.2f} {g50:>12.2f} {g99:>8.2f} {g50 - d50:>10.2f} {g99 - d99:>8.2f}")
+    print(
+        "of which the client's outputSchema check of each answer (ms per call): "
+        + ", ".join(
+            f"{wire} direct {results[(f'{wire} direct', 'check')]:.2f} gateway {results[(f'{wire} gateway', 'check')]:.2f}"
+            for wire in ("stdio", "http")
+        )
+    )
 
 
 if __name__ == "__main__":
