@@ -148,6 +148,8 @@ async fn self_hosted(args: &BenchHttpArgs, product: &dyn Product) -> Result<(), 
     crate::files::remove_database(&crate::files::sibling(&path, ".views"));
     crate::files::remove_database(&crate::files::sibling(&path, ".webhooks"));
     crate::files::remove_database(&opledger_subjects::key_store_path(&path));
+    // The claims of the server's workers, beside the read models.
+    crate::files::remove_database(&crate::files::sibling(&path, ".claims"));
     result?;
     Ok(served?)
 }
