@@ -27,6 +27,29 @@ impl opledger_mcp::Ledger for McpLedger {
             .collect()
     }
 
+    fn actions_for_call(&self, tenant: &TenantId, name: &str) -> Vec<ActionTool> {
+        let providers = self.0.engine.providers();
+        let pairs = providers
+            .connectors()
+            .flat_map(|connector| {
+                connector
+                    .actions()
+                    .map(|action| (connector.id().as_str(), action.name.as_str()))
+            })
+            .chain(providers.mcp_connectors().flat_map(|upstream| {
+                upstream
+                    .actions()
+                    .map(|action| (upstream.id().as_str(), action.name.as_str()))
+            }));
+        let wanted = opledger_mcp::tools_named(pairs, name);
+        actions_where(&self.0, tenant, |provider, action| {
+            wanted.contains(&opledger_mcp::tool_name_of(provider, action))
+        })
+        .into_iter()
+        .map(|(action, _)| action)
+        .collect()
+    }
+
     fn wait(&self) -> Duration {
         Duration::from_millis(self.0.limits.default_wait_ms)
     }
@@ -154,6 +177,15 @@ impl opledger_mcp::Ledger for McpLedger {
 /// The actions `tenant` may use (those of the providers where it owns an account), each with
 /// its provider's deduplication contract: the MCP tools and `GET /v1/actions` both list these.
 pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool, Deduplication)> {
+    actions_where(shared, tenant, |_, _| true)
+}
+
+/// [`actions_of`] for the (provider, action) pairs `keep` keeps, each built only if kept.
+fn actions_where(
+    shared: &Shared,
+    tenant: &TenantId,
+    keep: impl Fn(&str, &str) -> bool,
+) -> Vec<(ActionTool, Deduplication)> {
     let providers = shared.engine.providers();
     let mut actions = Vec::new();
     for connector in providers.connectors() {
@@ -166,6 +198,9 @@ pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool,
             continue;
         }
         for action in connector.actions() {
+            if !keep(connector.id().as_str(), action.name.as_str()) {
+                continue;
+            }
             let deduplication = connector
                 .capabilities(&action.name)
                 .map_or(Deduplication::None, |c| c.deduplication);
@@ -194,6 +229,9 @@ pub(super) fn actions_of(shared: &Shared, tenant: &TenantId) -> Vec<(ActionTool,
             continue;
         }
         for action in upstream.actions() {
+            if !keep(upstream.id().as_str(), action.name.as_str()) {
+                continue;
+            }
             let deduplication = action.capabilities().deduplication;
             actions.push((
                 ActionTool {
