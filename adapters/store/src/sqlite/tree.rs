@@ -145,60 +145,80 @@ fn runs_from_rows(connection: &Connection) -> Result<(), StoreError> {
     if !has_rows {
         return Ok(());
     }
+    let copied = in_open_transaction(
+        connection,
+        "copying the log tree into runs",
+        "the log tree's rows cannot be copied into runs; they are left as they are",
+        || {
+            connection
+                .execute_batch("DELETE FROM log_tree_runs")
+                .map_err(|error| sqlite_error("cannot clear the log tree's runs", error))?;
+            let mut rows = connection
+                .prepare("SELECT stored_index, hash FROM log_tree ORDER BY stored_index")
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+            let mut rows = rows
+                .query([])
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+            let mut writer = RunWriter::new(0);
+            let mut copied = 0_u64;
+            while let Some(row) = rows
+                .next()
+                .map_err(|error| sqlite_error("cannot read the log tree", error))?
+            {
+                let index: i64 = row
+                    .get(0)
+                    .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+                let bytes: Vec<u8> = row
+                    .get(1)
+                    .map_err(|error| sqlite_error("cannot read the log tree", error))?;
+                if u64::try_from(index).ok() != Some(copied) {
+                    return Err(corrupt(&format!("the log tree lacks stored hash {copied}")));
+                }
+                let hash = <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
+                    .map_err(|_| corrupt(&format!("stored hash {index} is not 32 bytes")))?;
+                writer.push(connection, Hash(hash))?;
+                copied += 1;
+            }
+            writer.flush(connection)?;
+            connection
+                .execute_batch("DELETE FROM log_tree")
+                .map_err(|error| sqlite_error("cannot remove the copied log tree rows", error))?;
+            Ok(copied)
+        },
+    )?;
+    if let Some(copied) = copied {
+        tracing::info!(
+            stored_hashes = copied,
+            "the log tree's rows were copied into runs"
+        );
+    }
+    Ok(())
+}
+
+/// Runs `work` in an immediate transaction of its own, as opening a file does to bring its
+/// trees up to date: committed when it succeeds (`Some` of what it returns), rolled back when
+/// it fails. A tree found corrupt is reported (`unusable`) and left as it is (`None`): the log
+/// itself is intact, and verifying it says what is wrong with the tree.
+fn in_open_transaction<T>(
+    connection: &Connection,
+    what: &str,
+    unusable: &str,
+    work: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
     connection
         .execute_batch("BEGIN IMMEDIATE")
-        .map_err(|error| sqlite_error("cannot start copying the log tree into runs", error))?;
-    let copied = (|| {
-        connection
-            .execute_batch("DELETE FROM log_tree_runs")
-            .map_err(|error| sqlite_error("cannot clear the log tree's runs", error))?;
-        let mut rows = connection
-            .prepare("SELECT stored_index, hash FROM log_tree ORDER BY stored_index")
-            .map_err(|error| sqlite_error("cannot read the log tree", error))?;
-        let mut rows = rows
-            .query([])
-            .map_err(|error| sqlite_error("cannot read the log tree", error))?;
-        let mut writer = RunWriter::new(0);
-        let mut copied = 0_u64;
-        while let Some(row) = rows
-            .next()
-            .map_err(|error| sqlite_error("cannot read the log tree", error))?
-        {
-            let index: i64 = row
-                .get(0)
-                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
-            let bytes: Vec<u8> = row
-                .get(1)
-                .map_err(|error| sqlite_error("cannot read the log tree", error))?;
-            if u64::try_from(index).ok() != Some(copied) {
-                return Err(corrupt(&format!("the log tree lacks stored hash {copied}")));
-            }
-            let hash = <[u8; HASH_SIZE]>::try_from(bytes.as_slice())
-                .map_err(|_| corrupt(&format!("stored hash {index} is not 32 bytes")))?;
-            writer.push(connection, Hash(hash))?;
-            copied += 1;
-        }
-        writer.flush(connection)?;
-        connection
-            .execute_batch("DELETE FROM log_tree")
-            .map_err(|error| sqlite_error("cannot remove the copied log tree rows", error))?;
-        Ok(copied)
-    })();
-    match copied {
-        Ok(copied) => {
+        .map_err(|error| sqlite_error(format!("cannot start {what}"), error))?;
+    match work() {
+        Ok(done) => {
             connection
                 .execute_batch("COMMIT")
-                .map_err(|error| sqlite_error("cannot commit the log tree's runs", error))?;
-            tracing::info!(
-                stored_hashes = copied,
-                "the log tree's rows were copied into runs"
-            );
-            Ok(())
+                .map_err(|error| sqlite_error(format!("cannot commit {what}"), error))?;
+            Ok(Some(done))
         }
         Err(StoreError::Corrupt { reason }) => {
             let _ = connection.execute_batch("ROLLBACK");
-            tracing::warn!(%reason, "the log tree's rows cannot be copied into runs; they are left as they are");
-            Ok(())
+            tracing::warn!(%reason, "{unusable}");
+            Ok(None)
         }
         Err(error) => {
             let _ = connection.execute_batch("ROLLBACK");
@@ -327,100 +347,73 @@ pub(super) fn catch_up_at_open(
 }
 
 fn build_at_open(connection: &Connection, head: Option<GlobalPosition>) -> Result<(), StoreError> {
-    connection
-        .execute_batch("BEGIN IMMEDIATE")
-        .map_err(|error| sqlite_error("cannot start the log tree's catch-up", error))?;
-    let caught_up = TreeAppender::open(connection, None).and_then(|mut tree| {
-        // Another opener may have built it between the look above and this lock.
-        if tree.size > 0 {
-            return Ok(0);
-        }
-        let added = tree.catch_up(head)?;
-        tree.finish()?;
-        Ok(added)
-    });
-    match caught_up {
-        Ok(added) => {
-            connection
-                .execute_batch("COMMIT")
-                .map_err(|error| sqlite_error("cannot commit the log tree's catch-up", error))?;
-            if added > 0 {
-                tracing::info!(added, "the log tree caught up with the log");
+    let caught_up = in_open_transaction(
+        connection,
+        "the log tree's catch-up",
+        "the log tree cannot catch up with the log",
+        || {
+            let mut tree = TreeAppender::open(connection, None)?;
+            // Another opener may have built it between the look above and this lock.
+            if tree.size > 0 {
+                return Ok(0);
             }
-            Ok(())
-        }
-        Err(StoreError::Corrupt { reason }) => {
-            let _ = connection.execute_batch("ROLLBACK");
-            tracing::warn!(%reason, "the log tree cannot catch up with the log");
-            Ok(())
-        }
-        Err(error) => {
-            let _ = connection.execute_batch("ROLLBACK");
-            Err(error)
-        }
+            let added = tree.catch_up(head)?;
+            tree.finish()?;
+            Ok(added)
+        },
+    )?;
+    if let Some(added @ 1..) = caught_up {
+        tracing::info!(added, "the log tree caught up with the log");
     }
+    Ok(())
 }
 
 /// Brings the tenant trees up to the log's tree (built from its leaves when they were never
 /// built), in one transaction of its own; see `tenant_trees.rs`.
 fn catch_up_tenants(connection: &Connection) -> Result<(), StoreError> {
-    connection
-        .execute_batch("BEGIN IMMEDIATE")
-        .map_err(|error| sqlite_error("cannot start the tenant trees' catch-up", error))?;
-    let caught_up = (|| {
-        let log_size = size(connection)?;
-        let Some(covered) = tenant_trees::behind(connection, log_size)? else {
-            return Ok(0);
-        };
-        let mut streams = StreamTenants::default();
-        let mut tenants = TenantAppender::open(connection, &mut streams, covered)?
-            .expect("`behind` left the trees covering `covered` leaves");
-        let mut at = covered;
-        while at < log_size {
-            let batch = read_after(connection, at)?;
-            let Some(last) = batch.last() else { break };
-            let last = last.position.value();
-            for event in batch
-                .iter()
-                .take_while(|event| event.position.value() <= log_size)
-            {
-                if event.position.value() != at + 1 {
-                    return Err(corrupt(&format!(
-                        "position {} is missing from the log its tree covers",
-                        at + 1
-                    )));
+    let caught_up = in_open_transaction(
+        connection,
+        "the tenant trees' catch-up",
+        "the tenant trees cannot catch up with the log; checkpoints sign the log's tree alone",
+        || {
+            let log_size = size(connection)?;
+            let Some(covered) = tenant_trees::behind(connection, log_size)? else {
+                return Ok(0);
+            };
+            let mut streams = StreamTenants::default();
+            let mut tenants = TenantAppender::open(connection, &mut streams, covered)?
+                .expect("`behind` left the trees covering `covered` leaves");
+            let mut at = covered;
+            while at < log_size {
+                let batch = read_after(connection, at)?;
+                let Some(last) = batch.last() else { break };
+                let last = last.position.value();
+                for event in batch
+                    .iter()
+                    .take_while(|event| event.position.value() <= log_size)
+                {
+                    if event.position.value() != at + 1 {
+                        return Err(corrupt(&format!(
+                            "position {} is missing from the log its tree covers",
+                            at + 1
+                        )));
+                    }
+                    let view = event.view();
+                    tenants.append(&view, merkle::leaf_hash(&view))?;
+                    at += 1;
                 }
-                let view = event.view();
-                tenants.append(&view, merkle::leaf_hash(&view))?;
-                at += 1;
+                if last >= log_size {
+                    break;
+                }
             }
-            if last >= log_size {
-                break;
-            }
-        }
-        tenants.finish()?;
-        Ok(at - covered)
-    })();
-    match caught_up {
-        Ok(added) => {
-            connection
-                .execute_batch("COMMIT")
-                .map_err(|error| sqlite_error("cannot commit the tenant trees' catch-up", error))?;
-            if added > 0 {
-                tracing::info!(added, "the tenant trees caught up with the log");
-            }
-            Ok(())
-        }
-        Err(StoreError::Corrupt { reason }) => {
-            let _ = connection.execute_batch("ROLLBACK");
-            tracing::warn!(%reason, "the tenant trees cannot catch up with the log; checkpoints sign the log's tree alone");
-            Ok(())
-        }
-        Err(error) => {
-            let _ = connection.execute_batch("ROLLBACK");
-            Err(error)
-        }
+            tenants.finish()?;
+            Ok(at - covered)
+        },
+    )?;
+    if let Some(added @ 1..) = caught_up {
+        tracing::info!(added, "the tenant trees caught up with the log");
     }
+    Ok(())
 }
 
 /// Grows the tree inside the writer's transaction: one leaf per event, in position order, and
