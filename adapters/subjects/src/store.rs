@@ -126,6 +126,17 @@ impl SqliteTable {
     fn fold(&mut self) -> Result<(), SubjectsError> {
         let failed =
             |error| SubjectsError::store("fold the links of operations to subjects", error);
+        // Asked first with a read: a listing folds once per subject, nearly always with nothing
+        // to fold, and should not take the write lock each time.
+        let waiting: bool = self
+            .conn
+            .prepare_cached("SELECT EXISTS (SELECT 1 FROM subject_link_runs)")
+            .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+            .map_err(failed)?;
+        if !waiting {
+            self.unfolded_links = 0;
+            return Ok(());
+        }
         self.set_synchronous(true)?;
         // Immediate: the write lock is taken before the runs are read, so a run another
         // process (a server beside this command) appends meanwhile waits for the fold, and is
