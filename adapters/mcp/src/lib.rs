@@ -51,8 +51,9 @@ use tracing::{info, warn};
 
 pub use self::reply::next_step;
 pub use self::tools::{
-    describe, source_id_of, tool_name_of, tools_named, Audience, Described, ACCOUNT_ARG, LIST_TOOL,
-    MAX_REQUEST_ID_BYTES, META_REQUEST_ID, META_SUBJECT, REQUEST_ID_ARG, STATUS_TOOL, SUBJECT_ARG,
+    actions_for_call, describe, source_id_of, tool_name_of, tools_named, Audience, Described,
+    ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES, META_REQUEST_ID, META_SUBJECT, REQUEST_ID_ARG,
+    STATUS_TOOL, SUBJECT_ARG,
 };
 /// The answer of a tool, as a read-only upstream tool's is passed back.
 pub use rmcp::model::CallToolResult;
@@ -175,20 +176,10 @@ pub trait Ledger: Send + Sync + 'static {
     fn actions(&self, tenant: &TenantId) -> Vec<ActionTool>;
 
     /// The actions of [`Ledger::actions`] a call of tool `name` needs (see
-    /// [`tools_named`]): a port that can tell them apart before building each one answers
+    /// [`actions_for_call`]): a port that can tell them apart before building each one answers
     /// with those only, so a call costs the same however many tools a server has.
     fn actions_for_call(&self, tenant: &TenantId, name: &str) -> Vec<ActionTool> {
-        let actions = self.actions(tenant);
-        let wanted = tools_named(
-            actions
-                .iter()
-                .map(|action| (action.provider.as_str(), action.action.as_str())),
-            name,
-        );
-        actions
-            .into_iter()
-            .filter(|action| wanted.contains(&tool_name_of(&action.provider, &action.action)))
-            .collect()
+        actions_for_call(self.actions(tenant), name)
     }
 
     /// How long a tool call waits for the outcome before answering where the operation stands.
@@ -385,7 +376,7 @@ impl<L: Ledger> ServerHandler for McpServer<L> {
             LIST_TOOL => self.list(&tenant, &arguments).in_span(span).await,
             name => {
                 let catalog =
-                    tools::Catalog::for_call(self.ledger.actions_for_call(&tenant, name), name);
+                    tools::Catalog::of(self.ledger.actions_for_call(&tenant, name), Vec::new());
                 let Some(action) = catalog.action(name) else {
                     // Not an action: perhaps a read-only tool of an upstream. Asked only now, so
                     // an upstream that cannot list its tools never delays an action's call.
