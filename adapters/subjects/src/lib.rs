@@ -629,6 +629,12 @@ impl Subjects {
         let generation = table.destroy(&row.key_id, &now(), by)?;
         drop(table);
         let mut cache = lock(&self.cache);
+        // Forgotten again: a read that began after the first forgetting and before the
+        // destruction found the key live and put it back, and this process's generation check
+        // would never drop it (the generation is its own).
+        cache.by_id.remove(&row.key_id);
+        cache.by_tag.insert(row.tag.clone(), Cached::Erased);
+        cache.epoch += 1;
         cache.generation = cache.generation.max(generation);
         drop(cache);
         tracing::info!(key_id = %row.key_id, tenant = %row.tenant, operations = operations.len(), "data subject erased: its key is destroyed");
