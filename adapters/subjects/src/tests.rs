@@ -130,7 +130,8 @@ fn an_erasure_by_another_process_is_seen_by_a_running_one() {
 }
 
 /// A key table that counts what is asked of it, can be made to fail its writes, and can run
-/// something right after a read returned (to put an erasure between a read and its use).
+/// something right after a read returned (to put an erasure between a read and its use) or
+/// right before a key is destroyed (to put a read between an erasure's start and its end).
 struct Watched {
     inner: Box<dyn KeyTable>,
     log: Arc<Mutex<Log>>,
@@ -142,6 +143,7 @@ struct Log {
     commits: usize,
     fail_writes: bool,
     after_read: Option<Box<dyn FnOnce() + Send>>,
+    before_destroy: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Watched {
@@ -188,6 +190,10 @@ impl KeyTable for Watched {
         self.inner.write(writes)
     }
     fn destroy(&mut self, key_id: &str, at: &str, by: &str) -> Result<i64, SubjectsError> {
+        let hook = self.log.lock().unwrap().before_destroy.take();
+        if let Some(hook) = hook {
+            hook();
+        }
         self.inner.destroy(key_id, at, by)
     }
     fn rewrap(
@@ -364,6 +370,49 @@ fn an_erasure_between_a_key_read_and_its_use_leaves_the_key_unused() {
     let opened = open_args(Some(&*subjects), op(1), &stored).unwrap();
     assert_eq!(opened.as_map()["email"], "[erased]", "{opened:?}");
     assert!(log.lock().unwrap().after_read.is_none(), "the erasure ran");
+}
+
+#[test]
+fn a_key_read_while_an_erasure_runs_is_not_used_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys");
+    let stored = {
+        let subjects = Subjects::open(Some(&path), kek(1)).unwrap();
+        record(&subjects, op(1), "eve@example.com")
+    };
+    // A fresh process whose erasure, after it forgot the key and before the table destroys
+    // it, lets an opening read the key, still live, from the table.
+    let log = Arc::new(Mutex::new(Log::default()));
+    let writer = Watched {
+        inner: Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
+        log: Arc::clone(&log),
+    };
+    let subjects = Arc::new(
+        Subjects::with_tables(
+            Box::new(writer),
+            Some(Box::new(store::SqliteTable::open(Some(&path)).unwrap())),
+            kek(1),
+        )
+        .unwrap(),
+    );
+    let reader = Arc::downgrade(&subjects);
+    let during = stored.clone();
+    let opened_during = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&opened_during);
+    log.lock().unwrap().before_destroy = Some(Box::new(move || {
+        let subjects = reader.upgrade().unwrap();
+        let opened = std::thread::spawn(move || open_args(Some(&*subjects), op(1), &during))
+            .join()
+            .unwrap();
+        *seen.lock().unwrap() = opened;
+    }));
+    subjects.erase("eve@example.com", None, "op").unwrap();
+    assert!(
+        opened_during.lock().unwrap().is_some(),
+        "the opening ran while the erasure did"
+    );
+    let after = open_args(Some(&*subjects), op(1), &stored).unwrap();
+    assert_eq!(after.as_map()["email"], "[erased]", "{after:?}");
 }
 
 fn key_write(key_id: &str, tag: u8) -> Write {
