@@ -36,7 +36,7 @@ pub async fn run(args: McpArgs) -> Result<(), CliError> {
         None => {
             let db = args.db.clone().unwrap_or_else(demo_db);
             let (config, stand) = serve::embedded_default(&db).await?;
-            let summary = serve::embedded_default_summary(&db, &stand);
+            let summary = serve::embedded_default_summary(&db, &stand, &config);
             (config, Some(stand), Source::EmbeddedDefault { summary })
         }
     };

@@ -10,8 +10,10 @@ use std::net::SocketAddr;
 
 use opledger_crm_stand::{Stand, StandConfig};
 use opledger_domain::ids::{AccountId, ProviderId, TenantId};
+use opledger_http_api::config::personal::{PersonalDataSettings, DEFAULT_KEK_ENV};
 use opledger_http_api::{Limits, Principal, ServeConfig, StoreUrl};
 use opledger_providers::{render_all, AccountSpec, Connector, Credentials, Overrides};
+use opledger_subjects::{key_store_path, Kek};
 use tracing::warn;
 
 use crate::cli::{CliError, ServeArgs};
@@ -36,7 +38,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             let (config, stand) = embedded_default(&args.db).await?;
             println!(
                 "opledger serve: no --config, so {}, tenant `{DEMO_TENANT}` with token `{DEMO_TENANT_TOKEN}`, operator token `{DEMO_OPERATOR_TOKEN}` (demo tokens: never use them beyond this machine)",
-                embedded_default_summary(&args.db, &stand)
+                embedded_default_summary(&args.db, &stand, &config)
             );
             (config, Some(stand))
         }
@@ -174,7 +176,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         log: opledger_http_api::log::LogSettings::from_environment()
             .map_err(crate::cli::CliError::Config)?,
         instance_id: None,
-        personal_data: None,
+        personal_data: personal_data_from_environment()?,
         webhook_loopback_tenants: Default::default(),
     };
     Ok((config, stand))
@@ -206,10 +208,45 @@ pub fn embedded_providers(base_url: String) -> Result<Vec<Connector>, CliError> 
     Ok(providers)
 }
 
+/// Personal data as a configuration without `[personal_data]` has it: on, with the key store
+/// beside the ledger, when `$OPLEDGER_KEK` holds a key-encryption key; off when it is not set.
+/// A value that is no key stops the start: a server that quietly ran without the key would
+/// refuse every subject an agent names.
+fn personal_data_from_environment() -> Result<Option<PersonalDataSettings>, CliError> {
+    let text = match std::env::var(DEFAULT_KEK_ENV) {
+        Ok(text) => text,
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(CliError::Config(format!(
+                "${DEFAULT_KEK_ENV} is not text; set it to 32 random bytes as 64 hex digits (`openssl rand -hex 32`), or unset it to run without personal data"
+            )))
+        }
+    };
+    let kek = Kek::parse(&text, &format!("${DEFAULT_KEK_ENV}"))
+        .map_err(|error| CliError::Config(error.to_string()))?;
+    Ok(Some(PersonalDataSettings {
+        kek,
+        key_store: None,
+        tenants: Default::default(),
+    }))
+}
+
 /// What the embedded default at `db` with `stand` is, in a phrase for the start-up line.
-pub fn embedded_default_summary(db: &std::path::Path, stand: &Stand) -> String {
+pub fn embedded_default_summary(
+    db: &std::path::Path,
+    stand: &Stand,
+    config: &ServeConfig,
+) -> String {
+    let personal = match &config.personal_data {
+        Some(settings) => format!(
+            ", personal data on (key {} from ${DEFAULT_KEK_ENV}, keys in {})",
+            settings.kek.id(),
+            key_store_path(db).display()
+        ),
+        None => String::new(),
+    };
     format!(
-        "the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `{DEMO_ACCOUNT}`",
+        "the embedded default: ledger {}, the CRM stand at {} as providers `crm` (keyed) and `crm-plain` (lookup only), account `{DEMO_ACCOUNT}`{personal}",
         db.display(),
         stand.base_url()
     )

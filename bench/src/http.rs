@@ -95,6 +95,8 @@ async fn self_hosted(args: &BenchHttpArgs, product: &dyn Product) -> Result<(), 
     let (mut config, stand) = product.embedded_default(&path).await?;
     config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     config.log.tree = !args.no_tree;
+    // Sealing is measured only when asked for, whatever `$OPLEDGER_KEK` the shell holds.
+    config.personal_data = None;
     if args.personal {
         let kek = opledger_subjects::Kek::parse(
             &format!(

@@ -1087,3 +1087,84 @@ async fn a_subject_erased_under_load_on_two_instances_is_unreadable_everywhere_a
         "opledger verify",
     );
 }
+
+#[tokio::test]
+async fn serve_without_a_configuration_seals_a_subjects_values_under_the_key_in_opledger_kek() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("default.db");
+    let db_text = db.display().to_string();
+    let serve_args = ["serve", "--listen", "127.0.0.1:0", "--db", &db_text];
+
+    // Spawned with a deadline: a server that ignored the variable would run on.
+    let mut refused = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(serve_args)
+        .env("OPLEDGER_KEK", "not a key")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("opledger serve starts");
+    let started = Instant::now();
+    while refused.try_wait().expect("its status").is_none() {
+        if started.elapsed() > DEADLINE {
+            let _ = refused.kill();
+            panic!("a server given a malformed $OPLEDGER_KEK started instead of refusing");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let refused = refused.wait_with_output().expect("its output");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("$OPLEDGER_KEK"),
+        "names the variable: {stderr}"
+    );
+    assert!(!db.exists(), "a refused start opens nothing");
+
+    // `opledger mcp` says in its start-up line that personal data is on, and with which key
+    // (stdin closed: the session ends at once).
+    let mcp = Command::new(env!("CARGO_BIN_EXE_opledger"))
+        .args(["mcp", "--db", &db_text])
+        .env_remove("OPLEDGER_CONFIG")
+        .env("OPLEDGER_KEK", KEK)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("opledger mcp runs");
+    let said = String::from_utf8_lossy(&mcp.stderr);
+    assert!(
+        said.contains("personal data on (key") && said.contains("default.db.keys"),
+        "{said}"
+    );
+
+    let server = Server::start_with_env(&serve_args, dir.path(), &[("OPLEDGER_KEK", KEK)]);
+    let email = unique_email();
+    let recorded = record(
+        &server,
+        "demo-tenant-token",
+        &email,
+        json!({"provider": "crm", "account": "demo", "action": "create_task",
+               "args": {"title": "Call back", "email": email}}),
+        "?execute=true&wait_ms=5000",
+    )
+    .await;
+    assert_eq!(recorded["state"], "succeeded", "{recorded}");
+    let id = recorded["operation_id"].as_str().expect("an id");
+    let (_, shown) = server
+        .call(
+            Method::GET,
+            &format!("/v1/operations/{id}"),
+            Some("demo-tenant-token"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        shown["args"]["email"], email,
+        "opened with the key: {shown}"
+    );
+    assert!(
+        holding(dir.path(), &email).is_empty(),
+        "the address is sealed in every file: {:?}",
+        holding(dir.path(), &email)
+    );
+    let (code, _) = server.terminate();
+    assert_eq!(code, Some(0));
+}
