@@ -4,10 +4,16 @@ upstream MCP server and through opledger (stdio: `opledger mcp`; HTTP: `/mcp` on
 serve`), p50 and p99 at concurrency 1 and 16. Through the gateway every call is recorded (two
 durable appends at least) before it reaches the upstream, and answered from the ledger's state.
 
-The upstream is the gateway tests' record store (tests/mcp_gateway/upstream.py, on the official
-Python SDK), a create per call. Needs Python with `mcp>=1.20,<2` and a built `opledger`.
+The client is the current official Python SDK (`mcp>=2.3,<3`, run this script with it); the
+upstream is the gateway tests' record store (tests/mcp_gateway/upstream.py, written with the SDK's
+1.x API), a create per call, run by `--upstream-python` (a Python with `mcp>=1.20,<2`: the gateway
+tests make one at target/tmp/mcp-upstreams). Both sides run in one sitting, their calls taking
+turns in rounds, so that a machine whose speed drifts (a shared one) weighs on both alike; at
+concurrency 1 the client's own time in each call is measured too.
 
-    bench/mcp_gateway_latency.py --opledger target/release/opledger --calls 400
+    python3 -m venv /tmp/mcp-client && /tmp/mcp-client/bin/pip install 'mcp>=2.3,<3'
+    /tmp/mcp-client/bin/python bench/mcp_gateway_latency.py --opledger target/release/opledger \
+        --upstream-python target/tmp/mcp-upstreams/bin/python --calls 400
 """
 
 import argparse
@@ -22,9 +28,10 @@ import tempfile
 import time
 import uuid
 
+import httpx2
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamablehttp_client
+from mcp.client.streamable_http import streamable_http_client
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 UPSTREAM = os.path.join(HERE, "..", "tests", "mcp_gateway", "upstream.py")
@@ -89,12 +96,12 @@ def wait_for(port, deadline_s=30):
 
 
 @contextlib.contextmanager
-def upstream_over_http(records_file):
+def upstream_over_http(python, records_file):
     """The record store over Streamable HTTP, keeping its records in `records_file`; yields its
     URL."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, UPSTREAM, records_file, "http", str(port)],
+        [python, UPSTREAM, records_file, "http", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -106,24 +113,111 @@ def upstream_over_http(records_file):
         server.wait()
 
 
-async def measure(session, tool, make_args, calls, concurrency):
-    """Latencies in milliseconds of `calls` calls, `concurrency` at a time."""
-    latencies = []
-    queue = asyncio.Queue()
-    for _ in range(calls):
-        queue.put_nowait(None)
+class Timed:
+    """A session's transport stream that notes when each message passes: the request handed to
+    the transport, and the answer handed back, parsed, before the client checks it."""
 
-    async def worker():
-        while not queue.empty():
-            queue.get_nowait()
-            started = time.perf_counter()
-            result = await session.call_tool(tool, make_args())
-            latencies.append((time.perf_counter() - started) * 1000)
-            if result.isError:
-                raise SystemExit(f"{tool} failed: {result.content}")
+    def __init__(self, inner, seen):
+        self.inner, self.seen = inner, seen
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies
+    async def __aenter__(self):
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        return await self.inner.__aexit__(*exc)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        message = await self.inner.__anext__()
+        self.seen.append(time.perf_counter())
+        return message
+
+    async def send(self, message):
+        self.seen.append(time.perf_counter())
+        return await self.inner.send(message)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class Side:
+    """One way to call the tool (straight to the upstream, or through the gateway) and what its
+    calls measured."""
+
+    def __init__(self, label, read, write, make_args):
+        self.label, self.make_args = label, make_args
+        self.seen = []
+        self.session = ClientSession(Timed(read, self.seen), Timed(write, self.seen))
+        self.tool = None
+        self.latencies = {1: [], 16: []}
+        self.client_ms = []  # at concurrency 1: the client's own time in a call
+
+    async def call(self):
+        started = time.perf_counter()
+        result = await self.session.call_tool(self.tool, self.make_args())
+        return started, result
+
+    async def measure(self, calls, concurrency):
+        """`calls` calls, `concurrency` at a time; at concurrency 1 also how much of each was the
+        client's: before the request reached the transport and after the answer came back from it
+        (parsing it as JSON-RPC is before; its checks, `outputSchema` among them, after)."""
+        queue = asyncio.Queue()
+        for _ in range(calls):
+            queue.put_nowait(None)
+
+        async def worker():
+            while not queue.empty():
+                queue.get_nowait()
+                self.seen.clear()
+                started, result = await self.call()
+                ended = time.perf_counter()
+                self.latencies[concurrency].append((ended - started) * 1000)
+                if concurrency == 1:
+                    if len(self.seen) < 2:
+                        raise SystemExit(f"{self.label}: a call passed its transport unseen")
+                    self.client_ms.append(((self.seen[0] - started) + (ended - self.seen[-1])) * 1000)
+                if result.is_error:
+                    raise SystemExit(f"{self.label}: {self.tool} failed: {result.content}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def alternate(direct, gateway, calls, rounds):
+    """Both sides measured in one sitting, rounds taking turns (direct, gateway, direct, ...), so
+    a machine that slows down or speeds up during the run weighs on both alike."""
+    for side in (direct, gateway):
+        await side.measure(20, 1)  # warm up
+        side.latencies[1].clear()
+        side.client_ms.clear()
+    for concurrency in (1, 16):
+        per_round = max(concurrency, calls // rounds)
+        done = 0
+        while done < calls:
+            for side in (direct, gateway):
+                await side.measure(min(per_round, calls - done), concurrency)
+            done += per_round
+
+
+async def answer_check_ms(session, tool, make_args):
+    """How long the client takes, per call, to check an answer's structured content against the
+    tool's outputSchema (`validate_tool_result`, which `call_tool` runs on every answer; the
+    current SDK compiles each tool's schema once): client-side time inside every latency
+    measured here, direct and gateway alike."""
+    answer = await session.call_tool(tool, make_args())
+    timings = []
+    for _ in range(200):
+        started = time.perf_counter()
+        await session.validate_tool_result(tool, answer)
+        timings.append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings)
+
+
+async def gateway_tool(session):
+    tools = await session.list_tools()
+    return next(tool.name for tool in tools.tools if tool.name.endswith("create_record"))
 
 
 def direct_args():
@@ -134,89 +228,82 @@ def gateway_args():
     return {"title": "bench", "request_id": str(uuid.uuid4())}
 
 
-async def run_session(session, tool, make_args, calls, label, results):
-    await session.initialize()
-    await measure(session, tool, make_args, min(20, calls), 1)  # warm up
-    for concurrency in (1, 16):
-        latencies = await measure(session, tool, make_args, calls, concurrency)
-        results[(label, concurrency)] = latencies
-    results[(label, "check")] = await answer_check_ms(session, tool, make_args)
+def write_gateway(work, upstream, db):
+    """The gateway's configuration in `work`, its connector sending to `upstream`; the port it
+    would listen on."""
+    with open(os.path.join(work, "records.toml"), "w") as out:
+        out.write(CONNECTOR.format(upstream=upstream))
+    port = free_port()
+    with open(os.path.join(work, "opledger.toml"), "w") as out:
+        out.write(SERVICE.format(port=port, db=os.path.join(work, db)))
+    return port
 
 
-async def answer_check_ms(client, tool, make_args):
-    """How long the Python SDK's client takes, per call, to check an answer's structuredContent
-    against the tool's outputSchema (`jsonschema.validate`, which checks the schema itself each
-    time too): client-side time inside every latency measured here, direct and gateway alike."""
-    from jsonschema import validate
-    from referencing import Registry
-
-    listed = await client.list_tools()
-    schema = next(listed_tool.outputSchema for listed_tool in listed.tools if listed_tool.name == tool)
-    answer = (await client.call_tool(tool, make_args())).structuredContent
-    if schema is None or answer is None:
-        return 0.0
-    timings = []
-    for _ in range(200):
-        started = time.perf_counter()
-        validate(answer, schema, registry=Registry())
-        timings.append((time.perf_counter() - started) * 1000)
-    return statistics.median(timings)
-
-
-async def gateway_tool(session):
-    tools = await session.list_tools()
-    return next(tool.name for tool in tools.tools if tool.name.endswith("create_record"))
+async def measure_wire(direct, gateway, args, results, wire):
+    async with direct.session, gateway.session:
+        await direct.session.initialize()
+        await gateway.session.initialize()
+        direct.tool = "create_record"
+        gateway.tool = await gateway_tool(gateway.session)
+        await alternate(direct, gateway, args.calls, args.rounds)
+        for side in (direct, gateway):
+            results[(wire, side.label)] = side
+            side.check_ms = await answer_check_ms(side.session, side.tool, side.make_args)
 
 
 async def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--opledger", default="target/release/opledger")
-    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument(
+        "--upstream-python",
+        default="target/tmp/mcp-upstreams/bin/python",
+        help="a Python with mcp>=1.20,<2, which runs the upstream",
+    )
+    parser.add_argument("--calls", type=int, default=400, help="calls per side and concurrency")
+    parser.add_argument("--rounds", type=int, default=8, help="turns each side takes per concurrency")
     args = parser.parse_args()
+    if args.calls < 16 or args.rounds < 1:
+        raise SystemExit("--calls must be at least 16 and --rounds at least 1")
     opledger = os.path.abspath(args.opledger)
+    upstream_python = os.path.abspath(args.upstream_python)
+    for path, what in ((opledger, "--opledger: build it with `cargo build --release`"), (upstream_python, "--upstream-python: make it with `python3 -m venv DIR && DIR/bin/pip install 'mcp>=1.20,<2'`")):
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"{path} is not there; {what}")
     results = {}
     with tempfile.TemporaryDirectory() as work:
         env = dict(os.environ, BENCH_TOKEN=TOKEN)
-        # stdio, straight
-        direct = StdioServerParameters(
-            command=sys.executable, args=[UPSTREAM, os.path.join(work, "direct.json"), "stdio"]
+        # stdio: the upstream straight, and through `opledger mcp` (with an upstream of its own)
+        write_gateway(
+            work,
+            '[upstream]\ncommand = "{}"\nargs = ["{}", "{}", "stdio"]'.format(
+                upstream_python, UPSTREAM, os.path.join(work, "gateway-stdio.json")
+            ),
+            "stdio.db",
         )
-        async with stdio_client(direct) as (read, write):
-            async with ClientSession(read, write) as session:
-                await run_session(session, "create_record", direct_args, args.calls, "stdio direct", results)
-        # stdio, through `opledger mcp`
-        stdio_upstream = '[upstream]\ncommand = "{}"\nargs = ["{}", "{}", "stdio"]'.format(
-            sys.executable, UPSTREAM, os.path.join(work, "gateway-stdio.json")
+        straight = StdioServerParameters(
+            command=upstream_python, args=[UPSTREAM, os.path.join(work, "direct.json"), "stdio"]
         )
-        with open(os.path.join(work, "records.toml"), "w") as out:
-            out.write(CONNECTOR.format(upstream=stdio_upstream))
-        with open(os.path.join(work, "opledger.toml"), "w") as out:
-            out.write(SERVICE.format(port=free_port(), db=os.path.join(work, "stdio.db")))
         through = StdioServerParameters(
             command=opledger,
             args=["mcp", "--config", os.path.join(work, "opledger.toml"), "--tenant", "bench"],
             env=env,
             cwd=work,
         )
-        async with stdio_client(through) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                tool = await gateway_tool(session)
-                await run_session(session, tool, gateway_args, args.calls, "stdio gateway", results)
-        # HTTP, straight and through `/mcp` on `opledger serve`, each side with an upstream of its
-        # own (as on stdio): the record store reads and rewrites its whole file on every create,
-        # so an upstream shared with the direct run would make every gateway call pay for the
-        # records the direct run left (820 of them, several ms per call in Python).
-        with upstream_over_http(os.path.join(work, "http-direct.json")) as url:
-            async with streamablehttp_client(url) as (read, write, _):
-                async with ClientSession(read, write) as session:
-                    await run_session(session, "create_record", direct_args, args.calls, "http direct", results)
-        with upstream_over_http(os.path.join(work, "http-gateway.json")) as url:
-            with open(os.path.join(work, "records.toml"), "w") as out:
-                out.write(CONNECTOR.format(upstream=f'[upstream]\nurl = "{url}"'))
-            port = free_port()
-            with open(os.path.join(work, "opledger.toml"), "w") as out:
-                out.write(SERVICE.format(port=port, db=os.path.join(work, "http.db")))
+        async with stdio_client(straight) as (read, write), stdio_client(through) as (g_read, g_write):
+            await measure_wire(
+                Side("direct", read, write, direct_args),
+                Side("gateway", g_read, g_write, gateway_args),
+                args,
+                results,
+                "stdio",
+            )
+        # HTTP: each side with an upstream of its own, as on stdio: the record store reads and
+        # rewrites its whole file on every create, so a shared one would make each side pay for
+        # the other's records.
+        with upstream_over_http(upstream_python, os.path.join(work, "http-direct.json")) as direct_url, upstream_over_http(
+            upstream_python, os.path.join(work, "http-gateway.json")
+        ) as gateway_url:
+            port = write_gateway(work, f'[upstream]\nurl = "{gateway_url}"', "http.db")
             service = subprocess.Popen(
                 [opledger, "serve", "--config", "opledger.toml"],
                 cwd=work,
@@ -226,32 +313,40 @@ async def main():
             )
             try:
                 wait_for(port)
-                headers = {"Authorization": f"Bearer {TOKEN}"}
-                async with streamablehttp_client(f"http://127.0.0.1:{port}/mcp", headers=headers) as (read, write, _):
-                    async with ClientSession(read, write) as session:
-                        await session.initialize()
-                        tool = await gateway_tool(session)
-                        await run_session(session, tool, gateway_args, args.calls, "http gateway", results)
+                tenant = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+                async with tenant, streamable_http_client(direct_url) as (read, write), streamable_http_client(
+                    f"http://127.0.0.1:{port}/mcp", http_client=tenant
+                ) as (g_read, g_write):
+                    await measure_wire(
+                        Side("direct", read, write, direct_args),
+                        Side("gateway", g_read, g_write, gateway_args),
+                        args,
+                        results,
+                        "http",
+                    )
             finally:
                 service.terminate()
                 service.wait()
 
+    p = lambda values, q: sorted(values)[min(len(values) - 1, int(q * len(values)))]
+    print(f"direct and gateway calls alternated in {args.rounds} rounds per row, {args.calls} calls per side and row")
     print(f"{'wire':6} {'conc':>4} {'direct p50':>11} {'p99':>8} {'gateway p50':>12} {'p99':>8} {'added p50':>10} {'p99':>8}  (ms)")
     for wire in ("stdio", "http"):
+        direct, gateway = results[(wire, "direct")], results[(wire, "gateway")]
         for concurrency in (1, 16):
-            direct = sorted(results[(f"{wire} direct", concurrency)])
-            gateway = sorted(results[(f"{wire} gateway", concurrency)])
-            p = lambda values, q: values[min(len(values) - 1, int(q * len(values)))]
-            d50, d99 = statistics.median(direct), p(direct, 0.99)
-            g50, g99 = statistics.median(gateway), p(gateway, 0.99)
+            d, g = direct.latencies[concurrency], gateway.latencies[concurrency]
+            d50, d99, g50, g99 = statistics.median(d), p(d, 0.99), statistics.median(g), p(g, 0.99)
             print(f"{wire:6} {concurrency:>4} {d50:>11.2f} {d99:>8.2f} {g50:>12.2f} {g99:>8.2f} {g50 - d50:>10.2f} {g99 - d99:>8.2f}")
-    print(
-        "of which the client's outputSchema check of each answer (ms per call): "
-        + ", ".join(
-            f"{wire} direct {results[(f'{wire} direct', 'check')]:.2f} gateway {results[(f'{wire} gateway', 'check')]:.2f}"
-            for wire in ("stdio", "http")
+    print("at concurrency 1, the client's own time in a call (p50: before its request reached the transport, and after the answer came back from it, parsed: its checks, the outputSchema's among them), and the added latency without it:")
+    for wire in ("stdio", "http"):
+        direct, gateway = results[(wire, "direct")], results[(wire, "gateway")]
+        d_client, g_client = statistics.median(direct.client_ms), statistics.median(gateway.client_ms)
+        d_server = statistics.median([t - c for t, c in zip(direct.latencies[1], direct.client_ms)])
+        g_server = statistics.median([t - c for t, c in zip(gateway.latencies[1], gateway.client_ms)])
+        print(
+            f"  {wire}: client direct {d_client:.2f} gateway {g_client:.2f} ms (the outputSchema check alone: {direct.check_ms:.2f} / {gateway.check_ms:.2f}); "
+            f"transport to transport direct {d_server:.2f} gateway {g_server:.2f}: added {g_server - d_server:.2f} ms"
         )
-    )
 
 
 if __name__ == "__main__":
