@@ -129,6 +129,8 @@ async fn first_signal() {
 /// what it runs ([`embedded_default_summary`]) where its own lines go, for `opledger mcp` never
 /// on stdout, which is the protocol's.
 pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stand), CliError> {
+    // Read before anything starts, so a key that is no key stops the start with nothing begun.
+    let personal_data = personal_data_from_environment()?;
     let stand = Stand::start(
         SocketAddr::from(([127, 0, 0, 1], 0)),
         StandConfig {
@@ -176,7 +178,7 @@ pub async fn embedded_default(db: &std::path::Path) -> Result<(ServeConfig, Stan
         log: opledger_http_api::log::LogSettings::from_environment()
             .map_err(crate::cli::CliError::Config)?,
         instance_id: None,
-        personal_data: personal_data_from_environment()?,
+        personal_data,
         webhook_loopback_tenants: Default::default(),
     };
     Ok((config, stand))
