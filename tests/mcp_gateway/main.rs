@@ -22,11 +22,14 @@
 //!   revoked login, and no token in clear anywhere.
 //! - [`inspector`]: the MCP Inspector's CLI (npm), a client nobody here wrote, calling the
 //!   gateway's tools.
+//! - [`current_sdk`]: the current line of the official Python SDK (2.x) as the agent's client,
+//!   checking every answer against the tool's `outputSchema`.
 //!
 //! Cost: the Python environment is made once per target directory (about a minute on first use,
 //! reused afterwards); the npm packages likewise.
 
 mod book;
+mod current_sdk;
 mod faults;
 mod filesystem;
 mod git;
