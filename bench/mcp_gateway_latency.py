@@ -154,6 +154,7 @@ class Side:
         self.tool = None
         self.latencies = {1: [], 16: []}
         self.client_ms = []  # at concurrency 1: the client's own time in a call
+        self.check_ms = 0.0  # the client's check of one answer, measured after the calls
 
     async def call(self):
         started = time.perf_counter()
@@ -239,7 +240,11 @@ def write_gateway(work, upstream, db):
     return port
 
 
-async def measure_wire(direct, gateway, args, results, wire):
+async def measure_wire(straight, through, args):
+    """The direct side on the `straight` transport's streams and the gateway's on `through`'s,
+    measured in turns; the two sides."""
+    direct = Side("direct", *straight, direct_args)
+    gateway = Side("gateway", *through, gateway_args)
     async with direct.session, gateway.session:
         await direct.session.initialize()
         await gateway.session.initialize()
@@ -247,8 +252,8 @@ async def measure_wire(direct, gateway, args, results, wire):
         gateway.tool = await gateway_tool(gateway.session)
         await alternate(direct, gateway, args.calls, args.rounds)
         for side in (direct, gateway):
-            results[(wire, side.label)] = side
             side.check_ms = await answer_check_ms(side.session, side.tool, side.make_args)
+    return direct, gateway
 
 
 async def main():
@@ -290,13 +295,7 @@ async def main():
             cwd=work,
         )
         async with stdio_client(straight) as (read, write), stdio_client(through) as (g_read, g_write):
-            await measure_wire(
-                Side("direct", read, write, direct_args),
-                Side("gateway", g_read, g_write, gateway_args),
-                args,
-                results,
-                "stdio",
-            )
+            results["stdio"] = await measure_wire((read, write), (g_read, g_write), args)
         # HTTP: each side with an upstream of its own, as on stdio: the record store reads and
         # rewrites its whole file on every create, so a shared one would make each side pay for
         # the other's records.
@@ -317,13 +316,7 @@ async def main():
                 async with tenant, streamable_http_client(direct_url) as (read, write), streamable_http_client(
                     f"http://127.0.0.1:{port}/mcp", http_client=tenant
                 ) as (g_read, g_write):
-                    await measure_wire(
-                        Side("direct", read, write, direct_args),
-                        Side("gateway", g_read, g_write, gateway_args),
-                        args,
-                        results,
-                        "http",
-                    )
+                    results["http"] = await measure_wire((read, write), (g_read, g_write), args)
             finally:
                 service.terminate()
                 service.wait()
@@ -332,14 +325,14 @@ async def main():
     print(f"direct and gateway calls alternated in {args.rounds} rounds per row, {args.calls} calls per side and row")
     print(f"{'wire':6} {'conc':>4} {'direct p50':>11} {'p99':>8} {'gateway p50':>12} {'p99':>8} {'added p50':>10} {'p99':>8}  (ms)")
     for wire in ("stdio", "http"):
-        direct, gateway = results[(wire, "direct")], results[(wire, "gateway")]
+        direct, gateway = results[wire]
         for concurrency in (1, 16):
             d, g = direct.latencies[concurrency], gateway.latencies[concurrency]
             d50, d99, g50, g99 = statistics.median(d), p(d, 0.99), statistics.median(g), p(g, 0.99)
             print(f"{wire:6} {concurrency:>4} {d50:>11.2f} {d99:>8.2f} {g50:>12.2f} {g99:>8.2f} {g50 - d50:>10.2f} {g99 - d99:>8.2f}")
     print("at concurrency 1, the client's own time in a call (p50: before its request reached the transport, and after the answer came back from it, parsed: its checks, the outputSchema's among them), and the added latency without it:")
     for wire in ("stdio", "http"):
-        direct, gateway = results[(wire, "direct")], results[(wire, "gateway")]
+        direct, gateway = results[wire]
         d_client, g_client = statistics.median(direct.client_ms), statistics.median(gateway.client_ms)
         d_server = statistics.median([t - c for t, c in zip(direct.latencies[1], direct.client_ms)])
         g_server = statistics.median([t - c for t, c in zip(gateway.latencies[1], gateway.client_ms)])
