@@ -337,29 +337,44 @@ fn a_value_sealed_under_a_key_whose_write_failed_is_never_reported_durable() {
     ));
 }
 
+/// Which of a reopened key store's two tables a test watches.
+enum WatchedTable {
+    Reader,
+    Writer,
+}
+
+/// A key store at `path` holding eve's key, and what one operation's values about her were
+/// sealed as; then the store opened again as a fresh process would (nothing in memory), with
+/// its `watched` table logged, and that log.
+fn eves_key_reopened_watching(
+    path: &std::path::Path,
+    watched: WatchedTable,
+) -> (ArgsSnapshot, Arc<Subjects>, Arc<Mutex<Log>>) {
+    let stored = {
+        let subjects = Subjects::open(Some(path), kek(1)).unwrap();
+        record(&subjects, op(1), "eve@example.com")
+    };
+    let log = Arc::new(Mutex::new(Log::default()));
+    let table = || -> Box<dyn KeyTable> { Box::new(store::SqliteTable::open(Some(path)).unwrap()) };
+    let watch: Box<dyn KeyTable> = Box::new(Watched {
+        inner: table(),
+        log: Arc::clone(&log),
+    });
+    let (writer, reader) = match watched {
+        WatchedTable::Reader => (table(), watch),
+        WatchedTable::Writer => (watch, table()),
+    };
+    let subjects = Arc::new(Subjects::with_tables(writer, Some(reader), kek(1)).unwrap());
+    (stored, subjects, log)
+}
+
 #[test]
 fn an_erasure_between_a_key_read_and_its_use_leaves_the_key_unused() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys");
-    let stored = {
-        let subjects = Subjects::open(Some(&path), kek(1)).unwrap();
-        record(&subjects, op(1), "eve@example.com")
-    };
-    // A fresh process: nothing in memory, so opening reads the key from the table, and the
-    // erasure runs right after that read returned the live key.
-    let log = Arc::new(Mutex::new(Log::default()));
-    let reader = Watched {
-        inner: Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
-        log: Arc::clone(&log),
-    };
-    let subjects = Arc::new(
-        Subjects::with_tables(
-            Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
-            Some(Box::new(reader)),
-            kek(1),
-        )
-        .unwrap(),
-    );
+    // Opening reads the key from the table, and the erasure runs right after that read
+    // returned the live key.
+    let (stored, subjects, log) =
+        eves_key_reopened_watching(&dir.path().join("keys"), WatchedTable::Reader);
     let eraser = Arc::downgrade(&subjects);
     log.lock().unwrap().after_read = Some(Box::new(move || {
         let subjects = eraser.upgrade().unwrap();
@@ -375,26 +390,10 @@ fn an_erasure_between_a_key_read_and_its_use_leaves_the_key_unused() {
 #[test]
 fn a_key_read_while_an_erasure_runs_is_not_used_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("keys");
-    let stored = {
-        let subjects = Subjects::open(Some(&path), kek(1)).unwrap();
-        record(&subjects, op(1), "eve@example.com")
-    };
-    // A fresh process whose erasure, after it forgot the key and before the table destroys
-    // it, lets an opening read the key, still live, from the table.
-    let log = Arc::new(Mutex::new(Log::default()));
-    let writer = Watched {
-        inner: Box::new(store::SqliteTable::open(Some(&path)).unwrap()),
-        log: Arc::clone(&log),
-    };
-    let subjects = Arc::new(
-        Subjects::with_tables(
-            Box::new(writer),
-            Some(Box::new(store::SqliteTable::open(Some(&path)).unwrap())),
-            kek(1),
-        )
-        .unwrap(),
-    );
+    // The erasure, after it forgot the key and before the table destroys it, lets an opening
+    // read the key, still live, from the table.
+    let (stored, subjects, log) =
+        eves_key_reopened_watching(&dir.path().join("keys"), WatchedTable::Writer);
     let reader = Arc::downgrade(&subjects);
     let during = stored.clone();
     let opened_during = Arc::new(Mutex::new(None));
