@@ -51,7 +51,7 @@ use tracing::{info, warn};
 
 pub use self::reply::next_step;
 pub use self::tools::{
-    actions_for_call, describe, source_id_of, tool_name_of, tools_named, Audience, Described,
+    actions_for_call, describe, source_id_of, tool_name, tools_named, Audience, Described,
     ACCOUNT_ARG, LIST_TOOL, MAX_REQUEST_ID_BYTES, META_REQUEST_ID, META_SUBJECT, REQUEST_ID_ARG,
     STATUS_TOOL, SUBJECT_ARG,
 };

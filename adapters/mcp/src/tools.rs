@@ -213,7 +213,6 @@ fn pass_through_tool(name: &str, tool: &PassThroughTool) -> Result<Tool, String>
     Ok(Tool::new(name.to_owned(), description, Arc::new(schema.clone())).annotate(annotations))
 }
 
-/// `<provider>__<action>`, with every character outside `[A-Za-z0-9_]` as `_`.
 /// The actions a call of tool `name` needs, of all a tenant has: those named `name` now or
 /// before, and those sharing a current name with them (see [`tools_named`]), so a call does
 /// not build every tool's schemas (0.32 ms a call for forty actions). A catalogue of them
@@ -229,11 +228,6 @@ pub fn actions_for_call(actions: Vec<ActionTool>, name: &str) -> Vec<ActionTool>
         .into_iter()
         .filter(|action| wanted.contains(&tool_name(&action.provider, &action.action)))
         .collect()
-}
-
-/// The tool name of `action` at `provider`.
-pub fn tool_name_of(provider: &str, action: &str) -> String {
-    tool_name(provider, action)
 }
 
 /// The current tool names a call of tool `name` must see the actions of, among the (provider,
@@ -253,7 +247,9 @@ pub fn tools_named<'a>(
         .collect()
 }
 
-fn tool_name(provider: &str, action: &str) -> String {
+/// The tool name of `action` at `provider`: `<provider>__<action>`, with every character outside
+/// `[A-Za-z0-9_]` as `_`.
+pub fn tool_name(provider: &str, action: &str) -> String {
     format!("{provider}__{action}")
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -587,8 +583,13 @@ mod tests {
             tool.description = format!("{provider} {action}");
             actions.push(tool);
         }
-        let whole = Catalog::of(actions.clone(), Vec::new());
-        let mut names: Vec<String> = whole.tools().into_iter().map(|t| t.name.into()).collect();
+        // Every name the whole catalogue lists (`tools` consumes a catalogue), former names and
+        // a name nobody has.
+        let mut names: Vec<String> = Catalog::of(actions.clone(), Vec::new())
+            .tools()
+            .into_iter()
+            .map(|t| t.name.into())
+            .collect();
         names.extend(
             [
                 "crm-plain.v2__create_task",

@@ -43,7 +43,7 @@ impl opledger_mcp::Ledger for McpLedger {
             }));
         let wanted = opledger_mcp::tools_named(pairs, name);
         actions_where(&self.0, tenant, |provider, action| {
-            wanted.contains(&opledger_mcp::tool_name_of(provider, action))
+            wanted.contains(&opledger_mcp::tool_name(provider, action))
         })
         .into_iter()
         .map(|(action, _)| action)
